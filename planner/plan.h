@@ -1,0 +1,118 @@
+// Core types of the UltraEP planner library: the exact load of one (microbatch, MoE
+// layer), the balancing domain, and the rebalancing plan every rank executes.
+//
+// Pure C++ (Abseil for Status only): no gRPC, MPI, CUDA or I/O.
+#ifndef RACKRUN_PLANNER_PLAN_H_
+#define RACKRUN_PLANNER_PLAN_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace rackrun::planner {
+
+// The balancing domain: G ranks, each the home (master) of `masters_per_rank`
+// consecutive logical experts, each with `slots_per_rank` redundant slots that can hold
+// replicas of other ranks' experts. Rank r is home of experts
+// [r * masters_per_rank, (r + 1) * masters_per_rank).
+struct Domain {
+  int ranks = 0;
+  int masters_per_rank = 0;
+  int slots_per_rank = 0;
+
+  int experts() const { return ranks * masters_per_rank; }
+  int home_rank(int expert) const { return expert / masters_per_rank; }
+  // Instances a rank may hold at once: its masters plus its slots.
+  int capacity_per_rank() const { return masters_per_rank + slots_per_rank; }
+
+  // InvalidArgument naming the field when a count is not positive (slots may be 0).
+  absl::Status Validate() const;
+};
+
+// Exact post-gating token counts: counts[src * experts + e] = tokens that source rank
+// `src` routed to logical expert `e` in this (microbatch, layer).
+struct LoadMatrix {
+  int ranks = 0;
+  int experts = 0;
+  std::vector<int64_t> counts;
+
+  LoadMatrix() = default;
+  LoadMatrix(int ranks_in, int experts_in)
+      : ranks(ranks_in), experts(experts_in),
+        counts(static_cast<size_t>(ranks_in) * static_cast<size_t>(experts_in), 0) {}
+
+  int64_t& at(int src, int e) { return counts[static_cast<size_t>(src) * experts + e]; }
+  int64_t at(int src, int e) const { return counts[static_cast<size_t>(src) * experts + e]; }
+  const int64_t* row(int src) const { return counts.data() + static_cast<size_t>(src) * experts; }
+
+  // Tokens per logical expert, summed over sources.
+  std::vector<int64_t> ExpertTotals() const;
+  int64_t Total() const;
+};
+
+// Per-rank work when every expert's tokens are processed at its home rank.
+std::vector<int64_t> HomeRankLoads(const Domain& domain, const LoadMatrix& loads);
+
+// One place where an expert runs: its master (the copy that owns weights and optimizer
+// state) or a replica in a redundant slot that receives weights by fan-out.
+struct ExpertInstance {
+  int32_t expert = -1;
+  int32_t rank = -1;
+  bool master = false;
+
+  friend bool operator==(const ExpertInstance&, const ExpertInstance&) = default;
+};
+
+// One weight transfer of the fan-out schedule. Stage 0 leaves the expert's master (or a
+// relay that is also a destination); stage 1 is forwarded by a relay (`via` = the relay
+// rank, also the sender). A relay forwards each chunk as soon as it has it.
+struct WeightTransfer {
+  int32_t expert = -1;
+  int32_t src_rank = -1;
+  int32_t dst_rank = -1;
+  int32_t stage = 0;
+
+  friend bool operator==(const WeightTransfer&, const WeightTransfer&) = default;
+};
+
+struct FanoutSchedule {
+  std::vector<WeightTransfer> transfers;
+
+  friend bool operator==(const FanoutSchedule&, const FanoutSchedule&) = default;
+};
+
+// The rebalancing plan for one (microbatch, layer). Every rank (and the coordinator)
+// computes the bit-identical plan from the same loads.
+//
+// Layout: instances are grouped by expert. The instances of expert e are
+// instances[first[e] .. first[e+1]); within an expert the master (if the policy keeps
+// one) comes first, then replicas in ascending rank. quota[i] is the tokens instance i
+// processes; split[src * instances.size() + i] is how many of source src's tokens for
+// instance i's expert go to instance i.
+struct Plan {
+  int ranks = 0;
+  int experts = 0;
+  std::vector<ExpertInstance> instances;
+  std::vector<int32_t> first;   // size experts + 1
+  std::vector<int64_t> quota;   // size instances.size()
+  std::vector<int64_t> split;   // size ranks * instances.size()
+  FanoutSchedule fanout;        // weights master -> replicas (empty when no replicas)
+
+  int num_instances() const { return static_cast<int>(instances.size()); }
+  int64_t split_at(int src, int instance) const {
+    return split[static_cast<size_t>(src) * instances.size() + instance];
+  }
+  // Tokens each rank processes under this plan.
+  std::vector<int64_t> RankLoads() const;
+  int num_replicas() const;
+
+  friend bool operator==(const Plan&, const Plan&) = default;
+};
+
+// max rank load / mean rank load; 1.0 for an all-zero load.
+double Imbalance(const std::vector<int64_t>& rank_loads);
+
+}  // namespace rackrun::planner
+
+#endif  // RACKRUN_PLANNER_PLAN_H_

@@ -1,0 +1,54 @@
+// The policy interface: every balancing policy (ultraep, eplb, none, ideal) turns the
+// exact loads of one (microbatch, layer) into a Plan through this interface.
+#ifndef RACKRUN_PLANNER_PLANNER_H_
+#define RACKRUN_PLANNER_PLANNER_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "absl/status/statusor.h"
+#include "planner/plan.h"
+
+namespace rackrun::planner {
+
+// Knobs of all policies. Fields a policy does not use are ignored by it.
+struct PlannerOptions {
+  // ultraep
+  double eps = 0.01;                 // relative precision of the threshold search
+  int64_t min_replica_tokens = 1;    // exports below this are skipped (floor lowered per expert)
+  bool locality_aware_split = true;  // a source's tokens go to its local instance first
+  bool allow_zero_master_quota = false;
+  // eplb
+  int eplb_window = 100;             // W: moving-average window, in microbatches
+  int eplb_interval = 10;            // K: replan every K microbatches
+  // Size of one expert's weights, for fan-out and re-placement byte counts.
+  int64_t expert_bytes = 0;
+};
+
+class Planner {
+ public:
+  virtual ~Planner() = default;
+  virtual std::string_view name() const = 0;
+
+  // Plans one (microbatch, layer). `loads` are this microbatch's exact loads. Policies
+  // that plan from history (eplb) see the loads only after planning, to update it; they
+  // keep separate history per `layer`. Returns InvalidArgument if `loads` does not match
+  // the domain.
+  virtual absl::StatusOr<Plan> Solve(const LoadMatrix& loads, int layer) = 0;
+
+  // Bytes of expert weights the last Solve moved beyond the fan-out to replicas (eplb's
+  // re-placement of masters); 0 for policies that keep masters home.
+  virtual int64_t last_replacement_bytes() const { return 0; }
+};
+
+// Creates a policy by name: "ultraep", "eplb", "none", "ideal". InvalidArgument lists the
+// valid names for anything else.
+absl::StatusOr<std::unique_ptr<Planner>> MakePlanner(std::string_view policy,
+                                                     const Domain& domain,
+                                                     const PlannerOptions& options);
+
+}  // namespace rackrun::planner
+
+#endif  // RACKRUN_PLANNER_PLANNER_H_

@@ -1,0 +1,18 @@
+// Subcommands of the `rackrun` CLI. Each takes the arguments after its own name and
+// returns the process exit code (0 ok, 1 failure, 2 usage error).
+#ifndef RACKRUN_TOOLS_RACKRUN_COMMAND_H_
+#define RACKRUN_TOOLS_RACKRUN_COMMAND_H_
+
+#include <string>
+#include <vector>
+
+namespace rackrun::cli {
+
+using Args = std::vector<std::string>;
+
+// rackrun plan: replay load traces or generated loads through balancing policies.
+int PlanCommand(const Args& args);
+
+}  // namespace rackrun::cli
+
+#endif  // RACKRUN_TOOLS_RACKRUN_COMMAND_H_

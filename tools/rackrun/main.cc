@@ -1,0 +1,49 @@
+// rackrun: the user's CLI. Offline tools (plan, data, train) and, later, the job client.
+#include <cstdio>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "tools/rackrun/command.h"
+
+namespace {
+
+struct Command {
+  std::string_view name;
+  int (*run)(const rackrun::cli::Args&);
+  std::string_view summary;
+};
+
+constexpr Command kCommands[] = {
+    {"plan", rackrun::cli::PlanCommand,
+     "replay load traces (or generated loads) through balancing policies"},
+};
+
+void PrintUsage(std::FILE* out) {
+  std::fprintf(out, "usage: rackrun COMMAND [options]\n\ncommands:\n");
+  for (const Command& c : kCommands) {
+    std::fprintf(out, "  %-8.*s %.*s\n", static_cast<int>(c.name.size()), c.name.data(),
+                 static_cast<int>(c.summary.size()), c.summary.data());
+  }
+  std::fprintf(out, "\n'rackrun COMMAND --help' describes a command's options.\n");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    PrintUsage(stderr);
+    return 2;
+  }
+  const std::string_view name = argv[1];
+  if (name == "--help" || name == "-h" || name == "help") {
+    PrintUsage(stdout);
+    return 0;
+  }
+  for (const Command& c : kCommands) {
+    if (c.name == name) return c.run(rackrun::cli::Args(argv + 2, argv + argc));
+  }
+  std::fprintf(stderr, "rackrun: unknown command '%s'\n\n", argv[1]);
+  PrintUsage(stderr);
+  return 2;
+}
