@@ -1,0 +1,337 @@
+#include "planner/generate.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <numeric>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
+namespace rackrun::planner {
+namespace {
+
+// splitmix64 finaliser: a bijective 64-bit mix used to derive independent stream seeds.
+uint64_t Mix64(uint64_t z) {
+  z += 0x9e3779b97f4a7c15ULL;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+// xoshiro256** (Blackman & Vigna), seeded through splitmix64. Fixed algorithm, so the
+// same seed gives the same stream on every platform and standard library.
+class Xoshiro256 {
+ public:
+  explicit Xoshiro256(uint64_t seed) {
+    for (uint64_t& word : s_) {
+      seed = Mix64(seed);
+      word = seed;
+    }
+  }
+  uint64_t Next() {
+    const uint64_t result = Rotl(s_[1] * 5, 7) * 9;
+    const uint64_t t = s_[1] << 17;
+    s_[2] ^= s_[0];
+    s_[3] ^= s_[1];
+    s_[1] ^= s_[2];
+    s_[0] ^= s_[3];
+    s_[2] ^= t;
+    s_[3] = Rotl(s_[3], 45);
+    return result;
+  }
+  // Uniform in [0, 1) with 53 random bits.
+  double Uniform() { return static_cast<double>(Next() >> 11) * 0x1.0p-53; }
+  // Uniform integer in [0, n), unbiased (rejection of the short last block).
+  uint64_t Below(uint64_t n) {
+    const uint64_t threshold = (0 - n) % n;
+    while (true) {
+      const uint64_t x = Next();
+      if (x >= threshold) return x % n;
+    }
+  }
+
+ private:
+  static uint64_t Rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+  uint64_t s_[4];
+};
+
+// Independent streams, one per purpose and coordinates.
+enum StreamTag : uint64_t { kPermutation = 1, kTokens = 2, kRouting = 3 };
+Xoshiro256 Stream(uint64_t seed, StreamTag tag, uint64_t a, uint64_t b = 0, uint64_t c = 0) {
+  uint64_t h = Mix64(seed ^ Mix64(tag));
+  h = Mix64(h ^ a);
+  h = Mix64(h ^ Mix64(b + 0x51));
+  h = Mix64(h ^ Mix64(c + 0xa7));
+  return Xoshiro256(h);
+}
+
+template <typename T>
+void Shuffle(std::vector<T>& v, Xoshiro256& rng) {
+  for (size_t i = v.size(); i > 1; --i) {
+    std::swap(v[i - 1], v[rng.Below(i)]);
+  }
+}
+
+// Popularity rank (0 = hottest) of every expert for one layer and epoch.
+std::vector<int> PopularityRanks(const GeneratorOptions& o, int layer, int64_t epoch) {
+  std::vector<int> order(static_cast<size_t>(o.experts));
+  std::iota(order.begin(), order.end(), 0);
+  Xoshiro256 rng =
+      Stream(o.seed, kPermutation, static_cast<uint64_t>(layer), static_cast<uint64_t>(epoch));
+  Shuffle(order, rng);
+  std::vector<int> rank_of(order.size());
+  for (size_t i = 0; i < order.size(); ++i)
+    rank_of[static_cast<size_t>(order[i])] = static_cast<int>(i);
+  return rank_of;
+}
+
+// Inclusion probabilities for exponent s from log-weights `base` (<= 0, one per expert),
+// capped at 1 and scaled to sum to topk. `by_weight` lists experts heaviest first.
+void Inclusion(double s, const std::vector<double>& base, const std::vector<int>& by_weight,
+               int topk, std::vector<double>& p) {
+  const size_t n = base.size();
+  p.assign(n, 1.0);
+  if (static_cast<size_t>(topk) >= n) return;
+  std::vector<double> w(n);
+  for (size_t i = 0; i < n; ++i) w[i] = std::exp(s * base[static_cast<size_t>(by_weight[i])]);
+  std::vector<double> suffix(n + 1, 0.0);
+  for (size_t i = n; i > 0; --i) suffix[i - 1] = suffix[i] + w[i - 1];
+  // The m heaviest experts are capped at 1; the rest share topk - m in proportion to w.
+  // m = topk - 1 always satisfies the cap, so the loop ends by then.
+  size_t m = 0;
+  double c = 0;
+  for (; m < static_cast<size_t>(topk); ++m) {
+    c = (topk - static_cast<double>(m)) / suffix[m];
+    if (c * w[m] <= 1.0) break;
+  }
+  for (size_t i = m; i < n; ++i) p[static_cast<size_t>(by_weight[i])] = std::min(1.0, c * w[i]);
+}
+
+double HomeImbalance(const std::vector<double>& p, int ranks, int topk) {
+  const size_t per_rank = p.size() / static_cast<size_t>(ranks);
+  double max_load = 0;
+  for (size_t r = 0; r < static_cast<size_t>(ranks); ++r) {
+    double sum = 0;
+    for (size_t j = 0; j < per_rank; ++j) sum += p[r * per_rank + j];
+    max_load = std::max(max_load, sum);
+  }
+  return max_load / (static_cast<double>(topk) / ranks);
+}
+
+int64_t TokensOf(const GeneratorOptions& o, int64_t microbatch, int src) {
+  if (o.token_jitter == 0) return o.tokens_per_rank;
+  Xoshiro256 rng =
+      Stream(o.seed, kTokens, static_cast<uint64_t>(microbatch), static_cast<uint64_t>(src));
+  const double f = 1.0 + o.token_jitter * (2.0 * rng.Uniform() - 1.0);
+  return std::max<int64_t>(0, std::llround(static_cast<double>(o.tokens_per_rank) * f));
+}
+
+// Counts of `n` tokens from one source, each routed to topk distinct experts by systematic
+// sampling over a random order of the experts, added into `row`.
+void RouteSource(const std::vector<double>& p, int topk, int64_t n, Xoshiro256& rng, int64_t* row) {
+  const size_t e_count = p.size();
+  std::vector<int> order(e_count);
+  std::iota(order.begin(), order.end(), 0);
+  Shuffle(order, rng);
+  std::vector<double> cum(e_count + 1, 0.0);
+  for (size_t j = 0; j < e_count; ++j) cum[j + 1] = cum[j] + p[static_cast<size_t>(order[j])];
+  cum[e_count] = topk;  // exact by construction; removes the rounding of the running sum
+
+  // The chosen set only changes where u crosses the fractional part of a cumulative sum,
+  // so tokens are bucketed into those intervals and each bucket's set is found once.
+  std::vector<double> breaks;
+  breaks.reserve(e_count + 1);
+  breaks.push_back(0.0);
+  for (size_t j = 1; j < e_count; ++j) breaks.push_back(cum[j] - std::floor(cum[j]));
+  std::sort(breaks.begin(), breaks.end());
+  std::vector<double> b;
+  b.reserve(breaks.size() + 1);
+  for (double x : breaks) {
+    if (b.empty() || x - b.back() > 1e-12) b.push_back(x);
+  }
+  const size_t intervals = b.size();
+  b.push_back(1.0);
+
+  std::vector<int64_t> count(intervals, 0);
+  for (int64_t t = 0; t < n; ++t) {
+    const double u = rng.Uniform();
+    const size_t i = static_cast<size_t>(std::upper_bound(b.begin(), b.end(), u) - b.begin()) - 1;
+    ++count[std::min(i, intervals - 1)];
+  }
+  for (size_t i = 0; i < intervals; ++i) {
+    if (count[i] == 0) continue;
+    const double u = 0.5 * (b[i] + b[i + 1]);
+    size_t prev = 0;
+    for (int m = 0; m < topk; ++m) {
+      const double x = u + m;
+      size_t j = static_cast<size_t>(std::upper_bound(cum.begin(), cum.end(), x) - cum.begin());
+      j = j == 0 ? 0 : j - 1;
+      j = std::min(j, e_count - 1);
+      // Only rounding could land two points in one interval; keep the k experts distinct.
+      if (m > 0 && j <= prev) j = prev + 1;
+      prev = j;
+      row[order[std::min(j, e_count - 1)]] += count[i];
+    }
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<LoadShift> ParseLoadShift(std::string_view name) {
+  if (name == "none") return LoadShift::kNone;
+  if (name == "drift") return LoadShift::kDrift;
+  if (name == "jump") return LoadShift::kJump;
+  return absl::InvalidArgumentError(absl::StrCat("unknown load shift '",
+                                                 absl::string_view(name.data(), name.size()),
+                                                 "'; use none, drift or jump"));
+}
+
+std::string_view LoadShiftName(LoadShift shift) {
+  switch (shift) {
+    case LoadShift::kNone:
+      return "none";
+    case LoadShift::kDrift:
+      return "drift";
+    case LoadShift::kJump:
+      return "jump";
+  }
+  return "none";
+}
+
+absl::Status GeneratorOptions::Validate() const {
+  auto bad = [](const std::string& what) { return absl::InvalidArgumentError(what); };
+  if (ranks < 1 || ranks > 65536) return bad(absl::StrCat("ranks is ", ranks, "; use 1..65536"));
+  if (experts < 1 || experts % ranks != 0) {
+    return bad(
+        absl::StrCat("experts is ", experts, "; use a positive multiple of ranks (", ranks, ")"));
+  }
+  if (experts > (1 << 20)) return bad(absl::StrCat("experts is ", experts, "; use at most 2^20"));
+  if (topk < 1 || topk > experts) {
+    return bad(absl::StrCat("topk is ", topk, "; use 1..experts (", experts, ")"));
+  }
+  if (tokens_per_rank < 0 || tokens_per_rank > (int64_t{1} << 40)) {
+    return bad(absl::StrCat("tokens_per_rank is ", tokens_per_rank, "; use 0..2^40"));
+  }
+  if (!(token_jitter >= 0 && token_jitter < 1)) {
+    return bad(absl::StrCat("token_jitter is ", token_jitter, "; use a fraction in [0, 1)"));
+  }
+  if (!(imbalance >= 1 && std::isfinite(imbalance))) {
+    return bad(
+        absl::StrCat("imbalance is ", imbalance, "; use max/mean rank load >= 1 (e.g. 1.5, 2, 3)"));
+  }
+  if (microbatches < 1) return bad(absl::StrCat("microbatches is ", microbatches, "; use >= 1"));
+  if (layers < 1) return bad(absl::StrCat("layers is ", layers, "; use >= 1"));
+  if (shift_every < 1) return bad(absl::StrCat("shift_every is ", shift_every, "; use >= 1"));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<LoadGenerator> LoadGenerator::Create(const GeneratorOptions& options) {
+  if (absl::Status s = options.Validate(); !s.ok()) return s;
+  LoadGenerator generator(options);
+  for (int layer = 0; layer < options.layers; ++layer) {
+    absl::StatusOr<Popularity> p = generator.ExpectedPopularity(0, layer);
+    if (!p.ok()) return p.status();
+  }
+  return generator;
+}
+
+absl::StatusOr<LoadGenerator::Popularity> LoadGenerator::ExpectedPopularity(int64_t microbatch,
+                                                                            int layer) const {
+  const GeneratorOptions& o = options_;
+  if (microbatch < 0 || layer < 0 || layer >= o.layers) {
+    return absl::InvalidArgumentError(absl::StrCat("microbatch ", microbatch, " layer ", layer,
+                                                   " is outside the generator's range"));
+  }
+  int64_t epoch = 0;
+  double blend = 0;  // weight of the next epoch's profile (kDrift)
+  if (o.shift != LoadShift::kNone) {
+    epoch = microbatch / o.shift_every;
+    if (o.shift == LoadShift::kDrift) {
+      blend = static_cast<double>(microbatch % o.shift_every) / o.shift_every;
+    }
+  }
+  const std::vector<int> rank_a = PopularityRanks(o, layer, epoch);
+  std::vector<double> base(rank_a.size());
+  if (blend > 0) {
+    const std::vector<int> rank_b = PopularityRanks(o, layer, epoch + 1);
+    for (size_t e = 0; e < base.size(); ++e) {
+      base[e] = -((1 - blend) * std::log1p(rank_a[e]) + blend * std::log1p(rank_b[e]));
+    }
+  } else {
+    for (size_t e = 0; e < base.size(); ++e) base[e] = -std::log1p(rank_a[e]);
+  }
+  std::vector<int> by_weight(base.size());
+  std::iota(by_weight.begin(), by_weight.end(), 0);
+  std::stable_sort(by_weight.begin(), by_weight.end(), [&](int a, int b) {
+    return base[static_cast<size_t>(a)] > base[static_cast<size_t>(b)];
+  });
+
+  Popularity out;
+  auto imbalance_at = [&](double s) {
+    Inclusion(s, base, by_weight, o.topk, out.inclusion);
+    return HomeImbalance(out.inclusion, o.ranks, o.topk);
+  };
+  // Scan s upward until the expected imbalance reaches the target, then bisect inside the
+  // bracket. The scan (rather than bisection over the whole range) keeps this correct even
+  // where the imbalance is not monotone in s: it returns the smallest crossing it sees.
+  constexpr double kStep = 0.05;
+  constexpr double kMaxExponent = 16.0;
+  double lo = 0;
+  double hi = -1;
+  double best = imbalance_at(0);
+  if (best >= o.imbalance - 1e-12) {
+    out.exponent = 0;
+    return out;
+  }
+  for (double s = kStep; s <= kMaxExponent + 1e-9; s += kStep) {
+    const double f = imbalance_at(s);
+    best = std::max(best, f);
+    if (f >= o.imbalance) {
+      hi = s;
+      break;
+    }
+    lo = s;
+  }
+  if (hi < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "imbalance ", o.imbalance, " is unreachable for layer ", layer, " at microbatch ",
+        microbatch, " with ", o.ranks, " ranks, ", o.experts, " experts, top-", o.topk,
+        " (at most ", best, ": the hottest experts do not share a rank); lower --imbalance, ",
+        "or change --seed or the domain"));
+  }
+  for (int iter = 0; iter < 60; ++iter) {
+    const double mid = 0.5 * (lo + hi);
+    if (imbalance_at(mid) >= o.imbalance) {
+      hi = mid;
+    } else {
+      lo = mid;
+    }
+  }
+  out.exponent = hi;
+  imbalance_at(hi);
+  return out;
+}
+
+absl::StatusOr<TraceEntry> LoadGenerator::Generate(int64_t microbatch, int layer) const {
+  absl::StatusOr<Popularity> popularity = ExpectedPopularity(microbatch, layer);
+  if (!popularity.ok()) return popularity.status();
+  const GeneratorOptions& o = options_;
+  TraceEntry entry;
+  entry.microbatch = microbatch;
+  entry.layer = layer;
+  entry.loads = LoadMatrix(o.ranks, o.experts);
+  for (int src = 0; src < o.ranks; ++src) {
+    Xoshiro256 rng = Stream(o.seed, kRouting, static_cast<uint64_t>(microbatch),
+                            static_cast<uint64_t>(layer), static_cast<uint64_t>(src));
+    const int64_t n = TokensOf(o, microbatch, src);
+    int64_t* row = entry.loads.counts.data() + static_cast<size_t>(src) * o.experts;
+    RouteSource(popularity->inclusion, o.topk, n, rng, row);
+  }
+  return entry;
+}
+
+}  // namespace rackrun::planner

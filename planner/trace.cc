@@ -1,0 +1,231 @@
+#include "planner/trace.h"
+
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
+
+namespace rackrun::planner {
+namespace {
+
+using nlohmann::json;
+
+constexpr absl::string_view kFields = "microbatch, layer, ranks, experts, loads";
+
+// Abseil here predates std::string_view interop (absl::string_view is its own type).
+absl::string_view AsAbsl(std::string_view s) { return absl::string_view(s.data(), s.size()); }
+
+absl::Status Bad(std::string_view where, std::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat(AsAbsl(where), ": ", AsAbsl(what)));
+}
+
+// Reads an integer field in [lo, hi]. Floats ("3.0"), strings and booleans are rejected:
+// a trace holds exact counts.
+absl::StatusOr<int64_t> IntField(const json& object, std::string_view name, int64_t lo, int64_t hi,
+                                 std::string_view where) {
+  auto it = object.find(name);
+  if (it == object.end()) {
+    return Bad(where,
+               absl::StrCat("missing field \"", AsAbsl(name), "\"; every line needs ", kFields));
+  }
+  if (!it->is_number_integer()) {
+    return Bad(where, absl::StrCat("field \"", AsAbsl(name), "\" is ", it->type_name(),
+                                   ", expected an integer"));
+  }
+  if (it->is_number_unsigned() &&
+      it->get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+    return Bad(where, absl::StrCat("field \"", AsAbsl(name), "\" is too large (at most ", hi, ")"));
+  }
+  const int64_t v = it->get<int64_t>();
+  if (v < lo || v > hi) {
+    return Bad(where,
+               absl::StrCat("field \"", AsAbsl(name), "\" is ", v, ", expected ", lo, "..", hi));
+  }
+  return v;
+}
+
+}  // namespace
+
+absl::StatusOr<TraceEntry> ParseTraceLine(std::string_view line, std::string_view where) {
+  json doc;
+  try {
+    doc = json::parse(line.begin(), line.end());
+  } catch (const json::parse_error& e) {
+    // nlohmann's message starts with "[json.exception.parse_error.101] "; keep the rest.
+    std::string_view message = e.what();
+    if (const size_t close = message.find("] "); close != std::string_view::npos) {
+      message.remove_prefix(close + 2);
+    }
+    return Bad(where,
+               absl::StrCat("bad JSON (", AsAbsl(message), "); each line must be one JSON object"));
+  }
+  if (!doc.is_object()) {
+    return Bad(where, absl::StrCat("line is a JSON ", doc.type_name(),
+                                   ", expected an object with fields ", kFields));
+  }
+  for (const auto& item : doc.items()) {
+    const std::string& key = item.key();
+    if (key != "microbatch" && key != "layer" && key != "ranks" && key != "experts" &&
+        key != "loads") {
+      return Bad(where,
+                 absl::StrCat("unknown field \"", key, "\"; a trace line has exactly ", kFields));
+    }
+  }
+  constexpr int64_t kIntMax = std::numeric_limits<int>::max();
+  absl::StatusOr<int64_t> microbatch =
+      IntField(doc, "microbatch", 0, std::numeric_limits<int64_t>::max(), where);
+  if (!microbatch.ok()) return microbatch.status();
+  absl::StatusOr<int64_t> layer = IntField(doc, "layer", 0, kIntMax, where);
+  if (!layer.ok()) return layer.status();
+  absl::StatusOr<int64_t> ranks = IntField(doc, "ranks", 1, kIntMax, where);
+  if (!ranks.ok()) return ranks.status();
+  absl::StatusOr<int64_t> experts = IntField(doc, "experts", 1, kIntMax, where);
+  if (!experts.ok()) return experts.status();
+  if (*experts % *ranks != 0) {
+    return Bad(where, absl::StrCat("experts (", *experts, ") is not a multiple of ranks (", *ranks,
+                                   "); every rank must be home to the same number of experts"));
+  }
+
+  auto loads_it = doc.find("loads");
+  if (loads_it == doc.end()) {
+    return Bad(where, absl::StrCat("missing field \"loads\"; every line needs ", kFields));
+  }
+  const json& rows = *loads_it;
+  if (!rows.is_array()) {
+    return Bad(where, absl::StrCat("field \"loads\" is ", rows.type_name(),
+                                   ", expected a ranks x experts array of arrays"));
+  }
+  if (static_cast<int64_t>(rows.size()) != *ranks) {
+    return Bad(where, absl::StrCat("loads has ", rows.size(), " rows but ranks is ", *ranks,
+                                   "; loads needs one row per source rank"));
+  }
+  for (size_t src = 0; src < rows.size(); ++src) {
+    if (!rows[src].is_array()) {
+      return Bad(where, absl::StrCat("loads[", src, "] is ", rows[src].type_name(),
+                                     ", expected an array of ", *experts, " counts"));
+    }
+    if (static_cast<int64_t>(rows[src].size()) != *experts) {
+      return Bad(where,
+                 absl::StrCat("loads[", src, "] has ", rows[src].size(), " columns but experts is ",
+                              *experts, "; each row needs one count per logical expert"));
+    }
+  }
+
+  TraceEntry entry;
+  entry.microbatch = *microbatch;
+  entry.layer = static_cast<int>(*layer);
+  entry.loads = LoadMatrix(static_cast<int>(*ranks), static_cast<int>(*experts));
+  for (int src = 0; src < entry.loads.ranks; ++src) {
+    const json& row = rows[static_cast<size_t>(src)];
+    for (int e = 0; e < entry.loads.experts; ++e) {
+      const json& v = row[static_cast<size_t>(e)];
+      const bool integer = v.is_number_integer();
+      const bool negative = integer && !v.is_number_unsigned() && v.get<int64_t>() < 0;
+      const bool too_large =
+          v.is_number_unsigned() &&
+          v.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
+      if (!integer || negative || too_large) {
+        return Bad(where, absl::StrCat("loads[", src, "][", e, "] is ", v.dump(),
+                                       "; token counts must be non-negative integers"));
+      }
+      entry.loads.at(src, e) = v.get<int64_t>();
+    }
+  }
+  return entry;
+}
+
+std::string FormatTraceLine(const TraceEntry& entry) {
+  const LoadMatrix& m = entry.loads;
+  std::string out =
+      absl::StrCat("{\"microbatch\": ", entry.microbatch, ", \"layer\": ", entry.layer,
+                   ", \"ranks\": ", m.ranks, ", \"experts\": ", m.experts, ", \"loads\": [");
+  out.reserve(out.size() + static_cast<size_t>(m.ranks) * static_cast<size_t>(m.experts) * 5);
+  for (int src = 0; src < m.ranks; ++src) {
+    out += src == 0 ? "[" : ", [";
+    for (int e = 0; e < m.experts; ++e) {
+      if (e > 0) out += ',';
+      absl::StrAppend(&out, m.at(src, e));
+    }
+    out += ']';
+  }
+  out += "]}";
+  return out;
+}
+
+absl::StatusOr<TraceReader> TraceReader::Open(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) {
+    return absl::NotFoundError(
+        absl::StrCat(path, ": cannot open the trace file; check the path passed to --trace"));
+  }
+  return TraceReader(path, std::move(in));
+}
+
+absl::StatusOr<std::optional<TraceEntry>> TraceReader::Next() {
+  std::string line;
+  while (std::getline(in_, line)) {
+    ++line_number_;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const std::string where = absl::StrCat(path_, ":", line_number_);
+    absl::StatusOr<TraceEntry> entry = ParseTraceLine(line, where);
+    if (!entry.ok()) return entry.status();
+    if (ranks_ == 0) {
+      ranks_ = entry->loads.ranks;
+      experts_ = entry->loads.experts;
+    } else if (entry->loads.ranks != ranks_ || entry->loads.experts != experts_) {
+      return Bad(where, absl::StrCat("ranks/experts are ", entry->loads.ranks, "/",
+                                     entry->loads.experts, " but earlier lines have ", ranks_, "/",
+                                     experts_, "; one trace describes one domain"));
+    }
+    if (!seen_.emplace(entry->microbatch, entry->layer).second) {
+      return Bad(where, absl::StrCat("microbatch ", entry->microbatch, " layer ", entry->layer,
+                                     " appears twice; each (microbatch, layer) has one line"));
+    }
+    return std::optional<TraceEntry>(*std::move(entry));
+  }
+  if (in_.bad()) {
+    return absl::DataLossError(absl::StrCat(path_, ":", line_number_ + 1, ": read error"));
+  }
+  return std::optional<TraceEntry>();
+}
+
+absl::StatusOr<std::vector<TraceEntry>> ReadTrace(const std::string& path) {
+  absl::StatusOr<TraceReader> reader = TraceReader::Open(path);
+  if (!reader.ok()) return reader.status();
+  std::vector<TraceEntry> entries;
+  while (true) {
+    absl::StatusOr<std::optional<TraceEntry>> next = reader->Next();
+    if (!next.ok()) return next.status();
+    if (!next->has_value()) break;
+    entries.push_back(**std::move(next));
+  }
+  return entries;
+}
+
+absl::StatusOr<TraceWriter> TraceWriter::Open(const std::string& path) {
+  std::ofstream out(path, std::ios::out | std::ios::trunc);
+  if (!out) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": cannot open for writing; check the directory exists and is writable"));
+  }
+  return TraceWriter(path, std::move(out));
+}
+
+absl::Status TraceWriter::Append(const TraceEntry& entry) {
+  out_ << FormatTraceLine(entry) << '\n';
+  if (!out_) return absl::DataLossError(absl::StrCat(path_, ": write failed"));
+  return absl::OkStatus();
+}
+
+absl::Status TraceWriter::Close() {
+  out_.close();
+  if (!out_) return absl::DataLossError(absl::StrCat(path_, ": write failed on close"));
+  return absl::OkStatus();
+}
+
+}  // namespace rackrun::planner

@@ -1,0 +1,97 @@
+// Load traces: the exact post-gating loads of a run, one (microbatch, layer) at a time, in
+// the JSON Lines format of DESIGN.md section 8:
+//
+//   {"microbatch": 0, "layer": 3, "ranks": 64, "experts": 256, "loads": [[...], ...]}
+//
+// where loads[src][e] is the token count from source rank src to logical expert e (ranks
+// rows of experts non-negative integers). Expert e's master lives on rank
+// e / (experts / ranks), so experts must be a multiple of ranks.
+#ifndef RACKRUN_PLANNER_TRACE_H_
+#define RACKRUN_PLANNER_TRACE_H_
+
+#include <cstdint>
+#include <fstream>
+#include <optional>
+#include <set>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "planner/plan.h"
+
+namespace rackrun::planner {
+
+// One line of a trace.
+struct TraceEntry {
+  int64_t microbatch = 0;
+  int layer = 0;
+  LoadMatrix loads;
+
+  friend bool operator==(const TraceEntry& a, const TraceEntry& b) {
+    return a.microbatch == b.microbatch && a.layer == b.layer && a.loads.ranks == b.loads.ranks &&
+           a.loads.experts == b.loads.experts && a.loads.counts == b.loads.counts;
+  }
+};
+
+// Parses one trace line on its own. `where` prefixes every error ("FILE:LINE").
+// InvalidArgument "WHERE: what is wrong; what to do" for bad JSON, a missing, unknown or
+// wrongly typed field, negative or non-integer values, ranks/experts not positive, experts
+// not a multiple of ranks, or a loads matrix that is not ranks x experts.
+absl::StatusOr<TraceEntry> ParseTraceLine(std::string_view line, std::string_view where);
+
+// Serialises one entry as a single line (no trailing newline) that ParseTraceLine reads
+// back to an equal entry.
+std::string FormatTraceLine(const TraceEntry& entry);
+
+// Streams a trace file line by line (memory holds one entry at a time). Blank lines are
+// skipped. Besides ParseTraceLine's checks, every line must have the same ranks and
+// experts as the first, and no (microbatch, layer) may appear twice. Not thread-safe.
+class TraceReader {
+ public:
+  // NotFound when the file cannot be opened.
+  static absl::StatusOr<TraceReader> Open(const std::string& path);
+
+  // The next entry, std::nullopt at the end of the file, or InvalidArgument naming
+  // "FILE:LINE". After an error the reader should not be used again.
+  absl::StatusOr<std::optional<TraceEntry>> Next();
+
+  // 1-based number of the last line read.
+  int64_t line_number() const { return line_number_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  TraceReader(std::string path, std::ifstream in) : path_(std::move(path)), in_(std::move(in)) {}
+
+  std::string path_;
+  std::ifstream in_;
+  int64_t line_number_ = 0;
+  int ranks_ = 0;
+  int experts_ = 0;
+  std::set<std::pair<int64_t, int>> seen_;
+};
+
+// Reads a whole trace into memory (convenience for small traces and tests).
+absl::StatusOr<std::vector<TraceEntry>> ReadTrace(const std::string& path);
+
+// Writes entries one line each. Not thread-safe.
+class TraceWriter {
+ public:
+  // Truncates or creates `path`; InvalidArgument when it cannot be opened for writing.
+  static absl::StatusOr<TraceWriter> Open(const std::string& path);
+  absl::Status Append(const TraceEntry& entry);
+  // Flushes and closes; reports a write error (e.g. disk full).
+  absl::Status Close();
+
+ private:
+  TraceWriter(std::string path, std::ofstream out) : path_(std::move(path)), out_(std::move(out)) {}
+
+  std::string path_;
+  std::ofstream out_;
+};
+
+}  // namespace rackrun::planner
+
+#endif  // RACKRUN_PLANNER_TRACE_H_
