@@ -4,6 +4,7 @@
 #define RACKRUN_PLANNER_FANOUT_H_
 
 #include <cstdint>
+#include <vector>
 
 #include "planner/plan.h"
 
@@ -24,6 +25,33 @@ struct FanoutOptions {
 // Builds the fan-out schedule for `plan`'s replicas (one stage-0 transfer per destination
 // in direct mode; stage 0 to relays and stage 1 from relays in relay mode). Deterministic.
 FanoutSchedule PlanFanout(const Plan& plan, const FanoutOptions& options);
+
+// The relay fan-out planner with reusable buffers, for callers that plan every
+// microbatch (PlanFanout is the one-shot form). Experts are visited in descending number
+// of destinations (ties: lower expert id), so the widest fan-outs pick relays first.
+// Projected send bytes (counted in transfers, every expert has the same size) carry across
+// experts of one schedule. Not thread-safe; one instance per thread.
+class RelayFanout {
+ public:
+  explicit RelayFanout(const FanoutOptions& options = {}) : options_(options) {}
+  const FanoutOptions& options() const { return options_; }
+
+  // Overwrites `*schedule` (reusing its capacity) with the schedule for `plan`'s replicas:
+  // from each expert's master instance (the first instance of the expert) to every other
+  // instance of it.
+  void Schedule(const Plan& plan, FanoutSchedule* schedule);
+
+  // Relays used for one source with n destinations (0 = send directly), per the options.
+  int RelaysFor(int destinations) const;
+
+ private:
+  FanoutOptions options_;
+  std::vector<int32_t> order_;        // experts with replicas, widest first
+  std::vector<int32_t> sends_;        // projected transfers sent per rank
+  std::vector<uint8_t> relaying_;     // rank already relays for some expert
+  std::vector<int32_t> dests_;        // scratch: destinations of one expert
+  std::vector<int32_t> relay_leaves_; // scratch: leaves assigned per relay
+};
 
 // Per-rank egress bandwidth and per-message latency; weights stream in chunks.
 struct FanoutCostModel {

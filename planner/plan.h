@@ -51,6 +51,10 @@ struct LoadMatrix {
   int64_t Total() const;
 };
 
+// Ok when `loads` fits `domain` (valid domain, ranks x experts shape, non-negative
+// counts); InvalidArgument naming the field and the offending entry otherwise.
+absl::Status ValidateLoads(const Domain& domain, const LoadMatrix& loads);
+
 // Per-rank work when every expert's tokens are processed at its home rank.
 std::vector<int64_t> HomeRankLoads(const Domain& domain, const LoadMatrix& loads);
 

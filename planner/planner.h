@@ -7,8 +7,10 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "absl/status/statusor.h"
+#include "planner/fanout.h"
 #include "planner/plan.h"
 
 namespace rackrun::planner {
@@ -25,6 +27,8 @@ struct PlannerOptions {
   int eplb_interval = 10;            // K: replan every K microbatches
   // Size of one expert's weights, for fan-out and re-placement byte counts.
   int64_t expert_bytes = 0;
+  // How Plan::fanout is built (all policies with replicas).
+  FanoutOptions fanout;
 };
 
 class Planner {
@@ -37,6 +41,16 @@ class Planner {
   // keep separate history per `layer`. Returns InvalidArgument if `loads` does not match
   // the domain.
   virtual absl::StatusOr<Plan> Solve(const LoadMatrix& loads, int layer) = 0;
+
+  // Same as Solve, but overwrites `*plan` and reuses its buffers, so a caller that keeps
+  // one Plan per layer does not allocate per microbatch. On error `*plan` is unspecified.
+  // The default calls Solve; the library's policies implement it directly.
+  virtual absl::Status SolveInto(const LoadMatrix& loads, int layer, Plan* plan) {
+    absl::StatusOr<Plan> solved = Solve(loads, layer);
+    if (!solved.ok()) return solved.status();
+    *plan = *std::move(solved);
+    return absl::OkStatus();
+  }
 
   // Bytes of expert weights the last Solve moved beyond the fan-out to replicas (eplb's
   // re-placement of masters); 0 for policies that keep masters home.

@@ -1,0 +1,117 @@
+#include "planner/plan.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
+namespace rackrun::planner {
+
+absl::Status Domain::Validate() const {
+  if (ranks <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("domain.ranks must be > 0, got ", ranks, "; give the number of ranks"));
+  }
+  if (masters_per_rank <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "domain.masters_per_rank must be > 0, got ", masters_per_rank,
+        "; every rank is home of at least one expert (experts must divide evenly by ranks)"));
+  }
+  if (slots_per_rank < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("domain.slots_per_rank must be >= 0, got ",
+                                                   slots_per_rank, "; use 0 for no replicas"));
+  }
+  if (static_cast<int64_t>(ranks) * masters_per_rank > (int64_t{1} << 30)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "domain.ranks * domain.masters_per_rank = ", static_cast<int64_t>(ranks) * masters_per_rank,
+        " experts is too large (limit 2^30)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateLoads(const Domain& domain, const LoadMatrix& loads) {
+  if (absl::Status status = domain.Validate(); !status.ok()) return status;
+  if (loads.ranks != domain.ranks) {
+    return absl::InvalidArgumentError(absl::StrCat("loads.ranks is ", loads.ranks,
+                                                   " but domain.ranks is ", domain.ranks,
+                                                   "; the load matrix needs one row per rank"));
+  }
+  if (loads.experts != domain.experts()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "loads.experts is ", loads.experts, " but the domain has ", domain.experts(),
+        " experts (ranks * masters_per_rank); the load matrix needs one column per expert"));
+  }
+  const size_t expected = static_cast<size_t>(loads.ranks) * static_cast<size_t>(loads.experts);
+  if (loads.counts.size() != expected) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("loads.counts has ", loads.counts.size(),
+                     " entries, expected ranks * experts = ", expected));
+  }
+  for (size_t i = 0; i < loads.counts.size(); ++i) {
+    if (loads.counts[i] < 0 || loads.counts[i] > (int64_t{1} << 40)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("loads[", i / static_cast<size_t>(loads.experts), "][",
+                       i % static_cast<size_t>(loads.experts), "] = ", loads.counts[i],
+                       " is out of range; token counts must be in [0, 2^40]"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::vector<int64_t> LoadMatrix::ExpertTotals() const {
+  std::vector<int64_t> totals(static_cast<size_t>(std::max(experts, 0)), 0);
+  for (int src = 0; src < ranks; ++src) {
+    const int64_t* r = row(src);
+    for (int e = 0; e < experts; ++e) totals[static_cast<size_t>(e)] += r[e];
+  }
+  return totals;
+}
+
+int64_t LoadMatrix::Total() const {
+  int64_t total = 0;
+  for (int64_t c : counts) total += c;
+  return total;
+}
+
+std::vector<int64_t> HomeRankLoads(const Domain& domain, const LoadMatrix& loads) {
+  std::vector<int64_t> rank_loads(static_cast<size_t>(std::max(domain.ranks, 0)), 0);
+  if (domain.masters_per_rank <= 0) return rank_loads;
+  const std::vector<int64_t> totals = loads.ExpertTotals();
+  for (int e = 0; e < static_cast<int>(totals.size()); ++e) {
+    const int home = domain.home_rank(e);
+    if (home >= 0 && home < domain.ranks) rank_loads[static_cast<size_t>(home)] += totals[e];
+  }
+  return rank_loads;
+}
+
+std::vector<int64_t> Plan::RankLoads() const {
+  std::vector<int64_t> rank_loads(static_cast<size_t>(std::max(ranks, 0)), 0);
+  for (size_t i = 0; i < instances.size() && i < quota.size(); ++i) {
+    const int r = instances[i].rank;
+    if (r >= 0 && r < ranks) rank_loads[static_cast<size_t>(r)] += quota[i];
+  }
+  return rank_loads;
+}
+
+int Plan::num_replicas() const {
+  int replicas = 0;
+  for (const ExpertInstance& instance : instances) replicas += instance.master ? 0 : 1;
+  return replicas;
+}
+
+double Imbalance(const std::vector<int64_t>& rank_loads) {
+  if (rank_loads.empty()) return 1.0;
+  int64_t total = 0;
+  int64_t max_load = 0;
+  for (int64_t load : rank_loads) {
+    total += load;
+    max_load = std::max(max_load, load);
+  }
+  if (total <= 0) return 1.0;
+  const double mean = static_cast<double>(total) / static_cast<double>(rank_loads.size());
+  return static_cast<double>(max_load) / mean;
+}
+
+}  // namespace rackrun::planner

@@ -1,0 +1,47 @@
+#include "planner/planner.h"
+
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "planner/baseline_planners.h"
+#include "planner/eplb_planner.h"
+#include "planner/quota_planner.h"
+
+namespace rackrun::planner {
+
+absl::StatusOr<std::unique_ptr<Planner>> MakePlanner(std::string_view policy, const Domain& domain,
+                                                     const PlannerOptions& options) {
+  if (absl::Status status = domain.Validate(); !status.ok()) return status;
+  if (!(options.eps >= 0.0 && options.eps < 1.0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("planner.eps must be in [0, 1), got ", options.eps, "; the default is 0.01"));
+  }
+  if (options.min_replica_tokens < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("planner.min_replica_tokens must be >= 1, got ", options.min_replica_tokens));
+  }
+  if (options.eplb_window < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("planner.eplb_window must be >= 1 microbatch, got ", options.eplb_window));
+  }
+  if (options.eplb_interval < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("planner.eplb_interval must be >= 1 microbatch, got ", options.eplb_interval));
+  }
+  if (options.expert_bytes < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("planner.expert_bytes must be >= 0, got ", options.expert_bytes));
+  }
+  if (policy == "ultraep") return std::make_unique<QuotaPlanner>(domain, options);
+  if (policy == "eplb") return std::make_unique<EplbPlanner>(domain, options);
+  if (policy == "none") return std::make_unique<NoBalancePlanner>(domain);
+  if (policy == "ideal") return std::make_unique<IdealPlanner>(domain, options);
+  return absl::InvalidArgumentError(absl::StrCat("unknown planner policy '", std::string(policy),
+                                                 "'; valid policies: ultraep, eplb, none, ideal"));
+}
+
+}  // namespace rackrun::planner

@@ -1,0 +1,101 @@
+// The `ultraep` policy: UltraEP's quota-driven exact-load planner (DESIGN.md section 4),
+// and the locality-first proportional token split every policy of this library uses.
+#ifndef RACKRUN_PLANNER_QUOTA_PLANNER_H_
+#define RACKRUN_PLANNER_QUOTA_PLANNER_H_
+
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "planner/fanout.h"
+#include "planner/plan.h"
+#include "planner/planner.h"
+
+namespace rackrun::planner {
+
+// Fills plan->split from the plan's instances, first[] and quota[] so that every
+// (src, e) row sums to loads(src, e) and every instance's column sums to its quota:
+//  1. locality: a source's tokens for e go to an instance of e on the source's own rank
+//     first, up to that instance's quota;
+//  2. the rest is split over the instances in proportion to their remaining quotas, one
+//     instance at a time (every instance but the expert's first, which takes what is
+//     left): an instance with remaining quota q out of R remaining tokens gets
+//     floor(r_s * q / R) of each source's remaining r_s, and the q - sum(floor) leftover
+//     tokens go one each to the sources with the largest remainders (r_s * q mod R),
+//     ties to the lower source. Row and column sums stay exact and no entry is negative.
+// Requires sum of quotas of e == total tokens of e. Reuses its buffers across calls; not
+// thread-safe.
+class QuotaSplit {
+ public:
+  void Fill(const LoadMatrix& loads, Plan* plan);
+
+ private:
+  std::vector<int64_t> remaining_;   // r_s of one expert
+  std::vector<int64_t> column_;      // split of one instance, per source
+  std::vector<int64_t> quota_left_;  // remaining quota per instance of one expert
+  std::vector<int64_t> remainder_;   // r_s * q mod R
+  std::vector<int32_t> candidates_;  // sources competing for leftover tokens
+};
+
+// UltraEP's planner. For each solve:
+//  - binary-search an integer threshold T in [ceil(mean), max home load], trying
+//    T = ceil(mean * (1 + eps)) first and stopping at relative precision eps;
+//  - the oracle for T moves q = min(need, target slack, exportable) tokens of an
+//    overloaded rank's expert to a replica on the target with the largest remaining slack
+//    (free slot, no instance of the expert; ties to the lower rank); exports smaller than
+//    min(min_replica_tokens, max(1, ceil(need / feasible targets))) are skipped (the floor
+//    is lowered per expert so feasibility stays monotone in T);
+//  - masters keep at least one token of a non-zero load unless allow_zero_master_quota;
+//  - the split is QuotaSplit's; the fan-out schedule is RelayFanout's.
+// After the first call of a given domain, SolveInto into a reused Plan does not allocate.
+// Not thread-safe: one planner per thread (plans are deterministic, so every rank's own
+// planner computes the same plan).
+class QuotaPlanner final : public Planner {
+ public:
+  QuotaPlanner(const Domain& domain, const PlannerOptions& options);
+
+  std::string_view name() const override { return "ultraep"; }
+  absl::StatusOr<Plan> Solve(const LoadMatrix& loads, int layer) override;
+  absl::Status SolveInto(const LoadMatrix& loads, int layer, Plan* plan) override;
+
+  // Diagnostics of the last solve: the threshold chosen (0 when nothing was exported) and
+  // how many times the oracle ran.
+  int64_t last_threshold() const { return last_threshold_; }
+  int last_oracle_calls() const { return last_oracle_calls_; }
+
+ private:
+  struct Export {
+    int32_t expert;
+    int32_t rank;
+    int64_t tokens;
+  };
+  // Runs the oracle for threshold T; on success the exports are in *exports.
+  bool Feasible(int64_t threshold, std::vector<Export>* exports);
+  void BuildPlan(const LoadMatrix& loads, const std::vector<Export>& exports, Plan* plan);
+
+  Domain domain_;
+  PlannerOptions options_;
+  RelayFanout fanout_;
+  QuotaSplit split_;
+  int64_t last_threshold_ = 0;
+  int last_oracle_calls_ = 0;
+
+  std::vector<int64_t> totals_;        // tokens per expert
+  std::vector<int64_t> home_loads_;    // tokens per rank with masters only
+  std::vector<int32_t> rank_order_;    // ranks by home load, heaviest first
+  std::vector<int32_t> expert_order_;  // per rank, its experts heaviest first
+  std::vector<int64_t> slack_;
+  std::vector<int32_t> free_slots_;
+  std::vector<int32_t> heap_;  // targets by (slack desc, rank asc)
+  std::vector<int32_t> aside_;
+  std::vector<Export> exports_;
+  std::vector<Export> best_exports_;
+  std::vector<int32_t> replica_count_;
+  std::vector<int64_t> exported_;
+};
+
+}  // namespace rackrun::planner
+
+#endif  // RACKRUN_PLANNER_QUOTA_PLANNER_H_
