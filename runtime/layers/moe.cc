@@ -1,0 +1,390 @@
+#include "runtime/layers/moe.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+#include "runtime/cpu/gemm.h"
+
+namespace rackrun::runtime {
+namespace {
+
+double Now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+template <typename T>
+T Sigmoid(T x) {
+  return T(1) / (T(1) + std::exp(-x));
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- SwigluExperts
+
+template <typename T>
+SwigluExperts<T>::SwigluExperts(int count, int width, int hidden, const std::string& prefix)
+    : count_(count), width_(width), hidden_(hidden) {
+  w13_.Allocate(prefix + ".w13", {count, width, 2 * hidden});
+  w2_.Allocate(prefix + ".w2", {count, hidden, width});
+}
+
+template <typename T>
+void SwigluExperts<T>::Init(NormalInit& rng, double std, double out_std) {
+  rng.Fill(w13_.value, std);
+  rng.Fill(w2_.value, out_std);
+}
+
+template <typename T>
+void SwigluExperts<T>::Forward(int e, int64_t rows, const T* x, T* h13, T* act, T* y) const {
+  if (rows == 0) return;
+  const int c = width_, f = hidden_, r = static_cast<int>(rows);
+  const T* w13 = w13_.value.data() + static_cast<int64_t>(e) * c * 2 * f;
+  const T* w2 = w2_.value.data() + static_cast<int64_t>(e) * f * c;
+  cpu::Gemm<T>(false, false, r, 2 * f, c, T(1), x, c, w13, 2 * f, T(0), h13, 2 * f);
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < rows; ++i) {
+    const T* g = h13 + i * 2 * f;
+    const T* up = g + f;
+    T* a = act + i * f;
+    for (int j = 0; j < f; ++j) a[j] = g[j] * Sigmoid(g[j]) * up[j];
+  }
+  cpu::Gemm<T>(false, false, r, c, f, T(1), act, f, w2, c, T(0), y, c);
+}
+
+template <typename T>
+void SwigluExperts<T>::Backward(int e, int64_t rows, const T* x, const T* h13, const T* act,
+                                const T* dy, T* dh13, T* dact, T* dx) {
+  if (rows == 0) return;
+  const int c = width_, f = hidden_, r = static_cast<int>(rows);
+  const int64_t e13 = static_cast<int64_t>(e) * c * 2 * f;
+  const int64_t e2 = static_cast<int64_t>(e) * f * c;
+  // dact = dy W2^T; dW2 += act^T dy.
+  cpu::Gemm<T>(false, true, r, f, c, T(1), dy, c, w2_.value.data() + e2, c, T(0), dact, f);
+  cpu::Gemm<T>(true, false, f, c, r, T(1), act, f, dy, c, T(1), w2_.grad.data() + e2, c);
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < rows; ++i) {
+    const T* g = h13 + i * 2 * f;
+    const T* up = g + f;
+    const T* da = dact + i * f;
+    T* dg = dh13 + i * 2 * f;
+    T* dup = dg + f;
+    for (int j = 0; j < f; ++j) {
+      const T s = Sigmoid(g[j]);
+      const T silu = g[j] * s;
+      dup[j] = da[j] * silu;
+      dg[j] = da[j] * up[j] * (s + g[j] * s * (T(1) - s));
+    }
+  }
+  cpu::Gemm<T>(true, false, c, 2 * f, r, T(1), x, c, dh13, 2 * f, T(1), w13_.grad.data() + e13,
+               2 * f);
+  cpu::Gemm<T>(false, true, r, c, 2 * f, T(1), dh13, 2 * f, w13_.value.data() + e13, 2 * f, T(0),
+               dx, c);
+}
+
+// ---------------------------------------------------------- LocalExpertExecutor
+
+template <typename T>
+void LocalExpertExecutor<T>::Forward(std::span<const int64_t> offsets, const T* dispatched,
+                                     T* expert_out) {
+  const int64_t rows = offsets.back();
+  const int f = experts_->hidden();
+  const int c = experts_->width();
+  input_ = dispatched;
+  h13_.Resize({std::max<int64_t>(rows, 1), 2 * f});
+  act_.Resize({std::max<int64_t>(rows, 1), f});
+  for (int e = 0; e < experts_->count(); ++e) {
+    const int64_t r0 = offsets[e];
+    experts_->Forward(e, offsets[e + 1] - r0, dispatched + r0 * c, h13_.data() + r0 * 2 * f,
+                      act_.data() + r0 * f, expert_out + r0 * c);
+  }
+}
+
+template <typename T>
+void LocalExpertExecutor<T>::Backward(std::span<const int64_t> offsets, const T* dexpert_out,
+                                      T* ddispatched) {
+  const int64_t rows = offsets.back();
+  const int f = experts_->hidden();
+  const int c = experts_->width();
+  dh13_.Resize({std::max<int64_t>(rows, 1), 2 * f});
+  dact_.Resize({std::max<int64_t>(rows, 1), f});
+  for (int e = 0; e < experts_->count(); ++e) {
+    const int64_t r0 = offsets[e];
+    experts_->Backward(e, offsets[e + 1] - r0, input_ + r0 * c, h13_.data() + r0 * 2 * f,
+                       act_.data() + r0 * f, dexpert_out + r0 * c, dh13_.data() + r0 * 2 * f,
+                       dact_.data() + r0 * f, ddispatched + r0 * c);
+  }
+}
+
+// -------------------------------------------------------------------- MoeLayer
+
+template <typename T>
+MoeLayer<T>::MoeLayer(const MoeLayerConfig& config, const std::string& prefix)
+    : config_(config),
+      norm_(config.width, prefix + ".norm"),
+      experts_(config.experts, config.width, config.expert_hidden, prefix + ".experts"),
+      bias_name_(prefix + ".router_bias") {
+  router_.Allocate(prefix + ".router", {config.width, config.experts});
+  bias_.Resize({config.experts});
+  bias_.Zero();
+  if (config.shared_expert) {
+    shared_ = std::make_unique<SwigluExperts<T>>(1, config.width, config.shared_hidden,
+                                                 prefix + ".shared");
+  }
+  executor_ = std::make_unique<LocalExpertExecutor<T>>(&experts_);
+  counts_.assign(static_cast<size_t>(config.experts), 0);
+  offsets_.assign(static_cast<size_t>(config.experts) + 1, 0);
+}
+
+template <typename T>
+void MoeLayer<T>::Init(NormalInit& rng, double std, double out_std) {
+  rng.Fill(router_.value, std);
+  experts_.Init(rng, std, out_std);
+  if (shared_) shared_->Init(rng, std, out_std);
+}
+
+template <typename T>
+std::vector<ParamRef<T>> MoeLayer<T>::Parameters() {
+  std::vector<ParamRef<T>> params = {norm_.gain().Ref(), router_.Ref()};
+  for (auto& p : experts_.Parameters()) params.push_back(p);
+  if (shared_) {
+    for (auto& p : shared_->Parameters()) params.push_back(p);
+  }
+  return params;
+}
+
+template <typename T>
+std::vector<ParamRef<T>> MoeLayer<T>::Buffers() {
+  return {ParamRef<T>{bias_name_, bias_.data(), nullptr, bias_.size()}};
+}
+
+template <typename T>
+void MoeLayer<T>::SetExecutor(std::unique_ptr<ExpertExecutor<T>> executor) {
+  executor_ = std::move(executor);
+}
+
+template <typename T>
+void MoeLayer<T>::Forward(const T* u, int64_t tokens, T* out) {
+  u_ = u;
+  tokens_ = tokens;
+  const int c = config_.width, ne = config_.experts, k = config_.top_k;
+  xn_.Resize({tokens, c});
+  scores_.Resize({tokens, ne});
+  selected_.Resize({tokens, k});
+  weights_.Resize({tokens, k});
+  slot_row_.Resize({tokens, k});
+  dispatched_.Resize({tokens * k, c});
+  expert_out_.Resize({tokens * k, c});
+
+  norm_.Forward(u, tokens, xn_.data());
+  cpu::Gemm<T>(false, false, static_cast<int>(tokens), ne, c, T(1), xn_.data(), c,
+               router_.value.data(), ne, T(0), scores_.data(), ne);
+  const double t0 = Now();
+  T* scores = scores_.data();
+  int32_t* sel = selected_.data();
+  T* w = weights_.data();
+  const T* bias = bias_.data();
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < tokens; ++t) {
+    T* s = scores + t * ne;
+    T mx = s[0];
+    for (int e = 1; e < ne; ++e) mx = std::max(mx, s[e]);
+    T sum = 0;
+    for (int e = 0; e < ne; ++e) {
+      s[e] = std::exp(s[e] - mx);
+      sum += s[e];
+    }
+    const T inv = T(1) / sum;
+    for (int e = 0; e < ne; ++e) s[e] *= inv;
+    // Top-k by biased score, ties to the lower expert index; best first.
+    int32_t* st = sel + t * k;
+    T gate_sum = 0;
+    for (int j = 0; j < k; ++j) {
+      int best = -1;
+      T best_v = 0;
+      for (int e = 0; e < ne; ++e) {
+        bool taken = false;
+        for (int i = 0; i < j; ++i) taken |= st[i] == e;
+        if (taken) continue;
+        const T v = s[e] + bias[e];
+        if (best < 0 || v > best_v) {
+          best = e;
+          best_v = v;
+        }
+      }
+      st[j] = best;
+      gate_sum += s[best];
+    }
+    for (int j = 0; j < k; ++j) w[t * k + j] = s[st[j]] / gate_sum;
+  }
+  // Exact counts and a stable counting sort of the slots by expert.
+  std::fill(counts_.begin(), counts_.end(), 0);
+  for (int64_t i = 0; i < tokens * k; ++i) ++counts_[static_cast<size_t>(sel[i])];
+  offsets_[0] = 0;
+  for (int e = 0; e < ne; ++e) offsets_[e + 1] = offsets_[e] + counts_[e];
+  {
+    int64_t* row = slot_row_.data();
+    // Reuse the tail of offsets as running cursors without allocating.
+    std::vector<int64_t>& cursor = offsets_;
+    for (int64_t i = 0; i < tokens * k; ++i) row[i] = cursor[static_cast<size_t>(sel[i])]++;
+    for (int e = ne; e > 0; --e) cursor[e] = cursor[e - 1];
+    cursor[0] = 0;
+  }
+  const int64_t* row = slot_row_.data();
+  T* disp = dispatched_.data();
+  const T* xn = xn_.data();
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < tokens * k; ++i) {
+    const T* src = xn + (i / k) * c;
+    std::copy(src, src + c, disp + row[i] * c);
+  }
+  // Aux loss value.
+  aux_loss_ = 0;
+  if (config_.aux_loss_coef > 0) {
+    double total = 0;
+    for (int e = 0; e < ne; ++e) {
+      double p = 0;
+      for (int64_t t = 0; t < tokens; ++t) p += static_cast<double>(scores[t * ne + e]);
+      const double f = static_cast<double>(counts_[e]) / static_cast<double>(tokens * k);
+      total += f * p / static_cast<double>(tokens);
+    }
+    aux_loss_ = config_.aux_loss_coef * ne * total;
+  }
+  routing_seconds_ = Now() - t0;
+
+  executor_->Forward(offsets_, dispatched_.data(), expert_out_.data());
+
+  if (shared_) {
+    shared_h13_.Resize({tokens, 2 * config_.shared_hidden});
+    shared_act_.Resize({tokens, config_.shared_hidden});
+    shared_->Forward(0, tokens, xn_.data(), shared_h13_.data(), shared_act_.data(), out);
+  }
+  const double t1 = Now();
+  const T* eo = expert_out_.data();
+  const bool add = shared_ != nullptr;
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < tokens; ++t) {
+    T* o = out + t * c;
+    if (!add) std::fill(o, o + c, T(0));
+    for (int j = 0; j < k; ++j) {
+      const T g = w[t * k + j];
+      const T* y = eo + row[t * k + j] * c;
+      for (int i = 0; i < c; ++i) o[i] += g * y[i];
+    }
+  }
+  routing_seconds_ += Now() - t1;
+}
+
+template <typename T>
+void MoeLayer<T>::Backward(const T* dout, T grad_scale, T* du) {
+  const int64_t tokens = tokens_;
+  const int c = config_.width, ne = config_.experts, k = config_.top_k;
+  dexpert_out_.Resize({tokens * k, c});
+  ddispatched_.Resize({tokens * k, c});
+  dxn_.Resize({tokens, c});
+  dscores_.Resize({tokens, ne});
+
+  const double t0 = Now();
+  const T* eo = expert_out_.data();
+  const int64_t* row = slot_row_.data();
+  const T* w = weights_.data();
+  const int32_t* sel = selected_.data();
+  const T* scores = scores_.data();
+  T* deo = dexpert_out_.data();
+  T* ds = dscores_.data();
+  // Gate gradients, and expert-output gradients placed in dispatched order.
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < tokens; ++t) {
+    const T* d = dout + t * c;
+    T dw[64];
+    T dot = 0;
+    T gate_sum = 0;
+    for (int j = 0; j < k; ++j) {
+      const T* y = eo + row[t * k + j] * c;
+      T* dy = deo + row[t * k + j] * c;
+      const T g = w[t * k + j];
+      T acc = 0;
+      for (int i = 0; i < c; ++i) {
+        acc += d[i] * y[i];
+        dy[i] = g * d[i];
+      }
+      dw[j] = acc;
+      dot += acc * g;
+      gate_sum += scores[t * ne + sel[t * k + j]];
+    }
+    T* dst = ds + t * ne;
+    std::fill(dst, dst + ne, T(0));
+    for (int j = 0; j < k; ++j) dst[sel[t * k + j]] = (dw[j] - dot) / gate_sum;
+  }
+  if (config_.aux_loss_coef > 0) {
+    // d(coef * E * sum_e f_e P_e)/d s_te = coef * E * f_e / T.
+    for (int e = 0; e < ne; ++e) {
+      const double f = static_cast<double>(counts_[e]) / static_cast<double>(tokens * k);
+      const T g =
+          static_cast<T>(grad_scale * config_.aux_loss_coef * ne * f / static_cast<double>(tokens));
+      for (int64_t t = 0; t < tokens; ++t) ds[t * ne + e] += g;
+    }
+  }
+  // Softmax backward in place: dlogit = s * (ds - sum s ds).
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < tokens; ++t) {
+    const T* s = scores + t * ne;
+    T* d = ds + t * ne;
+    T dot = 0;
+    for (int e = 0; e < ne; ++e) dot += s[e] * d[e];
+    for (int e = 0; e < ne; ++e) d[e] = s[e] * (d[e] - dot);
+  }
+  routing_seconds_ += Now() - t0;
+
+  executor_->Backward(offsets_, dexpert_out_.data(), ddispatched_.data());
+
+  T* dxn = dxn_.data();
+  if (shared_) {
+    dshared_h13_.Resize({tokens, 2 * config_.shared_hidden});
+    dshared_act_.Resize({tokens, config_.shared_hidden});
+    shared_->Backward(0, tokens, xn_.data(), shared_h13_.data(), shared_act_.data(), dout,
+                      dshared_h13_.data(), dshared_act_.data(), dxn);
+  }
+  const double t1 = Now();
+  const T* ddisp = ddispatched_.data();
+  const bool add = shared_ != nullptr;
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < tokens; ++t) {
+    T* o = dxn + t * c;
+    if (!add) std::fill(o, o + c, T(0));
+    for (int j = 0; j < k; ++j) {
+      const T* dx = ddisp + row[t * k + j] * c;
+      for (int i = 0; i < c; ++i) o[i] += dx[i];
+    }
+  }
+  routing_seconds_ += Now() - t1;
+  // Router: dWr += xn^T dlogits; dxn += dlogits Wr^T.
+  cpu::Gemm<T>(true, false, c, ne, static_cast<int>(tokens), T(1), xn_.data(), c, ds, ne, T(1),
+               router_.grad.data(), ne);
+  cpu::Gemm<T>(false, true, static_cast<int>(tokens), c, ne, T(1), ds, ne, router_.value.data(), ne,
+               T(1), dxn, c);
+  norm_.Backward(u_, dxn, tokens, du);
+}
+
+template <typename T>
+void MoeLayer<T>::UpdateSelectionBias() {
+  if (config_.bias_update_rate <= 0) return;
+  const int ne = config_.experts;
+  int64_t total = 0;
+  for (int e = 0; e < ne; ++e) total += counts_[e];
+  const double mean = static_cast<double>(total) / ne;
+  for (int e = 0; e < ne; ++e) {
+    const double err = mean - static_cast<double>(counts_[e]);
+    const double sign = err > 0 ? 1.0 : (err < 0 ? -1.0 : 0.0);
+    bias_[e] += static_cast<T>(config_.bias_update_rate * sign);
+  }
+}
+
+template class SwigluExperts<float>;
+template class SwigluExperts<double>;
+template class LocalExpertExecutor<float>;
+template class LocalExpertExecutor<double>;
+template class MoeLayer<float>;
+template class MoeLayer<double>;
+
+}  // namespace rackrun::runtime

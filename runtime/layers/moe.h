@@ -1,0 +1,159 @@
+// Mixture-of-Experts sublayer body: pre-norm RMSNorm -> router (softmax scores, top-k,
+// renormalised top-k weights) -> dispatch -> SwiGLU experts -> combine, plus an optional
+// always-on shared SwiGLU expert.
+//
+// The dispatch -> expert compute -> combine seam is explicit: MoeLayer routes and
+// gathers each expert's tokens into one contiguous block (experts in index order, tokens
+// in token order inside a block), hands the blocks to an ExpertExecutor, and combines
+// the executor's outputs. LocalExpertExecutor runs every expert in this process; an
+// expert-parallel executor (later issue) sends the blocks to other ranks and back.
+//
+// Balancing pressure (both off by default):
+// - auxiliary loss (aux_loss_coef > 0): Switch-style coef * E * sum_e f_e * P_e, with f_e
+//   the fraction of the T*k routed slots that went to e and P_e the mean router score;
+//   equals coef under perfectly uniform routing. Gradient flows through P_e only.
+// - aux-loss-free bias (bias_update_rate > 0, DeepSeek-V3): a per-expert bias is added to
+//   the scores for top-k *selection only* (the gate weights use the raw scores); after
+//   each training microbatch b_e += rate * sign(mean load - load_e).
+#ifndef RACKRUN_RUNTIME_LAYERS_MOE_H_
+#define RACKRUN_RUNTIME_LAYERS_MOE_H_
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "runtime/layers/parameter.h"
+#include "runtime/layers/rmsnorm.h"
+#include "runtime/tensor.h"
+
+namespace rackrun::runtime {
+
+// SwiGLU feed-forward weights for `count` experts of width C and hidden F:
+// y = (silu(x W1) * (x W3)) W2, with W1 | W3 stored side by side as w13 [C x 2F].
+template <typename T>
+class SwigluExperts {
+ public:
+  SwigluExperts(int count, int width, int hidden, const std::string& prefix);
+
+  void Init(NormalInit& rng, double std, double out_std);
+  std::vector<ParamRef<T>> Parameters() { return {w13_.Ref(), w2_.Ref()}; }
+  int count() const { return count_; }
+  int width() const { return width_; }
+  int hidden() const { return hidden_; }
+
+  // Expert e on `rows` rows of x. h13 [rows x 2F] and act [rows x F] are kept for
+  // Backward by the caller.
+  void Forward(int e, int64_t rows, const T* x, T* h13, T* act, T* y) const;
+  // dx overwritten; weight gradients of expert e accumulated. dh13 [rows x 2F] and
+  // dact [rows x F] are scratch.
+  void Backward(int e, int64_t rows, const T* x, const T* h13, const T* act, const T* dy, T* dh13,
+                T* dact, T* dx);
+
+ private:
+  int count_, width_, hidden_;
+  Parameter<T> w13_;  // [count x C x 2F]
+  Parameter<T> w2_;   // [count x F x C]
+};
+
+// The seam between routing and expert compute. Rows [offsets[e], offsets[e+1]) of the
+// dispatched buffer are expert e's tokens (offsets has experts + 1 entries).
+template <typename T>
+class ExpertExecutor {
+ public:
+  virtual ~ExpertExecutor() = default;
+  // expert_out[row] = expert(row's expert)(dispatched[row]) for every row.
+  virtual void Forward(std::span<const int64_t> offsets, const T* dispatched, T* expert_out) = 0;
+  // Given d expert_out, writes d dispatched and accumulates the experts' weight gradients.
+  // Uses the state of the last Forward (same offsets).
+  virtual void Backward(std::span<const int64_t> offsets, const T* dexpert_out, T* ddispatched) = 0;
+};
+
+// Runs every expert in-process: one pair of GEMMs per expert over its gathered rows.
+template <typename T>
+class LocalExpertExecutor final : public ExpertExecutor<T> {
+ public:
+  explicit LocalExpertExecutor(SwigluExperts<T>* experts) : experts_(experts) {}
+  void Forward(std::span<const int64_t> offsets, const T* dispatched, T* expert_out) override;
+  void Backward(std::span<const int64_t> offsets, const T* dexpert_out, T* ddispatched) override;
+
+ private:
+  SwigluExperts<T>* experts_;
+  const T* input_ = nullptr;
+  Tensor<T> h13_, act_, dh13_, dact_;
+};
+
+struct MoeLayerConfig {
+  int width = 0;
+  int experts = 0;
+  int top_k = 0;
+  int expert_hidden = 0;
+  bool shared_expert = false;
+  int shared_hidden = 0;
+  double aux_loss_coef = 0;
+  double bias_update_rate = 0;
+};
+
+template <typename T>
+class MoeLayer {
+ public:
+  // Parameters: prefix.norm, prefix.router, prefix.experts.{w13,w2},
+  // prefix.shared.{w13,w2} (if shared); buffer prefix.router_bias.
+  MoeLayer(const MoeLayerConfig& config, const std::string& prefix);
+
+  void Init(NormalInit& rng, double std, double out_std);
+  std::vector<ParamRef<T>> Parameters();
+  // Non-trainable state (grad == nullptr): the aux-loss-free selection bias.
+  std::vector<ParamRef<T>> Buffers();
+
+  // Replaces the executor (default: LocalExpertExecutor over this layer's experts).
+  void SetExecutor(std::unique_ptr<ExpertExecutor<T>> executor);
+  SwigluExperts<T>& experts() { return experts_; }
+
+  // out[tokens x width] = body(u). `u` must stay valid until Backward.
+  void Forward(const T* u, int64_t tokens, T* out);
+  // du overwritten; gradients of grad_scale * (upstream loss + aux loss) accumulated.
+  void Backward(const T* dout, T grad_scale, T* du);
+  // DeepSeek-V3 bias step from the last Forward's counts (no-op when the rate is 0).
+  void UpdateSelectionBias();
+
+  // Exact per-expert routed-token counts of the last Forward (sum = tokens * top_k).
+  const std::vector<int64_t>& counts() const { return counts_; }
+  // Auxiliary loss value of the last Forward (already multiplied by the coefficient).
+  double aux_loss() const { return aux_loss_; }
+  // Seconds of the last Forward + Backward spent routing, dispatching and combining
+  // (excluding the router GEMM).
+  double routing_seconds() const { return routing_seconds_; }
+
+ private:
+  MoeLayerConfig config_;
+  RmsNorm<T> norm_;
+  Parameter<T> router_;  // [C x E]
+  Tensor<T> bias_;       // [E]
+  SwigluExperts<T> experts_;
+  std::unique_ptr<SwigluExperts<T>> shared_;
+  std::unique_ptr<ExpertExecutor<T>> executor_;
+  std::string bias_name_;
+
+  // State of the last Forward.
+  const T* u_ = nullptr;
+  int64_t tokens_ = 0;
+  std::vector<int64_t> counts_;
+  std::vector<int64_t> offsets_;
+  double aux_loss_ = 0;
+  double routing_seconds_ = 0;
+  Tensor<T> xn_;
+  Tensor<T> scores_;          // [tokens x E] softmax
+  Tensor<int32_t> selected_;  // [tokens x k] expert ids, best first
+  Tensor<T> weights_;         // [tokens x k] renormalised gates
+  Tensor<int64_t> slot_row_;  // [tokens x k] row in the dispatched buffer
+  Tensor<T> dispatched_, expert_out_;
+  Tensor<T> shared_h13_, shared_act_, shared_out_;
+  // Backward scratch.
+  Tensor<T> dexpert_out_, ddispatched_, dxn_, dscores_, dshared_h13_, dshared_act_, dshared_x_;
+};
+
+}  // namespace rackrun::runtime
+
+#endif  // RACKRUN_RUNTIME_LAYERS_MOE_H_
