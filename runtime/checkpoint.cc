@@ -1,0 +1,329 @@
+#include "runtime/checkpoint.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <system_error>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace rackrun::runtime {
+namespace {
+
+constexpr char kMagic[8] = {'R', 'K', 'R', 'C', 'K', 'P', 'T', '1'};
+constexpr char kEndMagic[8] = {'R', 'K', 'R', 'C', 'K', 'E', 'N', 'D'};
+constexpr uint32_t kVersion = 1;
+
+constexpr std::array<uint32_t, 256> MakeCrcTable() {
+  std::array<uint32_t, 256> table{};
+  for (uint32_t i = 0; i < 256; ++i) {
+    uint32_t c = i;
+    for (int k = 0; k < 8; ++k) c = (c & 1) ? (c >> 1) ^ 0x82f63b78u : c >> 1;
+    table[i] = c;
+  }
+  return table;
+}
+constexpr std::array<uint32_t, 256> kCrcTable = MakeCrcTable();
+
+absl::Status PosixError(absl::string_view what, const std::string& path) {
+  return absl::InternalError(absl::StrCat(what, " '", path, "': ", std::strerror(errno)));
+}
+
+template <typename U>
+void PutLe(std::string& out, U value) {
+  for (size_t i = 0; i < sizeof(U); ++i) {
+    out.push_back(static_cast<char>((static_cast<uint64_t>(value) >> (8 * i)) & 0xff));
+  }
+}
+
+// Bounds-checked little-endian reader over a byte buffer.
+class Reader {
+ public:
+  explicit Reader(std::string_view bytes) : bytes_(bytes) {}
+  template <typename U>
+  bool Get(U& value) {
+    if (bytes_.size() - pos_ < sizeof(U)) return false;
+    uint64_t v = 0;
+    for (size_t i = 0; i < sizeof(U); ++i) {
+      v |= static_cast<uint64_t>(static_cast<unsigned char>(bytes_[pos_ + i])) << (8 * i);
+    }
+    value = static_cast<U>(v);
+    pos_ += sizeof(U);
+    return true;
+  }
+  bool Take(size_t n, std::string_view& out) {
+    if (bytes_.size() - pos_ < n) return false;
+    out = bytes_.substr(pos_, n);
+    pos_ += n;
+    return true;
+  }
+  size_t pos() const { return pos_; }
+
+ private:
+  std::string_view bytes_;
+  size_t pos_ = 0;
+};
+
+bool ParseStep(const std::string& file_name, int64_t& step) {
+  // step-00000100.ckpt
+  if (file_name.size() < 11 || file_name.rfind("step-", 0) != 0 ||
+      file_name.substr(file_name.size() - 5) != ".ckpt") {
+    return false;
+  }
+  const std::string digits = file_name.substr(5, file_name.size() - 10);
+  if (digits.empty() || !std::all_of(digits.begin(), digits.end(), ::isdigit)) return false;
+  step = std::stoll(digits);
+  return true;
+}
+
+}  // namespace
+
+uint32_t Crc32c(std::string_view data, uint32_t crc) {
+  crc = ~crc;
+  for (const char ch : data) {
+    crc = kCrcTable[(crc ^ static_cast<unsigned char>(ch)) & 0xff] ^ (crc >> 8);
+  }
+  return ~crc;
+}
+
+absl::Status WriteFileAtomically(const std::string& path, std::string_view bytes) {
+  const std::filesystem::path target(path);
+  const std::string tmp = absl::StrCat(path, ".tmp-", getpid());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return PosixError("cannot create", tmp);
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      absl::Status s = PosixError("cannot write", tmp);
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      return s;
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (::fsync(fd) != 0) {
+    absl::Status s = PosixError("cannot fsync", tmp);
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    return s;
+  }
+  if (::close(fd) != 0) {
+    ::unlink(tmp.c_str());
+    return PosixError("cannot close", tmp);
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    absl::Status s = PosixError("cannot rename onto", path);
+    ::unlink(tmp.c_str());
+    return s;
+  }
+  // The rename is durable only once the folder entry is on disk.
+  const std::filesystem::path parent = target.parent_path();
+  const std::string folder = parent.empty() ? std::string(".") : parent.string();
+  const int dir_fd = ::open(folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir_fd < 0) return PosixError("cannot open folder", folder);
+  const int rc = ::fsync(dir_fd);
+  ::close(dir_fd);
+  if (rc != 0) return PosixError("cannot fsync folder", folder);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return absl::NotFoundError(absl::StrCat("cannot open '", path, "': ", std::strerror(errno)));
+  std::string bytes;
+  char buffer[1 << 16];
+  while (true) {
+    const ssize_t n = ::read(fd, buffer, sizeof(buffer));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      absl::Status s = PosixError("cannot read", path);
+      ::close(fd);
+      return s;
+    }
+    if (n == 0) break;
+    bytes.append(buffer, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  return bytes;
+}
+
+const CheckpointSection* Checkpoint::Find(std::string_view name) const {
+  for (const CheckpointSection& s : sections) {
+    if (s.name == name) return &s;
+  }
+  return nullptr;
+}
+
+std::string PackFloats(std::span<const float> values) {
+  return std::string(reinterpret_cast<const char*>(values.data()), values.size_bytes());
+}
+
+absl::Status UnpackFloats(const CheckpointSection& section, std::span<float> out) {
+  if (section.payload.size() != out.size_bytes()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("checkpoint section '", section.name, "' holds ",
+                     section.payload.size() / sizeof(float), " values but the model expects ",
+                     out.size(), "; the checkpoint was written for a different model shape"));
+  }
+  std::memcpy(out.data(), section.payload.data(), out.size_bytes());
+  return absl::OkStatus();
+}
+
+std::string CheckpointPath(const std::string& dir, int64_t step) {
+  return (std::filesystem::path(dir) / absl::StrFormat("step-%08d.ckpt", step)).string();
+}
+
+absl::StatusOr<std::string> SaveCheckpoint(const std::string& dir, const Checkpoint& checkpoint,
+                                           int keep) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) {
+    return absl::InternalError(
+        absl::StrCat("cannot create checkpoint folder '", dir, "': ", ec.message()));
+  }
+  std::string bytes;
+  size_t total = 64;
+  for (const CheckpointSection& s : checkpoint.sections)
+    total += 16 + s.name.size() + s.payload.size();
+  bytes.reserve(total);
+  bytes.append(kMagic, sizeof(kMagic));
+  PutLe<uint32_t>(bytes, kVersion);
+  PutLe<uint32_t>(bytes, static_cast<uint32_t>(checkpoint.sections.size()));
+  PutLe<uint64_t>(bytes, static_cast<uint64_t>(checkpoint.step));
+  for (const CheckpointSection& s : checkpoint.sections) {
+    PutLe<uint32_t>(bytes, static_cast<uint32_t>(s.name.size()));
+    bytes += s.name;
+    PutLe<uint64_t>(bytes, s.payload.size());
+    bytes += s.payload;
+    PutLe<uint32_t>(bytes, Crc32c(s.payload));
+  }
+  const uint64_t body = bytes.size();
+  const uint32_t crc = Crc32c(bytes);
+  PutLe<uint64_t>(bytes, body);
+  PutLe<uint32_t>(bytes, crc);
+  bytes.append(kEndMagic, sizeof(kEndMagic));
+
+  const std::string path = CheckpointPath(dir, checkpoint.step);
+  if (absl::Status s = WriteFileAtomically(path, bytes); !s.ok()) return s;
+
+  std::vector<std::string> all = ListCheckpoints(dir);
+  const size_t kept = static_cast<size_t>(std::max(keep, 2));
+  for (size_t i = 0; i + kept < all.size(); ++i) {
+    if (all[i] != path) std::filesystem::remove(all[i], ec);
+  }
+  return path;
+}
+
+std::vector<std::string> ListCheckpoints(const std::string& dir) {
+  std::vector<std::pair<int64_t, std::string>> found;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    int64_t step = 0;
+    if (entry.is_regular_file() && ParseStep(entry.path().filename().string(), step)) {
+      found.emplace_back(step, entry.path().string());
+    }
+  }
+  std::sort(found.begin(), found.end());
+  std::vector<std::string> paths;
+  for (auto& [step, path] : found) paths.push_back(std::move(path));
+  return paths;
+}
+
+absl::StatusOr<Checkpoint> LoadCheckpoint(const std::string& path) {
+  absl::StatusOr<std::string> read = ReadWholeFile(path);
+  if (!read.ok()) {
+    return absl::NotFoundError(absl::StrCat("cannot open checkpoint '", path, "'"));
+  }
+  const std::string& bytes = *read;
+  const auto refuse = [&](absl::string_view why) {
+    return absl::DataLossError(
+        absl::StrCat("refusing checkpoint '", path, "': ", why,
+                     "; resume from an earlier checkpoint in the same folder"));
+  };
+  constexpr size_t kFooter = 8 + 4 + sizeof(kEndMagic);
+  if (bytes.size() < sizeof(kMagic) + 16 + kFooter) return refuse("file is truncated (too short)");
+  if (std::memcmp(bytes.data(), kMagic, sizeof(kMagic)) != 0) return refuse("wrong magic");
+  if (std::memcmp(bytes.data() + bytes.size() - sizeof(kEndMagic), kEndMagic, sizeof(kEndMagic)) !=
+      0) {
+    return refuse("end marker missing (file is truncated)");
+  }
+  Reader footer(std::string_view(bytes).substr(bytes.size() - kFooter));
+  uint64_t body = 0;
+  uint32_t crc = 0;
+  footer.Get(body);
+  footer.Get(crc);
+  if (body != bytes.size() - kFooter) {
+    return refuse(absl::StrCat("footer records ", body, " bytes but ", bytes.size() - kFooter,
+                               " precede it (file is truncated or padded)"));
+  }
+  const std::string_view content = std::string_view(bytes).substr(0, body);
+  if (Crc32c(content) != crc) return refuse("file checksum mismatch (data corrupted)");
+
+  Reader r(content);
+  std::string_view magic;
+  uint32_t version = 0, count = 0;
+  uint64_t step = 0;
+  r.Take(sizeof(kMagic), magic);
+  if (!r.Get(version) || !r.Get(count) || !r.Get(step)) return refuse("header is truncated");
+  if (version != kVersion) {
+    return refuse(absl::StrCat("format version ", version, ", this build reads ", kVersion));
+  }
+  Checkpoint checkpoint;
+  checkpoint.step = static_cast<int64_t>(step);
+  for (uint32_t i = 0; i < count; ++i) {
+    uint32_t name_len = 0;
+    uint64_t len = 0;
+    uint32_t section_crc = 0;
+    std::string_view name, payload;
+    if (!r.Get(name_len) || !r.Take(name_len, name) || !r.Get(len) || !r.Take(len, payload) ||
+        !r.Get(section_crc)) {
+      return refuse(absl::StrCat("section ", i, " is truncated"));
+    }
+    if (Crc32c(payload) != section_crc) {
+      return refuse(absl::StrCat("checksum mismatch in section '", std::string(name), "'"));
+    }
+    checkpoint.sections.push_back({std::string(name), std::string(payload)});
+  }
+  if (r.pos() != content.size()) return refuse("trailing bytes after the last section");
+  return checkpoint;
+}
+
+absl::StatusOr<Checkpoint> LoadCheckpointForResume(const std::string& path,
+                                                   std::string* loaded_path) {
+  std::error_code ec;
+  if (!std::filesystem::is_directory(path, ec)) {
+    absl::StatusOr<Checkpoint> c = LoadCheckpoint(path);
+    if (c.ok() && loaded_path != nullptr) *loaded_path = path;
+    return c;
+  }
+  const std::vector<std::string> all = ListCheckpoints(path);
+  if (all.empty()) {
+    return absl::NotFoundError(absl::StrCat("no checkpoint (step-*.ckpt) in '", path,
+                                            "'; check the folder or drop --resume"));
+  }
+  absl::StatusOr<Checkpoint> newest = LoadCheckpoint(all.back());
+  if (newest.ok()) {
+    if (loaded_path != nullptr) *loaded_path = all.back();
+    return newest;
+  }
+  std::string message(newest.status().message());
+  for (size_t i = all.size() - 1; i-- > 0;) {
+    if (LoadCheckpoint(all[i]).ok()) {
+      absl::StrAppend(&message, ". The previous checkpoint '", all[i],
+                      "' is intact: resume from it with --resume ", all[i]);
+      break;
+    }
+  }
+  return absl::Status(newest.status().code(), message);
+}
+
+}  // namespace rackrun::runtime

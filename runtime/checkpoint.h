@@ -1,0 +1,80 @@
+// Checkpoints: durable, self-checking snapshots of a training job.
+//
+// A checkpoint is one file `<dir>/step-<step, 8 digits>.ckpt` holding named sections
+// (model parameters, optimizer moments, metadata such as the data-loader position and
+// RNG state). Layout, integers little-endian:
+//   "RKRCKPT1" | uint32 version | uint32 sections | uint64 step
+//   per section: uint32 name bytes | name | uint64 payload bytes | payload | uint32 CRC32C(payload)
+//   footer: uint64 bytes before the footer | uint32 CRC32C(all bytes before the footer) |
+//   "RKRCKEND"
+// Writes are atomic (temp file in the same folder, fsync, rename, fsync of the folder),
+// so a crash leaves either the old set of checkpoints or the old set plus the new one,
+// never a half-written file under a checkpoint name. Older checkpoints are removed only
+// after the new one is durable, keeping the newest `keep` (>= 2).
+// Reading verifies sizes and every checksum; a truncated or corrupted file is refused
+// with an error naming the file and what is wrong.
+#ifndef RACKRUN_RUNTIME_CHECKPOINT_H_
+#define RACKRUN_RUNTIME_CHECKPOINT_H_
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace rackrun::runtime {
+
+// CRC-32C (Castagnoli), the checksum of iSCSI/ext4; `crc` continues a previous value.
+uint32_t Crc32c(std::string_view data, uint32_t crc = 0);
+
+// Replaces `path` with `bytes` atomically: writes `<path>.tmp-<pid>`, fsyncs it, renames
+// it over `path` and fsyncs the folder. On failure `path` is unchanged.
+absl::Status WriteFileAtomically(const std::string& path, std::string_view bytes);
+
+// Reads the whole file at `path`; NotFound when it cannot be opened.
+absl::StatusOr<std::string> ReadWholeFile(const std::string& path);
+
+struct CheckpointSection {
+  std::string name;
+  std::string payload;
+};
+
+struct Checkpoint {
+  int64_t step = 0;
+  std::vector<CheckpointSection> sections;
+
+  // The section called `name`, or nullptr.
+  const CheckpointSection* Find(std::string_view name) const;
+};
+
+// Raw little-endian float storage for tensor sections (this runtime runs on
+// little-endian hosts only).
+std::string PackFloats(std::span<const float> values);
+absl::Status UnpackFloats(const CheckpointSection& section, std::span<float> out);
+
+// File name of the checkpoint of `step` inside `dir`.
+std::string CheckpointPath(const std::string& dir, int64_t step);
+
+// Writes `checkpoint` into `dir` (created if missing) and then deletes all but the
+// newest `keep` checkpoints there. Returns the new file's path.
+absl::StatusOr<std::string> SaveCheckpoint(const std::string& dir, const Checkpoint& checkpoint,
+                                           int keep);
+
+// Checkpoint files in `dir`, oldest first (by step).
+std::vector<std::string> ListCheckpoints(const std::string& dir);
+
+// Reads and verifies one checkpoint file.
+absl::StatusOr<Checkpoint> LoadCheckpoint(const std::string& path);
+
+// `path` is a checkpoint file or a checkpoint folder (its newest checkpoint). If the
+// newest one is damaged the error names it and the previous good one, which is left
+// untouched for the user to resume from explicitly.
+absl::StatusOr<Checkpoint> LoadCheckpointForResume(const std::string& path,
+                                                   std::string* loaded_path = nullptr);
+
+}  // namespace rackrun::runtime
+
+#endif  // RACKRUN_RUNTIME_CHECKPOINT_H_
