@@ -1,0 +1,240 @@
+// End-to-end tests of `rackrun plan`: run the built binary in a child process, as a user
+// or a script would, and check exit codes, messages and the JSON document.
+#include <sys/wait.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+
+namespace {
+
+using nlohmann::json;
+using ::testing::HasSubstr;
+
+struct Result {
+  int code = -1;
+  std::string out;
+  std::string err;
+};
+
+std::string Slurp(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// Per-test file names: CTest runs the tests of this file in parallel processes.
+std::string Temp(const std::string& name) {
+  return ::testing::TempDir() + "/cli_plan_" +
+         ::testing::UnitTest::GetInstance()->current_test_info()->name() + "_" + name;
+}
+
+// Runs `rackrun plan ARGS` (ARGS are shell words without quoting needs).
+Result RunPlan(const std::string& args) {
+  const std::string out = Temp("stdout.txt");
+  const std::string err = Temp("stderr.txt");
+  const std::string command =
+      std::string(RACKRUN_BINARY) + " plan " + args + " >" + out + " 2>" + err;
+  const int status = std::system(command.c_str());
+  Result r;
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.out = Slurp(out);
+  r.err = Slurp(err);
+  return r;
+}
+
+// A small domain so every run takes milliseconds: 8 ranks x 4 experts, top-4.
+constexpr char kSmall[] =
+    "--generate --ranks 8 --masters-per-rank 4 --topk 4 --tokens-per-rank 512 --imbalance 2 "
+    "--microbatches 6 --layers 2 --seed 5";
+
+json ParseJson(const Result& r) {
+  json doc = json::parse(r.out, nullptr, /*allow_exceptions=*/false);
+  EXPECT_FALSE(doc.is_discarded()) << r.out;
+  return doc;
+}
+
+// The document without the fields that measure this machine (solve times).
+json WithoutTimings(json doc) {
+  for (json& p : doc["policies"]) p.erase("solve_us");
+  return doc;
+}
+
+TEST(PlanCommandTest, ReplaysAGeneratedTraceThroughEveryPolicy) {
+  const std::string trace = Temp("small.jsonl");
+  Result written = RunPlan(std::string(kSmall) + " --out " + trace);
+  ASSERT_EQ(written.code, 0) << written.err;
+  std::ifstream in(trace);
+  int lines = 0;
+  for (std::string line; std::getline(in, line);) ++lines;
+  EXPECT_EQ(lines, 12);  // 6 microbatches x 2 layers
+
+  Result r = RunPlan("--trace " + trace + " --json --slots 2");
+  ASSERT_EQ(r.code, 0) << r.err;
+  json doc = ParseJson(r);
+  EXPECT_EQ(doc["entries"], 12);
+  EXPECT_EQ(doc["domain"]["ranks"], 8);
+  EXPECT_EQ(doc["domain"]["masters_per_rank"], 4);
+  EXPECT_EQ(doc["domain"]["slots_per_rank"], 2);
+  ASSERT_EQ(doc["policies"].size(), 4u);
+  std::vector<std::string> names;
+  for (const json& p : doc["policies"]) {
+    names.push_back(p["policy"]);
+    for (const char* key :
+         {"imbalance_before", "imbalance_after", "replicas_mean", "fanout_bytes_mean",
+          "fanout_direct_ms_mean", "fanout_relay_ms_mean", "replacement_bytes_total",
+          "simulated_percent_of_ideal", "solve_us", "plan_hash"}) {
+      EXPECT_TRUE(p.contains(key)) << p["policy"] << " lacks " << key;
+    }
+    // Balancing never makes the worst entry worse than no balancing.
+    EXPECT_LE(p["imbalance_after"]["p50"].get<double>(),
+              p["imbalance_before"]["max"].get<double>() + 1e-9);
+  }
+  EXPECT_THAT(names, ::testing::ElementsAre("ultraep", "eplb", "none", "ideal"));
+  const json& ultraep = doc["policies"][0];
+  const json& none = doc["policies"][2];
+  const json& ideal = doc["policies"][3];
+  EXPECT_GT(ultraep["imbalance_before"]["p50"].get<double>(), 1.5);
+  EXPECT_LT(ultraep["imbalance_after"]["max"].get<double>(),
+            none["imbalance_after"]["max"].get<double>());
+  EXPECT_EQ(none["replicas_mean"].get<double>(), 0.0);
+  EXPECT_LT(ideal["imbalance_after"]["max"].get<double>(), 1.01);
+  EXPECT_GT(ultraep["simulated_percent_of_ideal"].get<double>(),
+            none["simulated_percent_of_ideal"].get<double>());
+}
+
+TEST(PlanCommandTest, TraceReplayEqualsInMemoryGeneration) {
+  const std::string trace = Temp("same.jsonl");
+  ASSERT_EQ(RunPlan(std::string(kSmall) + " --out " + trace).code, 0);
+  Result from_file = RunPlan("--trace " + trace + " --json");
+  Result in_memory = RunPlan(std::string(kSmall) + " --json");
+  ASSERT_EQ(from_file.code, 0) << from_file.err;
+  ASSERT_EQ(in_memory.code, 0) << in_memory.err;
+  json a = ParseJson(from_file);
+  json b = ParseJson(in_memory);
+  ASSERT_EQ(a["policies"].size(), b["policies"].size());
+  for (size_t i = 0; i < a["policies"].size(); ++i) {
+    EXPECT_EQ(a["policies"][i]["plan_hash"], b["policies"][i]["plan_hash"]);
+    EXPECT_EQ(a["policies"][i]["imbalance_after"], b["policies"][i]["imbalance_after"]);
+  }
+}
+
+TEST(PlanCommandTest, DeterministicAcrossProcesses) {
+  const std::string args = std::string(kSmall) + " --nonstationary drift --shift-every 3 " +
+                           "--token-jitter 0.2 --eplb-window 4 --eplb-interval 2 --json";
+  Result first = RunPlan(args);
+  Result second = RunPlan(args);
+  ASSERT_EQ(first.code, 0) << first.err;
+  ASSERT_EQ(second.code, 0) << second.err;
+  EXPECT_EQ(WithoutTimings(ParseJson(first)), WithoutTimings(ParseJson(second)));
+  // A different seed gives different loads and plans.
+  Result other = RunPlan(args + " --seed 6");
+  ASSERT_EQ(other.code, 0) << other.err;
+  EXPECT_NE(ParseJson(first)["policies"][0]["plan_hash"],
+            ParseJson(other)["policies"][0]["plan_hash"]);
+}
+
+TEST(PlanCommandTest, PrintsATableWithEveryPolicy) {
+  Result r = RunPlan(std::string(kSmall) + " --policy none,ultraep");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("| policy  | imbalance before p50/p99/max"));
+  EXPECT_THAT(r.out, HasSubstr("| none    |"));
+  EXPECT_THAT(r.out, HasSubstr("| ultraep |"));
+  EXPECT_THAT(r.out, ::testing::Not(HasSubstr("| eplb")));
+  EXPECT_THAT(r.out, HasSubstr("domain 8 ranks x (4 masters + 2 slots)"));
+}
+
+TEST(PlanCommandTest, MalformedTraceFailsWithFileAndLine) {
+  const std::string trace = Temp("bad.jsonl");
+  ASSERT_EQ(RunPlan(std::string(kSmall) + " --microbatches 1 --out " + trace).code, 0);
+  {
+    std::ofstream append(trace, std::ios::app);
+    append << R"({"microbatch": 9, "layer": 0, "ranks": 8, "experts": 32, "loads": [[-1]]})"
+           << "\n";
+  }
+  Result r = RunPlan("--trace " + trace);
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.err, HasSubstr(trace + ":3: loads has 1 rows but ranks is 8"));
+
+  const std::string not_json = Temp("notjson.jsonl");
+  std::ofstream(not_json) << "\n{\"microbatch\": 0,\n";
+  r = RunPlan("--trace " + not_json);
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.err, HasSubstr(not_json + ":2: bad JSON"));
+
+  r = RunPlan("--trace " + Temp("missing.jsonl"));
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.err, HasSubstr("cannot open the trace file"));
+}
+
+TEST(PlanCommandTest, UsageErrorsNameTheFlag) {
+  struct Case {
+    std::string args;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {"--generate --bogus 3", "--bogus: unknown option"},
+      {"--generate --slots many", "--slots: 'many' is not an integer"},
+      {"--generate --imbalance 0.5", "--imbalance: 0.5 is out of range"},
+      {"--generate --policy ultraep,magic", "--policy: unknown policy 'magic'"},
+      {"--generate --nonstationary sideways", "--nonstationary: 'sideways' is not a mode"},
+      {"--generate --ranks 7", "--experts: 256 is not a multiple of --ranks (7)"},
+      {"--generate --preset tpu", "--preset: unknown hardware preset 'tpu'"},
+      {"--generate --eps", "--eps: needs a value"},
+      {"--trace x.jsonl --topk 2", "--topk: applies only with --generate"},
+      {"--trace x.jsonl --generate", "use either --trace or --generate"},
+      {"", "give a trace with --trace FILE, or --generate"},
+  };
+  for (const Case& c : cases) {
+    Result r = RunPlan(c.args);
+    EXPECT_EQ(r.code, 2) << c.args;
+    EXPECT_THAT(r.err, HasSubstr(c.message)) << c.args;
+    EXPECT_THAT(r.err, HasSubstr("rackrun plan --help")) << c.args;
+  }
+}
+
+TEST(PlanCommandTest, HelpDescribesEveryOption) {
+  Result r = RunPlan("--help");
+  EXPECT_EQ(r.code, 0);
+  for (const char* flag : {"--trace",
+                           "--generate",
+                           "--out",
+                           "--ranks",
+                           "--experts",
+                           "--masters-per-rank",
+                           "--topk",
+                           "--tokens-per-rank",
+                           "--token-jitter",
+                           "--imbalance",
+                           "--microbatches",
+                           "--layers",
+                           "--nonstationary",
+                           "--shift-every",
+                           "--seed",
+                           "--policy",
+                           "--slots",
+                           "--eps",
+                           "--min-replica-tokens",
+                           "--eplb-window",
+                           "--eplb-interval",
+                           "--preset",
+                           "--expert-bytes",
+                           "--json"}) {
+    EXPECT_THAT(r.out, HasSubstr(flag));
+  }
+}
+
+TEST(PlanCommandTest, UnreachableImbalanceIsAFailureNotACrash) {
+  Result r = RunPlan("--generate --ranks 8 --experts 8 --topk 8 --imbalance 2");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.err, HasSubstr("unreachable"));
+}
+
+}  // namespace

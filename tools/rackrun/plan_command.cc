@@ -1,0 +1,721 @@
+// rackrun plan: replays a load trace (or generated loads) through balancing policies and
+// prints, per policy, imbalance, replicas, fan-out, simulated layer time and solve time.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdarg>
+#include <cstdint>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "nlohmann/json.hpp"
+#include "planner/fanout.h"
+#include "planner/generate.h"
+#include "planner/invariants.h"
+#include "planner/plan.h"
+#include "planner/planner.h"
+#include "planner/simulator.h"
+#include "planner/trace.h"
+#include "tools/rackrun/command.h"
+
+namespace rackrun::cli {
+namespace {
+
+namespace pl = ::rackrun::planner;
+using nlohmann::json;
+
+constexpr std::string_view kUsage =
+    R"(usage: rackrun plan (--trace FILE | --generate [generator options]) [options]
+       rackrun plan --generate [generator options] --out FILE
+
+Replays exact per-(microbatch, layer) expert loads through balancing policies and prints,
+per policy: rank imbalance (max/mean) before and after balancing (p50/p99/max over the
+trace's entries), replicas, replica fan-out bytes and time (direct vs relay), EPLB
+re-placement bytes, simulated MoE layer time as % of the force-balanced ideal, and plan
+solve time (p50/p99, microseconds on this CPU). Every plan is checked with the invariant
+checker; a violation fails the run.
+
+input (one of):
+  --trace FILE            JSON Lines trace (DESIGN.md section 8), replayed in file order
+  --generate              generate loads in memory (options below)
+
+generator options (only with --generate):
+  --ranks N               source/expert ranks G (default 64)
+  --experts N             logical experts, a multiple of --ranks (default 256)
+  --masters-per-rank N    alternative to --experts: experts = ranks * N
+  --topk K                distinct experts per token (default 8)
+  --tokens-per-rank N     mean tokens per source rank per microbatch (default 8192)
+  --token-jitter F        per-rank token counts vary uniformly by +-F (default 0)
+  --imbalance X           target initial max/mean rank load, >= 1 (default 2)
+  --microbatches N        (default 20)
+  --layers N              MoE layers per microbatch (default 1)
+  --nonstationary MODE    none | drift | jump: hot experts change gradually or at once
+                          every --shift-every microbatches (default none)
+  --shift-every J         (default 10)
+  --seed S                (default 1)
+  --out FILE              write the generated trace to FILE instead of planning
+
+policies and domain:
+  --policy LIST           comma-separated from ultraep,eplb,none,ideal (default all four)
+  --slots N               redundant slots per rank (default 2); masters per rank come from
+                          the trace (experts / ranks)
+  --eps X                 ultraep threshold precision (default 0.01)
+  --min-replica-tokens N  ultraep minimum tokens per replica (default 1)
+  --eplb-window W         eplb moving-average window in microbatches (default 100)
+  --eplb-interval K       eplb replans every K microbatches (default 10)
+
+hardware model and output:
+  --preset NAME           hardware preset for the simulator and fan-out cost model
+                          (default h200-nvl72: H200-class GPUs on an NVL72-like NVLink 5
+                          domain, DeepSeek-V3 experts; sources in planner/simulator.cc)
+  --expert-bytes N        bytes of one expert's weights (default: the preset's, 88080384)
+  --json                  print one JSON document instead of the table
+  --help                  this text
+
+Weight movement counted per policy: ultraep and ideal fan out every replica's weights
+every (microbatch, layer) (slots are shared across layers); the simulated time includes
+the part of the relay fan-out not hidden behind dispatch. eplb keeps replicas resident
+and moves weights only when it replans: those bytes (re-placed instances, masters
+included) are its re-placement, counted as exposed time in that microbatch. ideal is the
+bound (no fan-out cost in its simulated time). 'fan-out ms' is the cost model's
+completion time of the schedule (direct / relay).
+
+exit status: 0 ok, 1 failure (bad trace, invariant violation), 2 usage error.
+)";
+
+constexpr std::string_view kAllPolicies[] = {"ultraep", "eplb", "none", "ideal"};
+
+absl::string_view AsAbsl(std::string_view s) { return absl::string_view(s.data(), s.size()); }
+
+// printf into a std::string (the CLI links Abseil's strings, not str_format).
+__attribute__((format(printf, 1, 2))) std::string Format(const char* format, ...) {
+  char buffer[256];
+  va_list args;
+  va_start(args, format);
+  const int n = std::vsnprintf(buffer, sizeof(buffer), format, args);
+  va_end(args);
+  return std::string(buffer, static_cast<size_t>(std::clamp(n, 0, 255)));
+}
+
+struct PlanFlags {
+  std::optional<std::string> trace;
+  bool generate = false;
+  std::optional<std::string> out;
+  pl::GeneratorOptions gen;
+  std::optional<int> masters_per_rank;
+  std::vector<std::string> policies;
+  int slots = 2;
+  pl::PlannerOptions planner;
+  std::string preset = "h200-nvl72";
+  std::optional<int64_t> expert_bytes;
+  bool json = false;
+  bool help = false;
+};
+
+// A usage error names the flag; the caller prints it with a pointer to --help, exit 2.
+absl::Status Usage(std::string_view flag, std::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat(AsAbsl(flag), ": ", AsAbsl(what)));
+}
+
+absl::Status ParseInt(std::string_view flag, const std::string& value, int64_t lo, int64_t hi,
+                      int64_t* out) {
+  int64_t v = 0;
+  if (!absl::SimpleAtoi(value, &v)) {
+    return Usage(flag, absl::StrCat("'", value, "' is not an integer"));
+  }
+  if (v < lo || v > hi) {
+    return Usage(flag, absl::StrCat(v, " is out of range; use ", lo, "..", hi));
+  }
+  *out = v;
+  return absl::OkStatus();
+}
+
+template <typename T>
+absl::Status ParseIntTo(std::string_view flag, const std::string& value, int64_t lo, int64_t hi,
+                        T* out) {
+  int64_t v = 0;
+  if (absl::Status s = ParseInt(flag, value, lo, hi, &v); !s.ok()) return s;
+  *out = static_cast<T>(v);
+  return absl::OkStatus();
+}
+
+absl::Status ParseDouble(std::string_view flag, const std::string& value, double lo, double hi,
+                         double* out) {
+  double v = 0;
+  if (!absl::SimpleAtod(value, &v) || !std::isfinite(v)) {
+    return Usage(flag, absl::StrCat("'", value, "' is not a number"));
+  }
+  if (v < lo || v > hi) {
+    return Usage(flag, absl::StrCat(value, " is out of range; use ", lo, "..", hi));
+  }
+  *out = v;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<PlanFlags> ParseFlags(const Args& args) {
+  PlanFlags f;
+  f.gen.microbatches = 20;
+  std::set<std::string> generator_flags_seen;
+  constexpr int64_t kIntMax = 1 << 30;
+  for (size_t i = 0; i < args.size(); ++i) {
+    std::string flag = args[i];
+    std::optional<std::string> inline_value;
+    if (flag.rfind("--", 0) != 0) {
+      return Usage(flag, "unexpected argument; options start with --");
+    }
+    if (const size_t eq = flag.find('='); eq != std::string::npos) {
+      inline_value = flag.substr(eq + 1);
+      flag = flag.substr(0, eq);
+    }
+    auto is_switch = [&](std::string_view name) { return flag == name; };
+    if (is_switch("--help") || is_switch("--generate") || is_switch("--json")) {
+      if (inline_value) return Usage(flag, "takes no value");
+      if (flag == "--help") f.help = true;
+      if (flag == "--generate") f.generate = true;
+      if (flag == "--json") f.json = true;
+      continue;
+    }
+    static const std::set<std::string> kValueFlags = {"--trace",
+                                                      "--out",
+                                                      "--ranks",
+                                                      "--experts",
+                                                      "--masters-per-rank",
+                                                      "--topk",
+                                                      "--tokens-per-rank",
+                                                      "--token-jitter",
+                                                      "--imbalance",
+                                                      "--microbatches",
+                                                      "--layers",
+                                                      "--nonstationary",
+                                                      "--shift-every",
+                                                      "--seed",
+                                                      "--policy",
+                                                      "--slots",
+                                                      "--eps",
+                                                      "--min-replica-tokens",
+                                                      "--eplb-window",
+                                                      "--eplb-interval",
+                                                      "--preset",
+                                                      "--expert-bytes"};
+    if (kValueFlags.count(flag) == 0) return Usage(flag, "unknown option");
+    std::string value;
+    if (inline_value) {
+      value = *inline_value;
+    } else {
+      if (i + 1 >= args.size()) return Usage(flag, "needs a value");
+      value = args[++i];
+    }
+    absl::Status s;
+    if (flag == "--trace") {
+      f.trace = value;
+    } else if (flag == "--out") {
+      f.out = value;
+    } else if (flag == "--ranks") {
+      s = ParseIntTo(flag, value, 1, 65536, &f.gen.ranks);
+    } else if (flag == "--experts") {
+      s = ParseIntTo(flag, value, 1, 1 << 20, &f.gen.experts);
+    } else if (flag == "--masters-per-rank") {
+      int m = 0;
+      s = ParseIntTo(flag, value, 1, 1 << 20, &m);
+      f.masters_per_rank = m;
+    } else if (flag == "--topk") {
+      s = ParseIntTo(flag, value, 1, 1 << 20, &f.gen.topk);
+    } else if (flag == "--tokens-per-rank") {
+      s = ParseIntTo(flag, value, 0, int64_t{1} << 40, &f.gen.tokens_per_rank);
+    } else if (flag == "--token-jitter") {
+      s = ParseDouble(flag, value, 0, 0.999, &f.gen.token_jitter);
+    } else if (flag == "--imbalance") {
+      s = ParseDouble(flag, value, 1, 1e6, &f.gen.imbalance);
+    } else if (flag == "--microbatches") {
+      s = ParseIntTo(flag, value, 1, kIntMax, &f.gen.microbatches);
+    } else if (flag == "--layers") {
+      s = ParseIntTo(flag, value, 1, 4096, &f.gen.layers);
+    } else if (flag == "--nonstationary") {
+      absl::StatusOr<pl::LoadShift> shift = pl::ParseLoadShift(value);
+      if (!shift.ok()) {
+        s = Usage(flag, absl::StrCat("'", value, "' is not a mode; use none, drift or jump"));
+      } else {
+        f.gen.shift = *shift;
+      }
+    } else if (flag == "--shift-every") {
+      s = ParseIntTo(flag, value, 1, kIntMax, &f.gen.shift_every);
+    } else if (flag == "--seed") {
+      uint64_t seed = 0;
+      if (!absl::SimpleAtoi(value, &seed)) {
+        s = Usage(flag, absl::StrCat("'", value, "' is not a non-negative integer"));
+      }
+      f.gen.seed = seed;
+    } else if (flag == "--policy") {
+      f.policies.clear();
+      for (absl::string_view p : absl::StrSplit(value, ',')) {
+        const std::string name(p);
+        if (std::find(std::begin(kAllPolicies), std::end(kAllPolicies), name) ==
+            std::end(kAllPolicies)) {
+          return Usage(flag, absl::StrCat("unknown policy '", name,
+                                          "'; use a comma-separated list of ultraep, eplb, "
+                                          "none, ideal"));
+        }
+        if (std::find(f.policies.begin(), f.policies.end(), name) != f.policies.end()) {
+          return Usage(flag, absl::StrCat("policy '", name, "' is listed twice"));
+        }
+        f.policies.push_back(name);
+      }
+    } else if (flag == "--slots") {
+      s = ParseIntTo(flag, value, 0, 4096, &f.slots);
+    } else if (flag == "--eps") {
+      s = ParseDouble(flag, value, 1e-9, 1, &f.planner.eps);
+    } else if (flag == "--min-replica-tokens") {
+      s = ParseIntTo(flag, value, 1, int64_t{1} << 40, &f.planner.min_replica_tokens);
+    } else if (flag == "--eplb-window") {
+      s = ParseIntTo(flag, value, 1, 1 << 20, &f.planner.eplb_window);
+    } else if (flag == "--eplb-interval") {
+      s = ParseIntTo(flag, value, 1, 1 << 20, &f.planner.eplb_interval);
+    } else if (flag == "--preset") {
+      f.preset = value;
+    } else if (flag == "--expert-bytes") {
+      int64_t bytes = 0;
+      s = ParseInt(flag, value, 1, int64_t{1} << 40, &bytes);
+      f.expert_bytes = bytes;
+    } else {
+      return Usage(flag, "unknown option");
+    }
+    if (!s.ok()) return s;
+    static const std::set<std::string> kGeneratorFlags = {"--ranks",
+                                                          "--experts",
+                                                          "--masters-per-rank",
+                                                          "--topk",
+                                                          "--tokens-per-rank",
+                                                          "--token-jitter",
+                                                          "--imbalance",
+                                                          "--microbatches",
+                                                          "--layers",
+                                                          "--nonstationary",
+                                                          "--shift-every",
+                                                          "--seed",
+                                                          "--out"};
+    if (kGeneratorFlags.count(flag) > 0) generator_flags_seen.insert(flag);
+  }
+  if (f.help) return f;
+  if (f.trace && f.generate) return Usage("--trace", "use either --trace or --generate, not both");
+  if (!f.trace && !f.generate) {
+    return Usage("--trace", "give a trace with --trace FILE, or --generate to generate one");
+  }
+  if (f.trace && !generator_flags_seen.empty()) {
+    return Usage(*generator_flags_seen.begin(),
+                 "applies only with --generate (a trace fixes the domain and loads)");
+  }
+  if (f.masters_per_rank) {
+    if (generator_flags_seen.count("--experts") > 0 &&
+        f.gen.experts != f.gen.ranks * *f.masters_per_rank) {
+      return Usage("--masters-per-rank", "contradicts --experts; give only one of them");
+    }
+    f.gen.experts = f.gen.ranks * *f.masters_per_rank;
+  }
+  if (f.generate) {
+    if (f.gen.experts % f.gen.ranks != 0) {
+      return Usage("--experts",
+                   absl::StrCat(f.gen.experts, " is not a multiple of --ranks (", f.gen.ranks,
+                                "); give --experts or --masters-per-rank"));
+    }
+    if (f.gen.topk > f.gen.experts) {
+      return Usage("--topk",
+                   absl::StrCat(f.gen.topk, " is more than --experts (", f.gen.experts, ")"));
+    }
+  }
+  if (f.out && (f.json || !f.policies.empty())) {
+    return Usage("--out", "writes a trace and plans nothing; drop --json and --policy");
+  }
+  if (f.policies.empty()) f.policies.assign(std::begin(kAllPolicies), std::end(kAllPolicies));
+  return f;
+}
+
+// Where the loads come from: a trace file, streamed, or the generator.
+class LoadSource {
+ public:
+  virtual ~LoadSource() = default;
+  virtual absl::StatusOr<std::optional<pl::TraceEntry>> Next() = 0;
+};
+
+class TraceSource final : public LoadSource {
+ public:
+  explicit TraceSource(pl::TraceReader reader) : reader_(std::move(reader)) {}
+  absl::StatusOr<std::optional<pl::TraceEntry>> Next() override { return reader_.Next(); }
+
+ private:
+  pl::TraceReader reader_;
+};
+
+// Microbatch-major, layer-minor, as a training step produces them.
+class GeneratedSource final : public LoadSource {
+ public:
+  explicit GeneratedSource(pl::LoadGenerator generator) : generator_(std::move(generator)) {}
+  absl::StatusOr<std::optional<pl::TraceEntry>> Next() override {
+    const pl::GeneratorOptions& o = generator_.options();
+    if (microbatch_ >= o.microbatches) return std::optional<pl::TraceEntry>();
+    absl::StatusOr<pl::TraceEntry> entry = generator_.Generate(microbatch_, layer_);
+    if (++layer_ == o.layers) {
+      layer_ = 0;
+      ++microbatch_;
+    }
+    if (!entry.ok()) return entry.status();
+    return std::optional<pl::TraceEntry>(*std::move(entry));
+  }
+
+ private:
+  pl::LoadGenerator generator_;
+  int64_t microbatch_ = 0;
+  int layer_ = 0;
+};
+
+// FNV-1a over a plan's content, chained over the trace: equal hashes mean bit-identical
+// plans in the same order (used to check determinism across processes).
+class PlanHash {
+ public:
+  void Add(const pl::Plan& plan) {
+    Mix(plan.ranks);
+    Mix(plan.experts);
+    for (const pl::ExpertInstance& i : plan.instances) {
+      Mix(i.expert);
+      Mix(i.rank);
+      Mix(i.master ? 1 : 0);
+    }
+    for (int32_t v : plan.first) Mix(v);
+    for (int64_t v : plan.quota) Mix(v);
+    for (int64_t v : plan.split) Mix(v);
+    for (const pl::WeightTransfer& t : plan.fanout.transfers) {
+      Mix(t.expert);
+      Mix(t.src_rank);
+      Mix(t.dst_rank);
+      Mix(t.stage);
+    }
+  }
+  std::string Hex() const { return Format("%016llx", static_cast<unsigned long long>(h_)); }
+
+ private:
+  void Mix(int64_t v) {
+    uint64_t u = static_cast<uint64_t>(v);
+    for (int b = 0; b < 8; ++b) {
+      h_ ^= (u >> (8 * b)) & 0xff;
+      h_ *= 0x100000001b3ULL;
+    }
+  }
+  uint64_t h_ = 0xcbf29ce484222325ULL;
+};
+
+// Nearest-rank percentile of `v` (sorted in place).
+double Percentile(std::vector<double>& v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const double rank = std::ceil(p / 100.0 * static_cast<double>(v.size()));
+  const size_t index =
+      static_cast<size_t>(std::clamp(rank, 1.0, static_cast<double>(v.size()))) - 1;
+  return v[index];
+}
+
+double Mean(const std::vector<double>& v) {
+  if (v.empty()) return 0;
+  double sum = 0;
+  for (double x : v) sum += x;
+  return sum / static_cast<double>(v.size());
+}
+
+struct PolicyRun {
+  std::string name;
+  std::unique_ptr<pl::Planner> planner;
+  pl::InvariantOptions invariants;
+  std::map<int, pl::Plan> plans;  // one reusable Plan per layer
+  std::vector<double> before, after, replicas, fanout_bytes, direct_ms, relay_ms, solve_us, percent;
+  int64_t replacement_bytes = 0;
+  double layer_s = 0;
+  double ideal_s = 0;
+  PlanHash hash;
+};
+
+struct Triple {
+  double p50, p99, max;
+};
+Triple Summary(std::vector<double> v) {
+  return {Percentile(v, 50), Percentile(v, 99),
+          v.empty() ? 0 : *std::max_element(v.begin(), v.end())};
+}
+
+json TripleJson(const Triple& t) { return json{{"p50", t.p50}, {"p99", t.p99}, {"max", t.max}}; }
+
+int Fail(const absl::Status& status) {
+  std::fprintf(stderr, "rackrun plan: %s\n", std::string(status.message()).c_str());
+  return 1;
+}
+
+int WriteTrace(const PlanFlags& f, LoadSource& source) {
+  absl::StatusOr<pl::TraceWriter> writer = pl::TraceWriter::Open(*f.out);
+  if (!writer.ok()) return Fail(writer.status());
+  int64_t entries = 0;
+  while (true) {
+    absl::StatusOr<std::optional<pl::TraceEntry>> next = source.Next();
+    if (!next.ok()) return Fail(next.status());
+    if (!next->has_value()) break;
+    if (absl::Status s = writer->Append(**next); !s.ok()) return Fail(s);
+    ++entries;
+  }
+  if (absl::Status s = writer->Close(); !s.ok()) return Fail(s);
+  std::fprintf(stderr, "rackrun plan: wrote %lld entries (%lld microbatches x %d layers) to %s\n",
+               static_cast<long long>(entries), static_cast<long long>(f.gen.microbatches),
+               f.gen.layers, f.out->c_str());
+  return 0;
+}
+
+std::string SourceText(const PlanFlags& f) {
+  if (f.trace) return absl::StrCat("trace ", *f.trace);
+  const pl::GeneratorOptions& g = f.gen;
+  return absl::StrCat(
+      "generated: EP", g.ranks, ", ", g.experts, " experts, top-", g.topk, ", ", g.tokens_per_rank,
+      " tokens/rank", g.token_jitter > 0 ? absl::StrCat(" +-", g.token_jitter * 100, "%") : "",
+      ", imbalance ", g.imbalance, ", ",
+      pl::LoadShiftName(g.shift) == "none"
+          ? std::string("stationary")
+          : absl::StrCat(AsAbsl(pl::LoadShiftName(g.shift)), " every ", g.shift_every),
+      ", seed ", g.seed);
+}
+
+}  // namespace
+
+int PlanCommand(const Args& args) {
+  absl::StatusOr<PlanFlags> parsed = ParseFlags(args);
+  if (!parsed.ok()) {
+    std::fprintf(stderr, "rackrun plan: %s\nrun 'rackrun plan --help' for usage\n",
+                 std::string(parsed.status().message()).c_str());
+    return 2;
+  }
+  const PlanFlags& f = *parsed;
+  if (f.help) {
+    std::fwrite(kUsage.data(), 1, kUsage.size(), stdout);
+    return 0;
+  }
+  absl::StatusOr<pl::HardwareModel> hw = pl::HardwarePreset(f.preset);
+  if (!hw.ok()) {
+    std::fprintf(stderr, "rackrun plan: --preset: %s\nrun 'rackrun plan --help' for usage\n",
+                 std::string(hw.status().message()).c_str());
+    return 2;
+  }
+  const int64_t expert_bytes = f.expert_bytes.value_or(hw->expert_bytes());
+
+  std::unique_ptr<LoadSource> source;
+  if (f.trace) {
+    absl::StatusOr<pl::TraceReader> reader = pl::TraceReader::Open(*f.trace);
+    if (!reader.ok()) return Fail(reader.status());
+    source = std::make_unique<TraceSource>(*std::move(reader));
+  } else {
+    absl::StatusOr<pl::LoadGenerator> generator = pl::LoadGenerator::Create(f.gen);
+    if (!generator.ok()) return Fail(generator.status());
+    source = std::make_unique<GeneratedSource>(*std::move(generator));
+  }
+  if (f.out) return WriteTrace(f, *source);
+
+  pl::PlannerOptions planner_options = f.planner;
+  planner_options.expert_bytes = expert_bytes;
+  pl::Domain domain;
+  std::vector<PolicyRun> runs;
+  int64_t entries = 0;
+  std::set<int64_t> microbatches;
+  std::set<int> layers;
+  pl::FanoutOptions direct_options;
+  direct_options.mode = pl::FanoutMode::kDirect;
+  pl::FanoutOptions relay_options;
+  relay_options.mode = pl::FanoutMode::kRelay;
+
+  while (true) {
+    absl::StatusOr<std::optional<pl::TraceEntry>> next = source->Next();
+    if (!next.ok()) return Fail(next.status());
+    if (!next->has_value()) break;
+    const pl::TraceEntry& entry = **next;
+    const pl::LoadMatrix& loads = entry.loads;
+    if (runs.empty()) {
+      domain.ranks = loads.ranks;
+      domain.masters_per_rank = loads.experts / loads.ranks;
+      domain.slots_per_rank = f.slots;
+      if (absl::Status s = domain.Validate(); !s.ok()) return Fail(s);
+      for (const std::string& name : f.policies) {
+        absl::StatusOr<std::unique_ptr<pl::Planner>> planner =
+            pl::MakePlanner(name, domain, planner_options);
+        if (!planner.ok()) return Fail(planner.status());
+        PolicyRun run;
+        run.name = name;
+        run.planner = *std::move(planner);
+        run.invariants.masters_at_home = name != "eplb";
+        run.invariants.enforce_slot_budget = name != "ideal";
+        runs.push_back(std::move(run));
+      }
+    }
+    ++entries;
+    microbatches.insert(entry.microbatch);
+    layers.insert(entry.layer);
+    const double before = pl::Imbalance(pl::HomeRankLoads(domain, loads));
+    const pl::LayerTime ideal = pl::SimulateForceBalanced(loads, *hw);
+
+    for (PolicyRun& run : runs) {
+      pl::Plan& plan = run.plans[entry.layer];
+      const auto start = std::chrono::steady_clock::now();
+      absl::Status solved = run.planner->SolveInto(loads, entry.layer, &plan);
+      const auto stop = std::chrono::steady_clock::now();
+      const std::string where = absl::StrCat("policy ", run.name, ", microbatch ", entry.microbatch,
+                                             ", layer ", entry.layer);
+      if (!solved.ok()) {
+        return Fail(absl::Status(solved.code(), absl::StrCat(where, ": ", solved.message())));
+      }
+      if (absl::Status ok = pl::CheckPlanInvariants(domain, loads, plan, run.invariants);
+          !ok.ok()) {
+        return Fail(absl::Status(
+            ok.code(), absl::StrCat(where, ": plan violates an invariant: ", ok.message())));
+      }
+      run.solve_us.push_back(std::chrono::duration<double, std::micro>(stop - start).count());
+      run.hash.Add(plan);
+      run.before.push_back(before);
+      run.after.push_back(pl::Imbalance(plan.RankLoads()));
+      run.replicas.push_back(plan.num_replicas());
+
+      // Weights moved now: ultraep and ideal fan out every replica; eplb only re-places.
+      const bool fans_out = run.name == "ultraep" || run.name == "ideal";
+      pl::FanoutCost relay;
+      if (fans_out && plan.num_replicas() > 0) {
+        const pl::FanoutCost direct = pl::EstimateFanout(pl::PlanFanout(plan, direct_options),
+                                                         domain.ranks, expert_bytes, hw->fanout);
+        relay = pl::EstimateFanout(pl::PlanFanout(plan, relay_options), domain.ranks, expert_bytes,
+                                   hw->fanout);
+        run.fanout_bytes.push_back(static_cast<double>(direct.bytes));
+        run.direct_ms.push_back(direct.seconds * 1e3);
+        run.relay_ms.push_back(relay.seconds * 1e3);
+      } else {
+        run.fanout_bytes.push_back(0);
+        run.direct_ms.push_back(0);
+        run.relay_ms.push_back(0);
+      }
+      const int64_t replaced = run.planner->last_replacement_bytes();
+      run.replacement_bytes += replaced;
+      const pl::LayerTime t =
+          pl::SimulateLayer(plan, *hw, run.name == "ultraep" ? relay : pl::FanoutCost{}, replaced);
+      run.layer_s += t.total_s;
+      run.ideal_s += ideal.total_s;
+      run.percent.push_back(pl::PercentOfIdeal(ideal, t));
+    }
+  }
+  if (entries == 0) {
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat(f.trace ? *f.trace : std::string("generator"), ": no entries to replay")));
+  }
+
+  constexpr double kMiB = 1024.0 * 1024.0;
+  if (f.json) {
+    json doc;
+    doc["source"] = SourceText(f);
+    if (f.trace) {
+      doc["trace"] = *f.trace;
+    } else {
+      const pl::GeneratorOptions& g = f.gen;
+      doc["generator"] = {{"ranks", g.ranks},
+                          {"experts", g.experts},
+                          {"topk", g.topk},
+                          {"tokens_per_rank", g.tokens_per_rank},
+                          {"token_jitter", g.token_jitter},
+                          {"imbalance", g.imbalance},
+                          {"microbatches", g.microbatches},
+                          {"layers", g.layers},
+                          {"nonstationary", std::string(pl::LoadShiftName(g.shift))},
+                          {"shift_every", g.shift_every},
+                          {"seed", g.seed}};
+    }
+    doc["entries"] = entries;
+    doc["microbatches"] = microbatches.size();
+    doc["layers"] = layers.size();
+    doc["domain"] = {{"ranks", domain.ranks},
+                     {"masters_per_rank", domain.masters_per_rank},
+                     {"slots_per_rank", domain.slots_per_rank},
+                     {"experts", domain.experts()}};
+    doc["options"] = {{"eps", f.planner.eps},
+                      {"min_replica_tokens", f.planner.min_replica_tokens},
+                      {"eplb_window", f.planner.eplb_window},
+                      {"eplb_interval", f.planner.eplb_interval}};
+    doc["hardware"] = {{"preset", hw->name},
+                       {"expert_bytes", expert_bytes},
+                       {"token_bytes", hw->token_bytes()},
+                       {"gemm_flops_per_s", hw->gemm_flops_per_s},
+                       {"a2a_bytes_per_s", hw->a2a_bytes_per_s},
+                       {"fanout_egress_bytes_per_s", hw->fanout.egress_bytes_per_s}};
+    json policies = json::array();
+    for (PolicyRun& run : runs) {
+      std::vector<double> solve = run.solve_us;
+      policies.push_back(
+          {{"policy", run.name},
+           {"imbalance_before", TripleJson(Summary(run.before))},
+           {"imbalance_after", TripleJson(Summary(run.after))},
+           {"replicas_mean", Mean(run.replicas)},
+           {"replicas_max", Summary(run.replicas).max},
+           {"fanout_bytes_mean", Mean(run.fanout_bytes)},
+           {"fanout_direct_ms_mean", Mean(run.direct_ms)},
+           {"fanout_relay_ms_mean", Mean(run.relay_ms)},
+           {"replacement_bytes_total", run.replacement_bytes},
+           {"simulated_percent_of_ideal", 100.0 * run.ideal_s / run.layer_s},
+           {"simulated_percent_of_ideal_min",
+            *std::min_element(run.percent.begin(), run.percent.end())},
+           {"layer_time_us_mean", run.layer_s / static_cast<double>(entries) * 1e6},
+           {"ideal_layer_time_us_mean", run.ideal_s / static_cast<double>(entries) * 1e6},
+           {"solve_us",
+            {{"p50", Percentile(solve, 50)},
+             {"p99", Percentile(solve, 99)},
+             {"max", solve.back()}}},
+           {"plan_hash", run.hash.Hex()}});
+    }
+    doc["policies"] = std::move(policies);
+    std::printf("%s\n", doc.dump(2).c_str());
+    return 0;
+  }
+
+  std::printf("rackrun plan: %s\n", SourceText(f).c_str());
+  std::printf(
+      "%lld entries (%zu microbatches x %zu layers); domain %d ranks x (%d masters + %d slots); "
+      "hardware %s, expert %.1f MiB\n\n",
+      static_cast<long long>(entries), microbatches.size(), layers.size(), domain.ranks,
+      domain.masters_per_rank, domain.slots_per_rank, hw->name.c_str(),
+      static_cast<double>(expert_bytes) / kMiB);
+  std::printf(
+      "| policy  | imbalance before p50/p99/max | after p50/p99/max     | replicas | fan-out MiB | "
+      "fan-out ms direct/relay | re-placed MiB | sim %% of ideal | solve us p50/p99 |\n");
+  std::printf(
+      "|---------|------------------------------|-----------------------|----------|-------------|"
+      "-------------------------|---------------|----------------|------------------|\n");
+  for (PolicyRun& run : runs) {
+    const Triple before = Summary(run.before);
+    const Triple after = Summary(run.after);
+    std::vector<double> solve = run.solve_us;
+    const std::string before_text =
+        Format("%.3f / %.3f / %.3f", before.p50, before.p99, before.max);
+    const std::string after_text = Format("%.3f / %.3f / %.3f", after.p50, after.p99, after.max);
+    const std::string fanout_ms = Format("%.3f / %.3f", Mean(run.direct_ms), Mean(run.relay_ms));
+    const std::string solve_text =
+        Format("%.1f / %.1f", Percentile(solve, 50), Percentile(solve, 99));
+    std::printf("| %-7s | %-28s | %-21s | %8.1f | %11.1f | %-23s | %13.1f | %14.1f | %-16s |\n",
+                run.name.c_str(), before_text.c_str(), after_text.c_str(), Mean(run.replicas),
+                Mean(run.fanout_bytes) / kMiB, fanout_ms.c_str(),
+                static_cast<double>(run.replacement_bytes) / kMiB,
+                100.0 * run.ideal_s / run.layer_s, solve_text.c_str());
+  }
+  std::printf(
+      "\nreplicas, fan-out MiB and ms: mean per (microbatch, layer); re-placed MiB: total over "
+      "the trace; sim %% of ideal: summed force-balanced ideal time / summed simulated layer "
+      "time.\n");
+  return 0;
+}
+
+}  // namespace rackrun::cli
