@@ -1,0 +1,76 @@
+// The data-channel contract on the in-process backend (threads), for 1 to 4 ranks; the
+// same checks run under mpirun in tests/mpi/mpi_comm_test.cc.
+#include "comm/inprocess_channel.h"
+
+#include "comm/channel_checks.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace rackrun::comm {
+namespace {
+
+using ::testing::HasSubstr;
+
+class InProcessChannelTest : public ::testing::TestWithParam<int> {
+ protected:
+  // Runs `check` on every rank; failures are recorded by the check's assertions.
+  void OnAllRanks(const std::function<void(DataChannel&)>& check) {
+    ChannelOptions options;
+    options.timeout = absl::Seconds(30);
+    absl::Status s = RunInProcessRanks(GetParam(), options, [&](DataChannel& channel) {
+      EXPECT_EQ(channel.size(), GetParam());
+      EXPECT_EQ(channel.backend(), "inprocess");
+      check(channel);
+      return absl::OkStatus();
+    });
+    ASSERT_TRUE(s.ok()) << s;
+  }
+};
+
+TEST_P(InProcessChannelTest, Allgather) { OnAllRanks(testing::CheckAllgather); }
+TEST_P(InProcessChannelTest, AllToAllV) { OnAllRanks(testing::CheckAllToAllV); }
+TEST_P(InProcessChannelTest, Broadcast) { OnAllRanks(testing::CheckBroadcast); }
+TEST_P(InProcessChannelTest, Barrier) { OnAllRanks(testing::CheckBarrier); }
+TEST_P(InProcessChannelTest, AllReduceIsBitIdenticalInRankOrder) {
+  OnAllRanks([](DataChannel& c) { testing::CheckAllReduce(c, /*fixed_order=*/true); });
+}
+TEST_P(InProcessChannelTest, SendRecv) { OnAllRanks(testing::CheckSendRecv); }
+TEST_P(InProcessChannelTest, BadArguments) { OnAllRanks(testing::CheckBadArguments); }
+
+INSTANTIATE_TEST_SUITE_P(Ranks, InProcessChannelTest, ::testing::Values(1, 2, 3, 4),
+                         [](const auto& param_info) {
+                           return std::to_string(param_info.param) + "ranks";
+                         });
+
+TEST(InProcessChannel, SilentRankTimesOutNamingIt) {
+  for (int ranks : {2, 4}) {
+    ChannelOptions options;
+    options.timeout = absl::Milliseconds(300);
+    absl::Status s = RunInProcessRanks(ranks, options, [&](DataChannel& channel) {
+      testing::CheckSilentRankTimesOut(channel, ranks - 1);
+      return absl::OkStatus();
+    });
+    EXPECT_TRUE(s.ok()) << s;
+  }
+}
+
+TEST(InProcessChannel, RejectsZeroRanks) {
+  auto channels = CreateInProcessChannels(0);
+  ASSERT_FALSE(channels.ok());
+  EXPECT_THAT(channels.status().message(), HasSubstr("ranks=0"));
+}
+
+TEST(ChannelOptions, TimeoutFromEnvironment) {
+  setenv("RACKRUN_COMM_TIMEOUT_S", "2.5", 1);
+  absl::StatusOr<ChannelOptions> options = ChannelOptions::FromEnv();
+  ASSERT_TRUE(options.ok());
+  EXPECT_EQ(options->timeout, absl::Milliseconds(2500));
+  setenv("RACKRUN_COMM_TIMEOUT_S", "soon", 1);
+  options = ChannelOptions::FromEnv();
+  ASSERT_FALSE(options.ok());
+  EXPECT_THAT(options.status().message(), HasSubstr("RACKRUN_COMM_TIMEOUT_S"));
+  unsetenv("RACKRUN_COMM_TIMEOUT_S");
+}
+
+}  // namespace
+}  // namespace rackrun::comm

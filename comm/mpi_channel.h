@@ -1,0 +1,23 @@
+// The MPI backend (Open MPI 4.1): CPU ranks launched by `mpirun -np N` or
+// `srun --mpi=pmix`; rank and world size come from MPI, i.e. from the launcher.
+// Transport: MPI_Isend/MPI_Irecv of bytes on a private duplicate of MPI_COMM_WORLD; the
+// collectives are those of p2p_channel.h (named-peer timeouts, fixed summation order).
+#ifndef RACKRUN_COMM_MPI_CHANNEL_H_
+#define RACKRUN_COMM_MPI_CHANNEL_H_
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "comm/data_channel.h"
+
+namespace rackrun::comm {
+
+// Initializes MPI (MPI_THREAD_FUNNELED) unless the process already did, in which case the
+// caller keeps ownership of MPI_Finalize; otherwise MPI is finalized at process exit.
+// Collective over MPI_COMM_WORLD (it duplicates the communicator). Every channel must be
+// destroyed before exit. Internal naming the MPI call on failure.
+absl::StatusOr<std::unique_ptr<DataChannel>> CreateMpiChannel(const ChannelOptions& options = {});
+
+}  // namespace rackrun::comm
+
+#endif  // RACKRUN_COMM_MPI_CHANNEL_H_

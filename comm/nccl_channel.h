@@ -1,0 +1,44 @@
+// The NCCL backend: GPU ranks, one CUDA device per rank. Collectives map to NCCL's
+// (ncclAllGather, ncclAllReduce, ncclBroadcast); all-to-all-v and point-to-point are
+// grouped ncclSend/ncclRecv. Every call is enqueued on the channel's CUDA stream and
+// waited for by polling the stream (and the communicator's async error) until the
+// channel's timeout; on expiry the communicator is aborted and the channel is broken.
+//
+// Differences from the MPI backend that callers must respect:
+// - NCCL matches point-to-point messages in issue order per pair, not by tag
+//   (matches_by_tag() is false): RunRelayFanout picks its round pacing for this.
+// - Requests posted inside GroupStart/GroupEnd start only at GroupEnd.
+// - AllReduce uses NCCL's own algorithm: deterministic run to run for a fixed
+//   communicator, NCCL version and NCCL_ALGO/NCCL_PROTO, but not bit-identical to the MPI
+//   backend's fixed rank-order sum.
+// - NCCL refuses two ranks of one communicator on the same GPU.
+#ifndef RACKRUN_COMM_NCCL_CHANNEL_H_
+#define RACKRUN_COMM_NCCL_CHANNEL_H_
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "comm/data_channel.h"
+
+namespace rackrun::comm {
+
+struct NcclChannelOptions {
+  ChannelOptions channel;
+  // CUDA device of this rank.
+  int device = 0;
+  // false: every buffer passed to the channel is device memory on `device` (training).
+  // true: buffers are host memory, staged through device scratch on every call (the
+  // token-dispatch and fan-out code paths, and the backend-independent tests).
+  bool host_buffers = false;
+};
+
+// Collective over `bootstrap` (normally the MPI channel): rank 0 creates the NCCL unique
+// id and broadcasts it; the NCCL communicator has bootstrap's ranks. Internal/Unavailable
+// naming the CUDA or NCCL call on failure; DeadlineExceeded if initialization outlasts
+// the timeout.
+absl::StatusOr<std::unique_ptr<DataChannel>> CreateNcclChannel(DataChannel& bootstrap,
+                                                               const NcclChannelOptions& options);
+
+}  // namespace rackrun::comm
+
+#endif  // RACKRUN_COMM_NCCL_CHANNEL_H_

@@ -1,0 +1,270 @@
+#include "comm/p2p_channel.h"
+
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+
+namespace rackrun::comm {
+namespace {
+
+// Reserved tags, one per collective phase. Messages between a pair of ranks with the same
+// tag never overtake each other, so consecutive collectives of one kind need no sequence
+// number.
+enum CollectiveTag : int {
+  kTagAllgather = kMaxUserTag + 1,
+  kTagAllToAllV,
+  kTagReduceScatter,
+  kTagReduceGather,
+  kTagBroadcast,
+  kTagBarrier,
+};
+
+// First element of block b when `count` elements are cut into n contiguous blocks.
+int64_t BlockStart(int64_t count, int n, int b) { return count * b / n; }
+
+template <typename T>
+void SumInRankOrder(const std::vector<std::byte>& contributions, int n, int64_t elements,
+                    std::byte* out) {
+  const T* x = reinterpret_cast<const T*>(contributions.data());
+  T* acc = reinterpret_cast<T*>(out);
+  // acc = x_0; acc += x_1; ... in ascending rank order: the one summation order.
+  for (int64_t i = 0; i < elements; ++i) acc[i] = x[i];
+  for (int r = 1; r < n; ++r) {
+    const T* xr = x + static_cast<size_t>(r) * static_cast<size_t>(elements);
+    for (int64_t i = 0; i < elements; ++i) acc[i] += xr[i];
+  }
+}
+
+}  // namespace
+
+absl::Status PointToPointChannel::CheckUsable(absl::string_view operation) const {
+  if (!broken_.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat(operation, " on rank ", rank(),
+                                                      ": channel is broken by an earlier error (",
+                                                      broken_.message(), "); the job must stop"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PointToPointChannel::Finish(std::span<const std::unique_ptr<Request>> requests,
+                                         absl::Time deadline, absl::string_view operation) {
+  absl::Status status = WaitAll(requests, deadline, operation);
+  if (!status.ok() && broken_.ok()) broken_ = status;
+  return status;
+}
+
+absl::StatusOr<std::unique_ptr<Request>> PointToPointChannel::Isend(const void* buf, int64_t count,
+                                                                    DataType type, int peer,
+                                                                    int tag) {
+  if (absl::Status s = CheckUsable("Isend"); !s.ok()) return s;
+  if (absl::Status s = CheckPeer("Isend", peer); !s.ok()) return s;
+  if (absl::Status s = CheckTag("Isend", tag); !s.ok()) return s;
+  if (absl::Status s = CheckCount("Isend", count); !s.ok()) return s;
+  return PostSend(buf, count * static_cast<int64_t>(DataTypeSize(type)), peer, tag);
+}
+
+absl::StatusOr<std::unique_ptr<Request>> PointToPointChannel::Irecv(void* buf, int64_t count,
+                                                                    DataType type, int peer,
+                                                                    int tag) {
+  if (absl::Status s = CheckUsable("Irecv"); !s.ok()) return s;
+  if (absl::Status s = CheckPeer("Irecv", peer); !s.ok()) return s;
+  if (absl::Status s = CheckTag("Irecv", tag); !s.ok()) return s;
+  if (absl::Status s = CheckCount("Irecv", count); !s.ok()) return s;
+  return PostRecv(buf, count * static_cast<int64_t>(DataTypeSize(type)), peer, tag);
+}
+
+absl::Status PointToPointChannel::Allgather(const void* send, void* recv, int64_t count,
+                                            DataType type) {
+  if (absl::Status s = CheckUsable("Allgather"); !s.ok()) return s;
+  if (absl::Status s = CheckCount("Allgather", count); !s.ok()) return s;
+  const absl::Time deadline = absl::Now() + timeout();
+  const int64_t bytes = count * static_cast<int64_t>(DataTypeSize(type));
+  auto* out = static_cast<std::byte*>(recv);
+  const int me = rank();
+  std::vector<std::unique_ptr<Request>> requests;
+  for (int p = 0; p < size(); ++p) {
+    if (p == me) continue;
+    absl::StatusOr<std::unique_ptr<Request>> r = PostRecv(out + p * bytes, bytes, p, kTagAllgather);
+    if (!r.ok()) return r.status();
+    requests.push_back(*std::move(r));
+  }
+  for (int p = 0; p < size(); ++p) {
+    if (p == me) continue;
+    absl::StatusOr<std::unique_ptr<Request>> r = PostSend(send, bytes, p, kTagAllgather);
+    if (!r.ok()) return r.status();
+    requests.push_back(*std::move(r));
+  }
+  if (bytes > 0 && out + me * bytes != send) std::memmove(out + me * bytes, send, bytes);
+  return Finish(requests, deadline, "Allgather");
+}
+
+absl::Status PointToPointChannel::AllToAllV(const void* send, std::span<const int64_t> send_counts,
+                                            std::span<const int64_t> send_displs, void* recv,
+                                            std::span<const int64_t> recv_counts,
+                                            std::span<const int64_t> recv_displs, DataType type) {
+  if (absl::Status s = CheckUsable("AllToAllV"); !s.ok()) return s;
+  if (absl::Status s = CheckCountsAndDispls("AllToAllV", send_counts, send_displs, "send");
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = CheckCountsAndDispls("AllToAllV", recv_counts, recv_displs, "recv");
+      !s.ok()) {
+    return s;
+  }
+  const int me = rank();
+  if (send_counts[me] != recv_counts[me]) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "AllToAllV on rank ", me, ": send_counts[", me, "]=", send_counts[me], " but recv_counts[",
+        me, "]=", recv_counts[me], "; a rank's block to itself must have one size"));
+  }
+  const absl::Time deadline = absl::Now() + timeout();
+  const auto elem = static_cast<int64_t>(DataTypeSize(type));
+  const auto* in = static_cast<const std::byte*>(send);
+  auto* out = static_cast<std::byte*>(recv);
+  std::vector<std::unique_ptr<Request>> requests;
+  for (int p = 0; p < size(); ++p) {
+    if (p == me) continue;
+    absl::StatusOr<std::unique_ptr<Request>> r =
+        PostRecv(out + recv_displs[p] * elem, recv_counts[p] * elem, p, kTagAllToAllV);
+    if (!r.ok()) return r.status();
+    requests.push_back(*std::move(r));
+  }
+  for (int p = 0; p < size(); ++p) {
+    if (p == me) continue;
+    absl::StatusOr<std::unique_ptr<Request>> r =
+        PostSend(in + send_displs[p] * elem, send_counts[p] * elem, p, kTagAllToAllV);
+    if (!r.ok()) return r.status();
+    requests.push_back(*std::move(r));
+  }
+  if (send_counts[me] > 0) {
+    std::memmove(out + recv_displs[me] * elem, in + send_displs[me] * elem, send_counts[me] * elem);
+  }
+  return Finish(requests, deadline, "AllToAllV");
+}
+
+absl::Status PointToPointChannel::AllReduce(const void* send, void* recv, int64_t count,
+                                            DataType type, ReduceOp op) {
+  if (absl::Status s = CheckUsable("AllReduce"); !s.ok()) return s;
+  if (absl::Status s = CheckCount("AllReduce", count); !s.ok()) return s;
+  if (type == DataType::kByte || op != ReduceOp::kSum) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("AllReduce on rank ", rank(), ": type ", DataTypeName(type),
+                     " cannot be summed; use int32, int64, float32 or float64"));
+  }
+  const absl::Time deadline = absl::Now() + timeout();
+  const int n = size();
+  const int me = rank();
+  const auto elem = static_cast<int64_t>(DataTypeSize(type));
+  const auto* in = static_cast<const std::byte*>(send);
+  auto* out = static_cast<std::byte*>(recv);
+  const int64_t my_start = BlockStart(count, n, me);
+  const int64_t my_elems = BlockStart(count, n, me + 1) - my_start;
+
+  // Phase 1, reduce-scatter: contributions[r] = rank r's copy of my block.
+  std::vector<std::byte> contributions(static_cast<size_t>(n * my_elems * elem));
+  std::vector<std::unique_ptr<Request>> requests;
+  for (int p = 0; p < n; ++p) {
+    if (p == me) continue;
+    absl::StatusOr<std::unique_ptr<Request>> r =
+        PostRecv(contributions.data() + p * my_elems * elem, my_elems * elem, p, kTagReduceScatter);
+    if (!r.ok()) return r.status();
+    requests.push_back(*std::move(r));
+  }
+  for (int p = 0; p < n; ++p) {
+    if (p == me) continue;
+    const int64_t start = BlockStart(count, n, p);
+    const int64_t elems = BlockStart(count, n, p + 1) - start;
+    absl::StatusOr<std::unique_ptr<Request>> r =
+        PostSend(in + start * elem, elems * elem, p, kTagReduceScatter);
+    if (!r.ok()) return r.status();
+    requests.push_back(*std::move(r));
+  }
+  if (my_elems > 0) {
+    std::memcpy(contributions.data() + me * my_elems * elem, in + my_start * elem, my_elems * elem);
+  }
+  if (absl::Status s = Finish(requests, deadline, "AllReduce"); !s.ok()) return s;
+  requests.clear();
+
+  // Every send of phase 1 has completed, so `recv` may now be written even if it aliases
+  // `send`.
+  std::byte* my_block = out + my_start * elem;
+  switch (type) {
+    case DataType::kInt32:
+      SumInRankOrder<int32_t>(contributions, n, my_elems, my_block);
+      break;
+    case DataType::kInt64:
+      SumInRankOrder<int64_t>(contributions, n, my_elems, my_block);
+      break;
+    case DataType::kFloat32:
+      SumInRankOrder<float>(contributions, n, my_elems, my_block);
+      break;
+    case DataType::kFloat64:
+      SumInRankOrder<double>(contributions, n, my_elems, my_block);
+      break;
+    case DataType::kByte:
+      break;
+  }
+
+  // Phase 2, allgather of the owners' blocks, copied verbatim.
+  for (int p = 0; p < n; ++p) {
+    if (p == me) continue;
+    const int64_t start = BlockStart(count, n, p);
+    const int64_t elems = BlockStart(count, n, p + 1) - start;
+    absl::StatusOr<std::unique_ptr<Request>> r =
+        PostRecv(out + start * elem, elems * elem, p, kTagReduceGather);
+    if (!r.ok()) return r.status();
+    requests.push_back(*std::move(r));
+  }
+  for (int p = 0; p < n; ++p) {
+    if (p == me) continue;
+    absl::StatusOr<std::unique_ptr<Request>> r =
+        PostSend(my_block, my_elems * elem, p, kTagReduceGather);
+    if (!r.ok()) return r.status();
+    requests.push_back(*std::move(r));
+  }
+  return Finish(requests, deadline, "AllReduce");
+}
+
+absl::Status PointToPointChannel::Broadcast(void* buf, int64_t count, DataType type, int root) {
+  if (absl::Status s = CheckUsable("Broadcast"); !s.ok()) return s;
+  if (absl::Status s = CheckCount("Broadcast", count); !s.ok()) return s;
+  if (absl::Status s = CheckPeer("Broadcast root", root); !s.ok()) return s;
+  const absl::Time deadline = absl::Now() + timeout();
+  const int64_t bytes = count * static_cast<int64_t>(DataTypeSize(type));
+  std::vector<std::unique_ptr<Request>> requests;
+  if (rank() == root) {
+    for (int p = 0; p < size(); ++p) {
+      if (p == root) continue;
+      absl::StatusOr<std::unique_ptr<Request>> r = PostSend(buf, bytes, p, kTagBroadcast);
+      if (!r.ok()) return r.status();
+      requests.push_back(*std::move(r));
+    }
+  } else {
+    absl::StatusOr<std::unique_ptr<Request>> r = PostRecv(buf, bytes, root, kTagBroadcast);
+    if (!r.ok()) return r.status();
+    requests.push_back(*std::move(r));
+  }
+  return Finish(requests, deadline, "Broadcast");
+}
+
+absl::Status PointToPointChannel::Barrier() {
+  if (absl::Status s = CheckUsable("Barrier"); !s.ok()) return s;
+  const absl::Time deadline = absl::Now() + timeout();
+  std::vector<std::unique_ptr<Request>> requests;
+  for (int p = 0; p < size(); ++p) {
+    if (p == rank()) continue;
+    absl::StatusOr<std::unique_ptr<Request>> r = PostRecv(nullptr, 0, p, kTagBarrier);
+    if (!r.ok()) return r.status();
+    requests.push_back(*std::move(r));
+  }
+  for (int p = 0; p < size(); ++p) {
+    if (p == rank()) continue;
+    absl::StatusOr<std::unique_ptr<Request>> r = PostSend(nullptr, 0, p, kTagBarrier);
+    if (!r.ok()) return r.status();
+    requests.push_back(*std::move(r));
+  }
+  return Finish(requests, deadline, "Barrier");
+}
+
+}  // namespace rackrun::comm

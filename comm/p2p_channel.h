@@ -1,0 +1,65 @@
+// Collectives built from point-to-point messages, shared by the backends whose transport
+// is point-to-point (MPI, in-process). Building them here rather than calling the
+// transport's own collectives buys two properties the job relies on:
+// - every wait knows exactly which peer's message is missing, so a timeout names it;
+// - AllReduce has one fixed summation order, so results are bit-identical on every rank
+//   and run to run, independent of the transport's algorithm choice.
+//
+// Algorithms (n ranks, all direct exchanges; n is a rack, not a datacenter):
+// - Allgather, AllToAllV: every rank posts one receive per peer and one send per peer.
+// - Broadcast: the root sends to every other rank.
+// - Barrier: every rank exchanges an empty message with every other rank.
+// - AllReduce (sum): reduce-scatter then allgather. The buffer is cut into n contiguous
+//   blocks; rank b owns block b, receives block b from every rank and sums the
+//   contributions in ascending rank order (acc = x_0; acc += x_1; ...; acc += x_{n-1}),
+//   then every rank receives each owner's block verbatim. Each element is thus summed
+//   exactly once, in the same order, whatever the rank count's timing.
+#ifndef RACKRUN_COMM_P2P_CHANNEL_H_
+#define RACKRUN_COMM_P2P_CHANNEL_H_
+
+#include <memory>
+#include <string>
+
+#include "comm/data_channel.h"
+
+namespace rackrun::comm {
+
+class PointToPointChannel : public DataChannel {
+ public:
+  absl::Status Allgather(const void* send, void* recv, int64_t count, DataType type) override;
+  absl::Status AllToAllV(const void* send, std::span<const int64_t> send_counts,
+                         std::span<const int64_t> send_displs, void* recv,
+                         std::span<const int64_t> recv_counts, std::span<const int64_t> recv_displs,
+                         DataType type) override;
+  absl::Status AllReduce(const void* send, void* recv, int64_t count, DataType type,
+                         ReduceOp op) override;
+  absl::Status Broadcast(void* buf, int64_t count, DataType type, int root) override;
+  absl::Status Barrier() override;
+  absl::StatusOr<std::unique_ptr<Request>> Isend(const void* buf, int64_t count, DataType type,
+                                                 int peer, int tag) override;
+  absl::StatusOr<std::unique_ptr<Request>> Irecv(void* buf, int64_t count, DataType type, int peer,
+                                                 int tag) override;
+
+ protected:
+  explicit PointToPointChannel(const ChannelOptions& options) : DataChannel(options) {}
+
+  // The transport: post a send/receive of `bytes` bytes with any tag >= 0 (collectives use
+  // tags >= kMaxUserTag). Arguments are already checked.
+  virtual absl::StatusOr<std::unique_ptr<Request>> PostSend(const void* buf, int64_t bytes,
+                                                            int peer, int tag) = 0;
+  virtual absl::StatusOr<std::unique_ptr<Request>> PostRecv(void* buf, int64_t bytes, int peer,
+                                                            int tag) = 0;
+
+ private:
+  // FailedPrecondition quoting the first timeout once the channel is broken.
+  absl::Status CheckUsable(absl::string_view operation) const;
+  // Waits for `requests`; a timeout breaks the channel.
+  absl::Status Finish(std::span<const std::unique_ptr<Request>> requests, absl::Time deadline,
+                      absl::string_view operation);
+
+  absl::Status broken_;
+};
+
+}  // namespace rackrun::comm
+
+#endif  // RACKRUN_COMM_P2P_CHANNEL_H_

@@ -1,0 +1,315 @@
+#include "comm/token_dispatch.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace rackrun::comm {
+namespace {
+
+absl::Status CheckPlanShape(const planner::Plan& plan) {
+  const size_t n = plan.instances.size();
+  if (plan.ranks < 1 || plan.experts < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "plan: ranks=", plan.ranks, " experts=", plan.experts, "; both must be positive"));
+  }
+  if (plan.first.size() != static_cast<size_t>(plan.experts) + 1 || plan.first.front() != 0 ||
+      plan.first.back() != static_cast<int32_t>(n)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "plan.first has ", plan.first.size(), " entries; it needs experts + 1 = ", plan.experts + 1,
+        " running from 0 to instances.size() = ", n));
+  }
+  if (plan.split.size() != static_cast<size_t>(plan.ranks) * n) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "plan.split has ", plan.split.size(),
+        " entries; it needs ranks * instances = ", static_cast<size_t>(plan.ranks) * n));
+  }
+  for (int e = 0; e < plan.experts; ++e) {
+    if (plan.first[e] > plan.first[e + 1]) {
+      return absl::InvalidArgumentError(absl::StrCat("plan.first is not ascending at expert ", e));
+    }
+    for (int i = plan.first[e]; i < plan.first[e + 1]; ++i) {
+      const planner::ExpertInstance& inst = plan.instances[static_cast<size_t>(i)];
+      if (inst.expert != e || inst.rank < 0 || inst.rank >= plan.ranks) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("plan.instances[", i, "] = (expert ", inst.expert, ", rank ", inst.rank,
+                         ") but plan.first groups it under expert ", e, " in a domain of ",
+                         plan.ranks, " ranks"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+void CopyRow(const float* src, float* dst, int64_t width) {
+  std::memcpy(dst, src, static_cast<size_t>(width) * sizeof(float));
+}
+
+std::vector<int64_t> Scaled(const std::vector<int64_t>& rows, int64_t width) {
+  std::vector<int64_t> out(rows.size());
+  for (size_t i = 0; i < rows.size(); ++i) out[i] = rows[i] * width;
+  return out;
+}
+
+std::vector<int64_t> Displacements(const std::vector<int64_t>& counts) {
+  std::vector<int64_t> displs(counts.size(), 0);
+  for (size_t i = 1; i < counts.size(); ++i) displs[i] = displs[i - 1] + counts[i - 1];
+  return displs;
+}
+
+absl::Status CheckSpan(absl::string_view operation, absl::string_view name, size_t have,
+                       int64_t rows, int64_t width) {
+  if (have != static_cast<size_t>(rows * width)) {
+    return absl::InvalidArgumentError(absl::StrCat(operation, ": ", name, " has ", have,
+                                                   " floats; it needs ", rows, " rows x ", width,
+                                                   " = ", rows * width));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<int64_t>> TokenRouting::Loads(int experts) const {
+  if (num_tokens < 0 || top_k < 0 ||
+      expert.size() != static_cast<size_t>(num_tokens) * static_cast<size_t>(top_k)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("routing.expert has ", expert.size(),
+                     " entries; it needs num_tokens x top_k = ", num_tokens, " x ", top_k));
+  }
+  std::vector<int64_t> counts(static_cast<size_t>(experts), 0);
+  for (size_t s = 0; s < expert.size(); ++s) {
+    if (expert[s] < 0 || expert[s] >= experts) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("routing.expert[", s, "] = ", expert[s], " is outside [0, ", experts, ")"));
+    }
+    ++counts[static_cast<size_t>(expert[s])];
+  }
+  return counts;
+}
+
+absl::StatusOr<TokenDispatch> TokenDispatch::Create(const planner::Plan& plan, int rank,
+                                                    const TokenRouting& routing) {
+  if (absl::Status s = CheckPlanShape(plan); !s.ok()) return s;
+  if (rank < 0 || rank >= plan.ranks) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "token dispatch: rank ", rank, " is outside the plan's ", plan.ranks, " ranks"));
+  }
+  absl::StatusOr<std::vector<int64_t>> loads = routing.Loads(plan.experts);
+  if (!loads.ok()) return loads.status();
+
+  TokenDispatch d;
+  d.rank_ = rank;
+  d.ranks_ = plan.ranks;
+  d.top_k_ = routing.top_k;
+  d.num_tokens_ = routing.num_tokens;
+  const int num_instances = plan.num_instances();
+
+  // This rank's slots per expert, in slot order.
+  std::vector<std::vector<int64_t>> expert_slots(static_cast<size_t>(plan.experts));
+  for (size_t s = 0; s < routing.expert.size(); ++s) {
+    expert_slots[static_cast<size_t>(routing.expert[s])].push_back(static_cast<int64_t>(s));
+  }
+
+  // Slots per instance: consecutive runs of each expert's slots, sized by the split.
+  d.slot_instance_.assign(routing.expert.size(), -1);
+  std::vector<std::vector<int64_t>> instance_slots(static_cast<size_t>(num_instances));
+  for (int e = 0; e < plan.experts; ++e) {
+    const std::vector<int64_t>& slots = expert_slots[static_cast<size_t>(e)];
+    int64_t planned = 0;
+    for (int i = plan.first[e]; i < plan.first[e + 1]; ++i) {
+      if (plan.split_at(rank, i) < 0) {
+        return absl::InvalidArgumentError(absl::StrCat("plan.split(src ", rank, ", instance ", i,
+                                                       ") = ", plan.split_at(rank, i),
+                                                       " is negative"));
+      }
+      planned += plan.split_at(rank, i);
+    }
+    if (planned != static_cast<int64_t>(slots.size())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("token dispatch on rank ", rank, ": routing sends ", slots.size(),
+                       " tokens to expert ", e, " but the plan's split for this source assigns ",
+                       planned, "; plan from this microbatch's exact loads"));
+    }
+    size_t next = 0;
+    for (int i = plan.first[e]; i < plan.first[e + 1]; ++i) {
+      for (int64_t k = 0; k < plan.split_at(rank, i); ++k) {
+        const int64_t slot = slots[next++];
+        d.slot_instance_[static_cast<size_t>(slot)] = i;
+        instance_slots[static_cast<size_t>(i)].push_back(slot);
+      }
+    }
+  }
+
+  // Send order: destination rank, then instance, then slot.
+  d.send_rows_.assign(static_cast<size_t>(plan.ranks), 0);
+  for (int dst = 0; dst < plan.ranks; ++dst) {
+    for (int i = 0; i < num_instances; ++i) {
+      if (plan.instances[static_cast<size_t>(i)].rank != dst) continue;
+      const std::vector<int64_t>& slots = instance_slots[static_cast<size_t>(i)];
+      d.send_slots_.insert(d.send_slots_.end(), slots.begin(), slots.end());
+      d.send_rows_[static_cast<size_t>(dst)] += static_cast<int64_t>(slots.size());
+    }
+  }
+
+  // Local batches and where each arriving row lands.
+  for (int i = 0; i < num_instances; ++i) {
+    const planner::ExpertInstance& inst = plan.instances[static_cast<size_t>(i)];
+    if (inst.rank != rank) continue;
+    LocalBatch b{i, inst.expert, inst.master, 0, d.expert_rows_};
+    for (int src = 0; src < plan.ranks; ++src) b.rows += plan.split_at(src, i);
+    d.expert_rows_ += b.rows;
+    d.batches_.push_back(b);
+  }
+  d.recv_rows_.assign(static_cast<size_t>(plan.ranks), 0);
+  std::vector<int64_t> filled(d.batches_.size(), 0);
+  for (int src = 0; src < plan.ranks; ++src) {
+    for (size_t b = 0; b < d.batches_.size(); ++b) {
+      const int64_t n = plan.split_at(src, d.batches_[b].instance);
+      if (n < 0) {
+        return absl::InvalidArgumentError(absl::StrCat("plan.split(src ", src, ", instance ",
+                                                       d.batches_[b].instance, ") = ", n,
+                                                       " is negative"));
+      }
+      for (int64_t k = 0; k < n; ++k) {
+        d.recv_to_expert_.push_back(d.batches_[b].offset + filled[b]++);
+      }
+      d.recv_rows_[static_cast<size_t>(src)] += n;
+    }
+  }
+  return d;
+}
+
+absl::Status TokenDispatch::CheckChannel(const DataChannel& channel,
+                                         absl::string_view operation) const {
+  if (channel.size() != ranks_ || channel.rank() != rank_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(operation, ": the dispatch was built for rank ", rank_, " of ", ranks_,
+                     " but the channel is rank ", channel.rank(), " of ", channel.size()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TokenDispatch::Dispatch(DataChannel& channel, std::span<const float> rows,
+                                     int64_t rows_per_source, bool per_token, int64_t width,
+                                     std::span<float> expert_in) const {
+  const char* op = per_token ? "DispatchTokens" : "DispatchSlots";
+  if (absl::Status s = CheckChannel(channel, op); !s.ok()) return s;
+  if (width < 1) return absl::InvalidArgumentError(absl::StrCat(op, ": width must be positive"));
+  if (absl::Status s =
+          CheckSpan(op, per_token ? "x" : "slots", rows.size(), rows_per_source, width);
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = CheckSpan(op, "expert_in", expert_in.size(), expert_rows_, width); !s.ok()) {
+    return s;
+  }
+  std::vector<float> send(send_slots_.size() * static_cast<size_t>(width));
+  for (size_t q = 0; q < send_slots_.size(); ++q) {
+    const int64_t row = per_token ? send_slots_[q] / top_k_ : send_slots_[q];
+    CopyRow(rows.data() + row * width, send.data() + static_cast<int64_t>(q) * width, width);
+  }
+  std::vector<float> recv(recv_to_expert_.size() * static_cast<size_t>(width));
+  const std::vector<int64_t> send_counts = Scaled(send_rows_, width);
+  const std::vector<int64_t> recv_counts = Scaled(recv_rows_, width);
+  if (absl::Status s =
+          channel.AllToAllV(send.data(), send_counts, Displacements(send_counts), recv.data(),
+                            recv_counts, Displacements(recv_counts), DataType::kFloat32);
+      !s.ok()) {
+    return s;
+  }
+  for (size_t q = 0; q < recv_to_expert_.size(); ++q) {
+    CopyRow(recv.data() + static_cast<int64_t>(q) * width,
+            expert_in.data() + recv_to_expert_[q] * width, width);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TokenDispatch::DispatchTokens(DataChannel& channel, std::span<const float> x,
+                                           int64_t width, std::span<float> expert_in) const {
+  return Dispatch(channel, x, num_tokens_, /*per_token=*/true, width, expert_in);
+}
+
+absl::Status TokenDispatch::DispatchSlots(DataChannel& channel, std::span<const float> slots,
+                                          int64_t width, std::span<float> expert_in) const {
+  return Dispatch(channel, slots, slot_rows(), /*per_token=*/false, width, expert_in);
+}
+
+absl::Status TokenDispatch::Combine(DataChannel& channel, std::span<const float> expert_out,
+                                    int64_t width, std::span<float> slot_out) const {
+  if (absl::Status s = CheckChannel(channel, "Combine"); !s.ok()) return s;
+  if (width < 1) return absl::InvalidArgumentError("Combine: width must be positive");
+  if (absl::Status s = CheckSpan("Combine", "expert_out", expert_out.size(), expert_rows_, width);
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = CheckSpan("Combine", "slot_out", slot_out.size(), slot_rows(), width);
+      !s.ok()) {
+    return s;
+  }
+  // The reverse of Dispatch: rows go back in arrival order, land in send order.
+  std::vector<float> send(recv_to_expert_.size() * static_cast<size_t>(width));
+  for (size_t q = 0; q < recv_to_expert_.size(); ++q) {
+    CopyRow(expert_out.data() + recv_to_expert_[q] * width,
+            send.data() + static_cast<int64_t>(q) * width, width);
+  }
+  std::vector<float> recv(send_slots_.size() * static_cast<size_t>(width));
+  const std::vector<int64_t> send_counts = Scaled(recv_rows_, width);
+  const std::vector<int64_t> recv_counts = Scaled(send_rows_, width);
+  if (absl::Status s =
+          channel.AllToAllV(send.data(), send_counts, Displacements(send_counts), recv.data(),
+                            recv_counts, Displacements(recv_counts), DataType::kFloat32);
+      !s.ok()) {
+    return s;
+  }
+  for (size_t q = 0; q < send_slots_.size(); ++q) {
+    CopyRow(recv.data() + static_cast<int64_t>(q) * width, slot_out.data() + send_slots_[q] * width,
+            width);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DispatchAndCombine(DataChannel& channel, const TokenDispatch& dispatch,
+                                std::span<const float> x, int64_t in_width, const ExpertFn& expert,
+                                int64_t out_width, std::span<float> slot_out) {
+  std::vector<float> expert_in(static_cast<size_t>(dispatch.expert_rows() * in_width));
+  if (absl::Status s = dispatch.DispatchTokens(channel, x, in_width, expert_in); !s.ok()) {
+    return s;
+  }
+  std::vector<float> expert_out(static_cast<size_t>(dispatch.expert_rows() * out_width));
+  for (const TokenDispatch::LocalBatch& batch : dispatch.local_batches()) {
+    if (batch.rows == 0) continue;
+    if (absl::Status s = expert(batch, expert_in.data() + batch.offset * in_width, in_width,
+                                expert_out.data() + batch.offset * out_width, out_width);
+        !s.ok()) {
+      return s;
+    }
+  }
+  return dispatch.Combine(channel, expert_out, out_width, slot_out);
+}
+
+absl::Status WeightedCombine(std::span<const float> slot_out, std::span<const float> weights,
+                             int64_t num_tokens, int top_k, int64_t width, std::span<float> y) {
+  const int64_t slots = num_tokens * top_k;
+  if (slot_out.size() != static_cast<size_t>(slots * width) ||
+      weights.size() != static_cast<size_t>(slots) ||
+      y.size() != static_cast<size_t>(num_tokens * width)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "WeightedCombine: slot_out has ", slot_out.size(), " floats, weights ", weights.size(),
+        ", y ", y.size(), "; they need ", slots * width, ", ", slots, " and ", num_tokens * width,
+        " for ", num_tokens, " tokens x top_k ", top_k, " x width ", width));
+  }
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    float* out = y.data() + t * width;
+    std::fill(out, out + width, 0.0f);
+    for (int j = 0; j < top_k; ++j) {
+      const int64_t s = t * top_k + j;
+      const float w = weights[static_cast<size_t>(s)];
+      const float* row = slot_out.data() + s * width;
+      for (int64_t c = 0; c < width; ++c) out[c] += w * row[c];
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace rackrun::comm

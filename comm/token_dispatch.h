@@ -1,0 +1,126 @@
+// MoE token dispatch and combine over a planner::Plan (DESIGN.md section 5): each source
+// rank sends each routed (token, slot) row to the expert instance (master or replica) that
+// the plan's per-source split assigns, the experts run, and the results come back in the
+// original (token, slot) order.
+//
+// Works on raw row-major float buffers; knows nothing of the runtime's tensors.
+#ifndef RACKRUN_COMM_TOKEN_DISPATCH_H_
+#define RACKRUN_COMM_TOKEN_DISPATCH_H_
+
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "comm/data_channel.h"
+#include "planner/plan.h"
+
+namespace rackrun::comm {
+
+// The router's decision for this rank's tokens: expert[t * top_k + j] is the logical
+// expert of token t's j-th choice ("slot" t * top_k + j).
+struct TokenRouting {
+  int64_t num_tokens = 0;
+  int top_k = 0;
+  std::vector<int32_t> expert;
+
+  // This rank's row of the load matrix: counts[e] = slots routed to expert e.
+  // InvalidArgument if `expert` has the wrong size or an id outside [0, experts).
+  absl::StatusOr<std::vector<int64_t>> Loads(int experts) const;
+};
+
+// The fixed layout of one dispatch (one microbatch, one MoE layer, one rank). Built once
+// from the plan and the routing; used for the forward dispatch/combine and again, with
+// the same layout, for the backward pass.
+//
+// Assignment (deterministic, identical on every run): for each expert e, this rank's
+// slots routed to e, in ascending slot order, go to e's instances in the plan's instance
+// order: the first split_at(rank, i0) slots to instance i0, the next split_at(rank, i1) to
+// i1, and so on.
+//
+// Buffers on the instance side ("expert rows") are grouped by local batch: one batch per
+// instance on this rank, in plan instance order; within a batch, rows from source 0 first,
+// then source 1, ...; within a source, in that source's slot order.
+class TokenDispatch {
+ public:
+  struct LocalBatch {
+    int instance = -1;  // index into plan.instances
+    int expert = -1;    // logical expert
+    bool master = false;
+    int64_t rows = 0;    // tokens this instance processes (its quota)
+    int64_t offset = 0;  // first row of the batch in the expert-row buffers
+  };
+
+  // InvalidArgument naming the field if the plan's shapes are inconsistent, `rank` is
+  // outside the plan, or this rank's routing does not match plan.split (the error names
+  // the rank, expert and both counts).
+  static absl::StatusOr<TokenDispatch> Create(const planner::Plan& plan, int rank,
+                                              const TokenRouting& routing);
+
+  const std::vector<LocalBatch>& local_batches() const { return batches_; }
+  // Rows this rank's instances process, summed over its batches.
+  int64_t expert_rows() const { return expert_rows_; }
+  // Rows on the source side: num_tokens * top_k.
+  int64_t slot_rows() const { return static_cast<int64_t>(slot_instance_.size()); }
+  // The plan instance each slot of this rank goes to.
+  const std::vector<int>& slot_instance() const { return slot_instance_; }
+
+  // Forward dispatch: slot s sends token row x[s / top_k] ([num_tokens x width]);
+  // expert_in receives [expert_rows x width]. Collective over `channel` (one AllToAllV).
+  absl::Status DispatchTokens(DataChannel& channel, std::span<const float> x, int64_t width,
+                              std::span<float> expert_in) const;
+  // Like DispatchTokens, but slot s sends its own row slots[s] ([slot_rows x width]), e.g.
+  // the gradient of a slot's output in the backward pass.
+  absl::Status DispatchSlots(DataChannel& channel, std::span<const float> slots, int64_t width,
+                             std::span<float> expert_in) const;
+  // Returns expert rows to their sources: slot_out[s] ([slot_rows x width]) receives the
+  // row that slot s's instance produced. Collective (one AllToAllV).
+  absl::Status Combine(DataChannel& channel, std::span<const float> expert_out, int64_t width,
+                       std::span<float> slot_out) const;
+
+ private:
+  TokenDispatch() = default;
+  absl::Status Dispatch(DataChannel& channel, std::span<const float> rows, int64_t rows_per_source,
+                        bool per_token, int64_t width, std::span<float> expert_in) const;
+  absl::Status CheckChannel(const DataChannel& channel, absl::string_view operation) const;
+
+  int rank_ = -1;
+  int ranks_ = 0;
+  int top_k_ = 0;
+  int64_t num_tokens_ = 0;
+  std::vector<int> slot_instance_;
+  std::vector<LocalBatch> batches_;
+  int64_t expert_rows_ = 0;
+  // Source side: send_slots_ lists slots in send order (by destination rank, then plan
+  // instance, then slot); send_rows_[d] rows go to rank d.
+  std::vector<int64_t> send_slots_;
+  std::vector<int64_t> send_rows_;
+  // Instance side: recv_rows_[s] rows arrive from source s; received row q (in arrival
+  // order: by source, then local instance, then the source's slot order) is expert row
+  // recv_to_expert_[q].
+  std::vector<int64_t> recv_rows_;
+  std::vector<int64_t> recv_to_expert_;
+};
+
+// Runs one expert batch: `in` has batch.rows x in_width floats, `out` must receive
+// batch.rows x out_width floats.
+using ExpertFn = std::function<absl::Status(const TokenDispatch::LocalBatch& batch, const float* in,
+                                            int64_t in_width, float* out, int64_t out_width)>;
+
+// Dispatch x ([num_tokens x in_width]), run `expert` on every local batch in batch order,
+// combine into slot_out ([slot_rows x out_width]).
+absl::Status DispatchAndCombine(DataChannel& channel, const TokenDispatch& dispatch,
+                                std::span<const float> x, int64_t in_width, const ExpertFn& expert,
+                                int64_t out_width, std::span<float> slot_out);
+
+// y[t] = sum over j ascending of weights[t * top_k + j] * slot_out[t * top_k + j], the one
+// fixed order (so the result does not depend on where each slot ran).
+// InvalidArgument on size mismatch.
+absl::Status WeightedCombine(std::span<const float> slot_out, std::span<const float> weights,
+                             int64_t num_tokens, int top_k, int64_t width, std::span<float> y);
+
+}  // namespace rackrun::comm
+
+#endif  // RACKRUN_COMM_TOKEN_DISPATCH_H_

@@ -1,0 +1,120 @@
+// Token dispatch/combine on 1, 2 and 4 in-process ranks: dispatch + expert + combine
+// equals computing everything at home, for random hand-built plans and ultraep plans.
+#include "comm/token_dispatch.h"
+
+#include "comm/channel_checks.h"
+#include "comm/inprocess_channel.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace rackrun::comm {
+namespace {
+
+using ::testing::HasSubstr;
+
+class TokenDispatchTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(TokenDispatchTest, RandomPlansMatchHomeComputation) {
+  for (uint64_t seed : {1u, 2u, 3u, 4u, 5u}) {
+    absl::Status s = RunInProcessRanks(GetParam(), {}, [&](DataChannel& channel) {
+      testing::CheckTokenDispatch(channel, seed, /*use_ultraep=*/false);
+      return absl::OkStatus();
+    });
+    ASSERT_TRUE(s.ok()) << s;
+  }
+}
+
+TEST_P(TokenDispatchTest, UltraEpPlansMatchHomeComputation) {
+  for (uint64_t seed : {11u, 12u, 13u}) {
+    absl::Status s = RunInProcessRanks(GetParam(), {}, [&](DataChannel& channel) {
+      testing::CheckTokenDispatch(channel, seed, /*use_ultraep=*/true);
+      return absl::OkStatus();
+    });
+    ASSERT_TRUE(s.ok()) << s;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, TokenDispatchTest, ::testing::Values(1, 2, 4),
+                         [](const auto& param_info) {
+                           return std::to_string(param_info.param) + "ranks";
+                         });
+
+// The assignment rule on a small plan worked by hand: expert 0 (home rank 0) has a
+// replica on rank 1; rank 0's three slots for expert 0 split 1 (master) + 2 (replica).
+TEST(TokenDispatch, AssignsSlotsToInstancesInSlotOrder) {
+  planner::Plan plan;
+  plan.ranks = 2;
+  plan.experts = 2;
+  plan.instances = {{0, 0, true}, {0, 1, false}, {1, 1, true}};
+  plan.first = {0, 2, 3};
+  // split[src * 3 + i]
+  plan.split = {1, 2, 1,   // rank 0: expert 0 -> 1 master + 2 replica; expert 1 -> 1
+                0, 0, 0};  // rank 1 routes nothing
+  plan.quota = {1, 2, 1};
+  TokenRouting routing;
+  routing.num_tokens = 2;
+  routing.top_k = 2;
+  routing.expert = {0, 1, 0, 0};  // slots 0,2,3 -> expert 0; slot 1 -> expert 1
+  absl::StatusOr<TokenDispatch> d = TokenDispatch::Create(plan, 0, routing);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->slot_instance(), (std::vector<int>{0, 2, 1, 1}));
+  ASSERT_EQ(d->local_batches().size(), 1u);
+  EXPECT_EQ(d->local_batches()[0].instance, 0);
+  EXPECT_EQ(d->expert_rows(), 1);
+
+  absl::StatusOr<TokenDispatch> d1 = TokenDispatch::Create(plan, 1, TokenRouting{0, 2, {}});
+  ASSERT_TRUE(d1.ok()) << d1.status();
+  ASSERT_EQ(d1->local_batches().size(), 2u);
+  EXPECT_EQ(d1->local_batches()[0].rows, 2);
+  EXPECT_EQ(d1->local_batches()[1].offset, 2);
+}
+
+TEST(TokenDispatch, RejectsMalformedInput) {
+  planner::Plan plan;
+  plan.ranks = 1;
+  plan.experts = 1;
+  plan.instances = {{0, 0, true}};
+  plan.first = {0, 1};
+  plan.split = {2};
+  plan.quota = {2};
+
+  TokenRouting short_routing{2, 1, {0}};
+  auto a = TokenDispatch::Create(plan, 0, short_routing);
+  ASSERT_FALSE(a.ok());
+  EXPECT_THAT(a.status().message(), HasSubstr("routing.expert has 1 entries"));
+
+  TokenRouting out_of_range{2, 1, {0, 3}};
+  auto b = TokenDispatch::Create(plan, 0, out_of_range);
+  ASSERT_FALSE(b.ok());
+  EXPECT_THAT(b.status().message(), HasSubstr("routing.expert[1] = 3"));
+
+  auto c = TokenDispatch::Create(plan, 1, TokenRouting{2, 1, {0, 0}});
+  ASSERT_FALSE(c.ok());
+  EXPECT_THAT(c.status().message(), HasSubstr("rank 1"));
+
+  planner::Plan bad_first = plan;
+  bad_first.first = {0};
+  auto e = TokenDispatch::Create(bad_first, 0, TokenRouting{2, 1, {0, 0}});
+  ASSERT_FALSE(e.ok());
+  EXPECT_THAT(e.status().message(), HasSubstr("plan.first"));
+
+  // Buffer sizes are checked against the layout.
+  auto d = TokenDispatch::Create(plan, 0, TokenRouting{2, 1, {0, 0}});
+  ASSERT_TRUE(d.ok());
+  auto channels = CreateInProcessChannels(1);
+  ASSERT_TRUE(channels.ok());
+  std::vector<float> x(3), expert_in(4);
+  absl::Status s = d->DispatchTokens(*(*channels)[0], x, 2, expert_in);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("x has 3 floats"));
+}
+
+TEST(WeightedCombine, RejectsSizeMismatch) {
+  std::vector<float> slots(4), weights(2), y(1);
+  absl::Status s = WeightedCombine(slots, weights, 1, 2, 2, y);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("WeightedCombine"));
+}
+
+}  // namespace
+}  // namespace rackrun::comm
