@@ -128,6 +128,18 @@ struct ResidualTraffic {
   double FusedPerSublayer(int width) const;
 };
 
+// The mappings one sublayer applied to one token (introspection for tests and metrics).
+// Streams are ordered as the mode uses them: xhc modes list the active set (fixed streams
+// first, then routed ones ascending) and its gates; hc/mhc list all N streams, gates 1.
+template <typename T>
+struct SublayerMaps {
+  std::vector<int> active;  // k stream indices
+  std::vector<T> gates;     // k gates p_j
+  std::vector<T> h_pre;     // N read weights (hc: A_m)
+  std::vector<T> h_res;     // k x k mixing (hc: A_r, N x N); empty when the sublayer does not mix
+  std::vector<T> h_post;    // k x K_r write-back weights (hc: B)
+};
+
 template <typename T>
 class ResidualStreams {
  public:
@@ -167,6 +179,10 @@ class ResidualStreams {
 
   // The current state, tokens x N x C (token-major, then stream, then channel).
   std::span<const T> state() const;
+
+  // The mappings of `sublayer` for `token` in the current batch; FailedPrecondition before
+  // that sublayer's ReadInput ran, InvalidArgument for indices out of range.
+  absl::StatusOr<SublayerMaps<T>> Maps(int sublayer, int token) const;
 
   const ResidualTraffic& traffic() const;
   void ResetTraffic();

@@ -1,0 +1,326 @@
+// Internal vector kernels of the residual-stream component: blocked projections (the
+// mapping GEMVs batched over tokens), their transposes, weight-gradient outer products and
+// small per-token reductions. Written with GCC vector extensions so the same template
+// compiles to 512-bit code for float and double; every kernel has a scalar tail.
+//
+// Not a public header: only runtime/residual/*.cc include it.
+#ifndef RACKRUN_RUNTIME_RESIDUAL_KERNELS_H_
+#define RACKRUN_RUNTIME_RESIDUAL_KERNELS_H_
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+namespace rackrun::runtime::residual_internal {
+
+// Vector width of the target: 64 bytes with AVX-512, else 32 (AVX2). Tile shapes keep
+// the accumulators within the 32 (AVX-512) or 16 (AVX2) vector registers.
+#if defined(__AVX512F__)
+inline constexpr int kVectorBytes = 64;
+inline constexpr int kTileRows = 4, kTileOutputs = 4, kTileVectors = 4;
+#else
+inline constexpr int kVectorBytes = 32;
+inline constexpr int kTileRows = 4, kTileOutputs = 3, kTileVectors = 2;
+#endif
+
+template <typename T>
+struct SimdOf;
+template <>
+struct SimdOf<float> {
+  typedef float type __attribute__((vector_size(kVectorBytes)));
+};
+template <>
+struct SimdOf<double> {
+  typedef double type __attribute__((vector_size(kVectorBytes)));
+};
+template <typename T>
+using Simd = typename SimdOf<T>::type;
+template <typename T>
+inline constexpr int kLanes = static_cast<int>(kVectorBytes / sizeof(T));
+
+template <typename T>
+inline Simd<T> Load(const T* p) {
+  Simd<T> v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+template <typename T>
+inline void Store(T* p, Simd<T> v) {
+  std::memcpy(p, &v, sizeof(v));
+}
+template <typename T>
+inline Simd<T> Splat(T s) {
+  Simd<T> v = {};
+  return v + s;
+}
+template <typename T>
+inline T HSum(Simd<T> v) {
+  // Pairwise, in a fixed order, so results do not depend on the call site.
+  T s[kLanes<T>];
+  std::memcpy(s, &v, sizeof(v));
+  for (int w = kLanes<T> / 2; w >= 1; w /= 2)
+    for (int i = 0; i < w; ++i) s[i] += s[i + w];
+  return s[0];
+}
+
+template <typename T>
+inline T Sigmoid(T x) {
+  return T(1) / (T(1) + std::exp(-x));
+}
+
+// <a, b> over n elements.
+template <typename T>
+inline T Dot(const T* a, const T* b, int64_t n) {
+  constexpr int L = kLanes<T>;
+  Simd<T> a0 = {}, a1 = {};
+  int64_t e = 0;
+  for (; e + 2 * L <= n; e += 2 * L) {
+    a0 += Load(a + e) * Load(b + e);
+    a1 += Load(a + e + L) * Load(b + e + L);
+  }
+  for (; e + L <= n; e += L) a0 += Load(a + e) * Load(b + e);
+  T s = HSum<T>(a0 + a1);
+  for (; e < n; ++e) s += a[e] * b[e];
+  return s;
+}
+
+// sum and sum of squares of x (n elements).
+template <typename T>
+inline void Moments(const T* x, int64_t n, T* sum, T* sumsq) {
+  constexpr int L = kLanes<T>;
+  Simd<T> s0 = {}, s1 = {}, q0 = {}, q1 = {};
+  int64_t e = 0;
+  for (; e + 2 * L <= n; e += 2 * L) {
+    Simd<T> v0 = Load(x + e), v1 = Load(x + e + L);
+    s0 += v0;
+    s1 += v1;
+    q0 += v0 * v0;
+    q1 += v1 * v1;
+  }
+  for (; e + L <= n; e += L) {
+    Simd<T> v0 = Load(x + e);
+    s0 += v0;
+    q0 += v0 * v0;
+  }
+  T s = HSum<T>(s0 + s1), q = HSum<T>(q0 + q1);
+  for (; e < n; ++e) {
+    s += x[e];
+    q += x[e] * x[e];
+  }
+  *sum = s;
+  *sumsq = q;
+}
+
+// y += a * x.
+template <typename T>
+inline void Axpy(T a, const T* x, T* y, int64_t n) {
+  constexpr int L = kLanes<T>;
+  const Simd<T> av = Splat(a);
+  int64_t e = 0;
+  for (; e + L <= n; e += L) Store(y + e, Load(y + e) + av * Load(x + e));
+  for (; e < n; ++e) y[e] += a * x[e];
+}
+
+// y += a * b elementwise.
+template <typename T>
+inline void MulAdd(const T* a, const T* b, T* y, int64_t n) {
+  constexpr int L = kLanes<T>;
+  int64_t e = 0;
+  for (; e + L <= n; e += L) Store(y + e, Load(y + e) + Load(a + e) * Load(b + e));
+  for (; e < n; ++e) y[e] += a[e] * b[e];
+}
+
+// y = sum_j coef[j] * rows[j] for `count` rows of n elements at stride ld (rows[j] =
+// base + j * ld). Overwrites y; count >= 1.
+template <typename T>
+inline void Combine(const T* coef, int count, const T* base, int64_t ld, int64_t n, T* y) {
+  constexpr int L = kLanes<T>;
+  int64_t e = 0;
+  for (; e + 2 * L <= n; e += 2 * L) {
+    Simd<T> a0 = {}, a1 = {};
+    for (int j = 0; j < count; ++j) {
+      const Simd<T> c = Splat(coef[j]);
+      a0 += c * Load(base + j * ld + e);
+      a1 += c * Load(base + j * ld + e + L);
+    }
+    Store(y + e, a0);
+    Store(y + e + L, a1);
+  }
+  for (; e < n; ++e) {
+    T s = 0;
+    for (int j = 0; j < count; ++j) s += coef[j] * base[j * ld + e];
+    y[e] = s;
+  }
+}
+
+// Micro-kernel of Project: RB rows x PB outputs over e in [0, K).
+template <typename T, int RB, int PB>
+inline void ProjectTile(const T* x, int64_t ldx, const T* w, int64_t ldw, int64_t K, T* y,
+                        int64_t ldy) {
+  constexpr int L = kLanes<T>;
+  Simd<T> acc[RB][PB] = {};
+  int64_t e = 0;
+  for (; e + L <= K; e += L) {
+    Simd<T> xv[RB];
+#pragma GCC unroll 8
+    for (int r = 0; r < RB; ++r) xv[r] = Load(x + r * ldx + e);
+#pragma GCC unroll 8
+    for (int p = 0; p < PB; ++p) {
+      const Simd<T> wv = Load(w + p * ldw + e);
+#pragma GCC unroll 8
+      for (int r = 0; r < RB; ++r) acc[r][p] += xv[r] * wv;
+    }
+  }
+  for (int r = 0; r < RB; ++r)
+    for (int p = 0; p < PB; ++p) {
+      T s = HSum<T>(acc[r][p]);
+      for (int64_t t = e; t < K; ++t) s += x[r * ldx + t] * w[p * ldw + t];
+      y[r * ldy + p] += s;
+    }
+}
+
+// y[r][p] += sum_e x[r*ldx + e] * w[p*ldw + e] for r < rows, p < P, e < K. y must be
+// initialised by the caller (zero for a plain product). K is processed in chunks so that
+// the rows' chunk and the weights' chunk stay in L2 across the tile loops.
+template <typename T>
+inline void Project(const T* x, int64_t ldx, int rows, const T* w, int64_t ldw, int P, int64_t K,
+                    T* y, int64_t ldy) {
+  constexpr int64_t kChunk = 1024;
+  for (int64_t k0 = 0; k0 < K; k0 += kChunk) {
+    const int64_t kc = std::min(kChunk, K - k0);
+    constexpr int RB = kTileRows, PB = kTileOutputs;
+    int r = 0;
+    for (; r + RB <= rows; r += RB) {
+      int p = 0;
+      for (; p + PB <= P; p += PB)
+        ProjectTile<T, RB, PB>(x + r * ldx + k0, ldx, w + p * ldw + k0, ldw, kc, y + r * ldy + p,
+                               ldy);
+      for (; p < P; ++p)
+        ProjectTile<T, RB, 1>(x + r * ldx + k0, ldx, w + p * ldw + k0, ldw, kc, y + r * ldy + p,
+                              ldy);
+    }
+    for (; r < rows; ++r) {
+      int p = 0;
+      for (; p + PB <= P; p += PB)
+        ProjectTile<T, 1, PB>(x + r * ldx + k0, ldx, w + p * ldw + k0, ldw, kc, y + r * ldy + p,
+                              ldy);
+      for (; p < P; ++p)
+        ProjectTile<T, 1, 1>(x + r * ldx + k0, ldx, w + p * ldw + k0, ldw, kc, y + r * ldy + p,
+                             ldy);
+    }
+  }
+}
+
+// x[r*ldx + e] += sum_p c[r*ldc + p] * w[p*ldw + e]: the transpose of Project, used for the
+// input gradient of the mapping projections.
+template <typename T>
+inline void ProjectTransposeAdd(const T* c, int64_t ldc, int rows, const T* w, int64_t ldw, int P,
+                                int64_t K, T* x, int64_t ldx) {
+  constexpr int L = kLanes<T>;
+  constexpr int V = kTileVectors;  // vectors per row per tile
+  int r = 0;
+  for (; r < rows; r += 4) {
+    const int rb = std::min(4, rows - r);
+    int64_t e = 0;
+    if (rb == 4) {
+      for (; e + V * L <= K; e += V * L) {
+        Simd<T> acc[4][V];
+        for (int i = 0; i < 4; ++i)
+          for (int v = 0; v < V; ++v) acc[i][v] = Load(x + (r + i) * ldx + e + v * L);
+        for (int p = 0; p < P; ++p) {
+          Simd<T> wv[V];
+          for (int v = 0; v < V; ++v) wv[v] = Load(w + p * ldw + e + v * L);
+          for (int i = 0; i < 4; ++i) {
+            const Simd<T> cv = Splat(c[(r + i) * ldc + p]);
+            for (int v = 0; v < V; ++v) acc[i][v] += cv * wv[v];
+          }
+        }
+        for (int i = 0; i < 4; ++i)
+          for (int v = 0; v < V; ++v) Store(x + (r + i) * ldx + e + v * L, acc[i][v]);
+      }
+    }
+    for (int i = 0; i < rb; ++i) {
+      T* xr = x + (r + i) * ldx;
+      int64_t f = e;
+      for (; f + L <= K; f += L) {
+        Simd<T> acc = Load(xr + f);
+        for (int p = 0; p < P; ++p) acc += Splat(c[(r + i) * ldc + p]) * Load(w + p * ldw + f);
+        Store(xr + f, acc);
+      }
+      for (; f < K; ++f) {
+        T s = xr[f];
+        for (int p = 0; p < P; ++p) s += c[(r + i) * ldc + p] * w[p * ldw + f];
+        xr[f] = s;
+      }
+    }
+  }
+}
+
+// w[p*ldw + e] += sum_r c[r*ldc + p] * x[r*ldx + e] for e in [e0, e1): the weight gradient
+// of a projection. Rows are summed in index order, so splitting [0, K) across threads by
+// e keeps the result independent of the thread count.
+template <typename T>
+inline void AccumulateOuter(const T* c, int64_t ldc, int rows, const T* x, int64_t ldx, int P,
+                            int64_t e0, int64_t e1, T* w, int64_t ldw) {
+  constexpr int L = kLanes<T>;
+  constexpr int V = kTileVectors;
+  constexpr int kRowBlock = 128;
+  for (int r0 = 0; r0 < rows; r0 += kRowBlock) {
+    const int r1 = std::min(rows, r0 + kRowBlock);
+    int p = 0;
+    for (; p < P; p += 4) {
+      const int pb = std::min(4, P - p);
+      int64_t e = e0;
+      if (pb == 4) {
+        for (; e + V * L <= e1; e += V * L) {
+          Simd<T> acc[4][V];
+          for (int i = 0; i < 4; ++i)
+            for (int v = 0; v < V; ++v) acc[i][v] = Load(w + (p + i) * ldw + e + v * L);
+          for (int r = r0; r < r1; ++r) {
+            Simd<T> xv[V];
+            for (int v = 0; v < V; ++v) xv[v] = Load(x + r * ldx + e + v * L);
+            for (int i = 0; i < 4; ++i) {
+              const Simd<T> cv = Splat(c[r * ldc + p + i]);
+              for (int v = 0; v < V; ++v) acc[i][v] += cv * xv[v];
+            }
+          }
+          for (int i = 0; i < 4; ++i)
+            for (int v = 0; v < V; ++v) Store(w + (p + i) * ldw + e + v * L, acc[i][v]);
+        }
+      }
+      for (int i = 0; i < pb; ++i) {
+        T* wr = w + (p + i) * ldw;
+        int64_t f = e;
+        for (; f + L <= e1; f += L) {
+          Simd<T> acc = Load(wr + f);
+          for (int r = r0; r < r1; ++r) acc += Splat(c[r * ldc + p + i]) * Load(x + r * ldx + f);
+          Store(wr + f, acc);
+        }
+        for (; f < e1; ++f) {
+          T s = wr[f];
+          for (int r = r0; r < r1; ++r) s += c[r * ldc + p + i] * x[r * ldx + f];
+          wr[f] = s;
+        }
+      }
+    }
+  }
+}
+
+// dw[p*ldw + e] += sum_r c[r*ldc + p] * x[r*ldx + e] over all e in [0, K), split over e
+// across the OpenMP threads (each e owned by one thread: deterministic for any count).
+template <typename T>
+inline void ParallelWeightGrad(const T* c, int64_t ldc, int rows, const T* x, int64_t ldx, int P,
+                               int64_t K, T* dw, int64_t ldw) {
+  constexpr int64_t kSlice = 256;
+  const int64_t slices = (K + kSlice - 1) / kSlice;
+#pragma omp parallel for schedule(static) if (static_cast <int64_t>(rows) * K >= (1 << 15))
+  for (int64_t s = 0; s < slices; ++s) {
+    const int64_t e0 = s * kSlice;
+    AccumulateOuter(c, ldc, rows, x, ldx, P, e0, std::min(K, e0 + kSlice), dw, ldw);
+  }
+}
+
+}  // namespace rackrun::runtime::residual_internal
+
+#endif  // RACKRUN_RUNTIME_RESIDUAL_KERNELS_H_

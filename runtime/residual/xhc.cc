@@ -1,0 +1,871 @@
+// xhc, xhc_flash and xhc_flash4 (DESIGN.md section 3, items 4-6) as one schedule with a
+// group size g: g = 1 is xhc (every sublayer routes, reads densely and mixes), g = 2 and
+// g = 4 are the flash schedules (routing and pre-mappings from the group-entry state,
+// mixing only in the group's last sublayer).
+//
+// Choices where the design leaves detail open (and the tests pin them):
+//  - LayerNorm and RMSNorm have no learned gain or bias; eps = 1e-6 inside the sqrt.
+//  - TopK ties go to the lower stream index.
+//  - Gram-Schmidt is the modified (sequential) form; denominators are <v,v> + 1e-6.
+//  - The active block of a flash group lives in the state's active rows (updated in
+//    place), so the group's final scatter is free.
+//  - Flash pre-mappings for sublayer s read the current active rows A_(s-1) and the
+//    group-entry non-active rows through base_s; the H_post of each sublayer comes from
+//    RMSNorm(vec A_(s-1)), H_res (last sublayer only) from the same.
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "runtime/residual/kernels.h"
+#include "runtime/residual/residual_impl.h"
+#include "runtime/residual/sinkhorn.h"
+
+namespace rackrun::runtime {
+
+namespace {
+
+using residual_internal::Axpy;
+using residual_internal::Combine;
+using residual_internal::Dot;
+using residual_internal::Moments;
+using residual_internal::MulAdd;
+using residual_internal::ParallelWeightGrad;
+using residual_internal::Project;
+using residual_internal::ProjectTransposeAdd;
+using residual_internal::Sigmoid;
+
+constexpr double kNormEps = 1e-6;
+constexpr double kGramSchmidtEps = 1e-6;
+constexpr int kTokenBlock = 8;
+// Limits that keep per-token coefficient arrays on the stack (checked by Validate).
+constexpr int kMaxN = 64;
+constexpr int kMaxK = 16;
+constexpr int kMaxKr = 8;
+
+template <typename T>
+class XhcImpl final : public ResidualStreams<T>::Impl {
+ public:
+  using Base = typename ResidualStreams<T>::Impl;
+
+  explicit XhcImpl(const ResidualConfig& c)
+      : Base(c),
+        k_(c.active),
+        m_(c.fixed),
+        g_(c.group_size()),
+        J_(static_cast<int>(c.conv_widths.size())),
+        sinkhorn_(c.active, c.sinkhorn_iters) {}
+
+  void DeclareParameters() override;
+  void InitParameters(uint64_t seed) override;
+  void Reserve() override;
+  void Read(int l, T* u) override;
+  void Write(int l, const T* out) override;
+  void WriteBackward(int l, T* d_out) override;
+  void ReadBackward(int l, const T* d_u) override;
+  SublayerMaps<T> Maps(int l, int t) const override {
+    const Sublayer& sl = sub_[static_cast<size_t>(l)];
+    const Group& gr = groups_[static_cast<size_t>(l / g_)];
+    const T* rec = gr.rec.data() + static_cast<int64_t>(t) * RecStride();
+    const int32_t* idx = gr.idx.data() + static_cast<int64_t>(t) * k_;
+    const T* coef = sl.coef.data() + static_cast<int64_t>(t) * sl.coef_stride;
+    SublayerMaps<T> m;
+    m.active.assign(idx, idx + k_);
+    m.gates.assign(rec + kGate, rec + kGate + k_);
+    m.h_pre.assign(rec + HpreOff(sl.s), rec + HpreOff(sl.s) + this->nstreams);
+    if (sl.last) m.h_res.assign(coef + HresOff(sl), coef + HresOff(sl) + k_ * k_);
+    m.h_post.assign(coef + HpostOff(sl), coef + HpostOff(sl) + k_ * sl.Kr);
+    return m;
+  }
+
+ private:
+  struct Sublayer {
+    bool mlp = false;
+    bool last = false;  // last in its group: mixes with H_res
+    int s = 0;          // position in the group
+    int Kr = 1;         // write-back basis size
+    int P2 = 0;         // active projection outputs: (last ? k*k : 0) + k*Kr
+    int64_t w_pre = 0, a_pre = 0, b_pre = 0;
+    int64_t w2 = 0;  // P2 x kC: [res rows (if last) | post rows]
+    int64_t a_res = 0, b_res = 0, a_post = 0, b_post = 0;
+    std::vector<int64_t> conv;  // conv_widths[j] x C each
+    int64_t row_stride = 0;     // (k + Kr) * C
+    int64_t coef_stride = 0;    // 1 + P2 + k*k + k*Kr
+    std::vector<T> rows;        // tokens x row_stride: A_(s-1) then O (saved for backward)
+    std::vector<T> coef;        // tokens x coef_stride: ra, q, H_res, H_post
+  };
+  struct Group {
+    int64_t w1 = 0;  // (N + g*N) x NC: router rows, then each sublayer's pre rows
+    int P1 = 0;
+    std::vector<int32_t> idx;  // tokens x k, ascending
+    std::vector<T> rec;        // tokens x rec_stride
+    std::vector<T> colsum;     // N: router row sums (LayerNorm centring), per forward
+  };
+
+  // Group record layout.
+  int64_t RecStride() const { return 3 + k_ + this->nstreams + 2 * g_ * this->nstreams; }
+  static constexpr int kMu = 0, kSd = 1, kRms = 2, kGate = 3;
+  int YrOff() const { return 3 + k_; }
+  int YpreOff(int s) const { return 3 + k_ + this->nstreams + s * this->nstreams; }
+  int HpreOff(int s) const {
+    return 3 + k_ + this->nstreams + g_ * this->nstreams + s * this->nstreams;
+  }
+  // Sublayer coefficient layout.
+  static constexpr int kRa = 0;
+  static int QOff() { return 1; }
+  int HresOff(const Sublayer& sl) const { return 1 + sl.P2; }
+  int HpostOff(const Sublayer& sl) const { return 1 + sl.P2 + k_ * k_; }
+
+  int KrMax() const { return 1 + J_; }
+  int P2Max() const { return k_ * k_ + k_ * KrMax(); }
+
+  // Scratch layout per thread.
+  int64_t OffZz() const { return 0; }
+  int64_t OffQ() const {
+    return OffZz() + kTokenBlock * static_cast<int64_t>(groups_.empty() ? 0 : groups_[0].P1);
+  }
+  int64_t OffBlock() const { return OffQ() + kTokenBlock * static_cast<int64_t>(P2Max()); }
+  int64_t OffOne() const {
+    return OffBlock() + kTokenBlock * static_cast<int64_t>(k_) * this->width;
+  }
+  int64_t OffO() const { return OffOne() + static_cast<int64_t>(k_) * this->width; }
+  int64_t OffLevels() const { return OffO() + static_cast<int64_t>(KrMax()) * this->width; }
+  int64_t OffSmall() const { return OffLevels() + static_cast<int64_t>(J_ + 1) * this->width; }
+  int64_t ScratchSize() const { return OffSmall() + sinkhorn_.tape_size() + 8 * k_ * k_ + 64; }
+
+  void TopK(const T* score, int32_t* idx) const;
+  void ActiveForward(Sublayer& sl, const Group& gr, int t0, int tb, int tid);
+  void ActiveLogitsToMaps(const Sublayer& sl, T* coef, T* sk) const;
+  void ComputeBasis(const Sublayer& sl, const T* out, int t, T* o) const;
+  void GramSchmidtBackward(const Sublayer& sl, const T* out, int64_t ld, int t, const T* o, T* d_o,
+                           T* d_out_t, T* dg_t, T* levels) const;
+  const T* Param(int64_t offset) const { return this->values.data() + offset; }
+  int64_t ScalStride() const { return std::max(1 + this->nstreams, 2 + k_ * k_ + k_ * KrMax()); }
+
+  int k_, m_, g_, J_;
+  SinkhornProjection<T> sinkhorn_;
+  std::vector<Sublayer> sub_;
+  std::vector<Group> groups_;
+  std::vector<T> base_;  // tokens x (g-1) x C: non-active parts of the group's reads
+  // Backward workspaces.
+  std::vector<T> dp_;     // tokens x k (accumulated over the group's sublayers)
+  std::vector<T> dypre_;  // tokens x g x N
+  std::vector<T> c1_;     // tokens x P1
+  std::vector<T> c2_;     // tokens x P2max
+  std::vector<T> dg_;     // tokens x J x C
+  std::vector<T> scal_;   // tokens x per-token scalar-parameter gradients
+};
+
+template <typename T>
+void XhcImpl<T>::DeclareParameters() {
+  const int N = this->nstreams;
+  const int64_t C = this->width;
+  const int L = this->nsub;
+  sub_.resize(static_cast<size_t>(L));
+  groups_.resize(static_cast<size_t>(L / g_));
+  for (int gi = 0; gi < L / g_; ++gi) {
+    Group& gr = groups_[static_cast<size_t>(gi)];
+    gr.P1 = N + g_ * N;
+    const std::string router = g_ == 1 ? absl::StrCat("sublayer", gi, ".w_router")
+                                       : absl::StrCat("group", gi, ".w_router");
+    gr.w1 = this->AddParam(router, N * N * C);
+    for (int s = 0; s < g_; ++s) {
+      const int l = gi * g_ + s;
+      sub_[static_cast<size_t>(l)].w_pre =
+          this->AddParam(absl::StrCat("sublayer", l, ".w_pre"), N * N * C);
+    }
+  }
+  for (int l = 0; l < L; ++l) {
+    Sublayer& sl = sub_[static_cast<size_t>(l)];
+    const std::string p = absl::StrCat("sublayer", l, ".");
+    sl.mlp = this->config.sublayers[static_cast<size_t>(l)] == SublayerKind::kMlp;
+    sl.s = l % g_;
+    sl.last = sl.s == g_ - 1;
+    sl.Kr = sl.mlp ? 1 + J_ : 1;
+    sl.P2 = (sl.last ? k_ * k_ : 0) + k_ * sl.Kr;
+    sl.a_pre = this->AddParam(p + "a_pre", 1);
+    sl.b_pre = this->AddParam(p + "b_pre", N);
+    // w_res and w_post are adjacent so one projection computes both.
+    const int64_t kc = k_ * C;
+    if (sl.last) sl.w2 = this->AddParam(p + "w_res", k_ * k_ * kc);
+    const int64_t post = this->AddParam(p + "w_post", k_ * sl.Kr * kc);
+    if (!sl.last) sl.w2 = post;
+    if (sl.last) {
+      sl.a_res = this->AddParam(p + "a_res", 1);
+      sl.b_res = this->AddParam(p + "b_res", k_ * k_);
+    }
+    sl.a_post = this->AddParam(p + "a_post", 1);
+    sl.b_post = this->AddParam(p + "b_post", k_ * sl.Kr);
+    if (sl.mlp)
+      for (int j = 0; j < J_; ++j)
+        sl.conv.push_back(this->AddParam(absl::StrCat(p, "conv", j),
+                                         this->config.conv_widths[static_cast<size_t>(j)] * C));
+    sl.row_stride = (k_ + sl.Kr) * C;
+    sl.coef_stride = 1 + sl.P2 + k_ * k_ + k_ * sl.Kr;
+  }
+}
+
+template <typename T>
+void XhcImpl<T>::InitParameters(uint64_t seed) {
+  // Router W_r ~ N(0, 0.02) so TopK starts without ties; every other weight, bias and the
+  // convolutions start at 0 (the MLP write-back starts as [out]); gating scalars 0.01.
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<double> normal(0.0, 0.02);
+  const int64_t rows = static_cast<int64_t>(this->nstreams) * this->nstreams * this->width;
+  for (const Group& gr : groups_)
+    for (int64_t i = 0; i < rows; ++i) *this->value(gr.w1 + i) = static_cast<T>(normal(rng));
+  for (const Sublayer& sl : sub_) {
+    *this->value(sl.a_pre) = T(0.01);
+    *this->value(sl.a_post) = T(0.01);
+    if (sl.last) *this->value(sl.a_res) = T(0.01);
+  }
+}
+
+template <typename T>
+void XhcImpl<T>::Reserve() {
+  const size_t cap = static_cast<size_t>(this->capacity);
+  const int N = this->nstreams;
+  const int64_t C = this->width;
+  for (Sublayer& sl : sub_) {
+    sl.coef.resize(cap * static_cast<size_t>(sl.coef_stride));
+    if (this->reserved_save) sl.rows.resize(cap * static_cast<size_t>(sl.row_stride));
+  }
+  for (Group& gr : groups_) {
+    gr.idx.resize(cap * static_cast<size_t>(k_));
+    gr.rec.resize(cap * static_cast<size_t>(RecStride()));
+    gr.colsum.resize(static_cast<size_t>(N));
+  }
+  base_.resize(cap * static_cast<size_t>(g_ - 1) * static_cast<size_t>(C));
+  if (this->reserved_save) {
+    dp_.resize(cap * static_cast<size_t>(k_));
+    dypre_.resize(cap * static_cast<size_t>(g_ * N));
+    c1_.resize(cap * static_cast<size_t>(groups_[0].P1));
+    c2_.resize(cap * static_cast<size_t>(P2Max()));
+    dg_.resize(cap * static_cast<size_t>(J_) * static_cast<size_t>(C));
+    scal_.resize(cap * static_cast<size_t>(ScalStride()));
+  }
+  this->scratch_per_thread = ScratchSize();
+  this->scratch.resize(static_cast<size_t>(this->scratch_per_thread) *
+                       static_cast<size_t>(std::max(1, omp_get_max_threads())));
+}
+
+template <typename T>
+void XhcImpl<T>::TopK(const T* score, int32_t* idx) const {
+  const int N = this->nstreams;
+  const int want = k_ - m_;
+  int sel[kMaxN];
+  int count = 0;
+  for (int i = m_; i < N; ++i) {
+    // Insert by descending score; equal scores keep the lower index first.
+    int pos = count;
+    while (pos > 0 && score[i] > score[sel[pos - 1]]) --pos;
+    if (pos >= want) continue;
+    const int end = std::min(count, want - 1);
+    for (int q = end; q > pos; --q) sel[q] = sel[q - 1];
+    sel[pos] = i;
+    count = std::min(count + 1, want);
+  }
+  std::sort(sel, sel + count);
+  for (int j = 0; j < m_; ++j) idx[j] = j;
+  for (int j = 0; j < count; ++j) idx[m_ + j] = sel[j];
+}
+
+template <typename T>
+void XhcImpl<T>::ActiveLogitsToMaps(const Sublayer& sl, T* coef, T* sk) const {
+  const T* q = coef + QOff();
+  const int kk = k_ * k_;
+  if (sl.last) {
+    const T a = *Param(sl.a_res);
+    const T* b = Param(sl.b_res);
+    T* logits = sk;
+    for (int i = 0; i < kk; ++i) logits[i] = a * q[i] + b[i];
+    T* h = coef + HresOff(sl);
+    sinkhorn_.Forward(logits, h, nullptr);
+    // Row-sum clamp: each row divided by max(row sum, 1).
+    for (int j = 0; j < k_; ++j) {
+      T s = 0;
+      for (int i = 0; i < k_; ++i) s += h[j * k_ + i];
+      if (s > T(1))
+        for (int i = 0; i < k_; ++i) h[j * k_ + i] /= s;
+    }
+  }
+  const int off = sl.last ? kk : 0;
+  const T a = *Param(sl.a_post);
+  const T* b = Param(sl.b_post);
+  T* hp = coef + HpostOff(sl);
+  for (int i = 0; i < k_ * sl.Kr; ++i) hp[i] = T(2) * Sigmoid(a * q[off + i] + b[i]);
+}
+
+// Gathers the active rows of tokens [t0, t0 + tb), computes RMSNorm(vec A) and the
+// active mappings H_res / H_post. The gathered rows are the backward's saved A.
+template <typename T>
+void XhcImpl<T>::ActiveForward(Sublayer& sl, const Group& gr, int t0, int tb, int tid) {
+  const int N = this->nstreams;
+  const int64_t C = this->width;
+  const int64_t kc = k_ * C;
+  T* sc = this->Scratch(tid);
+  T* ablock;
+  int64_t lda;
+  if (this->save) {
+    ablock = sl.rows.data() + static_cast<int64_t>(t0) * sl.row_stride;
+    lda = sl.row_stride;
+  } else {
+    ablock = sc + OffBlock();
+    lda = kc;
+  }
+  T* q = sc + OffQ();
+  std::fill(q, q + static_cast<int64_t>(tb) * sl.P2, T(0));
+  for (int i = 0; i < tb; ++i) {
+    const int t = t0 + i;
+    const int32_t* idx = gr.idx.data() + static_cast<int64_t>(t) * k_;
+    const T* x = this->X.data() + static_cast<int64_t>(t) * N * C;
+    T* a = ablock + i * lda;
+    for (int j = 0; j < k_; ++j) std::memcpy(a + j * C, x + idx[j] * C, sizeof(T) * C);
+  }
+  Project(ablock, lda, tb, this->value(sl.w2), kc, sl.P2, kc, q, sl.P2);
+  for (int i = 0; i < tb; ++i) {
+    const int t = t0 + i;
+    T* coef = sl.coef.data() + static_cast<int64_t>(t) * sl.coef_stride;
+    T sum, sq;
+    Moments(ablock + i * lda, kc, &sum, &sq);
+    const T ra = std::sqrt(sq / static_cast<T>(kc) + static_cast<T>(kNormEps));
+    coef[kRa] = ra;
+    for (int p = 0; p < sl.P2; ++p) coef[QOff() + p] = q[i * sl.P2 + p] / ra;
+    ActiveLogitsToMaps(sl, coef, sc + OffSmall());
+  }
+}
+
+template <typename T>
+void XhcImpl<T>::Read(int l, T* u) {
+  const int N = this->nstreams;
+  const int64_t C = this->width;
+  const int64_t nc = N * C;
+  const int64_t kc = k_ * C;
+  Sublayer& sl = sub_[static_cast<size_t>(l)];
+  Group& gr = groups_[static_cast<size_t>(l / g_)];
+  const int tokens = this->ntok;
+  const int64_t rs = RecStride();
+  if (sl.s == 0) {
+    // Group entry: one pass over the full state for routing, every pre-mapping of the
+    // group, the dense read of sublayer 0 and the non-active bases of the others.
+    const T* w1 = this->value(gr.w1);
+    for (int p = 0; p < N; ++p) {
+      T s, sq;
+      Moments(w1 + p * nc, nc, &s, &sq);
+      gr.colsum[static_cast<size_t>(p)] = s;
+    }
+#pragma omp parallel for schedule(static) if (this->Parallel())
+    for (int t0 = 0; t0 < tokens; t0 += kTokenBlock) {
+      const int tid = omp_get_thread_num();
+      const int tb = std::min(kTokenBlock, tokens - t0);
+      T* sc = this->Scratch(tid);
+      T* zz = sc + OffZz();
+      std::fill(zz, zz + static_cast<int64_t>(tb) * gr.P1, T(0));
+      const T* xb = this->X.data() + static_cast<int64_t>(t0) * nc;
+      Project(xb, nc, tb, w1, nc, gr.P1, nc, zz, gr.P1);
+      for (int i = 0; i < tb; ++i) {
+        const int t = t0 + i;
+        const T* x = xb + i * nc;
+        T* rec = gr.rec.data() + static_cast<int64_t>(t) * rs;
+        T sum, sq;
+        Moments(x, nc, &sum, &sq);
+        const T D = static_cast<T>(nc);
+        const T mu = sum / D;
+        const T var = std::max(sq / D - mu * mu, T(0));
+        const T sd = std::sqrt(var + static_cast<T>(kNormEps));
+        const T r = std::sqrt(sq / D + static_cast<T>(kNormEps));
+        rec[kMu] = mu;
+        rec[kSd] = sd;
+        rec[kRms] = r;
+        const T* z = zz + i * gr.P1;
+        T score[kMaxN];
+        for (int p = 0; p < N; ++p) {
+          rec[YrOff() + p] = (z[p] - mu * gr.colsum[static_cast<size_t>(p)]) / sd;
+          score[p] = Sigmoid(rec[YrOff() + p]);
+        }
+        for (int s = 0; s < g_; ++s) {
+          const Sublayer& sub = sub_[static_cast<size_t>(l + s)];
+          const T a = *this->value(sub.a_pre);
+          const T* b = this->value(sub.b_pre);
+          for (int p = 0; p < N; ++p) {
+            const T y = z[N + s * N + p] / r;
+            rec[YpreOff(s) + p] = y;
+            rec[HpreOff(s) + p] = Sigmoid(a * y + b[p]);
+          }
+        }
+        int32_t* idx = gr.idx.data() + static_cast<int64_t>(t) * k_;
+        TopK(score, idx);
+        for (int j = 0; j < k_; ++j) rec[kGate + j] = j < m_ ? T(1) : score[idx[j]];
+        Combine(rec + HpreOff(0), N, x, C, C, u + t * C);
+        for (int s = 1; s < g_; ++s) {
+          T coefs[kMaxN];
+          std::memcpy(coefs, rec + HpreOff(s), sizeof(T) * N);
+          for (int j = 0; j < k_; ++j) coefs[idx[j]] = 0;
+          Combine(coefs, N, x, C, C,
+                  base_.data() + (static_cast<int64_t>(t) * (g_ - 1) + s - 1) * C);
+        }
+      }
+      ActiveForward(sl, gr, t0, tb, tid);
+    }
+    this->Count("mapping generation (full state)", static_cast<double>(nc), 0,
+                static_cast<double>(nc), 0);
+    this->Count("dense read", static_cast<double>(nc), static_cast<double>(g_ * C), 0,
+                static_cast<double>(g_ * C));
+    this->Count("gather active streams", static_cast<double>(kc), static_cast<double>(kc), 0, 0);
+  } else {
+#pragma omp parallel for schedule(static) if (this->Parallel())
+    for (int t0 = 0; t0 < tokens; t0 += kTokenBlock) {
+      const int tid = omp_get_thread_num();
+      const int tb = std::min(kTokenBlock, tokens - t0);
+      for (int i = 0; i < tb; ++i) {
+        const int t = t0 + i;
+        const T* rec = gr.rec.data() + static_cast<int64_t>(t) * rs;
+        const int32_t* idx = gr.idx.data() + static_cast<int64_t>(t) * k_;
+        const T* x = this->X.data() + static_cast<int64_t>(t) * nc;
+        T* ut = u + t * C;
+        std::memcpy(ut, base_.data() + (static_cast<int64_t>(t) * (g_ - 1) + sl.s - 1) * C,
+                    sizeof(T) * C);
+        for (int j = 0; j < k_; ++j) Axpy(rec[HpreOff(sl.s) + idx[j]], x + idx[j] * C, ut, C);
+      }
+      ActiveForward(sl, gr, t0, tb, tid);
+    }
+    this->Count("read from bases", static_cast<double>(kc + C), static_cast<double>(C),
+                static_cast<double>(kc + C), static_cast<double>(C));
+  }
+  this->Count("active mapping generation", static_cast<double>(kc), 0, 0, 0);
+  if (this->save) this->Count("save for backward", 0, 0, 0, static_cast<double>(kc));
+}
+
+// O = [out, v2, ...]: the write-back basis of token t (MLP: causal depthwise convolutions
+// along the token axis within the segment, then modified Gram-Schmidt).
+template <typename T>
+void XhcImpl<T>::ComputeBasis(const Sublayer& sl, const T* out, int t, T* o) const {
+  const int64_t C = this->width;
+  std::memcpy(o, out + t * C, sizeof(T) * C);
+  if (!sl.mlp) return;
+  const int seg = this->segment_of[static_cast<size_t>(t)];
+  T norms[kMaxKr];
+  norms[0] = Dot(o, o, C) + static_cast<T>(kGramSchmidtEps);
+  for (int j = 0; j < J_; ++j) {
+    T* v = o + (j + 1) * C;
+    std::fill(v, v + C, T(0));
+    const int kw = this->config.conv_widths[static_cast<size_t>(j)];
+    const T* w = Param(sl.conv[static_cast<size_t>(j)]);
+    for (int i = 0; i < kw && t - i >= seg; ++i) MulAdd(w + i * C, out + (t - i) * C, v, C);
+    for (int i = 0; i <= j; ++i) {
+      const T c = Dot(v, o + i * C, C) / norms[i];
+      Axpy(-c, o + i * C, v, C);
+    }
+    norms[j + 1] = Dot(v, v, C) + static_cast<T>(kGramSchmidtEps);
+  }
+}
+
+template <typename T>
+void XhcImpl<T>::Write(int l, const T* out) {
+  const int N = this->nstreams;
+  const int64_t C = this->width;
+  const int64_t nc = N * C;
+  const int64_t kc = k_ * C;
+  Sublayer& sl = sub_[static_cast<size_t>(l)];
+  Group& gr = groups_[static_cast<size_t>(l / g_)];
+  const int tokens = this->ntok;
+  const int64_t rs = RecStride();
+#pragma omp parallel for schedule(static) if (this->Parallel())
+  for (int t = 0; t < tokens; ++t) {
+    T* sc = this->Scratch(omp_get_thread_num());
+    const T* rec = gr.rec.data() + static_cast<int64_t>(t) * rs;
+    const int32_t* idx = gr.idx.data() + static_cast<int64_t>(t) * k_;
+    const T* coef = sl.coef.data() + static_cast<int64_t>(t) * sl.coef_stride;
+    const T* hres = coef + HresOff(sl);
+    const T* hpost = coef + HpostOff(sl);
+    T* x = this->X.data() + static_cast<int64_t>(t) * nc;
+    T* a;
+    T* o;
+    if (this->save) {
+      a = sl.rows.data() + static_cast<int64_t>(t) * sl.row_stride;
+      o = a + kc;
+    } else {
+      a = sc + OffOne();
+      o = sc + OffO();
+      if (sl.last)
+        for (int j = 0; j < k_; ++j) std::memcpy(a + j * C, x + idx[j] * C, sizeof(T) * C);
+    }
+    ComputeBasis(sl, out, t, o);
+    T coefs[kMaxK + kMaxKr];
+    for (int j = 0; j < k_; ++j) {
+      const T p = rec[kGate + j];
+      T* dst = x + idx[j] * C;
+      if (sl.last) {
+        if (this->save) {
+          // A and O are adjacent in the saved rows: one pass over k + Kr rows.
+          for (int i = 0; i < k_; ++i) coefs[i] = hres[j * k_ + i];
+          for (int r = 0; r < sl.Kr; ++r) coefs[k_ + r] = p * hpost[j * sl.Kr + r];
+          Combine(coefs, k_ + sl.Kr, a, C, C, dst);
+        } else {
+          Combine(hres + j * k_, k_, a, C, C, dst);
+          for (int r = 0; r < sl.Kr; ++r) Axpy(p * hpost[j * sl.Kr + r], o + r * C, dst, C);
+        }
+      } else {
+        for (int r = 0; r < sl.Kr; ++r) Axpy(p * hpost[j * sl.Kr + r], o + r * C, dst, C);
+      }
+    }
+  }
+  const double Kr = sl.Kr;
+  if (sl.last) this->Count("mix", static_cast<double>(kc), static_cast<double>(kc), 0, 0);
+  this->Count("post write-back", Kr * C, static_cast<double>(kc), static_cast<double>(C), 0);
+  this->Count("merge + scatter", 2.0 * kc, static_cast<double>(kc), static_cast<double>(kc),
+              static_cast<double>(kc));
+  if (sl.mlp) this->Count("convolutions", static_cast<double>(C), (Kr - 1) * C, 0, 0);
+  if (this->save) this->Count("save for backward", 0, 0, 0, Kr * C);
+}
+
+// Backward of ComputeBasis for token t: d_o (Kr x C, consumed) -> d_out_t (+= dv1) and
+// dg_t (J x C, the gradients w.r.t. the raw convolution outputs). `out` rows are at stride
+// `ld` (the saved v1 rows). Recomputes the Gram-Schmidt levels.
+template <typename T>
+void XhcImpl<T>::GramSchmidtBackward(const Sublayer& sl, const T* out, int64_t ld, int t,
+                                     const T* o, T* d_o, T* d_out_t, T* dg_t, T* levels) const {
+  const int64_t C = this->width;
+  const int seg = this->segment_of[static_cast<size_t>(t)];
+  T norms[kMaxKr];
+  for (int i = 0; i <= J_; ++i)
+    norms[i] = Dot(o + i * C, o + i * C, C) + static_cast<T>(kGramSchmidtEps);
+  for (int j = J_ - 1; j >= 0; --j) {
+    // Recompute the levels W[0..j]: W[0] = g_j, W[i+1] = W[i] - c_i v_i.
+    T coefs[kMaxKr];
+    T* w0 = levels;
+    std::fill(w0, w0 + C, T(0));
+    const int kw = this->config.conv_widths[static_cast<size_t>(j)];
+    const T* cw = Param(sl.conv[static_cast<size_t>(j)]);
+    for (int i = 0; i < kw && t - i >= seg; ++i) MulAdd(cw + i * C, out + (t - i) * ld, w0, C);
+    for (int i = 0; i <= j; ++i) {
+      T* wi = levels + i * C;
+      coefs[i] = Dot(wi, o + i * C, C) / norms[i];
+      if (i < j) {
+        T* wn = levels + (i + 1) * C;
+        std::memcpy(wn, wi, sizeof(T) * C);
+        Axpy(-coefs[i], o + i * C, wn, C);
+      }
+    }
+    // dW = d v_(j+1) (complete: later vectors were undone first); undo steps i = j..0.
+    T* dw = d_o + (j + 1) * C;
+    for (int i = j; i >= 0; --i) {
+      const T* v = o + i * C;
+      const T* wi = levels + i * C;
+      const T c = coefs[i];
+      const T dc = -Dot(dw, v, C);
+      T* dv = d_o + i * C;
+      // W_(i+1) = W_i - c v, c = <W_i, v> / (<v,v> + eps).
+      Axpy(-c, dw, dv, C);
+      Axpy(dc / norms[i], wi, dv, C);
+      Axpy(-T(2) * c * dc / norms[i], v, dv, C);
+      Axpy(dc / norms[i], v, dw, C);
+    }
+    std::memcpy(dg_t + j * C, dw, sizeof(T) * C);
+  }
+  Axpy(T(1), d_o, d_out_t, C);
+}
+
+template <typename T>
+void XhcImpl<T>::WriteBackward(int l, T* d_out) {
+  const int N = this->nstreams;
+  const int64_t C = this->width;
+  const int64_t nc = N * C;
+  const int64_t kc = k_ * C;
+  Sublayer& sl = sub_[static_cast<size_t>(l)];
+  Group& gr = groups_[static_cast<size_t>(l / g_)];
+  const int tokens = this->ntok;
+  const int64_t rs = RecStride();
+  const int kk = k_ * k_;
+  const int nscal = 2 + kk + k_ * sl.Kr;
+  const int64_t ss = ScalStride();
+  if (sl.last) std::fill(dp_.begin(), dp_.begin() + static_cast<int64_t>(tokens) * k_, T(0));
+  const T a_res = sl.last ? *Param(sl.a_res) : T(0);
+  const T* b_res = sl.last ? Param(sl.b_res) : nullptr;
+  const T a_post = *Param(sl.a_post);
+  const T* w2 = Param(sl.w2);
+  const T* saved_out = sl.rows.data() + kc;  // v1 = out rows, at stride row_stride
+#pragma omp parallel for schedule(static) if (this->Parallel())
+  for (int t0 = 0; t0 < tokens; t0 += kTokenBlock) {
+    const int tid = omp_get_thread_num();
+    const int tb = std::min(kTokenBlock, tokens - t0);
+    T* sc = this->Scratch(tid);
+    T* dablock = sc + OffBlock();  // tb x kC: gradient w.r.t. A_(s-1)
+    T* d_o = sc + OffO();
+    T* sk_tape = sc + OffSmall();
+    T* sk_work = sk_tape + sinkhorn_.tape_size();
+    T* logits = sk_work + 2 * kk;
+    T* dh = logits + kk;
+    T* dz = dh + kk;
+    T* hraw = dz + kk;
+    for (int i = 0; i < tb; ++i) {
+      const int t = t0 + i;
+      const T* rec = gr.rec.data() + static_cast<int64_t>(t) * rs;
+      const int32_t* idx = gr.idx.data() + static_cast<int64_t>(t) * k_;
+      const T* coef = sl.coef.data() + static_cast<int64_t>(t) * sl.coef_stride;
+      const T* q = coef + QOff();
+      const T* hres = coef + HresOff(sl);
+      const T* hpost = coef + HpostOff(sl);
+      const T* a = sl.rows.data() + static_cast<int64_t>(t) * sl.row_stride;
+      const T* o = a + kc;
+      const T* dx = this->dX.data() + static_cast<int64_t>(t) * nc;
+      T* da = dablock + i * kc;
+      T* scal = scal_.data() + static_cast<int64_t>(t) * ss;
+      T* c2 = c2_.data() + static_cast<int64_t>(t) * P2Max();
+      std::fill(scal, scal + nscal, T(0));
+      // Direct path of A: dA_i = sum_j H_res[j][i] G_j (last) or G_i.
+      T dhres[kMaxK * kMaxK];
+      for (int i2 = 0; i2 < k_; ++i2) {
+        T* dai = da + i2 * C;
+        if (sl.last) {
+          std::fill(dai, dai + C, T(0));
+          for (int j = 0; j < k_; ++j) Axpy(hres[j * k_ + i2], dx + idx[j] * C, dai, C);
+        } else {
+          std::memcpy(dai, dx + idx[i2] * C, sizeof(T) * C);
+        }
+      }
+      if (sl.last)
+        for (int j = 0; j < k_; ++j)
+          for (int i2 = 0; i2 < k_; ++i2) dhres[j * k_ + i2] = Dot(dx + idx[j] * C, a + i2 * C, C);
+      // Write-back path: A' += diag(p) H_post O.
+      T* dp = dp_.data() + static_cast<int64_t>(t) * k_;
+      T dhpost[kMaxK * kMaxKr];
+      std::fill(d_o, d_o + sl.Kr * C, T(0));
+      for (int j = 0; j < k_; ++j) {
+        const T p = rec[kGate + j];
+        const T* gj = dx + idx[j] * C;
+        T acc = 0;
+        for (int r = 0; r < sl.Kr; ++r) {
+          const T go = Dot(gj, o + r * C, C);
+          acc += hpost[j * sl.Kr + r] * go;
+          dhpost[j * sl.Kr + r] = p * go;
+          Axpy(p * hpost[j * sl.Kr + r], gj, d_o + r * C, C);
+        }
+        dp[j] += acc;
+      }
+      T* dout_t = d_out + t * C;
+      if (sl.mlp) {
+        std::fill(dout_t, dout_t + C, T(0));
+        GramSchmidtBackward(sl, saved_out, sl.row_stride, t, o, d_o, dout_t,
+                            dg_.data() + static_cast<int64_t>(t) * J_ * C, sc + OffLevels());
+      } else {
+        std::memcpy(dout_t, d_o, sizeof(T) * C);
+      }
+      // Active mapping coefficients -> dq (c2), then RMSNorm(vec A) backward.
+      T sum_dq_q = 0;
+      if (sl.last) {
+        for (int i2 = 0; i2 < kk; ++i2) logits[i2] = a_res * q[i2] + b_res[i2];
+        sinkhorn_.Forward(logits, hraw, sk_tape);
+        for (int i2 = 0; i2 < kk; ++i2) dh[i2] = dhres[i2];
+        // Row-sum clamp backward (identity for rows whose sum is <= 1, the usual case).
+        for (int j = 0; j < k_; ++j) {
+          T s = 0;
+          for (int i2 = 0; i2 < k_; ++i2) s += hraw[j * k_ + i2];
+          if (s > T(1)) {
+            T gy = 0;
+            for (int i2 = 0; i2 < k_; ++i2) gy += dh[j * k_ + i2] * hres[j * k_ + i2];
+            for (int i2 = 0; i2 < k_; ++i2) dh[j * k_ + i2] = (dh[j * k_ + i2] - gy) / s;
+          }
+        }
+        sinkhorn_.Backward(logits, sk_tape, dh, dz, sk_work);
+        for (int i2 = 0; i2 < kk; ++i2) {
+          scal[0] += dz[i2] * q[i2];
+          scal[1 + i2] += dz[i2];
+          const T dq = a_res * dz[i2];
+          c2[i2] = dq;
+          sum_dq_q += dq * q[i2];
+        }
+      }
+      const int off = sl.last ? kk : 0;
+      for (int i2 = 0; i2 < k_ * sl.Kr; ++i2) {
+        const T h = hpost[i2] / T(2);
+        const T dlogit = dhpost[i2] * T(2) * h * (T(1) - h);
+        scal[1 + kk] += dlogit * q[off + i2];
+        scal[2 + kk + i2] += dlogit;
+        const T dq = a_post * dlogit;
+        c2[off + i2] = dq;
+        sum_dq_q += dq * q[off + i2];
+      }
+      const T ra = coef[kRa];
+      for (int p = 0; p < sl.P2; ++p) c2[p] /= ra;
+      Axpy(-sum_dq_q / (static_cast<T>(kc) * ra * ra), a, da, kc);
+    }
+    ProjectTransposeAdd(c2_.data() + static_cast<int64_t>(t0) * P2Max(), P2Max(), tb, w2, kc, sl.P2,
+                        kc, dablock, kc);
+    for (int i = 0; i < tb; ++i) {
+      const int t = t0 + i;
+      const int32_t* idx = gr.idx.data() + static_cast<int64_t>(t) * k_;
+      const T* a = sl.rows.data() + static_cast<int64_t>(t) * sl.row_stride;
+      T* dx = this->dX.data() + static_cast<int64_t>(t) * nc;
+      T* x = this->X.data() + static_cast<int64_t>(t) * nc;
+      for (int j = 0; j < k_; ++j) {
+        std::memcpy(dx + idx[j] * C, dablock + i * kc + j * C, sizeof(T) * C);
+        // Walk the state back to this sublayer's input.
+        std::memcpy(x + idx[j] * C, a + j * C, sizeof(T) * C);
+      }
+    }
+  }
+  if (sl.mlp) {
+    // Convolutions: d_out[t] += sum_j sum_i w_j[i] * dg_j[t + i] (same segment), and
+    // dw_j[i] += sum_t dg_j[t] * out[t - i]. Channel-parallel for the weights, so the
+    // token order of the sums is fixed.
+    const int32_t* seg = this->segment_of.data();
+#pragma omp parallel for schedule(static) if (this->Parallel())
+    for (int t = 0; t < tokens; ++t) {
+      for (int j = 0; j < J_; ++j) {
+        const int kw = this->config.conv_widths[static_cast<size_t>(j)];
+        const T* w = Param(sl.conv[static_cast<size_t>(j)]);
+        for (int i = 0; i < kw && t + i < tokens && seg[t + i] <= t; ++i)
+          MulAdd(w + i * C, dg_.data() + (static_cast<int64_t>(t + i) * J_ + j) * C, d_out + t * C,
+                 C);
+      }
+    }
+    constexpr int64_t kChannels = 64;
+#pragma omp parallel for schedule(static) if (this->Parallel())
+    for (int64_t c0 = 0; c0 < C; c0 += kChannels) {
+      const int64_t cn = std::min(kChannels, C - c0);
+      for (int j = 0; j < J_; ++j) {
+        const int kw = this->config.conv_widths[static_cast<size_t>(j)];
+        T* dw = this->grad(sl.conv[static_cast<size_t>(j)]);
+        for (int t = 0; t < tokens; ++t)
+          for (int i = 0; i < kw && t - i >= seg[t]; ++i)
+            MulAdd(dg_.data() + (static_cast<int64_t>(t) * J_ + j) * C + c0,
+                   saved_out + static_cast<int64_t>(t - i) * sl.row_stride + c0, dw + i * C + c0,
+                   cn);
+      }
+    }
+  }
+  // Weight gradient of [w_res | w_post] over the saved active rows.
+  ParallelWeightGrad(c2_.data(), P2Max(), tokens, sl.rows.data(), sl.row_stride, sl.P2, kc,
+                     this->grad(sl.w2), kc);
+  // Scalar parameters, summed over tokens in order.
+  T* g_post_a = this->grad(sl.a_post);
+  T* g_post_b = this->grad(sl.b_post);
+  for (int t = 0; t < tokens; ++t) {
+    const T* scal = scal_.data() + static_cast<int64_t>(t) * ss;
+    if (sl.last) {
+      *this->grad(sl.a_res) += scal[0];
+      T* gb = this->grad(sl.b_res);
+      for (int i2 = 0; i2 < kk; ++i2) gb[i2] += scal[1 + i2];
+    }
+    *g_post_a += scal[1 + kk];
+    for (int i2 = 0; i2 < k_ * sl.Kr; ++i2) g_post_b[i2] += scal[2 + kk + i2];
+  }
+}
+
+template <typename T>
+void XhcImpl<T>::ReadBackward(int l, const T* d_u) {
+  const int N = this->nstreams;
+  const int64_t C = this->width;
+  const int64_t nc = N * C;
+  Sublayer& sl = sub_[static_cast<size_t>(l)];
+  Group& gr = groups_[static_cast<size_t>(l / g_)];
+  const int tokens = this->ntok;
+  const int64_t rs = RecStride();
+  const int64_t ss = ScalStride();
+  const T a_pre = *Param(sl.a_pre);
+  const int P1 = gr.P1;
+  const T* w1 = Param(gr.w1);
+#pragma omp parallel for schedule(static) if (this->Parallel())
+  for (int t0 = 0; t0 < tokens; t0 += kTokenBlock) {
+    const int tb = std::min(kTokenBlock, tokens - t0);
+    for (int i = 0; i < tb; ++i) {
+      const int t = t0 + i;
+      const T* rec = gr.rec.data() + static_cast<int64_t>(t) * rs;
+      const T* x = this->X.data() + static_cast<int64_t>(t) * nc;
+      T* dx = this->dX.data() + static_cast<int64_t>(t) * nc;
+      const T* du = d_u + t * C;
+      T* scal = scal_.data() + static_cast<int64_t>(t) * ss;
+      T* dypre = dypre_.data() + (static_cast<int64_t>(t) * g_ + sl.s) * N;
+      scal[0] = 0;
+      // The read is dense over the current rows: active rows hold A_(s-1), the others the
+      // group-entry state (they do not change inside the group).
+      for (int r = 0; r < N; ++r) {
+        const T h = rec[HpreOff(sl.s) + r];
+        const T dh = Dot(du, x + r * C, C);
+        Axpy(h, du, dx + r * C, C);
+        const T dlogit = dh * h * (T(1) - h);
+        scal[0] += dlogit * rec[YpreOff(sl.s) + r];
+        scal[1 + r] = dlogit;
+        dypre[r] = a_pre * dlogit;
+      }
+    }
+    if (sl.s != 0) continue;
+    // Group entry: router and every pre-mapping of the group, through LayerNorm / RMSNorm
+    // of the full entry state.
+    for (int i = 0; i < tb; ++i) {
+      const int t = t0 + i;
+      const T* rec = gr.rec.data() + static_cast<int64_t>(t) * rs;
+      const int32_t* idx = gr.idx.data() + static_cast<int64_t>(t) * k_;
+      const T* x = this->X.data() + static_cast<int64_t>(t) * nc;
+      T* dx = this->dX.data() + static_cast<int64_t>(t) * nc;
+      T* c1 = c1_.data() + static_cast<int64_t>(t) * P1;
+      const T* dp = dp_.data() + static_cast<int64_t>(t) * k_;
+      const T mu = rec[kMu], sd = rec[kSd], r = rec[kRms];
+      const T D = static_cast<T>(nc);
+      std::fill(c1, c1 + N, T(0));
+      // Gates of routed streams are their router scores; fixed gates carry no gradient.
+      T sum_dy_y_r = 0, sum_dy_cs = 0;
+      for (int j = m_; j < k_; ++j) {
+        const int p = idx[j];
+        const T y = rec[YrOff() + p];
+        const T sgm = Sigmoid(y);
+        const T dy = dp[j] * sgm * (T(1) - sgm);
+        c1[p] = dy / sd;
+        sum_dy_y_r += dy * y;
+        sum_dy_cs += dy * gr.colsum[static_cast<size_t>(p)];
+      }
+      T sum_dy_y_pre = 0;
+      for (int s = 0; s < g_; ++s) {
+        const T* dypre = dypre_.data() + (static_cast<int64_t>(t) * g_ + s) * N;
+        for (int p = 0; p < N; ++p) {
+          c1[N + s * N + p] = dypre[p] / r;
+          sum_dy_y_pre += dypre[p] * rec[YpreOff(s) + p];
+        }
+      }
+      const T alpha = -sum_dy_y_pre / (D * r * r) - sum_dy_y_r / (D * sd * sd);
+      const T beta = -sum_dy_cs / (D * sd) + sum_dy_y_r * mu / (D * sd * sd);
+      Axpy(alpha, x, dx, nc);
+      if (beta != T(0))
+        for (int64_t e = 0; e < nc; ++e) dx[e] += beta;
+    }
+    ProjectTransposeAdd(c1_.data() + static_cast<int64_t>(t0) * P1, P1, tb, w1, nc, P1, nc,
+                        this->dX.data() + static_cast<int64_t>(t0) * nc, nc);
+  }
+  T* ga = this->grad(sl.a_pre);
+  T* gb = this->grad(sl.b_pre);
+  for (int t = 0; t < tokens; ++t) {
+    const T* scal = scal_.data() + static_cast<int64_t>(t) * ss;
+    *ga += scal[0];
+    for (int r = 0; r < N; ++r) gb[r] += scal[1 + r];
+  }
+  if (sl.s != 0) return;
+  T* dw1 = this->grad(gr.w1);
+  ParallelWeightGrad(c1_.data(), P1, this->ntok, this->X.data(), nc, P1, nc, dw1, nc);
+  // LayerNorm centring of the router rows: dW_r[p][e] -= sum_t c1[t][p] mu_t.
+  T corr[kMaxN];
+  for (int p = 0; p < N; ++p) {
+    T s = 0;
+    for (int t = 0; t < tokens; ++t)
+      s += c1_[static_cast<size_t>(t) * P1 + p] * gr.rec[static_cast<size_t>(t) * rs + kMu];
+    corr[p] = s;
+  }
+#pragma omp parallel for schedule(static) if (this->Parallel())
+  for (int p = 0; p < N; ++p)
+    for (int64_t e = 0; e < nc; ++e) dw1[p * nc + e] -= corr[p];
+}
+
+}  // namespace
+
+template <typename T>
+std::unique_ptr<typename ResidualStreams<T>::Impl> MakeXhcImpl(const ResidualConfig& c) {
+  return std::make_unique<XhcImpl<T>>(c);
+}
+
+template std::unique_ptr<ResidualStreams<float>::Impl> MakeXhcImpl<float>(const ResidualConfig&);
+template std::unique_ptr<ResidualStreams<double>::Impl> MakeXhcImpl<double>(const ResidualConfig&);
+
+}  // namespace rackrun::runtime
