@@ -52,14 +52,22 @@ EplbPlacement EplbRebalance(const std::vector<float>& weight, int num_physical, 
       phy_weight[static_cast<size_t>(p)] =
           weight[static_cast<size_t>(e)] / static_cast<float>(count[static_cast<size_t>(e)]);
     }
-    std::vector<int32_t> order(static_cast<size_t>(num_physical));
-    std::iota(order.begin(), order.end(), 0);
-    std::stable_sort(order.begin(), order.end(), [&phy_weight](int32_t a, int32_t b) {
-      return phy_weight[static_cast<size_t>(a)] > phy_weight[static_cast<size_t>(b)];
-    });
+    // eplb.py sorts with torch's default (unstable) sort, which on CPU is libstdc++'s
+    // std::sort over (value, index) pairs starting in index order with a descending
+    // comparison of the values alone. std::sort's permutation depends only on the
+    // comparison outcomes, so the same call here reproduces torch's order of equal weights.
+    std::vector<std::pair<float, int32_t>> order(static_cast<size_t>(num_physical));
+    for (int p = 0; p < num_physical; ++p) {
+      order[static_cast<size_t>(p)] = {phy_weight[static_cast<size_t>(p)], p};
+    }
+    std::sort(order.begin(), order.end(),
+              [](const std::pair<float, int32_t>& a, const std::pair<float, int32_t>& b) {
+                return a.first > b.first;
+              });
     std::vector<float> pack_weight(static_cast<size_t>(num_gpus), 0.0f);
     std::vector<int32_t> pack_items(static_cast<size_t>(num_gpus), 0);
-    for (const int32_t p : order) {
+    for (const auto& item : order) {
+      const int32_t p = item.second;
       int pack = -1;
       for (int g = 0; g < num_gpus; ++g) {
         if (pack_items[static_cast<size_t>(g)] >= per_gpu) continue;

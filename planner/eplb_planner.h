@@ -35,8 +35,10 @@ struct EplbPlacement {
 //    ties to the lowest expert id (torch's max returns the first maximal index);
 //  - balanced_packing of the physical experts (weight / count each): heaviest first,
 //    each into the lightest pack that is not full, pack weights accumulated in float32;
-//    equal weights keep ascending physical index (torch 1.13's CPU sort is stable, checked
-//    by the golden test), equally light packs go to the lowest pack index (Python's min);
+//    equal weights are ordered as torch's default CPU sort orders them (libstdc++'s
+//    std::sort over (weight, index) pairs, reproduced with the same call; checked against
+//    eplb.py's output by the golden test), equally light packs go to the lowest pack index
+//    (Python's min);
 //    with one physical expert per GPU the packing is the identity, as in eplb.py.
 // Requires num_gpus > 0, num_physical a multiple of num_gpus and >= weight.size().
 EplbPlacement EplbRebalance(const std::vector<float>& weight, int num_physical, int num_gpus);

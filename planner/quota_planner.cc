@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <utility>
 #include <vector>
 
@@ -41,98 +42,211 @@ inline int64_t FloorMulDiv(int64_t a, int64_t b, int64_t d, double inv_d, int64_
 
 }  // namespace
 
+void QuotaSplit::SplitExpert(const LoadMatrix& loads, const Plan& plan, int e, size_t offset,
+                             int64_t* split) {
+  // Token counts are integers below 2^53 (ValidateLoads caps each at 2^40, so an expert's
+  // total is below 2^49 for any domain size), so doubles hold them exactly and the loops
+  // below vectorize. Products r * q are exact only below 2^53: columns whose remaining
+  // total is 2^26 or more take the exact 128-bit path.
+  const size_t g = static_cast<size_t>(loads.ranks);
+  const int i0 = plan.first[static_cast<size_t>(e)];
+  const int k = plan.first[static_cast<size_t>(e) + 1] - i0;
+  double* block = block_.data() + offset;
+  std::fill(block, block + static_cast<size_t>(k) * g, 0.0);
+  quota_left_.resize(static_cast<size_t>(k));
+  for (int j = 0; j < k; ++j) {
+    quota_left_[static_cast<size_t>(j)] = plan.quota[static_cast<size_t>(i0 + j)];
+  }
+  double* remaining = remaining_.data();
+  const int64_t* column = loads.counts.data() + e;
+  for (size_t s = 0; s < g; ++s) {
+    remaining[s] = static_cast<double>(column[s * static_cast<size_t>(loads.experts)]);
+  }
+
+  // 1. Locality: a source's tokens go to the instance on its own rank first.
+  for (int j = 0; j < k; ++j) {
+    const size_t t = static_cast<size_t>(plan.instances[static_cast<size_t>(i0 + j)].rank);
+    const int64_t x =
+        std::min(static_cast<int64_t>(remaining[t]), quota_left_[static_cast<size_t>(j)]);
+    block[static_cast<size_t>(j) * g + t] = static_cast<double>(x);
+    remaining[t] -= static_cast<double>(x);
+    quota_left_[static_cast<size_t>(j)] -= x;
+  }
+  int64_t left = 0;
+  for (int j = 0; j < k; ++j) left += quota_left_[static_cast<size_t>(j)];
+
+  // 2. Proportional with largest remainders, one instance at a time; instance 0 (the
+  // master) takes what is left.
+  constexpr int kBuckets = 64;
+  int32_t counts[4][kBuckets];
+  double* remainder = remainder_.data();
+  int32_t* bucket = bucket_.data();
+  for (int j = 1; j < k && left > 0; ++j) {
+    const int64_t q = quota_left_[static_cast<size_t>(j)];
+    if (q == 0) continue;
+    double* col = block + static_cast<size_t>(j) * g;
+    if (q >= left) {
+      for (size_t s = 0; s < g; ++s) {
+        col[s] += remaining[s];
+        remaining[s] = 0;
+      }
+      left = 0;
+      break;
+    }
+    const double qd = static_cast<double>(q);
+    const double leftd = static_cast<double>(left);
+    const double inv = 1.0 / leftd;
+    if (left < (int64_t{1} << 26)) {
+      // floor(r * q / left) from a reciprocal estimate, corrected exactly (off by <= 1).
+      double* __restrict out_col = col;
+      double* __restrict out_remaining = remaining;
+      double* __restrict out_remainder = remainder;
+      for (size_t s = 0; s < g; ++s) {
+        const double r = out_remaining[s];
+        const double p = r * qd;
+        // Truncation through int32 (exact: f <= r < 2^26) instead of std::floor, and no
+        // comparisons, so the loop vectorizes.
+        double f = static_cast<double>(static_cast<int32_t>(p * inv));
+        double rem = p - f * leftd;  // exact; in [-left, 2 * left) as f is off by <= 1
+        // fix = floor((rem + 0.5) / left) in {-1, 0, 1}: that value stays 1 / (2 * left)
+        // away from every integer, far more than the rounding of the reciprocal.
+        const double fix = static_cast<double>(static_cast<int32_t>((rem + 0.5) * inv + 1.0)) - 1.0;
+        f += fix;
+        rem -= fix * leftd;
+        out_col[s] += f;
+        out_remaining[s] = r - f;
+        out_remainder[s] = rem;
+      }
+    } else {
+      for (size_t s = 0; s < g; ++s) {
+        int64_t rem = 0;
+        const int64_t r = static_cast<int64_t>(remaining[s]);
+        const int64_t f = FloorMulDiv(r, q, left, inv, &rem);
+        col[s] += static_cast<double>(f);
+        remaining[s] = static_cast<double>(r - f);
+        remainder[s] = static_cast<double>(rem);
+      }
+    }
+    // Buckets of rem / left, monotone in rem; -1 for no remainder.
+    const double to_bucket = static_cast<double>(kBuckets) * inv;
+    for (size_t s = 0; s < g; ++s) {
+      const double rem = remainder[s];
+      const int b = static_cast<int>(std::min(static_cast<double>(kBuckets - 1), rem * to_bucket));
+      bucket[s] = rem > 0 ? b : -1;
+    }
+    // Leftover = sum(rem) / left, counted as the sources above the edge bucket below.
+    double rem_sum = 0;
+    for (size_t s = 0; s < g; ++s) rem_sum += remainder[s];  // exact: integers < 2^53
+    int64_t leftover = static_cast<int64_t>(rem_sum * inv + 0.5);
+    if (leftover > 0) {
+      // Four interleaved histograms keep the counting free of store-to-load chains.
+      std::fill(&counts[0][0], &counts[0][0] + 4 * kBuckets, 0);
+      for (size_t s = 0; s < g; ++s)
+        counts[s & 3][bucket[s] & (kBuckets - 1)] += bucket[s] >= 0 ? 1 : 0;
+      // Every source in a bucket above `edge` gets a token; `take` of the sources in
+      // bucket `edge` do, the largest remainders first, ties to the lower source.
+      int edge = kBuckets - 1;
+      for (;; --edge) {
+        const int64_t in_bucket =
+            counts[0][edge] + counts[1][edge] + counts[2][edge] + counts[3][edge];
+        if (in_bucket >= leftover) break;
+        leftover -= in_bucket;
+      }
+      const int64_t take = leftover;
+      int32_t* tied = tied_.data();
+      size_t num_tied = 0;
+      for (size_t s = 0; s < g; ++s) {
+        const double above = static_cast<double>(std::min(std::max(bucket[s] - edge, 0), 1));
+        col[s] += above;
+        remaining[s] -= above;
+      }
+      for (size_t s = 0; s < g; ++s) {
+        tied[num_tied] = static_cast<int32_t>(s);
+        num_tied += bucket[s] == edge ? 1 : 0;
+      }
+      if (take < static_cast<int64_t>(num_tied)) {
+        std::sort(tied, tied + num_tied, [remainder](int32_t a, int32_t b) {
+          return remainder[a] != remainder[b] ? remainder[a] > remainder[b] : a < b;
+        });
+      }
+      for (int64_t c = 0; c < take; ++c) {
+        const size_t s = static_cast<size_t>(tied[c]);
+        col[s] += 1;
+        remaining[s] -= 1;
+      }
+    }
+    left -= q;
+  }
+  for (size_t s = 0; s < g; ++s) block[s] += remaining[s];
+
+  // Into the plan: rows s, instances i0 .. i0 + k.
+  const size_t n = plan.instances.size();
+  for (int j = 0; j < k; ++j) {
+    int64_t* __restrict out = split + static_cast<size_t>(i0 + j);
+    const double* __restrict col = block + static_cast<size_t>(j) * g;
+    for (size_t s = 0; s < g; ++s) out[s * n] = static_cast<int64_t>(col[s]);
+  }
+}
+
 void QuotaSplit::Fill(const LoadMatrix& loads, Plan* plan) {
   const int ranks = loads.ranks;
   const int experts = loads.experts;
   const size_t n = plan->instances.size();
-  plan->split.resize(static_cast<size_t>(ranks) * n);
-  int64_t* split = plan->split.data();
+  const size_t g = static_cast<size_t>(ranks);
+  plan->split.resize(g * n);
   const int32_t* first = plan->first.data();
 
-  // Every expert's tokens to its first instance; replicated experts are redone below.
-  for (int s = 0; s < ranks; ++s) {
-    int64_t* out = split + static_cast<size_t>(s) * n;
-    const int64_t* row = loads.row(s);
-    for (int e = 0; e < experts; ++e) out[first[e]] = row[e];
+  replicated_.clear();
+  block_at_.clear();
+  size_t block_size = 0;
+  for (int e = 0; e < experts; ++e) {
+    const int k = first[e + 1] - first[e];
+    if (k > 1) {
+      replicated_.push_back(e);
+      block_at_.push_back(block_size);
+      block_size += static_cast<size_t>(k) * g;
+    }
+  }
+  if (block_.size() < block_size) block_.resize(block_size);
+  if (remaining_.size() < g) {
+    remaining_.resize(g);
+    remainder_.resize(g);
+    bucket_.resize(g);
+    tied_.resize(g + 1);
   }
 
-  remaining_.resize(static_cast<size_t>(ranks));
-  candidates_.reserve(static_cast<size_t>(ranks));
-  remainder_.resize(static_cast<size_t>(ranks));
-  for (int e = 0; e < experts; ++e) {
-    const int i0 = first[e];
-    const int k = first[e + 1] - i0;
-    if (k <= 1) continue;
-    quota_left_.resize(static_cast<size_t>(k));
-    for (int j = 0; j < k; ++j)
-      quota_left_[static_cast<size_t>(j)] = plan->quota[static_cast<size_t>(i0 + j)];
-    for (int s = 0; s < ranks; ++s) {
-      remaining_[static_cast<size_t>(s)] = loads.at(s, e);
-      int64_t* out = split + static_cast<size_t>(s) * n + i0;
-      for (int j = 0; j < k; ++j) out[j] = 0;
-    }
-    // 1. Locality: a source's tokens go to the instance on its own rank first.
-    for (int j = 0; j < k; ++j) {
-      const int t = plan->instances[static_cast<size_t>(i0 + j)].rank;
-      const int64_t x =
-          std::min(remaining_[static_cast<size_t>(t)], quota_left_[static_cast<size_t>(j)]);
-      split[static_cast<size_t>(t) * n + i0 + j] += x;
-      remaining_[static_cast<size_t>(t)] -= x;
-      quota_left_[static_cast<size_t>(j)] -= x;
-    }
-    int64_t left = 0;
-    for (int j = 0; j < k; ++j) left += quota_left_[static_cast<size_t>(j)];
-    // 2. Proportional, one instance at a time; the first instance takes the rest.
-    for (int j = 1; j < k && left > 0; ++j) {
-      const int64_t q = quota_left_[static_cast<size_t>(j)];
-      if (q == 0) continue;
-      int64_t* col = split + i0 + j;
-      if (q >= left) {
-        for (int s = 0; s < ranks; ++s) {
-          col[static_cast<size_t>(s) * n] += remaining_[static_cast<size_t>(s)];
-          remaining_[static_cast<size_t>(s)] = 0;
-        }
-        left = 0;
-        break;
+  // Row by row, runs of experts with one instance are copied as they are (their instances
+  // are contiguous).
+  runs_.clear();
+  int run_begin = 0;
+  for (size_t x = 0; x <= replicated_.size(); ++x) {
+    const int run_end = x < replicated_.size() ? replicated_[x] : experts;
+    if (run_end > run_begin) runs_.push_back(Run{run_begin, first[run_begin], run_end - run_begin});
+    run_begin = run_end + 1;
+  }
+  for (size_t s = 0; s < g; ++s) {
+    int64_t* out = plan->split.data() + s * n;
+    const int64_t* row = loads.row(static_cast<int>(s));
+    if (s + 1 < g) {
+      // Runs are short: copy in whole groups of 4. Overshooting a run by up to 3 entries
+      // is harmless here: it only writes positions that a later run, the next row, or a
+      // replicated expert's block (written after all rows) overwrites, and it only reads
+      // the next row of the loads.
+      for (const Run& run : runs_) {
+        int64_t* dst = out + run.to;
+        const int64_t* src = row + run.from;
+        for (int i = 0; i < run.length; i += 4) std::memcpy(dst + i, src + i, 4 * sizeof(int64_t));
       }
-      const double inv = 1.0 / static_cast<double>(left);
-      int64_t assigned = 0;
-      candidates_.clear();
-      for (int s = 0; s < ranks; ++s) {
-        const int64_t r = remaining_[static_cast<size_t>(s)];
-        if (r == 0) continue;
-        int64_t rem = 0;
-        const int64_t f = FloorMulDiv(r, q, left, inv, &rem);
-        col[static_cast<size_t>(s) * n] += f;
-        remaining_[static_cast<size_t>(s)] = r - f;
-        assigned += f;
-        if (rem > 0) {
-          remainder_[static_cast<size_t>(s)] = rem;
-          candidates_.push_back(s);
-        }
+    } else {
+      for (const Run& run : runs_) {
+        std::memcpy(out + run.to, row + run.from,
+                    static_cast<size_t>(run.length) * sizeof(int64_t));
       }
-      const int64_t leftover = q - assigned;
-      if (leftover > 0) {
-        auto larger = [this](int32_t a, int32_t b) {
-          const int64_t ra = remainder_[static_cast<size_t>(a)];
-          const int64_t rb = remainder_[static_cast<size_t>(b)];
-          return ra != rb ? ra > rb : a < b;
-        };
-        if (leftover < static_cast<int64_t>(candidates_.size())) {
-          std::nth_element(candidates_.begin(), candidates_.begin() + (leftover - 1),
-                           candidates_.end(), larger);
-        }
-        for (int64_t c = 0; c < leftover; ++c) {
-          const int32_t s = candidates_[static_cast<size_t>(c)];
-          col[static_cast<size_t>(s) * n] += 1;
-          remaining_[static_cast<size_t>(s)] -= 1;
-        }
-      }
-      left -= q;
     }
-    int64_t* col0 = split + i0;
-    for (int s = 0; s < ranks; ++s)
-      col0[static_cast<size_t>(s) * n] += remaining_[static_cast<size_t>(s)];
+  }
+  // Replicated experts last: their blocks overwrite what the runs spilled into them.
+  for (size_t x = 0; x < replicated_.size(); ++x) {
+    SplitExpert(loads, *plan, replicated_[x], block_at_[x], plan->split.data());
   }
 }
 
@@ -273,8 +387,8 @@ absl::Status QuotaPlanner::SolveInto(const LoadMatrix& loads, int /*layer*/, Pla
   totals_.assign(static_cast<size_t>(experts), 0);
   uint64_t bits = 0;
   for (int s = 0; s < ranks; ++s) {
-    const int64_t* row = loads.row(s);
-    int64_t* totals = totals_.data();
+    const int64_t* __restrict row = loads.row(s);
+    int64_t* __restrict totals = totals_.data();
     for (int e = 0; e < experts; ++e) {
       totals[e] += row[e];
       bits |= static_cast<uint64_t>(row[e]);

@@ -32,11 +32,24 @@ class QuotaSplit {
   void Fill(const LoadMatrix& loads, Plan* plan);
 
  private:
-  std::vector<int64_t> remaining_;   // r_s of one expert
-  std::vector<int64_t> column_;      // split of one instance, per source
+  // Computes the split of replicated expert e (k instances x ranks, instance-major, in
+  // block_[offset ...]) and writes it into `split` (the plan's, rows of all instances).
+  void SplitExpert(const LoadMatrix& loads, const Plan& plan, int e, size_t offset, int64_t* split);
+
+  struct Run {  // experts [from, from + length) with one instance each, at instances [to, ...)
+    int from;
+    int to;
+    int length;
+  };
+  std::vector<Run> runs_;
+  std::vector<int32_t> replicated_;  // experts with more than one instance, ascending
+  std::vector<size_t> block_at_;     // offset of each replicated expert's block in block_
+  std::vector<double> block_;        // split blocks of replicated experts (exact integers)
+  std::vector<double> remaining_;    // r_s of one expert
   std::vector<int64_t> quota_left_;  // remaining quota per instance of one expert
-  std::vector<int64_t> remainder_;   // r_s * q mod R
-  std::vector<int32_t> candidates_;  // sources competing for leftover tokens
+  std::vector<double> remainder_;    // r_s * q mod R
+  std::vector<int32_t> bucket_;      // remainder bucket per source (-1: no remainder)
+  std::vector<int32_t> tied_;        // sources in the boundary bucket
 };
 
 // UltraEP's planner. For each solve:
