@@ -188,6 +188,8 @@ TEST(PlanCommandTest, UsageErrorsNameTheFlag) {
       {"--generate --ranks 7", "--experts: 256 is not a multiple of --ranks (7)"},
       {"--generate --preset tpu", "--preset: unknown hardware preset 'tpu'"},
       {"--generate --eps", "--eps: needs a value"},
+      {"--generate --eplb-replacement sometimes", "--eplb-replacement: 'sometimes' is not a mode"},
+      {"--generate --warmup -1", "--warmup: -1 is out of range"},
       {"--trace x.jsonl --topk 2", "--topk: applies only with --generate"},
       {"--trace x.jsonl --generate", "use either --trace or --generate"},
       {"", "give a trace with --trace FILE, or --generate"},
@@ -229,6 +231,22 @@ TEST(PlanCommandTest, HelpDescribesEveryOption) {
                            "--json"}) {
     EXPECT_THAT(r.out, HasSubstr(flag));
   }
+}
+
+TEST(PlanCommandTest, WarmupMicrobatchesAreLeftOutOfTheStatistics) {
+  Result all = RunPlan(std::string(kSmall) + " --policy eplb --json");
+  Result warm = RunPlan(std::string(kSmall) + " --policy eplb --warmup 2 --json");
+  ASSERT_EQ(all.code, 0) << all.err;
+  ASSERT_EQ(warm.code, 0) << warm.err;
+  EXPECT_EQ(ParseJson(all)["entries"], 12);
+  EXPECT_EQ(ParseJson(warm)["entries"], 8);
+  EXPECT_EQ(ParseJson(warm)["warmup_microbatches"], 2);
+  // The same plans are made either way.
+  EXPECT_EQ(ParseJson(all)["policies"][0]["plan_hash"],
+            ParseJson(warm)["policies"][0]["plan_hash"]);
+  Result none_left = RunPlan(std::string(kSmall) + " --warmup 6");
+  EXPECT_EQ(none_left.code, 1);
+  EXPECT_THAT(none_left.err, HasSubstr("no entries to measure"));
 }
 
 TEST(PlanCommandTest, UnreachableImbalanceIsAFailureNotACrash) {

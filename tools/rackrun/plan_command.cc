@@ -76,6 +76,10 @@ policies and domain:
   --min-replica-tokens N  ultraep minimum tokens per replica (default 1)
   --eplb-window W         eplb moving-average window in microbatches (default 100)
   --eplb-interval K       eplb replans every K microbatches (default 10)
+  --eplb-replacement M    exposed | hidden: whether eplb's re-placement transfers add to
+                          the simulated layer time (default exposed)
+  --warmup N              plan the first N microbatches (eplb builds its history) but leave
+                          them out of every statistic (default 0)
 
 hardware model and output:
   --preset NAME           hardware preset for the simulator and fan-out cost model
@@ -123,6 +127,8 @@ struct PlanFlags {
   std::optional<int64_t> expert_bytes;
   bool json = false;
   bool help = false;
+  bool eplb_replacement_exposed = true;
+  int64_t warmup = 0;
 };
 
 // A usage error names the flag; the caller prints it with a pointer to --help, exit 2.
@@ -209,7 +215,9 @@ absl::StatusOr<PlanFlags> ParseFlags(const Args& args) {
                                                       "--eplb-window",
                                                       "--eplb-interval",
                                                       "--preset",
-                                                      "--expert-bytes"};
+                                                      "--expert-bytes",
+                                                      "--eplb-replacement",
+                                                      "--warmup"};
     if (kValueFlags.count(flag) == 0) return Usage(flag, "unknown option");
     std::string value;
     if (inline_value) {
@@ -283,6 +291,13 @@ absl::StatusOr<PlanFlags> ParseFlags(const Args& args) {
       s = ParseIntTo(flag, value, 1, 1 << 20, &f.planner.eplb_window);
     } else if (flag == "--eplb-interval") {
       s = ParseIntTo(flag, value, 1, 1 << 20, &f.planner.eplb_interval);
+    } else if (flag == "--eplb-replacement") {
+      if (value != "exposed" && value != "hidden") {
+        s = Usage(flag, absl::StrCat("'", value, "' is not a mode; use exposed or hidden"));
+      }
+      f.eplb_replacement_exposed = value == "exposed";
+    } else if (flag == "--warmup") {
+      s = ParseInt(flag, value, 0, int64_t{1} << 40, &f.warmup);
     } else if (flag == "--preset") {
       f.preset = value;
     } else if (flag == "--expert-bytes") {
@@ -531,6 +546,7 @@ int PlanCommand(const Args& args) {
   int64_t entries = 0;
   std::set<int64_t> microbatches;
   std::set<int> layers;
+  std::set<int64_t> measured_microbatches;
   pl::FanoutOptions direct_options;
   direct_options.mode = pl::FanoutMode::kDirect;
   pl::FanoutOptions relay_options;
@@ -559,9 +575,14 @@ int PlanCommand(const Args& args) {
         runs.push_back(std::move(run));
       }
     }
-    ++entries;
     microbatches.insert(entry.microbatch);
-    layers.insert(entry.layer);
+    // Warm-up entries are planned (policies with history need them) but not measured.
+    const bool measured = static_cast<int64_t>(microbatches.size()) > f.warmup;
+    if (measured) {
+      ++entries;
+      measured_microbatches.insert(entry.microbatch);
+      layers.insert(entry.layer);
+    }
     const double before = pl::Imbalance(pl::HomeRankLoads(domain, loads));
     const pl::LayerTime ideal = pl::SimulateForceBalanced(loads, *hw);
 
@@ -582,6 +603,7 @@ int PlanCommand(const Args& args) {
       }
       run.solve_us.push_back(std::chrono::duration<double, std::micro>(stop - start).count());
       run.hash.Add(plan);
+      if (!measured) continue;
       run.before.push_back(before);
       run.after.push_back(pl::Imbalance(plan.RankLoads()));
       run.replicas.push_back(plan.num_replicas());
@@ -605,7 +627,8 @@ int PlanCommand(const Args& args) {
       const int64_t replaced = run.planner->last_replacement_bytes();
       run.replacement_bytes += replaced;
       const pl::LayerTime t =
-          pl::SimulateLayer(plan, *hw, run.name == "ultraep" ? relay : pl::FanoutCost{}, replaced);
+          pl::SimulateLayer(plan, *hw, run.name == "ultraep" ? relay : pl::FanoutCost{},
+                            f.eplb_replacement_exposed ? replaced : 0);
       run.layer_s += t.total_s;
       run.ideal_s += ideal.total_s;
       run.percent.push_back(pl::PercentOfIdeal(ideal, t));
@@ -613,7 +636,8 @@ int PlanCommand(const Args& args) {
   }
   if (entries == 0) {
     return Fail(absl::InvalidArgumentError(
-        absl::StrCat(f.trace ? *f.trace : std::string("generator"), ": no entries to replay")));
+        absl::StrCat(f.trace ? *f.trace : std::string("generator"), ": no entries to measure (",
+                     microbatches.size(), " microbatches, --warmup ", f.warmup, ")")));
   }
 
   constexpr double kMiB = 1024.0 * 1024.0;
@@ -637,7 +661,8 @@ int PlanCommand(const Args& args) {
                           {"seed", g.seed}};
     }
     doc["entries"] = entries;
-    doc["microbatches"] = microbatches.size();
+    doc["microbatches"] = measured_microbatches.size();
+    doc["warmup_microbatches"] = microbatches.size() - measured_microbatches.size();
     doc["layers"] = layers.size();
     doc["domain"] = {{"ranks", domain.ranks},
                      {"masters_per_rank", domain.masters_per_rank},
@@ -646,7 +671,8 @@ int PlanCommand(const Args& args) {
     doc["options"] = {{"eps", f.planner.eps},
                       {"min_replica_tokens", f.planner.min_replica_tokens},
                       {"eplb_window", f.planner.eplb_window},
-                      {"eplb_interval", f.planner.eplb_interval}};
+                      {"eplb_interval", f.planner.eplb_interval},
+                      {"eplb_replacement", f.eplb_replacement_exposed ? "exposed" : "hidden"}};
     doc["hardware"] = {{"preset", hw->name},
                        {"expert_bytes", expert_bytes},
                        {"token_bytes", hw->token_bytes()},
@@ -685,10 +711,16 @@ int PlanCommand(const Args& args) {
   std::printf("rackrun plan: %s\n", SourceText(f).c_str());
   std::printf(
       "%lld entries (%zu microbatches x %zu layers); domain %d ranks x (%d masters + %d slots); "
-      "hardware %s, expert %.1f MiB\n\n",
-      static_cast<long long>(entries), microbatches.size(), layers.size(), domain.ranks,
+      "hardware %s, expert %.1f MiB\n",
+      static_cast<long long>(entries), measured_microbatches.size(), layers.size(), domain.ranks,
       domain.masters_per_rank, domain.slots_per_rank, hw->name.c_str(),
       static_cast<double>(expert_bytes) / kMiB);
+  std::printf(
+      "ultraep eps %g; eplb W=%d K=%d, re-placement %s; %lld warm-up microbatches not "
+      "measured\n\n",
+      f.planner.eps, f.planner.eplb_window, f.planner.eplb_interval,
+      f.eplb_replacement_exposed ? "exposed" : "hidden",
+      static_cast<long long>(microbatches.size() - measured_microbatches.size()));
   std::printf(
       "| policy  | imbalance before p50/p99/max | after p50/p99/max     | replicas | fan-out MiB | "
       "fan-out ms direct/relay | re-placed MiB | sim %% of ideal | solve us p50/p99 |\n");
