@@ -109,6 +109,7 @@ Model<T>::Model(const ModelConfig& config, ResidualStreams<T> residual)
     moe_.push_back(std::make_unique<MoeLayer<T>>(mc, prefix + ".moe"));
   }
   body_in_.resize(static_cast<size_t>(2 * config.blocks));
+  body_out_.resize(static_cast<size_t>(2 * config.blocks));
   expert_counts_.assign(static_cast<size_t>(config.blocks),
                         std::vector<int64_t>(static_cast<size_t>(config.moe.experts), 0));
 }
@@ -229,7 +230,7 @@ absl::Status Model<T>::Prepare(std::span<const int32_t> inputs, std::span<const 
   const int c = config_.width;
   embedded_.Resize({tokens, c});
   for (auto& b : body_in_) b.Resize({tokens, c});
-  body_out_.Resize({tokens, c});
+  for (auto& b : body_out_) b.Resize({tokens, c});
   collapsed_.Resize({tokens, c});
   final_.Resize({tokens, c});
   return residual_->BeginBatch(static_cast<int>(tokens), starts_, train);
@@ -261,19 +262,20 @@ absl::StatusOr<double> Model<T>::Forward(std::span<const int32_t> targets) {
       if (!status.ok()) return status;
       t0 = Now();
       const double g0 = cpu::GemmSeconds();
+      Tensor<T>& out = body_out_[static_cast<size_t>(l)];
       if (part == 0) {
         attention_[static_cast<size_t>(b)]->Forward(in.data(), batch_, seq_, doc_start_.data(),
-                                                    body_out_.data());
+                                                    out.data());
         timing_.attention += Now() - t0 - (cpu::GemmSeconds() - g0);
       } else {
         MoeLayer<T>& moe = *moe_[static_cast<size_t>(b)];
-        moe.Forward(in.data(), tokens, body_out_.data());
+        moe.Forward(in.data(), tokens, out.data());
         timing_.routing += moe.routing_seconds();
         aux_loss_ += moe.aux_loss();
         expert_counts_[static_cast<size_t>(b)] = moe.counts();
       }
       t0 = Now();
-      status = residual_->WriteOutput(l, span_of(body_out_));
+      status = residual_->WriteOutput(l, span_of(out));
       timing_.residual += Now() - t0;
       if (!status.ok()) return status;
     }
@@ -323,6 +325,7 @@ absl::StatusOr<double> Model<T>::ForwardBackward(std::span<const int32_t> inputs
   dfinal_.Resize({tokens, c});
   dcollapsed_.Resize({tokens, c});
   dbody_.Resize({tokens, c});
+  dbody_out_.Resize({tokens, c});
   dembedded_.Resize({tokens, c});
 
   head_.Backward(final_.data(), grad_scale, dfinal_.data());
@@ -335,18 +338,18 @@ absl::StatusOr<double> Model<T>::ForwardBackward(std::span<const int32_t> inputs
     for (int part = 1; part >= 0; --part) {
       const int l = 2 * b + part;
       t0 = Now();
-      status = residual_->WriteOutputBackward(l, span_of(body_out_));
+      status = residual_->WriteOutputBackward(l, span_of(dbody_out_));
       forward.residual += Now() - t0;
       if (!status.ok()) return status;
       t0 = Now();
       const double g0 = cpu::GemmSeconds();
       if (part == 0) {
-        attention_[static_cast<size_t>(b)]->Backward(body_out_.data(), dbody_.data());
+        attention_[static_cast<size_t>(b)]->Backward(dbody_out_.data(), dbody_.data());
         forward.attention += Now() - t0 - (cpu::GemmSeconds() - g0);
       } else {
         MoeLayer<T>& moe = *moe_[static_cast<size_t>(b)];
         const double before = moe.routing_seconds();
-        moe.Backward(body_out_.data(), grad_scale, dbody_.data());
+        moe.Backward(dbody_out_.data(), grad_scale, dbody_.data());
         forward.routing += moe.routing_seconds() - before;
       }
       t0 = Now();

@@ -129,14 +129,14 @@ class Model {
   int seq_ = 0;
   int64_t tokens_ = 0;
   const int32_t* inputs_ = nullptr;
-  std::vector<int32_t> starts_;     // merged, sorted segment starts
-  std::vector<uint8_t> is_start_;   // per token
-  Tensor<int32_t> doc_start_;       // per token: index within its row of its document start
-  Tensor<T> embedded_;              // [tokens x C]
-  std::vector<Tensor<T>> body_in_;  // per sublayer [tokens x C]
-  Tensor<T> body_out_;              // [tokens x C]
-  Tensor<T> collapsed_, final_;     // [tokens x C]
-  Tensor<T> dfinal_, dcollapsed_, dbody_, dembedded_;
+  std::vector<int32_t> starts_;      // merged, sorted segment starts
+  std::vector<uint8_t> is_start_;    // per token
+  Tensor<int32_t> doc_start_;        // per token: index within its row of its document start
+  Tensor<T> embedded_;               // [tokens x C]
+  std::vector<Tensor<T>> body_in_;   // per sublayer [tokens x C]
+  std::vector<Tensor<T>> body_out_;  // per sublayer [tokens x C]
+  Tensor<T> collapsed_, final_;      // [tokens x C]
+  Tensor<T> dfinal_, dcollapsed_, dbody_, dbody_out_, dembedded_;
 
   std::vector<std::vector<int64_t>> expert_counts_;
   double aux_loss_ = 0;
