@@ -418,6 +418,30 @@ std::string JobSpecToJson(const JobSpec& spec) {
   return json;
 }
 
+ModelConfig ModelConfigFromSpec(const JobSpec& spec) {
+  const rackrun::v1::ModelSpec& m = spec.model();
+  ModelConfig c;
+  c.vocab = m.vocab();
+  c.width = m.width();
+  c.blocks = m.blocks();
+  c.heads = m.heads();
+  c.seq_len = m.seq_len();
+  c.residual = m.residual();
+  c.streams = m.streams();
+  c.active = m.active();
+  c.fixed = m.fixed();
+  c.moe.experts = m.moe().experts();
+  c.moe.top_k = m.moe().top_k();
+  c.moe.expert_hidden = m.moe().expert_hidden();
+  c.moe.shared_expert = m.moe().shared_expert();
+  c.moe.shared_hidden = m.moe().shared_hidden();
+  c.moe.aux_loss_coef = m.moe().aux_loss_coef();
+  c.moe.bias_update_rate = m.moe().bias_update_rate();
+  c.rope_theta = m.rope_theta();
+  c.init_std = m.init_std();
+  return c;
+}
+
 TrainConfig TrainConfigFromSpec(const JobSpec& spec) {
   TrainConfig c;
   const rackrun::v1::TrainingSpec& t = spec.training();

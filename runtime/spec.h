@@ -16,6 +16,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "rackrun/v1/job_spec.pb.h"
+#include "runtime/model.h"
 #include "runtime/optimizer.h"
 
 namespace rackrun::runtime {
@@ -69,6 +70,10 @@ struct TrainConfig {
 };
 
 TrainConfig TrainConfigFromSpec(const rackrun::v1::JobSpec& spec);
+
+// The model's configuration from a defaulted JobSpec (vocab as in the spec; the trainer
+// fills a 0 from the token file).
+ModelConfig ModelConfigFromSpec(const rackrun::v1::JobSpec& spec);
 
 }  // namespace rackrun::runtime
 

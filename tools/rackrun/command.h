@@ -13,6 +13,12 @@ using Args = std::vector<std::string>;
 // rackrun plan: replay load traces or generated loads through balancing policies.
 int PlanCommand(const Args& args);
 
+// rackrun data: tokenize text into training and validation token files.
+int DataCommand(const Args& args);
+
+// rackrun train: run a training job from a JobSpec file in this process.
+int TrainCommand(const Args& args);
+
 }  // namespace rackrun::cli
 
 #endif  // RACKRUN_TOOLS_RACKRUN_COMMAND_H_

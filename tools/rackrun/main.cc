@@ -17,6 +17,8 @@ struct Command {
 constexpr Command kCommands[] = {
     {"plan", rackrun::cli::PlanCommand,
      "replay load traces (or generated loads) through balancing policies"},
+    {"data", rackrun::cli::DataCommand, "tokenize text into training and validation token files"},
+    {"train", rackrun::cli::TrainCommand, "run a training job (JobSpec file) in this process"},
 };
 
 void PrintUsage(std::FILE* out) {

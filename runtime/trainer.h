@@ -1,0 +1,119 @@
+// The single-process training loop: JobSpec -> model, data, AdamW, checkpoints, logs.
+//
+// One optimizer step = `training.microbatches` microbatches of `data.batch_size`
+// sequences, gradients accumulated with scale 1/microbatches, global-norm clipping,
+// AdamW with the warmup + cosine schedule. The loss of a step is the mean of its
+// microbatch losses.
+//
+// Determinism: the model seed and the data order come from `training.seed`; with the
+// same spec and thread count two runs give bit-identical losses. A run resumed from the
+// checkpoint of step s continues with the bit-identical loss trajectory: checkpoints hold
+// parameters, buffers, AdamW moments and step, the data-loader position (including its
+// RNG state) and the model spec, and nothing else in the loop carries state.
+#ifndef RACKRUN_RUNTIME_TRAINER_H_
+#define RACKRUN_RUNTIME_TRAINER_H_
+
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "rackrun/v1/job_spec.pb.h"
+#include "runtime/data.h"
+#include "runtime/model.h"
+#include "runtime/optimizer.h"
+#include "runtime/spec.h"
+
+namespace rackrun::runtime {
+
+// One optimizer step as logged (a log line and a JSON Lines record).
+struct StepRecord {
+  int64_t step = 0;  // 1-based: the number of optimizer steps done
+  double loss = 0;
+  std::optional<double> val_loss;  // set when evaluated at this step
+  double tokens_per_s = 0;         // over the steps since the previous record
+  double lr = 0;
+  double grad_norm = 0;  // before clipping
+  double elapsed_s = 0;  // since Run() started, including evaluations and checkpoints
+  double aux_loss = 0;
+  // Per MoE layer: max / mean tokens per expert in the step's last microbatch.
+  std::vector<double> expert_load_max_over_mean;
+
+  // The record as one JSON object (no trailing newline).
+  std::string ToJson() const;
+  // The record as one human log line (no trailing newline).
+  std::string ToLogLine(int64_t total_steps) const;
+};
+
+struct TrainSummary {
+  int64_t first_step = 0;      // steps done before this run (resume)
+  int64_t steps = 0;           // steps done at the end
+  std::vector<double> losses;  // per step of this run
+  double final_loss = 0;
+  double tail_loss = 0;  // mean of the last min(10, steps) losses of this run
+  std::optional<double> final_val_loss;
+  double train_unigram_entropy = 0;  // nats per token
+  double tokens_per_s = 0;           // whole run, excluding evaluations and checkpoints
+  double elapsed_s = 0;
+  int64_t tokens = 0;
+  std::string last_checkpoint;  // empty when none was written
+};
+
+class Trainer {
+ public:
+  // Reads the token files, builds the model (model.vocab 0 = the token file's vocab) and
+  // the optimizer, and sets the OpenMP thread count (resources.threads, 0 = leave as is).
+  static absl::StatusOr<std::unique_ptr<Trainer>> Create(const rackrun::v1::JobSpec& spec);
+
+  // Loads a checkpoint file, or the newest one in a folder (see LoadCheckpointForResume).
+  // The checkpoint's model spec must equal this job's.
+  absl::Status Resume(const std::string& path);
+
+  // Runs steps until training.steps. Calls `on_record` for every logged step (every
+  // logging.interval steps, the last step, and every evaluation); writes the same records
+  // to logging.json when set. Checkpoints every checkpoint.interval steps and at the end
+  // when checkpoint.dir is set.
+  absl::StatusOr<TrainSummary> Run(const std::function<void(const StepRecord&)>& on_record = {});
+
+  // One optimizer step (no logging, no checkpoint).
+  absl::StatusOr<StepRecord> Step();
+  // Mean loss over training.eval_batches validation microbatches (the same ones every
+  // time). FailedPrecondition when the job has no validation file.
+  absl::StatusOr<double> EvaluateValidation();
+  // Writes a checkpoint of the current step into checkpoint.dir; returns its path.
+  absl::StatusOr<std::string> SaveCheckpoint();
+
+  int64_t step() const { return step_; }
+  double train_unigram_entropy() const { return train_entropy_; }
+  int64_t train_tokens() const { return train_loader_->tokens(); }
+  int64_t validation_tokens() const {
+    return validation_tokens_.empty() ? 0 : static_cast<int64_t>(validation_tokens_.size());
+  }
+  const rackrun::v1::JobSpec& spec() const { return spec_; }
+  const TrainConfig& config() const { return config_; }
+  Model<float>& model() { return *model_; }
+
+ private:
+  Trainer() = default;
+
+  rackrun::v1::JobSpec spec_;
+  TrainConfig config_;
+  std::unique_ptr<Model<float>> model_;
+  std::unique_ptr<AdamW> adam_;
+  std::vector<ParamRef<float>> buffers_;
+  std::unique_ptr<WindowLoader> train_loader_;
+  std::vector<int32_t> validation_tokens_;
+  int32_t end_of_document_ = -1;
+  double train_entropy_ = 0;
+  int64_t step_ = 0;
+  Batch batch_;
+};
+
+}  // namespace rackrun::runtime
+
+#endif  // RACKRUN_RUNTIME_TRAINER_H_

@@ -1,0 +1,225 @@
+#include "runtime/trainer.h"
+
+#include <omp.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "runtime/checkpoint.h"
+#include "runtime/data.h"
+#include "runtime/spec.h"
+
+namespace rackrun::runtime {
+namespace {
+
+using ::testing::HasSubstr;
+
+namespace fs = std::filesystem;
+
+// Token files from the committed Brown sample, made once per test binary.
+const fs::path& DataDir() {
+  static const fs::path dir = [] {
+    const fs::path sample =
+        fs::path(__FILE__).parent_path().parent_path() / "tests" / "data" / "brown-sample.txt";
+    const fs::path out = fs::path(::testing::TempDir()) / "trainer_test_data";
+    fs::create_directories(out);
+    absl::StatusOr<std::string> text = ReadWholeFile(sample.string());
+    EXPECT_TRUE(text.ok()) << text.status();
+    absl::StatusOr<DocumentSplit> split = SplitTrainValidation(SplitDocuments(*text), 0.1);
+    EXPECT_TRUE(split.ok());
+    EXPECT_TRUE(
+        WriteTokenFile((out / "train.tokens").string(), {.vocab = kByteVocab,
+                                                         .end_of_document = kByteEndOfDocument,
+                                                         .tokens = ByteTokenize(split->train)})
+            .ok());
+    EXPECT_TRUE(
+        WriteTokenFile((out / "val.tokens").string(), {.vocab = kByteVocab,
+                                                       .end_of_document = kByteEndOfDocument,
+                                                       .tokens = ByteTokenize(split->validation)})
+            .ok());
+    return out;
+  }();
+  return dir;
+}
+
+fs::path FreshDir(const std::string& name) {
+  const fs::path dir = fs::path(::testing::TempDir()) / "trainer_test" / name;
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+// A tiny xhc MoE model: a step takes milliseconds.
+rackrun::v1::JobSpec TinySpec(std::vector<std::string> overrides = {}) {
+  const std::string yaml = R"(
+name: tiny-test
+model: {width: 16, blocks: 2, heads: 2, seq_len: 16, residual: xhc, streams: 4, active: 2,
+        fixed: 1, moe: {experts: 4, top_k: 2, expert_hidden: 16, aux_loss_coef: 0.01}}
+data: {batch_size: 2}
+training: {steps: 8, seed: 3, lr: 0.01, eval_interval: 4, eval_batches: 2}
+logging: {interval: 1}
+resources: {threads: 1}
+)";
+  overrides.insert(overrides.begin(), "data.train=" + (DataDir() / "train.tokens").string());
+  overrides.insert(overrides.begin() + 1, "data.validation=" + (DataDir() / "val.tokens").string());
+  absl::StatusOr<rackrun::v1::JobSpec> spec = ParseJobSpec(yaml, overrides);
+  EXPECT_TRUE(spec.ok()) << spec.status();
+  return *spec;
+}
+
+std::vector<double> Losses(const rackrun::v1::JobSpec& spec) {
+  absl::StatusOr<std::unique_ptr<Trainer>> t = Trainer::Create(spec);
+  EXPECT_TRUE(t.ok()) << t.status();
+  absl::StatusOr<TrainSummary> s = (*t)->Run();
+  EXPECT_TRUE(s.ok()) << s.status();
+  return s->losses;
+}
+
+TEST(TrainerTest, SameSpecGivesBitIdenticalLosses) {
+  const rackrun::v1::JobSpec spec = TinySpec();
+  const std::vector<double> a = Losses(spec);
+  const std::vector<double> b = Losses(spec);
+  ASSERT_EQ(a.size(), 8u);
+  EXPECT_EQ(a, b);  // exact, not approximate
+  EXPECT_NE(a, Losses(TinySpec({"training.seed=4"})));
+}
+
+TEST(TrainerTest, ResumeContinuesTheBitIdenticalTrajectory) {
+  const fs::path dir = FreshDir("resume");
+  const rackrun::v1::JobSpec spec =
+      TinySpec({"checkpoint.dir=" + dir.string(), "checkpoint.interval=3"});
+  const std::vector<double> full = Losses(spec);  // checkpoints at steps 3, 6, 8
+  ASSERT_EQ(full.size(), 8u);
+  EXPECT_EQ(ListCheckpoints(dir.string()).size(), 2u);  // keep = 2: steps 6 and 8
+
+  // Resume from step 6 and run to the end.
+  absl::StatusOr<std::unique_ptr<Trainer>> t = Trainer::Create(spec);
+  ASSERT_TRUE(t.ok());
+  ASSERT_TRUE((*t)->Resume(CheckpointPath(dir.string(), 6)).ok());
+  EXPECT_EQ((*t)->step(), 6);
+  absl::StatusOr<TrainSummary> s = (*t)->Run();
+  ASSERT_TRUE(s.ok()) << s.status();
+  ASSERT_EQ(s->losses.size(), 2u);
+  EXPECT_EQ(s->losses[0], full[6]);
+  EXPECT_EQ(s->losses[1], full[7]);
+  EXPECT_EQ(s->first_step, 6);
+}
+
+TEST(TrainerTest, ResumeAcrossAnEpochBoundaryAndWithAccumulation) {
+  // 2 microbatches of 8 sequences per step cross the loader's epoch boundary often
+  // enough on this short validation-sized stream to exercise the saved RNG state.
+  const fs::path dir = FreshDir("resume_epochs");
+  const rackrun::v1::JobSpec spec =
+      TinySpec({"data.train=" + (DataDir() / "val.tokens").string(),
+                "data.validation=", "data.batch_size=8", "training.microbatches=2",
+                "training.steps=12", "checkpoint.dir=" + dir.string(), "checkpoint.interval=5"});
+  const std::vector<double> full = Losses(spec);
+  absl::StatusOr<std::unique_ptr<Trainer>> t = Trainer::Create(spec);
+  ASSERT_TRUE(t.ok());
+  ASSERT_TRUE((*t)->Resume(CheckpointPath(dir.string(), 10)).ok());
+  absl::StatusOr<TrainSummary> s = (*t)->Run();
+  ASSERT_TRUE(s.ok());
+  ASSERT_EQ(s->losses.size(), 2u);
+  EXPECT_EQ(s->losses[0], full[10]);
+  EXPECT_EQ(s->losses[1], full[11]);
+}
+
+TEST(TrainerTest, DamagedCheckpointIsRefusedAndThePreviousOneStillResumes) {
+  const fs::path dir = FreshDir("damaged");
+  const rackrun::v1::JobSpec spec =
+      TinySpec({"checkpoint.dir=" + dir.string(), "checkpoint.interval=4"});
+  Losses(spec);
+  const std::string newest = CheckpointPath(dir.string(), 8);
+  fs::resize_file(newest, fs::file_size(newest) - 100);
+  absl::StatusOr<std::unique_ptr<Trainer>> t = Trainer::Create(spec);
+  ASSERT_TRUE(t.ok());
+  absl::Status s = (*t)->Resume(dir.string());
+  ASSERT_FALSE(s.ok());
+  EXPECT_THAT(s.message(), HasSubstr(newest));
+  EXPECT_THAT(s.message(), HasSubstr("truncated"));
+  EXPECT_THAT(s.message(), HasSubstr(CheckpointPath(dir.string(), 4)));
+  EXPECT_TRUE((*t)->Resume(CheckpointPath(dir.string(), 4)).ok());
+  EXPECT_EQ((*t)->step(), 4);
+}
+
+TEST(TrainerTest, CheckpointOfADifferentModelIsRefused) {
+  const fs::path dir = FreshDir("other_model");
+  Losses(TinySpec({"checkpoint.dir=" + dir.string(), "training.steps=2"}));
+  absl::StatusOr<std::unique_ptr<Trainer>> t = Trainer::Create(TinySpec({"model.moe.experts=8"}));
+  ASSERT_TRUE(t.ok());
+  absl::Status s = (*t)->Resume(dir.string());
+  ASSERT_FALSE(s.ok());
+  EXPECT_THAT(s.message(), HasSubstr("different model"));
+}
+
+TEST(TrainerTest, AccumulatedMicrobatchesMatchOneLargeBatch) {
+  // The loader serves windows in order, so 2 x 2 sequences are the same 4 windows as
+  // 1 x 4; the step's loss and gradient agree up to float reassociation.
+  absl::StatusOr<std::unique_ptr<Trainer>> a =
+      Trainer::Create(TinySpec({"data.batch_size=2", "training.microbatches=2"}));
+  absl::StatusOr<std::unique_ptr<Trainer>> b = Trainer::Create(TinySpec({"data.batch_size=4"}));
+  ASSERT_TRUE(a.ok() && b.ok());
+  absl::StatusOr<StepRecord> ra = (*a)->Step();
+  absl::StatusOr<StepRecord> rb = (*b)->Step();
+  ASSERT_TRUE(ra.ok() && rb.ok());
+  EXPECT_NEAR(ra->loss, rb->loss, 1e-5);
+  EXPECT_NEAR(ra->grad_norm, rb->grad_norm, 1e-4 * rb->grad_norm);
+}
+
+TEST(TrainerTest, LearnsBelowTheUnigramEntropy) {
+  absl::StatusOr<std::unique_ptr<Trainer>> t = Trainer::Create(
+      TinySpec({"model.width=32", "model.seq_len=32", "data.batch_size=8", "training.steps=150",
+                "training.lr=0.01", "training.eval_interval=0"}));
+  ASSERT_TRUE(t.ok());
+  absl::StatusOr<TrainSummary> s = (*t)->Run();
+  ASSERT_TRUE(s.ok());
+  EXPECT_GT(s->losses.front(), 5.0);  // ~ln(257) at initialisation
+  ASSERT_TRUE(s->final_val_loss.has_value());
+  EXPECT_LT(s->tail_loss, s->train_unigram_entropy);
+  EXPECT_LT(*s->final_val_loss, s->train_unigram_entropy);
+}
+
+TEST(TrainerTest, JsonLinesCarryTheDocumentedFields) {
+  const fs::path dir = FreshDir("json");
+  const std::string log = (dir / "log.jsonl").string();
+  Losses(TinySpec({"logging.json=" + log, "logging.interval=2"}));
+  std::ifstream in(log);
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  ASSERT_EQ(lines.size(), 4u);  // steps 2, 4 (evaluated), 6, 8 (evaluated)
+  for (const char* field :
+       {"\"step\": ", "\"loss\": ", "\"val_loss\": ", "\"tokens_per_s\": ", "\"lr\": ",
+        "\"grad_norm\": ", "\"elapsed_s\": ", "\"expert_load_max_over_mean\": ["}) {
+    EXPECT_THAT(lines[0], HasSubstr(field));
+  }
+  EXPECT_THAT(lines[0], HasSubstr("\"val_loss\": null"));
+  EXPECT_THAT(lines[1], ::testing::Not(HasSubstr("\"val_loss\": null")));
+}
+
+TEST(TrainerTest, ThreadCountChangesLossesOnlyWithinTolerance) {
+  // Reductions and GEMM splits depend on the thread count, so losses may differ in the
+  // last bits; they stay within 1e-4 relative over these steps.
+  const std::vector<double> one = Losses(TinySpec({"resources.threads=1"}));
+  const std::vector<double> two = Losses(TinySpec({"resources.threads=2"}));
+  ASSERT_EQ(one.size(), two.size());
+  for (size_t i = 0; i < one.size(); ++i) EXPECT_NEAR(one[i], two[i], 1e-4 * one[i]) << i;
+  omp_set_num_threads(1);
+}
+
+TEST(TrainerTest, BadDataIsAnErrorNamingTheField) {
+  absl::StatusOr<std::unique_ptr<Trainer>> t =
+      Trainer::Create(TinySpec({"data.train=/nonexistent/train.tokens"}));
+  ASSERT_FALSE(t.ok());
+  EXPECT_THAT(t.status().message(), HasSubstr("data.train: cannot open token file"));
+  t = Trainer::Create(TinySpec({"model.vocab=100"}));
+  ASSERT_FALSE(t.ok());
+  EXPECT_THAT(t.status().message(), HasSubstr("model.vocab: 100 is smaller"));
+}
+
+}  // namespace
+}  // namespace rackrun::runtime

@@ -1,0 +1,140 @@
+// rackrun data: turns text into token files (byte-level tokenizer) and splits them into
+// training and validation sets.
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "runtime/checkpoint.h"
+#include "runtime/data.h"
+#include "tools/rackrun/command.h"
+
+namespace rackrun::cli {
+namespace {
+
+namespace rt = ::rackrun::runtime;
+
+constexpr std::string_view kUsage =
+    R"(usage: rackrun data --input PATH [--input PATH]... --output DIR [options]
+
+Tokenizes text into DIR/train.tokens and DIR/val.tokens (format: runtime/data.h,
+DESIGN.md section 8). Every input file is one or more documents: a line holding a single
+form feed (\f) separates documents inside a file. A folder input means every regular
+file in it, in name order.
+
+options:
+  --input PATH            text file or folder (repeatable)
+  --output DIR            output folder (created if missing)
+  --val-fraction F        share of documents for validation, in [0, 0.5] (default 0.05):
+                          every round(1/F)-th document; with a single document, its last
+                          F of bytes
+  --tokenizer NAME        bytes (the only one: UTF-8 bytes 0..255 plus an end-of-document
+                          mark 256, vocab 257)
+
+example:
+  tools/fetch-corpus && rackrun data --input data/brown/brown.txt --output data/brown
+)";
+
+int Usage(std::string_view error) {
+  std::fprintf(stderr, "rackrun data: %.*s\n\n%.*s", static_cast<int>(error.size()), error.data(),
+               static_cast<int>(kUsage.size()), kUsage.data());
+  return 2;
+}
+
+}  // namespace
+
+int DataCommand(const Args& args) {
+  std::vector<std::string> inputs;
+  std::string output;
+  double val_fraction = 0.05;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "--help" || a == "-h") {
+      std::fwrite(kUsage.data(), 1, kUsage.size(), stdout);
+      return 0;
+    }
+    if (i + 1 >= args.size()) return Usage("option '" + a + "' needs a value or is unknown");
+    const std::string& value = args[++i];
+    if (a == "--input") {
+      inputs.push_back(value);
+    } else if (a == "--output") {
+      output = value;
+    } else if (a == "--val-fraction") {
+      if (!absl::SimpleAtod(value, &val_fraction)) return Usage("--val-fraction needs a number");
+    } else if (a == "--tokenizer") {
+      if (value != "bytes") return Usage("--tokenizer: only 'bytes' is available");
+    } else {
+      return Usage("unknown option '" + a + "'");
+    }
+  }
+  if (inputs.empty()) return Usage("--input is required");
+  if (output.empty()) return Usage("--output is required");
+
+  std::vector<std::string> files;
+  for (const std::string& input : inputs) {
+    std::error_code ec;
+    if (std::filesystem::is_directory(input, ec)) {
+      std::vector<std::string> in_dir;
+      for (const auto& e : std::filesystem::directory_iterator(input, ec)) {
+        if (e.is_regular_file()) in_dir.push_back(e.path().string());
+      }
+      std::sort(in_dir.begin(), in_dir.end());
+      files.insert(files.end(), in_dir.begin(), in_dir.end());
+    } else {
+      files.push_back(input);
+    }
+  }
+  std::vector<std::string> documents;
+  int64_t bytes = 0;
+  for (const std::string& file : files) {
+    absl::StatusOr<std::string> text = rt::ReadWholeFile(file);
+    if (!text.ok()) {
+      std::fprintf(stderr, "rackrun data: --input: cannot read '%s'; check the path\n",
+                   file.c_str());
+      return 1;
+    }
+    bytes += static_cast<int64_t>(text->size());
+    for (std::string& d : rt::SplitDocuments(*text)) documents.push_back(std::move(d));
+  }
+  if (documents.empty()) {
+    std::fprintf(stderr, "rackrun data: the inputs hold no text\n");
+    return 1;
+  }
+  const size_t document_count = documents.size();
+  absl::StatusOr<rt::DocumentSplit> split =
+      rt::SplitTrainValidation(std::move(documents), val_fraction);
+  if (!split.ok()) return Usage("--val-fraction: " + std::string(split.status().message()));
+
+  std::error_code ec;
+  std::filesystem::create_directories(output, ec);
+  if (ec) {
+    std::fprintf(stderr, "rackrun data: cannot create '%s': %s\n", output.c_str(),
+                 ec.message().c_str());
+    return 1;
+  }
+  struct Part {
+    const char* name;
+    const std::vector<std::string>* docs;
+  };
+  for (const Part& part : {Part{"train", &split->train}, Part{"val", &split->validation}}) {
+    rt::TokenFile file{.vocab = rt::kByteVocab,
+                       .end_of_document = rt::kByteEndOfDocument,
+                       .tokens = rt::ByteTokenize(*part.docs)};
+    const std::string path = (std::filesystem::path(output) / part.name).string() + ".tokens";
+    if (absl::Status s = rt::WriteTokenFile(path, file); !s.ok()) {
+      std::fprintf(stderr, "rackrun data: %s\n", std::string(s.message()).c_str());
+      return 1;
+    }
+    std::printf("%-6s %6zu documents %10zu tokens  unigram entropy %.4f nats/token  -> %s\n",
+                part.name, part.docs->size(), file.tokens.size(),
+                rt::UnigramEntropy(file.tokens, rt::kByteVocab), path.c_str());
+  }
+  std::printf("read %zu file(s), %lld bytes, %zu documents; tokenizer bytes (vocab %d)\n",
+              files.size(), static_cast<long long>(bytes), document_count, rt::kByteVocab);
+  return 0;
+}
+
+}  // namespace rackrun::cli

@@ -1,0 +1,155 @@
+// rackrun train: runs one training job (a JobSpec file) in this process.
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "runtime/spec.h"
+#include "runtime/trainer.h"
+#include "tools/rackrun/command.h"
+
+namespace rackrun::cli {
+namespace {
+
+namespace rt = ::rackrun::runtime;
+
+constexpr std::string_view kUsage =
+    R"(usage: rackrun train SPEC [--set FIELD=VALUE]... [--log-json FILE] [--resume PATH]
+
+Trains the model described by SPEC (a YAML or JSON JobSpec, proto/rackrun/v1/job_spec.proto)
+in this process. Prints one line per logging.interval steps (step, loss, validation loss
+when evaluated, tokens/s, learning rate, grad norm, per-layer expert load max/mean,
+elapsed) and a final summary that compares the loss with the unigram entropy of the
+training data.
+
+options:
+  --set FIELD=VALUE   override a spec field, e.g. --set training.steps=50 (repeatable)
+  --log-json FILE     also write every logged step as JSON Lines (logging.json)
+  --resume PATH       continue from a checkpoint file, or the newest one in a folder;
+                      checkpoints keep going to checkpoint.dir (default: that folder)
+  --print-spec        print the effective spec (defaults filled in) as JSON and exit
+
+example:
+  tools/fetch-corpus && rackrun data --input data/brown/brown.txt --output data/brown
+  rackrun train examples/tiny-moe.yaml --set training.steps=50
+)";
+
+int Usage(std::string_view error) {
+  std::fprintf(stderr, "rackrun train: %.*s\n\n%.*s", static_cast<int>(error.size()), error.data(),
+               static_cast<int>(kUsage.size()), kUsage.data());
+  return 2;
+}
+
+}  // namespace
+
+int TrainCommand(const Args& args) {
+  std::string spec_path;
+  std::vector<std::string> overrides;
+  std::string resume;
+  bool print_spec = false;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "--help" || a == "-h") {
+      std::fwrite(kUsage.data(), 1, kUsage.size(), stdout);
+      return 0;
+    }
+    if (a == "--print-spec") {
+      print_spec = true;
+      continue;
+    }
+    if (a.rfind("--", 0) != 0) {
+      if (!spec_path.empty()) return Usage("more than one SPEC given ('" + a + "')");
+      spec_path = a;
+      continue;
+    }
+    if (i + 1 >= args.size()) return Usage("option '" + a + "' needs a value or is unknown");
+    const std::string& value = args[++i];
+    if (a == "--set") {
+      overrides.push_back(value);
+    } else if (a == "--log-json") {
+      overrides.push_back("logging.json=" + value);
+    } else if (a == "--resume") {
+      resume = value;
+    } else {
+      return Usage("unknown option '" + a + "'");
+    }
+  }
+  if (spec_path.empty()) return Usage("SPEC is required");
+
+  absl::StatusOr<rackrun::v1::JobSpec> spec = rt::LoadJobSpec(spec_path, overrides);
+  if (!spec.ok()) {
+    std::fprintf(stderr, "rackrun train: %s\n", std::string(spec.status().message()).c_str());
+    return 1;
+  }
+  if (!resume.empty() && spec->checkpoint().dir().empty()) {
+    std::error_code ec;
+    const std::filesystem::path p(resume);
+    spec->mutable_checkpoint()->set_dir(
+        std::filesystem::is_directory(p, ec) ? p.string() : p.parent_path().string());
+  }
+  if (print_spec) {
+    std::printf("%s\n", rt::JobSpecToJson(*spec).c_str());
+    return 0;
+  }
+  absl::StatusOr<std::unique_ptr<rt::Trainer>> trainer = rt::Trainer::Create(*spec);
+  if (!trainer.ok()) {
+    std::fprintf(stderr, "rackrun train: %s: %s\n", spec_path.c_str(),
+                 std::string(trainer.status().message()).c_str());
+    return 1;
+  }
+  rt::Trainer& t = **trainer;
+  if (!resume.empty()) {
+    if (absl::Status s = t.Resume(resume); !s.ok()) {
+      std::fprintf(stderr, "rackrun train: --resume: %s\n", std::string(s.message()).c_str());
+      return 1;
+    }
+    std::printf("resumed at step %lld from %s\n", static_cast<long long>(t.step()), resume.c_str());
+  }
+  const rackrun::v1::ModelSpec& m = t.spec().model();
+  const rt::TrainConfig& c = t.config();
+  std::printf(
+      "job %s: %s N=%d%s, %d blocks, C=%d, %d heads, %d experts top-%d, vocab %d, %lld "
+      "parameters\n",
+      t.spec().name().c_str(), m.residual().c_str(), m.streams(),
+      m.active() > 0 ? (" k=" + std::to_string(m.active())).c_str() : "", m.blocks(), m.width(),
+      m.heads(), m.moe().experts(), m.moe().top_k(), m.vocab(),
+      static_cast<long long>(t.model().ParameterCount()));
+  std::printf(
+      "data: %lld train tokens (unigram entropy %.4f nats/token), %lld validation tokens; "
+      "%d x %d tokens x %d microbatch(es) per step; %d threads\n",
+      static_cast<long long>(t.train_tokens()), t.train_unigram_entropy(),
+      static_cast<long long>(t.validation_tokens()), c.batch_size, c.seq_len, c.microbatches,
+      omp_get_max_threads());
+  std::fflush(stdout);
+
+  absl::StatusOr<rt::TrainSummary> summary = t.Run([&](const rt::StepRecord& r) {
+    std::printf("%s\n", r.ToLogLine(c.steps).c_str());
+    std::fflush(stdout);
+  });
+  if (!summary.ok()) {
+    std::fprintf(stderr, "rackrun train: %s\n", std::string(summary.status().message()).c_str());
+    return 1;
+  }
+  const rt::TrainSummary& s = *summary;
+  std::printf("summary: %lld steps (%lld this run) in %.1f s, %.0f tokens/s\n",
+              static_cast<long long>(s.steps), static_cast<long long>(s.steps - s.first_step),
+              s.elapsed_s, s.tokens_per_s);
+  std::printf("  final train loss %.4f (mean of last %zu steps %.4f)", s.final_loss,
+              std::min<size_t>(10, s.losses.size()), s.tail_loss);
+  if (s.final_val_loss) std::printf(", validation loss %.4f", *s.final_val_loss);
+  std::printf("\n  unigram entropy of the training data %.4f nats/token: ",
+              s.train_unigram_entropy);
+  const double best = s.final_val_loss ? *s.final_val_loss : s.tail_loss;
+  std::printf("%s loss is %.4f nats/token %s it\n", s.final_val_loss ? "validation" : "train",
+              std::abs(s.train_unigram_entropy - best),
+              best < s.train_unigram_entropy ? "below" : "ABOVE");
+  if (!s.last_checkpoint.empty()) std::printf("  checkpoint %s\n", s.last_checkpoint.c_str());
+  return 0;
+}
+
+}  // namespace rackrun::cli
