@@ -123,10 +123,13 @@ FanoutCost EstimateFanout(const FanoutSchedule& schedule, int ranks, int64_t exp
 
   // A transfer forwarded by a relay waits, chunk by chunk, for the transfer that brought
   // the same expert to that relay.
+  constexpr double kNever = std::numeric_limits<double>::infinity();
+  // -1: the sender has the weights; -2: a forward whose relay never receives the expert.
   std::vector<int> depends_on(static_cast<size_t>(num_transfers), -1);
   for (int t = 0; t < num_transfers; ++t) {
     const WeightTransfer& tr = transfers[static_cast<size_t>(t)];
     if (tr.stage == 0) continue;
+    depends_on[static_cast<size_t>(t)] = -2;
     for (int u = 0; u < num_transfers; ++u) {
       const WeightTransfer& in = transfers[static_cast<size_t>(u)];
       if (u != t && in.expert == tr.expert && in.dst_rank == tr.src_rank) {
@@ -136,7 +139,6 @@ FanoutCost EstimateFanout(const FanoutSchedule& schedule, int ranks, int64_t exp
     }
   }
 
-  constexpr double kNever = std::numeric_limits<double>::infinity();
   std::vector<double> arrival(static_cast<size_t>(num_transfers) * chunks, kNever);
   std::vector<int> next_chunk(static_cast<size_t>(num_transfers), 0);
   std::vector<double> free_at(static_cast<size_t>(ranks), 0.0);
@@ -148,6 +150,7 @@ FanoutCost EstimateFanout(const FanoutSchedule& schedule, int ranks, int64_t exp
   auto ready_time = [&](int t) {
     const int c = next_chunk[static_cast<size_t>(t)];
     const int dep = depends_on[static_cast<size_t>(t)];
+    if (dep == -2) return kNever;
     return dep < 0 ? 0.0 : arrival[static_cast<size_t>(dep) * chunks + c];
   };
 
