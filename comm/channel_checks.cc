@@ -201,13 +201,15 @@ void CheckSendRecv(DataChannel& channel) {
     auto r2 = channel.Irecv(self_in.data(), count, DataType::kInt32, me, 6);
     ASSERT_TRUE(channel.GroupEnd().ok());
     ASSERT_TRUE(r1.ok() && r2.ok() && s1.ok() && s2.ok());
-    // Test until done, then Wait (which returns at once).
+    // Test until done (bounded), then Wait (which returns at once).
     bool done = false;
-    while (!done) {
+    const absl::Time deadline = absl::Now() + timeout;
+    while (!done && absl::Now() < deadline) {
       absl::StatusOr<bool> t = (*r1)->Test();
       ASSERT_TRUE(t.ok()) << t.status();
       done = *t;
     }
+    ASSERT_TRUE(done) << "ring receive from rank " << prev << " never completed";
     EXPECT_TRUE(WaitFor(r1, timeout).ok());
     EXPECT_TRUE(WaitFor(r2, timeout).ok());
     EXPECT_TRUE(WaitFor(s1, timeout).ok());

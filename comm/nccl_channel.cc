@@ -129,7 +129,8 @@ class NcclChannel final : public DataChannel {
 
   ~NcclChannel() override {
     bool finalized = false;
-    if (broken_.ok() && ncclCommFinalize(comm_) == ncclSuccess) {
+    const ncclResult_t finalize = broken_.ok() ? ncclCommFinalize(comm_) : ncclInternalError;
+    if (finalize == ncclSuccess || finalize == ncclInProgress) {
       // Non-blocking communicator: finalize completes asynchronously; bounded wait.
       const absl::Time deadline = absl::Now() + timeout();
       ProgressBackoff backoff;
@@ -157,6 +158,7 @@ class NcclChannel final : public DataChannel {
     constexpr absl::string_view kOp = "Allgather";
     if (absl::Status s = Usable(kOp); !s.ok()) return s;
     if (absl::Status s = CheckCount(kOp, count); !s.ok()) return s;
+    if (count == 0) return absl::OkStatus();  // NCCL is not asked to move nothing
     const absl::Time deadline = absl::Now() + timeout();
     const int64_t bytes = count * static_cast<int64_t>(DataTypeSize(type));
     const void* in = send;
@@ -236,6 +238,7 @@ class NcclChannel final : public DataChannel {
     constexpr absl::string_view kOp = "AllReduce";
     if (absl::Status s = Usable(kOp); !s.ok()) return s;
     if (absl::Status s = CheckCount(kOp, count); !s.ok()) return s;
+    if (count == 0) return absl::OkStatus();  // NCCL is not asked to move nothing
     if (type == DataType::kByte || op != ReduceOp::kSum) {
       return absl::InvalidArgumentError(
           absl::StrCat("AllReduce on rank ", rank_, ": type ", DataTypeName(type),
@@ -266,6 +269,7 @@ class NcclChannel final : public DataChannel {
     constexpr absl::string_view kOp = "Broadcast";
     if (absl::Status s = Usable(kOp); !s.ok()) return s;
     if (absl::Status s = CheckCount(kOp, count); !s.ok()) return s;
+    if (count == 0) return absl::OkStatus();  // NCCL is not asked to move nothing
     if (absl::Status s = CheckPeer("Broadcast root", root); !s.ok()) return s;
     const absl::Time deadline = absl::Now() + timeout();
     const int64_t bytes = count * static_cast<int64_t>(DataTypeSize(type));
@@ -452,6 +456,12 @@ class NcclChannel final : public DataChannel {
     auto op = std::make_shared<P2pOp>();
     op->send = send;
     op->bytes = count * static_cast<int64_t>(DataTypeSize(type));
+    if (op->bytes == 0) {
+      // Both ends post the same size, so both skip NCCL for an empty message.
+      op->done = true;
+      return std::make_unique<NcclRequest>(RequestInfo{send, rank_, size_, peer, tag, 0},
+                                           std::move(op));
+    }
     void* data = buf;
     if (host_ && op->bytes > 0) {
       op->host = buf;

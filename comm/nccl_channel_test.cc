@@ -1,0 +1,113 @@
+// The NCCL backend with one rank per visible GPU as threads of this process (in-process
+// channel as the bootstrap; at most 4 ranks). With one GPU that is one rank: NCCL refuses
+// two ranks of one communicator on one GPU. Skips where no GPU is visible (CI); run for
+// real by tools/gpu-check.
+#include "comm/nccl_channel.h"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <functional>
+#include <vector>
+
+#include "comm/channel_checks.h"
+#include "comm/inprocess_channel.h"
+#include "gtest/gtest.h"
+
+namespace rackrun::comm {
+namespace {
+
+int VisibleDevices() {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess) return 0;
+  return devices;
+}
+
+class NcclChannelTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    devices_ = VisibleDevices();
+    if (devices_ == 0) GTEST_SKIP() << "no CUDA device visible";
+    ranks_ = std::min(devices_, 4);
+  }
+
+  // Runs `check` on every rank's NCCL channel (rank r on device r).
+  void OnAllRanks(bool host_buffers, const std::function<void(DataChannel&)>& check) {
+    ChannelOptions options;
+    options.timeout = absl::Seconds(60);
+    absl::Status s = RunInProcessRanks(ranks_, options, [&](DataChannel& bootstrap) {
+      NcclChannelOptions nccl;
+      nccl.channel = options;
+      nccl.device = bootstrap.rank();
+      nccl.host_buffers = host_buffers;
+      absl::StatusOr<std::unique_ptr<DataChannel>> channel = CreateNcclChannel(bootstrap, nccl);
+      if (!channel.ok()) return channel.status();
+      EXPECT_EQ((*channel)->backend(), "nccl");
+      EXPECT_FALSE((*channel)->matches_by_tag());
+      check(**channel);
+      return absl::OkStatus();
+    });
+    ASSERT_TRUE(s.ok()) << s;
+  }
+
+  int devices_ = 0;
+  int ranks_ = 0;
+};
+
+TEST_F(NcclChannelTest, Allgather) { OnAllRanks(true, testing::CheckAllgather); }
+TEST_F(NcclChannelTest, AllToAllV) { OnAllRanks(true, testing::CheckAllToAllV); }
+TEST_F(NcclChannelTest, Broadcast) { OnAllRanks(true, testing::CheckBroadcast); }
+TEST_F(NcclChannelTest, Barrier) { OnAllRanks(true, testing::CheckBarrier); }
+TEST_F(NcclChannelTest, AllReduceIsRepeatable) {
+  // One rank sums nothing, so it equals the rank-order reference exactly.
+  const bool exact = ranks_ == 1;
+  OnAllRanks(true, [exact](DataChannel& c) { testing::CheckAllReduce(c, exact); });
+}
+TEST_F(NcclChannelTest, SendRecvInGroups) { OnAllRanks(true, testing::CheckSendRecv); }
+TEST_F(NcclChannelTest, BadArguments) { OnAllRanks(true, testing::CheckBadArguments); }
+TEST_F(NcclChannelTest, TokenDispatchMatchesHome) {
+  OnAllRanks(true, [](DataChannel& c) {
+    testing::CheckTokenDispatch(c, 1, /*use_ultraep=*/false);
+    testing::CheckTokenDispatch(c, 11, /*use_ultraep=*/true);
+  });
+}
+TEST_F(NcclChannelTest, RelayFanoutInRounds) {
+  OnAllRanks(true, [](DataChannel& c) { testing::CheckRelayFanout(c, FanoutPacing::kAuto); });
+}
+
+// Device buffers (the training path): AllReduce in place and a grouped ring exchange.
+TEST_F(NcclChannelTest, DeviceBuffers) {
+  OnAllRanks(false, [](DataChannel& c) {
+    const int n = c.size();
+    const int me = c.rank();
+    constexpr int64_t kCount = 1 << 20;
+    constexpr size_t kBytes = kCount * sizeof(float);
+    std::vector<float> host(kCount);
+    for (int64_t i = 0; i < kCount; ++i) host[i] = static_cast<float>((me + 1) * (i % 97));
+    void* dev = nullptr;
+    void* dev2 = nullptr;
+    ASSERT_EQ(cudaMalloc(&dev, kBytes), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&dev2, kBytes), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(dev, host.data(), kBytes, cudaMemcpyHostToDevice), cudaSuccess);
+    ASSERT_TRUE(c.AllReduce(dev, dev, kCount, DataType::kFloat32, ReduceOp::kSum).ok());
+    ASSERT_EQ(cudaMemcpy(host.data(), dev, kBytes, cudaMemcpyDeviceToHost), cudaSuccess);
+    for (int64_t i = 0; i < kCount; ++i) {
+      ASSERT_EQ(host[i], static_cast<float>(n * (n + 1) / 2 * (i % 97))) << i;
+    }
+    ASSERT_TRUE(c.GroupStart().ok());
+    auto s = c.Isend(dev, kCount, DataType::kFloat32, (me + 1) % n, 0);
+    auto r = c.Irecv(dev2, kCount, DataType::kFloat32, (me + n - 1) % n, 0);
+    ASSERT_TRUE(c.GroupEnd().ok());
+    ASSERT_TRUE(s.ok() && r.ok());
+    ASSERT_TRUE((*s)->Wait(absl::Seconds(60)).ok());
+    ASSERT_TRUE((*r)->Wait(absl::Seconds(60)).ok());
+    std::vector<float> got(kCount);
+    ASSERT_EQ(cudaMemcpy(got.data(), dev2, kBytes, cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT_EQ(got, host);
+    cudaFree(dev);
+    cudaFree(dev2);
+  });
+}
+
+}  // namespace
+}  // namespace rackrun::comm

@@ -1,0 +1,242 @@
+// Relay vs direct fan-out of expert weights over real MPI transfers, next to what the
+// planner's cost model (EstimateFanout) predicts for the same schedule.
+//
+//   mpirun --allow-run-as-root --oversubscribe -np R bench_fanout_bench
+//          [--json] [--expert-mib M] [--chunk-kib K] [--reps N]
+//
+// Scenarios, on R ranks (R >= 2):
+//   one-hot:  expert 0 (master rank 0) replicated on every other rank (n = R-1 replicas);
+//   two-hot:  experts 0 and 1 (masters ranks 0 and 1) each replicated on every other rank.
+// Modes, all schedules from planner::PlanFanout on the same plan:
+//   direct        every master sends each replica itself;
+//   relay         the planner's relay rule (relays only if n >= 4 and gain >= 2);
+//   relay-forced  the same rule with the thresholds off (n >= 2, gain >= 0), so relays are
+//                 measured where the rule would decline them (e.g. R = 4).
+// Each run is timed from a barrier to the last rank's completion (max over ranks), N reps,
+// median and min reported. The cost model is calibrated in the same run from a measured
+// point-to-point transfer (rank 0 -> 1, same chunking): latency = time of a 1-chunk 4 KiB
+// transfer, egress bandwidth = bytes / (time of one expert - latency).
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "comm/data_channel.h"
+#include "comm/mpi_channel.h"
+#include "comm/relay_fanout.h"
+#include "nlohmann/json.hpp"
+#include "planner/fanout.h"
+#include "planner/plan.h"
+
+namespace {
+
+using rackrun::comm::DataChannel;
+using rackrun::comm::DataType;
+using rackrun::planner::FanoutSchedule;
+
+struct Row {
+  std::string scenario;
+  std::string mode;
+  int replicas = 0;
+  int relays = 0;
+  int transfers = 0;
+  double median_s = 0;
+  double min_s = 0;
+  double predicted_s = 0;
+  int64_t max_rank_bytes = 0;
+};
+
+// A plan whose experts [0, hot) have masters on ranks [0, hot) and replicas everywhere else.
+rackrun::planner::Plan HotPlan(int ranks, int hot) {
+  rackrun::planner::Plan plan;
+  plan.ranks = ranks;
+  plan.experts = ranks;
+  for (int e = 0; e < ranks; ++e) {
+    plan.first.push_back(static_cast<int32_t>(plan.instances.size()));
+    plan.instances.push_back({e, e, true});
+    if (e < hot) {
+      for (int r = 0; r < ranks; ++r) {
+        if (r != e) plan.instances.push_back({e, r, false});
+      }
+    }
+  }
+  plan.first.push_back(static_cast<int32_t>(plan.instances.size()));
+  plan.quota.assign(plan.instances.size(), 0);
+  plan.split.assign(plan.instances.size() * static_cast<size_t>(ranks), 0);
+  return plan;
+}
+
+int CountRelays(const FanoutSchedule& s) {
+  std::map<std::pair<int, int>, bool> relays;
+  for (const auto& t : s.transfers) {
+    if (t.stage == 1) relays[{t.expert, t.src_rank}] = true;
+  }
+  return static_cast<int>(relays.size());
+}
+
+// Runs `schedule` `reps` times; returns every rep's completion time (max over ranks).
+std::vector<double> Measure(DataChannel& channel, const FanoutSchedule& schedule,
+                            int64_t expert_bytes, int64_t chunk_bytes, int reps) {
+  std::map<int, std::vector<std::byte>> storage;
+  std::map<int, std::span<std::byte>> buffers;
+  for (const auto& t : schedule.transfers) {
+    if (t.src_rank != channel.rank() && t.dst_rank != channel.rank()) continue;
+    auto& bytes = storage[t.expert];
+    if (bytes.empty()) {
+      bytes.resize(static_cast<size_t>(expert_bytes));
+      for (size_t i = 0; i < bytes.size(); ++i) {
+        bytes[i] = static_cast<std::byte>((i * 31 + static_cast<size_t>(t.expert)) & 0xFF);
+      }
+    }
+    buffers[t.expert] = bytes;
+  }
+  rackrun::comm::RelayFanoutOptions options;
+  options.chunk_bytes = chunk_bytes;
+  std::vector<double> samples;
+  for (int rep = 0; rep < reps + 1; ++rep) {  // rep 0 warms up connections and pages
+    if (absl::Status s = channel.Barrier(); !s.ok()) {
+      std::fprintf(stderr, "%s\n", std::string(s.message()).c_str());
+      std::exit(1);
+    }
+    const absl::Time start = absl::Now();
+    auto stats = rackrun::comm::RunRelayFanout(channel, schedule, expert_bytes, buffers, options);
+    if (!stats.ok()) {
+      std::fprintf(stderr, "%s\n", std::string(stats.status().message()).c_str());
+      std::exit(1);
+    }
+    double mine = absl::ToDoubleSeconds(absl::Now() - start);
+    std::vector<double> all(static_cast<size_t>(channel.size()));
+    if (!channel.Allgather(&mine, all.data(), 1, DataType::kFloat64).ok()) std::exit(1);
+    if (rep > 0) samples.push_back(*std::max_element(all.begin(), all.end()));
+  }
+  return samples;
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool json = false;
+  double expert_mib = 8;
+  int64_t chunk_kib = 256;
+  int reps = 7;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--json") {
+      json = true;
+    } else if (arg == "--expert-mib" && i + 1 < argc) {
+      expert_mib = std::atof(argv[++i]);
+    } else if (arg == "--chunk-kib" && i + 1 < argc) {
+      chunk_kib = std::atoll(argv[++i]);
+    } else if (arg == "--reps" && i + 1 < argc) {
+      reps = std::atoi(argv[++i]);
+    } else {
+      std::fprintf(stderr,
+                   "usage: mpirun -np R %s [--json] [--expert-mib M] [--chunk-kib K] [--reps N]\n",
+                   argv[0]);
+      return 2;
+    }
+  }
+  auto channel_or = rackrun::comm::CreateMpiChannel();
+  if (!channel_or.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(channel_or.status().message()).c_str());
+    return 1;
+  }
+  DataChannel& channel = **channel_or;
+  const int ranks = channel.size();
+  if (ranks < 2) {
+    std::fprintf(stderr, "fanout_bench needs at least 2 ranks (mpirun -np R, R >= 2)\n");
+    return 2;
+  }
+  const auto expert_bytes = static_cast<int64_t>(expert_mib * (1 << 20));
+  const int64_t chunk_bytes = chunk_kib << 10;
+
+  // Calibration: one point-to-point transfer, rank 0 -> 1, same executor and chunking.
+  const FanoutSchedule p2p{{{0, 0, 1, 0}}};
+  const double latency = Median(Measure(channel, p2p, 4096, chunk_bytes, reps));
+  const double one = Median(Measure(channel, p2p, expert_bytes, chunk_bytes, reps));
+  const double bandwidth = static_cast<double>(expert_bytes) / std::max(one - latency, 1e-9);
+  rackrun::planner::FanoutCostModel model{bandwidth, latency, chunk_bytes};
+
+  std::vector<Row> rows;
+  for (int hot : {1, 2}) {
+    if (hot >= ranks) continue;
+    const auto plan = HotPlan(ranks, hot);
+    const std::string scenario = hot == 1 ? "one-hot" : "two-hot";
+    struct Mode {
+      const char* name;
+      rackrun::planner::FanoutOptions options;
+    };
+    const Mode modes[] = {
+        {"direct", {rackrun::planner::FanoutMode::kDirect}},
+        {"relay", {rackrun::planner::FanoutMode::kRelay}},
+        {"relay-forced", {rackrun::planner::FanoutMode::kRelay, 2, 8, 0}},
+    };
+    for (const Mode& mode : modes) {
+      const FanoutSchedule schedule = rackrun::planner::PlanFanout(plan, mode.options);
+      const std::vector<double> samples =
+          Measure(channel, schedule, expert_bytes, chunk_bytes, reps);
+      const auto cost = rackrun::planner::EstimateFanout(schedule, ranks, expert_bytes, model);
+      Row row;
+      row.scenario = scenario;
+      row.mode = mode.name;
+      row.replicas = ranks - 1;
+      row.relays = CountRelays(schedule);
+      row.transfers = static_cast<int>(schedule.transfers.size());
+      row.median_s = Median(samples);
+      row.min_s = *std::min_element(samples.begin(), samples.end());
+      row.predicted_s = cost.seconds;
+      row.max_rank_bytes = cost.max_rank_bytes;
+      rows.push_back(row);
+    }
+  }
+
+  if (channel.rank() == 0) {
+    if (json) {
+      nlohmann::json out;
+      out["ranks"] = ranks;
+      out["expert_bytes"] = expert_bytes;
+      out["chunk_bytes"] = chunk_bytes;
+      out["reps"] = reps;
+      out["calibration"] = {
+          {"latency_s", latency}, {"egress_bytes_per_s", bandwidth}, {"p2p_expert_s", one}};
+      for (const Row& r : rows) {
+        out["rows"].push_back({{"scenario", r.scenario},
+                               {"mode", r.mode},
+                               {"replicas_per_expert", r.replicas},
+                               {"relays", r.relays},
+                               {"transfers", r.transfers},
+                               {"measured_median_s", r.median_s},
+                               {"measured_min_s", r.min_s},
+                               {"predicted_s", r.predicted_s},
+                               {"max_rank_bytes", r.max_rank_bytes}});
+      }
+      std::printf("%s\n", out.dump(2).c_str());
+    } else {
+      std::printf("fan-out over MPI: %d ranks, expert %.1f MiB, chunk %lld KiB, %d reps\n", ranks,
+                  expert_mib, static_cast<long long>(chunk_kib), reps);
+      std::printf(
+          "calibration (rank 0 -> 1): latency %.1f us, egress %.2f GB/s, one expert %.2f ms\n",
+          latency * 1e6, bandwidth / 1e9, one * 1e3);
+      std::printf("%-8s %-13s %8s %6s %9s %12s %10s %13s %9s\n", "scenario", "mode", "replicas",
+                  "relays", "transfers", "median(ms)", "min(ms)", "predicted(ms)", "meas/pred");
+      for (const Row& r : rows) {
+        std::printf("%-8s %-13s %8d %6d %9d %12.2f %10.2f %13.2f %9.2f\n", r.scenario.c_str(),
+                    r.mode.c_str(), r.replicas, r.relays, r.transfers, r.median_s * 1e3,
+                    r.min_s * 1e3, r.predicted_s * 1e3, r.median_s / r.predicted_s);
+      }
+    }
+  }
+  channel_or->reset();
+  return 0;
+}
