@@ -1,0 +1,155 @@
+// End-to-end tests of `rackrun data` and `rackrun train`: run the built binary in a child
+// process and check exit codes, printed lines, JSON Lines logs and resumption.
+#include <sys/wait.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace {
+
+using ::testing::HasSubstr;
+namespace fs = std::filesystem;
+
+struct Result {
+  int code = -1;
+  std::string out;
+  std::string err;
+};
+
+std::string Slurp(const fs::path& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+std::vector<std::string> Lines(const fs::path& path) {
+  std::ifstream in(path);
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+
+// A fresh folder per test: CTest runs the tests of this file in parallel processes.
+fs::path Dir() {
+  const fs::path dir = fs::path(::testing::TempDir()) / "train_command" /
+                       ::testing::UnitTest::GetInstance()->current_test_info()->name();
+  return dir;
+}
+
+Result Rackrun(const std::string& args) {
+  fs::create_directories(Dir());
+  const fs::path out = Dir() / "stdout.txt";
+  const fs::path err = Dir() / "stderr.txt";
+  const std::string command =
+      std::string(RACKRUN_BINARY) + " " + args + " >" + out.string() + " 2>" + err.string();
+  const int status = std::system(command.c_str());
+  Result r;
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.out = Slurp(out);
+  r.err = Slurp(err);
+  return r;
+}
+
+// Tokenizes the Brown sample into Dir()/data and writes a tiny spec; returns the spec path.
+std::string PrepareJob() {
+  fs::remove_all(Dir());
+  fs::create_directories(Dir());
+  const Result data = Rackrun(std::string("data --input ") + RACKRUN_SOURCE_DIR +
+                              "/tests/data/brown-sample.txt --output " + (Dir() / "data").string() +
+                              " --val-fraction 0.1");
+  EXPECT_EQ(data.code, 0) << data.err;
+  const fs::path spec = Dir() / "tiny.yaml";
+  std::ofstream(spec) << "model: {width: 16, blocks: 1, heads: 2, seq_len: 16, residual: xhc,\n"
+                         "        streams: 4, active: 2, fixed: 1,\n"
+                         "        moe: {experts: 4, top_k: 2, expert_hidden: 16}}\n"
+                         "data: {train: data/train.tokens, validation: data/val.tokens,\n"
+                         "       batch_size: 2}\n"
+                         "training: {steps: 6, seed: 9, eval_interval: 3, eval_batches: 2}\n"
+                         "logging: {interval: 1}\n"
+                         "resources: {threads: 1}\n";
+  return spec.string();
+}
+
+TEST(DataCommandTest, WritesTrainAndValidationTokenFiles) {
+  PrepareJob();
+  const Result r = Rackrun(std::string("data --input ") + RACKRUN_SOURCE_DIR +
+                           "/tests/data/brown-sample.txt --output " + (Dir() / "again").string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("25 documents"));
+  EXPECT_THAT(r.out, HasSubstr("unigram entropy"));
+  EXPECT_GT(fs::file_size(Dir() / "again" / "train.tokens"), 40000u);
+  EXPECT_GT(fs::file_size(Dir() / "again" / "val.tokens"), 32u);
+  const Result bad = Rackrun("data --input /nonexistent.txt --output " + (Dir() / "x").string());
+  EXPECT_EQ(bad.code, 1);
+  EXPECT_THAT(bad.err, HasSubstr("/nonexistent.txt"));
+  EXPECT_EQ(Rackrun("data --output x").code, 2);
+}
+
+TEST(TrainCommandTest, TrainsLogsAndSummarises) {
+  const std::string spec = PrepareJob();
+  const fs::path log = Dir() / "log.jsonl";
+  const Result r = Rackrun("train " + spec + " --log-json " + log.string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("step 6/6"));
+  EXPECT_THAT(r.out, HasSubstr("summary: 6 steps"));
+  EXPECT_THAT(r.out, HasSubstr("unigram entropy of the training data"));
+  const std::vector<std::string> lines = Lines(log);
+  ASSERT_EQ(lines.size(), 6u);
+  EXPECT_THAT(lines[2], HasSubstr("\"step\": 3"));
+  EXPECT_THAT(lines[2], ::testing::Not(HasSubstr("\"val_loss\": null")));
+}
+
+TEST(TrainCommandTest, ResumedRunLogsTheSameLossesAsTheUninterruptedOne) {
+  const std::string spec = PrepareJob();
+  const fs::path full = Dir() / "full.jsonl";
+  const fs::path ckpt = Dir() / "ckpt";
+  ASSERT_EQ(Rackrun("train " + spec + " --log-json " + full.string() +
+                    " --set checkpoint.interval=4 --set checkpoint.dir=" + ckpt.string())
+                .code,
+            0);
+  // Resume the same spec from its step-4 checkpoint (kept beside the final one).
+  const fs::path resumed = Dir() / "resumed.jsonl";
+  const std::string step4 = (ckpt / "step-00000004.ckpt").string();
+  const Result r =
+      Rackrun("train " + spec + " --resume " + step4 + " --log-json " + resumed.string() +
+              " --set checkpoint.dir=" + (Dir() / "ckpt2").string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("resumed at step 4"));
+  const std::vector<std::string> a = Lines(full);
+  const std::vector<std::string> b = Lines(resumed);
+  ASSERT_EQ(a.size(), 6u);
+  ASSERT_EQ(b.size(), 2u);
+  // Step, loss and validation loss (9 significant digits) match; timings differ.
+  for (size_t i = 0; i < 2; ++i) {
+    const std::string& x = a[4 + i];
+    const std::string& y = b[i];
+    EXPECT_EQ(x.substr(0, x.find(", \"tokens_per_s\"")), y.substr(0, y.find(", \"tokens_per_s\"")));
+  }
+}
+
+TEST(TrainCommandTest, SpecErrorsNameTheFieldAndExitNonZero) {
+  const std::string spec = PrepareJob();
+  Result r = Rackrun("train " + spec + " --set model.moe.topk=3");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.err, HasSubstr("model.moe.topk: unknown field; did you mean 'top_k'?"));
+  r = Rackrun("train " + spec + " --set model.moe.top_k=5");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.err, HasSubstr("model.moe.top_k: top_k 5 must lie in [1, experts = 4]"));
+  r = Rackrun("train " + spec + " --set model.active=5");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.err, HasSubstr("model.active:"));
+  r = Rackrun("train " + (Dir() / "missing.yaml").string());
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.err, HasSubstr("missing.yaml"));
+  EXPECT_EQ(Rackrun("train").code, 2);
+}
+
+}  // namespace
