@@ -1,0 +1,158 @@
+#include "planner/plan.h"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "planner/baseline_planners.h"
+#include "planner/invariants.h"
+#include "planner/planner.h"
+
+namespace rackrun::planner {
+namespace {
+
+std::string MessageOf(const absl::Status& status) { return std::string(status.message()); }
+
+TEST(DomainTest, ValidateNamesTheField) {
+  EXPECT_TRUE((Domain{4, 2, 0}.Validate().ok()));
+  EXPECT_EQ(
+      MessageOf((Domain{4, 2, -1}.Validate())).find("domain.slots_per_rank must be >= 0, got -1"),
+      0u);
+  EXPECT_NE(MessageOf((Domain{0, 2, 1}.Validate())).find("domain.ranks must be > 0, got 0"),
+            std::string::npos);
+  EXPECT_NE(MessageOf((Domain{4, 0, 1}.Validate())).find("domain.masters_per_rank"),
+            std::string::npos);
+  EXPECT_EQ((Domain{4, 0, 1}.Validate().code()), absl::StatusCode::kInvalidArgument);
+  const Domain d{4, 3, 2};
+  EXPECT_EQ(d.experts(), 12);
+  EXPECT_EQ(d.home_rank(7), 2);
+  EXPECT_EQ(d.capacity_per_rank(), 5);
+}
+
+TEST(LoadMatrixTest, TotalsAndHomeLoads) {
+  LoadMatrix loads(2, 4);
+  loads.at(0, 0) = 1;
+  loads.at(0, 3) = 2;
+  loads.at(1, 0) = 3;
+  loads.at(1, 2) = 4;
+  EXPECT_EQ(loads.ExpertTotals(), (std::vector<int64_t>{4, 0, 4, 2}));
+  EXPECT_EQ(loads.Total(), 10);
+  EXPECT_EQ(HomeRankLoads(Domain{2, 2, 1}, loads), (std::vector<int64_t>{4, 6}));
+}
+
+TEST(LoadMatrixTest, ValidateLoadsNamesTheProblem) {
+  const Domain domain{2, 2, 1};
+  EXPECT_TRUE(ValidateLoads(domain, LoadMatrix(2, 4)).ok());
+  EXPECT_NE(MessageOf(ValidateLoads(domain, LoadMatrix(3, 4))).find("loads.ranks is 3"),
+            std::string::npos);
+  EXPECT_NE(MessageOf(ValidateLoads(domain, LoadMatrix(2, 5))).find("loads.experts is 5"),
+            std::string::npos);
+  LoadMatrix bad(2, 4);
+  bad.counts.pop_back();
+  EXPECT_NE(MessageOf(ValidateLoads(domain, bad)).find("loads.counts has 7 entries"),
+            std::string::npos);
+  LoadMatrix negative(2, 4);
+  negative.at(1, 2) = -1;
+  EXPECT_NE(MessageOf(ValidateLoads(domain, negative)).find("loads[1][2] = -1"), std::string::npos);
+  EXPECT_EQ(ValidateLoads(Domain{2, 2, -3}, LoadMatrix(2, 4)).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ImbalanceTest, MaxOverMean) {
+  EXPECT_DOUBLE_EQ(Imbalance({1, 1, 1, 1}), 1.0);
+  EXPECT_DOUBLE_EQ(Imbalance({4, 0, 0, 0}), 4.0);
+  EXPECT_DOUBLE_EQ(Imbalance({3, 1}), 1.5);
+  EXPECT_DOUBLE_EQ(Imbalance({0, 0}), 1.0);
+  EXPECT_DOUBLE_EQ(Imbalance({}), 1.0);
+}
+
+TEST(PlanTest, RankLoadsAndReplicas) {
+  Plan plan;
+  plan.ranks = 3;
+  plan.experts = 2;
+  plan.instances = {{0, 0, true}, {0, 2, false}, {1, 1, true}};
+  plan.first = {0, 2, 3};
+  plan.quota = {5, 7, 11};
+  EXPECT_EQ(plan.RankLoads(), (std::vector<int64_t>{5, 11, 7}));
+  EXPECT_EQ(plan.num_replicas(), 1);
+  EXPECT_EQ(plan.num_instances(), 3);
+}
+
+TEST(MakePlannerTest, KnowsEveryPolicy) {
+  const Domain domain{4, 2, 1};
+  for (const char* name : {"ultraep", "eplb", "none", "ideal"}) {
+    absl::StatusOr<std::unique_ptr<Planner>> planner = MakePlanner(name, domain, PlannerOptions{});
+    ASSERT_TRUE(planner.ok()) << name;
+    EXPECT_EQ((*planner)->name(), name);
+    EXPECT_EQ((*planner)->last_replacement_bytes(), 0);
+  }
+  absl::StatusOr<std::unique_ptr<Planner>> unknown =
+      MakePlanner("greedy", domain, PlannerOptions{});
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(MessageOf(unknown.status()).find("valid policies: ultraep, eplb, none, ideal"),
+            std::string::npos);
+}
+
+TEST(MakePlannerTest, RejectsBadOptions) {
+  const Domain domain{4, 2, 1};
+  PlannerOptions options;
+  options.eps = -0.1;
+  EXPECT_NE(MessageOf(MakePlanner("ultraep", domain, options).status()).find("planner.eps"),
+            std::string::npos);
+  options = {};
+  options.min_replica_tokens = 0;
+  EXPECT_NE(MessageOf(MakePlanner("ultraep", domain, options).status())
+                .find("planner.min_replica_tokens"),
+            std::string::npos);
+  options = {};
+  options.eplb_window = 0;
+  EXPECT_NE(MessageOf(MakePlanner("eplb", domain, options).status()).find("planner.eplb_window"),
+            std::string::npos);
+  options = {};
+  options.eplb_interval = 0;
+  EXPECT_NE(MessageOf(MakePlanner("eplb", domain, options).status()).find("planner.eplb_interval"),
+            std::string::npos);
+  EXPECT_NE(MessageOf(MakePlanner("none", (Domain{4, 2, -1}), PlannerOptions{}).status())
+                .find("slots_per_rank"),
+            std::string::npos);
+}
+
+TEST(BaselinesTest, NoneKeepsEverythingHome) {
+  const Domain domain{3, 2, 2};
+  LoadMatrix loads(3, 6);
+  for (int s = 0; s < 3; ++s) {
+    for (int e = 0; e < 6; ++e) loads.at(s, e) = s * 10 + e;
+  }
+  NoBalancePlanner none(domain);
+  absl::StatusOr<Plan> plan = none.Solve(loads, 0);
+  ASSERT_TRUE(plan.ok());
+  EXPECT_EQ(plan->num_instances(), 6);
+  EXPECT_EQ(plan->RankLoads(), HomeRankLoads(domain, loads));
+  for (int s = 0; s < 3; ++s) {
+    for (int e = 0; e < 6; ++e) EXPECT_EQ(plan->split_at(s, e), loads.at(s, e));
+  }
+  EXPECT_TRUE(CheckPlanInvariants(domain, loads, *plan).ok());
+}
+
+TEST(BaselinesTest, IdealGivesEveryRankTheMean) {
+  const Domain domain{4, 1, 0};  // no slots: ideal ignores the budget
+  LoadMatrix loads(4, 4);
+  loads.at(0, 0) = 101;
+  loads.at(3, 0) = 2;
+  loads.at(2, 3) = 1;
+  IdealPlanner ideal(domain, PlannerOptions{});
+  absl::StatusOr<Plan> plan = ideal.Solve(loads, 0);
+  ASSERT_TRUE(plan.ok());
+  EXPECT_EQ(plan->RankLoads(), (std::vector<int64_t>{26, 26, 26, 26}));
+  EXPECT_EQ(plan->num_replicas(), 3);
+  InvariantOptions bound;
+  bound.enforce_slot_budget = false;
+  EXPECT_TRUE(CheckPlanInvariants(domain, loads, *plan, bound).ok())
+      << CheckPlanInvariants(domain, loads, *plan, bound);
+  EXPECT_FALSE(CheckPlanInvariants(domain, loads, *plan).ok());  // over the slot budget
+}
+
+}  // namespace
+}  // namespace rackrun::planner
