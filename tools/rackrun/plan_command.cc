@@ -456,6 +456,7 @@ struct PolicyRun {
   int64_t replacement_bytes = 0;
   double layer_s = 0;
   double ideal_s = 0;
+  pl::LayerTime parts;  // sums over measured entries, for the breakdown
   PlanHash hash;
 };
 
@@ -630,6 +631,11 @@ int PlanCommand(const Args& args) {
           pl::SimulateLayer(plan, *hw, run.name == "ultraep" ? relay : pl::FanoutCost{},
                             f.eplb_replacement_exposed ? replaced : 0);
       run.layer_s += t.total_s;
+      run.parts.dispatch_s += t.dispatch_s;
+      run.parts.exposed_fanout_s += t.exposed_fanout_s;
+      run.parts.compute_s += t.compute_s;
+      run.parts.combine_s += t.combine_s;
+      run.parts.replacement_s += t.replacement_s;
       run.ideal_s += ideal.total_s;
       run.percent.push_back(pl::PercentOfIdeal(ideal, t));
     }
@@ -680,6 +686,7 @@ int PlanCommand(const Args& args) {
                        {"a2a_bytes_per_s", hw->a2a_bytes_per_s},
                        {"fanout_egress_bytes_per_s", hw->fanout.egress_bytes_per_s}};
     json policies = json::array();
+    const double per_entry_us = 1e6 / static_cast<double>(entries);
     for (PolicyRun& run : runs) {
       std::vector<double> solve = run.solve_us;
       policies.push_back(
@@ -697,6 +704,12 @@ int PlanCommand(const Args& args) {
             *std::min_element(run.percent.begin(), run.percent.end())},
            {"layer_time_us_mean", run.layer_s / static_cast<double>(entries) * 1e6},
            {"ideal_layer_time_us_mean", run.ideal_s / static_cast<double>(entries) * 1e6},
+           {"layer_time_breakdown_us_mean",
+            {{"dispatch", run.parts.dispatch_s * per_entry_us},
+             {"exposed_fanout", run.parts.exposed_fanout_s * per_entry_us},
+             {"compute", run.parts.compute_s * per_entry_us},
+             {"combine", run.parts.combine_s * per_entry_us},
+             {"replacement", run.parts.replacement_s * per_entry_us}}},
            {"solve_us",
             {{"p50", Percentile(solve, 50)},
              {"p99", Percentile(solve, 99)},
