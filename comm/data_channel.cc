@@ -124,11 +124,11 @@ absl::Status WaitAll(std::span<const std::unique_ptr<Request>> requests, absl::T
       }
       std::vector<std::string> peers;
       for (const auto& [peer, what] : waiting) peers.push_back(absl::StrCat(peer, " (", what, ")"));
-      return absl::DeadlineExceededError(
-          absl::StrCat(operation, " on rank ", rank, " of ", size, " timed out after ",
-                       absl::FormatDuration(absl::Now() - start), " waiting for rank",
-                       peers.size() > 1 ? "s " : " ", absl::StrJoin(peers, ", "),
-                       "; that rank is dead, stuck, or not calling ", operation));
+      return absl::DeadlineExceededError(absl::StrCat(
+          operation, " on rank ", rank, " of ", size, " timed out after ",
+          absl::FormatDuration(absl::Trunc(absl::Now() - start, absl::Milliseconds(1))),
+          " waiting for rank", peers.size() > 1 ? "s " : " ", absl::StrJoin(peers, ", "),
+          "; that rank is dead, stuck, or not calling ", operation));
     }
     if (progressed) {
       backoff.Progress();

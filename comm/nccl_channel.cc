@@ -378,11 +378,12 @@ class NcclChannel final : public DataChannel {
                         const std::vector<int>& peers) {
     ncclCommAbort(comm_);
     aborted_ = true;
-    return Break(absl::DeadlineExceededError(absl::StrCat(
-        operation, " on rank ", rank_, " of ", size_, " timed out after ",
-        absl::FormatDuration(waited), " waiting for NCCL peer rank", peers.size() > 1 ? "s " : " ",
-        absl::StrJoin(peers, ", "), "; a rank is dead, stuck, or not calling ", operation,
-        " (NCCL cannot say which of them)")));
+    return Break(absl::DeadlineExceededError(
+        absl::StrCat(operation, " on rank ", rank_, " of ", size_, " timed out after ",
+                     absl::FormatDuration(absl::Trunc(waited, absl::Milliseconds(1))),
+                     " waiting for NCCL peer rank", peers.size() > 1 ? "s " : " ",
+                     absl::StrJoin(peers, ", "), "; a rank is dead, stuck, or not calling ",
+                     operation, " (NCCL cannot say which of them)")));
   }
 
   // Checks an NCCL call's result on the non-blocking communicator and waits until the

@@ -107,7 +107,7 @@ absl::Status Timeout(const DataChannel& channel, absl::Duration waited,
   const size_t shown = std::min<size_t>(pending.size(), 4);
   return absl::DeadlineExceededError(absl::StrCat(
       "RelayFanout on rank ", channel.rank(), " of ", channel.size(), " timed out after ",
-      absl::FormatDuration(waited), " waiting for ",
+      absl::FormatDuration(absl::Trunc(waited, absl::Milliseconds(1))), " waiting for ",
       absl::StrJoin(pending.begin(), pending.begin() + static_cast<std::ptrdiff_t>(shown), ", "),
       pending.size() > shown ? absl::StrCat(" and ", pending.size() - shown, " more") : "",
       "; that rank is dead, stuck, or not running this fan-out"));

@@ -12,6 +12,10 @@
 //   relay         the planner's relay rule (relays only if n >= 4 and gain >= 2);
 //   relay-forced  the same rule with the thresholds off (n >= 2, gain >= 0), so relays are
 //                 measured where the rule would decline them (e.g. R = 4).
+// --egress-mbps X emulates a per-rank egress link of X MB/s (the regime relays are for: a
+// NIC or NVLink port per rank), because on one shared-memory host the ranks' copies share
+// the CPUs and no rank has an egress link of its own: each rank's sends are serialized on
+// its emulated link and a message is handed to MPI when its last byte would have left.
 // Each run is timed from a barrier to the last rank's completion (max over ranks), N reps,
 // median and min reported. The cost model is calibrated in the same run from a measured
 // point-to-point transfer (rank 0 -> 1, same chunking): latency = time of a 1-chunk 4 KiB
@@ -39,6 +43,81 @@ namespace {
 using rackrun::comm::DataChannel;
 using rackrun::comm::DataType;
 using rackrun::planner::FanoutSchedule;
+
+// The DataChannel decorator behind --egress-mbps: point-to-point sends of this rank share
+// one emulated link of `bytes_per_s`; everything else goes straight to `inner`.
+class EgressLimitedChannel final : public DataChannel {
+ public:
+  EgressLimitedChannel(DataChannel& inner, double bytes_per_s)
+      : DataChannel(rackrun::comm::ChannelOptions{inner.timeout()}),
+        inner_(inner),
+        bytes_per_s_(bytes_per_s) {}
+
+  int rank() const override { return inner_.rank(); }
+  int size() const override { return inner_.size(); }
+  absl::string_view backend() const override { return inner_.backend(); }
+  bool matches_by_tag() const override { return inner_.matches_by_tag(); }
+  absl::Status Allgather(const void* send, void* recv, int64_t count, DataType type) override {
+    return inner_.Allgather(send, recv, count, type);
+  }
+  absl::Status AllToAllV(const void* send, std::span<const int64_t> sc, std::span<const int64_t> sd,
+                         void* recv, std::span<const int64_t> rc, std::span<const int64_t> rd,
+                         DataType type) override {
+    return inner_.AllToAllV(send, sc, sd, recv, rc, rd, type);
+  }
+  absl::Status AllReduce(const void* send, void* recv, int64_t count, DataType type,
+                         rackrun::comm::ReduceOp op) override {
+    return inner_.AllReduce(send, recv, count, type, op);
+  }
+  absl::Status Broadcast(void* buf, int64_t count, DataType type, int root) override {
+    return inner_.Broadcast(buf, count, type, root);
+  }
+  absl::Status Barrier() override { return inner_.Barrier(); }
+  absl::StatusOr<std::unique_ptr<rackrun::comm::Request>> Irecv(void* buf, int64_t count,
+                                                                DataType type, int peer,
+                                                                int tag) override {
+    return inner_.Irecv(buf, count, type, peer, tag);
+  }
+  absl::StatusOr<std::unique_ptr<rackrun::comm::Request>> Isend(const void* buf, int64_t count,
+                                                                DataType type, int peer,
+                                                                int tag) override {
+    const double bytes = static_cast<double>(count) * rackrun::comm::DataTypeSize(type);
+    const absl::Time now = absl::Now();
+    link_free_ = std::max(link_free_, now) + absl::Seconds(bytes / bytes_per_s_);
+    return std::make_unique<DeferredSend>(
+        rackrun::comm::RequestInfo{true, rank(), size(), peer, tag, static_cast<int64_t>(bytes)},
+        inner_, buf, count, type, link_free_);
+  }
+
+ private:
+  class DeferredSend final : public rackrun::comm::Request {
+   public:
+    DeferredSend(const rackrun::comm::RequestInfo& info, DataChannel& inner, const void* buf,
+                 int64_t count, DataType type, absl::Time post_at)
+        : Request(info), inner_(inner), buf_(buf), count_(count), type_(type), post_at_(post_at) {}
+    absl::StatusOr<bool> Test() override {
+      if (posted_ == nullptr) {
+        if (absl::Now() < post_at_) return false;
+        auto r = inner_.Isend(buf_, count_, type_, info().peer, info().tag);
+        if (!r.ok()) return r.status();
+        posted_ = *std::move(r);
+      }
+      return posted_->Test();
+    }
+
+   private:
+    DataChannel& inner_;
+    const void* buf_;
+    int64_t count_;
+    DataType type_;
+    absl::Time post_at_;
+    std::unique_ptr<rackrun::comm::Request> posted_;
+  };
+
+  DataChannel& inner_;
+  double bytes_per_s_;
+  absl::Time link_free_ = absl::InfinitePast();
+};
 
 struct Row {
   std::string scenario;
@@ -130,6 +209,7 @@ int main(int argc, char** argv) {
   double expert_mib = 8;
   int64_t chunk_kib = 256;
   int reps = 7;
+  double egress_mbps = 0;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--json") {
@@ -140,9 +220,12 @@ int main(int argc, char** argv) {
       chunk_kib = std::atoll(argv[++i]);
     } else if (arg == "--reps" && i + 1 < argc) {
       reps = std::atoi(argv[++i]);
+    } else if (arg == "--egress-mbps" && i + 1 < argc) {
+      egress_mbps = std::atof(argv[++i]);
     } else {
       std::fprintf(stderr,
-                   "usage: mpirun -np R %s [--json] [--expert-mib M] [--chunk-kib K] [--reps N]\n",
+                   "usage: mpirun -np R %s [--json] [--expert-mib M] [--chunk-kib K] [--reps N] "
+                   "[--egress-mbps X]\n",
                    argv[0]);
       return 2;
     }
@@ -152,7 +235,11 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", std::string(channel_or.status().message()).c_str());
     return 1;
   }
-  DataChannel& channel = **channel_or;
+  std::unique_ptr<DataChannel> limited;
+  if (egress_mbps > 0) {
+    limited = std::make_unique<EgressLimitedChannel>(**channel_or, egress_mbps * 1e6);
+  }
+  DataChannel& channel = limited != nullptr ? *limited : **channel_or;
   const int ranks = channel.size();
   if (ranks < 2) {
     std::fprintf(stderr, "fanout_bench needs at least 2 ranks (mpirun -np R, R >= 2)\n");
@@ -208,6 +295,7 @@ int main(int argc, char** argv) {
       out["expert_bytes"] = expert_bytes;
       out["chunk_bytes"] = chunk_bytes;
       out["reps"] = reps;
+      out["emulated_egress_bytes_per_s"] = egress_mbps * 1e6;
       out["calibration"] = {
           {"latency_s", latency}, {"egress_bytes_per_s", bandwidth}, {"p2p_expert_s", one}};
       for (const Row& r : rows) {
@@ -223,8 +311,12 @@ int main(int argc, char** argv) {
       }
       std::printf("%s\n", out.dump(2).c_str());
     } else {
-      std::printf("fan-out over MPI: %d ranks, expert %.1f MiB, chunk %lld KiB, %d reps\n", ranks,
-                  expert_mib, static_cast<long long>(chunk_kib), reps);
+      char link[96] = "shared-memory transport, no egress emulation";
+      if (egress_mbps > 0) {
+        std::snprintf(link, sizeof(link), "emulated egress %.0f MB/s per rank", egress_mbps);
+      }
+      std::printf("fan-out over MPI: %d ranks, expert %.1f MiB, chunk %lld KiB, %d reps, %s\n",
+                  ranks, expert_mib, static_cast<long long>(chunk_kib), reps, link);
       std::printf(
           "calibration (rank 0 -> 1): latency %.1f us, egress %.2f GB/s, one expert %.2f ms\n",
           latency * 1e6, bandwidth / 1e9, one * 1e3);
@@ -237,6 +329,7 @@ int main(int argc, char** argv) {
       }
     }
   }
+  limited.reset();
   channel_or->reset();
   return 0;
 }
