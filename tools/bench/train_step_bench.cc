@@ -1,0 +1,377 @@
+// Training-step throughput of the demo model (4 blocks, C=128, 16 experts top-2, byte
+// vocabulary, seq 256) in rackrun and in the PyTorch reference (tools/bench/
+// torch_reference.py, same model, same thread count), side by side; plus the GEMM backend
+// and its measured GFLOP/s on the step's shapes.
+//
+//   bench_train_step_bench [--json] [--residual vanilla,xhc] [--batch 8] [--seq 256]
+//                          [--steps 6] [--warmup 2] [--threads T] [--expert-hidden 256]
+//                          [--no-torch] [--python /usr/bin/python3]
+//
+// One step = ZeroGrad + ForwardBackward + AdamW update (runtime/optimizer.h, the trainer's
+// optimizer). Figures are medians over --steps timed steps after --warmup; the time split
+// comes from Model::timing() (gemm, attention core, residual streams, MoE routing, other)
+// plus the optimizer. The PyTorch script runs as a child process with the same shape and
+// thread count when the interpreter has torch (Debian's python3-torch: tools/setup --torch).
+#include <omp.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "nlohmann/json.hpp"
+#include "runtime/cpu/gemm.h"
+#include "runtime/model.h"
+#include "runtime/optimizer.h"
+
+extern "C" void openblas_set_num_threads(int);
+#include <cblas.h>
+
+namespace {
+
+using rackrun::runtime::AdamW;
+using rackrun::runtime::AdamWConfig;
+using rackrun::runtime::Model;
+using rackrun::runtime::ModelConfig;
+using rackrun::runtime::OptimizedTensor;
+
+double Now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+struct Options {
+  std::vector<std::string> residual = {"vanilla", "xhc"};
+  int batch = 8;
+  int seq = 256;
+  int steps = 6;
+  int warmup = 2;
+  int threads = 0;
+  int expert_hidden = 256;
+  bool json = false;
+  bool torch = true;
+  std::string python = "/usr/bin/python3";
+};
+
+struct Row {
+  std::string impl, residual;
+  double tokens_per_s = 0, step_s = 0;
+  double gemm = 0, attention = 0, residual_s = 0, routing = 0, optimizer = 0, other = 0;
+  double first_loss = 0;
+  int64_t parameters = 0;
+  std::string note;
+};
+
+std::vector<std::string> Split(const std::string& s) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (start <= s.size()) {
+    const size_t comma = s.find(',', start);
+    const size_t end = comma == std::string::npos ? s.size() : comma;
+    if (end > start) out.push_back(s.substr(start, end - start));
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return out;
+}
+
+ModelConfig DemoConfig(const Options& o, const std::string& residual) {
+  ModelConfig c;
+  c.vocab = 256;
+  c.width = 128;
+  c.blocks = 4;
+  c.heads = 4;
+  c.seq_len = o.seq;
+  c.residual = residual;  // xhc: N=16, k=4, m=2 (mode defaults)
+  c.moe.experts = 16;
+  c.moe.top_k = 2;
+  c.moe.expert_hidden = o.expert_hidden;
+  return c;
+}
+
+Row RunOurs(const Options& o, const std::string& residual) {
+  Row row;
+  row.impl = "rackrun";
+  row.residual = residual;
+  auto model_or = Model<float>::Create(DemoConfig(o, residual), 1);
+  if (!model_or.ok()) {
+    row.note = std::string(model_or.status().message());
+    return row;
+  }
+  Model<float>& model = **model_or;
+  std::vector<OptimizedTensor> tensors;
+  for (const auto& p : model.Parameters()) {
+    tensors.push_back(
+        OptimizedTensor{p.name, p.value, p.grad, p.size, rackrun::runtime::DecaysWeight(p.name)});
+    row.parameters += p.size;
+  }
+  AdamW adamw(AdamWConfig{}, tensors);
+  std::mt19937 rng(1);
+  const int tokens = o.batch * o.seq;
+  std::vector<int32_t> data(static_cast<size_t>(tokens) + 1);
+  for (auto& t : data) t = static_cast<int32_t>(rng() % 256);
+  std::vector<int32_t> inputs(data.begin(), data.end() - 1), targets(data.begin() + 1, data.end());
+  std::vector<double> step, gemm, attention, res, routing, opt, other;
+  for (int i = 0; i < o.warmup + o.steps; ++i) {
+    const double t0 = Now();
+    model.ZeroGrad();
+    auto loss = model.ForwardBackward(inputs, targets, o.batch, {}, 1.0f);
+    if (!loss.ok()) {
+      row.note = std::string(loss.status().message());
+      return row;
+    }
+    const double t1 = Now();
+    adamw.Step(1e-3);
+    const double t2 = Now();
+    if (i == 0) row.first_loss = *loss;
+    if (i < o.warmup) continue;
+    const auto& tm = model.timing();
+    step.push_back(t2 - t0);
+    gemm.push_back(tm.gemm);
+    attention.push_back(tm.attention);
+    res.push_back(tm.residual);
+    routing.push_back(tm.routing);
+    opt.push_back(t2 - t1);
+    // ZeroGrad is part of the step's "other".
+    other.push_back(tm.other + (t1 - t0 - tm.total));
+  }
+  row.step_s = Median(step);
+  row.tokens_per_s = tokens / row.step_s;
+  row.gemm = Median(gemm);
+  row.attention = Median(attention);
+  row.residual_s = Median(res);
+  row.routing = Median(routing);
+  row.optimizer = Median(opt);
+  row.other = Median(other);
+  return row;
+}
+
+Row RunTorch(const Options& o, const std::string& residual, int threads) {
+  Row row;
+  row.impl = "pytorch";
+  row.residual = residual;
+  std::string dir = __FILE__;
+  dir = dir.substr(0, dir.rfind('/'));
+  const std::string cmd = "OMP_NUM_THREADS=" + std::to_string(threads) + " " + o.python + " " +
+                          dir + "/torch_reference.py --json --residual " + residual + " --batch " +
+                          std::to_string(o.batch) + " --seq " + std::to_string(o.seq) +
+                          " --steps " + std::to_string(o.steps) + " --warmup " +
+                          std::to_string(o.warmup) + " --threads " + std::to_string(threads) +
+                          " --expert-hidden " + std::to_string(o.expert_hidden) + " 2>&1";
+  FILE* pipe = popen(cmd.c_str(), "r");
+  if (pipe == nullptr) {
+    row.note = "could not start " + o.python;
+    return row;
+  }
+  std::string out;
+  std::array<char, 4096> buf;
+  while (fgets(buf.data(), buf.size(), pipe) != nullptr) out += buf.data();
+  const int rc = pclose(pipe);
+  const size_t brace = out.rfind("\n{");
+  const std::string last = out.substr(brace == std::string::npos ? 0 : brace + 1);
+  nlohmann::json j = nlohmann::json::parse(last, nullptr, /*allow_exceptions=*/false);
+  if (rc != 0 || j.is_discarded() || !j.contains("tokens_per_s")) {
+    row.note = "torch reference failed: " + out.substr(0, 200);
+    return row;
+  }
+  row.tokens_per_s = j["tokens_per_s"].get<double>();
+  row.step_s = j["step_s"].get<double>();
+  row.optimizer = j["optimizer_s"].get<double>();
+  row.first_loss = j["first_loss"].get<double>();
+  row.parameters = j["parameters"].get<int64_t>();
+  row.note = "torch " + j["torch"].get<std::string>();
+  return row;
+}
+
+bool PythonHasTorch(const std::string& python) {
+  const std::string cmd = python + " -c 'import torch' >/dev/null 2>&1";
+  return std::system(cmd.c_str()) == 0;
+}
+
+struct GemmRow {
+  int m, n, k;
+  double ours_gflops, openblas_threaded_gflops;
+};
+
+// The step's main GEMM shapes: QKV projection, expert up-projection (one expert's share
+// of the tokens), its weight gradient, LM head.
+std::vector<GemmRow> MeasureGemm(int tokens, int threads) {
+  const std::array<std::array<int, 3>, 4> shapes = {{{tokens, 384, 128},
+                                                     {tokens * 2 / 16, 512, 128},
+                                                     {128, 512, tokens * 2 / 16},
+                                                     {tokens, 256, 128}}};
+  std::vector<GemmRow> rows;
+  std::mt19937 rng(3);
+  for (const auto& s : shapes) {
+    const int m = s[0], n = s[1], k = s[2];
+    std::vector<float> a(static_cast<size_t>(m) * k), b(static_cast<size_t>(k) * n),
+        c(static_cast<size_t>(m) * n);
+    for (auto& x : a) x = static_cast<float>(rng() % 100) / 100.0f;
+    for (auto& x : b) x = static_cast<float>(rng() % 100) / 100.0f;
+    auto best = [&](auto&& call) {
+      double t = 1e30;
+      for (int r = 0; r < 20; ++r) {
+        const double t0 = Now();
+        call();
+        t = std::min(t, Now() - t0);
+      }
+      return 2.0 * m * n * k / t / 1e9;
+    };
+    GemmRow row{m, n, k, 0, 0};
+    row.ours_gflops = best([&] {
+      rackrun::runtime::cpu::Gemm<float>(false, false, m, n, k, 1.0f, a.data(), k, b.data(), n,
+                                         0.0f, c.data(), n);
+    });
+    openblas_set_num_threads(threads);
+    row.openblas_threaded_gflops = best([&] {
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, k, 1.0f, a.data(), k, b.data(),
+                  n, 0.0f, c.data(), n);
+    });
+    openblas_set_num_threads(1);
+    rows.push_back(row);
+  }
+  return rows;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "%s needs a value\n", arg.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (arg == "--json") {
+      o.json = true;
+    } else if (arg == "--no-torch") {
+      o.torch = false;
+    } else if (arg == "--residual") {
+      o.residual = Split(value());
+    } else if (arg == "--batch") {
+      o.batch = std::atoi(value().c_str());
+    } else if (arg == "--seq") {
+      o.seq = std::atoi(value().c_str());
+    } else if (arg == "--steps") {
+      o.steps = std::atoi(value().c_str());
+    } else if (arg == "--warmup") {
+      o.warmup = std::atoi(value().c_str());
+    } else if (arg == "--threads") {
+      o.threads = std::atoi(value().c_str());
+    } else if (arg == "--expert-hidden") {
+      o.expert_hidden = std::atoi(value().c_str());
+    } else if (arg == "--python") {
+      o.python = value();
+    } else {
+      std::fprintf(stderr,
+                   "unknown flag %s\nusage: %s [--json] [--residual vanilla,xhc] [--batch B] "
+                   "[--seq S] [--steps N] [--warmup W] [--threads T] [--expert-hidden F] "
+                   "[--no-torch] [--python PATH]\n",
+                   arg.c_str(), argv[0]);
+      return 2;
+    }
+  }
+  if (o.batch <= 0 || o.seq <= 0 || o.steps <= 0 || o.warmup < 0) {
+    std::fprintf(stderr, "--batch, --seq and --steps must be positive\n");
+    return 2;
+  }
+  if (o.threads > 0) omp_set_num_threads(o.threads);
+  const int threads = omp_get_max_threads();
+  const bool torch = o.torch && PythonHasTorch(o.python);
+
+  const std::vector<GemmRow> gemm = MeasureGemm(o.batch * o.seq, threads);
+  std::vector<Row> rows;
+  for (const auto& mode : o.residual) {
+    rows.push_back(RunOurs(o, mode));
+    if (torch) {
+      if (mode == "vanilla" || mode == "xhc") {
+        rows.push_back(RunTorch(o, mode, threads));
+      } else {
+        Row r;
+        r.impl = "pytorch";
+        r.residual = mode;
+        r.note = "no PyTorch reference for this mode";
+        rows.push_back(r);
+      }
+    }
+  }
+
+  if (o.json) {
+    nlohmann::json j;
+    j["threads"] = threads;
+    j["batch"] = o.batch;
+    j["seq"] = o.seq;
+    j["tokens_per_step"] = o.batch * o.seq;
+    j["gemm_backend"] = rackrun::runtime::cpu::GemmBackendName();
+    for (const auto& g : gemm) {
+      j["gemm"].push_back({{"m", g.m},
+                           {"n", g.n},
+                           {"k", g.k},
+                           {"ours_gflops", g.ours_gflops},
+                           {"openblas_threaded_gflops", g.openblas_threaded_gflops}});
+    }
+    for (const auto& r : rows) {
+      j["runs"].push_back({{"impl", r.impl},
+                           {"residual", r.residual},
+                           {"tokens_per_s", r.tokens_per_s},
+                           {"step_s", r.step_s},
+                           {"gemm_s", r.gemm},
+                           {"attention_s", r.attention},
+                           {"residual_s", r.residual_s},
+                           {"routing_s", r.routing},
+                           {"optimizer_s", r.optimizer},
+                           {"other_s", r.other},
+                           {"first_loss", r.first_loss},
+                           {"parameters", r.parameters},
+                           {"note", r.note}});
+    }
+    std::printf("%s\n", j.dump().c_str());
+    return 0;
+  }
+  std::printf(
+      "GEMM backend %s, %d threads (ours: OpenBLAS single-threaded kernels split over "
+      "OpenMP; alternative: OpenBLAS's own threading)\n",
+      rackrun::runtime::cpu::GemmBackendName().c_str(), threads);
+  std::printf("%6s %6s %6s %12s %14s\n", "m", "n", "k", "ours GF/s", "openblas-thr");
+  for (const auto& g : gemm) {
+    std::printf("%6d %6d %6d %12.1f %14.1f\n", g.m, g.n, g.k, g.ours_gflops,
+                g.openblas_threaded_gflops);
+  }
+  std::printf(
+      "\nTraining step, demo model (4 blocks, C=128, 16 experts top-2, F=%d, vocab 256), "
+      "batch %d x seq %d = %d tokens, %d threads, median of %d steps\n",
+      o.expert_hidden, o.batch, o.seq, o.batch * o.seq, threads, o.steps);
+  std::printf("%-8s %-9s %10s %9s %8s %8s %8s %8s %8s %8s %9s  %s\n", "impl", "residual",
+              "tokens/s", "step ms", "gemm", "attn", "resid", "routing", "optim", "other", "params",
+              "note");
+  for (const auto& r : rows) {
+    if (r.impl == "pytorch") {
+      std::printf("%-8s %-9s %10.0f %9.1f %8s %8s %8s %8s %8.1f %8s %9lld  %s\n", r.impl.c_str(),
+                  r.residual.c_str(), r.tokens_per_s, 1e3 * r.step_s, "-", "-", "-", "-",
+                  1e3 * r.optimizer, "-", static_cast<long long>(r.parameters), r.note.c_str());
+    } else {
+      std::printf("%-8s %-9s %10.0f %9.1f %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f %9lld  %s\n",
+                  r.impl.c_str(), r.residual.c_str(), r.tokens_per_s, 1e3 * r.step_s, 1e3 * r.gemm,
+                  1e3 * r.attention, 1e3 * r.residual_s, 1e3 * r.routing, 1e3 * r.optimizer,
+                  1e3 * r.other, static_cast<long long>(r.parameters), r.note.c_str());
+    }
+  }
+  std::printf("(split columns in ms; the machine is shared, so compare rows of one run)\n");
+  return 0;
+}
