@@ -27,7 +27,7 @@ using residual_internal::Dot;
 using residual_internal::Moments;
 using residual_internal::ParallelWeightGrad;
 using residual_internal::Project;
-using residual_internal::ProjectTransposeAdd;
+using residual_internal::ProjectTransposeAddPacked;
 using residual_internal::Sigmoid;
 
 constexpr double kNormEps = 1e-6;
@@ -272,6 +272,7 @@ class MhcImpl final : public DenseStreamsImpl<T> {
     const T* b_res = this->value(q.b_res);
     const int nt = this->ntok;
     const int ss = 3 + 2 * n + n * n;
+    const T* wp = this->Pack(this->value(q.w), P_, nc);
 #pragma omp parallel for schedule(static) if (this->Parallel())
     for (int t0 = 0; t0 < nt; t0 += kTokenBlock) {
       const int tb = std::min(kTokenBlock, nt - t0);
@@ -326,8 +327,8 @@ class MhcImpl final : public DenseStreamsImpl<T> {
         }
         Axpy(-sum_dy_y / (static_cast<T>(nc) * r * r), x, dx, nc);
       }
-      ProjectTransposeAdd(this->c_.data() + t0 * P_, P_, tb, this->value(q.w), nc, P_, nc,
-                          this->dX.data() + t0 * nc, nc);
+      ProjectTransposeAddPacked(this->c_.data() + t0 * P_, P_, tb, wp, P_, nc,
+                                this->dX.data() + t0 * nc, nc);
     }
     ParallelWeightGrad(this->c_.data(), P_, nt, sl.xprev.data(), nc, P_, nc, this->grad(q.w), nc);
     for (int t = 0; t < nt; ++t) {
@@ -525,6 +526,7 @@ class HcImpl final : public DenseStreamsImpl<T> {
     const int nt = this->ntok;
     const int ss = 2 + 2 * n + n * n;
     const int64_t cs = static_cast<int64_t>(n) * P_;
+    const T* wp = this->Pack(this->value(q.w), P_, C);
 #pragma omp parallel for schedule(static) if (this->Parallel())
     for (int t0 = 0; t0 < nt; t0 += kTokenBlock) {
       const int tb = std::min(kTokenBlock, nt - t0);
@@ -572,8 +574,8 @@ class HcImpl final : public DenseStreamsImpl<T> {
           Axpy(-sum_dy_y / (static_cast<T>(C) * r * r), x + s * C, dx + s * C, C);
         }
       }
-      ProjectTransposeAdd(this->c_.data() + t0 * cs, P_, tb * n, this->value(q.w), C, P_, C,
-                          this->dX.data() + t0 * nc, C);
+      ProjectTransposeAddPacked(this->c_.data() + t0 * cs, P_, tb * n, wp, P_, C,
+                                this->dX.data() + t0 * nc, C);
     }
     ParallelWeightGrad(this->c_.data(), P_, nt * n, sl.xprev.data(), C, P_, C, this->grad(q.w), C);
     for (int t = 0; t < nt; ++t) {

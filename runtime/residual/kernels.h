@@ -212,96 +212,196 @@ inline void Project(const T* x, int64_t ldx, int rows, const T* w, int64_t ldw, 
   }
 }
 
-// x[r*ldx + e] += sum_p c[r*ldc + p] * w[p*ldw + e]: the transpose of Project, used for the
-// input gradient of the mapping projections.
+// w[p*ldw + e] += sum_r c[r*ldc + p] * x[r*ldx + e] for e in [e0, e1): the weight gradient
+// of a projection. Rows are summed in index order, so splitting [0, K) across threads by
+// e keeps the result independent of the thread count. The P rows of w are accumulated in a
+// contiguous local panel (see the note on packing below) and added to w once per chunk.
+inline constexpr int kMaxPanelRows = 256;
 template <typename T>
-inline void ProjectTransposeAdd(const T* c, int64_t ldc, int rows, const T* w, int64_t ldw, int P,
-                                int64_t K, T* x, int64_t ldx) {
+inline void AccumulateOuter(const T* c, int64_t ldc, int rows, const T* x, int64_t ldx, int P,
+                            int64_t e0, int64_t e1, T* w, int64_t ldw);
+
+template <typename T>
+inline void AccumulateOuterRows(const T* c, int64_t ldc, int rows, const T* x, int64_t ldx, int P,
+                                int64_t e0, int64_t e1, T* w, int64_t ldw) {
   constexpr int L = kLanes<T>;
-  constexpr int V = kTileVectors;  // vectors per row per tile
-  int r = 0;
-  for (; r < rows; r += 4) {
+  constexpr int V = 4;
+  constexpr int64_t EC = V * L;
+  T panel[kMaxPanelRows * EC];
+  int64_t e = e0;
+  for (; e + EC <= e1; e += EC) {
+    std::fill(panel, panel + P * EC, T(0));
+    int r = 0;
+    for (; r + 2 <= rows; r += 2) {
+      Simd<T> x0[V], x1[V];
+      for (int v = 0; v < V; ++v) {
+        x0[v] = Load(x + r * ldx + e + v * L);
+        x1[v] = Load(x + (r + 1) * ldx + e + v * L);
+      }
+      const T* c0 = c + r * ldc;
+      const T* c1 = c + (r + 1) * ldc;
+      for (int p = 0; p < P; ++p) {
+        const Simd<T> a0 = Splat(c0[p]), a1 = Splat(c1[p]);
+        T* pp = panel + p * EC;
+        for (int v = 0; v < V; ++v) Store(pp + v * L, Load(pp + v * L) + a0 * x0[v] + a1 * x1[v]);
+      }
+    }
+    for (; r < rows; ++r)
+      for (int p = 0; p < P; ++p) {
+        const Simd<T> a0 = Splat(c[r * ldc + p]);
+        T* pp = panel + p * EC;
+        for (int v = 0; v < V; ++v)
+          Store(pp + v * L, Load(pp + v * L) + a0 * Load(x + r * ldx + e + v * L));
+      }
+    for (int p = 0; p < P; ++p)
+      for (int v = 0; v < V; ++v)
+        Store(w + p * ldw + e + v * L,
+              Load(w + p * ldw + e + v * L) + Load(panel + p * EC + v * L));
+  }
+  for (int p = 0; p < P; ++p)
+    for (int64_t f = e; f < e1; ++f) {
+      T s = 0;
+      for (int r = 0; r < rows; ++r) s += c[r * ldc + p] * x[r * ldx + f];
+      w[p * ldw + f] += s;
+    }
+}
+
+template <typename T>
+inline void AccumulateOuter(const T* c, int64_t ldc, int rows, const T* x, int64_t ldx, int P,
+                            int64_t e0, int64_t e1, T* w, int64_t ldw) {
+  for (int p0 = 0; p0 < P; p0 += kMaxPanelRows)
+    AccumulateOuterRows(c + p0, ldc, rows, x, ldx, std::min(kMaxPanelRows, P - p0), e0, e1,
+                        w + p0 * ldw, ldw);
+}
+
+// ---------------------------------------------------------------------------------------
+// Panel-packed weights. Rows of a P x K weight matrix are K apart in memory, so a kernel
+// that walks P rows at the same column hits one cache set P times (K a power of two) and
+// thrashes L1. Packing puts the P rows' lanes of one vector block side by side:
+// packed[(b * P + p) * L + l] = w[p][b * L + l] (zero past K).
+
+template <typename T>
+inline int64_t PanelSize(int P, int64_t K) {
+  constexpr int L = kLanes<T>;
+  return (K + L - 1) / L * P * L;
+}
+
+template <typename T>
+inline void PackPanels(const T* w, int64_t ldw, int P, int64_t K, T* packed) {
+  constexpr int L = kLanes<T>;
+  const int64_t blocks = (K + L - 1) / L;
+  for (int64_t b = 0; b < blocks; ++b)
+    for (int p = 0; p < P; ++p) {
+      T* dst = packed + (b * P + p) * L;
+      const int64_t e0 = b * L;
+      const int64_t n = std::min<int64_t>(L, K - e0);
+      std::memcpy(dst, w + p * ldw + e0, sizeof(T) * static_cast<size_t>(n));
+      for (int64_t l = n; l < L; ++l) dst[l] = T(0);
+    }
+}
+
+template <typename T, int RB, int PB>
+inline void ProjectPackedTile(const T* x, int64_t ldx, const T* packed, int P, int64_t b0,
+                              int64_t b1, T* acc_out, int64_t ldy) {
+  constexpr int L = kLanes<T>;
+  Simd<T> acc[RB][PB] = {};
+  for (int64_t b = b0; b < b1; ++b) {
+    Simd<T> xv[RB];
+#pragma GCC unroll 8
+    for (int r = 0; r < RB; ++r) xv[r] = Load(x + r * ldx + b * L);
+    const T* wb = packed + b * P * L;
+#pragma GCC unroll 8
+    for (int p = 0; p < PB; ++p) {
+      const Simd<T> wv = Load(wb + p * L);
+#pragma GCC unroll 8
+      for (int r = 0; r < RB; ++r) acc[r][p] += xv[r] * wv;
+    }
+  }
+  for (int r = 0; r < RB; ++r)
+    for (int p = 0; p < PB; ++p) acc_out[r * ldy + p] += HSum<T>(acc[r][p]);
+}
+
+// y[r][p] += sum_e x[r*ldx + e] * w[p][e] with w panel-packed (PackPanels).
+template <typename T>
+inline void ProjectPacked(const T* x, int64_t ldx, int rows, const T* packed, int P, int64_t K,
+                          T* y, int64_t ldy) {
+  constexpr int L = kLanes<T>;
+  constexpr int64_t kChunkBlocks = 1024 / L;
+  const int64_t full = K / L;
+  constexpr int RB = kTileRows, PB = kTileOutputs;
+  for (int64_t b0 = 0; b0 < full; b0 += kChunkBlocks) {
+    const int64_t b1 = std::min(full, b0 + kChunkBlocks);
+    int r = 0;
+    for (; r + RB <= rows; r += RB) {
+      int p = 0;
+      for (; p + PB <= P; p += PB)
+        ProjectPackedTile<T, RB, PB>(x + r * ldx, ldx, packed + p * L, P, b0, b1, y + r * ldy + p,
+                                     ldy);
+      for (; p < P; ++p)
+        ProjectPackedTile<T, RB, 1>(x + r * ldx, ldx, packed + p * L, P, b0, b1, y + r * ldy + p,
+                                    ldy);
+    }
+    for (; r < rows; ++r) {
+      int p = 0;
+      for (; p + PB <= P; p += PB)
+        ProjectPackedTile<T, 1, PB>(x + r * ldx, ldx, packed + p * L, P, b0, b1, y + r * ldy + p,
+                                    ldy);
+      for (; p < P; ++p)
+        ProjectPackedTile<T, 1, 1>(x + r * ldx, ldx, packed + p * L, P, b0, b1, y + r * ldy + p,
+                                   ldy);
+    }
+  }
+  if (full * L < K) {
+    const T* wb = packed + full * P * L;
+    for (int r = 0; r < rows; ++r)
+      for (int p = 0; p < P; ++p) {
+        T s = 0;
+        for (int64_t e = full * L; e < K; ++e) s += x[r * ldx + e] * wb[p * L + (e - full * L)];
+        y[r * ldy + p] += s;
+      }
+  }
+}
+
+// x[r*ldx + e] += sum_p c[r*ldc + p] * w[p][e] with w panel-packed: the transpose of
+// ProjectPacked (input gradients of the mapping projections).
+template <typename T>
+inline void ProjectTransposeAddPacked(const T* c, int64_t ldc, int rows, const T* packed, int P,
+                                      int64_t K, T* x, int64_t ldx) {
+  constexpr int L = kLanes<T>;
+  constexpr int V = kTileVectors;
+  const int64_t full = K / L;
+  for (int r = 0; r < rows; r += 4) {
     const int rb = std::min(4, rows - r);
-    int64_t e = 0;
+    int64_t b = 0;
     if (rb == 4) {
-      for (; e + V * L <= K; e += V * L) {
+      for (; b + V <= full; b += V) {
         Simd<T> acc[4][V];
         for (int i = 0; i < 4; ++i)
-          for (int v = 0; v < V; ++v) acc[i][v] = Load(x + (r + i) * ldx + e + v * L);
+          for (int v = 0; v < V; ++v) acc[i][v] = Load(x + (r + i) * ldx + (b + v) * L);
         for (int p = 0; p < P; ++p) {
           Simd<T> wv[V];
-          for (int v = 0; v < V; ++v) wv[v] = Load(w + p * ldw + e + v * L);
+          for (int v = 0; v < V; ++v) wv[v] = Load(packed + ((b + v) * P + p) * L);
           for (int i = 0; i < 4; ++i) {
             const Simd<T> cv = Splat(c[(r + i) * ldc + p]);
             for (int v = 0; v < V; ++v) acc[i][v] += cv * wv[v];
           }
         }
         for (int i = 0; i < 4; ++i)
-          for (int v = 0; v < V; ++v) Store(x + (r + i) * ldx + e + v * L, acc[i][v]);
+          for (int v = 0; v < V; ++v) Store(x + (r + i) * ldx + (b + v) * L, acc[i][v]);
       }
     }
     for (int i = 0; i < rb; ++i) {
       T* xr = x + (r + i) * ldx;
-      int64_t f = e;
-      for (; f + L <= K; f += L) {
-        Simd<T> acc = Load(xr + f);
-        for (int p = 0; p < P; ++p) acc += Splat(c[(r + i) * ldc + p]) * Load(w + p * ldw + f);
-        Store(xr + f, acc);
+      const T* cr = c + (r + i) * ldc;
+      for (int64_t f = b; f < full; ++f) {
+        Simd<T> acc = Load(xr + f * L);
+        for (int p = 0; p < P; ++p) acc += Splat(cr[p]) * Load(packed + (f * P + p) * L);
+        Store(xr + f * L, acc);
       }
-      for (; f < K; ++f) {
-        T s = xr[f];
-        for (int p = 0; p < P; ++p) s += c[(r + i) * ldc + p] * w[p * ldw + f];
-        xr[f] = s;
-      }
-    }
-  }
-}
-
-// w[p*ldw + e] += sum_r c[r*ldc + p] * x[r*ldx + e] for e in [e0, e1): the weight gradient
-// of a projection. Rows are summed in index order, so splitting [0, K) across threads by
-// e keeps the result independent of the thread count.
-template <typename T>
-inline void AccumulateOuter(const T* c, int64_t ldc, int rows, const T* x, int64_t ldx, int P,
-                            int64_t e0, int64_t e1, T* w, int64_t ldw) {
-  constexpr int L = kLanes<T>;
-  constexpr int V = kTileVectors;
-  constexpr int kRowBlock = 128;
-  for (int r0 = 0; r0 < rows; r0 += kRowBlock) {
-    const int r1 = std::min(rows, r0 + kRowBlock);
-    int p = 0;
-    for (; p < P; p += 4) {
-      const int pb = std::min(4, P - p);
-      int64_t e = e0;
-      if (pb == 4) {
-        for (; e + V * L <= e1; e += V * L) {
-          Simd<T> acc[4][V];
-          for (int i = 0; i < 4; ++i)
-            for (int v = 0; v < V; ++v) acc[i][v] = Load(w + (p + i) * ldw + e + v * L);
-          for (int r = r0; r < r1; ++r) {
-            Simd<T> xv[V];
-            for (int v = 0; v < V; ++v) xv[v] = Load(x + r * ldx + e + v * L);
-            for (int i = 0; i < 4; ++i) {
-              const Simd<T> cv = Splat(c[r * ldc + p + i]);
-              for (int v = 0; v < V; ++v) acc[i][v] += cv * xv[v];
-            }
-          }
-          for (int i = 0; i < 4; ++i)
-            for (int v = 0; v < V; ++v) Store(w + (p + i) * ldw + e + v * L, acc[i][v]);
-        }
-      }
-      for (int i = 0; i < pb; ++i) {
-        T* wr = w + (p + i) * ldw;
-        int64_t f = e;
-        for (; f + L <= e1; f += L) {
-          Simd<T> acc = Load(wr + f);
-          for (int r = r0; r < r1; ++r) acc += Splat(c[r * ldc + p + i]) * Load(x + r * ldx + f);
-          Store(wr + f, acc);
-        }
-        for (; f < e1; ++f) {
-          T s = wr[f];
-          for (int r = r0; r < r1; ++r) s += c[r * ldc + p + i] * x[r * ldx + f];
-          wr[f] = s;
-        }
+      for (int64_t e = full * L; e < K; ++e) {
+        T s = xr[e];
+        for (int p = 0; p < P; ++p) s += cr[p] * packed[(full * P + p) * L + (e - full * L)];
+        xr[e] = s;
       }
     }
   }

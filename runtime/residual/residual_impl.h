@@ -68,6 +68,10 @@ struct ResidualStreams<T>::Impl {
   std::vector<T> dX;                // tokens x N x C (backward)
   std::vector<T> scratch;
   int64_t scratch_per_thread = 0;
+  // Panel-packed copy of one weight matrix for the backward's input gradient; grows on
+  // first use only.
+  std::vector<T> packed;
+  const T* Pack(const T* w, int P, int64_t K);
   int threads = 1;
 
   ResidualTraffic traffic;

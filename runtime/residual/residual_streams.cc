@@ -198,6 +198,14 @@ void ResidualStreams<T>::Impl::Count(std::string_view step, double paper_read, d
   s->fused_written += static_cast<int64_t>(fused_written * t);
 }
 
+template <typename T>
+const T* ResidualStreams<T>::Impl::Pack(const T* w, int P, int64_t K) {
+  const size_t need = static_cast<size_t>(residual_internal::PanelSize<T>(P, K));
+  if (packed.size() < need) packed.resize(need);
+  residual_internal::PackPanels(w, K, P, K, packed.data());
+  return packed.data();
+}
+
 // ---------------------------------------------------------------------------------------
 // vanilla: x' = x + F(x). Nothing to save: the backward does not depend on x.
 

@@ -35,7 +35,7 @@ using residual_internal::Moments;
 using residual_internal::MulAdd;
 using residual_internal::ParallelWeightGrad;
 using residual_internal::Project;
-using residual_internal::ProjectTransposeAdd;
+using residual_internal::ProjectTransposeAddPacked;
 using residual_internal::Sigmoid;
 
 constexpr double kNormEps = 1e-6;
@@ -586,7 +586,7 @@ void XhcImpl<T>::WriteBackward(int l, T* d_out) {
   const T a_res = sl.last ? *Param(sl.a_res) : T(0);
   const T* b_res = sl.last ? Param(sl.b_res) : nullptr;
   const T a_post = *Param(sl.a_post);
-  const T* w2 = Param(sl.w2);
+  const T* w2p = this->Pack(Param(sl.w2), sl.P2, kc);
   const T* saved_out = sl.rows.data() + kc;  // v1 = out rows, at stride row_stride
 #pragma omp parallel for schedule(static) if (this->Parallel())
   for (int t0 = 0; t0 < tokens; t0 += kTokenBlock) {
@@ -693,8 +693,8 @@ void XhcImpl<T>::WriteBackward(int l, T* d_out) {
       for (int p = 0; p < sl.P2; ++p) c2[p] /= ra;
       Axpy(-sum_dq_q / (static_cast<T>(kc) * ra * ra), a, da, kc);
     }
-    ProjectTransposeAdd(c2_.data() + static_cast<int64_t>(t0) * P2Max(), P2Max(), tb, w2, kc, sl.P2,
-                        kc, dablock, kc);
+    ProjectTransposeAddPacked(c2_.data() + static_cast<int64_t>(t0) * P2Max(), P2Max(), tb, w2p,
+                              sl.P2, kc, dablock, kc);
     for (int i = 0; i < tb; ++i) {
       const int t = t0 + i;
       const int32_t* idx = gr.idx.data() + static_cast<int64_t>(t) * k_;
@@ -768,7 +768,7 @@ void XhcImpl<T>::ReadBackward(int l, const T* d_u) {
   const int64_t ss = ScalStride();
   const T a_pre = *Param(sl.a_pre);
   const int P1 = gr.P1;
-  const T* w1 = Param(gr.w1);
+  const T* w1p = sl.s == 0 ? this->Pack(Param(gr.w1), P1, nc) : nullptr;
 #pragma omp parallel for schedule(static) if (this->Parallel())
   for (int t0 = 0; t0 < tokens; t0 += kTokenBlock) {
     const int tb = std::min(kTokenBlock, tokens - t0);
@@ -832,8 +832,8 @@ void XhcImpl<T>::ReadBackward(int l, const T* d_u) {
       if (beta != T(0))
         for (int64_t e = 0; e < nc; ++e) dx[e] += beta;
     }
-    ProjectTransposeAdd(c1_.data() + static_cast<int64_t>(t0) * P1, P1, tb, w1, nc, P1, nc,
-                        this->dX.data() + static_cast<int64_t>(t0) * nc, nc);
+    ProjectTransposeAddPacked(c1_.data() + static_cast<int64_t>(t0) * P1, P1, tb, w1p, P1, nc,
+                              this->dX.data() + static_cast<int64_t>(t0) * nc, nc);
   }
   T* ga = this->grad(sl.a_pre);
   T* gb = this->grad(sl.b_pre);
