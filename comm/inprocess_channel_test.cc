@@ -45,7 +45,7 @@ INSTANTIATE_TEST_SUITE_P(Ranks, InProcessChannelTest, ::testing::Values(1, 2, 3,
 TEST(InProcessChannel, SilentRankTimesOutNamingIt) {
   for (int ranks : {2, 4}) {
     ChannelOptions options;
-    options.timeout = absl::Milliseconds(300);
+    options.timeout = absl::Seconds(1);
     absl::Status s = RunInProcessRanks(ranks, options, [&](DataChannel& channel) {
       testing::CheckSilentRankTimesOut(channel, ranks - 1);
       return absl::OkStatus();
