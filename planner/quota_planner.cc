@@ -77,7 +77,7 @@ void QuotaSplit::SplitExpert(const LoadMatrix& loads, const Plan& plan, int e, s
 
   // 2. Proportional with largest remainders, one instance at a time; instance 0 (the
   // master) takes what is left.
-  constexpr int kBuckets = 64;
+  constexpr int kBuckets = 16;
   int32_t counts[4][kBuckets];
   double* remainder = remainder_.data();
   int32_t* bucket = bucket_.data();
