@@ -736,10 +736,10 @@ int PlanCommand(const Args& args) {
       static_cast<long long>(microbatches.size() - measured_microbatches.size()));
   std::printf(
       "| policy  | imbalance before p50/p99/max | after p50/p99/max     | replicas | fan-out MiB | "
-      "fan-out ms direct/relay | re-placed MiB | sim %% of ideal | solve us p50/p99 |\n");
+      "fan-out ms direct/relay | re-placed MiB | sim %% of ideal | solve us p50/p99    |\n");
   std::printf(
       "|---------|------------------------------|-----------------------|----------|-------------|"
-      "-------------------------|---------------|----------------|------------------|\n");
+      "-------------------------|---------------|----------------|---------------------|\n");
   for (PolicyRun& run : runs) {
     const Triple before = Summary(run.before);
     const Triple after = Summary(run.after);
@@ -750,7 +750,7 @@ int PlanCommand(const Args& args) {
     const std::string fanout_ms = Format("%.3f / %.3f", Mean(run.direct_ms), Mean(run.relay_ms));
     const std::string solve_text =
         Format("%.1f / %.1f", Percentile(solve, 50), Percentile(solve, 99));
-    std::printf("| %-7s | %-28s | %-21s | %8.1f | %11.1f | %-23s | %13.1f | %14.1f | %-16s |\n",
+    std::printf("| %-7s | %-28s | %-21s | %8.1f | %11.1f | %-23s | %13.1f | %14.1f | %-19s |\n",
                 run.name.c_str(), before_text.c_str(), after_text.c_str(), Mean(run.replicas),
                 Mean(run.fanout_bytes) / kMiB, fanout_ms.c_str(),
                 static_cast<double>(run.replacement_bytes) / kMiB,
