@@ -164,10 +164,12 @@ void QuotaSplit::SplitExpert(const LoadMatrix& loads, const Plan& plan, int e, s
         tied[num_tied] = static_cast<int32_t>(s);
         num_tied += bucket[s] == edge ? 1 : 0;
       }
-      if (take < static_cast<int64_t>(num_tied)) {
-        std::sort(tied, tied + num_tied, [remainder](int32_t a, int32_t b) {
-          return remainder[a] != remainder[b] ? remainder[a] > remainder[b] : a < b;
-        });
+      if (take > 0 && take < static_cast<int64_t>(num_tied)) {
+        // Only which sources are among the `take` largest matters, not their order.
+        std::nth_element(
+            tied, tied + (take - 1), tied + num_tied, [remainder](int32_t a, int32_t b) {
+              return remainder[a] != remainder[b] ? remainder[a] > remainder[b] : a < b;
+            });
       }
       for (int64_t c = 0; c < take; ++c) {
         const size_t s = static_cast<size_t>(tied[c]);
