@@ -143,6 +143,26 @@ TEST(JobSpecTest, DataPathsResolveBesideTheSpecFile) {
   EXPECT_EQ(spec->data().validation(), "val.tokens");  // not beside the spec: unchanged
 }
 
+TEST(JobSpecTest, ExampleSpecsAreValid) {
+  const std::filesystem::path examples =
+      std::filesystem::path(__FILE__).parent_path().parent_path() / "examples";
+  absl::StatusOr<rackrun::v1::JobSpec> spec =
+      LoadJobSpec((examples / "tiny-moe.yaml").string(), {});
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->model().residual(), "xhc");
+  EXPECT_EQ(spec->model().streams(), 16);
+  EXPECT_EQ(spec->model().active(), 4);
+  EXPECT_EQ(spec->model().moe().experts(), 16);
+  EXPECT_EQ(spec->model().moe().top_k(), 2);
+  // The comparison script's overrides give valid specs for every mode.
+  for (const char* mode : {"vanilla", "hc", "mhc", "xhc", "xhc_flash", "xhc_flash4"}) {
+    spec = LoadJobSpec((examples / "tiny-moe.yaml").string(),
+                       {std::string("model.residual=") + mode, "model.streams=0", "model.active=0",
+                        "model.fixed=0"});
+    EXPECT_TRUE(spec.ok()) << mode << ": " << spec.status();
+  }
+}
+
 TEST(JobSpecTest, JsonDumpRoundTrips) {
   absl::StatusOr<rackrun::v1::JobSpec> spec = ParseJobSpec(kYaml, {});
   ASSERT_TRUE(spec.ok());

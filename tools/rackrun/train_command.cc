@@ -136,6 +136,11 @@ int TrainCommand(const Args& args) {
     return 1;
   }
   const rt::TrainSummary& s = *summary;
+  if (s.losses.empty()) {
+    std::printf("nothing to train: already at step %lld of %lld\n", static_cast<long long>(s.steps),
+                static_cast<long long>(c.steps));
+    return 0;
+  }
   std::printf("summary: %lld steps (%lld this run) in %.1f s, %.0f tokens/s\n",
               static_cast<long long>(s.steps), static_cast<long long>(s.steps - s.first_step),
               s.elapsed_s, s.tokens_per_s);
