@@ -1,5 +1,7 @@
 #include "runtime/model.h"
 
+#include <omp.h>
+
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
@@ -174,6 +176,36 @@ TEST(ModelTest, DeterministicAndAllocationFreeInTheSteadyState) {
   }
   EXPECT_EQ(losses[0], losses[1]);
   EXPECT_EQ(grads[0], grads[1]);
+}
+
+TEST(ModelTest, LossesAgreeAcrossThreadCounts) {
+  ModelConfig c = TinyConfig("xhc");
+  c.width = 32;
+  c.seq_len = 32;
+  const Batch b = TinyBatch(c.vocab, 4, 32);
+  std::vector<double> losses;
+  const int saved = omp_get_max_threads();
+  for (int threads : {1, 2, 3}) {
+    omp_set_num_threads(threads);
+    auto model = Model<float>::Create(c, 11);
+    ASSERT_TRUE(model.ok());
+    auto params = (*model)->Parameters();
+    double last = 0;
+    for (int step = 0; step < 3; ++step) {
+      (*model)->ZeroGrad();
+      auto loss = (*model)->ForwardBackward(b.inputs, b.targets, b.batch, b.starts, 1.0f);
+      ASSERT_TRUE(loss.ok());
+      last = *loss;
+      for (auto& p : params) {
+        for (int64_t i = 0; i < p.size; ++i) p.value[i] -= 0.1f * p.grad[i];
+      }
+    }
+    losses.push_back(last);
+  }
+  omp_set_num_threads(saved);
+  // Only float reassociation differs (GEMM splits, per-thread blocks): stated tolerance.
+  EXPECT_NEAR(losses[1], losses[0], 1e-5 * losses[0]);
+  EXPECT_NEAR(losses[2], losses[0], 1e-5 * losses[0]);
 }
 
 TEST(ModelTest, ExpertCountsAreExactPerLayer) {

@@ -2,11 +2,18 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "runtime/cpu/gemm.h"
 
 namespace rackrun::runtime {
+namespace {
+
+// Query rows per causal block: keys beyond the block's last row are never computed.
+constexpr int kQueryBlock = 64;
+
+}  // namespace
 
 template <typename T>
 Attention<T>::Attention(int width, int heads, int max_seq, double rope_theta,
@@ -94,24 +101,33 @@ void Attention<T>::Forward(const T* u, int batch, int seq, const int32_t* doc_st
     const T* v = q + 2 * c;
     T* p = probs_.data() + static_cast<int64_t>(bh) * seq * seq;
     const int32_t* ds = doc_start + static_cast<int64_t>(b) * seq;
-    cpu::GemmSerial<T>(false, true, seq, seq, d, scale, q, c3, k, c3, T(0), p, seq);
-    for (int i = 0; i < seq; ++i) {
-      T* pr = p + static_cast<int64_t>(i) * seq;
-      const int j0 = ds[i];
-      T mx = pr[j0];
-      for (int j = j0 + 1; j <= i; ++j) mx = std::max(mx, pr[j]);
-      T sum = 0;
-      for (int j = j0; j <= i; ++j) {
-        pr[j] = std::exp(pr[j] - mx);
-        sum += pr[j];
+    T* o = attn_.data() + static_cast<int64_t>(b) * seq * c + h * d;
+    // Causal blocks: query rows [i0, i1) only need keys [doc_start[i0], i1).
+    for (int i0 = 0; i0 < seq; i0 += kQueryBlock) {
+      const int i1 = std::min(seq, i0 + kQueryBlock);
+      const int k0 = ds[i0];
+      T* pb = p + static_cast<int64_t>(i0) * seq;
+      cpu::GemmSerial<T>(false, true, i1 - i0, i1 - k0, d, scale, q + static_cast<int64_t>(i0) * c3,
+                         c3, k + static_cast<int64_t>(k0) * c3, c3, T(0), pb + k0, seq);
+      for (int i = i0; i < i1; ++i) {
+        T* pr = p + static_cast<int64_t>(i) * seq;
+        const int j0 = ds[i];
+        T mx = pr[j0];
+        for (int j = j0 + 1; j <= i; ++j) mx = std::max(mx, pr[j]);
+        T sum = 0;
+        for (int j = j0; j <= i; ++j) {
+          pr[j] = std::exp(pr[j] - mx);
+          sum += pr[j];
+        }
+        const T inv = T(1) / sum;
+        for (int j = 0; j < j0; ++j) pr[j] = 0;
+        for (int j = j0; j <= i; ++j) pr[j] *= inv;
+        for (int j = i + 1; j < seq; ++j) pr[j] = 0;
       }
-      const T inv = T(1) / sum;
-      for (int j = 0; j < j0; ++j) pr[j] = 0;
-      for (int j = j0; j <= i; ++j) pr[j] *= inv;
-      for (int j = i + 1; j < seq; ++j) pr[j] = 0;
+      cpu::GemmSerial<T>(false, false, i1 - i0, d, i1 - k0, T(1), pb + k0, seq,
+                         v + static_cast<int64_t>(k0) * c3, c3, T(0),
+                         o + static_cast<int64_t>(i0) * c, c);
     }
-    cpu::GemmSerial<T>(false, false, seq, d, seq, T(1), p, seq, v, c3, T(0),
-                       attn_.data() + static_cast<int64_t>(b) * seq * c + h * d, c);
   }
   cpu::Gemm<T>(false, false, static_cast<int>(tokens), c, c, T(1), attn_.data(), c,
                wo_.value.data(), c, T(0), out, c);
@@ -150,23 +166,41 @@ void Attention<T>::Backward(const T* dout, T* du) {
     const T* dof = dattn_.data() + static_cast<int64_t>(b) * seq * c + h * d;
     T* ds = dscores_.data() + static_cast<int64_t>(omp_get_thread_num()) * seq * seq;
     const int32_t* dst = doc_start_ + static_cast<int64_t>(b) * seq;
-    // dP = dO V^T; dV = P^T dO.
-    cpu::GemmSerial<T>(false, true, seq, seq, d, T(1), dof, c, v, c3, T(0), ds, seq);
-    cpu::GemmSerial<T>(true, false, seq, d, seq, T(1), p, seq, dof, c, T(0), dv, c3);
-    // dS = P * (dP - rowsum(P * dP)) * scale, zero outside the mask.
     for (int i = 0; i < seq; ++i) {
-      const T* pr = p + static_cast<int64_t>(i) * seq;
-      T* dr = ds + static_cast<int64_t>(i) * seq;
-      const int j0 = dst[i];
-      T dot = 0;
-      for (int j = j0; j <= i; ++j) dot += pr[j] * dr[j];
-      for (int j = 0; j < j0; ++j) dr[j] = 0;
-      for (int j = j0; j <= i; ++j) dr[j] = pr[j] * (dr[j] - dot) * scale;
-      for (int j = i + 1; j < seq; ++j) dr[j] = 0;
+      std::fill(dk + static_cast<int64_t>(i) * c3, dk + static_cast<int64_t>(i) * c3 + d, T(0));
+      std::fill(dv + static_cast<int64_t>(i) * c3, dv + static_cast<int64_t>(i) * c3 + d, T(0));
     }
-    // dQ = dS K; dK = dS^T Q (rotated coordinates).
-    cpu::GemmSerial<T>(false, false, seq, d, seq, T(1), ds, seq, k, c3, T(0), dq, c3);
-    cpu::GemmSerial<T>(true, false, seq, d, seq, T(1), ds, seq, q, c3, T(0), dk, c3);
+    for (int i0 = 0; i0 < seq; i0 += kQueryBlock) {
+      const int i1 = std::min(seq, i0 + kQueryBlock);
+      const int k0 = dst[i0];
+      const int rows = i1 - i0, cols = i1 - k0;
+      const T* pb = p + static_cast<int64_t>(i0) * seq + k0;
+      T* db = ds + static_cast<int64_t>(i0) * seq + k0;
+      const T* dob = dof + static_cast<int64_t>(i0) * c;
+      // dP = dO V^T; dV += P^T dO.
+      cpu::GemmSerial<T>(false, true, rows, cols, d, T(1), dob, c,
+                         v + static_cast<int64_t>(k0) * c3, c3, T(0), db, seq);
+      cpu::GemmSerial<T>(true, false, cols, d, rows, T(1), pb, seq, dob, c, T(1),
+                         dv + static_cast<int64_t>(k0) * c3, c3);
+      // dS = P * (dP - rowsum(P * dP)) * scale, zero outside the mask.
+      for (int i = i0; i < i1; ++i) {
+        const T* pr = p + static_cast<int64_t>(i) * seq;
+        T* dr = ds + static_cast<int64_t>(i) * seq;
+        const int j0 = dst[i];
+        T dot = 0;
+        for (int j = j0; j <= i; ++j) dot += pr[j] * dr[j];
+        for (int j = k0; j < j0; ++j) dr[j] = 0;
+        for (int j = j0; j <= i; ++j) dr[j] = pr[j] * (dr[j] - dot) * scale;
+        for (int j = i + 1; j < i1; ++j) dr[j] = 0;
+      }
+      // dQ = dS K; dK += dS^T Q (rotated coordinates).
+      cpu::GemmSerial<T>(false, false, rows, d, cols, T(1), db, seq,
+                         k + static_cast<int64_t>(k0) * c3, c3, T(0),
+                         dq + static_cast<int64_t>(i0) * c3, c3);
+      cpu::GemmSerial<T>(true, false, cols, d, rows, T(1), db, seq,
+                         q + static_cast<int64_t>(i0) * c3, c3, T(1),
+                         dk + static_cast<int64_t>(k0) * c3, c3);
+    }
   }
   // Rotary is orthogonal: its transpose is the inverse rotation.
   ApplyRope(dqkv_.data(), tokens, seq, /*inverse=*/true);

@@ -44,6 +44,29 @@ TEST(AttentionTest, GradientCheckFp64WithDocumentsInsideARow) {
   testing::ExpectParameterGradientsMatch(params, loss, 24);
 }
 
+TEST(AttentionTest, GradientCheckFp64AcrossCausalBlocks) {
+  // seq 150 spans three 64-row query blocks; documents start at 40 and 100 (inside
+  // blocks) in row 0.
+  const int batch = 1, seq = 150, c = 4, heads = 2;
+  Attention<double> attn(c, heads, seq, 10000.0, "a");
+  NormalInit rng(31);
+  attn.Init(rng, 0.5, 0.5);
+  const int64_t n = static_cast<int64_t>(batch) * seq * c;
+  std::vector<double> u(n), out(n), r(n), du(n);
+  FillUniform(u.data(), n, 32, 1.0);
+  FillUniform(r.data(), n, 33, 1.0);
+  std::vector<int32_t> ds(seq);
+  for (int i = 0; i < seq; ++i) ds[i] = i >= 100 ? 100 : (i >= 40 ? 40 : 0);
+  auto loss = [&] {
+    attn.Forward(u.data(), batch, seq, ds.data(), out.data());
+    return Dot(out.data(), r.data(), n);
+  };
+  loss();
+  attn.Backward(r.data(), du.data());
+  testing::ExpectGradientMatches("u", u.data(), du.data(), n, loss, 40);
+  testing::ExpectParameterGradientsMatch(attn.Parameters(), loss, 12);
+}
+
 TEST(AttentionTest, IsCausalAndStaysInsideDocuments) {
   const int batch = 2, seq = 6, c = 8, heads = 2;
   Attention<double> attn(c, heads, seq, 10000.0, "a");
