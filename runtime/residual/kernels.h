@@ -214,49 +214,50 @@ inline void Project(const T* x, int64_t ldx, int rows, const T* w, int64_t ldw, 
 
 // w[p*ldw + e] += sum_r c[r*ldc + p] * x[r*ldx + e] for e in [e0, e1): the weight gradient
 // of a projection. Rows are summed in index order, so splitting [0, K) across threads by
-// e keeps the result independent of the thread count. The P rows of w are accumulated in a
-// contiguous local panel (see the note on packing below) and added to w once per chunk.
-inline constexpr int kMaxPanelRows = 256;
+// e keeps the result independent of the thread count. Rows are ldx apart (often a power of
+// two), so each row block's slice of x is first copied into a contiguous buffer; the sums
+// then run with register accumulators for 4 outputs x one cache line of columns.
 template <typename T>
 inline void AccumulateOuter(const T* c, int64_t ldc, int rows, const T* x, int64_t ldx, int P,
-                            int64_t e0, int64_t e1, T* w, int64_t ldw);
-
-template <typename T>
-inline void AccumulateOuterRows(const T* c, int64_t ldc, int rows, const T* x, int64_t ldx, int P,
-                                int64_t e0, int64_t e1, T* w, int64_t ldw) {
+                            int64_t e0, int64_t e1, T* w, int64_t ldw) {
   constexpr int L = kLanes<T>;
-  constexpr int V = 4;
+  constexpr int V = 2;
   constexpr int64_t EC = V * L;
-  T panel[kMaxPanelRows * EC];
+  constexpr int kRowBlock = 256;
+  T xs[kRowBlock * EC];
   int64_t e = e0;
   for (; e + EC <= e1; e += EC) {
-    std::fill(panel, panel + P * EC, T(0));
-    int r = 0;
-    for (; r + 2 <= rows; r += 2) {
-      Simd<T> x0[V], x1[V];
-      for (int v = 0; v < V; ++v) {
-        x0[v] = Load(x + r * ldx + e + v * L);
-        x1[v] = Load(x + (r + 1) * ldx + e + v * L);
+    for (int r0 = 0; r0 < rows; r0 += kRowBlock) {
+      const int rn = std::min(kRowBlock, rows - r0);
+      for (int r = 0; r < rn; ++r) std::memcpy(xs + r * EC, x + (r0 + r) * ldx + e, sizeof(T) * EC);
+      const T* cb = c + r0 * ldc;
+      int p = 0;
+      for (; p + 4 <= P; p += 4) {
+        Simd<T> acc[4][V] = {};
+        for (int r = 0; r < rn; ++r) {
+          const Simd<T> x0 = Load(xs + r * EC), x1 = Load(xs + r * EC + L);
+          const T* cr = cb + r * ldc + p;
+#pragma GCC unroll 4
+          for (int i = 0; i < 4; ++i) {
+            const Simd<T> cv = Splat(cr[i]);
+            acc[i][0] += cv * x0;
+            acc[i][1] += cv * x1;
+          }
+        }
+        for (int i = 0; i < 4; ++i)
+          for (int v = 0; v < V; ++v)
+            Store(w + (p + i) * ldw + e + v * L, Load(w + (p + i) * ldw + e + v * L) + acc[i][v]);
       }
-      const T* c0 = c + r * ldc;
-      const T* c1 = c + (r + 1) * ldc;
-      for (int p = 0; p < P; ++p) {
-        const Simd<T> a0 = Splat(c0[p]), a1 = Splat(c1[p]);
-        T* pp = panel + p * EC;
-        for (int v = 0; v < V; ++v) Store(pp + v * L, Load(pp + v * L) + a0 * x0[v] + a1 * x1[v]);
+      for (; p < P; ++p) {
+        Simd<T> acc[V] = {};
+        for (int r = 0; r < rn; ++r) {
+          const Simd<T> cv = Splat(cb[r * ldc + p]);
+          for (int v = 0; v < V; ++v) acc[v] += cv * Load(xs + r * EC + v * L);
+        }
+        for (int v = 0; v < V; ++v)
+          Store(w + p * ldw + e + v * L, Load(w + p * ldw + e + v * L) + acc[v]);
       }
     }
-    for (; r < rows; ++r)
-      for (int p = 0; p < P; ++p) {
-        const Simd<T> a0 = Splat(c[r * ldc + p]);
-        T* pp = panel + p * EC;
-        for (int v = 0; v < V; ++v)
-          Store(pp + v * L, Load(pp + v * L) + a0 * Load(x + r * ldx + e + v * L));
-      }
-    for (int p = 0; p < P; ++p)
-      for (int v = 0; v < V; ++v)
-        Store(w + p * ldw + e + v * L,
-              Load(w + p * ldw + e + v * L) + Load(panel + p * EC + v * L));
   }
   for (int p = 0; p < P; ++p)
     for (int64_t f = e; f < e1; ++f) {
@@ -264,14 +265,6 @@ inline void AccumulateOuterRows(const T* c, int64_t ldc, int rows, const T* x, i
       for (int r = 0; r < rows; ++r) s += c[r * ldc + p] * x[r * ldx + f];
       w[p * ldw + f] += s;
     }
-}
-
-template <typename T>
-inline void AccumulateOuter(const T* c, int64_t ldc, int rows, const T* x, int64_t ldx, int P,
-                            int64_t e0, int64_t e1, T* w, int64_t ldw) {
-  for (int p0 = 0; p0 < P; p0 += kMaxPanelRows)
-    AccumulateOuterRows(c + p0, ldc, rows, x, ldx, std::min(kMaxPanelRows, P - p0), e0, e1,
-                        w + p0 * ldw, ldw);
 }
 
 // ---------------------------------------------------------------------------------------
