@@ -78,7 +78,6 @@ void QuotaSplit::SplitExpert(const LoadMatrix& loads, const Plan& plan, int e, s
   // 2. Proportional with largest remainders, one instance at a time; instance 0 (the
   // master) takes what is left.
   constexpr int kBuckets = 16;
-  int32_t counts[4][kBuckets];
   double* remainder = remainder_.data();
   int32_t* bucket = bucket_.data();
   for (int j = 1; j < k && left > 0; ++j) {
@@ -139,19 +138,26 @@ void QuotaSplit::SplitExpert(const LoadMatrix& loads, const Plan& plan, int e, s
     for (size_t s = 0; s < g; ++s) rem_sum += remainder[s];  // exact: integers < 2^53
     int64_t leftover = static_cast<int64_t>(rem_sum * inv + 0.5);
     if (leftover > 0) {
-      // Four interleaved histograms keep the counting free of store-to-load chains.
-      std::fill(&counts[0][0], &counts[0][0] + 4 * kBuckets, 0);
-      for (size_t s = 0; s < g; ++s)
-        counts[s & 3][bucket[s] & (kBuckets - 1)] += bucket[s] >= 0 ? 1 : 0;
+      // The edge bucket: the largest b with at least `leftover` sources in buckets >= b,
+      // by binary search over the 16 buckets with vectorized counting passes.
+      const auto count_from = [bucket, g](int b) {
+        int32_t count = 0;
+        for (size_t s = 0; s < g; ++s) count += bucket[s] >= b ? 1 : 0;
+        return static_cast<int64_t>(count);
+      };
+      int edge = 0;
+      int beyond = kBuckets;  // count_from(edge) >= leftover > count_from(beyond)
+      while (beyond - edge > 1) {
+        const int mid = (edge + beyond) / 2;
+        if (count_from(mid) >= leftover) {
+          edge = mid;
+        } else {
+          beyond = mid;
+        }
+      }
       // Every source in a bucket above `edge` gets a token; `take` of the sources in
       // bucket `edge` do, the largest remainders first, ties to the lower source.
-      int edge = kBuckets - 1;
-      for (;; --edge) {
-        const int64_t in_bucket =
-            counts[0][edge] + counts[1][edge] + counts[2][edge] + counts[3][edge];
-        if (in_bucket >= leftover) break;
-        leftover -= in_bucket;
-      }
+      leftover -= edge + 1 < kBuckets ? count_from(edge + 1) : 0;
       const int64_t take = leftover;
       int32_t* tied = tied_.data();
       size_t num_tied = 0;
