@@ -67,7 +67,7 @@ class DenseStreamsImpl : public ResidualStreams<T>::Impl {
     }
     this->scratch_per_thread = scratch_elems + kTokenBlock * nc;
     this->scratch.resize(static_cast<size_t>(this->scratch_per_thread) *
-                         static_cast<size_t>(std::max(1, omp_get_max_threads())));
+                         static_cast<size_t>(this->threads));
   }
 
   // The paper's unfused rows (DESIGN.md mhc table) next to what the fused kernels touch.

@@ -196,6 +196,9 @@ inline void Project(const T* x, int64_t ldx, int rows, const T* w, int64_t ldw, 
       for (; p + PB <= P; p += PB)
         ProjectTile<T, RB, PB>(x + r * ldx + k0, ldx, w + p * ldw + k0, ldw, kc, y + r * ldy + p,
                                ldy);
+      for (; p + 2 <= P; p += 2)
+        ProjectTile<T, RB, 2>(x + r * ldx + k0, ldx, w + p * ldw + k0, ldw, kc, y + r * ldy + p,
+                              ldy);
       for (; p < P; ++p)
         ProjectTile<T, RB, 1>(x + r * ldx + k0, ldx, w + p * ldw + k0, ldw, kc, y + r * ldy + p,
                               ldy);

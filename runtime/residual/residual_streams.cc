@@ -340,8 +340,12 @@ absl::Status ResidualStreams<T>::BeginBatch(int tokens, std::span<const int32_t>
   }
   m.ntok = tokens;
   m.save = save_for_backward;
-  m.threads = std::max(1, omp_get_max_threads());
-  const bool grow = tokens > m.capacity || (save_for_backward && !m.reserved_save);
+  // Per-thread scratch is sized for the thread count at reservation: re-reserve if the
+  // OpenMP team grew since.
+  const int threads = std::max(1, omp_get_max_threads());
+  const bool grow =
+      tokens > m.capacity || (save_for_backward && !m.reserved_save) || threads > m.threads;
+  m.threads = std::max(m.threads, threads);
   if (grow) {
     m.capacity = std::max(tokens, m.capacity);
     m.reserved_save = m.reserved_save || save_for_backward;

@@ -249,7 +249,7 @@ void XhcImpl<T>::Reserve() {
   }
   this->scratch_per_thread = ScratchSize();
   this->scratch.resize(static_cast<size_t>(this->scratch_per_thread) *
-                       static_cast<size_t>(std::max(1, omp_get_max_threads())));
+                       static_cast<size_t>(this->threads));
 }
 
 template <typename T>
