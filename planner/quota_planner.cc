@@ -407,8 +407,11 @@ absl::Status QuotaPlanner::SolveInto(const LoadMatrix& loads, int /*layer*/, Pla
   }
   home_loads_.assign(static_cast<size_t>(ranks), 0);
   int64_t total = 0;
-  for (int e = 0; e < experts; ++e)
-    home_loads_[static_cast<size_t>(e / masters)] += totals_[static_cast<size_t>(e)];
+  for (int r = 0, e = 0; r < ranks; ++r) {
+    for (int m = 0; m < masters; ++m, ++e) {
+      home_loads_[static_cast<size_t>(r)] += totals_[static_cast<size_t>(e)];
+    }
+  }
   int64_t max_load = 0;
   for (int r = 0; r < ranks; ++r) {
     total += home_loads_[static_cast<size_t>(r)];

@@ -108,6 +108,25 @@ int main(int argc, char** argv) {
   CPU_SET(sched_getcpu(), &set);
   sched_setaffinity(0, sizeof(set), &set);
 
+  // Machine calibration: the median time to sum 16384 int64 counts (one EP64 load matrix)
+  // on this thread. On a shared or throttled machine every figure below scales with it.
+  double reference_us = 0;
+  {
+    std::vector<int64_t> data(16384);
+    for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<int64_t>(i * 7 % 1000);
+    std::vector<double> us;
+    volatile int64_t sink = 0;
+    for (int rep = 0; rep < 200; ++rep) {
+      const auto start = std::chrono::steady_clock::now();
+      int64_t sum = 0;
+      for (const int64_t v : data) sum += v ^ rep;
+      sink = sink + sum;
+      const auto stop = std::chrono::steady_clock::now();
+      us.push_back(std::chrono::duration<double, std::micro>(stop - start).count());
+    }
+    reference_us = Percentile(us, 0.5);
+  }
+
   const std::vector<double> targets = {1.5, 2.0, 3.0};
   std::vector<Row> rows;
   for (const int ranks : eps) {
@@ -211,16 +230,20 @@ int main(int argc, char** argv) {
       }
       out.push_back(j);
     }
-    std::printf("%s\n",
-                nlohmann::json{{"solves", solves}, {"microbatches", microbatches}, {"rows", out}}
-                    .dump(2)
-                    .c_str());
+    std::printf("%s\n", nlohmann::json{{"solves", solves},
+                                       {"microbatches", microbatches},
+                                       {"reference_sum16k_us", reference_us},
+                                       {"rows", out}}
+                            .dump(2)
+                            .c_str());
     return 0;
   }
   std::printf(
       "planner_bench: %d solves per cell over %d microbatches, 2 slots/rank, top-8, "
       "8192 tokens/rank, one pinned thread\n",
       solves, microbatches);
+  std::printf("calibration: summing 16384 int64 takes %.2f us (median) on this thread\n",
+              reference_us);
   std::printf("%-5s %-7s %-6s %-8s %8s %8s %8s %8s %9s %9s\n", "EP", "experts", "target", "policy",
               "initial", "final", "worst", "replicas", "p50(us)", "p99(us)");
   for (const Row& r : rows) {
