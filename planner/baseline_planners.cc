@@ -39,7 +39,10 @@ absl::Status NoBalancePlanner::SolveInto(const LoadMatrix& loads, int /*layer*/,
 }
 
 IdealPlanner::IdealPlanner(const Domain& domain, const PlannerOptions& options)
-    : domain_(domain), options_(options), fanout_(options.fanout) {}
+    : domain_(domain),
+      options_(options),
+      fanout_(options.fanout),
+      split_(options.locality_aware_split, options.split_rounding) {}
 
 absl::StatusOr<Plan> IdealPlanner::Solve(const LoadMatrix& loads, int layer) {
   Plan plan;

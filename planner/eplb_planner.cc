@@ -124,7 +124,10 @@ std::vector<std::pair<int32_t, int32_t>> Instances(const EplbPlacement& placemen
 }  // namespace
 
 EplbPlanner::EplbPlanner(const Domain& domain, const PlannerOptions& options)
-    : domain_(domain), options_(options), fanout_(options.fanout) {}
+    : domain_(domain),
+      options_(options),
+      fanout_(options.fanout),
+      split_(options.locality_aware_split, options.split_rounding) {}
 
 EplbPlanner::LayerState& EplbPlanner::StateFor(int layer) {
   auto [it, inserted] = layers_.try_emplace(layer);

@@ -153,6 +153,9 @@ void FuzzPolicies(uint64_t seed, int count, const std::vector<int>& ranks_choice
     options.eplb_window = 1 + rng.Below(4);
     options.eplb_interval = 1 + rng.Below(2);
     options.fanout.mode = rng.Below(2) == 0 ? FanoutMode::kRelay : FanoutMode::kDirect;
+    options.locality_aware_split = rng.Below(4) != 0;
+    options.split_rounding =
+        rng.Below(2) == 0 ? SplitRounding::kLargestRemainder : SplitRounding::kCumulative;
     const std::string where =
         absl::StrCat("case ", c, ": ", domain.ranks, " ranks x ", domain.masters_per_rank,
                      " masters + ", domain.slots_per_rank, " slots, ", PatternName(pattern));

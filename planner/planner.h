@@ -15,16 +15,24 @@
 
 namespace rackrun::planner {
 
+// How the proportional part of a per-source split is rounded to whole tokens (both keep
+// every (src, e) row and every instance's column exact; see QuotaSplit).
+enum class SplitRounding {
+  kLargestRemainder,  // DESIGN.md: leftover tokens to the largest remainders
+  kCumulative,        // floor of cumulative shares: no selection, about half the work
+};
+
 // Knobs of all policies. Fields a policy does not use are ignored by it.
 struct PlannerOptions {
   // ultraep
   double eps = 0.01;                 // relative precision of the threshold search
   int64_t min_replica_tokens = 1;    // exports below this are skipped (floor lowered per expert)
   bool locality_aware_split = true;  // a source's tokens go to its local instance first
+  SplitRounding split_rounding = SplitRounding::kLargestRemainder;
   bool allow_zero_master_quota = false;
   // eplb
-  int eplb_window = 100;             // W: moving-average window, in microbatches
-  int eplb_interval = 10;            // K: replan every K microbatches
+  int eplb_window = 100;   // W: moving-average window, in microbatches
+  int eplb_interval = 10;  // K: replan every K microbatches
   // Size of one expert's weights, for fan-out and re-placement byte counts.
   int64_t expert_bytes = 0;
   // How Plan::fanout is built (all policies with replicas).
@@ -59,8 +67,7 @@ class Planner {
 
 // Creates a policy by name: "ultraep", "eplb", "none", "ideal". InvalidArgument lists the
 // valid names for anything else.
-absl::StatusOr<std::unique_ptr<Planner>> MakePlanner(std::string_view policy,
-                                                     const Domain& domain,
+absl::StatusOr<std::unique_ptr<Planner>> MakePlanner(std::string_view policy, const Domain& domain,
                                                      const PlannerOptions& options);
 
 }  // namespace rackrun::planner

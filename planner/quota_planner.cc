@@ -42,6 +42,42 @@ inline int64_t FloorMulDiv(int64_t a, int64_t b, int64_t d, double inv_d, int64_
 
 }  // namespace
 
+void QuotaSplit::CumulativeColumn(size_t g, int64_t q, int64_t left, double* col) {
+  double* __restrict remaining = remaining_.data();
+  double* __restrict floors = remainder_.data();  // floor(C_s * q / left), C_s cumulative r
+  double cumulative = 0;
+  for (size_t s = 0; s < g; ++s) {
+    cumulative += remaining[s];
+    floors[s] = cumulative;
+  }
+  const double qd = static_cast<double>(q);
+  const double leftd = static_cast<double>(left);
+  const double inv = 1.0 / leftd;
+  if (left < (int64_t{1} << 26)) {
+    // As in the largest-remainder path: C_s * q < 2^52 is exact, the quotient is < 2^26.
+    for (size_t s = 0; s < g; ++s) {
+      const double p = floors[s] * qd;
+      double f = static_cast<double>(static_cast<int32_t>(p * inv));
+      const double rem = p - f * leftd;
+      f += static_cast<double>(static_cast<int32_t>((rem + 0.5) * inv + 1.0)) - 1.0;
+      floors[s] = f;
+    }
+  } else {
+    for (size_t s = 0; s < g; ++s) {
+      int64_t rem = 0;
+      floors[s] =
+          static_cast<double>(FloorMulDiv(static_cast<int64_t>(floors[s]), q, left, inv, &rem));
+    }
+  }
+  double previous = 0;
+  for (size_t s = 0; s < g; ++s) {
+    const double x = floors[s] - previous;
+    previous = floors[s];
+    col[s] += x;
+    remaining[s] -= x;
+  }
+}
+
 void QuotaSplit::SplitExpert(const LoadMatrix& loads, const Plan& plan, int e, size_t offset,
                              int64_t* split) {
   // Token counts are integers below 2^53 (ValidateLoads caps each at 2^40, so an expert's
@@ -64,7 +100,7 @@ void QuotaSplit::SplitExpert(const LoadMatrix& loads, const Plan& plan, int e, s
   }
 
   // 1. Locality: a source's tokens go to the instance on its own rank first.
-  for (int j = 0; j < k; ++j) {
+  for (int j = 0; j < k && locality_first_; ++j) {
     const size_t t = static_cast<size_t>(plan.instances[static_cast<size_t>(i0 + j)].rank);
     const int64_t x =
         std::min(static_cast<int64_t>(remaining[t]), quota_left_[static_cast<size_t>(j)]);
@@ -95,6 +131,11 @@ void QuotaSplit::SplitExpert(const LoadMatrix& loads, const Plan& plan, int e, s
     const double qd = static_cast<double>(q);
     const double leftd = static_cast<double>(left);
     const double inv = 1.0 / leftd;
+    if (rounding_ == SplitRounding::kCumulative) {
+      CumulativeColumn(g, q, left, col);
+      left -= q;
+      continue;
+    }
     if (left < (int64_t{1} << 26)) {
       // floor(r * q / left) from a reciprocal estimate, corrected exactly (off by <= 1).
       double* __restrict out_col = col;
@@ -259,7 +300,10 @@ void QuotaSplit::Fill(const LoadMatrix& loads, Plan* plan) {
 }
 
 QuotaPlanner::QuotaPlanner(const Domain& domain, const PlannerOptions& options)
-    : domain_(domain), options_(options), fanout_(options.fanout) {}
+    : domain_(domain),
+      options_(options),
+      fanout_(options.fanout),
+      split_(options.locality_aware_split, options.split_rounding) {}
 
 absl::StatusOr<Plan> QuotaPlanner::Solve(const LoadMatrix& loads, int layer) {
   Plan plan;

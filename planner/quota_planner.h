@@ -19,16 +19,24 @@ namespace rackrun::planner {
 // (src, e) row sums to loads(src, e) and every instance's column sums to its quota:
 //  1. locality: a source's tokens for e go to an instance of e on the source's own rank
 //     first, up to that instance's quota;
+//     (skipped when constructed with locality_first = false);
 //  2. the rest is split over the instances in proportion to their remaining quotas, one
 //     instance at a time (every instance but the expert's first, which takes what is
 //     left): an instance with remaining quota q out of R remaining tokens gets
 //     floor(r_s * q / R) of each source's remaining r_s, and the q - sum(floor) leftover
 //     tokens go one each to the sources with the largest remainders (r_s * q mod R),
-//     ties to the lower source. Row and column sums stay exact and no entry is negative.
+//     ties to the lower source (kLargestRemainder, the design's rule); or, with
+//     kCumulative, source s gets floor(C_s * q / R) - floor(C_(s-1) * q / R) where C_s is
+//     the sum of r over sources 0..s (each share is still the floor or the ceiling of
+//     r_s * q / R). Row and column sums stay exact and no entry is negative.
 // Requires sum of quotas of e == total tokens of e. Reuses its buffers across calls; not
 // thread-safe.
 class QuotaSplit {
  public:
+  explicit QuotaSplit(bool locality_first = true,
+                      SplitRounding rounding = SplitRounding::kLargestRemainder)
+      : locality_first_(locality_first), rounding_(rounding) {}
+
   void Fill(const LoadMatrix& loads, Plan* plan);
 
  private:
@@ -41,6 +49,11 @@ class QuotaSplit {
     int to;
     int length;
   };
+  // kCumulative for one instance column: remaining quota q of `left` remaining tokens.
+  void CumulativeColumn(size_t g, int64_t q, int64_t left, double* col);
+
+  bool locality_first_;
+  SplitRounding rounding_;
   std::vector<Run> runs_;
   std::vector<int32_t> replicated_;  // experts with more than one instance, ascending
   std::vector<size_t> block_at_;     // offset of each replicated expert's block in block_

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <new>
@@ -165,17 +166,18 @@ TEST(QuotaPlannerTest, LocalTokensStayLocal) {
   }
 }
 
-// Reference for QuotaSplit on one expert: locality, then largest remainder one instance
-// at a time with a full sort, in plain integer arithmetic.
+// Reference for QuotaSplit on one expert: locality, then largest remainder (a full sort)
+// or cumulative floors, one instance at a time, in plain integer arithmetic.
 std::vector<std::vector<int64_t>> ReferenceSplit(const std::vector<int64_t>& column,
                                                  const std::vector<int>& ranks,
-                                                 const std::vector<int64_t>& quotas) {
+                                                 const std::vector<int64_t>& quotas,
+                                                 SplitRounding rounding, bool locality) {
   const size_t g = column.size();
   const size_t k = quotas.size();
   std::vector<std::vector<int64_t>> x(k, std::vector<int64_t>(g, 0));
   std::vector<int64_t> r = column;
   std::vector<int64_t> q = quotas;
-  for (size_t j = 0; j < k; ++j) {
+  for (size_t j = 0; j < k && locality; ++j) {
     const size_t t = static_cast<size_t>(ranks[j]);
     const int64_t v = std::min(r[t], q[j]);
     x[j][t] += v;
@@ -186,6 +188,19 @@ std::vector<std::vector<int64_t>> ReferenceSplit(const std::vector<int64_t>& col
   for (int64_t v : q) left += v;
   for (size_t j = 1; j < k && left > 0; ++j) {
     if (q[j] == 0) continue;
+    if (rounding == SplitRounding::kCumulative) {
+      Int128 cumulative = 0;
+      int64_t previous = 0;
+      for (size_t s = 0; s < g; ++s) {
+        cumulative += r[s];
+        const int64_t f = static_cast<int64_t>(cumulative * q[j] / left);
+        x[j][s] += f - previous;
+        r[s] -= f - previous;
+        previous = f;
+      }
+      left -= q[j];
+      continue;
+    }
     std::vector<std::pair<Int128, size_t>> rems;
     int64_t assigned = 0;
     for (size_t s = 0; s < g; ++s) {
@@ -209,7 +224,7 @@ std::vector<std::vector<int64_t>> ReferenceSplit(const std::vector<int64_t>& col
   return x;
 }
 
-TEST(QuotaSplitTest, MatchesReferenceLargestRemainder) {
+TEST(QuotaSplitTest, MatchesReferenceRounding) {
   uint64_t state = 12345;
   auto next = [&state](uint64_t bound) {
     state = state * 6364136223846793005ull + 1442695040888963407ull;
@@ -219,6 +234,9 @@ TEST(QuotaSplitTest, MatchesReferenceLargestRemainder) {
     const int ranks = 2 + static_cast<int>(next(70));
     const int k = 2 + static_cast<int>(next(std::min(ranks - 1, 6)));
     const bool huge = c % 10 == 0;  // totals beyond 2^26 take the exact 128-bit path
+    const SplitRounding rounding =
+        c % 2 == 0 ? SplitRounding::kLargestRemainder : SplitRounding::kCumulative;
+    const bool locality = c % 3 != 0;
     const Domain domain{ranks, 1, k};
     LoadMatrix loads(ranks, ranks);
     int64_t total = 0;
@@ -255,12 +273,12 @@ TEST(QuotaSplitTest, MatchesReferenceLargestRemainder) {
       plan.quota.push_back(0);
       plan.first.push_back(static_cast<int32_t>(plan.instances.size()));
     }
-    QuotaSplit split;
+    QuotaSplit split(locality, rounding);
     split.Fill(loads, &plan);
     plan.fanout = PlanFanout(plan, FanoutOptions{});
     std::vector<int64_t> column(static_cast<size_t>(ranks));
     for (int s = 0; s < ranks; ++s) column[static_cast<size_t>(s)] = loads.at(s, 0);
-    const auto expected = ReferenceSplit(column, ranks_of, quotas);
+    const auto expected = ReferenceSplit(column, ranks_of, quotas, rounding, locality);
     for (int j = 0; j < k; ++j) {
       for (int s = 0; s < ranks; ++s) {
         ASSERT_EQ(plan.split_at(s, j), expected[static_cast<size_t>(j)][static_cast<size_t>(s)])
@@ -268,6 +286,16 @@ TEST(QuotaSplitTest, MatchesReferenceLargestRemainder) {
       }
     }
     ASSERT_TRUE(CheckPlanInvariants(domain, loads, plan).ok()) << "case " << c;
+    // Every proportional share is the floor or ceiling of the exact one: a source without
+    // a local instance sends within one token of r_s * quota / total to each instance when
+    // there is a single replica and no locality.
+    if (!locality && k == 2 && total > 0) {
+      for (int s = 0; s < ranks; ++s) {
+        const double exact = static_cast<double>(loads.at(s, 0)) * static_cast<double>(quotas[1]) /
+                             static_cast<double>(total);
+        EXPECT_LT(std::abs(static_cast<double>(plan.split_at(s, 1)) - exact), 1.0 + 1e-6 * exact);
+      }
+    }
   }
 }
 

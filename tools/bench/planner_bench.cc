@@ -3,6 +3,7 @@
 //
 //   bench_planner_bench [--json] [--solves N] [--microbatches M] [--ep 8,16,...]
 //                       [--policy ultraep,eplb,none,ideal]
+//                       [--split largest_remainder|cumulative]
 //
 // For each EP size G: 256 experts when 256 is a multiple of G (EP8..EP64, EP256), else 4
 // masters per rank (EP72: 288 experts); 2 redundant slots per rank, top-8, 8192 tokens per
@@ -76,6 +77,7 @@ int main(int argc, char** argv) {
   int microbatches = 20;
   std::vector<int> eps = {8, 16, 32, 64, 72, 256};
   std::vector<std::string> policies = {"ultraep", "eplb", "none", "ideal"};
+  rackrun::planner::SplitRounding split = rackrun::planner::SplitRounding::kLargestRemainder;
   for (int i = 1; i < argc; ++i) {
     const std::string_view arg = argv[i];
     if (arg == "--json") {
@@ -86,6 +88,14 @@ int main(int argc, char** argv) {
       microbatches = std::max(1, std::atoi(argv[++i]));
     } else if (arg == "--ep" && i + 1 < argc) {
       eps = ParseList(argv[++i]);
+    } else if (arg == "--split" && i + 1 < argc) {
+      const std::string_view rounding = argv[++i];
+      if (rounding != "largest_remainder" && rounding != "cumulative") {
+        std::fprintf(stderr, "--split must be largest_remainder or cumulative\n");
+        return 2;
+      }
+      split = rounding == "cumulative" ? rackrun::planner::SplitRounding::kCumulative
+                                       : rackrun::planner::SplitRounding::kLargestRemainder;
     } else if (arg == "--policy" && i + 1 < argc) {
       policies.clear();
       std::string list = argv[++i];
@@ -97,7 +107,7 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: %s [--json] [--solves N] [--microbatches M] [--ep 8,16,32,64,72,256] "
-                   "[--policy ultraep,eplb,none,ideal]\n",
+                   "[--policy ultraep,eplb,none,ideal] [--split largest_remainder|cumulative]\n",
                    argv[0]);
       return 2;
     }
@@ -170,6 +180,7 @@ int main(int argc, char** argv) {
         rackrun::planner::PlannerOptions options;
         options.eplb_window = 100;
         options.eplb_interval = 10;
+        options.split_rounding = split;
         auto planner = rackrun::planner::MakePlanner(policy, domain, options);
         if (!planner.ok()) {
           row.error = std::string(planner.status().message());
@@ -230,20 +241,27 @@ int main(int argc, char** argv) {
       }
       out.push_back(j);
     }
-    std::printf("%s\n", nlohmann::json{{"solves", solves},
-                                       {"microbatches", microbatches},
-                                       {"reference_sum16k_us", reference_us},
-                                       {"rows", out}}
-                            .dump(2)
-                            .c_str());
+    std::printf("%s\n",
+                nlohmann::json{{"solves", solves},
+                               {"microbatches", microbatches},
+                               {"reference_sum16k_us", reference_us},
+                               {"split", split == rackrun::planner::SplitRounding::kCumulative
+                                             ? "cumulative"
+                                             : "largest_remainder"},
+                               {"rows", out}}
+                    .dump(2)
+                    .c_str());
     return 0;
   }
   std::printf(
       "planner_bench: %d solves per cell over %d microbatches, 2 slots/rank, top-8, "
       "8192 tokens/rank, one pinned thread\n",
       solves, microbatches);
-  std::printf("calibration: summing 16384 int64 takes %.2f us (median) on this thread\n",
-              reference_us);
+  std::printf(
+      "calibration: summing 16384 int64 takes %.2f us (median) on this thread; split "
+      "rounding: %s\n",
+      reference_us,
+      split == rackrun::planner::SplitRounding::kCumulative ? "cumulative" : "largest_remainder");
   std::printf("%-5s %-7s %-6s %-8s %8s %8s %8s %8s %9s %9s\n", "EP", "experts", "target", "policy",
               "initial", "final", "worst", "replicas", "p50(us)", "p99(us)");
   for (const Row& r : rows) {
