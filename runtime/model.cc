@@ -252,6 +252,7 @@ absl::StatusOr<double> Model<T>::Forward(std::span<const int32_t> targets) {
   timing_.residual += Now() - t0;
   if (!status.ok()) return status;
   aux_loss_ = 0;
+  double expert_seconds = 0;
   for (int b = 0; b < config_.blocks; ++b) {
     for (int part = 0; part < 2; ++part) {
       const int l = 2 * b + part;
@@ -271,6 +272,7 @@ absl::StatusOr<double> Model<T>::Forward(std::span<const int32_t> targets) {
         MoeLayer<T>& moe = *moe_[static_cast<size_t>(b)];
         moe.Forward(in.data(), tokens, out.data());
         timing_.routing += moe.routing_seconds();
+        expert_seconds += moe.expert_seconds();
         aux_loss_ += moe.aux_loss();
         expert_counts_[static_cast<size_t>(b)] = moe.counts();
       }
@@ -286,7 +288,7 @@ absl::StatusOr<double> Model<T>::Forward(std::span<const int32_t> targets) {
   if (!status.ok()) return status;
   final_norm_.Forward(collapsed_.data(), tokens, final_.data());
   const double loss = head_.Forward(final_.data(), targets.data(), tokens, nullptr);
-  timing_.gemm = cpu::GemmSeconds() - g_start;
+  timing_.gemm = cpu::GemmSeconds() - g_start + expert_seconds;
   timing_.total = Now() - t_start;
   return loss;
 }
@@ -349,8 +351,10 @@ absl::StatusOr<double> Model<T>::ForwardBackward(std::span<const int32_t> inputs
       } else {
         MoeLayer<T>& moe = *moe_[static_cast<size_t>(b)];
         const double before = moe.routing_seconds();
+        const double expert_before = moe.expert_seconds();
         moe.Backward(dbody_out_.data(), grad_scale, dbody_.data());
         forward.routing += moe.routing_seconds() - before;
+        forward.gemm += moe.expert_seconds() - expert_before;
       }
       t0 = Now();
       status = residual_->ReadInputBackward(l, span_of(dbody_));

@@ -68,11 +68,11 @@ struct ModelConfig {
 template <typename T>
 class Model {
  public:
-  // Seconds of the last ForwardBackward/Evaluate by kind. gemm: the dense projections,
-  // expert and LM-head GEMMs; attention: the attention core (scores, softmax, weighted
-  // sum, rotary; includes its per-head GEMMs); residual: the ResidualStreams calls;
-  // routing: router softmax/top-k, dispatch and combine; other: the rest (norms,
-  // embedding, SwiGLU activations, cross-entropy). total is the whole call.
+  // Seconds of the last ForwardBackward/Evaluate by kind. gemm: the dense projections and
+  // LM-head GEMMs, and the expert FFNs whole (GEMMs + SwiGLU activation); attention: the attention
+  // core (scores, softmax, weighted sum, rotary; includes its per-head GEMMs); residual: the
+  // ResidualStreams calls; routing: router softmax/top-k, dispatch and combine; other: the rest
+  // (norms, embedding, SwiGLU activations, cross-entropy). total is the whole call.
   struct Timing {
     double gemm = 0, attention = 0, residual = 0, routing = 0, other = 0, total = 0;
   };

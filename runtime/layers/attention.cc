@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "runtime/cpu/gemm.h"
+#include "runtime/cpu/parallel.h"
 
 namespace rackrun::runtime {
 namespace {
@@ -53,7 +54,7 @@ void Attention<T>::ApplyRope(T* qkv, int64_t tokens, int seq, bool inverse) cons
   const int half = head_dim_ / 2;
   const int c3 = 3 * width_;
   const T sign = inverse ? T(-1) : T(1);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (tokens * width_ >= cpu::kParallelMinWork)
   for (int64_t t = 0; t < tokens; ++t) {
     const int pos = static_cast<int>(t % seq);
     const T* cs = rope_cos_.data() + static_cast<int64_t>(pos) * half;
@@ -93,7 +94,8 @@ void Attention<T>::Forward(const T* u, int batch, int seq, const int32_t* doc_st
 
   const T scale = T(1) / std::sqrt(static_cast<T>(d));
   const int pairs = batch * heads_;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (static_cast <int64_t>(pairs) * seq * seq >= \
+                                              cpu::kParallelMinWork)
   for (int bh = 0; bh < pairs; ++bh) {
     const int b = bh / heads_, h = bh % heads_;
     const T* q = qkv_.data() + static_cast<int64_t>(b) * seq * c3 + h * d;
@@ -152,7 +154,8 @@ void Attention<T>::Backward(const T* dout, T* du) {
 
   const T scale = T(1) / std::sqrt(static_cast<T>(d));
   const int pairs = batch * heads_;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (static_cast <int64_t>(pairs) * seq * seq >= \
+                                              cpu::kParallelMinWork)
   for (int bh = 0; bh < pairs; ++bh) {
     const int b = bh / heads_, h = bh % heads_;
     const int64_t base = static_cast<int64_t>(b) * seq * c3 + h * d;

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "runtime/cpu/parallel.h"
+
 namespace rackrun::runtime {
 
 template <typename T>
@@ -14,7 +16,7 @@ template <typename T>
 void Embedding<T>::Forward(const int32_t* tokens, int64_t count, T* out) const {
   const int c = width_;
   const T* table = table_.value.data();
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (count * c >= cpu::kParallelMinWork)
   for (int64_t t = 0; t < count; ++t) {
     const T* src = table + static_cast<int64_t>(tokens[t]) * c;
     std::copy(src, src + c, out + t * c);
@@ -27,7 +29,7 @@ void Embedding<T>::Backward(const int32_t* tokens, int64_t count, const T* dout)
   T* grad = table_.grad.data();
   constexpr int kBlock = 16;
   const int blocks = (c + kBlock - 1) / kBlock;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (count * c >= cpu::kParallelMinWork)
   for (int b = 0; b < blocks; ++b) {
     const int i0 = b * kBlock;
     const int i1 = std::min(c, i0 + kBlock);

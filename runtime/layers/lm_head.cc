@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "runtime/cpu/gemm.h"
+#include "runtime/cpu/parallel.h"
 
 namespace rackrun::runtime {
 
@@ -22,7 +23,7 @@ double LmHead<T>::Forward(const T* x, const int32_t* targets, int64_t rows, int6
                weight_.value.data(), v, T(0), logits_.data(), v);
   T* logits = logits_.data();
   double* loss = row_loss_.data();
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (rows * v >= cpu::kParallelMinWork)
   for (int64_t r = 0; r < rows; ++r) {
     T* lr = logits + r * v;
     T mx = lr[0];
@@ -56,7 +57,7 @@ void LmHead<T>::Backward(const T* x, T grad_scale, T* dx) {
   const int64_t rows = rows_;
   T* p = logits_.data();  // becomes dlogits in place
   const T scale = counted_ > 0 ? grad_scale / static_cast<T>(counted_) : T(0);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (rows * v >= cpu::kParallelMinWork)
   for (int64_t r = 0; r < rows; ++r) {
     T* pr = p + r * v;
     const int32_t tgt = targets_[r];

@@ -1,10 +1,13 @@
 #include "runtime/layers/moe.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 
 #include "runtime/cpu/gemm.h"
+#include "runtime/cpu/parallel.h"
 
 namespace rackrun::runtime {
 namespace {
@@ -42,7 +45,7 @@ void SwigluExperts<T>::Forward(int e, int64_t rows, const T* x, T* h13, T* act, 
   const T* w13 = w13_.value.data() + static_cast<int64_t>(e) * c * 2 * f;
   const T* w2 = w2_.value.data() + static_cast<int64_t>(e) * f * c;
   cpu::Gemm<T>(false, false, r, 2 * f, c, T(1), x, c, w13, 2 * f, T(0), h13, 2 * f);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (rows * f >= cpu::kParallelMinWork)
   for (int64_t i = 0; i < rows; ++i) {
     const T* g = h13 + i * 2 * f;
     const T* up = g + f;
@@ -62,7 +65,7 @@ void SwigluExperts<T>::Backward(int e, int64_t rows, const T* x, const T* h13, c
   // dact = dy W2^T; dW2 += act^T dy.
   cpu::Gemm<T>(false, true, r, f, c, T(1), dy, c, w2_.value.data() + e2, c, T(0), dact, f);
   cpu::Gemm<T>(true, false, f, c, r, T(1), act, f, dy, c, T(1), w2_.grad.data() + e2, c);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (rows * f >= cpu::kParallelMinWork)
   for (int64_t i = 0; i < rows; ++i) {
     const T* g = h13 + i * 2 * f;
     const T* up = g + f;
@@ -93,11 +96,11 @@ void LocalExpertExecutor<T>::Forward(std::span<const int64_t> offsets, const T* 
   input_ = dispatched;
   h13_.Resize({std::max<int64_t>(rows, 1), 2 * f});
   act_.Resize({std::max<int64_t>(rows, 1), f});
-  for (int e = 0; e < experts_->count(); ++e) {
+  RunExperts(offsets, [&](int e) {
     const int64_t r0 = offsets[e];
     experts_->Forward(e, offsets[e + 1] - r0, dispatched + r0 * c, h13_.data() + r0 * 2 * f,
                       act_.data() + r0 * f, expert_out + r0 * c);
-  }
+  });
 }
 
 template <typename T>
@@ -108,12 +111,43 @@ void LocalExpertExecutor<T>::Backward(std::span<const int64_t> offsets, const T*
   const int c = experts_->width();
   dh13_.Resize({std::max<int64_t>(rows, 1), 2 * f});
   dact_.Resize({std::max<int64_t>(rows, 1), f});
-  for (int e = 0; e < experts_->count(); ++e) {
+  RunExperts(offsets, [&](int e) {
     const int64_t r0 = offsets[e];
     experts_->Backward(e, offsets[e + 1] - r0, input_ + r0 * c, h13_.data() + r0 * 2 * f,
                        act_.data() + r0 * f, dexpert_out + r0 * c, dh13_.data() + r0 * 2 * f,
                        dact_.data() + r0 * f, ddispatched + r0 * c);
+  });
+}
+
+template <typename T>
+template <typename Body>
+void LocalExpertExecutor<T>::RunExperts(std::span<const int64_t> offsets, Body&& body) {
+  const int experts = experts_->count();
+  const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
+  const int64_t work = offsets.back() * experts_->width() * experts_->hidden();
+  if (threads <= 1 || work < 64 * cpu::kParallelMinWork) {
+    for (int e = 0; e < experts; ++e) body(e);
+    return;
   }
+  // Hot experts (at least 1/threads of all rows) run one at a time on every thread; the
+  // rest run side by side, one expert per thread, each single-threaded. Experts write
+  // disjoint rows and gradients and a serial expert computes the same values on any
+  // thread, so the dynamic schedule stays deterministic; the hot/cold split depends only
+  // on the counts and the thread count.
+  const int64_t total = offsets.back();
+  small_.clear();
+  for (int e = 0; e < experts; ++e) {
+    const int64_t rows = offsets[e + 1] - offsets[e];
+    if (rows == 0) continue;
+    if (rows * threads >= total) {
+      body(e);
+    } else {
+      small_.push_back(e);
+    }
+  }
+  const int n = static_cast<int>(small_.size());
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+  for (int i = 0; i < n; ++i) body(small_[static_cast<size_t>(i)]);
 }
 
 // -------------------------------------------------------------------- MoeLayer
@@ -184,7 +218,7 @@ void MoeLayer<T>::Forward(const T* u, int64_t tokens, T* out) {
   int32_t* sel = selected_.data();
   T* w = weights_.data();
   const T* bias = bias_.data();
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (tokens * ne >= cpu::kParallelMinWork)
   for (int64_t t = 0; t < tokens; ++t) {
     T* s = scores + t * ne;
     T mx = s[0];
@@ -233,7 +267,7 @@ void MoeLayer<T>::Forward(const T* u, int64_t tokens, T* out) {
   const int64_t* row = slot_row_.data();
   T* disp = dispatched_.data();
   const T* xn = xn_.data();
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (tokens * k * c >= cpu::kParallelMinWork)
   for (int64_t i = 0; i < tokens * k; ++i) {
     const T* src = xn + (i / k) * c;
     std::copy(src, src + c, disp + row[i] * c);
@@ -252,7 +286,9 @@ void MoeLayer<T>::Forward(const T* u, int64_t tokens, T* out) {
   }
   routing_seconds_ = Now() - t0;
 
+  const double e0 = Now(), g0 = cpu::GemmSeconds();
   executor_->Forward(offsets_, dispatched_.data(), expert_out_.data());
+  expert_seconds_ = (Now() - e0) - (cpu::GemmSeconds() - g0);
 
   if (shared_) {
     shared_h13_.Resize({tokens, 2 * config_.shared_hidden});
@@ -262,7 +298,7 @@ void MoeLayer<T>::Forward(const T* u, int64_t tokens, T* out) {
   const double t1 = Now();
   const T* eo = expert_out_.data();
   const bool add = shared_ != nullptr;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (tokens * k * c >= cpu::kParallelMinWork)
   for (int64_t t = 0; t < tokens; ++t) {
     T* o = out + t * c;
     if (!add) std::fill(o, o + c, T(0));
@@ -293,7 +329,7 @@ void MoeLayer<T>::Backward(const T* dout, T grad_scale, T* du) {
   T* deo = dexpert_out_.data();
   T* ds = dscores_.data();
   // Gate gradients, and expert-output gradients placed in dispatched order.
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (tokens * k * c >= cpu::kParallelMinWork)
   for (int64_t t = 0; t < tokens; ++t) {
     const T* d = dout + t * c;
     T dw[64];
@@ -326,7 +362,7 @@ void MoeLayer<T>::Backward(const T* dout, T grad_scale, T* du) {
     }
   }
   // Softmax backward in place: dlogit = s * (ds - sum s ds).
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (tokens * ne >= cpu::kParallelMinWork)
   for (int64_t t = 0; t < tokens; ++t) {
     const T* s = scores + t * ne;
     T* d = ds + t * ne;
@@ -336,7 +372,9 @@ void MoeLayer<T>::Backward(const T* dout, T grad_scale, T* du) {
   }
   routing_seconds_ += Now() - t0;
 
+  const double e0 = Now(), g0 = cpu::GemmSeconds();
   executor_->Backward(offsets_, dexpert_out_.data(), ddispatched_.data());
+  expert_seconds_ += (Now() - e0) - (cpu::GemmSeconds() - g0);
 
   T* dxn = dxn_.data();
   if (shared_) {
@@ -348,7 +386,7 @@ void MoeLayer<T>::Backward(const T* dout, T grad_scale, T* du) {
   const double t1 = Now();
   const T* ddisp = ddispatched_.data();
   const bool add = shared_ != nullptr;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (tokens * k * c >= cpu::kParallelMinWork)
   for (int64_t t = 0; t < tokens; ++t) {
     T* o = dxn + t * c;
     if (!add) std::fill(o, o + c, T(0));

@@ -70,7 +70,8 @@ class ExpertExecutor {
   virtual void Backward(std::span<const int64_t> offsets, const T* dexpert_out, T* ddispatched) = 0;
 };
 
-// Runs every expert in-process: one pair of GEMMs per expert over its gathered rows.
+// Runs every expert in-process: GEMMs per expert over its gathered rows. Hot experts use
+// all threads; the others run concurrently, one per thread.
 template <typename T>
 class LocalExpertExecutor final : public ExpertExecutor<T> {
  public:
@@ -79,7 +80,11 @@ class LocalExpertExecutor final : public ExpertExecutor<T> {
   void Backward(std::span<const int64_t> offsets, const T* dexpert_out, T* ddispatched) override;
 
  private:
+  template <typename Body>
+  void RunExperts(std::span<const int64_t> offsets, Body&& body);
+
   SwigluExperts<T>* experts_;
+  std::vector<int> small_;  // cold experts of the current call (capacity kept)
   const T* input_ = nullptr;
   Tensor<T> h13_, act_, dh13_, dact_;
 };
@@ -125,6 +130,9 @@ class MoeLayer {
   // Seconds of the last Forward + Backward spent routing, dispatching and combining
   // (excluding the router GEMM).
   double routing_seconds() const { return routing_seconds_; }
+  // Seconds of the last Forward + Backward inside the expert executor that cpu::Gemm's
+  // clock did not already count (expert GEMMs run inside parallel regions, activations).
+  double expert_seconds() const { return expert_seconds_; }
 
  private:
   MoeLayerConfig config_;
@@ -143,6 +151,7 @@ class MoeLayer {
   std::vector<int64_t> offsets_;
   double aux_loss_ = 0;
   double routing_seconds_ = 0;
+  double expert_seconds_ = 0;
   Tensor<T> xn_;
   Tensor<T> scores_;          // [tokens x E] softmax
   Tensor<int32_t> selected_;  // [tokens x k] expert ids, best first

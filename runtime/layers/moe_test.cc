@@ -1,5 +1,7 @@
 #include "runtime/layers/moe.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -56,6 +58,43 @@ TEST(MoeTest, GradientCheckFp64SharedExpertAuxLossAndSelectionBias) {
   config.shared_hidden = 3;
   config.aux_loss_coef = 0.3;
   GradientCheck(config, /*with_bias=*/true);
+}
+
+TEST(MoeTest, ThreadedExpertExecutionMatchesSerial) {
+  // Large enough that LocalExpertExecutor runs cold experts concurrently; a strong
+  // selection bias makes expert 0 hot (run on all threads).
+  MoeLayerConfig config;
+  config.width = 64;
+  config.experts = 8;
+  config.top_k = 2;
+  config.expert_hidden = 64;
+  const int64_t tokens = 512;
+  std::vector<std::vector<double>> results;
+  const int saved = omp_get_max_threads();
+  for (int threads : {1, 3}) {
+    omp_set_num_threads(threads);
+    MoeLayer<double> moe(config, "m");
+    NormalInit rng(41);
+    moe.Init(rng, 0.3, 0.3);
+    moe.Buffers()[0].value[0] = 0.5;
+    const int64_t n = tokens * config.width;
+    std::vector<double> u(n), out(n), du(n);
+    FillUniform(u.data(), n, 42, 1.0);
+    moe.Forward(u.data(), tokens, out.data());
+    moe.Backward(u.data(), 1.0, du.data());  // any upstream gradient will do
+    std::vector<double> all(out);
+    all.insert(all.end(), du.begin(), du.end());
+    for (const auto& p : moe.Parameters()) all.insert(all.end(), p.grad, p.grad + p.size);
+    results.push_back(all);
+    if (threads > 1) {
+      EXPECT_GE(moe.counts()[0] * threads, tokens * 2);  // expert 0 is hot
+    }
+  }
+  omp_set_num_threads(saved);
+  ASSERT_EQ(results[0].size(), results[1].size());
+  for (size_t i = 0; i < results[0].size(); ++i) {
+    ASSERT_NEAR(results[0][i], results[1][i], 1e-12 * (1 + std::abs(results[0][i]))) << i;
+  }
 }
 
 TEST(MoeTest, CountsAreExactAndGatesRenormalised) {

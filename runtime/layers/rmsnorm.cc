@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "runtime/cpu/parallel.h"
+
 namespace rackrun::runtime {
 
 template <typename T>
@@ -17,7 +19,7 @@ void RmsNorm<T>::Forward(const T* x, int64_t rows, T* y) {
   const int c = width_;
   const T* g = gain_.value.data();
   T* inv = inv_rms_.data();
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (rows * c >= cpu::kParallelMinWork)
   for (int64_t r = 0; r < rows; ++r) {
     const T* xr = x + r * c;
     T* yr = y + r * c;
@@ -34,7 +36,7 @@ void RmsNorm<T>::Backward(const T* x, const T* dy, int64_t rows, T* dx) {
   const int c = width_;
   const T* g = gain_.value.data();
   const T* inv = inv_rms_.data();
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (rows * c >= cpu::kParallelMinWork)
   for (int64_t r = 0; r < rows; ++r) {
     const T* xr = x + r * c;
     const T* dyr = dy + r * c;
@@ -49,7 +51,7 @@ void RmsNorm<T>::Backward(const T* x, const T* dy, int64_t rows, T* dx) {
   T* dg = gain_.grad.data();
   constexpr int kBlock = 16;
   const int blocks = (c + kBlock - 1) / kBlock;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (rows * c >= cpu::kParallelMinWork)
   for (int b = 0; b < blocks; ++b) {
     const int i0 = b * kBlock;
     const int i1 = std::min(c, i0 + kBlock);
