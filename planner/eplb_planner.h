@@ -54,7 +54,10 @@ EplbPlacement EplbRebalance(const std::vector<float>& weight, int num_physical, 
 //  - loads reach the history only after planning (EPLB never sees the current loads).
 // Tokens of an expert are split evenly over its physical replicas (tot / count each, the
 // tot % count leftover to the lowest replica ranks); eplb.py may put two replicas of one
-// expert on the same GPU: they become one instance carrying both shares. The instance
+// expert on the same GPU: they become one instance carrying both shares. Per source, the
+// quotas are filled by QuotaSplit (the same dispatcher as every policy). plan.fanout brings
+// every non-master instance the master's current weights (in training they change every
+// step, so it is planned every microbatch, like ultraep's). The instance
 // holding replica 0 is the expert's master (first in the plan, source of the fan-out). A
 // replan re-places every expert, masters included: last_replacement_bytes() is
 // expert_bytes times the number of (expert, rank) instances of the new placement that the
