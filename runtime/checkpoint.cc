@@ -77,7 +77,10 @@ bool ParseStep(const std::string& file_name, int64_t& step) {
     return false;
   }
   const std::string digits = file_name.substr(5, file_name.size() - 10);
-  if (digits.empty() || !std::all_of(digits.begin(), digits.end(), ::isdigit)) return false;
+  if (digits.empty() ||
+      !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+    return false;
+  }
   step = std::stoll(digits);
   return true;
 }

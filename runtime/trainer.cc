@@ -118,7 +118,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const rackrun::v1::JobS
 
   absl::StatusOr<std::unique_ptr<Model<float>>> model = Model<float>::Create(mc, c.seed);
   if (!model.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("model.", model.status().message()));
+    return model.status();  // already names the field (model.<field>: ...)
   }
   t->model_ = std::move(*model);
   std::vector<OptimizedTensor> tensors;
