@@ -88,16 +88,14 @@ void QuotaSplit::SplitExpert(const LoadMatrix& loads, const Plan& plan, int e, s
   const int i0 = plan.first[static_cast<size_t>(e)];
   const int k = plan.first[static_cast<size_t>(e) + 1] - i0;
   double* block = block_.data() + offset;
-  std::fill(block, block + static_cast<size_t>(k) * g, 0.0);
   quota_left_.resize(static_cast<size_t>(k));
   for (int j = 0; j < k; ++j) {
     quota_left_[static_cast<size_t>(j)] = plan.quota[static_cast<size_t>(i0 + j)];
   }
+  // Fill's row pass left this expert's column of the loads in the block's first row.
   double* remaining = remaining_.data();
-  const int64_t* column = loads.counts.data() + e;
-  for (size_t s = 0; s < g; ++s) {
-    remaining[s] = static_cast<double>(column[s * static_cast<size_t>(loads.experts)]);
-  }
+  std::copy(block, block + g, remaining);
+  std::fill(block, block + static_cast<size_t>(k) * g, 0.0);
 
   // 1. Locality: a source's tokens go to the instance on its own rank first.
   for (int j = 0; j < k && locality_first_; ++j) {
@@ -291,6 +289,10 @@ void QuotaSplit::Fill(const LoadMatrix& loads, Plan* plan) {
         std::memcpy(out + run.to, row + run.from,
                     static_cast<size_t>(run.length) * sizeof(int64_t));
       }
+    }
+    // While the row is in cache: the replicated experts' columns, for SplitExpert.
+    for (size_t x = 0; x < replicated_.size(); ++x) {
+      block_[block_at_[x] + s] = static_cast<double>(row[replicated_[x]]);
     }
   }
   // Replicated experts last: their blocks overwrite what the runs spilled into them.
