@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "runtime/cpu/gemm.h"
+#include "runtime/cpu/math.h"
 #include "runtime/cpu/parallel.h"
 
 namespace rackrun::runtime {
@@ -117,10 +118,8 @@ void Attention<T>::Forward(const T* u, int batch, int seq, const int32_t* doc_st
         T mx = pr[j0];
         for (int j = j0 + 1; j <= i; ++j) mx = std::max(mx, pr[j]);
         T sum = 0;
-        for (int j = j0; j <= i; ++j) {
-          pr[j] = std::exp(pr[j] - mx);
-          sum += pr[j];
-        }
+        for (int j = j0; j <= i; ++j) pr[j] = cpu::Exp(pr[j] - mx);
+        for (int j = j0; j <= i; ++j) sum += pr[j];
         const T inv = T(1) / sum;
         for (int j = 0; j < j0; ++j) pr[j] = 0;
         for (int j = j0; j <= i; ++j) pr[j] *= inv;

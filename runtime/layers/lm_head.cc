@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "runtime/cpu/gemm.h"
+#include "runtime/cpu/math.h"
 #include "runtime/cpu/parallel.h"
 
 namespace rackrun::runtime {
@@ -29,10 +30,8 @@ double LmHead<T>::Forward(const T* x, const int32_t* targets, int64_t rows, int6
     T mx = lr[0];
     for (int j = 1; j < v; ++j) mx = std::max(mx, lr[j]);
     T sum = 0;
-    for (int j = 0; j < v; ++j) {
-      lr[j] = std::exp(lr[j] - mx);
-      sum += lr[j];
-    }
+    for (int j = 0; j < v; ++j) lr[j] = cpu::Exp(lr[j] - mx);
+    for (int j = 0; j < v; ++j) sum += lr[j];
     const T inv = T(1) / sum;
     for (int j = 0; j < v; ++j) lr[j] *= inv;
     const int32_t tgt = targets[r];

@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "runtime/cpu/gemm.h"
+#include "runtime/cpu/math.h"
 #include "runtime/cpu/parallel.h"
 
 namespace rackrun::runtime {
@@ -14,11 +15,6 @@ namespace {
 
 double Now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-template <typename T>
-T Sigmoid(T x) {
-  return T(1) / (T(1) + std::exp(-x));
 }
 
 }  // namespace
@@ -50,7 +46,7 @@ void SwigluExperts<T>::Forward(int e, int64_t rows, const T* x, T* h13, T* act, 
     const T* g = h13 + i * 2 * f;
     const T* up = g + f;
     T* a = act + i * f;
-    for (int j = 0; j < f; ++j) a[j] = g[j] * Sigmoid(g[j]) * up[j];
+    for (int j = 0; j < f; ++j) a[j] = g[j] * cpu::Sigmoid(g[j]) * up[j];
   }
   cpu::Gemm<T>(false, false, r, c, f, T(1), act, f, w2, c, T(0), y, c);
 }
@@ -73,7 +69,7 @@ void SwigluExperts<T>::Backward(int e, int64_t rows, const T* x, const T* h13, c
     T* dg = dh13 + i * 2 * f;
     T* dup = dg + f;
     for (int j = 0; j < f; ++j) {
-      const T s = Sigmoid(g[j]);
+      const T s = cpu::Sigmoid(g[j]);
       const T silu = g[j] * s;
       dup[j] = da[j] * silu;
       dg[j] = da[j] * up[j] * (s + g[j] * s * (T(1) - s));
@@ -224,10 +220,8 @@ void MoeLayer<T>::Forward(const T* u, int64_t tokens, T* out) {
     T mx = s[0];
     for (int e = 1; e < ne; ++e) mx = std::max(mx, s[e]);
     T sum = 0;
-    for (int e = 0; e < ne; ++e) {
-      s[e] = std::exp(s[e] - mx);
-      sum += s[e];
-    }
+    for (int e = 0; e < ne; ++e) s[e] = cpu::Exp(s[e] - mx);
+    for (int e = 0; e < ne; ++e) sum += s[e];
     const T inv = T(1) / sum;
     for (int e = 0; e < ne; ++e) s[e] *= inv;
     // Top-k by biased score, ties to the lower expert index; best first.
