@@ -147,14 +147,23 @@ Result RunMode(ResidualMode mode, int width, int tokens, int reps, bool backward
     *seconds = (read_total + write_total) / L;
   };
   std::vector<double> tf, tfs, tb, tr, tw;
+  // Each measurement repeats the pass `inner` times (>= ~0.2 s in all): on a loaded machine
+  // a parallel region waits for descheduled threads, which quantises short timings.
+  int inner = 1;
   for (int rep = 0; rep <= reps; ++rep) {  // rep 0 warms up (allocations, page faults)
-    double s = 0;
-    rs.ResetTraffic();
-    forward(false, &s);
+    double s = 0, fsum = 0, rsum = 0, wsum = 0;
+    for (int i = 0; i < inner; ++i) {
+      rs.ResetTraffic();
+      forward(false, &s);
+      fsum += s;
+      rsum += read_total / L;
+      wsum += write_total / L;
+    }
+    if (rep == 0) inner = std::clamp(static_cast<int>(0.2 / std::max(1e-6, s * L)) + 1, 1, 50);
     if (rep > 0) {
-      tf.push_back(s);
-      tr.push_back(read_total / L);
-      tw.push_back(write_total / L);
+      tf.push_back(fsum / inner);
+      tr.push_back(rsum / inner);
+      tw.push_back(wsum / inner);
     }
     if (rep == reps) {
       r.paper_c = rs.traffic().PaperPerSublayer(width);
@@ -165,21 +174,29 @@ Result RunMode(ResidualMode mode, int width, int tokens, int reps, bool backward
       r.write_c = w / static_cast<double>(rs.traffic().sublayer_tokens) / width;
     }
     if (!backward) continue;
-    rs.ResetTraffic();
-    forward(true, &s);
-    if (rep > 0) tfs.push_back(s);
-    if (rep == reps) r.fused_save_c = rs.traffic().FusedPerSublayer(width);
-    if (!rs.CollapseBackward(d).ok()) std::exit(1);
-    double total = 0;
-    for (int l = L - 1; l >= 0; --l) {
-      const double t0 = Now();
-      if (!rs.WriteOutputBackward(l, dout).ok()) std::exit(1);
-      const double t1 = Now();
-      if (!rs.ReadInputBackward(l, dout).ok()) std::exit(1);
-      total += Now() - t1 + (t1 - t0);
+    double fs_sum = 0, b_sum = 0;
+    const int binner = rep == 0 ? 1 : std::max(1, inner / 3);
+    for (int i = 0; i < binner; ++i) {
+      rs.ResetTraffic();
+      forward(true, &s);
+      fs_sum += s;
+      if (rep == reps) r.fused_save_c = rs.traffic().FusedPerSublayer(width);
+      if (!rs.CollapseBackward(d).ok()) std::exit(1);
+      double total = 0;
+      for (int l = L - 1; l >= 0; --l) {
+        const double t0 = Now();
+        if (!rs.WriteOutputBackward(l, dout).ok()) std::exit(1);
+        const double t1 = Now();
+        if (!rs.ReadInputBackward(l, dout).ok()) std::exit(1);
+        total += Now() - t1 + (t1 - t0);
+      }
+      if (!rs.ExpandBackward(du).ok()) std::exit(1);
+      b_sum += total / L;
     }
-    if (!rs.ExpandBackward(du).ok()) std::exit(1);
-    if (rep > 0) tb.push_back(total / L);
+    if (rep > 0) {
+      tfs.push_back(fs_sum / binner);
+      tb.push_back(b_sum / binner);
+    }
   }
   r.fwd_s = Median(tf);
   r.fwd_save_s = Median(tfs);
