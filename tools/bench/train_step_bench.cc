@@ -10,9 +10,18 @@
 // One step = ZeroGrad + ForwardBackward + AdamW update (runtime/optimizer.h, the trainer's
 // optimizer). Figures are medians over --steps timed steps after --warmup; the time split
 // comes from Model::timing() (gemm, attention core, residual streams, MoE routing, other)
-// plus the optimizer. The PyTorch script runs as a child process with the same shape and
-// thread count when the interpreter has torch (Debian's python3-torch: tools/setup --torch).
+// plus the optimizer.
+//
+// OpenMP wait policy: libgomp reads OMP_WAIT_POLICY only when it loads, so when the
+// variable is unset the bench re-executes itself with OMP_WAIT_POLICY=passive (the child
+// PyTorch process inherits it). On a shared, oversubscribed machine the default policy
+// (spin ~300k iterations at every barrier) lets a preempted partner thread stall each
+// parallel region for a time slice: 2-thread steps measured 4-5x slower than passive
+// under a load of ~5 on 2 cores. Set OMP_WAIT_POLICY yourself to measure another policy. The
+// PyTorch script runs as a child process with the same shape and thread count when the interpreter
+// has torch (Debian's python3-torch: tools/setup --torch).
 #include <omp.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
@@ -248,6 +257,11 @@ std::vector<GemmRow> MeasureGemm(int tokens, int threads) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (std::getenv("OMP_WAIT_POLICY") == nullptr) {
+    setenv("OMP_WAIT_POLICY", "passive", 1);
+    execv("/proc/self/exe", argv);
+    std::perror("re-exec with OMP_WAIT_POLICY=passive failed; continuing with the default");
+  }
   Options o;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
@@ -319,6 +333,7 @@ int main(int argc, char** argv) {
     j["seq"] = o.seq;
     j["tokens_per_step"] = o.batch * o.seq;
     j["gemm_backend"] = rackrun::runtime::cpu::GemmBackendName();
+    j["omp_wait_policy"] = std::getenv("OMP_WAIT_POLICY") ? std::getenv("OMP_WAIT_POLICY") : "";
     for (const auto& g : gemm) {
       j["gemm"].push_back({{"m", g.m},
                            {"n", g.n},
@@ -344,10 +359,12 @@ int main(int argc, char** argv) {
     std::printf("%s\n", j.dump().c_str());
     return 0;
   }
+  const char* policy = std::getenv("OMP_WAIT_POLICY");
   std::printf(
-      "GEMM backend %s, %d threads (ours: OpenBLAS single-threaded kernels split over "
-      "OpenMP; alternative: OpenBLAS's own threading)\n",
-      rackrun::runtime::cpu::GemmBackendName().c_str(), threads);
+      "GEMM backend %s, %d threads, OMP_WAIT_POLICY=%s (ours: OpenBLAS single-threaded "
+      "kernels split over OpenMP; alternative: OpenBLAS's own threading)\n",
+      rackrun::runtime::cpu::GemmBackendName().c_str(), threads,
+      policy != nullptr ? policy : "(unset)");
   std::printf("%6s %6s %6s %12s %14s\n", "m", "n", "k", "ours GF/s", "openblas-thr");
   for (const auto& g : gemm) {
     std::printf("%6d %6d %6d %12.1f %14.1f\n", g.m, g.n, g.k, g.ours_gflops,
