@@ -94,6 +94,7 @@ void WholeModelGradientCheck(ModelConfig config) {
 TEST(ModelTest, WholeTinyModelGradientCheckFp64Vanilla) {
   WholeModelGradientCheck(TinyConfig("vanilla"));
 }
+TEST(ModelTest, WholeTinyModelGradientCheckFp64Hc) { WholeModelGradientCheck(TinyConfig("hc")); }
 TEST(ModelTest, WholeTinyModelGradientCheckFp64Mhc) { WholeModelGradientCheck(TinyConfig("mhc")); }
 TEST(ModelTest, WholeTinyModelGradientCheckFp64Xhc) { WholeModelGradientCheck(TinyConfig("xhc")); }
 TEST(ModelTest, WholeTinyModelGradientCheckFp64XhcFlash4) {
