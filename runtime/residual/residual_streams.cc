@@ -476,8 +476,8 @@ absl::Status ResidualStreams<T>::Collapse(std::span<T> out) {
   const int N = m.nstreams;
   const T* x = m.X.data();
   T* o = out.data();
-  std::vector<T> ones(static_cast<size_t>(N), T(1));
-  const T* one = ones.data();
+  T one[64];  // N <= 64 (Validate); no allocation per call
+  std::fill(one, one + N, T(1));
 #pragma omp parallel for schedule(static) if (m.Parallel())
   for (int t = 0; t < m.ntok; ++t)
     residual_internal::Combine(one, N, x + static_cast<int64_t>(t) * N * C, C, C, o + t * C);
@@ -554,8 +554,8 @@ absl::Status ResidualStreams<T>::ExpandBackward(std::span<T> d_embedding) {
   const int N = m.nstreams;
   const T* dx = m.dX.data();
   T* d = d_embedding.data();
-  std::vector<T> ones(static_cast<size_t>(N), T(1));
-  const T* one = ones.data();
+  T one[64];  // N <= 64 (Validate); no allocation per call
+  std::fill(one, one + N, T(1));
 #pragma omp parallel for schedule(static) if (m.Parallel())
   for (int t = 0; t < m.ntok; ++t)
     residual_internal::Combine(one, N, dx + static_cast<int64_t>(t) * N * C, C, C, d + t * C);
