@@ -96,7 +96,17 @@ struct ResidualConfig {
 };
 
 // One parameter tensor of the residual mappings and its gradient buffer (same size).
-// Names look like "sublayer3.w_pre" or "group1.w_router".
+// Names look like "sublayer3.w_pre" or "group1.w_router". Matrices are row-major with one
+// row per output, each row over the flattened input:
+//  - hc:  sublayerL.w (N + 2) x C, rows [m | r_0..r_(N-1) | b]; s_a, s_b; a_m0 N;
+//         a_r0 N x N; b0 N.
+//  - mhc: sublayerL.w (2N + N*N) x (N*C), rows [pre | post | res]; a_pre, a_post, a_res;
+//         b_pre N; b_post N; b_res N x N.
+//  - xhc modes: w_router N x (N*C) (per sublayer for xhc, "groupG.w_router" per flash
+//         group); w_pre N x (N*C); a_pre, b_pre N; w_res k*k x (k*C) and a_res, b_res k x k
+//         (only in sublayers that mix: all for xhc, a group's last for flash); w_post
+//         (k*K_r) x (k*C), a_post, b_post k x K_r; MLP sublayers conv0.. (width_j x C).
+// Router weights start ~ N(0, 0.02) (seeded); everything else as DESIGN.md section 3 says.
 template <typename T>
 struct ParamRef {
   std::string name;
