@@ -6,8 +6,9 @@
 // Bodies include their own pre-norm (RMSNorm with gain). Initialisation: every matrix
 // N(0, init_std); the output projections of the bodies (attention W_o, expert and
 // shared-expert W_2) N(0, init_std / sqrt(N)) when the residual mode has N > 1 streams;
-// norm gains 1. All draws come from one generator seeded with `seed`, in Parameters()
-// order, so a (config, seed) pair gives the same weights everywhere.
+// norm gains 1. The body weights are drawn from one generator seeded with `seed`, in
+// Parameters() order; the residual component initialises its own mappings (its router
+// from seed ^ a fixed salt), so a (config, seed) pair gives the same weights everywhere.
 //
 // Determinism: same config, seed, inputs and OpenMP thread count give bit-identical
 // losses and gradients (static schedules, fixed reduction orders, GEMM split fixed by
