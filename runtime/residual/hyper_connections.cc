@@ -11,6 +11,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <initializer_list>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "runtime/residual/kernels.h"
@@ -87,6 +89,207 @@ class DenseStreamsImpl : public ResidualStreams<T>::Impl {
     if (this->save) this->Count("save for backward", 0, 0, 0, c);
   }
 
+  // Where a mode keeps its maps. Each token projects `rows` rows of K = N*C / rows elements
+  // through a P-row weight (mhc: 1 row, the whole state; hc: N rows, one per stream). Its
+  // coefficient record (`stride` elements) holds H_pre (N) at `pre`, H_post (N) at `post` and
+  // H_res[i][j] at res + i * res_row + j * res_col (mhc stores H_res; hc stores A_r = H_res^T).
+  // dcoef holds dH_post (N), then dH_res in the same layout as H_res.
+  struct MapLayout {
+    int rows = 1;
+    int p = 0;
+    int64_t stride = 0;
+    int64_t pre = 0, post = 0, res = 0;
+    int64_t res_row = 0, res_col = 0;
+  };
+  virtual MapLayout Layout() const = 0;
+
+  // Forward pass of Read: per block of tokens, projects the rows through `w` into the
+  // block's outputs, then per token `maps(x, z, work, coef)` fills the coefficient record
+  // from the state x, its rows x P projection z (not yet divided by any norm) and scratch
+  // `work` (the thread's scratch after kTokenBlock * rows * P elements); then u = H_pre X,
+  // and X is saved for the backward.
+  template <typename MapsFn>
+  void ReadDense(int l, const T* w, T* u, const MapsFn& maps) {
+    const MapLayout m = Layout();
+    const int n = this->nstreams;
+    const int64_t C = this->width;
+    const int64_t nc = n * C;
+    const int64_t K = nc / m.rows;
+    const int64_t zt = static_cast<int64_t>(m.rows) * m.p;  // projection outputs per token
+    Sublayer& sl = sub_[static_cast<size_t>(l)];
+    const int nt = this->ntok;
+#pragma omp parallel for schedule(static) if (this->Parallel())
+    for (int t0 = 0; t0 < nt; t0 += kTokenBlock) {
+      const int tb = std::min(kTokenBlock, nt - t0);
+      T* zz = this->Scratch(omp_get_thread_num());
+      std::fill(zz, zz + tb * zt, T(0));
+      const T* xb = this->X.data() + t0 * nc;
+      Project(xb, K, tb * m.rows, w, K, m.p, K, zz, m.p);
+      for (int i = 0; i < tb; ++i) {
+        const int t = t0 + i;
+        const T* x = xb + i * nc;
+        T* coef = sl.coef.data() + t * m.stride;
+        maps(x, zz + i * zt, zz + kTokenBlock * zt, coef);
+        Combine(coef + m.pre, n, x, C, C, u + t * C);
+        if (this->save) std::memcpy(sl.xprev.data() + t * nc, x, sizeof(T) * nc);
+      }
+    }
+    CountRead();
+  }
+
+  // X' = H_res X + H_post^T out.
+  void Write(int l, const T* out) final {
+    const MapLayout m = Layout();
+    const int n = this->nstreams;
+    const int64_t C = this->width;
+    const int64_t nc = n * C;
+    Sublayer& sl = sub_[static_cast<size_t>(l)];
+    const int nt = this->ntok;
+#pragma omp parallel for schedule(static) if (this->Parallel())
+    for (int t = 0; t < nt; ++t) {
+      T* x = this->X.data() + t * nc;
+      const T* coef = sl.coef.data() + t * m.stride;
+      const T* hpost = coef + m.post;
+      const T* hres = coef + m.res;
+      const T* xin;
+      if (this->save) {
+        xin = sl.xprev.data() + t * nc;
+        std::memcpy(sl.out.data() + t * C, out + t * C, sizeof(T) * C);
+      } else {
+        T* copy = this->Scratch(omp_get_thread_num()) + this->scratch_per_thread - kTokenBlock * nc;
+        std::memcpy(copy, x, sizeof(T) * nc);
+        xin = copy;
+      }
+      T row[64];
+      for (int i = 0; i < n; ++i) {
+        for (int j = 0; j < n; ++j) row[j] = hres[i * m.res_row + j * m.res_col];
+        Combine(row, n, xin, C, C, x + i * C);
+        Axpy(hpost[i], out + t * C, x + i * C, C);
+      }
+    }
+    CountWrite();
+  }
+
+  // d_out = H_post G; dH_post, dH_res into dcoef; G := H_res^T G.
+  void WriteBackward(int l, T* d_out) final {
+    const MapLayout m = Layout();
+    const int n = this->nstreams;
+    const int64_t C = this->width;
+    const int64_t nc = n * C;
+    Sublayer& sl = sub_[static_cast<size_t>(l)];
+    const int nt = this->ntok;
+#pragma omp parallel for schedule(static) if (this->Parallel())
+    for (int t = 0; t < nt; ++t) {
+      T* g = this->dX.data() + t * nc;
+      const T* x = sl.xprev.data() + t * nc;
+      const T* out = sl.out.data() + t * C;
+      const T* coef = sl.coef.data() + t * m.stride;
+      const T* hpost = coef + m.post;
+      const T* hres = coef + m.res;
+      T* dcoef = sl.dcoef.data() + t * (n + n * n);
+      T* gcopy = this->Scratch(omp_get_thread_num()) + this->scratch_per_thread - kTokenBlock * nc;
+      std::memcpy(gcopy, g, sizeof(T) * nc);
+      Combine(hpost, n, gcopy, C, C, d_out + t * C);
+      for (int i = 0; i < n; ++i) {
+        dcoef[i] = Dot(gcopy + i * C, out, C);
+        for (int j = 0; j < n; ++j)
+          dcoef[n + i * m.res_row + j * m.res_col] = Dot(gcopy + i * C, x + j * C, C);
+      }
+      // dX_j = sum_i H_res[i][j] G_i.
+      T col[64];
+      for (int j = 0; j < n; ++j) {
+        for (int i = 0; i < n; ++i) col[i] = hres[i * m.res_row + j * m.res_col];
+        Combine(col, n, gcopy, C, C, g + j * C);
+      }
+    }
+  }
+
+  SublayerMaps<T> Maps(int l, int t) const final {
+    const MapLayout m = Layout();
+    const int n = this->nstreams;
+    const T* coef = sub_[static_cast<size_t>(l)].coef.data() + t * m.stride;
+    SublayerMaps<T> maps;
+    for (int i = 0; i < n; ++i) maps.active.push_back(i);
+    maps.gates.assign(static_cast<size_t>(n), T(1));
+    maps.h_pre.assign(coef + m.pre, coef + m.pre + n);
+    maps.h_post.assign(coef + m.post, coef + m.post + n);
+    maps.h_res.assign(coef + m.res, coef + m.res + n * n);
+    return maps;
+  }
+
+  // What the backward of Read hands a mode for one token: the saved state x, its gradient
+  // dx (already holding dX += H_pre du), the coefficient record, dH_pre (N), the dcoef
+  // record of WriteBackward, and the rows * P projection-output gradients c and the
+  // `scal_stride` scalar-parameter gradients (zeroed) the mode fills in; work is scratch.
+  struct TokenGrad {
+    const T* x;
+    T* dx;
+    const T* coef;
+    const T* dpre;
+    const T* dcoef;
+    T* c;
+    T* scal;
+    T* work;
+  };
+
+  // Backward of Read: dH_pre and dX += H_pre du per token, `token_grad(TokenGrad)` for the
+  // mode's coefficients, then dX += c W and dW += c^T X over all tokens (`w`: the weight's
+  // parameter offset). dH_pre and `work` follow kTokenBlock * rows * P scratch elements.
+  template <typename GradFn>
+  void ReadBackwardDense(int l, const T* d_u, int64_t w, int64_t scal_stride,
+                         const GradFn& token_grad) {
+    const MapLayout m = Layout();
+    const int n = this->nstreams;
+    const int64_t C = this->width;
+    const int64_t nc = n * C;
+    const int64_t K = nc / m.rows;
+    const int64_t zt = static_cast<int64_t>(m.rows) * m.p;
+    Sublayer& sl = sub_[static_cast<size_t>(l)];
+    const int nt = this->ntok;
+    const T* wp = this->Pack(this->value(w), m.p, K);
+#pragma omp parallel for schedule(static) if (this->Parallel())
+    for (int t0 = 0; t0 < nt; t0 += kTokenBlock) {
+      const int tb = std::min(kTokenBlock, nt - t0);
+      T* dpre = this->Scratch(omp_get_thread_num()) + kTokenBlock * zt;
+      for (int i = 0; i < tb; ++i) {
+        const int t = t0 + i;
+        TokenGrad tg;
+        tg.x = sl.xprev.data() + t * nc;
+        tg.dx = this->dX.data() + t * nc;
+        tg.coef = sl.coef.data() + t * m.stride;
+        tg.dpre = dpre;
+        tg.dcoef = sl.dcoef.data() + t * (n + n * n);
+        tg.c = c_.data() + t * zt;
+        tg.scal = scal_.data() + t * scal_stride;
+        tg.work = dpre + n;
+        const T* du = d_u + t * C;
+        for (int j = 0; j < n; ++j) {
+          dpre[j] = Dot(du, tg.x + j * C, C);
+          Axpy(tg.coef[m.pre + j], du, tg.dx + j * C, C);
+        }
+        std::fill(tg.scal, tg.scal + scal_stride, T(0));
+        token_grad(tg);
+      }
+      ProjectTransposeAddPacked(c_.data() + t0 * zt, m.p, tb * m.rows, wp, m.p, K,
+                                this->dX.data() + t0 * nc, K);
+    }
+    ParallelWeightGrad(c_.data(), m.p, nt * m.rows, sl.xprev.data(), K, m.p, K, this->grad(w), K);
+  }
+
+  // Adds every token's scal_ record into the parameter gradients, in token order; the
+  // record is the concatenation of `fields` (parameter offset, size).
+  void AddScalarGrads(std::initializer_list<std::pair<int64_t, int>> fields) {
+    int64_t ss = 0;
+    for (const auto& f : fields) ss += f.second;
+    for (int t = 0; t < this->ntok; ++t) {
+      const T* scal = scal_.data() + t * ss;
+      for (const auto& [offset, size] : fields) {
+        T* g = this->grad(offset);
+        for (int j = 0; j < size; ++j) g[j] += *scal++;
+      }
+    }
+  }
+
   std::vector<Sublayer> sub_;
   std::vector<T> scal_;  // tokens x per-token scalar-parameter gradients
   std::vector<T> c_;     // tokens x projection-output gradients (already divided by rms)
@@ -142,204 +345,80 @@ class MhcImpl final : public DenseStreamsImpl<T> {
 
   void Read(int l, T* u) override {
     const int n = this->nstreams;
-    const int64_t C = this->width;
-    const int64_t nc = n * C;
+    const int64_t nc = static_cast<int64_t>(n) * this->width;
     const Params& q = params_[static_cast<size_t>(l)];
-    auto& sl = this->sub_[static_cast<size_t>(l)];
-    const T* w = this->value(q.w);
     const T a_pre = *this->value(q.a_pre), a_post = *this->value(q.a_post),
             a_res = *this->value(q.a_res);
     const T* b_pre = this->value(q.b_pre);
     const T* b_post = this->value(q.b_post);
     const T* b_res = this->value(q.b_res);
-    const int nt = this->ntok;
-#pragma omp parallel for schedule(static) if (this->Parallel())
-    for (int t0 = 0; t0 < nt; t0 += kTokenBlock) {
-      const int tb = std::min(kTokenBlock, nt - t0);
-      T* sc = this->Scratch(omp_get_thread_num());
-      T* zz = sc;
-      T* logits = sc + kTokenBlock * P_;
-      std::fill(zz, zz + tb * P_, T(0));
-      const T* xb = this->X.data() + t0 * nc;
-      Project(xb, nc, tb, w, nc, P_, nc, zz, P_);
-      for (int i = 0; i < tb; ++i) {
-        const int t = t0 + i;
-        const T* x = xb + i * nc;
-        T* coef = sl.coef.data() + t * CoefStride();
-        T sum, sq;
-        Moments(x, nc, &sum, &sq);
-        const T r = std::sqrt(sq / static_cast<T>(nc) + static_cast<T>(kNormEps));
-        coef[0] = r;
-        T* y = coef + 1;
-        for (int p = 0; p < P_; ++p) y[p] = zz[i * P_ + p] / r;
-        T* hpre = coef + 1 + P_;
-        T* hpost = hpre + n;
-        T* hres = hpost + n;
-        for (int j = 0; j < n; ++j) {
-          hpre[j] = Sigmoid(a_pre * y[j] + b_pre[j]);
-          hpost[j] = T(2) * Sigmoid(a_post * y[n + j] + b_post[j]);
-        }
-        for (int j = 0; j < n * n; ++j) logits[j] = a_res * y[2 * n + j] + b_res[j];
-        sinkhorn_.Forward(logits, hres, nullptr);
-        Combine(hpre, n, x, C, C, u + t * C);
-        if (this->save) std::memcpy(sl.xprev.data() + t * nc, x, sizeof(T) * nc);
-      }
-    }
-    this->CountRead();
-  }
-
-  void Write(int l, const T* out) override {
-    const int n = this->nstreams;
-    const int64_t C = this->width;
-    const int64_t nc = n * C;
-    auto& sl = this->sub_[static_cast<size_t>(l)];
-    const int nt = this->ntok;
-#pragma omp parallel for schedule(static) if (this->Parallel())
-    for (int t = 0; t < nt; ++t) {
-      T* x = this->X.data() + t * nc;
-      const T* coef = sl.coef.data() + t * CoefStride();
-      const T* hpost = coef + 1 + P_ + n;
-      const T* hres = hpost + n;
-      const T* xin;
-      if (this->save) {
-        xin = sl.xprev.data() + t * nc;
-        std::memcpy(sl.out.data() + t * C, out + t * C, sizeof(T) * C);
-      } else {
-        T* copy = this->Scratch(omp_get_thread_num()) + this->scratch_per_thread - kTokenBlock * nc;
-        std::memcpy(copy, x, sizeof(T) * nc);
-        xin = copy;
-      }
-      for (int i = 0; i < n; ++i) {
-        Combine(hres + i * n, n, xin, C, C, x + i * C);
-        Axpy(hpost[i], out + t * C, x + i * C, C);
-      }
-    }
-    this->CountWrite();
-  }
-
-  SublayerMaps<T> Maps(int l, int t) const override {
-    const int n = this->nstreams;
-    const T* coef = this->sub_[static_cast<size_t>(l)].coef.data() + t * CoefStride();
-    const T* hpre = coef + 1 + P_;
-    SublayerMaps<T> m;
-    for (int i = 0; i < n; ++i) m.active.push_back(i);
-    m.gates.assign(static_cast<size_t>(n), T(1));
-    m.h_pre.assign(hpre, hpre + n);
-    m.h_post.assign(hpre + n, hpre + 2 * n);
-    m.h_res.assign(hpre + 2 * n, hpre + 2 * n + n * n);
-    return m;
-  }
-
-  void WriteBackward(int l, T* d_out) override {
-    const int n = this->nstreams;
-    const int64_t C = this->width;
-    const int64_t nc = n * C;
-    auto& sl = this->sub_[static_cast<size_t>(l)];
-    const int nt = this->ntok;
-#pragma omp parallel for schedule(static) if (this->Parallel())
-    for (int t = 0; t < nt; ++t) {
-      T* g = this->dX.data() + t * nc;
-      const T* x = sl.xprev.data() + t * nc;
-      const T* out = sl.out.data() + t * C;
-      const T* coef = sl.coef.data() + t * CoefStride();
-      const T* hpost = coef + 1 + P_ + n;
-      const T* hres = hpost + n;
-      T* dcoef = sl.dcoef.data() + t * (n + n * n);
-      T* gcopy = this->Scratch(omp_get_thread_num()) + this->scratch_per_thread - kTokenBlock * nc;
-      std::memcpy(gcopy, g, sizeof(T) * nc);
-      Combine(hpost, n, gcopy, C, C, d_out + t * C);
-      for (int i = 0; i < n; ++i) {
-        dcoef[i] = Dot(gcopy + i * C, out, C);  // dH_post
-        for (int j = 0; j < n; ++j) dcoef[n + i * n + j] = Dot(gcopy + i * C, x + j * C, C);
-      }
-      // dX_j = sum_i H_res[i][j] G_i.
-      T col[64];
+    this->ReadDense(l, this->value(q.w), u, [&](const T* x, const T* z, T* logits, T* coef) {
+      T sum, sq;
+      Moments(x, nc, &sum, &sq);
+      const T r = std::sqrt(sq / static_cast<T>(nc) + static_cast<T>(kNormEps));
+      coef[0] = r;
+      T* y = coef + 1;
+      for (int p = 0; p < P_; ++p) y[p] = z[p] / r;
+      T* hpre = coef + 1 + P_;
+      T* hpost = hpre + n;
+      T* hres = hpost + n;
       for (int j = 0; j < n; ++j) {
-        for (int i = 0; i < n; ++i) col[i] = hres[i * n + j];
-        Combine(col, n, gcopy, C, C, g + j * C);
+        hpre[j] = Sigmoid(a_pre * y[j] + b_pre[j]);
+        hpost[j] = T(2) * Sigmoid(a_post * y[n + j] + b_post[j]);
       }
-    }
+      for (int j = 0; j < n * n; ++j) logits[j] = a_res * y[2 * n + j] + b_res[j];
+      sinkhorn_.Forward(logits, hres, nullptr);
+    });
   }
 
   void ReadBackward(int l, const T* d_u) override {
     const int n = this->nstreams;
-    const int64_t C = this->width;
-    const int64_t nc = n * C;
+    const int64_t nc = static_cast<int64_t>(n) * this->width;
     const Params& q = params_[static_cast<size_t>(l)];
-    auto& sl = this->sub_[static_cast<size_t>(l)];
     const T a_pre = *this->value(q.a_pre), a_post = *this->value(q.a_post),
             a_res = *this->value(q.a_res);
     const T* b_res = this->value(q.b_res);
-    const int nt = this->ntok;
     const int ss = 3 + 2 * n + n * n;
-    const T* wp = this->Pack(this->value(q.w), P_, nc);
-#pragma omp parallel for schedule(static) if (this->Parallel())
-    for (int t0 = 0; t0 < nt; t0 += kTokenBlock) {
-      const int tb = std::min(kTokenBlock, nt - t0);
-      T* sc = this->Scratch(omp_get_thread_num());
-      T* sk_tape = sc + kTokenBlock * P_;
+    this->ReadBackwardDense(l, d_u, q.w, ss, [&](const auto& tg) {
+      T* sk_tape = tg.work;
       T* sk_work = sk_tape + sinkhorn_.tape_size();
       T* logits = sk_work + 2 * n * n;
       T* hraw = logits + n * n;
       T* dz = hraw + n * n;
-      T* dhpre = dz + n * n;
-      for (int i = 0; i < tb; ++i) {
-        const int t = t0 + i;
-        const T* x = sl.xprev.data() + t * nc;
-        T* dx = this->dX.data() + t * nc;
-        const T* du = d_u + t * C;
-        const T* coef = sl.coef.data() + t * CoefStride();
-        const T r = coef[0];
-        const T* y = coef + 1;
-        const T* hpre = coef + 1 + P_;
-        const T* hpost = hpre + n;
-        const T* dcoef = sl.dcoef.data() + t * (n + n * n);
-        T* c = this->c_.data() + t * P_;
-        T* scal = this->scal_.data() + t * ss;
-        std::fill(scal, scal + ss, T(0));
-        for (int j = 0; j < n; ++j) {
-          dhpre[j] = Dot(du, x + j * C, C);
-          Axpy(hpre[j], du, dx + j * C, C);
-        }
-        T sum_dy_y = 0;
-        for (int j = 0; j < n; ++j) {
-          const T dl = dhpre[j] * hpre[j] * (T(1) - hpre[j]);
-          scal[0] += dl * y[j];
-          scal[3 + j] = dl;
-          c[j] = a_pre * dl;
-          const T h = hpost[j] / T(2);
-          const T dlp = dcoef[j] * T(2) * h * (T(1) - h);
-          scal[1] += dlp * y[n + j];
-          scal[3 + n + j] = dlp;
-          c[n + j] = a_post * dlp;
-        }
-        for (int j = 0; j < n * n; ++j) logits[j] = a_res * y[2 * n + j] + b_res[j];
-        sinkhorn_.Forward(logits, hraw, sk_tape);
-        sinkhorn_.Backward(logits, sk_tape, dcoef + n, dz, sk_work);
-        for (int j = 0; j < n * n; ++j) {
-          scal[2] += dz[j] * y[2 * n + j];
-          scal[3 + 2 * n + j] = dz[j];
-          c[2 * n + j] = a_res * dz[j];
-        }
-        for (int p = 0; p < P_; ++p) {
-          sum_dy_y += c[p] * y[p];
-          c[p] /= r;
-        }
-        Axpy(-sum_dy_y / (static_cast<T>(nc) * r * r), x, dx, nc);
+      const T r = tg.coef[0];
+      const T* y = tg.coef + 1;
+      const T* hpre = tg.coef + 1 + P_;
+      const T* hpost = hpre + n;
+      T* c = tg.c;
+      T* scal = tg.scal;  // da_pre, da_post, da_res, db_pre (N), db_post (N), db_res (N*N)
+      T sum_dy_y = 0;
+      for (int j = 0; j < n; ++j) {
+        const T dl = tg.dpre[j] * hpre[j] * (T(1) - hpre[j]);
+        scal[0] += dl * y[j];
+        scal[3 + j] = dl;
+        c[j] = a_pre * dl;
+        const T h = hpost[j] / T(2);
+        const T dlp = tg.dcoef[j] * T(2) * h * (T(1) - h);
+        scal[1] += dlp * y[n + j];
+        scal[3 + n + j] = dlp;
+        c[n + j] = a_post * dlp;
       }
-      ProjectTransposeAddPacked(this->c_.data() + t0 * P_, P_, tb, wp, P_, nc,
-                                this->dX.data() + t0 * nc, nc);
-    }
-    ParallelWeightGrad(this->c_.data(), P_, nt, sl.xprev.data(), nc, P_, nc, this->grad(q.w), nc);
-    for (int t = 0; t < nt; ++t) {
-      const T* scal = this->scal_.data() + t * ss;
-      *this->grad(q.a_pre) += scal[0];
-      *this->grad(q.a_post) += scal[1];
-      *this->grad(q.a_res) += scal[2];
-      for (int j = 0; j < n; ++j) this->grad(q.b_pre)[j] += scal[3 + j];
-      for (int j = 0; j < n; ++j) this->grad(q.b_post)[j] += scal[3 + n + j];
-      for (int j = 0; j < n * n; ++j) this->grad(q.b_res)[j] += scal[3 + 2 * n + j];
-    }
+      for (int j = 0; j < n * n; ++j) logits[j] = a_res * y[2 * n + j] + b_res[j];
+      sinkhorn_.Forward(logits, hraw, sk_tape);
+      sinkhorn_.Backward(logits, sk_tape, tg.dcoef + n, dz, sk_work);
+      for (int j = 0; j < n * n; ++j) {
+        scal[2] += dz[j] * y[2 * n + j];
+        scal[3 + 2 * n + j] = dz[j];
+        c[2 * n + j] = a_res * dz[j];
+      }
+      for (int p = 0; p < P_; ++p) {
+        sum_dy_y += c[p] * y[p];
+        c[p] /= r;
+      }
+      Axpy(-sum_dy_y / (static_cast<T>(nc) * r * r), tg.x, tg.dx, nc);
+    });
+    this->AddScalarGrads(
+        {{q.a_pre, 1}, {q.a_post, 1}, {q.a_res, 1}, {q.b_pre, n}, {q.b_post, n}, {q.b_res, n * n}});
   }
 
  private:
@@ -350,6 +429,19 @@ class MhcImpl final : public DenseStreamsImpl<T> {
   int64_t CoefStride() const {
     const int n = this->nstreams;
     return 1 + P_ + 2 * n + n * n;
+  }
+  typename DenseStreamsImpl<T>::MapLayout Layout() const override {
+    const int n = this->nstreams;
+    typename DenseStreamsImpl<T>::MapLayout m;
+    m.rows = 1;
+    m.p = P_;
+    m.stride = CoefStride();
+    m.pre = 1 + P_;
+    m.post = m.pre + n;
+    m.res = m.post + n;
+    m.res_row = n;
+    m.res_col = 1;
+    return m;
   }
 
   SinkhornProjection<T> sinkhorn_;
@@ -406,186 +498,71 @@ class HcImpl final : public DenseStreamsImpl<T> {
   void Read(int l, T* u) override {
     const int n = this->nstreams;
     const int64_t C = this->width;
-    const int64_t nc = n * C;
     const Params& q = params_[static_cast<size_t>(l)];
-    auto& sl = this->sub_[static_cast<size_t>(l)];
-    const T* w = this->value(q.w);
     const T s_a = *this->value(q.s_a), s_b = *this->value(q.s_b);
     const T* a_m0 = this->value(q.a_m0);
     const T* a_r0 = this->value(q.a_r0);
     const T* b0 = this->value(q.b0);
-    const int nt = this->ntok;
-#pragma omp parallel for schedule(static) if (this->Parallel())
-    for (int t0 = 0; t0 < nt; t0 += kTokenBlock) {
-      const int tb = std::min(kTokenBlock, nt - t0);
-      T* zz = this->Scratch(omp_get_thread_num());
-      std::fill(zz, zz + tb * n * P_, T(0));
-      const T* xb = this->X.data() + t0 * nc;
-      // Rows are (token, stream) pairs, each C wide.
-      Project(xb, C, tb * n, w, C, P_, C, zz, P_);
-      for (int i = 0; i < tb; ++i) {
-        const int t = t0 + i;
-        const T* x = xb + i * nc;
-        T* coef = sl.coef.data() + t * CoefStride();
-        T* am = coef + n * (1 + P_);
-        T* ar = am + n;
-        T* bb = ar + n * n;
-        for (int s = 0; s < n; ++s) {
-          T sum, sq;
-          Moments(x + s * C, C, &sum, &sq);
-          const T r = std::sqrt(sq / static_cast<T>(C) + static_cast<T>(kNormEps));
-          T* rec = coef + s * (1 + P_);
-          rec[0] = r;
-          for (int p = 0; p < P_; ++p) rec[1 + p] = zz[(i * n + s) * P_ + p] / r;
-          am[s] = s_a * std::tanh(rec[1]) + a_m0[s];
-          for (int j = 0; j < n; ++j) ar[s * n + j] = s_a * std::tanh(rec[2 + j]) + a_r0[s * n + j];
-          bb[s] = s_b * std::tanh(rec[2 + n]) + b0[s];
-        }
-        Combine(am, n, x, C, C, u + t * C);
-        if (this->save) std::memcpy(sl.xprev.data() + t * nc, x, sizeof(T) * nc);
+    // Projection rows are the token's streams, each C wide.
+    this->ReadDense(l, this->value(q.w), u, [&](const T* x, const T* z, T*, T* coef) {
+      T* am = coef + n * (1 + P_);
+      T* ar = am + n;
+      T* bb = ar + n * n;
+      for (int s = 0; s < n; ++s) {
+        T sum, sq;
+        Moments(x + s * C, C, &sum, &sq);
+        const T r = std::sqrt(sq / static_cast<T>(C) + static_cast<T>(kNormEps));
+        T* rec = coef + s * (1 + P_);
+        rec[0] = r;
+        for (int p = 0; p < P_; ++p) rec[1 + p] = z[s * P_ + p] / r;
+        am[s] = s_a * std::tanh(rec[1]) + a_m0[s];
+        for (int j = 0; j < n; ++j) ar[s * n + j] = s_a * std::tanh(rec[2 + j]) + a_r0[s * n + j];
+        bb[s] = s_b * std::tanh(rec[2 + n]) + b0[s];
       }
-    }
-    this->CountRead();
-  }
-
-  void Write(int l, const T* out) override {
-    const int n = this->nstreams;
-    const int64_t C = this->width;
-    const int64_t nc = n * C;
-    auto& sl = this->sub_[static_cast<size_t>(l)];
-    const int nt = this->ntok;
-#pragma omp parallel for schedule(static) if (this->Parallel())
-    for (int t = 0; t < nt; ++t) {
-      T* x = this->X.data() + t * nc;
-      const T* coef = sl.coef.data() + t * CoefStride();
-      const T* ar = coef + n * (1 + P_) + n;
-      const T* bb = ar + n * n;
-      const T* xin;
-      if (this->save) {
-        xin = sl.xprev.data() + t * nc;
-        std::memcpy(sl.out.data() + t * C, out + t * C, sizeof(T) * C);
-      } else {
-        T* copy = this->Scratch(omp_get_thread_num()) + this->scratch_per_thread - kTokenBlock * nc;
-        std::memcpy(copy, x, sizeof(T) * nc);
-        xin = copy;
-      }
-      T col[64];
-      for (int j = 0; j < n; ++j) {
-        for (int i = 0; i < n; ++i) col[i] = ar[i * n + j];
-        Combine(col, n, xin, C, C, x + j * C);
-        Axpy(bb[j], out + t * C, x + j * C, C);
-      }
-    }
-    this->CountWrite();
-  }
-
-  SublayerMaps<T> Maps(int l, int t) const override {
-    const int n = this->nstreams;
-    const T* am = this->sub_[static_cast<size_t>(l)].coef.data() + t * CoefStride() + n * (1 + P_);
-    SublayerMaps<T> m;
-    for (int i = 0; i < n; ++i) m.active.push_back(i);
-    m.gates.assign(static_cast<size_t>(n), T(1));
-    m.h_pre.assign(am, am + n);
-    m.h_res.assign(am + n, am + n + n * n);
-    m.h_post.assign(am + n + n * n, am + 2 * n + n * n);
-    return m;
-  }
-
-  void WriteBackward(int l, T* d_out) override {
-    const int n = this->nstreams;
-    const int64_t C = this->width;
-    const int64_t nc = n * C;
-    auto& sl = this->sub_[static_cast<size_t>(l)];
-    const int nt = this->ntok;
-#pragma omp parallel for schedule(static) if (this->Parallel())
-    for (int t = 0; t < nt; ++t) {
-      T* g = this->dX.data() + t * nc;
-      const T* x = sl.xprev.data() + t * nc;
-      const T* out = sl.out.data() + t * C;
-      const T* coef = sl.coef.data() + t * CoefStride();
-      const T* ar = coef + n * (1 + P_) + n;
-      const T* bb = ar + n * n;
-      T* dcoef = sl.dcoef.data() + t * (n + n * n);  // dB (N), dA_r (N*N)
-      T* gcopy = this->Scratch(omp_get_thread_num()) + this->scratch_per_thread - kTokenBlock * nc;
-      std::memcpy(gcopy, g, sizeof(T) * nc);
-      Combine(bb, n, gcopy, C, C, d_out + t * C);
-      for (int j = 0; j < n; ++j) dcoef[j] = Dot(gcopy + j * C, out, C);
-      for (int i = 0; i < n; ++i)
-        for (int j = 0; j < n; ++j) dcoef[n + i * n + j] = Dot(gcopy + j * C, x + i * C, C);
-      for (int i = 0; i < n; ++i) Combine(ar + i * n, n, gcopy, C, C, g + i * C);
-    }
+    });
   }
 
   void ReadBackward(int l, const T* d_u) override {
     const int n = this->nstreams;
     const int64_t C = this->width;
-    const int64_t nc = n * C;
     const Params& q = params_[static_cast<size_t>(l)];
-    auto& sl = this->sub_[static_cast<size_t>(l)];
     const T s_a = *this->value(q.s_a), s_b = *this->value(q.s_b);
-    const int nt = this->ntok;
     const int ss = 2 + 2 * n + n * n;
-    const int64_t cs = static_cast<int64_t>(n) * P_;
-    const T* wp = this->Pack(this->value(q.w), P_, C);
-#pragma omp parallel for schedule(static) if (this->Parallel())
-    for (int t0 = 0; t0 < nt; t0 += kTokenBlock) {
-      const int tb = std::min(kTokenBlock, nt - t0);
-      for (int i = 0; i < tb; ++i) {
-        const int t = t0 + i;
-        const T* x = sl.xprev.data() + t * nc;
-        T* dx = this->dX.data() + t * nc;
-        const T* du = d_u + t * C;
-        const T* coef = sl.coef.data() + t * CoefStride();
-        const T* am = coef + n * (1 + P_);
-        const T* dcoef = sl.dcoef.data() + t * (n + n * n);
-        T* c = this->c_.data() + t * cs;
-        T* scal = this->scal_.data() + t * ss;  // ds_a, ds_b, dA_m0 (N), dB0 (N), dA_r0 (N*N)
-        std::fill(scal, scal + ss, T(0));
-        for (int s = 0; s < n; ++s) {
-          const T dam = Dot(du, x + s * C, C);
-          Axpy(am[s], du, dx + s * C, C);
-          const T* rec = coef + s * (1 + P_);
-          const T r = rec[0];
-          T* cs_row = c + s * P_;
-          // A_m
-          T th = std::tanh(rec[1]);
-          scal[0] += dam * th;
-          scal[2 + s] = dam;
-          cs_row[0] = s_a * dam * (T(1) - th * th);
-          // A_r row s
-          for (int j = 0; j < n; ++j) {
-            const T dar = dcoef[n + s * n + j];
-            th = std::tanh(rec[2 + j]);
-            scal[0] += dar * th;
-            scal[2 + 2 * n + s * n + j] = dar;
-            cs_row[1 + j] = s_a * dar * (T(1) - th * th);
-          }
-          // B
-          const T db = dcoef[s];
-          th = std::tanh(rec[2 + n]);
-          scal[1] += db * th;
-          scal[2 + n + s] = db;
-          cs_row[1 + n] = s_b * db * (T(1) - th * th);
-          T sum_dy_y = 0;
-          for (int p = 0; p < P_; ++p) {
-            sum_dy_y += cs_row[p] * rec[1 + p];
-            cs_row[p] /= r;
-          }
-          Axpy(-sum_dy_y / (static_cast<T>(C) * r * r), x + s * C, dx + s * C, C);
+    this->ReadBackwardDense(l, d_u, q.w, ss, [&](const auto& tg) {
+      T* scal = tg.scal;  // ds_a, ds_b, dA_m0 (N), dB0 (N), dA_r0 (N*N)
+      for (int s = 0; s < n; ++s) {
+        const T dam = tg.dpre[s];
+        const T* rec = tg.coef + s * (1 + P_);
+        const T r = rec[0];
+        T* cs_row = tg.c + s * P_;
+        // A_m
+        T th = std::tanh(rec[1]);
+        scal[0] += dam * th;
+        scal[2 + s] = dam;
+        cs_row[0] = s_a * dam * (T(1) - th * th);
+        // A_r row s
+        for (int j = 0; j < n; ++j) {
+          const T dar = tg.dcoef[n + s * n + j];
+          th = std::tanh(rec[2 + j]);
+          scal[0] += dar * th;
+          scal[2 + 2 * n + s * n + j] = dar;
+          cs_row[1 + j] = s_a * dar * (T(1) - th * th);
         }
+        // B
+        const T db = tg.dcoef[s];
+        th = std::tanh(rec[2 + n]);
+        scal[1] += db * th;
+        scal[2 + n + s] = db;
+        cs_row[1 + n] = s_b * db * (T(1) - th * th);
+        T sum_dy_y = 0;
+        for (int p = 0; p < P_; ++p) {
+          sum_dy_y += cs_row[p] * rec[1 + p];
+          cs_row[p] /= r;
+        }
+        Axpy(-sum_dy_y / (static_cast<T>(C) * r * r), tg.x + s * C, tg.dx + s * C, C);
       }
-      ProjectTransposeAddPacked(this->c_.data() + t0 * cs, P_, tb * n, wp, P_, C,
-                                this->dX.data() + t0 * nc, C);
-    }
-    ParallelWeightGrad(this->c_.data(), P_, nt * n, sl.xprev.data(), C, P_, C, this->grad(q.w), C);
-    for (int t = 0; t < nt; ++t) {
-      const T* scal = this->scal_.data() + t * ss;
-      *this->grad(q.s_a) += scal[0];
-      *this->grad(q.s_b) += scal[1];
-      for (int j = 0; j < n; ++j) this->grad(q.a_m0)[j] += scal[2 + j];
-      for (int j = 0; j < n; ++j) this->grad(q.b0)[j] += scal[2 + n + j];
-      for (int j = 0; j < n * n; ++j) this->grad(q.a_r0)[j] += scal[2 + 2 * n + j];
-    }
+    });
+    this->AddScalarGrads({{q.s_a, 1}, {q.s_b, 1}, {q.a_m0, n}, {q.b0, n}, {q.a_r0, n * n}});
   }
 
  private:
@@ -596,6 +573,20 @@ class HcImpl final : public DenseStreamsImpl<T> {
   int64_t CoefStride() const {
     const int n = this->nstreams;
     return static_cast<int64_t>(n) * (1 + P_) + 2 * n + n * n;
+  }
+  // A_r[i][j] is the weight of stream i in output stream j, so H_res = A_r^T.
+  typename DenseStreamsImpl<T>::MapLayout Layout() const override {
+    const int n = this->nstreams;
+    typename DenseStreamsImpl<T>::MapLayout m;
+    m.rows = n;
+    m.p = P_;
+    m.stride = CoefStride();
+    m.pre = static_cast<int64_t>(n) * (1 + P_);
+    m.res = m.pre + n;
+    m.post = m.res + n * n;
+    m.res_row = 1;
+    m.res_col = n;
+    return m;
   }
 
   int P_ = 0;
