@@ -6,6 +6,7 @@
 #include <cstdarg>
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -171,11 +172,137 @@ absl::Status ParseDouble(std::string_view flag, const std::string& value, double
   return absl::OkStatus();
 }
 
+// Parses an option's value into PlanFlags, or says what is wrong with it; `flag` names the
+// option in the message. A switch takes no value: its parser gets an empty one.
+using ParseValue = std::function<absl::Status(std::string_view flag, const std::string& value)>;
+
+// An integer in lo..hi; T may be a std::optional.
+template <typename T>
+ParseValue IntValue(T* out, int64_t lo, int64_t hi) {
+  return [=](std::string_view flag, const std::string& value) {
+    return ParseIntTo(flag, value, lo, hi, out);
+  };
+}
+
+ParseValue NumberValue(double* out, double lo, double hi) {
+  return [=](std::string_view flag, const std::string& value) {
+    return ParseDouble(flag, value, lo, hi, out);
+  };
+}
+
+template <typename T>
+ParseValue TextValue(T* out) {
+  return [=](std::string_view, const std::string& value) {
+    *out = value;
+    return absl::OkStatus();
+  };
+}
+
+ParseValue SwitchOn(bool* out) {
+  return [=](std::string_view, const std::string&) {
+    *out = true;
+    return absl::OkStatus();
+  };
+}
+
+ParseValue SeedValue(uint64_t* out) {
+  return [=](std::string_view flag, const std::string& value) {
+    if (!absl::SimpleAtoi(value, out)) {
+      return Usage(flag, absl::StrCat("'", value, "' is not a non-negative integer"));
+    }
+    return absl::OkStatus();
+  };
+}
+
+ParseValue LoadShiftValue(pl::LoadShift* out) {
+  return [=](std::string_view flag, const std::string& value) {
+    absl::StatusOr<pl::LoadShift> shift = pl::ParseLoadShift(value);
+    if (!shift.ok()) {
+      return Usage(flag, absl::StrCat("'", value, "' is not a mode; use none, drift or jump"));
+    }
+    *out = *shift;
+    return absl::OkStatus();
+  };
+}
+
+ParseValue ReplacementValue(bool* exposed) {
+  return [=](std::string_view flag, const std::string& value) {
+    if (value != "exposed" && value != "hidden") {
+      return Usage(flag, absl::StrCat("'", value, "' is not a mode; use exposed or hidden"));
+    }
+    *exposed = value == "exposed";
+    return absl::OkStatus();
+  };
+}
+
+// A comma-separated list of distinct names from kAllPolicies; replaces any earlier list.
+ParseValue PolicyListValue(std::vector<std::string>* out) {
+  return [=](std::string_view flag, const std::string& value) {
+    out->clear();
+    for (absl::string_view p : absl::StrSplit(value, ',')) {
+      const std::string name(p);
+      if (std::find(std::begin(kAllPolicies), std::end(kAllPolicies), name) ==
+          std::end(kAllPolicies)) {
+        return Usage(flag, absl::StrCat("unknown policy '", name,
+                                        "'; use a comma-separated list of ultraep, eplb, "
+                                        "none, ideal"));
+      }
+      if (std::find(out->begin(), out->end(), name) != out->end()) {
+        return Usage(flag, absl::StrCat("policy '", name, "' is listed twice"));
+      }
+      out->push_back(name);
+    }
+    return absl::OkStatus();
+  };
+}
+
+// A generator option is rejected with --trace (a trace fixes the domain and loads).
+enum class OptionKind { kSwitch, kValue, kGeneratorValue };
+
+struct Option {
+  std::string_view name;
+  OptionKind kind;
+  ParseValue parse;
+};
+
 absl::StatusOr<PlanFlags> ParseFlags(const Args& args) {
   PlanFlags f;
   f.gen.microbatches = 20;
-  std::set<std::string> generator_flags_seen;
   constexpr int64_t kIntMax = 1 << 30;
+  constexpr int64_t kTwoTo40 = int64_t{1} << 40;
+  using enum OptionKind;
+  // Every option, once (and in kUsage): name, kind, where and how its value goes.
+  const Option options[] = {
+      {"--help", kSwitch, SwitchOn(&f.help)},
+      {"--generate", kSwitch, SwitchOn(&f.generate)},
+      {"--json", kSwitch, SwitchOn(&f.json)},
+      {"--trace", kValue, TextValue(&f.trace)},
+      {"--out", kGeneratorValue, TextValue(&f.out)},
+      {"--ranks", kGeneratorValue, IntValue(&f.gen.ranks, 1, 65536)},
+      {"--experts", kGeneratorValue, IntValue(&f.gen.experts, 1, 1 << 20)},
+      {"--masters-per-rank", kGeneratorValue, IntValue(&f.masters_per_rank, 1, 1 << 20)},
+      {"--topk", kGeneratorValue, IntValue(&f.gen.topk, 1, 1 << 20)},
+      {"--tokens-per-rank", kGeneratorValue, IntValue(&f.gen.tokens_per_rank, 0, kTwoTo40)},
+      {"--token-jitter", kGeneratorValue, NumberValue(&f.gen.token_jitter, 0, 0.999)},
+      {"--imbalance", kGeneratorValue, NumberValue(&f.gen.imbalance, 1, 1e6)},
+      {"--microbatches", kGeneratorValue, IntValue(&f.gen.microbatches, 1, kIntMax)},
+      {"--layers", kGeneratorValue, IntValue(&f.gen.layers, 1, 4096)},
+      {"--nonstationary", kGeneratorValue, LoadShiftValue(&f.gen.shift)},
+      {"--shift-every", kGeneratorValue, IntValue(&f.gen.shift_every, 1, kIntMax)},
+      {"--seed", kGeneratorValue, SeedValue(&f.gen.seed)},
+      {"--policy", kValue, PolicyListValue(&f.policies)},
+      {"--slots", kValue, IntValue(&f.slots, 0, 4096)},
+      {"--eps", kValue, NumberValue(&f.planner.eps, 1e-9, 1)},
+      {"--min-replica-tokens", kValue, IntValue(&f.planner.min_replica_tokens, 1, kTwoTo40)},
+      {"--eplb-window", kValue, IntValue(&f.planner.eplb_window, 1, 1 << 20)},
+      {"--eplb-interval", kValue, IntValue(&f.planner.eplb_interval, 1, 1 << 20)},
+      {"--eplb-replacement", kValue, ReplacementValue(&f.eplb_replacement_exposed)},
+      {"--warmup", kValue, IntValue(&f.warmup, 0, kTwoTo40)},
+      {"--preset", kValue, TextValue(&f.preset)},
+      {"--expert-bytes", kValue, IntValue(&f.expert_bytes, 1, kTwoTo40)},
+  };
+  // Ordered: with --trace, the error names the alphabetically first generator option given.
+  std::set<std::string> generator_flags_seen;
   for (size_t i = 0; i < args.size(); ++i) {
     std::string flag = args[i];
     std::optional<std::string> inline_value;
@@ -186,142 +313,20 @@ absl::StatusOr<PlanFlags> ParseFlags(const Args& args) {
       inline_value = flag.substr(eq + 1);
       flag = flag.substr(0, eq);
     }
-    auto is_switch = [&](std::string_view name) { return flag == name; };
-    if (is_switch("--help") || is_switch("--generate") || is_switch("--json")) {
-      if (inline_value) return Usage(flag, "takes no value");
-      if (flag == "--help") f.help = true;
-      if (flag == "--generate") f.generate = true;
-      if (flag == "--json") f.json = true;
-      continue;
-    }
-    static const std::set<std::string> kValueFlags = {"--trace",
-                                                      "--out",
-                                                      "--ranks",
-                                                      "--experts",
-                                                      "--masters-per-rank",
-                                                      "--topk",
-                                                      "--tokens-per-rank",
-                                                      "--token-jitter",
-                                                      "--imbalance",
-                                                      "--microbatches",
-                                                      "--layers",
-                                                      "--nonstationary",
-                                                      "--shift-every",
-                                                      "--seed",
-                                                      "--policy",
-                                                      "--slots",
-                                                      "--eps",
-                                                      "--min-replica-tokens",
-                                                      "--eplb-window",
-                                                      "--eplb-interval",
-                                                      "--preset",
-                                                      "--expert-bytes",
-                                                      "--eplb-replacement",
-                                                      "--warmup"};
-    if (kValueFlags.count(flag) == 0) return Usage(flag, "unknown option");
+    const Option* option = std::find_if(std::begin(options), std::end(options),
+                                        [&](const Option& o) { return o.name == flag; });
+    if (option == std::end(options)) return Usage(flag, "unknown option");
     std::string value;
-    if (inline_value) {
+    if (option->kind == kSwitch) {
+      if (inline_value) return Usage(flag, "takes no value");
+    } else if (inline_value) {
       value = *inline_value;
     } else {
       if (i + 1 >= args.size()) return Usage(flag, "needs a value");
       value = args[++i];
     }
-    absl::Status s;
-    if (flag == "--trace") {
-      f.trace = value;
-    } else if (flag == "--out") {
-      f.out = value;
-    } else if (flag == "--ranks") {
-      s = ParseIntTo(flag, value, 1, 65536, &f.gen.ranks);
-    } else if (flag == "--experts") {
-      s = ParseIntTo(flag, value, 1, 1 << 20, &f.gen.experts);
-    } else if (flag == "--masters-per-rank") {
-      int m = 0;
-      s = ParseIntTo(flag, value, 1, 1 << 20, &m);
-      f.masters_per_rank = m;
-    } else if (flag == "--topk") {
-      s = ParseIntTo(flag, value, 1, 1 << 20, &f.gen.topk);
-    } else if (flag == "--tokens-per-rank") {
-      s = ParseIntTo(flag, value, 0, int64_t{1} << 40, &f.gen.tokens_per_rank);
-    } else if (flag == "--token-jitter") {
-      s = ParseDouble(flag, value, 0, 0.999, &f.gen.token_jitter);
-    } else if (flag == "--imbalance") {
-      s = ParseDouble(flag, value, 1, 1e6, &f.gen.imbalance);
-    } else if (flag == "--microbatches") {
-      s = ParseIntTo(flag, value, 1, kIntMax, &f.gen.microbatches);
-    } else if (flag == "--layers") {
-      s = ParseIntTo(flag, value, 1, 4096, &f.gen.layers);
-    } else if (flag == "--nonstationary") {
-      absl::StatusOr<pl::LoadShift> shift = pl::ParseLoadShift(value);
-      if (!shift.ok()) {
-        s = Usage(flag, absl::StrCat("'", value, "' is not a mode; use none, drift or jump"));
-      } else {
-        f.gen.shift = *shift;
-      }
-    } else if (flag == "--shift-every") {
-      s = ParseIntTo(flag, value, 1, kIntMax, &f.gen.shift_every);
-    } else if (flag == "--seed") {
-      uint64_t seed = 0;
-      if (!absl::SimpleAtoi(value, &seed)) {
-        s = Usage(flag, absl::StrCat("'", value, "' is not a non-negative integer"));
-      }
-      f.gen.seed = seed;
-    } else if (flag == "--policy") {
-      f.policies.clear();
-      for (absl::string_view p : absl::StrSplit(value, ',')) {
-        const std::string name(p);
-        if (std::find(std::begin(kAllPolicies), std::end(kAllPolicies), name) ==
-            std::end(kAllPolicies)) {
-          return Usage(flag, absl::StrCat("unknown policy '", name,
-                                          "'; use a comma-separated list of ultraep, eplb, "
-                                          "none, ideal"));
-        }
-        if (std::find(f.policies.begin(), f.policies.end(), name) != f.policies.end()) {
-          return Usage(flag, absl::StrCat("policy '", name, "' is listed twice"));
-        }
-        f.policies.push_back(name);
-      }
-    } else if (flag == "--slots") {
-      s = ParseIntTo(flag, value, 0, 4096, &f.slots);
-    } else if (flag == "--eps") {
-      s = ParseDouble(flag, value, 1e-9, 1, &f.planner.eps);
-    } else if (flag == "--min-replica-tokens") {
-      s = ParseIntTo(flag, value, 1, int64_t{1} << 40, &f.planner.min_replica_tokens);
-    } else if (flag == "--eplb-window") {
-      s = ParseIntTo(flag, value, 1, 1 << 20, &f.planner.eplb_window);
-    } else if (flag == "--eplb-interval") {
-      s = ParseIntTo(flag, value, 1, 1 << 20, &f.planner.eplb_interval);
-    } else if (flag == "--eplb-replacement") {
-      if (value != "exposed" && value != "hidden") {
-        s = Usage(flag, absl::StrCat("'", value, "' is not a mode; use exposed or hidden"));
-      }
-      f.eplb_replacement_exposed = value == "exposed";
-    } else if (flag == "--warmup") {
-      s = ParseInt(flag, value, 0, int64_t{1} << 40, &f.warmup);
-    } else if (flag == "--preset") {
-      f.preset = value;
-    } else if (flag == "--expert-bytes") {
-      int64_t bytes = 0;
-      s = ParseInt(flag, value, 1, int64_t{1} << 40, &bytes);
-      f.expert_bytes = bytes;
-    } else {
-      return Usage(flag, "unknown option");
-    }
-    if (!s.ok()) return s;
-    static const std::set<std::string> kGeneratorFlags = {"--ranks",
-                                                          "--experts",
-                                                          "--masters-per-rank",
-                                                          "--topk",
-                                                          "--tokens-per-rank",
-                                                          "--token-jitter",
-                                                          "--imbalance",
-                                                          "--microbatches",
-                                                          "--layers",
-                                                          "--nonstationary",
-                                                          "--shift-every",
-                                                          "--seed",
-                                                          "--out"};
-    if (kGeneratorFlags.count(flag) > 0) generator_flags_seen.insert(flag);
+    if (absl::Status s = option->parse(flag, value); !s.ok()) return s;
+    if (option->kind == kGeneratorValue) generator_flags_seen.insert(flag);
   }
   if (f.help) return f;
   if (f.trace && f.generate) return Usage("--trace", "use either --trace or --generate, not both");
