@@ -3,10 +3,12 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "comm/p2p_channel.h"
 
@@ -170,6 +172,24 @@ absl::StatusOr<std::unique_ptr<DataChannel>> CreateMpiChannel(const ChannelOptio
   MPI_Comm_rank(comm, &rank);
   MPI_Comm_size(comm, &size);
   return std::make_unique<MpiChannel>(comm, rank, size, options);
+}
+
+int LauncherWorldSize() {
+  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "SLURM_STEP_NUM_TASKS", "PMI_SIZE"}) {
+    const char* value = std::getenv(name);
+    int size = 0;
+    if (value != nullptr && absl::SimpleAtoi(value, &size) && size > 0) return size;
+  }
+  return 1;
+}
+
+void AbortJob(int code) {
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  std::fflush(nullptr);
+  if (initialized && !finalized) MPI_Abort(MPI_COMM_WORLD, code);
+  std::_Exit(code);
 }
 
 }  // namespace rackrun::comm

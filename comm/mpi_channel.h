@@ -18,6 +18,16 @@ namespace rackrun::comm {
 // destroyed before exit. Internal naming the MPI call on failure.
 absl::StatusOr<std::unique_ptr<DataChannel>> CreateMpiChannel(const ChannelOptions& options = {});
 
+// The world size the launcher announces in this process's environment, so a program can
+// decide whether to start MPI at all: OMPI_COMM_WORLD_SIZE (mpirun), SLURM_STEP_NUM_TASKS
+// (srun), PMI_SIZE; 1 when none is set or a value is not a positive integer.
+int LauncherWorldSize();
+
+// Ends every process of the job (MPI_Abort on MPI_COMM_WORLD) after a fatal error on this
+// rank, so that peers blocked in a collective do not wait out their timeouts. Exits with
+// `code` when MPI is not initialized. Does not return.
+[[noreturn]] void AbortJob(int code);
+
 }  // namespace rackrun::comm
 
 #endif  // RACKRUN_COMM_MPI_CHANNEL_H_

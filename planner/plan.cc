@@ -101,6 +101,35 @@ int Plan::num_replicas() const {
   return replicas;
 }
 
+uint64_t PlanFingerprint(const Plan& plan) {
+  uint64_t h = 0xcbf29ce484222325ULL;
+  const auto mix = [&h](int64_t v) {
+    for (int i = 0; i < 8; ++i) {
+      h ^= static_cast<uint64_t>(v >> (8 * i)) & 0xff;
+      h *= 0x100000001b3ULL;
+    }
+  };
+  mix(plan.ranks);
+  mix(plan.experts);
+  mix(static_cast<int64_t>(plan.instances.size()));
+  for (const ExpertInstance& i : plan.instances) {
+    mix(i.expert);
+    mix(i.rank);
+    mix(i.master ? 1 : 0);
+  }
+  for (const int32_t f : plan.first) mix(f);
+  for (const int64_t q : plan.quota) mix(q);
+  for (const int64_t v : plan.split) mix(v);
+  mix(static_cast<int64_t>(plan.fanout.transfers.size()));
+  for (const WeightTransfer& t : plan.fanout.transfers) {
+    mix(t.expert);
+    mix(t.src_rank);
+    mix(t.dst_rank);
+    mix(t.stage);
+  }
+  return h;
+}
+
 double Imbalance(const std::vector<int64_t>& rank_loads) {
   if (rank_loads.empty()) return 1.0;
   int64_t total = 0;

@@ -114,6 +114,10 @@ struct Plan {
   friend bool operator==(const Plan&, const Plan&) = default;
 };
 
+// A 64-bit FNV-1a digest of every field of `plan` (shapes, instances, quotas, split,
+// fan-out). Ranks that solve in-band compare digests to prove they execute the same plan.
+uint64_t PlanFingerprint(const Plan& plan);
+
 // max rank load / mean rank load; 1.0 for an all-zero load.
 double Imbalance(const std::vector<int64_t>& rank_loads);
 

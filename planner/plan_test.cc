@@ -154,5 +154,34 @@ TEST(BaselinesTest, IdealGivesEveryRankTheMean) {
   EXPECT_FALSE(CheckPlanInvariants(domain, loads, *plan).ok());  // over the slot budget
 }
 
+TEST(PlanFingerprintTest, EqualPlansAgreeAndEveryFieldCounts) {
+  Plan a;
+  a.ranks = 2;
+  a.experts = 2;
+  a.instances = {{0, 0, true}, {0, 1, false}, {1, 1, true}};
+  a.first = {0, 2, 3};
+  a.quota = {3, 2, 4};
+  a.split = {3, 1, 0, 0, 1, 4};
+  a.fanout.transfers = {{0, 0, 1, 0}};
+  const Plan b = a;
+  EXPECT_EQ(PlanFingerprint(a), PlanFingerprint(b));
+  const uint64_t base = PlanFingerprint(a);
+  Plan c = a;
+  c.split[1] = 2;
+  EXPECT_NE(PlanFingerprint(c), base);
+  c = a;
+  c.instances[1].rank = 0;
+  EXPECT_NE(PlanFingerprint(c), base);
+  c = a;
+  c.quota[2] = 5;
+  EXPECT_NE(PlanFingerprint(c), base);
+  c = a;
+  c.fanout.transfers[0].stage = 1;
+  EXPECT_NE(PlanFingerprint(c), base);
+  c = a;
+  c.instances[1].master = true;
+  EXPECT_NE(PlanFingerprint(c), base);
+}
+
 }  // namespace
 }  // namespace rackrun::planner

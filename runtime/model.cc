@@ -32,6 +32,14 @@ absl::Status ModelConfig::Validate() const {
   if (width <= 0) return Invalid("width", absl::StrCat(width, " must be positive"));
   if (blocks <= 0) return Invalid("blocks", absl::StrCat(blocks, " must be positive"));
   if (heads <= 0) return Invalid("heads", absl::StrCat(heads, " must be positive"));
+  if (expert_ranks < 1 || expert_rank < 0 || expert_rank >= expert_ranks) {
+    return Invalid("expert_rank", absl::StrCat("rank ", expert_rank, " of ", expert_ranks,
+                                               " is not a rank of the expert-parallel group"));
+  }
+  if (moe.experts % expert_ranks != 0) {
+    return Invalid("moe.experts", absl::StrCat(moe.experts, " experts cannot be split evenly over ",
+                                               expert_ranks, " ranks; use a multiple of the ranks"));
+  }
   if (width % heads != 0) {
     return Invalid("heads", absl::StrCat("width ", width, " is not divisible by heads ", heads,
                                          "; choose heads dividing width"));
@@ -102,6 +110,8 @@ Model<T>::Model(const ModelConfig& config, ResidualStreams<T> residual)
   mc.shared_hidden = config.moe.shared_hidden;
   mc.aux_loss_coef = config.moe.aux_loss_coef;
   mc.bias_update_rate = config.moe.bias_update_rate;
+  mc.local_experts = config.moe.experts / config.expert_ranks;
+  mc.expert_first = config.expert_rank * mc.local_experts;
   for (int b = 0; b < config.blocks; ++b) {
     const std::string prefix = absl::StrCat("blocks.", b);
     attention_.push_back(std::make_unique<Attention<T>>(config.width, config.heads, config.seq_len,
@@ -270,11 +280,12 @@ absl::StatusOr<double> Model<T>::Forward(std::span<const int32_t> targets) {
         timing_.attention += Now() - t0 - (cpu::GemmSeconds() - g0);
       } else {
         MoeLayer<T>& moe = *moe_[static_cast<size_t>(b)];
-        moe.Forward(in.data(), tokens, out.data());
+        status = moe.Forward(in.data(), tokens, out.data());
+        if (!status.ok()) return status;
         timing_.routing += moe.routing_seconds();
         expert_seconds += moe.expert_seconds();
         aux_loss_ += moe.aux_loss();
-        expert_counts_[static_cast<size_t>(b)] = moe.counts();
+        expert_counts_[static_cast<size_t>(b)] = moe.global_counts();
       }
       t0 = Now();
       status = residual_->WriteOutput(l, span_of(out));
@@ -352,7 +363,8 @@ absl::StatusOr<double> Model<T>::ForwardBackward(std::span<const int32_t> inputs
         MoeLayer<T>& moe = *moe_[static_cast<size_t>(b)];
         const double before = moe.routing_seconds();
         const double expert_before = moe.expert_seconds();
-        moe.Backward(dbody_out_.data(), grad_scale, dbody_.data());
+        status = moe.Backward(dbody_out_.data(), grad_scale, dbody_.data());
+        if (!status.ok()) return status;
         forward.routing += moe.routing_seconds() - before;
         forward.gemm += moe.expert_seconds() - expert_before;
       }

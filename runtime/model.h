@@ -59,6 +59,12 @@ struct ModelConfig {
   MoeConfig moe;
   double rope_theta = 10000;
   double init_std = 0.02;
+  // Expert parallelism: this process holds the experts of rank `expert_rank` of
+  // `expert_ranks` (experts / expert_ranks consecutive logical experts per MoE layer); the
+  // caller installs an expert-parallel executor in every MoE layer. Initial weights equal
+  // the unsharded model's. 1 = all experts here.
+  int expert_rank = 0;
+  int expert_ranks = 1;
 
   // OK, or InvalidArgument naming the field and the fix.
   absl::Status Validate() const;
@@ -103,7 +109,8 @@ class Model {
   absl::StatusOr<double> Evaluate(std::span<const int32_t> inputs, std::span<const int32_t> targets,
                                   int batch, std::span<const int32_t> segment_starts);
 
-  // Exact per-expert token counts of the last microbatch, one vector per MoE layer.
+  // Exact per-expert token counts of the last microbatch, one vector per MoE layer (over
+  // every rank when the experts are sharded).
   const std::vector<std::vector<int64_t>>& expert_counts() const { return expert_counts_; }
   // Sum over MoE layers of the auxiliary loss of the last microbatch (0 when off).
   double aux_loss() const { return aux_loss_; }

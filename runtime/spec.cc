@@ -277,8 +277,6 @@ void ApplySpecDefaults(JobSpec& spec) {
   if (c.keep() == 0) c.set_keep(2);
   rackrun::v1::LoggingSpec& l = *spec.mutable_logging();
   if (l.interval() == 0) l.set_interval(10);
-  rackrun::v1::ResourceSpec& r = *spec.mutable_resources();
-  if (r.ranks() == 0) r.set_ranks(1);
 }
 
 absl::Status ValidateJobSpec(const JobSpec& spec) {
@@ -400,8 +398,8 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
   if (spec.logging().interval() < 1) return FieldError("logging.interval", "must be >= 1");
   const rackrun::v1::ResourceSpec& r = spec.resources();
   if (r.threads() < 0) return FieldError("resources.threads", "must be >= 0 (0 = all cores)");
-  if (r.ranks() < 1) return FieldError("resources.ranks", "must be >= 1");
-  if (moe.experts() % r.ranks() != 0) {
+  if (r.ranks() < 0) return FieldError("resources.ranks", "must be >= 0 (0 = as launched)");
+  if (r.ranks() > 0 && moe.experts() % r.ranks() != 0) {
     return FieldError("model.moe.experts",
                       absl::StrCat(moe.experts(), " experts cannot be split evenly over ",
                                    r.ranks(), " ranks; use a multiple of resources.ranks"));
@@ -470,6 +468,7 @@ TrainConfig TrainConfigFromSpec(const JobSpec& spec) {
   c.checkpoint_keep = spec.checkpoint().keep();
   c.log_interval = spec.logging().interval();
   c.log_json = spec.logging().json();
+  c.load_trace = spec.logging().load_trace();
   c.threads = spec.resources().threads();
   return c;
 }

@@ -66,6 +66,7 @@ struct TrainConfig {
   int checkpoint_keep = 2;
   int64_t log_interval = 10;
   std::string log_json;  // empty: none
+  std::string load_trace;  // empty: none
   int threads = 0;       // 0: all cores
 };
 

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
 #include "runtime/checkpoint.h"
 
@@ -44,6 +45,30 @@ std::string JsonNumber(double v) {
   return absl::StrFormat("%.9g", v);
 }
 
+std::string JsonArray(const std::vector<double>& values) {
+  std::vector<std::string> parts;
+  for (const double v : values) parts.push_back(JsonNumber(v));
+  return absl::StrCat("[", absl::StrJoin(parts, ", "), "]");
+}
+
+// Expert weights are sharded over the ranks of an expert-parallel job; every other
+// parameter is replicated (data-parallel).
+bool IsExpertShard(absl::string_view name) { return absl::StrContains(name, ".moe.experts."); }
+
+uint64_t Fnv1a(absl::string_view bytes) {
+  uint64_t h = 0xcbf29ce484222325ULL;
+  for (const char c : bytes) {
+    h ^= static_cast<uint8_t>(c);
+    h *= 0x100000001b3ULL;
+  }
+  return h;
+}
+
+// Prefixes a collective's error with what the trainer was doing.
+absl::Status During(const absl::Status& s, absl::string_view what) {
+  return absl::Status(s.code(), absl::StrCat(what, ": ", s.message()));
+}
+
 }  // namespace
 
 std::string StepRecord::ToJson() const {
@@ -55,30 +80,94 @@ std::string StepRecord::ToJson() const {
                       ", \"lr\": ", JsonNumber(lr), ", \"grad_norm\": ", JsonNumber(grad_norm),
                       ", \"elapsed_s\": ", JsonNumber(elapsed_s),
                       ", \"aux_loss\": ", JsonNumber(aux_loss),
-                      ", \"expert_load_max_over_mean\": [", absl::StrJoin(loads, ", "), "]}");
+                      ", \"expert_load_max_over_mean\": [", absl::StrJoin(loads, ", "), "]",
+                      ranks > 1 ? absl::StrCat(
+                                      ", \"ranks\": ", ranks,
+                                      ", \"rank_imbalance_before\": ", JsonArray(rank_imbalance_before),
+                                      ", \"rank_imbalance_after\": ", JsonArray(rank_imbalance_after),
+                                      ", \"replicas\": ", JsonNumber(replicas),
+                                      ", \"plan_s\": ", JsonNumber(plan_s),
+                                      ", \"fanout_s\": ", JsonNumber(fanout_s),
+                                      ", \"dispatch_s\": ", JsonNumber(dispatch_s),
+                                      ", \"replica_reduce_s\": ", JsonNumber(reduce_s))
+                                : std::string(),
+                      "}");
 }
 
 std::string StepRecord::ToLogLine(int64_t total_steps) const {
   std::vector<std::string> loads;
   for (const double l : expert_load_max_over_mean) loads.push_back(absl::StrFormat("%.2f", l));
+  std::string balance;
+  if (ranks > 1) {
+    std::vector<std::string> layers;
+    for (size_t i = 0; i < rank_imbalance_before.size(); ++i) {
+      layers.push_back(
+          absl::StrFormat("%.2f>%.2f", rank_imbalance_before[i], rank_imbalance_after[i]));
+    }
+    balance = absl::StrFormat("  ranks %s  plan/fan/a2a/red ms %.1f/%.1f/%.1f/%.1f",
+                              absl::StrJoin(layers, "/"), 1e3 * plan_s, 1e3 * fanout_s,
+                              1e3 * dispatch_s, 1e3 * reduce_s);
+  }
   return absl::StrFormat(
-      "step %*d/%d  loss %.4f  val %s  tok/s %7.0f  lr %.2e  gnorm %6.3f  load %s  %6.1fs",
+      "step %*d/%d  loss %.4f  val %s  tok/s %7.0f  lr %.2e  gnorm %6.3f  load %s%s  %6.1fs",
       static_cast<int>(std::to_string(total_steps).size()), step, total_steps, loss,
       val_loss ? absl::StrFormat("%.4f", *val_loss) : std::string("  -   "), tokens_per_s, lr,
-      grad_norm, absl::StrJoin(loads, "/"), elapsed_s);
+      grad_norm, absl::StrJoin(loads, "/"), balance, elapsed_s);
 }
 
-absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const rackrun::v1::JobSpec& spec) {
+absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const rackrun::v1::JobSpec& spec,
+                                                          comm::DataChannel* channel) {
   std::unique_ptr<Trainer> t(new Trainer());
   t->spec_ = spec;
   t->config_ = TrainConfigFromSpec(spec);
   const TrainConfig& c = t->config_;
   if (c.threads > 0) omp_set_num_threads(c.threads);
+  const int ranks = channel != nullptr ? channel->size() : 1;
+  if (ranks > 1) t->channel_ = channel;
+  if (spec.resources().ranks() > 0 && spec.resources().ranks() != ranks) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "resources.ranks: the spec asks for ", spec.resources().ranks(), " ranks but the job runs on ",
+        ranks, ranks == 1 ? " (one process; launch with mpirun -np N or srun -n N)" : "",
+        "; set resources.ranks to 0 (as launched) or launch that many ranks"));
+  }
+  t->spec_.mutable_resources()->set_ranks(ranks);
+  if (ranks > 1) {
+    // Every rank must run the same job: compare what shapes the computation.
+    const std::string shape = absl::StrCat(
+        spec.model().SerializeAsString(), "|", spec.balancer().SerializeAsString(), "|",
+        spec.training().SerializeAsString(), "|", c.batch_size, "|", c.seq_len);
+    const uint64_t mine = Fnv1a(shape);
+    std::vector<uint64_t> all(static_cast<size_t>(ranks));
+    if (absl::Status s = channel->Allgather(&mine, all.data(), 1, comm::DataType::kInt64); !s.ok()) {
+      return During(s, "comparing job specs across ranks");
+    }
+    for (int r = 1; r < ranks; ++r) {
+      if (all[static_cast<size_t>(r)] != all[0]) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "rank ", r, "'s job spec differs from rank 0's in the model, balancer, training or "
+            "batch shape; start every rank with the same spec and --set overrides"));
+      }
+    }
+    if (c.batch_size % ranks != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("data.batch_size: the global microbatch of ", c.batch_size,
+                       " sequences cannot be split evenly over ", ranks,
+                       " ranks; use a multiple of ", ranks));
+    }
+    if (spec.model().moe().experts() % ranks != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("model.moe.experts: ", spec.model().moe().experts(),
+                       " experts cannot be split evenly over ", ranks,
+                       " ranks; use a multiple of the rank count"));
+    }
+  }
 
   absl::StatusOr<TokenFile> train = ReadTokenFile(c.train_path);
   if (!train.ok())
     return absl::InvalidArgumentError(absl::StrCat("data.train: ", train.status().message()));
   ModelConfig mc = ModelConfigFromSpec(spec);
+  mc.expert_rank = t->rank();
+  mc.expert_ranks = ranks;
   if (mc.vocab == 0) {
     mc.vocab = static_cast<int>(train->vocab);
     t->spec_.mutable_model()->set_vocab(mc.vocab);
@@ -127,24 +216,166 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const rackrun::v1::JobS
   }
   t->adam_ = std::make_unique<AdamW>(c.adamw, std::move(tensors));
   t->buffers_ = t->model_->Buffers();
+  t->params_ = t->model_->Parameters();
+  if (ranks > 1) {
+    size_t dense_floats = 0;
+    for (size_t i = 0; i < t->adam_->tensors().size(); ++i) {
+      const OptimizedTensor& o = t->adam_->tensors()[i];
+      if (IsExpertShard(o.name)) {
+        t->experts_.push_back(i);
+      } else {
+        t->dense_.push_back(i);
+        dense_floats += static_cast<size_t>(o.size);
+      }
+    }
+    t->dense_grads_.resize(dense_floats);
+    ExpertParallelOptions ep;
+    const rackrun::v1::BalancerSpec& b = spec.balancer();
+    ep.policy = b.policy();
+    ep.slots = b.slots();
+    ep.planner.eps = b.eps();
+    ep.planner.min_replica_tokens = b.min_replica_tokens();
+    ep.planner.locality_aware_split = b.locality();
+    ep.planner.eplb_window = b.eplb_window();
+    ep.planner.eplb_interval = b.eplb_interval();
+    ep.load_trace = c.load_trace;
+    absl::StatusOr<std::unique_ptr<ExpertParallelGroup>> group =
+        ExpertParallelGroup::Create(*channel, *t->model_, ep);
+    if (!group.ok()) return group.status();
+    t->ep_ = *std::move(group);
+  } else if (!c.load_trace.empty()) {
+    absl::StatusOr<planner::TraceWriter> w = planner::TraceWriter::Open(c.load_trace);
+    if (!w.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("logging.load_trace: ", w.status().message()));
+    }
+    t->trace_.emplace(*std::move(w));
+  }
   return t;
+}
+
+double Trainer::NextBatch(WindowLoader& loader) {
+  if (channel_ == nullptr) {
+    loader.Next(batch_);
+    return 1.0;
+  }
+  loader.Next(global_batch_);
+  const Batch& g = global_batch_;
+  const int rows = g.batch / ranks();
+  const int r0 = rank() * rows;
+  const int64_t seq = g.seq_len;
+  const int64_t begin = r0 * seq, end = (r0 + rows) * seq;
+  batch_.batch = rows;
+  batch_.seq_len = g.seq_len;
+  batch_.inputs.assign(g.inputs.begin() + begin, g.inputs.begin() + end);
+  batch_.targets.assign(g.targets.begin() + begin, g.targets.begin() + end);
+  batch_.segment_starts.clear();
+  for (const int32_t s : g.segment_starts) {
+    if (s >= begin && s < end) batch_.segment_starts.push_back(static_cast<int32_t>(s - begin));
+  }
+  int64_t counted = 0, total = 0;
+  for (int64_t i = 0; i < static_cast<int64_t>(g.targets.size()); ++i) {
+    if (g.targets[static_cast<size_t>(i)] < 0) continue;
+    ++total;
+    if (i >= begin && i < end) ++counted;
+  }
+  return total > 0 ? static_cast<double>(counted) / static_cast<double>(total) : 0.0;
+}
+
+absl::Status Trainer::AllReduceGradients() {
+  const std::vector<OptimizedTensor>& tensors = adam_->tensors();
+  size_t k = 0;
+  for (const size_t i : dense_) {
+    const OptimizedTensor& t = tensors[i];
+    std::memcpy(dense_grads_.data() + k, t.grad, static_cast<size_t>(t.size) * sizeof(float));
+    k += static_cast<size_t>(t.size);
+  }
+  if (absl::Status s = channel_->AllReduce(dense_grads_.data(), dense_grads_.data(),
+                                           static_cast<int64_t>(dense_grads_.size()),
+                                           comm::DataType::kFloat32, comm::ReduceOp::kSum);
+      !s.ok()) {
+    return During(s, absl::StrCat("all-reducing dense gradients at step ", step_ + 1));
+  }
+  k = 0;
+  for (const size_t i : dense_) {
+    const OptimizedTensor& t = tensors[i];
+    std::memcpy(params_[i].grad, dense_grads_.data() + k,
+                static_cast<size_t>(t.size) * sizeof(float));
+    k += static_cast<size_t>(t.size);
+  }
+  return absl::OkStatus();
+}
+
+double Trainer::GradNorm() {
+  if (channel_ == nullptr) return GlobalGradNorm(adam_->tensors());
+  const std::vector<OptimizedTensor>& tensors = adam_->tensors();
+  const auto squares = [&](const std::vector<size_t>& which) {
+    double sum = 0;
+    for (const size_t i : which) {
+      const OptimizedTensor& t = tensors[i];
+      for (int64_t j = 0; j < t.size; ++j) sum += static_cast<double>(t.grad[j]) * t.grad[j];
+    }
+    return sum;
+  };
+  // Dense gradients are identical on every rank; expert shards are summed over ranks.
+  double experts = squares(experts_);
+  if (absl::Status s =
+          channel_->AllReduce(&experts, &experts, 1, comm::DataType::kFloat64, comm::ReduceOp::kSum);
+      !s.ok()) {
+    return std::nan("");  // the step reports the non-finite norm; the channel is broken
+  }
+  return std::sqrt(squares(dense_) + experts);
+}
+
+absl::Status Trainer::RecordLoads(int64_t microbatch) {
+  const std::vector<std::vector<int64_t>>& counts = model_->expert_counts();
+  for (size_t layer = 0; layer < counts.size(); ++layer) {
+    planner::TraceEntry entry;
+    entry.microbatch = microbatch;
+    entry.layer = static_cast<int>(layer);
+    entry.loads = planner::LoadMatrix(1, static_cast<int>(counts[layer].size()));
+    entry.loads.counts = counts[layer];
+    if (absl::Status s = trace_->Append(entry); !s.ok()) {
+      return During(s, "logging.load_trace");
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<StepRecord> Trainer::Step() {
   StepRecord r;
   const auto start = Clock::now();
   model_->ZeroGrad();
+  if (ep_ != nullptr) ep_->ResetStats();
   const int micro = config_.microbatches;
-  const auto scale = static_cast<float>(1.0 / micro);
   double loss_sum = 0;
   double aux_sum = 0;
   for (int m = 0; m < micro; ++m) {
-    train_loader_->Next(batch_);
-    absl::StatusOr<double> loss = model_->ForwardBackward(
-        batch_.inputs, batch_.targets, batch_.batch, batch_.segment_starts, scale);
+    // This rank's share of the global microbatch's counted targets: the ranks' scaled
+    // gradients sum to the gradient of the global mean loss.
+    const double share = NextBatch(*train_loader_);
+    if (ep_ != nullptr) ep_->BeginMicrobatch(microbatch_, /*training=*/true);
+    absl::StatusOr<double> loss =
+        model_->ForwardBackward(batch_.inputs, batch_.targets, batch_.batch,
+                                batch_.segment_starts, static_cast<float>(share / micro));
     if (!loss.ok()) return loss.status();
-    loss_sum += *loss;
-    aux_sum += model_->aux_loss();
+    if (trace_.has_value()) {
+      if (absl::Status s = RecordLoads(microbatch_); !s.ok()) return s;
+    }
+    ++microbatch_;
+    loss_sum += *loss * share;
+    aux_sum += model_->aux_loss() * share;
+  }
+  if (channel_ != nullptr) {
+    if (absl::Status s = AllReduceGradients(); !s.ok()) return s;
+    double sums[2] = {loss_sum, aux_sum};
+    if (absl::Status s =
+            channel_->AllReduce(sums, sums, 2, comm::DataType::kFloat64, comm::ReduceOp::kSum);
+        !s.ok()) {
+      return During(s, absl::StrCat("all-reducing the loss at step ", step_ + 1));
+    }
+    loss_sum = sums[0];
+    aux_sum = sums[1];
   }
   r.loss = loss_sum / micro;
   r.aux_loss = aux_sum / micro;
@@ -153,13 +384,35 @@ absl::StatusOr<StepRecord> Trainer::Step() {
         absl::StrCat("loss is ", r.loss, " at step ", step_ + 1,
                      "; lower training.lr or raise training.warmup_steps"));
   }
-  r.grad_norm = GlobalGradNorm(adam_->tensors());
+  r.grad_norm = GradNorm();
+  if (!std::isfinite(r.grad_norm)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("gradient norm is ", r.grad_norm, " at step ", step_ + 1,
+                     channel_ != nullptr ? " (or a rank failed; see the other ranks' errors)" : "",
+                     "; lower training.lr or raise training.warmup_steps"));
+  }
   const double clip = config_.grad_clip;
   const double grad_scale = (clip > 0 && r.grad_norm > clip) ? clip / r.grad_norm : 1.0;
   r.lr = config_.schedule.At(step_);
   adam_->Step(r.lr, grad_scale);
+  if (ep_ != nullptr) ep_->WeightsChanged();
   ++step_;
   r.step = step_;
+  r.ranks = ranks();
+  if (ep_ != nullptr) {
+    const ExpertParallelStats& st = ep_->stats();
+    for (const ExpertParallelStats::Layer& l : st.layers) {
+      const double n = static_cast<double>(std::max<int64_t>(l.microbatches, 1));
+      r.rank_imbalance_before.push_back(l.imbalance_before / n);
+      r.rank_imbalance_after.push_back(l.imbalance_after / n);
+      r.replicas += static_cast<double>(l.replicas) / n;
+    }
+    if (!st.layers.empty()) r.replicas /= static_cast<double>(st.layers.size());
+    r.plan_s = st.plan_s;
+    r.fanout_s = st.fanout_s;
+    r.dispatch_s = st.dispatch_s;
+    r.reduce_s = st.reduce_s;
+  }
   for (const std::vector<int64_t>& counts : model_->expert_counts()) {
     int64_t total = 0, max = 0;
     for (const int64_t n : counts) {
@@ -171,8 +424,9 @@ absl::StatusOr<StepRecord> Trainer::Step() {
     r.expert_load_max_over_mean.push_back(mean > 0 ? static_cast<double>(max) / mean : 0);
   }
   const double seconds = Seconds(start);
-  r.tokens_per_s =
-      seconds > 0 ? static_cast<double>(micro) * batch_.batch * batch_.seq_len / seconds : 0;
+  r.tokens_per_s = seconds > 0 ? static_cast<double>(micro) * config_.batch_size *
+                                      config_.seq_len / seconds
+                                : 0;
   return r;
 }
 
@@ -187,13 +441,21 @@ absl::StatusOr<double> Trainer::EvaluateValidation() {
   // Never more batches than one pass holds, so every batch is a distinct window set.
   const int64_t per_pass = std::max<int64_t>(1, loader->windows_per_epoch() / config_.batch_size);
   const int64_t batches = std::min<int64_t>(config_.eval_batches, per_pass);
-  Batch b;
   double sum = 0;
   for (int64_t i = 0; i < batches; ++i) {
-    loader->Next(b);
-    absl::StatusOr<double> loss = model_->Evaluate(b.inputs, b.targets, b.batch, b.segment_starts);
+    const double share = NextBatch(*loader);
+    if (ep_ != nullptr) ep_->BeginMicrobatch(i, /*training=*/false);
+    absl::StatusOr<double> loss =
+        model_->Evaluate(batch_.inputs, batch_.targets, batch_.batch, batch_.segment_starts);
     if (!loss.ok()) return loss.status();
-    sum += *loss;
+    sum += *loss * share;
+  }
+  if (channel_ != nullptr) {
+    if (absl::Status s =
+            channel_->AllReduce(&sum, &sum, 1, comm::DataType::kFloat64, comm::ReduceOp::kSum);
+        !s.ok()) {
+      return During(s, "all-reducing the validation loss");
+    }
   }
   return sum / static_cast<double>(batches);
 }
@@ -217,16 +479,59 @@ absl::StatusOr<std::string> Trainer::SaveCheckpoint() {
   c.sections.push_back({"spec/model", spec_.model().SerializeAsString()});
   c.sections.push_back({"spec/json", JobSpecToJson(spec_)});
   const std::vector<OptimizedTensor>& tensors = adam_->tensors();
+  // Expert shards are gathered (rank order = expert order) into the single-process layout,
+  // so a checkpoint resumes on any number of ranks.
+  std::vector<float> full;
+  const bool lead = rank() == 0;
+  const auto add = [&](const std::string& name, const OptimizedTensor& t,
+                       std::span<const float> local) -> absl::Status {
+    if (channel_ == nullptr || !IsExpertShard(t.name)) {
+      if (lead) c.sections.push_back({name, PackFloats(local)});
+      return absl::OkStatus();
+    }
+    full.resize(local.size() * static_cast<size_t>(ranks()));
+    if (absl::Status s = channel_->Allgather(local.data(), full.data(),
+                                             static_cast<int64_t>(local.size()),
+                                             comm::DataType::kFloat32);
+        !s.ok()) {
+      return During(s, "gathering expert shards for a checkpoint");
+    }
+    if (lead) c.sections.push_back({name, PackFloats(full)});
+    return absl::OkStatus();
+  };
   for (size_t i = 0; i < tensors.size(); ++i) {
     const OptimizedTensor& t = tensors[i];
-    c.sections.push_back({"param/" + t.name, PackFloats({t.value, static_cast<size_t>(t.size)})});
-    c.sections.push_back({"adam_m/" + t.name, PackFloats(adam_->first_moment(i))});
-    c.sections.push_back({"adam_v/" + t.name, PackFloats(adam_->second_moment(i))});
+    const std::pair<std::string, std::span<const float>> parts[] = {
+        {"param/" + t.name, {t.value, static_cast<size_t>(t.size)}},
+        {"adam_m/" + t.name, adam_->first_moment(i)},
+        {"adam_v/" + t.name, adam_->second_moment(i)}};
+    for (const auto& [name, values] : parts) {
+      if (absl::Status s = add(name, t, values); !s.ok()) return s;
+    }
   }
   for (const ParamRef<float>& b : buffers_) {
     c.sections.push_back({"buffer/" + b.name, PackFloats({b.value, static_cast<size_t>(b.size)})});
   }
-  return ::rackrun::runtime::SaveCheckpoint(config_.checkpoint_dir, c, config_.checkpoint_keep);
+  absl::StatusOr<std::string> path;
+  if (lead) {
+    path = ::rackrun::runtime::SaveCheckpoint(config_.checkpoint_dir, c, config_.checkpoint_keep);
+  }
+  if (channel_ != nullptr) {
+    // Every rank learns whether rank 0's write succeeded, so none trains on past a lost
+    // checkpoint.
+    int32_t written = lead && path.ok() ? 1 : 0;
+    if (absl::Status s = channel_->Broadcast(&written, 1, comm::DataType::kInt32, 0); !s.ok()) {
+      return During(s, "sharing the checkpoint result");
+    }
+    if (!lead) {
+      if (written == 0) {
+        return absl::DataLossError(absl::StrCat("rank 0 failed to write the checkpoint of step ",
+                                                step_, "; see rank 0's error"));
+      }
+      return std::string();
+    }
+  }
+  return path;
 }
 
 absl::Status Trainer::Resume(const std::string& path) {
@@ -258,6 +563,14 @@ absl::Status Trainer::Resume(const std::string& path) {
     for (const auto& [name, out] : parts) {
       const CheckpointSection* s = c->Find(name);
       if (s == nullptr) return missing(name);
+      if (channel_ != nullptr && IsExpertShard(t.name)) {
+        // The checkpoint holds every expert; this rank takes its shard.
+        std::vector<float> full(out.size() * static_cast<size_t>(ranks()));
+        if (absl::Status st = UnpackFloats(*s, full); !st.ok()) return st;
+        std::copy_n(full.begin() + static_cast<std::ptrdiff_t>(out.size()) * rank(), out.size(),
+                    out.begin());
+        continue;
+      }
       if (absl::Status st = UnpackFloats(*s, out); !st.ok()) return st;
     }
   }
@@ -275,6 +588,7 @@ absl::Status Trainer::Resume(const std::string& path) {
     return absl::InvalidArgumentError(absl::StrCat("checkpoint '", loaded, "': ", s.message()));
   }
   step_ = static_cast<int64_t>(words[0]);
+  microbatch_ = step_ * config_.microbatches;
   adam_->set_step(static_cast<int64_t>(words[1]));
   return absl::OkStatus();
 }
@@ -284,7 +598,8 @@ absl::StatusOr<TrainSummary> Trainer::Run(const std::function<void(const StepRec
   summary.first_step = step_;
   summary.train_unigram_entropy = train_entropy_;
   std::FILE* json = nullptr;
-  if (!config_.log_json.empty()) {
+  const bool lead = rank() == 0;
+  if (lead && !config_.log_json.empty()) {
     json = std::fopen(config_.log_json.c_str(), step_ > 0 ? "a" : "w");
     if (json == nullptr) {
       return absl::InvalidArgumentError(absl::StrCat("logging.json: cannot open '",
@@ -331,7 +646,7 @@ absl::StatusOr<TrainSummary> Trainer::Run(const std::function<void(const StepRec
       r->elapsed_s = Seconds(start);
       window_seconds = 0;
       window_tokens = 0;
-      if (on_record) on_record(*r);
+      if (on_record && lead) on_record(*r);
       if (json != nullptr) {
         std::fprintf(json, "%s\n", r->ToJson().c_str());
         std::fflush(json);
@@ -348,6 +663,12 @@ absl::StatusOr<TrainSummary> Trainer::Run(const std::function<void(const StepRec
     }
   }
   if (json != nullptr) std::fclose(json);
+  // Load traces end with the run; a write error (disk full) is reported, not dropped.
+  if (failure.ok() && ep_ != nullptr) failure = ep_->Close();
+  if (failure.ok() && trace_.has_value()) {
+    failure = trace_->Close();
+    trace_.reset();
+  }
   if (!failure.ok()) return failure;
   summary.steps = step_;
   summary.elapsed_s = Seconds(start);

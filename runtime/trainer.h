@@ -1,9 +1,22 @@
-// The single-process training loop: JobSpec -> model, data, AdamW, checkpoints, logs.
+// The training loop: JobSpec -> model, data, AdamW, checkpoints, logs; in one process, or
+// expert-parallel over the ranks of a data channel.
 //
 // One optimizer step = `training.microbatches` microbatches of `data.batch_size`
 // sequences, gradients accumulated with scale 1/microbatches, global-norm clipping,
 // AdamW with the warmup + cosine schedule. The loss of a step is the mean of its
 // microbatch losses.
+//
+// Expert parallelism (a channel of R > 1 ranks): every rank builds the same model but
+// keeps only its shard of the experts (ExpertParallelGroup runs the MoE layers: per
+// microbatch and layer, exact loads -> in-band plan -> fan-out -> dispatch -> combine).
+// `data.batch_size` is the global microbatch: every rank reads the same global batch and
+// takes its R-th of the rows; gradients are scaled so that their sum over ranks is the
+// gradient of the global mean loss; dense gradients are all-reduced (fixed order, every
+// rank bit-identical), expert gradients stay with their master. The same spec on 1, 2 or
+// 4 ranks trains the same model up to floating-point reassociation. Rank 0 writes logs
+// and checkpoints (expert shards gathered into the single-process checkpoint format, so
+// a run resumes on any number of ranks). The auxiliary loss is per rank (over each rank's
+// tokens, like Megatron's default); the selection-bias update uses the global counts.
 //
 // Determinism: the model seed and the data order come from `training.seed`; with the
 // same spec and thread count two runs give bit-identical losses. A run resumed from the
@@ -23,8 +36,11 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "comm/data_channel.h"
+#include "planner/trace.h"
 #include "rackrun/v1/job_spec.pb.h"
 #include "runtime/data.h"
+#include "runtime/expert_parallel.h"
 #include "runtime/model.h"
 #include "runtime/optimizer.h"
 #include "runtime/spec.h"
@@ -43,6 +59,16 @@ struct StepRecord {
   double aux_loss = 0;
   // Per MoE layer: max / mean tokens per expert in the step's last microbatch.
   std::vector<double> expert_load_max_over_mean;
+  // Expert parallelism (ranks > 1): per MoE layer, max / mean tokens per rank with masters
+  // only and under the executed plans, averaged over the step's microbatches; replicas per
+  // microbatch and layer; rank 0's seconds in the step spent planning (load allgather,
+  // solve, invariant check, plan agreement), fanning out replica weights, in token
+  // all-to-alls and reducing replica gradients.
+  int ranks = 1;
+  std::vector<double> rank_imbalance_before;
+  std::vector<double> rank_imbalance_after;
+  double replicas = 0;
+  double plan_s = 0, fanout_s = 0, dispatch_s = 0, reduce_s = 0;
 
   // The record as one JSON object (no trailing newline).
   std::string ToJson() const;
@@ -68,27 +94,37 @@ class Trainer {
  public:
   // Reads the token files, builds the model (model.vocab 0 = the token file's vocab) and
   // the optimizer, and sets the OpenMP thread count (resources.threads, 0 = leave as is).
-  static absl::StatusOr<std::unique_ptr<Trainer>> Create(const rackrun::v1::JobSpec& spec);
+  // With a `channel` of more than one rank the job is expert-parallel over it (collective:
+  // every rank calls Create with the same spec; a rank whose spec differs is named in the
+  // error). The channel must outlive the trainer.
+  static absl::StatusOr<std::unique_ptr<Trainer>> Create(const rackrun::v1::JobSpec& spec,
+                                                         comm::DataChannel* channel = nullptr);
 
   // Loads a checkpoint file, or the newest one in a folder (see LoadCheckpointForResume).
   // The checkpoint's model spec must equal this job's.
   absl::Status Resume(const std::string& path);
 
-  // Runs steps until training.steps. Calls `on_record` for every logged step (every
+  // Runs steps until training.steps. On rank 0 only, calls `on_record` for every logged
+  // step (every
   // logging.interval steps, the last step, and every evaluation); writes the same records
   // to logging.json when set. Checkpoints every checkpoint.interval steps and at the end
   // when checkpoint.dir is set.
   absl::StatusOr<TrainSummary> Run(const std::function<void(const StepRecord&)>& on_record = {});
 
-  // One optimizer step (no logging, no checkpoint).
+  // One optimizer step (no logging, no checkpoint). Collective with R > 1.
   absl::StatusOr<StepRecord> Step();
   // Mean loss over training.eval_batches validation microbatches (the same ones every
   // time). FailedPrecondition when the job has no validation file.
   absl::StatusOr<double> EvaluateValidation();
-  // Writes a checkpoint of the current step into checkpoint.dir; returns its path.
+  // Writes a checkpoint of the current step into checkpoint.dir; returns its path (empty
+  // on ranks other than 0, which only contribute their expert shards). Collective.
   absl::StatusOr<std::string> SaveCheckpoint();
 
   int64_t step() const { return step_; }
+  int rank() const { return channel_ != nullptr ? channel_->rank() : 0; }
+  int ranks() const { return channel_ != nullptr ? channel_->size() : 1; }
+  // Null in a single-process job.
+  ExpertParallelGroup* expert_parallel() { return ep_.get(); }
   double train_unigram_entropy() const { return train_entropy_; }
   int64_t train_tokens() const { return train_loader_->tokens(); }
   int64_t validation_tokens() const {
@@ -100,18 +136,34 @@ class Trainer {
 
  private:
   Trainer() = default;
+  // Loads the next global microbatch into batch_ (this rank's rows of it) and returns
+  // this rank's share of the counted targets.
+  double NextBatch(WindowLoader& loader);
+  // Expert-parallel reductions of a step: dense gradients, then {loss, aux}.
+  absl::Status AllReduceGradients();
+  double GradNorm();
+  absl::Status RecordLoads(int64_t microbatch);
 
   rackrun::v1::JobSpec spec_;
   TrainConfig config_;
   std::unique_ptr<Model<float>> model_;
   std::unique_ptr<AdamW> adam_;
   std::vector<ParamRef<float>> buffers_;
+  std::vector<ParamRef<float>> params_;  // same order as adam_->tensors()
   std::unique_ptr<WindowLoader> train_loader_;
   std::vector<int32_t> validation_tokens_;
   int32_t end_of_document_ = -1;
   double train_entropy_ = 0;
   int64_t step_ = 0;
+  int64_t microbatch_ = 0;  // training microbatches run (trace numbering)
   Batch batch_;
+  Batch global_batch_;
+  comm::DataChannel* channel_ = nullptr;      // null or one rank: single process
+  std::unique_ptr<ExpertParallelGroup> ep_;   // after model_: destroyed first
+  std::vector<size_t> dense_;                 // adam tensors all-reduced across ranks
+  std::vector<size_t> experts_;               // adam tensors sharded by expert
+  std::vector<float> dense_grads_;            // packed for one all-reduce
+  std::optional<planner::TraceWriter> trace_;  // single-process load trace
 };
 
 }  // namespace rackrun::runtime

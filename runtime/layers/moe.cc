@@ -19,27 +19,13 @@ double Now() {
 
 }  // namespace
 
-// ---------------------------------------------------------------- SwigluExperts
+// ---------------------------------------------------------------- SwiGLU math
 
 template <typename T>
-SwigluExperts<T>::SwigluExperts(int count, int width, int hidden, const std::string& prefix)
-    : count_(count), width_(width), hidden_(hidden) {
-  w13_.Allocate(prefix + ".w13", {count, width, 2 * hidden});
-  w2_.Allocate(prefix + ".w2", {count, hidden, width});
-}
-
-template <typename T>
-void SwigluExperts<T>::Init(NormalInit& rng, double std, double out_std) {
-  rng.Fill(w13_.value, std);
-  rng.Fill(w2_.value, out_std);
-}
-
-template <typename T>
-void SwigluExperts<T>::Forward(int e, int64_t rows, const T* x, T* h13, T* act, T* y) const {
+void SwigluForward(int width, int hidden, const T* w13, const T* w2, int64_t rows, const T* x,
+                   T* h13, T* act, T* y) {
   if (rows == 0) return;
-  const int c = width_, f = hidden_, r = static_cast<int>(rows);
-  const T* w13 = w13_.value.data() + static_cast<int64_t>(e) * c * 2 * f;
-  const T* w2 = w2_.value.data() + static_cast<int64_t>(e) * f * c;
+  const int c = width, f = hidden, r = static_cast<int>(rows);
   cpu::Gemm<T>(false, false, r, 2 * f, c, T(1), x, c, w13, 2 * f, T(0), h13, 2 * f);
 #pragma omp parallel for schedule(static) if (rows * f >= cpu::kParallelMinWork)
   for (int64_t i = 0; i < rows; ++i) {
@@ -52,15 +38,14 @@ void SwigluExperts<T>::Forward(int e, int64_t rows, const T* x, T* h13, T* act, 
 }
 
 template <typename T>
-void SwigluExperts<T>::Backward(int e, int64_t rows, const T* x, const T* h13, const T* act,
-                                const T* dy, T* dh13, T* dact, T* dx) {
+void SwigluBackward(int width, int hidden, const T* w13, const T* w2, T* dw13, T* dw2,
+                    int64_t rows, const T* x, const T* h13, const T* act, const T* dy, T* dh13,
+                    T* dact, T* dx) {
   if (rows == 0) return;
-  const int c = width_, f = hidden_, r = static_cast<int>(rows);
-  const int64_t e13 = static_cast<int64_t>(e) * c * 2 * f;
-  const int64_t e2 = static_cast<int64_t>(e) * f * c;
+  const int c = width, f = hidden, r = static_cast<int>(rows);
   // dact = dy W2^T; dW2 += act^T dy.
-  cpu::Gemm<T>(false, true, r, f, c, T(1), dy, c, w2_.value.data() + e2, c, T(0), dact, f);
-  cpu::Gemm<T>(true, false, f, c, r, T(1), act, f, dy, c, T(1), w2_.grad.data() + e2, c);
+  cpu::Gemm<T>(false, true, r, f, c, T(1), dy, c, w2, c, T(0), dact, f);
+  cpu::Gemm<T>(true, false, f, c, r, T(1), act, f, dy, c, T(1), dw2, c);
 #pragma omp parallel for schedule(static) if (rows * f >= cpu::kParallelMinWork)
   for (int64_t i = 0; i < rows; ++i) {
     const T* g = h13 + i * 2 * f;
@@ -75,75 +60,134 @@ void SwigluExperts<T>::Backward(int e, int64_t rows, const T* x, const T* h13, c
       dg[j] = da[j] * up[j] * (s + g[j] * s * (T(1) - s));
     }
   }
-  cpu::Gemm<T>(true, false, c, 2 * f, r, T(1), x, c, dh13, 2 * f, T(1), w13_.grad.data() + e13,
-               2 * f);
-  cpu::Gemm<T>(false, true, r, c, 2 * f, T(1), dh13, 2 * f, w13_.value.data() + e13, 2 * f, T(0),
-               dx, c);
+  cpu::Gemm<T>(true, false, c, 2 * f, r, T(1), x, c, dh13, 2 * f, T(1), dw13, 2 * f);
+  cpu::Gemm<T>(false, true, r, c, 2 * f, T(1), dh13, 2 * f, w13, 2 * f, T(0), dx, c);
+}
+
+template void SwigluForward<float>(int, int, const float*, const float*, int64_t, const float*,
+                                   float*, float*, float*);
+template void SwigluForward<double>(int, int, const double*, const double*, int64_t,
+                                    const double*, double*, double*, double*);
+template void SwigluBackward<float>(int, int, const float*, const float*, float*, float*, int64_t,
+                                    const float*, const float*, const float*, const float*, float*,
+                                    float*, float*);
+template void SwigluBackward<double>(int, int, const double*, const double*, double*, double*,
+                                     int64_t, const double*, const double*, const double*,
+                                     const double*, double*, double*, double*);
+
+// ---------------------------------------------------------------- SwigluExperts
+
+template <typename T>
+SwigluExperts<T>::SwigluExperts(int count, int width, int hidden, const std::string& prefix,
+                                int first)
+    : count_(count), width_(width), hidden_(hidden), first_(first) {
+  w13_.Allocate(prefix + ".w13", {count, width, 2 * hidden});
+  w2_.Allocate(prefix + ".w2", {count, hidden, width});
+}
+
+template <typename T>
+void SwigluExperts<T>::Init(NormalInit& rng, double std, double out_std, int total) {
+  if (total == 0) total = count_;
+  // Same draw order as one [total x ...] tensor per weight: all w13 experts, then all w2.
+  const int64_t n13 = static_cast<int64_t>(width_) * 2 * hidden_;
+  const int64_t n2 = static_cast<int64_t>(hidden_) * width_;
+  for (int pass = 0; pass < 2; ++pass) {
+    Tensor<T>& w = pass == 0 ? w13_.value : w2_.value;
+    const int64_t n = pass == 0 ? n13 : n2;
+    const double sd = pass == 0 ? std : out_std;
+    for (int e = 0; e < total; ++e) {
+      const bool mine = e >= first_ && e < first_ + count_;
+      T* dst = mine ? w.data() + static_cast<int64_t>(e - first_) * n : nullptr;
+      for (int64_t i = 0; i < n; ++i) {
+        const double v = sd * rng.Next();
+        if (mine) dst[i] = static_cast<T>(v);
+      }
+    }
+  }
+}
+
+template <typename T>
+void SwigluExperts<T>::Forward(int e, int64_t rows, const T* x, T* h13, T* act, T* y) const {
+  SwigluForward(width_, hidden_, w13(e), w2(e), rows, x, h13, act, y);
+}
+
+template <typename T>
+void SwigluExperts<T>::Backward(int e, int64_t rows, const T* x, const T* h13, const T* act,
+                                const T* dy, T* dh13, T* dact, T* dx) {
+  SwigluBackward(width_, hidden_, w13(e), w2(e), dw13(e), dw2(e), rows, x, h13, act, dy, dh13,
+                 dact, dx);
 }
 
 // ---------------------------------------------------------- LocalExpertExecutor
 
+void RunExpertBatches(std::span<const int64_t> offsets, int64_t work_per_row,
+                      std::vector<int>* cold, absl::FunctionRef<void(int)> body) {
+  const int batches = static_cast<int>(offsets.size()) - 1;
+  const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
+  const int64_t total = offsets.back() - offsets.front();
+  if (threads <= 1 || total * work_per_row < 64 * cpu::kParallelMinWork) {
+    for (int i = 0; i < batches; ++i) body(i);
+    return;
+  }
+  // Hot batches (at least 1/threads of all rows) run one at a time on every thread; the
+  // rest run side by side, one batch per thread, each single-threaded. Batches write
+  // disjoint rows and gradients and a serial batch computes the same values on any
+  // thread, so the dynamic schedule stays deterministic.
+  cold->clear();
+  for (int i = 0; i < batches; ++i) {
+    const int64_t rows = offsets[i + 1] - offsets[i];
+    if (rows == 0) continue;
+    if (rows * threads >= total) {
+      body(i);
+    } else {
+      cold->push_back(i);
+    }
+  }
+  const int n = static_cast<int>(cold->size());
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+  for (int i = 0; i < n; ++i) body((*cold)[static_cast<size_t>(i)]);
+}
+
 template <typename T>
-void LocalExpertExecutor<T>::Forward(std::span<const int64_t> offsets, const T* dispatched,
-                                     T* expert_out) {
+absl::Status LocalExpertExecutor<T>::Forward(std::span<const int64_t> offsets,
+                                             const T* dispatched, T* expert_out) {
+  if (static_cast<int>(offsets.size()) != experts_->count() + 1) {
+    return absl::FailedPreconditionError(
+        "this MoE layer holds a shard of its experts; run it with an expert-parallel executor");
+  }
   const int64_t rows = offsets.back();
   const int f = experts_->hidden();
   const int c = experts_->width();
   input_ = dispatched;
   h13_.Resize({std::max<int64_t>(rows, 1), 2 * f});
   act_.Resize({std::max<int64_t>(rows, 1), f});
-  RunExperts(offsets, [&](int e) {
+  RunExpertBatches(offsets, static_cast<int64_t>(c) * f, &small_, [&](int e) {
     const int64_t r0 = offsets[e];
     experts_->Forward(e, offsets[e + 1] - r0, dispatched + r0 * c, h13_.data() + r0 * 2 * f,
                       act_.data() + r0 * f, expert_out + r0 * c);
   });
+  return absl::OkStatus();
 }
 
 template <typename T>
-void LocalExpertExecutor<T>::Backward(std::span<const int64_t> offsets, const T* dexpert_out,
-                                      T* ddispatched) {
+absl::Status LocalExpertExecutor<T>::Backward(std::span<const int64_t> offsets,
+                                              const T* dexpert_out, T* ddispatched) {
+  if (static_cast<int>(offsets.size()) != experts_->count() + 1) {
+    return absl::FailedPreconditionError(
+        "this MoE layer holds a shard of its experts; run it with an expert-parallel executor");
+  }
   const int64_t rows = offsets.back();
   const int f = experts_->hidden();
   const int c = experts_->width();
   dh13_.Resize({std::max<int64_t>(rows, 1), 2 * f});
   dact_.Resize({std::max<int64_t>(rows, 1), f});
-  RunExperts(offsets, [&](int e) {
+  RunExpertBatches(offsets, static_cast<int64_t>(c) * f, &small_, [&](int e) {
     const int64_t r0 = offsets[e];
     experts_->Backward(e, offsets[e + 1] - r0, input_ + r0 * c, h13_.data() + r0 * 2 * f,
                        act_.data() + r0 * f, dexpert_out + r0 * c, dh13_.data() + r0 * 2 * f,
                        dact_.data() + r0 * f, ddispatched + r0 * c);
   });
-}
-
-template <typename T>
-template <typename Body>
-void LocalExpertExecutor<T>::RunExperts(std::span<const int64_t> offsets, Body&& body) {
-  const int experts = experts_->count();
-  const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
-  const int64_t work = offsets.back() * experts_->width() * experts_->hidden();
-  if (threads <= 1 || work < 64 * cpu::kParallelMinWork) {
-    for (int e = 0; e < experts; ++e) body(e);
-    return;
-  }
-  // Hot experts (at least 1/threads of all rows) run one at a time on every thread; the
-  // rest run side by side, one expert per thread, each single-threaded. Experts write
-  // disjoint rows and gradients and a serial expert computes the same values on any
-  // thread, so the dynamic schedule stays deterministic; the hot/cold split depends only
-  // on the counts and the thread count.
-  const int64_t total = offsets.back();
-  small_.clear();
-  for (int e = 0; e < experts; ++e) {
-    const int64_t rows = offsets[e + 1] - offsets[e];
-    if (rows == 0) continue;
-    if (rows * threads >= total) {
-      body(e);
-    } else {
-      small_.push_back(e);
-    }
-  }
-  const int n = static_cast<int>(small_.size());
-#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
-  for (int i = 0; i < n; ++i) body(small_[static_cast<size_t>(i)]);
+  return absl::OkStatus();
 }
 
 // -------------------------------------------------------------------- MoeLayer
@@ -152,7 +196,8 @@ template <typename T>
 MoeLayer<T>::MoeLayer(const MoeLayerConfig& config, const std::string& prefix)
     : config_(config),
       norm_(config.width, prefix + ".norm"),
-      experts_(config.experts, config.width, config.expert_hidden, prefix + ".experts"),
+      experts_(config.local_experts > 0 ? config.local_experts : config.experts, config.width,
+               config.expert_hidden, prefix + ".experts", config.expert_first),
       bias_name_(prefix + ".router_bias") {
   router_.Allocate(prefix + ".router", {config.width, config.experts});
   bias_.Resize({config.experts});
@@ -169,7 +214,7 @@ MoeLayer<T>::MoeLayer(const MoeLayerConfig& config, const std::string& prefix)
 template <typename T>
 void MoeLayer<T>::Init(NormalInit& rng, double std, double out_std) {
   rng.Fill(router_.value, std);
-  experts_.Init(rng, std, out_std);
+  experts_.Init(rng, std, out_std, config_.experts);
   if (shared_) shared_->Init(rng, std, out_std);
 }
 
@@ -194,7 +239,7 @@ void MoeLayer<T>::SetExecutor(std::unique_ptr<ExpertExecutor<T>> executor) {
 }
 
 template <typename T>
-void MoeLayer<T>::Forward(const T* u, int64_t tokens, T* out) {
+absl::Status MoeLayer<T>::Forward(const T* u, int64_t tokens, T* out) {
   u_ = u;
   tokens_ = tokens;
   const int c = config_.width, ne = config_.experts, k = config_.top_k;
@@ -281,7 +326,10 @@ void MoeLayer<T>::Forward(const T* u, int64_t tokens, T* out) {
   routing_seconds_ = Now() - t0;
 
   const double e0 = Now(), g0 = cpu::GemmSeconds();
-  executor_->Forward(offsets_, dispatched_.data(), expert_out_.data());
+  if (absl::Status s = executor_->Forward(offsets_, dispatched_.data(), expert_out_.data());
+      !s.ok()) {
+    return s;
+  }
   expert_seconds_ = (Now() - e0) - (cpu::GemmSeconds() - g0);
 
   if (shared_) {
@@ -303,10 +351,11 @@ void MoeLayer<T>::Forward(const T* u, int64_t tokens, T* out) {
     }
   }
   routing_seconds_ += Now() - t1;
+  return absl::OkStatus();
 }
 
 template <typename T>
-void MoeLayer<T>::Backward(const T* dout, T grad_scale, T* du) {
+absl::Status MoeLayer<T>::Backward(const T* dout, T grad_scale, T* du) {
   const int64_t tokens = tokens_;
   const int c = config_.width, ne = config_.experts, k = config_.top_k;
   dexpert_out_.Resize({tokens * k, c});
@@ -367,7 +416,10 @@ void MoeLayer<T>::Backward(const T* dout, T grad_scale, T* du) {
   routing_seconds_ += Now() - t0;
 
   const double e0 = Now(), g0 = cpu::GemmSeconds();
-  executor_->Backward(offsets_, dexpert_out_.data(), ddispatched_.data());
+  if (absl::Status s = executor_->Backward(offsets_, dexpert_out_.data(), ddispatched_.data());
+      !s.ok()) {
+    return s;
+  }
   expert_seconds_ += (Now() - e0) - (cpu::GemmSeconds() - g0);
 
   T* dxn = dxn_.data();
@@ -396,17 +448,20 @@ void MoeLayer<T>::Backward(const T* dout, T grad_scale, T* du) {
   cpu::Gemm<T>(false, true, static_cast<int>(tokens), c, ne, T(1), ds, ne, router_.value.data(), ne,
                T(1), dxn, c);
   norm_.Backward(u_, dxn, tokens, du);
+  return absl::OkStatus();
 }
 
 template <typename T>
 void MoeLayer<T>::UpdateSelectionBias() {
   if (config_.bias_update_rate <= 0) return;
   const int ne = config_.experts;
+  // Every rank of an expert-parallel layer steps its copy with the same (global) counts.
+  const std::vector<int64_t>& counts = global_counts();
   int64_t total = 0;
-  for (int e = 0; e < ne; ++e) total += counts_[e];
+  for (int e = 0; e < ne; ++e) total += counts[e];
   const double mean = static_cast<double>(total) / ne;
   for (int e = 0; e < ne; ++e) {
-    const double err = mean - static_cast<double>(counts_[e]);
+    const double err = mean - static_cast<double>(counts[e]);
     const double sign = err > 0 ? 1.0 : (err < 0 ? -1.0 : 0.0);
     bias_[e] += static_cast<T>(config_.bias_update_rate * sign);
   }

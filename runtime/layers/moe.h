@@ -24,24 +24,50 @@
 #include <string>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
+#include "absl/status/status.h"
 #include "runtime/layers/parameter.h"
 #include "runtime/layers/rmsnorm.h"
 #include "runtime/tensor.h"
 
 namespace rackrun::runtime {
 
-// SwiGLU feed-forward weights for `count` experts of width C and hidden F:
-// y = (silu(x W1) * (x W3)) W2, with W1 | W3 stored side by side as w13 [C x 2F].
+// One SwiGLU expert with explicit weights: y = (silu(x W1) * (x W3)) W2 with W1 | W3 side
+// by side as w13 [C x 2F] and w2 [F x C]. h13 [rows x 2F] and act [rows x F] keep what
+// SwigluBackward needs. Used for masters (weights in SwigluExperts) and for replicas
+// (weights in a fan-out slot) alike.
+template <typename T>
+void SwigluForward(int width, int hidden, const T* w13, const T* w2, int64_t rows, const T* x,
+                   T* h13, T* act, T* y);
+// dx overwritten; dw13 / dw2 accumulated. dh13 [rows x 2F] and dact [rows x F] are scratch.
+template <typename T>
+void SwigluBackward(int width, int hidden, const T* w13, const T* w2, T* dw13, T* dw2,
+                    int64_t rows, const T* x, const T* h13, const T* act, const T* dy, T* dh13,
+                    T* dact, T* dx);
+
+// SwiGLU feed-forward weights for `count` experts of width C and hidden F (see
+// SwigluForward). An expert-parallel rank holds a shard: experts [first, first + count) of
+// the layer's logical experts, local index e = logical - first.
 template <typename T>
 class SwigluExperts {
  public:
-  SwigluExperts(int count, int width, int hidden, const std::string& prefix);
+  SwigluExperts(int count, int width, int hidden, const std::string& prefix, int first = 0);
 
-  void Init(NormalInit& rng, double std, double out_std);
+  // Draws the weights of `total` experts (0 = count) in logical order from `rng` and keeps
+  // this shard's, so every sharding of a layer gets the weights of the unsharded one.
+  void Init(NormalInit& rng, double std, double out_std, int total = 0);
   std::vector<ParamRef<T>> Parameters() { return {w13_.Ref(), w2_.Ref()}; }
   int count() const { return count_; }
+  int first() const { return first_; }
   int width() const { return width_; }
   int hidden() const { return hidden_; }
+  // Floats of one expert's weights (w13 then w2).
+  int64_t expert_floats() const { return 3 * static_cast<int64_t>(width_) * hidden_; }
+  // Weights and gradients of local expert e.
+  const T* w13(int e) const { return w13_.value.data() + static_cast<int64_t>(e) * width_ * 2 * hidden_; }
+  const T* w2(int e) const { return w2_.value.data() + static_cast<int64_t>(e) * hidden_ * width_; }
+  T* dw13(int e) { return w13_.grad.data() + static_cast<int64_t>(e) * width_ * 2 * hidden_; }
+  T* dw2(int e) { return w2_.grad.data() + static_cast<int64_t>(e) * hidden_ * width_; }
 
   // Expert e on `rows` rows of x. h13 [rows x 2F] and act [rows x F] are kept for
   // Backward by the caller.
@@ -52,7 +78,7 @@ class SwigluExperts {
                 T* dact, T* dx);
 
  private:
-  int count_, width_, hidden_;
+  int count_, width_, hidden_, first_;
   Parameter<T> w13_;  // [count x C x 2F]
   Parameter<T> w2_;   // [count x F x C]
 };
@@ -63,12 +89,27 @@ template <typename T>
 class ExpertExecutor {
  public:
   virtual ~ExpertExecutor() = default;
-  // expert_out[row] = expert(row's expert)(dispatched[row]) for every row.
-  virtual void Forward(std::span<const int64_t> offsets, const T* dispatched, T* expert_out) = 0;
+  // expert_out[row] = expert(row's expert)(dispatched[row]) for every row. An error (e.g.
+  // a peer rank that failed) stops the microbatch.
+  virtual absl::Status Forward(std::span<const int64_t> offsets, const T* dispatched,
+                               T* expert_out) = 0;
   // Given d expert_out, writes d dispatched and accumulates the experts' weight gradients.
   // Uses the state of the last Forward (same offsets).
-  virtual void Backward(std::span<const int64_t> offsets, const T* dexpert_out, T* ddispatched) = 0;
+  virtual absl::Status Backward(std::span<const int64_t> offsets, const T* dexpert_out,
+                                T* ddispatched) = 0;
+  // Tokens per logical expert over every rank of the last Forward, when the executor
+  // spans several ranks (the selection-bias update and load statistics use them); null
+  // when the layer's own counts are the whole picture.
+  virtual const std::vector<int64_t>* global_counts() const { return nullptr; }
 };
+
+// Runs body(i) for every batch i of `offsets` (batch i is rows [offsets[i], offsets[i+1])):
+// batches with at least 1/threads of all rows one at a time on every thread, the rest side
+// by side, one per thread, each single-threaded. Deterministic when batches write
+// disjoint outputs: the split depends only on the rows and the thread count.
+// `work_per_row` sizes the serial cut-off; `cold` is scratch.
+void RunExpertBatches(std::span<const int64_t> offsets, int64_t work_per_row,
+                      std::vector<int>* cold, absl::FunctionRef<void(int)> body);
 
 // Runs every expert in-process: GEMMs per expert over its gathered rows. Hot experts use
 // all threads; the others run concurrently, one per thread.
@@ -76,13 +117,14 @@ template <typename T>
 class LocalExpertExecutor final : public ExpertExecutor<T> {
  public:
   explicit LocalExpertExecutor(SwigluExperts<T>* experts) : experts_(experts) {}
-  void Forward(std::span<const int64_t> offsets, const T* dispatched, T* expert_out) override;
-  void Backward(std::span<const int64_t> offsets, const T* dexpert_out, T* ddispatched) override;
+  // FailedPrecondition when the layer's experts are a shard (needs an expert-parallel
+  // executor).
+  absl::Status Forward(std::span<const int64_t> offsets, const T* dispatched,
+                       T* expert_out) override;
+  absl::Status Backward(std::span<const int64_t> offsets, const T* dexpert_out,
+                        T* ddispatched) override;
 
  private:
-  template <typename Body>
-  void RunExperts(std::span<const int64_t> offsets, Body&& body);
-
   SwigluExperts<T>* experts_;
   std::vector<int> small_;  // cold experts of the current call (capacity kept)
   const T* input_ = nullptr;
@@ -98,6 +140,10 @@ struct MoeLayerConfig {
   int shared_hidden = 0;
   double aux_loss_coef = 0;
   double bias_update_rate = 0;
+  // Expert shard held by this process: logical experts [expert_first, expert_first +
+  // local_experts); local_experts 0 = all of them.
+  int expert_first = 0;
+  int local_experts = 0;
 };
 
 template <typename T>
@@ -116,15 +162,22 @@ class MoeLayer {
   void SetExecutor(std::unique_ptr<ExpertExecutor<T>> executor);
   SwigluExperts<T>& experts() { return experts_; }
 
-  // out[tokens x width] = body(u). `u` must stay valid until Backward.
-  void Forward(const T* u, int64_t tokens, T* out);
+  // out[tokens x width] = body(u). `u` must stay valid until Backward. Errors come from
+  // the executor.
+  absl::Status Forward(const T* u, int64_t tokens, T* out);
   // du overwritten; gradients of grad_scale * (upstream loss + aux loss) accumulated.
-  void Backward(const T* dout, T grad_scale, T* du);
+  absl::Status Backward(const T* dout, T grad_scale, T* du);
   // DeepSeek-V3 bias step from the last Forward's counts (no-op when the rate is 0).
   void UpdateSelectionBias();
 
-  // Exact per-expert routed-token counts of the last Forward (sum = tokens * top_k).
+  // Exact per-expert routed-token counts of this process's tokens in the last Forward
+  // (sum = tokens * top_k).
   const std::vector<int64_t>& counts() const { return counts_; }
+  // The same over every rank of an expert-parallel layer (= counts() in one process).
+  const std::vector<int64_t>& global_counts() const {
+    const std::vector<int64_t>* g = executor_->global_counts();
+    return g != nullptr ? *g : counts_;
+  }
   // Auxiliary loss value of the last Forward (already multiplied by the coefficient).
   double aux_loss() const { return aux_loss_; }
   // Seconds of the last Forward + Backward spent routing, dispatching and combining

@@ -39,13 +39,13 @@ void GradientCheck(const MoeLayerConfig& config, bool with_bias) {
   FillUniform(r.data(), n, 25, 1.0);
   const double scale = 0.5;
   auto loss = [&] {
-    moe.Forward(u.data(), tokens, out.data());
+    EXPECT_TRUE(moe.Forward(u.data(), tokens, out.data()).ok());
     return scale * (Dot(out.data(), r.data(), n) + moe.aux_loss());
   };
   loss();
   std::vector<double> dout(r);
   for (auto& x : dout) x *= scale;
-  moe.Backward(dout.data(), scale, du.data());
+  EXPECT_TRUE(moe.Backward(dout.data(), scale, du.data()).ok());
   testing::ExpectGradientMatches("u", u.data(), du.data(), n, loss, 40);
   testing::ExpectParameterGradientsMatch(params, loss, 24);
 }
@@ -80,8 +80,8 @@ TEST(MoeTest, ThreadedExpertExecutionMatchesSerial) {
     const int64_t n = tokens * config.width;
     std::vector<double> u(n), out(n), du(n);
     FillUniform(u.data(), n, 42, 1.0);
-    moe.Forward(u.data(), tokens, out.data());
-    moe.Backward(u.data(), 1.0, du.data());  // any upstream gradient will do
+    EXPECT_TRUE(moe.Forward(u.data(), tokens, out.data()).ok());
+    EXPECT_TRUE(moe.Backward(u.data(), 1.0, du.data()).ok());  // any upstream gradient will do
     std::vector<double> all(out);
     all.insert(all.end(), du.begin(), du.end());
     for (const auto& p : moe.Parameters()) all.insert(all.end(), p.grad, p.grad + p.size);
@@ -107,7 +107,7 @@ TEST(MoeTest, CountsAreExactAndGatesRenormalised) {
   moe.Init(rng, 1.0, 1.0);
   std::vector<double> u(tokens * config.width), out(tokens * config.width);
   FillUniform(u.data(), static_cast<int64_t>(u.size()), 4, 2.0);
-  moe.Forward(u.data(), tokens, out.data());
+  EXPECT_TRUE(moe.Forward(u.data(), tokens, out.data()).ok());
   const auto& counts = moe.counts();
   ASSERT_EQ(counts.size(), 8u);
   EXPECT_EQ(std::accumulate(counts.begin(), counts.end(), int64_t{0}), tokens * 3);
@@ -119,7 +119,7 @@ TEST(MoeTest, CountsAreExactAndGatesRenormalised) {
   for (int64_t t = 0; t < tokens; ++t) {
     std::vector<double> one(u.begin() + t * config.width, u.begin() + (t + 1) * config.width);
     std::vector<double> o(config.width);
-    single.Forward(one.data(), 1, o.data());
+    EXPECT_TRUE(single.Forward(one.data(), 1, o.data()).ok());
     for (int i = 0; i < config.width; ++i) EXPECT_NEAR(o[i], out[t * config.width + i], 1e-12);
   }
 }
@@ -133,7 +133,7 @@ TEST(MoeTest, SelectionBiasStepsTowardsTheMeanLoad) {
   moe.Init(rng, 1.0, 1.0);
   std::vector<double> u(tokens * config.width), out(tokens * config.width);
   FillUniform(u.data(), static_cast<int64_t>(u.size()), 8, 2.0);
-  moe.Forward(u.data(), tokens, out.data());
+  EXPECT_TRUE(moe.Forward(u.data(), tokens, out.data()).ok());
   const std::vector<int64_t> counts = moe.counts();
   moe.UpdateSelectionBias();
   const double mean = static_cast<double>(tokens * config.top_k) / config.experts;
@@ -156,7 +156,7 @@ TEST(MoeTest, LargeBiasForcesSelectionButNotGateWeights) {
   bias[3] = 10.0;  // every token picks expert 3
   std::vector<double> u(tokens * config.width), out(tokens * config.width);
   FillUniform(u.data(), static_cast<int64_t>(u.size()), 10, 1.0);
-  moe.Forward(u.data(), tokens, out.data());
+  EXPECT_TRUE(moe.Forward(u.data(), tokens, out.data()).ok());
   EXPECT_EQ(moe.counts()[3], tokens);
   // top-1 renormalised gate is exactly 1 whatever the raw score: the output is expert 3's.
   MoeLayer<double> ref(config, "m");

@@ -1,4 +1,5 @@
-// rackrun train: runs one training job (a JobSpec file) in this process.
+// rackrun train: runs one training job (a JobSpec file), in this process or, when a
+// launcher (mpirun, srun) started several, expert-parallel over all of them.
 #include <omp.h>
 
 #include <algorithm>
@@ -9,6 +10,8 @@
 #include <string_view>
 #include <vector>
 
+#include "comm/data_channel.h"
+#include "comm/mpi_channel.h"
 #include "runtime/spec.h"
 #include "runtime/trainer.h"
 #include "tools/rackrun/command.h"
@@ -19,17 +22,27 @@ namespace {
 namespace rt = ::rackrun::runtime;
 
 constexpr std::string_view kUsage =
-    R"(usage: rackrun train SPEC [--set FIELD=VALUE]... [--log-json FILE] [--resume PATH]
+    R"(usage: rackrun train SPEC [--set FIELD=VALUE]... [--log-json FILE] [--load-trace FILE]
+                     [--resume PATH]
+       mpirun -np R rackrun train SPEC ...      (or srun --mpi=pmix -n R rackrun train ...)
 
-Trains the model described by SPEC (a YAML or JSON JobSpec, proto/rackrun/v1/job_spec.proto)
-in this process. Prints one line per logging.interval steps (step, loss, validation loss
-when evaluated, tokens/s, learning rate, grad norm, per-layer expert load max/mean,
-elapsed) and a final summary that compares the loss with the unigram entropy of the
-training data.
+Trains the model described by SPEC (a YAML or JSON JobSpec, proto/rackrun/v1/job_spec.proto).
+Prints one line per logging.interval steps (step, loss, validation loss when evaluated,
+tokens/s, learning rate, grad norm, per-layer expert load max/mean, elapsed) and a final
+summary that compares the loss with the unigram entropy of the training data.
+
+Started by a launcher with R > 1 ranks, the job is expert-parallel: each rank holds
+experts/R experts of every MoE layer, the global microbatch (data.batch_size) is split over
+the ranks, and every microbatch and MoE layer is rebalanced by balancer.policy (none,
+ultraep, eplb). Rank 0 prints; its log lines add per-layer rank load max/mean before>after
+balancing and the milliseconds spent planning, fanning out weights, in token all-to-alls
+and reducing replica gradients.
 
 options:
   --set FIELD=VALUE   override a spec field, e.g. --set training.steps=50 (repeatable)
   --log-json FILE     also write every logged step as JSON Lines (logging.json)
+  --load-trace FILE   record every training microbatch's expert loads (logging.load_trace),
+                      replayable with `rackrun plan --trace FILE`
   --resume PATH       continue from a checkpoint file, or the newest one in a folder;
                       checkpoints keep going to checkpoint.dir (default: that folder)
   --print-spec        print the effective spec (defaults filled in) as JSON and exit
@@ -73,6 +86,8 @@ int TrainCommand(const Args& args) {
       overrides.push_back(value);
     } else if (a == "--log-json") {
       overrides.push_back("logging.json=" + value);
+    } else if (a == "--load-trace") {
+      overrides.push_back("logging.load_trace=" + value);
     } else if (a == "--resume") {
       resume = value;
     } else {
@@ -96,30 +111,66 @@ int TrainCommand(const Args& args) {
     std::printf("%s\n", rt::JobSpecToJson(*spec).c_str());
     return 0;
   }
-  absl::StatusOr<std::unique_ptr<rt::Trainer>> trainer = rt::Trainer::Create(*spec);
-  if (!trainer.ok()) {
-    std::fprintf(stderr, "rackrun train: %s: %s\n", spec_path.c_str(),
-                 std::string(trainer.status().message()).c_str());
-    return 1;
-  }
-  rt::Trainer& t = **trainer;
-  if (!resume.empty()) {
-    if (absl::Status s = t.Resume(resume); !s.ok()) {
-      std::fprintf(stderr, "rackrun train: --resume: %s\n", std::string(s.message()).c_str());
+  // Several ranks: one MPI data channel over all of them. A fatal error on any rank then
+  // ends the whole job (AbortJob) instead of leaving peers waiting in a collective.
+  std::unique_ptr<comm::DataChannel> channel;
+  const int launched = comm::LauncherWorldSize();
+  if (launched > 1) {
+    absl::StatusOr<comm::ChannelOptions> options = comm::ChannelOptions::FromEnv();
+    if (!options.ok()) {
+      std::fprintf(stderr, "rackrun train: %s\n", std::string(options.status().message()).c_str());
       return 1;
     }
-    std::printf("resumed at step %lld from %s\n", static_cast<long long>(t.step()), resume.c_str());
+    absl::StatusOr<std::unique_ptr<comm::DataChannel>> mpi = comm::CreateMpiChannel(*options);
+    if (!mpi.ok()) {
+      std::fprintf(stderr, "rackrun train: %s\n", std::string(mpi.status().message()).c_str());
+      return 1;
+    }
+    channel = *std::move(mpi);
+    if (channel->size() != launched) {
+      std::fprintf(stderr,
+                   "rackrun train: the launcher started %d ranks but MPI sees %d; this MPI "
+                   "library does not match the launcher (under Slurm use srun --mpi=pmix)\n",
+                   launched, channel->size());
+      comm::AbortJob(1);
+    }
+  }
+  const int rank = channel != nullptr ? channel->rank() : 0;
+  const bool lead = rank == 0;
+  const auto fail = [&](const std::string& what, const absl::Status& s) {
+    std::fprintf(stderr, "rackrun train: %s%s%s\n",
+                 channel != nullptr ? ("rank " + std::to_string(rank) + ": ").c_str() : "",
+                 what.c_str(), std::string(s.message()).c_str());
+    if (channel != nullptr) comm::AbortJob(1);
+    return 1;
+  };
+  absl::StatusOr<std::unique_ptr<rt::Trainer>> trainer = rt::Trainer::Create(*spec, channel.get());
+  if (!trainer.ok()) return fail(spec_path + ": ", trainer.status());
+  rt::Trainer& t = **trainer;
+  if (!resume.empty()) {
+    if (absl::Status s = t.Resume(resume); !s.ok()) return fail("--resume: ", s);
+    if (lead) {
+      std::printf("resumed at step %lld from %s\n", static_cast<long long>(t.step()),
+                  resume.c_str());
+    }
   }
   const rackrun::v1::ModelSpec& m = t.spec().model();
   const rt::TrainConfig& c = t.config();
-  std::printf(
+  if (lead && t.ranks() > 1) {
+    const rackrun::v1::BalancerSpec& b = t.spec().balancer();
+    std::printf("expert parallel: %d ranks (%s), %d experts per rank + %d replica slots, "
+                "balancer %s\n",
+                t.ranks(), std::string(channel->backend()).c_str(), m.moe().experts() / t.ranks(),
+                b.slots(), b.policy().c_str());
+  }
+  if (lead) std::printf(
       "job %s: %s N=%d%s, %d blocks, C=%d, %d heads, %d experts top-%d, vocab %d, %lld "
       "parameters\n",
       t.spec().name().c_str(), m.residual().c_str(), m.streams(),
       m.active() > 0 ? (" k=" + std::to_string(m.active())).c_str() : "", m.blocks(), m.width(),
       m.heads(), m.moe().experts(), m.moe().top_k(), m.vocab(),
       static_cast<long long>(t.model().ParameterCount()));
-  std::printf(
+  if (lead) std::printf(
       "data: %lld train tokens (unigram entropy %.4f nats/token), %lld validation tokens; "
       "%d x %d tokens x %d microbatch(es) per step; %d threads\n",
       static_cast<long long>(t.train_tokens()), t.train_unigram_entropy(),
@@ -131,10 +182,8 @@ int TrainCommand(const Args& args) {
     std::printf("%s\n", r.ToLogLine(c.steps).c_str());
     std::fflush(stdout);
   });
-  if (!summary.ok()) {
-    std::fprintf(stderr, "rackrun train: %s\n", std::string(summary.status().message()).c_str());
-    return 1;
-  }
+  if (!summary.ok()) return fail("", summary.status());
+  if (!lead) return 0;
   const rt::TrainSummary& s = *summary;
   if (s.losses.empty()) {
     std::printf("nothing to train: already at step %lld of %lld\n", static_cast<long long>(s.steps),

@@ -1,0 +1,526 @@
+#include "runtime/expert_parallel.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <span>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "comm/relay_fanout.h"
+#include "comm/token_dispatch.h"
+#include "planner/fanout.h"
+#include "runtime/layers/moe.h"
+
+namespace rackrun::runtime {
+namespace {
+
+double Now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// Point-to-point tags: fan-out uses [0, experts), replica gradients [kGradTag, kGradTag +
+// experts). Both stay below comm::kMaxUserTag.
+constexpr int kGradTag = comm::kMaxUserTag / 2;
+
+}  // namespace
+
+// The ExpertExecutor of one MoE layer on one rank (see expert_parallel.h).
+class ExpertParallelExecutor final : public ExpertExecutor<float> {
+ public:
+  ExpertParallelExecutor(ExpertParallelGroup* group, int layer, SwigluExperts<float>* experts)
+      : g_(group),
+        layer_(layer),
+        experts_(experts),
+        relay_(std::make_unique<planner::RelayFanout>(group->options_.planner.fanout)) {
+    const int e = g_->domain_.experts();
+    local_loads_.assign(static_cast<size_t>(e), 0);
+    loads_ = planner::LoadMatrix(g_->domain_.ranks, e);
+    totals_.assign(static_cast<size_t>(e), 0);
+    fingerprints_.assign(static_cast<size_t>(g_->domain_.ranks), 0);
+    slot_of_expert_.assign(static_cast<size_t>(e), -1);
+  }
+
+  absl::Status Forward(std::span<const int64_t> offsets, const float* dispatched,
+                       float* expert_out) override;
+  absl::Status Backward(std::span<const int64_t> offsets, const float* dexpert_out,
+                        float* ddispatched) override;
+  const std::vector<int64_t>* global_counts() const override { return &totals_; }
+
+ private:
+  absl::Status SolvePlan(std::span<const int64_t> offsets);
+  void PlaceWeights();
+  absl::Status FanOut();
+  absl::Status ReduceReplicaGradients();
+  // Prefixes `s` with where it happened: rank, layer, microbatch, phase.
+  absl::Status Where(const absl::Status& s, absl::string_view phase) const;
+  int rank() const { return g_->channel_.rank(); }
+  int64_t floats() const { return experts_->expert_floats(); }
+  float* slot_weights(int slot) { return slot_weights_.data() + slot * floats(); }
+  float* slot_grads(int slot) { return slot_grads_.data() + slot * floats(); }
+  // Weights / gradients of the instance behind local batch `b`.
+  const float* W13(const comm::TokenDispatch::LocalBatch& b);
+  const float* W2(const comm::TokenDispatch::LocalBatch& b);
+  float* DW13(const comm::TokenDispatch::LocalBatch& b);
+  float* DW2(const comm::TokenDispatch::LocalBatch& b);
+
+  ExpertParallelGroup* g_;
+  int layer_;
+  SwigluExperts<float>* experts_;
+
+  std::vector<int64_t> local_loads_;
+  planner::LoadMatrix loads_;
+  std::vector<int64_t> totals_;
+  std::vector<uint64_t> fingerprints_;
+  planner::Plan plan_;
+  // Where weights must be: per expert, its home rank first, then every other rank the plan
+  // runs it on (ascending). Shaped as a Plan so RelayFanout can schedule it.
+  planner::Plan placement_;
+  planner::Plan loaded_placement_;  // the placement the slots hold
+  int64_t loaded_version_ = -1;     // weight version the slots hold
+  planner::FanoutSchedule schedule_;
+  std::unique_ptr<planner::RelayFanout> relay_;
+  std::vector<int> slot_of_expert_;  // this rank's slot holding expert e, or -1
+  int slots_used_ = 0;
+  std::vector<float> slot_weights_, slot_grads_;  // [slots x (w13 | w2)]
+  std::vector<float> staging_;  // packed master weights to send / replica gradients received
+
+  comm::TokenRouting routing_;
+  std::optional<comm::TokenDispatch> dispatch_;
+  std::vector<int64_t> batch_offsets_;
+  std::vector<int> cold_;
+  Tensor<float> in_, h13_, act_, out_, dy_, dh13_, dact_, dx_;
+};
+
+absl::Status ExpertParallelExecutor::Where(const absl::Status& s, absl::string_view phase) const {
+  return absl::Status(s.code(), absl::StrCat("rank ", rank(), " of ", g_->domain_.ranks,
+                                             ", MoE layer ", layer_, ", microbatch ",
+                                             g_->microbatch_, ", ", phase, ": ", s.message()));
+}
+
+absl::Status ExpertParallelExecutor::SolvePlan(std::span<const int64_t> offsets) {
+  comm::DataChannel& ch = g_->channel_;
+  const int ne = g_->domain_.experts();
+  for (int e = 0; e < ne; ++e) local_loads_[static_cast<size_t>(e)] = offsets[e + 1] - offsets[e];
+  if (absl::Status s = ch.Allgather(local_loads_.data(), loads_.counts.data(), ne,
+                                    comm::DataType::kInt64);
+      !s.ok()) {
+    return Where(s, "exchanging expert loads");
+  }
+  planner::Planner& planner = g_->training_ ? *g_->train_planner_ : *g_->eval_planner_;
+  if (absl::Status s = planner.SolveInto(loads_, layer_, &plan_); !s.ok()) {
+    return Where(s, "planning");
+  }
+  if (g_->options_.check_invariants) {
+    if (absl::Status s = planner::CheckPlanInvariants(g_->domain_, loads_, plan_, g_->invariants_);
+        !s.ok()) {
+      return Where(absl::InternalError(absl::StrCat("the ", g_->options_.policy,
+                                                    " plan breaks an invariant: ", s.message())),
+                   "checking the plan");
+    }
+  }
+  uint64_t fingerprint = planner::PlanFingerprint(plan_);
+  if (g_->FaultAt("plan_hash", layer_)) fingerprint ^= 0x5a5a5a5a5a5a5a5aULL;
+  if (absl::Status s =
+          ch.Allgather(&fingerprint, fingerprints_.data(), 1, comm::DataType::kInt64);
+      !s.ok()) {
+    return Where(s, "comparing plan fingerprints");
+  }
+  for (int r = 1; r < g_->domain_.ranks; ++r) {
+    if (fingerprints_[static_cast<size_t>(r)] != fingerprints_[0]) {
+      return Where(absl::FailedPreconditionError(absl::StrCat(
+                       "ranks disagree on the plan: rank ", r, " solved fingerprint ",
+                       absl::Hex(fingerprints_[static_cast<size_t>(r)]), ", rank 0 solved ",
+                       absl::Hex(fingerprints_[0]),
+                       "; every rank must run the same binary and job spec")),
+                   "comparing plan fingerprints");
+    }
+  }
+  totals_ = loads_.ExpertTotals();
+  return absl::OkStatus();
+}
+
+void ExpertParallelExecutor::PlaceWeights() {
+  const planner::Domain& d = g_->domain_;
+  const int ne = d.experts();
+  placement_.ranks = d.ranks;
+  placement_.experts = ne;
+  placement_.instances.clear();
+  placement_.first.assign(static_cast<size_t>(ne) + 1, 0);
+  std::vector<int32_t> ranks;
+  for (int e = 0; e < ne; ++e) {
+    const int home = d.home_rank(e);
+    ranks.clear();
+    for (int i = plan_.first[e]; i < plan_.first[e + 1]; ++i) {
+      const int r = plan_.instances[static_cast<size_t>(i)].rank;
+      if (r != home) ranks.push_back(r);
+    }
+    std::sort(ranks.begin(), ranks.end());
+    placement_.first[static_cast<size_t>(e)] = static_cast<int32_t>(placement_.instances.size());
+    placement_.instances.push_back({e, home, true});
+    for (const int32_t r : ranks) placement_.instances.push_back({e, r, false});
+  }
+  placement_.first[static_cast<size_t>(ne)] = static_cast<int32_t>(placement_.instances.size());
+  // Slots in expert order; the same placement always gives the same slots.
+  std::fill(slot_of_expert_.begin(), slot_of_expert_.end(), -1);
+  slots_used_ = 0;
+  for (const planner::ExpertInstance& i : placement_.instances) {
+    if (!i.master && i.rank == rank()) slot_of_expert_[static_cast<size_t>(i.expert)] = slots_used_++;
+  }
+  const size_t need = static_cast<size_t>(std::max(slots_used_, 1) * floats());
+  if (slot_weights_.size() < need) {
+    slot_weights_.resize(need);
+    slot_grads_.resize(need);
+  }
+}
+
+absl::Status ExpertParallelExecutor::FanOut() {
+  ExpertParallelStats& st = g_->stats_;
+  const bool current = loaded_version_ == g_->weights_version_ &&
+                       loaded_placement_.instances == placement_.instances &&
+                       loaded_placement_.first == placement_.first;
+  if (current) {
+    ++st.fanouts_skipped;
+    return absl::OkStatus();
+  }
+  relay_->Schedule(placement_, &schedule_);
+  const planner::Domain& d = g_->domain_;
+  const int64_t n = floats();
+  // Pack this rank's masters that have destinations: w13 then w2, the slot layout.
+  std::map<int, std::span<std::byte>> buffers;
+  int origins = 0;
+  for (int e = 0; e < d.experts(); ++e) {
+    if (d.home_rank(e) == rank() && placement_.first[e + 1] - placement_.first[e] > 1) ++origins;
+  }
+  if (staging_.size() < static_cast<size_t>(origins * n)) staging_.resize(static_cast<size_t>(origins * n));
+  int k = 0;
+  for (int e = 0; e < d.experts(); ++e) {
+    if (placement_.first[e + 1] - placement_.first[e] <= 1) continue;
+    if (d.home_rank(e) == rank()) {
+      float* p = staging_.data() + k++ * n;
+      const int local = e - experts_->first();
+      const int64_t n13 = 2 * static_cast<int64_t>(experts_->width()) * experts_->hidden();
+      std::memcpy(p, experts_->w13(local), static_cast<size_t>(n13) * sizeof(float));
+      std::memcpy(p + n13, experts_->w2(local), static_cast<size_t>(n - n13) * sizeof(float));
+      buffers[e] = std::as_writable_bytes(std::span<float>(p, static_cast<size_t>(n)));
+    } else if (const int slot = slot_of_expert_[static_cast<size_t>(e)]; slot >= 0) {
+      buffers[e] = std::as_writable_bytes(std::span<float>(slot_weights(slot), static_cast<size_t>(n)));
+    }
+  }
+  comm::RelayFanoutOptions options;
+  options.chunk_bytes = g_->options_.chunk_bytes;
+  absl::StatusOr<comm::RelayFanoutStats> run = comm::RunRelayFanout(
+      g_->channel_, schedule_, n * static_cast<int64_t>(sizeof(float)), buffers, options);
+  if (!run.ok()) return Where(run.status(), "fanning out replica weights");
+  st.fanout_bytes += run->bytes_sent;
+  ++st.fanouts;
+  loaded_placement_.instances = placement_.instances;
+  loaded_placement_.first = placement_.first;
+  loaded_version_ = g_->weights_version_;
+  return absl::OkStatus();
+}
+
+const float* ExpertParallelExecutor::W13(const comm::TokenDispatch::LocalBatch& b) {
+  const int slot = slot_of_expert_[static_cast<size_t>(b.expert)];
+  return slot >= 0 ? slot_weights(slot) : experts_->w13(b.expert - experts_->first());
+}
+const float* ExpertParallelExecutor::W2(const comm::TokenDispatch::LocalBatch& b) {
+  const int slot = slot_of_expert_[static_cast<size_t>(b.expert)];
+  return slot >= 0 ? slot_weights(slot) + 2 * experts_->width() * experts_->hidden()
+                   : experts_->w2(b.expert - experts_->first());
+}
+float* ExpertParallelExecutor::DW13(const comm::TokenDispatch::LocalBatch& b) {
+  const int slot = slot_of_expert_[static_cast<size_t>(b.expert)];
+  return slot >= 0 ? slot_grads(slot) : experts_->dw13(b.expert - experts_->first());
+}
+float* ExpertParallelExecutor::DW2(const comm::TokenDispatch::LocalBatch& b) {
+  const int slot = slot_of_expert_[static_cast<size_t>(b.expert)];
+  return slot >= 0 ? slot_grads(slot) + 2 * experts_->width() * experts_->hidden()
+                   : experts_->dw2(b.expert - experts_->first());
+}
+
+absl::Status ExpertParallelExecutor::Forward(std::span<const int64_t> offsets,
+                                             const float* dispatched, float* expert_out) {
+  ExpertParallelStats& st = g_->stats_;
+  if (g_->FaultAt("exit", layer_)) std::_Exit(3);
+  if (g_->FaultAt("stall", layer_)) {
+    std::this_thread::sleep_for(
+        absl::ToChronoSeconds(2 * g_->channel_.timeout() + absl::Seconds(5)));
+  }
+  double t0 = Now();
+  if (absl::Status s = SolvePlan(offsets); !s.ok()) return s;
+  const planner::Domain& d = g_->domain_;
+  ExpertParallelStats::Layer& ls = st.layers[static_cast<size_t>(layer_)];
+  ++ls.microbatches;
+  ls.imbalance_before += planner::Imbalance(planner::HomeRankLoads(d, loads_));
+  ls.imbalance_after += planner::Imbalance(plan_.RankLoads());
+  ls.replicas += plan_.num_replicas();
+  if (g_->training_ && g_->trace_.has_value()) {
+    planner::TraceEntry entry;
+    entry.microbatch = g_->microbatch_;
+    entry.layer = layer_;
+    entry.loads = loads_;
+    if (absl::Status s = g_->trace_->Append(entry); !s.ok()) return Where(s, "recording loads");
+  }
+  double t1 = Now();
+  st.plan_s += t1 - t0;
+
+  PlaceWeights();
+  if (absl::Status s = FanOut(); !s.ok()) return s;
+  // Replica gradients of this microbatch start from zero.
+  std::fill(slot_grads_.begin(), slot_grads_.begin() + slots_used_ * floats(), 0.0f);
+  t0 = Now();
+  st.fanout_s += t0 - t1;
+
+  // Rows of the dispatched buffer are this rank's "tokens", one expert each.
+  const int64_t rows = offsets.back();
+  routing_.num_tokens = rows;
+  routing_.top_k = 1;
+  routing_.expert.resize(static_cast<size_t>(rows));
+  for (int e = 0; e < d.experts(); ++e) {
+    std::fill(routing_.expert.begin() + offsets[e], routing_.expert.begin() + offsets[e + 1], e);
+  }
+  absl::StatusOr<comm::TokenDispatch> dispatch =
+      comm::TokenDispatch::Create(plan_, rank(), routing_);
+  if (!dispatch.ok()) return Where(dispatch.status(), "laying out the token dispatch");
+  dispatch_.emplace(*std::move(dispatch));
+  const int c = experts_->width(), f = experts_->hidden();
+  const int64_t er = dispatch_->expert_rows();
+  const int64_t alloc = std::max<int64_t>(er, 1);
+  in_.Resize({alloc, c});
+  out_.Resize({alloc, c});
+  h13_.Resize({alloc, 2 * f});
+  act_.Resize({alloc, f});
+  if (absl::Status s = dispatch_->DispatchTokens(
+          g_->channel_, {dispatched, static_cast<size_t>(rows * c)}, c,
+          {in_.data(), static_cast<size_t>(er * c)});
+      !s.ok()) {
+    return Where(s, "dispatching tokens");
+  }
+  t1 = Now();
+  st.dispatch_s += t1 - t0;
+
+  const auto& batches = dispatch_->local_batches();
+  batch_offsets_.resize(batches.size() + 1);
+  batch_offsets_[0] = 0;
+  for (size_t i = 0; i < batches.size(); ++i) batch_offsets_[i + 1] = batches[i].offset + batches[i].rows;
+  RunExpertBatches(batch_offsets_, static_cast<int64_t>(c) * f, &cold_, [&](int i) {
+    const comm::TokenDispatch::LocalBatch& b = batches[static_cast<size_t>(i)];
+    const int64_t r0 = b.offset;
+    SwigluForward(c, f, W13(b), W2(b), b.rows, in_.data() + r0 * c, h13_.data() + r0 * 2 * f,
+                  act_.data() + r0 * f, out_.data() + r0 * c);
+  });
+  st.expert_rows += er;
+  t0 = Now();
+  st.expert_s += t0 - t1;
+  if (absl::Status s = dispatch_->Combine(g_->channel_, {out_.data(), static_cast<size_t>(er * c)},
+                                          c, {expert_out, static_cast<size_t>(rows * c)});
+      !s.ok()) {
+    return Where(s, "combining expert outputs");
+  }
+  st.dispatch_s += Now() - t0;
+  return absl::OkStatus();
+}
+
+absl::Status ExpertParallelExecutor::Backward(std::span<const int64_t> offsets,
+                                              const float* dexpert_out, float* ddispatched) {
+  ExpertParallelStats& st = g_->stats_;
+  if (!dispatch_.has_value()) {
+    return absl::FailedPreconditionError("expert-parallel Backward without a Forward");
+  }
+  const int c = experts_->width(), f = experts_->hidden();
+  const int64_t rows = offsets.back();
+  const int64_t er = dispatch_->expert_rows();
+  const int64_t alloc = std::max<int64_t>(er, 1);
+  dy_.Resize({alloc, c});
+  dx_.Resize({alloc, c});
+  dh13_.Resize({alloc, 2 * f});
+  dact_.Resize({alloc, f});
+  double t0 = Now();
+  if (absl::Status s = dispatch_->DispatchSlots(
+          g_->channel_, {dexpert_out, static_cast<size_t>(rows * c)}, c,
+          {dy_.data(), static_cast<size_t>(er * c)});
+      !s.ok()) {
+    return Where(s, "dispatching output gradients");
+  }
+  double t1 = Now();
+  st.dispatch_s += t1 - t0;
+  const auto& batches = dispatch_->local_batches();
+  RunExpertBatches(batch_offsets_, static_cast<int64_t>(c) * f, &cold_, [&](int i) {
+    const comm::TokenDispatch::LocalBatch& b = batches[static_cast<size_t>(i)];
+    const int64_t r0 = b.offset;
+    SwigluBackward(c, f, W13(b), W2(b), DW13(b), DW2(b), b.rows, in_.data() + r0 * c,
+                   h13_.data() + r0 * 2 * f, act_.data() + r0 * f, dy_.data() + r0 * c,
+                   dh13_.data() + r0 * 2 * f, dact_.data() + r0 * f, dx_.data() + r0 * c);
+  });
+  t0 = Now();
+  st.expert_s += t0 - t1;
+  if (absl::Status s = dispatch_->Combine(g_->channel_, {dx_.data(), static_cast<size_t>(er * c)},
+                                          c, {ddispatched, static_cast<size_t>(rows * c)});
+      !s.ok()) {
+    return Where(s, "combining input gradients");
+  }
+  t1 = Now();
+  st.dispatch_s += t1 - t0;
+  absl::Status s = ReduceReplicaGradients();
+  st.reduce_s += Now() - t1;
+  return s;
+}
+
+absl::Status ExpertParallelExecutor::ReduceReplicaGradients() {
+  const planner::Domain& d = g_->domain_;
+  comm::DataChannel& ch = g_->channel_;
+  const int64_t n = floats();
+  // Every replica placement (expert e on a rank other than its home) sends its gradient
+  // home; the home receives them into staging in placement order.
+  int incoming = 0;
+  for (int e = 0; e < d.experts(); ++e) {
+    if (d.home_rank(e) == rank()) incoming += placement_.first[e + 1] - placement_.first[e] - 1;
+  }
+  if (staging_.size() < static_cast<size_t>(incoming * n)) staging_.resize(static_cast<size_t>(incoming * n));
+  std::vector<std::unique_ptr<comm::Request>> requests;
+  std::vector<std::pair<int, int>> received;  // (expert, staging index) in placement order
+  int k = 0;
+  for (int e = 0; e < d.experts(); ++e) {
+    const int home = d.home_rank(e);
+    for (int i = placement_.first[e] + 1; i < placement_.first[e + 1]; ++i) {
+      const int r = placement_.instances[static_cast<size_t>(i)].rank;
+      absl::StatusOr<std::unique_ptr<comm::Request>> req;
+      if (r == rank()) {
+        req = ch.Isend(slot_grads(slot_of_expert_[static_cast<size_t>(e)]), n,
+                       comm::DataType::kFloat32, home, kGradTag + e);
+        g_->stats_.reduce_bytes += n * static_cast<int64_t>(sizeof(float));
+      } else if (home == rank()) {
+        req = ch.Irecv(staging_.data() + k * n, n, comm::DataType::kFloat32, r, kGradTag + e);
+        received.emplace_back(e, k++);
+      } else {
+        continue;
+      }
+      if (!req.ok()) return Where(req.status(), "reducing replica gradients");
+      requests.push_back(*std::move(req));
+    }
+  }
+  if (absl::Status s = comm::WaitAll(requests, absl::Now() + ch.timeout(),
+                                     "replica gradient reduction");
+      !s.ok()) {
+    return Where(s, "reducing replica gradients");
+  }
+  // Fixed order: the master's own gradient (already accumulated), then replicas by rank.
+  const int64_t n13 = 2 * static_cast<int64_t>(experts_->width()) * experts_->hidden();
+  for (const auto& [e, idx] : received) {
+    const int local = e - experts_->first();
+    const float* g = staging_.data() + idx * n;
+    float* dw13 = experts_->dw13(local);
+    float* dw2 = experts_->dw2(local);
+    for (int64_t j = 0; j < n13; ++j) dw13[j] += g[j];
+    for (int64_t j = n13; j < n; ++j) dw2[j - n13] += g[j];
+  }
+  return absl::OkStatus();
+}
+
+// ------------------------------------------------------------ ExpertParallelGroup
+
+absl::StatusOr<std::unique_ptr<ExpertParallelGroup>> ExpertParallelGroup::Create(
+    comm::DataChannel& channel, Model<float>& model, const ExpertParallelOptions& options) {
+  const ModelConfig& mc = model.config();
+  if (mc.expert_ranks != channel.size() || mc.expert_rank != channel.rank()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the model holds the experts of rank ", mc.expert_rank, " of ", mc.expert_ranks,
+        " but the data channel is rank ", channel.rank(), " of ", channel.size(),
+        "; build the model with expert_rank/expert_ranks from the channel"));
+  }
+  if (mc.moe.experts >= kGradTag) {
+    return absl::InvalidArgumentError(absl::StrCat("model.moe.experts: ", mc.moe.experts,
+                                                   " experts exceed the ", kGradTag,
+                                                   " point-to-point tags expert parallelism uses"));
+  }
+  if (options.slots < 0) return absl::InvalidArgumentError("balancer.slots: must be >= 0");
+  std::unique_ptr<ExpertParallelGroup> g(new ExpertParallelGroup(channel, options));
+  g->domain_ = {channel.size(), mc.moe.experts / channel.size(), options.slots};
+  if (absl::Status s = g->domain_.Validate(); !s.ok()) return s;
+  planner::PlannerOptions po = options.planner;
+  po.expert_bytes = 3 * static_cast<int64_t>(mc.width) * mc.moe.expert_hidden *
+                    static_cast<int64_t>(sizeof(float));
+  for (auto* p : {&g->train_planner_, &g->eval_planner_}) {
+    absl::StatusOr<std::unique_ptr<planner::Planner>> planner =
+        planner::MakePlanner(options.policy, g->domain_, po);
+    if (!planner.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("balancer.policy: ", planner.status().message()));
+    }
+    *p = *std::move(planner);
+  }
+  g->invariants_.masters_at_home = options.policy != "eplb";
+  if (const char* fault = std::getenv("RACKRUN_FAULT"); fault != nullptr && *fault != '\0') {
+    const auto bad = [&] {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "RACKRUN_FAULT='", fault,
+          "' is malformed; use KIND:rank=R,layer=L,microbatch=M with KIND plan_hash, stall or exit"));
+    };
+    const std::pair<std::string, std::string> kind_args =
+        absl::StrSplit(fault, absl::MaxSplits(':', 1));
+    Fault f;
+    f.kind = kind_args.first;
+    if (f.kind != "plan_hash" && f.kind != "stall" && f.kind != "exit") return bad();
+    int found = 0;
+    for (absl::string_view kv : absl::StrSplit(kind_args.second, ',')) {
+      const std::pair<std::string, std::string> p = absl::StrSplit(kv, absl::MaxSplits('=', 1));
+      int64_t v = 0;
+      if (!absl::SimpleAtoi(p.second, &v)) return bad();
+      if (p.first == "rank") {
+        f.rank = static_cast<int>(v);
+      } else if (p.first == "layer") {
+        f.layer = static_cast<int>(v);
+      } else if (p.first == "microbatch") {
+        f.microbatch = v;
+      } else {
+        return bad();
+      }
+      ++found;
+    }
+    if (found != 3) return bad();
+    g->fault_ = f;
+  }
+  if (!options.load_trace.empty() && channel.rank() == 0) {
+    absl::StatusOr<planner::TraceWriter> w = planner::TraceWriter::Open(options.load_trace);
+    if (!w.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("logging.load_trace: ", w.status().message()));
+    }
+    g->trace_.emplace(*std::move(w));
+  }
+  g->stats_.layers.resize(static_cast<size_t>(mc.blocks));
+  for (int b = 0; b < mc.blocks; ++b) {
+    MoeLayer<float>& moe = model.moe(b);
+    auto executor = std::make_unique<ExpertParallelExecutor>(g.get(), b, &moe.experts());
+    moe.SetExecutor(std::move(executor));
+  }
+  return g;
+}
+
+ExpertParallelGroup::~ExpertParallelGroup() { (void)Close(); }
+
+void ExpertParallelGroup::ResetStats() {
+  const size_t layers = stats_.layers.size();
+  stats_ = ExpertParallelStats();
+  stats_.layers.resize(layers);
+}
+
+absl::Status ExpertParallelGroup::Close() {
+  if (!trace_.has_value()) return absl::OkStatus();
+  absl::Status s = trace_->Close();
+  trace_.reset();
+  return s;
+}
+
+bool ExpertParallelGroup::FaultAt(const char* kind, int layer) const {
+  return fault_.has_value() && fault_->kind == kind && fault_->rank == channel_.rank() &&
+         fault_->layer == layer && fault_->microbatch == microbatch_;
+}
+
+}  // namespace rackrun::runtime

@@ -1,0 +1,146 @@
+// Expert parallelism with per-microbatch UltraEP rebalancing (DESIGN.md sections 4 and 5).
+//
+// R ranks each hold E/R master experts of every MoE layer (the model is built with
+// ModelConfig::expert_rank/expert_ranks) plus replica slots. For every microbatch and
+// every MoE layer, each rank's executor:
+//   1. allgathers the exact per-expert loads of its tokens (an R x E load matrix);
+//   2. solves the plan with the job's policy (every rank solves the same plan in-band),
+//      checks it with the planner's invariant checker, and allgathers the plan's
+//      fingerprint: ranks that disagree stop the job naming the ranks, layer and
+//      microbatch;
+//   3. fans replica weights out from the masters' ranks along the relay schedule
+//      (RelayFanout), unless the slots already hold the same experts at the same weight
+//      version (EPLB keeps a placement for many microbatches; weights change only at
+//      optimizer steps);
+//   4. dispatches every routed token to the instance the plan's per-source split names
+//      (one all-to-all-v), runs the local instances (masters from the shard, replicas from
+//      the slots) and combines the results back in the original order.
+// Backward mirrors it; each replica's weight gradient is then sent to the expert's home
+// rank, which adds them to the master's gradient in a fixed order (the master's own
+// contribution first, then replicas by ascending rank): deterministic, no atomics.
+//
+// Weights live at the home rank (rank e / (E/R) for expert e); an instance the plan puts
+// anywhere else receives them by fan-out. For ultraep and none that is exactly the plan's
+// replicas; EPLB may also move a master, which is executed the same way (its weights and
+// gradient stay at home; the bytes EPLB would move are reported by the planner).
+// Replica slots are kept per layer so that backward finds the weights forward used.
+//
+// Fault injection for tests (RACKRUN_FAULT="KIND:rank=R,layer=L,microbatch=M"): KIND
+// plan_hash perturbs rank R's plan fingerprint, stall makes rank R sleep past the channel
+// timeout before the load exchange, exit ends rank R's process there.
+#ifndef RACKRUN_RUNTIME_EXPERT_PARALLEL_H_
+#define RACKRUN_RUNTIME_EXPERT_PARALLEL_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "comm/data_channel.h"
+#include "planner/invariants.h"
+#include "planner/plan.h"
+#include "planner/planner.h"
+#include "planner/trace.h"
+#include "runtime/model.h"
+
+namespace rackrun::runtime {
+
+struct ExpertParallelOptions {
+  std::string policy = "none";  // none | ultraep | eplb
+  int slots = 2;                // replica slots per rank and layer
+  // eps, minimum replica tokens, locality, EPLB window/interval and the fan-out rule.
+  // expert_bytes is filled in from the model.
+  planner::PlannerOptions planner;
+  // Run the planner's invariant checker on every plan before executing it.
+  bool check_invariants = true;
+  int64_t chunk_bytes = 256 << 10;  // fan-out chunk
+  // Rank 0 appends every training microbatch's load matrix here (planner trace format);
+  // empty = off.
+  std::string load_trace;
+};
+
+// Sums since the last ResetStats (the trainer resets once per optimizer step). Times
+// are this rank's wall-clock seconds.
+struct ExpertParallelStats {
+  struct Layer {
+    int64_t microbatches = 0;
+    double imbalance_before = 0;  // sum of max/mean rank load with masters only
+    double imbalance_after = 0;   // sum of max/mean rank load under the executed plan
+    int64_t replicas = 0;         // sum of replica instances
+  };
+  std::vector<Layer> layers;
+  double plan_s = 0;      // load allgather + solve + invariant check + fingerprint check
+  double fanout_s = 0;    // replica weights to their ranks
+  double dispatch_s = 0;  // token all-to-alls (dispatch and combine, forward and backward)
+  double expert_s = 0;    // local expert compute, masters and replicas
+  double reduce_s = 0;    // replica gradients into the masters
+  int64_t fanout_bytes = 0;  // weight bytes this rank sent
+  int64_t fanouts = 0;       // fan-outs run
+  int64_t fanouts_skipped = 0;  // fan-outs not needed: slots already current
+  int64_t reduce_bytes = 0;     // replica gradient bytes this rank sent
+  int64_t expert_rows = 0;      // token rows this rank's instances processed (forward)
+};
+
+class ExpertParallelExecutor;
+
+// The expert-parallel group of one model replica on one rank: owns the planners, the
+// statistics and the trace, and installs an ExpertParallelExecutor in every MoE layer of
+// `model`. The channel and the model must outlive the group; the model's executors must
+// not run after the group is destroyed.
+class ExpertParallelGroup {
+ public:
+  // InvalidArgument naming the field when the model's shard does not match the channel
+  // (expert_rank/expert_ranks vs rank/size), the policy is unknown, or RACKRUN_FAULT is
+  // malformed; an error if the load trace cannot be opened.
+  static absl::StatusOr<std::unique_ptr<ExpertParallelGroup>> Create(
+      comm::DataChannel& channel, Model<float>& model, const ExpertParallelOptions& options);
+  ~ExpertParallelGroup();
+
+  // Names the microbatch in errors and traces. Training microbatches use the training
+  // planner (EPLB's history); evaluation ones a separate planner of the same policy.
+  void BeginMicrobatch(int64_t microbatch, bool training) {
+    microbatch_ = microbatch;
+    training_ = training;
+  }
+  // After every optimizer step: replica weights held in slots are stale.
+  void WeightsChanged() { ++weights_version_; }
+
+  const ExpertParallelStats& stats() const { return stats_; }
+  void ResetStats();
+  // Flushes and closes the load trace (also done by the destructor, errors dropped).
+  absl::Status Close();
+
+  const planner::Domain& domain() const { return domain_; }
+  comm::DataChannel& channel() { return channel_; }
+
+ private:
+  friend class ExpertParallelExecutor;
+  struct Fault {
+    std::string kind;  // plan_hash | stall | exit
+    int rank = -1, layer = -1;
+    int64_t microbatch = -1;
+  };
+
+  ExpertParallelGroup(comm::DataChannel& channel, const ExpertParallelOptions& options)
+      : channel_(channel), options_(options) {}
+  bool FaultAt(const char* kind, int layer) const;
+
+  comm::DataChannel& channel_;
+  ExpertParallelOptions options_;
+  planner::Domain domain_;
+  planner::InvariantOptions invariants_;
+  std::unique_ptr<planner::Planner> train_planner_, eval_planner_;
+  std::optional<planner::TraceWriter> trace_;
+  std::optional<Fault> fault_;
+  ExpertParallelStats stats_;
+  int64_t microbatch_ = 0;
+  bool training_ = true;
+  int64_t weights_version_ = 0;
+};
+
+}  // namespace rackrun::runtime
+
+#endif  // RACKRUN_RUNTIME_EXPERT_PARALLEL_H_
