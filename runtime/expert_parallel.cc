@@ -100,17 +100,18 @@ class ExpertParallelExecutor final : public ExpertExecutor<float> {
 };
 
 absl::Status ExpertParallelExecutor::Where(const absl::Status& s, absl::string_view phase) const {
-  return absl::Status(s.code(), absl::StrCat("rank ", rank(), " of ", g_->domain_.ranks,
-                                             ", MoE layer ", layer_, ", microbatch ",
-                                             g_->microbatch_, ", ", phase, ": ", s.message()));
+  return absl::Status(
+      s.code(), absl::StrCat("rank ", rank(), " of ", g_->domain_.ranks, ", MoE layer ", layer_,
+                             g_->training_ ? ", microbatch " : ", evaluation microbatch ",
+                             g_->microbatch_, ", ", phase, ": ", s.message()));
 }
 
 absl::Status ExpertParallelExecutor::SolvePlan(std::span<const int64_t> offsets) {
   comm::DataChannel& ch = g_->channel_;
   const int ne = g_->domain_.experts();
   for (int e = 0; e < ne; ++e) local_loads_[static_cast<size_t>(e)] = offsets[e + 1] - offsets[e];
-  if (absl::Status s = ch.Allgather(local_loads_.data(), loads_.counts.data(), ne,
-                                    comm::DataType::kInt64);
+  if (absl::Status s =
+          ch.Allgather(local_loads_.data(), loads_.counts.data(), ne, comm::DataType::kInt64);
       !s.ok()) {
     return Where(s, "exchanging expert loads");
   }
@@ -128,19 +129,18 @@ absl::Status ExpertParallelExecutor::SolvePlan(std::span<const int64_t> offsets)
   }
   uint64_t fingerprint = planner::PlanFingerprint(plan_);
   if (g_->FaultAt("plan_hash", layer_)) fingerprint ^= 0x5a5a5a5a5a5a5a5aULL;
-  if (absl::Status s =
-          ch.Allgather(&fingerprint, fingerprints_.data(), 1, comm::DataType::kInt64);
+  if (absl::Status s = ch.Allgather(&fingerprint, fingerprints_.data(), 1, comm::DataType::kInt64);
       !s.ok()) {
     return Where(s, "comparing plan fingerprints");
   }
   for (int r = 1; r < g_->domain_.ranks; ++r) {
     if (fingerprints_[static_cast<size_t>(r)] != fingerprints_[0]) {
-      return Where(absl::FailedPreconditionError(absl::StrCat(
-                       "ranks disagree on the plan: rank ", r, " solved fingerprint ",
-                       absl::Hex(fingerprints_[static_cast<size_t>(r)]), ", rank 0 solved ",
-                       absl::Hex(fingerprints_[0]),
-                       "; every rank must run the same binary and job spec")),
-                   "comparing plan fingerprints");
+      return Where(
+          absl::FailedPreconditionError(absl::StrCat(
+              "ranks disagree on the plan: rank ", r, " solved fingerprint ",
+              absl::Hex(fingerprints_[static_cast<size_t>(r)]), ", rank 0 solved ",
+              absl::Hex(fingerprints_[0]), "; every rank must run the same binary and job spec")),
+          "comparing plan fingerprints");
     }
   }
   totals_ = loads_.ExpertTotals();
@@ -172,7 +172,8 @@ void ExpertParallelExecutor::PlaceWeights() {
   std::fill(slot_of_expert_.begin(), slot_of_expert_.end(), -1);
   slots_used_ = 0;
   for (const planner::ExpertInstance& i : placement_.instances) {
-    if (!i.master && i.rank == rank()) slot_of_expert_[static_cast<size_t>(i.expert)] = slots_used_++;
+    if (!i.master && i.rank == rank())
+      slot_of_expert_[static_cast<size_t>(i.expert)] = slots_used_++;
   }
   const size_t need = static_cast<size_t>(std::max(slots_used_, 1) * floats());
   if (slot_weights_.size() < need) {
@@ -199,7 +200,8 @@ absl::Status ExpertParallelExecutor::FanOut() {
   for (int e = 0; e < d.experts(); ++e) {
     if (d.home_rank(e) == rank() && placement_.first[e + 1] - placement_.first[e] > 1) ++origins;
   }
-  if (staging_.size() < static_cast<size_t>(origins * n)) staging_.resize(static_cast<size_t>(origins * n));
+  if (staging_.size() < static_cast<size_t>(origins * n))
+    staging_.resize(static_cast<size_t>(origins * n));
   int k = 0;
   for (int e = 0; e < d.experts(); ++e) {
     if (placement_.first[e + 1] - placement_.first[e] <= 1) continue;
@@ -211,7 +213,8 @@ absl::Status ExpertParallelExecutor::FanOut() {
       std::memcpy(p + n13, experts_->w2(local), static_cast<size_t>(n - n13) * sizeof(float));
       buffers[e] = std::as_writable_bytes(std::span<float>(p, static_cast<size_t>(n)));
     } else if (const int slot = slot_of_expert_[static_cast<size_t>(e)]; slot >= 0) {
-      buffers[e] = std::as_writable_bytes(std::span<float>(slot_weights(slot), static_cast<size_t>(n)));
+      buffers[e] =
+          std::as_writable_bytes(std::span<float>(slot_weights(slot), static_cast<size_t>(n)));
     }
   }
   comm::RelayFanoutOptions options;
@@ -298,9 +301,9 @@ absl::Status ExpertParallelExecutor::Forward(std::span<const int64_t> offsets,
   out_.Resize({alloc, c});
   h13_.Resize({alloc, 2 * f});
   act_.Resize({alloc, f});
-  if (absl::Status s = dispatch_->DispatchTokens(
-          g_->channel_, {dispatched, static_cast<size_t>(rows * c)}, c,
-          {in_.data(), static_cast<size_t>(er * c)});
+  if (absl::Status s =
+          dispatch_->DispatchTokens(g_->channel_, {dispatched, static_cast<size_t>(rows * c)}, c,
+                                    {in_.data(), static_cast<size_t>(er * c)});
       !s.ok()) {
     return Where(s, "dispatching tokens");
   }
@@ -310,7 +313,8 @@ absl::Status ExpertParallelExecutor::Forward(std::span<const int64_t> offsets,
   const auto& batches = dispatch_->local_batches();
   batch_offsets_.resize(batches.size() + 1);
   batch_offsets_[0] = 0;
-  for (size_t i = 0; i < batches.size(); ++i) batch_offsets_[i + 1] = batches[i].offset + batches[i].rows;
+  for (size_t i = 0; i < batches.size(); ++i)
+    batch_offsets_[i + 1] = batches[i].offset + batches[i].rows;
   RunExpertBatches(batch_offsets_, static_cast<int64_t>(c) * f, &cold_, [&](int i) {
     const comm::TokenDispatch::LocalBatch& b = batches[static_cast<size_t>(i)];
     const int64_t r0 = b.offset;
@@ -344,9 +348,9 @@ absl::Status ExpertParallelExecutor::Backward(std::span<const int64_t> offsets,
   dh13_.Resize({alloc, 2 * f});
   dact_.Resize({alloc, f});
   double t0 = Now();
-  if (absl::Status s = dispatch_->DispatchSlots(
-          g_->channel_, {dexpert_out, static_cast<size_t>(rows * c)}, c,
-          {dy_.data(), static_cast<size_t>(er * c)});
+  if (absl::Status s =
+          dispatch_->DispatchSlots(g_->channel_, {dexpert_out, static_cast<size_t>(rows * c)}, c,
+                                   {dy_.data(), static_cast<size_t>(er * c)});
       !s.ok()) {
     return Where(s, "dispatching output gradients");
   }
@@ -384,7 +388,8 @@ absl::Status ExpertParallelExecutor::ReduceReplicaGradients() {
   for (int e = 0; e < d.experts(); ++e) {
     if (d.home_rank(e) == rank()) incoming += placement_.first[e + 1] - placement_.first[e] - 1;
   }
-  if (staging_.size() < static_cast<size_t>(incoming * n)) staging_.resize(static_cast<size_t>(incoming * n));
+  if (staging_.size() < static_cast<size_t>(incoming * n))
+    staging_.resize(static_cast<size_t>(incoming * n));
   std::vector<std::unique_ptr<comm::Request>> requests;
   std::vector<std::pair<int, int>> received;  // (expert, staging index) in placement order
   int k = 0;
@@ -407,8 +412,8 @@ absl::Status ExpertParallelExecutor::ReduceReplicaGradients() {
       requests.push_back(*std::move(req));
     }
   }
-  if (absl::Status s = comm::WaitAll(requests, absl::Now() + ch.timeout(),
-                                     "replica gradient reduction");
+  if (absl::Status s =
+          comm::WaitAll(requests, absl::Now() + ch.timeout(), "replica gradient reduction");
       !s.ok()) {
     return Where(s, "reducing replica gradients");
   }
@@ -436,32 +441,54 @@ absl::StatusOr<std::unique_ptr<ExpertParallelGroup>> ExpertParallelGroup::Create
         " but the data channel is rank ", channel.rank(), " of ", channel.size(),
         "; build the model with expert_rank/expert_ranks from the channel"));
   }
-  if (mc.moe.experts >= kGradTag) {
-    return absl::InvalidArgumentError(absl::StrCat("model.moe.experts: ", mc.moe.experts,
+  std::vector<MoeLayer<float>*> layers;
+  for (int b = 0; b < mc.blocks; ++b) layers.push_back(&model.moe(b));
+  return Create(channel, layers, options);
+}
+
+absl::StatusOr<std::unique_ptr<ExpertParallelGroup>> ExpertParallelGroup::Create(
+    comm::DataChannel& channel, const std::vector<MoeLayer<float>*>& layers,
+    const ExpertParallelOptions& options) {
+  if (layers.empty()) return absl::InvalidArgumentError("expert parallelism needs a MoE layer");
+  const MoeLayerConfig& mc = layers[0]->config();
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const SwigluExperts<float>& x = layers[i]->experts();
+    const int per_rank = mc.experts / channel.size();
+    if (mc.experts % channel.size() != 0 || x.count() != per_rank ||
+        x.first() != channel.rank() * per_rank) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "MoE layer ", i, " holds experts [", x.first(), ", ", x.first() + x.count(), ") of ",
+          mc.experts, ", not rank ", channel.rank(), "'s shard of ", channel.size(),
+          " ranks; build it with expert_first/local_experts from the channel"));
+    }
+  }
+  if (mc.experts >= kGradTag) {
+    return absl::InvalidArgumentError(absl::StrCat("model.moe.experts: ", mc.experts,
                                                    " experts exceed the ", kGradTag,
                                                    " point-to-point tags expert parallelism uses"));
   }
   if (options.slots < 0) return absl::InvalidArgumentError("balancer.slots: must be >= 0");
   std::unique_ptr<ExpertParallelGroup> g(new ExpertParallelGroup(channel, options));
-  g->domain_ = {channel.size(), mc.moe.experts / channel.size(), options.slots};
+  g->domain_ = {channel.size(), mc.experts / channel.size(), options.slots};
   if (absl::Status s = g->domain_.Validate(); !s.ok()) return s;
   planner::PlannerOptions po = options.planner;
-  po.expert_bytes = 3 * static_cast<int64_t>(mc.width) * mc.moe.expert_hidden *
-                    static_cast<int64_t>(sizeof(float));
+  po.expert_bytes = layers[0]->experts().expert_floats() * static_cast<int64_t>(sizeof(float));
   for (auto* p : {&g->train_planner_, &g->eval_planner_}) {
     absl::StatusOr<std::unique_ptr<planner::Planner>> planner =
         planner::MakePlanner(options.policy, g->domain_, po);
     if (!planner.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("balancer.policy: ", planner.status().message()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("balancer.policy: ", planner.status().message()));
     }
     *p = *std::move(planner);
   }
   g->invariants_.masters_at_home = options.policy != "eplb";
   if (const char* fault = std::getenv("RACKRUN_FAULT"); fault != nullptr && *fault != '\0') {
     const auto bad = [&] {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "RACKRUN_FAULT='", fault,
-          "' is malformed; use KIND:rank=R,layer=L,microbatch=M with KIND plan_hash, stall or exit"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("RACKRUN_FAULT='", fault,
+                       "' is malformed; use KIND:rank=R,layer=L,microbatch=M with KIND plan_hash, "
+                       "stall or exit"));
     };
     const std::pair<std::string, std::string> kind_args =
         absl::StrSplit(fault, absl::MaxSplits(':', 1));
@@ -494,11 +521,10 @@ absl::StatusOr<std::unique_ptr<ExpertParallelGroup>> ExpertParallelGroup::Create
     }
     g->trace_.emplace(*std::move(w));
   }
-  g->stats_.layers.resize(static_cast<size_t>(mc.blocks));
-  for (int b = 0; b < mc.blocks; ++b) {
-    MoeLayer<float>& moe = model.moe(b);
-    auto executor = std::make_unique<ExpertParallelExecutor>(g.get(), b, &moe.experts());
-    moe.SetExecutor(std::move(executor));
+  g->stats_.layers.resize(layers.size());
+  for (size_t b = 0; b < layers.size(); ++b) {
+    layers[b]->SetExecutor(std::make_unique<ExpertParallelExecutor>(g.get(), static_cast<int>(b),
+                                                                    &layers[b]->experts()));
   }
   return g;
 }

@@ -72,13 +72,13 @@ struct ExpertParallelStats {
     int64_t replicas = 0;         // sum of replica instances
   };
   std::vector<Layer> layers;
-  double plan_s = 0;      // load allgather + solve + invariant check + fingerprint check
-  double fanout_s = 0;    // replica weights to their ranks
-  double dispatch_s = 0;  // token all-to-alls (dispatch and combine, forward and backward)
-  double expert_s = 0;    // local expert compute, masters and replicas
-  double reduce_s = 0;    // replica gradients into the masters
-  int64_t fanout_bytes = 0;  // weight bytes this rank sent
-  int64_t fanouts = 0;       // fan-outs run
+  double plan_s = 0;            // load allgather + solve + invariant check + fingerprint check
+  double fanout_s = 0;          // replica weights to their ranks
+  double dispatch_s = 0;        // token all-to-alls (dispatch and combine, forward and backward)
+  double expert_s = 0;          // local expert compute, masters and replicas
+  double reduce_s = 0;          // replica gradients into the masters
+  int64_t fanout_bytes = 0;     // weight bytes this rank sent
+  int64_t fanouts = 0;          // fan-outs run
   int64_t fanouts_skipped = 0;  // fan-outs not needed: slots already current
   int64_t reduce_bytes = 0;     // replica gradient bytes this rank sent
   int64_t expert_rows = 0;      // token rows this rank's instances processed (forward)
@@ -97,6 +97,11 @@ class ExpertParallelGroup {
   // malformed; an error if the load trace cannot be opened.
   static absl::StatusOr<std::unique_ptr<ExpertParallelGroup>> Create(
       comm::DataChannel& channel, Model<float>& model, const ExpertParallelOptions& options);
+  // The same for bare MoE layers (layer i of `layers` is MoE layer i); every layer must
+  // hold the shard of rank channel.rank() of channel.size().
+  static absl::StatusOr<std::unique_ptr<ExpertParallelGroup>> Create(
+      comm::DataChannel& channel, const std::vector<MoeLayer<float>*>& layers,
+      const ExpertParallelOptions& options);
   ~ExpertParallelGroup();
 
   // Names the microbatch in errors and traces. Training microbatches use the training

@@ -8,9 +8,9 @@
 #include <cstring>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
 #include "runtime/checkpoint.h"
 
@@ -74,24 +74,22 @@ absl::Status During(const absl::Status& s, absl::string_view what) {
 std::string StepRecord::ToJson() const {
   std::vector<std::string> loads;
   for (const double l : expert_load_max_over_mean) loads.push_back(JsonNumber(l));
-  return absl::StrCat("{\"step\": ", step, ", \"loss\": ", JsonNumber(loss),
-                      ", \"val_loss\": ", val_loss ? JsonNumber(*val_loss) : "null",
-                      ", \"tokens_per_s\": ", JsonNumber(tokens_per_s),
-                      ", \"lr\": ", JsonNumber(lr), ", \"grad_norm\": ", JsonNumber(grad_norm),
-                      ", \"elapsed_s\": ", JsonNumber(elapsed_s),
-                      ", \"aux_loss\": ", JsonNumber(aux_loss),
-                      ", \"expert_load_max_over_mean\": [", absl::StrJoin(loads, ", "), "]",
-                      ranks > 1 ? absl::StrCat(
-                                      ", \"ranks\": ", ranks,
-                                      ", \"rank_imbalance_before\": ", JsonArray(rank_imbalance_before),
-                                      ", \"rank_imbalance_after\": ", JsonArray(rank_imbalance_after),
-                                      ", \"replicas\": ", JsonNumber(replicas),
-                                      ", \"plan_s\": ", JsonNumber(plan_s),
-                                      ", \"fanout_s\": ", JsonNumber(fanout_s),
-                                      ", \"dispatch_s\": ", JsonNumber(dispatch_s),
-                                      ", \"replica_reduce_s\": ", JsonNumber(reduce_s))
-                                : std::string(),
-                      "}");
+  return absl::StrCat(
+      "{\"step\": ", step, ", \"loss\": ", JsonNumber(loss),
+      ", \"val_loss\": ", val_loss ? JsonNumber(*val_loss) : "null",
+      ", \"tokens_per_s\": ", JsonNumber(tokens_per_s), ", \"lr\": ", JsonNumber(lr),
+      ", \"grad_norm\": ", JsonNumber(grad_norm), ", \"elapsed_s\": ", JsonNumber(elapsed_s),
+      ", \"aux_loss\": ", JsonNumber(aux_loss), ", \"expert_load_max_over_mean\": [",
+      absl::StrJoin(loads, ", "), "]",
+      ranks > 1 ? absl::StrCat(", \"ranks\": ", ranks,
+                               ", \"rank_imbalance_before\": ", JsonArray(rank_imbalance_before),
+                               ", \"rank_imbalance_after\": ", JsonArray(rank_imbalance_after),
+                               ", \"replicas\": ", JsonNumber(replicas), ", \"plan_s\": ",
+                               JsonNumber(plan_s), ", \"fanout_s\": ", JsonNumber(fanout_s),
+                               ", \"dispatch_s\": ", JsonNumber(dispatch_s),
+                               ", \"replica_reduce_s\": ", JsonNumber(reduce_s))
+                : std::string(),
+      "}");
 }
 
 std::string StepRecord::ToLogLine(int64_t total_steps) const {
@@ -116,7 +114,7 @@ std::string StepRecord::ToLogLine(int64_t total_steps) const {
 }
 
 absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const rackrun::v1::JobSpec& spec,
-                                                          comm::DataChannel* channel) {
+                                                         comm::DataChannel* channel) {
   std::unique_ptr<Trainer> t(new Trainer());
   t->spec_ = spec;
   t->config_ = TrainConfigFromSpec(spec);
@@ -125,34 +123,36 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const rackrun::v1::JobS
   const int ranks = channel != nullptr ? channel->size() : 1;
   if (ranks > 1) t->channel_ = channel;
   if (spec.resources().ranks() > 0 && spec.resources().ranks() != ranks) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "resources.ranks: the spec asks for ", spec.resources().ranks(), " ranks but the job runs on ",
-        ranks, ranks == 1 ? " (one process; launch with mpirun -np N or srun -n N)" : "",
-        "; set resources.ranks to 0 (as launched) or launch that many ranks"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("resources.ranks: the spec asks for ", spec.resources().ranks(),
+                     " ranks but the job runs on ", ranks,
+                     ranks == 1 ? " (one process; launch with mpirun -np N or srun -n N)" : "",
+                     "; set resources.ranks to 0 (as launched) or launch that many ranks"));
   }
   t->spec_.mutable_resources()->set_ranks(ranks);
   if (ranks > 1) {
     // Every rank must run the same job: compare what shapes the computation.
-    const std::string shape = absl::StrCat(
-        spec.model().SerializeAsString(), "|", spec.balancer().SerializeAsString(), "|",
-        spec.training().SerializeAsString(), "|", c.batch_size, "|", c.seq_len);
+    const std::string shape =
+        absl::StrCat(spec.model().SerializeAsString(), "|", spec.balancer().SerializeAsString(),
+                     "|", spec.training().SerializeAsString(), "|", c.batch_size, "|", c.seq_len);
     const uint64_t mine = Fnv1a(shape);
     std::vector<uint64_t> all(static_cast<size_t>(ranks));
-    if (absl::Status s = channel->Allgather(&mine, all.data(), 1, comm::DataType::kInt64); !s.ok()) {
+    if (absl::Status s = channel->Allgather(&mine, all.data(), 1, comm::DataType::kInt64);
+        !s.ok()) {
       return During(s, "comparing job specs across ranks");
     }
     for (int r = 1; r < ranks; ++r) {
       if (all[static_cast<size_t>(r)] != all[0]) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "rank ", r, "'s job spec differs from rank 0's in the model, balancer, training or "
-            "batch shape; start every rank with the same spec and --set overrides"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("rank ", r,
+                         "'s job spec differs from rank 0's in the model, balancer, training or "
+                         "batch shape; start every rank with the same spec and --set overrides"));
       }
     }
     if (c.batch_size % ranks != 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("data.batch_size: the global microbatch of ", c.batch_size,
-                       " sequences cannot be split evenly over ", ranks,
-                       " ranks; use a multiple of ", ranks));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "data.batch_size: the global microbatch of ", c.batch_size,
+          " sequences cannot be split evenly over ", ranks, " ranks; use a multiple of ", ranks));
     }
     if (spec.model().moe().experts() % ranks != 0) {
       return absl::InvalidArgumentError(
@@ -246,8 +246,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const rackrun::v1::JobS
   } else if (!c.load_trace.empty()) {
     absl::StatusOr<planner::TraceWriter> w = planner::TraceWriter::Open(c.load_trace);
     if (!w.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("logging.load_trace: ", w.status().message()));
+      return absl::InvalidArgumentError(absl::StrCat("logging.load_trace: ", w.status().message()));
     }
     t->trace_.emplace(*std::move(w));
   }
@@ -319,8 +318,8 @@ double Trainer::GradNorm() {
   };
   // Dense gradients are identical on every rank; expert shards are summed over ranks.
   double experts = squares(experts_);
-  if (absl::Status s =
-          channel_->AllReduce(&experts, &experts, 1, comm::DataType::kFloat64, comm::ReduceOp::kSum);
+  if (absl::Status s = channel_->AllReduce(&experts, &experts, 1, comm::DataType::kFloat64,
+                                           comm::ReduceOp::kSum);
       !s.ok()) {
     return std::nan("");  // the step reports the non-finite norm; the channel is broken
   }
@@ -356,8 +355,8 @@ absl::StatusOr<StepRecord> Trainer::Step() {
     const double share = NextBatch(*train_loader_);
     if (ep_ != nullptr) ep_->BeginMicrobatch(microbatch_, /*training=*/true);
     absl::StatusOr<double> loss =
-        model_->ForwardBackward(batch_.inputs, batch_.targets, batch_.batch,
-                                batch_.segment_starts, static_cast<float>(share / micro));
+        model_->ForwardBackward(batch_.inputs, batch_.targets, batch_.batch, batch_.segment_starts,
+                                static_cast<float>(share / micro));
     if (!loss.ok()) return loss.status();
     if (trace_.has_value()) {
       if (absl::Status s = RecordLoads(microbatch_); !s.ok()) return s;
@@ -424,9 +423,8 @@ absl::StatusOr<StepRecord> Trainer::Step() {
     r.expert_load_max_over_mean.push_back(mean > 0 ? static_cast<double>(max) / mean : 0);
   }
   const double seconds = Seconds(start);
-  r.tokens_per_s = seconds > 0 ? static_cast<double>(micro) * config_.batch_size *
-                                      config_.seq_len / seconds
-                                : 0;
+  r.tokens_per_s =
+      seconds > 0 ? static_cast<double>(micro) * config_.batch_size * config_.seq_len / seconds : 0;
   return r;
 }
 
@@ -490,9 +488,9 @@ absl::StatusOr<std::string> Trainer::SaveCheckpoint() {
       return absl::OkStatus();
     }
     full.resize(local.size() * static_cast<size_t>(ranks()));
-    if (absl::Status s = channel_->Allgather(local.data(), full.data(),
-                                             static_cast<int64_t>(local.size()),
-                                             comm::DataType::kFloat32);
+    if (absl::Status s =
+            channel_->Allgather(local.data(), full.data(), static_cast<int64_t>(local.size()),
+                                comm::DataType::kFloat32);
         !s.ok()) {
       return During(s, "gathering expert shards for a checkpoint");
     }

@@ -158,11 +158,11 @@ class Trainer {
   int64_t microbatch_ = 0;  // training microbatches run (trace numbering)
   Batch batch_;
   Batch global_batch_;
-  comm::DataChannel* channel_ = nullptr;      // null or one rank: single process
-  std::unique_ptr<ExpertParallelGroup> ep_;   // after model_: destroyed first
-  std::vector<size_t> dense_;                 // adam tensors all-reduced across ranks
-  std::vector<size_t> experts_;               // adam tensors sharded by expert
-  std::vector<float> dense_grads_;            // packed for one all-reduce
+  comm::DataChannel* channel_ = nullptr;       // null or one rank: single process
+  std::unique_ptr<ExpertParallelGroup> ep_;    // after model_: destroyed first
+  std::vector<size_t> dense_;                  // adam tensors all-reduced across ranks
+  std::vector<size_t> experts_;                // adam tensors sharded by expert
+  std::vector<float> dense_grads_;             // packed for one all-reduce
   std::optional<planner::TraceWriter> trace_;  // single-process load trace
 };
 

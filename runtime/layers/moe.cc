@@ -38,9 +38,8 @@ void SwigluForward(int width, int hidden, const T* w13, const T* w2, int64_t row
 }
 
 template <typename T>
-void SwigluBackward(int width, int hidden, const T* w13, const T* w2, T* dw13, T* dw2,
-                    int64_t rows, const T* x, const T* h13, const T* act, const T* dy, T* dh13,
-                    T* dact, T* dx) {
+void SwigluBackward(int width, int hidden, const T* w13, const T* w2, T* dw13, T* dw2, int64_t rows,
+                    const T* x, const T* h13, const T* act, const T* dy, T* dh13, T* dact, T* dx) {
   if (rows == 0) return;
   const int c = width, f = hidden, r = static_cast<int>(rows);
   // dact = dy W2^T; dW2 += act^T dy.
@@ -66,8 +65,8 @@ void SwigluBackward(int width, int hidden, const T* w13, const T* w2, T* dw13, T
 
 template void SwigluForward<float>(int, int, const float*, const float*, int64_t, const float*,
                                    float*, float*, float*);
-template void SwigluForward<double>(int, int, const double*, const double*, int64_t,
-                                    const double*, double*, double*, double*);
+template void SwigluForward<double>(int, int, const double*, const double*, int64_t, const double*,
+                                    double*, double*, double*);
 template void SwigluBackward<float>(int, int, const float*, const float*, float*, float*, int64_t,
                                     const float*, const float*, const float*, const float*, float*,
                                     float*, float*);
@@ -114,8 +113,8 @@ void SwigluExperts<T>::Forward(int e, int64_t rows, const T* x, T* h13, T* act, 
 template <typename T>
 void SwigluExperts<T>::Backward(int e, int64_t rows, const T* x, const T* h13, const T* act,
                                 const T* dy, T* dh13, T* dact, T* dx) {
-  SwigluBackward(width_, hidden_, w13(e), w2(e), dw13(e), dw2(e), rows, x, h13, act, dy, dh13,
-                 dact, dx);
+  SwigluBackward(width_, hidden_, w13(e), w2(e), dw13(e), dw2(e), rows, x, h13, act, dy, dh13, dact,
+                 dx);
 }
 
 // ---------------------------------------------------------- LocalExpertExecutor
@@ -149,8 +148,8 @@ void RunExpertBatches(std::span<const int64_t> offsets, int64_t work_per_row,
 }
 
 template <typename T>
-absl::Status LocalExpertExecutor<T>::Forward(std::span<const int64_t> offsets,
-                                             const T* dispatched, T* expert_out) {
+absl::Status LocalExpertExecutor<T>::Forward(std::span<const int64_t> offsets, const T* dispatched,
+                                             T* expert_out) {
   if (static_cast<int>(offsets.size()) != experts_->count() + 1) {
     return absl::FailedPreconditionError(
         "this MoE layer holds a shard of its experts; run it with an expert-parallel executor");

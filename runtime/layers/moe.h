@@ -41,9 +41,8 @@ void SwigluForward(int width, int hidden, const T* w13, const T* w2, int64_t row
                    T* h13, T* act, T* y);
 // dx overwritten; dw13 / dw2 accumulated. dh13 [rows x 2F] and dact [rows x F] are scratch.
 template <typename T>
-void SwigluBackward(int width, int hidden, const T* w13, const T* w2, T* dw13, T* dw2,
-                    int64_t rows, const T* x, const T* h13, const T* act, const T* dy, T* dh13,
-                    T* dact, T* dx);
+void SwigluBackward(int width, int hidden, const T* w13, const T* w2, T* dw13, T* dw2, int64_t rows,
+                    const T* x, const T* h13, const T* act, const T* dy, T* dh13, T* dact, T* dx);
 
 // SwiGLU feed-forward weights for `count` experts of width C and hidden F (see
 // SwigluForward). An expert-parallel rank holds a shard: experts [first, first + count) of
@@ -64,7 +63,9 @@ class SwigluExperts {
   // Floats of one expert's weights (w13 then w2).
   int64_t expert_floats() const { return 3 * static_cast<int64_t>(width_) * hidden_; }
   // Weights and gradients of local expert e.
-  const T* w13(int e) const { return w13_.value.data() + static_cast<int64_t>(e) * width_ * 2 * hidden_; }
+  const T* w13(int e) const {
+    return w13_.value.data() + static_cast<int64_t>(e) * width_ * 2 * hidden_;
+  }
   const T* w2(int e) const { return w2_.value.data() + static_cast<int64_t>(e) * hidden_ * width_; }
   T* dw13(int e) { return w13_.grad.data() + static_cast<int64_t>(e) * width_ * 2 * hidden_; }
   T* dw2(int e) { return w2_.grad.data() + static_cast<int64_t>(e) * hidden_ * width_; }
@@ -161,6 +162,7 @@ class MoeLayer {
   // Replaces the executor (default: LocalExpertExecutor over this layer's experts).
   void SetExecutor(std::unique_ptr<ExpertExecutor<T>> executor);
   SwigluExperts<T>& experts() { return experts_; }
+  const MoeLayerConfig& config() const { return config_; }
 
   // out[tokens x width] = body(u). `u` must stay valid until Backward. Errors come from
   // the executor.

@@ -158,24 +158,27 @@ int TrainCommand(const Args& args) {
   const rt::TrainConfig& c = t.config();
   if (lead && t.ranks() > 1) {
     const rackrun::v1::BalancerSpec& b = t.spec().balancer();
-    std::printf("expert parallel: %d ranks (%s), %d experts per rank + %d replica slots, "
-                "balancer %s\n",
-                t.ranks(), std::string(channel->backend()).c_str(), m.moe().experts() / t.ranks(),
-                b.slots(), b.policy().c_str());
+    std::printf(
+        "expert parallel: %d ranks (%s), %d experts per rank + %d replica slots, "
+        "balancer %s\n",
+        t.ranks(), std::string(channel->backend()).c_str(), m.moe().experts() / t.ranks(),
+        b.slots(), b.policy().c_str());
   }
-  if (lead) std::printf(
-      "job %s: %s N=%d%s, %d blocks, C=%d, %d heads, %d experts top-%d, vocab %d, %lld "
-      "parameters\n",
-      t.spec().name().c_str(), m.residual().c_str(), m.streams(),
-      m.active() > 0 ? (" k=" + std::to_string(m.active())).c_str() : "", m.blocks(), m.width(),
-      m.heads(), m.moe().experts(), m.moe().top_k(), m.vocab(),
-      static_cast<long long>(t.model().ParameterCount()));
-  if (lead) std::printf(
-      "data: %lld train tokens (unigram entropy %.4f nats/token), %lld validation tokens; "
-      "%d x %d tokens x %d microbatch(es) per step; %d threads\n",
-      static_cast<long long>(t.train_tokens()), t.train_unigram_entropy(),
-      static_cast<long long>(t.validation_tokens()), c.batch_size, c.seq_len, c.microbatches,
-      omp_get_max_threads());
+  if (lead)
+    std::printf(
+        "job %s: %s N=%d%s, %d blocks, C=%d, %d heads, %d experts top-%d, vocab %d, %lld "
+        "parameters\n",
+        t.spec().name().c_str(), m.residual().c_str(), m.streams(),
+        m.active() > 0 ? (" k=" + std::to_string(m.active())).c_str() : "", m.blocks(), m.width(),
+        m.heads(), m.moe().experts(), m.moe().top_k(), m.vocab(),
+        static_cast<long long>(t.model().ParameterCount()));
+  if (lead)
+    std::printf(
+        "data: %lld train tokens (unigram entropy %.4f nats/token), %lld validation tokens; "
+        "%d x %d tokens x %d microbatch(es) per step; %d threads\n",
+        static_cast<long long>(t.train_tokens()), t.train_unigram_entropy(),
+        static_cast<long long>(t.validation_tokens()), c.batch_size, c.seq_len, c.microbatches,
+        omp_get_max_threads());
   std::fflush(stdout);
 
   absl::StatusOr<rt::TrainSummary> summary = t.Run([&](const rt::StepRecord& r) {

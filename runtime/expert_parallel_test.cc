@@ -1,0 +1,296 @@
+// Expert-parallel MoE layers on 2 and 4 in-process ranks against one unsharded layer:
+// outputs, input gradients and every parameter gradient agree for every policy, replicas
+// really run, and faults are reported with the rank, layer and microbatch.
+#include "runtime/expert_parallel.h"
+
+#include <omp.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "comm/inprocess_channel.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "runtime/layers/moe.h"
+
+namespace rackrun::runtime {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr int kWidth = 16;
+constexpr int kExperts = 8;
+constexpr int kTopK = 2;
+constexpr int kHidden = 12;
+constexpr int kTokens = 96;  // global tokens per microbatch
+constexpr int kPasses = 3;   // microbatches, gradients accumulate over them
+
+MoeLayerConfig Config(int ranks, int rank) {
+  MoeLayerConfig c;
+  c.width = kWidth;
+  c.experts = kExperts;
+  c.top_k = kTopK;
+  c.expert_hidden = kHidden;
+  c.local_experts = kExperts / ranks;
+  c.expert_first = rank * c.local_experts;
+  return c;
+}
+
+// Deterministic pseudo-random values in [-scale, scale).
+std::vector<float> Uniform(size_t n, uint64_t seed, float scale, float offset = 0) {
+  std::vector<float> v(n);
+  uint64_t x = seed * 0x9e3779b97f4a7c15ULL + 1;
+  for (float& f : v) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    f = offset + scale * (static_cast<float>(x >> 40) / static_cast<float>(1 << 24) * 2 - 1);
+  }
+  return v;
+}
+
+// Same initial weights on every shard, then a router that sends most tokens to experts 0
+// and 1 (both homed on rank 0): the load the balancer has to move.
+void InitSkewed(MoeLayer<float>& layer) {
+  NormalInit rng(7);
+  layer.Init(rng, 0.3, 0.3);
+  ParamRef<float> router = layer.Parameters()[1];  // [C x E]
+  for (int i = 0; i < kWidth; ++i) {
+    router.value[i * kExperts + 0] += 0.4f;
+    router.value[i * kExperts + 1] += 0.25f;
+  }
+}
+
+struct Result {
+  std::vector<float> out, du;             // [kPasses * kTokens x C], this rank's rows
+  std::vector<std::vector<float>> grads;  // per parameter
+  ExpertParallelStats stats;
+  absl::Status status;
+};
+
+std::vector<float> Input(int pass) {
+  return Uniform(static_cast<size_t>(kTokens) * kWidth, 100 + pass, 1.0f, 0.3f);
+}
+std::vector<float> Upstream(int pass) {
+  return Uniform(static_cast<size_t>(kTokens) * kWidth, 200 + pass, 1.0f);
+}
+
+// Runs kPasses microbatches of rows [row0, row0 + rows) through `layer`.
+void RunPasses(MoeLayer<float>& layer, int row0, int rows, ExpertParallelGroup* group, Result* r) {
+  for (int pass = 0; pass < kPasses; ++pass) {
+    const std::vector<float> u = Input(pass), dout = Upstream(pass);
+    std::vector<float> out(static_cast<size_t>(rows) * kWidth), du(out.size());
+    if (group != nullptr) group->BeginMicrobatch(pass, /*training=*/true);
+    r->status = layer.Forward(u.data() + static_cast<size_t>(row0) * kWidth, rows, out.data());
+    if (!r->status.ok()) return;
+    r->status = layer.Backward(dout.data() + static_cast<size_t>(row0) * kWidth, 0.5f, du.data());
+    if (!r->status.ok()) return;
+    r->out.insert(r->out.end(), out.begin(), out.end());
+    r->du.insert(r->du.end(), du.begin(), du.end());
+  }
+  for (const ParamRef<float>& p : layer.Parameters()) {
+    r->grads.emplace_back(p.grad, p.grad + p.size);
+  }
+}
+
+Result Reference() {
+  MoeLayer<float> layer(Config(1, 0), "m");
+  InitSkewed(layer);
+  Result r;
+  RunPasses(layer, 0, kTokens, nullptr, &r);
+  return r;
+}
+
+std::vector<Result> RunExpertParallel(int ranks, const ExpertParallelOptions& options,
+                                      absl::Duration timeout = absl::Seconds(20)) {
+  std::vector<Result> results(static_cast<size_t>(ranks));
+  comm::ChannelOptions channel_options;
+  channel_options.timeout = timeout;
+  const absl::Status run =
+      comm::RunInProcessRanks(ranks, channel_options, [&](comm::DataChannel& channel) {
+        omp_set_num_threads(1);
+        const int rank = channel.rank();
+        Result& r = results[static_cast<size_t>(rank)];
+        MoeLayer<float> layer(Config(ranks, rank), "m");
+        InitSkewed(layer);
+        absl::StatusOr<std::unique_ptr<ExpertParallelGroup>> group =
+            ExpertParallelGroup::Create(channel, {&layer}, options);
+        if (!group.ok()) {
+          r.status = group.status();
+          return r.status;
+        }
+        const int rows = kTokens / ranks;
+        RunPasses(layer, rank * rows, rows, group->get(), &r);
+        r.stats = (*group)->stats();
+        return r.status;
+      });
+  (void)run;  // per-rank statuses are checked by the callers
+  return results;
+}
+
+void ExpectNear(const std::vector<float>& got, const std::vector<float>& want, double tol,
+                const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  double worst = 0;
+  size_t at = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double d = std::abs(static_cast<double>(got[i]) - want[i]) /
+                     (1e-3 + std::abs(static_cast<double>(want[i])));
+    if (d > worst) {
+      worst = d;
+      at = i;
+    }
+  }
+  EXPECT_LT(worst, tol) << what << " differs at " << at << ": " << got[at] << " vs " << want[at];
+}
+
+class ExpertParallelTest : public ::testing::TestWithParam<std::tuple<int, std::string>> {};
+
+TEST_P(ExpertParallelTest, MatchesTheUnshardedLayer) {
+  const auto [ranks, policy] = GetParam();
+  const Result ref = Reference();
+  ASSERT_TRUE(ref.status.ok()) << ref.status;
+  ExpertParallelOptions options;
+  options.policy = policy;
+  options.slots = 2;
+  options.planner.eplb_window = 1;
+  options.planner.eplb_interval = 1;
+  const std::vector<Result> results = RunExpertParallel(ranks, options);
+  const int rows = kTokens / ranks;
+  const size_t per_pass = static_cast<size_t>(rows) * kWidth;
+  // Router and norm gradients are partial sums per rank; expert gradients live with the
+  // master: rank r holds experts [r * E/R, (r + 1) * E/R).
+  std::vector<std::vector<float>> dense(2);
+  for (int p = 0; p < 2; ++p)
+    dense[static_cast<size_t>(p)].assign(ref.grads[static_cast<size_t>(p)].size(), 0);
+  std::vector<std::vector<float>> experts(2);
+  int64_t replicas = 0;
+  double before = 0, after = 0;
+  for (int rank = 0; rank < ranks; ++rank) {
+    const Result& r = results[static_cast<size_t>(rank)];
+    ASSERT_TRUE(r.status.ok()) << "rank " << rank << ": " << r.status;
+    for (int pass = 0; pass < kPasses; ++pass) {
+      const size_t ref_at = static_cast<size_t>(pass) * kTokens * kWidth + rank * per_pass;
+      const std::vector<float> ref_out(
+          ref.out.begin() + static_cast<std::ptrdiff_t>(ref_at),
+          ref.out.begin() + static_cast<std::ptrdiff_t>(ref_at + per_pass));
+      const std::vector<float> ref_du(
+          ref.du.begin() + static_cast<std::ptrdiff_t>(ref_at),
+          ref.du.begin() + static_cast<std::ptrdiff_t>(ref_at + per_pass));
+      const std::vector<float> out(
+          r.out.begin() + static_cast<std::ptrdiff_t>(pass * per_pass),
+          r.out.begin() + static_cast<std::ptrdiff_t>((pass + 1) * per_pass));
+      const std::vector<float> du(
+          r.du.begin() + static_cast<std::ptrdiff_t>(pass * per_pass),
+          r.du.begin() + static_cast<std::ptrdiff_t>((pass + 1) * per_pass));
+      ExpectNear(out, ref_out, 1e-4, "output");
+      ExpectNear(du, ref_du, 1e-4, "input gradient");
+    }
+    for (int p = 0; p < 2; ++p) {
+      for (size_t i = 0; i < dense[static_cast<size_t>(p)].size(); ++i) {
+        dense[static_cast<size_t>(p)][i] += r.grads[static_cast<size_t>(p)][i];
+      }
+    }
+    for (int p = 0; p < 2; ++p) {
+      const std::vector<float>& g = r.grads[static_cast<size_t>(2 + p)];
+      experts[static_cast<size_t>(p)].insert(experts[static_cast<size_t>(p)].end(), g.begin(),
+                                             g.end());
+    }
+    replicas += r.stats.layers[0].replicas;
+    before += r.stats.layers[0].imbalance_before;
+    after += r.stats.layers[0].imbalance_after;
+  }
+  ExpectNear(dense[0], ref.grads[0], 1e-4, "norm gain gradient");
+  ExpectNear(dense[1], ref.grads[1], 1e-4, "router gradient");
+  ExpectNear(experts[0], ref.grads[2], 1e-4, "expert w13 gradient");
+  ExpectNear(experts[1], ref.grads[3], 1e-4, "expert w2 gradient");
+  if (policy == "none") {
+    EXPECT_EQ(replicas, 0);
+  } else {
+    // The skew is real and the balancer moved work (EPLB only after its first microbatch).
+    EXPECT_GT(replicas, 0);
+    EXPECT_LT(after, before);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(RanksAndPolicies, ExpertParallelTest,
+                         ::testing::Combine(::testing::Values(2, 4),
+                                            ::testing::Values("none", "ultraep", "eplb")),
+                         [](const auto& param_info) {
+                           return absl::StrCat(std::get<1>(param_info.param), "_",
+                                               std::get<0>(param_info.param), "ranks");
+                         });
+
+TEST(ExpertParallelGroupTest, RerunsAreBitIdentical) {
+  ExpertParallelOptions options;
+  options.policy = "ultraep";
+  const std::vector<Result> a = RunExpertParallel(4, options);
+  const std::vector<Result> b = RunExpertParallel(4, options);
+  for (int rank = 0; rank < 4; ++rank) {
+    ASSERT_TRUE(a[static_cast<size_t>(rank)].status.ok());
+    EXPECT_EQ(a[static_cast<size_t>(rank)].out, b[static_cast<size_t>(rank)].out);
+    EXPECT_EQ(a[static_cast<size_t>(rank)].du, b[static_cast<size_t>(rank)].du);
+    EXPECT_EQ(a[static_cast<size_t>(rank)].grads, b[static_cast<size_t>(rank)].grads);
+  }
+}
+
+TEST(ExpertParallelGroupTest, EplbKeepsReplicasCurrentWithoutRefanning) {
+  // EPLB keeps a placement for eplb_interval microbatches; no optimizer step runs in
+  // between (WeightsChanged), so the slots stay current and no fan-out is repeated.
+  ExpertParallelOptions options;
+  options.policy = "eplb";
+  options.planner.eplb_window = 4;
+  options.planner.eplb_interval = 2;
+  const std::vector<Result> r = RunExpertParallel(2, options);
+  ASSERT_TRUE(r[0].status.ok()) << r[0].status;
+  EXPECT_GE(r[0].stats.fanouts + r[0].stats.fanouts_skipped, kPasses);
+  EXPECT_GT(r[0].stats.fanouts_skipped, 0);
+}
+
+TEST(ExpertParallelGroupTest, PlanDisagreementNamesRankLayerAndMicrobatch) {
+  ASSERT_EQ(setenv("RACKRUN_FAULT", "plan_hash:rank=1,layer=0,microbatch=1", 1), 0);
+  ExpertParallelOptions options;
+  options.policy = "ultraep";
+  const std::vector<Result> r = RunExpertParallel(2, options);
+  unsetenv("RACKRUN_FAULT");
+  for (int rank = 0; rank < 2; ++rank) {
+    const absl::Status& s = r[static_cast<size_t>(rank)].status;
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+    EXPECT_THAT(std::string(s.message()), HasSubstr("ranks disagree on the plan: rank 1"));
+    EXPECT_THAT(std::string(s.message()), HasSubstr("MoE layer 0, microbatch 1"));
+  }
+}
+
+TEST(ExpertParallelGroupTest, BadSetupsAreNamed) {
+  comm::ChannelOptions channel_options;
+  const absl::Status run = comm::RunInProcessRanks(2, channel_options, [](comm::DataChannel& ch) {
+    MoeLayer<float> whole(Config(1, 0), "m");  // all experts: not a shard of 2 ranks
+    absl::StatusOr<std::unique_ptr<ExpertParallelGroup>> g =
+        ExpertParallelGroup::Create(ch, {&whole}, {});
+    EXPECT_EQ(g.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(g.status().message()), HasSubstr("not rank"));
+    MoeLayer<float> shard(Config(2, ch.rank()), "m");
+    ExpertParallelOptions options;
+    options.policy = "greedy";
+    g = ExpertParallelGroup::Create(ch, {&shard}, options);
+    EXPECT_THAT(std::string(g.status().message()), HasSubstr("balancer.policy"));
+    return absl::OkStatus();
+  });
+  EXPECT_TRUE(run.ok()) << run;
+  ASSERT_EQ(setenv("RACKRUN_FAULT", "plan_hash:rank=1,layer=0", 1), 0);
+  const absl::Status fault = comm::RunInProcessRanks(2, channel_options, [](comm::DataChannel& ch) {
+    MoeLayer<float> shard(Config(2, ch.rank()), "m");
+    absl::StatusOr<std::unique_ptr<ExpertParallelGroup>> g =
+        ExpertParallelGroup::Create(ch, {&shard}, {});
+    EXPECT_THAT(std::string(g.status().message()), HasSubstr("RACKRUN_FAULT"));
+    return absl::OkStatus();
+  });
+  unsetenv("RACKRUN_FAULT");
+  EXPECT_TRUE(fault.ok()) << fault;
+}
+
+}  // namespace
+}  // namespace rackrun::runtime
