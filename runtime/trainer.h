@@ -15,8 +15,8 @@
 // rank bit-identical), expert gradients stay with their master. The same spec on 1, 2 or
 // 4 ranks trains the same model up to floating-point reassociation. Rank 0 writes logs
 // and checkpoints (expert shards gathered into the single-process checkpoint format, so
-// a run resumes on any number of ranks). The auxiliary loss is per rank (over each rank's
-// tokens, like Megatron's default); the selection-bias update uses the global counts.
+// a run resumes on any number of ranks). The auxiliary loss and the selection-bias
+// update use the expert counts over all ranks, so they too equal the single-process run.
 //
 // Determinism: the model seed and the data order come from `training.seed`; with the
 // same spec and thread count two runs give bit-identical losses. A run resumed from the

@@ -310,18 +310,6 @@ absl::Status MoeLayer<T>::Forward(const T* u, int64_t tokens, T* out) {
     const T* src = xn + (i / k) * c;
     std::copy(src, src + c, disp + row[i] * c);
   }
-  // Aux loss value.
-  aux_loss_ = 0;
-  if (config_.aux_loss_coef > 0) {
-    double total = 0;
-    for (int e = 0; e < ne; ++e) {
-      double p = 0;
-      for (int64_t t = 0; t < tokens; ++t) p += static_cast<double>(scores[t * ne + e]);
-      const double f = static_cast<double>(counts_[e]) / static_cast<double>(tokens * k);
-      total += f * p / static_cast<double>(tokens);
-    }
-    aux_loss_ = config_.aux_loss_coef * ne * total;
-  }
   routing_seconds_ = Now() - t0;
 
   const double e0 = Now(), g0 = cpu::GemmSeconds();
@@ -330,6 +318,25 @@ absl::Status MoeLayer<T>::Forward(const T* u, int64_t tokens, T* out) {
     return s;
   }
   expert_seconds_ = (Now() - e0) - (cpu::GemmSeconds() - g0);
+
+  // Aux loss value: f_e from the counts over every rank (known once the executor has
+  // exchanged loads), P_e over this process's tokens. Ranks' values weighted by their
+  // token shares then sum to the aux loss of the whole batch.
+  aux_loss_ = 0;
+  if (config_.aux_loss_coef > 0) {
+    const std::vector<int64_t>& counts = global_counts();
+    int64_t slots = 0;
+    for (int e = 0; e < ne; ++e) slots += counts[e];
+    double total = 0;
+    for (int e = 0; e < ne; ++e) {
+      double p = 0;
+      for (int64_t t = 0; t < tokens; ++t) p += static_cast<double>(scores[t * ne + e]);
+      const double f =
+          static_cast<double>(counts[e]) / static_cast<double>(std::max<int64_t>(slots, 1));
+      total += f * p / static_cast<double>(tokens);
+    }
+    aux_loss_ = config_.aux_loss_coef * ne * total;
+  }
 
   if (shared_) {
     shared_h13_.Resize({tokens, 2 * config_.shared_hidden});
@@ -396,8 +403,12 @@ absl::Status MoeLayer<T>::Backward(const T* dout, T grad_scale, T* du) {
   }
   if (config_.aux_loss_coef > 0) {
     // d(coef * E * sum_e f_e P_e)/d s_te = coef * E * f_e / T.
+    const std::vector<int64_t>& counts = global_counts();
+    int64_t slots = 0;
+    for (int e = 0; e < ne; ++e) slots += counts[e];
     for (int e = 0; e < ne; ++e) {
-      const double f = static_cast<double>(counts_[e]) / static_cast<double>(tokens * k);
+      const double f =
+          static_cast<double>(counts[e]) / static_cast<double>(std::max<int64_t>(slots, 1));
       const T g =
           static_cast<T>(grad_scale * config_.aux_loss_coef * ne * f / static_cast<double>(tokens));
       for (int64_t t = 0; t < tokens; ++t) ds[t * ne + e] += g;

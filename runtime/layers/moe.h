@@ -11,7 +11,9 @@
 // Balancing pressure (both off by default):
 // - auxiliary loss (aux_loss_coef > 0): Switch-style coef * E * sum_e f_e * P_e, with f_e
 //   the fraction of the T*k routed slots that went to e and P_e the mean router score;
-//   equals coef under perfectly uniform routing. Gradient flows through P_e only.
+//   equals coef under perfectly uniform routing. Gradient flows through P_e only. Under
+//   expert parallelism f_e counts every rank's slots (the executor's global counts) and
+//   P_e this rank's tokens, so share-weighted ranks add up to the whole batch's loss.
 // - aux-loss-free bias (bias_update_rate > 0, DeepSeek-V3): a per-expert bias is added to
 //   the scores for top-k *selection only* (the gate weights use the raw scores); after
 //   each training microbatch b_e += rate * sign(mean load - load_e).
