@@ -1,0 +1,778 @@
+// Expert-parallel training with the balancer policies none, ultraep and eplb side by side
+// in one run: per-layer and per-rank expert load before / after balancing, step time, and
+// the exposed cost of planning, fan-out, token all-to-alls and replica-gradient reduction.
+//
+//   mpirun --allow-run-as-root --oversubscribe -np 4 bench_ep_train_bench
+//          [--spec examples/tiny-moe.yaml] [--steps 30] [--warmup 5]
+//          [--policies none,ultraep,eplb] [--set FIELD=VALUE]... [--json]
+//
+// Every policy gets a fresh Trainer from the same spec and seed (so the same initial
+// weights, data order and routing) and runs --warmup unmeasured then --steps measured
+// optimizer steps through Trainer::Step(). The policies' trainers live side by side and
+// take turns, one step each (none, ultraep, eplb, none, ...), so that the shared machine's
+// load drifting during the run does not favour the policy that ran at a quiet moment. The
+// bench's defaults come before the user's --set overrides: model.moe.aux_loss_coef=0 (real
+// routing skew) and resources.threads=1
+// (one compute thread per rank). It then forces: no checkpoints, no validation data,
+// balancer.policy per row, and a load trace (logging.load_trace) in a temporary folder.
+//
+// Figures (all from what the runtime exposes; nothing in runtime/ is changed):
+// - step time: wall clock around Step() on every rank, max over ranks per step; median and
+//   p90 over the measured steps; tokens/s = global tokens per step / median step.
+// - exposed cost: ExpertParallelStats plan_s, fanout_s, dispatch_s, reduce_s (and expert_s)
+//   per step, max over ranks (gathered with the channel's Allgather), median over steps, and
+//   the median over steps of (that / the step's time) as a percentage. These phases run
+//   synchronously on the critical path, so all of their time is exposed, including the wait
+//   for the slowest rank at each collective; the same median of the MIN over ranks is given
+//   beside it as an estimate with less of that wait. plan_s includes the two allgathers
+//   (loads, plan fingerprint) and therefore any wait for a slower rank;
+//   the pure solve + invariant check is timed separately by replaying the recorded load
+//   trace through a planner of the same policy and options on rank 0 after the run.
+// - per-layer rank imbalance (max / mean rank load): ExpertParallelStats::layers sums
+//   (masters only, and under the executed plan), mean over measured microbatches.
+// - per-rank expert rows per microbatch (summed over MoE layers): before = home-rank loads
+//   of the recorded load matrices; after = ExpertParallelStats::expert_rows of every rank.
+//   The replayed plans' RankLoads must reproduce expert_rows exactly on every rank; the
+//   bench checks it and reports the result (it also yields after-loads per layer and rank).
+// - loss: the final measured step's loss per policy and the max relative difference vs
+//   `none` over all steps run.
+//
+// OpenMP wait policy: as in train_step_bench, the bench re-executes itself with
+// OMP_WAIT_POLICY=passive when the variable is unset (spinning threads are very costly on
+// an oversubscribed machine).
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "comm/data_channel.h"
+#include "comm/mpi_channel.h"
+#include "nlohmann/json.hpp"
+#include "planner/invariants.h"
+#include "planner/plan.h"
+#include "planner/planner.h"
+#include "planner/trace.h"
+#include "runtime/expert_parallel.h"
+#include "runtime/spec.h"
+#include "runtime/trainer.h"
+
+namespace {
+
+namespace comm = rackrun::comm;
+namespace planner = rackrun::planner;
+namespace rt = rackrun::runtime;
+
+double Now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// Nearest-rank percentile.
+double Percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const auto k = static_cast<size_t>(std::ceil(p * static_cast<double>(v.size())));
+  return v[std::clamp<size_t>(k, 1, v.size()) - 1];
+}
+
+double MaxOverMean(const std::vector<double>& v) {
+  double max = 0, sum = 0;
+  for (const double x : v) {
+    max = std::max(max, x);
+    sum += x;
+  }
+  return sum > 0 ? max * static_cast<double>(v.size()) / sum : 0;
+}
+
+// A fatal error on any rank ends the whole job (peers would wait out their timeouts).
+template <typename T>
+T OrDie(absl::StatusOr<T> v, int rank, const char* what) {
+  if (!v.ok()) {
+    std::fprintf(stderr, "rank %d: %s: %s\n", rank, what,
+                 std::string(v.status().message()).c_str());
+    comm::AbortJob(1);
+  }
+  return *std::move(v);
+}
+void OrDie(const absl::Status& s, int rank, const char* what) {
+  if (!s.ok()) {
+    std::fprintf(stderr, "rank %d: %s: %s\n", rank, what, std::string(s.message()).c_str());
+    comm::AbortJob(1);
+  }
+}
+
+struct Options {
+  std::string spec = "examples/tiny-moe.yaml";
+  int steps = 30;
+  int warmup = 5;
+  std::vector<std::string> policies = {"none", "ultraep", "eplb"};
+  std::vector<std::string> overrides;
+  bool json = false;
+};
+
+// Per-rank figures of one step, gathered from every rank (this order on the wire).
+enum Field {
+  kStep,
+  kPlan,
+  kFanout,
+  kDispatch,
+  kExpert,
+  kReduce,
+  kRows,
+  kFanoutBytes,
+  kReduceBytes,
+  kFanouts,
+  kFanoutsSkipped,
+  kFields
+};
+
+struct PolicyResult {
+  std::string policy;
+  // Per measured step: max over ranks of each phase, and the per-rank values of some.
+  std::vector<double> step_s, plan_s, fanout_s, dispatch_s, expert_s, reduce_s, expert_mean_s;
+  // Per measured step: min over ranks (the last rank to arrive at a collective waits least,
+  // so this approaches the phase's own cost without the wait for stragglers).
+  std::vector<double> plan_min_s, fanout_min_s, dispatch_min_s, reduce_min_s;
+  std::vector<double> losses;  // every step run, warmup included
+  // Per MoE layer, mean over measured microbatches (ExpertParallelStats::layers).
+  std::vector<double> imbalance_before, imbalance_after, replicas;
+  // Per rank, rows per measured microbatch summed over layers.
+  std::vector<double> rows_before, rows_after;
+  // Per layer x rank, rows per measured microbatch (from the trace and its replay).
+  std::vector<std::vector<double>> layer_rows_before, layer_rows_after;
+  double fanout_bytes = 0, reduce_bytes = 0;  // per measured step, summed over ranks
+  double fanouts = 0, fanouts_skipped = 0;    // per measured step, summed over ranks
+  // Replay on rank 0: solve + invariant check seconds per measured step (median).
+  double solve_s = 0;
+  bool replay_matches_rows = false;
+  double replay_imbalance_diff = 0;  // max |replayed - runtime| per-layer imbalance_after
+  std::string replay_note;
+  int64_t measured_microbatches = 0;
+};
+
+// Replays the load trace of one run through a planner configured as the runtime's and
+// fills the per-layer/per-rank loads and solve times of `out` (rank 0 only).
+void Replay(const std::string& trace_path, const planner::Domain& domain,
+            const rackrun::v1::JobSpec& spec, const std::string& policy, int64_t first_measured,
+            int microbatches, const std::vector<double>& rows_after_sum, PolicyResult& out) {
+  absl::StatusOr<std::vector<planner::TraceEntry>> trace = planner::ReadTrace(trace_path);
+  if (!trace.ok()) {
+    out.replay_note = "trace unreadable: " + std::string(trace.status().message());
+    return;
+  }
+  planner::PlannerOptions po;
+  const rackrun::v1::BalancerSpec& b = spec.balancer();
+  po.eps = b.eps();
+  po.min_replica_tokens = b.min_replica_tokens();
+  po.locality_aware_split = b.locality();
+  po.eplb_window = b.eplb_window();
+  po.eplb_interval = b.eplb_interval();
+  const rackrun::v1::ModelSpec& m = spec.model();
+  const int hidden = m.moe().expert_hidden() > 0 ? m.moe().expert_hidden() : 2 * m.width();
+  po.expert_bytes =
+      3 * static_cast<int64_t>(m.width()) * hidden * static_cast<int64_t>(sizeof(float));
+  absl::StatusOr<std::unique_ptr<planner::Planner>> p = planner::MakePlanner(policy, domain, po);
+  if (!p.ok()) {
+    out.replay_note = std::string(p.status().message());
+    return;
+  }
+  planner::InvariantOptions inv;
+  inv.masters_at_home = policy != "eplb";
+  const int layers = m.blocks();
+  const int ranks = domain.ranks;
+  std::vector<std::vector<double>> before(static_cast<size_t>(layers),
+                                          std::vector<double>(static_cast<size_t>(ranks), 0));
+  auto after = before;
+  std::vector<double> imbalance_after(static_cast<size_t>(layers), 0);
+  std::vector<double> solve_per_step;
+  planner::Plan plan;
+  for (const planner::TraceEntry& e : *trace) {
+    const double t0 = Now();
+    if (absl::Status s = (*p)->SolveInto(e.loads, e.layer, &plan); !s.ok()) {
+      out.replay_note = "replay failed: " + std::string(s.message());
+      return;
+    }
+    if (absl::Status s = planner::CheckPlanInvariants(domain, e.loads, plan, inv); !s.ok()) {
+      out.replay_note = "replayed plan breaks an invariant: " + std::string(s.message());
+      return;
+    }
+    const double t1 = Now();
+    if (e.microbatch < first_measured) continue;
+    const auto step = static_cast<size_t>((e.microbatch - first_measured) / microbatches);
+    if (solve_per_step.size() <= step) solve_per_step.resize(step + 1, 0);
+    solve_per_step[step] += t1 - t0;
+    const std::vector<int64_t> home = planner::HomeRankLoads(domain, e.loads);
+    const std::vector<int64_t> executed = plan.RankLoads();
+    const auto l = static_cast<size_t>(e.layer);
+    for (int r = 0; r < ranks; ++r) {
+      before[l][static_cast<size_t>(r)] += static_cast<double>(home[static_cast<size_t>(r)]);
+      after[l][static_cast<size_t>(r)] += static_cast<double>(executed[static_cast<size_t>(r)]);
+    }
+    imbalance_after[l] += planner::Imbalance(executed);
+  }
+  const auto n = static_cast<double>(std::max<int64_t>(out.measured_microbatches, 1));
+  out.rows_before.assign(static_cast<size_t>(ranks), 0);
+  out.replay_matches_rows = true;
+  std::vector<double> replay_rows(static_cast<size_t>(ranks), 0);
+  for (int l = 0; l < layers; ++l) {
+    for (int r = 0; r < ranks; ++r) {
+      out.rows_before[static_cast<size_t>(r)] +=
+          before[static_cast<size_t>(l)][static_cast<size_t>(r)] / n;
+      replay_rows[static_cast<size_t>(r)] += after[static_cast<size_t>(l)][static_cast<size_t>(r)];
+      before[static_cast<size_t>(l)][static_cast<size_t>(r)] /= n;
+      after[static_cast<size_t>(l)][static_cast<size_t>(r)] /= n;
+    }
+    if (static_cast<size_t>(l) < out.imbalance_after.size()) {
+      out.replay_imbalance_diff = std::max(out.replay_imbalance_diff,
+                                           std::abs(imbalance_after[static_cast<size_t>(l)] / n -
+                                                    out.imbalance_after[static_cast<size_t>(l)]));
+    }
+  }
+  for (int r = 0; r < ranks; ++r) {
+    // Both are integer row counts summed in doubles far below 2^53: exact.
+    if (replay_rows[static_cast<size_t>(r)] != rows_after_sum[static_cast<size_t>(r)]) {
+      out.replay_matches_rows = false;
+    }
+  }
+  out.layer_rows_before = std::move(before);
+  out.layer_rows_after = std::move(after);
+  out.solve_s = Median(solve_per_step);
+}
+
+// One policy's trainer and its accumulators. Policies run interleaved, one optimizer step
+// each in turn, so that a change in the shared machine's load hits all of them alike.
+class PolicyRun {
+ public:
+  PolicyRun(comm::DataChannel& channel, const Options& o, const std::vector<std::string>& overrides,
+            const std::string& policy, const std::string& trace_dir)
+      : channel_(channel), o_(o), rank_(channel.rank()), ranks_(channel.size()) {
+    spec_ = OrDie(rt::LoadJobSpec(o.spec, overrides), rank_, "job spec");
+    spec_.mutable_balancer()->set_policy(policy);
+    spec_.mutable_checkpoint()->clear_dir();
+    spec_.mutable_data()->clear_validation();
+    spec_.mutable_logging()->clear_json();
+    trace_path_ = trace_dir + "/" + policy + ".trace";
+    spec_.mutable_logging()->set_load_trace(trace_path_);
+    res_.policy = policy;
+    trainer_ = OrDie(rt::Trainer::Create(spec_, &channel), rank_, "creating the trainer");
+    ep_ = trainer_->expert_parallel();
+    if (ep_ == nullptr) {
+      std::fprintf(stderr, "rank %d: the trainer is not expert-parallel\n", rank_);
+      comm::AbortJob(1);
+    }
+    domain_ = ep_->domain();
+    micro_ = trainer_->config().microbatches;
+    const auto layers = static_cast<size_t>(spec_.model().blocks());
+    before_sum_.assign(layers, 0);
+    after_sum_.assign(layers, 0);
+    replicas_sum_.assign(layers, 0);
+    rows_after_sum_.assign(static_cast<size_t>(ranks_), 0);
+  }
+
+  const rackrun::v1::JobSpec& spec() const { return spec_; }
+
+  // Optimizer step `s` (0-based; steps below --warmup are not measured). Collective.
+  void Step(int s) {
+    const double t0 = Now();
+    const rt::StepRecord r = OrDie(trainer_->Step(), rank_, "training step");
+    const double step_s = Now() - t0;
+    res_.losses.push_back(r.loss);
+    if (s < o_.warmup) return;
+    const rt::ExpertParallelStats& st = ep_->stats();
+    std::vector<double> mine = {step_s,
+                                st.plan_s,
+                                st.fanout_s,
+                                st.dispatch_s,
+                                st.expert_s,
+                                st.reduce_s,
+                                static_cast<double>(st.expert_rows),
+                                static_cast<double>(st.fanout_bytes),
+                                static_cast<double>(st.reduce_bytes),
+                                static_cast<double>(st.fanouts),
+                                static_cast<double>(st.fanouts_skipped)};
+    std::vector<double> all(static_cast<size_t>(kFields * ranks_));
+    OrDie(channel_.Allgather(mine.data(), all.data(), kFields, comm::DataType::kFloat64), rank_,
+          "gathering step figures");
+    auto at = [&](int q, Field f) { return all[static_cast<size_t>(q * kFields + f)]; };
+    auto max_of = [&](Field f) {
+      double m = at(0, f);
+      for (int q = 1; q < ranks_; ++q) m = std::max(m, at(q, f));
+      return m;
+    };
+    auto min_of = [&](Field f) {
+      double m = at(0, f);
+      for (int q = 1; q < ranks_; ++q) m = std::min(m, at(q, f));
+      return m;
+    };
+    auto sum_of = [&](Field f) {
+      double m = 0;
+      for (int q = 0; q < ranks_; ++q) m += at(q, f);
+      return m;
+    };
+    res_.step_s.push_back(max_of(kStep));
+    res_.plan_s.push_back(max_of(kPlan));
+    res_.fanout_s.push_back(max_of(kFanout));
+    res_.dispatch_s.push_back(max_of(kDispatch));
+    res_.expert_s.push_back(max_of(kExpert));
+    res_.expert_mean_s.push_back(sum_of(kExpert) / ranks_);
+    res_.reduce_s.push_back(max_of(kReduce));
+    res_.plan_min_s.push_back(min_of(kPlan));
+    res_.fanout_min_s.push_back(min_of(kFanout));
+    res_.dispatch_min_s.push_back(min_of(kDispatch));
+    res_.reduce_min_s.push_back(min_of(kReduce));
+    res_.fanout_bytes += sum_of(kFanoutBytes);
+    res_.reduce_bytes += sum_of(kReduceBytes);
+    res_.fanouts += sum_of(kFanouts);
+    res_.fanouts_skipped += sum_of(kFanoutsSkipped);
+    for (int q = 0; q < ranks_; ++q) rows_after_sum_[static_cast<size_t>(q)] += at(q, kRows);
+    for (size_t l = 0; l < before_sum_.size() && l < st.layers.size(); ++l) {
+      before_sum_[l] += st.layers[l].imbalance_before;
+      after_sum_[l] += st.layers[l].imbalance_after;
+      replicas_sum_[l] += static_cast<double>(st.layers[l].replicas);
+    }
+    if (!st.layers.empty()) measured_mb_ += st.layers[0].microbatches;
+  }
+
+  // Destroys the trainer (flushing the load trace) and, on rank 0, replays the trace.
+  PolicyResult Finish() {
+    OrDie(ep_->Close(), rank_, "closing the load trace");
+    ep_ = nullptr;
+    trainer_.reset();
+    res_.measured_microbatches = measured_mb_;
+    const auto n = static_cast<double>(std::max<int64_t>(measured_mb_, 1));
+    for (size_t l = 0; l < before_sum_.size(); ++l) {
+      res_.imbalance_before.push_back(before_sum_[l] / n);
+      res_.imbalance_after.push_back(after_sum_[l] / n);
+      res_.replicas.push_back(replicas_sum_[l] / n);
+    }
+    for (const double rows : rows_after_sum_) res_.rows_after.push_back(rows / n);
+    const auto steps = static_cast<double>(std::max(o_.steps, 1));
+    res_.fanout_bytes /= steps;
+    res_.reduce_bytes /= steps;
+    res_.fanouts /= steps;
+    res_.fanouts_skipped /= steps;
+    if (rank_ == 0) {
+      Replay(trace_path_, domain_, spec_, res_.policy, static_cast<int64_t>(o_.warmup) * micro_,
+             micro_, rows_after_sum_, res_);
+      std::error_code ec;
+      std::filesystem::remove(trace_path_, ec);
+    }
+    return res_;
+  }
+
+ private:
+  comm::DataChannel& channel_;
+  const Options& o_;
+  int rank_, ranks_;
+  rackrun::v1::JobSpec spec_;
+  std::string trace_path_;
+  std::unique_ptr<rt::Trainer> trainer_;
+  rt::ExpertParallelGroup* ep_ = nullptr;
+  planner::Domain domain_;
+  int micro_ = 1;
+  std::vector<double> before_sum_, after_sum_, replicas_sum_, rows_after_sum_;
+  int64_t measured_mb_ = 0;
+  PolicyResult res_;
+};
+
+// Balancing overhead of one step: plan + fan-out + replica-gradient reduction (each the
+// max over ranks). Returns {median seconds, median % of the step}.
+std::pair<double, double> BalancingOverhead(const PolicyResult& r) {
+  std::vector<double> s, f;
+  for (size_t i = 0; i < r.step_s.size(); ++i) {
+    s.push_back(r.plan_s[i] + r.fanout_s[i] + r.reduce_s[i]);
+    f.push_back(r.step_s[i] > 0 ? 100 * s.back() / r.step_s[i] : 0);
+  }
+  return {Median(s), Median(f)};
+}
+
+// The exposed communication / balancing phase with the largest median.
+std::string DominantPhase(const PolicyResult& r) {
+  const std::pair<const char*, const std::vector<double>*> phases[] = {
+      {"plan", &r.plan_s},
+      {"fan-out", &r.fanout_s},
+      {"grad reduce", &r.reduce_s},
+      {"all-to-all", &r.dispatch_s}};
+  const char* best = "";
+  double best_s = -1;
+  for (const auto& [name, v] : phases) {
+    if (const double m = Median(*v); m > best_s) {
+      best_s = m;
+      best = name;
+    }
+  }
+  return best;
+}
+
+std::vector<std::string> Split(const std::string& s) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (start <= s.size()) {
+    const size_t comma = s.find(',', start);
+    const size_t end = comma == std::string::npos ? s.size() : comma;
+    if (end > start) out.push_back(s.substr(start, end - start));
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return out;
+}
+
+double LoadAverage() {
+  std::ifstream in("/proc/loadavg");
+  double one = 0;
+  in >> one;
+  return one;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (std::getenv("OMP_WAIT_POLICY") == nullptr) {
+    setenv("OMP_WAIT_POLICY", "passive", 1);
+    execv("/proc/self/exe", argv);
+    std::perror("re-exec with OMP_WAIT_POLICY=passive failed; continuing with the default");
+  }
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "%s needs a value\n", arg.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (arg == "--json") {
+      o.json = true;
+    } else if (arg == "--spec") {
+      o.spec = value();
+    } else if (arg == "--steps") {
+      o.steps = std::atoi(value().c_str());
+    } else if (arg == "--warmup") {
+      o.warmup = std::atoi(value().c_str());
+    } else if (arg == "--policies") {
+      o.policies = Split(value());
+    } else if (arg == "--set") {
+      o.overrides.push_back(value());
+    } else {
+      std::fprintf(stderr,
+                   "unknown flag %s\nusage: mpirun -np R %s [--spec FILE] [--steps N] "
+                   "[--warmup W] [--policies none,ultraep,eplb] [--set FIELD=VALUE]... [--json]\n",
+                   arg.c_str(), argv[0]);
+      return 2;
+    }
+  }
+  if (o.steps <= 0 || o.warmup < 0 || o.policies.empty()) {
+    std::fprintf(stderr, "--steps must be positive, --warmup >= 0, --policies non-empty\n");
+    return 2;
+  }
+  if (comm::LauncherWorldSize() < 2) {
+    std::fprintf(stderr,
+                 "ep_train_bench needs at least 2 ranks: mpirun --allow-run-as-root "
+                 "--oversubscribe -np 4 %s\n",
+                 argv[0]);
+    return 2;
+  }
+  const comm::ChannelOptions channel_options = [] {
+    absl::StatusOr<comm::ChannelOptions> c = comm::ChannelOptions::FromEnv();
+    if (!c.ok()) {
+      std::fprintf(stderr, "%s\n", std::string(c.status().message()).c_str());
+      std::exit(2);
+    }
+    return *c;
+  }();
+  std::unique_ptr<comm::DataChannel> channel =
+      OrDie(comm::CreateMpiChannel(channel_options), -1, "starting MPI");
+  const int rank = channel->rank();
+  const int ranks = channel->size();
+
+  // The bench's defaults first, so the user's --set wins.
+  std::vector<std::string> overrides = {"model.moe.aux_loss_coef=0", "resources.threads=1"};
+  overrides.insert(overrides.end(), o.overrides.begin(), o.overrides.end());
+
+  // One temporary folder for the load traces, named by rank 0 (every rank's spec must match).
+  char dir[256] = {};
+  if (rank == 0) {
+    std::snprintf(dir, sizeof(dir), "/tmp/ep_train_bench.XXXXXX");
+    if (mkdtemp(dir) == nullptr) {
+      std::perror("mkdtemp");
+      comm::AbortJob(1);
+    }
+  }
+  OrDie(channel->Broadcast(dir, sizeof(dir), comm::DataType::kByte, 0), rank, "broadcast");
+
+  std::vector<PolicyResult> results;
+  const double start = Now();
+  const double load_start = LoadAverage();
+  std::vector<std::unique_ptr<PolicyRun>> runs;
+  for (const std::string& policy : o.policies) {
+    runs.push_back(std::make_unique<PolicyRun>(*channel, o, overrides, policy, dir));
+  }
+  const rackrun::v1::JobSpec spec = runs.front()->spec();
+  for (int s = 0; s < o.warmup + o.steps; ++s) {
+    for (auto& run : runs) run->Step(s);
+  }
+  for (auto& run : runs) results.push_back(run->Finish());
+  runs.clear();
+  const double wall = Now() - start;
+  const double load_end = LoadAverage();
+  if (rank == 0) {
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+  }
+  OrDie(channel->Barrier(), rank, "final barrier");
+  if (rank != 0) {
+    channel.reset();
+    return 0;
+  }
+
+  const rt::TrainConfig config = rt::TrainConfigFromSpec(spec);
+  const int threads = config.threads;
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  const bool oversubscribed = static_cast<unsigned>(ranks * std::max(threads, 1)) > cores;
+  const double tokens_per_step =
+      static_cast<double>(config.batch_size) * config.seq_len * config.microbatches;
+  const rackrun::v1::ModelSpec& m = spec.model();
+  const int layers = m.blocks();
+  const PolicyResult* none = nullptr;
+  for (const PolicyResult& r : results) {
+    if (r.policy == "none") none = &r;
+  }
+  auto rel_diff = [&](const PolicyResult& r) {
+    double d = 0;
+    if (none == nullptr) return d;
+    for (size_t i = 0; i < r.losses.size() && i < none->losses.size(); ++i) {
+      d = std::max(d, std::abs(r.losses[i] - none->losses[i]) / std::abs(none->losses[i]));
+    }
+    return d;
+  };
+  auto share = [](const std::vector<double>& phase, const std::vector<double>& step) {
+    std::vector<double> f;
+    for (size_t i = 0; i < phase.size(); ++i) f.push_back(step[i] > 0 ? phase[i] / step[i] : 0);
+    return 100 * Median(f);
+  };
+
+  if (o.json) {
+    nlohmann::json j;
+    j["spec"] = o.spec;
+    j["overrides"] = overrides;
+    j["ranks"] = ranks;
+    j["threads_per_rank"] = threads;
+    j["cores"] = cores;
+    j["oversubscribed"] = oversubscribed;
+    j["load_average_1min"] = {load_start, load_end};
+    j["omp_wait_policy"] = std::getenv("OMP_WAIT_POLICY") ? std::getenv("OMP_WAIT_POLICY") : "";
+    j["model"] = {{"blocks", m.blocks()},
+                  {"width", m.width()},
+                  {"experts", m.moe().experts()},
+                  {"top_k", m.moe().top_k()},
+                  {"expert_hidden", m.moe().expert_hidden()},
+                  {"aux_loss_coef", m.moe().aux_loss_coef()},
+                  {"residual", m.residual()}};
+    j["batch_size"] = config.batch_size;
+    j["seq_len"] = config.seq_len;
+    j["microbatches"] = config.microbatches;
+    j["slots"] = spec.balancer().slots();
+    j["eplb_window"] = spec.balancer().eplb_window();
+    j["eplb_interval"] = spec.balancer().eplb_interval();
+    j["warmup_steps"] = o.warmup;
+    j["measured_steps"] = o.steps;
+    j["wall_s"] = wall;
+    for (const PolicyResult& r : results) {
+      nlohmann::json p;
+      p["policy"] = r.policy;
+      p["step_s_median"] = Median(r.step_s);
+      p["step_s_p90"] = Percentile(r.step_s, 0.9);
+      p["tokens_per_s"] = tokens_per_step / Median(r.step_s);
+      p["final_loss"] = r.losses.back();
+      p["losses"] = r.losses;
+      p["max_rel_loss_diff_vs_none"] = rel_diff(r);
+      p["step_s"] = r.step_s;
+      struct Phase {
+        const char* name;
+        const std::vector<double>*max, *min;
+      };
+      for (const Phase& ph :
+           {Phase{"plan", &r.plan_s, &r.plan_min_s}, Phase{"fanout", &r.fanout_s, &r.fanout_min_s},
+            Phase{"dispatch", &r.dispatch_s, &r.dispatch_min_s},
+            Phase{"reduce", &r.reduce_s, &r.reduce_min_s}, Phase{"expert", &r.expert_s, nullptr}}) {
+        p["exposed"][ph.name] = {{"median_s", Median(*ph.max)},
+                                 {"median_pct_of_step", share(*ph.max, r.step_s)}};
+        if (ph.min != nullptr) p["exposed"][ph.name]["min_rank_median_s"] = Median(*ph.min);
+      }
+      p["exposed"]["expert_mean_over_ranks_median_s"] = Median(r.expert_mean_s);
+      p["exposed"]["solve_and_check_replayed_median_s"] = r.solve_s;
+      const auto [overhead_s, overhead_pct] = BalancingOverhead(r);
+      p["exposed"]["plan_fanout_reduce"] = {{"median_s", overhead_s},
+                                            {"median_pct_of_step", overhead_pct}};
+      p["exposed"]["dominant_phase"] = DominantPhase(r);
+      p["imbalance_before"] = r.imbalance_before;
+      p["imbalance_after"] = r.imbalance_after;
+      p["replicas_per_microbatch"] = r.replicas;
+      p["rank_rows_before"] = r.rows_before;
+      p["rank_rows_after"] = r.rows_after;
+      p["rank_rows_max_over_mean_before"] = MaxOverMean(r.rows_before);
+      p["rank_rows_max_over_mean_after"] = MaxOverMean(r.rows_after);
+      p["layer_rank_rows_before"] = r.layer_rows_before;
+      p["layer_rank_rows_after"] = r.layer_rows_after;
+      p["fanout_bytes_per_step"] = r.fanout_bytes;
+      p["reduce_bytes_per_step"] = r.reduce_bytes;
+      p["fanouts_per_step"] = r.fanouts;
+      p["fanouts_skipped_per_step"] = r.fanouts_skipped;
+      p["measured_microbatches"] = r.measured_microbatches;
+      p["replay_matches_expert_rows"] = r.replay_matches_rows;
+      p["replay_imbalance_after_max_diff"] = r.replay_imbalance_diff;
+      p["replay_note"] = r.replay_note;
+      j["policies"].push_back(p);
+    }
+    std::printf("%s\n", j.dump().c_str());
+    channel.reset();
+    return 0;
+  }
+
+  const char* wait_policy = std::getenv("OMP_WAIT_POLICY");
+  std::printf(
+      "ep_train_bench: %s, %d ranks x %d thread%s on %u cores (%s), MPI shared memory, "
+      "OMP_WAIT_POLICY=%s\n",
+      o.spec.c_str(), ranks, threads, threads == 1 ? "" : "s", cores,
+      oversubscribed ? "OVERSUBSCRIBED: ranks x threads > cores" : "not oversubscribed",
+      wait_policy != nullptr ? wait_policy : "(unset)");
+  std::printf(
+      "model: %d blocks, C=%d, %d experts top-%d, F=%d, %s; aux_loss_coef=%g; global batch %d "
+      "x seq %d x %d microbatch(es) = %.0f tokens/step; slots %d, eplb window %d interval %d\n",
+      m.blocks(), m.width(), m.moe().experts(), m.moe().top_k(), m.moe().expert_hidden(),
+      m.residual().c_str(), m.moe().aux_loss_coef(), config.batch_size, config.seq_len,
+      config.microbatches, tokens_per_step, spec.balancer().slots(), spec.balancer().eplb_window(),
+      spec.balancer().eplb_interval());
+  std::printf(
+      "%d warmup + %d measured steps per policy, fresh trainer each, interleaved step by step, "
+      "seed %llu; load average "
+      "%.1f -> %.1f (shared machine: medians; compare rows of one run); wall %.0f s\n\n",
+      o.warmup, o.steps, static_cast<unsigned long long>(config.seed), load_start, load_end, wall);
+
+  std::printf("Step time (max over ranks per step)\n");
+  std::printf("%-8s %10s %9s %10s %11s %13s %9s %9s %10s %10s\n", "policy", "median ms", "p90 ms",
+              "tokens/s", "final loss", "max rel diff", "replicas", "fanouts", "fanout MB",
+              "reduce MB");
+  for (const PolicyResult& r : results) {
+    double reps = 0;
+    for (const double x : r.replicas) reps += x;
+    char diff[32] = "-";
+    if (none != nullptr && &r != none) std::snprintf(diff, sizeof(diff), "%.2e", rel_diff(r));
+    std::printf("%-8s %10.1f %9.1f %10.0f %11.5f %13s %9.2f %4.1f/%-4.1f %10.2f %10.2f\n",
+                r.policy.c_str(), 1e3 * Median(r.step_s), 1e3 * Percentile(r.step_s, 0.9),
+                tokens_per_step / Median(r.step_s), r.losses.back(), diff,
+                reps / std::max(layers, 1), r.fanouts, r.fanouts_skipped, r.fanout_bytes / 1e6,
+                r.reduce_bytes / 1e6);
+  }
+  std::printf(
+      "(max rel diff: over all %d steps vs none; replicas: per layer and microbatch; fanouts: "
+      "run/skipped per step, all ranks; MB: sent per step, all ranks)\n\n",
+      o.warmup + o.steps);
+
+  std::printf("Exposed cost per step: ms (%% of step), median over steps of the max over ranks\n");
+  std::printf("%-8s %15s %11s %15s %15s %15s %15s %11s\n", "policy", "plan", "solve us", "fan-out",
+              "grad reduce", "all-to-all", "expert max", "expert avg");
+  for (const PolicyResult& r : results) {
+    auto cell = [&](const std::vector<double>& v) {
+      char buf[32];
+      std::snprintf(buf, sizeof(buf), "%6.2f (%4.1f%%)", 1e3 * Median(v), share(v, r.step_s));
+      return std::string(buf);
+    };
+    std::printf("%-8s %15s %11.3f %15s %15s %15s %15s %11.2f\n", r.policy.c_str(),
+                cell(r.plan_s).c_str(), 1e6 * r.solve_s, cell(r.fanout_s).c_str(),
+                cell(r.reduce_s).c_str(), cell(r.dispatch_s).c_str(), cell(r.expert_s).c_str(),
+                1e3 * Median(r.expert_mean_s));
+    std::printf("%-8s %15.2f %11s %15.2f %15.2f %15.2f\n", "  min rk", 1e3 * Median(r.plan_min_s),
+                "", 1e3 * Median(r.fanout_min_s), 1e3 * Median(r.reduce_min_s),
+                1e3 * Median(r.dispatch_min_s));
+  }
+  std::printf(
+      "(plan = load allgather + solve + invariant check + fingerprint allgather, so it includes "
+      "waiting for the slowest rank; solve us = the same solves and checks replayed alone on "
+      "rank 0 from the load trace; all-to-all = token dispatch and combine, forward and backward; "
+      "expert avg = mean over ranks; min rk = the same phases' ms, median over steps of the min "
+      "over "
+      "ranks: the last rank to reach a collective waits least, so this approaches the phase's own "
+      "cost)\n");
+  for (const PolicyResult& r : results) {
+    const auto [overhead_s, overhead_pct] = BalancingOverhead(r);
+    std::printf(
+        "%-8s plan + fan-out + grad reduce = %.2f ms (%.1f%% of step); largest exposed "
+        "phase: %s\n",
+        r.policy.c_str(), 1e3 * overhead_s, overhead_pct, DominantPhase(r).c_str());
+  }
+  std::printf("\n");
+
+  std::printf(
+      "Rank load max/mean per MoE layer, mean over measured microbatches (before = masters "
+      "only, after = executed plan)\n");
+  std::printf("%-6s", "layer");
+  for (const PolicyResult& r : results) {
+    std::printf(" %9s %-7s", (r.policy + ":bef").c_str(), "after");
+  }
+  std::printf("\n");
+  for (int l = 0; l < layers; ++l) {
+    std::printf("%-6d", l);
+    for (const PolicyResult& r : results) {
+      std::printf(" %9.3f %-7.3f", r.imbalance_before[static_cast<size_t>(l)],
+                  r.imbalance_after[static_cast<size_t>(l)]);
+    }
+    std::printf("\n");
+  }
+  std::printf(
+      "\nExpert rows per rank per microbatch, summed over MoE layers (before = home-rank "
+      "loads from the recorded loads, after = expert_rows)\n");
+  std::printf("%-8s", "rank");
+  for (const PolicyResult& r : results) {
+    std::printf(" %9s %-7s", (r.policy + ":bef").c_str(), "after");
+  }
+  std::printf("\n");
+  for (int q = 0; q < ranks; ++q) {
+    std::printf("%-8d", q);
+    for (const PolicyResult& r : results) {
+      const auto i = static_cast<size_t>(q);
+      std::printf(" %9.0f %-7.0f", i < r.rows_before.size() ? r.rows_before[i] : 0.0,
+                  i < r.rows_after.size() ? r.rows_after[i] : 0.0);
+    }
+    std::printf("\n");
+  }
+  std::printf("%-8s", "max/mean");
+  for (const PolicyResult& r : results) {
+    std::printf(" %9.3f %-7.3f", MaxOverMean(r.rows_before), MaxOverMean(r.rows_after));
+  }
+  std::printf("\n\nReplay check (rank 0 re-solves every recorded load matrix):");
+  for (const PolicyResult& r : results) {
+    std::printf(" %s %s", r.policy.c_str(),
+                !r.replay_note.empty()  ? r.replay_note.c_str()
+                : r.replay_matches_rows ? "plans reproduce expert_rows on every rank"
+                                        : "MISMATCH with expert_rows");
+    if (r.replay_note.empty()) {
+      std::printf(" (imbalance_after diff %.1e);", r.replay_imbalance_diff);
+    }
+  }
+  std::printf("\n");
+  channel.reset();
+  return 0;
+}
