@@ -253,6 +253,14 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const rackrun::v1::JobS
   return t;
 }
 
+int64_t Trainer::parameter_count() const {
+  int64_t n = 0;
+  for (const OptimizedTensor& t : adam_->tensors()) {
+    n += IsExpertShard(t.name) ? t.size * ranks() : t.size;
+  }
+  return n;
+}
+
 double Trainer::NextBatch(WindowLoader& loader) {
   if (channel_ == nullptr) {
     loader.Next(batch_);

@@ -121,6 +121,8 @@ class Trainer {
   absl::StatusOr<std::string> SaveCheckpoint();
 
   int64_t step() const { return step_; }
+  // Parameters of the whole model (every rank's expert shard counted once).
+  int64_t parameter_count() const;
   int rank() const { return channel_ != nullptr ? channel_->rank() : 0; }
   int ranks() const { return channel_ != nullptr ? channel_->size() : 1; }
   // Null in a single-process job.

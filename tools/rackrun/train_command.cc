@@ -171,7 +171,7 @@ int TrainCommand(const Args& args) {
         t.spec().name().c_str(), m.residual().c_str(), m.streams(),
         m.active() > 0 ? (" k=" + std::to_string(m.active())).c_str() : "", m.blocks(), m.width(),
         m.heads(), m.moe().experts(), m.moe().top_k(), m.vocab(),
-        static_cast<long long>(t.model().ParameterCount()));
+        static_cast<long long>(t.parameter_count()));
   if (lead)
     std::printf(
         "data: %lld train tokens (unigram entropy %.4f nats/token), %lld validation tokens; "
