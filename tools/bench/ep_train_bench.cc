@@ -12,9 +12,9 @@
 // take turns, one step each (none, ultraep, eplb, none, ...), so that the shared machine's
 // load drifting during the run does not favour the policy that ran at a quiet moment. The
 // bench's defaults come before the user's --set overrides: model.moe.aux_loss_coef=0 (real
-// routing skew) and resources.threads=1
-// (one compute thread per rank). It then forces: no checkpoints, no validation data,
-// balancer.policy per row, and a load trace (logging.load_trace) in a temporary folder.
+// routing skew) and resources.threads=1 (one compute thread per rank). It then forces: no
+// checkpoints, no validation data, balancer.policy per trainer, and a load trace
+// (logging.load_trace) in a temporary folder.
 //
 // Figures (all from what the runtime exposes; nothing in runtime/ is changed):
 // - step time: wall clock around Step() on every rank, max over ranks per step; median and
@@ -25,9 +25,9 @@
 //   synchronously on the critical path, so all of their time is exposed, including the wait
 //   for the slowest rank at each collective; the same median of the MIN over ranks is given
 //   beside it as an estimate with less of that wait. plan_s includes the two allgathers
-//   (loads, plan fingerprint) and therefore any wait for a slower rank;
-//   the pure solve + invariant check is timed separately by replaying the recorded load
-//   trace through a planner of the same policy and options on rank 0 after the run.
+//   (loads, plan fingerprint); the pure solve + invariant check is timed separately by
+//   replaying the recorded load trace through a planner of the same policy and options on
+//   rank 0 after the run.
 // - per-layer rank imbalance (max / mean rank load): ExpertParallelStats::layers sums
 //   (masters only, and under the executed plan), mean over measured microbatches.
 // - per-rank expert rows per microbatch (summed over MoE layers): before = home-rank loads
