@@ -101,8 +101,8 @@ int Plan::num_replicas() const {
   return replicas;
 }
 
-uint64_t PlanFingerprint(const Plan& plan) {
-  uint64_t h = 0xcbf29ce484222325ULL;
+uint64_t PlanFingerprint(const Plan& plan, uint64_t seed) {
+  uint64_t h = seed;
   const auto mix = [&h](int64_t v) {
     for (int i = 0; i < 8; ++i) {
       h ^= static_cast<uint64_t>(v >> (8 * i)) & 0xff;

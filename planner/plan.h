@@ -116,7 +116,9 @@ struct Plan {
 
 // A 64-bit FNV-1a digest of every field of `plan` (shapes, instances, quotas, split,
 // fan-out). Ranks that solve in-band compare digests to prove they execute the same plan.
-uint64_t PlanFingerprint(const Plan& plan);
+// `seed` continues a digest (chain plans: h = PlanFingerprint(next, h)).
+inline constexpr uint64_t kFingerprintSeed = 0xcbf29ce484222325ULL;
+uint64_t PlanFingerprint(const Plan& plan, uint64_t seed = kFingerprintSeed);
 
 // max rank load / mean rank load; 1.0 for an all-zero load.
 double Imbalance(const std::vector<int64_t>& rank_loads);

@@ -230,34 +230,6 @@ TEST(PlanFuzzTest, UltraepNeverExceedsItsThreshold) {
   }
 }
 
-// FNV-1a over every field of a plan.
-uint64_t HashPlan(const Plan& plan) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  auto mix = [&h](int64_t v) {
-    for (int b = 0; b < 8; ++b) {
-      h ^= static_cast<uint64_t>(v >> (8 * b)) & 0xff;
-      h *= 0x100000001b3ull;
-    }
-  };
-  mix(plan.ranks);
-  mix(plan.experts);
-  for (const ExpertInstance& i : plan.instances) {
-    mix(i.expert);
-    mix(i.rank);
-    mix(i.master);
-  }
-  for (int32_t f : plan.first) mix(f);
-  for (int64_t q : plan.quota) mix(q);
-  for (int64_t s : plan.split) mix(s);
-  for (const WeightTransfer& t : plan.fanout.transfers) {
-    mix(t.expert);
-    mix(t.src_rank);
-    mix(t.dst_rank);
-    mix(t.stage);
-  }
-  return h;
-}
-
 // Solves a fixed set of inputs with every policy and hashes all plans together.
 uint64_t HashOfFixedInputs() {
   Rng rng(99);
@@ -271,7 +243,7 @@ uint64_t HashOfFixedInputs() {
       for (int t = 0; t < 3; ++t) {
         absl::StatusOr<Plan> plan = (*planner)->Solve(loads, 0);
         if (!plan.ok()) return 0;
-        h = h * 31 + HashPlan(*plan);
+        h = h * 31 + PlanFingerprint(*plan);
       }
     }
   }

@@ -400,39 +400,15 @@ class GeneratedSource final : public LoadSource {
   int layer_ = 0;
 };
 
-// FNV-1a over a plan's content, chained over the trace: equal hashes mean bit-identical
-// plans in the same order (used to check determinism across processes).
+// Plan fingerprints chained over the trace: equal hashes mean bit-identical plans in the
+// same order (used to check determinism across processes).
 class PlanHash {
  public:
-  void Add(const pl::Plan& plan) {
-    Mix(plan.ranks);
-    Mix(plan.experts);
-    for (const pl::ExpertInstance& i : plan.instances) {
-      Mix(i.expert);
-      Mix(i.rank);
-      Mix(i.master ? 1 : 0);
-    }
-    for (int32_t v : plan.first) Mix(v);
-    for (int64_t v : plan.quota) Mix(v);
-    for (int64_t v : plan.split) Mix(v);
-    for (const pl::WeightTransfer& t : plan.fanout.transfers) {
-      Mix(t.expert);
-      Mix(t.src_rank);
-      Mix(t.dst_rank);
-      Mix(t.stage);
-    }
-  }
+  void Add(const pl::Plan& plan) { h_ = pl::PlanFingerprint(plan, h_); }
   std::string Hex() const { return Format("%016llx", static_cast<unsigned long long>(h_)); }
 
  private:
-  void Mix(int64_t v) {
-    uint64_t u = static_cast<uint64_t>(v);
-    for (int b = 0; b < 8; ++b) {
-      h_ ^= (u >> (8 * b)) & 0xff;
-      h_ *= 0x100000001b3ULL;
-    }
-  }
-  uint64_t h_ = 0xcbf29ce484222325ULL;
+  uint64_t h_ = pl::kFingerprintSeed;
 };
 
 // Nearest-rank percentile of `v` (sorted in place).
