@@ -1,0 +1,492 @@
+// End-to-end tests of expert-parallel `rackrun train` under mpirun with 1, 2 and 4 ranks:
+// the built binary runs on the committed Brown sample as a user would start it, and the
+// tests read its exit status, stderr and rank 0's JSON Lines log.
+//
+// Contracts checked (issue 5): the same global batch gives the same losses on 1, 2 and 4
+// ranks; balancing (ultraep, eplb) moves work between ranks but not the losses; a
+// configuration reruns bit-identically; a failing or disagreeing rank stops the whole job
+// with a message naming it (no hang); checkpoints resume on any rank count; the load trace
+// replays through `rackrun plan`.
+//
+// Every mpirun gets its own Open MPI session folder (OMPI_MCA_orte_tmpdir_base) under the
+// test's own temp folder: CTest runs the tests of this file in parallel processes, and
+// mpiruns started at the same moment otherwise race on the shared /tmp/ompi.* folder.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::MatchesRegex;
+namespace fs = std::filesystem;
+
+// Shared-memory transport without CMA (containers forbid ptrace), oversubscription (CI has
+// 2 cores), root allowed, and ranks yield while waiting so that 4 ranks share 2 cores.
+constexpr char kMpiEnv[] =
+    "OMPI_MCA_btl=self,vader OMPI_MCA_btl_vader_single_copy_mechanism=none "
+    "OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_ALLOW_RUN_AS_ROOT=1 "
+    "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yield_when_idle=1";
+
+// A job that hangs instead of failing is stopped here (and then fails its test's
+// assertions on the exit status) rather than at CTest's timeout.
+constexpr int kHangGuardS = 180;
+
+// Equal losses up to float reassociation: the tolerance issue 5 sets.
+constexpr double kLossTolerance = 1e-4;
+
+struct Result {
+  int code = -1;
+  std::string out;
+  std::string err;
+};
+
+std::string Slurp(const fs::path& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+std::vector<std::string> Lines(const fs::path& path) {
+  std::ifstream in(path);
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+
+// A folder per test process (CTest runs each test of this file in a process of its own, and
+// other build trees may run the same tests at the same time).
+fs::path Dir() {
+  return fs::path(::testing::TempDir()) / ("ep_train-" + std::to_string(getpid())) /
+         ::testing::UnitTest::GetInstance()->current_test_info()->name();
+}
+
+// Runs `command` in a shell; `tag` names its stdout/stderr files (and session folder).
+Result Shell(const std::string& command, const std::string& tag) {
+  const fs::path out = Dir() / (tag + ".stdout");
+  const fs::path err = Dir() / (tag + ".stderr");
+  const std::string full = command + " >" + out.string() + " 2>" + err.string();
+  const int status = std::system(full.c_str());
+  Result r;
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.out = Slurp(out);
+  r.err = Slurp(err);
+  return r;
+}
+
+// `rackrun ARGS` in this process's environment (one rank, no launcher).
+Result Rackrun(const std::string& args, const std::string& tag) {
+  return Shell(std::string("timeout -k 10 ") + std::to_string(kHangGuardS) + " " + RACKRUN_BINARY +
+                   " " + args,
+               tag);
+}
+
+// `mpirun LAUNCH` with the test MPI environment plus `env` ("NAME=VALUE ..."), in a session
+// folder of its own. LAUNCH is the part after mpirun's own options, e.g. "-np 2 rackrun ...".
+Result Mpirun(const std::string& launch, const std::string& tag, const std::string& env = "",
+              int guard_s = kHangGuardS) {
+  const fs::path session = Dir() / ("session-" + tag);
+  fs::create_directories(session);
+  return Shell("env " + std::string(kMpiEnv) + " OMPI_MCA_orte_tmpdir_base=" + session.string() +
+                   " " + env + " timeout -k 10 " + std::to_string(guard_s) + " " + MPIEXEC +
+                   " --allow-run-as-root --oversubscribe " + launch,
+               tag);
+}
+
+std::string Np(int ranks) {
+  return std::string(MPIEXEC_NUMPROC_FLAG) + " " + std::to_string(ranks);
+}
+
+// `rackrun train ARGS` on `ranks` ranks: plain for one rank, under mpirun otherwise.
+Result Train(int ranks, const std::string& args, const std::string& tag,
+             const std::string& env = "") {
+  if (ranks == 1 && env.empty()) return Rackrun("train " + args, tag);
+  return Mpirun(Np(ranks) + " " + RACKRUN_BINARY + " train " + args, tag, env);
+}
+
+constexpr char kSpec[] =
+    "model: {width: 32, blocks: 2, heads: 2, seq_len: 32, residual: xhc, streams: 4, active: 2,\n"
+    "        fixed: 1, moe: {experts: 8, top_k: 2, expert_hidden: 32}}\n"
+    "data: {train: data/train.tokens, validation: data/val.tokens, batch_size: 8}\n"
+    "training: {steps: 20, seed: 3, microbatches: 2, eval_interval: 10, eval_batches: 2}\n"
+    "balancer: {policy: none, slots: 2}\n"
+    "logging: {interval: 1}\n"
+    "resources: {threads: 1}\n";
+
+// Tokenizes the Brown sample into Dir()/data and writes the job spec (kSpec); returns its
+// path. The data paths in the spec are relative to the spec's folder.
+std::string PrepareJob() {
+  fs::remove_all(Dir());
+  fs::create_directories(Dir());
+  const Result data = Rackrun(std::string("data --input ") + RACKRUN_SOURCE_DIR +
+                                  "/tests/data/brown-sample.txt --output " +
+                                  (Dir() / "data").string() + " --val-fraction 0.1",
+                              "data");
+  EXPECT_EQ(data.code, 0) << data.err;
+  const fs::path spec = Dir() / "job.yaml";
+  std::ofstream(spec) << kSpec;
+  return spec.string();
+}
+
+// " --log-json DIR/NAME.jsonl"
+std::string LogFlag(const std::string& name) {
+  return " --log-json " + (Dir() / (name + ".jsonl")).string();
+}
+
+std::vector<nlohmann::json> Log(const std::string& name) {
+  std::vector<nlohmann::json> records;
+  for (const std::string& line : Lines(Dir() / (name + ".jsonl"))) {
+    records.push_back(nlohmann::json::parse(line));
+  }
+  return records;
+}
+
+// The "loss" fields as written (%.9g), for bit-for-bit comparison of runs.
+std::vector<std::string> LossTexts(const std::string& name) {
+  std::vector<std::string> losses;
+  for (const std::string& line : Lines(Dir() / (name + ".jsonl"))) {
+    const std::string key = "\"loss\": ";
+    const size_t at = line.find(key);
+    if (at == std::string::npos) {
+      ADD_FAILURE() << name << ": no loss in " << line;
+      continue;
+    }
+    const size_t begin = at + key.size();
+    losses.push_back(line.substr(begin, line.find(',', begin) - begin));
+  }
+  return losses;
+}
+
+// Field `key` of every logged step ("loss", "grad_norm"); steps where it is null (e.g.
+// "val_loss" between evaluations) are left out.
+std::vector<double> Field(const std::string& name, const std::string& key = "loss") {
+  std::vector<double> values;
+  for (const nlohmann::json& r : Log(name)) {
+    if (!r.at(key).is_null()) values.push_back(r.at(key).get<double>());
+  }
+  return values;
+}
+
+std::vector<double> Losses(const std::string& name) { return Field(name, "loss"); }
+
+// Largest relative difference of equally long loss sequences; fails the test on a length
+// mismatch or a non-finite loss.
+double MaxRelativeDifference(const std::vector<double>& a, const std::vector<double>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double worst = 0;
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
+    EXPECT_TRUE(std::isfinite(a[i]) && std::isfinite(b[i])) << "step " << i + 1;
+    worst = std::max(worst, std::abs(a[i] - b[i]) / std::max(std::abs(a[i]), 1e-30));
+  }
+  return worst;
+}
+
+// Prints and records (in the test XML) a measured difference.
+void Report(const std::string& what, double value) {
+  char text[64];
+  std::snprintf(text, sizeof(text), "%.3g", value);
+  std::printf("[ measured ] %s = %s\n", what.c_str(), text);
+  ::testing::Test::RecordProperty(what, text);
+}
+
+// What a run's log shows of balancing: the most replicas of any step (mean per layer and
+// microbatch), and whether any step lowered some layer's rank imbalance (max/mean).
+struct Balancing {
+  double max_replicas = 0;
+  bool lowered = false;
+};
+Balancing BalancingIn(const std::vector<nlohmann::json>& log) {
+  Balancing b;
+  for (const nlohmann::json& r : log) {
+    b.max_replicas = std::max(b.max_replicas, r.at("replicas").get<double>());
+    const nlohmann::json& before = r.at("rank_imbalance_before");
+    const nlohmann::json& after = r.at("rank_imbalance_after");
+    EXPECT_EQ(before.size(), after.size());
+    for (size_t l = 0; l < std::min(before.size(), after.size()); ++l) {
+      if (after[l].get<double>() < before[l].get<double>()) b.lowered = true;
+    }
+  }
+  return b;
+}
+
+// Removes a passing test's folder (logs, checkpoints, Open MPI session); a failing test's
+// stays for inspection.
+class EpTrainTest : public ::testing::Test {
+ protected:
+  void TearDown() override {
+    if (!HasFailure()) {
+      std::error_code ec;
+      fs::remove_all(Dir(), ec);
+      fs::remove(Dir().parent_path(), ec);  // only when no other test's folder is left
+    }
+  }
+};
+
+TEST_F(EpTrainTest, SameGlobalBatchGivesTheSameLossesOnOneTwoAndFourRanks) {
+  const std::string spec = PrepareJob();
+  const Result one = Train(1, spec + LogFlag("r1"), "r1");
+  ASSERT_EQ(one.code, 0) << one.err;
+  EXPECT_THAT(one.out, ::testing::Not(HasSubstr("expert parallel")));
+  const std::vector<double> base = Losses("r1");
+  ASSERT_EQ(base.size(), 20u);
+  for (const int ranks : {2, 4}) {
+    const std::string name = std::string("r") + std::to_string(ranks);
+    const Result r = Train(ranks, spec + LogFlag(name), name);
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_THAT(r.out,
+                HasSubstr(std::string("expert parallel: ") + std::to_string(ranks) + " ranks"));
+    const std::vector<nlohmann::json> log = Log(name);
+    ASSERT_EQ(log.size(), 20u);
+    EXPECT_EQ(log[0].at("ranks").get<int>(), ranks);
+    const std::string n = std::to_string(ranks);
+    const double diff = MaxRelativeDifference(base, Losses(name));
+    Report("max_rel_loss_diff_1_vs_" + n + "_ranks", diff);
+    EXPECT_LE(diff, kLossTolerance);
+    // Evaluation (steps 10 and 20) runs through the expert-parallel layers too, and the
+    // gradients (their norm) agree as well as the losses do.
+    const std::vector<double> val = Field(name, "val_loss");
+    EXPECT_EQ(val.size(), 2u);
+    const double val_diff = MaxRelativeDifference(Field("r1", "val_loss"), val);
+    Report("max_rel_val_loss_diff_1_vs_" + n + "_ranks", val_diff);
+    EXPECT_LE(val_diff, kLossTolerance);
+    const double gnorm_diff =
+        MaxRelativeDifference(Field("r1", "grad_norm"), Field(name, "grad_norm"));
+    Report("max_rel_grad_norm_diff_1_vs_" + n + "_ranks", gnorm_diff);
+    EXPECT_LE(gnorm_diff, kLossTolerance);
+  }
+}
+
+// ultraep/eplb against none on the same rank count: equal losses, but balancing happened.
+void ExpectBalancingMovesWorkNotResults(const std::string& policy, int ranks) {
+  const std::string spec = PrepareJob();
+  const std::string n = std::to_string(ranks);
+  const Result none = Train(ranks, spec + LogFlag("none"), "none");
+  ASSERT_EQ(none.code, 0) << none.err;
+  const Result bal =
+      Train(ranks, spec + " --set balancer.policy=" + policy + LogFlag(policy), policy);
+  ASSERT_EQ(bal.code, 0) << bal.err;
+  EXPECT_THAT(bal.out, HasSubstr("balancer " + policy));
+  ASSERT_EQ(Log(policy).size(), 20u);
+  const double diff = MaxRelativeDifference(Losses("none"), Losses(policy));
+  Report("max_rel_loss_diff_" + policy + "_vs_none_" + n + "_ranks", diff);
+  EXPECT_LE(diff, kLossTolerance);
+
+  const Balancing b = BalancingIn(Log(policy));
+  Report("max_replicas_" + policy + "_" + n + "_ranks", b.max_replicas);
+  EXPECT_GT(b.max_replicas, 0) << policy << " placed no replica in 20 steps";
+  EXPECT_TRUE(b.lowered) << policy << " lowered no layer's rank imbalance in 20 steps";
+  // none never replicates and executes the masters-only placement.
+  const Balancing unbalanced = BalancingIn(Log("none"));
+  EXPECT_EQ(unbalanced.max_replicas, 0);
+  EXPECT_FALSE(unbalanced.lowered);
+}
+
+TEST_F(EpTrainTest, UltraepMovesWorkNotResultsOnTwoRanks) {
+  ExpectBalancingMovesWorkNotResults("ultraep", 2);
+}
+
+TEST_F(EpTrainTest, UltraepMovesWorkNotResultsOnFourRanks) {
+  ExpectBalancingMovesWorkNotResults("ultraep", 4);
+}
+
+TEST_F(EpTrainTest, EplbMovesWorkNotResultsOnFourRanks) {
+  ExpectBalancingMovesWorkNotResults("eplb", 4);
+}
+
+void ExpectBitIdenticalReruns(int ranks) {
+  const std::string spec = PrepareJob();
+  const std::string args = spec + " --set balancer.policy=ultraep";
+  for (const std::string name : {"a", "b"}) {
+    const Result r = Train(ranks, args + LogFlag(name), name);
+    ASSERT_EQ(r.code, 0) << r.err;
+  }
+  const std::vector<std::string> a = LossTexts("a");
+  EXPECT_EQ(a.size(), 20u);
+  EXPECT_EQ(a, LossTexts("b"));
+}
+
+TEST_F(EpTrainTest, UltraepRerunsBitIdenticallyOnTwoRanks) { ExpectBitIdenticalReruns(2); }
+
+TEST_F(EpTrainTest, UltraepRerunsBitIdenticallyOnFourRanks) { ExpectBitIdenticalReruns(4); }
+
+TEST_F(EpTrainTest, PlanDisagreementStopsTheJobNamingRankLayerAndMicrobatch) {
+  const std::string spec = PrepareJob();
+  const Result r = Train(2, spec + " --set balancer.policy=ultraep", "fault",
+                         "RACKRUN_FAULT=plan_hash:rank=1,layer=1,microbatch=3");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.code, 124) << "the job hung";
+  EXPECT_THAT(r.err, HasSubstr("ranks disagree on the plan"));
+  EXPECT_THAT(r.err, HasSubstr("rank 1 solved fingerprint"));
+  EXPECT_THAT(r.err, HasSubstr("MoE layer 1"));
+  EXPECT_THAT(r.err, HasSubstr("microbatch 3"));
+  EXPECT_THAT(r.err, HasSubstr("rackrun train: rank "));
+}
+
+TEST_F(EpTrainTest, StalledRankTimesOutNamingTheRankWaitedFor) {
+  const std::string spec = PrepareJob();
+  const Result r =
+      Mpirun(Np(4) + " " + RACKRUN_BINARY + " train " + spec, "fault",
+             "RACKRUN_COMM_TIMEOUT_S=3 RACKRUN_FAULT=stall:rank=2,layer=0,microbatch=1",
+             /*guard_s=*/60);
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.code, 124) << "the job did not stop within 60 s";
+  EXPECT_THAT(r.err, HasSubstr("timed out"));
+  // A peer that waited on the stalled rank names it ("waiting for rank 2 (recv)", or in a
+  // list of ranks).
+  EXPECT_THAT(r.err, MatchesRegex("(.|\n)*waiting for ranks? ([0-9]+ \\([a-z+]+\\), )*2 "
+                                  "\\((.|\n)*"));
+  EXPECT_THAT(r.err, HasSubstr("MoE layer 0"));
+}
+
+TEST_F(EpTrainTest, ExitedRankEndsTheJob) {
+  const std::string spec = PrepareJob();
+  const Result r = Train(4, spec + " --set balancer.policy=ultraep", "fault",
+                         "RACKRUN_FAULT=exit:rank=3,layer=1,microbatch=2");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.code, 124) << "the job hung";
+  // Microbatches count from 0: microbatch 2 is step 2's first, so step 1 completed and
+  // rank 0 logged nothing after it.
+  EXPECT_THAT(r.out, HasSubstr("step  1/20"));
+  EXPECT_THAT(r.out, ::testing::Not(HasSubstr("step  2/20")));
+}
+
+TEST_F(EpTrainTest, RanksWithDifferentSpecsStopNamingTheRank) {
+  const std::string spec = PrepareJob();
+  const fs::path other = Dir() / "other.yaml";
+  std::string text = kSpec;
+  text.replace(text.find("seed: 3"), 7, "seed: 4");
+  std::ofstream(other) << text;
+  const std::string bin = std::string(RACKRUN_BINARY) + " train ";
+  const Result r =
+      Mpirun(Np(1) + " " + bin + spec + " : " + Np(1) + " " + bin + other.string(), "mpmd");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.code, 124) << "the job hung";
+  EXPECT_THAT(r.err, HasSubstr("rank 1's job spec differs from rank 0's"));
+}
+
+TEST_F(EpTrainTest, BatchNotDivisibleByRanksNamesDataBatchSize) {
+  const std::string spec = PrepareJob();
+  const Result r = Train(4, spec + " --set data.batch_size=6", "batch");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.code, 124) << "the job hung";
+  EXPECT_THAT(r.err, HasSubstr("data.batch_size"));
+}
+
+TEST_F(EpTrainTest, ResourcesRanksDifferentFromTheLaunchNamesTheField) {
+  const std::string spec = PrepareJob();
+  const Result r = Train(2, spec + " --set resources.ranks=4", "ranks");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.code, 124) << "the job hung";
+  EXPECT_THAT(r.err, HasSubstr("resources.ranks"));
+  EXPECT_THAT(r.err, HasSubstr("asks for 4 ranks"));
+}
+
+TEST_F(EpTrainTest, CheckpointFromTwoRanksResumesOnTwoFourAndOneRanks) {
+  const std::string spec = PrepareJob();
+  const std::string job = spec + " --set balancer.policy=ultraep";
+  const Result full = Train(2,
+                            job + LogFlag("full") + " --set checkpoint.interval=10" +
+                                " --set checkpoint.dir=" + (Dir() / "ckpt").string(),
+                            "full");
+  ASSERT_EQ(full.code, 0) << full.err;
+  const std::vector<std::string> full_text = LossTexts("full");
+  ASSERT_EQ(full_text.size(), 20u);
+  const std::vector<std::string> tail_text(full_text.begin() + 10, full_text.end());
+  const std::vector<double> full_losses = Losses("full");
+  const std::vector<double> tail(full_losses.begin() + 10, full_losses.end());
+  const fs::path step10 = Dir() / "ckpt" / "step-00000010.ckpt";
+  ASSERT_TRUE(fs::exists(step10));
+
+  for (const int ranks : {2, 4, 1}) {
+    const std::string name = std::string("resume") + std::to_string(ranks);
+    const Result r = Train(ranks,
+                           job + " --resume " + step10.string() + LogFlag(name) +
+                               " --set checkpoint.dir=" + (Dir() / ("ckpt-" + name)).string(),
+                           name);
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_THAT(r.out, HasSubstr("resumed at step 10"));
+    const std::vector<nlohmann::json> log = Log(name);
+    ASSERT_EQ(log.size(), 10u);
+    EXPECT_EQ(log[0].at("step").get<int>(), 11);
+    if (ranks == 2) {
+      EXPECT_EQ(LossTexts(name), tail_text) << "same rank count: bit-identical";
+    } else {
+      const double diff = MaxRelativeDifference(tail, Losses(name));
+      Report(std::string("max_rel_loss_diff_resume_2_to_") + std::to_string(ranks) + "_ranks",
+             diff);
+      EXPECT_LE(diff, kLossTolerance);
+    }
+  }
+}
+
+// DISABLED: fails at e807185 (reported to the lead). EPLB's planner keeps state across
+// microbatches (its load history and current placement) that the checkpoint does not hold,
+// so the resumed run re-places from scratch and some losses differ in the last digits
+// (3 of 10 steps, 2.5e-9 relative), against runtime/trainer.h's contract that a resumed
+// run continues bit-identically. Enable once the checkpoint keeps (or the contract
+// excludes) the balancer's state.
+TEST_F(EpTrainTest, DISABLED_EplbCheckpointResumesBitIdenticallyOnTwoRanks) {
+  const std::string spec = PrepareJob();
+  const std::string job = spec + " --set balancer.policy=eplb";
+  const Result full = Train(2,
+                            job + LogFlag("full") + " --set checkpoint.interval=10" +
+                                " --set checkpoint.dir=" + (Dir() / "ckpt").string(),
+                            "full");
+  ASSERT_EQ(full.code, 0) << full.err;
+  const std::vector<std::string> full_text = LossTexts("full");
+  ASSERT_EQ(full_text.size(), 20u);
+  const Result r =
+      Train(2,
+            job + " --resume " + (Dir() / "ckpt" / "step-00000010.ckpt").string() +
+                LogFlag("resumed") + " --set checkpoint.dir=" + (Dir() / "ckpt-resumed").string(),
+            "resumed");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(LossTexts("resumed"),
+            std::vector<std::string>(full_text.begin() + 10, full_text.end()));
+}
+
+TEST_F(EpTrainTest, LoadTraceRecordsEveryTrainingMicrobatchAndReplays) {
+  const std::string spec = PrepareJob();
+  const fs::path trace = Dir() / "loads.jsonl";
+  constexpr int kSteps = 10, kMicrobatches = 2, kBlocks = 2;
+  const Result r =
+      Train(4,
+            spec + " --set balancer.policy=ultraep --set training.steps=" + std::to_string(kSteps) +
+                " --load-trace " + trace.string(),
+            "train");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::vector<std::string> lines = Lines(trace);
+  EXPECT_EQ(lines.size(), static_cast<size_t>(kSteps * kMicrobatches * kBlocks));
+  for (const std::string& line : lines) {
+    const nlohmann::json entry = nlohmann::json::parse(line);
+    EXPECT_EQ(entry.at("ranks").get<int>(), 4);
+    EXPECT_EQ(entry.at("experts").get<int>(), 8);
+    ASSERT_EQ(entry.at("loads").size(), 4u);
+    // Rows are source ranks; together they route the global microbatch: 8 sequences x 32
+    // tokens x top-2.
+    int64_t routed = 0;
+    for (const nlohmann::json& row : entry.at("loads")) {
+      for (const nlohmann::json& v : row) routed += v.get<int64_t>();
+    }
+    EXPECT_EQ(routed, 8 * 32 * 2);
+  }
+  const Result plan = Rackrun("plan --trace " + trace.string() + " --slots 2", "plan");
+  EXPECT_EQ(plan.code, 0) << plan.err;
+  EXPECT_THAT(plan.out, HasSubstr("ultraep"));
+}
+
+}  // namespace
