@@ -58,7 +58,14 @@ class ExpertParallelExecutor final : public ExpertExecutor<float> {
   absl::Status SolvePlan(std::span<const int64_t> offsets);
   void PlaceWeights();
   absl::Status FanOut();
-  absl::Status ReduceReplicaGradients();
+  // Posts this microbatch's replica gradients to their masters' ranks (after Backward);
+  // FinishReplicaGradients waits for them and adds them to the masters' gradients.
+  absl::Status PostReplicaGradients();
+
+ public:
+  absl::Status FinishReplicaGradients();
+
+ private:
   // Prefixes `s` with where it happened: rank, layer, microbatch, phase.
   absl::Status Where(const absl::Status& s, absl::string_view phase) const;
   int rank() const { return g_->channel_.rank(); }
@@ -90,7 +97,12 @@ class ExpertParallelExecutor final : public ExpertExecutor<float> {
   std::vector<int> slot_of_expert_;  // this rank's slot holding expert e, or -1
   int slots_used_ = 0;
   std::vector<float> slot_weights_, slot_grads_;  // [slots x (w13 | w2)]
-  std::vector<float> staging_;  // packed master weights to send / replica gradients received
+  std::vector<float> staging_;                    // packed master weights to send
+  // Replica-gradient reduction in flight: requests, (expert, buffer index) received in
+  // placement order, and the receive buffers.
+  std::vector<std::unique_ptr<comm::Request>> pending_;
+  std::vector<std::pair<int, int>> received_;
+  std::vector<float> grad_staging_;
 
   comm::TokenRouting routing_;
   std::optional<comm::TokenDispatch> dispatch_;
@@ -257,6 +269,9 @@ absl::Status ExpertParallelExecutor::Forward(std::span<const int64_t> offsets,
     std::this_thread::sleep_for(
         absl::ToChronoSeconds(2 * g_->channel_.timeout() + absl::Seconds(5)));
   }
+  // The previous microbatch's replica gradients reach their masters before this one's
+  // compute: masters' gradients always add in the same order.
+  if (absl::Status s = FinishReplicaGradients(); !s.ok()) return s;
   double t0 = Now();
   if (absl::Status s = SolvePlan(offsets); !s.ok()) return s;
   const planner::Domain& d = g_->domain_;
@@ -373,12 +388,12 @@ absl::Status ExpertParallelExecutor::Backward(std::span<const int64_t> offsets,
   }
   t1 = Now();
   st.dispatch_s += t1 - t0;
-  absl::Status s = ReduceReplicaGradients();
+  absl::Status s = PostReplicaGradients();
   st.reduce_s += Now() - t1;
   return s;
 }
 
-absl::Status ExpertParallelExecutor::ReduceReplicaGradients() {
+absl::Status ExpertParallelExecutor::PostReplicaGradients() {
   const planner::Domain& d = g_->domain_;
   comm::DataChannel& ch = g_->channel_;
   const int64_t n = floats();
@@ -388,10 +403,13 @@ absl::Status ExpertParallelExecutor::ReduceReplicaGradients() {
   for (int e = 0; e < d.experts(); ++e) {
     if (d.home_rank(e) == rank()) incoming += placement_.first[e + 1] - placement_.first[e] - 1;
   }
-  if (staging_.size() < static_cast<size_t>(incoming * n))
-    staging_.resize(static_cast<size_t>(incoming * n));
-  std::vector<std::unique_ptr<comm::Request>> requests;
-  std::vector<std::pair<int, int>> received;  // (expert, staging index) in placement order
+  if (grad_staging_.size() < static_cast<size_t>(incoming * n))
+    grad_staging_.resize(static_cast<size_t>(incoming * n));
+  pending_.clear();
+  received_.clear();
+  // Tags differ per layer so that reductions of several layers can be in flight at once.
+  const int tag_base =
+      kGradTag + (layer_ * d.experts()) % (comm::kMaxUserTag - kGradTag - d.experts() + 1);
   int k = 0;
   for (int e = 0; e < d.experts(); ++e) {
     const int home = d.home_rank(e);
@@ -400,33 +418,42 @@ absl::Status ExpertParallelExecutor::ReduceReplicaGradients() {
       absl::StatusOr<std::unique_ptr<comm::Request>> req;
       if (r == rank()) {
         req = ch.Isend(slot_grads(slot_of_expert_[static_cast<size_t>(e)]), n,
-                       comm::DataType::kFloat32, home, kGradTag + e);
+                       comm::DataType::kFloat32, home, tag_base + e);
         g_->stats_.reduce_bytes += n * static_cast<int64_t>(sizeof(float));
       } else if (home == rank()) {
-        req = ch.Irecv(staging_.data() + k * n, n, comm::DataType::kFloat32, r, kGradTag + e);
-        received.emplace_back(e, k++);
+        req = ch.Irecv(grad_staging_.data() + k * n, n, comm::DataType::kFloat32, r, tag_base + e);
+        received_.emplace_back(e, k++);
       } else {
         continue;
       }
       if (!req.ok()) return Where(req.status(), "reducing replica gradients");
-      requests.push_back(*std::move(req));
+      pending_.push_back(*std::move(req));
     }
   }
-  if (absl::Status s =
-          comm::WaitAll(requests, absl::Now() + ch.timeout(), "replica gradient reduction");
-      !s.ok()) {
-    return Where(s, "reducing replica gradients");
-  }
+  return absl::OkStatus();
+}
+
+absl::Status ExpertParallelExecutor::FinishReplicaGradients() {
+  if (pending_.empty()) return absl::OkStatus();
+  const double t0 = Now();
+  comm::DataChannel& ch = g_->channel_;
+  absl::Status s =
+      comm::WaitAll(pending_, absl::Now() + ch.timeout(), "replica gradient reduction");
+  pending_.clear();
+  if (!s.ok()) return Where(s, "reducing replica gradients");
   // Fixed order: the master's own gradient (already accumulated), then replicas by rank.
+  const int64_t n = floats();
   const int64_t n13 = 2 * static_cast<int64_t>(experts_->width()) * experts_->hidden();
-  for (const auto& [e, idx] : received) {
+  for (const auto& [e, idx] : received_) {
     const int local = e - experts_->first();
-    const float* g = staging_.data() + idx * n;
+    const float* g = grad_staging_.data() + idx * n;
     float* dw13 = experts_->dw13(local);
     float* dw2 = experts_->dw2(local);
     for (int64_t j = 0; j < n13; ++j) dw13[j] += g[j];
     for (int64_t j = n13; j < n; ++j) dw2[j - n13] += g[j];
   }
+  received_.clear();
+  g_->stats_.reduce_s += Now() - t0;
   return absl::OkStatus();
 }
 
@@ -523,13 +550,22 @@ absl::StatusOr<std::unique_ptr<ExpertParallelGroup>> ExpertParallelGroup::Create
   }
   g->stats_.layers.resize(layers.size());
   for (size_t b = 0; b < layers.size(); ++b) {
-    layers[b]->SetExecutor(std::make_unique<ExpertParallelExecutor>(g.get(), static_cast<int>(b),
-                                                                    &layers[b]->experts()));
+    auto executor = std::make_unique<ExpertParallelExecutor>(g.get(), static_cast<int>(b),
+                                                             &layers[b]->experts());
+    g->executors_.push_back(executor.get());
+    layers[b]->SetExecutor(std::move(executor));
   }
   return g;
 }
 
 ExpertParallelGroup::~ExpertParallelGroup() { (void)Close(); }
+
+absl::Status ExpertParallelGroup::FinishMicrobatch() {
+  for (ExpertParallelExecutor* e : executors_) {
+    if (absl::Status s = e->FinishReplicaGradients(); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
 
 void ExpertParallelGroup::ResetStats() {
   const size_t layers = stats_.layers.size();

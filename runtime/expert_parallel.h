@@ -16,7 +16,8 @@
 //      (one all-to-all-v), runs the local instances (masters from the shard, replicas from
 //      the slots) and combines the results back in the original order.
 // Backward mirrors it; each replica's weight gradient is then sent to the expert's home
-// rank, which adds them to the master's gradient in a fixed order (the master's own
+// rank without waiting (it travels while lower layers run their backward), and
+// FinishMicrobatch adds them to the masters' gradients in a fixed order (the master's own
 // contribution first, then replicas by ascending rank): deterministic, no atomics.
 //
 // Weights live at the home rank (rank e / (E/R) for expert e); an instance the plan puts
@@ -76,7 +77,7 @@ struct ExpertParallelStats {
   double fanout_s = 0;          // replica weights to their ranks
   double dispatch_s = 0;        // token all-to-alls (dispatch and combine, forward and backward)
   double expert_s = 0;          // local expert compute, masters and replicas
-  double reduce_s = 0;          // replica gradients into the masters
+  double reduce_s = 0;          // replica gradients into the masters (posting + completing)
   int64_t fanout_bytes = 0;     // weight bytes this rank sent
   int64_t fanouts = 0;          // fan-outs run
   int64_t fanouts_skipped = 0;  // fan-outs not needed: slots already current
@@ -110,6 +111,10 @@ class ExpertParallelGroup {
     microbatch_ = microbatch;
     training_ = training;
   }
+  // Completes every layer's replica-gradient reduction of the microbatch (call after its
+  // backward, before reading expert gradients or stepping the optimizer; a layer's next
+  // Forward also completes its own). Collective in effect: peers wait for these sends.
+  absl::Status FinishMicrobatch();
   // After every optimizer step: replica weights held in slots are stale.
   void WeightsChanged() { ++weights_version_; }
 
@@ -140,6 +145,7 @@ class ExpertParallelGroup {
   std::unique_ptr<planner::Planner> train_planner_, eval_planner_;
   std::optional<planner::TraceWriter> trace_;
   std::optional<Fault> fault_;
+  std::vector<ExpertParallelExecutor*> executors_;  // owned by the MoE layers
   ExpertParallelStats stats_;
   int64_t microbatch_ = 0;
   bool training_ = true;

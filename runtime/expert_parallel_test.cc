@@ -96,6 +96,12 @@ void RunPasses(MoeLayer<float>& layer, int row0, int rows, ExpertParallelGroup* 
     r->out.insert(r->out.end(), out.begin(), out.end());
     r->du.insert(r->du.end(), du.begin(), du.end());
   }
+  // Earlier passes' replica gradients were completed by the next pass's Forward; the
+  // last one's here.
+  if (group != nullptr) {
+    r->status = group->FinishMicrobatch();
+    if (!r->status.ok()) return;
+  }
   for (const ParamRef<float>& p : layer.Parameters()) {
     r->grads.emplace_back(p.grad, p.grad + p.size);
   }

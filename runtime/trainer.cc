@@ -366,6 +366,9 @@ absl::StatusOr<StepRecord> Trainer::Step() {
         model_->ForwardBackward(batch_.inputs, batch_.targets, batch_.batch, batch_.segment_starts,
                                 static_cast<float>(share / micro));
     if (!loss.ok()) return loss.status();
+    if (ep_ != nullptr) {
+      if (absl::Status s = ep_->FinishMicrobatch(); !s.ok()) return s;
+    }
     if (trace_.has_value()) {
       if (absl::Status s = RecordLoads(microbatch_); !s.ok()) return s;
     }
