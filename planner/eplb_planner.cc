@@ -2,12 +2,18 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
+#include <iterator>
+#include <map>
 #include <numeric>
+#include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "planner/plan.h"
 
 namespace rackrun::planner {
@@ -139,6 +145,119 @@ EplbPlanner::LayerState& EplbPlanner::StateFor(int layer) {
     state.placement = HomePlacement(domain_);
   }
   return state;
+}
+
+namespace {
+
+constexpr int64_t kStateMagic = 0x4550'4c42'5354'0001LL;  // "EPLBST", version 1
+
+void Put(std::string& out, int64_t v) { out.append(reinterpret_cast<const char*>(&v), sizeof(v)); }
+template <typename T>
+void PutVector(std::string& out, const std::vector<T>& v) {
+  Put(out, static_cast<int64_t>(v.size()));
+  for (const T x : v) Put(out, static_cast<int64_t>(x));
+}
+
+// Reads int64 fields back; any overrun or impossible size marks the reader bad.
+class StateReader {
+ public:
+  explicit StateReader(std::string_view bytes) : bytes_(bytes) {}
+  int64_t Get() {
+    int64_t v = 0;
+    if (bytes_.size() - pos_ < sizeof(v) || pos_ > bytes_.size()) {
+      ok_ = false;
+      return 0;
+    }
+    std::memcpy(&v, bytes_.data() + pos_, sizeof(v));
+    pos_ += sizeof(v);
+    return v;
+  }
+  template <typename T>
+  std::vector<T> GetVector(int64_t max_size) {
+    const int64_t n = Get();
+    if (n < 0 || n > max_size) {
+      ok_ = false;
+      return {};
+    }
+    std::vector<T> v(static_cast<size_t>(n));
+    for (T& x : v) x = static_cast<T>(Get());
+    return v;
+  }
+  bool ok() const { return ok_ && pos_ == bytes_.size(); }
+  bool good() const { return ok_; }
+
+ private:
+  std::string_view bytes_;
+  size_t pos_ = 0;
+  bool ok_ = true;
+};
+
+}  // namespace
+
+std::string EplbPlanner::SaveState() const {
+  std::string out;
+  for (const int64_t v :
+       {kStateMagic, static_cast<int64_t>(domain_.ranks),
+        static_cast<int64_t>(domain_.masters_per_rank),
+        static_cast<int64_t>(domain_.slots_per_rank), static_cast<int64_t>(options_.eplb_window),
+        static_cast<int64_t>(options_.eplb_interval), static_cast<int64_t>(layers_.size())}) {
+    Put(out, v);
+  }
+  for (const auto& [layer, state] : layers_) {
+    Put(out, layer);
+    Put(out, state.microbatch);
+    Put(out, state.window_count);
+    PutVector(out, state.window);
+    PutVector(out, state.window_sum);
+    PutVector(out, state.placement.phy_to_log);
+    PutVector(out, state.placement.phy_rank);
+    PutVector(out, state.placement.log_count);
+  }
+  return out;
+}
+
+absl::Status EplbPlanner::RestoreState(std::string_view bytes) {
+  StateReader in(bytes);
+  const int64_t header[] = {in.Get(), in.Get(), in.Get(), in.Get(), in.Get(), in.Get()};
+  const int64_t layers = in.Get();
+  if (!in.good() || header[0] != kStateMagic) {
+    return absl::DataLossError("eplb planner state: not an eplb state (bad magic or truncated)");
+  }
+  const int64_t mine[] = {
+      kStateMagic,          domain_.ranks,         domain_.masters_per_rank, domain_.slots_per_rank,
+      options_.eplb_window, options_.eplb_interval};
+  if (!std::equal(std::begin(header), std::end(header), std::begin(mine))) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "eplb planner state was saved for ", header[1], " ranks x ", header[2], " masters + ",
+        header[3], " slots, window ", header[4], ", interval ", header[5], "; this planner has ",
+        domain_.ranks, " x ", domain_.masters_per_rank, " + ", domain_.slots_per_rank, ", window ",
+        options_.eplb_window, ", interval ", options_.eplb_interval));
+  }
+  const int64_t experts = domain_.experts();
+  const int64_t physical = static_cast<int64_t>(domain_.ranks) * domain_.capacity_per_rank();
+  std::map<int, LayerState> restored;
+  for (int64_t i = 0; i < layers && in.good(); ++i) {
+    const int layer = static_cast<int>(in.Get());
+    LayerState s;
+    s.microbatch = in.Get();
+    s.window_count = in.Get();
+    s.window = in.GetVector<int64_t>(static_cast<int64_t>(options_.eplb_window) * experts);
+    s.window_sum = in.GetVector<int64_t>(experts);
+    s.placement.phy_to_log = in.GetVector<int32_t>(physical);
+    s.placement.phy_rank = in.GetVector<int32_t>(physical);
+    s.placement.log_count = in.GetVector<int32_t>(experts);
+    if (s.window.size() != static_cast<size_t>(options_.eplb_window * experts) ||
+        s.window_sum.size() != static_cast<size_t>(experts) ||
+        s.placement.log_count.size() != static_cast<size_t>(experts) || s.window_count < 0 ||
+        s.window_count > options_.eplb_window || s.microbatch < 0) {
+      return absl::DataLossError(
+          absl::StrCat("eplb planner state: layer ", layer, " has inconsistent sizes"));
+    }
+    restored[layer] = std::move(s);
+  }
+  if (!in.ok()) return absl::DataLossError("eplb planner state: truncated or trailing bytes");
+  layers_ = std::move(restored);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<Plan> EplbPlanner::Solve(const LoadMatrix& loads, int layer) {

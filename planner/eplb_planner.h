@@ -74,6 +74,11 @@ class EplbPlanner final : public Planner {
   // Whether the last Solve recomputed the placement.
   bool last_replanned() const { return last_replanned_; }
 
+  // Per layer: microbatch counter, load window and placement; tagged with the domain,
+  // window and interval it was made for.
+  std::string SaveState() const override;
+  absl::Status RestoreState(std::string_view state) override;
+
  private:
   struct LayerState {
     int64_t microbatch = 0;

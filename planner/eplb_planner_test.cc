@@ -401,5 +401,56 @@ TEST(EplbPlannerTest, RejectsLoadsOfAnotherShape) {
   EXPECT_NE(plan.status().message().find("loads.experts"), std::string::npos);
 }
 
+TEST(EplbPlannerTest, RestoredStatePlansLikeTheSavedPlanner) {
+  const Domain domain{4, 2, 1};
+  PlannerOptions options;
+  options.eplb_window = 3;
+  options.eplb_interval = 2;
+  EplbPlanner original(domain, options);
+  // Loads that change every microbatch, on two layers.
+  const auto loads_at = [](int m) {
+    LoadMatrix l = Uniform(4, 8, 1 + m % 3);
+    for (int src = 0; src < 4; ++src) l.at(src, (m / 2) % 8) = 40 + 5 * src;
+    return l;
+  };
+  for (int m = 0; m < 5; ++m) {
+    for (int layer : {0, 3}) ASSERT_TRUE(original.Solve(loads_at(m), layer).ok());
+  }
+  const std::string state = original.SaveState();
+  ASSERT_FALSE(state.empty());
+  EplbPlanner restored(domain, options);
+  ASSERT_TRUE(restored.RestoreState(state).ok()) << restored.RestoreState(state);
+  EXPECT_EQ(restored.SaveState(), state);
+  for (int m = 5; m < 12; ++m) {
+    for (int layer : {0, 3}) {
+      absl::StatusOr<Plan> a = original.Solve(loads_at(m), layer);
+      absl::StatusOr<Plan> b = restored.Solve(loads_at(m), layer);
+      ASSERT_TRUE(a.ok() && b.ok());
+      EXPECT_EQ(*a, *b) << "microbatch " << m << " layer " << layer;
+    }
+  }
+  // Another domain or other settings: refused, planner unchanged.
+  EplbPlanner other(Domain{2, 4, 1}, options);
+  absl::Status s = other.RestoreState(state);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("saved for 4 ranks"), std::string::npos) << s;
+  EXPECT_TRUE(other.SaveState().size() < state.size());
+  PlannerOptions longer = options;
+  longer.eplb_window = 4;
+  EXPECT_EQ(EplbPlanner(domain, longer).RestoreState(state).code(),
+            absl::StatusCode::kFailedPrecondition);
+  // Damaged bytes.
+  EXPECT_EQ(restored.RestoreState(state.substr(0, state.size() - 8)).code(),
+            absl::StatusCode::kDataLoss);
+  EXPECT_EQ(restored.RestoreState(state + "x").code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(restored.RestoreState("not a state").code(), absl::StatusCode::kDataLoss);
+  // Stateless policies save nothing and refuse a state.
+  absl::StatusOr<std::unique_ptr<Planner>> ultraep = MakePlanner("ultraep", domain, options);
+  ASSERT_TRUE(ultraep.ok());
+  EXPECT_TRUE((*ultraep)->SaveState().empty());
+  EXPECT_TRUE((*ultraep)->RestoreState("").ok());
+  EXPECT_EQ((*ultraep)->RestoreState(state).code(), absl::StatusCode::kFailedPrecondition);
+}
+
 }  // namespace
 }  // namespace rackrun::planner

@@ -13,6 +13,14 @@
 
 namespace rackrun::planner {
 
+absl::Status Planner::RestoreState(std::string_view state) {
+  if (state.empty()) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat("the '", std::string(name()),
+                                                    "' policy keeps no state between microbatches, "
+                                                    "but a state of ",
+                                                    state.size(), " bytes was given"));
+}
+
 absl::StatusOr<std::unique_ptr<Planner>> MakePlanner(std::string_view policy, const Domain& domain,
                                                      const PlannerOptions& options) {
   if (absl::Status status = domain.Validate(); !status.ok()) return status;

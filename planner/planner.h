@@ -63,6 +63,15 @@ class Planner {
   // Bytes of expert weights the last Solve moved beyond the fan-out to replicas (eplb's
   // re-placement of masters); 0 for policies that keep masters home.
   virtual int64_t last_replacement_bytes() const { return 0; }
+
+  // State carried from one microbatch to the next (eplb's load history and placement),
+  // as bytes for checkpoints: a planner restored from it plans the following microbatches
+  // exactly as the saved one would. Empty for policies that plan from the current loads
+  // only. RestoreState accepts what SaveState of the same policy returned; a state saved
+  // for another domain or other settings is FailedPrecondition (the planner is then
+  // unchanged), malformed bytes DataLoss.
+  virtual std::string SaveState() const { return {}; }
+  virtual absl::Status RestoreState(std::string_view state);
 };
 
 // Creates a policy by name: "ultraep", "eplb", "none", "ideal". InvalidArgument lists the

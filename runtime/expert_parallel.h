@@ -36,6 +36,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -117,6 +118,13 @@ class ExpertParallelGroup {
   absl::Status FinishMicrobatch();
   // After every optimizer step: replica weights held in slots are stale.
   void WeightsChanged() { ++weights_version_; }
+
+  // The training planner's state between microbatches (EPLB's history and placement; empty
+  // for ultraep and none), identical on every rank, for checkpoints. RestoreState errors
+  // as Planner::RestoreState (FailedPrecondition: saved for another rank count or other
+  // balancer settings).
+  std::string SaveState() const { return train_planner_->SaveState(); }
+  absl::Status RestoreState(std::string_view state) { return train_planner_->RestoreState(state); }
 
   const ExpertParallelStats& stats() const { return stats_; }
   void ResetStats();

@@ -521,6 +521,9 @@ absl::StatusOr<std::string> Trainer::SaveCheckpoint() {
   for (const ParamRef<float>& b : buffers_) {
     c.sections.push_back({"buffer/" + b.name, PackFloats({b.value, static_cast<size_t>(b.size)})});
   }
+  // The balancer's history (EPLB), the same on every rank: a resumed run plans as the
+  // uninterrupted one would.
+  if (ep_ != nullptr) c.sections.push_back({"balancer/state", ep_->SaveState()});
   absl::StatusOr<std::string> path;
   if (lead) {
     path = ::rackrun::runtime::SaveCheckpoint(config_.checkpoint_dir, c, config_.checkpoint_keep);
@@ -588,6 +591,17 @@ absl::Status Trainer::Resume(const std::string& path) {
     if (s == nullptr) return missing("buffer/" + b.name);
     if (absl::Status st = UnpackFloats(*s, {b.value, static_cast<size_t>(b.size)}); !st.ok())
       return st;
+  }
+  if (const CheckpointSection* b = c->Find("balancer/state"); b != nullptr && ep_ != nullptr) {
+    absl::Status s = ep_->RestoreState(b->payload);
+    if (s.code() == absl::StatusCode::kFailedPrecondition) {
+      // Resuming on another rank count or with other balancer settings: the planner
+      // starts with a fresh history; results are unaffected, placements may differ.
+      resume_note_ = absl::StrCat("balancer history not restored (", s.message(),
+                                  "); the balancer starts with a fresh history");
+    } else if (!s.ok()) {
+      return absl::DataLossError(absl::StrCat("checkpoint '", loaded, "': ", s.message()));
+    }
   }
   LoaderPosition pos;
   pos.epoch = words[2];

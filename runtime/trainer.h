@@ -101,8 +101,12 @@ class Trainer {
                                                          comm::DataChannel* channel = nullptr);
 
   // Loads a checkpoint file, or the newest one in a folder (see LoadCheckpointForResume).
-  // The checkpoint's model spec must equal this job's.
+  // The checkpoint's model spec must equal this job's. Expert-parallel: each rank takes its
+  // expert shard, and the balancer's history (EPLB) is restored when the rank count and
+  // balancer settings match; otherwise resume_note() says it starts fresh.
   absl::Status Resume(const std::string& path);
+  // Empty, or what the last Resume could not restore and why (for the log).
+  const std::string& resume_note() const { return resume_note_; }
 
   // Runs steps until training.steps. On rank 0 only, calls `on_record` for every logged
   // step (every
@@ -158,6 +162,7 @@ class Trainer {
   double train_entropy_ = 0;
   int64_t step_ = 0;
   int64_t microbatch_ = 0;  // training microbatches run (trace numbering)
+  std::string resume_note_;
   Batch batch_;
   Batch global_batch_;
   comm::DataChannel* channel_ = nullptr;       // null or one rank: single process

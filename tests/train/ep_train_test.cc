@@ -433,13 +433,11 @@ TEST_F(EpTrainTest, CheckpointFromTwoRanksResumesOnTwoFourAndOneRanks) {
   }
 }
 
-// DISABLED: fails at e807185 (reported to the lead). EPLB's planner keeps state across
-// microbatches (its load history and current placement) that the checkpoint does not hold,
-// so the resumed run re-places from scratch and some losses differ in the last digits
-// (3 of 10 steps, 2.5e-9 relative), against runtime/trainer.h's contract that a resumed
-// run continues bit-identically. Enable once the checkpoint keeps (or the contract
-// excludes) the balancer's state.
-TEST_F(EpTrainTest, DISABLED_EplbCheckpointResumesBitIdenticallyOnTwoRanks) {
+// EPLB's planner keeps state across microbatches (its load history and current
+// placement); the checkpoint holds it, so a resumed run places experts as the
+// uninterrupted one did and continues bit-identically. On another rank count the history
+// cannot apply: the run says so and starts the balancer fresh.
+TEST_F(EpTrainTest, EplbCheckpointResumesBitIdenticallyOnTwoRanks) {
   const std::string spec = PrepareJob();
   const std::string job = spec + " --set balancer.policy=eplb";
   const Result full = Train(2,
@@ -457,6 +455,13 @@ TEST_F(EpTrainTest, DISABLED_EplbCheckpointResumesBitIdenticallyOnTwoRanks) {
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(LossTexts("resumed"),
             std::vector<std::string>(full_text.begin() + 10, full_text.end()));
+  EXPECT_EQ(r.out.find("balancer history not restored"), std::string::npos) << r.out;
+  const Result four = Train(4,
+                            job + " --resume " + (Dir() / "ckpt" / "step-00000010.ckpt").string() +
+                                " --set checkpoint.dir=" + (Dir() / "ckpt-four").string(),
+                            "four");
+  ASSERT_EQ(four.code, 0) << four.err;
+  EXPECT_NE(four.out.find("note: balancer history not restored"), std::string::npos) << four.out;
 }
 
 TEST_F(EpTrainTest, LoadTraceRecordsEveryTrainingMicrobatchAndReplays) {

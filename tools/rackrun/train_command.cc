@@ -152,6 +152,7 @@ int TrainCommand(const Args& args) {
     if (lead) {
       std::printf("resumed at step %lld from %s\n", static_cast<long long>(t.step()),
                   resume.c_str());
+      if (!t.resume_note().empty()) std::printf("note: %s\n", t.resume_note().c_str());
     }
   }
   const rackrun::v1::ModelSpec& m = t.spec().model();
