@@ -265,7 +265,7 @@ void ApplySpecDefaults(JobSpec& spec) {
 
   rackrun::v1::BalancerSpec& b = *spec.mutable_balancer();
   if (b.policy().empty()) b.set_policy("none");
-  if (b.slots() == 0) b.set_slots(2);
+  if (!b.has_slots()) b.set_slots(2);
   if (b.eps() == 0) b.set_eps(0.01);
   if (b.min_replica_tokens() == 0) b.set_min_replica_tokens(1);
   if (!b.has_locality()) b.set_locality(true);

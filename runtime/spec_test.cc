@@ -65,8 +65,10 @@ TEST(JobSpecTest, ParsesYamlAndFillsDefaults) {
 
 TEST(JobSpecTest, ExplicitZeroKeepsOptionalFields) {
   absl::StatusOr<rackrun::v1::JobSpec> spec = ParseJobSpec(
-      kYaml, {"training.weight_decay=0", "training.grad_clip=0", "training.warmup_steps=0"});
+      kYaml, {"training.weight_decay=0", "training.grad_clip=0", "training.warmup_steps=0",
+              "balancer.slots=0"});
   ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->balancer().slots(), 0);  // no replica slots, not the default 2
   EXPECT_EQ(spec->training().weight_decay(), 0);
   EXPECT_EQ(spec->training().grad_clip(), 0);
   EXPECT_EQ(spec->training().warmup_steps(), 0);
