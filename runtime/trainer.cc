@@ -313,7 +313,7 @@ absl::Status Trainer::AllReduceGradients() {
   return absl::OkStatus();
 }
 
-double Trainer::GradNorm() {
+absl::StatusOr<double> Trainer::GradNorm() {
   if (channel_ == nullptr) return GlobalGradNorm(adam_->tensors());
   const std::vector<OptimizedTensor>& tensors = adam_->tensors();
   const auto squares = [&](const std::vector<size_t>& which) {
@@ -329,7 +329,7 @@ double Trainer::GradNorm() {
   if (absl::Status s = channel_->AllReduce(&experts, &experts, 1, comm::DataType::kFloat64,
                                            comm::ReduceOp::kSum);
       !s.ok()) {
-    return std::nan("");  // the step reports the non-finite norm; the channel is broken
+    return During(s, absl::StrCat("all-reducing the gradient norm at step ", step_ + 1));
   }
   return std::sqrt(squares(dense_) + experts);
 }
@@ -394,13 +394,9 @@ absl::StatusOr<StepRecord> Trainer::Step() {
         absl::StrCat("loss is ", r.loss, " at step ", step_ + 1,
                      "; lower training.lr or raise training.warmup_steps"));
   }
-  r.grad_norm = GradNorm();
-  if (!std::isfinite(r.grad_norm)) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("gradient norm is ", r.grad_norm, " at step ", step_ + 1,
-                     channel_ != nullptr ? " (or a rank failed; see the other ranks' errors)" : "",
-                     "; lower training.lr or raise training.warmup_steps"));
-  }
+  absl::StatusOr<double> norm = GradNorm();
+  if (!norm.ok()) return norm.status();
+  r.grad_norm = *norm;
   const double clip = config_.grad_clip;
   const double grad_scale = (clip > 0 && r.grad_norm > clip) ? clip / r.grad_norm : 1.0;
   r.lr = config_.schedule.At(step_);

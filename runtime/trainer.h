@@ -147,7 +147,9 @@ class Trainer {
   double NextBatch(WindowLoader& loader);
   // Expert-parallel reductions of a step: dense gradients, then {loss, aux}.
   absl::Status AllReduceGradients();
-  double GradNorm();
+  // Global gradient norm; expert-parallel: dense part (identical on every rank) plus the
+  // expert shards' squares summed over ranks.
+  absl::StatusOr<double> GradNorm();
   absl::Status RecordLoads(int64_t microbatch);
 
   rackrun::v1::JobSpec spec_;
