@@ -149,6 +149,12 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const rackrun::v1::JobS
                          "batch shape; start every rank with the same spec and --set overrides"));
       }
     }
+    if (spec.balancer().mode() != "inband") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "balancer.mode: '", spec.balancer().mode(),
+          "' planning needs the rack coordinator daemon, which is not built yet; use inband "
+          "(every rank solves the same plan)"));
+    }
     if (c.batch_size % ranks != 0) {
       return absl::InvalidArgumentError(absl::StrCat(
           "data.batch_size: the global microbatch of ", c.batch_size,

@@ -395,6 +395,15 @@ TEST_F(EpTrainTest, ResourcesRanksDifferentFromTheLaunchNamesTheField) {
   EXPECT_THAT(r.err, HasSubstr("asks for 4 ranks"));
 }
 
+TEST_F(EpTrainTest, CoordinatorModeIsRefusedUntilTheDaemonExists) {
+  const std::string spec = PrepareJob();
+  const Result r = Train(2, spec + " --set balancer.mode=coordinator", "mode");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.code, 124) << "the job hung";
+  EXPECT_THAT(r.err, HasSubstr("balancer.mode"));
+  EXPECT_THAT(r.err, HasSubstr("use inband"));
+}
+
 TEST_F(EpTrainTest, CheckpointFromTwoRanksResumesOnTwoFourAndOneRanks) {
   const std::string spec = PrepareJob();
   const std::string job = spec + " --set balancer.policy=ultraep";
