@@ -1,34 +1,22 @@
 // End-to-end tests of `rackrun plan`: run the built binary in a child process, as a user
 // or a script would, and check exit codes, messages and the JSON document.
-#include <sys/wait.h>
 
 #include <cstdlib>
 #include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/support/shell.h"
 
 namespace {
 
 using nlohmann::json;
 using ::testing::HasSubstr;
 
-struct Result {
-  int code = -1;
-  std::string out;
-  std::string err;
-};
-
-std::string Slurp(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+using Result = ::rackrun::testing::ShellResult;
 
 // Per-test file names: CTest runs the tests of this file in parallel processes.
 std::string Temp(const std::string& name) {
@@ -38,16 +26,8 @@ std::string Temp(const std::string& name) {
 
 // Runs `rackrun plan ARGS` (ARGS are shell words without quoting needs).
 Result RunPlan(const std::string& args) {
-  const std::string out = Temp("stdout.txt");
-  const std::string err = Temp("stderr.txt");
-  const std::string command =
-      std::string(RACKRUN_BINARY) + " plan " + args + " >" + out + " 2>" + err;
-  const int status = std::system(command.c_str());
-  Result r;
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  r.out = Slurp(out);
-  r.err = Slurp(err);
-  return r;
+  return ::rackrun::testing::Shell(std::string(RACKRUN_BINARY) + " plan " + args,
+                                   Temp("stdout.txt"), Temp("stderr.txt"));
 }
 
 // A small domain so every run takes milliseconds: 8 ranks x 4 experts, top-4.

@@ -11,7 +11,6 @@
 // Every mpirun gets its own Open MPI session folder (OMPI_MCA_orte_tmpdir_base) under the
 // test's own temp folder: CTest runs the tests of this file in parallel processes, and
 // mpiruns started at the same moment otherwise race on the shared /tmp/ompi.* folder.
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -20,13 +19,13 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/support/shell.h"
 
 namespace {
 
@@ -48,25 +47,8 @@ constexpr int kHangGuardS = 180;
 // Equal losses up to float reassociation: the tolerance issue 5 sets.
 constexpr double kLossTolerance = 1e-4;
 
-struct Result {
-  int code = -1;
-  std::string out;
-  std::string err;
-};
-
-std::string Slurp(const fs::path& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-std::vector<std::string> Lines(const fs::path& path) {
-  std::ifstream in(path);
-  std::vector<std::string> lines;
-  for (std::string line; std::getline(in, line);) lines.push_back(line);
-  return lines;
-}
+using Result = ::rackrun::testing::ShellResult;
+using ::rackrun::testing::Lines;
 
 // A folder per test process (CTest runs each test of this file in a process of its own, and
 // other build trees may run the same tests at the same time).
@@ -77,15 +59,7 @@ fs::path Dir() {
 
 // Runs `command` in a shell; `tag` names its stdout/stderr files (and session folder).
 Result Shell(const std::string& command, const std::string& tag) {
-  const fs::path out = Dir() / (tag + ".stdout");
-  const fs::path err = Dir() / (tag + ".stderr");
-  const std::string full = command + " >" + out.string() + " 2>" + err.string();
-  const int status = std::system(full.c_str());
-  Result r;
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  r.out = Slurp(out);
-  r.err = Slurp(err);
-  return r;
+  return ::rackrun::testing::Shell(command, Dir() / (tag + ".stdout"), Dir() / (tag + ".stderr"));
 }
 
 // `rackrun ARGS` in this process's environment (one rank, no launcher).

@@ -1,41 +1,23 @@
 // End-to-end tests of `rackrun data` and `rackrun train`: run the built binary in a child
 // process and check exit codes, printed lines, JSON Lines logs and resumption.
-#include <sys/wait.h>
 
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/support/shell.h"
 
 namespace {
 
 using ::testing::HasSubstr;
 namespace fs = std::filesystem;
 
-struct Result {
-  int code = -1;
-  std::string out;
-  std::string err;
-};
-
-std::string Slurp(const fs::path& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-std::vector<std::string> Lines(const fs::path& path) {
-  std::ifstream in(path);
-  std::vector<std::string> lines;
-  for (std::string line; std::getline(in, line);) lines.push_back(line);
-  return lines;
-}
+using Result = ::rackrun::testing::ShellResult;
+using ::rackrun::testing::Lines;
 
 // A fresh folder per test: CTest runs the tests of this file in parallel processes.
 fs::path Dir() {
@@ -46,16 +28,8 @@ fs::path Dir() {
 
 Result Rackrun(const std::string& args) {
   fs::create_directories(Dir());
-  const fs::path out = Dir() / "stdout.txt";
-  const fs::path err = Dir() / "stderr.txt";
-  const std::string command =
-      std::string(RACKRUN_BINARY) + " " + args + " >" + out.string() + " 2>" + err.string();
-  const int status = std::system(command.c_str());
-  Result r;
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  r.out = Slurp(out);
-  r.err = Slurp(err);
-  return r;
+  return ::rackrun::testing::Shell(std::string(RACKRUN_BINARY) + " " + args, Dir() / "stdout.txt",
+                                   Dir() / "stderr.txt");
 }
 
 // Tokenizes the Brown sample into Dir()/data and writes a tiny spec; returns the spec path.
