@@ -109,6 +109,35 @@ TEST(TrainCommandTest, ResumedRunLogsTheSameLossesAsTheUninterruptedOne) {
   }
 }
 
+TEST(TrainCommandTest, LoadTraceRecordsEveryMicrobatchOfOneProcess) {
+  const std::string spec = PrepareJob();
+  const fs::path trace = Dir() / "loads.jsonl";
+  const Result r = Rackrun("train " + spec + " --load-trace " + trace.string() +
+                           " --set training.microbatches=2");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::vector<std::string> lines = Lines(trace);
+  ASSERT_EQ(lines.size(), 6u * 2u * 1u);  // steps x microbatches x MoE layers
+  // One process is one source rank; every routed slot (batch 2 x seq 16 x top-2) counted.
+  EXPECT_THAT(lines[0], HasSubstr("\"microbatch\": 0, \"layer\": 0, \"ranks\": 1, \"experts\": 4"));
+  EXPECT_THAT(lines.back(), HasSubstr("\"microbatch\": 11, \"layer\": 0"));
+  for (const std::string& line : lines) {
+    const std::string loads = line.substr(line.find("[[") + 2);
+    int64_t sum = 0;
+    for (size_t at = 0; at < loads.size() && loads[at] != ']';) {
+      size_t used = 0;
+      sum += std::stoll(loads.substr(at), &used);
+      at += used + 1;  // the number and its comma
+    }
+    EXPECT_EQ(sum, 2 * 16 * 2) << line;
+  }
+  const Result replay = Rackrun("plan --trace " + trace.string() + " --slots 0");
+  EXPECT_EQ(replay.code, 0) << replay.err;
+  const Result bad =
+      Rackrun("train " + spec + " --load-trace " + (Dir() / "missing" / "t.jsonl").string());
+  EXPECT_NE(bad.code, 0);
+  EXPECT_THAT(bad.err, HasSubstr("logging.load_trace"));
+}
+
 TEST(TrainCommandTest, SpecErrorsNameTheFieldAndExitNonZero) {
   const std::string spec = PrepareJob();
   Result r = Rackrun("train " + spec + " --set model.moe.topk=3");
