@@ -70,8 +70,11 @@ class ExpertParallelExecutor final : public ExpertExecutor<float> {
   absl::Status Where(const absl::Status& s, absl::string_view phase) const;
   int rank() const { return g_->channel_.rank(); }
   int64_t floats() const { return experts_->expert_floats(); }
-  float* slot_weights(int slot) { return slot_weights_.data() + slot * floats(); }
-  float* slot_grads(int slot) { return slot_grads_.data() + slot * floats(); }
+  ExpertParallelGroup::SlotStore& slots() {
+    return g_->options_.share_slots ? g_->shared_slots_ : own_slots_;
+  }
+  float* slot_weights(int slot) { return slots().weights.data() + slot * floats(); }
+  float* slot_grads(int slot) { return slots().grads.data() + slot * floats(); }
   // Weights / gradients of the instance behind local batch `b`.
   const float* W13(const comm::TokenDispatch::LocalBatch& b);
   const float* W2(const comm::TokenDispatch::LocalBatch& b);
@@ -90,14 +93,12 @@ class ExpertParallelExecutor final : public ExpertExecutor<float> {
   // Where weights must be: per expert, its home rank first, then every other rank the plan
   // runs it on (ascending). Shaped as a Plan so RelayFanout can schedule it.
   planner::Plan placement_;
-  planner::Plan loaded_placement_;  // the placement the slots hold
-  int64_t loaded_version_ = -1;     // weight version the slots hold
   planner::FanoutSchedule schedule_;
   std::unique_ptr<planner::RelayFanout> relay_;
   std::vector<int> slot_of_expert_;  // this rank's slot holding expert e, or -1
   int slots_used_ = 0;
-  std::vector<float> slot_weights_, slot_grads_;  // [slots x (w13 | w2)]
-  std::vector<float> staging_;                    // packed master weights to send
+  ExpertParallelGroup::SlotStore own_slots_;  // unless the group's slots are shared
+  std::vector<float> staging_;                // packed master weights to send
   // Replica-gradient reduction in flight: requests, (expert, buffer index) received in
   // placement order, and the receive buffers.
   std::vector<std::unique_ptr<comm::Request>> pending_;
@@ -187,18 +188,22 @@ void ExpertParallelExecutor::PlaceWeights() {
     if (!i.master && i.rank == rank())
       slot_of_expert_[static_cast<size_t>(i.expert)] = slots_used_++;
   }
+  // Growing keeps the contents; no transfer is in flight on the slots here (a layer's
+  // Forward first completes its previous replica-gradient sends, and with shared slots
+  // every Backward completes all of them).
+  ExpertParallelGroup::SlotStore& store = slots();
   const size_t need = static_cast<size_t>(std::max(slots_used_, 1) * floats());
-  if (slot_weights_.size() < need) {
-    slot_weights_.resize(need);
-    slot_grads_.resize(need);
+  if (store.weights.size() < need) {
+    store.weights.resize(need);
+    store.grads.resize(need);
   }
 }
 
 absl::Status ExpertParallelExecutor::FanOut() {
   ExpertParallelStats& st = g_->stats_;
-  const bool current = loaded_version_ == g_->weights_version_ &&
-                       loaded_placement_.instances == placement_.instances &&
-                       loaded_placement_.first == placement_.first;
+  ExpertParallelGroup::SlotStore& store = slots();
+  const bool current = store.layer == layer_ && store.version == g_->weights_version_ &&
+                       store.instances == placement_.instances && store.first == placement_.first;
   if (current) {
     ++st.fanouts_skipped;
     return absl::OkStatus();
@@ -236,9 +241,10 @@ absl::Status ExpertParallelExecutor::FanOut() {
   if (!run.ok()) return Where(run.status(), "fanning out replica weights");
   st.fanout_bytes += run->bytes_sent;
   ++st.fanouts;
-  loaded_placement_.instances = placement_.instances;
-  loaded_placement_.first = placement_.first;
-  loaded_version_ = g_->weights_version_;
+  store.layer = layer_;
+  store.instances = placement_.instances;
+  store.first = placement_.first;
+  store.version = g_->weights_version_;
   return absl::OkStatus();
 }
 
@@ -292,8 +298,6 @@ absl::Status ExpertParallelExecutor::Forward(std::span<const int64_t> offsets,
 
   PlaceWeights();
   if (absl::Status s = FanOut(); !s.ok()) return s;
-  // Replica gradients of this microbatch start from zero.
-  std::fill(slot_grads_.begin(), slot_grads_.begin() + slots_used_ * floats(), 0.0f);
   t0 = Now();
   st.fanout_s += t0 - t1;
 
@@ -363,6 +367,19 @@ absl::Status ExpertParallelExecutor::Backward(std::span<const int64_t> offsets,
   dh13_.Resize({alloc, 2 * f});
   dact_.Resize({alloc, f});
   double t0 = Now();
+  if (g_->options_.share_slots) {
+    // Other layers' replica-gradient sends read the shared slots' gradients: complete them,
+    // then bring this layer's replica weights back if a later layer took the slots.
+    if (absl::Status s = g_->FinishMicrobatch(); !s.ok()) return s;
+    const double r0 = Now();
+    const int64_t before = st.fanouts;
+    if (absl::Status s = FanOut(); !s.ok()) return s;
+    st.refetches += st.fanouts - before;
+    t0 = Now();
+    st.fanout_s += t0 - r0;
+  }
+  // Replica gradients of this microbatch start from zero.
+  std::fill(slots().grads.begin(), slots().grads.begin() + slots_used_ * floats(), 0.0f);
   if (absl::Status s =
           dispatch_->DispatchSlots(g_->channel_, {dexpert_out, static_cast<size_t>(rows * c)}, c,
                                    {dy_.data(), static_cast<size_t>(er * c)});

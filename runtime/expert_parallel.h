@@ -24,7 +24,16 @@
 // anywhere else receives them by fan-out. For ultraep and none that is exactly the plan's
 // replicas; EPLB may also move a master, which is executed the same way (its weights and
 // gradient stay at home; the bytes EPLB would move are reported by the planner).
-// Replica slots are kept per layer so that backward finds the weights forward used.
+//
+// Replica slot memory (ExpertParallelOptions::share_slots):
+// - shared (UltraEP's design, the trainer's choice for ultraep): one set of slots per rank
+//   for all MoE layers. Each layer's forward fills them; a layer's backward fans its
+//   replicas' weights out again when a later layer has taken the slots since (every layer
+//   but the last one forward ran), so memory stays at `slots` experts per rank at the cost
+//   of a second fan-out.
+// - per layer (the trainer's choice for eplb, whose redundant experts are resident per
+//   layer in DeepSeek's deployment): backward finds the weights forward used, and a
+//   placement that does not change between optimizer steps is not sent again.
 //
 // Fault injection for tests (RACKRUN_FAULT="KIND:rank=R,layer=L,microbatch=M"): KIND
 // plan_hash perturbs rank R's plan fingerprint, stall makes rank R sleep past the channel
@@ -58,6 +67,8 @@ struct ExpertParallelOptions {
   planner::PlannerOptions planner;
   // Run the planner's invariant checker on every plan before executing it.
   bool check_invariants = true;
+  // Replica slots shared by all MoE layers (true) or kept per layer (see above).
+  bool share_slots = true;
   int64_t chunk_bytes = 256 << 10;  // fan-out chunk
   // Rank 0 appends every training microbatch's load matrix here (planner trace format);
   // empty = off.
@@ -80,7 +91,8 @@ struct ExpertParallelStats {
   double expert_s = 0;          // local expert compute, masters and replicas
   double reduce_s = 0;          // replica gradients into the masters (posting + completing)
   int64_t fanout_bytes = 0;     // weight bytes this rank sent
-  int64_t fanouts = 0;          // fan-outs run
+  int64_t fanouts = 0;          // fan-outs run (forward, and backward refetches)
+  int64_t refetches = 0;        // of which in backward (shared slots taken by a later layer)
   int64_t fanouts_skipped = 0;  // fan-outs not needed: slots already current
   int64_t reduce_bytes = 0;     // replica gradient bytes this rank sent
   int64_t expert_rows = 0;      // token rows this rank's instances processed (forward)
@@ -136,6 +148,15 @@ class ExpertParallelGroup {
 
  private:
   friend class ExpertParallelExecutor;
+  // Replica weights and gradients in slots, [slots x (w13 | w2)], and what they hold: the
+  // layer whose placement was fanned out into them, that placement, the weight version.
+  struct SlotStore {
+    std::vector<float> weights, grads;
+    int layer = -1;
+    std::vector<planner::ExpertInstance> instances;
+    std::vector<int32_t> first;
+    int64_t version = -1;
+  };
   struct Fault {
     std::string kind;  // plan_hash | stall | exit
     int rank = -1, layer = -1;
@@ -154,6 +175,7 @@ class ExpertParallelGroup {
   std::optional<planner::TraceWriter> trace_;
   std::optional<Fault> fault_;
   std::vector<ExpertParallelExecutor*> executors_;  // owned by the MoE layers
+  SlotStore shared_slots_;                          // when options_.share_slots
   ExpertParallelStats stats_;
   int64_t microbatch_ = 0;
   bool training_ = true;

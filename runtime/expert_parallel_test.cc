@@ -171,6 +171,7 @@ TEST_P(ExpertParallelTest, MatchesTheUnshardedLayer) {
   ExpertParallelOptions options;
   options.policy = policy;
   options.slots = 2;
+  options.share_slots = policy != "eplb";  // as the trainer chooses
   options.planner.eplb_window = 1;
   options.planner.eplb_interval = 1;
   const std::vector<Result> results = RunExpertParallel(ranks, options);
@@ -263,6 +264,94 @@ TEST(ExpertParallelGroupTest, EplbKeepsReplicasCurrentWithoutRefanning) {
   ASSERT_TRUE(r[0].status.ok()) << r[0].status;
   EXPECT_GE(r[0].stats.fanouts + r[0].stats.fanouts_skipped, kPasses);
   EXPECT_GT(r[0].stats.fanouts_skipped, 0);
+}
+
+TEST(ExpertParallelGroupTest, SharedSlotsAreFetchedAgainForBackward) {
+  // Two MoE layers on one set of replica slots, run F0 F1 B1 B0: layer 1's forward takes
+  // the slots from layer 0, so layer 0's backward fans its replicas out again. Everything
+  // still equals the unsharded layers.
+  constexpr int kRanks = 2;
+  constexpr int kLayers = 2;
+  const float scale = 0.5f;
+  std::vector<Result> ref(kLayers);
+  for (int l = 0; l < kLayers; ++l) {
+    MoeLayer<float> layer(Config(1, 0), "m");
+    InitSkewed(layer);
+    const std::vector<float> u = Input(10 * l), dout = Upstream(10 * l);
+    ref[l].out.resize(u.size());
+    ref[l].du.resize(u.size());
+    ASSERT_TRUE(layer.Forward(u.data(), kTokens, ref[l].out.data()).ok());
+    ASSERT_TRUE(layer.Backward(dout.data(), scale, ref[l].du.data()).ok());
+    for (const ParamRef<float>& p : layer.Parameters())
+      ref[l].grads.emplace_back(p.grad, p.grad + p.size);
+  }
+  std::vector<std::vector<Result>> got(kRanks, std::vector<Result>(kLayers));
+  std::vector<ExpertParallelStats> stats(kRanks);
+  const int rows = kTokens / kRanks;
+  const absl::Status run = comm::RunInProcessRanks(kRanks, {}, [&](comm::DataChannel& ch) {
+    omp_set_num_threads(1);
+    const int rank = ch.rank();
+    std::vector<std::unique_ptr<MoeLayer<float>>> layers;
+    for (int l = 0; l < kLayers; ++l) {
+      layers.push_back(std::make_unique<MoeLayer<float>>(Config(kRanks, rank), "m"));
+      InitSkewed(*layers.back());
+    }
+    ExpertParallelOptions options;
+    options.policy = "ultraep";
+    options.share_slots = true;
+    absl::StatusOr<std::unique_ptr<ExpertParallelGroup>> group =
+        ExpertParallelGroup::Create(ch, {layers[0].get(), layers[1].get()}, options);
+    if (!group.ok()) return group.status();
+    (*group)->BeginMicrobatch(0, true);
+    std::vector<std::vector<float>> u(kLayers), dout(kLayers);
+    for (int l = 0; l < kLayers; ++l) {
+      u[l] = Input(10 * l);
+      dout[l] = Upstream(10 * l);
+      Result& r = got[rank][l];
+      r.out.resize(static_cast<size_t>(rows) * kWidth);
+      r.du.resize(r.out.size());
+      absl::Status s = layers[l]->Forward(u[l].data() + static_cast<size_t>(rank) * rows * kWidth,
+                                          rows, r.out.data());
+      if (!s.ok()) return s;
+    }
+    for (int l = kLayers - 1; l >= 0; --l) {
+      Result& r = got[rank][l];
+      absl::Status s =
+          layers[l]->Backward(dout[l].data() + static_cast<size_t>(rank) * rows * kWidth,
+                              scale * static_cast<float>(rows) / kTokens, r.du.data());
+      if (!s.ok()) return s;
+    }
+    if (absl::Status s = (*group)->FinishMicrobatch(); !s.ok()) return s;
+    for (int l = 0; l < kLayers; ++l) {
+      for (const ParamRef<float>& p : layers[l]->Parameters()) {
+        got[rank][l].grads.emplace_back(p.grad, p.grad + p.size);
+      }
+    }
+    stats[rank] = (*group)->stats();
+    return absl::OkStatus();
+  });
+  ASSERT_TRUE(run.ok()) << run;
+  for (int l = 0; l < kLayers; ++l) {
+    std::vector<float> out, du, w13, w2;
+    std::vector<float> router(ref[l].grads[1].size(), 0.0f);
+    for (int rank = 0; rank < kRanks; ++rank) {
+      const Result& r = got[rank][l];
+      out.insert(out.end(), r.out.begin(), r.out.end());
+      du.insert(du.end(), r.du.begin(), r.du.end());
+      w13.insert(w13.end(), r.grads[2].begin(), r.grads[2].end());
+      w2.insert(w2.end(), r.grads[3].begin(), r.grads[3].end());
+      for (size_t i = 0; i < router.size(); ++i) router[i] += r.grads[1][i];
+    }
+    const std::string layer = " of layer " + std::to_string(l);
+    ExpectNear(out, ref[l].out, 1e-5, "output" + layer);
+    ExpectNear(du, ref[l].du, 1e-5, "input gradient" + layer);
+    ExpectNear(router, ref[l].grads[1], 1e-5, "router gradient" + layer);
+    ExpectNear(w13, ref[l].grads[2], 1e-5, "expert w13 gradient" + layer);
+    ExpectNear(w2, ref[l].grads[3], 1e-5, "expert w2 gradient" + layer);
+  }
+  // Layer 0 had replicas and lost the slots to layer 1: its backward fetched them again.
+  EXPECT_GT(stats[0].layers[0].replicas, 0);
+  EXPECT_GE(stats[0].refetches, 1);
 }
 
 TEST(ExpertParallelGroupTest, PlanDisagreementNamesRankLayerAndMicrobatch) {
