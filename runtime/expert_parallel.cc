@@ -201,6 +201,11 @@ void ExpertParallelExecutor::PlaceWeights() {
 
 absl::Status ExpertParallelExecutor::FanOut() {
   ExpertParallelStats& st = g_->stats_;
+  // No instance away from home anywhere (every rank sees the same placement): nothing to
+  // send, and the slots keep whatever they hold.
+  if (static_cast<int>(placement_.instances.size()) == g_->domain_.experts()) {
+    return absl::OkStatus();
+  }
   ExpertParallelGroup::SlotStore& store = slots();
   const bool current = store.layer == layer_ && store.version == g_->weights_version_ &&
                        store.instances == placement_.instances && store.first == placement_.first;

@@ -162,16 +162,16 @@ void ExpectNear(const std::vector<float>& got, const std::vector<float>& want, d
                                 << want[at] << " (largest magnitude " << scale << ")";
 }
 
-class ExpertParallelTest : public ::testing::TestWithParam<std::tuple<int, std::string>> {};
+class ExpertParallelTest : public ::testing::TestWithParam<std::tuple<int, std::string, bool>> {};
 
 TEST_P(ExpertParallelTest, MatchesTheUnshardedLayer) {
-  const auto [ranks, policy] = GetParam();
+  const auto [ranks, policy, shared_slots] = GetParam();
   const Result ref = Reference();
   ASSERT_TRUE(ref.status.ok()) << ref.status;
   ExpertParallelOptions options;
   options.policy = policy;
   options.slots = 2;
-  options.share_slots = policy != "eplb";  // as the trainer chooses
+  options.share_slots = shared_slots;
   options.planner.eplb_window = 1;
   options.planner.eplb_interval = 1;
   const std::vector<Result> results = RunExpertParallel(ranks, options);
@@ -234,10 +234,13 @@ TEST_P(ExpertParallelTest, MatchesTheUnshardedLayer) {
 
 INSTANTIATE_TEST_SUITE_P(RanksAndPolicies, ExpertParallelTest,
                          ::testing::Combine(::testing::Values(2, 4),
-                                            ::testing::Values("none", "ultraep", "eplb")),
+                                            ::testing::Values("none", "ultraep", "eplb"),
+                                            ::testing::Bool()),
                          [](const auto& param_info) {
-                           return absl::StrCat(std::get<1>(param_info.param), "_",
-                                               std::get<0>(param_info.param), "ranks");
+                           return absl::StrCat(
+                               std::get<1>(param_info.param), "_", std::get<0>(param_info.param),
+                               "ranks_", std::get<2>(param_info.param) ? "shared" : "perlayer",
+                               "_slots");
                          });
 
 TEST(ExpertParallelGroupTest, RerunsAreBitIdentical) {

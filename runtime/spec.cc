@@ -272,6 +272,7 @@ void ApplySpecDefaults(JobSpec& spec) {
   if (b.eplb_window() == 0) b.set_eplb_window(16);
   if (b.eplb_interval() == 0) b.set_eplb_interval(16);
   if (b.mode().empty()) b.set_mode("inband");
+  if (!b.has_shared_slots()) b.set_shared_slots(b.policy() != "eplb");
 
   rackrun::v1::CheckpointSpec& c = *spec.mutable_checkpoint();
   if (c.keep() == 0) c.set_keep(2);

@@ -64,14 +64,27 @@ TEST(JobSpecTest, ParsesYamlAndFillsDefaults) {
 }
 
 TEST(JobSpecTest, ExplicitZeroKeepsOptionalFields) {
-  absl::StatusOr<rackrun::v1::JobSpec> spec = ParseJobSpec(
-      kYaml, {"training.weight_decay=0", "training.grad_clip=0", "training.warmup_steps=0",
-              "balancer.slots=0"});
+  absl::StatusOr<rackrun::v1::JobSpec> spec =
+      ParseJobSpec(kYaml, {"training.weight_decay=0", "training.grad_clip=0",
+                           "training.warmup_steps=0", "balancer.slots=0"});
   ASSERT_TRUE(spec.ok()) << spec.status();
   EXPECT_EQ(spec->balancer().slots(), 0);  // no replica slots, not the default 2
   EXPECT_EQ(spec->training().weight_decay(), 0);
   EXPECT_EQ(spec->training().grad_clip(), 0);
   EXPECT_EQ(spec->training().warmup_steps(), 0);
+}
+
+TEST(JobSpecTest, SharedSlotsDefaultFollowsThePolicy) {
+  for (const auto& [policy, shared] : std::vector<std::pair<std::string, bool>>{
+           {"ultraep", true}, {"none", true}, {"eplb", false}}) {
+    absl::StatusOr<rackrun::v1::JobSpec> spec = ParseJobSpec(kYaml, {"balancer.policy=" + policy});
+    ASSERT_TRUE(spec.ok()) << spec.status();
+    EXPECT_EQ(spec->balancer().shared_slots(), shared) << policy;
+  }
+  absl::StatusOr<rackrun::v1::JobSpec> spec =
+      ParseJobSpec(kYaml, {"balancer.policy=ultraep", "balancer.shared_slots=false"});
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_FALSE(spec->balancer().shared_slots());
 }
 
 TEST(JobSpecTest, JsonIsAcceptedToo) {

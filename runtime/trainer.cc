@@ -239,9 +239,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const rackrun::v1::JobS
     const rackrun::v1::BalancerSpec& b = spec.balancer();
     ep.policy = b.policy();
     ep.slots = b.slots();
-    // UltraEP reuses one set of slots across layers; EPLB's redundant experts stay
-    // resident per layer (expert_parallel.h).
-    ep.share_slots = b.policy() != "eplb";
+    ep.share_slots = b.shared_slots();
     ep.planner.eps = b.eps();
     ep.planner.min_replica_tokens = b.min_replica_tokens();
     ep.planner.locality_aware_split = b.locality();

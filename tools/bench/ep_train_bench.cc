@@ -267,8 +267,11 @@ class PolicyRun {
   PolicyRun(comm::DataChannel& channel, const Options& o, const std::vector<std::string>& overrides,
             const std::string& policy, const std::string& trace_dir)
       : channel_(channel), o_(o), rank_(channel.rank()), ranks_(channel.size()) {
-    spec_ = OrDie(rt::LoadJobSpec(o.spec, overrides), rank_, "job spec");
-    spec_.mutable_balancer()->set_policy(policy);
+    // The policy goes in as an override, so that the defaults that depend on it
+    // (balancer.shared_slots) follow it.
+    std::vector<std::string> with_policy = overrides;
+    with_policy.push_back("balancer.policy=" + policy);
+    spec_ = OrDie(rt::LoadJobSpec(o.spec, with_policy), rank_, "job spec");
     spec_.mutable_checkpoint()->clear_dir();
     spec_.mutable_data()->clear_validation();
     spec_.mutable_logging()->clear_json();
