@@ -352,30 +352,25 @@ TEST_F(EpTrainTest, RanksWithDifferentSpecsStopNamingTheRank) {
   EXPECT_THAT(r.err, HasSubstr("rank 1's job spec differs from rank 0's"));
 }
 
-TEST_F(EpTrainTest, BatchNotDivisibleByRanksNamesDataBatchSize) {
+// Settings that cannot run on the launched ranks stop every rank with the field named.
+TEST_F(EpTrainTest, SpecsThatCannotRunOnTheseRanksNameTheField) {
   const std::string spec = PrepareJob();
-  const Result r = Train(4, spec + " --set data.batch_size=6", "batch");
-  EXPECT_NE(r.code, 0);
-  EXPECT_NE(r.code, 124) << "the job hung";
-  EXPECT_THAT(r.err, HasSubstr("data.batch_size"));
-}
-
-TEST_F(EpTrainTest, ResourcesRanksDifferentFromTheLaunchNamesTheField) {
-  const std::string spec = PrepareJob();
-  const Result r = Train(2, spec + " --set resources.ranks=4", "ranks");
-  EXPECT_NE(r.code, 0);
-  EXPECT_NE(r.code, 124) << "the job hung";
-  EXPECT_THAT(r.err, HasSubstr("resources.ranks"));
-  EXPECT_THAT(r.err, HasSubstr("asks for 4 ranks"));
-}
-
-TEST_F(EpTrainTest, CoordinatorModeIsRefusedUntilTheDaemonExists) {
-  const std::string spec = PrepareJob();
-  const Result r = Train(2, spec + " --set balancer.mode=coordinator", "mode");
-  EXPECT_NE(r.code, 0);
-  EXPECT_NE(r.code, 124) << "the job hung";
-  EXPECT_THAT(r.err, HasSubstr("balancer.mode"));
-  EXPECT_THAT(r.err, HasSubstr("use inband"));
+  struct Case {
+    int ranks;
+    std::string set;
+    std::vector<std::string> expected;
+  };
+  const Case cases[] = {
+      {4, "data.batch_size=6", {"data.batch_size"}},
+      {2, "resources.ranks=4", {"resources.ranks", "asks for 4 ranks"}},
+      {2, "balancer.mode=coordinator", {"balancer.mode", "use inband"}},
+  };
+  for (const Case& c : cases) {
+    const Result r = Train(c.ranks, spec + " --set " + c.set, "bad");
+    EXPECT_NE(r.code, 0) << c.set;
+    EXPECT_NE(r.code, 124) << c.set << ": the job hung";
+    for (const std::string& text : c.expected) EXPECT_THAT(r.err, HasSubstr(text)) << c.set;
+  }
 }
 
 TEST_F(EpTrainTest, CheckpointFromTwoRanksResumesOnTwoFourAndOneRanks) {
