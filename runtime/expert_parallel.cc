@@ -76,10 +76,15 @@ class ExpertParallelExecutor final : public ExpertExecutor<float> {
   float* slot_weights(int slot) { return slots().weights.data() + slot * floats(); }
   float* slot_grads(int slot) { return slots().grads.data() + slot * floats(); }
   // Weights / gradients of the instance behind local batch `b`.
-  const float* W13(const comm::TokenDispatch::LocalBatch& b);
-  const float* W2(const comm::TokenDispatch::LocalBatch& b);
-  float* DW13(const comm::TokenDispatch::LocalBatch& b);
-  float* DW2(const comm::TokenDispatch::LocalBatch& b);
+  struct InstanceWeights {
+    const float* w13;
+    const float* w2;
+    float* dw13;
+    float* dw2;
+  };
+  // Weights and gradients of this rank's instance of `expert`: a replica slot, or the
+  // master in this rank's shard.
+  InstanceWeights WeightsOf(int expert);
 
   ExpertParallelGroup* g_;
   int layer_;
@@ -253,23 +258,14 @@ absl::Status ExpertParallelExecutor::FanOut() {
   return absl::OkStatus();
 }
 
-const float* ExpertParallelExecutor::W13(const comm::TokenDispatch::LocalBatch& b) {
-  const int slot = slot_of_expert_[static_cast<size_t>(b.expert)];
-  return slot >= 0 ? slot_weights(slot) : experts_->w13(b.expert - experts_->first());
-}
-const float* ExpertParallelExecutor::W2(const comm::TokenDispatch::LocalBatch& b) {
-  const int slot = slot_of_expert_[static_cast<size_t>(b.expert)];
-  return slot >= 0 ? slot_weights(slot) + 2 * experts_->width() * experts_->hidden()
-                   : experts_->w2(b.expert - experts_->first());
-}
-float* ExpertParallelExecutor::DW13(const comm::TokenDispatch::LocalBatch& b) {
-  const int slot = slot_of_expert_[static_cast<size_t>(b.expert)];
-  return slot >= 0 ? slot_grads(slot) : experts_->dw13(b.expert - experts_->first());
-}
-float* ExpertParallelExecutor::DW2(const comm::TokenDispatch::LocalBatch& b) {
-  const int slot = slot_of_expert_[static_cast<size_t>(b.expert)];
-  return slot >= 0 ? slot_grads(slot) + 2 * experts_->width() * experts_->hidden()
-                   : experts_->dw2(b.expert - experts_->first());
+ExpertParallelExecutor::InstanceWeights ExpertParallelExecutor::WeightsOf(int expert) {
+  const int slot = slot_of_expert_[static_cast<size_t>(expert)];
+  if (slot < 0) {
+    const int local = expert - experts_->first();
+    return {experts_->w13(local), experts_->w2(local), experts_->dw13(local), experts_->dw2(local)};
+  }
+  const int64_t n13 = 2 * static_cast<int64_t>(experts_->width()) * experts_->hidden();
+  return {slot_weights(slot), slot_weights(slot) + n13, slot_grads(slot), slot_grads(slot) + n13};
 }
 
 absl::Status ExpertParallelExecutor::Forward(std::span<const int64_t> offsets,
@@ -342,7 +338,8 @@ absl::Status ExpertParallelExecutor::Forward(std::span<const int64_t> offsets,
   RunExpertBatches(batch_offsets_, static_cast<int64_t>(c) * f, &cold_, [&](int i) {
     const comm::TokenDispatch::LocalBatch& b = batches[static_cast<size_t>(i)];
     const int64_t r0 = b.offset;
-    SwigluForward(c, f, W13(b), W2(b), b.rows, in_.data() + r0 * c, h13_.data() + r0 * 2 * f,
+    const InstanceWeights w = WeightsOf(b.expert);
+    SwigluForward(c, f, w.w13, w.w2, b.rows, in_.data() + r0 * c, h13_.data() + r0 * 2 * f,
                   act_.data() + r0 * f, out_.data() + r0 * c);
   });
   st.expert_rows += er;
@@ -397,7 +394,8 @@ absl::Status ExpertParallelExecutor::Backward(std::span<const int64_t> offsets,
   RunExpertBatches(batch_offsets_, static_cast<int64_t>(c) * f, &cold_, [&](int i) {
     const comm::TokenDispatch::LocalBatch& b = batches[static_cast<size_t>(i)];
     const int64_t r0 = b.offset;
-    SwigluBackward(c, f, W13(b), W2(b), DW13(b), DW2(b), b.rows, in_.data() + r0 * c,
+    const InstanceWeights w = WeightsOf(b.expert);
+    SwigluBackward(c, f, w.w13, w.w2, w.dw13, w.dw2, b.rows, in_.data() + r0 * c,
                    h13_.data() + r0 * 2 * f, act_.data() + r0 * f, dy_.data() + r0 * c,
                    dh13_.data() + r0 * 2 * f, dact_.data() + r0 * f, dx_.data() + r0 * c);
   });

@@ -55,15 +55,6 @@ std::string JsonArray(const std::vector<double>& values) {
 // parameter is replicated (data-parallel).
 bool IsExpertShard(absl::string_view name) { return absl::StrContains(name, ".moe.experts."); }
 
-uint64_t Fnv1a(absl::string_view bytes) {
-  uint64_t h = 0xcbf29ce484222325ULL;
-  for (const char c : bytes) {
-    h ^= static_cast<uint8_t>(c);
-    h *= 0x100000001b3ULL;
-  }
-  return h;
-}
-
 // Prefixes a collective's error with what the trainer was doing.
 absl::Status During(const absl::Status& s, absl::string_view what) {
   return absl::Status(s.code(), absl::StrCat(what, ": ", s.message()));
@@ -135,9 +126,9 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const rackrun::v1::JobS
     const std::string shape =
         absl::StrCat(spec.model().SerializeAsString(), "|", spec.balancer().SerializeAsString(),
                      "|", spec.training().SerializeAsString(), "|", c.batch_size, "|", c.seq_len);
-    const uint64_t mine = Fnv1a(shape);
-    std::vector<uint64_t> all(static_cast<size_t>(ranks));
-    if (absl::Status s = channel->Allgather(&mine, all.data(), 1, comm::DataType::kInt64);
+    const uint32_t mine = Crc32c(shape);
+    std::vector<uint32_t> all(static_cast<size_t>(ranks));
+    if (absl::Status s = channel->Allgather(&mine, all.data(), 1, comm::DataType::kInt32);
         !s.ok()) {
       return During(s, "comparing job specs across ranks");
     }
