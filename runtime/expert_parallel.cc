@@ -74,7 +74,11 @@ class ExpertParallelExecutor final : public ExpertExecutor<float> {
     return g_->options_.share_slots ? g_->shared_slots_ : own_slots_;
   }
   float* slot_weights(int slot) { return slots().weights.data() + slot * floats(); }
-  float* slot_grads(int slot) { return slots().grads.data() + slot * floats(); }
+  // Shared slots alternate two gradient buffers by layer parity; own slots use one.
+  std::vector<float>& grad_buffer() {
+    return slots().grads[g_->options_.share_slots ? layer_ % 2 : 0];
+  }
+  float* slot_grads(int slot) { return grad_buffer().data() + slot * floats(); }
   // Weights / gradients of the instance behind local batch `b`.
   struct InstanceWeights {
     const float* w13;
@@ -193,15 +197,14 @@ void ExpertParallelExecutor::PlaceWeights() {
     if (!i.master && i.rank == rank())
       slot_of_expert_[static_cast<size_t>(i.expert)] = slots_used_++;
   }
-  // Growing keeps the contents; no transfer is in flight on the slots here (a layer's
-  // Forward first completes its previous replica-gradient sends, and with shared slots
-  // every Backward completes all of them).
+  // Growing keeps the contents; no transfer is in flight on the slots here: a layer's
+  // Forward first completes its own previous replica-gradient sends, and the trainer
+  // completes every layer's after each microbatch (with shared slots, each Backward also
+  // completes those of the layers sharing its gradient buffer).
   ExpertParallelGroup::SlotStore& store = slots();
   const size_t need = static_cast<size_t>(std::max(slots_used_, 1) * floats());
-  if (store.weights.size() < need) {
-    store.weights.resize(need);
-    store.grads.resize(need);
-  }
+  if (store.weights.size() < need) store.weights.resize(need);
+  if (grad_buffer().size() < need) grad_buffer().resize(need);
 }
 
 absl::Status ExpertParallelExecutor::FanOut() {
@@ -370,9 +373,10 @@ absl::Status ExpertParallelExecutor::Backward(std::span<const int64_t> offsets,
   dact_.Resize({alloc, f});
   double t0 = Now();
   if (g_->options_.share_slots) {
-    // Other layers' replica-gradient sends read the shared slots' gradients: complete them,
-    // then bring this layer's replica weights back if a later layer took the slots.
-    if (absl::Status s = g_->FinishMicrobatch(); !s.ok()) return s;
+    // The replica-gradient sends of the layers sharing this gradient buffer read it:
+    // complete them, then bring this layer's replica weights back if a later layer took
+    // the slots.
+    if (absl::Status s = g_->FinishLayers(layer_ % 2); !s.ok()) return s;
     const double r0 = Now();
     const int64_t before = st.fanouts;
     if (absl::Status s = FanOut(); !s.ok()) return s;
@@ -381,7 +385,7 @@ absl::Status ExpertParallelExecutor::Backward(std::span<const int64_t> offsets,
     st.fanout_s += t0 - r0;
   }
   // Replica gradients of this microbatch start from zero.
-  std::fill(slots().grads.begin(), slots().grads.begin() + slots_used_ * floats(), 0.0f);
+  std::fill(grad_buffer().begin(), grad_buffer().begin() + slots_used_ * floats(), 0.0f);
   if (absl::Status s =
           dispatch_->DispatchSlots(g_->channel_, {dexpert_out, static_cast<size_t>(rows * c)}, c,
                                    {dy_.data(), static_cast<size_t>(er * c)});
@@ -587,6 +591,13 @@ ExpertParallelGroup::~ExpertParallelGroup() { (void)Close(); }
 absl::Status ExpertParallelGroup::FinishMicrobatch() {
   for (ExpertParallelExecutor* e : executors_) {
     if (absl::Status s = e->FinishReplicaGradients(); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ExpertParallelGroup::FinishLayers(int parity) {
+  for (size_t layer = static_cast<size_t>(parity); layer < executors_.size(); layer += 2) {
+    if (absl::Status s = executors_[layer]->FinishReplicaGradients(); !s.ok()) return s;
   }
   return absl::OkStatus();
 }

@@ -29,8 +29,8 @@
 // - shared (UltraEP's design, the trainer's choice for ultraep): one set of slots per rank
 //   for all MoE layers. Each layer's forward fills them; a layer's backward fans its
 //   replicas' weights out again when a later layer has taken the slots since (every layer
-//   but the last one forward ran), so memory stays at `slots` experts per rank at the cost
-//   of a second fan-out.
+//   but the last one forward ran), so memory stays at `slots` experts per rank (plus a
+//   second gradient buffer) at the cost of a second fan-out.
 // - per layer (the trainer's choice for eplb, whose redundant experts are resident per
 //   layer in DeepSeek's deployment): backward finds the weights forward used, and a
 //   placement that does not change between optimizer steps is not sent again.
@@ -128,6 +128,8 @@ class ExpertParallelGroup {
   // backward, before reading expert gradients or stepping the optimizer; a layer's next
   // Forward also completes its own). Collective in effect: peers wait for these sends.
   absl::Status FinishMicrobatch();
+  // The same for the layers whose index has parity `parity` (they share a gradient buffer).
+  absl::Status FinishLayers(int parity);
   // After every optimizer step: replica weights held in slots are stale.
   void WeightsChanged() { ++weights_version_; }
 
@@ -148,10 +150,13 @@ class ExpertParallelGroup {
 
  private:
   friend class ExpertParallelExecutor;
-  // Replica weights and gradients in slots, [slots x (w13 | w2)], and what they hold: the
-  // layer whose placement was fanned out into them, that placement, the weight version.
+  // Replica weights and gradients in slots, [slots x (w13 | w2)], and what the weights hold:
+  // the layer whose placement was fanned out into them, that placement, the weight
+  // version. Shared slots keep two gradient buffers, by layer parity, so that a layer's
+  // backward waits only for the replica-gradient sends of the layer two above it.
   struct SlotStore {
-    std::vector<float> weights, grads;
+    std::vector<float> weights;
+    std::vector<float> grads[2];
     int layer = -1;
     std::vector<planner::ExpertInstance> instances;
     std::vector<int32_t> first;

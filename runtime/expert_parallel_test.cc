@@ -270,11 +270,11 @@ TEST(ExpertParallelGroupTest, EplbKeepsReplicasCurrentWithoutRefanning) {
 }
 
 TEST(ExpertParallelGroupTest, SharedSlotsAreFetchedAgainForBackward) {
-  // Two MoE layers on one set of replica slots, run F0 F1 B1 B0: layer 1's forward takes
-  // the slots from layer 0, so layer 0's backward fans its replicas out again. Everything
-  // still equals the unsharded layers.
+  // Three MoE layers on one set of replica slots, run F0 F1 F2 B2 B1 B0: later forwards take
+  // the slots, so layers 1 and 0 fan their replicas out again in backward, and layer 0
+  // reuses layer 2's gradient buffer. Everything still equals the unsharded layers.
   constexpr int kRanks = 2;
-  constexpr int kLayers = 2;
+  constexpr int kLayers = 3;
   const float scale = 0.5f;
   std::vector<Result> ref(kLayers);
   for (int l = 0; l < kLayers; ++l) {
@@ -302,8 +302,10 @@ TEST(ExpertParallelGroupTest, SharedSlotsAreFetchedAgainForBackward) {
     ExpertParallelOptions options;
     options.policy = "ultraep";
     options.share_slots = true;
+    std::vector<MoeLayer<float>*> raw;
+    for (auto& l : layers) raw.push_back(l.get());
     absl::StatusOr<std::unique_ptr<ExpertParallelGroup>> group =
-        ExpertParallelGroup::Create(ch, {layers[0].get(), layers[1].get()}, options);
+        ExpertParallelGroup::Create(ch, raw, options);
     if (!group.ok()) return group.status();
     (*group)->BeginMicrobatch(0, true);
     std::vector<std::vector<float>> u(kLayers), dout(kLayers);
@@ -352,9 +354,11 @@ TEST(ExpertParallelGroupTest, SharedSlotsAreFetchedAgainForBackward) {
     ExpectNear(w13, ref[l].grads[2], 1e-5, "expert w13 gradient" + layer);
     ExpectNear(w2, ref[l].grads[3], 1e-5, "expert w2 gradient" + layer);
   }
-  // Layer 0 had replicas and lost the slots to layer 1: its backward fetched them again.
+  // Layers 0 and 1 had replicas and lost the slots to later layers: their backward fetched
+  // them again.
   EXPECT_GT(stats[0].layers[0].replicas, 0);
-  EXPECT_GE(stats[0].refetches, 1);
+  EXPECT_GT(stats[0].layers[1].replicas, 0);
+  EXPECT_GE(stats[0].refetches, 2);
 }
 
 TEST(ExpertParallelGroupTest, PlanDisagreementNamesRankLayerAndMicrobatch) {
