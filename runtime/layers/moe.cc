@@ -327,12 +327,14 @@ absl::Status MoeLayer<T>::Forward(const T* u, int64_t tokens, T* out) {
     const std::vector<int64_t>& counts = global_counts();
     int64_t slots = 0;
     for (int e = 0; e < ne; ++e) slots += counts[e];
+    slot_fraction_.resize(static_cast<size_t>(ne));
     double total = 0;
     for (int e = 0; e < ne; ++e) {
       double p = 0;
       for (int64_t t = 0; t < tokens; ++t) p += static_cast<double>(scores[t * ne + e]);
       const double f =
           static_cast<double>(counts[e]) / static_cast<double>(std::max<int64_t>(slots, 1));
+      slot_fraction_[static_cast<size_t>(e)] = f;
       total += f * p / static_cast<double>(tokens);
     }
     aux_loss_ = config_.aux_loss_coef * ne * total;
@@ -402,13 +404,9 @@ absl::Status MoeLayer<T>::Backward(const T* dout, T grad_scale, T* du) {
     for (int j = 0; j < k; ++j) dst[sel[t * k + j]] = (dw[j] - dot) / gate_sum;
   }
   if (config_.aux_loss_coef > 0) {
-    // d(coef * E * sum_e f_e P_e)/d s_te = coef * E * f_e / T.
-    const std::vector<int64_t>& counts = global_counts();
-    int64_t slots = 0;
-    for (int e = 0; e < ne; ++e) slots += counts[e];
+    // d(coef * E * sum_e f_e P_e)/d s_te = coef * E * f_e / T, f_e from the Forward.
     for (int e = 0; e < ne; ++e) {
-      const double f =
-          static_cast<double>(counts[e]) / static_cast<double>(std::max<int64_t>(slots, 1));
+      const double f = slot_fraction_[static_cast<size_t>(e)];
       const T g =
           static_cast<T>(grad_scale * config_.aux_loss_coef * ne * f / static_cast<double>(tokens));
       for (int64_t t = 0; t < tokens; ++t) ds[t * ne + e] += g;

@@ -206,6 +206,7 @@ class MoeLayer {
   int64_t tokens_ = 0;
   std::vector<int64_t> counts_;
   std::vector<int64_t> offsets_;
+  std::vector<double> slot_fraction_;  // aux loss f_e of the last Forward
   double aux_loss_ = 0;
   double routing_seconds_ = 0;
   double expert_seconds_ = 0;
