@@ -1,0 +1,543 @@
+#include "coordinator/jobs.h"
+
+#include <algorithm>
+#include <cmath>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace rackrun::coordinator {
+
+using rackrun::v1::Attempt;
+using rackrun::v1::AttemptResult;
+using rackrun::v1::Failure;
+using rackrun::v1::FailureKind;
+using rackrun::v1::Job;
+using rackrun::v1::JobEvent;
+using rackrun::v1::JobSpec;
+using rackrun::v1::JobState;
+
+bool IsTerminal(JobState s) {
+  return s == rackrun::v1::SUCCEEDED || s == rackrun::v1::FAILED || s == rackrun::v1::CANCELLED;
+}
+
+std::string FailureKindName(FailureKind kind) {
+  switch (kind) {
+    case rackrun::v1::WORKER_LOST: return "worker_lost";
+    case rackrun::v1::HANG: return "hang";
+    case rackrun::v1::ERROR: return "error";
+    case rackrun::v1::WORKER_CANCELLED: return "worker_cancelled";
+    default: return "unspecified";
+  }
+}
+
+std::string DescribeFailure(const Failure& f) {
+  std::string who = f.rank() >= 0 ? absl::StrCat("rank ", f.rank()) : std::string("no single rank");
+  if (!f.worker_id().empty()) {
+    absl::StrAppend(&who, " (worker ", f.worker_id(), " on ", f.host(), ", pid ", f.pid(), ")");
+  }
+  return absl::StrCat(FailureKindName(f.kind()), ": ", who, " in phase ",
+                      f.phase().empty() ? "?" : f.phase(), " at step ", f.step(),
+                      f.message().empty() ? "" : ": ", f.message());
+}
+
+int64_t RestartPolicy::BackoffMs(int next_attempt) const {
+  const double s = backoff_s * std::pow(2.0, std::max(0, next_attempt - 2));
+  return static_cast<int64_t>(std::min(s, 3600.0) * 1000.0);
+}
+
+absl::StatusOr<RestartPolicy> RestartPolicyOf(const JobSpec& spec) {
+  RestartPolicy p;
+  const rackrun::v1::RestartSpec& r = spec.restart();
+  if (r.max_attempts() < 0) {
+    return absl::InvalidArgumentError("restart.max_attempts: must be >= 0 (0 means 1)");
+  }
+  p.max_attempts = std::max(1, r.max_attempts());
+  if (r.backoff_s() < 0) return absl::InvalidArgumentError("restart.backoff_s: must be >= 0");
+  if (r.backoff_s() > 0) p.backoff_s = r.backoff_s();
+  if (r.on().empty()) {
+    p.on = {rackrun::v1::WORKER_LOST, rackrun::v1::HANG, rackrun::v1::WORKER_CANCELLED};
+  }
+  for (int i = 0; i < r.on_size(); ++i) {
+    const std::string& k = r.on(i);
+    if (k == "worker_lost") {
+      p.on.insert(rackrun::v1::WORKER_LOST);
+    } else if (k == "hang") {
+      p.on.insert(rackrun::v1::HANG);
+    } else if (k == "error") {
+      p.on.insert(rackrun::v1::ERROR);
+    } else if (k == "worker_cancelled") {
+      p.on.insert(rackrun::v1::WORKER_CANCELLED);
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "restart.on[", i, "]: unknown failure kind '", k,
+          "'; use worker_lost, hang, error or worker_cancelled"));
+    }
+  }
+  return p;
+}
+
+Jobs::Jobs(JobStore* store, Clock clock, Options options)
+    : store_(store), clock_(std::move(clock)), options_(options) {}
+
+Jobs::Entry* Jobs::Find(const std::string& job_id) {
+  auto it = jobs_.find(JobNumber(job_id));
+  return it == jobs_.end() ? nullptr : &it->second;
+}
+const Jobs::Entry* Jobs::Find(const std::string& job_id) const {
+  auto it = jobs_.find(JobNumber(job_id));
+  return it == jobs_.end() ? nullptr : &it->second;
+}
+
+absl::Status Jobs::Initialize(std::vector<StoredJob> stored) {
+  absl::MutexLock lock(&mu_);
+  const int64_t now = clock_();
+  for (StoredJob& s : stored) {
+    Entry e;
+    e.job = std::move(s.job);
+    e.events = std::move(s.events);
+    e.not_before_ms = now;
+    if (e.job.state() == rackrun::v1::RUNNING && e.job.attempts_size() > 0) {
+      const Attempt& a = e.job.attempts(e.job.attempts_size() - 1);
+      if (a.state() == rackrun::v1::RUNNING) {
+        for (const auto& r : a.ranks()) e.awaiting_reattach.insert(r.rank());
+        e.reattach_deadline_ms = now + options_.reattach_grace_ms;
+      }
+    }
+    const int64_t num = JobNumber(e.job.id());
+    jobs_.emplace(num, std::move(e));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Jobs::Commit(Entry& e, Job next, std::vector<JobEvent> events) {
+  const int64_t now = clock_();
+  int64_t seq = e.events.empty() ? 0 : e.events.back().seq();
+  for (JobEvent& ev : events) {
+    ev.set_seq(++seq);
+    ev.set_job_id(next.id());
+    ev.set_time_unix_ms(now);
+  }
+  JobMutation m{std::move(next), std::move(events)};
+  if (absl::Status s = store_->Commit(m); !s.ok()) return s;
+  e.job = std::move(m.job);
+  for (JobEvent& ev : m.events) e.events.push_back(std::move(ev));
+  cv_.SignalAll();
+  return absl::OkStatus();
+}
+
+namespace {
+JobEvent StateEvent(JobState state, int attempt) {
+  JobEvent ev;
+  ev.set_state(state);
+  ev.set_attempt(attempt);
+  return ev;
+}
+JobEvent MessageEvent(std::string message, int attempt) {
+  JobEvent ev;
+  ev.set_message(std::move(message));
+  ev.set_attempt(attempt);
+  return ev;
+}
+Attempt* Current(Job& job) {
+  return job.attempts().empty() ? nullptr : job.mutable_attempts(job.attempts_size() - 1);
+}
+}  // namespace
+
+absl::StatusOr<JobStore::InsertResult> Jobs::Submit(const JobSpec& spec, const std::string& request_id) {
+  absl::MutexLock lock(&mu_);
+  if (shutdown_) return absl::UnavailableError("the coordinator is shutting down");
+  const int64_t now = clock_();
+  Job job;
+  job.set_name(spec.name());
+  job.set_state(rackrun::v1::QUEUED);
+  *job.mutable_spec() = spec;
+  job.set_request_id(request_id);
+  job.set_created_unix_ms(now);
+  job.set_message("queued");
+  JobEvent first = StateEvent(rackrun::v1::QUEUED, 0);
+  first.set_seq(1);
+  first.set_time_unix_ms(now);
+  absl::StatusOr<JobStore::InsertResult> r = store_->InsertJob(job, first);
+  if (!r.ok()) return r.status();
+  if (r->created) {
+    Entry e;
+    e.job = r->job;
+    first.set_job_id(r->job.id());
+    e.events.push_back(first);
+    e.not_before_ms = now;
+    jobs_.emplace(JobNumber(r->job.id()), std::move(e));
+  } else if (const Entry* e = Find(r->job.id()); e != nullptr) {
+    r->job = e->job;  // memory is at least as new as the store
+  }
+  return r;
+}
+
+absl::StatusOr<Job> Jobs::Get(const std::string& job_id) const {
+  absl::MutexLock lock(&mu_);
+  const Entry* e = Find(job_id);
+  if (e == nullptr) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
+  return e->job;
+}
+
+absl::StatusOr<rackrun::v1::ListJobsResponse> Jobs::List(const rackrun::v1::ListJobsRequest& req) const {
+  int page = req.page_size() <= 0 ? 50 : std::min(req.page_size(), 1000);
+  int64_t before = INT64_MAX;  // page token: list jobs with a number below it
+  if (!req.page_token().empty() && (!absl::SimpleAtoi(req.page_token(), &before) || before <= 0)) {
+    return absl::InvalidArgumentError("page_token: not a token returned by List; omit it for the first page");
+  }
+  absl::MutexLock lock(&mu_);
+  rackrun::v1::ListJobsResponse resp;
+  for (auto it = jobs_.rbegin(); it != jobs_.rend(); ++it) {
+    if (it->first >= before) continue;
+    const Job& j = it->second.job;
+    if (req.state() != rackrun::v1::JOB_STATE_UNSPECIFIED && j.state() != req.state()) continue;
+    if (resp.jobs_size() == page) {
+      resp.set_next_page_token(absl::StrCat(JobNumber(resp.jobs(page - 1).id())));
+      break;
+    }
+    Job* out = resp.add_jobs();
+    *out = j;
+    out->clear_spec();
+    out->clear_attempts();
+  }
+  return resp;
+}
+
+std::vector<RankRef> Jobs::Unreported(const Entry& e, const Attempt& a) const {
+  std::vector<RankRef> out;
+  for (const auto& r : a.ranks()) {
+    if (e.results.count(r.rank()) > 0) continue;
+    out.push_back({r.worker_id(), e.job.id(), a.number(), r.rank()});
+  }
+  return out;
+}
+
+absl::StatusOr<Jobs::Ended> Jobs::Cancel(const std::string& job_id, const std::string& reason) {
+  absl::MutexLock lock(&mu_);
+  if (shutdown_) return absl::UnavailableError("the coordinator is shutting down");
+  Entry* e = Find(job_id);
+  if (e == nullptr) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
+  if (IsTerminal(e->job.state())) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job ", job_id, " already ended (", rackrun::v1::JobState_Name(e->job.state()), ")"));
+  }
+  const int64_t now = clock_();
+  Job next = e->job;
+  Ended out;
+  int attempt = 0;
+  if (Attempt* a = Current(next); a != nullptr && a->state() == rackrun::v1::RUNNING) {
+    a->set_state(rackrun::v1::CANCELLED);
+    a->set_finished_unix_ms(now);
+    attempt = a->number();
+    out.to_cancel = Unreported(*e, *a);
+  }
+  next.set_state(rackrun::v1::CANCELLED);
+  next.set_finished_unix_ms(now);
+  next.set_message(reason.empty() ? "cancelled" : absl::StrCat("cancelled: ", reason));
+  std::vector<JobEvent> events;
+  events.push_back(MessageEvent(next.message(), attempt));
+  events.push_back(StateEvent(rackrun::v1::CANCELLED, attempt));
+  if (absl::Status s = Commit(*e, std::move(next), std::move(events)); !s.ok()) return s;
+  e->awaiting_reattach.clear();
+  out.job = e->job;
+  return out;
+}
+
+std::vector<QueuedJob> Jobs::Queue() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<QueuedJob> q;
+  for (const auto& [num, e] : jobs_) {
+    if (e.job.state() == rackrun::v1::QUEUED) q.push_back({e.job.id(), e.job.spec(), e.not_before_ms});
+  }
+  return q;
+}
+
+absl::StatusOr<Attempt> Jobs::StartAttempt(const std::string& job_id,
+                                           const std::vector<rackrun::v1::RankPlacement>& ranks) {
+  absl::MutexLock lock(&mu_);
+  Entry* e = Find(job_id);
+  if (e == nullptr) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
+  if (e->job.state() != rackrun::v1::QUEUED) {
+    return absl::FailedPreconditionError(absl::StrCat("job ", job_id, " is not queued"));
+  }
+  const int64_t now = clock_();
+  Job next = e->job;
+  Attempt* a = next.add_attempts();
+  a->set_number(next.attempts_size());
+  a->set_state(rackrun::v1::RUNNING);
+  for (const auto& r : ranks) *a->add_ranks() = r;
+  a->set_start_step(a->number() > 1 ? e->checkpoint_step : 0);
+  a->set_started_unix_ms(now);
+  next.set_state(rackrun::v1::RUNNING);
+  if (next.started_unix_ms() == 0) next.set_started_unix_ms(now);
+  std::vector<std::string> where;
+  for (const auto& r : ranks) where.push_back(absl::StrCat(r.worker_id(), "@", r.host()));
+  next.set_message(absl::StrCat("attempt ", a->number(), " running on ", absl::StrJoin(where, ", ")));
+  const Attempt started = *a;
+  std::vector<JobEvent> events;
+  events.push_back(MessageEvent(next.message(), started.number()));
+  events.push_back(StateEvent(rackrun::v1::RUNNING, started.number()));
+  if (absl::Status s = Commit(*e, std::move(next), std::move(events)); !s.ok()) return s;
+  e->results.clear();
+  e->awaiting_reattach.clear();
+  return started;
+}
+
+absl::StatusOr<Jobs::Ended> Jobs::FailLocked(Entry& e, int attempt, Failure failure) {
+  Ended out;
+  Job next = e.job;
+  Attempt* a = Current(next);
+  if (a == nullptr || a->number() != attempt || a->state() != rackrun::v1::RUNNING ||
+      next.state() != rackrun::v1::RUNNING) {
+    out.job = e.job;
+    return out;
+  }
+  const int64_t now = clock_();
+  if (failure.time_unix_ms() == 0) failure.set_time_unix_ms(now);
+  a->set_state(rackrun::v1::FAILED);
+  a->set_finished_unix_ms(now);
+  *a->mutable_failure() = failure;
+  if (!next.has_first_failure()) *next.mutable_first_failure() = failure;
+  out.to_cancel = Unreported(e, *a);
+
+  std::vector<JobEvent> events;
+  JobEvent fe;
+  fe.set_attempt(attempt);
+  *fe.mutable_failure() = failure;
+  events.push_back(fe);
+  absl::StatusOr<RestartPolicy> policy = RestartPolicyOf(next.spec());
+  const RestartPolicy p = policy.ok() ? *policy : RestartPolicy{};
+  const std::string what = absl::StrCat("attempt ", attempt, " failed: ", DescribeFailure(failure));
+  if (attempt < p.max_attempts && p.Restarts(failure.kind())) {
+    const int64_t delay = p.BackoffMs(attempt + 1);
+    next.set_state(rackrun::v1::QUEUED);
+    next.set_restarts(next.restarts() + 1);
+    next.set_message(absl::StrCat(what, "; restarting as attempt ", attempt + 1, " of ",
+                                  p.max_attempts, " in ", delay / 1000.0, " s"));
+    events.push_back(MessageEvent(next.message(), attempt));
+    events.push_back(StateEvent(rackrun::v1::QUEUED, attempt));
+    if (absl::Status s = Commit(e, std::move(next), std::move(events)); !s.ok()) return s;
+    e.not_before_ms = now + delay;
+  } else {
+    next.set_state(rackrun::v1::FAILED);
+    next.set_finished_unix_ms(now);
+    next.set_message(what);
+    events.push_back(StateEvent(rackrun::v1::FAILED, attempt));
+    if (absl::Status s = Commit(e, std::move(next), std::move(events)); !s.ok()) return s;
+  }
+  e.awaiting_reattach.clear();
+  out.job = e.job;
+  return out;
+}
+
+absl::StatusOr<Jobs::Ended> Jobs::FailAttempt(const std::string& job_id, int attempt,
+                                              const Failure& failure) {
+  absl::MutexLock lock(&mu_);
+  Entry* e = Find(job_id);
+  if (e == nullptr) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
+  return FailLocked(*e, attempt, failure);
+}
+
+absl::StatusOr<Jobs::Ended> Jobs::RankResult(const std::string& job_id, int attempt, int rank,
+                                             const AttemptResult& result) {
+  absl::MutexLock lock(&mu_);
+  Entry* e = Find(job_id);
+  if (e == nullptr) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
+  if (attempt < 1 || attempt > e->job.attempts_size()) {
+    return absl::NotFoundError(absl::StrCat("job ", job_id, " has no attempt ", attempt));
+  }
+  const Attempt& a = e->job.attempts(attempt - 1);
+  const rackrun::v1::RankPlacement* placement = nullptr;
+  for (const auto& r : a.ranks()) {
+    if (r.rank() == rank) placement = &r;
+  }
+  if (placement == nullptr) {
+    return absl::NotFoundError(absl::StrCat("attempt ", attempt, " of job ", job_id, " has no rank ", rank));
+  }
+  Ended out;
+  const bool current = attempt == e->job.attempts_size() && a.state() == rackrun::v1::RUNNING &&
+                       e->job.state() == rackrun::v1::RUNNING;
+  if (!current) {
+    out.job = e->job;
+    return out;
+  }
+  e->results[rank] = result.outcome();
+  auto failure_of = [&](rackrun::v1::FailureKind kind) {
+    Failure f;
+    f.set_kind(kind);
+    f.set_rank(rank);
+    f.set_worker_id(placement->worker_id());
+    f.set_host(placement->host());
+    f.set_pid(placement->pid());
+    f.set_phase(result.phase());
+    f.set_step(result.step());
+    f.set_message(result.message());
+    return f;
+  };
+  switch (result.outcome()) {
+    case AttemptResult::FAILED:
+      return FailLocked(*e, attempt, failure_of(rackrun::v1::ERROR));
+    case AttemptResult::DRAINED:
+    case AttemptResult::CANCELLED: {
+      Failure f = failure_of(rackrun::v1::WORKER_CANCELLED);
+      if (f.message().empty()) f.set_message("the worker stopped the job (shut down)");
+      return FailLocked(*e, attempt, f);
+    }
+    case AttemptResult::SUCCEEDED:
+      break;
+    default:
+      return absl::InvalidArgumentError("result.outcome: set SUCCEEDED, FAILED, CANCELLED or DRAINED");
+  }
+  if (static_cast<int>(e->results.size()) < a.ranks_size()) {
+    out.job = e->job;
+    return out;
+  }
+  for (const auto& [r, outcome] : e->results) {
+    if (outcome != AttemptResult::SUCCEEDED) {
+      out.job = e->job;
+      return out;
+    }
+  }
+  const int64_t now = clock_();
+  Job next = e->job;
+  Attempt& na = *next.mutable_attempts(next.attempts_size() - 1);
+  na.set_state(rackrun::v1::SUCCEEDED);
+  na.set_finished_unix_ms(now);
+  next.set_state(rackrun::v1::SUCCEEDED);
+  next.set_finished_unix_ms(now);
+  next.set_message(result.message().empty()
+                       ? absl::StrCat("succeeded at step ", result.step())
+                       : absl::StrCat("succeeded at step ", result.step(), ": ", result.message()));
+  std::vector<JobEvent> events;
+  events.push_back(MessageEvent(next.message(), attempt));
+  events.push_back(StateEvent(rackrun::v1::SUCCEEDED, attempt));
+  if (absl::Status s = Commit(*e, std::move(next), std::move(events)); !s.ok()) return s;
+  out.job = e->job;
+  return out;
+}
+
+absl::Status Jobs::Progress(const std::string& job_id, int attempt, const rackrun::v1::StepProgress& p) {
+  absl::MutexLock lock(&mu_);
+  Entry* e = Find(job_id);
+  if (e == nullptr) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
+  const Attempt* a = e->job.attempts().empty() ? nullptr : &e->job.attempts(e->job.attempts_size() - 1);
+  if (a == nullptr || a->number() != attempt || a->state() != rackrun::v1::RUNNING) {
+    return absl::OkStatus();
+  }
+  Job next = e->job;
+  *next.mutable_last_progress() = p;
+  JobEvent ev;
+  ev.set_attempt(attempt);
+  *ev.mutable_progress() = p;
+  return Commit(*e, std::move(next), {ev});
+}
+
+absl::Status Jobs::Checkpoint(const std::string& job_id, int attempt, const std::string& path) {
+  absl::MutexLock lock(&mu_);
+  Entry* e = Find(job_id);
+  if (e == nullptr) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
+  e->checkpoint_step = e->job.last_progress().step();
+  return Commit(*e, e->job, {MessageEvent(absl::StrCat("checkpoint ", path), attempt)});
+}
+
+bool Jobs::AttemptRunning(const std::string& job_id, int attempt) const {
+  absl::MutexLock lock(&mu_);
+  const Entry* e = Find(job_id);
+  if (e == nullptr || e->job.attempts().empty() || e->job.state() != rackrun::v1::RUNNING) return false;
+  const Attempt& a = e->job.attempts(e->job.attempts_size() - 1);
+  return a.number() == attempt && a.state() == rackrun::v1::RUNNING;
+}
+
+absl::Status Jobs::Reattach(const std::string& job_id, int attempt, int rank,
+                            const rackrun::v1::RankPlacement& placement) {
+  absl::MutexLock lock(&mu_);
+  Entry* e = Find(job_id);
+  if (e == nullptr || e->job.attempts().empty() || e->job.state() != rackrun::v1::RUNNING) {
+    return absl::FailedPreconditionError(absl::StrCat("job ", job_id, " is not running"));
+  }
+  const Attempt& a = e->job.attempts(e->job.attempts_size() - 1);
+  if (a.number() != attempt || a.state() != rackrun::v1::RUNNING) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("attempt ", attempt, " of job ", job_id, " is no longer running"));
+  }
+  int index = -1;
+  for (int i = 0; i < a.ranks_size(); ++i) {
+    if (a.ranks(i).rank() == rank) index = i;
+  }
+  if (index < 0 || e->results.count(rank) > 0) {
+    return absl::FailedPreconditionError(absl::StrCat("rank ", rank, " is not running attempt ", attempt));
+  }
+  e->awaiting_reattach.erase(rank);
+  const auto& old = a.ranks(index);
+  if (old.worker_id() == placement.worker_id() && old.host() == placement.host() &&
+      old.pid() == placement.pid()) {
+    return absl::OkStatus();
+  }
+  Job next = e->job;
+  *next.mutable_attempts(next.attempts_size() - 1)->mutable_ranks(index) = placement;
+  return Commit(*e, std::move(next),
+                {MessageEvent(absl::StrCat("rank ", rank, " re-attached as ", placement.worker_id()), attempt)});
+}
+
+std::vector<Jobs::Ended> Jobs::ExpireReattach() {
+  absl::MutexLock lock(&mu_);
+  const int64_t now = clock_();
+  std::vector<Ended> out;
+  for (auto& [num, e] : jobs_) {
+    if (e.awaiting_reattach.empty() || now < e.reattach_deadline_ms) continue;
+    const Attempt& a = e.job.attempts(e.job.attempts_size() - 1);
+    const int first = *e.awaiting_reattach.begin();
+    Failure f;
+    f.set_kind(rackrun::v1::WORKER_LOST);
+    f.set_rank(first);
+    for (const auto& r : a.ranks()) {
+      if (r.rank() == first) {
+        f.set_worker_id(r.worker_id());
+        f.set_host(r.host());
+        f.set_pid(r.pid());
+      }
+    }
+    f.set_step(e.job.last_progress().step());
+    f.set_message(absl::StrCat("rank(s) ", absl::StrJoin(e.awaiting_reattach, ", "),
+                               " did not re-attach within ", options_.reattach_grace_ms / 1000.0,
+                               " s after the coordinator restarted"));
+    absl::StatusOr<Ended> ended = FailLocked(e, a.number(), f);
+    e.awaiting_reattach.clear();
+    if (ended.ok()) out.push_back(*std::move(ended));
+  }
+  return out;
+}
+
+absl::Status Jobs::WaitEvents(const std::string& job_id, int64_t after_seq, absl::Duration max_wait,
+                              std::vector<JobEvent>* out, bool* done) const {
+  absl::MutexLock lock(&mu_);
+  const Entry* e = Find(job_id);
+  if (e == nullptr) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
+  const absl::Time deadline = absl::Now() + max_wait;
+  while (!shutdown_ && (e->events.empty() || e->events.back().seq() <= after_seq) &&
+         !IsTerminal(e->job.state())) {
+    if (cv_.WaitWithDeadline(&mu_, deadline)) break;
+  }
+  *done = false;
+  for (const JobEvent& ev : e->events) {
+    if (ev.seq() <= after_seq) {
+      if (ev.has_state() && IsTerminal(ev.state())) *done = true;
+      continue;
+    }
+    out->push_back(ev);
+    if (ev.has_state() && IsTerminal(ev.state())) *done = true;
+  }
+  if (shutdown_ && !*done && out->empty()) return absl::UnavailableError("the coordinator is shutting down");
+  return absl::OkStatus();
+}
+
+void Jobs::Shutdown() {
+  absl::MutexLock lock(&mu_);
+  shutdown_ = true;
+  cv_.SignalAll();
+}
+
+}  // namespace rackrun::coordinator

@@ -1,0 +1,184 @@
+// Jobs: the lifecycle of every job the coordinator accepted, its attempts, its events and
+// its restart policy. QUEUED -> RUNNING -> SUCCEEDED | FAILED | CANCELLED; a failed attempt
+// that the policy restarts sends the job back to QUEUED (behind a backoff) and a new
+// attempt resumes from the last checkpoint. Every change is committed to the JobStore
+// before the call returns (and before it is visible in memory), so what a caller was told
+// survives kill -9.
+//
+// Events: per job, seq 1, 2, ... without gaps. Watchers wait in WaitEvents.
+//
+// Jobs knows nothing about workers or streams: calls that end an attempt return the ranks
+// whose workers still run it (`RankRef`), and the caller sends them CancelJob.
+//
+// Thread safety: all methods are thread-safe.
+#ifndef RACKRUN_COORDINATOR_JOBS_H_
+#define RACKRUN_COORDINATOR_JOBS_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "coordinator/clock.h"
+#include "coordinator/job_store.h"
+#include "rackrun/v1/job_service.pb.h"
+#include "rackrun/v1/rack_control.pb.h"
+
+namespace rackrun::coordinator {
+
+// spec.restart with its defaults: max_attempts 1, on {worker_lost, hang, worker_cancelled},
+// backoff 1 s doubling per further attempt.
+struct RestartPolicy {
+  int max_attempts = 1;
+  std::set<rackrun::v1::FailureKind> on;
+  double backoff_s = 1.0;
+
+  bool Restarts(rackrun::v1::FailureKind kind) const { return on.count(kind) > 0; }
+  // Delay before attempt `next_attempt` (2, 3, ...): backoff_s * 2^(next_attempt - 2).
+  int64_t BackoffMs(int next_attempt) const;
+};
+
+// InvalidArgument naming `restart.<field>` for unknown kinds or negative values.
+absl::StatusOr<RestartPolicy> RestartPolicyOf(const rackrun::v1::JobSpec& spec);
+
+// One rank of an attempt and the worker that runs it.
+struct RankRef {
+  std::string worker_id;
+  std::string job_id;
+  int attempt = 0;
+  int rank = 0;
+};
+
+// A job waiting to start, for the scheduler.
+struct QueuedJob {
+  std::string job_id;
+  rackrun::v1::JobSpec spec;
+  int64_t not_before_ms = 0;  // restart backoff
+};
+
+class Jobs {
+ public:
+  struct Options {
+    // After a coordinator restart, how long a running attempt's workers have to
+    // re-register before the missing ranks count as lost.
+    int64_t reattach_grace_ms = 15000;
+  };
+
+  Jobs(JobStore* store, Clock clock, Options options);
+
+  // Loads the persisted jobs. Called once, before any other method. Running attempts wait
+  // for their ranks to re-attach (Reattach) until reattach_grace_ms from now.
+  absl::Status Initialize(std::vector<StoredJob> jobs);
+
+  // Accepts a job (spec already defaulted and validated). Idempotent by request_id.
+  absl::StatusOr<JobStore::InsertResult> Submit(const rackrun::v1::JobSpec& spec,
+                                                const std::string& request_id);
+
+  absl::StatusOr<rackrun::v1::Job> Get(const std::string& job_id) const;
+
+  // Newest first; `state` UNSPECIFIED = all. Jobs without spec and attempts.
+  // InvalidArgument for a malformed page token.
+  absl::StatusOr<rackrun::v1::ListJobsResponse> List(const rackrun::v1::ListJobsRequest& req) const;
+
+  struct Ended {
+    rackrun::v1::Job job;
+    std::vector<RankRef> to_cancel;  // ranks of the ended attempt that have not reported
+  };
+
+  // NotFound; FailedPrecondition when the job already ended.
+  absl::StatusOr<Ended> Cancel(const std::string& job_id, const std::string& reason);
+
+  // QUEUED jobs in FIFO order (creation order; restarted jobs keep their place).
+  std::vector<QueuedJob> Queue() const;
+
+  // Starts the next attempt of a QUEUED job on `ranks` (rank i at index i). Returns it
+  // (number, resume = number > 1). FailedPrecondition when the job is not QUEUED.
+  absl::StatusOr<rackrun::v1::Attempt> StartAttempt(const std::string& job_id,
+                                                    const std::vector<rackrun::v1::RankPlacement>& ranks);
+
+  // One rank's end of an attempt. Succeeded from every rank ends the job SUCCEEDED;
+  // FAILED from a rank fails the attempt (kind ERROR naming it), DRAINED or an unasked
+  // CANCELLED fails it with WORKER_CANCELLED. Results for an ended attempt are recorded
+  // and change nothing. NotFound for an unknown job, attempt or rank.
+  absl::StatusOr<Ended> RankResult(const std::string& job_id, int attempt, int rank,
+                                   const rackrun::v1::AttemptResult& result);
+
+  // Ends a running attempt with `failure` (the first failure of the job is kept), then
+  // restarts the job per its policy or fails it. A failure for an attempt that already
+  // ended returns an empty `to_cancel` and changes nothing (several detectors may name
+  // the same attempt).
+  absl::StatusOr<Ended> FailAttempt(const std::string& job_id, int attempt,
+                                    const rackrun::v1::Failure& failure);
+
+  // Rank 0's progress: last_progress and a progress event. Ignored for ended attempts.
+  absl::Status Progress(const std::string& job_id, int attempt, const rackrun::v1::StepProgress& p);
+  // A checkpoint written: a message event (its step is where the next attempt resumes).
+  absl::Status Checkpoint(const std::string& job_id, int attempt, const std::string& path);
+
+  // True while `attempt` is the job's running attempt.
+  bool AttemptRunning(const std::string& job_id, int attempt) const;
+
+  // A worker that re-registered naming (job, attempt, rank): Ok and the rank's placement
+  // updated when that attempt is still running, FailedPrecondition otherwise.
+  absl::Status Reattach(const std::string& job_id, int attempt, int rank,
+                        const rackrun::v1::RankPlacement& placement);
+
+  // Attempts whose re-attach grace passed with ranks missing fail with WORKER_LOST naming
+  // them. Returns what to cancel.
+  std::vector<Ended> ExpireReattach();
+
+  // Appends the events with seq > after_seq to `out`, waiting up to `max_wait` for one.
+  // `*done` is set when the job's terminal state event is among those returned or was
+  // before after_seq. NotFound for an unknown job; Unavailable after Shutdown.
+  absl::Status WaitEvents(const std::string& job_id, int64_t after_seq, absl::Duration max_wait,
+                          std::vector<rackrun::v1::JobEvent>* out, bool* done) const;
+
+  // Wakes every watcher; later WaitEvents return Unavailable.
+  void Shutdown();
+
+ private:
+  struct Entry {
+    rackrun::v1::Job job;
+    std::vector<rackrun::v1::JobEvent> events;
+    int64_t not_before_ms = 0;
+    std::map<int, int> results;  // rank -> AttemptResult::Outcome of the current attempt
+    std::set<int> awaiting_reattach;
+    int64_t reattach_deadline_ms = 0;
+    int64_t checkpoint_step = 0;  // step of the last checkpoint reported
+  };
+
+  Entry* Find(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  const Entry* Find(const std::string& job_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Commits `next` and events (seq/job/time filled in here) and then applies them.
+  absl::Status Commit(Entry& e, rackrun::v1::Job next, std::vector<rackrun::v1::JobEvent> events)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<Ended> FailLocked(Entry& e, int attempt, rackrun::v1::Failure failure)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::vector<RankRef> Unreported(const Entry& e, const rackrun::v1::Attempt& a) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  JobStore* const store_;
+  const Clock clock_;
+  const Options options_;
+  mutable absl::Mutex mu_;
+  mutable absl::CondVar cv_;  // signalled on every committed event and on Shutdown
+  std::map<int64_t, Entry> jobs_ ABSL_GUARDED_BY(mu_);  // by job number (creation order)
+  bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+bool IsTerminal(rackrun::v1::JobState state);
+// "worker_lost", "hang", ... (as in spec.restart.on).
+std::string FailureKindName(rackrun::v1::FailureKind kind);
+// One line: "rank 1 (worker w-2 on host h, pid 42) lost in phase forward at step 7: ...".
+std::string DescribeFailure(const rackrun::v1::Failure& f);
+
+}  // namespace rackrun::coordinator
+
+#endif  // RACKRUN_COORDINATOR_JOBS_H_

@@ -1,0 +1,307 @@
+#include "coordinator/jobs.h"
+
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "coordinator/test_util.h"
+
+namespace rackrun::coordinator {
+namespace {
+
+using rackrun::v1::AttemptResult;
+using rackrun::v1::Failure;
+using rackrun::v1::JobEvent;
+using rackrun::v1::JobSpec;
+using rackrun::v1::RankPlacement;
+
+JobSpec Spec(int ranks, int max_attempts = 1) {
+  JobSpec s;
+  s.set_name("t");
+  s.mutable_resources()->set_ranks(ranks);
+  s.mutable_restart()->set_max_attempts(max_attempts);
+  return s;
+}
+
+std::vector<RankPlacement> Ranks(int n) {
+  std::vector<RankPlacement> out;
+  for (int r = 0; r < n; ++r) {
+    RankPlacement p;
+    p.set_rank(r);
+    p.set_worker_id("w-" + std::to_string(r + 1));
+    p.set_host("h");
+    p.set_pid(100 + r);
+    out.push_back(p);
+  }
+  return out;
+}
+
+AttemptResult Result(AttemptResult::Outcome o, int64_t step = 10) {
+  AttemptResult r;
+  r.set_outcome(o);
+  r.set_step(step);
+  return r;
+}
+
+Failure Lost(int rank) {
+  Failure f;
+  f.set_kind(rackrun::v1::WORKER_LOST);
+  f.set_rank(rank);
+  f.set_phase("forward");
+  return f;
+}
+
+class JobsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto s = JobStore::Open(dir_.path() + "/coordinator.db");
+    ASSERT_TRUE(s.ok());
+    store_ = *std::move(s);
+    jobs_ = std::make_unique<Jobs>(store_.get(), clock_.clock(), Jobs::Options{5000});
+    ASSERT_TRUE(jobs_->Initialize({}).ok());
+  }
+  // Every event of the job, checking seq is 1, 2, ... in memory and in the store.
+  std::vector<JobEvent> Events(const std::string& id) {
+    std::vector<JobEvent> ev;
+    bool done = false;
+    EXPECT_TRUE(jobs_->WaitEvents(id, 0, absl::ZeroDuration(), &ev, &done).ok());
+    for (size_t i = 0; i < ev.size(); ++i) EXPECT_EQ(ev[i].seq(), static_cast<int64_t>(i + 1));
+    auto all = store_->LoadAll();
+    for (const StoredJob& sj : *all) {
+      if (sj.job.id() != id) continue;
+      EXPECT_EQ(sj.events.size(), ev.size());
+      for (size_t i = 0; i < sj.events.size(); ++i) {
+        EXPECT_EQ(sj.events[i].seq(), static_cast<int64_t>(i + 1));
+      }
+    }
+    return ev;
+  }
+
+  testing::ScratchDir dir_;
+  testing::FakeClock clock_;
+  std::unique_ptr<JobStore> store_;
+  std::unique_ptr<Jobs> jobs_;
+};
+
+TEST_F(JobsTest, LifecycleToSucceeded) {
+  auto sub = jobs_->Submit(Spec(2), "r1");
+  ASSERT_TRUE(sub.ok());
+  const std::string id = sub->job.id();
+  EXPECT_EQ(jobs_->Queue().size(), 1u);
+  auto a = jobs_->StartAttempt(id, Ranks(2));
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->number(), 1);
+  EXPECT_TRUE(jobs_->Queue().empty());
+  EXPECT_TRUE(jobs_->AttemptRunning(id, 1));
+  auto r0 = jobs_->RankResult(id, 1, 0, Result(AttemptResult::SUCCEEDED));
+  ASSERT_TRUE(r0.ok());
+  EXPECT_EQ(r0->job.state(), rackrun::v1::RUNNING);
+  auto r1 = jobs_->RankResult(id, 1, 1, Result(AttemptResult::SUCCEEDED));
+  ASSERT_TRUE(r1.ok());
+  EXPECT_EQ(r1->job.state(), rackrun::v1::SUCCEEDED);
+  EXPECT_EQ(r1->job.attempts(0).state(), rackrun::v1::SUCCEEDED);
+  std::vector<JobEvent> ev = Events(id);
+  EXPECT_EQ(ev.front().state(), rackrun::v1::QUEUED);
+  EXPECT_EQ(ev.back().state(), rackrun::v1::SUCCEEDED);
+  EXPECT_EQ(jobs_->Cancel(id, "").status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(jobs_->Cancel("j-99", "").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(JobsTest, SubmitIsIdempotent) {
+  auto a = jobs_->Submit(Spec(1), "same");
+  auto b = jobs_->Submit(Spec(1), "same");
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_TRUE(a->created);
+  EXPECT_FALSE(b->created);
+  EXPECT_EQ(a->job.id(), b->job.id());
+  EXPECT_EQ(jobs_->Queue().size(), 1u);
+}
+
+TEST_F(JobsTest, FailureWithoutRestartFailsJobAndCancelsTheOthers) {
+  const std::string id = jobs_->Submit(Spec(3), "r")->job.id();
+  ASSERT_TRUE(jobs_->StartAttempt(id, Ranks(3)).ok());
+  ASSERT_TRUE(jobs_->RankResult(id, 1, 2, Result(AttemptResult::SUCCEEDED)).ok());
+  auto ended = jobs_->FailAttempt(id, 1, Lost(1));
+  ASSERT_TRUE(ended.ok());
+  EXPECT_EQ(ended->job.state(), rackrun::v1::FAILED);
+  EXPECT_EQ(ended->job.first_failure().rank(), 1);
+  ASSERT_EQ(ended->to_cancel.size(), 2u);  // ranks 0 and 1 had not reported
+  EXPECT_EQ(ended->to_cancel[0].rank, 0);
+  EXPECT_EQ(ended->to_cancel[1].rank, 1);
+  // A second detector naming the same attempt changes nothing.
+  auto again = jobs_->FailAttempt(id, 1, Lost(0));
+  ASSERT_TRUE(again.ok());
+  EXPECT_TRUE(again->to_cancel.empty());
+  EXPECT_EQ(again->job.first_failure().rank(), 1);
+  Events(id);
+}
+
+TEST_F(JobsTest, RestartPolicyAndBackoff) {
+  JobSpec spec = Spec(1, 3);
+  spec.mutable_restart()->set_backoff_s(2);
+  const std::string id = jobs_->Submit(spec, "r")->job.id();
+  ASSERT_TRUE(jobs_->StartAttempt(id, Ranks(1)).ok());
+  auto e1 = jobs_->FailAttempt(id, 1, Lost(0));
+  ASSERT_TRUE(e1.ok());
+  EXPECT_EQ(e1->job.state(), rackrun::v1::QUEUED);
+  EXPECT_EQ(e1->job.restarts(), 1);
+  ASSERT_EQ(jobs_->Queue().size(), 1u);
+  EXPECT_EQ(jobs_->Queue()[0].not_before_ms, clock_.now() + 2000);
+  auto a2 = jobs_->StartAttempt(id, Ranks(1));
+  ASSERT_TRUE(a2.ok());
+  EXPECT_EQ(a2->number(), 2);
+  Failure hang = Lost(0);
+  hang.set_kind(rackrun::v1::HANG);
+  auto e2 = jobs_->FailAttempt(id, 2, hang);
+  EXPECT_EQ(e2->job.state(), rackrun::v1::QUEUED);
+  EXPECT_EQ(jobs_->Queue()[0].not_before_ms, clock_.now() + 4000);  // doubled
+  ASSERT_TRUE(jobs_->StartAttempt(id, Ranks(1)).ok());
+  auto e3 = jobs_->FailAttempt(id, 3, Lost(0));
+  EXPECT_EQ(e3->job.state(), rackrun::v1::FAILED);  // max_attempts reached
+  EXPECT_EQ(e3->job.attempts_size(), 3);
+  EXPECT_EQ(e3->job.first_failure().kind(), rackrun::v1::WORKER_LOST);
+  EXPECT_EQ(e3->job.attempts(1).failure().kind(), rackrun::v1::HANG);
+  Events(id);
+}
+
+TEST_F(JobsTest, ErrorsDoNotRestartByDefault) {
+  const std::string id = jobs_->Submit(Spec(2, 5), "r")->job.id();
+  ASSERT_TRUE(jobs_->StartAttempt(id, Ranks(2)).ok());
+  AttemptResult bad = Result(AttemptResult::FAILED, 4);
+  bad.set_message("NaN loss");
+  bad.set_phase("forward");
+  auto e = jobs_->RankResult(id, 1, 1, bad);
+  ASSERT_TRUE(e.ok());
+  EXPECT_EQ(e->job.state(), rackrun::v1::FAILED);
+  EXPECT_EQ(e->job.first_failure().kind(), rackrun::v1::ERROR);
+  EXPECT_EQ(e->job.first_failure().rank(), 1);
+  EXPECT_EQ(e->job.first_failure().worker_id(), "w-2");
+  EXPECT_EQ(e->job.first_failure().step(), 4);
+  ASSERT_EQ(e->to_cancel.size(), 1u);
+  EXPECT_EQ(e->to_cancel[0].worker_id, "w-1");
+}
+
+TEST_F(JobsTest, RestartOnErrorWhenListed) {
+  JobSpec spec = Spec(1, 2);
+  spec.mutable_restart()->add_on("error");
+  const std::string id = jobs_->Submit(spec, "r")->job.id();
+  ASSERT_TRUE(jobs_->StartAttempt(id, Ranks(1)).ok());
+  auto e = jobs_->RankResult(id, 1, 0, Result(AttemptResult::FAILED));
+  EXPECT_EQ(e->job.state(), rackrun::v1::QUEUED);
+  // Only `error` is listed now: a lost worker does not restart.
+  ASSERT_TRUE(jobs_->StartAttempt(id, Ranks(1)).ok());
+  JobSpec lost_only = Spec(1, 5);
+  lost_only.mutable_restart()->add_on("bogus");
+  EXPECT_EQ(RestartPolicyOf(lost_only).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(JobsTest, WatchReplaysFromSeqAndFollowsLive) {
+  const std::string id = jobs_->Submit(Spec(1), "r")->job.id();
+  ASSERT_TRUE(jobs_->StartAttempt(id, Ranks(1)).ok());
+  const int64_t seen = Events(id).back().seq();
+  std::vector<JobEvent> got;
+  std::thread watcher([&] {
+    int64_t after = 1;  // replay everything after the QUEUED event, then live
+    bool done = false;
+    while (!done) {
+      std::vector<JobEvent> ev;
+      ASSERT_TRUE(jobs_->WaitEvents(id, after, absl::Seconds(10), &ev, &done).ok());
+      for (const JobEvent& e : ev) {
+        got.push_back(e);
+        after = e.seq();
+      }
+    }
+  });
+  rackrun::v1::StepProgress p;
+  p.set_step(1);
+  ASSERT_TRUE(jobs_->Progress(id, 1, p).ok());
+  ASSERT_TRUE(jobs_->RankResult(id, 1, 0, Result(AttemptResult::SUCCEEDED)).ok());
+  watcher.join();
+  ASSERT_FALSE(got.empty());
+  EXPECT_EQ(got.front().seq(), 2);
+  for (size_t i = 1; i < got.size(); ++i) EXPECT_EQ(got[i].seq(), got[i - 1].seq() + 1);
+  EXPECT_GT(got.back().seq(), seen);
+  EXPECT_EQ(got.back().state(), rackrun::v1::SUCCEEDED);
+  bool saw_progress = false;
+  for (const JobEvent& e : got) saw_progress |= e.has_progress();
+  EXPECT_TRUE(saw_progress);
+}
+
+TEST_F(JobsTest, ReattachAfterRestartOrLoseWithinGrace) {
+  std::string kept, lost;
+  kept = jobs_->Submit(Spec(2), "kept")->job.id();
+  lost = jobs_->Submit(Spec(2), "lost")->job.id();
+  ASSERT_TRUE(jobs_->StartAttempt(kept, Ranks(2)).ok());
+  ASSERT_TRUE(jobs_->StartAttempt(lost, Ranks(2)).ok());
+  // The coordinator restarts: a new Jobs from the same store.
+  auto all = store_->LoadAll();
+  ASSERT_TRUE(all.ok());
+  jobs_ = std::make_unique<Jobs>(store_.get(), clock_.clock(), Jobs::Options{5000});
+  ASSERT_TRUE(jobs_->Initialize(*std::move(all)).ok());
+  EXPECT_EQ(jobs_->Get(kept)->state(), rackrun::v1::RUNNING);
+  RankPlacement p = Ranks(2)[0];
+  ASSERT_TRUE(jobs_->Reattach(kept, 1, 0, p).ok());
+  p = Ranks(2)[1];
+  ASSERT_TRUE(jobs_->Reattach(kept, 1, 1, p).ok());
+  ASSERT_TRUE(jobs_->Reattach(lost, 1, 1, p).ok());
+  EXPECT_EQ(jobs_->Reattach(lost, 2, 1, p).code(), absl::StatusCode::kFailedPrecondition);
+  clock_.Advance(4999);
+  EXPECT_TRUE(jobs_->ExpireReattach().empty());
+  clock_.Advance(2);
+  std::vector<Jobs::Ended> ended = jobs_->ExpireReattach();
+  ASSERT_EQ(ended.size(), 1u);
+  EXPECT_EQ(ended[0].job.id(), lost);
+  EXPECT_EQ(ended[0].job.state(), rackrun::v1::FAILED);
+  EXPECT_EQ(ended[0].job.first_failure().kind(), rackrun::v1::WORKER_LOST);
+  EXPECT_EQ(ended[0].job.first_failure().rank(), 0);
+  ASSERT_EQ(ended[0].to_cancel.size(), 2u);  // both ranks still owe a result
+  EXPECT_EQ(jobs_->Get(kept)->state(), rackrun::v1::RUNNING);
+  Events(lost);
+}
+
+TEST_F(JobsTest, CancelQueuedAndRunning) {
+  const std::string q = jobs_->Submit(Spec(1), "q")->job.id();
+  auto c = jobs_->Cancel(q, "no longer needed");
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->job.state(), rackrun::v1::CANCELLED);
+  EXPECT_TRUE(c->to_cancel.empty());
+  const std::string r = jobs_->Submit(Spec(2), "r")->job.id();
+  ASSERT_TRUE(jobs_->StartAttempt(r, Ranks(2)).ok());
+  auto c2 = jobs_->Cancel(r, "");
+  ASSERT_TRUE(c2.ok());
+  EXPECT_EQ(c2->to_cancel.size(), 2u);
+  EXPECT_EQ(c2->job.attempts(0).state(), rackrun::v1::CANCELLED);
+  // The ranks' CANCELLED results after a cancel change nothing.
+  auto late = jobs_->RankResult(r, 1, 0, Result(AttemptResult::CANCELLED));
+  ASSERT_TRUE(late.ok());
+  EXPECT_EQ(late->job.state(), rackrun::v1::CANCELLED);
+  EXPECT_FALSE(late->job.has_first_failure());
+}
+
+TEST_F(JobsTest, ListNewestFirstPaged) {
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(jobs_->Submit(Spec(1), "r" + std::to_string(i)).ok());
+  ASSERT_TRUE(jobs_->Cancel("j-2", "").ok());
+  rackrun::v1::ListJobsRequest req;
+  req.set_page_size(2);
+  auto p1 = jobs_->List(req);
+  ASSERT_TRUE(p1.ok());
+  ASSERT_EQ(p1->jobs_size(), 2);
+  EXPECT_EQ(p1->jobs(0).id(), "j-5");
+  EXPECT_FALSE(p1->jobs(0).has_spec());
+  req.set_page_token(p1->next_page_token());
+  auto p2 = jobs_->List(req);
+  EXPECT_EQ(p2->jobs(0).id(), "j-3");
+  req.set_page_token(p2->next_page_token());
+  auto p3 = jobs_->List(req);
+  ASSERT_EQ(p3->jobs_size(), 1);
+  EXPECT_EQ(p3->jobs(0).id(), "j-1");
+  EXPECT_TRUE(p3->next_page_token().empty());
+  rackrun::v1::ListJobsRequest cancelled;
+  cancelled.set_state(rackrun::v1::CANCELLED);
+  EXPECT_EQ(jobs_->List(cancelled)->jobs_size(), 1);
+  req.set_page_token("zz");
+  EXPECT_EQ(jobs_->List(req).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace rackrun::coordinator

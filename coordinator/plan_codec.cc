@@ -1,0 +1,72 @@
+#include "coordinator/plan_codec.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace rackrun::coordinator {
+
+void PlanToMessage(const planner::Plan& plan, rackrun::v1::PlanMessage* m) {
+  m->Clear();
+  m->set_ranks(plan.ranks);
+  m->set_experts(plan.experts);
+  for (const planner::ExpertInstance& i : plan.instances) {
+    m->add_instance_expert(i.expert);
+    m->add_instance_rank(i.rank);
+    m->add_instance_master(i.master);
+  }
+  m->mutable_first()->Add(plan.first.begin(), plan.first.end());
+  m->mutable_quota()->Add(plan.quota.begin(), plan.quota.end());
+  m->mutable_split()->Add(plan.split.begin(), plan.split.end());
+  for (const planner::WeightTransfer& t : plan.fanout.transfers) {
+    m->add_transfer_expert(t.expert);
+    m->add_transfer_src(t.src_rank);
+    m->add_transfer_dst(t.dst_rank);
+    m->add_transfer_stage(t.stage);
+  }
+}
+
+absl::Status PlanFromMessage(const rackrun::v1::PlanMessage& m, planner::Plan* plan) {
+  const int n = m.instance_expert_size();
+  if (m.ranks() <= 0 || m.experts() <= 0) {
+    return absl::InvalidArgumentError("plan.ranks and plan.experts: must be positive");
+  }
+  if (m.instance_rank_size() != n || m.instance_master_size() != n) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "plan.instance_rank / instance_master: ", m.instance_rank_size(), " / ",
+        m.instance_master_size(), " entries for ", n, " instances"));
+  }
+  if (m.first_size() != m.experts() + 1) {
+    return absl::InvalidArgumentError(absl::StrCat("plan.first: ", m.first_size(),
+                                                   " entries, expected experts + 1 = ",
+                                                   m.experts() + 1));
+  }
+  if (m.quota_size() != n) {
+    return absl::InvalidArgumentError(absl::StrCat("plan.quota: ", m.quota_size(),
+                                                   " entries for ", n, " instances"));
+  }
+  if (static_cast<int64_t>(m.split_size()) != static_cast<int64_t>(m.ranks()) * n) {
+    return absl::InvalidArgumentError(absl::StrCat("plan.split: ", m.split_size(),
+                                                   " entries, expected ranks x instances = ",
+                                                   static_cast<int64_t>(m.ranks()) * n));
+  }
+  const int t = m.transfer_expert_size();
+  if (m.transfer_src_size() != t || m.transfer_dst_size() != t || m.transfer_stage_size() != t) {
+    return absl::InvalidArgumentError("plan.transfer_*: the four transfer arrays differ in length");
+  }
+  plan->ranks = m.ranks();
+  plan->experts = m.experts();
+  plan->instances.resize(n);
+  for (int i = 0; i < n; ++i) {
+    plan->instances[i] = {m.instance_expert(i), m.instance_rank(i), m.instance_master(i)};
+  }
+  plan->first.assign(m.first().begin(), m.first().end());
+  plan->quota.assign(m.quota().begin(), m.quota().end());
+  plan->split.assign(m.split().begin(), m.split().end());
+  plan->fanout.transfers.resize(t);
+  for (int i = 0; i < t; ++i) {
+    plan->fanout.transfers[i] = {m.transfer_expert(i), m.transfer_src(i), m.transfer_dst(i),
+                                 m.transfer_stage(i)};
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace rackrun::coordinator
