@@ -1,6 +1,8 @@
 // The data-channel interface: how ranks of one job move bytes to each other. One abstract
 // class (LevelDB Env-style); each backend lives in one file beside it:
 //   mpi_channel.cc        Open MPI, CPU ranks (mpirun / srun --mpi=pmix)
+//   gloo_channel.cc       Gloo over TCP, CPU ranks of a job bootstrapped from a rendezvous
+//                         store (the worker daemons' per-job channel)
 //   nccl_channel.cc       NCCL, GPU ranks (compiled when CUDA + NCCL are found)
 //   inprocess_channel.cc  threads of one process, for unit tests
 //
@@ -15,9 +17,12 @@
 //   FailedPrecondition quoting the first error. The job must stop.
 // - Buffers are host memory, except on the NCCL backend in device-buffer mode (see
 //   nccl_channel.h).
+// - progress() is the one call that is thread-safe: a heartbeat thread may read it while
+//   the rank's thread is blocked in a collective.
 #ifndef RACKRUN_COMM_DATA_CHANNEL_H_
 #define RACKRUN_COMM_DATA_CHANNEL_H_
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -93,6 +98,14 @@ class Request {
 absl::Status WaitAll(std::span<const std::unique_ptr<Request>> requests, absl::Time deadline,
                      absl::string_view operation);
 
+// How far a rank has got through the job's sequence of collectives, for hang detection:
+// ranks blocked in collective n report entered = n and completed = n - 1; a rank that has
+// not reached it reports entered < n, which names it as the one the others wait for.
+struct ChannelProgress {
+  int64_t collectives_entered = 0;
+  int64_t collectives_completed = 0;
+};
+
 class DataChannel {
  public:
   virtual ~DataChannel() = default;
@@ -101,7 +114,7 @@ class DataChannel {
 
   virtual int rank() const = 0;
   virtual int size() const = 0;
-  // "mpi", "nccl", "inprocess".
+  // "mpi", "gloo", "nccl", "inprocess".
   virtual absl::string_view backend() const = 0;
 
   // True when point-to-point messages between two ranks match by tag (MPI, in-process).
@@ -111,6 +124,17 @@ class DataChannel {
 
   absl::Duration timeout() const { return timeout_; }
   void set_timeout(absl::Duration timeout) { timeout_ = timeout; }
+
+  // Collective calls (Allgather, AllToAllV, AllReduce, Broadcast, Barrier) this rank has
+  // entered, and of those the ones that returned OK. Every call counts as entered, also
+  // one that fails its argument checks or finds the channel broken: a rank that returned
+  // an error is not in the collective any more, and its peers will time out on it.
+  // Counted by the backends (point-to-point and NCCL); 0/0 on a backend that does not.
+  // Thread-safe; readable from any thread at any time.
+  ChannelProgress progress() const {
+    return {entered_.load(std::memory_order_relaxed),
+            completed_.load(std::memory_order_relaxed)};
+  }
 
   // recv[r * count .. (r + 1) * count) = rank r's send[0 .. count). `count` is in elements
   // of `type` and equal on all ranks.
@@ -160,8 +184,18 @@ class DataChannel {
   absl::Status CheckCountsAndDispls(absl::string_view operation, std::span<const int64_t> counts,
                                     std::span<const int64_t> displs, absl::string_view which) const;
 
+  // progress() bookkeeping for backends: call EnterCollective() first thing in a
+  // collective and return CompleteCollective(status) from it.
+  void EnterCollective() { entered_.fetch_add(1, std::memory_order_relaxed); }
+  absl::Status CompleteCollective(absl::Status status) {
+    if (status.ok()) completed_.fetch_add(1, std::memory_order_relaxed);
+    return status;
+  }
+
  private:
   absl::Duration timeout_;
+  std::atomic<int64_t> entered_{0};
+  std::atomic<int64_t> completed_{0};
 };
 
 }  // namespace rackrun::comm

@@ -2,6 +2,10 @@
 // same checks run under mpirun in tests/mpi/mpi_comm_test.cc.
 #include "comm/inprocess_channel.h"
 
+#include <atomic>
+#include <thread>
+#include <vector>
+
 #include "comm/channel_checks.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -51,6 +55,54 @@ TEST(InProcessChannel, SilentRankTimesOutNamingIt) {
       return absl::OkStatus();
     });
     EXPECT_TRUE(s.ok()) << s;
+  }
+}
+
+// progress() counts every collective at entry and on success, and is read by another
+// thread while a rank waits in a collective its peer has not reached.
+TEST(InProcessChannel, ProgressCountsCollectives) {
+  ChannelOptions options;
+  options.timeout = absl::Seconds(30);
+  absl::StatusOr<std::vector<std::unique_ptr<DataChannel>>> channels =
+      CreateInProcessChannels(2, options);
+  ASSERT_TRUE(channels.ok());
+  DataChannel& zero = *(*channels)[0];
+  DataChannel& one = *(*channels)[1];
+  std::atomic<bool> observed{false};
+  auto rank_body = [&](DataChannel& c) {
+    int64_t x = c.rank();
+    std::vector<int64_t> all(2);
+    EXPECT_TRUE(c.Allgather(&x, all.data(), 1, DataType::kInt64).ok());
+    EXPECT_TRUE(c.AllReduce(&x, &x, 1, DataType::kInt64, ReduceOp::kSum).ok());
+    EXPECT_TRUE(c.Broadcast(&x, 1, DataType::kInt64, 0).ok());
+    const int64_t counts[2] = {1, 1}, displs[2] = {0, 1};
+    EXPECT_TRUE(c.AllToAllV(all.data(), counts, displs, all.data(), counts, displs,
+                            DataType::kInt64)
+                    .ok());
+    // Rank 1 reaches the barrier only once the observer has seen rank 0 wait in it.
+    if (c.rank() == 1) {
+      while (!observed.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    EXPECT_TRUE(c.Barrier().ok());
+    // A call that fails its checks was entered but did not complete.
+    EXPECT_FALSE(c.Broadcast(&x, -1, DataType::kInt64, 0).ok());
+  };
+  std::thread t0([&] { rank_body(zero); });
+  std::thread t1([&] { rank_body(one); });
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (zero.progress().collectives_entered < 5 && absl::Now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_EQ(zero.progress().collectives_entered, 5);
+  EXPECT_EQ(zero.progress().collectives_completed, 4);
+  EXPECT_EQ(one.progress().collectives_entered, 4);
+  EXPECT_EQ(one.progress().collectives_completed, 4);
+  observed = true;
+  t0.join();
+  t1.join();
+  for (DataChannel* c : {&zero, &one}) {
+    EXPECT_EQ(c->progress().collectives_entered, 6);
+    EXPECT_EQ(c->progress().collectives_completed, 5);
   }
 }
 

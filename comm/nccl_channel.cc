@@ -154,7 +154,34 @@ class NcclChannel final : public DataChannel {
   absl::string_view backend() const override { return "nccl"; }
   bool matches_by_tag() const override { return false; }
 
+  // The collectives count themselves for progress() around the NCCL calls below.
   absl::Status Allgather(const void* send, void* recv, int64_t count, DataType type) override {
+    EnterCollective();
+    return CompleteCollective(AllgatherImpl(send, recv, count, type));
+  }
+  absl::Status AllToAllV(const void* send, std::span<const int64_t> send_counts,
+                         std::span<const int64_t> send_displs, void* recv,
+                         std::span<const int64_t> recv_counts, std::span<const int64_t> recv_displs,
+                         DataType type) override {
+    EnterCollective();
+    return CompleteCollective(
+        AllToAllVImpl(send, send_counts, send_displs, recv, recv_counts, recv_displs, type));
+  }
+  absl::Status AllReduce(const void* send, void* recv, int64_t count, DataType type,
+                         ReduceOp op) override {
+    EnterCollective();
+    return CompleteCollective(AllReduceImpl(send, recv, count, type, op));
+  }
+  absl::Status Broadcast(void* buf, int64_t count, DataType type, int root) override {
+    EnterCollective();
+    return CompleteCollective(BroadcastImpl(buf, count, type, root));
+  }
+  absl::Status Barrier() override {
+    EnterCollective();
+    return CompleteCollective(BarrierImpl());
+  }
+
+  absl::Status AllgatherImpl(const void* send, void* recv, int64_t count, DataType type) {
     constexpr absl::string_view kOp = "Allgather";
     if (absl::Status s = Usable(kOp); !s.ok()) return s;
     if (absl::Status s = CheckCount(kOp, count); !s.ok()) return s;
@@ -182,10 +209,10 @@ class NcclChannel final : public DataChannel {
     return host_ ? ToHost(recv, out, bytes * size_) : absl::OkStatus();
   }
 
-  absl::Status AllToAllV(const void* send, std::span<const int64_t> send_counts,
-                         std::span<const int64_t> send_displs, void* recv,
-                         std::span<const int64_t> recv_counts, std::span<const int64_t> recv_displs,
-                         DataType type) override {
+  absl::Status AllToAllVImpl(const void* send, std::span<const int64_t> send_counts,
+                             std::span<const int64_t> send_displs, void* recv,
+                             std::span<const int64_t> recv_counts,
+                             std::span<const int64_t> recv_displs, DataType type) {
     constexpr absl::string_view kOp = "AllToAllV";
     if (absl::Status s = Usable(kOp); !s.ok()) return s;
     if (absl::Status s = CheckCountsAndDispls(kOp, send_counts, send_displs, "send"); !s.ok()) {
@@ -233,8 +260,8 @@ class NcclChannel final : public DataChannel {
     return host_ ? ToHost(recv, out, recv_extent) : absl::OkStatus();
   }
 
-  absl::Status AllReduce(const void* send, void* recv, int64_t count, DataType type,
-                         ReduceOp op) override {
+  absl::Status AllReduceImpl(const void* send, void* recv, int64_t count, DataType type,
+                             ReduceOp op) {
     constexpr absl::string_view kOp = "AllReduce";
     if (absl::Status s = Usable(kOp); !s.ok()) return s;
     if (absl::Status s = CheckCount(kOp, count); !s.ok()) return s;
@@ -265,7 +292,7 @@ class NcclChannel final : public DataChannel {
     return host_ ? ToHost(recv, out, bytes) : absl::OkStatus();
   }
 
-  absl::Status Broadcast(void* buf, int64_t count, DataType type, int root) override {
+  absl::Status BroadcastImpl(void* buf, int64_t count, DataType type, int root) {
     constexpr absl::string_view kOp = "Broadcast";
     if (absl::Status s = Usable(kOp); !s.ok()) return s;
     if (absl::Status s = CheckCount(kOp, count); !s.ok()) return s;
@@ -294,7 +321,7 @@ class NcclChannel final : public DataChannel {
     return host_ && rank_ != root ? ToHost(buf, data, bytes) : absl::OkStatus();
   }
 
-  absl::Status Barrier() override {
+  absl::Status BarrierImpl() {
     constexpr absl::string_view kOp = "Barrier";
     if (absl::Status s = Usable(kOp); !s.ok()) return s;
     const absl::Time deadline = absl::Now() + timeout();

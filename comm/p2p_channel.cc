@@ -74,7 +74,48 @@ absl::StatusOr<std::unique_ptr<Request>> PointToPointChannel::Irecv(void* buf, i
   return PostRecv(buf, count * static_cast<int64_t>(DataTypeSize(type)), peer, tag);
 }
 
+// The public collectives count themselves for progress() around the algorithms below,
+// and any failure but a bad argument breaks the channel: a transfer that could not be
+// posted leaves the others of the collective in flight, so matching is undefined after it.
+absl::Status PointToPointChannel::Conclude(absl::Status status) {
+  if (!status.ok() && status.code() != absl::StatusCode::kInvalidArgument && broken_.ok()) {
+    broken_ = status;
+  }
+  return CompleteCollective(std::move(status));
+}
+
 absl::Status PointToPointChannel::Allgather(const void* send, void* recv, int64_t count,
+                                            DataType type) {
+  EnterCollective();
+  return Conclude(AllgatherImpl(send, recv, count, type));
+}
+
+absl::Status PointToPointChannel::AllToAllV(const void* send, std::span<const int64_t> send_counts,
+                                            std::span<const int64_t> send_displs, void* recv,
+                                            std::span<const int64_t> recv_counts,
+                                            std::span<const int64_t> recv_displs, DataType type) {
+  EnterCollective();
+  return Conclude(
+      AllToAllVImpl(send, send_counts, send_displs, recv, recv_counts, recv_displs, type));
+}
+
+absl::Status PointToPointChannel::AllReduce(const void* send, void* recv, int64_t count,
+                                            DataType type, ReduceOp op) {
+  EnterCollective();
+  return Conclude(AllReduceImpl(send, recv, count, type, op));
+}
+
+absl::Status PointToPointChannel::Broadcast(void* buf, int64_t count, DataType type, int root) {
+  EnterCollective();
+  return Conclude(BroadcastImpl(buf, count, type, root));
+}
+
+absl::Status PointToPointChannel::Barrier() {
+  EnterCollective();
+  return Conclude(BarrierImpl());
+}
+
+absl::Status PointToPointChannel::AllgatherImpl(const void* send, void* recv, int64_t count,
                                             DataType type) {
   if (absl::Status s = CheckUsable("Allgather"); !s.ok()) return s;
   if (absl::Status s = CheckCount("Allgather", count); !s.ok()) return s;
@@ -99,7 +140,7 @@ absl::Status PointToPointChannel::Allgather(const void* send, void* recv, int64_
   return Finish(requests, deadline, "Allgather");
 }
 
-absl::Status PointToPointChannel::AllToAllV(const void* send, std::span<const int64_t> send_counts,
+absl::Status PointToPointChannel::AllToAllVImpl(const void* send, std::span<const int64_t> send_counts,
                                             std::span<const int64_t> send_displs, void* recv,
                                             std::span<const int64_t> recv_counts,
                                             std::span<const int64_t> recv_displs, DataType type) {
@@ -143,7 +184,7 @@ absl::Status PointToPointChannel::AllToAllV(const void* send, std::span<const in
   return Finish(requests, deadline, "AllToAllV");
 }
 
-absl::Status PointToPointChannel::AllReduce(const void* send, void* recv, int64_t count,
+absl::Status PointToPointChannel::AllReduceImpl(const void* send, void* recv, int64_t count,
                                             DataType type, ReduceOp op) {
   if (absl::Status s = CheckUsable("AllReduce"); !s.ok()) return s;
   if (absl::Status s = CheckCount("AllReduce", count); !s.ok()) return s;
@@ -226,7 +267,7 @@ absl::Status PointToPointChannel::AllReduce(const void* send, void* recv, int64_
   return Finish(requests, deadline, "AllReduce");
 }
 
-absl::Status PointToPointChannel::Broadcast(void* buf, int64_t count, DataType type, int root) {
+absl::Status PointToPointChannel::BroadcastImpl(void* buf, int64_t count, DataType type, int root) {
   if (absl::Status s = CheckUsable("Broadcast"); !s.ok()) return s;
   if (absl::Status s = CheckCount("Broadcast", count); !s.ok()) return s;
   if (absl::Status s = CheckPeer("Broadcast root", root); !s.ok()) return s;
@@ -248,7 +289,7 @@ absl::Status PointToPointChannel::Broadcast(void* buf, int64_t count, DataType t
   return Finish(requests, deadline, "Broadcast");
 }
 
-absl::Status PointToPointChannel::Barrier() {
+absl::Status PointToPointChannel::BarrierImpl() {
   if (absl::Status s = CheckUsable("Barrier"); !s.ok()) return s;
   const absl::Time deadline = absl::Now() + timeout();
   std::vector<std::unique_ptr<Request>> requests;

@@ -1,5 +1,5 @@
 // Collectives built from point-to-point messages, shared by the backends whose transport
-// is point-to-point (MPI, in-process). Building them here rather than calling the
+// is point-to-point (MPI, Gloo, in-process). Building them here rather than calling the
 // transport's own collectives buys two properties the job relies on:
 // - every wait knows exactly which peer's message is missing, so a timeout names it;
 // - AllReduce has one fixed summation order, so results are bit-identical on every rank
@@ -51,6 +51,20 @@ class PointToPointChannel : public DataChannel {
                                                             int tag) = 0;
 
  private:
+  // The algorithms above; the public collectives wrap them with the progress() counts.
+  absl::Status AllgatherImpl(const void* send, void* recv, int64_t count, DataType type);
+  absl::Status AllToAllVImpl(const void* send, std::span<const int64_t> send_counts,
+                             std::span<const int64_t> send_displs, void* recv,
+                             std::span<const int64_t> recv_counts,
+                             std::span<const int64_t> recv_displs, DataType type);
+  absl::Status AllReduceImpl(const void* send, void* recv, int64_t count, DataType type,
+                             ReduceOp op);
+  absl::Status BroadcastImpl(void* buf, int64_t count, DataType type, int root);
+  absl::Status BarrierImpl();
+  // A collective's result: breaks the channel on failure (except InvalidArgument) and
+  // counts the completion for progress().
+  absl::Status Conclude(absl::Status status);
+
   // FailedPrecondition quoting the first timeout once the channel is broken.
   absl::Status CheckUsable(absl::string_view operation) const;
   // Waits for `requests`; a timeout breaks the channel.
