@@ -1,0 +1,412 @@
+// The data-channel contract on the Gloo backend: ranks as threads of this process over
+// 127.0.0.1 with the in-memory rendezvous store (2 and 4 ranks), AllReduce bit-identical
+// to the in-process backend, and the failures a worker daemon lives through: ranks that
+// never join, a peer that never posts, a peer whose channel is destroyed, a peer process
+// killed with SIGKILL; after each the channel is destroyed and a new one works.
+#include "comm/gloo_channel.h"
+
+#include <fcntl.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <csignal>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "comm/channel_checks.h"
+#include "comm/inprocess_channel.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace rackrun::comm {
+namespace {
+
+using ::testing::AnyOf;
+using ::testing::HasSubstr;
+
+GlooChannelOptions Options(absl::Duration timeout) {
+  GlooChannelOptions options;
+  options.channel.timeout = timeout;
+  options.address = "127.0.0.1";
+  return options;
+}
+
+// Creates an n-rank Gloo channel with one thread per rank, runs body(channel) on each,
+// and destroys the channels only after every thread is done (so a rank that finishes
+// early does not close connections others still use). First error in rank order.
+absl::Status RunGlooRanks(RendezvousStore& store, const std::string& prefix, int ranks,
+                          absl::Duration timeout,
+                          const std::function<absl::Status(DataChannel&)>& body) {
+  std::vector<std::unique_ptr<DataChannel>> channels(static_cast<size_t>(ranks));
+  std::vector<absl::Status> results(static_cast<size_t>(ranks));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < ranks; ++r) {
+    threads.emplace_back([&, r] {
+      absl::StatusOr<std::unique_ptr<DataChannel>> channel =
+          CreateGlooChannel(store, prefix, r, ranks, Options(timeout));
+      if (!channel.ok()) {
+        results[static_cast<size_t>(r)] = channel.status();
+        return;
+      }
+      channels[static_cast<size_t>(r)] = *std::move(channel);
+      results[static_cast<size_t>(r)] = body(*channels[static_cast<size_t>(r)]);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  channels.clear();
+  for (const absl::Status& s : results) {
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+class GlooChannelTest : public ::testing::TestWithParam<int> {
+ protected:
+  void OnAllRanks(const std::function<void(DataChannel&)>& check) {
+    InMemoryRendezvousStore store;
+    absl::Status s =
+        RunGlooRanks(store, "job/test", GetParam(), absl::Seconds(30), [&](DataChannel& channel) {
+          EXPECT_EQ(channel.size(), GetParam());
+          EXPECT_EQ(channel.backend(), "gloo");
+          EXPECT_TRUE(channel.matches_by_tag());
+          check(channel);
+          return absl::OkStatus();
+        });
+    ASSERT_TRUE(s.ok()) << s;
+  }
+};
+
+TEST_P(GlooChannelTest, Allgather) { OnAllRanks(testing::CheckAllgather); }
+TEST_P(GlooChannelTest, AllToAllV) { OnAllRanks(testing::CheckAllToAllV); }
+TEST_P(GlooChannelTest, Broadcast) { OnAllRanks(testing::CheckBroadcast); }
+TEST_P(GlooChannelTest, Barrier) { OnAllRanks(testing::CheckBarrier); }
+TEST_P(GlooChannelTest, AllReduceIsBitIdenticalInRankOrder) {
+  OnAllRanks([](DataChannel& c) { testing::CheckAllReduce(c, /*fixed_order=*/true); });
+}
+TEST_P(GlooChannelTest, SendRecv) { OnAllRanks(testing::CheckSendRecv); }
+TEST_P(GlooChannelTest, BadArguments) { OnAllRanks(testing::CheckBadArguments); }
+TEST_P(GlooChannelTest, TokenDispatchMatchesHome) {
+  OnAllRanks([](DataChannel& c) {
+    testing::CheckTokenDispatch(c, 1, /*use_ultraep=*/false);
+    testing::CheckTokenDispatch(c, 11, /*use_ultraep=*/true);
+  });
+}
+TEST_P(GlooChannelTest, RelayFanout) {
+  OnAllRanks([](DataChannel& c) { testing::CheckRelayFanout(c, FanoutPacing::kAuto); });
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, GlooChannelTest, ::testing::Values(1, 2, 4),
+                         [](const auto& param_info) {
+                           return std::to_string(param_info.param) + "ranks";
+                         });
+
+// The same float32 sums on Gloo and in-process, compared byte for byte.
+TEST(GlooChannel, AllReduceEqualsInProcessBitForBit) {
+  constexpr int kRanks = 3;
+  constexpr int64_t kCount = 10007;
+  auto input = [](int rank) {
+    std::vector<float> x(kCount);
+    uint64_t state = 0x9e3779b97f4a7c15ULL * static_cast<uint64_t>(rank + 1);
+    for (float& v : x) {
+      state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+      v = static_cast<float>(static_cast<int64_t>(state >> 40) - (1 << 23)) * 1e-3f;
+    }
+    return x;
+  };
+  std::vector<std::vector<float>> gloo(kRanks), inprocess(kRanks);
+  InMemoryRendezvousStore store;
+  ASSERT_TRUE(RunGlooRanks(store, "job/bits", kRanks, absl::Seconds(30), [&](DataChannel& c) {
+                std::vector<float> x = input(c.rank());
+                absl::Status s = c.AllReduce(x.data(), x.data(), kCount, DataType::kFloat32,
+                                             ReduceOp::kSum);
+                gloo[static_cast<size_t>(c.rank())] = x;
+                return s;
+              }).ok());
+  ChannelOptions options;
+  options.timeout = absl::Seconds(30);
+  ASSERT_TRUE(RunInProcessRanks(kRanks, options, [&](DataChannel& c) {
+                std::vector<float> x = input(c.rank());
+                absl::Status s = c.AllReduce(x.data(), x.data(), kCount, DataType::kFloat32,
+                                             ReduceOp::kSum);
+                inprocess[static_cast<size_t>(c.rank())] = x;
+                return s;
+              }).ok());
+  for (int r = 0; r < kRanks; ++r) {
+    ASSERT_EQ(std::memcmp(gloo[r].data(), inprocess[r].data(), kCount * sizeof(float)), 0)
+        << "rank " << r;
+  }
+}
+
+TEST(GlooChannel, CountsCollectivesForProgress) {
+  InMemoryRendezvousStore store;
+  absl::Status s = RunGlooRanks(store, "job/progress", 2, absl::Seconds(30), [](DataChannel& c) {
+    int32_t x = c.rank();
+    std::vector<int32_t> all(2);
+    EXPECT_TRUE(c.Allgather(&x, all.data(), 1, DataType::kInt32).ok());
+    EXPECT_TRUE(c.Barrier().ok());
+    EXPECT_EQ(c.progress().collectives_entered, 2);
+    EXPECT_EQ(c.progress().collectives_completed, 2);
+    return absl::OkStatus();
+  });
+  EXPECT_TRUE(s.ok()) << s;
+}
+
+TEST(GlooChannel, JobsWithDifferentPrefixesShareOneStore) {
+  InMemoryRendezvousStore store;
+  std::vector<std::thread> jobs;
+  for (int job = 0; job < 2; ++job) {
+    jobs.emplace_back([&store, job] {
+      absl::Status s = RunGlooRanks(
+          store, absl::StrCat("job/", job), 2, absl::Seconds(30), [job](DataChannel& c) {
+            int32_t mine = 100 * job + c.rank();
+            std::vector<int32_t> all(2);
+            if (absl::Status g = c.Allgather(&mine, all.data(), 1, DataType::kInt32); !g.ok()) {
+              return g;
+            }
+            EXPECT_EQ(all[0], 100 * job);
+            EXPECT_EQ(all[1], 100 * job + 1);
+            return absl::OkStatus();
+          });
+      EXPECT_TRUE(s.ok()) << s;
+    });
+  }
+  for (std::thread& t : jobs) t.join();
+}
+
+TEST(GlooChannel, SilentRankTimesOutNamingIt) {
+  for (int ranks : {2, 4}) {
+    InMemoryRendezvousStore store;
+    absl::Status s = RunGlooRanks(store, "job/silent", ranks, absl::Seconds(2),
+                                  [&](DataChannel& channel) {
+                                    testing::CheckSilentRankTimesOut(channel, ranks - 1);
+                                    return absl::OkStatus();
+                                  });
+    EXPECT_TRUE(s.ok()) << s;
+  }
+}
+
+TEST(GlooChannel, RejectsBadRank) {
+  InMemoryRendezvousStore store;
+  auto channel = CreateGlooChannel(store, "job/bad", 2, 2, Options(absl::Seconds(1)));
+  ASSERT_FALSE(channel.ok());
+  EXPECT_EQ(channel.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(GlooChannel, RanksThatNeverJoinAreNamed) {
+  InMemoryRendezvousStore store;
+  const absl::Duration timeout = absl::Seconds(1);
+  std::vector<absl::Status> results(2);
+  std::vector<std::thread> threads;
+  const absl::Time start = absl::Now();
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      results[static_cast<size_t>(r)] =
+          CreateGlooChannel(store, "job/absent", r, 4, Options(timeout)).status();
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_LT(absl::Now() - start, timeout + absl::Seconds(10));
+  for (const absl::Status& s : results) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+    EXPECT_THAT(s.message(), HasSubstr("ranks 2, 3 did not join"));
+  }
+}
+
+// Rank 1 builds its channel and never posts: rank 0 times out naming it, the channel
+// stays broken, tears down at once, and the next channel in this process works.
+TEST(GlooChannel, PeerThatNeverPostsThenTeardownAndNextChannel) {
+  InMemoryRendezvousStore store;
+  const absl::Duration timeout = absl::Seconds(2);
+  std::unique_ptr<DataChannel> zero, one;
+  std::thread peer([&] {
+    auto c = CreateGlooChannel(store, "job/hung", 1, 2, Options(timeout));
+    ASSERT_TRUE(c.ok()) << c.status();
+    one = *std::move(c);
+  });
+  auto c = CreateGlooChannel(store, "job/hung", 0, 2, Options(timeout));
+  peer.join();
+  ASSERT_TRUE(c.ok()) << c.status();
+  zero = *std::move(c);
+
+  const absl::Time start = absl::Now();
+  absl::Status barrier = zero->Barrier();
+  EXPECT_LT(absl::Now() - start, timeout + absl::Seconds(10));
+  EXPECT_EQ(barrier.code(), absl::StatusCode::kDeadlineExceeded) << barrier;
+  EXPECT_THAT(barrier.message(), HasSubstr("Barrier on rank 0"));
+  EXPECT_THAT(barrier.message(), HasSubstr("rank 1"));
+  EXPECT_EQ(zero->progress().collectives_entered, 1);
+  EXPECT_EQ(zero->progress().collectives_completed, 0);
+  EXPECT_EQ(one->progress().collectives_entered, 0);
+  int32_t x = 0;
+  std::vector<int32_t> all(2);
+  absl::Status after = zero->Allgather(&x, all.data(), 1, DataType::kInt32);
+  EXPECT_EQ(after.code(), absl::StatusCode::kFailedPrecondition) << after;
+
+  // Teardown does not wait for the hung peer (bounded well below the timeout's multiple
+  // that a wait for it would take).
+  const absl::Time teardown = absl::Now();
+  zero.reset();
+  EXPECT_LT(absl::Now() - teardown, timeout);
+  one.reset();
+
+  absl::Status next = RunGlooRanks(store, "job/next", 2, absl::Seconds(30), [](DataChannel& ch) {
+    int32_t mine = ch.rank() + 7;
+    std::vector<int32_t> got(2);
+    if (absl::Status s = ch.Allgather(&mine, got.data(), 1, DataType::kInt32); !s.ok()) return s;
+    EXPECT_EQ(got[0], 7);
+    EXPECT_EQ(got[1], 8);
+    return absl::OkStatus();
+  });
+  EXPECT_TRUE(next.ok()) << next;
+}
+
+// Rank 1's channel is destroyed: rank 0 fails naming it (the closed connection, or at
+// the latest the timeout) and then builds a new channel.
+TEST(GlooChannel, PeerChannelDestroyedFailsTheSurvivor) {
+  InMemoryRendezvousStore store;
+  const absl::Duration timeout = absl::Seconds(3);
+  std::unique_ptr<DataChannel> zero;
+  std::atomic<bool> zero_ready{false};
+  std::thread peer([&] {
+    auto c = CreateGlooChannel(store, "job/gone", 1, 2, Options(timeout));
+    ASSERT_TRUE(c.ok()) << c.status();
+    // Destroyed as soon as rank 0 has its channel too.
+    while (!zero_ready.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  });
+  auto c = CreateGlooChannel(store, "job/gone", 0, 2, Options(timeout));
+  zero_ready = true;
+  peer.join();
+  ASSERT_TRUE(c.ok()) << c.status();
+  zero = *std::move(c);
+  const absl::Time start = absl::Now();
+  std::vector<float> x(1000, 1.0f);
+  absl::Status s = zero->AllReduce(x.data(), x.data(), 1000, DataType::kFloat32, ReduceOp::kSum);
+  EXPECT_LT(absl::Now() - start, timeout + absl::Seconds(10));
+  EXPECT_THAT(s.code(), AnyOf(absl::StatusCode::kUnavailable, absl::StatusCode::kDeadlineExceeded))
+      << s;
+  EXPECT_THAT(s.message(), HasSubstr("rank 1"));
+  EXPECT_EQ(zero->Barrier().code(), absl::StatusCode::kFailedPrecondition);
+  zero.reset();
+  EXPECT_TRUE(RunGlooRanks(store, "job/after-gone", 2, absl::Seconds(30), [](DataChannel& ch) {
+                return ch.Barrier();
+              }).ok());
+}
+
+// A rendezvous store in a directory, so that processes can share it (the in-memory one
+// is per process): one file per key, written whole by rename.
+class DirectoryStore final : public RendezvousStore {
+ public:
+  explicit DirectoryStore(std::string dir) : dir_(std::move(dir)) {}
+  absl::Status Set(const std::string& key, const std::string& value) override {
+    const std::string path = Path(key);
+    const std::string tmp = path + ".tmp" + std::to_string(getpid());
+    {
+      std::ofstream out(tmp, std::ios::binary);
+      out << value;
+      if (!out) return absl::InternalError("cannot write " + tmp);
+    }
+    if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+      return absl::InternalError("cannot rename " + tmp);
+    }
+    return absl::OkStatus();
+  }
+  absl::StatusOr<std::vector<std::string>> Get(const std::vector<std::string>& keys,
+                                               absl::Duration timeout) override {
+    const absl::Time deadline = absl::Now() + timeout;
+    while (true) {
+      std::vector<std::string> values;
+      for (const std::string& key : keys) {
+        std::ifstream in(Path(key), std::ios::binary);
+        if (!in) break;
+        std::stringstream content;
+        content << in.rdbuf();
+        values.push_back(content.str());
+      }
+      if (values.size() == keys.size()) return values;
+      if (absl::Now() >= deadline) return absl::DeadlineExceededError("keys missing in " + dir_);
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  }
+
+ private:
+  std::string Path(const std::string& key) const {
+    return dir_ + "/" + absl::StrReplaceAll(key, {{"/", "_"}});
+  }
+  std::string dir_;
+};
+
+constexpr char kChildDirEnv[] = "RACKRUN_GLOO_TEST_CHILD_DIR";
+
+// Run only as the child of PeerProcessKilledFailsTheSurvivor: rank 1, connects, then
+// waits to be killed.
+TEST(GlooChannelChild, DISABLED_RankOneWaitsToBeKilled) {
+  const char* dir = std::getenv(kChildDirEnv);
+  if (dir == nullptr) GTEST_SKIP() << "child of PeerProcessKilledFailsTheSurvivor only";
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  DirectoryStore store(dir);
+  auto channel = CreateGlooChannel(store, "job/killed", 1, 2, Options(absl::Seconds(10)));
+  ASSERT_TRUE(channel.ok()) << channel.status();
+  // Bounded, in case the parent never kills it.
+  std::this_thread::sleep_for(std::chrono::seconds(30));
+}
+
+TEST(GlooChannel, PeerProcessKilledFailsTheSurvivor) {
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / ("rackrun-gloo-" + std::to_string(getpid())))
+          .string();
+  std::filesystem::create_directories(dir);
+  const pid_t child = fork();
+  ASSERT_NE(child, -1) << std::strerror(errno);
+  if (child == 0) {
+    setenv(kChildDirEnv, dir.c_str(), 1);
+    execl("/proc/self/exe", "gloo_child", "--gtest_also_run_disabled_tests",
+          "--gtest_filter=GlooChannelChild.DISABLED_RankOneWaitsToBeKilled",
+          static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  DirectoryStore store(dir);
+  const absl::Duration timeout = absl::Seconds(10);
+  auto channel = CreateGlooChannel(store, "job/killed", 0, 2, Options(timeout));
+  if (!channel.ok()) {
+    kill(child, SIGKILL);
+    waitpid(child, nullptr, 0);
+    FAIL() << channel.status();
+  }
+  // Kill the peer while this rank waits for it in a collective.
+  std::thread killer([child] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    kill(child, SIGKILL);
+  });
+  const absl::Time start = absl::Now();
+  std::vector<int64_t> x(4096, 1);
+  absl::Status s =
+      (*channel)->AllReduce(x.data(), x.data(), 4096, DataType::kInt64, ReduceOp::kSum);
+  const absl::Duration took = absl::Now() - start;
+  killer.join();
+  int status = 0;
+  waitpid(child, &status, 0);
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << status;
+  // The closed connection is seen, not the timeout.
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_THAT(s.message(), HasSubstr("AllReduce"));
+  EXPECT_THAT(s.message(), HasSubstr("on rank 0"));
+  EXPECT_THAT(s.message(), HasSubstr("with rank 1"));
+  EXPECT_EQ((*channel)->Barrier().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_LT(took, timeout);
+  channel->reset();
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace rackrun::comm
