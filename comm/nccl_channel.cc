@@ -4,6 +4,7 @@
 #include <nccl.h>
 
 #include <algorithm>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -538,6 +539,50 @@ class NcclChannel final : public DataChannel {
   DeviceScratch barrier_scratch_;
 };
 
+// Joins the communicator of `size` ranks identified by `id` as `rank`, on the device
+// already set; bounded by `deadline`.
+absl::StatusOr<std::unique_ptr<DataChannel>> InitNcclChannel(const ncclUniqueId& id, int rank,
+                                                             int size, absl::Time deadline,
+                                                             const NcclChannelOptions& options) {
+  // Non-blocking communicator: every call returns at once and is waited for by polling,
+  // so every wait can time out.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wold-style-cast"
+#pragma GCC diagnostic ignored "-Wpedantic"
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+#pragma GCC diagnostic pop
+  config.blocking = 0;
+  ncclComm_t comm = nullptr;
+  ncclResult_t r = ncclCommInitRankConfig(&comm, size, id, rank, &config);
+  if (r != ncclSuccess && r != ncclInProgress) {
+    return NcclError(absl::StrCat("ncclCommInitRankConfig on rank ", rank), r, comm);
+  }
+  ProgressBackoff backoff;
+  while (true) {
+    ncclResult_t state = ncclSuccess;
+    ncclCommGetAsyncError(comm, &state);
+    if (state == ncclSuccess) break;
+    if (state != ncclInProgress) {
+      ncclCommAbort(comm);
+      return NcclError(absl::StrCat("ncclCommInitRankConfig on rank ", rank), state, nullptr);
+    }
+    if (absl::Now() >= deadline) {
+      ncclCommAbort(comm);
+      return absl::DeadlineExceededError(
+          absl::StrCat("NCCL communicator init on rank ", rank, " of ", size, " timed out within ",
+                       absl::FormatDuration(options.channel.timeout),
+                       "; a rank is dead, stuck, or not creating its NCCL channel"));
+    }
+    backoff.Idle();
+  }
+  cudaStream_t stream = nullptr;
+  if (cudaError_t e = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking); e != cudaSuccess) {
+    ncclCommAbort(comm);
+    return CudaError("cudaStreamCreateWithFlags", e);
+  }
+  return std::make_unique<NcclChannel>(comm, stream, rank, size, options);
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<DataChannel>> CreateNcclChannel(DataChannel& bootstrap,
@@ -556,44 +601,55 @@ absl::StatusOr<std::unique_ptr<DataChannel>> CreateNcclChannel(DataChannel& boot
   if (absl::Status s = bootstrap.Broadcast(&id, sizeof(id), DataType::kByte, 0); !s.ok()) {
     return s;
   }
-  // Non-blocking communicator: every call returns at once and is waited for by polling,
-  // so every wait can time out.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wold-style-cast"
-#pragma GCC diagnostic ignored "-Wpedantic"
-  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-#pragma GCC diagnostic pop
-  config.blocking = 0;
-  ncclComm_t comm = nullptr;
-  ncclResult_t r = ncclCommInitRankConfig(&comm, size, id, rank, &config);
-  if (r != ncclSuccess && r != ncclInProgress) {
-    return NcclError(absl::StrCat("ncclCommInitRankConfig on rank ", rank), r, comm);
+  return InitNcclChannel(id, rank, size, absl::Now() + options.channel.timeout, options);
+}
+
+absl::StatusOr<std::unique_ptr<DataChannel>> CreateNcclChannel(RendezvousStore& store,
+                                                               const std::string& prefix,
+                                                               int rank, int size,
+                                                               const NcclChannelOptions& options) {
+  if (size < 1 || rank < 0 || rank >= size) {
+    return absl::InvalidArgumentError(absl::StrCat("NCCL channel '", prefix, "': rank ", rank,
+                                                   " of size ", size,
+                                                   " is not a rank in [0, size) of size >= 1"));
   }
   const absl::Time deadline = absl::Now() + options.channel.timeout;
-  ProgressBackoff backoff;
-  while (true) {
-    ncclResult_t state = ncclSuccess;
-    ncclCommGetAsyncError(comm, &state);
-    if (state == ncclSuccess) break;
-    if (state != ncclInProgress) {
-      ncclCommAbort(comm);
-      return NcclError(absl::StrCat("ncclCommInitRankConfig on rank ", rank), state, nullptr);
-    }
-    if (absl::Now() >= deadline) {
-      ncclCommAbort(comm);
-      return absl::DeadlineExceededError(
-          absl::StrCat("NCCL communicator init on rank ", rank, " of ", size, " timed out after ",
-                       absl::FormatDuration(options.channel.timeout),
-                       "; a rank is dead, stuck, or not creating its NCCL channel"));
-    }
-    backoff.Idle();
+  if (cudaError_t e = cudaSetDevice(options.device); e != cudaSuccess) {
+    return CudaError(absl::StrCat("cudaSetDevice(", options.device, ") on rank ", rank), e);
   }
-  cudaStream_t stream = nullptr;
-  if (cudaError_t e = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking); e != cudaSuccess) {
-    ncclCommAbort(comm);
-    return CudaError("cudaStreamCreateWithFlags", e);
+  const std::string key = prefix + "/nccl/unique_id";
+  ncclUniqueId id;
+  if (rank == 0) {
+    if (ncclResult_t r = ncclGetUniqueId(&id); r != ncclSuccess) {
+      return NcclError("ncclGetUniqueId", r, nullptr);
+    }
+    const std::string bytes(reinterpret_cast<const char*>(&id), sizeof(id));
+    if (absl::Status s = store.Set(key, bytes); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("NCCL channel '", prefix,
+                                                 "' on rank 0: publishing the unique id: ",
+                                                 s.message()));
+    }
+  } else {
+    absl::StatusOr<std::vector<std::string>> value =
+        store.Get({key}, std::max(deadline - absl::Now(), absl::ZeroDuration()));
+    if (!value.ok()) {
+      return absl::Status(
+          value.status().code(),
+          absl::StrCat("NCCL channel '", prefix, "' on rank ", rank, " of ", size,
+                       ": waiting for rank 0's unique id: ", value.status().message(),
+                       value.status().code() == absl::StatusCode::kDeadlineExceeded
+                           ? "; rank 0 is dead, stuck, or not creating this channel"
+                           : ""));
+    }
+    if (value->front().size() != sizeof(id)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "NCCL channel '", prefix, "' on rank ", rank, ": the store's '", key, "' has ",
+          value->front().size(), " bytes, not an NCCL unique id (", sizeof(id),
+          "); is another job using this prefix?"));
+    }
+    std::memcpy(&id, value->front().data(), sizeof(id));
   }
-  return std::make_unique<NcclChannel>(comm, stream, rank, size, options);
+  return InitNcclChannel(id, rank, size, deadline, options);
 }
 
 }  // namespace rackrun::comm

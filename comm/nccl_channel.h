@@ -16,9 +16,11 @@
 #define RACKRUN_COMM_NCCL_CHANNEL_H_
 
 #include <memory>
+#include <string>
 
 #include "absl/status/statusor.h"
 #include "comm/data_channel.h"
+#include "comm/rendezvous_store.h"
 
 namespace rackrun::comm {
 
@@ -37,6 +39,19 @@ struct NcclChannelOptions {
 // naming the CUDA or NCCL call on failure; DeadlineExceeded if initialization outlasts
 // the timeout.
 absl::StatusOr<std::unique_ptr<DataChannel>> CreateNcclChannel(DataChannel& bootstrap,
+                                                               const NcclChannelOptions& options);
+
+// Collective over the `size` ranks that call it with the same `prefix` (one per job and
+// channel), bootstrapped from a rendezvous store instead of a channel (the worker
+// daemons' path): rank 0 creates the NCCL unique id and sets it under
+// "<prefix>/nccl/unique_id"; every rank gets it and joins the communicator. The timeout
+// bounds waiting for the id and the communicator's initialization together.
+// InvalidArgument for a bad rank/size or a malformed id in the store; DeadlineExceeded
+// if rank 0 never publishes the id or initialization outlasts the timeout;
+// Internal/Unavailable naming the CUDA, NCCL or store call otherwise.
+absl::StatusOr<std::unique_ptr<DataChannel>> CreateNcclChannel(RendezvousStore& store,
+                                                               const std::string& prefix,
+                                                               int rank, int size,
                                                                const NcclChannelOptions& options);
 
 }  // namespace rackrun::comm

@@ -8,10 +8,13 @@
 
 #include <algorithm>
 #include <functional>
+#include <thread>
 #include <vector>
 
 #include "comm/channel_checks.h"
 #include "comm/inprocess_channel.h"
+#include "comm/rendezvous_store.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace rackrun::comm {
@@ -107,6 +110,47 @@ TEST_F(NcclChannelTest, DeviceBuffers) {
     cudaFree(dev);
     cudaFree(dev2);
   });
+}
+
+// The worker daemons' path: the unique id travels through a rendezvous store (rank r on
+// device r, one thread each), and progress() counts NCCL's collectives.
+TEST_F(NcclChannelTest, BootstrapFromRendezvousStore) {
+  InMemoryRendezvousStore store;
+  std::vector<absl::Status> results(static_cast<size_t>(ranks_));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < ranks_; ++r) {
+    threads.emplace_back([&, r] {
+      NcclChannelOptions nccl;
+      nccl.channel.timeout = absl::Seconds(60);
+      nccl.device = r;
+      nccl.host_buffers = true;
+      absl::StatusOr<std::unique_ptr<DataChannel>> channel =
+          CreateNcclChannel(store, "job/nccl", r, ranks_, nccl);
+      if (!channel.ok()) {
+        results[static_cast<size_t>(r)] = channel.status();
+        return;
+      }
+      EXPECT_EQ((*channel)->rank(), r);
+      EXPECT_EQ((*channel)->size(), ranks_);
+      testing::CheckAllgather(**channel);
+      testing::CheckBarrier(**channel);
+      const ChannelProgress progress = (*channel)->progress();
+      EXPECT_GT(progress.collectives_entered, 0);
+      EXPECT_EQ(progress.collectives_entered, progress.collectives_completed);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (const absl::Status& s : results) EXPECT_TRUE(s.ok()) << s;
+}
+
+// Argument checks come before any CUDA call, so these run without a GPU too.
+TEST(NcclChannelFromStore, RejectsBadRank) {
+  InMemoryRendezvousStore store;
+  absl::StatusOr<std::unique_ptr<DataChannel>> channel =
+      CreateNcclChannel(store, "job/bad", 3, 2, NcclChannelOptions{});
+  ASSERT_FALSE(channel.ok());
+  EXPECT_EQ(channel.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(channel.status().message(), ::testing::HasSubstr("rank 3 of size 2"));
 }
 
 }  // namespace
