@@ -1,0 +1,141 @@
+#include "coordinator/planning.h"
+
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+#include "coordinator/plan_codec.h"
+
+namespace rackrun::coordinator {
+
+absl::StatusOr<PlanSetup> PlanSetupOf(const rackrun::v1::JobSpec& spec, int ranks) {
+  const rackrun::v1::BalancerSpec& b = spec.balancer();
+  const rackrun::v1::ModelSpec& m = spec.model();
+  const int experts = m.moe().experts();
+  if (ranks <= 0 || experts <= 0 || experts % ranks != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("model.moe.experts: ", experts,
+                                                   " experts cannot be sharded over ", ranks,
+                                                   " ranks; use a multiple of resources.ranks"));
+  }
+  PlanSetup s;
+  s.policy = b.policy().empty() ? "none" : b.policy();
+  s.domain = {ranks, experts / ranks, b.slots()};
+  if (absl::Status st = s.domain.Validate(); !st.ok()) return st;
+  s.options.eps = b.eps();
+  s.options.min_replica_tokens = b.min_replica_tokens();
+  s.options.locality_aware_split = b.locality();
+  s.options.eplb_window = b.eplb_window();
+  s.options.eplb_interval = b.eplb_interval();
+  const int64_t hidden = m.moe().expert_hidden() > 0 ? m.moe().expert_hidden() : 2 * int64_t{m.width()};
+  s.options.expert_bytes = 3 * int64_t{m.width()} * hidden * static_cast<int64_t>(sizeof(float));
+  s.invariants.masters_at_home = s.policy != "eplb";
+  return s;
+}
+
+absl::Status Planning::Open(const std::string& job_id, int attempt, const rackrun::v1::JobSpec& spec,
+                            int ranks) {
+  absl::StatusOr<PlanSetup> setup = PlanSetupOf(spec, ranks);
+  if (!setup.ok()) return setup.status();
+  Session s;
+  s.setup = *std::move(setup);
+  for (auto* p : {&s.train, &s.eval}) {
+    absl::StatusOr<std::unique_ptr<planner::Planner>> made =
+        planner::MakePlanner(s.setup.policy, s.setup.domain, s.setup.options);
+    if (!made.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("balancer.policy: ", made.status().message()));
+    }
+    *p = *std::move(made);
+  }
+  s.outbox.resize(static_cast<size_t>(ranks));
+  absl::MutexLock lock(&mu_);
+  sessions_.try_emplace({job_id, attempt}, std::move(s));  // an open session is kept
+  return absl::OkStatus();
+}
+
+void Planning::Close(const std::string& job_id, int attempt) {
+  absl::MutexLock lock(&mu_);
+  sessions_.erase({job_id, attempt});
+  cv_.SignalAll();
+}
+
+absl::Status Planning::AddRow(const rackrun::v1::LoadRow& row) {
+  const auto arrived = std::chrono::steady_clock::now();
+  absl::MutexLock lock(&mu_);
+  auto it = sessions_.find({row.job_id(), row.attempt()});
+  if (it == sessions_.end()) {
+    return absl::FailedPreconditionError(absl::StrCat("attempt ", row.attempt(), " of job '", row.job_id(),
+                                                      "' is not planned by the coordinator (not running, "
+                                                      "or balancer.mode is not coordinator)"));
+  }
+  Session& s = it->second;
+  const planner::Domain& d = s.setup.domain;
+  if (row.rank() < 0 || row.rank() >= d.ranks) {
+    return absl::InvalidArgumentError(absl::StrCat("rank: ", row.rank(), " is not in [0, ", d.ranks, ")"));
+  }
+  if (row.loads_size() != d.experts()) {
+    return absl::InvalidArgumentError(absl::StrCat("loads: ", row.loads_size(), " entries, expected one per expert (",
+                                                   d.experts(), ")"));
+  }
+  Pending& p = s.pending[{row.microbatch(), row.layer(), row.training()}];
+  if (p.got.empty()) {
+    p.loads = planner::LoadMatrix(d.ranks, d.experts());
+    p.got.assign(static_cast<size_t>(d.ranks), false);
+  }
+  if (p.got[static_cast<size_t>(row.rank())]) {
+    return absl::InvalidArgumentError(absl::StrCat("rank ", row.rank(), " sent microbatch ", row.microbatch(),
+                                                   " layer ", row.layer(), " twice"));
+  }
+  p.got[static_cast<size_t>(row.rank())] = true;
+  for (int e = 0; e < d.experts(); ++e) p.loads.at(row.rank(), e) = row.loads(e);
+  if (++p.count < d.ranks) return absl::OkStatus();
+
+  rackrun::v1::PlanReply reply;
+  reply.set_microbatch(row.microbatch());
+  reply.set_layer(row.layer());
+  planner::Planner& planner = row.training() ? *s.train : *s.eval;
+  absl::Status st = planner.SolveInto(p.loads, row.layer(), &s.plan);
+  if (st.ok()) st = planner::CheckPlanInvariants(d, p.loads, s.plan, s.setup.invariants);
+  if (st.ok()) {
+    PlanToMessage(s.plan, reply.mutable_plan());
+    reply.set_fingerprint(planner::PlanFingerprint(s.plan));
+  } else {
+    reply.set_error(absl::StrCat("plan of microbatch ", row.microbatch(), " layer ", row.layer(), ": ",
+                                 st.message()));
+  }
+  reply.set_solve_s(std::chrono::duration<double>(std::chrono::steady_clock::now() - arrived).count());
+  s.pending.erase({row.microbatch(), row.layer(), row.training()});
+  for (auto& q : s.outbox) q.push_back(reply);
+  cv_.SignalAll();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::optional<rackrun::v1::PlanReply>> Planning::NextReply(const std::string& job_id,
+                                                                          int attempt, int rank,
+                                                                          absl::Duration max_wait) {
+  absl::MutexLock lock(&mu_);
+  const absl::Time deadline = absl::Now() + max_wait;
+  while (true) {
+    if (shutdown_) return absl::CancelledError("the coordinator is shutting down");
+    auto it = sessions_.find({job_id, attempt});
+    if (it == sessions_.end()) {
+      return absl::CancelledError(absl::StrCat("attempt ", attempt, " of job '", job_id, "' is not planning"));
+    }
+    if (rank < 0 || rank >= static_cast<int>(it->second.outbox.size())) {
+      return absl::InvalidArgumentError(absl::StrCat("rank: ", rank, " is not a rank of the attempt"));
+    }
+    auto& q = it->second.outbox[static_cast<size_t>(rank)];
+    if (!q.empty()) {
+      rackrun::v1::PlanReply r = std::move(q.front());
+      q.pop_front();
+      return std::optional<rackrun::v1::PlanReply>(std::move(r));
+    }
+    if (cv_.WaitWithDeadline(&mu_, deadline)) return std::optional<rackrun::v1::PlanReply>();
+  }
+}
+
+void Planning::Shutdown() {
+  absl::MutexLock lock(&mu_);
+  shutdown_ = true;
+  cv_.SignalAll();
+}
+
+}  // namespace rackrun::coordinator

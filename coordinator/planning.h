@@ -1,0 +1,88 @@
+// Planning: coordinator-mode planning (balancer.mode: coordinator) behind RackControl.Plans.
+//
+// Per running attempt (Open .. Close) it keeps two planners made exactly as the runtime's
+// expert-parallel group makes them (planner::MakePlanner(policy, domain, options) with the
+// options runtime/trainer.cc takes from the BalancerSpec and expert_bytes from the model):
+// one for training microbatches and one for evaluation ones, so eplb's history is the
+// same as in-band. Each rank streams its LoadRow per (microbatch, layer, training); when
+// all R rows are in, the matrix is solved, the invariants checked, and the PlanReply
+// (plan, fingerprint, solve_s; or error) is queued for every rank's stream.
+//
+// Thread safety: all methods are thread-safe.
+#ifndef RACKRUN_COORDINATOR_PLANNING_H_
+#define RACKRUN_COORDINATOR_PLANNING_H_
+
+#include <deque>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "planner/invariants.h"
+#include "planner/planner.h"
+#include "rackrun/v1/job_spec.pb.h"
+#include "rackrun/v1/rack_control.pb.h"
+
+namespace rackrun::coordinator {
+
+// The domain and planner options of a defaulted spec on `ranks` ranks, as the runtime
+// builds them. InvalidArgument naming the field when they do not form a domain.
+struct PlanSetup {
+  planner::Domain domain;
+  std::string policy;
+  planner::PlannerOptions options;
+  planner::InvariantOptions invariants;
+};
+absl::StatusOr<PlanSetup> PlanSetupOf(const rackrun::v1::JobSpec& spec, int ranks);
+
+class Planning {
+ public:
+  // Starts planning for the attempt (no change when it is already open). InvalidArgument
+  // when the spec gives no domain.
+  absl::Status Open(const std::string& job_id, int attempt, const rackrun::v1::JobSpec& spec, int ranks);
+  // Ends it: pending rows are dropped and the ranks' NextReply return Cancelled.
+  void Close(const std::string& job_id, int attempt);
+
+  // One rank's row (job, attempt and rank set). FailedPrecondition when the attempt does
+  // not plan here; InvalidArgument for a bad rank, row size or a duplicate row.
+  absl::Status AddRow(const rackrun::v1::LoadRow& row);
+
+  // The next reply for the rank, waiting up to `max_wait` (nullopt when none came).
+  absl::StatusOr<std::optional<rackrun::v1::PlanReply>> NextReply(const std::string& job_id, int attempt,
+                                                                  int rank, absl::Duration max_wait);
+
+  void Shutdown();
+
+ private:
+  struct Pending {
+    planner::LoadMatrix loads;
+    std::vector<bool> got;
+    int count = 0;
+  };
+  struct Session {
+    PlanSetup setup;
+    std::unique_ptr<planner::Planner> train;
+    std::unique_ptr<planner::Planner> eval;
+    std::map<std::tuple<int64_t, int, bool>, Pending> pending;
+    std::vector<std::deque<rackrun::v1::PlanReply>> outbox;  // per rank
+    planner::Plan plan;  // reused buffers
+  };
+  using Key = std::pair<std::string, int>;
+
+  absl::Mutex mu_;
+  absl::CondVar cv_;
+  std::map<Key, Session> sessions_ ABSL_GUARDED_BY(mu_);
+  bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace rackrun::coordinator
+
+#endif  // RACKRUN_COORDINATOR_PLANNING_H_

@@ -1,0 +1,127 @@
+#include "coordinator/planning.h"
+
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "coordinator/plan_codec.h"
+#include "planner/invariants.h"
+
+namespace rackrun::coordinator {
+namespace {
+
+rackrun::v1::JobSpec Spec(const std::string& policy) {
+  rackrun::v1::JobSpec s;
+  s.mutable_model()->set_width(16);
+  s.mutable_model()->mutable_moe()->set_experts(8);
+  s.mutable_model()->mutable_moe()->set_expert_hidden(32);
+  rackrun::v1::BalancerSpec* b = s.mutable_balancer();
+  b->set_policy(policy);
+  b->set_slots(2);
+  b->set_eps(0.01);
+  b->set_min_replica_tokens(1);
+  b->set_locality(true);
+  b->set_eplb_window(4);
+  b->set_eplb_interval(2);
+  b->set_mode("coordinator");
+  return s;
+}
+
+// The in-band planner, built the way runtime/trainer.cc and expert_parallel.cc build it.
+std::unique_ptr<planner::Planner> InBand(const rackrun::v1::JobSpec& spec, int ranks) {
+  const rackrun::v1::BalancerSpec& b = spec.balancer();
+  planner::PlannerOptions po;
+  po.eps = b.eps();
+  po.min_replica_tokens = b.min_replica_tokens();
+  po.locality_aware_split = b.locality();
+  po.eplb_window = b.eplb_window();
+  po.eplb_interval = b.eplb_interval();
+  po.expert_bytes = 3 * int64_t{spec.model().width()} * spec.model().moe().expert_hidden() * 4;
+  planner::Domain d{ranks, spec.model().moe().experts() / ranks, b.slots()};
+  return *planner::MakePlanner(b.policy(), d, po);
+}
+
+class PlanningEquivalence : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(PlanningEquivalence, CoordinatorPlansEqualInBandPlans) {
+  const int ranks = 4;
+  const rackrun::v1::JobSpec spec = Spec(GetParam());
+  Planning planning;
+  ASSERT_TRUE(planning.Open("j-1", 1, spec, ranks).ok());
+  std::unique_ptr<planner::Planner> train = InBand(spec, ranks);
+  std::unique_ptr<planner::Planner> eval = InBand(spec, ranks);
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<int> tokens(0, 400);
+  for (int64_t mb = 0; mb < 12; ++mb) {
+    for (int layer = 0; layer < 2; ++layer) {
+      const bool training = mb % 4 != 3;
+      planner::LoadMatrix loads(ranks, 8);
+      for (int r = 0; r < ranks; ++r) {
+        for (int e = 0; e < 8; ++e) loads.at(r, e) = tokens(rng) * (e == 2 ? 5 : 1);  // a hot expert
+      }
+      for (int r = ranks - 1; r >= 0; --r) {  // rows arrive in any order
+        rackrun::v1::LoadRow row;
+        row.set_job_id("j-1");
+        row.set_attempt(1);
+        row.set_rank(r);
+        row.set_microbatch(mb);
+        row.set_layer(layer);
+        row.set_training(training);
+        for (int e = 0; e < 8; ++e) row.add_loads(loads.at(r, e));
+        ASSERT_TRUE(planning.AddRow(row).ok());
+      }
+      planner::Plan expected;
+      ASSERT_TRUE((training ? train : eval)->SolveInto(loads, layer, &expected).ok());
+      for (int r = 0; r < ranks; ++r) {
+        auto reply = planning.NextReply("j-1", 1, r, absl::Seconds(1));
+        ASSERT_TRUE(reply.ok() && reply->has_value());
+        const rackrun::v1::PlanReply& got = **reply;
+        ASSERT_TRUE(got.error().empty()) << got.error();
+        EXPECT_EQ(got.microbatch(), mb);
+        EXPECT_EQ(got.layer(), layer);
+        planner::Plan decoded;
+        ASSERT_TRUE(PlanFromMessage(got.plan(), &decoded).ok());
+        EXPECT_TRUE(decoded == expected) << "microbatch " << mb << " layer " << layer;
+        EXPECT_EQ(got.fingerprint(), planner::PlanFingerprint(expected));
+        EXPECT_EQ(planner::PlanFingerprint(decoded), got.fingerprint());
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Policies, PlanningEquivalence, ::testing::Values("ultraep", "eplb", "none"));
+
+TEST(PlanningTest, BadRowsAndClosedAttempts) {
+  Planning planning;
+  rackrun::v1::LoadRow row;
+  row.set_job_id("j-1");
+  row.set_attempt(1);
+  row.add_loads(1);
+  EXPECT_EQ(planning.AddRow(row).code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(planning.Open("j-1", 1, Spec("ultraep"), 2).ok());
+  EXPECT_EQ(planning.AddRow(row).code(), absl::StatusCode::kInvalidArgument);  // 1 load, 8 experts
+  row.clear_loads();
+  for (int e = 0; e < 8; ++e) row.add_loads(1);
+  row.set_rank(5);
+  EXPECT_EQ(planning.AddRow(row).code(), absl::StatusCode::kInvalidArgument);
+  row.set_rank(0);
+  EXPECT_TRUE(planning.AddRow(row).ok());
+  EXPECT_EQ(planning.AddRow(row).code(), absl::StatusCode::kInvalidArgument);  // twice
+  planning.Close("j-1", 1);
+  EXPECT_EQ(planning.NextReply("j-1", 1, 0, absl::Milliseconds(1)).status().code(), absl::StatusCode::kCancelled);
+  rackrun::v1::JobSpec odd = Spec("ultraep");
+  odd.mutable_model()->mutable_moe()->set_experts(6);
+  EXPECT_EQ(planning.Open("j-2", 1, odd, 4).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(PlanCodecTest, RejectsInconsistentSizes) {
+  rackrun::v1::PlanMessage m;
+  m.set_ranks(2);
+  m.set_experts(2);
+  m.add_instance_expert(0);
+  planner::Plan p;
+  EXPECT_EQ(PlanFromMessage(m, &p).code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace rackrun::coordinator

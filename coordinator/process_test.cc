@@ -1,0 +1,585 @@
+// Process-level tests: the real rackrun-coordinator binary with a scratch --state-dir on
+// 127.0.0.1, driven through the generated stubs (a test client plays the workers).
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <future>
+#include <map>
+#include <set>
+#include <thread>
+
+#include <grpcpp/create_channel.h>
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/support/byte_buffer.h>
+
+#include "coordinator/test_util.h"
+#include "rackrun/v1/job_service.grpc.pb.h"
+#include "rackrun/v1/rack_control.grpc.pb.h"
+
+namespace rackrun::coordinator {
+namespace {
+
+using namespace std::chrono_literals;
+
+int FreePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = 0;
+  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+  socklen_t len = sizeof(a);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+// One coordinator process.
+class Coordinator {
+ public:
+  Coordinator(std::string state_dir, int port, std::vector<std::string> extra = {})
+      : state_dir_(std::move(state_dir)), port_(port), extra_(std::move(extra)) {}
+  ~Coordinator() { Kill(SIGKILL); }
+
+  // Starts it and, when the port is fixed, returns at once; with port 0, after the banner.
+  void Start() {
+    int out[2];
+    ASSERT_EQ(pipe(out), 0);
+    std::vector<std::string> args = {RACKRUN_COORDINATOR_BINARY, "--listen",
+                                     "127.0.0.1:" + std::to_string(port_), "--state-dir", state_dir_};
+    for (const auto& e : extra_) args.push_back(e);
+    pid_ = fork();
+    if (pid_ == 0) {
+      dup2(out[1], 1);
+      close(out[0]);
+      std::vector<char*> argv;
+      for (auto& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      execv(argv[0], argv.data());
+      _exit(127);
+    }
+    close(out[1]);
+    out_ = fdopen(out[0], "r");
+  }
+  // The first stdout line (the banner).
+  std::string Banner() {
+    char buf[1024];
+    if (fgets(buf, sizeof(buf), out_) == nullptr) return "";
+    return buf;
+  }
+  void Kill(int sig) {
+    if (pid_ > 0) kill(pid_, sig);
+  }
+  // Exit status after a signal was sent; -1 when it did not exit within `timeout`.
+  int Wait(std::chrono::milliseconds timeout = 10s) {
+    const auto end = std::chrono::steady_clock::now() + timeout;
+    while (pid_ > 0 && std::chrono::steady_clock::now() < end) {
+      int status = 0;
+      if (waitpid(pid_, &status, WNOHANG) == pid_) {
+        pid_ = -1;
+        if (out_ != nullptr) fclose(out_);
+        out_ = nullptr;
+        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      }
+      std::this_thread::sleep_for(10ms);
+    }
+    return -1;
+  }
+  void KillNine() {
+    Kill(SIGKILL);
+    Wait();
+  }
+  std::string Token() const {
+    std::ifstream in(state_dir_ + "/token");
+    std::string t;
+    in >> t;
+    return t;
+  }
+  std::string Address() const { return "127.0.0.1:" + std::to_string(port_); }
+
+ private:
+  std::string state_dir_;
+  int port_;
+  std::vector<std::string> extra_;
+  pid_t pid_ = -1;
+  FILE* out_ = nullptr;
+};
+
+// Health.Check by hand-encoded bytes (no health stubs in Debian's gRPC): 1 SERVING,
+// 2 NOT_SERVING, -1 no answer.
+int Health(const std::shared_ptr<grpc::Channel>& channel) {
+  grpc::GenericStub stub(channel);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + 500ms);
+  grpc::Slice empty;
+  grpc::ByteBuffer request(&empty, 1);
+  grpc::ByteBuffer response;
+  std::promise<grpc::Status> done;
+  stub.UnaryCall(&ctx, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request, &response,
+                 [&](grpc::Status s) { done.set_value(s); });
+  grpc::Status s = done.get_future().get();
+  if (!s.ok()) return -1;
+  std::vector<grpc::Slice> slices;
+  (void)response.Dump(&slices);
+  std::string bytes;
+  for (const auto& sl : slices) bytes.append(reinterpret_cast<const char*>(sl.begin()), sl.size());
+  if (bytes.size() == 2 && bytes[0] == 0x08) return bytes[1];
+  return 0;
+}
+
+rackrun::v1::JobSpec ValidSpec(const std::string& name = "t") {
+  rackrun::v1::JobSpec s;
+  s.set_name(name);
+  auto* m = s.mutable_model();
+  m->set_width(32);
+  m->set_blocks(1);
+  m->set_heads(2);
+  m->set_seq_len(16);
+  m->mutable_moe()->set_experts(4);
+  s.mutable_data()->set_train("/data/train.tokens");
+  s.mutable_training()->set_steps(10);
+  return s;
+}
+
+class Client {
+ public:
+  Client(const std::string& address, std::string token)
+      : channel_(grpc::CreateChannel(address, grpc::InsecureChannelCredentials())),
+        jobs_(rackrun::v1::JobService::NewStub(channel_)),
+        rack_(rackrun::v1::RackControl::NewStub(channel_)),
+        token_(std::move(token)) {}
+
+  std::unique_ptr<grpc::ClientContext> Ctx(std::chrono::milliseconds deadline = 5s) const {
+    auto ctx = std::make_unique<grpc::ClientContext>();
+    ctx->set_deadline(std::chrono::system_clock::now() + deadline);
+    if (!token_.empty()) ctx->AddMetadata("authorization", "Bearer " + token_);
+    return ctx;
+  }
+  grpc::Status Submit(const rackrun::v1::JobSpec& spec, const std::string& request_id,
+                      rackrun::v1::SubmitResponse* resp) {
+    rackrun::v1::SubmitRequest req;
+    *req.mutable_spec() = spec;
+    req.set_request_id(request_id);
+    return jobs_->Submit(Ctx().get(), req, resp);
+  }
+  grpc::Status Get(const std::string& id, rackrun::v1::Job* job) {
+    rackrun::v1::GetJobRequest req;
+    req.set_job_id(id);
+    return jobs_->Get(Ctx().get(), req, job);
+  }
+  std::vector<rackrun::v1::Job> ListAll() {
+    std::vector<rackrun::v1::Job> all;
+    rackrun::v1::ListJobsRequest req;
+    req.set_page_size(1000);
+    while (true) {
+      rackrun::v1::ListJobsResponse resp;
+      grpc::Status s = jobs_->List(Ctx().get(), req, &resp);
+      EXPECT_TRUE(s.ok()) << s.error_message();
+      for (const auto& j : resp.jobs()) all.push_back(j);
+      if (!s.ok() || resp.next_page_token().empty()) return all;
+      req.set_page_token(resp.next_page_token());
+    }
+  }
+  std::shared_ptr<grpc::Channel> channel() const { return channel_; }
+  rackrun::v1::JobService::Stub& jobs() { return *jobs_; }
+  rackrun::v1::RackControl::Stub& rack() { return *rack_; }
+
+ private:
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<rackrun::v1::JobService::Stub> jobs_;
+  std::unique_ptr<rackrun::v1::RackControl::Stub> rack_;
+  std::string token_;
+};
+
+// Waits until health says SERVING; returns the statuses seen in order (deduplicated).
+std::vector<int> WaitServing(const std::shared_ptr<grpc::Channel>& channel, std::chrono::seconds limit = 20s) {
+  std::vector<int> seen;
+  const auto end = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < end) {
+    const int h = Health(channel);
+    if (h > 0 && (seen.empty() || seen.back() != h)) seen.push_back(h);
+    if (h == 1) return seen;
+    std::this_thread::sleep_for(20ms);
+  }
+  return seen;
+}
+
+TEST(CoordinatorProcessTest, HealthGoesFromNotServingToServingAndSigtermExitsCleanly) {
+  testing::ScratchDir dir;
+  const int port = FreePort();
+  Coordinator c(dir.path() + "/state", port, {"--serving-delay-ms", "1500"});
+  c.Start();
+  auto channel = grpc::CreateChannel(c.Address(), grpc::InsecureChannelCredentials());
+  std::vector<int> seen;
+  // Poll until the server answers at all, then keep going until SERVING.
+  seen = WaitServing(channel);
+  ASSERT_EQ(seen, (std::vector<int>{2, 1}));  // NOT_SERVING while replaying, then SERVING
+  EXPECT_NE(c.Banner().find("listening on 127.0.0.1:" + std::to_string(port)), std::string::npos);
+  struct stat st;
+  ASSERT_EQ(stat((dir.path() + "/state/token").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  c.Kill(SIGTERM);
+  EXPECT_EQ(c.Wait(), 0);
+}
+
+TEST(CoordinatorProcessTest, PortZeroPrintsTheBoundPort) {
+  testing::ScratchDir dir;
+  Coordinator c(dir.path(), 0);
+  c.Start();
+  const std::string banner = c.Banner();
+  const size_t at = banner.find("127.0.0.1:");
+  ASSERT_NE(at, std::string::npos) << banner;
+  const int port = std::atoi(banner.c_str() + at + 10);
+  ASSERT_GT(port, 0) << banner;
+  Client client("127.0.0.1:" + std::to_string(port), c.Token());
+  EXPECT_EQ(Health(client.channel()), 1);
+  EXPECT_EQ(client.ListAll().size(), 0u);
+  c.Kill(SIGINT);
+  EXPECT_EQ(c.Wait(), 0);
+}
+
+TEST(CoordinatorProcessTest, SubmitGetListCancelAndErrors) {
+  testing::ScratchDir dir;
+  Coordinator c(dir.path(), FreePort());
+  c.Start();
+  Client client(c.Address(), "");
+  ASSERT_EQ(WaitServing(client.channel()).back(), 1);
+  Client good(c.Address(), c.Token());
+  Client bad(c.Address(), "not-the-token");
+
+  rackrun::v1::SubmitResponse resp;
+  grpc::Status s = good.Submit(ValidSpec(), "req-1", &resp);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_TRUE(resp.created());
+  const std::string id = resp.job().id();
+  EXPECT_EQ(resp.job().state(), rackrun::v1::QUEUED);
+  EXPECT_EQ(resp.job().spec().model().moe().top_k(), 2);  // defaults applied
+  ASSERT_TRUE(good.Submit(ValidSpec(), "req-1", &resp).ok());
+  EXPECT_FALSE(resp.created());
+  EXPECT_EQ(resp.job().id(), id);
+
+  // Wrong or missing token: UNAUTHENTICATED on both services, and nothing changed.
+  EXPECT_EQ(bad.Submit(ValidSpec(), "req-2", &resp).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(client.Submit(ValidSpec(), "req-3", &resp).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  {
+    rackrun::v1::CancelJobRequest req;
+    req.set_job_id(id);
+    rackrun::v1::Job job;
+    EXPECT_EQ(bad.jobs().Cancel(bad.Ctx().get(), req, &job).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+    rackrun::v1::RegisterRequest reg;
+    reg.set_host("h");
+    rackrun::v1::RegisterResponse rr;
+    EXPECT_EQ(bad.rack().Register(bad.Ctx().get(), reg, &rr).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+    rackrun::v1::ListWorkersResponse lw;
+    ASSERT_TRUE(good.jobs().ListWorkers(good.Ctx().get(), {}, &lw).ok());
+    EXPECT_EQ(lw.workers_size(), 0);
+  }
+  std::vector<rackrun::v1::Job> all = good.ListAll();
+  ASSERT_EQ(all.size(), 1u);
+  EXPECT_EQ(all[0].state(), rackrun::v1::QUEUED);
+
+  // Bad requests name the field.
+  rackrun::v1::JobSpec bad_spec = ValidSpec();
+  bad_spec.mutable_model()->set_heads(3);  // 32 not divisible by 3
+  s = good.Submit(bad_spec, "req-4", &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("model."), std::string::npos) << s.error_message();
+  rackrun::v1::JobSpec relative = ValidSpec();
+  relative.mutable_data()->set_train("data/train.tokens");
+  s = good.Submit(relative, "req-5", &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("data.train"), std::string::npos) << s.error_message();
+  rackrun::v1::JobSpec restart = ValidSpec();
+  restart.mutable_restart()->add_on("sometimes");
+  s = good.Submit(restart, "req-6", &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("restart.on"), std::string::npos) << s.error_message();
+  s = good.Submit(ValidSpec(), "", &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("request_id"), std::string::npos);
+  EXPECT_EQ(good.ListAll().size(), 1u);
+
+  rackrun::v1::Job job;
+  ASSERT_TRUE(good.Get(id, &job).ok());
+  EXPECT_EQ(job.request_id(), "req-1");
+  EXPECT_EQ(good.Get("j-404", &job).error_code(), grpc::StatusCode::NOT_FOUND);
+  rackrun::v1::CancelJobRequest cancel;
+  cancel.set_job_id(id);
+  cancel.set_reason("test");
+  ASSERT_TRUE(good.jobs().Cancel(good.Ctx().get(), cancel, &job).ok());
+  EXPECT_EQ(job.state(), rackrun::v1::CANCELLED);
+  EXPECT_EQ(good.jobs().Cancel(good.Ctx().get(), cancel, &job).error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
+  cancel.set_job_id("j-404");
+  EXPECT_EQ(good.jobs().Cancel(good.Ctx().get(), cancel, &job).error_code(), grpc::StatusCode::NOT_FOUND);
+
+  // Watch replays a finished job's events and ends after its terminal state.
+  rackrun::v1::WatchJobRequest w;
+  w.set_job_id(id);
+  auto ctx = good.Ctx();
+  auto reader = good.jobs().Watch(ctx.get(), w);
+  rackrun::v1::JobEvent ev;
+  std::vector<int64_t> seqs;
+  while (reader->Read(&ev)) seqs.push_back(ev.seq());
+  ASSERT_TRUE(reader->Finish().ok());
+  ASSERT_GE(seqs.size(), 2u);
+  for (size_t i = 0; i < seqs.size(); ++i) EXPECT_EQ(seqs[i], static_cast<int64_t>(i + 1));
+  EXPECT_EQ(ev.state(), rackrun::v1::CANCELLED);
+}
+
+TEST(CoordinatorProcessTest, KillNineMidQueueLosesAndDuplicatesNothing) {
+  testing::ScratchDir dir;
+  const int port = FreePort();
+  std::map<std::string, std::string> ids;  // request id -> job id
+  {
+    Coordinator c(dir.path(), port);
+    c.Start();
+    Client client(c.Address(), "");
+    ASSERT_EQ(WaitServing(client.channel()).back(), 1);
+    Client good(c.Address(), c.Token());
+    for (int i = 0; i < 5; ++i) {
+      rackrun::v1::SubmitResponse resp;
+      ASSERT_TRUE(good.Submit(ValidSpec(), "q-" + std::to_string(i), &resp).ok());
+      ids["q-" + std::to_string(i)] = resp.job().id();
+    }
+    c.KillNine();
+  }
+  Coordinator c(dir.path(), port);
+  c.Start();
+  Client client(c.Address(), "");
+  ASSERT_EQ(WaitServing(client.channel()).back(), 1);
+  Client good(c.Address(), c.Token());
+  std::vector<rackrun::v1::Job> all = good.ListAll();
+  ASSERT_EQ(all.size(), 5u);
+  for (const auto& j : all) {
+    EXPECT_EQ(ids[j.request_id()], j.id());
+    EXPECT_EQ(j.state(), rackrun::v1::QUEUED);
+  }
+  rackrun::v1::SubmitResponse resp;
+  ASSERT_TRUE(good.Submit(ValidSpec(), "q-3", &resp).ok());
+  EXPECT_FALSE(resp.created());
+  EXPECT_EQ(resp.job().id(), ids["q-3"]);
+  EXPECT_EQ(good.ListAll().size(), 5u);
+}
+
+TEST(CoordinatorProcessTest, SubmitStormWhileKilledAndRestartedTwice) {
+  testing::ScratchDir dir;
+  const int port = FreePort();
+  auto c = std::make_unique<Coordinator>(dir.path(), port);
+  c->Start();
+  {
+    Client probe(c->Address(), "");
+    ASSERT_EQ(WaitServing(probe.channel()).back(), 1);
+  }
+  const std::string token = c->Token();
+  constexpr int kThreads = 4, kPerThread = 25;
+  std::atomic<int> acknowledged{0};
+  std::mutex mu;
+  std::map<std::string, std::string> acked;  // request id -> job id
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      Client client("127.0.0.1:" + std::to_string(port), token);
+      for (int i = 0; i < kPerThread; ++i) {
+        const std::string rid = "storm-" + std::to_string(t) + "-" + std::to_string(i);
+        const auto give_up = std::chrono::steady_clock::now() + 60s;
+        while (std::chrono::steady_clock::now() < give_up) {
+          rackrun::v1::SubmitResponse resp;
+          grpc::Status s = client.Submit(ValidSpec(), rid, &resp);
+          if (s.ok()) {
+            std::lock_guard<std::mutex> l(mu);
+            auto [it, fresh] = acked.emplace(rid, resp.job().id());
+            if (!fresh) {
+              EXPECT_EQ(it->second, resp.job().id()) << rid;
+            }
+            ++acknowledged;
+            break;
+          }
+          // UNAVAILABLE while down or replaying; a call cut by the kill may have been
+          // committed or not: retrying with the same request id settles it.
+          std::this_thread::sleep_for(20ms);
+        }
+      }
+    });
+  }
+  for (int round = 0; round < 2; ++round) {
+    const int target = (round + 1) * kThreads * kPerThread / 3;
+    const auto end = std::chrono::steady_clock::now() + 30s;
+    while (acknowledged < target && std::chrono::steady_clock::now() < end) std::this_thread::sleep_for(5ms);
+    c->KillNine();
+    c = std::make_unique<Coordinator>(dir.path(), port);
+    c->Start();
+  }
+  for (auto& th : threads) th.join();
+  ASSERT_EQ(acked.size(), static_cast<size_t>(kThreads * kPerThread));
+  Client client(c->Address(), token);
+  ASSERT_EQ(WaitServing(client.channel()).back(), 1);
+  std::vector<rackrun::v1::Job> all = client.ListAll();
+  std::map<std::string, int> count;
+  for (const auto& j : all) {
+    ++count[j.request_id()];
+    auto it = acked.find(j.request_id());
+    ASSERT_NE(it, acked.end()) << j.request_id();
+    EXPECT_EQ(it->second, j.id());
+  }
+  EXPECT_EQ(all.size(), acked.size());
+  for (const auto& [rid, n] : count) EXPECT_EQ(n, 1) << rid;
+}
+
+// A test client that plays one worker daemon over RackControl.
+class FakeWorker {
+ public:
+  FakeWorker(const std::string& address, const std::string& token, const std::string& host, int launcher_rank)
+      : client_(address, token) {
+    rackrun::v1::RegisterRequest req;
+    req.set_host(host);
+    req.set_pid(4000 + launcher_rank);
+    req.set_launcher_rank(launcher_rank);
+    req.add_channels("gloo");
+    rackrun::v1::RegisterResponse resp;
+    EXPECT_TRUE(client_.rack().Register(client_.Ctx().get(), req, &resp).ok());
+    id_ = resp.worker_id();
+    stream_ctx_ = client_.Ctx(60s);
+    rackrun::v1::AssignmentsRequest a;
+    a.set_worker_id(id_);
+    stream_ = client_.rack().Assignments(stream_ctx_.get(), a);
+    stream_->WaitForInitialMetadata();
+    beating_ = std::thread([this] {
+      while (!stop_) {
+        rackrun::v1::HeartbeatRequest hb;
+        hb.set_worker_id(id_);
+        hb.set_phase(phase_);
+        rackrun::v1::HeartbeatResponse r;
+        (void)client_.rack().Heartbeat(client_.Ctx().get(), hb, &r);
+        std::this_thread::sleep_for(50ms);
+      }
+    });
+  }
+  ~FakeWorker() { Die(); }
+  // The process "dies": heartbeats stop and the connection closes.
+  void Die() {
+    stop_ = true;
+    if (beating_.joinable()) beating_.join();
+    if (stream_ctx_ != nullptr) stream_ctx_->TryCancel();
+    if (stream_ != nullptr) (void)stream_->Finish();
+    stream_.reset();
+  }
+  bool Next(rackrun::v1::Assignment* a) { return stream_->Read(a); }
+  grpc::Status Result(const rackrun::v1::RunJob& run, rackrun::v1::AttemptResult::Outcome o) {
+    rackrun::v1::ReportRequest req;
+    req.set_worker_id(id_);
+    req.set_job_id(run.job_id());
+    req.set_attempt(run.attempt());
+    req.set_rank(run.rank());
+    req.mutable_result()->set_outcome(o);
+    req.mutable_result()->set_step(10);
+    rackrun::v1::ReportResponse resp;
+    return client_.rack().Report(client_.Ctx().get(), req, &resp);
+  }
+  const std::string& id() const { return id_; }
+  Client& client() { return client_; }
+
+ private:
+  Client client_;
+  std::string id_;
+  std::string phase_ = "idle";
+  std::unique_ptr<grpc::ClientContext> stream_ctx_;
+  std::unique_ptr<grpc::ClientReader<rackrun::v1::Assignment>> stream_;
+  std::atomic<bool> stop_{false};
+  std::thread beating_;
+};
+
+rackrun::v1::Job WaitState(Client& c, const std::string& id, rackrun::v1::JobState state) {
+  rackrun::v1::Job job;
+  const auto end = std::chrono::steady_clock::now() + 20s;
+  while (std::chrono::steady_clock::now() < end) {
+    if (c.Get(id, &job).ok() && job.state() == state) return job;
+    std::this_thread::sleep_for(20ms);
+  }
+  return job;
+}
+
+TEST(CoordinatorProcessTest, WorkersRunAJobAndALostWorkerIsNamed) {
+  testing::ScratchDir dir;
+  Coordinator c(dir.path(), FreePort(), {"--heartbeat-interval-ms", "50", "--heartbeat-timeout-ms", "1000"});
+  c.Start();
+  Client user(c.Address(), "");
+  ASSERT_EQ(WaitServing(user.channel()).back(), 1);
+  Client good(c.Address(), c.Token());
+  FakeWorker b(c.Address(), c.Token(), "hostb", 0);
+  FakeWorker a(c.Address(), c.Token(), "hosta", 1);
+
+  rackrun::v1::JobSpec spec = ValidSpec();
+  spec.mutable_resources()->set_ranks(2);
+  rackrun::v1::SubmitResponse resp;
+  ASSERT_TRUE(good.Submit(spec, "run-1", &resp).ok());
+  const std::string id = resp.job().id();
+  rackrun::v1::Assignment ra, rb;
+  ASSERT_TRUE(a.Next(&ra));
+  ASSERT_TRUE(b.Next(&rb));
+  ASSERT_TRUE(ra.has_run() && rb.has_run());
+  EXPECT_EQ(ra.run().rank(), 0);  // hosta sorts first
+  EXPECT_EQ(rb.run().rank(), 1);
+  EXPECT_EQ(ra.run().ranks(), 2);
+  EXPECT_EQ(ra.run().bootstrap().channel(), "gloo");
+  EXPECT_EQ(ra.run().bootstrap().store_prefix(), "jobs/" + id + "/1/");
+  EXPECT_EQ(ra.run().bootstrap().address(), "hosta");
+  EXPECT_FALSE(ra.run().resume());
+
+  // Rendezvous through the coordinator.
+  {
+    rackrun::v1::StoreSetRequest set;
+    set.set_job_id(id);
+    set.set_attempt(1);
+    set.set_key("rank0");
+    set.set_value("addr0");
+    rackrun::v1::StoreSetResponse sr;
+    ASSERT_TRUE(a.client().rack().StoreSet(a.client().Ctx().get(), set, &sr).ok());
+    rackrun::v1::StoreGetRequest get;
+    get.set_job_id(id);
+    get.set_attempt(1);
+    get.add_keys("rank0");
+    rackrun::v1::StoreGetResponse gr;
+    ASSERT_TRUE(b.client().rack().StoreGet(b.client().Ctx().get(), get, &gr).ok());
+    EXPECT_EQ(gr.values(0), "addr0");
+    get.add_keys("rank1");
+    auto ctx = b.client().Ctx(300ms);
+    grpc::Status s = b.client().rack().StoreGet(ctx.get(), get, &gr);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  }
+
+  ASSERT_TRUE(a.Result(ra.run(), rackrun::v1::AttemptResult::SUCCEEDED).ok());
+  ASSERT_TRUE(b.Result(rb.run(), rackrun::v1::AttemptResult::SUCCEEDED).ok());
+  EXPECT_EQ(WaitState(good, id, rackrun::v1::SUCCEEDED).state(), rackrun::v1::SUCCEEDED);
+
+  // Second job: worker b (rank 1) dies mid-job -> WORKER_LOST naming rank 1; rank 0 is cancelled.
+  ASSERT_TRUE(good.Submit(spec, "run-2", &resp).ok());
+  const std::string id2 = resp.job().id();
+  ASSERT_TRUE(a.Next(&ra));
+  ASSERT_TRUE(b.Next(&rb));
+  EXPECT_EQ(rb.run().job_id(), id2);
+  b.Die();
+  rackrun::v1::Job failed = WaitState(good, id2, rackrun::v1::FAILED);
+  ASSERT_EQ(failed.state(), rackrun::v1::FAILED) << failed.message();
+  EXPECT_EQ(failed.first_failure().kind(), rackrun::v1::WORKER_LOST);
+  EXPECT_EQ(failed.first_failure().rank(), 1);
+  EXPECT_EQ(failed.first_failure().host(), "hostb");
+  EXPECT_EQ(failed.first_failure().pid(), 4000);
+  ASSERT_TRUE(a.Next(&ra));
+  ASSERT_TRUE(ra.has_cancel());
+  EXPECT_EQ(ra.cancel().job_id(), id2);
+}
+
+}  // namespace
+}  // namespace rackrun::coordinator

@@ -1,0 +1,174 @@
+#include "coordinator/rack.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "coordinator/scheduler.h"
+
+namespace rackrun::coordinator {
+
+Rack::Rack(JobStore* store, Clock clock, Options options)
+    : store_(store),
+      clock_(clock),
+      options_(options),
+      jobs_(store, clock, options.jobs),
+      workers_(clock, options.workers, [store] { return store->NextWorkerNumber(); }) {}
+
+absl::Status Rack::Initialize() {
+  absl::StatusOr<std::vector<StoredJob>> stored = store_->LoadAll();
+  if (!stored.ok()) return stored.status();
+  return jobs_.Initialize(*std::move(stored));
+}
+
+void Rack::EndAttempt(const Jobs::Ended& ended, const std::string& job_id, int attempt,
+                      const std::string& reason) {
+  for (const RankRef& r : ended.to_cancel) {
+    rackrun::v1::Assignment a;
+    a.mutable_cancel()->set_job_id(r.job_id);
+    a.mutable_cancel()->set_attempt(r.attempt);
+    a.mutable_cancel()->set_reason(reason);
+    workers_.Push(r.worker_id, a);
+  }
+  if (!jobs_.AttemptRunning(job_id, attempt)) {
+    rendezvous_.Drop(job_id, attempt);
+    planning_.Close(job_id, attempt);
+  }
+}
+
+absl::StatusOr<rackrun::v1::Job> Rack::Cancel(const std::string& job_id, const std::string& reason) {
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<Jobs::Ended> ended = jobs_.Cancel(job_id, reason);
+  if (!ended.ok()) return ended.status();
+  const int attempt = ended->job.attempts().empty() ? 0 : ended->job.attempts().rbegin()->number();
+  EndAttempt(*ended, job_id, attempt, reason.empty() ? "job cancelled" : absl::StrCat("job cancelled: ", reason));
+  return ended->job;
+}
+
+absl::StatusOr<rackrun::v1::RegisterResponse> Rack::Register(const rackrun::v1::RegisterRequest& req) {
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<std::string> id = workers_.Register(req);
+  if (!id.ok()) return id.status();
+  rackrun::v1::RegisterResponse resp;
+  resp.set_worker_id(*id);
+  resp.set_heartbeat_interval_ms(options_.workers.heartbeat_interval_ms);
+  if (!req.job_id().empty()) {
+    absl::StatusOr<rackrun::v1::RankPlacement> p = workers_.Placement(*id);
+    if (p.ok()) {
+      p->set_rank(req.rank());
+      if (jobs_.Reattach(req.job_id(), req.attempt(), req.rank(), *p).ok()) {
+        workers_.SetBusy(*id, req.job_id(), req.attempt(), req.rank());
+        resp.set_job_attached(true);
+        absl::StatusOr<rackrun::v1::Job> job = jobs_.Get(req.job_id());
+        if (job.ok() && job->spec().balancer().mode() == "coordinator") {
+          (void)planning_.Open(req.job_id(), req.attempt(), job->spec(), RanksOf(job->spec()));
+        }
+      }
+    }
+  }
+  return resp;
+}
+
+absl::StatusOr<rackrun::v1::ReportResponse> Rack::Report(const rackrun::v1::ReportRequest& req) {
+  absl::MutexLock lock(&mu_);
+  if (req.job_id().empty()) return absl::InvalidArgumentError("job_id: required");
+  if (req.attempt() < 1) return absl::InvalidArgumentError("attempt: required (1-based)");
+  switch (req.report_case()) {
+    case rackrun::v1::ReportRequest::kProgress:
+      if (req.rank() == 0) {
+        if (absl::Status s = jobs_.Progress(req.job_id(), req.attempt(), req.progress()); !s.ok()) return s;
+      }
+      break;
+    case rackrun::v1::ReportRequest::kCheckpoint:
+      if (absl::Status s = jobs_.Checkpoint(req.job_id(), req.attempt(), req.checkpoint()); !s.ok()) return s;
+      break;
+    case rackrun::v1::ReportRequest::kResult: {
+      absl::StatusOr<Jobs::Ended> ended = jobs_.RankResult(req.job_id(), req.attempt(), req.rank(), req.result());
+      if (!ended.ok()) return ended.status();
+      workers_.SetIdle(req.worker_id(), req.job_id());
+      EndAttempt(*ended, req.job_id(), req.attempt(),
+                 absl::StrCat("attempt ", req.attempt(), " ended: ", ended->job.message()));
+      StartJobs();
+      break;
+    }
+    default:
+      return absl::InvalidArgumentError("report: set progress, result or checkpoint");
+  }
+  rackrun::v1::ReportResponse resp;
+  resp.set_stop(!jobs_.AttemptRunning(req.job_id(), req.attempt()));
+  return resp;
+}
+
+void Rack::StartJobs() {
+  for (const Placement& p : Schedule(jobs_.Queue(), workers_.Idle(), clock_())) {
+    std::vector<rackrun::v1::RankPlacement> ranks;
+    for (size_t r = 0; r < p.ranks.size(); ++r) {
+      rackrun::v1::RankPlacement rp;
+      rp.set_rank(static_cast<int>(r));
+      rp.set_worker_id(p.ranks[r].worker_id);
+      rp.set_host(p.ranks[r].host);
+      rp.set_pid(p.ranks[r].pid);
+      ranks.push_back(rp);
+    }
+    absl::StatusOr<rackrun::v1::Attempt> attempt = jobs_.StartAttempt(p.job_id, ranks);
+    if (!attempt.ok()) continue;
+    absl::StatusOr<rackrun::v1::Job> job = jobs_.Get(p.job_id);
+    if (!job.ok()) continue;
+    const rackrun::v1::JobSpec& spec = job->spec();
+    for (size_t r = 0; r < p.ranks.size(); ++r) {
+      workers_.SetBusy(p.ranks[r].worker_id, p.job_id, attempt->number(), static_cast<int>(r));
+    }
+    if (spec.balancer().mode() == "coordinator") {
+      if (absl::Status s = planning_.Open(p.job_id, attempt->number(), spec, RanksOf(spec)); !s.ok()) {
+        rackrun::v1::Failure f;
+        f.set_kind(rackrun::v1::ERROR);
+        f.set_rank(-1);
+        f.set_phase("starting");
+        f.set_message(absl::StrCat("coordinator-mode planning: ", s.message()));
+        (void)jobs_.FailAttempt(p.job_id, attempt->number(), f);
+        for (const IdleWorker& w : p.ranks) workers_.SetIdle(w.worker_id, p.job_id);
+        continue;
+      }
+    }
+    for (size_t r = 0; r < p.ranks.size(); ++r) {
+      rackrun::v1::Assignment a;
+      rackrun::v1::RunJob* run = a.mutable_run();
+      run->set_job_id(p.job_id);
+      run->set_attempt(attempt->number());
+      run->set_rank(static_cast<int>(r));
+      run->set_ranks(static_cast<int>(p.ranks.size()));
+      *run->mutable_spec() = spec;
+      run->set_resume(attempt->number() > 1);
+      rackrun::v1::Bootstrap* b = run->mutable_bootstrap();
+      b->set_channel(ChannelOf(spec));
+      b->set_store_prefix(absl::StrCat("jobs/", p.job_id, "/", attempt->number(), "/"));
+      b->set_address(p.ranks[r].data_address.empty() ? p.ranks[r].host : p.ranks[r].data_address);
+      b->set_timeout_ms(options_.channel_timeout_ms);
+      workers_.Push(p.ranks[r].worker_id, a);
+    }
+  }
+}
+
+void Rack::Tick() {
+  absl::MutexLock lock(&mu_);
+  for (const Finding& f : workers_.Detect()) {
+    absl::StatusOr<Jobs::Ended> ended = jobs_.FailAttempt(f.job_id, f.attempt, f.failure);
+    if (!ended.ok()) continue;
+    EndAttempt(*ended, f.job_id, f.attempt,
+               absl::StrCat("attempt ", f.attempt, " failed: ", DescribeFailure(f.failure)));
+  }
+  for (const Jobs::Ended& ended : jobs_.ExpireReattach()) {
+    const rackrun::v1::Attempt& a = *ended.job.attempts().rbegin();
+    EndAttempt(ended, ended.job.id(), a.number(),
+               absl::StrCat("attempt ", a.number(), " failed: ", DescribeFailure(a.failure())));
+  }
+  StartJobs();
+}
+
+void Rack::Shutdown() {
+  jobs_.Shutdown();
+  workers_.Shutdown();
+  rendezvous_.Shutdown();
+  planning_.Shutdown();
+}
+
+}  // namespace rackrun::coordinator

@@ -1,0 +1,85 @@
+// Rack: the coordinator's state machine, joining the concerns that each live in their own
+// class (Jobs, Workers, the scheduler, Rendezvous, Planning) into the operations the
+// services call. Every compound operation runs under one lock, in a fixed order (Rack ->
+// Jobs -> Workers), so a failure, a result and a cancel of the same attempt never
+// interleave.
+//
+// Tick() does the periodic work: failure detection (Workers::Detect), the re-attach
+// grace after a restart (Jobs::ExpireReattach), and FIFO scheduling. The server calls it
+// every few milliseconds; tests call it after moving their fake clock.
+//
+// Thread safety: all methods are thread-safe.
+#ifndef RACKRUN_COORDINATOR_RACK_H_
+#define RACKRUN_COORDINATOR_RACK_H_
+
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "coordinator/clock.h"
+#include "coordinator/job_store.h"
+#include "coordinator/jobs.h"
+#include "coordinator/planning.h"
+#include "coordinator/rendezvous.h"
+#include "coordinator/workers.h"
+#include "rackrun/v1/job_service.pb.h"
+#include "rackrun/v1/rack_control.pb.h"
+
+namespace rackrun::coordinator {
+
+class Rack {
+ public:
+  struct Options {
+    Workers::Options workers;
+    Jobs::Options jobs;
+    // Bootstrap.timeout_ms: bound on the data channel's blocking waits and rendezvous.
+    int64_t channel_timeout_ms = 120000;
+  };
+
+  Rack(JobStore* store, Clock clock, Options options);
+
+  // Replays the store (the only read of it at start). Call once, before serving.
+  absl::Status Initialize();
+
+  Jobs& jobs() { return jobs_; }
+  Workers& workers() { return workers_; }
+  Rendezvous& rendezvous() { return rendezvous_; }
+  Planning& planning() { return planning_; }
+  const Options& options() const { return options_; }
+
+  // Cancels the job; its running ranks get CancelJob on their streams.
+  absl::StatusOr<rackrun::v1::Job> Cancel(const std::string& job_id, const std::string& reason);
+
+  // Registers a worker; when it names an in-flight job that is still running as that
+  // (attempt, rank), re-attaches it (job_attached = true) and it stays BUSY.
+  absl::StatusOr<rackrun::v1::RegisterResponse> Register(const rackrun::v1::RegisterRequest& req);
+
+  // Progress (rank 0), checkpoints (rank 0) and results (every rank). A result makes the
+  // worker IDLE. `stop` in the response: the attempt is no longer running.
+  absl::StatusOr<rackrun::v1::ReportResponse> Report(const rackrun::v1::ReportRequest& req);
+
+  // Detection, re-attach expiry, scheduling.
+  void Tick();
+
+  // Wakes every waiter (streams, watchers, rendezvous); later calls are refused.
+  void Shutdown();
+
+ private:
+  void EndAttempt(const Jobs::Ended& ended, const std::string& job_id, int attempt, const std::string& reason)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void StartJobs() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  JobStore* const store_;
+  const Clock clock_;
+  const Options options_;
+  Jobs jobs_;
+  Workers workers_;
+  Rendezvous rendezvous_;
+  Planning planning_;
+  absl::Mutex mu_;
+};
+
+}  // namespace rackrun::coordinator
+
+#endif  // RACKRUN_COORDINATOR_RACK_H_

@@ -1,0 +1,58 @@
+#include "coordinator/rendezvous.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace rackrun::coordinator {
+
+void Rendezvous::Set(const std::string& job_id, int attempt, const std::string& key, std::string value) {
+  absl::MutexLock lock(&mu_);
+  kv_[{job_id, attempt}][key] = std::move(value);
+  cv_.SignalAll();
+}
+
+absl::StatusOr<std::vector<std::string>> Rendezvous::Get(const std::string& job_id, int attempt,
+                                                         const std::vector<std::string>& keys,
+                                                         absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  const Scope scope{job_id, attempt};
+  const int drops = drops_[scope];
+  while (true) {
+    if (shutdown_) return absl::CancelledError("the coordinator is shutting down");
+    if (drops_[scope] != drops) {
+      return absl::CancelledError(absl::StrCat("attempt ", attempt, " of job ", job_id, " ended"));
+    }
+    std::vector<std::string> missing;
+    std::vector<std::string> values;
+    auto it = kv_.find(scope);
+    for (const std::string& k : keys) {
+      if (it == kv_.end() || it->second.count(k) == 0) {
+        missing.push_back(k);
+      } else {
+        values.push_back(it->second.at(k));
+      }
+    }
+    if (missing.empty()) return values;
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat("rendezvous of job ", job_id, " attempt ",
+                                                      attempt, ": keys never set: ",
+                                                      absl::StrJoin(missing, ", ")));
+    }
+    cv_.WaitWithDeadline(&mu_, deadline);
+  }
+}
+
+void Rendezvous::Drop(const std::string& job_id, int attempt) {
+  absl::MutexLock lock(&mu_);
+  kv_.erase({job_id, attempt});
+  ++drops_[{job_id, attempt}];
+  cv_.SignalAll();
+}
+
+void Rendezvous::Shutdown() {
+  absl::MutexLock lock(&mu_);
+  shutdown_ = true;
+  cv_.SignalAll();
+}
+
+}  // namespace rackrun::coordinator

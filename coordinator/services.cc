@@ -1,0 +1,309 @@
+#include "coordinator/services.h"
+
+#include <thread>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "runtime/spec.h"
+
+namespace rackrun::coordinator {
+
+namespace {
+constexpr absl::Duration kPoll = absl::Milliseconds(100);
+
+grpc::Status Unavailable() {
+  return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                      "the coordinator is replaying its state or shutting down; retry shortly");
+}
+}  // namespace
+
+grpc::Status ToGrpc(const absl::Status& s) {
+  if (s.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
+}
+
+absl::Status CheckSubmittedSpec(const rackrun::v1::JobSpec& spec) {
+  if (absl::Status s = runtime::ValidateJobSpec(spec); !s.ok()) return s;
+  if (absl::StatusOr<RestartPolicy> p = RestartPolicyOf(spec); !p.ok()) return p.status();
+  if (!absl::StartsWith(spec.data().train(), "/")) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "data.train: '", spec.data().train(),
+        "' is not an absolute path; workers run elsewhere, so give the full path (rackrun submit does)"));
+  }
+  if (!spec.data().validation().empty() && !absl::StartsWith(spec.data().validation(), "/")) {
+    return absl::InvalidArgumentError(absl::StrCat("data.validation: '", spec.data().validation(),
+                                                   "' is not an absolute path; give the full path"));
+  }
+  if (!spec.checkpoint().dir().empty() && !absl::StartsWith(spec.checkpoint().dir(), "/")) {
+    return absl::InvalidArgumentError(absl::StrCat("checkpoint.dir: '", spec.checkpoint().dir(),
+                                                   "' is not an absolute path; give the full path"));
+  }
+  const std::string& channel = spec.resources().channel();
+  if (!channel.empty() && channel != "gloo" && channel != "nccl") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("resources.channel: '", channel, "' is not a data channel; use gloo or nccl"));
+  }
+  const std::string& mode = spec.balancer().mode();
+  if (mode == "coordinator") {
+    if (absl::StatusOr<PlanSetup> s = PlanSetupOf(spec, std::max(1, spec.resources().ranks())); !s.ok()) {
+      return s.status();
+    }
+  }
+  return absl::OkStatus();
+}
+
+// ---- JobService ----
+
+grpc::Status JobServiceImpl::Admit(const grpc::ServerContext& ctx) const {
+  if (grpc::Status s = auth_->Check(ctx); !s.ok()) return s;
+  if (!gate_->serving()) return Unavailable();
+  return grpc::Status::OK;
+}
+
+grpc::Status JobServiceImpl::Submit(grpc::ServerContext* ctx, const rackrun::v1::SubmitRequest* req,
+                                    rackrun::v1::SubmitResponse* resp) {
+  if (grpc::Status s = Admit(*ctx); !s.ok()) return s;
+  if (req->request_id().empty()) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "request_id: required; send a fresh unique id (e.g. a UUID) and reuse it on retries");
+  }
+  if (!req->has_spec()) return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "spec: required");
+  rackrun::v1::JobSpec spec = req->spec();
+  runtime::ApplySpecDefaults(spec);
+  if (absl::Status s = CheckSubmittedSpec(spec); !s.ok()) return ToGrpc(s);
+  absl::StatusOr<JobStore::InsertResult> r = rack_->jobs().Submit(spec, req->request_id());
+  if (!r.ok()) return ToGrpc(r.status());
+  *resp->mutable_job() = r->job;
+  resp->set_created(r->created);
+  return grpc::Status::OK;
+}
+
+grpc::Status JobServiceImpl::Get(grpc::ServerContext* ctx, const rackrun::v1::GetJobRequest* req,
+                                 rackrun::v1::Job* resp) {
+  if (grpc::Status s = Admit(*ctx); !s.ok()) return s;
+  absl::StatusOr<rackrun::v1::Job> j = rack_->jobs().Get(req->job_id());
+  if (!j.ok()) return ToGrpc(j.status());
+  *resp = *std::move(j);
+  return grpc::Status::OK;
+}
+
+grpc::Status JobServiceImpl::List(grpc::ServerContext* ctx, const rackrun::v1::ListJobsRequest* req,
+                                  rackrun::v1::ListJobsResponse* resp) {
+  if (grpc::Status s = Admit(*ctx); !s.ok()) return s;
+  absl::StatusOr<rackrun::v1::ListJobsResponse> r = rack_->jobs().List(*req);
+  if (!r.ok()) return ToGrpc(r.status());
+  *resp = *std::move(r);
+  return grpc::Status::OK;
+}
+
+grpc::Status JobServiceImpl::Cancel(grpc::ServerContext* ctx, const rackrun::v1::CancelJobRequest* req,
+                                    rackrun::v1::Job* resp) {
+  if (grpc::Status s = Admit(*ctx); !s.ok()) return s;
+  absl::StatusOr<rackrun::v1::Job> j = rack_->Cancel(req->job_id(), req->reason());
+  if (!j.ok()) return ToGrpc(j.status());
+  *resp = *std::move(j);
+  return grpc::Status::OK;
+}
+
+grpc::Status JobServiceImpl::Watch(grpc::ServerContext* ctx, const rackrun::v1::WatchJobRequest* req,
+                                   grpc::ServerWriter<rackrun::v1::JobEvent>* writer) {
+  if (grpc::Status s = Admit(*ctx); !s.ok()) return s;
+  int64_t after = std::max<int64_t>(0, req->from_seq());
+  while (!ctx->IsCancelled()) {
+    if (!gate_->serving()) return Unavailable();
+    std::vector<rackrun::v1::JobEvent> events;
+    bool done = false;
+    absl::Status s = rack_->jobs().WaitEvents(req->job_id(), after, kPoll, &events, &done);
+    if (!s.ok()) return ToGrpc(s);
+    for (const rackrun::v1::JobEvent& e : events) {
+      if (!writer->Write(e)) return grpc::Status(grpc::StatusCode::CANCELLED, "the client went away");
+      after = e.seq();
+    }
+    if (done) return grpc::Status::OK;
+  }
+  return grpc::Status(grpc::StatusCode::CANCELLED, "the client went away");
+}
+
+grpc::Status JobServiceImpl::ListWorkers(grpc::ServerContext* ctx, const rackrun::v1::ListWorkersRequest* req,
+                                         rackrun::v1::ListWorkersResponse* resp) {
+  if (grpc::Status s = Admit(*ctx); !s.ok()) return s;
+  *resp = rack_->workers().List(req->include_gone());
+  return grpc::Status::OK;
+}
+
+// ---- RackControl ----
+
+grpc::Status RackControlImpl::Admit(const grpc::ServerContext& ctx) const {
+  if (grpc::Status s = auth_->Check(ctx); !s.ok()) return s;
+  if (!gate_->serving()) return Unavailable();
+  return grpc::Status::OK;
+}
+
+grpc::Status RackControlImpl::Register(grpc::ServerContext* ctx, const rackrun::v1::RegisterRequest* req,
+                                       rackrun::v1::RegisterResponse* resp) {
+  if (grpc::Status s = Admit(*ctx); !s.ok()) return s;
+  absl::StatusOr<rackrun::v1::RegisterResponse> r = rack_->Register(*req);
+  if (!r.ok()) return ToGrpc(r.status());
+  *resp = *std::move(r);
+  return grpc::Status::OK;
+}
+
+grpc::Status RackControlImpl::Heartbeat(grpc::ServerContext* ctx, const rackrun::v1::HeartbeatRequest* req,
+                                        rackrun::v1::HeartbeatResponse*) {
+  if (grpc::Status s = Admit(*ctx); !s.ok()) return s;
+  return ToGrpc(rack_->workers().Heartbeat(*req));
+}
+
+grpc::Status RackControlImpl::Assignments(grpc::ServerContext* ctx, const rackrun::v1::AssignmentsRequest* req,
+                                          grpc::ServerWriter<rackrun::v1::Assignment>* writer) {
+  if (grpc::Status s = Admit(*ctx); !s.ok()) return s;
+  absl::StatusOr<int64_t> gen = rack_->workers().OpenStream(req->worker_id());
+  if (!gen.ok()) return ToGrpc(gen.status());
+  // Send the initial metadata now, so the worker knows the stream is open.
+  writer->SendInitialMetadata();
+  while (true) {
+    if (ctx->IsCancelled()) {
+      rack_->workers().CloseStream(req->worker_id(), *gen);
+      return grpc::Status(grpc::StatusCode::CANCELLED, "the worker went away");
+    }
+    if (!gate_->serving()) return Unavailable();
+    absl::StatusOr<std::optional<rackrun::v1::Assignment>> a =
+        rack_->workers().NextAssignment(req->worker_id(), *gen, kPoll);
+    if (!a.ok()) {
+      if (a.status().code() == absl::StatusCode::kUnavailable) return Unavailable();
+      return ToGrpc(a.status());
+    }
+    if (a->has_value() && !writer->Write(**a)) {
+      rack_->workers().CloseStream(req->worker_id(), *gen);
+      return grpc::Status(grpc::StatusCode::CANCELLED, "the worker went away");
+    }
+  }
+}
+
+grpc::Status RackControlImpl::Report(grpc::ServerContext* ctx, const rackrun::v1::ReportRequest* req,
+                                     rackrun::v1::ReportResponse* resp) {
+  if (grpc::Status s = Admit(*ctx); !s.ok()) return s;
+  absl::StatusOr<rackrun::v1::ReportResponse> r = rack_->Report(*req);
+  if (!r.ok()) return ToGrpc(r.status());
+  *resp = *std::move(r);
+  return grpc::Status::OK;
+}
+
+grpc::Status RackControlImpl::Deregister(grpc::ServerContext* ctx, const rackrun::v1::DeregisterRequest* req,
+                                         rackrun::v1::DeregisterResponse*) {
+  if (grpc::Status s = Admit(*ctx); !s.ok()) return s;
+  return ToGrpc(rack_->workers().Deregister(req->worker_id()));
+}
+
+grpc::Status RackControlImpl::StoreSet(grpc::ServerContext* ctx, const rackrun::v1::StoreSetRequest* req,
+                                       rackrun::v1::StoreSetResponse*) {
+  if (grpc::Status s = Admit(*ctx); !s.ok()) return s;
+  if (req->key().empty()) return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "key: required");
+  if (!rack_->jobs().AttemptRunning(req->job_id(), req->attempt())) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        absl::StrCat("attempt ", req->attempt(), " of job '", req->job_id(), "' is not running"));
+  }
+  rack_->rendezvous().Set(req->job_id(), req->attempt(), req->key(), req->value());
+  return grpc::Status::OK;
+}
+
+grpc::Status RackControlImpl::StoreGet(grpc::ServerContext* ctx, const rackrun::v1::StoreGetRequest* req,
+                                       rackrun::v1::StoreGetResponse* resp) {
+  if (grpc::Status s = Admit(*ctx); !s.ok()) return s;
+  if (!rack_->jobs().AttemptRunning(req->job_id(), req->attempt())) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        absl::StrCat("attempt ", req->attempt(), " of job '", req->job_id(), "' is not running"));
+  }
+  // Bounded by the call's deadline and by the channel timeout.
+  absl::Time deadline = absl::Now() + absl::Milliseconds(rack_->options().channel_timeout_ms);
+  deadline = std::min(deadline, absl::FromChrono(ctx->deadline()));
+  std::vector<std::string> keys(req->keys().begin(), req->keys().end());
+  // Wait in slices so a client that goes away frees the thread.
+  while (true) {
+    const absl::Time slice = std::min(deadline, absl::Now() + kPoll);
+    absl::StatusOr<std::vector<std::string>> v = rack_->rendezvous().Get(req->job_id(), req->attempt(), keys, slice);
+    if (v.ok()) {
+      for (std::string& x : *v) resp->add_values(std::move(x));
+      return grpc::Status::OK;
+    }
+    if (v.status().code() != absl::StatusCode::kDeadlineExceeded || slice >= deadline) return ToGrpc(v.status());
+    if (ctx->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "the caller went away");
+  }
+}
+
+grpc::Status RackControlImpl::Plans(
+    grpc::ServerContext* ctx, grpc::ServerReaderWriter<rackrun::v1::PlanReply, rackrun::v1::LoadRow>* stream) {
+  if (grpc::Status s = Admit(*ctx); !s.ok()) return s;
+  rackrun::v1::LoadRow first;
+  if (!stream->Read(&first)) return grpc::Status::OK;
+  if (first.job_id().empty() || first.attempt() < 1) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "the first LoadRow of a Plans stream must name job_id, attempt and rank");
+  }
+  const std::string job_id = first.job_id();
+  const int attempt = first.attempt();
+  const int rank = first.rank();
+  if (absl::Status s = rack_->planning().AddRow(first); !s.ok()) return ToGrpc(s);
+
+  absl::Mutex mu;
+  bool reader_done = false;
+  absl::Status reader_error;
+  std::thread reader([&] {
+    rackrun::v1::LoadRow row;
+    absl::Status err;
+    while (stream->Read(&row)) {
+      if (row.job_id().empty()) row.set_job_id(job_id);
+      if (row.attempt() == 0) row.set_attempt(attempt);
+      if (row.job_id() != job_id || row.attempt() != attempt) {
+        err = absl::InvalidArgumentError("a Plans stream serves one (job, attempt); open another stream");
+        break;
+      }
+      row.set_rank(rank);
+      if (err = rack_->planning().AddRow(row); !err.ok()) break;
+    }
+    absl::MutexLock lock(&mu);
+    reader_done = true;
+    reader_error = err;
+  });
+  grpc::Status result = grpc::Status::OK;
+  while (true) {
+    bool done;
+    {
+      absl::MutexLock lock(&mu);
+      done = reader_done;
+      if (done && !reader_error.ok()) {
+        result = ToGrpc(reader_error);
+        break;
+      }
+    }
+    if (ctx->IsCancelled()) {
+      result = grpc::Status(grpc::StatusCode::CANCELLED, "the worker went away");
+      break;
+    }
+    if (!gate_->serving()) {
+      result = Unavailable();
+      break;
+    }
+    absl::StatusOr<std::optional<rackrun::v1::PlanReply>> r =
+        rack_->planning().NextReply(job_id, attempt, rank, done ? absl::ZeroDuration() : kPoll);
+    if (!r.ok()) {
+      result = ToGrpc(r.status());
+      break;
+    }
+    if (r->has_value()) {
+      if (!stream->Write(**r)) break;
+    } else if (done) {
+      break;  // the rank closed its side and every reply for it was sent
+    }
+  }
+  bool reader_finished;
+  {
+    absl::MutexLock lock(&mu);
+    reader_finished = reader_done;
+  }
+  if (!reader_finished) ctx->TryCancel();  // unblocks the reader when we end first
+  reader.join();
+  return result;
+}
+
+}  // namespace rackrun::coordinator

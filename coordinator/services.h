@@ -1,0 +1,92 @@
+// The gRPC edge: JobService (users) and RackControl (workers) as thin adapters onto Rack.
+// Every handler first checks the cluster token (UNAUTHENTICATED, nothing changed) and
+// that the coordinator is serving (UNAVAILABLE while it replays its state or shuts down),
+// then translates the request, calls Rack, and maps absl::Status to grpc::Status.
+// Streams (Watch, Assignments, Plans) poll for cancellation every 100 ms, so a closed
+// client connection or a shutdown ends them promptly.
+#ifndef RACKRUN_COORDINATOR_SERVICES_H_
+#define RACKRUN_COORDINATOR_SERVICES_H_
+
+#include <atomic>
+
+#include "coordinator/auth.h"
+#include "coordinator/rack.h"
+#include "rackrun/v1/job_service.grpc.pb.h"
+#include "rackrun/v1/rack_control.grpc.pb.h"
+
+namespace rackrun::coordinator {
+
+grpc::Status ToGrpc(const absl::Status& s);
+
+// Whether handlers may run: false while replaying and after shutdown began.
+class ServingGate {
+ public:
+  void Open() { serving_ = true; }
+  void Close() { serving_ = false; }
+  bool serving() const { return serving_; }
+
+ private:
+  std::atomic<bool> serving_{false};
+};
+
+class JobServiceImpl final : public rackrun::v1::JobService::Service {
+ public:
+  JobServiceImpl(Rack* rack, const TokenAuth* auth, const ServingGate* gate)
+      : rack_(rack), auth_(auth), gate_(gate) {}
+
+  grpc::Status Submit(grpc::ServerContext* ctx, const rackrun::v1::SubmitRequest* req,
+                      rackrun::v1::SubmitResponse* resp) override;
+  grpc::Status Get(grpc::ServerContext* ctx, const rackrun::v1::GetJobRequest* req,
+                   rackrun::v1::Job* resp) override;
+  grpc::Status List(grpc::ServerContext* ctx, const rackrun::v1::ListJobsRequest* req,
+                    rackrun::v1::ListJobsResponse* resp) override;
+  grpc::Status Cancel(grpc::ServerContext* ctx, const rackrun::v1::CancelJobRequest* req,
+                      rackrun::v1::Job* resp) override;
+  grpc::Status Watch(grpc::ServerContext* ctx, const rackrun::v1::WatchJobRequest* req,
+                     grpc::ServerWriter<rackrun::v1::JobEvent>* writer) override;
+  grpc::Status ListWorkers(grpc::ServerContext* ctx, const rackrun::v1::ListWorkersRequest* req,
+                           rackrun::v1::ListWorkersResponse* resp) override;
+
+ private:
+  grpc::Status Admit(const grpc::ServerContext& ctx) const;
+  Rack* const rack_;
+  const TokenAuth* const auth_;
+  const ServingGate* const gate_;
+};
+
+class RackControlImpl final : public rackrun::v1::RackControl::Service {
+ public:
+  RackControlImpl(Rack* rack, const TokenAuth* auth, const ServingGate* gate)
+      : rack_(rack), auth_(auth), gate_(gate) {}
+
+  grpc::Status Register(grpc::ServerContext* ctx, const rackrun::v1::RegisterRequest* req,
+                        rackrun::v1::RegisterResponse* resp) override;
+  grpc::Status Heartbeat(grpc::ServerContext* ctx, const rackrun::v1::HeartbeatRequest* req,
+                         rackrun::v1::HeartbeatResponse* resp) override;
+  grpc::Status Assignments(grpc::ServerContext* ctx, const rackrun::v1::AssignmentsRequest* req,
+                           grpc::ServerWriter<rackrun::v1::Assignment>* writer) override;
+  grpc::Status Report(grpc::ServerContext* ctx, const rackrun::v1::ReportRequest* req,
+                      rackrun::v1::ReportResponse* resp) override;
+  grpc::Status Deregister(grpc::ServerContext* ctx, const rackrun::v1::DeregisterRequest* req,
+                          rackrun::v1::DeregisterResponse* resp) override;
+  grpc::Status StoreSet(grpc::ServerContext* ctx, const rackrun::v1::StoreSetRequest* req,
+                        rackrun::v1::StoreSetResponse* resp) override;
+  grpc::Status StoreGet(grpc::ServerContext* ctx, const rackrun::v1::StoreGetRequest* req,
+                        rackrun::v1::StoreGetResponse* resp) override;
+  grpc::Status Plans(grpc::ServerContext* ctx,
+                     grpc::ServerReaderWriter<rackrun::v1::PlanReply, rackrun::v1::LoadRow>* stream) override;
+
+ private:
+  grpc::Status Admit(const grpc::ServerContext& ctx) const;
+  Rack* const rack_;
+  const TokenAuth* const auth_;
+  const ServingGate* const gate_;
+};
+
+// Submit's checks of a spec that has been defaulted: ValidateJobSpec, the restart policy,
+// and absolute data.train / checkpoint.dir. InvalidArgument naming the field otherwise.
+absl::Status CheckSubmittedSpec(const rackrun::v1::JobSpec& spec);
+
+}  // namespace rackrun::coordinator
+
+#endif  // RACKRUN_COORDINATOR_SERVICES_H_

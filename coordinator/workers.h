@@ -1,0 +1,150 @@
+// Workers: membership of the rack's worker daemons and failure detection that names the
+// culprit, not a victim.
+//
+// A worker registers (id "w-<n>", or its old id when it re-registers), keeps one
+// Assignments stream open (OpenStream/NextAssignment/CloseStream), heartbeats, and
+// deregisters. Detect() looks at every worker and returns at most one finding per
+// running attempt:
+//   lost  the worker's Assignments stream closed (its process died: the kernel closed
+//         the connection), or no heartbeat for heartbeat_timeout while no peer of its
+//         attempt waits for it in a collective -> WORKER_LOST naming it.
+//   hang  (a) peers of its attempt have been blocked in collective n (entered = n >
+//         completed) for longer than hang_timeout while it reports entered < n, or its
+//         heartbeats stopped while its stream stays open (SIGSTOP) -> HANG naming it
+//         (when several qualify: the one furthest behind, then the lowest rank);
+//         (b) it stays in one non-idle phase longer than hang_timeout (ranks waiting in a
+//         collective are victims, never named by this rule) -> HANG naming it.
+// Times come from the injected clock; phase ages are the worker's reported age plus the
+// time since that heartbeat.
+//
+// Thread safety: all methods are thread-safe.
+#ifndef RACKRUN_COORDINATOR_WORKERS_H_
+#define RACKRUN_COORDINATOR_WORKERS_H_
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "coordinator/clock.h"
+#include "rackrun/v1/job_service.pb.h"
+#include "rackrun/v1/rack_control.pb.h"
+
+namespace rackrun::coordinator {
+
+// A failure Detect() found, for the attempt (job_id, attempt).
+struct Finding {
+  std::string job_id;
+  int attempt = 0;
+  rackrun::v1::Failure failure;
+};
+
+// A worker the scheduler may use.
+struct IdleWorker {
+  std::string worker_id;
+  std::string host;
+  int pid = 0;
+  int launcher_rank = -1;
+  std::string data_address;  // empty: host
+  std::vector<std::string> channels;
+};
+
+class Workers {
+ public:
+  struct Options {
+    int64_t heartbeat_interval_ms = 1000;
+    int64_t heartbeat_timeout_ms = 5000;
+    int64_t hang_timeout_ms = 60000;
+  };
+
+  // `next_number` hands out worker numbers that never repeat (the store's counter).
+  Workers(Clock clock, Options options, std::function<absl::StatusOr<int64_t>()> next_number);
+
+  const Options& options() const { return options_; }
+
+  // Registers a worker. With req.worker_id set, that id is kept (re-register after a
+  // coordinator restart or after being declared lost); otherwise a new one is assigned.
+  // The worker starts IDLE; the caller marks it busy when it re-attaches to its job.
+  absl::StatusOr<std::string> Register(const rackrun::v1::RegisterRequest& req);
+
+  // NotFound when the worker is unknown, LOST or GONE (it must register again).
+  absl::Status Heartbeat(const rackrun::v1::HeartbeatRequest& req);
+
+  // GONE; its stream is ended. NotFound when unknown.
+  absl::Status Deregister(const std::string& worker_id);
+
+  // The Assignments stream: OpenStream returns a generation (a newer stream for the same
+  // worker supersedes the older one, whose NextAssignment then returns Cancelled).
+  // NextAssignment waits up to `max_wait` and returns nullopt when nothing came.
+  // CloseStream with the generation marks the stream closed (the worker is lost at the
+  // next Detect when it is still registered and not GONE).
+  absl::StatusOr<int64_t> OpenStream(const std::string& worker_id);
+  absl::StatusOr<std::optional<rackrun::v1::Assignment>> NextAssignment(const std::string& worker_id,
+                                                                         int64_t generation,
+                                                                         absl::Duration max_wait);
+  void CloseStream(const std::string& worker_id, int64_t generation);
+
+  // Queues an assignment for the worker's stream (dropped for GONE or unknown workers).
+  void Push(const std::string& worker_id, const rackrun::v1::Assignment& a);
+
+  // The worker runs (job, attempt, rank): BUSY. SetIdle: IDLE again (if not LOST/GONE)
+  // when it is on that job (or any job when job_id is empty).
+  void SetBusy(const std::string& worker_id, const std::string& job_id, int attempt, int rank);
+  void SetIdle(const std::string& worker_id, const std::string& job_id);
+
+  // Registered, IDLE workers with an open stream.
+  std::vector<IdleWorker> Idle() const;
+
+  // Placement details of a worker (for RankPlacement); NotFound when unknown.
+  absl::StatusOr<rackrun::v1::RankPlacement> Placement(const std::string& worker_id) const;
+
+  // Failures found now (see the header comment). Lost workers become LOST; an attempt is
+  // reported once.
+  std::vector<Finding> Detect();
+
+  rackrun::v1::ListWorkersResponse List(bool include_gone) const;
+
+  // Ends every stream (NextAssignment returns Cancelled).
+  void Shutdown();
+
+ private:
+  struct Info {
+    rackrun::v1::Worker w;  // id, host, pid, launcher_rank, device, channels, state, job, rank, step, phase
+    std::string data_address;
+    int attempt = 0;
+    int64_t last_heartbeat_ms = 0;
+    int64_t phase_age_ms = 0;  // as reported in the last heartbeat
+    int64_t entered = 0;
+    int64_t completed = 0;
+    int64_t blocked_n = 0;          // collective it was last seen blocked in (0: none)
+    int64_t blocked_since_ms = 0;
+    bool stream_open = false;
+    bool stream_seen = false;  // a stream was opened since registration
+    int64_t generation = 0;
+    std::deque<rackrun::v1::Assignment> outbox;
+  };
+
+  Info* Find(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  rackrun::v1::Failure FailureOf(const Info& w, rackrun::v1::FailureKind kind, std::string message) const;
+
+  const Clock clock_;
+  const Options options_;
+  const std::function<absl::StatusOr<int64_t>()> next_number_;
+  mutable absl::Mutex mu_;
+  absl::CondVar cv_;  // outbox pushes, stream changes, shutdown
+  std::map<std::string, Info> workers_ ABSL_GUARDED_BY(mu_);
+  std::map<std::pair<std::string, int>, bool> reported_ ABSL_GUARDED_BY(mu_);  // attempts named
+  bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace rackrun::coordinator
+
+#endif  // RACKRUN_COORDINATOR_WORKERS_H_

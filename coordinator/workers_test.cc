@@ -1,0 +1,210 @@
+#include "coordinator/workers.h"
+
+#include <gtest/gtest.h>
+
+#include "coordinator/test_util.h"
+
+namespace rackrun::coordinator {
+namespace {
+
+using rackrun::v1::HeartbeatRequest;
+
+class WorkersTest : public ::testing::Test {
+ protected:
+  WorkersTest()
+      : workers_(clock_.clock(), Workers::Options{100, 500, 2000}, [this]() -> absl::StatusOr<int64_t> {
+          return ++next_;
+        }) {}
+
+  // Registers `n` workers with open streams running ranks 0..n-1 of (job, attempt 1).
+  std::vector<std::string> Start(int n, const std::string& job = "j-1") {
+    std::vector<std::string> ids;
+    for (int r = 0; r < n; ++r) {
+      rackrun::v1::RegisterRequest req;
+      req.set_host("host" + std::to_string(r));
+      req.set_pid(1000 + r);
+      req.add_channels("gloo");
+      auto id = workers_.Register(req);
+      EXPECT_TRUE(id.ok());
+      auto gen = workers_.OpenStream(*id);
+      EXPECT_TRUE(gen.ok());
+      gens_.push_back(*gen);
+      workers_.SetBusy(*id, job, 1, r);
+      ids.push_back(*id);
+    }
+    return ids;
+  }
+
+  void Beat(const std::string& id, int64_t step, const std::string& phase, int64_t entered,
+            int64_t completed, int64_t phase_age_ms = 0) {
+    HeartbeatRequest hb;
+    hb.set_worker_id(id);
+    hb.set_job_id("j-1");
+    hb.set_attempt(1);
+    hb.set_step(step);
+    hb.set_phase(phase);
+    hb.set_collectives_entered(entered);
+    hb.set_collectives_completed(completed);
+    hb.set_phase_age_ms(phase_age_ms);
+    ASSERT_TRUE(workers_.Heartbeat(hb).ok());
+  }
+
+  testing::FakeClock clock_;
+  int64_t next_ = 0;
+  std::vector<int64_t> gens_;
+  Workers workers_;
+};
+
+TEST_F(WorkersTest, RegisterAssignsIdsAndKeepsGivenOnes) {
+  rackrun::v1::RegisterRequest req;
+  req.set_host("h");
+  EXPECT_EQ(*workers_.Register(req), "w-1");
+  EXPECT_EQ(*workers_.Register(req), "w-2");
+  req.set_worker_id("w-7");
+  EXPECT_EQ(*workers_.Register(req), "w-7");
+  req.set_host("");
+  EXPECT_EQ(workers_.Register(req).status().code(), absl::StatusCode::kInvalidArgument);
+  HeartbeatRequest hb;
+  hb.set_worker_id("w-9");
+  EXPECT_EQ(workers_.Heartbeat(hb).code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(WorkersTest, LostByMissingHeartbeatNamesTheSilentRank) {
+  auto ids = Start(2);
+  for (int t = 0; t < 4; ++t) {
+    clock_.Advance(100);
+    Beat(ids[0], 5, "forward", 10, 10);
+    Beat(ids[1], 5, "forward", 10, 10);
+  }
+  EXPECT_TRUE(workers_.Detect().empty());
+  for (int t = 0; t < 6; ++t) {  // rank 1 goes silent; rank 0 keeps computing
+    clock_.Advance(100);
+    Beat(ids[0], 6, "forward", 10, 10);
+  }
+  std::vector<Finding> f = workers_.Detect();
+  ASSERT_EQ(f.size(), 1u);
+  EXPECT_EQ(f[0].job_id, "j-1");
+  EXPECT_EQ(f[0].failure.kind(), rackrun::v1::WORKER_LOST);
+  EXPECT_EQ(f[0].failure.rank(), 1);
+  EXPECT_EQ(f[0].failure.host(), "host1");
+  EXPECT_EQ(f[0].failure.pid(), 1001);
+  EXPECT_EQ(f[0].failure.step(), 5);
+  EXPECT_EQ(f[0].failure.phase(), "forward");
+  EXPECT_TRUE(workers_.Detect().empty());  // reported once
+  HeartbeatRequest hb;
+  hb.set_worker_id(ids[1]);
+  EXPECT_EQ(workers_.Heartbeat(hb).code(), absl::StatusCode::kNotFound);  // must re-register
+}
+
+TEST_F(WorkersTest, LostAtOnceWhenTheStreamCloses) {
+  auto ids = Start(3);
+  workers_.CloseStream(ids[2], gens_[2]);
+  std::vector<Finding> f = workers_.Detect();
+  ASSERT_EQ(f.size(), 1u);
+  EXPECT_EQ(f[0].failure.kind(), rackrun::v1::WORKER_LOST);
+  EXPECT_EQ(f[0].failure.rank(), 2);
+  EXPECT_EQ(f[0].failure.worker_id(), ids[2]);
+}
+
+TEST_F(WorkersTest, HungByTheCollectiveRuleNamesTheRankBehind) {
+  auto ids = Start(3);
+  // Ranks 0 and 2 wait in collective 8; rank 1 is alive but still computing (entered 7).
+  for (int t = 0; t < 25; ++t) {
+    clock_.Advance(100);
+    Beat(ids[0], 3, "collective", 8, 7);
+    Beat(ids[1], 3, "backward", 7, 7, 100 * t);
+    Beat(ids[2], 3, "collective", 8, 7);
+    if (t < 19) {
+      EXPECT_TRUE(workers_.Detect().empty()) << t;
+    }
+  }
+  std::vector<Finding> f = workers_.Detect();
+  ASSERT_EQ(f.size(), 1u);
+  EXPECT_EQ(f[0].failure.kind(), rackrun::v1::HANG);
+  EXPECT_EQ(f[0].failure.rank(), 1);  // the culprit, not the victims waiting for it
+  EXPECT_EQ(f[0].failure.phase(), "backward");
+  EXPECT_EQ(f[0].failure.step(), 3);
+  EXPECT_NE(f[0].failure.message().find("collective 8"), std::string::npos) << f[0].failure.message();
+}
+
+TEST_F(WorkersTest, HungWhenStoppedWithTheConnectionOpen) {
+  auto ids = Start(2);
+  clock_.Advance(100);
+  Beat(ids[0], 4, "forward", 5, 5);
+  Beat(ids[1], 4, "forward", 5, 5);
+  // Rank 0 is SIGSTOPped: no heartbeats, stream still open. Rank 1 waits in collective 6.
+  for (int t = 0; t < 25; ++t) {
+    clock_.Advance(100);
+    Beat(ids[1], 4, "collective", 6, 5);
+    std::vector<Finding> f = workers_.Detect();
+    if (t < 19) {
+      EXPECT_TRUE(f.empty()) << t;  // not lost: a peer waits for it, so it is a hang
+    } else if (!f.empty()) {
+      EXPECT_EQ(f[0].failure.kind(), rackrun::v1::HANG);
+      EXPECT_EQ(f[0].failure.rank(), 0);
+      EXPECT_EQ(f[0].failure.phase(), "forward");
+      return;
+    }
+  }
+  FAIL() << "the stopped rank was never named";
+}
+
+TEST_F(WorkersTest, HungByThePhaseRule) {
+  auto ids = Start(2);
+  for (int t = 1; t <= 25; ++t) {
+    clock_.Advance(100);
+    Beat(ids[0], 9, "checkpoint", 20, 20, 100 * t);  // stuck writing a checkpoint
+    Beat(ids[1], 9, "forward", 20, 20, 50);
+    if (t < 20) {
+      EXPECT_TRUE(workers_.Detect().empty()) << t;
+    }
+  }
+  std::vector<Finding> f = workers_.Detect();
+  ASSERT_EQ(f.size(), 1u);
+  EXPECT_EQ(f[0].failure.kind(), rackrun::v1::HANG);
+  EXPECT_EQ(f[0].failure.rank(), 0);
+  EXPECT_EQ(f[0].failure.phase(), "checkpoint");
+}
+
+TEST_F(WorkersTest, WaitingInACollectiveIsNeverTheCulprit) {
+  auto ids = Start(2);
+  // Both ranks in collective 3 forever (no one behind): a hang with no single rank.
+  for (int t = 0; t < 25; ++t) {
+    clock_.Advance(100);
+    Beat(ids[0], 1, "collective", 3, 2, 100 * t);
+    Beat(ids[1], 1, "collective", 3, 2, 100 * t);
+  }
+  std::vector<Finding> f = workers_.Detect();
+  ASSERT_EQ(f.size(), 1u);
+  EXPECT_EQ(f[0].failure.kind(), rackrun::v1::HANG);
+  EXPECT_EQ(f[0].failure.rank(), -1);
+}
+
+TEST_F(WorkersTest, AssignmentsFlowAndIdleNeedsAStream) {
+  rackrun::v1::RegisterRequest req;
+  req.set_host("h");
+  req.add_channels("gloo");
+  const std::string id = *workers_.Register(req);
+  EXPECT_TRUE(workers_.Idle().empty());  // no stream yet
+  const int64_t gen = *workers_.OpenStream(id);
+  ASSERT_EQ(workers_.Idle().size(), 1u);
+  rackrun::v1::Assignment a;
+  a.mutable_cancel()->set_job_id("j-1");
+  workers_.Push(id, a);
+  auto got = workers_.NextAssignment(id, gen, absl::Milliseconds(10));
+  ASSERT_TRUE(got.ok() && got->has_value());
+  EXPECT_EQ((*got)->cancel().job_id(), "j-1");
+  auto none = workers_.NextAssignment(id, gen, absl::Milliseconds(10));
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE(none->has_value());
+  const int64_t newer = *workers_.OpenStream(id);
+  EXPECT_EQ(workers_.NextAssignment(id, gen, absl::Milliseconds(10)).status().code(),
+            absl::StatusCode::kCancelled);
+  workers_.CloseStream(id, gen);  // the superseded stream's close changes nothing
+  EXPECT_EQ(workers_.Idle().size(), 1u);
+  workers_.CloseStream(id, newer);
+  EXPECT_TRUE(workers_.Idle().empty());
+}
+
+}  // namespace
+}  // namespace rackrun::coordinator
