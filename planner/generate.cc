@@ -10,54 +10,15 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "base/random.h"
 
 namespace rackrun::planner {
 namespace {
 
-// splitmix64 finaliser: a bijective 64-bit mix used to derive independent stream seeds.
-uint64_t Mix64(uint64_t z) {
-  z += 0x9e3779b97f4a7c15ULL;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
+using base::Xoshiro256;
 
-// xoshiro256** (Blackman & Vigna), seeded through splitmix64. Fixed algorithm, so the
-// same seed gives the same stream on every platform and standard library.
-class Xoshiro256 {
- public:
-  explicit Xoshiro256(uint64_t seed) {
-    for (uint64_t& word : s_) {
-      seed = Mix64(seed);
-      word = seed;
-    }
-  }
-  uint64_t Next() {
-    const uint64_t result = Rotl(s_[1] * 5, 7) * 9;
-    const uint64_t t = s_[1] << 17;
-    s_[2] ^= s_[0];
-    s_[3] ^= s_[1];
-    s_[1] ^= s_[2];
-    s_[0] ^= s_[3];
-    s_[2] ^= t;
-    s_[3] = Rotl(s_[3], 45);
-    return result;
-  }
-  // Uniform in [0, 1) with 53 random bits.
-  double Uniform() { return static_cast<double>(Next() >> 11) * 0x1.0p-53; }
-  // Uniform integer in [0, n), unbiased (rejection of the short last block).
-  uint64_t Below(uint64_t n) {
-    const uint64_t threshold = (0 - n) % n;
-    while (true) {
-      const uint64_t x = Next();
-      if (x >= threshold) return x % n;
-    }
-  }
-
- private:
-  static uint64_t Rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
-  uint64_t s_[4];
-};
+// SplitMix64's finaliser: derives independent stream seeds.
+uint64_t Mix64(uint64_t z) { return base::SplitMix64(z); }
 
 // Independent streams, one per purpose and coordinates.
 enum StreamTag : uint64_t { kPermutation = 1, kTokens = 2, kRouting = 3 };
@@ -66,7 +27,7 @@ Xoshiro256 Stream(uint64_t seed, StreamTag tag, uint64_t a, uint64_t b = 0, uint
   h = Mix64(h ^ a);
   h = Mix64(h ^ Mix64(b + 0x51));
   h = Mix64(h ^ Mix64(c + 0xa7));
-  return Xoshiro256(h);
+  return Xoshiro256::FromSeedChained(h);
 }
 
 template <typename T>

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/random.h"
 #include "gtest/gtest.h"
 #include "planner/baseline_planners.h"
 #include "planner/invariants.h"
@@ -22,21 +23,16 @@
 namespace rackrun::planner {
 namespace {
 
-// splitmix64: the same sequence on every platform (std:: distributions are not).
+// The project's PRNG with small adapters: the same cases on every platform.
 class Rng {
  public:
-  explicit Rng(uint64_t seed) : state_(seed) {}
-  uint64_t Next() {
-    uint64_t z = (state_ += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-  int Below(int n) { return static_cast<int>(Next() % static_cast<uint64_t>(n)); }
-  double Unit() { return static_cast<double>(Next() >> 11) * 0x1.0p-53; }
+  explicit Rng(uint64_t seed) : x_(base::Xoshiro256::FromSeed(seed)) {}
+  int Below(int n) { return static_cast<int>(x_.Below(static_cast<uint64_t>(n))); }
+  double Unit() { return x_.Uniform(); }
+  uint64_t Next() { return x_.Next(); }
 
  private:
-  uint64_t state_;
+  base::Xoshiro256 x_;
 };
 
 enum Pattern {

@@ -20,20 +20,8 @@ constexpr char kMagic[8] = {'R', 'K', 'R', 'C', 'K', 'P', 'T', '1'};
 constexpr char kEndMagic[8] = {'R', 'K', 'R', 'C', 'K', 'E', 'N', 'D'};
 constexpr uint32_t kVersion = 1;
 
-constexpr std::array<uint32_t, 256> MakeCrcTable() {
-  std::array<uint32_t, 256> table{};
-  for (uint32_t i = 0; i < 256; ++i) {
-    uint32_t c = i;
-    for (int k = 0; k < 8; ++k) c = (c & 1) ? (c >> 1) ^ 0x82f63b78u : c >> 1;
-    table[i] = c;
-  }
-  return table;
-}
-constexpr std::array<uint32_t, 256> kCrcTable = MakeCrcTable();
 
-absl::Status PosixError(absl::string_view what, const std::string& path) {
-  return absl::InternalError(absl::StrCat(what, " '", path, "': ", std::strerror(errno)));
-}
+using base::PosixError;
 
 template <typename U>
 void PutLe(std::string& out, U value) {
@@ -87,77 +75,8 @@ bool ParseStep(const std::string& file_name, int64_t& step) {
 
 }  // namespace
 
-uint32_t Crc32c(std::string_view data, uint32_t crc) {
-  crc = ~crc;
-  for (const char ch : data) {
-    crc = kCrcTable[(crc ^ static_cast<unsigned char>(ch)) & 0xff] ^ (crc >> 8);
-  }
-  return ~crc;
-}
 
-absl::Status WriteFileAtomically(const std::string& path, std::string_view bytes) {
-  const std::filesystem::path target(path);
-  const std::string tmp = absl::StrCat(path, ".tmp-", getpid());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return PosixError("cannot create", tmp);
-  size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      absl::Status s = PosixError("cannot write", tmp);
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      return s;
-    }
-    done += static_cast<size_t>(n);
-  }
-  if (::fsync(fd) != 0) {
-    absl::Status s = PosixError("cannot fsync", tmp);
-    ::close(fd);
-    ::unlink(tmp.c_str());
-    return s;
-  }
-  if (::close(fd) != 0) {
-    ::unlink(tmp.c_str());
-    return PosixError("cannot close", tmp);
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    absl::Status s = PosixError("cannot rename onto", path);
-    ::unlink(tmp.c_str());
-    return s;
-  }
-  // The rename is durable only once the folder entry is on disk.
-  const std::filesystem::path parent = target.parent_path();
-  const std::string folder = parent.empty() ? std::string(".") : parent.string();
-  const int dir_fd = ::open(folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dir_fd < 0) return PosixError("cannot open folder", folder);
-  const int rc = ::fsync(dir_fd);
-  ::close(dir_fd);
-  if (rc != 0) return PosixError("cannot fsync folder", folder);
-  return absl::OkStatus();
-}
 
-absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0)
-    return absl::NotFoundError(absl::StrCat("cannot open '", path, "': ", std::strerror(errno)));
-  std::string bytes;
-  char buffer[1 << 16];
-  while (true) {
-    const ssize_t n = ::read(fd, buffer, sizeof(buffer));
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      absl::Status s = PosixError("cannot read", path);
-      ::close(fd);
-      return s;
-    }
-    if (n == 0) break;
-    bytes.append(buffer, static_cast<size_t>(n));
-  }
-  ::close(fd);
-  return bytes;
-}
 
 const CheckpointSection* Checkpoint::Find(std::string_view name) const {
   for (const CheckpointSection& s : sections) {

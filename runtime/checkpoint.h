@@ -24,18 +24,15 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "base/crc32c.h"
+#include "base/file.h"
 
 namespace rackrun::runtime {
 
-// CRC-32C (Castagnoli), the checksum of iSCSI/ext4; `crc` continues a previous value.
-uint32_t Crc32c(std::string_view data, uint32_t crc = 0);
-
-// Replaces `path` with `bytes` atomically: writes `<path>.tmp-<pid>`, fsyncs it, renames
-// it over `path` and fsyncs the folder. On failure `path` is unchanged.
-absl::Status WriteFileAtomically(const std::string& path, std::string_view bytes);
-
-// Reads the whole file at `path`; NotFound when it cannot be opened.
-absl::StatusOr<std::string> ReadWholeFile(const std::string& path);
+// Checksums and atomic writes live in base/ (used by specs and data files too).
+using base::Crc32c;
+using base::ReadWholeFile;
+using base::WriteFileAtomically;
 
 struct CheckpointSection {
   std::string name;

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "base/random.h"
 #include "runtime/checkpoint.h"
 
 namespace rackrun::runtime {
@@ -29,46 +30,6 @@ U GetLe(const unsigned char* p) {
   return static_cast<U>(v);
 }
 
-// xoshiro256** (Blackman and Vigna): small, fast, and its whole state is four words,
-// which is what a checkpoint stores.
-uint64_t Rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
-
-uint64_t NextRandom(std::array<uint64_t, 4>& s) {
-  const uint64_t result = Rotl(s[1] * 5, 7) * 9;
-  const uint64_t t = s[1] << 17;
-  s[2] ^= s[0];
-  s[3] ^= s[1];
-  s[1] ^= s[2];
-  s[0] ^= s[3];
-  s[2] ^= t;
-  s[3] = Rotl(s[3], 45);
-  return result;
-}
-
-// Uniform integer in [0, bound) by rejection, so the draw does not depend on the
-// standard library's distribution implementation.
-uint64_t UniformBelow(std::array<uint64_t, 4>& s, uint64_t bound) {
-  const uint64_t limit = UINT64_MAX - UINT64_MAX % bound;
-  uint64_t r;
-  do {
-    r = NextRandom(s);
-  } while (r >= limit);
-  return r % bound;
-}
-
-std::array<uint64_t, 4> SeedRandom(uint64_t seed) {
-  // SplitMix64 expands the seed into a non-zero xoshiro state.
-  std::array<uint64_t, 4> s{};
-  uint64_t x = seed ^ 0x6a09e667f3bcc909ULL;
-  for (uint64_t& word : s) {
-    x += 0x9e3779b97f4a7c15ULL;
-    uint64_t z = x;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    word = z ^ (z >> 31);
-  }
-  return s;
-}
 
 }  // namespace
 
@@ -253,7 +214,8 @@ absl::StatusOr<WindowLoader> WindowLoader::Create(std::vector<int32_t> tokens,
         seq_len + 1, "; use more text or a shorter model.seq_len"));
   }
   WindowLoader loader(std::move(tokens), end_of_document, seq_len, batch, shuffle);
-  loader.position_.epoch_rng = SeedRandom(seed);
+  // The loader's stream: SplitMix64-seeded xoshiro256** (its state is what checkpoints store).
+  loader.position_.epoch_rng = base::Xoshiro256::FromSeed(seed ^ 0x6a09e667f3bcc909ULL).state();
   loader.StartEpoch();
   return loader;
 }
@@ -267,19 +229,19 @@ WindowLoader::WindowLoader(std::vector<int32_t> tokens, int32_t end_of_document,
       shuffle_(shuffle) {}
 
 void WindowLoader::StartEpoch() {
-  std::array<uint64_t, 4> rng = position_.epoch_rng;
+  base::Xoshiro256 rng(position_.epoch_rng);
   const int64_t n = static_cast<int64_t>(tokens_.size());
-  shift_ = shuffle_ ? static_cast<int64_t>(UniformBelow(rng, static_cast<uint64_t>(seq_len_))) : 0;
+  shift_ = shuffle_ ? static_cast<int64_t>(rng.Below(static_cast<uint64_t>(seq_len_))) : 0;
   const int64_t windows = (n - 1 - shift_) / seq_len_;
   order_.resize(static_cast<size_t>(windows));
   for (int64_t w = 0; w < windows; ++w) order_[static_cast<size_t>(w)] = shift_ + w * seq_len_;
   if (shuffle_) {
     for (int64_t i = windows - 1; i > 0; --i) {
-      const auto j = static_cast<int64_t>(UniformBelow(rng, static_cast<uint64_t>(i + 1)));
+      const auto j = static_cast<int64_t>(rng.Below(static_cast<uint64_t>(i + 1)));
       std::swap(order_[static_cast<size_t>(i)], order_[static_cast<size_t>(j)]);
     }
   }
-  next_epoch_rng_ = rng;
+  next_epoch_rng_ = rng.state();
 }
 
 absl::Status WindowLoader::Restore(const LoaderPosition& position) {

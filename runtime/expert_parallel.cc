@@ -14,6 +14,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "base/clock.h"
 #include "comm/relay_fanout.h"
 #include "comm/token_dispatch.h"
 #include "planner/fanout.h"
@@ -21,10 +22,6 @@
 
 namespace rackrun::runtime {
 namespace {
-
-double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 // Point-to-point tags: fan-out uses [0, experts), replica gradients [kGradTag, kGradTag +
 // experts). Both stay below comm::kMaxUserTag.
@@ -282,7 +279,7 @@ absl::Status ExpertParallelExecutor::Forward(std::span<const int64_t> offsets,
   // The previous microbatch's replica gradients reach their masters before this one's
   // compute: masters' gradients always add in the same order.
   if (absl::Status s = FinishReplicaGradients(); !s.ok()) return s;
-  double t0 = Now();
+  double t0 = base::NowSeconds();
   if (absl::Status s = SolvePlan(offsets); !s.ok()) return s;
   const planner::Domain& d = g_->domain_;
   ExpertParallelStats::Layer& ls = st.layers[static_cast<size_t>(layer_)];
@@ -297,12 +294,12 @@ absl::Status ExpertParallelExecutor::Forward(std::span<const int64_t> offsets,
     entry.loads = loads_;
     if (absl::Status s = g_->trace_->Append(entry); !s.ok()) return Where(s, "recording loads");
   }
-  double t1 = Now();
+  double t1 = base::NowSeconds();
   st.plan_s += t1 - t0;
 
   PlaceWeights();
   if (absl::Status s = FanOut(); !s.ok()) return s;
-  t0 = Now();
+  t0 = base::NowSeconds();
   st.fanout_s += t0 - t1;
 
   // Rows of the dispatched buffer are this rank's "tokens", one expert each.
@@ -330,7 +327,7 @@ absl::Status ExpertParallelExecutor::Forward(std::span<const int64_t> offsets,
       !s.ok()) {
     return Where(s, "dispatching tokens");
   }
-  t1 = Now();
+  t1 = base::NowSeconds();
   st.dispatch_s += t1 - t0;
 
   const auto& batches = dispatch_->local_batches();
@@ -346,14 +343,14 @@ absl::Status ExpertParallelExecutor::Forward(std::span<const int64_t> offsets,
                   act_.data() + r0 * f, out_.data() + r0 * c);
   });
   st.expert_rows += er;
-  t0 = Now();
+  t0 = base::NowSeconds();
   st.expert_s += t0 - t1;
   if (absl::Status s = dispatch_->Combine(g_->channel_, {out_.data(), static_cast<size_t>(er * c)},
                                           c, {expert_out, static_cast<size_t>(rows * c)});
       !s.ok()) {
     return Where(s, "combining expert outputs");
   }
-  st.dispatch_s += Now() - t0;
+  st.dispatch_s += base::NowSeconds() - t0;
   return absl::OkStatus();
 }
 
@@ -371,17 +368,17 @@ absl::Status ExpertParallelExecutor::Backward(std::span<const int64_t> offsets,
   dx_.Resize({alloc, c});
   dh13_.Resize({alloc, 2 * f});
   dact_.Resize({alloc, f});
-  double t0 = Now();
+  double t0 = base::NowSeconds();
   if (g_->options_.share_slots) {
     // The replica-gradient sends of the layers sharing this gradient buffer read it:
     // complete them, then bring this layer's replica weights back if a later layer took
     // the slots.
     if (absl::Status s = g_->FinishLayers(layer_ % 2); !s.ok()) return s;
-    const double r0 = Now();
+    const double r0 = base::NowSeconds();
     const int64_t before = st.fanouts;
     if (absl::Status s = FanOut(); !s.ok()) return s;
     st.refetches += st.fanouts - before;
-    t0 = Now();
+    t0 = base::NowSeconds();
     st.fanout_s += t0 - r0;
   }
   // Replica gradients of this microbatch start from zero.
@@ -392,7 +389,7 @@ absl::Status ExpertParallelExecutor::Backward(std::span<const int64_t> offsets,
       !s.ok()) {
     return Where(s, "dispatching output gradients");
   }
-  double t1 = Now();
+  double t1 = base::NowSeconds();
   st.dispatch_s += t1 - t0;
   const auto& batches = dispatch_->local_batches();
   RunExpertBatches(batch_offsets_, static_cast<int64_t>(c) * f, &cold_, [&](int i) {
@@ -403,17 +400,17 @@ absl::Status ExpertParallelExecutor::Backward(std::span<const int64_t> offsets,
                    h13_.data() + r0 * 2 * f, act_.data() + r0 * f, dy_.data() + r0 * c,
                    dh13_.data() + r0 * 2 * f, dact_.data() + r0 * f, dx_.data() + r0 * c);
   });
-  t0 = Now();
+  t0 = base::NowSeconds();
   st.expert_s += t0 - t1;
   if (absl::Status s = dispatch_->Combine(g_->channel_, {dx_.data(), static_cast<size_t>(er * c)},
                                           c, {ddispatched, static_cast<size_t>(rows * c)});
       !s.ok()) {
     return Where(s, "combining input gradients");
   }
-  t1 = Now();
+  t1 = base::NowSeconds();
   st.dispatch_s += t1 - t0;
   absl::Status s = PostReplicaGradients();
-  st.reduce_s += Now() - t1;
+  st.reduce_s += base::NowSeconds() - t1;
   return s;
 }
 
@@ -463,7 +460,7 @@ absl::Status ExpertParallelExecutor::PostReplicaGradients() {
 
 absl::Status ExpertParallelExecutor::FinishReplicaGradients() {
   if (pending_.empty()) return absl::OkStatus();
-  const double t0 = Now();
+  const double t0 = base::NowSeconds();
   comm::DataChannel& ch = g_->channel_;
   absl::Status s =
       comm::WaitAll(pending_, absl::Now() + ch.timeout(), "replica gradient reduction");
@@ -481,7 +478,7 @@ absl::Status ExpertParallelExecutor::FinishReplicaGradients() {
     for (int64_t j = n13; j < n; ++j) dw2[j - n13] += g[j];
   }
   received_.clear();
-  g_->stats_.reduce_s += Now() - t0;
+  g_->stats_.reduce_s += base::NowSeconds() - t0;
   return absl::OkStatus();
 }
 

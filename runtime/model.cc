@@ -6,14 +6,11 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "base/clock.h"
 #include "runtime/cpu/gemm.h"
 
 namespace rackrun::runtime {
 namespace {
-
-double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 absl::Status Invalid(const std::string& field, const std::string& what) {
   return absl::InvalidArgumentError(absl::StrCat("model.", field, ": ", what));
@@ -248,7 +245,7 @@ absl::Status Model<T>::Prepare(std::span<const int32_t> inputs, std::span<const 
 
 template <typename T>
 absl::StatusOr<double> Model<T>::Forward(std::span<const int32_t> targets) {
-  const double t_start = Now();
+  const double t_start = base::NowSeconds();
   const double g_start = cpu::GemmSeconds();
   timing_ = Timing{};
   const int64_t tokens = tokens_;
@@ -257,9 +254,9 @@ absl::StatusOr<double> Model<T>::Forward(std::span<const int32_t> targets) {
     return std::span<T>(t.data(), static_cast<size_t>(tokens * c));
   };
   embedding_.Forward(inputs_, tokens, embedded_.data());
-  double t0 = Now();
+  double t0 = base::NowSeconds();
   absl::Status status = residual_->Expand(span_of(embedded_));
-  timing_.residual += Now() - t0;
+  timing_.residual += base::NowSeconds() - t0;
   if (!status.ok()) return status;
   aux_loss_ = 0;
   double expert_seconds = 0;
@@ -267,17 +264,17 @@ absl::StatusOr<double> Model<T>::Forward(std::span<const int32_t> targets) {
     for (int part = 0; part < 2; ++part) {
       const int l = 2 * b + part;
       Tensor<T>& in = body_in_[static_cast<size_t>(l)];
-      t0 = Now();
+      t0 = base::NowSeconds();
       status = residual_->ReadInput(l, span_of(in));
-      timing_.residual += Now() - t0;
+      timing_.residual += base::NowSeconds() - t0;
       if (!status.ok()) return status;
-      t0 = Now();
+      t0 = base::NowSeconds();
       const double g0 = cpu::GemmSeconds();
       Tensor<T>& out = body_out_[static_cast<size_t>(l)];
       if (part == 0) {
         attention_[static_cast<size_t>(b)]->Forward(in.data(), batch_, seq_, doc_start_.data(),
                                                     out.data());
-        timing_.attention += Now() - t0 - (cpu::GemmSeconds() - g0);
+        timing_.attention += base::NowSeconds() - t0 - (cpu::GemmSeconds() - g0);
       } else {
         MoeLayer<T>& moe = *moe_[static_cast<size_t>(b)];
         status = moe.Forward(in.data(), tokens, out.data());
@@ -287,20 +284,20 @@ absl::StatusOr<double> Model<T>::Forward(std::span<const int32_t> targets) {
         aux_loss_ += moe.aux_loss();
         expert_counts_[static_cast<size_t>(b)] = moe.global_counts();
       }
-      t0 = Now();
+      t0 = base::NowSeconds();
       status = residual_->WriteOutput(l, span_of(out));
-      timing_.residual += Now() - t0;
+      timing_.residual += base::NowSeconds() - t0;
       if (!status.ok()) return status;
     }
   }
-  t0 = Now();
+  t0 = base::NowSeconds();
   status = residual_->Collapse(span_of(collapsed_));
-  timing_.residual += Now() - t0;
+  timing_.residual += base::NowSeconds() - t0;
   if (!status.ok()) return status;
   final_norm_.Forward(collapsed_.data(), tokens, final_.data());
   const double loss = head_.Forward(final_.data(), targets.data(), tokens, nullptr);
   timing_.gemm = cpu::GemmSeconds() - g_start + expert_seconds;
-  timing_.total = Now() - t_start;
+  timing_.total = base::NowSeconds() - t_start;
   return loss;
 }
 
@@ -328,7 +325,7 @@ absl::StatusOr<double> Model<T>::ForwardBackward(std::span<const int32_t> inputs
   absl::StatusOr<double> loss = Forward(targets);
   if (!loss.ok()) return loss;
   Timing forward = timing_;
-  const double t_start = Now();
+  const double t_start = base::NowSeconds();
   const double g_start = cpu::GemmSeconds();
   const int64_t tokens = tokens_;
   const int c = config_.width;
@@ -343,22 +340,22 @@ absl::StatusOr<double> Model<T>::ForwardBackward(std::span<const int32_t> inputs
 
   head_.Backward(final_.data(), grad_scale, dfinal_.data());
   final_norm_.Backward(collapsed_.data(), dfinal_.data(), tokens, dcollapsed_.data());
-  double t0 = Now();
+  double t0 = base::NowSeconds();
   status = residual_->CollapseBackward(span_of(dcollapsed_));
-  forward.residual += Now() - t0;
+  forward.residual += base::NowSeconds() - t0;
   if (!status.ok()) return status;
   for (int b = config_.blocks - 1; b >= 0; --b) {
     for (int part = 1; part >= 0; --part) {
       const int l = 2 * b + part;
-      t0 = Now();
+      t0 = base::NowSeconds();
       status = residual_->WriteOutputBackward(l, span_of(dbody_out_));
-      forward.residual += Now() - t0;
+      forward.residual += base::NowSeconds() - t0;
       if (!status.ok()) return status;
-      t0 = Now();
+      t0 = base::NowSeconds();
       const double g0 = cpu::GemmSeconds();
       if (part == 0) {
         attention_[static_cast<size_t>(b)]->Backward(dbody_out_.data(), dbody_.data());
-        forward.attention += Now() - t0 - (cpu::GemmSeconds() - g0);
+        forward.attention += base::NowSeconds() - t0 - (cpu::GemmSeconds() - g0);
       } else {
         MoeLayer<T>& moe = *moe_[static_cast<size_t>(b)];
         const double before = moe.routing_seconds();
@@ -368,21 +365,21 @@ absl::StatusOr<double> Model<T>::ForwardBackward(std::span<const int32_t> inputs
         forward.routing += moe.routing_seconds() - before;
         forward.gemm += moe.expert_seconds() - expert_before;
       }
-      t0 = Now();
+      t0 = base::NowSeconds();
       status = residual_->ReadInputBackward(l, span_of(dbody_));
-      forward.residual += Now() - t0;
+      forward.residual += base::NowSeconds() - t0;
       if (!status.ok()) return status;
     }
   }
-  t0 = Now();
+  t0 = base::NowSeconds();
   status = residual_->ExpandBackward(span_of(dembedded_));
-  forward.residual += Now() - t0;
+  forward.residual += base::NowSeconds() - t0;
   if (!status.ok()) return status;
   embedding_.Backward(inputs_, tokens, dembedded_.data());
   for (auto& m : moe_) m->UpdateSelectionBias();
 
   forward.gemm += cpu::GemmSeconds() - g_start;
-  forward.total += Now() - t_start;
+  forward.total += base::NowSeconds() - t_start;
   forward.other = std::max(
       0.0, forward.total - forward.gemm - forward.attention - forward.residual - forward.routing);
   timing_ = forward;

@@ -1,17 +1,20 @@
 #include "runtime/spec.h"
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <limits>
 #include <set>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "base/file.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/message.h"
 #include "google/protobuf/util/json_util.h"
-#include "runtime/checkpoint.h"
 #include "yaml-cpp/yaml.h"
 
 namespace rackrun::runtime {
@@ -109,6 +112,35 @@ absl::Status SetScalar(const YAML::Node& node, const FieldDescriptor& field, Mes
   return absl::OkStatus();
 }
 
+// Sets a list of strings (the only lists in JobSpec) from a YAML sequence, or from one
+// comma-separated scalar (what `--set restart.on=worker_lost,hang` produces).
+absl::Status SetList(const YAML::Node& node, const FieldDescriptor& field, Message& message,
+                     const std::string& path) {
+  if (field.cpp_type() != FieldDescriptor::CPPTYPE_STRING) {
+    return FieldError(path, "lists of this type cannot be set from a spec file");
+  }
+  const google::protobuf::Reflection& r = *message.GetReflection();
+  r.ClearField(&message, &field);
+  if (node.IsNull()) return absl::OkStatus();
+  std::vector<std::string> items;
+  if (node.IsSequence()) {
+    for (const YAML::Node& item : node) {
+      if (!item.IsScalar()) {
+        return FieldError(path, "expected a list of words, e.g. [worker_lost, hang]");
+      }
+      items.push_back(item.Scalar());
+    }
+  } else if (node.IsScalar()) {
+    for (absl::string_view part : absl::StrSplit(node.Scalar(), ',', absl::SkipEmpty())) {
+      items.emplace_back(absl::StripAsciiWhitespace(part));
+    }
+  } else {
+    return FieldError(path, "expected a list of words, e.g. [worker_lost, hang]");
+  }
+  for (const std::string& item : items) r.AddString(&message, &field, item);
+  return absl::OkStatus();
+}
+
 absl::Status MapNode(const YAML::Node& node, Message& message, const std::string& path) {
   const google::protobuf::Descriptor& type = *message.GetDescriptor();
   if (node.IsNull()) return absl::OkStatus();
@@ -122,7 +154,10 @@ absl::Status MapNode(const YAML::Node& node, Message& message, const std::string
     const FieldDescriptor* field = type.FindFieldByName(name);
     if (field == nullptr) field = type.FindFieldByCamelcaseName(name);
     if (field == nullptr) return UnknownField(type, field_path, name);
-    if (field->is_repeated()) return FieldError(field_path, "lists are not supported here");
+    if (field->is_repeated()) {
+      if (absl::Status s = SetList(entry.second, *field, message, field_path); !s.ok()) return s;
+      continue;
+    }
     if (field->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE) {
       if (!entry.second.IsNull() && !entry.second.IsMap()) {
         return FieldError(field_path, absl::StrCat("expected a mapping of fields (",
@@ -206,7 +241,7 @@ absl::StatusOr<JobSpec> ParseJobSpec(const std::string& text,
 
 absl::StatusOr<JobSpec> LoadJobSpec(const std::string& path,
                                     const std::vector<std::string>& overrides) {
-  absl::StatusOr<std::string> text = ReadWholeFile(path);
+  absl::StatusOr<std::string> text = base::ReadWholeFile(path);
   if (!text.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("spec file '", path,
@@ -278,6 +313,14 @@ void ApplySpecDefaults(JobSpec& spec) {
   if (c.keep() == 0) c.set_keep(2);
   rackrun::v1::LoggingSpec& l = *spec.mutable_logging();
   if (l.interval() == 0) l.set_interval(10);
+  rackrun::v1::ResourceSpec& r = *spec.mutable_resources();
+  if (r.channel().empty()) r.set_channel("gloo");
+  rackrun::v1::RestartSpec& restart = *spec.mutable_restart();
+  if (restart.max_attempts() == 0) restart.set_max_attempts(1);
+  if (restart.on().empty()) {
+    for (const char* kind : {"worker_lost", "hang", "worker_cancelled"}) restart.add_on(kind);
+  }
+  if (restart.backoff_s() == 0) restart.set_backoff_s(1);
 }
 
 absl::Status ValidateJobSpec(const JobSpec& spec) {
@@ -400,12 +443,42 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
   const rackrun::v1::ResourceSpec& r = spec.resources();
   if (r.threads() < 0) return FieldError("resources.threads", "must be >= 0 (0 = all cores)");
   if (r.ranks() < 0) return FieldError("resources.ranks", "must be >= 0 (0 = as launched)");
+  if (!OneOf(r.channel(), {"gloo", "nccl"})) {
+    return FieldError("resources.channel", absl::StrCat("unknown data channel '", r.channel(),
+                                                        "'; choose gloo (CPU) or nccl (GPU)"));
+  }
+  const rackrun::v1::RestartSpec& restart = spec.restart();
+  if (restart.max_attempts() < 1) {
+    return FieldError("restart.max_attempts", "must be >= 1 (1 = never restart)");
+  }
+  for (const std::string& kind : restart.on()) {
+    if (!OneOf(kind, {"worker_lost", "hang", "error", "worker_cancelled"})) {
+      return FieldError("restart.on",
+                        absl::StrCat("unknown failure kind '", kind,
+                                     "'; choose from worker_lost, hang, error, worker_cancelled"));
+    }
+  }
+  if (restart.backoff_s() < 0 || !std::isfinite(restart.backoff_s())) {
+    return FieldError("restart.backoff_s", "must be a finite number of seconds >= 0");
+  }
   if (r.ranks() > 0 && moe.experts() % r.ranks() != 0) {
     return FieldError("model.moe.experts",
                       absl::StrCat(moe.experts(), " experts cannot be split evenly over ",
                                    r.ranks(), " ranks; use a multiple of resources.ranks"));
   }
   return absl::OkStatus();
+}
+
+void MakeSpecPathsAbsolute(JobSpec& spec, const std::string& base_dir) {
+  const auto absolute = [&](std::string* path) {
+    if (path->empty() || std::filesystem::path(*path).is_absolute()) return;
+    *path = (std::filesystem::path(base_dir) / *path).lexically_normal().string();
+  };
+  absolute(spec.mutable_data()->mutable_train());
+  absolute(spec.mutable_data()->mutable_validation());
+  absolute(spec.mutable_checkpoint()->mutable_dir());
+  absolute(spec.mutable_logging()->mutable_json());
+  absolute(spec.mutable_logging()->mutable_load_trace());
 }
 
 std::string JobSpecToJson(const JobSpec& spec) {
@@ -415,63 +488,6 @@ std::string JobSpecToJson(const JobSpec& spec) {
   options.always_print_primitive_fields = true;
   (void)google::protobuf::util::MessageToJsonString(spec, &json, options);
   return json;
-}
-
-ModelConfig ModelConfigFromSpec(const JobSpec& spec) {
-  const rackrun::v1::ModelSpec& m = spec.model();
-  ModelConfig c;
-  c.vocab = m.vocab();
-  c.width = m.width();
-  c.blocks = m.blocks();
-  c.heads = m.heads();
-  c.seq_len = m.seq_len();
-  c.residual = m.residual();
-  c.streams = m.streams();
-  c.active = m.active();
-  c.fixed = m.fixed();
-  c.moe.experts = m.moe().experts();
-  c.moe.top_k = m.moe().top_k();
-  c.moe.expert_hidden = m.moe().expert_hidden();
-  c.moe.shared_expert = m.moe().shared_expert();
-  c.moe.shared_hidden = m.moe().shared_hidden();
-  c.moe.aux_loss_coef = m.moe().aux_loss_coef();
-  c.moe.bias_update_rate = m.moe().bias_update_rate();
-  c.rope_theta = m.rope_theta();
-  c.init_std = m.init_std();
-  return c;
-}
-
-TrainConfig TrainConfigFromSpec(const JobSpec& spec) {
-  TrainConfig c;
-  const rackrun::v1::TrainingSpec& t = spec.training();
-  c.name = spec.name();
-  c.train_path = spec.data().train();
-  c.validation_path = spec.data().validation();
-  c.batch_size = spec.data().batch_size();
-  c.seq_len = spec.model().seq_len();
-  c.steps = t.steps();
-  c.seed = t.seed();
-  c.microbatches = t.microbatches();
-  c.schedule = {.lr = t.lr(),
-                .min_lr = t.min_lr(),
-                .warmup = t.warmup_steps(),
-                .total = t.steps(),
-                .cosine = t.schedule() == "cosine"};
-  c.adamw = {.beta1 = t.beta1(),
-             .beta2 = t.beta2(),
-             .eps = t.adam_eps(),
-             .weight_decay = t.weight_decay()};
-  c.grad_clip = t.grad_clip();
-  c.eval_interval = t.eval_interval();
-  c.eval_batches = t.eval_batches();
-  c.checkpoint_dir = spec.checkpoint().dir();
-  c.checkpoint_interval = spec.checkpoint().interval();
-  c.checkpoint_keep = spec.checkpoint().keep();
-  c.log_interval = spec.logging().interval();
-  c.log_json = spec.logging().json();
-  c.load_trace = spec.logging().load_trace();
-  c.threads = spec.resources().threads();
-  return c;
 }
 
 }  // namespace rackrun::runtime

@@ -5,6 +5,10 @@
 // overrides are applied to that tree, and the tree is mapped onto JobSpec field by field
 // through protobuf reflection. Every error is an InvalidArgument whose message starts
 // with the full field path (`model.moe.top_k: ...`) and says how to fix it.
+//
+// Its own CMake target (rackrun_spec: protobuf, yaml-cpp, base; no model, BLAS or
+// OpenMP), so the coordinator and the CLI validate specs before they travel. The settings
+// the model and the trainer are built from live in runtime/job_config.h.
 #ifndef RACKRUN_RUNTIME_SPEC_H_
 #define RACKRUN_RUNTIME_SPEC_H_
 
@@ -16,8 +20,6 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "rackrun/v1/job_spec.pb.h"
-#include "runtime/model.h"
-#include "runtime/optimizer.h"
 
 namespace rackrun::runtime {
 
@@ -43,38 +45,15 @@ void ApplySpecDefaults(rackrun::v1::JobSpec& spec);
 // still be 0 (filled in from the token file).
 absl::Status ValidateJobSpec(const rackrun::v1::JobSpec& spec);
 
+// Rewrites every relative path of the spec (data.train, data.validation, checkpoint.dir,
+// logging.json, logging.load_trace) to an absolute one under `base_dir` (the submitting
+// client's working directory): a job submitted to the coordinator runs in workers with
+// other working directories, so paths travel absolute (and must be readable by every
+// worker, e.g. on a shared file system).
+void MakeSpecPathsAbsolute(rackrun::v1::JobSpec& spec, const std::string& base_dir);
+
 // The spec as JSON with proto field names (for logs and checkpoints).
 std::string JobSpecToJson(const rackrun::v1::JobSpec& spec);
-
-// Settings of the training loop, resolved from a defaulted JobSpec.
-struct TrainConfig {
-  std::string name;
-  std::string train_path;
-  std::string validation_path;  // empty: no validation
-  int batch_size = 0;
-  int seq_len = 0;
-  int64_t steps = 0;
-  uint64_t seed = 0;
-  int microbatches = 1;
-  LearningRateSchedule schedule;
-  AdamWConfig adamw;
-  double grad_clip = 0;  // 0 = off
-  int64_t eval_interval = 0;
-  int eval_batches = 0;
-  std::string checkpoint_dir;  // empty: no checkpoints
-  int64_t checkpoint_interval = 0;
-  int checkpoint_keep = 2;
-  int64_t log_interval = 10;
-  std::string log_json;  // empty: none
-  std::string load_trace;  // empty: none
-  int threads = 0;       // 0: all cores
-};
-
-TrainConfig TrainConfigFromSpec(const rackrun::v1::JobSpec& spec);
-
-// The model's configuration from a defaulted JobSpec (vocab as in the spec; the trainer
-// fills a 0 from the token file).
-ModelConfig ModelConfigFromSpec(const rackrun::v1::JobSpec& spec);
 
 }  // namespace rackrun::runtime
 

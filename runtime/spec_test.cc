@@ -1,4 +1,5 @@
 #include "runtime/spec.h"
+#include "runtime/job_config.h"
 
 #include <filesystem>
 #include <fstream>
@@ -176,6 +177,52 @@ TEST(JobSpecTest, ExampleSpecsAreValid) {
                         "model.fixed=0"});
     EXPECT_TRUE(spec.ok()) << mode << ": " << spec.status();
   }
+}
+
+TEST(JobSpecTest, RestartPolicyAndChannel) {
+  absl::StatusOr<rackrun::v1::JobSpec> spec = ParseJobSpec(kYaml, {});
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->resources().channel(), "gloo");
+  EXPECT_EQ(spec->restart().max_attempts(), 1);
+  ASSERT_EQ(spec->restart().on_size(), 3);
+  EXPECT_EQ(spec->restart().on(0), "worker_lost");
+  EXPECT_EQ(spec->restart().backoff_s(), 1);
+
+  spec = ParseJobSpec(std::string(kYaml) + "restart:\n  max_attempts: 3\n  on: [hang, error]\n",
+                      {});
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->restart().max_attempts(), 3);
+  ASSERT_EQ(spec->restart().on_size(), 2);
+  EXPECT_EQ(spec->restart().on(1), "error");
+
+  spec = ParseJobSpec(kYaml, {"restart.on=worker_lost, hang"});
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  ASSERT_EQ(spec->restart().on_size(), 2);
+  EXPECT_EQ(spec->restart().on(1), "hang");
+
+  spec = ParseJobSpec(kYaml, {"restart.on=worker_lost,crash"});
+  ASSERT_FALSE(spec.ok());
+  EXPECT_THAT(std::string(spec.status().message()), HasSubstr("restart.on: unknown failure kind 'crash'"));
+  spec = ParseJobSpec(kYaml, {"resources.channel=mpi"});
+  ASSERT_FALSE(spec.ok());
+  EXPECT_THAT(std::string(spec.status().message()), HasSubstr("resources.channel"));
+  spec = ParseJobSpec(kYaml, {"restart.max_attempts=-1"});
+  ASSERT_FALSE(spec.ok());
+  EXPECT_THAT(std::string(spec.status().message()), HasSubstr("restart.max_attempts"));
+}
+
+TEST(JobSpecTest, PathsMadeAbsolute) {
+  absl::StatusOr<rackrun::v1::JobSpec> spec =
+      ParseJobSpec(kYaml, {"checkpoint.dir=out/ck", "logging.json=/abs/log.jsonl"});
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  const std::string train = spec->data().train();
+  MakeSpecPathsAbsolute(*spec, "/home/u/run");
+  EXPECT_EQ(spec->checkpoint().dir(), "/home/u/run/out/ck");
+  EXPECT_EQ(spec->logging().json(), "/abs/log.jsonl");
+  if (!train.empty() && train[0] != '/') {
+    EXPECT_EQ(spec->data().train(), "/home/u/run/" + train);
+  }
+  EXPECT_TRUE(spec->logging().load_trace().empty());  // empty stays empty
 }
 
 TEST(JobSpecTest, JsonDumpRoundTrips) {

@@ -12,16 +12,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "base/clock.h"
+#include "base/status.h"
 #include "runtime/checkpoint.h"
 
 namespace rackrun::runtime {
 namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double Seconds(Clock::time_point since) {
-  return std::chrono::duration<double>(Clock::now() - since).count();
-}
 
 // The data order must not be the model's initialisation stream.
 constexpr uint64_t kDataSeedSalt = 0xd1b54a32d192ed03ULL;
@@ -54,11 +50,6 @@ std::string JsonArray(const std::vector<double>& values) {
 // Expert weights are sharded over the ranks of an expert-parallel job; every other
 // parameter is replicated (data-parallel).
 bool IsExpertShard(absl::string_view name) { return absl::StrContains(name, ".moe.experts."); }
-
-// Prefixes a collective's error with what the trainer was doing.
-absl::Status During(const absl::Status& s, absl::string_view what) {
-  return absl::Status(s.code(), absl::StrCat(what, ": ", s.message()));
-}
 
 }  // namespace
 
@@ -130,7 +121,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const rackrun::v1::JobS
     std::vector<uint32_t> all(static_cast<size_t>(ranks));
     if (absl::Status s = channel->Allgather(&mine, all.data(), 1, comm::DataType::kInt32);
         !s.ok()) {
-      return During(s, "comparing job specs across ranks");
+      return base::Annotate(s, "comparing job specs across ranks");
     }
     for (int r = 1; r < ranks; ++r) {
       if (all[static_cast<size_t>(r)] != all[0]) {
@@ -299,7 +290,7 @@ absl::Status Trainer::AllReduceGradients() {
                                            static_cast<int64_t>(dense_grads_.size()),
                                            comm::DataType::kFloat32, comm::ReduceOp::kSum);
       !s.ok()) {
-    return During(s, absl::StrCat("all-reducing dense gradients at step ", step_ + 1));
+    return base::Annotate(s, absl::StrCat("all-reducing dense gradients at step ", step_ + 1));
   }
   k = 0;
   for (const size_t i : dense_) {
@@ -327,7 +318,7 @@ absl::StatusOr<double> Trainer::GradNorm() {
   if (absl::Status s = channel_->AllReduce(&experts, &experts, 1, comm::DataType::kFloat64,
                                            comm::ReduceOp::kSum);
       !s.ok()) {
-    return During(s, absl::StrCat("all-reducing the gradient norm at step ", step_ + 1));
+    return base::Annotate(s, absl::StrCat("all-reducing the gradient norm at step ", step_ + 1));
   }
   return std::sqrt(squares(dense_) + experts);
 }
@@ -341,7 +332,7 @@ absl::Status Trainer::RecordLoads(int64_t microbatch) {
     entry.loads = planner::LoadMatrix(1, static_cast<int>(counts[layer].size()));
     entry.loads.counts = counts[layer];
     if (absl::Status s = trace_->Append(entry); !s.ok()) {
-      return During(s, "logging.load_trace");
+      return base::Annotate(s, "logging.load_trace");
     }
   }
   return absl::OkStatus();
@@ -349,7 +340,7 @@ absl::Status Trainer::RecordLoads(int64_t microbatch) {
 
 absl::StatusOr<StepRecord> Trainer::Step() {
   StepRecord r;
-  const auto start = Clock::now();
+  const base::Stopwatch step_clock;
   model_->ZeroGrad();
   if (ep_ != nullptr) ep_->ResetStats();
   const int micro = config_.microbatches;
@@ -380,7 +371,7 @@ absl::StatusOr<StepRecord> Trainer::Step() {
     if (absl::Status s =
             channel_->AllReduce(sums, sums, 2, comm::DataType::kFloat64, comm::ReduceOp::kSum);
         !s.ok()) {
-      return During(s, absl::StrCat("all-reducing the loss at step ", step_ + 1));
+      return base::Annotate(s, absl::StrCat("all-reducing the loss at step ", step_ + 1));
     }
     loss_sum = sums[0];
     aux_sum = sums[1];
@@ -427,7 +418,7 @@ absl::StatusOr<StepRecord> Trainer::Step() {
         counts.empty() ? 0 : static_cast<double>(total) / static_cast<double>(counts.size());
     r.expert_load_max_over_mean.push_back(mean > 0 ? static_cast<double>(max) / mean : 0);
   }
-  const double seconds = Seconds(start);
+  const double seconds = step_clock.Seconds();
   r.tokens_per_s =
       seconds > 0 ? static_cast<double>(micro) * config_.batch_size * config_.seq_len / seconds : 0;
   return r;
@@ -457,7 +448,7 @@ absl::StatusOr<double> Trainer::EvaluateValidation() {
     if (absl::Status s =
             channel_->AllReduce(&sum, &sum, 1, comm::DataType::kFloat64, comm::ReduceOp::kSum);
         !s.ok()) {
-      return During(s, "all-reducing the validation loss");
+      return base::Annotate(s, "all-reducing the validation loss");
     }
   }
   return sum / static_cast<double>(batches);
@@ -497,7 +488,7 @@ absl::StatusOr<std::string> Trainer::SaveCheckpoint() {
             channel_->Allgather(local.data(), full.data(), static_cast<int64_t>(local.size()),
                                 comm::DataType::kFloat32);
         !s.ok()) {
-      return During(s, "gathering expert shards for a checkpoint");
+      return base::Annotate(s, "gathering expert shards for a checkpoint");
     }
     if (lead) c.sections.push_back({name, PackFloats(full)});
     return absl::OkStatus();
@@ -527,7 +518,7 @@ absl::StatusOr<std::string> Trainer::SaveCheckpoint() {
     // checkpoint.
     int32_t written = lead && path.ok() ? 1 : 0;
     if (absl::Status s = channel_->Broadcast(&written, 1, comm::DataType::kInt32, 0); !s.ok()) {
-      return During(s, "sharing the checkpoint result");
+      return base::Annotate(s, "sharing the checkpoint result");
     }
     if (!lead) {
       if (written == 0) {
@@ -624,7 +615,7 @@ absl::StatusOr<TrainSummary> Trainer::Run(const std::function<void(const StepRec
                                                      "' for writing: ", std::strerror(errno)));
     }
   }
-  const auto start = Clock::now();
+  const base::Stopwatch run_clock;
   double train_seconds = 0;
   double window_seconds = 0;
   int64_t window_tokens = 0;
@@ -632,13 +623,13 @@ absl::StatusOr<TrainSummary> Trainer::Run(const std::function<void(const StepRec
       static_cast<int64_t>(config_.microbatches) * config_.batch_size * config_.seq_len;
   absl::Status failure;
   while (step_ < config_.steps) {
-    const auto step_start = Clock::now();
+    const base::Stopwatch step_clock;
     absl::StatusOr<StepRecord> r = Step();
     if (!r.ok()) {
       failure = r.status();
       break;
     }
-    const double seconds = Seconds(step_start);
+    const double seconds = step_clock.Seconds();
     train_seconds += seconds;
     window_seconds += seconds;
     window_tokens += tokens_per_step;
@@ -660,7 +651,7 @@ absl::StatusOr<TrainSummary> Trainer::Run(const std::function<void(const StepRec
     if (last || evaluate || step_ % config_.log_interval == 0) {
       r->tokens_per_s =
           window_seconds > 0 ? static_cast<double>(window_tokens) / window_seconds : 0;
-      r->elapsed_s = Seconds(start);
+      r->elapsed_s = run_clock.Seconds();
       window_seconds = 0;
       window_tokens = 0;
       if (on_record && lead) on_record(*r);
@@ -688,7 +679,7 @@ absl::StatusOr<TrainSummary> Trainer::Run(const std::function<void(const StepRec
   }
   if (!failure.ok()) return failure;
   summary.steps = step_;
-  summary.elapsed_s = Seconds(start);
+  summary.elapsed_s = run_clock.Seconds();
   summary.tokens_per_s =
       train_seconds > 0 ? static_cast<double>(summary.tokens) / train_seconds : 0;
   if (!summary.losses.empty()) {

@@ -43,6 +43,7 @@
 #include "runtime/expert_parallel.h"
 #include "runtime/model.h"
 #include "runtime/optimizer.h"
+#include "runtime/job_config.h"
 #include "runtime/spec.h"
 
 namespace rackrun::runtime {

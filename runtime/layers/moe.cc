@@ -6,16 +6,13 @@
 #include <chrono>
 #include <cmath>
 
+#include "base/clock.h"
 #include "runtime/cpu/gemm.h"
 #include "runtime/cpu/math.h"
 #include "runtime/cpu/parallel.h"
 
 namespace rackrun::runtime {
 namespace {
-
-double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 }  // namespace
 
@@ -253,7 +250,7 @@ absl::Status MoeLayer<T>::Forward(const T* u, int64_t tokens, T* out) {
   norm_.Forward(u, tokens, xn_.data());
   cpu::Gemm<T>(false, false, static_cast<int>(tokens), ne, c, T(1), xn_.data(), c,
                router_.value.data(), ne, T(0), scores_.data(), ne);
-  const double t0 = Now();
+  const double t0 = base::NowSeconds();
   T* scores = scores_.data();
   int32_t* sel = selected_.data();
   T* w = weights_.data();
@@ -310,14 +307,14 @@ absl::Status MoeLayer<T>::Forward(const T* u, int64_t tokens, T* out) {
     const T* src = xn + (i / k) * c;
     std::copy(src, src + c, disp + row[i] * c);
   }
-  routing_seconds_ = Now() - t0;
+  routing_seconds_ = base::NowSeconds() - t0;
 
-  const double e0 = Now(), g0 = cpu::GemmSeconds();
+  const double e0 = base::NowSeconds(), g0 = cpu::GemmSeconds();
   if (absl::Status s = executor_->Forward(offsets_, dispatched_.data(), expert_out_.data());
       !s.ok()) {
     return s;
   }
-  expert_seconds_ = (Now() - e0) - (cpu::GemmSeconds() - g0);
+  expert_seconds_ = (base::NowSeconds() - e0) - (cpu::GemmSeconds() - g0);
 
   // Aux loss value: f_e from the counts over every rank (known once the executor has
   // exchanged loads), P_e over this process's tokens. Ranks' values weighted by their
@@ -345,7 +342,7 @@ absl::Status MoeLayer<T>::Forward(const T* u, int64_t tokens, T* out) {
     shared_act_.Resize({tokens, config_.shared_hidden});
     shared_->Forward(0, tokens, xn_.data(), shared_h13_.data(), shared_act_.data(), out);
   }
-  const double t1 = Now();
+  const double t1 = base::NowSeconds();
   const T* eo = expert_out_.data();
   const bool add = shared_ != nullptr;
 #pragma omp parallel for schedule(static) if (tokens * k * c >= cpu::kParallelMinWork)
@@ -358,7 +355,7 @@ absl::Status MoeLayer<T>::Forward(const T* u, int64_t tokens, T* out) {
       for (int i = 0; i < c; ++i) o[i] += g * y[i];
     }
   }
-  routing_seconds_ += Now() - t1;
+  routing_seconds_ += base::NowSeconds() - t1;
   return absl::OkStatus();
 }
 
@@ -371,7 +368,7 @@ absl::Status MoeLayer<T>::Backward(const T* dout, T grad_scale, T* du) {
   dxn_.Resize({tokens, c});
   dscores_.Resize({tokens, ne});
 
-  const double t0 = Now();
+  const double t0 = base::NowSeconds();
   const T* eo = expert_out_.data();
   const int64_t* row = slot_row_.data();
   const T* w = weights_.data();
@@ -421,14 +418,14 @@ absl::Status MoeLayer<T>::Backward(const T* dout, T grad_scale, T* du) {
     for (int e = 0; e < ne; ++e) dot += s[e] * d[e];
     for (int e = 0; e < ne; ++e) d[e] = s[e] * (d[e] - dot);
   }
-  routing_seconds_ += Now() - t0;
+  routing_seconds_ += base::NowSeconds() - t0;
 
-  const double e0 = Now(), g0 = cpu::GemmSeconds();
+  const double e0 = base::NowSeconds(), g0 = cpu::GemmSeconds();
   if (absl::Status s = executor_->Backward(offsets_, dexpert_out_.data(), ddispatched_.data());
       !s.ok()) {
     return s;
   }
-  expert_seconds_ += (Now() - e0) - (cpu::GemmSeconds() - g0);
+  expert_seconds_ += (base::NowSeconds() - e0) - (cpu::GemmSeconds() - g0);
 
   T* dxn = dxn_.data();
   if (shared_) {
@@ -437,7 +434,7 @@ absl::Status MoeLayer<T>::Backward(const T* dout, T grad_scale, T* du) {
     shared_->Backward(0, tokens, xn_.data(), shared_h13_.data(), shared_act_.data(), dout,
                       dshared_h13_.data(), dshared_act_.data(), dxn);
   }
-  const double t1 = Now();
+  const double t1 = base::NowSeconds();
   const T* ddisp = ddispatched_.data();
   const bool add = shared_ != nullptr;
 #pragma omp parallel for schedule(static) if (tokens * k * c >= cpu::kParallelMinWork)
@@ -449,7 +446,7 @@ absl::Status MoeLayer<T>::Backward(const T* dout, T grad_scale, T* du) {
       for (int i = 0; i < c; ++i) o[i] += dx[i];
     }
   }
-  routing_seconds_ += Now() - t1;
+  routing_seconds_ += base::NowSeconds() - t1;
   // Router: dWr += xn^T dlogits; dxn += dlogits Wr^T.
   cpu::Gemm<T>(true, false, c, ne, static_cast<int>(tokens), T(1), xn_.data(), c, ds, ne, T(1),
                router_.grad.data(), ne);

@@ -60,6 +60,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "base/clock.h"
+#include "base/statistics.h"
 #include "comm/data_channel.h"
 #include "comm/mpi_channel.h"
 #include "nlohmann/json.hpp"
@@ -68,42 +70,19 @@
 #include "planner/planner.h"
 #include "planner/trace.h"
 #include "runtime/expert_parallel.h"
+#include "runtime/job_config.h"
 #include "runtime/spec.h"
 #include "runtime/trainer.h"
 
 namespace {
 
+using rackrun::base::Median;
+using rackrun::base::MaxOverMean;
+using rackrun::base::Percentile;
+
 namespace comm = rackrun::comm;
 namespace planner = rackrun::planner;
 namespace rt = rackrun::runtime;
-
-double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-// Nearest-rank percentile.
-double Percentile(std::vector<double> v, double p) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const auto k = static_cast<size_t>(std::ceil(p * static_cast<double>(v.size())));
-  return v[std::clamp<size_t>(k, 1, v.size()) - 1];
-}
-
-double MaxOverMean(const std::vector<double>& v) {
-  double max = 0, sum = 0;
-  for (const double x : v) {
-    max = std::max(max, x);
-    sum += x;
-  }
-  return sum > 0 ? max * static_cast<double>(v.size()) / sum : 0;
-}
 
 // A fatal error on any rank ends the whole job (peers would wait out their timeouts).
 template <typename T>
@@ -208,7 +187,7 @@ void Replay(const std::string& trace_path, const planner::Domain& domain,
   std::vector<double> solve_per_step;
   planner::Plan plan;
   for (const planner::TraceEntry& e : *trace) {
-    const double t0 = Now();
+    const double t0 = rackrun::base::NowSeconds();
     if (absl::Status s = (*p)->SolveInto(e.loads, e.layer, &plan); !s.ok()) {
       out.replay_note = "replay failed: " + std::string(s.message());
       return;
@@ -217,7 +196,7 @@ void Replay(const std::string& trace_path, const planner::Domain& domain,
       out.replay_note = "replayed plan breaks an invariant: " + std::string(s.message());
       return;
     }
-    const double t1 = Now();
+    const double t1 = rackrun::base::NowSeconds();
     if (e.microbatch < first_measured) continue;
     const auto step = static_cast<size_t>((e.microbatch - first_measured) / microbatches);
     if (solve_per_step.size() <= step) solve_per_step.resize(step + 1, 0);
@@ -297,9 +276,9 @@ class PolicyRun {
 
   // Optimizer step `s` (0-based; steps below --warmup are not measured). Collective.
   void Step(int s) {
-    const double t0 = Now();
+    const double t0 = rackrun::base::NowSeconds();
     const rt::StepRecord r = OrDie(trainer_->Step(), rank_, "training step");
-    const double step_s = Now() - t0;
+    const double step_s = rackrun::base::NowSeconds() - t0;
     res_.losses.push_back(r.loss);
     if (s < o_.warmup) return;
     const rt::ExpertParallelStats& st = ep_->stats();
@@ -526,7 +505,7 @@ int main(int argc, char** argv) {
   OrDie(channel->Broadcast(dir, sizeof(dir), comm::DataType::kByte, 0), rank, "broadcast");
 
   std::vector<PolicyResult> results;
-  const double start = Now();
+  const double start = rackrun::base::NowSeconds();
   const double load_start = LoadAverage();
   std::vector<std::unique_ptr<PolicyRun>> runs;
   for (const std::string& policy : o.policies) {
@@ -538,7 +517,7 @@ int main(int argc, char** argv) {
   }
   for (auto& run : runs) results.push_back(run->Finish());
   runs.clear();
-  const double wall = Now() - start;
+  const double wall = rackrun::base::NowSeconds() - start;
   const double load_end = LoadAverage();
   if (rank == 0) {
     std::error_code ec;

@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "absl/time/clock.h"
+#include "base/statistics.h"
 #include "comm/data_channel.h"
 #include "comm/mpi_channel.h"
 #include "comm/relay_fanout.h"
@@ -39,6 +40,8 @@
 #include "planner/plan.h"
 
 namespace {
+
+using rackrun::base::Median;
 
 using rackrun::comm::DataChannel;
 using rackrun::comm::DataType;
@@ -195,11 +198,6 @@ std::vector<double> Measure(DataChannel& channel, const FanoutSchedule& schedule
     if (rep > 0) samples.push_back(*std::max_element(all.begin(), all.end()));
   }
   return samples;
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
 }
 
 }  // namespace

@@ -23,12 +23,15 @@
 #include <string_view>
 #include <vector>
 
+#include "base/statistics.h"
 #include "nlohmann/json.hpp"
 #include "planner/generate.h"
 #include "planner/plan.h"
 #include "planner/planner.h"
 
 namespace {
+
+using rackrun::base::Percentile;
 
 using rackrun::planner::Domain;
 using rackrun::planner::LoadMatrix;
@@ -47,14 +50,6 @@ struct Row {
   double p99_us = 0;
   std::string error;
 };
-
-double Percentile(std::vector<double> v, double q) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t i =
-      std::min(v.size() - 1, static_cast<size_t>(q * static_cast<double>(v.size() - 1) + 0.5));
-  return v[i];
-}
 
 std::vector<int> ParseList(const char* text) {
   std::vector<int> out;

@@ -22,24 +22,19 @@
 #include <string>
 #include <vector>
 
+#include "base/clock.h"
+#include "base/statistics.h"
 #include "runtime/residual/residual_streams.h"
 
 namespace {
+
+using rackrun::base::Median;
 
 using rackrun::runtime::ResidualConfig;
 using rackrun::runtime::ResidualMode;
 using rackrun::runtime::ResidualModeName;
 using rackrun::runtime::ResidualStreams;
 using rackrun::runtime::SublayerKind;
-
-double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
 
 struct Bandwidth {
   double copy = 0;   // bytes/s, counting read + write
@@ -62,14 +57,14 @@ Bandwidth MeasureBandwidth(int reps) {
   float* pb = b.data();
   float* pc = c.data();
   for (int r = 0; r < reps; ++r) {
-    double t0 = Now();
+    double t0 = rackrun::base::NowSeconds();
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; ++i) pc[i] = pa[i];
-    tc.push_back(Now() - t0);
-    t0 = Now();
+    tc.push_back(rackrun::base::NowSeconds() - t0);
+    t0 = rackrun::base::NowSeconds();
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; ++i) pa[i] = pb[i] + 3.0f * pc[i];
-    tt.push_back(Now() - t0);
+    tt.push_back(rackrun::base::NowSeconds() - t0);
   }
   const double bytes = static_cast<double>(n) * sizeof(float);
   return Bandwidth{2 * bytes / Median(tc), 3 * bytes / Median(tt)};
@@ -135,13 +130,13 @@ Result RunMode(ResidualMode mode, int width, int tokens, int reps, bool backward
     if (!rs.BeginBatch(tokens, starts, save).ok() || !rs.Expand(emb).ok()) std::exit(1);
     read_total = write_total = 0;
     for (int l = 0; l < L; ++l) {
-      const double t0 = Now();
+      const double t0 = rackrun::base::NowSeconds();
       if (!rs.ReadInput(l, u).ok()) std::exit(1);
-      const double t1 = Now();
+      const double t1 = rackrun::base::NowSeconds();
       // The body F is not part of the measurement: its output is its input.
       if (!rs.WriteOutput(l, u).ok()) std::exit(1);
       read_total += t1 - t0;
-      write_total += Now() - t1;
+      write_total += rackrun::base::NowSeconds() - t1;
     }
     if (!rs.Collapse(y).ok()) std::exit(1);
     *seconds = (read_total + write_total) / L;
@@ -184,11 +179,11 @@ Result RunMode(ResidualMode mode, int width, int tokens, int reps, bool backward
       if (!rs.CollapseBackward(d).ok()) std::exit(1);
       double total = 0;
       for (int l = L - 1; l >= 0; --l) {
-        const double t0 = Now();
+        const double t0 = rackrun::base::NowSeconds();
         if (!rs.WriteOutputBackward(l, dout).ok()) std::exit(1);
-        const double t1 = Now();
+        const double t1 = rackrun::base::NowSeconds();
         if (!rs.ReadInputBackward(l, dout).ok()) std::exit(1);
-        total += Now() - t1 + (t1 - t0);
+        total += rackrun::base::NowSeconds() - t1 + (t1 - t0);
       }
       if (!rs.ExpandBackward(du).ok()) std::exit(1);
       b_sum += total / L;

@@ -34,6 +34,8 @@
 #include <string>
 #include <vector>
 
+#include "base/clock.h"
+#include "base/statistics.h"
 #include "nlohmann/json.hpp"
 #include "runtime/cpu/gemm.h"
 #include "runtime/model.h"
@@ -44,22 +46,13 @@ extern "C" void openblas_set_num_threads(int);
 
 namespace {
 
+using rackrun::base::Median;
+
 using rackrun::runtime::AdamW;
 using rackrun::runtime::AdamWConfig;
 using rackrun::runtime::Model;
 using rackrun::runtime::ModelConfig;
 using rackrun::runtime::OptimizedTensor;
-
-double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 struct Options {
   std::vector<std::string> residual = {"vanilla", "xhc"};
@@ -134,16 +127,16 @@ Row RunOurs(const Options& o, const std::string& residual) {
   std::vector<int32_t> inputs(data.begin(), data.end() - 1), targets(data.begin() + 1, data.end());
   std::vector<double> step, gemm, attention, res, routing, opt, other;
   for (int i = 0; i < o.warmup + o.steps; ++i) {
-    const double t0 = Now();
+    const double t0 = rackrun::base::NowSeconds();
     model.ZeroGrad();
     auto loss = model.ForwardBackward(inputs, targets, o.batch, {}, 1.0f);
     if (!loss.ok()) {
       row.note = std::string(loss.status().message());
       return row;
     }
-    const double t1 = Now();
+    const double t1 = rackrun::base::NowSeconds();
     adamw.Step(1e-3);
-    const double t2 = Now();
+    const double t2 = rackrun::base::NowSeconds();
     if (i == 0) row.first_loss = *loss;
     if (i < o.warmup) continue;
     const auto& tm = model.timing();
@@ -232,9 +225,9 @@ std::vector<GemmRow> MeasureGemm(int tokens, int threads) {
     auto best = [&](auto&& call) {
       double t = 1e30;
       for (int r = 0; r < 20; ++r) {
-        const double t0 = Now();
+        const double t0 = rackrun::base::NowSeconds();
         call();
-        t = std::min(t, Now() - t0);
+        t = std::min(t, rackrun::base::NowSeconds() - t0);
       }
       return 2.0 * m * n * k / t / 1e9;
     };

@@ -22,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "base/statistics.h"
 #include "nlohmann/json.hpp"
 #include "planner/fanout.h"
 #include "planner/generate.h"
@@ -34,6 +35,8 @@
 
 namespace rackrun::cli {
 namespace {
+
+using base::Mean;
 
 namespace pl = ::rackrun::planner;
 using nlohmann::json;
@@ -412,22 +415,6 @@ class PlanHash {
 };
 
 // Nearest-rank percentile of `v` (sorted in place).
-double Percentile(std::vector<double>& v, double p) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const double rank = std::ceil(p / 100.0 * static_cast<double>(v.size()));
-  const size_t index =
-      static_cast<size_t>(std::clamp(rank, 1.0, static_cast<double>(v.size()))) - 1;
-  return v[index];
-}
-
-double Mean(const std::vector<double>& v) {
-  if (v.empty()) return 0;
-  double sum = 0;
-  for (double x : v) sum += x;
-  return sum / static_cast<double>(v.size());
-}
-
 struct PolicyRun {
   std::string name;
   std::unique_ptr<pl::Planner> planner;
@@ -445,7 +432,7 @@ struct Triple {
   double p50, p99, max;
 };
 Triple Summary(std::vector<double> v) {
-  return {Percentile(v, 50), Percentile(v, 99),
+  return {base::Percentile(v, 0.50), base::Percentile(v, 0.99),
           v.empty() ? 0 : *std::max_element(v.begin(), v.end())};
 }
 
@@ -692,8 +679,8 @@ int PlanCommand(const Args& args) {
              {"combine", run.parts.combine_s * per_entry_us},
              {"replacement", run.parts.replacement_s * per_entry_us}}},
            {"solve_us",
-            {{"p50", Percentile(solve, 50)},
-             {"p99", Percentile(solve, 99)},
+            {{"p50", base::Percentile(solve, 0.50)},
+             {"p99", base::Percentile(solve, 0.99)},
              {"max", solve.back()}}},
            {"plan_hash", run.hash.Hex()}});
     }
@@ -730,7 +717,7 @@ int PlanCommand(const Args& args) {
     const std::string after_text = Format("%.3f / %.3f / %.3f", after.p50, after.p99, after.max);
     const std::string fanout_ms = Format("%.3f / %.3f", Mean(run.direct_ms), Mean(run.relay_ms));
     const std::string solve_text =
-        Format("%.1f / %.1f", Percentile(solve, 50), Percentile(solve, 99));
+        Format("%.1f / %.1f", base::Percentile(solve, 0.50), base::Percentile(solve, 0.99));
     std::printf("| %-7s | %-28s | %-21s | %8.1f | %11.1f | %-23s | %13.1f | %14.1f | %-19s |\n",
                 run.name.c_str(), before_text.c_str(), after_text.c_str(), Mean(run.replicas),
                 Mean(run.fanout_bytes) / kMiB, fanout_ms.c_str(),

@@ -1,0 +1,46 @@
+#include "base/file.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "gtest/gtest.h"
+
+namespace rackrun::base {
+namespace {
+
+std::string ScratchDir() {
+  const std::string dir = std::string(::testing::TempDir()) + "base_file_test_" +
+                          std::to_string(getpid());
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+TEST(FileTest, WritesAtomicallyAndReadsBack) {
+  const std::string path = ScratchDir() + "/a.txt";
+  ASSERT_TRUE(WriteFileAtomically(path, "first").ok());
+  ASSERT_TRUE(WriteFileAtomically(path, "second").ok());
+  absl::StatusOr<std::string> read = ReadWholeFile(path);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(*read, "second");
+  // No temporary file is left behind.
+  int files = 0;
+  for (const auto& e : std::filesystem::directory_iterator(ScratchDir())) {
+    (void)e;
+    ++files;
+  }
+  EXPECT_EQ(files, 1);
+}
+
+TEST(FileTest, ErrorsNameTheFile) {
+  absl::StatusOr<std::string> read = ReadWholeFile("/nonexistent/x");
+  ASSERT_EQ(read.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(read.status().message().find("/nonexistent/x"), std::string::npos);
+  const absl::Status write = WriteFileAtomically("/nonexistent/dir/y", "z");
+  ASSERT_FALSE(write.ok());
+  EXPECT_NE(write.message().find("/nonexistent/dir/y"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace rackrun::base

@@ -1,0 +1,47 @@
+// The settings the model and the training loop run with, resolved from a defaulted,
+// validated JobSpec (runtime/spec.h).
+#ifndef RACKRUN_RUNTIME_JOB_CONFIG_H_
+#define RACKRUN_RUNTIME_JOB_CONFIG_H_
+
+#include <cstdint>
+#include <string>
+
+#include "rackrun/v1/job_spec.pb.h"
+#include "runtime/model.h"
+#include "runtime/optimizer.h"
+
+namespace rackrun::runtime {
+
+// Settings of the training loop, resolved from a defaulted JobSpec.
+struct TrainConfig {
+  std::string name;
+  std::string train_path;
+  std::string validation_path;  // empty: no validation
+  int batch_size = 0;
+  int seq_len = 0;
+  int64_t steps = 0;
+  uint64_t seed = 0;
+  int microbatches = 1;
+  LearningRateSchedule schedule;
+  AdamWConfig adamw;
+  double grad_clip = 0;  // 0 = off
+  int64_t eval_interval = 0;
+  int eval_batches = 0;
+  std::string checkpoint_dir;  // empty: no checkpoints
+  int64_t checkpoint_interval = 0;
+  int checkpoint_keep = 2;
+  int64_t log_interval = 10;
+  std::string log_json;  // empty: none
+  std::string load_trace;  // empty: none
+  int threads = 0;       // 0: all cores
+};
+
+TrainConfig TrainConfigFromSpec(const rackrun::v1::JobSpec& spec);
+
+// The model's configuration from a defaulted JobSpec (vocab as in the spec; the trainer
+// fills a 0 from the token file).
+ModelConfig ModelConfigFromSpec(const rackrun::v1::JobSpec& spec);
+
+}  // namespace rackrun::runtime
+
+#endif  // RACKRUN_RUNTIME_JOB_CONFIG_H_
