@@ -36,12 +36,12 @@ class ExpertParallelExecutor final : public ExpertExecutor<float> {
       : g_(group),
         layer_(layer),
         experts_(experts),
-        relay_(std::make_unique<planner::RelayFanout>(group->options_.planner.fanout)) {
-    const int e = g_->domain_.experts();
+        relay_(std::make_unique<planner::RelayFanout>(group->options().planner.fanout)) {
+    const int e = g_->domain().experts();
     local_loads_.assign(static_cast<size_t>(e), 0);
-    loads_ = planner::LoadMatrix(g_->domain_.ranks, e);
+    loads_ = planner::LoadMatrix(g_->domain().ranks, e);
     totals_.assign(static_cast<size_t>(e), 0);
-    fingerprints_.assign(static_cast<size_t>(g_->domain_.ranks), 0);
+    fingerprints_.assign(static_cast<size_t>(g_->domain().ranks), 0);
     slot_of_expert_.assign(static_cast<size_t>(e), -1);
   }
 
@@ -65,15 +65,15 @@ class ExpertParallelExecutor final : public ExpertExecutor<float> {
  private:
   // Prefixes `s` with where it happened: rank, layer, microbatch, phase.
   absl::Status Where(const absl::Status& s, absl::string_view phase) const;
-  int rank() const { return g_->channel_.rank(); }
+  int rank() const { return g_->channel().rank(); }
   int64_t floats() const { return experts_->expert_floats(); }
-  ExpertParallelGroup::SlotStore& slots() {
-    return g_->options_.share_slots ? g_->shared_slots_ : own_slots_;
+  ReplicaSlotStore& slots() {
+    return g_->options().share_slots ? g_->shared_slots() : own_slots_;
   }
   float* slot_weights(int slot) { return slots().weights.data() + slot * floats(); }
   // Shared slots alternate two gradient buffers by layer parity; own slots use one.
   std::vector<float>& grad_buffer() {
-    return slots().grads[g_->options_.share_slots ? layer_ % 2 : 0];
+    return slots().grads[g_->options().share_slots ? layer_ % 2 : 0];
   }
   float* slot_grads(int slot) { return grad_buffer().data() + slot * floats(); }
   // Weights / gradients of the instance behind local batch `b`.
@@ -103,7 +103,7 @@ class ExpertParallelExecutor final : public ExpertExecutor<float> {
   std::unique_ptr<planner::RelayFanout> relay_;
   std::vector<int> slot_of_expert_;  // this rank's slot holding expert e, or -1
   int slots_used_ = 0;
-  ExpertParallelGroup::SlotStore own_slots_;  // unless the group's slots are shared
+  ReplicaSlotStore own_slots_;  // unless the group's slots are shared
   std::vector<float> staging_;                // packed master weights to send
   // Replica-gradient reduction in flight: requests, (expert, buffer index) received in
   // placement order, and the receive buffers.
@@ -120,28 +120,27 @@ class ExpertParallelExecutor final : public ExpertExecutor<float> {
 
 absl::Status ExpertParallelExecutor::Where(const absl::Status& s, absl::string_view phase) const {
   return absl::Status(
-      s.code(), absl::StrCat("rank ", rank(), " of ", g_->domain_.ranks, ", MoE layer ", layer_,
-                             g_->training_ ? ", microbatch " : ", evaluation microbatch ",
-                             g_->microbatch_, ", ", phase, ": ", s.message()));
+      s.code(), absl::StrCat("rank ", rank(), " of ", g_->domain().ranks, ", MoE layer ", layer_,
+                             g_->training() ? ", microbatch " : ", evaluation microbatch ",
+                             g_->microbatch(), ", ", phase, ": ", s.message()));
 }
 
 absl::Status ExpertParallelExecutor::SolvePlan(std::span<const int64_t> offsets) {
-  comm::DataChannel& ch = g_->channel_;
-  const int ne = g_->domain_.experts();
+  comm::DataChannel& ch = g_->channel();
+  const int ne = g_->domain().experts();
   for (int e = 0; e < ne; ++e) local_loads_[static_cast<size_t>(e)] = offsets[e + 1] - offsets[e];
-  if (absl::Status s =
-          ch.Allgather(local_loads_.data(), loads_.counts.data(), ne, comm::DataType::kInt64);
-      !s.ok()) {
-    return Where(s, "exchanging expert loads");
+  PlanSource::Request request;
+  request.microbatch = g_->microbatch();
+  request.layer = layer_;
+  request.training = g_->training();
+  request.local_loads = local_loads_;
+  if (absl::Status s = g_->plan_source().Solve(request, &loads_, &plan_); !s.ok()) {
+    return Where(s, g_->plan_source().name());
   }
-  planner::Planner& planner = g_->training_ ? *g_->train_planner_ : *g_->eval_planner_;
-  if (absl::Status s = planner.SolveInto(loads_, layer_, &plan_); !s.ok()) {
-    return Where(s, "planning");
-  }
-  if (g_->options_.check_invariants) {
-    if (absl::Status s = planner::CheckPlanInvariants(g_->domain_, loads_, plan_, g_->invariants_);
+  if (g_->options().check_invariants) {
+    if (absl::Status s = planner::CheckPlanInvariants(g_->domain(), loads_, plan_, g_->invariants());
         !s.ok()) {
-      return Where(absl::InternalError(absl::StrCat("the ", g_->options_.policy,
+      return Where(absl::InternalError(absl::StrCat("the ", g_->options().policy,
                                                     " plan breaks an invariant: ", s.message())),
                    "checking the plan");
     }
@@ -152,7 +151,7 @@ absl::Status ExpertParallelExecutor::SolvePlan(std::span<const int64_t> offsets)
       !s.ok()) {
     return Where(s, "comparing plan fingerprints");
   }
-  for (int r = 1; r < g_->domain_.ranks; ++r) {
+  for (int r = 1; r < g_->domain().ranks; ++r) {
     if (fingerprints_[static_cast<size_t>(r)] != fingerprints_[0]) {
       return Where(
           absl::FailedPreconditionError(absl::StrCat(
@@ -167,7 +166,7 @@ absl::Status ExpertParallelExecutor::SolvePlan(std::span<const int64_t> offsets)
 }
 
 void ExpertParallelExecutor::PlaceWeights() {
-  const planner::Domain& d = g_->domain_;
+  const planner::Domain& d = g_->domain();
   const int ne = d.experts();
   placement_.ranks = d.ranks;
   placement_.experts = ne;
@@ -198,28 +197,28 @@ void ExpertParallelExecutor::PlaceWeights() {
   // Forward first completes its own previous replica-gradient sends, and the trainer
   // completes every layer's after each microbatch (with shared slots, each Backward also
   // completes those of the layers sharing its gradient buffer).
-  ExpertParallelGroup::SlotStore& store = slots();
+  ReplicaSlotStore& store = slots();
   const size_t need = static_cast<size_t>(std::max(slots_used_, 1) * floats());
   if (store.weights.size() < need) store.weights.resize(need);
   if (grad_buffer().size() < need) grad_buffer().resize(need);
 }
 
 absl::Status ExpertParallelExecutor::FanOut() {
-  ExpertParallelStats& st = g_->stats_;
+  ExpertParallelStats& st = g_->mutable_stats();
   // No instance away from home anywhere (every rank sees the same placement): nothing to
   // send, and the slots keep whatever they hold.
-  if (static_cast<int>(placement_.instances.size()) == g_->domain_.experts()) {
+  if (static_cast<int>(placement_.instances.size()) == g_->domain().experts()) {
     return absl::OkStatus();
   }
-  ExpertParallelGroup::SlotStore& store = slots();
-  const bool current = store.layer == layer_ && store.version == g_->weights_version_ &&
+  ReplicaSlotStore& store = slots();
+  const bool current = store.layer == layer_ && store.version == g_->weights_version() &&
                        store.instances == placement_.instances && store.first == placement_.first;
   if (current) {
     ++st.fanouts_skipped;
     return absl::OkStatus();
   }
   relay_->Schedule(placement_, &schedule_);
-  const planner::Domain& d = g_->domain_;
+  const planner::Domain& d = g_->domain();
   const int64_t n = floats();
   // Pack this rank's masters that have destinations: w13 then w2, the slot layout.
   std::map<int, std::span<std::byte>> buffers;
@@ -245,16 +244,16 @@ absl::Status ExpertParallelExecutor::FanOut() {
     }
   }
   comm::RelayFanoutOptions options;
-  options.chunk_bytes = g_->options_.chunk_bytes;
+  options.chunk_bytes = g_->options().chunk_bytes;
   absl::StatusOr<comm::RelayFanoutStats> run = comm::RunRelayFanout(
-      g_->channel_, schedule_, n * static_cast<int64_t>(sizeof(float)), buffers, options);
+      g_->channel(), schedule_, n * static_cast<int64_t>(sizeof(float)), buffers, options);
   if (!run.ok()) return Where(run.status(), "fanning out replica weights");
   st.fanout_bytes += run->bytes_sent;
   ++st.fanouts;
   store.layer = layer_;
   store.instances = placement_.instances;
   store.first = placement_.first;
-  store.version = g_->weights_version_;
+  store.version = g_->weights_version();
   return absl::OkStatus();
 }
 
@@ -270,29 +269,29 @@ ExpertParallelExecutor::InstanceWeights ExpertParallelExecutor::WeightsOf(int ex
 
 absl::Status ExpertParallelExecutor::Forward(std::span<const int64_t> offsets,
                                              const float* dispatched, float* expert_out) {
-  ExpertParallelStats& st = g_->stats_;
+  ExpertParallelStats& st = g_->mutable_stats();
   if (g_->FaultAt("exit", layer_)) std::_Exit(3);
   if (g_->FaultAt("stall", layer_)) {
     std::this_thread::sleep_for(
-        absl::ToChronoSeconds(2 * g_->channel_.timeout() + absl::Seconds(5)));
+        absl::ToChronoSeconds(2 * g_->channel().timeout() + absl::Seconds(5)));
   }
   // The previous microbatch's replica gradients reach their masters before this one's
   // compute: masters' gradients always add in the same order.
   if (absl::Status s = FinishReplicaGradients(); !s.ok()) return s;
   double t0 = base::NowSeconds();
   if (absl::Status s = SolvePlan(offsets); !s.ok()) return s;
-  const planner::Domain& d = g_->domain_;
+  const planner::Domain& d = g_->domain();
   ExpertParallelStats::Layer& ls = st.layers[static_cast<size_t>(layer_)];
   ++ls.microbatches;
   ls.imbalance_before += planner::Imbalance(planner::HomeRankLoads(d, loads_));
   ls.imbalance_after += planner::Imbalance(plan_.RankLoads());
   ls.replicas += plan_.num_replicas();
-  if (g_->training_ && g_->trace_.has_value()) {
+  if (g_->training() && g_->trace() != nullptr) {
     planner::TraceEntry entry;
-    entry.microbatch = g_->microbatch_;
+    entry.microbatch = g_->microbatch();
     entry.layer = layer_;
     entry.loads = loads_;
-    if (absl::Status s = g_->trace_->Append(entry); !s.ok()) return Where(s, "recording loads");
+    if (absl::Status s = g_->trace()->Append(entry); !s.ok()) return Where(s, "recording loads");
   }
   double t1 = base::NowSeconds();
   st.plan_s += t1 - t0;
@@ -322,7 +321,7 @@ absl::Status ExpertParallelExecutor::Forward(std::span<const int64_t> offsets,
   h13_.Resize({alloc, 2 * f});
   act_.Resize({alloc, f});
   if (absl::Status s =
-          dispatch_->DispatchTokens(g_->channel_, {dispatched, static_cast<size_t>(rows * c)}, c,
+          dispatch_->DispatchTokens(g_->channel(), {dispatched, static_cast<size_t>(rows * c)}, c,
                                     {in_.data(), static_cast<size_t>(er * c)});
       !s.ok()) {
     return Where(s, "dispatching tokens");
@@ -345,7 +344,7 @@ absl::Status ExpertParallelExecutor::Forward(std::span<const int64_t> offsets,
   st.expert_rows += er;
   t0 = base::NowSeconds();
   st.expert_s += t0 - t1;
-  if (absl::Status s = dispatch_->Combine(g_->channel_, {out_.data(), static_cast<size_t>(er * c)},
+  if (absl::Status s = dispatch_->Combine(g_->channel(), {out_.data(), static_cast<size_t>(er * c)},
                                           c, {expert_out, static_cast<size_t>(rows * c)});
       !s.ok()) {
     return Where(s, "combining expert outputs");
@@ -356,7 +355,7 @@ absl::Status ExpertParallelExecutor::Forward(std::span<const int64_t> offsets,
 
 absl::Status ExpertParallelExecutor::Backward(std::span<const int64_t> offsets,
                                               const float* dexpert_out, float* ddispatched) {
-  ExpertParallelStats& st = g_->stats_;
+  ExpertParallelStats& st = g_->mutable_stats();
   if (!dispatch_.has_value()) {
     return absl::FailedPreconditionError("expert-parallel Backward without a Forward");
   }
@@ -369,7 +368,7 @@ absl::Status ExpertParallelExecutor::Backward(std::span<const int64_t> offsets,
   dh13_.Resize({alloc, 2 * f});
   dact_.Resize({alloc, f});
   double t0 = base::NowSeconds();
-  if (g_->options_.share_slots) {
+  if (g_->options().share_slots) {
     // The replica-gradient sends of the layers sharing this gradient buffer read it:
     // complete them, then bring this layer's replica weights back if a later layer took
     // the slots.
@@ -384,7 +383,7 @@ absl::Status ExpertParallelExecutor::Backward(std::span<const int64_t> offsets,
   // Replica gradients of this microbatch start from zero.
   std::fill(grad_buffer().begin(), grad_buffer().begin() + slots_used_ * floats(), 0.0f);
   if (absl::Status s =
-          dispatch_->DispatchSlots(g_->channel_, {dexpert_out, static_cast<size_t>(rows * c)}, c,
+          dispatch_->DispatchSlots(g_->channel(), {dexpert_out, static_cast<size_t>(rows * c)}, c,
                                    {dy_.data(), static_cast<size_t>(er * c)});
       !s.ok()) {
     return Where(s, "dispatching output gradients");
@@ -402,7 +401,7 @@ absl::Status ExpertParallelExecutor::Backward(std::span<const int64_t> offsets,
   });
   t0 = base::NowSeconds();
   st.expert_s += t0 - t1;
-  if (absl::Status s = dispatch_->Combine(g_->channel_, {dx_.data(), static_cast<size_t>(er * c)},
+  if (absl::Status s = dispatch_->Combine(g_->channel(), {dx_.data(), static_cast<size_t>(er * c)},
                                           c, {ddispatched, static_cast<size_t>(rows * c)});
       !s.ok()) {
     return Where(s, "combining input gradients");
@@ -415,8 +414,8 @@ absl::Status ExpertParallelExecutor::Backward(std::span<const int64_t> offsets,
 }
 
 absl::Status ExpertParallelExecutor::PostReplicaGradients() {
-  const planner::Domain& d = g_->domain_;
-  comm::DataChannel& ch = g_->channel_;
+  const planner::Domain& d = g_->domain();
+  comm::DataChannel& ch = g_->channel();
   const int64_t n = floats();
   // Every replica placement (expert e on a rank other than its home) sends its gradient
   // home; the home receives them into staging in placement order.
@@ -443,7 +442,7 @@ absl::Status ExpertParallelExecutor::PostReplicaGradients() {
       if (r == rank()) {
         req = ch.Isend(slot_grads(slot_of_expert_[static_cast<size_t>(e)]), n,
                        comm::DataType::kFloat32, home, tag_base + e);
-        g_->stats_.reduce_bytes += n * static_cast<int64_t>(sizeof(float));
+        g_->mutable_stats().reduce_bytes += n * static_cast<int64_t>(sizeof(float));
       } else if (home == rank()) {
         req = ch.Irecv(grad_staging_.data() + k * n, n, comm::DataType::kFloat32, r, tag_base + e);
         received_.emplace_back(e, k++);
@@ -461,7 +460,7 @@ absl::Status ExpertParallelExecutor::PostReplicaGradients() {
 absl::Status ExpertParallelExecutor::FinishReplicaGradients() {
   if (pending_.empty()) return absl::OkStatus();
   const double t0 = base::NowSeconds();
-  comm::DataChannel& ch = g_->channel_;
+  comm::DataChannel& ch = g_->channel();
   absl::Status s =
       comm::WaitAll(pending_, absl::Now() + ch.timeout(), "replica gradient reduction");
   pending_.clear();
@@ -478,7 +477,7 @@ absl::Status ExpertParallelExecutor::FinishReplicaGradients() {
     for (int64_t j = n13; j < n; ++j) dw2[j - n13] += g[j];
   }
   received_.clear();
-  g_->stats_.reduce_s += base::NowSeconds() - t0;
+  g_->mutable_stats().reduce_s += base::NowSeconds() - t0;
   return absl::OkStatus();
 }
 
@@ -525,17 +524,17 @@ absl::StatusOr<std::unique_ptr<ExpertParallelGroup>> ExpertParallelGroup::Create
   if (absl::Status s = g->domain_.Validate(); !s.ok()) return s;
   planner::PlannerOptions po = options.planner;
   po.expert_bytes = layers[0]->experts().expert_floats() * static_cast<int64_t>(sizeof(float));
-  for (auto* p : {&g->train_planner_, &g->eval_planner_}) {
-    absl::StatusOr<std::unique_ptr<planner::Planner>> planner =
-        planner::MakePlanner(options.policy, g->domain_, po);
-    if (!planner.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("balancer.policy: ", planner.status().message()));
-    }
-    *p = *std::move(planner);
+  if (options.plan_source != nullptr) {
+    g->plan_source_ = options.plan_source;
+  } else {
+    absl::StatusOr<std::unique_ptr<InBandPlanSource>> source =
+        InBandPlanSource::Create(channel, g->domain_, options.policy, po);
+    if (!source.ok()) return source.status();
+    g->own_plan_source_ = *std::move(source);
+    g->plan_source_ = g->own_plan_source_.get();
   }
   g->invariants_.masters_at_home = options.policy != "eplb";
-  if (const char* fault = std::getenv("RACKRUN_FAULT"); fault != nullptr && *fault != '\0') {
+  if (const std::string& fault = options.fault; !fault.empty()) {
     const auto bad = [&] {
       return absl::InvalidArgumentError(
           absl::StrCat("RACKRUN_FAULT='", fault,

@@ -35,9 +35,12 @@
 //   layer in DeepSeek's deployment): backward finds the weights forward used, and a
 //   placement that does not change between optimizer steps is not sent again.
 //
-// Fault injection for tests (RACKRUN_FAULT="KIND:rank=R,layer=L,microbatch=M"): KIND
-// plan_hash perturbs rank R's plan fingerprint, stall makes rank R sleep past the channel
-// timeout before the load exchange, exit ends rank R's process there.
+// Plans come from a PlanSource (plan_source.h): in-band by default, or the coordinator.
+//
+// Fault injection for tests (ExpertParallelOptions::fault, which `rackrun train` and the
+// worker take from RACKRUN_FAULT: "KIND:rank=R,layer=L,microbatch=M"): KIND plan_hash
+// perturbs rank R's plan fingerprint, stall makes rank R sleep past the channel timeout
+// before the load exchange, exit ends rank R's process there.
 #ifndef RACKRUN_RUNTIME_EXPERT_PARALLEL_H_
 #define RACKRUN_RUNTIME_EXPERT_PARALLEL_H_
 
@@ -56,6 +59,7 @@
 #include "planner/planner.h"
 #include "planner/trace.h"
 #include "runtime/model.h"
+#include "runtime/plan_source.h"
 
 namespace rackrun::runtime {
 
@@ -73,6 +77,11 @@ struct ExpertParallelOptions {
   // Rank 0 appends every training microbatch's load matrix here (planner trace format);
   // empty = off.
   std::string load_trace;
+  // Fault injection (see above); empty = none. A malformed value is InvalidArgument.
+  std::string fault;
+  // Where plans come from; null = in-band (the group makes an InBandPlanSource with
+  // `policy` and `planner`). Not owned; must outlive the group.
+  PlanSource* plan_source = nullptr;
 };
 
 // Sums since the last ResetStats (the trainer resets once per optimizer step). Times
@@ -96,6 +105,19 @@ struct ExpertParallelStats {
   int64_t fanouts_skipped = 0;  // fan-outs not needed: slots already current
   int64_t reduce_bytes = 0;     // replica gradient bytes this rank sent
   int64_t expert_rows = 0;      // token rows this rank's instances processed (forward)
+};
+
+// Replica weights and gradients in slots, [slots x (w13 | w2)], and what the weights hold:
+// the layer whose placement was fanned out into them, that placement, the weight version.
+// Shared slots keep two gradient buffers, by layer parity, so that a layer's backward
+// waits only for the replica-gradient sends of the layer two above it.
+struct ReplicaSlotStore {
+  std::vector<float> weights;
+  std::vector<float> grads[2];
+  int layer = -1;
+  std::vector<planner::ExpertInstance> instances;
+  std::vector<int32_t> first;
+  int64_t version = -1;
 };
 
 class ExpertParallelExecutor;
@@ -134,11 +156,11 @@ class ExpertParallelGroup {
   void WeightsChanged() { ++weights_version_; }
 
   // The training planner's state between microbatches (EPLB's history and placement; empty
-  // for ultraep and none), identical on every rank, for checkpoints. RestoreState errors
-  // as Planner::RestoreState (FailedPrecondition: saved for another rank count or other
-  // balancer settings).
-  std::string SaveState() const { return train_planner_->SaveState(); }
-  absl::Status RestoreState(std::string_view state) { return train_planner_->RestoreState(state); }
+  // for ultraep and none, and with the coordinator as plan source), identical on every
+  // rank, for checkpoints. RestoreState errors as Planner::RestoreState (FailedPrecondition:
+  // saved for another rank count or other balancer settings, or a source that keeps none).
+  std::string SaveState() const { return plan_source_->SaveState(); }
+  absl::Status RestoreState(std::string_view state) { return plan_source_->RestoreState(state); }
 
   const ExpertParallelStats& stats() const { return stats_; }
   void ResetStats();
@@ -148,20 +170,23 @@ class ExpertParallelGroup {
   const planner::Domain& domain() const { return domain_; }
   comm::DataChannel& channel() { return channel_; }
 
+
+  // What the group's executors (one per MoE layer) work through.
+  const ExpertParallelOptions& options() const { return options_; }
+  const planner::InvariantOptions& invariants() const { return invariants_; }
+  int64_t microbatch() const { return microbatch_; }
+  bool training() const { return training_; }
+  int64_t weights_version() const { return weights_version_; }
+  ExpertParallelStats& mutable_stats() { return stats_; }
+  // The one set of slots all layers share (options().share_slots).
+  ReplicaSlotStore& shared_slots() { return shared_slots_; }
+  PlanSource& plan_source() { return *plan_source_; }
+  // Null when no load trace is written (off, or not rank 0).
+  planner::TraceWriter* trace() { return trace_.has_value() ? &*trace_ : nullptr; }
+  // True when the injected fault `kind` is due on this rank at `layer` now.
+  bool FaultAt(const char* kind, int layer) const;
+
  private:
-  friend class ExpertParallelExecutor;
-  // Replica weights and gradients in slots, [slots x (w13 | w2)], and what the weights hold:
-  // the layer whose placement was fanned out into them, that placement, the weight
-  // version. Shared slots keep two gradient buffers, by layer parity, so that a layer's
-  // backward waits only for the replica-gradient sends of the layer two above it.
-  struct SlotStore {
-    std::vector<float> weights;
-    std::vector<float> grads[2];
-    int layer = -1;
-    std::vector<planner::ExpertInstance> instances;
-    std::vector<int32_t> first;
-    int64_t version = -1;
-  };
   struct Fault {
     std::string kind;  // plan_hash | stall | exit
     int rank = -1, layer = -1;
@@ -170,17 +195,17 @@ class ExpertParallelGroup {
 
   ExpertParallelGroup(comm::DataChannel& channel, const ExpertParallelOptions& options)
       : channel_(channel), options_(options) {}
-  bool FaultAt(const char* kind, int layer) const;
 
   comm::DataChannel& channel_;
   ExpertParallelOptions options_;
   planner::Domain domain_;
   planner::InvariantOptions invariants_;
-  std::unique_ptr<planner::Planner> train_planner_, eval_planner_;
+  std::unique_ptr<PlanSource> own_plan_source_;  // when options_.plan_source is null
+  PlanSource* plan_source_ = nullptr;
   std::optional<planner::TraceWriter> trace_;
   std::optional<Fault> fault_;
   std::vector<ExpertParallelExecutor*> executors_;  // owned by the MoE layers
-  SlotStore shared_slots_;                          // when options_.share_slots
+  ReplicaSlotStore shared_slots_;                   // when options_.share_slots
   ExpertParallelStats stats_;
   int64_t microbatch_ = 0;
   bool training_ = true;

@@ -362,11 +362,10 @@ TEST(ExpertParallelGroupTest, SharedSlotsAreFetchedAgainForBackward) {
 }
 
 TEST(ExpertParallelGroupTest, PlanDisagreementNamesRankLayerAndMicrobatch) {
-  ASSERT_EQ(setenv("RACKRUN_FAULT", "plan_hash:rank=1,layer=0,microbatch=1", 1), 0);
   ExpertParallelOptions options;
   options.policy = "ultraep";
+  options.fault = "plan_hash:rank=1,layer=0,microbatch=1";
   const std::vector<Result> r = RunExpertParallel(2, options);
-  unsetenv("RACKRUN_FAULT");
   for (int rank = 0; rank < 2; ++rank) {
     const absl::Status& s = r[static_cast<size_t>(rank)].status;
     EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
@@ -391,15 +390,15 @@ TEST(ExpertParallelGroupTest, BadSetupsAreNamed) {
     return absl::OkStatus();
   });
   EXPECT_TRUE(run.ok()) << run;
-  ASSERT_EQ(setenv("RACKRUN_FAULT", "plan_hash:rank=1,layer=0", 1), 0);
   const absl::Status fault = comm::RunInProcessRanks(2, channel_options, [](comm::DataChannel& ch) {
     MoeLayer<float> shard(Config(2, ch.rank()), "m");
+    ExpertParallelOptions options;
+    options.fault = "plan_hash:rank=1,layer=0";
     absl::StatusOr<std::unique_ptr<ExpertParallelGroup>> g =
-        ExpertParallelGroup::Create(ch, {&shard}, {});
+        ExpertParallelGroup::Create(ch, {&shard}, options);
     EXPECT_THAT(std::string(g.status().message()), HasSubstr("RACKRUN_FAULT"));
     return absl::OkStatus();
   });
-  unsetenv("RACKRUN_FAULT");
   EXPECT_TRUE(fault.ok()) << fault;
 }
 

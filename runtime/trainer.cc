@@ -15,6 +15,7 @@
 #include "base/clock.h"
 #include "base/status.h"
 #include "runtime/checkpoint.h"
+#include "runtime/step_log.h"
 
 namespace rackrun::runtime {
 namespace {
@@ -22,30 +23,45 @@ namespace {
 // The data order must not be the model's initialisation stream.
 constexpr uint64_t kDataSeedSalt = 0xd1b54a32d192ed03ULL;
 
-std::string PackU64(std::span<const uint64_t> values) {
-  return std::string(reinterpret_cast<const char*>(values.data()), values.size_bytes());
-}
+// The training loop's own state in a checkpoint (section "trainer/state"): what the
+// model, optimizer moments and balancer sections do not hold. Stored as eight
+// little-endian uint64 words in field order (the layout of every checkpoint so far).
+struct TrainerCheckpointState {
+  uint64_t step = 0;       // optimizer steps done
+  uint64_t adam_step = 0;  // AdamW's bias-correction step
+  LoaderPosition loader;   // epoch, cursor in the epoch, the epoch's shuffle RNG state
 
-absl::Status UnpackU64(const Checkpoint& c, std::string_view name, std::span<uint64_t> out) {
-  const CheckpointSection* s = c.Find(name);
-  if (s == nullptr || s->payload.size() != out.size_bytes()) {
-    return absl::DataLossError(absl::StrCat("checkpoint section '", std::string(name),
-                                            "' is missing or has the wrong size"));
+  static constexpr size_t kWords = 8;
+
+  std::string Encode() const {
+    const uint64_t words[kWords] = {step,
+                                    adam_step,
+                                    loader.epoch,
+                                    loader.cursor,
+                                    loader.epoch_rng[0],
+                                    loader.epoch_rng[1],
+                                    loader.epoch_rng[2],
+                                    loader.epoch_rng[3]};
+    return std::string(reinterpret_cast<const char*>(words), sizeof(words));
   }
-  std::memcpy(out.data(), s->payload.data(), out.size_bytes());
-  return absl::OkStatus();
-}
 
-std::string JsonNumber(double v) {
-  if (!std::isfinite(v)) return "null";
-  return absl::StrFormat("%.9g", v);
-}
-
-std::string JsonArray(const std::vector<double>& values) {
-  std::vector<std::string> parts;
-  for (const double v : values) parts.push_back(JsonNumber(v));
-  return absl::StrCat("[", absl::StrJoin(parts, ", "), "]");
-}
+  static absl::StatusOr<TrainerCheckpointState> Decode(const Checkpoint& c) {
+    const CheckpointSection* s = c.Find("trainer/state");
+    uint64_t words[kWords];
+    if (s == nullptr || s->payload.size() != sizeof(words)) {
+      return absl::DataLossError(
+          "checkpoint section 'trainer/state' is missing or has the wrong size");
+    }
+    std::memcpy(words, s->payload.data(), sizeof(words));
+    TrainerCheckpointState state;
+    state.step = words[0];
+    state.adam_step = words[1];
+    state.loader.epoch = words[2];
+    state.loader.cursor = words[3];
+    for (size_t i = 0; i < 4; ++i) state.loader.epoch_rng[i] = words[4 + i];
+    return state;
+  }
+};
 
 // Expert weights are sharded over the ranks of an expert-parallel job; every other
 // parameter is replicated (data-parallel).
@@ -53,55 +69,15 @@ bool IsExpertShard(absl::string_view name) { return absl::StrContains(name, ".mo
 
 }  // namespace
 
-std::string StepRecord::ToJson() const {
-  std::vector<std::string> loads;
-  for (const double l : expert_load_max_over_mean) loads.push_back(JsonNumber(l));
-  return absl::StrCat(
-      "{\"step\": ", step, ", \"loss\": ", JsonNumber(loss),
-      ", \"val_loss\": ", val_loss ? JsonNumber(*val_loss) : "null",
-      ", \"tokens_per_s\": ", JsonNumber(tokens_per_s), ", \"lr\": ", JsonNumber(lr),
-      ", \"grad_norm\": ", JsonNumber(grad_norm), ", \"elapsed_s\": ", JsonNumber(elapsed_s),
-      ", \"aux_loss\": ", JsonNumber(aux_loss), ", \"expert_load_max_over_mean\": [",
-      absl::StrJoin(loads, ", "), "]",
-      ranks > 1 ? absl::StrCat(", \"ranks\": ", ranks,
-                               ", \"rank_imbalance_before\": ", JsonArray(rank_imbalance_before),
-                               ", \"rank_imbalance_after\": ", JsonArray(rank_imbalance_after),
-                               ", \"replicas\": ", JsonNumber(replicas), ", \"plan_s\": ",
-                               JsonNumber(plan_s), ", \"fanout_s\": ", JsonNumber(fanout_s),
-                               ", \"dispatch_s\": ", JsonNumber(dispatch_s),
-                               ", \"replica_reduce_s\": ", JsonNumber(reduce_s))
-                : std::string(),
-      "}");
-}
-
-std::string StepRecord::ToLogLine(int64_t total_steps) const {
-  std::vector<std::string> loads;
-  for (const double l : expert_load_max_over_mean) loads.push_back(absl::StrFormat("%.2f", l));
-  std::string balance;
-  if (ranks > 1) {
-    std::vector<std::string> layers;
-    for (size_t i = 0; i < rank_imbalance_before.size(); ++i) {
-      layers.push_back(
-          absl::StrFormat("%.2f>%.2f", rank_imbalance_before[i], rank_imbalance_after[i]));
-    }
-    balance = absl::StrFormat("  ranks %s  plan/fan/a2a/red ms %.1f/%.1f/%.1f/%.1f",
-                              absl::StrJoin(layers, "/"), 1e3 * plan_s, 1e3 * fanout_s,
-                              1e3 * dispatch_s, 1e3 * reduce_s);
-  }
-  return absl::StrFormat(
-      "step %*d/%d  loss %.4f  val %s  tok/s %7.0f  lr %.2e  gnorm %6.3f  load %s%s  %6.1fs",
-      static_cast<int>(std::to_string(total_steps).size()), step, total_steps, loss,
-      val_loss ? absl::StrFormat("%.4f", *val_loss) : std::string("  -   "), tokens_per_s, lr,
-      grad_norm, absl::StrJoin(loads, "/"), balance, elapsed_s);
-}
-
 absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const rackrun::v1::JobSpec& spec,
-                                                         comm::DataChannel* channel) {
+                                                         comm::DataChannel* channel,
+                                                         const TrainerOptions& options) {
   std::unique_ptr<Trainer> t(new Trainer());
   t->spec_ = spec;
   t->config_ = TrainConfigFromSpec(spec);
   const TrainConfig& c = t->config_;
-  if (c.threads > 0) omp_set_num_threads(c.threads);
+  const int threads = options.threads >= 0 ? options.threads : c.threads;
+  if (threads > 0) omp_set_num_threads(threads);
   const int ranks = channel != nullptr ? channel->size() : 1;
   if (ranks > 1) t->channel_ = channel;
   if (spec.resources().ranks() > 0 && spec.resources().ranks() != ranks) {
@@ -131,11 +107,11 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const rackrun::v1::JobS
                          "batch shape; start every rank with the same spec and --set overrides"));
       }
     }
-    if (spec.balancer().mode() != "inband") {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "balancer.mode: '", spec.balancer().mode(),
-          "' planning needs the rack coordinator daemon, which is not built yet; use inband "
-          "(every rank solves the same plan)"));
+    if (spec.balancer().mode() == "coordinator" && options.plan_source == nullptr) {
+      return absl::InvalidArgumentError(
+          "balancer.mode: coordinator planning needs the job to run under the rack coordinator "
+          "(rackrun submit to rackrun-worker daemons); under mpirun/srun rackrun train plans "
+          "in-band: use inband (every rank solves the same plan)");
     }
     if (c.batch_size % ranks != 0) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -228,6 +204,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const rackrun::v1::JobS
     ep.planner.eplb_window = b.eplb_window();
     ep.planner.eplb_interval = b.eplb_interval();
     ep.load_trace = c.load_trace;
+    ep.fault = options.fault;
+    if (b.mode() == "coordinator") ep.plan_source = options.plan_source;
     absl::StatusOr<std::unique_ptr<ExpertParallelGroup>> group =
         ExpertParallelGroup::Create(*channel, *t->model_, ep);
     if (!group.ok()) return group.status();
@@ -349,8 +327,10 @@ absl::StatusOr<StepRecord> Trainer::Step() {
   for (int m = 0; m < micro; ++m) {
     // This rank's share of the global microbatch's counted targets: the ranks' scaled
     // gradients sum to the gradient of the global mean loss.
+    SetPhase(TrainPhase::kData);
     const double share = NextBatch(*train_loader_);
     if (ep_ != nullptr) ep_->BeginMicrobatch(microbatch_, /*training=*/true);
+    SetPhase(TrainPhase::kForwardBackward);
     absl::StatusOr<double> loss =
         model_->ForwardBackward(batch_.inputs, batch_.targets, batch_.batch, batch_.segment_starts,
                                 static_cast<float>(share / micro));
@@ -365,6 +345,7 @@ absl::StatusOr<StepRecord> Trainer::Step() {
     loss_sum += *loss * share;
     aux_sum += model_->aux_loss() * share;
   }
+  SetPhase(TrainPhase::kReduce);
   if (channel_ != nullptr) {
     if (absl::Status s = AllReduceGradients(); !s.ok()) return s;
     double sums[2] = {loss_sum, aux_sum};
@@ -389,9 +370,11 @@ absl::StatusOr<StepRecord> Trainer::Step() {
   const double clip = config_.grad_clip;
   const double grad_scale = (clip > 0 && r.grad_norm > clip) ? clip / r.grad_norm : 1.0;
   r.lr = config_.schedule.At(step_);
+  SetPhase(TrainPhase::kOptimizer);
   adam_->Step(r.lr, grad_scale);
   if (ep_ != nullptr) ep_->WeightsChanged();
   ++step_;
+  steps_done_.store(step_, std::memory_order_relaxed);
   r.step = step_;
   r.ranks = ranks();
   if (ep_ != nullptr) {
@@ -460,16 +443,11 @@ absl::StatusOr<std::string> Trainer::SaveCheckpoint() {
   }
   Checkpoint c;
   c.step = step_;
-  const LoaderPosition pos = train_loader_->position();
-  const uint64_t words[] = {static_cast<uint64_t>(step_),
-                            static_cast<uint64_t>(adam_->step()),
-                            pos.epoch,
-                            pos.cursor,
-                            pos.epoch_rng[0],
-                            pos.epoch_rng[1],
-                            pos.epoch_rng[2],
-                            pos.epoch_rng[3]};
-  c.sections.push_back({"trainer/state", PackU64(words)});
+  TrainerCheckpointState state;
+  state.step = static_cast<uint64_t>(step_);
+  state.adam_step = static_cast<uint64_t>(adam_->step());
+  state.loader = train_loader_->position();
+  c.sections.push_back({"trainer/state", state.Encode()});
   c.sections.push_back({"spec/model", spec_.model().SerializeAsString()});
   c.sections.push_back({"spec/json", JobSpecToJson(spec_)});
   const std::vector<OptimizedTensor>& tensors = adam_->tensors();
@@ -544,8 +522,8 @@ absl::Status Trainer::Resume(const std::string& path) {
                      theirs.ShortDebugString(), ") than this spec's (",
                      spec_.model().ShortDebugString(), "); resume with the spec that wrote it"));
   }
-  uint64_t words[8];
-  if (absl::Status s = UnpackU64(*c, "trainer/state", words); !s.ok()) return s;
+  absl::StatusOr<TrainerCheckpointState> state = TrainerCheckpointState::Decode(*c);
+  if (!state.ok()) return state.status();
   const std::vector<OptimizedTensor>& tensors = adam_->tensors();
   const auto missing = [&](const std::string& name) {
     return absl::DataLossError(absl::StrCat("checkpoint '", loaded, "' has no section '", name,
@@ -588,41 +566,98 @@ absl::Status Trainer::Resume(const std::string& path) {
       return absl::DataLossError(absl::StrCat("checkpoint '", loaded, "': ", s.message()));
     }
   }
-  LoaderPosition pos;
-  pos.epoch = words[2];
-  pos.cursor = words[3];
-  for (int i = 0; i < 4; ++i) pos.epoch_rng[static_cast<size_t>(i)] = words[4 + i];
-  if (absl::Status s = train_loader_->Restore(pos); !s.ok()) {
+  if (absl::Status s = train_loader_->Restore(state->loader); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("checkpoint '", loaded, "': ", s.message()));
   }
-  step_ = static_cast<int64_t>(words[0]);
+  step_ = static_cast<int64_t>(state->step);
+  steps_done_.store(step_, std::memory_order_relaxed);
   microbatch_ = step_ * config_.microbatches;
-  adam_->set_step(static_cast<int64_t>(words[1]));
+  adam_->set_step(static_cast<int64_t>(state->adam_step));
   return absl::OkStatus();
 }
 
-absl::StatusOr<TrainSummary> Trainer::Run(const std::function<void(const StepRecord&)>& on_record) {
+const char* TrainPhaseName(TrainPhase phase) {
+  switch (phase) {
+    case TrainPhase::kIdle: return "idle";
+    case TrainPhase::kAgree: return "agree";
+    case TrainPhase::kData: return "data";
+    case TrainPhase::kForwardBackward: return "forward_backward";
+    case TrainPhase::kReduce: return "reduce";
+    case TrainPhase::kOptimizer: return "optimizer";
+    case TrainPhase::kEvaluate: return "evaluate";
+    case TrainPhase::kCheckpoint: return "checkpoint";
+  }
+  return "unknown";
+}
+
+void Trainer::RequestStop(StopReason reason) {
+  int current = stop_requested_.load();
+  // A drain (checkpoint, then stop) outranks a cancel.
+  while (static_cast<int>(reason) > current &&
+         !stop_requested_.compare_exchange_weak(current, static_cast<int>(reason))) {
+  }
+}
+
+absl::StatusOr<StopReason> Trainer::AgreeOnStop() {
+  const int local = stop_requested_.load();
+  if (channel_ == nullptr) return static_cast<StopReason>(local);
+  SetPhase(TrainPhase::kAgree);
+  int32_t votes[2] = {local == static_cast<int>(StopReason::kCancel) ? 1 : 0,
+                      local == static_cast<int>(StopReason::kDrain) ? 1 : 0};
+  if (absl::Status s =
+          channel_->AllReduce(votes, votes, 2, comm::DataType::kInt32, comm::ReduceOp::kSum);
+      !s.ok()) {
+    return base::Annotate(s, absl::StrCat("agreeing whether to stop before step ", step_ + 1));
+  }
+  if (votes[1] > 0) return StopReason::kDrain;
+  if (votes[0] > 0) return StopReason::kCancel;
+  return StopReason::kNone;
+}
+
+absl::StatusOr<TrainSummary> Trainer::Run(const std::vector<TrainObserver*>& observers) {
   TrainSummary summary;
   summary.first_step = step_;
   summary.train_unigram_entropy = train_entropy_;
-  std::FILE* json = nullptr;
-  const bool lead = rank() == 0;
-  if (lead && !config_.log_json.empty()) {
-    json = std::fopen(config_.log_json.c_str(), step_ > 0 ? "a" : "w");
-    if (json == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat("logging.json: cannot open '",
-                                                     config_.log_json,
-                                                     "' for writing: ", std::strerror(errno)));
-    }
+  std::vector<TrainObserver*> all = observers;
+  // The job's own JSON log (logging.json), written by rank 0 like the checkpoints.
+  std::unique_ptr<StepLog> json;
+  if (rank() == 0 && !config_.log_json.empty()) {
+    absl::StatusOr<std::unique_ptr<StepLog>> log =
+        StepLog::Create(config_.log_interval, config_.steps, config_.log_json,
+                        /*append=*/step_ > 0, /*on_record=*/{});
+    if (!log.ok()) return log.status();
+    json = *std::move(log);
+    all.push_back(json.get());
   }
   const base::Stopwatch run_clock;
   double train_seconds = 0;
-  double window_seconds = 0;
-  int64_t window_tokens = 0;
   const int64_t tokens_per_step =
       static_cast<int64_t>(config_.microbatches) * config_.batch_size * config_.seq_len;
   absl::Status failure;
+  int64_t checkpointed = -1;  // step of the last checkpoint this run wrote
+  const auto checkpoint = [&]() -> absl::Status {
+    SetPhase(TrainPhase::kCheckpoint);
+    absl::StatusOr<std::string> path = SaveCheckpoint();
+    if (!path.ok()) return path.status();
+    summary.last_checkpoint = *path;
+    checkpointed = step_;
+    for (TrainObserver* o : all) o->OnCheckpoint(step_, *path);
+    return absl::OkStatus();
+  };
   while (step_ < config_.steps) {
+    absl::StatusOr<StopReason> stop = AgreeOnStop();
+    if (!stop.ok()) {
+      failure = stop.status();
+      break;
+    }
+    if (*stop != StopReason::kNone) {
+      summary.stopped = *stop;
+      if (*stop == StopReason::kDrain && !config_.checkpoint_dir.empty() && checkpointed != step_ &&
+          step_ > summary.first_step) {
+        failure = checkpoint();
+      }
+      break;
+    }
     const base::Stopwatch step_clock;
     absl::StatusOr<StepRecord> r = Step();
     if (!r.ok()) {
@@ -631,15 +666,17 @@ absl::StatusOr<TrainSummary> Trainer::Run(const std::function<void(const StepRec
     }
     const double seconds = step_clock.Seconds();
     train_seconds += seconds;
-    window_seconds += seconds;
-    window_tokens += tokens_per_step;
     summary.tokens += tokens_per_step;
     summary.losses.push_back(r->loss);
+    r->step_s = seconds;
+    r->tokens = tokens_per_step;
+    r->total_steps = config_.steps;
     const bool last = step_ == config_.steps;
     const bool evaluate =
         !validation_tokens_.empty() &&
         (last || (config_.eval_interval > 0 && step_ % config_.eval_interval == 0));
     if (evaluate) {
+      SetPhase(TrainPhase::kEvaluate);
       absl::StatusOr<double> val = EvaluateValidation();
       if (!val.ok()) {
         failure = val.status();
@@ -648,29 +685,17 @@ absl::StatusOr<TrainSummary> Trainer::Run(const std::function<void(const StepRec
       r->val_loss = *val;
       summary.final_val_loss = *val;
     }
-    if (last || evaluate || step_ % config_.log_interval == 0) {
-      r->tokens_per_s =
-          window_seconds > 0 ? static_cast<double>(window_tokens) / window_seconds : 0;
-      r->elapsed_s = run_clock.Seconds();
-      window_seconds = 0;
-      window_tokens = 0;
-      if (on_record && lead) on_record(*r);
-      if (json != nullptr) {
-        std::fprintf(json, "%s\n", r->ToJson().c_str());
-        std::fflush(json);
-      }
-    }
+    r->elapsed_s = run_clock.Seconds();
+    for (TrainObserver* o : all) o->OnStep(*r);
     if (!config_.checkpoint_dir.empty() &&
         (last || (config_.checkpoint_interval > 0 && step_ % config_.checkpoint_interval == 0))) {
-      absl::StatusOr<std::string> path = SaveCheckpoint();
-      if (!path.ok()) {
-        failure = path.status();
-        break;
-      }
-      summary.last_checkpoint = *path;
+      if (failure = checkpoint(); !failure.ok()) break;
     }
   }
-  if (json != nullptr) std::fclose(json);
+  SetPhase(TrainPhase::kIdle);
+  if (json != nullptr) {
+    if (absl::Status s = json->Close(); failure.ok()) failure = s;
+  }
   // Load traces end with the run; a write error (disk full) is reported, not dropped.
   if (failure.ok() && ep_ != nullptr) failure = ep_->Close();
   if (failure.ok() && trace_.has_value()) {

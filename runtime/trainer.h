@@ -18,6 +18,14 @@
 // a run resumes on any number of ranks). The auxiliary loss and the selection-bias
 // update use the expert counts over all ranks, so they too equal the single-process run.
 //
+// Driving it (a CLI process or a worker daemon's job thread): observers see every step on
+// every rank (the log line, the JSON log, the worker's progress reports and metrics are
+// observers); RequestStop asks for a cooperative stop that every rank takes at the same
+// step boundary (they agree through one small all-reduce per step, so no rank is left
+// waiting in a collective); phase() and step() may be read from any thread (a heartbeat).
+// Thread count, fault injection and the plan source come in TrainerOptions, never from the
+// process environment.
+//
 // Determinism: the model seed and the data order come from `training.seed`; with the
 // same spec and thread count two runs give bit-identical losses. A run resumed from the
 // checkpoint of step s continues with the bit-identical loss trajectory: checkpoints hold
@@ -26,6 +34,7 @@
 #ifndef RACKRUN_RUNTIME_TRAINER_H_
 #define RACKRUN_RUNTIME_TRAINER_H_
 
+#include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <functional>
@@ -43,6 +52,7 @@
 #include "runtime/expert_parallel.h"
 #include "runtime/model.h"
 #include "runtime/optimizer.h"
+#include "runtime/plan_source.h"
 #include "runtime/job_config.h"
 #include "runtime/spec.h"
 
@@ -70,11 +80,60 @@ struct StepRecord {
   std::vector<double> rank_imbalance_after;
   double replicas = 0;
   double plan_s = 0, fanout_s = 0, dispatch_s = 0, reduce_s = 0;
+  // This step alone: seconds (without evaluation and checkpoint) and tokens (global).
+  double step_s = 0;
+  int64_t tokens = 0;
+  int64_t total_steps = 0;  // training.steps
 
-  // The record as one JSON object (no trailing newline).
+  // The record as one JSON object (no trailing newline); step_log.cc.
   std::string ToJson() const;
-  // The record as one human log line (no trailing newline).
-  std::string ToLogLine(int64_t total_steps) const;
+  // The record as one human log line (no trailing newline); step_log.cc.
+  std::string ToLogLine(int64_t steps) const;
+};
+
+// What a rank is doing, for heartbeats and hang reports.
+enum class TrainPhase : int {
+  kIdle,             // not in Run
+  kAgree,            // agreeing with the other ranks whether to stop (a collective)
+  kData,             // loading the next microbatch
+  kForwardBackward,  // the model's forward and backward, including the MoE layers' planning,
+                     // fan-out and token all-to-alls
+  kReduce,           // all-reducing dense gradients, the loss and the gradient norm
+  kOptimizer,        // the AdamW step
+  kEvaluate,         // validation
+  kCheckpoint,       // writing (or gathering shards for) a checkpoint
+};
+const char* TrainPhaseName(TrainPhase phase);
+
+// Why Run stopped before training.steps.
+enum class StopReason : int {
+  kNone = 0,
+  kCancel = 1,  // the job was cancelled
+  kDrain = 2,   // the process shuts down (SIGTERM): a checkpoint of the stop step is written
+};
+
+// Sees a run's steps. Called on the training thread of every rank; an observer must not
+// call back into the trainer.
+class TrainObserver {
+ public:
+  virtual ~TrainObserver() = default;
+  // After every optimizer step, with its evaluation when one ran at this step (val_loss)
+  // and elapsed_s since Run started.
+  virtual void OnStep(const StepRecord& record) { (void)record; }
+  // After a checkpoint of `step` was written (path empty on ranks other than 0).
+  virtual void OnCheckpoint(int64_t step, const std::string& path) {
+    (void)step;
+    (void)path;
+  }
+};
+
+struct TrainerOptions {
+  // Compute threads; -1 = the spec's resources.threads (0 there = leave as is).
+  int threads = -1;
+  // Fault injection for tests (expert_parallel.h); empty = none.
+  std::string fault;
+  // Where expert-parallel plans come from; null = in-band. Not owned.
+  PlanSource* plan_source = nullptr;
 };
 
 struct TrainSummary {
@@ -89,6 +148,7 @@ struct TrainSummary {
   double elapsed_s = 0;
   int64_t tokens = 0;
   std::string last_checkpoint;  // empty when none was written
+  StopReason stopped = StopReason::kNone;  // set when RequestStop ended the run early
 };
 
 class Trainer {
@@ -99,7 +159,8 @@ class Trainer {
   // every rank calls Create with the same spec; a rank whose spec differs is named in the
   // error). The channel must outlive the trainer.
   static absl::StatusOr<std::unique_ptr<Trainer>> Create(const rackrun::v1::JobSpec& spec,
-                                                         comm::DataChannel* channel = nullptr);
+                                                         comm::DataChannel* channel = nullptr,
+                                                         const TrainerOptions& options = {});
 
   // Loads a checkpoint file, or the newest one in a folder (see LoadCheckpointForResume).
   // The checkpoint's model spec must equal this job's. Expert-parallel: each rank takes its
@@ -109,12 +170,20 @@ class Trainer {
   // Empty, or what the last Resume could not restore and why (for the log).
   const std::string& resume_note() const { return resume_note_; }
 
-  // Runs steps until training.steps. On rank 0 only, calls `on_record` for every logged
-  // step (every
-  // logging.interval steps, the last step, and every evaluation); writes the same records
-  // to logging.json when set. Checkpoints every checkpoint.interval steps and at the end
-  // when checkpoint.dir is set.
-  absl::StatusOr<TrainSummary> Run(const std::function<void(const StepRecord&)>& on_record = {});
+  // Runs steps until training.steps, or until a stop every rank agreed on (then
+  // summary.stopped says why; a drain writes a checkpoint first when checkpoint.dir is
+  // set). Calls every observer for every step on every rank; rank 0 also writes
+  // logging.json (a StepLog, step_log.h). Checkpoints every checkpoint.interval steps and
+  // at the end when checkpoint.dir is set.
+  absl::StatusOr<TrainSummary> Run(const std::vector<TrainObserver*>& observers = {});
+
+  // Asks Run to stop at the next step boundary. Thread-safe, callable from any thread
+  // (a signal handler's thread, the worker's assignment stream). A drain outranks a
+  // cancel. Collective in effect: every rank stops at the same step once any rank asked.
+  void RequestStop(StopReason reason);
+  // What this rank is doing now, and the optimizer steps done; any thread.
+  TrainPhase phase() const { return phase_.load(std::memory_order_relaxed); }
+  int64_t steps_done() const { return steps_done_.load(std::memory_order_relaxed); }
 
   // One optimizer step (no logging, no checkpoint). Collective with R > 1.
   absl::StatusOr<StepRecord> Step();
@@ -152,6 +221,9 @@ class Trainer {
   // expert shards' squares summed over ranks.
   absl::StatusOr<double> GradNorm();
   absl::Status RecordLoads(int64_t microbatch);
+  // Every rank learns whether any rank asked to stop (one all-reduce with R > 1).
+  absl::StatusOr<StopReason> AgreeOnStop();
+  void SetPhase(TrainPhase phase) { phase_.store(phase, std::memory_order_relaxed); }
 
   rackrun::v1::JobSpec spec_;
   TrainConfig config_;
@@ -174,6 +246,9 @@ class Trainer {
   std::vector<size_t> experts_;                // adam tensors sharded by expert
   std::vector<float> dense_grads_;             // packed for one all-reduce
   std::optional<planner::TraceWriter> trace_;  // single-process load trace
+  std::atomic<int> stop_requested_{0};          // a StopReason
+  std::atomic<TrainPhase> phase_{TrainPhase::kIdle};
+  std::atomic<int64_t> steps_done_{0};
 };
 
 }  // namespace rackrun::runtime

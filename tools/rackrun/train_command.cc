@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <string>
 #include <string_view>
@@ -14,6 +15,7 @@
 #include "comm/mpi_channel.h"
 #include "runtime/job_config.h"
 #include "runtime/spec.h"
+#include "runtime/step_log.h"
 #include "runtime/trainer.h"
 #include "tools/rackrun/command.h"
 
@@ -145,7 +147,11 @@ int TrainCommand(const Args& args) {
     if (channel != nullptr) comm::AbortJob(1);
     return 1;
   };
-  absl::StatusOr<std::unique_ptr<rt::Trainer>> trainer = rt::Trainer::Create(*spec, channel.get());
+  rt::TrainerOptions trainer_options;
+  // Fault injection for the end-to-end tests (runtime/expert_parallel.h).
+  if (const char* fault = std::getenv("RACKRUN_FAULT"); fault != nullptr) trainer_options.fault = fault;
+  absl::StatusOr<std::unique_ptr<rt::Trainer>> trainer =
+      rt::Trainer::Create(*spec, channel.get(), trainer_options);
   if (!trainer.ok()) return fail(spec_path + ": ", trainer.status());
   rt::Trainer& t = **trainer;
   if (!resume.empty()) {
@@ -183,10 +189,20 @@ int TrainCommand(const Args& args) {
         omp_get_max_threads());
   std::fflush(stdout);
 
-  absl::StatusOr<rt::TrainSummary> summary = t.Run([&](const rt::StepRecord& r) {
-    std::printf("%s\n", r.ToLogLine(c.steps).c_str());
-    std::fflush(stdout);
-  });
+  // Rank 0 prints the log line of every logged step.
+  std::vector<rt::TrainObserver*> observers;
+  std::unique_ptr<rt::StepLog> log;
+  if (lead) {
+    absl::StatusOr<std::unique_ptr<rt::StepLog>> made = rt::StepLog::Create(
+        c.log_interval, c.steps, /*json_path=*/"", /*append=*/false, [&](const rt::StepRecord& r) {
+          std::printf("%s\n", r.ToLogLine(c.steps).c_str());
+          std::fflush(stdout);
+        });
+    if (!made.ok()) return fail("", made.status());
+    log = *std::move(made);
+    observers.push_back(log.get());
+  }
+  absl::StatusOr<rt::TrainSummary> summary = t.Run(observers);
   if (!summary.ok()) return fail("", summary.status());
   if (!lead) return 0;
   const rt::TrainSummary& s = *summary;

@@ -1,0 +1,85 @@
+// Where the rebalancing plan of every (microbatch, MoE layer) comes from (DESIGN.md
+// section 5). Two sources, one seam:
+// - InBandPlanSource: every rank allgathers the exact loads over the job's data channel
+//   and solves the same plan with the job's policy (the planner is deterministic, so every
+//   rank gets the bit-identical plan).
+// - the coordinator (worker/coordinator_plan_source.h): each rank streams its row of loads
+//   to the rack coordinator over gRPC; the coordinator solves and streams the plan back.
+// The expert-parallel executor checks the invariants of whatever plan it gets and compares
+// fingerprints across ranks, so a source that hands ranks different plans is caught.
+//
+// Contract: Solve is collective over the group: every rank calls it for the same
+// (microbatch, layer, training) in the same order, from one thread.
+#ifndef RACKRUN_RUNTIME_PLAN_SOURCE_H_
+#define RACKRUN_RUNTIME_PLAN_SOURCE_H_
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "comm/data_channel.h"
+#include "planner/plan.h"
+#include "planner/planner.h"
+
+namespace rackrun::runtime {
+
+class PlanSource {
+ public:
+  struct Request {
+    int64_t microbatch = 0;
+    int layer = 0;
+    // Training microbatches plan with the training planner's history (EPLB); evaluation
+    // ones with a separate planner of the same policy.
+    bool training = true;
+    std::span<const int64_t> local_loads;  // this rank's tokens per logical expert
+  };
+
+  virtual ~PlanSource() = default;
+  virtual const char* name() const = 0;
+
+  // Fills `loads` with every rank's row (ranks x experts) and `plan` with the plan every
+  // rank executes. On error both are unspecified and the job must stop; the message says
+  // what failed (the caller adds rank, layer and microbatch).
+  virtual absl::Status Solve(const Request& request, planner::LoadMatrix* loads,
+                             planner::Plan* plan) = 0;
+
+  // The training planner's state between microbatches (EPLB's history), identical on every
+  // rank, for checkpoints; empty when the source keeps none here. RestoreState as
+  // planner::Planner::RestoreState.
+  virtual std::string SaveState() const { return {}; }
+  virtual absl::Status RestoreState(std::string_view state);
+};
+
+class InBandPlanSource final : public PlanSource {
+ public:
+  // InvalidArgument naming balancer.policy when `policy` is unknown. The channel must
+  // outlive the source.
+  static absl::StatusOr<std::unique_ptr<InBandPlanSource>> Create(
+      comm::DataChannel& channel, const planner::Domain& domain, std::string_view policy,
+      const planner::PlannerOptions& options);
+
+  const char* name() const override { return "inband"; }
+  absl::Status Solve(const Request& request, planner::LoadMatrix* loads,
+                     planner::Plan* plan) override;
+  std::string SaveState() const override { return train_->SaveState(); }
+  absl::Status RestoreState(std::string_view state) override { return train_->RestoreState(state); }
+
+ private:
+  explicit InBandPlanSource(comm::DataChannel& channel) : channel_(channel) {}
+
+  comm::DataChannel& channel_;
+  std::unique_ptr<planner::Planner> train_, eval_;
+};
+
+// The load matrix a plan was solved from: loads[src][e] = the sum of src's split over e's
+// instances (token conservation, which CheckPlanInvariants verifies). Lets a source that
+// receives only the plan (the coordinator) give the executor the full matrix.
+void LoadsFromPlan(const planner::Plan& plan, planner::LoadMatrix* loads);
+
+}  // namespace rackrun::runtime
+
+#endif  // RACKRUN_RUNTIME_PLAN_SOURCE_H_

@@ -1,0 +1,122 @@
+#include "runtime/step_log.h"
+
+#include <cerrno>
+#include <cmath>
+#include <algorithm>
+#include <cstring>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+
+namespace rackrun::runtime {
+namespace {
+
+std::string JsonNumber(double v) {
+  if (!std::isfinite(v)) return "null";
+  return absl::StrFormat("%.9g", v);
+}
+
+std::string JsonArray(const std::vector<double>& values) {
+  std::vector<std::string> parts;
+  for (const double v : values) parts.push_back(JsonNumber(v));
+  return absl::StrCat("[", absl::StrJoin(parts, ", "), "]");
+}
+
+
+}  // namespace
+
+std::string StepRecord::ToJson() const {
+  std::vector<std::string> loads;
+  for (const double l : expert_load_max_over_mean) loads.push_back(JsonNumber(l));
+  return absl::StrCat(
+      "{\"step\": ", step, ", \"loss\": ", JsonNumber(loss),
+      ", \"val_loss\": ", val_loss ? JsonNumber(*val_loss) : "null",
+      ", \"tokens_per_s\": ", JsonNumber(tokens_per_s), ", \"lr\": ", JsonNumber(lr),
+      ", \"grad_norm\": ", JsonNumber(grad_norm), ", \"elapsed_s\": ", JsonNumber(elapsed_s),
+      ", \"aux_loss\": ", JsonNumber(aux_loss), ", \"expert_load_max_over_mean\": [",
+      absl::StrJoin(loads, ", "), "]",
+      ranks > 1 ? absl::StrCat(", \"ranks\": ", ranks,
+                               ", \"rank_imbalance_before\": ", JsonArray(rank_imbalance_before),
+                               ", \"rank_imbalance_after\": ", JsonArray(rank_imbalance_after),
+                               ", \"replicas\": ", JsonNumber(replicas), ", \"plan_s\": ",
+                               JsonNumber(plan_s), ", \"fanout_s\": ", JsonNumber(fanout_s),
+                               ", \"dispatch_s\": ", JsonNumber(dispatch_s),
+                               ", \"replica_reduce_s\": ", JsonNumber(reduce_s))
+                : std::string(),
+      "}");
+}
+
+std::string StepRecord::ToLogLine(int64_t steps) const {
+  std::vector<std::string> loads;
+  for (const double l : expert_load_max_over_mean) loads.push_back(absl::StrFormat("%.2f", l));
+  std::string balance;
+  if (ranks > 1) {
+    std::vector<std::string> layers;
+    for (size_t i = 0; i < rank_imbalance_before.size(); ++i) {
+      layers.push_back(
+          absl::StrFormat("%.2f>%.2f", rank_imbalance_before[i], rank_imbalance_after[i]));
+    }
+    balance = absl::StrFormat("  ranks %s  plan/fan/a2a/red ms %.1f/%.1f/%.1f/%.1f",
+                              absl::StrJoin(layers, "/"), 1e3 * plan_s, 1e3 * fanout_s,
+                              1e3 * dispatch_s, 1e3 * reduce_s);
+  }
+  return absl::StrFormat(
+      "step %*d/%d  loss %.4f  val %s  tok/s %7.0f  lr %.2e  gnorm %6.3f  load %s%s  %6.1fs",
+      static_cast<int>(std::to_string(steps).size()), step, steps, loss,
+      val_loss ? absl::StrFormat("%.4f", *val_loss) : std::string("  -   "), tokens_per_s, lr,
+      grad_norm, absl::StrJoin(loads, "/"), balance, elapsed_s);
+}
+
+absl::StatusOr<std::unique_ptr<StepLog>> StepLog::Create(
+    int64_t log_interval, int64_t total_steps, const std::string& json_path, bool append,
+    std::function<void(const StepRecord&)> on_record) {
+  std::unique_ptr<StepLog> log(new StepLog());
+  log->interval_ = std::max<int64_t>(1, log_interval);
+  log->total_steps_ = total_steps;
+  log->json_path_ = json_path;
+  log->on_record_ = std::move(on_record);
+  if (!json_path.empty()) {
+    log->json_ = std::fopen(json_path.c_str(), append ? "a" : "w");
+    if (log->json_ == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "logging.json: cannot open '", json_path, "' for writing: ", std::strerror(errno)));
+    }
+  }
+  return log;
+}
+
+StepLog::~StepLog() { (void)Close(); }
+
+void StepLog::OnStep(const StepRecord& record) {
+  window_seconds_ += record.step_s;
+  window_tokens_ += record.tokens;
+  const bool last = record.step == total_steps_;
+  if (!(last || record.val_loss.has_value() || record.step % interval_ == 0)) return;
+  StepRecord r = record;
+  r.tokens_per_s = window_seconds_ > 0 ? static_cast<double>(window_tokens_) / window_seconds_ : 0;
+  window_seconds_ = 0;
+  window_tokens_ = 0;
+  if (on_record_) on_record_(r);
+  if (json_ != nullptr && error_.ok()) {
+    if (std::fprintf(json_, "%s\n", r.ToJson().c_str()) < 0 || std::fflush(json_) != 0) {
+      error_ = absl::InternalError(
+          absl::StrCat("logging.json: cannot write '", json_path_, "': ", std::strerror(errno)));
+    }
+  }
+}
+
+absl::Status StepLog::Close() {
+  if (json_ != nullptr) {
+    if (std::fclose(json_) != 0 && error_.ok()) {
+      error_ = absl::InternalError(
+          absl::StrCat("logging.json: cannot close '", json_path_, "': ", std::strerror(errno)));
+    }
+    json_ = nullptr;
+  }
+  return error_;
+}
+
+}  // namespace rackrun::runtime

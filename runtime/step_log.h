@@ -1,0 +1,49 @@
+// The training log as a trainer observer: every logging.interval steps, the last step and
+// every evaluated step make one record whose tokens/s covers the steps since the previous
+// record (evaluation and checkpoint time excluded), handed to a callback (the CLI's log
+// line) and/or appended to a JSON Lines file (logging.json, `--log-json`). Attach it on
+// rank 0 only (the trainer does so itself for logging.json).
+#ifndef RACKRUN_RUNTIME_STEP_LOG_H_
+#define RACKRUN_RUNTIME_STEP_LOG_H_
+
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "runtime/trainer.h"
+
+namespace rackrun::runtime {
+
+class StepLog final : public TrainObserver {
+ public:
+  // `json_path` empty = no file; `append` continues the file of a resumed run (else it is
+  // truncated). InvalidArgument naming logging.json when the file cannot be opened.
+  static absl::StatusOr<std::unique_ptr<StepLog>> Create(
+      int64_t log_interval, int64_t total_steps, const std::string& json_path, bool append,
+      std::function<void(const StepRecord&)> on_record);
+  ~StepLog() override;
+
+  void OnStep(const StepRecord& record) override;
+  // Closes the file; the first write error (disk full) names the file.
+  absl::Status Close();
+
+ private:
+  StepLog() = default;
+
+  int64_t interval_ = 1;
+  int64_t total_steps_ = 0;
+  std::string json_path_;
+  std::FILE* json_ = nullptr;
+  std::function<void(const StepRecord&)> on_record_;
+  double window_seconds_ = 0;
+  int64_t window_tokens_ = 0;
+  absl::Status error_;
+};
+
+}  // namespace rackrun::runtime
+
+#endif  // RACKRUN_RUNTIME_STEP_LOG_H_
