@@ -19,6 +19,18 @@ int DataCommand(const Args& args);
 // rackrun train: run a training job from a JobSpec file in this process.
 int TrainCommand(const Args& args);
 
+// The job client (client.h): submit_command.cc, watch_command.cc, job_commands.cc.
+// rackrun submit: validate a JobSpec file here, queue it on the coordinator.
+int SubmitCommand(const Args& args);
+// rackrun watch: follow a job to its end; exits 0 SUCCEEDED, 1 FAILED, 2 CANCELLED,
+// 3 no outcome.
+int WatchCommand(const Args& args);
+// rackrun status / cancel / list / workers.
+int StatusCommand(const Args& args);
+int CancelCommand(const Args& args);
+int ListCommand(const Args& args);
+int WorkersCommand(const Args& args);
+
 }  // namespace rackrun::cli
 
 #endif  // RACKRUN_TOOLS_RACKRUN_COMMAND_H_

@@ -1,4 +1,5 @@
-// rackrun: the user's CLI. Offline tools (plan, data, train) and, later, the job client.
+// rackrun: the user's CLI. The job client (submit, status, watch, cancel, list, workers)
+// and the offline tools (plan, data, train).
 #include <cstdio>
 #include <string>
 #include <string_view>
@@ -15,6 +16,12 @@ struct Command {
 };
 
 constexpr Command kCommands[] = {
+    {"submit", rackrun::cli::SubmitCommand, "queue a job (JobSpec file) on the rack coordinator"},
+    {"status", rackrun::cli::StatusCommand, "show a job: state, attempts, failures, progress"},
+    {"watch", rackrun::cli::WatchCommand, "follow a job to its end (exit code: its outcome)"},
+    {"cancel", rackrun::cli::CancelCommand, "cancel a queued or running job"},
+    {"list", rackrun::cli::ListCommand, "list jobs, newest first"},
+    {"workers", rackrun::cli::WorkersCommand, "list the workers registered with the coordinator"},
     {"plan", rackrun::cli::PlanCommand,
      "replay load traces (or generated loads) through balancing policies"},
     {"data", rackrun::cli::DataCommand, "tokenize text into training and validation token files"},

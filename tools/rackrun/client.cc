@@ -1,0 +1,316 @@
+#include "tools/rackrun/client.h"
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <thread>
+
+#include <grpc/support/log.h>
+#include <grpcpp/create_channel.h>
+#include <grpcpp/security/credentials.h>
+#include <grpcpp/support/channel_arguments.h>
+
+#include "absl/status/status.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace rackrun::cli {
+namespace {
+
+// gRPC writes its own diagnostics (connection failures, ...) to stderr; the CLI says what
+// went wrong in one line instead. GRPC_VERBOSITY set by the user turns them back on.
+void QuietGrpcLogs() {
+  if (std::getenv("GRPC_VERBOSITY") == nullptr) gpr_set_log_function([](gpr_log_func_args*) {});
+}
+
+// HOST:PORT with a port in 1..65535 ([v6]:PORT too); gRPC target URIs (dns:, unix:,
+// ipv4:, ...) pass unchecked.
+bool IsValidAddress(const std::string& a) {
+  if (absl::StrContains(a, ":/") || absl::StartsWith(a, "unix:")) return true;
+  const size_t colon = a.rfind(':');
+  if (colon == std::string::npos || colon == 0) return false;
+  int port = 0;
+  return absl::SimpleAtoi(a.substr(colon + 1), &port) && port >= 1 && port <= 65535;
+}
+
+absl::StatusOr<std::string> ReadFile(const std::string& path, const std::string& flag) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, ": cannot read '", path, "' (", std::strerror(errno), ")"));
+  }
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// The token and where it came from (for messages).
+absl::Status LoadToken(std::string* token, std::string* source) {
+  if (const char* env = std::getenv("RACKRUN_TOKEN"); env != nullptr && *env != '\0') {
+    *token = std::string(absl::StripAsciiWhitespace(env));
+    *source = "RACKRUN_TOKEN";
+    return absl::OkStatus();
+  }
+  std::string path;
+  if (const char* env = std::getenv("RACKRUN_TOKEN_FILE"); env != nullptr && *env != '\0') {
+    path = env;
+  } else {
+    const char* home = std::getenv("HOME");
+    path = absl::StrCat(home != nullptr ? home : ".", "/.rackrun/token");
+  }
+  *source = path;
+  std::ifstream in(path);
+  if (!in) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "no cluster token: cannot read ", path, " (", std::strerror(errno),
+        "); start rackrun-coordinator (it writes STATE_DIR/token), or set RACKRUN_TOKEN_FILE to "
+        "its token file, or RACKRUN_TOKEN"));
+  }
+  std::stringstream s;
+  s << in.rdbuf();
+  *token = std::string(absl::StripAsciiWhitespace(s.str()));
+  if (token->empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "no cluster token: ", path,
+        " is empty; use the token file of the coordinator's --state-dir or set RACKRUN_TOKEN"));
+  }
+  return absl::OkStatus();
+}
+
+// A short reason from gRPC's connection error text, e.g. "connection refused".
+std::string ConnectReason(const std::string& m, bool tls) {
+  const auto has = [&](const char* s) { return absl::StrContains(absl::AsciiStrToLower(m), s); };
+  if (has("connection refused")) return "connection refused";
+  if (has("dns resolution failed") || has("name not found") || has("domain name")) {
+    return "cannot resolve the host name";
+  }
+  if (has("ssl") || has("handshake failed") || has("certificate")) {
+    return "TLS handshake failed: the coordinator and --tls-ca / --tls-cert do not match "
+           "(plaintext vs TLS, or an untrusted certificate)";
+  }
+  if (has("socket closed") || has("connection reset") || has("end of tcp stream")) {
+    return tls ? "the connection was closed"
+               : "the connection was closed; if the coordinator uses TLS, pass --tls-ca";
+  }
+  if (has("no route to host")) return "no route to host";
+  if (has("network is unreachable")) return "network unreachable";
+  if (has("timed out") || has("timeout")) return "connection timed out";
+  if (has("failed to connect") || has("handshaker shutdown")) return "cannot connect";
+  std::string one_line = m;
+  for (char& c : one_line) {
+    if (c == '\n' || c == '\r') c = ' ';
+  }
+  return one_line.size() > 160 ? one_line.substr(0, 160) + "..." : one_line;
+}
+
+std::string CodeName(grpc::StatusCode code) {
+  return absl::StatusCodeToString(static_cast<absl::StatusCode>(code));
+}
+
+}  // namespace
+
+bool ConnectionFlags::Consume(const Args& args, size_t* i, std::string* error) {
+  const std::string& a = args[*i];
+  std::string* target = nullptr;
+  if (a == "--coordinator") {
+    target = &coordinator;
+  } else if (a == "--tls-ca") {
+    target = &tls_ca;
+  } else if (a == "--tls-cert") {
+    target = &tls_cert;
+  } else if (a == "--tls-key") {
+    target = &tls_key;
+  } else if (a == "--tls-server-name") {
+    target = &tls_server_name;
+  } else {
+    return false;
+  }
+  if (*i + 1 >= args.size()) {
+    *error = "option '" + a + "' needs a value";
+  } else {
+    *target = args[++*i];
+  }
+  return true;
+}
+
+bool IsRetryable(const grpc::Status& status) {
+  return status.error_code() == grpc::StatusCode::UNAVAILABLE ||
+         status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
+}
+
+absl::StatusOr<std::unique_ptr<CoordinatorClient>> CoordinatorClient::Create(
+    const ConnectionFlags& flags) {
+  QuietGrpcLogs();
+  std::unique_ptr<CoordinatorClient> c(new CoordinatorClient());
+  std::string from = "--coordinator";
+  c->address_ = flags.coordinator;
+  if (c->address_.empty()) {
+    const char* env = std::getenv("RACKRUN_COORDINATOR");
+    if (env != nullptr && *env != '\0') {
+      c->address_ = env;
+      from = "RACKRUN_COORDINATOR";
+    } else {
+      c->address_ = kDefaultCoordinator;
+    }
+  }
+  if (!IsValidAddress(c->address_)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        from, ": '", c->address_, "' is not a coordinator address; give HOST:PORT, e.g. ",
+        kDefaultCoordinator));
+  }
+  if (absl::Status s = LoadToken(&c->token_, &c->token_source_); !s.ok()) return s;
+
+  std::shared_ptr<grpc::ChannelCredentials> creds;
+  if (!flags.tls_key.empty() && flags.tls_cert.empty()) {
+    return absl::InvalidArgumentError("--tls-key: needs --tls-cert (the client certificate)");
+  }
+  if (!flags.tls_cert.empty() && flags.tls_key.empty()) {
+    return absl::InvalidArgumentError("--tls-cert: needs --tls-key (the certificate's private key)");
+  }
+  grpc::ChannelArguments args;
+  if (!flags.tls_ca.empty() || !flags.tls_cert.empty()) {
+    grpc::SslCredentialsOptions ssl;
+    if (!flags.tls_ca.empty()) {
+      absl::StatusOr<std::string> ca = ReadFile(flags.tls_ca, "--tls-ca");
+      if (!ca.ok()) return ca.status();
+      if (!absl::StrContains(*ca, "-----BEGIN CERTIFICATE-----")) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--tls-ca: '", flags.tls_ca, "' holds no PEM certificate (-----BEGIN CERTIFICATE-----)"));
+      }
+      ssl.pem_root_certs = *ca;
+    }
+    if (!flags.tls_cert.empty()) {
+      absl::StatusOr<std::string> cert = ReadFile(flags.tls_cert, "--tls-cert");
+      if (!cert.ok()) return cert.status();
+      absl::StatusOr<std::string> key = ReadFile(flags.tls_key, "--tls-key");
+      if (!key.ok()) return key.status();
+      ssl.pem_cert_chain = *cert;
+      ssl.pem_private_key = *key;
+    }
+    creds = grpc::SslCredentials(ssl);
+    c->tls_ = true;
+    if (!flags.tls_server_name.empty()) {
+      args.SetSslTargetNameOverride(flags.tls_server_name);
+    }
+  } else {
+    creds = grpc::InsecureChannelCredentials();
+  }
+  // Keepalive (the coordinator permits pings every 5 s): a Watch stream to a coordinator
+  // that died without closing the connection ends within ~30 s instead of hanging.
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 20000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  // Reconnect soon after a coordinator restart (retries are bounded by RetryPolicy).
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 200);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
+  c->channel_ = grpc::CreateCustomChannel(c->address_, creds, args);
+  c->stub_ = rackrun::v1::JobService::NewStub(c->channel_);
+  return c;
+}
+
+std::unique_ptr<grpc::ClientContext> CoordinatorClient::NewContext(bool deadline) const {
+  auto ctx = std::make_unique<grpc::ClientContext>();
+  ctx->AddMetadata("authorization", "Bearer " + token_);
+  if (deadline) ctx->set_deadline(std::chrono::system_clock::now() + kCallTimeout);
+  return ctx;
+}
+
+grpc::Status CoordinatorClient::WithRetry(
+    const std::function<grpc::Status(grpc::ClientContext*)>& call, const RetryPolicy& policy,
+    const std::function<void(const grpc::Status&)>& on_retry) {
+  const auto give_up = std::chrono::steady_clock::now() + policy.budget;
+  std::chrono::milliseconds backoff = policy.initial_backoff;
+  bool told = false;
+  for (;;) {
+    std::unique_ptr<grpc::ClientContext> ctx = NewContext();
+    grpc::Status s = call(ctx.get());
+    if (s.ok() || !IsRetryable(s)) return s;
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= give_up) return s;
+    if (!told && on_retry) on_retry(s);
+    told = true;
+    std::this_thread::sleep_for(
+        std::min<std::chrono::steady_clock::duration>(backoff, give_up - now));
+    backoff = std::min(backoff * 2, policy.max_backoff);
+  }
+}
+
+std::string CoordinatorClient::DescribeError(const grpc::Status& status) const {
+  std::string line = Describe(status);
+  // With gRPC's own diagnostics on (GRPC_VERBOSITY), also its message, unabridged.
+  if (std::getenv("GRPC_VERBOSITY") != nullptr && !status.ok()) {
+    absl::StrAppend(&line, " [grpc: ", status.error_message(), "]");
+  }
+  return line;
+}
+
+std::string CoordinatorClient::Describe(const grpc::Status& status) const {
+  const std::string& m = status.error_message();
+  const std::string code = CodeName(status.error_code());
+  switch (status.error_code()) {
+    case grpc::StatusCode::OK:
+      return "ok";
+    case grpc::StatusCode::UNAVAILABLE:
+      // The coordinator's own UNAVAILABLE (replaying its state, shutting down) starts with
+      // "the coordinator"; anything else comes from the connection.
+      if (absl::StartsWith(m, "the coordinator")) {
+        return absl::StrCat("the coordinator at ", address_, " is not serving (", m, ")");
+      }
+      return absl::StrCat("cannot reach the coordinator at ", address_, " (", ConnectReason(m, tls_),
+                          "); start rackrun-coordinator or set --coordinator / RACKRUN_COORDINATOR");
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+      return absl::StrCat("the coordinator at ", address_, " did not answer within ",
+                          kCallTimeout.count(),
+                          " s; check that it runs there and that --coordinator / "
+                          "RACKRUN_COORDINATOR names it");
+    case grpc::StatusCode::UNAUTHENTICATED:
+      return absl::StrCat("the coordinator refused the token from ", token_source_,
+                          " (UNAUTHENTICATED: ", m,
+                          "); use the token file of the coordinator's --state-dir "
+                          "(RACKRUN_TOKEN_FILE) or set RACKRUN_TOKEN");
+    case grpc::StatusCode::PERMISSION_DENIED:
+      return absl::StrCat("the coordinator at ", address_, " denied the call (", m,
+                          "); check the token and the client certificate");
+    case grpc::StatusCode::INVALID_ARGUMENT:
+      return absl::StrCat("the coordinator rejected the request: ", m);
+    case grpc::StatusCode::NOT_FOUND:
+      return absl::StrCat(m, "; 'rackrun list' shows the jobs");
+    case grpc::StatusCode::FAILED_PRECONDITION:
+    case grpc::StatusCode::ALREADY_EXISTS:
+    case grpc::StatusCode::ABORTED:
+    case grpc::StatusCode::OUT_OF_RANGE:
+    case grpc::StatusCode::RESOURCE_EXHAUSTED:
+      return m;
+    case grpc::StatusCode::UNIMPLEMENTED:
+      return absl::StrCat("the server at ", address_, " does not serve rackrun.v1.JobService (",
+                          m, "); is --coordinator the address of a rackrun-coordinator?");
+    case grpc::StatusCode::CANCELLED:
+      return absl::StrCat("the call to the coordinator at ", address_, " was cancelled (", m, ")");
+    default:
+      return absl::StrCat("the coordinator at ", address_, " failed the call (", code, ": ", m,
+                          "); see its log");
+  }
+}
+
+std::string NewRequestId() {
+  std::random_device rd;
+  uint8_t b[16];
+  for (int i = 0; i < 16; i += 4) {
+    const uint32_t r = rd();
+    std::memcpy(b + i, &r, 4);
+  }
+  b[6] = static_cast<uint8_t>((b[6] & 0x0F) | 0x40);  // version 4
+  b[8] = static_cast<uint8_t>((b[8] & 0x3F) | 0x80);  // RFC 4122 variant
+  return absl::StrFormat("%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
+                         b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11],
+                         b[12], b[13], b[14], b[15]);
+}
+
+}  // namespace rackrun::cli

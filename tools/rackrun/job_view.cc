@@ -1,0 +1,67 @@
+#include "tools/rackrun/job_view.h"
+
+#include <ctime>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "google/protobuf/util/json_util.h"
+
+namespace rackrun::cli {
+
+std::string StateName(rackrun::v1::JobState state) {
+  return rackrun::v1::JobState_Name(state);
+}
+
+std::string FailureLine(const rackrun::v1::Failure& f) {
+  std::string line = rackrun::v1::FailureKind_Name(f.kind());
+  if (f.rank() >= 0) absl::StrAppend(&line, " rank ", f.rank());
+  std::string who;
+  if (!f.worker_id().empty()) absl::StrAppend(&who, "worker ", f.worker_id());
+  if (!f.host().empty()) absl::StrAppend(&who, who.empty() ? "" : ", ", "host ", f.host());
+  if (f.pid() > 0) absl::StrAppend(&who, who.empty() ? "" : ", ", "pid ", f.pid());
+  if (!who.empty()) absl::StrAppend(&line, " (", who, ")");
+  if (!f.phase().empty()) absl::StrAppend(&line, " in ", f.phase());
+  absl::StrAppend(&line, " at step ", f.step());
+  if (!f.message().empty()) absl::StrAppend(&line, ": ", f.message());
+  return line;
+}
+
+double MeanOf(const google::protobuf::RepeatedField<double>& values) {
+  if (values.empty()) return 0;
+  double sum = 0;
+  for (double v : values) sum += v;
+  return sum / values.size();
+}
+
+std::string ProgressLine(const rackrun::v1::StepProgress& p) {
+  std::string line = absl::StrFormat("step %d/%d loss %.4f", p.step(), p.total_steps(), p.loss());
+  if (p.has_val_loss()) absl::StrAppendFormat(&line, " val %.4f", p.val_loss());
+  absl::StrAppendFormat(&line, " %.0f tok/s", p.tokens_per_s());
+  if (!p.imbalance_before().empty()) {
+    absl::StrAppendFormat(&line, " imbalance %.2f -> %.2f", MeanOf(p.imbalance_before()),
+                          MeanOf(p.imbalance_after()));
+  }
+  absl::StrAppendFormat(&line, " step %.3f s elapsed %.1f s", p.step_time_s(), p.elapsed_s());
+  return line;
+}
+
+std::string TimeText(int64_t unix_ms) {
+  if (unix_ms <= 0) return "-";
+  const std::time_t t = static_cast<std::time_t>(unix_ms / 1000);
+  std::tm tm{};
+  localtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S", &tm);
+  return buf;
+}
+
+std::string ToJson(const google::protobuf::Message& message) {
+  std::string json;
+  google::protobuf::util::JsonPrintOptions options;
+  options.preserve_proto_field_names = true;
+  options.add_whitespace = true;
+  (void)google::protobuf::util::MessageToJsonString(message, &json, options);
+  return json;
+}
+
+}  // namespace rackrun::cli

@@ -1,0 +1,59 @@
+// How the job commands show jobs, events and workers: one-line texts for failures,
+// progress and states, and following a job's event stream (watch, submit --watch).
+#ifndef RACKRUN_TOOLS_RACKRUN_JOB_VIEW_H_
+#define RACKRUN_TOOLS_RACKRUN_JOB_VIEW_H_
+
+#include <cstdint>
+#include <string>
+
+#include "google/protobuf/message.h"
+#include "rackrun/v1/job_service.pb.h"
+#include "tools/rackrun/client.h"
+
+namespace rackrun::cli {
+
+// Exit codes of `watch` and `submit --watch`: the job's outcome.
+inline constexpr int kExitSucceeded = 0;
+inline constexpr int kExitFailed = 1;
+inline constexpr int kExitCancelled = 2;
+inline constexpr int kExitNoOutcome = 3;  // usage error, or the job could not be followed
+
+// "QUEUED", "RUNNING", ... (the enum's name).
+std::string StateName(rackrun::v1::JobState state);
+
+// "WORKER_LOST rank 1 (worker w-2, host h, pid 12) in backward at step 57: message".
+std::string FailureLine(const rackrun::v1::Failure& failure);
+
+// "step 120/500 loss 4.1234 val 4.2100 1234 tok/s imbalance 1.85 -> 1.02 step 0.12 s".
+std::string ProgressLine(const rackrun::v1::StepProgress& progress);
+
+// Mean of the per-layer values, 0 when there are none.
+double MeanOf(const google::protobuf::RepeatedField<double>& values);
+
+// Local time "YYYY-MM-DD HH:MM:SS" of a Unix time in ms; "-" for 0.
+std::string TimeText(int64_t unix_ms);
+
+// The message as JSON (proto field names), for --json.
+std::string ToJson(const google::protobuf::Message& message);
+
+struct FollowOptions {
+  bool live = false;  // a progress bar redrawn in place (stdout is a terminal)
+  int every = 10;     // plain mode: print a progress line every `every` steps (and the last)
+  RetryPolicy retry;  // how long to keep reconnecting to an unavailable coordinator
+};
+
+// Follows the job's events until its terminal state, printing them to stdout (errors to
+// stderr as one line). Reconnects after UNAVAILABLE / DEADLINE_EXCEEDED (for at most
+// options.retry.budget without a successful read) from the last seq printed, so no event
+// is lost or printed twice. Returns kExitSucceeded / kExitFailed / kExitCancelled by the
+// job's final state, kExitNoOutcome when it cannot follow the job.
+int FollowJob(CoordinatorClient& client, const std::string& job_id, const FollowOptions& options);
+
+// The options watch and submit --watch share (--every N, --plain, --retry-for SECONDS):
+// when args[*i] is one, applies it, advances *i past its value and returns true (setting
+// *error for a missing or bad value); false otherwise.
+bool ConsumeFollowFlag(const Args& args, size_t* i, FollowOptions* options, std::string* error);
+
+}  // namespace rackrun::cli
+
+#endif  // RACKRUN_TOOLS_RACKRUN_JOB_VIEW_H_

@@ -1,0 +1,153 @@
+// rackrun submit: validates a job spec here, then queues it on the rack coordinator.
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "runtime/spec.h"
+#include "tools/rackrun/client.h"
+#include "tools/rackrun/command.h"
+#include "tools/rackrun/job_view.h"
+
+namespace rackrun::cli {
+namespace {
+
+constexpr std::string_view kUsage =
+    R"(usage: rackrun submit SPEC [--set FIELD=VALUE]... [--request-id ID] [--watch [--every N]
+                      [--plain]] [--retry-for SECONDS] [connection options]
+
+Queues the job described by SPEC (a YAML or JSON JobSpec, proto/rackrun/v1/job_spec.proto)
+on the rack coordinator and prints its id on stdout. The spec is loaded and validated here
+first (a bad spec fails before anything is sent, naming the field), and its paths (data,
+checkpoints, logs) are made absolute against the current directory: the workers read
+them, so they must be visible to every worker (e.g. a shared file system).
+
+Submit is idempotent by request id: while the coordinator is unavailable or slow, submit
+retries with the same id, and a retried submit never creates a second job ("already
+submitted" then names the existing one).
+
+options:
+  --set FIELD=VALUE    override a spec field, e.g. --set training.steps=50 (repeatable)
+  --request-id ID      the request id (default: a fresh random UUID); reuse it to retry a
+                       submit whose outcome you did not see
+  --retry-for SECONDS  keep retrying an unavailable coordinator this long (default 30)
+  --watch              then follow the job like 'rackrun watch' (and exit with its outcome:
+                       0 SUCCEEDED, 1 FAILED, 2 CANCELLED, 3 no outcome)
+  --every N, --plain   as for 'rackrun watch'
+
+exit code: 0 queued (or already submitted), 1 failed (bad spec, coordinator error),
+2 usage error; with --watch those of 'rackrun watch' (3 when nothing was queued).
+
+)";
+
+}  // namespace
+
+int SubmitCommand(const Args& args) {
+  std::string spec_path;
+  std::vector<std::string> overrides;
+  std::string request_id;
+  bool watch = false;
+  ConnectionFlags flags;
+  FollowOptions follow;
+  follow.live = isatty(STDOUT_FILENO) != 0;
+  const auto usage = [&](std::string_view error) {
+    std::fprintf(stderr, "rackrun submit: %.*s\n\n%.*s", static_cast<int>(error.size()),
+                 error.data(), static_cast<int>(kUsage.size()), kUsage.data());
+    return watch ? kExitNoOutcome : 2;
+  };
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    std::string error;
+    if (a == "--help" || a == "-h") {
+      std::fwrite(kUsage.data(), 1, kUsage.size(), stdout);
+      std::fputs(kConnectionHelp, stdout);
+      return 0;
+    }
+    if (a == "--watch") {
+      watch = true;
+      continue;
+    }
+    if (flags.Consume(args, &i, &error) || ConsumeFollowFlag(args, &i, &follow, &error)) {
+      if (!error.empty()) return usage(error);
+      continue;
+    }
+    if (a.rfind("--", 0) != 0) {
+      if (!spec_path.empty()) return usage("more than one SPEC given ('" + a + "')");
+      spec_path = a;
+      continue;
+    }
+    if (i + 1 >= args.size()) return usage("option '" + a + "' needs a value or is unknown");
+    const std::string& value = args[++i];
+    if (a == "--set") {
+      overrides.push_back(value);
+    } else if (a == "--request-id") {
+      if (value.empty()) return usage("--request-id: must not be empty");
+      request_id = value;
+    } else {
+      return usage("unknown option '" + a + "'");
+    }
+  }
+  if (spec_path.empty()) return usage("SPEC is required");
+  const int failed = watch ? kExitNoOutcome : 1;
+
+  // Locally first: a bad spec never reaches the network.
+  absl::StatusOr<rackrun::v1::JobSpec> spec = runtime::LoadJobSpec(spec_path, overrides);
+  if (!spec.ok()) {
+    std::fprintf(stderr, "rackrun submit: %s\n", std::string(spec.status().message()).c_str());
+    return failed;
+  }
+  std::error_code ec;
+  const std::filesystem::path cwd = std::filesystem::current_path(ec);
+  if (ec) {
+    std::fprintf(stderr, "rackrun submit: cannot read the current directory (%s)\n",
+                 ec.message().c_str());
+    return failed;
+  }
+  runtime::MakeSpecPathsAbsolute(*spec, cwd.string());
+
+  absl::StatusOr<std::unique_ptr<CoordinatorClient>> client = CoordinatorClient::Create(flags);
+  if (!client.ok()) {
+    std::fprintf(stderr, "rackrun: %s\n", std::string(client.status().message()).c_str());
+    return failed;
+  }
+  CoordinatorClient& c = **client;
+  rackrun::v1::SubmitRequest request;
+  *request.mutable_spec() = *std::move(spec);
+  request.set_request_id(request_id.empty() ? NewRequestId() : request_id);
+  rackrun::v1::SubmitResponse response;
+  grpc::Status s = c.WithRetry(
+      [&](grpc::ClientContext* ctx) { return c.stub().Submit(ctx, request, &response); },
+      follow.retry, [&](const grpc::Status& first) {
+        std::fprintf(stderr, "rackrun: %s; retrying with request id %s for up to %lld s\n",
+                     c.DescribeError(first).c_str(), request.request_id().c_str(),
+                     static_cast<long long>(follow.retry.budget.count() / 1000));
+      });
+  if (!s.ok()) {
+    std::fprintf(stderr, "rackrun: %s\n", c.DescribeError(s).c_str());
+    if (IsRetryable(s)) {
+      std::fprintf(stderr, "rackrun: to retry without creating a second job: rackrun submit %s "
+                   "--request-id %s\n", spec_path.c_str(), request.request_id().c_str());
+    }
+    return failed;
+  }
+  const rackrun::v1::Job& job = response.job();
+  std::printf("%s\n", job.id().c_str());
+  std::fflush(stdout);
+  if (response.created()) {
+    std::fprintf(stderr, "rackrun: submitted job %s (%s), %s; request id %s\n", job.id().c_str(),
+                 job.name().c_str(), StateName(job.state()).c_str(), request.request_id().c_str());
+  } else {
+    std::fprintf(stderr,
+                 "rackrun: request id %s was already submitted as job %s (%s); not submitted "
+                 "again\n",
+                 request.request_id().c_str(), job.id().c_str(), StateName(job.state()).c_str());
+  }
+  if (!watch) return 0;
+  return FollowJob(c, job.id(), follow);
+}
+
+}  // namespace rackrun::cli
