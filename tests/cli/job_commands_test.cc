@@ -136,7 +136,8 @@ class JobCommandsTest : public ::testing::Test {
 
   // Starts the coordinator on `port` (0: any free one) with the test's state folder.
   void StartCoordinator(int port) {
-    const fs::path banner = dir_ / "coordinator.txt";
+    // A new file per start: a restart must not read the banner of the previous process.
+    const fs::path banner = dir_ / ("coordinator" + std::to_string(starts_++) + ".txt");
     coordinator_ = std::make_unique<Child>(
         std::vector<std::string>{RACKRUN_COORDINATOR_BINARY, "--listen",
                                  "127.0.0.1:" + std::to_string(port), "--state-dir",
@@ -188,6 +189,7 @@ class JobCommandsTest : public ::testing::Test {
   fs::path dir_;
   std::string address_;
   std::unique_ptr<Child> coordinator_;
+  int starts_ = 0;
 };
 
 TEST_F(JobCommandsTest, SubmitStatusListCancel) {
@@ -323,7 +325,8 @@ TEST_F(JobCommandsTest, WatchSurvivesACoordinatorRestartWithoutLosingOrRepeating
   coordinator_->Signal(SIGKILL);
   coordinator_->Wait(std::chrono::seconds(10));
   ASSERT_NO_FATAL_FAILURE(StartCoordinator(std::stoi(port)));
-  ASSERT_EQ(Run("cancel " + id).code, 0);
+  Result cancel = Run("cancel " + id);
+  ASSERT_EQ(cancel.code, 0) << cancel.err;
 
   EXPECT_EQ(watch.Wait(std::chrono::seconds(30)), 2);
   text = ::rackrun::testing::Slurp(out);
