@@ -1,0 +1,82 @@
+#include "worker/coordinator_plan_source.h"
+
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+#include "base/clock.h"
+#include "coordinator/plan_codec.h"
+
+namespace rackrun::worker {
+
+CoordinatorPlanSource::~CoordinatorPlanSource() {
+  if (stream_ != nullptr) {
+    stream_->WritesDone();
+    rackrun::v1::PlanReply rest;
+    while (stream_->Read(&rest)) {
+    }
+    (void)stream_->Finish();
+  }
+}
+
+absl::Status CoordinatorPlanSource::Solve(const Request& request, planner::LoadMatrix* loads,
+                                          planner::Plan* plan) {
+  const base::Stopwatch clock;
+  if (stream_ == nullptr) {
+    // One stream per (job, attempt, rank) for the whole attempt; its deadline only bounds
+    // a coordinator that stops answering for a day.
+    context_ = connection_.NewContext(std::chrono::hours(24));
+    stream_ = connection_.stub().Plans(context_.get());
+  }
+  rackrun::v1::LoadRow row;
+  if (first_) {
+    row.set_job_id(job_id_);
+    row.set_attempt(attempt_);
+    row.set_rank(rank_);
+  }
+  row.set_microbatch(request.microbatch);
+  row.set_layer(request.layer);
+  row.set_training(request.training);
+  for (const int64_t l : request.local_loads) row.add_loads(l);
+  const auto broken = [&](const std::string& what) {
+    grpc::Status s = stream_->Finish();
+    stream_.reset();
+    return absl::UnavailableError(absl::StrCat(
+        "coordinator plan stream ", what, ": ",
+        s.ok() ? std::string("closed by the coordinator") : s.error_message(),
+        "; the coordinator at ", connection_.address(), " is gone or restarted"));
+  };
+  if (!stream_->Write(row)) return broken("write failed");
+  first_ = false;
+  rackrun::v1::PlanReply reply;
+  if (!stream_->Read(&reply)) return broken("ended");
+  if (!reply.error().empty()) {
+    return absl::FailedPreconditionError(absl::StrCat("the coordinator could not plan: ", reply.error()));
+  }
+  if (reply.microbatch() != request.microbatch || reply.layer() != request.layer) {
+    return absl::InternalError(absl::StrCat(
+        "the coordinator answered for microbatch ", reply.microbatch(), " layer ", reply.layer(),
+        " when microbatch ", request.microbatch, " layer ", request.layer, " was asked"));
+  }
+  if (absl::Status s = coordinator::PlanFromMessage(reply.plan(), plan); !s.ok()) {
+    return absl::DataLossError(absl::StrCat("the coordinator's plan: ", s.message()));
+  }
+  if (planner::PlanFingerprint(*plan) != reply.fingerprint()) {
+    return absl::DataLossError(
+        "the coordinator's plan does not match its fingerprint (damaged in transit)");
+  }
+  runtime::LoadsFromPlan(*plan, loads);
+  // The plan must have been solved from this rank's own row.
+  for (size_t e = 0; e < request.local_loads.size(); ++e) {
+    if (rank_ >= loads->ranks || static_cast<int>(e) >= loads->experts ||
+        loads->at(rank_, static_cast<int>(e)) != request.local_loads[e]) {
+      return absl::DataLossError(absl::StrCat(
+          "the coordinator's plan for microbatch ", request.microbatch, " layer ", request.layer,
+          " was not solved from rank ", rank_, "'s loads"));
+    }
+  }
+  ++round_trips_;
+  round_trip_s_ += clock.Seconds();
+  return absl::OkStatus();
+}
+
+}  // namespace rackrun::worker

@@ -1,0 +1,52 @@
+// Coordinator-mode planning (balancer.mode: coordinator) as a runtime::PlanSource: for
+// each (microbatch, MoE layer) this rank streams its row of exact loads to the rack
+// coordinator on its RackControl.Plans stream and receives the plan the coordinator
+// solved from all ranks' rows (with the relay fan-out schedule and its fingerprint). The
+// executor then checks the invariants and compares fingerprints across ranks, exactly as
+// for in-band plans.
+//
+// Not thread-safe: the training thread of one rank uses it. The balancer's history lives
+// in the coordinator, so checkpoints hold none (a resumed job plans with a fresh history).
+#ifndef RACKRUN_WORKER_COORDINATOR_PLAN_SOURCE_H_
+#define RACKRUN_WORKER_COORDINATOR_PLAN_SOURCE_H_
+
+#include <memory>
+#include <string>
+
+#include <grpcpp/client_context.h>
+#include <grpcpp/support/sync_stream.h>
+
+#include "runtime/plan_source.h"
+#include "worker/connection.h"
+
+namespace rackrun::worker {
+
+class CoordinatorPlanSource final : public runtime::PlanSource {
+ public:
+  CoordinatorPlanSource(Connection& connection, std::string job_id, int attempt, int rank)
+      : connection_(connection), job_id_(std::move(job_id)), attempt_(attempt), rank_(rank) {}
+  ~CoordinatorPlanSource() override;
+
+  const char* name() const override { return "coordinator"; }
+  absl::Status Solve(const Request& request, planner::LoadMatrix* loads,
+                     planner::Plan* plan) override;
+
+  // Round trips so far and their summed seconds (this rank's view: row sent -> plan in).
+  int64_t round_trips() const { return round_trips_; }
+  double round_trip_s() const { return round_trip_s_; }
+
+ private:
+  Connection& connection_;
+  std::string job_id_;
+  int attempt_;
+  int rank_;
+  std::unique_ptr<grpc::ClientContext> context_;
+  std::unique_ptr<grpc::ClientReaderWriter<rackrun::v1::LoadRow, rackrun::v1::PlanReply>> stream_;
+  bool first_ = true;
+  int64_t round_trips_ = 0;
+  double round_trip_s_ = 0;
+};
+
+}  // namespace rackrun::worker
+
+#endif  // RACKRUN_WORKER_COORDINATOR_PLAN_SOURCE_H_

@@ -1,0 +1,349 @@
+#include "worker/job_runner.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "comm/gloo_channel.h"
+#include "runtime/checkpoint.h"
+#ifdef RACKRUN_HAVE_NCCL
+#include "comm/nccl_channel.h"
+#endif
+#include "worker/coordinator_plan_source.h"
+#include "worker/rendezvous_client.h"
+
+namespace rackrun::worker {
+namespace {
+
+using rackrun::v1::AttemptResult;
+
+// Failures that another rank or the network caused: this rank is a victim.
+bool PeerCaused(const absl::Status& s) {
+  return s.code() == absl::StatusCode::kUnavailable ||
+         s.code() == absl::StatusCode::kDeadlineExceeded ||
+         s.code() == absl::StatusCode::kFailedPrecondition ||
+         s.code() == absl::StatusCode::kAborted;
+}
+
+}  // namespace
+
+// Sends progress and checkpoint reports to the coordinator off the training thread: a
+// slow or restarting coordinator never slows a step. Progress is coalesced (only the
+// newest pending one is sent); checkpoint events are all sent, in order.
+class JobRunner::Reporter {
+ public:
+  Reporter(Connection& connection, const rackrun::v1::RunJob& job, const std::string& worker_id,
+           JobRunner* runner)
+      : connection_(connection), runner_(runner) {
+    base_.set_worker_id(worker_id);
+    base_.set_job_id(job.job_id());
+    base_.set_attempt(job.attempt());
+    base_.set_rank(job.rank());
+    thread_ = std::thread([this] { Loop(); });
+  }
+  ~Reporter() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      done_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  void Progress(const rackrun::v1::StepProgress& p) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      progress_ = p;
+      has_progress_ = true;
+    }
+    cv_.notify_all();
+  }
+  void Checkpoint(const std::string& path) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      checkpoints_.push_back(path);
+    }
+    cv_.notify_all();
+  }
+
+ private:
+  void Loop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (true) {
+      cv_.wait(lock, [&] { return done_ || has_progress_ || !checkpoints_.empty(); });
+      // Drain what is pending even when done: the last step's progress matters.
+      rackrun::v1::ReportRequest request = base_;
+      if (!checkpoints_.empty()) {
+        request.set_checkpoint(checkpoints_.front());
+        checkpoints_.pop_front();
+      } else if (has_progress_) {
+        *request.mutable_progress() = progress_;
+        has_progress_ = false;
+      } else {
+        return;  // done, nothing pending
+      }
+      lock.unlock();
+      rackrun::v1::ReportResponse response;
+      std::unique_ptr<grpc::ClientContext> context =
+          connection_.NewContext(std::chrono::milliseconds(3000));
+      const grpc::Status s = connection_.stub().Report(context.get(), request, &response);
+      if (s.ok() && response.stop()) runner_->RequestStop(runtime::StopReason::kCancel);
+      lock.lock();
+    }
+  }
+
+  Connection& connection_;
+  JobRunner* runner_;
+  rackrun::v1::ReportRequest base_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  rackrun::v1::StepProgress progress_;
+  bool has_progress_ = false;
+  std::deque<std::string> checkpoints_;
+  bool done_ = false;
+  std::thread thread_;
+};
+
+// Rank 0's view of every step and checkpoint, forwarded to the Reporter.
+class JobRunner::ProgressObserver final : public runtime::TrainObserver {
+ public:
+  ProgressObserver(JobRunner* runner, bool lead) : runner_(runner), lead_(lead) {}
+  void OnStep(const runtime::StepRecord& r) override {
+    runner_->step_time_s_.store(r.step_s);
+    if (!lead_) return;
+    rackrun::v1::StepProgress p;
+    p.set_step(r.step);
+    p.set_total_steps(r.total_steps);
+    p.set_loss(r.loss);
+    if (r.val_loss.has_value()) p.set_val_loss(*r.val_loss);
+    p.set_tokens_per_s(r.step_s > 0 ? static_cast<double>(r.tokens) / r.step_s : 0);
+    p.set_lr(r.lr);
+    p.set_grad_norm(r.grad_norm);
+    p.set_step_time_s(r.step_s);
+    p.set_elapsed_s(r.elapsed_s);
+    for (const double v : r.rank_imbalance_before) p.add_imbalance_before(v);
+    for (const double v : r.rank_imbalance_after) p.add_imbalance_after(v);
+    p.set_replicas(r.replicas);
+    p.set_plan_s(r.plan_s);
+    p.set_fanout_s(r.fanout_s);
+    p.set_dispatch_s(r.dispatch_s);
+    p.set_reduce_s(r.reduce_s);
+    runner_->reporter_->Progress(p);
+  }
+  void OnCheckpoint(int64_t, const std::string& path) override {
+    if (lead_) runner_->reporter_->Checkpoint(path);
+  }
+
+ private:
+  JobRunner* runner_;
+  bool lead_;
+};
+
+JobRunner::JobRunner(Connection& connection, rackrun::v1::RunJob assignment,
+                     JobRunnerOptions options)
+    : connection_(connection), assignment_(std::move(assignment)), options_(std::move(options)) {}
+
+JobRunner::~JobRunner() = default;
+
+void JobRunner::RequestStop(runtime::StopReason reason) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (static_cast<int>(reason) > static_cast<int>(requested_)) requested_ = reason;
+  if (reason == runtime::StopReason::kCancel) {
+    cancelled_by_coordinator_ = true;
+    cancelled_cv_.notify_all();
+  }
+  if (trainer_ != nullptr) trainer_->RequestStop(reason);
+}
+
+JobStatus JobRunner::Status() const {
+  JobStatus s;
+  std::lock_guard<std::mutex> lock(mu_);
+  s.step_time_s = step_time_s_.load();
+  if (trainer_ == nullptr) {
+    s.phase = "starting";
+    return s;
+  }
+  s.step = trainer_->steps_done();
+  s.phase = runtime::TrainPhaseName(trainer_->phase());
+  if (channel_ != nullptr) {
+    s.collectives = channel_->progress();
+    if (s.collectives.collectives_entered > s.collectives.collectives_completed) {
+      s.phase = "collective";
+    }
+  }
+  return s;
+}
+
+void JobRunner::WaitForCancel() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cancelled_cv_.wait_for(lock, options_.victim_grace, [&] { return cancelled_by_coordinator_; });
+}
+
+absl::Status JobRunner::CheckPaths() const {
+  const rackrun::v1::JobSpec& spec = assignment_.spec();
+  const auto unusable = [&](const std::string& field, const std::string& path,
+                            const std::string& what) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ": cannot ", what, " '", path, "' on host ", options_.host, ": ",
+        std::strerror(errno),
+        "; paths in a submitted spec must be usable by every worker (a shared file system)"));
+  };
+  for (const auto& [field, path] : {std::pair<std::string, std::string>{"data.train", spec.data().train()},
+                                    {"data.validation", spec.data().validation()}}) {
+    if (path.empty()) continue;
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return unusable(field, path, "read");
+    ::close(fd);
+  }
+  // Rank 0 writes checkpoints and logs: the nearest existing folder must be writable.
+  if (assignment_.rank() == 0) {
+    for (const auto& [field, path] :
+         {std::pair<std::string, std::string>{"checkpoint.dir", spec.checkpoint().dir()},
+          {"logging.json", std::filesystem::path(spec.logging().json()).parent_path().string()}}) {
+      if (path.empty()) continue;
+      std::filesystem::path p(path);
+      std::error_code ec;
+      while (!p.empty() && !std::filesystem::exists(p, ec)) p = p.parent_path();
+      if (p.empty()) p = ".";
+      if (::access(p.c_str(), W_OK) != 0) return unusable(field, p.string(), "write into");
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<comm::DataChannel>> JobRunner::MakeChannel() {
+  const rackrun::v1::Bootstrap& b = assignment_.bootstrap();
+  comm::ChannelOptions channel_options;
+  channel_options.timeout = absl::Milliseconds(b.timeout_ms() > 0 ? b.timeout_ms() : 300000);
+  RendezvousClient store(connection_, assignment_.job_id(), assignment_.attempt());
+  if (b.channel() == "gloo" || b.channel().empty()) {
+    comm::GlooChannelOptions o;
+    o.channel = channel_options;
+    if (!b.address().empty()) o.address = b.address();
+    return comm::CreateGlooChannel(store, b.store_prefix(), assignment_.rank(),
+                                   assignment_.ranks(), o);
+  }
+  if (b.channel() == "nccl") {
+#ifdef RACKRUN_HAVE_NCCL
+    comm::NcclChannelOptions o;
+    o.channel = channel_options;
+    o.device = std::max(0, options_.cuda_device);
+    o.host_buffers = true;  // the CPU trainer's buffers are host memory
+    return comm::CreateNcclChannel(store, b.store_prefix(), assignment_.rank(),
+                                   assignment_.ranks(), o);
+#else
+    return absl::FailedPreconditionError(
+        absl::StrCat("this worker (host ", options_.host, ") was built without NCCL"));
+#endif
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("resources.channel: unknown data channel '", b.channel(), "'"));
+}
+
+AttemptResult JobRunner::Run() {
+  AttemptResult result;
+  const auto fail = [&](const absl::Status& s, const std::string& phase) {
+    result.set_outcome(AttemptResult::FAILED);
+    result.set_message(std::string(s.message()));
+    result.set_phase(phase);
+    return result;
+  };
+  reporter_ = std::make_unique<Reporter>(connection_, assignment_, options_.worker_id, this);
+  if (absl::Status s = CheckPaths(); !s.ok()) return fail(s, "starting");
+
+  std::unique_ptr<comm::DataChannel> channel;
+  if (assignment_.ranks() > 1) {
+    absl::StatusOr<std::unique_ptr<comm::DataChannel>> made = MakeChannel();
+    if (!made.ok()) {
+      if (PeerCaused(made.status())) WaitForCancel();
+      return fail(made.status(), "connecting");
+    }
+    channel = *std::move(made);
+  }
+  std::unique_ptr<CoordinatorPlanSource> plan_source;
+  runtime::TrainerOptions trainer_options;
+  trainer_options.threads = options_.threads;
+  trainer_options.fault = options_.fault;
+  if (assignment_.spec().balancer().mode() == "coordinator") {
+    plan_source = std::make_unique<CoordinatorPlanSource>(connection_, assignment_.job_id(),
+                                                          assignment_.attempt(), assignment_.rank());
+    trainer_options.plan_source = plan_source.get();
+  }
+  absl::StatusOr<std::unique_ptr<runtime::Trainer>> trainer =
+      runtime::Trainer::Create(assignment_.spec(), channel.get(), trainer_options);
+  if (!trainer.ok()) {
+    if (PeerCaused(trainer.status())) WaitForCancel();
+    return fail(trainer.status(), "starting");
+  }
+  if (assignment_.resume() && !assignment_.spec().checkpoint().dir().empty() &&
+      !runtime::ListCheckpoints(assignment_.spec().checkpoint().dir()).empty()) {
+    if (absl::Status s = (*trainer)->Resume(assignment_.spec().checkpoint().dir()); !s.ok()) {
+      return fail(s, "resuming");
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    trainer_ = trainer->get();
+    channel_ = channel.get();
+    if (requested_ != runtime::StopReason::kNone) trainer_->RequestStop(requested_);
+  }
+  ProgressObserver progress(this, assignment_.rank() == 0);
+  absl::StatusOr<runtime::TrainSummary> summary = (*trainer)->Run({&progress});
+  const std::string phase = runtime::TrainPhaseName((*trainer)->phase());
+  const int64_t step = (*trainer)->steps_done();
+  runtime::StopReason requested;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    trainer_ = nullptr;
+    channel_ = nullptr;
+    requested = requested_;
+  }
+  result.set_step(step);
+  if (!summary.ok()) {
+    if (PeerCaused(summary.status())) WaitForCancel();
+    fail(summary.status(), phase);
+    result.set_step(step);
+  } else {
+    result.set_checkpoint(summary->last_checkpoint);
+    result.set_final_loss(summary->final_loss);
+    if (summary->final_val_loss.has_value()) result.set_final_val_loss(*summary->final_val_loss);
+    switch (summary->stopped) {
+      case runtime::StopReason::kNone:
+        result.set_outcome(AttemptResult::SUCCEEDED);
+        break;
+      case runtime::StopReason::kCancel:
+        result.set_outcome(AttemptResult::CANCELLED);
+        result.set_message(absl::StrCat("stopped at step ", step, " (cancelled)"));
+        break;
+      case runtime::StopReason::kDrain:
+        if (requested == runtime::StopReason::kDrain) {
+          result.set_outcome(AttemptResult::DRAINED);
+          result.set_message(absl::StrCat("worker ", options_.worker_id, " on ", options_.host,
+                                          " shut down; stopped at step ", step,
+                                          summary->last_checkpoint.empty()
+                                              ? std::string(" (no checkpoint.dir)")
+                                              : " after a checkpoint"));
+        } else {
+          // A peer rank shuts down; it reports DRAINED and is the one named.
+          WaitForCancel();
+          result.set_outcome(AttemptResult::CANCELLED);
+          result.set_message(absl::StrCat("stopped at step ", step, " because a peer rank shut down"));
+        }
+        break;
+    }
+  }
+  // Trainer first (its expert-parallel group uses the channel and the plan source), then
+  // the plan stream, then the channel: the worker is ready for the next job.
+  trainer->reset();
+  plan_source.reset();
+  channel.reset();
+  reporter_.reset();  // sends what is pending (the last step's progress) first
+  return result;
+}
+
+}  // namespace rackrun::worker

@@ -1,0 +1,88 @@
+// One attempt of one job on this worker (its rank r of R): check that the spec's paths are
+// usable here, build the attempt's data channel from the coordinator's bootstrap (Gloo over
+// TCP, or NCCL), build the trainer (resuming from the newest checkpoint when asked), run
+// it with progress reports, and tear everything down whatever happens, so the worker is
+// ready for the next job without a restart.
+//
+// Thread-safety: Run() on the worker's job thread; RequestStop, Status are callable from
+// any thread (the assignment stream, the heartbeat thread, a signal watcher).
+#ifndef RACKRUN_WORKER_JOB_RUNNER_H_
+#define RACKRUN_WORKER_JOB_RUNNER_H_
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "comm/data_channel.h"
+#include "rackrun/v1/rack_control.pb.h"
+#include "runtime/trainer.h"
+#include "worker/connection.h"
+
+namespace rackrun::worker {
+
+struct JobRunnerOptions {
+  std::string worker_id;
+  std::string host;
+  int threads = -1;        // compute threads; -1 = the spec's resources.threads
+  int cuda_device = -1;    // for NCCL jobs
+  std::string fault;       // fault injection for tests (RACKRUN_FAULT)
+  // After a failure caused by a peer (a broken or timed-out channel) or a stop this rank
+  // did not ask for, how long to wait for the coordinator's cancel before reporting: the
+  // coordinator then blames the culprit it detected, not this victim.
+  std::chrono::milliseconds victim_grace{3000};
+};
+
+// What a heartbeat says about the attempt.
+struct JobStatus {
+  std::string phase;  // runtime::TrainPhaseName, "starting", "collective" (blocked in one)
+  int64_t step = 0;
+  comm::ChannelProgress collectives;
+  double step_time_s = 0;
+};
+
+class JobRunner {
+ public:
+  JobRunner(Connection& connection, rackrun::v1::RunJob assignment, JobRunnerOptions options);
+  ~JobRunner();
+
+  // Runs the attempt to its end and returns the result every rank reports.
+  rackrun::v1::AttemptResult Run();
+
+  // Stop at the next step boundary (every rank of the attempt stops at the same one).
+  void RequestStop(runtime::StopReason reason);
+  JobStatus Status() const;
+
+  const rackrun::v1::RunJob& assignment() const { return assignment_; }
+
+ private:
+  class Reporter;
+  class ProgressObserver;
+
+  absl::Status CheckPaths() const;
+  absl::StatusOr<std::unique_ptr<comm::DataChannel>> MakeChannel();
+  // Waits up to victim_grace for a cancel from the coordinator.
+  void WaitForCancel();
+
+  Connection& connection_;
+  rackrun::v1::RunJob assignment_;
+  JobRunnerOptions options_;
+  std::unique_ptr<Reporter> reporter_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cancelled_cv_;
+  runtime::Trainer* trainer_ = nullptr;     // guarded by mu_; alive while Run trains
+  comm::DataChannel* channel_ = nullptr;    // guarded by mu_
+  runtime::StopReason requested_ = runtime::StopReason::kNone;  // guarded by mu_
+  bool cancelled_by_coordinator_ = false;   // guarded by mu_
+  std::atomic<double> step_time_s_{0};
+};
+
+}  // namespace rackrun::worker
+
+#endif  // RACKRUN_WORKER_JOB_RUNNER_H_

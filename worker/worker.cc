@@ -1,0 +1,342 @@
+#include "worker/worker.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+
+namespace rackrun::worker {
+namespace {
+
+bool Retryable(const grpc::Status& s) {
+  return s.error_code() == grpc::StatusCode::UNAVAILABLE ||
+         s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(const WorkerOptions& options) {
+  std::unique_ptr<Worker> w(new Worker(options));
+  if (w->options_.host.empty()) {
+    char name[256] = {};
+    if (::gethostname(name, sizeof(name) - 1) != 0) return absl::InternalError("gethostname failed");
+    w->options_.host = name;
+  }
+  if (w->options_.data_address.empty()) w->options_.data_address = w->options_.host;
+  w->channels_.push_back("gloo");
+#ifdef RACKRUN_HAVE_NCCL
+  if (absl::StartsWith(w->options_.device, "cuda")) w->channels_.push_back("nccl");
+#endif
+  absl::StatusOr<std::unique_ptr<Connection>> connection = Connection::Create(options.connection);
+  if (!connection.ok()) return connection.status();
+  w->connection_ = *std::move(connection);
+  return w;
+}
+
+Worker::~Worker() {
+  Shutdown();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopped_ = true;
+    if (stream_context_ != nullptr) stream_context_->TryCancel();
+  }
+  cv_.notify_all();
+  if (stream_thread_.joinable()) stream_thread_.join();
+  if (heartbeat_thread_.joinable()) heartbeat_thread_.join();
+}
+
+std::string Worker::worker_id() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return worker_id_;
+}
+
+absl::Status Worker::Register(bool again) {
+  std::lock_guard<std::mutex> serial(register_mu_);
+  rackrun::v1::RegisterRequest request;
+  request.set_host(options_.host);
+  request.set_pid(static_cast<int32_t>(::getpid()));
+  request.set_launcher_rank(options_.launcher_rank);
+  request.set_launcher_size(options_.launcher_size);
+  request.set_local_rank(options_.local_rank);
+  request.set_device(options_.device);
+  for (const std::string& c : channels_) request.add_channels(c);
+  request.set_data_address(options_.data_address);
+  request.set_threads(options_.threads);
+  std::shared_ptr<JobRunner> running;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (again) request.set_worker_id(worker_id_);
+    running = running_;
+  }
+  if (again && running != nullptr) {
+    const rackrun::v1::RunJob& job = running->assignment();
+    request.set_job_id(job.job_id());
+    request.set_attempt(job.attempt());
+    request.set_rank(job.rank());
+    request.set_step(running->Status().step);
+  }
+  rackrun::v1::RegisterResponse response;
+  std::unique_ptr<grpc::ClientContext> context = connection_->NewContext();
+  const grpc::Status s = connection_->stub().Register(context.get(), request, &response);
+  if (!s.ok()) return FromGrpc(s);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    worker_id_ = response.worker_id();
+    if (response.heartbeat_interval_ms() > 0) {
+      heartbeat_interval_ = std::chrono::milliseconds(response.heartbeat_interval_ms());
+    }
+  }
+  if (again && running != nullptr && !response.job_attached()) {
+    std::fprintf(stderr, "rackrun-worker: the coordinator no longer runs job %s; stopping it\n",
+                 running->assignment().job_id().c_str());
+    running->RequestStop(runtime::StopReason::kCancel);
+  }
+  return absl::OkStatus();
+}
+
+void Worker::StreamLoop() {
+  bool first = true;
+  while (true) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopped_) return;
+    }
+    if (!first) {
+      // The stream broke: the coordinator restarted or the network hiccupped. Register
+      // again (re-attaching the in-flight job) once it answers.
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      if (absl::Status s = Register(/*again=*/true); !s.ok()) continue;
+    }
+    first = false;
+    rackrun::v1::AssignmentsRequest request;
+    request.set_worker_id(worker_id());
+    std::unique_ptr<grpc::ClientContext> context = connection_->NewContext(std::chrono::milliseconds(0));
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopped_) return;
+      stream_context_ = context.get();
+    }
+    std::unique_ptr<grpc::ClientReader<rackrun::v1::Assignment>> reader =
+        connection_->stub().Assignments(context.get(), request);
+    rackrun::v1::Assignment a;
+    while (reader->Read(&a)) {
+      if (a.has_run()) {
+        std::lock_guard<std::mutex> lock(mu_);
+        queue_.push_back(a.run());
+        cv_.notify_all();
+      } else if (a.has_cancel()) {
+        std::shared_ptr<JobRunner> running;
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          running = running_;
+          // A queued attempt that was cancelled before it started is dropped.
+          for (auto it = queue_.begin(); it != queue_.end(); ++it) {
+            if (it->job_id() == a.cancel().job_id() && it->attempt() == a.cancel().attempt()) {
+              queue_.erase(it);
+              break;
+            }
+          }
+        }
+        if (running != nullptr && running->assignment().job_id() == a.cancel().job_id() &&
+            running->assignment().attempt() == a.cancel().attempt()) {
+          running->RequestStop(runtime::StopReason::kCancel);
+        }
+      }
+    }
+    (void)reader->Finish();
+    std::lock_guard<std::mutex> lock(mu_);
+    stream_context_ = nullptr;
+  }
+}
+
+void Worker::HeartbeatLoop() {
+  auto phase_since = std::chrono::steady_clock::now();
+  std::string last_phase;
+  int64_t last_step = -1, last_completed = -1;
+  while (true) {
+    std::shared_ptr<JobRunner> running;
+    std::chrono::milliseconds interval;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait_for(lock, heartbeat_interval_, [&] { return stopped_; });
+      if (stopped_) return;
+      running = running_;
+      interval = heartbeat_interval_;
+    }
+    rackrun::v1::HeartbeatRequest request;
+    request.set_worker_id(worker_id());
+    std::string phase = "idle";
+    if (running != nullptr) {
+      const JobStatus st = running->Status();
+      request.set_job_id(running->assignment().job_id());
+      request.set_attempt(running->assignment().attempt());
+      request.set_step(st.step);
+      request.set_collectives_entered(st.collectives.collectives_entered);
+      request.set_collectives_completed(st.collectives.collectives_completed);
+      request.set_step_time_s(st.step_time_s);
+      phase = st.phase;
+      // Any progress (a new phase, step or completed collective) restarts the phase age.
+      if (phase != last_phase || st.step != last_step ||
+          st.collectives.collectives_completed != last_completed) {
+        phase_since = std::chrono::steady_clock::now();
+        last_step = st.step;
+        last_completed = st.collectives.collectives_completed;
+      }
+    } else if (phase != last_phase) {
+      phase_since = std::chrono::steady_clock::now();
+    }
+    last_phase = phase;
+    request.set_phase(phase);
+    request.set_phase_age_ms(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                 std::chrono::steady_clock::now() - phase_since)
+                                 .count());
+    rackrun::v1::HeartbeatResponse response;
+    std::unique_ptr<grpc::ClientContext> context = connection_->NewContext(interval * 2);
+    const grpc::Status s = connection_->stub().Heartbeat(context.get(), request, &response);
+    if (s.error_code() == grpc::StatusCode::NOT_FOUND) (void)Register(/*again=*/true);
+  }
+}
+
+void Worker::ReportResult(const rackrun::v1::RunJob& job, const rackrun::v1::AttemptResult& result) {
+  rackrun::v1::ReportRequest request;
+  request.set_worker_id(worker_id());
+  request.set_job_id(job.job_id());
+  request.set_attempt(job.attempt());
+  request.set_rank(job.rank());
+  *request.mutable_result() = result;
+  const auto give_up = std::chrono::steady_clock::now() + options_.patience;
+  while (true) {
+    rackrun::v1::ReportResponse response;
+    std::unique_ptr<grpc::ClientContext> context = connection_->NewContext();
+    const grpc::Status s = connection_->stub().Report(context.get(), request, &response);
+    if (s.ok()) return;
+    if (s.error_code() == grpc::StatusCode::NOT_FOUND) {
+      (void)Register(/*again=*/true);
+      request.set_worker_id(worker_id());
+    } else if (!Retryable(s) || std::chrono::steady_clock::now() > give_up) {
+      std::fprintf(stderr, "rackrun-worker: could not report the result of job %s: %s\n",
+                   job.job_id().c_str(), s.error_message().c_str());
+      return;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  }
+}
+
+absl::Status Worker::Serve() {
+  const auto give_up = std::chrono::steady_clock::now() + options_.patience;
+  bool told = false;
+  while (true) {
+    absl::Status s = Register(/*again=*/false);
+    if (s.ok()) break;
+    if (s.code() != absl::StatusCode::kUnavailable &&
+        s.code() != absl::StatusCode::kDeadlineExceeded) {
+      if (s.code() == absl::StatusCode::kUnauthenticated) {
+        return absl::UnauthenticatedError(absl::StrCat(
+            "the coordinator at ", connection_->address(), " refused the token from ",
+            connection_->token_source(),
+            "; use the token file of the coordinator's --state-dir (--token-file) or set "
+            "RACKRUN_TOKEN"));
+      }
+      return s;
+    }
+    if (std::chrono::steady_clock::now() > give_up) {
+      return absl::UnavailableError(absl::StrCat(
+          "cannot reach the coordinator at ", connection_->address(), " (", s.message(),
+          "); start rackrun-coordinator or set --coordinator / RACKRUN_COORDINATOR"));
+    }
+    if (!told) {
+      std::fprintf(stderr, "rackrun-worker: waiting for the coordinator at %s ...\n",
+                   connection_->address().c_str());
+      told = true;
+    }
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      if (cv_.wait_for(lock, std::chrono::milliseconds(500), [&] { return draining_; })) {
+        return absl::OkStatus();
+      }
+    }
+  }
+  std::printf("rackrun-worker: registered as %s with %s (host %s, pid %d, launcher rank %d, %s)\n",
+              worker_id().c_str(), connection_->address().c_str(), options_.host.c_str(),
+              static_cast<int>(::getpid()), options_.launcher_rank, options_.device.c_str());
+  std::fflush(stdout);
+  stream_thread_ = std::thread([this] { StreamLoop(); });
+  heartbeat_thread_ = std::thread([this] { HeartbeatLoop(); });
+
+  while (true) {
+    rackrun::v1::RunJob job;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return draining_ || !queue_.empty(); });
+      if (draining_) break;  // queued attempts are reported back as drained below
+      job = queue_.front();
+      queue_.pop_front();
+    }
+    JobRunnerOptions ro;
+    ro.worker_id = worker_id();
+    ro.host = options_.host;
+    ro.threads = options_.threads;
+    ro.fault = options_.fault;
+    ro.victim_grace = options_.victim_grace;
+    if (absl::StartsWith(options_.device, "cuda:")) {
+      (void)absl::SimpleAtoi(options_.device.substr(5), &ro.cuda_device);
+    }
+    auto runner = std::make_shared<JobRunner>(*connection_, job, ro);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      running_ = runner;
+      if (draining_) runner->RequestStop(runtime::StopReason::kDrain);
+    }
+    std::printf("rackrun-worker: %s: job %s attempt %d, rank %d of %d\n", worker_id().c_str(),
+                job.job_id().c_str(), job.attempt(), job.rank(), job.ranks());
+    std::fflush(stdout);
+    const rackrun::v1::AttemptResult result = runner->Run();
+    ReportResult(job, result);
+    std::printf("rackrun-worker: %s: job %s attempt %d: %s%s%s\n", worker_id().c_str(),
+                job.job_id().c_str(), job.attempt(),
+                rackrun::v1::AttemptResult::Outcome_Name(result.outcome()).c_str(),
+                result.message().empty() ? "" : ": ", result.message().c_str());
+    std::fflush(stdout);
+    std::lock_guard<std::mutex> lock(mu_);
+    running_.reset();
+  }
+  // Drained: attempts assigned but never started are handed back.
+  std::deque<rackrun::v1::RunJob> unstarted;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    unstarted.swap(queue_);
+  }
+  for (const rackrun::v1::RunJob& job : unstarted) {
+    rackrun::v1::AttemptResult r;
+    r.set_outcome(rackrun::v1::AttemptResult::DRAINED);
+    r.set_message("the worker shut down before the attempt started");
+    ReportResult(job, r);
+  }
+  rackrun::v1::DeregisterRequest request;
+  request.set_worker_id(worker_id());
+  request.set_reason("shutdown (signal)");
+  rackrun::v1::DeregisterResponse response;
+  std::unique_ptr<grpc::ClientContext> context = connection_->NewContext();
+  (void)connection_->stub().Deregister(context.get(), request, &response);
+  std::printf("rackrun-worker: %s: deregistered, exiting\n", worker_id().c_str());
+  std::fflush(stdout);
+  return absl::OkStatus();
+}
+
+void Worker::Shutdown() {
+  std::shared_ptr<JobRunner> running;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (draining_) return;
+    draining_ = true;
+    running = running_;
+  }
+  cv_.notify_all();
+  if (running != nullptr) running->RequestStop(runtime::StopReason::kDrain);
+}
+
+}  // namespace rackrun::worker

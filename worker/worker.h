@@ -1,0 +1,93 @@
+// The worker daemon (DESIGN.md section 1): one per device. Registers with its rack's
+// coordinator, keeps the assignment stream open, heartbeats what it is doing (job, step,
+// phase, collectives entered/completed, step time), runs assigned attempts one at a time
+// (JobRunner) and stays up for the next one; a failed job, a dead peer or a restarted
+// coordinator never ends the worker.
+//
+// Re-attach: when the coordinator restarts (the stream breaks, a heartbeat answers
+// NOT_FOUND), the worker registers again with its id and its in-flight job and step; if
+// the coordinator no longer wants that job (job_attached = false) the job is stopped.
+//
+// Shutdown (SIGTERM/SIGINT, via Shutdown()): the running job finishes its step, writes a
+// checkpoint (when checkpoint.dir is set) and stops with every rank at the same step; the
+// result is reported, the worker deregisters and Serve returns OK.
+#ifndef RACKRUN_WORKER_WORKER_H_
+#define RACKRUN_WORKER_WORKER_H_
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "worker/connection.h"
+#include "worker/job_runner.h"
+
+namespace rackrun::worker {
+
+struct WorkerOptions {
+  ConnectionOptions connection;
+  std::string host;          // default: this machine's hostname
+  std::string data_address;  // where peers reach this worker's data channel; default host
+  // From the launcher (mpirun, srun, torchrun-style variables); -1/0 when started by hand.
+  int launcher_rank = -1;
+  int launcher_size = 0;
+  int local_rank = 0;
+  std::string device = "cpu";  // "cpu" or "cuda:N"
+  int threads = -1;            // compute threads per job; -1 = the job spec's
+  std::string fault;           // fault injection for tests (RACKRUN_FAULT)
+  std::chrono::milliseconds victim_grace{3000};
+  // How long to keep retrying the coordinator before giving up at start and when a
+  // result cannot be delivered.
+  std::chrono::milliseconds patience{120000};
+};
+
+class Worker {
+ public:
+  static absl::StatusOr<std::unique_ptr<Worker>> Create(const WorkerOptions& options);
+  ~Worker();
+
+  // Registers and serves until Shutdown() has drained the worker (OK) or the coordinator
+  // stayed unreachable for `patience` at start (Unavailable with one actionable line).
+  absl::Status Serve();
+  // Thread-safe; not async-signal-safe (call it from a thread that waits for signals).
+  void Shutdown();
+
+  // After Serve registered: the id the coordinator gave this worker.
+  std::string worker_id() const;
+
+ private:
+  explicit Worker(const WorkerOptions& options) : options_(options) {}
+
+  // Register (or register again with the in-flight job). Serialised.
+  absl::Status Register(bool again);
+  void StreamLoop();
+  void HeartbeatLoop();
+  void ReportResult(const rackrun::v1::RunJob& job, const rackrun::v1::AttemptResult& result);
+
+  WorkerOptions options_;
+  std::unique_ptr<Connection> connection_;
+  std::vector<std::string> channels_;
+
+  std::mutex register_mu_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::string worker_id_;                      // guarded by mu_
+  std::chrono::milliseconds heartbeat_interval_{1000};
+  std::deque<rackrun::v1::RunJob> queue_;      // guarded by mu_
+  std::shared_ptr<JobRunner> running_;         // guarded by mu_
+  bool draining_ = false;                      // guarded by mu_
+  bool stopped_ = false;                       // guarded by mu_: threads end
+  grpc::ClientContext* stream_context_ = nullptr;  // guarded by mu_
+  std::thread stream_thread_, heartbeat_thread_;
+};
+
+}  // namespace rackrun::worker
+
+#endif  // RACKRUN_WORKER_WORKER_H_
