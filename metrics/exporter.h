@@ -1,0 +1,50 @@
+// MetricsExporter: the one Prometheus endpoint of a process (`--metrics-listen HOST:PORT`),
+// serving GET /metrics in the text exposition format from one prometheus::Registry that
+// every metric set of the process registers into (CoordinatorMetrics, RpcMetrics,
+// TrainingMetrics). DESIGN.md section 7.
+//
+// Metrics are read-only figures (counts, times, losses; no spec contents, paths or
+// tokens), so the endpoint may listen on any address a Prometheus server can reach.
+//
+// Thread safety: registry() and the metrics in it are thread-safe; Start/destruction are
+// not concurrent with anything else.
+#ifndef RACKRUN_METRICS_EXPORTER_H_
+#define RACKRUN_METRICS_EXPORTER_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace prometheus {
+class Exposer;
+class Registry;
+}  // namespace prometheus
+
+namespace rackrun::metrics {
+
+class MetricsExporter {
+ public:
+  // Listens on `listen` ("HOST:PORT"; port 0 = any free port, see port()). InvalidArgument
+  // naming --metrics-listen for a malformed address, Unavailable when it cannot listen.
+  static absl::StatusOr<std::unique_ptr<MetricsExporter>> Start(const std::string& listen);
+  ~MetricsExporter();
+
+  prometheus::Registry& registry() { return *registry_; }
+  int port() const { return port_; }
+
+ private:
+  MetricsExporter() = default;
+  std::shared_ptr<prometheus::Registry> registry_;
+  std::unique_ptr<prometheus::Exposer> exposer_;
+  int port_ = 0;
+};
+
+// Splits "HOST:PORT" ("[::1]:PORT" for IPv6). InvalidArgument naming `flag` otherwise.
+absl::Status SplitHostPort(const std::string& address, const std::string& flag, std::string* host, int* port);
+// 127.0.0.0/8, ::1 or localhost.
+bool IsLoopbackHost(const std::string& host);
+
+}  // namespace rackrun::metrics
+
+#endif  // RACKRUN_METRICS_EXPORTER_H_

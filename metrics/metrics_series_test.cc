@@ -1,0 +1,234 @@
+// Scrapes real exporters over HTTP on 127.0.0.1 and checks that every expected series
+// (expected_series.h) is there with its type and label keys, and nothing else.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+
+#include <prometheus/registry.h>
+
+#include "metrics/coordinator_metrics.h"
+#include "metrics/expected_series.h"
+#include "metrics/exporter.h"
+#include "metrics/rpc_metrics.h"
+#include "metrics/scrape.h"
+#ifdef RACKRUN_HAVE_TRAINING_METRICS
+#include "metrics/training_metrics.h"
+#endif
+
+namespace rackrun::metrics {
+namespace {
+
+std::map<std::string, MetricFamily> Scrape(int port) {
+  absl::StatusOr<RawHttpResponse> r = HttpGet(port, "/metrics");
+  EXPECT_TRUE(r.ok()) << r.status();
+  if (!r.ok()) return {};
+  EXPECT_EQ(r->status, 200);
+  absl::StatusOr<std::map<std::string, MetricFamily>> f = ParseExposition(r->body);
+  EXPECT_TRUE(f.ok()) << f.status();
+  return f.ok() ? *f : std::map<std::string, MetricFamily>{};
+}
+
+void ExpectSeries(const std::map<std::string, MetricFamily>& got, const std::vector<ExpectedSeries>& want) {
+  for (const ExpectedSeries& e : want) {
+    SCOPED_TRACE(e.name);
+    auto it = got.find(e.name);
+    ASSERT_NE(it, got.end()) << "missing family";
+    EXPECT_EQ(it->second.type, e.type);
+    EXPECT_FALSE(it->second.help.empty());
+    ASSERT_FALSE(it->second.samples.empty()) << "family without samples";
+    for (const Sample& s : it->second.samples) {
+      std::set<std::string> keys;
+      for (const auto& [k, v] : s.labels) {
+        if (k != "le") keys.insert(k);
+        EXPECT_FALSE(v.empty()) << s.name << " label " << k;
+      }
+      EXPECT_EQ(keys, e.labels) << s.name;
+      EXPECT_NE(s.labels.count("job"), 1u) << "job is Prometheus' target label; use job_id";
+      EXPECT_EQ(s.labels.count("expert"), 0u);
+    }
+  }
+}
+
+// Every family is rackrun_-prefixed and follows the naming rules we hold ourselves to.
+void ExpectNaming(const std::map<std::string, MetricFamily>& got) {
+  for (const auto& [name, f] : got) {
+    if (name.rfind("exposer_", 0) == 0) continue;  // prometheus-cpp's own (scrapes, bytes)
+    EXPECT_EQ(name.rfind("rackrun_", 0), 0u) << name;
+    EXPECT_EQ(f.type == "counter", absl::EndsWith(name, "_total")) << name;
+    EXPECT_EQ(name.find("milli"), std::string::npos) << name << ": base units";
+  }
+}
+
+TEST(MetricsSeries, CoordinatorExportsItsSeries) {
+  absl::StatusOr<std::unique_ptr<MetricsExporter>> ex = MetricsExporter::Start("127.0.0.1:0");
+  ASSERT_TRUE(ex.ok()) << ex.status();
+  ASSERT_GT((*ex)->port(), 0);
+  CoordinatorMetrics cm((*ex)->registry());
+  RpcMetrics rpc((*ex)->registry());
+  rpc.Record("/rackrun.v1.JobService/Submit", 0, 0.002);
+  rpc.Record("/rackrun.v1.JobService/Submit", 16, 0.001);
+  std::map<std::string, MetricFamily> got = Scrape((*ex)->port());
+  ExpectSeries(got, CoordinatorSeries());
+  ExpectNaming(got);
+  for (const auto& name : {"rackrun_worker_heartbeat_age_seconds", "rackrun_job_progress_step"}) {
+    EXPECT_TRUE(got[name].samples.empty()) << name << " before any worker or job";
+  }
+  bool unauthenticated = false;
+  for (const Sample& s : got["rackrun_grpc_server_calls_total"].samples) {
+    EXPECT_EQ(s.labels.at("method"), "JobService/Submit");
+    if (s.labels.at("code") == "UNAUTHENTICATED") unauthenticated = s.value == 1;
+  }
+  EXPECT_TRUE(unauthenticated);
+
+  // A snapshot with a running job and two workers, then one where both are gone.
+  rackrun::v1::Job job;
+  job.set_id("j-1");
+  job.set_state(rackrun::v1::RUNNING);
+  job.mutable_last_progress()->set_step(7);
+  rackrun::v1::ListWorkersResponse workers;
+  for (int r = 0; r < 2; ++r) {
+    rackrun::v1::Worker* w = workers.add_workers();
+    w->set_id(absl::StrCat("w-", r + 1));
+    w->set_state(rackrun::v1::BUSY);
+    w->set_job_id("j-1");
+    w->set_rank(r);
+    w->set_phase("forward_backward");
+    w->set_heartbeat_age_s(0.25);
+    w->set_step_time_s(0.5 + r);
+  }
+  cm.ObserveJobs({job});
+  cm.ObserveWorkers(workers);
+  cm.ObserveQueueWait(0.5);
+  cm.ObserveFailure("worker_lost", true);
+  cm.ObservePlanSolve("j-1", 4e-5);
+  got = Scrape((*ex)->port());
+  ExpectSeries(got, CoordinatorSeries());
+  ExpectSeries(got, CoordinatorRunningSeries());
+  ExpectNaming(got);
+  for (const Sample& s : got["rackrun_jobs"].samples) {
+    EXPECT_EQ(s.value, s.labels.at("state") == "running" ? 1 : 0) << s.labels.at("state");
+  }
+  EXPECT_EQ(got["rackrun_job_progress_step"].samples.at(0).value, 7);
+  double straggler = 0;
+  for (const Sample& s : got["rackrun_worker_step_seconds"].samples) straggler = std::max(straggler, s.value);
+  EXPECT_EQ(straggler, 1.5);
+  for (const Sample& s : got["rackrun_job_restarts_total"].samples) {
+    EXPECT_EQ(s.value, s.labels.at("reason") == "worker_lost" ? 1 : 0);
+  }
+  EXPECT_EQ(got["rackrun_job_queue_wait_seconds"].samples.back().value, 1);  // _count
+
+  job.set_state(rackrun::v1::SUCCEEDED);
+  for (auto& w : *workers.mutable_workers()) w.set_state(rackrun::v1::GONE);
+  cm.ObserveJobs({job});
+  cm.ObserveWorkers(workers);
+  got = Scrape((*ex)->port());
+  EXPECT_TRUE(got["rackrun_job_progress_step"].samples.empty());
+  EXPECT_TRUE(got["rackrun_worker_step_seconds"].samples.empty());
+  EXPECT_TRUE(got["rackrun_worker_heartbeat_age_seconds"].samples.empty());
+  for (const Sample& s : got["rackrun_workers"].samples) {
+    EXPECT_EQ(s.value, s.labels.at("state") == "gone" ? 2 : 0);
+  }
+}
+
+TEST(MetricsSeries, RpcMethodLabelsStayBounded) {
+  prometheus::Registry registry;
+  RpcMetrics rpc(registry);
+  for (int i = 0; i < 200; ++i) rpc.Record(absl::StrCat("/x.Svc/M", i), 12, 0.001);
+  absl::StatusOr<std::unique_ptr<MetricsExporter>> ex = MetricsExporter::Start("127.0.0.1:0");
+  ASSERT_TRUE(ex.ok());
+  EXPECT_EQ(RpcMetrics::ShortMethod("/rackrun.v1.RackControl/Heartbeat"), "RackControl/Heartbeat");
+  EXPECT_EQ(RpcMetrics::CodeName(14), "UNAVAILABLE");
+  size_t series = 0;
+  for (const auto& family : registry.Collect()) {
+    if (family.name == "rackrun_grpc_server_calls_total") series = family.metric.size();
+  }
+  EXPECT_LE(series, 65u);
+}
+
+TEST(MetricsSeries, ExporterRejectsBadAddresses) {
+  EXPECT_EQ(MetricsExporter::Start("nonsense").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(MetricsExporter::Start("127.0.0.1:99999").status().code(), absl::StatusCode::kInvalidArgument);
+  absl::StatusOr<std::unique_ptr<MetricsExporter>> a = MetricsExporter::Start("127.0.0.1:0");
+  ASSERT_TRUE(a.ok());
+  absl::StatusOr<std::unique_ptr<MetricsExporter>> b =
+      MetricsExporter::Start(absl::StrCat("127.0.0.1:", (*a)->port()));
+  EXPECT_EQ(b.status().code(), absl::StatusCode::kUnavailable);
+}
+
+#ifdef RACKRUN_HAVE_TRAINING_METRICS
+TEST(MetricsSeries, WorkerExportsItsSeries) {
+  absl::StatusOr<std::unique_ptr<MetricsExporter>> ex = MetricsExporter::Start("127.0.0.1:0");
+  ASSERT_TRUE(ex.ok()) << ex.status();
+  std::vector<std::unique_ptr<TrainingMetrics>> ranks;
+  for (int r = 0; r < 2; ++r) {
+    TrainingMetrics::Options o;
+    o.job_id = "j-3";
+    o.rank = r;
+    o.ranks = 2;
+    o.flops_per_token = 6e6;
+    o.peak_flops = 1e12;
+    o.total_steps = 10;
+    ranks.push_back(std::make_unique<TrainingMetrics>((*ex)->registry(), o));
+    ranks.back()->SetPhase("forward_backward");
+    ranks.back()->SetPhase("optimizer");
+  }
+  for (int step = 1; step <= 3; ++step) {
+    runtime::StepRecord rec;
+    rec.step = step;
+    rec.total_steps = 10;
+    rec.loss = 5.0 - step;
+    rec.lr = 1e-3;
+    rec.grad_norm = 0.5;
+    rec.step_s = 0.25;
+    rec.tokens = 1000;
+    rec.ranks = 2;
+    rec.rank_imbalance_before = {1.8, 1.4};
+    rec.rank_imbalance_after = {1.02, 1.01};
+    rec.replicas = 3;
+    rec.plan_s = 4e-5;
+    rec.fanout_s = 1e-3;
+    rec.dispatch_s = 2e-3;
+    rec.reduce_s = 5e-4;
+    if (step == 2) rec.val_loss = 3.5;
+    for (auto& m : ranks) m->OnStep(rec);
+  }
+  ranks[0]->ObservePlanRoundTrip(2e-4);
+  std::map<std::string, MetricFamily> got = Scrape((*ex)->port());
+  ExpectSeries(got, WorkerSeries());
+  ExpectSeries(got, WorkerRank0Series());
+  ExpectNaming(got);
+  for (const Sample& s : got["rackrun_train_tokens_total"].samples) EXPECT_EQ(s.value, 1500);  // 3 x 1000 / 2
+  for (const Sample& s : got["rackrun_train_mfu_ratio"].samples) {
+    EXPECT_NEAR(s.value, 6e6 * 500 / 0.25 / 1e12, 1e-9);
+    EXPECT_GT(s.value, 0);
+    EXPECT_LE(s.value, 1);
+  }
+  EXPECT_EQ(got["rackrun_moe_last_imbalance_before"].samples.size(), 2u) << "rank 0 only, one per layer";
+  for (const Sample& s : got["rackrun_train_phase"].samples) {
+    EXPECT_EQ(s.value, s.labels.at("phase") == "optimizer" ? 1 : 0);
+  }
+  EXPECT_EQ(got["rackrun_train_validation_loss"].samples.size(), 2u);
+  EXPECT_EQ(got["rackrun_train_step"].samples.at(0).value, 3);
+
+  ranks.clear();  // the job's series go with its observers
+  got = Scrape((*ex)->port());
+  for (const ExpectedSeries& e : WorkerSeries()) EXPECT_TRUE(got[e.name].samples.empty()) << e.name;
+}
+
+TEST(MetricsSeries, ModelFlopsCountActiveParameters) {
+  rackrun::v1::JobSpec spec;
+  spec.mutable_model()->set_width(64);
+  spec.mutable_model()->set_blocks(2);
+  spec.mutable_model()->mutable_moe()->set_experts(8);
+  spec.mutable_model()->mutable_moe()->set_top_k(2);
+  // 2 blocks x 6 idle experts x 3 x 64 x 128 parameters a token never touches.
+  const double inactive = 2.0 * 6 * 3 * 64 * 128;
+  EXPECT_DOUBLE_EQ(ModelFlopsPerToken(spec, 1000000), 6 * (1000000 - inactive));
+}
+#endif
+
+}  // namespace
+}  // namespace rackrun::metrics

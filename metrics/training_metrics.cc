@@ -1,0 +1,302 @@
+#include "metrics/training_metrics.h"
+
+#include <algorithm>
+#include <functional>
+#include <mutex>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "metrics/buckets.h"
+
+namespace rackrun::metrics {
+
+namespace {
+
+using prometheus::BuildCounter;
+using prometheus::BuildGauge;
+using prometheus::BuildHistogram;
+
+}  // namespace
+
+double ModelFlopsPerToken(const rackrun::v1::JobSpec& spec, int64_t parameters) {
+  const auto& m = spec.model();
+  const double hidden = m.moe().expert_hidden() > 0 ? m.moe().expert_hidden() : 2.0 * m.width();
+  const double top_k = m.moe().top_k() > 0 ? m.moe().top_k() : 2;
+  const double idle = std::max(0.0, m.moe().experts() - top_k);
+  const double inactive = static_cast<double>(m.blocks()) * idle * 3.0 * m.width() * hidden;
+  return 6.0 * std::max(0.0, static_cast<double>(parameters) - inactive);
+}
+
+struct TrainingMetrics::Families {
+  explicit Families(prometheus::Registry& r)
+      : step_seconds(BuildHistogram()
+                         .Name("rackrun_train_step_duration_seconds")
+                         .Help("Wall-clock seconds of one optimizer step on this rank (without evaluation and checkpoints)")
+                         .Register(r)),
+        step(BuildGauge().Name("rackrun_train_step").Help("Optimizer steps done (resumed runs continue the count)").Register(r)),
+        total_steps(BuildGauge().Name("rackrun_train_steps_target").Help("training.steps of the job").Register(r)),
+        tokens(BuildCounter()
+                   .Name("rackrun_train_tokens_total")
+                   .Help("Training tokens this rank processed (its share of every global batch; sum over ranks = the job's tokens)")
+                   .Register(r)),
+        loss(BuildGauge().Name("rackrun_train_loss").Help("Training loss of the last step (mean over its microbatches)").Register(r)),
+        val_loss(BuildGauge().Name("rackrun_train_validation_loss").Help("Validation loss of the last evaluation").Register(r)),
+        grad_norm(BuildGauge().Name("rackrun_train_grad_norm").Help("Global gradient norm of the last step, before clipping").Register(r)),
+        lr(BuildGauge().Name("rackrun_train_learning_rate").Help("Learning rate of the last step").Register(r)),
+        flops(BuildGauge()
+                  .Name("rackrun_train_model_flops_per_second")
+                  .Help("Model FLOP/s of this rank in the last step: 6 x active parameters x tokens / seconds")
+                  .Register(r)),
+        mfu(BuildGauge()
+                .Name("rackrun_train_mfu_ratio")
+                .Help("Model FLOP/s utilisation of this rank: model FLOP/s / declared peak FLOP/s of one device (0-1)")
+                .Register(r)),
+        peak(BuildGauge().Name("rackrun_device_peak_flops").Help("Declared peak FLOP/s of one device (--peak-flops)").Register(r)),
+        phase(BuildGauge()
+                  .Name("rackrun_train_phase")
+                  .Help("1 for the phase this rank is in, 0 for the other phases it has been in")
+                  .Register(r)),
+        imbalance_before(BuildGauge()
+                             .Name("rackrun_moe_last_imbalance_before")
+                             .Help("Max / mean tokens per rank of an MoE layer with masters only, mean over the last step's microbatches (1 = balanced)")
+                             .Register(r)),
+        imbalance_after(BuildGauge()
+                            .Name("rackrun_moe_last_imbalance_after")
+                            .Help("Max / mean tokens per rank of an MoE layer under the executed plans, mean over the last step's microbatches (1 = balanced)")
+                            .Register(r)),
+        imbalance_before_h(BuildHistogram()
+                               .Name("rackrun_moe_imbalance_before")
+                               .Help("Per step: max / mean tokens per rank of an MoE layer with masters only")
+                               .Register(r)),
+        imbalance_after_h(BuildHistogram()
+                              .Name("rackrun_moe_imbalance_after")
+                              .Help("Per step: max / mean tokens per rank of an MoE layer under the executed plans")
+                              .Register(r)),
+        replicas(BuildGauge()
+                     .Name("rackrun_moe_replicas")
+                     .Help("Replica instances of an MoE layer, mean over the last step's microbatches")
+                     .Register(r)),
+        plan_seconds(BuildHistogram()
+                         .Name("rackrun_moe_plan_seconds")
+                         .Help("Per step: seconds this rank spent planning (load exchange, solve, invariant and agreement checks)")
+                         .Register(r)),
+        round_trip(BuildHistogram()
+                       .Name("rackrun_moe_plan_round_trip_seconds")
+                       .Help("Coordinator mode: seconds from sending a load row to receiving its plan")
+                       .Register(r)),
+        fanout_seconds(BuildHistogram()
+                           .Name("rackrun_moe_fanout_seconds")
+                           .Help("Per step: seconds this rank spent fanning replica weights out")
+                           .Register(r)),
+        dispatch_seconds(BuildHistogram()
+                             .Name("rackrun_moe_dispatch_seconds")
+                             .Help("Per step: seconds this rank spent in token all-to-alls (dispatch and combine, forward and backward)")
+                             .Register(r)),
+        reduce_seconds(BuildHistogram()
+                           .Name("rackrun_moe_reduce_seconds")
+                           .Help("Per step: seconds this rank spent reducing replica gradients into masters")
+                           .Register(r)),
+        balancing_seconds(BuildCounter()
+                              .Name("rackrun_moe_balancing_seconds_total")
+                              .Help("Seconds this rank spent planning, fanning out and reducing replica gradients")
+                              .Register(r)),
+        step_seconds_total(BuildCounter()
+                               .Name("rackrun_train_step_seconds_total")
+                               .Help("Seconds this rank spent in optimizer steps")
+                               .Register(r)),
+        fanout_bytes(BuildCounter()
+                         .Name("rackrun_moe_fanout_bytes_total")
+                         .Help("Replica-weight bytes this rank sent (relay fan-out)")
+                         .Register(r)),
+        reduce_bytes(BuildCounter()
+                         .Name("rackrun_moe_reduce_bytes_total")
+                         .Help("Replica-gradient bytes this rank sent to masters")
+                         .Register(r)),
+        dispatch_bytes(BuildCounter()
+                           .Name("rackrun_moe_dispatch_bytes_total")
+                           .Help("Token bytes through this rank's instances in the all-to-alls: 4 x rows x width x 4 bytes (dispatch and combine, forward and backward)")
+                           .Register(r)) {}
+
+  prometheus::Family<prometheus::Histogram>& step_seconds;
+  prometheus::Family<prometheus::Gauge>& step;
+  prometheus::Family<prometheus::Gauge>& total_steps;
+  prometheus::Family<prometheus::Counter>& tokens;
+  prometheus::Family<prometheus::Gauge>& loss;
+  prometheus::Family<prometheus::Gauge>& val_loss;
+  prometheus::Family<prometheus::Gauge>& grad_norm;
+  prometheus::Family<prometheus::Gauge>& lr;
+  prometheus::Family<prometheus::Gauge>& flops;
+  prometheus::Family<prometheus::Gauge>& mfu;
+  prometheus::Family<prometheus::Gauge>& peak;
+  prometheus::Family<prometheus::Gauge>& phase;
+  prometheus::Family<prometheus::Gauge>& imbalance_before;
+  prometheus::Family<prometheus::Gauge>& imbalance_after;
+  prometheus::Family<prometheus::Histogram>& imbalance_before_h;
+  prometheus::Family<prometheus::Histogram>& imbalance_after_h;
+  prometheus::Family<prometheus::Gauge>& replicas;
+  prometheus::Family<prometheus::Histogram>& plan_seconds;
+  prometheus::Family<prometheus::Histogram>& round_trip;
+  prometheus::Family<prometheus::Histogram>& fanout_seconds;
+  prometheus::Family<prometheus::Histogram>& dispatch_seconds;
+  prometheus::Family<prometheus::Histogram>& reduce_seconds;
+  prometheus::Family<prometheus::Counter>& balancing_seconds;
+  prometheus::Family<prometheus::Counter>& step_seconds_total;
+  prometheus::Family<prometheus::Counter>& fanout_bytes;
+  prometheus::Family<prometheus::Counter>& reduce_bytes;
+  prometheus::Family<prometheus::Counter>& dispatch_bytes;
+
+  // Every series this object added, removed by the destructor.
+  std::mutex mu;  // removers: series are added from the training and heartbeat threads
+  std::vector<std::function<void()>> removers;
+
+  template <typename T>
+  T& Add(prometheus::Family<T>& family, const prometheus::Labels& labels) {
+    T& m = family.Add(labels);
+    std::lock_guard<std::mutex> lock(mu);
+    removers.push_back([&family, &m] { family.Remove(&m); });
+    return m;
+  }
+  prometheus::Histogram& Add(prometheus::Family<prometheus::Histogram>& family, const prometheus::Labels& labels,
+                             const std::vector<double>& buckets) {
+    prometheus::Histogram& m = family.Add(labels, buckets);
+    std::lock_guard<std::mutex> lock(mu);
+    removers.push_back([&family, &m] { family.Remove(&m); });
+    return m;
+  }
+
+  // The rank's series, made in the constructor.
+  prometheus::Histogram* h_step = nullptr;
+  prometheus::Gauge *g_step = nullptr, *g_total = nullptr, *g_loss = nullptr, *g_grad = nullptr, *g_lr = nullptr;
+  prometheus::Gauge *g_val = nullptr, *g_flops = nullptr, *g_mfu = nullptr;
+  prometheus::Counter *c_tokens = nullptr, *c_balancing = nullptr, *c_step = nullptr;
+  prometheus::Counter *c_fanout = nullptr, *c_reduce = nullptr, *c_dispatch = nullptr;
+  prometheus::Histogram *h_plan = nullptr, *h_rt = nullptr, *h_fanout = nullptr, *h_dispatch = nullptr, *h_reduce = nullptr;
+  struct Layer {
+    prometheus::Gauge *before = nullptr, *after = nullptr, *replicas = nullptr;
+    prometheus::Histogram *before_h = nullptr, *after_h = nullptr;
+  };
+  std::vector<Layer> layers;
+};
+
+TrainingMetrics::TrainingMetrics(prometheus::Registry& registry, Options options)
+    : options_(std::move(options)), f_(std::make_unique<Families>(registry)) {
+  Families& f = *f_;
+  const prometheus::Labels l = Labels();
+  f.h_step = &f.Add(f.step_seconds, l, StepSecondsBuckets());
+  f.g_step = &f.Add(f.step, l);
+  f.g_total = &f.Add(f.total_steps, l);
+  f.g_total->Set(static_cast<double>(options_.total_steps));
+  f.c_tokens = &f.Add(f.tokens, l);
+  f.g_loss = &f.Add(f.loss, l);
+  f.g_grad = &f.Add(f.grad_norm, l);
+  f.g_lr = &f.Add(f.lr, l);
+  f.c_step = &f.Add(f.step_seconds_total, l);
+  if (options_.flops_per_token > 0) f.g_flops = &f.Add(f.flops, l);
+  if (options_.flops_per_token > 0 && options_.peak_flops > 0) {
+    f.g_mfu = &f.Add(f.mfu, l);
+    f.Add(f.peak, l).Set(options_.peak_flops);
+  }
+  if (options_.ranks > 1) {
+    f.h_plan = &f.Add(f.plan_seconds, l, BalancingSecondsBuckets());
+    f.h_fanout = &f.Add(f.fanout_seconds, l, BalancingSecondsBuckets());
+    f.h_dispatch = &f.Add(f.dispatch_seconds, l, BalancingSecondsBuckets());
+    f.h_reduce = &f.Add(f.reduce_seconds, l, BalancingSecondsBuckets());
+    f.c_balancing = &f.Add(f.balancing_seconds, l);
+    if (options_.group != nullptr) {
+      f.c_fanout = &f.Add(f.fanout_bytes, l);
+      f.c_reduce = &f.Add(f.reduce_bytes, l);
+      f.c_dispatch = &f.Add(f.dispatch_bytes, l);
+    }
+  }
+}
+
+TrainingMetrics::~TrainingMetrics() {
+  for (auto it = f_->removers.rbegin(); it != f_->removers.rend(); ++it) (*it)();
+}
+
+prometheus::Labels TrainingMetrics::Labels() const {
+  return {{"job_id", options_.job_id}, {"rank", absl::StrCat(options_.rank)}};
+}
+
+prometheus::Labels TrainingMetrics::LayerLabels(size_t layer) const {
+  return {{"job_id", options_.job_id}, {"layer", absl::StrCat(layer)}};
+}
+
+void TrainingMetrics::OnStep(const runtime::StepRecord& r) {
+  Families& f = *f_;
+  f.h_step->Observe(r.step_s);
+  f.c_step->Increment(std::max(0.0, r.step_s));
+  f.g_step->Set(static_cast<double>(r.step));
+  if (r.total_steps > 0) f.g_total->Set(static_cast<double>(r.total_steps));
+  const double my_tokens = static_cast<double>(r.tokens) / std::max(1, options_.ranks);
+  f.c_tokens->Increment(std::max(0.0, my_tokens));
+  f.g_loss->Set(r.loss);
+  f.g_grad->Set(r.grad_norm);
+  f.g_lr->Set(r.lr);
+  if (r.val_loss.has_value()) {
+    if (f.g_val == nullptr) f.g_val = &f.Add(f.val_loss, Labels());
+    f.g_val->Set(*r.val_loss);
+  }
+  if (f.g_flops != nullptr && r.step_s > 0) {
+    const double flops = options_.flops_per_token * my_tokens / r.step_s;
+    f.g_flops->Set(flops);
+    if (f.g_mfu != nullptr) f.g_mfu->Set(flops / options_.peak_flops);
+  }
+  if (options_.ranks <= 1) return;
+  f.h_plan->Observe(r.plan_s);
+  f.h_fanout->Observe(r.fanout_s);
+  f.h_dispatch->Observe(r.dispatch_s);
+  f.h_reduce->Observe(r.reduce_s);
+  f.c_balancing->Increment(std::max(0.0, r.plan_s + r.fanout_s + r.reduce_s));
+  const runtime::ExpertParallelStats* st = options_.group != nullptr ? &options_.group->stats() : nullptr;
+  if (st != nullptr) {
+    f.c_fanout->Increment(static_cast<double>(std::max<int64_t>(0, st->fanout_bytes)));
+    f.c_reduce->Increment(static_cast<double>(std::max<int64_t>(0, st->reduce_bytes)));
+    f.c_dispatch->Increment(4.0 * static_cast<double>(std::max<int64_t>(0, st->expert_rows)) * options_.width *
+                            sizeof(float));
+  }
+  if (options_.rank != 0) return;  // per-layer series are the same on every rank
+  const size_t n = std::min(r.rank_imbalance_before.size(), r.rank_imbalance_after.size());
+  while (f.layers.size() < n) {
+    const prometheus::Labels ll = LayerLabels(f.layers.size());
+    Families::Layer layer;
+    layer.before = &f.Add(f.imbalance_before, ll);
+    layer.after = &f.Add(f.imbalance_after, ll);
+    layer.before_h = &f.Add(f.imbalance_before_h, ll, ImbalanceBuckets());
+    layer.after_h = &f.Add(f.imbalance_after_h, ll, ImbalanceBuckets());
+    layer.replicas = &f.Add(f.replicas, ll);
+    f.layers.push_back(layer);
+  }
+  for (size_t i = 0; i < n; ++i) {
+    Families::Layer& layer = f.layers[i];
+    layer.before->Set(r.rank_imbalance_before[i]);
+    layer.after->Set(r.rank_imbalance_after[i]);
+    layer.before_h->Observe(r.rank_imbalance_before[i]);
+    layer.after_h->Observe(r.rank_imbalance_after[i]);
+    double replicas = r.replicas;
+    if (st != nullptr && i < st->layers.size()) {
+      const auto& sl = st->layers[i];
+      replicas = static_cast<double>(sl.replicas) / static_cast<double>(std::max<int64_t>(1, sl.microbatches));
+    }
+    layer.replicas->Set(replicas);
+  }
+}
+
+void TrainingMetrics::SetPhase(std::string_view phase) {
+  std::lock_guard<std::mutex> lock(phase_mu_);
+  auto it = phases_.find(phase);
+  if (it == phases_.end()) {
+    prometheus::Labels l = Labels();
+    l["phase"] = std::string(phase);
+    it = phases_.emplace(std::string(phase), &f_->Add(f_->phase, l)).first;
+  }
+  for (auto& [name, gauge] : phases_) gauge->Set(name == phase ? 1 : 0);
+}
+
+void TrainingMetrics::ObservePlanRoundTrip(double seconds) {
+  std::lock_guard<std::mutex> lock(phase_mu_);
+  if (f_->h_rt == nullptr) f_->h_rt = &f_->Add(f_->round_trip, Labels(), BalancingSecondsBuckets());
+  f_->h_rt->Observe(seconds);
+}
+
+}  // namespace rackrun::metrics
