@@ -112,7 +112,8 @@ class JobRunner::Reporter {
 // Rank 0's view of every step and checkpoint, forwarded to the Reporter.
 class JobRunner::ProgressObserver final : public runtime::TrainObserver {
  public:
-  ProgressObserver(JobRunner* runner, bool lead) : runner_(runner), lead_(lead) {}
+  ProgressObserver(JobRunner* runner, runtime::Trainer* trainer, bool lead)
+      : runner_(runner), trainer_(trainer), lead_(lead) {}
   void OnStep(const runtime::StepRecord& r) override {
     runner_->step_time_s_.store(r.step_s);
     if (!lead_) return;
@@ -133,6 +134,19 @@ class JobRunner::ProgressObserver final : public runtime::TrainObserver {
     p.set_fanout_s(r.fanout_s);
     p.set_dispatch_s(r.dispatch_s);
     p.set_reduce_s(r.reduce_s);
+    if (const runtime::ExpertParallelGroup* ep = trainer_->expert_parallel(); ep != nullptr) {
+      p.set_fanout_bytes(ep->stats().fanout_bytes);
+    }
+    // Expert-level detail for the dashboard's heatmap: a sampled stream, never metrics.
+    const std::vector<std::vector<int64_t>>& counts = trainer_->model().expert_counts();
+    const size_t cells = counts.empty() ? 0 : counts.size() * counts[0].size();
+    if (cells <= 4096 || r.step % 10 == 0) {
+      for (size_t layer = 0; layer < counts.size(); ++layer) {
+        rackrun::v1::ExpertLoadSample* sample = p.add_expert_loads();
+        sample->set_layer(static_cast<int32_t>(layer));
+        for (const int64_t n : counts[layer]) sample->add_tokens(n);
+      }
+    }
     runner_->reporter_->Progress(p);
   }
   void OnCheckpoint(int64_t, const std::string& path) override {
@@ -141,6 +155,7 @@ class JobRunner::ProgressObserver final : public runtime::TrainObserver {
 
  private:
   JobRunner* runner_;
+  runtime::Trainer* trainer_;
   bool lead_;
 };
 
@@ -292,7 +307,7 @@ AttemptResult JobRunner::Run() {
     channel_ = channel.get();
     if (requested_ != runtime::StopReason::kNone) trainer_->RequestStop(requested_);
   }
-  ProgressObserver progress(this, assignment_.rank() == 0);
+  ProgressObserver progress(this, trainer->get(), assignment_.rank() == 0);
   absl::StatusOr<runtime::TrainSummary> summary = (*trainer)->Run({&progress});
   const std::string phase = runtime::TrainPhaseName((*trainer)->phase());
   const int64_t step = (*trainer)->steps_done();

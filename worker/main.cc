@@ -1,6 +1,5 @@
 // rackrun-worker: the per-device worker daemon (worker.h). Started by mpirun, srun
 // --mpi=pmix, torchrun-style variables (RANK, WORLD_SIZE, LOCAL_RANK), systemd or by hand.
-#include <pthread.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -36,6 +35,13 @@ options:
 The launcher rank (for deterministic rank assignment) is read from OMPI_COMM_WORLD_RANK,
 SLURM_PROCID / PMIX_RANK or RANK, and the size from the matching variables.
 )";
+
+int g_signal_pipe[2] = {-1, -1};
+
+void OnSignal(int sig) {
+  const unsigned char byte = static_cast<unsigned char>(sig);
+  (void)!::write(g_signal_pipe[1], &byte, 1);
+}
 
 int EnvInt(const char* name, int fallback) {
   const char* v = std::getenv(name);
@@ -109,13 +115,6 @@ int main(int argc, char** argv) {
     if (absl::SimpleAtoi(grace, &ms)) o.victim_grace = std::chrono::milliseconds(ms);
   }
 
-  // Signals go to one thread that asks the worker to drain; a second one ends the process.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-
   absl::StatusOr<std::unique_ptr<rackrun::worker::Worker>> worker =
       rackrun::worker::Worker::Create(o);
   if (!worker.ok()) {
@@ -127,13 +126,27 @@ int main(int argc, char** argv) {
               o.launcher_size, o.device.c_str());
   std::fflush(stdout);
   rackrun::worker::Worker* w = worker->get();
-  std::thread([w, signals] {
-    int sig = 0;
-    sigwait(&signals, &sig);
+  // SIGTERM/SIGINT: a handler (any thread may take the signal: libraries such as OpenBLAS
+  // start threads before main, so blocking it is not enough) writes the signal number to
+  // a pipe; a watcher thread asks the worker to drain, and exits at once on a second one.
+  if (::pipe(g_signal_pipe) != 0) {
+    std::perror("rackrun-worker: pipe");
+    return 1;
+  }
+  struct sigaction action {};
+  action.sa_handler = OnSignal;
+  sigemptyset(&action.sa_mask);
+  sigaction(SIGTERM, &action, nullptr);
+  sigaction(SIGINT, &action, nullptr);
+  std::thread([w] {
+    unsigned char sig = 0;
+    while (::read(g_signal_pipe[0], &sig, 1) != 1) {
+    }
     std::fprintf(stderr, "rackrun-worker: %s: finishing the current step, then exiting\n",
                  strsignal(sig));
     w->Shutdown();
-    sigwait(&signals, &sig);
+    while (::read(g_signal_pipe[0], &sig, 1) != 1) {
+    }
     std::fprintf(stderr, "rackrun-worker: second %s: exiting now\n", strsignal(sig));
     std::_Exit(128 + sig);
   }).detach();

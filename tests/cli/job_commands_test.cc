@@ -21,6 +21,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/support/process.h"
 #include "tests/support/shell.h"
 
 namespace {
@@ -32,78 +33,9 @@ using Result = ::rackrun::testing::ShellResult;
 using Clock = std::chrono::steady_clock;
 namespace fs = std::filesystem;
 
-// A child process with stdout and stderr into one file; killed (SIGKILL) if still running
-// when destroyed.
-class Child {
- public:
-  Child(const std::vector<std::string>& argv, const fs::path& output) {
-    pid_ = fork();
-    if (pid_ == 0) {
-      const int fd = open(output.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      dup2(fd, 1);
-      dup2(fd, 2);
-      std::vector<char*> args;
-      for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-      args.push_back(nullptr);
-      execv(args[0], args.data());
-      _exit(127);
-    }
-  }
-  ~Child() {
-    if (pid_ > 0 && !exited_) {
-      kill(pid_, SIGKILL);
-      waitpid(pid_, nullptr, 0);
-    }
-  }
-  Child(const Child&) = delete;
-  Child& operator=(const Child&) = delete;
-
-  void Signal(int sig) const { kill(pid_, sig); }
-
-  // The exit code, -1 after a signal, -2 when it has not exited within `timeout`.
-  int Wait(std::chrono::seconds timeout) {
-    const Clock::time_point end = Clock::now() + timeout;
-    while (Clock::now() < end) {
-      int status = 0;
-      if (waitpid(pid_, &status, WNOHANG) == pid_) {
-        exited_ = true;
-        return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    return -2;
-  }
-
- private:
-  pid_t pid_ = -1;
-  bool exited_ = false;
-};
-
-// Polls `path` until its text matches `pattern` (the first match's groups), for at most
-// 15 s; empty when it never does.
-std::smatch WaitForText(const fs::path& path, const std::regex& pattern, std::string* text) {
-  const Clock::time_point end = Clock::now() + std::chrono::seconds(15);
-  std::smatch m;
-  while (Clock::now() < end) {
-    *text = ::rackrun::testing::Slurp(path);
-    if (std::regex_search(*text, m, pattern)) return m;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return m;
-}
-
-// A port nobody listens on (bound, then closed again).
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
-  socklen_t len = sizeof addr;
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
-}
+using ::rackrun::testing::Child;
+using ::rackrun::testing::FreePort;
+using ::rackrun::testing::WaitForText;
 
 int Count(const std::string& text, const std::string& what) {
   int n = 0;

@@ -1,0 +1,454 @@
+// End-to-end tests of the daemons as a user runs them, on loopback: a rackrun-coordinator
+// with a scratch state folder, rackrun-worker processes (by hand with torchrun-style RANK,
+// or under mpirun), and the rackrun CLI. Jobs train the tiny model on the committed Brown
+// sample. Faults are real: kill -9 and SIGSTOP of a worker, SIGTERM of a worker, kill -9
+// of the coordinator.
+//
+// Timeouts are short so faults surface in seconds: heartbeat every 200 ms, lost after
+// 3 s, hung after 3 s, data-channel waits 30 s (longer than both, so the coordinator names
+// the culprit before a victim's channel times out).
+
+#include <signal.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/support/process.h"
+#include "tests/support/shell.h"
+
+namespace {
+
+using nlohmann::json;
+using ::rackrun::testing::Child;
+using ::rackrun::testing::WaitForText;
+using ::testing::HasSubstr;
+using Result = ::rackrun::testing::ShellResult;
+using Clock = std::chrono::steady_clock;
+namespace fs = std::filesystem;
+
+constexpr char kMpiEnv[] =
+    "OMPI_MCA_btl=self,vader OMPI_MCA_btl_vader_single_copy_mechanism=none "
+    "OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_ALLOW_RUN_AS_ROOT=1 "
+    "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yield_when_idle=1";
+
+// The job of ep_train_test: 2 blocks, C=32, xhc N=4 k=2, 8 experts top-2.
+constexpr char kSpec[] =
+    "model: {width: 32, blocks: 2, heads: 2, seq_len: 32, residual: xhc, streams: 4, active: 2,\n"
+    "        fixed: 1, moe: {experts: 8, top_k: 2, expert_hidden: 32}}\n"
+    "data: {train: data/train.tokens, validation: data/val.tokens, batch_size: 8}\n"
+    "training: {steps: 20, seed: 3, microbatches: 2, eval_interval: 10, eval_batches: 2}\n"
+    "balancer: {policy: none, slots: 2}\n"
+    "logging: {interval: 1}\n"
+    "resources: {threads: 1, ranks: 2}\n";
+
+// A numeric field of a proto message printed as JSON: int64 fields are strings there,
+// int32 fields numbers, and zero values are left out.
+int64_t Int(const json& j, const char* key) {
+  if (!j.is_object() || !j.contains(key)) return 0;
+  const json& v = j.at(key);
+  if (v.is_string()) return std::stoll(v.get<std::string>());
+  return v.is_number() ? v.get<int64_t>() : 0;
+}
+
+class DaemonsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::path(::testing::TempDir()) /
+           ("daemons_" +
+            std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    const Result data = Shell(std::string(RACKRUN_BINARY) + " data --input " + RACKRUN_SOURCE_DIR +
+                                  "/tests/data/brown-sample.txt --output " +
+                                  (dir_ / "data").string() + " --val-fraction 0.1",
+                              "data");
+    ASSERT_EQ(data.code, 0) << data.err;
+    std::ofstream(dir_ / "job.yaml") << kSpec;
+  }
+
+  void TearDown() override {
+    for (auto& w : workers_) w.reset();
+    mpirun_.reset();
+    if (coordinator_ != nullptr) {
+      coordinator_->Signal(SIGTERM);
+      coordinator_->Wait(std::chrono::seconds(10));
+    }
+    if (!HasFailure()) fs::remove_all(dir_);
+  }
+
+  Result Shell(const std::string& command, const std::string& tag) {
+    return ::rackrun::testing::Shell(command, dir_ / (tag + ".stdout"), dir_ / (tag + ".stderr"));
+  }
+
+  // Starts (or restarts, on the same port and state) the coordinator.
+  void StartCoordinator() {
+    const fs::path banner = dir_ / ("coordinator" + std::to_string(starts_++) + ".log");
+    coordinator_ = std::make_unique<Child>(
+        std::vector<std::string>{RACKRUN_COORDINATOR_BINARY, "--listen",
+                                 "127.0.0.1:" + std::to_string(port_), "--state-dir",
+                                 (dir_ / "state").string(), "--heartbeat-interval-ms", "200",
+                                 "--heartbeat-timeout-ms", "3000", "--hang-timeout-ms", "3000",
+                                 "--reattach-grace-ms", "15000", "--channel-timeout-ms", "30000"},
+        banner);
+    std::string text;
+    std::smatch m = WaitForText(banner, std::regex("listening on 127\\.0\\.0\\.1:([0-9]+)"), &text);
+    ASSERT_FALSE(m.empty()) << "no banner: " << text;
+    port_ = std::stoi(m[1].str());
+    address_ = "127.0.0.1:" + m[1].str();
+  }
+
+  std::vector<std::string> WorkerEnv() const {
+    return {"RACKRUN_COORDINATOR=" + address_,
+            "RACKRUN_TOKEN_FILE=" + (dir_ / "state" / "token").string(),
+            "RACKRUN_VICTIM_GRACE_MS=4000"};
+  }
+
+  // A worker started by hand with a torchrun-style RANK.
+  Child& StartWorker(int launcher_rank) {
+    std::vector<std::string> env = WorkerEnv();
+    env.push_back("RANK=" + std::to_string(launcher_rank));
+    workers_.push_back(std::make_unique<Child>(
+        std::vector<std::string>{RACKRUN_WORKER_BINARY, "--data-address", "127.0.0.1",
+                                 "--threads", "1"},
+        dir_ / ("worker" + std::to_string(workers_.size()) + ".log"), env));
+    return *workers_.back();
+  }
+
+  // `mpirun -np N rackrun-worker`: the launcher ranks decide the job ranks.
+  void StartMpirunWorkers(int n) {
+    const fs::path session = dir_ / "session";
+    fs::create_directories(session);
+    std::vector<std::string> argv = {"/usr/bin/env"};
+    for (const std::string& e : absl_split(std::string(kMpiEnv))) argv.push_back(e);
+    argv.push_back("OMPI_MCA_orte_tmpdir_base=" + session.string());
+    for (const std::string& e : WorkerEnv()) argv.push_back(e);
+    for (const char* a : {MPIEXEC, "--allow-run-as-root", "--oversubscribe", MPIEXEC_NUMPROC_FLAG}) {
+      argv.push_back(a);
+    }
+    argv.push_back(std::to_string(n));
+    for (const char* a : {RACKRUN_WORKER_BINARY, "--data-address", "127.0.0.1", "--threads", "1"}) {
+      argv.push_back(a);
+    }
+    mpirun_ = std::make_unique<Child>(argv, dir_ / "mpirun.log");
+  }
+
+  static std::vector<std::string> absl_split(const std::string& s) {
+    std::vector<std::string> out;
+    std::istringstream in(s);
+    for (std::string w; in >> w;) out.push_back(w);
+    return out;
+  }
+
+  Result Cli(const std::string& args, const std::string& tag = "cli") {
+    return Shell("cd " + dir_.string() + " && env -u RACKRUN_TOKEN RACKRUN_COORDINATOR=" +
+                     address_ + " RACKRUN_TOKEN_FILE=" + (dir_ / "state" / "token").string() +
+                     " timeout -k 5 120 " + RACKRUN_BINARY + " " + args,
+                 tag);
+  }
+
+  json Json(const std::string& args) {
+    const Result r = Cli(args + " --json", "json");
+    EXPECT_EQ(r.code, 0) << r.err;
+    json j = json::parse(r.out, nullptr, /*allow_exceptions=*/false);
+    EXPECT_FALSE(j.is_discarded()) << r.out;
+    return j;
+  }
+
+  // Waits until `n` workers are IDLE; their ids by launcher rank order.
+  void WaitIdle(int n) {
+    const auto end = Clock::now() + std::chrono::seconds(30);
+    int idle = 0;
+    while (Clock::now() < end) {
+      idle = 0;
+      for (const json& w : Json("workers").value("workers", json::array())) {
+        if (w.value("state", "") == "IDLE") ++idle;
+      }
+      if (idle >= n) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    FAIL() << "only " << idle << " of " << n << " workers became idle";
+  }
+
+  std::string Submit(const std::string& sets, const std::string& tag = "submit") {
+    const Result r = Cli("submit job.yaml " + sets, tag);
+    EXPECT_EQ(r.code, 0) << r.err;
+    return r.out.substr(0, r.out.find('\n'));
+  }
+
+  // Waits for the job to reach `state` (or any terminal state); its last Get.
+  json WaitState(const std::string& id, const std::string& state,
+                 std::chrono::seconds timeout = std::chrono::seconds(90)) {
+    const auto end = Clock::now() + timeout;
+    json job;
+    while (Clock::now() < end) {
+      job = Json("status " + id);
+      const std::string s = job.value("state", "");
+      if (s == state || s == "SUCCEEDED" || s == "FAILED" || s == "CANCELLED") return job;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    return job;
+  }
+
+  // Waits until the job's rank 0 reported at least `step`.
+  void WaitStep(const std::string& id, int64_t step) {
+    const auto end = Clock::now() + std::chrono::seconds(60);
+    while (Clock::now() < end) {
+      const json job = Json("status " + id);
+      if (Int(job.value("last_progress", json::object()), "step") >= step) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    FAIL() << "job " << id << " never reached step " << step;
+  }
+
+  // The "loss"/"val_loss" texts of a JSON Lines log as written (%.9g): compared bit for bit.
+  std::vector<std::string> Losses(const fs::path& log) {
+    std::vector<std::string> out;
+    const std::regex loss("\"(loss|val_loss)\": ([^,}]+)");
+    for (const std::string& line : ::rackrun::testing::Lines(log)) {
+      for (auto it = std::sregex_iterator(line.begin(), line.end(), loss);
+           it != std::sregex_iterator(); ++it) {
+        out.push_back((*it)[1].str() + "=" + (*it)[2].str());
+      }
+    }
+    return out;
+  }
+
+  // `mpirun -np R rackrun train job.yaml SETS --log-json LOG`: the direct launch.
+  Result Mpirun(int ranks, const std::string& sets, const fs::path& log) {
+    const fs::path session = dir_ / "session-train";
+    fs::create_directories(session);
+    return Shell("cd " + dir_.string() + " && env " + kMpiEnv + " OMPI_MCA_orte_tmpdir_base=" +
+                     session.string() + " timeout -k 10 300 " + MPIEXEC +
+                     " --allow-run-as-root --oversubscribe " + MPIEXEC_NUMPROC_FLAG + " " +
+                     std::to_string(ranks) + " " + RACKRUN_BINARY + " train job.yaml " + sets +
+                     " --log-json " + log.string(),
+                 "mpirun-train");
+  }
+
+  fs::path dir_;
+  int port_ = 0;
+  int starts_ = 0;
+  std::string address_;
+  std::unique_ptr<Child> coordinator_;
+  std::unique_ptr<Child> mpirun_;
+  std::vector<std::unique_ptr<Child>> workers_;
+};
+
+// Submit through the CLI to 2 hand-launched workers, watch to SUCCEEDED; the loss
+// trajectory equals the direct `mpirun -np 2 rackrun train` run's, for none and ultraep.
+TEST_F(DaemonsTest, TwoWorkersTrainLikeMpirun) {
+  StartCoordinator();
+  StartWorker(0);
+  StartWorker(1);
+  WaitIdle(2);
+  for (const std::string policy : {"none", "ultraep"}) {
+    const fs::path daemon_log = dir_ / ("daemon-" + policy + ".jsonl");
+    const fs::path direct_log = dir_ / ("direct-" + policy + ".jsonl");
+    const std::string sets = "--set balancer.policy=" + policy;
+    const Result watch =
+        Cli("submit job.yaml " + sets + " --set logging.json=" + daemon_log.string() +
+                " --watch --plain",
+            "watch-" + policy);
+    EXPECT_EQ(watch.code, 0) << watch.out << watch.err;
+    EXPECT_THAT(watch.out, HasSubstr("SUCCEEDED"));
+    EXPECT_THAT(watch.out, HasSubstr("step 20/20"));
+    const Result direct = Mpirun(2, sets, direct_log);
+    ASSERT_EQ(direct.code, 0) << direct.err;
+    const std::vector<std::string> daemon = Losses(daemon_log), mpirun = Losses(direct_log);
+    ASSERT_EQ(daemon.size(), 40u) << policy;  // loss and val_loss (null or a value) of 20 steps
+    EXPECT_EQ(daemon, mpirun) << policy;
+  }
+  // The workers stay up for the next job.
+  EXPECT_EQ(workers_[0]->Wait(std::chrono::milliseconds(0)), -2);
+  EXPECT_EQ(workers_[1]->Wait(std::chrono::milliseconds(0)), -2);
+}
+
+// 4 workers under mpirun (launcher ranks), coordinator-mode planning: the job succeeds and
+// its losses equal the same job planned in-band (the coordinator's plans are the plans
+// every rank would solve).
+TEST_F(DaemonsTest, FourMpirunWorkersCoordinatorModePlansLikeInBand) {
+  StartCoordinator();
+  StartMpirunWorkers(4);
+  WaitIdle(4);
+  std::vector<std::vector<std::string>> losses;
+  for (const std::string mode : {"inband", "coordinator"}) {
+    const fs::path log = dir_ / (mode + ".jsonl");
+    const std::string id =
+        Submit("--set resources.ranks=4 --set balancer.policy=ultraep --set training.steps=10 "
+               "--set balancer.mode=" + mode + " --set logging.json=" + log.string(),
+               "submit-" + mode);
+    const json job = WaitState(id, "SUCCEEDED");
+    ASSERT_EQ(job.value("state", ""), "SUCCEEDED") << job.dump();
+    losses.push_back(Losses(log));
+    EXPECT_EQ(losses.back().size(), 20u);
+  }
+  EXPECT_EQ(losses[0], losses[1]);
+  // Ranks follow the launcher ranks: rank r ran on the worker mpirun started as rank r.
+  const json job = Json("status " + Json("list").value("jobs", json::array())[0].value("id", ""));
+  for (const json& r : job["attempts"][0]["ranks"]) {
+    for (const json& w : Json("workers").value("workers", json::array())) {
+      if (w.value("id", "") == r.value("worker_id", "")) {
+        EXPECT_EQ(Int(w, "launcher_rank"), Int(r, "rank"));
+      }
+    }
+  }
+}
+
+// kill -9 of a busy worker: the job fails naming the lost rank (its pid) within the
+// heartbeat timeout plus a margin, and the surviving worker runs the next job.
+TEST_F(DaemonsTest, KilledWorkerIsNamedAndSurvivorsRunTheNextJob) {
+  StartCoordinator();
+  StartWorker(0);
+  Child& victim = StartWorker(1);
+  StartWorker(2);
+  WaitIdle(3);
+  const std::string id = Submit("--set training.steps=400");
+  WaitStep(id, 3);
+  // Which rank does launcher rank 1 (the second worker) run?
+  const json running = Json("status " + id);
+  int victim_rank = -1;
+  for (const json& r : running["attempts"][0]["ranks"]) {
+    if (Int(r, "pid") == victim.pid()) victim_rank = Int(r, "rank");
+  }
+  ASSERT_GE(victim_rank, 0) << "the second worker should run the 2-rank job: " << running.dump();
+  const auto killed = Clock::now();
+  victim.Signal(SIGKILL);
+  const json job = WaitState(id, "FAILED", std::chrono::seconds(30));
+  const double seconds = std::chrono::duration<double>(Clock::now() - killed).count();
+  ASSERT_EQ(job.value("state", ""), "FAILED") << job.dump();
+  const json& f = job["first_failure"];
+  EXPECT_EQ(f.value("kind", ""), "WORKER_LOST") << f.dump();
+  EXPECT_EQ(Int(f, "rank"), victim_rank) << f.dump();
+  EXPECT_EQ(Int(f, "pid"), victim.pid()) << f.dump();
+  EXPECT_LT(seconds, 3.0 + 5.0) << "heartbeat timeout 3 s plus a margin";
+  // The two others (one of them the killed worker's peer) run the next job.
+  WaitIdle(2);
+  const std::string next = Submit("--set training.steps=5", "submit-next");
+  EXPECT_EQ(WaitState(next, "SUCCEEDED").value("state", ""), "SUCCEEDED");
+}
+
+// SIGSTOP of a busy worker: alive (its connection stays open) but stuck; its peer waits
+// for it in a collective. It is named as hung, with its rank and pid, within the hang
+// timeout plus a margin.
+TEST_F(DaemonsTest, StoppedWorkerIsNamedAsHung) {
+  StartCoordinator();
+  StartWorker(0);
+  Child& stuck = StartWorker(1);
+  WaitIdle(2);
+  const std::string id = Submit("--set training.steps=400");
+  WaitStep(id, 3);
+  const auto stopped = Clock::now();
+  stuck.Signal(SIGSTOP);
+  const json job = WaitState(id, "FAILED", std::chrono::seconds(30));
+  const double seconds = std::chrono::duration<double>(Clock::now() - stopped).count();
+  stuck.Signal(SIGCONT);
+  ASSERT_EQ(job.value("state", ""), "FAILED") << job.dump();
+  const json& f = job["first_failure"];
+  EXPECT_EQ(f.value("kind", ""), "HANG") << f.dump();
+  EXPECT_EQ(Int(f, "pid"), stuck.pid()) << f.dump();
+  EXPECT_LT(seconds, 3.0 + 6.0) << "hang timeout 3 s plus a margin";
+}
+
+// SIGTERM of a busy worker: it finishes its step, the job checkpoints, the worker
+// deregisters and exits 0; the job restarts (worker_cancelled) on the free workers from
+// that checkpoint and succeeds.
+TEST_F(DaemonsTest, TerminatedWorkerCheckpointsAndTheJobRestartsElsewhere) {
+  StartCoordinator();
+  StartWorker(0);
+  Child& leaving = StartWorker(1);
+  StartWorker(2);
+  WaitIdle(3);
+  const std::string ckpt = (dir_ / "ckpt").string();
+  const std::string id = Submit("--set training.steps=60 --set checkpoint.dir=" + ckpt +
+                                " --set checkpoint.interval=1000 --set restart.max_attempts=2"
+                                " --set restart.backoff_s=0.2");
+  WaitStep(id, 5);
+  leaving.Signal(SIGTERM);
+  EXPECT_EQ(leaving.Wait(std::chrono::seconds(30)), 0) << "a drained worker exits 0";
+  const json job = WaitState(id, "SUCCEEDED", std::chrono::seconds(120));
+  ASSERT_EQ(job.value("state", ""), "SUCCEEDED") << job.dump();
+  ASSERT_EQ(job["attempts"].size(), 2u) << job.dump();
+  EXPECT_EQ(job["first_failure"].value("kind", ""), "WORKER_CANCELLED") << job.dump();
+  EXPECT_EQ(Int(job["first_failure"], "pid"), leaving.pid()) << job.dump();
+  EXPECT_GE(Int(job["attempts"][1], "start_step"), 5) << "resumed from the drain checkpoint";
+  EXPECT_THAT(::rackrun::testing::Slurp(dir_ / "worker1.log"), HasSubstr("deregistered"));
+}
+
+// kill -9 of the coordinator mid-job and mid-queue, then a restart on the same port and
+// state: the running job's workers re-attach and it completes in its first attempt; the
+// queued job is neither lost nor duplicated and runs after it.
+TEST_F(DaemonsTest, CoordinatorRestartLosesNothing) {
+  StartCoordinator();
+  StartWorker(0);
+  StartWorker(1);
+  WaitIdle(2);
+  const std::string running = Submit("--set training.steps=150", "submit-running");
+  const std::string queued = Submit("--set training.steps=5", "submit-queued");
+  WaitStep(running, 3);
+  coordinator_->Signal(SIGKILL);
+  coordinator_->Wait(std::chrono::seconds(10));
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  StartCoordinator();
+  const json first = WaitState(running, "SUCCEEDED", std::chrono::seconds(120));
+  EXPECT_EQ(first.value("state", ""), "SUCCEEDED") << first.dump();
+  EXPECT_EQ(first["attempts"].size(), 1u) << "re-attached, not restarted: " << first.dump();
+  const json second = WaitState(queued, "SUCCEEDED", std::chrono::seconds(60));
+  EXPECT_EQ(second.value("state", ""), "SUCCEEDED") << second.dump();
+  EXPECT_EQ(Json("list").value("jobs", json::array()).size(), 2u);
+}
+
+// Cancel: every rank stops at the same step boundary; the workers take the next job.
+TEST_F(DaemonsTest, CancelStopsEveryRankAndWorkersStayUp) {
+  StartCoordinator();
+  StartWorker(0);
+  StartWorker(1);
+  WaitIdle(2);
+  const std::string id = Submit("--set training.steps=400");
+  WaitStep(id, 3);
+  const Result cancel = Cli("cancel " + id);
+  EXPECT_EQ(cancel.code, 0) << cancel.err;
+  const json job = WaitState(id, "CANCELLED", std::chrono::seconds(30));
+  EXPECT_EQ(job.value("state", ""), "CANCELLED") << job.dump();
+  WaitIdle(2);
+  std::string text;
+  for (int w = 0; w < 2; ++w) {
+    EXPECT_FALSE(WaitForText(dir_ / ("worker" + std::to_string(w) + ".log"),
+                             std::regex("attempt 1: CANCELLED: stopped at step ([0-9]+)"), &text)
+                     .empty())
+        << text;
+  }
+  const std::regex at("stopped at step ([0-9]+)");
+  std::smatch a, b;
+  const std::string l0 = ::rackrun::testing::Slurp(dir_ / "worker0.log");
+  const std::string l1 = ::rackrun::testing::Slurp(dir_ / "worker1.log");
+  ASSERT_TRUE(std::regex_search(l0, a, at) && std::regex_search(l1, b, at));
+  EXPECT_EQ(a[1].str(), b[1].str()) << "both ranks stop at the same step";
+  const std::string next = Submit("--set training.steps=3", "submit-next");
+  EXPECT_EQ(WaitState(next, "SUCCEEDED").value("state", ""), "SUCCEEDED");
+}
+
+// A path no worker can read fails the job at start, naming the path and the host.
+TEST_F(DaemonsTest, UnreadablePathFailsNamingPathAndHost) {
+  StartCoordinator();
+  StartWorker(0);
+  WaitIdle(1);
+  const std::string id =
+      Submit("--set resources.ranks=1 --set data.train=" + (dir_ / "gone.tokens").string());
+  const json job = WaitState(id, "FAILED");
+  ASSERT_EQ(job.value("state", ""), "FAILED") << job.dump();
+  const std::string message = job["first_failure"].value("message", "");
+  EXPECT_THAT(message, HasSubstr("data.train"));
+  EXPECT_THAT(message, HasSubstr((dir_ / "gone.tokens").string()));
+  EXPECT_THAT(message, HasSubstr("on host "));
+}
+
+}  // namespace
