@@ -16,9 +16,15 @@ constexpr const char* kUsage =
     "         [--heartbeat-interval-ms N] [--heartbeat-timeout-ms N] [--hang-timeout-ms N]\n"
     "         [--reattach-grace-ms N] [--channel-timeout-ms N]\n"
     "         [--tls-cert FILE --tls-key FILE [--tls-client-ca FILE]]\n"
+    "         [--metrics-listen HOST:PORT] [--dashboard-listen HOST:PORT] [--dashboard-assets DIR]\n"
+    "         [--dashboard-allow-remote]\n"
     "  --listen          address to serve on (default 127.0.0.1:7070; port 0 = any free port)\n"
     "  --state-dir       job database and token (default ~/.rackrun)\n"
-    "  --token-file      cluster token (default STATE_DIR/token, created at first start, mode 0600)\n";
+    "  --token-file      cluster token (default STATE_DIR/token, created at first start, mode 0600)\n"
+    "  --metrics-listen  Prometheus endpoint, GET /metrics (default off; e.g. 0.0.0.0:9464)\n"
+    "  --dashboard-listen  built-in live dashboard (default off; loopback only, e.g. 127.0.0.1:8080)\n"
+    "  --dashboard-assets  its page and uPlot (default the source tree's metrics/dashboard)\n"
+    "  --dashboard-allow-remote  let --dashboard-listen take a non-loopback address (no token asked)\n";
 
 int Fail(const std::string& message) {
   std::fprintf(stderr, "rackrun-coordinator: %s\n%s", message.c_str(), kUsage);
@@ -39,6 +45,10 @@ int main(int argc, char** argv) {
       std::fputs(kUsage, stdout);
       return 0;
     }
+    if (flag == "--dashboard-allow-remote") {
+      o.observability.dashboard_allow_remote = true;
+      continue;
+    }
     if (const size_t eq = flag.find('='); eq != std::string::npos) {
       value = flag.substr(eq + 1);
       flag = flag.substr(0, eq);
@@ -54,6 +64,12 @@ int main(int argc, char** argv) {
       o.state_dir = value;
     } else if (flag == "--token-file") {
       o.token_file = value;
+    } else if (flag == "--metrics-listen") {
+      o.observability.metrics_listen = value;
+    } else if (flag == "--dashboard-listen") {
+      o.observability.dashboard_listen = value;
+    } else if (flag == "--dashboard-assets") {
+      o.observability.dashboard_assets = value;
     } else if (flag == "--tls-cert") {
       o.tls_cert = value;
     } else if (flag == "--tls-key") {
@@ -99,6 +115,16 @@ int main(int argc, char** argv) {
   std::printf("rackrun-coordinator: listening on %s:%d, state %s, token file %s%s\n", host.c_str(),
               (*server)->port(), o.state_dir.c_str(), (*server)->token_file().c_str(),
               o.tls_cert.empty() ? " (insecure: no TLS)" : " (TLS)");
+  if ((*server)->metrics_port() > 0) {
+    const std::string& m = o.observability.metrics_listen;
+    std::printf("rackrun-coordinator: metrics on http://%s:%d/metrics\n", m.substr(0, m.rfind(':')).c_str(),
+                (*server)->metrics_port());
+  }
+  if ((*server)->dashboard_port() > 0) {
+    const std::string& d = o.observability.dashboard_listen;
+    std::printf("rackrun-coordinator: dashboard on http://%s:%d/\n", d.substr(0, d.rfind(':')).c_str(),
+                (*server)->dashboard_port());
+  }
   std::fflush(stdout);
   int sig = 0;
   sigwait(&signals, &sig);

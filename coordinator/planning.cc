@@ -102,6 +102,7 @@ absl::Status Planning::AddRow(const rackrun::v1::LoadRow& row) {
                                  st.message()));
   }
   reply.set_solve_s(std::chrono::duration<double>(std::chrono::steady_clock::now() - arrived).count());
+  if (solve_observer_) solve_observer_(row.job_id(), reply.solve_s());
   s.pending.erase({row.microbatch(), row.layer(), row.training()});
   for (auto& q : s.outbox) q.push_back(reply);
   cv_.SignalAll();
@@ -130,6 +131,11 @@ absl::StatusOr<std::optional<rackrun::v1::PlanReply>> Planning::NextReply(const 
     }
     if (cv_.WaitWithDeadline(&mu_, deadline)) return std::optional<rackrun::v1::PlanReply>();
   }
+}
+
+void Planning::SetSolveObserver(std::function<void(const std::string&, double)> observer) {
+  absl::MutexLock lock(&mu_);
+  solve_observer_ = std::move(observer);
 }
 
 void Planning::Shutdown() {

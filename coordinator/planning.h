@@ -13,6 +13,7 @@
 #define RACKRUN_COORDINATOR_PLANNING_H_
 
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -61,6 +62,10 @@ class Planning {
 
   void Shutdown();
 
+  // Metrics hook: called with (job id, solve_s) after every solve, under Planning's lock
+  // (keep it cheap). Null to remove. Thread-safe.
+  void SetSolveObserver(std::function<void(const std::string&, double)> observer);
+
  private:
   struct Pending {
     planner::LoadMatrix loads;
@@ -81,6 +86,7 @@ class Planning {
   absl::CondVar cv_;
   std::map<Key, Session> sessions_ ABSL_GUARDED_BY(mu_);
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
+  std::function<void(const std::string&, double)> solve_observer_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace rackrun::coordinator

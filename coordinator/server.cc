@@ -39,6 +39,10 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(cons
   s->job_service_ = std::make_unique<JobServiceImpl>(s->rack_.get(), s->auth_.get(), &s->gate_);
   s->rack_control_ = std::make_unique<RackControlImpl>(s->rack_.get(), s->auth_.get(), &s->gate_);
 
+  absl::StatusOr<std::unique_ptr<Observability>> observability = Observability::Start(options.observability, s->rack_.get());
+  if (!observability.ok()) return observability.status();
+  s->observability_ = *std::move(observability);
+
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
@@ -52,6 +56,9 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(cons
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  if (auto interceptors = s->observability_->InterceptorFactories(); !interceptors.empty()) {
+    builder.experimental().SetInterceptorCreators(std::move(interceptors));
+  }
   s->server_ = builder.BuildAndStart();
   if (s->server_ == nullptr || s->port_ == 0) {
     return absl::UnavailableError(absl::StrCat("--listen: cannot listen on ", options.listen,
@@ -74,6 +81,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(cons
   s->ticker_ = std::thread([self] {
     while (!self->stop_) {
       self->rack_->Tick();
+      self->observability_->Refresh();
       std::this_thread::sleep_for(std::chrono::milliseconds(self->options_.tick_ms));
     }
   });
@@ -87,11 +95,13 @@ void CoordinatorServer::Shutdown() {
   if (server_ != nullptr) server_->GetHealthCheckService()->SetServingStatus(false);
   stop_ = true;
   if (ticker_.joinable()) ticker_.join();
+  if (observability_ != nullptr) observability_->StopDashboard();
   if (rack_ != nullptr) rack_->Shutdown();
   if (server_ != nullptr) {
     server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
     server_->Wait();
   }
+  observability_.reset();
   store_.reset();
 }
 

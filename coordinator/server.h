@@ -14,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "coordinator/auth.h"
 #include "coordinator/job_store.h"
+#include "coordinator/observability.h"
 #include "coordinator/rack.h"
 #include "coordinator/services.h"
 
@@ -28,6 +29,8 @@ struct ServerOptions {
   int64_t tick_ms = 20;
   // Test seam: hold health at NOT_SERVING this long after replaying (0 in production).
   int64_t serving_delay_ms = 0;
+  // Prometheus endpoint and built-in dashboard (observability.h); empty addresses = off.
+  ObservabilityOptions observability;
 };
 
 class CoordinatorServer {
@@ -37,6 +40,8 @@ class CoordinatorServer {
   ~CoordinatorServer();
 
   int port() const { return port_; }
+  int metrics_port() const { return observability_ != nullptr ? observability_->metrics_port() : 0; }
+  int dashboard_port() const { return observability_ != nullptr ? observability_->dashboard_port() : 0; }
   const std::string& token_file() const { return token_file_; }
   std::string db_path() const { return options_.state_dir + "/coordinator.db"; }
 
@@ -56,6 +61,7 @@ class CoordinatorServer {
   std::unique_ptr<Rack> rack_;
   std::unique_ptr<JobServiceImpl> job_service_;
   std::unique_ptr<RackControlImpl> rack_control_;
+  std::unique_ptr<Observability> observability_;  // outlives server_ (its interceptors)
   std::unique_ptr<grpc::Server> server_;
   std::atomic<bool> stop_{false};
   std::thread ticker_;
