@@ -7,9 +7,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
-#include <thread>
 
 #include "absl/strings/numbers.h"
+#include "base/signals.h"
 #include "worker/worker.h"
 
 namespace {
@@ -35,13 +35,6 @@ options:
 The launcher rank (for deterministic rank assignment) is read from OMPI_COMM_WORLD_RANK,
 SLURM_PROCID / PMIX_RANK or RANK, and the size from the matching variables.
 )";
-
-int g_signal_pipe[2] = {-1, -1};
-
-void OnSignal(int sig) {
-  const unsigned char byte = static_cast<unsigned char>(sig);
-  (void)!::write(g_signal_pipe[1], &byte, 1);
-}
 
 int EnvInt(const char* name, int fallback) {
   const char* v = std::getenv(name);
@@ -126,30 +119,17 @@ int main(int argc, char** argv) {
               o.launcher_size, o.device.c_str());
   std::fflush(stdout);
   rackrun::worker::Worker* w = worker->get();
-  // SIGTERM/SIGINT: a handler (any thread may take the signal: libraries such as OpenBLAS
-  // start threads before main, so blocking it is not enough) writes the signal number to
-  // a pipe; a watcher thread asks the worker to drain, and exits at once on a second one.
-  if (::pipe(g_signal_pipe) != 0) {
-    std::perror("rackrun-worker: pipe");
+  // SIGTERM/SIGINT: drain (finish the step, checkpoint, report, deregister, exit 0); a
+  // second signal exits at once.
+  if (absl::Status s = rackrun::base::WatchStopSignals([w](int sig) {
+        std::fprintf(stderr, "rackrun-worker: %s: finishing the current step, then exiting\n",
+                     strsignal(sig));
+        w->Shutdown();
+      });
+      !s.ok()) {
+    std::fprintf(stderr, "rackrun-worker: %s\n", std::string(s.message()).c_str());
     return 1;
   }
-  struct sigaction action {};
-  action.sa_handler = OnSignal;
-  sigemptyset(&action.sa_mask);
-  sigaction(SIGTERM, &action, nullptr);
-  sigaction(SIGINT, &action, nullptr);
-  std::thread([w] {
-    unsigned char sig = 0;
-    while (::read(g_signal_pipe[0], &sig, 1) != 1) {
-    }
-    std::fprintf(stderr, "rackrun-worker: %s: finishing the current step, then exiting\n",
-                 strsignal(sig));
-    w->Shutdown();
-    while (::read(g_signal_pipe[0], &sig, 1) != 1) {
-    }
-    std::fprintf(stderr, "rackrun-worker: second %s: exiting now\n", strsignal(sig));
-    std::_Exit(128 + sig);
-  }).detach();
   const absl::Status s = w->Serve();
   if (!s.ok()) {
     std::fprintf(stderr, "rackrun-worker: %s\n", std::string(s.message()).c_str());

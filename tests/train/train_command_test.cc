@@ -1,14 +1,18 @@
 // End-to-end tests of `rackrun data` and `rackrun train`: run the built binary in a child
 // process and check exit codes, printed lines, JSON Lines logs and resumption.
 
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <string>
 #include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/support/process.h"
 #include "tests/support/shell.h"
 
 namespace {
@@ -153,6 +157,35 @@ TEST(TrainCommandTest, SpecErrorsNameTheFieldAndExitNonZero) {
   EXPECT_EQ(r.code, 1);
   EXPECT_THAT(r.err, HasSubstr("missing.yaml"));
   EXPECT_EQ(Rackrun("train").code, 2);
+}
+
+// SIGTERM (what Slurm sends before it kills a job): the step finishes, a checkpoint of it
+// is written and the process exits 0; resuming from it continues the same trajectory.
+TEST(TrainCommandTest, SigtermCheckpointsTheCurrentStepAndExitsZero) {
+  const std::string spec = PrepareJob();
+  const fs::path ckpt = Dir() / "ckpt";
+  ::rackrun::testing::Child train(
+      {RACKRUN_BINARY, "train", spec, "--set", "training.steps=100000", "--set",
+       "checkpoint.dir=" + ckpt.string(), "--set", "checkpoint.interval=100000"},
+      Dir() / "train.log");
+  std::string text;
+  ASSERT_FALSE(::rackrun::testing::WaitForText(Dir() / "train.log", std::regex("step +5/"), &text)
+                   .empty())
+      << text;
+  train.Signal(SIGTERM);
+  EXPECT_EQ(train.Wait(std::chrono::seconds(60)), 0);
+  text = ::rackrun::testing::Slurp(Dir() / "train.log");
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(text, m, std::regex("stopped by a signal at step ([0-9]+)"))) << text;
+  const int step = std::stoi(m[1].str());
+  EXPECT_GE(step, 5);
+  char name[32];
+  std::snprintf(name, sizeof(name), "step-%08d.ckpt", step);
+  EXPECT_TRUE(fs::exists(ckpt / name)) << text;
+  const Result resumed = Rackrun("train " + spec + " --resume " + ckpt.string() +
+                                 " --set training.steps=" + std::to_string(step + 2));
+  ASSERT_EQ(resumed.code, 0) << resumed.err;
+  EXPECT_THAT(resumed.out, HasSubstr("resumed at step " + std::to_string(step)));
 }
 
 }  // namespace

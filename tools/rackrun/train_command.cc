@@ -6,11 +6,14 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "base/signals.h"
 #include "comm/data_channel.h"
 #include "comm/mpi_channel.h"
 #include "runtime/job_config.h"
@@ -189,6 +192,23 @@ int TrainCommand(const Args& args) {
         omp_get_max_threads());
   std::fflush(stdout);
 
+  // SIGTERM/SIGINT (what Slurm and mpirun send first): every rank finishes its step, the
+  // job checkpoints (checkpoint.dir) and exits 0; a second signal exits at once.
+  static std::mutex signalled_mu;
+  static rt::Trainer* signalled = nullptr;  // guarded by signalled_mu; null once Run ended
+  {
+    std::lock_guard<std::mutex> lock(signalled_mu);
+    signalled = &t;
+  }
+  if (absl::Status s = rackrun::base::WatchStopSignals([](int sig) {
+        std::fprintf(stderr, "rackrun train: %s: finishing the current step, then stopping\n",
+                     strsignal(sig));
+        std::lock_guard<std::mutex> lock(signalled_mu);
+        if (signalled != nullptr) signalled->RequestStop(rt::StopReason::kDrain);
+      });
+      !s.ok()) {
+    return fail("", s);
+  }
   // Rank 0 prints the log line of every logged step.
   std::vector<rt::TrainObserver*> observers;
   std::unique_ptr<rt::StepLog> log;
@@ -203,9 +223,20 @@ int TrainCommand(const Args& args) {
     observers.push_back(log.get());
   }
   absl::StatusOr<rt::TrainSummary> summary = t.Run(observers);
+  {
+    std::lock_guard<std::mutex> lock(signalled_mu);
+    signalled = nullptr;
+  }
   if (!summary.ok()) return fail("", summary.status());
   if (!lead) return 0;
   const rt::TrainSummary& s = *summary;
+  if (s.stopped == rt::StopReason::kDrain) {
+    std::printf("stopped by a signal at step %lld of %lld%s\n", static_cast<long long>(s.steps),
+                static_cast<long long>(c.steps),
+                s.last_checkpoint.empty() ? " (no checkpoint.dir: nothing saved)"
+                                          : (", checkpoint " + s.last_checkpoint).c_str());
+    return 0;
+  }
   if (s.losses.empty()) {
     std::printf("nothing to train: already at step %lld of %lld\n", static_cast<long long>(s.steps),
                 static_cast<long long>(c.steps));
