@@ -75,7 +75,9 @@ absl::Status CoordinatorPlanSource::Solve(const Request& request, planner::LoadM
     }
   }
   ++round_trips_;
-  round_trip_s_ += clock.Seconds();
+  const double seconds = clock.Seconds();
+  round_trip_s_ += seconds;
+  if (on_round_trip_) on_round_trip_(seconds);
   return absl::OkStatus();
 }
 

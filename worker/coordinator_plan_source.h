@@ -10,6 +10,7 @@
 #ifndef RACKRUN_WORKER_COORDINATOR_PLAN_SOURCE_H_
 #define RACKRUN_WORKER_COORDINATOR_PLAN_SOURCE_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -31,6 +32,8 @@ class CoordinatorPlanSource final : public runtime::PlanSource {
   absl::Status Solve(const Request& request, planner::LoadMatrix* loads,
                      planner::Plan* plan) override;
 
+  // Called with the seconds of every round trip (metrics); on the training thread.
+  void set_on_round_trip(std::function<void(double)> f) { on_round_trip_ = std::move(f); }
   // Round trips so far and their summed seconds (this rank's view: row sent -> plan in).
   int64_t round_trips() const { return round_trips_; }
   double round_trip_s() const { return round_trip_s_; }
@@ -43,6 +46,7 @@ class CoordinatorPlanSource final : public runtime::PlanSource {
   std::unique_ptr<grpc::ClientContext> context_;
   std::unique_ptr<grpc::ClientReaderWriter<rackrun::v1::LoadRow, rackrun::v1::PlanReply>> stream_;
   bool first_ = true;
+  std::function<void(double)> on_round_trip_;
   int64_t round_trips_ = 0;
   double round_trip_s_ = 0;
 };

@@ -191,6 +191,7 @@ JobStatus JobRunner::Status() const {
       s.phase = "collective";
     }
   }
+  if (metrics_ != nullptr) metrics_->SetPhase(s.phase);
   return s;
 }
 
@@ -301,14 +302,35 @@ AttemptResult JobRunner::Run() {
       return fail(s, "resuming");
     }
   }
+  // This job's Prometheus series on this rank (see training_metrics_).
+  std::unique_ptr<metrics::TrainingMetrics>& training_metrics = training_metrics_;
+  if (options_.metrics != nullptr) {
+    metrics::TrainingMetrics::Options o;
+    o.job_id = assignment_.job_id();
+    o.rank = assignment_.rank();
+    o.ranks = assignment_.ranks();
+    o.flops_per_token = metrics::ModelFlopsPerToken((*trainer)->spec(), (*trainer)->parameter_count());
+    o.peak_flops = options_.peak_flops;
+    o.total_steps = (*trainer)->spec().training().steps();
+    o.width = (*trainer)->spec().model().width();
+    o.group = (*trainer)->expert_parallel();
+    training_metrics = std::make_unique<metrics::TrainingMetrics>(*options_.metrics, o);
+    if (plan_source != nullptr) {
+      metrics::TrainingMetrics* m = training_metrics.get();
+      plan_source->set_on_round_trip([m](double seconds) { m->ObservePlanRoundTrip(seconds); });
+    }
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     trainer_ = trainer->get();
     channel_ = channel.get();
+    metrics_ = training_metrics.get();
     if (requested_ != runtime::StopReason::kNone) trainer_->RequestStop(requested_);
   }
   ProgressObserver progress(this, trainer->get(), assignment_.rank() == 0);
-  absl::StatusOr<runtime::TrainSummary> summary = (*trainer)->Run({&progress});
+  std::vector<runtime::TrainObserver*> observers = {&progress};
+  if (training_metrics != nullptr) observers.push_back(training_metrics.get());
+  absl::StatusOr<runtime::TrainSummary> summary = (*trainer)->Run(observers);
   const std::string phase = runtime::TrainPhaseName((*trainer)->phase());
   const int64_t step = (*trainer)->steps_done();
   runtime::StopReason requested;
@@ -316,6 +338,7 @@ AttemptResult JobRunner::Run() {
     std::lock_guard<std::mutex> lock(mu_);
     trainer_ = nullptr;
     channel_ = nullptr;
+    metrics_ = nullptr;
     requested = requested_;
   }
   result.set_step(step);

@@ -20,6 +20,7 @@
 #include <thread>
 
 #include "comm/data_channel.h"
+#include "metrics/training_metrics.h"
 #include "rackrun/v1/rack_control.pb.h"
 #include "runtime/trainer.h"
 #include "worker/connection.h"
@@ -36,6 +37,9 @@ struct JobRunnerOptions {
   // did not ask for, how long to wait for the coordinator's cancel before reporting: the
   // coordinator then blames the culprit it detected, not this victim.
   std::chrono::milliseconds victim_grace{3000};
+  // Prometheus registry of the worker's --metrics-listen exporter; null = no metrics.
+  prometheus::Registry* metrics = nullptr;
+  double peak_flops = 0;  // per device, for MFU; 0 = no MFU series
 };
 
 // What a heartbeat says about the attempt.
@@ -77,6 +81,10 @@ class JobRunner {
   mutable std::mutex mu_;
   std::condition_variable cancelled_cv_;
   runtime::Trainer* trainer_ = nullptr;     // guarded by mu_; alive while Run trains
+  metrics::TrainingMetrics* metrics_ = nullptr;  // guarded by mu_; while Run trains
+  // The attempt's series outlive Run (their last values stay visible) until this runner is
+  // destroyed, which the worker does before the next job's runner is made.
+  std::unique_ptr<metrics::TrainingMetrics> training_metrics_;
   comm::DataChannel* channel_ = nullptr;    // guarded by mu_
   runtime::StopReason requested_ = runtime::StopReason::kNone;  // guarded by mu_
   bool cancelled_by_coordinator_ = false;   // guarded by mu_

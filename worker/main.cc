@@ -32,6 +32,8 @@ options:
   --device DEV             cpu (default) or cuda:N (offers the NCCL channel)
   --threads N              compute threads per job (default: the job spec's resources.threads)
   --patience-s S           how long to wait for an unreachable coordinator (default 120)
+  --metrics-listen H:P     serve Prometheus metrics on http://H:P/metrics (default: none)
+  --peak-flops F           one device's peak FLOP/s, for the MFU series (default: no MFU)
 The launcher rank (for deterministic rank assignment) is read from OMPI_COMM_WORLD_RANK,
 SLURM_PROCID / PMIX_RANK or RANK, and the size from the matching variables.
 )";
@@ -88,6 +90,14 @@ int main(int argc, char** argv) {
       o.device = value();
     } else if (a == "--threads") {
       o.threads = number();
+    } else if (a == "--metrics-listen") {
+      o.metrics_listen = value();
+    } else if (a == "--peak-flops") {
+      const std::string v = value();
+      if (!absl::SimpleAtod(v, &o.peak_flops) || o.peak_flops < 0) {
+        std::fprintf(stderr, "rackrun-worker: --peak-flops: '%s' is not a FLOP/s figure\n", v.c_str());
+        return 2;
+      }
     } else if (a == "--patience-s") {
       o.patience = std::chrono::seconds(number());
     } else {

@@ -34,6 +34,17 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(const WorkerOptions& opti
   absl::StatusOr<std::unique_ptr<Connection>> connection = Connection::Create(options.connection);
   if (!connection.ok()) return connection.status();
   w->connection_ = *std::move(connection);
+  if (!options.metrics_listen.empty()) {
+    absl::StatusOr<std::unique_ptr<metrics::MetricsExporter>> exporter =
+        metrics::MetricsExporter::Start(options.metrics_listen);
+    if (!exporter.ok()) return exporter.status();
+    w->exporter_ = *std::move(exporter);
+    std::string host;
+    int port = 0;
+    (void)metrics::SplitHostPort(options.metrics_listen, "--metrics-listen", &host, &port);
+    std::printf("rackrun-worker: metrics on http://%s:%d/metrics\n", host.c_str(),
+                w->exporter_->port());
+  }
   return w;
 }
 
@@ -282,9 +293,12 @@ absl::Status Worker::Serve() {
     ro.threads = options_.threads;
     ro.fault = options_.fault;
     ro.victim_grace = options_.victim_grace;
+    ro.metrics = exporter_ != nullptr ? &exporter_->registry() : nullptr;
+    ro.peak_flops = options_.peak_flops;
     if (absl::StartsWith(options_.device, "cuda:")) {
       (void)absl::SimpleAtoi(options_.device.substr(5), &ro.cuda_device);
     }
+    finished_.reset();  // the previous job's metrics series go before this job's come
     auto runner = std::make_shared<JobRunner>(*connection_, job, ro);
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -303,6 +317,7 @@ absl::Status Worker::Serve() {
     std::fflush(stdout);
     std::lock_guard<std::mutex> lock(mu_);
     running_.reset();
+    finished_ = runner;
   }
   // Drained: attempts assigned but never started are handed back.
   std::deque<rackrun::v1::RunJob> unstarted;

@@ -26,6 +26,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "metrics/exporter.h"
 #include "worker/connection.h"
 #include "worker/job_runner.h"
 
@@ -46,6 +47,9 @@ struct WorkerOptions {
   // How long to keep retrying the coordinator before giving up at start and when a
   // result cannot be delivered.
   std::chrono::milliseconds patience{120000};
+  // Prometheus exporter ("HOST:PORT"); empty = none. peak_flops: per device, for MFU.
+  std::string metrics_listen;
+  double peak_flops = 0;
 };
 
 class Worker {
@@ -73,6 +77,7 @@ class Worker {
 
   WorkerOptions options_;
   std::unique_ptr<Connection> connection_;
+  std::unique_ptr<metrics::MetricsExporter> exporter_;
   std::vector<std::string> channels_;
 
   std::mutex register_mu_;
@@ -82,6 +87,7 @@ class Worker {
   std::chrono::milliseconds heartbeat_interval_{1000};
   std::deque<rackrun::v1::RunJob> queue_;      // guarded by mu_
   std::shared_ptr<JobRunner> running_;         // guarded by mu_
+  std::shared_ptr<JobRunner> finished_;        // the last one (job thread only): its metrics stay
   bool draining_ = false;                      // guarded by mu_
   bool stopped_ = false;                       // guarded by mu_: threads end
   grpc::ClientContext* stream_context_ = nullptr;  // guarded by mu_
