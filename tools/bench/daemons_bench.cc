@@ -120,8 +120,12 @@ std::vector<std::string> SplitList(std::string_view text) {
   return out;
 }
 
+// The running coordinator child, so that Die does not leave it behind.
+std::atomic<pid_t> live_coordinator{-1};
+
 [[noreturn]] void Die(const std::string& message) {
   std::fprintf(stderr, "bench_daemons_bench: %s\n", message.c_str());
+  if (const pid_t pid = live_coordinator.load(); pid > 0) kill(pid, SIGKILL);
   std::exit(1);
 }
 
@@ -173,6 +177,7 @@ class CoordinatorProcess {
       _exit(127);
     }
     close(out[1]);
+    live_coordinator = pid_;
     out_ = fdopen(out[0], "r");
     char line[1024];
     if (out_ == nullptr || std::fgets(line, sizeof(line), out_) == nullptr) {
@@ -194,6 +199,7 @@ class CoordinatorProcess {
     if (token_.empty()) Die("no token in " + dir_ + "/state/token");
   }
   ~CoordinatorProcess() {
+    live_coordinator = -1;
     if (pid_ > 0) {
       kill(pid_, SIGTERM);
       const auto end = MonotonicClock::now() + 10s;
