@@ -438,7 +438,7 @@ void CheckTokenDispatch(DataChannel& channel, uint64_t seed, bool use_ultraep) {
 
   std::vector<float> x(static_cast<size_t>(kTokens * kIn));
   for (int64_t i = 0; i < kTokens * kIn; ++i) x[i] = Dyadic(me + 50, i, 3);
-  std::vector<float> slot_out(static_cast<size_t>(dispatch->slot_rows() * kOut), NAN);
+  std::vector<float> slot_out(static_cast<size_t>(dispatch->choice_rows() * kOut), NAN);
   int64_t rows_run = 0;
   ExpertFn linear = [&](const TokenDispatch::LocalBatch& b, const float* in, int64_t in_width,
                         float* out, int64_t out_width) {
@@ -449,7 +449,7 @@ void CheckTokenDispatch(DataChannel& channel, uint64_t seed, bool use_ultraep) {
   ASSERT_TRUE(DispatchAndCombine(channel, *dispatch, x, kIn, linear, kOut, slot_out).ok());
   EXPECT_EQ(rows_run, dispatch->expert_rows());
   // At home: every slot's expert applied to its token.
-  for (int64_t s = 0; s < dispatch->slot_rows(); ++s) {
+  for (int64_t s = 0; s < dispatch->choice_rows(); ++s) {
     std::vector<float> expected(kOut);
     LinearExpert(routing.expert[static_cast<size_t>(s)], x.data() + (s / kTopK) * kIn, 1, kIn,
                  expected.data(), kOut);
@@ -458,7 +458,7 @@ void CheckTokenDispatch(DataChannel& channel, uint64_t seed, bool use_ultraep) {
     }
   }
   // Gate-weighted combine in the fixed slot order equals the home computation.
-  std::vector<float> gates(static_cast<size_t>(dispatch->slot_rows()));
+  std::vector<float> gates(static_cast<size_t>(dispatch->choice_rows()));
   for (size_t s = 0; s < gates.size(); ++s) gates[s] = Dyadic(me, static_cast<int64_t>(s), 9);
   std::vector<float> y(static_cast<size_t>(kTokens * kOut));
   ASSERT_TRUE(WeightedCombine(slot_out, gates, kTokens, kTopK, kOut, y).ok());
@@ -472,10 +472,10 @@ void CheckTokenDispatch(DataChannel& channel, uint64_t seed, bool use_ultraep) {
   }
 
   // Backward direction: per-slot rows go out with the same layout and come back.
-  std::vector<float> grads(static_cast<size_t>(dispatch->slot_rows() * kOut));
+  std::vector<float> grads(static_cast<size_t>(dispatch->choice_rows() * kOut));
   for (size_t i = 0; i < grads.size(); ++i) grads[i] = Value(me, static_cast<int64_t>(i), 11);
   std::vector<float> expert_in(static_cast<size_t>(dispatch->expert_rows() * kOut));
-  ASSERT_TRUE(dispatch->DispatchSlots(channel, grads, kOut, expert_in).ok());
+  ASSERT_TRUE(dispatch->DispatchChoices(channel, grads, kOut, expert_in).ok());
   for (const TokenDispatch::LocalBatch& b : dispatch->local_batches()) {
     for (int64_t i = b.offset * kOut; i < (b.offset + b.rows) * kOut; ++i) {
       expert_in[static_cast<size_t>(i)] *= static_cast<float>(b.expert + 1);
@@ -483,7 +483,7 @@ void CheckTokenDispatch(DataChannel& channel, uint64_t seed, bool use_ultraep) {
   }
   std::vector<float> back(grads.size(), NAN);
   ASSERT_TRUE(dispatch->Combine(channel, expert_in, kOut, back).ok());
-  for (int64_t s = 0; s < dispatch->slot_rows(); ++s) {
+  for (int64_t s = 0; s < dispatch->choice_rows(); ++s) {
     const float scale = static_cast<float>(routing.expert[static_cast<size_t>(s)] + 1);
     for (int64_t o = 0; o < kOut; ++o) {
       ASSERT_EQ(back[s * kOut + o], grads[s * kOut + o] * scale) << "slot " << s;
@@ -504,7 +504,7 @@ void CheckTokenDispatch(DataChannel& channel, uint64_t seed, bool use_ultraep) {
 namespace {
 
 void RunSchedule(DataChannel& channel, const planner::FanoutSchedule& schedule,
-                 int64_t expert_bytes, const RelayFanoutOptions& options,
+                 int64_t expert_bytes, const FanoutExecutorOptions& options,
                  const std::string& label) {
   const int me = channel.rank();
   std::map<int, std::vector<std::byte>> storage;
@@ -529,8 +529,8 @@ void RunSchedule(DataChannel& channel, const planner::FanoutSchedule& schedule,
     }
     buffers[w.expert] = bytes;
   }
-  absl::StatusOr<RelayFanoutStats> stats =
-      RunRelayFanout(channel, schedule, expert_bytes, buffers, options);
+  absl::StatusOr<FanoutExecutorStats> stats =
+      ExecuteFanout(channel, schedule, expert_bytes, buffers, options);
   ASSERT_TRUE(stats.ok()) << label << ": " << stats.status();
   EXPECT_EQ(stats->bytes_received, expected_in) << label;
   EXPECT_EQ(stats->bytes_sent, expected_out) << label;
@@ -546,7 +546,7 @@ void RunSchedule(DataChannel& channel, const planner::FanoutSchedule& schedule,
 
 void CheckRelayFanout(DataChannel& channel, FanoutPacing pacing) {
   const int n = channel.size();
-  RelayFanoutOptions options;
+  FanoutExecutorOptions options;
   options.chunk_bytes = 4096;
   options.pacing = pacing;
   const int64_t bytes = 5 * 4096 + 123;  // a short last chunk
@@ -603,8 +603,8 @@ void CheckRelayFanout(DataChannel& channel, FanoutPacing pacing) {
   planner::FanoutSchedule twice = direct;
   twice.transfers.push_back(direct.transfers.front());
   std::vector<std::byte> buf(static_cast<size_t>(bytes));
-  absl::StatusOr<RelayFanoutStats> refused =
-      RunRelayFanout(channel, twice, bytes, {{7, std::span<std::byte>(buf)}}, options);
+  absl::StatusOr<FanoutExecutorStats> refused =
+      ExecuteFanout(channel, twice, bytes, {{7, std::span<std::byte>(buf)}}, options);
   ASSERT_FALSE(refused.ok());
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(refused.status().message(), HasSubstr("twice"));

@@ -8,7 +8,7 @@
 #include <cstdint>
 
 #include "comm/data_channel.h"
-#include "comm/relay_fanout.h"
+#include "comm/fanout_executor.h"
 #include "comm/token_dispatch.h"
 #include "planner/plan.h"
 

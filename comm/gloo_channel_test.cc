@@ -102,7 +102,7 @@ TEST_P(GlooChannelTest, TokenDispatchMatchesHome) {
     testing::CheckTokenDispatch(c, 11, /*use_ultraep=*/true);
   });
 }
-TEST_P(GlooChannelTest, RelayFanout) {
+TEST_P(GlooChannelTest, FanoutExecutor) {
   OnAllRanks([](DataChannel& c) { testing::CheckRelayFanout(c, FanoutPacing::kAuto); });
 }
 

@@ -6,7 +6,7 @@
 //
 // Differences from the MPI backend that callers must respect:
 // - NCCL matches point-to-point messages in issue order per pair, not by tag
-//   (matches_by_tag() is false): RunRelayFanout picks its round pacing for this.
+//   (matches_by_tag() is false): ExecuteFanout picks its round pacing for this.
 // - Requests posted inside GroupStart/GroupEnd start only at GroupEnd.
 // - AllReduce uses NCCL's own algorithm: deterministic run to run for a fixed
 //   communicator, NCCL version and NCCL_ALGO/NCCL_PROTO, but not bit-identical to the MPI

@@ -105,17 +105,17 @@ absl::StatusOr<TokenDispatch> TokenDispatch::Create(const planner::Plan& plan, i
   d.num_tokens_ = routing.num_tokens;
   const int num_instances = plan.num_instances();
 
-  // This rank's slots per expert, in slot order.
-  std::vector<std::vector<int64_t>> expert_slots(static_cast<size_t>(plan.experts));
+  // This rank's choices per expert, in choice order.
+  std::vector<std::vector<int64_t>> expert_choices(static_cast<size_t>(plan.experts));
   for (size_t s = 0; s < routing.expert.size(); ++s) {
-    expert_slots[static_cast<size_t>(routing.expert[s])].push_back(static_cast<int64_t>(s));
+    expert_choices[static_cast<size_t>(routing.expert[s])].push_back(static_cast<int64_t>(s));
   }
 
-  // Slots per instance: consecutive runs of each expert's slots, sized by the split.
-  d.slot_instance_.assign(routing.expert.size(), -1);
-  std::vector<std::vector<int64_t>> instance_slots(static_cast<size_t>(num_instances));
+  // Choices per instance: consecutive runs of each expert's choices, sized by the split.
+  d.choice_instance_.assign(routing.expert.size(), -1);
+  std::vector<std::vector<int64_t>> instance_choices(static_cast<size_t>(num_instances));
   for (int e = 0; e < plan.experts; ++e) {
-    const std::vector<int64_t>& slots = expert_slots[static_cast<size_t>(e)];
+    const std::vector<int64_t>& choices = expert_choices[static_cast<size_t>(e)];
     int64_t planned = 0;
     for (int i = plan.first[e]; i < plan.first[e + 1]; ++i) {
       if (plan.split_at(rank, i) < 0) {
@@ -125,30 +125,30 @@ absl::StatusOr<TokenDispatch> TokenDispatch::Create(const planner::Plan& plan, i
       }
       planned += plan.split_at(rank, i);
     }
-    if (planned != static_cast<int64_t>(slots.size())) {
+    if (planned != static_cast<int64_t>(choices.size())) {
       return absl::InvalidArgumentError(
-          absl::StrCat("token dispatch on rank ", rank, ": routing sends ", slots.size(),
+          absl::StrCat("token dispatch on rank ", rank, ": routing sends ", choices.size(),
                        " tokens to expert ", e, " but the plan's split for this source assigns ",
                        planned, "; plan from this microbatch's exact loads"));
     }
     size_t next = 0;
     for (int i = plan.first[e]; i < plan.first[e + 1]; ++i) {
       for (int64_t k = 0; k < plan.split_at(rank, i); ++k) {
-        const int64_t slot = slots[next++];
-        d.slot_instance_[static_cast<size_t>(slot)] = i;
-        instance_slots[static_cast<size_t>(i)].push_back(slot);
+        const int64_t choice = choices[next++];
+        d.choice_instance_[static_cast<size_t>(choice)] = i;
+        instance_choices[static_cast<size_t>(i)].push_back(choice);
       }
     }
   }
 
-  // Send order: destination rank, then instance, then slot.
+  // Send order: destination rank, then instance, then choice.
   d.send_rows_.assign(static_cast<size_t>(plan.ranks), 0);
   for (int dst = 0; dst < plan.ranks; ++dst) {
     for (int i = 0; i < num_instances; ++i) {
       if (plan.instances[static_cast<size_t>(i)].rank != dst) continue;
-      const std::vector<int64_t>& slots = instance_slots[static_cast<size_t>(i)];
-      d.send_slots_.insert(d.send_slots_.end(), slots.begin(), slots.end());
-      d.send_rows_[static_cast<size_t>(dst)] += static_cast<int64_t>(slots.size());
+      const std::vector<int64_t>& choices = instance_choices[static_cast<size_t>(i)];
+      d.send_choices_.insert(d.send_choices_.end(), choices.begin(), choices.end());
+      d.send_rows_[static_cast<size_t>(dst)] += static_cast<int64_t>(choices.size());
     }
   }
 
@@ -193,20 +193,20 @@ absl::Status TokenDispatch::CheckChannel(const DataChannel& channel,
 absl::Status TokenDispatch::Dispatch(DataChannel& channel, std::span<const float> rows,
                                      int64_t rows_per_source, bool per_token, int64_t width,
                                      std::span<float> expert_in) const {
-  const char* op = per_token ? "DispatchTokens" : "DispatchSlots";
+  const char* op = per_token ? "DispatchTokens" : "DispatchChoices";
   if (absl::Status s = CheckChannel(channel, op); !s.ok()) return s;
   if (width < 1) return absl::InvalidArgumentError(absl::StrCat(op, ": width must be positive"));
   if (absl::Status s =
-          CheckSpan(op, per_token ? "x" : "slots", rows.size(), rows_per_source, width);
+          CheckSpan(op, per_token ? "x" : "choices", rows.size(), rows_per_source, width);
       !s.ok()) {
     return s;
   }
   if (absl::Status s = CheckSpan(op, "expert_in", expert_in.size(), expert_rows_, width); !s.ok()) {
     return s;
   }
-  std::vector<float> send(send_slots_.size() * static_cast<size_t>(width));
-  for (size_t q = 0; q < send_slots_.size(); ++q) {
-    const int64_t row = per_token ? send_slots_[q] / top_k_ : send_slots_[q];
+  std::vector<float> send(send_choices_.size() * static_cast<size_t>(width));
+  for (size_t q = 0; q < send_choices_.size(); ++q) {
+    const int64_t row = per_token ? send_choices_[q] / top_k_ : send_choices_[q];
     CopyRow(rows.data() + row * width, send.data() + static_cast<int64_t>(q) * width, width);
   }
   std::vector<float> recv(recv_to_expert_.size() * static_cast<size_t>(width));
@@ -230,20 +230,20 @@ absl::Status TokenDispatch::DispatchTokens(DataChannel& channel, std::span<const
   return Dispatch(channel, x, num_tokens_, /*per_token=*/true, width, expert_in);
 }
 
-absl::Status TokenDispatch::DispatchSlots(DataChannel& channel, std::span<const float> slots,
+absl::Status TokenDispatch::DispatchChoices(DataChannel& channel, std::span<const float> choices,
                                           int64_t width, std::span<float> expert_in) const {
-  return Dispatch(channel, slots, slot_rows(), /*per_token=*/false, width, expert_in);
+  return Dispatch(channel, choices, choice_rows(), /*per_token=*/false, width, expert_in);
 }
 
 absl::Status TokenDispatch::Combine(DataChannel& channel, std::span<const float> expert_out,
-                                    int64_t width, std::span<float> slot_out) const {
+                                    int64_t width, std::span<float> choice_out) const {
   if (absl::Status s = CheckChannel(channel, "Combine"); !s.ok()) return s;
   if (width < 1) return absl::InvalidArgumentError("Combine: width must be positive");
   if (absl::Status s = CheckSpan("Combine", "expert_out", expert_out.size(), expert_rows_, width);
       !s.ok()) {
     return s;
   }
-  if (absl::Status s = CheckSpan("Combine", "slot_out", slot_out.size(), slot_rows(), width);
+  if (absl::Status s = CheckSpan("Combine", "choice_out", choice_out.size(), choice_rows(), width);
       !s.ok()) {
     return s;
   }
@@ -253,7 +253,7 @@ absl::Status TokenDispatch::Combine(DataChannel& channel, std::span<const float>
     CopyRow(expert_out.data() + recv_to_expert_[q] * width,
             send.data() + static_cast<int64_t>(q) * width, width);
   }
-  std::vector<float> recv(send_slots_.size() * static_cast<size_t>(width));
+  std::vector<float> recv(send_choices_.size() * static_cast<size_t>(width));
   const std::vector<int64_t> send_counts = Scaled(recv_rows_, width);
   const std::vector<int64_t> recv_counts = Scaled(send_rows_, width);
   if (absl::Status s =
@@ -262,8 +262,8 @@ absl::Status TokenDispatch::Combine(DataChannel& channel, std::span<const float>
       !s.ok()) {
     return s;
   }
-  for (size_t q = 0; q < send_slots_.size(); ++q) {
-    CopyRow(recv.data() + static_cast<int64_t>(q) * width, slot_out.data() + send_slots_[q] * width,
+  for (size_t q = 0; q < send_choices_.size(); ++q) {
+    CopyRow(recv.data() + static_cast<int64_t>(q) * width, choice_out.data() + send_choices_[q] * width,
             width);
   }
   return absl::OkStatus();
@@ -271,7 +271,7 @@ absl::Status TokenDispatch::Combine(DataChannel& channel, std::span<const float>
 
 absl::Status DispatchAndCombine(DataChannel& channel, const TokenDispatch& dispatch,
                                 std::span<const float> x, int64_t in_width, const ExpertFn& expert,
-                                int64_t out_width, std::span<float> slot_out) {
+                                int64_t out_width, std::span<float> choice_out) {
   std::vector<float> expert_in(static_cast<size_t>(dispatch.expert_rows() * in_width));
   if (absl::Status s = dispatch.DispatchTokens(channel, x, in_width, expert_in); !s.ok()) {
     return s;
@@ -285,18 +285,18 @@ absl::Status DispatchAndCombine(DataChannel& channel, const TokenDispatch& dispa
       return s;
     }
   }
-  return dispatch.Combine(channel, expert_out, out_width, slot_out);
+  return dispatch.Combine(channel, expert_out, out_width, choice_out);
 }
 
-absl::Status WeightedCombine(std::span<const float> slot_out, std::span<const float> weights,
+absl::Status WeightedCombine(std::span<const float> choice_out, std::span<const float> weights,
                              int64_t num_tokens, int top_k, int64_t width, std::span<float> y) {
-  const int64_t slots = num_tokens * top_k;
-  if (slot_out.size() != static_cast<size_t>(slots * width) ||
-      weights.size() != static_cast<size_t>(slots) ||
+  const int64_t choices = num_tokens * top_k;
+  if (choice_out.size() != static_cast<size_t>(choices * width) ||
+      weights.size() != static_cast<size_t>(choices) ||
       y.size() != static_cast<size_t>(num_tokens * width)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "WeightedCombine: slot_out has ", slot_out.size(), " floats, weights ", weights.size(),
-        ", y ", y.size(), "; they need ", slots * width, ", ", slots, " and ", num_tokens * width,
+        "WeightedCombine: choice_out has ", choice_out.size(), " floats, weights ", weights.size(),
+        ", y ", y.size(), "; they need ", choices * width, ", ", choices, " and ", num_tokens * width,
         " for ", num_tokens, " tokens x top_k ", top_k, " x width ", width));
   }
   for (int64_t t = 0; t < num_tokens; ++t) {
@@ -305,7 +305,7 @@ absl::Status WeightedCombine(std::span<const float> slot_out, std::span<const fl
     for (int j = 0; j < top_k; ++j) {
       const int64_t s = t * top_k + j;
       const float w = weights[static_cast<size_t>(s)];
-      const float* row = slot_out.data() + s * width;
+      const float* row = choice_out.data() + s * width;
       for (int64_t c = 0; c < width; ++c) out[c] += w * row[c];
     }
   }

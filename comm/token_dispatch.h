@@ -1,7 +1,7 @@
 // MoE token dispatch and combine over a planner::Plan (DESIGN.md section 5): each source
-// rank sends each routed (token, slot) row to the expert instance (master or replica) that
+// rank sends each routed (token, choice) row to the expert instance (master or replica) that
 // the plan's per-source split assigns, the experts run, and the results come back in the
-// original (token, slot) order.
+// original (token, choice) order.
 //
 // Works on raw row-major float buffers; knows nothing of the runtime's tensors.
 #ifndef RACKRUN_COMM_TOKEN_DISPATCH_H_
@@ -20,13 +20,14 @@
 namespace rackrun::comm {
 
 // The router's decision for this rank's tokens: expert[t * top_k + j] is the logical
-// expert of token t's j-th choice ("slot" t * top_k + j).
+// expert of token t's j-th choice (routed row t * top_k + j, a "choice" below; never
+// called a slot, which is a replica slot).
 struct TokenRouting {
   int64_t num_tokens = 0;
   int top_k = 0;
   std::vector<int32_t> expert;
 
-  // This rank's row of the load matrix: counts[e] = slots routed to expert e.
+  // This rank's row of the load matrix: counts[e] = choices routed to expert e.
   // InvalidArgument if `expert` has the wrong size or an id outside [0, experts).
   absl::StatusOr<std::vector<int64_t>> Loads(int experts) const;
 };
@@ -36,13 +37,13 @@ struct TokenRouting {
 // the same layout, for the backward pass.
 //
 // Assignment (deterministic, identical on every run): for each expert e, this rank's
-// slots routed to e, in ascending slot order, go to e's instances in the plan's instance
-// order: the first split_at(rank, i0) slots to instance i0, the next split_at(rank, i1) to
+// choices routed to e, in ascending choice order, go to e's instances in the plan's instance
+// order: the first split_at(rank, i0) choices to instance i0, the next split_at(rank, i1) to
 // i1, and so on.
 //
 // Buffers on the instance side ("expert rows") are grouped by local batch: one batch per
 // instance on this rank, in plan instance order; within a batch, rows from source 0 first,
-// then source 1, ...; within a source, in that source's slot order.
+// then source 1, ...; within a source, in that source's choice order.
 class TokenDispatch {
  public:
   struct LocalBatch {
@@ -63,22 +64,22 @@ class TokenDispatch {
   // Rows this rank's instances process, summed over its batches.
   int64_t expert_rows() const { return expert_rows_; }
   // Rows on the source side: num_tokens * top_k.
-  int64_t slot_rows() const { return static_cast<int64_t>(slot_instance_.size()); }
-  // The plan instance each slot of this rank goes to.
-  const std::vector<int>& slot_instance() const { return slot_instance_; }
+  int64_t choice_rows() const { return static_cast<int64_t>(choice_instance_.size()); }
+  // The plan instance each choice of this rank goes to.
+  const std::vector<int>& choice_instance() const { return choice_instance_; }
 
-  // Forward dispatch: slot s sends token row x[s / top_k] ([num_tokens x width]);
+  // Forward dispatch: choice s sends token row x[s / top_k] ([num_tokens x width]);
   // expert_in receives [expert_rows x width]. Collective over `channel` (one AllToAllV).
   absl::Status DispatchTokens(DataChannel& channel, std::span<const float> x, int64_t width,
                               std::span<float> expert_in) const;
-  // Like DispatchTokens, but slot s sends its own row slots[s] ([slot_rows x width]), e.g.
-  // the gradient of a slot's output in the backward pass.
-  absl::Status DispatchSlots(DataChannel& channel, std::span<const float> slots, int64_t width,
+  // Like DispatchTokens, but choice s sends its own row choices[s] ([choice_rows x width]), e.g.
+  // the gradient of a choice's output in the backward pass.
+  absl::Status DispatchChoices(DataChannel& channel, std::span<const float> choices, int64_t width,
                              std::span<float> expert_in) const;
-  // Returns expert rows to their sources: slot_out[s] ([slot_rows x width]) receives the
-  // row that slot s's instance produced. Collective (one AllToAllV).
+  // Returns expert rows to their sources: choice_out[s] ([choice_rows x width]) receives the
+  // row that choice s's instance produced. Collective (one AllToAllV).
   absl::Status Combine(DataChannel& channel, std::span<const float> expert_out, int64_t width,
-                       std::span<float> slot_out) const;
+                       std::span<float> choice_out) const;
 
  private:
   TokenDispatch() = default;
@@ -90,15 +91,15 @@ class TokenDispatch {
   int ranks_ = 0;
   int top_k_ = 0;
   int64_t num_tokens_ = 0;
-  std::vector<int> slot_instance_;
+  std::vector<int> choice_instance_;
   std::vector<LocalBatch> batches_;
   int64_t expert_rows_ = 0;
-  // Source side: send_slots_ lists slots in send order (by destination rank, then plan
-  // instance, then slot); send_rows_[d] rows go to rank d.
-  std::vector<int64_t> send_slots_;
+  // Source side: send_choices_ lists choices in send order (by destination rank, then plan
+  // instance, then choice); send_rows_[d] rows go to rank d.
+  std::vector<int64_t> send_choices_;
   std::vector<int64_t> send_rows_;
   // Instance side: recv_rows_[s] rows arrive from source s; received row q (in arrival
-  // order: by source, then local instance, then the source's slot order) is expert row
+  // order: by source, then local instance, then the source's choice order) is expert row
   // recv_to_expert_[q].
   std::vector<int64_t> recv_rows_;
   std::vector<int64_t> recv_to_expert_;
@@ -110,15 +111,15 @@ using ExpertFn = std::function<absl::Status(const TokenDispatch::LocalBatch& bat
                                             int64_t in_width, float* out, int64_t out_width)>;
 
 // Dispatch x ([num_tokens x in_width]), run `expert` on every local batch in batch order,
-// combine into slot_out ([slot_rows x out_width]).
+// combine into choice_out ([choice_rows x out_width]).
 absl::Status DispatchAndCombine(DataChannel& channel, const TokenDispatch& dispatch,
                                 std::span<const float> x, int64_t in_width, const ExpertFn& expert,
-                                int64_t out_width, std::span<float> slot_out);
+                                int64_t out_width, std::span<float> choice_out);
 
-// y[t] = sum over j ascending of weights[t * top_k + j] * slot_out[t * top_k + j], the one
-// fixed order (so the result does not depend on where each slot ran).
+// y[t] = sum over j ascending of weights[t * top_k + j] * choice_out[t * top_k + j], the one
+// fixed order (so the result does not depend on where each choice ran).
 // InvalidArgument on size mismatch.
-absl::Status WeightedCombine(std::span<const float> slot_out, std::span<const float> weights,
+absl::Status WeightedCombine(std::span<const float> choice_out, std::span<const float> weights,
                              int64_t num_tokens, int top_k, int64_t width, std::span<float> y);
 
 }  // namespace rackrun::comm

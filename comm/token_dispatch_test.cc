@@ -40,8 +40,8 @@ INSTANTIATE_TEST_SUITE_P(Ranks, TokenDispatchTest, ::testing::Values(1, 2, 4),
                          });
 
 // The assignment rule on a small plan worked by hand: expert 0 (home rank 0) has a
-// replica on rank 1; rank 0's three slots for expert 0 split 1 (master) + 2 (replica).
-TEST(TokenDispatch, AssignsSlotsToInstancesInSlotOrder) {
+// replica on rank 1; rank 0's three choices for expert 0 split 1 (master) + 2 (replica).
+TEST(TokenDispatch, AssignsChoicesToInstancesInChoiceOrder) {
   planner::Plan plan;
   plan.ranks = 2;
   plan.experts = 2;
@@ -54,10 +54,10 @@ TEST(TokenDispatch, AssignsSlotsToInstancesInSlotOrder) {
   TokenRouting routing;
   routing.num_tokens = 2;
   routing.top_k = 2;
-  routing.expert = {0, 1, 0, 0};  // slots 0,2,3 -> expert 0; slot 1 -> expert 1
+  routing.expert = {0, 1, 0, 0};  // choices 0,2,3 -> expert 0; choice 1 -> expert 1
   absl::StatusOr<TokenDispatch> d = TokenDispatch::Create(plan, 0, routing);
   ASSERT_TRUE(d.ok()) << d.status();
-  EXPECT_EQ(d->slot_instance(), (std::vector<int>{0, 2, 1, 1}));
+  EXPECT_EQ(d->choice_instance(), (std::vector<int>{0, 2, 1, 1}));
   ASSERT_EQ(d->local_batches().size(), 1u);
   EXPECT_EQ(d->local_batches()[0].instance, 0);
   EXPECT_EQ(d->expert_rows(), 1);
@@ -110,8 +110,8 @@ TEST(TokenDispatch, RejectsMalformedInput) {
 }
 
 TEST(WeightedCombine, RejectsSizeMismatch) {
-  std::vector<float> slots(4), weights(2), y(1);
-  absl::Status s = WeightedCombine(slots, weights, 1, 2, 2, y);
+  std::vector<float> choices(4), weights(2), y(1);
+  absl::Status s = WeightedCombine(choices, weights, 1, 2, 2, y);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(s.message(), HasSubstr("WeightedCombine"));
 }

@@ -33,7 +33,7 @@ class NoBalancePlanner final : public Planner {
 // keep zero tokens. Its Plan: every master stays home and keeps as much of its expert as
 // its rank's share allows (experts of a rank in ascending id); what does not fit is poured,
 // experts in ascending id, into ranks with room left in ascending rank order, one replica
-// per (expert, rank) it reaches. Split by QuotaSplit, fan-out by RelayFanout.
+// per (expert, rank) it reaches. Split by QuotaSplit, fan-out by FanoutScheduler.
 class IdealPlanner final : public Planner {
  public:
   IdealPlanner(const Domain& domain, const PlannerOptions& options);
@@ -44,7 +44,7 @@ class IdealPlanner final : public Planner {
  private:
   Domain domain_;
   PlannerOptions options_;
-  RelayFanout fanout_;
+  FanoutScheduler fanout_;
   QuotaSplit split_;
   std::vector<int64_t> totals_;
   std::vector<int64_t> room_;

@@ -92,7 +92,7 @@ class EplbPlanner final : public Planner {
 
   Domain domain_;
   PlannerOptions options_;
-  RelayFanout fanout_;
+  FanoutScheduler fanout_;
   QuotaSplit split_;
   std::map<int, LayerState> layers_;
   int64_t last_replacement_bytes_ = 0;

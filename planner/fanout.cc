@@ -10,7 +10,7 @@
 
 namespace rackrun::planner {
 
-int RelayFanout::RelaysFor(int destinations) const {
+int FanoutScheduler::RelaysFor(int destinations) const {
   if (options_.mode != FanoutMode::kRelay) return 0;
   const int n = destinations;
   if (n < std::max(options_.min_destinations_for_relay, 2)) return 0;
@@ -25,7 +25,7 @@ int RelayFanout::RelaysFor(int destinations) const {
   return gain >= options_.min_gain ? r : 0;
 }
 
-void RelayFanout::Schedule(const Plan& plan, FanoutSchedule* schedule) {
+void FanoutScheduler::Schedule(const Plan& plan, FanoutSchedule* schedule) {
   std::vector<WeightTransfer>& out = schedule->transfers;
   out.clear();
   const int experts = plan.experts;
@@ -94,7 +94,7 @@ void RelayFanout::Schedule(const Plan& plan, FanoutSchedule* schedule) {
 
 FanoutSchedule PlanFanout(const Plan& plan, const FanoutOptions& options) {
   FanoutSchedule schedule;
-  RelayFanout(options).Schedule(plan, &schedule);
+  FanoutScheduler(options).Schedule(plan, &schedule);
   return schedule;
 }
 

@@ -31,9 +31,9 @@ FanoutSchedule PlanFanout(const Plan& plan, const FanoutOptions& options);
 // of destinations (ties: lower expert id), so the widest fan-outs pick relays first.
 // Projected send bytes (counted in transfers, every expert has the same size) carry across
 // experts of one schedule. Not thread-safe; one instance per thread.
-class RelayFanout {
+class FanoutScheduler {
  public:
-  explicit RelayFanout(const FanoutOptions& options = {}) : options_(options) {}
+  explicit FanoutScheduler(const FanoutOptions& options = {}) : options_(options) {}
   const FanoutOptions& options() const { return options_; }
 
   // Overwrites `*schedule` (reusing its capacity) with the schedule for `plan`'s replicas:

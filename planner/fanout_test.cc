@@ -36,7 +36,7 @@ std::vector<int> Range(int begin, int end) {
 }
 
 TEST(RelayFanoutTest, RelaysFollowTheDesignRule) {
-  const RelayFanout relay;
+  const FanoutScheduler relay;
   EXPECT_EQ(relay.RelaysFor(1), 0);
   EXPECT_EQ(relay.RelaysFor(3), 0);  // n < 4
   EXPECT_EQ(relay.RelaysFor(4), 2);  // r = 2, gain 4 - max(2, 1) = 2
@@ -47,14 +47,14 @@ TEST(RelayFanoutTest, RelaysFollowTheDesignRule) {
   EXPECT_EQ(relay.RelaysFor(100), 8);  // at most 8
   FanoutOptions one_relay;
   one_relay.max_relays = 1;  // gain n - max(1, n - 1) = 1 < 2: direct
-  EXPECT_EQ(RelayFanout(one_relay).RelaysFor(16), 0);
+  EXPECT_EQ(FanoutScheduler(one_relay).RelaysFor(16), 0);
   FanoutOptions picky;
   picky.min_gain = 3;  // n = 4 gains only 2
-  EXPECT_EQ(RelayFanout(picky).RelaysFor(4), 0);
-  EXPECT_EQ(RelayFanout(picky).RelaysFor(5), 2);
+  EXPECT_EQ(FanoutScheduler(picky).RelaysFor(4), 0);
+  EXPECT_EQ(FanoutScheduler(picky).RelaysFor(5), 2);
   FanoutOptions direct;
   direct.mode = FanoutMode::kDirect;
-  EXPECT_EQ(RelayFanout(direct).RelaysFor(32), 0);
+  EXPECT_EQ(FanoutScheduler(direct).RelaysFor(32), 0);
 }
 
 TEST(RelayFanoutTest, TwoStageSchedule) {

@@ -74,7 +74,7 @@ class QuotaSplit {
 //    min(min_replica_tokens, max(1, ceil(need / feasible targets))) are skipped (the floor
 //    is lowered per expert so feasibility stays monotone in T);
 //  - masters keep at least one token of a non-zero load unless allow_zero_master_quota;
-//  - the split is QuotaSplit's; the fan-out schedule is RelayFanout's.
+//  - the split is QuotaSplit's; the fan-out schedule is FanoutScheduler's.
 // After the first call of a given domain, SolveInto into a reused Plan does not allocate.
 // Not thread-safe: one planner per thread (plans are deterministic, so every rank's own
 // planner computes the same plan).
@@ -103,7 +103,7 @@ class QuotaPlanner final : public Planner {
 
   Domain domain_;
   PlannerOptions options_;
-  RelayFanout fanout_;
+  FanoutScheduler fanout_;
   QuotaSplit split_;
   int64_t last_threshold_ = 0;
   int last_oracle_calls_ = 0;

@@ -15,7 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "base/clock.h"
-#include "comm/relay_fanout.h"
+#include "comm/fanout_executor.h"
 #include "comm/token_dispatch.h"
 #include "planner/fanout.h"
 #include "runtime/layers/moe.h"
@@ -36,7 +36,7 @@ class ExpertParallelExecutor final : public ExpertExecutor<float> {
       : g_(group),
         layer_(layer),
         experts_(experts),
-        relay_(std::make_unique<planner::RelayFanout>(group->options().planner.fanout)) {
+        relay_(std::make_unique<planner::FanoutScheduler>(group->options().planner.fanout)) {
     const int e = g_->domain().experts();
     local_loads_.assign(static_cast<size_t>(e), 0);
     loads_ = planner::LoadMatrix(g_->domain().ranks, e);
@@ -97,10 +97,10 @@ class ExpertParallelExecutor final : public ExpertExecutor<float> {
   std::vector<uint64_t> fingerprints_;
   planner::Plan plan_;
   // Where weights must be: per expert, its home rank first, then every other rank the plan
-  // runs it on (ascending). Shaped as a Plan so RelayFanout can schedule it.
+  // runs it on (ascending). Shaped as a Plan so FanoutScheduler can schedule it.
   planner::Plan placement_;
   planner::FanoutSchedule schedule_;
-  std::unique_ptr<planner::RelayFanout> relay_;
+  std::unique_ptr<planner::FanoutScheduler> relay_;
   std::vector<int> slot_of_expert_;  // this rank's slot holding expert e, or -1
   int slots_used_ = 0;
   ReplicaSlotStore own_slots_;  // unless the group's slots are shared
@@ -243,9 +243,9 @@ absl::Status ExpertParallelExecutor::FanOut() {
           std::as_writable_bytes(std::span<float>(slot_weights(slot), static_cast<size_t>(n)));
     }
   }
-  comm::RelayFanoutOptions options;
+  comm::FanoutExecutorOptions options;
   options.chunk_bytes = g_->options().chunk_bytes;
-  absl::StatusOr<comm::RelayFanoutStats> run = comm::RunRelayFanout(
+  absl::StatusOr<comm::FanoutExecutorStats> run = comm::ExecuteFanout(
       g_->channel(), schedule_, n * static_cast<int64_t>(sizeof(float)), buffers, options);
   if (!run.ok()) return Where(run.status(), "fanning out replica weights");
   st.fanout_bytes += run->bytes_sent;
@@ -383,7 +383,7 @@ absl::Status ExpertParallelExecutor::Backward(std::span<const int64_t> offsets,
   // Replica gradients of this microbatch start from zero.
   std::fill(grad_buffer().begin(), grad_buffer().begin() + slots_used_ * floats(), 0.0f);
   if (absl::Status s =
-          dispatch_->DispatchSlots(g_->channel(), {dexpert_out, static_cast<size_t>(rows * c)}, c,
+          dispatch_->DispatchChoices(g_->channel(), {dexpert_out, static_cast<size_t>(rows * c)}, c,
                                    {dy_.data(), static_cast<size_t>(er * c)});
       !s.ok()) {
     return Where(s, "dispatching output gradients");

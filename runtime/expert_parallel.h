@@ -9,7 +9,7 @@
 //      fingerprint: ranks that disagree stop the job naming the ranks, layer and
 //      microbatch;
 //   3. fans replica weights out from the masters' ranks along the relay schedule
-//      (RelayFanout), unless the slots already hold the same experts at the same weight
+//      (FanoutScheduler), unless the slots already hold the same experts at the same weight
 //      version (EPLB keeps a placement for many microbatches; weights change only at
 //      optimizer steps);
 //   4. dispatches every routed token to the instance the plan's per-source split names

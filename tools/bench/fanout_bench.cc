@@ -34,7 +34,7 @@
 #include "base/statistics.h"
 #include "comm/data_channel.h"
 #include "comm/mpi_channel.h"
-#include "comm/relay_fanout.h"
+#include "comm/fanout_executor.h"
 #include "nlohmann/json.hpp"
 #include "planner/fanout.h"
 #include "planner/plan.h"
@@ -178,7 +178,7 @@ std::vector<double> Measure(DataChannel& channel, const FanoutSchedule& schedule
     }
     buffers[t.expert] = bytes;
   }
-  rackrun::comm::RelayFanoutOptions options;
+  rackrun::comm::FanoutExecutorOptions options;
   options.chunk_bytes = chunk_bytes;
   std::vector<double> samples;
   for (int rep = 0; rep < reps + 1; ++rep) {  // rep 0 warms up connections and pages
@@ -187,7 +187,7 @@ std::vector<double> Measure(DataChannel& channel, const FanoutSchedule& schedule
       std::exit(1);
     }
     const absl::Time start = absl::Now();
-    auto stats = rackrun::comm::RunRelayFanout(channel, schedule, expert_bytes, buffers, options);
+    auto stats = rackrun::comm::ExecuteFanout(channel, schedule, expert_bytes, buffers, options);
     if (!stats.ok()) {
       std::fprintf(stderr, "%s\n", std::string(stats.status().message()).c_str());
       std::exit(1);

@@ -1,6 +1,6 @@
 // Relay fan-out on in-process ranks: every replica receives bit-identical bytes, in direct
 // and relay schedules, with eager and round pacing; malformed input and silent peers.
-#include "comm/relay_fanout.h"
+#include "comm/fanout_executor.h"
 
 #include "comm/channel_checks.h"
 #include "comm/inprocess_channel.h"
@@ -38,38 +38,38 @@ INSTANTIATE_TEST_SUITE_P(
              (param_info.param.pacing == FanoutPacing::kEager ? "Eager" : "Rounds");
     });
 
-TEST(RelayFanout, RejectsScheduleWithoutSingleOrigin) {
+TEST(FanoutExecutor, RejectsScheduleWithoutSingleOrigin) {
   auto channels = CreateInProcessChannels(3);
   ASSERT_TRUE(channels.ok());
   // Expert 0 goes 1 -> 2 and 2 -> 1: nobody originates it.
   planner::FanoutSchedule cycle{{{0, 1, 2, 0}, {0, 2, 1, 1}}};
   std::vector<std::byte> buf(16);
-  auto r = RunRelayFanout(*(*channels)[1], cycle, 16, {{0, std::span<std::byte>(buf)}});
+  auto r = ExecuteFanout(*(*channels)[1], cycle, 16, {{0, std::span<std::byte>(buf)}});
   ASSERT_FALSE(r.ok());
   EXPECT_THAT(r.status().message(), HasSubstr("0 origin ranks"));
 
   planner::FanoutSchedule self{{{0, 1, 1, 0}}};
-  r = RunRelayFanout(*(*channels)[1], self, 16, {{0, std::span<std::byte>(buf)}});
+  r = ExecuteFanout(*(*channels)[1], self, 16, {{0, std::span<std::byte>(buf)}});
   ASSERT_FALSE(r.ok());
   EXPECT_THAT(r.status().message(), HasSubstr("two different ranks"));
 }
 
-TEST(RelayFanout, RejectsMissingOrWrongSizedBuffer) {
+TEST(FanoutExecutor, RejectsMissingOrWrongSizedBuffer) {
   auto channels = CreateInProcessChannels(2);
   ASSERT_TRUE(channels.ok());
   planner::FanoutSchedule schedule{{{3, 0, 1, 0}}};
-  auto missing = RunRelayFanout(*(*channels)[0], schedule, 16, {});
+  auto missing = ExecuteFanout(*(*channels)[0], schedule, 16, {});
   ASSERT_FALSE(missing.ok());
   EXPECT_THAT(missing.status().message(), HasSubstr("buffers[expert 3] is missing"));
   std::vector<std::byte> small(8);
-  auto wrong = RunRelayFanout(*(*channels)[1], schedule, 16, {{3, std::span<std::byte>(small)}});
+  auto wrong = ExecuteFanout(*(*channels)[1], schedule, 16, {{3, std::span<std::byte>(small)}});
   ASSERT_FALSE(wrong.ok());
   EXPECT_THAT(wrong.status().message(), HasSubstr("has 8 bytes"));
 }
 
 // A relay that never forwards: its leaf times out naming the relay, the expert and the
 // chunk it waited for.
-TEST(RelayFanout, SilentRelayTimesOutNamingIt) {
+TEST(FanoutExecutor, SilentRelayTimesOutNamingIt) {
   for (FanoutPacing pacing : {FanoutPacing::kEager, FanoutPacing::kRounds}) {
     ChannelOptions options;
     options.timeout = absl::Milliseconds(300);
@@ -77,13 +77,13 @@ TEST(RelayFanout, SilentRelayTimesOutNamingIt) {
     absl::Status s = RunInProcessRanks(3, options, [&](DataChannel& channel) {
       if (channel.rank() == 1) return absl::OkStatus();  // the relay stops answering
       std::vector<std::byte> buf(64, std::byte{1});
-      RelayFanoutOptions fanout;
+      FanoutExecutorOptions fanout;
       fanout.chunk_bytes = 16;
       fanout.pacing = pacing;
-      auto r = RunRelayFanout(channel, schedule, 64, {{5, std::span<std::byte>(buf)}}, fanout);
+      auto r = ExecuteFanout(channel, schedule, 64, {{5, std::span<std::byte>(buf)}}, fanout);
       if (channel.rank() == 2) {
         EXPECT_EQ(r.status().code(), absl::StatusCode::kDeadlineExceeded) << r.status();
-        EXPECT_THAT(r.status().message(), HasSubstr("RelayFanout on rank 2 of 3"));
+        EXPECT_THAT(r.status().message(), HasSubstr("FanoutExecutor on rank 2 of 3"));
         EXPECT_THAT(r.status().message(), HasSubstr("rank 1 (expert 5 chunk 0/4, recv)"));
       }
       return absl::OkStatus();

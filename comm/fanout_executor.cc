@@ -1,4 +1,4 @@
-#include "comm/relay_fanout.h"
+#include "comm/fanout_executor.h"
 
 #include <algorithm>
 #include <memory>
@@ -106,7 +106,7 @@ absl::Status Timeout(const DataChannel& channel, absl::Duration waited,
                      const std::vector<std::string>& pending) {
   const size_t shown = std::min<size_t>(pending.size(), 4);
   return absl::DeadlineExceededError(absl::StrCat(
-      "RelayFanout on rank ", channel.rank(), " of ", channel.size(), " timed out after ",
+      "FanoutExecutor on rank ", channel.rank(), " of ", channel.size(), " timed out after ",
       absl::FormatDuration(absl::Trunc(waited, absl::Milliseconds(1))), " waiting for ",
       absl::StrJoin(pending.begin(), pending.begin() + static_cast<std::ptrdiff_t>(shown), ", "),
       pending.size() > shown ? absl::StrCat(" and ", pending.size() - shown, " more") : "",
@@ -127,7 +127,7 @@ class FanoutRun {
 
   absl::Status Eager(absl::Time deadline);
   absl::Status Rounds(absl::Time deadline);
-  const RelayFanoutStats& stats() const { return stats_; }
+  const FanoutExecutorStats& stats() const { return stats_; }
 
  private:
   absl::StatusOr<ChunkRequest> PostSend(const planner::WeightTransfer& w, int64_t c) {
@@ -156,7 +156,7 @@ class FanoutRun {
   Chunking chunking_;
   const std::map<int, std::span<std::byte>>& buffers_;
   int me_;
-  RelayFanoutStats stats_;
+  FanoutExecutorStats stats_;
 };
 
 absl::Status FanoutRun::Eager(absl::Time deadline) {
@@ -309,15 +309,15 @@ absl::Status FanoutRun::Rounds(absl::Time deadline) {
 
 }  // namespace
 
-absl::StatusOr<RelayFanoutStats> RunRelayFanout(DataChannel& channel,
+absl::StatusOr<FanoutExecutorStats> ExecuteFanout(DataChannel& channel,
                                                 const planner::FanoutSchedule& schedule,
                                                 int64_t expert_bytes,
                                                 const std::map<int, std::span<std::byte>>& buffers,
-                                                const RelayFanoutOptions& options) {
+                                                const FanoutExecutorOptions& options) {
   const absl::Time start = absl::Now();
   if (expert_bytes < 0 || options.chunk_bytes < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "RunRelayFanout: expert_bytes=", expert_bytes, " chunk_bytes=", options.chunk_bytes,
+        "ExecuteFanout: expert_bytes=", expert_bytes, " chunk_bytes=", options.chunk_bytes,
         "; expert_bytes must be >= 0 and chunk_bytes >= 1 (e.g. 262144)"));
   }
   absl::StatusOr<ScheduleRoles> roles = DeriveRoles(schedule, channel.size(), options.tag_base);
@@ -328,7 +328,7 @@ absl::StatusOr<RelayFanoutStats> RunRelayFanout(DataChannel& channel,
     auto it = buffers.find(w.expert);
     if (it == buffers.end() || static_cast<int64_t>(it->second.size()) != expert_bytes) {
       return absl::InvalidArgumentError(
-          absl::StrCat("RunRelayFanout on rank ", me, ": buffers[expert ", w.expert, "] ",
+          absl::StrCat("ExecuteFanout on rank ", me, ": buffers[expert ", w.expert, "] ",
                        it == buffers.end() ? std::string("is missing")
                                            : absl::StrCat("has ", it->second.size(), " bytes"),
                        "; this rank ", w.src_rank == me ? "sends" : "receives",
@@ -341,14 +341,14 @@ absl::StatusOr<RelayFanoutStats> RunRelayFanout(DataChannel& channel,
   }
   if (pacing == FanoutPacing::kEager && !channel.matches_by_tag()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("RunRelayFanout: eager pacing needs tag matching, which the ",
+        absl::StrCat("ExecuteFanout: eager pacing needs tag matching, which the ",
                      channel.backend(), " channel lacks; use FanoutPacing::kRounds or kAuto"));
   }
   FanoutRun run(channel, schedule, *roles, Chunking{expert_bytes, options.chunk_bytes}, buffers);
   const absl::Time deadline = start + channel.timeout();
   absl::Status status = pacing == FanoutPacing::kEager ? run.Eager(deadline) : run.Rounds(deadline);
   if (!status.ok()) return status;
-  RelayFanoutStats stats = run.stats();
+  FanoutExecutorStats stats = run.stats();
   stats.elapsed = absl::Now() - start;
   return stats;
 }

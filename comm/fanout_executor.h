@@ -1,4 +1,4 @@
-// RelayFanout: carries out a planner::FanoutSchedule over a data channel (DESIGN.md
+// FanoutExecutor: carries out a planner::FanoutSchedule over a data channel (DESIGN.md
 // section 4). Each transfer streams an expert's weight bytes in chunks; a relay forwards
 // chunk c to its leaves as soon as chunk c has arrived. There is no barrier between
 // stages and none between ranks: every rank waits only for its own transfers.
@@ -34,14 +34,14 @@ enum class FanoutPacing {
   kRounds,
 };
 
-struct RelayFanoutOptions {
+struct FanoutExecutorOptions {
   int64_t chunk_bytes = 256 << 10;
   FanoutPacing pacing = FanoutPacing::kAuto;
   // Point-to-point tags used: [tag_base, tag_base + experts in the schedule).
   int tag_base = 0;
 };
 
-struct RelayFanoutStats {
+struct FanoutExecutorStats {
   int64_t bytes_sent = 0;
   int64_t bytes_received = 0;
   int64_t chunks_sent = 0;
@@ -57,11 +57,11 @@ struct RelayFanoutStats {
 // expert with no single origin, a rank receiving an expert twice) or a buffer is missing
 // or has the wrong size. DeadlineExceeded after the channel's timeout names this rank,
 // the expert, the chunk and the peer still waited for.
-absl::StatusOr<RelayFanoutStats> RunRelayFanout(DataChannel& channel,
+absl::StatusOr<FanoutExecutorStats> ExecuteFanout(DataChannel& channel,
                                                 const planner::FanoutSchedule& schedule,
                                                 int64_t expert_bytes,
                                                 const std::map<int, std::span<std::byte>>& buffers,
-                                                const RelayFanoutOptions& options = {});
+                                                const FanoutExecutorOptions& options = {});
 
 }  // namespace rackrun::comm
 
