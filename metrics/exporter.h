@@ -6,18 +6,26 @@
 // Metrics are read-only figures (counts, times, losses; no spec contents, paths or
 // tokens), so the endpoint may listen on any address a Prometheus server can reach.
 //
+// The endpoint is served by one thread of its own (default 8 MiB stack), one connection at
+// a time: a request line and headers of at most 8 KiB within 2 s, GET or HEAD of /metrics
+// (anything else 404 or 405), then the connection closes. Not prometheus::Exposer: its
+// civetweb threads get 100 KiB stacks (Debian's build), from which glibc also carves every
+// thread's static TLS; in a worker, OpenBLAS alone takes 60 KiB of that, and scrapes
+// overflowed the rest (metrics_series_test holds a process with big static TLS).
+//
 // Thread safety: registry() and the metrics in it are thread-safe; Start/destruction are
 // not concurrent with anything else.
 #ifndef RACKRUN_METRICS_EXPORTER_H_
 #define RACKRUN_METRICS_EXPORTER_H_
 
+#include <atomic>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "absl/status/statusor.h"
 
 namespace prometheus {
-class Exposer;
 class Registry;
 }  // namespace prometheus
 
@@ -35,8 +43,13 @@ class MetricsExporter {
 
  private:
   MetricsExporter() = default;
+  void Serve();
+  void Handle(int fd);
+
   std::shared_ptr<prometheus::Registry> registry_;
-  std::unique_ptr<prometheus::Exposer> exposer_;
+  int listen_fd_ = -1;
+  int wake_[2] = {-1, -1};  // a byte here ends Serve
+  std::thread thread_;
   int port_ = 0;
 };
 

@@ -5,6 +5,10 @@
 // bad or slow request costs one of `threads` workers for at most that long and never
 // reaches the handler. Responses carry no-store caching and a same-origin content policy.
 //
+// civetweb's threads get 100 KiB stacks (Debian's build) minus the process's static TLS:
+// fine in the coordinator, not in a process that links OpenBLAS (60 KiB of static TLS), so
+// the workers' metrics endpoint is MetricsExporter's own thread instead.
+//
 // Thread safety: the handler is called concurrently from the server's threads.
 #ifndef RACKRUN_METRICS_HTTP_SERVER_H_
 #define RACKRUN_METRICS_HTTP_SERVER_H_
