@@ -148,9 +148,9 @@ echo "$banner"
 for u in ${urls[@]+"${urls[@]}"}; do echo "$me: $u"; done
 
 # ---- workers: mpirun -np N, no MPI world (each registers on its own) ----
-# OpenBLAS (linked, kept single-threaded by the trainer) starts its thread pool when it is
-# loaded, before rackrun-worker blocks SIGTERM, and a SIGTERM landing on one of those threads
-# kills the worker instead of draining it. No pool, no such thread: same speed.
+# No OpenBLAS thread pool (the trainer keeps OpenBLAS single-threaded anyway): workers built
+# before SIGTERM went through a handler died, instead of draining, when the signal landed on
+# one of the pool's threads.
 export OPENBLAS_NUM_THREADS=1
 mpi=(mpirun --oversubscribe -np "$workers")
 [[ $(id -u) == 0 ]] && mpi+=(--allow-run-as-root)
