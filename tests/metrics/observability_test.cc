@@ -38,14 +38,15 @@ using Clock = std::chrono::steady_clock;
 namespace fs = std::filesystem;
 namespace metrics = ::rackrun::metrics;
 
-// The daemons test's tiny job, expert-parallel on 2 ranks with UltraEP balancing, long
-// enough to be watched (the test cancels it), evaluated every 5 steps.
+// The daemons test's tiny job, expert-parallel on 2 ranks with UltraEP balancing planned
+// by the coordinator (so the plan solve and round-trip series exist too), long enough to
+// be watched (the test cancels it), evaluated every 5 steps.
 constexpr char kSpec[] =
     "model: {width: 32, blocks: 2, heads: 2, seq_len: 32, residual: xhc, streams: 4, active: 2,\n"
     "        fixed: 1, moe: {experts: 8, top_k: 2, expert_hidden: 32}}\n"
     "data: {train: data/train.tokens, validation: data/val.tokens, batch_size: 8}\n"
     "training: {steps: 100000, seed: 3, microbatches: 2, eval_interval: 5, eval_batches: 1}\n"
-    "balancer: {policy: ultraep, slots: 2}\n"
+    "balancer: {policy: ultraep, slots: 2, mode: coordinator}\n"
     "logging: {interval: 1}\n"
     "resources: {threads: 1, ranks: 2}\n";
 
@@ -197,6 +198,8 @@ TEST_F(ObservabilityTest, PrometheusGrafanaAndDashboardWatchARunningJob) {
     }
   }
   EXPECT_EQ(families["rackrun_worker_step_seconds"].samples.size(), 2u);
+  ASSERT_EQ(families.count("rackrun_plan_solve_seconds"), 1u);
+  EXPECT_FALSE(families["rackrun_plan_solve_seconds"].samples.empty()) << "coordinator-mode solves";
 
   // Prometheus: coordinator by a static target, workers by file_sd, deploy's rules.
   prometheus_port_ = ::rackrun::testing::FreePort();
@@ -260,6 +263,8 @@ TEST_F(ObservabilityTest, PrometheusGrafanaAndDashboardWatchARunningJob) {
     for (const json& s : after) EXPECT_GE(Value(s), 1.0);
     json mfu = QueryUntil("rackrun_train_mfu_ratio > 0 and rackrun_train_mfu_ratio <= 1");
     EXPECT_EQ(mfu.size(), 2u) << mfu.dump();
+    json round_trips = QueryUntil("rackrun_moe_plan_round_trip_seconds_count > 0");
+    EXPECT_EQ(round_trips.size(), 2u) << "coordinator mode: every rank's round trips";
   } else {
     std::cout << "[ SKIPPED  ] worker series: rackrun-worker has no --metrics-listen yet\n";
   }
@@ -278,11 +283,10 @@ TEST_F(ObservabilityTest, PrometheusGrafanaAndDashboardWatchARunningJob) {
     }
     std::string all;
     for (const std::string& e : exprs) all += e + "; ";
-    // Series of the workers' own endpoints need worker metrics; the plan solve panel
-    // needs a coordinator-mode job (this one plans in-band).
+    // Series of the workers' own endpoints need worker metrics.
     const bool needs_worker = all.find("rackrun_train_") != std::string::npos ||
                               all.find("rackrun_moe_") != std::string::npos;
-    if (all.find("plan_solve") != std::string::npos || (needs_worker && !worker_metrics)) {
+    if (needs_worker && !worker_metrics) {
       ++skipped;
       continue;
     }
