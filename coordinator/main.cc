@@ -17,14 +17,16 @@ constexpr const char* kUsage =
     "         [--reattach-grace-ms N] [--channel-timeout-ms N]\n"
     "         [--tls-cert FILE --tls-key FILE [--tls-client-ca FILE]]\n"
     "         [--metrics-listen HOST:PORT] [--dashboard-listen HOST:PORT] [--dashboard-assets DIR]\n"
-    "         [--dashboard-allow-remote]\n"
+    "         [--dashboard-allow-remote] [--prometheus-targets FILE]\n"
     "  --listen          address to serve on (default 127.0.0.1:7070; port 0 = any free port)\n"
     "  --state-dir       job database and token (default ~/.rackrun)\n"
     "  --token-file      cluster token (default STATE_DIR/token, created at first start, mode 0600)\n"
     "  --metrics-listen  Prometheus endpoint, GET /metrics (default off; e.g. 0.0.0.0:9464)\n"
     "  --dashboard-listen  built-in live dashboard (default off; loopback only, e.g. 127.0.0.1:8080)\n"
     "  --dashboard-assets  its page and uPlot (default the source tree's metrics/dashboard)\n"
-    "  --dashboard-allow-remote  let --dashboard-listen take a non-loopback address (no token asked)\n";
+    "  --dashboard-allow-remote  let --dashboard-listen take a non-loopback address (no token asked)\n"
+    "  --prometheus-targets FILE  keep FILE a Prometheus file_sd list of the live workers' metrics\n"
+    "                    endpoints (their --metrics-listen, bound port included)\n";
 
 int Fail(const std::string& message) {
   std::fprintf(stderr, "rackrun-coordinator: %s\n%s", message.c_str(), kUsage);
@@ -66,6 +68,8 @@ int main(int argc, char** argv) {
       o.token_file = value;
     } else if (flag == "--metrics-listen") {
       o.observability.metrics_listen = value;
+    } else if (flag == "--prometheus-targets") {
+      o.prometheus_targets = value;
     } else if (flag == "--dashboard-listen") {
       o.observability.dashboard_listen = value;
     } else if (flag == "--dashboard-assets") {

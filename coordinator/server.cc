@@ -77,11 +77,20 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(cons
   }
   s->gate_.Open();
   health->SetServingStatus(true);
+  if (!options.prometheus_targets.empty()) {
+    s->targets_ = std::make_unique<PrometheusTargets>(options.prometheus_targets);
+    if (absl::Status st = s->targets_->Update(s->rack_->workers().List(false)); !st.ok()) {
+      s->Shutdown();
+      return st;
+    }
+  }
   CoordinatorServer* self = s.get();
   s->ticker_ = std::thread([self] {
     while (!self->stop_) {
       self->rack_->Tick();
       self->observability_->Refresh();
+      // A write error (disk full) is retried at the next tick; serving goes on.
+      if (self->targets_ != nullptr) (void)self->targets_->Update(self->rack_->workers().List(false));
       std::this_thread::sleep_for(std::chrono::milliseconds(self->options_.tick_ms));
     }
   });

@@ -15,6 +15,7 @@
 #include "coordinator/auth.h"
 #include "coordinator/job_store.h"
 #include "coordinator/observability.h"
+#include "coordinator/prometheus_targets.h"
 #include "coordinator/rack.h"
 #include "coordinator/services.h"
 
@@ -31,6 +32,9 @@ struct ServerOptions {
   int64_t serving_delay_ms = 0;
   // Prometheus endpoint and built-in dashboard (observability.h); empty addresses = off.
   ObservabilityOptions observability;
+  // Prometheus file-based service discovery: this file lists the live workers' metrics
+  // endpoints (rewritten atomically when the set changes); empty = off.
+  std::string prometheus_targets;
 };
 
 class CoordinatorServer {
@@ -65,6 +69,7 @@ class CoordinatorServer {
   std::unique_ptr<grpc::Server> server_;
   std::atomic<bool> stop_{false};
   std::thread ticker_;
+  std::unique_ptr<PrometheusTargets> targets_;  // when options_.prometheus_targets
   bool shut_down_ = false;
 };
 

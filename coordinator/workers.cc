@@ -44,6 +44,7 @@ absl::StatusOr<std::string> Workers::Register(const rackrun::v1::RegisterRequest
   w.w.set_state(rackrun::v1::IDLE);
   w.w.set_registered_unix_ms(now);
   w.data_address = req.data_address();
+  w.w.set_metrics_address(req.metrics_address());
   w.last_heartbeat_ms = now;
   cv_.SignalAll();
   return id;

@@ -44,6 +44,10 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(const WorkerOptions& opti
     (void)metrics::SplitHostPort(options.metrics_listen, "--metrics-listen", &host, &port);
     std::printf("rackrun-worker: metrics on http://%s:%d/metrics\n", host.c_str(),
                 w->exporter_->port());
+    // What Prometheus should scrape: the listen address, or this host's name when it
+    // listens on every interface.
+    const bool wildcard = host.empty() || host == "0.0.0.0" || host == "::" || host == "[::]";
+    w->metrics_address_ = absl::StrCat(wildcard ? w->options_.host : host, ":", w->exporter_->port());
   }
   return w;
 }
@@ -77,6 +81,7 @@ absl::Status Worker::Register(bool again) {
   for (const std::string& c : channels_) request.add_channels(c);
   request.set_data_address(options_.data_address);
   request.set_threads(options_.threads);
+  request.set_metrics_address(metrics_address_);
   std::shared_ptr<JobRunner> running;
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -78,6 +78,7 @@ class Worker {
   WorkerOptions options_;
   std::unique_ptr<Connection> connection_;
   std::unique_ptr<metrics::MetricsExporter> exporter_;
+  std::string metrics_address_;  // HOST:PORT sent in Register; empty without an exporter
   std::vector<std::string> channels_;
 
   std::mutex register_mu_;

@@ -89,16 +89,16 @@ class DaemonsTest : public ::testing::Test {
     return ::rackrun::testing::Shell(command, dir_ / (tag + ".stdout"), dir_ / (tag + ".stderr"));
   }
 
-  // Starts (or restarts, on the same port and state) the coordinator.
-  void StartCoordinator() {
+  // Starts (or restarts, on the same port and state) the coordinator; `extra` flags.
+  void StartCoordinator(const std::vector<std::string>& extra = {}) {
     const fs::path banner = dir_ / ("coordinator" + std::to_string(starts_++) + ".log");
-    coordinator_ = std::make_unique<Child>(
-        std::vector<std::string>{RACKRUN_COORDINATOR_BINARY, "--listen",
-                                 "127.0.0.1:" + std::to_string(port_), "--state-dir",
-                                 (dir_ / "state").string(), "--heartbeat-interval-ms", "200",
-                                 "--heartbeat-timeout-ms", "3000", "--hang-timeout-ms", "3000",
-                                 "--reattach-grace-ms", "15000", "--channel-timeout-ms", "30000"},
-        banner);
+    std::vector<std::string> argv = {RACKRUN_COORDINATOR_BINARY, "--listen",
+                                     "127.0.0.1:" + std::to_string(port_), "--state-dir",
+                                     (dir_ / "state").string(), "--heartbeat-interval-ms", "200",
+                                     "--heartbeat-timeout-ms", "3000", "--hang-timeout-ms", "3000",
+                                     "--reattach-grace-ms", "15000", "--channel-timeout-ms", "30000"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    coordinator_ = std::make_unique<Child>(argv, banner);
     std::string text;
     std::smatch m = WaitForText(banner, std::regex("listening on 127\\.0\\.0\\.1:([0-9]+)"), &text);
     ASSERT_FALSE(m.empty()) << "no banner: " << text;
@@ -112,14 +112,15 @@ class DaemonsTest : public ::testing::Test {
             "RACKRUN_VICTIM_GRACE_MS=4000"};
   }
 
-  // A worker started by hand with a torchrun-style RANK.
-  Child& StartWorker(int launcher_rank) {
+  // A worker started by hand with a torchrun-style RANK; `extra` flags.
+  Child& StartWorker(int launcher_rank, const std::vector<std::string>& extra = {}) {
     std::vector<std::string> env = WorkerEnv();
     env.push_back("RANK=" + std::to_string(launcher_rank));
+    std::vector<std::string> argv = {RACKRUN_WORKER_BINARY, "--data-address", "127.0.0.1",
+                                     "--threads", "1"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
     workers_.push_back(std::make_unique<Child>(
-        std::vector<std::string>{RACKRUN_WORKER_BINARY, "--data-address", "127.0.0.1",
-                                 "--threads", "1"},
-        dir_ / ("worker" + std::to_string(workers_.size()) + ".log"), env));
+        argv, dir_ / ("worker" + std::to_string(workers_.size()) + ".log"), env));
     return *workers_.back();
   }
 
@@ -449,6 +450,49 @@ TEST_F(DaemonsTest, UnreadablePathFailsNamingPathAndHost) {
   EXPECT_THAT(message, HasSubstr("data.train"));
   EXPECT_THAT(message, HasSubstr((dir_ / "gone.tokens").string()));
   EXPECT_THAT(message, HasSubstr("on host "));
+}
+
+// --prometheus-targets: the coordinator keeps a Prometheus file_sd list of the live
+// workers' metrics endpoints (port 0 on every worker, as under srun): it lists both
+// workers' bound ports, each serves /metrics there, and a worker that leaves drops out.
+TEST_F(DaemonsTest, PrometheusTargetsListTheWorkersMetricsEndpoints) {
+  const fs::path targets = dir_ / "targets" / "rackrun.json";
+  fs::create_directories(targets.parent_path());
+  StartCoordinator({"--prometheus-targets", targets.string()});
+  StartWorker(0, {"--metrics-listen", "127.0.0.1:0"});
+  Child& leaving = StartWorker(1, {"--metrics-listen", "127.0.0.1:0"});
+  WaitIdle(2);
+  std::vector<std::string> listed;
+  const auto read_targets = [&] {
+    listed.clear();
+    const json doc = json::parse(::rackrun::testing::Slurp(targets), nullptr, false);
+    if (doc.is_array() && !doc.empty()) {
+      for (const json& t : doc[0].value("targets", json::array())) listed.push_back(t.get<std::string>());
+    }
+    return listed.size();
+  };
+  const auto wait_count = [&](size_t n) {
+    const auto end = Clock::now() + std::chrono::seconds(15);
+    while (Clock::now() < end && read_targets() != n) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return listed.size() == n;
+  };
+  ASSERT_TRUE(wait_count(2)) << ::rackrun::testing::Slurp(targets);
+  for (const std::string& t : listed) {
+    ASSERT_THAT(t, ::testing::StartsWith("127.0.0.1:"));
+    // Each endpoint serves Prometheus text (bash's /dev/tcp: no HTTP client needed).
+    const std::string port = t.substr(t.find(':') + 1);
+    const Result scrape =
+        Shell("timeout 10 bash -c 'exec 3<>/dev/tcp/127.0.0.1/" + port +
+                  " && printf \"GET /metrics HTTP/1.0\\r\\n\\r\\n\" >&3 && cat <&3'",
+              "scrape");
+    EXPECT_EQ(scrape.code, 0) << scrape.err;
+    EXPECT_THAT(scrape.out, HasSubstr("200")) << t;
+  }
+  leaving.Signal(SIGTERM);
+  EXPECT_EQ(leaving.Wait(std::chrono::seconds(30)), 0);
+  EXPECT_TRUE(wait_count(1)) << ::rackrun::testing::Slurp(targets);
 }
 
 }  // namespace
