@@ -77,7 +77,13 @@ class DaemonsTest : public ::testing::Test {
 
   void TearDown() override {
     for (auto& w : workers_) w.reset();
-    mpirun_.reset();
+    if (mpirun_ != nullptr) {
+      // SIGTERM: mpirun forwards it to the workers, which drain and exit; a SIGKILL of
+      // mpirun alone would leave them running.
+      mpirun_->Signal(SIGTERM);
+      mpirun_->Wait(std::chrono::seconds(20));
+      mpirun_.reset();
+    }
     if (coordinator_ != nullptr) {
       coordinator_->Signal(SIGTERM);
       coordinator_->Wait(std::chrono::seconds(10));
