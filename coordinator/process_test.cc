@@ -13,16 +13,15 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
-#include <future>
 #include <map>
 #include <set>
 #include <thread>
 
 #include <grpcpp/create_channel.h>
-#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/support/byte_buffer.h>
 
+#include "coordinator/health_check.h"
 #include "coordinator/test_util.h"
 #include "rackrun/v1/job_service.grpc.pb.h"
 #include "rackrun/v1/rack_control.grpc.pb.h"
@@ -116,27 +115,8 @@ class Coordinator {
   FILE* out_ = nullptr;
 };
 
-// Health.Check by hand-encoded bytes (no health stubs in Debian's gRPC): 1 SERVING,
-// 2 NOT_SERVING, -1 no answer.
-int Health(const std::shared_ptr<grpc::Channel>& channel) {
-  grpc::GenericStub stub(channel);
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + 500ms);
-  grpc::Slice empty;
-  grpc::ByteBuffer request(&empty, 1);
-  grpc::ByteBuffer response;
-  std::promise<grpc::Status> done;
-  stub.UnaryCall(&ctx, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request, &response,
-                 [&](grpc::Status s) { done.set_value(s); });
-  grpc::Status s = done.get_future().get();
-  if (!s.ok()) return -1;
-  std::vector<grpc::Slice> slices;
-  (void)response.Dump(&slices);
-  std::string bytes;
-  for (const auto& sl : slices) bytes.append(reinterpret_cast<const char*>(sl.begin()), sl.size());
-  if (bytes.size() == 2 && bytes[0] == 0x08) return bytes[1];
-  return 0;
-}
+// grpc.health.v1 Check: 1 SERVING, 2 NOT_SERVING, -1 no answer.
+int Health(const std::shared_ptr<grpc::Channel>& channel) { return CheckHealth(channel, 500ms); }
 
 rackrun::v1::JobSpec ValidSpec(const std::string& name = "t") {
   rackrun::v1::JobSpec s;

@@ -46,7 +46,6 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
-#include <future>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -58,7 +57,6 @@
 #include <vector>
 
 #include <grpcpp/create_channel.h>
-#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/support/byte_buffer.h>
 
@@ -66,6 +64,7 @@
 #include "base/statistics.h"
 #include "comm/gloo_channel.h"
 #include "comm/rendezvous_store.h"
+#include "coordinator/health_check.h"
 #include "coordinator/planning.h"
 #include "nlohmann/json.hpp"
 #include "planner/generate.h"
@@ -388,25 +387,6 @@ std::string Submit(Client& client, const rackrun::v1::JobSpec& spec, const std::
   return resp.job().id();
 }
 
-// Health.Check by hand-encoded bytes (Debian's gRPC ships no health stubs). True when
-// the answer is SERVING.
-bool HealthCheck(grpc::GenericStub& stub) {
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + 5s);
-  grpc::Slice empty;
-  grpc::ByteBuffer request(&empty, 1);
-  grpc::ByteBuffer response;
-  std::promise<grpc::Status> done;
-  stub.UnaryCall(&ctx, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request, &response,
-                 [&](grpc::Status s) { done.set_value(s); });
-  if (!done.get_future().get().ok()) return false;
-  std::vector<grpc::Slice> slices;
-  (void)response.Dump(&slices);
-  std::string bytes;
-  for (const auto& sl : slices) bytes.append(reinterpret_cast<const char*>(sl.begin()), sl.size());
-  return bytes.size() == 2 && bytes[0] == 0x08 && bytes[1] == 1;
-}
-
 // ---- plan ----
 
 struct PlanCell {
@@ -608,7 +588,6 @@ json RunPlan(const Flags& flags) {
     rackrun::v1::HeartbeatRequest hb;
     hb.set_worker_id(pinger.id());
     hb.set_phase("idle");
-    grpc::GenericStub generic(pinger.client().channel());
     for (int i = 0; i < flags.pings + 50; ++i) {
       rackrun::v1::HeartbeatResponse resp;
       auto ctx = pinger.client().Ctx();
@@ -620,7 +599,9 @@ json RunPlan(const Flags& flags) {
     }
     for (int i = 0; i < flags.pings + 50; ++i) {
       const auto start = MonotonicClock::now();
-      if (!HealthCheck(generic)) Die("Health.Check did not say SERVING");
+      if (rackrun::coordinator::CheckHealth(pinger.client().channel(), 5s) != 1) {
+        Die("Health.Check did not say SERVING");
+      }
       const double took = rackrun::base::SecondsSince(start);
       if (i >= 50) health.push_back(took);
     }
