@@ -7,13 +7,15 @@
 #include <grpcpp/support/channel_arguments.h>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/file.h"
 
 namespace rackrun::worker {
 namespace {
 
-absl::StatusOr<std::string> ReadPem(const std::string& flag, const std::string& path) {
+// A file named by a flag; the error names the flag.
+absl::StatusOr<std::string> ReadFlagFile(const std::string& flag, const std::string& path) {
   absl::StatusOr<std::string> text = base::ReadWholeFile(path);
   if (!text.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(flag, ": ", text.status().message()));
@@ -23,6 +25,69 @@ absl::StatusOr<std::string> ReadPem(const std::string& flag, const std::string& 
 
 }  // namespace
 
+absl::StatusOr<ClusterToken> LoadClusterToken(const std::string& token_file) {
+  ClusterToken t;
+  std::string path = token_file;
+  if (path.empty()) {
+    if (const char* env = std::getenv("RACKRUN_TOKEN"); env != nullptr && *env != '\0') {
+      t.token = std::string(absl::StripAsciiWhitespace(env));
+      t.source = "RACKRUN_TOKEN";
+      return t;
+    }
+    if (const char* env = std::getenv("RACKRUN_TOKEN_FILE"); env != nullptr && *env != '\0') {
+      path = env;
+    } else {
+      const char* home = std::getenv("HOME");
+      path = absl::StrCat(home != nullptr ? home : ".", "/.rackrun/token");
+    }
+  }
+  t.source = path;
+  absl::StatusOr<std::string> text = base::ReadWholeFile(path);
+  if (!text.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "no cluster token: ", text.status().message(),
+        "; start rackrun-coordinator (it writes STATE_DIR/token), or point RACKRUN_TOKEN_FILE "
+        "(a worker: --token-file) at its token file, or set RACKRUN_TOKEN"));
+  }
+  t.token = std::string(absl::StripAsciiWhitespace(*text));
+  if (t.token.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "no cluster token: ", path,
+        " is empty; use the token file of the coordinator's --state-dir or set RACKRUN_TOKEN"));
+  }
+  return t;
+}
+
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> CoordinatorCredentials(
+    const TlsFiles& tls) {
+  if (!tls.key.empty() && tls.cert.empty()) {
+    return absl::InvalidArgumentError("--tls-key: needs --tls-cert (the client certificate)");
+  }
+  if (!tls.cert.empty() && tls.key.empty()) {
+    return absl::InvalidArgumentError("--tls-cert: needs --tls-key (the certificate's private key)");
+  }
+  if (tls.ca.empty() && tls.cert.empty()) return grpc::InsecureChannelCredentials();
+  grpc::SslCredentialsOptions ssl;
+  if (!tls.ca.empty()) {
+    absl::StatusOr<std::string> ca = ReadFlagFile("--tls-ca", tls.ca);
+    if (!ca.ok()) return ca.status();
+    if (!absl::StrContains(*ca, "-----BEGIN CERTIFICATE-----")) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--tls-ca: '", tls.ca, "' holds no PEM certificate (-----BEGIN CERTIFICATE-----)"));
+    }
+    ssl.pem_root_certs = *ca;
+  }
+  if (!tls.cert.empty()) {
+    absl::StatusOr<std::string> cert = ReadFlagFile("--tls-cert", tls.cert);
+    if (!cert.ok()) return cert.status();
+    absl::StatusOr<std::string> key = ReadFlagFile("--tls-key", tls.key);
+    if (!key.ok()) return key.status();
+    ssl.pem_cert_chain = *cert;
+    ssl.pem_private_key = *key;
+  }
+  return grpc::SslCredentials(ssl);
+}
+
 absl::Status FromGrpc(const grpc::Status& status) {
   return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
 }
@@ -31,53 +96,13 @@ absl::StatusOr<std::unique_ptr<Connection>> Connection::Create(const ConnectionO
   std::unique_ptr<Connection> c(new Connection());
   c->address_ = options.coordinator;
   c->call_timeout_ = options.call_timeout;
-  std::string token_file = options.token_file;
-  if (token_file.empty()) {
-    if (const char* token = std::getenv("RACKRUN_TOKEN"); token != nullptr && *token != '\0') {
-      c->token_ = token;
-      c->token_source_ = "RACKRUN_TOKEN";
-    } else if (const char* file = std::getenv("RACKRUN_TOKEN_FILE");
-               file != nullptr && *file != '\0') {
-      token_file = file;
-    } else {
-      const char* home = std::getenv("HOME");
-      token_file = absl::StrCat(home != nullptr ? home : "", "/.rackrun/token");
-    }
-  }
-  if (c->token_.empty()) {
-    absl::StatusOr<std::string> token = base::ReadWholeFile(token_file);
-    if (!token.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "cannot read the cluster token (", token.status().message(),
-          "); pass --token-file with the coordinator's state-dir token file, or set "
-          "RACKRUN_TOKEN"));
-    }
-    c->token_ = std::string(absl::StripAsciiWhitespace(*token));
-    c->token_source_ = token_file;
-    if (c->token_.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat("the token file '", token_file, "' is empty"));
-    }
-  }
-  std::shared_ptr<grpc::ChannelCredentials> credentials;
-  if (!options.tls_ca.empty() || !options.tls_cert.empty()) {
-    grpc::SslCredentialsOptions ssl;
-    if (!options.tls_ca.empty()) {
-      absl::StatusOr<std::string> ca = ReadPem("--tls-ca", options.tls_ca);
-      if (!ca.ok()) return ca.status();
-      ssl.pem_root_certs = *ca;
-    }
-    if (!options.tls_cert.empty()) {
-      absl::StatusOr<std::string> cert = ReadPem("--tls-cert", options.tls_cert);
-      if (!cert.ok()) return cert.status();
-      absl::StatusOr<std::string> key = ReadPem("--tls-key", options.tls_key);
-      if (!key.ok()) return key.status();
-      ssl.pem_cert_chain = *cert;
-      ssl.pem_private_key = *key;
-    }
-    credentials = grpc::SslCredentials(ssl);
-  } else {
-    credentials = grpc::InsecureChannelCredentials();
-  }
+  absl::StatusOr<ClusterToken> token = LoadClusterToken(options.token_file);
+  if (!token.ok()) return token.status();
+  c->token_ = token->token;
+  c->token_source_ = token->source;
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
+      CoordinatorCredentials({options.tls_ca, options.tls_cert, options.tls_key});
+  if (!credentials.ok()) return credentials.status();
   grpc::ChannelArguments args;
   // Keepalive: a dead coordinator (or a cut network) ends the assignment stream within
   // seconds instead of at the next TCP timeout.
@@ -88,7 +113,7 @@ absl::StatusOr<std::unique_ptr<Connection>> Connection::Create(const ConnectionO
   // Reconnect quickly after a coordinator restart.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  c->channel_ = grpc::CreateCustomChannel(c->address_, credentials, args);
+  c->channel_ = grpc::CreateCustomChannel(c->address_, *credentials, args);
   c->stub_ = rackrun::v1::RackControl::NewStub(c->channel_);
   return c;
 }

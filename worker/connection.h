@@ -1,10 +1,8 @@
 // How a worker daemon reaches its rack coordinator: the gRPC channel (TLS or plaintext,
 // keepalive on), the cluster token sent as `authorization: Bearer <token>` on every call,
-// and a deadline on every unary call.
-//
-// Token: --token-file, else RACKRUN_TOKEN, else the file named by RACKRUN_TOKEN_FILE, else
-// ~/.rackrun/token (the coordinator's default state folder, so one machine needs no
-// setting). Thread-safe after Create.
+// and a deadline on every unary call. LoadClusterToken and CoordinatorCredentials are the
+// one token and TLS path of every client of the coordinator (the worker and the rackrun
+// CLI; CMake target rackrun_connection). Thread-safe after Create.
 #ifndef RACKRUN_WORKER_CONNECTION_H_
 #define RACKRUN_WORKER_CONNECTION_H_
 
@@ -14,11 +12,33 @@
 
 #include <grpcpp/channel.h>
 #include <grpcpp/client_context.h>
+#include <grpcpp/security/credentials.h>
 
 #include "absl/status/statusor.h"
 #include "rackrun/v1/rack_control.grpc.pb.h"
 
 namespace rackrun::worker {
+
+// The cluster token and where it came from (for messages): `token_file` when given, else
+// RACKRUN_TOKEN, else the file named by RACKRUN_TOKEN_FILE, else ~/.rackrun/token (the
+// coordinator's default state folder, so one machine needs no setting). Surrounding
+// whitespace is dropped. FailedPrecondition naming the file and what to do when it cannot
+// be read or is empty.
+struct ClusterToken {
+  std::string token;
+  std::string source;  // "RACKRUN_TOKEN" or the file's path
+};
+absl::StatusOr<ClusterToken> LoadClusterToken(const std::string& token_file = "");
+
+// Channel credentials: plaintext without files; TLS trusting `ca` (server roots, PEM)
+// and/or presenting the client certificate `cert` with its key `key`. InvalidArgument
+// naming the flag (--tls-ca, --tls-cert, --tls-key) for an unreadable file, a CA file with
+// no certificate, or a certificate without its key (or a key without its certificate).
+struct TlsFiles {
+  std::string ca, cert, key;
+};
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> CoordinatorCredentials(
+    const TlsFiles& tls);
 
 struct ConnectionOptions {
   std::string coordinator;  // HOST:PORT

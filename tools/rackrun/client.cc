@@ -1,11 +1,7 @@
 #include "tools/rackrun/client.h"
 
-#include <cerrno>
 #include <cstdlib>
-#include <cstring>
-#include <fstream>
 #include <random>
-#include <sstream>
 #include <thread>
 
 #include <grpc/support/log.h>
@@ -19,6 +15,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "worker/connection.h"
 
 namespace rackrun::cli {
 namespace {
@@ -37,50 +34,6 @@ bool IsValidAddress(const std::string& a) {
   if (colon == std::string::npos || colon == 0) return false;
   int port = 0;
   return absl::SimpleAtoi(a.substr(colon + 1), &port) && port >= 1 && port <= 65535;
-}
-
-absl::StatusOr<std::string> ReadFile(const std::string& path, const std::string& flag) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(flag, ": cannot read '", path, "' (", std::strerror(errno), ")"));
-  }
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-// The token and where it came from (for messages).
-absl::Status LoadToken(std::string* token, std::string* source) {
-  if (const char* env = std::getenv("RACKRUN_TOKEN"); env != nullptr && *env != '\0') {
-    *token = std::string(absl::StripAsciiWhitespace(env));
-    *source = "RACKRUN_TOKEN";
-    return absl::OkStatus();
-  }
-  std::string path;
-  if (const char* env = std::getenv("RACKRUN_TOKEN_FILE"); env != nullptr && *env != '\0') {
-    path = env;
-  } else {
-    const char* home = std::getenv("HOME");
-    path = absl::StrCat(home != nullptr ? home : ".", "/.rackrun/token");
-  }
-  *source = path;
-  std::ifstream in(path);
-  if (!in) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "no cluster token: cannot read ", path, " (", std::strerror(errno),
-        "); start rackrun-coordinator (it writes STATE_DIR/token), or set RACKRUN_TOKEN_FILE to "
-        "its token file, or RACKRUN_TOKEN"));
-  }
-  std::stringstream s;
-  s << in.rdbuf();
-  *token = std::string(absl::StripAsciiWhitespace(s.str()));
-  if (token->empty()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "no cluster token: ", path,
-        " is empty; use the token file of the coordinator's --state-dir or set RACKRUN_TOKEN"));
-  }
-  return absl::OkStatus();
 }
 
 // A short reason from gRPC's connection error text, e.g. "connection refused".
@@ -164,42 +117,17 @@ absl::StatusOr<std::unique_ptr<CoordinatorClient>> CoordinatorClient::Create(
         from, ": '", c->address_, "' is not a coordinator address; give HOST:PORT, e.g. ",
         kDefaultCoordinator));
   }
-  if (absl::Status s = LoadToken(&c->token_, &c->token_source_); !s.ok()) return s;
-
-  std::shared_ptr<grpc::ChannelCredentials> creds;
-  if (!flags.tls_key.empty() && flags.tls_cert.empty()) {
-    return absl::InvalidArgumentError("--tls-key: needs --tls-cert (the client certificate)");
-  }
-  if (!flags.tls_cert.empty() && flags.tls_key.empty()) {
-    return absl::InvalidArgumentError("--tls-cert: needs --tls-key (the certificate's private key)");
-  }
+  absl::StatusOr<worker::ClusterToken> token = worker::LoadClusterToken();
+  if (!token.ok()) return token.status();
+  c->token_ = token->token;
+  c->token_source_ = token->source;
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> creds =
+      worker::CoordinatorCredentials({flags.tls_ca, flags.tls_cert, flags.tls_key});
+  if (!creds.ok()) return creds.status();
+  c->tls_ = !flags.tls_ca.empty() || !flags.tls_cert.empty();
   grpc::ChannelArguments args;
-  if (!flags.tls_ca.empty() || !flags.tls_cert.empty()) {
-    grpc::SslCredentialsOptions ssl;
-    if (!flags.tls_ca.empty()) {
-      absl::StatusOr<std::string> ca = ReadFile(flags.tls_ca, "--tls-ca");
-      if (!ca.ok()) return ca.status();
-      if (!absl::StrContains(*ca, "-----BEGIN CERTIFICATE-----")) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "--tls-ca: '", flags.tls_ca, "' holds no PEM certificate (-----BEGIN CERTIFICATE-----)"));
-      }
-      ssl.pem_root_certs = *ca;
-    }
-    if (!flags.tls_cert.empty()) {
-      absl::StatusOr<std::string> cert = ReadFile(flags.tls_cert, "--tls-cert");
-      if (!cert.ok()) return cert.status();
-      absl::StatusOr<std::string> key = ReadFile(flags.tls_key, "--tls-key");
-      if (!key.ok()) return key.status();
-      ssl.pem_cert_chain = *cert;
-      ssl.pem_private_key = *key;
-    }
-    creds = grpc::SslCredentials(ssl);
-    c->tls_ = true;
-    if (!flags.tls_server_name.empty()) {
-      args.SetSslTargetNameOverride(flags.tls_server_name);
-    }
-  } else {
-    creds = grpc::InsecureChannelCredentials();
+  if (c->tls_ && !flags.tls_server_name.empty()) {
+    args.SetSslTargetNameOverride(flags.tls_server_name);
   }
   // Keepalive (the coordinator permits pings every 5 s): a Watch stream to a coordinator
   // that died without closing the connection ends within ~30 s instead of hanging.
@@ -210,7 +138,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorClient>> CoordinatorClient::Create(
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 200);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
-  c->channel_ = grpc::CreateCustomChannel(c->address_, creds, args);
+  c->channel_ = grpc::CreateCustomChannel(c->address_, *creds, args);
   c->stub_ = rackrun::v1::JobService::NewStub(c->channel_);
   return c;
 }
