@@ -295,9 +295,51 @@ std::vector<Finding> Workers::Detect() {
       }
     }
     if (found) continue;
+    // Ranks waiting for their peers in the data channel's rendezvous are victims: when they
+    // have waited past hang_timeout, the rule names the rank they wait for (the one not in
+    // the rendezvous, longest in its phase), or no single rank when every rank is in it.
+    std::vector<int> connecting;
+    int64_t connecting_ms = 0;
+    const Info* awaited = nullptr;
+    int64_t awaited_ms = -1;
+    for (const Info* w : ranks) {
+      const int64_t age = w->phase_age_ms + (now - w->last_heartbeat_ms);
+      if (w->w.phase() == "connecting") {
+        if (age > options_.hang_timeout_ms) {
+          connecting.push_back(w->w.rank());
+          connecting_ms = std::max(connecting_ms, age);
+        }
+      } else if (w->w.phase() != "collective" && w->blocked_n == 0 && !silent(*w) && age > awaited_ms) {
+        awaited = w;
+        awaited_ms = age;
+      }
+    }
+    if (!connecting.empty()) {
+      const std::string waiters =
+          absl::StrCat("rank(s) ", absl::StrJoin(connecting, ", "), " wait in the data channel's rendezvous for ",
+                       connecting_ms / secs, " s");
+      if (awaited != nullptr) {
+        const std::string phase = awaited->w.phase().empty() ? std::string("idle") : awaited->w.phase();
+        report(*awaited, FailureOf(*awaited, rackrun::v1::HANG,
+                                   absl::StrCat(waiters, " for it; it has been in phase ", phase, " for ",
+                                                awaited_ms / secs, " s")));
+      } else {
+        Failure f = FailureOf(*ranks.front(), rackrun::v1::HANG,
+                              absl::StrCat(waiters, "; every rank is in it (check that the ranks can reach "
+                                                    "each other's data addresses)"));
+        f.set_rank(-1);
+        f.clear_worker_id();
+        f.clear_host();
+        f.set_pid(0);
+        f.set_phase("connecting");
+        report(*ranks.front(), f);
+      }
+      continue;
+    }
     for (const Info* w : ranks) {
       const std::string& phase = w->w.phase();
-      if (phase.empty() || phase == "idle" || phase == "collective" || w->blocked_n != 0 || silent(*w)) {
+      if (phase.empty() || phase == "idle" || phase == "collective" || phase == "connecting" ||
+          w->blocked_n != 0 || silent(*w)) {
         continue;
       }
       const int64_t age = w->phase_age_ms + (now - w->last_heartbeat_ms);

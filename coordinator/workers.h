@@ -13,7 +13,10 @@
 //         heartbeats stopped while its stream stays open (SIGSTOP) -> HANG naming it
 //         (when several qualify: the one furthest behind, then the lowest rank);
 //         (b) it stays in one non-idle phase longer than hang_timeout (ranks waiting in a
-//         collective are victims, never named by this rule) -> HANG naming it.
+//         collective are victims, never named by this rule) -> HANG naming it;
+//         (c) peers have waited in the data channel's rendezvous (phase "connecting")
+//         longer than hang_timeout while it is in another phase -> HANG naming it (the
+//         one longest in its phase); every rank in the rendezvous -> HANG, no rank named.
 // Times come from the injected clock; phase ages are the worker's reported age plus the
 // time since that heartbeat.
 //

@@ -180,6 +180,43 @@ TEST_F(WorkersTest, WaitingInACollectiveIsNeverTheCulprit) {
   EXPECT_EQ(f[0].failure.rank(), -1);
 }
 
+TEST_F(WorkersTest, RanksInTheRendezvousNameTheRankTheyWaitFor) {
+  auto ids = Start(3);
+  // Ranks 0 and 2 wait for their peers in the data channel's rendezvous; rank 1 is still
+  // starting (say, reading a slow file system). The waiting ranks have the longer phase
+  // age, yet the rank they wait for is the one named.
+  for (int t = 1; t <= 25; ++t) {
+    clock_.Advance(100);
+    Beat(ids[0], 0, "connecting", 0, 0, 100 * t + 50);
+    Beat(ids[1], 0, "starting", 0, 0, 100 * t);
+    Beat(ids[2], 0, "connecting", 0, 0, 100 * t + 50);
+    if (t < 20) {
+      EXPECT_TRUE(workers_.Detect().empty()) << t;
+    }
+  }
+  std::vector<Finding> f = workers_.Detect();
+  ASSERT_EQ(f.size(), 1u);
+  EXPECT_EQ(f[0].failure.kind(), rackrun::v1::HANG);
+  EXPECT_EQ(f[0].failure.rank(), 1);
+  EXPECT_EQ(f[0].failure.phase(), "starting");
+  EXPECT_NE(f[0].failure.message().find("rank(s) 0, 2 wait in the data channel's rendezvous"), std::string::npos)
+      << f[0].failure.message();
+}
+
+TEST_F(WorkersTest, EveryRankInTheRendezvousNamesNoRank) {
+  auto ids = Start(2);
+  for (int t = 1; t <= 25; ++t) {
+    clock_.Advance(100);
+    Beat(ids[0], 0, "connecting", 0, 0, 100 * t);
+    Beat(ids[1], 0, "connecting", 0, 0, 100 * t);
+  }
+  std::vector<Finding> f = workers_.Detect();
+  ASSERT_EQ(f.size(), 1u);
+  EXPECT_EQ(f[0].failure.kind(), rackrun::v1::HANG);
+  EXPECT_EQ(f[0].failure.rank(), -1);
+  EXPECT_EQ(f[0].failure.phase(), "connecting");
+}
+
 TEST_F(WorkersTest, AssignmentsFlowAndIdleNeedsAStream) {
   rackrun::v1::RegisterRequest req;
   req.set_host("h");

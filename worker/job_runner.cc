@@ -180,7 +180,7 @@ JobStatus JobRunner::Status() const {
   std::lock_guard<std::mutex> lock(mu_);
   s.step_time_s = step_time_s_.load();
   if (trainer_ == nullptr) {
-    s.phase = "starting";
+    s.phase = stage_;
     return s;
   }
   s.step = trainer_->steps_done();
@@ -193,6 +193,11 @@ JobStatus JobRunner::Status() const {
   }
   if (metrics_ != nullptr) metrics_->SetPhase(s.phase);
   return s;
+}
+
+void JobRunner::SetStage(const char* stage) {
+  std::lock_guard<std::mutex> lock(mu_);
+  stage_ = stage;
 }
 
 void JobRunner::WaitForCancel() {
@@ -274,7 +279,9 @@ AttemptResult JobRunner::Run() {
 
   std::unique_ptr<comm::DataChannel> channel;
   if (assignment_.ranks() > 1) {
+    SetStage("connecting");
     absl::StatusOr<std::unique_ptr<comm::DataChannel>> made = MakeChannel();
+    SetStage("starting");
     if (!made.ok()) {
       if (PeerCaused(made.status())) WaitForCancel();
       return fail(made.status(), "connecting");

@@ -44,7 +44,9 @@ struct JobRunnerOptions {
 
 // What a heartbeat says about the attempt.
 struct JobStatus {
-  std::string phase;  // runtime::TrainPhaseName, "starting", "collective" (blocked in one)
+  // runtime::TrainPhaseName, "starting", "connecting" (in the data channel's rendezvous,
+  // waiting for its peers), "collective" (blocked in one)
+  std::string phase;
   int64_t step = 0;
   comm::ChannelProgress collectives;
   double step_time_s = 0;
@@ -70,6 +72,7 @@ class JobRunner {
 
   absl::Status CheckPaths() const;
   absl::StatusOr<std::unique_ptr<comm::DataChannel>> MakeChannel();
+  void SetStage(const char* stage);
   // Waits up to victim_grace for a cancel from the coordinator.
   void WaitForCancel();
 
@@ -88,6 +91,7 @@ class JobRunner {
   comm::DataChannel* channel_ = nullptr;    // guarded by mu_
   runtime::StopReason requested_ = runtime::StopReason::kNone;  // guarded by mu_
   bool cancelled_by_coordinator_ = false;   // guarded by mu_
+  const char* stage_ = "starting";          // guarded by mu_; the phase before trainer_ is set
   std::atomic<double> step_time_s_{0};
 };
 
