@@ -302,6 +302,13 @@ AttemptResult JobRunner::Run() {
       return fail(s, "resuming");
     }
   }
+  // Outputs checked and the checkpoint folder claimed before the first step (a restarted
+  // attempt resumed from the folder above, so it continues its own checkpoints).
+  if (absl::Status s = (*trainer)->Prepare(); !s.ok()) {
+    // Rank 0's refusal is its own; the other ranks report it as rank 0's.
+    if (PeerCaused(s) && assignment_.rank() != 0) WaitForCancel();
+    return fail(s, "starting");
+  }
   // This job's Prometheus series on this rank (see training_metrics_).
   std::unique_ptr<metrics::TrainingMetrics>& training_metrics = training_metrics_;
   if (options_.metrics != nullptr) {
