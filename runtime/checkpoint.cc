@@ -218,7 +218,7 @@ absl::StatusOr<Checkpoint> LoadCheckpoint(const std::string& path) {
   }
   Checkpoint checkpoint;
   checkpoint.step = static_cast<int64_t>(step);
-  checkpoint.checksum = crc;
+  std::string section_crcs;
   for (uint32_t i = 0; i < count; ++i) {
     uint32_t name_len = 0;
     uint64_t len = 0;
@@ -232,7 +232,9 @@ absl::StatusOr<Checkpoint> LoadCheckpoint(const std::string& path) {
       return refuse(absl::StrCat("checksum mismatch in section '", std::string(name), "'"));
     }
     checkpoint.sections.push_back({std::string(name), std::string(payload)});
+    PutLe<uint32_t>(section_crcs, section_crc);
   }
+  checkpoint.checksum = Crc32c(section_crcs);
   if (r.pos() != content.size()) return refuse("trailing bytes after the last section");
   return checkpoint;
 }
@@ -302,8 +304,16 @@ absl::StatusOr<CheckpointFolderClaim> ClaimCheckpointFolder(const std::string& d
                                        " temporary file(s) of a checkpoint writer that died: ",
                                        Names(*stale)));
   }
+  const std::string owner =
+      run.owner.empty() ? absl::StrCat("pid ", getpid(), " on host ", base::HostName()) : run.owner;
+  const auto record_owner = [&]() -> absl::Status {
+    return WriteFileAtomically((std::filesystem::path(dir) / "OWNER").string(), owner + "\n");
+  };
   const std::vector<std::string> present = ListCheckpoints(dir);
-  if (present.empty()) return claim;
+  if (present.empty()) {
+    if (absl::Status s = record_owner(); !s.ok()) return s;
+    return claim;
+  }
   bool continuing = false;
   if (!run.resumed_from.empty()) {
     std::filesystem::path from_dir = std::filesystem::path(run.resumed_from).parent_path();
@@ -336,9 +346,17 @@ absl::StatusOr<CheckpointFolderClaim> ClaimCheckpointFolder(const std::string& d
   }
   absl::StatusOr<std::string> aside = MoveAside(dir, present, "previous");
   if (!aside.ok()) return aside.status();
+  if (absl::Status s = record_owner(); !s.ok()) return s;
   claim.notes.push_back(absl::StrCat("checkpoint.start_over: moved ", Names(present),
                                      " of the previous run into ", *aside));
   return claim;
+}
+
+absl::StatusOr<std::string> CheckpointFolderOwner(const std::string& dir) {
+  absl::StatusOr<std::string> owner = ReadWholeFile((std::filesystem::path(dir) / "OWNER").string());
+  if (!owner.ok()) return owner.status();
+  while (!owner->empty() && owner->back() == '\n') owner->pop_back();
+  return owner;
 }
 
 absl::StatusOr<Checkpoint> LoadCheckpointForResume(const std::string& path,

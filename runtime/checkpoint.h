@@ -48,8 +48,9 @@ struct CheckpointSection {
 
 struct Checkpoint {
   int64_t step = 0;
-  // CRC32C of the file's bytes before the footer (set by LoadCheckpoint): identifies the
-  // state, so that ranks can check they resumed from the same one.
+  // CRC32C over the sections' CRC32Cs (set by LoadCheckpoint): identifies the state, so
+  // that ranks can check they resumed from the same one. (Not the footer's CRC: a CRC over
+  // sections that each end in their own CRC depends only on the names and lengths.)
   uint32_t checksum = 0;
   std::vector<CheckpointSection> sections;
 
@@ -90,6 +91,10 @@ struct CheckpointFolderRun {
   // The folder's checkpoints are not this run's: move them aside instead of refusing
   // (checkpoint.start_over). Ignored when the run continues the folder's own checkpoints.
   bool start_over = false;
+  // Who the run is ("job 17" for a daemon job), written to `<dir>/OWNER` when the run
+  // starts the folder (it does not continue the folder's checkpoints); empty: "pid P on
+  // host H". A restarted daemon job continues a folder only if it is the owner.
+  std::string owner;
 };
 
 // The folder held for one run: the lock and what was done to the folder (for the log).
@@ -109,6 +114,10 @@ struct CheckpointFolderClaim {
 //  - a run resuming from elsewhere is a fresh run as far as `dir` is concerned.
 absl::StatusOr<CheckpointFolderClaim> ClaimCheckpointFolder(const std::string& dir,
                                                             const CheckpointFolderRun& run);
+
+// The owner recorded in `<dir>/OWNER` by the run that started the folder; NotFound when
+// none did (an empty folder, or one written before owners were recorded).
+absl::StatusOr<std::string> CheckpointFolderOwner(const std::string& dir);
 
 }  // namespace rackrun::runtime
 

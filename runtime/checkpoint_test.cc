@@ -29,6 +29,7 @@ CheckpointFolderRun From(const std::string& checkpoint, int64_t step) {
 CheckpointFolderRun StartOver() {
   CheckpointFolderRun run;
   run.start_over = true;
+  run.owner = "job 7";
   return run;
 }
 
@@ -169,6 +170,18 @@ TEST(WriteFileAtomicallyTest, ReplacesContentAndLeavesNoTemporaries) {
   EXPECT_FALSE(WriteFileAtomically(dir + "/missing-folder/f", "x").ok());
 }
 
+TEST(CheckpointTest, TheChecksumIdentifiesTheContent) {
+  const std::string dir = FreshDir("checksum");
+  Checkpoint a = Sample(5), b = Sample(5);
+  b.sections[1].payload[0] ^= 1;
+  const absl::StatusOr<Checkpoint> la = LoadCheckpoint(*SaveCheckpoint(dir + "/a", a, 2));
+  const absl::StatusOr<Checkpoint> lb = LoadCheckpoint(*SaveCheckpoint(dir + "/b", b, 2));
+  const absl::StatusOr<Checkpoint> la2 = LoadCheckpoint(CheckpointPath(dir + "/a", 5));
+  ASSERT_TRUE(la.ok() && lb.ok() && la2.ok());
+  EXPECT_NE(la->checksum, lb->checksum);  // same layout, one bit of one payload differs
+  EXPECT_EQ(la->checksum, la2->checksum);
+}
+
 TEST(CheckpointTest, ASpecOrOtherFileIsNamedAsNotACheckpoint) {
   const std::string dir = FreshDir("not_a_checkpoint");
   const std::string spec = dir + "/job.yaml";
@@ -186,6 +199,9 @@ TEST(CheckpointFolderTest, ASecondWriterIsRefusedNamingTheHoldersPidAndHost) {
   const std::string dir = FreshDir("lock");
   absl::StatusOr<CheckpointFolderClaim> first = ClaimCheckpointFolder(dir, {});
   ASSERT_TRUE(first.ok()) << first.status();
+  // The run that starts a folder is recorded as its owner.
+  EXPECT_EQ(*CheckpointFolderOwner(dir),
+            "pid " + std::to_string(getpid()) + " on host " + base::HostName());
   absl::StatusOr<CheckpointFolderClaim> second = ClaimCheckpointFolder(dir, {});
   ASSERT_FALSE(second.ok());
   EXPECT_EQ(second.status().code(), absl::StatusCode::kFailedPrecondition);
@@ -222,8 +238,10 @@ TEST(CheckpointFolderTest, AFreshRunIntoAnotherRunsFolderIsRefusedOrStartsOver) 
   ASSERT_FALSE(c.ok());
   EXPECT_THAT(c.status().message(), HasSubstr("another run"));
 
+  EXPECT_FALSE(CheckpointFolderOwner(dir).ok());  // refused runs record nothing
   c = ClaimCheckpointFolder(dir, StartOver());
   ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(*CheckpointFolderOwner(dir), "job 7");
   EXPECT_TRUE(ListCheckpoints(dir).empty());
   const std::vector<fs::path> previous = Aside(dir, "previous");
   ASSERT_EQ(previous.size(), 1u);
@@ -244,6 +262,7 @@ TEST(CheckpointFolderTest, ResumingAnOlderCheckpointMovesTheNewerOnesAside) {
   c = absl::UnknownError("released");
   c = ClaimCheckpointFolder(dir, From(CheckpointPath(dir, 4), 4));
   ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_FALSE(CheckpointFolderOwner(dir).ok()) << "continuing a folder does not claim it anew";
   EXPECT_THAT(ListCheckpoints(dir), ElementsAre(CheckpointPath(dir, 2), CheckpointPath(dir, 4)));
   const std::vector<fs::path> superseded = Aside(dir, "superseded");
   ASSERT_EQ(superseded.size(), 1u);

@@ -108,6 +108,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const rackrun::v1::JobS
   std::unique_ptr<Trainer> t(new Trainer());
   t->spec_ = spec;
   t->config_ = TrainConfigFromSpec(spec);
+  t->owner_ = options.owner;
   const TrainConfig& c = t->config_;
   const int threads = options.threads >= 0 ? options.threads : c.threads;
   if (threads > 0) omp_set_num_threads(threads);
@@ -687,6 +688,7 @@ absl::Status Trainer::PrepareOutputs() {
     run.resumed_from = resumed_from_;
     run.resumed_step = step_;
     run.start_over = config_.checkpoint_start_over;
+    run.owner = owner_;
     absl::StatusOr<CheckpointFolderClaim> claim = ClaimCheckpointFolder(config_.checkpoint_dir, run);
     if (!claim.ok()) return claim.status();
     folder_lock_.emplace(std::move(claim->lock));

@@ -135,6 +135,8 @@ struct TrainerOptions {
   std::string fault;
   // Where expert-parallel plans come from; null = in-band. Not owned.
   PlanSource* plan_source = nullptr;
+  // Who the run is, recorded in checkpoint.dir/OWNER (CheckpointFolderRun::owner).
+  std::string owner;
 };
 
 struct TrainSummary {
@@ -258,6 +260,7 @@ class Trainer {
   std::string resumed_from_;       // the checkpoint file Resume loaded; empty: fresh
   uint32_t resumed_checksum_ = 0;  // its Checkpoint::checksum
   bool prepared_ = false;          // Prepare succeeded and Run has not ended since
+  std::string owner_;              // TrainerOptions::owner
   std::optional<base::FolderLock> folder_lock_;  // checkpoint.dir's, rank 0, while prepared
   std::unique_ptr<TrainObserver> json_log_;      // logging.json (a StepLog), rank 0
   std::vector<std::string> notes_;

@@ -29,7 +29,7 @@ namespace rt = ::rackrun::runtime;
 
 constexpr std::string_view kUsage =
     R"(usage: rackrun train SPEC [--set FIELD=VALUE]... [--log-json FILE] [--load-trace FILE]
-                     [--resume PATH | --start-over]
+                     [--resume PATH] [--start-over]
        mpirun -np R rackrun train SPEC ...      (or srun --mpi=pmix -n R rackrun train ...)
 
 Trains the model described by SPEC (a YAML or JSON JobSpec, proto/rackrun/v1/job_spec.proto).
@@ -56,8 +56,9 @@ options:
                       DIR/superseded-<time>/. --log-json and --load-trace are cut back to
                       the resumed step and extended.
   --start-over        checkpoint.dir holds another run's checkpoints: move them into
-                      DIR/previous-<time>/ and train from step 0 (checkpoint.start_over;
-                      nothing is deleted)
+                      DIR/previous-<time>/ and train from step 0, or from --resume of a
+                      checkpoint elsewhere (checkpoint.start_over; nothing is deleted; no
+                      effect when --resume continues checkpoint.dir's own checkpoints)
   --print-spec        print the effective spec (defaults filled in) as JSON and exit
 
 outputs: a checkpoint folder belongs to one run. Before the first step rank 0 checks every
@@ -87,7 +88,6 @@ int TrainCommand(const Args& args) {
   std::vector<std::string> overrides;
   std::string resume;
   bool print_spec = false;
-  bool start_over = false;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     if (a == "--help" || a == "-h") {
@@ -99,7 +99,6 @@ int TrainCommand(const Args& args) {
       continue;
     }
     if (a == "--start-over") {
-      start_over = true;
       overrides.push_back("checkpoint.start_over=true");
       continue;
     }
@@ -123,10 +122,6 @@ int TrainCommand(const Args& args) {
     }
   }
   if (spec_path.empty()) return Usage("SPEC is required");
-  if (start_over && !resume.empty()) {
-    return Usage("--start-over and --resume exclude each other: --resume continues a run, "
-                 "--start-over moves the folder's checkpoints aside and trains from step 0");
-  }
 
   absl::StatusOr<rackrun::v1::JobSpec> spec = rt::LoadJobSpec(spec_path, overrides);
   if (!spec.ok()) {
