@@ -188,7 +188,8 @@ class Trainer {
 
   // Runs steps until training.steps, or until a stop every rank agreed on (then
   // summary.stopped says why; a drain writes a checkpoint first when checkpoint.dir is
-  // set). Calls every observer for every step on every rank; rank 0 also writes
+  // set). Calls Prepare first unless the caller did; releases checkpoint.dir's lock at the
+  // end. A write error of a log or trace stops the run at that step. Calls every observer for every step on every rank; rank 0 also writes
   // logging.json (a StepLog, step_log.h). Checkpoints every checkpoint.interval steps and
   // at the end when checkpoint.dir is set.
   absl::StatusOr<TrainSummary> Run(const std::vector<TrainObserver*>& observers = {});
