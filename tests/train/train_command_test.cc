@@ -316,6 +316,20 @@ TEST(TrainCommandTest, AFullDiskFailsTheRunNamingTheFileAndKeepsWholeRecords) {
     EXPECT_EQ(line.rfind("{\"step\": ", 0), 0u) << line;
     EXPECT_EQ(line.back(), '}') << line;
   }
+  // A checkpoint that does not fit (about 180 KB into 64 KiB): the error names the file and
+  // ENOSPC, and neither a checkpoint nor its temporary is left.
+  const fs::path listing = Dir() / "listing.txt";
+  const std::string ckpt_script =
+      "mount -t tmpfs -o size=64k tmpfs " + mnt.string() + " && " + RACKRUN_BINARY + " train " +
+      spec + " --set training.steps=2 --set checkpoint.dir=" + (mnt / "ckpt").string() +
+      "; rc=$?; ls -A " + (mnt / "ckpt").string() + " > " + listing.string() + "; exit $rc";
+  const Result ckpt = ::rackrun::testing::Shell("unshare -m sh -c '" + ckpt_script + "'",
+                                                Dir() / "ckpt.out", Dir() / "ckpt.err");
+  EXPECT_EQ(ckpt.code, 1) << ckpt.err;
+  EXPECT_THAT(ckpt.err, HasSubstr("cannot write '" + (mnt / "ckpt" / "step-00000002.ckpt").string() +
+                                  ".tmp-"));
+  EXPECT_THAT(ckpt.err, HasSubstr("No space left on device"));
+  EXPECT_EQ(Lines(listing), (std::vector<std::string>{"LOCK", "OWNER"}));
 }
 
 }  // namespace
