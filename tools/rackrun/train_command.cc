@@ -65,7 +65,8 @@ outputs: a checkpoint folder belongs to one run. Before the first step rank 0 ch
 output (checkpoint.dir, --log-json, --load-trace) and takes DIR/LOCK for the whole run: a
 second run on the same folder is refused, naming the holder's pid and host; a run without
 --resume into a folder with checkpoints is refused unless --start-over; temporary files of
-a writer killed mid-checkpoint are removed. Every rank must start from the same state (the
+a writer killed mid-checkpoint are removed; DIR/OWNER names the run that started the folder
+(a restarted daemon job continues only its own). Every rank must start from the same state (the
 same --resume, or none): a disagreement names the ranks. A write error (disk full) stops
 the run with the file and the system's reason; logs keep only whole records, checkpoints
 are written to a temporary file and renamed.
