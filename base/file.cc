@@ -1,11 +1,15 @@
 #include "base/file.h"
 
 #include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
+#include <system_error>
 
 #include "absl/strings/str_cat.h"
 
@@ -15,9 +19,11 @@ absl::Status PosixError(absl::string_view what, const std::string& path) {
   return absl::InternalError(absl::StrCat(what, " '", path, "': ", std::strerror(errno)));
 }
 
+std::string TemporaryPath(const std::string& path) { return absl::StrCat(path, ".tmp-", getpid()); }
+
 absl::Status WriteFileAtomically(const std::string& path, std::string_view bytes) {
   const std::filesystem::path target(path);
-  const std::string tmp = absl::StrCat(path, ".tmp-", getpid());
+  const std::string tmp = TemporaryPath(path);
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return PosixError("cannot create", tmp);
   size_t done = 0;
@@ -56,6 +62,89 @@ absl::Status WriteFileAtomically(const std::string& path, std::string_view bytes
   ::close(dir_fd);
   if (rc != 0) return PosixError("cannot fsync folder", folder);
   return absl::OkStatus();
+}
+
+std::string HostName() {
+  char name[256] = {};
+  if (::gethostname(name, sizeof(name) - 1) != 0 || name[0] == '\0') return "unknown-host";
+  return name;
+}
+
+absl::StatusOr<std::vector<std::string>> RemoveStaleTemporaries(
+    const std::string& dir, bool (*is_target)(const std::string& name)) {
+  std::vector<std::string> removed;
+  std::error_code ec;
+  std::filesystem::directory_iterator it(dir, ec);
+  if (ec) {
+    return absl::InternalError(absl::StrCat("cannot list '", dir, "': ", ec.message()));
+  }
+  for (const std::filesystem::directory_entry& entry : it) {
+    const std::string name = entry.path().filename().string();
+    const size_t at = name.rfind(".tmp-");
+    if (at == std::string::npos || at + 5 == name.size()) continue;
+    const std::string digits = name.substr(at + 5);
+    if (digits.find_first_not_of("0123456789") != std::string::npos || digits.size() > 9) continue;
+    if (!is_target(name.substr(0, at))) continue;
+    const pid_t pid = static_cast<pid_t>(std::stol(digits));
+    if (pid == getpid()) continue;
+    // kill(pid, 0) succeeds (or fails with EPERM) while such a process exists.
+    if (pid > 0 && (::kill(pid, 0) == 0 || errno == EPERM)) continue;
+    if (::unlink(entry.path().c_str()) != 0 && errno != ENOENT) {
+      return PosixError("cannot remove stale temporary file", entry.path().string());
+    }
+    removed.push_back(entry.path().string());
+  }
+  return removed;
+}
+
+absl::StatusOr<FolderLock> FolderLock::Acquire(const std::string& dir, absl::string_view what) {
+  const std::string path = (std::filesystem::path(dir) / "LOCK").string();
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) return PosixError(absl::StrCat(what, ": cannot create the lock file"), path);
+  struct flock lock = {};
+  lock.l_type = F_WRLCK;
+  lock.l_whence = SEEK_SET;
+  if (::fcntl(fd, F_OFD_SETLK, &lock) != 0) {
+    const int err = errno;
+    ::close(fd);
+    if (err != EAGAIN && err != EACCES) {
+      errno = err;
+      return PosixError(absl::StrCat(what, ": cannot lock"), path);
+    }
+    absl::StatusOr<std::string> holder = ReadWholeFile(path);
+    std::string who = holder.ok() ? *holder : std::string();
+    while (!who.empty() && (who.back() == '\n' || who.back() == ' ')) who.pop_back();
+    if (who.empty()) who = "another process (it has not yet written its pid and host)";
+    return absl::FailedPreconditionError(absl::StrCat(
+        what, " '", dir, "' is in use by ", who, " (lock file '", path,
+        "'); wait for that run to end, stop it, or use another folder"));
+  }
+  char stamp[32] = {};
+  const std::time_t now = std::time(nullptr);
+  struct tm utc = {};
+  gmtime_r(&now, &utc);
+  std::strftime(stamp, sizeof(stamp), "%Y-%m-%dT%H:%M:%SZ", &utc);
+  const std::string holder = absl::StrCat("pid ", getpid(), " on host ", HostName(), " since ", stamp, "\n");
+  if (::ftruncate(fd, 0) != 0 ||
+      ::pwrite(fd, holder.data(), holder.size(), 0) != static_cast<ssize_t>(holder.size())) {
+    absl::Status s = PosixError(absl::StrCat(what, ": cannot write the lock file"), path);
+    ::close(fd);
+    return s;
+  }
+  return FolderLock(fd, path);
+}
+
+FolderLock& FolderLock::operator=(FolderLock&& other) noexcept {
+  if (this != &other) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = std::exchange(other.fd_, -1);
+    path_ = std::move(other.path_);
+  }
+  return *this;
+}
+
+FolderLock::~FolderLock() {
+  if (fd_ >= 0) ::close(fd_);
 }
 
 absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {

@@ -1,6 +1,9 @@
 #include "planner/trace.h"
 
+#include <cerrno>
 #include <cstdint>
+#include <cstring>
+#include <filesystem>
 #include <limits>
 #include <string>
 #include <string_view>
@@ -207,24 +210,47 @@ absl::StatusOr<std::vector<TraceEntry>> ReadTrace(const std::string& path) {
   return entries;
 }
 
-absl::StatusOr<TraceWriter> TraceWriter::Open(const std::string& path) {
-  std::ofstream out(path, std::ios::out | std::ios::trunc);
+absl::StatusOr<TraceWriter> TraceWriter::Open(const std::string& path, bool append) {
+  errno = 0;
+  std::ofstream out(path, append ? std::ios::out | std::ios::app : std::ios::out | std::ios::trunc);
   if (!out) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        path, ": cannot open for writing; check the directory exists and is writable"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": cannot open for writing: ", std::strerror(errno),
+                     "; check the directory exists and is writable"));
   }
-  return TraceWriter(path, std::move(out));
+  std::error_code ec;
+  const uintmax_t size = append ? std::filesystem::file_size(path, ec) : 0;
+  return TraceWriter(path, std::move(out), ec ? 0 : static_cast<int64_t>(size));
+}
+
+absl::Status TraceWriter::Failed(std::string_view what) {
+  const int err = errno;
+  out_.close();
+  // Outputs are whole lines or nothing: drop a partly written line.
+  std::error_code ec;
+  if (std::filesystem::is_regular_file(path_, ec)) {
+    std::filesystem::resize_file(path_, static_cast<uintmax_t>(good_), ec);
+  }
+  return absl::DataLossError(absl::StrCat(path_, ": ", std::string(what), ": ",
+                                          err != 0 ? std::strerror(err) : "I/O error"));
 }
 
 absl::Status TraceWriter::Append(const TraceEntry& entry) {
-  out_ << FormatTraceLine(entry) << '\n';
-  if (!out_) return absl::DataLossError(absl::StrCat(path_, ": write failed"));
+  if (!out_.is_open()) return absl::DataLossError(absl::StrCat(path_, ": write after a failure"));
+  const std::string line = FormatTraceLine(entry) + '\n';
+  errno = 0;
+  out_ << line;
+  out_.flush();
+  if (!out_) return Failed("write failed");
+  good_ += static_cast<int64_t>(line.size());
   return absl::OkStatus();
 }
 
 absl::Status TraceWriter::Close() {
+  if (!out_.is_open()) return absl::OkStatus();
+  errno = 0;
   out_.close();
-  if (!out_) return absl::DataLossError(absl::StrCat(path_, ": write failed on close"));
+  if (!out_) return Failed("write failed on close");
   return absl::OkStatus();
 }
 

@@ -79,17 +79,23 @@ absl::StatusOr<std::vector<TraceEntry>> ReadTrace(const std::string& path);
 // Writes entries one line each. Not thread-safe.
 class TraceWriter {
  public:
-  // Truncates or creates `path`; InvalidArgument when it cannot be opened for writing.
-  static absl::StatusOr<TraceWriter> Open(const std::string& path);
+  // Truncates or creates `path` (`append`: extends it); InvalidArgument naming the file
+  // and the system's reason when it cannot be opened for writing.
+  static absl::StatusOr<TraceWriter> Open(const std::string& path, bool append = false);
   absl::Status Append(const TraceEntry& entry);
-  // Flushes and closes; reports a write error (e.g. disk full).
+  // Append and Close report a write error (e.g. disk full) with the file and errno, and
+  // cut the file back to its last whole line.
+  // Flushes and closes.
   absl::Status Close();
 
  private:
-  TraceWriter(std::string path, std::ofstream out) : path_(std::move(path)), out_(std::move(out)) {}
+  TraceWriter(std::string path, std::ofstream out, int64_t good)
+      : path_(std::move(path)), out_(std::move(out)), good_(good) {}
+  absl::Status Failed(std::string_view what);
 
   std::string path_;
   std::ofstream out_;
+  int64_t good_ = 0;  // bytes of whole lines known written (flushed)
 };
 
 }  // namespace rackrun::planner

@@ -1,12 +1,14 @@
 #include "runtime/checkpoint.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <array>
 #include <cerrno>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <system_error>
 
@@ -163,7 +165,8 @@ std::vector<std::string> ListCheckpoints(const std::string& dir) {
 absl::StatusOr<Checkpoint> LoadCheckpoint(const std::string& path) {
   absl::StatusOr<std::string> read = ReadWholeFile(path);
   if (!read.ok()) {
-    return absl::NotFoundError(absl::StrCat("cannot open checkpoint '", path, "'"));
+    return absl::Status(read.status().code(),
+                        absl::StrCat("checkpoint: ", read.status().message()));
   }
   const std::string& bytes = *read;
   const auto refuse = [&](absl::string_view why) {
@@ -172,8 +175,22 @@ absl::StatusOr<Checkpoint> LoadCheckpoint(const std::string& path) {
                      "; resume from an earlier checkpoint in the same folder"));
   };
   constexpr size_t kFooter = 8 + 4 + sizeof(kEndMagic);
-  if (bytes.size() < sizeof(kMagic) + 16 + kFooter) return refuse("file is truncated (too short)");
-  if (std::memcmp(bytes.data(), kMagic, sizeof(kMagic)) != 0) return refuse("wrong magic");
+  if (bytes.size() < sizeof(kMagic) + 16 + kFooter &&
+      (bytes.size() < sizeof(kMagic) || std::memcmp(bytes.data(), kMagic, sizeof(kMagic)) == 0)) {
+    return refuse("file is truncated (too short)");
+  }
+  if (std::memcmp(bytes.data(), kMagic, sizeof(kMagic)) != 0) {
+    const bool text = std::all_of(bytes.begin(), bytes.begin() + std::min<size_t>(bytes.size(), 512),
+                                  [](char ch) {
+                                    const unsigned char u = static_cast<unsigned char>(ch);
+                                    return u == '\n' || u == '\r' || u == '\t' || u >= 0x20;
+                                  });
+    return absl::InvalidArgumentError(absl::StrCat(
+        "'", path, "' is not a rackrun checkpoint (it does not start with \"RKRCKPT1\"",
+        text ? "; it is a text file, perhaps a job spec" : "",
+        "); pass a checkpoint written by rackrun train, <checkpoint.dir>/step-<8 digits>.ckpt, "
+        "or the checkpoint folder itself to take its newest"));
+  }
   if (std::memcmp(bytes.data() + bytes.size() - sizeof(kEndMagic), kEndMagic, sizeof(kEndMagic)) !=
       0) {
     return refuse("end marker missing (file is truncated)");
@@ -201,6 +218,7 @@ absl::StatusOr<Checkpoint> LoadCheckpoint(const std::string& path) {
   }
   Checkpoint checkpoint;
   checkpoint.step = static_cast<int64_t>(step);
+  std::string section_crcs;
   for (uint32_t i = 0; i < count; ++i) {
     uint32_t name_len = 0;
     uint64_t len = 0;
@@ -214,9 +232,131 @@ absl::StatusOr<Checkpoint> LoadCheckpoint(const std::string& path) {
       return refuse(absl::StrCat("checksum mismatch in section '", std::string(name), "'"));
     }
     checkpoint.sections.push_back({std::string(name), std::string(payload)});
+    PutLe<uint32_t>(section_crcs, section_crc);
   }
+  checkpoint.checksum = Crc32c(section_crcs);
   if (r.pos() != content.size()) return refuse("trailing bytes after the last section");
   return checkpoint;
+}
+
+namespace {
+
+bool IsCheckpointName(const std::string& name) {
+  int64_t step = 0;
+  return ParseStep(name, step);
+}
+
+// Moves `files` into `<dir>/<label>-<UTC time>/` (a new folder; a suffix keeps it new).
+absl::StatusOr<std::string> MoveAside(const std::string& dir, const std::vector<std::string>& files,
+                                      absl::string_view label) {
+  char stamp[32] = {};
+  const std::time_t now = std::time(nullptr);
+  struct tm utc = {};
+  gmtime_r(&now, &utc);
+  std::strftime(stamp, sizeof(stamp), "%Y%m%dT%H%M%SZ", &utc);
+  std::filesystem::path aside = std::filesystem::path(dir) / absl::StrCat(label, "-", stamp);
+  for (int n = 2; std::filesystem::exists(aside); ++n) {
+    aside = std::filesystem::path(dir) / absl::StrCat(label, "-", stamp, "-", n);
+  }
+  if (::mkdir(aside.c_str(), 0755) != 0) return PosixError("cannot create folder", aside.string());
+  for (const std::string& f : files) {
+    const std::filesystem::path to = aside / std::filesystem::path(f).filename();
+    if (::rename(f.c_str(), to.c_str()) != 0) return PosixError("cannot move checkpoint", f);
+  }
+  return aside.string();
+}
+
+std::string Names(const std::vector<std::string>& files) {
+  std::string out;
+  for (const std::string& f : files) {
+    absl::StrAppend(&out, out.empty() ? "" : ", ", std::filesystem::path(f).filename().string());
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<CheckpointFolderClaim> ClaimCheckpointFolder(const std::string& dir,
+                                                            const CheckpointFolderRun& run) {
+  std::error_code ec;
+  const std::filesystem::file_status status = std::filesystem::status(dir, ec);
+  if (std::filesystem::exists(status) && !std::filesystem::is_directory(status)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "checkpoint.dir: '", dir, "' exists and is not a folder; give a folder (it is created "
+        "when missing)"));
+  }
+  std::filesystem::create_directories(dir, ec);
+  if (ec) {
+    return absl::InvalidArgumentError(absl::StrCat("checkpoint.dir: cannot create '", dir,
+                                                   "': ", ec.message()));
+  }
+  if (::access(dir.c_str(), W_OK | X_OK) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("checkpoint.dir: cannot write into '", dir,
+                                                   "': ", std::strerror(errno)));
+  }
+  absl::StatusOr<base::FolderLock> lock = base::FolderLock::Acquire(dir, "checkpoint.dir");
+  if (!lock.ok()) return lock.status();
+  CheckpointFolderClaim claim{*std::move(lock), {}};
+  absl::StatusOr<std::vector<std::string>> stale = base::RemoveStaleTemporaries(dir, IsCheckpointName);
+  if (!stale.ok()) return stale.status();
+  if (!stale->empty()) {
+    claim.notes.push_back(absl::StrCat("removed ", stale->size(),
+                                       " temporary file(s) of a checkpoint writer that died: ",
+                                       Names(*stale)));
+  }
+  const std::string owner =
+      run.owner.empty() ? absl::StrCat("pid ", getpid(), " on host ", base::HostName()) : run.owner;
+  const auto record_owner = [&]() -> absl::Status {
+    return WriteFileAtomically((std::filesystem::path(dir) / "OWNER").string(), owner + "\n");
+  };
+  const std::vector<std::string> present = ListCheckpoints(dir);
+  if (present.empty()) {
+    if (absl::Status s = record_owner(); !s.ok()) return s;
+    return claim;
+  }
+  bool continuing = false;
+  if (!run.resumed_from.empty()) {
+    std::filesystem::path from_dir = std::filesystem::path(run.resumed_from).parent_path();
+    if (from_dir.empty()) from_dir = ".";
+    continuing = std::filesystem::equivalent(from_dir, dir, ec);
+  }
+  if (continuing) {
+    // Resuming from an older checkpoint of the folder: the newer ones are an abandoned
+    // continuation, which this run would overwrite step by step and pruning would mix.
+    std::vector<std::string> newer;
+    for (const std::string& f : present) {
+      int64_t step = 0;
+      if (ParseStep(std::filesystem::path(f).filename().string(), step) && step > run.resumed_step) {
+        newer.push_back(f);
+      }
+    }
+    if (newer.empty()) return claim;
+    absl::StatusOr<std::string> aside = MoveAside(dir, newer, "superseded");
+    if (!aside.ok()) return aside.status();
+    claim.notes.push_back(absl::StrCat("resuming at step ", run.resumed_step, ": moved the newer ",
+                                       Names(newer), " into ", *aside));
+    return claim;
+  }
+  if (!run.start_over) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint.dir: '", dir, "' already holds checkpoints of another run (", Names(present),
+        "); continue that run with --resume ", dir,
+        ", start over with --start-over (checkpoint.start_over: true, moves them into ", dir,
+        "/previous-<time>/), or use another checkpoint.dir"));
+  }
+  absl::StatusOr<std::string> aside = MoveAside(dir, present, "previous");
+  if (!aside.ok()) return aside.status();
+  if (absl::Status s = record_owner(); !s.ok()) return s;
+  claim.notes.push_back(absl::StrCat("checkpoint.start_over: moved ", Names(present),
+                                     " of the previous run into ", *aside));
+  return claim;
+}
+
+absl::StatusOr<std::string> CheckpointFolderOwner(const std::string& dir) {
+  absl::StatusOr<std::string> owner = ReadWholeFile((std::filesystem::path(dir) / "OWNER").string());
+  if (!owner.ok()) return owner.status();
+  while (!owner->empty() && owner->back() == '\n') owner->pop_back();
+  return owner;
 }
 
 absl::StatusOr<Checkpoint> LoadCheckpointForResume(const std::string& path,

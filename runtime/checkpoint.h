@@ -12,7 +12,14 @@
 // never a half-written file under a checkpoint name. Older checkpoints are removed only
 // after the new one is durable, keeping the newest `keep` (>= 2).
 // Reading verifies sizes and every checksum; a truncated or corrupted file is refused
-// with an error naming the file and what is wrong.
+// with an error naming the file and what is wrong; a file that is not a checkpoint at all
+// (a job spec passed to --resume) is named as such.
+//
+// A checkpoint folder belongs to one run (ClaimCheckpointFolder): its writer holds
+// `<dir>/LOCK` while training, so a second writer is refused with the holder's pid and
+// host; a run that does not continue the folder's own checkpoints is refused unless it
+// asks to start over, which moves them into `<dir>/previous-<UTC time>/` (nothing is
+// deleted); temporaries of a writer killed mid-write are removed.
 #ifndef RACKRUN_RUNTIME_CHECKPOINT_H_
 #define RACKRUN_RUNTIME_CHECKPOINT_H_
 
@@ -41,6 +48,10 @@ struct CheckpointSection {
 
 struct Checkpoint {
   int64_t step = 0;
+  // CRC32C over the sections' CRC32Cs (set by LoadCheckpoint): identifies the state, so
+  // that ranks can check they resumed from the same one. (Not the footer's CRC: a CRC over
+  // sections that each end in their own CRC depends only on the names and lengths.)
+  uint32_t checksum = 0;
   std::vector<CheckpointSection> sections;
 
   // The section called `name`, or nullptr.
@@ -71,6 +82,42 @@ absl::StatusOr<Checkpoint> LoadCheckpoint(const std::string& path);
 // untouched for the user to resume from explicitly.
 absl::StatusOr<Checkpoint> LoadCheckpointForResume(const std::string& path,
                                                    std::string* loaded_path = nullptr);
+
+// How a run relates to the checkpoints already in its folder.
+struct CheckpointFolderRun {
+  // The checkpoint file this run resumed from (empty: a fresh run) and its step.
+  std::string resumed_from;
+  int64_t resumed_step = 0;
+  // The folder's checkpoints are not this run's: move them aside instead of refusing
+  // (checkpoint.start_over). Ignored when the run continues the folder's own checkpoints.
+  bool start_over = false;
+  // Who the run is ("job 17" for a daemon job), written to `<dir>/OWNER` when the run
+  // starts the folder (it does not continue the folder's checkpoints); empty: "pid P on
+  // host H". A restarted daemon job continues a folder only if it is the owner.
+  std::string owner;
+};
+
+// The folder held for one run: the lock and what was done to the folder (for the log).
+struct CheckpointFolderClaim {
+  base::FolderLock lock;
+  std::vector<std::string> notes;
+};
+
+// Makes `dir` this run's checkpoint folder before the first step; call on the one process
+// that writes checkpoints (rank 0). Creates it; refuses a path that is a file or not
+// writable (errno named); takes the folder lock (refused with the holder's pid and host);
+// removes stale `step-*.ckpt.tmp-PID` files of dead writers; then
+//  - a fresh run into a folder holding checkpoints is refused (FailedPrecondition saying
+//    how to continue or start over), or with start_over they move to previous-<time>/;
+//  - a run resuming from a checkpoint in `dir` continues it: checkpoints newer than the
+//    resumed step (an abandoned continuation) move to superseded-<time>/;
+//  - a run resuming from elsewhere is a fresh run as far as `dir` is concerned.
+absl::StatusOr<CheckpointFolderClaim> ClaimCheckpointFolder(const std::string& dir,
+                                                            const CheckpointFolderRun& run);
+
+// The owner recorded in `<dir>/OWNER` by the run that started the folder; NotFound when
+// none did (an empty folder, or one written before owners were recorded).
+absl::StatusOr<std::string> CheckpointFolderOwner(const std::string& dir);
 
 }  // namespace rackrun::runtime
 

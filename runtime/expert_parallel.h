@@ -48,6 +48,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <string_view>
 #include <vector>
 
@@ -166,6 +167,9 @@ class ExpertParallelGroup {
   void ResetStats();
   // Flushes and closes the load trace (also done by the destructor, errors dropped).
   absl::Status Close();
+  // Records the load trace into `writer` from now on (instead of options.load_trace, which
+  // is opened by Create and truncated; the trainer opens its own to extend a resumed one).
+  void AttachTrace(planner::TraceWriter writer) { trace_.emplace(std::move(writer)); }
 
   const planner::Domain& domain() const { return domain_; }
   comm::DataChannel& channel() { return channel_; }

@@ -54,6 +54,7 @@ TrainConfig TrainConfigFromSpec(const JobSpec& spec) {
   c.checkpoint_dir = spec.checkpoint().dir();
   c.checkpoint_interval = spec.checkpoint().interval();
   c.checkpoint_keep = spec.checkpoint().keep();
+  c.checkpoint_start_over = spec.checkpoint().start_over();
   c.log_interval = spec.logging().interval();
   c.log_json = spec.logging().json();
   c.load_trace = spec.logging().load_trace();

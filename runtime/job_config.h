@@ -30,6 +30,7 @@ struct TrainConfig {
   std::string checkpoint_dir;  // empty: no checkpoints
   int64_t checkpoint_interval = 0;
   int checkpoint_keep = 2;
+  bool checkpoint_start_over = false;  // move another run's checkpoints aside
   int64_t log_interval = 10;
   std::string log_json;  // empty: none
   std::string load_trace;  // empty: none

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
+#include <system_error>
 #include <utility>
 #include <vector>
 
@@ -84,6 +86,9 @@ absl::StatusOr<std::unique_ptr<StepLog>> StepLog::Create(
       return absl::InvalidArgumentError(absl::StrCat(
           "logging.json: cannot open '", json_path, "' for writing: ", std::strerror(errno)));
     }
+    if (append && std::fseek(log->json_, 0, SEEK_END) == 0) {
+      log->good_bytes_ = std::max(0L, std::ftell(log->json_));
+    }
   }
   return log;
 }
@@ -101,9 +106,21 @@ void StepLog::OnStep(const StepRecord& record) {
   window_tokens_ = 0;
   if (on_record_) on_record_(r);
   if (json_ != nullptr && error_.ok()) {
-    if (std::fprintf(json_, "%s\n", r.ToJson().c_str()) < 0 || std::fflush(json_) != 0) {
-      error_ = absl::InternalError(
-          absl::StrCat("logging.json: cannot write '", json_path_, "': ", std::strerror(errno)));
+    const std::string line = r.ToJson() + "\n";
+    errno = 0;
+    if (std::fwrite(line.data(), 1, line.size(), json_) != line.size() || std::fflush(json_) != 0) {
+      error_ = absl::InternalError(absl::StrCat("logging.json: cannot write '", json_path_,
+                                                "': ", std::strerror(errno != 0 ? errno : EIO)));
+      // Whole records or nothing: drop the part of this record that reached the file
+      // (after fclose, which may push out more of it).
+      std::fclose(json_);
+      json_ = nullptr;
+      std::error_code ec;
+      if (std::filesystem::is_regular_file(json_path_, ec)) {
+        std::filesystem::resize_file(json_path_, static_cast<uintmax_t>(good_bytes_), ec);
+      }
+    } else {
+      good_bytes_ += static_cast<long>(line.size());
     }
   }
 }

@@ -21,15 +21,19 @@ namespace rackrun::runtime {
 class StepLog final : public TrainObserver {
  public:
   // `json_path` empty = no file; `append` continues the file of a resumed run (else it is
-  // truncated). InvalidArgument naming logging.json when the file cannot be opened.
+  // truncated). InvalidArgument naming logging.json, the file and errno when the file
+  // cannot be opened. A write error (disk full) cuts the file back to its last whole
+  // record and is kept in status(); nothing more is written.
   static absl::StatusOr<std::unique_ptr<StepLog>> Create(
       int64_t log_interval, int64_t total_steps, const std::string& json_path, bool append,
       std::function<void(const StepRecord&)> on_record);
   ~StepLog() override;
 
   void OnStep(const StepRecord& record) override;
-  // Closes the file; the first write error (disk full) names the file.
+  // Closes the file; the first write error (disk full) names the file and errno.
   absl::Status Close();
+  // OK, or the first write error so far (the trainer stops at it).
+  const absl::Status& status() const { return error_; }
 
  private:
   StepLog() = default;
@@ -42,6 +46,7 @@ class StepLog final : public TrainObserver {
   double window_seconds_ = 0;
   int64_t window_tokens_ = 0;
   absl::Status error_;
+  long good_bytes_ = 0;  // the file's length after the last whole record
 };
 
 }  // namespace rackrun::runtime

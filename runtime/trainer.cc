@@ -6,9 +6,13 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
+#include <system_error>
 #include <utility>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -63,6 +67,35 @@ struct TrainerCheckpointState {
   }
 };
 
+// Keeps the lines of the JSON Lines file at `path` whose integer field `key` (the first
+// one on the line) is below `limit` and rewrites it atomically when that drops any; a
+// missing file is left missing. A line without the field (a torn last line) is dropped.
+absl::Status KeepRecordsBelow(const std::string& path, absl::string_view key, int64_t limit) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return absl::OkStatus();
+  absl::StatusOr<std::string> text = ReadWholeFile(path);
+  if (!text.ok()) return text.status();
+  const std::string field = absl::StrCat("\"", key, "\": ");
+  std::string kept;
+  bool dropped = false;
+  for (absl::string_view line : absl::StrSplit(*text, '\n', absl::SkipEmpty())) {
+    const size_t at = line.find(field);
+    int64_t value = 0;
+    const bool keep = at != absl::string_view::npos && line.back() == '}' &&
+                      absl::SimpleAtoi(line.substr(at + field.size(),
+                                                   line.find_first_of(",}", at) - at - field.size()),
+                                       &value) &&
+                      value < limit;
+    if (keep) {
+      absl::StrAppend(&kept, line, "\n");
+    } else {
+      dropped = true;
+    }
+  }
+  if (!dropped && text->size() == kept.size()) return absl::OkStatus();
+  return WriteFileAtomically(path, kept);
+}
+
 // Expert weights are sharded over the ranks of an expert-parallel job; every other
 // parameter is replicated (data-parallel).
 bool IsExpertShard(absl::string_view name) { return absl::StrContains(name, ".moe.experts."); }
@@ -75,6 +108,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const rackrun::v1::JobS
   std::unique_ptr<Trainer> t(new Trainer());
   t->spec_ = spec;
   t->config_ = TrainConfigFromSpec(spec);
+  t->owner_ = options.owner;
   const TrainConfig& c = t->config_;
   const int threads = options.threads >= 0 ? options.threads : c.threads;
   if (threads > 0) omp_set_num_threads(threads);
@@ -203,19 +237,13 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const rackrun::v1::JobS
     ep.planner.locality_aware_split = b.locality();
     ep.planner.eplb_window = b.eplb_window();
     ep.planner.eplb_interval = b.eplb_interval();
-    ep.load_trace = c.load_trace;
+    // Prepare opens the load trace: a resumed run extends it rather than truncating it.
     ep.fault = options.fault;
     if (b.mode() == "coordinator") ep.plan_source = options.plan_source;
     absl::StatusOr<std::unique_ptr<ExpertParallelGroup>> group =
         ExpertParallelGroup::Create(*channel, *t->model_, ep);
     if (!group.ok()) return group.status();
     t->ep_ = *std::move(group);
-  } else if (!c.load_trace.empty()) {
-    absl::StatusOr<planner::TraceWriter> w = planner::TraceWriter::Open(c.load_trace);
-    if (!w.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("logging.load_trace: ", w.status().message()));
-    }
-    t->trace_.emplace(*std::move(w));
   }
   return t;
 }
@@ -570,6 +598,8 @@ absl::Status Trainer::Resume(const std::string& path) {
     return absl::InvalidArgumentError(absl::StrCat("checkpoint '", loaded, "': ", s.message()));
   }
   step_ = static_cast<int64_t>(state->step);
+  resumed_from_ = loaded;
+  resumed_checksum_ = c->checksum;
   steps_done_.store(step_, std::memory_order_relaxed);
   microbatch_ = step_ * config_.microbatches;
   adam_->set_step(static_cast<int64_t>(state->adam_step));
@@ -614,21 +644,139 @@ absl::StatusOr<StopReason> Trainer::AgreeOnStop() {
   return StopReason::kNone;
 }
 
+absl::Status Trainer::AgreeOnResumeState() {
+  if (channel_ == nullptr) return absl::OkStatus();
+  const int64_t mine[2] = {step_, static_cast<int64_t>(resumed_checksum_)};
+  std::vector<int64_t> all(2 * static_cast<size_t>(ranks()));
+  if (absl::Status s = channel_->Allgather(mine, all.data(), 2, comm::DataType::kInt64); !s.ok()) {
+    return base::Annotate(s, "comparing the ranks' resume states");
+  }
+  // Group the ranks by state, in rank order: "rank 0 resumed step 4 (checkpoint crc32c
+  // 0x...); rank 1 starts fresh (step 0)".
+  std::vector<std::pair<int64_t, int64_t>> states;
+  std::vector<std::vector<int>> members;
+  for (int r = 0; r < ranks(); ++r) {
+    const std::pair<int64_t, int64_t> state = {all[2 * static_cast<size_t>(r)],
+                                               all[2 * static_cast<size_t>(r) + 1]};
+    const auto at = std::find(states.begin(), states.end(), state);
+    if (at == states.end()) {
+      states.push_back(state);
+      members.push_back({r});
+    } else {
+      members[static_cast<size_t>(at - states.begin())].push_back(r);
+    }
+  }
+  if (states.size() == 1) return absl::OkStatus();
+  std::vector<std::string> parts;
+  for (size_t i = 0; i < states.size(); ++i) {
+    const auto [step, crc] = states[i];
+    parts.push_back(absl::StrCat(
+        members[i].size() > 1 ? "ranks " : "rank ", absl::StrJoin(members[i], ","), " ",
+        step == 0 && crc == 0
+            ? std::string(members[i].size() > 1 ? "start fresh (step 0)" : "starts fresh (step 0)")
+            : absl::StrFormat("resumed step %d (checkpoint crc32c 0x%08x)", step, crc)));
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "the ranks disagree on the state to start from: ", absl::StrJoin(parts, "; "),
+      "; start every rank with the same --resume (or none)"));
+}
+
+absl::Status Trainer::PrepareOutputs() {
+  notes_.clear();
+  if (!config_.checkpoint_dir.empty()) {
+    CheckpointFolderRun run;
+    run.resumed_from = resumed_from_;
+    run.resumed_step = step_;
+    run.start_over = config_.checkpoint_start_over;
+    run.owner = owner_;
+    absl::StatusOr<CheckpointFolderClaim> claim = ClaimCheckpointFolder(config_.checkpoint_dir, run);
+    if (!claim.ok()) return claim.status();
+    folder_lock_.emplace(std::move(claim->lock));
+    notes_ = std::move(claim->notes);
+  }
+  // A resumed run's logs hold what its checkpoint's run logged, possibly beyond the resume
+  // step (the steps after the last checkpoint): cut them back, then extend them.
+  const bool resumed = step_ > 0;
+  if (!config_.log_json.empty()) {
+    if (resumed) {
+      if (absl::Status s = KeepRecordsBelow(config_.log_json, "step", step_ + 1); !s.ok()) {
+        return base::Annotate(s, "logging.json");
+      }
+    }
+    absl::StatusOr<std::unique_ptr<StepLog>> log =
+        StepLog::Create(config_.log_interval, config_.steps, config_.log_json, resumed,
+                        /*on_record=*/{});
+    if (!log.ok()) return log.status();
+    json_log_ = *std::move(log);
+  }
+  if (!config_.load_trace.empty()) {
+    if (resumed) {
+      if (absl::Status s = KeepRecordsBelow(config_.load_trace, "microbatch", microbatch_); !s.ok()) {
+        return base::Annotate(s, "logging.load_trace");
+      }
+    }
+    absl::StatusOr<planner::TraceWriter> w = planner::TraceWriter::Open(config_.load_trace, resumed);
+    if (!w.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("logging.load_trace: ", w.status().message()));
+    }
+    if (ep_ != nullptr) {
+      ep_->AttachTrace(*std::move(w));
+    } else {
+      trace_.emplace(*std::move(w));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::Prepare() {
+  prepared_ = false;
+  folder_lock_.reset();
+  json_log_.reset();
+  if (absl::Status s = AgreeOnResumeState(); !s.ok()) return s;
+  absl::Status outputs = rank() == 0 ? PrepareOutputs() : absl::OkStatus();
+  if (channel_ != nullptr) {
+    // Rank 0's result (its message) becomes every rank's.
+    std::string message(outputs.message());
+    int64_t length = rank() == 0 ? (outputs.ok() ? 0 : static_cast<int64_t>(message.size()) + 1) : 0;
+    if (absl::Status s = channel_->Broadcast(&length, 1, comm::DataType::kInt64, 0); !s.ok()) {
+      return base::Annotate(s, "sharing rank 0's output checks");
+    }
+    if (length > 0) {
+      message.resize(static_cast<size_t>(length));
+      if (absl::Status s = channel_->Broadcast(message.data(), length, comm::DataType::kByte, 0);
+          !s.ok()) {
+        return base::Annotate(s, "sharing rank 0's output checks");
+      }
+      message.pop_back();
+      if (rank() != 0) {
+        outputs = absl::FailedPreconditionError(
+            absl::StrCat("rank 0 refused to start: ", message));
+      }
+    }
+  }
+  if (!outputs.ok()) {
+    folder_lock_.reset();
+    json_log_.reset();
+    trace_.reset();
+    if (ep_ != nullptr) (void)ep_->Close();
+    return outputs;
+  }
+  prepared_ = true;
+  return absl::OkStatus();
+}
+
 absl::StatusOr<TrainSummary> Trainer::Run(const std::vector<TrainObserver*>& observers) {
   TrainSummary summary;
   summary.first_step = step_;
   summary.train_unigram_entropy = train_entropy_;
+  if (!prepared_) {
+    if (absl::Status s = Prepare(); !s.ok()) return s;
+  }
   std::vector<TrainObserver*> all = observers;
   // The job's own JSON log (logging.json), written by rank 0 like the checkpoints.
-  std::unique_ptr<StepLog> json;
-  if (rank() == 0 && !config_.log_json.empty()) {
-    absl::StatusOr<std::unique_ptr<StepLog>> log =
-        StepLog::Create(config_.log_interval, config_.steps, config_.log_json,
-                        /*append=*/step_ > 0, /*on_record=*/{});
-    if (!log.ok()) return log.status();
-    json = *std::move(log);
-    all.push_back(json.get());
-  }
+  std::unique_ptr<TrainObserver> json_observer = std::move(json_log_);
+  StepLog* json = static_cast<StepLog*>(json_observer.get());
+  if (json != nullptr) all.push_back(json);
   const base::Stopwatch run_clock;
   double train_seconds = 0;
   const int64_t tokens_per_step =
@@ -687,6 +835,11 @@ absl::StatusOr<TrainSummary> Trainer::Run(const std::vector<TrainObserver*>& obs
     }
     r->elapsed_s = run_clock.Seconds();
     for (TrainObserver* o : all) o->OnStep(*r);
+    // A log that cannot be written stops the run (the checkpoints still resume it).
+    if (json != nullptr && !json->status().ok()) {
+      failure = json->status();
+      break;
+    }
     if (!config_.checkpoint_dir.empty() &&
         (last || (config_.checkpoint_interval > 0 && step_ % config_.checkpoint_interval == 0))) {
       if (failure = checkpoint(); !failure.ok()) break;
@@ -700,8 +853,11 @@ absl::StatusOr<TrainSummary> Trainer::Run(const std::vector<TrainObserver*>& obs
   if (failure.ok() && ep_ != nullptr) failure = ep_->Close();
   if (failure.ok() && trace_.has_value()) {
     failure = trace_->Close();
-    trace_.reset();
   }
+  trace_.reset();
+  // The run is over: the checkpoint folder is free for the next writer.
+  folder_lock_.reset();
+  prepared_ = false;
   if (!failure.ok()) return failure;
   summary.steps = step_;
   summary.elapsed_s = run_clock.Seconds();

@@ -45,6 +45,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "base/file.h"
 #include "comm/data_channel.h"
 #include "planner/trace.h"
 #include "rackrun/v1/job_spec.pb.h"
@@ -134,6 +135,8 @@ struct TrainerOptions {
   std::string fault;
   // Where expert-parallel plans come from; null = in-band. Not owned.
   PlanSource* plan_source = nullptr;
+  // Who the run is, recorded in checkpoint.dir/OWNER (CheckpointFolderRun::owner).
+  std::string owner;
 };
 
 struct TrainSummary {
@@ -170,9 +173,23 @@ class Trainer {
   // Empty, or what the last Resume could not restore and why (for the log).
   const std::string& resume_note() const { return resume_note_; }
 
+  // Checks and claims every output before the first step; collective, Run calls it when
+  // the caller has not. (1) All ranks agree on the resume state: the step and checkpoint
+  // checksum every rank resumed from (0 for a fresh start) must be equal, else every rank
+  // fails with an error that lists which ranks hold which state. (2) Rank 0 claims
+  // checkpoint.dir (ClaimCheckpointFolder: a file or unwritable path is refused, the
+  // folder lock is held until Run ends, another run's checkpoints refused unless
+  // checkpoint.start_over), then opens logging.json and logging.load_trace: a resumed run
+  // first cuts them back to its resume step and then extends them, a fresh run truncates
+  // them. Rank 0's failure is every rank's failure (its message is shared).
+  absl::Status Prepare();
+  // What Prepare did to the outputs (moved checkpoints, removed temporaries), for the log.
+  const std::vector<std::string>& notes() const { return notes_; }
+
   // Runs steps until training.steps, or until a stop every rank agreed on (then
   // summary.stopped says why; a drain writes a checkpoint first when checkpoint.dir is
-  // set). Calls every observer for every step on every rank; rank 0 also writes
+  // set). Calls Prepare first unless the caller did; releases checkpoint.dir's lock at the
+  // end. A write error of a log or trace stops the run at that step. Calls every observer for every step on every rank; rank 0 also writes
   // logging.json (a StepLog, step_log.h). Checkpoints every checkpoint.interval steps and
   // at the end when checkpoint.dir is set.
   absl::StatusOr<TrainSummary> Run(const std::vector<TrainObserver*>& observers = {});
@@ -221,6 +238,9 @@ class Trainer {
   // expert shards' squares summed over ranks.
   absl::StatusOr<double> GradNorm();
   absl::Status RecordLoads(int64_t microbatch);
+  // Prepare's two parts.
+  absl::Status AgreeOnResumeState();
+  absl::Status PrepareOutputs();
   // Every rank learns whether any rank asked to stop (one all-reduce with R > 1).
   absl::StatusOr<StopReason> AgreeOnStop();
   void SetPhase(TrainPhase phase) { phase_.store(phase, std::memory_order_relaxed); }
@@ -238,6 +258,13 @@ class Trainer {
   int64_t step_ = 0;
   int64_t microbatch_ = 0;  // training microbatches run (trace numbering)
   std::string resume_note_;
+  std::string resumed_from_;       // the checkpoint file Resume loaded; empty: fresh
+  uint32_t resumed_checksum_ = 0;  // its Checkpoint::checksum
+  bool prepared_ = false;          // Prepare succeeded and Run has not ended since
+  std::string owner_;              // TrainerOptions::owner
+  std::optional<base::FolderLock> folder_lock_;  // checkpoint.dir's, rank 0, while prepared
+  std::unique_ptr<TrainObserver> json_log_;      // logging.json (a StepLog), rank 0
+  std::vector<std::string> notes_;
   Batch batch_;
   Batch global_batch_;
   comm::DataChannel* channel_ = nullptr;       // null or one rank: single process

@@ -211,6 +211,88 @@ TEST(TrainerTest, ThreadCountChangesLossesOnlyWithinTolerance) {
   omp_set_num_threads(1);
 }
 
+std::vector<std::string> FileLines(const fs::path& path) {
+  std::ifstream in(path);
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+
+// A JSON log line without its timings (tokens_per_s onwards differ between runs).
+std::string Untimed(const std::string& line) { return line.substr(0, line.find(", \"tokens_per_s\"")); }
+
+TEST(TrainerTest, ResumeCutsTheLogAndTheLoadTraceBackAndExtendsThem) {
+  const fs::path dir = FreshDir("resume_logs");
+  const std::string log = (dir / "log.jsonl").string();
+  const std::string trace = (dir / "trace.jsonl").string();
+  const rackrun::v1::JobSpec spec =
+      TinySpec({"checkpoint.dir=" + (dir / "ckpt").string(), "checkpoint.interval=3",
+                "logging.json=" + log, "logging.load_trace=" + trace, "training.microbatches=2"});
+  Losses(spec);  // checkpoints at 6 and 8; the log and trace run to step 8
+  const std::vector<std::string> full_log = FileLines(log);
+  const std::string full_trace = *ReadWholeFile(trace);
+  ASSERT_EQ(full_log.size(), 8u);
+  ASSERT_EQ(FileLines(trace).size(), 8u * 2u * 2u);  // steps x microbatches x MoE layers
+  // As after a crash after step 8 whose last checkpoint was step 6: resume from it.
+  absl::StatusOr<std::unique_ptr<Trainer>> t = Trainer::Create(spec);
+  ASSERT_TRUE(t.ok());
+  ASSERT_TRUE((*t)->Resume(CheckpointPath((dir / "ckpt").string(), 6)).ok());
+  ASSERT_TRUE((*t)->Run().ok());
+  const std::vector<std::string> resumed_log = FileLines(log);
+  ASSERT_EQ(resumed_log.size(), 8u);  // steps 1..6 kept, 7 and 8 written again, no duplicate
+  for (size_t i = 0; i < 8; ++i) EXPECT_EQ(Untimed(resumed_log[i]), Untimed(full_log[i])) << i;
+  // The loads are deterministic: the extended trace equals the uninterrupted one.
+  EXPECT_EQ(*ReadWholeFile(trace), full_trace);
+}
+
+TEST(TrainerTest, OutputsAreCheckedBeforeTheFirstStep) {
+  const fs::path dir = FreshDir("outputs");
+  std::ofstream(dir / "ckpt") << "not a folder";
+  absl::StatusOr<std::unique_ptr<Trainer>> t =
+      Trainer::Create(TinySpec({"checkpoint.dir=" + (dir / "ckpt").string()}));
+  ASSERT_TRUE(t.ok());
+  absl::StatusOr<TrainSummary> s = (*t)->Run();
+  ASSERT_FALSE(s.ok());
+  EXPECT_THAT(s.status().message(), HasSubstr("checkpoint.dir: '" + (dir / "ckpt").string()));
+  EXPECT_EQ((*t)->steps_done(), 0);
+  t = Trainer::Create(TinySpec({"logging.load_trace=" + (dir / "missing" / "t.jsonl").string()}));
+  ASSERT_TRUE(t.ok());
+  s = (*t)->Run();
+  ASSERT_FALSE(s.ok());
+  EXPECT_THAT(s.status().message(), HasSubstr("logging.load_trace"));
+  EXPECT_THAT(s.status().message(), HasSubstr("No such file or directory"));
+  EXPECT_EQ((*t)->steps_done(), 0);
+}
+
+TEST(TrainerTest, ALogThatCannotBeWrittenStopsTheRunWithTheFileAndReason) {
+  // /dev/full: every write fails with ENOSPC, as on a full disk.
+  absl::StatusOr<std::unique_ptr<Trainer>> t =
+      Trainer::Create(TinySpec({"logging.json=/dev/full"}));
+  ASSERT_TRUE(t.ok());
+  absl::StatusOr<TrainSummary> s = (*t)->Run();
+  ASSERT_FALSE(s.ok());
+  EXPECT_THAT(s.status().message(), HasSubstr("'/dev/full'"));
+  EXPECT_THAT(s.status().message(), HasSubstr("No space left on device"));
+  EXPECT_EQ((*t)->steps_done(), 1);  // stopped at the first record, not after all steps
+}
+
+TEST(TrainerTest, AFolderHasOneWriterAndOneRun) {
+  const fs::path dir = FreshDir("one_writer");
+  const rackrun::v1::JobSpec spec = TinySpec({"checkpoint.dir=" + dir.string()});
+  absl::StatusOr<std::unique_ptr<Trainer>> a = Trainer::Create(spec);
+  absl::StatusOr<std::unique_ptr<Trainer>> b = Trainer::Create(spec);
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_TRUE((*a)->Prepare().ok());
+  absl::Status s = (*b)->Prepare();
+  EXPECT_THAT(s.message(), HasSubstr("in use by pid"));
+  ASSERT_TRUE((*a)->Run().ok());  // releases the folder at the end
+  // Now the folder holds a's checkpoint: b (a fresh run) is refused, a resumed one is not.
+  s = (*b)->Prepare();
+  EXPECT_THAT(s.message(), HasSubstr("already holds checkpoints of another run"));
+  ASSERT_TRUE((*b)->Resume(dir.string()).ok());
+  EXPECT_TRUE((*b)->Prepare().ok());
+}
+
 TEST(TrainerTest, BadDataIsAnErrorNamingTheField) {
   absl::StatusOr<std::unique_ptr<Trainer>> t =
       Trainer::Create(TinySpec({"data.train=/nonexistent/train.tokens"}));

@@ -297,17 +297,37 @@ AttemptResult JobRunner::Run() {
                                                           assignment_.attempt(), assignment_.rank());
     trainer_options.plan_source = plan_source.get();
   }
+  // The folder's owner: this job, across its attempts.
+  trainer_options.owner = absl::StrCat("job ", assignment_.job_id());
   absl::StatusOr<std::unique_ptr<runtime::Trainer>> trainer =
       runtime::Trainer::Create(assignment_.spec(), channel.get(), trainer_options);
   if (!trainer.ok()) {
     if (PeerCaused(trainer.status())) WaitForCancel();
     return fail(trainer.status(), "starting");
   }
-  if (assignment_.resume() && !assignment_.spec().checkpoint().dir().empty() &&
-      !runtime::ListCheckpoints(assignment_.spec().checkpoint().dir()).empty()) {
-    if (absl::Status s = (*trainer)->Resume(assignment_.spec().checkpoint().dir()); !s.ok()) {
+  const std::string& dir = assignment_.spec().checkpoint().dir();
+  if (assignment_.resume() && !dir.empty() && !runtime::ListCheckpoints(dir).empty()) {
+    // A restarted attempt continues this job's own checkpoints, never another run's (an
+    // earlier attempt refused on a folder in use must not adopt it on the next).
+    absl::StatusOr<std::string> owner = runtime::CheckpointFolderOwner(dir);
+    if (!owner.ok() || *owner != trainer_options.owner) {
+      return fail(absl::FailedPreconditionError(absl::StrCat(
+                      "checkpoint.dir: '", dir, "' holds checkpoints this job did not write (owner: ",
+                      owner.ok() ? *owner : std::string("not recorded"),
+                      "); the restarted attempt does not continue them; resubmit with another "
+                      "checkpoint.dir or checkpoint.start_over: true")),
+                  "resuming");
+    }
+    if (absl::Status s = (*trainer)->Resume(dir); !s.ok()) {
       return fail(s, "resuming");
     }
+  }
+  // Outputs checked and the checkpoint folder claimed before the first step (a restarted
+  // attempt resumed from the folder above, so it continues its own checkpoints).
+  if (absl::Status s = (*trainer)->Prepare(); !s.ok()) {
+    // Rank 0's refusal is its own; the other ranks report it as rank 0's.
+    if (PeerCaused(s) && assignment_.rank() != 0) WaitForCancel();
+    return fail(s, "starting");
   }
   // This job's Prometheus series on this rank (see training_metrics_).
   std::unique_ptr<metrics::TrainingMetrics>& training_metrics = training_metrics_;

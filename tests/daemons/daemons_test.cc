@@ -390,6 +390,29 @@ TEST_F(DaemonsTest, TerminatedWorkerCheckpointsAndTheJobRestartsElsewhere) {
   EXPECT_THAT(::rackrun::testing::Slurp(dir_ / "worker1.log"), HasSubstr("deregistered"));
 }
 
+// A job submitted into a folder that holds another run's checkpoints is refused at start,
+// and a restarted attempt (restart.on error) does not adopt them either: it continues only
+// a folder this job started (checkpoint.dir/OWNER).
+TEST_F(DaemonsTest, AJobNeverContinuesAnotherRunsCheckpoints) {
+  StartCoordinator();
+  StartWorker(0);
+  WaitIdle(1);
+  const fs::path ckpt = dir_ / "ckpt";
+  fs::create_directories(ckpt);
+  std::ofstream(ckpt / "step-00000003.ckpt") << "another run's checkpoint";
+  const std::string id = Submit("--set resources.ranks=1 --set checkpoint.dir=" + ckpt.string() +
+                                " --set restart.max_attempts=2 --set restart.on=error"
+                                " --set restart.backoff_s=0.2");
+  const json job = WaitState(id, "FAILED");
+  ASSERT_EQ(job.value("state", ""), "FAILED") << job.dump();
+  ASSERT_EQ(job["attempts"].size(), 2u) << job.dump();
+  EXPECT_THAT(job["first_failure"].value("message", ""),
+              HasSubstr("already holds checkpoints of another run"))
+      << job.dump();
+  EXPECT_THAT(job.dump(), HasSubstr("holds checkpoints this job did not write"));
+  EXPECT_EQ(::rackrun::testing::Slurp(ckpt / "step-00000003.ckpt"), "another run's checkpoint");
+}
+
 // kill -9 of the coordinator mid-job and mid-queue, then a restart on the same port and
 // state: the running job's workers re-attach and it completes in its first attempt; the
 // queued job is neither lost nor duplicated and runs after it.

@@ -352,6 +352,38 @@ TEST_F(EpTrainTest, RanksWithDifferentSpecsStopNamingTheRank) {
   EXPECT_THAT(r.err, HasSubstr("rank 1's job spec differs from rank 0's"));
 }
 
+// MPMD launches where some ranks resume and others do not (or resume other checkpoints):
+// every rank stops before the first step with the ranks and their states named, instead of
+// training from different states until a message size mismatch.
+TEST_F(EpTrainTest, RanksResumingFromDifferentStatesStopBeforeTheFirstStepNamingThem) {
+  const std::string spec = PrepareJob();
+  const std::string job = spec + " --set training.steps=2 --set checkpoint.dir=";
+  ASSERT_EQ(Rackrun("train " + job + (Dir() / "a").string(), "a").code, 0);
+  ASSERT_EQ(Rackrun("train " + job + (Dir() / "b").string() + " --set training.seed=4", "b").code, 0);
+  const std::string a = (Dir() / "a" / "step-00000002.ckpt").string();
+  const std::string b = (Dir() / "b" / "step-00000002.ckpt").string();
+  const std::string bin = std::string(RACKRUN_BINARY) + " train " + spec +
+                          " --set training.steps=4 --set checkpoint.dir=" + (Dir() / "c").string();
+  // Two ranks: rank 0 resumes, rank 1 starts fresh.
+  Result r = Mpirun(Np(1) + " " + bin + " --resume " + a + " : " + Np(1) + " " + bin, "mpmd2");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.code, 124) << "the job hung";
+  EXPECT_THAT(r.err, HasSubstr("the ranks disagree on the state to start from: rank 0 resumed "
+                               "step 2 (checkpoint crc32c 0x"));
+  EXPECT_THAT(r.err, HasSubstr("rank 1 starts fresh (step 0)"));
+  EXPECT_THAT(r.out, ::testing::Not(HasSubstr("step 3/")));
+  EXPECT_FALSE(fs::exists(Dir() / "c" / "step-00000003.ckpt"));
+  // Four ranks: the same step from two different checkpoints (other seeds) is named by its
+  // checksum, and ranks in the same state are grouped.
+  r = Mpirun(Np(2) + " " + bin + " --resume " + a + " : " + Np(2) + " " + bin + " --resume " + b,
+             "mpmd4");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.code, 124) << "the job hung";
+  EXPECT_THAT(r.err, ::testing::ContainsRegex("ranks 0,1 resumed step 2 \\(checkpoint crc32c "
+                                              "0x[0-9a-f]{8}\\); ranks 2,3 resumed step 2"));
+  EXPECT_THAT(r.out, ::testing::Not(HasSubstr("step 3/")));
+}
+
 // Settings that cannot run on the launched ranks stop every rank with the field named.
 TEST_F(EpTrainTest, SpecsThatCannotRunOnTheseRanksNameTheField) {
   const std::string spec = PrepareJob();

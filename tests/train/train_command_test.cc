@@ -188,4 +188,148 @@ TEST(TrainCommandTest, SigtermCheckpointsTheCurrentStepAndExitsZero) {
   EXPECT_THAT(resumed.out, HasSubstr("resumed at step " + std::to_string(step)));
 }
 
+// A folder belongs to one run: a fresh run into another run's checkpoints is refused and
+// leaves them untouched; --start-over moves them aside; --resume continues them.
+TEST(TrainCommandTest, AFreshRunIntoAnotherRunsFolderIsRefusedUnlessItStartsOver) {
+  const std::string spec = PrepareJob();
+  const std::string ckpt = (Dir() / "ckpt").string();
+  ASSERT_EQ(Rackrun("train " + spec + " --set checkpoint.dir=" + ckpt).code, 0);
+  const std::string first = ::rackrun::testing::Slurp(fs::path(ckpt) / "step-00000006.ckpt");
+  Result r = Rackrun("train " + spec + " --set checkpoint.dir=" + ckpt + " --set training.seed=5");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.err, HasSubstr("already holds checkpoints of another run (step-00000006.ckpt)"));
+  EXPECT_THAT(r.err, HasSubstr("--resume " + ckpt));
+  EXPECT_THAT(r.err, HasSubstr("--start-over"));
+  EXPECT_THAT(r.out, ::testing::Not(HasSubstr("step 1/")));
+  EXPECT_EQ(::rackrun::testing::Slurp(fs::path(ckpt) / "step-00000006.ckpt"), first);
+
+  r = Rackrun("train " + spec + " --set checkpoint.dir=" + ckpt +
+              " --set training.seed=5 --start-over");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("note: checkpoint.start_over: moved step-00000006.ckpt"));
+  bool found = false;
+  for (const fs::directory_entry& e : fs::directory_iterator(ckpt)) {
+    if (e.path().filename().string().rfind("previous-", 0) == 0) {
+      found = true;
+      EXPECT_EQ(::rackrun::testing::Slurp(e.path() / "step-00000006.ckpt"), first);
+    }
+  }
+  EXPECT_TRUE(found);
+  EXPECT_NE(::rackrun::testing::Slurp(fs::path(ckpt) / "step-00000006.ckpt"), first);
+  // The help names both switches.
+  r = Rackrun("train --help");
+  EXPECT_THAT(r.out, HasSubstr("--start-over"));
+  EXPECT_THAT(r.out, HasSubstr("DIR/LOCK"));
+}
+
+// Two runs on one folder at the same time: the second is refused with the first's pid.
+TEST(TrainCommandTest, ASecondRunOnTheSameFolderIsRefusedNamingTheFirst) {
+  const std::string spec = PrepareJob();
+  const fs::path ckpt = Dir() / "ckpt";
+  ::rackrun::testing::Child first(
+      {RACKRUN_BINARY, "train", spec, "--set", "training.steps=100000", "--set",
+       "checkpoint.dir=" + ckpt.string(), "--set", "checkpoint.interval=100000"},
+      Dir() / "first.log");
+  std::string text;
+  ASSERT_FALSE(
+      ::rackrun::testing::WaitForText(Dir() / "first.log", std::regex("step +2/"), &text).empty())
+      << text;
+  const Result second =
+      Rackrun("train " + spec + " --set checkpoint.dir=" + ckpt.string() + " --start-over");
+  first.Signal(SIGTERM);
+  EXPECT_EQ(first.Wait(std::chrono::seconds(60)), 0);
+  EXPECT_EQ(second.code, 1);
+  EXPECT_THAT(second.err, HasSubstr("is in use by pid " + std::to_string(first.pid()) + " on host"));
+  EXPECT_THAT(second.out, ::testing::Not(HasSubstr("step 1/")));
+}
+
+TEST(TrainCommandTest, OutputPathsAreCheckedBeforeTheFirstStep) {
+  const std::string spec = PrepareJob();
+  std::ofstream(Dir() / "file") << "x";
+  Result r = Rackrun("train " + spec + " --set checkpoint.dir=" + (Dir() / "file").string());
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.err, HasSubstr("checkpoint.dir: '" + (Dir() / "file").string() +
+                               "' exists and is not a folder"));
+  EXPECT_THAT(r.out, ::testing::Not(HasSubstr("step 1/")));
+  r = Rackrun("train " + spec + " --log-json " + (Dir() / "file" / "log.jsonl").string());
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.err, HasSubstr("logging.json: cannot open '" + (Dir() / "file" / "log.jsonl").string()));
+  EXPECT_THAT(r.err, HasSubstr("Not a directory"));
+  EXPECT_THAT(r.out, ::testing::Not(HasSubstr("step 1/")));
+}
+
+TEST(TrainCommandTest, ASpecPassedToResumeIsNamedAsNotACheckpoint) {
+  const std::string spec = PrepareJob();
+  const Result r = Rackrun("train " + spec + " --resume " + spec);
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.err, HasSubstr("'" + spec + "' is not a rackrun checkpoint"));
+  EXPECT_THAT(r.err, HasSubstr("perhaps a job spec"));
+}
+
+// A writer killed with -9 mid-checkpoint leaves step-N.ckpt.tmp-PID; the next start in the
+// folder removes it (its writer is gone) and says so.
+TEST(TrainCommandTest, TemporariesOfAKilledCheckpointWriterAreRemovedAtTheNextStart) {
+  const std::string spec = PrepareJob();
+  const fs::path ckpt = Dir() / "ckpt";
+  ASSERT_EQ(Rackrun("train " + spec + " --set training.steps=3 --set checkpoint.dir=" +
+                    ckpt.string())
+                .code,
+            0);
+  // The temporary of a writer that died: take the pid of a finished process.
+  ::rackrun::testing::Child dead({"/bin/true"}, Dir() / "true.log");
+  dead.Wait(std::chrono::seconds(10));
+  const fs::path tmp = ckpt / ("step-00000004.ckpt.tmp-" + std::to_string(dead.pid()));
+  std::ofstream(tmp) << "half a checkpoint";
+  const Result r = Rackrun("train " + spec + " --resume " + ckpt.string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("note: removed 1 temporary file(s) of a checkpoint writer that died: " +
+                               tmp.filename().string()));
+  EXPECT_FALSE(fs::exists(tmp));
+}
+
+// A full file system (a 8 KiB tmpfs in a private mount namespace; needs root): the log
+// fails with its file and ENOSPC, the run exits non-zero at once, and the log holds only
+// whole records.
+TEST(TrainCommandTest, AFullDiskFailsTheRunNamingTheFileAndKeepsWholeRecords) {
+  if (std::system("unshare -m true 2>/dev/null") != 0) {
+    GTEST_SKIP() << "unshare -m is not permitted here (needs root)";
+  }
+  const std::string spec = PrepareJob();
+  const fs::path mnt = Dir() / "tiny";
+  fs::create_directories(mnt);
+  const fs::path copy = Dir() / "log-copy.jsonl";
+  const std::string script =
+      "mount -t tmpfs -o size=8k tmpfs " + mnt.string() + " && head -c 4096 /dev/zero > " +
+      mnt.string() + "/filler && " + RACKRUN_BINARY + " train " + spec +
+      " --set training.steps=40 --log-json " + (mnt / "log.jsonl").string() +
+      "; rc=$?; cp " + (mnt / "log.jsonl").string() + " " + copy.string() + "; exit $rc";
+  const Result full = ::rackrun::testing::Shell("unshare -m sh -c '" + script + "'",
+                                                Dir() / "full.out", Dir() / "full.err");
+  EXPECT_EQ(full.code, 1) << full.err;
+  EXPECT_THAT(full.err, HasSubstr("logging.json: cannot write '" + (mnt / "log.jsonl").string() +
+                                  "': No space left on device"));
+  EXPECT_THAT(full.out, ::testing::Not(HasSubstr("step 40/40")));
+  const std::string log = ::rackrun::testing::Slurp(copy);
+  ASSERT_FALSE(log.empty());
+  EXPECT_EQ(log.back(), '\n');
+  for (const std::string& line : Lines(copy)) {
+    EXPECT_EQ(line.rfind("{\"step\": ", 0), 0u) << line;
+    EXPECT_EQ(line.back(), '}') << line;
+  }
+  // A checkpoint that does not fit (about 180 KB into 64 KiB): the error names the file and
+  // ENOSPC, and neither a checkpoint nor its temporary is left.
+  const fs::path listing = Dir() / "listing.txt";
+  const std::string ckpt_script =
+      "mount -t tmpfs -o size=64k tmpfs " + mnt.string() + " && " + RACKRUN_BINARY + " train " +
+      spec + " --set training.steps=2 --set checkpoint.dir=" + (mnt / "ckpt").string() +
+      "; rc=$?; ls -A " + (mnt / "ckpt").string() + " > " + listing.string() + "; exit $rc";
+  const Result ckpt = ::rackrun::testing::Shell("unshare -m sh -c '" + ckpt_script + "'",
+                                                Dir() / "ckpt.out", Dir() / "ckpt.err");
+  EXPECT_EQ(ckpt.code, 1) << ckpt.err;
+  EXPECT_THAT(ckpt.err, HasSubstr("cannot write '" + (mnt / "ckpt" / "step-00000002.ckpt").string() +
+                                  ".tmp-"));
+  EXPECT_THAT(ckpt.err, HasSubstr("No space left on device"));
+  EXPECT_EQ(Lines(listing), (std::vector<std::string>{"LOCK", "OWNER"}));
+}
+
 }  // namespace

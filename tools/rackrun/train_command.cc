@@ -29,7 +29,7 @@ namespace rt = ::rackrun::runtime;
 
 constexpr std::string_view kUsage =
     R"(usage: rackrun train SPEC [--set FIELD=VALUE]... [--log-json FILE] [--load-trace FILE]
-                     [--resume PATH]
+                     [--resume PATH] [--start-over]
        mpirun -np R rackrun train SPEC ...      (or srun --mpi=pmix -n R rackrun train ...)
 
 Trains the model described by SPEC (a YAML or JSON JobSpec, proto/rackrun/v1/job_spec.proto).
@@ -49,9 +49,27 @@ options:
   --log-json FILE     also write every logged step as JSON Lines (logging.json)
   --load-trace FILE   record every training microbatch's expert loads (logging.load_trace),
                       replayable with `rackrun plan --trace FILE`
-  --resume PATH       continue from a checkpoint file, or the newest one in a folder;
-                      checkpoints keep going to checkpoint.dir (default: that folder)
+  --resume PATH       continue from a checkpoint file (DIR/step-NNNNNNNN.ckpt), or the
+                      newest one in a checkpoint folder; checkpoints keep going to
+                      checkpoint.dir (default: that folder). Resuming from an older
+                      checkpoint of the folder moves its newer ones into
+                      DIR/superseded-<time>/. --log-json and --load-trace are cut back to
+                      the resumed step and extended.
+  --start-over        checkpoint.dir holds another run's checkpoints: move them into
+                      DIR/previous-<time>/ and train from step 0, or from --resume of a
+                      checkpoint elsewhere (checkpoint.start_over; nothing is deleted; no
+                      effect when --resume continues checkpoint.dir's own checkpoints)
   --print-spec        print the effective spec (defaults filled in) as JSON and exit
+
+outputs: a checkpoint folder belongs to one run. Before the first step rank 0 checks every
+output (checkpoint.dir, --log-json, --load-trace) and takes DIR/LOCK for the whole run: a
+second run on the same folder is refused, naming the holder's pid and host; a run without
+--resume into a folder with checkpoints is refused unless --start-over; temporary files of
+a writer killed mid-checkpoint are removed; DIR/OWNER names the run that started the folder
+(a restarted daemon job continues only its own). Every rank must start from the same state (the
+same --resume, or none): a disagreement names the ranks. A write error (disk full) stops
+the run with the file and the system's reason; logs keep only whole records, checkpoints
+are written to a temporary file and renamed.
 
 example:
   tools/fetch-corpus && rackrun data --input data/brown/brown.txt --output data/brown
@@ -79,6 +97,10 @@ int TrainCommand(const Args& args) {
     }
     if (a == "--print-spec") {
       print_spec = true;
+      continue;
+    }
+    if (a == "--start-over") {
+      overrides.push_back("checkpoint.start_over=true");
       continue;
     }
     if (a.rfind("--", 0) != 0) {
@@ -164,6 +186,11 @@ int TrainCommand(const Args& args) {
                   resume.c_str());
       if (!t.resume_note().empty()) std::printf("note: %s\n", t.resume_note().c_str());
     }
+  }
+  // Every output checked and claimed before the first step (the ranks' resume states too).
+  if (absl::Status s = t.Prepare(); !s.ok()) return fail("", s);
+  if (lead) {
+    for (const std::string& note : t.notes()) std::printf("note: %s\n", note.c_str());
   }
   const rackrun::v1::ModelSpec& m = t.spec().model();
   const rt::TrainConfig& c = t.config();
