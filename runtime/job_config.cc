@@ -99,8 +99,8 @@ int UsableCores() {
   return 1;
 }
 
-absl::Status CheckJobFitsThisMachine(const JobSpec& spec, int ranks, int ranks_here,
-                                     int threads) {
+absl::StatusOr<JobMemoryEstimate> CheckJobFitsThisMachine(const JobSpec& spec, int ranks,
+                                                          int ranks_here, int threads) {
   const int cores = UsableCores();
   if (threads > cores) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -119,7 +119,10 @@ absl::Status CheckJobFitsThisMachine(const JobSpec& spec, int ranks, int ranks_h
   if (ReadTokenHeader(spec.data().validation(), &vocab, &count)) inputs.validation_tokens = count;
   absl::StatusOr<JobMemoryEstimate> estimate = EstimateJobMemory(spec, inputs);
   if (!estimate.ok()) return estimate.status();
-  return CheckJobMemory(*estimate, ranks_here, ReadMachineMemory());
+  if (absl::Status s = CheckJobMemory(*estimate, ranks_here, ReadMachineMemory()); !s.ok()) {
+    return s;
+  }
+  return estimate;
 }
 
 }  // namespace rackrun::runtime

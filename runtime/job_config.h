@@ -7,9 +7,11 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "rackrun/v1/job_spec.pb.h"
 #include "runtime/model.h"
 #include "runtime/optimizer.h"
+#include "runtime/spec.h"
 
 namespace rackrun::runtime {
 
@@ -48,12 +50,13 @@ ModelConfig ModelConfigFromSpec(const rackrun::v1::JobSpec& spec);
 // - memory: EstimateJobMemory (runtime/spec.h) for one of `ranks` expert-parallel ranks,
 //   with model.vocab 0 and the token counts taken from the token files' headers, times
 //   `ranks_here` ranks on this machine, against ReadMachineMemory(); ResourceExhausted
-//   naming the largest term's field, with the estimate and the machine's memory;
+//   naming the fields of the largest term, with the estimate and the machine's memory;
 // - threads: `threads` per rank (0 = all cores) above this process's usable cores is an
 //   InvalidArgument naming resources.threads (oversubscribed OpenMP teams run many
 //   times slower than the cores allow).
-absl::Status CheckJobFitsThisMachine(const rackrun::v1::JobSpec& spec, int ranks, int ranks_here,
-                                     int threads);
+// Returns the estimate when the job fits.
+absl::StatusOr<JobMemoryEstimate> CheckJobFitsThisMachine(const rackrun::v1::JobSpec& spec,
+                                                          int ranks, int ranks_here, int threads);
 
 // Cores this process may run on (its CPU affinity), at least 1.
 int UsableCores();

@@ -137,7 +137,7 @@ MachineMemory ParseMachineMemory(std::string_view meminfo, std::string_view cgro
                                  std::string_view cgroup_usage);
 
 // OK when `ranks_here` ranks of `estimate` fit `machine.usable()`; otherwise
-// ResourceExhausted starting with the largest term's first field, with the estimate, its
+// ResourceExhausted starting with the fields of the largest term, with the estimate, its
 // largest terms, the machine's memory, and what to lower. Unknown machine memory: OK.
 absl::Status CheckJobMemory(const JobMemoryEstimate& estimate, int ranks_here,
                             const MachineMemory& machine);

@@ -484,7 +484,7 @@ TEST(JobMemoryTest, TooLargeForTheMachineNamesFieldEstimateAndMachine) {
   const absl::Status s = CheckJobMemory(e, 1, machine);
   EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
   const std::string message(s.message());
-  EXPECT_THAT(message, StartsWith("model.vocab: the job needs an estimated "));
+  EXPECT_THAT(message, StartsWith("model.vocab, model.width: the job needs an estimated "));
   EXPECT_THAT(message, HasSubstr("but this machine has 8.0 GiB usable (MemAvailable 8.0 GiB of "
                                      "MemTotal 16.0 GiB)"));
   EXPECT_THAT(message, HasSubstr("LM-head logits [tokens x vocab]"));
@@ -511,7 +511,7 @@ TEST(JobMemoryTest, ImpossibleSizesAreRefusedEverywhere) {
   EXPECT_THAT(huge, HasSubstr("the job would need an estimated more than 8 EiB (sizes overflow)"));
   EXPECT_THAT(huge, HasSubstr("beyond any machine"));
   EXPECT_THAT(ErrorOf(kYaml, {"model.vocab=100000000", "model.width=1000000", "model.moe.expert_hidden=64"}),
-              HasSubstr("model.vocab: the job would need an estimated"));
+              HasSubstr("model.vocab, model.width: the job would need an estimated"));
   EXPECT_THAT(ErrorOf(kYaml, {"data.batch_size=100000", "model.seq_len=100000"}),
               HasSubstr("data.batch_size: 100000 sequences x model.seq_len 100000"));
   EXPECT_THAT(ErrorOf(kYaml, {"model.width=2000000000", "model.heads=1000000000"}),
