@@ -54,7 +54,9 @@ absl::StatusOr<rackrun::v1::JobSpec> LoadJobSpec(const std::string& path,
 void ApplySpecDefaults(rackrun::v1::JobSpec& spec);
 
 // Checks required fields, ranges, choices and shape constraints of a defaulted spec
-// (C divisible by heads, top_k <= experts, active <= streams, ...). model.vocab may
+// (C divisible by heads, top_k <= experts, active <= streams, ...) and refuses sizes no
+// machine holds (an estimate above kMaxJobBytes per rank, or size products that overflow).
+// A missing size (0) is "required"; a negative one says it is negative. model.vocab may
 // still be 0 (filled in from the token file).
 absl::Status ValidateJobSpec(const rackrun::v1::JobSpec& spec);
 

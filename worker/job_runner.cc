@@ -278,6 +278,17 @@ AttemptResult JobRunner::Run() try {
   };
   reporter_ = std::make_unique<Reporter>(connection_, assignment_, options_.worker_id, this);
   if (absl::Status s = CheckPaths(); !s.ok()) return fail(s, "starting");
+  // What this machine cannot hold or run fails the attempt before anything is allocated
+  // (before the rendezvous, like unreadable paths: the peers are not left waiting).
+  if (absl::StatusOr<runtime::JobMemoryEstimate> fits = runtime::CheckJobFitsThisMachine(
+          assignment_.spec(), std::max(1, assignment_.ranks()), /*ranks_here=*/1,
+          options_.threads >= 0 ? options_.threads : assignment_.spec().resources().threads());
+      !fits.ok()) {
+    return fail(absl::Status(fits.status().code(),
+                             absl::StrCat(fits.status().message(), " (worker ",
+                                          options_.worker_id, " on host ", options_.host, ")")),
+                "starting");
+  }
 
   std::unique_ptr<comm::DataChannel> channel;
   if (assignment_.ranks() > 1) {
@@ -296,16 +307,6 @@ AttemptResult JobRunner::Run() try {
     plan_source = std::make_unique<CoordinatorPlanSource>(connection_, assignment_.job_id(),
                                                           assignment_.attempt(), assignment_.rank());
     trainer_options.plan_source = plan_source.get();
-  }
-  // What this machine cannot hold or run fails the attempt before anything is allocated.
-  if (absl::StatusOr<runtime::JobMemoryEstimate> fits = runtime::CheckJobFitsThisMachine(
-          assignment_.spec(), std::max(1, assignment_.ranks()), /*ranks_here=*/1,
-          options_.threads >= 0 ? options_.threads : assignment_.spec().resources().threads());
-      !fits.ok()) {
-    return fail(absl::Status(fits.status().code(),
-                             absl::StrCat("worker ", options_.worker_id, " on ", options_.host,
-                                          ": ", fits.status().message())),
-                "starting");
   }
   absl::StatusOr<std::unique_ptr<runtime::Trainer>> trainer =
       runtime::Trainer::Create(assignment_.spec(), channel.get(), trainer_options);
@@ -412,7 +413,7 @@ AttemptResult JobRunner::Run() try {
   AttemptResult result;
   result.set_outcome(AttemptResult::FAILED);
   result.set_message(absl::StrCat(
-      "worker ", options_.worker_id, " on ", options_.host,
+      "worker ", options_.worker_id, " on host ", options_.host,
       ": out of memory: an allocation failed although the job's memory estimate fit when it "
       "started (other processes may have taken the memory); lower the model or batch sizes"));
   return result;
