@@ -415,7 +415,8 @@ AttemptResult JobRunner::Run() try {
   result.set_message(absl::StrCat(
       "worker ", options_.worker_id, " on host ", options_.host,
       ": out of memory: an allocation failed although the job's memory estimate fit when it "
-      "started (other processes may have taken the memory); lower the model or batch sizes"));
+      "started (other processes took memory since, or a ulimit or cgroup limit is lower); "
+      "lower the model or batch sizes"));
   return result;
 }
 

@@ -190,6 +190,26 @@ TEST(TrainCommandTest, SpecTooLargeForThisMachineIsRefusedWithTheEstimate) {
   EXPECT_LT(usage.ru_maxrss, 200 * 1024) << "KiB";
 }
 
+// An allocation that fails although the estimate fit (here: an address-space limit
+// below what the job needs) ends rackrun with a message and exit 1, not SIGABRT.
+TEST(TrainCommandTest, AllocationFailureIsAMessageNotAnAbort) {
+  std::ifstream meminfo("/proc/meminfo");
+  int64_t available_kib = 0;
+  for (std::string line; std::getline(meminfo, line);) {
+    if (line.rfind("MemAvailable:", 0) == 0) available_kib = std::stoll(line.substr(13));
+  }
+  if (available_kib < 3ll << 20) GTEST_SKIP() << "needs 3 GiB available to pass the estimate";
+  const std::string spec = PrepareJob();
+  // vocab 2,000,000: about 1.2 GiB estimated (fits), but ulimit -v allows 1 GB.
+  const Result r = ::rackrun::testing::Shell(
+      "ulimit -v 1000000 && " + std::string(RACKRUN_BINARY) + " train " + spec +
+          " --set model.vocab=2000000 --set training.steps=2",
+      Dir() / "stdout.txt", Dir() / "stderr.txt");
+  EXPECT_EQ(r.code, 1) << r.err;  // -1: killed by a signal
+  EXPECT_THAT(r.err, HasSubstr("rackrun train: out of memory: an allocation failed"));
+  EXPECT_THAT(r.err, ::testing::Not(HasSubstr("terminate called")));
+}
+
 TEST(TrainCommandTest, ThreadsBeyondTheCoresAreRefused) {
   const std::string spec = PrepareJob();
   const Result r = Rackrun("train " + spec + " --set resources.threads=1000");

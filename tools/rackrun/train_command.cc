@@ -276,17 +276,18 @@ int RunTrain(const Args& args) {
 
 }  // namespace
 
-// An allocation that fails despite the estimate (other processes took the memory, an
-// estimate that is short) ends the job with a message, not an abort; under a launcher
+// An allocation that fails despite the estimate (other processes took the memory, a
+// ulimit, an estimate that is short) ends the job with a message, not an abort; under a launcher
 // the other ranks are ended too instead of waiting in a collective.
 int TrainCommand(const Args& args) {
   try {
     return RunTrain(args);
   } catch (const std::bad_alloc&) {
     std::fprintf(stderr,
-                 "rackrun train: out of memory: an allocation failed although the spec's "
-                 "estimate fit this machine's available memory when the job started (other "
-                 "processes may have taken it); lower the model or batch sizes, or free memory\n");
+                 "rackrun train: out of memory: an allocation failed although the job's memory "
+                 "estimate fit this machine when it started (other processes took memory since, "
+                 "or a ulimit -v or cgroup limit is lower); lower the model or batch sizes, or "
+                 "free memory\n");
     if (comm::LauncherWorldSize() > 1) comm::AbortJob(1);
     return 1;
   }
