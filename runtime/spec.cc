@@ -174,8 +174,10 @@ absl::Status SetScalar(const YAML::Node& node, const FieldDescriptor& field, Mes
       case FieldDescriptor::CPPTYPE_DOUBLE:
       case FieldDescriptor::CPPTYPE_FLOAT: {
         const double v = node.as<double>();
-        if (!std::isfinite(v)) {
-          return FieldError(path, absl::StrCat("'", text, "' is not a finite number; write one"));
+        if (!std::isfinite(v) || (field.cpp_type() == FieldDescriptor::CPPTYPE_FLOAT &&
+                                  std::abs(v) > std::numeric_limits<float>::max())) {
+          return FieldError(path, absl::StrCat("'", text, "' is not a finite ",
+                                               field.cpp_type_name(), "; write one"));
         }
         if (field.cpp_type() == FieldDescriptor::CPPTYPE_DOUBLE) {
           r.SetDouble(&message, &field, v);

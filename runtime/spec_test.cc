@@ -273,7 +273,7 @@ TEST(JobSpecStrictnessTest, IntegersAreDecimal) {
   spec = ParseJobSpec(kYaml, {"training.seed=18446744073709551615", "model.width=+128"});
   ASSERT_TRUE(spec.ok()) << spec.status();
   EXPECT_EQ(spec->training().seed(), 18446744073709551615ull);
-  EXPECT_THAT(ErrorOf(kYaml, {"training.lr=.inf"}), HasSubstr("training.lr: '.inf' is not a finite"));
+  EXPECT_THAT(ErrorOf(kYaml, {"training.lr=.inf"}), HasSubstr("training.lr: '.inf' is not a finite double"));
   EXPECT_THAT(ErrorOf(kYaml, {"training.lr=.nan"}), HasSubstr("training.lr: '.nan' is not a finite"));
 }
 
