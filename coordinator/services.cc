@@ -1,5 +1,6 @@
 #include "coordinator/services.h"
 
+#include <new>
 #include <thread>
 
 #include "absl/strings/match.h"
@@ -60,8 +61,10 @@ grpc::Status JobServiceImpl::Admit(const grpc::ServerContext& ctx) const {
   return grpc::Status::OK;
 }
 
+// A function-try-block: a submission whose handling runs out of memory is answered
+// RESOURCE_EXHAUSTED with a message (gRPC would say only "Unexpected error in RPC handling").
 grpc::Status JobServiceImpl::Submit(grpc::ServerContext* ctx, const rackrun::v1::SubmitRequest* req,
-                                    rackrun::v1::SubmitResponse* resp) {
+                                    rackrun::v1::SubmitResponse* resp) try {
   if (grpc::Status s = Admit(*ctx); !s.ok()) return s;
   if (req->request_id().empty()) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
@@ -76,6 +79,10 @@ grpc::Status JobServiceImpl::Submit(grpc::ServerContext* ctx, const rackrun::v1:
   *resp->mutable_job() = r->job;
   resp->set_created(r->created);
   return grpc::Status::OK;
+} catch (const std::bad_alloc&) {
+  return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                      "the coordinator ran out of memory handling this submission; retry later "
+                      "or submit a smaller spec");
 }
 
 grpc::Status JobServiceImpl::Get(grpc::ServerContext* ctx, const rackrun::v1::GetJobRequest* req,

@@ -1,5 +1,15 @@
 #include "runtime/job_config.h"
 
+#include <sched.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "runtime/spec.h"
+
 namespace rackrun::runtime {
 
 using rackrun::v1::JobSpec;
@@ -60,6 +70,60 @@ TrainConfig TrainConfigFromSpec(const JobSpec& spec) {
   c.load_trace = spec.logging().load_trace();
   c.threads = spec.resources().threads();
   return c;
+}
+
+namespace {
+
+// Vocabulary and token count from a token file's 32-byte header (runtime/data.h: magic
+// "RKRTOKNS", count at offset 16, vocab at 24). False when it cannot be read: the trainer
+// reports the file's problem when it loads it.
+bool ReadTokenHeader(const std::string& path, int64_t* vocab, int64_t* count) {
+  if (path.empty()) return false;
+  std::ifstream in(path, std::ios::binary);
+  char header[32];
+  if (!in.read(header, sizeof(header)) || std::memcmp(header, "RKRTOKNS", 8) != 0) return false;
+  uint64_t n = 0;
+  uint32_t v = 0;
+  std::memcpy(&n, header + 16, sizeof(n));  // little-endian, as the machines we run on
+  std::memcpy(&v, header + 24, sizeof(v));
+  *count = n > static_cast<uint64_t>(INT64_MAX / 8) ? INT64_MAX / 8 : static_cast<int64_t>(n);
+  *vocab = v;
+  return true;
+}
+
+}  // namespace
+
+int UsableCores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return 1;
+}
+
+absl::StatusOr<JobMemoryEstimate> CheckJobFitsThisMachine(const JobSpec& spec, int ranks,
+                                                          int ranks_here, int threads) {
+  const int cores = UsableCores();
+  if (threads > cores) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "resources.threads: ", threads, " threads per rank on a machine where this process may "
+        "use ", cores, " cores would oversubscribe them (every OpenMP barrier then waits for "
+        "descheduled threads: many times slower); set at most ", cores, ", or 0 for all cores"));
+  }
+  JobMemoryInputs inputs;
+  inputs.ranks = std::max(1, ranks);
+  inputs.threads = threads > 0 ? threads : cores;
+  int64_t vocab = 0, count = 0;
+  if (ReadTokenHeader(spec.data().train(), &vocab, &count)) {
+    inputs.vocab = vocab;
+    inputs.train_tokens = count;
+  }
+  if (ReadTokenHeader(spec.data().validation(), &vocab, &count)) inputs.validation_tokens = count;
+  absl::StatusOr<JobMemoryEstimate> estimate = EstimateJobMemory(spec, inputs);
+  if (!estimate.ok()) return estimate.status();
+  if (absl::Status s = CheckJobMemory(*estimate, ranks_here, ReadMachineMemory()); !s.ok()) {
+    return s;
+  }
+  return estimate;
 }
 
 }  // namespace rackrun::runtime

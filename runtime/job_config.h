@@ -6,9 +6,12 @@
 #include <cstdint>
 #include <string>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "rackrun/v1/job_spec.pb.h"
 #include "runtime/model.h"
 #include "runtime/optimizer.h"
+#include "runtime/spec.h"
 
 namespace rackrun::runtime {
 
@@ -42,6 +45,22 @@ TrainConfig TrainConfigFromSpec(const rackrun::v1::JobSpec& spec);
 // The model's configuration from a defaulted JobSpec (vocab as in the spec; the trainer
 // fills a 0 from the token file).
 ModelConfig ModelConfigFromSpec(const rackrun::v1::JobSpec& spec);
+
+// Whether the job fits the machine this process runs on, asked where a job starts
+// (`rackrun train`, the worker) before anything is allocated:
+// - memory: EstimateJobMemory (runtime/spec.h) for one of `ranks` expert-parallel ranks,
+//   with model.vocab 0 and the token counts taken from the token files' headers, times
+//   `ranks_here` ranks on this machine, against ReadMachineMemory(); ResourceExhausted
+//   naming the fields of the largest term, with the estimate and the machine's memory;
+// - threads: `threads` per rank (0 = all cores) above this process's usable cores is an
+//   InvalidArgument naming resources.threads (oversubscribed OpenMP teams run many
+//   times slower than the cores allow).
+// Returns the estimate when the job fits.
+absl::StatusOr<JobMemoryEstimate> CheckJobFitsThisMachine(const rackrun::v1::JobSpec& spec,
+                                                          int ranks, int ranks_here, int threads);
+
+// Cores this process may run on (its CPU affinity), at least 1.
+int UsableCores();
 
 }  // namespace rackrun::runtime
 

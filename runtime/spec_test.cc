@@ -1,10 +1,19 @@
 #include "runtime/spec.h"
 #include "runtime/job_config.h"
 
+#include <malloc.h>
+#include <omp.h>
+#include <unistd.h>
+
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <string>
 #include <vector>
+
+#include "absl/strings/str_join.h"
+#include "runtime/model.h"
+#include "runtime/optimizer.h"
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -231,6 +240,282 @@ TEST(JobSpecTest, JsonDumpRoundTrips) {
   absl::StatusOr<rackrun::v1::JobSpec> again = ParseJobSpec(JobSpecToJson(*spec), {});
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ(again->SerializeAsString(), spec->SerializeAsString());
+}
+
+
+// ---- Strict scalars and documents (issue #12) ----
+
+TEST(JobSpecStrictnessTest, IntegersAreDecimal) {
+  // YAML 1.1 (yaml-cpp's default) reads 0100 as octal 64; a spec reads it as decimal.
+  absl::StatusOr<rackrun::v1::JobSpec> spec =
+      ParseJobSpec(std::string(kYaml) + "\n", {"training.steps=0100"});
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->training().steps(), 100);
+  std::string yaml = kYaml;
+  yaml.replace(yaml.find("steps: 300"), 10, "steps: 0100");
+  spec = ParseJobSpec(yaml, {});
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->training().steps(), 100);
+  spec = ParseJobSpec(R"({"model": {"width": 64, "blocks": 2, "heads": 2, "seq_len": 032,
+      "residual": "vanilla", "moe": {"experts": 4, "top_k": 1}},
+      "data": {"train": "t.tokens"}, "training": {"steps": 5}})", {});
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->model().seq_len(), 32);
+  EXPECT_THAT(ErrorOf(kYaml, {"training.steps=0x10"}),
+              HasSubstr("training.steps: '0x10' is a hexadecimal, octal or binary literal"));
+  EXPECT_THAT(ErrorOf(kYaml, {"training.seed=0o17"}), HasSubstr("training.seed: '0o17' is a"));
+  EXPECT_THAT(ErrorOf(kYaml, {"training.steps=1e3"}),
+              HasSubstr("training.steps: '1e3' is not a whole decimal number"));
+  EXPECT_THAT(ErrorOf(kYaml, {"training.steps=1_000"}), HasSubstr("not a whole decimal number"));
+  EXPECT_THAT(ErrorOf(kYaml, {"model.width=3000000000"}),
+              HasSubstr("model.width: '3000000000' is out of range for a int32"));
+  EXPECT_THAT(ErrorOf(kYaml, {"training.seed=-1"}), HasSubstr("training.seed: '-1' is out of range"));
+  spec = ParseJobSpec(kYaml, {"training.seed=18446744073709551615", "model.width=+128"});
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->training().seed(), 18446744073709551615ull);
+  EXPECT_THAT(ErrorOf(kYaml, {"training.lr=.inf"}), HasSubstr("training.lr: '.inf' is not a finite double"));
+  EXPECT_THAT(ErrorOf(kYaml, {"training.lr=.nan"}), HasSubstr("training.lr: '.nan' is not a finite"));
+}
+
+TEST(JobSpecStrictnessTest, DuplicateKeysExtraDocumentsAndBadTextAreErrors) {
+  EXPECT_THAT(ErrorOf(std::string(kYaml) + "  steps: 400\n"),
+              HasSubstr("training.steps: given twice (lines 19 and 22); keep one"));
+  EXPECT_THAT(ErrorOf(std::string(kYaml) + "model:\n  width: 64\n"),
+              HasSubstr("model: given twice"));
+  EXPECT_THAT(ErrorOf(R"({"training": {"steps": 5, "steps": 6}})"),
+              HasSubstr("training.steps: given twice"));
+  EXPECT_THAT(ErrorOf(std::string(kYaml) + "---\ntraining: {steps: 5}\n"),
+              HasSubstr("spec.yaml:23: a second YAML document starts here (after a '---' line)"));
+  EXPECT_THAT(ErrorOf(std::string(kYaml) + "logging: {json: \"a\\0b\"}\n"),
+              HasSubstr("logging.json: the value contains a NUL byte"));
+  EXPECT_THAT(ErrorOf(std::string(kYaml) + std::string("name: a\0b\n", 10)),
+              HasSubstr("spec.yaml:22:8: contains a NUL byte"));
+  EXPECT_THAT(ErrorOf(std::string(kYaml) + "logging: {json: a\xff" "b}\n"),
+              HasSubstr("spec.yaml:22:18: not valid UTF-8 (byte 0xff)"));
+  EXPECT_THAT(ErrorOf(kYaml, {"checkpoint.dir=ck\xc3"}),
+              HasSubstr("checkpoint.dir: the value is not valid UTF-8 (byte 0xc3 at offset 2)"));
+  EXPECT_THAT(ErrorOf(std::string(kYaml) + "? [a, b]\n: 1\n"), HasSubstr("keys are field names"));
+  // Valid UTF-8 stays accepted.
+  EXPECT_TRUE(ParseJobSpec(std::string(kYaml) + "logging: {json: \"r\xc3\xa9sum\xc3\xa9.jsonl\"}\n", {}).ok());
+}
+
+TEST(JobSpecStrictnessTest, DeepNestingSaysSo) {
+  std::string deep = std::string(kYaml) + "logging: ";
+  for (int i = 0; i < 1000; ++i) deep += "[";
+  for (int i = 0; i < 1000; ++i) deep += "]";
+  std::string e = ErrorOf(deep + "\n");
+  EXPECT_THAT(e, HasSubstr("nested more than"));
+  EXPECT_THAT(e, ::testing::Not(HasSubstr("bad file")));
+  std::string moderate = "model: ";  // below yaml-cpp's guard, above any spec
+  for (int i = 0; i < 40; ++i) moderate += "{a: ";
+  moderate += "1" + std::string(40, '}') + "\n";
+  EXPECT_THAT(ErrorOf(moderate), HasSubstr("nested more than 16 levels deep"));
+}
+
+// ---- Messages say what is wrong (issue #12) ----
+
+TEST(JobSpecMessagesTest, NegativeIsNotMissing) {
+  for (const char* field : {"model.width", "model.blocks", "model.heads", "model.seq_len",
+                            "model.moe.experts", "training.steps"}) {
+    const std::string e = ErrorOf(kYaml, {std::string(field) + "=-4"});
+    EXPECT_THAT(e, HasSubstr(std::string(field) + ": is -4; it must be positive")) << e;
+    EXPECT_THAT(e, ::testing::Not(HasSubstr("required"))) << e;
+  }
+  EXPECT_THAT(ErrorOf(kYaml, {"training.steps=0"}), HasSubstr("training.steps: required"));
+  EXPECT_THAT(ErrorOf(kYaml, {"data.batch_size=-2"}),
+              HasSubstr("data.batch_size: is -2; it must be >= 1 (0 = the default 8)"));
+  EXPECT_THAT(ErrorOf(kYaml, {"model.moe.expert_hidden=-1"}),
+              HasSubstr("model.moe.expert_hidden: is -1; it must be positive (0 = 2 x model.width)"));
+  EXPECT_THAT(ErrorOf(kYaml, {"training.microbatches=-1"}), HasSubstr("training.microbatches: is -1"));
+  EXPECT_THAT(ErrorOf(kYaml, {"logging.interval=-3"}), HasSubstr("logging.interval: is -3"));
+}
+
+TEST(JobSpecMessagesTest, RangesBlameTheRightField) {
+  EXPECT_THAT(ErrorOf(kYaml, {"model.init_std=1e300"}),
+              HasSubstr("model.init_std: is 1e+300; the initial weights' standard deviation must "
+                        "lie in (0, 1]"));
+  EXPECT_THAT(ErrorOf(kYaml, {"model.init_std=-0.1"}), HasSubstr("model.init_std: is -0.1"));
+  EXPECT_THAT(ErrorOf(kYaml, {"model.rope_theta=0.5"}), HasSubstr("model.rope_theta: is 0.5"));
+  EXPECT_THAT(ErrorOf(kYaml, {"model.moe.experts=128", "model.moe.top_k=65"}),
+              HasSubstr("model.moe.top_k: top_k 65 exceeds 64"));
+  EXPECT_THAT(ErrorOf(kYaml, {"model.residual=xhc_flash4", "model.blocks=3"}),
+              HasSubstr("model.blocks: 3 blocks give 6 sublayers, not a multiple of xhc_flash4's "
+                        "group of 4"));
+  EXPECT_THAT(ErrorOf(kYaml, {"resources.threads=100000"}),
+              HasSubstr("resources.threads: is 100000; more than 4096 threads per rank"));
+  EXPECT_THAT(ErrorOf(kYaml, {"training.beta2=1"}), HasSubstr("training.beta2: is 1; it must lie"));
+}
+
+// ---- Memory accounting (issue #12) ----
+
+JobMemoryEstimate EstimateOf(const rackrun::v1::JobSpec& spec, int ranks = 1, int threads = 1) {
+  JobMemoryInputs in;
+  in.ranks = ranks;
+  in.threads = threads;
+  absl::StatusOr<JobMemoryEstimate> e = EstimateJobMemory(spec, in);
+  EXPECT_TRUE(e.ok()) << e.status();
+  return e.ok() ? *e : JobMemoryEstimate{};
+}
+
+// The estimate counts the parameters the model actually allocates, for every residual
+// mode, a shared expert, and an expert shard of an expert-parallel rank.
+TEST(JobMemoryTest, ParameterCountMatchesTheModel) {
+  struct Case {
+    std::vector<std::string> overrides;
+    int ranks;
+  };
+  const std::vector<Case> cases = {
+      {{"model.residual=vanilla", "model.streams=0", "model.active=0", "model.fixed=0"}, 1},
+      {{"model.residual=hc", "model.streams=0", "model.active=0", "model.fixed=0"}, 1},
+      {{"model.residual=mhc", "model.streams=0", "model.active=0", "model.fixed=0"}, 1},
+      {{"model.residual=xhc"}, 1},
+      {{"model.residual=xhc_flash"}, 1},
+      {{"model.residual=xhc_flash", "model.blocks=3"}, 1},
+      {{"model.residual=xhc_flash4"}, 1},
+      {{"model.moe.shared_expert=true", "model.moe.shared_hidden=48"}, 1},
+      {{"model.residual=xhc"}, 4},
+  };
+  for (const Case& c : cases) {
+    std::vector<std::string> overrides = {"model.vocab=300", "model.width=32", "model.heads=2",
+                                          "model.seq_len=16", "model.moe.expert_hidden=40"};
+    overrides.insert(overrides.end(), c.overrides.begin(), c.overrides.end());
+    absl::StatusOr<rackrun::v1::JobSpec> spec = ParseJobSpec(kYaml, overrides);
+    ASSERT_TRUE(spec.ok()) << spec.status();
+    ModelConfig mc = ModelConfigFromSpec(*spec);
+    mc.expert_ranks = c.ranks;
+    absl::StatusOr<std::unique_ptr<Model<float>>> model = Model<float>::Create(mc, 1);
+    ASSERT_TRUE(model.ok()) << model.status();
+    EXPECT_EQ(EstimateOf(*spec, c.ranks).parameter_count, (*model)->ParameterCount())
+        << absl::StrJoin(c.overrides, " ") << " ranks " << c.ranks;
+  }
+}
+
+int64_t ResidentBytes() {
+  std::ifstream statm("/proc/self/statm");
+  int64_t size = 0, resident = 0;
+  statm >> size >> resident;
+  return resident * sysconf(_SC_PAGESIZE);
+}
+
+// The estimate against what the process really holds: resident memory grown by building
+// the model, AdamW's state and one microbatch's forward + backward (everything but the
+// process overhead, the token files and the loader's batch, which this test does not have).
+TEST(JobMemoryTest, EstimateIsCloseToMeasuredResidentMemory) {
+  const std::vector<std::vector<std::string>> configs = {
+      // Vocabulary-dominated: embedding, LM head and logits.
+      {"model.vocab=30000", "model.width=64", "model.heads=2", "model.blocks=1",
+       "model.residual=vanilla", "model.streams=0", "model.active=0", "model.fixed=0",
+       "model.seq_len=64", "data.batch_size=8"},
+      // Activation-dominated: xhc streams, attention probabilities, expert hidden states.
+      {"model.vocab=257", "model.width=128", "model.heads=4", "model.blocks=2",
+       "model.seq_len=256", "data.batch_size=8", "model.moe.experts=8", "model.moe.top_k=2"},
+      // mhc saves every sublayer's input state.
+      {"model.vocab=257", "model.width=64", "model.heads=2", "model.blocks=2",
+       "model.residual=mhc", "model.streams=0", "model.active=0", "model.fixed=0",
+       "model.seq_len=128", "data.batch_size=16"},
+  };
+  omp_set_num_threads(1);
+  // A fixed mmap threshold: every large tensor is its own mapping, returned on free, so
+  // one configuration's freed memory does not hide the next one's growth.
+  mallopt(M_MMAP_THRESHOLD, 256 * 1024);
+  for (const std::vector<std::string>& overrides : configs) {
+    malloc_trim(0);
+    absl::StatusOr<rackrun::v1::JobSpec> spec = ParseJobSpec(kYaml, overrides);
+    ASSERT_TRUE(spec.ok()) << spec.status();
+    const JobMemoryEstimate e = EstimateOf(*spec, 1, 1);
+    const int64_t expected = e.parameters + e.gradients + e.optimizer + e.activations;
+    const int64_t before = ResidentBytes();
+    {
+      absl::StatusOr<std::unique_ptr<Model<float>>> model =
+          Model<float>::Create(ModelConfigFromSpec(*spec), 1);
+      ASSERT_TRUE(model.ok()) << model.status();
+      std::vector<OptimizedTensor> tensors;
+      for (const ParamRef<float>& p : (*model)->Parameters()) {
+        tensors.push_back({p.name, p.value, p.grad, p.size, true});
+      }
+      AdamW adam(AdamWConfig{}, std::move(tensors));
+      const int batch = spec->data().batch_size(), seq = spec->model().seq_len();
+      std::vector<int32_t> inputs(static_cast<size_t>(batch) * seq), targets(inputs.size());
+      for (size_t i = 0; i < inputs.size(); ++i) {
+        inputs[i] = static_cast<int32_t>((i * 7919) % static_cast<size_t>(spec->model().vocab()));
+        targets[i] = static_cast<int32_t>((i * 104729) % static_cast<size_t>(spec->model().vocab()));
+      }
+      absl::StatusOr<double> loss = (*model)->ForwardBackward(inputs, targets, batch, {}, 1.0f);
+      ASSERT_TRUE(loss.ok()) << loss.status();
+      adam.Step(1e-3);
+      const int64_t measured = ResidentBytes() - before;
+      const double ratio = static_cast<double>(expected) / static_cast<double>(measured);
+      std::printf("estimate %s, measured resident growth %s, ratio %.3f (%s)\n",
+                  FormatBytes(expected).c_str(), FormatBytes(measured).c_str(), ratio,
+                  absl::StrJoin(overrides, " ").c_str());
+      EXPECT_GT(ratio, 0.85) << absl::StrJoin(overrides, " ");
+      EXPECT_LT(ratio, 1.25) << absl::StrJoin(overrides, " ");
+    }
+  }
+}
+
+TEST(JobMemoryTest, MachineMemoryParsing) {
+  const std::string meminfo =
+      "MemTotal:       16314228 kB\nMemFree:         1000000 kB\nMemAvailable:    8000000 kB\n";
+  MachineMemory m = ParseMachineMemory(meminfo, "max\n", "123\n");
+  EXPECT_EQ(m.total, 16314228ll * 1024);
+  EXPECT_EQ(m.available, 8000000ll * 1024);
+  EXPECT_EQ(m.cgroup_limit, 0);
+  EXPECT_EQ(m.usable(), 8000000ll * 1024);
+  m = ParseMachineMemory(meminfo, "4294967296\n", "1073741824\n");  // 4 GiB limit, 1 GiB used
+  EXPECT_EQ(m.usable(), 3ll << 30);
+  EXPECT_THAT(m.Describe(), HasSubstr("cgroup limit 4.0 GiB"));
+  // cgroup v1's "unlimited" (a page-rounded huge number) is no limit.
+  m = ParseMachineMemory(meminfo, "9223372036854771712\n", "5\n");
+  EXPECT_EQ(m.cgroup_limit, 0);
+  const MachineMemory here = ReadMachineMemory();
+  EXPECT_GT(here.total, 0);
+  EXPECT_GT(here.usable(), 0);
+}
+
+TEST(JobMemoryTest, TooLargeForTheMachineNamesFieldEstimateAndMachine) {
+  absl::StatusOr<rackrun::v1::JobSpec> spec = ParseJobSpec(kYaml, {"model.vocab=100000000"});
+  ASSERT_TRUE(spec.ok()) << spec.status();  // fits *some* machine: refused where it runs
+  const JobMemoryEstimate e = EstimateOf(*spec);
+  EXPECT_GT(e.total, 100000000ll * 128 * 2 * 16);  // embedding + head, 16 bytes per parameter
+  MachineMemory machine;
+  machine.total = 16ll << 30;
+  machine.available = 8ll << 30;
+  const absl::Status s = CheckJobMemory(e, 1, machine);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  const std::string message(s.message());
+  EXPECT_THAT(message, StartsWith("model.vocab, model.width: the job needs an estimated "));
+  EXPECT_THAT(message, HasSubstr("but this machine has 8.0 GiB usable (MemAvailable 8.0 GiB of "
+                                     "MemTotal 16.0 GiB)"));
+  EXPECT_THAT(message, HasSubstr("LM-head logits [tokens x vocab]"));
+  machine.available = 1ll << 40;
+  EXPECT_TRUE(CheckJobMemory(e, 1, machine).ok());
+  EXPECT_FALSE(CheckJobMemory(e, 100, machine).ok());  // 100 ranks on one machine
+}
+
+TEST(JobMemoryTest, ExpertParallelEstimateIsPerRank) {
+  absl::StatusOr<rackrun::v1::JobSpec> spec =
+      ParseJobSpec(kYaml, {"model.moe.experts=64", "model.moe.expert_hidden=1024"});
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  const JobMemoryEstimate one = EstimateOf(*spec, 1), four = EstimateOf(*spec, 4);
+  EXPECT_LT(four.parameters, one.parameters / 2);  // experts dominate and are sharded
+  EXPECT_GT(four.expert_slots, 0);                 // but replica slots are added
+  EXPECT_EQ(one.expert_slots, 0);
+  EXPECT_THAT(four.Describe(), HasSubstr("per rank"));
+}
+
+TEST(JobMemoryTest, ImpossibleSizesAreRefusedEverywhere) {
+  const std::string huge = ErrorOf(kYaml, {"model.vocab=2000000000", "model.width=2000000000",
+                                            "model.heads=1000000000",
+                                            "model.moe.expert_hidden=2000000000"});
+  EXPECT_THAT(huge, HasSubstr("the job would need an estimated more than 8 EiB (sizes overflow)"));
+  EXPECT_THAT(huge, HasSubstr("beyond any machine"));
+  EXPECT_THAT(ErrorOf(kYaml, {"model.vocab=100000000", "model.width=1000000", "model.moe.expert_hidden=64"}),
+              HasSubstr("model.vocab, model.width: the job would need an estimated"));
+  EXPECT_THAT(ErrorOf(kYaml, {"data.batch_size=100000", "model.seq_len=100000"}),
+              HasSubstr("data.batch_size: 100000 sequences x model.seq_len 100000"));
+  EXPECT_THAT(ErrorOf(kYaml, {"model.width=2000000000", "model.heads=1000000000"}),
+              HasSubstr("model.moe.expert_hidden: required: the default 2 x model.width"));
 }
 
 }  // namespace

@@ -3,15 +3,19 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <new>
 #include <utility>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "comm/gloo_channel.h"
 #include "runtime/checkpoint.h"
+#include "runtime/job_config.h"
 #ifdef RACKRUN_HAVE_NCCL
 #include "comm/nccl_channel.h"
 #endif
@@ -266,7 +270,10 @@ absl::StatusOr<std::unique_ptr<comm::DataChannel>> JobRunner::MakeChannel() {
       absl::StrCat("resources.channel: unknown data channel '", b.channel(), "'"));
 }
 
-AttemptResult JobRunner::Run() {
+// A function-try-block: an allocation failure anywhere in the attempt (the trainer's
+// model, a checkpoint, a collective's buffers) fails the attempt with a message instead of
+// ending the worker daemon with std::terminate.
+AttemptResult JobRunner::Run() try {
   AttemptResult result;
   const auto fail = [&](const absl::Status& s, const std::string& phase) {
     result.set_outcome(AttemptResult::FAILED);
@@ -276,6 +283,17 @@ AttemptResult JobRunner::Run() {
   };
   reporter_ = std::make_unique<Reporter>(connection_, assignment_, options_.worker_id, this);
   if (absl::Status s = CheckPaths(); !s.ok()) return fail(s, "starting");
+  // What this machine cannot hold or run fails the attempt before anything is allocated
+  // (before the rendezvous, like unreadable paths: the peers are not left waiting).
+  if (absl::StatusOr<runtime::JobMemoryEstimate> fits = runtime::CheckJobFitsThisMachine(
+          assignment_.spec(), std::max(1, assignment_.ranks()), /*ranks_here=*/1,
+          options_.threads >= 0 ? options_.threads : assignment_.spec().resources().threads());
+      !fits.ok()) {
+    return fail(absl::Status(fits.status().code(),
+                             absl::StrCat(fits.status().message(), " (worker ",
+                                          options_.worker_id, " on host ", options_.host, ")")),
+                "starting");
+  }
 
   std::unique_ptr<comm::DataChannel> channel;
   if (assignment_.ranks() > 1) {
@@ -354,6 +372,14 @@ AttemptResult JobRunner::Run() {
     metrics_ = training_metrics.get();
     if (requested_ != runtime::StopReason::kNone) trainer_->RequestStop(requested_);
   }
+  // Declared after the trainer: on an exception the pointers are withdrawn before the
+  // trainer is destroyed, so RequestStop/Status on other threads never see a dead one.
+  absl::Cleanup forget = [this] {
+    std::lock_guard<std::mutex> lock(mu_);
+    trainer_ = nullptr;
+    channel_ = nullptr;
+    metrics_ = nullptr;
+  };
   ProgressObserver progress(this, trainer->get(), assignment_.rank() == 0);
   std::vector<runtime::TrainObserver*> observers = {&progress};
   if (training_metrics != nullptr) observers.push_back(training_metrics.get());
@@ -408,6 +434,16 @@ AttemptResult JobRunner::Run() {
   plan_source.reset();
   channel.reset();
   reporter_.reset();  // sends what is pending (the last step's progress) first
+  return result;
+} catch (const std::bad_alloc&) {
+  reporter_.reset();
+  AttemptResult result;
+  result.set_outcome(AttemptResult::FAILED);
+  result.set_message(absl::StrCat(
+      "worker ", options_.worker_id, " on host ", options_.host,
+      ": out of memory: an allocation failed although the job's memory estimate fit when it "
+      "started (other processes took memory since, or a ulimit or cgroup limit is lower); "
+      "lower the model or batch sizes"));
   return result;
 }
 

@@ -1,6 +1,8 @@
 // End-to-end tests of `rackrun data` and `rackrun train`: run the built binary in a child
 // process and check exit codes, printed lines, JSON Lines logs and resumption.
 
+#include <sys/resource.h>
+
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -22,6 +24,7 @@ namespace fs = std::filesystem;
 
 using Result = ::rackrun::testing::ShellResult;
 using ::rackrun::testing::Lines;
+using ::rackrun::testing::Slurp;
 
 // A fresh folder per test: CTest runs the tests of this file in parallel processes.
 fs::path Dir() {
@@ -157,6 +160,82 @@ TEST(TrainCommandTest, SpecErrorsNameTheFieldAndExitNonZero) {
   EXPECT_EQ(r.code, 1);
   EXPECT_THAT(r.err, HasSubstr("missing.yaml"));
   EXPECT_EQ(Rackrun("train").code, 2);
+}
+
+// Issue #12: a spec too large for this machine is refused before anything is allocated,
+// with the field, the estimate and the machine's memory; no abort, bounded memory.
+TEST(TrainCommandTest, SpecTooLargeForThisMachineIsRefusedWithTheEstimate) {
+  const std::string spec = PrepareJob();
+  for (const std::string& set :
+       {std::string("model.vocab=100000000"), std::string("model.moe.expert_hidden=400000000"),
+        std::string("data.batch_size=4000000")}) {
+    const Result r = Rackrun("train " + spec + " --set " + set);
+    EXPECT_EQ(r.code, 1) << set << ": " << r.err;  // -1 would be a signal (SIGABRT)
+    const std::string field = set.substr(0, set.find('='));
+    EXPECT_THAT(r.err, HasSubstr("the job needs an estimated ")) << r.err;
+    EXPECT_THAT(r.err.substr(0, r.err.find(": the job")), HasSubstr(field)) << r.err;
+    EXPECT_THAT(r.err, HasSubstr("but this machine has ")) << r.err;
+    EXPECT_THAT(r.err, HasSubstr("MemTotal")) << r.err;
+    EXPECT_THAT(r.err, ::testing::Not(HasSubstr("terminate"))) << r.err;
+  }
+  // Sizes no machine holds are refused by the spec check itself (also at submit).
+  const Result huge = Rackrun("train " + spec + " --set model.vocab=2000000000 --set " +
+                              "model.width=2000000 --set model.moe.expert_hidden=16");
+  EXPECT_EQ(huge.code, 1) << huge.err;
+  EXPECT_THAT(huge.err, HasSubstr("model.vocab, model.width: the job would need an estimated"));
+  EXPECT_THAT(huge.err, HasSubstr("beyond any machine"));
+  // The refused runs never grew: the largest child (rackrun data included) stayed small.
+  struct rusage usage {};
+  ASSERT_EQ(getrusage(RUSAGE_CHILDREN, &usage), 0);
+  EXPECT_LT(usage.ru_maxrss, 200 * 1024) << "KiB";
+}
+
+// An allocation that fails although the estimate fit (here: an address-space limit
+// below what the job needs) ends rackrun with a message and exit 1, not SIGABRT.
+TEST(TrainCommandTest, AllocationFailureIsAMessageNotAnAbort) {
+  std::ifstream meminfo("/proc/meminfo");
+  int64_t available_kib = 0;
+  for (std::string line; std::getline(meminfo, line);) {
+    if (line.rfind("MemAvailable:", 0) == 0) available_kib = std::stoll(line.substr(13));
+  }
+  if (available_kib < 3ll << 20) GTEST_SKIP() << "needs 3 GiB available to pass the estimate";
+  const std::string spec = PrepareJob();
+  // vocab 2,000,000: about 1.2 GiB estimated (fits), but ulimit -v allows 1 GB.
+  const Result r = ::rackrun::testing::Shell(
+      "ulimit -v 1000000 && " + std::string(RACKRUN_BINARY) + " train " + spec +
+          " --set model.vocab=2000000 --set training.steps=2",
+      Dir() / "stdout.txt", Dir() / "stderr.txt");
+  EXPECT_EQ(r.code, 1) << r.err;  // -1: killed by a signal
+  EXPECT_THAT(r.err, HasSubstr("rackrun train: out of memory: an allocation failed"));
+  EXPECT_THAT(r.err, ::testing::Not(HasSubstr("terminate called")));
+}
+
+TEST(TrainCommandTest, ThreadsBeyondTheCoresAreRefused) {
+  const std::string spec = PrepareJob();
+  const Result r = Rackrun("train " + spec + " --set resources.threads=1000");
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("resources.threads: 1000 threads per rank"));
+  EXPECT_THAT(r.err, HasSubstr("set at most"));
+}
+
+// Issue #12: integers are decimal (YAML 1.1 would read 0100 as 64), duplicates and a
+// second document are errors.
+TEST(TrainCommandTest, SpecScalarsAreStrict) {
+  const std::string spec = PrepareJob();
+  Result r = Rackrun("train " + spec + " --set training.steps=0100 --print-spec");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("\"steps\":\"100\""));
+  std::ofstream(Dir() / "dup.yaml") << Slurp(spec) << "training: {steps: 3}\n";
+  r = Rackrun("train " + (Dir() / "dup.yaml").string());
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.err, HasSubstr("training: given twice"));
+  std::ofstream(Dir() / "two.yaml") << Slurp(spec) << "---\nname: other\n";
+  r = Rackrun("train " + (Dir() / "two.yaml").string());
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.err, HasSubstr("a second YAML document"));
+  r = Rackrun("train " + spec + " --set training.steps=-5");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.err, HasSubstr("training.steps: is -5; it must be positive"));
 }
 
 // SIGTERM (what Slurm sends before it kills a job): the step finishes, a checkpoint of it

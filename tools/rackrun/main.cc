@@ -1,6 +1,7 @@
 // rackrun: the user's CLI. The job client (submit, status, watch, cancel, list, workers)
 // and the offline tools (plan, data, train).
 #include <cstdio>
+#include <new>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -50,7 +51,18 @@ int main(int argc, char** argv) {
     return 0;
   }
   for (const Command& c : kCommands) {
-    if (c.name == name) return c.run(rackrun::cli::Args(argv + 2, argv + argc));
+    if (c.name != name) continue;
+    // The process boundary: an allocation failure anywhere in a command becomes a message
+    // and exit status 1, never an abort (std::terminate) with a core dump.
+    try {
+      return c.run(rackrun::cli::Args(argv + 2, argv + argc));
+    } catch (const std::bad_alloc&) {
+      std::fprintf(stderr,
+                   "rackrun %s: out of memory: an allocation failed; lower the sizes in the "
+                   "input (spec, trace or text) or free memory and retry\n",
+                   argv[1]);
+      return 1;
+    }
   }
   std::fprintf(stderr, "rackrun: unknown command '%s'\n\n", argv[1]);
   PrintUsage(stderr);

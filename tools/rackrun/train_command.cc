@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <mutex>
+#include <new>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -82,9 +83,16 @@ int Usage(std::string_view error) {
   return 2;
 }
 
-}  // namespace
+// Ranks the launcher started on this machine (Open MPI, MPICH/Hydra, Slurm); 1 if unknown.
+int LocalRanks() {
+  for (const char* name :
+       {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE"}) {
+    if (const char* v = std::getenv(name); v != nullptr && std::atoi(v) > 0) return std::atoi(v);
+  }
+  return 1;
+}
 
-int TrainCommand(const Args& args) {
+int RunTrain(const Args& args) {
   std::string spec_path;
   std::vector<std::string> overrides;
   std::string resume;
@@ -175,6 +183,10 @@ int TrainCommand(const Args& args) {
   rt::TrainerOptions trainer_options;
   // Fault injection for the end-to-end tests (runtime/expert_parallel.h).
   if (const char* fault = std::getenv("RACKRUN_FAULT"); fault != nullptr) trainer_options.fault = fault;
+  // What this machine cannot hold or run is refused before anything is allocated.
+  absl::StatusOr<rt::JobMemoryEstimate> memory = rt::CheckJobFitsThisMachine(
+      *spec, launched > 1 ? launched : 1, LocalRanks(), spec->resources().threads());
+  if (!memory.ok()) return fail(spec_path + ": ", memory.status());
   absl::StatusOr<std::unique_ptr<rt::Trainer>> trainer =
       rt::Trainer::Create(*spec, channel.get(), trainer_options);
   if (!trainer.ok()) return fail(spec_path + ": ", trainer.status());
@@ -217,6 +229,10 @@ int TrainCommand(const Args& args) {
         static_cast<long long>(t.train_tokens()), t.train_unigram_entropy(),
         static_cast<long long>(t.validation_tokens()), c.batch_size, c.seq_len, c.microbatches,
         omp_get_max_threads());
+  if (lead) {
+    std::printf("memory: estimated %s; this machine: %s\n", memory->Describe().c_str(),
+                rt::ReadMachineMemory().Describe().c_str());
+  }
   std::fflush(stdout);
 
   // SIGTERM/SIGINT (what Slurm and mpirun send first): every rank finishes its step, the
@@ -283,6 +299,25 @@ int TrainCommand(const Args& args) {
               best < s.train_unigram_entropy ? "below" : "ABOVE");
   if (!s.last_checkpoint.empty()) std::printf("  checkpoint %s\n", s.last_checkpoint.c_str());
   return 0;
+}
+
+}  // namespace
+
+// An allocation that fails despite the estimate (other processes took the memory, a
+// ulimit, an estimate that is short) ends the job with a message, not an abort; under a launcher
+// the other ranks are ended too instead of waiting in a collective.
+int TrainCommand(const Args& args) {
+  try {
+    return RunTrain(args);
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr,
+                 "rackrun train: out of memory: an allocation failed although the job's memory "
+                 "estimate fit this machine when it started (other processes took memory since, "
+                 "or a ulimit -v or cgroup limit is lower); lower the model or batch sizes, or "
+                 "free memory\n");
+    if (comm::LauncherWorldSize() > 1) comm::AbortJob(1);
+    return 1;
+  }
 }
 
 }  // namespace rackrun::cli
