@@ -9,9 +9,11 @@
 //     EP 8, 16, 32, 64, 128, 256; each policy solves N times, cycling through M microbatches,
 //     SolveInto into a reused Plan on one pinned thread; p50 / p99 of the N solves, and
 //     p50 per rank so linear growth shows as a flat column.
+// `ultraep-search` is ultraep with PlannerOptions::refine off: DESIGN.md's threshold search
+// alone, as ultraep was before its refinement pass.
 //
 //   bench_planner_bench [--json] [--solves N] [--microbatches M] [--tail-microbatches T]
-//                       [--ep 8,16,...] [--policy ultraep,greedy,eplb,none,ideal]
+//                       [--ep 8,16,...] [--policy ultraep,ultraep-search,greedy,eplb,none,ideal]
 //                       [--family NAME,...] [--split largest_remainder|cumulative]
 //                       [--skip-tail] [--skip-timing]
 //
@@ -37,6 +39,7 @@
 #include <string_view>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "base/statistics.h"
 #include "nlohmann/json.hpp"
 #include "planner/generate.h"
@@ -159,6 +162,17 @@ std::string Generate(const GeneratorOptions& gen, int count, std::vector<LoadMat
   return "";
 }
 
+// "ultraep-search" is ultraep without its refinement pass (DESIGN.md's search alone), the
+// algorithm before the refinement, kept for the comparison.
+absl::StatusOr<std::unique_ptr<rackrun::planner::Planner>> Make(
+    const std::string& policy, const Domain& domain, rackrun::planner::PlannerOptions options) {
+  if (policy == "ultraep-search") {
+    options.refine = false;
+    return rackrun::planner::MakePlanner("ultraep", domain, options);
+  }
+  return rackrun::planner::MakePlanner(policy, domain, options);
+}
+
 rackrun::planner::PlannerOptions Options(rackrun::planner::SplitRounding split) {
   rackrun::planner::PlannerOptions options;
   options.eplb_window = 100;
@@ -181,12 +195,14 @@ int main(int argc, char** argv) {
   bool tail = true;
   bool timing = true;
   std::vector<int> eps = {8, 16, 32, 64, 128, 256};
-  std::vector<std::string> policies = {"ultraep", "greedy", "eplb", "none", "ideal"};
+  std::vector<std::string> policies = {"ultraep", "ultraep-search", "greedy", "eplb", "none",
+                                       "ideal"};
   std::vector<std::string> family_names;
   rackrun::planner::SplitRounding split = rackrun::planner::SplitRounding::kLargestRemainder;
   const char* usage =
       "usage: %s [--json] [--solves N] [--microbatches M] [--tail-microbatches T] "
-      "[--ep 8,16,32,64,128,256] [--policy ultraep,greedy,eplb,none,ideal] [--family a,b] "
+      "[--ep 8,16,32,64,128,256] [--policy ultraep,ultraep-search,greedy,eplb,none,ideal] "
+      "[--family a,b] "
       "[--split largest_remainder|cumulative] [--skip-tail] [--skip-timing]\n";
   for (int i = 1; i < argc; ++i) {
     const std::string_view arg = argv[i];
@@ -276,7 +292,7 @@ int main(int argc, char** argv) {
         row.slots = slots;
         row.policy = policy;
         row.error = error;
-        auto planner = rackrun::planner::MakePlanner(policy, domain, Options(split));
+        auto planner = Make(policy, domain, Options(split));
         if (row.error.empty() && !planner.ok()) row.error = std::string(planner.status().message());
         if (!row.error.empty()) {
           tail_rows.push_back(row);
@@ -321,7 +337,7 @@ int main(int argc, char** argv) {
       row.experts = experts;
       row.policy = policy;
       row.error = error;
-      auto planner = rackrun::planner::MakePlanner(policy, domain, Options(split));
+      auto planner = Make(policy, domain, Options(split));
       if (row.error.empty() && !planner.ok()) row.error = std::string(planner.status().message());
       if (!row.error.empty()) {
         time_rows.push_back(row);
@@ -398,17 +414,17 @@ int main(int argc, char** argv) {
         "\n1. tail quality: max/mean rank load over %d microbatches per family (p50 / p99 / "
         "max), replicas mean, solve p50 (us)\n",
         tail_microbatches);
-    std::printf("%-16s %-13s %-5s %-8s %-23s %-23s %8s %8s\n", "family", "domain", "slots",
+    std::printf("%-16s %-13s %-5s %-14s %-23s %-23s %8s %8s\n", "family", "domain", "slots",
                 "policy", "initial p50/p99/max", "final p50/p99/max", "replicas", "p50(us)");
     for (const TailRow& r : tail_rows) {
       char domain[32];
       std::snprintf(domain, sizeof(domain), "EP%d/%d/top%d", r.ranks, r.experts, r.topk);
       if (!r.error.empty()) {
-        std::printf("%-16s %-13s %-5d %-8s skipped: %s\n", r.family.c_str(), domain, r.slots,
+        std::printf("%-16s %-13s %-5d %-14s skipped: %s\n", r.family.c_str(), domain, r.slots,
                     r.policy.c_str(), r.error.c_str());
         continue;
       }
-      std::printf("%-16s %-13s %-5d %-8s %6.3f/%6.3f/%6.3f    %6.4f/%6.4f/%6.4f %8.1f %8.1f\n",
+      std::printf("%-16s %-13s %-5d %-14s %6.3f/%6.3f/%6.3f    %6.4f/%6.4f/%6.4f %8.1f %8.1f\n",
                   r.family.c_str(), domain, r.slots, r.policy.c_str(), r.initial[0], r.initial[1],
                   r.initial[2], r.final_[0], r.final_[1], r.final_[2], r.replicas, r.p50_us);
     }
@@ -418,15 +434,15 @@ int main(int argc, char** argv) {
         "\n2. solve time against EP: zipf-2, top-8, 2 slots/rank, %d solves over %d "
         "microbatches\n",
         solves, microbatches);
-    std::printf("%-5s %-7s %-8s %9s %9s %12s\n", "EP", "experts", "policy", "p50(us)", "p99(us)",
+    std::printf("%-5s %-7s %-14s %9s %9s %12s\n", "EP", "experts", "policy", "p50(us)", "p99(us)",
                 "p50/EP(us)");
     for (const TimeRow& r : time_rows) {
       if (!r.error.empty()) {
-        std::printf("%-5d %-7d %-8s skipped: %s\n", r.ranks, r.experts, r.policy.c_str(),
+        std::printf("%-5d %-7d %-14s skipped: %s\n", r.ranks, r.experts, r.policy.c_str(),
                     r.error.c_str());
         continue;
       }
-      std::printf("%-5d %-7d %-8s %9.1f %9.1f %12.3f\n", r.ranks, r.experts, r.policy.c_str(),
+      std::printf("%-5d %-7d %-14s %9.1f %9.1f %12.3f\n", r.ranks, r.experts, r.policy.c_str(),
                   r.p50_us, r.p99_us, r.p50_us / std::max(r.ranks, 1));
     }
   }
