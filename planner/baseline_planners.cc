@@ -52,7 +52,7 @@ absl::Status GreedyPlanner::SolveInto(const LoadMatrix& loads, int /*layer*/, Pl
     for (int e = 0; e < loads.experts; ++e) totals_[static_cast<size_t>(e)] += row[e];
   }
   replicas_.clear();
-  greedy_.Run(domain_, totals_, options_.allow_zero_master_quota ? 0 : 1, 1, &replicas_);
+  greedy_.Run(domain_, totals_, options_.allow_zero_master_quota ? 0 : 1, 1, 0, &replicas_);
   assembler_.Build(domain_, loads, totals_, replicas_, plan);
   return absl::OkStatus();
 }

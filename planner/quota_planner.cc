@@ -435,7 +435,7 @@ void PlanAssembler::Build(const Domain& domain, const LoadMatrix& loads,
 }
 
 int64_t GreedyRebalancer::Run(const Domain& domain, const std::vector<int64_t>& totals,
-                              int64_t keep, int64_t min_tokens,
+                              int64_t keep, int64_t min_tokens, int64_t level,
                               std::vector<ReplicaQuota>* replicas) {
   const int ranks = domain.ranks;
   const int masters = domain.masters_per_rank;
@@ -468,7 +468,7 @@ int64_t GreedyRebalancer::Run(const Domain& domain, const std::vector<int64_t>& 
   int64_t heaviest = 0;
   for (size_t r = 0; r < g; ++r) heaviest = std::max(heaviest, load_[r]);
   if (slots == 0 || ranks < 2) return heaviest;
-  const int64_t mean = (total + ranks - 1) / ranks;
+  const int64_t mean = std::max(level, (total + ranks - 1) / ranks);
 
   // over_: heaviest first (ties: lower rank); targets_: lightest first (ties: lower rank).
   const auto lighter_over = [this](int32_t a, int32_t b) {
@@ -671,10 +671,19 @@ absl::Status QuotaPlanner::SolveInto(const LoadMatrix& loads, int /*layer*/, Pla
     // Refinement: spend the free slots greedily, and compare with the greedy policy.
     const int64_t keep = options_.allow_zero_master_quota ? 0 : 1;
     const int64_t floor = options_.min_replica_tokens;
-    const int64_t refined = greedy_.Run(domain_, totals_, keep, floor, &best_exports_);
-    greedy_exports_.clear();
-    const int64_t greedy = greedy_.Run(domain_, totals_, keep, floor, &greedy_exports_);
-    if (greedy < refined) std::swap(best_exports_, greedy_exports_);
+    // Three candidates, the lowest heaviest rank kept (ties: the earlier, fewer replicas):
+    // the search's replicas plus greedy moves up to the first threshold tried; greedy from
+    // masters alone up to that threshold (each replica carries more than when filling to
+    // the mean, so slots last longer on heavy tails); the greedy policy's plan (to the mean).
+    int64_t best = greedy_.Run(domain_, totals_, keep, floor, first_try, &best_exports_);
+    for (const int64_t level : {first_try, int64_t{0}}) {
+      greedy_exports_.clear();
+      const int64_t heaviest = greedy_.Run(domain_, totals_, keep, floor, level, &greedy_exports_);
+      if (heaviest < best) {
+        best = heaviest;
+        std::swap(best_exports_, greedy_exports_);
+      }
+    }
   }
   assembler_.Build(domain_, loads, totals_, best_exports_, plan);
   return absl::OkStatus();

@@ -117,8 +117,9 @@ class GreedyRebalancer {
   // hold at most slots_per_rank replicas per rank, and leave every master >= keep tokens.
   // Returns the heaviest rank load after the moves.
   // A move of fewer than `min_tokens` tokens is not made (that instance is passed over).
+  // M is max(level, ceil(total / ranks)): level 0 balances to the mean.
   int64_t Run(const Domain& domain, const std::vector<int64_t>& totals, int64_t keep,
-              int64_t min_tokens, std::vector<ReplicaQuota>* replicas);
+              int64_t min_tokens, int64_t level, std::vector<ReplicaQuota>* replicas);
 
  private:
   std::vector<int64_t> load_;        // per rank
@@ -148,10 +149,13 @@ class GreedyRebalancer {
 //    min(min_replica_tokens, max(1, ceil(need / feasible targets))) are skipped (the floor
 //    is lowered per expert so feasibility stays monotone in T);
 //  - masters keep at least one token of a non-zero load unless allow_zero_master_quota;
-//  - refinement (beyond DESIGN.md, PlannerOptions::refine, on by default): the slots the
-//    search left free are spent by GreedyRebalancer's moves starting from the searched
-//    replicas, and the result is compared with GreedyRebalancer from masters alone; the
-//    plan with the lower heaviest rank is kept (ties: the refined search), so the
+//  - refinement (beyond DESIGN.md, PlannerOptions::refine, on by default), when the homes
+//    exceed the first threshold tried, T0 = max(ceil(mean * (1 + eps)), ceil(mean)): three
+//    candidates (a) the searched replicas plus GreedyRebalancer moves with level T0 (the
+//    slots the search left free, each new replica filling its rank up to T0); (b)
+//    GreedyRebalancer from masters alone with level T0; (c) the same with level 0, i.e.
+//    the `greedy` policy's plan. The one with the lowest heaviest rank is kept (ties: the
+//    earlier in that order, which has fewer replicas), so the
 //    heaviest rank is never above either the threshold found or the `greedy` policy's
 //    (with min_replica_tokens 1; refinement runs only when the homes exceed the first
 //    threshold tried, so the bound is max(greedy's, ceil(mean * (1 + eps))));

@@ -170,6 +170,7 @@ absl::StatusOr<std::unique_ptr<rackrun::planner::Planner>> Make(
     options.refine = false;
     return rackrun::planner::MakePlanner("ultraep", domain, options);
   }
+
   return rackrun::planner::MakePlanner(policy, domain, options);
 }
 
