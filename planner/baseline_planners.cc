@@ -38,6 +38,25 @@ absl::Status NoBalancePlanner::SolveInto(const LoadMatrix& loads, int /*layer*/,
   return absl::OkStatus();
 }
 
+absl::StatusOr<Plan> GreedyPlanner::Solve(const LoadMatrix& loads, int layer) {
+  Plan plan;
+  if (absl::Status status = SolveInto(loads, layer, &plan); !status.ok()) return status;
+  return plan;
+}
+
+absl::Status GreedyPlanner::SolveInto(const LoadMatrix& loads, int /*layer*/, Plan* plan) {
+  if (absl::Status status = ValidateLoads(domain_, loads); !status.ok()) return status;
+  totals_.assign(static_cast<size_t>(domain_.experts()), 0);
+  for (int s = 0; s < loads.ranks; ++s) {
+    const int64_t* row = loads.row(s);
+    for (int e = 0; e < loads.experts; ++e) totals_[static_cast<size_t>(e)] += row[e];
+  }
+  replicas_.clear();
+  greedy_.Run(domain_, totals_, options_.allow_zero_master_quota ? 0 : 1, 1, 0, &replicas_);
+  assembler_.Build(domain_, loads, totals_, replicas_, plan);
+  return absl::OkStatus();
+}
+
 IdealPlanner::IdealPlanner(const Domain& domain, const PlannerOptions& options)
     : domain_(domain),
       options_(options),

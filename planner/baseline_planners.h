@@ -1,4 +1,4 @@
-// The `none` and `ideal` baselines.
+// The `none`, `greedy` and `ideal` baselines.
 #ifndef RACKRUN_PLANNER_BASELINE_PLANNERS_H_
 #define RACKRUN_PLANNER_BASELINE_PLANNERS_H_
 
@@ -24,6 +24,28 @@ class NoBalancePlanner final : public Planner {
  private:
   Domain domain_;
   QuotaSplit split_;
+};
+
+// `greedy`: the plain greedy baseline: starting from masters only, move the largest
+// instance of the heaviest rank into a free slot of the rank with most room and fill that
+// rank to the mean, until the heaviest rank cannot shed load (GreedyRebalancer in
+// quota_planner.h has the exact rule). Masters stay home and keep a token unless
+// allow_zero_master_quota; slot budget as for ultraep.
+class GreedyPlanner final : public Planner {
+ public:
+  GreedyPlanner(const Domain& domain, const PlannerOptions& options)
+      : domain_(domain), options_(options), assembler_(options) {}
+  std::string_view name() const override { return "greedy"; }
+  absl::StatusOr<Plan> Solve(const LoadMatrix& loads, int layer) override;
+  absl::Status SolveInto(const LoadMatrix& loads, int layer, Plan* plan) override;
+
+ private:
+  Domain domain_;
+  PlannerOptions options_;
+  PlanAssembler assembler_;
+  GreedyRebalancer greedy_;
+  std::vector<int64_t> totals_;
+  std::vector<ReplicaQuota> replicas_;
 };
 
 // `ideal`: the force-balanced bound. Rank r processes exactly floor(W/G) tokens, plus one

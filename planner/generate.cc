@@ -21,7 +21,7 @@ using base::Xoshiro256;
 uint64_t Mix64(uint64_t z) { return base::SplitMix64(z); }
 
 // Independent streams, one per purpose and coordinates.
-enum StreamTag : uint64_t { kPermutation = 1, kTokens = 2, kRouting = 3 };
+enum StreamTag : uint64_t { kPermutation = 1, kTokens = 2, kRouting = 3, kNormal = 4, kSpike = 5 };
 Xoshiro256 Stream(uint64_t seed, StreamTag tag, uint64_t a, uint64_t b = 0, uint64_t c = 0) {
   uint64_t h = Mix64(seed ^ Mix64(tag));
   h = Mix64(h ^ a);
@@ -48,6 +48,21 @@ std::vector<int> PopularityRanks(const GeneratorOptions& o, int layer, int64_t e
   for (size_t i = 0; i < order.size(); ++i)
     rank_of[static_cast<size_t>(order[i])] = static_cast<int>(i);
   return rank_of;
+}
+
+// Standard normal log-popularity of every expert for one layer and epoch (Box-Muller).
+std::vector<double> NormalScores(const GeneratorOptions& o, int layer, int64_t epoch) {
+  std::vector<double> z(static_cast<size_t>(o.experts));
+  Xoshiro256 rng =
+      Stream(o.seed, kNormal, static_cast<uint64_t>(layer), static_cast<uint64_t>(epoch));
+  for (size_t e = 0; e < z.size(); e += 2) {
+    const double u1 = 1.0 - rng.Uniform();  // (0, 1]
+    const double u2 = rng.Uniform();
+    const double radius = std::sqrt(-2.0 * std::log(u1));
+    z[e] = radius * std::cos(2.0 * M_PI * u2);
+    if (e + 1 < z.size()) z[e + 1] = radius * std::sin(2.0 * M_PI * u2);
+  }
+  return z;
 }
 
 // Inclusion probabilities for exponent s from log-weights `base` (<= 0, one per expert),
@@ -140,6 +155,34 @@ void RouteSource(const std::vector<double>& p, int topk, int64_t n, Xoshiro256& 
   }
 }
 
+// Spikes (GeneratorOptions): recomputes out->inclusion from log-weights
+// exponent * base + log(factor) when this (microbatch, layer) spikes.
+void AddSpikes(const GeneratorOptions& o, int64_t microbatch, int layer,
+               const std::vector<double>& base, LoadGenerator::Popularity* out) {
+  if (o.spike_experts <= 0 || o.spike_rate <= 0) return;
+  Xoshiro256 rng =
+      Stream(o.seed, kSpike, static_cast<uint64_t>(microbatch), static_cast<uint64_t>(layer));
+  if (rng.Uniform() >= o.spike_rate) return;
+  std::vector<double> logw(base.size());
+  for (size_t e = 0; e < base.size(); ++e) logw[e] = out->exponent * base[e];
+  const uint64_t count = 1 + rng.Below(static_cast<uint64_t>(o.spike_experts));
+  std::vector<char> spiked(base.size(), 0);
+  for (uint64_t c = 0; c < count; ++c) {
+    size_t e = static_cast<size_t>(rng.Below(base.size()));
+    // Distinct experts: a repeat takes the next expert not yet spiked.
+    while (spiked[e]) e = (e + 1) % base.size();
+    spiked[e] = 1;
+    const double factor = o.spike_min + (o.spike_max - o.spike_min) * rng.Uniform();
+    logw[e] += std::log(factor);
+  }
+  std::vector<int> by_weight(base.size());
+  std::iota(by_weight.begin(), by_weight.end(), 0);
+  std::stable_sort(by_weight.begin(), by_weight.end(), [&](int a, int b) {
+    return logw[static_cast<size_t>(a)] > logw[static_cast<size_t>(b)];
+  });
+  Inclusion(1.0, logw, by_weight, o.topk, out->inclusion);
+}
+
 }  // namespace
 
 absl::StatusOr<LoadShift> ParseLoadShift(std::string_view name) {
@@ -149,6 +192,18 @@ absl::StatusOr<LoadShift> ParseLoadShift(std::string_view name) {
   return absl::InvalidArgumentError(absl::StrCat("unknown load shift '",
                                                  absl::string_view(name.data(), name.size()),
                                                  "'; use none, drift or jump"));
+}
+
+absl::StatusOr<PopularityModel> ParsePopularityModel(std::string_view name) {
+  if (name == "zipf") return PopularityModel::kZipf;
+  if (name == "lognormal") return PopularityModel::kLognormal;
+  return absl::InvalidArgumentError(absl::StrCat("unknown popularity model '",
+                                                 absl::string_view(name.data(), name.size()),
+                                                 "'; use zipf or lognormal"));
+}
+
+std::string_view PopularityModelName(PopularityModel model) {
+  return model == PopularityModel::kLognormal ? "lognormal" : "zipf";
 }
 
 std::string_view LoadShiftName(LoadShift shift) {
@@ -187,6 +242,20 @@ absl::Status GeneratorOptions::Validate() const {
   if (microbatches < 1) return bad(absl::StrCat("microbatches is ", microbatches, "; use >= 1"));
   if (layers < 1) return bad(absl::StrCat("layers is ", layers, "; use >= 1"));
   if (shift_every < 1) return bad(absl::StrCat("shift_every is ", shift_every, "; use >= 1"));
+  if (!(lognormal_sigma > 0 && lognormal_sigma <= 8)) {
+    return bad(absl::StrCat("lognormal_sigma is ", lognormal_sigma, "; use (0, 8], e.g. 1 to 2"));
+  }
+  if (spike_experts < 0 || spike_experts > experts) {
+    return bad(absl::StrCat("spike_experts is ", spike_experts, "; use 0..experts (", experts,
+                            "), 0 for no spikes"));
+  }
+  if (!(spike_min >= 1 && spike_min <= spike_max && spike_max <= 1e6)) {
+    return bad(absl::StrCat("spike factors are ", spike_min, "..", spike_max,
+                            "; use 1 <= spike_min <= spike_max <= 1e6 (e.g. 5..20)"));
+  }
+  if (!(spike_rate >= 0 && spike_rate <= 1)) {
+    return bad(absl::StrCat("spike_rate is ", spike_rate, "; use a probability in [0, 1]"));
+  }
   return absl::OkStatus();
 }
 
@@ -215,15 +284,28 @@ absl::StatusOr<LoadGenerator::Popularity> LoadGenerator::ExpectedPopularity(int6
       blend = static_cast<double>(microbatch % o.shift_every) / o.shift_every;
     }
   }
-  const std::vector<int> rank_a = PopularityRanks(o, layer, epoch);
-  std::vector<double> base(rank_a.size());
-  if (blend > 0) {
-    const std::vector<int> rank_b = PopularityRanks(o, layer, epoch + 1);
-    for (size_t e = 0; e < base.size(); ++e) {
-      base[e] = -((1 - blend) * std::log1p(rank_a[e]) + blend * std::log1p(rank_b[e]));
+  std::vector<double> base(static_cast<size_t>(o.experts));
+  if (o.popularity == PopularityModel::kLognormal) {
+    const std::vector<double> z_a = NormalScores(o, layer, epoch);
+    if (blend > 0) {
+      const std::vector<double> z_b = NormalScores(o, layer, epoch + 1);
+      const double norm = std::sqrt((1 - blend) * (1 - blend) + blend * blend);
+      for (size_t e = 0; e < base.size(); ++e) {
+        base[e] = ((1 - blend) * z_a[e] + blend * z_b[e]) / norm;
+      }
+    } else {
+      base = z_a;
     }
   } else {
-    for (size_t e = 0; e < base.size(); ++e) base[e] = -std::log1p(rank_a[e]);
+    const std::vector<int> rank_a = PopularityRanks(o, layer, epoch);
+    if (blend > 0) {
+      const std::vector<int> rank_b = PopularityRanks(o, layer, epoch + 1);
+      for (size_t e = 0; e < base.size(); ++e) {
+        base[e] = -((1 - blend) * std::log1p(rank_a[e]) + blend * std::log1p(rank_b[e]));
+      }
+    } else {
+      for (size_t e = 0; e < base.size(); ++e) base[e] = -std::log1p(rank_a[e]);
+    }
   }
   std::vector<int> by_weight(base.size());
   std::iota(by_weight.begin(), by_weight.end(), 0);
@@ -236,6 +318,12 @@ absl::StatusOr<LoadGenerator::Popularity> LoadGenerator::ExpectedPopularity(int6
     Inclusion(s, base, by_weight, o.topk, out.inclusion);
     return HomeImbalance(out.inclusion, o.ranks, o.topk);
   };
+  if (o.popularity == PopularityModel::kLognormal) {
+    out.exponent = o.lognormal_sigma;
+    imbalance_at(o.lognormal_sigma);
+    AddSpikes(o, microbatch, layer, base, &out);
+    return out;
+  }
   // Scan s upward until the expected imbalance reaches the target, then bisect inside the
   // bracket. The scan (rather than bisection over the whole range) keeps this correct even
   // where the imbalance is not monotone in s: it returns the smallest crossing it sees.
@@ -274,6 +362,7 @@ absl::StatusOr<LoadGenerator::Popularity> LoadGenerator::ExpectedPopularity(int6
   }
   out.exponent = hi;
   imbalance_at(hi);
+  AddSpikes(o, microbatch, layer, base, &out);
   return out;
 }
 

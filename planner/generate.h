@@ -3,8 +3,18 @@
 // non-stationary popularity (slow drift or sudden jumps).
 //
 // Model, per layer l and microbatch t:
-//  - Popularity. A random permutation gives every expert a popularity rank i (0 = hottest),
-//    so hot experts land on random ranks. Its weight is w = (1 + i)^-s (Zipf, exponent s).
+//  - Popularity (kZipf, the default). A random permutation gives every expert a popularity
+//    rank i (0 = hottest), so hot experts land on random ranks. Its weight is
+//    w = (1 + i)^-s (Zipf, exponent s).
+//  - Popularity (kLognormal). Every expert draws z ~ N(0, 1) (Box-Muller) and its weight is
+//    w = exp(sigma * z): heavy-tailed popularity with `lognormal_sigma` fixed (1 to 2 are
+//    typical); there is no calibration and `imbalance` is not used. Under kDrift z blends
+//    as ((1 - b) z_a + b z_b) / sqrt((1 - b)^2 + b^2), which keeps it N(0, 1).
+//  - Spikes (spike_experts > 0). In each microbatch, with probability `spike_rate`, 1 to
+//    spike_experts distinct random experts have their weight multiplied by a factor drawn
+//    uniformly in [spike_min, spike_max] for that microbatch only (after calibration: a
+//    sudden spike lifts the imbalance above the target); each (microbatch, layer) draws
+//    its own.
 //    Under kDrift the log-weight moves linearly from one permutation's Zipf profile to the
 //    next one's over `shift_every` microbatches (every expert heats or cools gradually);
 //    under kJump the permutation is redrawn every `shift_every` microbatches.
@@ -47,6 +57,15 @@ enum class LoadShift {
   kJump,   // hot experts change all at once every `shift_every` microbatches
 };
 
+enum class PopularityModel {
+  kZipf,       // calibrated to `imbalance`
+  kLognormal,  // exp(sigma * N(0, 1)), uncalibrated
+};
+
+// "zipf", "lognormal"; InvalidArgument listing them otherwise.
+absl::StatusOr<PopularityModel> ParsePopularityModel(std::string_view name);
+std::string_view PopularityModelName(PopularityModel model);
+
 // "none", "drift", "jump"; InvalidArgument listing them otherwise.
 absl::StatusOr<LoadShift> ParseLoadShift(std::string_view name);
 std::string_view LoadShiftName(LoadShift shift);
@@ -62,6 +81,12 @@ struct GeneratorOptions {
   int layers = 1;
   LoadShift shift = LoadShift::kNone;
   int shift_every = 10;  // J, in microbatches (kDrift: blend period; kJump: period)
+  PopularityModel popularity = PopularityModel::kZipf;
+  double lognormal_sigma = 1.5;  // kLognormal: in (0, 8]
+  int spike_experts = 0;         // 0: no spikes; else 1..spike_experts experts per spike
+  double spike_min = 5;          // spike factor range, 1 <= spike_min <= spike_max <= 1e6
+  double spike_max = 20;
+  double spike_rate = 0.25;      // probability that a (microbatch, layer) has a spike
   uint64_t seed = 1;
 
   // InvalidArgument naming the field and its valid range.

@@ -56,6 +56,71 @@ TEST(GenerateTest, ValidateNamesTheField) {
   EXPECT_FALSE(LoadGenerator::Create(o).ok());
 }
 
+TEST(GenerateTest, LognormalAndSpikeOptionsAreValidated) {
+  GeneratorOptions o = Ep64(2);
+  o.lognormal_sigma = 0;
+  EXPECT_THAT(std::string(o.Validate().message()), HasSubstr("lognormal_sigma is 0"));
+  o = Ep64(2);
+  o.spike_experts = 300;
+  EXPECT_THAT(std::string(o.Validate().message()), HasSubstr("spike_experts is 300"));
+  o = Ep64(2);
+  o.spike_min = 30;
+  EXPECT_THAT(std::string(o.Validate().message()), HasSubstr("spike factors are 30..20"));
+  o = Ep64(2);
+  o.spike_rate = 1.5;
+  EXPECT_THAT(std::string(o.Validate().message()), HasSubstr("spike_rate is 1.5"));
+  EXPECT_EQ(*ParsePopularityModel("lognormal"), PopularityModel::kLognormal);
+  EXPECT_EQ(PopularityModelName(PopularityModel::kZipf), "zipf");
+  EXPECT_THAT(std::string(ParsePopularityModel("pareto").status().message()),
+              HasSubstr("use zipf or lognormal"));
+}
+
+TEST(GenerateTest, LognormalTailGrowsWithSigmaAndIsDeterministic) {
+  double previous = 0;
+  for (const double sigma : {0.5, 1.0, 2.0}) {
+    GeneratorOptions o = Ep64(1);
+    o.popularity = PopularityModel::kLognormal;
+    o.lognormal_sigma = sigma;
+    absl::StatusOr<LoadGenerator> g = LoadGenerator::Create(o);
+    ASSERT_TRUE(g.ok()) << g.status();
+    absl::StatusOr<LoadGenerator::Popularity> p = g->ExpectedPopularity(0, 0);
+    ASSERT_TRUE(p.ok());
+    EXPECT_DOUBLE_EQ(p->exponent, sigma);  // not calibrated
+    EXPECT_NEAR(std::accumulate(p->inclusion.begin(), p->inclusion.end(), 0.0), 8.0, 1e-9);
+    const LoadMatrix a = g->Generate(0, 0)->loads;
+    EXPECT_EQ(a.counts, g->Generate(0, 0)->loads.counts);
+    const double imbalance = HomeImbalance(a);
+    EXPECT_GT(imbalance, previous) << sigma;
+    previous = imbalance;
+  }
+}
+
+TEST(GenerateTest, SpikesLiftOneToNExpertsInSpikedEntriesOnly) {
+  GeneratorOptions o = Ep64(1.5);
+  o.microbatches = 40;
+  const LoadGenerator plain = *LoadGenerator::Create(o);
+  o.spike_experts = 3;
+  o.spike_rate = 0.5;
+  const LoadGenerator spiky = *LoadGenerator::Create(o);
+  int spiked = 0;
+  for (int t = 0; t < 40; ++t) {
+    const std::vector<double> a = plain.ExpectedPopularity(t, 0)->inclusion;
+    const std::vector<double> b = spiky.ExpectedPopularity(t, 0)->inclusion;
+    int up = 0;
+    for (size_t e = 0; e < a.size(); ++e) {
+      // A spike of x5..x20 on the weight: clearly more probable (or capped at 1).
+      if (b[e] > 1.5 * a[e] || (b[e] == 1.0 && a[e] < 1.0)) ++up;
+    }
+    EXPECT_LE(up, 3) << "microbatch " << t;
+    if (up > 0) ++spiked;
+    if (up == 0) {
+      EXPECT_EQ(a, b) << "microbatch " << t;
+    }
+  }
+  EXPECT_GT(spiked, 10);  // about half of 40
+  EXPECT_LT(spiked, 30);
+}
+
 TEST(GenerateTest, ParsesLoadShiftNames) {
   EXPECT_EQ(*ParseLoadShift("drift"), LoadShift::kDrift);
   EXPECT_EQ(*ParseLoadShift("jump"), LoadShift::kJump);

@@ -118,7 +118,9 @@ LoadMatrix MakeLoads(const Domain& domain, int pattern, Rng& rng) {
 
 InvariantOptions InvariantsFor(const std::string& policy, const PlannerOptions& options) {
   InvariantOptions invariants;
-  if (policy == "ultraep") invariants.master_keeps_a_token = !options.allow_zero_master_quota;
+  if (policy == "ultraep" || policy == "greedy") {
+    invariants.master_keeps_a_token = !options.allow_zero_master_quota;
+  }
   if (policy == "eplb") invariants.masters_at_home = false;
   if (policy == "ideal") invariants.enforce_slot_budget = false;
   return invariants;
@@ -134,7 +136,7 @@ void FuzzPolicies(uint64_t seed, int count, const std::vector<int>& ranks_choice
   // The fuzzing must reach the interesting paths: replicas, relayed fan-out, replans.
   int with_replicas = 0;
   int with_relays = 0;
-  const std::vector<std::string> policies = {"ultraep", "eplb", "none", "ideal"};
+  const std::vector<std::string> policies = {"ultraep", "greedy", "eplb", "none", "ideal"};
   for (int c = 0; c < count; ++c) {
     Domain domain;
     domain.ranks =
@@ -160,6 +162,8 @@ void FuzzPolicies(uint64_t seed, int count, const std::vector<int>& ranks_choice
     for (int h = 0; h < 2; ++h) history.push_back(MakeLoads(domain, rng.Below(kPatterns), rng));
     const LoadMatrix loads = MakeLoads(domain, pattern, rng);
     const std::vector<int64_t> home = HomeRankLoads(domain, loads);
+    int64_t ultraep_max = -1;
+    int64_t greedy_max = -1;
     for (const std::string& policy : policies) {
       SCOPED_TRACE(absl::StrCat(where, ", ", policy));
       auto first = MakePlanner(policy, domain, options);
@@ -188,9 +192,21 @@ void FuzzPolicies(uint64_t seed, int count, const std::vector<int>& ranks_choice
         }
       }
       const std::vector<int64_t> after = plan->RankLoads();
-      if (policy == "ultraep" || policy == "ideal") {
+      if (policy == "ultraep" || policy == "greedy" || policy == "ideal") {
         // Balancing never makes the busiest rank busier.
         EXPECT_LE(MaxOf(after), MaxOf(home));
+      }
+      if (policy == "ultraep") ultraep_max = MaxOf(after);
+      if (policy == "greedy") greedy_max = MaxOf(after);
+      if (policy == "greedy" && options.min_replica_tokens == 1) {
+        // The refinement keeps ultraep's busiest rank at or below greedy's, unless the
+        // homes are already within the first threshold tried, ceil(mean * (1 + eps)).
+        int64_t total = 0;
+        for (const int64_t l : home) total += l;
+        const double mean = static_cast<double>(total) / domain.ranks;
+        const int64_t first_try = std::max(static_cast<int64_t>(std::ceil(mean * (1 + options.eps))),
+                                           (total + domain.ranks - 1) / domain.ranks);
+        EXPECT_LE(ultraep_max, std::max(greedy_max, first_try));
       }
       if (policy == "ideal") {
         EXPECT_LE(MaxOf(after) - *std::min_element(after.begin(), after.end()), 1);
@@ -233,7 +249,7 @@ uint64_t HashOfFixedInputs() {
   for (int c = 0; c < 40; ++c) {
     const Domain domain{c % 5 == 0 ? 64 : 8, 1 + c % 4, c % 3};
     const LoadMatrix loads = MakeLoads(domain, c % kPatterns, rng);
-    for (const char* policy : {"ultraep", "eplb", "none", "ideal"}) {
+    for (const char* policy : {"ultraep", "greedy", "eplb", "none", "ideal"}) {
       auto planner = MakePlanner(policy, domain, PlannerOptions{});
       if (!planner.ok()) return 0;
       for (int t = 0; t < 3; ++t) {

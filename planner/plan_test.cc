@@ -81,17 +81,17 @@ TEST(PlanTest, RankLoadsAndReplicas) {
 
 TEST(MakePlannerTest, KnowsEveryPolicy) {
   const Domain domain{4, 2, 1};
-  for (const char* name : {"ultraep", "eplb", "none", "ideal"}) {
+  for (const char* name : {"ultraep", "greedy", "eplb", "none", "ideal"}) {
     absl::StatusOr<std::unique_ptr<Planner>> planner = MakePlanner(name, domain, PlannerOptions{});
     ASSERT_TRUE(planner.ok()) << name;
     EXPECT_EQ((*planner)->name(), name);
     EXPECT_EQ((*planner)->last_replacement_bytes(), 0);
   }
   absl::StatusOr<std::unique_ptr<Planner>> unknown =
-      MakePlanner("greedy", domain, PlannerOptions{});
+      MakePlanner("random", domain, PlannerOptions{});
   ASSERT_FALSE(unknown.ok());
   EXPECT_EQ(unknown.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(MessageOf(unknown.status()).find("valid policies: ultraep, eplb, none, ideal"),
+  EXPECT_NE(MessageOf(unknown.status()).find("valid policies: ultraep, greedy, eplb, none, ideal"),
             std::string::npos);
 }
 

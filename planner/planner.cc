@@ -45,11 +45,12 @@ absl::StatusOr<std::unique_ptr<Planner>> MakePlanner(std::string_view policy, co
         absl::StrCat("planner.expert_bytes must be >= 0, got ", options.expert_bytes));
   }
   if (policy == "ultraep") return std::make_unique<QuotaPlanner>(domain, options);
+  if (policy == "greedy") return std::make_unique<GreedyPlanner>(domain, options);
   if (policy == "eplb") return std::make_unique<EplbPlanner>(domain, options);
   if (policy == "none") return std::make_unique<NoBalancePlanner>(domain);
   if (policy == "ideal") return std::make_unique<IdealPlanner>(domain, options);
   return absl::InvalidArgumentError(absl::StrCat("unknown planner policy '", std::string(policy),
-                                                 "'; valid policies: ultraep, eplb, none, ideal"));
+                                                 "'; valid policies: ultraep, greedy, eplb, none, ideal"));
 }
 
 }  // namespace rackrun::planner

@@ -1,4 +1,4 @@
-// The policy interface: every balancing policy (ultraep, eplb, none, ideal) turns the
+// The policy interface: every balancing policy (ultraep, greedy, eplb, none, ideal) turns the
 // exact loads of one (microbatch, layer) into a Plan through this interface.
 #ifndef RACKRUN_PLANNER_PLANNER_H_
 #define RACKRUN_PLANNER_PLANNER_H_
@@ -30,6 +30,9 @@ struct PlannerOptions {
   bool locality_aware_split = true;  // a source's tokens go to its local instance first
   SplitRounding split_rounding = SplitRounding::kLargestRemainder;
   bool allow_zero_master_quota = false;
+  // Spend the slots the threshold search left free with greedy moves, and keep the better
+  // of that and the greedy policy's plan (QuotaPlanner's header). Off: DESIGN.md's search only.
+  bool refine = true;
   // eplb
   int eplb_window = 100;   // W: moving-average window, in microbatches
   int eplb_interval = 10;  // K: replan every K microbatches
@@ -74,7 +77,7 @@ class Planner {
   virtual absl::Status RestoreState(std::string_view state);
 };
 
-// Creates a policy by name: "ultraep", "eplb", "none", "ideal". InvalidArgument lists the
+// Creates a policy by name: "ultraep", "greedy", "eplb", "none", "ideal". InvalidArgument lists the
 // valid names for anything else.
 absl::StatusOr<std::unique_ptr<Planner>> MakePlanner(std::string_view policy, const Domain& domain,
                                                      const PlannerOptions& options);

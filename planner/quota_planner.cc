@@ -78,8 +78,7 @@ void QuotaSplit::CumulativeColumn(size_t g, int64_t q, int64_t left, double* col
   }
 }
 
-void QuotaSplit::SplitExpert(const LoadMatrix& loads, const Plan& plan, int e, size_t offset,
-                             int64_t* split) {
+void QuotaSplit::SplitExpert(const LoadMatrix& loads, const Plan& plan, int e, size_t offset) {
   // Token counts are integers below 2^53 (ValidateLoads caps each at 2^40, so an expert's
   // total is below 2^49 for any domain size), so doubles hold them exactly and the loops
   // below vectorize. Products r * q are exact only below 2^53: columns whose remaining
@@ -196,18 +195,25 @@ void QuotaSplit::SplitExpert(const LoadMatrix& loads, const Plan& plan, int e, s
       }
       // Every source in a bucket above `edge` gets a token; `take` of the sources in
       // bucket `edge` do, the largest remainders first, ties to the lower source.
-      leftover -= edge + 1 < kBuckets ? count_from(edge + 1) : 0;
+      const int64_t above_edge = edge + 1 < kBuckets ? count_from(edge + 1) : 0;
+      leftover -= above_edge;
       const int64_t take = leftover;
+      // Sources in the edge bucket all take a token when `take` is all of them: then they
+      // join the vectorized pass below and no list is built.
+      const int64_t in_edge = count_from(edge) - above_edge;
+      const int from = take == in_edge ? edge : edge + 1;
       int32_t* tied = tied_.data();
       size_t num_tied = 0;
       for (size_t s = 0; s < g; ++s) {
-        const double above = static_cast<double>(std::min(std::max(bucket[s] - edge, 0), 1));
+        const double above = static_cast<double>(std::min(std::max(bucket[s] - from + 1, 0), 1));
         col[s] += above;
         remaining[s] -= above;
       }
-      for (size_t s = 0; s < g; ++s) {
-        tied[num_tied] = static_cast<int32_t>(s);
-        num_tied += bucket[s] == edge ? 1 : 0;
+      if (take > 0 && take < in_edge) {
+        for (size_t s = 0; s < g; ++s) {
+          tied[num_tied] = static_cast<int32_t>(s);
+          num_tied += bucket[s] == edge ? 1 : 0;
+        }
       }
       if (take > 0 && take < static_cast<int64_t>(num_tied)) {
         // Only which sources are among the `take` largest matters, not their order.
@@ -216,7 +222,7 @@ void QuotaSplit::SplitExpert(const LoadMatrix& loads, const Plan& plan, int e, s
               return remainder[a] != remainder[b] ? remainder[a] > remainder[b] : a < b;
             });
       }
-      for (int64_t c = 0; c < take; ++c) {
+      for (int64_t c = 0; c < static_cast<int64_t>(num_tied) && c < take; ++c) {
         const size_t s = static_cast<size_t>(tied[c]);
         col[s] += 1;
         remaining[s] -= 1;
@@ -225,14 +231,6 @@ void QuotaSplit::SplitExpert(const LoadMatrix& loads, const Plan& plan, int e, s
     left -= q;
   }
   for (size_t s = 0; s < g; ++s) block[s] += remaining[s];
-
-  // Into the plan: rows s, instances i0 .. i0 + k.
-  const size_t n = plan.instances.size();
-  for (int j = 0; j < k; ++j) {
-    int64_t* __restrict out = split + static_cast<size_t>(i0 + j);
-    const double* __restrict col = block + static_cast<size_t>(j) * g;
-    for (size_t s = 0; s < g; ++s) out[s * n] = static_cast<int64_t>(col[s]);
-  }
 }
 
 void QuotaSplit::Fill(const LoadMatrix& loads, Plan* plan) {
@@ -271,13 +269,26 @@ void QuotaSplit::Fill(const LoadMatrix& loads, Plan* plan) {
     if (run_end > run_begin) runs_.push_back(Run{run_begin, first[run_begin], run_end - run_begin});
     run_begin = run_end + 1;
   }
+  // The replicated experts' columns of the loads, for SplitExpert, row by row; then their
+  // splits, into block_.
+  for (size_t s = 0; s < g; ++s) {
+    const int64_t* row = loads.row(static_cast<int>(s));
+    for (size_t x = 0; x < replicated_.size(); ++x) {
+      block_[block_at_[x] + s] = static_cast<double>(row[replicated_[x]]);
+    }
+  }
+  for (size_t x = 0; x < replicated_.size(); ++x) {
+    SplitExpert(loads, *plan, replicated_[x], block_at_[x]);
+  }
+  // One pass over the plan's rows writes each row once: the runs, then the replicated
+  // experts' entries from their blocks.
   for (size_t s = 0; s < g; ++s) {
     int64_t* out = plan->split.data() + s * n;
     const int64_t* row = loads.row(static_cast<int>(s));
     if (s + 1 < g) {
       // Runs are short: copy in whole groups of 4. Overshooting a run by up to 3 entries
       // is harmless here: it only writes positions that a later run, the next row, or a
-      // replicated expert's block (written after all rows) overwrites, and it only reads
+      // replicated expert's entries (written after the runs) overwrite, and it only reads
       // the next row of the loads.
       for (const Run& run : runs_) {
         int64_t* dst = out + run.to;
@@ -290,22 +301,19 @@ void QuotaSplit::Fill(const LoadMatrix& loads, Plan* plan) {
                     static_cast<size_t>(run.length) * sizeof(int64_t));
       }
     }
-    // While the row is in cache: the replicated experts' columns, for SplitExpert.
+    // Replicated experts last in the row: they overwrite what the runs spilled into them.
     for (size_t x = 0; x < replicated_.size(); ++x) {
-      block_[block_at_[x] + s] = static_cast<double>(row[replicated_[x]]);
+      const int e = replicated_[x];
+      const int i0 = first[e];
+      const int k = first[e + 1] - i0;
+      const double* col = block_.data() + block_at_[x] + s;
+      for (int j = 0; j < k; ++j) out[i0 + j] = static_cast<int64_t>(col[static_cast<size_t>(j) * g]);
     }
-  }
-  // Replicated experts last: their blocks overwrite what the runs spilled into them.
-  for (size_t x = 0; x < replicated_.size(); ++x) {
-    SplitExpert(loads, *plan, replicated_[x], block_at_[x], plan->split.data());
   }
 }
 
 QuotaPlanner::QuotaPlanner(const Domain& domain, const PlannerOptions& options)
-    : domain_(domain),
-      options_(options),
-      fanout_(options.fanout),
-      split_(options.locality_aware_split, options.split_rounding) {}
+    : domain_(domain), options_(options), assembler_(options) {}
 
 absl::StatusOr<Plan> QuotaPlanner::Solve(const LoadMatrix& loads, int layer) {
   Plan plan;
@@ -381,14 +389,15 @@ bool QuotaPlanner::Feasible(int64_t threshold, std::vector<Export>* exports) {
   return true;
 }
 
-void QuotaPlanner::BuildPlan(const LoadMatrix& loads, const std::vector<Export>& exports,
-                             Plan* plan) {
-  const int experts = domain_.experts();
-  plan->ranks = domain_.ranks;
+void PlanAssembler::Build(const Domain& domain, const LoadMatrix& loads,
+                          const std::vector<int64_t>& totals,
+                          const std::vector<ReplicaQuota>& replicas, Plan* plan) {
+  const int experts = domain.experts();
+  plan->ranks = domain.ranks;
   plan->experts = experts;
   replica_count_.assign(static_cast<size_t>(experts), 0);
   exported_.assign(static_cast<size_t>(experts), 0);
-  for (const Export& x : exports) {
+  for (const ReplicaQuota& x : replicas) {
     ++replica_count_[static_cast<size_t>(x.expert)];
     exported_[static_cast<size_t>(x.expert)] += x.tokens;
   }
@@ -403,11 +412,11 @@ void QuotaPlanner::BuildPlan(const LoadMatrix& loads, const std::vector<Export>&
   plan->quota.resize(n);
   for (int e = 0; e < experts; ++e) {
     const size_t i0 = static_cast<size_t>(plan->first[static_cast<size_t>(e)]);
-    plan->instances[i0] = ExpertInstance{e, domain_.home_rank(e), true};
-    plan->quota[i0] = totals_[static_cast<size_t>(e)] - exported_[static_cast<size_t>(e)];
+    plan->instances[i0] = ExpertInstance{e, domain.home_rank(e), true};
+    plan->quota[i0] = totals[static_cast<size_t>(e)] - exported_[static_cast<size_t>(e)];
     replica_count_[static_cast<size_t>(e)] = 0;  // reused as the fill cursor
   }
-  for (const Export& x : exports) {
+  for (const ReplicaQuota& x : replicas) {
     const size_t at = static_cast<size_t>(plan->first[static_cast<size_t>(x.expert)] + 1 +
                                           replica_count_[static_cast<size_t>(x.expert)]++);
     // Replicas in ascending rank: insertion into the expert's (short) sorted run.
@@ -423,6 +432,147 @@ void QuotaPlanner::BuildPlan(const LoadMatrix& loads, const std::vector<Export>&
   }
   split_.Fill(loads, plan);
   fanout_.Schedule(*plan, &plan->fanout);
+}
+
+int64_t GreedyRebalancer::Run(const Domain& domain, const std::vector<int64_t>& totals,
+                              int64_t keep, int64_t min_tokens, int64_t level,
+                              std::vector<ReplicaQuota>* replicas) {
+  const int ranks = domain.ranks;
+  const int masters = domain.masters_per_rank;
+  const int slots = domain.slots_per_rank;
+  const int experts = domain.experts();
+  const size_t g = static_cast<size_t>(ranks);
+  load_.assign(g, 0);
+  master_left_.assign(totals.begin(), totals.end());
+  free_.assign(g, slots);
+  on_rank_.resize(g * static_cast<size_t>(std::max(slots, 1)));
+  head_.assign(static_cast<size_t>(experts), -1);
+  next_.clear();
+  stamp_.assign(g, -1);
+  int64_t total = 0;
+  for (int e = 0; e < experts; ++e) total += totals[static_cast<size_t>(e)];
+  for (size_t j = 0; j < replicas->size(); ++j) {
+    const ReplicaQuota& x = (*replicas)[j];
+    master_left_[static_cast<size_t>(x.expert)] -= x.tokens;
+    load_[static_cast<size_t>(x.rank)] += x.tokens;
+    const size_t r = static_cast<size_t>(x.rank);
+    on_rank_[r * static_cast<size_t>(slots) + static_cast<size_t>(slots - free_[r])] =
+        static_cast<int32_t>(j);
+    --free_[r];
+    next_.push_back(head_[static_cast<size_t>(x.expert)]);
+    head_[static_cast<size_t>(x.expert)] = static_cast<int32_t>(j);
+  }
+  for (int e = 0; e < experts; ++e) {
+    load_[static_cast<size_t>(domain.home_rank(e))] += master_left_[static_cast<size_t>(e)];
+  }
+  int64_t heaviest = 0;
+  for (size_t r = 0; r < g; ++r) heaviest = std::max(heaviest, load_[r]);
+  if (slots == 0 || ranks < 2) return heaviest;
+  const int64_t mean = std::max(level, (total + ranks - 1) / ranks);
+
+  // over_: heaviest first (ties: lower rank); targets_: lightest first (ties: lower rank).
+  const auto lighter_over = [this](int32_t a, int32_t b) {
+    const int64_t la = load_[static_cast<size_t>(a)];
+    const int64_t lb = load_[static_cast<size_t>(b)];
+    return la != lb ? la < lb : a > b;
+  };
+  const auto heavier_target = [this](int32_t a, int32_t b) {
+    const int64_t la = load_[static_cast<size_t>(a)];
+    const int64_t lb = load_[static_cast<size_t>(b)];
+    return la != lb ? la > lb : a > b;
+  };
+  over_.clear();
+  targets_.clear();
+  for (int r = 0; r < ranks; ++r) {
+    const int64_t l = load_[static_cast<size_t>(r)];
+    if (l > mean) over_.push_back(r);
+    if (l < mean && free_[static_cast<size_t>(r)] > 0) targets_.push_back(r);
+  }
+  std::make_heap(over_.begin(), over_.end(), lighter_over);
+  std::make_heap(targets_.begin(), targets_.end(), heavier_target);
+
+  int32_t move = 0;
+  while (!over_.empty() && !targets_.empty()) {
+    const int32_t r = over_.front();
+    const size_t rs = static_cast<size_t>(r);
+    // Instances of r that can give tokens, largest first.
+    candidates_.clear();
+    for (int m = 0; m < masters; ++m) {
+      const int32_t e = r * masters + m;
+      const int64_t t = master_left_[static_cast<size_t>(e)];
+      if (t > keep) candidates_.push_back(Candidate{t, e, -1});
+    }
+    for (int c = 0; c < slots - free_[rs]; ++c) {
+      const int32_t j = on_rank_[rs * static_cast<size_t>(slots) + static_cast<size_t>(c)];
+      const ReplicaQuota& x = (*replicas)[static_cast<size_t>(j)];
+      if (x.tokens > 1) candidates_.push_back(Candidate{x.tokens, x.expert, j});
+    }
+    std::sort(candidates_.begin(), candidates_.end(), [](const Candidate& a, const Candidate& b) {
+      if (a.tokens != b.tokens) return a.tokens > b.tokens;
+      if ((a.replica < 0) != (b.replica < 0)) return a.replica < 0;
+      return a.expert < b.expert;
+    });
+    bool moved = false;
+    for (const Candidate& c : candidates_) {
+      // Mark the ranks that hold c.expert, then take the lightest target not marked.
+      const size_t e = static_cast<size_t>(c.expert);
+      stamp_[static_cast<size_t>(domain.home_rank(c.expert))] = move;
+      for (int32_t j = head_[e]; j >= 0; j = next_[static_cast<size_t>(j)]) {
+        stamp_[static_cast<size_t>((*replicas)[static_cast<size_t>(j)].rank)] = move;
+      }
+      aside_.clear();
+      int32_t t = -1;
+      while (!targets_.empty()) {
+        const int32_t candidate = targets_.front();
+        std::pop_heap(targets_.begin(), targets_.end(), heavier_target);
+        targets_.pop_back();
+        if (stamp_[static_cast<size_t>(candidate)] == move) {
+          aside_.push_back(candidate);
+          continue;
+        }
+        t = candidate;
+        break;
+      }
+      const size_t ts = static_cast<size_t>(std::max(t, 0));
+      const int64_t give = c.replica < 0 ? c.tokens - keep : c.tokens - 1;
+      const int64_t q = t < 0 ? 0 : std::min({load_[rs] - mean, mean - load_[ts], give});
+      if (t >= 0 && q < min_tokens) aside_.push_back(t);  // too small a replica: not this one
+      if (t >= 0 && q >= min_tokens) {
+        if (c.replica < 0) {
+          master_left_[e] -= q;
+        } else {
+          (*replicas)[static_cast<size_t>(c.replica)].tokens -= q;
+        }
+        const int32_t j = static_cast<int32_t>(replicas->size());
+        replicas->push_back(ReplicaQuota{c.expert, t, q});
+        next_.push_back(head_[e]);
+        head_[e] = j;
+        on_rank_[ts * static_cast<size_t>(slots) + static_cast<size_t>(slots - free_[ts])] = j;
+        --free_[ts];
+        load_[rs] -= q;
+        load_[ts] += q;
+        if (free_[ts] > 0 && load_[ts] < mean) aside_.push_back(t);
+        moved = true;
+      }
+      for (const int32_t a : aside_) {
+        targets_.push_back(a);
+        std::push_heap(targets_.begin(), targets_.end(), heavier_target);
+      }
+      ++move;
+      if (moved) break;
+    }
+    if (!moved) break;  // the heaviest rank cannot shed load: the maximum stays
+    // r only got lighter: re-seat it (or drop it once it is at the mean).
+    std::pop_heap(over_.begin(), over_.end(), lighter_over);
+    over_.pop_back();
+    if (load_[rs] > mean) {
+      over_.push_back(r);
+      std::push_heap(over_.begin(), over_.end(), lighter_over);
+    }
+  }
+  heaviest = 0;
+  for (size_t r = 0; r < g; ++r) heaviest = std::max(heaviest, load_[r]);
+  return heaviest;
 }
 
 absl::Status QuotaPlanner::SolveInto(const LoadMatrix& loads, int /*layer*/, Plan* plan) {
@@ -517,7 +667,25 @@ absl::Status QuotaPlanner::SolveInto(const LoadMatrix& loads, int /*layer*/, Pla
       }
     }
   }
-  BuildPlan(loads, best_exports_, plan);
+  if (options_.refine && domain_.slots_per_rank > 0 && ranks > 1 && first_try < max_load) {
+    // Refinement: spend the free slots greedily, and compare with the greedy policy.
+    const int64_t keep = options_.allow_zero_master_quota ? 0 : 1;
+    const int64_t floor = options_.min_replica_tokens;
+    // Three candidates, the lowest heaviest rank kept (ties: the earlier, fewer replicas):
+    // the search's replicas plus greedy moves up to the first threshold tried; greedy from
+    // masters alone up to that threshold (each replica carries more than when filling to
+    // the mean, so slots last longer on heavy tails); the greedy policy's plan (to the mean).
+    int64_t best = greedy_.Run(domain_, totals_, keep, floor, first_try, &best_exports_);
+    for (const int64_t level : {first_try, int64_t{0}}) {
+      greedy_exports_.clear();
+      const int64_t heaviest = greedy_.Run(domain_, totals_, keep, floor, level, &greedy_exports_);
+      if (heaviest < best) {
+        best = heaviest;
+        std::swap(best_exports_, greedy_exports_);
+      }
+    }
+  }
+  assembler_.Build(domain_, loads, totals_, best_exports_, plan);
   return absl::OkStatus();
 }
 

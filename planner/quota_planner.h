@@ -41,8 +41,8 @@ class QuotaSplit {
 
  private:
   // Computes the split of replicated expert e (k instances x ranks, instance-major, in
-  // block_[offset ...]) and writes it into `split` (the plan's, rows of all instances).
-  void SplitExpert(const LoadMatrix& loads, const Plan& plan, int e, size_t offset, int64_t* split);
+  // block_[offset ...], whose first column holds e's column of the loads on entry).
+  void SplitExpert(const LoadMatrix& loads, const Plan& plan, int e, size_t offset);
 
   struct Run {  // experts [from, from + length) with one instance each, at instances [to, ...)
     int from;
@@ -65,6 +65,81 @@ class QuotaSplit {
   std::vector<int32_t> tied_;        // sources in the boundary bucket
 };
 
+// A replica placed by a policy that keeps every master at home: `tokens` of `expert`'s
+// load processed on `rank` (never the expert's home rank).
+struct ReplicaQuota {
+  int32_t expert;
+  int32_t rank;
+  int64_t tokens;
+};
+
+// Turns masters-at-home plus a list of replicas into a Plan: each master's quota is its
+// expert's total minus its replicas' tokens; instances are grouped by expert, master first,
+// replicas in ascending rank; the split is QuotaSplit's and the fan-out FanoutScheduler's.
+// Requires every replica's expert/rank valid, no two replicas of an expert on one rank
+// and no replica on its expert's home rank. Reuses its buffers; not thread-safe.
+class PlanAssembler {
+ public:
+  explicit PlanAssembler(const PlannerOptions& options)
+      : fanout_(options.fanout), split_(options.locality_aware_split, options.split_rounding) {}
+
+  // `totals` = tokens per expert of `loads`.
+  void Build(const Domain& domain, const LoadMatrix& loads, const std::vector<int64_t>& totals,
+             const std::vector<ReplicaQuota>& replicas, Plan* plan);
+
+ private:
+  FanoutScheduler fanout_;
+  QuotaSplit split_;
+  std::vector<int32_t> replica_count_;
+  std::vector<int64_t> exported_;
+};
+
+// The greedy rebalancer behind the `greedy` policy and ultraep's refinement pass. From a
+// start (masters at home plus `*replicas`, e.g. none), with M = ceil(total / ranks), it
+// repeats one move:
+//  - r = the heaviest rank (ties: lower rank); stop when load(r) <= M;
+//  - on r, its instances (masters and replicas) by tokens, largest first (ties: masters
+//    before replicas, then lower expert), that can give a token: a master keeps `keep`
+//    tokens (0 or 1), a replica 1;
+//  - for the first such instance of expert e for which one exists, the target t = the rank
+//    with the lowest load (ties: lower rank) among ranks with a free slot, load < M and no
+//    instance of e; move q = min(load(r) - M, M - load(t), tokens the instance can give)
+//    of e into a new replica of e on t (the rank with most room is filled to the mean),
+//    unless q < min_tokens (then the next instance is tried);
+//  - stop when no instance of r has such a target: the heaviest rank cannot shed load.
+// Every move uses one slot, so there are at most ranks * slots_per_rank moves; each costs
+// O(log ranks) heap work plus the replicas of the expert moved. Deterministic. New replicas
+// are appended to `*replicas`, and a replica that gave tokens has its `tokens` lowered.
+// Reuses its buffers; not thread-safe.
+class GreedyRebalancer {
+ public:
+  // `totals` = tokens per expert; `*replicas` must satisfy PlanAssembler's requirements,
+  // hold at most slots_per_rank replicas per rank, and leave every master >= keep tokens.
+  // Returns the heaviest rank load after the moves.
+  // A move of fewer than `min_tokens` tokens is not made (that instance is passed over).
+  // M is max(level, ceil(total / ranks)): level 0 balances to the mean.
+  int64_t Run(const Domain& domain, const std::vector<int64_t>& totals, int64_t keep,
+              int64_t min_tokens, int64_t level, std::vector<ReplicaQuota>* replicas);
+
+ private:
+  std::vector<int64_t> load_;        // per rank
+  std::vector<int64_t> master_left_; // per expert: the master's tokens
+  std::vector<int32_t> free_;        // per rank: free slots
+  std::vector<int32_t> on_rank_;     // per rank: its replicas (indices), slots_per_rank each
+  std::vector<int32_t> head_;        // per expert: its first replica (linked list), -1 none
+  std::vector<int32_t> next_;        // per replica: the expert's next replica, -1 none
+  std::vector<int32_t> stamp_;       // per rank: the last move that marked it as holding e
+  std::vector<int32_t> over_;        // max-heap of ranks above M
+  std::vector<int32_t> targets_;     // min-heap of ranks below M with a free slot
+  std::vector<int32_t> aside_;
+  struct Candidate {
+    int64_t tokens;
+    int32_t expert;
+    int32_t replica;  // -1 for the master
+  };
+  std::vector<Candidate> candidates_;
+};
+
 // UltraEP's planner. For each solve:
 //  - binary-search an integer threshold T in [ceil(mean), max home load], trying
 //    T = ceil(mean * (1 + eps)) first and stopping at relative precision eps;
@@ -74,6 +149,16 @@ class QuotaSplit {
 //    min(min_replica_tokens, max(1, ceil(need / feasible targets))) are skipped (the floor
 //    is lowered per expert so feasibility stays monotone in T);
 //  - masters keep at least one token of a non-zero load unless allow_zero_master_quota;
+//  - refinement (beyond DESIGN.md, PlannerOptions::refine, on by default), when the homes
+//    exceed the first threshold tried, T0 = max(ceil(mean * (1 + eps)), ceil(mean)): three
+//    candidates (a) the searched replicas plus GreedyRebalancer moves with level T0 (the
+//    slots the search left free, each new replica filling its rank up to T0); (b)
+//    GreedyRebalancer from masters alone with level T0; (c) the same with level 0, i.e.
+//    the `greedy` policy's plan. The one with the lowest heaviest rank is kept (ties: the
+//    earlier in that order, which has fewer replicas), so the
+//    heaviest rank is never above either the threshold found or the `greedy` policy's
+//    (with min_replica_tokens 1; refinement runs only when the homes exceed the first
+//    threshold tried, so the bound is max(greedy's, ceil(mean * (1 + eps))));
 //  - the split is QuotaSplit's; the fan-out schedule is FanoutScheduler's.
 // After the first call of a given domain, SolveInto into a reused Plan does not allocate.
 // Not thread-safe: one planner per thread (plans are deterministic, so every rank's own
@@ -92,19 +177,14 @@ class QuotaPlanner final : public Planner {
   int last_oracle_calls() const { return last_oracle_calls_; }
 
  private:
-  struct Export {
-    int32_t expert;
-    int32_t rank;
-    int64_t tokens;
-  };
+  using Export = ReplicaQuota;
   // Runs the oracle for threshold T; on success the exports are in *exports.
   bool Feasible(int64_t threshold, std::vector<Export>* exports);
-  void BuildPlan(const LoadMatrix& loads, const std::vector<Export>& exports, Plan* plan);
 
   Domain domain_;
   PlannerOptions options_;
-  FanoutScheduler fanout_;
-  QuotaSplit split_;
+  PlanAssembler assembler_;
+  GreedyRebalancer greedy_;
   int64_t last_threshold_ = 0;
   int last_oracle_calls_ = 0;
 
@@ -118,8 +198,7 @@ class QuotaPlanner final : public Planner {
   std::vector<int32_t> aside_;
   std::vector<Export> exports_;
   std::vector<Export> best_exports_;
-  std::vector<int32_t> replica_count_;
-  std::vector<int64_t> exported_;
+  std::vector<Export> greedy_exports_;
 };
 
 }  // namespace rackrun::planner

@@ -319,6 +319,71 @@ TEST(QuotaPlannerTest, WarmPlannerDoesNotAllocate) {
   EXPECT_EQ(g_allocations.load() - before, 0);
 }
 
+// The load families of issue #11 (lognormal popularity, spikes, drift, token jitter,
+// top-4): every ultraep and greedy plan passes the invariant checker, is deterministic,
+// and ultraep's heaviest rank is never above greedy's (refinement) or the homes'.
+TEST(QuotaPlannerTest, HeavyTailedFamiliesKeepInvariantsAndBeatGreedy) {
+  std::vector<GeneratorOptions> families;
+  GeneratorOptions base;
+  base.ranks = 16;
+  base.experts = 64;
+  base.topk = 4;
+  base.tokens_per_rank = 2048;
+  base.microbatches = 6;
+  base.seed = 11;
+  for (const double sigma : {1.0, 2.0}) {
+    GeneratorOptions g = base;
+    g.popularity = PopularityModel::kLognormal;
+    g.lognormal_sigma = sigma;
+    g.shift = sigma > 1 ? LoadShift::kDrift : LoadShift::kNone;
+    g.shift_every = 3;
+    families.push_back(g);
+  }
+  GeneratorOptions spikes = base;
+  spikes.imbalance = 1.5;
+  spikes.spike_experts = 3;
+  spikes.spike_rate = 1.0;
+  families.push_back(spikes);
+  GeneratorOptions jitter = base;
+  jitter.token_jitter = 0.3;
+  families.push_back(jitter);
+  for (const GeneratorOptions& g : families) {
+    absl::StatusOr<LoadGenerator> generator = LoadGenerator::Create(g);
+    ASSERT_TRUE(generator.ok()) << generator.status();
+    for (const int slots : {2, 4}) {
+      const Domain domain{g.ranks, g.experts / g.ranks, slots};
+      QuotaPlanner ultraep(domain, PlannerOptions{});
+      QuotaPlanner again(domain, PlannerOptions{});
+      auto greedy = MakePlanner("greedy", domain, PlannerOptions{});
+      ASSERT_TRUE(greedy.ok());
+      InvariantOptions invariants;
+      invariants.master_keeps_a_token = true;
+      for (int t = 0; t < g.microbatches; ++t) {
+        absl::StatusOr<TraceEntry> entry = generator->Generate(t, 0);
+        ASSERT_TRUE(entry.ok());
+        const LoadMatrix& loads = entry->loads;
+        absl::StatusOr<Plan> u = ultraep.Solve(loads, 0);
+        absl::StatusOr<Plan> gp = (*greedy)->Solve(loads, 0);
+        ASSERT_TRUE(u.ok() && gp.ok());
+        EXPECT_TRUE(CheckPlanInvariants(domain, loads, *u, invariants).ok());
+        EXPECT_TRUE(CheckPlanInvariants(domain, loads, *gp, invariants).ok());
+        absl::StatusOr<Plan> u2 = again.Solve(loads, 0);
+        ASSERT_TRUE(u2.ok());
+        EXPECT_EQ(*u2, *u);
+        const std::vector<int64_t> home = HomeRankLoads(domain, loads);
+        const auto max_of = [](const std::vector<int64_t>& v) {
+          return *std::max_element(v.begin(), v.end());
+        };
+        EXPECT_LE(max_of(u->RankLoads()), max_of(gp->RankLoads())) << "microbatch " << t;
+        EXPECT_LE(max_of(u->RankLoads()), max_of(home));
+        if (g.spike_experts > 0 && slots == 4) {
+          EXPECT_LT(Imbalance(u->RankLoads()), 1.02) << "microbatch " << t;
+        }
+      }
+    }
+  }
+}
+
 TEST(QuotaPlannerTest, RejectsBadLoads) {
   const Domain domain{4, 2, 1};
   QuotaPlanner planner(domain, PlannerOptions{});

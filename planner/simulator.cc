@@ -9,6 +9,8 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "planner/baseline_planners.h"
+#include "planner/planner.h"
 
 namespace rackrun::planner {
 namespace {
@@ -136,6 +138,16 @@ LayerTime SimulateLayer(const Plan& plan, const HardwareModel& hw, const FanoutC
 }
 
 LayerTime SimulateForceBalanced(const LoadMatrix& loads, const HardwareModel& hw) {
+  const LayerTime routed = SimulateBalancedRouting(loads, hw);
+  if (loads.ranks <= 0 || loads.experts % loads.ranks != 0) return routed;
+  IdealPlanner planner(Domain{loads.ranks, loads.experts / loads.ranks, 0}, PlannerOptions{});
+  Plan plan;
+  if (!planner.SolveInto(loads, 0, &plan).ok()) return routed;
+  const LayerTime own = SimulateLayer(plan, hw, FanoutCost{});
+  return own.total_s < routed.total_s ? own : routed;
+}
+
+LayerTime SimulateBalancedRouting(const LoadMatrix& loads, const HardwareModel& hw) {
   const size_t g = static_cast<size_t>(loads.ranks);
   LayerTime t;
   if (g == 0) return t;

@@ -63,7 +63,7 @@ TEST(PlanCommandTest, ReplaysAGeneratedTraceThroughEveryPolicy) {
   EXPECT_EQ(doc["domain"]["ranks"], 8);
   EXPECT_EQ(doc["domain"]["masters_per_rank"], 4);
   EXPECT_EQ(doc["domain"]["slots_per_rank"], 2);
-  ASSERT_EQ(doc["policies"].size(), 4u);
+  ASSERT_EQ(doc["policies"].size(), 5u);
   std::vector<std::string> names;
   for (const json& p : doc["policies"]) {
     names.push_back(p["policy"]);
@@ -77,17 +77,22 @@ TEST(PlanCommandTest, ReplaysAGeneratedTraceThroughEveryPolicy) {
     EXPECT_LE(p["imbalance_after"]["p50"].get<double>(),
               p["imbalance_before"]["max"].get<double>() + 1e-9);
   }
-  EXPECT_THAT(names, ::testing::ElementsAre("ultraep", "eplb", "none", "ideal"));
+  EXPECT_THAT(names, ::testing::ElementsAre("ultraep", "greedy", "eplb", "none", "ideal"));
   const json& ultraep = doc["policies"][0];
-  const json& none = doc["policies"][2];
-  const json& ideal = doc["policies"][3];
+  const json& none = doc["policies"][3];
+  const json& ideal = doc["policies"][4];
+  // The ideal is the bound: its own policy never reports above 100% of it (issue #12).
+  EXPECT_LE(ideal["simulated_percent_of_ideal"].get<double>(), 100.0 + 1e-9);
   EXPECT_GT(ultraep["imbalance_before"]["p50"].get<double>(), 1.5);
   EXPECT_LT(ultraep["imbalance_after"]["max"].get<double>(),
             none["imbalance_after"]["max"].get<double>());
   EXPECT_EQ(none["replicas_mean"].get<double>(), 0.0);
   EXPECT_LT(ideal["imbalance_after"]["max"].get<double>(), 1.01);
-  EXPECT_GT(ultraep["simulated_percent_of_ideal"].get<double>(),
-            none["simulated_percent_of_ideal"].get<double>());
+  // Balancing shortens the busiest rank's compute. (On this tiny domain, 512 tokens per
+  // rank, the whole simulated layer is a near tie with none: each replica's 84 MiB fan-out
+  // costs about what it saves, so only the compute part is asserted.)
+  EXPECT_LT(ultraep["layer_time_breakdown_us_mean"]["compute"].get<double>(),
+            0.6 * none["layer_time_breakdown_us_mean"]["compute"].get<double>());
 }
 
 TEST(PlanCommandTest, TraceReplayEqualsInMemoryGeneration) {
@@ -119,6 +124,36 @@ TEST(PlanCommandTest, DeterministicAcrossProcesses) {
   ASSERT_EQ(other.code, 0) << other.err;
   EXPECT_NE(ParseJson(first)["policies"][0]["plan_hash"],
             ParseJson(other)["policies"][0]["plan_hash"]);
+}
+
+// The load families of issue #11 through ultraep and greedy: every plan passes the
+// invariant checker (a violation fails the run), and ultraep's tail is no worse than greedy's.
+TEST(PlanCommandTest, HeavyTailedAndSpikingFamilies) {
+  const std::vector<std::string> families = {
+      "--popularity lognormal --sigma 2",
+      "--imbalance 1.5 --spikes 3 --spike-min 5 --spike-max 20 --spike-rate 0.5",
+      "--popularity lognormal --sigma 1.5 --nonstationary drift --shift-every 4",
+      "--token-jitter 0.3 --imbalance 2",
+  };
+  for (const std::string& family : families) {
+    Result r = RunPlan(
+        "--generate --ranks 16 --experts 64 --topk 4 --tokens-per-rank 1024 --microbatches 8 "
+        "--seed 3 --policy ultraep,greedy,ideal --json " + family);
+    ASSERT_EQ(r.code, 0) << family << ": " << r.err;
+    json doc = ParseJson(r);
+    const json& ultraep = doc["policies"][0];
+    const json& greedy = doc["policies"][1];
+    EXPECT_EQ(greedy["policy"], "greedy");
+    EXPECT_GT(ultraep["imbalance_before"]["max"].get<double>(), 1.2) << family;
+    EXPECT_LE(ultraep["imbalance_after"]["p99"].get<double>(),
+              greedy["imbalance_after"]["p99"].get<double>() + 1e-12) << family;
+    EXPECT_LE(ultraep["imbalance_after"]["p99"].get<double>(), 1.05) << family;
+    EXPECT_LE(doc["policies"][2]["simulated_percent_of_ideal"].get<double>(), 100.0 + 1e-9);
+  }
+  Result r = RunPlan("--generate --ranks 8 --masters-per-rank 4 --topk 2 --microbatches 2 "
+                     "--popularity lognormal --sigma 1 --spikes 2 --policy none");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("lognormal sigma 1, spikes of 1-2 experts x5-20 in 25% of entries"));
 }
 
 TEST(PlanCommandTest, PrintsATableWithEveryPolicy) {
@@ -170,6 +205,12 @@ TEST(PlanCommandTest, UsageErrorsNameTheFlag) {
       {"--generate --eps", "--eps: needs a value"},
       {"--generate --eplb-replacement sometimes", "--eplb-replacement: 'sometimes' is not a mode"},
       {"--generate --warmup -1", "--warmup: -1 is out of range"},
+      {"--generate --popularity cubic", "--popularity: 'cubic' is not a model"},
+      {"--generate --sigma 1.5", "--sigma: applies only with --popularity lognormal"},
+      {"--generate --popularity lognormal --imbalance 2", "--imbalance: applies only to"},
+      {"--generate --spike-min 30 --spikes 2", "--spike-min: 30 is above --spike-max (20)"},
+      {"--generate --spikes 300", "--spikes: 300 is more than --experts (256)"},
+      {"--generate --spike-rate 2", "--spike-rate: 2 is out of range"},
       {"--trace x.jsonl --topk 2", "--topk: applies only with --generate"},
       {"--trace x.jsonl --generate", "use either --trace or --generate"},
       {"", "give a trace with --trace FILE, or --generate"},
@@ -200,6 +241,13 @@ TEST(PlanCommandTest, HelpDescribesEveryOption) {
                            "--nonstationary",
                            "--shift-every",
                            "--seed",
+                           "--popularity",
+                           "--sigma",
+                           "--spikes",
+                           "--spike-min",
+                           "--spike-max",
+                           "--spike-rate",
+                           "greedy",
                            "--policy",
                            "--slots",
                            "--eps",

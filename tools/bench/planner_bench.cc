@@ -1,16 +1,32 @@
-// Planner benchmark: initial and final imbalance, replicas and solve time of every policy
-// on calibrated Zipf loads (planner/generate.h), side by side.
+// Planner benchmark, two parts, every policy in the same run:
 //
-//   bench_planner_bench [--json] [--solves N] [--microbatches M] [--ep 8,16,...]
-//                       [--policy ultraep,eplb,none,ideal]
-//                       [--split largest_remainder|cumulative]
+//  1. Tail quality per load family: each family's microbatches (generated, planner/
+//     generate.h) go through every policy in order (eplb sees them in order, so its history
+//     is real), at 2 and at 4 redundant slots per rank. Printed per (family, slots, policy):
+//     the home-placement max/mean rank load and the final one, p50 / p99 / max over the
+//     microbatches, mean replicas, and the solve time p50.
+//  2. Solve time against EP: the zipf-2 family (256 experts, top-8, 2 slots per rank) at
+//     EP 8, 16, 32, 64, 128, 256; each policy solves N times, cycling through M microbatches,
+//     SolveInto into a reused Plan on one pinned thread; p50 / p99 of the N solves, and
+//     p50 per rank so linear growth shows as a flat column.
+// `ultraep-search` is ultraep with PlannerOptions::refine off: DESIGN.md's threshold search
+// alone, as ultraep was before its refinement pass.
 //
-// For each EP size G: 256 experts when 256 is a multiple of G (EP8..EP64, EP256), else 4
-// masters per rank (EP72: 288 experts); 2 redundant slots per rank, top-8, 8192 tokens per
-// source rank, initial (home-placement) imbalance 1.5 / 2 / 3. Each policy solves N times,
-// cycling through M generated microbatches of one layer (eplb sees them in order, so its
-// history is real); solve time is SolveInto into a reused Plan on one pinned thread, p50 and
-// p99 over the N solves. Imbalance figures are means over the solves.
+//   bench_planner_bench [--json] [--solves N] [--microbatches M] [--tail-microbatches T]
+//                       [--ep 8,16,...] [--policy ultraep,ultraep-search,greedy,eplb,none,ideal]
+//                       [--family NAME,...] [--split largest_remainder|cumulative]
+//                       [--skip-tail] [--skip-timing]
+//
+// Families (8192 tokens per source rank; top-8 and 256 experts unless named):
+//   zipf-1.5, zipf-2, zipf-3   EP64, Zipf popularity calibrated to that initial imbalance
+//   lognormal-1, -1.5, -2      EP64, popularity exp(sigma * N(0,1)), sigma 1 / 1.5 / 2
+//   spikes                     EP64, zipf-1.5 plus, in half the microbatches, 1-3 experts
+//                              spiking to 5-20x their weight
+//   jump                       EP64, zipf-2 whose hot experts change at once every 5
+//   drift-lognormal            EP64, lognormal-1.5 drifting to a new profile every 10
+//   ep16-top4                  EP16, 64 experts, top-4, zipf-2
+//   ep72                       EP72, 288 experts, zipf-2
+//   ep32-jitter                EP32, zipf-2, source token counts +-30%
 #include <sched.h>
 
 #include <algorithm>
@@ -23,6 +39,7 @@
 #include <string_view>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "base/statistics.h"
 #include "nlohmann/json.hpp"
 #include "planner/generate.h"
@@ -34,34 +51,139 @@ namespace {
 using rackrun::base::Percentile;
 
 using rackrun::planner::Domain;
+using rackrun::planner::GeneratorOptions;
 using rackrun::planner::LoadMatrix;
 using rackrun::planner::Plan;
 
-struct Row {
+struct Family {
+  std::string name;
+  GeneratorOptions gen;
+};
+
+GeneratorOptions Base(int ranks, int experts, int topk, double imbalance) {
+  GeneratorOptions g;
+  g.ranks = ranks;
+  g.experts = experts;
+  g.topk = topk;
+  g.tokens_per_rank = 8192;
+  g.imbalance = imbalance;
+  g.seed = 7;
+  return g;
+}
+
+std::vector<Family> AllFamilies() {
+  using rackrun::planner::LoadShift;
+  using rackrun::planner::PopularityModel;
+  std::vector<Family> out;
+  for (const double x : {1.5, 2.0, 3.0}) {
+    out.push_back({x == 2.0 ? "zipf-2" : (x == 1.5 ? "zipf-1.5" : "zipf-3"), Base(64, 256, 8, x)});
+  }
+  for (const double sigma : {1.0, 1.5, 2.0}) {
+    Family f{sigma == 1.0 ? "lognormal-1" : (sigma == 1.5 ? "lognormal-1.5" : "lognormal-2"),
+             Base(64, 256, 8, 1)};
+    f.gen.popularity = PopularityModel::kLognormal;
+    f.gen.lognormal_sigma = sigma;
+    out.push_back(f);
+  }
+  Family spikes{"spikes", Base(64, 256, 8, 1.5)};
+  spikes.gen.spike_experts = 3;
+  spikes.gen.spike_min = 5;
+  spikes.gen.spike_max = 20;
+  spikes.gen.spike_rate = 0.5;
+  out.push_back(spikes);
+  Family jump{"jump", Base(64, 256, 8, 2)};
+  jump.gen.shift = LoadShift::kJump;
+  jump.gen.shift_every = 5;
+  out.push_back(jump);
+  Family drift{"drift-lognormal", Base(64, 256, 8, 1)};
+  drift.gen.popularity = PopularityModel::kLognormal;
+  drift.gen.lognormal_sigma = 1.5;
+  drift.gen.shift = LoadShift::kDrift;
+  drift.gen.shift_every = 10;
+  out.push_back(drift);
+  out.push_back({"ep16-top4", Base(16, 64, 4, 2)});
+  out.push_back({"ep72", Base(72, 288, 8, 2)});
+  Family jitter{"ep32-jitter", Base(32, 256, 8, 2)};
+  jitter.gen.token_jitter = 0.3;
+  out.push_back(jitter);
+  return out;
+}
+
+struct TailRow {
+  std::string family;
   int ranks = 0;
   int experts = 0;
-  double target = 0;
+  int topk = 0;
+  int slots = 0;
   std::string policy;
-  double initial = 0;
-  double final_mean = 0;
-  double final_max = 0;
+  double initial[3] = {0, 0, 0};  // p50, p99, max
+  double final_[3] = {0, 0, 0};
   double replicas = 0;
+  double p50_us = 0;
+  std::string error;
+};
+
+struct TimeRow {
+  int ranks = 0;
+  int experts = 0;
+  std::string policy;
   double p50_us = 0;
   double p99_us = 0;
   std::string error;
 };
 
-std::vector<int> ParseList(const char* text) {
-  std::vector<int> out;
-  std::string s(text);
-  size_t at = 0;
-  while (at <= s.size()) {
-    const size_t comma = s.find(',', at);
-    out.push_back(std::atoi(s.substr(at, comma - at).c_str()));
-    if (comma == std::string::npos) break;
+std::vector<std::string> SplitList(const std::string& list) {
+  std::vector<std::string> out;
+  for (size_t at = 0; at <= list.size();) {
+    const size_t comma = std::min(list.find(',', at), list.size());
+    out.push_back(list.substr(at, comma - at));
     at = comma + 1;
   }
   return out;
+}
+
+void Triple(std::vector<double> v, double* out) {
+  out[0] = Percentile(v, 0.50);
+  out[1] = Percentile(v, 0.99);
+  out[2] = v.empty() ? 0 : *std::max_element(v.begin(), v.end());
+}
+
+// The microbatches of layer 0, or an error message.
+std::string Generate(const GeneratorOptions& gen, int count, std::vector<LoadMatrix>* loads) {
+  GeneratorOptions g = gen;
+  g.microbatches = count;
+  auto generator = rackrun::planner::LoadGenerator::Create(g);
+  if (!generator.ok()) return std::string(generator.status().message());
+  for (int t = 0; t < count; ++t) {
+    auto entry = generator->Generate(t, 0);
+    if (!entry.ok()) return std::string(entry.status().message());
+    loads->push_back(std::move(entry->loads));
+  }
+  return "";
+}
+
+// "ultraep-search" is ultraep without its refinement pass (DESIGN.md's search alone), the
+// algorithm before the refinement, kept for the comparison.
+absl::StatusOr<std::unique_ptr<rackrun::planner::Planner>> Make(
+    const std::string& policy, const Domain& domain, rackrun::planner::PlannerOptions options) {
+  if (policy == "ultraep-search") {
+    options.refine = false;
+    return rackrun::planner::MakePlanner("ultraep", domain, options);
+  }
+
+  return rackrun::planner::MakePlanner(policy, domain, options);
+}
+
+rackrun::planner::PlannerOptions Options(rackrun::planner::SplitRounding split) {
+  rackrun::planner::PlannerOptions options;
+  options.eplb_window = 100;
+  options.eplb_interval = 10;
+  options.split_rounding = split;
+  return options;
+}
+
+double Micros(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
+  return std::chrono::duration<double, std::micro>(b - a).count();
 }
 
 }  // namespace
@@ -70,19 +192,38 @@ int main(int argc, char** argv) {
   bool json = false;
   int solves = 200;
   int microbatches = 20;
-  std::vector<int> eps = {8, 16, 32, 64, 72, 256};
-  std::vector<std::string> policies = {"ultraep", "eplb", "none", "ideal"};
+  int tail_microbatches = 100;
+  bool tail = true;
+  bool timing = true;
+  std::vector<int> eps = {8, 16, 32, 64, 128, 256};
+  std::vector<std::string> policies = {"ultraep", "ultraep-search", "greedy", "eplb", "none",
+                                       "ideal"};
+  std::vector<std::string> family_names;
   rackrun::planner::SplitRounding split = rackrun::planner::SplitRounding::kLargestRemainder;
+  const char* usage =
+      "usage: %s [--json] [--solves N] [--microbatches M] [--tail-microbatches T] "
+      "[--ep 8,16,32,64,128,256] [--policy ultraep,ultraep-search,greedy,eplb,none,ideal] "
+      "[--family a,b] "
+      "[--split largest_remainder|cumulative] [--skip-tail] [--skip-timing]\n";
   for (int i = 1; i < argc; ++i) {
     const std::string_view arg = argv[i];
     if (arg == "--json") {
       json = true;
+    } else if (arg == "--skip-tail") {
+      tail = false;
+    } else if (arg == "--skip-timing") {
+      timing = false;
     } else if (arg == "--solves" && i + 1 < argc) {
       solves = std::max(1, std::atoi(argv[++i]));
     } else if (arg == "--microbatches" && i + 1 < argc) {
       microbatches = std::max(1, std::atoi(argv[++i]));
+    } else if (arg == "--tail-microbatches" && i + 1 < argc) {
+      tail_microbatches = std::max(1, std::atoi(argv[++i]));
     } else if (arg == "--ep" && i + 1 < argc) {
-      eps = ParseList(argv[++i]);
+      eps.clear();
+      for (const std::string& x : SplitList(argv[++i])) eps.push_back(std::atoi(x.c_str()));
+    } else if (arg == "--family" && i + 1 < argc) {
+      family_names = SplitList(argv[++i]);
     } else if (arg == "--split" && i + 1 < argc) {
       const std::string_view rounding = argv[++i];
       if (rounding != "largest_remainder" && rounding != "cumulative") {
@@ -92,20 +233,24 @@ int main(int argc, char** argv) {
       split = rounding == "cumulative" ? rackrun::planner::SplitRounding::kCumulative
                                        : rackrun::planner::SplitRounding::kLargestRemainder;
     } else if (arg == "--policy" && i + 1 < argc) {
-      policies.clear();
-      std::string list = argv[++i];
-      for (size_t at = 0; at <= list.size();) {
-        const size_t comma = std::min(list.find(',', at), list.size());
-        policies.push_back(list.substr(at, comma - at));
-        at = comma + 1;
-      }
+      policies = SplitList(argv[++i]);
     } else {
-      std::fprintf(stderr,
-                   "usage: %s [--json] [--solves N] [--microbatches M] [--ep 8,16,32,64,72,256] "
-                   "[--policy ultraep,eplb,none,ideal] [--split largest_remainder|cumulative]\n",
-                   argv[0]);
+      std::fprintf(stderr, usage, argv[0]);
       return 2;
     }
+  }
+  std::vector<Family> families;
+  for (const Family& f : AllFamilies()) {
+    if (family_names.empty() ||
+        std::find(family_names.begin(), family_names.end(), f.name) != family_names.end()) {
+      families.push_back(f);
+    }
+  }
+  if (families.size() < (family_names.empty() ? 1 : family_names.size())) {
+    std::fprintf(stderr, "--family: unknown family; known:");
+    for (const Family& f : AllFamilies()) std::fprintf(stderr, " %s", f.name.c_str());
+    std::fprintf(stderr, "\n");
+    return 2;
   }
   // One thread, pinned to the CPU it starts on.
   cpu_set_t set;
@@ -127,70 +272,37 @@ int main(int argc, char** argv) {
       for (const int64_t v : data) sum += v ^ rep;
       sink = sink + sum;
       const auto stop = std::chrono::steady_clock::now();
-      us.push_back(std::chrono::duration<double, std::micro>(stop - start).count());
+      us.push_back(Micros(start, stop));
     }
     reference_us = Percentile(us, 0.5);
   }
 
-  const std::vector<double> targets = {1.5, 2.0, 3.0};
-  std::vector<Row> rows;
-  for (const int ranks : eps) {
-    const int experts = (256 % ranks == 0) ? 256 : ranks * 4;
-    const Domain domain{ranks, experts / ranks, 2};
-    for (const double target : targets) {
-      rackrun::planner::GeneratorOptions gen;
-      gen.ranks = ranks;
-      gen.experts = experts;
-      gen.topk = 8;
-      gen.tokens_per_rank = 8192;
-      gen.imbalance = target;
-      gen.microbatches = microbatches;
-      gen.seed = 7;
-      auto generator = rackrun::planner::LoadGenerator::Create(gen);
-      std::vector<LoadMatrix> loads;
-      std::string error;
-      if (!generator.ok()) {
-        error = std::string(generator.status().message());
-      } else {
-        for (int t = 0; t < microbatches && error.empty(); ++t) {
-          auto entry = generator->Generate(t, 0);
-          if (!entry.ok()) {
-            error = std::string(entry.status().message());
-          } else {
-            loads.push_back(std::move(entry->loads));
-          }
-        }
-      }
+  // 1. Tail quality.
+  std::vector<TailRow> tail_rows;
+  for (const Family& family : tail ? families : std::vector<Family>{}) {
+    std::vector<LoadMatrix> loads;
+    const std::string error = Generate(family.gen, tail_microbatches, &loads);
+    for (const int slots : {2, 4}) {
+      const Domain domain{family.gen.ranks, family.gen.experts / family.gen.ranks, slots};
       for (const std::string& policy : policies) {
-        Row row;
-        row.ranks = ranks;
-        row.experts = experts;
-        row.target = target;
+        TailRow row;
+        row.family = family.name;
+        row.ranks = family.gen.ranks;
+        row.experts = family.gen.experts;
+        row.topk = family.gen.topk;
+        row.slots = slots;
         row.policy = policy;
-        if (!error.empty()) {
-          row.error = error;
-          rows.push_back(row);
-          continue;
-        }
-        rackrun::planner::PlannerOptions options;
-        options.eplb_window = 100;
-        options.eplb_interval = 10;
-        options.split_rounding = split;
-        auto planner = rackrun::planner::MakePlanner(policy, domain, options);
-        if (!planner.ok()) {
-          row.error = std::string(planner.status().message());
-          rows.push_back(row);
+        row.error = error;
+        auto planner = Make(policy, domain, Options(split));
+        if (row.error.empty() && !planner.ok()) row.error = std::string(planner.status().message());
+        if (!row.error.empty()) {
+          tail_rows.push_back(row);
           continue;
         }
         Plan plan;
-        std::vector<double> us;
-        us.reserve(static_cast<size_t>(solves));
-        double initial = 0;
-        double final_sum = 0;
-        double final_max = 0;
+        std::vector<double> initial, final_, us;
         double replicas = 0;
-        for (int s = 0; s < solves; ++s) {
-          const LoadMatrix& l = loads[static_cast<size_t>(s % microbatches)];
+        for (const LoadMatrix& l : loads) {
           const auto start = std::chrono::steady_clock::now();
           const absl::Status status = (*planner)->SolveInto(l, 0, &plan);
           const auto stop = std::chrono::steady_clock::now();
@@ -198,76 +310,142 @@ int main(int argc, char** argv) {
             row.error = std::string(status.message());
             break;
           }
-          us.push_back(std::chrono::duration<double, std::micro>(stop - start).count());
-          initial += rackrun::planner::Imbalance(rackrun::planner::HomeRankLoads(domain, l));
-          const double after = rackrun::planner::Imbalance(plan.RankLoads());
-          final_sum += after;
-          final_max = std::max(final_max, after);
+          us.push_back(Micros(start, stop));
+          initial.push_back(
+              rackrun::planner::Imbalance(rackrun::planner::HomeRankLoads(domain, l)));
+          final_.push_back(rackrun::planner::Imbalance(plan.RankLoads()));
           replicas += plan.num_replicas();
         }
-        const double n = static_cast<double>(std::max<size_t>(us.size(), 1));
-        row.initial = initial / n;
-        row.final_mean = final_sum / n;
-        row.final_max = final_max;
-        row.replicas = replicas / n;
-        row.p50_us = Percentile(us, 0.50);
-        row.p99_us = Percentile(us, 0.99);
-        rows.push_back(row);
+        Triple(initial, row.initial);
+        Triple(final_, row.final_);
+        row.replicas = replicas / static_cast<double>(std::max<size_t>(us.size(), 1));
+        row.p50_us = Percentile(us, 0.5);
+        tail_rows.push_back(row);
       }
     }
   }
 
+  // 2. Solve time against EP.
+  std::vector<TimeRow> time_rows;
+  for (const int ranks : timing ? eps : std::vector<int>{}) {
+    const int experts = (ranks > 0 && 256 % ranks == 0) ? 256 : std::max(ranks, 1) * 4;
+    const Domain domain{ranks, ranks > 0 ? experts / ranks : 0, 2};
+    std::vector<LoadMatrix> loads;
+    const std::string error = Generate(Base(ranks, experts, 8, 2), microbatches, &loads);
+    for (const std::string& policy : policies) {
+      TimeRow row;
+      row.ranks = ranks;
+      row.experts = experts;
+      row.policy = policy;
+      row.error = error;
+      auto planner = Make(policy, domain, Options(split));
+      if (row.error.empty() && !planner.ok()) row.error = std::string(planner.status().message());
+      if (!row.error.empty()) {
+        time_rows.push_back(row);
+        continue;
+      }
+      Plan plan;
+      std::vector<double> us;
+      for (int s = 0; s < solves; ++s) {
+        const LoadMatrix& l = loads[static_cast<size_t>(s % microbatches)];
+        const auto start = std::chrono::steady_clock::now();
+        const absl::Status status = (*planner)->SolveInto(l, 0, &plan);
+        const auto stop = std::chrono::steady_clock::now();
+        if (!status.ok()) {
+          row.error = std::string(status.message());
+          break;
+        }
+        us.push_back(Micros(start, stop));
+      }
+      row.p50_us = Percentile(us, 0.50);
+      row.p99_us = Percentile(us, 0.99);
+      time_rows.push_back(row);
+    }
+  }
+
+  const char* split_name =
+      split == rackrun::planner::SplitRounding::kCumulative ? "cumulative" : "largest_remainder";
   if (json) {
-    nlohmann::json out = nlohmann::json::array();
-    for (const Row& r : rows) {
-      nlohmann::json j = {{"ep", r.ranks},           {"experts", r.experts},
-                          {"slots_per_rank", 2},     {"topk", 8},
-                          {"tokens_per_rank", 8192}, {"target_imbalance", r.target},
+    nlohmann::json quality = nlohmann::json::array();
+    for (const TailRow& r : tail_rows) {
+      nlohmann::json j = {{"family", r.family}, {"ep", r.ranks},        {"experts", r.experts},
+                          {"topk", r.topk},     {"slots_per_rank", r.slots}, {"policy", r.policy}};
+      if (!r.error.empty()) {
+        j["error"] = r.error;
+      } else {
+        j["initial_max_over_mean"] = {
+            {"p50", r.initial[0]}, {"p99", r.initial[1]}, {"max", r.initial[2]}};
+        j["final_max_over_mean"] = {
+            {"p50", r.final_[0]}, {"p99", r.final_[1]}, {"max", r.final_[2]}};
+        j["replicas"] = r.replicas;
+        j["solve_p50_us"] = r.p50_us;
+      }
+      quality.push_back(j);
+    }
+    nlohmann::json times = nlohmann::json::array();
+    for (const TimeRow& r : time_rows) {
+      nlohmann::json j = {{"ep", r.ranks},    {"experts", r.experts}, {"slots_per_rank", 2},
+                          {"topk", 8},        {"tokens_per_rank", 8192}, {"family", "zipf-2"},
                           {"policy", r.policy}};
       if (!r.error.empty()) {
         j["error"] = r.error;
       } else {
-        j["initial_max_over_mean"] = r.initial;
-        j["final_max_over_mean"] = r.final_mean;
-        j["final_max_over_mean_worst"] = r.final_max;
-        j["replicas"] = r.replicas;
         j["solve_p50_us"] = r.p50_us;
         j["solve_p99_us"] = r.p99_us;
       }
-      out.push_back(j);
+      times.push_back(j);
     }
-    std::printf("%s\n",
-                nlohmann::json{{"solves", solves},
-                               {"microbatches", microbatches},
-                               {"reference_sum16k_us", reference_us},
-                               {"split", split == rackrun::planner::SplitRounding::kCumulative
-                                             ? "cumulative"
-                                             : "largest_remainder"},
-                               {"rows", out}}
-                    .dump(2)
-                    .c_str());
+    std::printf("%s\n", nlohmann::json{{"solves", solves},
+                                       {"microbatches", microbatches},
+                                       {"tail_microbatches", tail_microbatches},
+                                       {"reference_sum16k_us", reference_us},
+                                       {"split", split_name},
+                                       {"tail_quality", quality},
+                                       {"solve_time", times}}
+                            .dump(2)
+                            .c_str());
     return 0;
   }
-  std::printf(
-      "planner_bench: %d solves per cell over %d microbatches, 2 slots/rank, top-8, "
-      "8192 tokens/rank, one pinned thread\n",
-      solves, microbatches);
-  std::printf(
-      "calibration: summing 16384 int64 takes %.2f us (median) on this thread; split "
-      "rounding: %s\n",
-      reference_us,
-      split == rackrun::planner::SplitRounding::kCumulative ? "cumulative" : "largest_remainder");
-  std::printf("%-5s %-7s %-6s %-8s %8s %8s %8s %8s %9s %9s\n", "EP", "experts", "target", "policy",
-              "initial", "final", "worst", "replicas", "p50(us)", "p99(us)");
-  for (const Row& r : rows) {
-    if (!r.error.empty()) {
-      std::printf("%-5d %-7d %-6.1f %-8s  skipped: %s\n", r.ranks, r.experts, r.target,
-                  r.policy.c_str(), r.error.c_str());
-      continue;
+  std::printf("planner_bench: 8192 tokens/rank, one pinned thread, split rounding %s\n",
+              split_name);
+  std::printf("calibration: summing 16384 int64 takes %.2f us (median) on this thread\n",
+              reference_us);
+  if (!tail_rows.empty()) {
+    std::printf(
+        "\n1. tail quality: max/mean rank load over %d microbatches per family (p50 / p99 / "
+        "max), replicas mean, solve p50 (us)\n",
+        tail_microbatches);
+    std::printf("%-16s %-13s %-5s %-14s %-23s %-23s %8s %8s\n", "family", "domain", "slots",
+                "policy", "initial p50/p99/max", "final p50/p99/max", "replicas", "p50(us)");
+    for (const TailRow& r : tail_rows) {
+      char domain[32];
+      std::snprintf(domain, sizeof(domain), "EP%d/%d/top%d", r.ranks, r.experts, r.topk);
+      if (!r.error.empty()) {
+        std::printf("%-16s %-13s %-5d %-14s skipped: %s\n", r.family.c_str(), domain, r.slots,
+                    r.policy.c_str(), r.error.c_str());
+        continue;
+      }
+      std::printf("%-16s %-13s %-5d %-14s %6.3f/%6.3f/%6.3f    %6.4f/%6.4f/%6.4f %8.1f %8.1f\n",
+                  r.family.c_str(), domain, r.slots, r.policy.c_str(), r.initial[0], r.initial[1],
+                  r.initial[2], r.final_[0], r.final_[1], r.final_[2], r.replicas, r.p50_us);
     }
-    std::printf("%-5d %-7d %-6.1f %-8s %8.3f %8.4f %8.4f %8.1f %9.1f %9.1f\n", r.ranks, r.experts,
-                r.target, r.policy.c_str(), r.initial, r.final_mean, r.final_max, r.replicas,
-                r.p50_us, r.p99_us);
+  }
+  if (!time_rows.empty()) {
+    std::printf(
+        "\n2. solve time against EP: zipf-2, top-8, 2 slots/rank, %d solves over %d "
+        "microbatches\n",
+        solves, microbatches);
+    std::printf("%-5s %-7s %-14s %9s %9s %12s\n", "EP", "experts", "policy", "p50(us)", "p99(us)",
+                "p50/EP(us)");
+    for (const TimeRow& r : time_rows) {
+      if (!r.error.empty()) {
+        std::printf("%-5d %-7d %-14s skipped: %s\n", r.ranks, r.experts, r.policy.c_str(),
+                    r.error.c_str());
+        continue;
+      }
+      std::printf("%-5d %-7d %-14s %9.1f %9.1f %12.3f\n", r.ranks, r.experts, r.policy.c_str(),
+                  r.p50_us, r.p99_us, r.p50_us / std::max(r.ranks, 1));
+    }
   }
   return 0;
 }

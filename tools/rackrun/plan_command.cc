@@ -70,10 +70,18 @@ generator options (only with --generate):
                           every --shift-every microbatches (default none)
   --shift-every J         (default 10)
   --seed S                (default 1)
+  --popularity MODEL      zipf (calibrated to --imbalance) | lognormal: expert weights
+                          exp(sigma * N(0,1)), heavy-tailed, not calibrated (default zipf)
+  --sigma X               lognormal sigma, (0, 8] (default 1.5; 1 to 2 are typical)
+  --spikes N              in a fraction --spike-rate of the (microbatch, layer) entries,
+                          1..N random experts spike to --spike-min..--spike-max times their
+                          weight for that entry only (default 0: no spikes)
+  --spike-min X, --spike-max X   spike factor range (default 5 and 20)
+  --spike-rate F          probability that an entry spikes (default 0.25)
   --out FILE              write the generated trace to FILE instead of planning
 
 policies and domain:
-  --policy LIST           comma-separated from ultraep,eplb,none,ideal (default all four)
+  --policy LIST           comma-separated from ultraep,greedy,eplb,none,ideal (default all)
   --slots N               redundant slots per rank (default 2); masters per rank come from
                           the trace (experts / ranks)
   --eps X                 ultraep threshold precision (default 0.01)
@@ -93,7 +101,10 @@ hardware model and output:
   --json                  print one JSON document instead of the table
   --help                  this text
 
-Weight movement counted per policy: ultraep and ideal fan out every replica's weights
+greedy: the plain greedy baseline (move the heaviest rank's largest instance into a free
+slot of the rank with most room, filling it to the mean).
+
+Weight movement counted per policy: ultraep, greedy and ideal fan out every replica's weights
 every (microbatch, layer) (slots are shared across layers); the simulated time includes
 the part of the relay fan-out not hidden behind dispatch. eplb keeps replicas resident
 and moves weights only when it replans: those bytes (re-placed instances, masters
@@ -104,7 +115,7 @@ completion time of the schedule (direct / relay).
 exit status: 0 ok, 1 failure (bad trace, invariant violation), 2 usage error.
 )";
 
-constexpr std::string_view kAllPolicies[] = {"ultraep", "eplb", "none", "ideal"};
+constexpr std::string_view kAllPolicies[] = {"ultraep", "greedy", "eplb", "none", "ideal"};
 
 absl::string_view AsAbsl(std::string_view s) { return absl::string_view(s.data(), s.size()); }
 
@@ -228,6 +239,17 @@ ParseValue LoadShiftValue(pl::LoadShift* out) {
   };
 }
 
+ParseValue PopularityValue(pl::PopularityModel* out) {
+  return [=](std::string_view flag, const std::string& value) {
+    absl::StatusOr<pl::PopularityModel> model = pl::ParsePopularityModel(value);
+    if (!model.ok()) {
+      return Usage(flag, absl::StrCat("'", value, "' is not a model; use zipf or lognormal"));
+    }
+    *out = *model;
+    return absl::OkStatus();
+  };
+}
+
 ParseValue ReplacementValue(bool* exposed) {
   return [=](std::string_view flag, const std::string& value) {
     if (value != "exposed" && value != "hidden") {
@@ -247,8 +269,8 @@ ParseValue PolicyListValue(std::vector<std::string>* out) {
       if (std::find(std::begin(kAllPolicies), std::end(kAllPolicies), name) ==
           std::end(kAllPolicies)) {
         return Usage(flag, absl::StrCat("unknown policy '", name,
-                                        "'; use a comma-separated list of ultraep, eplb, "
-                                        "none, ideal"));
+                                        "'; use a comma-separated list of ultraep, greedy, "
+                                        "eplb, none, ideal"));
       }
       if (std::find(out->begin(), out->end(), name) != out->end()) {
         return Usage(flag, absl::StrCat("policy '", name, "' is listed twice"));
@@ -293,6 +315,12 @@ absl::StatusOr<PlanFlags> ParseFlags(const Args& args) {
       {"--nonstationary", kGeneratorValue, LoadShiftValue(&f.gen.shift)},
       {"--shift-every", kGeneratorValue, IntValue(&f.gen.shift_every, 1, kIntMax)},
       {"--seed", kGeneratorValue, SeedValue(&f.gen.seed)},
+      {"--popularity", kGeneratorValue, PopularityValue(&f.gen.popularity)},
+      {"--sigma", kGeneratorValue, NumberValue(&f.gen.lognormal_sigma, 1e-3, 8)},
+      {"--spikes", kGeneratorValue, IntValue(&f.gen.spike_experts, 0, 1 << 20)},
+      {"--spike-min", kGeneratorValue, NumberValue(&f.gen.spike_min, 1, 1e6)},
+      {"--spike-max", kGeneratorValue, NumberValue(&f.gen.spike_max, 1, 1e6)},
+      {"--spike-rate", kGeneratorValue, NumberValue(&f.gen.spike_rate, 0, 1)},
       {"--policy", kValue, PolicyListValue(&f.policies)},
       {"--slots", kValue, IntValue(&f.slots, 0, 4096)},
       {"--eps", kValue, NumberValue(&f.planner.eps, 1e-9, 1)},
@@ -352,6 +380,22 @@ absl::StatusOr<PlanFlags> ParseFlags(const Args& args) {
       return Usage("--experts",
                    absl::StrCat(f.gen.experts, " is not a multiple of --ranks (", f.gen.ranks,
                                 "); give --experts or --masters-per-rank"));
+    }
+    if (f.gen.popularity == pl::PopularityModel::kLognormal &&
+        generator_flags_seen.count("--imbalance") > 0) {
+      return Usage("--imbalance", "applies only to --popularity zipf (lognormal is set by --sigma)");
+    }
+    if (f.gen.popularity != pl::PopularityModel::kLognormal &&
+        generator_flags_seen.count("--sigma") > 0) {
+      return Usage("--sigma", "applies only with --popularity lognormal");
+    }
+    if (f.gen.spike_min > f.gen.spike_max) {
+      return Usage("--spike-min", absl::StrCat(f.gen.spike_min, " is above --spike-max (",
+                                               f.gen.spike_max, ")"));
+    }
+    if (f.gen.spike_experts > f.gen.experts) {
+      return Usage("--spikes",
+                   absl::StrCat(f.gen.spike_experts, " is more than --experts (", f.gen.experts, ")"));
     }
     if (f.gen.topk > f.gen.experts) {
       return Usage("--topk",
@@ -467,7 +511,14 @@ std::string SourceText(const PlanFlags& f) {
   return absl::StrCat(
       "generated: EP", g.ranks, ", ", g.experts, " experts, top-", g.topk, ", ", g.tokens_per_rank,
       " tokens/rank", g.token_jitter > 0 ? absl::StrCat(" +-", g.token_jitter * 100, "%") : "",
-      ", imbalance ", g.imbalance, ", ",
+      g.popularity == pl::PopularityModel::kLognormal
+          ? absl::StrCat(", lognormal sigma ", g.lognormal_sigma)
+          : absl::StrCat(", imbalance ", g.imbalance),
+      g.spike_experts > 0
+          ? absl::StrCat(", spikes of 1-", g.spike_experts, " experts x", g.spike_min, "-",
+                         g.spike_max, " in ", g.spike_rate * 100, "% of entries")
+          : "",
+      ", ",
       pl::LoadShiftName(g.shift) == "none"
           ? std::string("stationary")
           : absl::StrCat(AsAbsl(pl::LoadShiftName(g.shift)), " every ", g.shift_every),
@@ -577,8 +628,9 @@ int PlanCommand(const Args& args) {
       run.after.push_back(pl::Imbalance(plan.RankLoads()));
       run.replicas.push_back(plan.num_replicas());
 
-      // Weights moved now: ultraep and ideal fan out every replica; eplb only re-places.
-      const bool fans_out = run.name == "ultraep" || run.name == "ideal";
+      // Weights moved now: ultraep, greedy and ideal fan out every replica; eplb only
+      // re-places.
+      const bool fans_out = run.name == "ultraep" || run.name == "greedy" || run.name == "ideal";
       pl::FanoutCost relay;
       if (fans_out && plan.num_replicas() > 0) {
         const pl::FanoutCost direct = pl::EstimateFanout(pl::PlanFanout(plan, direct_options),
@@ -596,7 +648,7 @@ int PlanCommand(const Args& args) {
       const int64_t replaced = run.planner->last_replacement_bytes();
       run.replacement_bytes += replaced;
       const pl::LayerTime t =
-          pl::SimulateLayer(plan, *hw, run.name == "ultraep" ? relay : pl::FanoutCost{},
+          pl::SimulateLayer(plan, *hw, run.name == "ideal" || !fans_out ? pl::FanoutCost{} : relay,
                             f.eplb_replacement_exposed ? replaced : 0);
       run.layer_s += t.total_s;
       run.parts.dispatch_s += t.dispatch_s;
@@ -632,6 +684,12 @@ int PlanCommand(const Args& args) {
                           {"layers", g.layers},
                           {"nonstationary", std::string(pl::LoadShiftName(g.shift))},
                           {"shift_every", g.shift_every},
+                          {"popularity", std::string(pl::PopularityModelName(g.popularity))},
+                          {"lognormal_sigma", g.lognormal_sigma},
+                          {"spike_experts", g.spike_experts},
+                          {"spike_min", g.spike_min},
+                          {"spike_max", g.spike_max},
+                          {"spike_rate", g.spike_rate},
                           {"seed", g.seed}};
     }
     doc["entries"] = entries;
