@@ -3,7 +3,7 @@
 // in the same run by a STREAM-like copy and triad.
 //
 //   bench_residual_bench [--tokens 4096] [--widths 128,512,1024] [--reps 5] [--modes all]
-//                        [--no-backward] [--json]
+//                        [--no-backward] [--json] [--cpu-time]
 //
 // Per mode and width it prints the counted traffic per token per sublayer in units of C
 // (the paper's row-by-row accounting and what our fused kernels touch), the median seconds
@@ -26,6 +26,7 @@
 // stricter bound). Only vanilla and the xhc family have a cost model; hc and mhc print
 // no roofline.
 #include <omp.h>
+#include <time.h>
 
 #include <algorithm>
 #include <chrono>
@@ -51,6 +52,20 @@ using rackrun::runtime::ResidualModeName;
 using rackrun::runtime::ResidualStreams;
 using rackrun::runtime::SublayerKind;
 
+// The clock of every measurement: wall time, or with --cpu-time the process's CPU time
+// (CLOCK_PROCESS_CPUTIME_ID). On a shared, oversubscribed machine wall time counts the
+// slices other processes run in; with one thread (OMP_NUM_THREADS=1) CPU time does not,
+// and since the bandwidth and the GEMM rate are measured with the same clock, the
+// roofline fractions stay comparable. With more threads CPU time sums the threads, so
+// --cpu-time requires one thread.
+bool g_cpu_time = false;
+double Now() {
+  if (!g_cpu_time) return rackrun::base::NowSeconds();
+  timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
 struct Bandwidth {
   double copy = 0;   // bytes/s, counting read + write
   double triad = 0;  // bytes/s, counting 2 reads + 1 write
@@ -72,14 +87,14 @@ Bandwidth MeasureBandwidth(int reps) {
   float* pb = b.data();
   float* pc = c.data();
   for (int r = 0; r < reps; ++r) {
-    double t0 = rackrun::base::NowSeconds();
+    double t0 = Now();
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; ++i) pc[i] = pa[i];
-    tc.push_back(rackrun::base::NowSeconds() - t0);
-    t0 = rackrun::base::NowSeconds();
+    tc.push_back(Now() - t0);
+    t0 = Now();
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; ++i) pa[i] = pb[i] + 3.0f * pc[i];
-    tt.push_back(rackrun::base::NowSeconds() - t0);
+    tt.push_back(Now() - t0);
   }
   const double bytes = static_cast<double>(n) * sizeof(float);
   return Bandwidth{2 * bytes / Median(tc), 3 * bytes / Median(tt)};
@@ -96,10 +111,10 @@ double MeasureGemmRate(int reps) {
   }
   std::vector<double> t;
   for (int r = 0; r <= reps; ++r) {
-    const double t0 = rackrun::base::NowSeconds();
+    const double t0 = Now();
     rackrun::runtime::cpu::Gemm<float>(false, true, n, n, n, 1.0f, a.data(), n, b.data(), n,
                                        0.0f, c.data(), n);
-    if (r > 0) t.push_back(rackrun::base::NowSeconds() - t0);  // r = 0 warms up
+    if (r > 0) t.push_back(Now() - t0);  // r = 0 warms up
   }
   return 2.0 * n * n * n / Median(t);
 }
@@ -273,13 +288,13 @@ Result RunMode(ResidualMode mode, int width, int tokens, int reps, bool backward
     if (!rs.BeginBatch(tokens, starts, save).ok() || !rs.Expand(emb).ok()) std::exit(1);
     read_total = write_total = 0;
     for (int l = 0; l < L; ++l) {
-      const double t0 = rackrun::base::NowSeconds();
+      const double t0 = Now();
       if (!rs.ReadInput(l, u).ok()) std::exit(1);
-      const double t1 = rackrun::base::NowSeconds();
+      const double t1 = Now();
       // The body F is not part of the measurement: its output is its input.
       if (!rs.WriteOutput(l, u).ok()) std::exit(1);
       read_total += t1 - t0;
-      write_total += rackrun::base::NowSeconds() - t1;
+      write_total += Now() - t1;
     }
     if (!rs.Collapse(y).ok()) std::exit(1);
     *seconds = (read_total + write_total) / L;
@@ -322,11 +337,11 @@ Result RunMode(ResidualMode mode, int width, int tokens, int reps, bool backward
       if (!rs.CollapseBackward(d).ok()) std::exit(1);
       double total = 0;
       for (int l = L - 1; l >= 0; --l) {
-        const double t0 = rackrun::base::NowSeconds();
+        const double t0 = Now();
         if (!rs.WriteOutputBackward(l, dout).ok()) std::exit(1);
-        const double t1 = rackrun::base::NowSeconds();
+        const double t1 = Now();
         if (!rs.ReadInputBackward(l, dout).ok()) std::exit(1);
-        const double t2 = rackrun::base::NowSeconds();
+        const double t2 = Now();
         total += t2 - t0;
         wb_sum += (t1 - t0) / L;
         rb_sum += (t2 - t1) / L;
@@ -383,6 +398,8 @@ int main(int argc, char** argv) {
     };
     if (a == "--json") {
       json = true;
+    } else if (a == "--cpu-time") {
+      g_cpu_time = true;
     } else if (a == "--no-backward") {
       backward = false;
     } else if (a == "--tokens") {
@@ -415,13 +432,17 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: %s [--tokens T] [--widths 128,512,1024] [--reps R] [--modes all|a,b]"
-                   " [--no-backward] [--json]\n",
+                   " [--no-backward] [--json] [--cpu-time]\n",
                    argv[0]);
       return 2;
     }
   }
   if (tokens <= 0) {
     std::fprintf(stderr, "--tokens must be positive\n");
+    return 2;
+  }
+  if (g_cpu_time && omp_get_max_threads() != 1) {
+    std::fprintf(stderr, "--cpu-time measures one thread: run with OMP_NUM_THREADS=1\n");
     return 2;
   }
   const Bandwidth bw = MeasureBandwidth(reps);
@@ -444,6 +465,7 @@ int main(int argc, char** argv) {
     nlohmann::json j;
     j["tokens"] = tokens;
     j["threads"] = omp_get_max_threads();
+    j["clock"] = g_cpu_time ? "process_cpu_time" : "wall";
     j["bandwidth_bytes_per_s"] = {{"copy", bw.copy},
                                   {"triad", bw.triad},
                                   {"copy_after", bw_after.copy},
@@ -487,7 +509,8 @@ int main(int argc, char** argv) {
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
   }
-  std::printf("tokens %d, threads %d, reps %d (medians)\n", tokens, omp_get_max_threads(), reps);
+  std::printf("tokens %d, threads %d, reps %d (medians), clock: %s\n", tokens,
+              omp_get_max_threads(), reps, g_cpu_time ? "process CPU time" : "wall");
   std::printf("bandwidth before: copy %.2f GB/s, triad %.2f GB/s; after: copy %.2f, triad %.2f\n",
               bw.copy / 1e9, bw.triad / 1e9, bw_after.copy / 1e9, bw_after.triad / 1e9);
   std::printf("\n%-11s %5s | %7s %7s %7s | %8s %8s %8s | %6s %5s %7s | %7s %7s %5s %5s\n", "mode",
