@@ -559,10 +559,11 @@ TEST(ResidualStreamsTest, FloatMatchesDoubleAndRunsAreDeterministic) {
 // A batch large enough for the multi-threaded path (tokens x N x C >= 2^15: the all-token
 // projections split in token blocks over the threads, the backward's BatchGemm calls)
 // against the same tokens run as small serial batches. Segments start every 10 tokens, so
-// the 8 batches of 10 are the same computation: the forward and the state gradient must
-// agree to 1e-5 relative (projections are summed in the same order, only the per-token
-// reductions may differ), the parameter gradients (sums over tokens, reassociated) to 1e-4
-// of their largest entry; and two runs of the large batch must be bit-identical.
+// the 8 batches of 10 are the same computation up to float reassociation (the projection
+// tiles group rows differently, the backward GEMMs split differently): the forward must
+// agree to 1e-5 relative, the state gradient to 1e-4 relative, the parameter gradients
+// (sums over tokens) to 1e-4 of their largest entry; two runs of the large batch must be
+// bit-identical.
 TEST(ResidualStreamsTest, ParallelSizedBatchMatchesSerialBatchesAndIsDeterministic) {
   for (ResidualMode mode :
        {ResidualMode::kXhc, ResidualMode::kXhcFlash, ResidualMode::kXhcFlash4}) {
@@ -616,7 +617,7 @@ TEST(ResidualStreamsTest, ParallelSizedBatchMatchesSerialBatchesAndIsDeterminist
       ASSERT_NEAR(y1[i], ys[i], 1e-5 * (1 + std::abs(ys[i]))) << ResidualModeName(mode) << i;
     ASSERT_EQ(gs.size(), g1.size());
     for (size_t i = 0; i < gs.size(); ++i)
-      ASSERT_NEAR(g1[i], gs[i], 1e-5 * (1 + std::abs(gs[i]))) << ResidualModeName(mode) << i;
+      ASSERT_NEAR(g1[i], gs[i], 1e-4 * (1 + std::abs(gs[i]))) << ResidualModeName(mode) << i;
     double scale = 0;
     for (float v : ps) scale = std::max(scale, static_cast<double>(std::abs(v)));
     ASSERT_EQ(ps.size(), p1.size());
