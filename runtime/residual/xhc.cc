@@ -123,15 +123,8 @@ class XhcImpl final : public ResidualStreams<T>::Impl {
   int KrMax() const { return 1 + J_; }
   int P2Max() const { return k_ * k_ + k_ * KrMax(); }
 
-  // Scratch layout per thread.
-  int64_t OffZz() const { return 0; }
-  int64_t OffQ() const {
-    return OffZz() + kTokenBlock * static_cast<int64_t>(groups_.empty() ? 0 : groups_[0].P1);
-  }
-  int64_t OffBlock() const { return OffQ() + kTokenBlock * static_cast<int64_t>(P2Max()); }
-  int64_t OffOne() const {
-    return OffBlock() + kTokenBlock * static_cast<int64_t>(k_) * this->width;
-  }
+  // Scratch layout per thread (the all-token projections use z_, q_, act_ and dact_).
+  int64_t OffOne() const { return 0; }
   int64_t OffO() const { return OffOne() + static_cast<int64_t>(k_) * this->width; }
   int64_t OffLevels() const { return OffO() + static_cast<int64_t>(KrMax()) * this->width; }
   int64_t OffSmall() const { return OffLevels() + static_cast<int64_t>(J_ + 1) * this->width; }
