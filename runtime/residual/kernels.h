@@ -7,10 +7,15 @@
 #ifndef RACKRUN_RUNTIME_RESIDUAL_KERNELS_H_
 #define RACKRUN_RUNTIME_RESIDUAL_KERNELS_H_
 
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <utility>
+
+#include "runtime/cpu/gemm.h"
 
 namespace rackrun::runtime::residual_internal {
 
@@ -49,10 +54,14 @@ template <typename T>
 inline void Store(T* p, Simd<T> v) {
   std::memcpy(p, &v, sizeof(v));
 }
+template <typename T, size_t... I>
+inline Simd<T> SplatLanes(T s, std::index_sequence<I...>) {
+  return Simd<T>{((void)I, s)...};
+}
+// One broadcast instruction (`Simd<T>{} + s` would cost an add, kept for signed zeros).
 template <typename T>
 inline Simd<T> Splat(T s) {
-  Simd<T> v = {};
-  return v + s;
+  return SplatLanes<T>(s, std::make_index_sequence<static_cast<size_t>(kLanes<T>)>());
 }
 template <typename T>
 inline T HSum(Simd<T> v) {
@@ -414,6 +423,142 @@ inline void ParallelWeightGrad(const T* c, int64_t ldc, int rows, const T* x, in
   for (int64_t s = 0; s < slices; ++s) {
     const int64_t e0 = s * kSlice;
     AccumulateOuter(c, ldc, rows, x, ldx, P, e0, std::min(K, e0 + kSlice), dw, ldw);
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Projection of many rows onto few outputs (the mapping logits of all tokens: P = 20..80
+// outputs over K = kC..NC inputs). A general GEMM packs the large operand (the state) and
+// runs at about half its square-matrix rate on such skinny shapes; here the small operand
+// is packed instead, transposed, in K chunks that stay in L1/L2 while every row streams
+// through once: wt[e * Ppad + p] = w[p][e], P padded with zeros to Ppad = a multiple of
+// the vector width.
+
+template <typename T>
+inline int PaddedOutputs(int P) {
+  return (P + kLanes<T> - 1) / kLanes<T> * kLanes<T>;
+}
+
+// Packs the P x K matrix w (rows ldw apart) into wt (K x Ppad).
+template <typename T>
+inline void PackTransposed(const T* w, int64_t ldw, int P, int64_t K, T* wt) {
+  const int Ppad = PaddedOutputs<T>(P);
+  constexpr int64_t kBlock = 64;
+  for (int64_t e0 = 0; e0 < K; e0 += kBlock) {
+    const int64_t e1 = std::min(K, e0 + kBlock);
+    for (int64_t e = e0; e < e1; ++e)
+      for (int p = P; p < Ppad; ++p) wt[e * Ppad + p] = T(0);
+    for (int p = 0; p < P; ++p)
+      for (int64_t e = e0; e < e1; ++e) wt[e * Ppad + p] = w[p * ldw + e];
+  }
+}
+
+// Two rows x V vectors of outputs over e in [e0, e1); accumulates into z (rows ldz apart).
+template <typename T, int R, int V>
+inline void ProjectRowsTile(const T* x, int64_t ldx, const T* wt, int Ppad, int v0, int64_t e0,
+                            int64_t e1, T* z, int64_t ldz) {
+  constexpr int L = kLanes<T>;
+  Simd<T> acc[R][V];
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < V; ++v) acc[r][v] = Load(z + r * ldz + (v0 + v) * L);
+  const T* wp = wt + v0 * L;
+  for (int64_t e = e0; e < e1; ++e) {
+    Simd<T> wv[V];
+#pragma GCC unroll 4
+    for (int v = 0; v < V; ++v) {
+      wv[v] = Load(wp + e * Ppad + v * L);
+      // Keep the weights in registers for all R rows (GCC would otherwise fold the load
+      // into each row's FMA: R loads per weight vector, and the loop becomes load-bound).
+      asm("" : "+x"(wv[v]));
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      const Simd<T> b = Splat(x[r * ldx + e]);
+#pragma GCC unroll 4
+      for (int v = 0; v < V; ++v) acc[r][v] += b * wv[v];
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < V; ++v) Store(z + r * ldz + (v0 + v) * L, acc[r][v]);
+}
+
+// z[r * ldz + p] = sum_e x[r * ldx + e] * w[p][e] for r < rows, p < Ppad (overwrites; the
+// padded outputs come out 0), with wt = PackTransposed(w). Each output is summed over e in
+// index order whatever the row range, so splitting rows across threads does not change
+// results.
+template <typename T>
+inline void ProjectRows(const T* x, int64_t ldx, int rows, const T* wt, int Ppad, int64_t K, T* z,
+                        int64_t ldz) {
+  constexpr int L = kLanes<T>;
+  const int nv = Ppad / L;
+  // K chunks keep the chunk of wt (kc x Ppad, 64 KiB) in L2 while a block of rows passes;
+  // the rows' chunks stream from memory once. Row blocks bound the re-reads of wt.
+  constexpr int kRowBlock = 256;
+  const int64_t kc = std::max<int64_t>(8, int64_t{65536} / static_cast<int64_t>(sizeof(T)) / Ppad);
+  for (int rb = 0; rb < rows; rb += kRowBlock) {
+    const int rn = std::min(kRowBlock, rows - rb);
+    const T* xb = x + rb * ldx;
+    T* zb = z + rb * ldz;
+    for (int r = 0; r < rn; ++r) std::fill(zb + r * ldz, zb + r * ldz + Ppad, T(0));
+    for (int64_t e0 = 0; e0 < K; e0 += kc) {
+      const int64_t e1 = std::min(K, e0 + kc);
+      // Rows in pairs; an odd last row runs the same pair tile on itself (row stride 0),
+      // so every row's outputs come from the same instruction sequence, whatever the split.
+      for (int r = 0; r < rn; r += 2) {
+        const int64_t lx = r + 1 < rn ? ldx : 0, lz = r + 1 < rn ? ldz : 0;
+        const T* xr = xb + r * ldx;
+        T* zr = zb + r * ldz;
+        int v = 0;
+        for (; v + 4 <= nv; v += 4) ProjectRowsTile<T, 2, 4>(xr, lx, wt, Ppad, v, e0, e1, zr, lz);
+        if (v + 3 == nv) {
+          ProjectRowsTile<T, 2, 3>(xr, lx, wt, Ppad, v, e0, e1, zr, lz);
+          v += 3;
+        }
+        for (; v + 2 <= nv; v += 2) ProjectRowsTile<T, 2, 2>(xr, lx, wt, Ppad, v, e0, e1, zr, lz);
+        for (; v < nv; ++v) ProjectRowsTile<T, 2, 1>(xr, lx, wt, Ppad, v, e0, e1, zr, lz);
+      }
+    }
+  }
+}
+
+// c = alpha * op(a) * op(b) + beta * c (row-major, cpu::GemmSerial's contract) for the
+// mapping projections of all tokens at once: OpenBLAS's packed kernels run 3-4x faster
+// than the per-token-block Project tiles above. With `parallel`, the rows of c (or its
+// columns when m < n) are split over the OpenMP threads in fixed blocks of 16, as
+// cpu::Gemm does; unlike cpu::Gemm this is not added to cpu::GemmSeconds() (the model's
+// timing counts the residual component's time as its own). Each element is reduced by one
+// kernel call: deterministic for a fixed thread count. Call outside a parallel region.
+template <typename T>
+inline void BatchGemm(bool parallel, bool trans_a, bool trans_b, int m, int n, int k, T alpha,
+                      const T* a, int64_t lda, const T* b, int64_t ldb, T beta, T* c,
+                      int64_t ldc) {
+  if (m <= 0 || n <= 0) return;
+  if (!parallel) {
+    cpu::GemmSerial<T>(trans_a, trans_b, m, n, k, alpha, a, static_cast<int>(lda), b,
+                       static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
+    return;
+  }
+  const bool by_rows = m >= n;
+#pragma omp parallel
+  {
+    const int threads = omp_get_num_threads();
+    const int t = omp_get_thread_num();
+    const int extent = by_rows ? m : n;
+    const int blocks = (extent + 15) / 16;
+    const int b0 = static_cast<int>(static_cast<int64_t>(blocks) * t / threads) * 16;
+    const int b1 =
+        std::min(extent, static_cast<int>(static_cast<int64_t>(blocks) * (t + 1) / threads) * 16);
+    if (b1 > b0) {
+      if (by_rows) {
+        const T* a0 = trans_a ? a + b0 : a + b0 * lda;
+        cpu::GemmSerial<T>(trans_a, trans_b, b1 - b0, n, k, alpha, a0, static_cast<int>(lda), b,
+                           static_cast<int>(ldb), beta, c + b0 * ldc, static_cast<int>(ldc));
+      } else {
+        const T* b_0 = trans_b ? b + b0 * ldb : b + b0;
+        cpu::GemmSerial<T>(trans_a, trans_b, m, b1 - b0, k, alpha, a, static_cast<int>(lda), b_0,
+                           static_cast<int>(ldb), beta, c + b0, static_cast<int>(ldc));
+      }
+    }
   }
 }
 

@@ -30,8 +30,10 @@ struct Harness {
   std::vector<double> start;           // tokens x N x C (SetState) or tokens x C (Expand)
   bool use_expand = false;
 
-  Harness(ResidualConfig c, uint64_t seed, bool expand = false) : config(std::move(c)) {
+  Harness(ResidualConfig c, uint64_t seed, bool expand = false, int ntokens = 10)
+      : config(std::move(c)) {
     use_expand = expand;
+    tokens = ntokens;
     std::mt19937_64 rng(seed);
     std::normal_distribution<double> normal(0.0, 1.0);
     const int C = config.width;
@@ -551,6 +553,76 @@ TEST(ResidualStreamsTest, FloatMatchesDoubleAndRunsAreDeterministic) {
     for (auto& p : f->Parameters()) p2.insert(p2.end(), p.grad, p.grad + p.size);
     EXPECT_EQ(g1, g2);
     EXPECT_EQ(p1, p2);
+  }
+}
+
+// A batch large enough for the multi-threaded path (tokens x N x C >= 2^15: the all-token
+// projections split in token blocks over the threads, the backward's BatchGemm calls)
+// against the same tokens run as small serial batches. Segments start every 10 tokens, so
+// the 8 batches of 10 are the same computation up to float reassociation (the projection
+// tiles group rows differently, the backward GEMMs split differently): the forward must
+// agree to 1e-5 relative, the state gradient to 1e-4 relative, the parameter gradients
+// (sums over tokens) to 1e-4 of their largest entry; two runs of the large batch must be
+// bit-identical.
+TEST(ResidualStreamsTest, ParallelSizedBatchMatchesSerialBatchesAndIsDeterministic) {
+  for (ResidualMode mode :
+       {ResidualMode::kXhc, ResidualMode::kXhcFlash, ResidualMode::kXhcFlash4}) {
+    ResidualConfig config = ResidualConfig::ForMode(mode, 32, ResidualConfig::Transformer(2));
+    config.conv_widths = {2, 4};
+    constexpr int kChunk = 10, kChunks = 8;  // 80 x 16 x 32 = 40960 elements
+    Harness<float> big(config, 43, false, kChunk * kChunks);
+    big.segments.clear();
+    for (int c = 0; c < kChunks; ++c) {
+      big.segments.push_back(c * kChunk);
+      big.segments.push_back(c * kChunk + 6);
+    }
+    auto a = ResidualStreams<float>::Create(config, 2);
+    auto b = ResidualStreams<float>::Create(config, 2);
+    ASSERT_TRUE(a.ok() && b.ok());
+    Randomize(*a, 5);
+    Randomize(*b, 5);
+    auto run_big = [&](std::vector<float>* y, std::vector<float>* params) {
+      a->ZeroGrad();
+      big.Forward(*a, nullptr, y);
+      std::vector<float> g = big.Gradient(*a);
+      params->clear();
+      for (auto& p : a->Parameters()) params->insert(params->end(), p.grad, p.grad + p.size);
+      return g;
+    };
+    std::vector<float> y1, y2, p1, p2;
+    const std::vector<float> g1 = run_big(&y1, &p1);
+    const std::vector<float> g2 = run_big(&y2, &p2);
+    EXPECT_EQ(y1, y2) << ResidualModeName(mode);
+    EXPECT_EQ(g1, g2) << ResidualModeName(mode);
+    EXPECT_EQ(p1, p2) << ResidualModeName(mode);
+    // The same tokens, 10 at a time (serial path); parameter gradients accumulate.
+    const int C = config.width, N = config.streams;
+    std::vector<float> ys, gs;
+    b->ZeroGrad();
+    for (int c = 0; c < kChunks; ++c) {
+      Harness<float> small(config, 43, false, kChunk);
+      small.R.assign(big.R.begin() + c * kChunk * C, big.R.begin() + (c + 1) * kChunk * C);
+      small.start.assign(big.start.begin() + static_cast<int64_t>(c) * kChunk * N * C,
+                         big.start.begin() + static_cast<int64_t>(c + 1) * kChunk * N * C);
+      std::vector<float> y;
+      small.Forward(*b, nullptr, &y);
+      ys.insert(ys.end(), y.begin(), y.end());
+      const std::vector<float> g = small.Gradient(*b);
+      gs.insert(gs.end(), g.begin(), g.end());
+    }
+    std::vector<float> ps;
+    for (auto& p : b->Parameters()) ps.insert(ps.end(), p.grad, p.grad + p.size);
+    ASSERT_EQ(ys.size(), y1.size());
+    for (size_t i = 0; i < ys.size(); ++i)
+      ASSERT_NEAR(y1[i], ys[i], 1e-5 * (1 + std::abs(ys[i]))) << ResidualModeName(mode) << i;
+    ASSERT_EQ(gs.size(), g1.size());
+    for (size_t i = 0; i < gs.size(); ++i)
+      ASSERT_NEAR(g1[i], gs[i], 1e-4 * (1 + std::abs(gs[i]))) << ResidualModeName(mode) << i;
+    double scale = 0;
+    for (float v : ps) scale = std::max(scale, static_cast<double>(std::abs(v)));
+    ASSERT_EQ(ps.size(), p1.size());
+    for (size_t i = 0; i < ps.size(); ++i)
+      ASSERT_NEAR(p1[i], ps[i], 1e-4 * scale) << ResidualModeName(mode) << " parameter " << i;
   }
 }
 

@@ -29,13 +29,14 @@ namespace rackrun::runtime {
 namespace {
 
 using residual_internal::Axpy;
+using residual_internal::BatchGemm;
 using residual_internal::Combine;
 using residual_internal::Dot;
 using residual_internal::Moments;
 using residual_internal::MulAdd;
-using residual_internal::ParallelWeightGrad;
-using residual_internal::Project;
-using residual_internal::ProjectTransposeAddPacked;
+using residual_internal::PackTransposed;
+using residual_internal::PaddedOutputs;
+using residual_internal::ProjectRows;
 using residual_internal::Sigmoid;
 
 constexpr double kNormEps = 1e-6;
@@ -122,22 +123,31 @@ class XhcImpl final : public ResidualStreams<T>::Impl {
   int KrMax() const { return 1 + J_; }
   int P2Max() const { return k_ * k_ + k_ * KrMax(); }
 
-  // Scratch layout per thread.
-  int64_t OffZz() const { return 0; }
-  int64_t OffQ() const {
-    return OffZz() + kTokenBlock * static_cast<int64_t>(groups_.empty() ? 0 : groups_[0].P1);
-  }
-  int64_t OffBlock() const { return OffQ() + kTokenBlock * static_cast<int64_t>(P2Max()); }
-  int64_t OffOne() const {
-    return OffBlock() + kTokenBlock * static_cast<int64_t>(k_) * this->width;
-  }
+  // Scratch layout per thread (the all-token projections use z_, q_, act_ and dact_).
+  int64_t OffOne() const { return 0; }
   int64_t OffO() const { return OffOne() + static_cast<int64_t>(k_) * this->width; }
   int64_t OffLevels() const { return OffO() + static_cast<int64_t>(KrMax()) * this->width; }
   int64_t OffSmall() const { return OffLevels() + static_cast<int64_t>(J_ + 1) * this->width; }
   int64_t ScratchSize() const { return OffSmall() + sinkhorn_.tape_size() + 8 * k_ * k_ + 64; }
 
   void TopK(const T* score, int32_t* idx) const;
-  void ActiveForward(Sublayer& sl, const Group& gr, int t0, int tb, int tid);
+  // Gathers token t's active rows (the backward's saved A) and stores ra = RMS(vec A).
+  void GatherActive(Sublayer& sl, const Group& gr, int t);
+  // The active mappings of every token: one GEMM for the H_res / H_post logits of all
+  // tokens, then RMSNorm scaling and the maps per token.
+  void ActiveForward(Sublayer& sl);
+  // out[t * ldo + p] = sum_e x[t * ldx + e] * w[p * K + e] for every token (p < P, padded
+  // to PaddedOutputs(P) outputs): the mapping logits of all tokens, blocks of tokens split
+  // over the threads (each output summed in the same order whatever the split).
+  void ProjectAllTokens(const T* x, int64_t ldx, const T* w, int P, int64_t K, T* out);
+  T* ActiveRows(Sublayer& sl, int64_t* ld) {
+    if (this->save) {
+      *ld = sl.row_stride;
+      return sl.rows.data();
+    }
+    *ld = static_cast<int64_t>(k_) * this->width;
+    return act_.data();
+  }
   void ActiveLogitsToMaps(const Sublayer& sl, T* coef, T* sk) const;
   void ComputeBasis(const Sublayer& sl, const T* out, int t, T* o) const;
   void GramSchmidtBackward(const Sublayer& sl, const T* out, int64_t ld, int t, const T* o, T* d_o,
@@ -150,11 +160,16 @@ class XhcImpl final : public ResidualStreams<T>::Impl {
   std::vector<Sublayer> sub_;
   std::vector<Group> groups_;
   std::vector<T> base_;  // tokens x (g-1) x C: non-active parts of the group's reads
+  std::vector<T> z_;     // tokens x P1: router and pre-mapping projections (group entry)
+  std::vector<T> q_;     // tokens x P2max: active projections
+  std::vector<T> act_;   // tokens x kC: gathered active rows when not saving
+  std::vector<T> wt_;    // a mapping weight packed for ProjectRows
   // Backward workspaces.
   std::vector<T> dp_;     // tokens x k (accumulated over the group's sublayers)
   std::vector<T> dypre_;  // tokens x g x N
   std::vector<T> c1_;     // tokens x P1
   std::vector<T> c2_;     // tokens x P2max
+  std::vector<T> dact_;   // tokens x kC: gradient w.r.t. the active rows A_(s-1)
   std::vector<T> dg_;     // tokens x J x C
   std::vector<T> scal_;   // tokens x per-token scalar-parameter gradients
 };
@@ -239,11 +254,15 @@ void XhcImpl<T>::Reserve() {
     gr.colsum.resize(static_cast<size_t>(N));
   }
   base_.resize(cap * static_cast<size_t>(g_ - 1) * static_cast<size_t>(C));
+  z_.resize(cap * static_cast<size_t>(PaddedOutputs<T>(groups_[0].P1)));
+  q_.resize(cap * static_cast<size_t>(PaddedOutputs<T>(P2Max())));
+  // act_ holds the gathered rows only in forwards without saving (sized on first use).
   if (this->reserved_save) {
     dp_.resize(cap * static_cast<size_t>(k_));
     dypre_.resize(cap * static_cast<size_t>(g_ * N));
     c1_.resize(cap * static_cast<size_t>(groups_[0].P1));
     c2_.resize(cap * static_cast<size_t>(P2Max()));
+    dact_.resize(cap * static_cast<size_t>(k_) * static_cast<size_t>(C));
     dg_.resize(cap * static_cast<size_t>(J_) * static_cast<size_t>(C));
     scal_.resize(cap * static_cast<size_t>(ScalStride()));
   }
@@ -299,42 +318,54 @@ void XhcImpl<T>::ActiveLogitsToMaps(const Sublayer& sl, T* coef, T* sk) const {
   for (int i = 0; i < k_ * sl.Kr; ++i) hp[i] = T(2) * Sigmoid(a * q[off + i] + b[i]);
 }
 
-// Gathers the active rows of tokens [t0, t0 + tb), computes RMSNorm(vec A) and the
-// active mappings H_res / H_post. The gathered rows are the backward's saved A.
 template <typename T>
-void XhcImpl<T>::ActiveForward(Sublayer& sl, const Group& gr, int t0, int tb, int tid) {
-  const int N = this->nstreams;
+void XhcImpl<T>::GatherActive(Sublayer& sl, const Group& gr, int t) {
   const int64_t C = this->width;
   const int64_t kc = k_ * C;
-  T* sc = this->Scratch(tid);
-  T* ablock;
   int64_t lda;
-  if (this->save) {
-    ablock = sl.rows.data() + static_cast<int64_t>(t0) * sl.row_stride;
-    lda = sl.row_stride;
-  } else {
-    ablock = sc + OffBlock();
-    lda = kc;
+  T* a = ActiveRows(sl, &lda) + static_cast<int64_t>(t) * lda;
+  const int32_t* idx = gr.idx.data() + static_cast<int64_t>(t) * k_;
+  const T* x = this->X.data() + static_cast<int64_t>(t) * this->nstreams * C;
+  for (int j = 0; j < k_; ++j) std::memcpy(a + j * C, x + idx[j] * C, sizeof(T) * C);
+  T sum, sq;
+  Moments(a, kc, &sum, &sq);
+  sl.coef[static_cast<size_t>(t) * static_cast<size_t>(sl.coef_stride) + kRa] =
+      std::sqrt(sq / static_cast<T>(kc) + static_cast<T>(kNormEps));
+}
+
+template <typename T>
+void XhcImpl<T>::ProjectAllTokens(const T* x, int64_t ldx, const T* w, int P, int64_t K, T* out) {
+  const int Ppad = PaddedOutputs<T>(P);
+  const size_t need = static_cast<size_t>(K) * static_cast<size_t>(Ppad);
+  if (wt_.size() < need) wt_.resize(need);
+  PackTransposed(w, K, P, K, wt_.data());
+  const int tokens = this->ntok;
+  constexpr int kBlock = 256;
+  const int blocks = (tokens + kBlock - 1) / kBlock;
+  const T* wt = wt_.data();
+#pragma omp parallel for schedule(static) if (this->Parallel())
+  for (int b = 0; b < blocks; ++b) {
+    const int t0 = b * kBlock;
+    ProjectRows(x + t0 * ldx, ldx, std::min(kBlock, tokens - t0), wt, Ppad, K, out + t0 * Ppad,
+                Ppad);
   }
-  T* q = sc + OffQ();
-  std::fill(q, q + static_cast<int64_t>(tb) * sl.P2, T(0));
-  for (int i = 0; i < tb; ++i) {
-    const int t = t0 + i;
-    const int32_t* idx = gr.idx.data() + static_cast<int64_t>(t) * k_;
-    const T* x = this->X.data() + static_cast<int64_t>(t) * N * C;
-    T* a = ablock + i * lda;
-    for (int j = 0; j < k_; ++j) std::memcpy(a + j * C, x + idx[j] * C, sizeof(T) * C);
-  }
-  Project(ablock, lda, tb, this->value(sl.w2), kc, sl.P2, kc, q, sl.P2);
-  for (int i = 0; i < tb; ++i) {
-    const int t = t0 + i;
+}
+
+template <typename T>
+void XhcImpl<T>::ActiveForward(Sublayer& sl) {
+  const int64_t kc = k_ * static_cast<int64_t>(this->width);
+  const int tokens = this->ntok;
+  int64_t lda;
+  const T* ablock = ActiveRows(sl, &lda);
+  ProjectAllTokens(ablock, lda, Param(sl.w2), sl.P2, kc, q_.data());
+  const int ldq = PaddedOutputs<T>(sl.P2);
+#pragma omp parallel for schedule(static) if (this->Parallel())
+  for (int t = 0; t < tokens; ++t) {
     T* coef = sl.coef.data() + static_cast<int64_t>(t) * sl.coef_stride;
-    T sum, sq;
-    Moments(ablock + i * lda, kc, &sum, &sq);
-    const T ra = std::sqrt(sq / static_cast<T>(kc) + static_cast<T>(kNormEps));
-    coef[kRa] = ra;
-    for (int p = 0; p < sl.P2; ++p) coef[QOff() + p] = q[i * sl.P2 + p] / ra;
-    ActiveLogitsToMaps(sl, coef, sc + OffSmall());
+    const T ra = coef[kRa];
+    const T* q = q_.data() + static_cast<int64_t>(t) * ldq;
+    for (int p = 0; p < sl.P2; ++p) coef[QOff() + p] = q[p] / ra;
+    ActiveLogitsToMaps(sl, coef, this->Scratch(omp_get_thread_num()) + OffSmall());
   }
 }
 
@@ -348,6 +379,8 @@ void XhcImpl<T>::Read(int l, T* u) {
   Group& gr = groups_[static_cast<size_t>(l / g_)];
   const int tokens = this->ntok;
   const int64_t rs = RecStride();
+  if (!this->save && act_.size() < static_cast<size_t>(this->capacity) * static_cast<size_t>(kc))
+    act_.resize(static_cast<size_t>(this->capacity) * static_cast<size_t>(kc));
   if (sl.s == 0) {
     // Group entry: one pass over the full state for routing, every pre-mapping of the
     // group, the dense read of sublayer 0 and the non-active bases of the others.
@@ -357,58 +390,51 @@ void XhcImpl<T>::Read(int l, T* u) {
       Moments(w1 + p * nc, nc, &s, &sq);
       gr.colsum[static_cast<size_t>(p)] = s;
     }
+    // Router and every pre-mapping of the group for all tokens: one GEMM over the
+    // flattened state; the LayerNorm / RMSNorm statistics are applied per token after it.
+    ProjectAllTokens(this->X.data(), nc, w1, gr.P1, nc, z_.data());
+    const int ldz = PaddedOutputs<T>(gr.P1);
 #pragma omp parallel for schedule(static) if (this->Parallel())
-    for (int t0 = 0; t0 < tokens; t0 += kTokenBlock) {
-      const int tid = omp_get_thread_num();
-      const int tb = std::min(kTokenBlock, tokens - t0);
-      T* sc = this->Scratch(tid);
-      T* zz = sc + OffZz();
-      std::fill(zz, zz + static_cast<int64_t>(tb) * gr.P1, T(0));
-      const T* xb = this->X.data() + static_cast<int64_t>(t0) * nc;
-      Project(xb, nc, tb, w1, nc, gr.P1, nc, zz, gr.P1);
-      for (int i = 0; i < tb; ++i) {
-        const int t = t0 + i;
-        const T* x = xb + i * nc;
-        T* rec = gr.rec.data() + static_cast<int64_t>(t) * rs;
-        T sum, sq;
-        Moments(x, nc, &sum, &sq);
-        const T D = static_cast<T>(nc);
-        const T mu = sum / D;
-        const T var = std::max(sq / D - mu * mu, T(0));
-        const T sd = std::sqrt(var + static_cast<T>(kNormEps));
-        const T r = std::sqrt(sq / D + static_cast<T>(kNormEps));
-        rec[kMu] = mu;
-        rec[kSd] = sd;
-        rec[kRms] = r;
-        const T* z = zz + i * gr.P1;
-        T score[kMaxN];
+    for (int t = 0; t < tokens; ++t) {
+      const T* x = this->X.data() + static_cast<int64_t>(t) * nc;
+      T* rec = gr.rec.data() + static_cast<int64_t>(t) * rs;
+      T sum, sq;
+      Moments(x, nc, &sum, &sq);
+      const T D = static_cast<T>(nc);
+      const T mu = sum / D;
+      const T var = std::max(sq / D - mu * mu, T(0));
+      const T sd = std::sqrt(var + static_cast<T>(kNormEps));
+      const T r = std::sqrt(sq / D + static_cast<T>(kNormEps));
+      rec[kMu] = mu;
+      rec[kSd] = sd;
+      rec[kRms] = r;
+      const T* z = z_.data() + static_cast<int64_t>(t) * ldz;
+      T score[kMaxN];
+      for (int p = 0; p < N; ++p) {
+        rec[YrOff() + p] = (z[p] - mu * gr.colsum[static_cast<size_t>(p)]) / sd;
+        score[p] = Sigmoid(rec[YrOff() + p]);
+      }
+      for (int s = 0; s < g_; ++s) {
+        const Sublayer& sub = sub_[static_cast<size_t>(l + s)];
+        const T a = *this->value(sub.a_pre);
+        const T* b = this->value(sub.b_pre);
         for (int p = 0; p < N; ++p) {
-          rec[YrOff() + p] = (z[p] - mu * gr.colsum[static_cast<size_t>(p)]) / sd;
-          score[p] = Sigmoid(rec[YrOff() + p]);
-        }
-        for (int s = 0; s < g_; ++s) {
-          const Sublayer& sub = sub_[static_cast<size_t>(l + s)];
-          const T a = *this->value(sub.a_pre);
-          const T* b = this->value(sub.b_pre);
-          for (int p = 0; p < N; ++p) {
-            const T y = z[N + s * N + p] / r;
-            rec[YpreOff(s) + p] = y;
-            rec[HpreOff(s) + p] = Sigmoid(a * y + b[p]);
-          }
-        }
-        int32_t* idx = gr.idx.data() + static_cast<int64_t>(t) * k_;
-        TopK(score, idx);
-        for (int j = 0; j < k_; ++j) rec[kGate + j] = j < m_ ? T(1) : score[idx[j]];
-        Combine(rec + HpreOff(0), N, x, C, C, u + t * C);
-        for (int s = 1; s < g_; ++s) {
-          T coefs[kMaxN];
-          std::memcpy(coefs, rec + HpreOff(s), sizeof(T) * N);
-          for (int j = 0; j < k_; ++j) coefs[idx[j]] = 0;
-          Combine(coefs, N, x, C, C,
-                  base_.data() + (static_cast<int64_t>(t) * (g_ - 1) + s - 1) * C);
+          const T y = z[N + s * N + p] / r;
+          rec[YpreOff(s) + p] = y;
+          rec[HpreOff(s) + p] = Sigmoid(a * y + b[p]);
         }
       }
-      ActiveForward(sl, gr, t0, tb, tid);
+      int32_t* idx = gr.idx.data() + static_cast<int64_t>(t) * k_;
+      TopK(score, idx);
+      for (int j = 0; j < k_; ++j) rec[kGate + j] = j < m_ ? T(1) : score[idx[j]];
+      Combine(rec + HpreOff(0), N, x, C, C, u + t * C);
+      for (int s = 1; s < g_; ++s) {
+        T coefs[kMaxN];
+        std::memcpy(coefs, rec + HpreOff(s), sizeof(T) * N);
+        for (int j = 0; j < k_; ++j) coefs[idx[j]] = 0;
+        Combine(coefs, N, x, C, C, base_.data() + (static_cast<int64_t>(t) * (g_ - 1) + s - 1) * C);
+      }
+      GatherActive(sl, gr, t);
     }
     this->Count("mapping generation (full state)", static_cast<double>(nc), 0,
                 static_cast<double>(nc), 0);
@@ -417,24 +443,20 @@ void XhcImpl<T>::Read(int l, T* u) {
     this->Count("gather active streams", static_cast<double>(kc), static_cast<double>(kc), 0, 0);
   } else {
 #pragma omp parallel for schedule(static) if (this->Parallel())
-    for (int t0 = 0; t0 < tokens; t0 += kTokenBlock) {
-      const int tid = omp_get_thread_num();
-      const int tb = std::min(kTokenBlock, tokens - t0);
-      for (int i = 0; i < tb; ++i) {
-        const int t = t0 + i;
-        const T* rec = gr.rec.data() + static_cast<int64_t>(t) * rs;
-        const int32_t* idx = gr.idx.data() + static_cast<int64_t>(t) * k_;
-        const T* x = this->X.data() + static_cast<int64_t>(t) * nc;
-        T* ut = u + t * C;
-        std::memcpy(ut, base_.data() + (static_cast<int64_t>(t) * (g_ - 1) + sl.s - 1) * C,
-                    sizeof(T) * C);
-        for (int j = 0; j < k_; ++j) Axpy(rec[HpreOff(sl.s) + idx[j]], x + idx[j] * C, ut, C);
-      }
-      ActiveForward(sl, gr, t0, tb, tid);
+    for (int t = 0; t < tokens; ++t) {
+      const T* rec = gr.rec.data() + static_cast<int64_t>(t) * rs;
+      const int32_t* idx = gr.idx.data() + static_cast<int64_t>(t) * k_;
+      const T* x = this->X.data() + static_cast<int64_t>(t) * nc;
+      T* ut = u + t * C;
+      std::memcpy(ut, base_.data() + (static_cast<int64_t>(t) * (g_ - 1) + sl.s - 1) * C,
+                  sizeof(T) * C);
+      for (int j = 0; j < k_; ++j) Axpy(rec[HpreOff(sl.s) + idx[j]], x + idx[j] * C, ut, C);
+      GatherActive(sl, gr, t);
     }
     this->Count("read from bases", static_cast<double>(kc + C), static_cast<double>(C),
                 static_cast<double>(kc + C), static_cast<double>(C));
   }
+  ActiveForward(sl);
   this->Count("active mapping generation", static_cast<double>(kc), 0, 0, 0);
   if (this->save) this->Count("save for backward", 0, 0, 0, static_cast<double>(kc));
 }
@@ -586,14 +608,13 @@ void XhcImpl<T>::WriteBackward(int l, T* d_out) {
   const T a_res = sl.last ? *Param(sl.a_res) : T(0);
   const T* b_res = sl.last ? Param(sl.b_res) : nullptr;
   const T a_post = *Param(sl.a_post);
-  const T* w2p = this->Pack(Param(sl.w2), sl.P2, kc);
   const T* saved_out = sl.rows.data() + kc;  // v1 = out rows, at stride row_stride
 #pragma omp parallel for schedule(static) if (this->Parallel())
   for (int t0 = 0; t0 < tokens; t0 += kTokenBlock) {
     const int tid = omp_get_thread_num();
     const int tb = std::min(kTokenBlock, tokens - t0);
     T* sc = this->Scratch(tid);
-    T* dablock = sc + OffBlock();  // tb x kC: gradient w.r.t. A_(s-1)
+    T* dablock = dact_.data() + static_cast<int64_t>(t0) * kc;  // gradient w.r.t. A_(s-1)
     T* d_o = sc + OffO();
     T* sk_tape = sc + OffSmall();
     T* sk_work = sk_tape + sinkhorn_.tape_size();
@@ -693,8 +714,14 @@ void XhcImpl<T>::WriteBackward(int l, T* d_out) {
       for (int p = 0; p < sl.P2; ++p) c2[p] /= ra;
       Axpy(-sum_dq_q / (static_cast<T>(kc) * ra * ra), a, da, kc);
     }
-    ProjectTransposeAddPacked(c2_.data() + static_cast<int64_t>(t0) * P2Max(), P2Max(), tb, w2p,
-                              sl.P2, kc, dablock, kc);
+  }
+  // Input gradient of the [w_res | w_post] projection for all tokens: one GEMM.
+  BatchGemm(this->Parallel(), false, false, tokens, static_cast<int>(kc), sl.P2, T(1), c2_.data(),
+            P2Max(), Param(sl.w2), kc, T(1), dact_.data(), kc);
+#pragma omp parallel for schedule(static) if (this->Parallel())
+  for (int t0 = 0; t0 < tokens; t0 += kTokenBlock) {
+    const int tb = std::min(kTokenBlock, tokens - t0);
+    const T* dablock = dact_.data() + static_cast<int64_t>(t0) * kc;
     for (int i = 0; i < tb; ++i) {
       const int t = t0 + i;
       const int32_t* idx = gr.idx.data() + static_cast<int64_t>(t) * k_;
@@ -739,8 +766,8 @@ void XhcImpl<T>::WriteBackward(int l, T* d_out) {
     }
   }
   // Weight gradient of [w_res | w_post] over the saved active rows.
-  ParallelWeightGrad(c2_.data(), P2Max(), tokens, sl.rows.data(), sl.row_stride, sl.P2, kc,
-                     this->grad(sl.w2), kc);
+  BatchGemm(this->Parallel(), true, false, sl.P2, static_cast<int>(kc), tokens, T(1), c2_.data(),
+            P2Max(), sl.rows.data(), sl.row_stride, T(1), this->grad(sl.w2), kc);
   // Scalar parameters, summed over tokens in order.
   T* g_post_a = this->grad(sl.a_post);
   T* g_post_b = this->grad(sl.b_post);
@@ -768,7 +795,6 @@ void XhcImpl<T>::ReadBackward(int l, const T* d_u) {
   const int64_t ss = ScalStride();
   const T a_pre = *Param(sl.a_pre);
   const int P1 = gr.P1;
-  const T* w1p = sl.s == 0 ? this->Pack(Param(gr.w1), P1, nc) : nullptr;
 #pragma omp parallel for schedule(static) if (this->Parallel())
   for (int t0 = 0; t0 < tokens; t0 += kTokenBlock) {
     const int tb = std::min(kTokenBlock, tokens - t0);
@@ -832,8 +858,6 @@ void XhcImpl<T>::ReadBackward(int l, const T* d_u) {
       if (beta != T(0))
         for (int64_t e = 0; e < nc; ++e) dx[e] += beta;
     }
-    ProjectTransposeAddPacked(c1_.data() + static_cast<int64_t>(t0) * P1, P1, tb, w1p, P1, nc,
-                              this->dX.data() + static_cast<int64_t>(t0) * nc, nc);
   }
   T* ga = this->grad(sl.a_pre);
   T* gb = this->grad(sl.b_pre);
@@ -843,8 +867,13 @@ void XhcImpl<T>::ReadBackward(int l, const T* d_u) {
     for (int r = 0; r < N; ++r) gb[r] += scal[1 + r];
   }
   if (sl.s != 0) return;
+  // Input and weight gradients of the group's router + pre-mapping projection, each one
+  // GEMM over all tokens: dX += c1 W1, dW1 += c1^T X (X is the group-entry state here).
+  BatchGemm(this->Parallel(), false, false, tokens, static_cast<int>(nc), P1, T(1), c1_.data(),
+            P1, Param(gr.w1), nc, T(1), this->dX.data(), nc);
   T* dw1 = this->grad(gr.w1);
-  ParallelWeightGrad(c1_.data(), P1, this->ntok, this->X.data(), nc, P1, nc, dw1, nc);
+  BatchGemm(this->Parallel(), true, false, P1, static_cast<int>(nc), tokens, T(1), c1_.data(), P1,
+            this->X.data(), nc, T(1), dw1, nc);
   // LayerNorm centring of the router rows: dW_r[p][e] -= sum_t c1[t][p] mu_t.
   T corr[kMaxN];
   for (int p = 0; p < N; ++p) {

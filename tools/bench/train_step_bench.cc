@@ -347,6 +347,7 @@ int main(int argc, char** argv) {
                            {"other_s", r.other},
                            {"first_loss", r.first_loss},
                            {"parameters", r.parameters},
+                           {"residual_share", r.step_s > 0 ? r.residual_s / r.step_s : 0.0},
                            {"note", r.note}});
     }
     std::printf("%s\n", j.dump().c_str());
@@ -383,5 +384,18 @@ int main(int argc, char** argv) {
     }
   }
   std::printf("(split columns in ms; the machine is shared, so compare rows of one run)\n");
+  // The residual modes against vanilla in this run: step-time ratio and residual share.
+  const Row* vanilla = nullptr;
+  for (const auto& r : rows)
+    if (r.impl == "rackrun" && r.residual == "vanilla") vanilla = &r;
+  for (const auto& r : rows) {
+    if (r.impl != "rackrun" || r.residual == "vanilla" || r.step_s <= 0) continue;
+    std::printf("%s: residual streams %.1f ms = %.0f%% of the step", r.residual.c_str(),
+                1e3 * r.residual_s, 100 * r.residual_s / r.step_s);
+    if (vanilla != nullptr && vanilla->step_s > 0)
+      std::printf("; step %.2fx vanilla's (+%.1f ms)", r.step_s / vanilla->step_s,
+                  1e3 * (r.step_s - vanilla->step_s));
+    std::printf("\n");
+  }
   return 0;
 }
