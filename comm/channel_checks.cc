@@ -4,7 +4,9 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -503,12 +505,12 @@ void CheckTokenDispatch(DataChannel& channel, uint64_t seed, bool use_ultraep) {
 
 namespace {
 
+// Runs `schedule` twice: blocking (ExecuteFanout), then posted (StartFanout) with a
+// collective and a Poll before Finish, as the expert-parallel executor overlaps it.
 void RunSchedule(DataChannel& channel, const planner::FanoutSchedule& schedule,
                  int64_t expert_bytes, const FanoutExecutorOptions& options,
                  const std::string& label) {
   const int me = channel.rank();
-  std::map<int, std::vector<std::byte>> storage;
-  std::map<int, std::span<std::byte>> buffers;
   int64_t expected_in = 0;
   int64_t expected_out = 0;
   std::map<int, bool> receives;
@@ -519,25 +521,42 @@ void RunSchedule(DataChannel& channel, const planner::FanoutSchedule& schedule,
     }
     if (w.src_rank == me) expected_out += expert_bytes;
   }
-  for (const planner::WeightTransfer& w : schedule.transfers) {
-    if (w.src_rank != me && w.dst_rank != me) continue;
-    if (storage.contains(w.expert)) continue;
-    std::vector<std::byte>& bytes = storage[w.expert];
-    bytes.assign(static_cast<size_t>(expert_bytes), std::byte{0});
-    if (!receives[w.expert]) {
-      for (int64_t i = 0; i < expert_bytes; ++i) bytes[i] = ByteValue(w.expert, i);
+  for (const bool posted : {false, true}) {
+    const std::string what = label + (posted ? " (posted)" : " (blocking)");
+    std::map<int, std::vector<std::byte>> storage;
+    std::map<int, std::span<std::byte>> buffers;
+    for (const planner::WeightTransfer& w : schedule.transfers) {
+      if (w.src_rank != me && w.dst_rank != me) continue;
+      if (storage.contains(w.expert)) continue;
+      std::vector<std::byte>& bytes = storage[w.expert];
+      bytes.assign(static_cast<size_t>(expert_bytes), std::byte{0});
+      if (!receives[w.expert]) {
+        for (int64_t i = 0; i < expert_bytes; ++i) bytes[i] = ByteValue(w.expert, i);
+      }
+      buffers[w.expert] = bytes;
     }
-    buffers[w.expert] = bytes;
-  }
-  absl::StatusOr<FanoutExecutorStats> stats =
-      ExecuteFanout(channel, schedule, expert_bytes, buffers, options);
-  ASSERT_TRUE(stats.ok()) << label << ": " << stats.status();
-  EXPECT_EQ(stats->bytes_received, expected_in) << label;
-  EXPECT_EQ(stats->bytes_sent, expected_out) << label;
-  for (const auto& [expert, bytes] : storage) {
-    for (int64_t i = 0; i < expert_bytes; ++i) {
-      ASSERT_EQ(bytes[i], ByteValue(expert, i))
-          << label << ": rank " << me << " expert " << expert << " byte " << i;
+    absl::StatusOr<FanoutExecutorStats> stats;
+    if (!posted) {
+      stats = ExecuteFanout(channel, schedule, expert_bytes, buffers, options);
+    } else {
+      absl::StatusOr<std::unique_ptr<FanoutInFlight>> run =
+          StartFanout(channel, schedule, expert_bytes, buffers, options);
+      ASSERT_TRUE(run.ok()) << what << ": " << run.status();
+      // A collective while the weights travel (the executor's token dispatch).
+      const int64_t mine = me;
+      std::vector<int64_t> all(static_cast<size_t>(channel.size()));
+      ASSERT_TRUE(channel.Allgather(&mine, all.data(), 1, DataType::kInt64).ok()) << what;
+      ASSERT_TRUE((*run)->Poll().ok()) << what;
+      stats = (*run)->Finish();
+    }
+    ASSERT_TRUE(stats.ok()) << what << ": " << stats.status();
+    EXPECT_EQ(stats->bytes_received, expected_in) << what;
+    EXPECT_EQ(stats->bytes_sent, expected_out) << what;
+    for (const auto& [expert, bytes] : storage) {
+      for (int64_t i = 0; i < expert_bytes; ++i) {
+        ASSERT_EQ(bytes[i], ByteValue(expert, i))
+            << what << ": rank " << me << " expert " << expert << " byte " << i;
+      }
     }
   }
 }

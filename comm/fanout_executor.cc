@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -115,17 +116,20 @@ absl::Status Timeout(const DataChannel& channel, absl::Duration waited,
 
 class FanoutRun {
  public:
-  FanoutRun(DataChannel& channel, const planner::FanoutSchedule& schedule,
-            const ScheduleRoles& roles, const Chunking& chunking,
-            const std::map<int, std::span<std::byte>>& buffers)
+  FanoutRun(DataChannel& channel, const planner::FanoutSchedule& schedule, ScheduleRoles roles,
+            const Chunking& chunking, const std::map<int, std::span<std::byte>>& buffers)
       : channel_(channel),
         schedule_(schedule),
-        roles_(roles),
+        roles_(std::move(roles)),
         chunking_(chunking),
         buffers_(buffers),
         me_(channel.rank()) {}
 
-  absl::Status Eager(absl::Time deadline);
+  // Eager pacing in three steps: Post posts every receive and the origin's sends; Poll
+  // completes what arrived and forwards it at relays; Wait polls until done.
+  absl::Status Post();
+  absl::StatusOr<bool> Poll();
+  absl::Status Wait(absl::Time deadline);
   absl::Status Rounds(absl::Time deadline);
   const FanoutExecutorStats& stats() const { return stats_; }
 
@@ -151,26 +155,34 @@ class FanoutRun {
   }
 
   DataChannel& channel_;
-  const planner::FanoutSchedule& schedule_;
-  const ScheduleRoles& roles_;
+  const planner::FanoutSchedule schedule_;  // copies: a started fan-out outlives its caller's
+  const ScheduleRoles roles_;
   Chunking chunking_;
-  const std::map<int, std::span<std::byte>>& buffers_;
+  const std::map<int, std::span<std::byte>> buffers_;
   int me_;
   FanoutExecutorStats stats_;
-};
 
-absl::Status FanoutRun::Eager(absl::Time deadline) {
-  const absl::Time start = absl::Now();
-  const int64_t chunks = chunking_.count();
-  // Receives: every chunk of every expert this rank receives, posted up front.
+  // Eager pacing's state between Post and done.
   struct Incoming {
     std::vector<ChunkRequest> chunks;
     int64_t arrived = 0;  // chunks [0, arrived) are complete
   };
-  std::map<int, Incoming> incoming;
+  std::map<int, Incoming> incoming_;
+  struct Forward {
+    size_t transfer;  // index into schedule_.transfers
+    int64_t next = 0;
+  };
+  std::vector<Forward> forwards_;
+  std::vector<ChunkRequest> sends_;
+  bool progressed_ = false;  // the last Poll completed or posted something
+};
+
+absl::Status FanoutRun::Post() {
+  const int64_t chunks = chunking_.count();
+  // Receives: every chunk of every expert this rank receives, posted up front.
   for (const planner::WeightTransfer& w : schedule_.transfers) {
     if (w.dst_rank != me_) continue;
-    Incoming& in = incoming[w.expert];
+    Incoming& in = incoming_[w.expert];
     for (int64_t c = 0; c < chunks; ++c) {
       absl::StatusOr<ChunkRequest> r = PostRecv(w, c);
       if (!r.ok()) return r.status();
@@ -178,71 +190,80 @@ absl::Status FanoutRun::Eager(absl::Time deadline) {
     }
   }
   // Sends: the origin sends everything now; a relay forwards as chunks arrive.
-  struct Forward {
-    const planner::WeightTransfer* transfer;
-    int64_t next = 0;
-  };
-  std::vector<Forward> forwards;
-  std::vector<ChunkRequest> sends;
-  for (const planner::WeightTransfer& w : schedule_.transfers) {
+  for (size_t t = 0; t < schedule_.transfers.size(); ++t) {
+    const planner::WeightTransfer& w = schedule_.transfers[t];
     if (w.src_rank != me_) continue;
     if (roles_.origin.at(w.expert) == me_) {
       for (int64_t c = 0; c < chunks; ++c) {
         absl::StatusOr<ChunkRequest> r = PostSend(w, c);
         if (!r.ok()) return r.status();
-        sends.push_back(*std::move(r));
+        sends_.push_back(*std::move(r));
       }
     } else {
-      forwards.push_back({&w});
+      forwards_.push_back({t});
     }
   }
+  return absl::OkStatus();
+}
 
+absl::StatusOr<bool> FanoutRun::Poll() {
+  const int64_t chunks = chunking_.count();
+  bool progressed = false;
+  bool receiving = false;
+  for (auto& [expert, in] : incoming_) {
+    while (in.arrived < chunks) {
+      absl::StatusOr<bool> done = in.chunks[static_cast<size_t>(in.arrived)].request->Test();
+      if (!done.ok()) return done.status();
+      if (!*done) break;
+      ++in.arrived;
+      progressed = true;
+    }
+    receiving |= in.arrived < chunks;
+  }
+  bool forwarding = false;
+  for (Forward& f : forwards_) {
+    const planner::WeightTransfer& w = schedule_.transfers[f.transfer];
+    const int64_t arrived = incoming_.at(w.expert).arrived;
+    while (f.next < arrived) {
+      absl::StatusOr<ChunkRequest> r = PostSend(w, f.next++);
+      if (!r.ok()) return r.status();
+      sends_.push_back(*std::move(r));
+      progressed = true;
+    }
+    forwarding |= f.next < chunks;
+  }
+  size_t kept = 0;
+  for (size_t i = 0; i < sends_.size(); ++i) {
+    absl::StatusOr<bool> done = sends_[i].request->Test();
+    if (!done.ok()) return done.status();
+    if (*done) {
+      progressed = true;
+    } else {
+      sends_[kept++] = std::move(sends_[i]);
+    }
+  }
+  sends_.resize(kept);
+  progressed_ = progressed;
+  return !receiving && !forwarding && sends_.empty();
+}
+
+absl::Status FanoutRun::Wait(absl::Time deadline) {
+  const absl::Time start = absl::Now();
+  const int64_t chunks = chunking_.count();
   ProgressBackoff backoff;
   while (true) {
-    bool progressed = false;
-    bool receiving = false;
-    for (auto& [expert, in] : incoming) {
-      while (in.arrived < chunks) {
-        absl::StatusOr<bool> done = in.chunks[static_cast<size_t>(in.arrived)].request->Test();
-        if (!done.ok()) return done.status();
-        if (!*done) break;
-        ++in.arrived;
-        progressed = true;
-      }
-      receiving |= in.arrived < chunks;
-    }
-    bool forwarding = false;
-    for (Forward& f : forwards) {
-      const int64_t arrived = incoming.at(f.transfer->expert).arrived;
-      while (f.next < arrived) {
-        absl::StatusOr<ChunkRequest> r = PostSend(*f.transfer, f.next++);
-        if (!r.ok()) return r.status();
-        sends.push_back(*std::move(r));
-        progressed = true;
-      }
-      forwarding |= f.next < chunks;
-    }
-    size_t kept = 0;
-    for (size_t i = 0; i < sends.size(); ++i) {
-      absl::StatusOr<bool> done = sends[i].request->Test();
-      if (!done.ok()) return done.status();
-      if (*done) {
-        progressed = true;
-      } else {
-        sends[kept++] = std::move(sends[i]);
-      }
-    }
-    sends.resize(kept);
-    if (!receiving && !forwarding && sends.empty()) return absl::OkStatus();
+    absl::StatusOr<bool> done = Poll();
+    if (!done.ok()) return done.status();
+    if (*done) return absl::OkStatus();
     if (absl::Now() >= deadline) {
       std::vector<std::string> pending;
-      for (const auto& [expert, in] : incoming) {
+      for (const auto& [expert, in] : incoming_) {
         if (in.arrived < chunks) pending.push_back(Pending(in.chunks[in.arrived], chunks));
       }
-      for (const ChunkRequest& s : sends) pending.push_back(Pending(s, chunks));
+      for (const ChunkRequest& s : sends_) pending.push_back(Pending(s, chunks));
       return Timeout(channel_, absl::Now() - start, pending);
     }
-    if (progressed) {
+    if (progressed_) {
       backoff.Progress();
     } else {
       backoff.Idle();
@@ -309,11 +330,41 @@ absl::Status FanoutRun::Rounds(absl::Time deadline) {
 
 }  // namespace
 
-absl::StatusOr<FanoutExecutorStats> ExecuteFanout(DataChannel& channel,
-                                                const planner::FanoutSchedule& schedule,
-                                                int64_t expert_bytes,
-                                                const std::map<int, std::span<std::byte>>& buffers,
-                                                const FanoutExecutorOptions& options) {
+struct FanoutInFlight::State {
+  State(DataChannel& channel, const planner::FanoutSchedule& schedule, ScheduleRoles roles,
+        const Chunking& chunking, const std::map<int, std::span<std::byte>>& buffers,
+        absl::Time start_in)
+      : run(channel, schedule, std::move(roles), chunking, buffers), start(start_in),
+        timeout(channel.timeout()) {}
+  FanoutRun run;
+  absl::Time start;
+  absl::Duration timeout;
+  bool done = false;
+};
+
+FanoutInFlight::FanoutInFlight(std::unique_ptr<State> state) : state_(std::move(state)) {}
+FanoutInFlight::~FanoutInFlight() = default;
+
+absl::StatusOr<bool> FanoutInFlight::Poll() {
+  if (state_->done) return true;
+  absl::StatusOr<bool> done = state_->run.Poll();
+  if (done.ok() && *done) state_->done = true;
+  return done;
+}
+
+absl::StatusOr<FanoutExecutorStats> FanoutInFlight::Finish() {
+  if (!state_->done) {
+    if (absl::Status s = state_->run.Wait(absl::Now() + state_->timeout); !s.ok()) return s;
+    state_->done = true;
+  }
+  FanoutExecutorStats stats = state_->run.stats();
+  stats.elapsed = absl::Now() - state_->start;
+  return stats;
+}
+
+absl::StatusOr<std::unique_ptr<FanoutInFlight>> StartFanout(
+    DataChannel& channel, const planner::FanoutSchedule& schedule, int64_t expert_bytes,
+    const std::map<int, std::span<std::byte>>& buffers, const FanoutExecutorOptions& options) {
   const absl::Time start = absl::Now();
   if (expert_bytes < 0 || options.chunk_bytes < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -344,13 +395,27 @@ absl::StatusOr<FanoutExecutorStats> ExecuteFanout(DataChannel& channel,
         absl::StrCat("ExecuteFanout: eager pacing needs tag matching, which the ",
                      channel.backend(), " channel lacks; use FanoutPacing::kRounds or kAuto"));
   }
-  FanoutRun run(channel, schedule, *roles, Chunking{expert_bytes, options.chunk_bytes}, buffers);
-  const absl::Time deadline = start + channel.timeout();
-  absl::Status status = pacing == FanoutPacing::kEager ? run.Eager(deadline) : run.Rounds(deadline);
-  if (!status.ok()) return status;
-  FanoutExecutorStats stats = run.stats();
-  stats.elapsed = absl::Now() - start;
-  return stats;
+  auto state = std::make_unique<FanoutInFlight::State>(
+      channel, schedule, *std::move(roles), Chunking{expert_bytes, options.chunk_bytes}, buffers,
+      start);
+  if (pacing == FanoutPacing::kEager) {
+    if (absl::Status s = state->run.Post(); !s.ok()) return s;
+  } else {
+    if (absl::Status s = state->run.Rounds(start + channel.timeout()); !s.ok()) return s;
+    state->done = true;
+  }
+  return std::make_unique<FanoutInFlight>(std::move(state));
+}
+
+absl::StatusOr<FanoutExecutorStats> ExecuteFanout(DataChannel& channel,
+                                                const planner::FanoutSchedule& schedule,
+                                                int64_t expert_bytes,
+                                                const std::map<int, std::span<std::byte>>& buffers,
+                                                const FanoutExecutorOptions& options) {
+  absl::StatusOr<std::unique_ptr<FanoutInFlight>> run =
+      StartFanout(channel, schedule, expert_bytes, buffers, options);
+  if (!run.ok()) return run.status();
+  return (*run)->Finish();
 }
 
 }  // namespace rackrun::comm

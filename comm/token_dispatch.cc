@@ -91,64 +91,100 @@ absl::StatusOr<std::vector<int64_t>> TokenRouting::Loads(int experts) const {
 absl::StatusOr<TokenDispatch> TokenDispatch::Create(const planner::Plan& plan, int rank,
                                                     const TokenRouting& routing) {
   if (absl::Status s = CheckPlanShape(plan); !s.ok()) return s;
+  absl::StatusOr<std::vector<int64_t>> loads = routing.Loads(plan.experts);
+  if (!loads.ok()) return loads.status();
+  // This rank's choices grouped by expert, in choice order within each (a counting sort).
+  std::vector<int64_t> expert_first(static_cast<size_t>(plan.experts) + 1, 0);
+  for (int e = 0; e < plan.experts; ++e) {
+    expert_first[static_cast<size_t>(e) + 1] =
+        expert_first[static_cast<size_t>(e)] + (*loads)[static_cast<size_t>(e)];
+  }
+  std::vector<int64_t> by_expert(routing.expert.size());
+  std::vector<int64_t> next(expert_first.begin(), expert_first.end() - 1);
+  for (size_t s = 0; s < routing.expert.size(); ++s) {
+    by_expert[static_cast<size_t>(next[static_cast<size_t>(routing.expert[s])]++)] =
+        static_cast<int64_t>(s);
+  }
+  return Build(plan, rank, routing.num_tokens, routing.top_k, expert_first, &by_expert);
+}
+
+absl::StatusOr<TokenDispatch> TokenDispatch::CreateGrouped(const planner::Plan& plan, int rank,
+                                                           std::span<const int64_t> offsets) {
+  if (absl::Status s = CheckPlanShape(plan); !s.ok()) return s;
+  if (offsets.size() != static_cast<size_t>(plan.experts) + 1 || offsets.front() != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("token dispatch: offsets has ", offsets.size(),
+                                                   " entries; it needs experts + 1 = ",
+                                                   plan.experts + 1, " starting at 0"));
+  }
+  for (int e = 0; e < plan.experts; ++e) {
+    if (offsets[static_cast<size_t>(e) + 1] < offsets[static_cast<size_t>(e)]) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("token dispatch: offsets descend at expert ", e));
+    }
+  }
+  return Build(plan, rank, offsets.back(), 1, offsets, nullptr);
+}
+
+absl::StatusOr<TokenDispatch> TokenDispatch::Build(const planner::Plan& plan, int rank,
+                                                   int64_t num_tokens, int top_k,
+                                                   std::span<const int64_t> expert_first,
+                                                   const std::vector<int64_t>* by_expert) {
   if (rank < 0 || rank >= plan.ranks) {
     return absl::InvalidArgumentError(absl::StrCat(
         "token dispatch: rank ", rank, " is outside the plan's ", plan.ranks, " ranks"));
   }
-  absl::StatusOr<std::vector<int64_t>> loads = routing.Loads(plan.experts);
-  if (!loads.ok()) return loads.status();
-
+  // The choice at position k of the grouped order (identity when already grouped).
+  const auto choice_at = [&](int64_t k) {
+    return by_expert == nullptr ? k : (*by_expert)[static_cast<size_t>(k)];
+  };
   TokenDispatch d;
   d.rank_ = rank;
   d.ranks_ = plan.ranks;
-  d.top_k_ = routing.top_k;
-  d.num_tokens_ = routing.num_tokens;
+  d.top_k_ = top_k;
+  d.num_tokens_ = num_tokens;
   const int num_instances = plan.num_instances();
 
-  // This rank's choices per expert, in choice order.
-  std::vector<std::vector<int64_t>> expert_choices(static_cast<size_t>(plan.experts));
-  for (size_t s = 0; s < routing.expert.size(); ++s) {
-    expert_choices[static_cast<size_t>(routing.expert[s])].push_back(static_cast<int64_t>(s));
-  }
-
-  // Choices per instance: consecutive runs of each expert's choices, sized by the split.
-  d.choice_instance_.assign(routing.expert.size(), -1);
-  std::vector<std::vector<int64_t>> instance_choices(static_cast<size_t>(num_instances));
+  // Each instance takes one run of its expert's choices, sized by the split:
+  // [instance_first[i], instance_first[i] + split) in the grouped order.
+  std::vector<int64_t> instance_first(static_cast<size_t>(num_instances), 0);
+  d.choice_instance_.assign(static_cast<size_t>(num_tokens) * static_cast<size_t>(top_k), -1);
   for (int e = 0; e < plan.experts; ++e) {
-    const std::vector<int64_t>& choices = expert_choices[static_cast<size_t>(e)];
-    int64_t planned = 0;
+    int64_t k = expert_first[static_cast<size_t>(e)];
     for (int i = plan.first[e]; i < plan.first[e + 1]; ++i) {
-      if (plan.split_at(rank, i) < 0) {
-        return absl::InvalidArgumentError(absl::StrCat("plan.split(src ", rank, ", instance ", i,
-                                                       ") = ", plan.split_at(rank, i),
-                                                       " is negative"));
+      const int64_t n = plan.split_at(rank, i);
+      if (n < 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("plan.split(src ", rank, ", instance ", i, ") = ", n, " is negative"));
       }
-      planned += plan.split_at(rank, i);
+      instance_first[static_cast<size_t>(i)] = k;
+      k += n;
     }
-    if (planned != static_cast<int64_t>(choices.size())) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("token dispatch on rank ", rank, ": routing sends ", choices.size(),
-                       " tokens to expert ", e, " but the plan's split for this source assigns ",
-                       planned, "; plan from this microbatch's exact loads"));
+    const int64_t routed =
+        expert_first[static_cast<size_t>(e) + 1] - expert_first[static_cast<size_t>(e)];
+    if (k - expert_first[static_cast<size_t>(e)] != routed) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "token dispatch on rank ", rank, ": routing sends ", routed, " tokens to expert ", e,
+          " but the plan's split for this source assigns ", k - expert_first[static_cast<size_t>(e)],
+          "; plan from this microbatch's exact loads"));
     }
-    size_t next = 0;
     for (int i = plan.first[e]; i < plan.first[e + 1]; ++i) {
-      for (int64_t k = 0; k < plan.split_at(rank, i); ++k) {
-        const int64_t choice = choices[next++];
-        d.choice_instance_[static_cast<size_t>(choice)] = i;
-        instance_choices[static_cast<size_t>(i)].push_back(choice);
+      const int64_t k0 = instance_first[static_cast<size_t>(i)];
+      for (int64_t q = k0; q < k0 + plan.split_at(rank, i); ++q) {
+        d.choice_instance_[static_cast<size_t>(choice_at(q))] = i;
       }
     }
   }
 
   // Send order: destination rank, then instance, then choice.
   d.send_rows_.assign(static_cast<size_t>(plan.ranks), 0);
+  d.send_choices_.reserve(d.choice_instance_.size());
   for (int dst = 0; dst < plan.ranks; ++dst) {
     for (int i = 0; i < num_instances; ++i) {
       if (plan.instances[static_cast<size_t>(i)].rank != dst) continue;
-      const std::vector<int64_t>& choices = instance_choices[static_cast<size_t>(i)];
-      d.send_choices_.insert(d.send_choices_.end(), choices.begin(), choices.end());
-      d.send_rows_[static_cast<size_t>(dst)] += static_cast<int64_t>(choices.size());
+      const int64_t k0 = instance_first[static_cast<size_t>(i)];
+      const int64_t n = plan.split_at(rank, i);
+      for (int64_t q = k0; q < k0 + n; ++q) d.send_choices_.push_back(choice_at(q));
+      d.send_rows_[static_cast<size_t>(dst)] += n;
     }
   }
 

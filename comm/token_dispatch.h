@@ -59,6 +59,13 @@ class TokenDispatch {
   // the rank, expert and both counts).
   static absl::StatusOr<TokenDispatch> Create(const planner::Plan& plan, int rank,
                                               const TokenRouting& routing);
+  // The same layout for rows the caller has already grouped by expert, as the MoE layer
+  // hands them to its executor: rows [offsets[e], offsets[e+1]) are routed to expert e, and
+  // each row is its own token and choice (top_k 1). Equal to Create with that routing, but
+  // nothing is regrouped: each instance takes one run of rows. InvalidArgument as Create,
+  // or naming `offsets` when it does not have experts + 1 ascending entries from 0.
+  static absl::StatusOr<TokenDispatch> CreateGrouped(const planner::Plan& plan, int rank,
+                                                     std::span<const int64_t> offsets);
 
   const std::vector<LocalBatch>& local_batches() const { return batches_; }
   // Rows this rank's instances process, summed over its batches.
@@ -83,6 +90,13 @@ class TokenDispatch {
 
  private:
   TokenDispatch() = default;
+  // Both factories: this rank's choices grouped by expert are positions
+  // [expert_first[e], expert_first[e+1]) of the grouped order; position k is choice
+  // (*by_expert)[k], or k itself when by_expert is null.
+  static absl::StatusOr<TokenDispatch> Build(const planner::Plan& plan, int rank,
+                                             int64_t num_tokens, int top_k,
+                                             std::span<const int64_t> expert_first,
+                                             const std::vector<int64_t>* by_expert);
   absl::Status Dispatch(DataChannel& channel, std::span<const float> rows, int64_t rows_per_source,
                         bool per_token, int64_t width, std::span<float> expert_in) const;
   absl::Status CheckChannel(const DataChannel& channel, absl::string_view operation) const;

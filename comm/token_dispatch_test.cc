@@ -69,6 +69,50 @@ TEST(TokenDispatch, AssignsChoicesToInstancesInChoiceOrder) {
   EXPECT_EQ(d1->local_batches()[1].offset, 2);
 }
 
+// Rows already grouped by expert (as the MoE layer hands them over) give the layout of
+// Create with the equivalent routing, without regrouping.
+TEST(TokenDispatch, GroupedRowsLayOutLikeTheirRouting) {
+  planner::Plan plan;
+  plan.ranks = 2;
+  plan.experts = 2;
+  plan.instances = {{0, 0, true}, {0, 1, false}, {1, 1, true}};
+  plan.first = {0, 2, 3};
+  plan.split = {1, 2, 1,   // rank 0: expert 0 -> 1 master + 2 replica; expert 1 -> 1
+                2, 0, 3};  // rank 1: expert 0 -> 2 master; expert 1 -> 3
+  plan.quota = {3, 2, 4};
+  for (int rank = 0; rank < 2; ++rank) {
+    const std::vector<int64_t> offsets =
+        rank == 0 ? std::vector<int64_t>{0, 3, 4} : std::vector<int64_t>{0, 2, 5};
+    TokenRouting routing;
+    routing.num_tokens = offsets.back();
+    routing.top_k = 1;
+    for (int e = 0; e < 2; ++e) {
+      for (int64_t r = offsets[e]; r < offsets[e + 1]; ++r) routing.expert.push_back(e);
+    }
+    absl::StatusOr<TokenDispatch> want = TokenDispatch::Create(plan, rank, routing);
+    absl::StatusOr<TokenDispatch> got = TokenDispatch::CreateGrouped(plan, rank, offsets);
+    ASSERT_TRUE(want.ok()) << want.status();
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(got->choice_instance(), want->choice_instance()) << "rank " << rank;
+    EXPECT_EQ(got->expert_rows(), want->expert_rows());
+    ASSERT_EQ(got->local_batches().size(), want->local_batches().size());
+    for (size_t b = 0; b < got->local_batches().size(); ++b) {
+      EXPECT_EQ(got->local_batches()[b].instance, want->local_batches()[b].instance);
+      EXPECT_EQ(got->local_batches()[b].rows, want->local_batches()[b].rows);
+      EXPECT_EQ(got->local_batches()[b].offset, want->local_batches()[b].offset);
+    }
+  }
+  // Rows that disagree with the plan's split, and malformed offsets, are refused.
+  const absl::StatusOr<TokenDispatch> wrong =
+      TokenDispatch::CreateGrouped(plan, 0, std::vector<int64_t>{0, 1, 4});
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_THAT(wrong.status().message(), HasSubstr("routing sends 1 tokens to expert 0"));
+  const absl::StatusOr<TokenDispatch> short_offsets =
+      TokenDispatch::CreateGrouped(plan, 0, std::vector<int64_t>{0, 3});
+  ASSERT_FALSE(short_offsets.ok());
+  EXPECT_THAT(short_offsets.status().message(), HasSubstr("offsets has 2 entries"));
+}
+
 TEST(TokenDispatch, RejectsMalformedInput) {
   planner::Plan plan;
   plan.ranks = 1;

@@ -7,6 +7,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <memory>
+#include <optional>
 #include <span>
 #include <thread>
 #include <utility>
@@ -54,13 +56,25 @@ class ExpertParallelExecutor final : public ExpertExecutor<float> {
  private:
   absl::Status SolvePlan(std::span<const int64_t> offsets);
   void PlaceWeights();
-  absl::Status FanOut();
+  // Runs expert batches of the last dispatch: those whose weights are this rank's masters
+  // (local = true), or those whose weights arrive in slots by fan-out.
+  void RunForwardBatches(bool local);
+  void RunBackwardBatches(bool local);
   // Posts this microbatch's replica gradients to their masters' ranks (after Backward);
   // FinishReplicaGradients waits for them and adds them to the masters' gradients.
   absl::Status PostReplicaGradients();
 
  public:
   absl::Status FinishReplicaGradients();
+  // Posts the fan-out of this layer's replica weights into its slots (nothing when no
+  // instance is away from home, or when the slots already hold them at this weight
+  // version); FinishFanOut completes it. Collective in effect: every rank calls both, for
+  // the same layer, in the same order. `refetch` counts it as a backward refetch.
+  absl::Status StartFanOut(bool refetch);
+  absl::Status FinishFanOut();
+  bool fanout_in_flight() const { return in_flight_ != nullptr; }
+  // A Forward has run (Backward has a layout to mirror).
+  bool has_forward() const { return dispatch_.has_value(); }
 
  private:
   // Prefixes `s` with where it happened: rank, layer, microbatch, phase.
@@ -105,13 +119,13 @@ class ExpertParallelExecutor final : public ExpertExecutor<float> {
   int slots_used_ = 0;
   ReplicaSlotStore own_slots_;  // unless the group's slots are shared
   std::vector<float> staging_;                // packed master weights to send
+  std::unique_ptr<comm::FanoutInFlight> in_flight_;  // StartFanOut .. FinishFanOut
   // Replica-gradient reduction in flight: requests, (expert, buffer index) received in
   // placement order, and the receive buffers.
   std::vector<std::unique_ptr<comm::Request>> pending_;
   std::vector<std::pair<int, int>> received_;
   std::vector<float> grad_staging_;
 
-  comm::TokenRouting routing_;
   std::optional<comm::TokenDispatch> dispatch_;
   std::vector<int64_t> batch_offsets_;
   std::vector<int> cold_;
@@ -134,8 +148,25 @@ absl::Status ExpertParallelExecutor::SolvePlan(std::span<const int64_t> offsets)
   request.layer = layer_;
   request.training = g_->training();
   request.local_loads = local_loads_;
+  const std::optional<ExpertParallelGroup::SolvedPlan> previous = g_->previous_plan();
+  if (previous.has_value()) request.previous_fingerprint = previous->fingerprint;
   if (absl::Status s = g_->plan_source().Solve(request, &loads_, &plan_); !s.ok()) {
     return Where(s, g_->plan_source().name());
+  }
+  if (g_->plan_source().carries_fingerprints() && previous.has_value()) {
+    const std::span<const uint64_t> carried = g_->plan_source().carried_fingerprints();
+    for (size_t r = 1; r < carried.size(); ++r) {
+      if (carried[r] != carried[0]) {
+        return Where(
+            absl::FailedPreconditionError(absl::StrCat(
+                "ranks disagree on the plan of MoE layer ", previous->layer,
+                previous->training ? ", microbatch " : ", evaluation microbatch ",
+                previous->microbatch, " (found when this plan's loads were exchanged): rank ", r,
+                " solved fingerprint ", absl::Hex(carried[r]), ", rank 0 solved ",
+                absl::Hex(carried[0]), "; every rank must run the same binary and job spec")),
+            "comparing plan fingerprints");
+      }
+    }
   }
   if (g_->options().check_invariants) {
     if (absl::Status s = planner::CheckPlanInvariants(g_->domain(), loads_, plan_, g_->invariants());
@@ -147,18 +178,25 @@ absl::Status ExpertParallelExecutor::SolvePlan(std::span<const int64_t> offsets)
   }
   uint64_t fingerprint = planner::PlanFingerprint(plan_);
   if (g_->FaultAt("plan_hash", layer_)) fingerprint ^= 0x5a5a5a5a5a5a5a5aULL;
-  if (absl::Status s = ch.Allgather(&fingerprint, fingerprints_.data(), 1, comm::DataType::kInt64);
-      !s.ok()) {
-    return Where(s, "comparing plan fingerprints");
-  }
-  for (int r = 1; r < g_->domain().ranks; ++r) {
-    if (fingerprints_[static_cast<size_t>(r)] != fingerprints_[0]) {
-      return Where(
-          absl::FailedPreconditionError(absl::StrCat(
-              "ranks disagree on the plan: rank ", r, " solved fingerprint ",
-              absl::Hex(fingerprints_[static_cast<size_t>(r)]), ", rank 0 solved ",
-              absl::Hex(fingerprints_[0]), "; every rank must run the same binary and job spec")),
-          "comparing plan fingerprints");
+  if (g_->plan_source().carries_fingerprints()) {
+    // Compared when the next plan's loads are exchanged: a disagreement is found one plan
+    // later, without a collective of its own.
+    g_->RecordPlan(fingerprint, layer_);
+  } else {
+    if (absl::Status s =
+            ch.Allgather(&fingerprint, fingerprints_.data(), 1, comm::DataType::kInt64);
+        !s.ok()) {
+      return Where(s, "comparing plan fingerprints");
+    }
+    for (int r = 1; r < g_->domain().ranks; ++r) {
+      if (fingerprints_[static_cast<size_t>(r)] != fingerprints_[0]) {
+        return Where(absl::FailedPreconditionError(absl::StrCat(
+                         "ranks disagree on the plan: rank ", r, " solved fingerprint ",
+                         absl::Hex(fingerprints_[static_cast<size_t>(r)]), ", rank 0 solved ",
+                         absl::Hex(fingerprints_[0]),
+                         "; every rank must run the same binary and job spec")),
+                     "comparing plan fingerprints");
+      }
     }
   }
   totals_ = loads_.ExpertTotals();
@@ -203,7 +241,7 @@ void ExpertParallelExecutor::PlaceWeights() {
   if (grad_buffer().size() < need) grad_buffer().resize(need);
 }
 
-absl::Status ExpertParallelExecutor::FanOut() {
+absl::Status ExpertParallelExecutor::StartFanOut(bool refetch) {
   ExpertParallelStats& st = g_->mutable_stats();
   // No instance away from home anywhere (every rank sees the same placement): nothing to
   // send, and the slots keep whatever they hold.
@@ -217,7 +255,14 @@ absl::Status ExpertParallelExecutor::FanOut() {
     ++st.fanouts_skipped;
     return absl::OkStatus();
   }
-  relay_->Schedule(placement_, &schedule_);
+  // The plan carries the schedule the planner built for its instances (masters first,
+  // replicas by ascending rank: the placement whenever masters stay at home); a plan that
+  // moves a master (EPLB) is scheduled here from where the weights live.
+  const planner::FanoutSchedule* schedule = &plan_.fanout;
+  if (plan_.instances != placement_.instances || plan_.first != placement_.first) {
+    relay_->Schedule(placement_, &schedule_);
+    schedule = &schedule_;
+  }
   const planner::Domain& d = g_->domain();
   const int64_t n = floats();
   // Pack this rank's masters that have destinations: w13 then w2, the slot layout.
@@ -245,11 +290,24 @@ absl::Status ExpertParallelExecutor::FanOut() {
   }
   comm::FanoutExecutorOptions options;
   options.chunk_bytes = g_->options().chunk_bytes;
-  absl::StatusOr<comm::FanoutExecutorStats> run = comm::ExecuteFanout(
-      g_->channel(), schedule_, n * static_cast<int64_t>(sizeof(float)), buffers, options);
+  absl::StatusOr<std::unique_ptr<comm::FanoutInFlight>> run = comm::StartFanout(
+      g_->channel(), *schedule, n * static_cast<int64_t>(sizeof(float)), buffers, options);
   if (!run.ok()) return Where(run.status(), "fanning out replica weights");
-  st.fanout_bytes += run->bytes_sent;
+  in_flight_ = *std::move(run);
+  store.layer = -1;  // being overwritten until FinishFanOut
   ++st.fanouts;
+  if (refetch) ++st.refetches;
+  return absl::OkStatus();
+}
+
+absl::Status ExpertParallelExecutor::FinishFanOut() {
+  if (in_flight_ == nullptr) return absl::OkStatus();
+  absl::StatusOr<comm::FanoutExecutorStats> run = in_flight_->Finish();
+  in_flight_.reset();
+  g_->RefetchDone(this);
+  if (!run.ok()) return Where(run.status(), "fanning out replica weights");
+  g_->mutable_stats().fanout_bytes += run->bytes_sent;
+  ReplicaSlotStore& store = slots();
   store.layer = layer_;
   store.instances = placement_.instances;
   store.first = placement_.first;
@@ -267,6 +325,34 @@ ExpertParallelExecutor::InstanceWeights ExpertParallelExecutor::WeightsOf(int ex
   return {slot_weights(slot), slot_weights(slot) + n13, slot_grads(slot), slot_grads(slot) + n13};
 }
 
+void ExpertParallelExecutor::RunForwardBatches(bool local) {
+  const auto& batches = dispatch_->local_batches();
+  const int c = experts_->width(), f = experts_->hidden();
+  // Every batch keeps the threading it would have in one pass over all batches.
+  RunExpertBatches(batch_offsets_, static_cast<int64_t>(c) * f, &cold_, [&](int i) {
+    const comm::TokenDispatch::LocalBatch& b = batches[static_cast<size_t>(i)];
+    if ((slot_of_expert_[static_cast<size_t>(b.expert)] < 0) != local) return;
+    const int64_t r0 = b.offset;
+    const InstanceWeights w = WeightsOf(b.expert);
+    SwigluForward(c, f, w.w13, w.w2, b.rows, in_.data() + r0 * c, h13_.data() + r0 * 2 * f,
+                  act_.data() + r0 * f, out_.data() + r0 * c);
+  });
+}
+
+void ExpertParallelExecutor::RunBackwardBatches(bool local) {
+  const auto& batches = dispatch_->local_batches();
+  const int c = experts_->width(), f = experts_->hidden();
+  RunExpertBatches(batch_offsets_, static_cast<int64_t>(c) * f, &cold_, [&](int i) {
+    const comm::TokenDispatch::LocalBatch& b = batches[static_cast<size_t>(i)];
+    if ((slot_of_expert_[static_cast<size_t>(b.expert)] < 0) != local) return;
+    const int64_t r0 = b.offset;
+    const InstanceWeights w = WeightsOf(b.expert);
+    SwigluBackward(c, f, w.w13, w.w2, w.dw13, w.dw2, b.rows, in_.data() + r0 * c,
+                   h13_.data() + r0 * 2 * f, act_.data() + r0 * f, dy_.data() + r0 * c,
+                   dh13_.data() + r0 * 2 * f, dact_.data() + r0 * f, dx_.data() + r0 * c);
+  });
+}
+
 absl::Status ExpertParallelExecutor::Forward(std::span<const int64_t> offsets,
                                              const float* dispatched, float* expert_out) {
   ExpertParallelStats& st = g_->mutable_stats();
@@ -275,10 +361,16 @@ absl::Status ExpertParallelExecutor::Forward(std::span<const int64_t> offsets,
     std::this_thread::sleep_for(
         absl::ToChronoSeconds(2 * g_->channel().timeout() + absl::Seconds(5)));
   }
+  // A backward refetch still in flight (a layer's backward posted the next one's) ends
+  // before this layer's fan-out may reuse the slots.
+  double t0 = base::NowSeconds();
+  if (absl::Status s = g_->FinishRefetch(); !s.ok()) return s;
+  double t1 = base::NowSeconds();
+  st.fanout_s += t1 - t0;
   // The previous microbatch's replica gradients reach their masters before this one's
   // compute: masters' gradients always add in the same order.
   if (absl::Status s = FinishReplicaGradients(); !s.ok()) return s;
-  double t0 = base::NowSeconds();
+  t0 = base::NowSeconds();
   if (absl::Status s = SolvePlan(offsets); !s.ok()) return s;
   const planner::Domain& d = g_->domain();
   ExpertParallelStats::Layer& ls = st.layers[static_cast<size_t>(layer_)];
@@ -293,24 +385,20 @@ absl::Status ExpertParallelExecutor::Forward(std::span<const int64_t> offsets,
     entry.loads = loads_;
     if (absl::Status s = g_->trace()->Append(entry); !s.ok()) return Where(s, "recording loads");
   }
-  double t1 = base::NowSeconds();
+  t1 = base::NowSeconds();
   st.plan_s += t1 - t0;
 
+  // The replica weights travel while the tokens are dispatched and the masters compute.
   PlaceWeights();
-  if (absl::Status s = FanOut(); !s.ok()) return s;
+  if (absl::Status s = StartFanOut(/*refetch=*/false); !s.ok()) return s;
   t0 = base::NowSeconds();
   st.fanout_s += t0 - t1;
 
-  // Rows of the dispatched buffer are this rank's "tokens", one expert each.
+  // Rows of the dispatched buffer are this rank's "tokens", one expert each, already
+  // grouped by expert by the MoE layer.
   const int64_t rows = offsets.back();
-  routing_.num_tokens = rows;
-  routing_.top_k = 1;
-  routing_.expert.resize(static_cast<size_t>(rows));
-  for (int e = 0; e < d.experts(); ++e) {
-    std::fill(routing_.expert.begin() + offsets[e], routing_.expert.begin() + offsets[e + 1], e);
-  }
   absl::StatusOr<comm::TokenDispatch> dispatch =
-      comm::TokenDispatch::Create(plan_, rank(), routing_);
+      comm::TokenDispatch::CreateGrouped(plan_, rank(), offsets);
   if (!dispatch.ok()) return Where(dispatch.status(), "laying out the token dispatch");
   dispatch_.emplace(*std::move(dispatch));
   const int c = experts_->width(), f = experts_->hidden();
@@ -334,13 +422,13 @@ absl::Status ExpertParallelExecutor::Forward(std::span<const int64_t> offsets,
   batch_offsets_[0] = 0;
   for (size_t i = 0; i < batches.size(); ++i)
     batch_offsets_[i + 1] = batches[i].offset + batches[i].rows;
-  RunExpertBatches(batch_offsets_, static_cast<int64_t>(c) * f, &cold_, [&](int i) {
-    const comm::TokenDispatch::LocalBatch& b = batches[static_cast<size_t>(i)];
-    const int64_t r0 = b.offset;
-    const InstanceWeights w = WeightsOf(b.expert);
-    SwigluForward(c, f, w.w13, w.w2, b.rows, in_.data() + r0 * c, h13_.data() + r0 * 2 * f,
-                  act_.data() + r0 * f, out_.data() + r0 * c);
-  });
+  RunForwardBatches(/*local=*/true);
+  t0 = base::NowSeconds();
+  st.expert_s += t0 - t1;
+  if (absl::Status s = FinishFanOut(); !s.ok()) return s;
+  t1 = base::NowSeconds();
+  st.fanout_s += t1 - t0;
+  RunForwardBatches(/*local=*/false);
   st.expert_rows += er;
   t0 = base::NowSeconds();
   st.expert_s += t0 - t1;
@@ -368,15 +456,19 @@ absl::Status ExpertParallelExecutor::Backward(std::span<const int64_t> offsets,
   dh13_.Resize({alloc, 2 * f});
   dact_.Resize({alloc, f});
   double t0 = base::NowSeconds();
-  if (g_->options().share_slots) {
+  const bool shared = g_->options().share_slots;
+  if (shared) {
     // The replica-gradient sends of the layers sharing this gradient buffer read it:
-    // complete them, then bring this layer's replica weights back if a later layer took
-    // the slots.
+    // complete them. This layer's replica weights come back into the slots if a later
+    // layer took them: the layer above posted that refetch when it was done with the slots
+    // (it travelled during that layer's combine and the blocks between); otherwise it is
+    // posted now and travels during the dispatch and the masters' compute.
     if (absl::Status s = g_->FinishLayers(layer_ % 2); !s.ok()) return s;
     const double r0 = base::NowSeconds();
-    const int64_t before = st.fanouts;
-    if (absl::Status s = FanOut(); !s.ok()) return s;
-    st.refetches += st.fanouts - before;
+    if (!fanout_in_flight()) {
+      if (absl::Status s = g_->FinishRefetch(); !s.ok()) return s;
+      if (absl::Status s = StartFanOut(/*refetch=*/true); !s.ok()) return s;
+    }
     t0 = base::NowSeconds();
     st.fanout_s += t0 - r0;
   }
@@ -390,17 +482,23 @@ absl::Status ExpertParallelExecutor::Backward(std::span<const int64_t> offsets,
   }
   double t1 = base::NowSeconds();
   st.dispatch_s += t1 - t0;
-  const auto& batches = dispatch_->local_batches();
-  RunExpertBatches(batch_offsets_, static_cast<int64_t>(c) * f, &cold_, [&](int i) {
-    const comm::TokenDispatch::LocalBatch& b = batches[static_cast<size_t>(i)];
-    const int64_t r0 = b.offset;
-    const InstanceWeights w = WeightsOf(b.expert);
-    SwigluBackward(c, f, w.w13, w.w2, w.dw13, w.dw2, b.rows, in_.data() + r0 * c,
-                   h13_.data() + r0 * 2 * f, act_.data() + r0 * f, dy_.data() + r0 * c,
-                   dh13_.data() + r0 * 2 * f, dact_.data() + r0 * f, dx_.data() + r0 * c);
-  });
+  RunBackwardBatches(/*local=*/true);
   t0 = base::NowSeconds();
   st.expert_s += t0 - t1;
+  if (absl::Status s = FinishFanOut(); !s.ok()) return s;
+  t1 = base::NowSeconds();
+  st.fanout_s += t1 - t0;
+  RunBackwardBatches(/*local=*/false);
+  t0 = base::NowSeconds();
+  st.expert_s += t0 - t1;
+  if (shared) {
+    // Done with the slots: the layer below's replica weights may travel into them while
+    // this layer combines and the blocks between run their backward.
+    if (absl::Status s = g_->StartRefetch(layer_ - 1); !s.ok()) return s;
+    t1 = base::NowSeconds();
+    st.fanout_s += t1 - t0;
+    t0 = t1;
+  }
   if (absl::Status s = dispatch_->Combine(g_->channel(), {dx_.data(), static_cast<size_t>(er * c)},
                                           c, {ddispatched, static_cast<size_t>(rows * c)});
       !s.ok()) {
@@ -585,6 +683,7 @@ absl::StatusOr<std::unique_ptr<ExpertParallelGroup>> ExpertParallelGroup::Create
 ExpertParallelGroup::~ExpertParallelGroup() { (void)Close(); }
 
 absl::Status ExpertParallelGroup::FinishMicrobatch() {
+  if (absl::Status s = FinishRefetch(); !s.ok()) return s;
   for (ExpertParallelExecutor* e : executors_) {
     if (absl::Status s = e->FinishReplicaGradients(); !s.ok()) return s;
   }
@@ -596,6 +695,20 @@ absl::Status ExpertParallelGroup::FinishLayers(int parity) {
     if (absl::Status s = executors_[layer]->FinishReplicaGradients(); !s.ok()) return s;
   }
   return absl::OkStatus();
+}
+
+absl::Status ExpertParallelGroup::StartRefetch(int layer) {
+  if (layer < 0 || !options_.share_slots || refetching_ != nullptr) return absl::OkStatus();
+  ExpertParallelExecutor* e = executors_[static_cast<size_t>(layer)];
+  if (!e->has_forward()) return absl::OkStatus();
+  if (absl::Status s = e->StartFanOut(/*refetch=*/true); !s.ok()) return s;
+  if (e->fanout_in_flight()) refetching_ = e;
+  return absl::OkStatus();
+}
+
+absl::Status ExpertParallelGroup::FinishRefetch() {
+  if (refetching_ == nullptr) return absl::OkStatus();
+  return refetching_->FinishFanOut();  // clears refetching_ (RefetchDone)
 }
 
 void ExpertParallelGroup::ResetStats() {

@@ -4,21 +4,27 @@
 // ModelConfig::expert_rank/expert_ranks) plus replica slots. For every microbatch and
 // every MoE layer, each rank's executor:
 //   1. allgathers the exact per-expert loads of its tokens (an R x E load matrix);
-//   2. solves the plan with the job's policy (every rank solves the same plan in-band),
-//      checks it with the planner's invariant checker, and allgathers the plan's
-//      fingerprint: ranks that disagree stop the job naming the ranks, layer and
-//      microbatch;
-//   3. fans replica weights out from the masters' ranks along the relay schedule
-//      (FanoutScheduler), unless the slots already hold the same experts at the same weight
-//      version (EPLB keeps a placement for many microbatches; weights change only at
-//      optimizer steps);
+//   2. solves the plan with the job's policy (every rank solves the same plan in-band) and
+//      checks it with the planner's invariant checker. Ranks compare plan fingerprints: in
+//      band, each rank's fingerprint of its previous plan rides in the next load allgather
+//      (no collective of its own), so a disagreement is found one plan later (the next
+//      layer, or the next microbatch's first layer) and stops the job naming the ranks and
+//      the disagreeing plan's layer and microbatch; the job's last plan is not compared. A
+//      source that exchanges nothing among the ranks (the coordinator) gets a fingerprint
+//      allgather of its own after every solve;
+//   3. posts the fan-out of replica weights from the masters' ranks along the plan's relay
+//      schedule (FanoutScheduler, built once by the planner), unless the slots already hold
+//      the same experts at the same weight version (EPLB keeps a placement for many
+//      microbatches; weights change only at optimizer steps);
 //   4. dispatches every routed token to the instance the plan's per-source split names
-//      (one all-to-all-v), runs the local instances (masters from the shard, replicas from
-//      the slots) and combines the results back in the original order.
+//      (one all-to-all-v) and runs the instances whose weights are local (masters) while
+//      the replica weights travel, completes the fan-out, runs the replicas from the slots
+//      and combines the results back in the original order.
 // Backward mirrors it; each replica's weight gradient is then sent to the expert's home
 // rank without waiting (it travels while lower layers run their backward), and
 // FinishMicrobatch adds them to the masters' gradients in a fixed order (the master's own
-// contribution first, then replicas by ascending rank): deterministic, no atomics.
+// contribution first, then replicas by ascending rank): deterministic, no atomics. Which
+// batch runs when changes no value: every batch writes its own rows and gradients.
 //
 // Weights live at the home rank (rank e / (E/R) for expert e); an instance the plan puts
 // anywhere else receives them by fan-out. For ultraep and none that is exactly the plan's
@@ -27,10 +33,12 @@
 //
 // Replica slot memory (ExpertParallelOptions::share_slots):
 // - shared (UltraEP's design, the trainer's choice for ultraep): one set of slots per rank
-//   for all MoE layers. Each layer's forward fills them; a layer's backward fans its
-//   replicas' weights out again when a later layer has taken the slots since (every layer
-//   but the last one forward ran), so memory stays at `slots` experts per rank (plus a
-//   second gradient buffer) at the cost of a second fan-out.
+//   for all MoE layers. Each layer's forward fills them; a layer's backward needs its
+//   replicas' weights again when a later layer has taken the slots since (every layer but
+//   the last one forward ran). The layer above posts that refetch as soon as its own
+//   backward expert compute is done with the slots, so it travels during that layer's
+//   combine and the blocks between; memory stays at `slots` experts per rank (plus a
+//   second gradient buffer) at the cost of a second fan-out, mostly hidden.
 // - per layer (the trainer's choice for eplb, whose redundant experts are resident per
 //   layer in DeepSeek's deployment): backward finds the weights forward used, and a
 //   placement that does not change between optimizer steps is not sent again.
@@ -95,8 +103,10 @@ struct ExpertParallelStats {
     int64_t replicas = 0;         // sum of replica instances
   };
   std::vector<Layer> layers;
-  double plan_s = 0;            // load allgather + solve + invariant check + fingerprint check
-  double fanout_s = 0;          // replica weights to their ranks
+  double plan_s = 0;            // load allgather + solve + invariant check (+ fingerprint
+                                // allgather for sources that do not carry it)
+  double fanout_s = 0;          // replica weights to their ranks: time spent posting and
+                                // completing the fan-outs (the exposed part)
   double dispatch_s = 0;        // token all-to-alls (dispatch and combine, forward and backward)
   double expert_s = 0;          // local expert compute, masters and replicas
   double reduce_s = 0;          // replica gradients into the masters (posting + completing)
@@ -190,6 +200,27 @@ class ExpertParallelGroup {
   // True when the injected fault `kind` is due on this rank at `layer` now.
   bool FaultAt(const char* kind, int layer) const;
 
+  // The plan this rank solved last (its fingerprint as sent for comparison), for sources
+  // that compare fingerprints one plan later (PlanSource::carries_fingerprints).
+  struct SolvedPlan {
+    uint64_t fingerprint = 0;
+    int layer = -1;
+    int64_t microbatch = 0;
+    bool training = true;
+  };
+  const std::optional<SolvedPlan>& previous_plan() const { return previous_plan_; }
+  void RecordPlan(uint64_t fingerprint, int layer) {
+    previous_plan_ = SolvedPlan{fingerprint, layer, microbatch_, training_};
+  }
+  // Shared slots: posts MoE layer `layer`'s backward refetch (nothing for layer -1, when
+  // one is already in flight, or when that layer's slots are current); FinishRefetch
+  // completes it (every Forward, Backward and FinishMicrobatch does first).
+  absl::Status StartRefetch(int layer);
+  absl::Status FinishRefetch();
+  void RefetchDone(const ExpertParallelExecutor* e) {
+    if (refetching_ == e) refetching_ = nullptr;
+  }
+
  private:
   struct Fault {
     std::string kind;  // plan_hash | stall | exit
@@ -214,6 +245,8 @@ class ExpertParallelGroup {
   int64_t microbatch_ = 0;
   bool training_ = true;
   int64_t weights_version_ = 0;
+  std::optional<SolvedPlan> previous_plan_;
+  ExpertParallelExecutor* refetching_ = nullptr;  // its backward refetch is in flight
 };
 
 }  // namespace rackrun::runtime

@@ -7,14 +7,17 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "comm/inprocess_channel.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "runtime/layers/moe.h"
+#include "runtime/plan_source.h"
 
 namespace rackrun::runtime {
 namespace {
@@ -362,6 +365,8 @@ TEST(ExpertParallelGroupTest, SharedSlotsAreFetchedAgainForBackward) {
 }
 
 TEST(ExpertParallelGroupTest, PlanDisagreementNamesRankLayerAndMicrobatch) {
+  // In band the fingerprints ride in the next load exchange: microbatch 1's plan is
+  // compared when microbatch 2 exchanges its loads.
   ExpertParallelOptions options;
   options.policy = "ultraep";
   options.fault = "plan_hash:rank=1,layer=0,microbatch=1";
@@ -369,8 +374,81 @@ TEST(ExpertParallelGroupTest, PlanDisagreementNamesRankLayerAndMicrobatch) {
   for (int rank = 0; rank < 2; ++rank) {
     const absl::Status& s = r[static_cast<size_t>(rank)].status;
     EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
-    EXPECT_THAT(std::string(s.message()), HasSubstr("ranks disagree on the plan: rank 1"));
-    EXPECT_THAT(std::string(s.message()), HasSubstr("MoE layer 0, microbatch 1"));
+    EXPECT_THAT(std::string(s.message()),
+                HasSubstr("ranks disagree on the plan of MoE layer 0, microbatch 1"));
+    EXPECT_THAT(std::string(s.message()), HasSubstr("rank 1 solved fingerprint"));
+    EXPECT_THAT(std::string(s.message()), HasSubstr("MoE layer 0, microbatch 2, comparing"));
+  }
+}
+
+// Plans from a source that exchanges nothing among the ranks (as the coordinator's): the
+// in-band planner behind an interface that does not carry fingerprints.
+class NonCarryingSource final : public PlanSource {
+ public:
+  explicit NonCarryingSource(std::unique_ptr<InBandPlanSource> inner) : inner_(std::move(inner)) {}
+  const char* name() const override { return "test"; }
+  absl::Status Solve(const Request& request, planner::LoadMatrix* loads,
+                     planner::Plan* plan) override {
+    return inner_->Solve(request, loads, plan);
+  }
+
+ private:
+  std::unique_ptr<InBandPlanSource> inner_;
+};
+
+TEST(ExpertParallelGroupTest, PlanDisagreementFromANonCarryingSourceIsFoundAtOnce) {
+  // Three layers; rank 1's plan of layer 1 in microbatch 0 disagrees. A carrying source
+  // finds it at layer 2; a source that carries nothing compares after every solve.
+  for (const bool carrying : {true, false}) {
+    std::vector<absl::Status> status(2);
+    const absl::Status run = comm::RunInProcessRanks(2, {}, [&](comm::DataChannel& ch) {
+      omp_set_num_threads(1);
+      std::vector<std::unique_ptr<MoeLayer<float>>> layers;
+      std::vector<MoeLayer<float>*> raw;
+      for (int l = 0; l < 3; ++l) {
+        layers.push_back(std::make_unique<MoeLayer<float>>(Config(2, ch.rank()), "m"));
+        InitSkewed(*layers.back());
+        raw.push_back(layers.back().get());
+      }
+      ExpertParallelOptions options;
+      options.policy = "ultraep";
+      options.fault = "plan_hash:rank=1,layer=1,microbatch=0";
+      std::unique_ptr<NonCarryingSource> source;
+      if (!carrying) {
+        planner::Domain domain{2, kExperts / 2, options.slots};
+        absl::StatusOr<std::unique_ptr<InBandPlanSource>> inner =
+            InBandPlanSource::Create(ch, domain, options.policy, options.planner);
+        if (!inner.ok()) return inner.status();
+        source = std::make_unique<NonCarryingSource>(*std::move(inner));
+        options.plan_source = source.get();
+      }
+      absl::StatusOr<std::unique_ptr<ExpertParallelGroup>> group =
+          ExpertParallelGroup::Create(ch, raw, options);
+      if (!group.ok()) return group.status();
+      (*group)->BeginMicrobatch(0, true);
+      const int rows = kTokens / 2;
+      const std::vector<float> u = Input(0);
+      std::vector<float> out(static_cast<size_t>(rows) * kWidth);
+      absl::Status s;
+      for (int l = 0; l < 3 && s.ok(); ++l) {
+        s = layers[static_cast<size_t>(l)]->Forward(
+            u.data() + static_cast<size_t>(ch.rank()) * rows * kWidth, rows, out.data());
+      }
+      status[static_cast<size_t>(ch.rank())] = s;
+      return absl::OkStatus();
+    });
+    ASSERT_TRUE(run.ok()) << run;
+    for (const absl::Status& s : status) {
+      EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+      EXPECT_THAT(std::string(s.message()), HasSubstr("rank 1 solved fingerprint"));
+      if (carrying) {
+        EXPECT_THAT(std::string(s.message()), HasSubstr("MoE layer 2, microbatch 0"));
+        EXPECT_THAT(std::string(s.message()), HasSubstr("the plan of MoE layer 1, microbatch 0"));
+      } else {
+        EXPECT_THAT(std::string(s.message()), HasSubstr("MoE layer 1, microbatch 0"));
+        EXPECT_THAT(std::string(s.message()), HasSubstr("ranks disagree on the plan: rank 1"));
+      }
+    }
   }
 }
 

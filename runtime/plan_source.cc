@@ -1,5 +1,7 @@
 #include "runtime/plan_source.h"
 
+#include <algorithm>
+#include <cstddef>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -31,13 +33,25 @@ absl::StatusOr<std::unique_ptr<InBandPlanSource>> InBandPlanSource::Create(
 absl::Status InBandPlanSource::Solve(const Request& request, planner::LoadMatrix* loads,
                                      planner::Plan* plan) {
   const int64_t experts = static_cast<int64_t>(request.local_loads.size());
-  if (loads->ranks != channel_.size() || loads->experts != experts) {
-    *loads = planner::LoadMatrix(channel_.size(), static_cast<int>(experts));
+  const int ranks = channel_.size();
+  if (loads->ranks != ranks || loads->experts != experts) {
+    *loads = planner::LoadMatrix(ranks, static_cast<int>(experts));
   }
-  if (absl::Status s = channel_.Allgather(request.local_loads.data(), loads->counts.data(),
-                                          experts, comm::DataType::kInt64);
+  const size_t words = static_cast<size_t>(experts) + 1;
+  row_.resize(words);
+  rows_.resize(words * static_cast<size_t>(ranks));
+  std::copy(request.local_loads.begin(), request.local_loads.end(), row_.begin());
+  row_.back() = static_cast<int64_t>(request.previous_fingerprint);
+  if (absl::Status s = channel_.Allgather(row_.data(), rows_.data(), static_cast<int64_t>(words),
+                                          comm::DataType::kInt64);
       !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("exchanging expert loads: ", s.message()));
+  }
+  carried_.resize(static_cast<size_t>(ranks));
+  for (int r = 0; r < ranks; ++r) {
+    const int64_t* src = rows_.data() + static_cast<size_t>(r) * words;
+    std::copy(src, src + experts, loads->counts.begin() + static_cast<ptrdiff_t>(r * experts));
+    carried_[static_cast<size_t>(r)] = static_cast<uint64_t>(src[experts]);
   }
   planner::Planner& planner = request.training ? *train_ : *eval_;
   if (absl::Status s = planner.SolveInto(*loads, request.layer, plan); !s.ok()) {

@@ -6,7 +6,11 @@
 // - the coordinator (worker/coordinator_plan_source.h): each rank streams its row of loads
 //   to the rack coordinator over gRPC; the coordinator solves and streams the plan back.
 // The expert-parallel executor checks the invariants of whatever plan it gets and compares
-// fingerprints across ranks, so a source that hands ranks different plans is caught.
+// fingerprints across ranks, so a source that hands ranks different plans is caught. A
+// source whose Solve exchanges data among the ranks anyway (in-band: the load allgather)
+// carries each rank's fingerprint of its previous plan along (carries_fingerprints()), so
+// the comparison costs no collective of its own and happens one plan later; other sources
+// leave it to the executor's own allgather.
 //
 // Contract: Solve is collective over the group: every rank calls it for the same
 // (microbatch, layer, training) in the same order, from one thread.
@@ -18,6 +22,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -36,6 +41,9 @@ class PlanSource {
     // ones with a separate planner of the same policy.
     bool training = true;
     std::span<const int64_t> local_loads;  // this rank's tokens per logical expert
+    // This rank's fingerprint of the plan it solved before this one (any 64-bit value; 0
+    // before the first), carried to every rank by sources that carries_fingerprints().
+    uint64_t previous_fingerprint = 0;
   };
 
   virtual ~PlanSource() = default;
@@ -52,6 +60,11 @@ class PlanSource {
   // planner::Planner::RestoreState.
   virtual std::string SaveState() const { return {}; }
   virtual absl::Status RestoreState(std::string_view state);
+
+  // True when Solve carries Request::previous_fingerprint to every rank; the last Solve's
+  // values (one per rank, rank order) are then carried_fingerprints().
+  virtual bool carries_fingerprints() const { return false; }
+  virtual std::span<const uint64_t> carried_fingerprints() const { return {}; }
 };
 
 class InBandPlanSource final : public PlanSource {
@@ -67,12 +80,17 @@ class InBandPlanSource final : public PlanSource {
                      planner::Plan* plan) override;
   std::string SaveState() const override { return train_->SaveState(); }
   absl::Status RestoreState(std::string_view state) override { return train_->RestoreState(state); }
+  // The fingerprint rides in the load allgather: each rank's row is its loads and one word.
+  bool carries_fingerprints() const override { return true; }
+  std::span<const uint64_t> carried_fingerprints() const override { return carried_; }
 
  private:
   explicit InBandPlanSource(comm::DataChannel& channel) : channel_(channel) {}
 
   comm::DataChannel& channel_;
   std::unique_ptr<planner::Planner> train_, eval_;
+  std::vector<int64_t> row_, rows_;  // allgather buffers: experts + 1 words per rank
+  std::vector<uint64_t> carried_;
 };
 
 // The load matrix a plan was solved from: loads[src][e] = the sum of src's split over e's

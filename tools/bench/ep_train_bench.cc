@@ -24,8 +24,12 @@
 //   the median over steps of (that / the step's time) as a percentage. These phases run
 //   synchronously on the critical path, so all of their time is exposed, including the wait
 //   for the slowest rank at each collective; the same median of the MIN over ranks is given
-//   beside it as an estimate with less of that wait. plan_s includes the two allgathers
-//   (loads, plan fingerprint); the pure solve + invariant check is timed separately by
+//   beside it as an estimate with less of that wait. plan_s includes the load allgather
+//   (which also carries each rank's fingerprint of its previous plan); fan-out is the time
+//   spent posting and completing fan-outs (they travel during the token dispatch, the
+//   masters' compute and, for backward refetches, the layer above's backward); the
+//   balancing overhead is plan + fan-out + grad reduce, with the policy's median step
+//   over `none`'s beside it. The pure solve + invariant check is timed separately by
 //   replaying the recorded load trace through a planner of the same policy and options on
 //   rank 0 after the run.
 // - per-layer rank imbalance (max / mean rank load): ExpertParallelStats::layers sums
@@ -609,6 +613,7 @@ int main(int argc, char** argv) {
       p["exposed"]["plan_fanout_reduce"] = {{"median_s", overhead_s},
                                             {"median_pct_of_step", overhead_pct}};
       p["exposed"]["dominant_phase"] = DominantPhase(r);
+      if (none != nullptr) p["median_step_over_none"] = Median(r.step_s) / Median(none->step_s);
       p["imbalance_before"] = r.imbalance_before;
       p["imbalance_after"] = r.imbalance_after;
       p["replicas_per_microbatch"] = r.replicas;
@@ -691,8 +696,8 @@ int main(int argc, char** argv) {
                 1e3 * Median(r.dispatch_min_s));
   }
   std::printf(
-      "(plan = load allgather + solve + invariant check + fingerprint allgather, so it includes "
-      "waiting for the slowest rank; solve us = the same solves and checks replayed alone on "
+      "(plan = load allgather (carrying the previous plan's fingerprint) + solve + invariant "
+      "check, so it includes waiting for the slowest rank; solve us = the same solves and checks replayed alone on "
       "rank 0 from the load trace; all-to-all = token dispatch and combine, forward and backward; "
       "expert avg = mean over ranks; min rk = the same phases' ms, median over steps of the min "
       "over "
@@ -700,10 +705,15 @@ int main(int argc, char** argv) {
       "cost)\n");
   for (const PolicyResult& r : results) {
     const auto [overhead_s, overhead_pct] = BalancingOverhead(r);
+    char vs_none[48] = "";
+    if (none != nullptr && &r != none) {
+      std::snprintf(vs_none, sizeof(vs_none), "; median step / none's = %.3f",
+                    Median(r.step_s) / Median(none->step_s));
+    }
     std::printf(
         "%-8s plan + fan-out + grad reduce = %.2f ms (%.1f%% of step); largest exposed "
-        "phase: %s\n",
-        r.policy.c_str(), 1e3 * overhead_s, overhead_pct, DominantPhase(r).c_str());
+        "phase: %s%s\n",
+        r.policy.c_str(), 1e3 * overhead_s, overhead_pct, DominantPhase(r).c_str(), vs_none);
   }
   std::printf("\n");
 
