@@ -1,6 +1,7 @@
 // rackrun plan: replays a load trace (or generated loads) through balancing policies and
 // prints, per policy, imbalance, replicas, fan-out, simulated layer time and solve time.
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdarg>
@@ -25,6 +26,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "base/file.h"
+#include "base/signals.h"
 #include "base/statistics.h"
 #include "nlohmann/json.hpp"
 #include "planner/fanout.h"
@@ -107,7 +109,8 @@ completion time of the schedule (direct / relay).
 limits: at most 1000000 entries (microbatches x layers) per run, since per-entry
 statistics are kept for the percentiles; at most 16777216 loads per entry (ranks x
 experts); trace lines at most 16 MiB. A run longer than 2 s reports progress on stderr.
---out writes FILE.tmp-PID and renames it onto FILE when complete: FILE is whole or absent.
+--out writes FILE.tmp-PID and renames it onto FILE when complete: FILE is whole or absent
+(an error, SIGINT or SIGTERM removes the temporary file).
 
 exit status: 0 ok, 1 failure (bad trace, invariant violation), 2 usage error.
 )";
@@ -490,7 +493,8 @@ class Progress {
       absl::StrAppend(&line, " / ", total_, " entries (",
                       Format("%.1f", 100.0 * static_cast<double>(done) / static_cast<double>(total_)),
                       "%), ", Format("%.0f", elapsed), " s elapsed, about ",
-                      Format("%.0f", left), " s left");
+                      left < 3600 ? Format("%.0f s", left) : Format("%.1f h", left / 3600),
+                      " left");
     } else {
       absl::StrAppend(&line, " entries, ", Format("%.0f", elapsed), " s elapsed");
     }
@@ -513,6 +517,11 @@ class Progress {
 int WriteTrace(const PlanFlags& f, LoadSource& source) {
   absl::StatusOr<base::AtomicFileWriter> writer = base::AtomicFileWriter::Open(*f.out);
   if (!writer.ok()) return Fail(writer.status());
+  // SIGINT/SIGTERM stop the run between entries; the temporary file is removed.
+  static std::atomic<int> stop_signal{0};
+  if (absl::Status s = base::WatchStopSignals([](int signal) { stop_signal = signal; }); !s.ok()) {
+    return Fail(s);
+  }
   Progress progress("wrote", f.gen.microbatches * f.gen.layers);
   int64_t entries = 0;
   std::string pending;
@@ -528,6 +537,11 @@ int WriteTrace(const PlanFlags& f, LoadSource& source) {
       pending.clear();
     }
     progress.Update(++entries);
+    if (const int signal = stop_signal.load(); signal != 0) {
+      Fail(absl::CancelledError(absl::StrCat("stopped by signal ", signal, " after ", entries,
+                                             " entries; ", *f.out, " was not written")));
+      return 128 + signal;
+    }
   }
   if (absl::Status s = writer->Append(pending); !s.ok()) return Fail(s);
   if (absl::Status s = writer->Commit(); !s.ok()) return Fail(s);
