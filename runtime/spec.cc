@@ -66,6 +66,48 @@ absl::Status UnknownField(const google::protobuf::Descriptor& type, absl::string
                                        "known fields here: ", absl::StrJoin(known, ", ")));
 }
 
+// Whether `s` is well-formed UTF-8 (no overlongs, surrogates or code points above
+// U+10FFFF). Protobuf string fields must hold UTF-8: a spec with other bytes would fail
+// to parse on the coordinator after it was sent (found by tests/fuzz fuzz_job_spec).
+bool IsUtf8(std::string_view s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    size_t n = 0;
+    uint32_t cp = 0;
+    if (c < 0x80) {
+      ++i;
+      continue;
+    } else if ((c & 0xE0) == 0xC0) {
+      n = 1;
+      cp = c & 0x1F;
+    } else if ((c & 0xF0) == 0xE0) {
+      n = 2;
+      cp = c & 0x0F;
+    } else if ((c & 0xF8) == 0xF0) {
+      n = 3;
+      cp = c & 0x07;
+    } else {
+      return false;
+    }
+    if (s.size() - i <= n) return false;
+    for (size_t k = 1; k <= n; ++k) {
+      const auto cc = static_cast<unsigned char>(s[i + k]);
+      if ((cc & 0xC0) != 0x80) return false;
+      cp = (cp << 6) | (cc & 0x3F);
+    }
+    constexpr uint32_t kMin[] = {0, 0x80, 0x800, 0x10000};
+    if (cp < kMin[n] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
+    i += n + 1;
+  }
+  return true;
+}
+
+absl::Status CheckUtf8(std::string_view text, const std::string& path) {
+  if (IsUtf8(text)) return absl::OkStatus();
+  return FieldError(path, "is not valid UTF-8 text; write the value in UTF-8");
+}
+
 // Sets one scalar field from a YAML scalar.
 absl::Status SetScalar(const YAML::Node& node, const FieldDescriptor& field, Message& message,
                        const std::string& path) {
@@ -100,6 +142,7 @@ absl::Status SetScalar(const YAML::Node& node, const FieldDescriptor& field, Mes
         r.SetBool(&message, &field, node.as<bool>());
         break;
       case FieldDescriptor::CPPTYPE_STRING:
+        if (absl::Status s = CheckUtf8(text, path); !s.ok()) return s;
         r.SetString(&message, &field, text);
         break;
       default:
@@ -137,7 +180,10 @@ absl::Status SetList(const YAML::Node& node, const FieldDescriptor& field, Messa
   } else {
     return FieldError(path, "expected a list of words, e.g. [worker_lost, hang]");
   }
-  for (const std::string& item : items) r.AddString(&message, &field, item);
+  for (const std::string& item : items) {
+    if (absl::Status s = CheckUtf8(item, path); !s.ok()) return s;
+    r.AddString(&message, &field, item);
+  }
   return absl::OkStatus();
 }
 
