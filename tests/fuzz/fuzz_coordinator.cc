@@ -37,6 +37,12 @@ void Call(Service& service,
   spouse.AddClientMetadata("authorization", std::string("Bearer ") + kToken);
   Response response;
   const grpc::Status status = (service.*method)(&context, &request, &response);
+  // RACKRUN_FUZZ_VERBOSE=1: print each call's outcome (to check what a seed reaches).
+  static const bool verbose = std::getenv("RACKRUN_FUZZ_VERBOSE") != nullptr;
+  if (verbose) {
+    std::fprintf(stderr, "%s -> %d %s\n", Request::descriptor()->name().c_str(),
+                 static_cast<int>(status.error_code()), status.error_message().c_str());
+  }
   if (status.ok()) {
     // A response is always serializable.
     std::string out;
@@ -47,8 +53,11 @@ void Call(Service& service,
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
-                                    ("rackrun-fuzz-coordinator-" + std::to_string(getpid()));
+  // In /dev/shm where there is one: the store fsyncs every commit, free on tmpfs.
+  static const std::filesystem::path base =
+      std::filesystem::is_directory("/dev/shm") ? std::filesystem::path("/dev/shm")
+                                                : std::filesystem::temp_directory_path();
+  const std::filesystem::path dir = base / ("rackrun-fuzz-coordinator-" + std::to_string(getpid()));
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   {

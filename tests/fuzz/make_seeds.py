@@ -93,11 +93,11 @@ register = 'host: "h" pid: 1 launcher_rank: -1 device: "cpu" channels: "gloo" th
 seq = (call(0, "SubmitRequest", spec) + call(5, "RegisterRequest", register) +
        call(6, "HeartbeatRequest", 'worker_id: "w-1" phase: "idle"') +
        call(2, "ListJobsRequest", "page_size: 10") + call(4, "ListWorkersRequest", "") +
-       call(1, "GetJobRequest", 'job_id: "job-1"') +
-       call(7, "ReportRequest", 'worker_id: "w-1" job_id: "job-1" attempt: 1') +
-       call(9, "StoreSetRequest", 'job_id: "job-1" attempt: 1 key: "k" value: "v"') +
-       call(10, "StoreGetRequest", 'job_id: "job-1" attempt: 1 keys: "k"') +
-       call(3, "CancelJobRequest", 'job_id: "job-1" reason: "fuzz"') +
+       call(1, "GetJobRequest", 'job_id: "j-1"') +
+       call(7, "ReportRequest", 'worker_id: "w-1" job_id: "j-1" attempt: 1 progress { step: 1 }') +
+       call(9, "StoreSetRequest", 'job_id: "j-1" attempt: 1 key: "k" value: "v"') +
+       call(10, "StoreGetRequest", 'job_id: "j-1" attempt: 1 keys: "k"') +
+       call(3, "CancelJobRequest", 'job_id: "j-1" reason: "fuzz"') +
        call(8, "DeregisterRequest", 'worker_id: "w-1"'))
 write("coordinator", "submit-register-run-cancel", seq)
 write("coordinator", "submit-only", call(0, "SubmitRequest", spec))
