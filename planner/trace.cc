@@ -61,8 +61,10 @@ absl::StatusOr<TraceEntry> ParseTraceLine(std::string_view line, std::string_vie
   json doc;
   try {
     doc = json::parse(line.begin(), line.end());
-  } catch (const json::parse_error& e) {
-    // nlohmann's message starts with "[json.exception.parse_error.101] "; keep the rest.
+  } catch (const json::exception& e) {
+    // parse_error, and out_of_range for a number too large for a double ("1e400"; found
+    // by tests/fuzz fuzz_trace_line). nlohmann's message starts with
+    // "[json.exception.parse_error.101] "; keep the rest.
     std::string_view message = e.what();
     if (const size_t close = message.find("] "); close != std::string_view::npos) {
       message.remove_prefix(close + 2);
