@@ -167,6 +167,17 @@ TEST(TraceTest, MissingFileIsNotFound) {
   EXPECT_EQ(reader.status().code(), absl::StatusCode::kNotFound);
 }
 
+// Found by tests/fuzz fuzz_trace_line: a number too large for a double threw
+// json::out_of_range past the parse_error handler and terminated the process.
+TEST(TraceReaderTest, ANumberTooLargeIsABadLineNotACrash) {
+  absl::StatusOr<TraceEntry> entry = ParseTraceLine(
+      R"({"microbatch": 1e400, "layer": 0, "ranks": 1, "experts": 1, "loads": [[1]]})", "t:4");
+  ASSERT_FALSE(entry.ok());
+  EXPECT_EQ(entry.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(entry.status().message(), HasSubstr("t:4: bad JSON (number overflow"));
+}
+
+// Issue #12: a 100 MB line was read whole (and parsed) before being refused.
 TEST(TraceReaderTest, RefusesALineOverTheLimitAfterReadingOnlyTheLimit) {
   const std::string path = ::testing::TempDir() + "/trace_long_line.jsonl";
   TraceEntry entry;
