@@ -26,7 +26,14 @@ void* operator new(size_t size) {
   if (void* p = std::malloc(size == 0 ? 1 : size)) return p;
   throw std::bad_alloc();
 }
-// The default operator delete releases with free(), which matches.
+// Deletes that match (free). The library's default does too, but AddressSanitizer
+// replaces it and reports malloc/delete as an alloc-dealloc mismatch.
+// GCC cannot see that operator new above is malloc and warns about free().
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, size_t) noexcept { std::free(p); }
+#pragma GCC diagnostic pop
 
 namespace rackrun::planner {
 namespace {
