@@ -42,5 +42,38 @@ TEST(FileTest, ErrorsNameTheFile) {
   EXPECT_NE(write.message().find("/nonexistent/dir/y"), std::string::npos);
 }
 
+TEST(FileTest, StreamedWriteIsCompleteOrAbsent) {
+  const std::string dir = ScratchDir() + "/streamed";
+  std::filesystem::create_directories(dir);
+  const std::string path = dir + "/out.txt";
+  ASSERT_TRUE(WriteFileAtomically(path, "old").ok());
+  {
+    absl::StatusOr<AtomicFileWriter> w = AtomicFileWriter::Open(path);
+    ASSERT_TRUE(w.ok()) << w.status();
+    ASSERT_TRUE(w->Append("new ").ok());
+    ASSERT_TRUE(w->Append("text").ok());
+    EXPECT_EQ(*ReadWholeFile(path), "old");  // untouched until Commit
+    ASSERT_TRUE(w->Commit().ok());
+  }
+  EXPECT_EQ(*ReadWholeFile(path), "new text");
+  {
+    // Abandoned (an error path returns early): the old file stays, no temporary is left.
+    absl::StatusOr<AtomicFileWriter> w = AtomicFileWriter::Open(path);
+    ASSERT_TRUE(w.ok());
+    ASSERT_TRUE(w->Append("partial").ok());
+  }
+  EXPECT_EQ(*ReadWholeFile(path), "new text");
+  int files = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    (void)e;
+    ++files;
+  }
+  EXPECT_EQ(files, 1);
+  absl::StatusOr<AtomicFileWriter> missing = AtomicFileWriter::Open("/nonexistent/dir/z");
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("/nonexistent/dir/z"), std::string::npos);
+  EXPECT_NE(missing.status().message().find("No such file"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace rackrun::base

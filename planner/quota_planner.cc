@@ -290,10 +290,19 @@ void QuotaSplit::Fill(const LoadMatrix& loads, Plan* plan) {
       // is harmless here: it only writes positions that a later run, the next row, or a
       // replicated expert's entries (written after the runs) overwrite, and it only reads
       // the next row of the loads.
+      // The overshoot must stay inside the next row of both buffers: with fewer than 4
+      // instances or experts per row it would not (AddressSanitizer: heap-buffer-overflow
+      // in PlanFuzzTest.SmallDomains), so such runs are copied exactly.
       for (const Run& run : runs_) {
         int64_t* dst = out + run.to;
         const int64_t* src = row + run.from;
-        for (int i = 0; i < run.length; i += 4) std::memcpy(dst + i, src + i, 4 * sizeof(int64_t));
+        const size_t padded = (static_cast<size_t>(run.length) + 3) & ~size_t{3};
+        if (static_cast<size_t>(run.to) + padded <= 2 * n &&
+            static_cast<size_t>(run.from) + padded <= 2 * static_cast<size_t>(experts)) {
+          for (int i = 0; i < run.length; i += 4) std::memcpy(dst + i, src + i, 4 * sizeof(int64_t));
+        } else {
+          std::memcpy(dst, src, static_cast<size_t>(run.length) * sizeof(int64_t));
+        }
       }
     } else {
       for (const Run& run : runs_) {

@@ -1,5 +1,9 @@
 #include "planner/trace.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
@@ -58,8 +62,10 @@ absl::StatusOr<TraceEntry> ParseTraceLine(std::string_view line, std::string_vie
   json doc;
   try {
     doc = json::parse(line.begin(), line.end());
-  } catch (const json::parse_error& e) {
-    // nlohmann's message starts with "[json.exception.parse_error.101] "; keep the rest.
+  } catch (const json::exception& e) {
+    // parse_error, and out_of_range for a number too large for a double ("1e400"; found
+    // by tests/fuzz fuzz_trace_line). nlohmann's message starts with
+    // "[json.exception.parse_error.101] "; keep the rest.
     std::string_view message = e.what();
     if (const size_t close = message.find("] "); close != std::string_view::npos) {
       message.remove_prefix(close + 2);
@@ -160,18 +166,107 @@ std::string FormatTraceLine(const TraceEntry& entry) {
   return out;
 }
 
-absl::StatusOr<TraceReader> TraceReader::Open(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) {
-    return absl::NotFoundError(
-        absl::StrCat(path, ": cannot open the trace file; check the path passed to --trace"));
+absl::StatusOr<TraceReader> TraceReader::Open(const std::string& path, size_t max_line_bytes) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    return absl::NotFoundError(absl::StrCat(path, ": cannot open the trace file (",
+                                            std::strerror(errno),
+                                            "); check the path passed to --trace"));
   }
-  return TraceReader(path, std::move(in));
+  struct stat st {};
+  if (::fstat(fd, &st) == 0 && S_ISDIR(st.st_mode)) {
+    ::close(fd);
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": is a directory; --trace takes a JSON Lines trace file (DESIGN.md section 8)"));
+  }
+  return TraceReader(path, fd, max_line_bytes);
+}
+
+TraceReader::TraceReader(TraceReader&& other) noexcept
+    : path_(std::move(other.path_)),
+      fd_(std::exchange(other.fd_, -1)),
+      max_line_bytes_(other.max_line_bytes_),
+      buffer_(std::move(other.buffer_)),
+      begin_(other.begin_),
+      end_(other.end_),
+      eof_(other.eof_),
+      line_number_(other.line_number_),
+      ranks_(other.ranks_),
+      experts_(other.experts_),
+      seen_(std::move(other.seen_)) {}
+
+TraceReader& TraceReader::operator=(TraceReader&& other) noexcept {
+  if (this != &other) {
+    if (fd_ >= 0) ::close(fd_);
+    path_ = std::move(other.path_);
+    fd_ = std::exchange(other.fd_, -1);
+    max_line_bytes_ = other.max_line_bytes_;
+    buffer_ = std::move(other.buffer_);
+    begin_ = other.begin_;
+    end_ = other.end_;
+    eof_ = other.eof_;
+    line_number_ = other.line_number_;
+    ranks_ = other.ranks_;
+    experts_ = other.experts_;
+    seen_ = std::move(other.seen_);
+  }
+  return *this;
+}
+
+TraceReader::~TraceReader() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+absl::StatusOr<bool> TraceReader::ReadLine(std::string& line) {
+  constexpr size_t kChunk = size_t{1} << 16;
+  line.clear();
+  bool any = false;  // a last line without '\n' is still a line
+  while (true) {
+    if (begin_ == end_) {
+      if (eof_) return any;
+      buffer_.resize(kChunk);
+      ssize_t n;
+      do {
+        n = ::read(fd_, buffer_.data(), buffer_.size());
+      } while (n < 0 && errno == EINTR);
+      if (n < 0) {
+        return absl::DataLossError(absl::StrCat(path_, ":", line_number_ + 1, ": read error (",
+                                                std::strerror(errno), ")"));
+      }
+      begin_ = 0;
+      end_ = static_cast<size_t>(n);
+      if (n == 0) {
+        eof_ = true;
+        return any;
+      }
+    }
+    any = true;
+    const char* start = buffer_.data() + begin_;
+    const void* newline = std::memchr(start, '\n', end_ - begin_);
+    const size_t take =
+        newline != nullptr ? static_cast<size_t>(static_cast<const char*>(newline) - start)
+                           : end_ - begin_;
+    if (line.size() + take > max_line_bytes_) {
+      return Bad(absl::StrCat(path_, ":", line_number_ + 1),
+                 absl::StrCat("line is longer than ", max_line_bytes_,
+                              " bytes, the limit for one trace entry; split the trace's "
+                              "domain or check that the file is JSON Lines"));
+    }
+    line.append(start, take);
+    begin_ += take;
+    if (newline != nullptr) {
+      ++begin_;  // the '\n'
+      return true;
+    }
+  }
 }
 
 absl::StatusOr<std::optional<TraceEntry>> TraceReader::Next() {
   std::string line;
-  while (std::getline(in_, line)) {
+  while (true) {
+    absl::StatusOr<bool> read = ReadLine(line);
+    if (!read.ok()) return read.status();
+    if (!*read) break;
     ++line_number_;
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     const std::string where = absl::StrCat(path_, ":", line_number_);
@@ -190,9 +285,6 @@ absl::StatusOr<std::optional<TraceEntry>> TraceReader::Next() {
                                      " appears twice; each (microbatch, layer) has one line"));
     }
     return std::optional<TraceEntry>(*std::move(entry));
-  }
-  if (in_.bad()) {
-    return absl::DataLossError(absl::StrCat(path_, ":", line_number_ + 1, ": read error"));
   }
   return std::optional<TraceEntry>();
 }

@@ -46,16 +46,31 @@ absl::StatusOr<TraceEntry> ParseTraceLine(std::string_view line, std::string_vie
 // back to an equal entry.
 std::string FormatTraceLine(const TraceEntry& entry);
 
-// Streams a trace file line by line (memory holds one entry at a time). Blank lines are
-// skipped. Besides ParseTraceLine's checks, every line must have the same ranks and
-// experts as the first, and no (microbatch, layer) may appear twice. Not thread-safe.
+// Longest trace line a reader accepts: 16 MiB, room for a 1024 x 1024 loads matrix of
+// 15-digit counts. Longer lines are refused as "FILE:LINE: line is longer than ..." after
+// reading at most this many bytes of them, so memory stays bounded: the line plus its
+// parsed JSON (at most 8 Mi values); `rackrun plan` peaks at ~530 MB RSS on a line of
+// exactly this size, and at ~33 MB refusing a 100 MB line (was 2.2 GB).
+inline constexpr size_t kMaxTraceLineBytes = size_t{16} << 20;
+
+// Streams a trace file line by line (memory holds one line and one entry at a time).
+// Blank lines are skipped. Besides ParseTraceLine's checks, every line must have the same
+// ranks and experts as the first, no (microbatch, layer) may appear twice, and no line may
+// be longer than `max_line_bytes`. Not thread-safe.
 class TraceReader {
  public:
-  // NotFound when the file cannot be opened.
-  static absl::StatusOr<TraceReader> Open(const std::string& path);
+  // NotFound when the file cannot be opened; InvalidArgument when it is a directory.
+  static absl::StatusOr<TraceReader> Open(const std::string& path,
+                                          size_t max_line_bytes = kMaxTraceLineBytes);
+  TraceReader(TraceReader&& other) noexcept;
+  TraceReader& operator=(TraceReader&& other) noexcept;
+  TraceReader(const TraceReader&) = delete;
+  TraceReader& operator=(const TraceReader&) = delete;
+  ~TraceReader();
 
-  // The next entry, std::nullopt at the end of the file, or InvalidArgument naming
-  // "FILE:LINE". After an error the reader should not be used again.
+  // The next entry, std::nullopt at the end of the file, InvalidArgument naming
+  // "FILE:LINE" for a bad or too long line, or DataLoss naming the file and errno for a
+  // read error. After an error the reader should not be used again.
   absl::StatusOr<std::optional<TraceEntry>> Next();
 
   // 1-based number of the last line read.
@@ -63,10 +78,19 @@ class TraceReader {
   const std::string& path() const { return path_; }
 
  private:
-  TraceReader(std::string path, std::ifstream in) : path_(std::move(path)), in_(std::move(in)) {}
+  TraceReader(std::string path, int fd, size_t max_line_bytes)
+      : path_(std::move(path)), fd_(fd), max_line_bytes_(max_line_bytes) {}
+  // Reads the next line (without '\n') into `line`: true with a line, false at the end
+  // of the file, or an error for a line over max_line_bytes_ or a failed read.
+  absl::StatusOr<bool> ReadLine(std::string& line);
 
   std::string path_;
-  std::ifstream in_;
+  int fd_ = -1;
+  size_t max_line_bytes_ = kMaxTraceLineBytes;
+  std::vector<char> buffer_;  // read-ahead; [begin_, end_) not yet consumed
+  size_t begin_ = 0;
+  size_t end_ = 0;
+  bool eof_ = false;
   int64_t line_number_ = 0;
   int ranks_ = 0;
   int experts_ = 0;

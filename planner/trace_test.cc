@@ -167,5 +167,55 @@ TEST(TraceTest, MissingFileIsNotFound) {
   EXPECT_EQ(reader.status().code(), absl::StatusCode::kNotFound);
 }
 
+// Found by tests/fuzz fuzz_trace_line: a number too large for a double threw
+// json::out_of_range past the parse_error handler and terminated the process.
+TEST(TraceReaderTest, ANumberTooLargeIsABadLineNotACrash) {
+  absl::StatusOr<TraceEntry> entry = ParseTraceLine(
+      R"({"microbatch": 1e400, "layer": 0, "ranks": 1, "experts": 1, "loads": [[1]]})", "t:4");
+  ASSERT_FALSE(entry.ok());
+  EXPECT_EQ(entry.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(entry.status().message(), HasSubstr("t:4: bad JSON (number overflow"));
+}
+
+// Issue #12: a 100 MB line was read whole (and parsed) before being refused.
+TEST(TraceReaderTest, RefusesALineOverTheLimitAfterReadingOnlyTheLimit) {
+  const std::string path = ::testing::TempDir() + "/trace_long_line.jsonl";
+  TraceEntry entry;
+  entry.loads = LoadMatrix(2, 4);
+  {
+    std::ofstream out(path);
+    out << FormatTraceLine(entry) << "\n" << std::string(5000, ' ') << "{}\n";
+  }
+  absl::StatusOr<TraceReader> reader = TraceReader::Open(path, /*max_line_bytes=*/4096);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  absl::StatusOr<std::optional<TraceEntry>> first = reader->Next();
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_TRUE(first->has_value());
+  absl::StatusOr<std::optional<TraceEntry>> second = reader->Next();
+  ASSERT_FALSE(second.ok());
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(second.status().message(), HasSubstr(path + ":2: line is longer than 4096 bytes"));
+}
+
+TEST(TraceReaderTest, LastLineWithoutNewlineAndCrlfAreRead) {
+  const std::string path = ::testing::TempDir() + "/trace_no_newline.jsonl";
+  TraceEntry a;
+  a.loads = LoadMatrix(1, 2);
+  TraceEntry b = a;
+  b.microbatch = 1;
+  { std::ofstream(path) << FormatTraceLine(a) << "\r\n\n" << FormatTraceLine(b); }
+  absl::StatusOr<std::vector<TraceEntry>> read = ReadTrace(path);
+  ASSERT_TRUE(read.ok()) << read.status();
+  ASSERT_EQ(read->size(), 2u);
+  EXPECT_EQ((*read)[1], b);
+}
+
+TEST(TraceReaderTest, ADirectoryIsNamedAsOne) {
+  absl::StatusOr<TraceReader> reader = TraceReader::Open(::testing::TempDir());
+  ASSERT_FALSE(reader.ok());
+  EXPECT_THAT(reader.status().message(), HasSubstr("is a directory"));
+}
+
 }  // namespace
+
 }  // namespace rackrun::planner

@@ -35,6 +35,10 @@ U GetLe(const unsigned char* p) {
 
 absl::Status WriteTokenFile(const std::string& path, const TokenFile& file) {
   if (file.vocab == 0) return absl::InvalidArgumentError("token file vocab must be positive");
+  if (file.vocab > kMaxTokenVocab) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("token file vocab ", file.vocab, " is above the limit of ", kMaxTokenVocab));
+  }
   const uint32_t dtype = file.vocab <= 65536 ? 2 : 4;
   std::string bytes;
   bytes.reserve(kHeaderBytes + file.tokens.size() * dtype);
@@ -63,10 +67,13 @@ absl::StatusOr<TokenFile> ReadTokenFile(const std::string& path) {
   absl::StatusOr<std::string> read = ReadWholeFile(path);
   if (!read.ok()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("cannot open token file '", path,
-                     "'; create it with `rackrun data --input TEXT --output DIR`"));
+        absl::StrCat("cannot open token file (", read.status().message(),
+                     "); create it with `rackrun data --input TEXT --output DIR`"));
   }
-  const std::string& bytes = *read;
+  return ParseTokenFile(*read, path);
+}
+
+absl::StatusOr<TokenFile> ParseTokenFile(std::string_view bytes, const std::string& path) {
   const auto bad = [&](absl::string_view why) {
     return absl::InvalidArgumentError(absl::StrCat("token file '", path, "' is not valid: ", why,
                                                    "; regenerate it with `rackrun data`"));
@@ -89,6 +96,10 @@ absl::StatusOr<TokenFile> ReadTokenFile(const std::string& path) {
   file.vocab = GetLe<uint32_t>(p + 24);
   file.end_of_document = static_cast<int32_t>(GetLe<uint32_t>(p + 28));
   if (file.vocab == 0) return bad("vocab 0");
+  if (file.vocab > kMaxTokenVocab) {
+    return bad(absl::StrCat("vocab ", file.vocab, " is above the limit of ", kMaxTokenVocab,
+                            " (corrupt header?)"));
+  }
   if (file.end_of_document < -1 ||
       (file.end_of_document >= 0 && static_cast<uint32_t>(file.end_of_document) >= file.vocab)) {
     return bad(absl::StrCat("end-of-document id ", file.end_of_document, " outside the vocab"));

@@ -8,7 +8,8 @@
 //   offset 24  uint32   vocab: ids are < vocab
 //   offset 28  int32    end-of-document id, or -1 when the file has no document marks
 //   offset 32  count token ids of `dtype` bytes each
-// A reader refuses a file whose size is not exactly 32 + count * dtype.
+// A reader refuses a file whose size is not exactly 32 + count * dtype, and a vocab
+// above kMaxTokenVocab: every size in the header is bounded before it is used.
 //
 // Byte-level tokenizer: ids 0..255 are the bytes of the UTF-8 text; id 256 is the
 // end-of-document mark (vocab 257). The mark is written BEFORE every document, so it
@@ -31,6 +32,10 @@ namespace rackrun::runtime {
 
 inline constexpr int kByteVocab = 257;
 inline constexpr int32_t kByteEndOfDocument = 256;
+// Largest vocabulary a token file may declare: 2^24, 64x the largest tokenizers in use
+// (~256k ids). A header above it is refused before anything is sized by it (the model's
+// embedding and the unigram counts are vocab-sized).
+inline constexpr uint32_t kMaxTokenVocab = uint32_t{1} << 24;
 
 struct TokenFile {
   uint32_t vocab = 0;
@@ -41,9 +46,11 @@ struct TokenFile {
 // Writes `file` to `path` (dtype uint16 when vocab <= 65536, else uint32), atomically:
 // temp file, fsync, rename. Fails if a token is outside [0, vocab).
 absl::Status WriteTokenFile(const std::string& path, const TokenFile& file);
-// Reads a token file; a wrong magic, version, dtype, size or out-of-range id is an
-// InvalidArgument naming the file.
+// Reads a token file; a wrong magic, version, dtype, size, vocab (0 or above
+// kMaxTokenVocab) or out-of-range id is an InvalidArgument naming the file.
 absl::StatusOr<TokenFile> ReadTokenFile(const std::string& path);
+// The same checks on a file's bytes already in memory; `path` only names it in errors.
+absl::StatusOr<TokenFile> ParseTokenFile(std::string_view bytes, const std::string& path);
 
 // Byte-level tokenization of documents: [EOD, bytes of doc 0, EOD, bytes of doc 1, ...].
 std::vector<int32_t> ByteTokenize(std::span<const std::string> documents);

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "base/file.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -72,6 +73,20 @@ TEST(TokenFileTest, RefusesTruncatedAndForeignFiles) {
   read = ReadTokenFile(TempPath("missing.tokens"));
   ASSERT_FALSE(read.ok());
   EXPECT_THAT(read.status().message(), HasSubstr("rackrun data"));
+}
+
+// Issue #12: a header claiming a vocabulary of 4 billion once aborted training with
+// std::length_error (the unigram counts are vocab-sized); now the reader refuses it.
+TEST(TokenFileTest, RefusesAVocabularyAboveTheLimit) {
+  const std::string path = TempPath("huge-vocab.tokens");
+  ASSERT_TRUE(WriteTokenFile(path, {.vocab = 257, .end_of_document = -1, .tokens = {1, 2}}).ok());
+  std::string bytes = *base::ReadWholeFile(path);
+  for (int i = 0; i < 4; ++i) bytes[24 + i] = static_cast<char>(0xff);  // vocab 4294967295
+  absl::StatusOr<TokenFile> read = ParseTokenFile(bytes, path);
+  ASSERT_FALSE(read.ok());
+  EXPECT_THAT(read.status().message(), HasSubstr("vocab 4294967295 is above the limit"));
+  EXPECT_THAT(read.status().message(), HasSubstr(path));
+  EXPECT_FALSE(WriteTokenFile(path, {.vocab = kMaxTokenVocab + 1, .tokens = {1}}).ok());
 }
 
 TEST(TokenFileTest, RefusesTokensOutsideTheVocabulary) {

@@ -227,7 +227,9 @@ absl::Status SetList(const YAML::Node& node, const FieldDescriptor& field, Messa
   } else {
     return FieldError(path, "expected a list of words, e.g. [worker_lost, hang]");
   }
-  for (const std::string& item : items) r.AddString(&message, &field, item);
+  for (const std::string& item : items) {
+    r.AddString(&message, &field, item);
+  }
   return absl::OkStatus();
 }
 
@@ -352,6 +354,11 @@ absl::Status MapNode(const YAML::Node& node, Message& message, const std::string
                       absl::StrCat("expected a mapping of fields (", type.name(), ")"));
   }
   for (const auto& entry : node) {
+    if (!entry.first.IsScalar()) {
+      // as<std::string>() would throw (found by tests/fuzz fuzz_job_spec).
+      return FieldError(path.empty() ? "spec" : path,
+                        "a field name must be a word, not a list or mapping");
+    }
     const std::string name = entry.first.as<std::string>();
     const std::string field_path = Join(path, name);
     const FieldDescriptor* field = type.FindFieldByName(name);
@@ -459,9 +466,15 @@ absl::StatusOr<JobSpec> ParseJobSpec(const std::string& text,
     return absl::InvalidArgumentError(absl::StrCat(origin, ": ", s.message()));
   }
   JobSpec spec;
-  if (absl::Status s = MapNode(root, spec, ""); !s.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(origin, ": ", s.message()));
+  absl::Status mapped;
+  try {
+    mapped = MapNode(root, spec, "");
+  } catch (const YAML::Exception& e) {
+    // Every expected error is a Status; this is the net under the ones not foreseen.
+    mapped = absl::InvalidArgumentError(absl::StrCat(e.mark.line + 1, ":", e.mark.column + 1,
+                                                     ": cannot read the spec: ", e.msg));
   }
+  if (!mapped.ok()) return absl::InvalidArgumentError(absl::StrCat(origin, ": ", mapped.message()));
   ApplySpecDefaults(spec);
   if (absl::Status s = ValidateJobSpec(spec); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(origin, ": ", s.message()));

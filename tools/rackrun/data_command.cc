@@ -28,7 +28,7 @@ file in it, in name order.
 options:
   --input PATH            text file or folder (repeatable)
   --output DIR            output folder (created if missing)
-  --val-fraction F        share of documents for validation, in [0, 0.5] (default 0.05):
+  --val-fraction F        share of documents for validation, in (0, 0.5] (default 0.05):
                           every round(1/F)-th document; with a single document, its last
                           F of bytes
   --tokenizer NAME        bytes (the only one: UTF-8 bytes 0..255 plus an end-of-document
@@ -64,6 +64,14 @@ int DataCommand(const Args& args) {
       output = value;
     } else if (a == "--val-fraction") {
       if (!absl::SimpleAtod(value, &val_fraction)) return Usage("--val-fraction needs a number");
+      if (val_fraction == 0) {
+        // An empty val.tokens used to be written; training then failed on it with a
+        // message about seq_len.
+        return Usage(
+            "--val-fraction 0 would write an empty validation file, which training cannot "
+            "use as data.validation; give a fraction in (0, 0.5] (default 0.05), and leave "
+            "data.validation out of the job spec to train without validation");
+      }
     } else if (a == "--tokenizer") {
       if (value != "bytes") return Usage("--tokenizer: only 'bytes' is available");
     } else {
@@ -107,6 +115,13 @@ int DataCommand(const Args& args) {
   absl::StatusOr<rt::DocumentSplit> split =
       rt::SplitTrainValidation(std::move(documents), val_fraction);
   if (!split.ok()) return Usage("--val-fraction: " + std::string(split.status().message()));
+  if (split->validation.empty() || split->train.empty()) {
+    std::fprintf(stderr,
+                 "rackrun data: --val-fraction %g leaves the %s set empty; use a larger "
+                 "fraction or more input text\n",
+                 val_fraction, split->train.empty() ? "training" : "validation");
+    return 1;
+  }
 
   std::error_code ec;
   std::filesystem::create_directories(output, ec);

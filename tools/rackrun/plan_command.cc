@@ -1,6 +1,7 @@
 // rackrun plan: replays a load trace (or generated loads) through balancing policies and
 // prints, per policy, imbalance, replicas, fan-out, simulated layer time and solve time.
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdarg>
@@ -16,12 +17,16 @@
 #include <utility>
 #include <vector>
 
+#include <unistd.h>
+
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "base/file.h"
+#include "base/signals.h"
 #include "base/statistics.h"
 #include "nlohmann/json.hpp"
 #include "planner/fanout.h"
@@ -112,8 +117,18 @@ included) are its re-placement, counted as exposed time in that microbatch. idea
 bound (no fan-out cost in its simulated time). 'fan-out ms' is the cost model's
 completion time of the schedule (direct / relay).
 
+limits: at most 1000000 entries (microbatches x layers) per run, since per-entry
+statistics are kept for the percentiles; at most 16777216 loads per entry (ranks x
+experts); trace lines at most 16 MiB. A run longer than 2 s reports progress on stderr.
+--out writes FILE.tmp-PID and renames it onto FILE when complete: FILE is whole or absent
+(an error, SIGINT or SIGTERM removes the temporary file).
+
 exit status: 0 ok, 1 failure (bad trace, invariant violation), 2 usage error.
 )";
+
+// Bounds of one run (stated in kUsage).
+constexpr int64_t kMaxEntries = 1000000;
+constexpr int64_t kMaxLoadsPerEntry = int64_t{1} << 24;
 
 constexpr std::string_view kAllPolicies[] = {"ultraep", "greedy", "eplb", "none", "ideal"};
 
@@ -310,7 +325,7 @@ absl::StatusOr<PlanFlags> ParseFlags(const Args& args) {
       {"--tokens-per-rank", kGeneratorValue, IntValue(&f.gen.tokens_per_rank, 0, kTwoTo40)},
       {"--token-jitter", kGeneratorValue, NumberValue(&f.gen.token_jitter, 0, 0.999)},
       {"--imbalance", kGeneratorValue, NumberValue(&f.gen.imbalance, 1, 1e6)},
-      {"--microbatches", kGeneratorValue, IntValue(&f.gen.microbatches, 1, kIntMax)},
+      {"--microbatches", kGeneratorValue, IntValue(&f.gen.microbatches, 1, kMaxEntries)},
       {"--layers", kGeneratorValue, IntValue(&f.gen.layers, 1, 4096)},
       {"--nonstationary", kGeneratorValue, LoadShiftValue(&f.gen.shift)},
       {"--shift-every", kGeneratorValue, IntValue(&f.gen.shift_every, 1, kIntMax)},
@@ -401,6 +416,20 @@ absl::StatusOr<PlanFlags> ParseFlags(const Args& args) {
       return Usage("--topk",
                    absl::StrCat(f.gen.topk, " is more than --experts (", f.gen.experts, ")"));
     }
+    if (f.gen.microbatches * f.gen.layers > kMaxEntries) {
+      return Usage("--microbatches",
+                   absl::StrCat(f.gen.microbatches, " x --layers ", f.gen.layers, " = ",
+                                f.gen.microbatches * f.gen.layers,
+                                " entries, over the limit of ", kMaxEntries,
+                                " per run; plan fewer, or several runs with different --seed"));
+    }
+    if (int64_t{f.gen.ranks} * f.gen.experts > kMaxLoadsPerEntry) {
+      return Usage("--experts", absl::StrCat("--ranks ", f.gen.ranks, " x --experts ",
+                                             f.gen.experts, " = ",
+                                             int64_t{f.gen.ranks} * f.gen.experts,
+                                             " loads per entry, over the limit of ",
+                                             kMaxLoadsPerEntry, "; use fewer ranks or experts"));
+    }
   }
   if (f.out && (f.json || !f.policies.empty())) {
     return Usage("--out", "writes a trace and plans nothing; drop --json and --policy");
@@ -420,6 +449,7 @@ class TraceSource final : public LoadSource {
  public:
   explicit TraceSource(pl::TraceReader reader) : reader_(std::move(reader)) {}
   absl::StatusOr<std::optional<pl::TraceEntry>> Next() override { return reader_.Next(); }
+  int64_t line_number() const { return reader_.line_number(); }
 
  private:
   pl::TraceReader reader_;
@@ -487,18 +517,78 @@ int Fail(const absl::Status& status) {
   return 1;
 }
 
+// Progress on stderr for long runs: nothing for the first 2 s, then a line every 5 s
+// (rewritten in place on a terminal). `total` is 0 when unknown (a trace).
+class Progress {
+ public:
+  Progress(std::string_view verb, int64_t total)
+      : verb_(verb), total_(total), tty_(::isatty(STDERR_FILENO) == 1) {}
+  ~Progress() {
+    if (shown_ && tty_) std::fputc('\n', stderr);
+  }
+  void Update(int64_t done) {
+    const auto now = std::chrono::steady_clock::now();
+    const double elapsed = std::chrono::duration<double>(now - start_).count();
+    if (elapsed < next_report_s_) return;
+    next_report_s_ = elapsed + 5;
+    std::string line = absl::StrCat("rackrun plan: ", verb_, " ", done);
+    if (total_ > 0) {
+      const double left = elapsed * static_cast<double>(total_ - done) / static_cast<double>(done);
+      absl::StrAppend(&line, " / ", total_, " entries (",
+                      Format("%.1f", 100.0 * static_cast<double>(done) / static_cast<double>(total_)),
+                      "%), ", Format("%.0f", elapsed), " s elapsed, about ",
+                      left < 3600 ? Format("%.0f s", left) : Format("%.1f h", left / 3600),
+                      " left");
+    } else {
+      absl::StrAppend(&line, " entries, ", Format("%.0f", elapsed), " s elapsed");
+    }
+    std::fprintf(stderr, tty_ ? "\r%s\x1b[K" : "%s\n", line.c_str());
+    std::fflush(stderr);
+    shown_ = true;
+  }
+
+ private:
+  std::string verb_;
+  int64_t total_;
+  bool tty_;
+  bool shown_ = false;
+  double next_report_s_ = 2;
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+};
+
+// Writes the generated trace to --out through a temporary file renamed when complete, so
+// an error (disk full, a bad entry) leaves no partial FILE.
 int WriteTrace(const PlanFlags& f, LoadSource& source) {
-  absl::StatusOr<pl::TraceWriter> writer = pl::TraceWriter::Open(*f.out);
+  absl::StatusOr<base::AtomicFileWriter> writer = base::AtomicFileWriter::Open(*f.out);
   if (!writer.ok()) return Fail(writer.status());
+  // SIGINT/SIGTERM stop the run between entries; the temporary file is removed.
+  static std::atomic<int> stop_signal{0};
+  if (absl::Status s = base::WatchStopSignals([](int signal) { stop_signal = signal; }); !s.ok()) {
+    return Fail(s);
+  }
+  Progress progress("wrote", f.gen.microbatches * f.gen.layers);
   int64_t entries = 0;
+  std::string pending;
+  constexpr size_t kFlushBytes = size_t{1} << 20;
   while (true) {
     absl::StatusOr<std::optional<pl::TraceEntry>> next = source.Next();
     if (!next.ok()) return Fail(next.status());
     if (!next->has_value()) break;
-    if (absl::Status s = writer->Append(**next); !s.ok()) return Fail(s);
-    ++entries;
+    pending += pl::FormatTraceLine(**next);
+    pending += '\n';
+    if (pending.size() >= kFlushBytes) {
+      if (absl::Status s = writer->Append(pending); !s.ok()) return Fail(s);
+      pending.clear();
+    }
+    progress.Update(++entries);
+    if (const int signal = stop_signal.load(); signal != 0) {
+      Fail(absl::CancelledError(absl::StrCat("stopped by signal ", signal, " after ", entries,
+                                             " entries; ", *f.out, " was not written")));
+      return 128 + signal;
+    }
   }
-  if (absl::Status s = writer->Close(); !s.ok()) return Fail(s);
+  if (absl::Status s = writer->Append(pending); !s.ok()) return Fail(s);
+  if (absl::Status s = writer->Commit(); !s.ok()) return Fail(s);
   std::fprintf(stderr, "rackrun plan: wrote %lld entries (%lld microbatches x %d layers) to %s\n",
                static_cast<long long>(entries), static_cast<long long>(f.gen.microbatches),
                f.gen.layers, f.out->c_str());
@@ -572,10 +662,20 @@ int PlanCommand(const Args& args) {
   pl::FanoutOptions relay_options;
   relay_options.mode = pl::FanoutMode::kRelay;
 
+  Progress progress("planned", f.trace ? 0 : f.gen.microbatches * f.gen.layers);
+  int64_t read = 0;
   while (true) {
     absl::StatusOr<std::optional<pl::TraceEntry>> next = source->Next();
     if (!next.ok()) return Fail(next.status());
     if (!next->has_value()) break;
+    ++read;
+    if (f.trace && read > kMaxEntries) {
+      return Fail(absl::InvalidArgumentError(absl::StrCat(
+          *f.trace, ":", static_cast<const TraceSource&>(*source).line_number(),
+          ": the trace has more than ", kMaxEntries,
+          " entries, the limit of one run (per-entry statistics are kept in memory); split it")));
+    }
+    progress.Update(read);
     const pl::TraceEntry& entry = **next;
     const pl::LoadMatrix& loads = entry.loads;
     if (runs.empty()) {
