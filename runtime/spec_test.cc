@@ -170,7 +170,7 @@ TEST(JobSpecTest, DataPathsResolveBesideTheSpecFile) {
 
 TEST(JobSpecTest, ExampleSpecsAreValid) {
   const std::filesystem::path examples =
-      std::filesystem::path(__FILE__).parent_path().parent_path() / "examples";
+      std::filesystem::path(RACKRUN_SOURCE_DIR) / "examples";
   absl::StatusOr<rackrun::v1::JobSpec> spec =
       LoadJobSpec((examples / "tiny-moe.yaml").string(), {});
   ASSERT_TRUE(spec.ok()) << spec.status();

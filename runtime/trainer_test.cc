@@ -25,7 +25,7 @@ namespace fs = std::filesystem;
 const fs::path& DataDir() {
   static const fs::path dir = [] {
     const fs::path sample =
-        fs::path(__FILE__).parent_path().parent_path() / "tests" / "data" / "brown-sample.txt";
+        fs::path(RACKRUN_SOURCE_DIR) / "tests" / "data" / "brown-sample.txt";
     const fs::path out = fs::path(::testing::TempDir()) / "trainer_test_data";
     fs::create_directories(out);
     absl::StatusOr<std::string> text = ReadWholeFile(sample.string());

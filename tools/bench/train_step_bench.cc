@@ -164,8 +164,7 @@ Row RunTorch(const Options& o, const std::string& residual, int threads) {
   Row row;
   row.impl = "pytorch";
   row.residual = residual;
-  std::string dir = __FILE__;
-  dir = dir.substr(0, dir.rfind('/'));
+  const std::string dir = std::string(RACKRUN_SOURCE_DIR) + "/tools/bench";
   const std::string cmd = "OMP_NUM_THREADS=" + std::to_string(threads) + " " + o.python + " " +
                           dir + "/torch_reference.py --json --residual " + residual + " --batch " +
                           std::to_string(o.batch) + " --seq " + std::to_string(o.seq) +
