@@ -210,6 +210,85 @@ void FusedWriteBack(const WriteBackArgs<T>& a) {
   });
 }
 
+// Backward of the write-back for one token, one pass over C: from the stream gradients
+// G_j (the k rows of dX), the saved active rows A and basis O it writes dA_i = sum_j
+// H_res[j][i] G_j (or G_i without mixing) and dO_r = sum_j p_j H_post[j][r] G_j, and
+// returns <G_j, A_i> (dh_res, k x k, with mixing) and <G_j, O_r> (go, k x Kr). Per element
+// the sums run in the order of the sequential form; the dots are summed per vector lane,
+// then across lanes.
+template <typename T>
+struct WriteBackGradArgs {
+  int64_t C = 0;
+  int k = 0;
+  int Kr = 1;
+  const T* g[kMaxK] = {};   // the k rows of dX
+  const T* a = nullptr;     // k x C saved active rows
+  const T* o = nullptr;     // Kr x C saved basis (after a)
+  const T* mix = nullptr;   // k x k H_res or null
+  const T* post = nullptr;  // k x Kr: p_j H_post[j][r]
+  T* da = nullptr;          // k x C, written
+  T* d_o = nullptr;         // Kr x C, written
+  T* dh_res = nullptr;      // k x k (with mixing)
+  T* go = nullptr;          // k x Kr
+};
+
+template <typename T>
+void FusedWriteBackBackward(const WriteBackGradArgs<T>& a) {
+  using residual_internal::Simd;
+  const int64_t C = a.C;
+  const int k = a.k, Kr = a.Kr;
+  const bool mix = a.mix != nullptr;
+  Simd<T> vh[kMaxK * kMaxK], vo[kMaxK * kMaxKr];
+  T sh[kMaxK * kMaxK], so[kMaxK * kMaxKr];
+  for (int i = 0; i < k * k; ++i) {
+    vh[i] = Simd<T>{};
+    sh[i] = 0;
+  }
+  for (int i = 0; i < k * Kr; ++i) {
+    vo[i] = Simd<T>{};
+    so[i] = 0;
+  }
+  ForElements<T>(C, [&]<typename V>(int64_t e) {
+    V gv[kMaxK], av[kMaxK], ov[kMaxKr];
+    for (int j = 0; j < k; ++j) gv[j] = Ld<T, V>(a.g[j] + e);
+    for (int r = 0; r < Kr; ++r) ov[r] = Ld<T, V>(a.o + r * C + e);
+    if (mix) {
+      for (int i = 0; i < k; ++i) av[i] = Ld<T, V>(a.a + i * C + e);
+      for (int i = 0; i < k; ++i) {
+        V d = Bc<T, V>(T(0));
+        for (int j = 0; j < k; ++j) d += Bc<T, V>(a.mix[j * k + i]) * gv[j];
+        St<T, V>(a.da + i * C + e, d);
+      }
+      for (int j = 0; j < k; ++j)
+        for (int i = 0; i < k; ++i) {
+          if constexpr (std::is_same_v<T, V>) {
+            sh[j * k + i] += gv[j] * av[i];
+          } else {
+            vh[j * k + i] += gv[j] * av[i];
+          }
+        }
+    } else {
+      for (int i = 0; i < k; ++i) St<T, V>(a.da + i * C + e, gv[i]);
+    }
+    for (int j = 0; j < k; ++j)
+      for (int r = 0; r < Kr; ++r) {
+        if constexpr (std::is_same_v<T, V>) {
+          so[j * Kr + r] += gv[j] * ov[r];
+        } else {
+          vo[j * Kr + r] += gv[j] * ov[r];
+        }
+      }
+    for (int r = 0; r < Kr; ++r) {
+      V d = Bc<T, V>(T(0));
+      for (int j = 0; j < k; ++j) d += Bc<T, V>(a.post[j * Kr + r]) * gv[j];
+      St<T, V>(a.d_o + r * C + e, d);
+    }
+  });
+  if (mix)
+    for (int i = 0; i < k * k; ++i) a.dh_res[i] = Total<T>(vh[i]) + sh[i];
+  for (int i = 0; i < k * Kr; ++i) a.go[i] = Total<T>(vo[i]) + so[i];
+}
+
 template <typename T>
 class XhcImpl final : public ResidualStreams<T>::Impl {
  public:
@@ -675,9 +754,9 @@ void XhcImpl<T>::Write(int l, const T* out) {
   if (this->save) this->Count("save for backward", 0, 0, 0, Kr * C);
 }
 
-// Backward of the MLP basis (FusedWriteBack) for token t: d_o (Kr x C, consumed) -> d_out_t (+= dv1) and
-// dg_t (J x C, the gradients w.r.t. the raw convolution outputs). `out` rows are at stride
-// `ld` (the saved v1 rows). Recomputes the Gram-Schmidt levels.
+// Backward of the MLP basis (FusedWriteBack) for token t: d_o (Kr x C, consumed) ->
+// d_out_t (+= dv1) and dg_t (J x C, the gradients w.r.t. the raw convolution outputs).
+// `out` rows are at stride `ld` (the saved v1 rows). Recomputes the Gram-Schmidt levels.
 template <typename T>
 void XhcImpl<T>::GramSchmidtBackward(const Sublayer& sl, const T* out, int64_t ld, int t,
                                      const T* o, T* d_o, T* d_out_t, T* dg_t, T* levels) const {
@@ -768,43 +847,42 @@ void XhcImpl<T>::WriteBackward(int l, T* d_out) {
       T* scal = scal_.data() + static_cast<int64_t>(t) * ss;
       T* c2 = c2_.data() + static_cast<int64_t>(t) * P2Max();
       std::fill(scal, scal + nscal, T(0));
-      // Direct path of A: dA_i = sum_j H_res[j][i] G_j (last) or G_i.
-      T dhres[kMaxK * kMaxK];
-      for (int i2 = 0; i2 < k_; ++i2) {
-        T* dai = da + i2 * C;
-        if (sl.last) {
-          std::fill(dai, dai + C, T(0));
-          for (int j = 0; j < k_; ++j) Axpy(hres[j * k_ + i2], dx + idx[j] * C, dai, C);
-        } else {
-          std::memcpy(dai, dx + idx[i2] * C, sizeof(T) * C);
-        }
-      }
-      if (sl.last)
-        for (int j = 0; j < k_; ++j)
-          for (int i2 = 0; i2 < k_; ++i2) dhres[j * k_ + i2] = Dot(dx + idx[j] * C, a + i2 * C, C);
-      // Write-back path: A' += diag(p) H_post O.
+      // Direct path of A and the write-back path (A' += diag(p) H_post O): one pass.
       T* dp = dp_.data() + static_cast<int64_t>(t) * k_;
+      T dhres[kMaxK * kMaxK];
+      T go[kMaxK * kMaxKr];
+      T post[kMaxK * kMaxKr];
+      for (int j = 0; j < k_; ++j)
+        for (int r = 0; r < sl.Kr; ++r) post[j * sl.Kr + r] = rec[kGate + j] * hpost[j * sl.Kr + r];
+      WriteBackGradArgs<T> args;
+      args.C = C;
+      args.k = k_;
+      args.Kr = sl.Kr;
+      for (int j = 0; j < k_; ++j) args.g[j] = dx + idx[j] * C;
+      args.a = a;
+      args.o = o;
+      args.mix = sl.last ? hres : nullptr;
+      args.post = post;
+      args.da = da;
+      args.d_o = sl.mlp ? d_o : d_out + t * C;
+      args.dh_res = dhres;
+      args.go = go;
+      FusedWriteBackBackward(args);
       T dhpost[kMaxK * kMaxKr];
-      std::fill(d_o, d_o + sl.Kr * C, T(0));
       for (int j = 0; j < k_; ++j) {
         const T p = rec[kGate + j];
-        const T* gj = dx + idx[j] * C;
         T acc = 0;
         for (int r = 0; r < sl.Kr; ++r) {
-          const T go = Dot(gj, o + r * C, C);
-          acc += hpost[j * sl.Kr + r] * go;
-          dhpost[j * sl.Kr + r] = p * go;
-          Axpy(p * hpost[j * sl.Kr + r], gj, d_o + r * C, C);
+          acc += hpost[j * sl.Kr + r] * go[j * sl.Kr + r];
+          dhpost[j * sl.Kr + r] = p * go[j * sl.Kr + r];
         }
         dp[j] += acc;
       }
-      T* dout_t = d_out + t * C;
       if (sl.mlp) {
+        T* dout_t = d_out + t * C;
         std::fill(dout_t, dout_t + C, T(0));
         GramSchmidtBackward(sl, saved_out, sl.row_stride, t, o, d_o, dout_t,
                             dg_.data() + static_cast<int64_t>(t) * J_ * C, sc + OffLevels());
-      } else {
-        std::memcpy(dout_t, d_o, sizeof(T) * C);
       }
       // Active mapping coefficients -> dq (c2), then RMSNorm(vec A) backward.
       T sum_dq_q = 0;
