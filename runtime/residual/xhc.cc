@@ -369,7 +369,9 @@ class XhcImpl final : public ResidualStreams<T>::Impl {
   int64_t OffOne() const { return 0; }
   int64_t OffO() const { return OffOne() + static_cast<int64_t>(k_) * this->width; }
   int64_t OffLevels() const { return OffO() + static_cast<int64_t>(KrMax()) * this->width; }
-  int64_t OffSmall() const { return OffLevels() + static_cast<int64_t>(J_ + 1) * this->width; }
+  int64_t OffSmall() const {
+    return OffLevels() + static_cast<int64_t>(std::max(J_ + 1, J_ * (J_ + 1) / 2)) * this->width;
+  }
   int64_t ScratchSize() const { return OffSmall() + sinkhorn_.tape_size() + 8 * k_ * k_ + 64; }
 
   void TopK(const T* score, int32_t* idx) const;
@@ -755,50 +757,130 @@ void XhcImpl<T>::Write(int l, const T* out) {
 }
 
 // Backward of the MLP basis (FusedWriteBack) for token t: d_o (Kr x C, consumed) ->
-// d_out_t (+= dv1) and dg_t (J x C, the gradients w.r.t. the raw convolution outputs).
-// `out` rows are at stride `ld` (the saved v1 rows). Recomputes the Gram-Schmidt levels.
+// d_out_t (= dv1, written) and dg_t (J x C, the gradients w.r.t. the raw convolution
+// outputs). `out` rows are at stride `ld` (the saved v1 rows). Recomputes the Gram-Schmidt
+// levels W(m, i) (row m before its step against o_i, J (J + 1) / 2 rows in `levels`) in J
+// passes over C, then undoes the steps i = J-1 .. 0 of all rows m > i in one pass per i
+// (rows in descending order, as the sequential form; the pass also sums the dot products
+// the next step needs): 2 J passes in all.
 template <typename T>
 void XhcImpl<T>::GramSchmidtBackward(const Sublayer& sl, const T* out, int64_t ld, int t,
                                      const T* o, T* d_o, T* d_out_t, T* dg_t, T* levels) const {
+  using residual_internal::Simd;
   const int64_t C = this->width;
-  const int seg = this->segment_of[static_cast<size_t>(t)];
-  T norms[kMaxKr];
-  for (int i = 0; i <= J_; ++i)
-    norms[i] = Dot(o + i * C, o + i * C, C) + static_cast<T>(kGramSchmidtEps);
-  for (int j = J_ - 1; j >= 0; --j) {
-    // Recompute the levels W[0..j]: W[0] = g_j, W[i+1] = W[i] - c_i v_i.
-    T coefs[kMaxKr];
-    T* w0 = levels;
-    std::fill(w0, w0 + C, T(0));
-    const int kw = this->config.conv_widths[static_cast<size_t>(j)];
-    const T* cw = Param(sl.conv[static_cast<size_t>(j)]);
-    for (int i = 0; i < kw && t - i >= seg; ++i) MulAdd(cw + i * C, out + (t - i) * ld, w0, C);
-    for (int i = 0; i <= j; ++i) {
-      T* wi = levels + i * C;
-      coefs[i] = Dot(wi, o + i * C, C) / norms[i];
-      if (i < j) {
-        T* wn = levels + (i + 1) * C;
-        std::memcpy(wn, wi, sizeof(T) * C);
-        Axpy(-coefs[i], o + i * C, wn, C);
-      }
-    }
-    // dW = d v_(j+1) (complete: later vectors were undone first); undo steps i = j..0.
-    T* dw = d_o + (j + 1) * C;
-    for (int i = j; i >= 0; --i) {
-      const T* v = o + i * C;
-      const T* wi = levels + i * C;
-      const T c = coefs[i];
-      const T dc = -Dot(dw, v, C);
-      T* dv = d_o + i * C;
-      // W_(i+1) = W_i - c v, c = <W_i, v> / (<v,v> + eps).
-      Axpy(-c, dw, dv, C);
-      Axpy(dc / norms[i], wi, dv, C);
-      Axpy(-T(2) * c * dc / norms[i], v, dv, C);
-      Axpy(dc / norms[i], v, dw, C);
-    }
-    std::memcpy(dg_t + j * C, dw, sizeof(T) * C);
+  const int J = J_;
+  if (J == 0) {
+    std::memcpy(d_out_t, d_o, sizeof(T) * C);
+    return;
   }
-  Axpy(T(1), d_o, d_out_t, C);
+  const int seg = this->segment_of[static_cast<size_t>(t)];
+  int taps[kMaxKr];
+  const T* w[kMaxKr];
+  for (int j = 0; j < J; ++j) {
+    taps[j] = std::min(this->config.conv_widths[static_cast<size_t>(j)], t - seg + 1);
+    w[j] = Param(sl.conv[static_cast<size_t>(j)]);
+  }
+  auto lev = [&](int m, int i) { return levels + (m * (m - 1) / 2 + i) * C; };
+  const T* out_t = out + t * ld;
+  T norms[kMaxKr], c[kMaxKr][kMaxKr] = {}, dc[kMaxKr][kMaxKr] = {};
+  {
+    // W(m, 0) = raw convolution m - 1; <W(m, 0), o_0>; |o_r|^2; <d_o[J], o_(J-1)>.
+    Simd<T> vn[kMaxKr] = {}, vd[kMaxKr] = {}, vg = {};
+    T sn[kMaxKr] = {}, sd[kMaxKr] = {}, sg = 0;
+    ForElements<T>(C, [&]<typename V>(int64_t e) {
+      const V o0 = Ld<T, V>(o + e);
+      V dn[kMaxKr], dd[kMaxKr];
+      for (int r = 0; r <= J; ++r) {
+        const V x = Ld<T, V>(o + r * C + e);
+        dn[r] = x * x;
+      }
+      for (int m = 1; m <= J; ++m) {
+        V v = Bc<T, V>(T(0));
+        for (int i = 0; i < taps[m - 1]; ++i)
+          v += Ld<T, V>(w[m - 1] + i * C + e) * Ld<T, V>(out_t - i * ld + e);
+        St<T, V>(lev(m, 0) + e, v);
+        dd[m] = v * o0;
+      }
+      const V dg = Ld<T, V>(d_o + J * C + e) * Ld<T, V>(o + (J - 1) * C + e);
+      if constexpr (std::is_same_v<T, V>) {
+        for (int r = 0; r <= J; ++r) sn[r] += dn[r];
+        for (int m = 1; m <= J; ++m) sd[m] += dd[m];
+        sg += dg;
+      } else {
+        for (int r = 0; r <= J; ++r) vn[r] += dn[r];
+        for (int m = 1; m <= J; ++m) vd[m] += dd[m];
+        vg += dg;
+      }
+    });
+    for (int r = 0; r <= J; ++r)
+      norms[r] = Total<T>(vn[r]) + sn[r] + static_cast<T>(kGramSchmidtEps);
+    for (int m = 1; m <= J; ++m) c[m][0] = (Total<T>(vd[m]) + sd[m]) / norms[0];
+    dc[J][J - 1] = -(Total<T>(vg) + sg);
+  }
+  // W(m, i) = W(m, i-1) - c(m, i-1) o_(i-1) for m > i; c(m, i) = <W(m, i), o_i> / |o_i|^2.
+  for (int i = 1; i < J; ++i) {
+    Simd<T> vd[kMaxKr] = {};
+    T sd[kMaxKr] = {};
+    ForElements<T>(C, [&]<typename V>(int64_t e) {
+      const V x = Ld<T, V>(o + (i - 1) * C + e);
+      const V oi = Ld<T, V>(o + i * C + e);
+      V dd[kMaxKr];
+      for (int m = i + 1; m <= J; ++m) {
+        const V v = Ld<T, V>(lev(m, i - 1) + e) + Bc<T, V>(-c[m][i - 1]) * x;
+        St<T, V>(lev(m, i) + e, v);
+        dd[m] = v * oi;
+      }
+      if constexpr (std::is_same_v<T, V>) {
+        for (int m = i + 1; m <= J; ++m) sd[m] += dd[m];
+      } else {
+        for (int m = i + 1; m <= J; ++m) vd[m] += dd[m];
+      }
+    });
+    for (int m = i + 1; m <= J; ++m) c[m][i] = (Total<T>(vd[m]) + sd[m]) / norms[i];
+  }
+  // Undo step i of every row m > i: W(m, i+1) = W(m, i) - c v_i, c = <W(m, i), v_i> /
+  // (<v_i, v_i> + eps); dW(m, i+1) is d_o[m] (complete: rows above were undone first).
+  for (int i = J - 1; i >= 0; --i) {
+    T s1[kMaxKr], s2[kMaxKr], s3[kMaxKr];
+    for (int m = i + 1; m <= J; ++m) {
+      s1[m] = -c[m][i];
+      s2[m] = dc[m][i] / norms[i];
+      s3[m] = -T(2) * c[m][i] * dc[m][i] / norms[i];
+    }
+    Simd<T> vd[kMaxKr] = {};
+    T sd[kMaxKr] = {};
+    ForElements<T>(C, [&]<typename V>(int64_t e) {
+      const V v = Ld<T, V>(o + i * C + e);
+      V di = Ld<T, V>(d_o + i * C + e);
+      V dm[kMaxKr];
+      for (int m = J; m > i; --m) {
+        V d = Ld<T, V>(d_o + m * C + e);
+        di = di + Bc<T, V>(s1[m]) * d;
+        di = di + Bc<T, V>(s2[m]) * Ld<T, V>(lev(m, i) + e);
+        di = di + Bc<T, V>(s3[m]) * v;
+        dm[m] = d + Bc<T, V>(s2[m]) * v;
+      }
+      if (i > 0) {
+        const V vp = Ld<T, V>(o + (i - 1) * C + e);
+        dm[i] = di;
+        V dd[kMaxKr];
+        for (int m = i; m <= J; ++m) {
+          St<T, V>(d_o + m * C + e, dm[m]);
+          dd[m] = dm[m] * vp;
+        }
+        if constexpr (std::is_same_v<T, V>) {
+          for (int m = i; m <= J; ++m) sd[m] += dd[m];
+        } else {
+          for (int m = i; m <= J; ++m) vd[m] += dd[m];
+        }
+      } else {
+        for (int m = 1; m <= J; ++m) St<T, V>(dg_t + (m - 1) * C + e, dm[m]);
+        St<T, V>(d_out_t + e, di);
+      }
+    });
+    if (i > 0)
+      for (int m = i; m <= J; ++m) dc[m][i - 1] = -(Total<T>(vd[m]) + sd[m]);
+  }
 }
 
 template <typename T>
@@ -879,9 +961,7 @@ void XhcImpl<T>::WriteBackward(int l, T* d_out) {
         dp[j] += acc;
       }
       if (sl.mlp) {
-        T* dout_t = d_out + t * C;
-        std::fill(dout_t, dout_t + C, T(0));
-        GramSchmidtBackward(sl, saved_out, sl.row_stride, t, o, d_o, dout_t,
+        GramSchmidtBackward(sl, saved_out, sl.row_stride, t, o, d_o, d_out + t * C,
                             dg_.data() + static_cast<int64_t>(t) * J_ * C, sc + OffLevels());
       }
       // Active mapping coefficients -> dq (c2), then RMSNorm(vec A) backward.
