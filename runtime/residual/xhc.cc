@@ -1025,32 +1025,55 @@ void XhcImpl<T>::WriteBackward(int l, T* d_out) {
     }
   }
   if (sl.mlp) {
-    // Convolutions: d_out[t] += sum_j sum_i w_j[i] * dg_j[t + i] (same segment), and
-    // dw_j[i] += sum_t dg_j[t] * out[t - i]. Channel-parallel for the weights, so the
-    // token order of the sums is fixed.
+    // Convolutions: d_out[t] += sum_j sum_i w_j[i] * dg_j[t + i] (same segment), one pass
+    // per token, and dw_j[i] += sum_t dg_j[t] * out[t - i], summed in registers over blocks
+    // of tokens. Channel-parallel for the weights, so the token order of the sums is fixed
+    // (ascending, as the sequential form).
     const int32_t* seg = this->segment_of.data();
+    const T* dg = dg_.data();
+    const T* w[kMaxKr] = {};
+    for (int j = 0; j < J_; ++j) w[j] = Param(sl.conv[static_cast<size_t>(j)]);
 #pragma omp parallel for schedule(static) if (this->Parallel())
     for (int t = 0; t < tokens; ++t) {
+      int taps[kMaxKr];
       for (int j = 0; j < J_; ++j) {
         const int kw = this->config.conv_widths[static_cast<size_t>(j)];
-        const T* w = Param(sl.conv[static_cast<size_t>(j)]);
-        for (int i = 0; i < kw && t + i < tokens && seg[t + i] <= t; ++i)
-          MulAdd(w + i * C, dg_.data() + (static_cast<int64_t>(t + i) * J_ + j) * C, d_out + t * C,
-                 C);
+        int i = 0;
+        while (i < kw && t + i < tokens && seg[t + i] <= t) ++i;
+        taps[j] = i;
       }
+      T* y = d_out + t * C;
+      ForElements<T>(C, [&]<typename V>(int64_t e) {
+        V acc = Ld<T, V>(y + e);
+        for (int j = 0; j < J_; ++j)
+          for (int i = 0; i < taps[j]; ++i)
+            acc = acc + Ld<T, V>(w[j] + i * C + e) *
+                            Ld<T, V>(dg + (static_cast<int64_t>(t + i) * J_ + j) * C + e);
+        St<T, V>(y + e, acc);
+      });
     }
     constexpr int64_t kChannels = 64;
+    constexpr int kTokens = 64;
 #pragma omp parallel for schedule(static) if (this->Parallel())
     for (int64_t c0 = 0; c0 < C; c0 += kChannels) {
       const int64_t cn = std::min(kChannels, C - c0);
       for (int j = 0; j < J_; ++j) {
         const int kw = this->config.conv_widths[static_cast<size_t>(j)];
         T* dw = this->grad(sl.conv[static_cast<size_t>(j)]);
-        for (int t = 0; t < tokens; ++t)
-          for (int i = 0; i < kw && t - i >= seg[t]; ++i)
-            MulAdd(dg_.data() + (static_cast<int64_t>(t) * J_ + j) * C + c0,
-                   saved_out + static_cast<int64_t>(t - i) * sl.row_stride + c0, dw + i * C + c0,
-                   cn);
+        for (int tb = 0; tb < tokens; tb += kTokens) {
+          const int te = std::min(tokens, tb + kTokens);
+          for (int i = 0; i < kw; ++i)
+            ForElements<T>(cn, [&]<typename V>(int64_t e) {
+              const int64_t ch = c0 + e;
+              V acc = Ld<T, V>(dw + i * C + ch);
+              for (int t = std::max(tb, i); t < te; ++t)
+                if (t - i >= seg[t])
+                  acc = acc +
+                        Ld<T, V>(dg + (static_cast<int64_t>(t) * J_ + j) * C + ch) *
+                            Ld<T, V>(saved_out + static_cast<int64_t>(t - i) * sl.row_stride + ch);
+              St<T, V>(dw + i * C + ch, acc);
+            });
+        }
       }
     }
   }
