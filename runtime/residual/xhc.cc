@@ -91,6 +91,23 @@ inline T Total(V v) {
   }
 }
 
+// sum_i w[i * ldw + e] * x[-i * ldx + e] over `taps` taps, as four interleaved partial
+// sums (taps i, i+4, ... in each) added at the end: four independent add chains instead
+// of one. The forward and the backward's recomputation both use it, so they agree bitwise.
+template <typename T, typename V>
+inline V ConvTaps(const T* w, int64_t ldw, const T* x, int64_t ldx, int taps, int64_t e) {
+  V s0 = Bc<T, V>(T(0)), s1 = s0, s2 = s0, s3 = s0;
+  int i = 0;
+  for (; i + 4 <= taps; i += 4) {
+    s0 += Ld<T, V>(w + i * ldw + e) * Ld<T, V>(x - i * ldx + e);
+    s1 += Ld<T, V>(w + (i + 1) * ldw + e) * Ld<T, V>(x - (i + 1) * ldx + e);
+    s2 += Ld<T, V>(w + (i + 2) * ldw + e) * Ld<T, V>(x - (i + 2) * ldx + e);
+    s3 += Ld<T, V>(w + (i + 3) * ldw + e) * Ld<T, V>(x - (i + 3) * ldx + e);
+  }
+  for (; i < taps; ++i) s0 += Ld<T, V>(w + i * ldw + e) * Ld<T, V>(x - i * ldx + e);
+  return (s0 + s1) + (s2 + s3);
+}
+
 // Calls step.template operator()<V>(e) for every vector of n elements, then for the
 // scalar tail with V = T.
 template <typename T, typename Step>
@@ -138,9 +155,7 @@ void FusedWriteBack(const WriteBackArgs<T>& a) {
       V dn = o0 * o0;
       V dd[kMaxKr];
       for (int j = 0; j < J; ++j) {
-        V v = Bc<T, V>(T(0));
-        for (int i = 0; i < a.taps[j]; ++i)
-          v += Ld<T, V>(a.w[j] + i * C + e) * Ld<T, V>(a.out - i * C + e);
+        const V v = ConvTaps<T, V>(a.w[j], C, a.out, C, a.taps[j], e);
         St<T, V>(o + (j + 1) * C + e, v);
         dd[j] = v * o0;
       }
@@ -795,9 +810,7 @@ void XhcImpl<T>::GramSchmidtBackward(const Sublayer& sl, const T* out, int64_t l
         dn[r] = x * x;
       }
       for (int m = 1; m <= J; ++m) {
-        V v = Bc<T, V>(T(0));
-        for (int i = 0; i < taps[m - 1]; ++i)
-          v += Ld<T, V>(w[m - 1] + i * C + e) * Ld<T, V>(out_t - i * ld + e);
+        const V v = ConvTaps<T, V>(w[m - 1], C, out_t, ld, taps[m - 1], e);
         St<T, V>(lev(m, 0) + e, v);
         dd[m] = v * o0;
       }
@@ -1027,8 +1040,8 @@ void XhcImpl<T>::WriteBackward(int l, T* d_out) {
   if (sl.mlp) {
     // Convolutions: d_out[t] += sum_j sum_i w_j[i] * dg_j[t + i] (same segment), one pass
     // per token, and dw_j[i] += sum_t dg_j[t] * out[t - i], summed in registers over blocks
-    // of tokens. Channel-parallel for the weights, so the token order of the sums is fixed
-    // (ascending, as the sequential form).
+    // of 64 tokens (four interleaved partial sums each). Channel-parallel for the weights,
+    // so the order of the sums is fixed whatever the thread count.
     const int32_t* seg = this->segment_of.data();
     const T* dg = dg_.data();
     const T* w[kMaxKr] = {};
@@ -1044,12 +1057,14 @@ void XhcImpl<T>::WriteBackward(int l, T* d_out) {
       }
       T* y = d_out + t * C;
       ForElements<T>(C, [&]<typename V>(int64_t e) {
-        V acc = Ld<T, V>(y + e);
+        // dg_j rows of the later tokens t + i: stride -J C from the last tap.
+        V acc = Bc<T, V>(T(0));
         for (int j = 0; j < J_; ++j)
-          for (int i = 0; i < taps[j]; ++i)
-            acc = acc + Ld<T, V>(w[j] + i * C + e) *
-                            Ld<T, V>(dg + (static_cast<int64_t>(t + i) * J_ + j) * C + e);
-        St<T, V>(y + e, acc);
+          if (taps[j] > 0) {
+            const int64_t last = (static_cast<int64_t>(t + taps[j] - 1) * J_ + j) * C;
+            acc += ConvTaps<T, V>(w[j] + (taps[j] - 1) * C, -C, dg + last, J_ * C, taps[j], e);
+          }
+        St<T, V>(y + e, Ld<T, V>(y + e) + acc);
       });
     }
     constexpr int64_t kChannels = 64;
@@ -1065,12 +1080,24 @@ void XhcImpl<T>::WriteBackward(int l, T* d_out) {
           for (int i = 0; i < kw; ++i)
             ForElements<T>(cn, [&]<typename V>(int64_t e) {
               const int64_t ch = c0 + e;
-              V acc = Ld<T, V>(dw + i * C + ch);
-              for (int t = std::max(tb, i); t < te; ++t)
-                if (t - i >= seg[t])
-                  acc = acc +
-                        Ld<T, V>(dg + (static_cast<int64_t>(t) * J_ + j) * C + ch) *
-                            Ld<T, V>(saved_out + static_cast<int64_t>(t - i) * sl.row_stride + ch);
+              // Four partial sums over the block's tokens (t, t+4, ... in each).
+              const T* dgj = dg + static_cast<int64_t>(j) * C + ch;
+              const T* src = saved_out + ch;
+              const int64_t ldg = static_cast<int64_t>(J_) * C;
+              auto term = [&](int u) {
+                return Ld<T, V>(dgj + u * ldg) * Ld<T, V>(src + (u - i) * sl.row_stride);
+              };
+              V s0 = Bc<T, V>(T(0)), s1 = s0, s2 = s0, s3 = s0;
+              int t = std::max(tb, i);
+              for (; t + 4 <= te; t += 4) {
+                if (t - i >= seg[t]) s0 += term(t);
+                if (t + 1 - i >= seg[t + 1]) s1 += term(t + 1);
+                if (t + 2 - i >= seg[t + 2]) s2 += term(t + 2);
+                if (t + 3 - i >= seg[t + 3]) s3 += term(t + 3);
+              }
+              for (; t < te; ++t)
+                if (t - i >= seg[t]) s0 += term(t);
+              const V acc = Ld<T, V>(dw + i * C + ch) + ((s0 + s1) + (s2 + s3));
               St<T, V>(dw + i * C + ch, acc);
             });
         }
