@@ -47,6 +47,7 @@ constexpr int kTokenBlock = 8;
 constexpr int kMaxN = 64;
 constexpr int kMaxK = 16;
 constexpr int kMaxKr = 8;
+constexpr int64_t kRowPad = 16;  // elements: one cache line of float (two of double)
 
 // ---- Fused write-back (WriteOutput), one token at a time ----
 // The MLP basis O = [out, v_1 .. v_J] (causal depthwise convolutions, then modified
@@ -91,21 +92,12 @@ inline T Total(V v) {
   }
 }
 
-// sum_i w[i * ldw + e] * x[-i * ldx + e] over `taps` taps, as four interleaved partial
-// sums (taps i, i+4, ... in each) added at the end: four independent add chains instead
-// of one. The forward and the backward's recomputation both use it, so they agree bitwise.
-template <typename T, typename V>
-inline V ConvTaps(const T* w, int64_t ldw, const T* x, int64_t ldx, int taps, int64_t e) {
-  V s0 = Bc<T, V>(T(0)), s1 = s0, s2 = s0, s3 = s0;
-  int i = 0;
-  for (; i + 4 <= taps; i += 4) {
-    s0 += Ld<T, V>(w + i * ldw + e) * Ld<T, V>(x - i * ldx + e);
-    s1 += Ld<T, V>(w + (i + 1) * ldw + e) * Ld<T, V>(x - (i + 1) * ldx + e);
-    s2 += Ld<T, V>(w + (i + 2) * ldw + e) * Ld<T, V>(x - (i + 2) * ldx + e);
-    s3 += Ld<T, V>(w + (i + 3) * ldw + e) * Ld<T, V>(x - (i + 3) * ldx + e);
-  }
-  for (; i < taps; ++i) s0 += Ld<T, V>(w + i * ldw + e) * Ld<T, V>(x - i * ldx + e);
-  return (s0 + s1) + (s2 + s3);
+// y = sum_i w[i * ldw] * x[-i * ldx] (n elements; taps in order, one pass each, as
+// MulAdd). Shared by the forward and the backward's recomputation, so they agree bitwise.
+template <typename T>
+inline void ConvRow(const T* w, int64_t ldw, const T* x, int64_t ldx, int taps, int64_t n, T* y) {
+  std::fill(y, y + n, T(0));
+  for (int i = 0; i < taps; ++i) residual_internal::MulAdd(w + i * ldw, x - i * ldx, y, n);
 }
 
 // Calls step.template operator()<V>(e) for every vector of n elements, then for the
@@ -130,6 +122,7 @@ struct WriteBackArgs {
   const T* post = nullptr;  // k x Kr: p_j H_post[j][r]
   const T* out = nullptr;   // the sublayer output of this token (C)
   T* o = nullptr;           // Kr x C: the basis (written when J > 0 or save_o0)
+  int64_t ldo = 0;          // its row stride
   bool save_o0 = false;     // store o_0 = out into o (attention rows saved for backward)
   // Convolution j: taps[j] valid taps, weights w[j] + i * C, inputs out - i * C (the
   // outputs of the previous tokens of the segment).
@@ -143,10 +136,15 @@ void FusedWriteBack(const WriteBackArgs<T>& a) {
   const int64_t C = a.C;
   const int k = a.k, Kr = a.Kr, J = a.J;
   T* o = a.o;
+  const int64_t ldo = a.ldo;
   T c[kMaxKr][kMaxKr] = {};  // c[m][i]: MGS coefficient of row m against o_i
   T norms[kMaxKr] = {};
   if (J > 0) {
-    // Pass 0: o_0 = out, v_m (m = 1..J) = raw convolutions, |o_0|^2, <v_m, o_0>.
+    // The raw convolutions v_m (m = 1..J), one pass per tap (a pass reading all taps at
+    // once would stream 2 w_j + J rows together; at widths of 1024 floats those rows lie
+    // 4 KiB apart, share their L1 sets and evict each other).
+    for (int j = 0; j < J; ++j) ConvRow(a.w[j], C, a.out, C, a.taps[j], C, o + (j + 1) * ldo);
+    // Pass 0: o_0 = out, |o_0|^2, <v_m, o_0>.
     Simd<T> vn = {}, vd[kMaxKr] = {};
     T sn = 0, sd[kMaxKr] = {};
     ForElements<T>(C, [&]<typename V>(int64_t e) {
@@ -154,11 +152,7 @@ void FusedWriteBack(const WriteBackArgs<T>& a) {
       St<T, V>(o + e, o0);
       V dn = o0 * o0;
       V dd[kMaxKr];
-      for (int j = 0; j < J; ++j) {
-        const V v = ConvTaps<T, V>(a.w[j], C, a.out, C, a.taps[j], e);
-        St<T, V>(o + (j + 1) * C + e, v);
-        dd[j] = v * o0;
-      }
+      for (int j = 0; j < J; ++j) dd[j] = Ld<T, V>(o + (j + 1) * ldo + e) * o0;
       if constexpr (std::is_same_v<T, V>) {
         sn += dn;
         for (int j = 0; j < J; ++j) sd[j] += dd[j];
@@ -171,8 +165,8 @@ void FusedWriteBack(const WriteBackArgs<T>& a) {
     for (int j = 0; j < J; ++j) c[j + 1][0] = (Total<T>(vd[j]) + sd[j]) / norms[0];
     // Pass i = 0 .. J-2: rows m > i lose c[m][i] o_i; row i+1 is then final.
     for (int i = 0; i + 1 < J; ++i) {
-      const T* oi = o + i * C;
-      T* on = o + (i + 1) * C;
+      const T* oi = o + i * ldo;
+      T* on = o + (i + 1) * ldo;
       Simd<T> vq = {}, vm[kMaxKr] = {};
       T sq = 0, sm[kMaxKr] = {};
       ForElements<T>(C, [&]<typename V>(int64_t e) {
@@ -182,8 +176,8 @@ void FusedWriteBack(const WriteBackArgs<T>& a) {
         V dq = n * n;
         V dm[kMaxKr];
         for (int m = i + 2; m <= J; ++m) {
-          const V v = Ld<T, V>(o + m * C + e) + Bc<T, V>(-c[m][i]) * x;
-          St<T, V>(o + m * C + e, v);
+          const V v = Ld<T, V>(o + m * ldo + e) + Bc<T, V>(-c[m][i]) * x;
+          St<T, V>(o + m * ldo + e, v);
           dm[m] = v * n;
         }
         if constexpr (std::is_same_v<T, V>) {
@@ -202,10 +196,10 @@ void FusedWriteBack(const WriteBackArgs<T>& a) {
   const T* ob = J > 0 ? o : a.out;
   ForElements<T>(C, [&]<typename V>(int64_t e) {
     V ov[kMaxKr];
-    for (int r = 0; r < Kr; ++r) ov[r] = Ld<T, V>(ob + r * C + e);
+    for (int r = 0; r < Kr; ++r) ov[r] = Ld<T, V>(ob + r * ldo + e);
     if (J > 0) {
       ov[J] += Bc<T, V>(-c[J][J - 1]) * ov[J - 1];
-      St<T, V>(o + J * C + e, ov[J]);
+      St<T, V>(o + J * ldo + e, ov[J]);
     } else if (a.save_o0) {
       St<T, V>(o + e, ov[0]);
     }
@@ -383,7 +377,11 @@ class XhcImpl final : public ResidualStreams<T>::Impl {
   // Scratch layout per thread (the all-token projections use z_, q_, act_ and dact_).
   int64_t OffOne() const { return 0; }
   int64_t OffO() const { return OffOne() + static_cast<int64_t>(k_) * this->width; }
-  int64_t OffLevels() const { return OffO() + static_cast<int64_t>(KrMax()) * this->width; }
+  // Rows of the per-token basis in scratch are padded by one cache line: at widths that are
+  // multiples of 1024 floats, rows 4 KiB apart map to the same L1 sets and their loads
+  // alias the stores of the fused passes.
+  int64_t ScratchRow() const { return this->width + kRowPad; }
+  int64_t OffLevels() const { return OffO() + static_cast<int64_t>(KrMax()) * ScratchRow(); }
   int64_t OffSmall() const {
     return OffLevels() + static_cast<int64_t>(std::max(J_ + 1, J_ * (J_ + 1) / 2)) * this->width;
   }
@@ -753,6 +751,7 @@ void XhcImpl<T>::Write(int l, const T* out) {
     // The basis O goes to the saved rows (after A) or to this thread's scratch.
     args.o = this->save ? sl.rows.data() + static_cast<int64_t>(t) * sl.row_stride + kc
                         : this->Scratch(omp_get_thread_num()) + OffO();
+    args.ldo = this->save ? C : ScratchRow();
     args.save_o0 = this->save;
     if (sl.mlp) {
       const int seg = this->segment_of[static_cast<size_t>(t)];
@@ -799,7 +798,9 @@ void XhcImpl<T>::GramSchmidtBackward(const Sublayer& sl, const T* out, int64_t l
   const T* out_t = out + t * ld;
   T norms[kMaxKr], c[kMaxKr][kMaxKr] = {}, dc[kMaxKr][kMaxKr] = {};
   {
-    // W(m, 0) = raw convolution m - 1; <W(m, 0), o_0>; |o_r|^2; <d_o[J], o_(J-1)>.
+    // W(m, 0) = raw convolution m - 1 (as the forward, one pass per tap); then one pass
+    // for <W(m, 0), o_0>, |o_r|^2 and <d_o[J], o_(J-1)>.
+    for (int m = 1; m <= J; ++m) ConvRow(w[m - 1], C, out_t, ld, taps[m - 1], C, lev(m, 0));
     Simd<T> vn[kMaxKr] = {}, vd[kMaxKr] = {}, vg = {};
     T sn[kMaxKr] = {}, sd[kMaxKr] = {}, sg = 0;
     ForElements<T>(C, [&]<typename V>(int64_t e) {
@@ -809,11 +810,7 @@ void XhcImpl<T>::GramSchmidtBackward(const Sublayer& sl, const T* out, int64_t l
         const V x = Ld<T, V>(o + r * C + e);
         dn[r] = x * x;
       }
-      for (int m = 1; m <= J; ++m) {
-        const V v = ConvTaps<T, V>(w[m - 1], C, out_t, ld, taps[m - 1], e);
-        St<T, V>(lev(m, 0) + e, v);
-        dd[m] = v * o0;
-      }
+      for (int m = 1; m <= J; ++m) dd[m] = Ld<T, V>(lev(m, 0) + e) * o0;
       const V dg = Ld<T, V>(d_o + J * C + e) * Ld<T, V>(o + (J - 1) * C + e);
       if constexpr (std::is_same_v<T, V>) {
         for (int r = 0; r <= J; ++r) sn[r] += dn[r];
@@ -1039,9 +1036,9 @@ void XhcImpl<T>::WriteBackward(int l, T* d_out) {
   }
   if (sl.mlp) {
     // Convolutions: d_out[t] += sum_j sum_i w_j[i] * dg_j[t + i] (same segment), one pass
-    // per token, and dw_j[i] += sum_t dg_j[t] * out[t - i], summed in registers over blocks
-    // of 64 tokens (four interleaved partial sums each). Channel-parallel for the weights,
-    // so the order of the sums is fixed whatever the thread count.
+    // per tap (as the forward's convolutions), and dw_j[i] += sum_t dg_j[t] * out[t - i], summed in
+    // registers over blocks of 64 tokens (four interleaved partial sums each). Channel-parallel for
+    // the weights, so the order of the sums is fixed whatever the thread count.
     const int32_t* seg = this->segment_of.data();
     const T* dg = dg_.data();
     const T* w[kMaxKr] = {};
@@ -1055,17 +1052,9 @@ void XhcImpl<T>::WriteBackward(int l, T* d_out) {
         while (i < kw && t + i < tokens && seg[t + i] <= t) ++i;
         taps[j] = i;
       }
-      T* y = d_out + t * C;
-      ForElements<T>(C, [&]<typename V>(int64_t e) {
-        // dg_j rows of the later tokens t + i: stride -J C from the last tap.
-        V acc = Bc<T, V>(T(0));
-        for (int j = 0; j < J_; ++j)
-          if (taps[j] > 0) {
-            const int64_t last = (static_cast<int64_t>(t + taps[j] - 1) * J_ + j) * C;
-            acc += ConvTaps<T, V>(w[j] + (taps[j] - 1) * C, -C, dg + last, J_ * C, taps[j], e);
-          }
-        St<T, V>(y + e, Ld<T, V>(y + e) + acc);
-      });
+      for (int j = 0; j < J_; ++j)
+        for (int i = 0; i < taps[j]; ++i)
+          MulAdd(w[j] + i * C, dg + (static_cast<int64_t>(t + i) * J_ + j) * C, d_out + t * C, C);
     }
     constexpr int64_t kChannels = 64;
     constexpr int kTokens = 64;
