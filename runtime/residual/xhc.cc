@@ -52,13 +52,14 @@ constexpr int64_t kRowPad = 16;  // elements: one cache line of float (two of do
 // ---- Fused write-back (WriteOutput), one token at a time ----
 // The MLP basis O = [out, v_1 .. v_J] (causal depthwise convolutions, then modified
 // Gram-Schmidt) and the write-back x_j = sum_i H_res[j][i] a_i + sum_r p_j H_post[j][r] o_r
-// (or x_j += sum_r ... without mixing) in 1 + J passes over C: the first computes all J
-// convolutions, <v_j, o_0> and |o_0|^2; pass i subtracts c_(m,i) o_i from every later
-// row m and accumulates |o_(i+1)|^2 and <v_m, o_(i+1)>, so row i+1 is final at the end of
-// it; the last pass finishes row J and writes the k stream rows back in place (each
-// element's k inputs are loaded before any of its outputs is stored). Per element the
-// arithmetic is that of the sequential form (convolution taps in order, v - c o_i, the
-// write-back terms in order); only the dot products are summed in another order.
+// (or x_j += sum_r ... without mixing): the convolutions one pass per tap (as MulAdd),
+// then 1 + J fused passes over C: the first takes <v_j, o_0> and |o_0|^2; pass i subtracts
+// c_(m,i) o_i from every later row m and accumulates |o_(i+1)|^2 and <v_m, o_(i+1)>, so
+// row i+1 is final at the end of it; the last pass finishes row J and writes the k stream
+// rows back in place (each element's k inputs are loaded before any of its outputs is
+// stored). Per element the arithmetic is that of the sequential form (convolution taps in
+// order, v - c o_i, the write-back terms in order); only the dot products are summed in
+// another order.
 template <typename T, typename V>
 inline V Ld(const T* p) {
   if constexpr (std::is_same_v<T, V>) {
