@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <type_traits>
 
 #include "absl/strings/str_cat.h"
 #include "runtime/residual/kernels.h"
@@ -46,6 +47,177 @@ constexpr int kTokenBlock = 8;
 constexpr int kMaxN = 64;
 constexpr int kMaxK = 16;
 constexpr int kMaxKr = 8;
+
+// ---- Fused write-back (WriteOutput), one token at a time ----
+// The MLP basis O = [out, v_1 .. v_J] (causal depthwise convolutions, then modified
+// Gram-Schmidt) and the write-back x_j = sum_i H_res[j][i] a_i + sum_r p_j H_post[j][r] o_r
+// (or x_j += sum_r ... without mixing): the convolutions one pass per tap (as MulAdd),
+// then 1 + J fused passes over C: the first takes <v_j, o_0> and |o_0|^2; pass i subtracts
+// c_(m,i) o_i from every later row m and accumulates |o_(i+1)|^2 and <v_m, o_(i+1)>, so
+// row i+1 is final at the end of it; the last pass finishes row J and writes the k stream
+// rows back in place (each element's k inputs are loaded before any of its outputs is
+// stored). Per element the arithmetic is that of the sequential form (convolution taps in
+// order, v - c o_i, the write-back terms in order); only the dot products are summed in
+// another order.
+template <typename T, typename V>
+inline V Ld(const T* p) {
+  if constexpr (std::is_same_v<T, V>) {
+    return *p;
+  } else {
+    return residual_internal::Load<T>(p);
+  }
+}
+template <typename T, typename V>
+inline void St(T* p, V v) {
+  if constexpr (std::is_same_v<T, V>) {
+    *p = v;
+  } else {
+    residual_internal::Store<T>(p, v);
+  }
+}
+template <typename T, typename V>
+inline V Bc(T s) {
+  if constexpr (std::is_same_v<T, V>) {
+    return s;
+  } else {
+    return residual_internal::Splat<T>(s);
+  }
+}
+template <typename T, typename V>
+inline T Total(V v) {
+  if constexpr (std::is_same_v<T, V>) {
+    return v;
+  } else {
+    return residual_internal::HSum<T>(v);
+  }
+}
+
+// y = sum_i w[i * ldw] * x[-i * ldx] (n elements; taps in order, one pass each, as
+// MulAdd, the same arithmetic as the backward's recomputation in GramSchmidtBackward).
+template <typename T>
+inline void ConvRow(const T* w, int64_t ldw, const T* x, int64_t ldx, int taps, int64_t n, T* y) {
+  std::fill(y, y + n, T(0));
+  for (int i = 0; i < taps; ++i) residual_internal::MulAdd(w + i * ldw, x - i * ldx, y, n);
+}
+
+// Calls step.template operator()<V>(e) for every vector of n elements, then for the
+// scalar tail with V = T.
+template <typename T, typename Step>
+inline void ForElements(int64_t n, Step&& step) {
+  constexpr int L = residual_internal::kLanes<T>;
+  int64_t e = 0;
+  for (; e + L <= n; e += L) step.template operator()<residual_internal::Simd<T>>(e);
+  for (; e < n; ++e) step.template operator()<T>(e);
+}
+
+// The operands of one token's write-back.
+template <typename T>
+struct WriteBackArgs {
+  int64_t C = 0;
+  int k = 0;                // active rows
+  int Kr = 1;               // basis rows
+  int J = 0;                // convolutions (MLP; 0 otherwise)
+  T* x[kMaxK] = {};         // the k stream rows, updated in place
+  const T* mix = nullptr;   // k x k H_res (mixing) or null (x_j += ...)
+  const T* post = nullptr;  // k x Kr: p_j H_post[j][r]
+  const T* out = nullptr;   // the sublayer output of this token (C)
+  T* o = nullptr;           // Kr x C: the basis (written when J > 0 or save_o0)
+  int64_t ldo = 0;          // its row stride
+  bool save_o0 = false;     // store o_0 = out into o (attention rows saved for backward)
+  // Convolution j: taps[j] valid taps, weights w[j] + i * C, inputs out - i * C (the
+  // outputs of the previous tokens of the segment).
+  int taps[kMaxKr] = {};
+  const T* w[kMaxKr] = {};
+};
+
+template <typename T>
+void FusedWriteBack(const WriteBackArgs<T>& a) {
+  using residual_internal::Simd;
+  const int64_t C = a.C;
+  const int k = a.k, Kr = a.Kr, J = a.J;
+  T* o = a.o;
+  const int64_t ldo = a.ldo;
+  T c[kMaxKr][kMaxKr] = {};  // c[m][i]: MGS coefficient of row m against o_i
+  T norms[kMaxKr] = {};
+  if (J > 0) {
+    // The raw convolutions v_m (m = 1..J), one pass per tap (a pass reading all taps at
+    // once would stream 2 w_j + J rows together; at widths of 1024 floats those rows lie
+    // 4 KiB apart, share their L1 sets and evict each other).
+    for (int j = 0; j < J; ++j) ConvRow(a.w[j], C, a.out, C, a.taps[j], C, o + (j + 1) * ldo);
+    // Pass 0: o_0 = out, |o_0|^2, <v_m, o_0>.
+    Simd<T> vn = {}, vd[kMaxKr] = {};
+    T sn = 0, sd[kMaxKr] = {};
+    ForElements<T>(C, [&]<typename V>(int64_t e) {
+      const V o0 = Ld<T, V>(a.out + e);
+      St<T, V>(o + e, o0);
+      V dn = o0 * o0;
+      V dd[kMaxKr];
+      for (int j = 0; j < J; ++j) dd[j] = Ld<T, V>(o + (j + 1) * ldo + e) * o0;
+      if constexpr (std::is_same_v<T, V>) {
+        sn += dn;
+        for (int j = 0; j < J; ++j) sd[j] += dd[j];
+      } else {
+        vn += dn;
+        for (int j = 0; j < J; ++j) vd[j] += dd[j];
+      }
+    });
+    norms[0] = Total<T>(vn) + sn + static_cast<T>(kGramSchmidtEps);
+    for (int j = 0; j < J; ++j) c[j + 1][0] = (Total<T>(vd[j]) + sd[j]) / norms[0];
+    // Pass i = 0 .. J-2: rows m > i lose c[m][i] o_i; row i+1 is then final.
+    for (int i = 0; i + 1 < J; ++i) {
+      const T* oi = o + i * ldo;
+      T* on = o + (i + 1) * ldo;
+      Simd<T> vq = {}, vm[kMaxKr] = {};
+      T sq = 0, sm[kMaxKr] = {};
+      ForElements<T>(C, [&]<typename V>(int64_t e) {
+        const V x = Ld<T, V>(oi + e);
+        const V n = Ld<T, V>(on + e) + Bc<T, V>(-c[i + 1][i]) * x;
+        St<T, V>(on + e, n);
+        V dq = n * n;
+        V dm[kMaxKr];
+        for (int m = i + 2; m <= J; ++m) {
+          const V v = Ld<T, V>(o + m * ldo + e) + Bc<T, V>(-c[m][i]) * x;
+          St<T, V>(o + m * ldo + e, v);
+          dm[m] = v * n;
+        }
+        if constexpr (std::is_same_v<T, V>) {
+          sq += dq;
+          for (int m = i + 2; m <= J; ++m) sm[m] += dm[m];
+        } else {
+          vq += dq;
+          for (int m = i + 2; m <= J; ++m) vm[m] += dm[m];
+        }
+      });
+      norms[i + 1] = Total<T>(vq) + sq + static_cast<T>(kGramSchmidtEps);
+      for (int m = i + 2; m <= J; ++m) c[m][i + 1] = (Total<T>(vm[m]) + sm[m]) / norms[i + 1];
+    }
+  }
+  // Last pass: finish row J (MLP), then the write-back of the k stream rows.
+  const T* ob = J > 0 ? o : a.out;
+  ForElements<T>(C, [&]<typename V>(int64_t e) {
+    V ov[kMaxKr];
+    for (int r = 0; r < Kr; ++r) ov[r] = Ld<T, V>(ob + r * ldo + e);
+    if (J > 0) {
+      ov[J] += Bc<T, V>(-c[J][J - 1]) * ov[J - 1];
+      St<T, V>(o + J * ldo + e, ov[J]);
+    } else if (a.save_o0) {
+      St<T, V>(o + e, ov[0]);
+    }
+    V xv[kMaxK];
+    for (int i = 0; i < k; ++i) xv[i] = Ld<T, V>(a.x[i] + e);
+    for (int j = 0; j < k; ++j) {
+      V y;
+      if (a.mix != nullptr) {
+        y = Bc<T, V>(T(0));
+        for (int i = 0; i < k; ++i) y += Bc<T, V>(a.mix[j * k + i]) * xv[i];
+      } else {
+        y = xv[j];
+      }
+      for (int r = 0; r < Kr; ++r) y += Bc<T, V>(a.post[j * Kr + r]) * ov[r];
+      St<T, V>(a.x[j] + e, y);
+    }
+  });
+}
 
 template <typename T>
 class XhcImpl final : public ResidualStreams<T>::Impl {
@@ -149,7 +321,6 @@ class XhcImpl final : public ResidualStreams<T>::Impl {
     return act_.data();
   }
   void ActiveLogitsToMaps(const Sublayer& sl, T* coef, T* sk) const;
-  void ComputeBasis(const Sublayer& sl, const T* out, int t, T* o) const;
   void GramSchmidtBackward(const Sublayer& sl, const T* out, int64_t ld, int t, const T* o, T* d_o,
                            T* d_out_t, T* dg_t, T* levels) const;
   const T* Param(int64_t offset) const { return this->values.data() + offset; }
@@ -461,30 +632,6 @@ void XhcImpl<T>::Read(int l, T* u) {
   if (this->save) this->Count("save for backward", 0, 0, 0, static_cast<double>(kc));
 }
 
-// O = [out, v2, ...]: the write-back basis of token t (MLP: causal depthwise convolutions
-// along the token axis within the segment, then modified Gram-Schmidt).
-template <typename T>
-void XhcImpl<T>::ComputeBasis(const Sublayer& sl, const T* out, int t, T* o) const {
-  const int64_t C = this->width;
-  std::memcpy(o, out + t * C, sizeof(T) * C);
-  if (!sl.mlp) return;
-  const int seg = this->segment_of[static_cast<size_t>(t)];
-  T norms[kMaxKr];
-  norms[0] = Dot(o, o, C) + static_cast<T>(kGramSchmidtEps);
-  for (int j = 0; j < J_; ++j) {
-    T* v = o + (j + 1) * C;
-    std::fill(v, v + C, T(0));
-    const int kw = this->config.conv_widths[static_cast<size_t>(j)];
-    const T* w = Param(sl.conv[static_cast<size_t>(j)]);
-    for (int i = 0; i < kw && t - i >= seg; ++i) MulAdd(w + i * C, out + (t - i) * C, v, C);
-    for (int i = 0; i <= j; ++i) {
-      const T c = Dot(v, o + i * C, C) / norms[i];
-      Axpy(-c, o + i * C, v, C);
-    }
-    norms[j + 1] = Dot(v, v, C) + static_cast<T>(kGramSchmidtEps);
-  }
-}
-
 template <typename T>
 void XhcImpl<T>::Write(int l, const T* out) {
   const int N = this->nstreams;
@@ -495,45 +642,39 @@ void XhcImpl<T>::Write(int l, const T* out) {
   Group& gr = groups_[static_cast<size_t>(l / g_)];
   const int tokens = this->ntok;
   const int64_t rs = RecStride();
+  const T* w[kMaxKr] = {};
+  for (int j = 0; sl.mlp && j < J_; ++j) w[j] = Param(sl.conv[static_cast<size_t>(j)]);
 #pragma omp parallel for schedule(static) if (this->Parallel())
   for (int t = 0; t < tokens; ++t) {
-    T* sc = this->Scratch(omp_get_thread_num());
     const T* rec = gr.rec.data() + static_cast<int64_t>(t) * rs;
     const int32_t* idx = gr.idx.data() + static_cast<int64_t>(t) * k_;
     const T* coef = sl.coef.data() + static_cast<int64_t>(t) * sl.coef_stride;
-    const T* hres = coef + HresOff(sl);
     const T* hpost = coef + HpostOff(sl);
     T* x = this->X.data() + static_cast<int64_t>(t) * nc;
-    T* a;
-    T* o;
-    if (this->save) {
-      a = sl.rows.data() + static_cast<int64_t>(t) * sl.row_stride;
-      o = a + kc;
-    } else {
-      a = sc + OffOne();
-      o = sc + OffO();
-      if (sl.last)
-        for (int j = 0; j < k_; ++j) std::memcpy(a + j * C, x + idx[j] * C, sizeof(T) * C);
+    WriteBackArgs<T> args;
+    args.C = C;
+    args.k = k_;
+    args.Kr = sl.Kr;
+    args.J = sl.mlp ? J_ : 0;
+    for (int j = 0; j < k_; ++j) args.x[j] = x + idx[j] * C;
+    args.mix = sl.last ? coef + HresOff(sl) : nullptr;
+    T post[kMaxK * kMaxKr];
+    for (int j = 0; j < k_; ++j)
+      for (int r = 0; r < sl.Kr; ++r) post[j * sl.Kr + r] = rec[kGate + j] * hpost[j * sl.Kr + r];
+    args.post = post;
+    args.out = out + t * C;
+    // The basis O goes to the saved rows (after A) or to this thread's scratch.
+    args.o = this->save ? sl.rows.data() + static_cast<int64_t>(t) * sl.row_stride + kc
+                        : this->Scratch(omp_get_thread_num()) + OffO();
+    args.ldo = C;
+    args.save_o0 = this->save;
+    if (sl.mlp) {
+      const int seg = this->segment_of[static_cast<size_t>(t)];
+      for (int j = 0; j < J_; ++j)
+        args.taps[j] = std::min(this->config.conv_widths[static_cast<size_t>(j)], t - seg + 1);
+      std::copy(w, w + J_, args.w);
     }
-    ComputeBasis(sl, out, t, o);
-    T coefs[kMaxK + kMaxKr];
-    for (int j = 0; j < k_; ++j) {
-      const T p = rec[kGate + j];
-      T* dst = x + idx[j] * C;
-      if (sl.last) {
-        if (this->save) {
-          // A and O are adjacent in the saved rows: one pass over k + Kr rows.
-          for (int i = 0; i < k_; ++i) coefs[i] = hres[j * k_ + i];
-          for (int r = 0; r < sl.Kr; ++r) coefs[k_ + r] = p * hpost[j * sl.Kr + r];
-          Combine(coefs, k_ + sl.Kr, a, C, C, dst);
-        } else {
-          Combine(hres + j * k_, k_, a, C, C, dst);
-          for (int r = 0; r < sl.Kr; ++r) Axpy(p * hpost[j * sl.Kr + r], o + r * C, dst, C);
-        }
-      } else {
-        for (int r = 0; r < sl.Kr; ++r) Axpy(p * hpost[j * sl.Kr + r], o + r * C, dst, C);
-      }
-    }
+    FusedWriteBack(args);
   }
   const double Kr = sl.Kr;
   if (sl.last) this->Count("mix", static_cast<double>(kc), static_cast<double>(kc), 0, 0);
@@ -544,8 +685,8 @@ void XhcImpl<T>::Write(int l, const T* out) {
   if (this->save) this->Count("save for backward", 0, 0, 0, Kr * C);
 }
 
-// Backward of ComputeBasis for token t: d_o (Kr x C, consumed) -> d_out_t (+= dv1) and
-// dg_t (J x C, the gradients w.r.t. the raw convolution outputs). `out` rows are at stride
+// Backward of the MLP basis (FusedWriteBack) for token t: d_o (Kr x C, consumed) -> d_out_t (+=
+// dv1) and dg_t (J x C, the gradients w.r.t. the raw convolution outputs). `out` rows are at stride
 // `ld` (the saved v1 rows). Recomputes the Gram-Schmidt levels.
 template <typename T>
 void XhcImpl<T>::GramSchmidtBackward(const Sublayer& sl, const T* out, int64_t ld, int t,
@@ -869,8 +1010,8 @@ void XhcImpl<T>::ReadBackward(int l, const T* d_u) {
   if (sl.s != 0) return;
   // Input and weight gradients of the group's router + pre-mapping projection, each one
   // GEMM over all tokens: dX += c1 W1, dW1 += c1^T X (X is the group-entry state here).
-  BatchGemm(this->Parallel(), false, false, tokens, static_cast<int>(nc), P1, T(1), c1_.data(),
-            P1, Param(gr.w1), nc, T(1), this->dX.data(), nc);
+  BatchGemm(this->Parallel(), false, false, tokens, static_cast<int>(nc), P1, T(1), c1_.data(), P1,
+            Param(gr.w1), nc, T(1), this->dX.data(), nc);
   T* dw1 = this->grad(gr.w1);
   BatchGemm(this->Parallel(), true, false, P1, static_cast<int>(nc), tokens, T(1), c1_.data(), P1,
             this->X.data(), nc, T(1), dw1, nc);
