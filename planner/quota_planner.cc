@@ -133,11 +133,14 @@ void QuotaSplit::SplitExpert(const LoadMatrix& loads, const Plan& plan, int e, s
       left -= q;
       continue;
     }
+    const double to_bucket = static_cast<double>(kBuckets) * inv;
+    double rem_sum = 0;
     if (left < (int64_t{1} << 26)) {
       // floor(r * q / left) from a reciprocal estimate, corrected exactly (off by <= 1).
       double* __restrict out_col = col;
       double* __restrict out_remaining = remaining;
       double* __restrict out_remainder = remainder;
+      int32_t* __restrict out_bucket = bucket;
       for (size_t s = 0; s < g; ++s) {
         const double r = out_remaining[s];
         const double p = r * qd;
@@ -153,6 +156,11 @@ void QuotaSplit::SplitExpert(const LoadMatrix& loads, const Plan& plan, int e, s
         out_col[s] += f;
         out_remaining[s] = r - f;
         out_remainder[s] = rem;
+        // Bucket of rem / left, monotone in rem; -1 for no remainder. Fused here (and the
+        // remainder sum) so the column takes one pass instead of three.
+        const int b = static_cast<int>(std::min(static_cast<double>(kBuckets - 1), rem * to_bucket));
+        out_bucket[s] = rem > 0 ? b : -1;
+        rem_sum += rem;  // exact: integers < 2^53
       }
     } else {
       for (size_t s = 0; s < g; ++s) {
@@ -161,19 +169,15 @@ void QuotaSplit::SplitExpert(const LoadMatrix& loads, const Plan& plan, int e, s
         const int64_t f = FloorMulDiv(r, q, left, inv, &rem);
         col[s] += static_cast<double>(f);
         remaining[s] = static_cast<double>(r - f);
-        remainder[s] = static_cast<double>(rem);
+        const double remd = static_cast<double>(rem);
+        remainder[s] = remd;
+        const int b =
+            static_cast<int>(std::min(static_cast<double>(kBuckets - 1), remd * to_bucket));
+        bucket[s] = rem > 0 ? b : -1;
+        rem_sum += remd;
       }
     }
-    // Buckets of rem / left, monotone in rem; -1 for no remainder.
-    const double to_bucket = static_cast<double>(kBuckets) * inv;
-    for (size_t s = 0; s < g; ++s) {
-      const double rem = remainder[s];
-      const int b = static_cast<int>(std::min(static_cast<double>(kBuckets - 1), rem * to_bucket));
-      bucket[s] = rem > 0 ? b : -1;
-    }
     // Leftover = sum(rem) / left, counted as the sources above the edge bucket below.
-    double rem_sum = 0;
-    for (size_t s = 0; s < g; ++s) rem_sum += remainder[s];  // exact: integers < 2^53
     int64_t leftover = static_cast<int64_t>(rem_sum * inv + 0.5);
     if (leftover > 0) {
       // The edge bucket: the largest b with at least `leftover` sources in buckets >= b,
@@ -185,22 +189,29 @@ void QuotaSplit::SplitExpert(const LoadMatrix& loads, const Plan& plan, int e, s
       };
       int edge = 0;
       int beyond = kBuckets;  // count_from(edge) >= leftover > count_from(beyond)
+      int64_t count_edge = -1;  // count_from(edge) once probed
+      int64_t count_beyond = 0;  // count_from(beyond): 0 for kBuckets
       while (beyond - edge > 1) {
         const int mid = (edge + beyond) / 2;
-        if (count_from(mid) >= leftover) {
+        const int64_t count = count_from(mid);
+        if (count >= leftover) {
           edge = mid;
+          count_edge = count;
         } else {
           beyond = mid;
+          count_beyond = count;
         }
       }
-      // Every source in a bucket above `edge` gets a token; `take` of the sources in
-      // bucket `edge` do, the largest remainders first, ties to the lower source.
-      const int64_t above_edge = edge + 1 < kBuckets ? count_from(edge + 1) : 0;
+      if (count_edge < 0) count_edge = count_from(edge);
+      // Every source in a bucket above `edge` (beyond == edge + 1 here) gets a token;
+      // `take` of the sources in bucket `edge` do, the largest remainders first, ties to
+      // the lower source.
+      const int64_t above_edge = count_beyond;
       leftover -= above_edge;
       const int64_t take = leftover;
       // Sources in the edge bucket all take a token when `take` is all of them: then they
       // join the vectorized pass below and no list is built.
-      const int64_t in_edge = count_from(edge) - above_edge;
+      const int64_t in_edge = count_edge - above_edge;
       const int from = take == in_edge ? edge : edge + 1;
       int32_t* tied = tied_.data();
       size_t num_tied = 0;
