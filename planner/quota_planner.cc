@@ -134,13 +134,14 @@ void QuotaSplit::SplitExpert(const LoadMatrix& loads, const Plan& plan, int e, s
       continue;
     }
     const double to_bucket = static_cast<double>(kBuckets) * inv;
-    double rem_sum = 0;
+    int64_t floor_sum = 0;
     if (left < (int64_t{1} << 26)) {
       // floor(r * q / left) from a reciprocal estimate, corrected exactly (off by <= 1).
       double* __restrict out_col = col;
       double* __restrict out_remaining = remaining;
       double* __restrict out_remainder = remainder;
       int32_t* __restrict out_bucket = bucket;
+      int32_t small_sum = 0;  // <= q < 2^26
       for (size_t s = 0; s < g; ++s) {
         const double r = out_remaining[s];
         const double p = r * qd;
@@ -157,11 +158,12 @@ void QuotaSplit::SplitExpert(const LoadMatrix& loads, const Plan& plan, int e, s
         out_remaining[s] = r - f;
         out_remainder[s] = rem;
         // Bucket of rem / left, monotone in rem; -1 for no remainder. Fused here (and the
-        // remainder sum) so the column takes one pass instead of three.
+        // floors' sum) so the column takes one pass instead of three.
         const int b = static_cast<int>(std::min(static_cast<double>(kBuckets - 1), rem * to_bucket));
         out_bucket[s] = rem > 0 ? b : -1;
-        rem_sum += rem;  // exact: integers < 2^53
+        small_sum += static_cast<int32_t>(f);  // an integer sum, so the loop still vectorizes
       }
+      floor_sum = small_sum;
     } else {
       for (size_t s = 0; s < g; ++s) {
         int64_t rem = 0;
@@ -174,11 +176,12 @@ void QuotaSplit::SplitExpert(const LoadMatrix& loads, const Plan& plan, int e, s
         const int b =
             static_cast<int>(std::min(static_cast<double>(kBuckets - 1), remd * to_bucket));
         bucket[s] = rem > 0 ? b : -1;
-        rem_sum += remd;
+        floor_sum += f;
       }
     }
-    // Leftover = sum(rem) / left, counted as the sources above the edge bucket below.
-    int64_t leftover = static_cast<int64_t>(rem_sum * inv + 0.5);
+    // Leftover = sum(rem) / left = (q * sum(r) - left * sum(floor)) / left = q - sum(floor),
+    // as sum(r) = left; counted as the sources above the edge bucket below.
+    int64_t leftover = q - floor_sum;
     if (leftover > 0) {
       // The edge bucket: the largest b with at least `leftover` sources in buckets >= b,
       // by binary search over the 16 buckets with vectorized counting passes.
