@@ -91,9 +91,11 @@ void QuotaSplit::SplitExpert(const LoadMatrix& loads, const Plan& plan, int e, s
   for (int j = 0; j < k; ++j) {
     quota_left_[static_cast<size_t>(j)] = plan.quota[static_cast<size_t>(i0 + j)];
   }
-  // Fill's row pass left this expert's column of the loads in the block's first row.
+  // This expert's column of the loads, read in place (one strided pass).
   double* remaining = remaining_.data();
-  std::copy(block, block + g, remaining);
+  const int64_t* column = loads.counts.data() + e;
+  const size_t stride = static_cast<size_t>(loads.experts);
+  for (size_t s = 0; s < g; ++s) remaining[s] = static_cast<double>(column[s * stride]);
   std::fill(block, block + static_cast<size_t>(k) * g, 0.0);
 
   // 1. Locality: a source's tokens go to the instance on its own rank first.
@@ -283,14 +285,7 @@ void QuotaSplit::Fill(const LoadMatrix& loads, Plan* plan) {
     if (run_end > run_begin) runs_.push_back(Run{run_begin, first[run_begin], run_end - run_begin});
     run_begin = run_end + 1;
   }
-  // The replicated experts' columns of the loads, for SplitExpert, row by row; then their
-  // splits, into block_.
-  for (size_t s = 0; s < g; ++s) {
-    const int64_t* row = loads.row(static_cast<int>(s));
-    for (size_t x = 0; x < replicated_.size(); ++x) {
-      block_[block_at_[x] + s] = static_cast<double>(row[replicated_[x]]);
-    }
-  }
+  // The replicated experts' splits, into block_.
   for (size_t x = 0; x < replicated_.size(); ++x) {
     SplitExpert(loads, *plan, replicated_[x], block_at_[x]);
   }

@@ -41,7 +41,7 @@ class QuotaSplit {
 
  private:
   // Computes the split of replicated expert e (k instances x ranks, instance-major, in
-  // block_[offset ...], whose first column holds e's column of the loads on entry).
+  // block_[offset ...]) from e's column of the loads.
   void SplitExpert(const LoadMatrix& loads, const Plan& plan, int e, size_t offset);
 
   struct Run {  // experts [from, from + length) with one instance each, at instances [to, ...)
