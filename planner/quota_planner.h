@@ -60,6 +60,8 @@ class QuotaSplit {
   std::vector<double> block_;        // split blocks of replicated experts (exact integers)
   std::vector<double> remaining_;    // r_s of one expert
   std::vector<int64_t> quota_left_;  // remaining quota per instance of one expert
+  std::vector<int64_t> local_;       // per instance of one expert: its locality tokens
+  std::vector<uint8_t> written_;     // per instance of one expert: column written
   std::vector<double> remainder_;    // r_s * q mod R
   std::vector<int32_t> bucket_;      // remainder bucket per source (-1: no remainder)
   std::vector<int32_t> tied_;        // sources in the boundary bucket
