@@ -272,6 +272,7 @@ void QuotaSplit::Fill(const LoadMatrix& loads, Plan* plan) {
 
   replicated_.clear();
   block_at_.clear();
+  replicated_instance_.clear();
   size_t block_size = 0;
   for (int e = 0; e < experts; ++e) {
     const int k = first[e + 1] - first[e];
@@ -279,6 +280,7 @@ void QuotaSplit::Fill(const LoadMatrix& loads, Plan* plan) {
       replicated_.push_back(e);
       block_at_.push_back(block_size);
       block_size += static_cast<size_t>(k) * g;
+      for (int j = 0; j < k; ++j) replicated_instance_.push_back(first[e] + j);
     }
   }
   if (block_.size() < block_size) block_.resize(block_size);
@@ -324,12 +326,11 @@ void QuotaSplit::Fill(const LoadMatrix& loads, Plan* plan) {
       }
     }
     // Replicated experts last in the row: they overwrite what the runs spilled into them.
-    for (size_t x = 0; x < replicated_.size(); ++x) {
-      const int e = replicated_[x];
-      const int i0 = first[e];
-      const int k = first[e + 1] - i0;
-      const double* col = block_.data() + block_at_[x] + s;
-      for (int j = 0; j < k; ++j) out[i0 + j] = static_cast<int64_t>(col[static_cast<size_t>(j) * g]);
+    // The blocks are contiguous, so replicated instance m's column starts at block_[m * g].
+    const double* col = block_.data() + s;
+    const int32_t* dst = replicated_instance_.data();
+    for (size_t m = 0; m < replicated_instance_.size(); ++m) {
+      out[dst[m]] = static_cast<int64_t>(col[m * g]);
     }
   }
 }

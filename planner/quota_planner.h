@@ -57,6 +57,7 @@ class QuotaSplit {
   std::vector<Run> runs_;
   std::vector<int32_t> replicated_;  // experts with more than one instance, ascending
   std::vector<size_t> block_at_;     // offset of each replicated expert's block in block_
+  std::vector<int32_t> replicated_instance_;  // the replicated experts' instances, in order
   std::vector<double> block_;        // split blocks of replicated experts (exact integers)
   std::vector<double> remaining_;    // r_s of one expert
   std::vector<int64_t> quota_left_;  // remaining quota per instance of one expert
