@@ -168,7 +168,8 @@ void QuotaSplit::SplitExpert(const LoadMatrix& loads, const Plan& plan, int e, s
         out_remainder[s] = rem;
         // Bucket of rem / left, monotone in rem; -1 for no remainder. Fused here (and the
         // floors' sum) so the column takes one pass instead of three.
-        const int b = static_cast<int>(std::min(static_cast<double>(kBuckets - 1), rem * to_bucket));
+        const int b =
+            static_cast<int>(std::min(static_cast<double>(kBuckets - 1), rem * to_bucket));
         out_bucket[s] = rem > 0 ? b : -1;
         small_sum += static_cast<int32_t>(f);  // an integer sum, so the loop still vectorizes
       }

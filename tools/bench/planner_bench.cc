@@ -434,10 +434,11 @@ int main(int argc, char** argv) {
                     r.policy.c_str(), r.error.c_str());
         continue;
       }
-      std::printf("%-16s %-13s %-5d %-14s %6.3f/%6.3f/%6.3f    %6.4f/%6.4f/%6.4f %8.1f %8.1f  %016llx\n",
-                  r.family.c_str(), domain, r.slots, r.policy.c_str(), r.initial[0], r.initial[1],
-                  r.initial[2], r.final_[0], r.final_[1], r.final_[2], r.replicas, r.p50_us,
-                  static_cast<unsigned long long>(r.digest));
+      std::printf(
+          "%-16s %-13s %-5d %-14s %6.3f/%6.3f/%6.3f    %6.4f/%6.4f/%6.4f %8.1f %8.1f  %016llx\n",
+          r.family.c_str(), domain, r.slots, r.policy.c_str(), r.initial[0], r.initial[1],
+          r.initial[2], r.final_[0], r.final_[1], r.final_[2], r.replicas, r.p50_us,
+          static_cast<unsigned long long>(r.digest));
     }
   }
   if (!time_rows.empty()) {
