@@ -91,17 +91,24 @@ void QuotaSplit::SplitExpert(const LoadMatrix& loads, const Plan& plan, int e, s
   for (int j = 0; j < k; ++j) {
     quota_left_[static_cast<size_t>(j)] = plan.quota[static_cast<size_t>(i0 + j)];
   }
-  // Fill's row pass left this expert's column of the loads in the block's first row.
+  // This expert's column of the loads, read in place (one strided pass).
   double* remaining = remaining_.data();
-  std::copy(block, block + g, remaining);
-  std::fill(block, block + static_cast<size_t>(k) * g, 0.0);
+  const int64_t* column = loads.counts.data() + e;
+  const size_t stride = static_cast<size_t>(loads.experts);
+  for (size_t s = 0; s < g; ++s) remaining[s] = static_cast<double>(column[s * stride]);
+  // The block is not cleared up front (at EP256 that was ~1 MB of stores per solve): the
+  // first write of each column below assigns every entry, columns never written are zeroed
+  // at the end, and the locality tokens (remembered in local_) are added last. Entries are
+  // only ever accumulated, never read, so the order of the additions changes nothing.
+  local_.assign(static_cast<size_t>(k), 0);
+  written_.assign(static_cast<size_t>(k), 0);
 
   // 1. Locality: a source's tokens go to the instance on its own rank first.
   for (int j = 0; j < k && locality_first_; ++j) {
     const size_t t = static_cast<size_t>(plan.instances[static_cast<size_t>(i0 + j)].rank);
     const int64_t x =
         std::min(static_cast<int64_t>(remaining[t]), quota_left_[static_cast<size_t>(j)]);
-    block[static_cast<size_t>(j) * g + t] = static_cast<double>(x);
+    local_[static_cast<size_t>(j)] = x;
     remaining[t] -= static_cast<double>(x);
     quota_left_[static_cast<size_t>(j)] -= x;
   }
@@ -117,9 +124,10 @@ void QuotaSplit::SplitExpert(const LoadMatrix& loads, const Plan& plan, int e, s
     const int64_t q = quota_left_[static_cast<size_t>(j)];
     if (q == 0) continue;
     double* col = block + static_cast<size_t>(j) * g;
+    written_[static_cast<size_t>(j)] = 1;
     if (q >= left) {
       for (size_t s = 0; s < g; ++s) {
-        col[s] += remaining[s];
+        col[s] = remaining[s];
         remaining[s] = 0;
       }
       left = 0;
@@ -129,15 +137,20 @@ void QuotaSplit::SplitExpert(const LoadMatrix& loads, const Plan& plan, int e, s
     const double leftd = static_cast<double>(left);
     const double inv = 1.0 / leftd;
     if (rounding_ == SplitRounding::kCumulative) {
+      std::fill(col, col + g, 0.0);
       CumulativeColumn(g, q, left, col);
       left -= q;
       continue;
     }
+    const double to_bucket = static_cast<double>(kBuckets) * inv;
+    int64_t floor_sum = 0;
     if (left < (int64_t{1} << 26)) {
       // floor(r * q / left) from a reciprocal estimate, corrected exactly (off by <= 1).
       double* __restrict out_col = col;
       double* __restrict out_remaining = remaining;
       double* __restrict out_remainder = remainder;
+      int32_t* __restrict out_bucket = bucket;
+      int32_t small_sum = 0;  // <= q < 2^26
       for (size_t s = 0; s < g; ++s) {
         const double r = out_remaining[s];
         const double p = r * qd;
@@ -150,31 +163,35 @@ void QuotaSplit::SplitExpert(const LoadMatrix& loads, const Plan& plan, int e, s
         const double fix = static_cast<double>(static_cast<int32_t>((rem + 0.5) * inv + 1.0)) - 1.0;
         f += fix;
         rem -= fix * leftd;
-        out_col[s] += f;
+        out_col[s] = f;  // the column's first write
         out_remaining[s] = r - f;
         out_remainder[s] = rem;
+        // Bucket of rem / left, monotone in rem; -1 for no remainder. Fused here (and the
+        // floors' sum) so the column takes one pass instead of three.
+        const int b =
+            static_cast<int>(std::min(static_cast<double>(kBuckets - 1), rem * to_bucket));
+        out_bucket[s] = rem > 0 ? b : -1;
+        small_sum += static_cast<int32_t>(f);  // an integer sum, so the loop still vectorizes
       }
+      floor_sum = small_sum;
     } else {
       for (size_t s = 0; s < g; ++s) {
         int64_t rem = 0;
         const int64_t r = static_cast<int64_t>(remaining[s]);
         const int64_t f = FloorMulDiv(r, q, left, inv, &rem);
-        col[s] += static_cast<double>(f);
+        col[s] = static_cast<double>(f);  // the column's first write
         remaining[s] = static_cast<double>(r - f);
-        remainder[s] = static_cast<double>(rem);
+        const double remd = static_cast<double>(rem);
+        remainder[s] = remd;
+        const int b =
+            static_cast<int>(std::min(static_cast<double>(kBuckets - 1), remd * to_bucket));
+        bucket[s] = rem > 0 ? b : -1;
+        floor_sum += f;
       }
     }
-    // Buckets of rem / left, monotone in rem; -1 for no remainder.
-    const double to_bucket = static_cast<double>(kBuckets) * inv;
-    for (size_t s = 0; s < g; ++s) {
-      const double rem = remainder[s];
-      const int b = static_cast<int>(std::min(static_cast<double>(kBuckets - 1), rem * to_bucket));
-      bucket[s] = rem > 0 ? b : -1;
-    }
-    // Leftover = sum(rem) / left, counted as the sources above the edge bucket below.
-    double rem_sum = 0;
-    for (size_t s = 0; s < g; ++s) rem_sum += remainder[s];  // exact: integers < 2^53
-    int64_t leftover = static_cast<int64_t>(rem_sum * inv + 0.5);
+    // Leftover = sum(rem) / left = (q * sum(r) - left * sum(floor)) / left = q - sum(floor),
+    // as sum(r) = left; counted as the sources above the edge bucket below.
+    int64_t leftover = q - floor_sum;
     if (leftover > 0) {
       // The edge bucket: the largest b with at least `leftover` sources in buckets >= b,
       // by binary search over the 16 buckets with vectorized counting passes.
@@ -185,22 +202,29 @@ void QuotaSplit::SplitExpert(const LoadMatrix& loads, const Plan& plan, int e, s
       };
       int edge = 0;
       int beyond = kBuckets;  // count_from(edge) >= leftover > count_from(beyond)
+      int64_t count_edge = -1;  // count_from(edge) once probed
+      int64_t count_beyond = 0;  // count_from(beyond): 0 for kBuckets
       while (beyond - edge > 1) {
         const int mid = (edge + beyond) / 2;
-        if (count_from(mid) >= leftover) {
+        const int64_t count = count_from(mid);
+        if (count >= leftover) {
           edge = mid;
+          count_edge = count;
         } else {
           beyond = mid;
+          count_beyond = count;
         }
       }
-      // Every source in a bucket above `edge` gets a token; `take` of the sources in
-      // bucket `edge` do, the largest remainders first, ties to the lower source.
-      const int64_t above_edge = edge + 1 < kBuckets ? count_from(edge + 1) : 0;
+      if (count_edge < 0) count_edge = count_from(edge);
+      // Every source in a bucket above `edge` (beyond == edge + 1 here) gets a token;
+      // `take` of the sources in bucket `edge` do, the largest remainders first, ties to
+      // the lower source.
+      const int64_t above_edge = count_beyond;
       leftover -= above_edge;
       const int64_t take = leftover;
       // Sources in the edge bucket all take a token when `take` is all of them: then they
       // join the vectorized pass below and no list is built.
-      const int64_t in_edge = count_from(edge) - above_edge;
+      const int64_t in_edge = count_edge - above_edge;
       const int from = take == in_edge ? edge : edge + 1;
       int32_t* tied = tied_.data();
       size_t num_tied = 0;
@@ -230,7 +254,13 @@ void QuotaSplit::SplitExpert(const LoadMatrix& loads, const Plan& plan, int e, s
     }
     left -= q;
   }
-  for (size_t s = 0; s < g; ++s) block[s] += remaining[s];
+  for (size_t s = 0; s < g; ++s) block[s] = remaining[s];  // column 0's only write
+  for (int j = 0; j < k; ++j) {
+    double* col = block + static_cast<size_t>(j) * g;
+    if (j > 0 && written_[static_cast<size_t>(j)] == 0) std::fill(col, col + g, 0.0);
+    const size_t t = static_cast<size_t>(plan.instances[static_cast<size_t>(i0 + j)].rank);
+    col[t] += static_cast<double>(local_[static_cast<size_t>(j)]);
+  }
 }
 
 void QuotaSplit::Fill(const LoadMatrix& loads, Plan* plan) {
@@ -243,6 +273,7 @@ void QuotaSplit::Fill(const LoadMatrix& loads, Plan* plan) {
 
   replicated_.clear();
   block_at_.clear();
+  replicated_instance_.clear();
   size_t block_size = 0;
   for (int e = 0; e < experts; ++e) {
     const int k = first[e + 1] - first[e];
@@ -250,6 +281,7 @@ void QuotaSplit::Fill(const LoadMatrix& loads, Plan* plan) {
       replicated_.push_back(e);
       block_at_.push_back(block_size);
       block_size += static_cast<size_t>(k) * g;
+      for (int j = 0; j < k; ++j) replicated_instance_.push_back(first[e] + j);
     }
   }
   if (block_.size() < block_size) block_.resize(block_size);
@@ -269,14 +301,7 @@ void QuotaSplit::Fill(const LoadMatrix& loads, Plan* plan) {
     if (run_end > run_begin) runs_.push_back(Run{run_begin, first[run_begin], run_end - run_begin});
     run_begin = run_end + 1;
   }
-  // The replicated experts' columns of the loads, for SplitExpert, row by row; then their
-  // splits, into block_.
-  for (size_t s = 0; s < g; ++s) {
-    const int64_t* row = loads.row(static_cast<int>(s));
-    for (size_t x = 0; x < replicated_.size(); ++x) {
-      block_[block_at_[x] + s] = static_cast<double>(row[replicated_[x]]);
-    }
-  }
+  // The replicated experts' splits, into block_.
   for (size_t x = 0; x < replicated_.size(); ++x) {
     SplitExpert(loads, *plan, replicated_[x], block_at_[x]);
   }
@@ -311,12 +336,11 @@ void QuotaSplit::Fill(const LoadMatrix& loads, Plan* plan) {
       }
     }
     // Replicated experts last in the row: they overwrite what the runs spilled into them.
-    for (size_t x = 0; x < replicated_.size(); ++x) {
-      const int e = replicated_[x];
-      const int i0 = first[e];
-      const int k = first[e + 1] - i0;
-      const double* col = block_.data() + block_at_[x] + s;
-      for (int j = 0; j < k; ++j) out[i0 + j] = static_cast<int64_t>(col[static_cast<size_t>(j) * g]);
+    // The blocks are contiguous, so replicated instance m's column starts at block_[m * g].
+    const double* col = block_.data() + s;
+    const int32_t* dst = replicated_instance_.data();
+    for (size_t m = 0; m < replicated_instance_.size(); ++m) {
+      out[dst[m]] = static_cast<int64_t>(col[m * g]);
     }
   }
 }

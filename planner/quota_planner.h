@@ -41,7 +41,7 @@ class QuotaSplit {
 
  private:
   // Computes the split of replicated expert e (k instances x ranks, instance-major, in
-  // block_[offset ...], whose first column holds e's column of the loads on entry).
+  // block_[offset ...]) from e's column of the loads.
   void SplitExpert(const LoadMatrix& loads, const Plan& plan, int e, size_t offset);
 
   struct Run {  // experts [from, from + length) with one instance each, at instances [to, ...)
@@ -57,9 +57,12 @@ class QuotaSplit {
   std::vector<Run> runs_;
   std::vector<int32_t> replicated_;  // experts with more than one instance, ascending
   std::vector<size_t> block_at_;     // offset of each replicated expert's block in block_
+  std::vector<int32_t> replicated_instance_;  // the replicated experts' instances, in order
   std::vector<double> block_;        // split blocks of replicated experts (exact integers)
   std::vector<double> remaining_;    // r_s of one expert
   std::vector<int64_t> quota_left_;  // remaining quota per instance of one expert
+  std::vector<int64_t> local_;       // per instance of one expert: its locality tokens
+  std::vector<uint8_t> written_;     // per instance of one expert: column written
   std::vector<double> remainder_;    // r_s * q mod R
   std::vector<int32_t> bucket_;      // remainder bucket per source (-1: no remainder)
   std::vector<int32_t> tied_;        // sources in the boundary bucket

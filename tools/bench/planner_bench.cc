@@ -4,7 +4,8 @@
 //     generate.h) go through every policy in order (eplb sees them in order, so its history
 //     is real), at 2 and at 4 redundant slots per rank. Printed per (family, slots, policy):
 //     the home-placement max/mean rank load and the final one, p50 / p99 / max over the
-//     microbatches, mean replicas, and the solve time p50.
+//     microbatches, mean replicas, the solve time p50, and a digest of the plans
+//     (PlanFingerprint chained over the microbatches: equal digests, identical plans).
 //  2. Solve time against EP: the zipf-2 family (256 experts, top-8, 2 slots per rank) at
 //     EP 8, 16, 32, 64, 128, 256; each policy solves N times, cycling through M microbatches,
 //     SolveInto into a reused Plan on one pinned thread; p50 / p99 of the N solves, and
@@ -120,6 +121,7 @@ struct TailRow {
   double final_[3] = {0, 0, 0};
   double replicas = 0;
   double p50_us = 0;
+  uint64_t digest = 0;  // PlanFingerprint chained over the microbatches' plans
   std::string error;
 };
 
@@ -302,6 +304,7 @@ int main(int argc, char** argv) {
         Plan plan;
         std::vector<double> initial, final_, us;
         double replicas = 0;
+        row.digest = rackrun::planner::kFingerprintSeed;
         for (const LoadMatrix& l : loads) {
           const auto start = std::chrono::steady_clock::now();
           const absl::Status status = (*planner)->SolveInto(l, 0, &plan);
@@ -315,6 +318,7 @@ int main(int argc, char** argv) {
               rackrun::planner::Imbalance(rackrun::planner::HomeRankLoads(domain, l)));
           final_.push_back(rackrun::planner::Imbalance(plan.RankLoads()));
           replicas += plan.num_replicas();
+          row.digest = rackrun::planner::PlanFingerprint(plan, row.digest);
         }
         Triple(initial, row.initial);
         Triple(final_, row.final_);
@@ -379,6 +383,10 @@ int main(int argc, char** argv) {
             {"p50", r.final_[0]}, {"p99", r.final_[1]}, {"max", r.final_[2]}};
         j["replicas"] = r.replicas;
         j["solve_p50_us"] = r.p50_us;
+        char digest[24];
+        std::snprintf(digest, sizeof(digest), "%016llx",
+                      static_cast<unsigned long long>(r.digest));
+        j["plan_digest"] = digest;
       }
       quality.push_back(j);
     }
@@ -415,8 +423,9 @@ int main(int argc, char** argv) {
         "\n1. tail quality: max/mean rank load over %d microbatches per family (p50 / p99 / "
         "max), replicas mean, solve p50 (us)\n",
         tail_microbatches);
-    std::printf("%-16s %-13s %-5s %-14s %-23s %-23s %8s %8s\n", "family", "domain", "slots",
-                "policy", "initial p50/p99/max", "final p50/p99/max", "replicas", "p50(us)");
+    std::printf("%-16s %-13s %-5s %-14s %-23s %-23s %8s %8s  %s\n", "family", "domain", "slots",
+                "policy", "initial p50/p99/max", "final p50/p99/max", "replicas", "p50(us)",
+                "plan digest");
     for (const TailRow& r : tail_rows) {
       char domain[32];
       std::snprintf(domain, sizeof(domain), "EP%d/%d/top%d", r.ranks, r.experts, r.topk);
@@ -425,9 +434,11 @@ int main(int argc, char** argv) {
                     r.policy.c_str(), r.error.c_str());
         continue;
       }
-      std::printf("%-16s %-13s %-5d %-14s %6.3f/%6.3f/%6.3f    %6.4f/%6.4f/%6.4f %8.1f %8.1f\n",
-                  r.family.c_str(), domain, r.slots, r.policy.c_str(), r.initial[0], r.initial[1],
-                  r.initial[2], r.final_[0], r.final_[1], r.final_[2], r.replicas, r.p50_us);
+      std::printf(
+          "%-16s %-13s %-5d %-14s %6.3f/%6.3f/%6.3f    %6.4f/%6.4f/%6.4f %8.1f %8.1f  %016llx\n",
+          r.family.c_str(), domain, r.slots, r.policy.c_str(), r.initial[0], r.initial[1],
+          r.initial[2], r.final_[0], r.final_[1], r.final_[2], r.replicas, r.p50_us,
+          static_cast<unsigned long long>(r.digest));
     }
   }
   if (!time_rows.empty()) {
