@@ -462,7 +462,7 @@ TEST(ExpertParallelGroupTest, BadSetupsAreNamed) {
     EXPECT_THAT(std::string(g.status().message()), HasSubstr("not rank"));
     MoeLayer<float> shard(Config(2, ch.rank()), "m");
     ExpertParallelOptions options;
-    options.policy = "greedy";
+    options.policy = "fastest";  // no such policy
     g = ExpertParallelGroup::Create(ch, {&shard}, options);
     EXPECT_THAT(std::string(g.status().message()), HasSubstr("balancer.policy"));
     return absl::OkStatus();
