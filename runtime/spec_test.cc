@@ -285,7 +285,12 @@ TEST(JobSpecStrictnessTest, DuplicateKeysExtraDocumentsAndBadTextAreErrors) {
   EXPECT_THAT(ErrorOf(R"({"training": {"steps": 5, "steps": 6}})"),
               HasSubstr("training.steps: given twice"));
   EXPECT_THAT(ErrorOf(std::string(kYaml) + "---\ntraining: {steps: 5}\n"),
-              HasSubstr("spec.yaml:23: a second YAML document starts here (after a '---' line)"));
+              HasSubstr("spec.yaml:22: a second YAML document starts here (after a '---' or '...' line)"));
+  EXPECT_THAT(ErrorOf(std::string(kYaml) + "...\ntraining: {steps: 5}\n"),
+              HasSubstr("spec.yaml:23: a second YAML document starts here"));
+  EXPECT_TRUE(ParseJobSpec("---\n" + std::string(kYaml) + "...\n# the end\n", {}).ok());
+  // yaml-cpp's LoadAll looped forever on this (found by fuzz_job_spec): now an error.
+  EXPECT_FALSE(ParseJobSpec(", \"balanmodel\": {\"width\":\n", {}).ok());
   EXPECT_THAT(ErrorOf(std::string(kYaml) + "logging: {json: \"a\\0b\"}\n"),
               HasSubstr("logging.json: the value contains a NUL byte"));
   EXPECT_THAT(ErrorOf(std::string(kYaml) + std::string("name: a\0b\n", 10)),
