@@ -10,7 +10,6 @@
 namespace rackrun::coordinator {
 
 namespace {
-constexpr absl::Duration kPoll = absl::Milliseconds(100);
 
 grpc::Status Unavailable() {
   return grpc::Status(grpc::StatusCode::UNAVAILABLE,
@@ -120,7 +119,7 @@ grpc::Status JobServiceImpl::Watch(grpc::ServerContext* ctx, const rackrun::v1::
     if (!gate_->serving()) return Unavailable();
     std::vector<rackrun::v1::JobEvent> events;
     bool done = false;
-    absl::Status s = rack_->jobs().WaitEvents(req->job_id(), after, kPoll, &events, &done);
+    absl::Status s = rack_->jobs().WaitEvents(req->job_id(), after, poll_, &events, &done);
     if (!s.ok()) return ToGrpc(s);
     for (const rackrun::v1::JobEvent& e : events) {
       if (!writer->Write(e)) return grpc::Status(grpc::StatusCode::CANCELLED, "the client went away");
@@ -175,7 +174,7 @@ grpc::Status RackControlImpl::Assignments(grpc::ServerContext* ctx, const rackru
     }
     if (!gate_->serving()) return Unavailable();
     absl::StatusOr<std::optional<rackrun::v1::Assignment>> a =
-        rack_->workers().NextAssignment(req->worker_id(), *gen, kPoll);
+        rack_->workers().NextAssignment(req->worker_id(), *gen, poll_);
     if (!a.ok()) {
       if (a.status().code() == absl::StatusCode::kUnavailable) return Unavailable();
       return ToGrpc(a.status());
@@ -227,7 +226,7 @@ grpc::Status RackControlImpl::StoreGet(grpc::ServerContext* ctx, const rackrun::
   std::vector<std::string> keys(req->keys().begin(), req->keys().end());
   // Wait in slices so a client that goes away frees the thread.
   while (true) {
-    const absl::Time slice = std::min(deadline, absl::Now() + kPoll);
+    const absl::Time slice = std::min(deadline, absl::Now() + poll_);
     absl::StatusOr<std::vector<std::string>> v = rack_->rendezvous().Get(req->job_id(), req->attempt(), keys, slice);
     if (v.ok()) {
       for (std::string& x : *v) resp->add_values(std::move(x));
@@ -292,7 +291,7 @@ grpc::Status RackControlImpl::Plans(
       break;
     }
     absl::StatusOr<std::optional<rackrun::v1::PlanReply>> r =
-        rack_->planning().NextReply(job_id, attempt, rank, done ? absl::ZeroDuration() : kPoll);
+        rack_->planning().NextReply(job_id, attempt, rank, done ? absl::ZeroDuration() : poll_);
     if (!r.ok()) {
       result = ToGrpc(r.status());
       break;

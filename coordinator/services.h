@@ -2,12 +2,14 @@
 // Every handler first checks the cluster token (UNAUTHENTICATED, nothing changed) and
 // that the coordinator is serving (UNAVAILABLE while it replays its state or shuts down),
 // then translates the request, calls Rack, and maps absl::Status to grpc::Status.
-// Streams (Watch, Assignments, Plans) poll for cancellation every 100 ms, so a closed
-// client connection or a shutdown ends them promptly.
+// Streams (Watch, Assignments, Plans) poll for cancellation every `poll` (100 ms unless
+// given), so a closed client connection or a shutdown ends them promptly.
 #ifndef RACKRUN_COORDINATOR_SERVICES_H_
 #define RACKRUN_COORDINATOR_SERVICES_H_
 
 #include <atomic>
+
+#include "absl/time/time.h"
 
 #include "coordinator/auth.h"
 #include "coordinator/rack.h"
@@ -17,6 +19,9 @@
 namespace rackrun::coordinator {
 
 grpc::Status ToGrpc(const absl::Status& s);
+
+// How often a stream handler looks for cancellation and shutdown.
+inline constexpr absl::Duration kStreamPoll = absl::Milliseconds(100);
 
 // Whether handlers may run: false while replaying and after shutdown began.
 class ServingGate {
@@ -31,8 +36,9 @@ class ServingGate {
 
 class JobServiceImpl final : public rackrun::v1::JobService::Service {
  public:
-  JobServiceImpl(Rack* rack, const TokenAuth* auth, const ServingGate* gate)
-      : rack_(rack), auth_(auth), gate_(gate) {}
+  JobServiceImpl(Rack* rack, const TokenAuth* auth, const ServingGate* gate,
+                 absl::Duration poll = kStreamPoll)
+      : rack_(rack), auth_(auth), gate_(gate), poll_(poll) {}
 
   grpc::Status Submit(grpc::ServerContext* ctx, const rackrun::v1::SubmitRequest* req,
                       rackrun::v1::SubmitResponse* resp) override;
@@ -52,12 +58,14 @@ class JobServiceImpl final : public rackrun::v1::JobService::Service {
   Rack* const rack_;
   const TokenAuth* const auth_;
   const ServingGate* const gate_;
+  const absl::Duration poll_;
 };
 
 class RackControlImpl final : public rackrun::v1::RackControl::Service {
  public:
-  RackControlImpl(Rack* rack, const TokenAuth* auth, const ServingGate* gate)
-      : rack_(rack), auth_(auth), gate_(gate) {}
+  RackControlImpl(Rack* rack, const TokenAuth* auth, const ServingGate* gate,
+                 absl::Duration poll = kStreamPoll)
+      : rack_(rack), auth_(auth), gate_(gate), poll_(poll) {}
 
   grpc::Status Register(grpc::ServerContext* ctx, const rackrun::v1::RegisterRequest* req,
                         rackrun::v1::RegisterResponse* resp) override;
@@ -81,6 +89,7 @@ class RackControlImpl final : public rackrun::v1::RackControl::Service {
   Rack* const rack_;
   const TokenAuth* const auth_;
   const ServingGate* const gate_;
+  const absl::Duration poll_;
 };
 
 // Submit's checks of a spec that has been defaulted: ValidateJobSpec, the restart policy,

@@ -102,3 +102,35 @@ seq = (call(0, "SubmitRequest", spec) + call(5, "RegisterRequest", register) +
 write("coordinator", "submit-register-run-cancel", seq)
 write("coordinator", "submit-only", call(0, "SubmitRequest", spec))
 write("coordinator", "list-bad-page", call(2, "ListJobsRequest", 'page_size: -5 page_token: "zz"'))
+
+# The streams (method 11 Watch, 12 Assignments, 13 Plans: rows of [u8 length][LoadRow]).
+def rows(*text_protos):
+    out = b""
+    for t in text_protos:
+        b = encode("LoadRow", t)
+        out += bytes([len(b)]) + b
+    return out
+
+
+def stream(method, payload):
+    return bytes([method]) + struct.pack("<H", len(payload)) + payload
+
+
+row = 'job_id: "j-1" attempt: 1 rank: 0 microbatch: 0 layer: 0 training: true loads: [1, 2, 3, 4]'
+planned = spec.replace("training { steps: 1 }", 'training { steps: 1 } balancer { mode: "coordinator" }')
+beat = call(6, "HeartbeatRequest", 'worker_id: "w-1" phase: "idle"')
+# The rack schedules the job onto w-1 once its Assignments stream is open and 1 s of the
+# rack's clock (250 ms per call) has passed: Plans then finds attempt 1 running in
+# coordinator mode.
+streams = (call(0, "SubmitRequest", planned) + call(5, "RegisterRequest", register) + beat +
+           call(12, "AssignmentsRequest", 'worker_id: "w-1"') + beat * 6 +
+           stream(13, rows(row, 'microbatch: 1 layer: 0 loads: [4, 3, 2, 1]')) +
+           call(11, "WatchJobRequest", 'job_id: "j-1"') +
+           call(12, "AssignmentsRequest", 'worker_id: "w-1"') +
+           call(3, "CancelJobRequest", 'job_id: "j-1" reason: "fuzz"') +
+           call(11, "WatchJobRequest", 'job_id: "j-1" from_seq: 2') +
+           call(12, "AssignmentsRequest", 'worker_id: "w-1"'))
+write("coordinator", "streams", streams)
+write("coordinator", "plans-bad-rows",
+      stream(13, rows('attempt: 1 rank: 0', row, 'job_id: "other" attempt: 1', 'loads: [-1]')))
+write("coordinator", "watch-missing-job", call(11, "WatchJobRequest", 'job_id: "nope" from_seq: -3'))
