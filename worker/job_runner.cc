@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <new>
+#include <system_error>
 #include <utility>
 #include <vector>
 
@@ -271,8 +272,8 @@ absl::StatusOr<std::unique_ptr<comm::DataChannel>> JobRunner::MakeChannel() {
 }
 
 // A function-try-block: an allocation failure anywhere in the attempt (the trainer's
-// model, a checkpoint, a collective's buffers) fails the attempt with a message instead of
-// ending the worker daemon with std::terminate.
+// model, a checkpoint, a collective's buffers) or a thread that cannot be started fails the
+// attempt with a message instead of ending the worker daemon with std::terminate.
 AttemptResult JobRunner::Run() try {
   AttemptResult result;
   const auto fail = [&](const absl::Status& s, const std::string& phase) {
@@ -444,6 +445,18 @@ AttemptResult JobRunner::Run() try {
       ": out of memory: an allocation failed although the job's memory estimate fit when it "
       "started (other processes took memory since, or a ulimit or cgroup limit is lower); "
       "lower the model or batch sizes"));
+  return result;
+} catch (const std::system_error& e) {
+  // std::thread's constructor (the reporter, a channel's transfer threads) when the process
+  // may start no more threads: out of address space for the stack, or ulimit -u/pids.max.
+  reporter_.reset();
+  AttemptResult result;
+  result.set_outcome(AttemptResult::FAILED);
+  result.set_message(absl::StrCat("worker ", options_.worker_id, " on host ", options_.host,
+                                  ": could not start a thread (", e.what(),
+                                  "): the worker is out of memory or of threads (ulimit -v, "
+                                  "ulimit -u or the cgroup's pids.max); lower the model or batch "
+                                  "sizes or raise the limit"));
   return result;
 }
 

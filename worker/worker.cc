@@ -171,7 +171,7 @@ void Worker::StreamLoop() {
 
 void Worker::HeartbeatLoop() {
   auto phase_since = std::chrono::steady_clock::now();
-  std::string last_phase;
+  std::string last_phase, last_attempt;
   int64_t last_step = -1, last_completed = -1;
   while (true) {
     std::shared_ptr<JobRunner> running;
@@ -195,15 +195,21 @@ void Worker::HeartbeatLoop() {
       request.set_collectives_completed(st.collectives.collectives_completed);
       request.set_step_time_s(st.step_time_s);
       phase = st.phase;
-      // Any progress (a new phase, step or completed collective) restarts the phase age.
-      if (phase != last_phase || st.step != last_step ||
+      // Any progress (another attempt, a new phase, step or completed collective) restarts
+      // the phase age: a new attempt that reports the phase the last one ended in (the
+      // heartbeat may never have seen the worker idle in between) is not charged for it.
+      const std::string attempt =
+          absl::StrCat(running->assignment().job_id(), "/", running->assignment().attempt());
+      if (attempt != last_attempt || phase != last_phase || st.step != last_step ||
           st.collectives.collectives_completed != last_completed) {
+        last_attempt = attempt;
         phase_since = std::chrono::steady_clock::now();
         last_step = st.step;
         last_completed = st.collectives.collectives_completed;
       }
     } else if (phase != last_phase) {
       phase_since = std::chrono::steady_clock::now();
+      last_attempt.clear();
     }
     last_phase = phase;
     request.set_phase(phase);

@@ -481,6 +481,41 @@ TEST_F(DaemonsTest, UnreadablePathFailsNamingPathAndHost) {
   EXPECT_THAT(message, HasSubstr("on host "));
 }
 
+// An allocation that fails inside a worker although the job's estimate fit (here: the
+// worker runs under an address-space limit below what the job needs) fails the job with
+// the worker's message, not a crash: the worker stays up and runs the next job.
+TEST_F(DaemonsTest, WorkerOutOfMemoryFailsTheJobAndTheWorkerStaysUp) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "ulimit -v leaves the sanitizer no room for its shadow memory";
+#endif
+  std::ifstream meminfo("/proc/meminfo");
+  int64_t available_kib = 0;
+  for (std::string line; std::getline(meminfo, line);) {
+    if (line.rfind("MemAvailable:", 0) == 0) available_kib = std::stoll(line.substr(13));
+  }
+  if (available_kib < 5ll << 20) GTEST_SKIP() << "needs 5 GiB available to pass the estimate";
+  StartCoordinator();
+  std::vector<std::string> env = WorkerEnv();
+  env.push_back("RANK=0");
+  workers_.push_back(std::make_unique<Child>(
+      std::vector<std::string>{"/bin/sh", "-c",
+                               std::string("ulimit -v 2000000 && exec ") + RACKRUN_WORKER_BINARY +
+                                   " --data-address 127.0.0.1 --threads 1"},
+      dir_ / "worker0.log", env));
+  WaitIdle(1);
+  // vocab 4,000,000: about 2.4 GiB estimated (fits the machine), but the limit is 2 GB
+  // (which leaves the small job after it room for OpenBLAS's 128 MB buffers: below about
+  // 1 GB OpenBLAS retries its buffer allocation forever, which the hang rule would report).
+  const std::string id = Submit("--set resources.ranks=1 --set model.vocab=4000000 --set training.steps=2");
+  const json job = WaitState(id, "FAILED");
+  ASSERT_EQ(job.value("state", ""), "FAILED") << job.dump();
+  EXPECT_THAT(job["first_failure"].value("message", ""), HasSubstr("out of memory: an allocation failed"));
+  EXPECT_THAT(::rackrun::testing::Slurp(dir_ / "worker0.log"), ::testing::Not(HasSubstr("terminate called")));
+  WaitIdle(1);
+  const std::string next = Submit("--set resources.ranks=1 --set training.steps=3", "submit-next");
+  EXPECT_EQ(WaitState(next, "SUCCEEDED").value("state", ""), "SUCCEEDED");
+}
+
 // --prometheus-targets: the coordinator keeps a Prometheus file_sd list of the live
 // workers' metrics endpoints (port 0 on every worker, as under srun): it lists both
 // workers' bound ports, each serves /metrics there, and a worker that leaves drops out.

@@ -12,6 +12,7 @@
 #include <new>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <vector>
 
 #include "base/signals.h"
@@ -315,6 +316,15 @@ int TrainCommand(const Args& args) {
                  "estimate fit this machine when it started (other processes took memory since, "
                  "or a ulimit -v or cgroup limit is lower); lower the model or batch sizes, or "
                  "free memory\n");
+    if (comm::LauncherWorldSize() > 1) comm::AbortJob(1);
+    return 1;
+  } catch (const std::system_error& e) {
+    // std::thread's constructor when no more threads can start (address space, ulimit -u).
+    std::fprintf(stderr,
+                 "rackrun train: could not start a thread (%s): the process is out of memory "
+                 "or of threads (ulimit -v, ulimit -u or the cgroup's pids.max); lower the "
+                 "model or batch sizes or raise the limit\n",
+                 e.what());
     if (comm::LauncherWorldSize() > 1) comm::AbortJob(1);
     return 1;
   }
