@@ -22,6 +22,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/support/mpi_env.h"
 #include "tests/support/process.h"
 #include "tests/support/shell.h"
 
@@ -35,10 +36,7 @@ using Result = ::rackrun::testing::ShellResult;
 using Clock = std::chrono::steady_clock;
 namespace fs = std::filesystem;
 
-constexpr char kMpiEnv[] =
-    "OMPI_MCA_btl=self,vader OMPI_MCA_btl_vader_single_copy_mechanism=none "
-    "OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_ALLOW_RUN_AS_ROOT=1 "
-    "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yield_when_idle=1";
+using ::rackrun::testing::kMpiEnv;
 
 // The job of ep_train_test: 2 blocks, C=32, xhc N=4 k=2, 8 experts top-2.
 constexpr char kSpec[] =

@@ -25,6 +25,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/support/mpi_env.h"
 #include "tests/support/shell.h"
 
 namespace {
@@ -33,12 +34,9 @@ using ::testing::HasSubstr;
 using ::testing::MatchesRegex;
 namespace fs = std::filesystem;
 
-// Shared-memory transport without CMA (containers forbid ptrace), oversubscription (CI has
-// 2 cores), root allowed, and ranks yield while waiting so that 4 ranks share 2 cores.
-constexpr char kMpiEnv[] =
-    "OMPI_MCA_btl=self,vader OMPI_MCA_btl_vader_single_copy_mechanism=none "
-    "OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_ALLOW_RUN_AS_ROOT=1 "
-    "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yield_when_idle=1";
+// Shared-memory transport without CMA (containers forbid ptrace), oversubscription, root,
+// yielding ranks (tests/support/mpi_env.h).
+using ::rackrun::testing::kMpiEnv;
 
 // A job that hangs instead of failing is stopped here (and then fails its test's
 // assertions on the exit status) rather than at CTest's timeout.
