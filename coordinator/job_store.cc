@@ -106,7 +106,7 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path
   }
   sqlite3_busy_timeout(db, 5000);
   std::unique_ptr<JobStore> store(new JobStore(db));
-  absl::MutexLock lock(&store->mu_);
+  Lock lock(store->mu_);
   for (const char* sql : {"PRAGMA journal_mode=WAL;", "PRAGMA synchronous=FULL;",
                           "PRAGMA foreign_keys=ON;", kSchema}) {
     if (absl::Status s = store->Exec(sql); !s.ok()) {
@@ -117,7 +117,7 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path
 }
 
 JobStore::~JobStore() {
-  absl::MutexLock lock(&mu_);
+  Lock lock(mu_);
   sqlite3_close(db_);
 }
 
@@ -235,7 +235,7 @@ absl::StatusOr<Job> JobStore::ReadJobByRequest(const std::string& request_id) {
 }
 
 absl::StatusOr<JobStore::InsertResult> JobStore::InsertJob(const Job& job, const JobEvent& first) {
-  absl::MutexLock lock(&mu_);
+  Lock lock(mu_);
   if (absl::Status s = Exec("BEGIN IMMEDIATE"); !s.ok()) return s;
   auto fail = [&](absl::Status s) {
     (void)Exec("ROLLBACK");
@@ -269,7 +269,7 @@ absl::StatusOr<JobStore::InsertResult> JobStore::InsertJob(const Job& job, const
 }
 
 absl::Status JobStore::Commit(const JobMutation& m) {
-  absl::MutexLock lock(&mu_);
+  Lock lock(mu_);
   if (JobNumber(m.job.id()) < 0) return absl::NotFoundError(absl::StrCat("no job ", m.job.id()));
   if (absl::Status s = Exec("BEGIN IMMEDIATE"); !s.ok()) return s;
   absl::Status s = WriteJob(m.job);
@@ -280,7 +280,7 @@ absl::Status JobStore::Commit(const JobMutation& m) {
 }
 
 absl::StatusOr<std::vector<StoredJob>> JobStore::LoadAll() {
-  absl::MutexLock lock(&mu_);
+  Lock lock(mu_);
   std::vector<StoredJob> jobs;
   std::vector<int64_t> nums;
   {
@@ -307,7 +307,7 @@ absl::StatusOr<std::vector<StoredJob>> JobStore::LoadAll() {
 }
 
 absl::StatusOr<int64_t> JobStore::NextWorkerNumber() {
-  absl::MutexLock lock(&mu_);
+  Lock lock(mu_);
   Stmt s(db_,
          "INSERT INTO meta (key, value) VALUES ('next_worker', 1) ON CONFLICT (key) DO UPDATE "
          "SET value = value + 1 RETURNING value");

@@ -19,7 +19,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
+#include "coordinator/sync.h"
 #include "rackrun/v1/job_service.pb.h"
 
 struct sqlite3;
@@ -77,7 +77,7 @@ class JobStore {
   absl::StatusOr<rackrun::v1::Job> ReadJob(int64_t num) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Error(const char* what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  absl::Mutex mu_;
+  std::mutex mu_;
   sqlite3* db_ ABSL_GUARDED_BY(mu_);
 };
 

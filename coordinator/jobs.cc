@@ -92,7 +92,7 @@ const Jobs::Entry* Jobs::Find(const std::string& job_id) const {
 }
 
 absl::Status Jobs::Initialize(std::vector<StoredJob> stored) {
-  absl::MutexLock lock(&mu_);
+  Lock lock(mu_);
   const int64_t now = clock_();
   for (StoredJob& s : stored) {
     Entry e;
@@ -124,7 +124,7 @@ absl::Status Jobs::Commit(Entry& e, Job next, std::vector<JobEvent> events) {
   if (absl::Status s = store_->Commit(m); !s.ok()) return s;
   e.job = std::move(m.job);
   for (JobEvent& ev : m.events) e.events.push_back(std::move(ev));
-  cv_.SignalAll();
+  cv_.notify_all();
   return absl::OkStatus();
 }
 
@@ -147,7 +147,7 @@ Attempt* Current(Job& job) {
 }  // namespace
 
 absl::StatusOr<JobStore::InsertResult> Jobs::Submit(const JobSpec& spec, const std::string& request_id) {
-  absl::MutexLock lock(&mu_);
+  Lock lock(mu_);
   if (shutdown_) return absl::UnavailableError("the coordinator is shutting down");
   const int64_t now = clock_();
   Job job;
@@ -176,7 +176,7 @@ absl::StatusOr<JobStore::InsertResult> Jobs::Submit(const JobSpec& spec, const s
 }
 
 absl::StatusOr<Job> Jobs::Get(const std::string& job_id) const {
-  absl::MutexLock lock(&mu_);
+  Lock lock(mu_);
   const Entry* e = Find(job_id);
   if (e == nullptr) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
   return e->job;
@@ -188,7 +188,7 @@ absl::StatusOr<rackrun::v1::ListJobsResponse> Jobs::List(const rackrun::v1::List
   if (!req.page_token().empty() && (!absl::SimpleAtoi(req.page_token(), &before) || before <= 0)) {
     return absl::InvalidArgumentError("page_token: not a token returned by List; omit it for the first page");
   }
-  absl::MutexLock lock(&mu_);
+  Lock lock(mu_);
   rackrun::v1::ListJobsResponse resp;
   for (auto it = jobs_.rbegin(); it != jobs_.rend(); ++it) {
     if (it->first >= before) continue;
@@ -216,7 +216,7 @@ std::vector<RankRef> Jobs::Unreported(const Entry& e, const Attempt& a) const {
 }
 
 absl::StatusOr<Jobs::Ended> Jobs::Cancel(const std::string& job_id, const std::string& reason) {
-  absl::MutexLock lock(&mu_);
+  Lock lock(mu_);
   if (shutdown_) return absl::UnavailableError("the coordinator is shutting down");
   Entry* e = Find(job_id);
   if (e == nullptr) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
@@ -247,7 +247,7 @@ absl::StatusOr<Jobs::Ended> Jobs::Cancel(const std::string& job_id, const std::s
 }
 
 std::vector<QueuedJob> Jobs::Queue() const {
-  absl::MutexLock lock(&mu_);
+  Lock lock(mu_);
   std::vector<QueuedJob> q;
   for (const auto& [num, e] : jobs_) {
     if (e.job.state() == rackrun::v1::QUEUED) q.push_back({e.job.id(), e.job.spec(), e.not_before_ms});
@@ -257,7 +257,7 @@ std::vector<QueuedJob> Jobs::Queue() const {
 
 absl::StatusOr<Attempt> Jobs::StartAttempt(const std::string& job_id,
                                            const std::vector<rackrun::v1::RankPlacement>& ranks) {
-  absl::MutexLock lock(&mu_);
+  Lock lock(mu_);
   Entry* e = Find(job_id);
   if (e == nullptr) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
   if (e->job.state() != rackrun::v1::QUEUED) {
@@ -335,7 +335,7 @@ absl::StatusOr<Jobs::Ended> Jobs::FailLocked(Entry& e, int attempt, Failure fail
 
 absl::StatusOr<Jobs::Ended> Jobs::FailAttempt(const std::string& job_id, int attempt,
                                               const Failure& failure) {
-  absl::MutexLock lock(&mu_);
+  Lock lock(mu_);
   Entry* e = Find(job_id);
   if (e == nullptr) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
   return FailLocked(*e, attempt, failure);
@@ -343,7 +343,7 @@ absl::StatusOr<Jobs::Ended> Jobs::FailAttempt(const std::string& job_id, int att
 
 absl::StatusOr<Jobs::Ended> Jobs::RankResult(const std::string& job_id, int attempt, int rank,
                                              const AttemptResult& result) {
-  absl::MutexLock lock(&mu_);
+  Lock lock(mu_);
   Entry* e = Find(job_id);
   if (e == nullptr) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
   if (attempt < 1 || attempt > e->job.attempts_size()) {
@@ -420,7 +420,7 @@ absl::StatusOr<Jobs::Ended> Jobs::RankResult(const std::string& job_id, int atte
 }
 
 absl::Status Jobs::Progress(const std::string& job_id, int attempt, const rackrun::v1::StepProgress& p) {
-  absl::MutexLock lock(&mu_);
+  Lock lock(mu_);
   Entry* e = Find(job_id);
   if (e == nullptr) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
   const Attempt* a = e->job.attempts().empty() ? nullptr : &e->job.attempts(e->job.attempts_size() - 1);
@@ -436,7 +436,7 @@ absl::Status Jobs::Progress(const std::string& job_id, int attempt, const rackru
 }
 
 absl::Status Jobs::Checkpoint(const std::string& job_id, int attempt, const std::string& path) {
-  absl::MutexLock lock(&mu_);
+  Lock lock(mu_);
   Entry* e = Find(job_id);
   if (e == nullptr) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
   e->checkpoint_step = e->job.last_progress().step();
@@ -444,7 +444,7 @@ absl::Status Jobs::Checkpoint(const std::string& job_id, int attempt, const std:
 }
 
 bool Jobs::AttemptRunning(const std::string& job_id, int attempt) const {
-  absl::MutexLock lock(&mu_);
+  Lock lock(mu_);
   const Entry* e = Find(job_id);
   if (e == nullptr || e->job.attempts().empty() || e->job.state() != rackrun::v1::RUNNING) return false;
   const Attempt& a = e->job.attempts(e->job.attempts_size() - 1);
@@ -453,7 +453,7 @@ bool Jobs::AttemptRunning(const std::string& job_id, int attempt) const {
 
 absl::Status Jobs::Reattach(const std::string& job_id, int attempt, int rank,
                             const rackrun::v1::RankPlacement& placement) {
-  absl::MutexLock lock(&mu_);
+  Lock lock(mu_);
   Entry* e = Find(job_id);
   if (e == nullptr || e->job.attempts().empty() || e->job.state() != rackrun::v1::RUNNING) {
     return absl::FailedPreconditionError(absl::StrCat("job ", job_id, " is not running"));
@@ -483,7 +483,7 @@ absl::Status Jobs::Reattach(const std::string& job_id, int attempt, int rank,
 }
 
 std::vector<Jobs::Ended> Jobs::ExpireReattach() {
-  absl::MutexLock lock(&mu_);
+  Lock lock(mu_);
   const int64_t now = clock_();
   std::vector<Ended> out;
   for (auto& [num, e] : jobs_) {
@@ -513,13 +513,13 @@ std::vector<Jobs::Ended> Jobs::ExpireReattach() {
 
 absl::Status Jobs::WaitEvents(const std::string& job_id, int64_t after_seq, absl::Duration max_wait,
                               std::vector<JobEvent>* out, bool* done) const {
-  absl::MutexLock lock(&mu_);
+  Lock lock(mu_);
   const Entry* e = Find(job_id);
   if (e == nullptr) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
   const absl::Time deadline = absl::Now() + max_wait;
   while (!shutdown_ && (e->events.empty() || e->events.back().seq() <= after_seq) &&
          !IsTerminal(e->job.state())) {
-    if (cv_.WaitWithDeadline(&mu_, deadline)) break;
+    if (WaitUntil(cv_, lock, deadline)) break;
   }
   *done = false;
   for (const JobEvent& ev : e->events) {
@@ -535,9 +535,9 @@ absl::Status Jobs::WaitEvents(const std::string& job_id, int64_t after_seq, absl
 }
 
 void Jobs::Shutdown() {
-  absl::MutexLock lock(&mu_);
+  Lock lock(mu_);
   shutdown_ = true;
-  cv_.SignalAll();
+  cv_.notify_all();
 }
 
 }  // namespace rackrun::coordinator

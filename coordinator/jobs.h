@@ -24,7 +24,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
+#include "coordinator/sync.h"
 #include "absl/time/time.h"
 #include "coordinator/clock.h"
 #include "coordinator/job_store.h"
@@ -167,8 +167,8 @@ class Jobs {
   JobStore* const store_;
   const Clock clock_;
   const Options options_;
-  mutable absl::Mutex mu_;
-  mutable absl::CondVar cv_;  // signalled on every committed event and on Shutdown
+  mutable std::mutex mu_;
+  mutable std::condition_variable cv_;  // signalled on every committed event and on Shutdown
   std::map<int64_t, Entry> jobs_ ABSL_GUARDED_BY(mu_);  // by job number (creation order)
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
 };

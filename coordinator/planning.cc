@@ -46,20 +46,20 @@ absl::Status Planning::Open(const std::string& job_id, int attempt, const rackru
     *p = *std::move(made);
   }
   s.outbox.resize(static_cast<size_t>(ranks));
-  absl::MutexLock lock(&mu_);
+  Lock lock(mu_);
   sessions_.try_emplace({job_id, attempt}, std::move(s));  // an open session is kept
   return absl::OkStatus();
 }
 
 void Planning::Close(const std::string& job_id, int attempt) {
-  absl::MutexLock lock(&mu_);
+  Lock lock(mu_);
   sessions_.erase({job_id, attempt});
-  cv_.SignalAll();
+  cv_.notify_all();
 }
 
 absl::Status Planning::AddRow(const rackrun::v1::LoadRow& row) {
   const auto arrived = std::chrono::steady_clock::now();
-  absl::MutexLock lock(&mu_);
+  Lock lock(mu_);
   auto it = sessions_.find({row.job_id(), row.attempt()});
   if (it == sessions_.end()) {
     return absl::FailedPreconditionError(absl::StrCat("attempt ", row.attempt(), " of job '", row.job_id(),
@@ -105,14 +105,14 @@ absl::Status Planning::AddRow(const rackrun::v1::LoadRow& row) {
   if (solve_observer_) solve_observer_(row.job_id(), reply.solve_s());
   s.pending.erase({row.microbatch(), row.layer(), row.training()});
   for (auto& q : s.outbox) q.push_back(reply);
-  cv_.SignalAll();
+  cv_.notify_all();
   return absl::OkStatus();
 }
 
 absl::StatusOr<std::optional<rackrun::v1::PlanReply>> Planning::NextReply(const std::string& job_id,
                                                                           int attempt, int rank,
                                                                           absl::Duration max_wait) {
-  absl::MutexLock lock(&mu_);
+  Lock lock(mu_);
   const absl::Time deadline = absl::Now() + max_wait;
   while (true) {
     if (shutdown_) return absl::CancelledError("the coordinator is shutting down");
@@ -129,19 +129,19 @@ absl::StatusOr<std::optional<rackrun::v1::PlanReply>> Planning::NextReply(const 
       q.pop_front();
       return std::optional<rackrun::v1::PlanReply>(std::move(r));
     }
-    if (cv_.WaitWithDeadline(&mu_, deadline)) return std::optional<rackrun::v1::PlanReply>();
+    if (WaitUntil(cv_, lock, deadline)) return std::optional<rackrun::v1::PlanReply>();
   }
 }
 
 void Planning::SetSolveObserver(std::function<void(const std::string&, double)> observer) {
-  absl::MutexLock lock(&mu_);
+  Lock lock(mu_);
   solve_observer_ = std::move(observer);
 }
 
 void Planning::Shutdown() {
-  absl::MutexLock lock(&mu_);
+  Lock lock(mu_);
   shutdown_ = true;
-  cv_.SignalAll();
+  cv_.notify_all();
 }
 
 }  // namespace rackrun::coordinator

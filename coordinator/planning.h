@@ -25,7 +25,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
+#include "coordinator/sync.h"
 #include "absl/time/time.h"
 #include "planner/invariants.h"
 #include "planner/planner.h"
@@ -82,8 +82,8 @@ class Planning {
   };
   using Key = std::pair<std::string, int>;
 
-  absl::Mutex mu_;
-  absl::CondVar cv_;
+  std::mutex mu_;
+  std::condition_variable cv_;
   std::map<Key, Session> sessions_ ABSL_GUARDED_BY(mu_);
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   std::function<void(const std::string&, double)> solve_observer_ ABSL_GUARDED_BY(mu_);

@@ -36,7 +36,7 @@ void Rack::EndAttempt(const Jobs::Ended& ended, const std::string& job_id, int a
 }
 
 absl::StatusOr<rackrun::v1::Job> Rack::Cancel(const std::string& job_id, const std::string& reason) {
-  absl::MutexLock lock(&mu_);
+  Lock lock(mu_);
   absl::StatusOr<Jobs::Ended> ended = jobs_.Cancel(job_id, reason);
   if (!ended.ok()) return ended.status();
   const int attempt = ended->job.attempts().empty() ? 0 : ended->job.attempts().rbegin()->number();
@@ -45,7 +45,7 @@ absl::StatusOr<rackrun::v1::Job> Rack::Cancel(const std::string& job_id, const s
 }
 
 absl::StatusOr<rackrun::v1::RegisterResponse> Rack::Register(const rackrun::v1::RegisterRequest& req) {
-  absl::MutexLock lock(&mu_);
+  Lock lock(mu_);
   absl::StatusOr<std::string> id = workers_.Register(req);
   if (!id.ok()) return id.status();
   rackrun::v1::RegisterResponse resp;
@@ -69,7 +69,7 @@ absl::StatusOr<rackrun::v1::RegisterResponse> Rack::Register(const rackrun::v1::
 }
 
 absl::StatusOr<rackrun::v1::ReportResponse> Rack::Report(const rackrun::v1::ReportRequest& req) {
-  absl::MutexLock lock(&mu_);
+  Lock lock(mu_);
   if (req.job_id().empty()) return absl::InvalidArgumentError("job_id: required");
   if (req.attempt() < 1) return absl::InvalidArgumentError("attempt: required (1-based)");
   switch (req.report_case()) {
@@ -149,7 +149,7 @@ void Rack::StartJobs() {
 }
 
 void Rack::Tick() {
-  absl::MutexLock lock(&mu_);
+  Lock lock(mu_);
   for (const Finding& f : workers_.Detect()) {
     absl::StatusOr<Jobs::Ended> ended = jobs_.FailAttempt(f.job_id, f.attempt, f.failure);
     if (!ended.ok()) continue;

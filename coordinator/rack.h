@@ -16,7 +16,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
+#include "coordinator/sync.h"
 #include "coordinator/clock.h"
 #include "coordinator/job_store.h"
 #include "coordinator/jobs.h"
@@ -77,7 +77,7 @@ class Rack {
   Workers workers_;
   Rendezvous rendezvous_;
   Planning planning_;
-  absl::Mutex mu_;
+  std::mutex mu_;
 };
 
 }  // namespace rackrun::coordinator

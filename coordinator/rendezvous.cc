@@ -6,15 +6,15 @@
 namespace rackrun::coordinator {
 
 void Rendezvous::Set(const std::string& job_id, int attempt, const std::string& key, std::string value) {
-  absl::MutexLock lock(&mu_);
+  Lock lock(mu_);
   kv_[{job_id, attempt}][key] = std::move(value);
-  cv_.SignalAll();
+  cv_.notify_all();
 }
 
 absl::StatusOr<std::vector<std::string>> Rendezvous::Get(const std::string& job_id, int attempt,
                                                          const std::vector<std::string>& keys,
                                                          absl::Time deadline) {
-  absl::MutexLock lock(&mu_);
+  Lock lock(mu_);
   const Scope scope{job_id, attempt};
   const int drops = drops_[scope];
   while (true) {
@@ -38,21 +38,21 @@ absl::StatusOr<std::vector<std::string>> Rendezvous::Get(const std::string& job_
                                                       attempt, ": keys never set: ",
                                                       absl::StrJoin(missing, ", ")));
     }
-    cv_.WaitWithDeadline(&mu_, deadline);
+    WaitUntil(cv_, lock, deadline);
   }
 }
 
 void Rendezvous::Drop(const std::string& job_id, int attempt) {
-  absl::MutexLock lock(&mu_);
+  Lock lock(mu_);
   kv_.erase({job_id, attempt});
   ++drops_[{job_id, attempt}];
-  cv_.SignalAll();
+  cv_.notify_all();
 }
 
 void Rendezvous::Shutdown() {
-  absl::MutexLock lock(&mu_);
+  Lock lock(mu_);
   shutdown_ = true;
-  cv_.SignalAll();
+  cv_.notify_all();
 }
 
 }  // namespace rackrun::coordinator

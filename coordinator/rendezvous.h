@@ -13,7 +13,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
+#include "coordinator/sync.h"
 #include "absl/time/time.h"
 
 namespace rackrun::coordinator {
@@ -36,8 +36,8 @@ class Rendezvous {
 
  private:
   using Scope = std::pair<std::string, int>;
-  absl::Mutex mu_;
-  absl::CondVar cv_;
+  std::mutex mu_;
+  std::condition_variable cv_;
   std::map<Scope, std::map<std::string, std::string>> kv_ ABSL_GUARDED_BY(mu_);
   std::map<Scope, int> drops_ ABSL_GUARDED_BY(mu_);  // how often each scope was dropped
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;

@@ -251,7 +251,7 @@ grpc::Status RackControlImpl::Plans(
   const int rank = first.rank();
   if (absl::Status s = rack_->planning().AddRow(first); !s.ok()) return ToGrpc(s);
 
-  absl::Mutex mu;
+  std::mutex mu;
   bool reader_done = false;
   absl::Status reader_error;
   std::thread reader([&] {
@@ -267,7 +267,7 @@ grpc::Status RackControlImpl::Plans(
       row.set_rank(rank);
       if (err = rack_->planning().AddRow(row); !err.ok()) break;
     }
-    absl::MutexLock lock(&mu);
+    Lock lock(mu);
     reader_done = true;
     reader_error = err;
   });
@@ -275,7 +275,7 @@ grpc::Status RackControlImpl::Plans(
   while (true) {
     bool done;
     {
-      absl::MutexLock lock(&mu);
+      Lock lock(mu);
       done = reader_done;
       if (done && !reader_error.ok()) {
         result = ToGrpc(reader_error);
@@ -304,7 +304,7 @@ grpc::Status RackControlImpl::Plans(
   }
   bool reader_finished;
   {
-    absl::MutexLock lock(&mu);
+    Lock lock(mu);
     reader_finished = reader_done;
   }
   if (!reader_finished) ctx->TryCancel();  // unblocks the reader when we end first

@@ -28,7 +28,7 @@ absl::StatusOr<std::string> Workers::Register(const rackrun::v1::RegisterRequest
     if (!n.ok()) return n.status();
     id = absl::StrCat("w-", *n);
   }
-  absl::MutexLock lock(&mu_);
+  Lock lock(mu_);
   if (shutdown_) return absl::UnavailableError("the coordinator is shutting down");
   const int64_t now = clock_();
   Info& w = workers_[id];
@@ -46,12 +46,12 @@ absl::StatusOr<std::string> Workers::Register(const rackrun::v1::RegisterRequest
   w.data_address = req.data_address();
   w.w.set_metrics_address(req.metrics_address());
   w.last_heartbeat_ms = now;
-  cv_.SignalAll();
+  cv_.notify_all();
   return id;
 }
 
 absl::Status Workers::Heartbeat(const rackrun::v1::HeartbeatRequest& req) {
-  absl::MutexLock lock(&mu_);
+  Lock lock(mu_);
   Info* w = Find(req.worker_id());
   if (w == nullptr || w->w.state() == rackrun::v1::LOST || w->w.state() == rackrun::v1::GONE) {
     return absl::NotFoundError(absl::StrCat("worker '", req.worker_id(),
@@ -77,18 +77,18 @@ absl::Status Workers::Heartbeat(const rackrun::v1::HeartbeatRequest& req) {
 }
 
 absl::Status Workers::Deregister(const std::string& worker_id) {
-  absl::MutexLock lock(&mu_);
+  Lock lock(mu_);
   Info* w = Find(worker_id);
   if (w == nullptr) return absl::NotFoundError(absl::StrCat("worker '", worker_id, "' is not registered"));
   w->w.set_state(rackrun::v1::GONE);
   ++w->generation;
   w->stream_open = false;
-  cv_.SignalAll();
+  cv_.notify_all();
   return absl::OkStatus();
 }
 
 absl::StatusOr<int64_t> Workers::OpenStream(const std::string& worker_id) {
-  absl::MutexLock lock(&mu_);
+  Lock lock(mu_);
   Info* w = Find(worker_id);
   if (w == nullptr || w->w.state() == rackrun::v1::LOST || w->w.state() == rackrun::v1::GONE) {
     return absl::NotFoundError(absl::StrCat("worker '", worker_id, "' is not registered; register first"));
@@ -96,13 +96,13 @@ absl::StatusOr<int64_t> Workers::OpenStream(const std::string& worker_id) {
   ++w->generation;
   w->stream_open = true;
   w->stream_seen = true;
-  cv_.SignalAll();
+  cv_.notify_all();
   return w->generation;
 }
 
 absl::StatusOr<std::optional<rackrun::v1::Assignment>> Workers::NextAssignment(
     const std::string& worker_id, int64_t generation, absl::Duration max_wait) {
-  absl::MutexLock lock(&mu_);
+  Lock lock(mu_);
   const absl::Time deadline = absl::Now() + max_wait;
   while (true) {
     Info* w = Find(worker_id);
@@ -115,26 +115,26 @@ absl::StatusOr<std::optional<rackrun::v1::Assignment>> Workers::NextAssignment(
       w->outbox.pop_front();
       return std::optional<rackrun::v1::Assignment>(std::move(a));
     }
-    if (cv_.WaitWithDeadline(&mu_, deadline)) return std::optional<rackrun::v1::Assignment>();
+    if (WaitUntil(cv_, lock, deadline)) return std::optional<rackrun::v1::Assignment>();
   }
 }
 
 void Workers::CloseStream(const std::string& worker_id, int64_t generation) {
-  absl::MutexLock lock(&mu_);
+  Lock lock(mu_);
   Info* w = Find(worker_id);
   if (w != nullptr && w->generation == generation) w->stream_open = false;
 }
 
 void Workers::Push(const std::string& worker_id, const rackrun::v1::Assignment& a) {
-  absl::MutexLock lock(&mu_);
+  Lock lock(mu_);
   Info* w = Find(worker_id);
   if (w == nullptr || w->w.state() == rackrun::v1::GONE) return;
   w->outbox.push_back(a);
-  cv_.SignalAll();
+  cv_.notify_all();
 }
 
 void Workers::SetBusy(const std::string& worker_id, const std::string& job_id, int attempt, int rank) {
-  absl::MutexLock lock(&mu_);
+  Lock lock(mu_);
   Info* w = Find(worker_id);
   if (w == nullptr) return;
   w->w.set_state(rackrun::v1::BUSY);
@@ -149,7 +149,7 @@ void Workers::SetBusy(const std::string& worker_id, const std::string& job_id, i
 }
 
 void Workers::SetIdle(const std::string& worker_id, const std::string& job_id) {
-  absl::MutexLock lock(&mu_);
+  Lock lock(mu_);
   Info* w = Find(worker_id);
   if (w == nullptr || (!job_id.empty() && w->w.job_id() != job_id)) return;
   if (w->w.state() == rackrun::v1::BUSY) w->w.set_state(rackrun::v1::IDLE);
@@ -161,7 +161,7 @@ void Workers::SetIdle(const std::string& worker_id, const std::string& job_id) {
 }
 
 std::vector<IdleWorker> Workers::Idle() const {
-  absl::MutexLock lock(&mu_);
+  Lock lock(mu_);
   std::vector<IdleWorker> out;
   for (const auto& [id, w] : workers_) {
     if (w.w.state() != rackrun::v1::IDLE || !w.stream_open) continue;
@@ -173,7 +173,7 @@ std::vector<IdleWorker> Workers::Idle() const {
 }
 
 absl::StatusOr<rackrun::v1::RankPlacement> Workers::Placement(const std::string& worker_id) const {
-  absl::MutexLock lock(&mu_);
+  Lock lock(mu_);
   auto it = workers_.find(worker_id);
   if (it == workers_.end()) return absl::NotFoundError(absl::StrCat("worker '", worker_id, "' is not registered"));
   rackrun::v1::RankPlacement p;
@@ -198,7 +198,7 @@ Failure Workers::FailureOf(const Info& w, FailureKind kind, std::string message)
 }
 
 std::vector<Finding> Workers::Detect() {
-  absl::MutexLock lock(&mu_);
+  Lock lock(mu_);
   const int64_t now = clock_();
   std::vector<Finding> out;
   auto report = [&](const Info& w, Failure f) {
@@ -355,7 +355,7 @@ std::vector<Finding> Workers::Detect() {
 }
 
 rackrun::v1::ListWorkersResponse Workers::List(bool include_gone) const {
-  absl::MutexLock lock(&mu_);
+  Lock lock(mu_);
   const int64_t now = clock_();
   rackrun::v1::ListWorkersResponse resp;
   for (const auto& [id, w] : workers_) {
@@ -368,9 +368,9 @@ rackrun::v1::ListWorkersResponse Workers::List(bool include_gone) const {
 }
 
 void Workers::Shutdown() {
-  absl::MutexLock lock(&mu_);
+  Lock lock(mu_);
   shutdown_ = true;
-  cv_.SignalAll();
+  cv_.notify_all();
 }
 
 }  // namespace rackrun::coordinator

@@ -35,7 +35,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
+#include "coordinator/sync.h"
 #include "absl/time/time.h"
 #include "coordinator/clock.h"
 #include "rackrun/v1/job_service.pb.h"
@@ -141,8 +141,8 @@ class Workers {
   const Clock clock_;
   const Options options_;
   const std::function<absl::StatusOr<int64_t>()> next_number_;
-  mutable absl::Mutex mu_;
-  absl::CondVar cv_;  // outbox pushes, stream changes, shutdown
+  mutable std::mutex mu_;
+  std::condition_variable cv_;  // outbox pushes, stream changes, shutdown
   std::map<std::string, Info> workers_ ABSL_GUARDED_BY(mu_);
   std::map<std::pair<std::string, int>, bool> reported_ ABSL_GUARDED_BY(mu_);  // attempts named
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
