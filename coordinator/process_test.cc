@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -58,8 +59,12 @@ class Coordinator {
     std::vector<std::string> args = {RACKRUN_COORDINATOR_BINARY, "--listen",
                                      "127.0.0.1:" + std::to_string(port_), "--state-dir", state_dir_};
     for (const auto& e : extra_) args.push_back(e);
+    const pid_t parent = getpid();
     pid_ = fork();
     if (pid_ == 0) {
+      // Dies with the test process (see tests/support/process.h).
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != parent) _exit(127);
       dup2(out[1], 1);
       close(out[0]);
       std::vector<char*> argv;

@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -23,14 +24,19 @@
 namespace rackrun::testing {
 
 // A child process with stdout and stderr into one file; killed (SIGKILL) if still running
-// when destroyed. argv[0] is a path (execv); `env` entries "NAME=VALUE" are added to the
+// when destroyed, or when the test process dies. argv[0] is a path (execv); `env` entries "NAME=VALUE" are added to the
 // inherited environment.
 class Child {
  public:
   Child(const std::vector<std::string>& argv, const std::filesystem::path& output,
         const std::vector<std::string>& env = {}) {
+    const pid_t parent = getpid();
     pid_ = fork();
     if (pid_ == 0) {
+      // Killed with the test process too (a sanitizer that halts the test, a crash): a
+      // daemon left running would keep CTest's output pipe open and CTest would wait.
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != parent) _exit(127);
       const int fd = open(output.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
       dup2(fd, 1);
       dup2(fd, 2);
