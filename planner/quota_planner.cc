@@ -1,9 +1,9 @@
 #include "planner/quota_planner.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <utility>
 #include <vector>
 
@@ -78,7 +78,8 @@ void QuotaSplit::CumulativeColumn(size_t g, int64_t q, int64_t left, double* col
   }
 }
 
-void QuotaSplit::SplitExpert(const LoadMatrix& loads, const Plan& plan, int e, size_t offset) {
+void QuotaSplit::SplitExpert(const LoadMatrix& loads, int e, Plan* out) {
+  const Plan& plan = *out;
   // Token counts are integers below 2^53 (ValidateLoads caps each at 2^40, so an expert's
   // total is below 2^49 for any domain size), so doubles hold them exactly and the loops
   // below vectorize. Products r * q are exact only below 2^53: columns whose remaining
@@ -86,7 +87,10 @@ void QuotaSplit::SplitExpert(const LoadMatrix& loads, const Plan& plan, int e, s
   const size_t g = static_cast<size_t>(loads.ranks);
   const int i0 = plan.first[static_cast<size_t>(e)];
   const int k = plan.first[static_cast<size_t>(e) + 1] - i0;
-  double* block = block_.data() + offset;
+  // The expert's k columns are built in doubles in a scratch block (k x g, cache-resident)
+  // and converted into the plan's columns at the end.
+  if (block_.size() < static_cast<size_t>(k) * g) block_.resize(static_cast<size_t>(k) * g);
+  double* block = block_.data();
   quota_left_.resize(static_cast<size_t>(k));
   for (int j = 0; j < k; ++j) {
     quota_left_[static_cast<size_t>(j)] = plan.quota[static_cast<size_t>(i0 + j)];
@@ -261,88 +265,46 @@ void QuotaSplit::SplitExpert(const LoadMatrix& loads, const Plan& plan, int e, s
     const size_t t = static_cast<size_t>(plan.instances[static_cast<size_t>(i0 + j)].rank);
     col[t] += static_cast<double>(local_[static_cast<size_t>(j)]);
   }
+  // Into the plan's columns (contiguous for the expert's instances). Every entry is an
+  // integer in [0, 2^49], so adding 2^52 puts it in the mantissa's low bits exactly: the
+  // conversion is an add and a subtract, which vectorizes without AVX-512's cvtpd2qq.
+  const int32_t c0 = plan.split_column[static_cast<size_t>(i0)];
+  int64_t* __restrict dst = out->split.data() + static_cast<size_t>(c0) * g;
+  const double* __restrict src = block;
+  constexpr double kMagic = 0x1p52;
+  const int64_t magic_bits = std::bit_cast<int64_t>(kMagic);
+  const size_t entries = static_cast<size_t>(k) * g;
+  for (size_t m = 0; m < entries; ++m)
+    dst[m] = std::bit_cast<int64_t>(src[m] + kMagic) - magic_bits;
 }
 
 void QuotaSplit::Fill(const LoadMatrix& loads, Plan* plan) {
-  const int ranks = loads.ranks;
   const int experts = loads.experts;
-  const size_t n = plan->instances.size();
-  const size_t g = static_cast<size_t>(ranks);
-  plan->split.resize(g * n);
+  const size_t g = static_cast<size_t>(loads.ranks);
   const int32_t* first = plan->first.data();
+  plan->split_column.resize(plan->instances.size());
+  int32_t* column = plan->split_column.data();
 
+  // Only replicated experts get columns; the others' split is implied by the loads.
   replicated_.clear();
-  block_at_.clear();
-  replicated_instance_.clear();
-  size_t block_size = 0;
+  int32_t columns = 0;
   for (int e = 0; e < experts; ++e) {
     const int k = first[e + 1] - first[e];
     if (k > 1) {
       replicated_.push_back(e);
-      block_at_.push_back(block_size);
-      block_size += static_cast<size_t>(k) * g;
-      for (int j = 0; j < k; ++j) replicated_instance_.push_back(first[e] + j);
+      for (int j = 0; j < k; ++j) column[first[e] + j] = columns++;
+    } else {
+      column[first[e]] = -1;
     }
   }
-  if (block_.size() < block_size) block_.resize(block_size);
+  plan->split.resize(static_cast<size_t>(columns) * g);
   if (remaining_.size() < g) {
     remaining_.resize(g);
     remainder_.resize(g);
     bucket_.resize(g);
     tied_.resize(g + 1);
   }
-
-  // Row by row, runs of experts with one instance are copied as they are (their instances
-  // are contiguous).
-  runs_.clear();
-  int run_begin = 0;
-  for (size_t x = 0; x <= replicated_.size(); ++x) {
-    const int run_end = x < replicated_.size() ? replicated_[x] : experts;
-    if (run_end > run_begin) runs_.push_back(Run{run_begin, first[run_begin], run_end - run_begin});
-    run_begin = run_end + 1;
-  }
-  // The replicated experts' splits, into block_.
-  for (size_t x = 0; x < replicated_.size(); ++x) {
-    SplitExpert(loads, *plan, replicated_[x], block_at_[x]);
-  }
-  // One pass over the plan's rows writes each row once: the runs, then the replicated
-  // experts' entries from their blocks.
-  for (size_t s = 0; s < g; ++s) {
-    int64_t* out = plan->split.data() + s * n;
-    const int64_t* row = loads.row(static_cast<int>(s));
-    if (s + 1 < g) {
-      // Runs are short: copy in whole groups of 4. Overshooting a run by up to 3 entries
-      // is harmless here: it only writes positions that a later run, the next row, or a
-      // replicated expert's entries (written after the runs) overwrite, and it only reads
-      // the next row of the loads.
-      // The overshoot must stay inside the next row of both buffers: with fewer than 4
-      // instances or experts per row it would not (AddressSanitizer: heap-buffer-overflow
-      // in PlanFuzzTest.SmallDomains), so such runs are copied exactly.
-      for (const Run& run : runs_) {
-        int64_t* dst = out + run.to;
-        const int64_t* src = row + run.from;
-        const size_t padded = (static_cast<size_t>(run.length) + 3) & ~size_t{3};
-        if (static_cast<size_t>(run.to) + padded <= 2 * n &&
-            static_cast<size_t>(run.from) + padded <= 2 * static_cast<size_t>(experts)) {
-          for (int i = 0; i < run.length; i += 4) std::memcpy(dst + i, src + i, 4 * sizeof(int64_t));
-        } else {
-          std::memcpy(dst, src, static_cast<size_t>(run.length) * sizeof(int64_t));
-        }
-      }
-    } else {
-      for (const Run& run : runs_) {
-        std::memcpy(out + run.to, row + run.from,
-                    static_cast<size_t>(run.length) * sizeof(int64_t));
-      }
-    }
-    // Replicated experts last in the row: they overwrite what the runs spilled into them.
-    // The blocks are contiguous, so replicated instance m's column starts at block_[m * g].
-    const double* col = block_.data() + s;
-    const int32_t* dst = replicated_instance_.data();
-    for (size_t m = 0; m < replicated_instance_.size(); ++m) {
-      out[dst[m]] = static_cast<int64_t>(col[m * g]);
-    }
-  }
+  for (const int32_t e : replicated_) SplitExpert(loads, e, plan);
 }
 
 QuotaPlanner::QuotaPlanner(const Domain& domain, const PlannerOptions& options)
