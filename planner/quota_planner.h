@@ -43,7 +43,8 @@ class QuotaSplit {
  private:
   // Computes the split of replicated expert e (k instances x ranks, instance-major) from
   // e's column of the loads into its columns of out->split (split_column set, split sized).
-  void SplitExpert(const LoadMatrix& loads, int e, Plan* out);
+  // `loads_column` is e's column of the loads (ranks entries).
+  void SplitExpert(const LoadMatrix& loads, int e, const double* loads_column, Plan* out);
 
   // kCumulative for one instance column: remaining quota q of `left` remaining tokens.
   void CumulativeColumn(size_t g, int64_t q, int64_t left, double* col);
@@ -52,6 +53,7 @@ class QuotaSplit {
   SplitRounding rounding_;
   std::vector<int32_t> replicated_;  // experts with more than one instance, ascending
   std::vector<double> block_;        // one replicated expert's columns (exact integers)
+  std::vector<double> columns_;      // the replicated experts' columns of the loads
   std::vector<double> remaining_;    // r_s of one expert
   std::vector<int64_t> quota_left_;  // remaining quota per instance of one expert
   std::vector<int64_t> local_;       // per instance of one expert: its locality tokens
