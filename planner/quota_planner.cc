@@ -121,7 +121,11 @@ void QuotaSplit::SplitExpert(const LoadMatrix& loads, int e, const double* loads
 
   // 2. Proportional with largest remainders, one instance at a time; instance 0 (the
   // master) takes what is left.
-  constexpr int kBuckets = 16;
+  // Remainder buckets: 256 rather than 16 costs four more vectorized counting passes but
+  // leaves so few sources in the edge bucket that it is usually taken whole, which skips
+  // the scalar pass that lists it (EP256: -5% instructions, ~-15% time). Any monotone
+  // bucketing gives the same split: the edge bucket is resolved on exact remainders.
+  constexpr int kBuckets = 256;
   double* remainder = remainder_.data();
   int32_t* bucket = bucket_.data();
   for (int j = 1; j < k && left > 0; ++j) {
@@ -198,7 +202,7 @@ void QuotaSplit::SplitExpert(const LoadMatrix& loads, int e, const double* loads
     int64_t leftover = q - floor_sum;
     if (leftover > 0) {
       // The edge bucket: the largest b with at least `leftover` sources in buckets >= b,
-      // by binary search over the 16 buckets with vectorized counting passes.
+      // by binary search over the kBuckets buckets with vectorized counting passes.
       const auto count_from = [bucket, g](int b) {
         int32_t count = 0;
         for (size_t s = 0; s < g; ++s) count += bucket[s] >= b ? 1 : 0;
