@@ -420,9 +420,13 @@ void PlanAssembler::Build(const Domain& domain, const LoadMatrix& loads,
   const size_t n = static_cast<size_t>(plan->first[static_cast<size_t>(experts)]);
   plan->instances.resize(n);
   plan->quota.resize(n);
-  for (int e = 0; e < experts; ++e) {
+  for (int e = 0, home = 0, m = 0; e < experts; ++e) {
     const size_t i0 = static_cast<size_t>(plan->first[static_cast<size_t>(e)]);
-    plan->instances[i0] = ExpertInstance{e, domain.home_rank(e), true};
+    plan->instances[i0] = ExpertInstance{e, home, true};
+    if (++m == domain.masters_per_rank) {  // home = e / masters_per_rank, without a division
+      m = 0;
+      ++home;
+    }
     plan->quota[i0] = totals[static_cast<size_t>(e)] - exported_[static_cast<size_t>(e)];
     replica_count_[static_cast<size_t>(e)] = 0;  // reused as the fill cursor
   }
@@ -472,8 +476,10 @@ int64_t GreedyRebalancer::Run(const Domain& domain, const std::vector<int64_t>& 
     next_.push_back(head_[static_cast<size_t>(x.expert)]);
     head_[static_cast<size_t>(x.expert)] = static_cast<int32_t>(j);
   }
-  for (int e = 0; e < experts; ++e) {
-    load_[static_cast<size_t>(domain.home_rank(e))] += master_left_[static_cast<size_t>(e)];
+  for (int r = 0, e = 0; r < ranks; ++r) {  // rank by rank: no division per expert
+    for (int m = 0; m < masters; ++m, ++e) {
+      load_[static_cast<size_t>(r)] += master_left_[static_cast<size_t>(e)];
+    }
   }
   int64_t heaviest = 0;
   for (size_t r = 0; r < g; ++r) heaviest = std::max(heaviest, load_[r]);
