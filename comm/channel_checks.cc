@@ -367,7 +367,7 @@ planner::Plan RandomPlan(int ranks, int masters_per_rank, int slots_per_rank, in
   }
   plan.first.push_back(static_cast<int32_t>(plan.instances.size()));
   const size_t n = plan.instances.size();
-  plan.split.assign(static_cast<size_t>(ranks) * n, 0);
+  planner::IndexSplitColumns(&plan);  // columns for the replicated experts only
   plan.quota.assign(n, 0);
   for (int src = 0; src < ranks; ++src) {
     for (int e = 0; e < experts; ++e) {
@@ -376,7 +376,11 @@ planner::Plan RandomPlan(int ranks, int masters_per_rank, int slots_per_rank, in
         const bool last = i + 1 == plan.first[e + 1];
         const int64_t take =
             last ? remaining : static_cast<int64_t>(rng() % static_cast<uint64_t>(remaining + 1));
-        plan.split[static_cast<size_t>(src) * n + static_cast<size_t>(i)] = take;
+        const int32_t column = plan.split_column[static_cast<size_t>(i)];
+        if (column >= 0) {
+          plan.split[static_cast<size_t>(column) * static_cast<size_t>(ranks) +
+                     static_cast<size_t>(src)] = take;
+        }
         plan.quota[static_cast<size_t>(i)] += take;
         remaining -= take;
       }
@@ -431,7 +435,7 @@ void CheckTokenDispatch(DataChannel& channel, uint64_t seed, bool use_ultraep) {
   ASSERT_TRUE(planner::CheckPlanInvariants(domain, loads, plan).ok());
 
   const TokenRouting& routing = routings[static_cast<size_t>(me)];
-  absl::StatusOr<TokenDispatch> dispatch = TokenDispatch::Create(plan, me, routing);
+  absl::StatusOr<TokenDispatch> dispatch = TokenDispatch::Create(plan, loads, me, routing);
   ASSERT_TRUE(dispatch.ok()) << dispatch.status();
   for (const TokenDispatch::LocalBatch& b : dispatch->local_batches()) {
     EXPECT_EQ(b.rows, plan.quota[static_cast<size_t>(b.instance)]) << "instance " << b.instance;
@@ -496,7 +500,7 @@ void CheckTokenDispatch(DataChannel& channel, uint64_t seed, bool use_ultraep) {
   if (routing.num_tokens > 0) {
     TokenRouting wrong = routing;
     wrong.expert[0] = (wrong.expert[0] + 1) % plan.experts;
-    absl::StatusOr<TokenDispatch> refused = TokenDispatch::Create(plan, me, wrong);
+    absl::StatusOr<TokenDispatch> refused = TokenDispatch::Create(plan, loads, me, wrong);
     ASSERT_FALSE(refused.ok());
     EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_THAT(refused.status().message(), HasSubstr("split"));
@@ -612,7 +616,7 @@ void CheckRelayFanout(DataChannel& channel, FanoutPacing pacing) {
   }
   plan.first.push_back(static_cast<int32_t>(plan.instances.size()));
   plan.quota.assign(plan.instances.size(), 0);
-  plan.split.assign(plan.instances.size() * static_cast<size_t>(n), 0);
+  planner::IndexSplitColumns(&plan);
   const planner::FanoutSchedule planned =
       planner::PlanFanout(plan, planner::FanoutOptions{planner::FanoutMode::kRelay});
   ASSERT_EQ(static_cast<int>(planned.transfers.size()), n - 1);

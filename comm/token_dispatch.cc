@@ -8,27 +8,16 @@
 namespace rackrun::comm {
 namespace {
 
-absl::Status CheckPlanShape(const planner::Plan& plan) {
-  const size_t n = plan.instances.size();
-  if (plan.ranks < 1 || plan.experts < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "plan: ranks=", plan.ranks, " experts=", plan.experts, "; both must be positive"));
-  }
-  if (plan.first.size() != static_cast<size_t>(plan.experts) + 1 || plan.first.front() != 0 ||
-      plan.first.back() != static_cast<int32_t>(n)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "plan.first has ", plan.first.size(), " entries; it needs experts + 1 = ", plan.experts + 1,
-        " running from 0 to instances.size() = ", n));
-  }
-  if (plan.split.size() != static_cast<size_t>(plan.ranks) * n) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "plan.split has ", plan.split.size(),
-        " entries; it needs ranks * instances = ", static_cast<size_t>(plan.ranks) * n));
+absl::Status CheckPlanShape(const planner::Plan& plan, const planner::LoadMatrix& loads) {
+  if (absl::Status s = planner::ValidateSplitShape(plan); !s.ok()) return s;
+  if (loads.ranks != plan.ranks || loads.experts != plan.experts ||
+      loads.counts.size() != static_cast<size_t>(plan.ranks) * static_cast<size_t>(plan.experts)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("token dispatch: loads are ", loads.ranks, " ranks x ", loads.experts,
+                     " experts (", loads.counts.size(), " counts) but the plan is ", plan.ranks,
+                     " x ", plan.experts, "; pass the loads the plan was solved from"));
   }
   for (int e = 0; e < plan.experts; ++e) {
-    if (plan.first[e] > plan.first[e + 1]) {
-      return absl::InvalidArgumentError(absl::StrCat("plan.first is not ascending at expert ", e));
-    }
     for (int i = plan.first[e]; i < plan.first[e + 1]; ++i) {
       const planner::ExpertInstance& inst = plan.instances[static_cast<size_t>(i)];
       if (inst.expert != e || inst.rank < 0 || inst.rank >= plan.ranks) {
@@ -88,9 +77,10 @@ absl::StatusOr<std::vector<int64_t>> TokenRouting::Loads(int experts) const {
   return counts;
 }
 
-absl::StatusOr<TokenDispatch> TokenDispatch::Create(const planner::Plan& plan, int rank,
+absl::StatusOr<TokenDispatch> TokenDispatch::Create(const planner::Plan& plan,
+                                                    const planner::LoadMatrix& plan_loads, int rank,
                                                     const TokenRouting& routing) {
-  if (absl::Status s = CheckPlanShape(plan); !s.ok()) return s;
+  if (absl::Status s = CheckPlanShape(plan, plan_loads); !s.ok()) return s;
   absl::StatusOr<std::vector<int64_t>> loads = routing.Loads(plan.experts);
   if (!loads.ok()) return loads.status();
   // This rank's choices grouped by expert, in choice order within each (a counting sort).
@@ -105,12 +95,14 @@ absl::StatusOr<TokenDispatch> TokenDispatch::Create(const planner::Plan& plan, i
     by_expert[static_cast<size_t>(next[static_cast<size_t>(routing.expert[s])]++)] =
         static_cast<int64_t>(s);
   }
-  return Build(plan, rank, routing.num_tokens, routing.top_k, expert_first, &by_expert);
+  return Build(plan, plan_loads, rank, routing.num_tokens, routing.top_k, expert_first, &by_expert);
 }
 
-absl::StatusOr<TokenDispatch> TokenDispatch::CreateGrouped(const planner::Plan& plan, int rank,
+absl::StatusOr<TokenDispatch> TokenDispatch::CreateGrouped(const planner::Plan& plan,
+                                                           const planner::LoadMatrix& plan_loads,
+                                                           int rank,
                                                            std::span<const int64_t> offsets) {
-  if (absl::Status s = CheckPlanShape(plan); !s.ok()) return s;
+  if (absl::Status s = CheckPlanShape(plan, plan_loads); !s.ok()) return s;
   if (offsets.size() != static_cast<size_t>(plan.experts) + 1 || offsets.front() != 0) {
     return absl::InvalidArgumentError(absl::StrCat("token dispatch: offsets has ", offsets.size(),
                                                    " entries; it needs experts + 1 = ",
@@ -122,10 +114,11 @@ absl::StatusOr<TokenDispatch> TokenDispatch::CreateGrouped(const planner::Plan& 
           absl::StrCat("token dispatch: offsets descend at expert ", e));
     }
   }
-  return Build(plan, rank, offsets.back(), 1, offsets, nullptr);
+  return Build(plan, plan_loads, rank, offsets.back(), 1, offsets, nullptr);
 }
 
-absl::StatusOr<TokenDispatch> TokenDispatch::Build(const planner::Plan& plan, int rank,
+absl::StatusOr<TokenDispatch> TokenDispatch::Build(const planner::Plan& plan,
+                                                   const planner::LoadMatrix& loads, int rank,
                                                    int64_t num_tokens, int top_k,
                                                    std::span<const int64_t> expert_first,
                                                    const std::vector<int64_t>* by_expert) {
@@ -151,7 +144,7 @@ absl::StatusOr<TokenDispatch> TokenDispatch::Build(const planner::Plan& plan, in
   for (int e = 0; e < plan.experts; ++e) {
     int64_t k = expert_first[static_cast<size_t>(e)];
     for (int i = plan.first[e]; i < plan.first[e + 1]; ++i) {
-      const int64_t n = plan.split_at(rank, i);
+      const int64_t n = plan.split_at(loads, rank, i);
       if (n < 0) {
         return absl::InvalidArgumentError(
             absl::StrCat("plan.split(src ", rank, ", instance ", i, ") = ", n, " is negative"));
@@ -169,7 +162,7 @@ absl::StatusOr<TokenDispatch> TokenDispatch::Build(const planner::Plan& plan, in
     }
     for (int i = plan.first[e]; i < plan.first[e + 1]; ++i) {
       const int64_t k0 = instance_first[static_cast<size_t>(i)];
-      for (int64_t q = k0; q < k0 + plan.split_at(rank, i); ++q) {
+      for (int64_t q = k0; q < k0 + plan.split_at(loads, rank, i); ++q) {
         d.choice_instance_[static_cast<size_t>(choice_at(q))] = i;
       }
     }
@@ -182,7 +175,7 @@ absl::StatusOr<TokenDispatch> TokenDispatch::Build(const planner::Plan& plan, in
     for (int i = 0; i < num_instances; ++i) {
       if (plan.instances[static_cast<size_t>(i)].rank != dst) continue;
       const int64_t k0 = instance_first[static_cast<size_t>(i)];
-      const int64_t n = plan.split_at(rank, i);
+      const int64_t n = plan.split_at(loads, rank, i);
       for (int64_t q = k0; q < k0 + n; ++q) d.send_choices_.push_back(choice_at(q));
       d.send_rows_[static_cast<size_t>(dst)] += n;
     }
@@ -193,7 +186,7 @@ absl::StatusOr<TokenDispatch> TokenDispatch::Build(const planner::Plan& plan, in
     const planner::ExpertInstance& inst = plan.instances[static_cast<size_t>(i)];
     if (inst.rank != rank) continue;
     LocalBatch b{i, inst.expert, inst.master, 0, d.expert_rows_};
-    for (int src = 0; src < plan.ranks; ++src) b.rows += plan.split_at(src, i);
+    for (int src = 0; src < plan.ranks; ++src) b.rows += plan.split_at(loads, src, i);
     d.expert_rows_ += b.rows;
     d.batches_.push_back(b);
   }
@@ -201,7 +194,7 @@ absl::StatusOr<TokenDispatch> TokenDispatch::Build(const planner::Plan& plan, in
   std::vector<int64_t> filled(d.batches_.size(), 0);
   for (int src = 0; src < plan.ranks; ++src) {
     for (size_t b = 0; b < d.batches_.size(); ++b) {
-      const int64_t n = plan.split_at(src, d.batches_[b].instance);
+      const int64_t n = plan.split_at(loads, src, d.batches_[b].instance);
       if (n < 0) {
         return absl::InvalidArgumentError(absl::StrCat("plan.split(src ", src, ", instance ",
                                                        d.batches_[b].instance, ") = ", n,

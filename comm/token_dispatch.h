@@ -38,8 +38,8 @@ struct TokenRouting {
 //
 // Assignment (deterministic, identical on every run): for each expert e, this rank's
 // choices routed to e, in ascending choice order, go to e's instances in the plan's instance
-// order: the first split_at(rank, i0) choices to instance i0, the next split_at(rank, i1) to
-// i1, and so on.
+// order: the first split_at(loads, rank, i0) choices to instance i0, the next
+// split_at(loads, rank, i1) to i1, and so on.
 //
 // Buffers on the instance side ("expert rows") are grouped by local batch: one batch per
 // instance on this rank, in plan instance order; within a batch, rows from source 0 first,
@@ -54,18 +54,22 @@ class TokenDispatch {
     int64_t offset = 0;  // first row of the batch in the expert-row buffers
   };
 
-  // InvalidArgument naming the field if the plan's shapes are inconsistent, `rank` is
-  // outside the plan, or this rank's routing does not match plan.split (the error names
-  // the rank, expert and both counts).
-  static absl::StatusOr<TokenDispatch> Create(const planner::Plan& plan, int rank,
+  // `plan_loads` are the loads the plan was solved from (every rank's row: an unreplicated
+  // expert's split is its loads, planner/plan.h). InvalidArgument naming the field if the
+  // plan's shapes are inconsistent (planner::ValidateSplitShape) or the loads' do not match
+  // it, `rank` is outside the plan, or this rank's routing does not match the plan's split
+  // (the error names the rank, expert and both counts).
+  static absl::StatusOr<TokenDispatch> Create(const planner::Plan& plan,
+                                              const planner::LoadMatrix& plan_loads, int rank,
                                               const TokenRouting& routing);
   // The same layout for rows the caller has already grouped by expert, as the MoE layer
   // hands them to its executor: rows [offsets[e], offsets[e+1]) are routed to expert e, and
   // each row is its own token and choice (top_k 1). Equal to Create with that routing, but
   // nothing is regrouped: each instance takes one run of rows. InvalidArgument as Create,
   // or naming `offsets` when it does not have experts + 1 ascending entries from 0.
-  static absl::StatusOr<TokenDispatch> CreateGrouped(const planner::Plan& plan, int rank,
-                                                     std::span<const int64_t> offsets);
+  static absl::StatusOr<TokenDispatch> CreateGrouped(const planner::Plan& plan,
+                                                     const planner::LoadMatrix& plan_loads,
+                                                     int rank, std::span<const int64_t> offsets);
 
   const std::vector<LocalBatch>& local_batches() const { return batches_; }
   // Rows this rank's instances process, summed over its batches.
@@ -93,7 +97,8 @@ class TokenDispatch {
   // Both factories: this rank's choices grouped by expert are positions
   // [expert_first[e], expert_first[e+1]) of the grouped order; position k is choice
   // (*by_expert)[k], or k itself when by_expert is null.
-  static absl::StatusOr<TokenDispatch> Build(const planner::Plan& plan, int rank,
+  static absl::StatusOr<TokenDispatch> Build(const planner::Plan& plan,
+                                             const planner::LoadMatrix& loads, int rank,
                                              int64_t num_tokens, int top_k,
                                              std::span<const int64_t> expert_first,
                                              const std::vector<int64_t>* by_expert);

@@ -47,22 +47,26 @@ TEST(TokenDispatch, AssignsChoicesToInstancesInChoiceOrder) {
   plan.experts = 2;
   plan.instances = {{0, 0, true}, {0, 1, false}, {1, 1, true}};
   plan.first = {0, 2, 3};
-  // split[src * 3 + i]
-  plan.split = {1, 2, 1,   // rank 0: expert 0 -> 1 master + 2 replica; expert 1 -> 1
-                0, 0, 0};  // rank 1 routes nothing
+  // Expert 0 is replicated: columns for instances 0 and 1, split[column * 2 + src].
+  ASSERT_EQ(planner::IndexSplitColumns(&plan), 2);
+  plan.split = {1, 0,   // master: rank 0 sends 1, rank 1 nothing
+                2, 0};  // replica: rank 0 sends 2
   plan.quota = {1, 2, 1};
+  planner::LoadMatrix loads(2, 2);  // rank 0: 3 to expert 0, 1 to expert 1 (unreplicated)
+  loads.at(0, 0) = 3;
+  loads.at(0, 1) = 1;
   TokenRouting routing;
   routing.num_tokens = 2;
   routing.top_k = 2;
   routing.expert = {0, 1, 0, 0};  // choices 0,2,3 -> expert 0; choice 1 -> expert 1
-  absl::StatusOr<TokenDispatch> d = TokenDispatch::Create(plan, 0, routing);
+  absl::StatusOr<TokenDispatch> d = TokenDispatch::Create(plan, loads, 0, routing);
   ASSERT_TRUE(d.ok()) << d.status();
   EXPECT_EQ(d->choice_instance(), (std::vector<int>{0, 2, 1, 1}));
   ASSERT_EQ(d->local_batches().size(), 1u);
   EXPECT_EQ(d->local_batches()[0].instance, 0);
   EXPECT_EQ(d->expert_rows(), 1);
 
-  absl::StatusOr<TokenDispatch> d1 = TokenDispatch::Create(plan, 1, TokenRouting{0, 2, {}});
+  absl::StatusOr<TokenDispatch> d1 = TokenDispatch::Create(plan, loads, 1, TokenRouting{0, 2, {}});
   ASSERT_TRUE(d1.ok()) << d1.status();
   ASSERT_EQ(d1->local_batches().size(), 2u);
   EXPECT_EQ(d1->local_batches()[0].rows, 2);
@@ -77,9 +81,15 @@ TEST(TokenDispatch, GroupedRowsLayOutLikeTheirRouting) {
   plan.experts = 2;
   plan.instances = {{0, 0, true}, {0, 1, false}, {1, 1, true}};
   plan.first = {0, 2, 3};
-  plan.split = {1, 2, 1,   // rank 0: expert 0 -> 1 master + 2 replica; expert 1 -> 1
-                2, 0, 3};  // rank 1: expert 0 -> 2 master; expert 1 -> 3
+  ASSERT_EQ(planner::IndexSplitColumns(&plan), 2);
+  plan.split = {1, 2,   // expert 0's master: rank 0 sends 1, rank 1 sends 2
+                2, 0};  // its replica: rank 0 sends 2
   plan.quota = {3, 2, 4};
+  planner::LoadMatrix loads(2, 2);
+  loads.at(0, 0) = 3;
+  loads.at(0, 1) = 1;
+  loads.at(1, 0) = 2;
+  loads.at(1, 1) = 3;
   for (int rank = 0; rank < 2; ++rank) {
     const std::vector<int64_t> offsets =
         rank == 0 ? std::vector<int64_t>{0, 3, 4} : std::vector<int64_t>{0, 2, 5};
@@ -89,8 +99,8 @@ TEST(TokenDispatch, GroupedRowsLayOutLikeTheirRouting) {
     for (int e = 0; e < 2; ++e) {
       for (int64_t r = offsets[e]; r < offsets[e + 1]; ++r) routing.expert.push_back(e);
     }
-    absl::StatusOr<TokenDispatch> want = TokenDispatch::Create(plan, rank, routing);
-    absl::StatusOr<TokenDispatch> got = TokenDispatch::CreateGrouped(plan, rank, offsets);
+    absl::StatusOr<TokenDispatch> want = TokenDispatch::Create(plan, loads, rank, routing);
+    absl::StatusOr<TokenDispatch> got = TokenDispatch::CreateGrouped(plan, loads, rank, offsets);
     ASSERT_TRUE(want.ok()) << want.status();
     ASSERT_TRUE(got.ok()) << got.status();
     EXPECT_EQ(got->choice_instance(), want->choice_instance()) << "rank " << rank;
@@ -104,11 +114,11 @@ TEST(TokenDispatch, GroupedRowsLayOutLikeTheirRouting) {
   }
   // Rows that disagree with the plan's split, and malformed offsets, are refused.
   const absl::StatusOr<TokenDispatch> wrong =
-      TokenDispatch::CreateGrouped(plan, 0, std::vector<int64_t>{0, 1, 4});
+      TokenDispatch::CreateGrouped(plan, loads, 0, std::vector<int64_t>{0, 1, 4});
   ASSERT_FALSE(wrong.ok());
   EXPECT_THAT(wrong.status().message(), HasSubstr("routing sends 1 tokens to expert 0"));
   const absl::StatusOr<TokenDispatch> short_offsets =
-      TokenDispatch::CreateGrouped(plan, 0, std::vector<int64_t>{0, 3});
+      TokenDispatch::CreateGrouped(plan, loads, 0, std::vector<int64_t>{0, 3});
   ASSERT_FALSE(short_offsets.ok());
   EXPECT_THAT(short_offsets.status().message(), HasSubstr("offsets has 2 entries"));
 }
@@ -119,31 +129,43 @@ TEST(TokenDispatch, RejectsMalformedInput) {
   plan.experts = 1;
   plan.instances = {{0, 0, true}};
   plan.first = {0, 1};
-  plan.split = {2};
+  planner::IndexSplitColumns(&plan);  // unreplicated: the split is the loads
   plan.quota = {2};
+  planner::LoadMatrix loads(1, 1);
+  loads.at(0, 0) = 2;
 
   TokenRouting short_routing{2, 1, {0}};
-  auto a = TokenDispatch::Create(plan, 0, short_routing);
+  auto a = TokenDispatch::Create(plan, loads, 0, short_routing);
   ASSERT_FALSE(a.ok());
   EXPECT_THAT(a.status().message(), HasSubstr("routing.expert has 1 entries"));
 
   TokenRouting out_of_range{2, 1, {0, 3}};
-  auto b = TokenDispatch::Create(plan, 0, out_of_range);
+  auto b = TokenDispatch::Create(plan, loads, 0, out_of_range);
   ASSERT_FALSE(b.ok());
   EXPECT_THAT(b.status().message(), HasSubstr("routing.expert[1] = 3"));
 
-  auto c = TokenDispatch::Create(plan, 1, TokenRouting{2, 1, {0, 0}});
+  auto c = TokenDispatch::Create(plan, loads, 1, TokenRouting{2, 1, {0, 0}});
   ASSERT_FALSE(c.ok());
   EXPECT_THAT(c.status().message(), HasSubstr("rank 1"));
 
   planner::Plan bad_first = plan;
   bad_first.first = {0};
-  auto e = TokenDispatch::Create(bad_first, 0, TokenRouting{2, 1, {0, 0}});
+  auto e = TokenDispatch::Create(bad_first, loads, 0, TokenRouting{2, 1, {0, 0}});
   ASSERT_FALSE(e.ok());
   EXPECT_THAT(e.status().message(), HasSubstr("plan.first"));
 
+  // The loads must be the plan's shape, and a sparse split of the wrong size is refused.
+  auto f = TokenDispatch::Create(plan, planner::LoadMatrix(1, 2), 0, TokenRouting{2, 1, {0, 0}});
+  ASSERT_FALSE(f.ok());
+  EXPECT_THAT(f.status().message(), HasSubstr("pass the loads the plan was solved from"));
+  planner::Plan bad_split = plan;
+  bad_split.split = {2};
+  auto g = TokenDispatch::Create(bad_split, loads, 0, TokenRouting{2, 1, {0, 0}});
+  ASSERT_FALSE(g.ok());
+  EXPECT_THAT(g.status().message(), HasSubstr("plan.split has 1 entries"));
+
   // Buffer sizes are checked against the layout.
-  auto d = TokenDispatch::Create(plan, 0, TokenRouting{2, 1, {0, 0}});
+  auto d = TokenDispatch::Create(plan, loads, 0, TokenRouting{2, 1, {0, 0}});
   ASSERT_TRUE(d.ok());
   auto channels = CreateInProcessChannels(1);
   ASSERT_TRUE(channels.ok());

@@ -1,6 +1,8 @@
 // planner::Plan <-> rackrun.v1.PlanMessage: how a plan travels from the coordinator to
-// the ranks in coordinator mode. Lossless: FromMessage(ToMessage(p)) == p, so the
-// fingerprint a rank computes equals the coordinator's.
+// the ranks in coordinator mode, with the loads it was solved from (an unreplicated
+// expert's split is its column of the loads, planner/plan.h). Lossless:
+// FromMessage(ToMessage(p, l)) == (p, l), so the fingerprint a rank computes equals the
+// coordinator's.
 #ifndef RACKRUN_COORDINATOR_PLAN_CODEC_H_
 #define RACKRUN_COORDINATOR_PLAN_CODEC_H_
 
@@ -11,13 +13,18 @@
 
 namespace rackrun::coordinator {
 
-void PlanToMessage(const planner::Plan& plan, rackrun::v1::PlanMessage* message);
+// `loads` must be ranks x experts of `plan`.
+void PlanToMessage(const planner::Plan& plan, const planner::LoadMatrix& loads,
+                   rackrun::v1::PlanMessage* message);
 
 // InvalidArgument naming the field when the message's sizes are inconsistent (instance
-// arrays of different lengths, first not experts + 1 long, split not ranks x instances,
-// transfer arrays of different lengths). Values are not checked against a domain: run
-// planner::CheckPlanInvariants for that.
-absl::Status PlanFromMessage(const rackrun::v1::PlanMessage& message, planner::Plan* plan);
+// arrays of different lengths, first not experts + 1 entries ascending from 0 to the
+// instance count, replicated_split not ranks x the instances of replicated experts, loads
+// not ranks x experts, transfer arrays of different lengths); *plan and *loads are then
+// unspecified. Values are not checked against a domain: run planner::CheckPlanInvariants
+// for that.
+absl::Status PlanFromMessage(const rackrun::v1::PlanMessage& message, planner::Plan* plan,
+                             planner::LoadMatrix* loads);
 
 }  // namespace rackrun::coordinator
 

@@ -6,6 +6,7 @@
 
 #include "coordinator/plan_codec.h"
 #include "planner/invariants.h"
+#include "planner/planner.h"
 
 namespace rackrun::coordinator {
 namespace {
@@ -80,8 +81,11 @@ TEST_P(PlanningEquivalence, CoordinatorPlansEqualInBandPlans) {
         EXPECT_EQ(got.microbatch(), mb);
         EXPECT_EQ(got.layer(), layer);
         planner::Plan decoded;
-        ASSERT_TRUE(PlanFromMessage(got.plan(), &decoded).ok());
+        planner::LoadMatrix decoded_loads;
+        ASSERT_TRUE(PlanFromMessage(got.plan(), &decoded, &decoded_loads).ok());
         EXPECT_TRUE(decoded == expected) << "microbatch " << mb << " layer " << layer;
+        EXPECT_EQ(decoded_loads.ranks, ranks);
+        EXPECT_EQ(decoded_loads.counts, loads.counts);
         EXPECT_EQ(got.fingerprint(), planner::PlanFingerprint(expected));
         EXPECT_EQ(planner::PlanFingerprint(decoded), got.fingerprint());
       }
@@ -120,7 +124,57 @@ TEST(PlanCodecTest, RejectsInconsistentSizes) {
   m.set_experts(2);
   m.add_instance_expert(0);
   planner::Plan p;
-  EXPECT_EQ(PlanFromMessage(m, &p).code(), absl::StatusCode::kInvalidArgument);
+  planner::LoadMatrix l;
+  EXPECT_EQ(PlanFromMessage(m, &p, &l).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// A plan with a replicated expert round-trips with its loads; every damaged size of the
+// sparse split, the loads or first is refused with the field named.
+TEST(PlanCodecTest, SparseSplitRoundTripsAndMalformedPlansAreRefused) {
+  const planner::Domain domain{2, 2, 1};
+  planner::LoadMatrix loads(2, 4);
+  for (int s = 0; s < 2; ++s) {
+    for (int e = 0; e < 4; ++e) loads.at(s, e) = 3 + s + e;
+  }
+  loads.at(0, 0) = 90;
+  loads.at(1, 0) = 70;
+  auto planner = planner::MakePlanner("ultraep", domain, planner::PlannerOptions{});
+  ASSERT_TRUE(planner.ok());
+  absl::StatusOr<planner::Plan> plan = (*planner)->Solve(loads, 0);
+  ASSERT_TRUE(plan.ok());
+  ASSERT_GT(plan->num_replicas(), 0);
+  ASSERT_EQ(plan->split.size(), 4u);  // expert 0: master + replica, 2 sources each
+  rackrun::v1::PlanMessage m;
+  PlanToMessage(*plan, loads, &m);
+  planner::Plan p;
+  planner::LoadMatrix l;
+  ASSERT_TRUE(PlanFromMessage(m, &p, &l).ok());
+  EXPECT_TRUE(p == *plan);
+  EXPECT_EQ(l.counts, loads.counts);
+  EXPECT_TRUE(planner::CheckPlanInvariants(domain, l, p).ok());
+
+  const auto refused = [&p, &l](const rackrun::v1::PlanMessage& bad, const std::string& field) {
+    const absl::Status s = PlanFromMessage(bad, &p, &l);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << field;
+    EXPECT_NE(std::string(s.message()).find(field), std::string::npos) << s;
+  };
+  rackrun::v1::PlanMessage bad = m;
+  bad.add_replicated_split(1);
+  refused(bad,
+          "plan.replicated_split: 5 entries, expected ranks x instances of replicated "
+          "experts = 2 x 2");
+  bad = m;
+  bad.mutable_loads()->RemoveLast();
+  refused(bad, "plan.loads: 7 entries, expected ranks x experts = 2 x 4");
+  bad = m;
+  bad.clear_replicated_split();  // a plan from a coordinator that sends the old dense split
+  refused(bad, "plan.replicated_split: 0 entries");
+  bad = m;
+  bad.set_first(1, bad.first(2) + 1);
+  refused(bad, "plan.first: descends at expert 1");
+  bad = m;
+  bad.set_first(0, 1);
+  refused(bad, "plan.first: runs from 1");
 }
 
 }  // namespace

@@ -39,10 +39,8 @@ absl::Status CheckPlanInvariants(const Domain& domain, const LoadMatrix& loads, 
   if (plan.quota.size() != n) {
     return Violation(absl::StrCat("shape: ", plan.quota.size(), " quotas for ", n, " instances"));
   }
-  if (plan.split.size() != static_cast<size_t>(ranks) * n) {
-    return Violation(
-        absl::StrCat("shape: split has ", plan.split.size(),
-                     " entries, need ranks * instances = ", static_cast<size_t>(ranks) * n));
+  if (absl::Status status = ValidateSplitShape(plan); !status.ok()) {
+    return Violation(absl::StrCat("shape: ", status.message()));
   }
   // Grouping, order, confinement, one master per expert, no duplicate per rank.
   std::vector<int> per_rank(static_cast<size_t>(ranks), 0);
@@ -105,21 +103,32 @@ absl::Status CheckPlanInvariants(const Domain& domain, const LoadMatrix& loads, 
       }
     }
   }
-  // Splits: non-negative, conserve tokens per (src, e), columns sum to quotas.
-  std::vector<int64_t> column(n, 0);
-  for (int src = 0; src < ranks; ++src) {
-    const int64_t* row = plan.split.data() + static_cast<size_t>(src) * n;
-    for (int e = 0; e < experts; ++e) {
+  // Splits: non-negative, conserve tokens per (src, e), columns sum to quotas. An
+  // unreplicated expert's instance takes every source's tokens (its column is the loads'),
+  // so its quota must be the expert's total.
+  for (int e = 0; e < experts; ++e) {
+    const int begin = plan.first[static_cast<size_t>(e)];
+    const int end = plan.first[static_cast<size_t>(e) + 1];
+    if (end - begin == 1) {
+      if (plan.quota[static_cast<size_t>(begin)] != totals[static_cast<size_t>(e)]) {
+        return Violation(absl::StrCat("quota of expert ", e, " on rank ",
+                                      plan.instances[static_cast<size_t>(begin)].rank, " is ",
+                                      plan.quota[static_cast<size_t>(begin)],
+                                      " but its only instance takes every source's tokens, ",
+                                      totals[static_cast<size_t>(e)]));
+      }
+      continue;
+    }
+    for (int src = 0; src < ranks; ++src) {
       int64_t sum = 0;
-      for (int i = plan.first[static_cast<size_t>(e)]; i < plan.first[static_cast<size_t>(e) + 1];
-           ++i) {
-        if (row[i] < 0) {
-          return Violation(absl::StrCat("negative split ", row[i], " from source ", src,
-                                        " to expert ", e, " on rank ",
+      for (int i = begin; i < end; ++i) {
+        const int64_t x = plan.split_at(loads, src, i);
+        if (x < 0) {
+          return Violation(absl::StrCat("negative split ", x, " from source ", src, " to expert ",
+                                        e, " on rank ",
                                         plan.instances[static_cast<size_t>(i)].rank));
         }
-        sum += row[i];
-        column[static_cast<size_t>(i)] += row[i];
+        sum += x;
       }
       if (sum != loads.at(src, e)) {
         return Violation(absl::StrCat("token conservation: source ", src, " routed ",
@@ -127,12 +136,17 @@ absl::Status CheckPlanInvariants(const Domain& domain, const LoadMatrix& loads, 
                                       " but the split sends ", sum));
       }
     }
-  }
-  for (size_t i = 0; i < n; ++i) {
-    if (column[i] != plan.quota[i]) {
-      return Violation(absl::StrCat("quota of expert ", plan.instances[i].expert, " on rank ",
-                                    plan.instances[i].rank, " is ", plan.quota[i],
-                                    " but its split column sums to ", column[i]));
+    for (int i = begin; i < end; ++i) {
+      const int64_t* column =
+          plan.split.data() + static_cast<size_t>(plan.split_column[static_cast<size_t>(i)]) *
+                                  static_cast<size_t>(ranks);
+      int64_t sum = 0;
+      for (int src = 0; src < ranks; ++src) sum += column[src];
+      if (sum != plan.quota[static_cast<size_t>(i)]) {
+        return Violation(absl::StrCat(
+            "quota of expert ", e, " on rank ", plan.instances[static_cast<size_t>(i)].rank, " is ",
+            plan.quota[static_cast<size_t>(i)], " but its split column sums to ", sum));
+      }
     }
   }
   // Fan-out: every replica receives its expert exactly once, from the master (stage 0) or

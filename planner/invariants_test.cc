@@ -40,8 +40,12 @@ class InvariantsTest : public ::testing::Test {
     EXPECT_NE(std::string(status.message()).find(expected), std::string::npos) << status;
   }
 
+  // Index in plan_.split of (src, instance); the instance's expert must be replicated.
   size_t At(int src, int instance) const {
-    return static_cast<size_t>(src) * plan_.instances.size() + static_cast<size_t>(instance);
+    const int32_t column = plan_.split_column[static_cast<size_t>(instance)];
+    EXPECT_GE(column, 0) << "instance " << instance << " has no split column";
+    return static_cast<size_t>(column) * static_cast<size_t>(plan_.ranks) +
+           static_cast<size_t>(src);
   }
 
   Domain domain_{8, 2, 1};
@@ -60,6 +64,12 @@ TEST_F(InvariantsTest, QuotaIsColumnSum) {
   Plan plan = plan_;
   plan.quota[2] += 5;
   ExpectViolation(plan, "split column sums to");
+  // An unreplicated expert's instance takes all of the expert's tokens.
+  plan = plan_;
+  const int last = plan.num_instances() - 1;
+  ASSERT_EQ(plan.split_column[static_cast<size_t>(last)], -1);
+  plan.quota[static_cast<size_t>(last)] -= 1;
+  ExpectViolation(plan, "but its only instance takes every source's tokens");
 }
 
 TEST_F(InvariantsTest, NonNegativeSplitAndQuota) {
@@ -138,7 +148,13 @@ TEST_F(InvariantsTest, GroupingAndOrder) {
 TEST_F(InvariantsTest, Shapes) {
   Plan plan = plan_;
   plan.split.pop_back();
-  ExpectViolation(plan, "shape: split");
+  ExpectViolation(plan, "shape: plan.split has");
+  plan = plan_;
+  plan.split_column.back() = 0;  // an unreplicated expert's instance has no column
+  ExpectViolation(plan, "shape: plan.split_column[");
+  plan = plan_;
+  plan.split_column.pop_back();
+  ExpectViolation(plan, "shape: plan.split_column has");
   plan = plan_;
   plan.first.pop_back();
   ExpectViolation(plan, "shape: first");

@@ -101,6 +101,78 @@ int Plan::num_replicas() const {
   return replicas;
 }
 
+int IndexSplitColumns(Plan* plan) {
+  const size_t n = plan->instances.size();
+  plan->split_column.resize(n);
+  int columns = 0;
+  for (int e = 0; e < plan->experts; ++e) {
+    const int begin = plan->first[static_cast<size_t>(e)];
+    const int end = plan->first[static_cast<size_t>(e) + 1];
+    for (int i = begin; i < end; ++i) {
+      plan->split_column[static_cast<size_t>(i)] = end - begin > 1 ? columns++ : -1;
+    }
+  }
+  plan->split.resize(static_cast<size_t>(std::max(plan->ranks, 0)) * static_cast<size_t>(columns));
+  return columns;
+}
+
+absl::Status ValidateSplitShape(const Plan& plan) {
+  const size_t n = plan.instances.size();
+  if (plan.ranks < 1 || plan.experts < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "plan.ranks = ", plan.ranks, ", plan.experts = ", plan.experts, "; both must be positive"));
+  }
+  if (plan.first.size() != static_cast<size_t>(plan.experts) + 1 || plan.first.front() != 0 ||
+      plan.first.back() != static_cast<int64_t>(n)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "plan.first has ", plan.first.size(), " entries; it needs experts + 1 = ", plan.experts + 1,
+        " running from 0 to instances.size() = ", n));
+  }
+  if (plan.split_column.size() != n) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "plan.split_column has ", plan.split_column.size(), " entries for ", n, " instances"));
+  }
+  for (int e = 0; e < plan.experts; ++e) {
+    const int begin = plan.first[static_cast<size_t>(e)];
+    const int end = plan.first[static_cast<size_t>(e) + 1];
+    if (begin > end) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("plan.first is not ascending at expert ", e, " (", begin, " > ", end, ")"));
+    }
+  }
+  int64_t columns = 0;
+  for (int e = 0; e < plan.experts; ++e) {
+    const int begin = plan.first[static_cast<size_t>(e)];
+    const int end = plan.first[static_cast<size_t>(e) + 1];
+    for (int i = begin; i < end; ++i) {
+      const int64_t want = end - begin > 1 ? columns++ : -1;
+      if (plan.split_column[static_cast<size_t>(i)] != want) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("plan.split_column[", i, "] = ", plan.split_column[static_cast<size_t>(i)],
+                         " but expert ", e, " with ", end - begin, " instance(s) gives ", want,
+                         " (columns follow the instances of replicated experts, -1 otherwise)"));
+      }
+    }
+  }
+  if (static_cast<int64_t>(plan.split.size()) != columns * plan.ranks) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "plan.split has ", plan.split.size(), " entries; it needs ranks x columns = ", plan.ranks,
+        " x ", columns, " (one column per instance of a replicated expert)"));
+  }
+  return absl::OkStatus();
+}
+
+std::vector<int64_t> DenseSplit(const Plan& plan, const LoadMatrix& loads) {
+  const size_t n = plan.instances.size();
+  std::vector<int64_t> dense(static_cast<size_t>(std::max(plan.ranks, 0)) * n, 0);
+  for (int src = 0; src < plan.ranks; ++src) {
+    for (size_t i = 0; i < n; ++i) {
+      dense[static_cast<size_t>(src) * n + i] = plan.split_at(loads, src, static_cast<int>(i));
+    }
+  }
+  return dense;
+}
+
 uint64_t PlanFingerprint(const Plan& plan, uint64_t seed) {
   uint64_t h = seed;
   const auto mix = [&h](int64_t v) {
@@ -119,6 +191,9 @@ uint64_t PlanFingerprint(const Plan& plan, uint64_t seed) {
   }
   for (const int32_t f : plan.first) mix(f);
   for (const int64_t q : plan.quota) mix(q);
+  mix(static_cast<int64_t>(plan.split_column.size()));
+  for (const int32_t c : plan.split_column) mix(c);
+  mix(static_cast<int64_t>(plan.split.size()));
   for (const int64_t v : plan.split) mix(v);
   mix(static_cast<int64_t>(plan.fanout.transfers.size()));
   for (const WeightTransfer& t : plan.fanout.transfers) {

@@ -92,20 +92,36 @@ struct FanoutSchedule {
 // Layout: instances are grouped by expert. The instances of expert e are
 // instances[first[e] .. first[e+1]); within an expert the master (if the policy keeps
 // one) comes first, then replicas in ascending rank. quota[i] is the tokens instance i
-// processes; split[src * instances.size() + i] is how many of source src's tokens for
-// instance i's expert go to instance i.
+// processes.
+//
+// The per-source split is sparse: it is stored only for replicated experts (more than one
+// instance). Their instances, in instance order, own the columns of `split`: instance i
+// with split_column[i] = c >= 0 receives split[c * ranks + src] of source src's tokens for
+// its expert. An unreplicated expert's instance has split_column[i] = -1 and receives
+// every source's tokens for its expert, i.e. the loads the plan was solved from, which is
+// why split_at takes them. split_column is determined by first (IndexSplitColumns).
+// Storage is ranks x (instances of replicated experts), not ranks x instances.
 struct Plan {
   int ranks = 0;
   int experts = 0;
   std::vector<ExpertInstance> instances;
-  std::vector<int32_t> first;   // size experts + 1
-  std::vector<int64_t> quota;   // size instances.size()
-  std::vector<int64_t> split;   // size ranks * instances.size()
-  FanoutSchedule fanout;        // weights master -> replicas (empty when no replicas)
+  std::vector<int32_t> first;         // size experts + 1
+  std::vector<int64_t> quota;         // size instances.size()
+  std::vector<int32_t> split_column;  // size instances.size(); -1: unreplicated expert
+  std::vector<int64_t> split;         // size ranks * (columns: instances with split_column >= 0)
+  FanoutSchedule fanout;              // weights master -> replicas (empty when no replicas)
 
   int num_instances() const { return static_cast<int>(instances.size()); }
-  int64_t split_at(int src, int instance) const {
-    return split[static_cast<size_t>(src) * instances.size() + instance];
+  // Columns of `split`: instances of replicated experts.
+  int num_split_columns() const { return ranks > 0 ? static_cast<int>(split.size()) / ranks : 0; }
+  // Tokens of source `src` for instance `instance`'s expert that go to that instance.
+  // `loads` must be the loads the plan was solved from (CheckPlanInvariants checks a plan
+  // against them); indices are not checked.
+  int64_t split_at(const LoadMatrix& loads, int src, int instance) const {
+    const int32_t c = split_column[static_cast<size_t>(instance)];
+    return c >= 0 ? split[static_cast<size_t>(c) * static_cast<size_t>(ranks) +
+                          static_cast<size_t>(src)]
+                  : loads.at(src, instances[static_cast<size_t>(instance)].expert);
   }
   // Tokens each rank processes under this plan.
   std::vector<int64_t> RankLoads() const;
@@ -114,8 +130,24 @@ struct Plan {
   friend bool operator==(const Plan&, const Plan&) = default;
 };
 
-// A 64-bit FNV-1a digest of every field of `plan` (shapes, instances, quotas, split,
-// fan-out). Ranks that solve in-band compare digests to prove they execute the same plan.
+// Sets plan->split_column from plan->first (which must run from 0 to instances.size(),
+// ascending) and sizes plan->split to ranks x columns (new entries 0). Returns the number
+// of columns. For code that builds plans by hand; the planners do this themselves.
+int IndexSplitColumns(Plan* plan);
+
+// InvalidArgument naming the field unless first runs ascending from 0 to
+// instances.size() with experts + 1 entries, split_column is what IndexSplitColumns gives,
+// and split has ranks x columns entries. Values are not checked (CheckPlanInvariants).
+absl::Status ValidateSplitShape(const Plan& plan);
+
+// The dense split, ranks x instances, source-major: dense[src * instances + i] =
+// plan.split_at(loads, src, i). For tests and tools; O(ranks x instances).
+std::vector<int64_t> DenseSplit(const Plan& plan, const LoadMatrix& loads);
+
+// A 64-bit FNV-1a digest of every field of `plan` (shapes, instances, quotas, split columns
+// and the sparse split, fan-out). Ranks that solve in-band compare digests to prove they
+// execute the same plan. The loads are not part of it: an unreplicated expert's split is
+// the loads, which every rank holds from the same allgather (or the coordinator's reply).
 // `seed` continues a digest (chain plans: h = PlanFingerprint(next, h)).
 inline constexpr uint64_t kFingerprintSeed = 0xcbf29ce484222325ULL;
 uint64_t PlanFingerprint(const Plan& plan, uint64_t seed = kFingerprintSeed);

@@ -180,7 +180,8 @@ void FuzzPolicies(uint64_t seed, int count, const std::vector<int>& ranks_choice
       ASSERT_TRUE(check.ok()) << check;
       // Determinism in-process: a second planner, and SolveInto into a used plan.
       Plan again = *plan;
-      again.split.assign(again.split.size(), -7);
+      again.split.assign(again.split.size() + 3, -7);
+      again.split_column.assign(again.split_column.size(), -7);
       ASSERT_TRUE((*second)->SolveInto(loads, 0, &again).ok());
       ASSERT_EQ(again, *plan);
 

@@ -131,8 +131,11 @@ TEST(BaselinesTest, NoneKeepsEverythingHome) {
   EXPECT_EQ(plan->num_instances(), 6);
   EXPECT_EQ(plan->RankLoads(), HomeRankLoads(domain, loads));
   for (int s = 0; s < 3; ++s) {
-    for (int e = 0; e < 6; ++e) EXPECT_EQ(plan->split_at(s, e), loads.at(s, e));
+    for (int e = 0; e < 6; ++e) EXPECT_EQ(plan->split_at(loads, s, e), loads.at(s, e));
   }
+  // No expert is replicated: nothing is stored, the split is the loads.
+  EXPECT_EQ(plan->split_column, std::vector<int32_t>(6, -1));
+  EXPECT_TRUE(plan->split.empty());
   EXPECT_TRUE(CheckPlanInvariants(domain, loads, *plan).ok());
 }
 
@@ -161,13 +164,17 @@ TEST(PlanFingerprintTest, EqualPlansAgreeAndEveryFieldCounts) {
   a.instances = {{0, 0, true}, {0, 1, false}, {1, 1, true}};
   a.first = {0, 2, 3};
   a.quota = {3, 2, 4};
-  a.split = {3, 1, 0, 0, 1, 4};
+  ASSERT_EQ(IndexSplitColumns(&a), 2);
+  a.split = {3, 0, 1, 1};  // expert 0's master column (src 0, 1), then its replica's
   a.fanout.transfers = {{0, 0, 1, 0}};
   const Plan b = a;
   EXPECT_EQ(PlanFingerprint(a), PlanFingerprint(b));
   const uint64_t base = PlanFingerprint(a);
   Plan c = a;
   c.split[1] = 2;
+  EXPECT_NE(PlanFingerprint(c), base);
+  c = a;
+  c.split_column = {1, 0, -1};
   EXPECT_NE(PlanFingerprint(c), base);
   c = a;
   c.instances[1].rank = 0;
@@ -181,6 +188,50 @@ TEST(PlanFingerprintTest, EqualPlansAgreeAndEveryFieldCounts) {
   c = a;
   c.instances[1].master = true;
   EXPECT_NE(PlanFingerprint(c), base);
+}
+
+TEST(PlanTest, SplitColumnsAndDenseSplit) {
+  // Expert 0: master on rank 0 and a replica on rank 1; expert 1 unreplicated; expert 2 on
+  // three ranks.
+  Plan plan;
+  plan.ranks = 3;
+  plan.experts = 3;
+  plan.instances = {{0, 0, true}, {0, 1, false}, {1, 0, true},
+                    {2, 1, true}, {2, 0, false}, {2, 2, false}};
+  plan.first = {0, 2, 3, 6};
+  ASSERT_EQ(IndexSplitColumns(&plan), 5);
+  EXPECT_EQ(plan.split_column, (std::vector<int32_t>{0, 1, -1, 2, 3, 4}));
+  EXPECT_EQ(plan.split.size(), 15u);
+  EXPECT_EQ(plan.num_split_columns(), 5);
+  LoadMatrix loads(3, 3);
+  for (int s = 0; s < 3; ++s) {
+    for (int e = 0; e < 3; ++e) loads.at(s, e) = 10 * s + e;
+  }
+  for (size_t m = 0; m < plan.split.size(); ++m) plan.split[m] = static_cast<int64_t>(100 + m);
+  const std::vector<int64_t> dense = DenseSplit(plan, loads);
+  ASSERT_EQ(dense.size(), 18u);
+  for (int s = 0; s < 3; ++s) {
+    EXPECT_EQ(dense[static_cast<size_t>(s) * 6 + 2], loads.at(s, 1)) << s;   // implied
+    EXPECT_EQ(dense[static_cast<size_t>(s) * 6 + 4], 100 + 3 * 3 + s) << s;  // column 3
+    EXPECT_EQ(plan.split_at(loads, s, 1), 100 + 3 + s) << s;
+  }
+  EXPECT_TRUE(ValidateSplitShape(plan).ok());
+  Plan bad = plan;
+  bad.split.pop_back();
+  EXPECT_NE(std::string(ValidateSplitShape(bad).message()).find("ranks x columns = 3 x 5"),
+            std::string::npos)
+      << ValidateSplitShape(bad);
+  bad = plan;
+  bad.split_column[2] = 2;
+  EXPECT_NE(std::string(ValidateSplitShape(bad).message()).find("plan.split_column[2] = 2"),
+            std::string::npos)
+      << ValidateSplitShape(bad);
+  bad = plan;
+  bad.first = {0, 4, 3, 6};
+  EXPECT_EQ(ValidateSplitShape(bad).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(ValidateSplitShape(bad).message()).find("not ascending at expert 1"),
+            std::string::npos)
+      << ValidateSplitShape(bad);
 }
 
 }  // namespace

@@ -15,7 +15,8 @@
 
 namespace rackrun::planner {
 
-// Fills plan->split from the plan's instances, first[] and quota[] so that every
+// Fills plan->split_column and the sparse plan->split (plan.h: columns for the instances of
+// replicated experts only) from the plan's instances, first[] and quota[] so that every
 // (src, e) row sums to loads(src, e) and every instance's column sums to its quota:
 //  1. locality: a source's tokens for e go to an instance of e on the source's own rank
 //     first, up to that instance's quota;
@@ -40,25 +41,19 @@ class QuotaSplit {
   void Fill(const LoadMatrix& loads, Plan* plan);
 
  private:
-  // Computes the split of replicated expert e (k instances x ranks, instance-major, in
-  // block_[offset ...]) from e's column of the loads.
-  void SplitExpert(const LoadMatrix& loads, const Plan& plan, int e, size_t offset);
+  // Computes the split of replicated expert e (k instances x ranks, instance-major) from
+  // e's column of the loads into its columns of out->split (split_column set, split sized).
+  // `loads_column` is e's column of the loads (ranks entries).
+  void SplitExpert(const LoadMatrix& loads, int e, const double* loads_column, Plan* out);
 
-  struct Run {  // experts [from, from + length) with one instance each, at instances [to, ...)
-    int from;
-    int to;
-    int length;
-  };
   // kCumulative for one instance column: remaining quota q of `left` remaining tokens.
   void CumulativeColumn(size_t g, int64_t q, int64_t left, double* col);
 
   bool locality_first_;
   SplitRounding rounding_;
-  std::vector<Run> runs_;
   std::vector<int32_t> replicated_;  // experts with more than one instance, ascending
-  std::vector<size_t> block_at_;     // offset of each replicated expert's block in block_
-  std::vector<int32_t> replicated_instance_;  // the replicated experts' instances, in order
-  std::vector<double> block_;        // split blocks of replicated experts (exact integers)
+  std::vector<double> block_;        // one replicated expert's columns (exact integers)
+  std::vector<double> columns_;      // the replicated experts' columns of the loads
   std::vector<double> remaining_;    // r_s of one expert
   std::vector<int64_t> quota_left_;  // remaining quota per instance of one expert
   std::vector<int64_t> local_;       // per instance of one expert: its locality tokens

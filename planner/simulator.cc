@@ -100,8 +100,8 @@ absl::StatusOr<HardwareModel> HardwarePreset(std::string_view name) {
                    "'; known presets: ", absl::StrJoin(HardwarePresetNames(), ", ")));
 }
 
-LayerTime SimulateLayer(const Plan& plan, const HardwareModel& hw, const FanoutCost& fanout,
-                        int64_t replacement_bytes) {
+LayerTime SimulateLayer(const Plan& plan, const LoadMatrix& loads, const HardwareModel& hw,
+                        const FanoutCost& fanout, int64_t replacement_bytes) {
   const size_t g = static_cast<size_t>(plan.ranks);
   std::vector<int64_t> send(g, 0);
   std::vector<int64_t> recv(g, 0);
@@ -110,7 +110,7 @@ LayerTime SimulateLayer(const Plan& plan, const HardwareModel& hw, const FanoutC
     for (int i = 0; i < n; ++i) {
       const int dst = plan.instances[static_cast<size_t>(i)].rank;
       if (dst == src) continue;
-      const int64_t x = plan.split_at(src, i);
+      const int64_t x = plan.split_at(loads, src, i);
       send[static_cast<size_t>(src)] += x;
       recv[static_cast<size_t>(dst)] += x;
     }
@@ -143,7 +143,7 @@ LayerTime SimulateForceBalanced(const LoadMatrix& loads, const HardwareModel& hw
   IdealPlanner planner(Domain{loads.ranks, loads.experts / loads.ranks, 0}, PlannerOptions{});
   Plan plan;
   if (!planner.SolveInto(loads, 0, &plan).ok()) return routed;
-  const LayerTime own = SimulateLayer(plan, hw, FanoutCost{});
+  const LayerTime own = SimulateLayer(plan, loads, hw, FanoutCost{});
   return own.total_s < routed.total_s ? own : routed;
 }
 

@@ -93,10 +93,11 @@ struct LayerTime {
   int64_t max_rank_tokens = 0;
 };
 
-// Layer time under `plan`. `fanout` is the cost of the weights this plan must move now
-// (a default FanoutCost when none); `replacement_bytes` are master re-placement bytes.
-LayerTime SimulateLayer(const Plan& plan, const HardwareModel& hw, const FanoutCost& fanout,
-                        int64_t replacement_bytes = 0);
+// Layer time under `plan`, solved from `loads`. `fanout` is the cost of the weights this
+// plan must move now (a default FanoutCost when none); `replacement_bytes` are master
+// re-placement bytes.
+LayerTime SimulateLayer(const Plan& plan, const LoadMatrix& loads, const HardwareModel& hw,
+                        const FanoutCost& fanout, int64_t replacement_bytes = 0);
 
 // The force-balanced ideal for the same loads (see the header comment): the faster of
 // SimulateBalancedRouting and the `ideal` policy's plan under default PlannerOptions (the

@@ -37,18 +37,15 @@ Plan HomePlan(const LoadMatrix& loads) {
   plan.ranks = loads.ranks;
   plan.experts = loads.experts;
   const int per_rank = loads.experts / loads.ranks;
-  plan.split.assign(static_cast<size_t>(loads.ranks * loads.experts), 0);
   for (int e = 0; e < loads.experts; ++e) {
     plan.first.push_back(e);
     plan.instances.push_back({e, e / per_rank, true});
     int64_t quota = 0;
-    for (int src = 0; src < loads.ranks; ++src) {
-      plan.split[static_cast<size_t>(src * loads.experts + e)] = loads.at(src, e);
-      quota += loads.at(src, e);
-    }
+    for (int src = 0; src < loads.ranks; ++src) quota += loads.at(src, e);
     plan.quota.push_back(quota);
   }
   plan.first.push_back(loads.experts);
+  IndexSplitColumns(&plan);  // no replicated expert: no columns
   return plan;
 }
 
@@ -64,7 +61,7 @@ LoadMatrix TwoByTwo() {
 TEST(SimulatorTest, HomePlanByHand) {
   // Rank loads 12 and 10. Dispatch: src0 sends 6 to rank 1, src1 sends 2 to rank 0; the
   // busiest rank moves 6 tokens: 6 s + 0.5 s latency. Combine mirrors it.
-  const LayerTime t = SimulateLayer(HomePlan(TwoByTwo()), Toy(), FanoutCost{});
+  const LayerTime t = SimulateLayer(HomePlan(TwoByTwo()), TwoByTwo(), Toy(), FanoutCost{});
   EXPECT_DOUBLE_EQ(t.dispatch_s, 6.5);
   EXPECT_DOUBLE_EQ(t.combine_s, 6.5);
   EXPECT_DOUBLE_EQ(t.compute_s, 12.0);
@@ -95,7 +92,7 @@ TEST(SimulatorTest, BalancedRoutingOnlyIsNotTheBound) {
   IdealPlanner planner(Domain{2, 1, 0}, PlannerOptions{});
   absl::StatusOr<Plan> plan = planner.Solve(TwoByTwo(), 0);
   ASSERT_TRUE(plan.ok());
-  const LayerTime own = SimulateLayer(*plan, Toy(), {});
+  const LayerTime own = SimulateLayer(*plan, TwoByTwo(), Toy(), {});
   EXPECT_DOUBLE_EQ(own.total_s, 24.0);
   EXPECT_DOUBLE_EQ(ideal.total_s, own.total_s);
   EXPECT_DOUBLE_EQ(PercentOfIdeal(ideal, own), 100.0);
@@ -120,7 +117,7 @@ TEST(SimulatorTest, IdealPolicyNeverExceedsTheIdealAtScale) {
     ASSERT_TRUE(planner.ok());
     absl::StatusOr<Plan> plan = (*planner)->Solve(loads, 0);
     ASSERT_TRUE(plan.ok());
-    const LayerTime own = SimulateLayer(*plan, hw, {});
+    const LayerTime own = SimulateLayer(*plan, loads, hw, {});
     EXPECT_LE(PercentOfIdeal(ideal, own), 100.0) << ranks << " ranks";
     // This trace is one where balanced routing alone was beaten: the case is exercised.
     EXPECT_GT(PercentOfIdeal(SimulateBalancedRouting(loads, hw), own), 100.0) << ranks;
@@ -130,7 +127,7 @@ TEST(SimulatorTest, IdealPolicyNeverExceedsTheIdealAtScale) {
 TEST(SimulatorTest, UniformLoadsUnderHomePlacementAreIdeal) {
   LoadMatrix loads(4, 8);
   for (int64_t& c : loads.counts) c = 3;
-  const LayerTime home = SimulateLayer(HomePlan(loads), Toy(), {});
+  const LayerTime home = SimulateLayer(HomePlan(loads), loads, Toy(), {});
   const LayerTime ideal = SimulateForceBalanced(loads, Toy());
   EXPECT_DOUBLE_EQ(home.total_s, ideal.total_s);
   EXPECT_DOUBLE_EQ(PercentOfIdeal(ideal, home), 100.0);
@@ -144,8 +141,11 @@ TEST(SimulatorTest, ReplicaPlanMovesWorkAndPaysItsTraffic) {
   plan.instances = {{0, 0, true}, {0, 1, false}, {1, 1, true}};
   plan.first = {0, 2, 3};
   plan.quota = {6, 6, 0};
-  plan.split = {6, 6, 0, /*src1*/ 0, 0, 0};
-  const LayerTime t = SimulateLayer(plan, Toy(), {});
+  ASSERT_EQ(IndexSplitColumns(&plan), 2);  // expert 0's two instances
+  plan.split = {6, 0, /*replica: src0, src1*/ 6, 0};
+  LoadMatrix loads(2, 2);
+  loads.at(0, 0) = 12;
+  const LayerTime t = SimulateLayer(plan, loads, Toy(), {});
   EXPECT_EQ(t.max_rank_tokens, 6);
   EXPECT_DOUBLE_EQ(t.compute_s, 6.0);
   EXPECT_DOUBLE_EQ(t.dispatch_s, 6.5);
@@ -155,17 +155,17 @@ TEST(SimulatorTest, ReplicaPlanMovesWorkAndPaysItsTraffic) {
 TEST(SimulatorTest, FanoutHidesBehindDispatchUpToContention) {
   const Plan plan = HomePlan(TwoByTwo());  // busiest dispatch sender: 6 tokens = 48 bytes
   // A long fan-out: exposed = 10 - 6.5.
-  LayerTime t = SimulateLayer(plan, Toy(), FanoutCost{10.0, 16, 16});
+  LayerTime t = SimulateLayer(plan, TwoByTwo(), Toy(), FanoutCost{10.0, 16, 16});
   EXPECT_DOUBLE_EQ(t.fanout_s, 10.0);
   EXPECT_DOUBLE_EQ(t.exposed_fanout_s, 3.5);
   EXPECT_DOUBLE_EQ(t.total_s, 28.5);
   // A short fan-out still contends for egress: (48 + 8) / 8 = 7 s > 6.5 s of dispatch.
-  t = SimulateLayer(plan, Toy(), FanoutCost{1.0, 8, 8});
+  t = SimulateLayer(plan, TwoByTwo(), Toy(), FanoutCost{1.0, 8, 8});
   EXPECT_DOUBLE_EQ(t.exposed_fanout_s, 0.5);
 }
 
 TEST(SimulatorTest, ReplacementIsSpreadOverRanksAndExposed) {
-  const LayerTime t = SimulateLayer(HomePlan(TwoByTwo()), Toy(), {}, 32);
+  const LayerTime t = SimulateLayer(HomePlan(TwoByTwo()), TwoByTwo(), Toy(), {}, 32);
   EXPECT_DOUBLE_EQ(t.replacement_s, 2.0);  // 32 bytes / (2 ranks x 8 B/s)
   EXPECT_DOUBLE_EQ(t.total_s, 27.0);
 }

@@ -398,7 +398,7 @@ absl::Status ExpertParallelExecutor::Forward(std::span<const int64_t> offsets,
   // grouped by expert by the MoE layer.
   const int64_t rows = offsets.back();
   absl::StatusOr<comm::TokenDispatch> dispatch =
-      comm::TokenDispatch::CreateGrouped(plan_, rank(), offsets);
+      comm::TokenDispatch::CreateGrouped(plan_, loads_, rank(), offsets);
   if (!dispatch.ok()) return Where(dispatch.status(), "laying out the token dispatch");
   dispatch_.emplace(*std::move(dispatch));
   const int c = experts_->width(), f = experts_->hidden();

@@ -60,20 +60,4 @@ absl::Status InBandPlanSource::Solve(const Request& request, planner::LoadMatrix
   return absl::OkStatus();
 }
 
-void LoadsFromPlan(const planner::Plan& plan, planner::LoadMatrix* loads) {
-  *loads = planner::LoadMatrix(plan.ranks, plan.experts);
-  const int n = plan.num_instances();
-  for (int src = 0; src < plan.ranks; ++src) {
-    for (int e = 0; e < plan.experts; ++e) {
-      int64_t sum = 0;
-      for (int i = plan.first[static_cast<size_t>(e)]; i < plan.first[static_cast<size_t>(e) + 1];
-           ++i) {
-        sum += plan.split[static_cast<size_t>(src) * static_cast<size_t>(n) +
-                          static_cast<size_t>(i)];
-      }
-      loads->at(src, e) = sum;
-    }
-  }
-}
-
 }  // namespace rackrun::runtime

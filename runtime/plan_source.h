@@ -93,11 +93,6 @@ class InBandPlanSource final : public PlanSource {
   std::vector<uint64_t> carried_;
 };
 
-// The load matrix a plan was solved from: loads[src][e] = the sum of src's split over e's
-// instances (token conservation, which CheckPlanInvariants verifies). Lets a source that
-// receives only the plan (the coordinator) give the executor the full matrix.
-void LoadsFromPlan(const planner::Plan& plan, planner::LoadMatrix* loads);
-
 }  // namespace rackrun::runtime
 
 #endif  // RACKRUN_RUNTIME_PLAN_SOURCE_H_

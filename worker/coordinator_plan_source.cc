@@ -57,14 +57,13 @@ absl::Status CoordinatorPlanSource::Solve(const Request& request, planner::LoadM
         "the coordinator answered for microbatch ", reply.microbatch(), " layer ", reply.layer(),
         " when microbatch ", request.microbatch, " layer ", request.layer, " was asked"));
   }
-  if (absl::Status s = coordinator::PlanFromMessage(reply.plan(), plan); !s.ok()) {
+  if (absl::Status s = coordinator::PlanFromMessage(reply.plan(), plan, loads); !s.ok()) {
     return absl::DataLossError(absl::StrCat("the coordinator's plan: ", s.message()));
   }
   if (planner::PlanFingerprint(*plan) != reply.fingerprint()) {
     return absl::DataLossError(
         "the coordinator's plan does not match its fingerprint (damaged in transit)");
   }
-  runtime::LoadsFromPlan(*plan, loads);
   // The plan must have been solved from this rank's own row.
   for (size_t e = 0; e < request.local_loads.size(); ++e) {
     if (rank_ >= loads->ranks || static_cast<int>(e) >= loads->experts ||

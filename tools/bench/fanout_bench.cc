@@ -150,7 +150,7 @@ rackrun::planner::Plan HotPlan(int ranks, int hot) {
   }
   plan.first.push_back(static_cast<int32_t>(plan.instances.size()));
   plan.quota.assign(plan.instances.size(), 0);
-  plan.split.assign(plan.instances.size() * static_cast<size_t>(ranks), 0);
+  rackrun::planner::IndexSplitColumns(&plan);
   return plan;
 }
 

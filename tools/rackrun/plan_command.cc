@@ -747,9 +747,9 @@ int PlanCommand(const Args& args) {
       }
       const int64_t replaced = run.planner->last_replacement_bytes();
       run.replacement_bytes += replaced;
-      const pl::LayerTime t =
-          pl::SimulateLayer(plan, *hw, run.name == "ideal" || !fans_out ? pl::FanoutCost{} : relay,
-                            f.eplb_replacement_exposed ? replaced : 0);
+      const pl::LayerTime t = pl::SimulateLayer(
+          plan, loads, *hw, run.name == "ideal" || !fans_out ? pl::FanoutCost{} : relay,
+          f.eplb_replacement_exposed ? replaced : 0);
       run.layer_s += t.total_s;
       run.parts.dispatch_s += t.dispatch_s;
       run.parts.exposed_fanout_s += t.exposed_fanout_s;
