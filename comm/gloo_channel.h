@@ -11,10 +11,13 @@
 // those of p2p_channel.h (named-peer timeouts, fixed summation order, so AllReduce is
 // bit-identical to the MPI and in-process backends).
 //
-// Request::Test never blocks. Gloo (Debian 12's libgloo-dev, git 2022-05-18) has no
-// completion test: its waits close every connection when they time out, and the tcp
-// transport's headers that hold the completion state are not packaged. So each pending
-// transfer is waited for by a pooled thread of the channel, which publishes the outcome.
+// Request::Test never blocks and starts no thread. Gloo (Debian 12's libgloo-dev, git
+// 2022-05-18) has no completion test (its waits block, and close every connection when
+// they time out), so Test reads the TCP transport buffer's completion count under the
+// buffer's own mutex; a completion reaches the caller's wait loop straight from Gloo's
+// loop thread. (Until 2026-12-01 a pooled waiter thread per pending transfer blocked in
+// Gloo's wait and published the outcome: one more thread wake-up on every message's
+// critical path, which cost most of the daemon path's training throughput; see README.)
 //
 // Failures:
 // - Every Gloo exception is caught in gloo_channel.cc and returned as a Status naming the
