@@ -157,7 +157,8 @@ int main(int argc, char** argv) {
   // Rank 0's scratch folder for the Gloo rendezvous, announced over MPI.
   char dir[256] = {};
   if (rank == 0) {
-    std::string t = (std::filesystem::temp_directory_path() / "rackrun-channel-bench.XXXXXX").string();
+    std::string t =
+        (std::filesystem::temp_directory_path() / "rackrun-channel-bench.XXXXXX").string();
     if (mkdtemp(t.data()) == nullptr) {
       std::fprintf(stderr, "bench_channel_bench: mkdtemp %s failed\n", t.c_str());
       rackrun::comm::AbortJob(1);
@@ -259,8 +260,8 @@ int main(int argc, char** argv) {
     std::printf("%d ranks, %d rounds alternating mpi/gloo; wall = rank 0 per operation, CPU and "
                 "switches = all ranks per operation\n\n",
                 ranks, rounds);
-    std::printf("| pattern | backend | ops | wall p50 us | wall p90 us | CPU us/op | ctx switches/op "
-                "| gloo/mpi wall p50 |\n|---|---|---|---|---|---|---|---|\n");
+    std::printf("| pattern | backend | ops | wall p50 us | wall p90 us | CPU us/op "
+                "| ctx switches/op | gloo/mpi wall p50 |\n|---|---|---|---|---|---|---|---|\n");
   }
   for (size_t p = 0; p < patterns.size(); ++p) {
     const double mpi_p50 = rackrun::base::Median(results[p][0].wall_us);
@@ -274,9 +275,11 @@ int main(int argc, char** argv) {
                      {"ops", r.ops}, {"wall_p50_us", p50}, {"wall_p90_us", p90},
                      {"cpu_us_per_op", cpu}, {"switches_per_op", sw}});
       if (!json) {
+        char ratio[32] = "";
+        if (b == 1 && mpi_p50 > 0) std::snprintf(ratio, sizeof(ratio), "%.1f", p50 / mpi_p50);
         std::printf("| %s | %s | %lld | %.1f | %.1f | %.1f | %.2f | %s |\n",
                     patterns[p].name.c_str(), names[b], static_cast<long long>(r.ops), p50, p90,
-                    cpu, sw, b == 0 ? "" : absl::StrCat(p50 / mpi_p50).substr(0, 5).c_str());
+                    cpu, sw, ratio);
       }
     }
   }
