@@ -3,12 +3,14 @@
 // 127.0.0.1), in one run of the same processes, alternating backends round by round.
 //
 //   mpirun --allow-run-as-root --oversubscribe -np R bench_channel_bench
-//          [--json] [--rounds N] [--scale X]
+//          [--json] [--rounds N] [--scale X] [--a2a-kib K]
 //
 // Patterns (the sizes of the demo model's step, examples/tiny-moe.yaml on 2 ranks):
 //   pingpong-8B     rank 0 <-> rank 1, Isend/Irecv of 8 bytes; the figure is a round trip
+//   pingpong-64K    the same with 64 KiB (above the Gloo channel's inline size)
 //   allgather-512B  64 int64 per rank (the in-band planner's load rows)
-//   alltoallv-512K  512 KiB to every other rank (a token dispatch of 1024 tokens, C=128)
+//   alltoallv-512K  512 KiB to every other rank (a token dispatch of 1024 tokens, C=128;
+//                   --a2a-kib picks another size)
 //   allreduce-1M    256 Ki float32 (the dense gradients' order of magnitude)
 // Per pattern and backend: wall time per operation (median and p90 over every sample of
 // every round; each sample is one operation on rank 0, operations back to back as in a
@@ -111,6 +113,28 @@ Usage Now() {
   return out;
 }
 
+// Rank 0 sends `bytes` to rank 1, which sends them back; other ranks idle.
+absl::Status PingPong(DataChannel& ch, void* out, void* in, int64_t bytes) {
+  const int rank = ch.rank();
+  if (rank > 1) return absl::OkStatus();
+  const int peer = 1 - rank;
+  const absl::Duration t = absl::Seconds(30);
+  if (rank == 0) {
+    auto s = ch.Isend(out, bytes, DataType::kByte, peer, 7);
+    if (!s.ok()) return s.status();
+    auto r = ch.Irecv(in, bytes, DataType::kByte, peer, 7);
+    if (!r.ok()) return r.status();
+    if (absl::Status w = (*s)->Wait(t); !w.ok()) return w;
+    return (*r)->Wait(t);
+  }
+  auto r = ch.Irecv(in, bytes, DataType::kByte, peer, 7);
+  if (!r.ok()) return r.status();
+  if (absl::Status w = (*r)->Wait(t); !w.ok()) return w;
+  auto s = ch.Isend(out, bytes, DataType::kByte, peer, 7);
+  if (!s.ok()) return s.status();
+  return (*s)->Wait(t);
+}
+
 struct Pattern {
   std::string name;
   int iterations;
@@ -130,17 +154,21 @@ int main(int argc, char** argv) {
   bool json = false;
   int rounds = 3;
   double scale = 1.0;
+  int a2a_kib = 512;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--json") {
       json = true;
     } else if (a == "--rounds" && i + 1 < argc) {
       rounds = std::max(1, std::atoi(argv[++i]));
+    } else if (a == "--a2a-kib" && i + 1 < argc) {
+      a2a_kib = std::max(1, std::atoi(argv[++i]));
     } else if (a == "--scale" && i + 1 < argc) {
       scale = std::max(0.01, std::atof(argv[++i]));
     } else {
       std::fprintf(stderr,
-                   "usage: mpirun -np R bench_channel_bench [--json] [--rounds N] [--scale X]\n"
+                   "usage: mpirun -np R bench_channel_bench [--json] [--rounds N] [--scale X] "
+                   "[--a2a-kib K]\n"
                    "  --scale X multiplies every pattern's iteration count (default 1)\n");
       return 2;
     }
@@ -176,41 +204,27 @@ int main(int argc, char** argv) {
   if (rank == 0) std::filesystem::remove_all(dir);
 
   // Buffers shared by both backends.
-  std::vector<int64_t> ping(1, rank), pong(1, 0);
+  std::vector<std::byte> ping(8, std::byte{2}), pong(8);
   std::vector<int64_t> rows(64, rank), gathered(64 * static_cast<size_t>(ranks));
-  const int64_t a2a_floats = 512 * 1024 / 4;
+  const int64_t a2a_floats = int64_t{a2a_kib} * 1024 / 4;
   std::vector<float> a2a_send(a2a_floats * static_cast<size_t>(ranks), 1.0F + rank);
   std::vector<float> a2a_recv(a2a_send.size());
   std::vector<int64_t> a2a_counts(ranks, a2a_floats), a2a_displs(ranks);
   for (int r = 0; r < ranks; ++r) a2a_displs[r] = r * a2a_floats;
   std::vector<float> grads(256 * 1024, 0.5F + rank), summed(grads.size());
   const auto iters = [&](int n) { return std::max(1, static_cast<int>(n * scale)); };
+  std::vector<std::byte> big_ping(64 * 1024, std::byte{1}), big_pong(big_ping.size());
 
   std::vector<Pattern> patterns = {
       {"pingpong-8B", iters(2000),
-       [&](DataChannel& ch) -> absl::Status {
-         if (rank > 1) return absl::OkStatus();
-         const int peer = 1 - rank;
-         if (rank == 0) {
-           auto s = ch.Isend(ping.data(), 1, DataType::kInt64, peer, 7);
-           if (!s.ok()) return s.status();
-           auto r = ch.Irecv(pong.data(), 1, DataType::kInt64, peer, 7);
-           if (!r.ok()) return r.status();
-           if (absl::Status w = (*s)->Wait(absl::Seconds(30)); !w.ok()) return w;
-           return (*r)->Wait(absl::Seconds(30));
-         }
-         auto r = ch.Irecv(pong.data(), 1, DataType::kInt64, peer, 7);
-         if (!r.ok()) return r.status();
-         if (absl::Status w = (*r)->Wait(absl::Seconds(30)); !w.ok()) return w;
-         auto s = ch.Isend(ping.data(), 1, DataType::kInt64, peer, 7);
-         if (!s.ok()) return s.status();
-         return (*s)->Wait(absl::Seconds(30));
-       }},
+       [&](DataChannel& ch) { return PingPong(ch, ping.data(), pong.data(), 8); }},
+      {"pingpong-64K", iters(500),
+       [&](DataChannel& ch) { return PingPong(ch, big_ping.data(), big_pong.data(), 64 * 1024); }},
       {"allgather-512B", iters(1000),
        [&](DataChannel& ch) {
          return ch.Allgather(rows.data(), gathered.data(), 64, DataType::kInt64);
        }},
-      {"alltoallv-512K", iters(200),
+      {absl::StrCat("alltoallv-", a2a_kib, "K"), iters(200),
        [&](DataChannel& ch) {
          return ch.AllToAllV(a2a_send.data(), a2a_counts, a2a_displs, a2a_recv.data(), a2a_counts,
                              a2a_displs, DataType::kFloat32);
