@@ -5,18 +5,18 @@
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/attr.h>
 #include <gloo/transport/tcp/device.h>
-#include <gloo/transport/tcp/unbound_buffer.h>
 #include <gloo/transport/unbound_buffer.h>
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <csignal>
 #include <cstring>
 #include <deque>
 #include <exception>
 #include <map>
 #include <mutex>
-#include <stdexcept>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -59,108 +59,140 @@ std::string ExceptionText(std::exception_ptr e) {
 
 using GlooBuffer = ::gloo::transport::UnboundBuffer;
 
-// Read access to a tcp::UnboundBuffer's completion state. Gloo's only completion API is a
-// blocking wait (waitSend/waitRecv) whose expired timeout closes every pair of the context,
-// so it cannot be polled; the counts it waits on are protected members that Gloo's loop
-// thread (or the sending thread, for a write that completes at once) updates under the
-// buffer's mutex. This type is never instantiated: it only forms pointers to those members
-// (allowed through a derived class) so that Transfer can read them under the same mutex.
-// Debian's libgloo-dev lacks gloo/common/memory.h, which this header needs: see
-// comm/gloo_compat/. CheckBufferLayout verifies the layout once per channel.
-class GlooBufferAccess final : public tcp::UnboundBuffer {
- public:
-  GlooBufferAccess() = delete;
-  static std::mutex& Mutex(tcp::UnboundBuffer& b) { return b.*(&GlooBufferAccess::m_); }
-  static int& Completions(tcp::UnboundBuffer& b, bool send) {
-    return send ? b.*(&GlooBufferAccess::sendCompletions_)
-                : b.*(&GlooBufferAccess::recvCompletions_);
-  }
-  static int& Peer(tcp::UnboundBuffer& b, bool send) {
-    return send ? b.*(&GlooBufferAccess::sendRank_) : b.*(&GlooBufferAccess::recvRank_);
-  }
-  static std::exception_ptr& Error(tcp::UnboundBuffer& b) {
-    return b.*(&GlooBufferAccess::ex_);
-  }
-};
+// A Gloo wait that never needs to time out: waitSend/waitRecv treat an expired timeout as
+// fatal for the whole context (they close every pair), and Gloo has no completion test.
+// Our timeouts are the channel's, so a long bound suffices here.
+constexpr std::chrono::milliseconds kGlooWaitBound = std::chrono::hours(24 * 7);
 
-// A fresh buffer must read as Gloo's constructor left it (no completions, no peer, no
-// error); anything else means the installed library does not match its header.
-absl::Status CheckBufferLayout(::gloo::rendezvous::Context& context) {
-  char byte = 0;
-  std::unique_ptr<GlooBuffer> buf = context.createUnboundBuffer(&byte, 1);
-  auto* b = dynamic_cast<tcp::UnboundBuffer*>(buf.get());
-  if (b == nullptr) {
-    return absl::InternalError("Gloo returned an unbound buffer that is not the TCP transport's");
-  }
-  std::lock_guard<std::mutex> lock(GlooBufferAccess::Mutex(*b));
-  for (const bool send : {false, true}) {
-    if (GlooBufferAccess::Completions(*b, send) != 0 || GlooBufferAccess::Peer(*b, send) != -1) {
-      return absl::InternalError(
-          "the installed Gloo library's tcp::UnboundBuffer does not match its header "
-          "(gloo/transport/tcp/unbound_buffer.h): rebuild rackrun against the Gloo it runs with");
-    }
-  }
-  if (GlooBufferAccess::Error(*b) != nullptr) {
-    return absl::InternalError("a new Gloo unbound buffer holds an error");
-  }
-  return absl::OkStatus();
-}
-
-// One Gloo send or receive, and whether it has completed. Poll() reads the buffer's
-// completion count (see GlooBufferAccess): no thread waits for a transfer, so a
-// completion reaches the rank's wait loop without a thread hand-off.
+// One Gloo send or receive, and whether it has completed. Debian's libgloo-dev lacks
+// gloo/common/memory.h, which the tcp transport's headers need, so the transport's
+// completion counts cannot be read directly: a pooled waiter thread (Waiters below)
+// blocks in Gloo's wait for each transfer and publishes the outcome here.
 class Transfer {
  public:
   enum State { kPending, kDone, kFailed };
 
-  // Throws for a buffer of another transport (tcp::CreateDevice never makes one).
-  Transfer(std::unique_ptr<GlooBuffer> buf, bool send) : buf_(std::move(buf)), send_(send) {
-    tcp_ = dynamic_cast<tcp::UnboundBuffer*>(buf_.get());
-    if (tcp_ == nullptr) throw std::runtime_error("not a Gloo TCP unbound buffer");
-  }
-  Transfer(const Transfer&) = delete;
-  Transfer& operator=(const Transfer&) = delete;
+  Transfer(std::unique_ptr<GlooBuffer> buf, bool send) : buf_(std::move(buf)), send_(send) {}
 
   GlooBuffer& buf() { return *buf_; }
 
-  // Never blocks (beyond Gloo's buffer mutex). A completion wins over an error signalled
-  // after it, as in Gloo's own wait.
-  State Poll() {
-    if (state_ != kPending || tcp_ == nullptr) return state_;
-    std::exception_ptr failure;
-    {
-      std::lock_guard<std::mutex> lock(GlooBufferAccess::Mutex(*tcp_));
-      if (GlooBufferAccess::Completions(*tcp_, send_) > 0) {
-        state_ = kDone;
-        return state_;
-      }
-      failure = GlooBufferAccess::Error(*tcp_);
-    }
-    if (failure != nullptr) {
-      state_ = kFailed;
-      error_ = ExceptionText(failure);
-    }
+  State state() {
+    std::lock_guard<std::mutex> lock(mu_);
     return state_;
   }
-  const std::string& error() const { return error_; }
+  std::string error() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return error_;
+  }
 
-  // Makes sure Gloo no longer touches the transfer's memory: destroys the Gloo buffer,
-  // which detaches it from the pair (Gloo's destructor waits until its loop thread has let
-  // go of it). Returns whether the transfer had completed. Idempotent.
+  // On a waiter thread: blocks until the transfer completes, fails, or is cancelled.
+  void Wait() {
+    State state = kDone;
+    std::string error;
+    try {
+      const bool completed =
+          send_ ? buf_->waitSend(nullptr, kGlooWaitBound) : buf_->waitRecv(nullptr, kGlooWaitBound);
+      if (!completed) {
+        state = kFailed;
+        error = "cancelled";
+      }
+    } catch (...) {
+      state = kFailed;
+      error = ExceptionText(std::current_exception());
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    state_ = state;
+    error_ = std::move(error);
+    waited_ = true;
+    changed_.notify_all();
+  }
+
+  // Makes sure Gloo no longer touches the transfer's memory: wakes the waiter if the
+  // transfer is still pending, waits for it to let go, and destroys the Gloo buffer (which
+  // detaches it from the pair). Returns whether the transfer had completed. Idempotent.
   bool Release() {
-    if (buf_ == nullptr) return state_ == kDone;
-    Poll();
-    tcp_ = nullptr;
+    if (buf_ == nullptr) return completed_;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      if (!waited_) {
+        lock.unlock();
+        if (send_) {
+          buf_->abortWaitSend();
+        } else {
+          buf_->abortWaitRecv();
+        }
+        lock.lock();
+        changed_.wait(lock, [&] { return waited_; });
+      }
+      completed_ = state_ == kDone;
+    }
     buf_.reset();
-    return state_ == kDone;
+    return completed_;
   }
 
  private:
   std::unique_ptr<GlooBuffer> buf_;
-  tcp::UnboundBuffer* tcp_ = nullptr;  // buf_ as the TCP transport's; null once released
   const bool send_;
+  bool completed_ = false;
+  std::mutex mu_;
+  std::condition_variable changed_;
   State state_ = kPending;
+  bool waited_ = false;
   std::string error_;
+};
+
+// Threads that block in Gloo's waits, one per pending transfer, reused. A transfer is
+// always picked up at once (a thread is started when none is idle), so Release() never
+// waits for another transfer.
+class Waiters {
+ public:
+  Waiters() = default;
+  Waiters(const Waiters&) = delete;
+  Waiters& operator=(const Waiters&) = delete;
+
+  // Every watched transfer must be Released before this runs.
+  ~Waiters() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    work_.notify_all();
+    for (std::thread& t : threads_) t.join();
+  }
+
+  void Watch(std::shared_ptr<Transfer> transfer) {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.push_back(std::move(transfer));
+    if (idle_ < queue_.size()) {
+      threads_.emplace_back([this] { Run(); });
+    } else {
+      work_.notify_one();
+    }
+  }
+
+ private:
+  void Run() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (true) {
+      ++idle_;
+      work_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      --idle_;
+      if (queue_.empty()) return;  // stopping
+      std::shared_ptr<Transfer> transfer = std::move(queue_.front());
+      queue_.pop_front();
+      lock.unlock();
+      transfer->Wait();
+      transfer.reset();
+      lock.lock();
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable work_;
+  std::deque<std::shared_ptr<Transfer>> queue_;
+  size_t idle_ = 0;
+  bool stop_ = false;
+  std::vector<std::thread> threads_;
 };
 
 // Our RendezvousStore as Gloo's store, under `prefix`. Gloo expects failures as
@@ -249,9 +281,9 @@ struct SelfRecv {
 };
 
 // Everything a channel and its requests share. Used by one thread per rank like the
-// channel; Gloo's threads touch only the transfers' Gloo buffers, under their locks.
-// Teardown releases every transfer (no wait for a peer), then closes the pairs and stops
-// the device's thread.
+// channel; Gloo's threads and the waiters touch only the transfers, under their locks.
+// Teardown releases every transfer (no wait for a peer: pending waits are cancelled),
+// then joins the waiters, closes the pairs and stops the device's thread.
 class GlooTransport {
  public:
   GlooTransport(std::shared_ptr<::gloo::transport::Device> device,
@@ -270,7 +302,8 @@ class GlooTransport {
   int rank() const { return rank_; }
   int size() const { return size_; }
 
-  // A Gloo transfer of `bytes` at `data` with `peer` on `slot`. May throw a Gloo exception.
+  // A Gloo transfer of `bytes` at `data` with `peer` on `slot`, watched by a waiter.
+  // May throw a Gloo exception.
   std::shared_ptr<Transfer> Start(bool send, void* data, size_t bytes, int peer, uint64_t slot) {
     auto transfer = std::make_shared<Transfer>(context_->createUnboundBuffer(data, bytes), send);
     if (send) {
@@ -278,6 +311,7 @@ class GlooTransport {
     } else {
       transfer->buf().recv(peer, slot, 0, bytes);
     }
+    waiters_.Watch(transfer);
     return transfer;
   }
 
@@ -318,7 +352,7 @@ class GlooTransport {
     while (!queue.empty()) {
       RecvOp& op = *queue.front();
       if (!op.header_done) {
-        const Transfer::State state = op.header_transfer->Poll();
+        const Transfer::State state = op.header_transfer->state();
         if (state == Transfer::kPending) break;
         if (state == Transfer::kFailed) {
           return Failure("Recv", peer, tag, op.header_transfer->error());
@@ -404,11 +438,13 @@ class GlooTransport {
     recv.done = true;
   }
 
-  // Destroyed bottom-up: the pairs (all transfers released by then), the device's thread.
+  // Destroyed bottom-up: the waiters (all transfers released by then), the pairs, the
+  // device's thread.
   std::shared_ptr<::gloo::transport::Device> device_;
   std::shared_ptr<::gloo::rendezvous::Context> context_;
   int rank_;
   int size_;
+  Waiters waiters_;
   std::map<int, std::string> abandoned_;  // peer -> why
   // Receives whose payload is not posted yet, by (peer, tag), oldest first.
   std::map<std::pair<int, int>, std::deque<std::shared_ptr<RecvOp>>> unposted_;
@@ -438,7 +474,7 @@ class GlooSend final : public Request {
     if (op_ == nullptr || op_->done) return true;
     for (Transfer* t : {op_->header_transfer.get(), op_->payload_transfer.get()}) {
       if (t == nullptr) continue;
-      const Transfer::State state = t->Poll();
+      const Transfer::State state = t->state();
       if (state == Transfer::kPending) return false;
       if (state == Transfer::kFailed) {
         return transport_->Failure("Send", info().peer, info().tag, t->error());
@@ -485,7 +521,7 @@ class GlooRecv final : public Request {
     if (!op_->error.ok()) return op_->error;
     if (!op_->payload_posted) return false;
     if (op_->payload_transfer != nullptr) {
-      const Transfer::State state = op_->payload_transfer->Poll();
+      const Transfer::State state = op_->payload_transfer->state();
       if (state == Transfer::kPending) return false;
       if (state == Transfer::kFailed) {
         return transport_->Failure("Recv", info().peer, info().tag,
@@ -673,10 +709,6 @@ absl::StatusOr<std::unique_ptr<DataChannel>> CreateGlooChannel(RendezvousStore& 
                      ": connecting to the other ranks failed: ",
                      store_error.ok() ? what : std::string(store_error.message()),
                      "; a rank died or is unreachable at the address it announced"));
-  }
-  if (absl::Status s = CheckBufferLayout(*context); !s.ok()) {
-    return absl::Status(s.code(), absl::StrCat("Gloo channel '", prefix, "' on rank ", rank, ": ",
-                                               s.message()));
   }
   auto transport = std::make_shared<GlooTransport>(device, std::move(context), rank, size);
   return std::make_unique<GlooChannel>(std::move(transport), options.channel);

@@ -4,20 +4,19 @@
 // times in one long-lived process.
 //
 // Transport: Gloo's unbound buffers over a full mesh of TCP pairs. A message to (peer,
-// tag) is two Gloo messages on slots derived from the tag: an 8-byte size header, then
-// the payload straight into the receiver's buffer once the header has shown that the
-// sizes agree. Gloo matches messages of one (peer, slot) in order, which gives MPI's
+// tag) starts with a fixed-size header (1032 bytes) on a slot derived from the tag: its
+// size, and the payload itself when it is at most 1 KiB (then the message is this one Gloo
+// message). A larger payload follows on the next slot, straight into the receiver's
+// buffer once the header has shown that the sizes agree (Gloo's unbound buffers are a
+// rendezvous: the payload moves only after the receiver has posted it). Gloo matches messages of one (peer, slot) in order, which gives MPI's
 // non-overtaking rule. Messages to this rank itself never touch Gloo. The collectives are
 // those of p2p_channel.h (named-peer timeouts, fixed summation order, so AllReduce is
 // bit-identical to the MPI and in-process backends).
 //
-// Request::Test never blocks and starts no thread. Gloo (Debian 12's libgloo-dev, git
-// 2022-05-18) has no completion test (its waits block, and close every connection when
-// they time out), so Test reads the TCP transport buffer's completion count under the
-// buffer's own mutex; a completion reaches the caller's wait loop straight from Gloo's
-// loop thread. (Until 2026-12-01 a pooled waiter thread per pending transfer blocked in
-// Gloo's wait and published the outcome: one more thread wake-up on every message's
-// critical path, which cost most of the daemon path's training throughput; see README.)
+// Request::Test never blocks. Gloo (Debian 12's libgloo-dev, git 2022-05-18) has no
+// completion test: its waits close every connection when they time out, and the tcp
+// transport's headers that hold the completion state are not packaged. So each pending
+// transfer is waited for by a pooled thread of the channel, which publishes the outcome.
 //
 // Failures:
 // - Every Gloo exception is caught in gloo_channel.cc and returned as a Status naming the
