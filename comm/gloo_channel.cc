@@ -29,8 +29,20 @@ namespace {
 
 namespace tcp = ::gloo::transport::tcp;
 
-// Every message is an 8-byte size header on one slot, then the payload on the next.
-constexpr size_t kHeaderBytes = sizeof(int64_t);
+// Every message starts with a fixed-size header on one slot: its size (8 bytes), then the
+// payload itself when it fits (kInlineBytes: the planner's load rows, counts, fingerprints),
+// so a small message is one Gloo message. A larger payload follows on the next slot, and
+// its receive is posted once the header has shown that the sizes agree.
+constexpr size_t kInlineBytes = 1024;
+constexpr size_t kHeaderBytes = sizeof(int64_t) + kInlineBytes;
+bool Inline(int64_t bytes) { return bytes <= static_cast<int64_t>(kInlineBytes); }
+
+// The fixed-size header message: size, then the inline payload (unused bytes are zero).
+struct Header {
+  int64_t bytes = -1;
+  std::byte inline_payload[kInlineBytes] = {};
+};
+static_assert(sizeof(Header) == kHeaderBytes);
 uint64_t HeaderSlot(int tag) { return 2 * static_cast<uint64_t>(tag); }
 uint64_t PayloadSlot(int tag) { return 2 * static_cast<uint64_t>(tag) + 1; }
 
@@ -230,16 +242,16 @@ class StoreAdapter final : public ::gloo::rendezvous::Store {
 };
 
 struct SendOp {
-  int64_t header = 0;
+  Header header;
   std::shared_ptr<Transfer> header_transfer;
-  std::shared_ptr<Transfer> payload_transfer;  // null for an empty message
+  std::shared_ptr<Transfer> payload_transfer;  // null for an inline message
   bool done = false;
 };
 
 struct RecvOp {
   void* buf = nullptr;
   int64_t bytes = 0;  // as posted
-  int64_t header = -1;
+  Header header;
   std::shared_ptr<Transfer> header_transfer;
   std::shared_ptr<Transfer> payload_transfer;
   // A message of the wrong size, or one for a cancelled receive, is drained here so the
@@ -347,22 +359,29 @@ class GlooTransport {
         }
         op.header_done = true;
       }
-      const int64_t incoming = std::max<int64_t>(op.header, 0);
+      const int64_t incoming = std::max<int64_t>(op.header.bytes, 0);
       void* target = op.buf;
       if (op.cancelled || incoming != op.bytes) {
         if (!op.cancelled) {
           op.error = absl::InvalidArgumentError(absl::StrCat(
               "Recv on rank ", rank_, " from rank ", peer, " (tag ", tag, "): message has ",
-              op.header, " bytes but the receive was posted for ", op.bytes,
+              op.header.bytes, " bytes but the receive was posted for ", op.bytes,
               "; both ends must agree on the size"));
+        }
+        if (Inline(incoming)) {  // nothing follows the header: the message is consumed
+          op.payload_posted = true;
+          queue.pop_front();
+          continue;
         }
         op.drain.resize(static_cast<size_t>(incoming));
         target = op.drain.data();
-        if (incoming > 0) draining_.push_back(queue.front());
+        draining_.push_back(queue.front());
       }
-      if (incoming > 0) {
+      if (!Inline(incoming)) {
         op.payload_transfer =
             Start(/*send=*/false, target, static_cast<size_t>(incoming), peer, PayloadSlot(tag));
+      } else if (incoming > 0) {
+        std::memcpy(target, op.header.inline_payload, static_cast<size_t>(incoming));
       }
       op.payload_posted = true;
       queue.pop_front();
@@ -555,11 +574,14 @@ class GlooChannel final : public PointToPointChannel {
     }
     if (absl::Status s = transport_->CheckPeerUsable("Send", peer); !s.ok()) return s;
     auto op = std::make_unique<SendOp>();
-    op->header = bytes;
+    op->header.bytes = bytes;
+    if (Inline(bytes) && bytes > 0) {
+      std::memcpy(op->header.inline_payload, buf, static_cast<size_t>(bytes));
+    }
     try {
       op->header_transfer =
           transport_->Start(/*send=*/true, &op->header, kHeaderBytes, peer, HeaderSlot(tag));
-      if (bytes > 0) {
+      if (!Inline(bytes)) {
         op->payload_transfer = transport_->Start(/*send=*/true, const_cast<void*>(buf),
                                                  static_cast<size_t>(bytes), peer, PayloadSlot(tag));
       }

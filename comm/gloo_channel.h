@@ -4,9 +4,11 @@
 // times in one long-lived process.
 //
 // Transport: Gloo's unbound buffers over a full mesh of TCP pairs. A message to (peer,
-// tag) is two Gloo messages on slots derived from the tag: an 8-byte size header, then
-// the payload straight into the receiver's buffer once the header has shown that the
-// sizes agree. Gloo matches messages of one (peer, slot) in order, which gives MPI's
+// tag) starts with a fixed-size header (1032 bytes) on a slot derived from the tag: its
+// size, and the payload itself when it is at most 1 KiB (then the message is this one Gloo
+// message). A larger payload follows on the next slot, straight into the receiver's
+// buffer once the header has shown that the sizes agree (Gloo's unbound buffers are a
+// rendezvous: the payload moves only after the receiver has posted it). Gloo matches messages of one (peer, slot) in order, which gives MPI's
 // non-overtaking rule. Messages to this rank itself never touch Gloo. The collectives are
 // those of p2p_channel.h (named-peer timeouts, fixed summation order, so AllReduce is
 // bit-identical to the MPI and in-process backends).
