@@ -447,16 +447,20 @@ AttemptResult JobRunner::Run() try {
       "lower the model or batch sizes"));
   return result;
 } catch (const std::system_error& e) {
-  // std::thread's constructor (the reporter, a channel's transfer threads) when the process
-  // may start no more threads: out of address space for the stack, or ulimit -u/pids.max.
+  // Mostly std::thread's constructor (the reporter, a channel's transfer threads) when the
+  // process may start no more threads (EAGAIN: no address space for the stack, ulimit -u,
+  // pids.max); any other system error also fails the attempt instead of the daemon.
   reporter_.reset();
   AttemptResult result;
   result.set_outcome(AttemptResult::FAILED);
-  result.set_message(absl::StrCat("worker ", options_.worker_id, " on host ", options_.host,
-                                  ": could not start a thread (", e.what(),
-                                  "): the worker is out of memory or of threads (ulimit -v, "
-                                  "ulimit -u or the cgroup's pids.max); lower the model or batch "
-                                  "sizes or raise the limit"));
+  const bool no_thread = e.code() == std::errc::resource_unavailable_try_again;
+  result.set_message(absl::StrCat(
+      "worker ", options_.worker_id, " on host ", options_.host, ": ",
+      no_thread ? absl::StrCat("could not start a thread (", e.what(),
+                               "): the worker is out of memory or of threads (ulimit -v, "
+                               "ulimit -u or the cgroup's pids.max); lower the model or batch "
+                               "sizes or raise the limit")
+                : absl::StrCat("a system call failed: ", e.what())));
   return result;
 }
 

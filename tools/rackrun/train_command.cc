@@ -319,12 +319,17 @@ int TrainCommand(const Args& args) {
     if (comm::LauncherWorldSize() > 1) comm::AbortJob(1);
     return 1;
   } catch (const std::system_error& e) {
-    // std::thread's constructor when no more threads can start (address space, ulimit -u).
-    std::fprintf(stderr,
-                 "rackrun train: could not start a thread (%s): the process is out of memory "
-                 "or of threads (ulimit -v, ulimit -u or the cgroup's pids.max); lower the "
-                 "model or batch sizes or raise the limit\n",
-                 e.what());
+    // Mostly std::thread's constructor when no more threads can start (EAGAIN: address
+    // space, ulimit -u, pids.max); any other system error is named as such.
+    if (e.code() == std::errc::resource_unavailable_try_again) {
+      std::fprintf(stderr,
+                   "rackrun train: could not start a thread (%s): the process is out of memory "
+                   "or of threads (ulimit -v, ulimit -u or the cgroup's pids.max); lower the "
+                   "model or batch sizes or raise the limit\n",
+                   e.what());
+    } else {
+      std::fprintf(stderr, "rackrun train: a system call failed: %s\n", e.what());
+    }
     if (comm::LauncherWorldSize() > 1) comm::AbortJob(1);
     return 1;
   }
