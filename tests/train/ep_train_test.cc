@@ -486,4 +486,24 @@ TEST_F(EpTrainTest, LoadTraceRecordsEveryTrainingMicrobatchAndReplays) {
   EXPECT_THAT(plan.out, HasSubstr("ultraep"));
 }
 
+#ifdef RACKRUN_EP_TRAIN_BENCH
+// bench_ep_train_bench checks itself by replaying each policy's load trace (the solves
+// must reproduce the rows every rank executed); a bench that cannot record its trace
+// (it once drove Trainer::Step without Prepare, so no trace was opened) fails here, not
+// silently in a results table.
+TEST_F(EpTrainTest, EpTrainBenchReplaysItsLoadTracesOnTwoRanks) {
+  const std::string spec = PrepareJob();
+  const Result r = Mpirun(Np(2) + " " + RACKRUN_EP_TRAIN_BENCH + " --spec " + spec +
+                              " --steps 2 --warmup 1 --policies none,ultraep,eplb --json",
+                          "bench");
+  ASSERT_EQ(r.code, 0) << r.err << r.out;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j.at("policies").size(), 3u);
+  for (const nlohmann::json& p : j.at("policies")) {
+    EXPECT_EQ(p.at("replay_note").get<std::string>(), "") << p.at("policy");
+    EXPECT_TRUE(p.at("replay_matches_expert_rows").get<bool>()) << p.at("policy");
+  }
+}
+#endif
+
 }  // namespace

@@ -262,6 +262,8 @@ class PolicyRun {
     spec_.mutable_logging()->set_load_trace(trace_path_);
     res_.policy = policy;
     trainer_ = OrDie(rt::Trainer::Create(spec_, &channel), rank_, "creating the trainer");
+    // Step() alone opens no output: Prepare opens logging.load_trace (Run would call it).
+    OrDie(trainer_->Prepare(), rank_, "preparing the trainer's outputs");
     ep_ = trainer_->expert_parallel();
     if (ep_ == nullptr) {
       std::fprintf(stderr, "rank %d: the trainer is not expert-parallel\n", rank_);
@@ -533,6 +535,11 @@ int main(int argc, char** argv) {
     return 0;
   }
 
+  // The replay is the bench's self-check: a trace that cannot be read or plans that do not
+  // reproduce what the ranks executed fail the run (exit 1), after the figures are printed.
+  const bool self_check_ok = std::all_of(results.begin(), results.end(), [](const PolicyResult& r) {
+    return r.replay_note.empty() && r.replay_matches_rows;
+  });
   const rt::TrainConfig config = rt::TrainConfigFromSpec(spec);
   const int threads = config.threads;
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
@@ -635,7 +642,7 @@ int main(int argc, char** argv) {
     }
     std::printf("%s\n", j.dump().c_str());
     channel.reset();
-    return 0;
+    return self_check_ok ? 0 : 1;
   }
 
   const char* wait_policy = std::getenv("OMP_WAIT_POLICY");
@@ -766,5 +773,6 @@ int main(int argc, char** argv) {
   }
   std::printf("\n");
   channel.reset();
-  return 0;
+  if (!self_check_ok) std::fprintf(stderr, "ep_train_bench: the replay check failed (above)\n");
+  return self_check_ok ? 0 : 1;
 }
