@@ -17,14 +17,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <functional>
-#include <sstream>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_replace.h"
 #include "comm/channel_checks.h"
 #include "comm/inprocess_channel.h"
 #include "gmock/gmock.h"
@@ -358,49 +355,6 @@ TEST(GlooChannel, PeerChannelDestroyedFailsTheSurvivor) {
               }).ok());
 }
 
-// A rendezvous store in a directory, so that processes can share it (the in-memory one
-// is per process): one file per key, written whole by rename.
-class DirectoryStore final : public RendezvousStore {
- public:
-  explicit DirectoryStore(std::string dir) : dir_(std::move(dir)) {}
-  absl::Status Set(const std::string& key, const std::string& value) override {
-    const std::string path = Path(key);
-    const std::string tmp = path + ".tmp" + std::to_string(getpid());
-    {
-      std::ofstream out(tmp, std::ios::binary);
-      out << value;
-      if (!out) return absl::InternalError("cannot write " + tmp);
-    }
-    if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-      return absl::InternalError("cannot rename " + tmp);
-    }
-    return absl::OkStatus();
-  }
-  absl::StatusOr<std::vector<std::string>> Get(const std::vector<std::string>& keys,
-                                               absl::Duration timeout) override {
-    const absl::Time deadline = absl::Now() + timeout;
-    while (true) {
-      std::vector<std::string> values;
-      for (const std::string& key : keys) {
-        std::ifstream in(Path(key), std::ios::binary);
-        if (!in) break;
-        std::stringstream content;
-        content << in.rdbuf();
-        values.push_back(content.str());
-      }
-      if (values.size() == keys.size()) return values;
-      if (absl::Now() >= deadline) return absl::DeadlineExceededError("keys missing in " + dir_);
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
-  }
-
- private:
-  std::string Path(const std::string& key) const {
-    return dir_ + "/" + absl::StrReplaceAll(key, {{"/", "_"}});
-  }
-  std::string dir_;
-};
-
 constexpr char kChildDirEnv[] = "RACKRUN_GLOO_TEST_CHILD_DIR";
 
 // Run only as the child of PeerProcessKilledFailsTheSurvivor: rank 1, connects, then
@@ -409,7 +363,7 @@ TEST(GlooChannelChild, DISABLED_RankOneWaitsToBeKilled) {
   const char* dir = std::getenv(kChildDirEnv);
   if (dir == nullptr) GTEST_SKIP() << "child of PeerProcessKilledFailsTheSurvivor only";
   prctl(PR_SET_PDEATHSIG, SIGKILL);
-  DirectoryStore store(dir);
+  DirectoryRendezvousStore store(dir);
   auto channel = CreateGlooChannel(store, "job/killed", 1, 2, Options(absl::Seconds(10)));
   ASSERT_TRUE(channel.ok()) << channel.status();
   // Bounded, in case the parent never kills it.
@@ -430,7 +384,7 @@ TEST(GlooChannel, PeerProcessKilledFailsTheSurvivor) {
           static_cast<char*>(nullptr));
     _exit(127);
   }
-  DirectoryStore store(dir);
+  DirectoryRendezvousStore store(dir);
   const absl::Duration timeout = absl::Seconds(10);
   auto channel = CreateGlooChannel(store, "job/killed", 0, 2, Options(timeout));
   if (!channel.ok()) {

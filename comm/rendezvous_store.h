@@ -2,7 +2,9 @@
 // other before they have a data channel (torchrun's store, NCCL's unique-id exchange).
 // The coordinator serves one over gRPC (RackControl.StoreSet/StoreGet); the worker adapts
 // that onto this interface, so comm/ knows nothing of gRPC. InMemoryRendezvousStore is
-// the store for threads of one process (tests, single-process runs).
+// the store for threads of one process (tests, single-process runs);
+// DirectoryRendezvousStore is the store for processes of one host that share a folder
+// (tests and benchmarks that start ranks as processes without a coordinator).
 //
 // Contract of every implementation:
 // - Set(key, value) stores `value` under `key`, replacing an earlier value. OK once the
@@ -51,6 +53,30 @@ class InMemoryRendezvousStore final : public RendezvousStore {
   std::mutex mu_;
   std::condition_variable changed_;
   std::map<std::string, std::string, std::less<>> values_ ABSL_GUARDED_BY(mu_);
+};
+
+// One file per key in an existing folder that every rank can read and write (one host, or
+// a shared file system); a value is written atomically (base::WriteFileAtomically), so a
+// reader sees it whole or not at all. Key names are escaped ('%' and '/' as %25 and %2F),
+// so distinct keys are distinct files. Get polls the folder every `poll` until its keys
+// exist; Set and Get report file errors with the path and errno's text. Two store objects
+// of one process must not Set the same key at the same moment (one temporary per process).
+class DirectoryRendezvousStore final : public RendezvousStore {
+ public:
+  explicit DirectoryRendezvousStore(std::string dir,
+                                    absl::Duration poll = absl::Milliseconds(2));
+
+  absl::Status Set(const std::string& key, const std::string& value) override;
+  absl::StatusOr<std::vector<std::string>> Get(const std::vector<std::string>& keys,
+                                               absl::Duration timeout) override;
+
+  // The file that holds `key`'s value.
+  std::string PathOf(const std::string& key) const;
+
+ private:
+  std::string dir_;
+  absl::Duration poll_;
+  std::mutex set_mu_;
 };
 
 }  // namespace rackrun::comm

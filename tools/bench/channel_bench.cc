@@ -27,16 +27,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <functional>
 #include <memory>
-#include <sstream>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_replace.h"
 #include "absl/time/clock.h"
 #include "base/statistics.h"
 #include "comm/data_channel.h"
@@ -48,50 +44,7 @@ namespace {
 
 using rackrun::comm::DataChannel;
 using rackrun::comm::DataType;
-using rackrun::comm::RendezvousStore;
-
-// A rendezvous store in a folder that every rank of this host can read: one file per key,
-// written whole by rename.
-class DirectoryStore final : public RendezvousStore {
- public:
-  explicit DirectoryStore(std::string dir) : dir_(std::move(dir)) {}
-  absl::Status Set(const std::string& key, const std::string& value) override {
-    const std::string path = Path(key);
-    const std::string tmp = absl::StrCat(path, ".tmp", getpid());
-    {
-      std::ofstream out(tmp, std::ios::binary);
-      out << value;
-      if (!out) return absl::InternalError("cannot write " + tmp);
-    }
-    if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-      return absl::InternalError("cannot rename " + tmp);
-    }
-    return absl::OkStatus();
-  }
-  absl::StatusOr<std::vector<std::string>> Get(const std::vector<std::string>& keys,
-                                               absl::Duration timeout) override {
-    const absl::Time deadline = absl::Now() + timeout;
-    while (true) {
-      std::vector<std::string> values;
-      for (const std::string& key : keys) {
-        std::ifstream in(Path(key), std::ios::binary);
-        if (!in) break;
-        std::stringstream content;
-        content << in.rdbuf();
-        values.push_back(content.str());
-      }
-      if (values.size() == keys.size()) return values;
-      if (absl::Now() >= deadline) return absl::DeadlineExceededError("keys missing in " + dir_);
-      std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    }
-  }
-
- private:
-  std::string Path(const std::string& key) const {
-    return dir_ + "/" + absl::StrReplaceAll(key, {{"/", "_"}});
-  }
-  std::string dir_;
-};
+using rackrun::comm::DirectoryRendezvousStore;
 
 void Check(const absl::Status& s, const char* what) {
   if (s.ok()) return;
@@ -194,7 +147,7 @@ int main(int argc, char** argv) {
     std::snprintf(dir, sizeof(dir), "%s", t.c_str());
   }
   Check(m.Broadcast(dir, sizeof(dir), DataType::kByte, 0), "broadcast of the scratch folder");
-  DirectoryStore store(dir);
+  DirectoryRendezvousStore store(dir);
   rackrun::comm::GlooChannelOptions go;
   go.channel.timeout = absl::Seconds(60);
   absl::StatusOr<std::unique_ptr<DataChannel>> gloo =
