@@ -100,6 +100,10 @@ class ExpertParallelExecutor final : public ExpertExecutor<float> {
   // Weights and gradients of this rank's instance of `expert`: a replica slot, or the
   // master in this rank's shard.
   InstanceWeights WeightsOf(int expert);
+  // Calls body(batch, weights) for the local batches RunForwardBatches / RunBackwardBatches
+  // take (`local` as there), with the threading of one pass over all batches.
+  template <typename Body>
+  void ForEachBatch(bool local, Body body);
 
   ExpertParallelGroup* g_;
   int layer_;
@@ -325,28 +329,31 @@ ExpertParallelExecutor::InstanceWeights ExpertParallelExecutor::WeightsOf(int ex
   return {slot_weights(slot), slot_weights(slot) + n13, slot_grads(slot), slot_grads(slot) + n13};
 }
 
-void ExpertParallelExecutor::RunForwardBatches(bool local) {
+template <typename Body>
+void ExpertParallelExecutor::ForEachBatch(bool local, Body body) {
   const auto& batches = dispatch_->local_batches();
   const int c = experts_->width(), f = experts_->hidden();
   // Every batch keeps the threading it would have in one pass over all batches.
   RunExpertBatches(batch_offsets_, static_cast<int64_t>(c) * f, &cold_, [&](int i) {
     const comm::TokenDispatch::LocalBatch& b = batches[static_cast<size_t>(i)];
     if ((slot_of_expert_[static_cast<size_t>(b.expert)] < 0) != local) return;
+    body(b, WeightsOf(b.expert));
+  });
+}
+
+void ExpertParallelExecutor::RunForwardBatches(bool local) {
+  const int c = experts_->width(), f = experts_->hidden();
+  ForEachBatch(local, [&](const comm::TokenDispatch::LocalBatch& b, const InstanceWeights& w) {
     const int64_t r0 = b.offset;
-    const InstanceWeights w = WeightsOf(b.expert);
     SwigluForward(c, f, w.w13, w.w2, b.rows, in_.data() + r0 * c, h13_.data() + r0 * 2 * f,
                   act_.data() + r0 * f, out_.data() + r0 * c);
   });
 }
 
 void ExpertParallelExecutor::RunBackwardBatches(bool local) {
-  const auto& batches = dispatch_->local_batches();
   const int c = experts_->width(), f = experts_->hidden();
-  RunExpertBatches(batch_offsets_, static_cast<int64_t>(c) * f, &cold_, [&](int i) {
-    const comm::TokenDispatch::LocalBatch& b = batches[static_cast<size_t>(i)];
-    if ((slot_of_expert_[static_cast<size_t>(b.expert)] < 0) != local) return;
+  ForEachBatch(local, [&](const comm::TokenDispatch::LocalBatch& b, const InstanceWeights& w) {
     const int64_t r0 = b.offset;
-    const InstanceWeights w = WeightsOf(b.expert);
     SwigluBackward(c, f, w.w13, w.w2, w.dw13, w.dw2, b.rows, in_.data() + r0 * c,
                    h13_.data() + r0 * 2 * f, act_.data() + r0 * f, dy_.data() + r0 * c,
                    dh13_.data() + r0 * 2 * f, dact_.data() + r0 * f, dx_.data() + r0 * c);
