@@ -80,9 +80,13 @@ def encode(message, text_proto):
     return out.stdout
 
 
+def stream(method, payload):
+    """One call of the coordinator target: [method][u16 length][payload]."""
+    return bytes([method]) + struct.pack("<H", len(payload)) + payload
+
+
 def call(method, message, text_proto):
-    b = encode(message, text_proto)
-    return bytes([method]) + struct.pack("<H", len(b)) + b
+    return stream(method, encode(message, text_proto))
 
 
 spec = ('spec { name: "j" model { width: 32 blocks: 1 heads: 2 seq_len: 16 '
@@ -110,10 +114,6 @@ def rows(*text_protos):
         b = encode("LoadRow", t)
         out += bytes([len(b)]) + b
     return out
-
-
-def stream(method, payload):
-    return bytes([method]) + struct.pack("<H", len(payload)) + payload
 
 
 row = 'job_id: "j-1" attempt: 1 rank: 0 microbatch: 0 layer: 0 training: true loads: [1, 2, 3, 4]'
