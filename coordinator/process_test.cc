@@ -1,11 +1,7 @@
 // Process-level tests: the real rackrun-coordinator binary with a scratch --state-dir on
 // 127.0.0.1, driven through the generated stubs (a test client plays the workers).
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/prctl.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
@@ -13,8 +9,11 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
+#include <regex>
 #include <set>
 #include <thread>
 
@@ -26,79 +25,52 @@
 #include "coordinator/test_util.h"
 #include "rackrun/v1/job_service.grpc.pb.h"
 #include "rackrun/v1/rack_control.grpc.pb.h"
+#include "tests/support/process.h"
 
 namespace rackrun::coordinator {
 namespace {
 
 using namespace std::chrono_literals;
 
-int FreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = 0;
-  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
-  socklen_t len = sizeof(a);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  close(fd);
-  return ntohs(a.sin_port);
-}
+using ::rackrun::testing::FreePort;
 
-// One coordinator process.
+// One coordinator process (a tests/support Child), its stdout and stderr in a file of the
+// test's temporary folder.
 class Coordinator {
  public:
   Coordinator(std::string state_dir, int port, std::vector<std::string> extra = {})
-      : state_dir_(std::move(state_dir)), port_(port), extra_(std::move(extra)) {}
-  ~Coordinator() { Kill(SIGKILL); }
+      : state_dir_(std::move(state_dir)), port_(port), extra_(std::move(extra)) {
+    static std::atomic<int> count{0};
+    output_ = std::filesystem::path(::testing::TempDir()) /
+              ("coordinator-" + std::to_string(getpid()) + "-" + std::to_string(count++) + ".out");
+  }
+  ~Coordinator() {
+    child_.reset();  // SIGKILL if still running
+    std::error_code ec;
+    std::filesystem::remove(output_, ec);
+  }
 
-  // Starts it and, when the port is fixed, returns at once; with port 0, after the banner.
+  // Starts it and returns at once (Banner waits for the listening line).
   void Start() {
-    int out[2];
-    ASSERT_EQ(pipe(out), 0);
     std::vector<std::string> args = {RACKRUN_COORDINATOR_BINARY, "--listen",
                                      "127.0.0.1:" + std::to_string(port_), "--state-dir", state_dir_};
     for (const auto& e : extra_) args.push_back(e);
-    const pid_t parent = getpid();
-    pid_ = fork();
-    if (pid_ == 0) {
-      // Dies with the test process (see tests/support/process.h).
-      prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (getppid() != parent) _exit(127);
-      dup2(out[1], 1);
-      close(out[0]);
-      std::vector<char*> argv;
-      for (auto& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      execv(argv[0], argv.data());
-      _exit(127);
-    }
-    close(out[1]);
-    out_ = fdopen(out[0], "r");
+    child_ = std::make_unique<::rackrun::testing::Child>(args, output_);
   }
-  // The first stdout line (the banner).
+  // The banner line ("... listening on HOST:PORT ..."); empty when none came within 15 s.
   std::string Banner() {
-    char buf[1024];
-    if (fgets(buf, sizeof(buf), out_) == nullptr) return "";
-    return buf;
+    std::string text;
+    const std::smatch m =
+        ::rackrun::testing::WaitForText(output_, std::regex("[^\n]*listening on [^\n]*"), &text);
+    return m.empty() ? "" : m.str(0);
   }
   void Kill(int sig) {
-    if (pid_ > 0) kill(pid_, sig);
+    if (child_ != nullptr) child_->Signal(sig);
   }
-  // Exit status after a signal was sent; -1 when it did not exit within `timeout`.
+  // Exit status after a signal was sent: the exit code, -1 after a signal, -2 when it did
+  // not exit within `timeout`.
   int Wait(std::chrono::milliseconds timeout = 10s) {
-    const auto end = std::chrono::steady_clock::now() + timeout;
-    while (pid_ > 0 && std::chrono::steady_clock::now() < end) {
-      int status = 0;
-      if (waitpid(pid_, &status, WNOHANG) == pid_) {
-        pid_ = -1;
-        if (out_ != nullptr) fclose(out_);
-        out_ = nullptr;
-        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-      }
-      std::this_thread::sleep_for(10ms);
-    }
-    return -1;
+    return child_ == nullptr ? -2 : child_->Wait(timeout);
   }
   void KillNine() {
     Kill(SIGKILL);
@@ -116,8 +88,8 @@ class Coordinator {
   std::string state_dir_;
   int port_;
   std::vector<std::string> extra_;
-  pid_t pid_ = -1;
-  FILE* out_ = nullptr;
+  std::filesystem::path output_;
+  std::unique_ptr<::rackrun::testing::Child> child_;
 };
 
 // grpc.health.v1 Check: 1 SERVING, 2 NOT_SERVING, -1 no answer.
