@@ -493,6 +493,8 @@ TEST(CoordinatorProcessTest, WorkersRunAJobAndALostWorkerIsNamed) {
   EXPECT_EQ(ra.run().bootstrap().store_prefix(), "jobs/" + id + "/1/");
   EXPECT_EQ(ra.run().bootstrap().address(), "hosta");
   EXPECT_FALSE(ra.run().resume());
+  EXPECT_EQ(ra.run().ranks_on_host(), 1);  // one rank on each host
+  EXPECT_EQ(rb.run().ranks_on_host(), 1);
 
   // Rendezvous through the coordinator.
   {
@@ -536,6 +538,40 @@ TEST(CoordinatorProcessTest, WorkersRunAJobAndALostWorkerIsNamed) {
   ASSERT_TRUE(a.Next(&ra));
   ASSERT_TRUE(ra.has_cancel());
   EXPECT_EQ(ra.cancel().job_id(), id2);
+}
+
+// Ranks that share a host share its memory: each RunJob says how many of the attempt's
+// ranks are on its worker's host, so that the worker checks that many against the machine.
+TEST(CoordinatorProcessTest, RunJobCountsTheRanksOnEachHost) {
+  testing::ScratchDir dir;
+  Coordinator c(dir.path(), FreePort(), {"--heartbeat-interval-ms", "50"});
+  c.Start();
+  Client user(c.Address(), "");
+  ASSERT_EQ(WaitServing(user.channel()).back(), 1);
+  Client good(c.Address(), c.Token());
+  FakeWorker a0(c.Address(), c.Token(), "hosta", 0);
+  FakeWorker a1(c.Address(), c.Token(), "hosta", 1);
+  FakeWorker b(c.Address(), c.Token(), "hostb", 2);
+  rackrun::v1::JobSpec spec = ValidSpec();
+  spec.mutable_resources()->set_ranks(3);
+  spec.mutable_model()->mutable_moe()->set_experts(6);  // whole experts per rank
+  rackrun::v1::SubmitResponse resp;
+  const grpc::Status submitted = good.Submit(spec, "three", &resp);
+  ASSERT_TRUE(submitted.ok()) << submitted.error_message();
+  std::map<std::string, int> on_host;  // host -> ranks_on_host its workers were told
+  for (auto [w, host] : {std::pair<FakeWorker*, std::string>{&a0, "hosta"}, {&a1, "hosta"},
+                         {&b, "hostb"}}) {
+    rackrun::v1::Assignment run;
+    ASSERT_TRUE(w->Next(&run));
+    ASSERT_TRUE(run.has_run());
+    EXPECT_EQ(run.run().ranks(), 3);
+    if (on_host.contains(host)) {
+      EXPECT_EQ(on_host[host], run.run().ranks_on_host()) << host;
+    }
+    on_host[host] = run.run().ranks_on_host();
+  }
+  EXPECT_EQ(on_host["hosta"], 2);
+  EXPECT_EQ(on_host["hostb"], 1);
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 #include "coordinator/rack.h"
 
+#include <map>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -129,6 +130,9 @@ void Rack::StartJobs() {
         continue;
       }
     }
+    // Ranks that share a host share its memory: each worker checks the job against it.
+    std::map<std::string, int> ranks_on_host;
+    for (const IdleWorker& w : p.ranks) ++ranks_on_host[w.host];
     for (size_t r = 0; r < p.ranks.size(); ++r) {
       rackrun::v1::Assignment a;
       rackrun::v1::RunJob* run = a.mutable_run();
@@ -138,6 +142,7 @@ void Rack::StartJobs() {
       run->set_ranks(static_cast<int>(p.ranks.size()));
       *run->mutable_spec() = spec;
       run->set_resume(attempt->number() > 1);
+      run->set_ranks_on_host(ranks_on_host[p.ranks[r].host]);
       rackrun::v1::Bootstrap* b = run->mutable_bootstrap();
       b->set_channel(ChannelOf(spec));
       b->set_store_prefix(absl::StrCat("jobs/", p.job_id, "/", attempt->number(), "/"));

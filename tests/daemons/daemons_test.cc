@@ -22,6 +22,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "runtime/spec.h"
 #include "tests/support/mpi_env.h"
 #include "tests/support/process.h"
 #include "tests/support/shell.h"
@@ -511,6 +512,60 @@ TEST_F(DaemonsTest, WorkerOutOfMemoryFailsTheJobAndTheWorkerStaysUp) {
   EXPECT_THAT(::rackrun::testing::Slurp(dir_ / "worker0.log"), ::testing::Not(HasSubstr("terminate called")));
   WaitIdle(1);
   const std::string next = Submit("--set resources.ranks=1 --set training.steps=3", "submit-next");
+  EXPECT_EQ(WaitState(next, "SUCCEEDED").value("state", ""), "SUCCEEDED");
+}
+
+// Two workers on one host share its memory: the coordinator tells each how many of the
+// attempt's ranks run on its host, and a job one rank of which fits but two do not fails
+// on both before anything is allocated, with the message that counts the ranks. (The
+// workers run under ulimit -v, so a check that counted one rank would end in an
+// allocation failure, not in the host's out-of-memory killer.)
+TEST_F(DaemonsTest, RanksSharingAHostAreCheckedAgainstItsMemoryTogether) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "ulimit -v leaves the sanitizer no room for its shadow memory";
+#endif
+  const int64_t usable = ::rackrun::runtime::ReadMachineMemory().usable();
+  if (usable < (int64_t{4} << 30)) GTEST_SKIP() << "needs 4 GiB of usable memory";
+  // model.vocab sized so that one rank's estimate is ~70% of the usable memory (the
+  // estimate grows linearly with the vocabulary): one rank fits, two do not.
+  const auto estimate = [&](int64_t vocab) {
+    absl::StatusOr<rackrun::v1::JobSpec> spec = ::rackrun::runtime::LoadJobSpec(
+        (dir_ / "job.yaml").string(), {"model.vocab=" + std::to_string(vocab)});
+    EXPECT_TRUE(spec.ok()) << spec.status();
+    ::rackrun::runtime::JobMemoryInputs in;
+    in.ranks = 2;
+    absl::StatusOr<::rackrun::runtime::JobMemoryEstimate> e =
+        ::rackrun::runtime::EstimateJobMemory(*spec, in);
+    EXPECT_TRUE(e.ok()) << e.status();
+    return e.ok() ? e->total : int64_t{0};
+  };
+  const int64_t e1 = estimate(1'000'000), e2 = estimate(2'000'000);
+  ASSERT_GT(e2, e1);
+  const double per_vocab = static_cast<double>(e2 - e1) / 1'000'000;
+  const auto vocab = static_cast<int64_t>(
+      1'000'000 + (0.7 * static_cast<double>(usable) - static_cast<double>(e1)) / per_vocab);
+  StartCoordinator();
+  for (int r = 0; r < 2; ++r) {
+    std::vector<std::string> env = WorkerEnv();
+    env.push_back("RANK=" + std::to_string(r));
+    workers_.push_back(std::make_unique<Child>(
+        std::vector<std::string>{"/bin/sh", "-c",
+                                 std::string("ulimit -v 3000000 && exec ") + RACKRUN_WORKER_BINARY +
+                                     " --data-address 127.0.0.1 --threads 1"},
+        dir_ / ("worker" + std::to_string(r) + ".log"), env));
+  }
+  WaitIdle(2);
+  const std::string id =
+      Submit("--set resources.ranks=2 --set model.vocab=" + std::to_string(vocab) +
+             " --set training.steps=2");
+  const json job = WaitState(id, "FAILED");
+  ASSERT_EQ(job.value("state", ""), "FAILED") << job.dump();
+  const std::string message = job["first_failure"].value("message", "");
+  EXPECT_THAT(message, HasSubstr("x 2 ranks on this machine")) << message;
+  EXPECT_THAT(message, ::testing::Not(HasSubstr("out of memory"))) << message;
+  // Both workers are idle again and run the next job.
+  WaitIdle(2);
+  const std::string next = Submit("--set resources.ranks=2 --set training.steps=2", "submit-next");
   EXPECT_EQ(WaitState(next, "SUCCEEDED").value("state", ""), "SUCCEEDED");
 }
 
