@@ -64,10 +64,15 @@ DirectoryRendezvousStore::DirectoryRendezvousStore(std::string dir, absl::Durati
     : dir_(std::move(dir)), poll_(std::max(poll, absl::Microseconds(100))) {}
 
 std::string DirectoryRendezvousStore::PathOf(const std::string& key) const {
+  // "" and names starting with '.' ("." and "..": the folder itself, its parent) escaped
+  // too; no other key's escaped name starts with "%00" or "%2E".
+  if (key.empty()) return absl::StrCat(dir_, "/%00");
   std::string name;
   name.reserve(key.size());
   for (const char c : key) {
-    if (c == '%') {
+    if (c == '.' && name.empty()) {
+      name += "%2E";
+    } else if (c == '%') {
       name += "%25";
     } else if (c == '/') {
       name += "%2F";

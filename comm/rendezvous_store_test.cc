@@ -96,16 +96,18 @@ TYPED_TEST(RendezvousStoreContract, TimeoutNamesOnlyTheMissingKeys) {
 
 TEST(DirectoryRendezvousStore, KeysThatDifferOnlyInSlashesAndEscapesAreDistinct) {
   DirectoryRendezvousStore store(FreshDir("distinct"));
-  const std::vector<std::string> keys = {"a/b", "a_b", "a%2Fb", "a%b", "a%252Fb"};
+  const std::vector<std::string> keys = {"a/b", "a_b", "a%2Fb", "a%b", "a%252Fb",
+                                         "", ".", "..", "%2E", "%00", ".a"};
   for (size_t i = 0; i < keys.size(); ++i) {
     ASSERT_TRUE(store.Set(keys[i], std::to_string(i)).ok());
   }
-  EXPECT_THAT(*store.Get(keys, absl::ZeroDuration()), ElementsAre("0", "1", "2", "3", "4"));
-  // Nothing but the five values is left in the folder (no temporaries).
+  EXPECT_THAT(*store.Get(keys, absl::ZeroDuration()),
+              ElementsAre("0", "1", "2", "3", "4", "5", "6", "7", "8", "9", "10"));
+  // Nothing but the values is left in the folder (no temporaries, nothing outside it).
   const std::filesystem::path dir = std::filesystem::path(store.PathOf("x")).parent_path();
   EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir),
                           std::filesystem::directory_iterator()),
-            5);
+            static_cast<std::ptrdiff_t>(keys.size()));
 }
 
 TEST(DirectoryRendezvousStore, TwoStoresOnOneFolderSeeEachOthersValues) {
