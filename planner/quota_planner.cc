@@ -635,7 +635,22 @@ absl::Status QuotaPlanner::SolveInto(const LoadMatrix& loads, int /*layer*/, Pla
   int64_t first_try = static_cast<int64_t>(std::ceil(mean * (1.0 + std::max(options_.eps, 0.0))));
   first_try = std::max(first_try, lower_bound);
   best_exports_.clear();
-  if (first_try < max_load && domain_.slots_per_rank > 0 && ranks > 1) {
+  const bool balance = first_try < max_load && domain_.slots_per_rank > 0 && ranks > 1;
+  const bool refine = balance && options_.refine;
+  const int64_t keep = options_.allow_zero_master_quota ? 0 : 1;
+  // Refinement's candidate (c), the greedy policy's plan, first: candidates (a) and (b) never
+  // end below first_try (a rank above a GreedyRebalancer's level ends at or above it, and
+  // the search leaves its heaviest rank at the threshold found, >= first_try), so when (c)
+  // ends below first_try it is the strict winner, and neither the search nor (a) and (b)
+  // can change the plan: they are skipped.
+  int64_t greedy_heaviest = 0;
+  if (refine) {
+    greedy_exports_.clear();
+    greedy_heaviest =
+        greedy_.Run(domain_, totals_, keep, options_.min_replica_tokens, 0, &greedy_exports_);
+  }
+  const bool greedy_wins = refine && greedy_heaviest < first_try;
+  if (balance && !greedy_wins) {
     rank_order_.resize(static_cast<size_t>(ranks));
     for (int r = 0; r < ranks; ++r) rank_order_[static_cast<size_t>(r)] = r;
     std::sort(rank_order_.begin(), rank_order_.end(), [this](int32_t a, int32_t b) {
@@ -683,24 +698,24 @@ absl::Status QuotaPlanner::SolveInto(const LoadMatrix& loads, int /*layer*/, Pla
       }
     }
   }
-  if (options_.refine && domain_.slots_per_rank > 0 && ranks > 1 && first_try < max_load) {
+  if (refine && !greedy_wins) {
     // Refinement: spend the free slots greedily, and compare with the greedy policy.
-    const int64_t keep = options_.allow_zero_master_quota ? 0 : 1;
     const int64_t floor = options_.min_replica_tokens;
     // Three candidates, the lowest heaviest rank kept (ties: the earlier, fewer replicas):
-    // the search's replicas plus greedy moves up to the first threshold tried; greedy from
-    // masters alone up to that threshold (each replica carries more than when filling to
-    // the mean, so slots last longer on heavy tails); the greedy policy's plan (to the mean).
+    // (a) the search's replicas plus greedy moves up to the first threshold tried; (b) greedy
+    // from masters alone up to that threshold (each replica carries more than when filling to
+    // the mean, so slots last longer on heavy tails); (c) the greedy policy's plan (to the
+    // mean), computed above.
     int64_t best = greedy_.Run(domain_, totals_, keep, floor, first_try, &best_exports_);
-    for (const int64_t level : {first_try, int64_t{0}}) {
-      greedy_exports_.clear();
-      const int64_t heaviest = greedy_.Run(domain_, totals_, keep, floor, level, &greedy_exports_);
-      if (heaviest < best) {
-        best = heaviest;
-        std::swap(best_exports_, greedy_exports_);
-      }
+    exports_.clear();
+    const int64_t heaviest = greedy_.Run(domain_, totals_, keep, floor, first_try, &exports_);
+    if (heaviest < best) {
+      best = heaviest;
+      std::swap(best_exports_, exports_);
     }
+    if (greedy_heaviest < best) std::swap(best_exports_, greedy_exports_);
   }
+  if (greedy_wins) std::swap(best_exports_, greedy_exports_);
   assembler_.Build(domain_, loads, totals_, best_exports_, plan);
   return absl::OkStatus();
 }
