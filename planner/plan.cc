@@ -60,6 +60,31 @@ absl::Status ValidateLoads(const Domain& domain, const LoadMatrix& loads) {
   return absl::OkStatus();
 }
 
+absl::Status ValidatedExpertTotals(const Domain& domain, const LoadMatrix& loads,
+                                   std::vector<int64_t>* totals) {
+  if (absl::Status status = domain.Validate(); !status.ok()) return status;
+  const int ranks = domain.ranks;
+  const int experts = domain.experts();
+  if (loads.ranks != ranks || loads.experts != experts ||
+      loads.counts.size() != static_cast<size_t>(ranks) * static_cast<size_t>(experts)) {
+    return ValidateLoads(domain, loads);
+  }
+  // Any negative count or one of 2^40 or more sets a bit at or above 40 in the OR of all
+  // counts; then ValidateLoads decides (2^40 itself is allowed).
+  totals->assign(static_cast<size_t>(experts), 0);
+  uint64_t bits = 0;
+  int64_t* __restrict sums = totals->data();
+  for (int s = 0; s < ranks; ++s) {
+    const int64_t* __restrict row = loads.row(s);
+    for (int e = 0; e < experts; ++e) {
+      sums[e] += row[e];
+      bits |= static_cast<uint64_t>(row[e]);
+    }
+  }
+  if ((bits >> 40) != 0) return ValidateLoads(domain, loads);
+  return absl::OkStatus();
+}
+
 std::vector<int64_t> LoadMatrix::ExpertTotals() const {
   std::vector<int64_t> totals(static_cast<size_t>(std::max(experts, 0)), 0);
   for (int src = 0; src < ranks; ++src) {

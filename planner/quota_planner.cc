@@ -523,11 +523,19 @@ int64_t GreedyRebalancer::Run(const Domain& domain, const std::vector<int64_t>& 
       const ReplicaQuota& x = (*replicas)[static_cast<size_t>(j)];
       if (x.tokens > 1) candidates_.push_back(Candidate{x.tokens, x.expert, j});
     }
-    std::sort(candidates_.begin(), candidates_.end(), [](const Candidate& a, const Candidate& b) {
+    // Insertion sort: a rank has masters_per_rank + slots_per_rank candidates at most, and
+    // the order is total (no two instances of an expert on one rank), so any sort agrees.
+    const auto before = [](const Candidate& a, const Candidate& b) {
       if (a.tokens != b.tokens) return a.tokens > b.tokens;
       if ((a.replica < 0) != (b.replica < 0)) return a.replica < 0;
       return a.expert < b.expert;
-    });
+    };
+    for (size_t i = 1; i < candidates_.size(); ++i) {
+      const Candidate c = candidates_[i];
+      size_t j = i;
+      for (; j > 0 && before(c, candidates_[j - 1]); --j) candidates_[j] = candidates_[j - 1];
+      candidates_[j] = c;
+    }
     bool moved = false;
     for (const Candidate& c : candidates_) {
       // Mark the ranks that hold c.expert, then take the lightest target not marked.
@@ -597,25 +605,9 @@ absl::Status QuotaPlanner::SolveInto(const LoadMatrix& loads, int /*layer*/, Pla
   const int experts = domain_.experts();
   last_oracle_calls_ = 0;
   last_threshold_ = 0;
-  if (ranks <= 0 || masters <= 0 || domain_.slots_per_rank < 0 || loads.ranks != ranks ||
-      loads.experts != experts ||
-      loads.counts.size() != static_cast<size_t>(ranks) * static_cast<size_t>(experts)) {
-    return ValidateLoads(domain_, loads);
-  }
-  // Expert totals, with a range check folded in: any negative count or one above 2^40
-  // sets a bit at or above 40 in the OR of all counts.
-  totals_.assign(static_cast<size_t>(experts), 0);
-  uint64_t bits = 0;
-  for (int s = 0; s < ranks; ++s) {
-    const int64_t* __restrict row = loads.row(s);
-    int64_t* __restrict totals = totals_.data();
-    for (int e = 0; e < experts; ++e) {
-      totals[e] += row[e];
-      bits |= static_cast<uint64_t>(row[e]);
-    }
-  }
-  if ((bits >> 40) != 0) {
-    if (absl::Status status = ValidateLoads(domain_, loads); !status.ok()) return status;
+  // Expert totals, with the loads' check folded into the same pass.
+  if (absl::Status status = ValidatedExpertTotals(domain_, loads, &totals_); !status.ok()) {
+    return status;
   }
   home_loads_.assign(static_cast<size_t>(ranks), 0);
   int64_t total = 0;
