@@ -339,7 +339,22 @@ void QuotaSplit::Fill(const LoadMatrix& loads, Plan* plan) {
 }
 
 QuotaPlanner::QuotaPlanner(const Domain& domain, const PlannerOptions& options)
-    : domain_(domain), options_(options), assembler_(options) {}
+    : domain_(domain), options_(options), assembler_(options) {
+  // The search's buffers depend on the domain only. Sized here, so that a solve whose search
+  // runs for the first time (earlier solves kept the greedy candidate) does not allocate.
+  if (!domain.Validate().ok()) return;  // SolveInto reports it
+  const size_t ranks = static_cast<size_t>(domain.ranks);
+  const size_t replicas = ranks * static_cast<size_t>(domain.slots_per_rank);
+  rank_order_.reserve(ranks);
+  expert_order_.reserve(static_cast<size_t>(domain.experts()));
+  slack_.reserve(ranks);
+  free_slots_.reserve(ranks);
+  heap_.reserve(ranks);
+  aside_.reserve(ranks);
+  exports_.reserve(replicas);
+  best_exports_.reserve(replicas);
+  greedy_exports_.reserve(replicas);
+}
 
 absl::StatusOr<Plan> QuotaPlanner::Solve(const LoadMatrix& loads, int layer) {
   Plan plan;
