@@ -17,22 +17,20 @@ absl::StatusOr<Plan> NoBalancePlanner::Solve(const LoadMatrix& loads, int layer)
 }
 
 absl::Status NoBalancePlanner::SolveInto(const LoadMatrix& loads, int /*layer*/, Plan* plan) {
-  if (absl::Status status = ValidateLoads(domain_, loads); !status.ok()) return status;
+  // Masters only: each quota is its expert's total.
+  if (absl::Status status = ValidatedExpertTotals(domain_, loads, &plan->quota); !status.ok()) {
+    return status;
+  }
   const int experts = domain_.experts();
   plan->ranks = domain_.ranks;
   plan->experts = experts;
   plan->instances.resize(static_cast<size_t>(experts));
   plan->first.resize(static_cast<size_t>(experts) + 1);
-  plan->quota.assign(static_cast<size_t>(experts), 0);
   for (int e = 0; e < experts; ++e) {
     plan->instances[static_cast<size_t>(e)] = ExpertInstance{e, domain_.home_rank(e), true};
     plan->first[static_cast<size_t>(e)] = e;
   }
   plan->first[static_cast<size_t>(experts)] = experts;
-  for (int s = 0; s < loads.ranks; ++s) {
-    const int64_t* row = loads.row(s);
-    for (int e = 0; e < experts; ++e) plan->quota[static_cast<size_t>(e)] += row[e];
-  }
   split_.Fill(loads, plan);
   plan->fanout.transfers.clear();
   return absl::OkStatus();
@@ -45,11 +43,8 @@ absl::StatusOr<Plan> GreedyPlanner::Solve(const LoadMatrix& loads, int layer) {
 }
 
 absl::Status GreedyPlanner::SolveInto(const LoadMatrix& loads, int /*layer*/, Plan* plan) {
-  if (absl::Status status = ValidateLoads(domain_, loads); !status.ok()) return status;
-  totals_.assign(static_cast<size_t>(domain_.experts()), 0);
-  for (int s = 0; s < loads.ranks; ++s) {
-    const int64_t* row = loads.row(s);
-    for (int e = 0; e < loads.experts; ++e) totals_[static_cast<size_t>(e)] += row[e];
+  if (absl::Status status = ValidatedExpertTotals(domain_, loads, &totals_); !status.ok()) {
+    return status;
   }
   replicas_.clear();
   greedy_.Run(domain_, totals_, options_.allow_zero_master_quota ? 0 : 1, 1, 0, &replicas_);
@@ -70,10 +65,11 @@ absl::StatusOr<Plan> IdealPlanner::Solve(const LoadMatrix& loads, int layer) {
 }
 
 absl::Status IdealPlanner::SolveInto(const LoadMatrix& loads, int /*layer*/, Plan* plan) {
-  if (absl::Status status = ValidateLoads(domain_, loads); !status.ok()) return status;
+  if (absl::Status status = ValidatedExpertTotals(domain_, loads, &totals_); !status.ok()) {
+    return status;
+  }
   const int ranks = domain_.ranks;
   const int experts = domain_.experts();
-  totals_ = loads.ExpertTotals();
   int64_t total = 0;
   for (const int64_t t : totals_) total += t;
   room_.resize(static_cast<size_t>(ranks));

@@ -60,6 +60,47 @@ absl::Status ValidateLoads(const Domain& domain, const LoadMatrix& loads) {
   return absl::OkStatus();
 }
 
+absl::Status ValidatedExpertTotals(const Domain& domain, const LoadMatrix& loads,
+                                   std::vector<int64_t>* totals) {
+  if (absl::Status status = domain.Validate(); !status.ok()) return status;
+  const int ranks = domain.ranks;
+  const int experts = domain.experts();
+  if (loads.ranks != ranks || loads.experts != experts ||
+      loads.counts.size() != static_cast<size_t>(ranks) * static_cast<size_t>(experts)) {
+    return ValidateLoads(domain, loads);
+  }
+  // Any negative count or one of 2^40 or more sets a bit at or above 40 in the OR of all
+  // counts; then ValidateLoads decides (2^40 itself is allowed). Sums are taken modulo 2^64
+  // (unsigned), so bad counts cannot overflow; valid ones sum exactly (below 2^63).
+  totals->resize(static_cast<size_t>(experts));
+  uint64_t bits = 0;
+  // (Reading an int64_t through uint64_t is allowed: the unsigned type of the same width.)
+  uint64_t* __restrict sums = reinterpret_cast<uint64_t*>(totals->data());
+  std::fill(sums, sums + experts, uint64_t{0});
+  // Four rows per sweep of the totals: a quarter of the totals' loads and stores.
+  int s = 0;
+  for (; s + 4 <= ranks; s += 4) {
+    const uint64_t* __restrict row0 = reinterpret_cast<const uint64_t*>(loads.row(s));
+    const uint64_t* __restrict row1 = reinterpret_cast<const uint64_t*>(loads.row(s + 1));
+    const uint64_t* __restrict row2 = reinterpret_cast<const uint64_t*>(loads.row(s + 2));
+    const uint64_t* __restrict row3 = reinterpret_cast<const uint64_t*>(loads.row(s + 3));
+    for (int e = 0; e < experts; ++e) {
+      const uint64_t a = row0[e], b = row1[e], c = row2[e], d = row3[e];
+      sums[e] += (a + b) + (c + d);
+      bits |= a | b | c | d;
+    }
+  }
+  for (; s < ranks; ++s) {
+    const uint64_t* __restrict row = reinterpret_cast<const uint64_t*>(loads.row(s));
+    for (int e = 0; e < experts; ++e) {
+      sums[e] += row[e];
+      bits |= row[e];
+    }
+  }
+  if ((bits >> 40) != 0) return ValidateLoads(domain, loads);
+  return absl::OkStatus();
+}
+
 std::vector<int64_t> LoadMatrix::ExpertTotals() const {
   std::vector<int64_t> totals(static_cast<size_t>(std::max(experts, 0)), 0);
   for (int src = 0; src < ranks; ++src) {

@@ -55,6 +55,13 @@ struct LoadMatrix {
 // counts); InvalidArgument naming the field and the offending entry otherwise.
 absl::Status ValidateLoads(const Domain& domain, const LoadMatrix& loads);
 
+// ValidateLoads and LoadMatrix::ExpertTotals in one pass over the counts: on success
+// *totals holds the tokens per expert (resized to the domain's experts). The per-entry
+// check runs only when the pass sees a count outside [0, 2^40), so a valid matrix is read
+// once; errors are ValidateLoads' (same messages).
+absl::Status ValidatedExpertTotals(const Domain& domain, const LoadMatrix& loads,
+                                   std::vector<int64_t>* totals);
+
 // Per-rank work when every expert's tokens are processed at its home rank.
 std::vector<int64_t> HomeRankLoads(const Domain& domain, const LoadMatrix& loads);
 

@@ -59,6 +59,30 @@ TEST(LoadMatrixTest, ValidateLoadsNamesTheProblem) {
             absl::StatusCode::kInvalidArgument);
 }
 
+TEST(LoadMatrixTest, ValidatedExpertTotalsChecksAndSumsInOnePass) {
+  const Domain domain{2, 2, 1};
+  LoadMatrix loads(2, 4);
+  for (int s = 0; s < 2; ++s) {
+    for (int e = 0; e < 4; ++e) loads.at(s, e) = 10 * s + e;
+  }
+  loads.at(1, 3) = int64_t{1} << 40;  // the largest count allowed
+  std::vector<int64_t> totals;
+  ASSERT_TRUE(ValidatedExpertTotals(domain, loads, &totals).ok());
+  EXPECT_EQ(totals, loads.ExpertTotals());
+  // Every error is ValidateLoads' own.
+  for (const int64_t bad : {int64_t{-1}, (int64_t{1} << 40) + 1, int64_t{-(int64_t{1} << 62)}}) {
+    LoadMatrix wrong = loads;
+    wrong.at(1, 2) = bad;
+    const absl::Status status = ValidatedExpertTotals(domain, wrong, &totals);
+    EXPECT_EQ(status, ValidateLoads(domain, wrong)) << bad;
+    EXPECT_NE(MessageOf(status).find("loads[1][2] = "), std::string::npos) << bad;
+  }
+  EXPECT_EQ(ValidatedExpertTotals(domain, LoadMatrix(3, 4), &totals),
+            ValidateLoads(domain, LoadMatrix(3, 4)));
+  EXPECT_EQ(ValidatedExpertTotals(Domain{2, 0, 1}, LoadMatrix(2, 4), &totals).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(ImbalanceTest, MaxOverMean) {
   EXPECT_DOUBLE_EQ(Imbalance({1, 1, 1, 1}), 1.0);
   EXPECT_DOUBLE_EQ(Imbalance({4, 0, 0, 0}), 4.0);

@@ -315,7 +315,23 @@ void QuotaSplit::Fill(const LoadMatrix& loads, Plan* plan) {
   if (columns_.size() < x_count * g) columns_.resize(x_count * g);
   double* gathered = columns_.data();
   const int32_t* which = replicated_.data();
-  for (size_t s = 0; s < g; ++s) {
+  // Four rows at a time: one index load and one address per four entries.
+  size_t s = 0;
+  for (; s + 4 <= g; s += 4) {
+    const int64_t* row0 = loads.row(static_cast<int>(s));
+    const int64_t* row1 = loads.row(static_cast<int>(s + 1));
+    const int64_t* row2 = loads.row(static_cast<int>(s + 2));
+    const int64_t* row3 = loads.row(static_cast<int>(s + 3));
+    for (size_t x = 0; x < x_count; ++x) {
+      const int32_t e = which[x];
+      double* out = gathered + x * g + s;
+      out[0] = static_cast<double>(row0[e]);
+      out[1] = static_cast<double>(row1[e]);
+      out[2] = static_cast<double>(row2[e]);
+      out[3] = static_cast<double>(row3[e]);
+    }
+  }
+  for (; s < g; ++s) {
     const int64_t* row = loads.row(static_cast<int>(s));
     for (size_t x = 0; x < x_count; ++x) gathered[x * g + s] = static_cast<double>(row[which[x]]);
   }
@@ -323,7 +339,22 @@ void QuotaSplit::Fill(const LoadMatrix& loads, Plan* plan) {
 }
 
 QuotaPlanner::QuotaPlanner(const Domain& domain, const PlannerOptions& options)
-    : domain_(domain), options_(options), assembler_(options) {}
+    : domain_(domain), options_(options), assembler_(options) {
+  // The search's buffers depend on the domain only. Sized here, so that a solve whose search
+  // runs for the first time (earlier solves kept the greedy candidate) does not allocate.
+  if (!domain.Validate().ok()) return;  // SolveInto reports it
+  const size_t ranks = static_cast<size_t>(domain.ranks);
+  const size_t replicas = ranks * static_cast<size_t>(domain.slots_per_rank);
+  rank_order_.reserve(ranks);
+  expert_order_.reserve(static_cast<size_t>(domain.experts()));
+  slack_.reserve(ranks);
+  free_slots_.reserve(ranks);
+  heap_.reserve(ranks);
+  aside_.reserve(ranks);
+  exports_.reserve(replicas);
+  best_exports_.reserve(replicas);
+  greedy_exports_.reserve(replicas);
+}
 
 absl::StatusOr<Plan> QuotaPlanner::Solve(const LoadMatrix& loads, int layer) {
   Plan plan;
@@ -523,11 +554,19 @@ int64_t GreedyRebalancer::Run(const Domain& domain, const std::vector<int64_t>& 
       const ReplicaQuota& x = (*replicas)[static_cast<size_t>(j)];
       if (x.tokens > 1) candidates_.push_back(Candidate{x.tokens, x.expert, j});
     }
-    std::sort(candidates_.begin(), candidates_.end(), [](const Candidate& a, const Candidate& b) {
+    // Insertion sort: a rank has masters_per_rank + slots_per_rank candidates at most, and
+    // the order is total (no two instances of an expert on one rank), so any sort agrees.
+    const auto before = [](const Candidate& a, const Candidate& b) {
       if (a.tokens != b.tokens) return a.tokens > b.tokens;
       if ((a.replica < 0) != (b.replica < 0)) return a.replica < 0;
       return a.expert < b.expert;
-    });
+    };
+    for (size_t i = 1; i < candidates_.size(); ++i) {
+      const Candidate c = candidates_[i];
+      size_t j = i;
+      for (; j > 0 && before(c, candidates_[j - 1]); --j) candidates_[j] = candidates_[j - 1];
+      candidates_[j] = c;
+    }
     bool moved = false;
     for (const Candidate& c : candidates_) {
       // Mark the ranks that hold c.expert, then take the lightest target not marked.
@@ -597,25 +636,9 @@ absl::Status QuotaPlanner::SolveInto(const LoadMatrix& loads, int /*layer*/, Pla
   const int experts = domain_.experts();
   last_oracle_calls_ = 0;
   last_threshold_ = 0;
-  if (ranks <= 0 || masters <= 0 || domain_.slots_per_rank < 0 || loads.ranks != ranks ||
-      loads.experts != experts ||
-      loads.counts.size() != static_cast<size_t>(ranks) * static_cast<size_t>(experts)) {
-    return ValidateLoads(domain_, loads);
-  }
-  // Expert totals, with a range check folded in: any negative count or one above 2^40
-  // sets a bit at or above 40 in the OR of all counts.
-  totals_.assign(static_cast<size_t>(experts), 0);
-  uint64_t bits = 0;
-  for (int s = 0; s < ranks; ++s) {
-    const int64_t* __restrict row = loads.row(s);
-    int64_t* __restrict totals = totals_.data();
-    for (int e = 0; e < experts; ++e) {
-      totals[e] += row[e];
-      bits |= static_cast<uint64_t>(row[e]);
-    }
-  }
-  if ((bits >> 40) != 0) {
-    if (absl::Status status = ValidateLoads(domain_, loads); !status.ok()) return status;
+  // Expert totals, with the loads' check folded into the same pass.
+  if (absl::Status status = ValidatedExpertTotals(domain_, loads, &totals_); !status.ok()) {
+    return status;
   }
   home_loads_.assign(static_cast<size_t>(ranks), 0);
   int64_t total = 0;
@@ -635,7 +658,22 @@ absl::Status QuotaPlanner::SolveInto(const LoadMatrix& loads, int /*layer*/, Pla
   int64_t first_try = static_cast<int64_t>(std::ceil(mean * (1.0 + std::max(options_.eps, 0.0))));
   first_try = std::max(first_try, lower_bound);
   best_exports_.clear();
-  if (first_try < max_load && domain_.slots_per_rank > 0 && ranks > 1) {
+  const bool balance = first_try < max_load && domain_.slots_per_rank > 0 && ranks > 1;
+  const bool refine = balance && options_.refine;
+  const int64_t keep = options_.allow_zero_master_quota ? 0 : 1;
+  // Refinement's candidate (c), the greedy policy's plan, first: candidates (a) and (b) never
+  // end below first_try (a rank above a GreedyRebalancer's level ends at or above it, and
+  // the search leaves its heaviest rank at the threshold found, >= first_try), so when (c)
+  // ends below first_try it is the strict winner, and neither the search nor (a) and (b)
+  // can change the plan: they are skipped.
+  int64_t greedy_heaviest = 0;
+  if (refine) {
+    greedy_exports_.clear();
+    greedy_heaviest =
+        greedy_.Run(domain_, totals_, keep, options_.min_replica_tokens, 0, &greedy_exports_);
+  }
+  const bool greedy_wins = refine && greedy_heaviest < first_try;
+  if (balance && !greedy_wins) {
     rank_order_.resize(static_cast<size_t>(ranks));
     for (int r = 0; r < ranks; ++r) rank_order_[static_cast<size_t>(r)] = r;
     std::sort(rank_order_.begin(), rank_order_.end(), [this](int32_t a, int32_t b) {
@@ -683,24 +721,24 @@ absl::Status QuotaPlanner::SolveInto(const LoadMatrix& loads, int /*layer*/, Pla
       }
     }
   }
-  if (options_.refine && domain_.slots_per_rank > 0 && ranks > 1 && first_try < max_load) {
+  if (refine && !greedy_wins) {
     // Refinement: spend the free slots greedily, and compare with the greedy policy.
-    const int64_t keep = options_.allow_zero_master_quota ? 0 : 1;
     const int64_t floor = options_.min_replica_tokens;
     // Three candidates, the lowest heaviest rank kept (ties: the earlier, fewer replicas):
-    // the search's replicas plus greedy moves up to the first threshold tried; greedy from
-    // masters alone up to that threshold (each replica carries more than when filling to
-    // the mean, so slots last longer on heavy tails); the greedy policy's plan (to the mean).
+    // (a) the search's replicas plus greedy moves up to the first threshold tried; (b) greedy
+    // from masters alone up to that threshold (each replica carries more than when filling to
+    // the mean, so slots last longer on heavy tails); (c) the greedy policy's plan (to the
+    // mean), computed above.
     int64_t best = greedy_.Run(domain_, totals_, keep, floor, first_try, &best_exports_);
-    for (const int64_t level : {first_try, int64_t{0}}) {
-      greedy_exports_.clear();
-      const int64_t heaviest = greedy_.Run(domain_, totals_, keep, floor, level, &greedy_exports_);
-      if (heaviest < best) {
-        best = heaviest;
-        std::swap(best_exports_, greedy_exports_);
-      }
+    exports_.clear();
+    const int64_t heaviest = greedy_.Run(domain_, totals_, keep, floor, first_try, &exports_);
+    if (heaviest < best) {
+      best = heaviest;
+      std::swap(best_exports_, exports_);
     }
+    if (greedy_heaviest < best) std::swap(best_exports_, greedy_exports_);
   }
+  if (greedy_wins) std::swap(best_exports_, greedy_exports_);
   assembler_.Build(domain_, loads, totals_, best_exports_, plan);
   return absl::OkStatus();
 }

@@ -157,6 +157,8 @@ class GreedyRebalancer {
 //    heaviest rank is never above either the threshold found or the `greedy` policy's
 //    (with min_replica_tokens 1; refinement runs only when the homes exceed the first
 //    threshold tried, so the bound is max(greedy's, ceil(mean * (1 + eps))));
+//    Candidate (c) is computed first: (a) and (b) never end below the first threshold
+//    tried, so when (c) does, it wins and the search, (a) and (b) are skipped (same plan);
 //  - the split is QuotaSplit's; the fan-out schedule is FanoutScheduler's.
 // After the first call of a given domain, SolveInto into a reused Plan does not allocate.
 // Not thread-safe: one planner per thread (plans are deterministic, so every rank's own
@@ -169,8 +171,9 @@ class QuotaPlanner final : public Planner {
   absl::StatusOr<Plan> Solve(const LoadMatrix& loads, int layer) override;
   absl::Status SolveInto(const LoadMatrix& loads, int layer, Plan* plan) override;
 
-  // Diagnostics of the last solve: the threshold chosen (0 when nothing was exported) and
-  // how many times the oracle ran.
+  // Diagnostics of the last solve: the threshold the search chose and how many times the
+  // oracle ran; both 0 when the search did not run (the homes are within the first
+  // threshold tried, or refinement's greedy candidate ended below it and was kept).
   int64_t last_threshold() const { return last_threshold_; }
   int last_oracle_calls() const { return last_oracle_calls_; }
 

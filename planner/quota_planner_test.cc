@@ -123,13 +123,17 @@ TEST(QuotaPlannerTest, MinimumReplicaSizeRaisesTheThreshold) {
   LoadMatrix loads(4, 4);
   loads.at(0, 0) = 130;
   for (int r = 1; r < 4; ++r) loads.at(r, r) = 90;
-  QuotaPlanner small(domain, PlannerOptions{});
+  // The search alone (refine off): with refinement the greedy candidate ends at 100 < 101,
+  // below anything the search can give, so the search is skipped (checked at the end).
+  PlannerOptions search_only;
+  search_only.refine = false;
+  QuotaPlanner small(domain, search_only);
   absl::StatusOr<Plan> plan = small.Solve(loads, 0);
   ASSERT_TRUE(plan.ok());
   EXPECT_EQ(small.last_threshold(), 101);
   EXPECT_EQ(plan->num_replicas(), 3);
 
-  PlannerOptions options;
+  PlannerOptions options = search_only;
   options.min_replica_tokens = 10;
   QuotaPlanner large(domain, options);
   plan = large.Solve(loads, 0);
@@ -142,6 +146,18 @@ TEST(QuotaPlannerTest, MinimumReplicaSizeRaisesTheThreshold) {
     }
   }
   EXPECT_LE(MaxOf(plan->RankLoads()), large.last_threshold());
+  EXPECT_TRUE(CheckPlanInvariants(domain, loads, *plan).ok());
+
+  // With refinement (the default) the greedy candidate (10-token moves to the mean) ends at
+  // 100, below the first threshold tried (101): it is kept and the search does not run.
+  options.refine = true;
+  QuotaPlanner refined(domain, options);
+  plan = refined.Solve(loads, 0);
+  ASSERT_TRUE(plan.ok());
+  EXPECT_EQ(MaxOf(plan->RankLoads()), 100);
+  EXPECT_EQ(refined.last_threshold(), 0);
+  EXPECT_EQ(refined.last_oracle_calls(), 0);
+  EXPECT_EQ(plan->num_replicas(), 3);
   EXPECT_TRUE(CheckPlanInvariants(domain, loads, *plan).ok());
 }
 

@@ -9,7 +9,8 @@
 //  2. Solve time against EP: the zipf-2 family (256 experts, top-8, 2 slots per rank) at
 //     EP 8, 16, 32, 64, 128, 256; each policy solves N times, cycling through M microbatches,
 //     SolveInto into a reused Plan on one pinned thread; p50 / p99 of the N solves, and
-//     p50 per rank so linear growth shows as a flat column.
+//     p50 per rank so linear growth shows as a flat column, and a digest of the plans of the
+//     first M solves (one per microbatch).
 // `ultraep-search` is ultraep with PlannerOptions::refine off: DESIGN.md's threshold search
 // alone, as ultraep was before its refinement pass.
 //
@@ -131,6 +132,7 @@ struct TimeRow {
   std::string policy;
   double p50_us = 0;
   double p99_us = 0;
+  uint64_t digest = 0;  // PlanFingerprint chained over the first M solves (one per microbatch)
   std::string error;
 };
 
@@ -350,6 +352,7 @@ int main(int argc, char** argv) {
       }
       Plan plan;
       std::vector<double> us;
+      row.digest = rackrun::planner::kFingerprintSeed;
       for (int s = 0; s < solves; ++s) {
         const LoadMatrix& l = loads[static_cast<size_t>(s % microbatches)];
         const auto start = std::chrono::steady_clock::now();
@@ -360,6 +363,7 @@ int main(int argc, char** argv) {
           break;
         }
         us.push_back(Micros(start, stop));
+        if (s < microbatches) row.digest = rackrun::planner::PlanFingerprint(plan, row.digest);
       }
       row.p50_us = Percentile(us, 0.50);
       row.p99_us = Percentile(us, 0.99);
@@ -400,6 +404,10 @@ int main(int argc, char** argv) {
       } else {
         j["solve_p50_us"] = r.p50_us;
         j["solve_p99_us"] = r.p99_us;
+        char digest[24];
+        std::snprintf(digest, sizeof(digest), "%016llx",
+                      static_cast<unsigned long long>(r.digest));
+        j["plan_digest"] = digest;
       }
       times.push_back(j);
     }
@@ -446,16 +454,17 @@ int main(int argc, char** argv) {
         "\n2. solve time against EP: zipf-2, top-8, 2 slots/rank, %d solves over %d "
         "microbatches\n",
         solves, microbatches);
-    std::printf("%-5s %-7s %-14s %9s %9s %12s\n", "EP", "experts", "policy", "p50(us)", "p99(us)",
-                "p50/EP(us)");
+    std::printf("%-5s %-7s %-14s %9s %9s %12s  %s\n", "EP", "experts", "policy", "p50(us)",
+                "p99(us)", "p50/EP(us)", "plan digest");
     for (const TimeRow& r : time_rows) {
       if (!r.error.empty()) {
         std::printf("%-5d %-7d %-14s skipped: %s\n", r.ranks, r.experts, r.policy.c_str(),
                     r.error.c_str());
         continue;
       }
-      std::printf("%-5d %-7d %-14s %9.1f %9.1f %12.3f\n", r.ranks, r.experts, r.policy.c_str(),
-                  r.p50_us, r.p99_us, r.p50_us / std::max(r.ranks, 1));
+      std::printf("%-5d %-7d %-14s %9.1f %9.1f %12.3f  %016llx\n", r.ranks, r.experts,
+                  r.policy.c_str(), r.p50_us, r.p99_us, r.p50_us / std::max(r.ranks, 1),
+                  static_cast<unsigned long long>(r.digest));
     }
   }
   return 0;
