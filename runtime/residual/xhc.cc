@@ -1037,9 +1037,8 @@ void XhcImpl<T>::WriteBackward(int l, T* d_out) {
   }
   if (sl.mlp) {
     // Convolutions: d_out[t] += sum_j sum_i w_j[i] * dg_j[t + i] (same segment), one pass
-    // per tap (as the forward's convolutions), and dw_j[i] += sum_t dg_j[t] * out[t - i], summed in
-    // registers over blocks of 64 tokens (four interleaved partial sums each). Channel-parallel for
-    // the weights, so the order of the sums is fixed whatever the thread count.
+    // per tap (as the forward's convolutions), and dw_j[i] += sum_t dg_j[t] * out[t - i] in
+    // token order.
     const int32_t* seg = this->segment_of.data();
     const T* dg = dg_.data();
     const T* w[kMaxKr] = {};
@@ -1057,41 +1056,28 @@ void XhcImpl<T>::WriteBackward(int l, T* d_out) {
         for (int i = 0; i < taps[j]; ++i)
           MulAdd(w[j] + i * C, dg + (static_cast<int64_t>(t + i) * J_ + j) * C, d_out + t * C, C);
     }
-    constexpr int64_t kChannels = 64;
-    constexpr int kTokens = 64;
-#pragma omp parallel for schedule(static) if (this->Parallel())
-    for (int64_t c0 = 0; c0 < C; c0 += kChannels) {
-      const int64_t cn = std::min(kChannels, C - c0);
-      for (int j = 0; j < J_; ++j) {
-        const int kw = this->config.conv_widths[static_cast<size_t>(j)];
-        T* dw = this->grad(sl.conv[static_cast<size_t>(j)]);
-        for (int tb = 0; tb < tokens; tb += kTokens) {
-          const int te = std::min(tokens, tb + kTokens);
-          for (int i = 0; i < kw; ++i)
-            ForElements<T>(cn, [&]<typename V>(int64_t e) {
-              const int64_t ch = c0 + e;
-              // Four partial sums over the block's tokens (t, t+4, ... in each).
-              const T* dgj = dg + static_cast<int64_t>(j) * C + ch;
-              const T* src = saved_out + ch;
-              const int64_t ldg = static_cast<int64_t>(J_) * C;
-              auto term = [&](int u) {
-                return Ld<T, V>(dgj + u * ldg) * Ld<T, V>(src + (u - i) * sl.row_stride);
-              };
-              V s0 = Bc<T, V>(T(0)), s1 = s0, s2 = s0, s3 = s0;
-              int t = std::max(tb, i);
-              for (; t + 4 <= te; t += 4) {
-                if (t - i >= seg[t]) s0 += term(t);
-                if (t + 1 - i >= seg[t + 1]) s1 += term(t + 1);
-                if (t + 2 - i >= seg[t + 2]) s2 += term(t + 2);
-                if (t + 3 - i >= seg[t + 3]) s3 += term(t + 3);
-              }
-              for (; t < te; ++t)
-                if (t - i >= seg[t]) s0 += term(t);
-              const V acc = Ld<T, V>(dw + i * C + ch) + ((s0 + s1) + (s2 + s3));
-              St<T, V>(dw + i * C + ch, acc);
-            });
+    // Weight gradients: each thread owns a range of channels (a multiple of 16 elements, so
+    // the vector/scalar split of every element is that of the serial loop) and walks the
+    // tokens in order with one full-range MulAdd per (token, convolution, tap): every
+    // element is summed over tokens in ascending order whatever the thread count, from rows
+    // streamed contiguously (a loop over tokens per 64-channel block strided 12-32 KiB per
+    // token and missed the TLB at every step).
+#pragma omp parallel if (this->Parallel())
+    {
+      const int nth = omp_get_num_threads();
+      const int64_t per = ((C + nth - 1) / nth + 15) / 16 * 16;
+      const int64_t c0 = std::min<int64_t>(C, omp_get_thread_num() * per);
+      const int64_t cn = std::min<int64_t>(C, c0 + per) - c0;
+      T* dw[kMaxKr];
+      for (int j = 0; j < J_; ++j) dw[j] = this->grad(sl.conv[static_cast<size_t>(j)]);
+      for (int t = 0; cn > 0 && t < tokens; ++t)
+        for (int j = 0; j < J_; ++j) {
+          const int kw = this->config.conv_widths[static_cast<size_t>(j)];
+          const T* dgj = dg + (static_cast<int64_t>(t) * J_ + j) * C + c0;
+          for (int i = 0; i < kw && t - i >= seg[t]; ++i)
+            MulAdd(dgj, saved_out + static_cast<int64_t>(t - i) * sl.row_stride + c0,
+                   dw[j] + i * C + c0, cn);
         }
-      }
     }
   }
   // Weight gradient of [w_res | w_post] over the saved active rows.
