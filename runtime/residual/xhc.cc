@@ -48,6 +48,10 @@ constexpr int kMaxN = 64;
 constexpr int kMaxK = 16;
 constexpr int kMaxKr = 8;
 constexpr int64_t kRowPad = 16;  // elements: one cache line of float (two of double)
+// Tiles of the write-back backward's fused pass (elements; a multiple of every vector
+// width) and the row stride of their scratch copies.
+constexpr int64_t kTile = 256;
+constexpr int64_t kTileRow = kTile + kRowPad;
 
 // ---- Fused write-back (WriteOutput), one token at a time ----
 // The MLP basis O = [out, v_1 .. v_J] (causal depthwise convolutions, then modified
@@ -225,7 +229,12 @@ void FusedWriteBack(const WriteBackArgs<T>& a) {
 // H_res[j][i] G_j (or G_i without mixing) and dO_r = sum_j p_j H_post[j][r] G_j, and
 // returns <G_j, A_i> (dh_res, k x k, with mixing) and <G_j, O_r> (go, k x Kr). Per element
 // the sums run in the order of the sequential form; the dots are summed per vector lane,
-// then across lanes.
+// then across lanes. The pass runs over tiles of kTile elements: the tile's G and A rows are
+// first copied to `tile` (rows kTileRow apart) and its O rows to `o_copy` (rows ldp apart,
+// kept for the Gram-Schmidt backward), one row at a time, so the pass itself reads rows
+// that are not 4 KiB apart (at widths that are multiples of 1024 floats the stream and
+// saved rows are, and the pass's 12-20 rows would share L1 sets and evict each other).
+// Tiles are multiples of the vector width, so the result is that of the untiled pass.
 template <typename T>
 struct WriteBackGradArgs {
   int64_t C = 0;
@@ -237,16 +246,27 @@ struct WriteBackGradArgs {
   const T* mix = nullptr;   // k x k H_res or null
   const T* post = nullptr;  // k x Kr: p_j H_post[j][r]
   T* da = nullptr;          // k x C, written
-  T* d_o = nullptr;         // Kr x C, written
-  T* dh_res = nullptr;      // k x k (with mixing)
-  T* go = nullptr;          // k x Kr
+  T* d_o = nullptr;         // Kr x ldp, written
+  T* o_copy = nullptr;      // Kr x ldp: O, written
+  int64_t ldp = 0;          // row stride of d_o and o_copy
+  T* tile = nullptr;        // 2k x kTileRow scratch
+  // The next token's G rows and saved rows (A, O: (k + Kr) x C), prefetched into L2 tile by
+  // tile (null for the last token).
+  const T* next_g[kMaxK] = {};
+  const T* next_rows = nullptr;
+  T* dh_res = nullptr;  // k x k (with mixing)
+  T* go = nullptr;      // k x Kr
 };
 
-template <typename T>
-void FusedWriteBackBackward(const WriteBackGradArgs<T>& a) {
+// kK, kKR: k and Kr as compile-time constants (0: read from the arguments), so the loops
+// over rows unroll and the per-row values stay in registers (with run-time bounds they are
+// arrays on the stack, loaded and stored at every element).
+template <typename T, int kK, int kKR>
+void FusedWriteBackBackwardImpl(const WriteBackGradArgs<T>& a) {
   using residual_internal::Simd;
   const int64_t C = a.C;
-  const int k = a.k, Kr = a.Kr;
+  const int k = kK > 0 ? kK : a.k;
+  const int Kr = kKR > 0 ? kKR : a.Kr;
   const bool mix = a.mix != nullptr;
   Simd<T> vh[kMaxK * kMaxK], vo[kMaxK * kMaxKr];
   T sh[kMaxK * kMaxK], so[kMaxK * kMaxKr];
@@ -258,45 +278,89 @@ void FusedWriteBackBackward(const WriteBackGradArgs<T>& a) {
     vo[i] = Simd<T>{};
     so[i] = 0;
   }
-  ForElements<T>(C, [&]<typename V>(int64_t e) {
-    V gv[kMaxK], av[kMaxK], ov[kMaxKr];
-    for (int j = 0; j < k; ++j) gv[j] = Ld<T, V>(a.g[j] + e);
-    for (int r = 0; r < Kr; ++r) ov[r] = Ld<T, V>(a.o + r * C + e);
-    if (mix) {
-      for (int i = 0; i < k; ++i) av[i] = Ld<T, V>(a.a + i * C + e);
-      for (int i = 0; i < k; ++i) {
-        V d = Bc<T, V>(T(0));
-        for (int j = 0; j < k; ++j) d += Bc<T, V>(a.mix[j * k + i]) * gv[j];
-        St<T, V>(a.da + i * C + e, d);
+  T mixc[kMaxK * kMaxK] = {}, postc[kMaxK * kMaxKr];
+  if (mix) std::copy(a.mix, a.mix + k * k, mixc);
+  std::copy(a.post, a.post + k * Kr, postc);
+  const T* gt[kMaxK];
+  const T* at[kMaxK];
+  const T* ot[kMaxKr];
+  T* dat[kMaxK];
+  T* dot[kMaxKr];
+  for (int64_t e0 = 0; e0 < C; e0 += kTile) {
+    const int64_t n = std::min(kTile, C - e0);
+    if (a.next_rows != nullptr) {
+      constexpr int64_t kLine = 64 / sizeof(T);
+      for (int64_t e = 0; e < n; e += kLine) {
+        for (int j = 0; j < k; ++j) __builtin_prefetch(a.next_g[j] + e0 + e, 0, 2);
+        for (int r = 0; r < k + Kr; ++r) __builtin_prefetch(a.next_rows + r * C + e0 + e, 0, 2);
       }
-      for (int j = 0; j < k; ++j)
-        for (int i = 0; i < k; ++i) {
-          if constexpr (std::is_same_v<T, V>) {
-            sh[j * k + i] += gv[j] * av[i];
-          } else {
-            vh[j * k + i] += gv[j] * av[i];
-          }
-        }
-    } else {
-      for (int i = 0; i < k; ++i) St<T, V>(a.da + i * C + e, gv[i]);
     }
-    for (int j = 0; j < k; ++j)
-      for (int r = 0; r < Kr; ++r) {
-        if constexpr (std::is_same_v<T, V>) {
-          so[j * Kr + r] += gv[j] * ov[r];
-        } else {
-          vo[j * Kr + r] += gv[j] * ov[r];
-        }
-      }
+    for (int j = 0; j < k; ++j) {
+      T* dst = a.tile + j * kTileRow;
+      std::memcpy(dst, a.g[j] + e0, sizeof(T) * n);
+      gt[j] = dst;
+      dat[j] = a.da + j * C + e0;
+    }
+    for (int i = 0; mix && i < k; ++i) {
+      T* dst = a.tile + (k + i) * kTileRow;
+      std::memcpy(dst, a.a + i * C + e0, sizeof(T) * n);
+      at[i] = dst;
+    }
     for (int r = 0; r < Kr; ++r) {
-      V d = Bc<T, V>(T(0));
-      for (int j = 0; j < k; ++j) d += Bc<T, V>(a.post[j * Kr + r]) * gv[j];
-      St<T, V>(a.d_o + r * C + e, d);
+      T* dst = a.o_copy + r * a.ldp + e0;
+      std::memcpy(dst, a.o + r * C + e0, sizeof(T) * n);
+      ot[r] = dst;
+      dot[r] = a.d_o + r * a.ldp + e0;
     }
-  });
+    // dA and dO: no sums over elements.
+    ForElements<T>(n, [&]<typename V>(int64_t e) {
+      V gv[kMaxK];
+      for (int j = 0; j < k; ++j) gv[j] = Ld<T, V>(gt[j] + e);
+      if (mix) {
+        for (int i = 0; i < k; ++i) {
+          V d = Bc<T, V>(T(0));
+          for (int j = 0; j < k; ++j) d += Bc<T, V>(mixc[j * k + i]) * gv[j];
+          St<T, V>(dat[i] + e, d);
+        }
+      } else {
+        for (int i = 0; i < k; ++i) St<T, V>(dat[i] + e, gv[i]);
+      }
+      for (int r = 0; r < Kr; ++r) {
+        V d = Bc<T, V>(T(0));
+        for (int j = 0; j < k; ++j) d += Bc<T, V>(postc[j * Kr + r]) * gv[j];
+        St<T, V>(dot[r] + e, d);
+      }
+    });
+    // The dot products of G_j with every A_i and O_r, one row j at a time over the tile
+    // (k + Kr partial sums in registers; the tile's rows are in L1).
+    for (int j = 0; j < k; ++j) {
+      Simd<T> ah[kMaxK], ao[kMaxKr];
+      for (int i = 0; mix && i < k; ++i) ah[i] = vh[j * k + i];
+      for (int r = 0; r < Kr; ++r) ao[r] = vo[j * Kr + r];
+      ForElements<T>(n, [&]<typename V>(int64_t e) {
+        const V g = Ld<T, V>(gt[j] + e);
+        if constexpr (std::is_same_v<T, V>) {
+          for (int i = 0; mix && i < k; ++i) sh[j * k + i] += g * at[i][e];
+          for (int r = 0; r < Kr; ++r) so[j * Kr + r] += g * ot[r][e];
+        } else {
+          for (int i = 0; mix && i < k; ++i) ah[i] += g * Ld<T, V>(at[i] + e);
+          for (int r = 0; r < Kr; ++r) ao[r] += g * Ld<T, V>(ot[r] + e);
+        }
+      });
+      for (int i = 0; mix && i < k; ++i) vh[j * k + i] = ah[i];
+      for (int r = 0; r < Kr; ++r) vo[j * Kr + r] = ao[r];
+    }
+  }
   if (mix)
     for (int i = 0; i < k * k; ++i) a.dh_res[i] = Total<T>(vh[i]) + sh[i];
   for (int i = 0; i < k * Kr; ++i) a.go[i] = Total<T>(vo[i]) + so[i];
+}
+
+template <typename T>
+void FusedWriteBackBackward(const WriteBackGradArgs<T>& a) {
+  if (a.k == 4 && a.Kr == 1) return FusedWriteBackBackwardImpl<T, 4, 1>(a);
+  if (a.k == 4 && a.Kr == 4) return FusedWriteBackBackwardImpl<T, 4, 4>(a);
+  FusedWriteBackBackwardImpl<T, 0, 0>(a);
 }
 
 template <typename T>
@@ -382,10 +446,13 @@ class XhcImpl final : public ResidualStreams<T>::Impl {
   // multiples of 1024 floats, rows 4 KiB apart map to the same L1 sets and their loads
   // alias the stores of the fused passes.
   int64_t ScratchRow() const { return this->width + kRowPad; }
-  int64_t OffLevels() const { return OffO() + static_cast<int64_t>(KrMax()) * ScratchRow(); }
-  int64_t OffSmall() const {
-    return OffLevels() + static_cast<int64_t>(std::max(J_ + 1, J_ * (J_ + 1) / 2)) * this->width;
+  // The backward's padded copy of the saved basis, the Gram-Schmidt levels and the tiles.
+  int64_t OffOCopy() const { return OffO() + static_cast<int64_t>(KrMax()) * ScratchRow(); }
+  int64_t OffLevels() const { return OffOCopy() + static_cast<int64_t>(KrMax()) * ScratchRow(); }
+  int64_t OffTile() const {
+    return OffLevels() + static_cast<int64_t>(std::max(J_ + 1, J_ * (J_ + 1) / 2)) * ScratchRow();
   }
+  int64_t OffSmall() const { return OffTile() + 2 * k_ * kTileRow; }
   int64_t ScratchSize() const { return OffSmall() + sinkhorn_.tape_size() + 8 * k_ * k_ + 64; }
 
   void TopK(const T* score, int32_t* idx) const;
@@ -408,7 +475,11 @@ class XhcImpl final : public ResidualStreams<T>::Impl {
   }
   void ActiveLogitsToMaps(const Sublayer& sl, T* coef, T* sk) const;
   void GramSchmidtBackward(const Sublayer& sl, const T* out, int64_t ld, int t, const T* o, T* d_o,
-                           T* d_out_t, T* dg_t, T* levels) const;
+                           int64_t lp, T* d_out_t, T* dg_t, T* levels) const;
+  // kJ: J as a compile-time constant (0: J_).
+  template <int kJ>
+  void GramSchmidtBackwardImpl(const Sublayer& sl, const T* out, int64_t ld, int t, const T* o,
+                               T* d_o, int64_t lp, T* d_out_t, T* dg_t, T* levels) const;
   const T* Param(int64_t offset) const { return this->values.data() + offset; }
   int64_t ScalStride() const { return std::max(1 + this->nstreams, 2 + k_ * k_ + k_ * KrMax()); }
 
@@ -771,19 +842,33 @@ void XhcImpl<T>::Write(int l, const T* out) {
   if (this->save) this->Count("save for backward", 0, 0, 0, Kr * C);
 }
 
-// Backward of the MLP basis (FusedWriteBack) for token t: d_o (Kr x C, consumed) ->
+// Backward of the MLP basis (FusedWriteBack) for token t: d_o (Kr rows, consumed) ->
 // d_out_t (= dv1, written) and dg_t (J x C, the gradients w.r.t. the raw convolution
-// outputs). `out` rows are at stride `ld` (the saved v1 rows). Recomputes the Gram-Schmidt
+// outputs). `out` rows are at stride `ld` (the saved v1 rows); the basis o, d_o and the
+// levels are padded scratch rows `lp` apart. Recomputes the Gram-Schmidt
 // levels W(m, i) (row m before its step against o_i, J (J + 1) / 2 rows in `levels`) in J
 // passes over C, then undoes the steps i = J-1 .. 0 of all rows m > i in one pass per i
 // (rows in descending order, as the sequential form; the pass also sums the dot products
 // the next step needs): 2 J passes in all.
 template <typename T>
 void XhcImpl<T>::GramSchmidtBackward(const Sublayer& sl, const T* out, int64_t ld, int t,
-                                     const T* o, T* d_o, T* d_out_t, T* dg_t, T* levels) const {
+                                     const T* o, T* d_o, int64_t lp, T* d_out_t, T* dg_t,
+                                     T* levels) const {
+  if (J_ == 3) {
+    GramSchmidtBackwardImpl<3>(sl, out, ld, t, o, d_o, lp, d_out_t, dg_t, levels);
+  } else {
+    GramSchmidtBackwardImpl<0>(sl, out, ld, t, o, d_o, lp, d_out_t, dg_t, levels);
+  }
+}
+
+template <typename T>
+template <int kJ>
+void XhcImpl<T>::GramSchmidtBackwardImpl(const Sublayer& sl, const T* out, int64_t ld, int t,
+                                         const T* o, T* d_o, int64_t lp, T* d_out_t, T* dg_t,
+                                         T* levels) const {
   using residual_internal::Simd;
   const int64_t C = this->width;
-  const int J = J_;
+  const int J = kJ > 0 ? kJ : J_;  // compile-time when known: the row loops unroll
   if (J == 0) {
     std::memcpy(d_out_t, d_o, sizeof(T) * C);
     return;
@@ -795,7 +880,7 @@ void XhcImpl<T>::GramSchmidtBackward(const Sublayer& sl, const T* out, int64_t l
     taps[j] = std::min(this->config.conv_widths[static_cast<size_t>(j)], t - seg + 1);
     w[j] = Param(sl.conv[static_cast<size_t>(j)]);
   }
-  auto lev = [&](int m, int i) { return levels + (m * (m - 1) / 2 + i) * C; };
+  auto lev = [&](int m, int i) { return levels + (m * (m - 1) / 2 + i) * lp; };
   const T* out_t = out + t * ld;
   T norms[kMaxKr], c[kMaxKr][kMaxKr] = {}, dc[kMaxKr][kMaxKr] = {};
   {
@@ -808,11 +893,11 @@ void XhcImpl<T>::GramSchmidtBackward(const Sublayer& sl, const T* out, int64_t l
       const V o0 = Ld<T, V>(o + e);
       V dn[kMaxKr], dd[kMaxKr];
       for (int r = 0; r <= J; ++r) {
-        const V x = Ld<T, V>(o + r * C + e);
+        const V x = Ld<T, V>(o + r * lp + e);
         dn[r] = x * x;
       }
       for (int m = 1; m <= J; ++m) dd[m] = Ld<T, V>(lev(m, 0) + e) * o0;
-      const V dg = Ld<T, V>(d_o + J * C + e) * Ld<T, V>(o + (J - 1) * C + e);
+      const V dg = Ld<T, V>(d_o + J * lp + e) * Ld<T, V>(o + (J - 1) * lp + e);
       if constexpr (std::is_same_v<T, V>) {
         for (int r = 0; r <= J; ++r) sn[r] += dn[r];
         for (int m = 1; m <= J; ++m) sd[m] += dd[m];
@@ -833,8 +918,8 @@ void XhcImpl<T>::GramSchmidtBackward(const Sublayer& sl, const T* out, int64_t l
     Simd<T> vd[kMaxKr] = {};
     T sd[kMaxKr] = {};
     ForElements<T>(C, [&]<typename V>(int64_t e) {
-      const V x = Ld<T, V>(o + (i - 1) * C + e);
-      const V oi = Ld<T, V>(o + i * C + e);
+      const V x = Ld<T, V>(o + (i - 1) * lp + e);
+      const V oi = Ld<T, V>(o + i * lp + e);
       V dd[kMaxKr];
       for (int m = i + 1; m <= J; ++m) {
         const V v = Ld<T, V>(lev(m, i - 1) + e) + Bc<T, V>(-c[m][i - 1]) * x;
@@ -861,22 +946,22 @@ void XhcImpl<T>::GramSchmidtBackward(const Sublayer& sl, const T* out, int64_t l
     Simd<T> vd[kMaxKr] = {};
     T sd[kMaxKr] = {};
     ForElements<T>(C, [&]<typename V>(int64_t e) {
-      const V v = Ld<T, V>(o + i * C + e);
-      V di = Ld<T, V>(d_o + i * C + e);
+      const V v = Ld<T, V>(o + i * lp + e);
+      V di = Ld<T, V>(d_o + i * lp + e);
       V dm[kMaxKr];
       for (int m = J; m > i; --m) {
-        V d = Ld<T, V>(d_o + m * C + e);
+        V d = Ld<T, V>(d_o + m * lp + e);
         di = di + Bc<T, V>(s1[m]) * d;
         di = di + Bc<T, V>(s2[m]) * Ld<T, V>(lev(m, i) + e);
         di = di + Bc<T, V>(s3[m]) * v;
         dm[m] = d + Bc<T, V>(s2[m]) * v;
       }
       if (i > 0) {
-        const V vp = Ld<T, V>(o + (i - 1) * C + e);
+        const V vp = Ld<T, V>(o + (i - 1) * lp + e);
         dm[i] = di;
         V dd[kMaxKr];
         for (int m = i; m <= J; ++m) {
-          St<T, V>(d_o + m * C + e, dm[m]);
+          St<T, V>(d_o + m * lp + e, dm[m]);
           dd[m] = dm[m] * vp;
         }
         if constexpr (std::is_same_v<T, V>) {
@@ -919,6 +1004,7 @@ void XhcImpl<T>::WriteBackward(int l, T* d_out) {
     T* sc = this->Scratch(tid);
     T* dablock = dact_.data() + static_cast<int64_t>(t0) * kc;  // gradient w.r.t. A_(s-1)
     T* d_o = sc + OffO();
+    T* o_copy = sc + OffOCopy();
     T* sk_tape = sc + OffSmall();
     T* sk_work = sk_tape + sinkhorn_.tape_size();
     T* logits = sk_work + 2 * kk;
@@ -958,6 +1044,14 @@ void XhcImpl<T>::WriteBackward(int l, T* d_out) {
       args.post = post;
       args.da = da;
       args.d_o = sl.mlp ? d_o : d_out + t * C;
+      args.o_copy = o_copy;
+      args.ldp = ScratchRow();
+      args.tile = sc + OffTile();
+      if (t + 1 < tokens) {
+        const int32_t* nidx = idx + k_;
+        for (int j = 0; j < k_; ++j) args.next_g[j] = dx + nc + nidx[j] * C;
+        args.next_rows = a + sl.row_stride;
+      }
       args.dh_res = dhres;
       args.go = go;
       FusedWriteBackBackward(args);
@@ -972,8 +1066,9 @@ void XhcImpl<T>::WriteBackward(int l, T* d_out) {
         dp[j] += acc;
       }
       if (sl.mlp) {
-        GramSchmidtBackward(sl, saved_out, sl.row_stride, t, o, d_o, d_out + t * C,
-                            dg_.data() + static_cast<int64_t>(t) * J_ * C, sc + OffLevels());
+        GramSchmidtBackward(sl, saved_out, sl.row_stride, t, o_copy, d_o, ScratchRow(),
+                            d_out + t * C, dg_.data() + static_cast<int64_t>(t) * J_ * C,
+                            sc + OffLevels());
       }
       // Active mapping coefficients -> dq (c2), then RMSNorm(vec A) backward.
       T sum_dq_q = 0;
