@@ -224,17 +224,18 @@ void FusedWriteBack(const WriteBackArgs<T>& a) {
   });
 }
 
-// Backward of the write-back for one token, one pass over C: from the stream gradients
+// Backward of the write-back for one token, one sweep over C: from the stream gradients
 // G_j (the k rows of dX), the saved active rows A and basis O it writes dA_i = sum_j
 // H_res[j][i] G_j (or G_i without mixing) and dO_r = sum_j p_j H_post[j][r] G_j, and
 // returns <G_j, A_i> (dh_res, k x k, with mixing) and <G_j, O_r> (go, k x Kr). Per element
-// the sums run in the order of the sequential form; the dots are summed per vector lane,
-// then across lanes. The pass runs over tiles of kTile elements: the tile's G and A rows are
-// first copied to `tile` (rows kTileRow apart) and its O rows to `o_copy` (rows ldp apart,
-// kept for the Gram-Schmidt backward), one row at a time, so the pass itself reads rows
-// that are not 4 KiB apart (at widths that are multiples of 1024 floats the stream and
-// saved rows are, and the pass's 12-20 rows would share L1 sets and evict each other).
-// Tiles are multiples of the vector width, so the result is that of the untiled pass.
+// the sums run in the order of the sequential form; the dots are summed per vector lane in
+// element order, then across lanes. The sweep runs over tiles of kTile elements: the tile's
+// G and A rows are first copied to `tile` (rows kTileRow apart) and its O rows to `o_copy`
+// (rows ldp apart, kept for the Gram-Schmidt backward), one row at a time; then one pass
+// over the tile writes dA and dO and one pass per row j sums its k + Kr dot products, all
+// from L1 (the stream and saved rows are 4 KiB apart at widths that are multiples of 1024
+// floats: read in place, the tile's 12-20 rows would share L1 sets and evict each other).
+// Tiles are multiples of the vector width, so the result does not depend on the tiling.
 template <typename T>
 struct WriteBackGradArgs {
   int64_t C = 0;
