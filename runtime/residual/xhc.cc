@@ -47,6 +47,11 @@ constexpr int kTokenBlock = 8;
 constexpr int kMaxN = 64;
 constexpr int kMaxK = 16;
 constexpr int kMaxKr = 8;
+constexpr int64_t kRowPad = 16;  // elements: one cache line of float (two of double)
+// Tiles of the write-back backward's fused pass (elements; a multiple of every vector
+// width) and the row stride of their scratch copies.
+constexpr int64_t kTile = 256;
+constexpr int64_t kTileRow = kTile + kRowPad;
 
 // ---- Fused write-back (WriteOutput), one token at a time ----
 // The MLP basis O = [out, v_1 .. v_J] (causal depthwise convolutions, then modified
@@ -93,7 +98,7 @@ inline T Total(V v) {
 }
 
 // y = sum_i w[i * ldw] * x[-i * ldx] (n elements; taps in order, one pass each, as
-// MulAdd, the same arithmetic as the backward's recomputation in GramSchmidtBackward).
+// MulAdd). Shared by the forward and the backward's recomputation, so they agree bitwise.
 template <typename T>
 inline void ConvRow(const T* w, int64_t ldw, const T* x, int64_t ldx, int taps, int64_t n, T* y) {
   std::fill(y, y + n, T(0));
@@ -219,6 +224,146 @@ void FusedWriteBack(const WriteBackArgs<T>& a) {
   });
 }
 
+// Backward of the write-back for one token, one sweep over C: from the stream gradients
+// G_j (the k rows of dX), the saved active rows A and basis O it writes dA_i = sum_j
+// H_res[j][i] G_j (or G_i without mixing) and dO_r = sum_j p_j H_post[j][r] G_j, and
+// returns <G_j, A_i> (dh_res, k x k, with mixing) and <G_j, O_r> (go, k x Kr). Per element
+// the sums run in the order of the sequential form; the dots are summed per vector lane in
+// element order, then across lanes. The sweep runs over tiles of kTile elements: the tile's
+// G and A rows are first copied to `tile` (rows kTileRow apart) and its O rows to `o_copy`
+// (rows ldp apart, kept for the Gram-Schmidt backward), one row at a time; then one pass
+// over the tile writes dA and dO and one pass per row j sums its k + Kr dot products, all
+// from L1 (the stream and saved rows are 4 KiB apart at widths that are multiples of 1024
+// floats: read in place, the tile's 12-20 rows would share L1 sets and evict each other).
+// Tiles are multiples of the vector width, so the result does not depend on the tiling.
+template <typename T>
+struct WriteBackGradArgs {
+  int64_t C = 0;
+  int k = 0;
+  int Kr = 1;
+  const T* g[kMaxK] = {};   // the k rows of dX
+  const T* a = nullptr;     // k x C saved active rows
+  const T* o = nullptr;     // Kr x C saved basis (after a)
+  const T* mix = nullptr;   // k x k H_res or null
+  const T* post = nullptr;  // k x Kr: p_j H_post[j][r]
+  T* da = nullptr;          // k x C, written
+  T* d_o = nullptr;         // Kr x ldp, written
+  T* o_copy = nullptr;      // Kr x ldp: O, written
+  int64_t ldp = 0;          // row stride of d_o and o_copy
+  T* tile = nullptr;        // 2k x kTileRow scratch
+  // The next token's G rows and saved rows (A, O: (k + Kr) x C), prefetched into L2 tile by
+  // tile (null for the last token).
+  const T* next_g[kMaxK] = {};
+  const T* next_rows = nullptr;
+  T* dh_res = nullptr;  // k x k (with mixing)
+  T* go = nullptr;      // k x Kr
+};
+
+// kK, kKR: k and Kr as compile-time constants (0: read from the arguments), so the loops
+// over rows unroll and the per-row values stay in registers (with run-time bounds they are
+// arrays on the stack, loaded and stored at every element).
+template <typename T, int kK, int kKR>
+void FusedWriteBackBackwardImpl(const WriteBackGradArgs<T>& a) {
+  using residual_internal::Simd;
+  const int64_t C = a.C;
+  const int k = kK > 0 ? kK : a.k;
+  const int Kr = kKR > 0 ? kKR : a.Kr;
+  const bool mix = a.mix != nullptr;
+  Simd<T> vh[kMaxK * kMaxK], vo[kMaxK * kMaxKr];
+  T sh[kMaxK * kMaxK], so[kMaxK * kMaxKr];
+  for (int i = 0; i < k * k; ++i) {
+    vh[i] = Simd<T>{};
+    sh[i] = 0;
+  }
+  for (int i = 0; i < k * Kr; ++i) {
+    vo[i] = Simd<T>{};
+    so[i] = 0;
+  }
+  T mixc[kMaxK * kMaxK] = {}, postc[kMaxK * kMaxKr];
+  if (mix) std::copy(a.mix, a.mix + k * k, mixc);
+  std::copy(a.post, a.post + k * Kr, postc);
+  const T* gt[kMaxK];
+  const T* at[kMaxK];
+  const T* ot[kMaxKr];
+  T* dat[kMaxK];
+  T* dot[kMaxKr];
+  for (int64_t e0 = 0; e0 < C; e0 += kTile) {
+    const int64_t n = std::min(kTile, C - e0);
+    if (a.next_rows != nullptr) {
+      constexpr int64_t kLine = 64 / sizeof(T);
+      for (int64_t e = 0; e < n; e += kLine) {
+        for (int j = 0; j < k; ++j) __builtin_prefetch(a.next_g[j] + e0 + e, 0, 2);
+        for (int r = 0; r < k + Kr; ++r) __builtin_prefetch(a.next_rows + r * C + e0 + e, 0, 2);
+      }
+    }
+    for (int j = 0; j < k; ++j) {
+      T* dst = a.tile + j * kTileRow;
+      std::memcpy(dst, a.g[j] + e0, sizeof(T) * n);
+      gt[j] = dst;
+      dat[j] = a.da + j * C + e0;
+    }
+    for (int i = 0; mix && i < k; ++i) {
+      T* dst = a.tile + (k + i) * kTileRow;
+      std::memcpy(dst, a.a + i * C + e0, sizeof(T) * n);
+      at[i] = dst;
+    }
+    for (int r = 0; r < Kr; ++r) {
+      T* dst = a.o_copy + r * a.ldp + e0;
+      std::memcpy(dst, a.o + r * C + e0, sizeof(T) * n);
+      ot[r] = dst;
+      dot[r] = a.d_o + r * a.ldp + e0;
+    }
+    // dA and dO: no sums over elements.
+    ForElements<T>(n, [&]<typename V>(int64_t e) {
+      V gv[kMaxK];
+      for (int j = 0; j < k; ++j) gv[j] = Ld<T, V>(gt[j] + e);
+      if (mix) {
+        for (int i = 0; i < k; ++i) {
+          V d = Bc<T, V>(T(0));
+          for (int j = 0; j < k; ++j) d += Bc<T, V>(mixc[j * k + i]) * gv[j];
+          St<T, V>(dat[i] + e, d);
+        }
+      } else {
+        for (int i = 0; i < k; ++i) St<T, V>(dat[i] + e, gv[i]);
+      }
+      for (int r = 0; r < Kr; ++r) {
+        V d = Bc<T, V>(T(0));
+        for (int j = 0; j < k; ++j) d += Bc<T, V>(postc[j * Kr + r]) * gv[j];
+        St<T, V>(dot[r] + e, d);
+      }
+    });
+    // The dot products of G_j with every A_i and O_r, one row j at a time over the tile
+    // (k + Kr partial sums in registers; the tile's rows are in L1).
+    for (int j = 0; j < k; ++j) {
+      Simd<T> ah[kMaxK], ao[kMaxKr];
+      for (int i = 0; mix && i < k; ++i) ah[i] = vh[j * k + i];
+      for (int r = 0; r < Kr; ++r) ao[r] = vo[j * Kr + r];
+      ForElements<T>(n, [&]<typename V>(int64_t e) {
+        const V g = Ld<T, V>(gt[j] + e);
+        if constexpr (std::is_same_v<T, V>) {
+          for (int i = 0; mix && i < k; ++i) sh[j * k + i] += g * at[i][e];
+          for (int r = 0; r < Kr; ++r) so[j * Kr + r] += g * ot[r][e];
+        } else {
+          for (int i = 0; mix && i < k; ++i) ah[i] += g * Ld<T, V>(at[i] + e);
+          for (int r = 0; r < Kr; ++r) ao[r] += g * Ld<T, V>(ot[r] + e);
+        }
+      });
+      for (int i = 0; mix && i < k; ++i) vh[j * k + i] = ah[i];
+      for (int r = 0; r < Kr; ++r) vo[j * Kr + r] = ao[r];
+    }
+  }
+  if (mix)
+    for (int i = 0; i < k * k; ++i) a.dh_res[i] = Total<T>(vh[i]) + sh[i];
+  for (int i = 0; i < k * Kr; ++i) a.go[i] = Total<T>(vo[i]) + so[i];
+}
+
+template <typename T>
+void FusedWriteBackBackward(const WriteBackGradArgs<T>& a) {
+  if (a.k == 4 && a.Kr == 1) return FusedWriteBackBackwardImpl<T, 4, 1>(a);
+  if (a.k == 4 && a.Kr == 4) return FusedWriteBackBackwardImpl<T, 4, 4>(a);
+  FusedWriteBackBackwardImpl<T, 0, 0>(a);
+}
+
 template <typename T>
 class XhcImpl final : public ResidualStreams<T>::Impl {
  public:
@@ -298,8 +443,17 @@ class XhcImpl final : public ResidualStreams<T>::Impl {
   // Scratch layout per thread (the all-token projections use z_, q_, act_ and dact_).
   int64_t OffOne() const { return 0; }
   int64_t OffO() const { return OffOne() + static_cast<int64_t>(k_) * this->width; }
-  int64_t OffLevels() const { return OffO() + static_cast<int64_t>(KrMax()) * this->width; }
-  int64_t OffSmall() const { return OffLevels() + static_cast<int64_t>(J_ + 1) * this->width; }
+  // Rows of the per-token basis in scratch are padded by one cache line: at widths that are
+  // multiples of 1024 floats, rows 4 KiB apart map to the same L1 sets and their loads
+  // alias the stores of the fused passes.
+  int64_t ScratchRow() const { return this->width + kRowPad; }
+  // The backward's padded copy of the saved basis, the Gram-Schmidt levels and the tiles.
+  int64_t OffOCopy() const { return OffO() + static_cast<int64_t>(KrMax()) * ScratchRow(); }
+  int64_t OffLevels() const { return OffOCopy() + static_cast<int64_t>(KrMax()) * ScratchRow(); }
+  int64_t OffTile() const {
+    return OffLevels() + static_cast<int64_t>(std::max(J_ + 1, J_ * (J_ + 1) / 2)) * ScratchRow();
+  }
+  int64_t OffSmall() const { return OffTile() + 2 * k_ * kTileRow; }
   int64_t ScratchSize() const { return OffSmall() + sinkhorn_.tape_size() + 8 * k_ * k_ + 64; }
 
   void TopK(const T* score, int32_t* idx) const;
@@ -322,7 +476,11 @@ class XhcImpl final : public ResidualStreams<T>::Impl {
   }
   void ActiveLogitsToMaps(const Sublayer& sl, T* coef, T* sk) const;
   void GramSchmidtBackward(const Sublayer& sl, const T* out, int64_t ld, int t, const T* o, T* d_o,
-                           T* d_out_t, T* dg_t, T* levels) const;
+                           int64_t lp, T* d_out_t, T* dg_t, T* levels) const;
+  // kJ: J as a compile-time constant (0: J_).
+  template <int kJ>
+  void GramSchmidtBackwardImpl(const Sublayer& sl, const T* out, int64_t ld, int t, const T* o,
+                               T* d_o, int64_t lp, T* d_out_t, T* dg_t, T* levels) const;
   const T* Param(int64_t offset) const { return this->values.data() + offset; }
   int64_t ScalStride() const { return std::max(1 + this->nstreams, 2 + k_ * k_ + k_ * KrMax()); }
 
@@ -666,7 +824,7 @@ void XhcImpl<T>::Write(int l, const T* out) {
     // The basis O goes to the saved rows (after A) or to this thread's scratch.
     args.o = this->save ? sl.rows.data() + static_cast<int64_t>(t) * sl.row_stride + kc
                         : this->Scratch(omp_get_thread_num()) + OffO();
-    args.ldo = C;
+    args.ldo = this->save ? C : ScratchRow();
     args.save_o0 = this->save;
     if (sl.mlp) {
       const int seg = this->segment_of[static_cast<size_t>(t)];
@@ -685,51 +843,141 @@ void XhcImpl<T>::Write(int l, const T* out) {
   if (this->save) this->Count("save for backward", 0, 0, 0, Kr * C);
 }
 
-// Backward of the MLP basis (FusedWriteBack) for token t: d_o (Kr x C, consumed) -> d_out_t (+=
-// dv1) and dg_t (J x C, the gradients w.r.t. the raw convolution outputs). `out` rows are at stride
-// `ld` (the saved v1 rows). Recomputes the Gram-Schmidt levels.
+// Backward of the MLP basis (FusedWriteBack) for token t: d_o (Kr rows, consumed) ->
+// d_out_t (= dv1, written) and dg_t (J x C, the gradients w.r.t. the raw convolution
+// outputs). `out` rows are at stride `ld` (the saved v1 rows); the basis o, d_o and the
+// levels are padded scratch rows `lp` apart. Recomputes the Gram-Schmidt
+// levels W(m, i) (row m before its step against o_i, J (J + 1) / 2 rows in `levels`) in J
+// passes over C, then undoes the steps i = J-1 .. 0 of all rows m > i in one pass per i
+// (rows in descending order, as the sequential form; the pass also sums the dot products
+// the next step needs): 2 J passes in all.
 template <typename T>
 void XhcImpl<T>::GramSchmidtBackward(const Sublayer& sl, const T* out, int64_t ld, int t,
-                                     const T* o, T* d_o, T* d_out_t, T* dg_t, T* levels) const {
-  const int64_t C = this->width;
-  const int seg = this->segment_of[static_cast<size_t>(t)];
-  T norms[kMaxKr];
-  for (int i = 0; i <= J_; ++i)
-    norms[i] = Dot(o + i * C, o + i * C, C) + static_cast<T>(kGramSchmidtEps);
-  for (int j = J_ - 1; j >= 0; --j) {
-    // Recompute the levels W[0..j]: W[0] = g_j, W[i+1] = W[i] - c_i v_i.
-    T coefs[kMaxKr];
-    T* w0 = levels;
-    std::fill(w0, w0 + C, T(0));
-    const int kw = this->config.conv_widths[static_cast<size_t>(j)];
-    const T* cw = Param(sl.conv[static_cast<size_t>(j)]);
-    for (int i = 0; i < kw && t - i >= seg; ++i) MulAdd(cw + i * C, out + (t - i) * ld, w0, C);
-    for (int i = 0; i <= j; ++i) {
-      T* wi = levels + i * C;
-      coefs[i] = Dot(wi, o + i * C, C) / norms[i];
-      if (i < j) {
-        T* wn = levels + (i + 1) * C;
-        std::memcpy(wn, wi, sizeof(T) * C);
-        Axpy(-coefs[i], o + i * C, wn, C);
-      }
-    }
-    // dW = d v_(j+1) (complete: later vectors were undone first); undo steps i = j..0.
-    T* dw = d_o + (j + 1) * C;
-    for (int i = j; i >= 0; --i) {
-      const T* v = o + i * C;
-      const T* wi = levels + i * C;
-      const T c = coefs[i];
-      const T dc = -Dot(dw, v, C);
-      T* dv = d_o + i * C;
-      // W_(i+1) = W_i - c v, c = <W_i, v> / (<v,v> + eps).
-      Axpy(-c, dw, dv, C);
-      Axpy(dc / norms[i], wi, dv, C);
-      Axpy(-T(2) * c * dc / norms[i], v, dv, C);
-      Axpy(dc / norms[i], v, dw, C);
-    }
-    std::memcpy(dg_t + j * C, dw, sizeof(T) * C);
+                                     const T* o, T* d_o, int64_t lp, T* d_out_t, T* dg_t,
+                                     T* levels) const {
+  if (J_ == 3) {
+    GramSchmidtBackwardImpl<3>(sl, out, ld, t, o, d_o, lp, d_out_t, dg_t, levels);
+  } else {
+    GramSchmidtBackwardImpl<0>(sl, out, ld, t, o, d_o, lp, d_out_t, dg_t, levels);
   }
-  Axpy(T(1), d_o, d_out_t, C);
+}
+
+template <typename T>
+template <int kJ>
+void XhcImpl<T>::GramSchmidtBackwardImpl(const Sublayer& sl, const T* out, int64_t ld, int t,
+                                         const T* o, T* d_o, int64_t lp, T* d_out_t, T* dg_t,
+                                         T* levels) const {
+  using residual_internal::Simd;
+  const int64_t C = this->width;
+  const int J = kJ > 0 ? kJ : J_;  // compile-time when known: the row loops unroll
+  if (J == 0) {
+    std::memcpy(d_out_t, d_o, sizeof(T) * C);
+    return;
+  }
+  const int seg = this->segment_of[static_cast<size_t>(t)];
+  int taps[kMaxKr];
+  const T* w[kMaxKr];
+  for (int j = 0; j < J; ++j) {
+    taps[j] = std::min(this->config.conv_widths[static_cast<size_t>(j)], t - seg + 1);
+    w[j] = Param(sl.conv[static_cast<size_t>(j)]);
+  }
+  auto lev = [&](int m, int i) { return levels + (m * (m - 1) / 2 + i) * lp; };
+  const T* out_t = out + t * ld;
+  T norms[kMaxKr], c[kMaxKr][kMaxKr] = {}, dc[kMaxKr][kMaxKr] = {};
+  {
+    // W(m, 0) = raw convolution m - 1 (as the forward, one pass per tap); then one pass
+    // for <W(m, 0), o_0>, |o_r|^2 and <d_o[J], o_(J-1)>.
+    for (int m = 1; m <= J; ++m) ConvRow(w[m - 1], C, out_t, ld, taps[m - 1], C, lev(m, 0));
+    Simd<T> vn[kMaxKr] = {}, vd[kMaxKr] = {}, vg = {};
+    T sn[kMaxKr] = {}, sd[kMaxKr] = {}, sg = 0;
+    ForElements<T>(C, [&]<typename V>(int64_t e) {
+      const V o0 = Ld<T, V>(o + e);
+      V dn[kMaxKr], dd[kMaxKr];
+      for (int r = 0; r <= J; ++r) {
+        const V x = Ld<T, V>(o + r * lp + e);
+        dn[r] = x * x;
+      }
+      for (int m = 1; m <= J; ++m) dd[m] = Ld<T, V>(lev(m, 0) + e) * o0;
+      const V dg = Ld<T, V>(d_o + J * lp + e) * Ld<T, V>(o + (J - 1) * lp + e);
+      if constexpr (std::is_same_v<T, V>) {
+        for (int r = 0; r <= J; ++r) sn[r] += dn[r];
+        for (int m = 1; m <= J; ++m) sd[m] += dd[m];
+        sg += dg;
+      } else {
+        for (int r = 0; r <= J; ++r) vn[r] += dn[r];
+        for (int m = 1; m <= J; ++m) vd[m] += dd[m];
+        vg += dg;
+      }
+    });
+    for (int r = 0; r <= J; ++r)
+      norms[r] = Total<T>(vn[r]) + sn[r] + static_cast<T>(kGramSchmidtEps);
+    for (int m = 1; m <= J; ++m) c[m][0] = (Total<T>(vd[m]) + sd[m]) / norms[0];
+    dc[J][J - 1] = -(Total<T>(vg) + sg);
+  }
+  // W(m, i) = W(m, i-1) - c(m, i-1) o_(i-1) for m > i; c(m, i) = <W(m, i), o_i> / |o_i|^2.
+  for (int i = 1; i < J; ++i) {
+    Simd<T> vd[kMaxKr] = {};
+    T sd[kMaxKr] = {};
+    ForElements<T>(C, [&]<typename V>(int64_t e) {
+      const V x = Ld<T, V>(o + (i - 1) * lp + e);
+      const V oi = Ld<T, V>(o + i * lp + e);
+      V dd[kMaxKr];
+      for (int m = i + 1; m <= J; ++m) {
+        const V v = Ld<T, V>(lev(m, i - 1) + e) + Bc<T, V>(-c[m][i - 1]) * x;
+        St<T, V>(lev(m, i) + e, v);
+        dd[m] = v * oi;
+      }
+      if constexpr (std::is_same_v<T, V>) {
+        for (int m = i + 1; m <= J; ++m) sd[m] += dd[m];
+      } else {
+        for (int m = i + 1; m <= J; ++m) vd[m] += dd[m];
+      }
+    });
+    for (int m = i + 1; m <= J; ++m) c[m][i] = (Total<T>(vd[m]) + sd[m]) / norms[i];
+  }
+  // Undo step i of every row m > i: W(m, i+1) = W(m, i) - c v_i, c = <W(m, i), v_i> /
+  // (<v_i, v_i> + eps); dW(m, i+1) is d_o[m] (complete: rows above were undone first).
+  for (int i = J - 1; i >= 0; --i) {
+    T s1[kMaxKr], s2[kMaxKr], s3[kMaxKr];
+    for (int m = i + 1; m <= J; ++m) {
+      s1[m] = -c[m][i];
+      s2[m] = dc[m][i] / norms[i];
+      s3[m] = -T(2) * c[m][i] * dc[m][i] / norms[i];
+    }
+    Simd<T> vd[kMaxKr] = {};
+    T sd[kMaxKr] = {};
+    ForElements<T>(C, [&]<typename V>(int64_t e) {
+      const V v = Ld<T, V>(o + i * lp + e);
+      V di = Ld<T, V>(d_o + i * lp + e);
+      V dm[kMaxKr];
+      for (int m = J; m > i; --m) {
+        V d = Ld<T, V>(d_o + m * lp + e);
+        di = di + Bc<T, V>(s1[m]) * d;
+        di = di + Bc<T, V>(s2[m]) * Ld<T, V>(lev(m, i) + e);
+        di = di + Bc<T, V>(s3[m]) * v;
+        dm[m] = d + Bc<T, V>(s2[m]) * v;
+      }
+      if (i > 0) {
+        const V vp = Ld<T, V>(o + (i - 1) * lp + e);
+        dm[i] = di;
+        V dd[kMaxKr];
+        for (int m = i; m <= J; ++m) {
+          St<T, V>(d_o + m * lp + e, dm[m]);
+          dd[m] = dm[m] * vp;
+        }
+        if constexpr (std::is_same_v<T, V>) {
+          for (int m = i; m <= J; ++m) sd[m] += dd[m];
+        } else {
+          for (int m = i; m <= J; ++m) vd[m] += dd[m];
+        }
+      } else {
+        for (int m = 1; m <= J; ++m) St<T, V>(dg_t + (m - 1) * C + e, dm[m]);
+        St<T, V>(d_out_t + e, di);
+      }
+    });
+    if (i > 0)
+      for (int m = i; m <= J; ++m) dc[m][i - 1] = -(Total<T>(vd[m]) + sd[m]);
+  }
 }
 
 template <typename T>
@@ -757,6 +1005,7 @@ void XhcImpl<T>::WriteBackward(int l, T* d_out) {
     T* sc = this->Scratch(tid);
     T* dablock = dact_.data() + static_cast<int64_t>(t0) * kc;  // gradient w.r.t. A_(s-1)
     T* d_o = sc + OffO();
+    T* o_copy = sc + OffOCopy();
     T* sk_tape = sc + OffSmall();
     T* sk_work = sk_tape + sinkhorn_.tape_size();
     T* logits = sk_work + 2 * kk;
@@ -778,43 +1027,49 @@ void XhcImpl<T>::WriteBackward(int l, T* d_out) {
       T* scal = scal_.data() + static_cast<int64_t>(t) * ss;
       T* c2 = c2_.data() + static_cast<int64_t>(t) * P2Max();
       std::fill(scal, scal + nscal, T(0));
-      // Direct path of A: dA_i = sum_j H_res[j][i] G_j (last) or G_i.
-      T dhres[kMaxK * kMaxK];
-      for (int i2 = 0; i2 < k_; ++i2) {
-        T* dai = da + i2 * C;
-        if (sl.last) {
-          std::fill(dai, dai + C, T(0));
-          for (int j = 0; j < k_; ++j) Axpy(hres[j * k_ + i2], dx + idx[j] * C, dai, C);
-        } else {
-          std::memcpy(dai, dx + idx[i2] * C, sizeof(T) * C);
-        }
-      }
-      if (sl.last)
-        for (int j = 0; j < k_; ++j)
-          for (int i2 = 0; i2 < k_; ++i2) dhres[j * k_ + i2] = Dot(dx + idx[j] * C, a + i2 * C, C);
-      // Write-back path: A' += diag(p) H_post O.
+      // Direct path of A and the write-back path (A' += diag(p) H_post O): one pass.
       T* dp = dp_.data() + static_cast<int64_t>(t) * k_;
+      T dhres[kMaxK * kMaxK];
+      T go[kMaxK * kMaxKr];
+      T post[kMaxK * kMaxKr];
+      for (int j = 0; j < k_; ++j)
+        for (int r = 0; r < sl.Kr; ++r) post[j * sl.Kr + r] = rec[kGate + j] * hpost[j * sl.Kr + r];
+      WriteBackGradArgs<T> args;
+      args.C = C;
+      args.k = k_;
+      args.Kr = sl.Kr;
+      for (int j = 0; j < k_; ++j) args.g[j] = dx + idx[j] * C;
+      args.a = a;
+      args.o = o;
+      args.mix = sl.last ? hres : nullptr;
+      args.post = post;
+      args.da = da;
+      args.d_o = sl.mlp ? d_o : d_out + t * C;
+      args.o_copy = o_copy;
+      args.ldp = ScratchRow();
+      args.tile = sc + OffTile();
+      if (t + 1 < tokens) {
+        const int32_t* nidx = idx + k_;
+        for (int j = 0; j < k_; ++j) args.next_g[j] = dx + nc + nidx[j] * C;
+        args.next_rows = a + sl.row_stride;
+      }
+      args.dh_res = dhres;
+      args.go = go;
+      FusedWriteBackBackward(args);
       T dhpost[kMaxK * kMaxKr];
-      std::fill(d_o, d_o + sl.Kr * C, T(0));
       for (int j = 0; j < k_; ++j) {
         const T p = rec[kGate + j];
-        const T* gj = dx + idx[j] * C;
         T acc = 0;
         for (int r = 0; r < sl.Kr; ++r) {
-          const T go = Dot(gj, o + r * C, C);
-          acc += hpost[j * sl.Kr + r] * go;
-          dhpost[j * sl.Kr + r] = p * go;
-          Axpy(p * hpost[j * sl.Kr + r], gj, d_o + r * C, C);
+          acc += hpost[j * sl.Kr + r] * go[j * sl.Kr + r];
+          dhpost[j * sl.Kr + r] = p * go[j * sl.Kr + r];
         }
         dp[j] += acc;
       }
-      T* dout_t = d_out + t * C;
       if (sl.mlp) {
-        std::fill(dout_t, dout_t + C, T(0));
-        GramSchmidtBackward(sl, saved_out, sl.row_stride, t, o, d_o, dout_t,
-                            dg_.data() + static_cast<int64_t>(t) * J_ * C, sc + OffLevels());
-      } else {
-        std::memcpy(dout_t, d_o, sizeof(T) * C);
+        GramSchmidtBackward(sl, saved_out, sl.row_stride, t, o_copy, d_o, ScratchRow(),
+                            d_out + t * C, dg_.data() + static_cast<int64_t>(t) * J_ * C,
+                            sc + OffLevels());
       }
       // Active mapping coefficients -> dq (c2), then RMSNorm(vec A) backward.
       T sum_dq_q = 0;
@@ -877,33 +1132,48 @@ void XhcImpl<T>::WriteBackward(int l, T* d_out) {
     }
   }
   if (sl.mlp) {
-    // Convolutions: d_out[t] += sum_j sum_i w_j[i] * dg_j[t + i] (same segment), and
-    // dw_j[i] += sum_t dg_j[t] * out[t - i]. Channel-parallel for the weights, so the
-    // token order of the sums is fixed.
+    // Convolutions: d_out[t] += sum_j sum_i w_j[i] * dg_j[t + i] (same segment), one pass
+    // per tap (as the forward's convolutions), and dw_j[i] += sum_t dg_j[t] * out[t - i] in
+    // token order.
     const int32_t* seg = this->segment_of.data();
+    const T* dg = dg_.data();
+    const T* w[kMaxKr] = {};
+    for (int j = 0; j < J_; ++j) w[j] = Param(sl.conv[static_cast<size_t>(j)]);
 #pragma omp parallel for schedule(static) if (this->Parallel())
     for (int t = 0; t < tokens; ++t) {
+      int taps[kMaxKr];
       for (int j = 0; j < J_; ++j) {
         const int kw = this->config.conv_widths[static_cast<size_t>(j)];
-        const T* w = Param(sl.conv[static_cast<size_t>(j)]);
-        for (int i = 0; i < kw && t + i < tokens && seg[t + i] <= t; ++i)
-          MulAdd(w + i * C, dg_.data() + (static_cast<int64_t>(t + i) * J_ + j) * C, d_out + t * C,
-                 C);
+        int i = 0;
+        while (i < kw && t + i < tokens && seg[t + i] <= t) ++i;
+        taps[j] = i;
       }
+      for (int j = 0; j < J_; ++j)
+        for (int i = 0; i < taps[j]; ++i)
+          MulAdd(w[j] + i * C, dg + (static_cast<int64_t>(t + i) * J_ + j) * C, d_out + t * C, C);
     }
-    constexpr int64_t kChannels = 64;
-#pragma omp parallel for schedule(static) if (this->Parallel())
-    for (int64_t c0 = 0; c0 < C; c0 += kChannels) {
-      const int64_t cn = std::min(kChannels, C - c0);
-      for (int j = 0; j < J_; ++j) {
-        const int kw = this->config.conv_widths[static_cast<size_t>(j)];
-        T* dw = this->grad(sl.conv[static_cast<size_t>(j)]);
-        for (int t = 0; t < tokens; ++t)
+    // Weight gradients: each thread owns a range of channels (a multiple of 16 elements, so
+    // the vector/scalar split of every element is that of the serial loop) and walks the
+    // tokens in order with one full-range MulAdd per (token, convolution, tap): every
+    // element is summed over tokens in ascending order whatever the thread count, from rows
+    // streamed contiguously (a loop over tokens per 64-channel block strided 12-32 KiB per
+    // token and missed the TLB at every step).
+#pragma omp parallel if (this->Parallel())
+    {
+      const int nth = omp_get_num_threads();
+      const int64_t per = ((C + nth - 1) / nth + 15) / 16 * 16;
+      const int64_t c0 = std::min<int64_t>(C, omp_get_thread_num() * per);
+      const int64_t cn = std::min<int64_t>(C, c0 + per) - c0;
+      T* dw[kMaxKr];
+      for (int j = 0; j < J_; ++j) dw[j] = this->grad(sl.conv[static_cast<size_t>(j)]);
+      for (int t = 0; cn > 0 && t < tokens; ++t)
+        for (int j = 0; j < J_; ++j) {
+          const int kw = this->config.conv_widths[static_cast<size_t>(j)];
+          const T* dgj = dg + (static_cast<int64_t>(t) * J_ + j) * C + c0;
           for (int i = 0; i < kw && t - i >= seg[t]; ++i)
-            MulAdd(dg_.data() + (static_cast<int64_t>(t) * J_ + j) * C + c0,
-                   saved_out + static_cast<int64_t>(t - i) * sl.row_stride + c0, dw + i * C + c0,
-                   cn);
-      }
+            MulAdd(dgj, saved_out + static_cast<int64_t>(t - i) * sl.row_stride + c0,
+                   dw[j] + i * C + c0, cn);
+        }
     }
   }
   // Weight gradient of [w_res | w_post] over the saved active rows.
