@@ -29,9 +29,9 @@
 //   spent posting and completing fan-outs (they travel during the token dispatch, the
 //   masters' compute and, for backward refetches, the layer above's backward); the
 //   balancing overhead is plan + fan-out + grad reduce (max over ranks per phase, and the
-//   min over ranks per phase beside it), with the policy's median step over `none`'s. The pure solve + invariant check is timed separately by
-//   replaying the recorded load trace through a planner of the same policy and options on
-//   rank 0 after the run.
+//   min over ranks per phase beside it), with the policy's median step over `none`'s. The
+//   pure solve + invariant check is timed separately by replaying the recorded load trace
+//   through a planner of the same policy and options on rank 0 after the run.
 // - per-layer rank imbalance (max / mean rank load): ExpertParallelStats::layers sums
 //   (masters only, and under the executed plan), mean over measured microbatches.
 // - per-rank expert rows per microbatch (summed over MoE layers): before = home-rank loads
@@ -384,11 +384,10 @@ class PolicyRun {
   PolicyResult res_;
 };
 
-// Balancing overhead of one step: plan + fan-out + replica-gradient reduction (each the
-// max over ranks). Returns {median seconds, median % of the step}.
-// Median over steps of plan + fan-out + grad reduce (s, and % of the step): the max over
-// ranks of each phase, or with `min_rank` the min over ranks of each phase (the rank that
-// reached each collective last, so little of the wait for the slowest rank is in it).
+// Balancing overhead: plan + fan-out + replica-gradient reduction per step, each phase the
+// max over ranks, or with `min_rank` the min over ranks (the rank that reached each
+// collective last, so little of the wait for the slowest rank is in it). Returns {median
+// seconds, median % of the step} over the measured steps.
 std::pair<double, double> BalancingOverhead(const PolicyResult& r, bool min_rank = false) {
   const std::vector<double>& plan = min_rank ? r.plan_min_s : r.plan_s;
   const std::vector<double>& fanout = min_rank ? r.fanout_min_s : r.fanout_s;
