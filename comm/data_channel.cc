@@ -58,8 +58,9 @@ absl::StatusOr<ChannelOptions> ChannelOptions::FromEnv() {
 
 absl::Status Request::Wait(absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
-  ProgressBackoff backoff;
+  ProgressBackoff backoff(completion_event());
   while (true) {
+    backoff.StartPass();
     absl::StatusOr<bool> done = Test();
     if (!done.ok()) return done.status();
     if (*done) return absl::OkStatus();
@@ -71,7 +72,7 @@ absl::Status Request::Wait(absl::Duration timeout) {
           "; that rank is dead, stuck, or not posting the matching ",
           info_.send ? "receive" : "send"));
     }
-    backoff.Idle();
+    backoff.Idle(deadline);
   }
 }
 
@@ -80,15 +81,25 @@ absl::Status WaitAll(std::span<const std::unique_ptr<Request>> requests, absl::T
   const absl::Time start = absl::Now();
   std::vector<bool> done(requests.size(), false);
   size_t remaining = 0;
+  // Block on the transport's completion event when every request has the same one.
+  const CompletionEvent* event = nullptr;
+  bool shared_event = true;
   for (size_t i = 0; i < requests.size(); ++i) {
     if (requests[i] == nullptr) {
       done[i] = true;
-    } else {
-      ++remaining;
+      continue;
     }
+    const CompletionEvent* own = requests[i]->completion_event();
+    if (remaining == 0) {
+      event = own;
+    } else if (own != event) {
+      shared_event = false;
+    }
+    ++remaining;
   }
-  ProgressBackoff backoff;
+  ProgressBackoff backoff(shared_event ? event : nullptr);
   while (remaining > 0) {
+    backoff.StartPass();
     bool progressed = false;
     for (size_t i = 0; i < requests.size(); ++i) {
       if (done[i]) continue;
@@ -133,7 +144,7 @@ absl::Status WaitAll(std::span<const std::unique_ptr<Request>> requests, absl::T
     if (progressed) {
       backoff.Progress();
     } else {
-      backoff.Idle();
+      backoff.Idle(deadline);
     }
   }
   return absl::OkStatus();

@@ -36,6 +36,8 @@
 
 namespace rackrun::comm {
 
+class CompletionEvent;  // comm/progress.h
+
 enum class DataType { kByte, kInt32, kInt64, kFloat32, kFloat64 };
 
 // Size of one element in bytes.
@@ -86,6 +88,10 @@ class Request {
   // operation, this rank and the peer.
   absl::Status Wait(absl::Duration timeout);
 
+  // The transport's event that is notified when this request may have completed (then
+  // waits block on it), or null when Test() itself drives progress (waits poll).
+  virtual const CompletionEvent* completion_event() const { return nullptr; }
+
   const RequestInfo& info() const { return info_; }
 
  private:
@@ -121,6 +127,10 @@ class DataChannel {
   // False when they match in issue order regardless of tag (NCCL): callers must then post
   // both ends of every pair in the same order.
   virtual bool matches_by_tag() const { return true; }
+
+  // The event every request of this channel reports as its completion_event() (null when
+  // they poll); for wait loops over several requests of the channel.
+  virtual const CompletionEvent* completion_event() const { return nullptr; }
 
   absl::Duration timeout() const { return timeout_; }
   void set_timeout(absl::Duration timeout) { timeout_ = timeout; }

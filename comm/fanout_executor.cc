@@ -250,8 +250,9 @@ absl::StatusOr<bool> FanoutRun::Poll() {
 absl::Status FanoutRun::Wait(absl::Time deadline) {
   const absl::Time start = absl::Now();
   const int64_t chunks = chunking_.count();
-  ProgressBackoff backoff;
+  ProgressBackoff backoff(channel_.completion_event());
   while (true) {
+    backoff.StartPass();
     absl::StatusOr<bool> done = Poll();
     if (!done.ok()) return done.status();
     if (*done) return absl::OkStatus();
@@ -266,7 +267,7 @@ absl::Status FanoutRun::Wait(absl::Time deadline) {
     if (progressed_) {
       backoff.Progress();
     } else {
-      backoff.Idle();
+      backoff.Idle(deadline);
     }
   }
 }
@@ -295,8 +296,9 @@ absl::Status FanoutRun::Rounds(absl::Time deadline) {
       }
     }
     if (absl::Status s = channel_.GroupEnd(); !s.ok()) return s;
-    ProgressBackoff backoff;
+    ProgressBackoff backoff(channel_.completion_event());
     while (true) {
+      backoff.StartPass();
       bool all = true;
       bool progressed = false;
       for (ChunkRequest& r : posted) {
@@ -321,7 +323,7 @@ absl::Status FanoutRun::Rounds(absl::Time deadline) {
       if (progressed) {
         backoff.Progress();
       } else {
-        backoff.Idle();
+        backoff.Idle(deadline);
       }
     }
   }

@@ -23,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "comm/p2p_channel.h"
+#include "comm/progress.h"
 
 namespace rackrun::comm {
 namespace {
@@ -67,12 +68,15 @@ constexpr std::chrono::milliseconds kGlooWaitBound = std::chrono::hours(24 * 7);
 // One Gloo send or receive, and whether it has completed. Debian's libgloo-dev lacks
 // gloo/common/memory.h, which the tcp transport's headers need, so the transport's
 // completion counts cannot be read directly: a pooled waiter thread (Waiters below)
-// blocks in Gloo's wait for each transfer and publishes the outcome here.
+// blocks in Gloo's wait for each transfer, publishes the outcome here and notifies the
+// transport's completion event, on which the rank's thread blocks while it waits.
 class Transfer {
  public:
   enum State { kPending, kDone, kFailed };
 
-  Transfer(std::unique_ptr<GlooBuffer> buf, bool send) : buf_(std::move(buf)), send_(send) {}
+  // `completed` must outlive the transfer's Release().
+  Transfer(std::unique_ptr<GlooBuffer> buf, bool send, CompletionEvent* completed)
+      : buf_(std::move(buf)), send_(send), completed_event_(completed) {}
 
   GlooBuffer& buf() { return *buf_; }
 
@@ -85,7 +89,11 @@ class Transfer {
     return error_;
   }
 
-  // On a waiter thread: blocks until the transfer completes, fails, or is cancelled.
+  // On a waiter thread: blocks until the transfer completes, fails, or is cancelled,
+  // publishes the outcome, then destroys the Gloo buffer here. Gloo's buffer destructor
+  // spins (yielding) until Gloo's loop thread has let go of the buffer, which it does just
+  // after signalling completion; on an oversubscribed host that spin is better done by this
+  // thread than by the rank's, which meanwhile carries on or blocks in Release().
   void Wait() {
     State state = kDone;
     std::string error;
@@ -100,44 +108,46 @@ class Transfer {
       state = kFailed;
       error = ExceptionText(std::current_exception());
     }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      state_ = state;
+      error_ = std::move(error);
+      gloo_returned_ = true;
+      // Under the lock: Release() returns only after `released_`, so the event is alive.
+      completed_event_->Notify();
+    }
+    buf_.reset();  // the transfer's memory is no longer Gloo's once the wait returned
     std::lock_guard<std::mutex> lock(mu_);
-    state_ = state;
-    error_ = std::move(error);
-    waited_ = true;
+    released_ = true;
     changed_.notify_all();
   }
 
   // Makes sure Gloo no longer touches the transfer's memory: wakes the waiter if the
-  // transfer is still pending, waits for it to let go, and destroys the Gloo buffer (which
+  // transfer is still pending and waits until it has destroyed the Gloo buffer (which
   // detaches it from the pair). Returns whether the transfer had completed. Idempotent.
   bool Release() {
-    if (buf_ == nullptr) return completed_;
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      if (!waited_) {
-        lock.unlock();
-        if (send_) {
-          buf_->abortWaitSend();
-        } else {
-          buf_->abortWaitRecv();
-        }
-        lock.lock();
-        changed_.wait(lock, [&] { return waited_; });
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!gloo_returned_) {
+      // The waiter destroys the buffer only after setting gloo_returned_ under this lock.
+      if (send_) {
+        buf_->abortWaitSend();
+      } else {
+        buf_->abortWaitRecv();
       }
-      completed_ = state_ == kDone;
     }
-    buf_.reset();
-    return completed_;
+    changed_.wait(lock, [&] { return released_; });
+    return state_ == kDone;
   }
 
  private:
-  std::unique_ptr<GlooBuffer> buf_;
+  std::unique_ptr<GlooBuffer> buf_;  // destroyed by the waiter
   const bool send_;
-  bool completed_ = false;
+  CompletionEvent* const completed_event_;
   std::mutex mu_;
   std::condition_variable changed_;
   State state_ = kPending;
-  bool waited_ = false;
+  bool gloo_returned_ = false;  // the waiter's Gloo wait has returned
+  bool released_ = false;       // ... and the waiter has destroyed the buffer
   std::string error_;
 };
 
@@ -301,11 +311,12 @@ class GlooTransport {
 
   int rank() const { return rank_; }
   int size() const { return size_; }
+  const CompletionEvent& completed() const { return completed_; }
 
   // A Gloo transfer of `bytes` at `data` with `peer` on `slot`, watched by a waiter.
   // May throw a Gloo exception.
   std::shared_ptr<Transfer> Start(bool send, void* data, size_t bytes, int peer, uint64_t slot) {
-    auto transfer = std::make_shared<Transfer>(context_->createUnboundBuffer(data, bytes), send);
+    auto transfer = std::make_shared<Transfer>(context_->createUnboundBuffer(data, bytes), send, &completed_);
     if (send) {
       transfer->buf().send(peer, slot, 0, bytes);
     } else {
@@ -444,6 +455,7 @@ class GlooTransport {
   std::shared_ptr<::gloo::rendezvous::Context> context_;
   int rank_;
   int size_;
+  CompletionEvent completed_;  // outlives the waiters, which notify it
   Waiters waiters_;
   std::map<int, std::string> abandoned_;  // peer -> why
   // Receives whose payload is not posted yet, by (peer, tag), oldest first.
@@ -469,6 +481,8 @@ class GlooSend final : public Request {
                                                     ") was abandoned before it completed"));
     }
   }
+
+  const CompletionEvent* completion_event() const override { return &transport_->completed(); }
 
   absl::StatusOr<bool> Test() override {
     if (op_ == nullptr || op_->done) return true;
@@ -508,6 +522,8 @@ class GlooRecv final : public Request {
     }
   }
 
+  const CompletionEvent* completion_event() const override { return &transport_->completed(); }
+
   absl::StatusOr<bool> Test() override {
     if (op_->done) return true;
     if (!op_->error.ok()) return op_->error;
@@ -545,6 +561,10 @@ class SelfRecvRequest final : public Request {
   ~SelfRecvRequest() override {
     if (!recv_->done) transport_->CancelSelfRecv(info().tag, recv_);
   }
+  // Completes when this thread posts the matching send, never while it waits; it reports
+  // the transport's event so that a wait over a whole collective's requests still blocks.
+  const CompletionEvent* completion_event() const override { return &transport_->completed(); }
+
   absl::StatusOr<bool> Test() override {
     if (!recv_->error.ok()) return recv_->error;
     return recv_->done;
@@ -563,6 +583,7 @@ class GlooChannel final : public PointToPointChannel {
   int rank() const override { return transport_->rank(); }
   int size() const override { return transport_->size(); }
   absl::string_view backend() const override { return "gloo"; }
+  const CompletionEvent* completion_event() const override { return &transport_->completed(); }
 
  protected:
   absl::StatusOr<std::unique_ptr<Request>> PostSend(const void* buf, int64_t bytes, int peer,
