@@ -16,7 +16,9 @@
 // Request::Test never blocks. Gloo (Debian 12's libgloo-dev, git 2022-05-18) has no
 // completion test: its waits close every connection when they time out, and the tcp
 // transport's headers that hold the completion state are not packaged. So each pending
-// transfer is waited for by a pooled thread of the channel, which publishes the outcome.
+// transfer is waited for by a pooled thread of the channel, which publishes the outcome,
+// notifies the channel's completion event (the rank's waits block on it: comm/progress.h)
+// and destroys the Gloo buffer (whose destructor spins until Gloo's loop thread lets go).
 //
 // Failures:
 // - Every Gloo exception is caught in gloo_channel.cc and returned as a Status naming the
