@@ -113,8 +113,7 @@ class Transfer {
       state_ = state;
       error_ = std::move(error);
       gloo_returned_ = true;
-      // Under the lock: Release() returns only after `released_`, so the event is alive.
-      completed_event_->Notify();
+      completed_event_->Notify();  // the transport's event outlives its waiter threads
     }
     buf_.reset();  // the transfer's memory is no longer Gloo's once the wait returned
     std::lock_guard<std::mutex> lock(mu_);
@@ -316,7 +315,8 @@ class GlooTransport {
   // A Gloo transfer of `bytes` at `data` with `peer` on `slot`, watched by a waiter.
   // May throw a Gloo exception.
   std::shared_ptr<Transfer> Start(bool send, void* data, size_t bytes, int peer, uint64_t slot) {
-    auto transfer = std::make_shared<Transfer>(context_->createUnboundBuffer(data, bytes), send, &completed_);
+    auto transfer =
+        std::make_shared<Transfer>(context_->createUnboundBuffer(data, bytes), send, &completed_);
     if (send) {
       transfer->buf().send(peer, slot, 0, bytes);
     } else {

@@ -66,7 +66,8 @@ class ProgressBackoff {
   // (a blocked wait also wakes every kMaxBlock, a safety net for the caller's checks).
   void Idle(absl::Time deadline = absl::InfiniteFuture()) {
     if (event_ != nullptr) {
-      const absl::Duration left = std::clamp(deadline - absl::Now(), absl::ZeroDuration(), kMaxBlock);
+      const absl::Duration left =
+          std::clamp(deadline - absl::Now(), absl::ZeroDuration(), kMaxBlock);
       event_->WaitPast(seen_, std::chrono::steady_clock::now() + absl::ToChronoNanoseconds(left));
       return;
     }
