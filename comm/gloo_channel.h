@@ -8,10 +8,11 @@
 // size, and the payload itself when it is at most 1 KiB (then the message is this one Gloo
 // message). A larger payload follows on the next slot, straight into the receiver's
 // buffer once the header has shown that the sizes agree (Gloo's unbound buffers are a
-// rendezvous: the payload moves only after the receiver has posted it). Gloo matches messages of one (peer, slot) in order, which gives MPI's
-// non-overtaking rule. Messages to this rank itself never touch Gloo. The collectives are
-// those of p2p_channel.h (named-peer timeouts, fixed summation order, so AllReduce is
-// bit-identical to the MPI and in-process backends).
+// rendezvous: the payload moves only after the receiver has posted it). Gloo matches
+// messages of one (peer, slot) in order, which gives MPI's non-overtaking rule. Messages
+// to this rank itself never touch Gloo. The collectives are those of p2p_channel.h
+// (named-peer timeouts, fixed summation order, so AllReduce is bit-identical to the MPI
+// and in-process backends).
 //
 // Request::Test never blocks. Gloo (Debian 12's libgloo-dev, git 2022-05-18) has no
 // completion test: its waits close every connection when they time out, and the tcp

@@ -58,9 +58,10 @@ class InMemoryRendezvousStore final : public RendezvousStore {
 // One file per key in an existing folder that every rank can read and write (one host, or
 // a shared file system); a value is written atomically (base::WriteFileAtomically), so a
 // reader sees it whole or not at all. Key names are escaped ('%' and '/' as %25 and %2F, a
-// leading '.' as %2E, the empty key as %00), so distinct keys are distinct files. Get polls the folder every `poll` until its keys
-// exist; Set and Get report file errors with the path and errno's text. Two store objects
-// of one process must not Set the same key at the same moment (one temporary per process).
+// leading '.' as %2E, the empty key as %00), so distinct keys are distinct files. Get polls
+// the folder every `poll` until its keys exist; Set and Get report file errors with the
+// path and errno's text. Two store objects of one process must not Set the same key at the
+// same moment (one temporary per process).
 class DirectoryRendezvousStore final : public RendezvousStore {
  public:
   explicit DirectoryRendezvousStore(std::string dir,

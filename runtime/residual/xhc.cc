@@ -335,7 +335,8 @@ void FusedWriteBackBackwardImpl(const WriteBackGradArgs<T>& a) {
     // The dot products of G_j with every A_i and O_r, one row j at a time over the tile
     // (k + Kr partial sums in registers; the tile's rows are in L1).
     for (int j = 0; j < k; ++j) {
-      Simd<T> ah[kMaxK] = {}, ao[kMaxKr] = {};  // zeroed: GCC cannot tell `mix` is the same in both loops
+      // Zeroed: GCC cannot tell that `mix` is the same in both loops.
+      Simd<T> ah[kMaxK] = {}, ao[kMaxKr] = {};
       for (int i = 0; mix && i < k; ++i) ah[i] = vh[j * k + i];
       for (int r = 0; r < Kr; ++r) ao[r] = vo[j * Kr + r];
       ForElements<T>(n, [&]<typename V>(int64_t e) {
