@@ -23,7 +23,7 @@ std::string_view BuildArch() { return RACKRUN_BUILD_ARCH; }
 
 std::string_view BuildArchFlags() { return RACKRUN_BUILD_ARCH_FLAGS; }
 
-bool CpuHasFeature(std::string_view feature) {
+bool CpuHasFeature([[maybe_unused]] std::string_view feature) {  // unused when nothing is checked
   __builtin_cpu_init();  // may run before the runtime's own initialisation of the CPU model
   // __builtin_cpu_supports takes a string literal: one test per feature the build uses.
 #define RACKRUN_CPU_FEATURE_TEST(name) \

@@ -42,6 +42,10 @@ endif()
 
 set(RACKRUN_ARCH_FLAGS ${arch_probe_flags})
 string(REPLACE ";" " " arch_flags_text "${arch_probe_flags}")
+set(arch_flags_shown "${arch_flags_text}")
+if(arch_flags_shown STREQUAL "")
+  set(arch_flags_shown "no -march")
+endif()
 string(MD5 arch_id "${arch_macros}")
 string(SUBSTRING "${arch_id}" 0 16 arch_id)
 file(WRITE ${PROJECT_BINARY_DIR}/rackrun_arch.id "${RACKRUN_ARCH} ${arch_id}\n")
@@ -101,5 +105,5 @@ string(CONCAT arch_header
        "#define RACKRUN_BUILD_ARCH_FLAGS \"${arch_flags_text}\"\n"
        "#define RACKRUN_BUILD_CPU_FEATURES(X) \\\n${arch_feature_lines}\n")
 rackrun_write_if_changed(${PROJECT_BINARY_DIR}/rackrun_cpu_features.h "${arch_header}")
-message(STATUS "rackrun: RACKRUN_ARCH=${RACKRUN_ARCH} (${arch_flags_text}, id ${arch_id}); "
-               "CPU features used: ${arch_features_text}")
+message(STATUS "rackrun: RACKRUN_ARCH=${RACKRUN_ARCH} (${arch_flags_shown}, id ${arch_id}); "
+               "CPU features checked at start: ${arch_features_text}")
