@@ -266,6 +266,13 @@ std::vector<Finding> Workers::Detect() {
         }
         if (culprit != nullptr) why = absl::StrCat("it has entered only ", culprit->entered, " collectives");
       }
+      // Every rank has entered collective n and none is silent yet. A rank stopped inside
+      // the collective (SIGSTOP after it entered) looks the same until its heartbeats are
+      // overdue, so wait for heartbeat_timeout more before naming no rank: by then a
+      // stopped rank is silent and named above.
+      if (culprit == nullptr && longest_ms <= options_.hang_timeout_ms + options_.heartbeat_timeout_ms) {
+        continue;
+      }
       const std::string peers = absl::StrCat("rank(s) ", absl::StrJoin(waiting, ", "),
                                              " wait in collective ", n, " for ", longest_ms / secs, " s");
       if (culprit != nullptr) {

@@ -11,7 +11,10 @@
 //   hang  (a) peers of its attempt have been blocked in collective n (entered = n >
 //         completed) for longer than hang_timeout while it reports entered < n, or its
 //         heartbeats stopped while its stream stays open (SIGSTOP) -> HANG naming it
-//         (when several qualify: the one furthest behind, then the lowest rank);
+//         (when several qualify: the one furthest behind, then the lowest rank); when
+//         every rank has entered n and none is silent, HANG naming no rank, after
+//         hang_timeout + heartbeat_timeout (a rank stopped inside the collective is
+//         silent by then, and named);
 //         (b) it stays in one non-idle phase longer than hang_timeout (ranks waiting in a
 //         collective are victims, never named by this rule) -> HANG naming it;
 //         (c) peers have waited in the data channel's rendezvous (phase "connecting")

@@ -168,16 +168,49 @@ TEST_F(WorkersTest, HungByThePhaseRule) {
 
 TEST_F(WorkersTest, WaitingInACollectiveIsNeverTheCulprit) {
   auto ids = Start(2);
-  // Both ranks in collective 3 forever (no one behind): a hang with no single rank.
-  for (int t = 0; t < 25; ++t) {
+  // Both ranks in collective 3 forever (no one behind): a hang with no single rank, named
+  // once they have waited hang_timeout + heartbeat_timeout (2 + 0.5 s), not before.
+  for (int t = 0; t < 30; ++t) {
     clock_.Advance(100);
     Beat(ids[0], 1, "collective", 3, 2, 100 * t);
     Beat(ids[1], 1, "collective", 3, 2, 100 * t);
+    if (t < 25) {
+      EXPECT_TRUE(workers_.Detect().empty()) << t;
+    }
   }
   std::vector<Finding> f = workers_.Detect();
   ASSERT_EQ(f.size(), 1u);
   EXPECT_EQ(f[0].failure.kind(), rackrun::v1::HANG);
   EXPECT_EQ(f[0].failure.rank(), -1);
+}
+
+TEST_F(WorkersTest, StoppedInsideTheCollectiveEveryRankEnteredIsNamed) {
+  auto ids = Start(2);
+  // Both ranks enter collective 6; rank 0 keeps waiting in it, rank 1 is SIGSTOPped inside
+  // it 1.8 s later (its last heartbeat says it is in collective 6 too). When rank 0 has
+  // waited past the hang timeout (2 s), rank 1 is not silent yet (0.5 s): that is no
+  // reason to name no rank; once its heartbeats are overdue it is named.
+  for (int t = 0; t < 18; ++t) {
+    clock_.Advance(100);
+    Beat(ids[0], 4, "collective", 6, 5, 100 * t);
+    Beat(ids[1], 4, "collective", 6, 5, 100 * t);
+    EXPECT_TRUE(workers_.Detect().empty()) << t;
+  }
+  for (int t = 18; t < 40; ++t) {
+    clock_.Advance(100);
+    Beat(ids[0], 4, "collective", 6, 5, 100 * t);
+    std::vector<Finding> f = workers_.Detect();
+    if (!f.empty()) {
+      ASSERT_EQ(f.size(), 1u);
+      EXPECT_EQ(f[0].failure.kind(), rackrun::v1::HANG);
+      EXPECT_EQ(f[0].failure.rank(), 1) << f[0].failure.message();
+      EXPECT_EQ(f[0].failure.pid(), 1001);
+      EXPECT_NE(f[0].failure.message().find("heartbeats stopped"), std::string::npos)
+          << f[0].failure.message();
+      return;
+    }
+  }
+  FAIL() << "the stopped rank was never named";
 }
 
 TEST_F(WorkersTest, RanksInTheRendezvousNameTheRankTheyWaitFor) {
