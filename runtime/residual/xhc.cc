@@ -460,13 +460,14 @@ class XhcImpl final : public ResidualStreams<T>::Impl {
   void TopK(const T* score, int32_t* idx) const;
   // Gathers token t's active rows (the backward's saved A) and stores ra = RMS(vec A).
   void GatherActive(Sublayer& sl, const Group& gr, int t);
-  // The active mappings of every token: one GEMM for the H_res / H_post logits of all
-  // tokens, then RMSNorm scaling and the maps per token.
-  void ActiveForward(Sublayer& sl);
-  // out[t * ldo + p] = sum_e x[t * ldx + e] * w[p * K + e] for every token (p < P, padded
-  // to PaddedOutputs(P) outputs): the mapping logits of all tokens, blocks of tokens split
-  // over the threads (each output summed in the same order whatever the split).
-  void ProjectAllTokens(const T* x, int64_t ldx, const T* w, int P, int64_t K, T* out);
+  // Token t's active mappings from its H_res / H_post logits (q_, projected by Read):
+  // RMSNorm scaling, then the maps.
+  void ActiveMaps(Sublayer& sl, int t, T* small);
+  // Packs the P x K mapping weight w into `packed` for ProjectRows (K x PaddedOutputs(P)).
+  static const T* PackWeight(const T* w, int P, int64_t K, std::vector<T>* packed);
+  // Tokens per block of Read's fused pass: the block's rows of the state stay in cache
+  // between its projection and its per-token work.
+  int ReadBlock() const;
   T* ActiveRows(Sublayer& sl, int64_t* ld) {
     if (this->save) {
       *ld = sl.row_stride;
@@ -493,7 +494,8 @@ class XhcImpl final : public ResidualStreams<T>::Impl {
   std::vector<T> z_;     // tokens x P1: router and pre-mapping projections (group entry)
   std::vector<T> q_;     // tokens x P2max: active projections
   std::vector<T> act_;   // tokens x kC: gathered active rows when not saving
-  std::vector<T> wt_;    // a mapping weight packed for ProjectRows
+  std::vector<T> wt1_;   // the group's router + pre-mapping weight, packed for ProjectRows
+  std::vector<T> wt2_;   // the sublayer's H_res / H_post weight, packed for ProjectRows
   // Backward workspaces.
   std::vector<T> dp_;     // tokens x k (accumulated over the group's sublayers)
   std::vector<T> dypre_;  // tokens x g x N
@@ -664,39 +666,30 @@ void XhcImpl<T>::GatherActive(Sublayer& sl, const Group& gr, int t) {
 }
 
 template <typename T>
-void XhcImpl<T>::ProjectAllTokens(const T* x, int64_t ldx, const T* w, int P, int64_t K, T* out) {
-  const int Ppad = PaddedOutputs<T>(P);
-  const size_t need = static_cast<size_t>(K) * static_cast<size_t>(Ppad);
-  if (wt_.size() < need) wt_.resize(need);
-  PackTransposed(w, K, P, K, wt_.data());
-  const int tokens = this->ntok;
-  constexpr int kBlock = 256;
-  const int blocks = (tokens + kBlock - 1) / kBlock;
-  const T* wt = wt_.data();
-#pragma omp parallel for schedule(static) if (this->Parallel())
-  for (int b = 0; b < blocks; ++b) {
-    const int t0 = b * kBlock;
-    ProjectRows(x + t0 * ldx, ldx, std::min(kBlock, tokens - t0), wt, Ppad, K, out + t0 * Ppad,
-                Ppad);
-  }
+const T* XhcImpl<T>::PackWeight(const T* w, int P, int64_t K, std::vector<T>* packed) {
+  const size_t need = static_cast<size_t>(K) * static_cast<size_t>(PaddedOutputs<T>(P));
+  if (packed->size() < need) packed->resize(need);
+  PackTransposed(w, K, P, K, packed->data());
+  return packed->data();
 }
 
 template <typename T>
-void XhcImpl<T>::ActiveForward(Sublayer& sl) {
-  const int64_t kc = k_ * static_cast<int64_t>(this->width);
-  const int tokens = this->ntok;
-  int64_t lda;
-  const T* ablock = ActiveRows(sl, &lda);
-  ProjectAllTokens(ablock, lda, Param(sl.w2), sl.P2, kc, q_.data());
-  const int ldq = PaddedOutputs<T>(sl.P2);
-#pragma omp parallel for schedule(static) if (this->Parallel())
-  for (int t = 0; t < tokens; ++t) {
-    T* coef = sl.coef.data() + static_cast<int64_t>(t) * sl.coef_stride;
-    const T ra = coef[kRa];
-    const T* q = q_.data() + static_cast<int64_t>(t) * ldq;
-    for (int p = 0; p < sl.P2; ++p) coef[QOff() + p] = q[p] / ra;
-    ActiveLogitsToMaps(sl, coef, this->Scratch(omp_get_thread_num()) + OffSmall());
-  }
+int XhcImpl<T>::ReadBlock() const {
+  // About 2 MiB of state rows per block: they are still in L2/L3 when the block's per-token
+  // pass reads them again; the packed weights (streamed once per block) stay in L3.
+  const int64_t row_bytes = static_cast<int64_t>(this->nstreams) * this->width *
+                            static_cast<int64_t>(sizeof(T));
+  const int64_t rows = (int64_t{2} << 20) / row_bytes;
+  return static_cast<int>(std::clamp<int64_t>(rows & ~int64_t{1}, 2, 256));
+}
+
+template <typename T>
+void XhcImpl<T>::ActiveMaps(Sublayer& sl, int t, T* small) {
+  T* coef = sl.coef.data() + static_cast<int64_t>(t) * sl.coef_stride;
+  const T ra = coef[kRa];
+  const T* q = q_.data() + static_cast<int64_t>(t) * PaddedOutputs<T>(sl.P2);
+  for (int p = 0; p < sl.P2; ++p) coef[QOff() + p] = q[p] / ra;
+  ActiveLogitsToMaps(sl, coef, small);
 }
 
 template <typename T>
@@ -711,82 +704,109 @@ void XhcImpl<T>::Read(int l, T* u) {
   const int64_t rs = RecStride();
   if (!this->save && act_.size() < static_cast<size_t>(this->capacity) * static_cast<size_t>(kc))
     act_.resize(static_cast<size_t>(this->capacity) * static_cast<size_t>(kc));
-  if (sl.s == 0) {
-    // Group entry: one pass over the full state for routing, every pre-mapping of the
-    // group, the dense read of sublayer 0 and the non-active bases of the others.
+  const bool entry = sl.s == 0;
+  // Group entry: one pass over the full state for routing, every pre-mapping of the group
+  // (one GEMM over the flattened state; the LayerNorm / RMSNorm statistics are applied
+  // per token after it), the dense read of sublayer 0 and the non-active bases of the
+  // others. Later sublayers of a flash group read from those bases.
+  const T* wt1 = nullptr;
+  if (entry) {
     const T* w1 = this->value(gr.w1);
     for (int p = 0; p < N; ++p) {
       T s, sq;
       Moments(w1 + p * nc, nc, &s, &sq);
       gr.colsum[static_cast<size_t>(p)] = s;
     }
-    // Router and every pre-mapping of the group for all tokens: one GEMM over the
-    // flattened state; the LayerNorm / RMSNorm statistics are applied per token after it.
-    ProjectAllTokens(this->X.data(), nc, w1, gr.P1, nc, z_.data());
-    const int ldz = PaddedOutputs<T>(gr.P1);
-#pragma omp parallel for schedule(static) if (this->Parallel())
-    for (int t = 0; t < tokens; ++t) {
-      const T* x = this->X.data() + static_cast<int64_t>(t) * nc;
-      T* rec = gr.rec.data() + static_cast<int64_t>(t) * rs;
-      T sum, sq;
-      Moments(x, nc, &sum, &sq);
-      const T D = static_cast<T>(nc);
-      const T mu = sum / D;
-      const T var = std::max(sq / D - mu * mu, T(0));
-      const T sd = std::sqrt(var + static_cast<T>(kNormEps));
-      const T r = std::sqrt(sq / D + static_cast<T>(kNormEps));
-      rec[kMu] = mu;
-      rec[kSd] = sd;
-      rec[kRms] = r;
-      const T* z = z_.data() + static_cast<int64_t>(t) * ldz;
-      T score[kMaxN];
-      for (int p = 0; p < N; ++p) {
-        rec[YrOff() + p] = (z[p] - mu * gr.colsum[static_cast<size_t>(p)]) / sd;
-        score[p] = Sigmoid(rec[YrOff() + p]);
-      }
-      for (int s = 0; s < g_; ++s) {
-        const Sublayer& sub = sub_[static_cast<size_t>(l + s)];
-        const T a = *this->value(sub.a_pre);
-        const T* b = this->value(sub.b_pre);
-        for (int p = 0; p < N; ++p) {
-          const T y = z[N + s * N + p] / r;
-          rec[YpreOff(s) + p] = y;
-          rec[HpreOff(s) + p] = Sigmoid(a * y + b[p]);
-        }
-      }
-      int32_t* idx = gr.idx.data() + static_cast<int64_t>(t) * k_;
-      TopK(score, idx);
-      for (int j = 0; j < k_; ++j) rec[kGate + j] = j < m_ ? T(1) : score[idx[j]];
-      Combine(rec + HpreOff(0), N, x, C, C, u + t * C);
-      for (int s = 1; s < g_; ++s) {
-        T coefs[kMaxN];
-        std::memcpy(coefs, rec + HpreOff(s), sizeof(T) * N);
-        for (int j = 0; j < k_; ++j) coefs[idx[j]] = 0;
-        Combine(coefs, N, x, C, C, base_.data() + (static_cast<int64_t>(t) * (g_ - 1) + s - 1) * C);
-      }
-      GatherActive(sl, gr, t);
+    wt1 = PackWeight(w1, gr.P1, nc, &wt1_);
+  }
+  const T* wt2 = PackWeight(Param(sl.w2), sl.P2, kc, &wt2_);
+  const int ldz = PaddedOutputs<T>(gr.P1);
+  const int ldq = PaddedOutputs<T>(sl.P2);
+  int64_t lda;
+  const T* ablock = ActiveRows(sl, &lda);
+
+  const auto entry_token = [&](int t) {
+    const T* x = this->X.data() + static_cast<int64_t>(t) * nc;
+    T* rec = gr.rec.data() + static_cast<int64_t>(t) * rs;
+    T sum, sq;
+    Moments(x, nc, &sum, &sq);
+    const T D = static_cast<T>(nc);
+    const T mu = sum / D;
+    const T var = std::max(sq / D - mu * mu, T(0));
+    const T sd = std::sqrt(var + static_cast<T>(kNormEps));
+    const T r = std::sqrt(sq / D + static_cast<T>(kNormEps));
+    rec[kMu] = mu;
+    rec[kSd] = sd;
+    rec[kRms] = r;
+    const T* z = z_.data() + static_cast<int64_t>(t) * ldz;
+    T score[kMaxN];
+    for (int p = 0; p < N; ++p) {
+      rec[YrOff() + p] = (z[p] - mu * gr.colsum[static_cast<size_t>(p)]) / sd;
+      score[p] = Sigmoid(rec[YrOff() + p]);
     }
+    for (int s = 0; s < g_; ++s) {
+      const Sublayer& sub = sub_[static_cast<size_t>(l + s)];
+      const T a = *this->value(sub.a_pre);
+      const T* b = this->value(sub.b_pre);
+      for (int p = 0; p < N; ++p) {
+        const T y = z[N + s * N + p] / r;
+        rec[YpreOff(s) + p] = y;
+        rec[HpreOff(s) + p] = Sigmoid(a * y + b[p]);
+      }
+    }
+    int32_t* idx = gr.idx.data() + static_cast<int64_t>(t) * k_;
+    TopK(score, idx);
+    for (int j = 0; j < k_; ++j) rec[kGate + j] = j < m_ ? T(1) : score[idx[j]];
+    Combine(rec + HpreOff(0), N, x, C, C, u + t * C);
+    for (int s = 1; s < g_; ++s) {
+      T coefs[kMaxN];
+      std::memcpy(coefs, rec + HpreOff(s), sizeof(T) * N);
+      for (int j = 0; j < k_; ++j) coefs[idx[j]] = 0;
+      Combine(coefs, N, x, C, C, base_.data() + (static_cast<int64_t>(t) * (g_ - 1) + s - 1) * C);
+    }
+  };
+  const auto base_token = [&](int t) {
+    const T* rec = gr.rec.data() + static_cast<int64_t>(t) * rs;
+    const int32_t* idx = gr.idx.data() + static_cast<int64_t>(t) * k_;
+    const T* x = this->X.data() + static_cast<int64_t>(t) * nc;
+    T* ut = u + t * C;
+    std::memcpy(ut, base_.data() + (static_cast<int64_t>(t) * (g_ - 1) + sl.s - 1) * C,
+                sizeof(T) * C);
+    for (int j = 0; j < k_; ++j) Axpy(rec[HpreOff(sl.s) + idx[j]], x + idx[j] * C, ut, C);
+  };
+
+  // One fused pass per block of tokens: the block's projections stream its rows from
+  // memory, its per-token work and the projection of its gathered active rows find them
+  // in cache. Every token's results are those of the unblocked computation, bit for bit
+  // (ProjectRows sums each output in index order whatever the rows), so any block size
+  // and any thread count give the same values.
+  const int block = ReadBlock();
+  const int blocks = (tokens + block - 1) / block;
+#pragma omp parallel for schedule(static) if (this->Parallel())
+  for (int b = 0; b < blocks; ++b) {
+    const int t0 = b * block;
+    const int t1 = std::min(tokens, t0 + block);
+    if (entry) {
+      ProjectRows(this->X.data() + t0 * nc, nc, t1 - t0, wt1, ldz, nc, z_.data() + t0 * ldz, ldz);
+      for (int t = t0; t < t1; ++t) entry_token(t);
+    } else {
+      for (int t = t0; t < t1; ++t) base_token(t);
+    }
+    for (int t = t0; t < t1; ++t) GatherActive(sl, gr, t);
+    ProjectRows(ablock + t0 * lda, lda, t1 - t0, wt2, ldq, kc, q_.data() + t0 * ldq, ldq);
+    T* small = this->Scratch(omp_get_thread_num()) + OffSmall();
+    for (int t = t0; t < t1; ++t) ActiveMaps(sl, t, small);
+  }
+  if (entry) {
     this->Count("mapping generation (full state)", static_cast<double>(nc), 0,
                 static_cast<double>(nc), 0);
     this->Count("dense read", static_cast<double>(nc), static_cast<double>(g_ * C), 0,
                 static_cast<double>(g_ * C));
     this->Count("gather active streams", static_cast<double>(kc), static_cast<double>(kc), 0, 0);
   } else {
-#pragma omp parallel for schedule(static) if (this->Parallel())
-    for (int t = 0; t < tokens; ++t) {
-      const T* rec = gr.rec.data() + static_cast<int64_t>(t) * rs;
-      const int32_t* idx = gr.idx.data() + static_cast<int64_t>(t) * k_;
-      const T* x = this->X.data() + static_cast<int64_t>(t) * nc;
-      T* ut = u + t * C;
-      std::memcpy(ut, base_.data() + (static_cast<int64_t>(t) * (g_ - 1) + sl.s - 1) * C,
-                  sizeof(T) * C);
-      for (int j = 0; j < k_; ++j) Axpy(rec[HpreOff(sl.s) + idx[j]], x + idx[j] * C, ut, C);
-      GatherActive(sl, gr, t);
-    }
     this->Count("read from bases", static_cast<double>(kc + C), static_cast<double>(C),
                 static_cast<double>(kc + C), static_cast<double>(C));
   }
-  ActiveForward(sl);
   this->Count("active mapping generation", static_cast<double>(kc), 0, 0, 0);
   if (this->save) this->Count("save for backward", 0, 0, 0, static_cast<double>(kc));
 }
