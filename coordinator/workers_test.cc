@@ -49,6 +49,11 @@ class WorkersTest : public ::testing::Test {
     ASSERT_TRUE(workers_.Heartbeat(hb).ok());
   }
 
+  // One 100 ms tick of a rank waiting in collective n since tick 0, at tick t.
+  void WaitingIn(const std::string& id, int64_t step, int64_t n, int t) {
+    Beat(id, step, "collective", n, n - 1, 100 * t);
+  }
+
   testing::FakeClock clock_;
   int64_t next_ = 0;
   std::vector<int64_t> gens_;
@@ -172,8 +177,8 @@ TEST_F(WorkersTest, WaitingInACollectiveIsNeverTheCulprit) {
   // once they have waited hang_timeout + heartbeat_timeout (2 + 0.5 s), not before.
   for (int t = 0; t < 30; ++t) {
     clock_.Advance(100);
-    Beat(ids[0], 1, "collective", 3, 2, 100 * t);
-    Beat(ids[1], 1, "collective", 3, 2, 100 * t);
+    WaitingIn(ids[0], 1, 3, t);
+    WaitingIn(ids[1], 1, 3, t);
     if (t < 25) {
       EXPECT_TRUE(workers_.Detect().empty()) << t;
     }
@@ -192,13 +197,13 @@ TEST_F(WorkersTest, StoppedInsideTheCollectiveEveryRankEnteredIsNamed) {
   // reason to name no rank; once its heartbeats are overdue it is named.
   for (int t = 0; t < 18; ++t) {
     clock_.Advance(100);
-    Beat(ids[0], 4, "collective", 6, 5, 100 * t);
-    Beat(ids[1], 4, "collective", 6, 5, 100 * t);
+    WaitingIn(ids[0], 4, 6, t);
+    WaitingIn(ids[1], 4, 6, t);
     EXPECT_TRUE(workers_.Detect().empty()) << t;
   }
   for (int t = 18; t < 40; ++t) {
     clock_.Advance(100);
-    Beat(ids[0], 4, "collective", 6, 5, 100 * t);
+    WaitingIn(ids[0], 4, 6, t);
     std::vector<Finding> f = workers_.Detect();
     if (!f.empty()) {
       ASSERT_EQ(f.size(), 1u);
