@@ -3,6 +3,7 @@
 #include <errno.h>  // program_invocation_short_name
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -36,17 +37,20 @@ bool CpuHasFeature([[maybe_unused]] std::string_view feature) {  // unused when 
 std::vector<std::string_view> MissingCpuFeatures(
     const std::vector<std::string_view>& required,
     const std::function<bool(std::string_view)>& has, std::string_view hidden) {
+  // The hidden names, split once: comma-separated, spaces around a name ignored.
+  std::vector<std::string_view> hidden_names;
+  while (!hidden.empty()) {
+    const size_t comma = hidden.find(',');
+    std::string_view item = hidden.substr(0, comma);
+    hidden = comma == std::string_view::npos ? std::string_view() : hidden.substr(comma + 1);
+    while (!item.empty() && item.front() == ' ') item.remove_prefix(1);
+    while (!item.empty() && item.back() == ' ') item.remove_suffix(1);
+    hidden_names.push_back(item);
+  }
   std::vector<std::string_view> missing;
   for (const std::string_view feature : required) {
-    bool is_hidden = false;
-    for (std::string_view rest = hidden; !rest.empty() && !is_hidden;) {
-      const size_t comma = rest.find(',');
-      std::string_view item = rest.substr(0, comma);
-      rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
-      while (!item.empty() && item.front() == ' ') item.remove_prefix(1);
-      while (!item.empty() && item.back() == ' ') item.remove_suffix(1);
-      is_hidden = item == feature;
-    }
+    const bool is_hidden =
+        std::find(hidden_names.begin(), hidden_names.end(), feature) != hidden_names.end();
     if (is_hidden || !has(feature)) missing.push_back(feature);
   }
   return missing;

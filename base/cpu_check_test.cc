@@ -1,16 +1,13 @@
 #include "base/cpu_check.h"
 
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <array>
-#include <cstdio>
+#include <filesystem>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "tests/support/shell.h"
 
 namespace rackrun::base {
 namespace {
@@ -85,38 +82,30 @@ TEST(CpuCheckTest, MessageNamesWhatIsMissingAndWhatToDo) {
   EXPECT_NE(m.find("-DRACKRUN_ARCH=x86-64-v3"), std::string::npos) << m;
 }
 
-// Runs this test binary again (listing its tests) with `env` prepended; returns its exit
-// status (-1 if it did not exit) and its output.
-int RunSelf(const std::string& env, std::string* output) {
-  std::array<char, 4096> self{};
-  const ssize_t n = readlink("/proc/self/exe", self.data(), self.size() - 1);
-  if (n <= 0) return -1;
-  const std::string command = env + " '" + std::string(self.data(), static_cast<size_t>(n)) +
-                              "' --gtest_list_tests 2>&1";
-  FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr) return -1;
-  std::array<char, 512> buffer{};
-  output->clear();
-  size_t got = 0;
-  while ((got = fread(buffer.data(), 1, buffer.size(), pipe)) > 0) output->append(buffer.data(), got);
-  const int status = pclose(pipe);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+// Runs this test binary again (listing its tests) with `env` prepended, through the
+// end-to-end tests' shell helper.
+testing::ShellResult RunSelf(const std::string& env) {
+  const std::filesystem::path dir = ::testing::TempDir();
+  return testing::Shell(env + " '" + std::filesystem::read_symlink("/proc/self/exe").string() +
+                            "' --gtest_list_tests",
+                        dir / "cpu_check_self.out", dir / "cpu_check_self.err");
 }
 
 TEST(CpuCheckTest, AProcessOnACpuWithoutABuildFeatureStopsBeforeMainWithTheReason) {
   const std::vector<std::string_view> features = BuildCpuFeatures();
   if (features.empty()) GTEST_SKIP() << "RACKRUN_ARCH=default build: no feature to miss";
   const std::string hidden(features.back());
-  std::string output;
-  EXPECT_EQ(RunSelf("RACKRUN_CPU_HIDE_FEATURES=" + hidden, &output), 1) << output;
+  testing::ShellResult r = RunSelf("RACKRUN_CPU_HIDE_FEATURES=" + hidden);
+  EXPECT_EQ(r.code, 1) << r.out << r.err;
   // The check ran before main: gtest never listed a test.
-  EXPECT_EQ(output.find("CpuCheckTest."), std::string::npos) << output;
-  EXPECT_NE(output.find("base_cpu_check_test: this binary was built for RACKRUN_ARCH="),
-            std::string::npos) << output;
-  EXPECT_NE(output.find("this CPU lacks " + hidden + "."), std::string::npos) << output;
+  EXPECT_EQ((r.out + r.err).find("CpuCheckTest."), std::string::npos) << r.out << r.err;
+  EXPECT_NE(r.err.find("base_cpu_check_test: this binary was built for RACKRUN_ARCH="),
+            std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("this CPU lacks " + hidden + "."), std::string::npos) << r.err;
   // Hiding a feature the build does not use, or none, changes nothing.
-  EXPECT_EQ(RunSelf("RACKRUN_CPU_HIDE_FEATURES=no-such-feature", &output), 0) << output;
-  EXPECT_NE(output.find("CpuCheckTest."), std::string::npos) << output;
+  r = RunSelf("RACKRUN_CPU_HIDE_FEATURES=no-such-feature");
+  EXPECT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("CpuCheckTest."), std::string::npos) << r.out;
 }
 
 }  // namespace
