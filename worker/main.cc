@@ -117,6 +117,10 @@ int main(int argc, char** argv) {
     int ms = 0;
     if (absl::SimpleAtoi(grace, &ms)) o.victim_grace = std::chrono::milliseconds(ms);
   }
+  if (const char* delay = std::getenv("RACKRUN_WORKER_START_DELAY_MS"); delay != nullptr) {
+    int ms = 0;
+    if (absl::SimpleAtoi(delay, &ms)) o.start_delay = std::chrono::milliseconds(ms);
+  }
 
   absl::StatusOr<std::unique_ptr<rackrun::worker::Worker>> worker =
       rackrun::worker::Worker::Create(o);

@@ -149,10 +149,14 @@ void Worker::StreamLoop() {
         {
           std::lock_guard<std::mutex> lock(mu_);
           running = running_;
-          // A queued attempt that was cancelled before it started is dropped.
+          // A queued attempt that was cancelled before it started is dropped, and reported
+          // (by the job thread: a report may retry for a while) so that the coordinator
+          // frees this worker: it waits for a result from every rank it assigned.
           for (auto it = queue_.begin(); it != queue_.end(); ++it) {
             if (it->job_id() == a.cancel().job_id() && it->attempt() == a.cancel().attempt()) {
+              cancelled_unstarted_.push_back(*it);
               queue_.erase(it);
+              cv_.notify_all();
               break;
             }
           }
@@ -289,12 +293,35 @@ absl::Status Worker::Serve() {
   stream_thread_ = std::thread([this] { StreamLoop(); });
   heartbeat_thread_ = std::thread([this] { HeartbeatLoop(); });
 
+  const auto report_cancelled_unstarted = [&] {
+    std::vector<rackrun::v1::RunJob> cancelled;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      cancelled.swap(cancelled_unstarted_);
+    }
+    for (const rackrun::v1::RunJob& job : cancelled) {
+      rackrun::v1::AttemptResult r;
+      r.set_outcome(rackrun::v1::AttemptResult::CANCELLED);
+      r.set_message("cancelled before it started");
+      ReportResult(job, r);
+      std::printf("rackrun-worker: %s: job %s attempt %d: cancelled before it started\n",
+                  worker_id().c_str(), job.job_id().c_str(), job.attempt());
+      std::fflush(stdout);
+    }
+  };
+  std::chrono::milliseconds start_delay = options_.start_delay;
   while (true) {
+    report_cancelled_unstarted();
     rackrun::v1::RunJob job;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return draining_ || !queue_.empty(); });
+      cv_.wait(lock, [&] { return draining_ || !queue_.empty() || !cancelled_unstarted_.empty(); });
       if (draining_) break;  // queued attempts are reported back as drained below
+      if (queue_.empty()) continue;
+      if (start_delay.count() > 0) {
+        if (cv_.wait_for(lock, std::exchange(start_delay, {}), [&] { return draining_; })) break;
+        if (queue_.empty()) continue;  // cancelled while it waited
+      }
       job = queue_.front();
       queue_.pop_front();
     }
@@ -330,6 +357,7 @@ absl::Status Worker::Serve() {
     running_.reset();
     finished_ = runner;
   }
+  report_cancelled_unstarted();
   // Drained: attempts assigned but never started are handed back.
   std::deque<rackrun::v1::RunJob> unstarted;
   {

@@ -11,6 +11,11 @@
 // Shutdown (SIGTERM/SIGINT, via Shutdown()): the running job finishes its step, writes a
 // checkpoint (when checkpoint.dir is set) and stops with every rank at the same step; the
 // result is reported, the worker deregisters and Serve returns OK.
+//
+// Every attempt assigned to the worker gets a result report, whatever happens to it: an
+// attempt cancelled while still queued (its peer failed before this worker started it)
+// is reported CANCELLED, one still queued at shutdown DRAINED; the coordinator frees the
+// worker for the next job on that report.
 #ifndef RACKRUN_WORKER_WORKER_H_
 #define RACKRUN_WORKER_WORKER_H_
 
@@ -44,6 +49,10 @@ struct WorkerOptions {
   int threads = -1;            // compute threads per job; -1 = the job spec's
   std::string fault;           // fault injection for tests (RACKRUN_FAULT)
   std::chrono::milliseconds victim_grace{3000};
+  // Fault injection for tests (RACKRUN_WORKER_START_DELAY_MS): the job thread waits this
+  // long before it starts the first attempt assigned to it, which leaves that attempt
+  // queued for a cancel to find.
+  std::chrono::milliseconds start_delay{0};
   // How long to keep retrying the coordinator before giving up at start and when a
   // result cannot be delivered.
   std::chrono::milliseconds patience{120000};
@@ -87,6 +96,8 @@ class Worker {
   std::string worker_id_;                      // guarded by mu_
   std::chrono::milliseconds heartbeat_interval_{1000};
   std::deque<rackrun::v1::RunJob> queue_;      // guarded by mu_
+  // Cancelled while queued; the job thread reports them CANCELLED. Guarded by mu_.
+  std::vector<rackrun::v1::RunJob> cancelled_unstarted_;
   std::shared_ptr<JobRunner> running_;         // guarded by mu_
   std::shared_ptr<JobRunner> finished_;        // the last one (job thread only): its metrics stay
   bool draining_ = false;                      // guarded by mu_

@@ -480,6 +480,35 @@ TEST_F(DaemonsTest, UnreadablePathFailsNamingPathAndHost) {
   EXPECT_THAT(message, HasSubstr("on host "));
 }
 
+// A rank that fails before its peer's worker has even started the attempt: the peer's
+// attempt is cancelled while still queued, and that worker reports it (CANCELLED) so the
+// coordinator frees it; both workers run the next job. (Before, the queued attempt was
+// dropped without a report and the worker stayed BUSY for good.)
+TEST_F(DaemonsTest, AttemptCancelledBeforeItStartedFreesTheWorker) {
+  StartCoordinator();
+  StartWorker(0);
+  std::vector<std::string> env = WorkerEnv();
+  env.push_back("RANK=1");
+  env.push_back("RACKRUN_WORKER_START_DELAY_MS=3000");
+  workers_.push_back(std::make_unique<Child>(
+      std::vector<std::string>{RACKRUN_WORKER_BINARY, "--data-address", "127.0.0.1", "--threads", "1"},
+      dir_ / "worker1.log", env));
+  WaitIdle(2);
+  // Every rank fails on the missing file; the prompt one first, within the other's delay.
+  const std::string id =
+      Submit("--set resources.ranks=2 --set data.train=" + (dir_ / "gone.tokens").string());
+  const json job = WaitState(id, "FAILED");
+  ASSERT_EQ(job.value("state", ""), "FAILED") << job.dump();
+  EXPECT_THAT(job["first_failure"].value("message", ""), HasSubstr("data.train"));
+  WaitIdle(2);
+  const std::string delayed_log = ::rackrun::testing::Slurp(dir_ / "worker1.log");
+  EXPECT_THAT(delayed_log, HasSubstr("cancelled before it started")) << delayed_log;
+  EXPECT_THAT(delayed_log, ::testing::Not(HasSubstr(id + " attempt 1, rank"))) << delayed_log;
+  const std::string next = Submit("--set resources.ranks=2 --set training.steps=2", "submit-next");
+  const json done = WaitState(next, "SUCCEEDED");
+  EXPECT_EQ(done.value("state", ""), "SUCCEEDED") << done.dump();
+}
+
 // An allocation that fails inside a worker although the job's estimate fit (here: the
 // worker runs under an address-space limit below what the job needs) fails the job with
 // the worker's message, not a crash: the worker stays up and runs the next job.
