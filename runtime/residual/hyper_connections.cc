@@ -381,8 +381,7 @@ class MhcImpl final : public DenseStreamsImpl<T> {
     const int ss = 3 + 2 * n + n * n;
     this->ReadBackwardDense(l, d_u, q.w, ss, [&](const auto& tg) {
       T* sk_tape = tg.work;
-      T* sk_work = sk_tape + sinkhorn_.tape_size();
-      T* logits = sk_work + 2 * n * n;
+      T* logits = sk_tape + sinkhorn_.tape_size();
       T* hraw = logits + n * n;
       T* dz = hraw + n * n;
       const T r = tg.coef[0];
@@ -405,7 +404,7 @@ class MhcImpl final : public DenseStreamsImpl<T> {
       }
       for (int j = 0; j < n * n; ++j) logits[j] = a_res * y[2 * n + j] + b_res[j];
       sinkhorn_.Forward(logits, hraw, sk_tape);
-      sinkhorn_.Backward(logits, sk_tape, tg.dcoef + n, dz, sk_work);
+      sinkhorn_.Backward(logits, sk_tape, tg.dcoef + n, dz);
       for (int j = 0; j < n * n; ++j) {
         scal[2] += dz[j] * y[2 * n + j];
         scal[3 + 2 * n + j] = dz[j];

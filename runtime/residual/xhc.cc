@@ -455,14 +455,17 @@ class XhcImpl final : public ResidualStreams<T>::Impl {
     return OffLevels() + static_cast<int64_t>(std::max(J_ + 1, J_ * (J_ + 1) / 2)) * ScratchRow();
   }
   int64_t OffSmall() const { return OffTile() + 2 * k_ * kTileRow; }
-  int64_t ScratchSize() const { return OffSmall() + sinkhorn_.tape_size() + 8 * k_ * k_ + 64; }
+  int64_t ScratchSize() const {
+    return OffSmall() + sinkhorn_.tape_size() + (4 * kTokenBlock + 8) * k_ * k_ + 64;
+  }
 
   void TopK(const T* score, int32_t* idx) const;
   // Gathers token t's active rows (the backward's saved A) and stores ra = RMS(vec A).
   void GatherActive(Sublayer& sl, const Group& gr, int t);
-  // Token t's active mappings from its H_res / H_post logits (q_, projected by Read):
-  // RMSNorm scaling, then the maps.
-  void ActiveMaps(Sublayer& sl, int t, T* small);
+  // The active mappings of tokens [t0, t1) from their H_res / H_post logits (q_,
+  // projected by Read): RMSNorm scaling, then the maps (H_res's Sinkhorns batched by
+  // kTokenBlock tokens). `small`: kTokenBlock * k * k elements of scratch.
+  void ActiveMaps(Sublayer& sl, int t0, int t1, T* small);
   // Packs the P x K mapping weight w into `packed` for ProjectRows (K x PaddedOutputs(P)).
   static const T* PackWeight(const T* w, int P, int64_t K, std::vector<T>* packed);
   // Tokens per block of Read's fused pass: the block's rows of the state stay in cache
@@ -476,7 +479,6 @@ class XhcImpl final : public ResidualStreams<T>::Impl {
     *ld = static_cast<int64_t>(k_) * this->width;
     return act_.data();
   }
-  void ActiveLogitsToMaps(const Sublayer& sl, T* coef, T* sk) const;
   void GramSchmidtBackward(const Sublayer& sl, const T* out, int64_t ld, int t, const T* o, T* d_o,
                            int64_t lp, T* d_out_t, T* dg_t, T* levels) const;
   // kJ: J as a compile-time constant (0: J_).
@@ -625,32 +627,6 @@ void XhcImpl<T>::TopK(const T* score, int32_t* idx) const {
 }
 
 template <typename T>
-void XhcImpl<T>::ActiveLogitsToMaps(const Sublayer& sl, T* coef, T* sk) const {
-  const T* q = coef + QOff();
-  const int kk = k_ * k_;
-  if (sl.last) {
-    const T a = *Param(sl.a_res);
-    const T* b = Param(sl.b_res);
-    T* logits = sk;
-    for (int i = 0; i < kk; ++i) logits[i] = a * q[i] + b[i];
-    T* h = coef + HresOff(sl);
-    sinkhorn_.Forward(logits, h, nullptr);
-    // Row-sum clamp: each row divided by max(row sum, 1).
-    for (int j = 0; j < k_; ++j) {
-      T s = 0;
-      for (int i = 0; i < k_; ++i) s += h[j * k_ + i];
-      if (s > T(1))
-        for (int i = 0; i < k_; ++i) h[j * k_ + i] /= s;
-    }
-  }
-  const int off = sl.last ? kk : 0;
-  const T a = *Param(sl.a_post);
-  const T* b = Param(sl.b_post);
-  T* hp = coef + HpostOff(sl);
-  for (int i = 0; i < k_ * sl.Kr; ++i) hp[i] = T(2) * Sigmoid(a * q[off + i] + b[i]);
-}
-
-template <typename T>
 void XhcImpl<T>::GatherActive(Sublayer& sl, const Group& gr, int t) {
   const int64_t C = this->width;
   const int64_t kc = k_ * C;
@@ -684,12 +660,54 @@ int XhcImpl<T>::ReadBlock() const {
 }
 
 template <typename T>
-void XhcImpl<T>::ActiveMaps(Sublayer& sl, int t, T* small) {
-  T* coef = sl.coef.data() + static_cast<int64_t>(t) * sl.coef_stride;
-  const T ra = coef[kRa];
-  const T* q = q_.data() + static_cast<int64_t>(t) * PaddedOutputs<T>(sl.P2);
-  for (int p = 0; p < sl.P2; ++p) coef[QOff() + p] = q[p] / ra;
-  ActiveLogitsToMaps(sl, coef, small);
+void XhcImpl<T>::ActiveMaps(Sublayer& sl, int t0, int t1, T* small) {
+  const int kk = k_ * k_;
+  const int ldq = PaddedOutputs<T>(sl.P2);
+  for (int b0 = t0; b0 < t1; b0 += kTokenBlock) {
+    const int nb = std::min(kTokenBlock, t1 - b0);
+    // RMSNorm scaling of the logits.
+    for (int t = b0; t < b0 + nb; ++t) {
+      T* coef = sl.coef.data() + static_cast<int64_t>(t) * sl.coef_stride;
+      const T ra = coef[kRa];
+      const T* q = q_.data() + static_cast<int64_t>(t) * ldq;
+      for (int p = 0; p < sl.P2; ++p) coef[QOff() + p] = q[p] / ra;
+    }
+    if (sl.last) {
+      // H_res = Sinkhorn(a_res q + b_res), the batch's tokens one per vector lane, then
+      // each row divided by max(row sum, 1).
+      const T a = *Param(sl.a_res);
+      const T* b = Param(sl.b_res);
+      const T* zs[kTokenBlock];
+      T* hs[kTokenBlock];
+      for (int i = 0; i < nb; ++i) {
+        T* coef = sl.coef.data() + static_cast<int64_t>(b0 + i) * sl.coef_stride;
+        const T* q = coef + QOff();
+        T* logits = small + i * kk;
+        for (int i2 = 0; i2 < kk; ++i2) logits[i2] = a * q[i2] + b[i2];
+        zs[i] = logits;
+        hs[i] = coef + HresOff(sl);
+      }
+      sinkhorn_.ForwardBatch(nb, zs, hs, nullptr);
+      for (int i = 0; i < nb; ++i) {
+        T* h = hs[i];
+        for (int j = 0; j < k_; ++j) {
+          T s = 0;
+          for (int i2 = 0; i2 < k_; ++i2) s += h[j * k_ + i2];
+          if (s > T(1))
+            for (int i2 = 0; i2 < k_; ++i2) h[j * k_ + i2] /= s;
+        }
+      }
+    }
+    const int off = sl.last ? kk : 0;
+    const T a = *Param(sl.a_post);
+    const T* b = Param(sl.b_post);
+    for (int t = b0; t < b0 + nb; ++t) {
+      T* coef = sl.coef.data() + static_cast<int64_t>(t) * sl.coef_stride;
+      const T* q = coef + QOff();
+      T* hp = coef + HpostOff(sl);
+      for (int i = 0; i < k_ * sl.Kr; ++i) hp[i] = T(2) * Sigmoid(a * q[off + i] + b[i]);
+    }
+  }
 }
 
 template <typename T>
@@ -795,7 +813,7 @@ void XhcImpl<T>::Read(int l, T* u) {
     for (int t = t0; t < t1; ++t) GatherActive(sl, gr, t);
     ProjectRows(ablock + t0 * lda, lda, t1 - t0, wt2, ldq, kc, q_.data() + t0 * ldq, ldq);
     T* small = this->Scratch(omp_get_thread_num()) + OffSmall();
-    for (int t = t0; t < t1; ++t) ActiveMaps(sl, t, small);
+    ActiveMaps(sl, t0, t1, small);
   }
   if (entry) {
     this->Count("mapping generation (full state)", static_cast<double>(nc), 0,
@@ -1027,12 +1045,16 @@ void XhcImpl<T>::WriteBackward(int l, T* d_out) {
     T* dablock = dact_.data() + static_cast<int64_t>(t0) * kc;  // gradient w.r.t. A_(s-1)
     T* d_o = sc + OffO();
     T* o_copy = sc + OffOCopy();
+    // The block's H_res Sinkhorns run as one batch (one token per vector lane): its
+    // tape, then per token the logits, the recomputed H_res, and dL/dH_res before and
+    // after the Sinkhorn backward, kk apart.
     T* sk_tape = sc + OffSmall();
-    T* sk_work = sk_tape + sinkhorn_.tape_size();
-    T* logits = sk_work + 2 * kk;
-    T* dh = logits + kk;
-    T* dz = dh + kk;
-    T* hraw = dz + kk;
+    T* logits = sk_tape + sinkhorn_.tape_size();
+    T* hraw = logits + kTokenBlock * kk;
+    T* dh = hraw + kTokenBlock * kk;
+    T* dz = dh + kTokenBlock * kk;
+    T dhpost[kTokenBlock][kMaxK * kMaxKr];
+    // Per token: the stream and basis gradients, dp and the Gram-Schmidt backward.
     for (int i = 0; i < tb; ++i) {
       const int t = t0 + i;
       const T* rec = gr.rec.data() + static_cast<int64_t>(t) * rs;
@@ -1046,11 +1068,9 @@ void XhcImpl<T>::WriteBackward(int l, T* d_out) {
       const T* dx = this->dX.data() + static_cast<int64_t>(t) * nc;
       T* da = dablock + i * kc;
       T* scal = scal_.data() + static_cast<int64_t>(t) * ss;
-      T* c2 = c2_.data() + static_cast<int64_t>(t) * P2Max();
       std::fill(scal, scal + nscal, T(0));
       // Direct path of A and the write-back path (A' += diag(p) H_post O): one pass.
       T* dp = dp_.data() + static_cast<int64_t>(t) * k_;
-      T dhres[kMaxK * kMaxK];
       T go[kMaxK * kMaxKr];
       T post[kMaxK * kMaxKr];
       for (int j = 0; j < k_; ++j)
@@ -1074,16 +1094,15 @@ void XhcImpl<T>::WriteBackward(int l, T* d_out) {
         for (int j = 0; j < k_; ++j) args.next_g[j] = dx + nc + nidx[j] * C;
         args.next_rows = a + sl.row_stride;
       }
-      args.dh_res = dhres;
+      args.dh_res = dh + i * kk;
       args.go = go;
       FusedWriteBackBackward(args);
-      T dhpost[kMaxK * kMaxKr];
       for (int j = 0; j < k_; ++j) {
         const T p = rec[kGate + j];
         T acc = 0;
         for (int r = 0; r < sl.Kr; ++r) {
           acc += hpost[j * sl.Kr + r] * go[j * sl.Kr + r];
-          dhpost[j * sl.Kr + r] = p * go[j * sl.Kr + r];
+          dhpost[i][j * sl.Kr + r] = p * go[j * sl.Kr + r];
         }
         dp[j] += acc;
       }
@@ -1092,27 +1111,57 @@ void XhcImpl<T>::WriteBackward(int l, T* d_out) {
                             d_out + t * C, dg_.data() + static_cast<int64_t>(t) * J_ * C,
                             sc + OffLevels());
       }
-      // Active mapping coefficients -> dq (c2), then RMSNorm(vec A) backward.
-      T sum_dq_q = 0;
       if (sl.last) {
-        for (int i2 = 0; i2 < kk; ++i2) logits[i2] = a_res * q[i2] + b_res[i2];
-        sinkhorn_.Forward(logits, hraw, sk_tape);
-        for (int i2 = 0; i2 < kk; ++i2) dh[i2] = dhres[i2];
-        // Row-sum clamp backward (identity for rows whose sum is <= 1, the usual case).
+        for (int i2 = 0; i2 < kk; ++i2) logits[i * kk + i2] = a_res * q[i2] + b_res[i2];
+      }
+    }
+    // H_res = Sinkhorn(a_res q + b_res) recomputed for the block, the row-sum clamp's
+    // backward (identity for rows whose sum is <= 1, the usual case), then the Sinkhorn's.
+    if (sl.last) {
+      const T* zs[kTokenBlock];
+      const T* dhs[kTokenBlock];
+      T* hs[kTokenBlock];
+      T* dzs[kTokenBlock];
+      for (int i = 0; i < tb; ++i) {
+        zs[i] = logits + i * kk;
+        hs[i] = hraw + i * kk;
+        dhs[i] = dh + i * kk;
+        dzs[i] = dz + i * kk;
+      }
+      sinkhorn_.ForwardBatch(tb, zs, hs, sk_tape);
+      for (int i = 0; i < tb; ++i) {
+        const T* hres = sl.coef.data() + static_cast<int64_t>(t0 + i) * sl.coef_stride + HresOff(sl);
+        T* dhi = dh + i * kk;
+        const T* hi = hraw + i * kk;
         for (int j = 0; j < k_; ++j) {
           T s = 0;
-          for (int i2 = 0; i2 < k_; ++i2) s += hraw[j * k_ + i2];
+          for (int i2 = 0; i2 < k_; ++i2) s += hi[j * k_ + i2];
           if (s > T(1)) {
             T gy = 0;
-            for (int i2 = 0; i2 < k_; ++i2) gy += dh[j * k_ + i2] * hres[j * k_ + i2];
-            for (int i2 = 0; i2 < k_; ++i2) dh[j * k_ + i2] = (dh[j * k_ + i2] - gy) / s;
+            for (int i2 = 0; i2 < k_; ++i2) gy += dhi[j * k_ + i2] * hres[j * k_ + i2];
+            for (int i2 = 0; i2 < k_; ++i2) dhi[j * k_ + i2] = (dhi[j * k_ + i2] - gy) / s;
           }
         }
-        sinkhorn_.Backward(logits, sk_tape, dh, dz, sk_work);
+      }
+      sinkhorn_.BackwardBatch(tb, zs, sk_tape, dhs, dzs);
+    }
+    // Active mapping coefficients -> dq (c2), then RMSNorm(vec A) backward.
+    for (int i = 0; i < tb; ++i) {
+      const int t = t0 + i;
+      const T* coef = sl.coef.data() + static_cast<int64_t>(t) * sl.coef_stride;
+      const T* q = coef + QOff();
+      const T* hpost = coef + HpostOff(sl);
+      const T* a = sl.rows.data() + static_cast<int64_t>(t) * sl.row_stride;
+      T* da = dablock + i * kc;
+      T* scal = scal_.data() + static_cast<int64_t>(t) * ss;
+      T* c2 = c2_.data() + static_cast<int64_t>(t) * P2Max();
+      T sum_dq_q = 0;
+      if (sl.last) {
+        const T* dzi = dz + i * kk;
         for (int i2 = 0; i2 < kk; ++i2) {
-          scal[0] += dz[i2] * q[i2];
-          scal[1 + i2] += dz[i2];
-          const T dq = a_res * dz[i2];
+          scal[0] += dzi[i2] * q[i2];
+          scal[1 + i2] += dzi[i2];
+          const T dq = a_res * dzi[i2];
           c2[i2] = dq;
           sum_dq_q += dq * q[i2];
         }
@@ -1120,7 +1169,7 @@ void XhcImpl<T>::WriteBackward(int l, T* d_out) {
       const int off = sl.last ? kk : 0;
       for (int i2 = 0; i2 < k_ * sl.Kr; ++i2) {
         const T h = hpost[i2] / T(2);
-        const T dlogit = dhpost[i2] * T(2) * h * (T(1) - h);
+        const T dlogit = dhpost[i][i2] * T(2) * h * (T(1) - h);
         scal[1 + kk] += dlogit * q[off + i2];
         scal[2 + kk + i2] += dlogit;
         const T dq = a_post * dlogit;
