@@ -35,9 +35,12 @@ using residual_internal::Combine;
 using residual_internal::Dot;
 using residual_internal::Moments;
 using residual_internal::MulAdd;
+using residual_internal::PackPanels;
 using residual_internal::PackTransposed;
+using residual_internal::PanelSize;
 using residual_internal::PaddedOutputs;
 using residual_internal::ProjectRows;
+using residual_internal::ProjectTransposeAddPacked;
 using residual_internal::Sigmoid;
 
 constexpr double kNormEps = 1e-6;
@@ -498,6 +501,7 @@ class XhcImpl final : public ResidualStreams<T>::Impl {
   std::vector<T> act_;   // tokens x kC: gathered active rows when not saving
   std::vector<T> wt1_;   // the group's router + pre-mapping weight, packed for ProjectRows
   std::vector<T> wt2_;   // the sublayer's H_res / H_post weight, packed for ProjectRows
+  std::vector<T> wp2_;   // the same weight panel-packed for the backward's dA += c2 W2
   // Backward workspaces.
   std::vector<T> dp_;     // tokens x k (accumulated over the group's sublayers)
   std::vector<T> dypre_;  // tokens x g x N
@@ -1037,6 +1041,9 @@ void XhcImpl<T>::WriteBackward(int l, T* d_out) {
   const T* b_res = sl.last ? Param(sl.b_res) : nullptr;
   const T a_post = *Param(sl.a_post);
   const T* saved_out = sl.rows.data() + kc;  // v1 = out rows, at stride row_stride
+  if (wp2_.size() < static_cast<size_t>(PanelSize<T>(sl.P2, kc)))
+    wp2_.resize(static_cast<size_t>(PanelSize<T>(sl.P2, kc)));
+  PackPanels(Param(sl.w2), kc, sl.P2, kc, wp2_.data());
 #pragma omp parallel for schedule(static) if (this->Parallel())
   for (int t0 = 0; t0 < tokens; t0 += kTokenBlock) {
     const int tid = omp_get_thread_num();
@@ -1180,14 +1187,10 @@ void XhcImpl<T>::WriteBackward(int l, T* d_out) {
       for (int p = 0; p < sl.P2; ++p) c2[p] /= ra;
       Axpy(-sum_dq_q / (static_cast<T>(kc) * ra * ra), a, da, kc);
     }
-  }
-  // Input gradient of the [w_res | w_post] projection for all tokens: one GEMM.
-  BatchGemm(this->Parallel(), false, false, tokens, static_cast<int>(kc), sl.P2, T(1), c2_.data(),
-            P2Max(), Param(sl.w2), kc, T(1), dact_.data(), kc);
-#pragma omp parallel for schedule(static) if (this->Parallel())
-  for (int t0 = 0; t0 < tokens; t0 += kTokenBlock) {
-    const int tb = std::min(kTokenBlock, tokens - t0);
-    const T* dablock = dact_.data() + static_cast<int64_t>(t0) * kc;
+    // Input gradient of the [w_res | w_post] projection, dA += c2 W2, for the block while
+    // its dA rows are in cache; then dA goes to the stream rows of dX.
+    ProjectTransposeAddPacked(c2_.data() + static_cast<int64_t>(t0) * P2Max(), P2Max(), tb,
+                              wp2_.data(), sl.P2, kc, dablock, kc);
     for (int i = 0; i < tb; ++i) {
       const int t = t0 + i;
       const int32_t* idx = gr.idx.data() + static_cast<int64_t>(t) * k_;
