@@ -107,9 +107,10 @@ class DenseStreamsImpl : public ResidualStreams<T>::Impl {
   // block's outputs, then per token `maps(x, z, work, coef)` fills the coefficient record
   // from the state x, its rows x P projection z (not yet divided by any norm) and scratch
   // `work` (the thread's scratch after kTokenBlock * rows * P elements); then u = H_pre X,
-  // and X is saved for the backward.
-  template <typename MapsFn>
-  void ReadDense(int l, const T* w, T* u, const MapsFn& maps) {
+  // and X is saved for the backward. After the block's tokens, `block_maps(t0, tb, work)`
+  // may finish their records together (mhc: H_res's Sinkhorns, one token per vector lane).
+  template <typename MapsFn, typename BlockFn>
+  void ReadDense(int l, const T* w, T* u, const MapsFn& maps, const BlockFn& block_maps) {
     const MapLayout m = Layout();
     const int n = this->nstreams;
     const int64_t C = this->width;
@@ -133,6 +134,7 @@ class DenseStreamsImpl : public ResidualStreams<T>::Impl {
         Combine(coef + m.pre, n, x, C, C, u + t * C);
         if (this->save) std::memcpy(sl.xprev.data() + t * nc, x, sizeof(T) * nc);
       }
+      block_maps(t0, tb, zz + kTokenBlock * zt);
     }
     CountRead();
   }
@@ -222,6 +224,7 @@ class DenseStreamsImpl : public ResidualStreams<T>::Impl {
   // record of WriteBackward, and the rows * P projection-output gradients c and the
   // `scal_stride` scalar-parameter gradients (zeroed) the mode fills in; work is scratch.
   struct TokenGrad {
+    int i;  // the token's index in its block
     const T* x;
     T* dx;
     const T* coef;
@@ -235,9 +238,12 @@ class DenseStreamsImpl : public ResidualStreams<T>::Impl {
   // Backward of Read: dH_pre and dX += H_pre du per token, `token_grad(TokenGrad)` for the
   // mode's coefficients, then dX += c W and dW += c^T X over all tokens (`w`: the weight's
   // parameter offset). dH_pre and `work` follow kTokenBlock * rows * P scratch elements.
-  template <typename GradFn>
+  // Before a block's tokens, `block_grad(t0, tb, work)` may prepare what their token_grad
+  // calls read from `work` (tg.i: the token's index in the block); token_grad then leaves
+  // that part of `work` alone.
+  template <typename BlockFn, typename GradFn>
   void ReadBackwardDense(int l, const T* d_u, int64_t w, int64_t scal_stride,
-                         const GradFn& token_grad) {
+                         const BlockFn& block_grad, const GradFn& token_grad) {
     const MapLayout m = Layout();
     const int n = this->nstreams;
     const int64_t C = this->width;
@@ -251,9 +257,11 @@ class DenseStreamsImpl : public ResidualStreams<T>::Impl {
     for (int t0 = 0; t0 < nt; t0 += kTokenBlock) {
       const int tb = std::min(kTokenBlock, nt - t0);
       T* dpre = this->Scratch(omp_get_thread_num()) + kTokenBlock * zt;
+      block_grad(t0, tb, dpre + n);
       for (int i = 0; i < tb; ++i) {
         const int t = t0 + i;
         TokenGrad tg;
+        tg.i = i;
         tg.x = sl.xprev.data() + t * nc;
         tg.dx = this->dX.data() + t * nc;
         tg.coef = sl.coef.data() + t * m.stride;
@@ -340,7 +348,8 @@ class MhcImpl final : public DenseStreamsImpl<T> {
   void Reserve() override {
     const int n = this->nstreams;
     this->ReserveDense(CoefStride(), n + n * n, 3 + 2 * n + n * n, P_,
-                       kTokenBlock * P_ + sinkhorn_.tape_size() + 6 * n * n + n * this->width);
+                       kTokenBlock * P_ + sinkhorn_.tape_size() + 3 * kTokenBlock * n * n +
+                           n * this->width);
   }
 
   void Read(int l, T* u) override {
@@ -352,7 +361,23 @@ class MhcImpl final : public DenseStreamsImpl<T> {
     const T* b_pre = this->value(q.b_pre);
     const T* b_post = this->value(q.b_post);
     const T* b_res = this->value(q.b_res);
-    this->ReadDense(l, this->value(q.w), u, [&](const T* x, const T* z, T* logits, T* coef) {
+    const int64_t stride = CoefStride();
+    T* coefs = this->sub_[static_cast<size_t>(l)].coef.data();
+    // H_res = Sinkhorn(a_res mat(y_res) + b_res) for the block's tokens, one per vector lane.
+    const auto block_maps = [&](int t0, int tb, T* work) {
+      const T* zs[kTokenBlock];
+      T* hs[kTokenBlock];
+      for (int i = 0; i < tb; ++i) {
+        T* coef = coefs + (t0 + i) * stride;
+        const T* y = coef + 1;
+        T* logits = work + i * n * n;
+        for (int j = 0; j < n * n; ++j) logits[j] = a_res * y[2 * n + j] + b_res[j];
+        zs[i] = logits;
+        hs[i] = coef + 1 + P_ + 2 * n;
+      }
+      sinkhorn_.ForwardBatch(tb, zs, hs, nullptr);
+    };
+    const auto maps = [&](const T* x, const T* z, T*, T* coef) {
       T sum, sq;
       Moments(x, nc, &sum, &sq);
       const T r = std::sqrt(sq / static_cast<T>(nc) + static_cast<T>(kNormEps));
@@ -361,14 +386,12 @@ class MhcImpl final : public DenseStreamsImpl<T> {
       for (int p = 0; p < P_; ++p) y[p] = z[p] / r;
       T* hpre = coef + 1 + P_;
       T* hpost = hpre + n;
-      T* hres = hpost + n;
       for (int j = 0; j < n; ++j) {
         hpre[j] = Sigmoid(a_pre * y[j] + b_pre[j]);
         hpost[j] = T(2) * Sigmoid(a_post * y[n + j] + b_post[j]);
       }
-      for (int j = 0; j < n * n; ++j) logits[j] = a_res * y[2 * n + j] + b_res[j];
-      sinkhorn_.Forward(logits, hres, nullptr);
-    });
+    };
+    this->ReadDense(l, this->value(q.w), u, maps, block_maps);
   }
 
   void ReadBackward(int l, const T* d_u) override {
@@ -379,11 +402,34 @@ class MhcImpl final : public DenseStreamsImpl<T> {
             a_res = *this->value(q.a_res);
     const T* b_res = this->value(q.b_res);
     const int ss = 3 + 2 * n + n * n;
-    this->ReadBackwardDense(l, d_u, q.w, ss, [&](const auto& tg) {
-      T* sk_tape = tg.work;
-      T* logits = sk_tape + sinkhorn_.tape_size();
-      T* hraw = logits + n * n;
-      T* dz = hraw + n * n;
+    const int64_t stride = CoefStride();
+    const typename DenseStreamsImpl<T>::Sublayer& sl = this->sub_[static_cast<size_t>(l)];
+    // The block's Sinkhorns recomputed and differentiated, one token per vector lane: `work`
+    // holds the tape, then per token the logits, H_res and dL/dlogits (dz), n * n apart.
+    const auto dz_of = [&](T* work, int i) {
+      return work + sinkhorn_.tape_size() + (2 * kTokenBlock + i) * n * n;
+    };
+    const auto block_grad = [&](int t0, int tb, T* work) {
+      T* tape = work;
+      T* logits = work + sinkhorn_.tape_size();
+      const T* zs[kTokenBlock];
+      const T* dhs[kTokenBlock];
+      T* hs[kTokenBlock];
+      T* dzs[kTokenBlock];
+      for (int i = 0; i < tb; ++i) {
+        const T* y = sl.coef.data() + (t0 + i) * stride + 1;
+        T* z = logits + i * n * n;
+        for (int j = 0; j < n * n; ++j) z[j] = a_res * y[2 * n + j] + b_res[j];
+        zs[i] = z;
+        hs[i] = logits + (kTokenBlock + i) * n * n;
+        dhs[i] = sl.dcoef.data() + (t0 + i) * (n + n * n) + n;
+        dzs[i] = dz_of(work, i);
+      }
+      sinkhorn_.ForwardBatch(tb, zs, hs, tape);
+      sinkhorn_.BackwardBatch(tb, zs, tape, dhs, dzs);
+    };
+    this->ReadBackwardDense(l, d_u, q.w, ss, block_grad, [&](const auto& tg) {
+      const T* dz = dz_of(tg.work, tg.i);
       const T r = tg.coef[0];
       const T* y = tg.coef + 1;
       const T* hpre = tg.coef + 1 + P_;
@@ -402,9 +448,6 @@ class MhcImpl final : public DenseStreamsImpl<T> {
         scal[3 + n + j] = dlp;
         c[n + j] = a_post * dlp;
       }
-      for (int j = 0; j < n * n; ++j) logits[j] = a_res * y[2 * n + j] + b_res[j];
-      sinkhorn_.Forward(logits, hraw, sk_tape);
-      sinkhorn_.Backward(logits, sk_tape, tg.dcoef + n, dz);
       for (int j = 0; j < n * n; ++j) {
         scal[2] += dz[j] * y[2 * n + j];
         scal[3 + 2 * n + j] = dz[j];
@@ -503,6 +546,7 @@ class HcImpl final : public DenseStreamsImpl<T> {
     const T* a_r0 = this->value(q.a_r0);
     const T* b0 = this->value(q.b0);
     // Projection rows are the token's streams, each C wide.
+    const auto no_block = [](int, int, T*) {};
     this->ReadDense(l, this->value(q.w), u, [&](const T* x, const T* z, T*, T* coef) {
       T* am = coef + n * (1 + P_);
       T* ar = am + n;
@@ -518,7 +562,7 @@ class HcImpl final : public DenseStreamsImpl<T> {
         for (int j = 0; j < n; ++j) ar[s * n + j] = s_a * std::tanh(rec[2 + j]) + a_r0[s * n + j];
         bb[s] = s_b * std::tanh(rec[2 + n]) + b0[s];
       }
-    });
+    }, no_block);
   }
 
   void ReadBackward(int l, const T* d_u) override {
@@ -527,7 +571,7 @@ class HcImpl final : public DenseStreamsImpl<T> {
     const Params& q = params_[static_cast<size_t>(l)];
     const T s_a = *this->value(q.s_a), s_b = *this->value(q.s_b);
     const int ss = 2 + 2 * n + n * n;
-    this->ReadBackwardDense(l, d_u, q.w, ss, [&](const auto& tg) {
+    this->ReadBackwardDense(l, d_u, q.w, ss, [](int, int, T*) {}, [&](const auto& tg) {
       T* scal = tg.scal;  // ds_a, ds_b, dA_m0 (N), dB0 (N), dA_r0 (N*N)
       for (int s = 0; s < n; ++s) {
         const T dam = tg.dpre[s];
