@@ -227,6 +227,19 @@ void Worker::HeartbeatLoop() {
   }
 }
 
+void Worker::ReportUnstarted(const std::vector<rackrun::v1::RunJob>& jobs,
+                             rackrun::v1::AttemptResult::Outcome outcome, const char* message) {
+  for (const rackrun::v1::RunJob& job : jobs) {
+    rackrun::v1::AttemptResult r;
+    r.set_outcome(outcome);
+    r.set_message(message);
+    ReportResult(job, r);
+    std::printf("rackrun-worker: %s: job %s attempt %d: %s\n", worker_id().c_str(),
+                job.job_id().c_str(), job.attempt(), message);
+    std::fflush(stdout);
+  }
+}
+
 void Worker::ReportResult(const rackrun::v1::RunJob& job, const rackrun::v1::AttemptResult& result) {
   rackrun::v1::ReportRequest request;
   request.set_worker_id(worker_id());
@@ -299,15 +312,7 @@ absl::Status Worker::Serve() {
       std::lock_guard<std::mutex> lock(mu_);
       cancelled.swap(cancelled_unstarted_);
     }
-    for (const rackrun::v1::RunJob& job : cancelled) {
-      rackrun::v1::AttemptResult r;
-      r.set_outcome(rackrun::v1::AttemptResult::CANCELLED);
-      r.set_message("cancelled before it started");
-      ReportResult(job, r);
-      std::printf("rackrun-worker: %s: job %s attempt %d: cancelled before it started\n",
-                  worker_id().c_str(), job.job_id().c_str(), job.attempt());
-      std::fflush(stdout);
-    }
+    ReportUnstarted(cancelled, rackrun::v1::AttemptResult::CANCELLED, "cancelled before it started");
   };
   std::chrono::milliseconds start_delay = options_.start_delay;
   while (true) {
@@ -317,9 +322,16 @@ absl::Status Worker::Serve() {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait(lock, [&] { return draining_ || !queue_.empty() || !cancelled_unstarted_.empty(); });
       if (draining_) break;  // queued attempts are reported back as drained below
-      if (queue_.empty()) continue;
+      if (queue_.empty()) {
+        // The first attempt was cancelled before this thread took it: the delay is spent.
+        start_delay = std::chrono::milliseconds(0);
+        continue;
+      }
       if (start_delay.count() > 0) {
-        if (cv_.wait_for(lock, std::exchange(start_delay, {}), [&] { return draining_; })) break;
+        // Ends early when the attempt is cancelled (its report then goes at once).
+        cv_.wait_for(lock, std::exchange(start_delay, {}),
+                     [&] { return draining_ || queue_.empty(); });
+        if (draining_) break;
         if (queue_.empty()) continue;  // cancelled while it waited
       }
       job = queue_.front();
@@ -359,17 +371,14 @@ absl::Status Worker::Serve() {
   }
   report_cancelled_unstarted();
   // Drained: attempts assigned but never started are handed back.
-  std::deque<rackrun::v1::RunJob> unstarted;
+  std::vector<rackrun::v1::RunJob> unstarted;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    unstarted.swap(queue_);
+    unstarted.assign(queue_.begin(), queue_.end());
+    queue_.clear();
   }
-  for (const rackrun::v1::RunJob& job : unstarted) {
-    rackrun::v1::AttemptResult r;
-    r.set_outcome(rackrun::v1::AttemptResult::DRAINED);
-    r.set_message("the worker shut down before the attempt started");
-    ReportResult(job, r);
-  }
+  ReportUnstarted(unstarted, rackrun::v1::AttemptResult::DRAINED,
+                  "the worker shut down before the attempt started");
   rackrun::v1::DeregisterRequest request;
   request.set_worker_id(worker_id());
   request.set_reason("shutdown (signal)");

@@ -51,7 +51,8 @@ struct WorkerOptions {
   std::chrono::milliseconds victim_grace{3000};
   // Fault injection for tests (RACKRUN_WORKER_START_DELAY_MS): the job thread waits this
   // long before it starts the first attempt assigned to it, which leaves that attempt
-  // queued for a cancel to find.
+  // queued for a cancel to find (one cancelled before the wait began spends the delay too:
+  // later attempts never wait).
   std::chrono::milliseconds start_delay{0};
   // How long to keep retrying the coordinator before giving up at start and when a
   // result cannot be delivered.
@@ -83,6 +84,9 @@ class Worker {
   void StreamLoop();
   void HeartbeatLoop();
   void ReportResult(const rackrun::v1::RunJob& job, const rackrun::v1::AttemptResult& result);
+  // Reports attempts that never started (cancelled while queued, or queued at shutdown).
+  void ReportUnstarted(const std::vector<rackrun::v1::RunJob>& jobs,
+                       rackrun::v1::AttemptResult::Outcome outcome, const char* message);
 
   WorkerOptions options_;
   std::unique_ptr<Connection> connection_;
