@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <utility>
 
 #include "absl/strings/numbers.h"
 #include "base/signals.h"
@@ -113,13 +114,19 @@ int main(int argc, char** argv) {
   o.local_rank = EnvInt("OMPI_COMM_WORLD_LOCAL_RANK",
                         EnvInt("SLURM_LOCALID", EnvInt("LOCAL_RANK", 0)));
   if (const char* fault = std::getenv("RACKRUN_FAULT"); fault != nullptr) o.fault = fault;
-  if (const char* grace = std::getenv("RACKRUN_VICTIM_GRACE_MS"); grace != nullptr) {
+  // Milliseconds from the environment; a value that is not one is refused by name.
+  for (const auto& [name, into] :
+       {std::pair<const char*, std::chrono::milliseconds*>{"RACKRUN_VICTIM_GRACE_MS", &o.victim_grace},
+        {"RACKRUN_WORKER_START_DELAY_MS", &o.start_delay}}) {
+    const char* v = std::getenv(name);
+    if (v == nullptr) continue;
     int ms = 0;
-    if (absl::SimpleAtoi(grace, &ms)) o.victim_grace = std::chrono::milliseconds(ms);
-  }
-  if (const char* delay = std::getenv("RACKRUN_WORKER_START_DELAY_MS"); delay != nullptr) {
-    int ms = 0;
-    if (absl::SimpleAtoi(delay, &ms)) o.start_delay = std::chrono::milliseconds(ms);
+    if (!absl::SimpleAtoi(v, &ms) || ms < 0) {
+      std::fprintf(stderr, "rackrun-worker: %s='%s' is not a number of milliseconds (>= 0)\n",
+                   name, v);
+      return 2;
+    }
+    *into = std::chrono::milliseconds(ms);
   }
 
   absl::StatusOr<std::unique_ptr<rackrun::worker::Worker>> worker =

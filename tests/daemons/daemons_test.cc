@@ -485,6 +485,12 @@ TEST_F(DaemonsTest, UnreadablePathFailsNamingPathAndHost) {
 // coordinator frees it; both workers run the next job. (Before, the queued attempt was
 // dropped without a report and the worker stayed BUSY for good.)
 TEST_F(DaemonsTest, AttemptCancelledBeforeItStartedFreesTheWorker) {
+  // A malformed delay is refused by name before the worker contacts anything.
+  const Result bad = Shell(std::string("RACKRUN_WORKER_START_DELAY_MS=soon ") +
+                               RACKRUN_WORKER_BINARY + " --coordinator 127.0.0.1:1",
+                           "bad-delay");
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_THAT(bad.err, HasSubstr("RACKRUN_WORKER_START_DELAY_MS='soon' is not a number"));
   StartCoordinator();
   StartWorker(0);
   std::vector<std::string> env = WorkerEnv();
