@@ -34,6 +34,8 @@ using residual_internal::Sigmoid;
 
 constexpr double kNormEps = 1e-6;
 constexpr int kTokenBlock = 8;
+// A block's Sinkhorns run as one batch.
+static_assert(kTokenBlock <= SinkhornProjection<float>::kBatch);
 
 // State shared by hc and mhc: saved inputs, outputs and coefficient records.
 template <typename T>

@@ -46,6 +46,8 @@ using residual_internal::Sigmoid;
 constexpr double kNormEps = 1e-6;
 constexpr double kGramSchmidtEps = 1e-6;
 constexpr int kTokenBlock = 8;
+// A block's Sinkhorns run as one batch.
+static_assert(kTokenBlock <= SinkhornProjection<float>::kBatch);
 // Limits that keep per-token coefficient arrays on the stack (checked by Validate).
 constexpr int kMaxN = 64;
 constexpr int kMaxK = 16;
