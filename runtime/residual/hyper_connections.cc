@@ -573,7 +573,8 @@ class HcImpl final : public DenseStreamsImpl<T> {
     const Params& q = params_[static_cast<size_t>(l)];
     const T s_a = *this->value(q.s_a), s_b = *this->value(q.s_b);
     const int ss = 2 + 2 * n + n * n;
-    this->ReadBackwardDense(l, d_u, q.w, ss, [](int, int, T*) {}, [&](const auto& tg) {
+    const auto no_block = [](int, int, T*) {};
+    this->ReadBackwardDense(l, d_u, q.w, ss, no_block, [&](const auto& tg) {
       T* scal = tg.scal;  // ds_a, ds_b, dA_m0 (N), dB0 (N), dA_r0 (N*N)
       for (int s = 0; s < n; ++s) {
         const T dam = tg.dpre[s];
