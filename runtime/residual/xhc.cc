@@ -140,6 +140,44 @@ struct WriteBackArgs {
   const T* w[kMaxKr] = {};
 };
 
+// The last pass of FusedWriteBack: finish basis row J = Kr - 1 (MLP: o_J -= c_J o_(J-1),
+// with c_J its coefficient against o_(J-1)), then write the k stream rows back. kK, kKR: k
+// and Kr as compile-time constants (0: from the arguments), so the loops over rows unroll
+// and the rows' values stay in registers (with run-time bounds they are arrays on the
+// stack, stored and reloaded at every element); the arithmetic is the same either way.
+template <typename T, int kK, int kKR>
+void WriteBackLastPass(const WriteBackArgs<T>& a, T cJ) {
+  const int k = kK > 0 ? kK : a.k;
+  const int Kr = kKR > 0 ? kKR : a.Kr;
+  const int J = kKR > 0 ? kKR - 1 : a.J;  // Kr = 1 + J
+  T* o = a.o;
+  const int64_t ldo = a.ldo;
+  const T* ob = J > 0 ? o : a.out;
+  ForElements<T>(a.C, [&]<typename V>(int64_t e) {
+    V ov[kKR > 0 ? kKR : kMaxKr];
+    for (int r = 0; r < Kr; ++r) ov[r] = Ld<T, V>(ob + r * ldo + e);
+    if (J > 0) {
+      ov[J] += Bc<T, V>(-cJ) * ov[J - 1];
+      St<T, V>(o + J * ldo + e, ov[J]);
+    } else if (a.save_o0) {
+      St<T, V>(o + e, ov[0]);
+    }
+    V xv[kK > 0 ? kK : kMaxK];
+    for (int i = 0; i < k; ++i) xv[i] = Ld<T, V>(a.x[i] + e);
+    for (int j = 0; j < k; ++j) {
+      V y;
+      if (a.mix != nullptr) {
+        y = Bc<T, V>(T(0));
+        for (int i = 0; i < k; ++i) y += Bc<T, V>(a.mix[j * k + i]) * xv[i];
+      } else {
+        y = xv[j];
+      }
+      for (int r = 0; r < Kr; ++r) y += Bc<T, V>(a.post[j * Kr + r]) * ov[r];
+      St<T, V>(a.x[j] + e, y);
+    }
+  });
+}
+
 template <typename T>
 void FusedWriteBack(const WriteBackArgs<T>& a) {
   using residual_internal::Simd;
@@ -203,30 +241,10 @@ void FusedWriteBack(const WriteBackArgs<T>& a) {
     }
   }
   // Last pass: finish row J (MLP), then the write-back of the k stream rows.
-  const T* ob = J > 0 ? o : a.out;
-  ForElements<T>(C, [&]<typename V>(int64_t e) {
-    V ov[kMaxKr];
-    for (int r = 0; r < Kr; ++r) ov[r] = Ld<T, V>(ob + r * ldo + e);
-    if (J > 0) {
-      ov[J] += Bc<T, V>(-c[J][J - 1]) * ov[J - 1];
-      St<T, V>(o + J * ldo + e, ov[J]);
-    } else if (a.save_o0) {
-      St<T, V>(o + e, ov[0]);
-    }
-    V xv[kMaxK];
-    for (int i = 0; i < k; ++i) xv[i] = Ld<T, V>(a.x[i] + e);
-    for (int j = 0; j < k; ++j) {
-      V y;
-      if (a.mix != nullptr) {
-        y = Bc<T, V>(T(0));
-        for (int i = 0; i < k; ++i) y += Bc<T, V>(a.mix[j * k + i]) * xv[i];
-      } else {
-        y = xv[j];
-      }
-      for (int r = 0; r < Kr; ++r) y += Bc<T, V>(a.post[j * Kr + r]) * ov[r];
-      St<T, V>(a.x[j] + e, y);
-    }
-  });
+  const T cJ = J > 0 ? c[J][J - 1] : T(0);
+  if (k == 4 && Kr == 1) return WriteBackLastPass<T, 4, 1>(a, cJ);
+  if (k == 4 && Kr == 4) return WriteBackLastPass<T, 4, 4>(a, cJ);
+  WriteBackLastPass<T, 0, 0>(a, cJ);
 }
 
 // Backward of the write-back for one token, one sweep over C: from the stream gradients
