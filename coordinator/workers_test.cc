@@ -53,6 +53,18 @@ class WorkersTest : public ::testing::Test {
   void WaitingIn(const std::string& id, int64_t step, int64_t n, int t) {
     Beat(id, step, "collective", n, n - 1, 100 * t);
   }
+  // Every rank of `ids` waits in collective n at `step` for ticks [t0, t1), 100 ms each;
+  // nothing is detected before tick `quiet_until` (Detect is only asked until then).
+  void AllWaitIn(const std::vector<std::string>& ids, int64_t step, int64_t n, int t0, int t1,
+                 int quiet_until) {
+    for (int t = t0; t < t1; ++t) {
+      clock_.Advance(100);
+      for (const std::string& id : ids) WaitingIn(id, step, n, t);
+      if (t < quiet_until) {
+        EXPECT_TRUE(workers_.Detect().empty()) << t;
+      }
+    }
+  }
 
   testing::FakeClock clock_;
   int64_t next_ = 0;
@@ -175,14 +187,7 @@ TEST_F(WorkersTest, WaitingInACollectiveIsNeverTheCulprit) {
   auto ids = Start(2);
   // Both ranks in collective 3 forever (no one behind): a hang with no single rank, named
   // once they have waited hang_timeout + heartbeat_timeout (2 + 0.5 s), not before.
-  for (int t = 0; t < 30; ++t) {
-    clock_.Advance(100);
-    WaitingIn(ids[0], 1, 3, t);
-    WaitingIn(ids[1], 1, 3, t);
-    if (t < 25) {
-      EXPECT_TRUE(workers_.Detect().empty()) << t;
-    }
-  }
+  AllWaitIn(ids, 1, 3, 0, 30, 25);
   std::vector<Finding> f = workers_.Detect();
   ASSERT_EQ(f.size(), 1u);
   EXPECT_EQ(f[0].failure.kind(), rackrun::v1::HANG);
@@ -195,12 +200,7 @@ TEST_F(WorkersTest, StoppedInsideTheCollectiveEveryRankEnteredIsNamed) {
   // it 1.8 s later (its last heartbeat says it is in collective 6 too). When rank 0 has
   // waited past the hang timeout (2 s), rank 1 is not silent yet (0.5 s): that is no
   // reason to name no rank; once its heartbeats are overdue it is named.
-  for (int t = 0; t < 18; ++t) {
-    clock_.Advance(100);
-    WaitingIn(ids[0], 4, 6, t);
-    WaitingIn(ids[1], 4, 6, t);
-    EXPECT_TRUE(workers_.Detect().empty()) << t;
-  }
+  AllWaitIn(ids, 4, 6, 0, 18, 18);
   for (int t = 18; t < 40; ++t) {
     clock_.Advance(100);
     WaitingIn(ids[0], 4, 6, t);
