@@ -41,11 +41,20 @@ inline int64_t FloorMulDiv(int64_t a, int64_t b, int64_t d, double inv_d, int64_
   return static_cast<int64_t>(p / d);
 }
 
+// Every split entry is an integer in [0, 2^49], held exactly in a double; adding 2^52 puts
+// it in the mantissa's low bits, so the conversion to int64 is an add and a subtract, which
+// vectorizes without AVX-512's cvtpd2qq.
+constexpr double kMagic = 0x1p52;
+
+inline int64_t ExactToInt(double x) {
+  return std::bit_cast<int64_t>(x + kMagic) - std::bit_cast<int64_t>(kMagic);
+}
+
 }  // namespace
 
-void QuotaSplit::CumulativeColumn(size_t g, int64_t q, int64_t left, double* col) {
+void QuotaSplit::CumulativeColumn(size_t g, int64_t q, int64_t left, int64_t* col) {
   double* __restrict remaining = remaining_.data();
-  double* __restrict floors = remainder_.data();  // floor(C_s * q / left), C_s cumulative r
+  double* __restrict floors = floors_.data();  // floor(C_s * q / left), C_s cumulative r
   double cumulative = 0;
   for (size_t s = 0; s < g; ++s) {
     cumulative += remaining[s];
@@ -74,7 +83,7 @@ void QuotaSplit::CumulativeColumn(size_t g, int64_t q, int64_t left, double* col
   for (size_t s = 0; s < g; ++s) {
     const double x = floors[s] - previous;
     previous = floors[s];
-    col[s] += x;
+    col[s] = ExactToInt(x);  // the column's only write
     remaining[s] -= x;
   }
 }
@@ -89,10 +98,11 @@ void QuotaSplit::SplitExpert(const LoadMatrix& loads, int e, const double* loads
   const size_t g = static_cast<size_t>(loads.ranks);
   const int i0 = plan.first[static_cast<size_t>(e)];
   const int k = plan.first[static_cast<size_t>(e) + 1] - i0;
-  // The expert's k columns are built in doubles in a scratch block (k x g, cache-resident)
-  // and converted into the plan's columns at the end.
-  if (block_.size() < static_cast<size_t>(k) * g) block_.resize(static_cast<size_t>(k) * g);
-  double* block = block_.data();
+  // The expert's k columns of the plan (contiguous, instance-major), written in place: each
+  // column's first write assigns every entry, columns never written are zeroed at the end,
+  // and the locality tokens (remembered in local_) are added last.
+  int64_t* const dst =
+      out->split.data() + static_cast<size_t>(plan.split_column[static_cast<size_t>(i0)]) * g;
   quota_left_.resize(static_cast<size_t>(k));
   for (int j = 0; j < k; ++j) {
     quota_left_[static_cast<size_t>(j)] = plan.quota[static_cast<size_t>(i0 + j)];
@@ -100,10 +110,6 @@ void QuotaSplit::SplitExpert(const LoadMatrix& loads, int e, const double* loads
   // This expert's column of the loads, gathered by Fill.
   double* remaining = remaining_.data();
   std::memcpy(remaining, loads_column, g * sizeof(double));
-  // The block is not cleared up front (at EP256 that was ~1 MB of stores per solve): the
-  // first write of each column below assigns every entry, columns never written are zeroed
-  // at the end, and the locality tokens (remembered in local_) are added last. Entries are
-  // only ever accumulated, never read, so the order of the additions changes nothing.
   local_.assign(static_cast<size_t>(k), 0);
   written_.assign(static_cast<size_t>(k), 0);
 
@@ -126,16 +132,15 @@ void QuotaSplit::SplitExpert(const LoadMatrix& loads, int e, const double* loads
   // the scalar pass that lists it (EP256: -5% instructions, ~-15% time). Any monotone
   // bucketing gives the same split: the edge bucket is resolved on exact remainders.
   constexpr int kBuckets = 256;
-  double* remainder = remainder_.data();
   int32_t* bucket = bucket_.data();
   for (int j = 1; j < k && left > 0; ++j) {
     const int64_t q = quota_left_[static_cast<size_t>(j)];
     if (q == 0) continue;
-    double* col = block + static_cast<size_t>(j) * g;
+    int64_t* col = dst + static_cast<size_t>(j) * g;
     written_[static_cast<size_t>(j)] = 1;
     if (q >= left) {
       for (size_t s = 0; s < g; ++s) {
-        col[s] = remaining[s];
+        col[s] = ExactToInt(remaining[s]);
         remaining[s] = 0;
       }
       left = 0;
@@ -145,7 +150,6 @@ void QuotaSplit::SplitExpert(const LoadMatrix& loads, int e, const double* loads
     const double leftd = static_cast<double>(left);
     const double inv = 1.0 / leftd;
     if (rounding_ == SplitRounding::kCumulative) {
-      std::fill(col, col + g, 0.0);
       CumulativeColumn(g, q, left, col);
       left -= q;
       continue;
@@ -154,9 +158,8 @@ void QuotaSplit::SplitExpert(const LoadMatrix& loads, int e, const double* loads
     int64_t floor_sum = 0;
     if (left < (int64_t{1} << 26)) {
       // floor(r * q / left) from a reciprocal estimate, corrected exactly (off by <= 1).
-      double* __restrict out_col = col;
+      int64_t* __restrict out_col = col;
       double* __restrict out_remaining = remaining;
-      double* __restrict out_remainder = remainder;
       int32_t* __restrict out_bucket = bucket;
       int32_t small_sum = 0;  // <= q < 2^26
       for (size_t s = 0; s < g; ++s) {
@@ -171,11 +174,11 @@ void QuotaSplit::SplitExpert(const LoadMatrix& loads, int e, const double* loads
         const double fix = static_cast<double>(static_cast<int32_t>((rem + 0.5) * inv + 1.0)) - 1.0;
         f += fix;
         rem -= fix * leftd;
-        out_col[s] = f;  // the column's first write
+        out_col[s] = ExactToInt(f);  // the column's first write
         out_remaining[s] = r - f;
-        out_remainder[s] = rem;
         // Bucket of rem / left, monotone in rem; -1 for no remainder. Fused here (and the
-        // floors' sum) so the column takes one pass instead of three.
+        // floors' sum) so the column takes one pass instead of three. The remainders
+        // themselves are not kept: the few sources in the edge bucket recompute theirs.
         const int b =
             static_cast<int>(std::min(static_cast<double>(kBuckets - 1), rem * to_bucket));
         out_bucket[s] = rem > 0 ? b : -1;
@@ -187,10 +190,9 @@ void QuotaSplit::SplitExpert(const LoadMatrix& loads, int e, const double* loads
         int64_t rem = 0;
         const int64_t r = static_cast<int64_t>(remaining[s]);
         const int64_t f = FloorMulDiv(r, q, left, inv, &rem);
-        col[s] = static_cast<double>(f);  // the column's first write
+        col[s] = f;  // the column's first write
         remaining[s] = static_cast<double>(r - f);
         const double remd = static_cast<double>(rem);
-        remainder[s] = remd;
         const int b =
             static_cast<int>(std::min(static_cast<double>(kBuckets - 1), remd * to_bucket));
         bucket[s] = rem > 0 ? b : -1;
@@ -234,52 +236,52 @@ void QuotaSplit::SplitExpert(const LoadMatrix& loads, int e, const double* loads
       // join the vectorized pass below and no list is built.
       const int64_t in_edge = count_edge - above_edge;
       const int from = take == in_edge ? edge : edge + 1;
-      int32_t* tied = tied_.data();
-      size_t num_tied = 0;
       for (size_t s = 0; s < g; ++s) {
-        const double above = static_cast<double>(std::min(std::max(bucket[s] - from + 1, 0), 1));
+        const int32_t above = std::min(std::max(bucket[s] - from + 1, 0), 1);
         col[s] += above;
-        remaining[s] -= above;
+        remaining[s] -= static_cast<double>(above);
       }
       if (take > 0 && take < in_edge) {
-        for (size_t s = 0; s < g; ++s) {
-          tied[num_tied] = static_cast<int32_t>(s);
-          num_tied += bucket[s] == edge ? 1 : 0;
+        // The edge bucket holds a few sources (about g / kBuckets): find them eight at a
+        // time (one vector compare per group; bucket_ is padded to a multiple of eight
+        // with -2) and recompute their exact remainders, r * q mod left, from the floor
+        // and the new remaining count (both untouched for them since the floor pass).
+        TiedSource* tied = tied_.data();
+        size_t num_tied = 0;
+        for (size_t s0 = 0; s0 < g; s0 += 8) {
+          int32_t hit = 0;
+          for (size_t l = 0; l < 8; ++l) hit |= bucket[s0 + l] == edge ? 1 : 0;
+          if (hit == 0) continue;
+          for (size_t l = 0; l < 8; ++l) {
+            const size_t s = s0 + l;
+            if (bucket[s] != edge) continue;
+            const int64_t f = col[s];
+            int64_t rem = 0;
+            FloorMulDiv(static_cast<int64_t>(remaining[s]) + f, q, left, inv, &rem);
+            tied[num_tied++] = TiedSource{rem, static_cast<int32_t>(s)};
+          }
         }
-      }
-      if (take > 0 && take < static_cast<int64_t>(num_tied)) {
         // Only which sources are among the `take` largest matters, not their order.
-        std::nth_element(
-            tied, tied + (take - 1), tied + num_tied, [remainder](int32_t a, int32_t b) {
-              return remainder[a] != remainder[b] ? remainder[a] > remainder[b] : a < b;
-            });
-      }
-      for (int64_t c = 0; c < static_cast<int64_t>(num_tied) && c < take; ++c) {
-        const size_t s = static_cast<size_t>(tied[c]);
-        col[s] += 1;
-        remaining[s] -= 1;
+        const auto larger = [](const TiedSource& a, const TiedSource& b) {
+          return a.remainder != b.remainder ? a.remainder > b.remainder : a.source < b.source;
+        };
+        std::nth_element(tied, tied + (take - 1), tied + num_tied, larger);
+        for (int64_t c = 0; c < take; ++c) {
+          const size_t s = static_cast<size_t>(tied[c].source);
+          col[s] += 1;
+          remaining[s] -= 1;
+        }
       }
     }
     left -= q;
   }
-  for (size_t s = 0; s < g; ++s) block[s] = remaining[s];  // column 0's only write
+  for (size_t s = 0; s < g; ++s) dst[s] = ExactToInt(remaining[s]);  // column 0's only write
   for (int j = 0; j < k; ++j) {
-    double* col = block + static_cast<size_t>(j) * g;
-    if (j > 0 && written_[static_cast<size_t>(j)] == 0) std::fill(col, col + g, 0.0);
+    int64_t* col = dst + static_cast<size_t>(j) * g;
+    if (j > 0 && written_[static_cast<size_t>(j)] == 0) std::fill(col, col + g, int64_t{0});
     const size_t t = static_cast<size_t>(plan.instances[static_cast<size_t>(i0 + j)].rank);
-    col[t] += static_cast<double>(local_[static_cast<size_t>(j)]);
+    col[t] += local_[static_cast<size_t>(j)];
   }
-  // Into the plan's columns (contiguous for the expert's instances). Every entry is an
-  // integer in [0, 2^49], so adding 2^52 puts it in the mantissa's low bits exactly: the
-  // conversion is an add and a subtract, which vectorizes without AVX-512's cvtpd2qq.
-  const int32_t c0 = plan.split_column[static_cast<size_t>(i0)];
-  int64_t* __restrict dst = out->split.data() + static_cast<size_t>(c0) * g;
-  const double* __restrict src = block;
-  constexpr double kMagic = 0x1p52;
-  const int64_t magic_bits = std::bit_cast<int64_t>(kMagic);
-  const size_t entries = static_cast<size_t>(k) * g;
-  for (size_t m = 0; m < entries; ++m)
-    dst[m] = std::bit_cast<int64_t>(src[m] + kMagic) - magic_bits;
 }
 
 void QuotaSplit::Fill(const LoadMatrix& loads, Plan* plan) {
@@ -304,10 +306,11 @@ void QuotaSplit::Fill(const LoadMatrix& loads, Plan* plan) {
   plan->split.resize(static_cast<size_t>(columns) * g);
   if (remaining_.size() < g) {
     remaining_.resize(g);
-    remainder_.resize(g);
-    bucket_.resize(g);
-    tied_.resize(g + 1);
+    floors_.resize(g);
+    tied_.resize(g);
   }
+  // Padded to a multiple of eight with -2 (no bucket) for SplitExpert's groups of eight.
+  bucket_.assign((g + 7) / 8 * 8, -2);
   // The replicated experts' columns of the loads, gathered in one pass over the rows:
   // reading a column in place strides a whole row per entry (2 KB at 256 experts), which
   // cost more than the split itself at EP256.

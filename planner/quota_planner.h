@@ -47,20 +47,23 @@ class QuotaSplit {
   void SplitExpert(const LoadMatrix& loads, int e, const double* loads_column, Plan* out);
 
   // kCumulative for one instance column: remaining quota q of `left` remaining tokens.
-  void CumulativeColumn(size_t g, int64_t q, int64_t left, double* col);
+  void CumulativeColumn(size_t g, int64_t q, int64_t left, int64_t* col);
 
   bool locality_first_;
   SplitRounding rounding_;
   std::vector<int32_t> replicated_;  // experts with more than one instance, ascending
-  std::vector<double> block_;        // one replicated expert's columns (exact integers)
   std::vector<double> columns_;      // the replicated experts' columns of the loads
   std::vector<double> remaining_;    // r_s of one expert
   std::vector<int64_t> quota_left_;  // remaining quota per instance of one expert
   std::vector<int64_t> local_;       // per instance of one expert: its locality tokens
   std::vector<uint8_t> written_;     // per instance of one expert: column written
-  std::vector<double> remainder_;    // r_s * q mod R
+  std::vector<double> floors_;       // kCumulative's floors per source
   std::vector<int32_t> bucket_;      // remainder bucket per source (-1: no remainder)
-  std::vector<int32_t> tied_;        // sources in the boundary bucket
+  struct TiedSource {
+    int64_t remainder;  // r_s * q mod R
+    int32_t source;
+  };
+  std::vector<TiedSource> tied_;     // sources in the boundary bucket
 };
 
 // A replica placed by a policy that keeps every master at home: `tokens` of `expert`'s
