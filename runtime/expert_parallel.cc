@@ -379,6 +379,7 @@ absl::Status ExpertParallelExecutor::Forward(std::span<const int64_t> offsets,
   if (absl::Status s = FinishReplicaGradients(); !s.ok()) return s;
   t0 = base::NowSeconds();
   if (absl::Status s = SolvePlan(offsets); !s.ok()) return s;
+  st.plan_exchange_s += g_->plan_source().last_exchange_seconds();
   const planner::Domain& d = g_->domain();
   ExpertParallelStats::Layer& ls = st.layers[static_cast<size_t>(layer_)];
   ++ls.microbatches;

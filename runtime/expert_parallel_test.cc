@@ -5,11 +5,13 @@
 
 #include <omp.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -362,6 +364,41 @@ TEST(ExpertParallelGroupTest, SharedSlotsAreFetchedAgainForBackward) {
   EXPECT_GT(stats[0].layers[0].replicas, 0);
   EXPECT_GT(stats[0].layers[1].replicas, 0);
   EXPECT_GE(stats[0].refetches, 2);
+}
+
+TEST(ExpertParallelGroupTest, PlanPhaseSaysHowLongItWaitedInTheLoadExchange) {
+  // Rank 1 reaches the MoE layer 150 ms after rank 0: rank 0's plan phase is then almost
+  // all load exchange (the allgather waits for rank 1), and the exchange is part of plan_s.
+  constexpr double kLate = 0.15;
+  std::vector<ExpertParallelStats> stats(2);
+  const absl::Status run = comm::RunInProcessRanks(2, {}, [&](comm::DataChannel& ch) {
+    omp_set_num_threads(1);
+    MoeLayer<float> layer(Config(2, ch.rank()), "m");
+    InitSkewed(layer);
+    ExpertParallelOptions options;
+    options.policy = "ultraep";
+    absl::StatusOr<std::unique_ptr<ExpertParallelGroup>> group =
+        ExpertParallelGroup::Create(ch, {&layer}, options);
+    if (!group.ok()) return group.status();
+    (*group)->BeginMicrobatch(0, true);
+    const int rows = kTokens / 2;
+    const std::vector<float> u = Input(0);
+    std::vector<float> out(static_cast<size_t>(rows) * kWidth);
+    if (ch.rank() == 1) std::this_thread::sleep_for(std::chrono::duration<double>(kLate));
+    absl::Status s =
+        layer.Forward(u.data() + static_cast<size_t>(ch.rank()) * rows * kWidth, rows, out.data());
+    if (!s.ok()) return s;
+    stats[static_cast<size_t>(ch.rank())] = (*group)->stats();
+    return absl::OkStatus();
+  });
+  ASSERT_TRUE(run.ok()) << run;
+  EXPECT_GE(stats[0].plan_exchange_s, 0.8 * kLate);
+  for (const ExpertParallelStats& st : stats) {
+    EXPECT_GT(st.plan_exchange_s, 0);
+    EXPECT_LE(st.plan_exchange_s, st.plan_s);
+  }
+  // Rank 1 arrived last: it did not wait for rank 0.
+  EXPECT_LT(stats[1].plan_exchange_s, stats[0].plan_exchange_s);
 }
 
 TEST(ExpertParallelGroupTest, PlanDisagreementNamesRankLayerAndMicrobatch) {

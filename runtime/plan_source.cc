@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "base/clock.h"
 
 namespace rackrun::runtime {
 
@@ -42,10 +43,13 @@ absl::Status InBandPlanSource::Solve(const Request& request, planner::LoadMatrix
   rows_.resize(words * static_cast<size_t>(ranks));
   std::copy(request.local_loads.begin(), request.local_loads.end(), row_.begin());
   row_.back() = static_cast<int64_t>(request.previous_fingerprint);
-  if (absl::Status s = channel_.Allgather(row_.data(), rows_.data(), static_cast<int64_t>(words),
-                                          comm::DataType::kInt64);
-      !s.ok()) {
-    return absl::Status(s.code(), absl::StrCat("exchanging expert loads: ", s.message()));
+  const double t0 = base::NowSeconds();
+  const absl::Status exchanged = channel_.Allgather(
+      row_.data(), rows_.data(), static_cast<int64_t>(words), comm::DataType::kInt64);
+  last_exchange_s_ = base::NowSeconds() - t0;
+  if (!exchanged.ok()) {
+    return absl::Status(exchanged.code(),
+                        absl::StrCat("exchanging expert loads: ", exchanged.message()));
   }
   carried_.resize(static_cast<size_t>(ranks));
   for (int r = 0; r < ranks; ++r) {

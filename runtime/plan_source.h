@@ -65,6 +65,14 @@ class PlanSource {
   // values (one per rank, rank order) are then carried_fingerprints().
   virtual bool carries_fingerprints() const { return false; }
   virtual std::span<const uint64_t> carried_fingerprints() const { return {}; }
+
+  // Seconds the last Solve spent in its exchange with the other ranks or the coordinator,
+  // waiting for them included (in-band: the load allgather; coordinator: row sent -> plan
+  // received, so the coordinator's solve too). The rest of Solve is this rank's own work.
+  double last_exchange_seconds() const { return last_exchange_s_; }
+
+ protected:
+  double last_exchange_s_ = 0;
 };
 
 class InBandPlanSource final : public PlanSource {

@@ -44,7 +44,8 @@ std::string StepRecord::ToJson() const {
                                ", \"rank_imbalance_before\": ", JsonArray(rank_imbalance_before),
                                ", \"rank_imbalance_after\": ", JsonArray(rank_imbalance_after),
                                ", \"replicas\": ", JsonNumber(replicas), ", \"plan_s\": ",
-                               JsonNumber(plan_s), ", \"fanout_s\": ", JsonNumber(fanout_s),
+                               JsonNumber(plan_s), ", \"plan_exchange_s\": ",
+                               JsonNumber(plan_exchange_s), ", \"fanout_s\": ", JsonNumber(fanout_s),
                                ", \"dispatch_s\": ", JsonNumber(dispatch_s),
                                ", \"replica_reduce_s\": ", JsonNumber(reduce_s))
                 : std::string(),

@@ -415,6 +415,7 @@ absl::StatusOr<StepRecord> Trainer::Step() {
     }
     if (!st.layers.empty()) r.replicas /= static_cast<double>(st.layers.size());
     r.plan_s = st.plan_s;
+    r.plan_exchange_s = st.plan_exchange_s;
     r.fanout_s = st.fanout_s;
     r.dispatch_s = st.dispatch_s;
     r.reduce_s = st.reduce_s;

@@ -75,12 +75,13 @@ struct StepRecord {
   // only and under the executed plans, averaged over the step's microbatches; replicas per
   // microbatch and layer; rank 0's seconds in the step spent planning (load allgather,
   // solve, invariant check, plan agreement), fanning out replica weights, in token
-  // all-to-alls and reducing replica gradients.
+  // all-to-alls and reducing replica gradients; plan_exchange_s is the part of plan_s spent
+  // in the load exchange (the collective, waiting for the other ranks included).
   int ranks = 1;
   std::vector<double> rank_imbalance_before;
   std::vector<double> rank_imbalance_after;
   double replicas = 0;
-  double plan_s = 0, fanout_s = 0, dispatch_s = 0, reduce_s = 0;
+  double plan_s = 0, plan_exchange_s = 0, fanout_s = 0, dispatch_s = 0, reduce_s = 0;
   // This step alone: seconds (without evaluation and checkpoint) and tokens (global).
   double step_s = 0;
   int64_t tokens = 0;

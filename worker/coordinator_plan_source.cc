@@ -45,10 +45,12 @@ absl::Status CoordinatorPlanSource::Solve(const Request& request, planner::LoadM
         s.ok() ? std::string("closed by the coordinator") : s.error_message(),
         "; the coordinator at ", connection_.address(), " is gone or restarted"));
   };
+  const base::Stopwatch exchange;
   if (!stream_->Write(row)) return broken("write failed");
   first_ = false;
   rackrun::v1::PlanReply reply;
   if (!stream_->Read(&reply)) return broken("ended");
+  last_exchange_s_ = exchange.Seconds();
   if (!reply.error().empty()) {
     return absl::FailedPreconditionError(absl::StrCat("the coordinator could not plan: ", reply.error()));
   }

@@ -185,6 +185,9 @@ Balancing BalancingIn(const std::vector<nlohmann::json>& log) {
   Balancing b;
   for (const nlohmann::json& r : log) {
     b.max_replicas = std::max(b.max_replicas, r.at("replicas").get<double>());
+    // The plan phase's load exchange is part of it.
+    EXPECT_GE(r.at("plan_exchange_s").get<double>(), 0);
+    EXPECT_LE(r.at("plan_exchange_s").get<double>(), r.at("plan_s").get<double>());
     const nlohmann::json& before = r.at("rank_imbalance_before");
     const nlohmann::json& after = r.at("rank_imbalance_after");
     EXPECT_EQ(before.size(), after.size());
@@ -502,6 +505,17 @@ TEST_F(EpTrainTest, EpTrainBenchReplaysItsLoadTracesOnTwoRanks) {
   for (const nlohmann::json& p : j.at("policies")) {
     EXPECT_EQ(p.at("replay_note").get<std::string>(), "") << p.at("policy");
     EXPECT_TRUE(p.at("replay_matches_expert_rows").get<bool>()) << p.at("policy");
+    // The plan phase split: its load exchange and the rest are parts of it, per rank and so
+    // per step and in the medians.
+    const nlohmann::json& x = p.at("exposed");
+    const double plan = x.at("plan").at("median_s").get<double>();
+    EXPECT_GT(x.at("plan_exchange").at("median_s").get<double>(), 0) << p.at("policy");
+    EXPECT_LE(x.at("plan_exchange").at("median_s").get<double>(), plan) << p.at("policy");
+    EXPECT_LE(x.at("plan_without_exchange").at("median_s").get<double>(), plan) << p.at("policy");
+    const nlohmann::json& o = x.at("plan_fanout_reduce");
+    EXPECT_LE(o.at("without_exchange_median_s").get<double>(), o.at("median_s").get<double>())
+        << p.at("policy");
+    EXPECT_EQ(o.contains("over_none_median_s"), p.at("policy") != "none") << p.at("policy");
   }
 }
 #endif

@@ -30,6 +30,12 @@
 //   masters' compute and, for backward refetches, the layer above's backward); the
 //   balancing overhead is plan + fan-out + grad reduce (max over ranks per phase, and the
 //   min over ranks per phase beside it), with the policy's median step over `none`'s. The
+//   plan phase is also split: its load exchange (ExpertParallelStats::plan_exchange_s, the
+//   allgather with the wait for the other ranks) and the rest (max over ranks of plan minus
+//   exchange: solve, invariant check, statistics); "without the load exchange" is that rest
+//   + fan-out + grad reduce, and "over none's" is the median over steps of the policy's
+//   plan + fan-out + grad reduce minus `none`'s in the same step (`none` makes the same
+//   exchange, so what it pays there is the price of any expert-parallel dispatch). The
 //   pure solve + invariant check is timed separately by replaying the recorded load trace
 //   through a planner of the same policy and options on rank 0 after the run.
 // - per-layer rank imbalance (max / mean rank load): ExpertParallelStats::layers sums
@@ -118,6 +124,7 @@ struct Options {
 enum Field {
   kStep,
   kPlan,
+  kPlanExchange,
   kFanout,
   kDispatch,
   kExpert,
@@ -134,9 +141,12 @@ struct PolicyResult {
   std::string policy;
   // Per measured step: max over ranks of each phase, and the per-rank values of some.
   std::vector<double> step_s, plan_s, fanout_s, dispatch_s, expert_s, reduce_s, expert_mean_s;
+  // Per measured step, max over ranks: the plan phase's load exchange (the collective, with
+  // the wait for the other ranks), and the rest of the plan phase (solve, invariant check).
+  std::vector<double> exchange_s, plan_local_s;
   // Per measured step: min over ranks (the last rank to arrive at a collective waits least,
   // so this approaches the phase's own cost without the wait for stragglers).
-  std::vector<double> plan_min_s, fanout_min_s, dispatch_min_s, reduce_min_s;
+  std::vector<double> plan_min_s, exchange_min_s, fanout_min_s, dispatch_min_s, reduce_min_s;
   std::vector<double> losses;  // every step run, warmup included
   // Per MoE layer, mean over measured microbatches (ExpertParallelStats::layers).
   std::vector<double> imbalance_before, imbalance_after, replicas;
@@ -290,6 +300,7 @@ class PolicyRun {
     const rt::ExpertParallelStats& st = ep_->stats();
     std::vector<double> mine = {step_s,
                                 st.plan_s,
+                                st.plan_exchange_s,
                                 st.fanout_s,
                                 st.dispatch_s,
                                 st.expert_s,
@@ -320,12 +331,17 @@ class PolicyRun {
     };
     res_.step_s.push_back(max_of(kStep));
     res_.plan_s.push_back(max_of(kPlan));
+    res_.exchange_s.push_back(max_of(kPlanExchange));
+    double local = 0;
+    for (int q = 0; q < ranks_; ++q) local = std::max(local, at(q, kPlan) - at(q, kPlanExchange));
+    res_.plan_local_s.push_back(local);
     res_.fanout_s.push_back(max_of(kFanout));
     res_.dispatch_s.push_back(max_of(kDispatch));
     res_.expert_s.push_back(max_of(kExpert));
     res_.expert_mean_s.push_back(sum_of(kExpert) / ranks_);
     res_.reduce_s.push_back(max_of(kReduce));
     res_.plan_min_s.push_back(min_of(kPlan));
+    res_.exchange_min_s.push_back(min_of(kPlanExchange));
     res_.fanout_min_s.push_back(min_of(kFanout));
     res_.dispatch_min_s.push_back(min_of(kDispatch));
     res_.reduce_min_s.push_back(min_of(kReduce));
@@ -384,20 +400,50 @@ class PolicyRun {
   PolicyResult res_;
 };
 
-// Balancing overhead: plan + fan-out + replica-gradient reduction per step, each phase the
-// max over ranks, or with `min_rank` the min over ranks (the rank that reached each
-// collective last, so little of the wait for the slowest rank is in it). Returns {median
-// seconds, median % of the step} over the measured steps.
-std::pair<double, double> BalancingOverhead(const PolicyResult& r, bool min_rank = false) {
-  const std::vector<double>& plan = min_rank ? r.plan_min_s : r.plan_s;
+// Balancing overhead per step: plan + fan-out + replica-gradient reduction.
+enum class Overhead {
+  kMax,           // each phase the max over ranks
+  kMinRank,       // each phase the min over ranks (the rank that reached each collective
+                  // last, so little of the wait for the slowest rank is in it)
+  kNoExchange,    // as kMax, but the plan phase without its load exchange
+};
+
+std::vector<double> OverheadPerStep(const PolicyResult& r, Overhead kind) {
+  const bool min_rank = kind == Overhead::kMinRank;
+  const std::vector<double>& plan = kind == Overhead::kNoExchange ? r.plan_local_s
+                                    : min_rank                    ? r.plan_min_s
+                                                                  : r.plan_s;
   const std::vector<double>& fanout = min_rank ? r.fanout_min_s : r.fanout_s;
   const std::vector<double>& reduce = min_rank ? r.reduce_min_s : r.reduce_s;
-  std::vector<double> s, f;
-  for (size_t i = 0; i < r.step_s.size(); ++i) {
-    s.push_back(plan[i] + fanout[i] + reduce[i]);
-    f.push_back(r.step_s[i] > 0 ? 100 * s.back() / r.step_s[i] : 0);
+  std::vector<double> s;
+  for (size_t i = 0; i < r.step_s.size(); ++i) s.push_back(plan[i] + fanout[i] + reduce[i]);
+  return s;
+}
+
+// {median seconds, median % of the step} over the measured steps of `per_step` (one value per
+// measured step of `r`).
+std::pair<double, double> MedianAndShare(const PolicyResult& r, const std::vector<double>& per_step) {
+  std::vector<double> f;
+  for (size_t i = 0; i < r.step_s.size() && i < per_step.size(); ++i) {
+    f.push_back(r.step_s[i] > 0 ? 100 * per_step[i] / r.step_s[i] : 0);
   }
-  return {Median(s), Median(f)};
+  return {Median(per_step), Median(f)};
+}
+
+std::pair<double, double> BalancingOverhead(const PolicyResult& r, Overhead kind = Overhead::kMax) {
+  return MedianAndShare(r, OverheadPerStep(r, kind));
+}
+
+// What the policy's plan + fan-out + grad reduce (max over ranks) costs beyond `none`'s in
+// the same steps (the policies take turns step by step, so step i of both ran side by side):
+// `none` makes the same load exchange, so its plan phase is mostly the wait for the slower
+// rank that every expert-parallel dispatch pays. Median over steps of the difference.
+std::pair<double, double> OverheadOverNone(const PolicyResult& r, const PolicyResult& none) {
+  const std::vector<double> mine = OverheadPerStep(r, Overhead::kMax);
+  const std::vector<double> theirs = OverheadPerStep(none, Overhead::kMax);
+  std::vector<double> d;
+  for (size_t i = 0; i < mine.size() && i < theirs.size(); ++i) d.push_back(mine[i] - theirs[i]);
+  return MedianAndShare(r, d);
 }
 
 // The exposed communication / balancing phase with the largest median.
@@ -619,14 +665,28 @@ int main(int argc, char** argv) {
                                  {"median_pct_of_step", share(*ph.max, r.step_s)}};
         if (ph.min != nullptr) p["exposed"][ph.name]["min_rank_median_s"] = Median(*ph.min);
       }
+      p["exposed"]["plan_exchange"] = {{"median_s", Median(r.exchange_s)},
+                                       {"median_pct_of_step", share(r.exchange_s, r.step_s)},
+                                       {"min_rank_median_s", Median(r.exchange_min_s)}};
+      p["exposed"]["plan_without_exchange"] = {
+          {"median_s", Median(r.plan_local_s)},
+          {"median_pct_of_step", share(r.plan_local_s, r.step_s)}};
       p["exposed"]["expert_mean_over_ranks_median_s"] = Median(r.expert_mean_s);
       p["exposed"]["solve_and_check_replayed_median_s"] = r.solve_s;
       const auto [overhead_s, overhead_pct] = BalancingOverhead(r);
-      const auto [min_s, min_pct] = BalancingOverhead(r, /*min_rank=*/true);
+      const auto [min_s, min_pct] = BalancingOverhead(r, Overhead::kMinRank);
+      const auto [own_s, own_pct] = BalancingOverhead(r, Overhead::kNoExchange);
       p["exposed"]["plan_fanout_reduce"] = {{"median_s", overhead_s},
                                             {"median_pct_of_step", overhead_pct},
                                             {"min_rank_median_s", min_s},
-                                            {"min_rank_median_pct_of_step", min_pct}};
+                                            {"min_rank_median_pct_of_step", min_pct},
+                                            {"without_exchange_median_s", own_s},
+                                            {"without_exchange_median_pct_of_step", own_pct}};
+      if (none != nullptr && &r != none) {
+        const auto [over_s, over_pct] = OverheadOverNone(r, *none);
+        p["exposed"]["plan_fanout_reduce"]["over_none_median_s"] = over_s;
+        p["exposed"]["plan_fanout_reduce"]["over_none_median_pct_of_step"] = over_pct;
+      }
       p["exposed"]["dominant_phase"] = DominantPhase(r);
       if (none != nullptr) p["median_step_over_none"] = Median(r.step_s) / Median(none->step_s);
       p["imbalance_before"] = r.imbalance_before;
@@ -694,25 +754,29 @@ int main(int argc, char** argv) {
       o.warmup + o.steps);
 
   std::printf("Exposed cost per step: ms (%% of step), median over steps of the max over ranks\n");
-  std::printf("%-8s %15s %11s %15s %15s %15s %15s %11s\n", "policy", "plan", "solve us", "fan-out",
-              "grad reduce", "all-to-all", "expert max", "expert avg");
+  std::printf("%-8s %15s %15s %11s %15s %15s %15s %15s %11s\n", "policy", "plan",
+              "of it exchange", "solve us", "fan-out", "grad reduce", "all-to-all", "expert max",
+              "expert avg");
   for (const PolicyResult& r : results) {
     auto cell = [&](const std::vector<double>& v) {
       char buf[32];
       std::snprintf(buf, sizeof(buf), "%6.2f (%4.1f%%)", 1e3 * Median(v), share(v, r.step_s));
       return std::string(buf);
     };
-    std::printf("%-8s %15s %11.3f %15s %15s %15s %15s %11.2f\n", r.policy.c_str(),
-                cell(r.plan_s).c_str(), 1e6 * r.solve_s, cell(r.fanout_s).c_str(),
+    std::printf("%-8s %15s %15s %11.3f %15s %15s %15s %15s %11.2f\n", r.policy.c_str(),
+                cell(r.plan_s).c_str(), cell(r.exchange_s).c_str(), 1e6 * r.solve_s,
+                cell(r.fanout_s).c_str(),
                 cell(r.reduce_s).c_str(), cell(r.dispatch_s).c_str(), cell(r.expert_s).c_str(),
                 1e3 * Median(r.expert_mean_s));
-    std::printf("%-8s %15.2f %11s %15.2f %15.2f %15.2f\n", "  min rk", 1e3 * Median(r.plan_min_s),
-                "", 1e3 * Median(r.fanout_min_s), 1e3 * Median(r.reduce_min_s),
+    std::printf("%-8s %15.2f %15.2f %11s %15.2f %15.2f %15.2f\n", "  min rk",
+                1e3 * Median(r.plan_min_s), 1e3 * Median(r.exchange_min_s), "",
+                1e3 * Median(r.fanout_min_s), 1e3 * Median(r.reduce_min_s),
                 1e3 * Median(r.dispatch_min_s));
   }
   std::printf(
       "(plan = load allgather (carrying the previous plan's fingerprint) + solve + invariant "
-      "check, so it includes waiting for the slowest rank; solve us = the same solves and checks replayed alone on "
+      "check, so it includes waiting for the slowest rank; of it exchange = the load allgather "
+      "alone (the collective and that wait); solve us = the same solves and checks replayed alone on "
       "rank 0 from the load trace; all-to-all = token dispatch and combine, forward and backward; "
       "expert avg = mean over ranks; min rk = the same phases' ms, median over steps of the min "
       "over "
@@ -720,17 +784,21 @@ int main(int argc, char** argv) {
       "cost)\n");
   for (const PolicyResult& r : results) {
     const auto [overhead_s, overhead_pct] = BalancingOverhead(r);
-    const auto [min_s, min_pct] = BalancingOverhead(r, /*min_rank=*/true);
-    char vs_none[48] = "";
+    const auto [min_s, min_pct] = BalancingOverhead(r, Overhead::kMinRank);
+    const auto [own_s, own_pct] = BalancingOverhead(r, Overhead::kNoExchange);
+    char vs_none[160] = "";
     if (none != nullptr && &r != none) {
-      std::snprintf(vs_none, sizeof(vs_none), "; median step / none's = %.3f",
-                    Median(r.step_s) / Median(none->step_s));
+      const auto [over_s, over_pct] = OverheadOverNone(r, *none);
+      std::snprintf(vs_none, sizeof(vs_none),
+                    "; over none's in the same steps %+.2f ms (%+.1f%%); median step / none's = "
+                    "%.3f",
+                    1e3 * over_s, over_pct, Median(r.step_s) / Median(none->step_s));
     }
     std::printf(
-        "%-8s plan + fan-out + grad reduce = %.2f ms (%.1f%% of step; min rk %.2f ms, %.1f%%); "
-        "largest exposed phase: %s%s\n",
-        r.policy.c_str(), 1e3 * overhead_s, overhead_pct, 1e3 * min_s, min_pct,
-        DominantPhase(r).c_str(), vs_none);
+        "%-8s plan + fan-out + grad reduce = %.2f ms (%.1f%% of step; min rk %.2f ms, %.1f%%; "
+        "without the load exchange %.2f ms, %.1f%%)%s; largest exposed phase: %s\n",
+        r.policy.c_str(), 1e3 * overhead_s, overhead_pct, 1e3 * min_s, min_pct, 1e3 * own_s,
+        own_pct, vs_none, DominantPhase(r).c_str());
   }
   std::printf("\n");
 
