@@ -464,7 +464,7 @@ class XhcImpl final : public ResidualStreams<T>::Impl {
   int KrMax() const { return 1 + J_; }
   int P2Max() const { return k_ * k_ + k_ * KrMax(); }
 
-  // Scratch layout per thread (the all-token projections use z_, q_, act_ and dact_).
+  // Scratch layout per thread (the all-token projections use z_, q_ and act_).
   int64_t OffOne() const { return 0; }
   int64_t OffO() const { return OffOne() + static_cast<int64_t>(k_) * this->width; }
   // Rows of the per-token basis in scratch are padded by one cache line: at widths that are
@@ -478,8 +478,15 @@ class XhcImpl final : public ResidualStreams<T>::Impl {
     return OffLevels() + static_cast<int64_t>(std::max(J_ + 1, J_ * (J_ + 1) / 2)) * ScratchRow();
   }
   int64_t OffSmall() const { return OffTile() + 2 * k_ * kTileRow; }
+  // WriteBackward's gradient w.r.t. the block's active rows A_(s-1), kTokenBlock x kC: it
+  // lives only while its block is processed, so it stays in cache (a whole-batch buffer sent
+  // tokens x kC of dirty rows back to memory that nothing read again).
+  int64_t OffDa() const {
+    return (OffSmall() + sinkhorn_.tape_size() + (4 * kTokenBlock + 8) * k_ * k_ + 64 + 15) / 16 *
+           16;
+  }
   int64_t ScratchSize() const {
-    return OffSmall() + sinkhorn_.tape_size() + (4 * kTokenBlock + 8) * k_ * k_ + 64;
+    return OffDa() + static_cast<int64_t>(kTokenBlock) * k_ * this->width;
   }
 
   void TopK(const T* score, int32_t* idx) const;
@@ -527,7 +534,6 @@ class XhcImpl final : public ResidualStreams<T>::Impl {
   std::vector<T> dypre_;  // tokens x g x N
   std::vector<T> c1_;     // tokens x P1
   std::vector<T> c2_;     // tokens x P2max
-  std::vector<T> dact_;   // tokens x kC: gradient w.r.t. the active rows A_(s-1)
   std::vector<T> dg_;     // tokens x J x C
   std::vector<T> scal_;   // tokens x per-token scalar-parameter gradients
 };
@@ -620,7 +626,6 @@ void XhcImpl<T>::Reserve() {
     dypre_.resize(cap * static_cast<size_t>(g_ * N));
     c1_.resize(cap * static_cast<size_t>(groups_[0].P1));
     c2_.resize(cap * static_cast<size_t>(P2Max()));
-    dact_.resize(cap * static_cast<size_t>(k_) * static_cast<size_t>(C));
     dg_.resize(cap * static_cast<size_t>(J_) * static_cast<size_t>(C));
     scal_.resize(cap * static_cast<size_t>(ScalStride()));
   }
@@ -1069,7 +1074,7 @@ void XhcImpl<T>::WriteBackward(int l, T* d_out) {
     const int tid = omp_get_thread_num();
     const int tb = std::min(kTokenBlock, tokens - t0);
     T* sc = this->Scratch(tid);
-    T* dablock = dact_.data() + static_cast<int64_t>(t0) * kc;  // gradient w.r.t. A_(s-1)
+    T* dablock = sc + OffDa();  // gradient w.r.t. the block's A_(s-1), kTokenBlock x kC
     T* d_o = sc + OffO();
     T* o_copy = sc + OffOCopy();
     // The block's H_res Sinkhorns run as one batch (one token per vector lane): its
