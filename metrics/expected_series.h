@@ -57,6 +57,7 @@ inline const std::vector<ExpectedSeries>& WorkerSeries() {
       {"rackrun_device_peak_flops", "gauge", {"job_id", "rank"}},
       {"rackrun_train_phase", "gauge", {"job_id", "rank", "phase"}},
       {"rackrun_moe_plan_seconds", "histogram", {"job_id", "rank"}},
+      {"rackrun_moe_plan_exchange_seconds", "histogram", {"job_id", "rank"}},
       {"rackrun_moe_fanout_seconds", "histogram", {"job_id", "rank"}},
       {"rackrun_moe_dispatch_seconds", "histogram", {"job_id", "rank"}},
       {"rackrun_moe_reduce_seconds", "histogram", {"job_id", "rank"}},

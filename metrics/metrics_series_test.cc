@@ -223,6 +223,7 @@ TEST(MetricsSeries, WorkerExportsItsSeries) {
     rec.rank_imbalance_after = {1.02, 1.01};
     rec.replicas = 3;
     rec.plan_s = 4e-5;
+    rec.plan_exchange_s = 3e-5;
     rec.fanout_s = 1e-3;
     rec.dispatch_s = 2e-3;
     rec.reduce_s = 5e-4;
@@ -244,6 +245,17 @@ TEST(MetricsSeries, WorkerExportsItsSeries) {
   for (const Sample& s : got["rackrun_train_phase"].samples) {
     EXPECT_EQ(s.value, s.labels.at("phase") == "optimizer" ? 1 : 0);
   }
+  // Every rank observed 3 steps of 3e-5 s in the load exchange.
+  int exchange_sums = 0;
+  for (const Sample& s : got["rackrun_moe_plan_exchange_seconds"].samples) {
+    if (s.name == "rackrun_moe_plan_exchange_seconds_sum") {
+      EXPECT_NEAR(s.value, 9e-5, 1e-12);
+      ++exchange_sums;
+    } else if (s.name == "rackrun_moe_plan_exchange_seconds_count") {
+      EXPECT_EQ(s.value, 3);
+    }
+  }
+  EXPECT_EQ(exchange_sums, 2) << "one per rank";
   EXPECT_EQ(got["rackrun_train_validation_loss"].samples.size(), 2u);
   EXPECT_EQ(got["rackrun_train_step"].samples.at(0).value, 3);
 

@@ -80,6 +80,10 @@ struct TrainingMetrics::Families {
                          .Name("rackrun_moe_plan_seconds")
                          .Help("Per step: seconds this rank spent planning (load exchange, solve, invariant and agreement checks)")
                          .Register(r)),
+        plan_exchange_seconds(BuildHistogram()
+                                  .Name("rackrun_moe_plan_exchange_seconds")
+                                  .Help("Per step: of rackrun_moe_plan_seconds, seconds in the load exchange (in-band: the allgather; coordinator mode: the round trips), waiting for the other ranks included")
+                                  .Register(r)),
         round_trip(BuildHistogram()
                        .Name("rackrun_moe_plan_round_trip_seconds")
                        .Help("Coordinator mode: seconds from sending a load row to receiving its plan")
@@ -135,6 +139,7 @@ struct TrainingMetrics::Families {
   prometheus::Family<prometheus::Histogram>& imbalance_after_h;
   prometheus::Family<prometheus::Gauge>& replicas;
   prometheus::Family<prometheus::Histogram>& plan_seconds;
+  prometheus::Family<prometheus::Histogram>& plan_exchange_seconds;
   prometheus::Family<prometheus::Histogram>& round_trip;
   prometheus::Family<prometheus::Histogram>& fanout_seconds;
   prometheus::Family<prometheus::Histogram>& dispatch_seconds;
@@ -170,7 +175,7 @@ struct TrainingMetrics::Families {
   prometheus::Gauge *g_val = nullptr, *g_flops = nullptr, *g_mfu = nullptr;
   prometheus::Counter *c_tokens = nullptr, *c_balancing = nullptr, *c_step = nullptr;
   prometheus::Counter *c_fanout = nullptr, *c_reduce = nullptr, *c_dispatch = nullptr;
-  prometheus::Histogram *h_plan = nullptr, *h_rt = nullptr, *h_fanout = nullptr, *h_dispatch = nullptr, *h_reduce = nullptr;
+  prometheus::Histogram *h_plan = nullptr, *h_exchange = nullptr, *h_rt = nullptr, *h_fanout = nullptr, *h_dispatch = nullptr, *h_reduce = nullptr;
   struct Layer {
     prometheus::Gauge *before = nullptr, *after = nullptr, *replicas = nullptr;
     prometheus::Histogram *before_h = nullptr, *after_h = nullptr;
@@ -198,6 +203,7 @@ TrainingMetrics::TrainingMetrics(prometheus::Registry& registry, Options options
   }
   if (options_.ranks > 1) {
     f.h_plan = &f.Add(f.plan_seconds, l, BalancingSecondsBuckets());
+    f.h_exchange = &f.Add(f.plan_exchange_seconds, l, BalancingSecondsBuckets());
     f.h_fanout = &f.Add(f.fanout_seconds, l, BalancingSecondsBuckets());
     f.h_dispatch = &f.Add(f.dispatch_seconds, l, BalancingSecondsBuckets());
     f.h_reduce = &f.Add(f.reduce_seconds, l, BalancingSecondsBuckets());
@@ -244,6 +250,7 @@ void TrainingMetrics::OnStep(const runtime::StepRecord& r) {
   }
   if (options_.ranks <= 1) return;
   f.h_plan->Observe(r.plan_s);
+  f.h_exchange->Observe(r.plan_exchange_s);
   f.h_fanout->Observe(r.fanout_s);
   f.h_dispatch->Observe(r.dispatch_s);
   f.h_reduce->Observe(r.reduce_s);
