@@ -265,6 +265,12 @@ TEST_F(ObservabilityTest, PrometheusGrafanaAndDashboardWatchARunningJob) {
     EXPECT_EQ(mfu.size(), 2u) << mfu.dump();
     json round_trips = QueryUntil("rackrun_moe_plan_round_trip_seconds_count > 0");
     EXPECT_EQ(round_trips.size(), 2u) << "coordinator mode: every rank's round trips";
+    // The round trips are the plan phase's exchange: a part of it on every rank.
+    json exchange = QueryUntil("rackrun_moe_plan_exchange_seconds_sum > 0");
+    EXPECT_EQ(exchange.size(), 2u) << exchange.dump();
+    json above = Query(
+        "rackrun_moe_plan_exchange_seconds_sum > on(job_id, rank) rackrun_moe_plan_seconds_sum");
+    EXPECT_TRUE(above.empty()) << "load exchange longer than the plan phase: " << above.dump();
   } else {
     std::cout << "[ SKIPPED  ] worker series: rackrun-worker has no --metrics-listen yet\n";
   }
