@@ -62,9 +62,10 @@ std::string StepRecord::ToLogLine(int64_t steps) const {
       layers.push_back(
           absl::StrFormat("%.2f>%.2f", rank_imbalance_before[i], rank_imbalance_after[i]));
     }
-    balance = absl::StrFormat("  ranks %s  plan/fan/a2a/red ms %.1f/%.1f/%.1f/%.1f",
-                              absl::StrJoin(layers, "/"), 1e3 * plan_s, 1e3 * fanout_s,
-                              1e3 * dispatch_s, 1e3 * reduce_s);
+    // plan(exch): the plan phase and, in parentheses, its load exchange (waiting included).
+    balance = absl::StrFormat("  ranks %s  plan(exch)/fan/a2a/red ms %.1f(%.1f)/%.1f/%.1f/%.1f",
+                              absl::StrJoin(layers, "/"), 1e3 * plan_s, 1e3 * plan_exchange_s,
+                              1e3 * fanout_s, 1e3 * dispatch_s, 1e3 * reduce_s);
   }
   return absl::StrFormat(
       "step %*d/%d  loss %.4f  val %s  tok/s %7.0f  lr %.2e  gnorm %6.3f  load %s%s  %6.1fs",
