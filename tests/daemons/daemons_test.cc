@@ -87,7 +87,11 @@ class DaemonsTest : public ::testing::Test {
       coordinator_->Signal(SIGTERM);
       coordinator_->Wait(std::chrono::seconds(10));
     }
-    if (!HasFailure()) fs::remove_all(dir_);
+    if (HasFailure()) {
+      ::rackrun::testing::PrintLogTails(dir_);
+    } else {
+      fs::remove_all(dir_);
+    }
   }
 
   Result Shell(const std::string& command, const std::string& tag) {

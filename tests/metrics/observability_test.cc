@@ -84,7 +84,11 @@ class ObservabilityTest : public ::testing::Test {
     if (prometheus_ != nullptr) prometheus_->Wait(std::chrono::seconds(10));
     if (coordinator_ != nullptr) coordinator_->Wait(std::chrono::seconds(10));
     workers_.clear();
-    if (!HasFailure()) fs::remove_all(dir_);
+    if (HasFailure()) {
+      ::rackrun::testing::PrintLogTails(dir_);
+    } else {
+      fs::remove_all(dir_);
+    }
   }
 
   ::rackrun::testing::ShellResult Cli(const std::string& args, const std::string& tag) {

@@ -6,6 +6,8 @@
 
 #include <sys/wait.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -34,6 +36,26 @@ inline std::vector<std::string> Lines(const std::filesystem::path& path) {
   std::vector<std::string> lines;
   for (std::string line; std::getline(in, line);) lines.push_back(line);
   return lines;
+}
+
+// Prints the last `lines` lines of every *.log file directly in `dir` (name order) to
+// stdout: a failed end-to-end test shows its daemons' side in the CTest output and the CI
+// log, not only in a folder that the next run of the same test wipes.
+inline void PrintLogTails(const std::filesystem::path& dir, size_t lines = 40) {
+  std::vector<std::filesystem::path> logs;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    if (entry.is_regular_file() && entry.path().extension() == ".log") logs.push_back(entry.path());
+  }
+  std::sort(logs.begin(), logs.end());
+  for (const std::filesystem::path& log : logs) {
+    const std::vector<std::string> all = Lines(log);
+    const size_t from = all.size() > lines ? all.size() - lines : 0;
+    std::printf("---- %s (last %zu of %zu lines)\n", log.string().c_str(), all.size() - from,
+                all.size());
+    for (size_t i = from; i < all.size(); ++i) std::printf("%s\n", all[i].c_str());
+  }
+  std::fflush(stdout);
 }
 
 // Runs `command` with /bin/sh, stdout into `out` and stderr into `err` (then read back).
