@@ -82,7 +82,7 @@ struct TrainingMetrics::Families {
                          .Register(r)),
         plan_exchange_seconds(BuildHistogram()
                                   .Name("rackrun_moe_plan_exchange_seconds")
-                                  .Help("Per step: of rackrun_moe_plan_seconds, seconds in the load exchange (in-band: the allgather; coordinator mode: the round trips), waiting for the other ranks included")
+                                  .Help("Per step: of rackrun_moe_plan_seconds, seconds in the load exchange (in-band: the allgather; coordinator mode: the round trips and the fingerprint allgather), waiting for the other ranks included")
                                   .Register(r)),
         round_trip(BuildHistogram()
                        .Name("rackrun_moe_plan_round_trip_seconds")

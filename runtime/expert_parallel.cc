@@ -157,6 +157,8 @@ absl::Status ExpertParallelExecutor::SolvePlan(std::span<const int64_t> offsets)
   if (absl::Status s = g_->plan_source().Solve(request, &loads_, &plan_); !s.ok()) {
     return Where(s, g_->plan_source().name());
   }
+  ExpertParallelStats& st = g_->mutable_stats();
+  st.plan_exchange_s += g_->plan_source().last_exchange_seconds();
   if (g_->plan_source().carries_fingerprints() && previous.has_value()) {
     const std::span<const uint64_t> carried = g_->plan_source().carried_fingerprints();
     for (size_t r = 1; r < carried.size(); ++r) {
@@ -187,11 +189,11 @@ absl::Status ExpertParallelExecutor::SolvePlan(std::span<const int64_t> offsets)
     // later, without a collective of its own.
     g_->RecordPlan(fingerprint, layer_);
   } else {
-    if (absl::Status s =
-            ch.Allgather(&fingerprint, fingerprints_.data(), 1, comm::DataType::kInt64);
-        !s.ok()) {
-      return Where(s, "comparing plan fingerprints");
-    }
+    const double t0 = base::NowSeconds();
+    const absl::Status gathered =
+        ch.Allgather(&fingerprint, fingerprints_.data(), 1, comm::DataType::kInt64);
+    st.plan_exchange_s += base::NowSeconds() - t0;  // an exchange too: it waits for the ranks
+    if (!gathered.ok()) return Where(gathered, "comparing plan fingerprints");
     for (int r = 1; r < g_->domain().ranks; ++r) {
       if (fingerprints_[static_cast<size_t>(r)] != fingerprints_[0]) {
         return Where(absl::FailedPreconditionError(absl::StrCat(
@@ -379,7 +381,6 @@ absl::Status ExpertParallelExecutor::Forward(std::span<const int64_t> offsets,
   if (absl::Status s = FinishReplicaGradients(); !s.ok()) return s;
   t0 = base::NowSeconds();
   if (absl::Status s = SolvePlan(offsets); !s.ok()) return s;
-  st.plan_exchange_s += g_->plan_source().last_exchange_seconds();
   const planner::Domain& d = g_->domain();
   ExpertParallelStats::Layer& ls = st.layers[static_cast<size_t>(layer_)];
   ++ls.microbatches;

@@ -105,8 +105,9 @@ struct ExpertParallelStats {
   std::vector<Layer> layers;
   double plan_s = 0;            // load allgather + solve + invariant check (+ fingerprint
                                 // allgather for sources that do not carry it)
-  double plan_exchange_s = 0;   // of plan_s: the plan source's exchange, waiting for the
-                                // other ranks included (PlanSource::last_exchange_seconds)
+  double plan_exchange_s = 0;   // of plan_s: its exchanges, waiting for the other ranks
+                                // included: the plan source's (last_exchange_seconds) and
+                                // the fingerprint allgather where the source needs one
   double fanout_s = 0;          // replica weights to their ranks: time spent posting and
                                 // completing the fan-outs (the exposed part)
   double dispatch_s = 0;        // token all-to-alls (dispatch and combine, forward and backward)

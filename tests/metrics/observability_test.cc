@@ -269,7 +269,8 @@ TEST_F(ObservabilityTest, PrometheusGrafanaAndDashboardWatchARunningJob) {
     EXPECT_EQ(mfu.size(), 2u) << mfu.dump();
     json round_trips = QueryUntil("rackrun_moe_plan_round_trip_seconds_count > 0");
     EXPECT_EQ(round_trips.size(), 2u) << "coordinator mode: every rank's round trips";
-    // The round trips are the plan phase's exchange: a part of it on every rank.
+    // The round trips (and the fingerprint allgather) are the plan phase's exchange: a part
+    // of it on every rank.
     json exchange = QueryUntil("rackrun_moe_plan_exchange_seconds_sum > 0");
     EXPECT_EQ(exchange.size(), 2u) << exchange.dump();
     json above = Query(
