@@ -136,6 +136,7 @@ class JobRunner::ProgressObserver final : public runtime::TrainObserver {
     for (const double v : r.rank_imbalance_after) p.add_imbalance_after(v);
     p.set_replicas(r.replicas);
     p.set_plan_s(r.plan_s);
+    p.set_plan_exchange_s(r.plan_exchange_s);
     p.set_fanout_s(r.fanout_s);
     p.set_dispatch_s(r.dispatch_s);
     p.set_reduce_s(r.reduce_s);

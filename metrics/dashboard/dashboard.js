@@ -10,7 +10,7 @@
   const KEEP_HEAT = 300;     // heatmap columns (steps / samples) kept
   const state = {
     polls: 0, points: 0, errors: [], jobId: null, next: 0, done: false,
-    steps: [], loss: [], val: [], tps: [], plan: [], fanout: [], dispatch: [], reduce: [], fanoutBytes: [],
+    steps: [], loss: [], val: [], tps: [], plan: [], exchange: [], fanout: [], dispatch: [], reduce: [], fanoutBytes: [],
     heatBefore: [], heatAfter: [],       // [{step, values: [per layer]}]
     experts: new Map(),                  // layer -> [{step, tokens: []}]
     rankT: [], rankTimes: new Map(),     // rank -> [] aligned with rankT
@@ -52,7 +52,7 @@
     state.charts = {};
     makeChart('loss', $('chart-loss'), ['loss', 'validation loss']);
     makeChart('tokens', $('chart-tokens'), ['tokens/s']);
-    makeChart('balance', $('chart-balance'), ['plan s', 'fan-out s', 'all-to-all s', 'reduce s']);
+    makeChart('balance', $('chart-balance'), ['plan s', 'of it load exchange s', 'fan-out s', 'all-to-all s', 'reduce s']);
     makeChart('fanout', $('chart-fanout'), ['fan-out bytes']);
     state.charts.ranks = null;  // made when the ranks are known
   }
@@ -116,11 +116,12 @@
     state.val.push(p.val_loss === undefined || p.val_loss === null ? null : num(p.val_loss));
     state.tps.push(num(p.tokens_per_s));
     state.plan.push(num(p.plan_s));
+    state.exchange.push(num(p.plan_exchange_s));
     state.fanout.push(num(p.fanout_s));
     state.dispatch.push(num(p.dispatch_s));
     state.reduce.push(num(p.reduce_s));
     state.fanoutBytes.push(num(p.fanout_bytes));
-    trim([state.steps, state.loss, state.val, state.tps, state.plan, state.fanout, state.dispatch, state.reduce, state.fanoutBytes]);
+    trim([state.steps, state.loss, state.val, state.tps, state.plan, state.exchange, state.fanout, state.dispatch, state.reduce, state.fanoutBytes]);
     const before = (p.imbalance_before || []).map(num), after = (p.imbalance_after || []).map(num);
     if (before.length) {
       state.heatBefore.push({ step, values: before });
@@ -158,14 +159,14 @@
     const c = state.charts;
     c.loss.setData([state.steps, state.loss, state.val]);
     c.tokens.setData([state.steps, state.tps]);
-    c.balance.setData([state.steps, state.plan, state.fanout, state.dispatch, state.reduce]);
+    c.balance.setData([state.steps, state.plan, state.exchange, state.fanout, state.dispatch, state.reduce]);
     c.fanout.setData([state.steps, state.fanoutBytes]);
   }
 
   function selectJob(id) {
     if (state.jobId === id) return;
     Object.assign(state, {
-      jobId: id, next: 0, done: false, steps: [], loss: [], val: [], tps: [], plan: [], fanout: [], dispatch: [],
+      jobId: id, next: 0, done: false, steps: [], loss: [], val: [], tps: [], plan: [], exchange: [], fanout: [], dispatch: [],
       reduce: [], fanoutBytes: [], heatBefore: [], heatAfter: [], experts: new Map(), rankT: [], rankTimes: new Map(),
       events: [],
     });

@@ -24,7 +24,9 @@ std::string StateName(rackrun::v1::JobState state);
 // "WORKER_LOST rank 1 (worker w-2, host h, pid 12) in backward at step 57: message".
 std::string FailureLine(const rackrun::v1::Failure& failure);
 
-// "step 120/500 loss 4.1234 val 4.2100 1234 tok/s imbalance 1.85 -> 1.02 step 0.12 s".
+// "step 120/500 loss 4.1234 val 4.2100 1234 tok/s imbalance 1.85 -> 1.02
+// plan(exch)/fan/a2a/red ms 0.7(0.6)/0.4/8.6/0.1 step 0.120 s elapsed 14.2 s" (the
+// imbalance and the expert-parallel phases only for expert-parallel jobs).
 std::string ProgressLine(const rackrun::v1::StepProgress& progress);
 
 // Mean of the per-layer values, 0 when there are none.
