@@ -345,8 +345,11 @@ std::vector<Finding> Workers::Detect() {
     }
     for (const Info* w : ranks) {
       const std::string& phase = w->w.phase();
+      // "reporting": the rank's attempt is over and its result is on the way (heartbeats
+      // prove the worker alive); however long that took, e.g. while this coordinator was
+      // down, it is not a hang of the attempt.
       if (phase.empty() || phase == "idle" || phase == "collective" || phase == "connecting" ||
-          w->blocked_n != 0 || silent(*w)) {
+          phase == "reporting" || w->blocked_n != 0 || silent(*w)) {
         continue;
       }
       const int64_t age = w->phase_age_ms + (now - w->last_heartbeat_ms);

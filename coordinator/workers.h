@@ -16,7 +16,8 @@
 //         hang_timeout + heartbeat_timeout (a rank stopped inside the collective is
 //         silent by then, and named);
 //         (b) it stays in one non-idle phase longer than hang_timeout (ranks waiting in a
-//         collective are victims, never named by this rule) -> HANG naming it;
+//         collective are victims, never named by this rule; nor is a rank in phase
+//         "reporting": its attempt is over and its result on the way) -> HANG naming it;
 //         (c) peers have waited in the data channel's rendezvous (phase "connecting")
 //         longer than hang_timeout while it is in another phase -> HANG naming it (the
 //         one longest in its phase); every rank in the rendezvous -> HANG, no rank named.

@@ -183,6 +183,26 @@ TEST_F(WorkersTest, HungByThePhaseRule) {
   EXPECT_EQ(f[0].failure.phase(), "checkpoint");
 }
 
+// A rank whose attempt is over reports its result; until the coordinator has it (e.g.
+// after the coordinator restarted and the worker re-attached) its heartbeats say
+// "reporting" with the age since training ended. That is no hang, however long: both ranks
+// sit there well past hang_timeout (2 s) and nothing is found; the same ages in a training
+// phase are a hang.
+TEST_F(WorkersTest, ReportingTheResultIsNeverAHang) {
+  auto ids = Start(2);
+  for (int t = 1; t <= 40; ++t) {
+    clock_.Advance(100);
+    Beat(ids[0], 150, "reporting", 900, 900, 5000 + 100 * t);
+    Beat(ids[1], 150, "reporting", 900, 900, 5000 + 100 * t);
+    EXPECT_TRUE(workers_.Detect().empty()) << t;
+  }
+  Beat(ids[1], 150, "optimizer", 900, 900, 5000);
+  std::vector<Finding> f = workers_.Detect();
+  ASSERT_EQ(f.size(), 1u);
+  EXPECT_EQ(f[0].failure.kind(), rackrun::v1::HANG);
+  EXPECT_EQ(f[0].failure.rank(), 1);
+}
+
 TEST_F(WorkersTest, WaitingInACollectiveIsNeverTheCulprit) {
   auto ids = Start(2);
   // Both ranks in collective 3 forever (no one behind): a hang with no single rank, named

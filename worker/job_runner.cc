@@ -187,6 +187,7 @@ JobStatus JobRunner::Status() const {
   s.step_time_s = step_time_s_.load();
   if (trainer_ == nullptr) {
     s.phase = stage_;
+    s.step = stage_step_;
     return s;
   }
   s.step = trainer_->steps_done();
@@ -272,10 +273,18 @@ absl::StatusOr<std::unique_ptr<comm::DataChannel>> JobRunner::MakeChannel() {
       absl::StrCat("resources.channel: unknown data channel '", b.channel(), "'"));
 }
 
+AttemptResult JobRunner::Run() {
+  AttemptResult result = RunAttempt();
+  std::lock_guard<std::mutex> lock(mu_);
+  stage_ = "reporting";
+  stage_step_ = result.step();
+  return result;
+}
+
 // A function-try-block: an allocation failure anywhere in the attempt (the trainer's
 // model, a checkpoint, a collective's buffers) or a thread that cannot be started fails the
 // attempt with a message instead of ending the worker daemon with std::terminate.
-AttemptResult JobRunner::Run() try {
+AttemptResult JobRunner::RunAttempt() try {
   AttemptResult result;
   const auto fail = [&](const absl::Status& s, const std::string& phase) {
     result.set_outcome(AttemptResult::FAILED);
@@ -396,6 +405,10 @@ AttemptResult JobRunner::Run() try {
     channel_ = nullptr;
     metrics_ = nullptr;
     requested = requested_;
+    // Training is over on this rank: what follows (a victim's wait for the coordinator's
+    // cancel, the pending progress, then the result) is reporting, not a phase that can hang.
+    stage_ = "reporting";
+    stage_step_ = step;
   }
   result.set_step(step);
   if (!summary.ok()) {

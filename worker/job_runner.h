@@ -45,7 +45,9 @@ struct JobRunnerOptions {
 // What a heartbeat says about the attempt.
 struct JobStatus {
   // runtime::TrainPhaseName, "starting", "connecting" (in the data channel's rendezvous,
-  // waiting for its peers), "collective" (blocked in one)
+  // waiting for its peers), "collective" (blocked in one), "reporting" (Run has returned:
+  // the attempt is over on this rank and the worker is delivering its result, which may
+  // wait for a coordinator that is restarting; step is then the attempt's last step)
   std::string phase;
   int64_t step = 0;
   comm::ChannelProgress collectives;
@@ -57,7 +59,8 @@ class JobRunner {
   JobRunner(Connection& connection, rackrun::v1::RunJob assignment, JobRunnerOptions options);
   ~JobRunner();
 
-  // Runs the attempt to its end and returns the result every rank reports.
+  // Runs the attempt to its end and returns the result every rank reports. Afterwards
+  // Status() says phase "reporting" at the result's step.
   rackrun::v1::AttemptResult Run();
 
   // Stop at the next step boundary (every rank of the attempt stops at the same one).
@@ -70,6 +73,7 @@ class JobRunner {
   class Reporter;
   class ProgressObserver;
 
+  rackrun::v1::AttemptResult RunAttempt();
   absl::Status CheckPaths() const;
   absl::StatusOr<std::unique_ptr<comm::DataChannel>> MakeChannel();
   void SetStage(const char* stage);
@@ -91,7 +95,8 @@ class JobRunner {
   comm::DataChannel* channel_ = nullptr;    // guarded by mu_
   runtime::StopReason requested_ = runtime::StopReason::kNone;  // guarded by mu_
   bool cancelled_by_coordinator_ = false;   // guarded by mu_
-  const char* stage_ = "starting";          // guarded by mu_; the phase before trainer_ is set
+  const char* stage_ = "starting";          // guarded by mu_; the phase while trainer_ is not set
+  int64_t stage_step_ = 0;                  // guarded by mu_; the step while trainer_ is not set
   std::atomic<double> step_time_s_{0};
 };
 
