@@ -67,9 +67,9 @@ class TrainingMetrics final : public runtime::TrainObserver {
 
   void OnStep(const runtime::StepRecord& record) override;
 
-  // The rank's phase (runtime::TrainPhaseName, or the worker's own: "idle", "starting",
-  // "connecting", "collective", "reporting", ...): rackrun_train_phase{phase} is 1 for it
-  // and 0 for the others seen.
+  // The rank's phase while it trains (runtime::TrainPhaseName, or "collective" while the
+  // worker sees it blocked in one): rackrun_train_phase{phase} is 1 for it and 0 for the
+  // others seen.
   void SetPhase(std::string_view phase);
   // Coordinator-mode planning: seconds from sending a load row to receiving its plan.
   void ObservePlanRoundTrip(double seconds);

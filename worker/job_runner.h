@@ -45,9 +45,9 @@ struct JobRunnerOptions {
 // What a heartbeat says about the attempt.
 struct JobStatus {
   // runtime::TrainPhaseName, "starting", "connecting" (in the data channel's rendezvous,
-  // waiting for its peers), "collective" (blocked in one), "reporting" (Run has returned:
-  // the attempt is over on this rank and the worker is delivering its result, which may
-  // wait for a coordinator that is restarting; step is then the attempt's last step)
+  // waiting for its peers), "collective" (blocked in one), "reporting" (training is over
+  // on this rank or never started: the rank delivers its pending progress and result,
+  // which may wait for a coordinator that is restarting; step is then the last step)
   std::string phase;
   int64_t step = 0;
   comm::ChannelProgress collectives;
@@ -59,8 +59,8 @@ class JobRunner {
   JobRunner(Connection& connection, rackrun::v1::RunJob assignment, JobRunnerOptions options);
   ~JobRunner();
 
-  // Runs the attempt to its end and returns the result every rank reports. Afterwards
-  // Status() says phase "reporting" at the result's step.
+  // Runs the attempt to its end and returns the result every rank reports. From the end
+  // of training (or of a failed start) on, Status() says phase "reporting" at the last step.
   rackrun::v1::AttemptResult Run();
 
   // Stop at the next step boundary (every rank of the attempt stops at the same one).
