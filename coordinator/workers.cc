@@ -12,6 +12,12 @@ namespace rackrun::coordinator {
 using rackrun::v1::Failure;
 using rackrun::v1::FailureKind;
 
+namespace {
+// A rank in phase "reporting" (training over, result on the way) is hung only after this
+// many hang timeouts (Detect).
+constexpr int64_t kReportingTimeouts = 4;
+}  // namespace
+
 Workers::Workers(Clock clock, Options options, std::function<absl::StatusOr<int64_t>()> next_number)
     : clock_(std::move(clock)), options_(options), next_number_(std::move(next_number)) {}
 
@@ -345,11 +351,24 @@ std::vector<Finding> Workers::Detect() {
     }
     for (const Info* w : ranks) {
       const std::string& phase = w->w.phase();
-      // "reporting": the rank's attempt is over and its result is on the way (heartbeats
-      // prove the worker alive); however long that took, e.g. while this coordinator was
-      // down, it is not a hang of the attempt.
       if (phase.empty() || phase == "idle" || phase == "collective" || phase == "connecting" ||
-          phase == "reporting" || w->blocked_n != 0 || silent(*w)) {
+          w->blocked_n != 0 || silent(*w)) {
+        continue;
+      }
+      if (phase == "reporting") {
+        // The rank's training is over and its result on the way, which may have waited for
+        // this coordinator (restarting) or its own progress reports: counted from the
+        // rank's (re-)registration here at the latest and allowed kReportingTimeouts hang
+        // timeouts, so only a teardown or report stuck for good is a hang.
+        const int64_t age = std::min(w->phase_age_ms + (now - w->last_heartbeat_ms),
+                                     now - w->w.registered_unix_ms());
+        if (age > kReportingTimeouts * options_.hang_timeout_ms) {
+          report(*w, FailureOf(*w, rackrun::v1::HANG,
+                               absl::StrCat("in phase reporting (training over, result not "
+                                            "delivered) for ", age / secs, " s (", kReportingTimeouts,
+                                            " x the hang timeout of ", options_.hang_timeout_ms / secs, " s)")));
+          break;
+        }
         continue;
       }
       const int64_t age = w->phase_age_ms + (now - w->last_heartbeat_ms);

@@ -16,8 +16,10 @@
 //         hang_timeout + heartbeat_timeout (a rank stopped inside the collective is
 //         silent by then, and named);
 //         (b) it stays in one non-idle phase longer than hang_timeout (ranks waiting in a
-//         collective are victims, never named by this rule; nor is a rank in phase
-//         "reporting": its attempt is over and its result on the way) -> HANG naming it;
+//         collective are victims, never named by this rule) -> HANG naming it; a rank in
+//         phase "reporting" (training over, its result on the way, which may have waited
+//         for a restarting coordinator) only after 4 x hang_timeout, its age counted from
+//         its last (re-)registration at the latest;
 //         (c) peers have waited in the data channel's rendezvous (phase "connecting")
 //         longer than hang_timeout while it is in another phase -> HANG naming it (the
 //         one longest in its phase); every rank in the rendezvous -> HANG, no rank named.

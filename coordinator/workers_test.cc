@@ -183,19 +183,35 @@ TEST_F(WorkersTest, HungByThePhaseRule) {
   EXPECT_EQ(f[0].failure.phase(), "checkpoint");
 }
 
-// A rank whose attempt is over reports its result; until the coordinator has it (e.g.
+// A rank whose training is over delivers its result; until the coordinator has it (e.g.
 // after the coordinator restarted and the worker re-attached) its heartbeats say
-// "reporting" with the age since training ended. That is no hang, however long: both ranks
-// sit there well past hang_timeout (2 s) and nothing is found; the same ages in a training
-// phase are a hang.
-TEST_F(WorkersTest, ReportingTheResultIsNeverAHang) {
+// "reporting" with the age since training ended, here 5 s at the re-registration. That is
+// no hang at hang_timeout (2 s): its age counts from the registration, and only past 4 x
+// hang_timeout is the rank named (a teardown or report stuck for good). The same reported
+// age in a training phase is a hang at once.
+TEST_F(WorkersTest, ReportingTheResultIsAHangOnlyAfterFourTimeouts) {
   auto ids = Start(2);
-  for (int t = 1; t <= 40; ++t) {
+  for (int t = 1; t <= 80; ++t) {
     clock_.Advance(100);
     Beat(ids[0], 150, "reporting", 900, 900, 5000 + 100 * t);
     Beat(ids[1], 150, "reporting", 900, 900, 5000 + 100 * t);
     EXPECT_TRUE(workers_.Detect().empty()) << t;
   }
+  clock_.Advance(100);  // 8.1 s since the registration, above 4 x 2 s
+  Beat(ids[0], 150, "reporting", 900, 900, 13100);
+  Beat(ids[1], 150, "reporting", 900, 900, 13100);
+  std::vector<Finding> f = workers_.Detect();
+  ASSERT_EQ(f.size(), 1u);
+  EXPECT_EQ(f[0].failure.kind(), rackrun::v1::HANG);
+  EXPECT_EQ(f[0].failure.rank(), 0);
+  EXPECT_NE(f[0].failure.message().find("in phase reporting"), std::string::npos)
+      << f[0].failure.message();
+}
+
+TEST_F(WorkersTest, ReportingAgesOnlyInATrainingPhaseAreAHangAtOnce) {
+  auto ids = Start(2);
+  clock_.Advance(100);
+  Beat(ids[0], 150, "reporting", 900, 900, 5000);
   Beat(ids[1], 150, "optimizer", 900, 900, 5000);
   std::vector<Finding> f = workers_.Detect();
   ASSERT_EQ(f.size(), 1u);

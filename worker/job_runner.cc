@@ -406,7 +406,8 @@ AttemptResult JobRunner::RunAttempt() try {
     metrics_ = nullptr;
     requested = requested_;
     // Training is over on this rank: what follows (a victim's wait for the coordinator's
-    // cancel, the pending progress, then the result) is reporting, not a phase that can hang.
+    // cancel, the teardown, the pending progress, then the result) is reporting, which the
+    // coordinator allows longer than a training phase (Workers::Detect).
     stage_ = "reporting";
     stage_step_ = step;
   }

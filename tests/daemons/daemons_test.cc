@@ -454,8 +454,9 @@ TEST_F(DaemonsTest, CoordinatorRestartLosesNothing) {
 // stale stage) until its result was delivered, and when that took longer than the hang
 // timeout after a coordinator restart the finished attempt failed as a HANG
 // (CoordinatorRestartLosesNothing failed so in 6 of 38 runs). Now it says "reporting",
-// which the phase rule leaves alone (WorkersTest.ReportingTheResultIsNeverAHang); this
-// scenario usually passed even before (the report tends to land before the heartbeat).
+// which the phase rule gives 4 hang timeouts from the re-registration
+// (WorkersTest.ReportingTheResultIsAHangOnlyAfterFourTimeouts); this scenario usually
+// passed even before (the report tends to land before the heartbeat).
 TEST_F(DaemonsTest, CoordinatorDownWhileTheJobEndsLosesNothing) {
   StartCoordinator();
   StartWorker(0);
