@@ -49,6 +49,15 @@ class WorkersTest : public ::testing::Test {
     ASSERT_TRUE(workers_.Heartbeat(hb).ok());
   }
 
+  // Detect finds exactly one thing now: a HANG naming `rank`, its message containing `text`.
+  void ExpectOneHang(int rank, const std::string& text = "") {
+    std::vector<Finding> f = workers_.Detect();
+    ASSERT_EQ(f.size(), 1u);
+    EXPECT_EQ(f[0].failure.kind(), rackrun::v1::HANG);
+    EXPECT_EQ(f[0].failure.rank(), rank);
+    EXPECT_NE(f[0].failure.message().find(text), std::string::npos) << f[0].failure.message();
+  }
+
   // One 100 ms tick of a rank waiting in collective n since tick 0, at tick t.
   void WaitingIn(const std::string& id, int64_t step, int64_t n, int t) {
     Beat(id, step, "collective", n, n - 1, 100 * t);
@@ -200,12 +209,7 @@ TEST_F(WorkersTest, ReportingTheResultIsAHangOnlyAfterFourTimeouts) {
   clock_.Advance(100);  // 8.1 s since the registration, above 4 x 2 s
   Beat(ids[0], 150, "reporting", 900, 900, 13100);
   Beat(ids[1], 150, "reporting", 900, 900, 13100);
-  std::vector<Finding> f = workers_.Detect();
-  ASSERT_EQ(f.size(), 1u);
-  EXPECT_EQ(f[0].failure.kind(), rackrun::v1::HANG);
-  EXPECT_EQ(f[0].failure.rank(), 0);
-  EXPECT_NE(f[0].failure.message().find("in phase reporting"), std::string::npos)
-      << f[0].failure.message();
+  ExpectOneHang(0, "in phase reporting");
 }
 
 TEST_F(WorkersTest, ReportingAgesOnlyInATrainingPhaseAreAHangAtOnce) {
@@ -213,10 +217,7 @@ TEST_F(WorkersTest, ReportingAgesOnlyInATrainingPhaseAreAHangAtOnce) {
   clock_.Advance(100);
   Beat(ids[0], 150, "reporting", 900, 900, 5000);
   Beat(ids[1], 150, "optimizer", 900, 900, 5000);
-  std::vector<Finding> f = workers_.Detect();
-  ASSERT_EQ(f.size(), 1u);
-  EXPECT_EQ(f[0].failure.kind(), rackrun::v1::HANG);
-  EXPECT_EQ(f[0].failure.rank(), 1);
+  ExpectOneHang(1, "in phase optimizer");
 }
 
 TEST_F(WorkersTest, WaitingInACollectiveIsNeverTheCulprit) {
