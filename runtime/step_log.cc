@@ -52,6 +52,13 @@ std::string StepRecord::ToJson() const {
       "}");
 }
 
+std::string BalancingPhasesText(double plan_s, double plan_exchange_s, double fanout_s,
+                                double dispatch_s, double reduce_s) {
+  return absl::StrFormat("plan(exch)/fan/a2a/red ms %.1f(%.1f)/%.1f/%.1f/%.1f", 1e3 * plan_s,
+                         1e3 * plan_exchange_s, 1e3 * fanout_s, 1e3 * dispatch_s,
+                         1e3 * reduce_s);
+}
+
 std::string StepRecord::ToLogLine(int64_t steps) const {
   std::vector<std::string> loads;
   for (const double l : expert_load_max_over_mean) loads.push_back(absl::StrFormat("%.2f", l));
@@ -62,10 +69,9 @@ std::string StepRecord::ToLogLine(int64_t steps) const {
       layers.push_back(
           absl::StrFormat("%.2f>%.2f", rank_imbalance_before[i], rank_imbalance_after[i]));
     }
-    // plan(exch): the plan phase and, in parentheses, its load exchange (waiting included).
-    balance = absl::StrFormat("  ranks %s  plan(exch)/fan/a2a/red ms %.1f(%.1f)/%.1f/%.1f/%.1f",
-                              absl::StrJoin(layers, "/"), 1e3 * plan_s, 1e3 * plan_exchange_s,
-                              1e3 * fanout_s, 1e3 * dispatch_s, 1e3 * reduce_s);
+    balance = absl::StrCat("  ranks ", absl::StrJoin(layers, "/"), "  ",
+                           BalancingPhasesText(plan_s, plan_exchange_s, fanout_s, dispatch_s,
+                                               reduce_s));
   }
   return absl::StrFormat(
       "step %*d/%d  loss %.4f  val %s  tok/s %7.0f  lr %.2e  gnorm %6.3f  load %s%s  %6.1fs",

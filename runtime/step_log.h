@@ -18,6 +18,13 @@
 
 namespace rackrun::runtime {
 
+// A step's expert-parallel phases as the log line prints them (seconds in, milliseconds
+// out): "plan(exch)/fan/a2a/red ms 0.7(0.6)/0.4/8.6/0.1", the plan phase with its load
+// exchange in parentheses, fan-out, token all-to-alls, replica-gradient reduction. The
+// CLI's progress lines (`rackrun watch`, `status`) print the same text.
+std::string BalancingPhasesText(double plan_s, double plan_exchange_s, double fanout_s,
+                                double dispatch_s, double reduce_s);
+
 class StepLog final : public TrainObserver {
  public:
   // `json_path` empty = no file; `append` continues the file of a resumed run (else it is

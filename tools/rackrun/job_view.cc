@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "google/protobuf/util/json_util.h"
+#include "runtime/step_log.h"
 
 namespace rackrun::cli {
 
@@ -40,10 +41,9 @@ std::string ProgressLine(const rackrun::v1::StepProgress& p) {
   if (!p.imbalance_before().empty()) {
     absl::StrAppendFormat(&line, " imbalance %.2f -> %.2f", MeanOf(p.imbalance_before()),
                           MeanOf(p.imbalance_after()));
-    // The expert-parallel phases as the trainer's log line prints them (rank 0, ms).
-    absl::StrAppendFormat(&line, " plan(exch)/fan/a2a/red ms %.1f(%.1f)/%.1f/%.1f/%.1f",
-                          1e3 * p.plan_s(), 1e3 * p.plan_exchange_s(), 1e3 * p.fanout_s(),
-                          1e3 * p.dispatch_s(), 1e3 * p.reduce_s());
+    absl::StrAppend(&line, " ",
+                    runtime::BalancingPhasesText(p.plan_s(), p.plan_exchange_s(), p.fanout_s(),
+                                                 p.dispatch_s(), p.reduce_s()));
   }
   absl::StrAppendFormat(&line, " step %.3f s elapsed %.1f s", p.step_time_s(), p.elapsed_s());
   return line;
