@@ -333,6 +333,48 @@ absl::StatusOr<Jobs::Ended> Jobs::FailLocked(Entry& e, int attempt, Failure fail
   return out;
 }
 
+absl::Status Jobs::ReplaceVerdictLocked(Entry& e, int attempt, Failure own) {
+  const Failure& verdict = e.job.attempts(attempt - 1).failure();
+  const int64_t now = clock_();
+  if (e.job.attempts(attempt - 1).state() != rackrun::v1::FAILED || verdict.kind() != rackrun::v1::HANG ||
+      verdict.rank() != own.rank() || !verdict.replaced_verdict().empty() ||
+      now - verdict.time_unix_ms() > options_.report_grace_ms) {
+    return absl::OkStatus();
+  }
+  own.set_time_unix_ms(now);
+  own.set_replaced_verdict(DescribeFailure(verdict));
+  Job next = e.job;
+  if (next.first_failure().SerializeAsString() == verdict.SerializeAsString()) {
+    *next.mutable_first_failure() = own;
+  }
+  *next.mutable_attempts(attempt - 1)->mutable_failure() = own;
+  const std::string what = absl::StrCat("attempt ", attempt, " failed: ", DescribeFailure(own));
+  std::vector<JobEvent> events;
+  JobEvent fe;
+  fe.set_attempt(attempt);
+  *fe.mutable_failure() = own;
+  events.push_back(fe);
+  events.push_back(MessageEvent(
+      absl::StrCat("rank ", own.rank(), "'s own failure report arrived ",
+                   (now - verdict.time_unix_ms()) / 1000.0, " s after the hang verdict and replaces it"),
+      attempt));
+  const bool last = attempt == next.attempts_size();
+  absl::StatusOr<RestartPolicy> policy = RestartPolicyOf(next.spec());
+  const RestartPolicy p = policy.ok() ? *policy : RestartPolicy{};
+  if (last && next.state() == rackrun::v1::FAILED) {
+    next.set_message(what);
+  } else if (last && next.state() == rackrun::v1::QUEUED && !p.Restarts(own.kind())) {
+    // The verdict restarted the job; the rank's own error is not a reason to.
+    next.set_state(rackrun::v1::FAILED);
+    next.set_finished_unix_ms(now);
+    next.set_message(absl::StrCat(what, "; not restarted (restart.on does not include ",
+                                  FailureKindName(own.kind()), ")"));
+    events.push_back(MessageEvent(next.message(), attempt));
+    events.push_back(StateEvent(rackrun::v1::FAILED, attempt));
+  }
+  return Commit(e, std::move(next), std::move(events));
+}
+
 absl::StatusOr<Jobs::Ended> Jobs::FailAttempt(const std::string& job_id, int attempt,
                                               const Failure& failure) {
   Lock lock(mu_);
@@ -358,13 +400,6 @@ absl::StatusOr<Jobs::Ended> Jobs::RankResult(const std::string& job_id, int atte
     return absl::NotFoundError(absl::StrCat("attempt ", attempt, " of job ", job_id, " has no rank ", rank));
   }
   Ended out;
-  const bool current = attempt == e->job.attempts_size() && a.state() == rackrun::v1::RUNNING &&
-                       e->job.state() == rackrun::v1::RUNNING;
-  if (!current) {
-    out.job = e->job;
-    return out;
-  }
-  e->results[rank] = result.outcome();
   auto failure_of = [&](rackrun::v1::FailureKind kind) {
     Failure f;
     f.set_kind(kind);
@@ -377,6 +412,16 @@ absl::StatusOr<Jobs::Ended> Jobs::RankResult(const std::string& job_id, int atte
     f.set_message(result.message());
     return f;
   };
+  const bool current = attempt == e->job.attempts_size() && a.state() == rackrun::v1::RUNNING &&
+                       e->job.state() == rackrun::v1::RUNNING;
+  if (!current) {
+    if (result.outcome() == AttemptResult::FAILED) {
+      if (absl::Status s = ReplaceVerdictLocked(*e, attempt, failure_of(rackrun::v1::ERROR)); !s.ok()) return s;
+    }
+    out.job = e->job;
+    return out;
+  }
+  e->results[rank] = result.outcome();
   switch (result.outcome()) {
     case AttemptResult::FAILED:
       return FailLocked(*e, attempt, failure_of(rackrun::v1::ERROR));

@@ -69,6 +69,10 @@ class Jobs {
     // After a coordinator restart, how long a running attempt's workers have to
     // re-register before the missing ranks count as lost.
     int64_t reattach_grace_ms = 15000;
+    // A rank named by a HANG verdict (a timeout rule) that reports its own failure within
+    // this long after the verdict: its report replaces the verdict as the attempt's failure
+    // (and the job's first failure), since a slow machine, not a hang, made it late.
+    int64_t report_grace_ms = 30000;
   };
 
   Jobs(JobStore* store, Clock clock, Options options);
@@ -105,8 +109,12 @@ class Jobs {
 
   // One rank's end of an attempt. Succeeded from every rank ends the job SUCCEEDED;
   // FAILED from a rank fails the attempt (kind ERROR naming it), DRAINED or an unasked
-  // CANCELLED fails it with WORKER_CANCELLED. Results for an ended attempt are recorded
-  // and change nothing. NotFound for an unknown job, attempt or rank.
+  // CANCELLED fails it with WORKER_CANCELLED. Results for an ended attempt change nothing,
+  // with one exception: FAILED from the rank that a HANG verdict named, within
+  // report_grace_ms of the verdict, replaces the verdict (kind ERROR, the rank's message,
+  // the verdict kept in replaced_verdict); a job the verdict restarted and whose policy
+  // does not restart on that error fails instead, if its next attempt has not started.
+  // NotFound for an unknown job, attempt or rank.
   absl::StatusOr<Ended> RankResult(const std::string& job_id, int attempt, int rank,
                                    const rackrun::v1::AttemptResult& result);
 
@@ -160,6 +168,10 @@ class Jobs {
   absl::Status Commit(Entry& e, rackrun::v1::Job next, std::vector<rackrun::v1::JobEvent> events)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<Ended> FailLocked(Entry& e, int attempt, rackrun::v1::Failure failure)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // RankResult's exception for a late own report (see there). Ok and nothing changed when
+  // the report does not qualify.
+  absl::Status ReplaceVerdictLocked(Entry& e, int attempt, rackrun::v1::Failure own)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::vector<RankRef> Unreported(const Entry& e, const rackrun::v1::Attempt& a) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -195,6 +195,79 @@ TEST_F(JobsTest, RestartOnErrorWhenListed) {
   EXPECT_EQ(RestartPolicyOf(lost_only).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+Failure HangOf(int rank, const std::string& phase) {
+  Failure f;
+  f.set_kind(rackrun::v1::HANG);
+  f.set_rank(rank);
+  f.set_worker_id("w-" + std::to_string(rank + 1));
+  f.set_phase(phase);
+  f.set_message("in phase " + phase + " for 3.006 s (hang timeout 3 s)");
+  return f;
+}
+
+// A slow machine: the phase rule named rank 0 while it was still starting; its own
+// out-of-memory report came 2 s later, within the grace, and is what the job records.
+TEST_F(JobsTest, OwnReportWithinTheGraceReplacesTheHangVerdict) {
+  const std::string id = jobs_->Submit(Spec(2), "r")->job.id();
+  ASSERT_TRUE(jobs_->StartAttempt(id, Ranks(2)).ok());
+  ASSERT_EQ(jobs_->FailAttempt(id, 1, HangOf(0, "starting"))->job.state(), rackrun::v1::FAILED);
+  clock_.Advance(2000);
+  AttemptResult oom = Result(AttemptResult::FAILED, 0);
+  oom.set_message("out of memory: an allocation failed");
+  oom.set_phase("starting");
+  // A peer's late result is not the named rank's: nothing changes.
+  ASSERT_EQ(jobs_->RankResult(id, 1, 1, oom)->job.first_failure().kind(), rackrun::v1::HANG);
+  auto e = jobs_->RankResult(id, 1, 0, oom);
+  ASSERT_TRUE(e.ok()) << e.status();
+  EXPECT_EQ(e->job.state(), rackrun::v1::FAILED);
+  EXPECT_EQ(e->job.first_failure().kind(), rackrun::v1::ERROR);
+  EXPECT_EQ(e->job.first_failure().rank(), 0);
+  EXPECT_EQ(e->job.first_failure().message(), "out of memory: an allocation failed");
+  EXPECT_NE(e->job.first_failure().replaced_verdict().find("hang: rank 0"), std::string::npos)
+      << e->job.first_failure().replaced_verdict();
+  EXPECT_EQ(e->job.attempts(0).failure().message(), "out of memory: an allocation failed");
+  EXPECT_NE(e->job.message().find("out of memory"), std::string::npos) << e->job.message();
+  EXPECT_TRUE(e->to_cancel.empty());
+  std::vector<JobEvent> ev = Events(id);
+  EXPECT_NE(ev.back().message().find("replaces it"), std::string::npos) << ev.back().DebugString();
+  // Replaced once: a second report changes nothing.
+  oom.set_message("again");
+  EXPECT_EQ(jobs_->RankResult(id, 1, 0, oom)->job.first_failure().message(),
+            "out of memory: an allocation failed");
+  // Durable: the store has the replacement.
+  absl::StatusOr<std::vector<StoredJob>> stored = store_->LoadAll();
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  ASSERT_EQ(stored->size(), 1u);
+  EXPECT_EQ(stored->front().job.first_failure().kind(), rackrun::v1::ERROR);
+}
+
+TEST_F(JobsTest, OwnReportAfterTheGraceLeavesTheVerdict) {
+  const std::string id = jobs_->Submit(Spec(1), "r")->job.id();
+  ASSERT_TRUE(jobs_->StartAttempt(id, Ranks(1)).ok());
+  ASSERT_TRUE(jobs_->FailAttempt(id, 1, HangOf(0, "forward")).ok());
+  clock_.Advance(Jobs::Options{}.report_grace_ms + 1);
+  auto e = jobs_->RankResult(id, 1, 0, Result(AttemptResult::FAILED));
+  ASSERT_TRUE(e.ok());
+  EXPECT_EQ(e->job.first_failure().kind(), rackrun::v1::HANG);
+  EXPECT_TRUE(e->job.first_failure().replaced_verdict().empty());
+}
+
+// The verdict restarted the job (hang is in restart.on by default, error is not): the
+// rank's own error, arriving before the next attempt started, fails the job instead.
+TEST_F(JobsTest, OwnErrorReplacingARestartingVerdictFailsTheQueuedJob) {
+  const std::string id = jobs_->Submit(Spec(1, 3), "r")->job.id();
+  ASSERT_TRUE(jobs_->StartAttempt(id, Ranks(1)).ok());
+  ASSERT_EQ(jobs_->FailAttempt(id, 1, HangOf(0, "starting"))->job.state(), rackrun::v1::QUEUED);
+  clock_.Advance(500);
+  auto e = jobs_->RankResult(id, 1, 0, Result(AttemptResult::FAILED, 0));
+  ASSERT_TRUE(e.ok());
+  EXPECT_EQ(e->job.state(), rackrun::v1::FAILED);
+  EXPECT_EQ(e->job.first_failure().kind(), rackrun::v1::ERROR);
+  EXPECT_NE(e->job.message().find("not restarted"), std::string::npos) << e->job.message();
+  EXPECT_TRUE(jobs_->Queue().empty());
+  EXPECT_EQ(Events(id).back().state(), rackrun::v1::FAILED);
+}
+
 TEST_F(JobsTest, WatchReplaysFromSeqAndFollowsLive) {
   const std::string id = jobs_->Submit(Spec(1), "r")->job.id();
   ASSERT_TRUE(jobs_->StartAttempt(id, Ranks(1)).ok());

@@ -14,12 +14,18 @@ namespace {
 constexpr const char* kUsage =
     "usage: rackrun-coordinator [--listen HOST:PORT] [--state-dir DIR] [--token-file FILE]\n"
     "         [--heartbeat-interval-ms N] [--heartbeat-timeout-ms N] [--hang-timeout-ms N]\n"
-    "         [--reattach-grace-ms N] [--channel-timeout-ms N]\n"
+    "         [--start-timeout-ms N] [--report-grace-ms N] [--reattach-grace-ms N]\n"
+    "         [--channel-timeout-ms N]\n"
     "         [--tls-cert FILE --tls-key FILE [--tls-client-ca FILE]]\n"
     "         [--metrics-listen HOST:PORT] [--dashboard-listen HOST:PORT] [--dashboard-assets DIR]\n"
     "         [--dashboard-allow-remote] [--prometheus-targets FILE]\n"
     "  --listen          address to serve on (default 127.0.0.1:7070; port 0 = any free port)\n"
     "  --state-dir       job database and token (default ~/.rackrun)\n"
+    "  --hang-timeout-ms   a rank longer than this in one phase, or its peers in a collective\n"
+    "                    waiting for it, is HANG (default 60000)\n"
+    "  --start-timeout-ms  the same for phase starting: model, data, checks (default 600000)\n"
+    "  --report-grace-ms   a rank's own failure report this soon after a HANG verdict naming it\n"
+    "                    replaces the verdict (default 30000)\n"
     "  --token-file      cluster token (default STATE_DIR/token, created at first start, mode 0600)\n"
     "  --metrics-listen  Prometheus endpoint, GET /metrics (default off; e.g. 0.0.0.0:9464)\n"
     "  --dashboard-listen  built-in live dashboard (default off; loopback only, e.g. 127.0.0.1:8080)\n"
@@ -86,6 +92,10 @@ int main(int argc, char** argv) {
       number = &o.rack.workers.heartbeat_timeout_ms;
     } else if (flag == "--hang-timeout-ms") {
       number = &o.rack.workers.hang_timeout_ms;
+    } else if (flag == "--start-timeout-ms") {
+      number = &o.rack.workers.start_timeout_ms;
+    } else if (flag == "--report-grace-ms") {
+      number = &o.rack.jobs.report_grace_ms;
     } else if (flag == "--reattach-grace-ms") {
       number = &o.rack.jobs.reattach_grace_ms;
     } else if (flag == "--channel-timeout-ms") {

@@ -311,20 +311,27 @@ std::vector<Finding> Workers::Detect() {
     // Ranks waiting for their peers in the data channel's rendezvous are victims: when they
     // have waited past hang_timeout, the rule names the rank they wait for (the one not in
     // the rendezvous, longest in its phase), or no single rank when every rank is in it.
-    std::vector<int> connecting;
-    int64_t connecting_ms = 0;
+    // A rank still starting is waited for up to the start timeout.
     const Info* awaited = nullptr;
     int64_t awaited_ms = -1;
     for (const Info* w : ranks) {
       const int64_t age = w->phase_age_ms + (now - w->last_heartbeat_ms);
-      if (w->w.phase() == "connecting") {
-        if (age > options_.hang_timeout_ms) {
-          connecting.push_back(w->w.rank());
-          connecting_ms = std::max(connecting_ms, age);
-        }
-      } else if (w->w.phase() != "collective" && w->blocked_n == 0 && !silent(*w) && age > awaited_ms) {
+      if (w->w.phase() != "connecting" && w->w.phase() != "collective" && w->blocked_n == 0 && !silent(*w) &&
+          age > awaited_ms) {
         awaited = w;
         awaited_ms = age;
+      }
+    }
+    const int64_t rendezvous_timeout = awaited != nullptr && awaited->w.phase() == "starting"
+                                           ? options_.start_timeout_ms
+                                           : options_.hang_timeout_ms;
+    std::vector<int> connecting;
+    int64_t connecting_ms = 0;
+    for (const Info* w : ranks) {
+      const int64_t age = w->phase_age_ms + (now - w->last_heartbeat_ms);
+      if (w->w.phase() == "connecting" && age > rendezvous_timeout) {
+        connecting.push_back(w->w.rank());
+        connecting_ms = std::max(connecting_ms, age);
       }
     }
     if (!connecting.empty()) {
@@ -372,10 +379,14 @@ std::vector<Finding> Workers::Detect() {
         continue;
       }
       const int64_t age = w->phase_age_ms + (now - w->last_heartbeat_ms);
-      if (age > options_.hang_timeout_ms) {
+      // Starting (paths, memory check, model, data) is judged by a timeout of its own: it
+      // grows with the model and the machine's load, not with a step.
+      const bool starting = phase == "starting";
+      const int64_t timeout = starting ? options_.start_timeout_ms : options_.hang_timeout_ms;
+      if (age > timeout) {
         report(*w, FailureOf(*w, rackrun::v1::HANG,
-                             absl::StrCat("in phase ", phase, " for ", age / secs, " s (hang timeout ",
-                                          options_.hang_timeout_ms / secs, " s)")));
+                             absl::StrCat("in phase ", phase, " for ", age / secs, " s (",
+                                          starting ? "start" : "hang", " timeout ", timeout / secs, " s)")));
         break;
       }
     }

@@ -15,14 +15,16 @@
 //         every rank has entered n and none is silent, HANG naming no rank, after
 //         hang_timeout + heartbeat_timeout (a rank stopped inside the collective is
 //         silent by then, and named);
-//         (b) it stays in one non-idle phase longer than hang_timeout (ranks waiting in a
-//         collective are victims, never named by this rule) -> HANG naming it; a rank in
+//         (b) it stays in one non-idle phase longer than hang_timeout (start_timeout for
+//         phase "starting"; ranks waiting in a collective are victims, never named by
+//         this rule) -> HANG naming it; a rank in
 //         phase "reporting" (training over, its result on the way, which may have waited
 //         for a restarting coordinator) only after 4 x hang_timeout, its age counted from
 //         its last (re-)registration at the latest;
 //         (c) peers have waited in the data channel's rendezvous (phase "connecting")
-//         longer than hang_timeout while it is in another phase -> HANG naming it (the
-//         one longest in its phase); every rank in the rendezvous -> HANG, no rank named.
+//         longer than hang_timeout (start_timeout while the rank they wait for is
+//         "starting") while it is in another phase -> HANG naming it (the one longest in
+//         its phase); every rank in the rendezvous -> HANG, no rank named.
 // Times come from the injected clock; phase ages are the worker's reported age plus the
 // time since that heartbeat.
 //
@@ -72,6 +74,9 @@ class Workers {
     int64_t heartbeat_interval_ms = 1000;
     int64_t heartbeat_timeout_ms = 5000;
     int64_t hang_timeout_ms = 60000;
+    // Rule (b) for phase "starting" (before the data channel and training): building the
+    // model and reading data take longer on big jobs and loaded machines than a step.
+    int64_t start_timeout_ms = 600000;
   };
 
   // `next_number` hands out worker numbers that never repeat (the store's counter).

@@ -12,7 +12,7 @@ using rackrun::v1::HeartbeatRequest;
 class WorkersTest : public ::testing::Test {
  protected:
   WorkersTest()
-      : workers_(clock_.clock(), Workers::Options{100, 500, 2000}, [this]() -> absl::StatusOr<int64_t> {
+      : workers_(clock_.clock(), Workers::Options{100, 500, 2000, 2500}, [this]() -> absl::StatusOr<int64_t> {
           return ++next_;
         }) {}
 
@@ -192,6 +192,36 @@ TEST_F(WorkersTest, HungByThePhaseRule) {
   EXPECT_EQ(f[0].failure.phase(), "checkpoint");
 }
 
+// Phase "starting" has a timeout of its own (here 4 s against the 2 s hang timeout): a
+// rank building a big model on a loaded machine is not hung at the hang timeout.
+TEST_F(WorkersTest, StartingIsJudgedByTheStartTimeout) {
+  Workers workers(clock_.clock(), Workers::Options{100, 500, 2000, 4000},
+                  [this]() -> absl::StatusOr<int64_t> { return ++next_; });
+  rackrun::v1::RegisterRequest req;
+  req.set_host("h");
+  req.set_pid(7);
+  const std::string id = *workers.Register(req);
+  ASSERT_TRUE(workers.OpenStream(id).ok());
+  workers.SetBusy(id, "j-1", 1, 0);
+  HeartbeatRequest hb;
+  hb.set_worker_id(id);
+  hb.set_phase("starting");
+  for (int t = 1; t <= 40; ++t) {
+    clock_.Advance(100);
+    hb.set_phase_age_ms(100 * t);
+    ASSERT_TRUE(workers.Heartbeat(hb).ok());
+    EXPECT_TRUE(workers.Detect().empty()) << t;
+  }
+  clock_.Advance(100);
+  hb.set_phase_age_ms(4100);
+  ASSERT_TRUE(workers.Heartbeat(hb).ok());
+  std::vector<Finding> f = workers.Detect();
+  ASSERT_EQ(f.size(), 1u);
+  EXPECT_EQ(f[0].failure.kind(), rackrun::v1::HANG);
+  EXPECT_EQ(f[0].failure.phase(), "starting");
+  EXPECT_NE(f[0].failure.message().find("start timeout 4 s"), std::string::npos) << f[0].failure.message();
+}
+
 // A rank whose training is over delivers its result; until the coordinator has it (e.g.
 // after the coordinator restarted and the worker re-attached) its heartbeats say
 // "reporting" with the age since training ended, here 5 s at the re-registration. That is
@@ -259,13 +289,14 @@ TEST_F(WorkersTest, RanksInTheRendezvousNameTheRankTheyWaitFor) {
   auto ids = Start(3);
   // Ranks 0 and 2 wait for their peers in the data channel's rendezvous; rank 1 is still
   // starting (say, reading a slow file system). The waiting ranks have the longer phase
-  // age, yet the rank they wait for is the one named.
+  // age, yet the rank they wait for is the one named, once they have waited past the
+  // start timeout (2.5 s; the hang timeout is 2 s).
   for (int t = 1; t <= 25; ++t) {
     clock_.Advance(100);
     Beat(ids[0], 0, "connecting", 0, 0, 100 * t + 50);
     Beat(ids[1], 0, "starting", 0, 0, 100 * t);
     Beat(ids[2], 0, "connecting", 0, 0, 100 * t + 50);
-    if (t < 20) {
+    if (t < 25) {
       EXPECT_TRUE(workers_.Detect().empty()) << t;
     }
   }

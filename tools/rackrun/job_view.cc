@@ -24,6 +24,7 @@ std::string FailureLine(const rackrun::v1::Failure& f) {
   if (!f.phase().empty()) absl::StrAppend(&line, " in ", f.phase());
   absl::StrAppend(&line, " at step ", f.step());
   if (!f.message().empty()) absl::StrAppend(&line, ": ", f.message());
+  if (!f.replaced_verdict().empty()) absl::StrAppend(&line, " (replaces the verdict ", f.replaced_verdict(), ")");
   return line;
 }
 
