@@ -6,7 +6,9 @@
 //
 // Timeouts are short so faults surface in seconds: heartbeat every 200 ms, lost after
 // 3 s, hung after 3 s, data-channel waits 30 s (longer than both, so the coordinator names
-// the culprit before a victim's channel times out).
+// the culprit before a victim's channel times out). These and every wait of a test are
+// quiet-machine figures multiplied by TimeScale() (tests/support/time_scale.h): a loaded
+// machine or a sanitizer build gets proportionally more room.
 
 #include <signal.h>
 
@@ -26,6 +28,7 @@
 #include "tests/support/mpi_env.h"
 #include "tests/support/process.h"
 #include "tests/support/shell.h"
+#include "tests/support/time_scale.h"
 
 namespace {
 
@@ -38,6 +41,8 @@ using Clock = std::chrono::steady_clock;
 namespace fs = std::filesystem;
 
 using ::rackrun::testing::kMpiEnv;
+using ::rackrun::testing::Scaled;
+using ::rackrun::testing::ScaledMs;
 
 // The job of ep_train_test: 2 blocks, C=32, xhc N=4 k=2, 8 experts top-2.
 constexpr char kSpec[] =
@@ -104,8 +109,8 @@ class DaemonsTest : public ::testing::Test {
     std::vector<std::string> argv = {RACKRUN_COORDINATOR_BINARY, "--listen",
                                      "127.0.0.1:" + std::to_string(port_), "--state-dir",
                                      (dir_ / "state").string(), "--heartbeat-interval-ms", "200",
-                                     "--heartbeat-timeout-ms", "3000", "--hang-timeout-ms", "3000",
-                                     "--reattach-grace-ms", "15000", "--channel-timeout-ms", "30000"};
+                                     "--heartbeat-timeout-ms", Ms(3000), "--hang-timeout-ms", Ms(3000),
+                                     "--reattach-grace-ms", Ms(15000), "--channel-timeout-ms", Ms(30000)};
     argv.insert(argv.end(), extra.begin(), extra.end());
     coordinator_ = std::make_unique<Child>(argv, banner);
     std::string text;
@@ -115,10 +120,12 @@ class DaemonsTest : public ::testing::Test {
     address_ = "127.0.0.1:" + m[1].str();
   }
 
+  static std::string Ms(int64_t quiet_ms) { return std::to_string(ScaledMs(quiet_ms)); }
+
   std::vector<std::string> WorkerEnv() const {
     return {"RACKRUN_COORDINATOR=" + address_,
             "RACKRUN_TOKEN_FILE=" + (dir_ / "state" / "token").string(),
-            "RACKRUN_VICTIM_GRACE_MS=4000"};
+            "RACKRUN_VICTIM_GRACE_MS=" + Ms(4000)};
   }
 
   // A worker started by hand with a torchrun-style RANK; `extra` flags.
@@ -175,7 +182,7 @@ class DaemonsTest : public ::testing::Test {
 
   // Waits until `n` workers are IDLE; their ids by launcher rank order.
   void WaitIdle(int n) {
-    const auto end = Clock::now() + std::chrono::seconds(30);
+    const auto end = Clock::now() + Scaled(std::chrono::seconds(30));
     int idle = 0;
     while (Clock::now() < end) {
       idle = 0;
@@ -194,10 +201,11 @@ class DaemonsTest : public ::testing::Test {
     return r.out.substr(0, r.out.find('\n'));
   }
 
-  // Waits for the job to reach `state` (or any terminal state); its last Get.
+  // Waits for the job to reach `state` (or any terminal state); its last Get. `timeout` is
+  // a quiet machine's, scaled.
   json WaitState(const std::string& id, const std::string& state,
                  std::chrono::seconds timeout = std::chrono::seconds(90)) {
-    const auto end = Clock::now() + timeout;
+    const auto end = Clock::now() + Scaled(timeout);
     json job;
     while (Clock::now() < end) {
       job = Json("status " + id);
@@ -208,9 +216,23 @@ class DaemonsTest : public ::testing::Test {
     return job;
   }
 
+  // Waits for the job to fail with a first failure whose message has `text`: a rank's own
+  // report can replace a timeout verdict after the job failed (Jobs::RankResult), so this
+  // waits past FAILED for the grace. Its last Get.
+  json WaitFirstFailure(const std::string& id, const std::string& text) {
+    json job = WaitState(id, "FAILED");
+    const auto end = Clock::now() + Scaled(std::chrono::seconds(30));
+    while (job.value("state", "") == "FAILED" && Clock::now() < end &&
+           job.value("first_failure", json::object()).value("message", "").find(text) == std::string::npos) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      job = Json("status " + id);
+    }
+    return job;
+  }
+
   // Waits until the job's rank 0 reported at least `step`.
   void WaitStep(const std::string& id, int64_t step) {
-    const auto end = Clock::now() + std::chrono::seconds(60);
+    const auto end = Clock::now() + Scaled(std::chrono::seconds(60));
     while (Clock::now() < end) {
       const json job = Json("status " + id);
       if (Int(job.value("last_progress", json::object()), "step") >= step) return;
@@ -392,7 +414,7 @@ TEST_F(DaemonsTest, TerminatedWorkerCheckpointsAndTheJobRestartsElsewhere) {
                                 " --set restart.backoff_s=0.2");
   WaitStep(id, 5);
   leaving.Signal(SIGTERM);
-  EXPECT_EQ(leaving.Wait(std::chrono::seconds(30)), 0) << "a drained worker exits 0";
+  EXPECT_EQ(leaving.Wait(Scaled(std::chrono::seconds(30))), 0) << "a drained worker exits 0";
   const json job = WaitState(id, "SUCCEEDED", std::chrono::seconds(120));
   ASSERT_EQ(job.value("state", ""), "SUCCEEDED") << job.dump();
   ASSERT_EQ(job["attempts"].size(), 2u) << job.dump();
@@ -471,10 +493,11 @@ TEST_F(DaemonsTest, CoordinatorDownWhileTheJobEndsLosesNothing) {
   std::string text;
   // Generous: under TSan a step of this model takes ~0.6 s.
   ASSERT_FALSE(
-      WaitForText(log, std::regex("\\{\"step\": 12,"), &text, std::chrono::seconds(120)).empty())
+      WaitForText(log, std::regex("\\{\"step\": 12,"), &text, Scaled(std::chrono::seconds(120))).empty())
       << "rank 0 did not finish training while the coordinator was down: " << text;
-  // Longer than the hang timeout (3 s) in the reporting phase before the coordinator returns.
-  std::this_thread::sleep_for(std::chrono::milliseconds(3500));
+  // Longer than the hang timeout (3 s, scaled) in the reporting phase before the
+  // coordinator returns.
+  std::this_thread::sleep_for(Scaled(std::chrono::milliseconds(3500)));
   StartCoordinator();
   const json job = WaitState(id, "SUCCEEDED", std::chrono::seconds(60));
   EXPECT_EQ(job.value("state", ""), "SUCCEEDED") << job.dump();
@@ -587,7 +610,7 @@ TEST_F(DaemonsTest, WorkerOutOfMemoryFailsTheJobAndTheWorkerStaysUp) {
   // (which leaves the small job after it room for OpenBLAS's 128 MB buffers: below about
   // 1 GB OpenBLAS retries its buffer allocation forever, which the hang rule would report).
   const std::string id = Submit("--set resources.ranks=1 --set model.vocab=4000000 --set training.steps=2");
-  const json job = WaitState(id, "FAILED");
+  const json job = WaitFirstFailure(id, "out of memory: an allocation failed");
   ASSERT_EQ(job.value("state", ""), "FAILED") << job.dump();
   EXPECT_THAT(job["first_failure"].value("message", ""), HasSubstr("out of memory: an allocation failed"));
   EXPECT_THAT(::rackrun::testing::Slurp(dir_ / "worker0.log"), ::testing::Not(HasSubstr("terminate called")));
@@ -670,7 +693,7 @@ TEST_F(DaemonsTest, PrometheusTargetsListTheWorkersMetricsEndpoints) {
     return listed.size();
   };
   const auto wait_count = [&](size_t n) {
-    const auto end = Clock::now() + std::chrono::seconds(15);
+    const auto end = Clock::now() + Scaled(std::chrono::seconds(15));
     while (Clock::now() < end && read_targets() != n) {
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
@@ -689,7 +712,7 @@ TEST_F(DaemonsTest, PrometheusTargetsListTheWorkersMetricsEndpoints) {
     EXPECT_THAT(scrape.out, HasSubstr("200")) << t;
   }
   leaving.Signal(SIGTERM);
-  EXPECT_EQ(leaving.Wait(std::chrono::seconds(30)), 0);
+  EXPECT_EQ(leaving.Wait(Scaled(std::chrono::seconds(30))), 0);
   EXPECT_TRUE(wait_count(1)) << ::rackrun::testing::Slurp(targets);
 }
 

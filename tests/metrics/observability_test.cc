@@ -28,11 +28,13 @@
 #include "nlohmann/json.hpp"
 #include "tests/support/process.h"
 #include "tests/support/shell.h"
+#include "tests/support/time_scale.h"
 
 namespace {
 
 using nlohmann::json;
 using ::rackrun::testing::Child;
+using ::rackrun::testing::Scaled;
 using ::rackrun::testing::WaitForText;
 using Clock = std::chrono::steady_clock;
 namespace fs = std::filesystem;
@@ -111,9 +113,10 @@ class ObservabilityTest : public ::testing::Test {
     if (!j.is_object() || j.value("status", "") != "success") return json::array();
     return j["data"]["result"];
   }
-  // Waits up to `timeout` for the query to return at least one series.
+  // Waits up to `timeout` (a quiet machine's, scaled) for the query to return at least one
+  // series.
   json QueryUntil(const std::string& promql, std::chrono::seconds timeout = std::chrono::seconds(20)) {
-    const auto end = Clock::now() + timeout;
+    const auto end = Clock::now() + Scaled(timeout);
     json r = json::array();
     while (Clock::now() < end) {
       r = Query(promql);
@@ -176,7 +179,7 @@ TEST_F(ObservabilityTest, PrometheusGrafanaAndDashboardWatchARunningJob) {
   ASSERT_EQ(submit.code, 0) << submit.err;
   const std::string job_id = submit.out.substr(0, submit.out.find('\n'));
   int64_t step = 0;
-  for (auto end = Clock::now() + std::chrono::seconds(40); Clock::now() < end && step < 3;) {
+  for (auto end = Clock::now() + Scaled(std::chrono::seconds(40)); Clock::now() < end && step < 3;) {
     json job = GetJson(dashboard_port_, "/api/jobs/" + job_id);
     if (job.is_object() && job.contains("last_progress")) step = std::stoll(job["last_progress"].value("step", "0"));
     ASSERT_NE(job.value("state", ""), "FAILED") << job.dump();
@@ -187,7 +190,7 @@ TEST_F(ObservabilityTest, PrometheusGrafanaAndDashboardWatchARunningJob) {
   // The coordinator's own scrape: every expected series with its type and labels.
   absl::StatusOr<metrics::RawHttpResponse> scrape;
   std::map<std::string, metrics::MetricFamily> families;
-  for (auto end = Clock::now() + std::chrono::seconds(5); Clock::now() < end;) {
+  for (auto end = Clock::now() + Scaled(std::chrono::seconds(5)); Clock::now() < end;) {
     scrape = metrics::HttpGet(metrics_port_, "/metrics");
     ASSERT_TRUE(scrape.ok()) << scrape.status();
     families = *metrics::ParseExposition(scrape->body);
@@ -238,7 +241,7 @@ TEST_F(ObservabilityTest, PrometheusGrafanaAndDashboardWatchARunningJob) {
   EXPECT_EQ(progress[0]["metric"].value("job", ""), "rackrun-coordinator");
   const double first_step = Value(progress[0]);
   double later_step = first_step;
-  for (auto end = Clock::now() + std::chrono::seconds(20); Clock::now() < end && later_step <= first_step;) {
+  for (auto end = Clock::now() + Scaled(std::chrono::seconds(20)); Clock::now() < end && later_step <= first_step;) {
     std::this_thread::sleep_for(std::chrono::milliseconds(500));
     json p = Query("rackrun_job_progress_step");
     if (!p.empty()) later_step = Value(p[0]);
@@ -278,6 +281,13 @@ TEST_F(ObservabilityTest, PrometheusGrafanaAndDashboardWatchARunningJob) {
     EXPECT_TRUE(above.empty()) << "load exchange longer than the plan phase: " << above.dump();
   } else {
     std::cout << "[ SKIPPED  ] worker series: rackrun-worker has no --metrics-listen yet\n";
+  }
+
+  // Rates over a window need two scrapes of a counter inside it: wait for them (under a
+  // sanitizer a slow worker endpoint can miss scrapes) rather than assume a speed.
+  if (worker_metrics) {
+    json scraped = QueryUntil("count_over_time(rackrun_train_tokens_total[1m]) >= 2", std::chrono::seconds(60));
+    EXPECT_EQ(scraped.size(), 2u) << "two scrapes of every rank's token counter: " << scraped.dump();
   }
 
   // Every panel of the Grafana dashboard returns series (the job_id variable = all jobs).
