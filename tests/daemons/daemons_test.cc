@@ -24,7 +24,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
-#include "runtime/spec.h"
+#include "jobspec/spec.h"
 #include "tests/support/mpi_env.h"
 #include "tests/support/process.h"
 #include "tests/support/shell.h"
@@ -370,7 +370,7 @@ TEST_F(DaemonsTest, KilledWorkerIsNamedAndSurvivorsRunTheNextJob) {
   EXPECT_EQ(f.value("kind", ""), "WORKER_LOST") << f.dump();
   EXPECT_EQ(Int(f, "rank"), victim_rank) << f.dump();
   EXPECT_EQ(Int(f, "pid"), victim.pid()) << f.dump();
-  EXPECT_LT(seconds, 3.0 + 5.0) << "heartbeat timeout 3 s plus a margin";
+  EXPECT_LT(seconds, (3.0 + 5.0) * ::rackrun::testing::TimeScale()) << "heartbeat timeout 3 s plus a margin, scaled";
   // The two others (one of them the killed worker's peer) run the next job.
   WaitIdle(2);
   const std::string next = Submit("--set training.steps=5", "submit-next");
@@ -396,7 +396,7 @@ TEST_F(DaemonsTest, StoppedWorkerIsNamedAsHung) {
   const json& f = job["first_failure"];
   EXPECT_EQ(f.value("kind", ""), "HANG") << f.dump();
   EXPECT_EQ(Int(f, "pid"), stuck.pid()) << f.dump();
-  EXPECT_LT(seconds, 3.0 + 6.0) << "hang timeout 3 s plus a margin";
+  EXPECT_LT(seconds, (3.0 + 6.0) * ::rackrun::testing::TimeScale()) << "hang timeout 3 s plus a margin, scaled";
 }
 
 // SIGTERM of a busy worker: it finishes its step, the job checkpoints, the worker
