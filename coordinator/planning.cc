@@ -3,7 +3,7 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
-#include "coordinator/plan_codec.h"
+#include "rpc/plan_codec.h"
 
 namespace rackrun::coordinator {
 

@@ -4,7 +4,7 @@
 
 #include <random>
 
-#include "coordinator/plan_codec.h"
+#include "rpc/plan_codec.h"
 #include "planner/invariants.h"
 #include "planner/planner.h"
 

@@ -5,7 +5,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "runtime/spec.h"
+#include "jobspec/spec.h"
 
 namespace rackrun::coordinator {
 

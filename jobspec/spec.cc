@@ -1,4 +1,4 @@
-#include "runtime/spec.h"
+#include "jobspec/spec.h"
 
 #include <algorithm>
 #include <cmath>

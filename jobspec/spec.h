@@ -22,8 +22,8 @@
 // Its own CMake target (rackrun_spec: protobuf, yaml-cpp, base; no model, BLAS or
 // OpenMP), so the coordinator and the CLI validate specs before they travel. The settings
 // the model and the trainer are built from live in runtime/job_config.h.
-#ifndef RACKRUN_RUNTIME_SPEC_H_
-#define RACKRUN_RUNTIME_SPEC_H_
+#ifndef RACKRUN_JOBSPEC_SPEC_H_
+#define RACKRUN_JOBSPEC_SPEC_H_
 
 #include <cstdint>
 #include <string>
@@ -149,4 +149,4 @@ std::string FormatBytes(int64_t bytes);
 
 }  // namespace rackrun::runtime
 
-#endif  // RACKRUN_RUNTIME_SPEC_H_
+#endif  // RACKRUN_JOBSPEC_SPEC_H_

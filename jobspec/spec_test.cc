@@ -1,4 +1,4 @@
-#include "runtime/spec.h"
+#include "jobspec/spec.h"
 #include "runtime/job_config.h"
 
 #include <malloc.h>

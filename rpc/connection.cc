@@ -1,4 +1,4 @@
-#include "worker/connection.h"
+#include "rpc/connection.h"
 
 #include <cstdlib>
 

@@ -3,8 +3,8 @@
 // and a deadline on every unary call. LoadClusterToken and CoordinatorCredentials are the
 // one token and TLS path of every client of the coordinator (the worker and the rackrun
 // CLI; CMake target rackrun_connection). Thread-safe after Create.
-#ifndef RACKRUN_WORKER_CONNECTION_H_
-#define RACKRUN_WORKER_CONNECTION_H_
+#ifndef RACKRUN_RPC_CONNECTION_H_
+#define RACKRUN_RPC_CONNECTION_H_
 
 #include <chrono>
 #include <memory>
@@ -76,4 +76,4 @@ absl::Status FromGrpc(const grpc::Status& status);
 
 }  // namespace rackrun::worker
 
-#endif  // RACKRUN_WORKER_CONNECTION_H_
+#endif  // RACKRUN_RPC_CONNECTION_H_

@@ -1,4 +1,4 @@
-#include "coordinator/plan_codec.h"
+#include "rpc/plan_codec.h"
 
 #include "absl/strings/str_cat.h"
 

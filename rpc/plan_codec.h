@@ -3,8 +3,8 @@
 // expert's split is its column of the loads, planner/plan.h). Lossless:
 // FromMessage(ToMessage(p, l)) == (p, l), so the fingerprint a rank computes equals the
 // coordinator's.
-#ifndef RACKRUN_COORDINATOR_PLAN_CODEC_H_
-#define RACKRUN_COORDINATOR_PLAN_CODEC_H_
+#ifndef RACKRUN_RPC_PLAN_CODEC_H_
+#define RACKRUN_RPC_PLAN_CODEC_H_
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -28,4 +28,4 @@ absl::Status PlanFromMessage(const rackrun::v1::PlanMessage& message, planner::P
 
 }  // namespace rackrun::coordinator
 
-#endif  // RACKRUN_COORDINATOR_PLAN_CODEC_H_
+#endif  // RACKRUN_RPC_PLAN_CODEC_H_

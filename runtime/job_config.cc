@@ -8,7 +8,7 @@
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
-#include "runtime/spec.h"
+#include "jobspec/spec.h"
 
 namespace rackrun::runtime {
 

@@ -55,7 +55,7 @@
 #include "runtime/optimizer.h"
 #include "runtime/plan_source.h"
 #include "runtime/job_config.h"
-#include "runtime/spec.h"
+#include "jobspec/spec.h"
 
 namespace rackrun::runtime {
 

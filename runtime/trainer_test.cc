@@ -12,7 +12,7 @@
 #include "gtest/gtest.h"
 #include "runtime/checkpoint.h"
 #include "runtime/data.h"
-#include "runtime/spec.h"
+#include "jobspec/spec.h"
 
 namespace rackrun::runtime {
 namespace {

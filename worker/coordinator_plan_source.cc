@@ -4,7 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/clock.h"
-#include "coordinator/plan_codec.h"
+#include "rpc/plan_codec.h"
 
 namespace rackrun::worker {
 

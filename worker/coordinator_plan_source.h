@@ -18,7 +18,7 @@
 #include <grpcpp/support/sync_stream.h>
 
 #include "runtime/plan_source.h"
-#include "worker/connection.h"
+#include "rpc/connection.h"
 
 namespace rackrun::worker {
 

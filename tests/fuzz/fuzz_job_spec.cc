@@ -1,4 +1,4 @@
-// Fuzz target: the job spec (runtime/spec.h ParseJobSpec): YAML or JSON text plus --set
+// Fuzz target: the job spec (jobspec/spec.h ParseJobSpec): YAML or JSON text plus --set
 // overrides. Input: the spec text, then optionally a NUL byte followed by overrides, one
 // per line ("model.width=64"). A spec that parses must survive its own JSON rendering
 // (JobSpecToJson) parsed again, to the same spec.
@@ -8,7 +8,7 @@
 
 #include "absl/strings/str_split.h"
 #include "google/protobuf/util/message_differencer.h"
-#include "runtime/spec.h"
+#include "jobspec/spec.h"
 #include "tests/fuzz/fuzz_target.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

@@ -73,7 +73,7 @@
 #include "rackrun/v1/job_service.grpc.pb.h"
 #include "rackrun/v1/rack_control.grpc.pb.h"
 #include "runtime/plan_source.h"
-#include "worker/connection.h"
+#include "rpc/connection.h"
 #include "worker/coordinator_plan_source.h"
 
 #ifndef RACKRUN_COORDINATOR_BINARY

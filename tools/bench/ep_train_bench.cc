@@ -81,7 +81,7 @@
 #include "planner/trace.h"
 #include "runtime/expert_parallel.h"
 #include "runtime/job_config.h"
-#include "runtime/spec.h"
+#include "jobspec/spec.h"
 #include "runtime/trainer.h"
 
 namespace {

@@ -15,7 +15,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "worker/connection.h"
+#include "rpc/connection.h"
 
 namespace rackrun::cli {
 namespace {

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "runtime/spec.h"
+#include "jobspec/spec.h"
 #include "tools/rackrun/client.h"
 #include "tools/rackrun/command.h"
 #include "tools/rackrun/job_view.h"

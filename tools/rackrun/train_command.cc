@@ -19,7 +19,7 @@
 #include "comm/data_channel.h"
 #include "comm/mpi_channel.h"
 #include "runtime/job_config.h"
-#include "runtime/spec.h"
+#include "jobspec/spec.h"
 #include "runtime/step_log.h"
 #include "runtime/trainer.h"
 #include "tools/rackrun/command.h"
