@@ -153,25 +153,18 @@ TEST_F(ObservabilityTest, PrometheusGrafanaAndDashboardWatchARunningJob) {
   ASSERT_FALSE(m.empty()) << text;
   metrics_port_ = std::stoi(m[1].str());
 
-  // Two workers; with metrics when the worker has them.
-  const auto help = ::rackrun::testing::Shell(std::string(RACKRUN_WORKER_BINARY) + " --help", dir_ / "help.stdout",
-                                              dir_ / "help.stderr");
-  const bool worker_metrics = (help.out + help.err).find("--metrics-listen") != std::string::npos;
+  // Two workers with their metrics endpoints.
   for (int r = 0; r < 2; ++r) {
-    std::vector<std::string> argv = {RACKRUN_WORKER_BINARY, "--data-address", "127.0.0.1", "--threads", "1"};
-    if (worker_metrics) {
-      for (const char* a : {"--metrics-listen", "127.0.0.1:0", "--peak-flops", "1e11"}) argv.push_back(a);
-    }
+    std::vector<std::string> argv = {RACKRUN_WORKER_BINARY, "--data-address", "127.0.0.1", "--threads", "1",
+                                     "--metrics-listen", "127.0.0.1:0", "--peak-flops", "1e11"};
     const fs::path log = dir_ / ("worker" + std::to_string(r) + ".log");
     workers_.push_back(std::make_unique<Child>(
         argv, log,
         std::vector<std::string>{"RACKRUN_COORDINATOR=" + address_,
                                  "RACKRUN_TOKEN_FILE=" + (dir_ / "state" / "token").string(), "RANK=" + std::to_string(r)}));
-    if (worker_metrics) {
-      m = WaitForText(log, std::regex("metrics on http://127\\.0\\.0\\.1:([0-9]+)/metrics"), &text);
-      ASSERT_FALSE(m.empty()) << "no metrics banner from worker " << r << ": " << text;
-      worker_metrics_ports_.push_back(std::stoi(m[1].str()));
-    }
+    m = WaitForText(log, std::regex("metrics on http://127\\.0\\.0\\.1:([0-9]+)/metrics"), &text);
+    ASSERT_FALSE(m.empty()) << "no metrics banner from worker " << r << ": " << text;
+    worker_metrics_ports_.push_back(std::stoi(m[1].str()));
   }
 
   // The job; wait until it runs and reports steps.
@@ -256,44 +249,38 @@ TEST_F(ObservabilityTest, PrometheusGrafanaAndDashboardWatchARunningJob) {
   json ages = QueryUntil("rackrun_worker_heartbeat_age_seconds < 5");
   EXPECT_EQ(ages.size(), 2u) << ages.dump();
 
-  if (worker_metrics) {
-    json up = QueryUntil("up{job=\"rackrun-worker\"} == 1");
-    EXPECT_EQ(up.size(), 2u) << "file_sd targets";
-    json train = QueryUntil("rackrun_train_step");
-    EXPECT_EQ(train.size(), 2u) << train.dump();
-    json before = QueryUntil("rackrun_moe_last_imbalance_before");
-    json after = QueryUntil("rackrun_moe_last_imbalance_after");
-    ASSERT_EQ(before.size(), 2u) << "one series per MoE layer, rank 0 only: " << before.dump();
-    ASSERT_EQ(after.size(), 2u);
-    json worse = Query("rackrun_moe_last_imbalance_after > on(job_id, layer) rackrun_moe_last_imbalance_before");
-    EXPECT_TRUE(worse.empty()) << "imbalance after balancing above before: " << worse.dump();
-    for (const json& s : after) EXPECT_GE(Value(s), 1.0);
-    json mfu = QueryUntil("rackrun_train_mfu_ratio > 0 and rackrun_train_mfu_ratio <= 1");
-    EXPECT_EQ(mfu.size(), 2u) << mfu.dump();
-    json round_trips = QueryUntil("rackrun_moe_plan_round_trip_seconds_count > 0");
-    EXPECT_EQ(round_trips.size(), 2u) << "coordinator mode: every rank's round trips";
-    // The round trips (and the fingerprint allgather) are the plan phase's exchange: a part
-    // of it on every rank.
-    json exchange = QueryUntil("rackrun_moe_plan_exchange_seconds_sum > 0");
-    EXPECT_EQ(exchange.size(), 2u) << exchange.dump();
-    json above = Query(
-        "rackrun_moe_plan_exchange_seconds_sum > on(job_id, rank) rackrun_moe_plan_seconds_sum");
-    EXPECT_TRUE(above.empty()) << "load exchange longer than the plan phase: " << above.dump();
-  } else {
-    std::cout << "[ SKIPPED  ] worker series: rackrun-worker has no --metrics-listen yet\n";
-  }
+  json up = QueryUntil("up{job=\"rackrun-worker\"} == 1");
+  EXPECT_EQ(up.size(), 2u) << "file_sd targets";
+  json train = QueryUntil("rackrun_train_step");
+  EXPECT_EQ(train.size(), 2u) << train.dump();
+  json before = QueryUntil("rackrun_moe_last_imbalance_before");
+  json after = QueryUntil("rackrun_moe_last_imbalance_after");
+  ASSERT_EQ(before.size(), 2u) << "one series per MoE layer, rank 0 only: " << before.dump();
+  ASSERT_EQ(after.size(), 2u);
+  json worse = Query("rackrun_moe_last_imbalance_after > on(job_id, layer) rackrun_moe_last_imbalance_before");
+  EXPECT_TRUE(worse.empty()) << "imbalance after balancing above before: " << worse.dump();
+  for (const json& s : after) EXPECT_GE(Value(s), 1.0);
+  json mfu = QueryUntil("rackrun_train_mfu_ratio > 0 and rackrun_train_mfu_ratio <= 1");
+  EXPECT_EQ(mfu.size(), 2u) << mfu.dump();
+  json round_trips = QueryUntil("rackrun_moe_plan_round_trip_seconds_count > 0");
+  EXPECT_EQ(round_trips.size(), 2u) << "coordinator mode: every rank's round trips";
+  // The round trips (and the fingerprint allgather) are the plan phase's exchange: a part
+  // of it on every rank.
+  json exchange = QueryUntil("rackrun_moe_plan_exchange_seconds_sum > 0");
+  EXPECT_EQ(exchange.size(), 2u) << exchange.dump();
+  json above = Query(
+      "rackrun_moe_plan_exchange_seconds_sum > on(job_id, rank) rackrun_moe_plan_seconds_sum");
+  EXPECT_TRUE(above.empty()) << "load exchange longer than the plan phase: " << above.dump();
 
   // Rates over a window need two scrapes of a counter inside it: wait for them (under a
   // sanitizer a slow worker endpoint can miss scrapes) rather than assume a speed.
-  if (worker_metrics) {
-    json scraped = QueryUntil("count_over_time(rackrun_train_tokens_total[1m]) >= 2", std::chrono::seconds(60));
-    EXPECT_EQ(scraped.size(), 2u) << "two scrapes of every rank's token counter: " << scraped.dump();
-  }
+  json scraped = QueryUntil("count_over_time(rackrun_train_tokens_total[1m]) >= 2", std::chrono::seconds(60));
+  EXPECT_EQ(scraped.size(), 2u) << "two scrapes of every rank's token counter: " << scraped.dump();
 
   // Every panel of the Grafana dashboard returns series (the job_id variable = all jobs).
   std::ifstream in(std::string(RACKRUN_SOURCE_DIR) + "/deploy/grafana/dashboards/rackrun.json");
   json dashboard = json::parse(in);
-  int checked = 0, skipped = 0;
+  int checked = 0;
   std::vector<std::string> empty;
   for (const json& panel : dashboard["panels"]) {
     if (panel.value("type", "") == "row") continue;
@@ -304,13 +291,6 @@ TEST_F(ObservabilityTest, PrometheusGrafanaAndDashboardWatchARunningJob) {
     }
     std::string all;
     for (const std::string& e : exprs) all += e + "; ";
-    // Series of the workers' own endpoints need worker metrics.
-    const bool needs_worker = all.find("rackrun_train_") != std::string::npos ||
-                              all.find("rackrun_moe_") != std::string::npos;
-    if (needs_worker && !worker_metrics) {
-      ++skipped;
-      continue;
-    }
     bool returned = false;
     for (const std::string& e : exprs) {
       if (!QueryUntil(e, std::chrono::seconds(15)).empty()) {
@@ -322,11 +302,8 @@ TEST_F(ObservabilityTest, PrometheusGrafanaAndDashboardWatchARunningJob) {
   }
   // A panel passes with any series; the planner panel's second query (its load-exchange
   // part, a newer series) is checked on its own.
-  if (worker_metrics) {
-    EXPECT_FALSE(QueryUntil("job_id:rackrun_moe_plan_exchange_seconds:p99_5m", std::chrono::seconds(15))
-                     .empty());
-  }
-  std::cout << "Grafana panels: " << checked - skipped << " of " << checked << " queried, "
+  EXPECT_FALSE(QueryUntil("job_id:rackrun_moe_plan_exchange_seconds:p99_5m", std::chrono::seconds(15)).empty());
+  std::cout << "Grafana panels: " << checked << " queried, "
             << empty.size() << " without series\n";
   EXPECT_GE(checked, 20);
   EXPECT_TRUE(empty.empty()) << "panels without series:\n" << ::testing::PrintToString(empty);
