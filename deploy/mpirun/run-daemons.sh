@@ -64,7 +64,7 @@ free_port() {
   local p
   for _ in $(seq 50); do
     p=$((20000 + RANDOM % 40000))
-    if ! ss -ltnH "sport = :$p" 2>/dev/null | grep -q .; then echo "$p"; return; fi
+    if ! ss -ltnH "sport = :$p" 2>/dev/null | grep . >/dev/null; then echo "$p"; return; fi
   done
   echo $((20000 + RANDOM % 40000))
 }
