@@ -1,5 +1,5 @@
-// FanoutExecutor: carries out a planner::FanoutSchedule over a data channel (DESIGN.md
-// section 4). Each transfer streams an expert's weight bytes in chunks; a relay forwards
+// FanoutExecutor: carries out a planner::FanoutSchedule over a data channel (docs/design.md
+// section 3.9). Each transfer streams an expert's weight bytes in chunks; a relay forwards
 // chunk c to its leaves as soon as chunk c has arrived. There is no barrier between
 // stages and none between ranks: every rank waits only for its own transfers.
 //

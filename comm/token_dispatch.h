@@ -1,4 +1,4 @@
-// MoE token dispatch and combine over a planner::Plan (DESIGN.md section 5): each source
+// MoE token dispatch and combine over a planner::Plan (docs/design.md section 4.7): each source
 // rank sends each routed (token, choice) row to the expert instance (master or replica) that
 // the plan's per-source split assigns, the experts run, and the results come back in the
 // original (token, choice) order.

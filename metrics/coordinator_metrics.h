@@ -1,4 +1,4 @@
-// CoordinatorMetrics: the rack coordinator's Prometheus series (DESIGN.md section 7):
+// CoordinatorMetrics: the rack coordinator's Prometheus series (docs/design.md section 9):
 // jobs by state, queue wait, attempt failures and restarts by reason, the progress step of
 // running jobs, workers by state, each worker's heartbeat age, phase and reported step
 // time, and coordinator-mode plan solve times. The coordinator feeds it snapshots

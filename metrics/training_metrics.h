@@ -1,6 +1,6 @@
 // TrainingMetrics: the worker's Prometheus series of one job on one rank, as a
-// runtime::TrainObserver the worker attaches to its Trainer on every rank (DESIGN.md
-// section 7). Per step it records the training figures (step time, tokens, loss,
+// runtime::TrainObserver the worker attaches to its Trainer on every rank (docs/design.md
+// section 9). Per step it records the training figures (step time, tokens, loss,
 // validation loss, gradient norm, learning rate, model FLOP/s and MFU) and the balancing
 // figures (imbalance before/after and replicas per MoE layer, seconds spent planning,
 // fanning out, in token all-to-alls and reducing replica gradients, bytes moved).

@@ -1,5 +1,5 @@
 // Relay fan-out planning: how replica weights travel from masters to replicas, and the
-// cost model that gives a schedule's completion time (DESIGN.md section 4).
+// cost model that gives a schedule's completion time (docs/design.md section 3.9).
 #ifndef RACKRUN_PLANNER_FANOUT_H_
 #define RACKRUN_PLANNER_FANOUT_H_
 

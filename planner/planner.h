@@ -18,7 +18,7 @@ namespace rackrun::planner {
 // How the proportional part of a per-source split is rounded to whole tokens (both keep
 // every (src, e) row and every instance's column exact; see QuotaSplit).
 enum class SplitRounding {
-  kLargestRemainder,  // DESIGN.md: leftover tokens to the largest remainders
+  kLargestRemainder,  // docs/design.md 3.6: leftover tokens to the largest remainders
   kCumulative,        // floor of cumulative shares: no selection, about half the work
 };
 
@@ -31,7 +31,7 @@ struct PlannerOptions {
   SplitRounding split_rounding = SplitRounding::kLargestRemainder;
   bool allow_zero_master_quota = false;
   // Spend the slots the threshold search left free with greedy moves, and keep the better
-  // of that and the greedy policy's plan (QuotaPlanner's header). Off: DESIGN.md's search only.
+  // of that and the greedy policy's plan (QuotaPlanner's header). Off: the search alone (3.2).
   bool refine = true;
   // eplb
   int eplb_window = 100;   // W: moving-average window, in microbatches

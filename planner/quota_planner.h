@@ -1,4 +1,4 @@
-// The `ultraep` policy: UltraEP's quota-driven exact-load planner (DESIGN.md section 4),
+// The `ultraep` policy: UltraEP's quota-driven exact-load planner (docs/design.md section 3),
 // and the locality-first proportional token split every policy of this library uses.
 #ifndef RACKRUN_PLANNER_QUOTA_PLANNER_H_
 #define RACKRUN_PLANNER_QUOTA_PLANNER_H_
@@ -150,7 +150,7 @@ class GreedyRebalancer {
 //    min(min_replica_tokens, max(1, ceil(need / feasible targets))) are skipped (the floor
 //    is lowered per expert so feasibility stays monotone in T);
 //  - masters keep at least one token of a non-zero load unless allow_zero_master_quota;
-//  - refinement (beyond DESIGN.md, PlannerOptions::refine, on by default), when the homes
+//  - refinement (docs/design.md 3.4, PlannerOptions::refine, on by default), when the homes
 //    exceed the first threshold tried, T0 = max(ceil(mean * (1 + eps)), ceil(mean)): three
 //    candidates (a) the searched replicas plus GreedyRebalancer moves with level T0 (the
 //    slots the search left free, each new replica filling its rank up to T0); (b)

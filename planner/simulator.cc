@@ -30,7 +30,7 @@ namespace {
 //    reports ~153 of 160 GB/s on H800 NVLink within 8 GPUs; 72-way traffic does worse).
 //  - 10 us per all-to-all phase and 3 us per fan-out message: assumptions of the order of
 //    DeepEP's low-latency kernels' fixed cost.
-//  - 256 KiB fan-out chunks: DESIGN.md section 4.
+//  - 256 KiB fan-out chunks: docs/design.md section 3.9.
 HardwareModel H200Nvl72() {
   HardwareModel hw;
   hw.name = "h200-nvl72";

@@ -177,7 +177,7 @@ absl::StatusOr<TraceReader> TraceReader::Open(const std::string& path, size_t ma
   if (::fstat(fd, &st) == 0 && S_ISDIR(st.st_mode)) {
     ::close(fd);
     return absl::InvalidArgumentError(absl::StrCat(
-        path, ": is a directory; --trace takes a JSON Lines trace file (DESIGN.md section 8)"));
+        path, ": is a directory; --trace takes a JSON Lines trace file (docs/design.md 8.3)"));
   }
   return TraceReader(path, fd, max_line_bytes);
 }

@@ -1,5 +1,5 @@
 // Load traces: the exact post-gating loads of a run, one (microbatch, layer) at a time, in
-// the JSON Lines format of DESIGN.md section 8:
+// the JSON Lines format of docs/design.md section 8.3:
 //
 //   {"microbatch": 0, "layer": 3, "ranks": 64, "experts": 256, "loads": [[...], ...]}
 //

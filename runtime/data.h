@@ -1,6 +1,6 @@
 // Training data: token files, the byte-level tokenizer, and the deterministic loader.
 //
-// Token file format (DESIGN.md section 8), all integers little-endian:
+// Token file format (docs/design.md section 8.4), all integers little-endian:
 //   offset  0  char[8]  magic "RKRTOKNS"
 //   offset  8  uint32   version (1)
 //   offset 12  uint32   dtype: bytes per token id, 2 (uint16) or 4 (uint32)

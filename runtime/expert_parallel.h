@@ -1,4 +1,4 @@
-// Expert parallelism with per-microbatch UltraEP rebalancing (DESIGN.md sections 4 and 5).
+// Expert parallelism with per-microbatch UltraEP rebalancing (docs/design.md section 4).
 //
 // R ranks each hold E/R master experts of every MoE layer (the model is built with
 // ModelConfig::expert_rank/expert_ranks) plus replica slots. For every microbatch and

@@ -1,5 +1,5 @@
-// Where the rebalancing plan of every (microbatch, MoE layer) comes from (DESIGN.md
-// section 5). Two sources, one seam:
+// Where the rebalancing plan of every (microbatch, MoE layer) comes from (docs/design.md
+// section 4.3). Two sources, one seam:
 // - InBandPlanSource: every rank allgathers the exact loads over the job's data channel
 //   and solves the same plan with the job's policy (the planner is deterministic, so every
 //   rank gets the bit-identical plan).

@@ -1,4 +1,4 @@
-// The worker daemon (DESIGN.md section 1): one per device. Registers with its rack's
+// The worker daemon (docs/design.md section 7.10): one per device. Registers with its rack's
 // coordinator, keeps the assignment stream open, heartbeats what it is doing (job, step,
 // phase, collectives entered/completed, step time), runs assigned attempts one at a time
 // (JobRunner) and stays up for the next one; a failed job, a dead peer or a restarted

@@ -1,5 +1,5 @@
 // hc (dynamic Hyper-Connections) and mhc (Manifold-Constrained Hyper-Connections),
-// DESIGN.md section 3 items 2 and 3. Both update every stream, so each sublayer saves its
+// docs/design.md sections 5.2 and 5.3. Both update every stream, so each sublayer saves its
 // full input state (N x C per token) and the body output for the backward.
 //
 // Choices where the design leaves detail open:
@@ -74,7 +74,7 @@ class DenseStreamsImpl : public ResidualStreams<T>::Impl {
                          static_cast<size_t>(this->threads));
   }
 
-  // The paper's unfused rows (DESIGN.md mhc table) next to what the fused kernels touch.
+  // The paper's unfused rows (docs/design.md section 5.8) next to what the fused kernels touch.
   void CountRead() {
     const double nc = static_cast<double>(this->nstreams) * this->width;
     const double c = this->width;

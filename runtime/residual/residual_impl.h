@@ -19,7 +19,7 @@ struct ResidualStreams<T>::Impl {
   virtual ~Impl() = default;
 
   // ---- per-mode hooks (all shapes validated by the caller) ----
-  // Declares parameters with AddParam, then sets their values (DESIGN.md initialisation).
+  // Declares parameters with AddParam, then sets their values (docs/design.md section 5.6).
   virtual void DeclareParameters() = 0;
   virtual void InitParameters(uint64_t seed) = 0;
   // Grows workspaces to `capacity` tokens; called only when it grows (or save turns on).

@@ -1,4 +1,4 @@
-// ResidualStreams: the widened residual stream of a transformer (DESIGN.md section 3).
+// ResidualStreams: the widened residual stream of a transformer (docs/design.md section 5).
 //
 // One component implements every residual mode: vanilla, hc (Hyper-Connections), mhc
 // (Manifold-Constrained HC), xhc (Expanded HC: router + dense read + active-set Sinkhorn
@@ -106,7 +106,7 @@ struct ResidualConfig {
 //         group); w_pre N x (N*C); a_pre, b_pre N; w_res k*k x (k*C) and a_res, b_res k x k
 //         (only in sublayers that mix: all for xhc, a group's last for flash); w_post
 //         (k*K_r) x (k*C), a_post, b_post k x K_r; MLP sublayers conv0.. (width_j x C).
-// Router weights start ~ N(0, 0.02) (seeded); everything else as DESIGN.md section 3 says.
+// Router weights start ~ N(0, 0.02) (seeded); everything else as docs/design.md section 5.6 says.
 template <typename T>
 struct ParamRef {
   std::string name;
@@ -118,8 +118,8 @@ struct ParamRef {
 // Memory traffic of the forward kernels, in elements (multiply by sizeof(T) for bytes),
 // summed over tokens since ResetTraffic(). Expand/Collapse are not counted (they are not
 // per-sublayer work). Two accountings of the same calls:
-//  - paper: the xHC paper's row-by-row accounting, each step an unfused pass (DESIGN.md
-//    section 3 tables); for flash modes the same style applied to our schedule;
+//  - paper: the xHC paper's row-by-row accounting, each step an unfused pass (docs/design.md
+//    section 5.8); for flash modes the same style applied to our schedule;
 //  - fused: what our kernels actually move to or from memory: an array is counted once
 //    per kernel call even when a per-token block is revisited from cache, and the
 //    rows saved for the backward are counted as their own step.
@@ -153,8 +153,8 @@ struct SublayerMaps {
 template <typename T>
 class ResidualStreams {
  public:
-  // Validates `config` and initialises the mapping parameters exactly as DESIGN.md
-  // section 3 says (random draws only for xhc routers, from `seed`).
+  // Validates `config` and initialises the mapping parameters exactly as docs/design.md
+  // section 5.6 says (random draws only for xhc routers, from `seed`).
   static absl::StatusOr<ResidualStreams> Create(const ResidualConfig& config, uint64_t seed);
 
   ResidualStreams(ResidualStreams&&) noexcept;

@@ -627,7 +627,7 @@ TEST(ResidualStreamsTest, ParallelSizedBatchMatchesSerialBatchesAndIsDeterminist
 }
 
 // ---------------------------------------------------------------------------------------
-// Memory-traffic accounting (DESIGN.md section 3 tables).
+// Memory-traffic accounting (docs/design.md section 5.8).
 
 double PaperTraffic(ResidualConfig config, double* fused) {
   const int T = 8;

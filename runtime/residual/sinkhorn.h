@@ -1,5 +1,5 @@
 // SinkhornProjection: the entropic projection onto (approximately) doubly stochastic
-// matrices used by mhc and xhc mixing (DESIGN.md section 3), with an unrolled backward.
+// matrices used by mhc and xhc mixing (docs/design.md section 5.3), with an unrolled backward.
 //
 // Forward: M0 = exp(Z - rowmax(Z)); then `iters` times: divide every column by
 // (column sum + eps), then every row by (row sum + eps). The output ends with a row

@@ -1,4 +1,4 @@
-// xhc, xhc_flash and xhc_flash4 (DESIGN.md section 3, items 4-6) as one schedule with a
+// xhc, xhc_flash and xhc_flash4 (docs/design.md sections 5.4, 5.5) as one schedule with a
 // group size g: g = 1 is xhc (every sublayer routes, reads densely and mixes), g = 2 and
 // g = 4 are the flash schedules (routing and pre-mappings from the group-entry state,
 // mixing only in the group's last sublayer).

@@ -11,7 +11,7 @@
 //     SolveInto into a reused Plan on one pinned thread; p50 / p99 of the N solves, and
 //     p50 per rank so linear growth shows as a flat column, and a digest of the plans of the
 //     first M solves (one per microbatch).
-// `ultraep-search` is ultraep with PlannerOptions::refine off: DESIGN.md's threshold search
+// `ultraep-search` is ultraep with PlannerOptions::refine off: the docs/design.md 3.2 search
 // alone, as ultraep was before its refinement pass.
 //
 //   bench_planner_bench [--json] [--solves N] [--microbatches M] [--tail-microbatches T]
@@ -166,7 +166,7 @@ std::string Generate(const GeneratorOptions& gen, int count, std::vector<LoadMat
   return "";
 }
 
-// "ultraep-search" is ultraep without its refinement pass (DESIGN.md's search alone), the
+// "ultraep-search" is ultraep without its refinement pass (docs/design.md 3.2's search alone), the
 // algorithm before the refinement, kept for the comparison.
 absl::StatusOr<std::unique_ptr<rackrun::planner::Planner>> Make(
     const std::string& policy, const Domain& domain, rackrun::planner::PlannerOptions options) {

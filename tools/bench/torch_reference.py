@@ -2,7 +2,7 @@
 """PyTorch reference of the rackrun demo model, for the training-step throughput comparison.
 
 The same model as runtime/model.h: byte embedding -> L blocks of [attention sublayer, MoE
-sublayer] wrapped by the residual streams (vanilla or xhc, DESIGN.md section 3) -> sum of
+sublayer] wrapped by the residual streams (vanilla or xhc, docs/design.md section 5) -> sum of
 the streams -> final RMSNorm -> LM head -> next-token cross-entropy. Attention: pre-norm
 RMSNorm, fused QKV, rotary embedding, causal softmax. MoE: pre-norm RMSNorm, softmax
 router, top-k with renormalised gates, SwiGLU experts run on their gathered tokens.
@@ -102,7 +102,7 @@ def sinkhorn(z, iters=20, eps=1e-6):
 
 
 class Xhc(torch.nn.Module):
-    """One sublayer's xhc mappings (DESIGN.md section 3, mode 4)."""
+    """One sublayer's xhc mappings (docs/design.md section 5.4)."""
 
     def __init__(self, c, n, k, m, mlp, convs=(4, 8, 12)):
         super().__init__()

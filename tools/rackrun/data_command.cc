@@ -21,7 +21,7 @@ constexpr std::string_view kUsage =
     R"(usage: rackrun data --input PATH [--input PATH]... --output DIR [options]
 
 Tokenizes text into DIR/train.tokens and DIR/val.tokens (format: runtime/data.h,
-DESIGN.md section 8). Every input file is one or more documents: a line holding a single
+docs/design.md section 8.4). Every input file is one or more documents: a line holding a single
 form feed (\f) separates documents inside a file. A folder input means every regular
 file in it, in name order.
 

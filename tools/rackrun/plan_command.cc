@@ -58,7 +58,7 @@ solve time (p50/p99, microseconds on this CPU). Every plan is checked with the i
 checker; a violation fails the run.
 
 input (one of):
-  --trace FILE            JSON Lines trace (DESIGN.md section 8), replayed in file order
+  --trace FILE            JSON Lines trace (docs/design.md section 8.3), replayed in file order
   --generate              generate loads in memory (options below)
 
 generator options (only with --generate):
