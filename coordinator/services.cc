@@ -23,7 +23,7 @@ grpc::Status ToGrpc(const absl::Status& s) {
 }
 
 absl::Status CheckSubmittedSpec(const rackrun::v1::JobSpec& spec) {
-  if (absl::Status s = runtime::ValidateJobSpec(spec); !s.ok()) return s;
+  if (absl::Status s = jobspec::ValidateJobSpec(spec); !s.ok()) return s;
   if (absl::StatusOr<RestartPolicy> p = RestartPolicyOf(spec); !p.ok()) return p.status();
   if (!absl::StartsWith(spec.data().train(), "/")) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -71,7 +71,7 @@ grpc::Status JobServiceImpl::Submit(grpc::ServerContext* ctx, const rackrun::v1:
   }
   if (!req->has_spec()) return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "spec: required");
   rackrun::v1::JobSpec spec = req->spec();
-  runtime::ApplySpecDefaults(spec);
+  jobspec::ApplySpecDefaults(spec);
   if (absl::Status s = CheckSubmittedSpec(spec); !s.ok()) return ToGrpc(s);
   absl::StatusOr<JobStore::InsertResult> r = rack_->jobs().Submit(spec, req->request_id());
   if (!r.ok()) return ToGrpc(r.status());

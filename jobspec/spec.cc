@@ -22,7 +22,7 @@
 #include "yaml-cpp/depthguard.h"
 #include "yaml-cpp/yaml.h"
 
-namespace rackrun::runtime {
+namespace rackrun::jobspec {
 namespace {
 
 using google::protobuf::FieldDescriptor;
@@ -935,11 +935,11 @@ std::string JobSpecToJson(const JobSpec& spec) {
   return json;
 }
 
-}  // namespace rackrun::runtime
+}  // namespace rackrun::jobspec
 
 // ---------------------------------------------------------------- memory accounting
 
-namespace rackrun::runtime {
+namespace rackrun::jobspec {
 namespace {
 
 constexpr int64_t kFloat = 4;  // the trainer's parameters, gradients and activations
@@ -1277,4 +1277,4 @@ absl::Status CheckJobMemory(const JobMemoryEstimate& estimate, int ranks_here,
       "."));
 }
 
-}  // namespace rackrun::runtime
+}  // namespace rackrun::jobspec

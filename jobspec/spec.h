@@ -34,7 +34,7 @@
 #include "absl/status/statusor.h"
 #include "rackrun/v1/job_spec.pb.h"
 
-namespace rackrun::runtime {
+namespace rackrun::jobspec {
 
 // Parses `text` (YAML or JSON) onto a JobSpec, applying `overrides` ("a.b=c", later ones
 // win) first. Fills defaults (ApplySpecDefaults) and validates (ValidateJobSpec).
@@ -147,6 +147,6 @@ absl::Status CheckJobMemory(const JobMemoryEstimate& estimate, int ranks_here,
 // "1.5 GiB", "12.0 MiB", "640 B".
 std::string FormatBytes(int64_t bytes);
 
-}  // namespace rackrun::runtime
+}  // namespace rackrun::jobspec
 
 #endif  // RACKRUN_JOBSPEC_SPEC_H_

@@ -8,7 +8,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
-namespace rackrun::runtime {
+namespace rackrun::jobspec {
 namespace {
 
 using ::testing::HasSubstr;
@@ -412,4 +412,4 @@ TEST(JobMemoryTest, ImpossibleSizesAreRefusedEverywhere) {
 }
 
 }  // namespace
-}  // namespace rackrun::runtime
+}  // namespace rackrun::jobspec

@@ -56,8 +56,8 @@ ModelConfig ModelConfigFromSpec(const rackrun::v1::JobSpec& spec);
 //   InvalidArgument naming resources.threads (oversubscribed OpenMP teams run many
 //   times slower than the cores allow).
 // Returns the estimate when the job fits.
-absl::StatusOr<JobMemoryEstimate> CheckJobFitsThisMachine(const rackrun::v1::JobSpec& spec,
-                                                          int ranks, int ranks_here, int threads);
+absl::StatusOr<jobspec::JobMemoryEstimate> CheckJobFitsThisMachine(const rackrun::v1::JobSpec& spec,
+                                                                   int ranks, int ranks_here, int threads);
 
 // Cores this process may run on (its CPU affinity), at least 1.
 int UsableCores();

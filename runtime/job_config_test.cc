@@ -24,6 +24,12 @@
 namespace rackrun::runtime {
 namespace {
 
+using jobspec::EstimateJobMemory;
+using jobspec::FormatBytes;
+using jobspec::JobMemoryEstimate;
+using jobspec::JobMemoryInputs;
+using jobspec::ParseJobSpec;
+
 // Width 128, 4 blocks of xhc (16 streams, 4 active), 16 experts top-2; every case below
 // overrides what it measures.
 constexpr char kYaml[] =

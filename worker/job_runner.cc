@@ -296,7 +296,7 @@ AttemptResult JobRunner::RunAttempt() try {
   if (absl::Status s = CheckPaths(); !s.ok()) return fail(s, "starting");
   // What this machine cannot hold or run fails the attempt before anything is allocated
   // (before the rendezvous, like unreadable paths: the peers are not left waiting).
-  if (absl::StatusOr<runtime::JobMemoryEstimate> fits = runtime::CheckJobFitsThisMachine(
+  if (absl::StatusOr<jobspec::JobMemoryEstimate> fits = runtime::CheckJobFitsThisMachine(
           assignment_.spec(), std::max(1, assignment_.ranks()),
           /*ranks_here=*/std::max(1, assignment_.ranks_on_host()),
           options_.threads >= 0 ? options_.threads : assignment_.spec().resources().threads());
