@@ -8,6 +8,7 @@
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
+#include "jobspec/job_memory.h"
 #include "jobspec/spec.h"
 
 namespace rackrun::runtime {

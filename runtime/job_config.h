@@ -11,6 +11,7 @@
 #include "rackrun/v1/job_spec.pb.h"
 #include "runtime/model.h"
 #include "runtime/optimizer.h"
+#include "jobspec/job_memory.h"
 #include "jobspec/spec.h"
 
 namespace rackrun::runtime {
@@ -48,7 +49,7 @@ ModelConfig ModelConfigFromSpec(const rackrun::v1::JobSpec& spec);
 
 // Whether the job fits the machine this process runs on, asked where a job starts
 // (`rackrun train`, the worker) before anything is allocated:
-// - memory: EstimateJobMemory (jobspec/spec.h) for one of `ranks` expert-parallel ranks,
+// - memory: EstimateJobMemory (jobspec/job_memory.h) for one of `ranks` expert-parallel ranks,
 //   with model.vocab 0 and the token counts taken from the token files' headers, times
 //   `ranks_here` ranks on this machine, against ReadMachineMemory(); ResourceExhausted
 //   naming the fields of the largest term, with the estimate and the machine's memory;

@@ -1,5 +1,5 @@
 // The settings the runtime takes from a spec (job_config.h), and the memory estimate
-// (jobspec/spec.h: EstimateJobMemory) against what the runtime really allocates: the
+// (jobspec/job_memory.h: EstimateJobMemory) against what the runtime really allocates: the
 // model's parameter count, and the resident memory that building the model, AdamW's state
 // and one microbatch's forward + backward take. Here, not beside the estimate, because it
 // builds models (the jobspec module does not link the runtime).
@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/strings/str_join.h"
+#include "jobspec/job_memory.h"
 #include "jobspec/spec.h"
 #include "runtime/job_config.h"
 #include "runtime/model.h"
@@ -27,7 +28,6 @@ namespace {
 using jobspec::EstimateJobMemory;
 using jobspec::FormatBytes;
 using jobspec::JobMemoryEstimate;
-using jobspec::JobMemoryInputs;
 using jobspec::ParseJobSpec;
 
 // Width 128, 4 blocks of xhc (16 streams, 4 active), 16 experts top-2; every case below
@@ -37,15 +37,6 @@ constexpr char kYaml[] =
     "        active: 4, moe: {experts: 16, top_k: 2}}\n"
     "data: {train: train.tokens, validation: val.tokens, batch_size: 4}\n"
     "training: {steps: 300, lr: 0.003, seed: 7}\n";
-
-JobMemoryEstimate EstimateOf(const rackrun::v1::JobSpec& spec, int ranks = 1, int threads = 1) {
-  JobMemoryInputs in;
-  in.ranks = ranks;
-  in.threads = threads;
-  absl::StatusOr<JobMemoryEstimate> e = EstimateJobMemory(spec, in);
-  EXPECT_TRUE(e.ok()) << e.status();
-  return e.ok() ? *e : JobMemoryEstimate{};
-}
 
 TEST(JobConfigTest, TrainConfigFromTheDefaultedSpec) {
   absl::StatusOr<rackrun::v1::JobSpec> spec = ParseJobSpec(kYaml, {});
@@ -85,7 +76,9 @@ TEST(JobMemoryTest, ParameterCountMatchesTheModel) {
     mc.expert_ranks = c.ranks;
     absl::StatusOr<std::unique_ptr<Model<float>>> model = Model<float>::Create(mc, 1);
     ASSERT_TRUE(model.ok()) << model.status();
-    EXPECT_EQ(EstimateOf(*spec, c.ranks).parameter_count, (*model)->ParameterCount())
+    absl::StatusOr<JobMemoryEstimate> e = EstimateJobMemory(*spec, {.ranks = c.ranks});
+    ASSERT_TRUE(e.ok()) << e.status();
+    EXPECT_EQ(e->parameter_count, (*model)->ParameterCount())
         << absl::StrJoin(c.overrides, " ") << " ranks " << c.ranks;
   }
 }
@@ -122,7 +115,9 @@ TEST(JobMemoryTest, EstimateIsCloseToMeasuredResidentMemory) {
     malloc_trim(0);
     absl::StatusOr<rackrun::v1::JobSpec> spec = ParseJobSpec(kYaml, overrides);
     ASSERT_TRUE(spec.ok()) << spec.status();
-    const JobMemoryEstimate e = EstimateOf(*spec, 1, 1);
+    absl::StatusOr<JobMemoryEstimate> estimate = EstimateJobMemory(*spec, {.ranks = 1, .threads = 1});
+    ASSERT_TRUE(estimate.ok()) << estimate.status();
+    const JobMemoryEstimate& e = *estimate;
     const int64_t expected = e.parameters + e.gradients + e.optimizer + e.activations;
     const int64_t before = ResidentBytes();
     {

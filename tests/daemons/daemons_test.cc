@@ -24,6 +24,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "jobspec/job_memory.h"
 #include "jobspec/spec.h"
 #include "tests/support/mpi_env.h"
 #include "tests/support/process.h"

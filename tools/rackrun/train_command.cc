@@ -19,6 +19,7 @@
 #include "comm/data_channel.h"
 #include "comm/mpi_channel.h"
 #include "runtime/job_config.h"
+#include "jobspec/job_memory.h"
 #include "jobspec/spec.h"
 #include "runtime/step_log.h"
 #include "runtime/trainer.h"
