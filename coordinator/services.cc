@@ -5,6 +5,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "jobspec/restart_policy.h"
 #include "jobspec/spec.h"
 
 namespace rackrun::coordinator {
@@ -24,7 +25,9 @@ grpc::Status ToGrpc(const absl::Status& s) {
 
 absl::Status CheckSubmittedSpec(const rackrun::v1::JobSpec& spec) {
   if (absl::Status s = jobspec::ValidateJobSpec(spec); !s.ok()) return s;
-  if (absl::StatusOr<RestartPolicy> p = RestartPolicyOf(spec); !p.ok()) return p.status();
+  if (absl::StatusOr<jobspec::RestartPolicy> p = jobspec::RestartPolicyOf(spec); !p.ok()) {
+    return p.status();
+  }
   if (!absl::StartsWith(spec.data().train(), "/")) {
     return absl::InvalidArgumentError(absl::StrCat(
         "data.train: '", spec.data().train(),

@@ -45,14 +45,17 @@ absl::StatusOr<rackrun::v1::JobSpec> LoadJobSpec(const std::string& path,
                                                  const std::vector<std::string>& overrides);
 
 // Replaces "use the default" zeros with the documented defaults, so the spec printed and
-// stored in checkpoints is explicit.
+// stored in checkpoints is explicit (spec.restart's: restart_policy.h).
 void ApplySpecDefaults(rackrun::v1::JobSpec& spec);
 
 // Checks required fields, ranges, choices and shape constraints of a defaulted spec
 // (C divisible by heads, top_k <= experts, active <= streams, ...) and refuses sizes no
 // machine holds (an estimate above kMaxJobBytes per rank, or size products that overflow).
 // A missing size (0) is "required"; a negative one says it is negative. model.vocab may
-// still be 0 (filled in from the token file).
+// still be 0 (filled in from the token file). The first problem found is returned; the
+// sections are checked in the order of JobSpec's fields (validation.cc: one validator per
+// section, ValidateModel ... ValidateResources, restart_policy.h: ValidateRestart), then
+// the experts' split over resources.ranks and the job's size (job_memory.h).
 absl::Status ValidateJobSpec(const rackrun::v1::JobSpec& spec);
 
 // Rewrites every relative path of the spec (data.train, data.validation, checkpoint.dir,
