@@ -23,7 +23,7 @@
 #include "metrics/training_metrics.h"
 #include "rackrun/v1/rack_control.pb.h"
 #include "runtime/trainer.h"
-#include "rpc/connection.h"
+#include "worker/connection.h"
 
 namespace rackrun::worker {
 
