@@ -16,7 +16,7 @@
 // Memory: ValidateJobSpec refuses sizes whose products overflow or whose estimate
 // (jobspec/job_memory.h) exceeds kMaxJobBytes on any machine.
 //
-// Its own CMake target (rackrun_spec: protobuf, yaml-cpp, base; no model, BLAS or
+// Its own CMake target (rackrun_jobspec: protobuf, yaml-cpp, base; no model, BLAS or
 // OpenMP), so the coordinator and the CLI validate specs before they travel. The settings
 // the model and the trainer are built from live in runtime/job_config.h.
 #ifndef RACKRUN_JOBSPEC_SPEC_H_
