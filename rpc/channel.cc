@@ -3,6 +3,8 @@
 #include <grpcpp/create_channel.h>
 #include <grpcpp/support/channel_arguments.h>
 
+#include <utility>
+
 namespace rackrun::rpc {
 
 std::shared_ptr<grpc::Channel> CoordinatorChannel(
@@ -18,6 +20,18 @@ std::shared_ptr<grpc::Channel> CoordinatorChannel(
   if (!options.tls_server_name.empty()) args.SetSslTargetNameOverride(options.tls_server_name);
   if (options.connection_id != 0) args.SetInt("rackrun.connection_id", options.connection_id);
   return grpc::CreateCustomChannel(address, credentials, args);
+}
+
+absl::StatusOr<CoordinatorClientChannel> OpenCoordinatorChannel(
+    const std::string& address, const std::string& token_file, const TlsFiles& tls,
+    const CoordinatorChannelOptions& options) {
+  absl::StatusOr<ClusterToken> token = LoadClusterToken(token_file);
+  if (!token.ok()) return token.status();
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
+      CoordinatorCredentials(tls);
+  if (!credentials.ok()) return credentials.status();
+  return CoordinatorClientChannel{*std::move(token),
+                                  CoordinatorChannel(address, *credentials, options)};
 }
 
 }  // namespace rackrun::rpc

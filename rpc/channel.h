@@ -27,6 +27,9 @@
 #include <grpcpp/channel.h>
 #include <grpcpp/security/credentials.h>
 
+#include "absl/status/statusor.h"
+#include "rpc/credentials.h"
+
 namespace rackrun::rpc {
 
 struct CoordinatorChannelOptions {
@@ -43,6 +46,17 @@ struct CoordinatorChannelOptions {
 // (rpc/credentials.h: CoordinatorCredentials) and the arguments above.
 std::shared_ptr<grpc::Channel> CoordinatorChannel(
     const std::string& address, const std::shared_ptr<grpc::ChannelCredentials>& credentials,
+    const CoordinatorChannelOptions& options = {});
+
+// What a client calls the coordinator with: the cluster token to send and the channel.
+struct CoordinatorClientChannel {
+  ClusterToken token;
+  std::shared_ptr<grpc::Channel> channel;
+};
+// LoadClusterToken(token_file), CoordinatorCredentials(tls), then CoordinatorChannel: the
+// worker's and the CLI's set-up. Their errors, the token's first.
+absl::StatusOr<CoordinatorClientChannel> OpenCoordinatorChannel(
+    const std::string& address, const std::string& token_file, const TlsFiles& tls,
     const CoordinatorChannelOptions& options = {});
 
 }  // namespace rackrun::rpc

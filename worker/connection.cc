@@ -1,7 +1,6 @@
 #include "worker/connection.h"
 
 #include "rpc/channel.h"
-#include "rpc/credentials.h"
 
 namespace rackrun::worker {
 
@@ -13,14 +12,12 @@ absl::StatusOr<std::unique_ptr<Connection>> Connection::Create(const ConnectionO
   std::unique_ptr<Connection> c(new Connection());
   c->address_ = options.coordinator;
   c->call_timeout_ = options.call_timeout;
-  absl::StatusOr<rpc::ClusterToken> token = rpc::LoadClusterToken(options.token_file);
-  if (!token.ok()) return token.status();
-  c->token_ = token->token;
-  c->token_source_ = token->source;
-  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
-      rpc::CoordinatorCredentials({options.tls_ca, options.tls_cert, options.tls_key});
-  if (!credentials.ok()) return credentials.status();
-  c->channel_ = rpc::CoordinatorChannel(c->address_, *credentials);
+  absl::StatusOr<rpc::CoordinatorClientChannel> open = rpc::OpenCoordinatorChannel(
+      c->address_, options.token_file, {options.tls_ca, options.tls_cert, options.tls_key});
+  if (!open.ok()) return open.status();
+  c->token_ = open->token.token;
+  c->token_source_ = open->token.source;
+  c->channel_ = open->channel;
   c->stub_ = rackrun::v1::RackControl::NewStub(c->channel_);
   return c;
 }

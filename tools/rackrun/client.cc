@@ -5,7 +5,6 @@
 #include <thread>
 
 #include <grpc/support/log.h>
-#include <grpcpp/security/credentials.h>
 
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
@@ -14,7 +13,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "rpc/channel.h"
-#include "rpc/credentials.h"
 
 namespace rackrun::cli {
 namespace {
@@ -116,17 +114,15 @@ absl::StatusOr<std::unique_ptr<CoordinatorClient>> CoordinatorClient::Create(
         from, ": '", c->address_, "' is not a coordinator address; give HOST:PORT, e.g. ",
         kDefaultCoordinator));
   }
-  absl::StatusOr<rpc::ClusterToken> token = rpc::LoadClusterToken();
-  if (!token.ok()) return token.status();
-  c->token_ = token->token;
-  c->token_source_ = token->source;
-  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> creds =
-      rpc::CoordinatorCredentials({flags.tls_ca, flags.tls_cert, flags.tls_key});
-  if (!creds.ok()) return creds.status();
   c->tls_ = !flags.tls_ca.empty() || !flags.tls_cert.empty();
   rpc::CoordinatorChannelOptions options;
   if (c->tls_) options.tls_server_name = flags.tls_server_name;
-  c->channel_ = rpc::CoordinatorChannel(c->address_, *creds, options);
+  absl::StatusOr<rpc::CoordinatorClientChannel> open = rpc::OpenCoordinatorChannel(
+      c->address_, /*token_file=*/"", {flags.tls_ca, flags.tls_cert, flags.tls_key}, options);
+  if (!open.ok()) return open.status();
+  c->token_ = open->token.token;
+  c->token_source_ = open->token.source;
+  c->channel_ = open->channel;
   c->stub_ = rackrun::v1::JobService::NewStub(c->channel_);
   return c;
 }
