@@ -150,11 +150,7 @@ absl::Status ValidateData(const rackrun::v1::DataSpec& d) {
   if (d.train().empty()) {
     return FieldError("data.train", "required; point it at a token file made by `rackrun data`");
   }
-  if (absl::Status s = AtLeast("data.batch_size", d.batch_size(), 1, "0 = the default 8");
-      !s.ok()) {
-    return s;
-  }
-  return absl::OkStatus();
+  return AtLeast("data.batch_size", d.batch_size(), 1, "0 = the default 8");
 }
 
 // training: steps, microbatches, the learning-rate schedule, AdamW, clipping, evaluation.
