@@ -1,12 +1,12 @@
 #include "coordinator/jobs.h"
 
 #include <algorithm>
-#include <cmath>
 #include <utility>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "jobspec/restart_policy.h"
 
 namespace rackrun::coordinator {
 
@@ -23,60 +23,14 @@ bool IsTerminal(JobState s) {
   return s == rackrun::v1::SUCCEEDED || s == rackrun::v1::FAILED || s == rackrun::v1::CANCELLED;
 }
 
-std::string FailureKindName(FailureKind kind) {
-  switch (kind) {
-    case rackrun::v1::WORKER_LOST: return "worker_lost";
-    case rackrun::v1::HANG: return "hang";
-    case rackrun::v1::ERROR: return "error";
-    case rackrun::v1::WORKER_CANCELLED: return "worker_cancelled";
-    default: return "unspecified";
-  }
-}
-
 std::string DescribeFailure(const Failure& f) {
   std::string who = f.rank() >= 0 ? absl::StrCat("rank ", f.rank()) : std::string("no single rank");
   if (!f.worker_id().empty()) {
     absl::StrAppend(&who, " (worker ", f.worker_id(), " on ", f.host(), ", pid ", f.pid(), ")");
   }
-  return absl::StrCat(FailureKindName(f.kind()), ": ", who, " in phase ",
+  return absl::StrCat(jobspec::FailureKindName(f.kind()), ": ", who, " in phase ",
                       f.phase().empty() ? "?" : f.phase(), " at step ", f.step(),
                       f.message().empty() ? "" : ": ", f.message());
-}
-
-int64_t RestartPolicy::BackoffMs(int next_attempt) const {
-  const double s = backoff_s * std::pow(2.0, std::max(0, next_attempt - 2));
-  return static_cast<int64_t>(std::min(s, 3600.0) * 1000.0);
-}
-
-absl::StatusOr<RestartPolicy> RestartPolicyOf(const JobSpec& spec) {
-  RestartPolicy p;
-  const rackrun::v1::RestartSpec& r = spec.restart();
-  if (r.max_attempts() < 0) {
-    return absl::InvalidArgumentError("restart.max_attempts: must be >= 0 (0 means 1)");
-  }
-  p.max_attempts = std::max(1, r.max_attempts());
-  if (r.backoff_s() < 0) return absl::InvalidArgumentError("restart.backoff_s: must be >= 0");
-  if (r.backoff_s() > 0) p.backoff_s = r.backoff_s();
-  if (r.on().empty()) {
-    p.on = {rackrun::v1::WORKER_LOST, rackrun::v1::HANG, rackrun::v1::WORKER_CANCELLED};
-  }
-  for (int i = 0; i < r.on_size(); ++i) {
-    const std::string& k = r.on(i);
-    if (k == "worker_lost") {
-      p.on.insert(rackrun::v1::WORKER_LOST);
-    } else if (k == "hang") {
-      p.on.insert(rackrun::v1::HANG);
-    } else if (k == "error") {
-      p.on.insert(rackrun::v1::ERROR);
-    } else if (k == "worker_cancelled") {
-      p.on.insert(rackrun::v1::WORKER_CANCELLED);
-    } else {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "restart.on[", i, "]: unknown failure kind '", k,
-          "'; use worker_lost, hang, error or worker_cancelled"));
-    }
-  }
-  return p;
 }
 
 Jobs::Jobs(JobStore* store, Clock clock, Options options)
@@ -308,8 +262,8 @@ absl::StatusOr<Jobs::Ended> Jobs::FailLocked(Entry& e, int attempt, Failure fail
   fe.set_attempt(attempt);
   *fe.mutable_failure() = failure;
   events.push_back(fe);
-  absl::StatusOr<RestartPolicy> policy = RestartPolicyOf(next.spec());
-  const RestartPolicy p = policy.ok() ? *policy : RestartPolicy{};
+  absl::StatusOr<jobspec::RestartPolicy> policy = jobspec::RestartPolicyOf(next.spec());
+  const jobspec::RestartPolicy p = policy.ok() ? *policy : jobspec::RestartPolicy{};
   const std::string what = absl::StrCat("attempt ", attempt, " failed: ", DescribeFailure(failure));
   if (attempt < p.max_attempts && p.Restarts(failure.kind())) {
     const int64_t delay = p.BackoffMs(attempt + 1);
@@ -359,8 +313,8 @@ absl::Status Jobs::ReplaceVerdictLocked(Entry& e, int attempt, Failure own) {
                    (now - verdict.time_unix_ms()) / 1000.0, " s after the hang verdict and replaces it"),
       attempt));
   const bool last = attempt == next.attempts_size();
-  absl::StatusOr<RestartPolicy> policy = RestartPolicyOf(next.spec());
-  const RestartPolicy p = policy.ok() ? *policy : RestartPolicy{};
+  absl::StatusOr<jobspec::RestartPolicy> policy = jobspec::RestartPolicyOf(next.spec());
+  const jobspec::RestartPolicy p = policy.ok() ? *policy : jobspec::RestartPolicy{};
   if (last && next.state() == rackrun::v1::FAILED) {
     next.set_message(what);
   } else if (last && next.state() == rackrun::v1::QUEUED && !p.Restarts(own.kind())) {
@@ -368,7 +322,7 @@ absl::Status Jobs::ReplaceVerdictLocked(Entry& e, int attempt, Failure own) {
     next.set_state(rackrun::v1::FAILED);
     next.set_finished_unix_ms(now);
     next.set_message(absl::StrCat(what, "; not restarted (restart.on does not include ",
-                                  FailureKindName(own.kind()), ")"));
+                                  jobspec::FailureKindName(own.kind()), ")"));
     events.push_back(MessageEvent(next.message(), attempt));
     events.push_back(StateEvent(rackrun::v1::FAILED, attempt));
   }

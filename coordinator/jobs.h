@@ -1,5 +1,5 @@
 // Jobs: the lifecycle of every job the coordinator accepted, its attempts, its events and
-// its restart policy. QUEUED -> RUNNING -> SUCCEEDED | FAILED | CANCELLED; a failed attempt
+// its restarts (by the restart policy of jobspec/restart_policy.h). QUEUED -> RUNNING -> SUCCEEDED | FAILED | CANCELLED; a failed attempt
 // that the policy restarts sends the job back to QUEUED (behind a backoff) and a new
 // attempt resumes from the last checkpoint. Every change is committed to the JobStore
 // before the call returns (and before it is visible in memory), so what a caller was told
@@ -32,21 +32,6 @@
 #include "rackrun/v1/rack_control.pb.h"
 
 namespace rackrun::coordinator {
-
-// spec.restart with its defaults: max_attempts 1, on {worker_lost, hang, worker_cancelled},
-// backoff 1 s doubling per further attempt.
-struct RestartPolicy {
-  int max_attempts = 1;
-  std::set<rackrun::v1::FailureKind> on;
-  double backoff_s = 1.0;
-
-  bool Restarts(rackrun::v1::FailureKind kind) const { return on.count(kind) > 0; }
-  // Delay before attempt `next_attempt` (2, 3, ...): backoff_s * 2^(next_attempt - 2).
-  int64_t BackoffMs(int next_attempt) const;
-};
-
-// InvalidArgument naming `restart.<field>` for unknown kinds or negative values.
-absl::StatusOr<RestartPolicy> RestartPolicyOf(const rackrun::v1::JobSpec& spec);
 
 // One rank of an attempt and the worker that runs it.
 struct RankRef {
@@ -186,8 +171,6 @@ class Jobs {
 };
 
 bool IsTerminal(rackrun::v1::JobState state);
-// "worker_lost", "hang", ... (as in spec.restart.on).
-std::string FailureKindName(rackrun::v1::FailureKind kind);
 // One line: "rank 1 (worker w-2 on host h, pid 42) lost in phase forward at step 7: ...".
 std::string DescribeFailure(const rackrun::v1::Failure& f);
 

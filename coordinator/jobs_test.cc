@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "coordinator/test_util.h"
+#include "jobspec/restart_policy.h"
 
 namespace rackrun::coordinator {
 namespace {
@@ -192,7 +193,7 @@ TEST_F(JobsTest, RestartOnErrorWhenListed) {
   ASSERT_TRUE(jobs_->StartAttempt(id, Ranks(1)).ok());
   JobSpec lost_only = Spec(1, 5);
   lost_only.mutable_restart()->add_on("bogus");
-  EXPECT_EQ(RestartPolicyOf(lost_only).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(jobspec::RestartPolicyOf(lost_only).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 Failure HangOf(int rank, const std::string& phase) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "coordinator/jobs.h"
+#include "jobspec/restart_policy.h"
 
 namespace rackrun::coordinator {
 
@@ -78,7 +79,7 @@ void Observability::ObserveJob(const rackrun::v1::Job& job, Tracked& t) {
     }
     if (a.number() > t.failures_seen && a.state() == rackrun::v1::FAILED && a.has_failure()) {
       const bool restarted = a.number() < job.attempts_size() || job.state() == rackrun::v1::QUEUED;
-      metrics_->ObserveFailure(FailureKindName(a.failure().kind()), restarted);
+      metrics_->ObserveFailure(jobspec::FailureKindName(a.failure().kind()), restarted);
       t.failures_seen = a.number();
     }
   }

@@ -95,7 +95,7 @@ absl::Status Planning::AddRow(const rackrun::v1::LoadRow& row) {
   absl::Status st = planner.SolveInto(p.loads, row.layer(), &s.plan);
   if (st.ok()) st = planner::CheckPlanInvariants(d, p.loads, s.plan, s.setup.invariants);
   if (st.ok()) {
-    PlanToMessage(s.plan, p.loads, reply.mutable_plan());
+    rpc::PlanToMessage(s.plan, p.loads, reply.mutable_plan());
     reply.set_fingerprint(planner::PlanFingerprint(s.plan));
   } else {
     reply.set_error(absl::StrCat("plan of microbatch ", row.microbatch(), " layer ", row.layer(), ": ",

@@ -82,7 +82,7 @@ TEST_P(PlanningEquivalence, CoordinatorPlansEqualInBandPlans) {
         EXPECT_EQ(got.layer(), layer);
         planner::Plan decoded;
         planner::LoadMatrix decoded_loads;
-        ASSERT_TRUE(PlanFromMessage(got.plan(), &decoded, &decoded_loads).ok());
+        ASSERT_TRUE(rpc::PlanFromMessage(got.plan(), &decoded, &decoded_loads).ok());
         EXPECT_TRUE(decoded == expected) << "microbatch " << mb << " layer " << layer;
         EXPECT_EQ(decoded_loads.ranks, ranks);
         EXPECT_EQ(decoded_loads.counts, loads.counts);
@@ -125,7 +125,7 @@ TEST(PlanCodecTest, RejectsInconsistentSizes) {
   m.add_instance_expert(0);
   planner::Plan p;
   planner::LoadMatrix l;
-  EXPECT_EQ(PlanFromMessage(m, &p, &l).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(rpc::PlanFromMessage(m, &p, &l).code(), absl::StatusCode::kInvalidArgument);
 }
 
 // A plan with a replicated expert round-trips with its loads; every damaged size of the
@@ -145,16 +145,16 @@ TEST(PlanCodecTest, SparseSplitRoundTripsAndMalformedPlansAreRefused) {
   ASSERT_GT(plan->num_replicas(), 0);
   ASSERT_EQ(plan->split.size(), 4u);  // expert 0: master + replica, 2 sources each
   rackrun::v1::PlanMessage m;
-  PlanToMessage(*plan, loads, &m);
+  rpc::PlanToMessage(*plan, loads, &m);
   planner::Plan p;
   planner::LoadMatrix l;
-  ASSERT_TRUE(PlanFromMessage(m, &p, &l).ok());
+  ASSERT_TRUE(rpc::PlanFromMessage(m, &p, &l).ok());
   EXPECT_TRUE(p == *plan);
   EXPECT_EQ(l.counts, loads.counts);
   EXPECT_TRUE(planner::CheckPlanInvariants(domain, l, p).ok());
 
   const auto refused = [&p, &l](const rackrun::v1::PlanMessage& bad, const std::string& field) {
-    const absl::Status s = PlanFromMessage(bad, &p, &l);
+    const absl::Status s = rpc::PlanFromMessage(bad, &p, &l);
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << field;
     EXPECT_NE(std::string(s.message()).find(field), std::string::npos) << s;
   };

@@ -5,6 +5,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "jobspec/restart_policy.h"
 #include "jobspec/spec.h"
 
 namespace rackrun::coordinator {
@@ -23,8 +24,10 @@ grpc::Status ToGrpc(const absl::Status& s) {
 }
 
 absl::Status CheckSubmittedSpec(const rackrun::v1::JobSpec& spec) {
-  if (absl::Status s = runtime::ValidateJobSpec(spec); !s.ok()) return s;
-  if (absl::StatusOr<RestartPolicy> p = RestartPolicyOf(spec); !p.ok()) return p.status();
+  if (absl::Status s = jobspec::ValidateJobSpec(spec); !s.ok()) return s;
+  if (absl::StatusOr<jobspec::RestartPolicy> p = jobspec::RestartPolicyOf(spec); !p.ok()) {
+    return p.status();
+  }
   if (!absl::StartsWith(spec.data().train(), "/")) {
     return absl::InvalidArgumentError(absl::StrCat(
         "data.train: '", spec.data().train(),
@@ -71,7 +74,7 @@ grpc::Status JobServiceImpl::Submit(grpc::ServerContext* ctx, const rackrun::v1:
   }
   if (!req->has_spec()) return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "spec: required");
   rackrun::v1::JobSpec spec = req->spec();
-  runtime::ApplySpecDefaults(spec);
+  jobspec::ApplySpecDefaults(spec);
   if (absl::Status s = CheckSubmittedSpec(spec); !s.ok()) return ToGrpc(s);
   absl::StatusOr<JobStore::InsertResult> r = rack_->jobs().Submit(spec, req->request_id());
   if (!r.ok()) return ToGrpc(r.status());

@@ -1,24 +1,14 @@
 #include "jobspec/spec.h"
-#include "runtime/job_config.h"
-
-#include <malloc.h>
-#include <omp.h>
-#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
-#include <memory>
 #include <string>
 #include <vector>
-
-#include "absl/strings/str_join.h"
-#include "runtime/model.h"
-#include "runtime/optimizer.h"
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
-namespace rackrun::runtime {
+namespace rackrun::jobspec {
 namespace {
 
 using ::testing::HasSubstr;
@@ -66,11 +56,6 @@ TEST(JobSpecTest, ParsesYamlAndFillsDefaults) {
   EXPECT_DOUBLE_EQ(spec->training().weight_decay(), 0.1);
   EXPECT_EQ(spec->balancer().policy(), "none");
   EXPECT_EQ(spec->checkpoint().keep(), 2);
-  const TrainConfig c = TrainConfigFromSpec(*spec);
-  EXPECT_EQ(c.seq_len, 128);
-  EXPECT_EQ(c.batch_size, 4);
-  EXPECT_DOUBLE_EQ(c.schedule.lr, 0.003);
-  EXPECT_TRUE(c.schedule.cosine);
 }
 
 TEST(JobSpecTest, ExplicitZeroKeepsOptionalFields) {
@@ -351,164 +336,7 @@ TEST(JobSpecMessagesTest, RangesBlameTheRightField) {
   EXPECT_THAT(ErrorOf(kYaml, {"training.beta2=1"}), HasSubstr("training.beta2: is 1; it must lie"));
 }
 
-// ---- Memory accounting (issue #12) ----
-
-JobMemoryEstimate EstimateOf(const rackrun::v1::JobSpec& spec, int ranks = 1, int threads = 1) {
-  JobMemoryInputs in;
-  in.ranks = ranks;
-  in.threads = threads;
-  absl::StatusOr<JobMemoryEstimate> e = EstimateJobMemory(spec, in);
-  EXPECT_TRUE(e.ok()) << e.status();
-  return e.ok() ? *e : JobMemoryEstimate{};
-}
-
-// The estimate counts the parameters the model actually allocates, for every residual
-// mode, a shared expert, and an expert shard of an expert-parallel rank.
-TEST(JobMemoryTest, ParameterCountMatchesTheModel) {
-  struct Case {
-    std::vector<std::string> overrides;
-    int ranks;
-  };
-  const std::vector<Case> cases = {
-      {{"model.residual=vanilla", "model.streams=0", "model.active=0", "model.fixed=0"}, 1},
-      {{"model.residual=hc", "model.streams=0", "model.active=0", "model.fixed=0"}, 1},
-      {{"model.residual=mhc", "model.streams=0", "model.active=0", "model.fixed=0"}, 1},
-      {{"model.residual=xhc"}, 1},
-      {{"model.residual=xhc_flash"}, 1},
-      {{"model.residual=xhc_flash", "model.blocks=3"}, 1},
-      {{"model.residual=xhc_flash4"}, 1},
-      {{"model.moe.shared_expert=true", "model.moe.shared_hidden=48"}, 1},
-      {{"model.residual=xhc"}, 4},
-  };
-  for (const Case& c : cases) {
-    std::vector<std::string> overrides = {"model.vocab=300", "model.width=32", "model.heads=2",
-                                          "model.seq_len=16", "model.moe.expert_hidden=40"};
-    overrides.insert(overrides.end(), c.overrides.begin(), c.overrides.end());
-    absl::StatusOr<rackrun::v1::JobSpec> spec = ParseJobSpec(kYaml, overrides);
-    ASSERT_TRUE(spec.ok()) << spec.status();
-    ModelConfig mc = ModelConfigFromSpec(*spec);
-    mc.expert_ranks = c.ranks;
-    absl::StatusOr<std::unique_ptr<Model<float>>> model = Model<float>::Create(mc, 1);
-    ASSERT_TRUE(model.ok()) << model.status();
-    EXPECT_EQ(EstimateOf(*spec, c.ranks).parameter_count, (*model)->ParameterCount())
-        << absl::StrJoin(c.overrides, " ") << " ranks " << c.ranks;
-  }
-}
-
-int64_t ResidentBytes() {
-  std::ifstream statm("/proc/self/statm");
-  int64_t size = 0, resident = 0;
-  statm >> size >> resident;
-  return resident * sysconf(_SC_PAGESIZE);
-}
-
-// The estimate against what the process really holds: resident memory grown by building
-// the model, AdamW's state and one microbatch's forward + backward (everything but the
-// process overhead, the token files and the loader's batch, which this test does not have).
-TEST(JobMemoryTest, EstimateIsCloseToMeasuredResidentMemory) {
-  const std::vector<std::vector<std::string>> configs = {
-      // Vocabulary-dominated: embedding, LM head and logits.
-      {"model.vocab=30000", "model.width=64", "model.heads=2", "model.blocks=1",
-       "model.residual=vanilla", "model.streams=0", "model.active=0", "model.fixed=0",
-       "model.seq_len=64", "data.batch_size=8"},
-      // Activation-dominated: xhc streams, attention probabilities, expert hidden states.
-      {"model.vocab=257", "model.width=128", "model.heads=4", "model.blocks=2",
-       "model.seq_len=256", "data.batch_size=8", "model.moe.experts=8", "model.moe.top_k=2"},
-      // mhc saves every sublayer's input state.
-      {"model.vocab=257", "model.width=64", "model.heads=2", "model.blocks=2",
-       "model.residual=mhc", "model.streams=0", "model.active=0", "model.fixed=0",
-       "model.seq_len=128", "data.batch_size=16"},
-  };
-  omp_set_num_threads(1);
-  // A fixed mmap threshold: every large tensor is its own mapping, returned on free, so
-  // one configuration's freed memory does not hide the next one's growth.
-  mallopt(M_MMAP_THRESHOLD, 256 * 1024);
-  for (const std::vector<std::string>& overrides : configs) {
-    malloc_trim(0);
-    absl::StatusOr<rackrun::v1::JobSpec> spec = ParseJobSpec(kYaml, overrides);
-    ASSERT_TRUE(spec.ok()) << spec.status();
-    const JobMemoryEstimate e = EstimateOf(*spec, 1, 1);
-    const int64_t expected = e.parameters + e.gradients + e.optimizer + e.activations;
-    const int64_t before = ResidentBytes();
-    {
-      absl::StatusOr<std::unique_ptr<Model<float>>> model =
-          Model<float>::Create(ModelConfigFromSpec(*spec), 1);
-      ASSERT_TRUE(model.ok()) << model.status();
-      std::vector<OptimizedTensor> tensors;
-      for (const ParamRef<float>& p : (*model)->Parameters()) {
-        tensors.push_back({p.name, p.value, p.grad, p.size, true});
-      }
-      AdamW adam(AdamWConfig{}, std::move(tensors));
-      const int batch = spec->data().batch_size(), seq = spec->model().seq_len();
-      std::vector<int32_t> inputs(static_cast<size_t>(batch) * seq), targets(inputs.size());
-      for (size_t i = 0; i < inputs.size(); ++i) {
-        inputs[i] = static_cast<int32_t>((i * 7919) % static_cast<size_t>(spec->model().vocab()));
-        targets[i] = static_cast<int32_t>((i * 104729) % static_cast<size_t>(spec->model().vocab()));
-      }
-      absl::StatusOr<double> loss = (*model)->ForwardBackward(inputs, targets, batch, {}, 1.0f);
-      ASSERT_TRUE(loss.ok()) << loss.status();
-      adam.Step(1e-3);
-      const int64_t measured = ResidentBytes() - before;
-      const double ratio = static_cast<double>(expected) / static_cast<double>(measured);
-      std::printf("estimate %s, measured resident growth %s, ratio %.3f (%s)\n",
-                  FormatBytes(expected).c_str(), FormatBytes(measured).c_str(), ratio,
-                  absl::StrJoin(overrides, " ").c_str());
-      EXPECT_GT(ratio, 0.85) << absl::StrJoin(overrides, " ");
-      EXPECT_LT(ratio, 1.25) << absl::StrJoin(overrides, " ");
-    }
-  }
-}
-
-TEST(JobMemoryTest, MachineMemoryParsing) {
-  const std::string meminfo =
-      "MemTotal:       16314228 kB\nMemFree:         1000000 kB\nMemAvailable:    8000000 kB\n";
-  MachineMemory m = ParseMachineMemory(meminfo, "max\n", "123\n");
-  EXPECT_EQ(m.total, 16314228ll * 1024);
-  EXPECT_EQ(m.available, 8000000ll * 1024);
-  EXPECT_EQ(m.cgroup_limit, 0);
-  EXPECT_EQ(m.usable(), 8000000ll * 1024);
-  m = ParseMachineMemory(meminfo, "4294967296\n", "1073741824\n");  // 4 GiB limit, 1 GiB used
-  EXPECT_EQ(m.usable(), 3ll << 30);
-  EXPECT_THAT(m.Describe(), HasSubstr("cgroup limit 4.0 GiB"));
-  // cgroup v1's "unlimited" (a page-rounded huge number) is no limit.
-  m = ParseMachineMemory(meminfo, "9223372036854771712\n", "5\n");
-  EXPECT_EQ(m.cgroup_limit, 0);
-  const MachineMemory here = ReadMachineMemory();
-  EXPECT_GT(here.total, 0);
-  EXPECT_GT(here.usable(), 0);
-}
-
-TEST(JobMemoryTest, TooLargeForTheMachineNamesFieldEstimateAndMachine) {
-  absl::StatusOr<rackrun::v1::JobSpec> spec = ParseJobSpec(kYaml, {"model.vocab=100000000"});
-  ASSERT_TRUE(spec.ok()) << spec.status();  // fits *some* machine: refused where it runs
-  const JobMemoryEstimate e = EstimateOf(*spec);
-  EXPECT_GT(e.total, 100000000ll * 128 * 2 * 16);  // embedding + head, 16 bytes per parameter
-  MachineMemory machine;
-  machine.total = 16ll << 30;
-  machine.available = 8ll << 30;
-  const absl::Status s = CheckJobMemory(e, 1, machine);
-  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
-  const std::string message(s.message());
-  EXPECT_THAT(message, StartsWith("model.vocab, model.width: the job needs an estimated "));
-  EXPECT_THAT(message, HasSubstr("but this machine has 8.0 GiB usable (MemAvailable 8.0 GiB of "
-                                     "MemTotal 16.0 GiB)"));
-  EXPECT_THAT(message, HasSubstr("LM-head logits [tokens x vocab]"));
-  machine.available = 1ll << 40;
-  EXPECT_TRUE(CheckJobMemory(e, 1, machine).ok());
-  EXPECT_FALSE(CheckJobMemory(e, 100, machine).ok());  // 100 ranks on one machine
-}
-
-TEST(JobMemoryTest, ExpertParallelEstimateIsPerRank) {
-  absl::StatusOr<rackrun::v1::JobSpec> spec =
-      ParseJobSpec(kYaml, {"model.moe.experts=64", "model.moe.expert_hidden=1024"});
-  ASSERT_TRUE(spec.ok()) << spec.status();
-  const JobMemoryEstimate one = EstimateOf(*spec, 1), four = EstimateOf(*spec, 4);
-  EXPECT_LT(four.parameters, one.parameters / 2);  // experts dominate and are sharded
-  EXPECT_GT(four.expert_slots, 0);                 // but replica slots are added
-  EXPECT_EQ(one.expert_slots, 0);
-  EXPECT_THAT(four.Describe(), HasSubstr("per rank"));
-}
-
+// Sizes no machine holds are refused by ValidateJobSpec, on every path.
 TEST(JobMemoryTest, ImpossibleSizesAreRefusedEverywhere) {
   const std::string huge = ErrorOf(kYaml, {"model.vocab=2000000000", "model.width=2000000000",
                                             "model.heads=1000000000",
@@ -524,4 +352,4 @@ TEST(JobMemoryTest, ImpossibleSizesAreRefusedEverywhere) {
 }
 
 }  // namespace
-}  // namespace rackrun::runtime
+}  // namespace rackrun::jobspec

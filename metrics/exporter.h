@@ -1,7 +1,7 @@
 // MetricsExporter: the one Prometheus endpoint of a process (`--metrics-listen HOST:PORT`),
 // serving GET /metrics in the text exposition format from one prometheus::Registry that
 // every metric set of the process registers into (CoordinatorMetrics, RpcMetrics,
-// TrainingMetrics). docs/design.md section 9.
+// worker::TrainingMetrics). docs/design.md section 9.
 //
 // Metrics are read-only figures (counts, times, losses; no spec contents, paths or
 // tokens), so the endpoint may listen on any address a Prometheus server can reach.

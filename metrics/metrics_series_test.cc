@@ -15,9 +15,7 @@
 #include "metrics/exporter.h"
 #include "metrics/rpc_metrics.h"
 #include "metrics/scrape.h"
-#ifdef RACKRUN_HAVE_TRAINING_METRICS
-#include "metrics/training_metrics.h"
-#endif
+#include "metrics/series_checks.h"
 
 namespace rackrun::metrics {
 namespace {
@@ -25,46 +23,6 @@ namespace {
 // Static TLS as big as a worker's (OpenBLAS alone has 60 KiB): glibc carves it from every
 // thread's stack, so the exporter must serve from a thread with a full-size stack.
 thread_local std::array<char, 96 << 10> big_static_tls;
-
-std::map<std::string, MetricFamily> Scrape(int port) {
-  absl::StatusOr<RawHttpResponse> r = HttpGet(port, "/metrics");
-  EXPECT_TRUE(r.ok()) << r.status();
-  if (!r.ok()) return {};
-  EXPECT_EQ(r->status, 200);
-  absl::StatusOr<std::map<std::string, MetricFamily>> f = ParseExposition(r->body);
-  EXPECT_TRUE(f.ok()) << f.status();
-  return f.ok() ? *f : std::map<std::string, MetricFamily>{};
-}
-
-void ExpectSeries(const std::map<std::string, MetricFamily>& got, const std::vector<ExpectedSeries>& want) {
-  for (const ExpectedSeries& e : want) {
-    SCOPED_TRACE(e.name);
-    auto it = got.find(e.name);
-    ASSERT_NE(it, got.end()) << "missing family";
-    EXPECT_EQ(it->second.type, e.type);
-    EXPECT_FALSE(it->second.help.empty());
-    ASSERT_FALSE(it->second.samples.empty()) << "family without samples";
-    for (const Sample& s : it->second.samples) {
-      std::set<std::string> keys;
-      for (const auto& [k, v] : s.labels) {
-        if (k != "le") keys.insert(k);
-        EXPECT_FALSE(v.empty()) << s.name << " label " << k;
-      }
-      EXPECT_EQ(keys, e.labels) << s.name;
-      EXPECT_NE(s.labels.count("job"), 1u) << "job is Prometheus' target label; use job_id";
-      EXPECT_EQ(s.labels.count("expert"), 0u);
-    }
-  }
-}
-
-// Every family is rackrun_-prefixed and follows the naming rules we hold ourselves to.
-void ExpectNaming(const std::map<std::string, MetricFamily>& got) {
-  for (const auto& [name, f] : got) {
-    EXPECT_EQ(name.rfind("rackrun_", 0), 0u) << name;
-    EXPECT_EQ(f.type == "counter", absl::EndsWith(name, "_total")) << name;
-    EXPECT_EQ(name.find("milli"), std::string::npos) << name << ": base units";
-  }
-}
 
 TEST(MetricsSeries, CoordinatorExportsItsSeries) {
   absl::StatusOr<std::unique_ptr<MetricsExporter>> ex = MetricsExporter::Start("127.0.0.1:0");
@@ -74,7 +32,7 @@ TEST(MetricsSeries, CoordinatorExportsItsSeries) {
   RpcMetrics rpc((*ex)->registry());
   rpc.Record("/rackrun.v1.JobService/Submit", 0, 0.002);
   rpc.Record("/rackrun.v1.JobService/Submit", 16, 0.001);
-  std::map<std::string, MetricFamily> got = Scrape((*ex)->port());
+  std::map<std::string, MetricFamily> got = ScrapeMetrics((*ex)->port());
   ExpectSeries(got, CoordinatorSeries());
   ExpectNaming(got);
   for (const auto& name : {"rackrun_worker_heartbeat_age_seconds", "rackrun_job_progress_step"}) {
@@ -108,7 +66,7 @@ TEST(MetricsSeries, CoordinatorExportsItsSeries) {
   cm.ObserveQueueWait(0.5);
   cm.ObserveFailure("worker_lost", true);
   cm.ObservePlanSolve("j-1", 4e-5);
-  got = Scrape((*ex)->port());
+  got = ScrapeMetrics((*ex)->port());
   ExpectSeries(got, CoordinatorSeries());
   ExpectSeries(got, CoordinatorRunningSeries());
   ExpectNaming(got);
@@ -128,7 +86,7 @@ TEST(MetricsSeries, CoordinatorExportsItsSeries) {
   for (auto& w : *workers.mutable_workers()) w.set_state(rackrun::v1::GONE);
   cm.ObserveJobs({job});
   cm.ObserveWorkers(workers);
-  got = Scrape((*ex)->port());
+  got = ScrapeMetrics((*ex)->port());
   EXPECT_TRUE(got["rackrun_job_progress_step"].samples.empty());
   EXPECT_TRUE(got["rackrun_worker_step_seconds"].samples.empty());
   EXPECT_TRUE(got["rackrun_worker_heartbeat_age_seconds"].samples.empty());
@@ -191,90 +149,6 @@ TEST(MetricsSeries, ExporterRejectsBadAddresses) {
       MetricsExporter::Start(absl::StrCat("127.0.0.1:", (*a)->port()));
   EXPECT_EQ(b.status().code(), absl::StatusCode::kUnavailable);
 }
-
-#ifdef RACKRUN_HAVE_TRAINING_METRICS
-TEST(MetricsSeries, WorkerExportsItsSeries) {
-  absl::StatusOr<std::unique_ptr<MetricsExporter>> ex = MetricsExporter::Start("127.0.0.1:0");
-  ASSERT_TRUE(ex.ok()) << ex.status();
-  std::vector<std::unique_ptr<TrainingMetrics>> ranks;
-  for (int r = 0; r < 2; ++r) {
-    TrainingMetrics::Options o;
-    o.job_id = "j-3";
-    o.rank = r;
-    o.ranks = 2;
-    o.flops_per_token = 6e6;
-    o.peak_flops = 1e12;
-    o.total_steps = 10;
-    ranks.push_back(std::make_unique<TrainingMetrics>((*ex)->registry(), o));
-    ranks.back()->SetPhase("forward_backward");
-    ranks.back()->SetPhase("optimizer");
-  }
-  for (int step = 1; step <= 3; ++step) {
-    runtime::StepRecord rec;
-    rec.step = step;
-    rec.total_steps = 10;
-    rec.loss = 5.0 - step;
-    rec.lr = 1e-3;
-    rec.grad_norm = 0.5;
-    rec.step_s = 0.25;
-    rec.tokens = 1000;
-    rec.ranks = 2;
-    rec.rank_imbalance_before = {1.8, 1.4};
-    rec.rank_imbalance_after = {1.02, 1.01};
-    rec.replicas = 3;
-    rec.plan_s = 4e-5;
-    rec.plan_exchange_s = 3e-5;
-    rec.fanout_s = 1e-3;
-    rec.dispatch_s = 2e-3;
-    rec.reduce_s = 5e-4;
-    if (step == 2) rec.val_loss = 3.5;
-    for (auto& m : ranks) m->OnStep(rec);
-  }
-  ranks[0]->ObservePlanRoundTrip(2e-4);
-  std::map<std::string, MetricFamily> got = Scrape((*ex)->port());
-  ExpectSeries(got, WorkerSeries());
-  ExpectSeries(got, WorkerRank0Series());
-  ExpectNaming(got);
-  for (const Sample& s : got["rackrun_train_tokens_total"].samples) EXPECT_EQ(s.value, 1500);  // 3 x 1000 / 2
-  for (const Sample& s : got["rackrun_train_mfu_ratio"].samples) {
-    EXPECT_NEAR(s.value, 6e6 * 500 / 0.25 / 1e12, 1e-9);
-    EXPECT_GT(s.value, 0);
-    EXPECT_LE(s.value, 1);
-  }
-  EXPECT_EQ(got["rackrun_moe_last_imbalance_before"].samples.size(), 2u) << "rank 0 only, one per layer";
-  for (const Sample& s : got["rackrun_train_phase"].samples) {
-    EXPECT_EQ(s.value, s.labels.at("phase") == "optimizer" ? 1 : 0);
-  }
-  // Every rank observed 3 steps of 3e-5 s in the load exchange.
-  int exchange_sums = 0;
-  for (const Sample& s : got["rackrun_moe_plan_exchange_seconds"].samples) {
-    if (s.name == "rackrun_moe_plan_exchange_seconds_sum") {
-      EXPECT_NEAR(s.value, 9e-5, 1e-12);
-      ++exchange_sums;
-    } else if (s.name == "rackrun_moe_plan_exchange_seconds_count") {
-      EXPECT_EQ(s.value, 3);
-    }
-  }
-  EXPECT_EQ(exchange_sums, 2) << "one per rank";
-  EXPECT_EQ(got["rackrun_train_validation_loss"].samples.size(), 2u);
-  EXPECT_EQ(got["rackrun_train_step"].samples.at(0).value, 3);
-
-  ranks.clear();  // the job's series go with its observers
-  got = Scrape((*ex)->port());
-  for (const ExpectedSeries& e : WorkerSeries()) EXPECT_TRUE(got[e.name].samples.empty()) << e.name;
-}
-
-TEST(MetricsSeries, ModelFlopsCountActiveParameters) {
-  rackrun::v1::JobSpec spec;
-  spec.mutable_model()->set_width(64);
-  spec.mutable_model()->set_blocks(2);
-  spec.mutable_model()->mutable_moe()->set_experts(8);
-  spec.mutable_model()->mutable_moe()->set_top_k(2);
-  // 2 blocks x 6 idle experts x 3 x 64 x 128 parameters a token never touches.
-  const double inactive = 2.0 * 6 * 3 * 64 * 128;
-  EXPECT_DOUBLE_EQ(ModelFlopsPerToken(spec, 1000000), 6 * (1000000 - inactive));
-}
-#endif
 
 }  // namespace
 }  // namespace rackrun::metrics

@@ -2,7 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 
-namespace rackrun::coordinator {
+namespace rackrun::rpc {
 
 void PlanToMessage(const planner::Plan& plan, const planner::LoadMatrix& loads,
                    rackrun::v1::PlanMessage* m) {
@@ -98,4 +98,4 @@ absl::Status PlanFromMessage(const rackrun::v1::PlanMessage& m, planner::Plan* p
   return absl::OkStatus();
 }
 
-}  // namespace rackrun::coordinator
+}  // namespace rackrun::rpc

@@ -11,7 +11,7 @@
 #include "planner/plan.h"
 #include "rackrun/v1/rack_control.pb.h"
 
-namespace rackrun::coordinator {
+namespace rackrun::rpc {
 
 // `loads` must be ranks x experts of `plan`.
 void PlanToMessage(const planner::Plan& plan, const planner::LoadMatrix& loads,
@@ -26,6 +26,6 @@ void PlanToMessage(const planner::Plan& plan, const planner::LoadMatrix& loads,
 absl::Status PlanFromMessage(const rackrun::v1::PlanMessage& message, planner::Plan* plan,
                              planner::LoadMatrix* loads);
 
-}  // namespace rackrun::coordinator
+}  // namespace rackrun::rpc
 
 #endif  // RACKRUN_RPC_PLAN_CODEC_H_

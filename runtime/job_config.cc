@@ -8,6 +8,7 @@
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
+#include "jobspec/job_memory.h"
 #include "jobspec/spec.h"
 
 namespace rackrun::runtime {
@@ -100,8 +101,8 @@ int UsableCores() {
   return 1;
 }
 
-absl::StatusOr<JobMemoryEstimate> CheckJobFitsThisMachine(const JobSpec& spec, int ranks,
-                                                          int ranks_here, int threads) {
+absl::StatusOr<jobspec::JobMemoryEstimate> CheckJobFitsThisMachine(const JobSpec& spec, int ranks,
+                                                                   int ranks_here, int threads) {
   const int cores = UsableCores();
   if (threads > cores) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -109,7 +110,7 @@ absl::StatusOr<JobMemoryEstimate> CheckJobFitsThisMachine(const JobSpec& spec, i
         "use ", cores, " cores would oversubscribe them (every OpenMP barrier then waits for "
         "descheduled threads: many times slower); set at most ", cores, ", or 0 for all cores"));
   }
-  JobMemoryInputs inputs;
+  jobspec::JobMemoryInputs inputs;
   inputs.ranks = std::max(1, ranks);
   inputs.threads = threads > 0 ? threads : cores;
   int64_t vocab = 0, count = 0;
@@ -118,9 +119,9 @@ absl::StatusOr<JobMemoryEstimate> CheckJobFitsThisMachine(const JobSpec& spec, i
     inputs.train_tokens = count;
   }
   if (ReadTokenHeader(spec.data().validation(), &vocab, &count)) inputs.validation_tokens = count;
-  absl::StatusOr<JobMemoryEstimate> estimate = EstimateJobMemory(spec, inputs);
+  absl::StatusOr<jobspec::JobMemoryEstimate> estimate = jobspec::EstimateJobMemory(spec, inputs);
   if (!estimate.ok()) return estimate.status();
-  if (absl::Status s = CheckJobMemory(*estimate, ranks_here, ReadMachineMemory()); !s.ok()) {
+  if (absl::Status s = jobspec::CheckJobMemory(*estimate, ranks_here, jobspec::ReadMachineMemory()); !s.ok()) {
     return s;
   }
   return estimate;

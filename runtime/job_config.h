@@ -11,6 +11,7 @@
 #include "rackrun/v1/job_spec.pb.h"
 #include "runtime/model.h"
 #include "runtime/optimizer.h"
+#include "jobspec/job_memory.h"
 #include "jobspec/spec.h"
 
 namespace rackrun::runtime {
@@ -48,7 +49,7 @@ ModelConfig ModelConfigFromSpec(const rackrun::v1::JobSpec& spec);
 
 // Whether the job fits the machine this process runs on, asked where a job starts
 // (`rackrun train`, the worker) before anything is allocated:
-// - memory: EstimateJobMemory (jobspec/spec.h) for one of `ranks` expert-parallel ranks,
+// - memory: EstimateJobMemory (jobspec/job_memory.h) for one of `ranks` expert-parallel ranks,
 //   with model.vocab 0 and the token counts taken from the token files' headers, times
 //   `ranks_here` ranks on this machine, against ReadMachineMemory(); ResourceExhausted
 //   naming the fields of the largest term, with the estimate and the machine's memory;
@@ -56,8 +57,8 @@ ModelConfig ModelConfigFromSpec(const rackrun::v1::JobSpec& spec);
 //   InvalidArgument naming resources.threads (oversubscribed OpenMP teams run many
 //   times slower than the cores allow).
 // Returns the estimate when the job fits.
-absl::StatusOr<JobMemoryEstimate> CheckJobFitsThisMachine(const rackrun::v1::JobSpec& spec,
-                                                          int ranks, int ranks_here, int threads);
+absl::StatusOr<jobspec::JobMemoryEstimate> CheckJobFitsThisMachine(const rackrun::v1::JobSpec& spec,
+                                                                   int ranks, int ranks_here, int threads);
 
 // Cores this process may run on (its CPU affinity), at least 1.
 int UsableCores();

@@ -478,7 +478,7 @@ absl::StatusOr<std::string> Trainer::SaveCheckpoint() {
   state.loader = train_loader_->position();
   c.sections.push_back({"trainer/state", state.Encode()});
   c.sections.push_back({"spec/model", spec_.model().SerializeAsString()});
-  c.sections.push_back({"spec/json", JobSpecToJson(spec_)});
+  c.sections.push_back({"spec/json", jobspec::JobSpecToJson(spec_)});
   const std::vector<OptimizedTensor>& tensors = adam_->tensors();
   // Expert shards are gathered (rank order = expert order) into the single-process layout,
   // so a checkpoint resumes on any number of ranks.

@@ -67,7 +67,7 @@ resources: {threads: 1}
 )";
   overrides.insert(overrides.begin(), "data.train=" + (DataDir() / "train.tokens").string());
   overrides.insert(overrides.begin() + 1, "data.validation=" + (DataDir() / "val.tokens").string());
-  absl::StatusOr<rackrun::v1::JobSpec> spec = ParseJobSpec(yaml, overrides);
+  absl::StatusOr<rackrun::v1::JobSpec> spec = jobspec::ParseJobSpec(yaml, overrides);
   EXPECT_TRUE(spec.ok()) << spec.status();
   return *spec;
 }

@@ -59,7 +59,7 @@ absl::Status CoordinatorPlanSource::Solve(const Request& request, planner::LoadM
         "the coordinator answered for microbatch ", reply.microbatch(), " layer ", reply.layer(),
         " when microbatch ", request.microbatch, " layer ", request.layer, " was asked"));
   }
-  if (absl::Status s = coordinator::PlanFromMessage(reply.plan(), plan, loads); !s.ok()) {
+  if (absl::Status s = rpc::PlanFromMessage(reply.plan(), plan, loads); !s.ok()) {
     return absl::DataLossError(absl::StrCat("the coordinator's plan: ", s.message()));
   }
   if (planner::PlanFingerprint(*plan) != reply.fingerprint()) {

@@ -18,7 +18,7 @@
 #include <grpcpp/support/sync_stream.h>
 
 #include "runtime/plan_source.h"
-#include "rpc/connection.h"
+#include "worker/connection.h"
 
 namespace rackrun::worker {
 

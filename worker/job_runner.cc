@@ -296,7 +296,7 @@ AttemptResult JobRunner::RunAttempt() try {
   if (absl::Status s = CheckPaths(); !s.ok()) return fail(s, "starting");
   // What this machine cannot hold or run fails the attempt before anything is allocated
   // (before the rendezvous, like unreadable paths: the peers are not left waiting).
-  if (absl::StatusOr<runtime::JobMemoryEstimate> fits = runtime::CheckJobFitsThisMachine(
+  if (absl::StatusOr<jobspec::JobMemoryEstimate> fits = runtime::CheckJobFitsThisMachine(
           assignment_.spec(), std::max(1, assignment_.ranks()),
           /*ranks_here=*/std::max(1, assignment_.ranks_on_host()),
           options_.threads >= 0 ? options_.threads : assignment_.spec().resources().threads());
@@ -360,20 +360,20 @@ AttemptResult JobRunner::RunAttempt() try {
     return fail(s, "starting");
   }
   // This job's Prometheus series on this rank (see training_metrics_).
-  std::unique_ptr<metrics::TrainingMetrics>& training_metrics = training_metrics_;
+  std::unique_ptr<TrainingMetrics>& training_metrics = training_metrics_;
   if (options_.metrics != nullptr) {
-    metrics::TrainingMetrics::Options o;
+    TrainingMetrics::Options o;
     o.job_id = assignment_.job_id();
     o.rank = assignment_.rank();
     o.ranks = assignment_.ranks();
-    o.flops_per_token = metrics::ModelFlopsPerToken((*trainer)->spec(), (*trainer)->parameter_count());
+    o.flops_per_token = ModelFlopsPerToken((*trainer)->spec(), (*trainer)->parameter_count());
     o.peak_flops = options_.peak_flops;
     o.total_steps = (*trainer)->spec().training().steps();
     o.width = (*trainer)->spec().model().width();
     o.group = (*trainer)->expert_parallel();
-    training_metrics = std::make_unique<metrics::TrainingMetrics>(*options_.metrics, o);
+    training_metrics = std::make_unique<TrainingMetrics>(*options_.metrics, o);
     if (plan_source != nullptr) {
-      metrics::TrainingMetrics* m = training_metrics.get();
+      TrainingMetrics* m = training_metrics.get();
       plan_source->set_on_round_trip([m](double seconds) { m->ObservePlanRoundTrip(seconds); });
     }
   }

@@ -20,10 +20,10 @@
 #include <thread>
 
 #include "comm/data_channel.h"
-#include "metrics/training_metrics.h"
 #include "rackrun/v1/rack_control.pb.h"
 #include "runtime/trainer.h"
-#include "rpc/connection.h"
+#include "worker/connection.h"
+#include "worker/training_metrics.h"
 
 namespace rackrun::worker {
 
@@ -88,10 +88,10 @@ class JobRunner {
   mutable std::mutex mu_;
   std::condition_variable cancelled_cv_;
   runtime::Trainer* trainer_ = nullptr;     // guarded by mu_; alive while Run trains
-  metrics::TrainingMetrics* metrics_ = nullptr;  // guarded by mu_; while Run trains
+  TrainingMetrics* metrics_ = nullptr;  // guarded by mu_; while Run trains
   // The attempt's series outlive Run (their last values stay visible) until this runner is
   // destroyed, which the worker does before the next job's runner is made.
-  std::unique_ptr<metrics::TrainingMetrics> training_metrics_;
+  std::unique_ptr<TrainingMetrics> training_metrics_;
   comm::DataChannel* channel_ = nullptr;    // guarded by mu_
   runtime::StopReason requested_ = runtime::StopReason::kNone;  // guarded by mu_
   bool cancelled_by_coordinator_ = false;   // guarded by mu_

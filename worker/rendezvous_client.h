@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "comm/rendezvous_store.h"
-#include "rpc/connection.h"
+#include "worker/connection.h"
 
 namespace rackrun::worker {
 

@@ -32,7 +32,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "metrics/exporter.h"
-#include "rpc/connection.h"
+#include "worker/connection.h"
 #include "worker/job_runner.h"
 
 namespace rackrun::worker {

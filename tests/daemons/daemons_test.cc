@@ -24,6 +24,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "jobspec/job_memory.h"
 #include "jobspec/spec.h"
 #include "tests/support/mpi_env.h"
 #include "tests/support/process.h"
@@ -628,18 +629,18 @@ TEST_F(DaemonsTest, RanksSharingAHostAreCheckedAgainstItsMemoryTogether) {
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
   GTEST_SKIP() << "ulimit -v leaves the sanitizer no room for its shadow memory";
 #endif
-  const int64_t usable = ::rackrun::runtime::ReadMachineMemory().usable();
+  const int64_t usable = ::rackrun::jobspec::ReadMachineMemory().usable();
   if (usable < (int64_t{4} << 30)) GTEST_SKIP() << "needs 4 GiB of usable memory";
   // model.vocab sized so that one rank's estimate is ~70% of the usable memory (the
   // estimate grows linearly with the vocabulary): one rank fits, two do not.
   const auto estimate = [&](int64_t vocab) {
-    absl::StatusOr<rackrun::v1::JobSpec> spec = ::rackrun::runtime::LoadJobSpec(
+    absl::StatusOr<rackrun::v1::JobSpec> spec = ::rackrun::jobspec::LoadJobSpec(
         (dir_ / "job.yaml").string(), {"model.vocab=" + std::to_string(vocab)});
     EXPECT_TRUE(spec.ok()) << spec.status();
-    ::rackrun::runtime::JobMemoryInputs in;
+    ::rackrun::jobspec::JobMemoryInputs in;
     in.ranks = 2;
-    absl::StatusOr<::rackrun::runtime::JobMemoryEstimate> e =
-        ::rackrun::runtime::EstimateJobMemory(*spec, in);
+    absl::StatusOr<::rackrun::jobspec::JobMemoryEstimate> e =
+        ::rackrun::jobspec::EstimateJobMemory(*spec, in);
     EXPECT_TRUE(e.ok()) << e.status();
     return e.ok() ? e->total : int64_t{0};
   };

@@ -23,13 +23,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
   }
   absl::StatusOr<rackrun::v1::JobSpec> spec =
-      rackrun::runtime::ParseJobSpec(text, overrides, "fuzz.yaml");
+      rackrun::jobspec::ParseJobSpec(text, overrides, "fuzz.yaml");
   if (!spec.ok()) {
     FUZZ_CHECK(!spec.status().message().empty());
     return 0;
   }
-  const std::string json = rackrun::runtime::JobSpecToJson(*spec);
-  absl::StatusOr<rackrun::v1::JobSpec> again = rackrun::runtime::ParseJobSpec(json, {}, "json");
+  const std::string json = rackrun::jobspec::JobSpecToJson(*spec);
+  absl::StatusOr<rackrun::v1::JobSpec> again = rackrun::jobspec::ParseJobSpec(json, {}, "json");
   if (!again.ok()) {
     std::fprintf(stderr, "re-parse of %s failed: %s\n", json.c_str(),
                  std::string(again.status().message()).c_str());

@@ -56,7 +56,6 @@
 #include <thread>
 #include <vector>
 
-#include <grpcpp/create_channel.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/support/byte_buffer.h>
 
@@ -72,8 +71,9 @@
 #include "planner/planner.h"
 #include "rackrun/v1/job_service.grpc.pb.h"
 #include "rackrun/v1/rack_control.grpc.pb.h"
+#include "rpc/channel.h"
 #include "runtime/plan_source.h"
-#include "rpc/connection.h"
+#include "worker/connection.h"
 #include "worker/coordinator_plan_source.h"
 
 #ifndef RACKRUN_COORDINATOR_BINARY
@@ -251,14 +251,14 @@ class CoordinatorProcess {
   std::thread drain_;
 };
 
-// A client of both services. `connection` > 0 gives the channel its own TCP connection
-// (channels with different arguments do not share subchannels).
+// A client of both services, on the channel every client uses. `connection` > 0 gives the
+// channel its own TCP connection.
 class Client {
  public:
   Client(const std::string& address, std::string token, int connection = 0) : token_(std::move(token)) {
-    grpc::ChannelArguments args;
-    args.SetInt("rackrun.bench.connection", connection);
-    channel_ = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+    rackrun::rpc::CoordinatorChannelOptions options;
+    options.connection_id = connection;
+    channel_ = rackrun::rpc::CoordinatorChannel(address, grpc::InsecureChannelCredentials(), options);
     jobs_ = rackrun::v1::JobService::NewStub(channel_);
     rack_ = rackrun::v1::RackControl::NewStub(channel_);
   }

@@ -264,7 +264,7 @@ class PolicyRun {
     // (balancer.shared_slots) follow it.
     std::vector<std::string> with_policy = overrides;
     with_policy.push_back("balancer.policy=" + policy);
-    spec_ = OrDie(rt::LoadJobSpec(o.spec, with_policy), rank_, "job spec");
+    spec_ = OrDie(rackrun::jobspec::LoadJobSpec(o.spec, with_policy), rank_, "job spec");
     spec_.mutable_checkpoint()->clear_dir();
     spec_.mutable_data()->clear_validation();
     spec_.mutable_logging()->clear_json();

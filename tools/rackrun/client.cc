@@ -5,9 +5,6 @@
 #include <thread>
 
 #include <grpc/support/log.h>
-#include <grpcpp/create_channel.h>
-#include <grpcpp/security/credentials.h>
-#include <grpcpp/support/channel_arguments.h>
 
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
@@ -15,7 +12,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "rpc/connection.h"
+#include "rpc/channel.h"
 
 namespace rackrun::cli {
 namespace {
@@ -117,28 +114,15 @@ absl::StatusOr<std::unique_ptr<CoordinatorClient>> CoordinatorClient::Create(
         from, ": '", c->address_, "' is not a coordinator address; give HOST:PORT, e.g. ",
         kDefaultCoordinator));
   }
-  absl::StatusOr<worker::ClusterToken> token = worker::LoadClusterToken();
-  if (!token.ok()) return token.status();
-  c->token_ = token->token;
-  c->token_source_ = token->source;
-  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> creds =
-      worker::CoordinatorCredentials({flags.tls_ca, flags.tls_cert, flags.tls_key});
-  if (!creds.ok()) return creds.status();
   c->tls_ = !flags.tls_ca.empty() || !flags.tls_cert.empty();
-  grpc::ChannelArguments args;
-  if (c->tls_ && !flags.tls_server_name.empty()) {
-    args.SetSslTargetNameOverride(flags.tls_server_name);
-  }
-  // Keepalive (the coordinator permits pings every 5 s): a Watch stream to a coordinator
-  // that died without closing the connection ends within ~30 s instead of hanging.
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 20000);
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
-  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-  // Reconnect soon after a coordinator restart (retries are bounded by RetryPolicy).
-  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 200);
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
-  c->channel_ = grpc::CreateCustomChannel(c->address_, *creds, args);
+  rpc::CoordinatorChannelOptions options;
+  if (c->tls_) options.tls_server_name = flags.tls_server_name;
+  absl::StatusOr<rpc::CoordinatorClientChannel> open = rpc::OpenCoordinatorChannel(
+      c->address_, /*token_file=*/"", {flags.tls_ca, flags.tls_cert, flags.tls_key}, options);
+  if (!open.ok()) return open.status();
+  c->token_ = open->token.token;
+  c->token_source_ = open->token.source;
+  c->channel_ = open->channel;
   c->stub_ = rackrun::v1::JobService::NewStub(c->channel_);
   return c;
 }

@@ -8,8 +8,8 @@
 // - TLS when --tls-ca (server roots) or --tls-cert/--tls-key (client certificate) is
 //   given; plaintext otherwise. --tls-server-name overrides the name checked against the
 //   server's certificate.
-// - Every unary call has a deadline (kCallTimeout); the channel sends keepalive pings so
-//   a Watch stream notices a dead coordinator.
+// - Every unary call has a deadline (kCallTimeout); the channel (rpc/channel.h) sends
+//   keepalive pings so a Watch stream notices a dead coordinator.
 // - Every failure becomes ONE line saying what happened and what to do (DescribeError),
 //   written in one place for every status code.
 //

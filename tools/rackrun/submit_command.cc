@@ -95,7 +95,7 @@ int SubmitCommand(const Args& args) {
   const int failed = watch ? kExitNoOutcome : 1;
 
   // Locally first: a bad spec never reaches the network.
-  absl::StatusOr<rackrun::v1::JobSpec> spec = runtime::LoadJobSpec(spec_path, overrides);
+  absl::StatusOr<rackrun::v1::JobSpec> spec = jobspec::LoadJobSpec(spec_path, overrides);
   if (!spec.ok()) {
     std::fprintf(stderr, "rackrun submit: %s\n", std::string(spec.status().message()).c_str());
     return failed;
@@ -107,7 +107,7 @@ int SubmitCommand(const Args& args) {
                  ec.message().c_str());
     return failed;
   }
-  runtime::MakeSpecPathsAbsolute(*spec, cwd.string());
+  jobspec::MakeSpecPathsAbsolute(*spec, cwd.string());
 
   absl::StatusOr<std::unique_ptr<CoordinatorClient>> client = CoordinatorClient::Create(flags);
   if (!client.ok()) {

@@ -19,6 +19,7 @@
 #include "comm/data_channel.h"
 #include "comm/mpi_channel.h"
 #include "runtime/job_config.h"
+#include "jobspec/job_memory.h"
 #include "jobspec/spec.h"
 #include "runtime/step_log.h"
 #include "runtime/trainer.h"
@@ -133,7 +134,7 @@ int RunTrain(const Args& args) {
   }
   if (spec_path.empty()) return Usage("SPEC is required");
 
-  absl::StatusOr<rackrun::v1::JobSpec> spec = rt::LoadJobSpec(spec_path, overrides);
+  absl::StatusOr<rackrun::v1::JobSpec> spec = jobspec::LoadJobSpec(spec_path, overrides);
   if (!spec.ok()) {
     std::fprintf(stderr, "rackrun train: %s\n", std::string(spec.status().message()).c_str());
     return 1;
@@ -145,7 +146,7 @@ int RunTrain(const Args& args) {
         std::filesystem::is_directory(p, ec) ? p.string() : p.parent_path().string());
   }
   if (print_spec) {
-    std::printf("%s\n", rt::JobSpecToJson(*spec).c_str());
+    std::printf("%s\n", jobspec::JobSpecToJson(*spec).c_str());
     return 0;
   }
   // Several ranks: one MPI data channel over all of them. A fatal error on any rank then
@@ -185,7 +186,7 @@ int RunTrain(const Args& args) {
   // Fault injection for the end-to-end tests (runtime/expert_parallel.h).
   if (const char* fault = std::getenv("RACKRUN_FAULT"); fault != nullptr) trainer_options.fault = fault;
   // What this machine cannot hold or run is refused before anything is allocated.
-  absl::StatusOr<rt::JobMemoryEstimate> memory = rt::CheckJobFitsThisMachine(
+  absl::StatusOr<jobspec::JobMemoryEstimate> memory = rt::CheckJobFitsThisMachine(
       *spec, launched > 1 ? launched : 1, LocalRanks(), spec->resources().threads());
   if (!memory.ok()) return fail(spec_path + ": ", memory.status());
   absl::StatusOr<std::unique_ptr<rt::Trainer>> trainer =
@@ -232,7 +233,7 @@ int RunTrain(const Args& args) {
         omp_get_max_threads());
   if (lead) {
     std::printf("memory: estimated %s; this machine: %s\n", memory->Describe().c_str(),
-                rt::ReadMachineMemory().Describe().c_str());
+                jobspec::ReadMachineMemory().Describe().c_str());
   }
   std::fflush(stdout);
 

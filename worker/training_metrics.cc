@@ -1,4 +1,4 @@
-#include "metrics/training_metrics.h"
+#include "worker/training_metrics.h"
 
 #include <algorithm>
 #include <functional>
@@ -8,10 +8,13 @@
 #include "absl/strings/str_cat.h"
 #include "metrics/buckets.h"
 
-namespace rackrun::metrics {
+namespace rackrun::worker {
 
 namespace {
 
+using metrics::BalancingSecondsBuckets;
+using metrics::ImbalanceBuckets;
+using metrics::StepSecondsBuckets;
 using prometheus::BuildCounter;
 using prometheus::BuildGauge;
 using prometheus::BuildHistogram;
@@ -306,4 +309,4 @@ void TrainingMetrics::ObservePlanRoundTrip(double seconds) {
   f_->h_rt->Observe(seconds);
 }
 
-}  // namespace rackrun::metrics
+}  // namespace rackrun::worker

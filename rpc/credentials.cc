@@ -1,17 +1,13 @@
-#include "rpc/connection.h"
+#include "rpc/credentials.h"
 
 #include <cstdlib>
-
-#include <grpcpp/create_channel.h>
-#include <grpcpp/security/credentials.h>
-#include <grpcpp/support/channel_arguments.h>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/file.h"
 
-namespace rackrun::worker {
+namespace rackrun::rpc {
 namespace {
 
 // A file named by a flag; the error names the flag.
@@ -88,42 +84,4 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> CoordinatorCredentials
   return grpc::SslCredentials(ssl);
 }
 
-absl::Status FromGrpc(const grpc::Status& status) {
-  return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
-}
-
-absl::StatusOr<std::unique_ptr<Connection>> Connection::Create(const ConnectionOptions& options) {
-  std::unique_ptr<Connection> c(new Connection());
-  c->address_ = options.coordinator;
-  c->call_timeout_ = options.call_timeout;
-  absl::StatusOr<ClusterToken> token = LoadClusterToken(options.token_file);
-  if (!token.ok()) return token.status();
-  c->token_ = token->token;
-  c->token_source_ = token->source;
-  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
-      CoordinatorCredentials({options.tls_ca, options.tls_cert, options.tls_key});
-  if (!credentials.ok()) return credentials.status();
-  grpc::ChannelArguments args;
-  // Keepalive: a dead coordinator (or a cut network) ends the assignment stream within
-  // seconds instead of at the next TCP timeout.
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
-  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-  args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
-  // Reconnect quickly after a coordinator restart.
-  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  c->channel_ = grpc::CreateCustomChannel(c->address_, *credentials, args);
-  c->stub_ = rackrun::v1::RackControl::NewStub(c->channel_);
-  return c;
-}
-
-std::unique_ptr<grpc::ClientContext> Connection::NewContext(
-    std::chrono::milliseconds timeout) const {
-  auto context = std::make_unique<grpc::ClientContext>();
-  context->AddMetadata("authorization", "Bearer " + token_);
-  if (timeout.count() > 0) context->set_deadline(std::chrono::system_clock::now() + timeout);
-  return context;
-}
-
-}  // namespace rackrun::worker
+}  // namespace rackrun::rpc

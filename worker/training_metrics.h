@@ -1,6 +1,7 @@
 // TrainingMetrics: the worker's Prometheus series of one job on one rank, as a
 // runtime::TrainObserver the worker attaches to its Trainer on every rank (docs/design.md
-// section 9). Per step it records the training figures (step time, tokens, loss,
+// section 9; the series are listed in metrics/expected_series.h). The registry and its
+// exporter are the metrics module's (metrics/exporter.h). Per step it records the training figures (step time, tokens, loss,
 // validation loss, gradient norm, learning rate, model FLOP/s and MFU) and the balancing
 // figures (imbalance before/after and replicas per MoE layer, seconds spent planning,
 // fanning out, in token all-to-alls and reducing replica gradients, bytes moved).
@@ -21,8 +22,8 @@
 //
 // Thread safety: OnStep runs on the training thread; SetPhase and ObservePlanRoundTrip may
 // be called from any thread (the worker's heartbeat thread, its plan source).
-#ifndef RACKRUN_METRICS_TRAINING_METRICS_H_
-#define RACKRUN_METRICS_TRAINING_METRICS_H_
+#ifndef RACKRUN_WORKER_TRAINING_METRICS_H_
+#define RACKRUN_WORKER_TRAINING_METRICS_H_
 
 #include <cstdint>
 #include <map>
@@ -41,7 +42,7 @@
 #include "rackrun/v1/job_spec.pb.h"
 #include "runtime/trainer.h"
 
-namespace rackrun::metrics {
+namespace rackrun::worker {
 
 // 6 x active parameters per token of a defaulted spec whose model has `parameters`
 // parameters in all (Trainer::parameter_count()). See the header comment.
@@ -87,6 +88,6 @@ class TrainingMetrics final : public runtime::TrainObserver {
   std::map<std::string, prometheus::Gauge*, std::less<>> phases_;  // guarded by phase_mu_
 };
 
-}  // namespace rackrun::metrics
+}  // namespace rackrun::worker
 
-#endif  // RACKRUN_METRICS_TRAINING_METRICS_H_
+#endif  // RACKRUN_WORKER_TRAINING_METRICS_H_

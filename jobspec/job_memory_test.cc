@@ -1,0 +1,83 @@
+#include "jobspec/job_memory.h"
+
+#include <string>
+
+#include "jobspec/spec.h"
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace rackrun::jobspec {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::StartsWith;
+
+// Width 128, 4 blocks, 16 experts top-2 of hidden 256, 4 sequences of 128 tokens.
+constexpr char kYaml[] = R"(
+model: {width: 128, blocks: 4, heads: 4, seq_len: 128, moe: {experts: 16, top_k: 2}}
+data: {train: train.tokens, batch_size: 4}
+training: {steps: 300}
+)";
+
+JobMemoryEstimate EstimateOf(const rackrun::v1::JobSpec& spec, int ranks = 1, int threads = 1) {
+  JobMemoryInputs in;
+  in.ranks = ranks;
+  in.threads = threads;
+  absl::StatusOr<JobMemoryEstimate> e = EstimateJobMemory(spec, in);
+  EXPECT_TRUE(e.ok()) << e.status();
+  return e.ok() ? *e : JobMemoryEstimate{};
+}
+
+TEST(JobMemoryTest, MachineMemoryParsing) {
+  const std::string meminfo =
+      "MemTotal:       16314228 kB\nMemFree:         1000000 kB\nMemAvailable:    8000000 kB\n";
+  MachineMemory m = ParseMachineMemory(meminfo, "max\n", "123\n");
+  EXPECT_EQ(m.total, 16314228ll * 1024);
+  EXPECT_EQ(m.available, 8000000ll * 1024);
+  EXPECT_EQ(m.cgroup_limit, 0);
+  EXPECT_EQ(m.usable(), 8000000ll * 1024);
+  m = ParseMachineMemory(meminfo, "4294967296\n", "1073741824\n");  // 4 GiB limit, 1 GiB used
+  EXPECT_EQ(m.usable(), 3ll << 30);
+  EXPECT_THAT(m.Describe(), HasSubstr("cgroup limit 4.0 GiB"));
+  // cgroup v1's "unlimited" (a page-rounded huge number) is no limit.
+  m = ParseMachineMemory(meminfo, "9223372036854771712\n", "5\n");
+  EXPECT_EQ(m.cgroup_limit, 0);
+  const MachineMemory here = ReadMachineMemory();
+  EXPECT_GT(here.total, 0);
+  EXPECT_GT(here.usable(), 0);
+}
+
+TEST(JobMemoryTest, TooLargeForTheMachineNamesFieldEstimateAndMachine) {
+  absl::StatusOr<rackrun::v1::JobSpec> spec = ParseJobSpec(kYaml, {"model.vocab=100000000"});
+  ASSERT_TRUE(spec.ok()) << spec.status();  // fits *some* machine: refused where it runs
+  const JobMemoryEstimate e = EstimateOf(*spec);
+  EXPECT_GT(e.total, 100000000ll * 128 * 2 * 16);  // embedding + head, 16 bytes per parameter
+  MachineMemory machine;
+  machine.total = 16ll << 30;
+  machine.available = 8ll << 30;
+  const absl::Status s = CheckJobMemory(e, 1, machine);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  const std::string message(s.message());
+  EXPECT_THAT(message, StartsWith("model.vocab, model.width: the job needs an estimated "));
+  EXPECT_THAT(message, HasSubstr("but this machine has 8.0 GiB usable (MemAvailable 8.0 GiB of "
+                                     "MemTotal 16.0 GiB)"));
+  EXPECT_THAT(message, HasSubstr("LM-head logits [tokens x vocab]"));
+  machine.available = 1ll << 40;
+  EXPECT_TRUE(CheckJobMemory(e, 1, machine).ok());
+  EXPECT_FALSE(CheckJobMemory(e, 100, machine).ok());  // 100 ranks on one machine
+}
+
+TEST(JobMemoryTest, ExpertParallelEstimateIsPerRank) {
+  absl::StatusOr<rackrun::v1::JobSpec> spec =
+      ParseJobSpec(kYaml, {"model.moe.experts=64", "model.moe.expert_hidden=1024"});
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  const JobMemoryEstimate one = EstimateOf(*spec, 1), four = EstimateOf(*spec, 4);
+  EXPECT_LT(four.parameters, one.parameters / 2);  // experts dominate and are sharded
+  EXPECT_GT(four.expert_slots, 0);                 // but replica slots are added
+  EXPECT_EQ(one.expert_slots, 0);
+  EXPECT_THAT(four.Describe(), HasSubstr("per rank"));
+}
+
+}  // namespace
+}  // namespace rackrun::jobspec

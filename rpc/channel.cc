@@ -1,0 +1,37 @@
+#include "rpc/channel.h"
+
+#include <grpcpp/create_channel.h>
+#include <grpcpp/support/channel_arguments.h>
+
+#include <utility>
+
+namespace rackrun::rpc {
+
+std::shared_ptr<grpc::Channel> CoordinatorChannel(
+    const std::string& address, const std::shared_ptr<grpc::ChannelCredentials>& credentials,
+    const CoordinatorChannelOptions& options) {
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  if (!options.tls_server_name.empty()) args.SetSslTargetNameOverride(options.tls_server_name);
+  if (options.connection_id != 0) args.SetInt("rackrun.connection_id", options.connection_id);
+  return grpc::CreateCustomChannel(address, credentials, args);
+}
+
+absl::StatusOr<CoordinatorClientChannel> OpenCoordinatorChannel(
+    const std::string& address, const std::string& token_file, const TlsFiles& tls,
+    const CoordinatorChannelOptions& options) {
+  absl::StatusOr<ClusterToken> token = LoadClusterToken(token_file);
+  if (!token.ok()) return token.status();
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
+      CoordinatorCredentials(tls);
+  if (!credentials.ok()) return credentials.status();
+  return CoordinatorClientChannel{*std::move(token),
+                                  CoordinatorChannel(address, *credentials, options)};
+}
+
+}  // namespace rackrun::rpc
