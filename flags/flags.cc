@@ -255,31 +255,31 @@ Flag& FlagSet::List(std::string name, std::vector<std::string>* out, std::string
 
 Flag& FlagSet::List(std::string name, std::vector<int>* out, std::string placeholder,
                     std::string help) {
-  Flag& flag = Add(std::move(name), std::move(placeholder), std::move(help),
-                   absl::StrJoin(*out, ","), [out](const Flag& f, std::string_view value) {
-                     std::vector<int> items;
-                     for (absl::string_view item : absl::StrSplit(A(value), ',', absl::SkipEmpty())) {
-                       absl::StatusOr<int64_t> v = ParseInt(S(item), INT32_MIN, INT32_MAX);
-                       if (!v.ok()) return v.status();
-                       if (absl::Status s = f.CheckRange(static_cast<double>(*v), S(item)); !s.ok()) {
-                         return s;
-                       }
-                       items.push_back(static_cast<int>(*v));
-                     }
-                     if (items.empty()) return Problem("give a comma-separated list of integers");
-                     *out = std::move(items);
-                     return absl::OkStatus();
-                   });
+  Flag& flag =
+      Add(std::move(name), std::move(placeholder), std::move(help), absl::StrJoin(*out, ","),
+          [out](const Flag& f, std::string_view value) {
+            std::vector<int> items;
+            for (absl::string_view item : absl::StrSplit(A(value), ',', absl::SkipEmpty())) {
+              absl::StatusOr<int64_t> v = ParseInt(S(item), INT32_MIN, INT32_MAX);
+              if (!v.ok()) return v.status();
+              if (absl::Status s = f.CheckRange(static_cast<double>(*v), S(item)); !s.ok()) {
+                return s;
+              }
+              items.push_back(static_cast<int>(*v));
+            }
+            if (items.empty()) return Problem("give a comma-separated list of integers");
+            *out = std::move(items);
+            return absl::OkStatus();
+          });
   flag.integer_ = true;
   return flag;
 }
 
 Flag& FlagSet::Custom(std::string name, std::string placeholder, std::string help,
                       std::function<absl::Status(std::string_view value)> parse) {
-  return Add(std::move(name), std::move(placeholder), std::move(help), "",
-             [parse = std::move(parse)](const Flag&, std::string_view value) {
-               return parse(value);
-             });
+  return Add(
+      std::move(name), std::move(placeholder), std::move(help), "",
+      [parse = std::move(parse)](const Flag&, std::string_view value) { return parse(value); });
 }
 
 void FlagSet::Positional(std::string name, std::string* out, std::string help) {
@@ -331,8 +331,8 @@ absl::Status FlagSet::Parse(const std::vector<std::string>& args) {
         return Problem(absl::StrCat("'", arg, "': unexpected argument; flags start with --"));
       }
       if (positional_seen) {
-        return Problem(absl::StrCat("'", arg, "': unexpected argument; give one ",
-                                    positional_name_, " (", *positional_, " is one)"));
+        return Problem(absl::StrCat("'", arg, "': unexpected argument; give one ", positional_name_,
+                                    " (", *positional_, " is one)"));
       }
       *positional_ = arg;
       positional_seen = true;
@@ -382,8 +382,7 @@ absl::Status FlagSet::Parse(const std::vector<std::string>& args) {
   return absl::OkStatus();
 }
 
-std::optional<int> FlagSet::ParseCommandLine(const std::vector<std::string>& args,
-                                             int usage_exit) {
+std::optional<int> FlagSet::ParseCommandLine(const std::vector<std::string>& args, int usage_exit) {
   const absl::Status s = Parse(args);
   if (help_requested_) {
     const std::string help = Help();
@@ -421,8 +420,8 @@ std::vector<std::string> FlagSet::GivenIn(int section) const {
 }
 
 std::string FlagSet::Help() const {
-  std::string out = absl::StrCat("usage: ", program_, synopsis_.empty() ? "" : " ", synopsis_,
-                                 "\n");
+  std::string out =
+      absl::StrCat("usage: ", program_, synopsis_.empty() ? "" : " ", synopsis_, "\n");
   if (!description_.empty()) absl::StrAppend(&out, "\n", description_);
   if (!out.empty() && out.back() != '\n') out += '\n';
 

@@ -135,8 +135,7 @@ class FlagSet {
   // Comma-separated lists; the last occurrence replaces the whole list.
   Flag& List(std::string name, std::vector<std::string>* out, std::string placeholder,
              std::string help);
-  Flag& List(std::string name, std::vector<int>* out, std::string placeholder,
-             std::string help);
+  Flag& List(std::string name, std::vector<int>* out, std::string placeholder, std::string help);
   // Anything else: `parse` gets the value and returns the PROBLEM on failure (the set
   // puts the flag's name in front).
   Flag& Custom(std::string name, std::string placeholder, std::string help,
@@ -174,8 +173,8 @@ class FlagSet {
   const std::string& program() const { return program_; }
 
  private:
-  Flag& Add(std::string name, std::string placeholder, std::string help,
-            std::string default_text, Flag::Setter set);
+  Flag& Add(std::string name, std::string placeholder, std::string help, std::string default_text,
+            Flag::Setter set);
   Flag* Find(std::string_view name);
   absl::Status Set(Flag& flag, std::string_view value, std::string_view subject);
   std::string Suggest(std::string_view name) const;
@@ -231,8 +230,7 @@ Flag& FlagSet::Int(std::string name, T* out, std::string placeholder, std::strin
                      if constexpr (std::is_same_v<V, uint64_t>) {
                        absl::StatusOr<uint64_t> v = ParseUint(value);
                        if (!v.ok()) return v.status();
-                       if (absl::Status s = f.CheckRange(static_cast<double>(*v), value);
-                           !s.ok()) {
+                       if (absl::Status s = f.CheckRange(static_cast<double>(*v), value); !s.ok()) {
                          return s;
                        }
                        *out = *v;
@@ -240,8 +238,7 @@ Flag& FlagSet::Int(std::string name, T* out, std::string placeholder, std::strin
                        absl::StatusOr<int64_t> v = ParseInt(value, std::numeric_limits<V>::min(),
                                                             std::numeric_limits<V>::max());
                        if (!v.ok()) return v.status();
-                       if (absl::Status s = f.CheckRange(static_cast<double>(*v), value);
-                           !s.ok()) {
+                       if (absl::Status s = f.CheckRange(static_cast<double>(*v), value); !s.ok()) {
                          return s;
                        }
                        *out = static_cast<V>(*v);

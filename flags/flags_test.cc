@@ -17,7 +17,9 @@ namespace {
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-absl::string_view ParseTestText(std::string_view s) { return absl::string_view(s.data(), s.size()); }
+absl::string_view ParseTestText(std::string_view s) {
+  return absl::string_view(s.data(), s.size());
+}
 
 // A set with one flag of every kind, bound to `Values`.
 struct Values {
@@ -56,7 +58,8 @@ class FlagSetTest : public ::testing::Test {
     set_.List("--ranks", &v_.ranks, "LIST", "rank counts").Range(1, 1024);
     set_.Custom("--mode", "MODE", "exposed | hidden", [this](std::string_view value) {
       if (value != "exposed" && value != "hidden") {
-        return absl::InvalidArgumentError(absl::StrCat("'", ParseTestText(value), "' is not a mode"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("'", ParseTestText(value), "' is not a mode"));
       }
       v_.mode = std::string(value);
       return absl::OkStatus();
@@ -191,7 +194,8 @@ TEST_F(PositionalTest, OnePositionalAnywhereAndRequired) {
 TEST_F(FlagSetTest, HelpListsEveryFlagWithItsHelpAndDefault) {
   const std::string help = set_.Help();
   EXPECT_THAT(help, HasSubstr("usage: prog sub [options]\n\nDoes things.\n\noptions:\n"));
-  EXPECT_THAT(help, HasSubstr("  --listen HOST:PORT  address to serve on (default 127.0.0.1:7070)\n"));
+  EXPECT_THAT(help,
+              HasSubstr("  --listen HOST:PORT  address to serve on (default 127.0.0.1:7070)\n"));
   EXPECT_THAT(help, HasSubstr("  --json              print JSON\n"));
   EXPECT_THAT(help, HasSubstr("--threads N         compute threads (default the spec's)\n"));
   EXPECT_THAT(help, HasSubstr("--timeout-ms MS     how long (default 1000)\n"));
