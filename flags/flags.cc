@@ -445,7 +445,9 @@ std::string FlagSet::Help() const {
   for (const auto& f : flags_) {
     if (!f->hidden_) rows[static_cast<size_t>(f->section_)].push_back(row_of(*f));
   }
-  rows[0].push_back({"-h, --help", "print this help and exit"});
+  // Under the first section, or the last when every flag has a section of its own.
+  const size_t help_section = rows[0].empty() ? rows.size() - 1 : 0;
+  rows[help_section].push_back({"-h, --help", "print this help and exit"});
   size_t column = 0;
   for (const auto& section : rows) {
     for (const Row& r : section) {
