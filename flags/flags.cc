@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "base/edit_distance.h"
 
 namespace rackrun::flags {
 namespace {
@@ -58,22 +59,6 @@ std::string Wrap(std::string_view text, size_t indent, size_t first_used) {
     }
   }
   return out;
-}
-
-// Levenshtein distance, for "did you mean".
-size_t Distance(std::string_view a, std::string_view b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diagonal = row[0];
-    row[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      const size_t up = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      diagonal = up;
-    }
-  }
-  return row[b.size()];
 }
 
 bool IsHelp(std::string_view arg) { return arg == "--help" || arg == "-h"; }
@@ -307,7 +292,7 @@ std::string FlagSet::Suggest(std::string_view name) const {
   size_t best_distance = 3;  // suggest only a near miss
   for (const auto& f : flags_) {
     if (f->hidden_) continue;
-    const size_t d = Distance(name, f->name_);
+    const size_t d = base::EditDistance(name, f->name_);
     if (d < best_distance) {
       best_distance = d;
       best = f->name_;

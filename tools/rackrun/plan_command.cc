@@ -234,7 +234,8 @@ int DeclareFlags(flags::FlagSet& flag_set, PlanFlags& f) {
   flag_set.Int("--eplb-window", &f.planner.eplb_window, "W",
                "eplb moving-average window in microbatches")
       .Range(1, 1 << 20);
-  flag_set.Int("--eplb-interval", &f.planner.eplb_interval, "K", "eplb replans every K microbatches")
+  flag_set
+      .Int("--eplb-interval", &f.planner.eplb_interval, "K", "eplb replans every K microbatches")
       .Range(1, 1 << 20);
   flag_set
       .Custom("--eplb-replacement", "MODE",
