@@ -1,42 +1,73 @@
-// rackrun-coordinator: the rack coordinator daemon. See server.h; flags below.
+// rackrun-coordinator: the rack coordinator daemon. See server.h; flags below
+// (rackrun-coordinator --help).
 #include <signal.h>
 
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <string>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "coordinator/server.h"
+#include "flags/flags.h"
 
 namespace {
 
-constexpr const char* kUsage =
-    "usage: rackrun-coordinator [--listen HOST:PORT] [--state-dir DIR] [--token-file FILE]\n"
-    "         [--heartbeat-interval-ms N] [--heartbeat-timeout-ms N] [--hang-timeout-ms N]\n"
-    "         [--start-timeout-ms N] [--report-grace-ms N] [--reattach-grace-ms N]\n"
-    "         [--channel-timeout-ms N]\n"
-    "         [--tls-cert FILE --tls-key FILE [--tls-client-ca FILE]]\n"
-    "         [--metrics-listen HOST:PORT] [--dashboard-listen HOST:PORT] [--dashboard-assets DIR]\n"
-    "         [--dashboard-allow-remote] [--prometheus-targets FILE]\n"
-    "  --listen          address to serve on (default 127.0.0.1:7070; port 0 = any free port)\n"
-    "  --state-dir       job database and token (default ~/.rackrun)\n"
-    "  --hang-timeout-ms   a rank longer than this in one phase, or its peers in a collective\n"
-    "                    waiting for it, is HANG (default 60000)\n"
-    "  --start-timeout-ms  the same for phase starting: model, data, checks (default 600000)\n"
-    "  --report-grace-ms   a rank's own failure report this soon after a HANG verdict naming it\n"
-    "                    replaces the verdict (default 30000)\n"
-    "  --token-file      cluster token (default STATE_DIR/token, created at first start, mode 0600)\n"
-    "  --metrics-listen  Prometheus endpoint, GET /metrics (default off; e.g. 0.0.0.0:9464)\n"
-    "  --dashboard-listen  built-in live dashboard (default off; loopback only, e.g. 127.0.0.1:8080)\n"
-    "  --dashboard-assets  its page and uPlot (default the source tree's metrics/dashboard)\n"
-    "  --dashboard-allow-remote  let --dashboard-listen take a non-loopback address (no token asked)\n"
-    "  --prometheus-targets FILE  keep FILE a Prometheus file_sd list of the live workers' metrics\n"
-    "                    endpoints (their --metrics-listen, bound port included)\n";
-
-int Fail(const std::string& message) {
-  std::fprintf(stderr, "rackrun-coordinator: %s\n%s", message.c_str(), kUsage);
-  return 2;
+// The flags, bound to `o` (whose values are the defaults the help shows).
+void DeclareFlags(rackrun::flags::FlagSet& flags, rackrun::coordinator::ServerOptions& o) {
+  flags.Describe(
+      "The rack coordinator: job queue and job state (SQLite in --state-dir), worker\n"
+      "membership and failure detection, job assignment and restarts, the per-job rendezvous,\n"
+      "UltraEP planning in coordinator mode, Prometheus metrics and the dashboard. Runs until\n"
+      "SIGTERM or SIGINT.\n");
+  flags.String("--listen", &o.listen, "HOST:PORT", "address to serve on; port 0 = any free port");
+  flags.String("--state-dir", &o.state_dir, "DIR", "job database and token").Default("~/.rackrun");
+  flags.String("--token-file", &o.token_file, "FILE", "cluster token")
+      .Default("STATE_DIR/token, created at first start, mode 0600");
+  flags.Section("timeouts (milliseconds)");
+  const auto ms = [&](const char* name, int64_t* out, const char* help) {
+    flags.Int(name, out, "MS", help).Range(0);
+  };
+  ms("--heartbeat-interval-ms", &o.rack.workers.heartbeat_interval_ms,
+     "how often workers heartbeat (told to them at registration)");
+  ms("--heartbeat-timeout-ms", &o.rack.workers.heartbeat_timeout_ms,
+     "a worker silent this long is LOST; must exceed --heartbeat-interval-ms");
+  ms("--hang-timeout-ms", &o.rack.workers.hang_timeout_ms,
+     "a rank longer than this in one phase, or its peers in a collective waiting for it, is "
+     "HANG");
+  ms("--start-timeout-ms", &o.rack.workers.start_timeout_ms,
+     "the same for phase starting: model, data, checks");
+  ms("--report-grace-ms", &o.rack.jobs.report_grace_ms,
+     "a rank's own failure report this soon after a HANG verdict naming it replaces the "
+     "verdict");
+  ms("--reattach-grace-ms", &o.rack.jobs.reattach_grace_ms,
+     "after a coordinator restart, how long a running job's workers have to re-register "
+     "before the missing ranks count as lost");
+  ms("--channel-timeout-ms", &o.rack.channel_timeout_ms,
+     "bound on a job's data-channel waits and rendezvous");
+  flags.Int("--serving-delay-ms", &o.serving_delay_ms, "MS", "tests: hold health at NOT_SERVING")
+      .Range(0)
+      .Hidden();
+  flags.Section("TLS (default: plaintext)");
+  flags.String("--tls-cert", &o.tls_cert, "FILE", "server certificate (PEM); needs --tls-key");
+  flags.String("--tls-key", &o.tls_key, "FILE", "its private key (PEM)");
+  flags.String("--tls-client-ca", &o.tls_client_ca, "FILE",
+               "require client certificates signed by FILE");
+  flags.Section("observability");
+  flags.String("--metrics-listen", &o.observability.metrics_listen, "HOST:PORT",
+               "Prometheus endpoint, GET /metrics, e.g. 0.0.0.0:9464")
+      .Default("off");
+  flags.String("--dashboard-listen", &o.observability.dashboard_listen, "HOST:PORT",
+               "built-in live dashboard, loopback only, e.g. 127.0.0.1:8080")
+      .Default("off");
+  flags.String("--dashboard-assets", &o.observability.dashboard_assets, "DIR",
+               "the dashboard's page and uPlot")
+      .Default("the source tree's metrics/dashboard");
+  flags.Switch("--dashboard-allow-remote", &o.observability.dashboard_allow_remote,
+               "let --dashboard-listen take a non-loopback address (no token asked)");
+  flags.String("--prometheus-targets", &o.prometheus_targets, "FILE",
+               "keep FILE a Prometheus file_sd list of the live workers' metrics endpoints "
+               "(their --metrics-listen, bound port included)");
 }
 
 }  // namespace
@@ -46,71 +77,14 @@ int main(int argc, char** argv) {
   ServerOptions o;
   const char* home = std::getenv("HOME");
   o.state_dir = absl::StrCat(home != nullptr ? home : ".", "/.rackrun");
-  for (int i = 1; i < argc; ++i) {
-    std::string flag = argv[i];
-    std::string value;
-    if (flag == "-h" || flag == "--help") {
-      std::fputs(kUsage, stdout);
-      return 0;
-    }
-    if (flag == "--dashboard-allow-remote") {
-      o.observability.dashboard_allow_remote = true;
-      continue;
-    }
-    if (const size_t eq = flag.find('='); eq != std::string::npos) {
-      value = flag.substr(eq + 1);
-      flag = flag.substr(0, eq);
-    } else if (i + 1 < argc) {
-      value = argv[++i];
-    } else {
-      return Fail(absl::StrCat(flag, ": needs a value"));
-    }
-    int64_t* number = nullptr;
-    if (flag == "--listen") {
-      o.listen = value;
-    } else if (flag == "--state-dir") {
-      o.state_dir = value;
-    } else if (flag == "--token-file") {
-      o.token_file = value;
-    } else if (flag == "--metrics-listen") {
-      o.observability.metrics_listen = value;
-    } else if (flag == "--prometheus-targets") {
-      o.prometheus_targets = value;
-    } else if (flag == "--dashboard-listen") {
-      o.observability.dashboard_listen = value;
-    } else if (flag == "--dashboard-assets") {
-      o.observability.dashboard_assets = value;
-    } else if (flag == "--tls-cert") {
-      o.tls_cert = value;
-    } else if (flag == "--tls-key") {
-      o.tls_key = value;
-    } else if (flag == "--tls-client-ca") {
-      o.tls_client_ca = value;
-    } else if (flag == "--heartbeat-interval-ms") {
-      number = &o.rack.workers.heartbeat_interval_ms;
-    } else if (flag == "--heartbeat-timeout-ms") {
-      number = &o.rack.workers.heartbeat_timeout_ms;
-    } else if (flag == "--hang-timeout-ms") {
-      number = &o.rack.workers.hang_timeout_ms;
-    } else if (flag == "--start-timeout-ms") {
-      number = &o.rack.workers.start_timeout_ms;
-    } else if (flag == "--report-grace-ms") {
-      number = &o.rack.jobs.report_grace_ms;
-    } else if (flag == "--reattach-grace-ms") {
-      number = &o.rack.jobs.reattach_grace_ms;
-    } else if (flag == "--channel-timeout-ms") {
-      number = &o.rack.channel_timeout_ms;
-    } else if (flag == "--serving-delay-ms") {  // tests: hold health at NOT_SERVING
-      number = &o.serving_delay_ms;
-    } else {
-      return Fail(absl::StrCat("unknown flag '", flag, "'"));
-    }
-    if (number != nullptr && (!absl::SimpleAtoi(value, number) || *number < 0)) {
-      return Fail(absl::StrCat(flag, ": '", value, "' is not a non-negative number of milliseconds"));
-    }
-  }
+  rackrun::flags::FlagSet flags("rackrun-coordinator", "[options]");
+  DeclareFlags(flags, o);
+  if (std::optional<int> exit = flags.ParseCommandLine(argc, argv)) return *exit;
   if (o.rack.workers.heartbeat_timeout_ms <= o.rack.workers.heartbeat_interval_ms) {
-    return Fail("--heartbeat-timeout-ms: must exceed --heartbeat-interval-ms");
+    return flags.Fail("--heartbeat-timeout-ms",
+                      absl::StrCat(o.rack.workers.heartbeat_timeout_ms,
+                                   " must exceed --heartbeat-interval-ms (",
+                                   o.rack.workers.heartbeat_interval_ms, ")"));
   }
 
   // Signals are taken by sigwait below, not by handlers, so block them in every thread.

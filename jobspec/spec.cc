@@ -12,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "base/edit_distance.h"
 #include "base/file.h"
 #include "jobspec/field_checks.h"
 #include "jobspec/restart_policy.h"
@@ -32,21 +33,6 @@ std::string Join(absl::string_view parent, absl::string_view name) {
   return parent.empty() ? std::string(name) : absl::StrCat(parent, ".", name);
 }
 
-size_t EditDistance(std::string_view a, std::string_view b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diagonal = row[0];
-    row[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      const size_t up = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      diagonal = up;
-    }
-  }
-  return row[b.size()];
-}
-
 absl::Status UnknownField(const google::protobuf::Descriptor& type, absl::string_view path,
                           absl::string_view name) {
   std::vector<std::string> known;
@@ -55,7 +41,7 @@ absl::Status UnknownField(const google::protobuf::Descriptor& type, absl::string
   for (int i = 0; i < type.field_count(); ++i) {
     const std::string& candidate = type.field(i)->name();
     known.push_back(candidate);
-    const size_t d = EditDistance(std::string_view(name.data(), name.size()), candidate);
+    const size_t d = base::EditDistance(std::string_view(name.data(), name.size()), candidate);
     if (d < best) {
       best = d;
       closest = candidate;

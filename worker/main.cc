@@ -6,38 +6,60 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 
 #include "absl/strings/numbers.h"
 #include "base/signals.h"
+#include "flags/flags.h"
 #include "worker/worker.h"
 
 namespace {
 
-constexpr char kUsage[] =
-    R"(usage: rackrun-worker [--coordinator HOST:PORT] [options]
-
-Registers with the rack coordinator and runs the jobs it assigns, one at a time, until
-SIGTERM or SIGINT (then the running job finishes its step, checkpoints and stops on every
-rank; the worker deregisters and exits 0; a second signal exits at once).
-
-options:
-  --coordinator HOST:PORT  the rack coordinator (default $RACKRUN_COORDINATOR, else 127.0.0.1:7070)
-  --token-file FILE        the cluster token (default $RACKRUN_TOKEN, else the file
-                           $RACKRUN_TOKEN_FILE, else ~/.rackrun/token)
-  --tls-ca FILE            TLS: trust server certificates signed by FILE
-  --tls-cert FILE --tls-key FILE   TLS client certificate
-  --host NAME              the name this worker reports (default: the hostname)
-  --data-address ADDR      address peers reach this worker's data channel on (default: host)
-  --device DEV             cpu (default) or cuda:N (offers the NCCL channel)
-  --threads N              compute threads per job (default: the job spec's resources.threads)
-  --patience-s S           how long to wait for an unreachable coordinator (default 120)
-  --metrics-listen H:P     serve Prometheus metrics on http://H:P/metrics (default: none)
-  --peak-flops F           one device's peak FLOP/s, for the MFU series (default: no MFU)
-The launcher rank (for deterministic rank assignment) is read from OMPI_COMM_WORLD_RANK,
-SLURM_PROCID / PMIX_RANK or RANK, and the size from the matching variables.
-)";
+// The flags, bound to `o` (whose values are the defaults the help shows).
+void DeclareFlags(rackrun::flags::FlagSet& flags, rackrun::worker::WorkerOptions& o) {
+  flags.Describe(
+      "Registers with the rack coordinator and runs the jobs it assigns, one at a time, until\n"
+      "SIGTERM or SIGINT (then the running job finishes its step, checkpoints and stops on every\n"
+      "rank; the worker deregisters and exits 0; a second signal exits at once).\n");
+  flags.Epilogue(
+      "The launcher rank (for deterministic rank assignment) is read from OMPI_COMM_WORLD_RANK,\n"
+      "SLURM_PROCID / PMIX_RANK or RANK, and the size from the matching variables.\n");
+  o.connection.coordinator = "127.0.0.1:7070";
+  flags.String("--coordinator", &o.connection.coordinator, "HOST:PORT", "the rack coordinator")
+      .Env("RACKRUN_COORDINATOR");
+  flags.String("--token-file", &o.connection.token_file, "FILE", "the cluster token")
+      .Default("$RACKRUN_TOKEN, else the file $RACKRUN_TOKEN_FILE, else ~/.rackrun/token");
+  flags.String("--tls-ca", &o.connection.tls_ca, "FILE",
+               "TLS: trust server certificates signed by FILE");
+  flags.String("--tls-cert", &o.connection.tls_cert, "FILE", "TLS client certificate");
+  flags.String("--tls-key", &o.connection.tls_key, "FILE", "its private key");
+  flags.String("--host", &o.host, "NAME", "the name this worker reports").Default("the hostname");
+  flags.String("--data-address", &o.data_address, "ADDR",
+               "address peers reach this worker's data channel on")
+      .Default("--host");
+  flags.String("--device", &o.device, "DEV", "cpu or cuda:N (offers the NCCL channel)");
+  flags.Int("--threads", &o.threads, "N", "compute threads per job")
+      .Default("the job spec's resources.threads");
+  flags
+      .Custom("--patience-s", "S", "how long to wait for an unreachable coordinator",
+              [&o](std::string_view value) {
+                absl::StatusOr<int64_t> s = rackrun::flags::ParseInt(value, 0, INT32_MAX);
+                if (!s.ok()) return s.status();
+                o.patience = std::chrono::seconds(*s);
+                return absl::OkStatus();
+              })
+      .Default(std::to_string(
+          std::chrono::duration_cast<std::chrono::seconds>(o.patience).count()));
+  flags.String("--metrics-listen", &o.metrics_listen, "H:P",
+               "serve Prometheus metrics on http://H:P/metrics")
+      .Default("none");
+  flags.Double("--peak-flops", &o.peak_flops, "F", "one device's peak FLOP/s, for the MFU series")
+      .Range(0)
+      .Default("no MFU");
+}
 
 int EnvInt(const char* name, int fallback) {
   const char* v = std::getenv(name);
@@ -50,62 +72,9 @@ int EnvInt(const char* name, int fallback) {
 
 int main(int argc, char** argv) {
   rackrun::worker::WorkerOptions o;
-  const char* env_coordinator = std::getenv("RACKRUN_COORDINATOR");
-  o.connection.coordinator = env_coordinator != nullptr ? env_coordinator : "127.0.0.1:7070";
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    const auto value = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "rackrun-worker: %s needs a value\n", a.c_str());
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    const auto number = [&]() {
-      const std::string v = value();
-      int n = 0;
-      if (!absl::SimpleAtoi(v, &n)) {
-        std::fprintf(stderr, "rackrun-worker: %s: '%s' is not a number\n", a.c_str(), v.c_str());
-        std::exit(2);
-      }
-      return n;
-    };
-    if (a == "--help" || a == "-h") {
-      std::fputs(kUsage, stdout);
-      return 0;
-    } else if (a == "--coordinator") {
-      o.connection.coordinator = value();
-    } else if (a == "--token-file") {
-      o.connection.token_file = value();
-    } else if (a == "--tls-ca") {
-      o.connection.tls_ca = value();
-    } else if (a == "--tls-cert") {
-      o.connection.tls_cert = value();
-    } else if (a == "--tls-key") {
-      o.connection.tls_key = value();
-    } else if (a == "--host") {
-      o.host = value();
-    } else if (a == "--data-address") {
-      o.data_address = value();
-    } else if (a == "--device") {
-      o.device = value();
-    } else if (a == "--threads") {
-      o.threads = number();
-    } else if (a == "--metrics-listen") {
-      o.metrics_listen = value();
-    } else if (a == "--peak-flops") {
-      const std::string v = value();
-      if (!absl::SimpleAtod(v, &o.peak_flops) || o.peak_flops < 0) {
-        std::fprintf(stderr, "rackrun-worker: --peak-flops: '%s' is not a FLOP/s figure\n", v.c_str());
-        return 2;
-      }
-    } else if (a == "--patience-s") {
-      o.patience = std::chrono::seconds(number());
-    } else {
-      std::fprintf(stderr, "rackrun-worker: unknown option '%s'\n\n%s", a.c_str(), kUsage);
-      return 2;
-    }
-  }
+  rackrun::flags::FlagSet flags("rackrun-worker", "[--coordinator HOST:PORT] [options]");
+  DeclareFlags(flags, o);
+  if (std::optional<int> exit = flags.ParseCommandLine(argc, argv)) return *exit;
   // The launcher's rank and size: Open MPI, then Slurm/PMIx, then torchrun-style.
   o.launcher_rank = EnvInt("OMPI_COMM_WORLD_RANK",
                            EnvInt("SLURM_PROCID", EnvInt("PMIX_RANK", EnvInt("RANK", -1))));

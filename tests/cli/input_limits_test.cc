@@ -88,7 +88,7 @@ TEST(InputLimitsTest, DataRefusesAZeroValidationFraction) {
   const std::string out = (Dir() / "data").string();
   Result r = RunCli("data --input " + text + " --output " + out + " --val-fraction 0");
   EXPECT_EQ(r.code, 2);
-  EXPECT_THAT(r.err, HasSubstr("--val-fraction 0 would write an empty validation file"));
+  EXPECT_THAT(r.err, HasSubstr("--val-fraction: 0 would write an empty validation file"));
   EXPECT_THAT(r.err, HasSubstr("leave data.validation out of the job spec"));
   EXPECT_FALSE(std::filesystem::exists(out + "/val.tokens"));
 }

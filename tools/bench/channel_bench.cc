@@ -29,6 +29,7 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -39,6 +40,7 @@
 #include "comm/gloo_channel.h"
 #include "comm/mpi_channel.h"
 #include "nlohmann/json.hpp"
+#include "tools/bench/startup.h"
 
 namespace {
 
@@ -104,28 +106,19 @@ struct Result {
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool json = false;
   int rounds = 3;
   double scale = 1.0;
   int a2a_kib = 512;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--json") {
-      json = true;
-    } else if (a == "--rounds" && i + 1 < argc) {
-      rounds = std::max(1, std::atoi(argv[++i]));
-    } else if (a == "--a2a-kib" && i + 1 < argc) {
-      a2a_kib = std::max(1, std::atoi(argv[++i]));
-    } else if (a == "--scale" && i + 1 < argc) {
-      scale = std::max(0.01, std::atof(argv[++i]));
-    } else {
-      std::fprintf(stderr,
-                   "usage: mpirun -np R bench_channel_bench [--json] [--rounds N] [--scale X] "
-                   "[--a2a-kib K]\n"
-                   "  --scale X multiplies every pattern's iteration count (default 1)\n");
-      return 2;
-    }
-  }
+  rackrun::bench::BenchStartup bench(
+      argc, argv,
+      "The MPI and Gloo data channels side by side on the same patterns, alternating round by\n"
+      "round. Run it under mpirun -np R (R >= 2).\n");
+  rackrun::flags::FlagSet& flags = bench.flags();
+  flags.Int("--rounds", &rounds, "N", "rounds, each backend once per round").Range(1);
+  flags.Double("--scale", &scale, "X", "multiplies every pattern's iteration count").Range(0.01);
+  flags.Int("--a2a-kib", &a2a_kib, "K", "alltoallv size per peer in KiB").Range(1);
+  if (std::optional<int> exit = bench.Start()) return *exit;
+  const bool json = bench.json();
   absl::StatusOr<std::unique_ptr<DataChannel>> mpi = rackrun::comm::CreateMpiChannel();
   Check(mpi.status(), "MPI channel");
   DataChannel& m = **mpi;

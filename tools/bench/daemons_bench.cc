@@ -49,6 +49,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <sstream>
 #include <string>
@@ -74,6 +75,7 @@
 #include "rpc/channel.h"
 #include "runtime/plan_source.h"
 #include "worker/connection.h"
+#include "tools/bench/startup.h"
 #include "worker/coordinator_plan_source.h"
 
 #ifndef RACKRUN_COORDINATOR_BINARY
@@ -90,7 +92,6 @@ using rackrun::base::Stopwatch;
 using nlohmann::json;
 
 struct Flags {
-  bool json = false;
   std::vector<std::string> only = {"plan", "submit", "heartbeat", "watch"};
   std::string coordinator = RACKRUN_COORDINATOR_BINARY;
   std::string scratch = std::filesystem::temp_directory_path().string();
@@ -108,16 +109,6 @@ struct Flags {
   int progress_every_ms = 5;
   double watch_seconds = 3;
 };
-
-std::vector<std::string> SplitList(std::string_view text) {
-  std::vector<std::string> out;
-  for (size_t at = 0; at <= text.size();) {
-    const size_t comma = std::min(text.find(',', at), text.size());
-    out.emplace_back(text.substr(at, comma - at));
-    at = comma + 1;
-  }
-  return out;
-}
 
 // The running coordinator child, so that Die does not leave it behind.
 std::atomic<pid_t> live_coordinator{-1};
@@ -906,21 +897,6 @@ json RunWatch(const Flags& flags) {
   return out;
 }
 
-std::string MachineLine() {
-  std::ifstream cpuinfo("/proc/cpuinfo");
-  std::string line, model = "?";
-  bool avx512 = false;
-  while (std::getline(cpuinfo, line)) {
-    if (model == "?" && line.rfind("model name", 0) == 0) model = line.substr(line.find(':') + 2);
-    if (line.rfind("flags", 0) == 0 && line.find(" avx512f") != std::string::npos) avx512 = true;
-  }
-  std::ifstream loadavg("/proc/loadavg");
-  std::string l1, l5, l15;
-  loadavg >> l1 >> l5 >> l15;
-  return model + ", " + std::to_string(std::thread::hardware_concurrency()) + " CPUs, AVX-512 " +
-         (avx512 ? "yes" : "no") + ", load average " + l1 + " " + l5 + " " + l15;
-}
-
 void PrintTables(const json& out) {
   std::printf("machine: %s\n", out["machine"].get<std::string>().c_str());
   if (out.contains("plan")) {
@@ -1000,70 +976,48 @@ void PrintTables(const json& out) {
 
 int main(int argc, char** argv) {
   Flags flags;
-  auto usage = [&] {
-    std::fprintf(stderr,
-                 "usage: %s [--json] [--only plan,submit,heartbeat,watch] [--coordinator PATH] [--scratch DIR]\n"
-                 "  [--ranks 2,4] [--policy ultraep,none] [--experts 64] [--solves 500] [--pings 2000]\n"
-                 "  [--submits 200] [--workers 256] [--client-threads 8] [--heartbeat-interval-ms 100]\n"
-                 "  [--heartbeat-seconds 10] [--watchers 100] [--progress-every-ms 5] [--watch-seconds 3]\n",
-                 argv[0]);
-    return 2;
-  };
-  for (int i = 1; i < argc; ++i) {
-    const std::string_view arg = argv[i];
-    const bool has_value = i + 1 < argc;
-    if (arg == "--json") {
-      flags.json = true;
-    } else if (!has_value) {
-      return usage();
-    } else if (arg == "--only") {
-      flags.only = SplitList(argv[++i]);
-    } else if (arg == "--coordinator") {
-      flags.coordinator = argv[++i];
-    } else if (arg == "--scratch") {
-      flags.scratch = argv[++i];
-    } else if (arg == "--ranks") {
-      flags.ranks.clear();
-      for (const auto& r : SplitList(argv[++i])) flags.ranks.push_back(std::max(1, std::atoi(r.c_str())));
-    } else if (arg == "--policy") {
-      flags.policies = SplitList(argv[++i]);
-    } else if (arg == "--experts") {
-      flags.experts = std::max(1, std::atoi(argv[++i]));
-    } else if (arg == "--solves") {
-      flags.solves = std::max(1, std::atoi(argv[++i]));
-    } else if (arg == "--pings") {
-      flags.pings = std::max(1, std::atoi(argv[++i]));
-    } else if (arg == "--submits") {
-      flags.submits = std::max(1, std::atoi(argv[++i]));
-    } else if (arg == "--workers") {
-      flags.workers = std::max(1, std::atoi(argv[++i]));
-    } else if (arg == "--client-threads") {
-      flags.client_threads = std::max(1, std::atoi(argv[++i]));
-    } else if (arg == "--heartbeat-interval-ms") {
-      flags.heartbeat_interval_ms = std::max(1, std::atoi(argv[++i]));
-    } else if (arg == "--heartbeat-seconds") {
-      flags.heartbeat_seconds = std::max(0.1, std::atof(argv[++i]));
-    } else if (arg == "--watchers") {
-      flags.watchers = std::max(1, std::atoi(argv[++i]));
-    } else if (arg == "--progress-every-ms") {
-      flags.progress_every_ms = std::max(1, std::atoi(argv[++i]));
-    } else if (arg == "--watch-seconds") {
-      flags.watch_seconds = std::max(0.1, std::atof(argv[++i]));
-    } else {
-      return usage();
-    }
-  }
+  rackrun::bench::BenchStartup bench(
+      argc, argv,
+      "The coordinator and worker control plane against a real rackrun-coordinator child on\n"
+      "127.0.0.1: plan round trips, submits, heartbeats and watch streams (this file's header\n"
+      "says what each part measures).\n");
+  rackrun::flags::FlagSet& f = bench.flags();
+  f.List("--only", &flags.only, "LIST", "the parts to run: plan, submit, heartbeat, watch");
+  f.String("--coordinator", &flags.coordinator, "PATH", "the rackrun-coordinator binary");
+  f.String("--scratch", &flags.scratch, "DIR", "where the coordinator's state folder goes");
+  f.Section("plan");
+  f.List("--ranks", &flags.ranks, "LIST", "rank counts").Range(1);
+  f.List("--policy", &flags.policies, "LIST", "balancing policies");
+  f.Int("--experts", &flags.experts, "N", "experts").Range(1);
+  f.Int("--solves", &flags.solves, "N", "plan solves per cell").Range(1);
+  f.Int("--pings", &flags.pings, "N", "bare unary ping-pongs").Range(1);
+  f.Section("submit");
+  f.Int("--submits", &flags.submits, "N", "sequential submits").Range(1);
+  f.Section("heartbeat");
+  f.Int("--workers", &flags.workers, "N", "registered workers").Range(1);
+  f.Int("--client-threads", &flags.client_threads, "N", "heartbeating client threads").Range(1);
+  f.Int("--heartbeat-interval-ms", &flags.heartbeat_interval_ms, "MS", "open-loop interval")
+      .Range(1);
+  f.Double("--heartbeat-seconds", &flags.heartbeat_seconds, "S", "length of each window")
+      .Range(0.1);
+  f.Section("watch");
+  f.Int("--watchers", &flags.watchers, "N", "Watch streams on one job").Range(1);
+  f.Int("--progress-every-ms", &flags.progress_every_ms, "MS", "progress report period")
+      .Range(1);
+  f.Double("--watch-seconds", &flags.watch_seconds, "S", "how long progress is reported")
+      .Range(0.1);
+  if (std::optional<int> exit = bench.Start()) return *exit;
   auto wants = [&](std::string_view part) {
     return std::find(flags.only.begin(), flags.only.end(), part) != flags.only.end();
   };
   json out;
-  out["machine"] = MachineLine();
+  out["machine"] = rackrun::bench::MachineLine();
   if (wants("plan")) out["plan"] = RunPlan(flags);
   if (wants("submit")) out["submit"] = RunSubmit(flags);
   if (wants("heartbeat")) out["heartbeat"] = RunHeartbeat(flags);
   if (wants("watch")) out["watch"] = RunWatch(flags);
-  out["machine_after"] = MachineLine();
-  if (flags.json) {
+  out["machine_after"] = rackrun::bench::MachineLine();
+  if (bench.json()) {
     std::printf("%s\n", out.dump(2).c_str());
   } else {
     PrintTables(out);

@@ -60,7 +60,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 #include <optional>
 #include <string>
@@ -83,6 +82,7 @@
 #include "runtime/job_config.h"
 #include "jobspec/spec.h"
 #include "runtime/trainer.h"
+#include "tools/bench/startup.h"
 
 namespace {
 
@@ -117,7 +117,6 @@ struct Options {
   int warmup = 5;
   std::vector<std::string> policies = {"none", "ultraep", "eplb"};
   std::vector<std::string> overrides;
-  bool json = false;
 };
 
 // Per-rank figures of one step, gathered from every rank (this order on the wire).
@@ -464,68 +463,22 @@ std::string DominantPhase(const PolicyResult& r) {
   return best;
 }
 
-std::vector<std::string> Split(const std::string& s) {
-  std::vector<std::string> out;
-  size_t start = 0;
-  while (start <= s.size()) {
-    const size_t comma = s.find(',', start);
-    const size_t end = comma == std::string::npos ? s.size() : comma;
-    if (end > start) out.push_back(s.substr(start, end - start));
-    if (comma == std::string::npos) break;
-    start = comma + 1;
-  }
-  return out;
-}
-
-double LoadAverage() {
-  std::ifstream in("/proc/loadavg");
-  double one = 0;
-  in >> one;
-  return one;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (std::getenv("OMP_WAIT_POLICY") == nullptr) {
-    setenv("OMP_WAIT_POLICY", "passive", 1);
-    execv("/proc/self/exe", argv);
-    std::perror("re-exec with OMP_WAIT_POLICY=passive failed; continuing with the default");
-  }
   Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "%s needs a value\n", arg.c_str());
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    if (arg == "--json") {
-      o.json = true;
-    } else if (arg == "--spec") {
-      o.spec = value();
-    } else if (arg == "--steps") {
-      o.steps = std::atoi(value().c_str());
-    } else if (arg == "--warmup") {
-      o.warmup = std::atoi(value().c_str());
-    } else if (arg == "--policies") {
-      o.policies = Split(value());
-    } else if (arg == "--set") {
-      o.overrides.push_back(value());
-    } else {
-      std::fprintf(stderr,
-                   "unknown flag %s\nusage: mpirun -np R %s [--spec FILE] [--steps N] "
-                   "[--warmup W] [--policies none,ultraep,eplb] [--set FIELD=VALUE]... [--json]\n",
-                   arg.c_str(), argv[0]);
-      return 2;
-    }
-  }
-  if (o.steps <= 0 || o.warmup < 0 || o.policies.empty()) {
-    std::fprintf(stderr, "--steps must be positive, --warmup >= 0, --policies non-empty\n");
-    return 2;
-  }
+  rackrun::bench::BenchStartup bench(
+      argc, argv,
+      "Expert-parallel training with the balancer policies side by side in one run (this\n"
+      "file's header says what is measured). Run it under mpirun -np R (R >= 2).\n",
+      {.passive_openmp_wait = true});
+  rackrun::flags::FlagSet& flags = bench.flags();
+  flags.String("--spec", &o.spec, "FILE", "the job spec");
+  flags.Int("--steps", &o.steps, "N", "measured optimizer steps").Range(1);
+  flags.Int("--warmup", &o.warmup, "W", "unmeasured steps first").Range(0);
+  flags.List("--policies", &o.policies, "LIST", "balancer policies, side by side");
+  flags.Strings("--set", &o.overrides, "FIELD=VALUE", "override a spec field (repeatable)");
+  if (std::optional<int> exit = bench.Start()) return *exit;
   if (comm::LauncherWorldSize() < 2) {
     std::fprintf(stderr,
                  "ep_train_bench needs at least 2 ranks: mpirun --allow-run-as-root "
@@ -563,7 +516,7 @@ int main(int argc, char** argv) {
 
   std::vector<PolicyResult> results;
   const double start = rackrun::base::NowSeconds();
-  const double load_start = LoadAverage();
+  const double load_start = rackrun::bench::LoadAverage();
   std::vector<std::unique_ptr<PolicyRun>> runs;
   for (const std::string& policy : o.policies) {
     runs.push_back(std::make_unique<PolicyRun>(*channel, o, overrides, policy, dir));
@@ -575,7 +528,7 @@ int main(int argc, char** argv) {
   for (auto& run : runs) results.push_back(run->Finish());
   runs.clear();
   const double wall = rackrun::base::NowSeconds() - start;
-  const double load_end = LoadAverage();
+  const double load_end = rackrun::bench::LoadAverage();
   if (rank == 0) {
     std::error_code ec;
     std::filesystem::remove_all(dir, ec);
@@ -617,7 +570,7 @@ int main(int argc, char** argv) {
     return 100 * Median(f);
   };
 
-  if (o.json) {
+  if (bench.json()) {
     nlohmann::json j;
     j["spec"] = o.spec;
     j["overrides"] = overrides;

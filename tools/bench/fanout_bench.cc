@@ -26,6 +26,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -38,6 +39,7 @@
 #include "nlohmann/json.hpp"
 #include "planner/fanout.h"
 #include "planner/plan.h"
+#include "tools/bench/startup.h"
 
 namespace {
 
@@ -203,31 +205,23 @@ std::vector<double> Measure(DataChannel& channel, const FanoutSchedule& schedule
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool json = false;
   double expert_mib = 8;
   int64_t chunk_kib = 256;
   int reps = 7;
   double egress_mbps = 0;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (arg == "--json") {
-      json = true;
-    } else if (arg == "--expert-mib" && i + 1 < argc) {
-      expert_mib = std::atof(argv[++i]);
-    } else if (arg == "--chunk-kib" && i + 1 < argc) {
-      chunk_kib = std::atoll(argv[++i]);
-    } else if (arg == "--reps" && i + 1 < argc) {
-      reps = std::atoi(argv[++i]);
-    } else if (arg == "--egress-mbps" && i + 1 < argc) {
-      egress_mbps = std::atof(argv[++i]);
-    } else {
-      std::fprintf(stderr,
-                   "usage: mpirun -np R %s [--json] [--expert-mib M] [--chunk-kib K] [--reps N] "
-                   "[--egress-mbps X]\n",
-                   argv[0]);
-      return 2;
-    }
-  }
+  rackrun::bench::BenchStartup bench(
+      argc, argv,
+      "Relay vs direct fan-out of expert weights over real MPI transfers, next to the\n"
+      "planner's cost model for the same schedule. Run it under mpirun -np R (R >= 2).\n");
+  rackrun::flags::FlagSet& flags = bench.flags();
+  flags.Double("--expert-mib", &expert_mib, "M", "one expert's weights in MiB").Range(1e-3);
+  flags.Int("--chunk-kib", &chunk_kib, "K", "transfer chunk in KiB").Range(1);
+  flags.Int("--reps", &reps, "N", "timed repetitions per mode, after one warm-up").Range(1);
+  flags.Double("--egress-mbps", &egress_mbps, "X",
+               "emulate a per-rank egress link of X MB/s (0: off)")
+      .Range(0);
+  if (std::optional<int> exit = bench.Start()) return *exit;
+  const bool json = bench.json();
   auto channel_or = rackrun::comm::CreateMpiChannel();
   if (!channel_or.ok()) {
     std::fprintf(stderr, "%s\n", std::string(channel_or.status().message()).c_str());

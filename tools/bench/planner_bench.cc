@@ -29,14 +29,13 @@
 //   ep16-top4                  EP16, 64 experts, top-4, zipf-2
 //   ep72                       EP72, 288 experts, zipf-2
 //   ep32-jitter                EP32, zipf-2, source token counts +-30%
-#include <sched.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -47,6 +46,7 @@
 #include "planner/generate.h"
 #include "planner/plan.h"
 #include "planner/planner.h"
+#include "tools/bench/startup.h"
 
 namespace {
 
@@ -136,16 +136,6 @@ struct TimeRow {
   std::string error;
 };
 
-std::vector<std::string> SplitList(const std::string& list) {
-  std::vector<std::string> out;
-  for (size_t at = 0; at <= list.size();) {
-    const size_t comma = std::min(list.find(',', at), list.size());
-    out.push_back(list.substr(at, comma - at));
-    at = comma + 1;
-  }
-  return out;
-}
-
 void Triple(std::vector<double> v, double* out) {
   out[0] = Percentile(v, 0.50);
   out[1] = Percentile(v, 0.99);
@@ -193,7 +183,6 @@ double Micros(std::chrono::steady_clock::time_point a, std::chrono::steady_clock
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool json = false;
   int solves = 200;
   int microbatches = 20;
   int tail_microbatches = 100;
@@ -204,45 +193,36 @@ int main(int argc, char** argv) {
                                        "ideal"};
   std::vector<std::string> family_names;
   rackrun::planner::SplitRounding split = rackrun::planner::SplitRounding::kLargestRemainder;
-  const char* usage =
-      "usage: %s [--json] [--solves N] [--microbatches M] [--tail-microbatches T] "
-      "[--ep 8,16,32,64,128,256] [--policy ultraep,ultraep-search,greedy,eplb,none,ideal] "
-      "[--family a,b] "
-      "[--split largest_remainder|cumulative] [--skip-tail] [--skip-timing]\n";
-  for (int i = 1; i < argc; ++i) {
-    const std::string_view arg = argv[i];
-    if (arg == "--json") {
-      json = true;
-    } else if (arg == "--skip-tail") {
-      tail = false;
-    } else if (arg == "--skip-timing") {
-      timing = false;
-    } else if (arg == "--solves" && i + 1 < argc) {
-      solves = std::max(1, std::atoi(argv[++i]));
-    } else if (arg == "--microbatches" && i + 1 < argc) {
-      microbatches = std::max(1, std::atoi(argv[++i]));
-    } else if (arg == "--tail-microbatches" && i + 1 < argc) {
-      tail_microbatches = std::max(1, std::atoi(argv[++i]));
-    } else if (arg == "--ep" && i + 1 < argc) {
-      eps.clear();
-      for (const std::string& x : SplitList(argv[++i])) eps.push_back(std::atoi(x.c_str()));
-    } else if (arg == "--family" && i + 1 < argc) {
-      family_names = SplitList(argv[++i]);
-    } else if (arg == "--split" && i + 1 < argc) {
-      const std::string_view rounding = argv[++i];
-      if (rounding != "largest_remainder" && rounding != "cumulative") {
-        std::fprintf(stderr, "--split must be largest_remainder or cumulative\n");
-        return 2;
-      }
-      split = rounding == "cumulative" ? rackrun::planner::SplitRounding::kCumulative
-                                       : rackrun::planner::SplitRounding::kLargestRemainder;
-    } else if (arg == "--policy" && i + 1 < argc) {
-      policies = SplitList(argv[++i]);
-    } else {
-      std::fprintf(stderr, usage, argv[0]);
-      return 2;
-    }
-  }
+  // One thread, pinned to the CPU it starts on.
+  rackrun::bench::BenchStartup bench(
+      argc, argv,
+      "Planner benchmark: 1. tail quality per load family, 2. solve time against EP, every\n"
+      "policy in the same run, on one pinned thread (this file's header says what is printed).\n",
+      {.pin_to_one_cpu = true});
+  rackrun::flags::FlagSet& flags = bench.flags();
+  flags.List("--policy", &policies, "LIST", "policies");
+  flags.List("--family", &family_names, "LIST", "load families of part 1").Default("all");
+  flags.Int("--tail-microbatches", &tail_microbatches, "T", "microbatches per family (part 1)")
+      .Range(1);
+  flags.List("--ep", &eps, "LIST", "EP sizes of part 2").Range(1);
+  flags.Int("--solves", &solves, "N", "solves per policy and EP (part 2)").Range(1);
+  flags.Int("--microbatches", &microbatches, "M", "microbatches the solves cycle through (part 2)")
+      .Range(1);
+  flags.Custom("--split", "MODE", "largest_remainder | cumulative: how quotas round",
+               [&split](std::string_view value) {
+                 if (value != "largest_remainder" && value != "cumulative") {
+                   return absl::InvalidArgumentError(
+                       "must be largest_remainder or cumulative");
+                 }
+                 split = value == "cumulative" ? rackrun::planner::SplitRounding::kCumulative
+                                               : rackrun::planner::SplitRounding::kLargestRemainder;
+                 return absl::OkStatus();
+               })
+      .Default("largest_remainder");
+  flags.Switch("--skip-tail", "skip part 1", [&tail] { tail = false; });
+  flags.Switch("--skip-timing", "skip part 2", [&timing] { timing = false; });
+  if (std::optional<int> exit = bench.Start()) return *exit;
+  const bool json = bench.json();
   std::vector<Family> families;
   for (const Family& f : AllFamilies()) {
     if (family_names.empty() ||
@@ -251,16 +231,10 @@ int main(int argc, char** argv) {
     }
   }
   if (families.size() < (family_names.empty() ? 1 : family_names.size())) {
-    std::fprintf(stderr, "--family: unknown family; known:");
-    for (const Family& f : AllFamilies()) std::fprintf(stderr, " %s", f.name.c_str());
-    std::fprintf(stderr, "\n");
-    return 2;
+    std::string known;
+    for (const Family& f : AllFamilies()) known += " " + f.name;
+    return flags.Fail("--family", "unknown family; known:" + known);
   }
-  // One thread, pinned to the CPU it starts on.
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  CPU_SET(sched_getcpu(), &set);
-  sched_setaffinity(0, sizeof(set), &set);
 
   // Machine calibration: the median time to sum 16384 int64 counts (one EP64 load matrix)
   // on this thread. On a shared or throttled machine every figure below scales with it.

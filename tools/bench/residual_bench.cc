@@ -34,13 +34,16 @@
 #include <cstdlib>
 #include <cstring>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "base/clock.h"
 #include "base/statistics.h"
 #include "runtime/cpu/gemm.h"
 #include "runtime/residual/residual_streams.h"
+#include "tools/bench/startup.h"
 
 namespace {
 
@@ -381,69 +384,44 @@ Result RunMode(ResidualMode mode, int width, int tokens, int reps, bool backward
 int main(int argc, char** argv) {
   int tokens = 4096;
   int reps = 5;
-  bool json = false;
   bool backward = true;
   std::vector<int> widths = {128, 512, 1024};
   std::vector<ResidualMode> modes = {ResidualMode::kVanilla,  ResidualMode::kHc,
                                      ResidualMode::kMhc,      ResidualMode::kXhc,
                                      ResidualMode::kXhcFlash, ResidualMode::kXhcFlash4};
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "%s needs a value\n", a.c_str());
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    if (a == "--json") {
-      json = true;
-    } else if (a == "--cpu-time") {
-      g_cpu_time = true;
-    } else if (a == "--no-backward") {
-      backward = false;
-    } else if (a == "--tokens") {
-      tokens = std::atoi(next().c_str());
-    } else if (a == "--reps") {
-      reps = std::max(1, std::atoi(next().c_str()));
-    } else if (a == "--widths") {
-      widths.clear();
-      std::string s = next();
-      for (size_t p = 0; p < s.size();) {
-        const size_t q = s.find(',', p);
-        widths.push_back(std::atoi(s.substr(p, q - p).c_str()));
-        p = q == std::string::npos ? s.size() : q + 1;
-      }
-    } else if (a == "--modes") {
-      const std::string s = next();
-      if (s != "all") {
-        modes.clear();
-        for (size_t p = 0; p < s.size();) {
-          const size_t q = s.find(',', p);
-          auto m = rackrun::runtime::ParseResidualMode(s.substr(p, q - p));
-          if (!m.ok()) {
-            std::fprintf(stderr, "%s\n", std::string(m.status().message()).c_str());
-            return 2;
-          }
-          modes.push_back(*m);
-          p = q == std::string::npos ? s.size() : q + 1;
-        }
-      }
-    } else {
-      std::fprintf(stderr,
-                   "usage: %s [--tokens T] [--widths 128,512,1024] [--reps R] [--modes all|a,b]"
-                   " [--no-backward] [--json] [--cpu-time]\n",
-                   argv[0]);
-      return 2;
-    }
-  }
-  if (tokens <= 0) {
-    std::fprintf(stderr, "--tokens must be positive\n");
-    return 2;
-  }
+  rackrun::bench::BenchStartup bench(
+      argc, argv,
+      "Per-sublayer time of every residual mode (the stream operations outside the body F)\n"
+      "next to a roofline from this machine's copy bandwidth and GEMM rate, measured in the\n"
+      "same run (this file's header says how).\n");
+  rackrun::flags::FlagSet& flags = bench.flags();
+  flags.Int("--tokens", &tokens, "T", "tokens per sublayer").Range(1);
+  flags.List("--widths", &widths, "LIST", "widths C").Range(1);
+  flags.Int("--reps", &reps, "R", "repetitions (medians)").Range(1);
+  flags
+      .Custom("--modes", "all|LIST", "residual modes",
+              [&modes](std::string_view value) {
+                if (value == "all") return absl::OkStatus();
+                std::vector<ResidualMode> chosen;
+                for (size_t p = 0; p < value.size();) {
+                  const size_t q = std::min(value.find(',', p), value.size());
+                  auto m = rackrun::runtime::ParseResidualMode(std::string(value.substr(p, q - p)));
+                  if (!m.ok()) return m.status();
+                  chosen.push_back(*m);
+                  p = q + 1;
+                }
+                if (chosen.empty()) return absl::InvalidArgumentError("give all or a list");
+                modes = std::move(chosen);
+                return absl::OkStatus();
+              })
+      .Default("all");
+  flags.Switch("--no-backward", "time the forward only", [&backward] { backward = false; });
+  flags.Switch("--cpu-time", &g_cpu_time,
+               "time with the process's CPU time instead of wall time (needs OMP_NUM_THREADS=1)");
+  if (std::optional<int> exit = bench.Start()) return *exit;
+  const bool json = bench.json();
   if (g_cpu_time && omp_get_max_threads() != 1) {
-    std::fprintf(stderr, "--cpu-time measures one thread: run with OMP_NUM_THREADS=1\n");
-    return 2;
+    return flags.Fail("--cpu-time", "measures one thread: run with OMP_NUM_THREADS=1");
   }
   const Bandwidth bw = MeasureBandwidth(reps);
   const double gemm_rate = MeasureGemmRate(reps);

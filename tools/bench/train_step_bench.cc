@@ -30,6 +30,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -40,6 +41,7 @@
 #include "runtime/cpu/gemm.h"
 #include "runtime/model.h"
 #include "runtime/optimizer.h"
+#include "tools/bench/startup.h"
 
 extern "C" void openblas_set_num_threads(int);
 #include <cblas.h>
@@ -62,7 +64,6 @@ struct Options {
   int warmup = 2;
   int threads = 0;
   int expert_hidden = 256;
-  bool json = false;
   bool torch = true;
   std::string python = "/usr/bin/python3";
 };
@@ -75,19 +76,6 @@ struct Row {
   int64_t parameters = 0;
   std::string note;
 };
-
-std::vector<std::string> Split(const std::string& s) {
-  std::vector<std::string> out;
-  size_t start = 0;
-  while (start <= s.size()) {
-    const size_t comma = s.find(',', start);
-    const size_t end = comma == std::string::npos ? s.size() : comma;
-    if (end > start) out.push_back(s.substr(start, end - start));
-    if (comma == std::string::npos) break;
-    start = comma + 1;
-  }
-  return out;
-}
 
 ModelConfig DemoConfig(const Options& o, const std::string& residual) {
   ModelConfig c;
@@ -249,54 +237,26 @@ std::vector<GemmRow> MeasureGemm(int tokens, int threads) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (std::getenv("OMP_WAIT_POLICY") == nullptr) {
-    setenv("OMP_WAIT_POLICY", "passive", 1);
-    execv("/proc/self/exe", argv);
-    std::perror("re-exec with OMP_WAIT_POLICY=passive failed; continuing with the default");
-  }
   Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "%s needs a value\n", arg.c_str());
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    if (arg == "--json") {
-      o.json = true;
-    } else if (arg == "--no-torch") {
-      o.torch = false;
-    } else if (arg == "--residual") {
-      o.residual = Split(value());
-    } else if (arg == "--batch") {
-      o.batch = std::atoi(value().c_str());
-    } else if (arg == "--seq") {
-      o.seq = std::atoi(value().c_str());
-    } else if (arg == "--steps") {
-      o.steps = std::atoi(value().c_str());
-    } else if (arg == "--warmup") {
-      o.warmup = std::atoi(value().c_str());
-    } else if (arg == "--threads") {
-      o.threads = std::atoi(value().c_str());
-    } else if (arg == "--expert-hidden") {
-      o.expert_hidden = std::atoi(value().c_str());
-    } else if (arg == "--python") {
-      o.python = value();
-    } else {
-      std::fprintf(stderr,
-                   "unknown flag %s\nusage: %s [--json] [--residual vanilla,xhc] [--batch B] "
-                   "[--seq S] [--steps N] [--warmup W] [--threads T] [--expert-hidden F] "
-                   "[--no-torch] [--python PATH]\n",
-                   arg.c_str(), argv[0]);
-      return 2;
-    }
-  }
-  if (o.batch <= 0 || o.seq <= 0 || o.steps <= 0 || o.warmup < 0) {
-    std::fprintf(stderr, "--batch, --seq and --steps must be positive\n");
-    return 2;
-  }
+  rackrun::bench::BenchStartup bench(
+      argc, argv,
+      "Training-step throughput of the demo model in rackrun and in the PyTorch reference\n"
+      "(tools/bench/torch_reference.py, when the interpreter has torch), side by side, plus the\n"
+      "GEMM backend's GFLOP/s on the step's shapes.\n",
+      {.passive_openmp_wait = true});
+  rackrun::flags::FlagSet& flags = bench.flags();
+  flags.List("--residual", &o.residual, "LIST", "residual modes");
+  flags.Int("--batch", &o.batch, "B", "sequences per step").Range(1);
+  flags.Int("--seq", &o.seq, "S", "sequence length").Range(1);
+  flags.Int("--steps", &o.steps, "N", "timed steps (medians)").Range(1);
+  flags.Int("--warmup", &o.warmup, "W", "untimed steps first").Range(0);
+  flags.Int("--threads", &o.threads, "T", "OpenMP threads")
+      .Range(0)
+      .Default("OpenMP's default (OMP_NUM_THREADS)");
+  flags.Int("--expert-hidden", &o.expert_hidden, "F", "expert hidden width").Range(1);
+  flags.Switch("--no-torch", "skip the PyTorch reference", [&o] { o.torch = false; });
+  flags.String("--python", &o.python, "PATH", "the interpreter for the PyTorch reference");
+  if (std::optional<int> exit = bench.Start()) return *exit;
   if (o.threads > 0) omp_set_num_threads(o.threads);
   const int threads = omp_get_max_threads();
   const bool torch = o.torch && PythonHasTorch(o.python);
@@ -318,7 +278,7 @@ int main(int argc, char** argv) {
     }
   }
 
-  if (o.json) {
+  if (bench.json()) {
     nlohmann::json j;
     j["threads"] = threads;
     j["batch"] = o.batch;

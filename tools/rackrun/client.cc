@@ -65,28 +65,21 @@ std::string CodeName(grpc::StatusCode code) {
 
 }  // namespace
 
-bool ConnectionFlags::Consume(const Args& args, size_t* i, std::string* error) {
-  const std::string& a = args[*i];
-  std::string* target = nullptr;
-  if (a == "--coordinator") {
-    target = &coordinator;
-  } else if (a == "--tls-ca") {
-    target = &tls_ca;
-  } else if (a == "--tls-cert") {
-    target = &tls_cert;
-  } else if (a == "--tls-key") {
-    target = &tls_key;
-  } else if (a == "--tls-server-name") {
-    target = &tls_server_name;
-  } else {
-    return false;
-  }
-  if (*i + 1 >= args.size()) {
-    *error = "option '" + a + "' needs a value";
-  } else {
-    *target = args[++*i];
-  }
-  return true;
+void ConnectionFlags::Declare(flags::FlagSet& flag_set) {
+  flag_set.Section(
+      "connection (every job command)",
+      "  The cluster token comes from $RACKRUN_TOKEN, else the file $RACKRUN_TOKEN_FILE, else\n"
+      "  ~/.rackrun/token (written by rackrun-coordinator with its default --state-dir).\n");
+  flag_set.String("--coordinator", &coordinator, "HOST:PORT", "the rack coordinator")
+      .Default(absl::StrCat("$RACKRUN_COORDINATOR, else ", kDefaultCoordinator));
+  flag_set.String("--tls-ca", &tls_ca, "FILE",
+                  "use TLS, trusting the server certificates signed by FILE (PEM)");
+  flag_set.String("--tls-cert", &tls_cert, "FILE",
+                  "use TLS with this client certificate (coordinator --tls-client-ca); needs "
+                  "--tls-key");
+  flag_set.String("--tls-key", &tls_key, "FILE", "its private key");
+  flag_set.String("--tls-server-name", &tls_server_name, "NAME",
+                  "the name to check the server certificate against");
 }
 
 bool IsRetryable(const grpc::Status& status) {

@@ -27,6 +27,7 @@
 #include <grpcpp/support/status.h>
 
 #include "absl/status/statusor.h"
+#include "flags/flags.h"
 #include "rackrun/v1/job_service.grpc.pb.h"
 #include "tools/rackrun/command.h"
 
@@ -35,26 +36,14 @@ namespace rackrun::cli {
 inline constexpr std::chrono::seconds kCallTimeout{10};
 inline constexpr const char* kDefaultCoordinator = "127.0.0.1:7070";
 
-// The connection flags every job command accepts, and their help text.
+// The connection flags every job command accepts.
 struct ConnectionFlags {
   std::string coordinator;  // empty: RACKRUN_COORDINATOR, then kDefaultCoordinator
   std::string tls_ca, tls_cert, tls_key, tls_server_name;
 
-  // When args[*i] is one of the flags above, stores its value (args[*i + 1]), advances *i
-  // past it and returns true; sets *error when the value is missing. False otherwise.
-  bool Consume(const Args& args, size_t* i, std::string* error);
+  // Declares them on `flag_set`, as its section "connection (every job command)".
+  void Declare(flags::FlagSet& flag_set);
 };
-
-inline constexpr const char* kConnectionHelp =
-    R"(connection (every job command):
-  --coordinator HOST:PORT  the rack coordinator (default $RACKRUN_COORDINATOR, else 127.0.0.1:7070)
-  --tls-ca FILE            use TLS, trusting the server certificates signed by FILE (PEM)
-  --tls-cert FILE --tls-key FILE
-                           use TLS with this client certificate (coordinator --tls-client-ca)
-  --tls-server-name NAME   the name to check the server certificate against
-  The cluster token comes from $RACKRUN_TOKEN, else the file $RACKRUN_TOKEN_FILE, else
-  ~/.rackrun/token (written by rackrun-coordinator with its default --state-dir).
-)";
 
 // How long Submit and Watch keep retrying a coordinator that is UNAVAILABLE (restarting,
 // replaying its state) or does not answer in time, with exponential backoff.

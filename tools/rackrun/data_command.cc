@@ -3,11 +3,13 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
-#include "absl/strings/numbers.h"
+#include "absl/status/status.h"
+#include "flags/flags.h"
 #include "runtime/checkpoint.h"
 #include "runtime/data.h"
 #include "tools/rackrun/command.h"
@@ -17,32 +19,17 @@ namespace {
 
 namespace rt = ::rackrun::runtime;
 
-constexpr std::string_view kUsage =
-    R"(usage: rackrun data --input PATH [--input PATH]... --output DIR [options]
-
-Tokenizes text into DIR/train.tokens and DIR/val.tokens (format: runtime/data.h,
+constexpr const char* kDescription =
+    R"(Tokenizes text into DIR/train.tokens and DIR/val.tokens (format: runtime/data.h,
 docs/design.md section 8.4). Every input file is one or more documents: a line holding a single
 form feed (\f) separates documents inside a file. A folder input means every regular
 file in it, in name order.
-
-options:
-  --input PATH            text file or folder (repeatable)
-  --output DIR            output folder (created if missing)
-  --val-fraction F        share of documents for validation, in (0, 0.5] (default 0.05):
-                          every round(1/F)-th document; with a single document, its last
-                          F of bytes
-  --tokenizer NAME        bytes (the only one: UTF-8 bytes 0..255 plus an end-of-document
-                          mark 256, vocab 257)
-
-example:
-  tools/fetch-corpus && rackrun data --input data/brown/brown.txt --output data/brown
 )";
 
-int Usage(std::string_view error) {
-  std::fprintf(stderr, "rackrun data: %.*s\n\n%.*s", static_cast<int>(error.size()), error.data(),
-               static_cast<int>(kUsage.size()), kUsage.data());
-  return 2;
-}
+constexpr const char* kExample =
+    R"(example:
+  tools/fetch-corpus && rackrun data --input data/brown/brown.txt --output data/brown
+)";
 
 }  // namespace
 
@@ -50,36 +37,36 @@ int DataCommand(const Args& args) {
   std::vector<std::string> inputs;
   std::string output;
   double val_fraction = 0.05;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    if (a == "--help" || a == "-h") {
-      std::fwrite(kUsage.data(), 1, kUsage.size(), stdout);
-      return 0;
-    }
-    if (i + 1 >= args.size()) return Usage("option '" + a + "' needs a value or is unknown");
-    const std::string& value = args[++i];
-    if (a == "--input") {
-      inputs.push_back(value);
-    } else if (a == "--output") {
-      output = value;
-    } else if (a == "--val-fraction") {
-      if (!absl::SimpleAtod(value, &val_fraction)) return Usage("--val-fraction needs a number");
-      if (val_fraction == 0) {
-        // An empty val.tokens used to be written; training then failed on it with a
-        // message about seq_len.
-        return Usage(
-            "--val-fraction 0 would write an empty validation file, which training cannot "
-            "use as data.validation; give a fraction in (0, 0.5] (default 0.05), and leave "
-            "data.validation out of the job spec to train without validation");
-      }
-    } else if (a == "--tokenizer") {
-      if (value != "bytes") return Usage("--tokenizer: only 'bytes' is available");
-    } else {
-      return Usage("unknown option '" + a + "'");
-    }
+  flags::FlagSet flag_set("rackrun data", "--input PATH [--input PATH]... --output DIR [options]");
+  flag_set.Describe(kDescription);
+  flag_set.Epilogue(kExample);
+  flag_set.Strings("--input", &inputs, "PATH", "text file or folder (repeatable)");
+  flag_set.String("--output", &output, "DIR", "output folder (created if missing)");
+  flag_set.Double("--val-fraction", &val_fraction, "F",
+                  "share of documents for validation, in (0, 0.5]: every round(1/F)-th "
+                  "document; with a single document, its last F of bytes");
+  flag_set
+      .Custom("--tokenizer", "NAME",
+              "bytes (the only one: UTF-8 bytes 0..255 plus an end-of-document mark 256, "
+              "vocab 257)",
+              [](std::string_view value) {
+                if (value != "bytes") {
+                  return absl::InvalidArgumentError("only 'bytes' is available");
+                }
+                return absl::OkStatus();
+              })
+      .Default("bytes");
+  if (std::optional<int> exit = flag_set.ParseCommandLine(args)) return *exit;
+  if (inputs.empty()) return flag_set.Fail("--input", "missing; give a text file or folder");
+  if (output.empty()) return flag_set.Fail("--output", "missing; give the output folder");
+  if (val_fraction == 0) {
+    // An empty val.tokens used to be written; training then failed on it with a message
+    // about seq_len.
+    return flag_set.Fail("--val-fraction",
+                         "0 would write an empty validation file, which training cannot use as "
+                         "data.validation; give a fraction in (0, 0.5] (default 0.05), and leave "
+                         "data.validation out of the job spec to train without validation");
   }
-  if (inputs.empty()) return Usage("--input is required");
-  if (output.empty()) return Usage("--output is required");
 
   std::vector<std::string> files;
   for (const std::string& input : inputs) {
@@ -114,7 +101,7 @@ int DataCommand(const Args& args) {
   const size_t document_count = documents.size();
   absl::StatusOr<rt::DocumentSplit> split =
       rt::SplitTrainValidation(std::move(documents), val_fraction);
-  if (!split.ok()) return Usage("--val-fraction: " + std::string(split.status().message()));
+  if (!split.ok()) return flag_set.Fail("--val-fraction", std::string(split.status().message()));
   if (split->validation.empty() || split->train.empty()) {
     std::fprintf(stderr,
                  "rackrun data: --val-fraction %g leaves the %s set empty; use a larger "

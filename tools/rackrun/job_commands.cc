@@ -2,6 +2,8 @@
 // JobService each, printed as text or, with --json, as the response message.
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -20,74 +22,31 @@ namespace {
 
 using rackrun::v1::Job;
 
-// Arguments shared by the four commands: connection flags, --json, the positional ones,
-// and command-specific options with a value (`valued`) or without (`switches`).
-struct Parsed {
-  ConnectionFlags flags;
-  bool json = false;
-  std::vector<std::string> positional;
-  std::vector<std::pair<std::string, std::string>> options;
-  std::vector<std::string> switches;
-  bool help = false;
-  std::string error;
+// A job command's flags: its usage line and description; the caller declares its own flags
+// on set(), and Parse adds the connection flags after them.
+class JobCommandFlags {
+ public:
+  JobCommandFlags(std::string command, std::string synopsis, std::string description)
+      : set_(absl::StrCat("rackrun ", command), std::move(synopsis)) {
+    set_.Describe(std::move(description));
+  }
+  flags::FlagSet& set() { return set_; }
+  const ConnectionFlags& connection() const { return connection_; }
+
+  // The connection flags, then the parse: nullopt to go on, else the exit code.
+  std::optional<int> Parse(const Args& args) {
+    connection_.Declare(set_);
+    return set_.ParseCommandLine(args);
+  }
+
+ private:
+  flags::FlagSet set_;
+  ConnectionFlags connection_;
 };
 
-Parsed Parse(const Args& args, const std::vector<std::string_view>& valued,
-             const std::vector<std::string_view>& switches, bool json_allowed) {
-  Parsed p;
-  for (size_t i = 0; i < args.size() && p.error.empty(); ++i) {
-    const std::string& a = args[i];
-    if (a == "--help" || a == "-h") {
-      p.help = true;
-      return p;
-    }
-    if (p.flags.Consume(args, &i, &p.error)) continue;
-    if (json_allowed && a == "--json") {
-      p.json = true;
-    } else if (std::find(switches.begin(), switches.end(), a) != switches.end()) {
-      p.switches.push_back(a);
-    } else if (std::find(valued.begin(), valued.end(), a) != valued.end()) {
-      if (i + 1 >= args.size()) {
-        p.error = "option '" + a + "' needs a value";
-      } else {
-        p.options.emplace_back(a, args[++i]);
-      }
-    } else if (a.rfind("--", 0) == 0) {
-      p.error = "unknown option '" + a + "'";
-    } else {
-      p.positional.push_back(a);
-    }
-  }
-  return p;
-}
-
-std::string OptionOr(const Parsed& p, std::string_view name, std::string fallback) {
-  for (const auto& [k, v] : p.options) {
-    if (k == name) fallback = v;
-  }
-  return fallback;
-}
-
-bool HasSwitch(const Parsed& p, std::string_view name) {
-  return std::find(p.switches.begin(), p.switches.end(), name) != p.switches.end();
-}
-
-int Usage(std::string_view command, std::string_view usage, std::string_view error) {
-  std::fprintf(stderr, "rackrun %.*s: %.*s\n\n%.*s", static_cast<int>(command.size()),
-               command.data(), static_cast<int>(error.size()), error.data(),
-               static_cast<int>(usage.size()), usage.data());
-  return 2;
-}
-
-int Help(std::string_view usage) {
-  std::fwrite(usage.data(), 1, usage.size(), stdout);
-  std::fputs(kConnectionHelp, stdout);
-  return 0;
-}
-
 // The client, or nullptr after printing why not.
-std::unique_ptr<CoordinatorClient> Connect(const ConnectionFlags& flags) {
-  absl::StatusOr<std::unique_ptr<CoordinatorClient>> client = CoordinatorClient::Create(flags);
+std::unique_ptr<CoordinatorClient> Connect(const ConnectionFlags& connection) {
+  absl::StatusOr<std::unique_ptr<CoordinatorClient>> client = CoordinatorClient::Create(connection);
   if (!client.ok()) {
     std::fprintf(stderr, "rackrun: %s\n", std::string(client.status().message()).c_str());
     return nullptr;
@@ -131,15 +90,10 @@ std::string StepText(const Job& job) {
   return absl::StrCat(job.last_progress().step(), "/", job.last_progress().total_steps());
 }
 
-constexpr std::string_view kStatusUsage =
-    R"(usage: rackrun status JOB [--json] [connection options]
-
-Shows job JOB: state, outcome, attempts with the worker of every rank, the first failure
+constexpr const char* kStatusDescription =
+    R"(Shows job JOB: state, outcome, attempts with the worker of every rank, the first failure
 (kind, rank, worker, host, pid, phase, step) and the last progress report.
-  --json   print the Job message as JSON
-
 )";
-
 void PrintStatus(const Job& job) {
   std::vector<std::vector<std::string>> rows = {
       {"job", absl::StrCat(job.id(), job.name().empty() ? "" : absl::StrCat(" (", job.name(), ")"))},
@@ -166,51 +120,35 @@ void PrintStatus(const Job& job) {
   }
 }
 
-constexpr std::string_view kCancelUsage =
-    R"(usage: rackrun cancel JOB [--reason TEXT] [connection options]
-
-Cancels job JOB (queued or running: every rank stops at the same step boundary) and prints
+constexpr const char* kCancelDescription =
+    R"(Cancels job JOB (queued or running: every rank stops at the same step boundary) and prints
 its state. Fails when the job already ended.
-  --reason TEXT   recorded with the job (default: "cancelled by <user> with rackrun cancel")
-
 )";
-
-constexpr std::string_view kListUsage =
-    R"(usage: rackrun list [--state STATE] [--limit N] [--json] [connection options]
-
-Lists jobs, newest first: id, state, step, name, created, outcome.
-  --state STATE   only jobs in STATE: queued, running, succeeded, failed, cancelled
-  --limit N       at most N jobs (default 100; 0 = all), fetched page by page
-  --json          print a ListJobsResponse message (every page's jobs) as JSON
-
+constexpr const char* kListDescription =
+    R"(Lists jobs, newest first: id, state, step, name, created, outcome.
 )";
-
-constexpr std::string_view kWorkersUsage =
-    R"(usage: rackrun workers [--all] [--json] [connection options]
-
-Lists the workers registered with the coordinator: id, host, pid, launcher rank, device,
+constexpr const char* kWorkersDescription =
+    R"(Lists the workers registered with the coordinator: id, host, pid, launcher rank, device,
 state, job, rank, step, phase, heartbeat age and last step time.
-  --all    include workers that deregistered
-  --json   print the ListWorkersResponse message as JSON
-
 )";
-
 }  // namespace
 
 int StatusCommand(const Args& args) {
-  Parsed p = Parse(args, {}, {}, /*json_allowed=*/true);
-  if (p.help) return Help(kStatusUsage);
-  if (!p.error.empty()) return Usage("status", kStatusUsage, p.error);
-  if (p.positional.size() != 1) return Usage("status", kStatusUsage, "give exactly one JOB");
-  std::unique_ptr<CoordinatorClient> client = Connect(p.flags);
+  std::string job_id;
+  bool json = false;
+  JobCommandFlags command("status", "JOB [--json] [connection options]", kStatusDescription);
+  command.set().Positional("JOB", &job_id, "the job's id");
+  command.set().Switch("--json", &json, "print the Job message as JSON");
+  if (std::optional<int> exit = command.Parse(args)) return *exit;
+  std::unique_ptr<CoordinatorClient> client = Connect(command.connection());
   if (client == nullptr) return 1;
   std::unique_ptr<grpc::ClientContext> ctx = client->NewContext();
   rackrun::v1::GetJobRequest request;
-  request.set_job_id(p.positional[0]);
+  request.set_job_id(job_id);
   Job job;
   grpc::Status s = client->stub().Get(ctx.get(), request, &job);
   if (!s.ok()) return CallFailed(*client, s);
-  if (p.json) {
+  if (json) {
     PrintJson(job);
   } else {
     PrintStatus(job);
@@ -219,18 +157,21 @@ int StatusCommand(const Args& args) {
 }
 
 int CancelCommand(const Args& args) {
-  Parsed p = Parse(args, {"--reason"}, {}, /*json_allowed=*/false);
-  if (p.help) return Help(kCancelUsage);
-  if (!p.error.empty()) return Usage("cancel", kCancelUsage, p.error);
-  if (p.positional.size() != 1) return Usage("cancel", kCancelUsage, "give exactly one JOB");
-  std::unique_ptr<CoordinatorClient> client = Connect(p.flags);
-  if (client == nullptr) return 1;
+  std::string job_id;
   const char* user = std::getenv("USER");
+  std::string reason =
+      absl::StrCat("cancelled by ", user != nullptr ? user : "a user", " with rackrun cancel");
+  JobCommandFlags command("cancel", "JOB [--reason TEXT] [connection options]", kCancelDescription);
+  command.set().Positional("JOB", &job_id, "the job's id");
+  command.set()
+      .String("--reason", &reason, "TEXT", "recorded with the job")
+      .Default("\"cancelled by <user> with rackrun cancel\"");
+  if (std::optional<int> exit = command.Parse(args)) return *exit;
+  std::unique_ptr<CoordinatorClient> client = Connect(command.connection());
+  if (client == nullptr) return 1;
   rackrun::v1::CancelJobRequest request;
-  request.set_job_id(p.positional[0]);
-  request.set_reason(OptionOr(
-      p, "--reason",
-      absl::StrCat("cancelled by ", user != nullptr ? user : "a user", " with rackrun cancel")));
+  request.set_job_id(job_id);
+  request.set_reason(reason);
   std::unique_ptr<grpc::ClientContext> ctx = client->NewContext();
   Job job;
   grpc::Status s = client->stub().Cancel(ctx.get(), request, &job);
@@ -240,26 +181,32 @@ int CancelCommand(const Args& args) {
 }
 
 int ListCommand(const Args& args) {
-  Parsed p = Parse(args, {"--state", "--limit"}, {}, /*json_allowed=*/true);
-  if (p.help) return Help(kListUsage);
-  if (!p.error.empty()) return Usage("list", kListUsage, p.error);
-  if (!p.positional.empty()) {
-    return Usage("list", kListUsage, "unexpected argument '" + p.positional[0] + "'");
-  }
   rackrun::v1::JobState state = rackrun::v1::JOB_STATE_UNSPECIFIED;
-  if (const std::string s = OptionOr(p, "--state", ""); !s.empty()) {
-    if (!rackrun::v1::JobState_Parse(absl::AsciiStrToUpper(s), &state) ||
-        state == rackrun::v1::JOB_STATE_UNSPECIFIED) {
-      return Usage("list", kListUsage,
-                   "--state: '" + s + "' is not a job state; use queued, running, succeeded, "
-                   "failed or cancelled");
-    }
-  }
   int limit = 100;
-  if (const std::string l = OptionOr(p, "--limit", "100"); !absl::SimpleAtoi(l, &limit) || limit < 0) {
-    return Usage("list", kListUsage, "--limit: '" + l + "' is not a number >= 0");
-  }
-  std::unique_ptr<CoordinatorClient> client = Connect(p.flags);
+  bool json = false;
+  JobCommandFlags command("list", "[--state STATE] [--limit N] [--json] [connection options]",
+                          kListDescription);
+  command.set().Custom("--state", "STATE",
+                       "only jobs in STATE: queued, running, succeeded, failed, cancelled",
+                       [&state](std::string_view value) {
+                         const absl::string_view given(value.data(), value.size());
+                         const std::string name = absl::AsciiStrToUpper(given);
+                         if (!rackrun::v1::JobState_Parse(name, &state) ||
+                             state == rackrun::v1::JOB_STATE_UNSPECIFIED) {
+                           return absl::InvalidArgumentError(
+                               absl::StrCat("'", given,
+                                            "' is not a job state; use queued, running, succeeded, "
+                                            "failed or cancelled"));
+                         }
+                         return absl::OkStatus();
+                       });
+  command.set()
+      .Int("--limit", &limit, "N", "at most N jobs (0 = all), fetched page by page")
+      .Range(0);
+  command.set().Switch("--json", &json,
+                       "print a ListJobsResponse message (every page's jobs) as JSON");
+  if (std::optional<int> exit = command.Parse(args)) return *exit;
+  std::unique_ptr<CoordinatorClient> client = Connect(command.connection());
   if (client == nullptr) return 1;
 
   rackrun::v1::ListJobsResponse all;
@@ -279,7 +226,7 @@ int ListCommand(const Args& args) {
     if (page.next_page_token().empty() || (limit != 0 && all.jobs_size() >= limit)) break;
     request.set_page_token(page.next_page_token());
   }
-  if (p.json) {
+  if (json) {
     PrintJson(all);
     return 0;
   }
@@ -294,21 +241,21 @@ int ListCommand(const Args& args) {
 }
 
 int WorkersCommand(const Args& args) {
-  Parsed p = Parse(args, {}, {"--all"}, /*json_allowed=*/true);
-  if (p.help) return Help(kWorkersUsage);
-  if (!p.error.empty()) return Usage("workers", kWorkersUsage, p.error);
-  if (!p.positional.empty()) {
-    return Usage("workers", kWorkersUsage, "unexpected argument '" + p.positional[0] + "'");
-  }
-  std::unique_ptr<CoordinatorClient> client = Connect(p.flags);
+  bool all = false;
+  bool json = false;
+  JobCommandFlags command("workers", "[--all] [--json] [connection options]", kWorkersDescription);
+  command.set().Switch("--all", &all, "include workers that deregistered");
+  command.set().Switch("--json", &json, "print the ListWorkersResponse message as JSON");
+  if (std::optional<int> exit = command.Parse(args)) return *exit;
+  std::unique_ptr<CoordinatorClient> client = Connect(command.connection());
   if (client == nullptr) return 1;
   rackrun::v1::ListWorkersRequest request;
-  request.set_include_gone(HasSwitch(p, "--all"));
+  request.set_include_gone(all);
   std::unique_ptr<grpc::ClientContext> ctx = client->NewContext();
   rackrun::v1::ListWorkersResponse response;
   grpc::Status s = client->stub().ListWorkers(ctx.get(), request, &response);
   if (!s.ok()) return CallFailed(*client, s);
-  if (p.json) {
+  if (json) {
     PrintJson(response);
     return 0;
   }

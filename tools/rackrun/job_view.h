@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <string>
 
+#include "flags/flags.h"
 #include "google/protobuf/message.h"
 #include "rackrun/v1/job_service.pb.h"
 #include "tools/rackrun/client.h"
@@ -51,10 +52,9 @@ struct FollowOptions {
 // job's final state, kExitNoOutcome when it cannot follow the job.
 int FollowJob(CoordinatorClient& client, const std::string& job_id, const FollowOptions& options);
 
-// The options watch and submit --watch share (--every N, --plain, --retry-for SECONDS):
-// when args[*i] is one, applies it, advances *i past its value and returns true (setting
-// *error for a missing or bad value); false otherwise.
-bool ConsumeFollowFlag(const Args& args, size_t* i, FollowOptions* options, std::string* error);
+// Declares the flags watch and submit --watch share (--every N, --plain, --retry-for
+// SECONDS) on `flag_set`, bound to `options` (its values are the defaults shown).
+void DeclareFollowFlags(flags::FlagSet& flag_set, FollowOptions* options);
 
 }  // namespace rackrun::cli
 

@@ -6,6 +6,7 @@
 #include <string_view>
 #include <vector>
 
+#include "flags/flags.h"
 #include "tools/rackrun/command.h"
 
 namespace {
@@ -64,7 +65,6 @@ int main(int argc, char** argv) {
       return 1;
     }
   }
-  std::fprintf(stderr, "rackrun: unknown command '%s'\n\n", argv[1]);
-  PrintUsage(stderr);
-  return 2;
+  return rackrun::flags::PrintUsageError("rackrun",
+                                         std::string("'") + argv[1] + "': unknown command");
 }

@@ -7,7 +7,6 @@
 #include <cstdarg>
 #include <cstdint>
 #include <cstdio>
-#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -28,6 +27,7 @@
 #include "base/file.h"
 #include "base/signals.h"
 #include "base/statistics.h"
+#include "flags/flags.h"
 #include "nlohmann/json.hpp"
 #include "planner/fanout.h"
 #include "planner/generate.h"
@@ -46,67 +46,21 @@ using base::Mean;
 namespace pl = ::rackrun::planner;
 using nlohmann::json;
 
-constexpr std::string_view kUsage =
-    R"(usage: rackrun plan (--trace FILE | --generate [generator options]) [options]
-       rackrun plan --generate [generator options] --out FILE
+constexpr const char* kSynopsis =
+    R"((--trace FILE | --generate [generator options]) [options]
+       rackrun plan --generate [generator options] --out FILE)";
 
-Replays exact per-(microbatch, layer) expert loads through balancing policies and prints,
+constexpr const char* kDescription =
+    R"(Replays exact per-(microbatch, layer) expert loads through balancing policies and prints,
 per policy: rank imbalance (max/mean) before and after balancing (p50/p99/max over the
 trace's entries), replicas, replica fan-out bytes and time (direct vs relay), EPLB
 re-placement bytes, simulated MoE layer time as % of the force-balanced ideal, and plan
 solve time (p50/p99, microseconds on this CPU). Every plan is checked with the invariant
 checker; a violation fails the run.
+)";
 
-input (one of):
-  --trace FILE            JSON Lines trace (docs/design.md section 8.3), replayed in file order
-  --generate              generate loads in memory (options below)
-
-generator options (only with --generate):
-  --ranks N               source/expert ranks G (default 64)
-  --experts N             logical experts, a multiple of --ranks (default 256)
-  --masters-per-rank N    alternative to --experts: experts = ranks * N
-  --topk K                distinct experts per token (default 8)
-  --tokens-per-rank N     mean tokens per source rank per microbatch (default 8192)
-  --token-jitter F        per-rank token counts vary uniformly by +-F (default 0)
-  --imbalance X           target initial max/mean rank load, >= 1 (default 2)
-  --microbatches N        (default 20)
-  --layers N              MoE layers per microbatch (default 1)
-  --nonstationary MODE    none | drift | jump: hot experts change gradually or at once
-                          every --shift-every microbatches (default none)
-  --shift-every J         (default 10)
-  --seed S                (default 1)
-  --popularity MODEL      zipf (calibrated to --imbalance) | lognormal: expert weights
-                          exp(sigma * N(0,1)), heavy-tailed, not calibrated (default zipf)
-  --sigma X               lognormal sigma, (0, 8] (default 1.5; 1 to 2 are typical)
-  --spikes N              in a fraction --spike-rate of the (microbatch, layer) entries,
-                          1..N random experts spike to --spike-min..--spike-max times their
-                          weight for that entry only (default 0: no spikes)
-  --spike-min X, --spike-max X   spike factor range (default 5 and 20)
-  --spike-rate F          probability that an entry spikes (default 0.25)
-  --out FILE              write the generated trace to FILE instead of planning
-
-policies and domain:
-  --policy LIST           comma-separated from ultraep,greedy,eplb,none,ideal (default all)
-  --slots N               redundant slots per rank (default 2); masters per rank come from
-                          the trace (experts / ranks)
-  --eps X                 ultraep threshold precision (default 0.01)
-  --min-replica-tokens N  ultraep minimum tokens per replica (default 1)
-  --eplb-window W         eplb moving-average window in microbatches (default 100)
-  --eplb-interval K       eplb replans every K microbatches (default 10)
-  --eplb-replacement M    exposed | hidden: whether eplb's re-placement transfers add to
-                          the simulated layer time (default exposed)
-  --warmup N              plan the first N microbatches (eplb builds its history) but leave
-                          them out of every statistic (default 0)
-
-hardware model and output:
-  --preset NAME           hardware preset for the simulator and fan-out cost model
-                          (default h200-nvl72: H200-class GPUs on an NVL72-like NVLink 5
-                          domain, DeepSeek-V3 experts; sources in planner/simulator.cc)
-  --expert-bytes N        bytes of one expert's weights (default: the preset's, 88080384)
-  --json                  print one JSON document instead of the table
-  --help                  this text
-
-greedy: the plain greedy baseline (move the heaviest rank's largest instance into a free
+constexpr const char* kEpilogue =
+    R"(greedy: the plain greedy baseline (move the heaviest rank's largest instance into a free
 slot of the rank with most room, filling it to the mean).
 
 Weight movement counted per policy: ultraep, greedy and ideal fan out every replica's weights
@@ -126,7 +80,7 @@ experts); trace lines at most 16 MiB. A run longer than 2 s reports progress on 
 exit status: 0 ok, 1 failure (bad trace, invariant violation), 2 usage error.
 )";
 
-// Bounds of one run (stated in kUsage).
+// Bounds of one run (stated in kEpilogue).
 constexpr int64_t kMaxEntries = 1000000;
 constexpr int64_t kMaxLoadsPerEntry = int64_t{1} << 24;
 
@@ -156,236 +110,177 @@ struct PlanFlags {
   std::string preset = "h200-nvl72";
   std::optional<int64_t> expert_bytes;
   bool json = false;
-  bool help = false;
   bool eplb_replacement_exposed = true;
   int64_t warmup = 0;
 };
 
-// A usage error names the flag; the caller prints it with a pointer to --help, exit 2.
+// A usage error after parsing: "FLAG: WHAT" (the caller prints it in the flags library's
+// format, exit 2).
 absl::Status Usage(std::string_view flag, std::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat(AsAbsl(flag), ": ", AsAbsl(what)));
 }
 
-absl::Status ParseInt(std::string_view flag, const std::string& value, int64_t lo, int64_t hi,
-                      int64_t* out) {
-  int64_t v = 0;
-  if (!absl::SimpleAtoi(value, &v)) {
-    return Usage(flag, absl::StrCat("'", value, "' is not an integer"));
-  }
-  if (v < lo || v > hi) {
-    return Usage(flag, absl::StrCat(v, " is out of range; use ", lo, "..", hi));
-  }
-  *out = v;
-  return absl::OkStatus();
+// A value's problem, for a Custom flag (the flag set names the flag).
+absl::Status Problem(std::string_view value, std::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat("'", AsAbsl(value), "' ", AsAbsl(what)));
 }
 
-template <typename T>
-absl::Status ParseIntTo(std::string_view flag, const std::string& value, int64_t lo, int64_t hi,
-                        T* out) {
-  int64_t v = 0;
-  if (absl::Status s = ParseInt(flag, value, lo, hi, &v); !s.ok()) return s;
-  *out = static_cast<T>(v);
-  return absl::OkStatus();
-}
-
-absl::Status ParseDouble(std::string_view flag, const std::string& value, double lo, double hi,
-                         double* out) {
-  double v = 0;
-  if (!absl::SimpleAtod(value, &v) || !std::isfinite(v)) {
-    return Usage(flag, absl::StrCat("'", value, "' is not a number"));
-  }
-  if (v < lo || v > hi) {
-    return Usage(flag, absl::StrCat(value, " is out of range; use ", lo, "..", hi));
-  }
-  *out = v;
-  return absl::OkStatus();
-}
-
-// Parses an option's value into PlanFlags, or says what is wrong with it; `flag` names the
-// option in the message. A switch takes no value: its parser gets an empty one.
-using ParseValue = std::function<absl::Status(std::string_view flag, const std::string& value)>;
-
-// An integer in lo..hi; T may be a std::optional.
-template <typename T>
-ParseValue IntValue(T* out, int64_t lo, int64_t hi) {
-  return [=](std::string_view flag, const std::string& value) {
-    return ParseIntTo(flag, value, lo, hi, out);
-  };
-}
-
-ParseValue NumberValue(double* out, double lo, double hi) {
-  return [=](std::string_view flag, const std::string& value) {
-    return ParseDouble(flag, value, lo, hi, out);
-  };
-}
-
-template <typename T>
-ParseValue TextValue(T* out) {
-  return [=](std::string_view, const std::string& value) {
-    *out = value;
-    return absl::OkStatus();
-  };
-}
-
-ParseValue SwitchOn(bool* out) {
-  return [=](std::string_view, const std::string&) {
-    *out = true;
-    return absl::OkStatus();
-  };
-}
-
-ParseValue SeedValue(uint64_t* out) {
-  return [=](std::string_view flag, const std::string& value) {
-    if (!absl::SimpleAtoi(value, out)) {
-      return Usage(flag, absl::StrCat("'", value, "' is not a non-negative integer"));
-    }
-    return absl::OkStatus();
-  };
-}
-
-ParseValue LoadShiftValue(pl::LoadShift* out) {
-  return [=](std::string_view flag, const std::string& value) {
-    absl::StatusOr<pl::LoadShift> shift = pl::ParseLoadShift(value);
-    if (!shift.ok()) {
-      return Usage(flag, absl::StrCat("'", value, "' is not a mode; use none, drift or jump"));
-    }
-    *out = *shift;
-    return absl::OkStatus();
-  };
-}
-
-ParseValue PopularityValue(pl::PopularityModel* out) {
-  return [=](std::string_view flag, const std::string& value) {
-    absl::StatusOr<pl::PopularityModel> model = pl::ParsePopularityModel(value);
-    if (!model.ok()) {
-      return Usage(flag, absl::StrCat("'", value, "' is not a model; use zipf or lognormal"));
-    }
-    *out = *model;
-    return absl::OkStatus();
-  };
-}
-
-ParseValue ReplacementValue(bool* exposed) {
-  return [=](std::string_view flag, const std::string& value) {
-    if (value != "exposed" && value != "hidden") {
-      return Usage(flag, absl::StrCat("'", value, "' is not a mode; use exposed or hidden"));
-    }
-    *exposed = value == "exposed";
-    return absl::OkStatus();
-  };
-}
-
-// A comma-separated list of distinct names from kAllPolicies; replaces any earlier list.
-ParseValue PolicyListValue(std::vector<std::string>* out) {
-  return [=](std::string_view flag, const std::string& value) {
-    out->clear();
-    for (absl::string_view p : absl::StrSplit(value, ',')) {
-      const std::string name(p);
-      if (std::find(std::begin(kAllPolicies), std::end(kAllPolicies), name) ==
-          std::end(kAllPolicies)) {
-        return Usage(flag, absl::StrCat("unknown policy '", name,
-                                        "'; use a comma-separated list of ultraep, greedy, "
-                                        "eplb, none, ideal"));
-      }
-      if (std::find(out->begin(), out->end(), name) != out->end()) {
-        return Usage(flag, absl::StrCat("policy '", name, "' is listed twice"));
-      }
-      out->push_back(name);
-    }
-    return absl::OkStatus();
-  };
-}
-
-// A generator option is rejected with --trace (a trace fixes the domain and loads).
-enum class OptionKind { kSwitch, kValue, kGeneratorValue };
-
-struct Option {
-  std::string_view name;
-  OptionKind kind;
-  ParseValue parse;
-};
-
-absl::StatusOr<PlanFlags> ParseFlags(const Args& args) {
-  PlanFlags f;
+// Declares every option on `flag_set`, bound to `f` (its values are the defaults shown);
+// returns the generator options' section (rejected with --trace: a trace fixes the domain
+// and loads).
+int DeclareFlags(flags::FlagSet& flag_set, PlanFlags& f) {
+  constexpr double kIntMax = 1 << 30;
+  constexpr double kTwoTo40 = static_cast<double>(int64_t{1} << 40);
   f.gen.microbatches = 20;
-  constexpr int64_t kIntMax = 1 << 30;
-  constexpr int64_t kTwoTo40 = int64_t{1} << 40;
-  using enum OptionKind;
-  // Every option, once (and in kUsage): name, kind, where and how its value goes.
-  const Option options[] = {
-      {"--help", kSwitch, SwitchOn(&f.help)},
-      {"--generate", kSwitch, SwitchOn(&f.generate)},
-      {"--json", kSwitch, SwitchOn(&f.json)},
-      {"--trace", kValue, TextValue(&f.trace)},
-      {"--out", kGeneratorValue, TextValue(&f.out)},
-      {"--ranks", kGeneratorValue, IntValue(&f.gen.ranks, 1, 65536)},
-      {"--experts", kGeneratorValue, IntValue(&f.gen.experts, 1, 1 << 20)},
-      {"--masters-per-rank", kGeneratorValue, IntValue(&f.masters_per_rank, 1, 1 << 20)},
-      {"--topk", kGeneratorValue, IntValue(&f.gen.topk, 1, 1 << 20)},
-      {"--tokens-per-rank", kGeneratorValue, IntValue(&f.gen.tokens_per_rank, 0, kTwoTo40)},
-      {"--token-jitter", kGeneratorValue, NumberValue(&f.gen.token_jitter, 0, 0.999)},
-      {"--imbalance", kGeneratorValue, NumberValue(&f.gen.imbalance, 1, 1e6)},
-      {"--microbatches", kGeneratorValue, IntValue(&f.gen.microbatches, 1, kMaxEntries)},
-      {"--layers", kGeneratorValue, IntValue(&f.gen.layers, 1, 4096)},
-      {"--nonstationary", kGeneratorValue, LoadShiftValue(&f.gen.shift)},
-      {"--shift-every", kGeneratorValue, IntValue(&f.gen.shift_every, 1, kIntMax)},
-      {"--seed", kGeneratorValue, SeedValue(&f.gen.seed)},
-      {"--popularity", kGeneratorValue, PopularityValue(&f.gen.popularity)},
-      {"--sigma", kGeneratorValue, NumberValue(&f.gen.lognormal_sigma, 1e-3, 8)},
-      {"--spikes", kGeneratorValue, IntValue(&f.gen.spike_experts, 0, 1 << 20)},
-      {"--spike-min", kGeneratorValue, NumberValue(&f.gen.spike_min, 1, 1e6)},
-      {"--spike-max", kGeneratorValue, NumberValue(&f.gen.spike_max, 1, 1e6)},
-      {"--spike-rate", kGeneratorValue, NumberValue(&f.gen.spike_rate, 0, 1)},
-      {"--policy", kValue, PolicyListValue(&f.policies)},
-      {"--slots", kValue, IntValue(&f.slots, 0, 4096)},
-      {"--eps", kValue, NumberValue(&f.planner.eps, 1e-9, 1)},
-      {"--min-replica-tokens", kValue, IntValue(&f.planner.min_replica_tokens, 1, kTwoTo40)},
-      {"--eplb-window", kValue, IntValue(&f.planner.eplb_window, 1, 1 << 20)},
-      {"--eplb-interval", kValue, IntValue(&f.planner.eplb_interval, 1, 1 << 20)},
-      {"--eplb-replacement", kValue, ReplacementValue(&f.eplb_replacement_exposed)},
-      {"--warmup", kValue, IntValue(&f.warmup, 0, kTwoTo40)},
-      {"--preset", kValue, TextValue(&f.preset)},
-      {"--expert-bytes", kValue, IntValue(&f.expert_bytes, 1, kTwoTo40)},
-  };
-  // Ordered: with --trace, the error names the alphabetically first generator option given.
-  std::set<std::string> generator_flags_seen;
-  for (size_t i = 0; i < args.size(); ++i) {
-    std::string flag = args[i];
-    std::optional<std::string> inline_value;
-    if (flag.rfind("--", 0) != 0) {
-      return Usage(flag, "unexpected argument; options start with --");
-    }
-    if (const size_t eq = flag.find('='); eq != std::string::npos) {
-      inline_value = flag.substr(eq + 1);
-      flag = flag.substr(0, eq);
-    }
-    const Option* option = std::find_if(std::begin(options), std::end(options),
-                                        [&](const Option& o) { return o.name == flag; });
-    if (option == std::end(options)) return Usage(flag, "unknown option");
-    std::string value;
-    if (option->kind == kSwitch) {
-      if (inline_value) return Usage(flag, "takes no value");
-    } else if (inline_value) {
-      value = *inline_value;
-    } else {
-      if (i + 1 >= args.size()) return Usage(flag, "needs a value");
-      value = args[++i];
-    }
-    if (absl::Status s = option->parse(flag, value); !s.ok()) return s;
-    if (option->kind == kGeneratorValue) generator_flags_seen.insert(flag);
-  }
-  if (f.help) return f;
+  flag_set.Describe(kDescription);
+  flag_set.Epilogue(kEpilogue);
+
+  flag_set.Section("input (one of)");
+  flag_set.String("--trace", &f.trace, "FILE",
+                  "JSON Lines trace (docs/design.md section 8.3), replayed in file order");
+  flag_set.Switch("--generate", &f.generate, "generate loads in memory (options below)");
+
+  const int generator = flag_set.Section("generator options (only with --generate)");
+  flag_set.Int("--ranks", &f.gen.ranks, "N", "source/expert ranks G").Range(1, 65536);
+  flag_set.Int("--experts", &f.gen.experts, "N", "logical experts, a multiple of --ranks")
+      .Range(1, 1 << 20);
+  flag_set.Int("--masters-per-rank", &f.masters_per_rank, "N",
+               "alternative to --experts: experts = ranks * N")
+      .Range(1, 1 << 20);
+  flag_set.Int("--topk", &f.gen.topk, "K", "distinct experts per token").Range(1, 1 << 20);
+  flag_set.Int("--tokens-per-rank", &f.gen.tokens_per_rank, "N",
+               "mean tokens per source rank per microbatch")
+      .Range(0, kTwoTo40);
+  flag_set.Double("--token-jitter", &f.gen.token_jitter, "F",
+                  "per-rank token counts vary uniformly by +-F")
+      .Range(0, 0.999);
+  flag_set.Double("--imbalance", &f.gen.imbalance, "X", "target initial max/mean rank load, >= 1")
+      .Range(1, 1e6);
+  flag_set.Int("--microbatches", &f.gen.microbatches, "N", "microbatches")
+      .Range(1, static_cast<double>(kMaxEntries));
+  flag_set.Int("--layers", &f.gen.layers, "N", "MoE layers per microbatch").Range(1, 4096);
+  flag_set
+      .Custom("--nonstationary", "MODE",
+              "none | drift | jump: hot experts change gradually or at once every --shift-every "
+              "microbatches",
+              [&f](std::string_view value) {
+                absl::StatusOr<pl::LoadShift> shift = pl::ParseLoadShift(value);
+                if (!shift.ok()) return Problem(value, "is not a mode; use none, drift or jump");
+                f.gen.shift = *shift;
+                return absl::OkStatus();
+              })
+      .Default("none");
+  flag_set.Int("--shift-every", &f.gen.shift_every, "J", "the period of --nonstationary")
+      .Range(1, kIntMax);
+  flag_set.Int("--seed", &f.gen.seed, "S", "the generator's seed");
+  flag_set
+      .Custom("--popularity", "MODEL",
+              "zipf (calibrated to --imbalance) | lognormal: expert weights exp(sigma * N(0,1)), "
+              "heavy-tailed, not calibrated",
+              [&f](std::string_view value) {
+                absl::StatusOr<pl::PopularityModel> model = pl::ParsePopularityModel(value);
+                if (!model.ok()) return Problem(value, "is not a model; use zipf or lognormal");
+                f.gen.popularity = *model;
+                return absl::OkStatus();
+              })
+      .Default("zipf");
+  flag_set.Double("--sigma", &f.gen.lognormal_sigma, "X",
+                  "lognormal sigma, (0, 8]; 1 to 2 are typical")
+      .Range(1e-3, 8);
+  flag_set.Int("--spikes", &f.gen.spike_experts, "N",
+               "in a fraction --spike-rate of the (microbatch, layer) entries, 1..N random "
+               "experts spike to --spike-min..--spike-max times their weight for that entry "
+               "only (0: no spikes)")
+      .Range(0, 1 << 20);
+  flag_set.Double("--spike-min", &f.gen.spike_min, "X", "spike factor range, low end")
+      .Range(1, 1e6);
+  flag_set.Double("--spike-max", &f.gen.spike_max, "X", "spike factor range, high end")
+      .Range(1, 1e6);
+  flag_set.Double("--spike-rate", &f.gen.spike_rate, "F", "probability that an entry spikes")
+      .Range(0, 1);
+  flag_set.String("--out", &f.out, "FILE", "write the generated trace to FILE instead of planning");
+
+  flag_set.Section("policies and domain");
+  flag_set
+      .Custom("--policy", "LIST", "comma-separated from ultraep,greedy,eplb,none,ideal",
+              [&f](std::string_view value) {
+                // Distinct names from kAllPolicies; replaces any earlier list.
+                f.policies.clear();
+                for (absl::string_view p : absl::StrSplit(AsAbsl(value), ',')) {
+                  const std::string name(p);
+                  if (std::find(std::begin(kAllPolicies), std::end(kAllPolicies), name) ==
+                      std::end(kAllPolicies)) {
+                    return absl::InvalidArgumentError(
+                        absl::StrCat("unknown policy '", name,
+                                     "'; use a comma-separated list of ultraep, greedy, eplb, "
+                                     "none, ideal"));
+                  }
+                  if (std::find(f.policies.begin(), f.policies.end(), name) != f.policies.end()) {
+                    return absl::InvalidArgumentError(
+                        absl::StrCat("policy '", name, "' is listed twice"));
+                  }
+                  f.policies.push_back(name);
+                }
+                return absl::OkStatus();
+              })
+      .Default("all");
+  flag_set.Int("--slots", &f.slots, "N",
+               "redundant slots per rank; masters per rank come from the trace (experts / ranks)")
+      .Range(0, 4096);
+  flag_set.Double("--eps", &f.planner.eps, "X", "ultraep threshold precision").Range(1e-9, 1);
+  flag_set.Int("--min-replica-tokens", &f.planner.min_replica_tokens, "N",
+               "ultraep minimum tokens per replica")
+      .Range(1, kTwoTo40);
+  flag_set.Int("--eplb-window", &f.planner.eplb_window, "W",
+               "eplb moving-average window in microbatches")
+      .Range(1, 1 << 20);
+  flag_set
+      .Int("--eplb-interval", &f.planner.eplb_interval, "K", "eplb replans every K microbatches")
+      .Range(1, 1 << 20);
+  flag_set
+      .Custom("--eplb-replacement", "MODE",
+              "exposed | hidden: whether eplb's re-placement transfers add to the simulated "
+              "layer time",
+              [&f](std::string_view value) {
+                if (value != "exposed" && value != "hidden") {
+                  return Problem(value, "is not a mode; use exposed or hidden");
+                }
+                f.eplb_replacement_exposed = value == "exposed";
+                return absl::OkStatus();
+              })
+      .Default("exposed");
+  flag_set.Int("--warmup", &f.warmup, "N",
+               "plan the first N microbatches (eplb builds its history) but leave them out of "
+               "every statistic")
+      .Range(0, kTwoTo40);
+
+  flag_set.Section("hardware model and output");
+  flag_set.String("--preset", &f.preset, "NAME",
+                  "hardware preset for the simulator and fan-out cost model (h200-nvl72: "
+                  "H200-class GPUs on an NVL72-like NVLink 5 domain, DeepSeek-V3 experts; sources "
+                  "in planner/simulator.cc)");
+  flag_set.Int("--expert-bytes", &f.expert_bytes, "N", "bytes of one expert's weights")
+      .Range(1, kTwoTo40)
+      .Default("the preset's, 88080384");
+  flag_set.Switch("--json", &f.json, "print one JSON document instead of the table");
+  return generator;
+}
+
+// The checks across options, after parsing; completes `f` (experts from
+// --masters-per-rank, every policy when none was named).
+absl::Status CheckFlags(const flags::FlagSet& flag_set, int generator, PlanFlags& f) {
+  // Alphabetical: with --trace, the error names the first generator option given.
+  const std::vector<std::string> generator_flags_seen = flag_set.GivenIn(generator);
   if (f.trace && f.generate) return Usage("--trace", "use either --trace or --generate, not both");
   if (!f.trace && !f.generate) {
     return Usage("--trace", "give a trace with --trace FILE, or --generate to generate one");
   }
   if (f.trace && !generator_flags_seen.empty()) {
-    return Usage(*generator_flags_seen.begin(),
+    return Usage(generator_flags_seen.front(),
                  "applies only with --generate (a trace fixes the domain and loads)");
   }
   if (f.masters_per_rank) {
-    if (generator_flags_seen.count("--experts") > 0 &&
-        f.gen.experts != f.gen.ranks * *f.masters_per_rank) {
+    if (flag_set.Given("--experts") && f.gen.experts != f.gen.ranks * *f.masters_per_rank) {
       return Usage("--masters-per-rank", "contradicts --experts; give only one of them");
     }
     f.gen.experts = f.gen.ranks * *f.masters_per_rank;
@@ -396,12 +291,10 @@ absl::StatusOr<PlanFlags> ParseFlags(const Args& args) {
                    absl::StrCat(f.gen.experts, " is not a multiple of --ranks (", f.gen.ranks,
                                 "); give --experts or --masters-per-rank"));
     }
-    if (f.gen.popularity == pl::PopularityModel::kLognormal &&
-        generator_flags_seen.count("--imbalance") > 0) {
+    if (f.gen.popularity == pl::PopularityModel::kLognormal && flag_set.Given("--imbalance")) {
       return Usage("--imbalance", "applies only to --popularity zipf (lognormal is set by --sigma)");
     }
-    if (f.gen.popularity != pl::PopularityModel::kLognormal &&
-        generator_flags_seen.count("--sigma") > 0) {
+    if (f.gen.popularity != pl::PopularityModel::kLognormal && flag_set.Given("--sigma")) {
       return Usage("--sigma", "applies only with --popularity lognormal");
     }
     if (f.gen.spike_min > f.gen.spike_max) {
@@ -435,7 +328,7 @@ absl::StatusOr<PlanFlags> ParseFlags(const Args& args) {
     return Usage("--out", "writes a trace and plans nothing; drop --json and --policy");
   }
   if (f.policies.empty()) f.policies.assign(std::begin(kAllPolicies), std::end(kAllPolicies));
-  return f;
+  return absl::OkStatus();
 }
 
 // Where the loads come from: a trace file, streamed, or the generator.
@@ -618,16 +511,12 @@ std::string SourceText(const PlanFlags& f) {
 }  // namespace
 
 int PlanCommand(const Args& args) {
-  absl::StatusOr<PlanFlags> parsed = ParseFlags(args);
-  if (!parsed.ok()) {
-    std::fprintf(stderr, "rackrun plan: %s\nrun 'rackrun plan --help' for usage\n",
-                 std::string(parsed.status().message()).c_str());
-    return 2;
-  }
-  const PlanFlags& f = *parsed;
-  if (f.help) {
-    std::fwrite(kUsage.data(), 1, kUsage.size(), stdout);
-    return 0;
+  PlanFlags f;
+  flags::FlagSet flag_set("rackrun plan", kSynopsis);
+  const int generator_section = DeclareFlags(flag_set, f);
+  if (std::optional<int> exit = flag_set.ParseCommandLine(args)) return *exit;
+  if (absl::Status s = CheckFlags(flag_set, generator_section, f); !s.ok()) {
+    return flag_set.Fail(s);
   }
   absl::StatusOr<pl::HardwareModel> hw = pl::HardwarePreset(f.preset);
   if (!hw.ok()) {

@@ -1,8 +1,10 @@
 // rackrun submit: validates a job spec here, then queues it on the rack coordinator.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -16,11 +18,8 @@
 namespace rackrun::cli {
 namespace {
 
-constexpr std::string_view kUsage =
-    R"(usage: rackrun submit SPEC [--set FIELD=VALUE]... [--request-id ID] [--watch [--every N]
-                      [--plain]] [--retry-for SECONDS] [connection options]
-
-Queues the job described by SPEC (a YAML or JSON JobSpec, proto/rackrun/v1/job_spec.proto)
+constexpr const char* kDescription =
+    R"(Queues the job described by SPEC (a YAML or JSON JobSpec, proto/rackrun/v1/job_spec.proto)
 on the rack coordinator and prints its id on stdout. The spec is loaded and validated here
 first (a bad spec fails before anything is sent, naming the field), and its paths (data,
 checkpoints, logs) are made absolute against the current directory: the workers read
@@ -29,19 +28,11 @@ them, so they must be visible to every worker (e.g. a shared file system).
 Submit is idempotent by request id: while the coordinator is unavailable or slow, submit
 retries with the same id, and a retried submit never creates a second job ("already
 submitted" then names the existing one).
+)";
 
-options:
-  --set FIELD=VALUE    override a spec field, e.g. --set training.steps=50 (repeatable)
-  --request-id ID      the request id (default: a fresh random UUID); reuse it to retry a
-                       submit whose outcome you did not see
-  --retry-for SECONDS  keep retrying an unavailable coordinator this long (default 30)
-  --watch              then follow the job like 'rackrun watch' (and exit with its outcome:
-                       0 SUCCEEDED, 1 FAILED, 2 CANCELLED, 3 no outcome)
-  --every N, --plain   as for 'rackrun watch'
-
-exit code: 0 queued (or already submitted), 1 failed (bad spec, coordinator error),
+constexpr const char* kExitCodes =
+    R"(exit code: 0 queued (or already submitted), 1 failed (bad spec, coordinator error),
 2 usage error; with --watch those of 'rackrun watch' (3 when nothing was queued).
-
 )";
 
 }  // namespace
@@ -51,47 +42,38 @@ int SubmitCommand(const Args& args) {
   std::vector<std::string> overrides;
   std::string request_id;
   bool watch = false;
-  ConnectionFlags flags;
+  ConnectionFlags connection;
   FollowOptions follow;
   follow.live = isatty(STDOUT_FILENO) != 0;
-  const auto usage = [&](std::string_view error) {
-    std::fprintf(stderr, "rackrun submit: %.*s\n\n%.*s", static_cast<int>(error.size()),
-                 error.data(), static_cast<int>(kUsage.size()), kUsage.data());
-    return watch ? kExitNoOutcome : 2;
-  };
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    std::string error;
-    if (a == "--help" || a == "-h") {
-      std::fwrite(kUsage.data(), 1, kUsage.size(), stdout);
-      std::fputs(kConnectionHelp, stdout);
-      return 0;
-    }
-    if (a == "--watch") {
-      watch = true;
-      continue;
-    }
-    if (flags.Consume(args, &i, &error) || ConsumeFollowFlag(args, &i, &follow, &error)) {
-      if (!error.empty()) return usage(error);
-      continue;
-    }
-    if (a.rfind("--", 0) != 0) {
-      if (!spec_path.empty()) return usage("more than one SPEC given ('" + a + "')");
-      spec_path = a;
-      continue;
-    }
-    if (i + 1 >= args.size()) return usage("option '" + a + "' needs a value or is unknown");
-    const std::string& value = args[++i];
-    if (a == "--set") {
-      overrides.push_back(value);
-    } else if (a == "--request-id") {
-      if (value.empty()) return usage("--request-id: must not be empty");
-      request_id = value;
-    } else {
-      return usage("unknown option '" + a + "'");
-    }
+  flags::FlagSet flag_set("rackrun submit",
+                          "SPEC [--set FIELD=VALUE]... [--request-id ID] [--watch [--every N]\n"
+                          "                      [--plain]] [--retry-for SECONDS] "
+                          "[connection options]");
+  flag_set.Describe(kDescription);
+  flag_set.Epilogue(kExitCodes);
+  flag_set.Positional("SPEC", &spec_path, "the job spec file (YAML or JSON)");
+  flag_set.Strings("--set", &overrides, "FIELD=VALUE",
+                   "override a spec field, e.g. --set training.steps=50 (repeatable)");
+  flag_set
+      .Custom("--request-id", "ID",
+              "the request id; reuse it to retry a submit whose outcome you did not see",
+              [&request_id](std::string_view value) {
+                if (value.empty()) return absl::InvalidArgumentError("must not be empty");
+                request_id = std::string(value);
+                return absl::OkStatus();
+              })
+      .Default("a fresh random UUID");
+  flag_set.Switch("--watch", &watch,
+                  "then follow the job like 'rackrun watch' (and exit with its outcome: 0 "
+                  "SUCCEEDED, 1 FAILED, 2 CANCELLED, 3 no outcome)");
+  flag_set.Section("with --watch (as for 'rackrun watch'); --retry-for also for the submit itself");
+  DeclareFollowFlags(flag_set, &follow);
+  connection.Declare(flag_set);
+  // A usage error exits as the command would have: 3 (no outcome) when --watch was asked.
+  const bool watch_asked = std::find(args.begin(), args.end(), "--watch") != args.end();
+  if (std::optional<int> exit = flag_set.ParseCommandLine(args, watch_asked ? kExitNoOutcome : 2)) {
+    return *exit;
   }
-  if (spec_path.empty()) return usage("SPEC is required");
   const int failed = watch ? kExitNoOutcome : 1;
 
   // Locally first: a bad spec never reaches the network.
@@ -109,7 +91,7 @@ int SubmitCommand(const Args& args) {
   }
   jobspec::MakeSpecPathsAbsolute(*spec, cwd.string());
 
-  absl::StatusOr<std::unique_ptr<CoordinatorClient>> client = CoordinatorClient::Create(flags);
+  absl::StatusOr<std::unique_ptr<CoordinatorClient>> client = CoordinatorClient::Create(connection);
   if (!client.ok()) {
     std::fprintf(stderr, "rackrun: %s\n", std::string(client.status().message()).c_str());
     return failed;

@@ -10,12 +10,14 @@
 #include <filesystem>
 #include <mutex>
 #include <new>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <system_error>
 #include <vector>
 
 #include "base/signals.h"
+#include "flags/flags.h"
 #include "comm/data_channel.h"
 #include "comm/mpi_channel.h"
 #include "runtime/job_config.h"
@@ -30,12 +32,13 @@ namespace {
 
 namespace rt = ::rackrun::runtime;
 
-constexpr std::string_view kUsage =
-    R"(usage: rackrun train SPEC [--set FIELD=VALUE]... [--log-json FILE] [--load-trace FILE]
+constexpr const char* kSynopsis =
+    R"(SPEC [--set FIELD=VALUE]... [--log-json FILE] [--load-trace FILE]
                      [--resume PATH] [--start-over]
-       mpirun -np R rackrun train SPEC ...      (or srun --mpi=pmix -n R rackrun train ...)
+       mpirun -np R rackrun train SPEC ...      (or srun --mpi=pmix -n R rackrun train ...))";
 
-Trains the model described by SPEC (a YAML or JSON JobSpec, proto/rackrun/v1/job_spec.proto).
+constexpr const char* kDescription =
+    R"(Trains the model described by SPEC (a YAML or JSON JobSpec, proto/rackrun/v1/job_spec.proto).
 Prints one line per logging.interval steps (step, loss, validation loss when evaluated,
 tokens/s, learning rate, grad norm, per-layer expert load max/mean, elapsed) and a final
 summary that compares the loss with the unigram entropy of the training data.
@@ -46,25 +49,10 @@ the ranks, and every microbatch and MoE layer is rebalanced by balancer.policy (
 ultraep, eplb). Rank 0 prints; its log lines add per-layer rank load max/mean before>after
 balancing and the milliseconds spent planning, fanning out weights, in token all-to-alls
 and reducing replica gradients.
+)";
 
-options:
-  --set FIELD=VALUE   override a spec field, e.g. --set training.steps=50 (repeatable)
-  --log-json FILE     also write every logged step as JSON Lines (logging.json)
-  --load-trace FILE   record every training microbatch's expert loads (logging.load_trace),
-                      replayable with `rackrun plan --trace FILE`
-  --resume PATH       continue from a checkpoint file (DIR/step-NNNNNNNN.ckpt), or the
-                      newest one in a checkpoint folder; checkpoints keep going to
-                      checkpoint.dir (default: that folder). Resuming from an older
-                      checkpoint of the folder moves its newer ones into
-                      DIR/superseded-<time>/. --log-json and --load-trace are cut back to
-                      the resumed step and extended.
-  --start-over        checkpoint.dir holds another run's checkpoints: move them into
-                      DIR/previous-<time>/ and train from step 0, or from --resume of a
-                      checkpoint elsewhere (checkpoint.start_over; nothing is deleted; no
-                      effect when --resume continues checkpoint.dir's own checkpoints)
-  --print-spec        print the effective spec (defaults filled in) as JSON and exit
-
-outputs: a checkpoint folder belongs to one run. Before the first step rank 0 checks every
+constexpr const char* kEpilogue =
+    R"(outputs: a checkpoint folder belongs to one run. Before the first step rank 0 checks every
 output (checkpoint.dir, --log-json, --load-trace) and takes DIR/LOCK for the whole run: a
 second run on the same folder is refused, naming the holder's pid and host; a run without
 --resume into a folder with checkpoints is refused unless --start-over; temporary files of
@@ -79,10 +67,40 @@ example:
   rackrun train examples/tiny-moe.yaml --set training.steps=50
 )";
 
-int Usage(std::string_view error) {
-  std::fprintf(stderr, "rackrun train: %.*s\n\n%.*s", static_cast<int>(error.size()), error.data(),
-               static_cast<int>(kUsage.size()), kUsage.data());
-  return 2;
+// The flags, into `overrides` in command-line order (--log-json is --set logging.json=...).
+void DeclareFlags(flags::FlagSet& flag_set, std::string* spec_path,
+                  std::vector<std::string>* overrides, std::string* resume, bool* print_spec) {
+  flag_set.Describe(kDescription);
+  flag_set.Epilogue(kEpilogue);
+  flag_set.Positional("SPEC", spec_path, "the job spec file (YAML or JSON)");
+  flag_set.Strings("--set", overrides, "FIELD=VALUE",
+                   "override a spec field, e.g. --set training.steps=50 (repeatable)");
+  const auto override_of = [overrides](std::string field) {
+    return [overrides, field](std::string_view value) {
+      overrides->push_back(field + "=" + std::string(value));
+      return absl::OkStatus();
+    };
+  };
+  flag_set.Custom("--log-json", "FILE", "also write every logged step as JSON Lines (logging.json)",
+                  override_of("logging.json"));
+  flag_set.Custom("--load-trace", "FILE",
+                  "record every training microbatch's expert loads (logging.load_trace), "
+                  "replayable with `rackrun plan --trace FILE`",
+                  override_of("logging.load_trace"));
+  flag_set.String("--resume", resume, "PATH",
+                  "continue from a checkpoint file (DIR/step-NNNNNNNN.ckpt), or the newest one in "
+                  "a checkpoint folder; checkpoints keep going to checkpoint.dir (default: that "
+                  "folder). Resuming from an older checkpoint of the folder moves its newer ones "
+                  "into DIR/superseded-<time>/. --log-json and --load-trace are cut back to the "
+                  "resumed step and extended.");
+  flag_set.Switch("--start-over",
+                  "checkpoint.dir holds another run's checkpoints: move them into "
+                  "DIR/previous-<time>/ and train from step 0, or from --resume of a checkpoint "
+                  "elsewhere (checkpoint.start_over; nothing is deleted; no effect when --resume "
+                  "continues checkpoint.dir's own checkpoints)",
+                  [overrides] { overrides->push_back("checkpoint.start_over=true"); });
+  flag_set.Switch("--print-spec", print_spec,
+                  "print the effective spec (defaults filled in) as JSON and exit");
 }
 
 // Ranks the launcher started on this machine (Open MPI, MPICH/Hydra, Slurm); 1 if unknown.
@@ -99,40 +117,9 @@ int RunTrain(const Args& args) {
   std::vector<std::string> overrides;
   std::string resume;
   bool print_spec = false;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    if (a == "--help" || a == "-h") {
-      std::fwrite(kUsage.data(), 1, kUsage.size(), stdout);
-      return 0;
-    }
-    if (a == "--print-spec") {
-      print_spec = true;
-      continue;
-    }
-    if (a == "--start-over") {
-      overrides.push_back("checkpoint.start_over=true");
-      continue;
-    }
-    if (a.rfind("--", 0) != 0) {
-      if (!spec_path.empty()) return Usage("more than one SPEC given ('" + a + "')");
-      spec_path = a;
-      continue;
-    }
-    if (i + 1 >= args.size()) return Usage("option '" + a + "' needs a value or is unknown");
-    const std::string& value = args[++i];
-    if (a == "--set") {
-      overrides.push_back(value);
-    } else if (a == "--log-json") {
-      overrides.push_back("logging.json=" + value);
-    } else if (a == "--load-trace") {
-      overrides.push_back("logging.load_trace=" + value);
-    } else if (a == "--resume") {
-      resume = value;
-    } else {
-      return Usage("unknown option '" + a + "'");
-    }
-  }
-  if (spec_path.empty()) return Usage("SPEC is required");
+  flags::FlagSet flag_set("rackrun train", kSynopsis);
+  DeclareFlags(flag_set, &spec_path, &overrides, &resume, &print_spec);
+  if (std::optional<int> exit = flag_set.ParseCommandLine(args)) return *exit;
 
   absl::StatusOr<rackrun::v1::JobSpec> spec = jobspec::LoadJobSpec(spec_path, overrides);
   if (!spec.ok()) {

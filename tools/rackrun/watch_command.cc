@@ -5,12 +5,12 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <thread>
 
 #include "absl/status/status.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "tools/rackrun/command.h"
@@ -23,10 +23,8 @@ using rackrun::v1::JobEvent;
 using rackrun::v1::JobState;
 using Clock = std::chrono::steady_clock;
 
-constexpr std::string_view kUsage =
-    R"(usage: rackrun watch JOB [--every N] [--plain] [--retry-for SECONDS] [connection options]
-
-Follows job JOB from its first event to its end. On a terminal: a progress bar redrawn in
+constexpr const char* kDescription =
+    R"(Follows job JOB from its first event to its end. On a terminal: a progress bar redrawn in
 place (step/total, loss, validation loss, tokens/s, rank imbalance before -> after balancing
 (mean over MoE layers), ETA, restarts) with state changes and failures as lines above it.
 Otherwise (a pipe, a file): one line per state change, failure and message, and one per
@@ -34,19 +32,15 @@ N steps of progress.
 
 If the coordinator goes away (restart, network), watch reconnects and resumes after the
 last event it printed: nothing is lost or printed twice.
+)";
 
-options:
-  --every N            plain lines: a progress line every N steps (default 10)
-  --plain              plain lines even on a terminal
-  --retry-for SECONDS  keep reconnecting to an unavailable coordinator this long (default 30)
-
-exit code (also for submit --watch):
+constexpr const char* kExitCodes =
+    R"(exit code (also for submit --watch):
   0  the job SUCCEEDED
   1  the job FAILED
   2  the job was CANCELLED
   3  no outcome: a usage error, or the job could not be followed (coordinator unreachable,
      token refused, no such job)
-
 )";
 
 bool IsTerminal(JobState s) {
@@ -196,12 +190,6 @@ class EventPrinter {
   Clock::time_point last_draw_{};
 };
 
-int Usage(std::string_view error) {
-  std::fprintf(stderr, "rackrun watch: %.*s\n\n%.*s", static_cast<int>(error.size()), error.data(),
-               static_cast<int>(kUsage.size()), kUsage.data());
-  return kExitNoOutcome;
-}
-
 }  // namespace
 
 int FollowJob(CoordinatorClient& client, const std::string& job_id, const FollowOptions& options) {
@@ -276,56 +264,37 @@ int FollowJob(CoordinatorClient& client, const std::string& job_id, const Follow
   return ExitCodeOf(final_state);
 }
 
-// Parses the options watch and submit --watch share; false when args[*i] is not one.
-bool ConsumeFollowFlag(const Args& args, size_t* i, FollowOptions* options, std::string* error) {
-  const std::string& a = args[*i];
-  if (a == "--plain") {
-    options->live = false;
-    return true;
-  }
-  if (a != "--every" && a != "--retry-for") return false;
-  if (*i + 1 >= args.size()) {
-    *error = "option '" + a + "' needs a value";
-    return true;
-  }
-  const std::string& value = args[++*i];
-  double number = 0;
-  if (!absl::SimpleAtod(value, &number) || number < 0 || (a == "--every" && number < 1)) {
-    *error = "option '" + a + "': '" + value + "' is not a " +
-             (a == "--every" ? "positive number of steps" : "number of seconds");
-    return true;
-  }
-  if (a == "--every") {
-    options->every = static_cast<int>(number);
-  } else {
-    options->retry.budget = std::chrono::milliseconds(static_cast<int64_t>(number * 1000));
-  }
-  return true;
+void DeclareFollowFlags(flags::FlagSet& flag_set, FollowOptions* options) {
+  flag_set.Int("--every", &options->every, "N", "plain lines: a progress line every N steps")
+      .Range(1);
+  flag_set.Switch("--plain", "plain lines even on a terminal",
+                  [options] { options->live = false; });
+  flag_set
+      .Custom("--retry-for", "SECONDS", "keep reconnecting to an unavailable coordinator this long",
+              [options](std::string_view value) {
+                absl::StatusOr<double> s = flags::ParseDouble(value, 0);
+                if (!s.ok()) return s.status();
+                options->retry.budget = std::chrono::milliseconds(static_cast<int64_t>(*s * 1000));
+                return absl::OkStatus();
+              })
+      .Default(absl::StrCat(options->retry.budget.count() / 1000.0));
 }
 
 int WatchCommand(const Args& args) {
   std::string job_id;
-  ConnectionFlags flags;
+  ConnectionFlags connection;
   FollowOptions options;
   options.live = isatty(STDOUT_FILENO) != 0;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    std::string error;
-    if (a == "--help" || a == "-h") {
-      std::fwrite(kUsage.data(), 1, kUsage.size(), stdout);
-      std::fputs(kConnectionHelp, stdout);
-      return 0;
-    }
-    if (flags.Consume(args, &i, &error) || ConsumeFollowFlag(args, &i, &options, &error)) {
-      if (!error.empty()) return Usage(error);
-      continue;
-    }
-    if (a.rfind("--", 0) == 0) return Usage("unknown option '" + a + "'");
-    if (!job_id.empty()) return Usage("more than one JOB given ('" + a + "')");
-    job_id = a;
-  }
-  if (job_id.empty()) return Usage("JOB is required");
-  absl::StatusOr<std::unique_ptr<CoordinatorClient>> client = CoordinatorClient::Create(flags);
+  flags::FlagSet flag_set("rackrun watch",
+                          "JOB [--every N] [--plain] [--retry-for SECONDS] "
+                          "[connection options]");
+  flag_set.Describe(kDescription);
+  flag_set.Epilogue(kExitCodes);
+  flag_set.Positional("JOB", &job_id, "the job's id");
+  DeclareFollowFlags(flag_set, &options);
+  connection.Declare(flag_set);
+  if (std::optional<int> exit = flag_set.ParseCommandLine(args, kExitNoOutcome)) return *exit;
+  absl::StatusOr<std::unique_ptr<CoordinatorClient>> client = CoordinatorClient::Create(connection);
   if (!client.ok()) {
     std::fprintf(stderr, "rackrun: %s\n", std::string(client.status().message()).c_str());
     return kExitNoOutcome;
