@@ -14,6 +14,7 @@
 #include <signal.h>
 
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <regex>
@@ -211,8 +212,12 @@ TEST_F(ObservabilityTest, PrometheusGrafanaAndDashboardWatchARunningJob) {
     }
     targets << "], \"labels\": {\"rack\": \"test\"}}]\n";
     const std::string rules = std::string(RACKRUN_SOURCE_DIR) + "/deploy/prometheus/";
+    // A scrape of a worker busy training on a loaded machine can take over a second: the
+    // interval (and the timeout, which may not exceed it) scale with the machine's load.
+    const int scrape_s = static_cast<int>(std::ceil(::rackrun::testing::TimeScale()));
     std::ofstream(dir_ / "prometheus.yml")
-        << "global: {scrape_interval: 1s, scrape_timeout: 1s, evaluation_interval: 1s}\n"
+        << "global: {scrape_interval: " << scrape_s << "s, scrape_timeout: " << scrape_s
+        << "s, evaluation_interval: 1s}\n"
         << "rule_files: [\"" << rules << "rackrun-rules.yml\", \"" << rules << "rackrun-alerts.yml\"]\n"
         << "scrape_configs:\n"
         << "  - job_name: rackrun-coordinator\n"
