@@ -73,6 +73,15 @@ inline T HSum(Simd<T> v) {
   return s[0];
 }
 
+// Norms of the mapping inputs (RMSNorm, LayerNorm) have no learned gain; eps inside the sqrt.
+inline constexpr double kNormEps = 1e-6;
+
+// The RMSNorm scale sqrt(sumsq / n + eps) of n values whose squares sum to sumsq.
+template <typename T>
+inline T RmsOf(T sumsq, int64_t n) {
+  return std::sqrt(sumsq / static_cast<T>(n) + static_cast<T>(kNormEps));
+}
+
 template <typename T>
 inline T Sigmoid(T x) {
   return T(1) / (T(1) + std::exp(-x));

@@ -33,6 +33,7 @@ using residual_internal::Axpy;
 using residual_internal::BatchGemm;
 using residual_internal::Combine;
 using residual_internal::Dot;
+using residual_internal::kNormEps;
 using residual_internal::Moments;
 using residual_internal::MulAdd;
 using residual_internal::PackPanels;
@@ -41,9 +42,9 @@ using residual_internal::PanelSize;
 using residual_internal::PaddedOutputs;
 using residual_internal::ProjectRows;
 using residual_internal::ProjectTransposeAddPacked;
+using residual_internal::RmsOf;
 using residual_internal::Sigmoid;
 
-constexpr double kNormEps = 1e-6;
 constexpr double kGramSchmidtEps = 1e-6;
 constexpr int kTokenBlock = 8;
 // A block's Sinkhorns run as one batch.
@@ -666,8 +667,7 @@ void XhcImpl<T>::GatherActive(Sublayer& sl, const Group& gr, int t) {
   for (int j = 0; j < k_; ++j) std::memcpy(a + j * C, x + idx[j] * C, sizeof(T) * C);
   T sum, sq;
   Moments(a, kc, &sum, &sq);
-  sl.coef[static_cast<size_t>(t) * static_cast<size_t>(sl.coef_stride) + kRa] =
-      std::sqrt(sq / static_cast<T>(kc) + static_cast<T>(kNormEps));
+  sl.coef[static_cast<size_t>(t) * static_cast<size_t>(sl.coef_stride) + kRa] = RmsOf(sq, kc);
 }
 
 template <typename T>
@@ -781,7 +781,7 @@ void XhcImpl<T>::Read(int l, T* u) {
     const T mu = sum / D;
     const T var = std::max(sq / D - mu * mu, T(0));
     const T sd = std::sqrt(var + static_cast<T>(kNormEps));
-    const T r = std::sqrt(sq / D + static_cast<T>(kNormEps));
+    const T r = RmsOf(sq, nc);
     rec[kMu] = mu;
     rec[kSd] = sd;
     rec[kRms] = r;
