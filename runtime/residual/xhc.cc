@@ -535,7 +535,7 @@ class XhcImpl final : public ResidualStreams<T>::Impl {
   }
 
   // ---- shared by the forward and the backward ----
-  // logits = a_res q + b_res (k x k) from token's scaled logits q: H_res = Sinkhorn(logits).
+  // logits = a_res q + b_res (k x k) from a token's scaled logits q: H_res = Sinkhorn(logits).
   void ResLogits(const Sublayer& sl, const T* q, T* logits) const;
   // Sum of row j of a k x k H_res (the row-sum clamp divides rows whose sum exceeds 1).
   T ResRowSum(const T* h, int j) const;
@@ -588,15 +588,16 @@ class XhcImpl final : public ResidualStreams<T>::Impl {
                                T* d_o, int64_t lp, T* d_out_t, T* dg_t, T* levels) const;
 
   // ---- ReadInputBackward's stages ----
-  // Token t: dX += H_pre du over the current rows; the H_pre logit gradients into dypre_
-  // and scal_.
-  void DenseReadBackward(const Sublayer& sl, const Group& gr, int t, const T* du);
+  // Token t (its row of d_u): dX += H_pre du over the current rows; the H_pre logit
+  // gradients into dypre_ and scal_.
+  void DenseReadBackward(const Sublayer& sl, const Group& gr, int t, const T* d_u);
   // Group entry, token t: the router and pre-mapping logit gradients of the whole group
   // into c1_ (divided by the norm scales) and the norm statistics' terms into dX.
   void EntryTokenBackward(const Group& gr, int t);
   // Group entry, all tokens: dX += c1 W1 and dW1 += c1^T X, with the router rows'
   // LayerNorm centring.
   void EntryWeightGrads(const Group& gr);
+
   const T* Param(int64_t offset) const { return this->values.data() + offset; }
   int64_t ScalStride() const { return std::max(1 + this->nstreams, 2 + k_ * k_ + k_ * KrMax()); }
 
