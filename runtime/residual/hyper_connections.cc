@@ -30,9 +30,9 @@ using residual_internal::Moments;
 using residual_internal::ParallelWeightGrad;
 using residual_internal::Project;
 using residual_internal::ProjectTransposeAddPacked;
+using residual_internal::RmsOf;
 using residual_internal::Sigmoid;
 
-constexpr double kNormEps = 1e-6;
 constexpr int kTokenBlock = 8;
 // A block's Sinkhorns run as one batch.
 static_assert(kTokenBlock <= SinkhornProjection<float>::kBatch);
@@ -382,7 +382,7 @@ class MhcImpl final : public DenseStreamsImpl<T> {
     const auto maps = [&](const T* x, const T* z, T*, T* coef) {
       T sum, sq;
       Moments(x, nc, &sum, &sq);
-      const T r = std::sqrt(sq / static_cast<T>(nc) + static_cast<T>(kNormEps));
+      const T r = RmsOf(sq, nc);
       coef[0] = r;
       T* y = coef + 1;
       for (int p = 0; p < P_; ++p) y[p] = z[p] / r;
@@ -556,7 +556,7 @@ class HcImpl final : public DenseStreamsImpl<T> {
       for (int s = 0; s < n; ++s) {
         T sum, sq;
         Moments(x + s * C, C, &sum, &sq);
-        const T r = std::sqrt(sq / static_cast<T>(C) + static_cast<T>(kNormEps));
+        const T r = RmsOf(sq, C);
         T* rec = coef + s * (1 + P_);
         rec[0] = r;
         for (int p = 0; p < P_; ++p) rec[1 + p] = z[s * P_ + p] / r;

@@ -73,6 +73,15 @@ inline T HSum(Simd<T> v) {
   return s[0];
 }
 
+// Norms of the mapping inputs (RMSNorm, LayerNorm) have no learned gain; eps inside the sqrt.
+inline constexpr double kNormEps = 1e-6;
+
+// The RMSNorm scale sqrt(sumsq / n + eps) of n values whose squares sum to sumsq.
+template <typename T>
+inline T RmsOf(T sumsq, int64_t n) {
+  return std::sqrt(sumsq / static_cast<T>(n) + static_cast<T>(kNormEps));
+}
+
 template <typename T>
 inline T Sigmoid(T x) {
   return T(1) / (T(1) + std::exp(-x));
@@ -305,70 +314,8 @@ inline void PackPanels(const T* w, int64_t ldw, int P, int64_t K, T* packed) {
     }
 }
 
-template <typename T, int RB, int PB>
-inline void ProjectPackedTile(const T* x, int64_t ldx, const T* packed, int P, int64_t b0,
-                              int64_t b1, T* acc_out, int64_t ldy) {
-  constexpr int L = kLanes<T>;
-  Simd<T> acc[RB][PB] = {};
-  for (int64_t b = b0; b < b1; ++b) {
-    Simd<T> xv[RB];
-#pragma GCC unroll 8
-    for (int r = 0; r < RB; ++r) xv[r] = Load(x + r * ldx + b * L);
-    const T* wb = packed + b * P * L;
-#pragma GCC unroll 8
-    for (int p = 0; p < PB; ++p) {
-      const Simd<T> wv = Load(wb + p * L);
-#pragma GCC unroll 8
-      for (int r = 0; r < RB; ++r) acc[r][p] += xv[r] * wv;
-    }
-  }
-  for (int r = 0; r < RB; ++r)
-    for (int p = 0; p < PB; ++p) acc_out[r * ldy + p] += HSum<T>(acc[r][p]);
-}
-
-// y[r][p] += sum_e x[r*ldx + e] * w[p][e] with w panel-packed (PackPanels).
-template <typename T>
-inline void ProjectPacked(const T* x, int64_t ldx, int rows, const T* packed, int P, int64_t K,
-                          T* y, int64_t ldy) {
-  constexpr int L = kLanes<T>;
-  constexpr int64_t kChunkBlocks = 1024 / L;
-  const int64_t full = K / L;
-  constexpr int RB = kTileRows, PB = kTileOutputs;
-  for (int64_t b0 = 0; b0 < full; b0 += kChunkBlocks) {
-    const int64_t b1 = std::min(full, b0 + kChunkBlocks);
-    int r = 0;
-    for (; r + RB <= rows; r += RB) {
-      int p = 0;
-      for (; p + PB <= P; p += PB)
-        ProjectPackedTile<T, RB, PB>(x + r * ldx, ldx, packed + p * L, P, b0, b1, y + r * ldy + p,
-                                     ldy);
-      for (; p < P; ++p)
-        ProjectPackedTile<T, RB, 1>(x + r * ldx, ldx, packed + p * L, P, b0, b1, y + r * ldy + p,
-                                    ldy);
-    }
-    for (; r < rows; ++r) {
-      int p = 0;
-      for (; p + PB <= P; p += PB)
-        ProjectPackedTile<T, 1, PB>(x + r * ldx, ldx, packed + p * L, P, b0, b1, y + r * ldy + p,
-                                    ldy);
-      for (; p < P; ++p)
-        ProjectPackedTile<T, 1, 1>(x + r * ldx, ldx, packed + p * L, P, b0, b1, y + r * ldy + p,
-                                   ldy);
-    }
-  }
-  if (full * L < K) {
-    const T* wb = packed + full * P * L;
-    for (int r = 0; r < rows; ++r)
-      for (int p = 0; p < P; ++p) {
-        T s = 0;
-        for (int64_t e = full * L; e < K; ++e) s += x[r * ldx + e] * wb[p * L + (e - full * L)];
-        y[r * ldy + p] += s;
-      }
-  }
-}
-
-// x[r*ldx + e] += sum_p c[r*ldc + p] * w[p][e] with w panel-packed: the transpose of
-// ProjectPacked (input gradients of the mapping projections).
+// x[r*ldx + e] += sum_p c[r*ldc + p] * w[p][e] with w panel-packed: the transpose of a
+// mapping projection (the input gradients of the mapping projections).
 template <typename T>
 inline void ProjectTransposeAddPacked(const T* c, int64_t ldc, int rows, const T* packed, int P,
                                       int64_t K, T* x, int64_t ldx) {

@@ -381,6 +381,36 @@ absl::Status CheckSize(std::string_view call, std::string_view arg, size_t got, 
   return absl::OkStatus();
 }
 
+// What every per-sublayer call checks first: the sublayer index, then that its argument
+// (`got` elements) holds tokens x width.
+template <typename Impl>
+absl::Status CheckSublayerCall(std::string_view call, int sublayer, const Impl& m,
+                               std::string_view arg, size_t got) {
+  if (sublayer < 0 || sublayer >= m.nsub)
+    return absl::InvalidArgumentError(
+        absl::StrCat(std::string(call), ": sublayer ", sublayer, " is outside [0, ", m.nsub, ")"));
+  return CheckSize(call, arg, got, static_cast<int64_t>(m.ntok) * m.width, "tokens x width");
+}
+
+// dst[t][i] = src[t] for every token t and stream i (tokens x C -> tokens x N x C).
+template <typename T>
+void ReplicateStreams(const T* src, int tokens, int N, int64_t C, bool parallel, T* dst) {
+#pragma omp parallel for schedule(static) if (parallel)
+  for (int t = 0; t < tokens; ++t)
+    for (int i = 0; i < N; ++i)
+      std::memcpy(dst + (static_cast<int64_t>(t) * N + i) * C, src + t * C, sizeof(T) * C);
+}
+
+// dst[t] = sum_i src[t][i] (tokens x N x C -> tokens x C), streams added in index order.
+template <typename T>
+void SumStreams(const T* src, int tokens, int N, int64_t C, bool parallel, T* dst) {
+  T one[64];  // N <= 64 (Validate); no allocation per call
+  std::fill(one, one + N, T(1));
+#pragma omp parallel for schedule(static) if (parallel)
+  for (int t = 0; t < tokens; ++t)
+    residual_internal::Combine(one, N, src + static_cast<int64_t>(t) * N * C, C, C, dst + t * C);
+}
+
 }  // namespace
 
 #define RACKRUN_RETURN_IF_ERROR(expr)         \
@@ -396,14 +426,7 @@ absl::Status ResidualStreams<T>::Expand(std::span<const T> embedding) {
   if (!m.batch_ready) return absl::FailedPreconditionError("Expand: call BeginBatch first");
   RACKRUN_RETURN_IF_ERROR(CheckSize("Expand", "embedding", embedding.size(),
                                     static_cast<int64_t>(m.ntok) * m.width, "tokens x width"));
-  const int64_t C = m.width;
-  const int N = m.nstreams;
-  T* x = m.X.data();
-  const T* e = embedding.data();
-#pragma omp parallel for schedule(static) if (m.Parallel())
-  for (int t = 0; t < m.ntok; ++t)
-    for (int i = 0; i < N; ++i)
-      std::memcpy(x + (static_cast<int64_t>(t) * N + i) * C, e + t * C, sizeof(T) * C);
+  ReplicateStreams(embedding.data(), m.ntok, m.nstreams, m.width, m.Parallel(), m.X.data());
   m.forward_pos = 0;
   m.backward_pos = -1;
   return absl::OkStatus();
@@ -434,11 +457,7 @@ absl::Status SequenceError(std::string_view call, int sublayer, std::string_view
 template <typename T>
 absl::Status ResidualStreams<T>::ReadInput(int sublayer, std::span<T> body_in) {
   Impl& m = *impl_;
-  if (sublayer < 0 || sublayer >= m.nsub)
-    return absl::InvalidArgumentError(
-        absl::StrCat("ReadInput: sublayer ", sublayer, " is outside [0, ", m.nsub, ")"));
-  RACKRUN_RETURN_IF_ERROR(CheckSize("ReadInput", "body_in", body_in.size(),
-                                    static_cast<int64_t>(m.ntok) * m.width, "tokens x width"));
+  RACKRUN_RETURN_IF_ERROR(CheckSublayerCall("ReadInput", sublayer, m, "body_in", body_in.size()));
   if (m.forward_pos != 2 * sublayer)
     return SequenceError("ReadInput", sublayer,
                          "call BeginBatch, Expand, then ReadInput/WriteOutput for sublayers "
@@ -451,11 +470,8 @@ absl::Status ResidualStreams<T>::ReadInput(int sublayer, std::span<T> body_in) {
 template <typename T>
 absl::Status ResidualStreams<T>::WriteOutput(int sublayer, std::span<const T> body_out) {
   Impl& m = *impl_;
-  if (sublayer < 0 || sublayer >= m.nsub)
-    return absl::InvalidArgumentError(
-        absl::StrCat("WriteOutput: sublayer ", sublayer, " is outside [0, ", m.nsub, ")"));
-  RACKRUN_RETURN_IF_ERROR(CheckSize("WriteOutput", "body_out", body_out.size(),
-                                    static_cast<int64_t>(m.ntok) * m.width, "tokens x width"));
+  RACKRUN_RETURN_IF_ERROR(
+      CheckSublayerCall("WriteOutput", sublayer, m, "body_out", body_out.size()));
   if (m.forward_pos != 2 * sublayer + 1)
     return SequenceError("WriteOutput", sublayer, "call ReadInput for the same sublayer first");
   m.Write(sublayer, body_out.data());
@@ -472,15 +488,7 @@ absl::Status ResidualStreams<T>::Collapse(std::span<T> out) {
   if (m.forward_pos != 2 * m.nsub)
     return absl::FailedPreconditionError(
         "Collapse: every sublayer's ReadInput/WriteOutput must run first");
-  const int64_t C = m.width;
-  const int N = m.nstreams;
-  const T* x = m.X.data();
-  T* o = out.data();
-  T one[64];  // N <= 64 (Validate); no allocation per call
-  std::fill(one, one + N, T(1));
-#pragma omp parallel for schedule(static) if (m.Parallel())
-  for (int t = 0; t < m.ntok; ++t)
-    residual_internal::Combine(one, N, x + static_cast<int64_t>(t) * N * C, C, C, o + t * C);
+  SumStreams(m.X.data(), m.ntok, m.nstreams, m.width, m.Parallel(), out.data());
   m.forward_pos = 2 * m.nsub + 1;
   m.backward_pos = 2 * m.nsub + 2;
   return absl::OkStatus();
@@ -497,14 +505,7 @@ absl::Status ResidualStreams<T>::CollapseBackward(std::span<const T> d_out) {
   if (m.forward_pos != 2 * m.nsub + 1 || m.backward_pos != 2 * m.nsub + 2)
     return absl::FailedPreconditionError(
         "CollapseBackward: run the whole forward (through Collapse) first, once");
-  const int64_t C = m.width;
-  const int N = m.nstreams;
-  T* dx = m.dX.data();
-  const T* d = d_out.data();
-#pragma omp parallel for schedule(static) if (m.Parallel())
-  for (int t = 0; t < m.ntok; ++t)
-    for (int i = 0; i < N; ++i)
-      std::memcpy(dx + (static_cast<int64_t>(t) * N + i) * C, d + t * C, sizeof(T) * C);
+  ReplicateStreams(d_out.data(), m.ntok, m.nstreams, m.width, m.Parallel(), m.dX.data());
   m.backward_pos = 2 * m.nsub + 1;
   return absl::OkStatus();
 }
@@ -512,11 +513,8 @@ absl::Status ResidualStreams<T>::CollapseBackward(std::span<const T> d_out) {
 template <typename T>
 absl::Status ResidualStreams<T>::WriteOutputBackward(int sublayer, std::span<T> d_body_out) {
   Impl& m = *impl_;
-  if (sublayer < 0 || sublayer >= m.nsub)
-    return absl::InvalidArgumentError(
-        absl::StrCat("WriteOutputBackward: sublayer ", sublayer, " is outside [0, ", m.nsub, ")"));
-  RACKRUN_RETURN_IF_ERROR(CheckSize("WriteOutputBackward", "d_body_out", d_body_out.size(),
-                                    static_cast<int64_t>(m.ntok) * m.width, "tokens x width"));
+  RACKRUN_RETURN_IF_ERROR(
+      CheckSublayerCall("WriteOutputBackward", sublayer, m, "d_body_out", d_body_out.size()));
   if (m.backward_pos != 2 * sublayer + 3)
     return SequenceError("WriteOutputBackward", sublayer,
                          "the backward runs CollapseBackward, then sublayers L-1 ... 0 in "
@@ -529,11 +527,8 @@ absl::Status ResidualStreams<T>::WriteOutputBackward(int sublayer, std::span<T> 
 template <typename T>
 absl::Status ResidualStreams<T>::ReadInputBackward(int sublayer, std::span<const T> d_body_in) {
   Impl& m = *impl_;
-  if (sublayer < 0 || sublayer >= m.nsub)
-    return absl::InvalidArgumentError(
-        absl::StrCat("ReadInputBackward: sublayer ", sublayer, " is outside [0, ", m.nsub, ")"));
-  RACKRUN_RETURN_IF_ERROR(CheckSize("ReadInputBackward", "d_body_in", d_body_in.size(),
-                                    static_cast<int64_t>(m.ntok) * m.width, "tokens x width"));
+  RACKRUN_RETURN_IF_ERROR(
+      CheckSublayerCall("ReadInputBackward", sublayer, m, "d_body_in", d_body_in.size()));
   if (m.backward_pos != 2 * sublayer + 2)
     return SequenceError("ReadInputBackward", sublayer,
                          "call WriteOutputBackward for the same sublayer first");
@@ -550,15 +545,7 @@ absl::Status ResidualStreams<T>::ExpandBackward(std::span<T> d_embedding) {
   if (m.backward_pos != 1)
     return absl::FailedPreconditionError(
         "ExpandBackward: run every sublayer's backward (down to ReadInputBackward(0)) first");
-  const int64_t C = m.width;
-  const int N = m.nstreams;
-  const T* dx = m.dX.data();
-  T* d = d_embedding.data();
-  T one[64];  // N <= 64 (Validate); no allocation per call
-  std::fill(one, one + N, T(1));
-#pragma omp parallel for schedule(static) if (m.Parallel())
-  for (int t = 0; t < m.ntok; ++t)
-    residual_internal::Combine(one, N, dx + static_cast<int64_t>(t) * N * C, C, C, d + t * C);
+  SumStreams(m.dX.data(), m.ntok, m.nstreams, m.width, m.Parallel(), d_embedding.data());
   m.backward_pos = 0;
   return absl::OkStatus();
 }

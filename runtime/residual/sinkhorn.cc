@@ -26,6 +26,17 @@ using Lanes = typename LanesOf<T>::type;
 static_assert(sizeof(Lanes<float>) == SinkhornProjection<float>::kBatch * sizeof(float));
 static_assert(sizeof(Lanes<double>) == SinkhornProjection<double>::kBatch * sizeof(double));
 
+// dst[e][i] = src[i][e] for the count matrices of nn elements (lane i = matrix i); lanes
+// past count are 0.
+template <typename T>
+void ToLanes(int count, const T* const* src, int nn, Lanes<T>* dst) {
+  for (int e = 0; e < nn; ++e) {
+    Lanes<T> v = {};
+    for (int i = 0; i < count; ++i) v[i] = src[i][e];
+    dst[e] = v;
+  }
+}
+
 }  // namespace
 
 template <typename T>
@@ -46,11 +57,7 @@ void SinkhornProjection<T>::ForwardBatch(int count, const T* const* z, T* const*
   V m[kMaxN * kMaxN];
   // Lanes past `count` start from zeros (M0 = 1): finite throughout, their results are
   // dropped.
-  for (int e = 0; e < nn; ++e) {
-    V v = {};
-    for (int i = 0; i < count; ++i) v[i] = z[i][e];
-    m[e] = v;
-  }
+  ToLanes(count, z, nn, m);
   for (int a = 0; a < n; ++a) {
     V mx = m[a * n];
     for (int b = 1; b < n; ++b) mx = mx < m[a * n + b] ? m[a * n + b] : mx;  // std::max
@@ -101,11 +108,7 @@ void SinkhornProjection<T>::BackwardBatch(int count, const T* const* z, const T*
   const T eps = static_cast<T>(kEps);
   const V* vt = reinterpret_cast<const V*>(tape);
   V g[kMaxN * kMaxN];  // gradient w.r.t. the current matrix
-  for (int e = 0; e < nn; ++e) {
-    V v = {};
-    for (int i = 0; i < count; ++i) v[i] = dh[i][e];
-    g[e] = v;
-  }
+  ToLanes(count, dh, nn, g);
   for (int it = iters_ - 1; it >= 0; --it) {
     const V* b_mat = vt + nn + static_cast<int64_t>(it) * (nn + 2 * n);
     const V* c = b_mat + nn;

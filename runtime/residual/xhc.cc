@@ -33,17 +33,18 @@ using residual_internal::Axpy;
 using residual_internal::BatchGemm;
 using residual_internal::Combine;
 using residual_internal::Dot;
+using residual_internal::kNormEps;
 using residual_internal::Moments;
 using residual_internal::MulAdd;
 using residual_internal::PackPanels;
 using residual_internal::PackTransposed;
-using residual_internal::PanelSize;
 using residual_internal::PaddedOutputs;
+using residual_internal::PanelSize;
 using residual_internal::ProjectRows;
 using residual_internal::ProjectTransposeAddPacked;
+using residual_internal::RmsOf;
 using residual_internal::Sigmoid;
 
-constexpr double kNormEps = 1e-6;
 constexpr double kGramSchmidtEps = 1e-6;
 constexpr int kTokenBlock = 8;
 // A block's Sinkhorns run as one batch.
@@ -409,11 +410,11 @@ class XhcImpl final : public ResidualStreams<T>::Impl {
   void WriteBackward(int l, T* d_out) override;
   void ReadBackward(int l, const T* d_u) override;
   SublayerMaps<T> Maps(int l, int t) const override {
-    const Sublayer& sl = sub_[static_cast<size_t>(l)];
-    const Group& gr = groups_[static_cast<size_t>(l / g_)];
-    const T* rec = gr.rec.data() + static_cast<int64_t>(t) * RecStride();
-    const int32_t* idx = gr.idx.data() + static_cast<int64_t>(t) * k_;
-    const T* coef = sl.coef.data() + static_cast<int64_t>(t) * sl.coef_stride;
+    const Sublayer& sl = Sub(l);
+    const Group& gr = GroupOf(l);
+    const T* rec = gr.Rec(t);
+    const int32_t* idx = gr.Active(t);
+    const T* coef = sl.Coef(t);
     SublayerMaps<T> m;
     m.active.assign(idx, idx + k_);
     m.gates.assign(rec + kGate, rec + kGate + k_);
@@ -438,14 +439,30 @@ class XhcImpl final : public ResidualStreams<T>::Impl {
     int64_t coef_stride = 0;    // 1 + P2 + k*k + k*Kr
     std::vector<T> rows;        // tokens x row_stride: A_(s-1) then O (saved for backward)
     std::vector<T> coef;        // tokens x coef_stride: ra, q, H_res, H_post
+    // Token t's coefficient record and its saved rows.
+    T* Coef(int t) { return coef.data() + static_cast<int64_t>(t) * coef_stride; }
+    const T* Coef(int t) const { return coef.data() + static_cast<int64_t>(t) * coef_stride; }
+    T* Saved(int t) { return rows.data() + static_cast<int64_t>(t) * row_stride; }
+    const T* Saved(int t) const { return rows.data() + static_cast<int64_t>(t) * row_stride; }
   };
   struct Group {
     int64_t w1 = 0;  // (N + g*N) x NC: router rows, then each sublayer's pre rows
     int P1 = 0;
+    int k = 0;                 // active streams per token
+    int64_t rec_stride = 0;    // RecStride()
     std::vector<int32_t> idx;  // tokens x k, ascending
     std::vector<T> rec;        // tokens x rec_stride
     std::vector<T> colsum;     // N: router row sums (LayerNorm centring), per forward
+    // Token t's record (norm statistics, gates, logits, every H_pre) and its active set.
+    T* Rec(int t) { return rec.data() + static_cast<int64_t>(t) * rec_stride; }
+    const T* Rec(int t) const { return rec.data() + static_cast<int64_t>(t) * rec_stride; }
+    int32_t* Active(int t) { return idx.data() + static_cast<int64_t>(t) * k; }
+    const int32_t* Active(int t) const { return idx.data() + static_cast<int64_t>(t) * k; }
   };
+  Sublayer& Sub(int l) { return sub_[static_cast<size_t>(l)]; }
+  const Sublayer& Sub(int l) const { return sub_[static_cast<size_t>(l)]; }
+  Group& GroupOf(int l) { return groups_[static_cast<size_t>(l / g_)]; }
+  const Group& GroupOf(int l) const { return groups_[static_cast<size_t>(l / g_)]; }
 
   // Group record layout.
   int64_t RecStride() const { return 3 + k_ + this->nstreams + 2 * g_ * this->nstreams; }
@@ -489,6 +506,13 @@ class XhcImpl final : public ResidualStreams<T>::Impl {
     return OffDa() + static_cast<int64_t>(kTokenBlock) * k_ * this->width;
   }
 
+  // ---- ReadInput's stages ----
+  // Group entry, token t (its z_ row projected): the LayerNorm / RMSNorm statistics, the
+  // router scores, active set and gates, H_pre of every sublayer of the group, the dense
+  // read u_t of sublayer l and the non-active bases of the group's later sublayers.
+  void EntryToken(int l, int t, T* u);
+  // A later sublayer of a flash group, token t: u_t = base_s + sum_j H_pre^s_(I_j) A_(s-1),j.
+  void BaseToken(int l, int t, T* u);
   void TopK(const T* score, int32_t* idx) const;
   // Gathers token t's active rows (the backward's saved A) and stores ra = RMS(vec A).
   void GatherActive(Sublayer& sl, const Group& gr, int t);
@@ -509,12 +533,71 @@ class XhcImpl final : public ResidualStreams<T>::Impl {
     *ld = static_cast<int64_t>(k_) * this->width;
     return act_.data();
   }
+
+  // ---- shared by the forward and the backward ----
+  // logits = a_res q + b_res (k x k) from a token's scaled logits q: H_res = Sinkhorn(logits).
+  void ResLogits(const Sublayer& sl, const T* q, T* logits) const;
+  // Sum of row j of a k x k H_res (the row-sum clamp divides rows whose sum exceeds 1).
+  T ResRowSum(const T* h, int j) const;
+  // post[j * Kr + r] = p_j H_post[j][r]: token t's gated write-back weights.
+  void GatedPost(const Sublayer& sl, const Group& gr, int t, T* post) const;
+  // Valid taps of each causal convolution at token t (not reaching before its segment).
+  void CausalTaps(int t, int* taps) const;
+
+  // ---- WriteOutputBackward's stages, per block of kTokenBlock tokens ----
+  // A block of tokens and its views of the thread's scratch.
+  struct GradBlock {
+    int t0 = 0, tb = 0;
+    T* da = nullptr;       // tb x kC: dL/dA_(s-1) of the block's active rows
+    T* d_o = nullptr;      // Kr padded rows: the current token's basis gradient (MLP)
+    T* o_copy = nullptr;   // Kr padded rows: its saved basis (FusedWriteBackBackward)
+    T* tile = nullptr;     // FusedWriteBackBackward's tiles
+    T* levels = nullptr;   // the Gram-Schmidt backward's recomputed levels
+    T* sk_tape = nullptr;  // the block's Sinkhorn tape (one token per vector lane)
+    T* logits = nullptr;   // per token, k * k apart: the H_res logits,
+    T* hraw = nullptr;     //   H_res before the row-sum clamp (recomputed),
+    T* dh = nullptr;       //   dL/dH_res,
+    T* dz = nullptr;       //   dL/dlogits
+    T dhpost[kTokenBlock][kMaxK * kMaxKr];  // per token: dL/dH_post
+  };
+  void BeginGradBlock(int t0, int thread, GradBlock* b);
+  // Token i of the block: the write-back's stream and basis gradients (FusedWriteBackBackward:
+  // b.da, dO, dL/dH_res into b.dh), the gate gradients dp_, dL/dH_post, the MLP basis back
+  // through Gram-Schmidt into d_out and dg_, and the H_res logits for MixingBackward.
+  void WriteBackTokenBackward(const Sublayer& sl, const Group& gr, GradBlock& b, int i, T* d_out);
+  // The block's H_res (last sublayer of a group): Sinkhorn recomputed, the row-sum clamp's
+  // backward in b.dh, then the Sinkhorn backward into b.dz.
+  void MixingBackward(const Sublayer& sl, GradBlock& b) const;
+  // Token i of the block: H_res / H_post logit gradients into c2_ (divided by ra) and the
+  // scalar parameters' into scal_; RMSNorm(vec A)'s direct term into b.da.
+  void ActiveMapsBackward(const Sublayer& sl, GradBlock& b, int i);
+  // The block: b.da += c2 W2 (wp2_), then dA into the active rows of dX, and the state's
+  // active rows walked back to this sublayer's input.
+  void ScatterActiveGrad(const Sublayer& sl, const Group& gr, const GradBlock& b);
+  // MLP sublayers, all tokens: the convolutions' input gradients into d_out (from dg_) and
+  // their weight gradients.
+  void ConvolutionsBackward(const Sublayer& sl, T* d_out);
+  // All tokens: the [w_res | w_post] weight gradient from c2_ and the saved rows, and the
+  // scalar parameters' from scal_ in token order.
+  void ActiveParamGrads(const Sublayer& sl);
   void GramSchmidtBackward(const Sublayer& sl, const T* out, int64_t ld, int t, const T* o, T* d_o,
                            int64_t lp, T* d_out_t, T* dg_t, T* levels) const;
   // kJ: J as a compile-time constant (0: J_).
   template <int kJ>
   void GramSchmidtBackwardImpl(const Sublayer& sl, const T* out, int64_t ld, int t, const T* o,
                                T* d_o, int64_t lp, T* d_out_t, T* dg_t, T* levels) const;
+
+  // ---- ReadInputBackward's stages ----
+  // Token t (its row of d_u): dX += H_pre du over the current rows; the H_pre logit
+  // gradients into dypre_ and scal_.
+  void DenseReadBackward(const Sublayer& sl, const Group& gr, int t, const T* d_u);
+  // Group entry, token t: the router and pre-mapping logit gradients of the whole group
+  // into c1_ (divided by the norm scales) and the norm statistics' terms into dX.
+  void EntryTokenBackward(const Group& gr, int t);
+  // Group entry, all tokens: dX += c1 W1 and dW1 += c1^T X, with the router rows'
+  // LayerNorm centring.
+  void EntryWeightGrads(const Group& gr);
+
   const T* Param(int64_t offset) const { return this->values.data() + offset; }
   int64_t ScalStride() const { return std::max(1 + this->nstreams, 2 + k_ * k_ + k_ * KrMax()); }
 
@@ -548,6 +631,8 @@ void XhcImpl<T>::DeclareParameters() {
   for (int gi = 0; gi < L / g_; ++gi) {
     Group& gr = groups_[static_cast<size_t>(gi)];
     gr.P1 = N + g_ * N;
+    gr.k = k_;
+    gr.rec_stride = RecStride();
     const std::string router = g_ == 1 ? absl::StrCat("sublayer", gi, ".w_router")
                                        : absl::StrCat("group", gi, ".w_router");
     gr.w1 = this->AddParam(router, N * N * C);
@@ -661,13 +746,12 @@ void XhcImpl<T>::GatherActive(Sublayer& sl, const Group& gr, int t) {
   const int64_t kc = k_ * C;
   int64_t lda;
   T* a = ActiveRows(sl, &lda) + static_cast<int64_t>(t) * lda;
-  const int32_t* idx = gr.idx.data() + static_cast<int64_t>(t) * k_;
+  const int32_t* idx = gr.Active(t);
   const T* x = this->X.data() + static_cast<int64_t>(t) * this->nstreams * C;
   for (int j = 0; j < k_; ++j) std::memcpy(a + j * C, x + idx[j] * C, sizeof(T) * C);
   T sum, sq;
   Moments(a, kc, &sum, &sq);
-  sl.coef[static_cast<size_t>(t) * static_cast<size_t>(sl.coef_stride) + kRa] =
-      std::sqrt(sq / static_cast<T>(kc) + static_cast<T>(kNormEps));
+  sl.Coef(t)[kRa] = RmsOf(sq, kc);
 }
 
 template <typename T>
@@ -689,6 +773,35 @@ int XhcImpl<T>::ReadBlock() const {
 }
 
 template <typename T>
+void XhcImpl<T>::ResLogits(const Sublayer& sl, const T* q, T* logits) const {
+  const T a = *Param(sl.a_res);
+  const T* b = Param(sl.b_res);
+  for (int i = 0; i < k_ * k_; ++i) logits[i] = a * q[i] + b[i];
+}
+
+template <typename T>
+T XhcImpl<T>::ResRowSum(const T* h, int j) const {
+  T s = 0;
+  for (int i = 0; i < k_; ++i) s += h[j * k_ + i];
+  return s;
+}
+
+template <typename T>
+void XhcImpl<T>::GatedPost(const Sublayer& sl, const Group& gr, int t, T* post) const {
+  const T* rec = gr.Rec(t);
+  const T* hpost = sl.Coef(t) + HpostOff(sl);
+  for (int j = 0; j < k_; ++j)
+    for (int r = 0; r < sl.Kr; ++r) post[j * sl.Kr + r] = rec[kGate + j] * hpost[j * sl.Kr + r];
+}
+
+template <typename T>
+void XhcImpl<T>::CausalTaps(int t, int* taps) const {
+  const int seg = this->segment_of[static_cast<size_t>(t)];
+  for (int j = 0; j < J_; ++j)
+    taps[j] = std::min(this->config.conv_widths[static_cast<size_t>(j)], t - seg + 1);
+}
+
+template <typename T>
 void XhcImpl<T>::ActiveMaps(Sublayer& sl, int t0, int t1, T* small) {
   const int kk = k_ * k_;
   const int ldq = PaddedOutputs<T>(sl.P2);
@@ -696,7 +809,7 @@ void XhcImpl<T>::ActiveMaps(Sublayer& sl, int t0, int t1, T* small) {
     const int nb = std::min(kTokenBlock, t1 - b0);
     // RMSNorm scaling of the logits.
     for (int t = b0; t < b0 + nb; ++t) {
-      T* coef = sl.coef.data() + static_cast<int64_t>(t) * sl.coef_stride;
+      T* coef = sl.Coef(t);
       const T ra = coef[kRa];
       const T* q = q_.data() + static_cast<int64_t>(t) * ldq;
       for (int p = 0; p < sl.P2; ++p) coef[QOff() + p] = q[p] / ra;
@@ -704,15 +817,12 @@ void XhcImpl<T>::ActiveMaps(Sublayer& sl, int t0, int t1, T* small) {
     if (sl.last) {
       // H_res = Sinkhorn(a_res q + b_res), the batch's tokens one per vector lane, then
       // each row divided by max(row sum, 1).
-      const T a = *Param(sl.a_res);
-      const T* b = Param(sl.b_res);
       const T* zs[kTokenBlock];
       T* hs[kTokenBlock];
       for (int i = 0; i < nb; ++i) {
-        T* coef = sl.coef.data() + static_cast<int64_t>(b0 + i) * sl.coef_stride;
-        const T* q = coef + QOff();
+        T* coef = sl.Coef(b0 + i);
         T* logits = small + i * kk;
-        for (int i2 = 0; i2 < kk; ++i2) logits[i2] = a * q[i2] + b[i2];
+        ResLogits(sl, coef + QOff(), logits);
         zs[i] = logits;
         hs[i] = coef + HresOff(sl);
       }
@@ -720,8 +830,7 @@ void XhcImpl<T>::ActiveMaps(Sublayer& sl, int t0, int t1, T* small) {
       for (int i = 0; i < nb; ++i) {
         T* h = hs[i];
         for (int j = 0; j < k_; ++j) {
-          T s = 0;
-          for (int i2 = 0; i2 < k_; ++i2) s += h[j * k_ + i2];
+          const T s = ResRowSum(h, j);
           if (s > T(1))
             for (int i2 = 0; i2 < k_; ++i2) h[j * k_ + i2] /= s;
         }
@@ -731,7 +840,7 @@ void XhcImpl<T>::ActiveMaps(Sublayer& sl, int t0, int t1, T* small) {
     const T a = *Param(sl.a_post);
     const T* b = Param(sl.b_post);
     for (int t = b0; t < b0 + nb; ++t) {
-      T* coef = sl.coef.data() + static_cast<int64_t>(t) * sl.coef_stride;
+      T* coef = sl.Coef(t);
       const T* q = coef + QOff();
       T* hp = coef + HpostOff(sl);
       for (int i = 0; i < k_ * sl.Kr; ++i) hp[i] = T(2) * Sigmoid(a * q[off + i] + b[i]);
@@ -740,15 +849,74 @@ void XhcImpl<T>::ActiveMaps(Sublayer& sl, int t0, int t1, T* small) {
 }
 
 template <typename T>
+void XhcImpl<T>::EntryToken(int l, int t, T* u) {
+  const int N = this->nstreams;
+  const int64_t C = this->width;
+  const int64_t nc = N * C;
+  Group& gr = GroupOf(l);
+  const T* x = this->X.data() + static_cast<int64_t>(t) * nc;
+  T* rec = gr.Rec(t);
+  T sum, sq;
+  Moments(x, nc, &sum, &sq);
+  const T D = static_cast<T>(nc);
+  const T mu = sum / D;
+  const T var = std::max(sq / D - mu * mu, T(0));
+  const T sd = std::sqrt(var + static_cast<T>(kNormEps));
+  const T r = RmsOf(sq, nc);
+  rec[kMu] = mu;
+  rec[kSd] = sd;
+  rec[kRms] = r;
+  const T* z = z_.data() + static_cast<int64_t>(t) * PaddedOutputs<T>(gr.P1);
+  T score[kMaxN];
+  for (int p = 0; p < N; ++p) {
+    rec[YrOff() + p] = (z[p] - mu * gr.colsum[static_cast<size_t>(p)]) / sd;
+    score[p] = Sigmoid(rec[YrOff() + p]);
+  }
+  for (int s = 0; s < g_; ++s) {
+    const Sublayer& sub = Sub(l + s);
+    const T a = *this->value(sub.a_pre);
+    const T* b = this->value(sub.b_pre);
+    for (int p = 0; p < N; ++p) {
+      const T y = z[N + s * N + p] / r;
+      rec[YpreOff(s) + p] = y;
+      rec[HpreOff(s) + p] = Sigmoid(a * y + b[p]);
+    }
+  }
+  int32_t* idx = gr.Active(t);
+  TopK(score, idx);
+  for (int j = 0; j < k_; ++j) rec[kGate + j] = j < m_ ? T(1) : score[idx[j]];
+  Combine(rec + HpreOff(0), N, x, C, C, u + t * C);
+  for (int s = 1; s < g_; ++s) {
+    T coefs[kMaxN];
+    std::memcpy(coefs, rec + HpreOff(s), sizeof(T) * N);
+    for (int j = 0; j < k_; ++j) coefs[idx[j]] = 0;
+    Combine(coefs, N, x, C, C, base_.data() + (static_cast<int64_t>(t) * (g_ - 1) + s - 1) * C);
+  }
+}
+
+template <typename T>
+void XhcImpl<T>::BaseToken(int l, int t, T* u) {
+  const int64_t C = this->width;
+  const Sublayer& sl = Sub(l);
+  const Group& gr = GroupOf(l);
+  const T* rec = gr.Rec(t);
+  const int32_t* idx = gr.Active(t);
+  const T* x = this->X.data() + static_cast<int64_t>(t) * this->nstreams * C;
+  T* ut = u + t * C;
+  std::memcpy(ut, base_.data() + (static_cast<int64_t>(t) * (g_ - 1) + sl.s - 1) * C,
+              sizeof(T) * C);
+  for (int j = 0; j < k_; ++j) Axpy(rec[HpreOff(sl.s) + idx[j]], x + idx[j] * C, ut, C);
+}
+
+template <typename T>
 void XhcImpl<T>::Read(int l, T* u) {
   const int N = this->nstreams;
   const int64_t C = this->width;
   const int64_t nc = N * C;
   const int64_t kc = k_ * C;
-  Sublayer& sl = sub_[static_cast<size_t>(l)];
-  Group& gr = groups_[static_cast<size_t>(l / g_)];
+  Sublayer& sl = Sub(l);
+  Group& gr = GroupOf(l);
   const int tokens = this->ntok;
-  const int64_t rs = RecStride();
   if (!this->save && act_.size() < static_cast<size_t>(this->capacity) * static_cast<size_t>(kc))
     act_.resize(static_cast<size_t>(this->capacity) * static_cast<size_t>(kc));
   const bool entry = sl.s == 0;
@@ -772,56 +940,6 @@ void XhcImpl<T>::Read(int l, T* u) {
   int64_t lda;
   const T* ablock = ActiveRows(sl, &lda);
 
-  const auto entry_token = [&](int t) {
-    const T* x = this->X.data() + static_cast<int64_t>(t) * nc;
-    T* rec = gr.rec.data() + static_cast<int64_t>(t) * rs;
-    T sum, sq;
-    Moments(x, nc, &sum, &sq);
-    const T D = static_cast<T>(nc);
-    const T mu = sum / D;
-    const T var = std::max(sq / D - mu * mu, T(0));
-    const T sd = std::sqrt(var + static_cast<T>(kNormEps));
-    const T r = std::sqrt(sq / D + static_cast<T>(kNormEps));
-    rec[kMu] = mu;
-    rec[kSd] = sd;
-    rec[kRms] = r;
-    const T* z = z_.data() + static_cast<int64_t>(t) * ldz;
-    T score[kMaxN];
-    for (int p = 0; p < N; ++p) {
-      rec[YrOff() + p] = (z[p] - mu * gr.colsum[static_cast<size_t>(p)]) / sd;
-      score[p] = Sigmoid(rec[YrOff() + p]);
-    }
-    for (int s = 0; s < g_; ++s) {
-      const Sublayer& sub = sub_[static_cast<size_t>(l + s)];
-      const T a = *this->value(sub.a_pre);
-      const T* b = this->value(sub.b_pre);
-      for (int p = 0; p < N; ++p) {
-        const T y = z[N + s * N + p] / r;
-        rec[YpreOff(s) + p] = y;
-        rec[HpreOff(s) + p] = Sigmoid(a * y + b[p]);
-      }
-    }
-    int32_t* idx = gr.idx.data() + static_cast<int64_t>(t) * k_;
-    TopK(score, idx);
-    for (int j = 0; j < k_; ++j) rec[kGate + j] = j < m_ ? T(1) : score[idx[j]];
-    Combine(rec + HpreOff(0), N, x, C, C, u + t * C);
-    for (int s = 1; s < g_; ++s) {
-      T coefs[kMaxN];
-      std::memcpy(coefs, rec + HpreOff(s), sizeof(T) * N);
-      for (int j = 0; j < k_; ++j) coefs[idx[j]] = 0;
-      Combine(coefs, N, x, C, C, base_.data() + (static_cast<int64_t>(t) * (g_ - 1) + s - 1) * C);
-    }
-  };
-  const auto base_token = [&](int t) {
-    const T* rec = gr.rec.data() + static_cast<int64_t>(t) * rs;
-    const int32_t* idx = gr.idx.data() + static_cast<int64_t>(t) * k_;
-    const T* x = this->X.data() + static_cast<int64_t>(t) * nc;
-    T* ut = u + t * C;
-    std::memcpy(ut, base_.data() + (static_cast<int64_t>(t) * (g_ - 1) + sl.s - 1) * C,
-                sizeof(T) * C);
-    for (int j = 0; j < k_; ++j) Axpy(rec[HpreOff(sl.s) + idx[j]], x + idx[j] * C, ut, C);
-  };
-
   // One fused pass per block of tokens: the block's projections stream its rows from
   // memory, its per-token work and the projection of its gathered active rows find them
   // in cache. Every token's results are those of the unblocked computation, bit for bit
@@ -835,9 +953,9 @@ void XhcImpl<T>::Read(int l, T* u) {
     const int t1 = std::min(tokens, t0 + block);
     if (entry) {
       ProjectRows(this->X.data() + t0 * nc, nc, t1 - t0, wt1, ldz, nc, z_.data() + t0 * ldz, ldz);
-      for (int t = t0; t < t1; ++t) entry_token(t);
+      for (int t = t0; t < t1; ++t) EntryToken(l, t, u);
     } else {
-      for (int t = t0; t < t1; ++t) base_token(t);
+      for (int t = t0; t < t1; ++t) BaseToken(l, t, u);
     }
     for (int t = t0; t < t1; ++t) GatherActive(sl, gr, t);
     ProjectRows(ablock + t0 * lda, lda, t1 - t0, wt2, ldq, kc, q_.data() + t0 * ldq, ldq);
@@ -864,18 +982,15 @@ void XhcImpl<T>::Write(int l, const T* out) {
   const int64_t C = this->width;
   const int64_t nc = N * C;
   const int64_t kc = k_ * C;
-  Sublayer& sl = sub_[static_cast<size_t>(l)];
-  Group& gr = groups_[static_cast<size_t>(l / g_)];
+  Sublayer& sl = Sub(l);
+  const Group& gr = GroupOf(l);
   const int tokens = this->ntok;
-  const int64_t rs = RecStride();
   const T* w[kMaxKr] = {};
   for (int j = 0; sl.mlp && j < J_; ++j) w[j] = Param(sl.conv[static_cast<size_t>(j)]);
 #pragma omp parallel for schedule(static) if (this->Parallel())
   for (int t = 0; t < tokens; ++t) {
-    const T* rec = gr.rec.data() + static_cast<int64_t>(t) * rs;
-    const int32_t* idx = gr.idx.data() + static_cast<int64_t>(t) * k_;
-    const T* coef = sl.coef.data() + static_cast<int64_t>(t) * sl.coef_stride;
-    const T* hpost = coef + HpostOff(sl);
+    const int32_t* idx = gr.Active(t);
+    const T* coef = sl.Coef(t);
     T* x = this->X.data() + static_cast<int64_t>(t) * nc;
     WriteBackArgs<T> args;
     args.C = C;
@@ -885,19 +1000,15 @@ void XhcImpl<T>::Write(int l, const T* out) {
     for (int j = 0; j < k_; ++j) args.x[j] = x + idx[j] * C;
     args.mix = sl.last ? coef + HresOff(sl) : nullptr;
     T post[kMaxK * kMaxKr];
-    for (int j = 0; j < k_; ++j)
-      for (int r = 0; r < sl.Kr; ++r) post[j * sl.Kr + r] = rec[kGate + j] * hpost[j * sl.Kr + r];
+    GatedPost(sl, gr, t, post);
     args.post = post;
     args.out = out + t * C;
     // The basis O goes to the saved rows (after A) or to this thread's scratch.
-    args.o = this->save ? sl.rows.data() + static_cast<int64_t>(t) * sl.row_stride + kc
-                        : this->Scratch(omp_get_thread_num()) + OffO();
+    args.o = this->save ? sl.Saved(t) + kc : this->Scratch(omp_get_thread_num()) + OffO();
     args.ldo = this->save ? C : ScratchRow();
     args.save_o0 = this->save;
     if (sl.mlp) {
-      const int seg = this->segment_of[static_cast<size_t>(t)];
-      for (int j = 0; j < J_; ++j)
-        args.taps[j] = std::min(this->config.conv_widths[static_cast<size_t>(j)], t - seg + 1);
+      CausalTaps(t, args.taps);
       std::copy(w, w + J_, args.w);
     }
     FusedWriteBack(args);
@@ -942,13 +1053,10 @@ void XhcImpl<T>::GramSchmidtBackwardImpl(const Sublayer& sl, const T* out, int64
     std::memcpy(d_out_t, d_o, sizeof(T) * C);
     return;
   }
-  const int seg = this->segment_of[static_cast<size_t>(t)];
   int taps[kMaxKr];
+  CausalTaps(t, taps);
   const T* w[kMaxKr];
-  for (int j = 0; j < J; ++j) {
-    taps[j] = std::min(this->config.conv_widths[static_cast<size_t>(j)], t - seg + 1);
-    w[j] = Param(sl.conv[static_cast<size_t>(j)]);
-  }
+  for (int j = 0; j < J; ++j) w[j] = Param(sl.conv[static_cast<size_t>(j)]);
   auto lev = [&](int m, int i) { return levels + (m * (m - 1) / 2 + i) * lp; };
   const T* out_t = out + t * ld;
   T norms[kMaxKr], c[kMaxKr][kMaxKr] = {}, dc[kMaxKr][kMaxKr] = {};
@@ -1048,232 +1156,261 @@ void XhcImpl<T>::GramSchmidtBackwardImpl(const Sublayer& sl, const T* out, int64
   }
 }
 
+// The write-back's backward in stages: per block of kTokenBlock tokens (while the block's
+// rows are in cache) the write-back's own gradients token by token, H_res's Sinkhorn
+// backward for the block, the active mappings' logit gradients token by token, then dA
+// into dX; after all blocks the convolutions' gradients (MLP) and the weight gradients.
 template <typename T>
 void XhcImpl<T>::WriteBackward(int l, T* d_out) {
-  const int N = this->nstreams;
-  const int64_t C = this->width;
-  const int64_t nc = N * C;
-  const int64_t kc = k_ * C;
-  Sublayer& sl = sub_[static_cast<size_t>(l)];
-  Group& gr = groups_[static_cast<size_t>(l / g_)];
+  const int64_t kc = k_ * this->width;
+  const Sublayer& sl = Sub(l);
+  const Group& gr = GroupOf(l);
   const int tokens = this->ntok;
-  const int64_t rs = RecStride();
-  const int kk = k_ * k_;
-  const int nscal = 2 + kk + k_ * sl.Kr;
-  const int64_t ss = ScalStride();
   if (sl.last) std::fill(dp_.begin(), dp_.begin() + static_cast<int64_t>(tokens) * k_, T(0));
-  const T a_res = sl.last ? *Param(sl.a_res) : T(0);
-  const T* b_res = sl.last ? Param(sl.b_res) : nullptr;
-  const T a_post = *Param(sl.a_post);
-  const T* saved_out = sl.rows.data() + kc;  // v1 = out rows, at stride row_stride
   if (wp2_.size() < static_cast<size_t>(PanelSize<T>(sl.P2, kc)))
     wp2_.resize(static_cast<size_t>(PanelSize<T>(sl.P2, kc)));
   PackPanels(Param(sl.w2), kc, sl.P2, kc, wp2_.data());
 #pragma omp parallel for schedule(static) if (this->Parallel())
   for (int t0 = 0; t0 < tokens; t0 += kTokenBlock) {
-    const int tid = omp_get_thread_num();
-    const int tb = std::min(kTokenBlock, tokens - t0);
-    T* sc = this->Scratch(tid);
-    T* dablock = sc + OffDa();  // gradient w.r.t. the block's A_(s-1), kTokenBlock x kC
-    T* d_o = sc + OffO();
-    T* o_copy = sc + OffOCopy();
-    // The block's H_res Sinkhorns run as one batch (one token per vector lane): its
-    // tape, then per token the logits, the recomputed H_res, and dL/dH_res before and
-    // after the Sinkhorn backward, kk apart.
-    T* sk_tape = sc + OffSmall();
-    T* logits = sk_tape + sinkhorn_.tape_size();
-    T* hraw = logits + kTokenBlock * kk;
-    T* dh = hraw + kTokenBlock * kk;
-    T* dz = dh + kTokenBlock * kk;
-    T dhpost[kTokenBlock][kMaxK * kMaxKr];
-    // Per token: the stream and basis gradients, dp and the Gram-Schmidt backward.
-    for (int i = 0; i < tb; ++i) {
-      const int t = t0 + i;
-      const T* rec = gr.rec.data() + static_cast<int64_t>(t) * rs;
-      const int32_t* idx = gr.idx.data() + static_cast<int64_t>(t) * k_;
-      const T* coef = sl.coef.data() + static_cast<int64_t>(t) * sl.coef_stride;
-      const T* q = coef + QOff();
-      const T* hres = coef + HresOff(sl);
-      const T* hpost = coef + HpostOff(sl);
-      const T* a = sl.rows.data() + static_cast<int64_t>(t) * sl.row_stride;
-      const T* o = a + kc;
-      const T* dx = this->dX.data() + static_cast<int64_t>(t) * nc;
-      T* da = dablock + i * kc;
-      T* scal = scal_.data() + static_cast<int64_t>(t) * ss;
-      std::fill(scal, scal + nscal, T(0));
-      // Direct path of A and the write-back path (A' += diag(p) H_post O): one pass.
-      T* dp = dp_.data() + static_cast<int64_t>(t) * k_;
-      T go[kMaxK * kMaxKr];
-      T post[kMaxK * kMaxKr];
-      for (int j = 0; j < k_; ++j)
-        for (int r = 0; r < sl.Kr; ++r) post[j * sl.Kr + r] = rec[kGate + j] * hpost[j * sl.Kr + r];
-      WriteBackGradArgs<T> args;
-      args.C = C;
-      args.k = k_;
-      args.Kr = sl.Kr;
-      for (int j = 0; j < k_; ++j) args.g[j] = dx + idx[j] * C;
-      args.a = a;
-      args.o = o;
-      args.mix = sl.last ? hres : nullptr;
-      args.post = post;
-      args.da = da;
-      args.d_o = sl.mlp ? d_o : d_out + t * C;
-      args.o_copy = o_copy;
-      args.ldp = ScratchRow();
-      args.tile = sc + OffTile();
-      if (t + 1 < tokens) {
-        const int32_t* nidx = idx + k_;
-        for (int j = 0; j < k_; ++j) args.next_g[j] = dx + nc + nidx[j] * C;
-        args.next_rows = a + sl.row_stride;
-      }
-      args.dh_res = dh + i * kk;
-      args.go = go;
-      FusedWriteBackBackward(args);
-      for (int j = 0; j < k_; ++j) {
-        const T p = rec[kGate + j];
-        T acc = 0;
-        for (int r = 0; r < sl.Kr; ++r) {
-          acc += hpost[j * sl.Kr + r] * go[j * sl.Kr + r];
-          dhpost[i][j * sl.Kr + r] = p * go[j * sl.Kr + r];
-        }
-        dp[j] += acc;
-      }
-      if (sl.mlp) {
-        GramSchmidtBackward(sl, saved_out, sl.row_stride, t, o_copy, d_o, ScratchRow(),
-                            d_out + t * C, dg_.data() + static_cast<int64_t>(t) * J_ * C,
-                            sc + OffLevels());
-      }
-      if (sl.last) {
-        for (int i2 = 0; i2 < kk; ++i2) logits[i * kk + i2] = a_res * q[i2] + b_res[i2];
-      }
+    GradBlock b;
+    BeginGradBlock(t0, omp_get_thread_num(), &b);
+    for (int i = 0; i < b.tb; ++i) WriteBackTokenBackward(sl, gr, b, i, d_out);
+    if (sl.last) MixingBackward(sl, b);
+    for (int i = 0; i < b.tb; ++i) ActiveMapsBackward(sl, b, i);
+    ScatterActiveGrad(sl, gr, b);
+  }
+  if (sl.mlp) ConvolutionsBackward(sl, d_out);
+  ActiveParamGrads(sl);
+}
+
+template <typename T>
+void XhcImpl<T>::BeginGradBlock(int t0, int thread, GradBlock* b) {
+  const int kk = k_ * k_;
+  b->t0 = t0;
+  b->tb = std::min(kTokenBlock, this->ntok - t0);
+  T* sc = this->Scratch(thread);
+  b->da = sc + OffDa();
+  b->d_o = sc + OffO();
+  b->o_copy = sc + OffOCopy();
+  b->tile = sc + OffTile();
+  b->levels = sc + OffLevels();
+  b->sk_tape = sc + OffSmall();
+  b->logits = b->sk_tape + sinkhorn_.tape_size();
+  b->hraw = b->logits + kTokenBlock * kk;
+  b->dh = b->hraw + kTokenBlock * kk;
+  b->dz = b->dh + kTokenBlock * kk;
+}
+
+template <typename T>
+void XhcImpl<T>::WriteBackTokenBackward(const Sublayer& sl, const Group& gr, GradBlock& b, int i,
+                                        T* d_out) {
+  const int64_t C = this->width;
+  const int64_t nc = this->nstreams * C;
+  const int64_t kc = k_ * C;
+  const int kk = k_ * k_;
+  const int t = b.t0 + i;
+  const T* rec = gr.Rec(t);
+  const int32_t* idx = gr.Active(t);
+  const T* coef = sl.Coef(t);
+  const T* hpost = coef + HpostOff(sl);
+  const T* a = sl.Saved(t);
+  const T* dx = this->dX.data() + static_cast<int64_t>(t) * nc;
+  T* scal = scal_.data() + static_cast<int64_t>(t) * ScalStride();
+  std::fill(scal, scal + 2 + kk + k_ * sl.Kr, T(0));
+  // Direct path of A and the write-back path (A' += diag(p) H_post O): one pass.
+  T* dp = dp_.data() + static_cast<int64_t>(t) * k_;
+  T go[kMaxK * kMaxKr];
+  T post[kMaxK * kMaxKr];
+  GatedPost(sl, gr, t, post);
+  WriteBackGradArgs<T> args;
+  args.C = C;
+  args.k = k_;
+  args.Kr = sl.Kr;
+  for (int j = 0; j < k_; ++j) args.g[j] = dx + idx[j] * C;
+  args.a = a;
+  args.o = a + kc;
+  args.mix = sl.last ? coef + HresOff(sl) : nullptr;
+  args.post = post;
+  args.da = b.da + i * kc;
+  args.d_o = sl.mlp ? b.d_o : d_out + t * C;
+  args.o_copy = b.o_copy;
+  args.ldp = ScratchRow();
+  args.tile = b.tile;
+  if (t + 1 < this->ntok) {
+    const int32_t* nidx = idx + k_;
+    for (int j = 0; j < k_; ++j) args.next_g[j] = dx + nc + nidx[j] * C;
+    args.next_rows = a + sl.row_stride;
+  }
+  args.dh_res = b.dh + i * kk;
+  args.go = go;
+  FusedWriteBackBackward(args);
+  for (int j = 0; j < k_; ++j) {
+    const T p = rec[kGate + j];
+    T acc = 0;
+    for (int r = 0; r < sl.Kr; ++r) {
+      acc += hpost[j * sl.Kr + r] * go[j * sl.Kr + r];
+      b.dhpost[i][j * sl.Kr + r] = p * go[j * sl.Kr + r];
     }
-    // H_res = Sinkhorn(a_res q + b_res) recomputed for the block, the row-sum clamp's
-    // backward (identity for rows whose sum is <= 1, the usual case), then the Sinkhorn's.
-    if (sl.last) {
-      const T* zs[kTokenBlock];
-      const T* dhs[kTokenBlock];
-      T* hs[kTokenBlock];
-      T* dzs[kTokenBlock];
-      for (int i = 0; i < tb; ++i) {
-        zs[i] = logits + i * kk;
-        hs[i] = hraw + i * kk;
-        dhs[i] = dh + i * kk;
-        dzs[i] = dz + i * kk;
-      }
-      sinkhorn_.ForwardBatch(tb, zs, hs, sk_tape);
-      for (int i = 0; i < tb; ++i) {
-        const T* hres = sl.coef.data() + static_cast<int64_t>(t0 + i) * sl.coef_stride + HresOff(sl);
-        T* dhi = dh + i * kk;
-        const T* hi = hraw + i * kk;
-        for (int j = 0; j < k_; ++j) {
-          T s = 0;
-          for (int i2 = 0; i2 < k_; ++i2) s += hi[j * k_ + i2];
-          if (s > T(1)) {
-            T gy = 0;
-            for (int i2 = 0; i2 < k_; ++i2) gy += dhi[j * k_ + i2] * hres[j * k_ + i2];
-            for (int i2 = 0; i2 < k_; ++i2) dhi[j * k_ + i2] = (dhi[j * k_ + i2] - gy) / s;
-          }
-        }
-      }
-      sinkhorn_.BackwardBatch(tb, zs, sk_tape, dhs, dzs);
-    }
-    // Active mapping coefficients -> dq (c2), then RMSNorm(vec A) backward.
-    for (int i = 0; i < tb; ++i) {
-      const int t = t0 + i;
-      const T* coef = sl.coef.data() + static_cast<int64_t>(t) * sl.coef_stride;
-      const T* q = coef + QOff();
-      const T* hpost = coef + HpostOff(sl);
-      const T* a = sl.rows.data() + static_cast<int64_t>(t) * sl.row_stride;
-      T* da = dablock + i * kc;
-      T* scal = scal_.data() + static_cast<int64_t>(t) * ss;
-      T* c2 = c2_.data() + static_cast<int64_t>(t) * P2Max();
-      T sum_dq_q = 0;
-      if (sl.last) {
-        const T* dzi = dz + i * kk;
-        for (int i2 = 0; i2 < kk; ++i2) {
-          scal[0] += dzi[i2] * q[i2];
-          scal[1 + i2] += dzi[i2];
-          const T dq = a_res * dzi[i2];
-          c2[i2] = dq;
-          sum_dq_q += dq * q[i2];
-        }
-      }
-      const int off = sl.last ? kk : 0;
-      for (int i2 = 0; i2 < k_ * sl.Kr; ++i2) {
-        const T h = hpost[i2] / T(2);
-        const T dlogit = dhpost[i][i2] * T(2) * h * (T(1) - h);
-        scal[1 + kk] += dlogit * q[off + i2];
-        scal[2 + kk + i2] += dlogit;
-        const T dq = a_post * dlogit;
-        c2[off + i2] = dq;
-        sum_dq_q += dq * q[off + i2];
-      }
-      const T ra = coef[kRa];
-      for (int p = 0; p < sl.P2; ++p) c2[p] /= ra;
-      Axpy(-sum_dq_q / (static_cast<T>(kc) * ra * ra), a, da, kc);
-    }
-    // Input gradient of the [w_res | w_post] projection, dA += c2 W2, for the block while
-    // its dA rows are in cache; then dA goes to the stream rows of dX.
-    ProjectTransposeAddPacked(c2_.data() + static_cast<int64_t>(t0) * P2Max(), P2Max(), tb,
-                              wp2_.data(), sl.P2, kc, dablock, kc);
-    for (int i = 0; i < tb; ++i) {
-      const int t = t0 + i;
-      const int32_t* idx = gr.idx.data() + static_cast<int64_t>(t) * k_;
-      const T* a = sl.rows.data() + static_cast<int64_t>(t) * sl.row_stride;
-      T* dx = this->dX.data() + static_cast<int64_t>(t) * nc;
-      T* x = this->X.data() + static_cast<int64_t>(t) * nc;
-      for (int j = 0; j < k_; ++j) {
-        std::memcpy(dx + idx[j] * C, dablock + i * kc + j * C, sizeof(T) * C);
-        // Walk the state back to this sublayer's input.
-        std::memcpy(x + idx[j] * C, a + j * C, sizeof(T) * C);
-      }
-    }
+    dp[j] += acc;
   }
   if (sl.mlp) {
-    // Convolutions: d_out[t] += sum_j sum_i w_j[i] * dg_j[t + i] (same segment), one pass
-    // per tap (as the forward's convolutions), and dw_j[i] += sum_t dg_j[t] * out[t - i] in
-    // token order.
-    const int32_t* seg = this->segment_of.data();
-    const T* dg = dg_.data();
-    const T* w[kMaxKr] = {};
-    for (int j = 0; j < J_; ++j) w[j] = Param(sl.conv[static_cast<size_t>(j)]);
-#pragma omp parallel for schedule(static) if (this->Parallel())
-    for (int t = 0; t < tokens; ++t) {
-      int taps[kMaxKr];
-      for (int j = 0; j < J_; ++j) {
-        const int kw = this->config.conv_widths[static_cast<size_t>(j)];
-        int i = 0;
-        while (i < kw && t + i < tokens && seg[t + i] <= t) ++i;
-        taps[j] = i;
+    // v1 = out rows, at stride row_stride.
+    GramSchmidtBackward(sl, sl.rows.data() + kc, sl.row_stride, t, b.o_copy, b.d_o, ScratchRow(),
+                        d_out + t * C, dg_.data() + static_cast<int64_t>(t) * J_ * C, b.levels);
+  }
+  if (sl.last) ResLogits(sl, coef + QOff(), b.logits + i * kk);
+}
+
+template <typename T>
+void XhcImpl<T>::MixingBackward(const Sublayer& sl, GradBlock& b) const {
+  const int kk = k_ * k_;
+  const T* zs[kTokenBlock];
+  const T* dhs[kTokenBlock];
+  T* hs[kTokenBlock];
+  T* dzs[kTokenBlock];
+  for (int i = 0; i < b.tb; ++i) {
+    zs[i] = b.logits + i * kk;
+    hs[i] = b.hraw + i * kk;
+    dhs[i] = b.dh + i * kk;
+    dzs[i] = b.dz + i * kk;
+  }
+  sinkhorn_.ForwardBatch(b.tb, zs, hs, b.sk_tape);
+  // The row-sum clamp's backward: identity for rows whose sum is <= 1 (the usual case).
+  for (int i = 0; i < b.tb; ++i) {
+    const T* hres = sl.Coef(b.t0 + i) + HresOff(sl);
+    T* dhi = b.dh + i * kk;
+    const T* hi = b.hraw + i * kk;
+    for (int j = 0; j < k_; ++j) {
+      const T s = ResRowSum(hi, j);
+      if (s > T(1)) {
+        T gy = 0;
+        for (int i2 = 0; i2 < k_; ++i2) gy += dhi[j * k_ + i2] * hres[j * k_ + i2];
+        for (int i2 = 0; i2 < k_; ++i2) dhi[j * k_ + i2] = (dhi[j * k_ + i2] - gy) / s;
       }
-      for (int j = 0; j < J_; ++j)
-        for (int i = 0; i < taps[j]; ++i)
-          MulAdd(w[j] + i * C, dg + (static_cast<int64_t>(t + i) * J_ + j) * C, d_out + t * C, C);
-    }
-    // Weight gradients: each thread owns a range of channels (a multiple of 16 elements, so
-    // the vector/scalar split of every element is that of the serial loop) and walks the
-    // tokens in order with one full-range MulAdd per (token, convolution, tap): every
-    // element is summed over tokens in ascending order whatever the thread count, from rows
-    // streamed contiguously (a loop over tokens per 64-channel block strided 12-32 KiB per
-    // token and missed the TLB at every step).
-#pragma omp parallel if (this->Parallel())
-    {
-      const int nth = omp_get_num_threads();
-      const int64_t per = ((C + nth - 1) / nth + 15) / 16 * 16;
-      const int64_t c0 = std::min<int64_t>(C, omp_get_thread_num() * per);
-      const int64_t cn = std::min<int64_t>(C, c0 + per) - c0;
-      T* dw[kMaxKr];
-      for (int j = 0; j < J_; ++j) dw[j] = this->grad(sl.conv[static_cast<size_t>(j)]);
-      for (int t = 0; cn > 0 && t < tokens; ++t)
-        for (int j = 0; j < J_; ++j) {
-          const int kw = this->config.conv_widths[static_cast<size_t>(j)];
-          const T* dgj = dg + (static_cast<int64_t>(t) * J_ + j) * C + c0;
-          for (int i = 0; i < kw && t - i >= seg[t]; ++i)
-            MulAdd(dgj, saved_out + static_cast<int64_t>(t - i) * sl.row_stride + c0,
-                   dw[j] + i * C + c0, cn);
-        }
     }
   }
+  sinkhorn_.BackwardBatch(b.tb, zs, b.sk_tape, dhs, dzs);
+}
+
+template <typename T>
+void XhcImpl<T>::ActiveMapsBackward(const Sublayer& sl, GradBlock& b, int i) {
+  const int64_t kc = k_ * this->width;
+  const int kk = k_ * k_;
+  const int t = b.t0 + i;
+  const T* coef = sl.Coef(t);
+  const T* q = coef + QOff();
+  const T* hpost = coef + HpostOff(sl);
+  const T* a = sl.Saved(t);
+  T* da = b.da + i * kc;
+  T* scal = scal_.data() + static_cast<int64_t>(t) * ScalStride();
+  T* c2 = c2_.data() + static_cast<int64_t>(t) * P2Max();
+  T sum_dq_q = 0;
+  if (sl.last) {
+    const T a_res = *Param(sl.a_res);
+    const T* dzi = b.dz + i * kk;
+    for (int i2 = 0; i2 < kk; ++i2) {
+      scal[0] += dzi[i2] * q[i2];
+      scal[1 + i2] += dzi[i2];
+      const T dq = a_res * dzi[i2];
+      c2[i2] = dq;
+      sum_dq_q += dq * q[i2];
+    }
+  }
+  const T a_post = *Param(sl.a_post);
+  const int off = sl.last ? kk : 0;
+  for (int i2 = 0; i2 < k_ * sl.Kr; ++i2) {
+    const T h = hpost[i2] / T(2);
+    const T dlogit = b.dhpost[i][i2] * T(2) * h * (T(1) - h);
+    scal[1 + kk] += dlogit * q[off + i2];
+    scal[2 + kk + i2] += dlogit;
+    const T dq = a_post * dlogit;
+    c2[off + i2] = dq;
+    sum_dq_q += dq * q[off + i2];
+  }
+  const T ra = coef[kRa];
+  for (int p = 0; p < sl.P2; ++p) c2[p] /= ra;
+  Axpy(-sum_dq_q / (static_cast<T>(kc) * ra * ra), a, da, kc);
+}
+
+template <typename T>
+void XhcImpl<T>::ScatterActiveGrad(const Sublayer& sl, const Group& gr, const GradBlock& b) {
+  const int64_t C = this->width;
+  const int64_t nc = this->nstreams * C;
+  const int64_t kc = k_ * C;
+  // Input gradient of the [w_res | w_post] projection, dA += c2 W2, for the block while
+  // its dA rows are in cache; then dA goes to the stream rows of dX.
+  ProjectTransposeAddPacked(c2_.data() + static_cast<int64_t>(b.t0) * P2Max(), P2Max(), b.tb,
+                            wp2_.data(), sl.P2, kc, b.da, kc);
+  for (int i = 0; i < b.tb; ++i) {
+    const int t = b.t0 + i;
+    const int32_t* idx = gr.Active(t);
+    const T* a = sl.Saved(t);
+    T* dx = this->dX.data() + static_cast<int64_t>(t) * nc;
+    T* x = this->X.data() + static_cast<int64_t>(t) * nc;
+    for (int j = 0; j < k_; ++j) {
+      std::memcpy(dx + idx[j] * C, b.da + i * kc + j * C, sizeof(T) * C);
+      // Walk the state back to this sublayer's input.
+      std::memcpy(x + idx[j] * C, a + j * C, sizeof(T) * C);
+    }
+  }
+}
+
+template <typename T>
+void XhcImpl<T>::ConvolutionsBackward(const Sublayer& sl, T* d_out) {
+  const int64_t C = this->width;
+  const int tokens = this->ntok;
+  const T* saved_out = sl.rows.data() + static_cast<int64_t>(k_) * C;  // v1 = out rows
+  // Convolutions: d_out[t] += sum_j sum_i w_j[i] * dg_j[t + i] (same segment), one pass
+  // per tap (as the forward's convolutions), and dw_j[i] += sum_t dg_j[t] * out[t - i] in
+  // token order.
+  const int32_t* seg = this->segment_of.data();
+  const T* dg = dg_.data();
+  const T* w[kMaxKr] = {};
+  for (int j = 0; j < J_; ++j) w[j] = Param(sl.conv[static_cast<size_t>(j)]);
+#pragma omp parallel for schedule(static) if (this->Parallel())
+  for (int t = 0; t < tokens; ++t) {
+    int taps[kMaxKr];
+    for (int j = 0; j < J_; ++j) {
+      const int kw = this->config.conv_widths[static_cast<size_t>(j)];
+      int i = 0;
+      while (i < kw && t + i < tokens && seg[t + i] <= t) ++i;
+      taps[j] = i;
+    }
+    for (int j = 0; j < J_; ++j)
+      for (int i = 0; i < taps[j]; ++i)
+        MulAdd(w[j] + i * C, dg + (static_cast<int64_t>(t + i) * J_ + j) * C, d_out + t * C, C);
+  }
+  // Weight gradients: each thread owns a range of channels (a multiple of 16 elements, so
+  // the vector/scalar split of every element is that of the serial loop) and walks the
+  // tokens in order with one full-range MulAdd per (token, convolution, tap): every
+  // element is summed over tokens in ascending order whatever the thread count, from rows
+  // streamed contiguously (a loop over tokens per 64-channel block strided 12-32 KiB per
+  // token and missed the TLB at every step).
+#pragma omp parallel if (this->Parallel())
+  {
+    const int nth = omp_get_num_threads();
+    const int64_t per = ((C + nth - 1) / nth + 15) / 16 * 16;
+    const int64_t c0 = std::min<int64_t>(C, omp_get_thread_num() * per);
+    const int64_t cn = std::min<int64_t>(C, c0 + per) - c0;
+    T* dw[kMaxKr];
+    for (int j = 0; j < J_; ++j) dw[j] = this->grad(sl.conv[static_cast<size_t>(j)]);
+    for (int t = 0; cn > 0 && t < tokens; ++t)
+      for (int j = 0; j < J_; ++j) {
+        const int kw = this->config.conv_widths[static_cast<size_t>(j)];
+        const T* dgj = dg + (static_cast<int64_t>(t) * J_ + j) * C + c0;
+        for (int i = 0; i < kw && t - i >= seg[t]; ++i)
+          MulAdd(dgj, saved_out + static_cast<int64_t>(t - i) * sl.row_stride + c0,
+                 dw[j] + i * C + c0, cn);
+      }
+  }
+}
+
+template <typename T>
+void XhcImpl<T>::ActiveParamGrads(const Sublayer& sl) {
+  const int64_t kc = k_ * this->width;
+  const int tokens = this->ntok;
+  const int kk = k_ * k_;
+  const int64_t ss = ScalStride();
   // Weight gradient of [w_res | w_post] over the saved active rows.
   BatchGemm(this->Parallel(), true, false, sl.P2, static_cast<int>(kc), tokens, T(1), c2_.data(),
             P2Max(), sl.rows.data(), sl.row_stride, T(1), this->grad(sl.w2), kc);
@@ -1295,78 +1432,18 @@ void XhcImpl<T>::WriteBackward(int l, T* d_out) {
 template <typename T>
 void XhcImpl<T>::ReadBackward(int l, const T* d_u) {
   const int N = this->nstreams;
-  const int64_t C = this->width;
-  const int64_t nc = N * C;
-  Sublayer& sl = sub_[static_cast<size_t>(l)];
-  Group& gr = groups_[static_cast<size_t>(l / g_)];
+  const Sublayer& sl = Sub(l);
+  const Group& gr = GroupOf(l);
   const int tokens = this->ntok;
-  const int64_t rs = RecStride();
   const int64_t ss = ScalStride();
-  const T a_pre = *Param(sl.a_pre);
-  const int P1 = gr.P1;
 #pragma omp parallel for schedule(static) if (this->Parallel())
   for (int t0 = 0; t0 < tokens; t0 += kTokenBlock) {
     const int tb = std::min(kTokenBlock, tokens - t0);
-    for (int i = 0; i < tb; ++i) {
-      const int t = t0 + i;
-      const T* rec = gr.rec.data() + static_cast<int64_t>(t) * rs;
-      const T* x = this->X.data() + static_cast<int64_t>(t) * nc;
-      T* dx = this->dX.data() + static_cast<int64_t>(t) * nc;
-      const T* du = d_u + t * C;
-      T* scal = scal_.data() + static_cast<int64_t>(t) * ss;
-      T* dypre = dypre_.data() + (static_cast<int64_t>(t) * g_ + sl.s) * N;
-      scal[0] = 0;
-      // The read is dense over the current rows: active rows hold A_(s-1), the others the
-      // group-entry state (they do not change inside the group).
-      for (int r = 0; r < N; ++r) {
-        const T h = rec[HpreOff(sl.s) + r];
-        const T dh = Dot(du, x + r * C, C);
-        Axpy(h, du, dx + r * C, C);
-        const T dlogit = dh * h * (T(1) - h);
-        scal[0] += dlogit * rec[YpreOff(sl.s) + r];
-        scal[1 + r] = dlogit;
-        dypre[r] = a_pre * dlogit;
-      }
-    }
+    for (int i = 0; i < tb; ++i) DenseReadBackward(sl, gr, t0 + i, d_u);
     if (sl.s != 0) continue;
     // Group entry: router and every pre-mapping of the group, through LayerNorm / RMSNorm
     // of the full entry state.
-    for (int i = 0; i < tb; ++i) {
-      const int t = t0 + i;
-      const T* rec = gr.rec.data() + static_cast<int64_t>(t) * rs;
-      const int32_t* idx = gr.idx.data() + static_cast<int64_t>(t) * k_;
-      const T* x = this->X.data() + static_cast<int64_t>(t) * nc;
-      T* dx = this->dX.data() + static_cast<int64_t>(t) * nc;
-      T* c1 = c1_.data() + static_cast<int64_t>(t) * P1;
-      const T* dp = dp_.data() + static_cast<int64_t>(t) * k_;
-      const T mu = rec[kMu], sd = rec[kSd], r = rec[kRms];
-      const T D = static_cast<T>(nc);
-      std::fill(c1, c1 + N, T(0));
-      // Gates of routed streams are their router scores; fixed gates carry no gradient.
-      T sum_dy_y_r = 0, sum_dy_cs = 0;
-      for (int j = m_; j < k_; ++j) {
-        const int p = idx[j];
-        const T y = rec[YrOff() + p];
-        const T sgm = Sigmoid(y);
-        const T dy = dp[j] * sgm * (T(1) - sgm);
-        c1[p] = dy / sd;
-        sum_dy_y_r += dy * y;
-        sum_dy_cs += dy * gr.colsum[static_cast<size_t>(p)];
-      }
-      T sum_dy_y_pre = 0;
-      for (int s = 0; s < g_; ++s) {
-        const T* dypre = dypre_.data() + (static_cast<int64_t>(t) * g_ + s) * N;
-        for (int p = 0; p < N; ++p) {
-          c1[N + s * N + p] = dypre[p] / r;
-          sum_dy_y_pre += dypre[p] * rec[YpreOff(s) + p];
-        }
-      }
-      const T alpha = -sum_dy_y_pre / (D * r * r) - sum_dy_y_r / (D * sd * sd);
-      const T beta = -sum_dy_cs / (D * sd) + sum_dy_y_r * mu / (D * sd * sd);
-      Axpy(alpha, x, dx, nc);
-      if (beta != T(0))
-        for (int64_t e = 0; e < nc; ++e) dx[e] += beta;
-    }
+    for (int i = 0; i < tb; ++i) EntryTokenBackward(gr, t0 + i);
   }
   T* ga = this->grad(sl.a_pre);
   T* gb = this->grad(sl.b_pre);
@@ -1375,7 +1452,81 @@ void XhcImpl<T>::ReadBackward(int l, const T* d_u) {
     *ga += scal[0];
     for (int r = 0; r < N; ++r) gb[r] += scal[1 + r];
   }
-  if (sl.s != 0) return;
+  if (sl.s == 0) EntryWeightGrads(gr);
+}
+
+template <typename T>
+void XhcImpl<T>::DenseReadBackward(const Sublayer& sl, const Group& gr, int t, const T* d_u) {
+  const int N = this->nstreams;
+  const int64_t C = this->width;
+  const int64_t nc = N * C;
+  const T a_pre = *Param(sl.a_pre);
+  const T* rec = gr.Rec(t);
+  const T* x = this->X.data() + static_cast<int64_t>(t) * nc;
+  T* dx = this->dX.data() + static_cast<int64_t>(t) * nc;
+  const T* du = d_u + t * C;
+  T* scal = scal_.data() + static_cast<int64_t>(t) * ScalStride();
+  T* dypre = dypre_.data() + (static_cast<int64_t>(t) * g_ + sl.s) * N;
+  scal[0] = 0;
+  // The read is dense over the current rows: active rows hold A_(s-1), the others the
+  // group-entry state (they do not change inside the group).
+  for (int r = 0; r < N; ++r) {
+    const T h = rec[HpreOff(sl.s) + r];
+    const T dh = Dot(du, x + r * C, C);
+    Axpy(h, du, dx + r * C, C);
+    const T dlogit = dh * h * (T(1) - h);
+    scal[0] += dlogit * rec[YpreOff(sl.s) + r];
+    scal[1 + r] = dlogit;
+    dypre[r] = a_pre * dlogit;
+  }
+}
+
+template <typename T>
+void XhcImpl<T>::EntryTokenBackward(const Group& gr, int t) {
+  const int N = this->nstreams;
+  const int64_t nc = N * this->width;
+  const int P1 = gr.P1;
+  const T* rec = gr.Rec(t);
+  const int32_t* idx = gr.Active(t);
+  const T* x = this->X.data() + static_cast<int64_t>(t) * nc;
+  T* dx = this->dX.data() + static_cast<int64_t>(t) * nc;
+  T* c1 = c1_.data() + static_cast<int64_t>(t) * P1;
+  const T* dp = dp_.data() + static_cast<int64_t>(t) * k_;
+  const T mu = rec[kMu], sd = rec[kSd], r = rec[kRms];
+  const T D = static_cast<T>(nc);
+  std::fill(c1, c1 + N, T(0));
+  // Gates of routed streams are their router scores; fixed gates carry no gradient.
+  T sum_dy_y_r = 0, sum_dy_cs = 0;
+  for (int j = m_; j < k_; ++j) {
+    const int p = idx[j];
+    const T y = rec[YrOff() + p];
+    const T sgm = Sigmoid(y);
+    const T dy = dp[j] * sgm * (T(1) - sgm);
+    c1[p] = dy / sd;
+    sum_dy_y_r += dy * y;
+    sum_dy_cs += dy * gr.colsum[static_cast<size_t>(p)];
+  }
+  T sum_dy_y_pre = 0;
+  for (int s = 0; s < g_; ++s) {
+    const T* dypre = dypre_.data() + (static_cast<int64_t>(t) * g_ + s) * N;
+    for (int p = 0; p < N; ++p) {
+      c1[N + s * N + p] = dypre[p] / r;
+      sum_dy_y_pre += dypre[p] * rec[YpreOff(s) + p];
+    }
+  }
+  const T alpha = -sum_dy_y_pre / (D * r * r) - sum_dy_y_r / (D * sd * sd);
+  const T beta = -sum_dy_cs / (D * sd) + sum_dy_y_r * mu / (D * sd * sd);
+  Axpy(alpha, x, dx, nc);
+  if (beta != T(0))
+    for (int64_t e = 0; e < nc; ++e) dx[e] += beta;
+}
+
+template <typename T>
+void XhcImpl<T>::EntryWeightGrads(const Group& gr) {
+  const int N = this->nstreams;
+  const int64_t nc = N * this->width;
+  const int tokens = this->ntok;
+  const int P1 = gr.P1;
   // Input and weight gradients of the group's router + pre-mapping projection, each one
   // GEMM over all tokens: dX += c1 W1, dW1 += c1^T X (X is the group-entry state here).
   BatchGemm(this->Parallel(), false, false, tokens, static_cast<int>(nc), P1, T(1), c1_.data(), P1,
@@ -1387,8 +1538,7 @@ void XhcImpl<T>::ReadBackward(int l, const T* d_u) {
   T corr[kMaxN];
   for (int p = 0; p < N; ++p) {
     T s = 0;
-    for (int t = 0; t < tokens; ++t)
-      s += c1_[static_cast<size_t>(t) * P1 + p] * gr.rec[static_cast<size_t>(t) * rs + kMu];
+    for (int t = 0; t < tokens; ++t) s += c1_[static_cast<size_t>(t) * P1 + p] * gr.Rec(t)[kMu];
     corr[p] = s;
   }
 #pragma omp parallel for schedule(static) if (this->Parallel())
