@@ -116,12 +116,15 @@ class ObservabilityTest : public ::testing::Test {
   }
   // Waits up to `timeout` (a quiet machine's, scaled) for the query to return at least one
   // series.
-  json QueryUntil(const std::string& promql, std::chrono::seconds timeout = std::chrono::seconds(20)) {
+  // Polls until the query returns at least `want` series (one per rank where the ranks'
+  // series arrive by separate scrapes: the first rank's series alone is not the answer).
+  json QueryUntil(const std::string& promql, size_t want = 1,
+                  std::chrono::seconds timeout = std::chrono::seconds(20)) {
     const auto end = Clock::now() + Scaled(timeout);
     json r = json::array();
     while (Clock::now() < end) {
       r = Query(promql);
-      if (r.is_array() && !r.empty()) return r;
+      if (r.is_array() && r.size() >= want) return r;
       std::this_thread::sleep_for(std::chrono::milliseconds(500));
     }
     return r;
@@ -251,27 +254,27 @@ TEST_F(ObservabilityTest, PrometheusGrafanaAndDashboardWatchARunningJob) {
   EXPECT_EQ(busy.size(), 1u);
   json heartbeats = QueryUntil("rackrun_grpc_server_calls_total{method=\"RackControl/Heartbeat\", code=\"OK\"} > 0");
   EXPECT_EQ(heartbeats.size(), 1u);
-  json ages = QueryUntil("rackrun_worker_heartbeat_age_seconds < 5");
+  json ages = QueryUntil("rackrun_worker_heartbeat_age_seconds < 5", 2);
   EXPECT_EQ(ages.size(), 2u) << ages.dump();
 
-  json up = QueryUntil("up{job=\"rackrun-worker\"} == 1");
+  json up = QueryUntil("up{job=\"rackrun-worker\"} == 1", 2);
   EXPECT_EQ(up.size(), 2u) << "file_sd targets";
-  json train = QueryUntil("rackrun_train_step");
+  json train = QueryUntil("rackrun_train_step", 2);
   EXPECT_EQ(train.size(), 2u) << train.dump();
-  json before = QueryUntil("rackrun_moe_last_imbalance_before");
-  json after = QueryUntil("rackrun_moe_last_imbalance_after");
+  json before = QueryUntil("rackrun_moe_last_imbalance_before", 2);
+  json after = QueryUntil("rackrun_moe_last_imbalance_after", 2);
   ASSERT_EQ(before.size(), 2u) << "one series per MoE layer, rank 0 only: " << before.dump();
   ASSERT_EQ(after.size(), 2u);
   json worse = Query("rackrun_moe_last_imbalance_after > on(job_id, layer) rackrun_moe_last_imbalance_before");
   EXPECT_TRUE(worse.empty()) << "imbalance after balancing above before: " << worse.dump();
   for (const json& s : after) EXPECT_GE(Value(s), 1.0);
-  json mfu = QueryUntil("rackrun_train_mfu_ratio > 0 and rackrun_train_mfu_ratio <= 1");
+  json mfu = QueryUntil("rackrun_train_mfu_ratio > 0 and rackrun_train_mfu_ratio <= 1", 2);
   EXPECT_EQ(mfu.size(), 2u) << mfu.dump();
-  json round_trips = QueryUntil("rackrun_moe_plan_round_trip_seconds_count > 0");
+  json round_trips = QueryUntil("rackrun_moe_plan_round_trip_seconds_count > 0", 2);
   EXPECT_EQ(round_trips.size(), 2u) << "coordinator mode: every rank's round trips";
   // The round trips (and the fingerprint allgather) are the plan phase's exchange: a part
   // of it on every rank.
-  json exchange = QueryUntil("rackrun_moe_plan_exchange_seconds_sum > 0");
+  json exchange = QueryUntil("rackrun_moe_plan_exchange_seconds_sum > 0", 2);
   EXPECT_EQ(exchange.size(), 2u) << exchange.dump();
   json above = Query(
       "rackrun_moe_plan_exchange_seconds_sum > on(job_id, rank) rackrun_moe_plan_seconds_sum");
@@ -279,7 +282,7 @@ TEST_F(ObservabilityTest, PrometheusGrafanaAndDashboardWatchARunningJob) {
 
   // Rates over a window need two scrapes of a counter inside it: wait for them (under a
   // sanitizer a slow worker endpoint can miss scrapes) rather than assume a speed.
-  json scraped = QueryUntil("count_over_time(rackrun_train_tokens_total[1m]) >= 2", std::chrono::seconds(60));
+  json scraped = QueryUntil("count_over_time(rackrun_train_tokens_total[1m]) >= 2", 2, std::chrono::seconds(60));
   EXPECT_EQ(scraped.size(), 2u) << "two scrapes of every rank's token counter: " << scraped.dump();
 
   // Every panel of the Grafana dashboard returns series (the job_id variable = all jobs).
@@ -298,7 +301,7 @@ TEST_F(ObservabilityTest, PrometheusGrafanaAndDashboardWatchARunningJob) {
     for (const std::string& e : exprs) all += e + "; ";
     bool returned = false;
     for (const std::string& e : exprs) {
-      if (!QueryUntil(e, std::chrono::seconds(15)).empty()) {
+      if (!QueryUntil(e, 1, std::chrono::seconds(15)).empty()) {
         returned = true;
         break;
       }
@@ -307,7 +310,7 @@ TEST_F(ObservabilityTest, PrometheusGrafanaAndDashboardWatchARunningJob) {
   }
   // A panel passes with any series; the planner panel's second query (its load-exchange
   // part, a newer series) is checked on its own.
-  EXPECT_FALSE(QueryUntil("job_id:rackrun_moe_plan_exchange_seconds:p99_5m", std::chrono::seconds(15)).empty());
+  EXPECT_FALSE(QueryUntil("job_id:rackrun_moe_plan_exchange_seconds:p99_5m", 1, std::chrono::seconds(15)).empty());
   std::cout << "Grafana panels: " << checked << " queried, "
             << empty.size() << " without series\n";
   EXPECT_GE(checked, 20);
