@@ -3,43 +3,20 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
+#include "planner/invariants.h"
 #include "rpc/plan_codec.h"
 
 namespace rackrun::coordinator {
 
-absl::StatusOr<PlanSetup> PlanSetupOf(const rackrun::v1::JobSpec& spec, int ranks) {
-  const rackrun::v1::BalancerSpec& b = spec.balancer();
-  const rackrun::v1::ModelSpec& m = spec.model();
-  const int experts = m.moe().experts();
-  if (ranks <= 0 || experts <= 0 || experts % ranks != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("model.moe.experts: ", experts,
-                                                   " experts cannot be sharded over ", ranks,
-                                                   " ranks; use a multiple of resources.ranks"));
-  }
-  PlanSetup s;
-  s.policy = b.policy().empty() ? "none" : b.policy();
-  s.domain = {ranks, experts / ranks, b.slots()};
-  if (absl::Status st = s.domain.Validate(); !st.ok()) return st;
-  s.options.eps = b.eps();
-  s.options.min_replica_tokens = b.min_replica_tokens();
-  s.options.locality_aware_split = b.locality();
-  s.options.eplb_window = b.eplb_window();
-  s.options.eplb_interval = b.eplb_interval();
-  const int64_t hidden = m.moe().expert_hidden() > 0 ? m.moe().expert_hidden() : 2 * int64_t{m.width()};
-  s.options.expert_bytes = 3 * int64_t{m.width()} * hidden * static_cast<int64_t>(sizeof(float));
-  s.invariants.masters_at_home = s.policy != "eplb";
-  return s;
-}
-
 absl::Status Planning::Open(const std::string& job_id, int attempt, const rackrun::v1::JobSpec& spec,
                             int ranks) {
-  absl::StatusOr<PlanSetup> setup = PlanSetupOf(spec, ranks);
+  absl::StatusOr<jobspec::BalancerSetup> setup = jobspec::BalancerSetupOf(spec, ranks);
   if (!setup.ok()) return setup.status();
   Session s;
   s.setup = *std::move(setup);
   for (auto* p : {&s.train, &s.eval}) {
     absl::StatusOr<std::unique_ptr<planner::Planner>> made =
-        planner::MakePlanner(s.setup.policy, s.setup.domain, s.setup.options);
+        planner::MakePlanner(s.setup.policy->name, s.setup.domain, s.setup.planner);
     if (!made.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("balancer.policy: ", made.status().message()));
     }

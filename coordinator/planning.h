@@ -1,10 +1,9 @@
 // Planning: coordinator-mode planning (balancer.mode: coordinator) behind RackControl.Plans.
 //
 // Per running attempt (Open .. Close) it keeps two planners made exactly as the runtime's
-// expert-parallel group makes them (planner::MakePlanner(policy, domain, options) with the
-// options runtime/trainer.cc takes from the BalancerSpec and expert_bytes from the model):
-// one for training microbatches and one for evaluation ones, so eplb's history is the
-// same as in-band. Each rank streams its LoadRow per (microbatch, layer, training); when
+// expert-parallel group makes them (planner::MakePlanner with the spec's
+// jobspec::BalancerSetup, as runtime/trainer.cc does): one for training microbatches and
+// one for evaluation ones, so eplb's history is the same as in-band. Each rank streams its LoadRow per (microbatch, layer, training); when
 // all R rows are in, the matrix is solved, the invariants checked, and the PlanReply
 // (plan, fingerprint, solve_s; or error) is queued for every rank's stream.
 //
@@ -25,29 +24,20 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "coordinator/sync.h"
 #include "absl/time/time.h"
-#include "planner/invariants.h"
+#include "coordinator/sync.h"
+#include "jobspec/balancer.h"
+#include "planner/plan.h"
 #include "planner/planner.h"
 #include "rackrun/v1/job_spec.pb.h"
 #include "rackrun/v1/rack_control.pb.h"
 
 namespace rackrun::coordinator {
 
-// The domain and planner options of a defaulted spec on `ranks` ranks, as the runtime
-// builds them. InvalidArgument naming the field when they do not form a domain.
-struct PlanSetup {
-  planner::Domain domain;
-  std::string policy;
-  planner::PlannerOptions options;
-  planner::InvariantOptions invariants;
-};
-absl::StatusOr<PlanSetup> PlanSetupOf(const rackrun::v1::JobSpec& spec, int ranks);
-
 class Planning {
  public:
   // Starts planning for the attempt (no change when it is already open). InvalidArgument
-  // when the spec gives no domain.
+  // when the spec gives no balancer setup (jobspec::BalancerSetupOf).
   absl::Status Open(const std::string& job_id, int attempt, const rackrun::v1::JobSpec& spec, int ranks);
   // Ends it: pending rows are dropped and the ranks' NextReply return Cancelled.
   void Close(const std::string& job_id, int attempt);
@@ -73,7 +63,7 @@ class Planning {
     int count = 0;
   };
   struct Session {
-    PlanSetup setup;
+    jobspec::BalancerSetup setup;
     std::unique_ptr<planner::Planner> train;
     std::unique_ptr<planner::Planner> eval;
     std::map<std::tuple<int64_t, int, bool>, Pending> pending;

@@ -6,6 +6,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "jobspec/restart_policy.h"
+#include "jobspec/balancer.h"
 #include "jobspec/spec.h"
 
 namespace rackrun::coordinator {
@@ -48,7 +49,9 @@ absl::Status CheckSubmittedSpec(const rackrun::v1::JobSpec& spec) {
   }
   const std::string& mode = spec.balancer().mode();
   if (mode == "coordinator") {
-    if (absl::StatusOr<PlanSetup> s = PlanSetupOf(spec, std::max(1, spec.resources().ranks())); !s.ok()) {
+    if (absl::StatusOr<jobspec::BalancerSetup> s =
+            jobspec::BalancerSetupOf(spec, std::max(1, spec.resources().ranks()));
+        !s.ok()) {
       return s.status();
     }
   }

@@ -16,6 +16,8 @@
 #include "base/file.h"
 #include "jobspec/field_checks.h"
 #include "jobspec/restart_policy.h"
+#include "jobspec/balancer.h"
+#include "planner/planner.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/message.h"
 #include "google/protobuf/util/json_util.h"
@@ -551,7 +553,7 @@ void ApplySpecDefaults(JobSpec& spec) {
   if (t.eval_batches() == 0) t.set_eval_batches(8);
 
   rackrun::v1::BalancerSpec& b = *spec.mutable_balancer();
-  if (b.policy().empty()) b.set_policy("none");
+  if (b.policy().empty()) b.set_policy(std::string(jobspec::kDefaultBalancerPolicy));
   if (!b.has_slots()) b.set_slots(2);
   if (b.eps() == 0) b.set_eps(0.01);
   if (b.min_replica_tokens() == 0) b.set_min_replica_tokens(1);
@@ -559,7 +561,10 @@ void ApplySpecDefaults(JobSpec& spec) {
   if (b.eplb_window() == 0) b.set_eplb_window(16);
   if (b.eplb_interval() == 0) b.set_eplb_interval(16);
   if (b.mode().empty()) b.set_mode("inband");
-  if (!b.has_shared_slots()) b.set_shared_slots(b.policy() != "eplb");
+  if (!b.has_shared_slots()) {
+    const planner::PolicyTraits* policy = planner::FindPolicy(b.policy());
+    b.set_shared_slots(policy == nullptr || policy->shared_slots);
+  }
 
   rackrun::v1::CheckpointSpec& c = *spec.mutable_checkpoint();
   if (c.keep() == 0) c.set_keep(2);

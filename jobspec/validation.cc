@@ -7,10 +7,12 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "jobspec/balancer.h"
 #include "jobspec/field_checks.h"
 #include "jobspec/job_memory.h"
 #include "jobspec/restart_policy.h"
 #include "jobspec/spec.h"
+#include "planner/planner.h"
 
 namespace rackrun::jobspec {
 namespace {
@@ -219,9 +221,10 @@ absl::Status ValidateTraining(const rackrun::v1::TrainingSpec& t) {
 
 // balancer: the policy, replica slots, the planner's tolerances, where plans are made.
 absl::Status ValidateBalancer(const rackrun::v1::BalancerSpec& b) {
-  if (!OneOf(b.policy(), {"none", "ultraep", "eplb"})) {
-    return FieldError("balancer.policy", absl::StrCat("unknown policy '", b.policy(),
-                                                      "'; choose none, ultraep or eplb"));
+  if (const planner::PolicyTraits* policy = planner::FindPolicy(b.policy());
+      policy == nullptr || !policy->for_training) {
+    return FieldError("balancer.policy", absl::StrCat("unknown policy '", b.policy(), "'; choose ",
+                                                      TrainingPolicyChoices()));
   }
   if (absl::Status s = AtLeast("balancer.slots", b.slots(), 0, ""); !s.ok()) return s;
   if (absl::Status s = Finite("balancer.eps", b.eps()); !s.ok()) return s;

@@ -50,7 +50,43 @@ absl::StatusOr<std::unique_ptr<Planner>> MakePlanner(std::string_view policy, co
   if (policy == "none") return std::make_unique<NoBalancePlanner>(domain);
   if (policy == "ideal") return std::make_unique<IdealPlanner>(domain, options);
   return absl::InvalidArgumentError(absl::StrCat("unknown planner policy '", std::string(policy),
-                                                 "'; valid policies: ultraep, greedy, eplb, none, ideal"));
+                                                 "'; valid policies: ", PolicyNames()));
+}
+
+namespace {
+
+constexpr PolicyTraits kPolicies[] = {
+    {.name = "ultraep"},
+    {.name = "greedy", .for_training = false},
+    {.name = "eplb",
+     .needs_load_history = true,
+     .replanning = Replanning::kEveryInterval,
+     .split = TokenSplit::kEven,
+     .masters_at_home = false,
+     .resident_replicas = true,
+     .shared_slots = false},
+    {.name = "none", .split = TokenSplit::kMastersOnly},
+    {.name = "ideal", .bound = true, .for_training = false},
+};
+
+}  // namespace
+
+std::span<const PolicyTraits> Policies() { return kPolicies; }
+
+const PolicyTraits* FindPolicy(std::string_view name) {
+  for (const PolicyTraits& p : kPolicies) {
+    if (p.name == name) return &p;
+  }
+  return nullptr;
+}
+
+std::string PolicyNames() {
+  std::string names;
+  for (const PolicyTraits& p : kPolicies) {
+    if (!names.empty()) names += ", ";
+    names += p.name;
+  }
+  return names;
 }
 
 }  // namespace rackrun::planner

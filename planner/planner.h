@@ -5,12 +5,14 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
 
 #include "absl/status/statusor.h"
 #include "planner/fanout.h"
+#include "planner/invariants.h"
 #include "planner/plan.h"
 
 namespace rackrun::planner {
@@ -81,6 +83,63 @@ class Planner {
 // valid names for anything else.
 absl::StatusOr<std::unique_ptr<Planner>> MakePlanner(std::string_view policy, const Domain& domain,
                                                      const PlannerOptions& options);
+
+// When a policy computes a new placement of replicas.
+enum class Replanning {
+  kEveryMicrobatch,  // from the exact loads of every (microbatch, layer)
+  kEveryInterval,    // from past loads, every PlannerOptions::eplb_interval microbatches
+};
+
+// How a policy divides an expert's tokens among the expert's instances.
+enum class TokenSplit {
+  kMastersOnly,  // no replicas: every token goes to its expert's home rank (none)
+  kQuotas,       // quotas from the current loads, a source's own tokens to a local
+                 // instance first (ultraep, greedy, ideal)
+  kEven,         // evenly over the expert's replicas, whatever the current loads (eplb)
+};
+
+// What the rest of the system needs to know about a policy, so that no caller outside the
+// planner compares policy names: the job spec's choices and defaults, the runtime's and
+// the coordinator's invariant checks, `rackrun plan`'s cost model. Tests hold each trait
+// to the policy's planner (planner_test.cc).
+struct PolicyTraits {
+  std::string_view name;
+  // Plans from a history of past loads that the planner carries from one microbatch to
+  // the next (SaveState is not empty once it has planned): eplb.
+  bool needs_load_history = false;
+  Replanning replanning = Replanning::kEveryMicrobatch;
+  TokenSplit split = TokenSplit::kQuotas;
+  // Every master stays at its home rank; eplb re-places masters.
+  bool masters_at_home = true;
+  // A bound, not a deployable plan: replicas ignore the slot budget and the simulated
+  // layer time charges no fan-out (ideal).
+  bool bound = false;
+  // Replicas stay where they are between replans and weights move only when the policy
+  // replans (last_replacement_bytes), as in DeepSeek's deployment of EPLB; every other
+  // policy fans replica weights out for every plan.
+  bool resident_replicas = false;
+  // The default of balancer.shared_slots: one set of replica slots for all MoE layers
+  // (UltraEP's design), or slots per layer for resident replicas.
+  bool shared_slots = true;
+  // A choice of balancer.policy for training jobs; greedy and ideal are baselines for
+  // `rackrun plan` only.
+  bool for_training = true;
+
+  // The invariants every plan of this policy satisfies (CheckPlanInvariants).
+  InvariantOptions invariants() const {
+    InvariantOptions o;
+    o.masters_at_home = masters_at_home;
+    o.enforce_slot_budget = !bound;
+    return o;
+  }
+};
+
+// Every policy MakePlanner knows, in the order its error lists them.
+std::span<const PolicyTraits> Policies();
+// The traits of the policy named `name`; null when there is none.
+const PolicyTraits* FindPolicy(std::string_view name);
+// The names of Policies() joined by ", " (MakePlanner's error: "ultraep, greedy, ...").
+std::string PolicyNames();
 
 }  // namespace rackrun::planner
 

@@ -630,7 +630,9 @@ absl::StatusOr<std::unique_ptr<ExpertParallelGroup>> ExpertParallelGroup::Create
   g->domain_ = {channel.size(), mc.experts / channel.size(), options.slots};
   if (absl::Status s = g->domain_.Validate(); !s.ok()) return s;
   planner::PlannerOptions po = options.planner;
-  po.expert_bytes = layers[0]->experts().expert_floats() * static_cast<int64_t>(sizeof(float));
+  if (po.expert_bytes == 0) {
+    po.expert_bytes = layers[0]->experts().expert_floats() * static_cast<int64_t>(sizeof(float));
+  }
   if (options.plan_source != nullptr) {
     g->plan_source_ = options.plan_source;
   } else {
@@ -640,7 +642,11 @@ absl::StatusOr<std::unique_ptr<ExpertParallelGroup>> ExpertParallelGroup::Create
     g->own_plan_source_ = *std::move(source);
     g->plan_source_ = g->own_plan_source_.get();
   }
-  g->invariants_.masters_at_home = options.policy != "eplb";
+  // A plan source other than in-band (the coordinator) may plan with a policy this
+  // process does not know; its plans are then held to the default invariants.
+  if (const planner::PolicyTraits* policy = planner::FindPolicy(options.policy); policy != nullptr) {
+    g->invariants_ = policy->invariants();
+  }
   if (const std::string& fault = options.fault; !fault.empty()) {
     const auto bad = [&] {
       return absl::InvalidArgumentError(

@@ -76,7 +76,7 @@ struct ExpertParallelOptions {
   std::string policy = "none";  // none | ultraep | eplb
   int slots = 2;                // replica slots per rank and layer
   // eps, minimum replica tokens, locality, EPLB window/interval and the fan-out rule.
-  // expert_bytes is filled in from the model.
+  // expert_bytes 0 is filled in from the model.
   planner::PlannerOptions planner;
   // Run the planner's invariant checker on every plan before executing it.
   bool check_invariants = true;

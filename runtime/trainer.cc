@@ -18,6 +18,7 @@
 #include "absl/strings/str_join.h"
 #include "base/clock.h"
 #include "base/status.h"
+#include "jobspec/balancer.h"
 #include "runtime/checkpoint.h"
 #include "runtime/step_log.h"
 
@@ -100,6 +101,140 @@ absl::Status KeepRecordsBelow(const std::string& path, absl::string_view key, in
 // parameter is replicated (data-parallel).
 bool IsExpertShard(absl::string_view name) { return absl::StrContains(name, ".moe.experts."); }
 
+// Whether the job can run on the `ranks` ranks of `channel`: resources.ranks, then (R > 1)
+// that every rank runs the same job, then what expert parallelism needs. Collective with
+// R > 1: the spec comparison is an allgather, and only the checks after it are sure to
+// fail on every rank alike.
+absl::Status CheckJobOnRanks(const rackrun::v1::JobSpec& spec, const TrainConfig& c,
+                             comm::DataChannel* channel, int ranks, const TrainerOptions& options) {
+  if (spec.resources().ranks() > 0 && spec.resources().ranks() != ranks) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("resources.ranks: the spec asks for ", spec.resources().ranks(),
+                     " ranks but the job runs on ", ranks,
+                     ranks == 1 ? " (one process; launch with mpirun -np N or srun -n N)" : "",
+                     "; set resources.ranks to 0 (as launched) or launch that many ranks"));
+  }
+  if (ranks == 1) return absl::OkStatus();
+  // Every rank must run the same job: compare what shapes the computation.
+  const std::string shape =
+      absl::StrCat(spec.model().SerializeAsString(), "|", spec.balancer().SerializeAsString(),
+                   "|", spec.training().SerializeAsString(), "|", c.batch_size, "|", c.seq_len);
+  const uint32_t mine = Crc32c(shape);
+  std::vector<uint32_t> all(static_cast<size_t>(ranks));
+  if (absl::Status s = channel->Allgather(&mine, all.data(), 1, comm::DataType::kInt32); !s.ok()) {
+    return base::Annotate(s, "comparing job specs across ranks");
+  }
+  for (int r = 1; r < ranks; ++r) {
+    if (all[static_cast<size_t>(r)] != all[0]) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("rank ", r,
+                       "'s job spec differs from rank 0's in the model, balancer, training or "
+                       "batch shape; start every rank with the same spec and --set overrides"));
+    }
+  }
+  if (spec.balancer().mode() == "coordinator" && options.plan_source == nullptr) {
+    return absl::InvalidArgumentError(
+        "balancer.mode: coordinator planning needs the job to run under the rack coordinator "
+        "(rackrun submit to rackrun-worker daemons); under mpirun/srun rackrun train plans "
+        "in-band: use inband (every rank solves the same plan)");
+  }
+  if (c.batch_size % ranks != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "data.batch_size: the global microbatch of ", c.batch_size,
+        " sequences cannot be split evenly over ", ranks, " ranks; use a multiple of ", ranks));
+  }
+  if (spec.model().moe().experts() % ranks != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model.moe.experts: ", spec.model().moe().experts(),
+                     " experts cannot be split evenly over ", ranks,
+                     " ranks; use a multiple of the rank count"));
+  }
+  return absl::OkStatus();
+}
+
+// What a job reads from its token files.
+struct JobData {
+  std::unique_ptr<WindowLoader> train;
+  std::vector<int32_t> validation;  // empty: no validation file
+  int32_t end_of_document = -1;
+  double train_entropy = 0;
+};
+
+// Reads data.train and data.validation. `vocab` is model.vocab: 0 becomes the training
+// file's vocabulary; a smaller one, or a validation file beyond it, is refused.
+absl::StatusOr<JobData> ReadJobData(const TrainConfig& c, int* vocab) {
+  absl::StatusOr<TokenFile> train = ReadTokenFile(c.train_path);
+  if (!train.ok())
+    return absl::InvalidArgumentError(absl::StrCat("data.train: ", train.status().message()));
+  if (*vocab == 0) {
+    *vocab = static_cast<int>(train->vocab);
+  } else if (static_cast<uint32_t>(*vocab) < train->vocab) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model.vocab: ", *vocab, " is smaller than the token file's vocabulary ",
+                     train->vocab, "; set model.vocab to 0 (from the file) or >= ", train->vocab));
+  }
+  JobData data;
+  data.end_of_document = train->end_of_document;
+  data.train_entropy = UnigramEntropy(train->tokens, *vocab);
+  absl::StatusOr<WindowLoader> loader =
+      WindowLoader::Create(std::move(train->tokens), train->end_of_document, c.seq_len,
+                           c.batch_size, c.seed ^ kDataSeedSalt, /*shuffle=*/true);
+  if (!loader.ok())
+    return absl::InvalidArgumentError(absl::StrCat("data.train: ", loader.status().message()));
+  data.train = std::make_unique<WindowLoader>(std::move(*loader));
+
+  if (!c.validation_path.empty()) {
+    absl::StatusOr<TokenFile> val = ReadTokenFile(c.validation_path);
+    if (!val.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("data.validation: ", val.status().message()));
+    }
+    if (val->vocab > static_cast<uint32_t>(*vocab)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("data.validation: vocabulary ", val->vocab, " exceeds the model's ",
+                       *vocab, "; make both token files with the same tokenizer"));
+    }
+    // Probe that it holds at least one validation microbatch.
+    absl::StatusOr<WindowLoader> probe =
+        WindowLoader::Create(val->tokens, val->end_of_document, c.seq_len, c.batch_size, 0, false);
+    if (!probe.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("data.validation: ", probe.status().message()));
+    }
+    data.validation = std::move(val->tokens);
+  }
+  return data;
+}
+
+// AdamW over every parameter of `model`, in the model's order.
+std::unique_ptr<AdamW> OptimizerOf(Model<float>& model, const AdamWConfig& config) {
+  std::vector<OptimizedTensor> tensors;
+  for (const ParamRef<float>& p : model.Parameters()) {
+    tensors.push_back({p.name, p.value, p.grad, p.size, DecaysWeight(p.name)});
+  }
+  return std::make_unique<AdamW>(config, std::move(tensors));
+}
+
+// The expert-parallel group of `model` on `channel`, balanced as the spec says. The
+// balancer comes from jobspec::BalancerSetupOf, as the coordinator's planner does, so
+// in-band and coordinator-mode plans are the same.
+absl::StatusOr<std::unique_ptr<ExpertParallelGroup>> CreateExpertParallel(
+    const rackrun::v1::JobSpec& spec, comm::DataChannel& channel, Model<float>& model,
+    const TrainerOptions& options) {
+  absl::StatusOr<jobspec::BalancerSetup> balancer =
+      jobspec::BalancerSetupOf(spec, channel.size());
+  if (!balancer.ok()) return balancer.status();
+  ExpertParallelOptions ep;
+  ep.policy = std::string(balancer->policy->name);
+  ep.slots = balancer->domain.slots_per_rank;
+  ep.share_slots = balancer->shared_slots;
+  ep.planner = balancer->planner;
+  // Prepare opens the load trace: a resumed run extends it rather than truncating it.
+  ep.fault = options.fault;
+  if (spec.balancer().mode() == "coordinator") ep.plan_source = options.plan_source;
+  return ExpertParallelGroup::Create(channel, model, ep);
+}
+
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const rackrun::v1::JobSpec& spec,
@@ -114,137 +249,47 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const rackrun::v1::JobS
   if (threads > 0) omp_set_num_threads(threads);
   const int ranks = channel != nullptr ? channel->size() : 1;
   if (ranks > 1) t->channel_ = channel;
-  if (spec.resources().ranks() > 0 && spec.resources().ranks() != ranks) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("resources.ranks: the spec asks for ", spec.resources().ranks(),
-                     " ranks but the job runs on ", ranks,
-                     ranks == 1 ? " (one process; launch with mpirun -np N or srun -n N)" : "",
-                     "; set resources.ranks to 0 (as launched) or launch that many ranks"));
-  }
+  if (absl::Status s = CheckJobOnRanks(spec, c, channel, ranks, options); !s.ok()) return s;
   t->spec_.mutable_resources()->set_ranks(ranks);
-  if (ranks > 1) {
-    // Every rank must run the same job: compare what shapes the computation.
-    const std::string shape =
-        absl::StrCat(spec.model().SerializeAsString(), "|", spec.balancer().SerializeAsString(),
-                     "|", spec.training().SerializeAsString(), "|", c.batch_size, "|", c.seq_len);
-    const uint32_t mine = Crc32c(shape);
-    std::vector<uint32_t> all(static_cast<size_t>(ranks));
-    if (absl::Status s = channel->Allgather(&mine, all.data(), 1, comm::DataType::kInt32);
-        !s.ok()) {
-      return base::Annotate(s, "comparing job specs across ranks");
-    }
-    for (int r = 1; r < ranks; ++r) {
-      if (all[static_cast<size_t>(r)] != all[0]) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("rank ", r,
-                         "'s job spec differs from rank 0's in the model, balancer, training or "
-                         "batch shape; start every rank with the same spec and --set overrides"));
-      }
-    }
-    if (spec.balancer().mode() == "coordinator" && options.plan_source == nullptr) {
-      return absl::InvalidArgumentError(
-          "balancer.mode: coordinator planning needs the job to run under the rack coordinator "
-          "(rackrun submit to rackrun-worker daemons); under mpirun/srun rackrun train plans "
-          "in-band: use inband (every rank solves the same plan)");
-    }
-    if (c.batch_size % ranks != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "data.batch_size: the global microbatch of ", c.batch_size,
-          " sequences cannot be split evenly over ", ranks, " ranks; use a multiple of ", ranks));
-    }
-    if (spec.model().moe().experts() % ranks != 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("model.moe.experts: ", spec.model().moe().experts(),
-                       " experts cannot be split evenly over ", ranks,
-                       " ranks; use a multiple of the rank count"));
-    }
-  }
 
-  absl::StatusOr<TokenFile> train = ReadTokenFile(c.train_path);
-  if (!train.ok())
-    return absl::InvalidArgumentError(absl::StrCat("data.train: ", train.status().message()));
   ModelConfig mc = ModelConfigFromSpec(spec);
   mc.expert_rank = t->rank();
   mc.expert_ranks = ranks;
-  if (mc.vocab == 0) {
-    mc.vocab = static_cast<int>(train->vocab);
-    t->spec_.mutable_model()->set_vocab(mc.vocab);
-  } else if (static_cast<uint32_t>(mc.vocab) < train->vocab) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("model.vocab: ", mc.vocab, " is smaller than the token file's vocabulary ",
-                     train->vocab, "; set model.vocab to 0 (from the file) or >= ", train->vocab));
-  }
-  t->end_of_document_ = train->end_of_document;
-  t->train_entropy_ = UnigramEntropy(train->tokens, mc.vocab);
-  absl::StatusOr<WindowLoader> loader =
-      WindowLoader::Create(std::move(train->tokens), train->end_of_document, c.seq_len,
-                           c.batch_size, c.seed ^ kDataSeedSalt, /*shuffle=*/true);
-  if (!loader.ok())
-    return absl::InvalidArgumentError(absl::StrCat("data.train: ", loader.status().message()));
-  t->train_loader_ = std::make_unique<WindowLoader>(std::move(*loader));
-
-  if (!c.validation_path.empty()) {
-    absl::StatusOr<TokenFile> val = ReadTokenFile(c.validation_path);
-    if (!val.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("data.validation: ", val.status().message()));
-    }
-    if (val->vocab > static_cast<uint32_t>(mc.vocab)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("data.validation: vocabulary ", val->vocab, " exceeds the model's ",
-                       mc.vocab, "; make both token files with the same tokenizer"));
-    }
-    // Probe that it holds at least one validation microbatch.
-    absl::StatusOr<WindowLoader> probe =
-        WindowLoader::Create(val->tokens, val->end_of_document, c.seq_len, c.batch_size, 0, false);
-    if (!probe.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("data.validation: ", probe.status().message()));
-    }
-    t->validation_tokens_ = std::move(val->tokens);
-  }
+  absl::StatusOr<JobData> data = ReadJobData(c, &mc.vocab);
+  if (!data.ok()) return data.status();
+  t->spec_.mutable_model()->set_vocab(mc.vocab);  // a 0 came from the token file
+  t->train_loader_ = std::move(data->train);
+  t->validation_tokens_ = std::move(data->validation);
+  t->end_of_document_ = data->end_of_document;
+  t->train_entropy_ = data->train_entropy;
 
   absl::StatusOr<std::unique_ptr<Model<float>>> model = Model<float>::Create(mc, c.seed);
   if (!model.ok()) {
     return model.status();  // already names the field (model.<field>: ...)
   }
   t->model_ = std::move(*model);
-  std::vector<OptimizedTensor> tensors;
-  for (const ParamRef<float>& p : t->model_->Parameters()) {
-    tensors.push_back({p.name, p.value, p.grad, p.size, DecaysWeight(p.name)});
-  }
-  t->adam_ = std::make_unique<AdamW>(c.adamw, std::move(tensors));
+  t->adam_ = OptimizerOf(*t->model_, c.adamw);
   t->buffers_ = t->model_->Buffers();
   t->params_ = t->model_->Parameters();
-  if (ranks > 1) {
-    size_t dense_floats = 0;
-    for (size_t i = 0; i < t->adam_->tensors().size(); ++i) {
-      const OptimizedTensor& o = t->adam_->tensors()[i];
-      if (IsExpertShard(o.name)) {
-        t->experts_.push_back(i);
-      } else {
-        t->dense_.push_back(i);
-        dense_floats += static_cast<size_t>(o.size);
-      }
+  if (ranks == 1) return t;
+
+  // Expert parallelism: dense gradients are all-reduced in one packed buffer, expert
+  // shards stay with their master.
+  size_t dense_floats = 0;
+  for (size_t i = 0; i < t->adam_->tensors().size(); ++i) {
+    const OptimizedTensor& o = t->adam_->tensors()[i];
+    if (IsExpertShard(o.name)) {
+      t->experts_.push_back(i);
+    } else {
+      t->dense_.push_back(i);
+      dense_floats += static_cast<size_t>(o.size);
     }
-    t->dense_grads_.resize(dense_floats);
-    ExpertParallelOptions ep;
-    const rackrun::v1::BalancerSpec& b = spec.balancer();
-    ep.policy = b.policy();
-    ep.slots = b.slots();
-    ep.share_slots = b.shared_slots();
-    ep.planner.eps = b.eps();
-    ep.planner.min_replica_tokens = b.min_replica_tokens();
-    ep.planner.locality_aware_split = b.locality();
-    ep.planner.eplb_window = b.eplb_window();
-    ep.planner.eplb_interval = b.eplb_interval();
-    // Prepare opens the load trace: a resumed run extends it rather than truncating it.
-    ep.fault = options.fault;
-    if (b.mode() == "coordinator") ep.plan_source = options.plan_source;
-    absl::StatusOr<std::unique_ptr<ExpertParallelGroup>> group =
-        ExpertParallelGroup::Create(*channel, *t->model_, ep);
-    if (!group.ok()) return group.status();
-    t->ep_ = *std::move(group);
   }
+  t->dense_grads_.resize(dense_floats);
+  absl::StatusOr<std::unique_ptr<ExpertParallelGroup>> group =
+      CreateExpertParallel(spec, *channel, *t->model_, options);
+  if (!group.ok()) return group.status();
+  t->ep_ = *std::move(group);
   return t;
 }
 

@@ -65,7 +65,7 @@
 #include "comm/gloo_channel.h"
 #include "comm/rendezvous_store.h"
 #include "coordinator/health_check.h"
-#include "coordinator/planning.h"
+#include "jobspec/balancer.h"
 #include "nlohmann/json.hpp"
 #include "planner/generate.h"
 #include "planner/plan.h"
@@ -466,7 +466,7 @@ json RunPlan(const Flags& flags) {
       }
     }
     for (const std::string& policy : flags.policies) {
-      // Coordinator mode first: the RunJob carries the defaulted spec, whose PlanSetup
+      // Coordinator mode first: the RunJob carries the defaulted spec, whose BalancerSetup
       // the in-band source then uses too (the same domain and planner options).
       PlanCell coord{ranks, policy, "coordinator", {}, {}, {}};
       rackrun::v1::JobSpec spec = BaseSpec("plan-bench", ranks, flags.experts);
@@ -485,9 +485,9 @@ json RunPlan(const Flags& flags) {
         runs[static_cast<size_t>(run.rank())] = run;
       }
       if (!client.WaitState(job_id, rackrun::v1::RUNNING)) Die("job " + job_id + " never became RUNNING");
-      absl::StatusOr<rackrun::coordinator::PlanSetup> setup =
-          rackrun::coordinator::PlanSetupOf(runs[0].spec(), ranks);
-      if (!setup.ok()) Die("PlanSetupOf: " + std::string(setup.status().message()));
+      absl::StatusOr<rackrun::jobspec::BalancerSetup> setup =
+          rackrun::jobspec::BalancerSetupOf(runs[0].spec(), ranks);
+      if (!setup.ok()) Die("BalancerSetupOf: " + std::string(setup.status().message()));
       {
         std::vector<std::unique_ptr<rackrun::worker::Connection>> connections;
         std::vector<std::unique_ptr<rackrun::worker::CoordinatorPlanSource>> owned;
@@ -537,7 +537,7 @@ json RunPlan(const Flags& flags) {
         std::vector<rackrun::runtime::PlanSource*> sources;
         for (int r = 0; r < ranks; ++r) {
           auto made = rackrun::runtime::InBandPlanSource::Create(*channels[static_cast<size_t>(r)],
-                                                                 setup->domain, setup->policy, setup->options);
+                                                                 setup->domain, setup->policy->name, setup->planner);
           if (!made.ok()) Die("InBandPlanSource: " + std::string(made.status().message()));
           owned.push_back(*std::move(made));
           sources.push_back(owned.back().get());
@@ -549,7 +549,7 @@ json RunPlan(const Flags& flags) {
 
       // The planner alone on this thread: what either mode pays once per layer.
       {
-        auto planner = rackrun::planner::MakePlanner(setup->policy, setup->domain, setup->options);
+        auto planner = rackrun::planner::MakePlanner(setup->policy->name, setup->domain, setup->planner);
         if (!planner.ok()) Die("MakePlanner: " + std::string(planner.status().message()));
         rackrun::planner::Plan plan;
         std::vector<double> seconds;

@@ -73,6 +73,7 @@
 #include "base/statistics.h"
 #include "comm/data_channel.h"
 #include "comm/mpi_channel.h"
+#include "jobspec/balancer.h"
 #include "nlohmann/json.hpp"
 #include "planner/invariants.h"
 #include "planner/plan.h"
@@ -173,25 +174,21 @@ void Replay(const std::string& trace_path, const planner::Domain& domain,
     out.replay_note = "trace unreadable: " + std::string(trace.status().message());
     return;
   }
-  planner::PlannerOptions po;
-  const rackrun::v1::BalancerSpec& b = spec.balancer();
-  po.eps = b.eps();
-  po.min_replica_tokens = b.min_replica_tokens();
-  po.locality_aware_split = b.locality();
-  po.eplb_window = b.eplb_window();
-  po.eplb_interval = b.eplb_interval();
-  const rackrun::v1::ModelSpec& m = spec.model();
-  const int hidden = m.moe().expert_hidden() > 0 ? m.moe().expert_hidden() : 2 * m.width();
-  po.expert_bytes =
-      3 * static_cast<int64_t>(m.width()) * hidden * static_cast<int64_t>(sizeof(float));
-  absl::StatusOr<std::unique_ptr<planner::Planner>> p = planner::MakePlanner(policy, domain, po);
+  // The runtime's balancer: the same setup the trainer built its planner from.
+  absl::StatusOr<rackrun::jobspec::BalancerSetup> balancer =
+      rackrun::jobspec::BalancerSetupOf(spec, domain.ranks);
+  if (!balancer.ok()) {
+    out.replay_note = std::string(balancer.status().message());
+    return;
+  }
+  absl::StatusOr<std::unique_ptr<planner::Planner>> p =
+      planner::MakePlanner(policy, domain, balancer->planner);
   if (!p.ok()) {
     out.replay_note = std::string(p.status().message());
     return;
   }
-  planner::InvariantOptions inv;
-  inv.masters_at_home = policy != "eplb";
-  const int layers = m.blocks();
+  const planner::InvariantOptions inv = balancer->invariants;
+  const int layers = spec.model().blocks();
   const int ranks = domain.ranks;
   std::vector<std::vector<double>> before(static_cast<size_t>(layers),
                                           std::vector<double>(static_cast<size_t>(ranks), 0));
@@ -554,7 +551,9 @@ int main(int argc, char** argv) {
   const int layers = m.blocks();
   const PolicyResult* none = nullptr;
   for (const PolicyResult& r : results) {
-    if (r.policy == "none") none = &r;
+    // The baseline: the policy that does not balance.
+    const planner::PolicyTraits* traits = planner::FindPolicy(r.policy);
+    if (traits != nullptr && traits->split == planner::TokenSplit::kMastersOnly) none = &r;
   }
   auto rel_diff = [&](const PolicyResult& r) {
     double d = 0;

@@ -7,6 +7,7 @@
 #include <cstdarg>
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -29,11 +30,10 @@
 #include "base/statistics.h"
 #include "flags/flags.h"
 #include "nlohmann/json.hpp"
-#include "planner/fanout.h"
 #include "planner/generate.h"
-#include "planner/invariants.h"
 #include "planner/plan.h"
 #include "planner/planner.h"
+#include "planner/replay.h"
 #include "planner/simulator.h"
 #include "planner/trace.h"
 #include "tools/rackrun/command.h"
@@ -83,8 +83,6 @@ exit status: 0 ok, 1 failure (bad trace, invariant violation), 2 usage error.
 // Bounds of one run (stated in kEpilogue).
 constexpr int64_t kMaxEntries = 1000000;
 constexpr int64_t kMaxLoadsPerEntry = int64_t{1} << 24;
-
-constexpr std::string_view kAllPolicies[] = {"ultraep", "greedy", "eplb", "none", "ideal"};
 
 absl::string_view AsAbsl(std::string_view s) { return absl::string_view(s.data(), s.size()); }
 
@@ -204,16 +202,13 @@ int DeclareFlags(flags::FlagSet& flag_set, PlanFlags& f) {
   flag_set
       .Custom("--policy", "LIST", "comma-separated from ultraep,greedy,eplb,none,ideal",
               [&f](std::string_view value) {
-                // Distinct names from kAllPolicies; replaces any earlier list.
+                // Distinct names from pl::Policies(); replaces any earlier list.
                 f.policies.clear();
                 for (absl::string_view p : absl::StrSplit(AsAbsl(value), ',')) {
                   const std::string name(p);
-                  if (std::find(std::begin(kAllPolicies), std::end(kAllPolicies), name) ==
-                      std::end(kAllPolicies)) {
-                    return absl::InvalidArgumentError(
-                        absl::StrCat("unknown policy '", name,
-                                     "'; use a comma-separated list of ultraep, greedy, eplb, "
-                                     "none, ideal"));
+                  if (pl::FindPolicy(name) == nullptr) {
+                    return absl::InvalidArgumentError(absl::StrCat(
+                        "unknown policy '", name, "'; use a comma-separated list of ", pl::PolicyNames()));
                   }
                   if (std::find(f.policies.begin(), f.policies.end(), name) != f.policies.end()) {
                     return absl::InvalidArgumentError(
@@ -327,7 +322,9 @@ absl::Status CheckFlags(const flags::FlagSet& flag_set, int generator, PlanFlags
   if (f.out && (f.json || !f.policies.empty())) {
     return Usage("--out", "writes a trace and plans nothing; drop --json and --policy");
   }
-  if (f.policies.empty()) f.policies.assign(std::begin(kAllPolicies), std::end(kAllPolicies));
+  if (f.policies.empty()) {
+    for (const pl::PolicyTraits& p : pl::Policies()) f.policies.emplace_back(p.name);
+  }
   return absl::OkStatus();
 }
 
@@ -370,30 +367,11 @@ class GeneratedSource final : public LoadSource {
   int layer_ = 0;
 };
 
-// Plan fingerprints chained over the trace: equal hashes mean bit-identical plans in the
-// same order (used to check determinism across processes).
-class PlanHash {
- public:
-  void Add(const pl::Plan& plan) { h_ = pl::PlanFingerprint(plan, h_); }
-  std::string Hex() const { return Format("%016llx", static_cast<unsigned long long>(h_)); }
-
- private:
-  uint64_t h_ = pl::kFingerprintSeed;
-};
-
-// Nearest-rank percentile of `v` (sorted in place).
-struct PolicyRun {
-  std::string name;
-  std::unique_ptr<pl::Planner> planner;
-  pl::InvariantOptions invariants;
-  std::map<int, pl::Plan> plans;  // one reusable Plan per layer
-  std::vector<double> before, after, replicas, fanout_bytes, direct_ms, relay_ms, solve_us, percent;
-  int64_t replacement_bytes = 0;
-  double layer_s = 0;
-  double ideal_s = 0;
-  pl::LayerTime parts;  // sums over measured entries, for the breakdown
-  PlanHash hash;
-};
+// A policy's chained plan fingerprint: equal hashes mean bit-identical plans in the same
+// order (used to check determinism across processes).
+std::string HashHex(uint64_t hash) {
+  return Format("%016llx", static_cast<unsigned long long>(hash));
+}
 
 struct Triple {
   double p50, p99, max;
@@ -538,19 +516,15 @@ int PlanCommand(const Args& args) {
   }
   if (f.out) return WriteTrace(f, *source);
 
-  pl::PlannerOptions planner_options = f.planner;
-  planner_options.expert_bytes = expert_bytes;
-  pl::Domain domain;
-  std::vector<PolicyRun> runs;
-  int64_t entries = 0;
-  std::set<int64_t> microbatches;
-  std::set<int> layers;
-  std::set<int64_t> measured_microbatches;
-  pl::FanoutOptions direct_options;
-  direct_options.mode = pl::FanoutMode::kDirect;
-  pl::FanoutOptions relay_options;
-  relay_options.mode = pl::FanoutMode::kRelay;
-
+  pl::ReplayOptions options;
+  options.policies = f.policies;
+  options.slots = f.slots;
+  options.planner = f.planner;
+  options.planner.expert_bytes = expert_bytes;
+  options.hardware = *hw;
+  options.replacement_exposed = f.eplb_replacement_exposed;
+  options.warmup = f.warmup;
+  pl::Replay replay(std::move(options));
   Progress progress("planned", f.trace ? 0 : f.gen.microbatches * f.gen.layers);
   int64_t read = 0;
   while (true) {
@@ -565,95 +539,16 @@ int PlanCommand(const Args& args) {
           " entries, the limit of one run (per-entry statistics are kept in memory); split it")));
     }
     progress.Update(read);
-    const pl::TraceEntry& entry = **next;
-    const pl::LoadMatrix& loads = entry.loads;
-    if (runs.empty()) {
-      domain.ranks = loads.ranks;
-      domain.masters_per_rank = loads.experts / loads.ranks;
-      domain.slots_per_rank = f.slots;
-      if (absl::Status s = domain.Validate(); !s.ok()) return Fail(s);
-      for (const std::string& name : f.policies) {
-        absl::StatusOr<std::unique_ptr<pl::Planner>> planner =
-            pl::MakePlanner(name, domain, planner_options);
-        if (!planner.ok()) return Fail(planner.status());
-        PolicyRun run;
-        run.name = name;
-        run.planner = *std::move(planner);
-        run.invariants.masters_at_home = name != "eplb";
-        run.invariants.enforce_slot_budget = name != "ideal";
-        runs.push_back(std::move(run));
-      }
-    }
-    microbatches.insert(entry.microbatch);
-    // Warm-up entries are planned (policies with history need them) but not measured.
-    const bool measured = static_cast<int64_t>(microbatches.size()) > f.warmup;
-    if (measured) {
-      ++entries;
-      measured_microbatches.insert(entry.microbatch);
-      layers.insert(entry.layer);
-    }
-    const double before = pl::Imbalance(pl::HomeRankLoads(domain, loads));
-    const pl::LayerTime ideal = pl::SimulateForceBalanced(loads, *hw);
-
-    for (PolicyRun& run : runs) {
-      pl::Plan& plan = run.plans[entry.layer];
-      const auto start = std::chrono::steady_clock::now();
-      absl::Status solved = run.planner->SolveInto(loads, entry.layer, &plan);
-      const auto stop = std::chrono::steady_clock::now();
-      const std::string where = absl::StrCat("policy ", run.name, ", microbatch ", entry.microbatch,
-                                             ", layer ", entry.layer);
-      if (!solved.ok()) {
-        return Fail(absl::Status(solved.code(), absl::StrCat(where, ": ", solved.message())));
-      }
-      if (absl::Status ok = pl::CheckPlanInvariants(domain, loads, plan, run.invariants);
-          !ok.ok()) {
-        return Fail(absl::Status(
-            ok.code(), absl::StrCat(where, ": plan violates an invariant: ", ok.message())));
-      }
-      run.solve_us.push_back(std::chrono::duration<double, std::micro>(stop - start).count());
-      run.hash.Add(plan);
-      if (!measured) continue;
-      run.before.push_back(before);
-      run.after.push_back(pl::Imbalance(plan.RankLoads()));
-      run.replicas.push_back(plan.num_replicas());
-
-      // Weights moved now: ultraep, greedy and ideal fan out every replica; eplb only
-      // re-places.
-      const bool fans_out = run.name == "ultraep" || run.name == "greedy" || run.name == "ideal";
-      pl::FanoutCost relay;
-      if (fans_out && plan.num_replicas() > 0) {
-        const pl::FanoutCost direct = pl::EstimateFanout(pl::PlanFanout(plan, direct_options),
-                                                         domain.ranks, expert_bytes, hw->fanout);
-        relay = pl::EstimateFanout(pl::PlanFanout(plan, relay_options), domain.ranks, expert_bytes,
-                                   hw->fanout);
-        run.fanout_bytes.push_back(static_cast<double>(direct.bytes));
-        run.direct_ms.push_back(direct.seconds * 1e3);
-        run.relay_ms.push_back(relay.seconds * 1e3);
-      } else {
-        run.fanout_bytes.push_back(0);
-        run.direct_ms.push_back(0);
-        run.relay_ms.push_back(0);
-      }
-      const int64_t replaced = run.planner->last_replacement_bytes();
-      run.replacement_bytes += replaced;
-      const pl::LayerTime t = pl::SimulateLayer(
-          plan, loads, *hw, run.name == "ideal" || !fans_out ? pl::FanoutCost{} : relay,
-          f.eplb_replacement_exposed ? replaced : 0);
-      run.layer_s += t.total_s;
-      run.parts.dispatch_s += t.dispatch_s;
-      run.parts.exposed_fanout_s += t.exposed_fanout_s;
-      run.parts.compute_s += t.compute_s;
-      run.parts.combine_s += t.combine_s;
-      run.parts.replacement_s += t.replacement_s;
-      run.ideal_s += ideal.total_s;
-      run.percent.push_back(pl::PercentOfIdeal(ideal, t));
-    }
+    if (absl::Status s = replay.Add(**next); !s.ok()) return Fail(s);
   }
+  const int64_t entries = replay.entries();
   if (entries == 0) {
     return Fail(absl::InvalidArgumentError(
         absl::StrCat(f.trace ? *f.trace : std::string("generator"), ": no entries to measure (",
-                     microbatches.size(), " microbatches, --warmup ", f.warmup, ")")));
+                     replay.microbatches(), " microbatches, --warmup ", f.warmup, ")")));
   }
+  const pl::Domain& domain = replay.domain();
+  const size_t warmup_microbatches = replay.microbatches() - replay.measured_microbatches();
 
   constexpr double kMiB = 1024.0 * 1024.0;
   if (f.json) {
@@ -682,9 +577,9 @@ int PlanCommand(const Args& args) {
                           {"seed", g.seed}};
     }
     doc["entries"] = entries;
-    doc["microbatches"] = measured_microbatches.size();
-    doc["warmup_microbatches"] = microbatches.size() - measured_microbatches.size();
-    doc["layers"] = layers.size();
+    doc["microbatches"] = replay.measured_microbatches();
+    doc["warmup_microbatches"] = warmup_microbatches;
+    doc["layers"] = replay.layers();
     doc["domain"] = {{"ranks", domain.ranks},
                      {"masters_per_rank", domain.masters_per_rank},
                      {"slots_per_rank", domain.slots_per_rank},
@@ -702,10 +597,10 @@ int PlanCommand(const Args& args) {
                        {"fanout_egress_bytes_per_s", hw->fanout.egress_bytes_per_s}};
     json policies = json::array();
     const double per_entry_us = 1e6 / static_cast<double>(entries);
-    for (PolicyRun& run : runs) {
+    for (const pl::PolicyReplay& run : replay.results()) {
       std::vector<double> solve = run.solve_us;
       policies.push_back(
-          {{"policy", run.name},
+          {{"policy", run.policy},
            {"imbalance_before", TripleJson(Summary(run.before))},
            {"imbalance_after", TripleJson(Summary(run.after))},
            {"replicas_mean", Mean(run.replicas)},
@@ -729,7 +624,7 @@ int PlanCommand(const Args& args) {
             {{"p50", base::Percentile(solve, 0.50)},
              {"p99", base::Percentile(solve, 0.99)},
              {"max", solve.back()}}},
-           {"plan_hash", run.hash.Hex()}});
+           {"plan_hash", HashHex(run.plan_hash)}});
     }
     doc["policies"] = std::move(policies);
     std::printf("%s\n", doc.dump(2).c_str());
@@ -740,7 +635,7 @@ int PlanCommand(const Args& args) {
   std::printf(
       "%lld entries (%zu microbatches x %zu layers); domain %d ranks x (%d masters + %d slots); "
       "hardware %s, expert %.1f MiB\n",
-      static_cast<long long>(entries), measured_microbatches.size(), layers.size(), domain.ranks,
+      static_cast<long long>(entries), replay.measured_microbatches(), replay.layers(), domain.ranks,
       domain.masters_per_rank, domain.slots_per_rank, hw->name.c_str(),
       static_cast<double>(expert_bytes) / kMiB);
   std::printf(
@@ -748,14 +643,14 @@ int PlanCommand(const Args& args) {
       "measured\n\n",
       f.planner.eps, f.planner.eplb_window, f.planner.eplb_interval,
       f.eplb_replacement_exposed ? "exposed" : "hidden",
-      static_cast<long long>(microbatches.size() - measured_microbatches.size()));
+      static_cast<long long>(warmup_microbatches));
   std::printf(
       "| policy  | imbalance before p50/p99/max | after p50/p99/max     | replicas | fan-out MiB | "
       "fan-out ms direct/relay | re-placed MiB | sim %% of ideal | solve us p50/p99    |\n");
   std::printf(
       "|---------|------------------------------|-----------------------|----------|-------------|"
       "-------------------------|---------------|----------------|---------------------|\n");
-  for (PolicyRun& run : runs) {
+  for (const pl::PolicyReplay& run : replay.results()) {
     const Triple before = Summary(run.before);
     const Triple after = Summary(run.after);
     std::vector<double> solve = run.solve_us;
@@ -766,7 +661,7 @@ int PlanCommand(const Args& args) {
     const std::string solve_text =
         Format("%.1f / %.1f", base::Percentile(solve, 0.50), base::Percentile(solve, 0.99));
     std::printf("| %-7s | %-28s | %-21s | %8.1f | %11.1f | %-23s | %13.1f | %14.1f | %-19s |\n",
-                run.name.c_str(), before_text.c_str(), after_text.c_str(), Mean(run.replicas),
+                run.policy.c_str(), before_text.c_str(), after_text.c_str(), Mean(run.replicas),
                 Mean(run.fanout_bytes) / kMiB, fanout_ms.c_str(),
                 static_cast<double>(run.replacement_bytes) / kMiB,
                 100.0 * run.ideal_s / run.layer_s, solve_text.c_str());
