@@ -13,9 +13,7 @@
 #include <thread>
 #include <utility>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "base/clock.h"
 #include "comm/fanout_executor.h"
 #include "comm/token_dispatch.h"
@@ -183,7 +181,7 @@ absl::Status ExpertParallelExecutor::SolvePlan(std::span<const int64_t> offsets)
     }
   }
   uint64_t fingerprint = planner::PlanFingerprint(plan_);
-  if (g_->FaultAt("plan_hash", layer_)) fingerprint ^= 0x5a5a5a5a5a5a5a5aULL;
+  if (g_->FaultAt(FaultKind::kPlanHash, layer_)) fingerprint ^= 0x5a5a5a5a5a5a5a5aULL;
   if (g_->plan_source().carries_fingerprints()) {
     // Compared when the next plan's loads are exchanged: a disagreement is found one plan
     // later, without a collective of its own.
@@ -365,8 +363,8 @@ void ExpertParallelExecutor::RunBackwardBatches(bool local) {
 absl::Status ExpertParallelExecutor::Forward(std::span<const int64_t> offsets,
                                              const float* dispatched, float* expert_out) {
   ExpertParallelStats& st = g_->mutable_stats();
-  if (g_->FaultAt("exit", layer_)) std::_Exit(3);
-  if (g_->FaultAt("stall", layer_)) {
+  if (g_->FaultAt(FaultKind::kExit, layer_)) std::_Exit(3);
+  if (g_->FaultAt(FaultKind::kStall, layer_)) {
     std::this_thread::sleep_for(
         absl::ToChronoSeconds(2 * g_->channel().timeout() + absl::Seconds(5)));
   }
@@ -647,37 +645,6 @@ absl::StatusOr<std::unique_ptr<ExpertParallelGroup>> ExpertParallelGroup::Create
   if (const planner::PolicyTraits* policy = planner::FindPolicy(options.policy); policy != nullptr) {
     g->invariants_ = policy->invariants();
   }
-  if (const std::string& fault = options.fault; !fault.empty()) {
-    const auto bad = [&] {
-      return absl::InvalidArgumentError(
-          absl::StrCat("RACKRUN_FAULT='", fault,
-                       "' is malformed; use KIND:rank=R,layer=L,microbatch=M with KIND plan_hash, "
-                       "stall or exit"));
-    };
-    const std::pair<std::string, std::string> kind_args =
-        absl::StrSplit(fault, absl::MaxSplits(':', 1));
-    Fault f;
-    f.kind = kind_args.first;
-    if (f.kind != "plan_hash" && f.kind != "stall" && f.kind != "exit") return bad();
-    int found = 0;
-    for (absl::string_view kv : absl::StrSplit(kind_args.second, ',')) {
-      const std::pair<std::string, std::string> p = absl::StrSplit(kv, absl::MaxSplits('=', 1));
-      int64_t v = 0;
-      if (!absl::SimpleAtoi(p.second, &v)) return bad();
-      if (p.first == "rank") {
-        f.rank = static_cast<int>(v);
-      } else if (p.first == "layer") {
-        f.layer = static_cast<int>(v);
-      } else if (p.first == "microbatch") {
-        f.microbatch = v;
-      } else {
-        return bad();
-      }
-      ++found;
-    }
-    if (found != 3) return bad();
-    g->fault_ = f;
-  }
   if (!options.load_trace.empty() && channel.rank() == 0) {
     absl::StatusOr<planner::TraceWriter> w = planner::TraceWriter::Open(options.load_trace);
     if (!w.ok()) {
@@ -739,9 +706,8 @@ absl::Status ExpertParallelGroup::Close() {
   return s;
 }
 
-bool ExpertParallelGroup::FaultAt(const char* kind, int layer) const {
-  return fault_.has_value() && fault_->kind == kind && fault_->rank == channel_.rank() &&
-         fault_->layer == layer && fault_->microbatch == microbatch_;
+bool ExpertParallelGroup::FaultAt(FaultKind kind, int layer) const {
+  return options_.faults != nullptr && options_.faults->Due(kind, channel_.rank(), layer, microbatch_);
 }
 
 }  // namespace rackrun::runtime

@@ -45,10 +45,9 @@
 //
 // Plans come from a PlanSource (plan_source.h): in-band by default, or the coordinator.
 //
-// Fault injection for tests (ExpertParallelOptions::fault, which `rackrun train` and the
-// worker take from RACKRUN_FAULT: "KIND:rank=R,layer=L,microbatch=M"): KIND plan_hash
-// perturbs rank R's plan fingerprint, stall makes rank R sleep past the channel timeout
-// before the load exchange, exit ends rank R's process there.
+// Fault injection for tests comes as an object (ExpertParallelOptions::faults,
+// fault_injection.h): plan_hash perturbs a rank's plan fingerprint, stall makes it sleep
+// past the channel timeout before the load exchange, exit ends its process there.
 #ifndef RACKRUN_RUNTIME_EXPERT_PARALLEL_H_
 #define RACKRUN_RUNTIME_EXPERT_PARALLEL_H_
 
@@ -67,6 +66,7 @@
 #include "planner/plan.h"
 #include "planner/planner.h"
 #include "planner/trace.h"
+#include "runtime/fault_injection.h"
 #include "runtime/model.h"
 #include "runtime/plan_source.h"
 
@@ -86,8 +86,9 @@ struct ExpertParallelOptions {
   // Rank 0 appends every training microbatch's load matrix here (planner trace format);
   // empty = off.
   std::string load_trace;
-  // Fault injection (see above); empty = none. A malformed value is InvalidArgument.
-  std::string fault;
+  // Fault injection for tests (fault_injection.h); null = none. Not owned; must outlive
+  // the group.
+  const FaultInjection* faults = nullptr;
   // Where plans come from; null = in-band (the group makes an InBandPlanSource with
   // `policy` and `planner`). Not owned; must outlive the group.
   PlanSource* plan_source = nullptr;
@@ -201,7 +202,7 @@ class ExpertParallelGroup {
   // Null when no load trace is written (off, or not rank 0).
   planner::TraceWriter* trace() { return trace_.has_value() ? &*trace_ : nullptr; }
   // True when the injected fault `kind` is due on this rank at `layer` now.
-  bool FaultAt(const char* kind, int layer) const;
+  bool FaultAt(FaultKind kind, int layer) const;
 
   // The plan this rank solved last (its fingerprint as sent for comparison), for sources
   // that compare fingerprints one plan later (PlanSource::carries_fingerprints).
@@ -225,12 +226,6 @@ class ExpertParallelGroup {
   }
 
  private:
-  struct Fault {
-    std::string kind;  // plan_hash | stall | exit
-    int rank = -1, layer = -1;
-    int64_t microbatch = -1;
-  };
-
   ExpertParallelGroup(comm::DataChannel& channel, const ExpertParallelOptions& options)
       : channel_(channel), options_(options) {}
 
@@ -241,7 +236,6 @@ class ExpertParallelGroup {
   std::unique_ptr<PlanSource> own_plan_source_;  // when options_.plan_source is null
   PlanSource* plan_source_ = nullptr;
   std::optional<planner::TraceWriter> trace_;
-  std::optional<Fault> fault_;
   std::vector<ExpertParallelExecutor*> executors_;  // owned by the MoE layers
   ReplicaSlotStore shared_slots_;                   // when options_.share_slots
   ExpertParallelStats stats_;

@@ -406,7 +406,8 @@ TEST(ExpertParallelGroupTest, PlanDisagreementNamesRankLayerAndMicrobatch) {
   // compared when microbatch 2 exchanges its loads.
   ExpertParallelOptions options;
   options.policy = "ultraep";
-  options.fault = "plan_hash:rank=1,layer=0,microbatch=1";
+  const FaultInjection fault = *FaultInjection::Parse("plan_hash:rank=1,layer=0,microbatch=1");
+  options.faults = &fault;
   const std::vector<Result> r = RunExpertParallel(2, options);
   for (int rank = 0; rank < 2; ++rank) {
     const absl::Status& s = r[static_cast<size_t>(rank)].status;
@@ -449,7 +450,8 @@ TEST(ExpertParallelGroupTest, PlanDisagreementFromANonCarryingSourceIsFoundAtOnc
       }
       ExpertParallelOptions options;
       options.policy = "ultraep";
-      options.fault = "plan_hash:rank=1,layer=1,microbatch=0";
+      const FaultInjection fault = *FaultInjection::Parse("plan_hash:rank=1,layer=1,microbatch=0");
+      options.faults = &fault;
       std::unique_ptr<NonCarryingSource> source;
       if (!carrying) {
         planner::Domain domain{2, kExperts / 2, options.slots};
@@ -505,16 +507,6 @@ TEST(ExpertParallelGroupTest, BadSetupsAreNamed) {
     return absl::OkStatus();
   });
   EXPECT_TRUE(run.ok()) << run;
-  const absl::Status fault = comm::RunInProcessRanks(2, channel_options, [](comm::DataChannel& ch) {
-    MoeLayer<float> shard(Config(2, ch.rank()), "m");
-    ExpertParallelOptions options;
-    options.fault = "plan_hash:rank=1,layer=0";
-    absl::StatusOr<std::unique_ptr<ExpertParallelGroup>> g =
-        ExpertParallelGroup::Create(ch, {&shard}, options);
-    EXPECT_THAT(std::string(g.status().message()), HasSubstr("RACKRUN_FAULT"));
-    return absl::OkStatus();
-  });
-  EXPECT_TRUE(fault.ok()) << fault;
 }
 
 }  // namespace

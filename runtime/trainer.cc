@@ -229,7 +229,7 @@ absl::StatusOr<std::unique_ptr<ExpertParallelGroup>> CreateExpertParallel(
   ep.share_slots = balancer->shared_slots;
   ep.planner = balancer->planner;
   // Prepare opens the load trace: a resumed run extends it rather than truncating it.
-  ep.fault = options.fault;
+  ep.faults = options.faults;
   if (spec.balancer().mode() == "coordinator") ep.plan_source = options.plan_source;
   return ExpertParallelGroup::Create(channel, model, ep);
 }

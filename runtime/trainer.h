@@ -51,6 +51,7 @@
 #include "rackrun/v1/job_spec.pb.h"
 #include "runtime/data.h"
 #include "runtime/expert_parallel.h"
+#include "runtime/fault_injection.h"
 #include "runtime/model.h"
 #include "runtime/optimizer.h"
 #include "runtime/plan_source.h"
@@ -132,8 +133,8 @@ class TrainObserver {
 struct TrainerOptions {
   // Compute threads; -1 = the spec's resources.threads (0 there = leave as is).
   int threads = -1;
-  // Fault injection for tests (expert_parallel.h); empty = none.
-  std::string fault;
+  // Fault injection for tests (fault_injection.h); null = none. Not owned.
+  const FaultInjection* faults = nullptr;
   // Where expert-parallel plans come from; null = in-band. Not owned.
   PlanSource* plan_source = nullptr;
   // Who the run is, recorded in checkpoint.dir/OWNER (CheckpointFolderRun::owner).

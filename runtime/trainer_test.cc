@@ -12,6 +12,7 @@
 #include "gtest/gtest.h"
 #include "runtime/checkpoint.h"
 #include "runtime/data.h"
+#include "runtime/training_session.h"
 #include "jobspec/spec.h"
 
 namespace rackrun::runtime {
@@ -301,6 +302,71 @@ TEST(TrainerTest, BadDataIsAnErrorNamingTheField) {
   t = Trainer::Create(TinySpec({"model.vocab=100"}));
   ASSERT_FALSE(t.ok());
   EXPECT_THAT(t.status().message(), HasSubstr("model.vocab: 100 is smaller"));
+}
+
+// TrainingSession (training_session.h): the set-up both drivers share.
+TEST(TrainingSessionTest, ARestartedAttemptContinuesItsOwnCheckpointsOnly) {
+  const fs::path dir = FreshDir("session_owner");
+  const rackrun::v1::JobSpec spec =
+      TinySpec({"checkpoint.dir=" + dir.string(), "checkpoint.interval=4"});
+  SessionOptions first;
+  first.trainer.owner = "job j-1";
+  first.resume_own_checkpoints = true;  // nothing there yet: starts at step 0
+  absl::StatusOr<std::unique_ptr<TrainingSession>> s = TrainingSession::Start(spec, nullptr, first);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_TRUE((*s)->resumed_from().empty());
+  EXPECT_EQ((*s)->trainer().step(), 0);
+  ASSERT_TRUE((*s)->trainer().Run().ok());
+  s->reset();
+
+  // The same job's next attempt continues from its newest checkpoint (step 8).
+  s = TrainingSession::Start(spec, nullptr, first);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ((*s)->resumed_from(), dir.string());
+  EXPECT_EQ((*s)->trainer().step(), 8);
+  s->reset();
+
+  // Another job's attempt is refused at the resume stage, naming the folder and its owner.
+  SessionOptions other = first;
+  other.trainer.owner = "job j-2";
+  SessionStage stage = SessionStage::kCreate;
+  s = TrainingSession::Start(spec, nullptr, other, &stage);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(stage, SessionStage::kResume);
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.status().message(), HasSubstr("checkpoint.dir: '" + dir.string()));
+  EXPECT_THAT(s.status().message(), HasSubstr("(owner: job j-1)"));
+
+  // Without resume_own_checkpoints the folder is not resumed: Prepare refuses a folder
+  // another run holds.
+  other.resume_own_checkpoints = false;
+  s = TrainingSession::Start(spec, nullptr, other, &stage);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(stage, SessionStage::kPrepare);
+}
+
+TEST(TrainingSessionTest, StartNamesTheStageThatFailed) {
+  const fs::path dir = FreshDir("session_stages");
+  SessionStage stage = SessionStage::kPrepare;
+  absl::StatusOr<std::unique_ptr<TrainingSession>> s = TrainingSession::Start(
+      TinySpec({"data.train=" + (dir / "missing.tokens").string()}), nullptr, {}, &stage);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(stage, SessionStage::kCreate);
+  EXPECT_THAT(s.status().message(), HasSubstr("missing.tokens"));
+
+  SessionOptions resume;
+  resume.resume_from = (dir / "no-such-checkpoint").string();
+  s = TrainingSession::Start(TinySpec(), nullptr, resume, &stage);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(stage, SessionStage::kResume);
+  EXPECT_THAT(s.status().message(), HasSubstr("no-such-checkpoint"));
+
+  std::ofstream(dir / "ckpt") << "not a folder";
+  s = TrainingSession::Start(TinySpec({"checkpoint.dir=" + (dir / "ckpt").string()}), nullptr, {},
+                             &stage);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(stage, SessionStage::kPrepare);
+  EXPECT_THAT(s.status().message(), HasSubstr("checkpoint.dir: '" + (dir / "ckpt").string()));
 }
 
 }  // namespace

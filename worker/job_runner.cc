@@ -15,8 +15,8 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "comm/gloo_channel.h"
-#include "runtime/checkpoint.h"
 #include "runtime/job_config.h"
+#include "runtime/training_session.h"
 #ifdef RACKRUN_HAVE_NCCL
 #include "comm/nccl_channel.h"
 #endif
@@ -319,46 +319,34 @@ AttemptResult JobRunner::RunAttempt() try {
     channel = *std::move(made);
   }
   std::unique_ptr<CoordinatorPlanSource> plan_source;
-  runtime::TrainerOptions trainer_options;
+  runtime::SessionOptions session_options;
+  runtime::TrainerOptions& trainer_options = session_options.trainer;
   trainer_options.threads = options_.threads;
-  trainer_options.fault = options_.fault;
+  trainer_options.faults = options_.faults;
   if (assignment_.spec().balancer().mode() == "coordinator") {
     plan_source = std::make_unique<CoordinatorPlanSource>(connection_, assignment_.job_id(),
                                                           assignment_.attempt(), assignment_.rank());
     trainer_options.plan_source = plan_source.get();
   }
-  // The folder's owner: this job, across its attempts.
+  // The folder's owner: this job, across its attempts. A restarted attempt continues
+  // this job's own checkpoints; Prepare checks outputs and claims the folder before the
+  // first step.
   trainer_options.owner = absl::StrCat("job ", assignment_.job_id());
-  absl::StatusOr<std::unique_ptr<runtime::Trainer>> trainer =
-      runtime::Trainer::Create(assignment_.spec(), channel.get(), trainer_options);
-  if (!trainer.ok()) {
-    if (PeerCaused(trainer.status())) WaitForCancel();
-    return fail(trainer.status(), "starting");
+  session_options.resume_own_checkpoints = assignment_.resume();
+  runtime::SessionStage stage = runtime::SessionStage::kCreate;
+  absl::StatusOr<std::unique_ptr<runtime::TrainingSession>> session =
+      runtime::TrainingSession::Start(assignment_.spec(), channel.get(), session_options, &stage);
+  if (!session.ok()) {
+    const absl::Status& s = session.status();
+    // A failure a peer caused waits for the coordinator's cancel, so the culprit is named;
+    // rank 0's refusal in Prepare is its own (the other ranks report it as rank 0's).
+    const bool victim = PeerCaused(s) && (stage == runtime::SessionStage::kCreate ||
+                                          (stage == runtime::SessionStage::kPrepare &&
+                                           assignment_.rank() != 0));
+    if (victim) WaitForCancel();
+    return fail(s, stage == runtime::SessionStage::kResume ? "resuming" : "starting");
   }
-  const std::string& dir = assignment_.spec().checkpoint().dir();
-  if (assignment_.resume() && !dir.empty() && !runtime::ListCheckpoints(dir).empty()) {
-    // A restarted attempt continues this job's own checkpoints, never another run's (an
-    // earlier attempt refused on a folder in use must not adopt it on the next).
-    absl::StatusOr<std::string> owner = runtime::CheckpointFolderOwner(dir);
-    if (!owner.ok() || *owner != trainer_options.owner) {
-      return fail(absl::FailedPreconditionError(absl::StrCat(
-                      "checkpoint.dir: '", dir, "' holds checkpoints this job did not write (owner: ",
-                      owner.ok() ? *owner : std::string("not recorded"),
-                      "); the restarted attempt does not continue them; resubmit with another "
-                      "checkpoint.dir or checkpoint.start_over: true")),
-                  "resuming");
-    }
-    if (absl::Status s = (*trainer)->Resume(dir); !s.ok()) {
-      return fail(s, "resuming");
-    }
-  }
-  // Outputs checked and the checkpoint folder claimed before the first step (a restarted
-  // attempt resumed from the folder above, so it continues its own checkpoints).
-  if (absl::Status s = (*trainer)->Prepare(); !s.ok()) {
-    // Rank 0's refusal is its own; the other ranks report it as rank 0's.
-    if (PeerCaused(s) && assignment_.rank() != 0) WaitForCancel();
-    return fail(s, "starting");
-  }
+  runtime::Trainer* trainer = &(*session)->trainer();
   // This job's Prometheus series on this rank (see training_metrics_).
   std::unique_ptr<TrainingMetrics>& training_metrics = training_metrics_;
   if (options_.metrics != nullptr) {
@@ -366,11 +354,11 @@ AttemptResult JobRunner::RunAttempt() try {
     o.job_id = assignment_.job_id();
     o.rank = assignment_.rank();
     o.ranks = assignment_.ranks();
-    o.flops_per_token = ModelFlopsPerToken((*trainer)->spec(), (*trainer)->parameter_count());
+    o.flops_per_token = ModelFlopsPerToken(trainer->spec(), trainer->parameter_count());
     o.peak_flops = options_.peak_flops;
-    o.total_steps = (*trainer)->spec().training().steps();
-    o.width = (*trainer)->spec().model().width();
-    o.group = (*trainer)->expert_parallel();
+    o.total_steps = trainer->spec().training().steps();
+    o.width = trainer->spec().model().width();
+    o.group = trainer->expert_parallel();
     training_metrics = std::make_unique<TrainingMetrics>(*options_.metrics, o);
     if (plan_source != nullptr) {
       TrainingMetrics* m = training_metrics.get();
@@ -379,7 +367,7 @@ AttemptResult JobRunner::RunAttempt() try {
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
-    trainer_ = trainer->get();
+    trainer_ = trainer;
     channel_ = channel.get();
     metrics_ = training_metrics.get();
     if (requested_ != runtime::StopReason::kNone) trainer_->RequestStop(requested_);
@@ -392,12 +380,12 @@ AttemptResult JobRunner::RunAttempt() try {
     channel_ = nullptr;
     metrics_ = nullptr;
   };
-  ProgressObserver progress(this, trainer->get(), assignment_.rank() == 0);
+  ProgressObserver progress(this, trainer, assignment_.rank() == 0);
   std::vector<runtime::TrainObserver*> observers = {&progress};
   if (training_metrics != nullptr) observers.push_back(training_metrics.get());
-  absl::StatusOr<runtime::TrainSummary> summary = (*trainer)->Run(observers);
-  const std::string phase = runtime::TrainPhaseName((*trainer)->phase());
-  const int64_t step = (*trainer)->steps_done();
+  absl::StatusOr<runtime::TrainSummary> summary = trainer->Run(observers);
+  const std::string phase = runtime::TrainPhaseName(trainer->phase());
+  const int64_t step = trainer->steps_done();
   runtime::StopReason requested;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -447,7 +435,7 @@ AttemptResult JobRunner::RunAttempt() try {
   }
   // Trainer first (its expert-parallel group uses the channel and the plan source), then
   // the plan stream, then the channel: the worker is ready for the next job.
-  trainer->reset();
+  session->reset();
   plan_source.reset();
   channel.reset();
   reporter_.reset();  // sends what is pending (the last step's progress) first

@@ -32,7 +32,8 @@ struct JobRunnerOptions {
   std::string host;
   int threads = -1;        // compute threads; -1 = the spec's resources.threads
   int cuda_device = -1;    // for NCCL jobs
-  std::string fault;       // fault injection for tests (RACKRUN_FAULT)
+  // Fault injection for tests (runtime/fault_injection.h); null = none. Not owned.
+  const runtime::FaultInjection* faults = nullptr;
   // After a failure caused by a peer (a broken or timed-out channel) or a stop this rank
   // did not ask for, how long to wait for the coordinator's cancel before reporting: the
   // coordinator then blames the culprit it detected, not this victim.

@@ -14,6 +14,7 @@
 #include "absl/strings/numbers.h"
 #include "base/signals.h"
 #include "flags/flags.h"
+#include "runtime/fault_injection.h"
 #include "worker/worker.h"
 
 namespace {
@@ -82,7 +83,15 @@ int main(int argc, char** argv) {
       EnvInt("OMPI_COMM_WORLD_SIZE", EnvInt("SLURM_NTASKS", EnvInt("WORLD_SIZE", 0)));
   o.local_rank = EnvInt("OMPI_COMM_WORLD_LOCAL_RANK",
                         EnvInt("SLURM_LOCALID", EnvInt("LOCAL_RANK", 0)));
-  if (const char* fault = std::getenv("RACKRUN_FAULT"); fault != nullptr) o.fault = fault;
+  // Fault injection for the end-to-end tests: a malformed value is refused here, before
+  // the worker contacts anything.
+  absl::StatusOr<std::optional<rackrun::runtime::FaultInjection>> faults =
+      rackrun::runtime::FaultInjection::FromEnvironment();
+  if (!faults.ok()) {
+    std::fprintf(stderr, "rackrun-worker: %s\n", std::string(faults.status().message()).c_str());
+    return 2;
+  }
+  o.faults = *faults;
   // Milliseconds from the environment; a value that is not one is refused by name.
   for (const auto& [name, into] :
        {std::pair<const char*, std::chrono::milliseconds*>{"RACKRUN_VICTIM_GRACE_MS", &o.victim_grace},

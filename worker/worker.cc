@@ -341,7 +341,7 @@ absl::Status Worker::Serve() {
     ro.worker_id = worker_id();
     ro.host = options_.host;
     ro.threads = options_.threads;
-    ro.fault = options_.fault;
+    ro.faults = options_.faults.has_value() ? &*options_.faults : nullptr;
     ro.victim_grace = options_.victim_grace;
     ro.metrics = exporter_ != nullptr ? &exporter_->registry() : nullptr;
     ro.peak_flops = options_.peak_flops;

@@ -25,6 +25,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -32,6 +33,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "metrics/exporter.h"
+#include "runtime/fault_injection.h"
 #include "worker/connection.h"
 #include "worker/job_runner.h"
 
@@ -47,7 +49,8 @@ struct WorkerOptions {
   int local_rank = 0;
   std::string device = "cpu";  // "cpu" or "cuda:N"
   int threads = -1;            // compute threads per job; -1 = the job spec's
-  std::string fault;           // fault injection for tests (RACKRUN_FAULT)
+  // Fault injection for tests (RACKRUN_FAULT, parsed by main); nullopt = none.
+  std::optional<runtime::FaultInjection> faults;
   std::chrono::milliseconds victim_grace{3000};
   // Fault injection for tests (RACKRUN_WORKER_START_DELAY_MS): the job thread waits this
   // long before it starts the first attempt assigned to it, which leaves that attempt

@@ -20,11 +20,13 @@
 #include "flags/flags.h"
 #include "comm/data_channel.h"
 #include "comm/mpi_channel.h"
+#include "runtime/fault_injection.h"
 #include "runtime/job_config.h"
 #include "jobspec/job_memory.h"
 #include "jobspec/spec.h"
 #include "runtime/step_log.h"
 #include "runtime/trainer.h"
+#include "runtime/training_session.h"
 #include "tools/rackrun/command.h"
 
 namespace rackrun::cli {
@@ -169,27 +171,34 @@ int RunTrain(const Args& args) {
     if (channel != nullptr) comm::AbortJob(1);
     return 1;
   };
-  rt::TrainerOptions trainer_options;
-  // Fault injection for the end-to-end tests (runtime/expert_parallel.h).
-  if (const char* fault = std::getenv("RACKRUN_FAULT"); fault != nullptr) trainer_options.fault = fault;
+  rt::SessionOptions session_options;
+  session_options.resume_from = resume;
+  // Fault injection for the end-to-end tests (runtime/fault_injection.h).
+  absl::StatusOr<std::optional<rt::FaultInjection>> faults = rt::FaultInjection::FromEnvironment();
+  if (!faults.ok()) return fail("", faults.status());
+  if (faults->has_value()) session_options.trainer.faults = &**faults;
   // What this machine cannot hold or run is refused before anything is allocated.
   absl::StatusOr<jobspec::JobMemoryEstimate> memory = rt::CheckJobFitsThisMachine(
       *spec, launched > 1 ? launched : 1, LocalRanks(), spec->resources().threads());
   if (!memory.ok()) return fail(spec_path + ": ", memory.status());
-  absl::StatusOr<std::unique_ptr<rt::Trainer>> trainer =
-      rt::Trainer::Create(*spec, channel.get(), trainer_options);
-  if (!trainer.ok()) return fail(spec_path + ": ", trainer.status());
-  rt::Trainer& t = **trainer;
-  if (!resume.empty()) {
-    if (absl::Status s = t.Resume(resume); !s.ok()) return fail("--resume: ", s);
-    if (lead) {
-      std::printf("resumed at step %lld from %s\n", static_cast<long long>(t.step()),
-                  resume.c_str());
-      if (!t.resume_note().empty()) std::printf("note: %s\n", t.resume_note().c_str());
+  // The trainer, resumed from --resume, every output checked and claimed before the first
+  // step (the ranks' resume states too).
+  rt::SessionStage stage = rt::SessionStage::kCreate;
+  absl::StatusOr<std::unique_ptr<rt::TrainingSession>> session =
+      rt::TrainingSession::Start(*spec, channel.get(), session_options, &stage);
+  if (!session.ok()) {
+    switch (stage) {
+      case rt::SessionStage::kCreate: return fail(spec_path + ": ", session.status());
+      case rt::SessionStage::kResume: return fail("--resume: ", session.status());
+      case rt::SessionStage::kPrepare: break;
     }
+    return fail("", session.status());
   }
-  // Every output checked and claimed before the first step (the ranks' resume states too).
-  if (absl::Status s = t.Prepare(); !s.ok()) return fail("", s);
+  rt::Trainer& t = (*session)->trainer();
+  if (lead && !(*session)->resumed_from().empty()) {
+    std::printf("resumed at step %lld from %s\n", static_cast<long long>(t.step()), resume.c_str());
+    if (!t.resume_note().empty()) std::printf("note: %s\n", t.resume_note().c_str());
+  }
   if (lead) {
     for (const std::string& note : t.notes()) std::printf("note: %s\n", note.c_str());
   }
