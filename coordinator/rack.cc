@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "coordinator/scheduler.h"
+#include "rpc/phase.h"
 
 namespace rackrun::coordinator {
 
@@ -123,7 +124,7 @@ void Rack::StartJobs() {
         rackrun::v1::Failure f;
         f.set_kind(rackrun::v1::ERROR);
         f.set_rank(-1);
-        f.set_phase("starting");
+        f.set_phase(rpc::PhaseName(rpc::Phase::kStarting));
         f.set_message(absl::StrCat("coordinator-mode planning: ", s.message()));
         (void)jobs_.FailAttempt(p.job_id, attempt->number(), f);
         for (const IdleWorker& w : p.ranks) workers_.SetIdle(w.worker_id, p.job_id);

@@ -1,32 +1,12 @@
-// Workers: membership of the rack's worker daemons and failure detection that names the
-// culprit, not a victim.
+// Workers: membership of the rack's worker daemons, and the bookkeeping of failure
+// detection that names the culprit, not a victim.
 //
 // A worker registers (id "w-<n>", or its old id when it re-registers), keeps one
 // Assignments stream open (OpenStream/NextAssignment/CloseStream), heartbeats, and
-// deregisters. Detect() looks at every worker and returns at most one finding per
-// running attempt:
-//   lost  the worker's Assignments stream closed (its process died: the kernel closed
-//         the connection), or no heartbeat for heartbeat_timeout while no peer of its
-//         attempt waits for it in a collective -> WORKER_LOST naming it.
-//   hang  (a) peers of its attempt have been blocked in collective n (entered = n >
-//         completed) for longer than hang_timeout while it reports entered < n, or its
-//         heartbeats stopped while its stream stays open (SIGSTOP) -> HANG naming it
-//         (when several qualify: the one furthest behind, then the lowest rank); when
-//         every rank has entered n and none is silent, HANG naming no rank, after
-//         hang_timeout + heartbeat_timeout (a rank stopped inside the collective is
-//         silent by then, and named);
-//         (b) it stays in one non-idle phase longer than hang_timeout (start_timeout for
-//         phase "starting"; ranks waiting in a collective are victims, never named by
-//         this rule) -> HANG naming it; a rank in
-//         phase "reporting" (training over, its result on the way, which may have waited
-//         for a restarting coordinator) only after 4 x hang_timeout, its age counted from
-//         its last (re-)registration at the latest;
-//         (c) peers have waited in the data channel's rendezvous (phase "connecting")
-//         longer than hang_timeout (start_timeout while the rank they wait for is
-//         "starting") while it is in another phase -> HANG naming it (the one longest in
-//         its phase); every rank in the rendezvous -> HANG, no rank named.
-// Times come from the injected clock; phase ages are the worker's reported age plus the
-// time since that heartbeat.
+// deregisters. Detect() takes a snapshot of the busy workers of every running attempt not
+// reported yet and asks the failure detector's rules (failure_detector.h: lost, hang (a),
+// (b), (c)) for at most one finding per attempt; it marks lost workers LOST and reports an
+// attempt once. Times come from the injected clock.
 //
 // Thread safety: all methods are thread-safe.
 #ifndef RACKRUN_COORDINATOR_WORKERS_H_
@@ -46,17 +26,12 @@
 #include "coordinator/sync.h"
 #include "absl/time/time.h"
 #include "coordinator/clock.h"
+#include "coordinator/failure_detector.h"
 #include "rackrun/v1/job_service.pb.h"
 #include "rackrun/v1/rack_control.pb.h"
+#include "rpc/phase.h"
 
 namespace rackrun::coordinator {
-
-// A failure Detect() found, for the attempt (job_id, attempt).
-struct Finding {
-  std::string job_id;
-  int attempt = 0;
-  rackrun::v1::Failure failure;
-};
 
 // A worker the scheduler may use.
 struct IdleWorker {
@@ -120,8 +95,8 @@ class Workers {
   // Placement details of a worker (for RankPlacement); NotFound when unknown.
   absl::StatusOr<rackrun::v1::RankPlacement> Placement(const std::string& worker_id) const;
 
-  // Failures found now (see the header comment). Lost workers become LOST; an attempt is
-  // reported once.
+  // Failures found now by the rules of failure_detector.h (see the header comment), the
+  // closed streams first. Lost workers become LOST; an attempt is reported once.
   std::vector<Finding> Detect();
 
   rackrun::v1::ListWorkersResponse List(bool include_gone) const;
@@ -133,6 +108,7 @@ class Workers {
   struct Info {
     rackrun::v1::Worker w;  // id, host, pid, launcher_rank, device, channels, state, job, rank, step, phase
     std::string data_address;
+    rpc::Phase phase = rpc::Phase::kIdle;  // w.phase parsed
     int attempt = 0;
     int64_t last_heartbeat_ms = 0;
     int64_t phase_age_ms = 0;  // as reported in the last heartbeat
@@ -147,7 +123,8 @@ class Workers {
   };
 
   Info* Find(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  rackrun::v1::Failure FailureOf(const Info& w, rackrun::v1::FailureKind kind, std::string message) const;
+  // The worker as the detection rules see it.
+  static RankSnapshot SnapshotOf(const Info& w);
 
   const Clock clock_;
   const Options options_;

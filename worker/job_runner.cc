@@ -181,6 +181,20 @@ void JobRunner::RequestStop(runtime::StopReason reason) {
   if (trainer_ != nullptr) trainer_->RequestStop(reason);
 }
 
+rpc::Phase WorkerPhase(runtime::TrainPhase phase) {
+  switch (phase) {
+    case runtime::TrainPhase::kIdle: return rpc::Phase::kIdle;
+    case runtime::TrainPhase::kAgree: return rpc::Phase::kAgree;
+    case runtime::TrainPhase::kData: return rpc::Phase::kData;
+    case runtime::TrainPhase::kForwardBackward: return rpc::Phase::kForwardBackward;
+    case runtime::TrainPhase::kReduce: return rpc::Phase::kReduce;
+    case runtime::TrainPhase::kOptimizer: return rpc::Phase::kOptimizer;
+    case runtime::TrainPhase::kEvaluate: return rpc::Phase::kEvaluate;
+    case runtime::TrainPhase::kCheckpoint: return rpc::Phase::kCheckpoint;
+  }
+  return rpc::Phase::kOther;
+}
+
 JobStatus JobRunner::Status() const {
   JobStatus s;
   std::lock_guard<std::mutex> lock(mu_);
@@ -191,18 +205,18 @@ JobStatus JobRunner::Status() const {
     return s;
   }
   s.step = trainer_->steps_done();
-  s.phase = runtime::TrainPhaseName(trainer_->phase());
+  s.phase = WorkerPhase(trainer_->phase());
   if (channel_ != nullptr) {
     s.collectives = channel_->progress();
     if (s.collectives.collectives_entered > s.collectives.collectives_completed) {
-      s.phase = "collective";
+      s.phase = rpc::Phase::kCollective;
     }
   }
-  if (metrics_ != nullptr) metrics_->SetPhase(s.phase);
+  if (metrics_ != nullptr) metrics_->SetPhase(rpc::PhaseName(s.phase));
   return s;
 }
 
-void JobRunner::SetStage(const char* stage) {
+void JobRunner::SetStage(rpc::Phase stage) {
   std::lock_guard<std::mutex> lock(mu_);
   stage_ = stage;
 }
@@ -276,7 +290,7 @@ absl::StatusOr<std::unique_ptr<comm::DataChannel>> JobRunner::MakeChannel() {
 AttemptResult JobRunner::Run() {
   AttemptResult result = RunAttempt();
   std::lock_guard<std::mutex> lock(mu_);
-  stage_ = "reporting";
+  stage_ = rpc::Phase::kReporting;
   stage_step_ = result.step();
   return result;
 }
@@ -286,14 +300,14 @@ AttemptResult JobRunner::Run() {
 // attempt with a message instead of ending the worker daemon with std::terminate.
 AttemptResult JobRunner::RunAttempt() try {
   AttemptResult result;
-  const auto fail = [&](const absl::Status& s, const std::string& phase) {
+  const auto fail = [&](const absl::Status& s, rpc::Phase phase) {
     result.set_outcome(AttemptResult::FAILED);
     result.set_message(std::string(s.message()));
-    result.set_phase(phase);
+    result.set_phase(rpc::PhaseName(phase));
     return result;
   };
   reporter_ = std::make_unique<Reporter>(connection_, assignment_, options_.worker_id, this);
-  if (absl::Status s = CheckPaths(); !s.ok()) return fail(s, "starting");
+  if (absl::Status s = CheckPaths(); !s.ok()) return fail(s, rpc::Phase::kStarting);
   // What this machine cannot hold or run fails the attempt before anything is allocated
   // (before the rendezvous, like unreadable paths: the peers are not left waiting).
   if (absl::StatusOr<jobspec::JobMemoryEstimate> fits = runtime::CheckJobFitsThisMachine(
@@ -304,17 +318,17 @@ AttemptResult JobRunner::RunAttempt() try {
     return fail(absl::Status(fits.status().code(),
                              absl::StrCat(fits.status().message(), " (worker ",
                                           options_.worker_id, " on host ", options_.host, ")")),
-                "starting");
+                rpc::Phase::kStarting);
   }
 
   std::unique_ptr<comm::DataChannel> channel;
   if (assignment_.ranks() > 1) {
-    SetStage("connecting");
+    SetStage(rpc::Phase::kConnecting);
     absl::StatusOr<std::unique_ptr<comm::DataChannel>> made = MakeChannel();
-    SetStage("starting");
+    SetStage(rpc::Phase::kStarting);
     if (!made.ok()) {
       if (PeerCaused(made.status())) WaitForCancel();
-      return fail(made.status(), "connecting");
+      return fail(made.status(), rpc::Phase::kConnecting);
     }
     channel = *std::move(made);
   }
@@ -344,7 +358,8 @@ AttemptResult JobRunner::RunAttempt() try {
                                           (stage == runtime::SessionStage::kPrepare &&
                                            assignment_.rank() != 0));
     if (victim) WaitForCancel();
-    return fail(s, stage == runtime::SessionStage::kResume ? "resuming" : "starting");
+    return fail(s, stage == runtime::SessionStage::kResume ? rpc::Phase::kResuming
+                                                           : rpc::Phase::kStarting);
   }
   runtime::Trainer* trainer = &(*session)->trainer();
   // This job's Prometheus series on this rank (see training_metrics_).
@@ -384,7 +399,7 @@ AttemptResult JobRunner::RunAttempt() try {
   std::vector<runtime::TrainObserver*> observers = {&progress};
   if (training_metrics != nullptr) observers.push_back(training_metrics.get());
   absl::StatusOr<runtime::TrainSummary> summary = trainer->Run(observers);
-  const std::string phase = runtime::TrainPhaseName(trainer->phase());
+  const rpc::Phase phase = WorkerPhase(trainer->phase());
   const int64_t step = trainer->steps_done();
   runtime::StopReason requested;
   {
@@ -395,8 +410,8 @@ AttemptResult JobRunner::RunAttempt() try {
     requested = requested_;
     // Training is over on this rank: what follows (a victim's wait for the coordinator's
     // cancel, the teardown, the pending progress, then the result) is reporting, which the
-    // coordinator allows longer than a training phase (Workers::Detect).
-    stage_ = "reporting";
+    // coordinator allows longer than a training phase (coordinator/failure_detector.h, hang (b)).
+    stage_ = rpc::Phase::kReporting;
     stage_step_ = step;
   }
   result.set_step(step);

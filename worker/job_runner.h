@@ -21,6 +21,7 @@
 
 #include "comm/data_channel.h"
 #include "rackrun/v1/rack_control.pb.h"
+#include "rpc/phase.h"
 #include "runtime/trainer.h"
 #include "worker/connection.h"
 #include "worker/training_metrics.h"
@@ -43,13 +44,16 @@ struct JobRunnerOptions {
   double peak_flops = 0;  // per device, for MFU; 0 = no MFU series
 };
 
+// The trainer's phase as the heartbeat says it (the same names as runtime::TrainPhaseName).
+rpc::Phase WorkerPhase(runtime::TrainPhase phase);
+
 // What a heartbeat says about the attempt.
 struct JobStatus {
-  // runtime::TrainPhaseName, "starting", "connecting" (in the data channel's rendezvous,
-  // waiting for its peers), "collective" (blocked in one), "reporting" (training is over
-  // on this rank or never started: the rank delivers its pending progress and result,
-  // which may wait for a coordinator that is restarting; step is then the last step)
-  std::string phase;
+  // The trainer's phase (WorkerPhase), kStarting, kConnecting (in the data channel's
+  // rendezvous, waiting for its peers), kCollective (blocked in one), kReporting (training
+  // is over on this rank or never started: the rank delivers its pending progress and
+  // result, which may wait for a coordinator that is restarting; step is then the last step)
+  rpc::Phase phase = rpc::Phase::kStarting;
   int64_t step = 0;
   comm::ChannelProgress collectives;
   double step_time_s = 0;
@@ -77,7 +81,7 @@ class JobRunner {
   rackrun::v1::AttemptResult RunAttempt();
   absl::Status CheckPaths() const;
   absl::StatusOr<std::unique_ptr<comm::DataChannel>> MakeChannel();
-  void SetStage(const char* stage);
+  void SetStage(rpc::Phase stage);
   // Waits up to victim_grace for a cancel from the coordinator.
   void WaitForCancel();
 
@@ -96,7 +100,7 @@ class JobRunner {
   comm::DataChannel* channel_ = nullptr;    // guarded by mu_
   runtime::StopReason requested_ = runtime::StopReason::kNone;  // guarded by mu_
   bool cancelled_by_coordinator_ = false;   // guarded by mu_
-  const char* stage_ = "starting";          // guarded by mu_; the phase while trainer_ is not set
+  rpc::Phase stage_ = rpc::Phase::kStarting;  // guarded by mu_; the phase while trainer_ is not set
   int64_t stage_step_ = 0;                  // guarded by mu_; the step while trainer_ is not set
   std::atomic<double> step_time_s_{0};
 };

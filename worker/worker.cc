@@ -3,11 +3,13 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "rpc/phase.h"
 
 namespace rackrun::worker {
 namespace {
@@ -175,7 +177,8 @@ void Worker::StreamLoop() {
 
 void Worker::HeartbeatLoop() {
   auto phase_since = std::chrono::steady_clock::now();
-  std::string last_phase, last_attempt;
+  std::optional<rpc::Phase> last_phase;  // none before the first heartbeat
+  std::string last_attempt;
   int64_t last_step = -1, last_completed = -1;
   while (true) {
     std::shared_ptr<JobRunner> running;
@@ -189,7 +192,7 @@ void Worker::HeartbeatLoop() {
     }
     rackrun::v1::HeartbeatRequest request;
     request.set_worker_id(worker_id());
-    std::string phase = "idle";
+    rpc::Phase phase = rpc::Phase::kIdle;
     if (running != nullptr) {
       const JobStatus st = running->Status();
       request.set_job_id(running->assignment().job_id());
@@ -216,7 +219,7 @@ void Worker::HeartbeatLoop() {
       last_attempt.clear();
     }
     last_phase = phase;
-    request.set_phase(phase);
+    request.set_phase(rpc::PhaseName(phase));
     request.set_phase_age_ms(std::chrono::duration_cast<std::chrono::milliseconds>(
                                  std::chrono::steady_clock::now() - phase_since)
                                  .count());

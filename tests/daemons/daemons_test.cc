@@ -561,6 +561,12 @@ TEST_F(DaemonsTest, AttemptCancelledBeforeItStartedFreesTheWorker) {
                            "bad-delay");
   EXPECT_EQ(bad.code, 2);
   EXPECT_THAT(bad.err, HasSubstr("RACKRUN_WORKER_START_DELAY_MS='soon' is not a number"));
+  // So is a malformed fault injection (runtime/fault_injection.h).
+  const Result bad_fault = Shell(std::string("RACKRUN_FAULT=stall:rank=1 ") + RACKRUN_WORKER_BINARY +
+                                     " --coordinator 127.0.0.1:1",
+                                 "bad-fault");
+  EXPECT_EQ(bad_fault.code, 2);
+  EXPECT_THAT(bad_fault.err, HasSubstr("RACKRUN_FAULT='stall:rank=1' is malformed"));
   StartCoordinator();
   StartWorker(0);
   std::vector<std::string> env = WorkerEnv();

@@ -1,0 +1,126 @@
+// Failure detection: the rules that name the culprit of a failed attempt, not a victim.
+//
+// Workers::Detect (workers.h) takes a read-only snapshot of the busy workers of one running
+// attempt (AttemptSnapshot) and asks DetectFailure, which asks the rules below in this order
+// and returns at most one finding per running attempt:
+//   lost  the worker's Assignments stream closed (its process died: the kernel closed
+//         the connection), or no heartbeat for heartbeat_timeout while no peer of its
+//         attempt waits for it in a collective -> WORKER_LOST naming it.
+//   hang  (a) peers of its attempt have been blocked in collective n (entered = n >
+//         completed) for longer than hang_timeout while it reports entered < n, or its
+//         heartbeats stopped while its stream stays open (SIGSTOP) -> HANG naming it
+//         (when several qualify: the one furthest behind, then the lowest rank); when
+//         every rank has entered n and none is silent, HANG naming no rank, after
+//         hang_timeout + heartbeat_timeout (a rank stopped inside the collective is
+//         silent by then, and named);
+//         (b) it stays in one non-idle phase longer than hang_timeout (start_timeout for
+//         phase "starting"; ranks waiting in a collective are victims, never named by
+//         this rule) -> HANG naming it; a rank in
+//         phase "reporting" (training over, its result on the way, which may have waited
+//         for a restarting coordinator) only after 4 x hang_timeout, its age counted from
+//         its last (re-)registration at the latest;
+//         (c) peers have waited in the data channel's rendezvous (phase "connecting")
+//         longer than hang_timeout (start_timeout while the rank they wait for is
+//         "starting") while it is in another phase -> HANG naming it (the one longest in
+//         its phase); every rank in the rendezvous -> HANG, no rank named.
+// Times come from the injected clock; phase ages are the worker's reported age plus the
+// time since that heartbeat.
+//
+// The rules, one function each, asked in this order (the first that decides ends the
+// search): LostStreamRule (lost, stream closed), CollectiveHangRule (hang (a)),
+// LostSilenceRule (lost, no heartbeat), RendezvousHangRule (hang (c)), PhaseHangRule
+// (hang (b)). A rule decides when it names a failure, or when it holds the attempt back
+// (hang (a) before it may name no rank): then no later rule is asked this time.
+//
+// Bookkeeping stays with Workers: which attempts were reported, marking lost workers LOST,
+// the lock. The rules read only the snapshot, the clock time and the timeouts.
+//
+// Thread safety: pure functions.
+#ifndef RACKRUN_COORDINATOR_FAILURE_DETECTOR_H_
+#define RACKRUN_COORDINATOR_FAILURE_DETECTOR_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "rackrun/v1/job_service.pb.h"
+#include "rpc/phase.h"
+
+namespace rackrun::coordinator {
+
+// Which rule found a failure.
+enum class DetectionRule : int {
+  kLostStream,     // lost: the Assignments stream closed
+  kCollectiveHang, // hang (a)
+  kLostSilence,    // lost: no heartbeat while no peer waits for it in a collective
+  kRendezvousHang, // hang (c)
+  kPhaseHang,      // hang (b)
+};
+
+// A failure Detect() found, for the attempt (job_id, attempt).
+struct Finding {
+  std::string job_id;
+  int attempt = 0;
+  rackrun::v1::Failure failure;
+  DetectionRule rule = DetectionRule::kLostStream;
+};
+
+// One busy worker of the attempt as the coordinator last saw it.
+struct RankSnapshot {
+  int rank = 0;
+  std::string worker_id;
+  std::string host;
+  int pid = 0;
+  std::string phase_name;  // as reported (a Failure's phase and messages keep it)
+  rpc::Phase phase = rpc::Phase::kIdle;  // rpc::ParsePhase(phase_name)
+  int64_t step = 0;
+  int64_t registered_ms = 0;       // its last (re-)registration
+  int64_t last_heartbeat_ms = 0;
+  int64_t phase_age_ms = 0;        // as reported in the last heartbeat
+  int64_t entered = 0;             // collectives entered
+  int64_t blocked_n = 0;           // collective it was last seen blocked in (0: none)
+  int64_t blocked_since_ms = 0;
+  bool stream_seen = false;        // an Assignments stream was opened since registration
+  bool stream_open = false;
+};
+
+// The busy workers of one running attempt, in rank order.
+struct AttemptSnapshot {
+  std::string job_id;
+  int attempt = 0;
+  std::vector<RankSnapshot> ranks;
+};
+
+struct DetectionTimeouts {
+  int64_t heartbeat_timeout_ms = 5000;
+  int64_t hang_timeout_ms = 60000;
+  int64_t start_timeout_ms = 600000;  // hang (b) for phase "starting", hang (c) awaiting it
+};
+
+// A rank in phase "reporting" (training over, result on the way) is hung only after this
+// many hang timeouts (hang (b)).
+inline constexpr int64_t kReportingTimeouts = 4;
+
+// What one rule says about an attempt: decided = false: nothing, ask the next rule;
+// decided with a failure: the finding; decided without one: hold (no rule names anything
+// this time).
+struct Ruling {
+  bool decided = false;
+  std::optional<rackrun::v1::Failure> failure;
+};
+
+// The rules (see the header comment). `now_ms` is the clock time of the detection.
+Ruling LostStreamRule(const AttemptSnapshot& attempt, int64_t now_ms, const DetectionTimeouts& timeouts);
+Ruling CollectiveHangRule(const AttemptSnapshot& attempt, int64_t now_ms, const DetectionTimeouts& timeouts);
+Ruling LostSilenceRule(const AttemptSnapshot& attempt, int64_t now_ms, const DetectionTimeouts& timeouts);
+Ruling RendezvousHangRule(const AttemptSnapshot& attempt, int64_t now_ms, const DetectionTimeouts& timeouts);
+Ruling PhaseHangRule(const AttemptSnapshot& attempt, int64_t now_ms, const DetectionTimeouts& timeouts);
+
+// The rules in order: at most one finding for the attempt.
+std::optional<Finding> DetectFailure(const AttemptSnapshot& attempt, int64_t now_ms,
+                                     const DetectionTimeouts& timeouts);
+
+}  // namespace rackrun::coordinator
+
+#endif  // RACKRUN_COORDINATOR_FAILURE_DETECTOR_H_

@@ -1,0 +1,227 @@
+// The detection rules one by one, on hand-made snapshots (no Workers, no clock): what each
+// rule names, when it holds back, and the order DetectFailure asks them in. The same rules
+// through Workers (heartbeats on a fake clock) are in workers_test.cc.
+#include "coordinator/failure_detector.h"
+
+#include <string>
+
+#include <gtest/gtest.h>
+
+namespace rackrun::coordinator {
+namespace {
+
+using rpc::Phase;
+
+constexpr int64_t kNow = 1'000'000;
+// heartbeat 0.5 s, hang 2 s, start 2.5 s (as workers_test.cc).
+const DetectionTimeouts kTimeouts{500, 2000, 2500};
+
+// A rank that heartbeated just now, in `phase` for `age_ms`, registered long ago.
+RankSnapshot Rank(int rank, const std::string& phase, int64_t age_ms = 0) {
+  RankSnapshot r;
+  r.rank = rank;
+  r.worker_id = "w-" + std::to_string(rank + 1);
+  r.host = "host" + std::to_string(rank);
+  r.pid = 1000 + rank;
+  r.phase_name = phase;
+  r.phase = rpc::ParsePhase(phase);
+  r.step = 7;
+  r.registered_ms = kNow - 3'600'000;
+  r.last_heartbeat_ms = kNow;
+  r.phase_age_ms = age_ms;
+  r.entered = 10;
+  r.stream_seen = true;
+  r.stream_open = true;
+  return r;
+}
+
+// `r` blocked in collective n for `ms`.
+RankSnapshot Blocked(RankSnapshot r, int64_t n, int64_t ms) {
+  r.phase_name = "collective";
+  r.phase = Phase::kCollective;
+  r.entered = n;
+  r.blocked_n = n;
+  r.blocked_since_ms = kNow - ms;
+  return r;
+}
+
+RankSnapshot SilentFor(RankSnapshot r, int64_t ms) {
+  r.last_heartbeat_ms = kNow - ms;
+  return r;
+}
+
+AttemptSnapshot Attempt(std::vector<RankSnapshot> ranks) { return AttemptSnapshot{"j-1", 1, std::move(ranks)}; }
+
+void ExpectNames(const Ruling& r, rackrun::v1::FailureKind kind, int rank, const std::string& text = "") {
+  ASSERT_TRUE(r.decided);
+  ASSERT_TRUE(r.failure.has_value());
+  EXPECT_EQ(r.failure->kind(), kind);
+  EXPECT_EQ(r.failure->rank(), rank);
+  EXPECT_EQ(r.failure->time_unix_ms(), kNow);
+  EXPECT_NE(r.failure->message().find(text), std::string::npos) << r.failure->message();
+}
+
+TEST(LostStreamRuleTest, NamesTheRankWhoseStreamClosedTheFirstByWorkerId) {
+  AttemptSnapshot a = Attempt({Rank(0, "data"), Rank(1, "data"), Rank(2, "data")});
+  EXPECT_FALSE(LostStreamRule(a, kNow, kTimeouts).decided);
+  a.ranks[0].stream_seen = false;  // never opened one: not a closed stream
+  a.ranks[0].stream_open = false;
+  EXPECT_FALSE(LostStreamRule(a, kNow, kTimeouts).decided);
+  a.ranks[1].stream_open = false;
+  a.ranks[1].worker_id = "w-2";
+  a.ranks[2].stream_open = false;
+  a.ranks[2].worker_id = "w-10";  // before "w-2"
+  Ruling r = LostStreamRule(a, kNow, kTimeouts);
+  ExpectNames(r, rackrun::v1::WORKER_LOST, 2, "connection to the coordinator closed");
+  EXPECT_EQ(r.failure->worker_id(), "w-10");
+  EXPECT_EQ(r.failure->host(), "host2");
+  EXPECT_EQ(r.failure->pid(), 1002);
+  EXPECT_EQ(r.failure->phase(), "data");
+  EXPECT_EQ(r.failure->step(), 7);
+}
+
+TEST(CollectiveHangRuleTest, NamesTheRankFurthestBehindThenTheLowest) {
+  AttemptSnapshot a = Attempt({Blocked(Rank(0, ""), 8, 2100), Rank(1, "data"), Rank(2, "reduce"),
+                               Blocked(Rank(3, ""), 8, 1500)});
+  a.ranks[1].entered = 7;
+  a.ranks[2].entered = 6;
+  ExpectNames(CollectiveHangRule(a, kNow, kTimeouts), rackrun::v1::HANG, 2,
+              "rank(s) 0 wait in collective 8 for 2.1 s; it has entered only 6 collectives");
+  a.ranks[2].entered = 7;
+  ExpectNames(CollectiveHangRule(a, kNow, kTimeouts), rackrun::v1::HANG, 1);
+}
+
+TEST(CollectiveHangRuleTest, NothingBeforeTheHangTimeout) {
+  AttemptSnapshot a = Attempt({Blocked(Rank(0, ""), 8, 2000), Rank(1, "data")});
+  a.ranks[1].entered = 7;
+  EXPECT_FALSE(CollectiveHangRule(a, kNow, kTimeouts).decided);
+}
+
+TEST(CollectiveHangRuleTest, ASilentRankWithItsStreamOpenIsNamedFirst) {
+  AttemptSnapshot a = Attempt({Rank(0, "data"), SilentFor(Rank(1, "optimizer"), 600), Blocked(Rank(2, ""), 8, 2100)});
+  a.ranks[0].entered = 7;  // behind, but alive
+  a.ranks[1].entered = 8;
+  ExpectNames(CollectiveHangRule(a, kNow, kTimeouts), rackrun::v1::HANG, 1, "heartbeats stopped 0.6 s ago");
+}
+
+TEST(CollectiveHangRuleTest, EveryRankInItHoldsThenNamesNoRank) {
+  AttemptSnapshot a = Attempt({Blocked(Rank(0, ""), 3, 2500), Blocked(Rank(1, ""), 3, 2400)});
+  Ruling hold = CollectiveHangRule(a, kNow, kTimeouts);  // up to hang + heartbeat timeout
+  EXPECT_TRUE(hold.decided);
+  EXPECT_FALSE(hold.failure.has_value());
+  a.ranks[0].blocked_since_ms = kNow - 2501;
+  Ruling r = CollectiveHangRule(a, kNow, kTimeouts);
+  ExpectNames(r, rackrun::v1::HANG, -1, "every rank is in it");
+  EXPECT_EQ(r.failure->worker_id(), "");
+  EXPECT_EQ(r.failure->host(), "");
+  EXPECT_EQ(r.failure->pid(), 0);
+  EXPECT_EQ(r.failure->phase(), "collective");
+}
+
+TEST(LostSilenceRuleTest, NamesTheSilentRankUnlessAPeerWaitsInACollective) {
+  AttemptSnapshot a = Attempt({Rank(0, "data"), SilentFor(Rank(1, "data"), 501)});
+  ExpectNames(LostSilenceRule(a, kNow, kTimeouts), rackrun::v1::WORKER_LOST, 1,
+              "no heartbeat for 0.501 s (heartbeat timeout 0.5 s)");
+  a.ranks[1].last_heartbeat_ms = kNow - 500;  // not overdue yet
+  EXPECT_FALSE(LostSilenceRule(a, kNow, kTimeouts).decided);
+  a.ranks[1].last_heartbeat_ms = kNow - 501;
+  a.ranks[0] = Blocked(a.ranks[0], 4, 100);  // a peer waits for it: hang (a)'s case
+  EXPECT_FALSE(LostSilenceRule(a, kNow, kTimeouts).decided);
+}
+
+TEST(RendezvousHangRuleTest, NamesTheAwaitedRankLongestInItsPhase) {
+  AttemptSnapshot a = Attempt({Rank(0, "connecting", 2100), Rank(1, "data", 300), Rank(2, "", 400)});
+  Ruling r = RendezvousHangRule(a, kNow, kTimeouts);
+  // The empty phase counts as idle: rank 2 is awaited, longest in its phase.
+  ExpectNames(r, rackrun::v1::HANG, 2,
+              "rank(s) 0 wait in the data channel's rendezvous for 2.1 s for it; it has been in phase idle for 0.4 s");
+  a.ranks[0].phase_age_ms = 2000;
+  EXPECT_FALSE(RendezvousHangRule(a, kNow, kTimeouts).decided);
+}
+
+TEST(RendezvousHangRuleTest, AStartingRankIsAwaitedUpToTheStartTimeout) {
+  AttemptSnapshot a = Attempt({Rank(0, "connecting", 2500), Rank(1, "starting", 100)});
+  EXPECT_FALSE(RendezvousHangRule(a, kNow, kTimeouts).decided);
+  a.ranks[0].phase_age_ms = 2501;
+  ExpectNames(RendezvousHangRule(a, kNow, kTimeouts), rackrun::v1::HANG, 1, "in phase starting");
+}
+
+TEST(RendezvousHangRuleTest, EveryRankInItNamesNoRank) {
+  AttemptSnapshot a = Attempt({Rank(0, "connecting", 2100), Rank(1, "connecting", 1900)});
+  Ruling r = RendezvousHangRule(a, kNow, kTimeouts);
+  ExpectNames(r, rackrun::v1::HANG, -1, "rank(s) 0 wait in the data channel's rendezvous");
+  EXPECT_EQ(r.failure->phase(), "connecting");
+  EXPECT_EQ(r.failure->worker_id(), "");
+}
+
+TEST(PhaseHangRuleTest, ATrainingPhaseHasTheHangTimeoutAndStartingItsOwn) {
+  AttemptSnapshot a = Attempt({Rank(0, "checkpoint", 2000), Rank(1, "starting", 2500)});
+  EXPECT_FALSE(PhaseHangRule(a, kNow, kTimeouts).decided);
+  a.ranks[1].phase_age_ms = 2501;
+  ExpectNames(PhaseHangRule(a, kNow, kTimeouts), rackrun::v1::HANG, 1, "in phase starting for 2.501 s (start timeout 2.5 s)");
+  a.ranks[0].last_heartbeat_ms = kNow - 1;  // the age grows with the time since the heartbeat
+  ExpectNames(PhaseHangRule(a, kNow, kTimeouts), rackrun::v1::HANG, 0, "in phase checkpoint for 2.001 s (hang timeout 2 s)");
+}
+
+TEST(PhaseHangRuleTest, APhaseNameItDoesNotKnowIsJudgedAsATrainingPhase) {
+  AttemptSnapshot a = Attempt({Rank(0, "forward", 2001)});
+  EXPECT_EQ(a.ranks[0].phase, Phase::kOther);
+  ExpectNames(PhaseHangRule(a, kNow, kTimeouts), rackrun::v1::HANG, 0, "in phase forward for");
+}
+
+TEST(PhaseHangRuleTest, VictimsIdleAndSilentRanksAreNeverNamed) {
+  AttemptSnapshot a = Attempt({Rank(0, "idle", 99000), Rank(1, "", 99000), Rank(2, "collective", 99000),
+                               Rank(3, "connecting", 99000), SilentFor(Rank(4, "data", 99000), 501),
+                               Blocked(Rank(5, "data", 99000), 3, 10)});
+  a.ranks[5].phase_name = "data";
+  a.ranks[5].phase = Phase::kData;
+  EXPECT_FALSE(PhaseHangRule(a, kNow, kTimeouts).decided);
+}
+
+TEST(PhaseHangRuleTest, ReportingAfterFourHangTimeoutsCountedFromTheRegistration) {
+  AttemptSnapshot a = Attempt({Rank(0, "reporting", 8000)});
+  EXPECT_FALSE(PhaseHangRule(a, kNow, kTimeouts).decided);
+  a.ranks[0].phase_age_ms = 8001;
+  ExpectNames(PhaseHangRule(a, kNow, kTimeouts), rackrun::v1::HANG, 0,
+              "in phase reporting (training over, result not delivered) for 8.001 s (4 x the hang timeout of 2 s)");
+  a.ranks[0].registered_ms = kNow - 8000;  // re-registered since: its age counts from there
+  EXPECT_FALSE(PhaseHangRule(a, kNow, kTimeouts).decided);
+}
+
+TEST(DetectFailureTest, AsksTheRulesInOrderAndSaysWhichFound) {
+  // A closed stream comes before a silent rank.
+  AttemptSnapshot a = Attempt({SilentFor(Rank(0, "data"), 600), Rank(1, "data")});
+  a.ranks[1].stream_open = false;
+  std::optional<Finding> f = DetectFailure(a, kNow, kTimeouts);
+  ASSERT_TRUE(f.has_value());
+  EXPECT_EQ(f->job_id, "j-1");
+  EXPECT_EQ(f->attempt, 1);
+  EXPECT_EQ(f->rule, DetectionRule::kLostStream);
+  EXPECT_EQ(f->failure.rank(), 1);
+  a.ranks[1].stream_open = true;
+  f = DetectFailure(a, kNow, kTimeouts);
+  ASSERT_TRUE(f.has_value());
+  EXPECT_EQ(f->rule, DetectionRule::kLostSilence);
+  EXPECT_EQ(f->failure.rank(), 0);
+}
+
+TEST(DetectFailureTest, TheCollectiveRuleHoldingStopsTheLaterRules) {
+  // Every rank has entered collective 3; rank 1 completed it and sits in a phase past the
+  // hang timeout. While hang (a) holds, hang (b) is not asked.
+  AttemptSnapshot a = Attempt({Blocked(Rank(0, ""), 3, 2100), Rank(1, "optimizer", 2100)});
+  a.ranks[1].entered = 3;
+  EXPECT_FALSE(DetectFailure(a, kNow, kTimeouts).has_value());
+  a.ranks[0].blocked_since_ms = kNow - 1000;  // not waiting long enough: hang (b) names rank 1
+  std::optional<Finding> f = DetectFailure(a, kNow, kTimeouts);
+  ASSERT_TRUE(f.has_value());
+  EXPECT_EQ(f->rule, DetectionRule::kPhaseHang);
+  EXPECT_EQ(f->failure.rank(), 1);
+}
+
+TEST(DetectFailureTest, NothingWrongNothingFound) {
+  EXPECT_FALSE(DetectFailure(Attempt({}), kNow, kTimeouts).has_value());
+  EXPECT_FALSE(DetectFailure(Attempt({Rank(0, "data", 100), Rank(1, "connecting", 100)}), kNow, kTimeouts).has_value());
+}
+
+}  // namespace
+}  // namespace rackrun::coordinator
