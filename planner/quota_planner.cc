@@ -88,6 +88,145 @@ void QuotaSplit::CumulativeColumn(size_t g, int64_t q, int64_t left, int64_t* co
   }
 }
 
+// Remainder buckets: 256 rather than 16 costs four more vectorized counting passes but
+// leaves so few sources in the edge bucket that it is usually taken whole, which skips
+// the scalar pass that lists it (EP256: -5% instructions, ~-15% time). Any monotone
+// bucketing gives the same split: the edge bucket is resolved on exact remainders.
+constexpr int kBuckets = 256;
+
+// Largest remainders, first pass: col[s] = floor(r_s * q / left) for every source (the
+// column's first write), r_s reduced by it, and each source's remainder bucket in bucket_
+// (-1: no remainder). Returns the floors' sum.
+int64_t QuotaSplit::FloorColumn(size_t g, int64_t q, int64_t left, double inv, double* remaining,
+                                int64_t* col) {
+  int32_t* bucket = bucket_.data();
+  const double qd = static_cast<double>(q);
+  const double leftd = static_cast<double>(left);
+  const double to_bucket = static_cast<double>(kBuckets) * inv;
+  int64_t floor_sum = 0;
+  if (left < (int64_t{1} << 26)) {
+    // floor(r * q / left) from a reciprocal estimate, corrected exactly (off by <= 1).
+    int64_t* __restrict out_col = col;
+    double* __restrict out_remaining = remaining;
+    int32_t* __restrict out_bucket = bucket;
+    int32_t small_sum = 0;  // <= q < 2^26
+    for (size_t s = 0; s < g; ++s) {
+      const double r = out_remaining[s];
+      const double p = r * qd;
+      // Truncation through int32 (exact: f <= r < 2^26) instead of std::floor, and no
+      // comparisons, so the loop vectorizes.
+      double f = static_cast<double>(static_cast<int32_t>(p * inv));
+      double rem = p - f * leftd;  // exact; in [-left, 2 * left) as f is off by <= 1
+      // fix = floor((rem + 0.5) / left) in {-1, 0, 1}: that value stays 1 / (2 * left)
+      // away from every integer, far more than the rounding of the reciprocal.
+      const double fix = static_cast<double>(static_cast<int32_t>((rem + 0.5) * inv + 1.0)) - 1.0;
+      f += fix;
+      rem -= fix * leftd;
+      out_col[s] = ExactToInt(f);  // the column's first write
+      out_remaining[s] = r - f;
+      // Bucket of rem / left, monotone in rem; -1 for no remainder. Fused here (and the
+      // floors' sum) so the column takes one pass instead of three. The remainders
+      // themselves are not kept: the few sources in the edge bucket recompute theirs.
+      const int b =
+          static_cast<int>(std::min(static_cast<double>(kBuckets - 1), rem * to_bucket));
+      out_bucket[s] = rem > 0 ? b : -1;
+      small_sum += static_cast<int32_t>(f);  // an integer sum, so the loop still vectorizes
+    }
+    floor_sum = small_sum;
+  } else {
+    for (size_t s = 0; s < g; ++s) {
+      int64_t rem = 0;
+      const int64_t r = static_cast<int64_t>(remaining[s]);
+      const int64_t f = FloorMulDiv(r, q, left, inv, &rem);
+      col[s] = f;  // the column's first write
+      remaining[s] = static_cast<double>(r - f);
+      const double remd = static_cast<double>(rem);
+      const int b =
+          static_cast<int>(std::min(static_cast<double>(kBuckets - 1), remd * to_bucket));
+      bucket[s] = rem > 0 ? b : -1;
+      floor_sum += f;
+    }
+  }
+  return floor_sum;
+}
+
+// Largest remainders, second pass: the `leftover` = q - sum(floor) tokens go one each to
+// the sources with the largest remainders r_s * q mod left, ties to the lower source, found
+// through the remainder buckets FloorColumn left in bucket_.
+void QuotaSplit::GiveLeftover(size_t g, int64_t q, int64_t left, double inv, int64_t leftover,
+                              double* remaining, int64_t* col) {
+  const int32_t* bucket = bucket_.data();
+  // The edge bucket: the largest b with at least `leftover` sources in buckets >= b,
+  // by binary search over the kBuckets buckets with vectorized counting passes.
+  const auto count_from = [bucket, g](int b) {
+    int32_t count = 0;
+    for (size_t s = 0; s < g; ++s) count += bucket[s] >= b ? 1 : 0;
+    return static_cast<int64_t>(count);
+  };
+  int edge = 0;
+  int beyond = kBuckets;  // count_from(edge) >= leftover > count_from(beyond)
+  int64_t count_edge = -1;  // count_from(edge) once probed
+  int64_t count_beyond = 0;  // count_from(beyond): 0 for kBuckets
+  while (beyond - edge > 1) {
+    const int mid = (edge + beyond) / 2;
+    const int64_t count = count_from(mid);
+    if (count >= leftover) {
+      edge = mid;
+      count_edge = count;
+    } else {
+      beyond = mid;
+      count_beyond = count;
+    }
+  }
+  if (count_edge < 0) count_edge = count_from(edge);
+  // Every source in a bucket above `edge` (beyond == edge + 1 here) gets a token;
+  // `take` of the sources in bucket `edge` do, the largest remainders first, ties to
+  // the lower source.
+  const int64_t above_edge = count_beyond;
+  leftover -= above_edge;
+  const int64_t take = leftover;
+  // Sources in the edge bucket all take a token when `take` is all of them: then they
+  // join the vectorized pass below and no list is built.
+  const int64_t in_edge = count_edge - above_edge;
+  const int from = take == in_edge ? edge : edge + 1;
+  for (size_t s = 0; s < g; ++s) {
+    const int32_t above = std::min(std::max(bucket[s] - from + 1, 0), 1);
+    col[s] += above;
+    remaining[s] -= static_cast<double>(above);
+  }
+  if (take > 0 && take < in_edge) {
+    // The edge bucket holds a few sources (about g / kBuckets): find them eight at a
+    // time (one vector compare per group; bucket_ is padded to a multiple of eight
+    // with -2) and recompute their exact remainders, r * q mod left, from the floor
+    // and the new remaining count (both untouched for them since the floor pass).
+    TiedSource* tied = tied_.data();
+    size_t num_tied = 0;
+    for (size_t s0 = 0; s0 < g; s0 += 8) {
+      int32_t hit = 0;
+      for (size_t l = 0; l < 8; ++l) hit |= bucket[s0 + l] == edge ? 1 : 0;
+      if (hit == 0) continue;
+      for (size_t l = 0; l < 8; ++l) {
+        const size_t s = s0 + l;
+        if (bucket[s] != edge) continue;
+        const int64_t f = col[s];
+        int64_t rem = 0;
+        FloorMulDiv(static_cast<int64_t>(remaining[s]) + f, q, left, inv, &rem);
+        tied[num_tied++] = TiedSource{rem, static_cast<int32_t>(s)};
+      }
+    }
+    // Only which sources are among the `take` largest matters, not their order.
+    const auto larger = [](const TiedSource& a, const TiedSource& b) {
+      return a.remainder != b.remainder ? a.remainder > b.remainder : a.source < b.source;
+    };
+    std::nth_element(tied, tied + (take - 1), tied + num_tied, larger);
+    for (int64_t c = 0; c < take; ++c) {
+      const size_t s = static_cast<size_t>(tied[c].source);
+      col[s] += 1;
+      remaining[s] -= 1;
+    }
+  }
+}
+
 void QuotaSplit::SplitExpert(const LoadMatrix& loads, int e, const double* loads_column,
                              Plan* out) {
   const Plan& plan = *out;
@@ -127,12 +266,6 @@ void QuotaSplit::SplitExpert(const LoadMatrix& loads, int e, const double* loads
 
   // 2. Proportional with largest remainders, one instance at a time; instance 0 (the
   // master) takes what is left.
-  // Remainder buckets: 256 rather than 16 costs four more vectorized counting passes but
-  // leaves so few sources in the edge bucket that it is usually taken whole, which skips
-  // the scalar pass that lists it (EP256: -5% instructions, ~-15% time). Any monotone
-  // bucketing gives the same split: the edge bucket is resolved on exact remainders.
-  constexpr int kBuckets = 256;
-  int32_t* bucket = bucket_.data();
   for (int j = 1; j < k && left > 0; ++j) {
     const int64_t q = quota_left_[static_cast<size_t>(j)];
     if (q == 0) continue;
@@ -146,132 +279,17 @@ void QuotaSplit::SplitExpert(const LoadMatrix& loads, int e, const double* loads
       left = 0;
       break;
     }
-    const double qd = static_cast<double>(q);
-    const double leftd = static_cast<double>(left);
-    const double inv = 1.0 / leftd;
+    const double inv = 1.0 / static_cast<double>(left);
     if (rounding_ == SplitRounding::kCumulative) {
       CumulativeColumn(g, q, left, col);
       left -= q;
       continue;
     }
-    const double to_bucket = static_cast<double>(kBuckets) * inv;
-    int64_t floor_sum = 0;
-    if (left < (int64_t{1} << 26)) {
-      // floor(r * q / left) from a reciprocal estimate, corrected exactly (off by <= 1).
-      int64_t* __restrict out_col = col;
-      double* __restrict out_remaining = remaining;
-      int32_t* __restrict out_bucket = bucket;
-      int32_t small_sum = 0;  // <= q < 2^26
-      for (size_t s = 0; s < g; ++s) {
-        const double r = out_remaining[s];
-        const double p = r * qd;
-        // Truncation through int32 (exact: f <= r < 2^26) instead of std::floor, and no
-        // comparisons, so the loop vectorizes.
-        double f = static_cast<double>(static_cast<int32_t>(p * inv));
-        double rem = p - f * leftd;  // exact; in [-left, 2 * left) as f is off by <= 1
-        // fix = floor((rem + 0.5) / left) in {-1, 0, 1}: that value stays 1 / (2 * left)
-        // away from every integer, far more than the rounding of the reciprocal.
-        const double fix = static_cast<double>(static_cast<int32_t>((rem + 0.5) * inv + 1.0)) - 1.0;
-        f += fix;
-        rem -= fix * leftd;
-        out_col[s] = ExactToInt(f);  // the column's first write
-        out_remaining[s] = r - f;
-        // Bucket of rem / left, monotone in rem; -1 for no remainder. Fused here (and the
-        // floors' sum) so the column takes one pass instead of three. The remainders
-        // themselves are not kept: the few sources in the edge bucket recompute theirs.
-        const int b =
-            static_cast<int>(std::min(static_cast<double>(kBuckets - 1), rem * to_bucket));
-        out_bucket[s] = rem > 0 ? b : -1;
-        small_sum += static_cast<int32_t>(f);  // an integer sum, so the loop still vectorizes
-      }
-      floor_sum = small_sum;
-    } else {
-      for (size_t s = 0; s < g; ++s) {
-        int64_t rem = 0;
-        const int64_t r = static_cast<int64_t>(remaining[s]);
-        const int64_t f = FloorMulDiv(r, q, left, inv, &rem);
-        col[s] = f;  // the column's first write
-        remaining[s] = static_cast<double>(r - f);
-        const double remd = static_cast<double>(rem);
-        const int b =
-            static_cast<int>(std::min(static_cast<double>(kBuckets - 1), remd * to_bucket));
-        bucket[s] = rem > 0 ? b : -1;
-        floor_sum += f;
-      }
-    }
+    const int64_t floor_sum = FloorColumn(g, q, left, inv, remaining, col);
     // Leftover = sum(rem) / left = (q * sum(r) - left * sum(floor)) / left = q - sum(floor),
-    // as sum(r) = left; counted as the sources above the edge bucket below.
-    int64_t leftover = q - floor_sum;
-    if (leftover > 0) {
-      // The edge bucket: the largest b with at least `leftover` sources in buckets >= b,
-      // by binary search over the kBuckets buckets with vectorized counting passes.
-      const auto count_from = [bucket, g](int b) {
-        int32_t count = 0;
-        for (size_t s = 0; s < g; ++s) count += bucket[s] >= b ? 1 : 0;
-        return static_cast<int64_t>(count);
-      };
-      int edge = 0;
-      int beyond = kBuckets;  // count_from(edge) >= leftover > count_from(beyond)
-      int64_t count_edge = -1;  // count_from(edge) once probed
-      int64_t count_beyond = 0;  // count_from(beyond): 0 for kBuckets
-      while (beyond - edge > 1) {
-        const int mid = (edge + beyond) / 2;
-        const int64_t count = count_from(mid);
-        if (count >= leftover) {
-          edge = mid;
-          count_edge = count;
-        } else {
-          beyond = mid;
-          count_beyond = count;
-        }
-      }
-      if (count_edge < 0) count_edge = count_from(edge);
-      // Every source in a bucket above `edge` (beyond == edge + 1 here) gets a token;
-      // `take` of the sources in bucket `edge` do, the largest remainders first, ties to
-      // the lower source.
-      const int64_t above_edge = count_beyond;
-      leftover -= above_edge;
-      const int64_t take = leftover;
-      // Sources in the edge bucket all take a token when `take` is all of them: then they
-      // join the vectorized pass below and no list is built.
-      const int64_t in_edge = count_edge - above_edge;
-      const int from = take == in_edge ? edge : edge + 1;
-      for (size_t s = 0; s < g; ++s) {
-        const int32_t above = std::min(std::max(bucket[s] - from + 1, 0), 1);
-        col[s] += above;
-        remaining[s] -= static_cast<double>(above);
-      }
-      if (take > 0 && take < in_edge) {
-        // The edge bucket holds a few sources (about g / kBuckets): find them eight at a
-        // time (one vector compare per group; bucket_ is padded to a multiple of eight
-        // with -2) and recompute their exact remainders, r * q mod left, from the floor
-        // and the new remaining count (both untouched for them since the floor pass).
-        TiedSource* tied = tied_.data();
-        size_t num_tied = 0;
-        for (size_t s0 = 0; s0 < g; s0 += 8) {
-          int32_t hit = 0;
-          for (size_t l = 0; l < 8; ++l) hit |= bucket[s0 + l] == edge ? 1 : 0;
-          if (hit == 0) continue;
-          for (size_t l = 0; l < 8; ++l) {
-            const size_t s = s0 + l;
-            if (bucket[s] != edge) continue;
-            const int64_t f = col[s];
-            int64_t rem = 0;
-            FloorMulDiv(static_cast<int64_t>(remaining[s]) + f, q, left, inv, &rem);
-            tied[num_tied++] = TiedSource{rem, static_cast<int32_t>(s)};
-          }
-        }
-        // Only which sources are among the `take` largest matters, not their order.
-        const auto larger = [](const TiedSource& a, const TiedSource& b) {
-          return a.remainder != b.remainder ? a.remainder > b.remainder : a.source < b.source;
-        };
-        std::nth_element(tied, tied + (take - 1), tied + num_tied, larger);
-        for (int64_t c = 0; c < take; ++c) {
-          const size_t s = static_cast<size_t>(tied[c].source);
-          col[s] += 1;
-          remaining[s] -= 1;
-        }
-      }
+    // as sum(r) = left: one token each to the sources with the largest remainders.
+    if (const int64_t leftover = q - floor_sum; leftover > 0) {
+      GiveLeftover(g, q, left, inv, leftover, remaining, col);
     }
     left -= q;
   }

@@ -46,6 +46,13 @@ class QuotaSplit {
   // `loads_column` is e's column of the loads (ranks entries).
   void SplitExpert(const LoadMatrix& loads, int e, const double* loads_column, Plan* out);
 
+  // kLargestRemainder for one instance column (remaining quota q of `left` remaining
+  // tokens, inv = 1 / left): the floors with their remainder buckets (returns their sum),
+  // then the leftover tokens to the largest remainders.
+  int64_t FloorColumn(size_t g, int64_t q, int64_t left, double inv, double* remaining,
+                      int64_t* col);
+  void GiveLeftover(size_t g, int64_t q, int64_t left, double inv, int64_t leftover,
+                    double* remaining, int64_t* col);
   // kCumulative for one instance column: remaining quota q of `left` remaining tokens.
   void CumulativeColumn(size_t g, int64_t q, int64_t left, int64_t* col);
 
