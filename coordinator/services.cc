@@ -60,7 +60,7 @@ absl::Status CheckSubmittedSpec(const rackrun::v1::JobSpec& spec) {
 
 // ---- JobService ----
 
-grpc::Status JobServiceImpl::Admit(const grpc::ServerContext& ctx) const {
+grpc::Status ServiceBase::Admit(const grpc::ServerContext& ctx) const {
   if (grpc::Status s = auth_->Check(ctx); !s.ok()) return s;
   if (!gate_->serving()) return Unavailable();
   return grpc::Status::OK;
@@ -144,12 +144,6 @@ grpc::Status JobServiceImpl::ListWorkers(grpc::ServerContext* ctx, const rackrun
 }
 
 // ---- RackControl ----
-
-grpc::Status RackControlImpl::Admit(const grpc::ServerContext& ctx) const {
-  if (grpc::Status s = auth_->Check(ctx); !s.ok()) return s;
-  if (!gate_->serving()) return Unavailable();
-  return grpc::Status::OK;
-}
 
 grpc::Status RackControlImpl::Register(grpc::ServerContext* ctx, const rackrun::v1::RegisterRequest* req,
                                        rackrun::v1::RegisterResponse* resp) {

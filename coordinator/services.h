@@ -34,11 +34,25 @@ class ServingGate {
   std::atomic<bool> serving_{false};
 };
 
-class JobServiceImpl final : public rackrun::v1::JobService::Service {
+// What both services hold: the rack, the token check, the serving gate and the poll
+// interval of their streams. Admit (token, then gate) is the first step of every call.
+class ServiceBase {
+ protected:
+  ServiceBase(Rack* rack, const TokenAuth* auth, const ServingGate* gate, absl::Duration poll)
+      : rack_(rack), auth_(auth), gate_(gate), poll_(poll) {}
+  grpc::Status Admit(const grpc::ServerContext& ctx) const;
+
+  Rack* const rack_;
+  const TokenAuth* const auth_;
+  const ServingGate* const gate_;
+  const absl::Duration poll_;
+};
+
+class JobServiceImpl final : public rackrun::v1::JobService::Service, private ServiceBase {
  public:
   JobServiceImpl(Rack* rack, const TokenAuth* auth, const ServingGate* gate,
                  absl::Duration poll = kStreamPoll)
-      : rack_(rack), auth_(auth), gate_(gate), poll_(poll) {}
+      : ServiceBase(rack, auth, gate, poll) {}
 
   grpc::Status Submit(grpc::ServerContext* ctx, const rackrun::v1::SubmitRequest* req,
                       rackrun::v1::SubmitResponse* resp) override;
@@ -52,20 +66,13 @@ class JobServiceImpl final : public rackrun::v1::JobService::Service {
                      grpc::ServerWriter<rackrun::v1::JobEvent>* writer) override;
   grpc::Status ListWorkers(grpc::ServerContext* ctx, const rackrun::v1::ListWorkersRequest* req,
                            rackrun::v1::ListWorkersResponse* resp) override;
-
- private:
-  grpc::Status Admit(const grpc::ServerContext& ctx) const;
-  Rack* const rack_;
-  const TokenAuth* const auth_;
-  const ServingGate* const gate_;
-  const absl::Duration poll_;
 };
 
-class RackControlImpl final : public rackrun::v1::RackControl::Service {
+class RackControlImpl final : public rackrun::v1::RackControl::Service, private ServiceBase {
  public:
   RackControlImpl(Rack* rack, const TokenAuth* auth, const ServingGate* gate,
-                 absl::Duration poll = kStreamPoll)
-      : rack_(rack), auth_(auth), gate_(gate), poll_(poll) {}
+                  absl::Duration poll = kStreamPoll)
+      : ServiceBase(rack, auth, gate, poll) {}
 
   grpc::Status Register(grpc::ServerContext* ctx, const rackrun::v1::RegisterRequest* req,
                         rackrun::v1::RegisterResponse* resp) override;
@@ -83,13 +90,6 @@ class RackControlImpl final : public rackrun::v1::RackControl::Service {
                         rackrun::v1::StoreGetResponse* resp) override;
   grpc::Status Plans(grpc::ServerContext* ctx,
                      grpc::ServerReaderWriter<rackrun::v1::PlanReply, rackrun::v1::LoadRow>* stream) override;
-
- private:
-  grpc::Status Admit(const grpc::ServerContext& ctx) const;
-  Rack* const rack_;
-  const TokenAuth* const auth_;
-  const ServingGate* const gate_;
-  const absl::Duration poll_;
 };
 
 // Submit's checks of a spec that has been defaulted: ValidateJobSpec, the restart policy,
