@@ -91,7 +91,7 @@ struct CheckpointFolderRun {
   // The folder's checkpoints are not this run's: move them aside instead of refusing
   // (checkpoint.start_over). Ignored when the run continues the folder's own checkpoints.
   bool start_over = false;
-  // Who the run is ("job 17" for a daemon job), written to `<dir>/OWNER` when the run
+  // Who the run is ("job j-17" for daemon job j-17), written to `<dir>/OWNER` when the run
   // starts the folder (it does not continue the folder's checkpoints); empty: "pid P on
   // host H". A restarted daemon job continues a folder only if it is the owner.
   std::string owner;

@@ -295,6 +295,49 @@ AttemptResult JobRunner::Run() {
   return result;
 }
 
+// The attempt's result from the trainer's summary: its outcome, or the failure (a victim's
+// after waiting for the coordinator's cancel, so the culprit is named first).
+AttemptResult JobRunner::ResultOf(const absl::StatusOr<runtime::TrainSummary>& summary,
+                                  rpc::Phase phase, int64_t step, runtime::StopReason requested) {
+  AttemptResult result;
+  result.set_step(step);
+  if (!summary.ok()) {
+    if (PeerCaused(summary.status())) WaitForCancel();
+    result.set_outcome(AttemptResult::FAILED);
+    result.set_message(std::string(summary.status().message()));
+    result.set_phase(rpc::PhaseName(phase));
+    return result;
+  }
+  result.set_checkpoint(summary->last_checkpoint);
+  result.set_final_loss(summary->final_loss);
+  if (summary->final_val_loss.has_value()) result.set_final_val_loss(*summary->final_val_loss);
+  switch (summary->stopped) {
+    case runtime::StopReason::kNone:
+      result.set_outcome(AttemptResult::SUCCEEDED);
+      break;
+    case runtime::StopReason::kCancel:
+      result.set_outcome(AttemptResult::CANCELLED);
+      result.set_message(absl::StrCat("stopped at step ", step, " (cancelled)"));
+      break;
+    case runtime::StopReason::kDrain:
+      if (requested == runtime::StopReason::kDrain) {
+        result.set_outcome(AttemptResult::DRAINED);
+        result.set_message(absl::StrCat("worker ", options_.worker_id, " on ", options_.host,
+                                        " shut down; stopped at step ", step,
+                                        summary->last_checkpoint.empty()
+                                            ? std::string(" (no checkpoint.dir)")
+                                            : " after a checkpoint"));
+      } else {
+        // A peer rank shuts down; it reports DRAINED and is the one named.
+        WaitForCancel();
+        result.set_outcome(AttemptResult::CANCELLED);
+        result.set_message(absl::StrCat("stopped at step ", step, " because a peer rank shut down"));
+      }
+      break;
+  }
+  return result;
+}
+
 // A function-try-block: an allocation failure anywhere in the attempt (the trainer's
 // model, a checkpoint, a collective's buffers) or a thread that cannot be started fails the
 // attempt with a message instead of ending the worker daemon with std::terminate.
@@ -414,40 +457,7 @@ AttemptResult JobRunner::RunAttempt() try {
     stage_ = rpc::Phase::kReporting;
     stage_step_ = step;
   }
-  result.set_step(step);
-  if (!summary.ok()) {
-    if (PeerCaused(summary.status())) WaitForCancel();
-    fail(summary.status(), phase);
-    result.set_step(step);
-  } else {
-    result.set_checkpoint(summary->last_checkpoint);
-    result.set_final_loss(summary->final_loss);
-    if (summary->final_val_loss.has_value()) result.set_final_val_loss(*summary->final_val_loss);
-    switch (summary->stopped) {
-      case runtime::StopReason::kNone:
-        result.set_outcome(AttemptResult::SUCCEEDED);
-        break;
-      case runtime::StopReason::kCancel:
-        result.set_outcome(AttemptResult::CANCELLED);
-        result.set_message(absl::StrCat("stopped at step ", step, " (cancelled)"));
-        break;
-      case runtime::StopReason::kDrain:
-        if (requested == runtime::StopReason::kDrain) {
-          result.set_outcome(AttemptResult::DRAINED);
-          result.set_message(absl::StrCat("worker ", options_.worker_id, " on ", options_.host,
-                                          " shut down; stopped at step ", step,
-                                          summary->last_checkpoint.empty()
-                                              ? std::string(" (no checkpoint.dir)")
-                                              : " after a checkpoint"));
-        } else {
-          // A peer rank shuts down; it reports DRAINED and is the one named.
-          WaitForCancel();
-          result.set_outcome(AttemptResult::CANCELLED);
-          result.set_message(absl::StrCat("stopped at step ", step, " because a peer rank shut down"));
-        }
-        break;
-    }
-  }
+  result = ResultOf(summary, phase, step, requested);
   // Trainer first (its expert-parallel group uses the channel and the plan source), then
   // the plan stream, then the channel: the worker is ready for the next job.
   session->reset();

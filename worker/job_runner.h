@@ -79,6 +79,9 @@ class JobRunner {
   class ProgressObserver;
 
   rackrun::v1::AttemptResult RunAttempt();
+  rackrun::v1::AttemptResult ResultOf(const absl::StatusOr<runtime::TrainSummary>& summary,
+                                      rpc::Phase phase, int64_t step,
+                                      runtime::StopReason requested);
   absl::Status CheckPaths() const;
   absl::StatusOr<std::unique_ptr<comm::DataChannel>> MakeChannel();
   void SetStage(rpc::Phase stage);

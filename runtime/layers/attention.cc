@@ -10,7 +10,18 @@
 #include "runtime/cpu/parallel.h"
 
 namespace rackrun::runtime {
+
 namespace {
+
+// Runs body(bh, b, h) for every (sequence b, head h) pair bh = b * heads + h, over the
+// OpenMP threads (static schedule) when the work, pairs x seq^2, is large enough.
+template <typename Body>
+void ForEachSequenceHead(int batch, int heads, int seq, Body&& body) {
+  const int pairs = batch * heads;
+#pragma omp parallel for schedule(static) if (static_cast<int64_t>(pairs) * seq * seq >= \
+                                              cpu::kParallelMinWork)
+  for (int bh = 0; bh < pairs; ++bh) body(bh, bh / heads, bh % heads);
+}
 
 // Query rows per causal block: keys beyond the block's last row are never computed.
 constexpr int kQueryBlock = 64;
@@ -94,11 +105,7 @@ void Attention<T>::Forward(const T* u, int batch, int seq, const int32_t* doc_st
   ApplyRope(qkv_.data(), tokens, seq, /*inverse=*/false);
 
   const T scale = T(1) / std::sqrt(static_cast<T>(d));
-  const int pairs = batch * heads_;
-#pragma omp parallel for schedule(static) if (static_cast <int64_t>(pairs) * seq * seq >= \
-                                              cpu::kParallelMinWork)
-  for (int bh = 0; bh < pairs; ++bh) {
-    const int b = bh / heads_, h = bh % heads_;
+  ForEachSequenceHead(batch, heads_, seq, [&](int bh, int b, int h) {
     const T* q = qkv_.data() + static_cast<int64_t>(b) * seq * c3 + h * d;
     const T* k = q + c;
     const T* v = q + 2 * c;
@@ -129,7 +136,7 @@ void Attention<T>::Forward(const T* u, int batch, int seq, const int32_t* doc_st
                          v + static_cast<int64_t>(k0) * c3, c3, T(0),
                          o + static_cast<int64_t>(i0) * c, c);
     }
-  }
+  });
   cpu::Gemm<T>(false, false, static_cast<int>(tokens), c, c, T(1), attn_.data(), c,
                wo_.value.data(), c, T(0), out, c);
 }
@@ -152,11 +159,7 @@ void Attention<T>::Backward(const T* dout, T* du) {
                T(0), dattn_.data(), c);
 
   const T scale = T(1) / std::sqrt(static_cast<T>(d));
-  const int pairs = batch * heads_;
-#pragma omp parallel for schedule(static) if (static_cast <int64_t>(pairs) * seq * seq >= \
-                                              cpu::kParallelMinWork)
-  for (int bh = 0; bh < pairs; ++bh) {
-    const int b = bh / heads_, h = bh % heads_;
+  ForEachSequenceHead(batch, heads_, seq, [&](int bh, int b, int h) {
     const int64_t base = static_cast<int64_t>(b) * seq * c3 + h * d;
     const T* q = qkv_.data() + base;
     const T* k = q + c;
@@ -203,7 +206,7 @@ void Attention<T>::Backward(const T* dout, T* du) {
                          q + static_cast<int64_t>(i0) * c3, c3, T(1),
                          dk + static_cast<int64_t>(k0) * c3, c3);
     }
-  }
+  });
   // Rotary is orthogonal: its transpose is the inverse rotation.
   ApplyRope(dqkv_.data(), tokens, seq, /*inverse=*/true);
 

@@ -14,6 +14,28 @@
 namespace rackrun::runtime {
 namespace {
 
+// out[t] (+)= sum over j < k of w[t, j] * src[row[t, j]] (w = 1 when `weights` is null): the
+// k dispatched rows of every token gathered back to it, overwriting `out` unless `add`.
+// Parallel over tokens (static schedule), so sums keep their order on any thread count.
+template <typename T>
+void GatherRows(int64_t tokens, int k, int c, const int64_t* row, const T* weights, const T* src,
+                bool add, T* out) {
+#pragma omp parallel for schedule(static) if (tokens * k * c >= cpu::kParallelMinWork)
+  for (int64_t t = 0; t < tokens; ++t) {
+    T* o = out + t * c;
+    if (!add) std::fill(o, o + c, T(0));
+    for (int j = 0; j < k; ++j) {
+      const T* y = src + row[t * k + j] * c;
+      if (weights == nullptr) {
+        for (int i = 0; i < c; ++i) o[i] += y[i];
+      } else {
+        const T g = weights[t * k + j];
+        for (int i = 0; i < c; ++i) o[i] += g * y[i];
+      }
+    }
+  }
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------- SwiGLU math
@@ -145,12 +167,18 @@ void RunExpertBatches(std::span<const int64_t> offsets, int64_t work_per_row,
 }
 
 template <typename T>
-absl::Status LocalExpertExecutor<T>::Forward(std::span<const int64_t> offsets, const T* dispatched,
-                                             T* expert_out) {
+absl::Status LocalExpertExecutor<T>::CheckHoldsEveryExpert(std::span<const int64_t> offsets) const {
   if (static_cast<int>(offsets.size()) != experts_->count() + 1) {
     return absl::FailedPreconditionError(
         "this MoE layer holds a shard of its experts; run it with an expert-parallel executor");
   }
+  return absl::OkStatus();
+}
+
+template <typename T>
+absl::Status LocalExpertExecutor<T>::Forward(std::span<const int64_t> offsets, const T* dispatched,
+                                             T* expert_out) {
+  if (absl::Status s = CheckHoldsEveryExpert(offsets); !s.ok()) return s;
   const int64_t rows = offsets.back();
   const int f = experts_->hidden();
   const int c = experts_->width();
@@ -168,10 +196,7 @@ absl::Status LocalExpertExecutor<T>::Forward(std::span<const int64_t> offsets, c
 template <typename T>
 absl::Status LocalExpertExecutor<T>::Backward(std::span<const int64_t> offsets,
                                               const T* dexpert_out, T* ddispatched) {
-  if (static_cast<int>(offsets.size()) != experts_->count() + 1) {
-    return absl::FailedPreconditionError(
-        "this MoE layer holds a shard of its experts; run it with an expert-parallel executor");
-  }
+  if (absl::Status s = CheckHoldsEveryExpert(offsets); !s.ok()) return s;
   const int64_t rows = offsets.back();
   const int f = experts_->hidden();
   const int c = experts_->width();
@@ -343,18 +368,7 @@ absl::Status MoeLayer<T>::Forward(const T* u, int64_t tokens, T* out) {
     shared_->Forward(0, tokens, xn_.data(), shared_h13_.data(), shared_act_.data(), out);
   }
   const double t1 = base::NowSeconds();
-  const T* eo = expert_out_.data();
-  const bool add = shared_ != nullptr;
-#pragma omp parallel for schedule(static) if (tokens * k * c >= cpu::kParallelMinWork)
-  for (int64_t t = 0; t < tokens; ++t) {
-    T* o = out + t * c;
-    if (!add) std::fill(o, o + c, T(0));
-    for (int j = 0; j < k; ++j) {
-      const T g = w[t * k + j];
-      const T* y = eo + row[t * k + j] * c;
-      for (int i = 0; i < c; ++i) o[i] += g * y[i];
-    }
-  }
+  GatherRows(tokens, k, c, row, w, expert_out_.data(), /*add=*/shared_ != nullptr, out);
   routing_seconds_ += base::NowSeconds() - t1;
   return absl::OkStatus();
 }
@@ -435,17 +449,8 @@ absl::Status MoeLayer<T>::Backward(const T* dout, T grad_scale, T* du) {
                       dshared_h13_.data(), dshared_act_.data(), dxn);
   }
   const double t1 = base::NowSeconds();
-  const T* ddisp = ddispatched_.data();
-  const bool add = shared_ != nullptr;
-#pragma omp parallel for schedule(static) if (tokens * k * c >= cpu::kParallelMinWork)
-  for (int64_t t = 0; t < tokens; ++t) {
-    T* o = dxn + t * c;
-    if (!add) std::fill(o, o + c, T(0));
-    for (int j = 0; j < k; ++j) {
-      const T* dx = ddisp + row[t * k + j] * c;
-      for (int i = 0; i < c; ++i) o[i] += dx[i];
-    }
-  }
+  GatherRows<T>(tokens, k, c, row, /*weights=*/nullptr, ddispatched_.data(),
+                /*add=*/shared_ != nullptr, dxn);
   routing_seconds_ += base::NowSeconds() - t1;
   // Router: dWr += xn^T dlogits; dxn += dlogits Wr^T.
   cpu::Gemm<T>(true, false, c, ne, static_cast<int>(tokens), T(1), xn_.data(), c, ds, ne, T(1),

@@ -128,6 +128,8 @@ class LocalExpertExecutor final : public ExpertExecutor<T> {
                         T* ddispatched) override;
 
  private:
+  // FailedPrecondition unless `offsets` covers every expert (this layer is not a shard).
+  absl::Status CheckHoldsEveryExpert(std::span<const int64_t> offsets) const;
   SwigluExperts<T>* experts_;
   std::vector<int> small_;  // cold experts of the current call (capacity kept)
   const T* input_ = nullptr;

@@ -145,12 +145,9 @@ class DenseStreamsImpl : public ResidualStreams<T>::Impl {
   void Write(int l, const T* out) final {
     const MapLayout m = Layout();
     const int n = this->nstreams;
-    const int64_t C = this->width;
-    const int64_t nc = n * C;
+    const int64_t C = this->width, nc = n * C;
     Sublayer& sl = sub_[static_cast<size_t>(l)];
-    const int nt = this->ntok;
-#pragma omp parallel for schedule(static) if (this->Parallel())
-    for (int t = 0; t < nt; ++t) {
+    this->ForEachToken([&](int t) {
       T* x = this->X.data() + t * nc;
       const T* coef = sl.coef.data() + t * m.stride;
       const T* hpost = coef + m.post;
@@ -170,7 +167,7 @@ class DenseStreamsImpl : public ResidualStreams<T>::Impl {
         Combine(row, n, xin, C, C, x + i * C);
         Axpy(hpost[i], out + t * C, x + i * C, C);
       }
-    }
+    });
     CountWrite();
   }
 
@@ -178,12 +175,9 @@ class DenseStreamsImpl : public ResidualStreams<T>::Impl {
   void WriteBackward(int l, T* d_out) final {
     const MapLayout m = Layout();
     const int n = this->nstreams;
-    const int64_t C = this->width;
-    const int64_t nc = n * C;
+    const int64_t C = this->width, nc = n * C;
     Sublayer& sl = sub_[static_cast<size_t>(l)];
-    const int nt = this->ntok;
-#pragma omp parallel for schedule(static) if (this->Parallel())
-    for (int t = 0; t < nt; ++t) {
+    this->ForEachToken([&](int t) {
       T* g = this->dX.data() + t * nc;
       const T* x = sl.xprev.data() + t * nc;
       const T* out = sl.out.data() + t * C;
@@ -205,7 +199,7 @@ class DenseStreamsImpl : public ResidualStreams<T>::Impl {
         for (int i = 0; i < n; ++i) col[i] = hres[i * m.res_row + j * m.res_col];
         Combine(col, n, gcopy, C, C, g + j * C);
       }
-    }
+    });
   }
 
   SublayerMaps<T> Maps(int l, int t) const final {

@@ -40,6 +40,13 @@ struct ResidualStreams<T>::Impl {
   // Whether a batch is large enough for OpenMP to pay (tiny test batches run serially;
   // results do not depend on it: per-token work and per-slice weight sums are the same).
   bool Parallel() const { return static_cast<int64_t>(ntok) * nstreams * width >= (1 << 15); }
+  // Runs body(t) for every token t, over the OpenMP threads (static schedule) when
+  // Parallel().
+  template <typename Body>
+  void ForEachToken(Body&& body) const {
+#pragma omp parallel for schedule(static) if (Parallel())
+    for (int t = 0; t < ntok; ++t) body(t);
+  }
   // Per-thread scratch of scratch_per_thread elements.
   T* Scratch(int thread) {
     return scratch.data() + static_cast<int64_t>(thread) * scratch_per_thread;

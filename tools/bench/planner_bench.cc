@@ -180,6 +180,31 @@ double Micros(std::chrono::steady_clock::time_point a, std::chrono::steady_clock
   return std::chrono::duration<double, std::micro>(b - a).count();
 }
 
+// The planner of `policy`, or null with `*error` set (an error already set, from making
+// the loads, is kept and no planner is made).
+std::unique_ptr<rackrun::planner::Planner> MakeOrError(const std::string& policy,
+                                                       const Domain& domain,
+                                                       rackrun::planner::SplitRounding split,
+                                                       std::string* error) {
+  if (!error->empty()) return nullptr;
+  auto planner = Make(policy, domain, Options(split));
+  if (!planner.ok()) {
+    *error = std::string(planner.status().message());
+    return nullptr;
+  }
+  return *std::move(planner);
+}
+
+// One timed SolveInto: its wall time in microseconds appended to `us`.
+absl::Status TimedSolve(rackrun::planner::Planner& planner, const LoadMatrix& loads, Plan* plan,
+                        std::vector<double>* us) {
+  const auto start = std::chrono::steady_clock::now();
+  const absl::Status status = planner.SolveInto(loads, 0, plan);
+  const auto stop = std::chrono::steady_clock::now();
+  if (status.ok()) us->push_back(Micros(start, stop));
+  return status;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -271,9 +296,9 @@ int main(int argc, char** argv) {
         row.slots = slots;
         row.policy = policy;
         row.error = error;
-        auto planner = Make(policy, domain, Options(split));
-        if (row.error.empty() && !planner.ok()) row.error = std::string(planner.status().message());
-        if (!row.error.empty()) {
+        const std::unique_ptr<rackrun::planner::Planner> planner =
+            MakeOrError(policy, domain, split, &row.error);
+        if (planner == nullptr) {
           tail_rows.push_back(row);
           continue;
         }
@@ -282,14 +307,10 @@ int main(int argc, char** argv) {
         double replicas = 0;
         row.digest = rackrun::planner::kFingerprintSeed;
         for (const LoadMatrix& l : loads) {
-          const auto start = std::chrono::steady_clock::now();
-          const absl::Status status = (*planner)->SolveInto(l, 0, &plan);
-          const auto stop = std::chrono::steady_clock::now();
-          if (!status.ok()) {
+          if (absl::Status status = TimedSolve(*planner, l, &plan, &us); !status.ok()) {
             row.error = std::string(status.message());
             break;
           }
-          us.push_back(Micros(start, stop));
           initial.push_back(
               rackrun::planner::Imbalance(rackrun::planner::HomeRankLoads(domain, l)));
           final_.push_back(rackrun::planner::Imbalance(plan.RankLoads()));
@@ -318,9 +339,9 @@ int main(int argc, char** argv) {
       row.experts = experts;
       row.policy = policy;
       row.error = error;
-      auto planner = Make(policy, domain, Options(split));
-      if (row.error.empty() && !planner.ok()) row.error = std::string(planner.status().message());
-      if (!row.error.empty()) {
+      const std::unique_ptr<rackrun::planner::Planner> planner =
+          MakeOrError(policy, domain, split, &row.error);
+      if (planner == nullptr) {
         time_rows.push_back(row);
         continue;
       }
@@ -329,14 +350,10 @@ int main(int argc, char** argv) {
       row.digest = rackrun::planner::kFingerprintSeed;
       for (int s = 0; s < solves; ++s) {
         const LoadMatrix& l = loads[static_cast<size_t>(s % microbatches)];
-        const auto start = std::chrono::steady_clock::now();
-        const absl::Status status = (*planner)->SolveInto(l, 0, &plan);
-        const auto stop = std::chrono::steady_clock::now();
-        if (!status.ok()) {
+        if (absl::Status status = TimedSolve(*planner, l, &plan, &us); !status.ok()) {
           row.error = std::string(status.message());
           break;
         }
-        us.push_back(Micros(start, stop));
         if (s < microbatches) row.digest = rackrun::planner::PlanFingerprint(plan, row.digest);
       }
       row.p50_us = Percentile(us, 0.50);
