@@ -71,7 +71,7 @@ void DeclareFlags(rackrun::flags::FlagSet& flags, rackrun::coordinator::ServerOp
                   o.tls = rackrun::coordinator::TlsMode::kOff;
                 } else {
                   return absl::InvalidArgumentError(
-                      absl::StrCat("'", v, "' is not auto, on or off"));
+                      absl::StrCat("'", std::string(v), "' is not auto, on or off"));
                 }
                 return absl::OkStatus();
               })

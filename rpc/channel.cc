@@ -31,7 +31,7 @@ absl::StatusOr<CoordinatorClientChannel> OpenCoordinatorChannel(
     const CoordinatorChannelOptions& options) {
   absl::StatusOr<ClusterToken> token = LoadClusterToken(token_file);
   if (!token.ok()) return token.status();
-  TlsFiles files = tls;
+  std::string ca_pem;
   if (!token->ca_sha256.empty() && tls.ca.empty()) {
     // Retry only what a coordinator that is still starting causes (Unavailable).
     const auto give_up = std::chrono::steady_clock::now() + options.ca_fetch_patience;
@@ -51,10 +51,10 @@ absl::StatusOr<CoordinatorClientChannel> OpenCoordinatorChannel(
                           absl::StrCat("join token from ", token->source,
                                        ": cannot fetch the coordinator's CA: ", ca.status().message()));
     }
-    files.ca_pem = *std::move(ca);
+    ca_pem = *std::move(ca);
   }
   absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
-      CoordinatorCredentials(files);
+      CoordinatorCredentials(tls, ca_pem);
   if (!credentials.ok()) return credentials.status();
   return CoordinatorClientChannel{*std::move(token),
                                   CoordinatorChannel(address, *credentials, options)};

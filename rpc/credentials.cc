@@ -71,19 +71,19 @@ absl::StatusOr<ClusterToken> LoadClusterToken(const std::string& token_file) {
 }
 
 absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> CoordinatorCredentials(
-    const TlsFiles& tls) {
+    const TlsFiles& tls, const std::string& ca_pem) {
   if (!tls.key.empty() && tls.cert.empty()) {
     return absl::InvalidArgumentError("--tls-key: needs --tls-cert (the client certificate)");
   }
   if (!tls.cert.empty() && tls.key.empty()) {
     return absl::InvalidArgumentError("--tls-cert: needs --tls-key (the certificate's private key)");
   }
-  if (tls.ca.empty() && tls.ca_pem.empty() && tls.cert.empty()) {
+  if (tls.ca.empty() && ca_pem.empty() && tls.cert.empty()) {
     return grpc::InsecureChannelCredentials();
   }
   grpc::SslCredentialsOptions ssl;
-  if (!tls.ca_pem.empty()) {
-    ssl.pem_root_certs = tls.ca_pem;
+  if (!ca_pem.empty()) {
+    ssl.pem_root_certs = ca_pem;
   } else if (!tls.ca.empty()) {
     absl::StatusOr<std::string> ca = ReadFlagFile("--tls-ca", tls.ca);
     if (!ca.ok()) return ca.status();

@@ -35,12 +35,11 @@ absl::StatusOr<ClusterToken> LoadClusterToken(const std::string& token_file = ""
 // no certificate, or a certificate without its key (or a key without its certificate).
 struct TlsFiles {
   std::string ca, cert, key;
-  // The trusted CA itself (PEM), e.g. the one a join token pinned (rpc/join_token.h);
-  // takes the place of the file `ca`.
-  std::string ca_pem;
 };
+// `ca_pem`, when given, is the trusted CA itself (e.g. the one a join token pinned,
+// rpc/join_token.h) and takes the place of the file tls.ca.
 absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> CoordinatorCredentials(
-    const TlsFiles& tls);
+    const TlsFiles& tls, const std::string& ca_pem = "");
 
 }  // namespace rackrun::rpc
 
