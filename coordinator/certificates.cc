@@ -206,6 +206,31 @@ absl::StatusOr<Issued> Issue(const std::string& common_name, X509* issuer, EVP_P
   return out;
 }
 
+// A certificate and its key as stored: either may be missing (null) or unreadable.
+struct StoredPair {
+  X509Ptr cert{nullptr, X509_free};
+  KeyPtr key{nullptr, EVP_PKEY_free};
+  bool missing = false;  // neither file exists
+};
+
+absl::StatusOr<StoredPair> ReadPair(const std::string& crt_path, const std::string& key_path) {
+  absl::StatusOr<std::string> crt = ReadPrivateFile(crt_path);
+  if (!crt.ok()) return crt.status();
+  absl::StatusOr<std::string> key = ReadPrivateFile(key_path);
+  if (!key.ok()) return key.status();
+  StoredPair out;
+  out.cert = ParseCert(*crt);
+  out.key = ParseKey(*key);
+  out.missing = crt->empty() && key->empty();
+  return out;
+}
+
+// The key first: a certificate is never on disk without its key.
+absl::Status WritePair(const std::string& crt_path, const std::string& key_path, const Issued& issued) {
+  if (absl::Status s = WritePrivateFile(key_path, KeyPem(issued.key.get())); !s.ok()) return s;
+  return WritePrivateFile(crt_path, CertPem(issued.cert.get()));
+}
+
 }  // namespace
 
 absl::Status WritePrivateFile(const std::string& path, const std::string& bytes) {
@@ -278,13 +303,11 @@ absl::StatusOr<ServerCertificates> EnsureCertificates(const std::string& dir,
   ServerCertificates out;
 
   // The CA: both files or neither.
-  absl::StatusOr<std::string> ca_pem = ReadPrivateFile(ca_crt);
-  if (!ca_pem.ok()) return ca_pem.status();
-  absl::StatusOr<std::string> ca_key_pem = ReadPrivateFile(ca_key);
-  if (!ca_key_pem.ok()) return ca_key_pem.status();
-  X509Ptr ca = ParseCert(*ca_pem);
-  KeyPtr ca_private = ParseKey(*ca_key_pem);
-  const bool ca_missing = ca_pem->empty() && ca_key_pem->empty();
+  absl::StatusOr<StoredPair> stored_ca = ReadPair(ca_crt, ca_key);
+  if (!stored_ca.ok()) return stored_ca.status();
+  X509Ptr ca = std::move(stored_ca->cert);
+  KeyPtr ca_private = std::move(stored_ca->key);
+  const bool ca_missing = stored_ca->missing;
   if (!ca_missing && !options.renew_ca) {
     if (ca == nullptr || ca_private == nullptr || X509_check_private_key(ca.get(), ca_private.get()) != 1) {
       ERR_clear_error();
@@ -302,10 +325,9 @@ absl::StatusOr<ServerCertificates> EnsureCertificates(const std::string& dir,
   if (ca_missing || renew_ca) {
     absl::StatusOr<Issued> made = Issue("rackrun coordinator CA", nullptr, nullptr, {}, options.now, options.ca_validity);
     if (!made.ok()) return made.status();
+    if (absl::Status s = WritePair(ca_crt, ca_key, *made); !s.ok()) return s;
     ca = std::move(made->cert);
     ca_private = std::move(made->key);
-    if (absl::Status s = WritePrivateFile(ca_key, KeyPem(ca_private.get())); !s.ok()) return s;
-    if (absl::Status s = WritePrivateFile(ca_crt, CertPem(ca.get())); !s.ok()) return s;
     out.ca_created = true;
   }
   out.ca_pem = CertPem(ca.get());
@@ -314,15 +336,13 @@ absl::StatusOr<ServerCertificates> EnsureCertificates(const std::string& dir,
   // The server certificate: reused when it still fits.
   std::set<std::string> wanted;
   for (const std::string& s : options.sans) wanted.insert(CanonicalSan(s));
-  absl::StatusOr<std::string> srv_pem = ReadPrivateFile(srv_crt);
-  if (!srv_pem.ok()) return srv_pem.status();
-  absl::StatusOr<std::string> srv_key_pem = ReadPrivateFile(srv_key);
-  if (!srv_key_pem.ok()) return srv_key_pem.status();
-  X509Ptr srv = ParseCert(*srv_pem);
-  KeyPtr srv_private = ParseKey(*srv_key_pem);
+  absl::StatusOr<StoredPair> stored_srv = ReadPair(srv_crt, srv_key);
+  if (!stored_srv.ok()) return stored_srv.status();
+  X509Ptr srv = std::move(stored_srv->cert);
+  KeyPtr srv_private = std::move(stored_srv->key);
   std::string why;
   if (srv == nullptr || srv_private == nullptr) {
-    why = srv_pem->empty() && srv_key_pem->empty() ? "first start" : "server.crt or server.key unreadable";
+    why = stored_srv->missing ? "first start" : "server.crt or server.key unreadable";
   } else if (X509_check_private_key(srv.get(), srv_private.get()) != 1) {
     why = "server.crt does not match server.key";
   } else if (out.ca_created || X509_verify(srv.get(), X509_get0_pubkey(ca.get())) != 1) {
@@ -339,10 +359,9 @@ absl::StatusOr<ServerCertificates> EnsureCertificates(const std::string& dir,
     absl::StatusOr<Issued> made = Issue("rackrun coordinator", ca.get(), ca_private.get(), options.sans,
                                         options.now, options.server_validity);
     if (!made.ok()) return made.status();
+    if (absl::Status s = WritePair(srv_crt, srv_key, *made); !s.ok()) return s;
     srv = std::move(made->cert);
     srv_private = std::move(made->key);
-    if (absl::Status s = WritePrivateFile(srv_key, KeyPem(srv_private.get())); !s.ok()) return s;
-    if (absl::Status s = WritePrivateFile(srv_crt, CertPem(srv.get())); !s.ok()) return s;
     out.issued_because = why;
   }
   out.chain_pem = CertPem(srv.get()) + out.ca_pem;
