@@ -101,7 +101,8 @@ void DeclareFlags(rackrun::flags::FlagSet& flags, rackrun::coordinator::ServerOp
                "the dashboard's page and uPlot")
       .Default("the source tree's metrics/dashboard");
   flags.Switch("--dashboard-allow-remote", &o.observability.dashboard_allow_remote,
-               "let --dashboard-listen take a non-loopback address (no token asked)");
+               "let --dashboard-listen take a non-loopback address (then open it as "
+               "/?token=TOKEN, any role's token, e.g. STATE_DIR/token-readonly)");
   flags.String("--prometheus-targets", &o.prometheus_targets, "FILE",
                "keep FILE a Prometheus file_sd list of the live workers' metrics endpoints "
                "(their --metrics-listen, bound port included)");

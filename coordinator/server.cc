@@ -159,7 +159,14 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(cons
   s->job_service_ = std::make_unique<JobServiceImpl>(s->rack_.get(), s->auth_.get(), &s->gate_);
   s->rack_control_ = std::make_unique<RackControlImpl>(s->rack_.get(), s->auth_.get(), &s->gate_);
 
-  absl::StatusOr<std::unique_ptr<Observability>> observability = Observability::Start(options.observability, s->rack_.get());
+  ObservabilityOptions observability_options = options.observability;
+  // A dashboard beyond loopback is a read-only view: any role's token opens it.
+  const TokenAuth* auth = s->auth_.get();
+  observability_options.dashboard_token_ok = [auth](const std::string& token) {
+    return !token.empty() && auth->RoleOf("Bearer " + token).has_value();
+  };
+  absl::StatusOr<std::unique_ptr<Observability>> observability =
+      Observability::Start(observability_options, s->rack_.get());
   if (!observability.ok()) return observability.status();
   s->observability_ = *std::move(observability);
 
