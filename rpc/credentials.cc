@@ -58,7 +58,8 @@ absl::StatusOr<ClusterToken> LoadClusterToken(const std::string& token_file) {
   if (!text.ok()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "no cluster token: ", text.status().message(),
-        "; start rackrun-coordinator (it writes STATE_DIR/token), or point RACKRUN_TOKEN_FILE "
+        "; start rackrun-coordinator (it writes STATE_DIR/token-ROLE, and join-token-ROLE when it "
+        "serves TLS), or point RACKRUN_TOKEN_FILE "
         "(a worker: --token-file) at its token file, or set RACKRUN_TOKEN"));
   }
   t.token = std::string(absl::StripAsciiWhitespace(*text));
