@@ -8,6 +8,8 @@
 #include <cstring>
 #include <fstream>
 #include <sstream>
+#include <tuple>
+#include <utility>
 
 #include <grpcpp/security/server_credentials.h>
 
@@ -88,8 +90,55 @@ absl::StatusOr<std::string> LoadOrCreateToken(const std::string& path, bool crea
   return token;
 }
 
-bool TokenAuth::Matches(std::string_view header) const {
-  const std::string expected = "Bearer " + token_;
+const char* RoleName(Role role) {
+  switch (role) {
+    case Role::kReadOnly: return "read-only";
+    case Role::kUser: return "user";
+    case Role::kWorker: return "worker";
+    case Role::kAdmin: return "admin";
+  }
+  return "unknown";
+}
+
+bool RoleMay(Role role, Access access) {
+  switch (access) {
+    case Access::kRead: return true;
+    case Access::kJobs: return role == Role::kUser || role == Role::kAdmin;
+    case Access::kRack: return role == Role::kWorker || role == Role::kAdmin;
+  }
+  return false;
+}
+
+absl::StatusOr<RoleTokens> LoadOrCreateRoleTokens(const std::string& state_dir,
+                                                  const std::string& admin_file, bool create_admin) {
+  RoleTokens t;
+  for (const auto& [path, into, create] :
+       {std::tuple<std::string, std::string*, bool>{admin_file, &t.admin, create_admin},
+        {state_dir + "/token-user", &t.user, true},
+        {state_dir + "/token-worker", &t.worker, true},
+        {state_dir + "/token-readonly", &t.readonly, true}}) {
+    absl::StatusOr<std::string> token = LoadOrCreateToken(path, create);
+    if (!token.ok()) return token.status();
+    *into = *std::move(token);
+  }
+  // One token in two roles would make the narrower role meaningless.
+  const std::string* all[] = {&t.admin, &t.user, &t.worker, &t.readonly};
+  for (int i = 0; i < 4; ++i) {
+    for (int j = i + 1; j < 4; ++j) {
+      if (*all[i] == *all[j]) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "two token files of '", state_dir, "' (or --token-file) hold the same token; every "
+            "role needs its own: delete the copies in token-user, token-worker, token-readonly "
+            "and restart (new ones are made)"));
+      }
+    }
+  }
+  return t;
+}
+
+bool TokenAuth::Matches(std::string_view header, const std::string& token) {
+  if (token.empty()) return false;
+  const std::string expected = "Bearer " + token;
   // Constant time in the content: every byte of the expected value is compared.
   unsigned char diff = header.size() == expected.size() ? 0 : 1;
   for (size_t i = 0; i < expected.size(); ++i) {
@@ -99,18 +148,35 @@ bool TokenAuth::Matches(std::string_view header) const {
   return diff == 0;
 }
 
-grpc::Status TokenAuth::Check(const grpc::ServerContext& context) const {
+std::optional<Role> TokenAuth::RoleOf(std::string_view header) const {
+  std::optional<Role> found;
+  for (const auto& [role, token] : {std::pair<Role, const std::string*>{Role::kAdmin, &tokens_.admin},
+                                    {Role::kUser, &tokens_.user},
+                                    {Role::kWorker, &tokens_.worker},
+                                    {Role::kReadOnly, &tokens_.readonly}}) {
+    if (Matches(header, *token) && !found) found = role;
+  }
+  return found;
+}
+
+grpc::Status TokenAuth::Check(const grpc::ServerContext& context, Access access,
+                              std::string_view method) const {
   const auto& md = context.client_metadata();
   auto it = md.find("authorization");
   if (it == md.end()) {
     return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
                         "missing the cluster token: send metadata 'authorization: Bearer <token>' "
-                        "(the token is in the coordinator's state folder, file 'token')");
+                        "(the tokens are in the coordinator's state folder: token-user, "
+                        "token-worker, token-readonly, or the admin token 'token')");
   }
-  if (!Matches(std::string_view(it->second.data(), it->second.size()))) {
-    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "wrong cluster token");
-  }
-  return grpc::Status::OK;
+  const std::optional<Role> role = RoleOf(std::string_view(it->second.data(), it->second.size()));
+  if (!role) return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "wrong cluster token");
+  if (RoleMay(*role, access)) return grpc::Status::OK;
+  const char* needed = access == Access::kJobs ? "user" : "worker";
+  return grpc::Status(
+      grpc::StatusCode::PERMISSION_DENIED,
+      absl::StrCat(absl::string_view(method.data(), method.size()), " needs the ", needed, " role (the coordinator's token-", needed,
+                   " or its admin token); this token has the ", RoleName(*role), " role"));
 }
 
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
@@ -128,8 +194,13 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
   if (!cert.ok()) return cert.status();
   absl::StatusOr<std::string> key = ReadFile(tls_key, "--tls-key");
   if (!key.ok()) return key.status();
+  return MakeServerCredentialsFromPem(*cert, *key, tls_client_ca);
+}
+
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentialsFromPem(
+    const std::string& chain_pem, const std::string& key_pem, const std::string& tls_client_ca) {
   grpc::SslServerCredentialsOptions opts;
-  opts.pem_key_cert_pairs.push_back({*key, *cert});
+  opts.pem_key_cert_pairs.push_back({key_pem, chain_pem});
   if (!tls_client_ca.empty()) {
     absl::StatusOr<std::string> ca = ReadFile(tls_client_ca, "--tls-client-ca");
     if (!ca.ok()) return ca.status();

@@ -1,10 +1,20 @@
-// Authentication of the coordinator's callers: the cluster token (every RPC of JobService
-// and RackControl carries `authorization: Bearer <token>`) and the server's TLS
-// credentials.
+// Authentication and authorization of the coordinator's callers: bearer tokens (every RPC
+// of JobService and RackControl carries `authorization: Bearer <token>`), the role each
+// token grants, and the server's TLS credentials.
+//
+// Roles, one token file each in the state folder (created at first start, mode 0600):
+//   token-readonly  kReadOnly: JobService Get, List, Watch, ListWorkers
+//   token-user      kUser:     those, and JobService Submit and Cancel
+//   token-worker    kWorker:   those reads, and every RackControl call
+//   token           kAdmin:    everything (the single token of earlier versions, kept as
+//                              the user+worker token so existing set-ups keep working)
+// A call with no or an unknown token is UNAUTHENTICATED; one whose token's role may not
+// make it is PERMISSION_DENIED naming the role it needs. Either way nothing changes.
 #ifndef RACKRUN_COORDINATOR_AUTH_H_
 #define RACKRUN_COORDINATOR_AUTH_H_
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -24,19 +34,45 @@ namespace rackrun::coordinator {
 // by group or others.
 absl::StatusOr<std::string> LoadOrCreateToken(const std::string& path, bool create);
 
-// Checks the `authorization` metadata of a call against the token.
+enum class Role { kReadOnly, kUser, kWorker, kAdmin };
+// "read-only", "user", "worker", "admin".
+const char* RoleName(Role role);
+
+// What a call needs: reading job and worker state, changing jobs (Submit, Cancel), or
+// taking part in the rack as a worker (RackControl).
+enum class Access { kRead, kJobs, kRack };
+bool RoleMay(Role role, Access access);
+
+// The token of each role; an empty one grants nothing.
+struct RoleTokens {
+  std::string admin, user, worker, readonly;
+};
+
+// The role tokens of a state folder: `admin_file` (the --token-file, or STATE_DIR/token)
+// and STATE_DIR/token-user, token-worker, token-readonly, each loaded or created as by
+// LoadOrCreateToken (the admin one created only when `create_admin`). Errors name the file.
+absl::StatusOr<RoleTokens> LoadOrCreateRoleTokens(const std::string& state_dir,
+                                                  const std::string& admin_file, bool create_admin);
+
+// Checks the `authorization` metadata of a call against the role tokens.
 class TokenAuth {
  public:
-  explicit TokenAuth(std::string token) : token_(std::move(token)) {}
+  explicit TokenAuth(RoleTokens tokens) : tokens_(std::move(tokens)) {}
+  // One token with every right (the admin token alone).
+  explicit TokenAuth(std::string admin_token) { tokens_.admin = std::move(admin_token); }
 
   // True when `header` is exactly "Bearer <token>" (compared in constant time).
-  bool Matches(std::string_view header) const;
+  static bool Matches(std::string_view header, const std::string& token);
+  // The role whose token `header` carries, if any (every token compared).
+  std::optional<Role> RoleOf(std::string_view header) const;
 
-  // OK, or UNAUTHENTICATED saying what is missing, for the call's metadata.
-  grpc::Status Check(const grpc::ServerContext& context) const;
+  // OK when the call carries a token whose role grants `access`; UNAUTHENTICATED saying
+  // what is missing, or PERMISSION_DENIED naming `method` and the role it needs.
+  grpc::Status Check(const grpc::ServerContext& context, Access access,
+                     std::string_view method) const;
 
  private:
-  std::string token_;
+  RoleTokens tokens_;
 };
 
 // TLS when cert and key are given (client certificates required when client_ca is given),
@@ -44,6 +80,11 @@ class TokenAuth {
 // or for a key without a cert.
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
     const std::string& tls_cert, const std::string& tls_key, const std::string& tls_client_ca);
+
+// TLS presenting `chain_pem` (server certificate first) with `key_pem`: the automatic
+// certificates (certificates.h). Client certificates as above when client_ca is given.
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentialsFromPem(
+    const std::string& chain_pem, const std::string& key_pem, const std::string& tls_client_ca);
 
 }  // namespace rackrun::coordinator
 

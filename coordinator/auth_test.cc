@@ -28,13 +28,57 @@ TEST(AuthTest, TokenFileIsCreatedOnceWithMode0600) {
 }
 
 TEST(AuthTest, BearerMatchesOnlyTheExactToken) {
-  TokenAuth auth("abc123");
-  EXPECT_TRUE(auth.Matches("Bearer abc123"));
-  EXPECT_FALSE(auth.Matches("Bearer abc124"));
-  EXPECT_FALSE(auth.Matches("Bearer abc1234"));
-  EXPECT_FALSE(auth.Matches("Bearer abc12"));
-  EXPECT_FALSE(auth.Matches("abc123"));
-  EXPECT_FALSE(auth.Matches(""));
+  EXPECT_TRUE(TokenAuth::Matches("Bearer abc123", "abc123"));
+  EXPECT_FALSE(TokenAuth::Matches("Bearer abc124", "abc123"));
+  EXPECT_FALSE(TokenAuth::Matches("Bearer abc1234", "abc123"));
+  EXPECT_FALSE(TokenAuth::Matches("Bearer abc12", "abc123"));
+  EXPECT_FALSE(TokenAuth::Matches("abc123", "abc123"));
+  EXPECT_FALSE(TokenAuth::Matches("", "abc123"));
+  EXPECT_FALSE(TokenAuth::Matches("Bearer ", ""));  // an empty token grants nothing
+}
+
+TEST(AuthTest, EachRoleHasItsTokenAndItsRights) {
+  TokenAuth auth(RoleTokens{"a", "u", "w", "r"});
+  EXPECT_EQ(auth.RoleOf("Bearer a"), Role::kAdmin);
+  EXPECT_EQ(auth.RoleOf("Bearer u"), Role::kUser);
+  EXPECT_EQ(auth.RoleOf("Bearer w"), Role::kWorker);
+  EXPECT_EQ(auth.RoleOf("Bearer r"), Role::kReadOnly);
+  EXPECT_EQ(auth.RoleOf("Bearer x"), std::nullopt);
+  // The old single token (TokenAuth(token)) is the admin token.
+  EXPECT_EQ(TokenAuth(std::string("t")).RoleOf("Bearer t"), Role::kAdmin);
+  for (Role r : {Role::kReadOnly, Role::kUser, Role::kWorker, Role::kAdmin}) {
+    EXPECT_TRUE(RoleMay(r, Access::kRead)) << RoleName(r);
+  }
+  EXPECT_TRUE(RoleMay(Role::kUser, Access::kJobs));
+  EXPECT_TRUE(RoleMay(Role::kAdmin, Access::kJobs));
+  EXPECT_FALSE(RoleMay(Role::kWorker, Access::kJobs));
+  EXPECT_FALSE(RoleMay(Role::kReadOnly, Access::kJobs));
+  EXPECT_TRUE(RoleMay(Role::kWorker, Access::kRack));
+  EXPECT_TRUE(RoleMay(Role::kAdmin, Access::kRack));
+  EXPECT_FALSE(RoleMay(Role::kUser, Access::kRack));
+  EXPECT_FALSE(RoleMay(Role::kReadOnly, Access::kRack));
+}
+
+TEST(AuthTest, RoleTokenFilesAreMadeOnceEachPrivateAndDistinct) {
+  testing::ScratchDir dir;
+  auto t = LoadOrCreateRoleTokens(dir.path(), dir.path() + "/token", true);
+  ASSERT_TRUE(t.ok()) << t.status();
+  for (const char* f : {"token", "token-user", "token-worker", "token-readonly"}) {
+    struct stat st;
+    ASSERT_EQ(stat((dir.path() + "/" + f).c_str(), &st), 0) << f;
+    EXPECT_EQ(st.st_mode & 0777, 0600u) << f;
+  }
+  EXPECT_NE(t->user, t->worker);
+  auto again = LoadOrCreateRoleTokens(dir.path(), dir.path() + "/token", true);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->worker, t->worker);
+  // A role file holding another role's token is refused, naming the fix.
+  {
+    std::ofstream(dir.path() + "/token-readonly") << t->user << "\n";
+  }
+  auto same = LoadOrCreateRoleTokens(dir.path(), dir.path() + "/token", true);
+  ASSERT_FALSE(same.ok());
+  EXPECT_NE(same.status().message().find("same token"), std::string::npos) << same.status();
 }
 
 TEST(AuthTest, CredentialsFlags) {

@@ -8,21 +8,28 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "coordinator/server.h"
 #include "flags/flags.h"
 
 namespace {
 
 // The flags, bound to `o` (whose values are the defaults the help shows).
-void DeclareFlags(rackrun::flags::FlagSet& flags, rackrun::coordinator::ServerOptions& o) {
+void DeclareFlags(rackrun::flags::FlagSet& flags, rackrun::coordinator::ServerOptions& o,
+                  bool* renew_certs) {
   flags.Describe(
       "The rack coordinator: job queue and job state (SQLite in --state-dir), worker\n"
       "membership and failure detection, job assignment and restarts, the per-job rendezvous,\n"
       "UltraEP planning in coordinator mode, Prometheus metrics and the dashboard. Runs until\n"
       "SIGTERM or SIGINT.\n");
   flags.String("--listen", &o.listen, "HOST:PORT", "address to serve on; port 0 = any free port");
-  flags.String("--state-dir", &o.state_dir, "DIR", "job database and token").Default("~/.rackrun");
-  flags.String("--token-file", &o.token_file, "FILE", "cluster token")
+  flags.String("--state-dir", &o.state_dir, "DIR",
+               "job database, role tokens, automatic CA and certificates, join tokens")
+      .Default("~/.rackrun");
+  flags.String("--token-file", &o.token_file, "FILE",
+               "the admin token (every role; STATE_DIR/token-user, token-worker and "
+               "token-readonly hold one role each)")
       .Default("STATE_DIR/token, created at first start, mode 0600");
   flags.Section("timeouts (milliseconds)");
   const auto ms = [&](const char* name, int64_t* out, const char* help) {
@@ -48,8 +55,38 @@ void DeclareFlags(rackrun::flags::FlagSet& flags, rackrun::coordinator::ServerOp
   flags.Int("--serving-delay-ms", &o.serving_delay_ms, "MS", "tests: hold health at NOT_SERVING")
       .Range(0)
       .Hidden();
-  flags.Section("TLS (default: plaintext)");
-  flags.String("--tls-cert", &o.tls_cert, "FILE", "server certificate (PEM); needs --tls-key");
+  flags.Section("TLS (default: on, except on a loopback --listen)",
+                "  Without --tls-cert the coordinator makes its own CA and server certificate in\n"
+                "  STATE_DIR (ca.crt, server.crt, mode 0600) and writes join tokens there\n"
+                "  (join-token-worker, join-token-user, join-token-readonly, join-token): a worker or\n"
+                "  user given one checks the server against the CA it pins; nothing else to copy.\n");
+  flags
+      .Custom("--tls", "auto|on|off", "auto: TLS unless --listen is a loopback address",
+              [&o](std::string_view v) {
+                if (v == "auto") {
+                  o.tls = rackrun::coordinator::TlsMode::kAuto;
+                } else if (v == "on") {
+                  o.tls = rackrun::coordinator::TlsMode::kOn;
+                } else if (v == "off") {
+                  o.tls = rackrun::coordinator::TlsMode::kOff;
+                } else {
+                  return absl::InvalidArgumentError(
+                      absl::StrCat("'", std::string(v), "' is not auto, on or off"));
+                }
+                return absl::OkStatus();
+              })
+      .Default("auto");
+  flags.Switch("--insecure", &o.insecure,
+               "serve plaintext on a non-loopback address (tokens in clear text; warned)");
+  flags.Strings("--tls-san", &o.tls_sans, "NAME",
+                "another DNS name or IP address for the automatic server certificate (repeatable; "
+                "it always names --listen's host and this host's name)");
+  flags.Switch("--renew-certs", renew_certs,
+               "re-issue the automatic server certificate (and the CA when it expires within 30 "
+               "days) for --listen and --tls-san, then exit; restart the coordinator after");
+  flags.String("--tls-cert", &o.tls_cert, "FILE",
+               "your own server certificate (PEM, chain) instead of the automatic one; needs "
+               "--tls-key");
   flags.String("--tls-key", &o.tls_key, "FILE", "its private key (PEM)");
   flags.String("--tls-client-ca", &o.tls_client_ca, "FILE",
                "require client certificates signed by FILE");
@@ -64,10 +101,40 @@ void DeclareFlags(rackrun::flags::FlagSet& flags, rackrun::coordinator::ServerOp
                "the dashboard's page and uPlot")
       .Default("the source tree's metrics/dashboard");
   flags.Switch("--dashboard-allow-remote", &o.observability.dashboard_allow_remote,
-               "let --dashboard-listen take a non-loopback address (no token asked)");
+               "let --dashboard-listen take a non-loopback address (then open it as "
+               "/?token=TOKEN, any role's token, e.g. STATE_DIR/token-readonly)");
   flags.String("--prometheus-targets", &o.prometheus_targets, "FILE",
                "keep FILE a Prometheus file_sd list of the live workers' metrics endpoints "
                "(their --metrics-listen, bound port included)");
+}
+
+// --renew-certs: the renewal command. The role tokens must exist (the join tokens carry
+// them), so it runs on a state folder the coordinator has used.
+int RenewCertificates(rackrun::coordinator::ServerOptions o) {
+  using namespace rackrun::coordinator;
+  if (!o.tls_cert.empty() || o.tls == TlsMode::kOff || o.insecure) {
+    std::fprintf(stderr,
+                 "rackrun-coordinator: --renew-certs renews the automatic certificates; with "
+                 "--tls-cert, --tls=off or --insecure there are none to renew\n");
+    return 2;
+  }
+  o.tls = TlsMode::kOn;
+  const std::string admin = o.token_file.empty() ? o.state_dir + "/token" : o.token_file;
+  absl::StatusOr<RoleTokens> tokens = LoadOrCreateRoleTokens(o.state_dir, admin, o.token_file.empty());
+  absl::StatusOr<TlsSetup> tls = tokens.ok() ? SetUpTls(o, *tokens, /*renew=*/true) : tokens.status();
+  if (!tls.ok()) {
+    std::fprintf(stderr, "rackrun-coordinator: --renew-certs: %s\n", std::string(tls.status().message()).c_str());
+    return 1;
+  }
+  for (const std::string& n : tls->notes) std::printf("rackrun-coordinator: %s\n", n.c_str());
+  for (const TlsSetup::Expiry& e : tls->expiries) {
+    std::printf("rackrun-coordinator: %s now expires on %s\n", e.what.c_str(),
+                absl::FormatTime("%Y-%m-%d %H:%M UTC", e.expires, absl::UTCTimeZone()).c_str());
+  }
+  std::printf("rackrun-coordinator: join tokens in %s/join-token-*; restart the coordinator to serve the "
+              "new certificate\n",
+              o.state_dir.c_str());
+  return 0;
 }
 
 }  // namespace
@@ -78,8 +145,10 @@ int main(int argc, char** argv) {
   const char* home = std::getenv("HOME");
   o.state_dir = absl::StrCat(home != nullptr ? home : ".", "/.rackrun");
   rackrun::flags::FlagSet flags("rackrun-coordinator", "[options]");
-  DeclareFlags(flags, o);
+  bool renew_certs = false;
+  DeclareFlags(flags, o, &renew_certs);
   if (std::optional<int> exit = flags.ParseCommandLine(argc, argv)) return *exit;
+  if (renew_certs) return RenewCertificates(o);
   if (o.rack.workers.heartbeat_timeout_ms <= o.rack.workers.heartbeat_interval_ms) {
     return flags.Fail("--heartbeat-timeout-ms",
                       absl::StrCat(o.rack.workers.heartbeat_timeout_ms,
@@ -100,9 +169,24 @@ int main(int argc, char** argv) {
     return 1;
   }
   const std::string host = o.listen.substr(0, o.listen.rfind(':'));
-  std::printf("rackrun-coordinator: listening on %s:%d, state %s, token file %s%s\n", host.c_str(),
-              (*server)->port(), o.state_dir.c_str(), (*server)->token_file().c_str(),
-              o.tls_cert.empty() ? " (insecure: no TLS)" : " (TLS)");
+  const rackrun::coordinator::TlsSetup& tls = (*server)->tls();
+  for (const std::string& n : tls.notes) std::printf("rackrun-coordinator: %s\n", n.c_str());
+  if (tls.insecure_remote) {
+    std::fprintf(stderr,
+                 "rackrun-coordinator: WARNING: --insecure: plaintext on %s; every token and job "
+                 "crosses the network in clear text. Drop --insecure to serve TLS.\n",
+                 o.listen.c_str());
+  }
+  for (const std::string& w : rackrun::coordinator::ExpiryWarnings(tls, absl::Now(), o.cert_warn_ahead)) {
+    std::fprintf(stderr, "rackrun-coordinator: warning: %s\n", w.c_str());
+  }
+  std::printf("rackrun-coordinator: listening on %s:%d, state %s, token file %s (%s)\n", host.c_str(),
+              (*server)->port(), o.state_dir.c_str(), (*server)->token_file().c_str(), tls.summary.c_str());
+  if (!tls.ca_sha256.empty()) {
+    std::printf("rackrun-coordinator: join tokens: %s/join-token-worker (workers), join-token-user "
+                "(users), join-token-readonly\n",
+                o.state_dir.c_str());
+  }
   if ((*server)->metrics_port() > 0) {
     const std::string& m = o.observability.metrics_listen;
     std::printf("rackrun-coordinator: metrics on http://%s:%d/metrics\n", m.substr(0, m.rfind(':')).c_str(),

@@ -47,7 +47,8 @@ absl::StatusOr<std::unique_ptr<Observability>> Observability::Start(const Observ
   if (!options.dashboard_listen.empty()) {
     o->source_ = std::make_unique<RackSource>(rack);
     absl::StatusOr<std::unique_ptr<metrics::Dashboard>> d = metrics::Dashboard::Start(
-        {options.dashboard_listen, options.dashboard_assets, options.dashboard_allow_remote}, o->source_.get());
+        {options.dashboard_listen, options.dashboard_assets, options.dashboard_allow_remote}, o->source_.get(),
+        options.dashboard_allow_remote ? options.dashboard_token_ok : metrics::Dashboard::TokenCheck());
     if (!d.ok()) return d.status();
     o->dashboard_ = *std::move(d);
   }

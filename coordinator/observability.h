@@ -10,6 +10,7 @@
 #define RACKRUN_COORDINATOR_OBSERVABILITY_H_
 
 #include <chrono>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -31,6 +32,9 @@ struct ObservabilityOptions {
   std::string dashboard_listen;  // empty: no dashboard
   std::string dashboard_assets = RACKRUN_DASHBOARD_ASSETS;
   bool dashboard_allow_remote = false;
+  // With --dashboard-allow-remote: which ?token= values may read the dashboard's views
+  // (the server passes "any role's token"); unset: no token asked.
+  std::function<bool(const std::string& token)> dashboard_token_ok;
   int64_t refresh_ms = 500;
 };
 

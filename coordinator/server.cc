@@ -1,8 +1,10 @@
 #include "coordinator/server.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
@@ -10,8 +12,122 @@
 #include <grpcpp/server_builder.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "base/file.h"
+#include "coordinator/certificates.h"
+#include "metrics/exporter.h"
+#include "rpc/join_token.h"
 
 namespace rackrun::coordinator {
+
+namespace {
+
+constexpr const char* kJoinTokenFiles[] = {"join-token", "join-token-user", "join-token-worker",
+                                           "join-token-readonly"};
+
+// Without the automatic CA, join tokens left from an earlier start would pin a CA that is
+// not served: remove them, so that a client fails on a missing file, not on a handshake.
+void RemoveJoinTokens(const std::string& state_dir) {
+  for (const char* name : kJoinTokenFiles) unlink(absl::StrCat(state_dir, "/", name).c_str());
+}
+
+}  // namespace
+
+absl::StatusOr<TlsSetup> SetUpTls(const ServerOptions& options, const RoleTokens& tokens, bool renew) {
+  TlsSetup out;
+  std::string host;
+  int port = 0;
+  if (absl::Status s = metrics::SplitHostPort(options.listen, "--listen", &host, &port); !s.ok()) return s;
+  const bool loopback = metrics::IsLoopbackHost(host);
+  const bool user_certs = !options.tls_cert.empty() || !options.tls_key.empty();
+  if (options.insecure && options.tls == TlsMode::kOn) {
+    return absl::InvalidArgumentError("--insecure and --tls=on contradict each other; give one");
+  }
+  if (user_certs && (options.tls == TlsMode::kOff || options.insecure)) {
+    return absl::InvalidArgumentError(
+        "--tls-cert/--tls-key with --tls=off or --insecure: drop the certificate flags to serve "
+        "plaintext, or the others to serve TLS");
+  }
+  if (options.tls == TlsMode::kOff && !loopback && !options.insecure) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--tls=off: '", host, "' is not a loopback address, so the tokens would cross the "
+        "network in clear text; add --insecure to accept that, or drop --tls=off"));
+  }
+  if (user_certs) {
+    RemoveJoinTokens(options.state_dir);
+    absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> creds =
+        MakeServerCredentials(options.tls_cert, options.tls_key, options.tls_client_ca);
+    if (!creds.ok()) return creds.status();
+    out.credentials = *creds;
+    out.tls = true;
+    out.summary = absl::StrCat("TLS, certificate ", options.tls_cert);
+    absl::StatusOr<std::string> pem = base::ReadWholeFile(options.tls_cert);
+    absl::StatusOr<absl::Time> expires = pem.ok() ? CertificateExpiry(*pem) : pem.status();
+    if (!expires.ok()) return absl::InvalidArgumentError(absl::StrCat("--tls-cert: ", expires.status().message()));
+    out.expiries.push_back({absl::StrCat("the server certificate ", options.tls_cert), *expires,
+                            "replace it (--tls-cert) and restart the coordinator"});
+    return out;
+  }
+  const bool tls = options.tls == TlsMode::kOn || (options.tls == TlsMode::kAuto && !loopback && !options.insecure);
+  if (!tls) {
+    if (!options.tls_client_ca.empty()) {
+      return absl::InvalidArgumentError("--tls-client-ca: needs TLS; drop --tls=off / --insecure");
+    }
+    RemoveJoinTokens(options.state_dir);
+    out.credentials = grpc::InsecureServerCredentials();
+    out.insecure_remote = !loopback;
+    out.summary = loopback ? "plaintext on loopback" : "INSECURE: plaintext on a network address (--insecure)";
+    return out;
+  }
+  CertificateOptions co;
+  co.sans = ServerSans(host, base::HostName(), options.tls_sans);
+  co.renew_server = renew;
+  co.renew_before = options.cert_warn_ahead;
+  absl::StatusOr<ServerCertificates> certs = EnsureCertificates(options.state_dir, co);
+  if (!certs.ok()) {
+    return absl::Status(certs.status().code(), absl::StrCat("--state-dir: ", certs.status().message()));
+  }
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> creds =
+      MakeServerCredentialsFromPem(certs->chain_pem, certs->key_pem, options.tls_client_ca);
+  if (!creds.ok()) return creds.status();
+  out.credentials = *creds;
+  out.tls = true;
+  out.ca_sha256 = certs->ca_sha256;
+  out.summary = absl::StrCat("TLS, automatic CA sha256 ", certs->ca_sha256.substr(0, 16), "..., names ",
+                             absl::StrJoin(co.sans, ","));
+  if (certs->ca_created) {
+    out.notes.push_back(absl::StrCat("made a new CA: ", options.state_dir,
+                                     "/ca.crt (every join token changes with it)"));
+  }
+  if (!certs->issued_because.empty()) {
+    out.notes.push_back(absl::StrCat("issued the server certificate ", options.state_dir, "/server.crt (",
+                                     certs->issued_because, ")"));
+  }
+  const std::string* secrets[] = {&tokens.admin, &tokens.user, &tokens.worker, &tokens.readonly};
+  for (int i = 0; i < 4; ++i) {
+    const char* name = kJoinTokenFiles[i];
+    const std::string* secret = secrets[i];
+    const std::string path = absl::StrCat(options.state_dir, "/", name);
+    const std::string text = rpc::FormatJoinToken(certs->ca_sha256, *secret) + "\n";
+    absl::StatusOr<std::string> have = base::ReadWholeFile(path);
+    if (have.ok() && *have == text) continue;
+    if (absl::Status s = WritePrivateFile(path, text); !s.ok()) return s;
+  }
+  const std::string renew_fix = absl::StrCat("run 'rackrun-coordinator --state-dir ", options.state_dir,
+                                             " --renew-certs' and restart the coordinator");
+  out.expiries.push_back({"the coordinator's CA", certs->ca_expires,
+                          renew_fix + ", then give workers and users the new join tokens"});
+  out.expiries.push_back({"the coordinator's server certificate", certs->server_expires, renew_fix});
+  return out;
+}
+
+std::vector<std::string> ExpiryWarnings(const TlsSetup& setup, absl::Time now, absl::Duration ahead) {
+  std::vector<std::string> out;
+  for (const TlsSetup::Expiry& e : setup.expiries) {
+    if (std::string w = ExpiryWarning(e.what, e.expires, now, ahead, e.fix); !w.empty()) out.push_back(w);
+  }
+  return out;
+}
 
 absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(const ServerOptions& options) {
   std::unique_ptr<CoordinatorServer> s(new CoordinatorServer(options));
@@ -25,12 +141,16 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(cons
   chmod(options.state_dir.c_str(), 0700);
   const bool default_token = options.token_file.empty();
   s->token_file_ = default_token ? options.state_dir + "/token" : options.token_file;
-  absl::StatusOr<std::string> token = LoadOrCreateToken(s->token_file_, default_token);
-  if (!token.ok()) return absl::InvalidArgumentError(absl::StrCat("--token-file: ", token.status().message()));
-  s->auth_ = std::make_unique<TokenAuth>(*token);
-  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> creds =
-      MakeServerCredentials(options.tls_cert, options.tls_key, options.tls_client_ca);
-  if (!creds.ok()) return creds.status();
+  absl::StatusOr<RoleTokens> tokens = LoadOrCreateRoleTokens(options.state_dir, s->token_file_, default_token);
+  if (!tokens.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(default_token ? "--state-dir: " : "--token-file / --state-dir: ", tokens.status().message()));
+  }
+  absl::StatusOr<TlsSetup> tls = SetUpTls(options, *tokens, /*renew=*/false);
+  if (!tls.ok()) return tls.status();
+  s->tls_ = *std::move(tls);
+  s->auth_ = std::make_unique<TokenAuth>(*std::move(tokens));
+  const std::shared_ptr<grpc::ServerCredentials> creds = s->tls_.credentials;
 
   absl::StatusOr<std::unique_ptr<JobStore>> store = JobStore::Open(s->db_path());
   if (!store.ok()) return store.status();
@@ -39,14 +159,21 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(cons
   s->job_service_ = std::make_unique<JobServiceImpl>(s->rack_.get(), s->auth_.get(), &s->gate_);
   s->rack_control_ = std::make_unique<RackControlImpl>(s->rack_.get(), s->auth_.get(), &s->gate_);
 
-  absl::StatusOr<std::unique_ptr<Observability>> observability = Observability::Start(options.observability, s->rack_.get());
+  ObservabilityOptions observability_options = options.observability;
+  // A dashboard beyond loopback is a read-only view: any role's token opens it.
+  const TokenAuth* auth = s->auth_.get();
+  observability_options.dashboard_token_ok = [auth](const std::string& token) {
+    return !token.empty() && auth->RoleOf("Bearer " + token).has_value();
+  };
+  absl::StatusOr<std::unique_ptr<Observability>> observability =
+      Observability::Start(observability_options, s->rack_.get());
   if (!observability.ok()) return observability.status();
   s->observability_ = *std::move(observability);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(options.listen, *creds, &s->port_);
+  builder.AddListeningPort(options.listen, creds, &s->port_);
   builder.RegisterService(s->job_service_.get());
   builder.RegisterService(s->rack_control_.get());
   // Keepalive: pings every 10 s find dead peers on an idle connection (a worker's
@@ -86,7 +213,15 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(cons
   }
   CoordinatorServer* self = s.get();
   s->ticker_ = std::thread([self] {
+    // Certificate expiry: warned at start (main) and once a day after.
+    absl::Time next_expiry_check = absl::Now() + absl::Hours(24);
     while (!self->stop_) {
+      if (absl::Now() >= next_expiry_check) {
+        next_expiry_check = absl::Now() + absl::Hours(24);
+        for (const std::string& w : ExpiryWarnings(self->tls_, absl::Now(), self->options_.cert_warn_ahead)) {
+          std::fprintf(stderr, "rackrun-coordinator: warning: %s\n", w.c_str());
+        }
+      }
       self->rack_->Tick();
       self->observability_->Refresh();
       // A write error (disk full) is retried at the next tick; serving goes on.

@@ -60,8 +60,9 @@ absl::Status CheckSubmittedSpec(const rackrun::v1::JobSpec& spec) {
 
 // ---- JobService ----
 
-grpc::Status ServiceBase::Admit(const grpc::ServerContext& ctx) const {
-  if (grpc::Status s = auth_->Check(ctx); !s.ok()) return s;
+grpc::Status ServiceBase::Admit(const grpc::ServerContext& ctx, Access access,
+                                std::string_view method) const {
+  if (grpc::Status s = auth_->Check(ctx, access, method); !s.ok()) return s;
   if (!gate_->serving()) return Unavailable();
   return grpc::Status::OK;
 }
@@ -70,7 +71,7 @@ grpc::Status ServiceBase::Admit(const grpc::ServerContext& ctx) const {
 // RESOURCE_EXHAUSTED with a message (gRPC would say only "Unexpected error in RPC handling").
 grpc::Status JobServiceImpl::Submit(grpc::ServerContext* ctx, const rackrun::v1::SubmitRequest* req,
                                     rackrun::v1::SubmitResponse* resp) try {
-  if (grpc::Status s = Admit(*ctx); !s.ok()) return s;
+  if (grpc::Status s = Admit(*ctx, Access::kJobs, "JobService.Submit"); !s.ok()) return s;
   if (req->request_id().empty()) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         "request_id: required; send a fresh unique id (e.g. a UUID) and reuse it on retries");
@@ -92,7 +93,7 @@ grpc::Status JobServiceImpl::Submit(grpc::ServerContext* ctx, const rackrun::v1:
 
 grpc::Status JobServiceImpl::Get(grpc::ServerContext* ctx, const rackrun::v1::GetJobRequest* req,
                                  rackrun::v1::Job* resp) {
-  if (grpc::Status s = Admit(*ctx); !s.ok()) return s;
+  if (grpc::Status s = Admit(*ctx, Access::kRead, "JobService.Get"); !s.ok()) return s;
   absl::StatusOr<rackrun::v1::Job> j = rack_->jobs().Get(req->job_id());
   if (!j.ok()) return ToGrpc(j.status());
   *resp = *std::move(j);
@@ -101,7 +102,7 @@ grpc::Status JobServiceImpl::Get(grpc::ServerContext* ctx, const rackrun::v1::Ge
 
 grpc::Status JobServiceImpl::List(grpc::ServerContext* ctx, const rackrun::v1::ListJobsRequest* req,
                                   rackrun::v1::ListJobsResponse* resp) {
-  if (grpc::Status s = Admit(*ctx); !s.ok()) return s;
+  if (grpc::Status s = Admit(*ctx, Access::kRead, "JobService.List"); !s.ok()) return s;
   absl::StatusOr<rackrun::v1::ListJobsResponse> r = rack_->jobs().List(*req);
   if (!r.ok()) return ToGrpc(r.status());
   *resp = *std::move(r);
@@ -110,7 +111,7 @@ grpc::Status JobServiceImpl::List(grpc::ServerContext* ctx, const rackrun::v1::L
 
 grpc::Status JobServiceImpl::Cancel(grpc::ServerContext* ctx, const rackrun::v1::CancelJobRequest* req,
                                     rackrun::v1::Job* resp) {
-  if (grpc::Status s = Admit(*ctx); !s.ok()) return s;
+  if (grpc::Status s = Admit(*ctx, Access::kJobs, "JobService.Cancel"); !s.ok()) return s;
   absl::StatusOr<rackrun::v1::Job> j = rack_->Cancel(req->job_id(), req->reason());
   if (!j.ok()) return ToGrpc(j.status());
   *resp = *std::move(j);
@@ -119,7 +120,7 @@ grpc::Status JobServiceImpl::Cancel(grpc::ServerContext* ctx, const rackrun::v1:
 
 grpc::Status JobServiceImpl::Watch(grpc::ServerContext* ctx, const rackrun::v1::WatchJobRequest* req,
                                    grpc::ServerWriter<rackrun::v1::JobEvent>* writer) {
-  if (grpc::Status s = Admit(*ctx); !s.ok()) return s;
+  if (grpc::Status s = Admit(*ctx, Access::kRead, "JobService.Watch"); !s.ok()) return s;
   int64_t after = std::max<int64_t>(0, req->from_seq());
   while (!ctx->IsCancelled()) {
     if (!gate_->serving()) return Unavailable();
@@ -138,7 +139,7 @@ grpc::Status JobServiceImpl::Watch(grpc::ServerContext* ctx, const rackrun::v1::
 
 grpc::Status JobServiceImpl::ListWorkers(grpc::ServerContext* ctx, const rackrun::v1::ListWorkersRequest* req,
                                          rackrun::v1::ListWorkersResponse* resp) {
-  if (grpc::Status s = Admit(*ctx); !s.ok()) return s;
+  if (grpc::Status s = Admit(*ctx, Access::kRead, "JobService.ListWorkers"); !s.ok()) return s;
   *resp = rack_->workers().List(req->include_gone());
   return grpc::Status::OK;
 }
@@ -147,7 +148,7 @@ grpc::Status JobServiceImpl::ListWorkers(grpc::ServerContext* ctx, const rackrun
 
 grpc::Status RackControlImpl::Register(grpc::ServerContext* ctx, const rackrun::v1::RegisterRequest* req,
                                        rackrun::v1::RegisterResponse* resp) {
-  if (grpc::Status s = Admit(*ctx); !s.ok()) return s;
+  if (grpc::Status s = Admit(*ctx, Access::kRack, "RackControl.Register"); !s.ok()) return s;
   absl::StatusOr<rackrun::v1::RegisterResponse> r = rack_->Register(*req);
   if (!r.ok()) return ToGrpc(r.status());
   *resp = *std::move(r);
@@ -156,13 +157,13 @@ grpc::Status RackControlImpl::Register(grpc::ServerContext* ctx, const rackrun::
 
 grpc::Status RackControlImpl::Heartbeat(grpc::ServerContext* ctx, const rackrun::v1::HeartbeatRequest* req,
                                         rackrun::v1::HeartbeatResponse*) {
-  if (grpc::Status s = Admit(*ctx); !s.ok()) return s;
+  if (grpc::Status s = Admit(*ctx, Access::kRack, "RackControl.Heartbeat"); !s.ok()) return s;
   return ToGrpc(rack_->workers().Heartbeat(*req));
 }
 
 grpc::Status RackControlImpl::Assignments(grpc::ServerContext* ctx, const rackrun::v1::AssignmentsRequest* req,
                                           grpc::ServerWriter<rackrun::v1::Assignment>* writer) {
-  if (grpc::Status s = Admit(*ctx); !s.ok()) return s;
+  if (grpc::Status s = Admit(*ctx, Access::kRack, "RackControl.Assignments"); !s.ok()) return s;
   absl::StatusOr<int64_t> gen = rack_->workers().OpenStream(req->worker_id());
   if (!gen.ok()) return ToGrpc(gen.status());
   // Send the initial metadata now, so the worker knows the stream is open.
@@ -188,7 +189,7 @@ grpc::Status RackControlImpl::Assignments(grpc::ServerContext* ctx, const rackru
 
 grpc::Status RackControlImpl::Report(grpc::ServerContext* ctx, const rackrun::v1::ReportRequest* req,
                                      rackrun::v1::ReportResponse* resp) {
-  if (grpc::Status s = Admit(*ctx); !s.ok()) return s;
+  if (grpc::Status s = Admit(*ctx, Access::kRack, "RackControl.Report"); !s.ok()) return s;
   absl::StatusOr<rackrun::v1::ReportResponse> r = rack_->Report(*req);
   if (!r.ok()) return ToGrpc(r.status());
   *resp = *std::move(r);
@@ -197,13 +198,13 @@ grpc::Status RackControlImpl::Report(grpc::ServerContext* ctx, const rackrun::v1
 
 grpc::Status RackControlImpl::Deregister(grpc::ServerContext* ctx, const rackrun::v1::DeregisterRequest* req,
                                          rackrun::v1::DeregisterResponse*) {
-  if (grpc::Status s = Admit(*ctx); !s.ok()) return s;
+  if (grpc::Status s = Admit(*ctx, Access::kRack, "RackControl.Deregister"); !s.ok()) return s;
   return ToGrpc(rack_->workers().Deregister(req->worker_id()));
 }
 
 grpc::Status RackControlImpl::StoreSet(grpc::ServerContext* ctx, const rackrun::v1::StoreSetRequest* req,
                                        rackrun::v1::StoreSetResponse*) {
-  if (grpc::Status s = Admit(*ctx); !s.ok()) return s;
+  if (grpc::Status s = Admit(*ctx, Access::kRack, "RackControl.StoreSet"); !s.ok()) return s;
   if (req->key().empty()) return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "key: required");
   if (!rack_->jobs().AttemptRunning(req->job_id(), req->attempt())) {
     return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
@@ -215,7 +216,7 @@ grpc::Status RackControlImpl::StoreSet(grpc::ServerContext* ctx, const rackrun::
 
 grpc::Status RackControlImpl::StoreGet(grpc::ServerContext* ctx, const rackrun::v1::StoreGetRequest* req,
                                        rackrun::v1::StoreGetResponse* resp) {
-  if (grpc::Status s = Admit(*ctx); !s.ok()) return s;
+  if (grpc::Status s = Admit(*ctx, Access::kRack, "RackControl.StoreGet"); !s.ok()) return s;
   if (!rack_->jobs().AttemptRunning(req->job_id(), req->attempt())) {
     return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                         absl::StrCat("attempt ", req->attempt(), " of job '", req->job_id(), "' is not running"));
@@ -239,7 +240,7 @@ grpc::Status RackControlImpl::StoreGet(grpc::ServerContext* ctx, const rackrun::
 
 grpc::Status RackControlImpl::Plans(
     grpc::ServerContext* ctx, grpc::ServerReaderWriter<rackrun::v1::PlanReply, rackrun::v1::LoadRow>* stream) {
-  if (grpc::Status s = Admit(*ctx); !s.ok()) return s;
+  if (grpc::Status s = Admit(*ctx, Access::kRack, "RackControl.Plans"); !s.ok()) return s;
   rackrun::v1::LoadRow first;
   if (!stream->Read(&first)) return grpc::Status::OK;
   if (first.job_id().empty() || first.attempt() < 1) {

@@ -1,5 +1,6 @@
 // The gRPC edge: JobService (users) and RackControl (workers) as thin adapters onto Rack.
-// Every handler first checks the cluster token (UNAUTHENTICATED, nothing changed) and
+// Every handler first checks the caller's token and its role (auth.h: UNAUTHENTICATED or
+// PERMISSION_DENIED naming the role needed, nothing changed) and
 // that the coordinator is serving (UNAVAILABLE while it replays its state or shuts down),
 // then translates the request, calls Rack, and maps absl::Status to grpc::Status.
 // Streams (Watch, Assignments, Plans) poll for cancellation every `poll` (100 ms unless
@@ -35,12 +36,13 @@ class ServingGate {
 };
 
 // What both services hold: the rack, the token check, the serving gate and the poll
-// interval of their streams. Admit (token, then gate) is the first step of every call.
+// interval of their streams. Admit (token and role, then gate) is the first step of every
+// call; `method` names the call in a PERMISSION_DENIED message.
 class ServiceBase {
  protected:
   ServiceBase(Rack* rack, const TokenAuth* auth, const ServingGate* gate, absl::Duration poll)
       : rack_(rack), auth_(auth), gate_(gate), poll_(poll) {}
-  grpc::Status Admit(const grpc::ServerContext& ctx) const;
+  grpc::Status Admit(const grpc::ServerContext& ctx, Access access, std::string_view method) const;
 
   Rack* const rack_;
   const TokenAuth* const auth_;

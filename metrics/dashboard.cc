@@ -80,18 +80,20 @@ const std::vector<std::pair<std::string, std::string>>& DashboardAssets() {
   return a;
 }
 
-absl::StatusOr<std::unique_ptr<Dashboard>> Dashboard::Start(const Options& options, DashboardSource* source) {
+absl::StatusOr<std::unique_ptr<Dashboard>> Dashboard::Start(const Options& options, DashboardSource* source,
+                                                            TokenCheck token_ok) {
   std::string host;
   int port = 0;
   if (absl::Status s = SplitHostPort(options.listen, "--dashboard-listen", &host, &port); !s.ok()) return s;
   if (!options.allow_remote && !IsLoopbackHost(host)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--dashboard-listen: '", options.listen,
-        "' is not a loopback address; the dashboard shows job specs and hosts without a token, so it serves "
-        "127.0.0.1 or ::1 only (reach it by ssh -L), or pass --dashboard-allow-remote on a trusted network"));
+        "' is not a loopback address; the dashboard shows job specs and hosts, so it serves 127.0.0.1 or ::1 "
+        "only (reach it by ssh -L), or pass --dashboard-allow-remote (its views then ask for a token)"));
   }
   std::unique_ptr<Dashboard> d(new Dashboard());
   d->source_ = source;
+  d->token_ok_ = std::move(token_ok);
   for (const auto& [path, file] : DashboardAssets()) {
     const std::string full = absl::StrCat(options.assets_dir, "/", file);
     std::ifstream in(full, std::ios::binary);
@@ -117,6 +119,11 @@ absl::StatusOr<std::unique_ptr<Dashboard>> Dashboard::Start(const Options& optio
 HttpResponse Dashboard::Handle(const std::string& path, const std::string& query) {
   if (auto it = static_.find(path == "/index.html" ? "/" : path); it != static_.end()) return it->second;
   if (path == "/healthz") return HttpResponse{200, "text/plain; charset=utf-8", "ok\n"};
+  if (token_ok_ && absl::StartsWith(path, "/api/") && !token_ok_(HttpServer::QueryValue(query, "token"))) {
+    return Error(401,
+                 "this dashboard needs a token: open it as /?token=<the coordinator's token-readonly "
+                 "(any role's token works)>");
+  }
   if (path == "/api/workers") return Json(ToJson(source_->ListWorkers()));
   if (path == "/api/jobs" || path == "/api/jobs/") {
     absl::StatusOr<rackrun::v1::ListJobsResponse> jobs = source_->ListJobs();

@@ -18,12 +18,16 @@
 //
 // Security: read-only views (no call changes anything); the views show job specs (paths)
 // and worker hosts, so Start refuses a non-loopback address unless allow_remote is set
-// (--dashboard-allow-remote); reach a remote coordinator's dashboard by `ssh -L`.
+// (--dashboard-allow-remote); reach a remote coordinator's dashboard by `ssh -L`. With a
+// token check (the coordinator passes one for a remote dashboard), every /api/ view needs
+// `?token=<token>` (the page, opened as /?token=..., passes its own on): a read-only
+// credential.
 //
 // Thread safety: the source is called from the server's threads concurrently.
 #ifndef RACKRUN_METRICS_DASHBOARD_H_
 #define RACKRUN_METRICS_DASHBOARD_H_
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -55,9 +59,12 @@ class Dashboard {
     std::string assets_dir;   // metrics/dashboard (with node_modules/uplot after tools/setup)
     bool allow_remote = false;
   };
+  // Whether a token given as ?token= may read; empty: no token asked.
+  using TokenCheck = std::function<bool(const std::string& token)>;
   // InvalidArgument naming the flag for a non-loopback address without allow_remote, or
   // missing assets (naming the file and tools/setup); Unavailable when it cannot listen.
-  static absl::StatusOr<std::unique_ptr<Dashboard>> Start(const Options& options, DashboardSource* source);
+  static absl::StatusOr<std::unique_ptr<Dashboard>> Start(const Options& options, DashboardSource* source,
+                                                          TokenCheck token_ok = {});
 
   int port() const { return server_->port(); }
 
@@ -67,6 +74,7 @@ class Dashboard {
  private:
   Dashboard() = default;
   DashboardSource* source_ = nullptr;
+  TokenCheck token_ok_;
   std::map<std::string, HttpResponse> static_;  // by path
   std::unique_ptr<HttpServer> server_;
 };

@@ -136,6 +136,24 @@ TEST_F(DashboardTest, SurvivesBadRequests) {
   EXPECT_EQ(Get("/healthz").status, 200);
 }
 
+// A remote dashboard (the coordinator passes a token check): the page loads, its views need
+// ?token= with a token the check accepts (the coordinator's: any role's).
+TEST_F(DashboardTest, WithATokenCheckTheViewsNeedAToken) {
+  absl::StatusOr<std::unique_ptr<Dashboard>> d = Dashboard::Start(
+      {"127.0.0.1:0", dir_.string(), true}, &source_, [](const std::string& t) { return t == "ro"; });
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ((*d)->Handle("/", "").status, 200);
+  EXPECT_EQ((*d)->Handle("/healthz", "").status, 200);
+  const HttpResponse none = (*d)->Handle("/api/workers", "");
+  EXPECT_EQ(none.status, 401);
+  EXPECT_TRUE(absl::StrContains(none.body, "token-readonly")) << none.body;
+  EXPECT_EQ((*d)->Handle("/api/jobs", "token=wrong").status, 401);
+  EXPECT_EQ((*d)->Handle("/api/jobs", "token=ro").status, 200);
+  EXPECT_EQ((*d)->Handle("/api/jobs/j-1/events", "after=10&token=ro").status, 200);
+  // Without a check (loopback), no token is asked.
+  EXPECT_EQ(dashboard_->Handle("/api/workers", "").status, 200);
+}
+
 TEST(DashboardStart, RefusesRemoteAndMissingAssets) {
   FakeSource source;
   absl::StatusOr<std::unique_ptr<Dashboard>> d = Dashboard::Start({"0.0.0.0:0", "/nonexistent", false}, &source);

@@ -3,7 +3,11 @@
 #include <grpcpp/create_channel.h>
 #include <grpcpp/support/channel_arguments.h>
 
+#include <thread>
 #include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "rpc/join_token.h"
 
 namespace rackrun::rpc {
 
@@ -27,8 +31,30 @@ absl::StatusOr<CoordinatorClientChannel> OpenCoordinatorChannel(
     const CoordinatorChannelOptions& options) {
   absl::StatusOr<ClusterToken> token = LoadClusterToken(token_file);
   if (!token.ok()) return token.status();
+  std::string ca_pem;
+  if (!token->ca_sha256.empty() && tls.ca.empty()) {
+    // Retry only what a coordinator that is still starting causes (Unavailable).
+    const auto give_up = std::chrono::steady_clock::now() + options.ca_fetch_patience;
+    std::chrono::milliseconds backoff{200};
+    absl::StatusOr<std::string> ca;
+    while (true) {
+      ca = FetchPinnedCa(address, token->ca_sha256, std::chrono::milliseconds(5000));
+      if (ca.ok() || ca.status().code() != absl::StatusCode::kUnavailable ||
+          std::chrono::steady_clock::now() + backoff >= give_up) {
+        break;
+      }
+      std::this_thread::sleep_for(backoff);
+      backoff = std::min(backoff * 2, std::chrono::milliseconds(2000));
+    }
+    if (!ca.ok()) {
+      return absl::Status(ca.status().code(),
+                          absl::StrCat("join token from ", token->source,
+                                       ": cannot fetch the coordinator's CA: ", ca.status().message()));
+    }
+    ca_pem = *std::move(ca);
+  }
   absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
-      CoordinatorCredentials(tls);
+      CoordinatorCredentials(tls, ca_pem);
   if (!credentials.ok()) return credentials.status();
   return CoordinatorClientChannel{*std::move(token),
                                   CoordinatorChannel(address, *credentials, options)};

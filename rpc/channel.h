@@ -21,6 +21,7 @@
 #ifndef RACKRUN_RPC_CHANNEL_H_
 #define RACKRUN_RPC_CHANNEL_H_
 
+#include <chrono>
 #include <memory>
 #include <string>
 
@@ -40,6 +41,10 @@ struct CoordinatorChannelOptions {
   // channels with equal arguments). 0 for every client but a benchmark that simulates
   // many.
   int connection_id = 0;
+  // With a join token (and no --tls-ca): how long to keep trying to reach the coordinator
+  // for its CA (FetchPinnedCa) before giving up; 0 = one attempt. The worker passes its
+  // --patience-s, so it may start before its coordinator.
+  std::chrono::milliseconds ca_fetch_patience{0};
 };
 
 // A channel to `address` (HOST:PORT or a gRPC target URI) with `credentials`
@@ -54,7 +59,9 @@ struct CoordinatorClientChannel {
   std::shared_ptr<grpc::Channel> channel;
 };
 // LoadClusterToken(token_file), CoordinatorCredentials(tls), then CoordinatorChannel: the
-// worker's and the CLI's set-up. Their errors, the token's first.
+// worker's and the CLI's set-up. Their errors, the token's first. A join token without
+// tls.ca: the CA is fetched and checked against its pin first (rpc/join_token.h), the
+// only network traffic before the first call; its errors name the token's source.
 absl::StatusOr<CoordinatorClientChannel> OpenCoordinatorChannel(
     const std::string& address, const std::string& token_file, const TlsFiles& tls,
     const CoordinatorChannelOptions& options = {});

@@ -6,6 +6,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/file.h"
+#include "rpc/join_token.h"
 
 namespace rackrun::rpc {
 namespace {
@@ -21,6 +22,21 @@ absl::StatusOr<std::string> ReadFlagFile(const std::string& flag, const std::str
 
 }  // namespace
 
+namespace {
+
+// Splits a join token into its secret and CA pin; a bare token passes unchanged.
+absl::StatusOr<ClusterToken> SplitJoinToken(ClusterToken t) {
+  absl::StatusOr<std::optional<JoinToken>> join = ParseJoinToken(t.token, t.source);
+  if (!join.ok()) return join.status();
+  if (join->has_value()) {
+    t.token = (*join)->secret;
+    t.ca_sha256 = (*join)->ca_sha256;
+  }
+  return t;
+}
+
+}  // namespace
+
 absl::StatusOr<ClusterToken> LoadClusterToken(const std::string& token_file) {
   ClusterToken t;
   std::string path = token_file;
@@ -28,7 +44,7 @@ absl::StatusOr<ClusterToken> LoadClusterToken(const std::string& token_file) {
     if (const char* env = std::getenv("RACKRUN_TOKEN"); env != nullptr && *env != '\0') {
       t.token = std::string(absl::StripAsciiWhitespace(env));
       t.source = "RACKRUN_TOKEN";
-      return t;
+      return SplitJoinToken(std::move(t));
     }
     if (const char* env = std::getenv("RACKRUN_TOKEN_FILE"); env != nullptr && *env != '\0') {
       path = env;
@@ -42,7 +58,8 @@ absl::StatusOr<ClusterToken> LoadClusterToken(const std::string& token_file) {
   if (!text.ok()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "no cluster token: ", text.status().message(),
-        "; start rackrun-coordinator (it writes STATE_DIR/token), or point RACKRUN_TOKEN_FILE "
+        "; start rackrun-coordinator (it writes STATE_DIR/token-ROLE, and join-token-ROLE when it "
+        "serves TLS), or point RACKRUN_TOKEN_FILE "
         "(a worker: --token-file) at its token file, or set RACKRUN_TOKEN"));
   }
   t.token = std::string(absl::StripAsciiWhitespace(*text));
@@ -51,20 +68,24 @@ absl::StatusOr<ClusterToken> LoadClusterToken(const std::string& token_file) {
         "no cluster token: ", path,
         " is empty; use the token file of the coordinator's --state-dir or set RACKRUN_TOKEN"));
   }
-  return t;
+  return SplitJoinToken(std::move(t));
 }
 
 absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> CoordinatorCredentials(
-    const TlsFiles& tls) {
+    const TlsFiles& tls, const std::string& ca_pem) {
   if (!tls.key.empty() && tls.cert.empty()) {
     return absl::InvalidArgumentError("--tls-key: needs --tls-cert (the client certificate)");
   }
   if (!tls.cert.empty() && tls.key.empty()) {
     return absl::InvalidArgumentError("--tls-cert: needs --tls-key (the certificate's private key)");
   }
-  if (tls.ca.empty() && tls.cert.empty()) return grpc::InsecureChannelCredentials();
+  if (tls.ca.empty() && ca_pem.empty() && tls.cert.empty()) {
+    return grpc::InsecureChannelCredentials();
+  }
   grpc::SslCredentialsOptions ssl;
-  if (!tls.ca.empty()) {
+  if (!ca_pem.empty()) {
+    ssl.pem_root_certs = ca_pem;
+  } else if (!tls.ca.empty()) {
     absl::StatusOr<std::string> ca = ReadFlagFile("--tls-ca", tls.ca);
     if (!ca.ok()) return ca.status();
     if (!absl::StrContains(*ca, "-----BEGIN CERTIFICATE-----")) {

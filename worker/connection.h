@@ -24,6 +24,8 @@ struct ConnectionOptions {
   std::string token_file;   // empty: rpc::LoadClusterToken's search
   std::string tls_ca, tls_cert, tls_key;
   std::chrono::milliseconds call_timeout{10000};
+  // A join token: how long Create keeps trying to fetch the coordinator's CA.
+  std::chrono::milliseconds ca_fetch_patience{0};
 };
 
 class Connection {

@@ -31,7 +31,8 @@ void DeclareFlags(rackrun::flags::FlagSet& flags, rackrun::worker::WorkerOptions
   o.connection.coordinator = "127.0.0.1:7070";
   flags.String("--coordinator", &o.connection.coordinator, "HOST:PORT", "the rack coordinator")
       .Env("RACKRUN_COORDINATOR");
-  flags.String("--token-file", &o.connection.token_file, "FILE", "the cluster token")
+  flags.String("--token-file", &o.connection.token_file, "FILE",
+               "the worker token: STATE_DIR/token-worker, or join-token-worker (brings TLS)")
       .Default("$RACKRUN_TOKEN, else the file $RACKRUN_TOKEN_FILE, else ~/.rackrun/token");
   flags.String("--tls-ca", &o.connection.tls_ca, "FILE",
                "TLS: trust server certificates signed by FILE");
@@ -76,6 +77,7 @@ int main(int argc, char** argv) {
   rackrun::flags::FlagSet flags("rackrun-worker", "[--coordinator HOST:PORT] [options]");
   DeclareFlags(flags, o);
   if (std::optional<int> exit = flags.ParseCommandLine(argc, argv)) return *exit;
+  o.connection.ca_fetch_patience = o.patience;
   // The launcher's rank and size: Open MPI, then Slurm/PMIx, then torchrun-style.
   o.launcher_rank = EnvInt("OMPI_COMM_WORLD_RANK",
                            EnvInt("SLURM_PROCID", EnvInt("PMIX_RANK", EnvInt("RANK", -1))));

@@ -142,7 +142,10 @@ for ((i = 0; i < 300; i++)); do
 done
 [[ -n "$banner" ]] || die_log "$state/coordinator.log" "rackrun-coordinator printed no banner in 30 s:"
 port="$(sed -n 's/.*listening on [^ ]*:\([0-9]*\),.*/\1/p' <<<"$banner")"
-export RACKRUN_COORDINATOR="$host:$port" RACKRUN_TOKEN_FILE="$state/token"
+# A non-loopback --host gets TLS with the coordinator's own CA: the join tokens pin it.
+join=""
+[[ -f "$state/join-token-worker" ]] && join="join-"
+export RACKRUN_COORDINATOR="$host:$port" RACKRUN_TOKEN_FILE="$state/${join}token-user"
 unset RACKRUN_TOKEN
 echo "$banner"
 for u in ${urls[@]+"${urls[@]}"}; do echo "$me: $u"; done
@@ -154,7 +157,7 @@ for u in ${urls[@]+"${urls[@]}"}; do echo "$me: $u"; done
 export OPENBLAS_NUM_THREADS=1
 mpi=(mpirun --oversubscribe -np "$workers")
 [[ $(id -u) == 0 ]] && mpi+=(--allow-run-as-root)
-worker_args=(--coordinator "$RACKRUN_COORDINATOR" --token-file "$RACKRUN_TOKEN_FILE" --data-address "$host")
+worker_args=(--coordinator "$RACKRUN_COORDINATOR" --token-file "$state/${join}token-worker" --data-address "$host")
 [[ -n "$threads" ]] && worker_args+=(--threads "$threads")
 setsid "${mpi[@]}" "$worker_bin" "${worker_args[@]}" >"$state/workers.log" 2>&1 &
 mpirun_pid=$!

@@ -24,8 +24,11 @@
   const esc = (s) => String(s ?? '').replace(/[&<>"']/g, (c) => ({ '&': '&amp;', '<': '&lt;', '>': '&gt;', '"': '&quot;', "'": '&#39;' }[c]));
   const time = (ms) => (num(ms) > 0 ? new Date(num(ms)).toLocaleTimeString() : '');
 
+  // A remote dashboard needs a token (?token= in the page's address): every view gets it.
+  const token = new URLSearchParams(location.search).get('token');
   async function getJson(path) {
-    const r = await fetch(path, { cache: 'no-store' });
+    const url = token ? `${path}${path.includes('?') ? '&' : '?'}token=${encodeURIComponent(token)}` : path;
+    const r = await fetch(url, { cache: 'no-store' });
     if (!r.ok) throw new Error(`${path}: HTTP ${r.status}`);
     return r.json();
   }

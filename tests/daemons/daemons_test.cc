@@ -125,7 +125,7 @@ class DaemonsTest : public ::testing::Test {
 
   std::vector<std::string> WorkerEnv() const {
     return {"RACKRUN_COORDINATOR=" + address_,
-            "RACKRUN_TOKEN_FILE=" + (dir_ / "state" / "token").string(),
+            "RACKRUN_TOKEN_FILE=" + (dir_ / "state" / worker_token_).string(),
             "RACKRUN_VICTIM_GRACE_MS=" + Ms(4000)};
   }
 
@@ -168,7 +168,7 @@ class DaemonsTest : public ::testing::Test {
 
   Result Cli(const std::string& args, const std::string& tag = "cli") {
     return Shell("cd " + dir_.string() + " && env -u RACKRUN_TOKEN RACKRUN_COORDINATOR=" +
-                     address_ + " RACKRUN_TOKEN_FILE=" + (dir_ / "state" / "token").string() +
+                     address_ + " RACKRUN_TOKEN_FILE=" + (dir_ / "state" / cli_token_).string() +
                      " timeout -k 5 120 " + RACKRUN_BINARY + " " + args,
                  tag);
   }
@@ -268,6 +268,9 @@ class DaemonsTest : public ::testing::Test {
   }
 
   fs::path dir_;
+  // The files of the state folder the workers and the CLI take their token from.
+  std::string worker_token_ = "token";
+  std::string cli_token_ = "token";
   int port_ = 0;
   int starts_ = 0;
   std::string address_;
@@ -312,6 +315,33 @@ TEST_F(DaemonsTest, TwoWorkersTrainLikeMpirun) {
   // The workers stay up for the next job.
   EXPECT_EQ(workers_[0]->Wait(std::chrono::milliseconds(0)), -2);
   EXPECT_EQ(workers_[1]->Wait(std::chrono::milliseconds(0)), -2);
+}
+
+// TLS (--tls=on here; a non-loopback --listen has it by default): the workers and the CLI
+// hold nothing but their join tokens (no CA file, no bare token), fetch and pin the
+// coordinator's automatic CA, and a 2-rank job trains to SUCCEEDED. The worker's join token
+// cannot submit (PERMISSION_DENIED naming the role), and a bare token in plaintext gets no
+// answer from a TLS coordinator.
+TEST_F(DaemonsTest, TlsWorkersAndCliWithOnlyJoinTokensTrainAJob) {
+  StartCoordinator({"--tls=on"});
+  worker_token_ = "join-token-worker";
+  cli_token_ = "join-token-user";
+  StartWorker(0);
+  StartWorker(1);
+  WaitIdle(2);
+  const Result watch = Cli("submit job.yaml --set training.steps=4 --watch --plain", "watch");
+  EXPECT_EQ(watch.code, 0) << watch.out << watch.err;
+  EXPECT_THAT(watch.out, HasSubstr("SUCCEEDED"));
+  EXPECT_THAT(watch.out, HasSubstr("step 4/4"));
+
+  cli_token_ = "join-token-worker";
+  const Result denied = Cli("submit job.yaml", "denied");
+  EXPECT_EQ(denied.code, 1) << denied.out;
+  EXPECT_THAT(denied.err, HasSubstr("JobService.Submit needs the user role")) << denied.err;
+  cli_token_ = "token-user";
+  const Result plain = Cli("list", "plain");
+  EXPECT_EQ(plain.code, 1) << plain.out;
+  EXPECT_THAT(plain.err, HasSubstr("join token")) << plain.err;
 }
 
 // 4 workers under mpirun (launcher ranks), coordinator-mode planning: the job succeeds and

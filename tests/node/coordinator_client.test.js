@@ -1,7 +1,9 @@
 // An independent client of rackrun-coordinator in another language (issue 9 section 8):
 // Node.js with @grpc/grpc-js and @grpc/proto-loader, loading the service contract from
 // proto/. It starts a real coordinator on 127.0.0.1 (any free port, a scratch state
-// folder) and checks health, reflection, submit/get/watch/cancel and token refusal.
+// folder) and checks health, reflection, submit/get/watch/cancel, token refusal, the roles
+// (one call per role and service), and a second coordinator with --tls=on whose automatic
+// CA grpc-js verifies.
 //
 // Run by CTest (tests/node/CMakeLists.txt):
 //   RACKRUN_COORDINATOR_BIN=build/coordinator/rackrun-coordinator \
@@ -34,7 +36,8 @@ const CALL_MS = 10000;
 
 const loadOptions = { keepCase: true, longs: String, enums: String, defaults: true, oneofs: true };
 const rackrunPkg = grpc.loadPackageDefinition(protoLoader.loadSync(
-    'rackrun/v1/job_service.proto', { ...loadOptions, includeDirs: [protoDir] }));
+    ['rackrun/v1/job_service.proto', 'rackrun/v1/rack_control.proto'],
+    { ...loadOptions, includeDirs: [protoDir] }));
 const localProtos = path.join(__dirname, 'proto');
 const healthPkg = grpc.loadPackageDefinition(protoLoader.loadSync(
     'grpc/health/v1/health.proto', { ...loadOptions, includeDirs: [localProtos] }));
@@ -76,52 +79,61 @@ function spec(name) {
   };
 }
 
-// Starts the coordinator and resolves with HOST:PORT from its banner line.
-function startCoordinator() {
+// Starts a coordinator on `dir` and resolves with { child, address } (HOST:PORT from its
+// banner line).
+function spawnCoordinator(dir, extra = []) {
   return new Promise((resolve, reject) => {
-    coordinator = spawn(coordinatorBin,
-                        ['--listen', '127.0.0.1:0', '--state-dir', stateDir],
+    const child = spawn(coordinatorBin,
+                        ['--listen', '127.0.0.1:0', '--state-dir', dir, ...extra],
                         { stdio: ['ignore', 'pipe', 'pipe'] });
     let out = '';
     let err = '';
     const timer = setTimeout(
         () => reject(new Error(`no banner from ${coordinatorBin} within 15 s: ${out}${err}`)),
         15000);
-    coordinator.stdout.on('data', (d) => {
+    child.stdout.on('data', (d) => {
       out += d;
       const m = /listening on ([0-9.]+):([0-9]+)/.exec(out);
       if (m) {
         clearTimeout(timer);
-        resolve(`${m[1]}:${m[2]}`);
+        resolve({ child, address: `${m[1]}:${m[2]}` });
       }
     });
-    coordinator.stderr.on('data', (d) => { err += d; });
-    coordinator.on('error', (e) => { clearTimeout(timer); reject(e); });
-    coordinator.on('exit', (code) => {
+    child.stderr.on('data', (d) => { err += d; });
+    child.on('error', (e) => { clearTimeout(timer); reject(e); });
+    child.on('exit', (code) => {
       clearTimeout(timer);
       reject(new Error(`${coordinatorBin} exited with ${code} before its banner: ${out}${err}`));
     });
   });
 }
 
+async function stopCoordinator(child) {
+  if (child && child.exitCode === null) {
+    const exited = new Promise((resolve) => child.once('exit', resolve));
+    child.kill('SIGTERM');
+    const timer = setTimeout(() => child.kill('SIGKILL'), 5000);
+    await exited;
+    clearTimeout(timer);
+  }
+}
+
+function readToken(dir, name) {
+  const file = path.join(dir, name);
+  assert.equal(fs.statSync(file).mode & 0o077, 0, `${name} must be private (0600)`);
+  return fs.readFileSync(file, 'utf8').trim();
+}
+
 before(async () => {
   stateDir = fs.mkdtempSync(path.join(os.tmpdir(), 'rackrun-node-'));
-  address = await startCoordinator();
-  const tokenFile = path.join(stateDir, 'token');
-  assert.equal(fs.statSync(tokenFile).mode & 0o077, 0, 'the token file must be private (0600)');
-  token = fs.readFileSync(tokenFile, 'utf8').trim();
+  ({ child: coordinator, address } = await spawnCoordinator(stateDir));
+  token = readToken(stateDir, 'token');
   jobs = new rackrunPkg.rackrun.v1.JobService(address, grpc.credentials.createInsecure());
 });
 
 after(async () => {
   if (jobs) jobs.close();
-  if (coordinator && coordinator.exitCode === null) {
-    const exited = new Promise((resolve) => coordinator.once('exit', resolve));
-    coordinator.kill('SIGTERM');
-    const timer = setTimeout(() => coordinator.kill('SIGKILL'), 5000);
-    await exited;
-    clearTimeout(timer);
-  }
+  await stopCoordinator(coordinator);
   if (stateDir) fs.rmSync(stateDir, { recursive: true, force: true });
 });
 
@@ -247,4 +259,81 @@ test('calls without the right token are UNAUTHENTICATED and create nothing',
   const afterList = await call(jobs, 'List', { page_size: 1000 });
   assert.deepEqual(afterList.jobs.map((j) => j.id), before.jobs.map((j) => j.id));
   assert.ok(!afterList.jobs.some((j) => j.name === 'node-unauth'));
+});
+
+// One call per role and service. Reads (List) are open to every role; Submit needs the
+// user role; RackControl (Heartbeat of an unknown worker here: admitted calls answer
+// NOT_FOUND, refused ones PERMISSION_DENIED before looking) needs the worker role.
+test('each role token may make only its own calls', { timeout: 20000 }, async () => {
+  const roles = {
+    user: readToken(stateDir, 'token-user'),
+    worker: readToken(stateDir, 'token-worker'),
+    readonly: readToken(stateDir, 'token-readonly'),
+    admin: token,
+  };
+  assert.equal(new Set(Object.values(roles)).size, 4, 'every role has its own token');
+  const rack = new rackrunPkg.rackrun.v1.RackControl(address, grpc.credentials.createInsecure());
+  try {
+    const denied = (needed) => (e) => e.code === grpc.status.PERMISSION_DENIED &&
+        e.details.includes(`needs the ${needed} role`);
+    for (const [role, value] of Object.entries(roles)) {
+      await call(jobs, 'List', { page_size: 1 }, auth(value));  // every role may read
+      const submit = call(jobs, 'Submit',
+                          { spec: spec(`node-${role}`), request_id: `node-${process.pid}-${role}` },
+                          auth(value));
+      if (role === 'user' || role === 'admin') {
+        assert.equal((await submit).created, true, role);
+      } else {
+        await assert.rejects(submit, denied('user'), role);
+      }
+      const heartbeat = call(rack, 'Heartbeat', { worker_id: 'w-none', phase: 'idle' }, auth(value));
+      if (role === 'worker' || role === 'admin') {
+        await assert.rejects(heartbeat, (e) => e.code !== grpc.status.PERMISSION_DENIED &&
+                                               e.code !== grpc.status.UNAUTHENTICATED, role);
+      } else {
+        await assert.rejects(heartbeat, denied('worker'), role);
+      }
+    }
+    // The refused submissions created nothing.
+    const names = (await call(jobs, 'List', { page_size: 1000 })).jobs.map((j) => j.name);
+    assert.ok(names.includes('node-user') && names.includes('node-admin'), names.join(','));
+    assert.ok(!names.includes('node-worker') && !names.includes('node-readonly'), names.join(','));
+  } finally {
+    rack.close();
+  }
+});
+
+// --tls=on: grpc-js trusts only the coordinator's automatic CA (STATE_DIR/ca.crt), checks
+// the server certificate against it and against 127.0.0.1, and calls with a role token.
+// The join token's hash is the SHA-256 of that CA's DER form.
+test('a TLS coordinator is verified against its automatic CA', { timeout: 20000 }, async () => {
+  const crypto = require('node:crypto');
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'rackrun-node-tls-'));
+  let tls;
+  try {
+    tls = await spawnCoordinator(dir, ['--tls=on']);
+    const caPem = fs.readFileSync(path.join(dir, 'ca.crt'));
+    const der = new crypto.X509Certificate(caPem).raw;
+    const join = readToken(dir, 'join-token-readonly');
+    assert.equal(join, `rr1-${crypto.createHash('sha256').update(der).digest('hex')}::` +
+                       readToken(dir, 'token-readonly'));
+    const secure = new rackrunPkg.rackrun.v1.JobService(tls.address, grpc.credentials.createSsl(caPem));
+    try {
+      const r = await call(secure, 'List', {}, auth(readToken(dir, 'token-readonly')));
+      assert.deepEqual(r.jobs, []);
+    } finally {
+      secure.close();
+    }
+    // Plaintext gets no answer from it.
+    const plain = new rackrunPkg.rackrun.v1.JobService(tls.address, grpc.credentials.createInsecure());
+    try {
+      await assert.rejects(call(plain, 'List', {}, auth(readToken(dir, 'token-readonly'))),
+                           (e) => e.code === grpc.status.UNAVAILABLE);
+    } finally {
+      plain.close();
+    }
+  } finally {
+    if (tls) await stopCoordinator(tls.child);
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
 });

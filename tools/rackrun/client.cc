@@ -46,7 +46,8 @@ std::string ConnectReason(const std::string& m, bool tls) {
   }
   if (has("socket closed") || has("connection reset") || has("end of tcp stream")) {
     return tls ? "the connection was closed"
-               : "the connection was closed; if the coordinator uses TLS, pass --tls-ca";
+               : "the connection was closed; if the coordinator uses TLS, use its join token "
+                 "(STATE_DIR/join-token-user) or pass --tls-ca";
   }
   if (has("no route to host")) return "no route to host";
   if (has("network is unreachable")) return "network unreachable";
@@ -68,8 +69,11 @@ std::string CodeName(grpc::StatusCode code) {
 void ConnectionFlags::Declare(flags::FlagSet& flag_set) {
   flag_set.Section(
       "connection (every job command)",
-      "  The cluster token comes from $RACKRUN_TOKEN, else the file $RACKRUN_TOKEN_FILE, else\n"
-      "  ~/.rackrun/token (written by rackrun-coordinator with its default --state-dir).\n");
+      "  The token comes from $RACKRUN_TOKEN, else the file $RACKRUN_TOKEN_FILE, else\n"
+      "  ~/.rackrun/token (written by rackrun-coordinator with its default --state-dir). A join\n"
+      "  token (STATE_DIR/join-token-user, rr1-<CA hash>::<secret>) also brings TLS: the CA is\n"
+      "  fetched from the coordinator and checked against the hash; no --tls-ca needed.\n"
+      "  Roles: token-user submits and cancels; token-readonly only looks.\n");
   flag_set.String("--coordinator", &coordinator, "HOST:PORT", "the rack coordinator")
       .Default(absl::StrCat("$RACKRUN_COORDINATOR, else ", kDefaultCoordinator));
   flag_set.String("--tls-ca", &tls_ca, "FILE",
@@ -115,6 +119,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorClient>> CoordinatorClient::Create(
   if (!open.ok()) return open.status();
   c->token_ = open->token.token;
   c->token_source_ = open->token.source;
+  c->tls_ = c->tls_ || !open->token.ca_sha256.empty();
   c->channel_ = open->channel;
   c->stub_ = rackrun::v1::JobService::NewStub(c->channel_);
   return c;
@@ -145,6 +150,13 @@ grpc::Status CoordinatorClient::WithRetry(
         std::min<std::chrono::steady_clock::duration>(backoff, give_up - now));
     backoff = std::min(backoff * 2, policy.max_backoff);
   }
+}
+
+bool CoordinatorClient::PlaintextOffLoopback() const {
+  if (tls_ || absl::StartsWith(address_, "unix:")) return false;
+  std::string host = address_.substr(0, address_.rfind(':'));
+  if (host.size() >= 2 && host.front() == '[') host = host.substr(1, host.size() - 2);
+  return !(absl::StartsWith(host, "127.") || host == "::1" || host == "localhost");
 }
 
 std::string CoordinatorClient::DescribeError(const grpc::Status& status) const {
@@ -181,8 +193,10 @@ std::string CoordinatorClient::Describe(const grpc::Status& status) const {
                           "); use the token file of the coordinator's --state-dir "
                           "(RACKRUN_TOKEN_FILE) or set RACKRUN_TOKEN");
     case grpc::StatusCode::PERMISSION_DENIED:
-      return absl::StrCat("the coordinator at ", address_, " denied the call (", m,
-                          "); check the token and the client certificate");
+      return absl::StrCat("the coordinator at ", address_, " denied the call with the token from ",
+                          token_source_, " (", m,
+                          "); use a token of that role (STATE_DIR/token-ROLE or join-token-ROLE) "
+                          "in RACKRUN_TOKEN_FILE, or check the client certificate");
     case grpc::StatusCode::INVALID_ARGUMENT:
       return absl::StrCat("the coordinator rejected the request: ", m);
     case grpc::StatusCode::NOT_FOUND:

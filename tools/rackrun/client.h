@@ -6,7 +6,8 @@
 //   else the file named by RACKRUN_TOKEN_FILE, else ~/.rackrun/token (the token file of
 //   the coordinator's default --state-dir, so one machine needs no setting).
 // - TLS when --tls-ca (server roots) or --tls-cert/--tls-key (client certificate) is
-//   given; plaintext otherwise. --tls-server-name overrides the name checked against the
+//   given, or the token is a join token (rpc/join_token.h: the CA it pins is fetched and
+//   trusted); plaintext otherwise. --tls-server-name overrides the name checked against the
 //   server's certificate.
 // - Every unary call has a deadline (kCallTimeout); the channel (rpc/channel.h) sends
 //   keepalive pings so a Watch stream notices a dead coordinator.
@@ -65,6 +66,9 @@ class CoordinatorClient {
   static absl::StatusOr<std::unique_ptr<CoordinatorClient>> Create(const ConnectionFlags& flags);
 
   const std::string& address() const { return address_; }
+  // True when calls go in clear text to an address that is not loopback (the coordinator
+  // runs with --insecure): `rackrun workers` warns.
+  bool PlaintextOffLoopback() const;
 
   // A context carrying the token and, when `deadline` is set, a deadline kCallTimeout
   // from now (streams that follow a job pass false and rely on keepalive).

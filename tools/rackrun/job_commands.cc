@@ -255,6 +255,12 @@ int WorkersCommand(const Args& args) {
   rackrun::v1::ListWorkersResponse response;
   grpc::Status s = client->stub().ListWorkers(ctx.get(), request, &response);
   if (!s.ok()) return CallFailed(*client, s);
+  if (client->PlaintextOffLoopback()) {
+    std::fprintf(stderr,
+                 "rackrun: warning: plaintext to %s (the coordinator runs with --insecure): tokens "
+                 "and jobs cross the network in clear text\n",
+                 client->address().c_str());
+  }
   if (json) {
     PrintJson(response);
     return 0;
