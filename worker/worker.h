@@ -63,6 +63,9 @@ struct WorkerOptions {
   // Prometheus exporter ("HOST:PORT"); empty = none. peak_flops: per device, for MFU.
   std::string metrics_listen;
   double peak_flops = 0;
+  // --allowed-roots, resolved (jobspec/path_confinement.h): a job's file paths must lead
+  // inside one of them; empty = unconfined (a notice at start says so).
+  std::vector<std::string> allowed_roots;
 };
 
 class Worker {

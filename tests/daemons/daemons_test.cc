@@ -14,10 +14,13 @@
 
 #include <chrono>
 #include <filesystem>
+#include <map>
 #include <fstream>
+#include <memory>
 #include <regex>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <thread>
 #include <vector>
 
@@ -27,6 +30,7 @@
 #include "jobspec/job_memory.h"
 #include "jobspec/spec.h"
 #include "tests/support/mpi_env.h"
+#include "tests/support/listening_sockets.h"
 #include "tests/support/process.h"
 #include "tests/support/shell.h"
 #include "tests/support/time_scale.h"
@@ -723,4 +727,170 @@ TEST_F(DaemonsTest, PrometheusTargetsListTheWorkersMetricsEndpoints) {
   EXPECT_TRUE(wait_count(1)) << ::rackrun::testing::Slurp(targets);
 }
 
+// Confined paths: workers given --allowed-roots refuse a spec whose paths lead outside
+// (a symlink inside the root that escapes, `..`), naming the field, the path, the host and
+// the roots, and create nothing outside; a spec inside trains. A bad root list stops the
+// worker at start, naming the flag.
+TEST_F(DaemonsTest, ConfinedWorkersRefusePathsOutsideTheirRoots) {
+  const Result bad = Shell(std::string(RACKRUN_WORKER_BINARY) +
+                               " --coordinator 127.0.0.1:1 --allowed-roots relative/dir",
+                           "bad-roots");
+  EXPECT_EQ(bad.code, 2) << bad.err;
+  EXPECT_THAT(bad.err, HasSubstr("--allowed-roots: 'relative/dir' is not an absolute path"));
+
+  const fs::path root = fs::canonical(dir_);
+  const fs::path outside = fs::path(::testing::TempDir()) / ("outside_" + dir_.filename().string());
+  fs::remove_all(outside);
+  fs::create_directories(outside);
+  fs::create_directory_symlink(outside, dir_ / "escape");
+  StartCoordinator();
+  StartWorker(0, {"--allowed-roots", root.string()});
+  StartWorker(1, {"--allowed-roots", root.string()});
+  WaitIdle(2);
+  const std::string through_link = (dir_ / "escape" / "ckpt").string();
+  const std::string dot_dot = (dir_ / "data" / ".." / ".." / outside.filename() / "trace").string();
+  for (const auto& [field, path] : std::vector<std::pair<std::string, std::string>>{
+           {"checkpoint.dir", through_link}, {"logging.load_trace", dot_dot}}) {
+    const std::string id = Submit("--set " + field + "=" + path + " --set training.steps=3");
+    const json job = WaitState(id, "FAILED");
+    ASSERT_EQ(job.value("state", ""), "FAILED") << job.dump();
+    const std::string message = job["first_failure"].value("message", "");
+    EXPECT_THAT(message, HasSubstr(field + ": '" + path + "' leads to '" + outside.string()));
+    EXPECT_THAT(message, HasSubstr("on host "));
+    EXPECT_THAT(message, HasSubstr("allowed roots: " + root.string()));
+  }
+  EXPECT_TRUE(fs::is_empty(outside)) << "nothing is created outside the roots";
+  fs::remove_all(outside);
+  // Inside the roots the job trains and checkpoints as before.
+  const std::string id =
+      Submit("--set checkpoint.dir=" + (dir_ / "ckpt").string() + " --set training.steps=3", "ok");
+  EXPECT_EQ(WaitState(id, "SUCCEEDED").value("state", ""), "SUCCEEDED");
+  EXPECT_FALSE(fs::is_empty(dir_ / "ckpt"));
+}
+
+// The data plane's exposure: while a job runs, whatever a worker listens on is on its
+// --data-address (two loopback addresses here), never on every interface (Gloo's listeners
+// live only while the mesh connects; comm/gloo_channel_test.cc reads them then); a wildcard
+// --data-address is refused at start.
+TEST_F(DaemonsTest, DataChannelsListenOnlyOnTheDataAddress) {
+  const Result bad = Shell(std::string(RACKRUN_WORKER_BINARY) +
+                               " --coordinator 127.0.0.1:1 --data-address 0.0.0.0",
+                           "bad-address");
+  EXPECT_EQ(bad.code, 1) << bad.err;
+  EXPECT_THAT(bad.err, HasSubstr("--data-address: '0.0.0.0' is every interface"));
+
+  StartCoordinator();
+  Child& w0 = StartWorker(0, {"--data-address", "127.0.0.2"});
+  Child& w1 = StartWorker(1, {"--data-address", "127.0.0.3"});
+  WaitIdle(2);
+  const std::string id = Submit("--set training.steps=400");
+  WaitStep(id, 2);
+  for (const auto& [worker, address] :
+       std::vector<std::pair<Child*, std::string>>{{&w0, "127.0.0.2"}, {&w1, "127.0.0.3"}}) {
+    const std::map<std::string, std::string> listening =
+        ::rackrun::testing::ListeningSockets(worker->pid());
+    for (const auto& [inode, at] : listening) {
+      EXPECT_EQ(::rackrun::testing::AddressOf(at), address) << at;
+    }
+  }
+  EXPECT_EQ(Cli("cancel " + id).code, 0);
+  EXPECT_EQ(WaitState(id, "CANCELLED", std::chrono::seconds(30)).value("state", ""), "CANCELLED");
+}
+
+// Orphans. A worker started through a "launcher" (a shell that starts it in the
+// background and is then killed with SIGKILL, as mpirun or slurmstepd might be): with a
+// launcher variable it deregisters and exits within a bounded time; started by hand (RANK
+// only) it keeps serving its coordinator.
+class OrphanTest : public DaemonsTest {
+ protected:
+  struct Launched {
+    std::unique_ptr<Child> launcher;
+    pid_t worker = -1;
+    fs::path log;
+  };
+  Launched Launch(const std::string& variable, const std::string& tag) {
+    Launched l;
+    l.log = dir_ / (tag + ".log");
+    const fs::path pid_file = dir_ / (tag + ".pid");
+    std::vector<std::string> env = WorkerEnv();
+    env.push_back(variable + "=0");
+    l.launcher = std::make_unique<Child>(
+        std::vector<std::string>{"/bin/sh", "-c",
+                                 "\"$0\" --data-address 127.0.0.1 --threads 1 >\"$1\" 2>&1 & "
+                                 "echo $! >\"$2\"; wait",
+                                 RACKRUN_WORKER_BINARY, l.log.string(), pid_file.string()},
+        dir_ / (tag + "-launcher.log"), env);
+    const auto end = Clock::now() + Scaled(std::chrono::seconds(10));
+    while (Clock::now() < end && l.worker <= 0) {
+      const std::string text = ::rackrun::testing::Slurp(pid_file);
+      if (!text.empty() && text.back() == '\n') l.worker = std::stoi(text);
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    orphans_.push_back(l.worker);
+    return l;
+  }
+  // Gone, or a zombie nobody has reaped yet (its new parent is not this test).
+  static bool Exited(pid_t pid) {
+    std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+    std::string line;
+    if (!std::getline(stat, line)) return true;
+    const size_t paren = line.rfind(')');
+    return paren == std::string::npos || line.substr(paren + 2, 1) == "Z";
+  }
+  void TearDown() override {
+    for (const pid_t pid : orphans_) {
+      if (pid > 0 && !Exited(pid)) kill(pid, SIGKILL);
+    }
+    DaemonsTest::TearDown();
+  }
+  std::vector<pid_t> orphans_;  // not children of this test: killed by pid at the end
+};
+
+TEST_F(OrphanTest, AWorkerStartedByALauncherExitsWhenItDies) {
+  StartCoordinator();
+  for (const std::string variable : {"OMPI_COMM_WORLD_RANK", "SLURM_PROCID"}) {
+    Launched l = Launch(variable, "launched-" + variable);
+    ASSERT_GT(l.worker, 0);
+    WaitIdle(1);
+    l.launcher->Signal(SIGKILL);
+    EXPECT_EQ(l.launcher->Wait(Scaled(std::chrono::seconds(5))), -1);
+    const auto end = Clock::now() + Scaled(std::chrono::seconds(10));
+    while (Clock::now() < end && !Exited(l.worker)) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    EXPECT_TRUE(Exited(l.worker)) << variable << ": the worker outlived its launcher";
+    const std::string log = ::rackrun::testing::Slurp(l.log);
+    EXPECT_THAT(log, HasSubstr("started by a launcher (" + variable + " is set)"));
+    EXPECT_THAT(log, HasSubstr("the launcher (pid " + std::to_string(l.launcher->pid()) + ") ended"));
+    EXPECT_THAT(log, HasSubstr("deregistered, exiting")) << "it reports before it goes";
+    for (const json& w : Json("workers").value("workers", json::array())) {
+      EXPECT_EQ(w.value("state", ""), "GONE") << "deregistered, not lost: " << w.dump();
+    }
+  }
+}
+
+TEST_F(OrphanTest, AWorkerStartedByHandOutlivesItsParent) {
+  StartCoordinator();
+  Launched l = Launch("RANK", "by-hand");
+  ASSERT_GT(l.worker, 0);
+  WaitIdle(1);
+  l.launcher->Signal(SIGKILL);
+  EXPECT_EQ(l.launcher->Wait(Scaled(std::chrono::seconds(5))), -1);
+  // Longer than the launched worker above needs to leave (its watch polls every 200 ms).
+  std::this_thread::sleep_for(Scaled(std::chrono::seconds(2)));
+  EXPECT_FALSE(Exited(l.worker));
+  WaitIdle(1);  // still registered and heartbeating
+  // And it still runs jobs.
+  const std::string id = Submit("--set resources.ranks=1 --set training.steps=2");
+  EXPECT_EQ(WaitState(id, "SUCCEEDED").value("state", ""), "SUCCEEDED");
+  EXPECT_THAT(::rackrun::testing::Slurp(l.log), ::testing::Not(HasSubstr("launcher")));
+  kill(l.worker, SIGTERM);
+  const auto end = Clock::now() + Scaled(std::chrono::seconds(20));
+  while (Clock::now() < end && !Exited(l.worker)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_TRUE(Exited(l.worker));
+}
+
 }  // namespace
+
