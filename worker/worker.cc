@@ -74,6 +74,10 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(const WorkerOptions& opti
 
 Worker::~Worker() {
   Shutdown();
+  StopThreads();
+}
+
+void Worker::StopThreads() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stopped_ = true;
@@ -401,6 +405,9 @@ absl::Status Worker::Serve() {
   }
   ReportUnstarted(unstarted, rackrun::v1::AttemptResult::DRAINED,
                   "the worker shut down before the attempt started");
+  // The stream and heartbeat end before the worker deregisters: a heartbeat after it would be
+  // answered NOT_FOUND and register the leaving worker again (IDLE until it was lost).
+  StopThreads();
   rackrun::v1::DeregisterRequest request;
   request.set_worker_id(worker_id());
   request.set_reason("shutdown (signal)");

@@ -89,6 +89,8 @@ class Worker {
   absl::Status Register(bool again);
   void StreamLoop();
   void HeartbeatLoop();
+  // Ends the stream and heartbeat threads (Serve before it deregisters, the destructor).
+  void StopThreads();
   void ReportResult(const rackrun::v1::RunJob& job, const rackrun::v1::AttemptResult& result);
   // Reports attempts that never started (cancelled while queued, or queued at shutdown).
   void ReportUnstarted(const std::vector<rackrun::v1::RunJob>& jobs,

@@ -773,7 +773,7 @@ TEST_F(DaemonsTest, ConfinedWorkersRefusePathsOutsideTheirRoots) {
 // live only while the mesh connects; comm/gloo_channel_test.cc reads them then); a wildcard
 // --data-address is refused at start.
 TEST_F(DaemonsTest, DataChannelsListenOnlyOnTheDataAddress) {
-  const Result bad = Shell(std::string(RACKRUN_WORKER_BINARY) +
+  const Result bad = Shell(std::string("RACKRUN_TOKEN=t ") + RACKRUN_WORKER_BINARY +
                                " --coordinator 127.0.0.1:1 --data-address 0.0.0.0",
                            "bad-address");
   EXPECT_EQ(bad.code, 1) << bad.err;
@@ -883,7 +883,9 @@ TEST_F(OrphanTest, AWorkerStartedByHandOutlivesItsParent) {
   // And it still runs jobs.
   const std::string id = Submit("--set resources.ranks=1 --set training.steps=2");
   EXPECT_EQ(WaitState(id, "SUCCEEDED").value("state", ""), "SUCCEEDED");
-  EXPECT_THAT(::rackrun::testing::Slurp(l.log), ::testing::Not(HasSubstr("launcher")));
+  const std::string log = ::rackrun::testing::Slurp(l.log);
+  EXPECT_THAT(log, ::testing::Not(HasSubstr("started by a launcher")));
+  EXPECT_THAT(log, ::testing::Not(HasSubstr("the launcher (pid")));
   kill(l.worker, SIGTERM);
   const auto end = Clock::now() + Scaled(std::chrono::seconds(20));
   while (Clock::now() < end && !Exited(l.worker)) {
