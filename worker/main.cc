@@ -151,6 +151,9 @@ int main(int argc, char** argv) {
     std::printf("rackrun-worker: started by a launcher (%s is set): exits when its process %d "
                 "ends\n", variable, static_cast<int>(parent));
     std::fflush(stdout);
+    // Its output is a pipe to the launcher: once that is gone a write must fail, not kill
+    // the worker before it has reported and deregistered.
+    ::signal(SIGPIPE, SIG_IGN);
     launcher_watch = std::make_unique<rackrun::worker::LauncherWatch>(
         parent,
         [w](pid_t launcher) {

@@ -10,7 +10,11 @@
 // quiet-machine figures multiplied by TimeScale() (tests/support/time_scale.h): a loaded
 // machine or a sanitizer build gets proportionally more room.
 
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <filesystem>
@@ -797,37 +801,75 @@ TEST_F(DaemonsTest, DataChannelsListenOnlyOnTheDataAddress) {
   EXPECT_EQ(WaitState(id, "CANCELLED", std::chrono::seconds(30)).value("state", ""), "CANCELLED");
 }
 
-// Orphans. A worker started through a "launcher" (a shell that starts it in the
-// background and is then killed with SIGKILL, as mpirun or slurmstepd might be): with a
-// launcher variable it deregisters and exits within a bounded time; started by hand (RANK
-// only) it keeps serving its coordinator.
+// Orphans. A worker started by a "launcher" (a small process that forks it, forwards its
+// output through a pipe as mpirun does, and is killed with SIGKILL): with a launcher
+// variable it deregisters and exits within a bounded time; started by hand (RANK only,
+// writing its own log) it outlives its parent and keeps serving its coordinator.
 class OrphanTest : public DaemonsTest {
  protected:
   struct Launched {
-    std::unique_ptr<Child> launcher;
-    pid_t worker = -1;
+    pid_t launcher = -1;  // a child of this test
+    pid_t worker = -1;    // the launcher's child
     fs::path log;
   };
-  Launched Launch(const std::string& variable, const std::string& tag) {
+  // Forks a launcher that starts the worker with `variable`=0 in its environment. With
+  // `pipe_output` the worker's stdout and stderr are a pipe the launcher copies into the
+  // log, as mpirun and slurmstepd forward a rank's output (the pipe breaks when the
+  // launcher dies); otherwise the worker writes the log itself (`rackrun-worker > log &`).
+  Launched Launch(const std::string& variable, const std::string& tag, bool pipe_output) {
     Launched l;
     l.log = dir_ / (tag + ".log");
-    const fs::path pid_file = dir_ / (tag + ".pid");
-    std::vector<std::string> env = WorkerEnv();
-    env.push_back(variable + "=0");
-    l.launcher = std::make_unique<Child>(
-        std::vector<std::string>{"/bin/sh", "-c",
-                                 "\"$0\" --data-address 127.0.0.1 --threads 1 >\"$1\" 2>&1 & "
-                                 "echo $! >\"$2\"; wait",
-                                 RACKRUN_WORKER_BINARY, l.log.string(), pid_file.string()},
-        dir_ / (tag + "-launcher.log"), env);
-    const auto end = Clock::now() + Scaled(std::chrono::seconds(10));
-    while (Clock::now() < end && l.worker <= 0) {
-      const std::string text = ::rackrun::testing::Slurp(pid_file);
-      if (!text.empty() && text.back() == '\n') l.worker = std::stoi(text);
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    // Everything the children use is built before fork (this process has threads).
+    std::vector<std::string> env_strings = WorkerEnv();
+    env_strings.push_back(variable + "=0");
+    for (char** e = environ; *e != nullptr; ++e) env_strings.emplace_back(*e);
+    std::vector<char*> envp;
+    for (std::string& e : env_strings) envp.push_back(e.data());
+    envp.push_back(nullptr);
+    std::vector<std::string> arg_strings = {RACKRUN_WORKER_BINARY, "--data-address", "127.0.0.1",
+                                            "--threads", "1"};
+    std::vector<char*> argv;
+    for (std::string& a : arg_strings) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    const std::string log = l.log.string();
+    int pid_pipe[2];
+    if (pipe(pid_pipe) != 0) return l;
+    l.launcher = fork();
+    if (l.launcher == 0) {
+      prctl(PR_SET_PDEATHSIG, SIGKILL);  // gone with this test, like Child
+      const int log_fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      int out[2] = {-1, -1};
+      if (pipe_output && pipe(out) != 0) _exit(126);
+      const pid_t worker = fork();
+      if (worker == 0) {
+        const int to = pipe_output ? out[1] : log_fd;
+        dup2(to, 1);
+        dup2(to, 2);
+        // Only the launcher reads the pipe, so it breaks when the launcher dies.
+        if (pipe_output) close(out[0]);
+        execve(argv[0], argv.data(), envp.data());
+        _exit(127);
+      }
+      (void)!write(pid_pipe[1], &worker, sizeof worker);
+      if (pipe_output) {
+        close(out[1]);
+        char buffer[4096];
+        for (ssize_t n; (n = read(out[0], buffer, sizeof buffer)) > 0;) (void)!write(log_fd, buffer, static_cast<size_t>(n));
+      }
+      pause();  // a launcher stays until the launch ends (here: until it is killed)
+      _exit(0);
     }
+    close(pid_pipe[1]);
+    if (read(pid_pipe[0], &l.worker, sizeof l.worker) != sizeof l.worker) l.worker = -1;
+    close(pid_pipe[0]);
+    launchers_.push_back(l.launcher);
     orphans_.push_back(l.worker);
     return l;
+  }
+  // Kills the launcher with SIGKILL and reaps it.
+  static void KillLauncher(pid_t launcher) {
+    kill(launcher, SIGKILL);
+    waitpid(launcher, nullptr, 0);
   }
   // Gone, or a zombie nobody has reaped yet (its new parent is not this test).
   static bool Exited(pid_t pid) {
@@ -841,28 +883,32 @@ class OrphanTest : public DaemonsTest {
     for (const pid_t pid : orphans_) {
       if (pid > 0 && !Exited(pid)) kill(pid, SIGKILL);
     }
+    for (const pid_t pid : launchers_) {
+      if (pid > 0) KillLauncher(pid);
+    }
     DaemonsTest::TearDown();
   }
-  std::vector<pid_t> orphans_;  // not children of this test: killed by pid at the end
+  std::vector<pid_t> launchers_;  // children of this test: killed and reaped at the end
+  std::vector<pid_t> orphans_;    // not children of this test: killed by pid at the end
 };
 
 TEST_F(OrphanTest, AWorkerStartedByALauncherExitsWhenItDies) {
   StartCoordinator();
   for (const std::string variable : {"OMPI_COMM_WORLD_RANK", "SLURM_PROCID"}) {
-    Launched l = Launch(variable, "launched-" + variable);
+    Launched l = Launch(variable, "launched-" + variable, /*pipe_output=*/true);
     ASSERT_GT(l.worker, 0);
     WaitIdle(1);
-    l.launcher->Signal(SIGKILL);
-    EXPECT_EQ(l.launcher->Wait(Scaled(std::chrono::seconds(5))), -1);
+    std::string text;
+    ASSERT_FALSE(WaitForText(l.log, std::regex("started by a launcher"), &text).empty()) << text;
+    KillLauncher(l.launcher);
     const auto end = Clock::now() + Scaled(std::chrono::seconds(10));
     while (Clock::now() < end && !Exited(l.worker)) {
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
     EXPECT_TRUE(Exited(l.worker)) << variable << ": the worker outlived its launcher";
-    const std::string log = ::rackrun::testing::Slurp(l.log);
-    EXPECT_THAT(log, HasSubstr("started by a launcher (" + variable + " is set)"));
-    EXPECT_THAT(log, HasSubstr("the launcher (pid " + std::to_string(l.launcher->pid()) + ") ended"));
-    EXPECT_THAT(log, HasSubstr("deregistered, exiting")) << "it reports before it goes";
+    // Its output died with the launcher's pipe; the coordinator says it deregistered.
+    EXPECT_THAT(text, HasSubstr("started by a launcher (" + variable + " is set): exits when its "
+                                "process " + std::to_string(l.launcher) + " ends"));
     for (const json& w : Json("workers").value("workers", json::array())) {
       EXPECT_EQ(w.value("state", ""), "GONE") << "deregistered, not lost: " << w.dump();
     }
@@ -871,11 +917,10 @@ TEST_F(OrphanTest, AWorkerStartedByALauncherExitsWhenItDies) {
 
 TEST_F(OrphanTest, AWorkerStartedByHandOutlivesItsParent) {
   StartCoordinator();
-  Launched l = Launch("RANK", "by-hand");
+  Launched l = Launch("RANK", "by-hand", /*pipe_output=*/false);
   ASSERT_GT(l.worker, 0);
   WaitIdle(1);
-  l.launcher->Signal(SIGKILL);
-  EXPECT_EQ(l.launcher->Wait(Scaled(std::chrono::seconds(5))), -1);
+  KillLauncher(l.launcher);
   // Longer than the launched worker above needs to leave (its watch polls every 200 ms).
   std::this_thread::sleep_for(Scaled(std::chrono::seconds(2)));
   EXPECT_FALSE(Exited(l.worker));
