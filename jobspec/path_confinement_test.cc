@@ -2,7 +2,9 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -139,28 +141,23 @@ TEST_F(PathConfinementTest, EverySpecPathIsCheckedAndTheFirstOutsideNamed) {
   EXPECT_TRUE(CheckSpecPathsConfined(spec, roots_, "h").ok());
 
   const std::string outside = (dir_ / "outside/x").string();
-  const auto refused = [&](rackrun::v1::JobSpec s, const char* field) {
+  using v1::JobSpec;
+  const std::vector<std::pair<const char*, std::function<void(JobSpec&)>>> moves = {
+      {"data.train", [&](JobSpec& s) { s.mutable_data()->set_train(outside); }},
+      {"data.validation", [&](JobSpec& s) { s.mutable_data()->set_validation(outside); }},
+      {"checkpoint.dir", [&](JobSpec& s) { s.mutable_checkpoint()->set_dir(outside); }},
+      {"logging.json", [&](JobSpec& s) { s.mutable_logging()->set_json(outside); }},
+      {"logging.load_trace", [&](JobSpec& s) { s.mutable_logging()->set_load_trace(outside); }},
+  };
+  for (const auto& [field, move] : moves) {
+    JobSpec s = spec;
+    move(s);
     const absl::Status status = CheckSpecPathsConfined(s, roots_, "h");
     EXPECT_EQ(status.code(), absl::StatusCode::kPermissionDenied) << field;
     EXPECT_THAT(status.message(), HasSubstr(std::string(field) + ": '" + outside + "'"));
     // Unconfined: the same spec passes.
     EXPECT_TRUE(CheckSpecPathsConfined(s, {}, "h").ok());
-  };
-  rackrun::v1::JobSpec s = spec;
-  s.mutable_data()->set_train(outside);
-  refused(s, "data.train");
-  s = spec;
-  s.mutable_data()->set_validation(outside);
-  refused(s, "data.validation");
-  s = spec;
-  s.mutable_checkpoint()->set_dir(outside);
-  refused(s, "checkpoint.dir");
-  s = spec;
-  s.mutable_logging()->set_json(outside);
-  refused(s, "logging.json");
-  s = spec;
-  s.mutable_logging()->set_load_trace(outside);
-  refused(s, "logging.load_trace");
+  }
 }
 
 }  // namespace
