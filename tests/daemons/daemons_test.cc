@@ -91,8 +91,8 @@ class DaemonsTest : public ::testing::Test {
   void TearDown() override {
     for (auto& w : workers_) w.reset();
     if (mpirun_ != nullptr) {
-      // SIGTERM: mpirun forwards it to the workers, which drain and exit; a SIGKILL of
-      // mpirun alone would leave them running.
+      // SIGTERM: mpirun forwards it to the workers, which drain and exit (after a SIGKILL of
+      // mpirun they would notice its death themselves: worker/launcher_watch.h).
       mpirun_->Signal(SIGTERM);
       mpirun_->Wait(std::chrono::seconds(20));
       mpirun_.reset();
@@ -812,16 +812,18 @@ class OrphanTest : public DaemonsTest {
     pid_t worker = -1;    // the launcher's child
     fs::path log;
   };
-  // Forks a launcher that starts the worker with `variable`=0 in its environment. With
+  // Forks a launcher that starts the worker with `variable`=`launcher_rank` in its
+  // environment. With
   // `pipe_output` the worker's stdout and stderr are a pipe the launcher copies into the
   // log, as mpirun and slurmstepd forward a rank's output (the pipe breaks when the
   // launcher dies); otherwise the worker writes the log itself (`rackrun-worker > log &`).
-  Launched Launch(const std::string& variable, const std::string& tag, bool pipe_output) {
+  Launched Launch(const std::string& variable, const std::string& tag, bool pipe_output,
+                  int launcher_rank = 0) {
     Launched l;
     l.log = dir_ / (tag + ".log");
     // Everything the children use is built before fork (this process has threads).
     std::vector<std::string> env_strings = WorkerEnv();
-    env_strings.push_back(variable + "=0");
+    env_strings.push_back(variable + "=" + std::to_string(launcher_rank));
     for (char** e = environ; *e != nullptr; ++e) env_strings.emplace_back(*e);
     std::vector<char*> envp;
     for (std::string& e : env_strings) envp.push_back(e.data());
@@ -911,6 +913,51 @@ TEST_F(OrphanTest, AWorkerStartedByALauncherExitsWhenItDies) {
                                 "process " + std::to_string(l.launcher) + " ends"));
     for (const json& w : Json("workers").value("workers", json::array())) {
       EXPECT_EQ(w.value("state", ""), "GONE") << "deregistered, not lost: " << w.dump();
+    }
+  }
+}
+
+// Mid-job: the launched worker whose launcher dies drains like a SIGTERMed one (its step,
+// a checkpoint, a WORKER_CANCELLED report, deregistered), and the job restarts from that
+// checkpoint on the free worker.
+TEST_F(OrphanTest, ALaunchedWorkerMidJobReportsAndTheJobRestartsElsewhere) {
+  StartCoordinator();
+  std::vector<Launched> launched;
+  for (int r = 0; r < 3; ++r) {
+    launched.push_back(Launch("OMPI_COMM_WORLD_RANK", "launched" + std::to_string(r), true, r));
+    ASSERT_GT(launched.back().worker, 0);
+  }
+  WaitIdle(3);
+  const std::string ckpt = (dir_ / "ckpt").string();
+  const std::string id = Submit("--set training.steps=60 --set checkpoint.dir=" + ckpt +
+                                " --set checkpoint.interval=1000 --set restart.max_attempts=2"
+                                " --set restart.backoff_s=0.2");
+  WaitStep(id, 5);
+  // A worker of the job (BUSY), by its pid.
+  pid_t busy = -1;
+  for (const json& w : Json("workers").value("workers", json::array())) {
+    if (w.value("state", "") == "BUSY") busy = static_cast<pid_t>(Int(w, "pid"));
+  }
+  Launched* victim = nullptr;
+  for (Launched& l : launched) {
+    if (l.worker == busy) victim = &l;
+  }
+  ASSERT_NE(victim, nullptr) << "no busy launched worker";
+  KillLauncher(victim->launcher);
+  const auto end = Clock::now() + Scaled(std::chrono::seconds(30));
+  while (Clock::now() < end && !Exited(victim->worker)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_TRUE(Exited(victim->worker)) << "the worker outlived its launcher";
+  const json job = WaitState(id, "SUCCEEDED", std::chrono::seconds(120));
+  ASSERT_EQ(job.value("state", ""), "SUCCEEDED") << job.dump();
+  ASSERT_EQ(job["attempts"].size(), 2u) << job.dump();
+  EXPECT_EQ(job["first_failure"].value("kind", ""), "WORKER_CANCELLED") << job.dump();
+  EXPECT_EQ(Int(job["first_failure"], "pid"), victim->worker) << job.dump();
+  EXPECT_GE(Int(job["attempts"][1], "start_step"), 5) << "resumed from the drain checkpoint";
+  for (const json& w : Json("workers").value("workers", json::array())) {
+    if (Int(w, "pid") == victim->worker) {
+      EXPECT_EQ(w.value("state", ""), "GONE") << w.dump();
     }
   }
 }
