@@ -868,6 +868,14 @@ class OrphanTest : public DaemonsTest {
     orphans_.push_back(l.worker);
     return l;
   }
+  // The coordinator's state of the worker with this pid (deregistered ones included); ""
+  // when it is not listed.
+  std::string StateOf(pid_t pid) {
+    for (const json& w : Json("workers --all").value("workers", json::array())) {
+      if (Int(w, "pid") == pid) return w.value("state", "");
+    }
+    return "";
+  }
   // Kills the launcher with SIGKILL and reaps it.
   static void KillLauncher(pid_t launcher) {
     kill(launcher, SIGKILL);
@@ -911,9 +919,7 @@ TEST_F(OrphanTest, AWorkerStartedByALauncherExitsWhenItDies) {
     // Its output died with the launcher's pipe; the coordinator says it deregistered.
     EXPECT_THAT(text, HasSubstr("started by a launcher (" + variable + " is set): exits when its "
                                 "process " + std::to_string(l.launcher) + " ends"));
-    for (const json& w : Json("workers").value("workers", json::array())) {
-      EXPECT_EQ(w.value("state", ""), "GONE") << "deregistered, not lost: " << w.dump();
-    }
+    EXPECT_EQ(StateOf(l.worker), "GONE") << "deregistered, not lost";
   }
 }
 
@@ -955,11 +961,7 @@ TEST_F(OrphanTest, ALaunchedWorkerMidJobReportsAndTheJobRestartsElsewhere) {
   EXPECT_EQ(job["first_failure"].value("kind", ""), "WORKER_CANCELLED") << job.dump();
   EXPECT_EQ(Int(job["first_failure"], "pid"), victim->worker) << job.dump();
   EXPECT_GE(Int(job["attempts"][1], "start_step"), 5) << "resumed from the drain checkpoint";
-  for (const json& w : Json("workers").value("workers", json::array())) {
-    if (Int(w, "pid") == victim->worker) {
-      EXPECT_EQ(w.value("state", ""), "GONE") << w.dump();
-    }
-  }
+  EXPECT_EQ(StateOf(victim->worker), "GONE") << "deregistered, not lost";
 }
 
 TEST_F(OrphanTest, AWorkerStartedByHandOutlivesItsParent) {
