@@ -239,6 +239,28 @@ class DaemonsTest : public ::testing::Test {
     return job;
   }
 
+  // A 60-step job with checkpoints that restarts once, submitted and run to step 5: for the
+  // tests that drain one of its workers.
+  std::string SubmitRestartableAndWaitForStep5() {
+    const std::string id = Submit("--set training.steps=60 --set checkpoint.dir=" +
+                                  (dir_ / "ckpt").string() +
+                                  " --set checkpoint.interval=1000 --set restart.max_attempts=2"
+                                  " --set restart.backoff_s=0.2");
+    WaitStep(id, 5);
+    return id;
+  }
+
+  // The job above, after worker `pid` drained: it succeeded in a second attempt that resumed
+  // from the drain checkpoint, and the first failure names that worker (WORKER_CANCELLED).
+  void ExpectRestartedFromTheDrainCheckpoint(const std::string& id, int64_t pid) {
+    const json job = WaitState(id, "SUCCEEDED", std::chrono::seconds(120));
+    ASSERT_EQ(job.value("state", ""), "SUCCEEDED") << job.dump();
+    ASSERT_EQ(job["attempts"].size(), 2u) << job.dump();
+    EXPECT_EQ(job["first_failure"].value("kind", ""), "WORKER_CANCELLED") << job.dump();
+    EXPECT_EQ(Int(job["first_failure"], "pid"), pid) << job.dump();
+    EXPECT_GE(Int(job["attempts"][1], "start_step"), 5) << "resumed from the drain checkpoint";
+  }
+
   // Waits until the job's rank 0 reported at least `step`.
   void WaitStep(const std::string& id, int64_t step) {
     const auto end = Clock::now() + Scaled(std::chrono::seconds(60));
@@ -417,19 +439,10 @@ TEST_F(DaemonsTest, TerminatedWorkerCheckpointsAndTheJobRestartsElsewhere) {
   Child& leaving = StartWorker(1);
   StartWorker(2);
   WaitIdle(3);
-  const std::string ckpt = (dir_ / "ckpt").string();
-  const std::string id = Submit("--set training.steps=60 --set checkpoint.dir=" + ckpt +
-                                " --set checkpoint.interval=1000 --set restart.max_attempts=2"
-                                " --set restart.backoff_s=0.2");
-  WaitStep(id, 5);
+  const std::string id = SubmitRestartableAndWaitForStep5();
   leaving.Signal(SIGTERM);
   EXPECT_EQ(leaving.Wait(Scaled(std::chrono::seconds(30))), 0) << "a drained worker exits 0";
-  const json job = WaitState(id, "SUCCEEDED", std::chrono::seconds(120));
-  ASSERT_EQ(job.value("state", ""), "SUCCEEDED") << job.dump();
-  ASSERT_EQ(job["attempts"].size(), 2u) << job.dump();
-  EXPECT_EQ(job["first_failure"].value("kind", ""), "WORKER_CANCELLED") << job.dump();
-  EXPECT_EQ(Int(job["first_failure"], "pid"), leaving.pid()) << job.dump();
-  EXPECT_GE(Int(job["attempts"][1], "start_step"), 5) << "resumed from the drain checkpoint";
+  ExpectRestartedFromTheDrainCheckpoint(id, leaving.pid());
   EXPECT_THAT(::rackrun::testing::Slurp(dir_ / "worker1.log"), HasSubstr("deregistered"));
 }
 
@@ -934,11 +947,7 @@ TEST_F(OrphanTest, ALaunchedWorkerMidJobReportsAndTheJobRestartsElsewhere) {
     ASSERT_GT(launched.back().worker, 0);
   }
   WaitIdle(3);
-  const std::string ckpt = (dir_ / "ckpt").string();
-  const std::string id = Submit("--set training.steps=60 --set checkpoint.dir=" + ckpt +
-                                " --set checkpoint.interval=1000 --set restart.max_attempts=2"
-                                " --set restart.backoff_s=0.2");
-  WaitStep(id, 5);
+  const std::string id = SubmitRestartableAndWaitForStep5();
   // A worker of the job (BUSY), by its pid.
   pid_t busy = -1;
   for (const json& w : Json("workers").value("workers", json::array())) {
@@ -955,12 +964,7 @@ TEST_F(OrphanTest, ALaunchedWorkerMidJobReportsAndTheJobRestartsElsewhere) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   EXPECT_TRUE(Exited(victim->worker)) << "the worker outlived its launcher";
-  const json job = WaitState(id, "SUCCEEDED", std::chrono::seconds(120));
-  ASSERT_EQ(job.value("state", ""), "SUCCEEDED") << job.dump();
-  ASSERT_EQ(job["attempts"].size(), 2u) << job.dump();
-  EXPECT_EQ(job["first_failure"].value("kind", ""), "WORKER_CANCELLED") << job.dump();
-  EXPECT_EQ(Int(job["first_failure"], "pid"), victim->worker) << job.dump();
-  EXPECT_GE(Int(job["attempts"][1], "start_step"), 5) << "resumed from the drain checkpoint";
+  ExpectRestartedFromTheDrainCheckpoint(id, victim->worker);
   EXPECT_EQ(StateOf(victim->worker), "GONE") << "deregistered, not lost";
 }
 
