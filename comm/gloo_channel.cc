@@ -1,5 +1,8 @@
 #include "comm/gloo_channel.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
 #include <gloo/common/error.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/store.h>
@@ -684,6 +687,16 @@ absl::Status Join(RendezvousStore& store, const std::string& prefix, int rank, i
 
 }  // namespace
 
+bool IsWildcardAddress(const std::string& address) {
+  std::string bare = address;
+  if (bare.size() >= 2 && bare.front() == '[' && bare.back() == ']') bare = bare.substr(1, bare.size() - 2);
+  in_addr v4{};
+  in6_addr v6{};
+  if (::inet_pton(AF_INET, bare.c_str(), &v4) == 1) return v4.s_addr == htonl(INADDR_ANY);
+  if (::inet_pton(AF_INET6, bare.c_str(), &v6) == 1) return IN6_IS_ADDR_UNSPECIFIED(&v6);
+  return false;
+}
+
 absl::StatusOr<std::unique_ptr<DataChannel>> CreateGlooChannel(RendezvousStore& store,
                                                                const std::string& prefix,
                                                                int rank, int size,
@@ -692,6 +705,14 @@ absl::StatusOr<std::unique_ptr<DataChannel>> CreateGlooChannel(RendezvousStore& 
     return absl::InvalidArgumentError(absl::StrCat("Gloo channel '", prefix, "': rank ", rank,
                                                    " of size ", size,
                                                    " is not a rank in [0, size) of size >= 1"));
+  }
+  // Gloo binds the listener to the address it is given (after resolving a name), so a
+  // wildcard would listen on every interface and announce an address no peer can reach.
+  if (options.interface.empty() && IsWildcardAddress(options.address)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Gloo channel '", prefix, "' on rank ", rank, ": address '", options.address,
+        "' is every interface; give the one address peers reach this rank on (the worker's "
+        "--data-address)"));
   }
   const absl::Time deadline = absl::Now() + options.channel.timeout;
   IgnoreSigpipe();

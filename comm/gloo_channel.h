@@ -51,16 +51,21 @@ struct GlooChannelOptions {
   // as well as every later wait.
   ChannelOptions channel;
   // Hostname or IP address this rank listens on and announces to its peers; it must be
-  // reachable from them. Tests use "127.0.0.1".
+  // reachable from them. Tests use "127.0.0.1". The listening socket is bound to this
+  // address only, never to every interface: a wildcard (0.0.0.0, ::) is refused.
   std::string address = "127.0.0.1";
   // Network interface to bind instead of `address` (e.g. "eth0"); empty: use `address`.
   std::string interface;
 };
 
+// True for an address that means "every interface" (0.0.0.0, ::, [::]): nothing a peer can
+// connect to, and a listener on it would take connections from every network.
+bool IsWildcardAddress(const std::string& address);
+
 // Collective over the `size` ranks that call it with the same `store` contents and
 // `prefix` (one prefix per job and channel: "job/<id>/attempt/<n>"). Each rank announces
 // itself under `prefix`, waits for all ranks, then connects to every peer.
-// InvalidArgument for a bad rank/size; DeadlineExceeded naming the ranks that did not
+// InvalidArgument for a bad rank/size or a wildcard address; DeadlineExceeded naming the ranks that did not
 // join within the timeout; Unavailable naming the Gloo call (bind, connect) otherwise.
 // The store is used only during this call.
 absl::StatusOr<std::unique_ptr<DataChannel>> CreateGlooChannel(RendezvousStore& store,

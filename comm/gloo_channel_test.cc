@@ -2,7 +2,8 @@
 // 127.0.0.1 with the in-memory rendezvous store (2 and 4 ranks), AllReduce bit-identical
 // to the in-process backend, and the failures a worker daemon lives through: ranks that
 // never join, a peer that never posts, a peer whose channel is destroyed, a peer process
-// killed with SIGKILL; after each the channel is destroyed and a new one works.
+// killed with SIGKILL; after each the channel is destroyed and a new one works. Each rank
+// listens only on its own address (read back from /proc/net/tcp).
 #include "comm/gloo_channel.h"
 
 #include <fcntl.h>
@@ -18,6 +19,10 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <map>
+#include <mutex>
+#include <set>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -26,6 +31,7 @@
 #include "comm/inprocess_channel.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/support/listening_sockets.h"
 
 namespace rackrun::comm {
 namespace {
@@ -245,6 +251,93 @@ TEST(GlooChannel, SilentRankTimesOutNamingIt) {
                                     return absl::OkStatus();
                                   });
     EXPECT_TRUE(s.ok()) << s;
+  }
+}
+
+// The data plane's exposure: each rank's listeners are bound to the address it was given
+// (here a different loopback address per rank), never to every interface. This Gloo
+// listens only while the mesh connects, so the sockets are read when a rank publishes its
+// listening addresses in the store (Gloo's mesh key for that rank): its listeners exist then.
+class ListenerSnapshotStore final : public RendezvousStore {
+ public:
+  ListenerSnapshotStore(std::string mesh_prefix, std::map<std::string, std::string> before)
+      : mesh_prefix_(std::move(mesh_prefix)), before_(std::move(before)) {}
+  absl::Status Set(const std::string& key, const std::string& value) override {
+    // "<prefix>/gloo/mesh/<rank>": the rank's pair addresses ("rank_<r>" keys come later).
+    if (key.rfind(mesh_prefix_, 0) == 0 &&
+        key.find_first_not_of("0123456789", mesh_prefix_.size()) == std::string::npos) {
+      std::set<std::string> addresses;
+      for (const auto& [inode, at] : ::rackrun::testing::ListeningSockets()) {
+        if (before_.count(inode) == 0) addresses.insert(::rackrun::testing::AddressOf(at));
+      }
+      std::lock_guard<std::mutex> lock(mu_);
+      seen_[key.substr(mesh_prefix_.size())] = std::move(addresses);
+    }
+    return store_.Set(key, value);
+  }
+  absl::StatusOr<std::vector<std::string>> Get(const std::vector<std::string>& keys,
+                                               absl::Duration timeout) override {
+    return store_.Get(keys, timeout);
+  }
+  // Mesh key (the rank) -> the new listening addresses when that rank published its own.
+  std::map<std::string, std::set<std::string>> seen() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return seen_;
+  }
+
+ private:
+  const std::string mesh_prefix_;
+  const std::map<std::string, std::string> before_;
+  InMemoryRendezvousStore store_;
+  std::mutex mu_;
+  std::map<std::string, std::set<std::string>> seen_;
+};
+
+TEST(GlooChannel, ListensOnlyOnItsAddress) {
+  for (const int ranks : {2, 4}) {
+    const std::string prefix = absl::StrCat("job/bind", ranks);
+    ListenerSnapshotStore store(prefix + "/gloo/mesh/", ::rackrun::testing::ListeningSockets());
+    std::set<std::string> expected;
+    for (int r = 0; r < ranks; ++r) expected.insert(absl::StrCat("127.0.0.", 10 + r));
+    std::vector<std::unique_ptr<DataChannel>> channels(static_cast<size_t>(ranks));
+    std::vector<std::thread> threads;
+    for (int r = 0; r < ranks; ++r) {
+      threads.emplace_back([&, r] {
+        GlooChannelOptions o = Options(absl::Seconds(30));
+        o.address = absl::StrCat("127.0.0.", 10 + r);
+        absl::StatusOr<std::unique_ptr<DataChannel>> c =
+            CreateGlooChannel(store, prefix, r, ranks, o);
+        ASSERT_TRUE(c.ok()) << c.status();
+        channels[static_cast<size_t>(r)] = *std::move(c);
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    const std::map<std::string, std::set<std::string>> seen = store.seen();
+    ASSERT_EQ(seen.size(), static_cast<size_t>(ranks)) << "every rank published its addresses";
+    for (const auto& [rank, addresses] : seen) {
+      EXPECT_THAT(addresses, ::testing::Contains(absl::StrCat("127.0.0.", 10 + std::stoi(rank))))
+          << "rank " << rank << " of " << ranks;
+      for (const std::string& a : addresses) {
+        EXPECT_EQ(expected.count(a), 1u) << a << " is not a data address (" << ranks << " ranks)";
+      }
+    }
+    channels.clear();
+  }
+}
+
+TEST(GlooChannel, RefusesAWildcardAddress) {
+  for (const char* wildcard : {"0.0.0.0", "::", "[::]"}) {
+    EXPECT_TRUE(IsWildcardAddress(wildcard)) << wildcard;
+    InMemoryRendezvousStore store;
+    GlooChannelOptions o = Options(absl::Seconds(1));
+    o.address = wildcard;
+    absl::StatusOr<std::unique_ptr<DataChannel>> c = CreateGlooChannel(store, "job/any", 0, 1, o);
+    ASSERT_FALSE(c.ok()) << wildcard;
+    EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(c.status().message(), HasSubstr("every interface"));
+  }
+  for (const char* address : {"127.0.0.1", "::1", "node7", "198.18.0.2"}) {
+    EXPECT_FALSE(IsWildcardAddress(address)) << address;
   }
 }
 

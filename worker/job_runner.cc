@@ -15,6 +15,7 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "comm/gloo_channel.h"
+#include "jobspec/path_confinement.h"
 #include "runtime/job_config.h"
 #include "runtime/training_session.h"
 #ifdef RACKRUN_HAVE_NCCL
@@ -228,6 +229,14 @@ void JobRunner::WaitForCancel() {
 
 absl::Status JobRunner::CheckPaths() const {
   const rackrun::v1::JobSpec& spec = assignment_.spec();
+  // Confinement first, on every rank (all of them read the data, and the checkpoints when
+  // resuming): nothing outside the allowed roots is opened, not even to test it.
+  if (absl::Status s = jobspec::CheckSpecPathsConfined(
+          spec, options_.allowed_roots,
+          absl::StrCat(options_.host, ", worker ", options_.worker_id));
+      !s.ok()) {
+    return s;
+  }
   const auto unusable = [&](const std::string& field, const std::string& path,
                             const std::string& what) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -246,7 +255,9 @@ absl::Status JobRunner::CheckPaths() const {
   if (assignment_.rank() == 0) {
     for (const auto& [field, path] :
          {std::pair<std::string, std::string>{"checkpoint.dir", spec.checkpoint().dir()},
-          {"logging.json", std::filesystem::path(spec.logging().json()).parent_path().string()}}) {
+          {"logging.json", std::filesystem::path(spec.logging().json()).parent_path().string()},
+          {"logging.load_trace",
+           std::filesystem::path(spec.logging().load_trace()).parent_path().string()}}) {
       if (path.empty()) continue;
       std::filesystem::path p(path);
       std::error_code ec;

@@ -1,5 +1,5 @@
-// One attempt of one job on this worker (its rank r of R): check that the spec's paths are
-// usable here, build the attempt's data channel from the coordinator's bootstrap (Gloo over
+// One attempt of one job on this worker (its rank r of R): check that the spec's paths lead
+// inside the worker's allowed roots and are usable here, build the attempt's data channel from the coordinator's bootstrap (Gloo over
 // TCP, or NCCL), build the trainer (resuming from the newest checkpoint when asked), run
 // it with progress reports, and tear everything down whatever happens, so the worker is
 // ready for the next job without a restart.
@@ -18,6 +18,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "comm/data_channel.h"
 #include "rackrun/v1/rack_control.pb.h"
@@ -42,6 +43,9 @@ struct JobRunnerOptions {
   // Prometheus registry of the worker's --metrics-listen exporter; null = no metrics.
   prometheus::Registry* metrics = nullptr;
   double peak_flops = 0;  // per device, for MFU; 0 = no MFU series
+  // Resolved folders the spec's file paths must lead into (jobspec/path_confinement.h);
+  // empty = unconfined.
+  std::vector<std::string> allowed_roots;
 };
 
 // The trainer's phase as the heartbeat says it (the same names as runtime::TrainPhaseName).

@@ -6,15 +6,19 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "base/signals.h"
 #include "flags/flags.h"
+#include "jobspec/path_confinement.h"
 #include "runtime/fault_injection.h"
+#include "worker/launcher_watch.h"
 #include "worker/worker.h"
 
 namespace {
@@ -61,6 +65,17 @@ void DeclareFlags(rackrun::flags::FlagSet& flags, rackrun::worker::WorkerOptions
   flags.Double("--peak-flops", &o.peak_flops, "F", "one device's peak FLOP/s, for the MFU series")
       .Range(0)
       .Default("no MFU");
+  flags
+      .Custom("--allowed-roots", "DIR[,DIR...]",
+              "folders a job's data, checkpoint and log paths must lead into (after symlinks)",
+              [&o](std::string_view value) {
+                absl::StatusOr<std::vector<std::string>> roots =
+                    rackrun::jobspec::ParseAllowedRoots(value);
+                if (!roots.ok()) return roots.status();
+                o.allowed_roots = *std::move(roots);
+                return absl::OkStatus();
+              })
+      .Default("unconfined");
 }
 
 int EnvInt(const char* name, int fallback) {
@@ -73,6 +88,7 @@ int EnvInt(const char* name, int fallback) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  const pid_t parent = ::getppid();  // the launcher, if one started us (launcher_watch.h)
   rackrun::worker::WorkerOptions o;
   rackrun::flags::FlagSet flags("rackrun-worker", "[--coordinator HOST:PORT] [options]");
   DeclareFlags(flags, o);
@@ -130,6 +146,24 @@ int main(int argc, char** argv) {
       !s.ok()) {
     std::fprintf(stderr, "rackrun-worker: %s\n", std::string(s.message()).c_str());
     return 1;
+  }
+  // Started by mpirun or srun: the worker ends with its launcher (launcher_watch.h).
+  std::unique_ptr<rackrun::worker::LauncherWatch> launcher_watch;
+  if (const char* variable = rackrun::worker::LauncherVariable(); variable != nullptr) {
+    std::printf("rackrun-worker: started by a launcher (%s is set): exits when its process %d "
+                "ends\n", variable, static_cast<int>(parent));
+    std::fflush(stdout);
+    // Its output is a pipe to the launcher: once that is gone a write must fail, not kill
+    // the worker before it has reported and deregistered.
+    ::signal(SIGPIPE, SIG_IGN);
+    launcher_watch = std::make_unique<rackrun::worker::LauncherWatch>(
+        parent,
+        [w](pid_t launcher) {
+          std::fprintf(stderr, "rackrun-worker: the launcher (pid %d) ended: finishing the "
+                       "current step, then exiting\n", static_cast<int>(launcher));
+          w->Shutdown();
+        },
+        std::chrono::seconds(30));
   }
   const absl::Status s = w->Serve();
   if (!s.ok()) {

@@ -9,6 +9,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "comm/gloo_channel.h"
 #include "rpc/phase.h"
 
 namespace rackrun::worker {
@@ -29,6 +31,22 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(const WorkerOptions& opti
     w->options_.host = name;
   }
   if (w->options_.data_address.empty()) w->options_.data_address = w->options_.host;
+  // Per-job data channels listen on this address only (and announce it to the peers).
+  if (comm::IsWildcardAddress(w->options_.data_address)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--data-address: '", w->options_.data_address,
+        "' is every interface; data channels listen only on the one address the peers reach "
+        "this worker on: give that address (on a trusted network, see docs/daemons.md)"));
+  }
+  if (w->options_.allowed_roots.empty()) {
+    std::printf(
+        "rackrun-worker: no --allowed-roots: jobs may read and write every path this process "
+        "(uid %d) can; list the job folders with --allowed-roots DIR[,DIR...] to confine them\n",
+        static_cast<int>(::geteuid()));
+  } else {
+    std::printf("rackrun-worker: jobs confined to %s\n",
+                absl::StrJoin(w->options_.allowed_roots, ", ").c_str());
+  }
   w->channels_.push_back("gloo");
 #ifdef RACKRUN_HAVE_NCCL
   if (absl::StartsWith(w->options_.device, "cuda")) w->channels_.push_back("nccl");
@@ -56,6 +74,10 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(const WorkerOptions& opti
 
 Worker::~Worker() {
   Shutdown();
+  StopThreads();
+}
+
+void Worker::StopThreads() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stopped_ = true;
@@ -348,6 +370,7 @@ absl::Status Worker::Serve() {
     ro.victim_grace = options_.victim_grace;
     ro.metrics = exporter_ != nullptr ? &exporter_->registry() : nullptr;
     ro.peak_flops = options_.peak_flops;
+    ro.allowed_roots = options_.allowed_roots;
     if (absl::StartsWith(options_.device, "cuda:")) {
       (void)absl::SimpleAtoi(options_.device.substr(5), &ro.cuda_device);
     }
@@ -382,6 +405,9 @@ absl::Status Worker::Serve() {
   }
   ReportUnstarted(unstarted, rackrun::v1::AttemptResult::DRAINED,
                   "the worker shut down before the attempt started");
+  // The stream and heartbeat end before the worker deregisters: a heartbeat after it would be
+  // answered NOT_FOUND and register the leaving worker again (IDLE until it was lost).
+  StopThreads();
   rackrun::v1::DeregisterRequest request;
   request.set_worker_id(worker_id());
   request.set_reason("shutdown (signal)");

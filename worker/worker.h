@@ -63,6 +63,9 @@ struct WorkerOptions {
   // Prometheus exporter ("HOST:PORT"); empty = none. peak_flops: per device, for MFU.
   std::string metrics_listen;
   double peak_flops = 0;
+  // --allowed-roots, resolved (jobspec/path_confinement.h): a job's file paths must lead
+  // inside one of them; empty = unconfined (a notice at start says so).
+  std::vector<std::string> allowed_roots;
 };
 
 class Worker {
@@ -86,6 +89,8 @@ class Worker {
   absl::Status Register(bool again);
   void StreamLoop();
   void HeartbeatLoop();
+  // Ends the stream and heartbeat threads (Serve before it deregisters, the destructor).
+  void StopThreads();
   void ReportResult(const rackrun::v1::RunJob& job, const rackrun::v1::AttemptResult& result);
   // Reports attempts that never started (cancelled while queued, or queued at shutdown).
   void ReportUnstarted(const std::vector<rackrun::v1::RunJob>& jobs,

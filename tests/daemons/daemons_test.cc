@@ -10,14 +10,21 @@
 // quiet-machine figures multiplied by TimeScale() (tests/support/time_scale.h): a loaded
 // machine or a sanitizer build gets proportionally more room.
 
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <filesystem>
+#include <map>
 #include <fstream>
+#include <memory>
 #include <regex>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <thread>
 #include <vector>
 
@@ -27,6 +34,7 @@
 #include "jobspec/job_memory.h"
 #include "jobspec/spec.h"
 #include "tests/support/mpi_env.h"
+#include "tests/support/listening_sockets.h"
 #include "tests/support/process.h"
 #include "tests/support/shell.h"
 #include "tests/support/time_scale.h"
@@ -83,8 +91,8 @@ class DaemonsTest : public ::testing::Test {
   void TearDown() override {
     for (auto& w : workers_) w.reset();
     if (mpirun_ != nullptr) {
-      // SIGTERM: mpirun forwards it to the workers, which drain and exit; a SIGKILL of
-      // mpirun alone would leave them running.
+      // SIGTERM: mpirun forwards it to the workers, which drain and exit (after a SIGKILL of
+      // mpirun they would notice its death themselves: worker/launcher_watch.h).
       mpirun_->Signal(SIGTERM);
       mpirun_->Wait(std::chrono::seconds(20));
       mpirun_.reset();
@@ -229,6 +237,28 @@ class DaemonsTest : public ::testing::Test {
       job = Json("status " + id);
     }
     return job;
+  }
+
+  // A 60-step job with checkpoints that restarts once, submitted and run to step 5: for the
+  // tests that drain one of its workers.
+  std::string SubmitRestartableAndWaitForStep5() {
+    const std::string id = Submit("--set training.steps=60 --set checkpoint.dir=" +
+                                  (dir_ / "ckpt").string() +
+                                  " --set checkpoint.interval=1000 --set restart.max_attempts=2"
+                                  " --set restart.backoff_s=0.2");
+    WaitStep(id, 5);
+    return id;
+  }
+
+  // The job above, after worker `pid` drained: it succeeded in a second attempt that resumed
+  // from the drain checkpoint, and the first failure names that worker (WORKER_CANCELLED).
+  void ExpectRestartedFromTheDrainCheckpoint(const std::string& id, int64_t pid) {
+    const json job = WaitState(id, "SUCCEEDED", std::chrono::seconds(120));
+    ASSERT_EQ(job.value("state", ""), "SUCCEEDED") << job.dump();
+    ASSERT_EQ(job["attempts"].size(), 2u) << job.dump();
+    EXPECT_EQ(job["first_failure"].value("kind", ""), "WORKER_CANCELLED") << job.dump();
+    EXPECT_EQ(Int(job["first_failure"], "pid"), pid) << job.dump();
+    EXPECT_GE(Int(job["attempts"][1], "start_step"), 5) << "resumed from the drain checkpoint";
   }
 
   // Waits until the job's rank 0 reported at least `step`.
@@ -439,19 +469,10 @@ TEST_F(DaemonsTest, TerminatedWorkerCheckpointsAndTheJobRestartsElsewhere) {
   Child& leaving = StartWorker(1);
   StartWorker(2);
   WaitIdle(3);
-  const std::string ckpt = (dir_ / "ckpt").string();
-  const std::string id = Submit("--set training.steps=60 --set checkpoint.dir=" + ckpt +
-                                " --set checkpoint.interval=1000 --set restart.max_attempts=2"
-                                " --set restart.backoff_s=0.2");
-  WaitStep(id, 5);
+  const std::string id = SubmitRestartableAndWaitForStep5();
   leaving.Signal(SIGTERM);
   EXPECT_EQ(leaving.Wait(Scaled(std::chrono::seconds(30))), 0) << "a drained worker exits 0";
-  const json job = WaitState(id, "SUCCEEDED", std::chrono::seconds(120));
-  ASSERT_EQ(job.value("state", ""), "SUCCEEDED") << job.dump();
-  ASSERT_EQ(job["attempts"].size(), 2u) << job.dump();
-  EXPECT_EQ(job["first_failure"].value("kind", ""), "WORKER_CANCELLED") << job.dump();
-  EXPECT_EQ(Int(job["first_failure"], "pid"), leaving.pid()) << job.dump();
-  EXPECT_GE(Int(job["attempts"][1], "start_step"), 5) << "resumed from the drain checkpoint";
+  ExpectRestartedFromTheDrainCheckpoint(id, leaving.pid());
   EXPECT_THAT(::rackrun::testing::Slurp(dir_ / "worker1.log"), HasSubstr("deregistered"));
 }
 
@@ -753,4 +774,253 @@ TEST_F(DaemonsTest, PrometheusTargetsListTheWorkersMetricsEndpoints) {
   EXPECT_TRUE(wait_count(1)) << ::rackrun::testing::Slurp(targets);
 }
 
+// Confined paths: workers given --allowed-roots refuse a spec whose paths lead outside
+// (a symlink inside the root that escapes, `..`), naming the field, the path, the host and
+// the roots, and create nothing outside; a spec inside trains. A bad root list stops the
+// worker at start, naming the flag.
+TEST_F(DaemonsTest, ConfinedWorkersRefusePathsOutsideTheirRoots) {
+  const Result bad = Shell(std::string(RACKRUN_WORKER_BINARY) +
+                               " --coordinator 127.0.0.1:1 --allowed-roots relative/dir",
+                           "bad-roots");
+  EXPECT_EQ(bad.code, 2) << bad.err;
+  EXPECT_THAT(bad.err, HasSubstr("--allowed-roots: 'relative/dir' is not an absolute path"));
+
+  const fs::path root = fs::canonical(dir_);
+  const fs::path outside = fs::path(::testing::TempDir()) / ("outside_" + dir_.filename().string());
+  fs::remove_all(outside);
+  fs::create_directories(outside);
+  fs::create_directory_symlink(outside, dir_ / "escape");
+  StartCoordinator();
+  StartWorker(0, {"--allowed-roots", root.string()});
+  StartWorker(1, {"--allowed-roots", root.string()});
+  WaitIdle(2);
+  const std::string through_link = (dir_ / "escape" / "ckpt").string();
+  const std::string dot_dot = (dir_ / "data" / ".." / ".." / outside.filename() / "trace").string();
+  for (const auto& [field, path] : std::vector<std::pair<std::string, std::string>>{
+           {"checkpoint.dir", through_link}, {"logging.load_trace", dot_dot}}) {
+    const std::string id = Submit("--set " + field + "=" + path + " --set training.steps=3");
+    const json job = WaitState(id, "FAILED");
+    ASSERT_EQ(job.value("state", ""), "FAILED") << job.dump();
+    const std::string message = job["first_failure"].value("message", "");
+    EXPECT_THAT(message, HasSubstr(field + ": '" + path + "' leads to '" + outside.string()));
+    EXPECT_THAT(message, HasSubstr("on host "));
+    EXPECT_THAT(message, HasSubstr("allowed roots: " + root.string()));
+  }
+  EXPECT_TRUE(fs::is_empty(outside)) << "nothing is created outside the roots";
+  fs::remove_all(outside);
+  // Inside the roots the job trains and checkpoints as before.
+  const std::string id =
+      Submit("--set checkpoint.dir=" + (dir_ / "ckpt").string() + " --set training.steps=3", "ok");
+  EXPECT_EQ(WaitState(id, "SUCCEEDED").value("state", ""), "SUCCEEDED");
+  EXPECT_FALSE(fs::is_empty(dir_ / "ckpt"));
+}
+
+// The data plane's exposure: while a job runs, whatever a worker listens on is on its
+// --data-address (two loopback addresses here), never on every interface (Gloo's listeners
+// live only while the mesh connects; comm/gloo_channel_test.cc reads them then); a wildcard
+// --data-address is refused at start.
+TEST_F(DaemonsTest, DataChannelsListenOnlyOnTheDataAddress) {
+  const Result bad = Shell(std::string("RACKRUN_TOKEN=t ") + RACKRUN_WORKER_BINARY +
+                               " --coordinator 127.0.0.1:1 --data-address 0.0.0.0",
+                           "bad-address");
+  EXPECT_EQ(bad.code, 1) << bad.err;
+  EXPECT_THAT(bad.err, HasSubstr("--data-address: '0.0.0.0' is every interface"));
+
+  StartCoordinator();
+  Child& w0 = StartWorker(0, {"--data-address", "127.0.0.2"});
+  Child& w1 = StartWorker(1, {"--data-address", "127.0.0.3"});
+  WaitIdle(2);
+  const std::string id = Submit("--set training.steps=400");
+  WaitStep(id, 2);
+  for (const auto& [worker, address] :
+       std::vector<std::pair<Child*, std::string>>{{&w0, "127.0.0.2"}, {&w1, "127.0.0.3"}}) {
+    const std::map<std::string, std::string> listening =
+        ::rackrun::testing::ListeningSockets(worker->pid());
+    for (const auto& [inode, at] : listening) {
+      EXPECT_EQ(::rackrun::testing::AddressOf(at), address) << at;
+    }
+  }
+  EXPECT_EQ(Cli("cancel " + id).code, 0);
+  EXPECT_EQ(WaitState(id, "CANCELLED", std::chrono::seconds(30)).value("state", ""), "CANCELLED");
+}
+
+// Orphans. A worker started by a "launcher" (a small process that forks it, forwards its
+// output through a pipe as mpirun does, and is killed with SIGKILL): with a launcher
+// variable it deregisters and exits within a bounded time; started by hand (RANK only,
+// writing its own log) it outlives its parent and keeps serving its coordinator.
+class OrphanTest : public DaemonsTest {
+ protected:
+  struct Launched {
+    pid_t launcher = -1;  // a child of this test
+    pid_t worker = -1;    // the launcher's child
+    fs::path log;
+  };
+  // Forks a launcher that starts the worker with `variable`=`launcher_rank` in its
+  // environment. With
+  // `pipe_output` the worker's stdout and stderr are a pipe the launcher copies into the
+  // log, as mpirun and slurmstepd forward a rank's output (the pipe breaks when the
+  // launcher dies); otherwise the worker writes the log itself (`rackrun-worker > log &`).
+  Launched Launch(const std::string& variable, const std::string& tag, bool pipe_output,
+                  int launcher_rank = 0) {
+    Launched l;
+    l.log = dir_ / (tag + ".log");
+    // Everything the children use is built before fork (this process has threads).
+    std::vector<std::string> env_strings = WorkerEnv();
+    env_strings.push_back(variable + "=" + std::to_string(launcher_rank));
+    for (char** e = environ; *e != nullptr; ++e) env_strings.emplace_back(*e);
+    std::vector<char*> envp;
+    for (std::string& e : env_strings) envp.push_back(e.data());
+    envp.push_back(nullptr);
+    std::vector<std::string> arg_strings = {RACKRUN_WORKER_BINARY, "--data-address", "127.0.0.1",
+                                            "--threads", "1"};
+    std::vector<char*> argv;
+    for (std::string& a : arg_strings) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    const std::string log = l.log.string();
+    int pid_pipe[2];
+    if (pipe(pid_pipe) != 0) return l;
+    l.launcher = fork();
+    if (l.launcher == 0) {
+      prctl(PR_SET_PDEATHSIG, SIGKILL);  // gone with this test, like Child
+      const int log_fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      int out[2] = {-1, -1};
+      if (pipe_output && pipe(out) != 0) _exit(126);
+      const pid_t worker = fork();
+      if (worker == 0) {
+        const int to = pipe_output ? out[1] : log_fd;
+        dup2(to, 1);
+        dup2(to, 2);
+        // Only the launcher reads the pipe, so it breaks when the launcher dies.
+        if (pipe_output) close(out[0]);
+        execve(argv[0], argv.data(), envp.data());
+        _exit(127);
+      }
+      (void)!write(pid_pipe[1], &worker, sizeof worker);
+      if (pipe_output) {
+        close(out[1]);
+        char buffer[4096];
+        for (ssize_t n; (n = read(out[0], buffer, sizeof buffer)) > 0;) (void)!write(log_fd, buffer, static_cast<size_t>(n));
+      }
+      pause();  // a launcher stays until the launch ends (here: until it is killed)
+      _exit(0);
+    }
+    close(pid_pipe[1]);
+    if (read(pid_pipe[0], &l.worker, sizeof l.worker) != sizeof l.worker) l.worker = -1;
+    close(pid_pipe[0]);
+    launchers_.push_back(l.launcher);
+    orphans_.push_back(l.worker);
+    return l;
+  }
+  // The coordinator's state of the worker with this pid (deregistered ones included); ""
+  // when it is not listed.
+  std::string StateOf(pid_t pid) {
+    for (const json& w : Json("workers --all").value("workers", json::array())) {
+      if (Int(w, "pid") == pid) return w.value("state", "");
+    }
+    return "";
+  }
+  // Kills the launcher with SIGKILL and reaps it.
+  static void KillLauncher(pid_t launcher) {
+    kill(launcher, SIGKILL);
+    waitpid(launcher, nullptr, 0);
+  }
+  // Gone, or a zombie nobody has reaped yet (its new parent is not this test).
+  static bool Exited(pid_t pid) {
+    std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+    std::string line;
+    if (!std::getline(stat, line)) return true;
+    const size_t paren = line.rfind(')');
+    return paren == std::string::npos || line.substr(paren + 2, 1) == "Z";
+  }
+  void TearDown() override {
+    for (const pid_t pid : orphans_) {
+      if (pid > 0 && !Exited(pid)) kill(pid, SIGKILL);
+    }
+    for (const pid_t pid : launchers_) {
+      if (pid > 0) KillLauncher(pid);
+    }
+    DaemonsTest::TearDown();
+  }
+  std::vector<pid_t> launchers_;  // children of this test: killed and reaped at the end
+  std::vector<pid_t> orphans_;    // not children of this test: killed by pid at the end
+};
+
+TEST_F(OrphanTest, AWorkerStartedByALauncherExitsWhenItDies) {
+  StartCoordinator();
+  for (const std::string variable : {"OMPI_COMM_WORLD_RANK", "SLURM_PROCID"}) {
+    Launched l = Launch(variable, "launched-" + variable, /*pipe_output=*/true);
+    ASSERT_GT(l.worker, 0);
+    WaitIdle(1);
+    std::string text;
+    ASSERT_FALSE(WaitForText(l.log, std::regex("started by a launcher"), &text).empty()) << text;
+    KillLauncher(l.launcher);
+    const auto end = Clock::now() + Scaled(std::chrono::seconds(10));
+    while (Clock::now() < end && !Exited(l.worker)) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    EXPECT_TRUE(Exited(l.worker)) << variable << ": the worker outlived its launcher";
+    // Its output died with the launcher's pipe; the coordinator says it deregistered.
+    EXPECT_THAT(text, HasSubstr("started by a launcher (" + variable + " is set): exits when its "
+                                "process " + std::to_string(l.launcher) + " ends"));
+    EXPECT_EQ(StateOf(l.worker), "GONE") << "deregistered, not lost";
+  }
+}
+
+// Mid-job: the launched worker whose launcher dies drains like a SIGTERMed one (its step,
+// a checkpoint, a WORKER_CANCELLED report, deregistered), and the job restarts from that
+// checkpoint on the free worker.
+TEST_F(OrphanTest, ALaunchedWorkerMidJobReportsAndTheJobRestartsElsewhere) {
+  StartCoordinator();
+  std::vector<Launched> launched;
+  for (int r = 0; r < 3; ++r) {
+    launched.push_back(Launch("OMPI_COMM_WORLD_RANK", "launched" + std::to_string(r), true, r));
+    ASSERT_GT(launched.back().worker, 0);
+  }
+  WaitIdle(3);
+  const std::string id = SubmitRestartableAndWaitForStep5();
+  // A worker of the job (BUSY), by its pid.
+  pid_t busy = -1;
+  for (const json& w : Json("workers").value("workers", json::array())) {
+    if (w.value("state", "") == "BUSY") busy = static_cast<pid_t>(Int(w, "pid"));
+  }
+  Launched* victim = nullptr;
+  for (Launched& l : launched) {
+    if (l.worker == busy) victim = &l;
+  }
+  ASSERT_NE(victim, nullptr) << "no busy launched worker";
+  KillLauncher(victim->launcher);
+  const auto end = Clock::now() + Scaled(std::chrono::seconds(30));
+  while (Clock::now() < end && !Exited(victim->worker)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_TRUE(Exited(victim->worker)) << "the worker outlived its launcher";
+  ExpectRestartedFromTheDrainCheckpoint(id, victim->worker);
+  EXPECT_EQ(StateOf(victim->worker), "GONE") << "deregistered, not lost";
+}
+
+TEST_F(OrphanTest, AWorkerStartedByHandOutlivesItsParent) {
+  StartCoordinator();
+  Launched l = Launch("RANK", "by-hand", /*pipe_output=*/false);
+  ASSERT_GT(l.worker, 0);
+  WaitIdle(1);
+  KillLauncher(l.launcher);
+  // Longer than the launched worker above needs to leave (its watch polls every 200 ms).
+  std::this_thread::sleep_for(Scaled(std::chrono::seconds(2)));
+  EXPECT_FALSE(Exited(l.worker));
+  WaitIdle(1);  // still registered and heartbeating
+  // And it still runs jobs.
+  const std::string id = Submit("--set resources.ranks=1 --set training.steps=2");
+  EXPECT_EQ(WaitState(id, "SUCCEEDED").value("state", ""), "SUCCEEDED");
+  const std::string log = ::rackrun::testing::Slurp(l.log);
+  EXPECT_THAT(log, ::testing::Not(HasSubstr("started by a launcher")));
+  EXPECT_THAT(log, ::testing::Not(HasSubstr("the launcher (pid")));
+  kill(l.worker, SIGTERM);
+  const auto end = Clock::now() + Scaled(std::chrono::seconds(20));
+  while (Clock::now() < end && !Exited(l.worker)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_TRUE(Exited(l.worker));
+}
+
 }  // namespace
+
