@@ -20,10 +20,7 @@ using Result = ::rackrun::testing::ShellResult;
 
 // Per-test folder: CTest runs the tests of this file in parallel processes.
 std::filesystem::path Dir() {
-  const std::filesystem::path dir =
-      std::filesystem::path(::testing::TempDir()) /
-      (std::string("cli_limits_") +
-       ::testing::UnitTest::GetInstance()->current_test_info()->name());
+  const std::filesystem::path dir = ::rackrun::testing::ScratchDir("cli_limits_");
   std::filesystem::create_directories(dir);
   return dir;
 }

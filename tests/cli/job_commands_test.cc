@@ -46,8 +46,7 @@ int Count(const std::string& text, const std::string& what) {
 class JobCommandsTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::path(::testing::TempDir()) /
-           ("cli_jobs_" + std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
+    dir_ = ::rackrun::testing::ScratchDir("cli_jobs_");
     fs::remove_all(dir_);
     fs::create_directories(dir_);
     std::ofstream(dir_ / "spec.yaml") << "name: cli-test\n"

@@ -75,9 +75,7 @@ int64_t Int(const json& j, const char* key) {
 class DaemonsTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::path(::testing::TempDir()) /
-           ("daemons_" +
-            std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
+    dir_ = ::rackrun::testing::ScratchDir("daemons_");
     fs::remove_all(dir_);
     fs::create_directories(dir_);
     const Result data = Shell(std::string(RACKRUN_BINARY) + " data --input " + RACKRUN_SOURCE_DIR +

@@ -70,7 +70,7 @@ std::string UrlEncode(const std::string& s) {
 class ObservabilityTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::path(::testing::TempDir()) / "metrics_observability";
+    dir_ = ::rackrun::testing::ScratchDir("metrics_observability_");
     fs::remove_all(dir_);
     fs::create_directories(dir_);
     const auto data = ::rackrun::testing::Shell(std::string(RACKRUN_BINARY) + " data --input " + RACKRUN_SOURCE_DIR +

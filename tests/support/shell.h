@@ -5,6 +5,7 @@
 #define RACKRUN_TESTS_SUPPORT_SHELL_H_
 
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -15,7 +16,18 @@
 #include <string>
 #include <vector>
 
+#include "gtest/gtest.h"
+
 namespace rackrun::testing {
+
+// The running test's scratch folder: TempDir()/<prefix><test name>-<pid>. The pid keeps runs
+// of one test side by side (two checkouts, a loop of it beside the suite) out of each
+// other's folders. Not created; callers remove and create it.
+inline std::filesystem::path ScratchDir(const std::string& prefix) {
+  return std::filesystem::path(::testing::TempDir()) /
+         (prefix + ::testing::UnitTest::GetInstance()->current_test_info()->name() + "-" +
+          std::to_string(::getpid()));
+}
 
 struct ShellResult {
   int code = -1;  // exit status; -1 when the command did not exit normally

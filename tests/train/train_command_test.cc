@@ -28,9 +28,7 @@ using ::rackrun::testing::Slurp;
 
 // A fresh folder per test: CTest runs the tests of this file in parallel processes.
 fs::path Dir() {
-  const fs::path dir = fs::path(::testing::TempDir()) / "train_command" /
-                       ::testing::UnitTest::GetInstance()->current_test_info()->name();
-  return dir;
+  return ::rackrun::testing::ScratchDir("train_command_");
 }
 
 Result Rackrun(const std::string& args) {
