@@ -85,15 +85,14 @@ absl::Status ClusterReplay::Add(int domain, const TraceEntry& entry) {
     return absl::InvalidArgumentError(
         absl::StrCat("domain ", domain, " is out of range; the cluster has ", model_.domains));
   }
-  const Replay& first = domains_[0].replay;
-  if (first.entries() > 0 || first.microbatches() > 0) {
-    if (entry.loads.ranks != first.domain().ranks ||
-        entry.loads.experts != first.domain().experts()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "domain ", domain, ", microbatch ", entry.microbatch, ": loads of ", entry.loads.ranks,
-          " ranks x ", entry.loads.experts, " experts, but domain 0 has ", first.domain().ranks,
-          " x ", first.domain().experts(), "; every domain has the same shape"));
-    }
+  if (shape_ranks_ == 0) {
+    shape_ranks_ = entry.loads.ranks;
+    shape_experts_ = entry.loads.experts;
+  } else if (entry.loads.ranks != shape_ranks_ || entry.loads.experts != shape_experts_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "domain ", domain, ", microbatch ", entry.microbatch, ": loads of ", entry.loads.ranks,
+        " ranks x ", entry.loads.experts, " experts, but the first entry had ", shape_ranks_,
+        " x ", shape_experts_, "; every domain has the same shape"));
   }
   DomainRun& run = domains_[static_cast<size_t>(domain)];
   if (absl::Status s = run.replay.Add(entry); !s.ok()) {

@@ -39,8 +39,8 @@ class ClusterReplay {
 
   // Plans one entry of `domain` (0 .. model.domains - 1) with every policy. A domain's
   // entries come microbatch-major, as a training step produces them; domains may
-  // interleave. Errors: InvalidArgument for a domain out of range or a domain whose
-  // shape differs from domain 0's, Replay::Add's errors prefixed "domain d: ".
+  // interleave. Errors: InvalidArgument for a domain out of range or loads whose shape
+  // differs from the first entry's, Replay::Add's errors prefixed "domain d: ".
   absl::Status Add(int domain, const TraceEntry& entry);
 
   // After the last Add: closes the last step. InvalidArgument when a domain's measured
@@ -51,11 +51,11 @@ class ClusterReplay {
   const Replay& domain(int d) const { return domains_[static_cast<size_t>(d)].replay; }
   int domains() const { return static_cast<int>(domains_.size()); }
 
-  // Valid after Finish. Per policy (ReplayOptions::policies order) its figures over every
+  // After any Add. Per policy (ReplayOptions::policies order) its figures over every
   // domain, concatenated in domain order (sums summed; plan_hash is domain 0's chained
   // with each further domain's), so one domain gives exactly Replay's results.
   std::vector<PolicyReplay> Merged() const;
-  // Per policy, then the ideal last.
+  // Valid after Finish: per policy, then the ideal last; and the step's all-reduce.
   const std::vector<PolicySteps>& steps() const { return steps_; }
   const GradientReduce& reduce() const { return reduce_; }
 
@@ -75,6 +75,8 @@ class ClusterReplay {
   ClusterModel model_;
   int topk_;
   std::vector<DomainRun> domains_;
+  int shape_ranks_ = 0;  // of the first entry added, which every domain's must match
+  int shape_experts_ = 0;
   GradientReduce reduce_;
   std::vector<PolicySteps> steps_;
 };

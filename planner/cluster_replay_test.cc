@@ -175,6 +175,16 @@ TEST(ClusterReplayTest, Errors) {
     EXPECT_THAT(std::string(s.message()), HasSubstr("every domain has the same shape"));
   }
   {
+    // Whichever domain comes first sets the shape.
+    ClusterReplay cluster(Options(), Model(2), 4);
+    ASSERT_TRUE(cluster.Add(1, entries[0]).ok());
+    GeneratorOptions other = Small(3);
+    other.ranks = 4;
+    other.experts = 16;
+    absl::Status s = cluster.Add(0, Entries(other)[0]);
+    EXPECT_THAT(std::string(s.message()), HasSubstr("but the first entry had 8 x 32"));
+  }
+  {
     // A domain that measured fewer steps.
     ClusterReplay cluster(Options(), Model(2), 4);
     for (const TraceEntry& e : entries) ASSERT_TRUE(cluster.Add(0, e).ok());

@@ -256,16 +256,6 @@ int DeclareFlags(flags::FlagSet& flag_set, PlanFlags& f) {
                "every statistic")
       .Range(0, kTwoTo40);
 
-  flag_set.Section("hardware model and output");
-  flag_set.String("--preset", &f.preset, "NAME",
-                  "hardware preset for the simulator and fan-out cost model (h200-nvl72: "
-                  "H200-class GPUs on an NVL72-like NVLink 5 domain, DeepSeek-V3 experts; sources "
-                  "in planner/simulator.cc)");
-  flag_set.Int("--expert-bytes", &f.expert_bytes, "N", "bytes of one expert's weights")
-      .Range(1, kTwoTo40)
-      .Default("the preset's, 88080384");
-  flag_set.Switch("--json", &f.json, "print one JSON document instead of the table");
-
   flag_set.Section(
       "cluster: D racks of EP G, data parallel across racks (with --domains; defaults: a "
       "DeepSeek-V3-like model, sources in planner/cluster.cc)",
@@ -318,6 +308,16 @@ int DeclareFlags(flags::FlagSet& flag_set, PlanFlags& f) {
                   "achieved expert and dense GEMM TFLOP/s per GPU")
       .Range(1e-3, 1e6)
       .Default("the preset's, 593.4");
+
+  flag_set.Section("hardware model and output");
+  flag_set.String("--preset", &f.preset, "NAME",
+                  "hardware preset for the simulator and fan-out cost model (h200-nvl72: "
+                  "H200-class GPUs on an NVL72-like NVLink 5 domain, DeepSeek-V3 experts; sources "
+                  "in planner/simulator.cc)");
+  flag_set.Int("--expert-bytes", &f.expert_bytes, "N", "bytes of one expert's weights")
+      .Range(1, kTwoTo40)
+      .Default("the preset's, 88080384");
+  flag_set.Switch("--json", &f.json, "print one JSON document instead of the table");
   return generator;
 }
 
@@ -755,7 +755,7 @@ json StepJson(const pl::StepTime& s) {
 }
 
 // --domains: every domain's own stream through its own planners, then the step table.
-int PlanCluster(PlanFlags& f, pl::ReplayOptions options, int64_t expert_bytes) {
+int PlanCluster(const PlanFlags& f, pl::ReplayOptions options, int64_t expert_bytes) {
   pl::ClusterModel model = f.cluster;
   model.domains = *f.domains;
   if (f.expert_params <= 0) {
