@@ -384,4 +384,16 @@ absl::StatusOr<TraceEntry> LoadGenerator::Generate(int64_t microbatch, int layer
   return entry;
 }
 
+absl::StatusOr<std::vector<TraceEntry>> LoadGenerator::GenerateAll() const {
+  std::vector<TraceEntry> entries;
+  for (int64_t mb = 0; mb < options_.microbatches; ++mb) {
+    for (int layer = 0; layer < options_.layers; ++layer) {
+      absl::StatusOr<TraceEntry> entry = Generate(mb, layer);
+      if (!entry.ok()) return entry.status();
+      entries.push_back(*std::move(entry));
+    }
+  }
+  return entries;
+}
+
 }  // namespace rackrun::planner

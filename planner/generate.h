@@ -106,6 +106,11 @@ class LoadGenerator {
   // later popularity profile cannot reach the target imbalance (kDrift/kJump only).
   absl::StatusOr<TraceEntry> Generate(int64_t microbatch, int layer) const;
 
+  // Every entry of options().microbatches x layers, microbatch-major and layer-minor as a
+  // training run produces them; Generate's first error. For small runs (tests): a large
+  // one is better streamed entry by entry.
+  absl::StatusOr<std::vector<TraceEntry>> GenerateAll() const;
+
   // The model behind Generate: calibrated Zipf exponent and per-expert inclusion
   // probabilities (sum = topk) for one (microbatch, layer).
   struct Popularity {

@@ -121,6 +121,28 @@ TEST(GenerateTest, SpikesLiftOneToNExpertsInSpikedEntriesOnly) {
   EXPECT_LT(spiked, 30);
 }
 
+TEST(GenerateTest, GenerateAllIsMicrobatchMajor) {
+  GeneratorOptions o;
+  o.ranks = 4;
+  o.experts = 16;
+  o.topk = 2;
+  o.tokens_per_rank = 64;
+  o.imbalance = 1.3;
+  o.microbatches = 3;
+  o.layers = 2;
+  absl::StatusOr<LoadGenerator> generator = LoadGenerator::Create(o);
+  ASSERT_TRUE(generator.ok()) << generator.status();
+  absl::StatusOr<std::vector<TraceEntry>> all = generator->GenerateAll();
+  ASSERT_TRUE(all.ok()) << all.status();
+  ASSERT_EQ(all->size(), 6u);
+  for (size_t i = 0; i < all->size(); ++i) {
+    const TraceEntry& e = (*all)[i];
+    EXPECT_EQ(e.microbatch, static_cast<int64_t>(i / 2));
+    EXPECT_EQ(e.layer, static_cast<int>(i % 2));
+    EXPECT_EQ(e.loads.counts, generator->Generate(e.microbatch, e.layer)->loads.counts);
+  }
+}
+
 TEST(GenerateTest, ParsesLoadShiftNames) {
   EXPECT_EQ(*ParseLoadShift("drift"), LoadShift::kDrift);
   EXPECT_EQ(*ParseLoadShift("jump"), LoadShift::kJump);

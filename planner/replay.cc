@@ -66,6 +66,9 @@ absl::Status Replay::Add(const TraceEntry& entry) {
   const int64_t expert_bytes = options_.planner.expert_bytes;
   const double before = Imbalance(HomeRankLoads(domain_, loads));
   const LayerTime ideal = SimulateForceBalanced(loads, hw);
+  last_.measured = measured;
+  last_.ideal = ideal;
+  last_.policies.assign(runs_.size(), LayerTime{});
 
   for (size_t i = 0; i < runs_.size(); ++i) {
     Run& run = runs_[i];
@@ -109,6 +112,7 @@ absl::Status Replay::Add(const TraceEntry& entry) {
     const LayerTime t =
         SimulateLayer(plan, loads, hw, run.traits->bound || !fans_out ? FanoutCost{} : relay,
                       options_.replacement_exposed ? replaced : 0);
+    last_.policies[i] = t;
     r.layer_s += t.total_s;
     r.parts.dispatch_s += t.dispatch_s;
     r.parts.exposed_fanout_s += t.exposed_fanout_s;

@@ -89,6 +89,15 @@ class Replay {
   // One per ReplayOptions::policies once the first entry was added, in that order.
   const std::vector<PolicyReplay>& results() const { return results_; }
 
+  // The entry the last successful Add planned: whether it was measured and, when it was,
+  // its force-balanced ideal and each policy's simulated layer time (results() order).
+  struct LastEntry {
+    bool measured = false;
+    LayerTime ideal;
+    std::vector<LayerTime> policies;
+  };
+  const LastEntry& last() const { return last_; }
+
  private:
   struct Run;  // a policy's planner and its reusable plans
 
@@ -101,6 +110,7 @@ class Replay {
   Domain domain_;
   std::vector<Run> runs_;
   std::vector<PolicyReplay> results_;
+  LastEntry last_;
   int64_t entries_ = 0;
   std::set<int64_t> microbatches_;
   std::set<int64_t> measured_microbatches_;

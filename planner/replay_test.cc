@@ -30,15 +30,9 @@ std::vector<TraceEntry> Entries(int64_t microbatches, int layers) {
   g.shift_every = 3;
   absl::StatusOr<LoadGenerator> generator = LoadGenerator::Create(g);
   EXPECT_TRUE(generator.ok()) << generator.status();
-  std::vector<TraceEntry> entries;
-  for (int64_t mb = 0; mb < microbatches; ++mb) {
-    for (int layer = 0; layer < layers; ++layer) {
-      absl::StatusOr<TraceEntry> e = generator->Generate(mb, layer);
-      EXPECT_TRUE(e.ok()) << e.status();
-      entries.push_back(*std::move(e));
-    }
-  }
-  return entries;
+  absl::StatusOr<std::vector<TraceEntry>> entries = generator->GenerateAll();
+  EXPECT_TRUE(entries.ok()) << entries.status();
+  return *std::move(entries);
 }
 
 ReplayOptions Options() {

@@ -35,6 +35,8 @@
 //
 // Not modelled: backward pass and replica-gradient reduction, attention, kernel launch and
 // GEMM efficiency that varies with batch size, topology beyond one flat NVLink domain.
+// cluster.h composes these layers into a training step over D such domains (backward,
+// dense part, data-parallel gradient all-reduce over a scale-out network).
 #ifndef RACKRUN_PLANNER_SIMULATOR_H_
 #define RACKRUN_PLANNER_SIMULATOR_H_
 

@@ -214,6 +214,19 @@ TEST(PlanCommandTest, UsageErrorsNameTheFlag) {
       {"--trace x.jsonl --topk 2", "--topk: applies only with --generate"},
       {"--trace x.jsonl --generate", "use either --trace or --generate"},
       {"", "give a trace with --trace FILE, or --generate"},
+      {"--generate --allreduce tree", "--allreduce: applies only with --domains"},
+      {"--generate --scaleout-gbps 100", "--scaleout-gbps: applies only with --domains"},
+      {"--generate --domains 0", "--domains: 0 is out of range"},
+      {"--generate --domains 2 --allreduce butterfly",
+       "--allreduce: 'butterfly' is not an algorithm; use ring or tree"},
+      {"--generate --domains 2 --scaleout-gbps 0", "--scaleout-gbps: 0 is out of range"},
+      {"--generate --domains 2 --microbatches 6 --microbatches-per-step 4",
+       "--microbatches-per-step: 4 does not divide the 6 measured microbatches"},
+      {"--generate --domains 2 --expert-params 0", "--expert-params: 0 is out of range"},
+      {"--trace x.jsonl --domains 2", "--domains: needs --generate"},
+      {"--generate --domains 2 --out x.jsonl", "--out: writes one domain's trace"},
+      {"--generate --domains 4096 --microbatches 1000 --layers 4",
+       "--domains: 4096 x --microbatches 1000 x --layers 4 = 16384000 entries, over the limit"},
   };
   for (const Case& c : cases) {
     Result r = RunPlan(c.args);
@@ -256,7 +269,18 @@ TEST(PlanCommandTest, HelpDescribesEveryOption) {
                            "--eplb-interval",
                            "--preset",
                            "--expert-bytes",
-                           "--json"}) {
+                           "--json",
+                           "--domains",
+                           "--scaleout-gbps",
+                           "--scaleout-efficiency",
+                           "--scaleout-latency-us",
+                           "--allreduce",
+                           "--dense-params",
+                           "--expert-params",
+                           "--moe-layers",
+                           "--microbatches-per-step",
+                           "--gpu-tflops",
+                           "DeepSeek-V3"}) {
     EXPECT_THAT(r.out, HasSubstr(flag));
   }
 }
@@ -275,6 +299,74 @@ TEST(PlanCommandTest, WarmupMicrobatchesAreLeftOutOfTheStatistics) {
   Result none_left = RunPlan(std::string(kSmall) + " --warmup 6");
   EXPECT_EQ(none_left.code, 1);
   EXPECT_THAT(none_left.err, HasSubstr("no entries to measure"));
+}
+
+// --domains 1 is today's replay: the same per-policy figures, plus the step.
+TEST(PlanCommandTest, OneDomainKeepsTodaysFigures) {
+  Result plain = RunPlan(std::string(kSmall) + " --json");
+  Result one = RunPlan(std::string(kSmall) + " --domains 1 --microbatches-per-step 2 --json");
+  ASSERT_EQ(plain.code, 0) << plain.err;
+  ASSERT_EQ(one.code, 0) << one.err;
+  json a = WithoutTimings(ParseJson(plain));
+  json b = WithoutTimings(ParseJson(one));
+  ASSERT_TRUE(b.contains("cluster"));
+  EXPECT_FALSE(a.contains("cluster"));
+  b.erase("cluster");
+  EXPECT_EQ(a, b);
+  const json cluster = ParseJson(one)["cluster"];
+  EXPECT_EQ(cluster["gpus"], 8);
+  EXPECT_EQ(cluster["steps"], 3);  // 6 microbatches, 2 per step
+  // One rack: no scale-out traffic.
+  EXPECT_EQ(cluster["gradient_reduce_ms"]["expert_scaleout"].get<double>(), 0.0);
+  EXPECT_GT(cluster["gradient_reduce_ms"]["dense_scaleup"].get<double>(), 0.0);
+  // Without --domains the table is as it was: no cluster lines.
+  Result table = RunPlan(std::string(kSmall) + " --policy none");
+  ASSERT_EQ(table.code, 0) << table.err;
+  EXPECT_THAT(table.out, HasSubstr("12 entries (6 microbatches x 2 layers); domain 8 ranks"));
+  EXPECT_THAT(table.out, ::testing::Not(HasSubstr("cluster")));
+}
+
+TEST(PlanCommandTest, DomainsAddTheStepWithTheGradientAllReduce) {
+  const std::string args = std::string(kSmall) +
+                           " --policy ultraep,none --domains 2 --microbatches-per-step 3 --json";
+  Result ring = RunPlan(args);
+  Result tree = RunPlan(args + " --allreduce tree");
+  ASSERT_EQ(ring.code, 0) << ring.err;
+  ASSERT_EQ(tree.code, 0) << tree.err;
+  json doc = ParseJson(ring);
+  EXPECT_EQ(doc["entries"], 24);  // 2 domains x 6 microbatches x 2 layers
+  const json& cluster = doc["cluster"];
+  EXPECT_EQ(cluster["gpus"], 16);
+  EXPECT_EQ(cluster["steps"], 2);
+  // Expert parameters by default: 58 layers x 32 experts x 3 x 7168 x 2048; each GPU's
+  // 1/8 in bf16 is B = 20434649088 bytes, over 2 domains at 400 Gb/s x 0.8 = 40e9 B/s and
+  // 5 us: ring 2 (1/2 B / 40e9 + 5e-6) s, tree 2 B / 40e9 + 2 x 5e-6 s.
+  EXPECT_DOUBLE_EQ(cluster["expert_params"].get<double>(), 58.0 * 32 * 3 * 7168 * 2048);
+  EXPECT_NEAR(cluster["gradient_reduce_ms"]["expert_scaleout"].get<double>(), 510.8762272, 1e-6);
+  EXPECT_NEAR(ParseJson(tree)["cluster"]["gradient_reduce_ms"]["expert_scaleout"].get<double>(),
+              1021.7424544, 1e-6);
+  ASSERT_EQ(cluster["policies"].size(), 3u);  // ultraep, none, the ideal step
+  const json& ultraep = cluster["policies"][0];
+  const json& none = cluster["policies"][1];
+  EXPECT_EQ(cluster["policies"][2]["policy"], "ideal step");
+  EXPECT_GT(ultraep["speedup_over_none"].get<double>(), 1.0);
+  EXPECT_LE(ultraep["percent_of_ideal"].get<double>(), 100.0 + 1e-9);
+  EXPECT_LT(none["percent_of_ideal"].get<double>(), ultraep["percent_of_ideal"].get<double>());
+  EXPECT_GT(ultraep["solve_us_p50_domain_max"].get<double>(), 0.0);
+  // The all-reduce is the same for every policy; only what the backward hides differs.
+  EXPECT_EQ(ultraep["allreduce_ms"], none["allreduce_ms"]);
+  // A faster network shortens the all-reduce.
+  Result fast = RunPlan(args + " --scaleout-gbps 800");
+  ASSERT_EQ(fast.code, 0) << fast.err;
+  EXPECT_LT(ParseJson(fast)["cluster"]["gradient_reduce_ms"]["total"].get<double>(),
+            cluster["gradient_reduce_ms"]["total"].get<double>());
+
+  Result table = RunPlan(std::string(kSmall) + " --policy ultraep,none --domains 2 "
+                         "--microbatches-per-step 3");
+  ASSERT_EQ(table.code, 0) << table.err;
+  EXPECT_THAT(table.out, HasSubstr("24 entries (6 microbatches x 2 layers x 2 domains)"));
+  EXPECT_THAT(table.out, HasSubstr("cluster: 2 domains x EP8 = 16 GPUs"));
+  EXPECT_THAT(table.out, HasSubstr("| ideal step |"));
 }
 
 TEST(PlanCommandTest, UnreachableImbalanceIsAFailureNotACrash) {

@@ -30,6 +30,8 @@
 #include "base/statistics.h"
 #include "flags/flags.h"
 #include "nlohmann/json.hpp"
+#include "planner/cluster.h"
+#include "planner/cluster_replay.h"
 #include "planner/generate.h"
 #include "planner/plan.h"
 #include "planner/planner.h"
@@ -110,6 +112,11 @@ struct PlanFlags {
   bool json = false;
   bool eplb_replacement_exposed = true;
   int64_t warmup = 0;
+  // The cluster (with --domains): model.domains is set only then.
+  std::optional<int> domains;
+  pl::ClusterModel cluster;
+  double expert_params = 0;  // when --expert-params is given
+  double gpu_tflops = 0;     // when --gpu-tflops is given
 };
 
 // A usage error after parsing: "FLAG: WHAT" (the caller prints it in the flags library's
@@ -249,6 +256,59 @@ int DeclareFlags(flags::FlagSet& flag_set, PlanFlags& f) {
                "every statistic")
       .Range(0, kTwoTo40);
 
+  flag_set.Section(
+      "cluster: D racks of EP G, data parallel across racks (with --domains; defaults: a "
+      "DeepSeek-V3-like model, sources in planner/cluster.cc)",
+      "Each domain plans from its own generated loads (domain 0 with --seed, the others with\n"
+      "seeds mixed from it); the step adds MoE backward, the dense layers and the gradient\n"
+      "all-reduce (expert gradients over the D ranks holding a shard, dense gradients over\n"
+      "all ranks), overlapped with the last microbatch's backward (docs/design.md 3.11).\n");
+  flag_set.Int("--domains", &f.domains, "D",
+               "racks, each one EP domain of --ranks GPUs; prints the step table too")
+      .Range(1, 65536);
+  flag_set.Double("--scaleout-gbps", &f.cluster.scaleout_gbps, "X",
+                  "scale-out line rate per GPU, Gb/s per direction")
+      .Range(1e-3, 1e6);
+  flag_set.Double("--scaleout-efficiency", &f.cluster.scaleout_efficiency, "F",
+                  "achieved fraction of --scaleout-gbps")
+      .Range(1e-3, 1);
+  flag_set
+      .Custom("--scaleout-latency-us", "X", "scale-out latency per message (all-reduce step)",
+              [&f](std::string_view value) {
+                absl::StatusOr<double> us = flags::ParseDouble(value, 0, 1e6);
+                if (!us.ok()) return us.status();
+                f.cluster.scaleout_latency_s = *us * 1e-6;
+                return absl::OkStatus();
+              })
+      .Default("5");
+  flag_set
+      .Custom("--allreduce", "ALGO", "ring | tree: the scale-out all-reduce's cost model",
+              [&f](std::string_view value) {
+                absl::StatusOr<pl::AllReduceAlgorithm> a = pl::ParseAllReduceAlgorithm(value);
+                if (!a.ok()) return Problem(value, "is not an algorithm; use ring or tree");
+                f.cluster.allreduce = *a;
+                return absl::OkStatus();
+              })
+      .Default("ring");
+  flag_set.Double("--dense-params", &f.cluster.dense_params, "N",
+                  "dense parameters (attention, dense FFNs, shared experts, embeddings)")
+      .Range(0, 1e15)
+      .Default("17.1e9");
+  flag_set.Double("--expert-params", &f.expert_params, "N",
+                  "routed expert parameters over all MoE layers")
+      .Range(1, 1e15)
+      .Default("--moe-layers x --experts x the preset's expert, 653.9e9");
+  flag_set.Int("--moe-layers", &f.cluster.moe_layers, "L",
+               "MoE layers of the model; each generated layer stands for L / --layers of them")
+      .Range(1, 4096);
+  flag_set.Int("--microbatches-per-step", &f.cluster.microbatches_per_step, "M",
+               "microbatches per step (gradients are reduced once per step)")
+      .Range(1, 1 << 20);
+  flag_set.Double("--gpu-tflops", &f.gpu_tflops, "X",
+                  "achieved expert and dense GEMM TFLOP/s per GPU")
+      .Range(1e-3, 1e6)
+      .Default("the preset's, 593.4");
+
   flag_set.Section("hardware model and output");
   flag_set.String("--preset", &f.preset, "NAME",
                   "hardware preset for the simulator and fan-out cost model (h200-nvl72: "
@@ -259,6 +319,41 @@ int DeclareFlags(flags::FlagSet& flag_set, PlanFlags& f) {
       .Default("the preset's, 88080384");
   flag_set.Switch("--json", &f.json, "print one JSON document instead of the table");
   return generator;
+}
+
+// The cluster options: only with --domains, which needs --generate and whole steps.
+absl::Status CheckClusterFlags(const flags::FlagSet& flag_set, const PlanFlags& f) {
+  static constexpr const char* kClusterFlags[] = {
+      "--allreduce",  "--dense-params",          "--expert-params", "--gpu-tflops",
+      "--moe-layers", "--microbatches-per-step", "--scaleout-efficiency",
+      "--scaleout-gbps", "--scaleout-latency-us"};
+  if (!f.domains) {
+    for (const char* flag : kClusterFlags) {
+      if (flag_set.Given(flag)) return Usage(flag, "applies only with --domains");
+    }
+    return absl::OkStatus();
+  }
+  if (!f.generate) {
+    return Usage("--domains",
+                 "needs --generate: every domain plans from its own generated load stream, and a "
+                 "trace holds one domain's loads");
+  }
+  if (f.out) return Usage("--out", "writes one domain's trace; drop --domains");
+  const int64_t measured = f.gen.microbatches - f.warmup;
+  if (measured > 0 && measured % f.cluster.microbatches_per_step != 0) {
+    return Usage("--microbatches-per-step",
+                 absl::StrCat(f.cluster.microbatches_per_step, " does not divide the ", measured,
+                              " measured microbatches (--microbatches ", f.gen.microbatches,
+                              " - --warmup ", f.warmup, "); make it whole steps"));
+  }
+  const int64_t entries = int64_t{*f.domains} * f.gen.microbatches * f.gen.layers;
+  if (entries > kMaxEntries) {
+    return Usage("--domains", absl::StrCat(*f.domains, " x --microbatches ", f.gen.microbatches,
+                                           " x --layers ", f.gen.layers, " = ", entries,
+                                           " entries, over the limit of ", kMaxEntries,
+                                           " per run; plan fewer microbatches or layers"));
+  }
+  return absl::OkStatus();
 }
 
 // The checks across options, after parsing; completes `f` (experts from
@@ -319,6 +414,7 @@ absl::Status CheckFlags(const flags::FlagSet& flag_set, int generator, PlanFlags
                                              kMaxLoadsPerEntry, "; use fewer ranks or experts"));
     }
   }
+  if (absl::Status s = CheckClusterFlags(flag_set, f); !s.ok()) return s;
   if (f.out && (f.json || !f.policies.empty())) {
     return Usage("--out", "writes a trace and plans nothing; drop --json and --policy");
   }
@@ -486,6 +582,327 @@ std::string SourceText(const PlanFlags& f) {
       ", seed ", g.seed);
 }
 
+// What a replay (one domain, or every domain's merged) reports.
+struct ReplayView {
+  std::vector<pl::PolicyReplay> results;
+  pl::Domain domain;
+  int64_t entries = 0;
+  size_t microbatches = 0;  // distinct, warm-up included (per domain)
+  size_t measured_microbatches = 0;
+  size_t layers = 0;
+};
+
+int NoEntries(const PlanFlags& f, const ReplayView& v) {
+  return Fail(absl::InvalidArgumentError(
+      absl::StrCat(f.trace ? *f.trace : std::string("generator"), ": no entries to measure (",
+                   v.microbatches, " microbatches, --warmup ", f.warmup, ")")));
+}
+
+constexpr double kMiB = 1024.0 * 1024.0;
+
+json ReplayJson(const PlanFlags& f, const pl::HardwareModel& hw, int64_t expert_bytes,
+                const ReplayView& v) {
+  const int64_t entries = v.entries;
+  const pl::Domain& domain = v.domain;
+  json doc;
+  doc["source"] = SourceText(f);
+  if (f.trace) {
+    doc["trace"] = *f.trace;
+  } else {
+    const pl::GeneratorOptions& g = f.gen;
+    doc["generator"] = {{"ranks", g.ranks},
+                        {"experts", g.experts},
+                        {"topk", g.topk},
+                        {"tokens_per_rank", g.tokens_per_rank},
+                        {"token_jitter", g.token_jitter},
+                        {"imbalance", g.imbalance},
+                        {"microbatches", g.microbatches},
+                        {"layers", g.layers},
+                        {"nonstationary", std::string(pl::LoadShiftName(g.shift))},
+                        {"shift_every", g.shift_every},
+                        {"popularity", std::string(pl::PopularityModelName(g.popularity))},
+                        {"lognormal_sigma", g.lognormal_sigma},
+                        {"spike_experts", g.spike_experts},
+                        {"spike_min", g.spike_min},
+                        {"spike_max", g.spike_max},
+                        {"spike_rate", g.spike_rate},
+                        {"seed", g.seed}};
+  }
+  doc["entries"] = entries;
+  doc["microbatches"] = v.measured_microbatches;
+  doc["warmup_microbatches"] = v.microbatches - v.measured_microbatches;
+  doc["layers"] = v.layers;
+  doc["domain"] = {{"ranks", domain.ranks},
+                   {"masters_per_rank", domain.masters_per_rank},
+                   {"slots_per_rank", domain.slots_per_rank},
+                   {"experts", domain.experts()}};
+  doc["options"] = {{"eps", f.planner.eps},
+                    {"min_replica_tokens", f.planner.min_replica_tokens},
+                    {"eplb_window", f.planner.eplb_window},
+                    {"eplb_interval", f.planner.eplb_interval},
+                    {"eplb_replacement", f.eplb_replacement_exposed ? "exposed" : "hidden"}};
+  doc["hardware"] = {{"preset", hw.name},
+                     {"expert_bytes", expert_bytes},
+                     {"token_bytes", hw.token_bytes()},
+                     {"gemm_flops_per_s", hw.gemm_flops_per_s},
+                     {"a2a_bytes_per_s", hw.a2a_bytes_per_s},
+                     {"fanout_egress_bytes_per_s", hw.fanout.egress_bytes_per_s}};
+  json policies = json::array();
+  const double per_entry_us = 1e6 / static_cast<double>(entries);
+  for (const pl::PolicyReplay& run : v.results) {
+    std::vector<double> solve = run.solve_us;
+    policies.push_back(
+        {{"policy", run.policy},
+         {"imbalance_before", TripleJson(Summary(run.before))},
+         {"imbalance_after", TripleJson(Summary(run.after))},
+         {"replicas_mean", Mean(run.replicas)},
+         {"replicas_max", Summary(run.replicas).max},
+         {"fanout_bytes_mean", Mean(run.fanout_bytes)},
+         {"fanout_direct_ms_mean", Mean(run.direct_ms)},
+         {"fanout_relay_ms_mean", Mean(run.relay_ms)},
+         {"replacement_bytes_total", run.replacement_bytes},
+         {"simulated_percent_of_ideal", 100.0 * run.ideal_s / run.layer_s},
+         {"simulated_percent_of_ideal_min",
+          *std::min_element(run.percent.begin(), run.percent.end())},
+         {"layer_time_us_mean", run.layer_s / static_cast<double>(entries) * 1e6},
+         {"ideal_layer_time_us_mean", run.ideal_s / static_cast<double>(entries) * 1e6},
+         {"layer_time_breakdown_us_mean",
+          {{"dispatch", run.parts.dispatch_s * per_entry_us},
+           {"exposed_fanout", run.parts.exposed_fanout_s * per_entry_us},
+           {"compute", run.parts.compute_s * per_entry_us},
+           {"combine", run.parts.combine_s * per_entry_us},
+           {"replacement", run.parts.replacement_s * per_entry_us}}},
+         {"solve_us",
+          {{"p50", base::Percentile(solve, 0.50)},
+           {"p99", base::Percentile(solve, 0.99)},
+           {"max", solve.back()}}},
+         {"plan_hash", HashHex(run.plan_hash)}});
+  }
+  doc["policies"] = std::move(policies);
+  return doc;
+}
+
+// The per-(microbatch, layer) table. `domains_text` follows the entry count (empty
+// without --domains, so that output stays as it was).
+void PrintReplay(const PlanFlags& f, const pl::HardwareModel& hw, int64_t expert_bytes,
+                 const ReplayView& v, const std::string& domains_text) {
+  const pl::Domain& domain = v.domain;
+  std::printf("rackrun plan: %s\n", SourceText(f).c_str());
+  std::printf(
+      "%lld entries (%zu microbatches x %zu layers%s); domain %d ranks x (%d masters + %d "
+      "slots); hardware %s, expert %.1f MiB\n",
+      static_cast<long long>(v.entries), v.measured_microbatches, v.layers, domains_text.c_str(),
+      domain.ranks, domain.masters_per_rank, domain.slots_per_rank, hw.name.c_str(),
+      static_cast<double>(expert_bytes) / kMiB);
+  std::printf(
+      "ultraep eps %g; eplb W=%d K=%d, re-placement %s; %lld warm-up microbatches not "
+      "measured\n\n",
+      f.planner.eps, f.planner.eplb_window, f.planner.eplb_interval,
+      f.eplb_replacement_exposed ? "exposed" : "hidden",
+      static_cast<long long>(v.microbatches - v.measured_microbatches));
+  std::printf(
+      "| policy  | imbalance before p50/p99/max | after p50/p99/max     | replicas | fan-out MiB | "
+      "fan-out ms direct/relay | re-placed MiB | sim %% of ideal | solve us p50/p99    |\n");
+  std::printf(
+      "|---------|------------------------------|-----------------------|----------|-------------|"
+      "-------------------------|---------------|----------------|---------------------|\n");
+  for (const pl::PolicyReplay& run : v.results) {
+    const Triple before = Summary(run.before);
+    const Triple after = Summary(run.after);
+    std::vector<double> solve = run.solve_us;
+    const std::string before_text =
+        Format("%.3f / %.3f / %.3f", before.p50, before.p99, before.max);
+    const std::string after_text = Format("%.3f / %.3f / %.3f", after.p50, after.p99, after.max);
+    const std::string fanout_ms = Format("%.3f / %.3f", Mean(run.direct_ms), Mean(run.relay_ms));
+    const std::string solve_text =
+        Format("%.1f / %.1f", base::Percentile(solve, 0.50), base::Percentile(solve, 0.99));
+    std::printf("| %-7s | %-28s | %-21s | %8.1f | %11.1f | %-23s | %13.1f | %14.1f | %-19s |\n",
+                run.policy.c_str(), before_text.c_str(), after_text.c_str(), Mean(run.replicas),
+                Mean(run.fanout_bytes) / kMiB, fanout_ms.c_str(),
+                static_cast<double>(run.replacement_bytes) / kMiB,
+                100.0 * run.ideal_s / run.layer_s, solve_text.c_str());
+  }
+  std::printf(
+      "\nreplicas, fan-out MiB and ms: mean per (microbatch, layer); re-placed MiB: total over "
+      "the trace; sim %% of ideal: summed force-balanced ideal time / summed simulated layer "
+      "time.\n");
+}
+
+// A policy's solve times per domain: the median of the domains' p50s and their largest.
+struct DomainSolves {
+  double p50_median = 0, p50_max = 0;
+};
+DomainSolves SolvesByDomain(const pl::ClusterReplay& cluster, size_t policy) {
+  std::vector<double> p50s;
+  for (int d = 0; d < cluster.domains(); ++d) {
+    p50s.push_back(base::Percentile(cluster.domain(d).results()[policy].solve_us, 0.50));
+  }
+  return {base::Median(p50s), *std::max_element(p50s.begin(), p50s.end())};
+}
+
+json StepJson(const pl::StepTime& s) {
+  return json{{"step_ms", s.total_s * 1e3},
+              {"moe_forward_ms", s.moe_forward_s * 1e3},
+              {"moe_backward_ms", s.moe_backward_s * 1e3},
+              {"moe_compute_ms", s.moe_compute_s * 1e3},
+              {"moe_a2a_ms", s.moe_a2a_s * 1e3},
+              {"balancing_ms", s.balancing_s * 1e3},
+              {"dense_ms", s.dense_s * 1e3},
+              {"compute_ms", s.compute_s * 1e3},
+              {"last_backward_ms", s.last_backward_s * 1e3},
+              {"allreduce_ms", s.allreduce_s * 1e3},
+              {"exposed_allreduce_ms", s.exposed_allreduce_s * 1e3}};
+}
+
+// --domains: every domain's own stream through its own planners, then the step table.
+int PlanCluster(const PlanFlags& f, pl::ReplayOptions options, int64_t expert_bytes) {
+  pl::ClusterModel model = f.cluster;
+  model.domains = *f.domains;
+  if (f.expert_params <= 0) {
+    model.expert_params = static_cast<double>(model.moe_layers) * f.gen.experts *
+                          static_cast<double>(options.hardware.expert_bytes()) /
+                          static_cast<double>(options.hardware.bytes_per_element);
+  } else {
+    model.expert_params = f.expert_params;
+  }
+  if (f.gpu_tflops > 0) options.hardware.gemm_flops_per_s = f.gpu_tflops * 1e12;
+  if (absl::Status s = model.Validate(); !s.ok()) return Fail(s);
+  const pl::HardwareModel hw = options.hardware;
+
+  std::vector<pl::LoadGenerator> generators;
+  for (int d = 0; d < model.domains; ++d) {
+    pl::GeneratorOptions g = f.gen;
+    g.seed = pl::DomainSeed(f.gen.seed, d);
+    absl::StatusOr<pl::LoadGenerator> generator = pl::LoadGenerator::Create(g);
+    if (!generator.ok()) return Fail(absl::Status(generator.status().code(),
+                                                  absl::StrCat("domain ", d, ": ", generator.status().message())));
+    generators.push_back(*std::move(generator));
+  }
+  pl::ClusterReplay cluster(std::move(options), model, f.gen.topk);
+  Progress progress("planned", int64_t{model.domains} * f.gen.microbatches * f.gen.layers);
+  int64_t done = 0;
+  for (int64_t mb = 0; mb < f.gen.microbatches; ++mb) {
+    for (int layer = 0; layer < f.gen.layers; ++layer) {
+      for (int d = 0; d < model.domains; ++d) {
+        absl::StatusOr<pl::TraceEntry> entry = generators[static_cast<size_t>(d)].Generate(mb, layer);
+        if (!entry.ok()) {
+          return Fail(absl::Status(entry.status().code(),
+                                   absl::StrCat("domain ", d, ": ", entry.status().message())));
+        }
+        if (absl::Status s = cluster.Add(d, *entry); !s.ok()) return Fail(s);
+        progress.Update(++done);
+      }
+    }
+  }
+  const pl::Replay& first = cluster.domain(0);
+  ReplayView view{cluster.Merged(), first.domain(), 0, first.microbatches(),
+                  first.measured_microbatches(), first.layers()};
+  for (int d = 0; d < cluster.domains(); ++d) view.entries += cluster.domain(d).entries();
+  if (view.entries == 0) return NoEntries(f, view);
+  if (absl::Status s = cluster.Finish(); !s.ok()) return Fail(s);
+
+  const int ep = view.domain.ranks;
+  const std::vector<pl::PolicySteps>& steps = cluster.steps();
+  const pl::StepTime& ideal = steps.back().mean;
+  const pl::StepTime* none = nullptr;
+  for (size_t p = 0; p + 1 < steps.size(); ++p) {
+    if (steps[p].policy == "none") none = &steps[p].mean;
+  }
+  const pl::GradientReduce& reduce = cluster.reduce();
+  const double solves_per_step =
+      static_cast<double>(model.moe_layers) * model.microbatches_per_step;
+
+  if (f.json) {
+    json doc = ReplayJson(f, hw, expert_bytes, view);
+    json policies = json::array();
+    for (size_t p = 0; p < steps.size(); ++p) {
+      const pl::StepTime& s = steps[p].mean;
+      json j = StepJson(s);
+      j["policy"] = steps[p].policy;
+      j["percent_of_ideal"] = 100.0 * ideal.total_s / s.total_s;
+      if (none != nullptr) j["speedup_over_none"] = none->total_s / s.total_s;
+      j["balancing_percent_of_step"] = 100.0 * s.balancing_s / s.total_s;
+      if (p + 1 < steps.size()) {
+        const DomainSolves solves = SolvesByDomain(cluster, p);
+        j["solve_us_p50_domain_median"] = solves.p50_median;
+        j["solve_us_p50_domain_max"] = solves.p50_max;
+        j["solve_percent_of_step_if_exposed"] =
+            100.0 * solves.p50_median * 1e-6 * solves_per_step / s.total_s;
+      }
+      policies.push_back(std::move(j));
+    }
+    doc["cluster"] = {
+        {"domains", model.domains},
+        {"ep", ep},
+        {"gpus", int64_t{model.domains} * ep},
+        {"allreduce", std::string(pl::AllReduceAlgorithmName(model.allreduce))},
+        {"scaleout_gbps", model.scaleout_gbps},
+        {"scaleout_efficiency", model.scaleout_efficiency},
+        {"scaleout_latency_us", model.scaleout_latency_s * 1e6},
+        {"dense_params", model.dense_params},
+        {"expert_params", model.expert_params},
+        {"moe_layers", model.moe_layers},
+        {"microbatches_per_step", model.microbatches_per_step},
+        {"gemm_flops_per_s", hw.gemm_flops_per_s},
+        {"steps", steps.front().steps.size()},
+        {"gradient_reduce_ms",
+         {{"dense_scaleup", reduce.dense_scaleup_s * 1e3},
+          {"dense_scaleout", reduce.dense_scaleout_s * 1e3},
+          {"expert_scaleout", reduce.expert_scaleout_s * 1e3},
+          {"total", reduce.total_s * 1e3}}},
+        {"policies", std::move(policies)}};
+    std::printf("%s\n", doc.dump(2).c_str());
+    return 0;
+  }
+
+  PrintReplay(f, hw, expert_bytes, view, absl::StrCat(" x ", model.domains, " domains"));
+  std::printf(
+      "\ncluster: %d domains x EP%d = %lld GPUs; %zu steps of %d microbatches x %d MoE layers; "
+      "dense %.4g + expert %.4g parameters; GEMM %.1f TFLOP/s per GPU; scale-out %g Gb/s x %g "
+      "per GPU, %g us, %s all-reduce\n",
+      model.domains, ep, static_cast<long long>(int64_t{model.domains} * ep),
+      steps.front().steps.size(), model.microbatches_per_step, model.moe_layers,
+      model.dense_params, model.expert_params, hw.gemm_flops_per_s / 1e12, model.scaleout_gbps,
+      model.scaleout_efficiency, model.scaleout_latency_s * 1e6,
+      std::string(pl::AllReduceAlgorithmName(model.allreduce)).c_str());
+  std::printf(
+      "gradient all-reduce per step: dense in-rack %.1f ms + dense scale-out %.1f ms + expert "
+      "scale-out %.1f ms = %.1f ms\n\n",
+      reduce.dense_scaleup_s * 1e3, reduce.dense_scaleout_s * 1e3,
+      reduce.expert_scaleout_s * 1e3, reduce.total_s * 1e3);
+  std::printf(
+      "| policy     | step ms  | %% of ideal | vs none | MoE compute ms | MoE a2a ms | balancing "
+      "ms (%% step) | dense ms | all-reduce ms total / exposed | solve us p50 median / max of "
+      "domains |\n");
+  std::printf(
+      "|------------|----------|------------|---------|----------------|------------|-----------"
+      "-----------|----------|-------------------------------|----------------------------------"
+      "---|\n");
+  for (size_t p = 0; p < steps.size(); ++p) {
+    const pl::StepTime& s = steps[p].mean;
+    const std::string balancing =
+        Format("%.1f (%.2f%%)", s.balancing_s * 1e3, 100.0 * s.balancing_s / s.total_s);
+    const std::string reduce_text =
+        Format("%.1f / %.1f", s.allreduce_s * 1e3, s.exposed_allreduce_s * 1e3);
+    std::string solve_text = "-";
+    if (p + 1 < steps.size()) {
+      const DomainSolves solves = SolvesByDomain(cluster, p);
+      solve_text = Format("%.1f / %.1f", solves.p50_median, solves.p50_max);
+    }
+    std::printf("| %-10s | %8.1f | %10.1f | %7s | %14.1f | %10.1f | %-20s | %8.1f | %-29s | %-35s |\n",
+                steps[p].policy.c_str(), s.total_s * 1e3, 100.0 * ideal.total_s / s.total_s,
+                none != nullptr ? Format("%.3f", none->total_s / s.total_s).c_str() : "-",
+                s.moe_compute_s * 1e3, s.moe_a2a_s * 1e3, balancing.c_str(), s.dense_s * 1e3,
+                reduce_text.c_str(), solve_text.c_str());
+  }
+  std::printf(
+      "\nstep: mean over steps of the slowest domain's microbatches plus the exposed all-reduce; "
+      "%% of ideal: the force-balanced ideal step / the step; vs none: none's step / the step; "
+      "balancing: exposed fan-out, replica-gradient reduction and re-placement; solve: this "
+      "CPU's planner time, one domain per solve, not in the step.\n");
+  return 0;
+}
+
 }  // namespace
 
 int PlanCommand(const Args& args) {
@@ -524,6 +941,8 @@ int PlanCommand(const Args& args) {
   options.hardware = *hw;
   options.replacement_exposed = f.eplb_replacement_exposed;
   options.warmup = f.warmup;
+  if (f.domains) return PlanCluster(f, std::move(options), expert_bytes);
+
   pl::Replay replay(std::move(options));
   Progress progress("planned", f.trace ? 0 : f.gen.microbatches * f.gen.layers);
   int64_t read = 0;
@@ -541,135 +960,14 @@ int PlanCommand(const Args& args) {
     progress.Update(read);
     if (absl::Status s = replay.Add(**next); !s.ok()) return Fail(s);
   }
-  const int64_t entries = replay.entries();
-  if (entries == 0) {
-    return Fail(absl::InvalidArgumentError(
-        absl::StrCat(f.trace ? *f.trace : std::string("generator"), ": no entries to measure (",
-                     replay.microbatches(), " microbatches, --warmup ", f.warmup, ")")));
-  }
-  const pl::Domain& domain = replay.domain();
-  const size_t warmup_microbatches = replay.microbatches() - replay.measured_microbatches();
-
-  constexpr double kMiB = 1024.0 * 1024.0;
+  ReplayView view{replay.results(), replay.domain(), replay.entries(), replay.microbatches(),
+                  replay.measured_microbatches(), replay.layers()};
+  if (view.entries == 0) return NoEntries(f, view);
   if (f.json) {
-    json doc;
-    doc["source"] = SourceText(f);
-    if (f.trace) {
-      doc["trace"] = *f.trace;
-    } else {
-      const pl::GeneratorOptions& g = f.gen;
-      doc["generator"] = {{"ranks", g.ranks},
-                          {"experts", g.experts},
-                          {"topk", g.topk},
-                          {"tokens_per_rank", g.tokens_per_rank},
-                          {"token_jitter", g.token_jitter},
-                          {"imbalance", g.imbalance},
-                          {"microbatches", g.microbatches},
-                          {"layers", g.layers},
-                          {"nonstationary", std::string(pl::LoadShiftName(g.shift))},
-                          {"shift_every", g.shift_every},
-                          {"popularity", std::string(pl::PopularityModelName(g.popularity))},
-                          {"lognormal_sigma", g.lognormal_sigma},
-                          {"spike_experts", g.spike_experts},
-                          {"spike_min", g.spike_min},
-                          {"spike_max", g.spike_max},
-                          {"spike_rate", g.spike_rate},
-                          {"seed", g.seed}};
-    }
-    doc["entries"] = entries;
-    doc["microbatches"] = replay.measured_microbatches();
-    doc["warmup_microbatches"] = warmup_microbatches;
-    doc["layers"] = replay.layers();
-    doc["domain"] = {{"ranks", domain.ranks},
-                     {"masters_per_rank", domain.masters_per_rank},
-                     {"slots_per_rank", domain.slots_per_rank},
-                     {"experts", domain.experts()}};
-    doc["options"] = {{"eps", f.planner.eps},
-                      {"min_replica_tokens", f.planner.min_replica_tokens},
-                      {"eplb_window", f.planner.eplb_window},
-                      {"eplb_interval", f.planner.eplb_interval},
-                      {"eplb_replacement", f.eplb_replacement_exposed ? "exposed" : "hidden"}};
-    doc["hardware"] = {{"preset", hw->name},
-                       {"expert_bytes", expert_bytes},
-                       {"token_bytes", hw->token_bytes()},
-                       {"gemm_flops_per_s", hw->gemm_flops_per_s},
-                       {"a2a_bytes_per_s", hw->a2a_bytes_per_s},
-                       {"fanout_egress_bytes_per_s", hw->fanout.egress_bytes_per_s}};
-    json policies = json::array();
-    const double per_entry_us = 1e6 / static_cast<double>(entries);
-    for (const pl::PolicyReplay& run : replay.results()) {
-      std::vector<double> solve = run.solve_us;
-      policies.push_back(
-          {{"policy", run.policy},
-           {"imbalance_before", TripleJson(Summary(run.before))},
-           {"imbalance_after", TripleJson(Summary(run.after))},
-           {"replicas_mean", Mean(run.replicas)},
-           {"replicas_max", Summary(run.replicas).max},
-           {"fanout_bytes_mean", Mean(run.fanout_bytes)},
-           {"fanout_direct_ms_mean", Mean(run.direct_ms)},
-           {"fanout_relay_ms_mean", Mean(run.relay_ms)},
-           {"replacement_bytes_total", run.replacement_bytes},
-           {"simulated_percent_of_ideal", 100.0 * run.ideal_s / run.layer_s},
-           {"simulated_percent_of_ideal_min",
-            *std::min_element(run.percent.begin(), run.percent.end())},
-           {"layer_time_us_mean", run.layer_s / static_cast<double>(entries) * 1e6},
-           {"ideal_layer_time_us_mean", run.ideal_s / static_cast<double>(entries) * 1e6},
-           {"layer_time_breakdown_us_mean",
-            {{"dispatch", run.parts.dispatch_s * per_entry_us},
-             {"exposed_fanout", run.parts.exposed_fanout_s * per_entry_us},
-             {"compute", run.parts.compute_s * per_entry_us},
-             {"combine", run.parts.combine_s * per_entry_us},
-             {"replacement", run.parts.replacement_s * per_entry_us}}},
-           {"solve_us",
-            {{"p50", base::Percentile(solve, 0.50)},
-             {"p99", base::Percentile(solve, 0.99)},
-             {"max", solve.back()}}},
-           {"plan_hash", HashHex(run.plan_hash)}});
-    }
-    doc["policies"] = std::move(policies);
-    std::printf("%s\n", doc.dump(2).c_str());
+    std::printf("%s\n", ReplayJson(f, *hw, expert_bytes, view).dump(2).c_str());
     return 0;
   }
-
-  std::printf("rackrun plan: %s\n", SourceText(f).c_str());
-  std::printf(
-      "%lld entries (%zu microbatches x %zu layers); domain %d ranks x (%d masters + %d slots); "
-      "hardware %s, expert %.1f MiB\n",
-      static_cast<long long>(entries), replay.measured_microbatches(), replay.layers(), domain.ranks,
-      domain.masters_per_rank, domain.slots_per_rank, hw->name.c_str(),
-      static_cast<double>(expert_bytes) / kMiB);
-  std::printf(
-      "ultraep eps %g; eplb W=%d K=%d, re-placement %s; %lld warm-up microbatches not "
-      "measured\n\n",
-      f.planner.eps, f.planner.eplb_window, f.planner.eplb_interval,
-      f.eplb_replacement_exposed ? "exposed" : "hidden",
-      static_cast<long long>(warmup_microbatches));
-  std::printf(
-      "| policy  | imbalance before p50/p99/max | after p50/p99/max     | replicas | fan-out MiB | "
-      "fan-out ms direct/relay | re-placed MiB | sim %% of ideal | solve us p50/p99    |\n");
-  std::printf(
-      "|---------|------------------------------|-----------------------|----------|-------------|"
-      "-------------------------|---------------|----------------|---------------------|\n");
-  for (const pl::PolicyReplay& run : replay.results()) {
-    const Triple before = Summary(run.before);
-    const Triple after = Summary(run.after);
-    std::vector<double> solve = run.solve_us;
-    const std::string before_text =
-        Format("%.3f / %.3f / %.3f", before.p50, before.p99, before.max);
-    const std::string after_text = Format("%.3f / %.3f / %.3f", after.p50, after.p99, after.max);
-    const std::string fanout_ms = Format("%.3f / %.3f", Mean(run.direct_ms), Mean(run.relay_ms));
-    const std::string solve_text =
-        Format("%.1f / %.1f", base::Percentile(solve, 0.50), base::Percentile(solve, 0.99));
-    std::printf("| %-7s | %-28s | %-21s | %8.1f | %11.1f | %-23s | %13.1f | %14.1f | %-19s |\n",
-                run.policy.c_str(), before_text.c_str(), after_text.c_str(), Mean(run.replicas),
-                Mean(run.fanout_bytes) / kMiB, fanout_ms.c_str(),
-                static_cast<double>(run.replacement_bytes) / kMiB,
-                100.0 * run.ideal_s / run.layer_s, solve_text.c_str());
-  }
-  std::printf(
-      "\nreplicas, fan-out MiB and ms: mean per (microbatch, layer); re-placed MiB: total over "
-      "the trace; sim %% of ideal: summed force-balanced ideal time / summed simulated layer "
-      "time.\n");
+  PrintReplay(f, *hw, expert_bytes, view, "");
   return 0;
 }
 
