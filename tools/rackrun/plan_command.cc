@@ -650,7 +650,6 @@ json ReplayJson(const PlanFlags& f, const pl::HardwareModel& hw, int64_t expert_
   json policies = json::array();
   const double per_entry_us = 1e6 / static_cast<double>(entries);
   for (const pl::PolicyReplay& run : v.results) {
-    std::vector<double> solve = run.solve_us;
     policies.push_back(
         {{"policy", run.policy},
          {"imbalance_before", TripleJson(Summary(run.before))},
@@ -672,10 +671,7 @@ json ReplayJson(const PlanFlags& f, const pl::HardwareModel& hw, int64_t expert_
            {"compute", run.parts.compute_s * per_entry_us},
            {"combine", run.parts.combine_s * per_entry_us},
            {"replacement", run.parts.replacement_s * per_entry_us}}},
-         {"solve_us",
-          {{"p50", base::Percentile(solve, 0.50)},
-           {"p99", base::Percentile(solve, 0.99)},
-           {"max", solve.back()}}},
+         {"solve_us", TripleJson(Summary(run.solve_us))},
          {"plan_hash", HashHex(run.plan_hash)}});
   }
   doc["policies"] = std::move(policies);
@@ -709,13 +705,12 @@ void PrintReplay(const PlanFlags& f, const pl::HardwareModel& hw, int64_t expert
   for (const pl::PolicyReplay& run : v.results) {
     const Triple before = Summary(run.before);
     const Triple after = Summary(run.after);
-    std::vector<double> solve = run.solve_us;
     const std::string before_text =
         Format("%.3f / %.3f / %.3f", before.p50, before.p99, before.max);
     const std::string after_text = Format("%.3f / %.3f / %.3f", after.p50, after.p99, after.max);
     const std::string fanout_ms = Format("%.3f / %.3f", Mean(run.direct_ms), Mean(run.relay_ms));
     const std::string solve_text =
-        Format("%.1f / %.1f", base::Percentile(solve, 0.50), base::Percentile(solve, 0.99));
+        Format("%.1f / %.1f", base::Percentile(run.solve_us, 0.50), base::Percentile(run.solve_us, 0.99));
     std::printf("| %-7s | %-28s | %-21s | %8.1f | %11.1f | %-23s | %13.1f | %14.1f | %-19s |\n",
                 run.policy.c_str(), before_text.c_str(), after_text.c_str(), Mean(run.replicas),
                 Mean(run.fanout_bytes) / kMiB, fanout_ms.c_str(),
