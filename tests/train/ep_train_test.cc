@@ -6,7 +6,8 @@
 // ranks; balancing (ultraep, eplb) moves work between ranks but not the losses; a
 // configuration reruns bit-identically; a failing or disagreeing rank stops the whole job
 // with a message naming it (no hang); checkpoints resume on any rank count; the load trace
-// replays through `rackrun plan`.
+// replays through `rackrun plan`. Issue 24: expert-parallel domains (D x G ranks) give the
+// same losses, rerun bit-identically and resume on other layouts.
 //
 // Every mpirun gets its own Open MPI session folder (OMPI_MCA_orte_tmpdir_base) under the
 // test's own temp folder: CTest runs the tests of this file in parallel processes, and
@@ -20,6 +21,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -397,6 +399,123 @@ TEST_F(EpTrainTest, SpecsThatCannotRunOnTheseRanksNameTheField) {
       {4, "data.batch_size=6", {"data.batch_size"}},
       {2, "resources.ranks=4", {"resources.ranks", "asks for 4 ranks"}},
       {2, "balancer.mode=coordinator", {"balancer.mode", "use inband"}},
+  };
+  for (const Case& c : cases) {
+    const Result r = Train(c.ranks, spec + " --set " + c.set, "bad");
+    EXPECT_NE(r.code, 0) << c.set;
+    EXPECT_NE(r.code, 124) << c.set << ": the job hung";
+    for (const std::string& text : c.expected) EXPECT_THAT(r.err, HasSubstr(text)) << c.set;
+  }
+}
+
+// Expert-parallel domains (parallelism.expert_parallel, issue 24): 4 ranks as 2 x 2 and
+// as 1 x 4 (G = ranks, today's layout) give the 1-rank losses, validation losses and
+// gradient norms with the same global batch.
+TEST_F(EpTrainTest, TwoByTwoAndOneByFourGiveTheOneRankLosses) {
+  const std::string spec = PrepareJob();
+  const Result one = Train(1, spec + LogFlag("r1"), "r1");
+  ASSERT_EQ(one.code, 0) << one.err;
+  ASSERT_EQ(Losses("r1").size(), 20u);
+  for (const auto& [g, name, banner] :
+       {std::tuple{2, "d2g2", "expert parallel: 4 ranks (mpi) = 2 domains (data_parallel) x 2 "
+                              "ranks (expert_parallel), 4 experts per rank"},
+        std::tuple{4, "d1g4", "expert parallel: 4 ranks (mpi) = 1 domain (data_parallel) x 4 "
+                              "ranks (expert_parallel), 2 experts per rank"}}) {
+    const Result r = Train(
+        4, spec + " --set parallelism.expert_parallel=" + std::to_string(g) + LogFlag(name), name);
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_THAT(r.out, HasSubstr(banner));
+    ASSERT_EQ(Log(name).size(), 20u);
+    for (const std::string key : {"loss", "val_loss", "grad_norm"}) {
+      const double diff = MaxRelativeDifference(Field("r1", key), Field(name, key));
+      Report("max_rel_" + key + "_diff_1_vs_" + name, diff);
+      EXPECT_LE(diff, kLossTolerance) << key;
+    }
+  }
+}
+
+// On 2 x 2, ultraep balances inside each domain without changing the losses, and a rerun
+// is bit-identical.
+TEST_F(EpTrainTest, TwoByTwoUltraepMovesWorkNotResultsAndRerunsBitIdentically) {
+  const std::string spec = PrepareJob() + " --set parallelism.expert_parallel=2";
+  const Result none = Train(4, spec + LogFlag("none"), "none");
+  ASSERT_EQ(none.code, 0) << none.err;
+  for (const std::string name : {"a", "b"}) {
+    const Result r = Train(4, spec + " --set balancer.policy=ultraep" + LogFlag(name), name);
+    ASSERT_EQ(r.code, 0) << r.err;
+  }
+  ASSERT_EQ(Log("a").size(), 20u);
+  const double diff = MaxRelativeDifference(Losses("none"), Losses("a"));
+  Report("max_rel_loss_diff_ultraep_vs_none_2x2", diff);
+  EXPECT_LE(diff, kLossTolerance);
+  const Balancing b = BalancingIn(Log("a"));
+  EXPECT_GT(b.max_replicas, 0) << "ultraep placed no replica in 20 steps";
+  EXPECT_TRUE(b.lowered) << "ultraep lowered no layer's rank imbalance in 20 steps";
+  EXPECT_EQ(BalancingIn(Log("none")).max_replicas, 0);
+  EXPECT_EQ(LossTexts("a"), LossTexts("b"));
+}
+
+// A 2 x 2 checkpoint (eplb: each domain's balancer history is kept) resumes bit-identically
+// on 2 x 2, and on 1 x 4 and 4 x 1 (experts resharded, the balancer restarted) within
+// tolerance.
+TEST_F(EpTrainTest, TwoByTwoCheckpointResumesOnTwoByTwoOneByFourAndFourByOne) {
+  const std::string job =
+      PrepareJob() + " --set balancer.policy=eplb --set balancer.eplb_interval=4";
+  const Result full = Train(4,
+                            job + " --set parallelism.expert_parallel=2" + LogFlag("full") +
+                                " --set checkpoint.interval=10" +
+                                " --set checkpoint.dir=" + (Dir() / "ckpt").string(),
+                            "full");
+  ASSERT_EQ(full.code, 0) << full.err;
+  const std::vector<std::string> full_text = LossTexts("full");
+  ASSERT_EQ(full_text.size(), 20u);
+  const std::vector<std::string> tail_text(full_text.begin() + 10, full_text.end());
+  const std::vector<double> full_losses = Losses("full");
+  const std::vector<double> tail(full_losses.begin() + 10, full_losses.end());
+  const fs::path step10 = Dir() / "ckpt" / "step-00000010.ckpt";
+  ASSERT_TRUE(fs::exists(step10));
+  for (const int g : {2, 4, 1}) {
+    const std::string name = "resume_g" + std::to_string(g);
+    const Result r = Train(4,
+                           job + " --set parallelism.expert_parallel=" + std::to_string(g) +
+                               " --resume " + step10.string() + LogFlag(name) +
+                               " --set checkpoint.dir=" + (Dir() / ("ckpt-" + name)).string(),
+                           name);
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_THAT(r.out, HasSubstr("resumed at step 10"));
+    ASSERT_EQ(Log(name).size(), 10u);
+    if (g == 2) {
+      EXPECT_THAT(r.out, ::testing::Not(HasSubstr("note:")));
+      EXPECT_EQ(LossTexts(name), tail_text) << "same layout: bit-identical";
+    } else {
+      EXPECT_THAT(r.out, HasSubstr("note: balancer history not restored"));
+      EXPECT_THAT(r.out, HasSubstr("checkpoint of 2 x 2 ranks (data_parallel 2, expert_parallel "
+                                   "2) resumed on " +
+                                   std::to_string(4 / g) + " x " + std::to_string(g) + " ranks"));
+      const double diff = MaxRelativeDifference(tail, Losses(name));
+      Report("max_rel_loss_diff_resume_2x2_to_" + std::to_string(4 / g) + "x" + std::to_string(g),
+             diff);
+      EXPECT_LE(diff, kLossTolerance);
+    }
+  }
+}
+
+// Expert-parallel layouts that cannot run stop every rank, naming the field and the fix.
+TEST_F(EpTrainTest, BadExpertParallelSettingsNameTheField) {
+  const std::string spec = PrepareJob();
+  struct Case {
+    int ranks;
+    std::string set;
+    std::vector<std::string> expected;
+  };
+  const Case cases[] = {
+      {4, "parallelism.expert_parallel=3",
+       {"parallelism.expert_parallel: 3 ranks per domain do not divide the job's 4 ranks"}},
+      {2, "parallelism.expert_parallel=-2", {"parallelism.expert_parallel: is -2"}},
+      {4, "parallelism.expert_parallel=4 --set model.moe.experts=6",
+       {"parallelism.expert_parallel: 6 experts (model.moe.experts) cannot be split evenly over "
+        "4 ranks per domain"}},
+      {1, "parallelism.expert_parallel=2", {"do not divide the job's 1 ranks"}},
   };
   for (const Case& c : cases) {
     const Result r = Train(c.ranks, spec + " --set " + c.set, "bad");
