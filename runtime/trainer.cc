@@ -304,7 +304,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const rackrun::v1::JobS
 
   ModelConfig mc = ModelConfigFromSpec(spec);
   mc.expert_rank = t->domain_rank();
-  mc.expert_ranks = t->expert_parallel();
+  mc.expert_ranks = t->expert_parallel_degree();
   absl::StatusOr<JobData> data = ReadJobData(c, &mc.vocab);
   if (!data.ok()) return data.status();
   t->spec_.mutable_model()->set_vocab(mc.vocab);  // a 0 came from the token file
@@ -355,7 +355,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const rackrun::v1::JobS
 int64_t Trainer::parameter_count() const {
   int64_t n = 0;
   for (const OptimizedTensor& t : adam_->tensors()) {
-    n += IsExpertShard(t.name) ? t.size * expert_parallel() : t.size;
+    n += IsExpertShard(t.name) ? t.size * expert_parallel_degree() : t.size;
   }
   return n;
 }
@@ -621,7 +621,7 @@ absl::StatusOr<std::string> Trainer::SaveCheckpoint() {
     }
     // Every domain holds the same experts: each gathers its own, rank 0 keeps domain 0's.
     comm::DataChannel& domain = domain_channel_ != nullptr ? *domain_channel_ : *channel_;
-    full.resize(local.size() * static_cast<size_t>(expert_parallel()));
+    full.resize(local.size() * static_cast<size_t>(expert_parallel_degree()));
     if (absl::Status s =
             domain.Allgather(local.data(), full.data(), static_cast<int64_t>(local.size()),
                                 comm::DataType::kFloat32);
@@ -645,7 +645,7 @@ absl::StatusOr<std::string> Trainer::SaveCheckpoint() {
     c.sections.push_back({"buffer/" + b.name, PackFloats({b.value, static_cast<size_t>(b.size)})});
   }
   // The layout it ran with (a resume on another one reshards the experts).
-  c.sections.push_back({"parallelism/layout", LayoutText(ranks(), expert_parallel())});
+  c.sections.push_back({"parallelism/layout", LayoutText(ranks(), expert_parallel_degree())});
   // The balancer's history (EPLB), the same on every rank of a domain: a resumed run plans
   // as the uninterrupted one would. Domain 0's under "balancer/state" (as with one domain),
   // domain d's under "balancer/state/domain<d>", gathered over the shard channel.
@@ -716,7 +716,7 @@ absl::Status Trainer::Resume(const std::string& path) {
       if (s == nullptr) return missing(name);
       if (channel_ != nullptr && IsExpertShard(t.name)) {
         // The checkpoint holds every expert; this rank takes its domain index's shard.
-        std::vector<float> full(out.size() * static_cast<size_t>(expert_parallel()));
+        std::vector<float> full(out.size() * static_cast<size_t>(expert_parallel_degree()));
         if (absl::Status st = UnpackFloats(*s, full); !st.ok()) return st;
         std::copy_n(full.begin() + static_cast<std::ptrdiff_t>(out.size()) * domain_rank(),
                     out.size(), out.begin());
@@ -731,7 +731,7 @@ absl::Status Trainer::Resume(const std::string& path) {
     if (absl::Status st = UnpackFloats(*s, {b.value, static_cast<size_t>(b.size)}); !st.ok())
       return st;
   }
-  const std::string layout = LayoutText(ranks(), expert_parallel());
+  const std::string layout = LayoutText(ranks(), expert_parallel_degree());
   const CheckpointSection* saved_layout = c->Find("parallelism/layout");
   // The checkpoint holds every expert once: any layout takes its shards from it.
   const std::string layout_note =

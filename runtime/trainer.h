@@ -230,11 +230,11 @@ class Trainer {
   int rank() const { return channel_ != nullptr ? channel_->rank() : 0; }
   int ranks() const { return channel_ != nullptr ? channel_->size() : 1; }
   // Expert-parallel degree G (ranks per domain) and data-parallel degree D = ranks() / G.
-  int expert_parallel() const { return ranks() / data_parallel_; }
-  int data_parallel() const { return data_parallel_; }
+  int expert_parallel_degree() const { return ranks() / data_parallel_; }
+  int data_parallel_degree() const { return data_parallel_; }
   // This rank's index in its domain (its expert shard) and its domain.
-  int domain_rank() const { return rank() % expert_parallel(); }
-  int domain() const { return rank() / expert_parallel(); }
+  int domain_rank() const { return rank() % expert_parallel_degree(); }
+  int domain() const { return rank() / expert_parallel_degree(); }
   // Null in a single-process job.
   ExpertParallelGroup* expert_parallel() { return ep_.get(); }
   double train_unigram_entropy() const { return train_entropy_; }

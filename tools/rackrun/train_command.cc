@@ -216,9 +216,9 @@ int RunTrain(const Args& args) {
     std::printf(
         "expert parallel: %d ranks (%s) = %d domain%s (data_parallel) x %d ranks "
         "(expert_parallel), %d experts per rank + %d replica slots, balancer %s\n",
-        t.ranks(), std::string(channel->backend()).c_str(), t.data_parallel(),
-        t.data_parallel() > 1 ? "s" : "", t.expert_parallel(),
-        m.moe().experts() / t.expert_parallel(), b.slots(), b.policy().c_str());
+        t.ranks(), std::string(channel->backend()).c_str(), t.data_parallel_degree(),
+        t.data_parallel_degree() > 1 ? "s" : "", t.expert_parallel_degree(),
+        m.moe().experts() / t.expert_parallel_degree(), b.slots(), b.policy().c_str());
   }
   if (lead)
     std::printf(
