@@ -509,8 +509,12 @@ TEST_F(EpTrainTest, BadExpertParallelSettingsNameTheField) {
     std::vector<std::string> expected;
   };
   const Case cases[] = {
+      {4, "parallelism.expert_parallel=8",
+       {"parallelism.expert_parallel: 8 ranks per domain do not divide the job's 4 ranks",
+        "set a divisor of 4"}},
       {4, "parallelism.expert_parallel=3",
-       {"parallelism.expert_parallel: 3 ranks per domain do not divide the job's 4 ranks"}},
+       {"parallelism.expert_parallel: 8 experts (model.moe.experts) cannot be split evenly over "
+        "3 ranks per domain; set a divisor of 8"}},
       {2, "parallelism.expert_parallel=-2", {"parallelism.expert_parallel: is -2"}},
       {4, "parallelism.expert_parallel=4 --set model.moe.experts=6",
        {"parallelism.expert_parallel: 6 experts (model.moe.experts) cannot be split evenly over "
