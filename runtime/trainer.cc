@@ -388,51 +388,41 @@ double Trainer::NextBatch(WindowLoader& loader) {
   return total > 0 ? static_cast<double>(counted) / static_cast<double>(total) : 0.0;
 }
 
-absl::Status Trainer::AllReduceGradients() {
+absl::Status Trainer::AllReducePacked(comm::DataChannel& channel,
+                                      const std::vector<size_t>& which,
+                                      std::vector<float>& packed, absl::string_view what) {
   const std::vector<OptimizedTensor>& tensors = adam_->tensors();
   size_t k = 0;
-  for (const size_t i : dense_) {
+  for (const size_t i : which) {
     const OptimizedTensor& t = tensors[i];
-    std::memcpy(dense_grads_.data() + k, t.grad, static_cast<size_t>(t.size) * sizeof(float));
+    std::memcpy(packed.data() + k, t.grad, static_cast<size_t>(t.size) * sizeof(float));
     k += static_cast<size_t>(t.size);
   }
-  if (absl::Status s = channel_->AllReduce(dense_grads_.data(), dense_grads_.data(),
-                                           static_cast<int64_t>(dense_grads_.size()),
-                                           comm::DataType::kFloat32, comm::ReduceOp::kSum);
+  if (absl::Status s = channel.AllReduce(packed.data(), packed.data(),
+                                         static_cast<int64_t>(packed.size()),
+                                         comm::DataType::kFloat32, comm::ReduceOp::kSum);
       !s.ok()) {
-    return base::Annotate(s, absl::StrCat("all-reducing dense gradients at step ", step_ + 1));
+    return base::Annotate(s, absl::StrCat("all-reducing ", what, " at step ", step_ + 1));
   }
   k = 0;
-  for (const size_t i : dense_) {
+  for (const size_t i : which) {
     const OptimizedTensor& t = tensors[i];
-    std::memcpy(params_[i].grad, dense_grads_.data() + k,
-                static_cast<size_t>(t.size) * sizeof(float));
+    std::memcpy(params_[i].grad, packed.data() + k, static_cast<size_t>(t.size) * sizeof(float));
     k += static_cast<size_t>(t.size);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::AllReduceGradients() {
+  if (absl::Status s = AllReducePacked(*channel_, dense_, dense_grads_, "dense gradients");
+      !s.ok()) {
+    return s;
   }
   if (shard_channel_ == nullptr) return absl::OkStatus();
   // Each domain's masters hold the gradient of its ranks' rows: the sum over the domains
   // is the global microbatch's.
-  k = 0;
-  for (const size_t i : experts_) {
-    const OptimizedTensor& t = tensors[i];
-    std::memcpy(expert_grads_.data() + k, t.grad, static_cast<size_t>(t.size) * sizeof(float));
-    k += static_cast<size_t>(t.size);
-  }
-  if (absl::Status s = shard_channel_->AllReduce(expert_grads_.data(), expert_grads_.data(),
-                                                 static_cast<int64_t>(expert_grads_.size()),
-                                                 comm::DataType::kFloat32, comm::ReduceOp::kSum);
-      !s.ok()) {
-    return base::Annotate(
-        s, absl::StrCat("all-reducing expert gradients across domains at step ", step_ + 1));
-  }
-  k = 0;
-  for (const size_t i : experts_) {
-    const OptimizedTensor& t = tensors[i];
-    std::memcpy(params_[i].grad, expert_grads_.data() + k,
-                static_cast<size_t>(t.size) * sizeof(float));
-    k += static_cast<size_t>(t.size);
-  }
-  return absl::OkStatus();
+  return AllReducePacked(*shard_channel_, experts_, expert_grads_,
+                         "expert gradients across domains");
 }
 
 absl::StatusOr<double> Trainer::GradNorm() {

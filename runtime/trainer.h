@@ -254,6 +254,10 @@ class Trainer {
   // Expert-parallel reductions of a step: dense gradients over all ranks, expert gradients
   // over the domains (D > 1).
   absl::Status AllReduceGradients();
+  // Packs the gradients of adam tensors `which` into `packed`, sums them over `channel`
+  // and unpacks them; the error names `what` and the step.
+  absl::Status AllReducePacked(comm::DataChannel& channel, const std::vector<size_t>& which,
+                               std::vector<float>& packed, absl::string_view what);
   // Global gradient norm; expert-parallel: dense part (identical on every rank) plus the
   // expert shards' squares summed over a domain's ranks.
   absl::StatusOr<double> GradNorm();

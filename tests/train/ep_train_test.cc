@@ -387,7 +387,8 @@ TEST_F(EpTrainTest, RanksResumingFromDifferentStatesStopBeforeTheFirstStepNaming
   EXPECT_THAT(r.out, ::testing::Not(HasSubstr("step 3/")));
 }
 
-// Settings that cannot run on the launched ranks stop every rank with the field named.
+// Settings that cannot run on the launched ranks stop every rank with the field named and,
+// for the expert-parallel layout, the fix.
 TEST_F(EpTrainTest, SpecsThatCannotRunOnTheseRanksNameTheField) {
   const std::string spec = PrepareJob();
   struct Case {
@@ -399,6 +400,20 @@ TEST_F(EpTrainTest, SpecsThatCannotRunOnTheseRanksNameTheField) {
       {4, "data.batch_size=6", {"data.batch_size"}},
       {2, "resources.ranks=4", {"resources.ranks", "asks for 4 ranks"}},
       {2, "balancer.mode=coordinator", {"balancer.mode", "use inband"}},
+      // Expert-parallel domains (issue 24).
+      {4, "parallelism.expert_parallel=8",
+       {"parallelism.expert_parallel: 8 ranks per domain do not divide the job's 4 ranks",
+        "set a divisor of 4"}},
+      {4, "parallelism.expert_parallel=3",
+       {"parallelism.expert_parallel: 8 experts (model.moe.experts) cannot be split evenly over "
+        "3 ranks per domain; set a divisor of 8"}},
+      {2, "parallelism.expert_parallel=-2", {"parallelism.expert_parallel: is -2"}},
+      {4, "parallelism.expert_parallel=4 --set model.moe.experts=6",
+       {"parallelism.expert_parallel: 6 experts (model.moe.experts) cannot be split evenly over "
+        "4 ranks per domain"}},
+      {1, "parallelism.expert_parallel=2", {"do not divide the job's 1 ranks"}},
+      {4, "parallelism.expert_parallel=2 --set balancer.mode=coordinator",
+       {"balancer.mode: coordinator planning of 2 expert-parallel domains is not built yet"}},
   };
   for (const Case& c : cases) {
     const Result r = Train(c.ranks, spec + " --set " + c.set, "bad");
@@ -406,6 +421,45 @@ TEST_F(EpTrainTest, SpecsThatCannotRunOnTheseRanksNameTheField) {
     EXPECT_NE(r.code, 124) << c.set << ": the job hung";
     for (const std::string& text : c.expected) EXPECT_THAT(r.err, HasSubstr(text)) << c.set;
   }
+}
+
+// A 20-step run of `job` on `ranks` ranks (logged as "full") with a checkpoint at step 10:
+// the checkpoint and the last 10 losses, as written and as numbers. step10 is empty when
+// the run failed (the failure is recorded).
+struct CheckpointedRun {
+  fs::path step10;
+  std::vector<std::string> tail_text;
+  std::vector<double> tail;
+};
+CheckpointedRun RunWithCheckpointAtStepTen(int ranks, const std::string& job) {
+  CheckpointedRun run;
+  const Result full = Train(ranks,
+                            job + LogFlag("full") + " --set checkpoint.interval=10" +
+                                " --set checkpoint.dir=" + (Dir() / "ckpt").string(),
+                            "full");
+  EXPECT_EQ(full.code, 0) << full.err;
+  const std::vector<std::string> text = LossTexts("full");
+  const std::vector<double> losses = Losses("full");
+  EXPECT_EQ(text.size(), 20u);
+  const fs::path step10 = Dir() / "ckpt" / "step-00000010.ckpt";
+  EXPECT_TRUE(fs::exists(step10));
+  if (full.code != 0 || text.size() != 20u || losses.size() != 20u || !fs::exists(step10)) {
+    return run;
+  }
+  run.step10 = step10;
+  run.tail_text.assign(text.begin() + 10, text.end());
+  run.tail.assign(losses.begin() + 10, losses.end());
+  return run;
+}
+
+// `job` resumed from `checkpoint` on `ranks` ranks, logged as `name`, checkpointing into a
+// folder of its own.
+Result ResumeFrom(int ranks, const std::string& job, const fs::path& checkpoint,
+                  const std::string& name) {
+  return Train(ranks,
+               job + " --resume " + checkpoint.string() + LogFlag(name) +
+                   " --set checkpoint.dir=" + (Dir() / ("ckpt-" + name)).string(),
+               name);
 }
 
 // Expert-parallel domains (parallelism.expert_parallel, issue 24): 4 ranks as 2 x 2 and
@@ -461,26 +515,14 @@ TEST_F(EpTrainTest, TwoByTwoUltraepMovesWorkNotResultsAndRerunsBitIdentically) {
 TEST_F(EpTrainTest, TwoByTwoCheckpointResumesOnTwoByTwoOneByFourAndFourByOne) {
   const std::string job =
       PrepareJob() + " --set balancer.policy=eplb --set balancer.eplb_interval=4";
-  const Result full = Train(4,
-                            job + " --set parallelism.expert_parallel=2" + LogFlag("full") +
-                                " --set checkpoint.interval=10" +
-                                " --set checkpoint.dir=" + (Dir() / "ckpt").string(),
-                            "full");
-  ASSERT_EQ(full.code, 0) << full.err;
-  const std::vector<std::string> full_text = LossTexts("full");
-  ASSERT_EQ(full_text.size(), 20u);
-  const std::vector<std::string> tail_text(full_text.begin() + 10, full_text.end());
-  const std::vector<double> full_losses = Losses("full");
-  const std::vector<double> tail(full_losses.begin() + 10, full_losses.end());
-  const fs::path step10 = Dir() / "ckpt" / "step-00000010.ckpt";
-  ASSERT_TRUE(fs::exists(step10));
+  const CheckpointedRun full = RunWithCheckpointAtStepTen(4, job + " --set parallelism.expert_parallel=2");
+  ASSERT_FALSE(full.step10.empty());
+  const std::vector<std::string>& tail_text = full.tail_text;
+  const std::vector<double>& tail = full.tail;
   for (const int g : {2, 4, 1}) {
     const std::string name = "resume_g" + std::to_string(g);
-    const Result r = Train(4,
-                           job + " --set parallelism.expert_parallel=" + std::to_string(g) +
-                               " --resume " + step10.string() + LogFlag(name) +
-                               " --set checkpoint.dir=" + (Dir() / ("ckpt-" + name)).string(),
-                           name);
+    const Result r = ResumeFrom(
+        4, job + " --set parallelism.expert_parallel=" + std::to_string(g), full.step10, name);
     ASSERT_EQ(r.code, 0) << r.err;
     EXPECT_THAT(r.out, HasSubstr("resumed at step 10"));
     ASSERT_EQ(Log(name).size(), 10u);
@@ -500,35 +542,6 @@ TEST_F(EpTrainTest, TwoByTwoCheckpointResumesOnTwoByTwoOneByFourAndFourByOne) {
   }
 }
 
-// Expert-parallel layouts that cannot run stop every rank, naming the field and the fix.
-TEST_F(EpTrainTest, BadExpertParallelSettingsNameTheField) {
-  const std::string spec = PrepareJob();
-  struct Case {
-    int ranks;
-    std::string set;
-    std::vector<std::string> expected;
-  };
-  const Case cases[] = {
-      {4, "parallelism.expert_parallel=8",
-       {"parallelism.expert_parallel: 8 ranks per domain do not divide the job's 4 ranks",
-        "set a divisor of 4"}},
-      {4, "parallelism.expert_parallel=3",
-       {"parallelism.expert_parallel: 8 experts (model.moe.experts) cannot be split evenly over "
-        "3 ranks per domain; set a divisor of 8"}},
-      {2, "parallelism.expert_parallel=-2", {"parallelism.expert_parallel: is -2"}},
-      {4, "parallelism.expert_parallel=4 --set model.moe.experts=6",
-       {"parallelism.expert_parallel: 6 experts (model.moe.experts) cannot be split evenly over "
-        "4 ranks per domain"}},
-      {1, "parallelism.expert_parallel=2", {"do not divide the job's 1 ranks"}},
-  };
-  for (const Case& c : cases) {
-    const Result r = Train(c.ranks, spec + " --set " + c.set, "bad");
-    EXPECT_NE(r.code, 0) << c.set;
-    EXPECT_NE(r.code, 124) << c.set << ": the job hung";
-    for (const std::string& text : c.expected) EXPECT_THAT(r.err, HasSubstr(text)) << c.set;
-  }
-}
-
 // A 2-rank checkpoint of `policy` resumes bit-identically on 2 ranks and within tolerance
 // on 4 and 1. The checkpoint holds the balancer's history (EPLB's load window and
 // placement), so a resumed EPLB run places experts as the uninterrupted one did; on another
@@ -536,25 +549,14 @@ TEST_F(EpTrainTest, BadExpertParallelSettingsNameTheField) {
 void ExpectCheckpointResumes(const std::string& policy) {
   const std::string spec = PrepareJob();
   const std::string job = spec + " --set balancer.policy=" + policy;
-  const Result full = Train(2,
-                            job + LogFlag("full") + " --set checkpoint.interval=10" +
-                                " --set checkpoint.dir=" + (Dir() / "ckpt").string(),
-                            "full");
-  ASSERT_EQ(full.code, 0) << full.err;
-  const std::vector<std::string> full_text = LossTexts("full");
-  ASSERT_EQ(full_text.size(), 20u);
-  const std::vector<std::string> tail_text(full_text.begin() + 10, full_text.end());
-  const std::vector<double> full_losses = Losses("full");
-  const std::vector<double> tail(full_losses.begin() + 10, full_losses.end());
-  const fs::path step10 = Dir() / "ckpt" / "step-00000010.ckpt";
-  ASSERT_TRUE(fs::exists(step10));
+  const CheckpointedRun full = RunWithCheckpointAtStepTen(2, job);
+  ASSERT_FALSE(full.step10.empty());
+  const std::vector<std::string>& tail_text = full.tail_text;
+  const std::vector<double>& tail = full.tail;
 
   for (const int ranks : {2, 4, 1}) {
     const std::string name = std::string("resume") + std::to_string(ranks);
-    const Result r = Train(ranks,
-                           job + " --resume " + step10.string() + LogFlag(name) +
-                               " --set checkpoint.dir=" + (Dir() / ("ckpt-" + name)).string(),
-                           name);
+    const Result r = ResumeFrom(ranks, job, full.step10, name);
     ASSERT_EQ(r.code, 0) << r.err;
     EXPECT_THAT(r.out, HasSubstr("resumed at step 10"));
     const bool fresh_balancer =
