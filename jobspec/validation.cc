@@ -309,13 +309,9 @@ absl::Status ValidateParallelism(const rackrun::v1::ParallelismSpec& p) {
 absl::Status ValidateExpertSplit(const JobSpec& spec) {
   const int ranks = spec.resources().ranks();
   if (ranks > 0) return ExpertParallelLayoutOf(spec, ranks).status();
+  // Ranks not known yet (as launched): one domain of G ranks must at least split the experts.
   const int g = spec.parallelism().expert_parallel();
-  const int experts = spec.model().moe().experts();
-  if (g > 0 && experts % g != 0) {
-    return FieldError("parallelism.expert_parallel",
-                      absl::StrCat(experts, " experts (model.moe.experts) cannot be split evenly "
-                                   "over ", g, " ranks per domain; set a divisor of ", experts));
-  }
+  if (g > 0) return ExpertParallelLayoutOf(spec, g).status();
   return absl::OkStatus();
 }
 
