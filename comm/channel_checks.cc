@@ -344,11 +344,15 @@ void CheckSubChannels(DataChannel& channel, int group) {
     const int peer = (me / group) * group + peer_sub;
     const int from = (me / group) * group + from_sub;
     const int32_t on_channel = 1000 + me, on_sub = 2000 + me;
-    absl::StatusOr<std::unique_ptr<Request>> send_c = channel.Isend(&on_channel, 1, DataType::kInt32, peer, 7);
-    absl::StatusOr<std::unique_ptr<Request>> send_d = d.Isend(&on_sub, 1, DataType::kInt32, peer_sub, 7);
+    absl::StatusOr<std::unique_ptr<Request>> send_c =
+        channel.Isend(&on_channel, 1, DataType::kInt32, peer, 7);
+    absl::StatusOr<std::unique_ptr<Request>> send_d =
+        d.Isend(&on_sub, 1, DataType::kInt32, peer_sub, 7);
     int32_t got_sub = -1, got_channel = -1;
-    absl::StatusOr<std::unique_ptr<Request>> recv_d = d.Irecv(&got_sub, 1, DataType::kInt32, from_sub, 7);
-    absl::StatusOr<std::unique_ptr<Request>> recv_c = channel.Irecv(&got_channel, 1, DataType::kInt32, from, 7);
+    absl::StatusOr<std::unique_ptr<Request>> recv_d =
+        d.Irecv(&got_sub, 1, DataType::kInt32, from_sub, 7);
+    absl::StatusOr<std::unique_ptr<Request>> recv_c =
+        channel.Irecv(&got_channel, 1, DataType::kInt32, from, 7);
     EXPECT_TRUE(WaitFor(recv_d, channel.timeout()).ok());
     EXPECT_TRUE(WaitFor(recv_c, channel.timeout()).ok());
     EXPECT_TRUE(WaitFor(send_c, channel.timeout()).ok());

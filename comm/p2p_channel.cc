@@ -379,8 +379,8 @@ absl::StatusOr<std::unique_ptr<DataChannel>> PointToPointChannel::Split(int colo
   std::stable_sort(members.begin(), members.end(), [&](int a, int b) {
     return all[3 * static_cast<size_t>(a) + 1] < all[3 * static_cast<size_t>(b) + 1];
   });
-  const int my_rank = static_cast<int>(std::find(members.begin(), members.end(), rank()) -
-                                       members.begin());
+  const int my_rank =
+      static_cast<int>(std::find(members.begin(), members.end(), rank()) - members.begin());
   std::vector<int> root_ranks;
   root_ranks.reserve(members.size());
   for (const int r : members) root_ranks.push_back(RootRank(r));

@@ -377,9 +377,9 @@ TEST(JobSpecTest, ExpertParallelDomains) {
                         "built yet"));
   EXPECT_THAT(ErrorOf(kYaml, {"resources.ranks=3"}),
               HasSubstr("model.moe.experts: 16 experts cannot be split evenly over 3 ranks"));
-  EXPECT_TRUE(ParseJobSpec(kYaml, {"parallelism.expert_parallel=2", "resources.ranks=8"},
-                           "spec.yaml")
-                  .ok());
+  EXPECT_TRUE(
+      ParseJobSpec(kYaml, {"parallelism.expert_parallel=2", "resources.ranks=8"}, "spec.yaml")
+          .ok());
 }
 
 // Sizes no machine holds are refused by ValidateJobSpec, on every path.

@@ -369,9 +369,10 @@ absl::StatusOr<ExpertParallelLayout> ExpertParallelLayoutOf(const JobSpec& spec,
   if (experts % g != 0) {
     if (asked > 0) {
       return FieldError("parallelism.expert_parallel",
-                        absl::StrCat(experts, " experts (model.moe.experts) cannot be split "
-                                     "evenly over ", g, " ranks per domain; set a divisor of ",
-                                     experts));
+                        absl::StrCat(experts,
+                                     " experts (model.moe.experts) cannot be split "
+                                     "evenly over ",
+                                     g, " ranks per domain; set a divisor of ", experts));
     }
     return FieldError("model.moe.experts",
                       absl::StrCat(experts, " experts cannot be split evenly over ", g,

@@ -123,9 +123,9 @@ absl::Status CheckJobOnRanks(const rackrun::v1::JobSpec& spec, const TrainConfig
   if (ranks == 1) return absl::OkStatus();
   // Every rank must run the same job: compare what shapes the computation.
   const std::string shape =
-      absl::StrCat(spec.model().SerializeAsString(), "|", spec.balancer().SerializeAsString(),
-                   "|", spec.training().SerializeAsString(), "|", c.batch_size, "|", c.seq_len,
-                   "|", spec.parallelism().SerializeAsString());
+      absl::StrCat(spec.model().SerializeAsString(), "|", spec.balancer().SerializeAsString(), "|",
+                   spec.training().SerializeAsString(), "|", c.batch_size, "|", c.seq_len, "|",
+                   spec.parallelism().SerializeAsString());
   const uint32_t mine = Crc32c(shape);
   std::vector<uint32_t> all(static_cast<size_t>(ranks));
   if (absl::Status s = channel->Allgather(&mine, all.data(), 1, comm::DataType::kInt32); !s.ok()) {
@@ -236,7 +236,6 @@ absl::StatusOr<std::unique_ptr<ExpertParallelGroup>> CreateExpertParallel(
   return ExpertParallelGroup::Create(channel, model, ep);
 }
 
-
 // A checkpoint's record of the layout it ran with.
 std::string LayoutText(int ranks, int expert_parallel) {
   return absl::StrCat(ranks / expert_parallel, " x ", expert_parallel, " ranks (data_parallel ",
@@ -343,8 +342,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const rackrun::v1::JobS
     }
     t->expert_grads_.resize(expert_floats);
   }
-  comm::DataChannel& ep_channel =
-      t->domain_channel_ != nullptr ? *t->domain_channel_ : *channel;
+  comm::DataChannel& ep_channel = t->domain_channel_ != nullptr ? *t->domain_channel_ : *channel;
   absl::StatusOr<std::unique_ptr<ExpertParallelGroup>> group =
       CreateExpertParallel(spec, ep_channel, t->shard_channel_.get(), *t->model_, options);
   if (!group.ok()) return group.status();
@@ -388,8 +386,7 @@ double Trainer::NextBatch(WindowLoader& loader) {
   return total > 0 ? static_cast<double>(counted) / static_cast<double>(total) : 0.0;
 }
 
-absl::Status Trainer::AllReducePacked(comm::DataChannel& channel,
-                                      const std::vector<size_t>& which,
+absl::Status Trainer::AllReducePacked(comm::DataChannel& channel, const std::vector<size_t>& which,
                                       std::vector<float>& packed, absl::string_view what) {
   const std::vector<OptimizedTensor>& tensors = adam_->tensors();
   size_t k = 0;
@@ -398,9 +395,9 @@ absl::Status Trainer::AllReducePacked(comm::DataChannel& channel,
     std::memcpy(packed.data() + k, t.grad, static_cast<size_t>(t.size) * sizeof(float));
     k += static_cast<size_t>(t.size);
   }
-  if (absl::Status s = channel.AllReduce(packed.data(), packed.data(),
-                                         static_cast<int64_t>(packed.size()),
-                                         comm::DataType::kFloat32, comm::ReduceOp::kSum);
+  if (absl::Status s =
+          channel.AllReduce(packed.data(), packed.data(), static_cast<int64_t>(packed.size()),
+                            comm::DataType::kFloat32, comm::ReduceOp::kSum);
       !s.ok()) {
     return base::Annotate(s, absl::StrCat("all-reducing ", what, " at step ", step_ + 1));
   }
@@ -440,8 +437,8 @@ absl::StatusOr<double> Trainer::GradNorm() {
   // ranks (every domain holds the same expert gradients).
   double experts = squares(experts_);
   comm::DataChannel& domain = domain_channel_ != nullptr ? *domain_channel_ : *channel_;
-  if (absl::Status s = domain.AllReduce(&experts, &experts, 1, comm::DataType::kFloat64,
-                                           comm::ReduceOp::kSum);
+  if (absl::Status s =
+          domain.AllReduce(&experts, &experts, 1, comm::DataType::kFloat64, comm::ReduceOp::kSum);
       !s.ok()) {
     return base::Annotate(s, absl::StrCat("all-reducing the gradient norm at step ", step_ + 1));
   }
@@ -614,7 +611,7 @@ absl::StatusOr<std::string> Trainer::SaveCheckpoint() {
     full.resize(local.size() * static_cast<size_t>(expert_parallel_degree()));
     if (absl::Status s =
             domain.Allgather(local.data(), full.data(), static_cast<int64_t>(local.size()),
-                                comm::DataType::kFloat32);
+                             comm::DataType::kFloat32);
         !s.ok()) {
       return base::Annotate(s, "gathering expert shards for a checkpoint");
     }
@@ -724,20 +721,19 @@ absl::Status Trainer::Resume(const std::string& path) {
   const std::string layout = LayoutText(ranks(), expert_parallel_degree());
   const CheckpointSection* saved_layout = c->Find("parallelism/layout");
   // The checkpoint holds every expert once: any layout takes its shards from it.
-  const std::string layout_note =
-      saved_layout != nullptr && saved_layout->payload != layout
-          ? absl::StrCat("checkpoint of ", saved_layout->payload, " resumed on ", layout,
-                         " (experts resharded)")
-          : std::string();
-  const std::string balancer_section =
-      domain() == 0 ? std::string("balancer/state")
-                    : absl::StrCat("balancer/state/domain", domain());
+  const std::string layout_note = saved_layout != nullptr && saved_layout->payload != layout
+                                      ? absl::StrCat("checkpoint of ", saved_layout->payload,
+                                                     " resumed on ", layout, " (experts resharded)")
+                                      : std::string();
+  const std::string balancer_section = domain() == 0
+                                           ? std::string("balancer/state")
+                                           : absl::StrCat("balancer/state/domain", domain());
   const CheckpointSection* b = c->Find(balancer_section);
   if (b == nullptr && ep_ != nullptr && c->Find("balancer/state") != nullptr) {
     if (!resume_note_.empty()) absl::StrAppend(&resume_note_, "; ");
     absl::StrAppend(&resume_note_, "balancer history not restored in domain ", domain(),
-                                " (the checkpoint was written with fewer domains); the "
-                                "balancer starts with a fresh history");
+                    " (the checkpoint was written with fewer domains); the "
+                    "balancer starts with a fresh history");
   }
   if (b != nullptr && ep_ != nullptr) {
     absl::Status s = ep_->RestoreState(b->payload);
@@ -746,7 +742,7 @@ absl::Status Trainer::Resume(const std::string& path) {
       // starts with a fresh history; results are unaffected, placements may differ.
       if (!resume_note_.empty()) absl::StrAppend(&resume_note_, "; ");
       absl::StrAppend(&resume_note_, "balancer history not restored (", s.message(),
-                                  "); the balancer starts with a fresh history");
+                      "); the balancer starts with a fresh history");
     } else if (!s.ok()) {
       return absl::DataLossError(absl::StrCat("checkpoint '", loaded, "': ", s.message()));
     }
