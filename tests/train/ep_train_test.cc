@@ -21,7 +21,6 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
-#include <tuple>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -466,60 +465,58 @@ Result ResumeFrom(int ranks, const std::string& job, const fs::path& checkpoint,
                name);
 }
 
-// Expert-parallel domains (parallelism.expert_parallel, issue 24): 4 ranks as 2 x 2 and
-// as 1 x 4 (G = ranks, today's layout) give the 1-rank losses, validation losses and
-// gradient norms with the same global batch.
-TEST_F(EpTrainTest, TwoByTwoAndOneByFourGiveTheOneRankLosses) {
-  const std::string spec = PrepareJob();
+// One layout of `ranks` ranks: G, the log's name, the banner rackrun train prints.
+struct Layout {
+  int g;
+  std::string name;
+  std::string banner;
+};
+
+// `spec` on one rank, then on `ranks` ranks in each of `layouts` (with `args` added): the
+// same losses, validation losses and gradient norms over `steps` steps.
+void ExpectLayoutsGiveTheOneRankRun(const std::string& spec, int steps, int ranks,
+                                    const std::string& args, const std::vector<Layout>& layouts) {
   const Result one = Train(1, spec + LogFlag("r1"), "r1");
   ASSERT_EQ(one.code, 0) << one.err;
-  ASSERT_EQ(Losses("r1").size(), 20u);
-  for (const auto& [g, name, banner] :
-       {std::tuple{2, "d2g2",
-                   "expert parallel: 4 ranks (mpi) = 2 domains (data_parallel) x 2 "
-                   "ranks (expert_parallel), 4 experts per rank"},
-        std::tuple{4, "d1g4",
-                   "expert parallel: 4 ranks (mpi) = 1 domain (data_parallel) x 4 "
-                   "ranks (expert_parallel), 2 experts per rank"}}) {
-    const Result r = Train(
-        4, spec + " --set parallelism.expert_parallel=" + std::to_string(g) + LogFlag(name), name);
+  ASSERT_EQ(Losses("r1").size(), static_cast<size_t>(steps));
+  for (const Layout& l : layouts) {
+    const Result r = Train(ranks,
+                           spec + args + " --set parallelism.expert_parallel=" +
+                               std::to_string(l.g) + LogFlag(l.name),
+                           l.name);
     ASSERT_EQ(r.code, 0) << r.err;
-    EXPECT_THAT(r.out, HasSubstr(banner));
-    ASSERT_EQ(Log(name).size(), 20u);
+    EXPECT_THAT(r.out, HasSubstr(l.banner));
+    ASSERT_EQ(Log(l.name).size(), static_cast<size_t>(steps));
     for (const std::string key : {"loss", "val_loss", "grad_norm"}) {
-      const double diff = MaxRelativeDifference(Field("r1", key), Field(name, key));
-      Report("max_rel_" + key + "_diff_1_vs_" + name, diff);
+      const double diff = MaxRelativeDifference(Field("r1", key), Field(l.name, key));
+      Report("max_rel_" + key + "_diff_1_vs_" + l.name, diff);
       EXPECT_LE(diff, kLossTolerance) << key;
     }
   }
 }
 
+// Expert-parallel domains (parallelism.expert_parallel, issue 24): 4 ranks as 2 x 2 and
+// as 1 x 4 (G = ranks, today's layout) give the 1-rank losses, validation losses and
+// gradient norms with the same global batch.
+TEST_F(EpTrainTest, TwoByTwoAndOneByFourGiveTheOneRankLosses) {
+  ExpectLayoutsGiveTheOneRankRun(
+      PrepareJob(), 20, 4, "",
+      {{2, "d2g2",
+        "expert parallel: 4 ranks (mpi) = 2 domains (data_parallel) x 2 ranks (expert_parallel), "
+        "4 experts per rank"},
+       {4, "d1g4",
+        "expert parallel: 4 ranks (mpi) = 1 domain (data_parallel) x 4 ranks (expert_parallel), "
+        "2 experts per rank"}});
+}
+
 // 8 ranks (oversubscribed: the one 8-rank test, kept to 6 steps) as 2 x 4 and 4 x 2 with
 // ultraep give the 1-rank losses.
 TEST_F(EpTrainTest, EightRanksAsTwoByFourAndFourByTwoGiveTheOneRankLosses) {
-  const std::string spec = PrepareJob() + " --set training.steps=6 --set training.eval_interval=3";
-  const Result one = Train(1, spec + LogFlag("r1"), "r1");
-  ASSERT_EQ(one.code, 0) << one.err;
-  ASSERT_EQ(Losses("r1").size(), 6u);
-  for (const auto& [g, name, banner] :
-       {std::tuple{4, "d2g4",
-                   "expert parallel: 8 ranks (mpi) = 2 domains (data_parallel) x 4 ranks"},
-        std::tuple{2, "d4g2",
-                   "expert parallel: 8 ranks (mpi) = 4 domains (data_parallel) x 2 ranks"}}) {
-    const Result r =
-        Train(8,
-              spec + " --set balancer.policy=ultraep --set parallelism.expert_parallel=" +
-                  std::to_string(g) + LogFlag(name),
-              name);
-    ASSERT_EQ(r.code, 0) << r.err;
-    EXPECT_THAT(r.out, HasSubstr(banner));
-    ASSERT_EQ(Log(name).size(), 6u);
-    for (const std::string key : {"loss", "val_loss", "grad_norm"}) {
-      const double diff = MaxRelativeDifference(Field("r1", key), Field(name, key));
-      Report("max_rel_" + key + "_diff_1_vs_" + name, diff);
-      EXPECT_LE(diff, kLossTolerance) << key;
-    }
-  }
+  ExpectLayoutsGiveTheOneRankRun(
+      PrepareJob() + " --set training.steps=6 --set training.eval_interval=3", 6, 8,
+      " --set balancer.policy=ultraep",
+      {{4, "d2g4", "expert parallel: 8 ranks (mpi) = 2 domains (data_parallel) x 4 ranks"},
+       {2, "d4g2", "expert parallel: 8 ranks (mpi) = 4 domains (data_parallel) x 2 ranks"}});
 }
 
 // On 2 x 2, ultraep balances inside each domain without changing the losses, and a rerun
