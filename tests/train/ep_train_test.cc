@@ -480,10 +480,10 @@ void ExpectLayoutsGiveTheOneRankRun(const std::string& spec, int steps, int rank
   ASSERT_EQ(one.code, 0) << one.err;
   ASSERT_EQ(Losses("r1").size(), static_cast<size_t>(steps));
   for (const Layout& l : layouts) {
-    const Result r = Train(ranks,
-                           spec + args + " --set parallelism.expert_parallel=" +
-                               std::to_string(l.g) + LogFlag(l.name),
-                           l.name);
+    const Result r = Train(
+        ranks,
+        spec + args + " --set parallelism.expert_parallel=" + std::to_string(l.g) + LogFlag(l.name),
+        l.name);
     ASSERT_EQ(r.code, 0) << r.err;
     EXPECT_THAT(r.out, HasSubstr(l.banner));
     ASSERT_EQ(Log(l.name).size(), static_cast<size_t>(steps));
