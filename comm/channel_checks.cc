@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "planner/fanout.h"
@@ -286,6 +287,99 @@ void CheckBadArguments(DataChannel& channel) {
   absl::Status bytes_sum = channel.AllReduce(&x, &x, 1, DataType::kByte, ReduceOp::kSum);
   EXPECT_EQ(bytes_sum.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(bytes_sum.message(), HasSubstr("byte"));
+}
+
+void CheckSubChannels(DataChannel& channel, int group) {
+  const int n = channel.size();
+  const int me = channel.rank();
+  ASSERT_EQ(n % group, 0);
+  absl::StatusOr<std::unique_ptr<DataChannel>> domain = channel.Split(me / group, me);
+  ASSERT_TRUE(domain.ok()) << domain.status();
+  absl::StatusOr<std::unique_ptr<DataChannel>> stride = channel.Split(me % group, me);
+  ASSERT_TRUE(stride.ok()) << stride.status();
+  DataChannel& d = **domain;
+  DataChannel& s = **stride;
+  EXPECT_EQ(d.size(), group);
+  EXPECT_EQ(d.rank(), me % group);
+  EXPECT_EQ(s.size(), n / group);
+  EXPECT_EQ(s.rank(), me / group);
+  EXPECT_EQ(d.backend(), channel.backend());
+
+  // Each group's sum and gather hold its own ranks' values, no others.
+  for (DataChannel* sub : {&d, &s}) {
+    const bool is_domain = sub == &d;
+    int64_t x = int64_t{1} << me;
+    ASSERT_TRUE(sub->AllReduce(&x, &x, 1, DataType::kInt64, ReduceOp::kSum).ok());
+    int64_t expected = 0;
+    std::vector<int64_t> members;
+    for (int r = 0; r < n; ++r) {
+      if (is_domain ? r / group == me / group : r % group == me % group) {
+        expected += int64_t{1} << r;
+        members.push_back(r);
+      }
+    }
+    EXPECT_EQ(x, expected);
+    const int64_t mine = me;
+    std::vector<int64_t> all(static_cast<size_t>(sub->size()), -1);
+    ASSERT_TRUE(sub->Allgather(&mine, all.data(), 1, DataType::kInt64).ok());
+    EXPECT_EQ(all, members);
+  }
+
+  // The contract's checks, on both kinds of sub-group.
+  for (DataChannel* sub : {&d, &s}) {
+    CheckAllgather(*sub);
+    CheckAllToAllV(*sub);
+    CheckBroadcast(*sub);
+    CheckBarrier(*sub);
+    CheckAllReduce(*sub, /*fixed_order=*/true);
+    CheckSendRecv(*sub);
+    CheckBadArguments(*sub);
+  }
+
+  // Same peer, same tag on the channel and on the domain: receives posted in the opposite
+  // order of the sends still each get their own channel's message.
+  if (group > 1) {
+    const int peer_sub = (d.rank() + 1) % group;
+    const int from_sub = (d.rank() + group - 1) % group;
+    const int peer = (me / group) * group + peer_sub;
+    const int from = (me / group) * group + from_sub;
+    const int32_t on_channel = 1000 + me, on_sub = 2000 + me;
+    absl::StatusOr<std::unique_ptr<Request>> send_c =
+        channel.Isend(&on_channel, 1, DataType::kInt32, peer, 7);
+    absl::StatusOr<std::unique_ptr<Request>> send_d =
+        d.Isend(&on_sub, 1, DataType::kInt32, peer_sub, 7);
+    int32_t got_sub = -1, got_channel = -1;
+    absl::StatusOr<std::unique_ptr<Request>> recv_d =
+        d.Irecv(&got_sub, 1, DataType::kInt32, from_sub, 7);
+    absl::StatusOr<std::unique_ptr<Request>> recv_c =
+        channel.Irecv(&got_channel, 1, DataType::kInt32, from, 7);
+    EXPECT_TRUE(WaitFor(recv_d, channel.timeout()).ok());
+    EXPECT_TRUE(WaitFor(recv_c, channel.timeout()).ok());
+    EXPECT_TRUE(WaitFor(send_c, channel.timeout()).ok());
+    EXPECT_TRUE(WaitFor(send_d, channel.timeout()).ok());
+    EXPECT_EQ(got_sub, 2000 + from);
+    EXPECT_EQ(got_channel, 1000 + from);
+  }
+
+  // A split of a split: the domain in reverse order (key), then halves of it by color.
+  absl::StatusOr<std::unique_ptr<DataChannel>> reversed = d.Split(0, group - d.rank());
+  ASSERT_TRUE(reversed.ok()) << reversed.status();
+  EXPECT_EQ((*reversed)->rank(), group - 1 - d.rank());
+  int64_t root_rank = me;
+  std::vector<int64_t> order(static_cast<size_t>(group));
+  ASSERT_TRUE((*reversed)->Allgather(&root_rank, order.data(), 1, DataType::kInt64).ok());
+  for (int r = 0; r < group; ++r) {
+    EXPECT_EQ(order[static_cast<size_t>(r)], (me / group) * group + group - 1 - r);
+  }
+  CheckAllReduce(**reversed, /*fixed_order=*/true);
+  // The channel itself is untouched by all of the above.
+  CheckAllReduce(channel, /*fixed_order=*/true);
+
+  // A negative color anywhere fails the split on every rank, naming that rank.
+  absl::StatusOr<std::unique_ptr<DataChannel>> bad = channel.Split(me == n - 1 ? -1 : 0, 0);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad.status().message(), HasSubstr(absl::StrCat("rank ", n - 1, " passed color -1")));
 }
 
 void CheckSilentRankTimesOut(DataChannel& channel, int silent) {

@@ -29,6 +29,15 @@ void CheckSendRecv(DataChannel& channel);
 // Bad arguments give InvalidArgument naming the argument.
 void CheckBadArguments(DataChannel& channel);
 
+// Sub-groups: splits `channel` into consecutive groups of `group` ranks (color rank /
+// group, as expert-parallel domains) and into strided ones (color rank % group, the ranks
+// holding the same shard in each domain), runs the collective and send/receive checks
+// above on each sub-channel, checks that sums and gathers cover exactly the group's ranks,
+// that a message on the channel and one on a sub-channel with the same peer and tag never
+// match each other, that a sub-channel can be split again, and that a negative color is
+// refused on every rank. `group` must divide channel.size().
+void CheckSubChannels(DataChannel& channel, int group);
+
 // Rank `silent` skips an Allgather (and a Recv the others wait on); every other rank gets
 // DeadlineExceeded within the channel's timeout naming the operation and "rank <silent>".
 // Breaks the channel on the other ranks: run it on a channel of its own.

@@ -196,4 +196,11 @@ absl::Status DataChannel::CheckCountsAndDispls(absl::string_view operation,
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::unique_ptr<DataChannel>> DataChannel::Split(int /*color*/, int /*key*/) {
+  return absl::UnimplementedError(
+      absl::StrCat("Split on rank ", rank(), ": the ", backend(),
+                   " data channel has no sub-groups yet; run expert-parallel domains "
+                   "(parallelism.expert_parallel) on the mpi or gloo channel"));
+}
+
 }  // namespace rackrun::comm

@@ -184,6 +184,18 @@ class DataChannel {
   virtual absl::Status GroupStart() { return absl::OkStatus(); }
   virtual absl::Status GroupEnd() { return absl::OkStatus(); }
 
+  // Sub-groups (MPI_Comm_split's semantics): collective over every rank of this channel.
+  // Ranks passing the same `color` form one sub-channel, ranked by (key, rank here);
+  // colors must be >= 0 on every rank (else InvalidArgument on every rank). The
+  // sub-channel is a DataChannel of its own: its collectives involve only its ranks, and
+  // neither its point-to-point messages nor its collectives ever match messages of this
+  // channel or of any other sub-channel (they run on the same transport in a tag range of
+  // their own). It must be destroyed before this channel; it may be split again. It starts
+  // with this channel's timeout, counts its own progress(), breaks on its own, and its
+  // errors name peers by their rank in the channel at the root of the splits (the job's
+  // rank). Unimplemented on a backend without sub-groups (NCCL today).
+  virtual absl::StatusOr<std::unique_ptr<DataChannel>> Split(int color, int key);
+
  protected:
   explicit DataChannel(const ChannelOptions& options) : timeout_(options.timeout) {}
 

@@ -106,6 +106,11 @@ TEST_P(GlooChannelTest, TokenDispatchMatchesHome) {
     testing::CheckTokenDispatch(c, 11, /*use_ultraep=*/true);
   });
 }
+// Sub-groups over Gloo's transport: 4 ranks as 2 x 2, 2 ranks as 1 x 2 (the daemons'
+// channel gets expert-parallel domains too).
+TEST_P(GlooChannelTest, SubChannels) {
+  OnAllRanks([](DataChannel& c) { testing::CheckSubChannels(c, c.size() >= 4 ? 2 : c.size()); });
+}
 TEST_P(GlooChannelTest, FanoutExecutor) {
   OnAllRanks([](DataChannel& c) { testing::CheckRelayFanout(c, FanoutPacing::kAuto); });
 }

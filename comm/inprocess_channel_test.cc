@@ -6,6 +6,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "comm/channel_checks.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -45,6 +46,20 @@ INSTANTIATE_TEST_SUITE_P(Ranks, InProcessChannelTest, ::testing::Values(1, 2, 3,
                          [](const auto& param_info) {
                            return std::to_string(param_info.param) + "ranks";
                          });
+
+// Sub-groups of 4 ranks as 2 x 2 (and 1 x 4, 4 x 1) and of 2 as 1 x 2.
+TEST(InProcessChannel, SubChannels) {
+  for (const auto& [ranks, group] : {std::pair{4, 2}, {4, 4}, {4, 1}, {2, 1}}) {
+    SCOPED_TRACE(absl::StrCat(ranks, " ranks, groups of ", group));
+    ChannelOptions options;
+    options.timeout = absl::Seconds(30);
+    absl::Status s = RunInProcessRanks(ranks, options, [&](DataChannel& channel) {
+      testing::CheckSubChannels(channel, group);
+      return absl::OkStatus();
+    });
+    EXPECT_TRUE(s.ok()) << s;
+  }
+}
 
 TEST(InProcessChannel, SilentRankTimesOutNamingIt) {
   for (int ranks : {2, 4}) {

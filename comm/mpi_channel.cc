@@ -106,6 +106,13 @@ class MpiChannel final : public PointToPointChannel {
   absl::string_view backend() const override { return "mpi"; }
 
  protected:
+  int max_transport_tag() const override {
+    int* bound = nullptr;
+    int found = 0;
+    MPI_Comm_get_attr(comm_, MPI_TAG_UB, &bound, &found);
+    return found && bound != nullptr ? *bound : 32767;  // the standard's guaranteed minimum
+  }
+
   absl::StatusOr<std::unique_ptr<Request>> PostSend(const void* buf, int64_t bytes, int peer,
                                                     int tag) override {
     return Post(const_cast<void*>(buf), bytes, peer, tag, /*send=*/true);

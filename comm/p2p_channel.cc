@@ -1,6 +1,8 @@
 #include "comm/p2p_channel.h"
 
+#include <algorithm>
 #include <cstring>
+#include <numeric>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -306,6 +308,86 @@ absl::Status PointToPointChannel::BarrierImpl() {
     requests.push_back(*std::move(r));
   }
   return Finish(requests, deadline, "Barrier");
+}
+
+// A sub-group of a point-to-point channel (see Split in p2p_channel.h): its messages go
+// over the root's transport, to its members' root ranks, with its tags shifted into its own
+// range.
+class SubChannel final : public PointToPointChannel {
+ public:
+  SubChannel(PointToPointChannel& root, std::vector<int> members, int rank, int tag_base,
+             const ChannelOptions& options)
+      : PointToPointChannel(options),
+        root_(root),
+        members_(std::move(members)),
+        rank_(rank),
+        tag_base_(tag_base) {}
+
+  int rank() const override { return rank_; }
+  int size() const override { return static_cast<int>(members_.size()); }
+  absl::string_view backend() const override { return root_.backend(); }
+  const CompletionEvent* completion_event() const override { return root_.completion_event(); }
+
+ protected:
+  absl::StatusOr<std::unique_ptr<Request>> PostSend(const void* buf, int64_t bytes, int peer,
+                                                    int tag) override {
+    return root_.PostSend(buf, bytes, members_[static_cast<size_t>(peer)], tag_base_ + tag);
+  }
+  absl::StatusOr<std::unique_ptr<Request>> PostRecv(void* buf, int64_t bytes, int peer,
+                                                    int tag) override {
+    return root_.PostRecv(buf, bytes, members_[static_cast<size_t>(peer)], tag_base_ + tag);
+  }
+  int max_transport_tag() const override { return root_.max_transport_tag(); }
+
+ private:
+  PointToPointChannel& root() override { return root_; }
+  int RootRank(int r) const override { return members_[static_cast<size_t>(r)]; }
+
+  PointToPointChannel& root_;
+  std::vector<int> members_;  // root ranks, by rank here
+  int rank_;
+  int tag_base_;
+};
+
+absl::StatusOr<std::unique_ptr<DataChannel>> PointToPointChannel::Split(int color, int key) {
+  PointToPointChannel& transport = root();
+  const int n = size();
+  const int64_t mine[3] = {color, key, transport.next_split_index_};
+  std::vector<int64_t> all(3 * static_cast<size_t>(n));
+  if (absl::Status s = Allgather(mine, all.data(), 3, DataType::kInt64); !s.ok()) return s;
+  int64_t index = 0;
+  std::vector<int> members;  // ranks here of my color
+  for (int r = 0; r < n; ++r) {
+    const int64_t c = all[3 * static_cast<size_t>(r)];
+    if (c < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Split on rank ", rank(), ": rank ", r, " passed color ", c,
+          "; every rank must pass a color >= 0 (ranks of one color form a sub-channel)"));
+    }
+    index = std::max(index, all[3 * static_cast<size_t>(r) + 2]);
+    if (c == color) members.push_back(r);
+  }
+  // Every rank saw the same proposals, so every rank takes the same index.
+  transport.next_split_index_ = index + 1;
+  const int64_t base = index * kSubChannelTagStride;
+  if (base + kSubChannelTagStride - 1 > transport.max_transport_tag()) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "Split on rank ", rank(), ": sub-channel ", index, " needs tags up to ",
+        base + kSubChannelTagStride - 1, " but the ", backend(), " transport accepts at most ",
+        transport.max_transport_tag(), "; split fewer times (keep sub-channels for the job)"));
+  }
+  std::stable_sort(members.begin(), members.end(), [&](int a, int b) {
+    return all[3 * static_cast<size_t>(a) + 1] < all[3 * static_cast<size_t>(b) + 1];
+  });
+  const int my_rank =
+      static_cast<int>(std::find(members.begin(), members.end(), rank()) - members.begin());
+  std::vector<int> root_ranks;
+  root_ranks.reserve(members.size());
+  for (const int r : members) root_ranks.push_back(RootRank(r));
+  ChannelOptions options;
+  options.timeout = timeout();
+  return std::make_unique<SubChannel>(transport, std::move(root_ranks), my_rank,
+                                      static_cast<int>(base), options);
 }
 
 }  // namespace rackrun::comm

@@ -14,15 +14,30 @@
 //   contributions in ascending rank order (acc = x_0; acc += x_1; ...; acc += x_{n-1}),
 //   then every rank receives each owner's block verbatim. Each element is thus summed
 //   exactly once, in the same order, whatever the rank count's timing.
+//
+// Sub-groups (Split) are built the same way for every such backend: a sub-channel posts
+// its messages on the transport of the channel at the root of the splits, to its members'
+// root ranks, with its tags shifted into a range of its own: tag + index *
+// kSubChannelTagStride, where index >= 1 is agreed by the splitting ranks as the largest
+// next-index any of them holds (each rank's counter lives at the root and only grows). Two
+// sub-channels that share a pair of ranks therefore never share an index: the later split
+// saw both ranks' counters past the earlier one's. The channel itself uses index 0.
 #ifndef RACKRUN_COMM_P2P_CHANNEL_H_
 #define RACKRUN_COMM_P2P_CHANNEL_H_
 
+#include <limits>
 #include <memory>
 #include <string>
 
 #include "comm/data_channel.h"
 
 namespace rackrun::comm {
+
+// Tags per channel of a split tree: a channel's user tags and its collectives' reserved
+// tags all lie below it.
+inline constexpr int kSubChannelTagStride = 1 << 15;
+
+class SubChannel;
 
 class PointToPointChannel : public DataChannel {
  public:
@@ -39,9 +54,13 @@ class PointToPointChannel : public DataChannel {
                                                  int peer, int tag) override;
   absl::StatusOr<std::unique_ptr<Request>> Irecv(void* buf, int64_t count, DataType type, int peer,
                                                  int tag) override;
+  absl::StatusOr<std::unique_ptr<DataChannel>> Split(int color, int key) override;
 
  protected:
   explicit PointToPointChannel(const ChannelOptions& options) : DataChannel(options) {}
+
+  // The largest tag the transport accepts (MPI: MPI_TAG_UB); bounds the number of splits.
+  virtual int max_transport_tag() const { return std::numeric_limits<int>::max(); }
 
   // The transport: post a send/receive of `bytes` bytes with any tag >= 0 (collectives use
   // tags >= kMaxUserTag). Arguments are already checked.
@@ -71,7 +90,15 @@ class PointToPointChannel : public DataChannel {
   absl::Status Finish(std::span<const std::unique_ptr<Request>> requests, absl::Time deadline,
                       absl::string_view operation);
 
+  // The channel whose transport carries this one's messages, and this channel's rank `r`
+  // there (the identity for a channel that was not split off another).
+  virtual PointToPointChannel& root() { return *this; }
+  virtual int RootRank(int r) const { return r; }
+
+  friend class SubChannel;
+
   absl::Status broken_;
+  int64_t next_split_index_ = 1;  // at the root: the next index this rank may propose
 };
 
 }  // namespace rackrun::comm

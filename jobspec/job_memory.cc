@@ -133,7 +133,10 @@ absl::StatusOr<JobMemoryEstimate> EstimateJobMemory(const rackrun::v1::JobSpec& 
                 experts = std::max(0, moe.experts()), k = std::max(0, moe.top_k()),
                 hidden = std::max(0, moe.expert_hidden()),
                 shared = moe.shared_expert() ? std::max(0, moe.shared_hidden()) : 0;
-  const int64_t local_experts = (experts + ranks - 1) / ranks;
+  // Experts are sharded over the G ranks of an expert-parallel domain, rows over all ranks.
+  const int g = spec.parallelism().expert_parallel();
+  const int64_t ep_ranks = g > 0 && g < ranks ? g : ranks;
+  const int64_t local_experts = (experts + ep_ranks - 1) / ep_ranks;
   const int64_t global_rows = std::max(1, spec.data().batch_size());
   const int64_t rows = (global_rows + ranks - 1) / ranks;
   const int64_t tokens = Mul(rows, seq);

@@ -27,7 +27,8 @@ inline constexpr int64_t kMaxJobBytes = int64_t{1} << 50;
 
 // What the estimate depends on besides the spec.
 struct JobMemoryInputs {
-  int ranks = 1;                  // expert-parallel ranks (experts and batch rows split)
+  int ranks = 1;                  // ranks: batch rows split over them, experts over
+                                  // parallelism.expert_parallel of them (0: all)
   int threads = 1;                // compute threads per rank (per-thread scratch)
   int64_t vocab = 0;              // used when model.vocab is 0 (the token file's vocab)
   int64_t train_tokens = 0;       // token ids in data.train (held in memory as int32)

@@ -55,8 +55,23 @@ void ApplySpecDefaults(rackrun::v1::JobSpec& spec);
 // still be 0 (filled in from the token file). The first problem found is returned; the
 // sections are checked in the order of JobSpec's fields (validation.cc: one validator per
 // section, ValidateModel ... ValidateResources, restart_policy.h: ValidateRestart), then
-// the experts' split over resources.ranks and the job's size (job_memory.h).
+// the experts' split over the expert-parallel degree (parallelism.expert_parallel, else
+// resources.ranks; ExpertParallelLayoutOf when resources.ranks is set) and the job's size
+// (job_memory.h).
 absl::Status ValidateJobSpec(const rackrun::v1::JobSpec& spec);
+
+// The expert-parallel layout of a job on `ranks` ranks (parallelism.expert_parallel):
+// G ranks per domain, D = ranks / G domains. InvalidArgument naming the field and the fix
+// when G is negative, does not divide `ranks`, or does not divide model.moe.experts. The
+// CLI, the coordinator's Submit (through ValidateJobSpec, when resources.ranks is set) and
+// the trainer (with the launched ranks) all ask this.
+struct ExpertParallelLayout {
+  int ranks = 1;
+  int expert_parallel = 1;  // G
+  int data_parallel = 1;    // D
+};
+absl::StatusOr<ExpertParallelLayout> ExpertParallelLayoutOf(const rackrun::v1::JobSpec& spec,
+                                                            int ranks);
 
 // Rewrites every relative path of the spec (data.train, data.validation, checkpoint.dir,
 // logging.json, logging.load_trace) to an absolute one under `base_dir` (the submitting

@@ -336,6 +336,52 @@ TEST(JobSpecMessagesTest, RangesBlameTheRightField) {
   EXPECT_THAT(ErrorOf(kYaml, {"training.beta2=1"}), HasSubstr("training.beta2: is 1; it must lie"));
 }
 
+// parallelism.expert_parallel (issue 24): G ranks per domain, D = ranks / G domains; the
+// coordinator's Submit sees the same errors through ValidateJobSpec when resources.ranks
+// is set.
+TEST(JobSpecTest, ExpertParallelDomains) {
+  absl::StatusOr<rackrun::v1::JobSpec> spec =
+      ParseJobSpec(kYaml, {"parallelism.expert_parallel=4"}, "spec.yaml");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  absl::StatusOr<ExpertParallelLayout> layout = ExpertParallelLayoutOf(*spec, 8);
+  ASSERT_TRUE(layout.ok()) << layout.status();
+  EXPECT_EQ(layout->expert_parallel, 4);
+  EXPECT_EQ(layout->data_parallel, 2);
+  EXPECT_THAT(std::string(ExpertParallelLayoutOf(*spec, 6).status().message()),
+              HasSubstr("parallelism.expert_parallel: 4 ranks per domain do not divide the "
+                        "job's 6 ranks into whole domains; set a divisor of 6"));
+  // 0 (the default): one domain of every rank, today's layout.
+  absl::StatusOr<rackrun::v1::JobSpec> all = ParseJobSpec(kYaml, {}, "spec.yaml");
+  ASSERT_TRUE(all.ok());
+  EXPECT_EQ(all->parallelism().expert_parallel(), 0);
+  layout = ExpertParallelLayoutOf(*all, 4);
+  ASSERT_TRUE(layout.ok());
+  EXPECT_EQ(layout->expert_parallel, 4);
+  EXPECT_EQ(layout->data_parallel, 1);
+  EXPECT_THAT(std::string(ExpertParallelLayoutOf(*all, 3).status().message()),
+              HasSubstr("model.moe.experts: 16 experts cannot be split evenly over 3 ranks"));
+
+  EXPECT_THAT(ErrorOf(kYaml, {"parallelism.expert_parallel=-1"}),
+              HasSubstr("parallelism.expert_parallel: is -1; it is the ranks per expert-parallel "
+                        "domain"));
+  EXPECT_THAT(ErrorOf(kYaml, {"parallelism.expert_parallel=3"}),
+              HasSubstr("parallelism.expert_parallel: 16 experts (model.moe.experts) cannot be "
+                        "split evenly over 3 ranks per domain; set a divisor of 16"));
+  // With resources.ranks known (the coordinator's Submit), the domains must tile them.
+  EXPECT_THAT(ErrorOf(kYaml, {"parallelism.expert_parallel=4", "resources.ranks=6"}),
+              HasSubstr("parallelism.expert_parallel: 4 ranks per domain do not divide the "
+                        "job's 6 ranks"));
+  EXPECT_THAT(ErrorOf(kYaml, {"parallelism.expert_parallel=2", "resources.ranks=4",
+                              "balancer.mode=coordinator"}),
+              HasSubstr("balancer.mode: coordinator planning of 2 expert-parallel domains is not "
+                        "built yet"));
+  EXPECT_THAT(ErrorOf(kYaml, {"resources.ranks=3"}),
+              HasSubstr("model.moe.experts: 16 experts cannot be split evenly over 3 ranks"));
+  EXPECT_TRUE(
+      ParseJobSpec(kYaml, {"parallelism.expert_parallel=2", "resources.ranks=8"}, "spec.yaml")
+          .ok());
+}
+
 // Sizes no machine holds are refused by ValidateJobSpec, on every path.
 TEST(JobMemoryTest, ImpossibleSizesAreRefusedEverywhere) {
   const std::string huge = ErrorOf(kYaml, {"model.vocab=2000000000", "model.width=2000000000",

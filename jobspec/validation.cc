@@ -293,15 +293,25 @@ absl::Status ValidateResources(const rackrun::v1::ResourceSpec& r) {
   return absl::OkStatus();
 }
 
-// model.moe.experts x resources.ranks: every rank holds the same number of experts.
+// parallelism: the expert-parallel degree G, a non-negative count (0 = all ranks).
+absl::Status ValidateParallelism(const rackrun::v1::ParallelismSpec& p) {
+  if (p.expert_parallel() < 0) {
+    return FieldError("parallelism.expert_parallel",
+                      absl::StrCat("is ", p.expert_parallel(),
+                                   "; it is the ranks per expert-parallel domain: set a positive "
+                                   "divisor of the ranks, or 0 for one domain of all ranks"));
+  }
+  return absl::OkStatus();
+}
+
+// model.moe.experts x the expert-parallel degree: every rank of a domain holds the same
+// number of experts; with resources.ranks known, the domains tile the ranks.
 absl::Status ValidateExpertSplit(const JobSpec& spec) {
   const int ranks = spec.resources().ranks();
-  const int experts = spec.model().moe().experts();
-  if (ranks > 0 && experts % ranks != 0) {
-    return FieldError("model.moe.experts",
-                      absl::StrCat(experts, " experts cannot be split evenly over ", ranks,
-                                   " ranks; use a multiple of resources.ranks"));
-  }
+  if (ranks > 0) return ExpertParallelLayoutOf(spec, ranks).status();
+  // Ranks not known yet (as launched): one domain of G ranks must at least split the experts.
+  const int g = spec.parallelism().expert_parallel();
+  if (g > 0) return ExpertParallelLayoutOf(spec, g).status();
   return absl::OkStatus();
 }
 
@@ -336,8 +346,46 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
   if (absl::Status s = ValidateLogging(spec.logging()); !s.ok()) return s;
   if (absl::Status s = ValidateResources(spec.resources()); !s.ok()) return s;
   if (absl::Status s = ValidateRestart(spec.restart()); !s.ok()) return s;
+  if (absl::Status s = ValidateParallelism(spec.parallelism()); !s.ok()) return s;
   if (absl::Status s = ValidateExpertSplit(spec); !s.ok()) return s;
   return ValidateJobSize(spec);
+}
+
+absl::StatusOr<ExpertParallelLayout> ExpertParallelLayoutOf(const JobSpec& spec, int ranks) {
+  if (absl::Status s = ValidateParallelism(spec.parallelism()); !s.ok()) return s;
+  ExpertParallelLayout layout;
+  layout.ranks = std::max(1, ranks);
+  const int asked = spec.parallelism().expert_parallel();
+  layout.expert_parallel = asked > 0 ? asked : layout.ranks;
+  const int g = layout.expert_parallel;
+  if (layout.ranks % g != 0) {
+    return FieldError("parallelism.expert_parallel",
+                      absl::StrCat(g, " ranks per domain do not divide the job's ", layout.ranks,
+                                   " ranks into whole domains; set a divisor of ", layout.ranks,
+                                   " (or 0 for one domain), or run a multiple of ", g, " ranks"));
+  }
+  layout.data_parallel = layout.ranks / g;
+  const int experts = spec.model().moe().experts();
+  if (experts % g != 0) {
+    if (asked > 0) {
+      return FieldError("parallelism.expert_parallel",
+                        absl::StrCat(experts,
+                                     " experts (model.moe.experts) cannot be split "
+                                     "evenly over ",
+                                     g, " ranks per domain; set a divisor of ", experts));
+    }
+    return FieldError("model.moe.experts",
+                      absl::StrCat(experts, " experts cannot be split evenly over ", g,
+                                   " ranks; use a multiple of the rank count, or set "
+                                   "parallelism.expert_parallel to a divisor of both"));
+  }
+  if (layout.data_parallel > 1 && spec.balancer().mode() == "coordinator") {
+    return FieldError("balancer.mode",
+                      absl::StrCat("coordinator planning of ", layout.data_parallel,
+                                   " expert-parallel domains is not built yet; use inband, or "
+                                   "set parallelism.expert_parallel to 0 (one domain)"));
+  }
+  return layout;
 }
 
 }  // namespace rackrun::jobspec

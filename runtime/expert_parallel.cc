@@ -204,6 +204,16 @@ absl::Status ExpertParallelExecutor::SolvePlan(std::span<const int64_t> offsets)
     }
   }
   totals_ = loads_.ExpertTotals();
+  if (comm::DataChannel* replicas = g_->options().replicas;
+      replicas != nullptr && replicas->size() > 1) {
+    // Every domain's totals, summed: the global microbatch's counts.
+    if (absl::Status s = replicas->AllReduce(totals_.data(), totals_.data(),
+                                             static_cast<int64_t>(totals_.size()),
+                                             comm::DataType::kInt64, comm::ReduceOp::kSum);
+        !s.ok()) {
+      return Where(s, "summing expert loads over the domains");
+    }
+  }
   return absl::OkStatus();
 }
 

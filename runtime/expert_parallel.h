@@ -45,6 +45,12 @@
 //
 // Plans come from a PlanSource (plan_source.h): in-band by default, or the coordinator.
 //
+// With D expert-parallel domains (parallelism.expert_parallel) the group's channel is one
+// domain of G ranks: everything above happens inside it (loads, plans, replicas, fan-out,
+// dispatch, replica gradients never leave the domain); only the per-expert token totals
+// are summed across domains (ExpertParallelOptions::replicas). Reducing expert gradients
+// across domains is the trainer's.
+//
 // Fault injection for tests comes as an object (ExpertParallelOptions::faults,
 // fault_injection.h): plan_hash perturbs a rank's plan fingerprint, stall makes it sleep
 // past the channel timeout before the load exchange, exit ends its process there.
@@ -89,6 +95,12 @@ struct ExpertParallelOptions {
   // Fault injection for tests (fault_injection.h); null = none. Not owned; must outlive
   // the group.
   const FaultInjection* faults = nullptr;
+  // Expert-parallel domains (parallelism.expert_parallel): the group's channel is one
+  // domain; this channel joins the ranks that hold the same shard in every domain (this
+  // rank's index in its domain). The per-expert token totals the MoE layers use (auxiliary
+  // loss, selection-bias update) are summed over it, so they count the global microbatch
+  // as with one domain. Null or one rank = one domain. Not owned; must outlive the group.
+  comm::DataChannel* replicas = nullptr;
   // Where plans come from; null = in-band (the group makes an InBandPlanSource with
   // `policy` and `planner`). Not owned; must outlive the group.
   PlanSource* plan_source = nullptr;

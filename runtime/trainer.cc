@@ -114,11 +114,18 @@ absl::Status CheckJobOnRanks(const rackrun::v1::JobSpec& spec, const TrainConfig
                      ranks == 1 ? " (one process; launch with mpirun -np N or srun -n N)" : "",
                      "; set resources.ranks to 0 (as launched) or launch that many ranks"));
   }
+  // Experts split over the domains' ranks, domains tiling the ranks.
+  if (absl::StatusOr<jobspec::ExpertParallelLayout> layout =
+          jobspec::ExpertParallelLayoutOf(spec, ranks);
+      !layout.ok()) {
+    return layout.status();
+  }
   if (ranks == 1) return absl::OkStatus();
   // Every rank must run the same job: compare what shapes the computation.
   const std::string shape =
-      absl::StrCat(spec.model().SerializeAsString(), "|", spec.balancer().SerializeAsString(),
-                   "|", spec.training().SerializeAsString(), "|", c.batch_size, "|", c.seq_len);
+      absl::StrCat(spec.model().SerializeAsString(), "|", spec.balancer().SerializeAsString(), "|",
+                   spec.training().SerializeAsString(), "|", c.batch_size, "|", c.seq_len, "|",
+                   spec.parallelism().SerializeAsString());
   const uint32_t mine = Crc32c(shape);
   std::vector<uint32_t> all(static_cast<size_t>(ranks));
   if (absl::Status s = channel->Allgather(&mine, all.data(), 1, comm::DataType::kInt32); !s.ok()) {
@@ -142,12 +149,6 @@ absl::Status CheckJobOnRanks(const rackrun::v1::JobSpec& spec, const TrainConfig
     return absl::InvalidArgumentError(absl::StrCat(
         "data.batch_size: the global microbatch of ", c.batch_size,
         " sequences cannot be split evenly over ", ranks, " ranks; use a multiple of ", ranks));
-  }
-  if (spec.model().moe().experts() % ranks != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("model.moe.experts: ", spec.model().moe().experts(),
-                     " experts cannot be split evenly over ", ranks,
-                     " ranks; use a multiple of the rank count"));
   }
   return absl::OkStatus();
 }
@@ -218,8 +219,8 @@ std::unique_ptr<AdamW> OptimizerOf(Model<float>& model, const AdamWConfig& confi
 // balancer comes from jobspec::BalancerSetupOf, as the coordinator's planner does, so
 // in-band and coordinator-mode plans are the same.
 absl::StatusOr<std::unique_ptr<ExpertParallelGroup>> CreateExpertParallel(
-    const rackrun::v1::JobSpec& spec, comm::DataChannel& channel, Model<float>& model,
-    const TrainerOptions& options) {
+    const rackrun::v1::JobSpec& spec, comm::DataChannel& channel, comm::DataChannel* replicas,
+    Model<float>& model, const TrainerOptions& options) {
   absl::StatusOr<jobspec::BalancerSetup> balancer =
       jobspec::BalancerSetupOf(spec, channel.size());
   if (!balancer.ok()) return balancer.status();
@@ -230,10 +231,42 @@ absl::StatusOr<std::unique_ptr<ExpertParallelGroup>> CreateExpertParallel(
   ep.planner = balancer->planner;
   // Prepare opens the load trace: a resumed run extends it rather than truncating it.
   ep.faults = options.faults;
+  ep.replicas = replicas;
   if (spec.balancer().mode() == "coordinator") ep.plan_source = options.plan_source;
   return ExpertParallelGroup::Create(channel, model, ep);
 }
 
+// A checkpoint's record of the layout it ran with.
+std::string LayoutText(int ranks, int expert_parallel) {
+  return absl::StrCat(ranks / expert_parallel, " x ", expert_parallel, " ranks (data_parallel ",
+                      ranks / expert_parallel, ", expert_parallel ", expert_parallel, ")");
+}
+
+// Every rank's `mine`, in rank order (collective over `channel`).
+absl::StatusOr<std::vector<std::string>> GatherStrings(comm::DataChannel& channel,
+                                                       const std::string& mine) {
+  const int n = channel.size();
+  const int64_t length = static_cast<int64_t>(mine.size());
+  std::vector<int64_t> lengths(static_cast<size_t>(n));
+  if (absl::Status s = channel.Allgather(&length, lengths.data(), 1, comm::DataType::kInt64);
+      !s.ok()) {
+    return s;
+  }
+  const int64_t longest = *std::max_element(lengths.begin(), lengths.end());
+  std::string padded = mine;
+  padded.resize(static_cast<size_t>(longest));
+  std::string all(static_cast<size_t>(longest * n), '\0');
+  if (absl::Status s = channel.Allgather(padded.data(), all.data(), longest, comm::DataType::kByte);
+      !s.ok()) {
+    return s;
+  }
+  std::vector<std::string> out;
+  for (int r = 0; r < n; ++r) {
+    out.push_back(all.substr(static_cast<size_t>(r * longest),
+                             static_cast<size_t>(lengths[static_cast<size_t>(r)])));
+  }
+  return out;
+}
 
 }  // namespace
 
@@ -251,10 +284,26 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const rackrun::v1::JobS
   if (ranks > 1) t->channel_ = channel;
   if (absl::Status s = CheckJobOnRanks(spec, c, channel, ranks, options); !s.ok()) return s;
   t->spec_.mutable_resources()->set_ranks(ranks);
+  absl::StatusOr<jobspec::ExpertParallelLayout> layout =
+      jobspec::ExpertParallelLayoutOf(spec, ranks);
+  if (!layout.ok()) return layout.status();  // checked above; kept for the compiler's sake
+  t->data_parallel_ = layout->data_parallel;
+  if (layout->data_parallel > 1) {
+    // Domain d = ranks d*G .. d*G+G-1; the shard channel joins equal in-domain indices.
+    const int g = layout->expert_parallel;
+    absl::StatusOr<std::unique_ptr<comm::DataChannel>> domain =
+        channel->Split(t->rank() / g, t->rank());
+    if (!domain.ok()) return base::Annotate(domain.status(), "making the expert-parallel domains");
+    t->domain_channel_ = *std::move(domain);
+    absl::StatusOr<std::unique_ptr<comm::DataChannel>> shard =
+        channel->Split(t->rank() % g, t->rank());
+    if (!shard.ok()) return base::Annotate(shard.status(), "joining the domains' expert shards");
+    t->shard_channel_ = *std::move(shard);
+  }
 
   ModelConfig mc = ModelConfigFromSpec(spec);
-  mc.expert_rank = t->rank();
-  mc.expert_ranks = ranks;
+  mc.expert_rank = t->domain_rank();
+  mc.expert_ranks = t->expert_parallel_degree();
   absl::StatusOr<JobData> data = ReadJobData(c, &mc.vocab);
   if (!data.ok()) return data.status();
   t->spec_.mutable_model()->set_vocab(mc.vocab);  // a 0 came from the token file
@@ -286,8 +335,16 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const rackrun::v1::JobS
     }
   }
   t->dense_grads_.resize(dense_floats);
+  if (t->shard_channel_ != nullptr) {
+    size_t expert_floats = 0;
+    for (const size_t i : t->experts_) {
+      expert_floats += static_cast<size_t>(t->adam_->tensors()[i].size);
+    }
+    t->expert_grads_.resize(expert_floats);
+  }
+  comm::DataChannel& ep_channel = t->domain_channel_ != nullptr ? *t->domain_channel_ : *channel;
   absl::StatusOr<std::unique_ptr<ExpertParallelGroup>> group =
-      CreateExpertParallel(spec, *channel, *t->model_, options);
+      CreateExpertParallel(spec, ep_channel, t->shard_channel_.get(), *t->model_, options);
   if (!group.ok()) return group.status();
   t->ep_ = *std::move(group);
   return t;
@@ -296,7 +353,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const rackrun::v1::JobS
 int64_t Trainer::parameter_count() const {
   int64_t n = 0;
   for (const OptimizedTensor& t : adam_->tensors()) {
-    n += IsExpertShard(t.name) ? t.size * ranks() : t.size;
+    n += IsExpertShard(t.name) ? t.size * expert_parallel_degree() : t.size;
   }
   return n;
 }
@@ -329,28 +386,40 @@ double Trainer::NextBatch(WindowLoader& loader) {
   return total > 0 ? static_cast<double>(counted) / static_cast<double>(total) : 0.0;
 }
 
-absl::Status Trainer::AllReduceGradients() {
+absl::Status Trainer::AllReducePacked(comm::DataChannel& channel, const std::vector<size_t>& which,
+                                      std::vector<float>& packed, absl::string_view what) {
   const std::vector<OptimizedTensor>& tensors = adam_->tensors();
   size_t k = 0;
-  for (const size_t i : dense_) {
+  for (const size_t i : which) {
     const OptimizedTensor& t = tensors[i];
-    std::memcpy(dense_grads_.data() + k, t.grad, static_cast<size_t>(t.size) * sizeof(float));
+    std::memcpy(packed.data() + k, t.grad, static_cast<size_t>(t.size) * sizeof(float));
     k += static_cast<size_t>(t.size);
   }
-  if (absl::Status s = channel_->AllReduce(dense_grads_.data(), dense_grads_.data(),
-                                           static_cast<int64_t>(dense_grads_.size()),
-                                           comm::DataType::kFloat32, comm::ReduceOp::kSum);
+  if (absl::Status s =
+          channel.AllReduce(packed.data(), packed.data(), static_cast<int64_t>(packed.size()),
+                            comm::DataType::kFloat32, comm::ReduceOp::kSum);
       !s.ok()) {
-    return base::Annotate(s, absl::StrCat("all-reducing dense gradients at step ", step_ + 1));
+    return base::Annotate(s, absl::StrCat("all-reducing ", what, " at step ", step_ + 1));
   }
   k = 0;
-  for (const size_t i : dense_) {
+  for (const size_t i : which) {
     const OptimizedTensor& t = tensors[i];
-    std::memcpy(params_[i].grad, dense_grads_.data() + k,
-                static_cast<size_t>(t.size) * sizeof(float));
+    std::memcpy(params_[i].grad, packed.data() + k, static_cast<size_t>(t.size) * sizeof(float));
     k += static_cast<size_t>(t.size);
   }
   return absl::OkStatus();
+}
+
+absl::Status Trainer::AllReduceGradients() {
+  if (absl::Status s = AllReducePacked(*channel_, dense_, dense_grads_, "dense gradients");
+      !s.ok()) {
+    return s;
+  }
+  if (shard_channel_ == nullptr) return absl::OkStatus();
+  // Each domain's masters hold the gradient of its ranks' rows: the sum over the domains
+  // is the global microbatch's.
+  return AllReducePacked(*shard_channel_, experts_, expert_grads_,
+                         "expert gradients across domains");
 }
 
 absl::StatusOr<double> Trainer::GradNorm() {
@@ -364,10 +433,12 @@ absl::StatusOr<double> Trainer::GradNorm() {
     }
     return sum;
   };
-  // Dense gradients are identical on every rank; expert shards are summed over ranks.
+  // Dense gradients are identical on every rank; expert shards are summed over a domain's
+  // ranks (every domain holds the same expert gradients).
   double experts = squares(experts_);
-  if (absl::Status s = channel_->AllReduce(&experts, &experts, 1, comm::DataType::kFloat64,
-                                           comm::ReduceOp::kSum);
+  comm::DataChannel& domain = domain_channel_ != nullptr ? *domain_channel_ : *channel_;
+  if (absl::Status s =
+          domain.AllReduce(&experts, &experts, 1, comm::DataType::kFloat64, comm::ReduceOp::kSum);
       !s.ok()) {
     return base::Annotate(s, absl::StrCat("all-reducing the gradient norm at step ", step_ + 1));
   }
@@ -535,10 +606,12 @@ absl::StatusOr<std::string> Trainer::SaveCheckpoint() {
       if (lead) c.sections.push_back({name, PackFloats(local)});
       return absl::OkStatus();
     }
-    full.resize(local.size() * static_cast<size_t>(ranks()));
+    // Every domain holds the same experts: each gathers its own, rank 0 keeps domain 0's.
+    comm::DataChannel& domain = domain_channel_ != nullptr ? *domain_channel_ : *channel_;
+    full.resize(local.size() * static_cast<size_t>(expert_parallel_degree()));
     if (absl::Status s =
-            channel_->Allgather(local.data(), full.data(), static_cast<int64_t>(local.size()),
-                                comm::DataType::kFloat32);
+            domain.Allgather(local.data(), full.data(), static_cast<int64_t>(local.size()),
+                             comm::DataType::kFloat32);
         !s.ok()) {
       return base::Annotate(s, "gathering expert shards for a checkpoint");
     }
@@ -558,9 +631,24 @@ absl::StatusOr<std::string> Trainer::SaveCheckpoint() {
   for (const ParamRef<float>& b : buffers_) {
     c.sections.push_back({"buffer/" + b.name, PackFloats({b.value, static_cast<size_t>(b.size)})});
   }
-  // The balancer's history (EPLB), the same on every rank: a resumed run plans as the
-  // uninterrupted one would.
-  if (ep_ != nullptr) c.sections.push_back({"balancer/state", ep_->SaveState()});
+  // The layout it ran with (a resume on another one reshards the experts).
+  c.sections.push_back({"parallelism/layout", LayoutText(ranks(), expert_parallel_degree())});
+  // The balancer's history (EPLB), the same on every rank of a domain: a resumed run plans
+  // as the uninterrupted one would. Domain 0's under "balancer/state" (as with one domain),
+  // domain d's under "balancer/state/domain<d>", gathered over the shard channel.
+  if (ep_ != nullptr) {
+    const std::string mine = ep_->SaveState();
+    if (shard_channel_ == nullptr) {
+      c.sections.push_back({"balancer/state", mine});
+    } else {
+      absl::StatusOr<std::vector<std::string>> states = GatherStrings(*shard_channel_, mine);
+      if (!states.ok()) return base::Annotate(states.status(), "gathering balancer states");
+      c.sections.push_back({"balancer/state", (*states)[0]});
+      for (size_t d = 1; d < states->size(); ++d) {
+        c.sections.push_back({absl::StrCat("balancer/state/domain", d), (*states)[d]});
+      }
+    }
+  }
   absl::StatusOr<std::string> path;
   if (lead) {
     path = ::rackrun::runtime::SaveCheckpoint(config_.checkpoint_dir, c, config_.checkpoint_keep);
@@ -584,6 +672,7 @@ absl::StatusOr<std::string> Trainer::SaveCheckpoint() {
 }
 
 absl::Status Trainer::Resume(const std::string& path) {
+  resume_note_.clear();
   std::string loaded;
   absl::StatusOr<Checkpoint> c = LoadCheckpointForResume(path, &loaded);
   if (!c.ok()) return c.status();
@@ -613,11 +702,11 @@ absl::Status Trainer::Resume(const std::string& path) {
       const CheckpointSection* s = c->Find(name);
       if (s == nullptr) return missing(name);
       if (channel_ != nullptr && IsExpertShard(t.name)) {
-        // The checkpoint holds every expert; this rank takes its shard.
-        std::vector<float> full(out.size() * static_cast<size_t>(ranks()));
+        // The checkpoint holds every expert; this rank takes its domain index's shard.
+        std::vector<float> full(out.size() * static_cast<size_t>(expert_parallel_degree()));
         if (absl::Status st = UnpackFloats(*s, full); !st.ok()) return st;
-        std::copy_n(full.begin() + static_cast<std::ptrdiff_t>(out.size()) * rank(), out.size(),
-                    out.begin());
+        std::copy_n(full.begin() + static_cast<std::ptrdiff_t>(out.size()) * domain_rank(),
+                    out.size(), out.begin());
         continue;
       }
       if (absl::Status st = UnpackFloats(*s, out); !st.ok()) return st;
@@ -629,19 +718,41 @@ absl::Status Trainer::Resume(const std::string& path) {
     if (absl::Status st = UnpackFloats(*s, {b.value, static_cast<size_t>(b.size)}); !st.ok())
       return st;
   }
-  if (const CheckpointSection* b = c->Find("balancer/state"); b != nullptr && ep_ != nullptr) {
+  const std::string layout = LayoutText(ranks(), expert_parallel_degree());
+  const CheckpointSection* saved_layout = c->Find("parallelism/layout");
+  // The checkpoint holds every expert once: any layout takes its shards from it.
+  const std::string layout_note = saved_layout != nullptr && saved_layout->payload != layout
+                                      ? absl::StrCat("checkpoint of ", saved_layout->payload,
+                                                     " resumed on ", layout, " (experts resharded)")
+                                      : std::string();
+  const std::string balancer_section = domain() == 0
+                                           ? std::string("balancer/state")
+                                           : absl::StrCat("balancer/state/domain", domain());
+  const CheckpointSection* b = c->Find(balancer_section);
+  if (b == nullptr && ep_ != nullptr && c->Find("balancer/state") != nullptr) {
+    if (!resume_note_.empty()) absl::StrAppend(&resume_note_, "; ");
+    absl::StrAppend(&resume_note_, "balancer history not restored in domain ", domain(),
+                    " (the checkpoint was written with fewer domains); the "
+                    "balancer starts with a fresh history");
+  }
+  if (b != nullptr && ep_ != nullptr) {
     absl::Status s = ep_->RestoreState(b->payload);
     if (s.code() == absl::StatusCode::kFailedPrecondition) {
       // Resuming on another rank count or with other balancer settings: the planner
       // starts with a fresh history; results are unaffected, placements may differ.
-      resume_note_ = absl::StrCat("balancer history not restored (", s.message(),
-                                  "); the balancer starts with a fresh history");
+      if (!resume_note_.empty()) absl::StrAppend(&resume_note_, "; ");
+      absl::StrAppend(&resume_note_, "balancer history not restored (", s.message(),
+                      "); the balancer starts with a fresh history");
     } else if (!s.ok()) {
       return absl::DataLossError(absl::StrCat("checkpoint '", loaded, "': ", s.message()));
     }
   }
   if (absl::Status s = train_loader_->Restore(state->loader); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("checkpoint '", loaded, "': ", s.message()));
+  }
+  if (!layout_note.empty()) {
+    if (!resume_note_.empty()) absl::StrAppend(&resume_note_, "; ");
+    absl::StrAppend(&resume_note_, layout_note);
   }
   step_ = static_cast<int64_t>(state->step);
   resumed_from_ = loaded;

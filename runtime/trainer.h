@@ -18,6 +18,17 @@
 // a run resumes on any number of ranks). The auxiliary loss and the selection-bias
 // update use the expert counts over all ranks, so they too equal the single-process run.
 //
+// Expert-parallel domains (parallelism.expert_parallel = G < R): ranks d*G .. d*G+G-1
+// form domain d of D = R / G. Experts are sharded over a domain's G ranks (the same
+// layout in every domain) and replicated across domains; each domain's
+// ExpertParallelGroup plans from its own exact loads on a sub-channel of its G ranks. The
+// global batch is still split over all R ranks; dense gradients are all-reduced over all R
+// ranks; expert gradients (after the replica -> master reduction inside the domain) are
+// all-reduced over the D ranks holding the same shard (a second sub-channel). D x G ranks
+// thus train the same model as one rank and as G = R, up to floating-point reassociation.
+// Checkpoints gather the shards of domain 0 (every domain holds the same experts), record
+// the layout, and keep each domain's balancer state.
+//
 // Driving it (a CLI process or a worker daemon's job thread): observers see every step on
 // every rank (the log line, the JSON log, the worker's progress reports and metrics are
 // observers); RequestStop asks for a cooperative stop that every rank takes at the same
@@ -218,6 +229,12 @@ class Trainer {
   int64_t parameter_count() const;
   int rank() const { return channel_ != nullptr ? channel_->rank() : 0; }
   int ranks() const { return channel_ != nullptr ? channel_->size() : 1; }
+  // Expert-parallel degree G (ranks per domain) and data-parallel degree D = ranks() / G.
+  int expert_parallel_degree() const { return ranks() / data_parallel_; }
+  int data_parallel_degree() const { return data_parallel_; }
+  // This rank's index in its domain (its expert shard) and its domain.
+  int domain_rank() const { return rank() % expert_parallel_degree(); }
+  int domain() const { return rank() / expert_parallel_degree(); }
   // Null in a single-process job.
   ExpertParallelGroup* expert_parallel() { return ep_.get(); }
   double train_unigram_entropy() const { return train_entropy_; }
@@ -234,10 +251,15 @@ class Trainer {
   // Loads the next global microbatch into batch_ (this rank's rows of it) and returns
   // this rank's share of the counted targets.
   double NextBatch(WindowLoader& loader);
-  // Expert-parallel reductions of a step: dense gradients, then {loss, aux}.
+  // Expert-parallel reductions of a step: dense gradients over all ranks, expert gradients
+  // over the domains (D > 1).
   absl::Status AllReduceGradients();
+  // Packs the gradients of adam tensors `which` into `packed`, sums them over `channel`
+  // and unpacks them; the error names `what` and the step.
+  absl::Status AllReducePacked(comm::DataChannel& channel, const std::vector<size_t>& which,
+                               std::vector<float>& packed, absl::string_view what);
   // Global gradient norm; expert-parallel: dense part (identical on every rank) plus the
-  // expert shards' squares summed over ranks.
+  // expert shards' squares summed over a domain's ranks.
   absl::StatusOr<double> GradNorm();
   absl::Status RecordLoads(int64_t microbatch);
   // Prepare's two parts.
@@ -270,10 +292,15 @@ class Trainer {
   Batch batch_;
   Batch global_batch_;
   comm::DataChannel* channel_ = nullptr;       // null or one rank: single process
+  int data_parallel_ = 1;                      // D
+  // D > 1: this rank's domain (G ranks) and the D ranks holding its shard; else null.
+  std::unique_ptr<comm::DataChannel> domain_channel_;
+  std::unique_ptr<comm::DataChannel> shard_channel_;
   std::unique_ptr<ExpertParallelGroup> ep_;    // after model_: destroyed first
   std::vector<size_t> dense_;                  // adam tensors all-reduced across ranks
   std::vector<size_t> experts_;                // adam tensors sharded by expert
   std::vector<float> dense_grads_;             // packed for one all-reduce
+  std::vector<float> expert_grads_;            // packed for one all-reduce across domains
   std::optional<planner::TraceWriter> trace_;  // single-process load trace
   std::atomic<int> stop_requested_{0};          // a StopReason
   std::atomic<TrainPhase> phase_{TrainPhase::kIdle};

@@ -53,6 +53,11 @@ TEST(MpiChannel, AllReduceIsBitIdenticalInRankOrder) {
 }
 TEST(MpiChannel, SendRecv) { testing::CheckSendRecv(*g_channel); }
 TEST(MpiChannel, BadArguments) { testing::CheckBadArguments(*g_channel); }
+// Expert-parallel domains: groups of 2 (2 x 2 under -np 4, 1 x 2 under -np 2) and 1.
+TEST(MpiChannel, SubChannels) {
+  testing::CheckSubChannels(*g_channel, g_channel->size() % 2 == 0 ? 2 : 1);
+  testing::CheckSubChannels(*g_channel, 1);
+}
 
 TEST(MpiTokenDispatch, RandomPlansMatchHomeComputation) {
   for (uint64_t seed : {1u, 2u, 3u}) testing::CheckTokenDispatch(*g_channel, seed, false);

@@ -6,7 +6,8 @@
 // ranks; balancing (ultraep, eplb) moves work between ranks but not the losses; a
 // configuration reruns bit-identically; a failing or disagreeing rank stops the whole job
 // with a message naming it (no hang); checkpoints resume on any rank count; the load trace
-// replays through `rackrun plan`.
+// replays through `rackrun plan`. Issue 24: expert-parallel domains (D x G ranks) give the
+// same losses, rerun bit-identically and resume on other layouts.
 //
 // Every mpirun gets its own Open MPI session folder (OMPI_MCA_orte_tmpdir_base) under the
 // test's own temp folder: CTest runs the tests of this file in parallel processes, and
@@ -385,7 +386,8 @@ TEST_F(EpTrainTest, RanksResumingFromDifferentStatesStopBeforeTheFirstStepNaming
   EXPECT_THAT(r.out, ::testing::Not(HasSubstr("step 3/")));
 }
 
-// Settings that cannot run on the launched ranks stop every rank with the field named.
+// Settings that cannot run on the launched ranks stop every rank with the field named and,
+// for the expert-parallel layout, the fix.
 TEST_F(EpTrainTest, SpecsThatCannotRunOnTheseRanksNameTheField) {
   const std::string spec = PrepareJob();
   struct Case {
@@ -397,12 +399,178 @@ TEST_F(EpTrainTest, SpecsThatCannotRunOnTheseRanksNameTheField) {
       {4, "data.batch_size=6", {"data.batch_size"}},
       {2, "resources.ranks=4", {"resources.ranks", "asks for 4 ranks"}},
       {2, "balancer.mode=coordinator", {"balancer.mode", "use inband"}},
+      // Expert-parallel domains (issue 24).
+      {4,
+       "parallelism.expert_parallel=8",
+       {"parallelism.expert_parallel: 8 ranks per domain do not divide the job's 4 ranks",
+        "set a divisor of 4"}},
+      {4,
+       "parallelism.expert_parallel=3",
+       {"parallelism.expert_parallel: 8 experts (model.moe.experts) cannot be split evenly over "
+        "3 ranks per domain; set a divisor of 8"}},
+      {2, "parallelism.expert_parallel=-2", {"parallelism.expert_parallel: is -2"}},
+      {4,
+       "parallelism.expert_parallel=4 --set model.moe.experts=6",
+       {"parallelism.expert_parallel: 6 experts (model.moe.experts) cannot be split evenly over "
+        "4 ranks per domain"}},
+      {1, "parallelism.expert_parallel=2", {"do not divide the job's 1 ranks"}},
+      {4,
+       "parallelism.expert_parallel=2 --set balancer.mode=coordinator",
+       {"balancer.mode: coordinator planning of 2 expert-parallel domains is not built yet"}},
   };
   for (const Case& c : cases) {
     const Result r = Train(c.ranks, spec + " --set " + c.set, "bad");
     EXPECT_NE(r.code, 0) << c.set;
     EXPECT_NE(r.code, 124) << c.set << ": the job hung";
     for (const std::string& text : c.expected) EXPECT_THAT(r.err, HasSubstr(text)) << c.set;
+  }
+}
+
+// A 20-step run of `job` on `ranks` ranks (logged as "full") with a checkpoint at step 10:
+// the checkpoint and the last 10 losses, as written and as numbers. step10 is empty when
+// the run failed (the failure is recorded).
+struct CheckpointedRun {
+  fs::path step10;
+  std::vector<std::string> tail_text;
+  std::vector<double> tail;
+};
+CheckpointedRun RunWithCheckpointAtStepTen(int ranks, const std::string& job) {
+  CheckpointedRun run;
+  const Result full = Train(ranks,
+                            job + LogFlag("full") + " --set checkpoint.interval=10" +
+                                " --set checkpoint.dir=" + (Dir() / "ckpt").string(),
+                            "full");
+  EXPECT_EQ(full.code, 0) << full.err;
+  const std::vector<std::string> text = LossTexts("full");
+  const std::vector<double> losses = Losses("full");
+  EXPECT_EQ(text.size(), 20u);
+  const fs::path step10 = Dir() / "ckpt" / "step-00000010.ckpt";
+  EXPECT_TRUE(fs::exists(step10));
+  if (full.code != 0 || text.size() != 20u || losses.size() != 20u || !fs::exists(step10)) {
+    return run;
+  }
+  run.step10 = step10;
+  run.tail_text.assign(text.begin() + 10, text.end());
+  run.tail.assign(losses.begin() + 10, losses.end());
+  return run;
+}
+
+// `job` resumed from `checkpoint` on `ranks` ranks, logged as `name`, checkpointing into a
+// folder of its own.
+Result ResumeFrom(int ranks, const std::string& job, const fs::path& checkpoint,
+                  const std::string& name) {
+  return Train(ranks,
+               job + " --resume " + checkpoint.string() + LogFlag(name) +
+                   " --set checkpoint.dir=" + (Dir() / ("ckpt-" + name)).string(),
+               name);
+}
+
+// One layout of `ranks` ranks: G, the log's name, the banner rackrun train prints.
+struct Layout {
+  int g;
+  std::string name;
+  std::string banner;
+};
+
+// `spec` on one rank, then on `ranks` ranks in each of `layouts` (with `args` added): the
+// same losses, validation losses and gradient norms over `steps` steps.
+void ExpectLayoutsGiveTheOneRankRun(const std::string& spec, int steps, int ranks,
+                                    const std::string& args, const std::vector<Layout>& layouts) {
+  const Result one = Train(1, spec + LogFlag("r1"), "r1");
+  ASSERT_EQ(one.code, 0) << one.err;
+  ASSERT_EQ(Losses("r1").size(), static_cast<size_t>(steps));
+  for (const Layout& l : layouts) {
+    const Result r = Train(
+        ranks,
+        spec + args + " --set parallelism.expert_parallel=" + std::to_string(l.g) + LogFlag(l.name),
+        l.name);
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_THAT(r.out, HasSubstr(l.banner));
+    ASSERT_EQ(Log(l.name).size(), static_cast<size_t>(steps));
+    for (const std::string key : {"loss", "val_loss", "grad_norm"}) {
+      const double diff = MaxRelativeDifference(Field("r1", key), Field(l.name, key));
+      Report("max_rel_" + key + "_diff_1_vs_" + l.name, diff);
+      EXPECT_LE(diff, kLossTolerance) << key;
+    }
+  }
+}
+
+// Expert-parallel domains (parallelism.expert_parallel, issue 24): 4 ranks as 2 x 2 and
+// as 1 x 4 (G = ranks, today's layout) give the 1-rank losses, validation losses and
+// gradient norms with the same global batch.
+TEST_F(EpTrainTest, TwoByTwoAndOneByFourGiveTheOneRankLosses) {
+  ExpectLayoutsGiveTheOneRankRun(
+      PrepareJob(), 20, 4, "",
+      {{2, "d2g2",
+        "expert parallel: 4 ranks (mpi) = 2 domains (data_parallel) x 2 ranks (expert_parallel), "
+        "4 experts per rank"},
+       {4, "d1g4",
+        "expert parallel: 4 ranks (mpi) = 1 domain (data_parallel) x 4 ranks (expert_parallel), "
+        "2 experts per rank"}});
+}
+
+// 8 ranks (oversubscribed: the one 8-rank test, kept to 6 steps) as 2 x 4 and 4 x 2 with
+// ultraep give the 1-rank losses.
+TEST_F(EpTrainTest, EightRanksAsTwoByFourAndFourByTwoGiveTheOneRankLosses) {
+  ExpectLayoutsGiveTheOneRankRun(
+      PrepareJob() + " --set training.steps=6 --set training.eval_interval=3", 6, 8,
+      " --set balancer.policy=ultraep",
+      {{4, "d2g4", "expert parallel: 8 ranks (mpi) = 2 domains (data_parallel) x 4 ranks"},
+       {2, "d4g2", "expert parallel: 8 ranks (mpi) = 4 domains (data_parallel) x 2 ranks"}});
+}
+
+// On 2 x 2, ultraep balances inside each domain without changing the losses, and a rerun
+// is bit-identical.
+TEST_F(EpTrainTest, TwoByTwoUltraepMovesWorkNotResultsAndRerunsBitIdentically) {
+  const std::string spec = PrepareJob() + " --set parallelism.expert_parallel=2";
+  const Result none = Train(4, spec + LogFlag("none"), "none");
+  ASSERT_EQ(none.code, 0) << none.err;
+  for (const std::string name : {"a", "b"}) {
+    const Result r = Train(4, spec + " --set balancer.policy=ultraep" + LogFlag(name), name);
+    ASSERT_EQ(r.code, 0) << r.err;
+  }
+  ASSERT_EQ(Log("a").size(), 20u);
+  const double diff = MaxRelativeDifference(Losses("none"), Losses("a"));
+  Report("max_rel_loss_diff_ultraep_vs_none_2x2", diff);
+  EXPECT_LE(diff, kLossTolerance);
+  const Balancing b = BalancingIn(Log("a"));
+  EXPECT_GT(b.max_replicas, 0) << "ultraep placed no replica in 20 steps";
+  EXPECT_TRUE(b.lowered) << "ultraep lowered no layer's rank imbalance in 20 steps";
+  EXPECT_EQ(BalancingIn(Log("none")).max_replicas, 0);
+  EXPECT_EQ(LossTexts("a"), LossTexts("b"));
+}
+
+// A 2 x 2 checkpoint (eplb: each domain's balancer history is kept) resumes bit-identically
+// on 2 x 2, and on 1 x 4 and 4 x 1 (experts resharded, the balancer restarted) within
+// tolerance.
+TEST_F(EpTrainTest, TwoByTwoCheckpointResumesOnTwoByTwoOneByFourAndFourByOne) {
+  const std::string job =
+      PrepareJob() + " --set balancer.policy=eplb --set balancer.eplb_interval=4";
+  const CheckpointedRun full =
+      RunWithCheckpointAtStepTen(4, job + " --set parallelism.expert_parallel=2");
+  ASSERT_FALSE(full.step10.empty());
+  const std::vector<std::string>& tail_text = full.tail_text;
+  const std::vector<double>& tail = full.tail;
+  for (const int g : {2, 4, 1}) {
+    const std::string name = "resume_g" + std::to_string(g);
+    const Result r = ResumeFrom(4, job + " --set parallelism.expert_parallel=" + std::to_string(g),
+                                full.step10, name);
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_THAT(r.out, HasSubstr("resumed at step 10"));
+    ASSERT_EQ(Log(name).size(), 10u);
+    if (g == 2) {
+      EXPECT_THAT(r.out, ::testing::Not(HasSubstr("note:")));
+      EXPECT_EQ(LossTexts(name), tail_text) << "same layout: bit-identical";
+    } else {
+      EXPECT_THAT(r.out, HasSubstr("note: balancer history not restored"));
+      EXPECT_THAT(r.out, HasSubstr("checkpoint of 2 x 2 ranks (data_parallel 2, expert_parallel "
+                                   "2) resumed on " +
+                                   std::to_string(4 / g) + " x " + std::to_string(g) + " ranks"));
+      const double diff = MaxRelativeDifference(tail, Losses(name));
+      Report("max_rel_loss_diff_resume_2x2_to_" + std::to_string(4 / g) + "x" + std::to_string(g),
+             diff);
+      EXPECT_LE(diff, kLossTolerance);
+    }
   }
 }
 
@@ -413,25 +581,14 @@ TEST_F(EpTrainTest, SpecsThatCannotRunOnTheseRanksNameTheField) {
 void ExpectCheckpointResumes(const std::string& policy) {
   const std::string spec = PrepareJob();
   const std::string job = spec + " --set balancer.policy=" + policy;
-  const Result full = Train(2,
-                            job + LogFlag("full") + " --set checkpoint.interval=10" +
-                                " --set checkpoint.dir=" + (Dir() / "ckpt").string(),
-                            "full");
-  ASSERT_EQ(full.code, 0) << full.err;
-  const std::vector<std::string> full_text = LossTexts("full");
-  ASSERT_EQ(full_text.size(), 20u);
-  const std::vector<std::string> tail_text(full_text.begin() + 10, full_text.end());
-  const std::vector<double> full_losses = Losses("full");
-  const std::vector<double> tail(full_losses.begin() + 10, full_losses.end());
-  const fs::path step10 = Dir() / "ckpt" / "step-00000010.ckpt";
-  ASSERT_TRUE(fs::exists(step10));
+  const CheckpointedRun full = RunWithCheckpointAtStepTen(2, job);
+  ASSERT_FALSE(full.step10.empty());
+  const std::vector<std::string>& tail_text = full.tail_text;
+  const std::vector<double>& tail = full.tail;
 
   for (const int ranks : {2, 4, 1}) {
     const std::string name = std::string("resume") + std::to_string(ranks);
-    const Result r = Train(ranks,
-                           job + " --resume " + step10.string() + LogFlag(name) +
-                               " --set checkpoint.dir=" + (Dir() / ("ckpt-" + name)).string(),
-                           name);
+    const Result r = ResumeFrom(ranks, job, full.step10, name);
     ASSERT_EQ(r.code, 0) << r.err;
     EXPECT_THAT(r.out, HasSubstr("resumed at step 10"));
     const bool fresh_balancer =

@@ -45,10 +45,13 @@ Prints one line per logging.interval steps (step, loss, validation loss when eva
 tokens/s, learning rate, grad norm, per-layer expert load max/mean, elapsed) and a final
 summary that compares the loss with the unigram entropy of the training data.
 
-Started by a launcher with R > 1 ranks, the job is expert-parallel: each rank holds
-experts/R experts of every MoE layer, the global microbatch (data.batch_size) is split over
-the ranks, and every microbatch and MoE layer is rebalanced by balancer.policy (none,
-ultraep, eplb). Rank 0 prints; its log lines add per-layer rank load max/mean before>after
+Started by a launcher with R > 1 ranks, the job is expert-parallel: the ranks form
+D = R / G domains of G = parallelism.expert_parallel consecutive ranks (0 = all ranks, one
+domain); each rank holds experts/G experts of every MoE layer (the same shards in every
+domain), the global microbatch (data.batch_size) is split over all R ranks, and every
+microbatch and MoE layer is rebalanced inside each domain by balancer.policy (none,
+ultraep, eplb); dense gradients are all-reduced over the R ranks, expert gradients over
+the D domains. Rank 0 prints; its log lines add per-layer rank load max/mean before>after
 balancing and the milliseconds spent planning, fanning out weights, in token all-to-alls
 and reducing replica gradients.
 )";
@@ -177,6 +180,10 @@ int RunTrain(const Args& args) {
   absl::StatusOr<std::optional<rt::FaultInjection>> faults = rt::FaultInjection::FromEnvironment();
   if (!faults.ok()) return fail("", faults.status());
   if (faults->has_value()) session_options.trainer.faults = &**faults;
+  // The expert-parallel layout on the launched ranks, refused before anything is allocated.
+  absl::StatusOr<jobspec::ExpertParallelLayout> layout =
+      jobspec::ExpertParallelLayoutOf(*spec, launched > 1 ? launched : 1);
+  if (!layout.ok()) return fail(spec_path + ": ", layout.status());
   // What this machine cannot hold or run is refused before anything is allocated.
   absl::StatusOr<jobspec::JobMemoryEstimate> memory = rt::CheckJobFitsThisMachine(
       *spec, launched > 1 ? launched : 1, LocalRanks(), spec->resources().threads());
@@ -207,10 +214,11 @@ int RunTrain(const Args& args) {
   if (lead && t.ranks() > 1) {
     const rackrun::v1::BalancerSpec& b = t.spec().balancer();
     std::printf(
-        "expert parallel: %d ranks (%s), %d experts per rank + %d replica slots, "
-        "balancer %s\n",
-        t.ranks(), std::string(channel->backend()).c_str(), m.moe().experts() / t.ranks(),
-        b.slots(), b.policy().c_str());
+        "expert parallel: %d ranks (%s) = %d domain%s (data_parallel) x %d ranks "
+        "(expert_parallel), %d experts per rank + %d replica slots, balancer %s\n",
+        t.ranks(), std::string(channel->backend()).c_str(), t.data_parallel_degree(),
+        t.data_parallel_degree() > 1 ? "s" : "", t.expert_parallel_degree(),
+        m.moe().experts() / t.expert_parallel_degree(), b.slots(), b.policy().c_str());
   }
   if (lead)
     std::printf(
