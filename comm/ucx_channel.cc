@@ -1,0 +1,372 @@
+#include "comm/ucx_channel.h"
+
+#include <ucp/api/ucp.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "comm/p2p_channel.h"
+
+namespace rackrun::comm {
+namespace {
+
+// A message's UCP tag: the sender's rank in the high half, the channel tag (>= 0, below
+// 2^31) in the low half; receives match all 64 bits.
+ucp_tag_t WireTag(int source, int tag) {
+  return (static_cast<uint64_t>(static_cast<uint32_t>(source)) << 32) |
+         static_cast<uint64_t>(static_cast<uint32_t>(tag));
+}
+constexpr ucp_tag_t kFullMask = ~ucp_tag_t{0};
+
+std::string UcsText(ucs_status_t status) { return ucs_status_string(status); }
+
+// How long teardown drives the worker to let forcibly closed endpoints and cancelled
+// receives finish; nothing here waits for a peer.
+constexpr absl::Duration kTeardownBound = absl::Seconds(1);
+// UCX's keepalive period for this channel's endpoints (UCX's default is 20 s): how soon a
+// dead peer reached over shared memory is noticed. The environment's
+// UCX_KEEPALIVE_INTERVAL wins when set.
+constexpr char kKeepalive[] = "1s";
+
+// One channel's UCP context, worker and endpoints. Used only by the rank's thread (the
+// worker is single-threaded): UCX calls the endpoint error handler from within
+// ucp_worker_progress on that thread. Requests share it, so it outlives them.
+class UcxTransport {
+ public:
+  UcxTransport(int rank, int size) : rank_(rank), size_(size), failed_(static_cast<size_t>(size)) {}
+  UcxTransport(const UcxTransport&) = delete;
+  UcxTransport& operator=(const UcxTransport&) = delete;
+
+  ~UcxTransport() {
+    std::vector<void*> closing;
+    for (ucp_ep_h ep : eps_) {
+      if (ep == nullptr) continue;
+      ucp_request_param_t param{};
+      param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+      param.flags = UCP_EP_CLOSE_FLAG_FORCE;
+      ucs_status_ptr_t request = ucp_ep_close_nbx(ep, &param);
+      if (request != nullptr && !UCS_PTR_IS_ERR(request)) closing.push_back(request);
+    }
+    const absl::Time until = absl::Now() + kTeardownBound;
+    for (void* request : closing) {
+      while (ucp_request_check_status(request) == UCS_INPROGRESS && absl::Now() < until) {
+        ucp_worker_progress(worker_);
+      }
+      ucp_request_free(request);
+    }
+    if (worker_ != nullptr) ucp_worker_destroy(worker_);
+    if (context_ != nullptr) ucp_cleanup(context_);
+  }
+
+  // Context and worker; Unavailable naming the UCX call on failure.
+  absl::Status Init(const std::string& prefix) {
+    const auto failed = [&](absl::string_view call, ucs_status_t status) {
+      return absl::UnavailableError(absl::StrCat("UCX channel '", prefix, "' on rank ", rank_,
+                                                 ": ", call, " failed: ", UcsText(status)));
+    };
+    ucp_config_t* config = nullptr;
+    if (ucs_status_t s = ucp_config_read(nullptr, nullptr, &config); s != UCS_OK) {
+      return failed("ucp_config_read", s);
+    }
+    if (std::getenv("UCX_KEEPALIVE_INTERVAL") == nullptr) {
+      ucp_config_modify(config, "KEEPALIVE_INTERVAL", kKeepalive);
+    }
+    ucp_params_t params{};
+    params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
+    params.features = UCP_FEATURE_TAG;
+    params.mt_workers_shared = 0;
+    ucs_status_t s = ucp_init(&params, config, &context_);
+    ucp_config_release(config);
+    if (s != UCS_OK) return failed("ucp_init", s);
+    ucp_worker_params_t worker_params{};
+    worker_params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+    worker_params.thread_mode = UCS_THREAD_MODE_SINGLE;
+    if (s = ucp_worker_create(context_, &worker_params, &worker_); s != UCS_OK) {
+      return failed("ucp_worker_create", s);
+    }
+    ucp_address_t* address = nullptr;
+    size_t length = 0;
+    if (s = ucp_worker_get_address(worker_, &address, &length); s != UCS_OK) {
+      return failed("ucp_worker_get_address", s);
+    }
+    address_.assign(reinterpret_cast<const char*>(address), length);
+    ucp_worker_release_address(worker_, address);
+    return absl::OkStatus();
+  }
+
+  // This worker's address, as the peers need it.
+  const std::string& address() const { return address_; }
+
+  // One endpoint per rank, this one included, from the ranks' published addresses.
+  absl::Status Connect(const std::string& prefix, const std::vector<std::string>& addresses) {
+    eps_.assign(static_cast<size_t>(size_), nullptr);
+    handlers_.resize(static_cast<size_t>(size_));
+    for (int peer = 0; peer < size_; ++peer) {
+      handlers_[static_cast<size_t>(peer)] = ErrorHandlerArg{this, peer};
+      ucp_ep_params_t params{};
+      params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                          UCP_EP_PARAM_FIELD_ERR_HANDLER;
+      params.address =
+          reinterpret_cast<const ucp_address_t*>(addresses[static_cast<size_t>(peer)].data());
+      params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+      params.err_handler.cb = &UcxTransport::OnPeerError;
+      params.err_handler.arg = &handlers_[static_cast<size_t>(peer)];
+      if (ucs_status_t s = ucp_ep_create(worker_, &params, &eps_[static_cast<size_t>(peer)]);
+          s != UCS_OK) {
+        eps_[static_cast<size_t>(peer)] = nullptr;
+        return absl::UnavailableError(absl::StrCat(
+            "UCX channel '", prefix, "' on rank ", rank_, " of ", size_,
+            ": connecting to rank ", peer, " failed (ucp_ep_create: ", UcsText(s),
+            "); that rank is unreachable at the address it published"));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  ucp_worker_h worker() const { return worker_; }
+  ucp_ep_h ep(int peer) const { return eps_[static_cast<size_t>(peer)]; }
+  void Progress() { ucp_worker_progress(worker_); }
+
+  // Why transfers with `peer` cannot go on (empty while they can).
+  const std::string& failure(int peer) const { return failed_[static_cast<size_t>(peer)]; }
+  // After a receive could not be cancelled: nothing more with that peer is defined.
+  void Abandon(int peer, std::string why) {
+    std::string& f = failed_[static_cast<size_t>(peer)];
+    if (f.empty()) f = std::move(why);
+  }
+
+  // A failed transfer as a Status naming the operation, this rank and the peer.
+  absl::Status Failure(absl::string_view operation, int peer, int tag,
+                       absl::string_view why) const {
+    return absl::UnavailableError(absl::StrCat(
+        operation, " on rank ", rank_, " of ", size_, " with rank ", peer, " (tag ", tag,
+        "): UCX: ", why, "; that rank died, closed its channel, or the network failed"));
+  }
+
+ private:
+  struct ErrorHandlerArg {
+    UcxTransport* transport = nullptr;
+    int peer = -1;
+  };
+
+  // Called by UCX from ucp_worker_progress (this rank's thread) when the endpoint to a
+  // peer fails: pending sends to it fail on their own, receives from it check failure().
+  static void OnPeerError(void* arg, ucp_ep_h /*ep*/, ucs_status_t status) {
+    auto* handler = static_cast<ErrorHandlerArg*>(arg);
+    handler->transport->Abandon(handler->peer, absl::StrCat("the connection failed (", UcsText(status), ")"));
+  }
+
+  int rank_;
+  int size_;
+  ucp_context_h context_ = nullptr;
+  ucp_worker_h worker_ = nullptr;
+  std::string address_;
+  std::vector<ucp_ep_h> eps_;
+  std::vector<ErrorHandlerArg> handlers_;  // sized once, before any endpoint points into it
+  std::vector<std::string> failed_;        // by peer
+};
+
+// One posted UCP send or receive. `request` is UCX's handle, null when the transfer
+// completed at once.
+class UcxRequest final : public Request {
+ public:
+  // `request` may be null only for a send (which then completed at once).
+  UcxRequest(const RequestInfo& info, std::shared_ptr<UcxTransport> transport, void* request)
+      : Request(info), transport_(std::move(transport)), request_(request) {
+    if (request_ == nullptr) Finish(UCS_OK, 0);
+  }
+
+  ~UcxRequest() override {
+    if (request_ == nullptr) return;
+    if (!info().send) {
+      // An unmatched receive is cancelled at once; one whose message is arriving finishes
+      // first (into the buffer the caller still owns until we return).
+      ucp_request_cancel(transport_->worker(), request_);
+      const absl::Time until = absl::Now() + kTeardownBound;
+      while (ucp_request_check_status(request_) == UCS_INPROGRESS && absl::Now() < until) {
+        transport_->Progress();
+      }
+      if (ucp_request_check_status(request_) == UCS_INPROGRESS) {
+        transport_->Abandon(info().peer, absl::StrCat("a receive (tag ", info().tag,
+                                                      ") was abandoned before it completed"));
+      }
+    }
+    ucp_request_free(request_);  // an incomplete send goes on inside UCX
+  }
+
+  absl::StatusOr<bool> Test() override {
+    if (done_) return true;
+    if (!error_.ok()) return error_;
+    transport_->Progress();
+    ucp_tag_recv_info_t received{};
+    const ucs_status_t status = info().send ? ucp_request_check_status(request_)
+                                            : ucp_tag_recv_request_test(request_, &received);
+    if (status == UCS_INPROGRESS) {
+      const std::string& failure = transport_->failure(info().peer);
+      if (!failure.empty()) {
+        error_ = transport_->Failure(info().send ? "Send" : "Recv", info().peer, info().tag,
+                                     failure);
+        return error_;
+      }
+      return false;
+    }
+    ucp_request_free(request_);
+    request_ = nullptr;
+    Finish(status, received.length);
+    if (!error_.ok()) return error_;
+    return true;
+  }
+
+ private:
+  // The outcome of a finished transfer; a receive checks the message's size.
+  void Finish(ucs_status_t status, size_t received) {
+    const RequestInfo& i = info();
+    if (status == UCS_ERR_MESSAGE_TRUNCATED) {
+      error_ = absl::InvalidArgumentError(absl::StrCat(
+          "Recv on rank ", i.rank, " from rank ", i.peer, " (tag ", i.tag,
+          "): message has more than the ", i.bytes,
+          " bytes the receive was posted for; both ends must agree on the size"));
+    } else if (status != UCS_OK) {
+      error_ = transport_->Failure(i.send ? "Send" : "Recv", i.peer, i.tag, UcsText(status));
+    } else if (!i.send && static_cast<int64_t>(received) != i.bytes) {
+      error_ = absl::InvalidArgumentError(absl::StrCat(
+          "Recv on rank ", i.rank, " from rank ", i.peer, " (tag ", i.tag, "): message has ",
+          received, " bytes but the receive was posted for ", i.bytes,
+          "; both ends must agree on the size"));
+    } else {
+      done_ = true;
+    }
+  }
+
+  std::shared_ptr<UcxTransport> transport_;
+  void* request_;
+  bool done_ = false;
+  absl::Status error_;
+};
+
+class UcxChannel final : public PointToPointChannel {
+ public:
+  UcxChannel(std::shared_ptr<UcxTransport> transport, const ChannelOptions& options)
+      : PointToPointChannel(options), transport_(std::move(transport)) {}
+
+  int rank() const override { return transport_->rank(); }
+  int size() const override { return transport_->size(); }
+  absl::string_view backend() const override { return "ucx"; }
+
+ protected:
+  absl::StatusOr<std::unique_ptr<Request>> PostSend(const void* buf, int64_t bytes, int peer,
+                                                    int tag) override {
+    return Post(const_cast<void*>(buf), bytes, peer, tag, /*send=*/true);
+  }
+  absl::StatusOr<std::unique_ptr<Request>> PostRecv(void* buf, int64_t bytes, int peer,
+                                                    int tag) override {
+    return Post(buf, bytes, peer, tag, /*send=*/false);
+  }
+
+ private:
+  absl::StatusOr<std::unique_ptr<Request>> Post(void* buf, int64_t bytes, int peer, int tag,
+                                                bool send) {
+    const absl::string_view operation = send ? "Send" : "Recv";
+    if (const std::string& failure = transport_->failure(peer); !failure.empty()) {
+      return transport_->Failure(operation, peer, tag, failure);
+    }
+    ucp_request_param_t param{};
+    param.op_attr_mask = UCP_OP_ATTR_FIELD_DATATYPE | UCP_OP_ATTR_FIELD_MEMORY_TYPE;
+    param.datatype = ucp_dt_make_contig(1);
+    param.memory_type = UCS_MEMORY_TYPE_HOST;  // host buffers: no memory-type detection
+    ucs_status_ptr_t request = nullptr;
+    if (send) {
+      request = ucp_tag_send_nbx(transport_->ep(peer), buf, static_cast<size_t>(bytes),
+                                 WireTag(rank(), tag), &param);
+    } else {
+      // UCX 1.13 does not report the size of a message received at once
+      // (recv_info stays unset), so a receive always returns a request to test.
+      param.op_attr_mask |= UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+      request = ucp_tag_recv_nbx(transport_->worker(), buf, static_cast<size_t>(bytes),
+                                 WireTag(peer, tag), kFullMask, &param);
+    }
+    if (UCS_PTR_IS_ERR(request)) {
+      return transport_->Failure(operation, peer, tag, UcsText(UCS_PTR_STATUS(request)));
+    }
+    return std::make_unique<UcxRequest>(RequestInfo{send, rank(), size(), peer, tag, bytes},
+                                        transport_, request);
+  }
+
+  std::shared_ptr<UcxTransport> transport_;
+};
+
+// Publishes this rank's worker address under `prefix` and waits for every rank's;
+// DeadlineExceeded names the ranks that did not publish.
+absl::StatusOr<std::vector<std::string>> ExchangeAddresses(RendezvousStore& store,
+                                                           const std::string& prefix, int rank,
+                                                           int size, const std::string& address,
+                                                           absl::Duration timeout) {
+  auto key = [&](int r) { return absl::StrCat(prefix, "/ucx/address/", r); };
+  // Hex: the coordinator's store carries values in protobuf strings (UTF-8).
+  if (absl::Status s = store.Set(key(rank), absl::BytesToHexString(address)); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("UCX channel '", prefix, "' on rank ", rank,
+                                               ": publishing this rank's address: ", s.message()));
+  }
+  std::vector<std::string> keys;
+  for (int r = 0; r < size; ++r) keys.push_back(key(r));
+  absl::StatusOr<std::vector<std::string>> values = store.Get(keys, timeout);
+  if (values.ok()) {
+    std::vector<std::string> addresses;
+    for (int r = 0; r < size; ++r) {
+      const std::string& hex = (*values)[static_cast<size_t>(r)];
+      const bool is_hex = !hex.empty() && hex.size() % 2 == 0 &&
+                          hex.find_first_not_of("0123456789abcdef") == std::string::npos;
+      if (!is_hex) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("UCX channel '", prefix, "' on rank ", rank, ": rank ", r,
+                         " published a malformed address under ", key(r),
+                         "; is another job using this prefix?"));
+      }
+      addresses.push_back(absl::HexStringToBytes(hex));
+    }
+    return addresses;
+  }
+  const absl::Status& s = values.status();
+  if (s.code() != absl::StatusCode::kDeadlineExceeded) {
+    return absl::Status(s.code(), absl::StrCat("UCX channel '", prefix, "' on rank ", rank,
+                                               ": waiting for the other ranks: ", s.message()));
+  }
+  std::vector<int> missing;
+  for (int r = 0; r < size; ++r) {
+    if (!store.Get({key(r)}, absl::ZeroDuration()).ok()) missing.push_back(r);
+  }
+  return absl::DeadlineExceededError(absl::StrCat(
+      "UCX channel '", prefix, "' on rank ", rank, " of ", size, ": rank",
+      missing.size() > 1 ? "s " : " ", absl::StrJoin(missing, ", "), " did not join within ",
+      absl::FormatDuration(timeout), "; they are dead, stuck, or not creating this channel"));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<DataChannel>> CreateUcxChannel(RendezvousStore& store,
+                                                              const std::string& prefix, int rank,
+                                                              int size,
+                                                              const UcxChannelOptions& options) {
+  if (size < 1 || rank < 0 || rank >= size) {
+    return absl::InvalidArgumentError(absl::StrCat("UCX channel '", prefix, "': rank ", rank,
+                                                   " of size ", size,
+                                                   " is not a rank in [0, size) of size >= 1"));
+  }
+  auto transport = std::make_shared<UcxTransport>(rank, size);
+  if (absl::Status s = transport->Init(prefix); !s.ok()) return s;
+  absl::StatusOr<std::vector<std::string>> addresses = ExchangeAddresses(
+      store, prefix, rank, size, transport->address(), options.channel.timeout);
+  if (!addresses.ok()) return addresses.status();
+  if (absl::Status s = transport->Connect(prefix, *addresses); !s.ok()) return s;
+  return std::make_unique<UcxChannel>(std::move(transport), options.channel);
+}
+
+}  // namespace rackrun::comm

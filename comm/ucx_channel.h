@@ -1,0 +1,60 @@
+// The UCX backend: CPU ranks of one job connected by UCX's UCP tag API (the per-job data
+// channel of the worker daemons, beside Gloo). UCX chooses the transport per peer at run
+// time from what the machine offers: shared memory between ranks of one host, TCP (or
+// verbs) across hosts, loopback to this rank itself; UCX_TLS and the other UCX_*
+// variables of the environment apply as usual, and nothing needs setting.
+//
+// Bootstrap (like the Gloo channel): each rank publishes its UCP worker address (hex)
+// under `prefix` in a RendezvousStore, waits for every rank's, and creates one endpoint
+// per rank (itself included); UCX connects lazily on the first message.
+//
+// Transport: one UCP context and worker per channel, driven only by the rank's thread
+// (single-threaded worker, no helper threads of ours). A message to (peer, tag) is one UCP
+// tag message whose 64-bit tag holds the sender's rank and the tag; UCP matches messages
+// of one sender in send order, which gives MPI's non-overtaking rule. Request::Test()
+// calls ucp_worker_progress once and then checks the request, so the rank's wait loops
+// (comm/progress.h, polling) drive the transfers. The collectives are those of
+// p2p_channel.h (named-peer timeouts, fixed summation order, so AllReduce is
+// bit-identical to the MPI, Gloo and in-process backends).
+//
+// Failures:
+// - Endpoints use UCX's peer error handling: a peer that dies or closes its channel fails
+//   pending and later transfers with it with Unavailable naming the operation, this rank
+//   and the peer, as soon as UCX notices (a closed TCP connection at once; shared memory
+//   by UCX's keepalive, which this channel runs every second), at the latest at the
+//   channel's timeout.
+// - A message larger or smaller than the posted receive fails that receive with
+//   InvalidArgument and is consumed; the next message of the pair is intact.
+// - Destroying an incomplete receive cancels it; an incomplete send is left to UCX.
+// - Destroying the channel never waits for peers (endpoints are closed forcibly).
+#ifndef RACKRUN_COMM_UCX_CHANNEL_H_
+#define RACKRUN_COMM_UCX_CHANNEL_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "comm/data_channel.h"
+#include "comm/rendezvous_store.h"
+
+namespace rackrun::comm {
+
+struct UcxChannelOptions {
+  // The channel's timeout bounds creation (waiting for every rank to publish its address)
+  // as well as every later wait.
+  ChannelOptions channel;
+};
+
+// Collective over the `size` ranks that call it with the same `store` contents and
+// `prefix` (one prefix per job and channel: "job/<id>/attempt/<n>"). InvalidArgument for
+// a bad rank/size; DeadlineExceeded naming the ranks that did not publish their address
+// within the timeout; Unavailable naming the UCX call that failed otherwise. The store is
+// used only during this call.
+absl::StatusOr<std::unique_ptr<DataChannel>> CreateUcxChannel(RendezvousStore& store,
+                                                              const std::string& prefix, int rank,
+                                                              int size,
+                                                              const UcxChannelOptions& options);
+
+}  // namespace rackrun::comm
+
+#endif  // RACKRUN_COMM_UCX_CHANNEL_H_
