@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -45,7 +46,9 @@ class UcxTransport {
 
   ~UcxTransport() {
     std::vector<void*> closing;
-    for (ucp_ep_h ep : eps_) {
+    std::vector<ucp_ep_h> eps = eps_;
+    eps.insert(eps.end(), watch_eps_.begin(), watch_eps_.end());
+    for (ucp_ep_h ep : eps) {
       if (ep == nullptr) continue;
       ucp_request_param_t param{};
       param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
@@ -103,23 +106,32 @@ class UcxTransport {
   // This worker's address, as the peers need it.
   const std::string& address() const { return address_; }
 
-  // One endpoint per rank, this one included, from the ranks' published addresses.
-  absl::Status Connect(const std::string& prefix, const std::vector<std::string>& addresses) {
-    eps_.assign(static_cast<size_t>(size_), nullptr);
-    handlers_.resize(static_cast<size_t>(size_));
+  // Endpoints to every rank, this one included, from the ranks' published addresses;
+  // `same_host[r]`: rank r runs on this machine (same boot id).
+  //
+  // UCX 1.13 offers peer failure handling only on transports that can detect it (TCP,
+  // verbs), not on shared memory: an endpoint that asks for it carries every message over
+  // TCP, even to a rank on this machine. So a rank on this machine gets two endpoints:
+  // the data endpoint without error handling, which UCX puts on shared memory, and a watch
+  // endpoint with it, over which nothing is sent and whose TCP connection and keepalive
+  // report the peer's death or closed channel. A rank on another machine gets one
+  // endpoint with error handling (TCP or verbs), which does both.
+  absl::Status Connect(const std::string& prefix, const std::vector<std::string>& addresses,
+                       const std::vector<bool>& same_host) {
+    const size_t n = static_cast<size_t>(size_);
+    eps_.assign(n, nullptr);
+    watch_eps_.assign(n, nullptr);
+    handlers_.resize(n);
     for (int peer = 0; peer < size_; ++peer) {
-      handlers_[static_cast<size_t>(peer)] = ErrorHandlerArg{this, peer};
-      ucp_ep_params_t params{};
-      params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
-                          UCP_EP_PARAM_FIELD_ERR_HANDLER;
-      params.address =
-          reinterpret_cast<const ucp_address_t*>(addresses[static_cast<size_t>(peer)].data());
-      params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
-      params.err_handler.cb = &UcxTransport::OnPeerError;
-      params.err_handler.arg = &handlers_[static_cast<size_t>(peer)];
-      if (ucs_status_t s = ucp_ep_create(worker_, &params, &eps_[static_cast<size_t>(peer)]);
-          s != UCS_OK) {
-        eps_[static_cast<size_t>(peer)] = nullptr;
+      const size_t p = static_cast<size_t>(peer);
+      handlers_[p] = ErrorHandlerArg{this, peer};
+      const auto* address = reinterpret_cast<const ucp_address_t*>(addresses[p].data());
+      const bool local = same_host[p] || peer == rank_;
+      ucs_status_t s = CreateEndpoint(address, /*handle_errors=*/!local, &handlers_[p], &eps_[p]);
+      if (s == UCS_OK && local && peer != rank_) {
+        s = CreateEndpoint(address, /*handle_errors=*/true, &handlers_[p], &watch_eps_[p]);
+      }
+      if (s != UCS_OK) {
         return absl::UnavailableError(absl::StrCat(
             "UCX channel '", prefix, "' on rank ", rank_, " of ", size_,
             ": connecting to rank ", peer, " failed (ucp_ep_create: ", UcsText(s),
@@ -157,6 +169,22 @@ class UcxTransport {
     int peer = -1;
   };
 
+  ucs_status_t CreateEndpoint(const ucp_address_t* address, bool handle_errors,
+                              ErrorHandlerArg* handler, ucp_ep_h* ep) {
+    ucp_ep_params_t params{};
+    params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
+    params.address = address;
+    params.err_mode = handle_errors ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE;
+    if (handle_errors) {
+      params.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLER;
+      params.err_handler.cb = &UcxTransport::OnPeerError;
+      params.err_handler.arg = handler;
+    }
+    const ucs_status_t s = ucp_ep_create(worker_, &params, ep);
+    if (s != UCS_OK) *ep = nullptr;
+    return s;
+  }
+
   // Called by UCX from ucp_worker_progress (this rank's thread) when the endpoint to a
   // peer fails: pending sends to it fail on their own, receives from it check failure().
   static void OnPeerError(void* arg, ucp_ep_h /*ep*/, ucs_status_t status) {
@@ -169,7 +197,8 @@ class UcxTransport {
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;
   std::string address_;
-  std::vector<ucp_ep_h> eps_;
+  std::vector<ucp_ep_h> eps_;        // data, by peer
+  std::vector<ucp_ep_h> watch_eps_;  // failure detection only, by peer on this machine
   std::vector<ErrorHandlerArg> handlers_;  // sized once, before any endpoint points into it
   std::vector<std::string> failed_;        // by peer
 };
@@ -303,15 +332,32 @@ class UcxChannel final : public PointToPointChannel {
   std::shared_ptr<UcxTransport> transport_;
 };
 
-// Publishes this rank's worker address under `prefix` and waits for every rank's;
-// DeadlineExceeded names the ranks that did not publish.
-absl::StatusOr<std::vector<std::string>> ExchangeAddresses(RendezvousStore& store,
-                                                           const std::string& prefix, int rank,
-                                                           int size, const std::string& address,
-                                                           absl::Duration timeout) {
+// This machine's identity for "same host": the kernel's boot id (one per booted kernel,
+// shared by its containers and network namespaces, which also share /dev/shm's kind of
+// memory), or empty if unreadable (then every peer counts as remote).
+std::string BootId() {
+  std::ifstream in("/proc/sys/kernel/random/boot_id");
+  std::string id;
+  std::getline(in, id);
+  return id;
+}
+
+struct PeerAddresses {
+  std::vector<std::string> addresses;  // UCP worker addresses, by rank
+  std::vector<bool> same_host;         // by rank
+};
+
+// Publishes this rank's boot id and worker address under `prefix` and waits for every
+// rank's; DeadlineExceeded names the ranks that did not publish.
+absl::StatusOr<PeerAddresses> ExchangeAddresses(RendezvousStore& store, const std::string& prefix,
+                                                int rank, int size, const std::string& address,
+                                                absl::Duration timeout) {
   auto key = [&](int r) { return absl::StrCat(prefix, "/ucx/address/", r); };
-  // Hex: the coordinator's store carries values in protobuf strings (UTF-8).
-  if (absl::Status s = store.Set(key(rank), absl::BytesToHexString(address)); !s.ok()) {
+  // "<boot id> <address in hex>": the coordinator's store carries values in protobuf
+  // strings (UTF-8).
+  const std::string boot_id = BootId();
+  if (absl::Status s = store.Set(key(rank), absl::StrCat(boot_id, " ", absl::BytesToHexString(address)));
+      !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("UCX channel '", prefix, "' on rank ", rank,
                                                ": publishing this rank's address: ", s.message()));
   }
@@ -319,9 +365,11 @@ absl::StatusOr<std::vector<std::string>> ExchangeAddresses(RendezvousStore& stor
   for (int r = 0; r < size; ++r) keys.push_back(key(r));
   absl::StatusOr<std::vector<std::string>> values = store.Get(keys, timeout);
   if (values.ok()) {
-    std::vector<std::string> addresses;
+    PeerAddresses peers;
     for (int r = 0; r < size; ++r) {
-      const std::string& hex = (*values)[static_cast<size_t>(r)];
+      const std::string& value = (*values)[static_cast<size_t>(r)];
+      const size_t space = value.find(' ');
+      const std::string hex = space == std::string::npos ? "" : value.substr(space + 1);
       const bool is_hex = !hex.empty() && hex.size() % 2 == 0 &&
                           hex.find_first_not_of("0123456789abcdef") == std::string::npos;
       if (!is_hex) {
@@ -330,9 +378,10 @@ absl::StatusOr<std::vector<std::string>> ExchangeAddresses(RendezvousStore& stor
                          " published a malformed address under ", key(r),
                          "; is another job using this prefix?"));
       }
-      addresses.push_back(absl::HexStringToBytes(hex));
+      peers.addresses.push_back(absl::HexStringToBytes(hex));
+      peers.same_host.push_back(!boot_id.empty() && value.substr(0, space) == boot_id);
     }
-    return addresses;
+    return peers;
   }
   const absl::Status& s = values.status();
   if (s.code() != absl::StatusCode::kDeadlineExceeded) {
@@ -362,10 +411,12 @@ absl::StatusOr<std::unique_ptr<DataChannel>> CreateUcxChannel(RendezvousStore& s
   }
   auto transport = std::make_shared<UcxTransport>(rank, size);
   if (absl::Status s = transport->Init(prefix); !s.ok()) return s;
-  absl::StatusOr<std::vector<std::string>> addresses = ExchangeAddresses(
+  absl::StatusOr<PeerAddresses> peers = ExchangeAddresses(
       store, prefix, rank, size, transport->address(), options.channel.timeout);
-  if (!addresses.ok()) return addresses.status();
-  if (absl::Status s = transport->Connect(prefix, *addresses); !s.ok()) return s;
+  if (!peers.ok()) return peers.status();
+  if (absl::Status s = transport->Connect(prefix, peers->addresses, peers->same_host); !s.ok()) {
+    return s;
+  }
   return std::make_unique<UcxChannel>(std::move(transport), options.channel);
 }
 
