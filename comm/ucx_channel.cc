@@ -1,7 +1,11 @@
 #include "comm/ucx_channel.h"
 
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <netinet/in.h>
 #include <ucp/api/ucp.h>
 
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -67,8 +71,9 @@ class UcxTransport {
     if (context_ != nullptr) ucp_cleanup(context_);
   }
 
-  // Context and worker; Unavailable naming the UCX call on failure.
-  absl::Status Init(const std::string& prefix) {
+  // Context and worker, UCX's network transports on `net_devices` unless empty;
+  // Unavailable naming the UCX call on failure.
+  absl::Status Init(const std::string& prefix, const std::string& net_devices) {
     const auto failed = [&](absl::string_view call, ucs_status_t status) {
       return absl::UnavailableError(absl::StrCat("UCX channel '", prefix, "' on rank ", rank_,
                                                  ": ", call, " failed: ", UcsText(status)));
@@ -79,6 +84,13 @@ class UcxTransport {
     }
     if (std::getenv("UCX_KEEPALIVE_INTERVAL") == nullptr) {
       ucp_config_modify(config, "KEEPALIVE_INTERVAL", kKeepalive);
+    }
+    if (!net_devices.empty() && std::getenv("UCX_NET_DEVICES") == nullptr) {
+      if (ucs_status_t s = ucp_config_modify(config, "NET_DEVICES", net_devices.c_str());
+          s != UCS_OK) {
+        ucp_config_release(config);
+        return failed("ucp_config_modify(NET_DEVICES)", s);
+      }
     }
     ucp_params_t params{};
     params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
@@ -332,6 +344,44 @@ class UcxChannel final : public PointToPointChannel {
   std::shared_ptr<UcxTransport> transport_;
 };
 
+// The interface that holds `address` when it is a numeric IP address; empty for an empty
+// address or a host name; InvalidArgument for an IP address none of this machine's
+// interfaces has.
+absl::StatusOr<std::string> InterfaceOf(const std::string& prefix, int rank,
+                                        const std::string& address) {
+  in_addr v4{};
+  in6_addr v6{};
+  const bool is_v4 = inet_pton(AF_INET, address.c_str(), &v4) == 1;
+  const bool is_v6 = !is_v4 && inet_pton(AF_INET6, address.c_str(), &v6) == 1;
+  if (!is_v4 && !is_v6) return std::string();
+  ifaddrs* list = nullptr;
+  if (getifaddrs(&list) != 0) {
+    return absl::UnavailableError(absl::StrCat("UCX channel '", prefix, "' on rank ", rank,
+                                               ": getifaddrs: ", std::strerror(errno)));
+  }
+  std::string name;
+  for (ifaddrs* i = list; i != nullptr && name.empty(); i = i->ifa_next) {
+    if (i->ifa_addr == nullptr) continue;
+    if (is_v4 && i->ifa_addr->sa_family == AF_INET) {
+      sockaddr_in in{};
+      std::memcpy(&in, i->ifa_addr, sizeof(in));
+      if (in.sin_addr.s_addr == v4.s_addr) name = i->ifa_name;
+    } else if (is_v6 && i->ifa_addr->sa_family == AF_INET6) {
+      sockaddr_in6 in{};
+      std::memcpy(&in, i->ifa_addr, sizeof(in));
+      if (std::memcmp(&in.sin6_addr, &v6, sizeof(v6)) == 0) name = i->ifa_name;
+    }
+  }
+  freeifaddrs(list);
+  if (name.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "UCX channel '", prefix, "' on rank ", rank, ": data address ", address,
+        " is not an address of this machine's interfaces; give the worker a --data-address "
+        "it owns, or a host name"));
+  }
+  return name;
+}
+
 // This machine's identity for "same host": the kernel's boot id (one per booted kernel,
 // shared by its containers and network namespaces, which also share /dev/shm's kind of
 // memory), or empty if unreadable (then every peer counts as remote).
@@ -409,8 +459,10 @@ absl::StatusOr<std::unique_ptr<DataChannel>> CreateUcxChannel(RendezvousStore& s
                                                    " of size ", size,
                                                    " is not a rank in [0, size) of size >= 1"));
   }
+  absl::StatusOr<std::string> interface = InterfaceOf(prefix, rank, options.address);
+  if (!interface.ok()) return interface.status();
   auto transport = std::make_shared<UcxTransport>(rank, size);
-  if (absl::Status s = transport->Init(prefix); !s.ok()) return s;
+  if (absl::Status s = transport->Init(prefix, *interface); !s.ok()) return s;
   absl::StatusOr<PeerAddresses> peers = ExchangeAddresses(
       store, prefix, rank, size, transport->address(), options.channel.timeout);
   if (!peers.ok()) return peers.status();

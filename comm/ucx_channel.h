@@ -43,11 +43,16 @@ struct UcxChannelOptions {
   // The channel's timeout bounds creation (waiting for every rank to publish its address)
   // as well as every later wait.
   ChannelOptions channel;
+  // Where peers on other machines reach this rank (the worker's data address). An IP
+  // address of one of this machine's interfaces restricts UCX's network transports to
+  // that interface (as UCX_NET_DEVICES=<interface> would); empty or a host name: UCX uses
+  // every interface it finds. UCX_NET_DEVICES in the environment wins.
+  std::string address;
 };
 
 // Collective over the `size` ranks that call it with the same `store` contents and
 // `prefix` (one prefix per job and channel: "job/<id>/attempt/<n>"). InvalidArgument for
-// a bad rank/size; DeadlineExceeded naming the ranks that did not publish their address
+// a bad rank/size or an IP address that is none of this machine's; DeadlineExceeded naming the ranks that did not publish their address
 // within the timeout; Unavailable naming the UCX call that failed otherwise. The store is
 // used only during this call.
 absl::StatusOr<std::unique_ptr<DataChannel>> CreateUcxChannel(RendezvousStore& store,

@@ -36,6 +36,7 @@ using ::testing::HasSubstr;
 UcxChannelOptions Options(absl::Duration timeout) {
   UcxChannelOptions options;
   options.channel.timeout = timeout;
+  options.address = "127.0.0.1";  // UCX's network transports on the loopback interface only
   return options;
 }
 
@@ -266,6 +267,23 @@ TEST(UcxChannel, RejectsBadRank) {
   auto channel = CreateUcxChannel(store, "job/bad", 2, 2, Options(absl::Seconds(1)));
   ASSERT_FALSE(channel.ok());
   EXPECT_EQ(channel.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// The data address picks the interface when it is an IP address; one this machine does
+// not have is refused naming it, a host name leaves the choice to UCX.
+TEST(UcxChannel, DataAddressPicksTheInterface) {
+  InMemoryRendezvousStore store;
+  UcxChannelOptions foreign = Options(absl::Seconds(5));
+  foreign.address = "198.18.0.77";
+  auto refused = CreateUcxChannel(store, "job/foreign", 0, 1, foreign);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused.status().message(), HasSubstr("data address 198.18.0.77"));
+  UcxChannelOptions named = Options(absl::Seconds(30));
+  named.address = "localhost";
+  auto one = CreateUcxChannel(store, "job/named-one", 0, 1, named);
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_TRUE((*one)->Barrier().ok());
 }
 
 TEST(UcxChannel, RanksThatNeverJoinAreNamed) {

@@ -29,6 +29,7 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(const WorkerOptions& opti
     w->options_.host = name;
   }
   if (w->options_.data_address.empty()) w->options_.data_address = w->options_.host;
+  w->channels_.push_back("ucx");
   w->channels_.push_back("gloo");
 #ifdef RACKRUN_HAVE_NCCL
   if (absl::StartsWith(w->options_.device, "cuda")) w->channels_.push_back("nccl");
