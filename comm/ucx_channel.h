@@ -4,9 +4,16 @@
 // verbs) across hosts, loopback to this rank itself; UCX_TLS and the other UCX_*
 // variables of the environment apply as usual, and nothing needs setting.
 //
-// Bootstrap (like the Gloo channel): each rank publishes its UCP worker address (hex)
-// under `prefix` in a RendezvousStore, waits for every rank's, and creates one endpoint
-// per rank (itself included); UCX connects lazily on the first message.
+// Bootstrap (like the Gloo channel): each rank publishes its kernel boot id and UCP worker
+// address (hex) under `prefix` in a RendezvousStore, waits for every rank's, and creates
+// endpoints to every rank (itself included):
+// - a rank on another host (another boot id): one endpoint with UCX's peer error
+//   handling (TCP or verbs);
+// - a rank on this host: a data endpoint without error handling, which UCX carries over
+//   shared memory, and a watch endpoint with it, which carries nothing but UCX's TCP
+//   connection and keepalive. UCX 1.13 handles peer failure only on transports that can
+//   detect it, so one endpoint asking for it would move every message over TCP (7x the
+//   latency of shared memory here; comm/README.md).
 //
 // Transport: one UCP context and worker per channel, driven only by the rank's thread
 // (single-threaded worker, no helper threads of ours). A message to (peer, tag) is one UCP
@@ -18,11 +25,12 @@
 // bit-identical to the MPI, Gloo and in-process backends).
 //
 // Failures:
-// - Endpoints use UCX's peer error handling: a peer that dies or closes its channel fails
-//   pending and later transfers with it with Unavailable naming the operation, this rank
-//   and the peer, as soon as UCX notices (a closed TCP connection at once; shared memory
-//   by UCX's keepalive, which this channel runs every second), at the latest at the
-//   channel's timeout.
+// - A peer that dies or closes its channel fails pending and later transfers with it with
+//   Unavailable naming the operation, this rank and the peer, as soon as its endpoint with
+//   error handling notices (a closed TCP connection at once, otherwise UCX's keepalive,
+//   which this channel runs every second unless UCX_KEEPALIVE_INTERVAL is set), at the
+//   latest at the channel's timeout. A peer that is alive but never posts is found by the
+//   timeout, as on every backend.
 // - A message larger or smaller than the posted receive fails that receive with
 //   InvalidArgument and is consumed; the next message of the pair is intact.
 // - Destroying an incomplete receive cancels it; an incomplete send is left to UCX.
