@@ -75,8 +75,8 @@ class UcxTransport {
   // Unavailable naming the UCX call on failure.
   absl::Status Init(const std::string& prefix, const std::string& net_devices) {
     const auto failed = [&](absl::string_view call, ucs_status_t status) {
-      return absl::UnavailableError(absl::StrCat("UCX channel '", prefix, "' on rank ", rank_,
-                                                 ": ", call, " failed: ", UcsText(status)));
+      return absl::UnavailableError(absl::StrCat("UCX channel '", prefix, "' on rank ", rank_, ": ",
+                                                 call, " failed: ", UcsText(status)));
     };
     ucp_config_t* config = nullptr;
     if (ucs_status_t s = ucp_config_read(nullptr, nullptr, &config); s != UCS_OK) {
@@ -144,10 +144,10 @@ class UcxTransport {
         s = CreateEndpoint(address, /*handle_errors=*/true, &handlers_[p], &watch_eps_[p]);
       }
       if (s != UCS_OK) {
-        return absl::UnavailableError(absl::StrCat(
-            "UCX channel '", prefix, "' on rank ", rank_, " of ", size_,
-            ": connecting to rank ", peer, " failed (ucp_ep_create: ", UcsText(s),
-            "); that rank is unreachable at the address it published"));
+        return absl::UnavailableError(
+            absl::StrCat("UCX channel '", prefix, "' on rank ", rank_, " of ", size_,
+                         ": connecting to rank ", peer, " failed (ucp_ep_create: ", UcsText(s),
+                         "); that rank is unreachable at the address it published"));
       }
     }
     return absl::OkStatus();
@@ -201,7 +201,8 @@ class UcxTransport {
   // peer fails: pending sends to it fail on their own, receives from it check failure().
   static void OnPeerError(void* arg, ucp_ep_h /*ep*/, ucs_status_t status) {
     auto* handler = static_cast<ErrorHandlerArg*>(arg);
-    handler->transport->Abandon(handler->peer, absl::StrCat("the connection failed (", UcsText(status), ")"));
+    handler->transport->Abandon(handler->peer,
+                                absl::StrCat("the connection failed (", UcsText(status), ")"));
   }
 
   int rank_;
@@ -209,8 +210,8 @@ class UcxTransport {
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;
   std::string address_;
-  std::vector<ucp_ep_h> eps_;        // data, by peer
-  std::vector<ucp_ep_h> watch_eps_;  // failure detection only, by peer on this machine
+  std::vector<ucp_ep_h> eps_;              // data, by peer
+  std::vector<ucp_ep_h> watch_eps_;        // failure detection only, by peer on this machine
   std::vector<ErrorHandlerArg> handlers_;  // sized once, before any endpoint points into it
   std::vector<std::string> failed_;        // by peer
 };
@@ -253,8 +254,8 @@ class UcxRequest final : public Request {
     if (status == UCS_INPROGRESS) {
       const std::string& failure = transport_->failure(info().peer);
       if (!failure.empty()) {
-        error_ = transport_->Failure(info().send ? "Send" : "Recv", info().peer, info().tag,
-                                     failure);
+        error_ =
+            transport_->Failure(info().send ? "Send" : "Recv", info().peer, info().tag, failure);
         return error_;
       }
       return false;
@@ -271,17 +272,17 @@ class UcxRequest final : public Request {
   void Finish(ucs_status_t status, size_t received) {
     const RequestInfo& i = info();
     if (status == UCS_ERR_MESSAGE_TRUNCATED) {
-      error_ = absl::InvalidArgumentError(absl::StrCat(
-          "Recv on rank ", i.rank, " from rank ", i.peer, " (tag ", i.tag,
-          "): message has more than the ", i.bytes,
-          " bytes the receive was posted for; both ends must agree on the size"));
+      error_ = absl::InvalidArgumentError(
+          absl::StrCat("Recv on rank ", i.rank, " from rank ", i.peer, " (tag ", i.tag,
+                       "): message has more than the ", i.bytes,
+                       " bytes the receive was posted for; both ends must agree on the size"));
     } else if (status != UCS_OK) {
       error_ = transport_->Failure(i.send ? "Send" : "Recv", i.peer, i.tag, UcsText(status));
     } else if (!i.send && static_cast<int64_t>(received) != i.bytes) {
-      error_ = absl::InvalidArgumentError(absl::StrCat(
-          "Recv on rank ", i.rank, " from rank ", i.peer, " (tag ", i.tag, "): message has ",
-          received, " bytes but the receive was posted for ", i.bytes,
-          "; both ends must agree on the size"));
+      error_ = absl::InvalidArgumentError(
+          absl::StrCat("Recv on rank ", i.rank, " from rank ", i.peer, " (tag ", i.tag,
+                       "): message has ", received, " bytes but the receive was posted for ",
+                       i.bytes, "; both ends must agree on the size"));
     } else {
       done_ = true;
     }
@@ -406,7 +407,8 @@ absl::StatusOr<PeerAddresses> ExchangeAddresses(RendezvousStore& store, const st
   // "<boot id> <address in hex>": the coordinator's store carries values in protobuf
   // strings (UTF-8).
   const std::string boot_id = BootId();
-  if (absl::Status s = store.Set(key(rank), absl::StrCat(boot_id, " ", absl::BytesToHexString(address)));
+  if (absl::Status s =
+          store.Set(key(rank), absl::StrCat(boot_id, " ", absl::BytesToHexString(address)));
       !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("UCX channel '", prefix, "' on rank ", rank,
                                                ": publishing this rank's address: ", s.message()));
@@ -463,8 +465,8 @@ absl::StatusOr<std::unique_ptr<DataChannel>> CreateUcxChannel(RendezvousStore& s
   if (!interface.ok()) return interface.status();
   auto transport = std::make_shared<UcxTransport>(rank, size);
   if (absl::Status s = transport->Init(prefix, *interface); !s.ok()) return s;
-  absl::StatusOr<PeerAddresses> peers = ExchangeAddresses(
-      store, prefix, rank, size, transport->address(), options.channel.timeout);
+  absl::StatusOr<PeerAddresses> peers =
+      ExchangeAddresses(store, prefix, rank, size, transport->address(), options.channel.timeout);
   if (!peers.ok()) return peers.status();
   if (absl::Status s = transport->Connect(prefix, peers->addresses, peers->same_host); !s.ok()) {
     return s;

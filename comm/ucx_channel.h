@@ -60,9 +60,9 @@ struct UcxChannelOptions {
 
 // Collective over the `size` ranks that call it with the same `store` contents and
 // `prefix` (one prefix per job and channel: "job/<id>/attempt/<n>"). InvalidArgument for
-// a bad rank/size or an IP address that is none of this machine's; DeadlineExceeded naming the ranks that did not publish their address
-// within the timeout; Unavailable naming the UCX call that failed otherwise. The store is
-// used only during this call.
+// a bad rank/size or an IP address that is none of this machine's; DeadlineExceeded naming the
+// ranks that did not publish their address within the timeout; Unavailable naming the UCX call that
+// failed otherwise. The store is used only during this call.
 absl::StatusOr<std::unique_ptr<DataChannel>> CreateUcxChannel(RendezvousStore& store,
                                                               const std::string& prefix, int rank,
                                                               int size,
