@@ -1,8 +1,10 @@
 // The data-channel interface: how ranks of one job move bytes to each other. One abstract
 // class (LevelDB Env-style); each backend lives in one file beside it:
 //   mpi_channel.cc        Open MPI, CPU ranks (mpirun / srun --mpi=pmix)
+//   ucx_channel.cc        UCX (shared memory / TCP), CPU ranks of a job bootstrapped from a
+//                         rendezvous store (the worker daemons' default per-job channel)
 //   gloo_channel.cc       Gloo over TCP, CPU ranks of a job bootstrapped from a rendezvous
-//                         store (the worker daemons' per-job channel)
+//                         store (the worker daemons' other CPU channel)
 //   nccl_channel.cc       NCCL, GPU ranks (compiled when CUDA + NCCL are found)
 //   inprocess_channel.cc  threads of one process, for unit tests
 //
@@ -120,7 +122,7 @@ class DataChannel {
 
   virtual int rank() const = 0;
   virtual int size() const = 0;
-  // "mpi", "gloo", "nccl", "inprocess".
+  // "mpi", "ucx", "gloo", "nccl", "inprocess".
   virtual absl::string_view backend() const = 0;
 
   // True when point-to-point messages between two ranks match by tag (MPI, in-process).

@@ -403,6 +403,7 @@ class FakeWorker {
     req.set_host(host);
     req.set_pid(4000 + launcher_rank);
     req.set_launcher_rank(launcher_rank);
+    req.add_channels("ucx");
     req.add_channels("gloo");
     rackrun::v1::RegisterResponse resp;
     EXPECT_TRUE(client_.rack().Register(client_.Ctx().get(), req, &resp).ok());
@@ -489,7 +490,7 @@ TEST(CoordinatorProcessTest, WorkersRunAJobAndALostWorkerIsNamed) {
   EXPECT_EQ(ra.run().rank(), 0);  // hosta sorts first
   EXPECT_EQ(rb.run().rank(), 1);
   EXPECT_EQ(ra.run().ranks(), 2);
-  EXPECT_EQ(ra.run().bootstrap().channel(), "gloo");
+  EXPECT_EQ(ra.run().bootstrap().channel(), "ucx");
   EXPECT_EQ(ra.run().bootstrap().store_prefix(), "jobs/" + id + "/1/");
   EXPECT_EQ(ra.run().bootstrap().address(), "hosta");
   EXPECT_FALSE(ra.run().resume());

@@ -15,7 +15,7 @@ QueuedJob Job(const std::string& id, int ranks, const std::string& channel = "",
 }
 
 IdleWorker W(const std::string& id, const std::string& host, int launcher_rank,
-             std::vector<std::string> channels = {"gloo"}) {
+             std::vector<std::string> channels = {"ucx", "gloo"}) {
   return IdleWorker{id, host, 1, launcher_rank, "", std::move(channels)};
 }
 
@@ -46,7 +46,8 @@ TEST(SchedulerTest, FifoWithoutOvertaking) {
 }
 
 TEST(SchedulerTest, ChannelKindAndBackoff) {
-  std::vector<IdleWorker> idle = {W("w-1", "a", 0, {"gloo"}), W("w-2", "a", 1, {"gloo", "nccl"})};
+  std::vector<IdleWorker> idle = {W("w-1", "a", 0, {"ucx", "gloo"}),
+                                  W("w-2", "a", 1, {"ucx", "gloo", "nccl"})};
   std::vector<Placement> p = Schedule({Job("j-1", 1, "nccl")}, idle, 0);
   ASSERT_EQ(p.size(), 1u);
   EXPECT_EQ(p[0].ranks[0].worker_id, "w-2");

@@ -43,9 +43,9 @@ absl::Status CheckSubmittedSpec(const rackrun::v1::JobSpec& spec) {
                                                    "' is not an absolute path; give the full path"));
   }
   const std::string& channel = spec.resources().channel();
-  if (!channel.empty() && channel != "gloo" && channel != "nccl") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("resources.channel: '", channel, "' is not a data channel; use gloo or nccl"));
+  if (!channel.empty() && channel != "ucx" && channel != "gloo" && channel != "nccl") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "resources.channel: '", channel, "' is not a data channel; use ucx, gloo or nccl"));
   }
   const std::string& mode = spec.balancer().mode();
   if (mode == "coordinator") {

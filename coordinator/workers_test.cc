@@ -23,6 +23,7 @@ class WorkersTest : public ::testing::Test {
       rackrun::v1::RegisterRequest req;
       req.set_host("host" + std::to_string(r));
       req.set_pid(1000 + r);
+      req.add_channels("ucx");
       req.add_channels("gloo");
       auto id = workers_.Register(req);
       EXPECT_TRUE(id.ok());
@@ -326,6 +327,7 @@ TEST_F(WorkersTest, EveryRankInTheRendezvousNamesNoRank) {
 TEST_F(WorkersTest, AssignmentsFlowAndIdleNeedsAStream) {
   rackrun::v1::RegisterRequest req;
   req.set_host("h");
+  req.add_channels("ucx");
   req.add_channels("gloo");
   const std::string id = *workers_.Register(req);
   EXPECT_TRUE(workers_.Idle().empty());  // no stream yet

@@ -286,9 +286,10 @@ absl::Status ValidateResources(const rackrun::v1::ResourceSpec& r) {
   if (absl::Status s = AtLeast("resources.ranks", r.ranks(), 0, "0 = as launched"); !s.ok()) {
     return s;
   }
-  if (!OneOf(r.channel(), {"gloo", "nccl"})) {
-    return FieldError("resources.channel", absl::StrCat("unknown data channel '", r.channel(),
-                                                        "'; choose gloo (CPU) or nccl (GPU)"));
+  if (!OneOf(r.channel(), {"ucx", "gloo", "nccl"})) {
+    return FieldError("resources.channel",
+                      absl::StrCat("unknown data channel '", r.channel(),
+                                   "'; choose ucx (CPU, the default), gloo (CPU) or nccl (GPU)"));
   }
   return absl::OkStatus();
 }

@@ -47,6 +47,7 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(const WorkerOptions& opti
     std::printf("rackrun-worker: jobs confined to %s\n",
                 absl::StrJoin(w->options_.allowed_roots, ", ").c_str());
   }
+  w->channels_.push_back("ucx");
   w->channels_.push_back("gloo");
 #ifdef RACKRUN_HAVE_NCCL
   if (absl::StartsWith(w->options_.device, "cuda")) w->channels_.push_back("nccl");

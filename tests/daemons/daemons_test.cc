@@ -828,7 +828,9 @@ TEST_F(DaemonsTest, DataChannelsListenOnlyOnTheDataAddress) {
   Child& w0 = StartWorker(0, {"--data-address", "127.0.0.2"});
   Child& w1 = StartWorker(1, {"--data-address", "127.0.0.3"});
   WaitIdle(2);
-  const std::string id = Submit("--set training.steps=400");
+  // Gloo binds the data address itself; UCX (the default) binds the interface that holds
+  // it (UcxChannelOptions), which on loopback is lo's 127.0.0.1.
+  const std::string id = Submit("--set training.steps=400 --set resources.channel=gloo");
   WaitStep(id, 2);
   for (const auto& [worker, address] :
        std::vector<std::pair<Child*, std::string>>{{&w0, "127.0.0.2"}, {&w1, "127.0.0.3"}}) {

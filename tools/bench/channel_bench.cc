@@ -1,13 +1,16 @@
 // The data channels side by side: the same point-to-point and collective patterns on the
-// MPI channel and on the Gloo channel (the worker daemons' data channel, TCP on
-// 127.0.0.1), in one run of the same processes, alternating backends round by round.
+// MPI channel, the Gloo channel (TCP on 127.0.0.1) and the UCX channel (UCP tag API; UCX
+// picks shared memory between ranks of one host), the latter two being the worker
+// daemons' per-job channels, in one run of the same processes, alternating backends
+// round by round.
 //
 //   mpirun --allow-run-as-root --oversubscribe -np R bench_channel_bench
 //          [--json] [--rounds N] [--scale X] [--a2a-kib K]
 //
 // Patterns (the sizes of the demo model's step, examples/tiny-moe.yaml on 2 ranks):
 //   pingpong-8B     rank 0 <-> rank 1, Isend/Irecv of 8 bytes; the figure is a round trip
-//   pingpong-64K    the same with 64 KiB (above the Gloo channel's inline size)
+//   pingpong-64K    the same with 64 KiB (above the Gloo channel's inline size, UCX's
+//                   rendezvous protocol)
 //   allgather-512B  64 int64 per rank (the in-band planner's load rows)
 //   alltoallv-512K  512 KiB to every other rank (a token dispatch of 1024 tokens, C=128;
 //                   --a2a-kib picks another size)
@@ -17,7 +20,8 @@
 // step, a barrier only between rounds), and the CPU time per operation
 // of all ranks together (getrusage of every process, all its threads: the caller's wait
 // loop and any helper thread of the backend), with the context switches per operation.
-// The rendezvous for Gloo goes through files in a folder rank 0 creates (removed at exit).
+// The rendezvous for Gloo and UCX goes through files in a folder rank 0 creates (removed
+// at exit).
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -39,6 +43,7 @@
 #include "comm/data_channel.h"
 #include "comm/gloo_channel.h"
 #include "comm/mpi_channel.h"
+#include "comm/ucx_channel.h"
 #include "nlohmann/json.hpp"
 #include "tools/bench/startup.h"
 
@@ -111,8 +116,8 @@ int main(int argc, char** argv) {
   int a2a_kib = 512;
   rackrun::bench::BenchStartup bench(
       argc, argv,
-      "The MPI and Gloo data channels side by side on the same patterns, alternating round by\n"
-      "round. Run it under mpirun -np R (R >= 2).\n");
+      "The MPI, Gloo and UCX data channels side by side on the same patterns, alternating\n"
+      "round by round. Run it under mpirun -np R (R >= 2).\n");
   rackrun::flags::FlagSet& flags = bench.flags();
   flags.Int("--rounds", &rounds, "N", "rounds, each backend once per round").Range(1);
   flags.Double("--scale", &scale, "X", "multiplies every pattern's iteration count").Range(0.01);
@@ -128,7 +133,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "bench_channel_bench: run it under mpirun -np 2 (or more)\n");
     return 2;
   }
-  // Rank 0's scratch folder for the Gloo rendezvous, announced over MPI.
+  // Rank 0's scratch folder for the Gloo and UCX rendezvous, announced over MPI.
   char dir[256] = {};
   if (rank == 0) {
     std::string t =
@@ -146,6 +151,11 @@ int main(int argc, char** argv) {
   absl::StatusOr<std::unique_ptr<DataChannel>> gloo =
       rackrun::comm::CreateGlooChannel(store, "bench", rank, ranks, go);
   Check(gloo.status(), "Gloo channel");
+  rackrun::comm::UcxChannelOptions uo;
+  uo.channel.timeout = absl::Seconds(60);
+  absl::StatusOr<std::unique_ptr<DataChannel>> ucx =
+      rackrun::comm::CreateUcxChannel(store, "bench", rank, ranks, uo);
+  Check(ucx.status(), "UCX channel");
   Check(m.Barrier(), "barrier");
   if (rank == 0) std::filesystem::remove_all(dir);
 
@@ -181,17 +191,18 @@ int main(int argc, char** argv) {
                              DataType::kFloat32, rackrun::comm::ReduceOp::kSum);
        }},
   };
-  DataChannel* backends[2] = {&m, gloo->get()};
-  const char* names[2] = {"mpi", "gloo"};
-  std::vector<std::vector<Result>> results(patterns.size(), std::vector<Result>(2));
+  constexpr int kBackends = 3;
+  DataChannel* backends[kBackends] = {&m, gloo->get(), ucx->get()};
+  const char* names[kBackends] = {"mpi", "gloo", "ucx"};
+  std::vector<std::vector<Result>> results(patterns.size(), std::vector<Result>(kBackends));
   for (size_t p = 0; p < patterns.size(); ++p) {
-    for (int b = 0; b < 2; ++b) {  // warm-up
+    for (int b = 0; b < kBackends; ++b) {  // warm-up
       for (int i = 0; i < std::min(20, patterns[p].iterations); ++i) {
         Check(patterns[p].op(*backends[b]), patterns[p].name.c_str());
       }
     }
     for (int round = 0; round < rounds; ++round) {
-      for (int b = 0; b < 2; ++b) {
+      for (int b = 0; b < kBackends; ++b) {
         Check(m.Barrier(), "barrier");
         Result& r = results[p][b];
         const Usage before = Now();
@@ -213,19 +224,20 @@ int main(int argc, char** argv) {
     }
   }
   gloo->reset();
+  ucx->reset();
   if (rank != 0) return 0;
 
   nlohmann::json out = nlohmann::json::array();
   if (!json) {
-    std::printf("%d ranks, %d rounds alternating mpi/gloo; wall = rank 0 per operation, CPU and "
+    std::printf("%d ranks, %d rounds alternating mpi/gloo/ucx; wall = rank 0 per operation, CPU and "
                 "switches = all ranks per operation\n\n",
                 ranks, rounds);
     std::printf("| pattern | backend | ops | wall p50 us | wall p90 us | CPU us/op "
-                "| ctx switches/op | gloo/mpi wall p50 |\n|---|---|---|---|---|---|---|---|\n");
+                "| ctx switches/op | /mpi wall p50 |\n|---|---|---|---|---|---|---|---|\n");
   }
   for (size_t p = 0; p < patterns.size(); ++p) {
     const double mpi_p50 = rackrun::base::Median(results[p][0].wall_us);
-    for (int b = 0; b < 2; ++b) {
+    for (int b = 0; b < kBackends; ++b) {
       const Result& r = results[p][b];
       const double p50 = rackrun::base::Median(r.wall_us);
       const double p90 = rackrun::base::Percentile(r.wall_us, 0.9);
@@ -236,7 +248,7 @@ int main(int argc, char** argv) {
                      {"cpu_us_per_op", cpu}, {"switches_per_op", sw}});
       if (!json) {
         char ratio[32] = "";
-        if (b == 1 && mpi_p50 > 0) std::snprintf(ratio, sizeof(ratio), "%.1f", p50 / mpi_p50);
+        if (b > 0 && mpi_p50 > 0) std::snprintf(ratio, sizeof(ratio), "%.1f", p50 / mpi_p50);
         std::printf("| %s | %s | %lld | %.1f | %.1f | %.1f | %.2f | %s |\n",
                     patterns[p].name.c_str(), names[b], static_cast<long long>(r.ops), p50, p90,
                     cpu, sw, ratio);

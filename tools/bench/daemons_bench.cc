@@ -269,6 +269,7 @@ class Client {
     req.set_pid(10000 + launcher_rank);
     req.set_launcher_rank(launcher_rank);
     req.set_device("cpu");
+    req.add_channels("ucx");
     req.add_channels("gloo");
     req.set_data_address("127.0.0.1");
     rackrun::v1::RegisterResponse resp;

@@ -1,0 +1,62 @@
+// Contract checks for the backends whose ranks meet through a RendezvousStore (Gloo, UCX),
+// written once and run by each backend's test with its own factory: the shared collective
+// checks on 1, 2 and 4 ranks as threads, AllReduce bit-identical to the in-process
+// backend, and the failures a worker daemon lives through (ranks that never join, a peer
+// that never posts, a peer whose channel is destroyed, a peer process killed with
+// SIGKILL; after each the channel is destroyed and a new one works).
+#ifndef RACKRUN_COMM_STORE_CHANNEL_CHECKS_H_
+#define RACKRUN_COMM_STORE_CHANNEL_CHECKS_H_
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "comm/data_channel.h"
+#include "comm/rendezvous_store.h"
+
+namespace rackrun::comm::testing {
+
+// Creates rank `rank` of `size` of a channel under `prefix` with `timeout` (the
+// backend's Create*Channel with options for 127.0.0.1).
+using StoreChannelFactory = std::function<absl::StatusOr<std::unique_ptr<DataChannel>>(
+    RendezvousStore& store, const std::string& prefix, int rank, int size, absl::Duration timeout)>;
+
+// Creates an n-rank channel with one thread per rank, runs body(channel) on each, and
+// destroys the channels only after every thread is done (so a rank that finishes early
+// does not close connections others still use). First error in rank order.
+absl::Status RunStoreRanks(const StoreChannelFactory& factory, RendezvousStore& store,
+                           const std::string& prefix, int ranks, absl::Duration timeout,
+                           const std::function<absl::Status(DataChannel&)>& body);
+
+// `check` on every rank of a `ranks`-rank channel whose backend() is `backend`.
+void CheckOnRanks(const StoreChannelFactory& factory, int ranks, absl::string_view backend,
+                  const std::function<void(DataChannel&)>& check);
+
+// The same float32 sums as the in-process backend, compared byte for byte (3 ranks).
+void CheckAllReduceEqualsInProcessBitForBit(const StoreChannelFactory& factory);
+void CheckCountsCollectivesForProgress(const StoreChannelFactory& factory);
+void CheckJobsWithDifferentPrefixesShareOneStore(const StoreChannelFactory& factory);
+// CheckSilentRankTimesOut (channel_checks.h) on 2 and 4 ranks.
+void CheckSilentRankTimesOutNamingIt(const StoreChannelFactory& factory);
+void CheckRejectsBadRank(const StoreChannelFactory& factory);
+void CheckRanksThatNeverJoinAreNamed(const StoreChannelFactory& factory);
+// Rank 1 builds its channel and never posts: rank 0 times out naming it, the channel
+// stays broken, tears down at once, and the next channel in this process works.
+void CheckPeerThatNeverPostsThenTeardownAndNextChannel(const StoreChannelFactory& factory);
+// Rank 1's channel is destroyed: rank 0 fails naming it (the closed connection, or at
+// the latest the timeout) and then builds a new channel.
+void CheckPeerChannelDestroyedFailsTheSurvivor(const StoreChannelFactory& factory);
+// Forks and execs this test binary with `--gtest_filter=<child_test>` (a disabled test
+// that calls RunAsKilledChild with the same factory) as rank 1, kills it with SIGKILL
+// while rank 0 is in an AllReduce, and expects Unavailable naming rank 1 before the
+// timeout.
+void CheckPeerProcessKilledFailsTheSurvivor(const StoreChannelFactory& factory,
+                                            const std::string& child_test);
+void RunAsKilledChild(const StoreChannelFactory& factory);
+
+}  // namespace rackrun::comm::testing
+
+#endif  // RACKRUN_COMM_STORE_CHANNEL_CHECKS_H_

@@ -1,0 +1,486 @@
+#include "comm/ucx_channel.h"
+
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netinet/in.h>
+#include <ucp/api/ucp.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "comm/p2p_channel.h"
+
+namespace rackrun::comm {
+namespace {
+
+// A message's UCP tag: the sender's rank in the high half, the channel tag (>= 0, below
+// 2^31) in the low half; receives match all 64 bits.
+ucp_tag_t WireTag(int source, int tag) {
+  return (static_cast<uint64_t>(static_cast<uint32_t>(source)) << 32) |
+         static_cast<uint64_t>(static_cast<uint32_t>(tag));
+}
+constexpr ucp_tag_t kFullMask = ~ucp_tag_t{0};
+
+std::string UcsText(ucs_status_t status) { return ucs_status_string(status); }
+
+// How long teardown drives the worker to let forcibly closed endpoints and cancelled
+// receives finish; nothing here waits for a peer.
+constexpr absl::Duration kTeardownBound = absl::Seconds(1);
+// UCX's keepalive period for this channel's endpoints (UCX's default is 20 s): how soon a
+// dead peer reached over shared memory is noticed. The environment's
+// UCX_KEEPALIVE_INTERVAL wins when set.
+constexpr char kKeepalive[] = "1s";
+
+// One channel's UCP context, worker and endpoints. Used only by the rank's thread (the
+// worker is single-threaded): UCX calls the endpoint error handler from within
+// ucp_worker_progress on that thread. Requests share it, so it outlives them.
+class UcxTransport {
+ public:
+  UcxTransport(int rank, int size) : rank_(rank), size_(size), failed_(static_cast<size_t>(size)) {}
+  UcxTransport(const UcxTransport&) = delete;
+  UcxTransport& operator=(const UcxTransport&) = delete;
+
+  ~UcxTransport() {
+    std::vector<void*> closing;
+    std::vector<ucp_ep_h> eps = eps_;
+    eps.insert(eps.end(), watch_eps_.begin(), watch_eps_.end());
+    for (ucp_ep_h ep : eps) {
+      if (ep == nullptr) continue;
+      ucp_request_param_t param{};
+      param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+      param.flags = UCP_EP_CLOSE_FLAG_FORCE;
+      ucs_status_ptr_t request = ucp_ep_close_nbx(ep, &param);
+      if (request != nullptr && !UCS_PTR_IS_ERR(request)) closing.push_back(request);
+    }
+    const absl::Time until = absl::Now() + kTeardownBound;
+    for (void* request : closing) {
+      while (ucp_request_check_status(request) == UCS_INPROGRESS && absl::Now() < until) {
+        ucp_worker_progress(worker_);
+      }
+      ucp_request_free(request);
+    }
+    if (worker_ != nullptr) ucp_worker_destroy(worker_);
+    if (context_ != nullptr) ucp_cleanup(context_);
+  }
+
+  // Context and worker, UCX's network transports on `net_devices` unless empty;
+  // Unavailable naming the UCX call on failure.
+  absl::Status Init(const std::string& prefix, const std::string& net_devices) {
+    const auto failed = [&](absl::string_view call, ucs_status_t status) {
+      return absl::UnavailableError(absl::StrCat("UCX channel '", prefix, "' on rank ", rank_, ": ",
+                                                 call, " failed: ", UcsText(status)));
+    };
+    ucp_config_t* config = nullptr;
+    if (ucs_status_t s = ucp_config_read(nullptr, nullptr, &config); s != UCS_OK) {
+      return failed("ucp_config_read", s);
+    }
+    if (std::getenv("UCX_KEEPALIVE_INTERVAL") == nullptr) {
+      ucp_config_modify(config, "KEEPALIVE_INTERVAL", kKeepalive);
+    }
+    if (!net_devices.empty() && std::getenv("UCX_NET_DEVICES") == nullptr) {
+      if (ucs_status_t s = ucp_config_modify(config, "NET_DEVICES", net_devices.c_str());
+          s != UCS_OK) {
+        ucp_config_release(config);
+        return failed("ucp_config_modify(NET_DEVICES)", s);
+      }
+    }
+    ucp_params_t params{};
+    params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
+    params.features = UCP_FEATURE_TAG;
+    params.mt_workers_shared = 0;
+    ucs_status_t s = ucp_init(&params, config, &context_);
+    ucp_config_release(config);
+    if (s != UCS_OK) return failed("ucp_init", s);
+    ucp_worker_params_t worker_params{};
+    worker_params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+    worker_params.thread_mode = UCS_THREAD_MODE_SINGLE;
+    if (s = ucp_worker_create(context_, &worker_params, &worker_); s != UCS_OK) {
+      return failed("ucp_worker_create", s);
+    }
+    ucp_address_t* address = nullptr;
+    size_t length = 0;
+    if (s = ucp_worker_get_address(worker_, &address, &length); s != UCS_OK) {
+      return failed("ucp_worker_get_address", s);
+    }
+    address_.assign(reinterpret_cast<const char*>(address), length);
+    ucp_worker_release_address(worker_, address);
+    return absl::OkStatus();
+  }
+
+  // This worker's address, as the peers need it.
+  const std::string& address() const { return address_; }
+
+  // Endpoints to every rank, this one included, from the ranks' published addresses;
+  // `same_host[r]`: rank r runs on this machine (same boot id).
+  //
+  // UCX 1.13 offers peer failure handling only on transports that can detect it (TCP,
+  // verbs), not on shared memory: an endpoint that asks for it carries every message over
+  // TCP, even to a rank on this machine. So a rank on this machine gets two endpoints:
+  // the data endpoint without error handling, which UCX puts on shared memory, and a watch
+  // endpoint with it, over which nothing is sent and whose TCP connection and keepalive
+  // report the peer's death or closed channel. A rank on another machine gets one
+  // endpoint with error handling (TCP or verbs), which does both.
+  absl::Status Connect(const std::string& prefix, const std::vector<std::string>& addresses,
+                       const std::vector<bool>& same_host) {
+    const size_t n = static_cast<size_t>(size_);
+    eps_.assign(n, nullptr);
+    watch_eps_.assign(n, nullptr);
+    handlers_.resize(n);
+    for (int peer = 0; peer < size_; ++peer) {
+      const size_t p = static_cast<size_t>(peer);
+      handlers_[p] = ErrorHandlerArg{this, peer};
+      const auto* address = reinterpret_cast<const ucp_address_t*>(addresses[p].data());
+      const bool local = same_host[p] || peer == rank_;
+      ucs_status_t s = CreateEndpoint(address, /*handle_errors=*/!local, &handlers_[p], &eps_[p]);
+      if (s == UCS_OK && local && peer != rank_) {
+        s = CreateEndpoint(address, /*handle_errors=*/true, &handlers_[p], &watch_eps_[p]);
+      }
+      if (s != UCS_OK) {
+        return absl::UnavailableError(
+            absl::StrCat("UCX channel '", prefix, "' on rank ", rank_, " of ", size_,
+                         ": connecting to rank ", peer, " failed (ucp_ep_create: ", UcsText(s),
+                         "); that rank is unreachable at the address it published"));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  ucp_worker_h worker() const { return worker_; }
+  ucp_ep_h ep(int peer) const { return eps_[static_cast<size_t>(peer)]; }
+  void Progress() { ucp_worker_progress(worker_); }
+
+  // Why transfers with `peer` cannot go on (empty while they can).
+  const std::string& failure(int peer) const { return failed_[static_cast<size_t>(peer)]; }
+  // After a receive could not be cancelled: nothing more with that peer is defined.
+  void Abandon(int peer, std::string why) {
+    std::string& f = failed_[static_cast<size_t>(peer)];
+    if (f.empty()) f = std::move(why);
+  }
+
+  // A failed transfer as a Status naming the operation, this rank and the peer.
+  absl::Status Failure(absl::string_view operation, int peer, int tag,
+                       absl::string_view why) const {
+    return absl::UnavailableError(absl::StrCat(
+        operation, " on rank ", rank_, " of ", size_, " with rank ", peer, " (tag ", tag,
+        "): UCX: ", why, "; that rank died, closed its channel, or the network failed"));
+  }
+
+ private:
+  struct ErrorHandlerArg {
+    UcxTransport* transport = nullptr;
+    int peer = -1;
+  };
+
+  ucs_status_t CreateEndpoint(const ucp_address_t* address, bool handle_errors,
+                              ErrorHandlerArg* handler, ucp_ep_h* ep) {
+    ucp_ep_params_t params{};
+    params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
+    params.address = address;
+    params.err_mode = handle_errors ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE;
+    if (handle_errors) {
+      params.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLER;
+      params.err_handler.cb = &UcxTransport::OnPeerError;
+      params.err_handler.arg = handler;
+    }
+    const ucs_status_t s = ucp_ep_create(worker_, &params, ep);
+    if (s != UCS_OK) *ep = nullptr;
+    return s;
+  }
+
+  // Called by UCX from ucp_worker_progress (this rank's thread) when the endpoint to a
+  // peer fails: pending sends to it fail on their own, receives from it check failure().
+  static void OnPeerError(void* arg, ucp_ep_h /*ep*/, ucs_status_t status) {
+    auto* handler = static_cast<ErrorHandlerArg*>(arg);
+    handler->transport->Abandon(handler->peer,
+                                absl::StrCat("the connection failed (", UcsText(status), ")"));
+  }
+
+  int rank_;
+  int size_;
+  ucp_context_h context_ = nullptr;
+  ucp_worker_h worker_ = nullptr;
+  std::string address_;
+  std::vector<ucp_ep_h> eps_;              // data, by peer
+  std::vector<ucp_ep_h> watch_eps_;        // failure detection only, by peer on this machine
+  std::vector<ErrorHandlerArg> handlers_;  // sized once, before any endpoint points into it
+  std::vector<std::string> failed_;        // by peer
+};
+
+// One posted UCP send or receive. `request` is UCX's handle, null when the transfer
+// completed at once.
+class UcxRequest final : public Request {
+ public:
+  // `request` may be null only for a send (which then completed at once).
+  UcxRequest(const RequestInfo& info, std::shared_ptr<UcxTransport> transport, void* request)
+      : Request(info), transport_(std::move(transport)), request_(request) {
+    if (request_ == nullptr) Finish(UCS_OK, 0);
+  }
+
+  ~UcxRequest() override {
+    if (request_ == nullptr) return;
+    if (!info().send) {
+      // An unmatched receive is cancelled at once; one whose message is arriving finishes
+      // first (into the buffer the caller still owns until we return).
+      ucp_request_cancel(transport_->worker(), request_);
+      const absl::Time until = absl::Now() + kTeardownBound;
+      while (ucp_request_check_status(request_) == UCS_INPROGRESS && absl::Now() < until) {
+        transport_->Progress();
+      }
+      if (ucp_request_check_status(request_) == UCS_INPROGRESS) {
+        transport_->Abandon(info().peer, absl::StrCat("a receive (tag ", info().tag,
+                                                      ") was abandoned before it completed"));
+      }
+    }
+    ucp_request_free(request_);  // an incomplete send goes on inside UCX
+  }
+
+  absl::StatusOr<bool> Test() override {
+    if (done_) return true;
+    if (!error_.ok()) return error_;
+    transport_->Progress();
+    ucp_tag_recv_info_t received{};
+    const ucs_status_t status = info().send ? ucp_request_check_status(request_)
+                                            : ucp_tag_recv_request_test(request_, &received);
+    if (status == UCS_INPROGRESS) {
+      const std::string& failure = transport_->failure(info().peer);
+      if (!failure.empty()) {
+        error_ =
+            transport_->Failure(info().send ? "Send" : "Recv", info().peer, info().tag, failure);
+        return error_;
+      }
+      return false;
+    }
+    ucp_request_free(request_);
+    request_ = nullptr;
+    Finish(status, received.length);
+    if (!error_.ok()) return error_;
+    return true;
+  }
+
+ private:
+  // The outcome of a finished transfer; a receive checks the message's size.
+  void Finish(ucs_status_t status, size_t received) {
+    const RequestInfo& i = info();
+    if (status == UCS_ERR_MESSAGE_TRUNCATED) {
+      error_ = absl::InvalidArgumentError(
+          absl::StrCat("Recv on rank ", i.rank, " from rank ", i.peer, " (tag ", i.tag,
+                       "): message has more than the ", i.bytes,
+                       " bytes the receive was posted for; both ends must agree on the size"));
+    } else if (status != UCS_OK) {
+      error_ = transport_->Failure(i.send ? "Send" : "Recv", i.peer, i.tag, UcsText(status));
+    } else if (!i.send && static_cast<int64_t>(received) != i.bytes) {
+      error_ = absl::InvalidArgumentError(
+          absl::StrCat("Recv on rank ", i.rank, " from rank ", i.peer, " (tag ", i.tag,
+                       "): message has ", received, " bytes but the receive was posted for ",
+                       i.bytes, "; both ends must agree on the size"));
+    } else {
+      done_ = true;
+    }
+  }
+
+  std::shared_ptr<UcxTransport> transport_;
+  void* request_;
+  bool done_ = false;
+  absl::Status error_;
+};
+
+class UcxChannel final : public PointToPointChannel {
+ public:
+  UcxChannel(std::shared_ptr<UcxTransport> transport, const ChannelOptions& options)
+      : PointToPointChannel(options), transport_(std::move(transport)) {}
+
+  int rank() const override { return transport_->rank(); }
+  int size() const override { return transport_->size(); }
+  absl::string_view backend() const override { return "ucx"; }
+
+ protected:
+  absl::StatusOr<std::unique_ptr<Request>> PostSend(const void* buf, int64_t bytes, int peer,
+                                                    int tag) override {
+    return Post(const_cast<void*>(buf), bytes, peer, tag, /*send=*/true);
+  }
+  absl::StatusOr<std::unique_ptr<Request>> PostRecv(void* buf, int64_t bytes, int peer,
+                                                    int tag) override {
+    return Post(buf, bytes, peer, tag, /*send=*/false);
+  }
+
+ private:
+  absl::StatusOr<std::unique_ptr<Request>> Post(void* buf, int64_t bytes, int peer, int tag,
+                                                bool send) {
+    const absl::string_view operation = send ? "Send" : "Recv";
+    if (const std::string& failure = transport_->failure(peer); !failure.empty()) {
+      return transport_->Failure(operation, peer, tag, failure);
+    }
+    ucp_request_param_t param{};
+    param.op_attr_mask = UCP_OP_ATTR_FIELD_DATATYPE | UCP_OP_ATTR_FIELD_MEMORY_TYPE;
+    param.datatype = ucp_dt_make_contig(1);
+    param.memory_type = UCS_MEMORY_TYPE_HOST;  // host buffers: no memory-type detection
+    ucs_status_ptr_t request = nullptr;
+    if (send) {
+      request = ucp_tag_send_nbx(transport_->ep(peer), buf, static_cast<size_t>(bytes),
+                                 WireTag(rank(), tag), &param);
+    } else {
+      // UCX 1.13 does not report the size of a message received at once
+      // (recv_info stays unset), so a receive always returns a request to test.
+      param.op_attr_mask |= UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+      request = ucp_tag_recv_nbx(transport_->worker(), buf, static_cast<size_t>(bytes),
+                                 WireTag(peer, tag), kFullMask, &param);
+    }
+    if (UCS_PTR_IS_ERR(request)) {
+      return transport_->Failure(operation, peer, tag, UcsText(UCS_PTR_STATUS(request)));
+    }
+    return std::make_unique<UcxRequest>(RequestInfo{send, rank(), size(), peer, tag, bytes},
+                                        transport_, request);
+  }
+
+  std::shared_ptr<UcxTransport> transport_;
+};
+
+// The interface that holds `address` when it is a numeric IP address; empty for an empty
+// address or a host name; InvalidArgument for an IP address none of this machine's
+// interfaces has.
+absl::StatusOr<std::string> InterfaceOf(const std::string& prefix, int rank,
+                                        const std::string& address) {
+  in_addr v4{};
+  in6_addr v6{};
+  const bool is_v4 = inet_pton(AF_INET, address.c_str(), &v4) == 1;
+  const bool is_v6 = !is_v4 && inet_pton(AF_INET6, address.c_str(), &v6) == 1;
+  if (!is_v4 && !is_v6) return std::string();
+  ifaddrs* list = nullptr;
+  if (getifaddrs(&list) != 0) {
+    return absl::UnavailableError(absl::StrCat("UCX channel '", prefix, "' on rank ", rank,
+                                               ": getifaddrs: ", std::strerror(errno)));
+  }
+  std::string name;
+  for (ifaddrs* i = list; i != nullptr && name.empty(); i = i->ifa_next) {
+    if (i->ifa_addr == nullptr) continue;
+    if (is_v4 && i->ifa_addr->sa_family == AF_INET) {
+      sockaddr_in in{};
+      std::memcpy(&in, i->ifa_addr, sizeof(in));
+      // The loopback interface holds its whole subnet (Linux answers 127.0.0.0/8 on lo, so
+      // the daemon tests' 127.0.0.2, 127.0.0.3 are lo's); any other interface its own address.
+      bool holds = in.sin_addr.s_addr == v4.s_addr;
+      if (!holds && (i->ifa_flags & IFF_LOOPBACK) != 0 && i->ifa_netmask != nullptr) {
+        sockaddr_in mask{};
+        std::memcpy(&mask, i->ifa_netmask, sizeof(mask));
+        holds = (in.sin_addr.s_addr & mask.sin_addr.s_addr) == (v4.s_addr & mask.sin_addr.s_addr);
+      }
+      if (holds) name = i->ifa_name;
+    } else if (is_v6 && i->ifa_addr->sa_family == AF_INET6) {
+      sockaddr_in6 in{};
+      std::memcpy(&in, i->ifa_addr, sizeof(in));
+      if (std::memcmp(&in.sin6_addr, &v6, sizeof(v6)) == 0) name = i->ifa_name;
+    }
+  }
+  freeifaddrs(list);
+  if (name.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "UCX channel '", prefix, "' on rank ", rank, ": data address ", address,
+        " is not an address of this machine's interfaces; give the worker a --data-address "
+        "it owns, or a host name"));
+  }
+  return name;
+}
+
+// This machine's identity for "same host": the kernel's boot id (one per booted kernel,
+// shared by its containers and network namespaces, which also share /dev/shm's kind of
+// memory), or empty if unreadable (then every peer counts as remote).
+std::string BootId() {
+  std::ifstream in("/proc/sys/kernel/random/boot_id");
+  std::string id;
+  std::getline(in, id);
+  return id;
+}
+
+struct PeerAddresses {
+  std::vector<std::string> addresses;  // UCP worker addresses, by rank
+  std::vector<bool> same_host;         // by rank
+};
+
+// Publishes this rank's boot id and worker address under `prefix` and waits for every
+// rank's; DeadlineExceeded names the ranks that did not publish.
+absl::StatusOr<PeerAddresses> ExchangeAddresses(RendezvousStore& store, const std::string& prefix,
+                                                int rank, int size, const std::string& address,
+                                                absl::Duration timeout) {
+  auto key = [&](int r) { return absl::StrCat(prefix, "/ucx/address/", r); };
+  // "<boot id> <address in hex>": the coordinator's store carries values in protobuf
+  // strings (UTF-8).
+  const std::string boot_id = BootId();
+  if (absl::Status s =
+          store.Set(key(rank), absl::StrCat(boot_id, " ", absl::BytesToHexString(address)));
+      !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("UCX channel '", prefix, "' on rank ", rank,
+                                               ": publishing this rank's address: ", s.message()));
+  }
+  std::vector<std::string> keys;
+  for (int r = 0; r < size; ++r) keys.push_back(key(r));
+  absl::StatusOr<std::vector<std::string>> values = store.Get(keys, timeout);
+  if (values.ok()) {
+    PeerAddresses peers;
+    for (int r = 0; r < size; ++r) {
+      const std::string& value = (*values)[static_cast<size_t>(r)];
+      const size_t space = value.find(' ');
+      const std::string hex = space == std::string::npos ? "" : value.substr(space + 1);
+      const bool is_hex = !hex.empty() && hex.size() % 2 == 0 &&
+                          hex.find_first_not_of("0123456789abcdef") == std::string::npos;
+      if (!is_hex) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("UCX channel '", prefix, "' on rank ", rank, ": rank ", r,
+                         " published a malformed address under ", key(r),
+                         "; is another job using this prefix?"));
+      }
+      peers.addresses.push_back(absl::HexStringToBytes(hex));
+      peers.same_host.push_back(!boot_id.empty() && value.substr(0, space) == boot_id);
+    }
+    return peers;
+  }
+  const absl::Status& s = values.status();
+  if (s.code() != absl::StatusCode::kDeadlineExceeded) {
+    return absl::Status(s.code(), absl::StrCat("UCX channel '", prefix, "' on rank ", rank,
+                                               ": waiting for the other ranks: ", s.message()));
+  }
+  std::vector<int> missing;
+  for (int r = 0; r < size; ++r) {
+    if (!store.Get({key(r)}, absl::ZeroDuration()).ok()) missing.push_back(r);
+  }
+  return absl::DeadlineExceededError(absl::StrCat(
+      "UCX channel '", prefix, "' on rank ", rank, " of ", size, ": rank",
+      missing.size() > 1 ? "s " : " ", absl::StrJoin(missing, ", "), " did not join within ",
+      absl::FormatDuration(timeout), "; they are dead, stuck, or not creating this channel"));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<DataChannel>> CreateUcxChannel(RendezvousStore& store,
+                                                              const std::string& prefix, int rank,
+                                                              int size,
+                                                              const UcxChannelOptions& options) {
+  if (size < 1 || rank < 0 || rank >= size) {
+    return absl::InvalidArgumentError(absl::StrCat("UCX channel '", prefix, "': rank ", rank,
+                                                   " of size ", size,
+                                                   " is not a rank in [0, size) of size >= 1"));
+  }
+  absl::StatusOr<std::string> interface = InterfaceOf(prefix, rank, options.address);
+  if (!interface.ok()) return interface.status();
+  auto transport = std::make_shared<UcxTransport>(rank, size);
+  if (absl::Status s = transport->Init(prefix, *interface); !s.ok()) return s;
+  absl::StatusOr<PeerAddresses> peers =
+      ExchangeAddresses(store, prefix, rank, size, transport->address(), options.channel.timeout);
+  if (!peers.ok()) return peers.status();
+  if (absl::Status s = transport->Connect(prefix, peers->addresses, peers->same_host); !s.ok()) {
+    return s;
+  }
+  return std::make_unique<UcxChannel>(std::move(transport), options.channel);
+}
+
+}  // namespace rackrun::comm

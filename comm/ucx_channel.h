@@ -1,0 +1,73 @@
+// The UCX backend: CPU ranks of one job connected by UCX's UCP tag API (the per-job data
+// channel of the worker daemons, beside Gloo). UCX chooses the transport per peer at run
+// time from what the machine offers: shared memory between ranks of one host, TCP (or
+// verbs) across hosts, loopback to this rank itself; UCX_TLS and the other UCX_*
+// variables of the environment apply as usual, and nothing needs setting.
+//
+// Bootstrap (like the Gloo channel): each rank publishes its kernel boot id and UCP worker
+// address (hex) under `prefix` in a RendezvousStore, waits for every rank's, and creates
+// endpoints to every rank (itself included):
+// - a rank on another host (another boot id): one endpoint with UCX's peer error
+//   handling (TCP or verbs);
+// - a rank on this host: a data endpoint without error handling, which UCX carries over
+//   shared memory, and a watch endpoint with it, which carries nothing but UCX's TCP
+//   connection and keepalive. UCX 1.13 handles peer failure only on transports that can
+//   detect it, so one endpoint asking for it would move every message over TCP (7x the
+//   latency of shared memory here; comm/README.md).
+//
+// Transport: one UCP context and worker per channel, driven only by the rank's thread
+// (single-threaded worker, no helper threads of ours). A message to (peer, tag) is one UCP
+// tag message whose 64-bit tag holds the sender's rank and the tag; UCP matches messages
+// of one sender in send order, which gives MPI's non-overtaking rule. Request::Test()
+// calls ucp_worker_progress once and then checks the request, so the rank's wait loops
+// (comm/progress.h, polling) drive the transfers. The collectives are those of
+// p2p_channel.h (named-peer timeouts, fixed summation order, so AllReduce is
+// bit-identical to the MPI, Gloo and in-process backends).
+//
+// Failures:
+// - A peer that dies or closes its channel fails pending and later transfers with it with
+//   Unavailable naming the operation, this rank and the peer, as soon as its endpoint with
+//   error handling notices (a closed TCP connection at once, otherwise UCX's keepalive,
+//   which this channel runs every second unless UCX_KEEPALIVE_INTERVAL is set), at the
+//   latest at the channel's timeout. A peer that is alive but never posts is found by the
+//   timeout, as on every backend.
+// - A message larger or smaller than the posted receive fails that receive with
+//   InvalidArgument and is consumed; the next message of the pair is intact.
+// - Destroying an incomplete receive cancels it; an incomplete send is left to UCX.
+// - Destroying the channel never waits for peers (endpoints are closed forcibly).
+#ifndef RACKRUN_COMM_UCX_CHANNEL_H_
+#define RACKRUN_COMM_UCX_CHANNEL_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "comm/data_channel.h"
+#include "comm/rendezvous_store.h"
+
+namespace rackrun::comm {
+
+struct UcxChannelOptions {
+  // The channel's timeout bounds creation (waiting for every rank to publish its address)
+  // as well as every later wait.
+  ChannelOptions channel;
+  // Where peers on other machines reach this rank (the worker's data address). An IP
+  // address of one of this machine's interfaces restricts UCX's network transports to
+  // that interface (as UCX_NET_DEVICES=<interface> would); empty or a host name: UCX uses
+  // every interface it finds. UCX_NET_DEVICES in the environment wins.
+  std::string address;
+};
+
+// Collective over the `size` ranks that call it with the same `store` contents and
+// `prefix` (one prefix per job and channel: "job/<id>/attempt/<n>"). InvalidArgument for
+// a bad rank/size or an IP address that is none of this machine's; DeadlineExceeded naming the
+// ranks that did not publish their address within the timeout; Unavailable naming the UCX call that
+// failed otherwise. The store is used only during this call.
+absl::StatusOr<std::unique_ptr<DataChannel>> CreateUcxChannel(RendezvousStore& store,
+                                                              const std::string& prefix, int rank,
+                                                              int size,
+                                                              const UcxChannelOptions& options);
+
+}  // namespace rackrun::comm
+
+#endif  // RACKRUN_COMM_UCX_CHANNEL_H_
