@@ -35,6 +35,8 @@ std::string UcsText(ucs_status_t status) { return ucs_status_string(status); }
 // How long teardown drives the worker to let forcibly closed endpoints and cancelled
 // receives finish; nothing here waits for a peer.
 constexpr absl::Duration kTeardownBound = absl::Seconds(1);
+// How long teardown waits for this rank's outstanding sends to reach their peers.
+constexpr absl::Duration kFlushBound = absl::Milliseconds(500);
 // UCX's keepalive period for this channel's endpoints (UCX's default is 20 s): how soon a
 // dead peer reached over shared memory is noticed. The environment's
 // UCX_KEEPALIVE_INTERVAL wins when set.
@@ -50,6 +52,21 @@ class UcxTransport {
   UcxTransport& operator=(const UcxTransport&) = delete;
 
   ~UcxTransport() {
+    // A rank's last sends (its part of the job's last collective) may still sit in UCX's
+    // queues although they completed locally; a forced close would cancel them and its
+    // peers would see the endpoint fail instead of the message. Flush first, bounded: a
+    // dead peer ends the flush with an error through its watch endpoint.
+    if (worker_ != nullptr) {
+      ucp_request_param_t flush_param{};
+      ucs_status_ptr_t flush = ucp_worker_flush_nbx(worker_, &flush_param);
+      if (flush != nullptr && !UCS_PTR_IS_ERR(flush)) {
+        const absl::Time until = absl::Now() + kFlushBound;
+        while (ucp_request_check_status(flush) == UCS_INPROGRESS && absl::Now() < until) {
+          ucp_worker_progress(worker_);
+        }
+        ucp_request_free(flush);
+      }
+    }
     std::vector<void*> closing;
     std::vector<ucp_ep_h> eps = eps_;
     eps.insert(eps.end(), watch_eps_.begin(), watch_eps_.end());

@@ -275,14 +275,14 @@ absl::StatusOr<std::unique_ptr<comm::DataChannel>> JobRunner::MakeChannel() {
   comm::ChannelOptions channel_options;
   channel_options.timeout = absl::Milliseconds(b.timeout_ms() > 0 ? b.timeout_ms() : 300000);
   RendezvousClient store(connection_, assignment_.job_id(), assignment_.attempt());
-  if (b.channel() == "ucx" || b.channel().empty()) {
+  if (b.channel() == "ucx") {
     comm::UcxChannelOptions o;
     o.channel = channel_options;
     o.address = b.address();
     return comm::CreateUcxChannel(store, b.store_prefix(), assignment_.rank(),
                                   assignment_.ranks(), o);
   }
-  if (b.channel() == "gloo") {
+  if (b.channel() == "gloo" || b.channel().empty()) {
     comm::GlooChannelOptions o;
     o.channel = channel_options;
     if (!b.address().empty()) o.address = b.address();

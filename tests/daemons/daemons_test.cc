@@ -314,14 +314,16 @@ TEST_F(DaemonsTest, TwoWorkersTrainLikeMpirun) {
   StartWorker(0);
   StartWorker(1);
   WaitIdle(2);
-  for (const std::string policy : {"none", "ultraep"}) {
-    const fs::path daemon_log = dir_ / ("daemon-" + policy + ".jsonl");
-    const fs::path direct_log = dir_ / ("direct-" + policy + ".jsonl");
+  // Both policies on the default channel (Gloo), and ultraep on UCX.
+  for (const auto& [policy, channel] : std::vector<std::pair<std::string, std::string>>{
+           {"none", "gloo"}, {"ultraep", "gloo"}, {"ultraep", "ucx"}}) {
+    const std::string run = policy + "-" + channel;
+    const fs::path daemon_log = dir_ / ("daemon-" + run + ".jsonl");
+    const fs::path direct_log = dir_ / ("direct-" + run + ".jsonl");
     const std::string sets = "--set balancer.policy=" + policy;
-    const Result watch =
-        Cli("submit job.yaml " + sets + " --set logging.json=" + daemon_log.string() +
-                " --watch --plain",
-            "watch-" + policy);
+    const Result watch = Cli("submit job.yaml " + sets + " --set resources.channel=" + channel +
+                                 " --set logging.json=" + daemon_log.string() + " --watch --plain",
+                             "watch-" + run);
     EXPECT_EQ(watch.code, 0) << watch.out << watch.err;
     EXPECT_THAT(watch.out, HasSubstr("SUCCEEDED"));
     EXPECT_THAT(watch.out, HasSubstr("step 20/20"));
@@ -337,8 +339,8 @@ TEST_F(DaemonsTest, TwoWorkersTrainLikeMpirun) {
     const Result direct = Mpirun(2, sets, direct_log);
     ASSERT_EQ(direct.code, 0) << direct.err;
     const std::vector<std::string> daemon = Losses(daemon_log), mpirun = Losses(direct_log);
-    ASSERT_EQ(daemon.size(), 40u) << policy;  // loss and val_loss (null or a value) of 20 steps
-    EXPECT_EQ(daemon, mpirun) << policy;
+    ASSERT_EQ(daemon.size(), 40u) << run;  // loss and val_loss (null or a value) of 20 steps
+    EXPECT_EQ(daemon, mpirun) << run;
   }
   // The workers stay up for the next job.
   EXPECT_EQ(workers_[0]->Wait(std::chrono::milliseconds(0)), -2);
