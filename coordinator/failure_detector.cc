@@ -53,11 +53,19 @@ Ruling Found(Failure f) { return Ruling{true, std::move(f)}; }
 
 }  // namespace
 
-Ruling LostStreamRule(const AttemptSnapshot& attempt, int64_t now_ms, const DetectionTimeouts&) {
+StreamState StreamStateOf(const RankSnapshot& w, const DetectionTimeouts& t) {
+  if (!w.stream_seen || w.stream_open) return StreamState::kOpen;
+  return w.stream_closed_ms - w.last_heartbeat_ms > t.heartbeat_timeout_ms ? StreamState::kDroppedSilent
+                                                                           : StreamState::kExited;
+}
+
+Ruling LostStreamRule(const AttemptSnapshot& attempt, int64_t now_ms, const DetectionTimeouts& t) {
   // Several closed streams: the first by worker id (the order Workers keeps them in).
   const RankSnapshot* lost = nullptr;
   for (const RankSnapshot& w : attempt.ranks) {
-    if (w.stream_seen && !w.stream_open && (lost == nullptr || w.worker_id < lost->worker_id)) lost = &w;
+    if (StreamStateOf(w, t) == StreamState::kExited && (lost == nullptr || w.worker_id < lost->worker_id)) {
+      lost = &w;
+    }
   }
   if (lost == nullptr) return {};
   return Found(FailureOf(*lost, rackrun::v1::WORKER_LOST,
@@ -82,12 +90,18 @@ Ruling CollectiveHangRule(const AttemptSnapshot& attempt, int64_t now_ms, const 
   const RankSnapshot* culprit = nullptr;
   std::string why;
   for (const RankSnapshot& w : ranks) {
-    if (Silent(w, now_ms, t) && w.stream_open) {
-      culprit = &w;
-      why = absl::StrCat("its heartbeats stopped ", (now_ms - w.last_heartbeat_ms) / kMsPerSecond,
-                         " s ago while its connection stays open (stopped or stuck process)");
-      break;
-    }
+    if (!Silent(w, now_ms, t)) continue;
+    const StreamState stream = StreamStateOf(w, t);
+    if (stream == StreamState::kExited) continue;
+    culprit = &w;
+    why = absl::StrCat("its heartbeats stopped ", (now_ms - w.last_heartbeat_ms) / kMsPerSecond, " s ago ",
+                       stream == StreamState::kOpen
+                           ? "while its connection stays open (stopped or stuck process)"
+                           : absl::StrCat("and its connection was dropped ",
+                                          (w.stream_closed_ms - w.last_heartbeat_ms) / kMsPerSecond,
+                                          " s later for not answering keepalive pings (stopped, stuck or "
+                                          "unreachable process)"));
+    break;
   }
   if (culprit == nullptr) {
     for (const RankSnapshot& w : ranks) {

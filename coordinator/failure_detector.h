@@ -3,12 +3,19 @@
 // Workers::Detect (workers.h) takes a read-only snapshot of the busy workers of one running
 // attempt (AttemptSnapshot) and asks DetectFailure, which asks the rules below in this order
 // and returns at most one finding per running attempt:
-//   lost  the worker's Assignments stream closed (its process died: the kernel closed
-//         the connection), or no heartbeat for heartbeat_timeout while no peer of its
-//         attempt waits for it in a collective -> WORKER_LOST naming it.
+//   lost  the worker's Assignments stream closed while its heartbeats were fresh (its
+//         process died: the kernel closed the connection), or no heartbeat for
+//         heartbeat_timeout while no peer of its attempt waits for it in a collective ->
+//         WORKER_LOST naming it. A stream that closed only after the heartbeats had
+//         stopped for heartbeat_timeout was dropped by gRPC keepalive because the peer
+//         stopped answering (SIGSTOP, an unreachable host): that is no proof of exit, and
+//         the rank counts as silent, as if its stream were open. (The coordinator's
+//         keepalive timeout exceeds heartbeat_timeout, so such a drop always comes after
+//         the heartbeats were overdue: server.cc.)
 //   hang  (a) peers of its attempt have been blocked in collective n (entered = n >
 //         completed) for longer than hang_timeout while it reports entered < n, or its
-//         heartbeats stopped while its stream stays open (SIGSTOP) -> HANG naming it
+//         heartbeats stopped while its stream stays open or was dropped only after they
+//         stopped (SIGSTOP) -> HANG naming it
 //         (when several qualify: the one furthest behind, then the lowest rank); when
 //         every rank has entered n and none is silent, HANG naming no rank, after
 //         hang_timeout + heartbeat_timeout (a rank stopped inside the collective is
@@ -83,6 +90,7 @@ struct RankSnapshot {
   int64_t blocked_since_ms = 0;
   bool stream_seen = false;        // an Assignments stream was opened since registration
   bool stream_open = false;
+  int64_t stream_closed_ms = 0;    // when it closed (stream_seen && !stream_open)
 };
 
 // The busy workers of one running attempt, in rank order.
@@ -97,6 +105,15 @@ struct DetectionTimeouts {
   int64_t hang_timeout_ms = 60000;
   int64_t start_timeout_ms = 600000;  // hang (b) for phase "starting", hang (c) awaiting it
 };
+
+// How its Assignments stream stands, as the rules read it.
+enum class StreamState : int {
+  kOpen,          // open, or never opened since registration
+  kExited,        // closed while its heartbeats were fresh: the process is gone
+  kDroppedSilent, // closed after heartbeat_timeout without a heartbeat: keepalive dropped a
+                  // silent peer (stopped, stuck or unreachable), no proof of exit
+};
+StreamState StreamStateOf(const RankSnapshot& w, const DetectionTimeouts& timeouts);
 
 // A rank in phase "reporting" (training over, result on the way) is hung only after this
 // many hang timeouts (hang (b)).

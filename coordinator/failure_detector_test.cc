@@ -50,6 +50,13 @@ RankSnapshot SilentFor(RankSnapshot r, int64_t ms) {
   return r;
 }
 
+// `r`'s stream closed `ms` after its last heartbeat.
+RankSnapshot ClosedAfter(RankSnapshot r, int64_t ms) {
+  r.stream_open = false;
+  r.stream_closed_ms = r.last_heartbeat_ms + ms;
+  return r;
+}
+
 AttemptSnapshot Attempt(std::vector<RankSnapshot> ranks) { return AttemptSnapshot{"j-1", 1, std::move(ranks)}; }
 
 void ExpectNames(const Ruling& r, rackrun::v1::FailureKind kind, int rank, const std::string& text = "") {
@@ -67,9 +74,9 @@ TEST(LostStreamRuleTest, NamesTheRankWhoseStreamClosedTheFirstByWorkerId) {
   a.ranks[0].stream_seen = false;  // never opened one: not a closed stream
   a.ranks[0].stream_open = false;
   EXPECT_FALSE(LostStreamRule(a, kNow, kTimeouts).decided);
-  a.ranks[1].stream_open = false;
+  a.ranks[1] = ClosedAfter(a.ranks[1], 0);
   a.ranks[1].worker_id = "w-2";
-  a.ranks[2].stream_open = false;
+  a.ranks[2] = ClosedAfter(a.ranks[2], 500);  // heartbeats still fresh when it closed
   a.ranks[2].worker_id = "w-10";  // before "w-2"
   Ruling r = LostStreamRule(a, kNow, kTimeouts);
   ExpectNames(r, rackrun::v1::WORKER_LOST, 2, "connection to the coordinator closed");
@@ -78,6 +85,43 @@ TEST(LostStreamRuleTest, NamesTheRankWhoseStreamClosedTheFirstByWorkerId) {
   EXPECT_EQ(r.failure->pid(), 1002);
   EXPECT_EQ(r.failure->phase(), "data");
   EXPECT_EQ(r.failure->step(), 7);
+}
+
+// gRPC keepalive drops the connection of a peer that stopped answering (SIGSTOP, an
+// unreachable host) 10-15 s after its last data: a stream that closed only after the
+// heartbeats had stopped for the heartbeat timeout is no proof of exit.
+TEST(StreamStateTest, AStreamClosedAfterTheHeartbeatsStoppedWasDroppedNotExited) {
+  const RankSnapshot open = Rank(0, "data");
+  EXPECT_EQ(StreamStateOf(open, kTimeouts), StreamState::kOpen);
+  RankSnapshot never = open;
+  never.stream_seen = never.stream_open = false;
+  EXPECT_EQ(StreamStateOf(never, kTimeouts), StreamState::kOpen);
+  EXPECT_EQ(StreamStateOf(ClosedAfter(open, 500), kTimeouts), StreamState::kExited);
+  EXPECT_EQ(StreamStateOf(ClosedAfter(open, 501), kTimeouts), StreamState::kDroppedSilent);
+  AttemptSnapshot a = Attempt({Rank(0, "data"), ClosedAfter(SilentFor(Rank(1, "forward"), 20000), 15000)});
+  EXPECT_FALSE(LostStreamRule(a, kNow, kTimeouts).decided);
+}
+
+TEST(CollectiveHangRuleTest, ASilentRankWhoseStreamWasDroppedIsNamed) {
+  AttemptSnapshot a = Attempt({ClosedAfter(SilentFor(Rank(0, "forward"), 2600), 1500), Blocked(Rank(1, ""), 8, 2100)});
+  a.ranks[0].entered = 8;
+  ExpectNames(CollectiveHangRule(a, kNow, kTimeouts), rackrun::v1::HANG, 0,
+              "heartbeats stopped 2.6 s ago and its connection was dropped 1.5 s later");
+  // Closed while it still heartbeated: it exited, and the lost-stream rule names it.
+  a.ranks[0] = ClosedAfter(SilentFor(Rank(0, "forward"), 2600), 100);
+  std::optional<Finding> f = DetectFailure(a, kNow, kTimeouts);
+  ASSERT_TRUE(f.has_value());
+  EXPECT_EQ(f->rule, DetectionRule::kLostStream);
+  EXPECT_EQ(f->failure.kind(), rackrun::v1::WORKER_LOST);
+}
+
+TEST(LostSilenceRuleTest, ASilentRankWhoseStreamWasDroppedIsLostWhenNoPeerWaits) {
+  AttemptSnapshot a = Attempt({Rank(0, "data"), ClosedAfter(SilentFor(Rank(1, "data"), 2000), 1000)});
+  std::optional<Finding> f = DetectFailure(a, kNow, kTimeouts);
+  ASSERT_TRUE(f.has_value());
+  EXPECT_EQ(f->rule, DetectionRule::kLostSilence);
+  EXPECT_EQ(f->failure.rank(), 1);
+  EXPECT_NE(f->failure.message().find("no heartbeat for 2 s"), std::string::npos) << f->failure.message();
 }
 
 TEST(CollectiveHangRuleTest, NamesTheRankFurthestBehindThenTheLowest) {

@@ -3,7 +3,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <climits>
 #include <cstdio>
 #include <filesystem>
 
@@ -177,9 +179,16 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(cons
   builder.RegisterService(s->job_service_.get());
   builder.RegisterService(s->rack_control_.get());
   // Keepalive: pings every 10 s find dead peers on an idle connection (a worker's
-  // Assignments stream), and clients may ping every 5 s without data.
+  // Assignments stream), and clients may ping every 5 s without data. A ping unanswered
+  // for longer than the heartbeat timeout (at least 5 s) drops the connection, so a
+  // stream dropped for a stopped peer always closes after its heartbeats were overdue:
+  // the failure rules tell that from a process exit (failure_detector.h, StreamState).
+  const Workers::Options& workers = options.rack.workers;
+  const int64_t keepalive_timeout_ms =
+      std::max<int64_t>(5000, workers.heartbeat_timeout_ms + workers.heartbeat_interval_ms);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
+                             static_cast<int>(std::min<int64_t>(keepalive_timeout_ms, INT32_MAX)));
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);

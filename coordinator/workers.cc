@@ -81,6 +81,7 @@ absl::Status Workers::Deregister(const std::string& worker_id) {
   w->w.set_state(rackrun::v1::GONE);
   ++w->generation;
   w->stream_open = false;
+  w->stream_closed_ms = clock_();
   cv_.notify_all();
   return absl::OkStatus();
 }
@@ -120,7 +121,10 @@ absl::StatusOr<std::optional<rackrun::v1::Assignment>> Workers::NextAssignment(
 void Workers::CloseStream(const std::string& worker_id, int64_t generation) {
   Lock lock(mu_);
   Info* w = Find(worker_id);
-  if (w != nullptr && w->generation == generation) w->stream_open = false;
+  if (w != nullptr && w->generation == generation) {
+    w->stream_open = false;
+    w->stream_closed_ms = clock_();
+  }
 }
 
 void Workers::Push(const std::string& worker_id, const rackrun::v1::Assignment& a) {
@@ -197,18 +201,25 @@ std::vector<Finding> Workers::Detect() {
     a.attempt = w.attempt;
     a.ranks.push_back(SnapshotOf(w));
   }
-  // Bookkeeping: a closed stream means the process is gone; an idle worker that stopped
-  // heartbeating is gone too.
+  const DetectionTimeouts timeouts{options_.heartbeat_timeout_ms, options_.hang_timeout_ms,
+                                   options_.start_timeout_ms};
+  // Bookkeeping: a stream closed while heartbeats were fresh means the process is gone; an
+  // idle worker with a closed stream or that stopped heartbeating is gone too. A busy rank
+  // whose stream keepalive dropped after it fell silent stays in its attempt until the
+  // rules have named the attempt's failure (HANG when peers wait for it, else
+  // WORKER_LOST for the silence); it is lost after that.
   for (auto& [id, w] : workers_) {
     const auto s = w.w.state();
     if (s == rackrun::v1::LOST || s == rackrun::v1::GONE) continue;
-    if ((w.stream_seen && !w.stream_open) ||
+    const StreamState stream = StreamStateOf(SnapshotOf(w), timeouts);
+    const auto report = reported_.find(std::make_pair(w.w.job_id(), w.attempt));
+    const bool named = s == rackrun::v1::BUSY && report != reported_.end() && report->second;
+    if (stream == StreamState::kExited ||
+        (stream == StreamState::kDroppedSilent && (s != rackrun::v1::BUSY || named)) ||
         (s == rackrun::v1::IDLE && now - w.last_heartbeat_ms > options_.heartbeat_timeout_ms)) {
       w.w.set_state(rackrun::v1::LOST);
     }
   }
-  const DetectionTimeouts timeouts{options_.heartbeat_timeout_ms, options_.hang_timeout_ms,
-                                   options_.start_timeout_ms};
   // Closed streams first, by worker id, then the other findings by attempt.
   std::vector<Finding> out, others;
   for (auto& [key, attempt] : attempts) {
@@ -245,6 +256,7 @@ RankSnapshot Workers::SnapshotOf(const Info& w) {
   r.blocked_since_ms = w.blocked_since_ms;
   r.stream_seen = w.stream_seen;
   r.stream_open = w.stream_open;
+  r.stream_closed_ms = w.stream_closed_ms;
   return r;
 }
 

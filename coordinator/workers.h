@@ -118,6 +118,7 @@ class Workers {
     int64_t blocked_since_ms = 0;
     bool stream_open = false;
     bool stream_seen = false;  // a stream was opened since registration
+    int64_t stream_closed_ms = 0;
     int64_t generation = 0;
     std::deque<rackrun::v1::Assignment> outbox;
   };

@@ -176,6 +176,36 @@ TEST_F(WorkersTest, HungWhenStoppedWithTheConnectionOpen) {
   FAIL() << "the stopped rank was never named";
 }
 
+// The same, but gRPC keepalive drops the stopped rank's connection (10-15 s after its last
+// data in the daemons; here after 1 s of silence, past the 0.5 s heartbeat timeout) before
+// the peers have waited the hang timeout: still a HANG naming it, not WORKER_LOST; the
+// rank is LOST only after that.
+TEST_F(WorkersTest, HungWhenStoppedAndKeepaliveDropsTheConnection) {
+  auto ids = Start(2);
+  clock_.Advance(100);
+  Beat(ids[0], 4, "forward", 5, 5);
+  Beat(ids[1], 4, "forward", 5, 5);
+  for (int t = 0; t < 25; ++t) {
+    clock_.Advance(100);
+    Beat(ids[1], 4, "collective", 6, 5);
+    if (t == 10) workers_.CloseStream(ids[0], gens_[0]);
+    std::vector<Finding> f = workers_.Detect();
+    if (t < 19) {
+      EXPECT_TRUE(f.empty()) << t;
+      EXPECT_EQ(workers_.List(false).workers(0).state(), rackrun::v1::BUSY) << t;
+    } else if (!f.empty()) {
+      ASSERT_EQ(f.size(), 1u);
+      EXPECT_EQ(f[0].failure.kind(), rackrun::v1::HANG);
+      EXPECT_EQ(f[0].failure.rank(), 0);
+      EXPECT_NE(f[0].failure.message().find("connection was dropped"), std::string::npos) << f[0].failure.message();
+      EXPECT_TRUE(workers_.Detect().empty());  // reported once
+      EXPECT_EQ(workers_.List(false).workers(0).state(), rackrun::v1::LOST);
+      return;
+    }
+  }
+  FAIL() << "the stopped rank was never named";
+}
+
 TEST_F(WorkersTest, HungByThePhaseRule) {
   auto ids = Start(2);
   for (int t = 1; t <= 25; ++t) {
