@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <memory>
 #include <optional>
 #include <random>
 #include <thread>
@@ -170,14 +171,26 @@ TEST_P(PlanningEquivalence, EachDomainPlansLikeItsInBandGroup) {
   }
 }
 
+// ultraep in domains of 2 ranks (parallelism.expert_parallel 2), and planning opened for
+// attempt 1 of job j-1 on 4 ranks (2 x 2); null when Open fails.
+rackrun::v1::JobSpec TwoByTwoSpec() {
+  rackrun::v1::JobSpec spec = Spec("ultraep");
+  spec.mutable_parallelism()->set_expert_parallel(2);
+  return spec;
+}
+std::unique_ptr<Planning> OpenTwoByTwo() {
+  auto planning = std::make_unique<Planning>();
+  if (!planning->Open("j-1", 1, TwoByTwoSpec(), 4).ok()) return nullptr;
+  return planning;
+}
+
 // One domain's slow rank does not hold back another domain: domain 1's plans are served,
 // microbatch after microbatch (to a rank already waiting for them), while domain 0 still
 // waits for rank 1's row; domain 0's plan comes when that row arrives.
 TEST(PlanningTest, ADomainIsPlannedWhileAnotherWaitsForARank) {
-  rackrun::v1::JobSpec spec = Spec("ultraep");
-  spec.mutable_parallelism()->set_expert_parallel(2);
-  Planning planning;
-  ASSERT_TRUE(planning.Open("j-1", 1, spec, 4).ok());
+  const std::unique_ptr<Planning> opened = OpenTwoByTwo();
+  ASSERT_NE(opened, nullptr);
+  Planning& planning = *opened;
   planner::LoadMatrix loads(2, 8);
   for (int r = 0; r < 2; ++r) {
     for (int e = 0; e < 8; ++e) loads.at(r, e) = 10 + 7 * r + (e == 1 ? 300 : e);
@@ -215,10 +228,9 @@ TEST(PlanningTest, ADomainIsPlannedWhileAnotherWaitsForARank) {
 
 // A row whose domain is not its rank's, and a layout that does not tile the ranks.
 TEST(PlanningTest, RowsNameTheirRanksDomain) {
-  rackrun::v1::JobSpec spec = Spec("ultraep");
-  spec.mutable_parallelism()->set_expert_parallel(2);
-  Planning planning;
-  ASSERT_TRUE(planning.Open("j-1", 1, spec, 4).ok());
+  const std::unique_ptr<Planning> opened = OpenTwoByTwo();
+  ASSERT_NE(opened, nullptr);
+  Planning& planning = *opened;
   planner::LoadMatrix loads(2, 8);
   const absl::Status wrong = planning.AddRow(Row(3, 0, 0, 0, true, loads, 1));
   EXPECT_EQ(wrong.code(), absl::StatusCode::kInvalidArgument);
@@ -226,7 +238,7 @@ TEST(PlanningTest, RowsNameTheirRanksDomain) {
             std::string::npos)
       << wrong;
   EXPECT_TRUE(planning.AddRow(Row(3, 1, 0, 0, true, loads, 1)).ok());
-  const absl::Status untiled = planning.Open("j-2", 1, spec, 3);
+  const absl::Status untiled = planning.Open("j-2", 1, TwoByTwoSpec(), 3);
   EXPECT_EQ(untiled.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(std::string(untiled.message()).find("parallelism.expert_parallel"), std::string::npos)
       << untiled;

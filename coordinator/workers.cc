@@ -20,7 +20,9 @@ Workers::Info* Workers::Find(const std::string& id) {
 
 absl::StatusOr<std::string> Workers::Register(const rackrun::v1::RegisterRequest& req) {
   if (req.host().empty()) return absl::InvalidArgumentError("host: required (the worker's host name)");
-  if (absl::Status s = rpc::CheckRackLabel(req.rack(), "rack"); !s.ok()) return s;
+  if (absl::Status s = rpc::CheckRackLabel(req.rack()); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("rack: ", s.message(), "; set the worker's --rack"));
+  }
   std::string id = req.worker_id();
   if (id.empty()) {
     absl::StatusOr<int64_t> n = next_number_();

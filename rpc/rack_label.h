@@ -16,8 +16,9 @@ namespace rackrun::rpc {
 
 inline constexpr int kMaxRackLabelLength = 63;
 
-// InvalidArgument naming `field` ("--rack", "rack") and the allowed characters otherwise.
-absl::Status CheckRackLabel(const std::string& label, const std::string& field);
+// InvalidArgument saying what is wrong and what is allowed otherwise; the caller puts the
+// flag or field in front ("--rack: ", "rack: ").
+absl::Status CheckRackLabel(const std::string& label);
 
 }  // namespace rackrun::rpc
 

@@ -53,8 +53,7 @@ void DeclareFlags(rackrun::flags::FlagSet& flags, rackrun::worker::WorkerOptions
               "expert-parallel domain onto workers with one label",
               [&o](std::string_view value) {
                 o.rack = std::string(value);
-                if (absl::Status s = rackrun::rpc::CheckRackLabel(o.rack, "--rack"); !s.ok()) return s;
-                return absl::OkStatus();
+                return rackrun::rpc::CheckRackLabel(o.rack);  // the flags name --rack
               })
       .Env("RACKRUN_RACK")
       .Default("none");
