@@ -412,7 +412,8 @@ TEST_F(DaemonsTest, FourMpirunWorkersCoordinatorModePlansLikeInBand) {
 // interleaved by launcher rank (a, b, a, b: without the labels rank order would mix them):
 // each domain's ranks run on one rack, domain 0 on rack a, which `rackrun status` and
 // `rackrun workers` show; in-band and coordinator-mode planning (the coordinator plans each
-// domain separately) give the losses of `mpirun -np 4 rackrun train` bit for bit.
+// domain separately) give the losses of `mpirun -np 4 rackrun train` bit for bit. A domain
+// no rack holds is placed across racks, and says so.
 TEST_F(DaemonsTest, TwoByTwoJobPacksDomainsOntoRacksAndPlansLikeMpirun) {
   StartCoordinator();
   StartWorker(0, {"--rack", "a"});
@@ -459,6 +460,16 @@ TEST_F(DaemonsTest, TwoByTwoJobPacksDomainsOntoRacksAndPlansLikeMpirun) {
   ASSERT_EQ(direct.code, 0) << direct.err;
   EXPECT_EQ(losses["inband"], Losses(direct_log));
   EXPECT_EQ(losses["coordinator"], Losses(direct_log));
+
+  // One domain of 4 (1 x 4) fits no rack: it mixes both, and the job's events and the
+  // coordinator's log say so.
+  const Result mixed = Cli("submit job.yaml --set resources.ranks=4 --set training.steps=2 --watch --plain",
+                           "watch-mixed");
+  EXPECT_EQ(mixed.code, 0) << mixed.out << mixed.err;
+  const std::string note =
+      "placement: domain 0 spans racks a, b (no rack label had 4 free workers; free: a: 2, b: 2)";
+  EXPECT_THAT(mixed.out, HasSubstr(note)) << mixed.out;
+  EXPECT_THAT(::rackrun::testing::Slurp(dir_ / "coordinator0.log"), HasSubstr(note));
 }
 
 // kill -9 of a busy worker: the job fails naming the lost rank (its pid) within the
