@@ -210,7 +210,8 @@ std::vector<QueuedJob> Jobs::Queue() const {
 }
 
 absl::StatusOr<Attempt> Jobs::StartAttempt(const std::string& job_id,
-                                           const std::vector<rackrun::v1::RankPlacement>& ranks) {
+                                           const std::vector<rackrun::v1::RankPlacement>& ranks,
+                                           const std::string& placement_note) {
   Lock lock(mu_);
   Entry* e = Find(job_id);
   if (e == nullptr) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
@@ -233,6 +234,7 @@ absl::StatusOr<Attempt> Jobs::StartAttempt(const std::string& job_id,
   const Attempt started = *a;
   std::vector<JobEvent> events;
   events.push_back(MessageEvent(next.message(), started.number()));
+  if (!placement_note.empty()) events.push_back(MessageEvent(placement_note, started.number()));
   events.push_back(StateEvent(rackrun::v1::RUNNING, started.number()));
   if (absl::Status s = Commit(*e, std::move(next), std::move(events)); !s.ok()) return s;
   e->results.clear();
@@ -476,7 +478,10 @@ absl::Status Jobs::Reattach(const std::string& job_id, int attempt, int rank,
     return absl::OkStatus();
   }
   Job next = e->job;
-  *next.mutable_attempts(next.attempts_size() - 1)->mutable_ranks(index) = placement;
+  rackrun::v1::RankPlacement* moved = next.mutable_attempts(next.attempts_size() - 1)->mutable_ranks(index);
+  const int domain = moved->domain();  // the rank's domain stays; its worker changed
+  *moved = placement;
+  moved->set_domain(domain);
   return Commit(*e, std::move(next),
                 {MessageEvent(absl::StrCat("rank ", rank, " re-attached as ", placement.worker_id()), attempt)});
 }

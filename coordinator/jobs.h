@@ -88,9 +88,12 @@ class Jobs {
   std::vector<QueuedJob> Queue() const;
 
   // Starts the next attempt of a QUEUED job on `ranks` (rank i at index i). Returns it
-  // (number, resume = number > 1). FailedPrecondition when the job is not QUEUED.
+  // (number, resume = number > 1). A non-empty `placement_note` (Placement::note: domains
+  // that mix rack labels) becomes a message event of the attempt. FailedPrecondition when
+  // the job is not QUEUED.
   absl::StatusOr<rackrun::v1::Attempt> StartAttempt(const std::string& job_id,
-                                                    const std::vector<rackrun::v1::RankPlacement>& ranks);
+                                                    const std::vector<rackrun::v1::RankPlacement>& ranks,
+                                                    const std::string& placement_note = "");
 
   // One rank's end of an attempt. Succeeded from every rank ends the job SUCCEEDED;
   // FAILED from a rank fails the attempt (kind ERROR naming it), DRAINED or an unasked

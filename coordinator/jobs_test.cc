@@ -301,6 +301,38 @@ TEST_F(JobsTest, WatchReplaysFromSeqAndFollowsLive) {
   EXPECT_TRUE(saw_progress);
 }
 
+// A placement that mixes rack labels is a message event of the attempt; a rank that
+// re-attaches on another worker keeps its domain and takes the new worker's rack.
+TEST_F(JobsTest, PlacementNoteIsAnEventAndReattachKeepsTheDomain) {
+  const std::string id = jobs_->Submit(Spec(4), "r1")->job.id();
+  std::vector<RankPlacement> ranks = Ranks(4);
+  for (RankPlacement& r : ranks) {
+    r.set_domain(r.rank() / 2);
+    r.set_rack(r.rank() < 3 ? "a" : "b");
+  }
+  const std::string note = "placement: domain 1 spans racks a, b (test)";
+  ASSERT_TRUE(jobs_->StartAttempt(id, ranks, note).ok());
+  bool noted = false;
+  for (const JobEvent& e : Events(id)) noted |= e.message() == note && e.attempt() == 1;
+  EXPECT_TRUE(noted);
+  EXPECT_EQ(jobs_->Get(id)->attempts(0).ranks(3).domain(), 1);
+  RankPlacement moved;
+  moved.set_rank(3);
+  moved.set_worker_id("w-9");
+  moved.set_host("h2");
+  moved.set_pid(900);
+  moved.set_rack("c");
+  ASSERT_TRUE(jobs_->Reattach(id, 1, 3, moved).ok());
+  const RankPlacement now = jobs_->Get(id)->attempts(0).ranks(3);
+  EXPECT_EQ(now.worker_id(), "w-9");
+  EXPECT_EQ(now.rack(), "c");
+  EXPECT_EQ(now.domain(), 1);
+  // Without a note there is no such event.
+  const std::string plain = jobs_->Submit(Spec(1), "r2")->job.id();
+  ASSERT_TRUE(jobs_->StartAttempt(plain, Ranks(1)).ok());
+  for (const JobEvent& e : Events(plain)) EXPECT_EQ(e.message().find("placement:"), std::string::npos);
+}
+
 TEST_F(JobsTest, ReattachAfterRestartOrLoseWithinGrace) {
   std::string kept, lost;
   kept = jobs_->Submit(Spec(2), "kept")->job.id();

@@ -3,6 +3,7 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
+#include "jobspec/spec.h"
 #include "planner/invariants.h"
 #include "rpc/plan_codec.h"
 
@@ -10,19 +11,26 @@ namespace rackrun::coordinator {
 
 absl::Status Planning::Open(const std::string& job_id, int attempt, const rackrun::v1::JobSpec& spec,
                             int ranks) {
-  absl::StatusOr<jobspec::BalancerSetup> setup = jobspec::BalancerSetupOf(spec, ranks);
+  absl::StatusOr<jobspec::ExpertParallelLayout> layout = jobspec::ExpertParallelLayoutOf(spec, ranks);
+  if (!layout.ok()) return layout.status();
+  // Every domain plans G ranks, as each domain's expert-parallel group does in-band.
+  absl::StatusOr<jobspec::BalancerSetup> setup = jobspec::BalancerSetupOf(spec, layout->expert_parallel);
   if (!setup.ok()) return setup.status();
   Session s;
   s.setup = *std::move(setup);
-  for (auto* p : {&s.train, &s.eval}) {
-    absl::StatusOr<std::unique_ptr<planner::Planner>> made =
-        planner::MakePlanner(s.setup.policy->name, s.setup.domain, s.setup.planner);
-    if (!made.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("balancer.policy: ", made.status().message()));
+  s.expert_parallel = layout->expert_parallel;
+  s.domains.resize(static_cast<size_t>(layout->data_parallel));
+  for (DomainPlanning& d : s.domains) {
+    for (auto* p : {&d.train, &d.eval}) {
+      absl::StatusOr<std::unique_ptr<planner::Planner>> made =
+          planner::MakePlanner(s.setup.policy->name, s.setup.domain, s.setup.planner);
+      if (!made.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat("balancer.policy: ", made.status().message()));
+      }
+      *p = *std::move(made);
     }
-    *p = *std::move(made);
   }
-  s.outbox.resize(static_cast<size_t>(ranks));
+  s.outbox.resize(static_cast<size_t>(layout->ranks));
   Lock lock(mu_);
   sessions_.try_emplace({job_id, attempt}, std::move(s));  // an open session is kept
   return absl::OkStatus();
@@ -44,44 +52,60 @@ absl::Status Planning::AddRow(const rackrun::v1::LoadRow& row) {
                                                       "or balancer.mode is not coordinator)"));
   }
   Session& s = it->second;
-  const planner::Domain& d = s.setup.domain;
-  if (row.rank() < 0 || row.rank() >= d.ranks) {
-    return absl::InvalidArgumentError(absl::StrCat("rank: ", row.rank(), " is not in [0, ", d.ranks, ")"));
+  const planner::Domain& d = s.setup.domain;  // one domain: G ranks
+  const int ranks = static_cast<int>(s.outbox.size());
+  if (row.rank() < 0 || row.rank() >= ranks) {
+    return absl::InvalidArgumentError(absl::StrCat("rank: ", row.rank(), " is not in [0, ", ranks, ")"));
+  }
+  const int domain = row.rank() / s.expert_parallel;
+  if (row.domain() != domain) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "domain: rank ", row.rank(), " is in expert-parallel domain ", domain, " (",
+        s.expert_parallel, " ranks per domain, parallelism.expert_parallel) but its row names domain ",
+        row.domain(), "; the worker and the coordinator disagree on the job's layout"));
   }
   if (row.loads_size() != d.experts()) {
     return absl::InvalidArgumentError(absl::StrCat("loads: ", row.loads_size(), " entries, expected one per expert (",
                                                    d.experts(), ")"));
   }
-  Pending& p = s.pending[{row.microbatch(), row.layer(), row.training()}];
+  DomainPlanning& dp = s.domains[static_cast<size_t>(domain)];
+  const int local = row.rank() % s.expert_parallel;
+  const auto key = std::make_tuple(row.microbatch(), row.layer(), row.training());
+  Pending& p = dp.pending[key];
   if (p.got.empty()) {
     p.loads = planner::LoadMatrix(d.ranks, d.experts());
     p.got.assign(static_cast<size_t>(d.ranks), false);
   }
-  if (p.got[static_cast<size_t>(row.rank())]) {
+  if (p.got[static_cast<size_t>(local)]) {
     return absl::InvalidArgumentError(absl::StrCat("rank ", row.rank(), " sent microbatch ", row.microbatch(),
                                                    " layer ", row.layer(), " twice"));
   }
-  p.got[static_cast<size_t>(row.rank())] = true;
-  for (int e = 0; e < d.experts(); ++e) p.loads.at(row.rank(), e) = row.loads(e);
+  p.got[static_cast<size_t>(local)] = true;
+  for (int e = 0; e < d.experts(); ++e) p.loads.at(local, e) = row.loads(e);
   if (++p.count < d.ranks) return absl::OkStatus();
 
   rackrun::v1::PlanReply reply;
   reply.set_microbatch(row.microbatch());
   reply.set_layer(row.layer());
-  planner::Planner& planner = row.training() ? *s.train : *s.eval;
-  absl::Status st = planner.SolveInto(p.loads, row.layer(), &s.plan);
-  if (st.ok()) st = planner::CheckPlanInvariants(d, p.loads, s.plan, s.setup.invariants);
+  reply.set_domain(domain);
+  planner::Planner& planner = row.training() ? *dp.train : *dp.eval;
+  absl::Status st = planner.SolveInto(p.loads, row.layer(), &dp.plan);
+  if (st.ok()) st = planner::CheckPlanInvariants(d, p.loads, dp.plan, s.setup.invariants);
   if (st.ok()) {
-    rpc::PlanToMessage(s.plan, p.loads, reply.mutable_plan());
-    reply.set_fingerprint(planner::PlanFingerprint(s.plan));
+    rpc::PlanToMessage(dp.plan, p.loads, reply.mutable_plan());
+    reply.set_fingerprint(planner::PlanFingerprint(dp.plan));
   } else {
-    reply.set_error(absl::StrCat("plan of microbatch ", row.microbatch(), " layer ", row.layer(), ": ",
+    reply.set_error(absl::StrCat("plan of microbatch ", row.microbatch(), " layer ", row.layer(),
+                                 s.domains.size() > 1 ? absl::StrCat(" domain ", domain) : "", ": ",
                                  st.message()));
   }
   reply.set_solve_s(std::chrono::duration<double>(std::chrono::steady_clock::now() - arrived).count());
   if (solve_observer_) solve_observer_(row.job_id(), reply.solve_s());
-  s.pending.erase({row.microbatch(), row.layer(), row.training()});
-  for (auto& q : s.outbox) q.push_back(reply);
+  dp.pending.erase(key);
+  const size_t first = static_cast<size_t>(domain * s.expert_parallel);
+  for (size_t r = first; r < first + static_cast<size_t>(s.expert_parallel); ++r) {
+    s.outbox[r].push_back(reply);
+  }
   cv_.notify_all();
   return absl::OkStatus();
 }

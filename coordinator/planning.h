@@ -1,11 +1,16 @@
 // Planning: coordinator-mode planning (balancer.mode: coordinator) behind RackControl.Plans.
 //
-// Per running attempt (Open .. Close) it keeps two planners made exactly as the runtime's
-// expert-parallel group makes them (planner::MakePlanner with the spec's
-// jobspec::BalancerSetup, as runtime/trainer.cc does): one for training microbatches and
-// one for evaluation ones, so eplb's history is the same as in-band. Each rank streams its LoadRow per (microbatch, layer, training); when
-// all R rows are in, the matrix is solved, the invariants checked, and the PlanReply
-// (plan, fingerprint, solve_s; or error) is queued for every rank's stream.
+// A job of R ranks with parallelism.expert_parallel = G runs D = R / G expert-parallel
+// domains; domain d is ranks d*G .. d*G+G-1 (jobspec::ExpertParallelLayoutOf). Per running
+// attempt (Open .. Close) and per domain it keeps two planners made exactly as the
+// runtime's expert-parallel group of that domain makes them (planner::MakePlanner with the
+// spec's jobspec::BalancerSetup on G ranks, as runtime/trainer.cc does): one for training
+// microbatches and one for evaluation ones, so eplb's history is the same as in-band. Each
+// rank streams its LoadRow per (microbatch, layer, training), naming its domain; when the
+// G rows of one domain are in, that domain's G x experts matrix is solved, the invariants
+// checked, and the PlanReply (domain, plan, fingerprint, solve_s; or error) is queued for
+// the streams of that domain's ranks only. Domains never wait for each other: a slow rank
+// delays its own domain's plans and no other's.
 //
 // Thread safety: all methods are thread-safe.
 #ifndef RACKRUN_COORDINATOR_PLANNING_H_
@@ -36,14 +41,16 @@ namespace rackrun::coordinator {
 
 class Planning {
  public:
-  // Starts planning for the attempt (no change when it is already open). InvalidArgument
-  // when the spec gives no balancer setup (jobspec::BalancerSetupOf).
+  // Starts planning for the attempt of `ranks` ranks (no change when it is already open).
+  // InvalidArgument when the ranks do not tile into domains (jobspec::ExpertParallelLayoutOf)
+  // or the spec gives no balancer setup (jobspec::BalancerSetupOf).
   absl::Status Open(const std::string& job_id, int attempt, const rackrun::v1::JobSpec& spec, int ranks);
   // Ends it: pending rows are dropped and the ranks' NextReply return Cancelled.
   void Close(const std::string& job_id, int attempt);
 
-  // One rank's row (job, attempt and rank set). FailedPrecondition when the attempt does
-  // not plan here; InvalidArgument for a bad rank, row size or a duplicate row.
+  // One rank's row (job, attempt, rank and domain set). FailedPrecondition when the attempt
+  // does not plan here; InvalidArgument for a bad rank, a domain that is not the rank's,
+  // a bad row size or a duplicate row.
   absl::Status AddRow(const rackrun::v1::LoadRow& row);
 
   // The next reply for the rank, waiting up to `max_wait` (nullopt when none came).
@@ -62,13 +69,18 @@ class Planning {
     std::vector<bool> got;
     int count = 0;
   };
-  struct Session {
-    jobspec::BalancerSetup setup;
+  // One expert-parallel domain's planners and the rows it waits for.
+  struct DomainPlanning {
     std::unique_ptr<planner::Planner> train;
     std::unique_ptr<planner::Planner> eval;
     std::map<std::tuple<int64_t, int, bool>, Pending> pending;
-    std::vector<std::deque<rackrun::v1::PlanReply>> outbox;  // per rank
     planner::Plan plan;  // reused buffers
+  };
+  struct Session {
+    jobspec::BalancerSetup setup;  // on G ranks: one domain's
+    int expert_parallel = 1;       // G
+    std::vector<DomainPlanning> domains;                     // D of them
+    std::vector<std::deque<rackrun::v1::PlanReply>> outbox;  // per job rank (R = D x G)
   };
   using Key = std::pair<std::string, int>;
 

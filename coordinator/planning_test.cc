@@ -2,7 +2,11 @@
 
 #include <gtest/gtest.h>
 
+#include <memory>
+#include <optional>
 #include <random>
+#include <thread>
+#include <vector>
 
 #include "rpc/plan_codec.h"
 #include "planner/invariants.h"
@@ -94,6 +98,151 @@ TEST_P(PlanningEquivalence, CoordinatorPlansEqualInBandPlans) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Policies, PlanningEquivalence, ::testing::Values("ultraep", "eplb", "none"));
+
+rackrun::v1::LoadRow Row(int rank, int domain, int64_t microbatch, int layer, bool training,
+                         const planner::LoadMatrix& loads, int row_of_loads) {
+  rackrun::v1::LoadRow row;
+  row.set_job_id("j-1");
+  row.set_attempt(1);
+  row.set_rank(rank);
+  row.set_domain(domain);
+  row.set_microbatch(microbatch);
+  row.set_layer(layer);
+  row.set_training(training);
+  for (int e = 0; e < loads.experts; ++e) row.add_loads(loads.at(row_of_loads, e));
+  return row;
+}
+
+// 2 x 2 (4 ranks, parallelism.expert_parallel 2): each domain's plans are what that
+// domain's in-band planner (2 ranks, its own history) solves from its own ranks' rows, and
+// reach only that domain's ranks.
+TEST_P(PlanningEquivalence, EachDomainPlansLikeItsInBandGroup) {
+  const int ranks = 4, g = 2;
+  rackrun::v1::JobSpec spec = Spec(GetParam());
+  spec.mutable_parallelism()->set_expert_parallel(g);
+  Planning planning;
+  ASSERT_TRUE(planning.Open("j-1", 1, spec, ranks).ok());
+  std::vector<std::unique_ptr<planner::Planner>> train, eval;
+  for (int d = 0; d < ranks / g; ++d) {
+    train.push_back(InBand(spec, g));
+    eval.push_back(InBand(spec, g));
+  }
+  std::mt19937 rng(11);
+  std::uniform_int_distribution<int> tokens(0, 400);
+  for (int64_t mb = 0; mb < 10; ++mb) {
+    for (int layer = 0; layer < 2; ++layer) {
+      const bool training = mb % 4 != 3;
+      // Each domain its own loads, with a different hot expert.
+      std::vector<planner::LoadMatrix> loads(2, planner::LoadMatrix(g, 8));
+      for (int d = 0; d < 2; ++d) {
+        for (int r = 0; r < g; ++r) {
+          for (int e = 0; e < 8; ++e) loads[d].at(r, e) = tokens(rng) * (e == 2 + 3 * d ? 6 : 1);
+        }
+      }
+      for (const int rank : {3, 0, 2, 1}) {  // the domains' rows interleaved
+        ASSERT_TRUE(planning.AddRow(Row(rank, rank / g, mb, layer, training, loads[rank / g], rank % g)).ok());
+      }
+      for (int d = 0; d < 2; ++d) {
+        planner::Plan expected;
+        ASSERT_TRUE((training ? train : eval)[d]->SolveInto(loads[d], layer, &expected).ok());
+        for (int rank = d * g; rank < d * g + g; ++rank) {
+          auto reply = planning.NextReply("j-1", 1, rank, absl::Seconds(1));
+          ASSERT_TRUE(reply.ok() && reply->has_value()) << "rank " << rank;
+          const rackrun::v1::PlanReply& got = **reply;
+          ASSERT_TRUE(got.error().empty()) << got.error();
+          EXPECT_EQ(got.domain(), d);
+          EXPECT_EQ(got.microbatch(), mb);
+          EXPECT_EQ(got.layer(), layer);
+          planner::Plan decoded;
+          planner::LoadMatrix decoded_loads;
+          ASSERT_TRUE(rpc::PlanFromMessage(got.plan(), &decoded, &decoded_loads).ok());
+          EXPECT_TRUE(decoded == expected) << "microbatch " << mb << " layer " << layer << " domain " << d;
+          EXPECT_EQ(decoded_loads.ranks, g);
+          EXPECT_EQ(decoded_loads.counts, loads[d].counts);
+          EXPECT_EQ(got.fingerprint(), planner::PlanFingerprint(expected));
+        }
+      }
+      for (int rank = 0; rank < ranks; ++rank) {  // one reply per rank, no more
+        auto extra = planning.NextReply("j-1", 1, rank, absl::ZeroDuration());
+        ASSERT_TRUE(extra.ok());
+        EXPECT_FALSE(extra->has_value()) << "rank " << rank << " got another domain's plan";
+      }
+    }
+  }
+}
+
+// ultraep in domains of 2 ranks (parallelism.expert_parallel 2), and planning opened for
+// attempt 1 of job j-1 on 4 ranks (2 x 2); null when Open fails.
+rackrun::v1::JobSpec TwoByTwoSpec() {
+  rackrun::v1::JobSpec spec = Spec("ultraep");
+  spec.mutable_parallelism()->set_expert_parallel(2);
+  return spec;
+}
+std::unique_ptr<Planning> OpenTwoByTwo() {
+  auto planning = std::make_unique<Planning>();
+  if (!planning->Open("j-1", 1, TwoByTwoSpec(), 4).ok()) return nullptr;
+  return planning;
+}
+
+// One domain's slow rank does not hold back another domain: domain 1's plans are served,
+// microbatch after microbatch (to a rank already waiting for them), while domain 0 still
+// waits for rank 1's row; domain 0's plan comes when that row arrives.
+TEST(PlanningTest, ADomainIsPlannedWhileAnotherWaitsForARank) {
+  const std::unique_ptr<Planning> opened = OpenTwoByTwo();
+  ASSERT_NE(opened, nullptr);
+  Planning& planning = *opened;
+  planner::LoadMatrix loads(2, 8);
+  for (int r = 0; r < 2; ++r) {
+    for (int e = 0; e < 8; ++e) loads.at(r, e) = 10 + 7 * r + (e == 1 ? 300 : e);
+  }
+  ASSERT_TRUE(planning.AddRow(Row(0, 0, 0, 0, true, loads, 0)).ok());  // rank 1 is slow
+  for (int64_t mb = 0; mb < 3; ++mb) {
+    // Rank 2 waits for its plan before domain 1's rows are in; they arrive meanwhile.
+    absl::StatusOr<std::optional<rackrun::v1::PlanReply>> waited;
+    std::thread waiter([&] { waited = planning.NextReply("j-1", 1, 2, absl::Seconds(30)); });
+    ASSERT_TRUE(planning.AddRow(Row(3, 1, mb, 0, true, loads, 1)).ok());
+    ASSERT_TRUE(planning.AddRow(Row(2, 1, mb, 0, true, loads, 0)).ok());
+    waiter.join();
+    ASSERT_TRUE(waited.ok() && waited->has_value()) << "microbatch " << mb;
+    EXPECT_EQ((*waited)->domain(), 1);
+    EXPECT_EQ((*waited)->microbatch(), mb);
+    EXPECT_TRUE((*waited)->error().empty()) << (*waited)->error();
+    auto rank3 = planning.NextReply("j-1", 1, 3, absl::ZeroDuration());
+    ASSERT_TRUE(rank3.ok() && rank3->has_value());
+    EXPECT_EQ((*rank3)->fingerprint(), (*waited)->fingerprint());
+    for (const int waiting : {0, 1}) {
+      auto none = planning.NextReply("j-1", 1, waiting, absl::ZeroDuration());
+      ASSERT_TRUE(none.ok());
+      EXPECT_FALSE(none->has_value()) << "domain 0 was planned without rank 1's row";
+    }
+  }
+  ASSERT_TRUE(planning.AddRow(Row(1, 0, 0, 0, true, loads, 1)).ok());
+  for (const int rank : {0, 1}) {
+    auto reply = planning.NextReply("j-1", 1, rank, absl::Seconds(1));
+    ASSERT_TRUE(reply.ok() && reply->has_value());
+    EXPECT_EQ((*reply)->domain(), 0);
+    EXPECT_EQ((*reply)->microbatch(), 0);
+    EXPECT_TRUE((*reply)->error().empty()) << (*reply)->error();
+  }
+}
+
+// A row whose domain is not its rank's, and a layout that does not tile the ranks.
+TEST(PlanningTest, RowsNameTheirRanksDomain) {
+  const std::unique_ptr<Planning> opened = OpenTwoByTwo();
+  ASSERT_NE(opened, nullptr);
+  Planning& planning = *opened;
+  planner::LoadMatrix loads(2, 8);
+  const absl::Status wrong = planning.AddRow(Row(3, 0, 0, 0, true, loads, 1));
+  EXPECT_EQ(wrong.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(wrong.message()).find("domain: rank 3 is in expert-parallel domain 1"),
+            std::string::npos)
+      << wrong;
+  EXPECT_TRUE(planning.AddRow(Row(3, 1, 0, 0, true, loads, 1)).ok());
+  const absl::Status untiled = planning.Open("j-2", 1, TwoByTwoSpec(), 3);
+  EXPECT_EQ(untiled.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(untiled.message()).find("parallelism.expert_parallel"), std::string::npos)
+      << untiled;
+}
 
 TEST(PlanningTest, BadRowsAndClosedAttempts) {
   Planning planning;

@@ -1,5 +1,6 @@
 #include "coordinator/rack.h"
 
+#include <cstdio>
 #include <map>
 #include <utility>
 
@@ -109,10 +110,16 @@ void Rack::StartJobs() {
       rp.set_worker_id(p.ranks[r].worker_id);
       rp.set_host(p.ranks[r].host);
       rp.set_pid(p.ranks[r].pid);
+      rp.set_rack(p.ranks[r].rack);
+      rp.set_domain(static_cast<int>(r) / p.expert_parallel);
       ranks.push_back(rp);
     }
-    absl::StatusOr<rackrun::v1::Attempt> attempt = jobs_.StartAttempt(p.job_id, ranks);
+    absl::StatusOr<rackrun::v1::Attempt> attempt = jobs_.StartAttempt(p.job_id, ranks, p.note);
     if (!attempt.ok()) continue;
+    if (!p.note.empty()) {
+      std::fprintf(stderr, "rackrun-coordinator: job %s attempt %d: %s\n", p.job_id.c_str(),
+                   attempt->number(), p.note.c_str());
+    }
     absl::StatusOr<rackrun::v1::Job> job = jobs_.Get(p.job_id);
     if (!job.ok()) continue;
     const rackrun::v1::JobSpec& spec = job->spec();

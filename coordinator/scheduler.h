@@ -4,8 +4,18 @@
 // offering its channel kind (resources.channel, default "gloo") are registered; later
 // jobs wait behind it (no overtaking, so a wide job is not starved by narrow ones). A job
 // in its restart backoff keeps its place and holds the queue until its time comes.
-// Candidates are sorted by (host, launcher_rank, worker id); the first `ranks` are chosen
-// and get ranks 0.. in that order, so the same rack gives the same ranks every time.
+//
+// Placement by rack label: a job of R ranks runs D = R / G expert-parallel domains of G
+// ranks (parallelism.expert_parallel; domain d = ranks d*G .. d*G+G-1). The candidates are
+// grouped by their rack label (IdleWorker::rack; unlabeled workers form one group, as one
+// unnamed rack). Domains are packed onto labels, domain 0 first: each takes the group with
+// the fewest free candidates that still holds G (best fit; ties by label), so big groups
+// stay whole for later domains and jobs. A domain that no group can hold alone is placed
+// last, on the groups with the most free candidates first (the fewest labels mixed), and
+// Placement::note says which domain spans which labels and why. Inside a group candidates
+// are taken in (host, launcher_rank, worker id) order and get the domain's ranks in that
+// order, so the same rack gives the same ranks every time; with no labels at all this is
+// one group and the ranks are the first R candidates in that order.
 //
 // Pure function of its inputs; thread-compatible.
 #ifndef RACKRUN_COORDINATOR_SCHEDULER_H_
@@ -23,11 +33,18 @@ namespace rackrun::coordinator {
 struct Placement {
   std::string job_id;
   std::vector<IdleWorker> ranks;  // rank i at index i
+  int expert_parallel = 1;        // G: rank i is in domain i / G
+  // Empty when every domain sits on workers of one label; otherwise one line naming each
+  // domain that mixes labels and the free workers per label (for the job's events).
+  std::string note;
 };
 
 // The channel kind a job asks for ("gloo" when empty) and its rank count (>= 1).
 std::string ChannelOf(const rackrun::v1::JobSpec& spec);
 int RanksOf(const rackrun::v1::JobSpec& spec);
+// Its ranks per expert-parallel domain (parallelism.expert_parallel, 0 = all ranks); a
+// spec whose layout does not tile its ranks (refused at Submit) counts as one domain.
+int ExpertParallelOf(const rackrun::v1::JobSpec& spec);
 
 // The jobs of `queue` (FIFO order) that start now at `now_ms`, each on distinct workers.
 std::vector<Placement> Schedule(const std::vector<QueuedJob>& queue, std::vector<IdleWorker> idle,

@@ -16,7 +16,7 @@ QueuedJob Job(const std::string& id, int ranks, const std::string& channel = "",
 
 IdleWorker W(const std::string& id, const std::string& host, int launcher_rank,
              std::vector<std::string> channels = {"ucx", "gloo"}) {
-  return IdleWorker{id, host, 1, launcher_rank, "", std::move(channels)};
+  return IdleWorker{id, host, 1, launcher_rank, "", std::move(channels), ""};
 }
 
 TEST(SchedulerTest, RanksAreDeterministicByHostThenLauncherRank) {
@@ -54,6 +54,103 @@ TEST(SchedulerTest, ChannelKindAndBackoff) {
   EXPECT_TRUE(Schedule({Job("j-1", 2, "nccl")}, idle, 0).empty());
   EXPECT_TRUE(Schedule({Job("j-1", 1, "", 100)}, idle, 99).empty());
   EXPECT_EQ(Schedule({Job("j-1", 1, "", 100)}, idle, 100).size(), 1u);
+}
+
+// A job of `ranks` ranks in domains of `g` (parallelism.expert_parallel), 8 experts.
+QueuedJob Domains(const std::string& id, int ranks, int g) {
+  QueuedJob q = Job(id, ranks);
+  q.spec.mutable_model()->mutable_moe()->set_experts(8);
+  q.spec.mutable_parallelism()->set_expert_parallel(g);
+  return q;
+}
+
+IdleWorker R(const std::string& id, const std::string& host, int launcher_rank, const std::string& rack) {
+  IdleWorker w = W(id, host, launcher_rank);
+  w.rack = rack;
+  return w;
+}
+
+std::vector<std::string> RacksOf(const Placement& p) {
+  std::vector<std::string> out;
+  for (const IdleWorker& w : p.ranks) out.push_back(w.rack);
+  return out;
+}
+
+// Labels interleaved with hosts: the ranks of each domain still share one label, domain 0
+// on the first label, and the order inside a domain is (host, launcher rank).
+TEST(SchedulerTest, EachDomainIsPackedOntoOneRackLabel) {
+  const std::vector<IdleWorker> idle = {R("w-1", "h1", 0, "a"), R("w-2", "h1", 1, "b"),
+                                        R("w-3", "h2", 0, "a"), R("w-4", "h2", 1, "b")};
+  std::vector<Placement> p = Schedule({Domains("j-1", 4, 2)}, idle, 0);
+  ASSERT_EQ(p.size(), 1u);
+  EXPECT_EQ(p[0].expert_parallel, 2);
+  EXPECT_EQ(RacksOf(p[0]), (std::vector<std::string>{"a", "a", "b", "b"}));
+  EXPECT_EQ(p[0].ranks[0].worker_id, "w-1");
+  EXPECT_EQ(p[0].ranks[1].worker_id, "w-3");
+  EXPECT_EQ(p[0].ranks[2].worker_id, "w-2");
+  EXPECT_EQ(p[0].ranks[3].worker_id, "w-4");
+  EXPECT_TRUE(p[0].note.empty()) << p[0].note;
+  // Without domains (G = ranks = 2) the one domain is packed too.
+  p = Schedule({Job("j-2", 2)}, idle, 0);
+  ASSERT_EQ(p.size(), 1u);
+  EXPECT_EQ(RacksOf(p[0]), (std::vector<std::string>{"a", "a"}));
+}
+
+// Best fit: a domain takes the smallest label that holds it, so a larger one stays whole
+// for the next domain or job; unlabeled workers form one group of their own.
+TEST(SchedulerTest, DomainsTakeTheSmallestLabelThatHoldsThem) {
+  const std::vector<IdleWorker> idle = {
+      R("w-1", "h1", 0, "big"), R("w-2", "h1", 1, "big"), R("w-3", "h1", 2, "big"),
+      R("w-4", "h1", 3, "big"), R("w-5", "h2", 0, "small"), R("w-6", "h2", 1, "small"),
+      R("w-7", "h3", 0, ""),    R("w-8", "h3", 1, "")};
+  // j-1: one domain of 2 takes a 2-worker group ("" sorts first); j-2: 2 x 2 takes "small"
+  // and 2 of "big"; j-3: one domain of 2 takes the rest of "big", unmixed.
+  std::vector<Placement> p =
+      Schedule({Domains("j-1", 2, 2), Domains("j-2", 4, 2), Domains("j-3", 2, 2)}, idle, 0);
+  ASSERT_EQ(p.size(), 3u);
+  EXPECT_EQ(RacksOf(p[0]), (std::vector<std::string>{"", ""}));
+  EXPECT_EQ(RacksOf(p[1]), (std::vector<std::string>{"small", "small", "big", "big"}));
+  EXPECT_EQ(RacksOf(p[2]), (std::vector<std::string>{"big", "big"}));
+  for (const Placement& placed : p) EXPECT_TRUE(placed.note.empty()) << placed.note;
+}
+
+// No label has G free workers: the domain mixes labels (the largest groups first, so as
+// few as possible), after the domains that fit, and the note says which and why.
+TEST(SchedulerTest, ADomainNoLabelHoldsMixesLabelsAndSaysSo) {
+  const std::vector<IdleWorker> idle = {R("w-1", "h1", 0, "a"), R("w-2", "h1", 1, "a"),
+                                        R("w-3", "h2", 0, "b"), R("w-4", "h3", 0, "c"),
+                                        R("w-5", "h3", 1, "c"), R("w-6", "h4", 0, "")};
+  // 3 domains of 2: a and c hold one each; the third mixes b and the unlabeled worker.
+  std::vector<Placement> p = Schedule({Domains("j-1", 6, 2)}, idle, 0);
+  ASSERT_EQ(p.size(), 1u);
+  EXPECT_EQ(RacksOf(p[0]), (std::vector<std::string>{"a", "a", "c", "c", "", "b"}));
+  EXPECT_EQ(p[0].note,
+            "placement: domain 2 spans racks (unlabeled), b (no rack label had 2 free workers; "
+            "free: (unlabeled): 1, b: 1); its expert-parallel traffic crosses racks");
+  // Too few workers in all: the job waits (and holds the queue), as without labels.
+  EXPECT_TRUE(Schedule({Domains("j-1", 8, 2), Job("j-2", 1)}, idle, 0).empty());
+  // One domain wider than any label: mixed, starting with the largest label.
+  p = Schedule({Domains("j-3", 4, 4)}, {R("w-1", "h1", 0, "a"), R("w-2", "h2", 0, "b"),
+                                        R("w-3", "h2", 1, "b"), R("w-4", "h2", 2, "b")},
+               0);
+  ASSERT_EQ(p.size(), 1u);
+  EXPECT_EQ(RacksOf(p[0]), (std::vector<std::string>{"b", "b", "b", "a"}));
+  EXPECT_NE(p[0].note.find("domain 0 spans racks b, a"), std::string::npos) << p[0].note;
+}
+
+// The channel filter comes before the labels: a label whose workers lack the channel does
+// not count.
+TEST(SchedulerTest, LabelsCountOnlyWorkersWithTheJobsChannel) {
+  std::vector<IdleWorker> idle = {R("w-1", "h1", 0, "a"), R("w-2", "h1", 1, "a"),
+                                  R("w-3", "h2", 0, "b"), R("w-4", "h2", 1, "b")};
+  idle[0].channels = {"gloo", "nccl"};
+  idle[2].channels = {"gloo", "nccl"};
+  idle[3].channels = {"gloo", "nccl"};
+  QueuedJob j = Domains("j-1", 2, 2);
+  j.spec.mutable_resources()->set_channel("nccl");
+  std::vector<Placement> p = Schedule({j}, idle, 0);
+  ASSERT_EQ(p.size(), 1u);
+  EXPECT_EQ(RacksOf(p[0]), (std::vector<std::string>{"b", "b"}));
 }
 
 }  // namespace

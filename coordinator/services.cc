@@ -245,11 +245,12 @@ grpc::Status RackControlImpl::Plans(
   if (!stream->Read(&first)) return grpc::Status::OK;
   if (first.job_id().empty() || first.attempt() < 1) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        "the first LoadRow of a Plans stream must name job_id, attempt and rank");
+                        "the first LoadRow of a Plans stream must name job_id, attempt, rank and domain");
   }
   const std::string job_id = first.job_id();
   const int attempt = first.attempt();
   const int rank = first.rank();
+  const int domain = first.domain();
   if (absl::Status s = rack_->planning().AddRow(first); !s.ok()) return ToGrpc(s);
 
   std::mutex mu;
@@ -266,6 +267,7 @@ grpc::Status RackControlImpl::Plans(
         break;
       }
       row.set_rank(rank);
+      row.set_domain(domain);
       if (err = rack_->planning().AddRow(row); !err.ok()) break;
     }
     Lock lock(mu);

@@ -6,6 +6,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "rpc/rack_label.h"
 
 namespace rackrun::coordinator {
 
@@ -19,6 +20,9 @@ Workers::Info* Workers::Find(const std::string& id) {
 
 absl::StatusOr<std::string> Workers::Register(const rackrun::v1::RegisterRequest& req) {
   if (req.host().empty()) return absl::InvalidArgumentError("host: required (the worker's host name)");
+  if (absl::Status s = rpc::CheckRackLabel(req.rack()); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("rack: ", s.message(), "; set the worker's --rack"));
+  }
   std::string id = req.worker_id();
   if (id.empty()) {
     absl::StatusOr<int64_t> n = next_number_();
@@ -42,6 +46,7 @@ absl::StatusOr<std::string> Workers::Register(const rackrun::v1::RegisterRequest
   w.w.set_registered_unix_ms(now);
   w.data_address = req.data_address();
   w.w.set_metrics_address(req.metrics_address());
+  w.w.set_rack(req.rack());
   w.last_heartbeat_ms = now;
   cv_.notify_all();
   return id;
@@ -169,7 +174,7 @@ std::vector<IdleWorker> Workers::Idle() const {
   std::vector<IdleWorker> out;
   for (const auto& [id, w] : workers_) {
     if (w.w.state() != rackrun::v1::IDLE || !w.stream_open) continue;
-    IdleWorker i{id, w.w.host(), w.w.pid(), w.w.launcher_rank(), w.data_address, {}};
+    IdleWorker i{id, w.w.host(), w.w.pid(), w.w.launcher_rank(), w.data_address, {}, w.w.rack()};
     i.channels.assign(w.w.channels().begin(), w.w.channels().end());
     out.push_back(std::move(i));
   }
@@ -184,6 +189,7 @@ absl::StatusOr<rackrun::v1::RankPlacement> Workers::Placement(const std::string&
   p.set_worker_id(worker_id);
   p.set_host(it->second.w.host());
   p.set_pid(it->second.w.pid());
+  p.set_rack(it->second.w.rack());
   return p;
 }
 

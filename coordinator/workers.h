@@ -41,6 +41,7 @@ struct IdleWorker {
   int launcher_rank = -1;
   std::string data_address;  // empty: host
   std::vector<std::string> channels;
+  std::string rack;  // its rack label (RegisterRequest.rack); empty = none
 };
 
 class Workers {
@@ -59,8 +60,9 @@ class Workers {
 
   const Options& options() const { return options_; }
 
-  // Registers a worker. With req.worker_id set, that id is kept (re-register after a
-  // coordinator restart or after being declared lost); otherwise a new one is assigned.
+  // Registers a worker (InvalidArgument naming `host` or `rack` for a bad one). With
+  // req.worker_id set, that id is kept (re-register after a coordinator restart or after
+  // being declared lost); otherwise a new one is assigned.
   // The worker starts IDLE; the caller marks it busy when it re-attaches to its job.
   absl::StatusOr<std::string> Register(const rackrun::v1::RegisterRequest& req);
 

@@ -381,5 +381,30 @@ TEST_F(WorkersTest, AssignmentsFlowAndIdleNeedsAStream) {
   EXPECT_TRUE(workers_.Idle().empty());
 }
 
+// The rack label travels from the registration to the scheduler's candidates, the rank
+// placements and ListWorkers; a label outside the rule is refused naming the field.
+TEST_F(WorkersTest, RackLabelIsKeptAndCheckedAtRegistration) {
+  rackrun::v1::RegisterRequest req;
+  req.set_host("h");
+  req.add_channels("gloo");
+  req.set_rack("rack a");
+  const absl::StatusOr<std::string> bad = workers_.Register(req);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(bad.status().message()).find("rack: the rack label 'rack a'"), std::string::npos)
+      << bad.status();
+  req.set_rack("rack-a");
+  const absl::StatusOr<std::string> id = workers_.Register(req);
+  ASSERT_TRUE(id.ok()) << id.status();
+  ASSERT_TRUE(workers_.OpenStream(*id).ok());
+  const std::vector<IdleWorker> idle = workers_.Idle();
+  ASSERT_EQ(idle.size(), 1u);
+  EXPECT_EQ(idle[0].rack, "rack-a");
+  EXPECT_EQ(workers_.Placement(*id)->rack(), "rack-a");
+  const rackrun::v1::ListWorkersResponse listed = workers_.List(false);
+  ASSERT_EQ(listed.workers_size(), 1);
+  EXPECT_EQ(listed.workers(0).rack(), "rack-a");
+}
+
 }  // namespace
 }  // namespace rackrun::coordinator

@@ -380,12 +380,6 @@ absl::StatusOr<ExpertParallelLayout> ExpertParallelLayoutOf(const JobSpec& spec,
                                    " ranks; use a multiple of the rank count, or set "
                                    "parallelism.expert_parallel to a divisor of both"));
   }
-  if (layout.data_parallel > 1 && spec.balancer().mode() == "coordinator") {
-    return FieldError("balancer.mode",
-                      absl::StrCat("coordinator planning of ", layout.data_parallel,
-                                   " expert-parallel domains is not built yet; use inband, or "
-                                   "set parallelism.expert_parallel to 0 (one domain)"));
-  }
   return layout;
 }
 

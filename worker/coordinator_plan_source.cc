@@ -32,6 +32,7 @@ absl::Status CoordinatorPlanSource::Solve(const Request& request, planner::LoadM
     row.set_job_id(job_id_);
     row.set_attempt(attempt_);
     row.set_rank(rank_);
+    row.set_domain(domain_);
   }
   row.set_microbatch(request.microbatch);
   row.set_layer(request.layer);
@@ -54,10 +55,12 @@ absl::Status CoordinatorPlanSource::Solve(const Request& request, planner::LoadM
   if (!reply.error().empty()) {
     return absl::FailedPreconditionError(absl::StrCat("the coordinator could not plan: ", reply.error()));
   }
-  if (reply.microbatch() != request.microbatch || reply.layer() != request.layer) {
+  if (reply.microbatch() != request.microbatch || reply.layer() != request.layer ||
+      reply.domain() != domain_) {
     return absl::InternalError(absl::StrCat(
         "the coordinator answered for microbatch ", reply.microbatch(), " layer ", reply.layer(),
-        " when microbatch ", request.microbatch, " layer ", request.layer, " was asked"));
+        " domain ", reply.domain(), " when microbatch ", request.microbatch, " layer ",
+        request.layer, " domain ", domain_, " was asked"));
   }
   if (absl::Status s = rpc::PlanFromMessage(reply.plan(), plan, loads); !s.ok()) {
     return absl::DataLossError(absl::StrCat("the coordinator's plan: ", s.message()));
@@ -66,10 +69,10 @@ absl::Status CoordinatorPlanSource::Solve(const Request& request, planner::LoadM
     return absl::DataLossError(
         "the coordinator's plan does not match its fingerprint (damaged in transit)");
   }
-  // The plan must have been solved from this rank's own row.
+  // The plan must have been solved from this rank's own row (its row in the domain).
   for (size_t e = 0; e < request.local_loads.size(); ++e) {
-    if (rank_ >= loads->ranks || static_cast<int>(e) >= loads->experts ||
-        loads->at(rank_, static_cast<int>(e)) != request.local_loads[e]) {
+    if (domain_rank_ >= loads->ranks || static_cast<int>(e) >= loads->experts ||
+        loads->at(domain_rank_, static_cast<int>(e)) != request.local_loads[e]) {
       return absl::DataLossError(absl::StrCat(
           "the coordinator's plan for microbatch ", request.microbatch, " layer ", request.layer,
           " was not solved from rank ", rank_, "'s loads"));

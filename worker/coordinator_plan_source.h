@@ -1,15 +1,18 @@
 // Coordinator-mode planning (balancer.mode: coordinator) as a runtime::PlanSource: for
 // each (microbatch, MoE layer) this rank streams its row of exact loads to the rack
-// coordinator on its RackControl.Plans stream and receives the plan the coordinator
-// solved from all ranks' rows (with the relay fan-out schedule and its fingerprint). The
-// executor then checks the invariants and compares fingerprints across ranks, exactly as
-// for in-band plans.
+// coordinator on its RackControl.Plans stream, naming its expert-parallel domain, and
+// receives the plan the coordinator solved from the rows of that domain's ranks (with the
+// relay fan-out schedule and its fingerprint). The plan is the domain's: G ranks, this
+// rank at index rank % G, as the domain's in-band source would solve it. The executor then
+// checks the invariants and compares fingerprints across the domain, exactly as for
+// in-band plans.
 //
 // Not thread-safe: the training thread of one rank uses it. The balancer's history lives
 // in the coordinator, so checkpoints hold none (a resumed job plans with a fresh history).
 #ifndef RACKRUN_WORKER_COORDINATOR_PLAN_SOURCE_H_
 #define RACKRUN_WORKER_COORDINATOR_PLAN_SOURCE_H_
 
+#include <algorithm>
 #include <functional>
 #include <memory>
 #include <string>
@@ -24,8 +27,16 @@ namespace rackrun::worker {
 
 class CoordinatorPlanSource final : public runtime::PlanSource {
  public:
-  CoordinatorPlanSource(Connection& connection, std::string job_id, int attempt, int rank)
-      : connection_(connection), job_id_(std::move(job_id)), attempt_(attempt), rank_(rank) {}
+  // `rank` is the job's rank; `expert_parallel` the ranks per domain (G >= 1, from
+  // jobspec::ExpertParallelLayoutOf): this rank plans in domain rank / G.
+  CoordinatorPlanSource(Connection& connection, std::string job_id, int attempt, int rank,
+                        int expert_parallel)
+      : connection_(connection),
+        job_id_(std::move(job_id)),
+        attempt_(attempt),
+        rank_(rank),
+        domain_(rank / std::max(1, expert_parallel)),
+        domain_rank_(rank % std::max(1, expert_parallel)) {}
   ~CoordinatorPlanSource() override;
 
   const char* name() const override { return "coordinator"; }
@@ -43,6 +54,8 @@ class CoordinatorPlanSource final : public runtime::PlanSource {
   std::string job_id_;
   int attempt_;
   int rank_;
+  int domain_;       // rank / G
+  int domain_rank_;  // rank % G: this rank's row of the domain's plan
   std::unique_ptr<grpc::ClientContext> context_;
   std::unique_ptr<grpc::ClientReaderWriter<rackrun::v1::LoadRow, rackrun::v1::PlanReply>> stream_;
   bool first_ = true;

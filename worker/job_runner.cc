@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "comm/gloo_channel.h"
 #include "jobspec/path_confinement.h"
+#include "jobspec/spec.h"
 #include "comm/ucx_channel.h"
 #include "runtime/job_config.h"
 #include "runtime/training_session.h"
@@ -400,8 +401,12 @@ AttemptResult JobRunner::RunAttempt() try {
   trainer_options.threads = options_.threads;
   trainer_options.faults = options_.faults;
   if (assignment_.spec().balancer().mode() == "coordinator") {
-    plan_source = std::make_unique<CoordinatorPlanSource>(connection_, assignment_.job_id(),
-                                                          assignment_.attempt(), assignment_.rank());
+    // A layout that does not tile the ranks is refused by the trainer before any plan.
+    absl::StatusOr<jobspec::ExpertParallelLayout> layout =
+        jobspec::ExpertParallelLayoutOf(assignment_.spec(), assignment_.ranks());
+    plan_source = std::make_unique<CoordinatorPlanSource>(
+        connection_, assignment_.job_id(), assignment_.attempt(), assignment_.rank(),
+        layout.ok() ? layout->expert_parallel : assignment_.ranks());
     trainer_options.plan_source = plan_source.get();
   }
   // The folder's owner: this job, across its attempts. A restarted attempt continues

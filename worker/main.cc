@@ -18,6 +18,7 @@
 #include "flags/flags.h"
 #include "jobspec/path_confinement.h"
 #include "runtime/fault_injection.h"
+#include "rpc/rack_label.h"
 #include "worker/launcher_watch.h"
 #include "worker/worker.h"
 
@@ -46,6 +47,16 @@ void DeclareFlags(rackrun::flags::FlagSet& flags, rackrun::worker::WorkerOptions
   flags.String("--data-address", &o.data_address, "ADDR",
                "address peers reach this worker's data channel on")
       .Default("--host");
+  flags
+      .Custom("--rack", "NAME",
+              "this worker's rack (host group) label: the coordinator packs the ranks of one "
+              "expert-parallel domain onto workers with one label",
+              [&o](std::string_view value) {
+                o.rack = std::string(value);
+                return rackrun::rpc::CheckRackLabel(o.rack);  // the flags name --rack
+              })
+      .Env("RACKRUN_RACK")
+      .Default("none");
   flags.String("--device", &o.device, "DEV", "cpu or cuda:N (offers the NCCL channel)");
   flags.Int("--threads", &o.threads, "N", "compute threads per job")
       .Default("the job spec's resources.threads");

@@ -107,6 +107,7 @@ absl::Status Worker::Register(bool again) {
   request.set_data_address(options_.data_address);
   request.set_threads(options_.threads);
   request.set_metrics_address(metrics_address_);
+  request.set_rack(options_.rack);
   std::shared_ptr<JobRunner> running;
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -43,6 +43,7 @@ struct WorkerOptions {
   ConnectionOptions connection;
   std::string host;          // default: this machine's hostname
   std::string data_address;  // where peers reach this worker's data channel; default host
+  std::string rack;          // rack label (--rack, RACKRUN_RACK); empty = none
   // From the launcher (mpirun, srun, torchrun-style variables); -1/0 when started by hand.
   int launcher_rank = -1;
   int launcher_size = 0;

@@ -135,10 +135,13 @@ class DaemonsTest : public ::testing::Test {
             "RACKRUN_VICTIM_GRACE_MS=" + Ms(4000)};
   }
 
-  // A worker started by hand with a torchrun-style RANK; `extra` flags.
-  Child& StartWorker(int launcher_rank, const std::vector<std::string>& extra = {}) {
+  // A worker started by hand with a torchrun-style RANK; `extra` flags, `extra_env`
+  // variables.
+  Child& StartWorker(int launcher_rank, const std::vector<std::string>& extra = {},
+                     const std::vector<std::string>& extra_env = {}) {
     std::vector<std::string> env = WorkerEnv();
     env.push_back("RANK=" + std::to_string(launcher_rank));
+    env.insert(env.end(), extra_env.begin(), extra_env.end());
     std::vector<std::string> argv = {RACKRUN_WORKER_BINARY, "--data-address", "127.0.0.1",
                                      "--threads", "1"};
     argv.insert(argv.end(), extra.begin(), extra.end());
@@ -403,6 +406,70 @@ TEST_F(DaemonsTest, FourMpirunWorkersCoordinatorModePlansLikeInBand) {
       }
     }
   }
+}
+
+// A 2 x 2 job (4 ranks, parallelism.expert_parallel 2) on 4 workers labeled with two racks,
+// interleaved by launcher rank (a, b, a, b: without the labels rank order would mix them):
+// each domain's ranks run on one rack, domain 0 on rack a, which `rackrun status` and
+// `rackrun workers` show; in-band and coordinator-mode planning (the coordinator plans each
+// domain separately) give the losses of `mpirun -np 4 rackrun train` bit for bit. A domain
+// no rack holds is placed across racks, and says so.
+TEST_F(DaemonsTest, TwoByTwoJobPacksDomainsOntoRacksAndPlansLikeMpirun) {
+  StartCoordinator();
+  StartWorker(0, {"--rack", "a"});
+  StartWorker(1, {}, {"RACKRUN_RACK=b"});  // the label from the environment
+  StartWorker(2, {"--rack", "a"});
+  StartWorker(3, {"--rack", "b"});
+  WaitIdle(4);
+  std::map<std::string, std::string> rack_of;  // worker id -> rack, as `rackrun workers` says
+  for (const json& w : Json("workers").value("workers", json::array())) {
+    rack_of[w.value("id", "")] = w.value("rack", "");
+  }
+  ASSERT_EQ(rack_of.size(), 4u);
+  const Result table = Cli("workers", "workers-table");
+  EXPECT_THAT(table.out, HasSubstr("RACK")) << table.out;
+
+  const std::string sets =
+      "--set resources.ranks=4 --set parallelism.expert_parallel=2 --set balancer.policy=ultraep "
+      "--set training.steps=10";
+  std::map<std::string, std::vector<std::string>> losses;
+  for (const std::string mode : {"inband", "coordinator"}) {
+    const fs::path log = dir_ / (mode + ".jsonl");
+    const std::string id = Submit(sets + " --set balancer.mode=" + mode +
+                                      " --set logging.json=" + log.string(),
+                                  "submit-" + mode);
+    const json job = WaitState(id, "SUCCEEDED", std::chrono::seconds(120));
+    ASSERT_EQ(job.value("state", ""), "SUCCEEDED") << job.dump();
+    losses[mode] = Losses(log);
+    EXPECT_EQ(losses[mode].size(), 20u) << mode;
+    // Domain d = ranks 2d, 2d+1, on one rack; domain 0 on a, domain 1 on b.
+    const json& ranks = job["attempts"][0]["ranks"];
+    ASSERT_EQ(ranks.size(), 4u) << job.dump();
+    for (const json& r : ranks) {
+      const int64_t rank = Int(r, "rank");
+      EXPECT_EQ(Int(r, "domain"), rank / 2) << r.dump();
+      EXPECT_EQ(r.value("rack", ""), rank < 2 ? "a" : "b") << r.dump();
+      EXPECT_EQ(rack_of[r.value("worker_id", "")], r.value("rack", "")) << r.dump();
+    }
+    const Result status = Cli("status " + id, "status-" + mode);
+    EXPECT_THAT(status.out, HasSubstr(", rack a, domain 0")) << status.out;
+    EXPECT_THAT(status.out, HasSubstr(", rack b, domain 1")) << status.out;
+  }
+  const fs::path direct_log = dir_ / "direct.jsonl";
+  const Result direct = Mpirun(4, sets + " --set balancer.mode=inband", direct_log);
+  ASSERT_EQ(direct.code, 0) << direct.err;
+  EXPECT_EQ(losses["inband"], Losses(direct_log));
+  EXPECT_EQ(losses["coordinator"], Losses(direct_log));
+
+  // One domain of 4 (1 x 4) fits no rack: it mixes both, and the job's events and the
+  // coordinator's log say so.
+  const Result mixed = Cli("submit job.yaml --set resources.ranks=4 --set training.steps=2 --watch --plain",
+                           "watch-mixed");
+  EXPECT_EQ(mixed.code, 0) << mixed.out << mixed.err;
+  const std::string note =
+      "placement: domain 0 spans racks a, b (no rack label had 4 free workers; free: a: 2, b: 2)";
+  EXPECT_THAT(mixed.out, HasSubstr(note)) << mixed.out;
+  EXPECT_THAT(::rackrun::testing::Slurp(dir_ / "coordinator0.log"), HasSubstr(note));
 }
 
 // kill -9 of a busy worker: the job fails naming the lost rank (its pid) within the

@@ -414,9 +414,10 @@ TEST_F(EpTrainTest, SpecsThatCannotRunOnTheseRanksNameTheField) {
        {"parallelism.expert_parallel: 6 experts (model.moe.experts) cannot be split evenly over "
         "4 ranks per domain"}},
       {1, "parallelism.expert_parallel=2", {"do not divide the job's 1 ranks"}},
+      // Coordinator mode plans each domain (tests/daemons), never under mpirun.
       {4,
        "parallelism.expert_parallel=2 --set balancer.mode=coordinator",
-       {"balancer.mode: coordinator planning of 2 expert-parallel domains is not built yet"}},
+       {"balancer.mode: coordinator planning needs the job to run under the rack coordinator"}},
   };
   for (const Case& c : cases) {
     const Result r = Train(c.ranks, spec + " --set " + c.set, "bad");

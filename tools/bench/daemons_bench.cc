@@ -501,7 +501,8 @@ json RunPlan(const Flags& flags) {
           if (!c.ok()) Die("Connection: " + std::string(c.status().message()));
           connections.push_back(*std::move(c));
           owned.push_back(std::make_unique<rackrun::worker::CoordinatorPlanSource>(
-              *connections.back(), job_id, runs[static_cast<size_t>(r)].attempt(), r));
+              *connections.back(), job_id, runs[static_cast<size_t>(r)].attempt(), r,
+              /*expert_parallel=*/ranks));  // the bench's job is one domain
           sources.push_back(owned.back().get());
         }
         RunSolves(sources, trace, warmup, flags.solves, &coord);

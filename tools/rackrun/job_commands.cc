@@ -91,8 +91,9 @@ std::string StepText(const Job& job) {
 }
 
 constexpr const char* kStatusDescription =
-    R"(Shows job JOB: state, outcome, attempts with the worker of every rank, the first failure
-(kind, rank, worker, host, pid, phase, step) and the last progress report.
+    R"(Shows job JOB: state, outcome, attempts with the worker of every rank (with its rack label,
+and its expert-parallel domain when the job has several), the first failure (kind, rank,
+worker, host, pid, phase, step) and the last progress report.
 )";
 void PrintStatus(const Job& job) {
   std::vector<std::vector<std::string>> rows = {
@@ -112,9 +113,13 @@ void PrintStatus(const Job& job) {
     std::printf("attempt %d: %s, from step %lld, started %s, finished %s\n", a.number(),
                 StateName(a.state()).c_str(), static_cast<long long>(a.start_step()),
                 TimeText(a.started_unix_ms()).c_str(), TimeText(a.finished_unix_ms()).c_str());
+    // Domains and racks are shown when the job has more than one domain / labeled workers.
+    const bool domains = std::any_of(a.ranks().begin(), a.ranks().end(),
+                                     [](const auto& r) { return r.domain() > 0; });
     for (const rackrun::v1::RankPlacement& r : a.ranks()) {
-      std::printf("  rank %d: worker %s, host %s, pid %d\n", r.rank(), r.worker_id().c_str(),
-                  r.host().c_str(), r.pid());
+      std::printf("  rank %d: worker %s, host %s, pid %d%s%s\n", r.rank(), r.worker_id().c_str(),
+                  r.host().c_str(), r.pid(), r.rack().empty() ? "" : (", rack " + r.rack()).c_str(),
+                  domains ? absl::StrCat(", domain ", r.domain()).c_str() : "");
     }
     if (a.has_failure()) std::printf("  failed: %s\n", FailureLine(a.failure()).c_str());
   }
@@ -128,8 +133,8 @@ constexpr const char* kListDescription =
     R"(Lists jobs, newest first: id, state, step, name, created, outcome.
 )";
 constexpr const char* kWorkersDescription =
-    R"(Lists the workers registered with the coordinator: id, host, pid, launcher rank, device,
-state, job, rank, step, phase, heartbeat age and last step time.
+    R"(Lists the workers registered with the coordinator: id, host, rack label (--rack), pid,
+launcher rank, device, state, job, rank, step, phase, heartbeat age and last step time.
 )";
 }  // namespace
 
@@ -265,12 +270,12 @@ int WorkersCommand(const Args& args) {
     PrintJson(response);
     return 0;
   }
-  std::vector<std::vector<std::string>> rows = {{"ID", "HOST", "PID", "LRANK", "DEVICE", "STATE",
+  std::vector<std::vector<std::string>> rows = {{"ID", "HOST", "RACK", "PID", "LRANK", "DEVICE", "STATE",
                                                  "JOB", "RANK", "STEP", "PHASE", "HEARTBEAT",
                                                  "STEP TIME"}};
   for (const rackrun::v1::Worker& w : response.workers()) {
     const bool busy = !w.job_id().empty();
-    rows.push_back({w.id(), w.host(), absl::StrCat(w.pid()),
+    rows.push_back({w.id(), w.host(), w.rack().empty() ? "-" : w.rack(), absl::StrCat(w.pid()),
                     w.launcher_rank() >= 0 ? absl::StrCat(w.launcher_rank()) : "-", w.device(),
                     rackrun::v1::WorkerState_Name(w.state()), busy ? w.job_id() : "-",
                     busy ? absl::StrCat(w.rank()) : "-", busy ? absl::StrCat(w.step()) : "-",
