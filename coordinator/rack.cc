@@ -87,7 +87,13 @@ absl::StatusOr<rackrun::v1::ReportResponse> Rack::Report(const rackrun::v1::Repo
     case rackrun::v1::ReportRequest::kResult: {
       absl::StatusOr<Jobs::Ended> ended = jobs_.RankResult(req.job_id(), req.attempt(), req.rank(), req.result());
       if (!ended.ok()) return ended.status();
-      workers_.SetIdle(req.worker_id(), req.job_id());
+      // A worker that drained shuts down: DRAINING until it deregisters, so the restart
+      // this report may trigger is never placed on it.
+      if (req.result().outcome() == rackrun::v1::AttemptResult::DRAINED) {
+        workers_.SetDraining(req.worker_id(), req.job_id());
+      } else {
+        workers_.SetIdle(req.worker_id(), req.job_id());
+      }
       EndAttempt(*ended, req.job_id(), req.attempt(),
                  absl::StrCat("attempt ", req.attempt(), " ended: ", ended->job.message()));
       StartJobs();

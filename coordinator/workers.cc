@@ -157,10 +157,18 @@ void Workers::SetBusy(const std::string& worker_id, const std::string& job_id, i
 }
 
 void Workers::SetIdle(const std::string& worker_id, const std::string& job_id) {
+  Release(worker_id, job_id, rackrun::v1::IDLE);
+}
+
+void Workers::SetDraining(const std::string& worker_id, const std::string& job_id) {
+  Release(worker_id, job_id, rackrun::v1::DRAINING);
+}
+
+void Workers::Release(const std::string& worker_id, const std::string& job_id, rackrun::v1::WorkerState to) {
   Lock lock(mu_);
   Info* w = Find(worker_id);
   if (w == nullptr || (!job_id.empty() && w->w.job_id() != job_id)) return;
-  if (w->w.state() == rackrun::v1::BUSY) w->w.set_state(rackrun::v1::IDLE);
+  if (w->w.state() == rackrun::v1::BUSY) w->w.set_state(to);
   w->w.clear_job_id();
   w->w.set_rank(0);
   w->attempt = 0;
@@ -222,7 +230,8 @@ std::vector<Finding> Workers::Detect() {
     const bool named = s == rackrun::v1::BUSY && report != reported_.end() && report->second;
     if (stream == StreamState::kExited ||
         (stream == StreamState::kDroppedSilent && (s != rackrun::v1::BUSY || named)) ||
-        (s == rackrun::v1::IDLE && now - w.last_heartbeat_ms > options_.heartbeat_timeout_ms)) {
+        ((s == rackrun::v1::IDLE || s == rackrun::v1::DRAINING) &&
+         now - w.last_heartbeat_ms > options_.heartbeat_timeout_ms)) {
       w.w.set_state(rackrun::v1::LOST);
     }
   }

@@ -87,9 +87,12 @@ class Workers {
   void Push(const std::string& worker_id, const rackrun::v1::Assignment& a);
 
   // The worker runs (job, attempt, rank): BUSY. SetIdle: IDLE again (if not LOST/GONE)
-  // when it is on that job (or any job when job_id is empty).
+  // when it is on that job (or any job when job_id is empty). SetDraining: the same, but
+  // DRAINING: its attempt ended DRAINED because it shuts down, so the scheduler never
+  // places another attempt on it between that report and its Deregister.
   void SetBusy(const std::string& worker_id, const std::string& job_id, int attempt, int rank);
   void SetIdle(const std::string& worker_id, const std::string& job_id);
+  void SetDraining(const std::string& worker_id, const std::string& job_id);
 
   // Registered, IDLE workers with an open stream.
   std::vector<IdleWorker> Idle() const;
@@ -126,6 +129,8 @@ class Workers {
   };
 
   Info* Find(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // SetIdle and SetDraining: `to` is IDLE or DRAINING.
+  void Release(const std::string& worker_id, const std::string& job_id, rackrun::v1::WorkerState to);
   // The worker as the detection rules see it.
   static RankSnapshot SnapshotOf(const Info& w);
 

@@ -354,6 +354,35 @@ TEST_F(WorkersTest, EveryRankInTheRendezvousNamesNoRank) {
   EXPECT_EQ(f[0].failure.phase(), "connecting");
 }
 
+// A worker whose attempt ended DRAINED shuts down: it is never idle again (so no restart
+// is placed on it before its Deregister), is GONE when it deregisters and LOST when it
+// falls silent first.
+TEST_F(WorkersTest, ADrainedWorkerIsNeverIdleAgain) {
+  auto ids = Start(3);
+  workers_.SetDraining(ids[0], "j-1");
+  workers_.SetIdle(ids[1], "j-1");
+  workers_.SetDraining(ids[2], "another job");  // not its job: nothing changes
+  std::vector<IdleWorker> idle = workers_.Idle();
+  ASSERT_EQ(idle.size(), 1u);
+  EXPECT_EQ(idle[0].worker_id, ids[1]);
+  const auto state = [this](int i) { return workers_.List(true).workers(i).state(); };
+  EXPECT_EQ(state(0), rackrun::v1::DRAINING);
+  EXPECT_EQ(state(2), rackrun::v1::BUSY);
+  workers_.SetIdle(ids[0], "");  // a late release does not make it idle either
+  EXPECT_EQ(state(0), rackrun::v1::DRAINING);
+  ASSERT_TRUE(workers_.Deregister(ids[0]).ok());
+  EXPECT_EQ(state(0), rackrun::v1::GONE);
+  // Draining and then silent (it died before deregistering): LOST.
+  workers_.SetDraining(ids[2], "j-1");
+  for (int t = 0; t < 6; ++t) {
+    clock_.Advance(100);
+    Beat(ids[1], 0, "idle", 0, 0);
+  }
+  EXPECT_TRUE(workers_.Detect().empty());
+  EXPECT_EQ(state(2), rackrun::v1::LOST);
+  EXPECT_EQ(state(1), rackrun::v1::IDLE);
+}
+
 TEST_F(WorkersTest, AssignmentsFlowAndIdleNeedsAStream) {
   rackrun::v1::RegisterRequest req;
   req.set_host("h");

@@ -260,6 +260,9 @@ class DaemonsTest : public ::testing::Test {
     EXPECT_EQ(job["first_failure"].value("kind", ""), "WORKER_CANCELLED") << job.dump();
     EXPECT_EQ(Int(job["first_failure"], "pid"), pid) << job.dump();
     EXPECT_GE(Int(job["attempts"][1], "start_step"), 5) << "resumed from the drain checkpoint";
+    for (const json& r : job["attempts"][1]["ranks"]) {
+      EXPECT_NE(Int(r, "pid"), pid) << "the restart was placed on the worker that drained: " << job.dump();
+    }
   }
 
   // Waits until the job's rank 0 reported at least `step`.
