@@ -18,6 +18,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <iostream>
 #include <map>
 #include <fstream>
 #include <memory>
@@ -439,6 +440,7 @@ TEST_F(DaemonsTest, TwoByTwoJobShowsEachDomainsImbalanceInStatus) {
   }
   const Result status = Cli("status " + id, "status-text");
   ASSERT_EQ(status.code, 0) << status.err;
+  std::cout << status.out;
   EXPECT_THAT(status.out, ::testing::ContainsRegex("domain 0 +ranks 0-1, imbalance [0-9.]+ -> [0-9.]+")) << status.out;
   EXPECT_THAT(status.out, ::testing::ContainsRegex("domain 1 +ranks 2-3, imbalance [0-9.]+ -> [0-9.]+")) << status.out;
   EXPECT_THAT(status.out, ::testing::Not(HasSubstr("domain 2"))) << status.out;

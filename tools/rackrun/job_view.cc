@@ -54,11 +54,11 @@ std::string ProgressLine(const rackrun::v1::StepProgress& p) {
 
 namespace {
 
-// Largest over smallest value (1 = even), 0 when empty or the smallest is 0.
-double MaxOverMin(const google::protobuf::RepeatedField<double>& values) {
-  if (values.empty()) return 0;
-  const auto [lo, hi] = std::minmax_element(values.begin(), values.end());
-  return *lo > 0 ? *hi / *lo : 0;
+// Largest over mean value (1 = even), 0 when empty or all 0.
+double MaxOverMean(const google::protobuf::RepeatedField<double>& values) {
+  const double mean = MeanOf(values);
+  if (values.empty() || mean <= 0) return 0;
+  return *std::max_element(values.begin(), values.end()) / mean;
 }
 
 }  // namespace
@@ -79,8 +79,8 @@ std::vector<std::string> DomainLines(const rackrun::v1::StepProgress& p) {
                             d.imbalance_after(worst));
     }
     if (!d.rank_tokens_before().empty()) {
-      absl::StrAppendFormat(&line, ", tokens per rank max/min %.2f -> %.2f", MaxOverMin(d.rank_tokens_before()),
-                            MaxOverMin(d.rank_tokens_after()));
+      absl::StrAppendFormat(&line, ", step's tokens per rank max/mean %.2f -> %.2f",
+                            MaxOverMean(d.rank_tokens_before()), MaxOverMean(d.rank_tokens_after()));
     }
     lines.push_back(std::move(line));
   }

@@ -32,9 +32,10 @@ std::string FailureLine(const rackrun::v1::Failure& failure);
 std::string ProgressLine(const rackrun::v1::StepProgress& progress);
 
 // Per expert-parallel domain of a job with more than one (StepProgress.domains), one line
-// each: "domain 1: ranks 2-3, imbalance 1.85 -> 1.02 (worst layer 2.40 -> 1.05), tokens per
-// rank max/min 1.92 -> 1.03" (means over the MoE layers; the worst layer by imbalance
-// after). Empty with one domain.
+// each: "domain 1: ranks 2-3, imbalance 1.85 -> 1.02 (worst layer 0: 2.40 -> 1.05), step's
+// tokens per rank max/mean 1.12 -> 1.00" (imbalance: the mean over the MoE layers of each
+// layer's max/mean, the worst layer by imbalance after; tokens: summed over the step's
+// layers and microbatches, so smoother). Empty with one domain.
 std::vector<std::string> DomainLines(const rackrun::v1::StepProgress& progress);
 
 // Mean of the per-layer values, 0 when there are none.
