@@ -25,22 +25,31 @@ using metrics::Sample;
 using metrics::WorkerLayerSeries;
 using metrics::WorkerSeries;
 
-TEST(TrainingMetricsTest, WorkerExportsItsSeries) {
-  absl::StatusOr<std::unique_ptr<metrics::MetricsExporter>> ex = metrics::MetricsExporter::Start("127.0.0.1:0");
-  ASSERT_TRUE(ex.ok()) << ex.status();
-  std::vector<std::unique_ptr<TrainingMetrics>> ranks;
-  for (int r = 0; r < 2; ++r) {
+// Every rank's observer of job `job_id` (`ranks` ranks, `g` per domain; 0 = one domain),
+// with FLOP/s and MFU series, in the phases forward_backward then optimizer.
+std::vector<std::unique_ptr<TrainingMetrics>> MakeRanks(prometheus::Registry& registry, const std::string& job_id,
+                                                        int ranks, int g) {
+  std::vector<std::unique_ptr<TrainingMetrics>> out;
+  for (int r = 0; r < ranks; ++r) {
     TrainingMetrics::Options o;
-    o.job_id = "j-3";
+    o.job_id = job_id;
     o.rank = r;
-    o.ranks = 2;
+    o.ranks = ranks;
+    o.expert_parallel = g;
     o.flops_per_token = 6e6;
     o.peak_flops = 1e12;
     o.total_steps = 10;
-    ranks.push_back(std::make_unique<TrainingMetrics>((*ex)->registry(), o));
-    ranks.back()->SetPhase("forward_backward");
-    ranks.back()->SetPhase("optimizer");
+    out.push_back(std::make_unique<TrainingMetrics>(registry, o));
+    out.back()->SetPhase("forward_backward");
+    out.back()->SetPhase("optimizer");
   }
+  return out;
+}
+
+TEST(TrainingMetricsTest, WorkerExportsItsSeries) {
+  absl::StatusOr<std::unique_ptr<metrics::MetricsExporter>> ex = metrics::MetricsExporter::Start("127.0.0.1:0");
+  ASSERT_TRUE(ex.ok()) << ex.status();
+  std::vector<std::unique_ptr<TrainingMetrics>> ranks = MakeRanks((*ex)->registry(), "j-3", 2, 0);
   for (int step = 1; step <= 3; ++step) {
     runtime::StepRecord rec;
     rec.step = step;
@@ -102,18 +111,7 @@ TEST(TrainingMetricsTest, WorkerExportsItsSeries) {
 TEST(TrainingMetricsTest, DomainsLabelBalancingSeriesAndEachDomainExportsItsLayers) {
   absl::StatusOr<std::unique_ptr<metrics::MetricsExporter>> ex = metrics::MetricsExporter::Start("127.0.0.1:0");
   ASSERT_TRUE(ex.ok()) << ex.status();
-  std::vector<std::unique_ptr<TrainingMetrics>> ranks;
-  for (int r = 0; r < 4; ++r) {
-    TrainingMetrics::Options o;
-    o.job_id = "j-7";
-    o.rank = r;
-    o.ranks = 4;
-    o.expert_parallel = 2;
-    o.flops_per_token = 6e6;
-    o.peak_flops = 1e12;
-    ranks.push_back(std::make_unique<TrainingMetrics>((*ex)->registry(), o));
-    ranks.back()->SetPhase("forward_backward");
-  }
+  std::vector<std::unique_ptr<TrainingMetrics>> ranks = MakeRanks((*ex)->registry(), "j-7", 4, 2);
   for (int r = 0; r < 4; ++r) {
     runtime::StepRecord rec;
     rec.step = 1;
