@@ -447,13 +447,14 @@ absl::StatusOr<double> Trainer::GradNorm() {
 
 absl::Status Trainer::GatherDomainStats(StepRecord& r) {
   // One block per domain that only the domain's first rank fills (the figures are the same
-  // on every rank of a domain), summed over all ranks: everyone gets every domain's.
+  // on every rank of a domain), summed over all ranks: everyone gets every domain's. One
+  // domain: every rank has it already, no collective.
   const ExpertParallelStats& st = ep_->stats();
   const size_t layers = st.layers.size();
   const size_t g = static_cast<size_t>(expert_parallel_degree());
   const size_t block = 2 * layers + 2 * g;
   std::vector<double> sums(block * static_cast<size_t>(data_parallel_), 0.0);
-  if (domain_rank() == 0) {
+  if (domain_rank() == 0 || data_parallel_ == 1) {
     double* b = sums.data() + block * static_cast<size_t>(domain());
     for (size_t i = 0; i < layers; ++i) {
       const double n = static_cast<double>(std::max<int64_t>(st.layers[i].microbatches, 1));
@@ -467,10 +468,12 @@ absl::Status Trainer::GatherDomainStats(StepRecord& r) {
       b[2 * layers + g + i] = static_cast<double>(st.rank_tokens_after[i]);
     }
   }
-  if (absl::Status s = channel_->AllReduce(sums.data(), sums.data(), static_cast<int64_t>(sums.size()),
-                                           comm::DataType::kFloat64, comm::ReduceOp::kSum);
-      !s.ok()) {
-    return base::Annotate(s, absl::StrCat("all-reducing the domains' balancing figures at step ", step_ + 1));
+  if (data_parallel_ > 1) {
+    if (absl::Status s = channel_->AllReduce(sums.data(), sums.data(), static_cast<int64_t>(sums.size()),
+                                             comm::DataType::kFloat64, comm::ReduceOp::kSum);
+        !s.ok()) {
+      return base::Annotate(s, absl::StrCat("all-reducing the domains' balancing figures at step ", step_ + 1));
+    }
   }
   r.expert_parallel = static_cast<int>(g);
   for (int d = 0; d < data_parallel_; ++d) {

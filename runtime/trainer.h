@@ -95,8 +95,8 @@ struct StepRecord {
   double replicas = 0;
   double plan_s = 0, plan_exchange_s = 0, fanout_s = 0, dispatch_s = 0, reduce_s = 0;
   // Expert-parallel domains (ranks > 1): G ranks per domain, and every domain's figures of
-  // this step in domain order, the same on every rank (summed over all ranks with the
-  // step's loss, each domain's first rank contributing its domain's block). Per MoE layer
+  // this step in domain order, the same on every rank (D > 1: summed over all ranks after
+  // the step's loss, each domain's first rank contributing its domain's block). Per MoE layer
   // its imbalance before/after as rank_imbalance_* (which are this rank's domain's); per
   // rank of the domain the tokens its instances got with masters only / under the plans,
   // summed over layers and microbatches.
@@ -278,8 +278,8 @@ class Trainer {
   // expert shards' squares summed over a domain's ranks.
   absl::StatusOr<double> GradNorm();
   absl::Status RecordLoads(int64_t microbatch);
-  // Expert parallel: every domain's balancing figures of the step into r.domains (one
-  // all-reduce over all ranks).
+  // Expert parallel: every domain's balancing figures of the step into r.domains (D > 1:
+  // one all-reduce over all ranks; one domain: none).
   absl::Status GatherDomainStats(StepRecord& r);
   // Prepare's two parts.
   absl::Status AgreeOnResumeState();
