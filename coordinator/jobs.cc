@@ -156,6 +156,12 @@ absl::StatusOr<rackrun::v1::ListJobsResponse> Jobs::List(const rackrun::v1::List
     *out = j;
     out->clear_spec();
     out->clear_attempts();
+    // A 64-domain job's per-domain figures and a big model's per-expert sample are tens of
+    // thousands of numbers each: a list of 1000 jobs leaves them to Get.
+    if (out->has_last_progress()) {
+      out->mutable_last_progress()->clear_domains();
+      out->mutable_last_progress()->clear_expert_loads();
+    }
   }
   return resp;
 }

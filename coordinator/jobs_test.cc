@@ -409,5 +409,34 @@ TEST_F(JobsTest, ListNewestFirstPaged) {
   EXPECT_EQ(jobs_->List(req).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// List leaves the last progress's bulky detail (per-domain figures, the per-expert sample)
+// to Get; a job without progress gets none.
+TEST_F(JobsTest, ListLeavesPerDomainAndPerExpertDetailToGet) {
+  const std::string id = jobs_->Submit(Spec(2), "r")->job.id();
+  const std::string queued = jobs_->Submit(Spec(1), "q")->job.id();
+  ASSERT_TRUE(jobs_->StartAttempt(id, Ranks(2)).ok());
+  rackrun::v1::StepProgress p;
+  p.set_step(3);
+  p.add_imbalance_before(1.5);
+  p.add_domains()->add_imbalance_before(1.5);
+  p.add_domains()->add_imbalance_before(1.7);
+  p.add_expert_loads()->add_tokens(12);
+  ASSERT_TRUE(jobs_->Progress(id, 1, p).ok());
+  auto list = jobs_->List(rackrun::v1::ListJobsRequest());
+  ASSERT_TRUE(list.ok());
+  ASSERT_EQ(list->jobs_size(), 2);
+  EXPECT_EQ(list->jobs(0).id(), queued);
+  EXPECT_FALSE(list->jobs(0).has_last_progress());
+  const rackrun::v1::StepProgress& listed = list->jobs(1).last_progress();
+  EXPECT_EQ(listed.step(), 3);
+  EXPECT_EQ(listed.imbalance_before_size(), 1);
+  EXPECT_EQ(listed.domains_size(), 0);
+  EXPECT_EQ(listed.expert_loads_size(), 0);
+  auto got = jobs_->Get(id);
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(got->last_progress().domains_size(), 2);
+  EXPECT_EQ(got->last_progress().expert_loads_size(), 1);
+}
+
 }  // namespace
 }  // namespace rackrun::coordinator

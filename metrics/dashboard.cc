@@ -72,6 +72,7 @@ bool PlausibleId(const std::string& id) {
 const std::vector<std::pair<std::string, std::string>>& DashboardAssets() {
   static const std::vector<std::pair<std::string, std::string>> a = {
       {"/", "index.html"},
+      {"/static/format.js", "format.js"},
       {"/static/dashboard.js", "dashboard.js"},
       {"/static/dashboard.css", "dashboard.css"},
       {"/static/uPlot.iife.min.js", "node_modules/uplot/dist/uPlot.iife.min.js"},

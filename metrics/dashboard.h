@@ -4,7 +4,8 @@
 // the coordinator's in-memory state once a second and draws them without reloading:
 //   GET /                              the page
 //   GET /static/<file>                 its scripts and styles (a fixed list, read at start)
-//   GET /api/jobs                      ListJobsResponse (newest first, up to 1000)
+//   GET /api/jobs                      ListJobsResponse (newest first, up to 1000; the page
+//                                      orders, filters and pages them itself)
 //   GET /api/jobs/<id>                 Job (with attempts and last progress)
 //   GET /api/jobs/<id>/events?after=N  {"events": [JobEvent...], "done": bool, "next": seq}
 //                                      at most 1000 events per response; poll with next

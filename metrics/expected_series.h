@@ -56,40 +56,41 @@ inline const std::vector<ExpectedSeries>& WorkerSeries() {
       {"rackrun_train_mfu_ratio", "gauge", {"job_id", "rank"}},
       {"rackrun_device_peak_flops", "gauge", {"job_id", "rank"}},
       {"rackrun_train_phase", "gauge", {"job_id", "rank", "phase"}},
-      {"rackrun_moe_plan_seconds", "histogram", {"job_id", "rank"}},
-      {"rackrun_moe_plan_exchange_seconds", "histogram", {"job_id", "rank"}},
-      {"rackrun_moe_fanout_seconds", "histogram", {"job_id", "rank"}},
-      {"rackrun_moe_dispatch_seconds", "histogram", {"job_id", "rank"}},
-      {"rackrun_moe_reduce_seconds", "histogram", {"job_id", "rank"}},
-      {"rackrun_moe_balancing_seconds_total", "counter", {"job_id", "rank"}},
+      {"rackrun_moe_plan_seconds", "histogram", {"job_id", "rank", "domain"}},
+      {"rackrun_moe_plan_exchange_seconds", "histogram", {"job_id", "rank", "domain"}},
+      {"rackrun_moe_fanout_seconds", "histogram", {"job_id", "rank", "domain"}},
+      {"rackrun_moe_dispatch_seconds", "histogram", {"job_id", "rank", "domain"}},
+      {"rackrun_moe_reduce_seconds", "histogram", {"job_id", "rank", "domain"}},
+      {"rackrun_moe_balancing_seconds_total", "counter", {"job_id", "rank", "domain"}},
   };
   return s;
 }
 
-// rackrun-worker: only with an expert-parallel group (bytes) / only rank 0 (per layer) /
-// only after an evaluation / only in coordinator mode.
+// rackrun-worker: only with an expert-parallel group (bytes) / only the first rank of each
+// expert-parallel domain (per layer; rank 0 with one domain) / only after an evaluation /
+// only in coordinator mode. Every rackrun_moe_* series carries domain (rank / G).
 inline const std::vector<ExpectedSeries>& WorkerGroupSeries() {
   static const std::vector<ExpectedSeries> s = {
-      {"rackrun_moe_fanout_bytes_total", "counter", {"job_id", "rank"}},
-      {"rackrun_moe_reduce_bytes_total", "counter", {"job_id", "rank"}},
-      {"rackrun_moe_dispatch_bytes_total", "counter", {"job_id", "rank"}},
+      {"rackrun_moe_fanout_bytes_total", "counter", {"job_id", "rank", "domain"}},
+      {"rackrun_moe_reduce_bytes_total", "counter", {"job_id", "rank", "domain"}},
+      {"rackrun_moe_dispatch_bytes_total", "counter", {"job_id", "rank", "domain"}},
   };
   return s;
 }
-inline const std::vector<ExpectedSeries>& WorkerRank0Series() {
+inline const std::vector<ExpectedSeries>& WorkerLayerSeries() {
   static const std::vector<ExpectedSeries> s = {
-      {"rackrun_moe_last_imbalance_before", "gauge", {"job_id", "layer"}},
-      {"rackrun_moe_last_imbalance_after", "gauge", {"job_id", "layer"}},
-      {"rackrun_moe_imbalance_before", "histogram", {"job_id", "layer"}},
-      {"rackrun_moe_imbalance_after", "histogram", {"job_id", "layer"}},
-      {"rackrun_moe_replicas", "gauge", {"job_id", "layer"}},
+      {"rackrun_moe_last_imbalance_before", "gauge", {"job_id", "domain", "layer"}},
+      {"rackrun_moe_last_imbalance_after", "gauge", {"job_id", "domain", "layer"}},
+      {"rackrun_moe_imbalance_before", "histogram", {"job_id", "domain", "layer"}},
+      {"rackrun_moe_imbalance_after", "histogram", {"job_id", "domain", "layer"}},
+      {"rackrun_moe_replicas", "gauge", {"job_id", "domain", "layer"}},
   };
   return s;
 }
 inline const std::vector<ExpectedSeries>& WorkerOptionalSeries() {
   static const std::vector<ExpectedSeries> s = {
       {"rackrun_train_validation_loss", "gauge", {"job_id", "rank"}},
-      {"rackrun_moe_plan_round_trip_seconds", "histogram", {"job_id", "rank"}},
+      {"rackrun_moe_plan_round_trip_seconds", "histogram", {"job_id", "rank", "domain"}},
       {"rackrun_plan_solve_seconds", "histogram", {"job_id"}},  // the coordinator's, coordinator mode
   };
   return s;

@@ -392,8 +392,14 @@ absl::Status ExpertParallelExecutor::Forward(std::span<const int64_t> offsets,
   const planner::Domain& d = g_->domain();
   ExpertParallelStats::Layer& ls = st.layers[static_cast<size_t>(layer_)];
   ++ls.microbatches;
-  ls.imbalance_before += planner::Imbalance(planner::HomeRankLoads(d, loads_));
-  ls.imbalance_after += planner::Imbalance(plan_.RankLoads());
+  const std::vector<int64_t> home = planner::HomeRankLoads(d, loads_);
+  const std::vector<int64_t> planned = plan_.RankLoads();
+  ls.imbalance_before += planner::Imbalance(home);
+  ls.imbalance_after += planner::Imbalance(planned);
+  st.rank_tokens_before.resize(static_cast<size_t>(d.ranks), 0);
+  st.rank_tokens_after.resize(static_cast<size_t>(d.ranks), 0);
+  for (size_t r = 0; r < home.size() && r < st.rank_tokens_before.size(); ++r) st.rank_tokens_before[r] += home[r];
+  for (size_t r = 0; r < planned.size() && r < st.rank_tokens_after.size(); ++r) st.rank_tokens_after[r] += planned[r];
   ls.replicas += plan_.num_replicas();
   if (g_->training() && g_->trace() != nullptr) {
     planner::TraceEntry entry;

@@ -132,6 +132,11 @@ struct ExpertParallelStats {
   int64_t fanouts_skipped = 0;  // fan-outs not needed: slots already current
   int64_t reduce_bytes = 0;     // replica gradient bytes this rank sent
   int64_t expert_rows = 0;      // token rows this rank's instances processed (forward)
+  // Per rank of the domain (index = rank in the domain; the same on every rank of it):
+  // tokens its instances get with masters only / under the executed plans, summed over
+  // the layers and microbatches.
+  std::vector<int64_t> rank_tokens_before;
+  std::vector<int64_t> rank_tokens_after;
 };
 
 // Replica weights and gradients in slots, [slots x (w13 | w2)], and what the weights hold:

@@ -47,9 +47,22 @@ std::string StepRecord::ToJson() const {
                                JsonNumber(plan_s), ", \"plan_exchange_s\": ",
                                JsonNumber(plan_exchange_s), ", \"fanout_s\": ", JsonNumber(fanout_s),
                                ", \"dispatch_s\": ", JsonNumber(dispatch_s),
-                               ", \"replica_reduce_s\": ", JsonNumber(reduce_s))
+                               ", \"replica_reduce_s\": ", JsonNumber(reduce_s), DomainsJson())
                 : std::string(),
       "}");
+}
+
+std::string StepRecord::DomainsJson() const {
+  if (domains.empty()) return std::string();
+  std::vector<std::string> parts;
+  for (const Domain& d : domains) {
+    parts.push_back(absl::StrCat("{\"imbalance_before\": ", JsonArray(d.imbalance_before),
+                                 ", \"imbalance_after\": ", JsonArray(d.imbalance_after),
+                                 ", \"rank_tokens_before\": ", JsonArray(d.rank_tokens_before),
+                                 ", \"rank_tokens_after\": ", JsonArray(d.rank_tokens_after), "}"));
+  }
+  return absl::StrCat(", \"expert_parallel\": ", expert_parallel, ", \"domains\": [",
+                      absl::StrJoin(parts, ", "), "]");
 }
 
 std::string BalancingPhasesText(double plan_s, double plan_exchange_s, double fanout_s,

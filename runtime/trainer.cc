@@ -445,6 +445,49 @@ absl::StatusOr<double> Trainer::GradNorm() {
   return std::sqrt(squares(dense_) + experts);
 }
 
+absl::Status Trainer::GatherDomainStats(StepRecord& r) {
+  // One block per domain that only the domain's first rank fills (the figures are the same
+  // on every rank of a domain), summed over all ranks: everyone gets every domain's. One
+  // domain: every rank has it already, no collective.
+  const ExpertParallelStats& st = ep_->stats();
+  const size_t layers = st.layers.size();
+  const size_t g = static_cast<size_t>(expert_parallel_degree());
+  const size_t block = 2 * layers + 2 * g;
+  std::vector<double> sums(block * static_cast<size_t>(data_parallel_), 0.0);
+  if (domain_rank() == 0 || data_parallel_ == 1) {
+    double* b = sums.data() + block * static_cast<size_t>(domain());
+    for (size_t i = 0; i < layers; ++i) {
+      const double n = static_cast<double>(std::max<int64_t>(st.layers[i].microbatches, 1));
+      b[i] = st.layers[i].imbalance_before / n;
+      b[layers + i] = st.layers[i].imbalance_after / n;
+    }
+    for (size_t i = 0; i < g && i < st.rank_tokens_before.size(); ++i) {
+      b[2 * layers + i] = static_cast<double>(st.rank_tokens_before[i]);
+    }
+    for (size_t i = 0; i < g && i < st.rank_tokens_after.size(); ++i) {
+      b[2 * layers + g + i] = static_cast<double>(st.rank_tokens_after[i]);
+    }
+  }
+  if (data_parallel_ > 1) {
+    if (absl::Status s = channel_->AllReduce(sums.data(), sums.data(), static_cast<int64_t>(sums.size()),
+                                             comm::DataType::kFloat64, comm::ReduceOp::kSum);
+        !s.ok()) {
+      return base::Annotate(s, absl::StrCat("all-reducing the domains' balancing figures at step ", step_ + 1));
+    }
+  }
+  r.expert_parallel = static_cast<int>(g);
+  for (int d = 0; d < data_parallel_; ++d) {
+    const double* b = sums.data() + block * static_cast<size_t>(d);
+    StepRecord::Domain dom;
+    dom.imbalance_before.assign(b, b + layers);
+    dom.imbalance_after.assign(b + layers, b + 2 * layers);
+    dom.rank_tokens_before.assign(b + 2 * layers, b + 2 * layers + g);
+    dom.rank_tokens_after.assign(b + 2 * layers + g, b + block);
+    r.domains.push_back(std::move(dom));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Trainer::RecordLoads(int64_t microbatch) {
   const std::vector<std::vector<int64_t>>& counts = model_->expert_counts();
   for (size_t layer = 0; layer < counts.size(); ++layer) {
@@ -500,6 +543,9 @@ absl::StatusOr<StepRecord> Trainer::Step() {
     }
     loss_sum = sums[0];
     aux_sum = sums[1];
+    if (ep_ != nullptr) {
+      if (absl::Status s = GatherDomainStats(r); !s.ok()) return s;
+    }
   }
   r.loss = loss_sum / micro;
   r.aux_loss = aux_sum / micro;

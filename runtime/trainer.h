@@ -94,6 +94,18 @@ struct StepRecord {
   std::vector<double> rank_imbalance_after;
   double replicas = 0;
   double plan_s = 0, plan_exchange_s = 0, fanout_s = 0, dispatch_s = 0, reduce_s = 0;
+  // Expert-parallel domains (ranks > 1): G ranks per domain, and every domain's figures of
+  // this step in domain order, the same on every rank (D > 1: summed over all ranks after
+  // the step's loss, each domain's first rank contributing its domain's block). Per MoE layer
+  // its imbalance before/after as rank_imbalance_* (which are this rank's domain's); per
+  // rank of the domain the tokens its instances got with masters only / under the plans,
+  // summed over layers and microbatches.
+  struct Domain {
+    std::vector<double> imbalance_before, imbalance_after;
+    std::vector<double> rank_tokens_before, rank_tokens_after;
+  };
+  int expert_parallel = 1;
+  std::vector<Domain> domains;
   // This step alone: seconds (without evaluation and checkpoint) and tokens (global).
   double step_s = 0;
   int64_t tokens = 0;
@@ -103,6 +115,10 @@ struct StepRecord {
   std::string ToJson() const;
   // The record as one human log line (no trailing newline); step_log.cc.
   std::string ToLogLine(int64_t steps) const;
+  // ToJson's `"expert_parallel": G, "domains": [{imbalance_before, imbalance_after,
+  // rank_tokens_before, rank_tokens_after}, ...]` part, with its leading comma; empty
+  // without domains.
+  std::string DomainsJson() const;
 };
 
 // What a rank is doing, for heartbeats and hang reports.
@@ -262,6 +278,9 @@ class Trainer {
   // expert shards' squares summed over a domain's ranks.
   absl::StatusOr<double> GradNorm();
   absl::Status RecordLoads(int64_t microbatch);
+  // Expert parallel: every domain's balancing figures of the step into r.domains (D > 1:
+  // one all-reduce over all ranks; one domain: none).
+  absl::Status GatherDomainStats(StepRecord& r);
   // Prepare's two parts.
   absl::Status AgreeOnResumeState();
   absl::Status PrepareOutputs();

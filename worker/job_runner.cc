@@ -143,6 +143,17 @@ class JobRunner::ProgressObserver final : public runtime::TrainObserver {
     p.set_fanout_s(r.fanout_s);
     p.set_dispatch_s(r.dispatch_s);
     p.set_reduce_s(r.reduce_s);
+    for (size_t d = 0; d < r.domains.size(); ++d) {
+      const runtime::StepRecord::Domain& in = r.domains[d];
+      rackrun::v1::DomainProgress* out = p.add_domains();
+      out->set_domain(static_cast<int32_t>(d));
+      out->set_first_rank(static_cast<int32_t>(d) * r.expert_parallel);
+      out->set_ranks(r.expert_parallel);
+      for (const double v : in.imbalance_before) out->add_imbalance_before(v);
+      for (const double v : in.imbalance_after) out->add_imbalance_after(v);
+      for (const double v : in.rank_tokens_before) out->add_rank_tokens_before(v);
+      for (const double v : in.rank_tokens_after) out->add_rank_tokens_after(v);
+    }
     if (const runtime::ExpertParallelGroup* ep = trainer_->expert_parallel(); ep != nullptr) {
       p.set_fanout_bytes(ep->stats().fanout_bytes);
     }
@@ -436,6 +447,7 @@ AttemptResult JobRunner::RunAttempt() try {
     o.job_id = assignment_.job_id();
     o.rank = assignment_.rank();
     o.ranks = assignment_.ranks();
+    o.expert_parallel = trainer->expert_parallel_degree();
     o.flops_per_token = ModelFlopsPerToken(trainer->spec(), trainer->parameter_count());
     o.peak_flops = options_.peak_flops;
     o.total_steps = trainer->spec().training().steps();

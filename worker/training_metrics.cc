@@ -205,16 +205,17 @@ TrainingMetrics::TrainingMetrics(prometheus::Registry& registry, Options options
     f.Add(f.peak, l).Set(options_.peak_flops);
   }
   if (options_.ranks > 1) {
-    f.h_plan = &f.Add(f.plan_seconds, l, BalancingSecondsBuckets());
-    f.h_exchange = &f.Add(f.plan_exchange_seconds, l, BalancingSecondsBuckets());
-    f.h_fanout = &f.Add(f.fanout_seconds, l, BalancingSecondsBuckets());
-    f.h_dispatch = &f.Add(f.dispatch_seconds, l, BalancingSecondsBuckets());
-    f.h_reduce = &f.Add(f.reduce_seconds, l, BalancingSecondsBuckets());
-    f.c_balancing = &f.Add(f.balancing_seconds, l);
+    const prometheus::Labels dl = DomainLabels();
+    f.h_plan = &f.Add(f.plan_seconds, dl, BalancingSecondsBuckets());
+    f.h_exchange = &f.Add(f.plan_exchange_seconds, dl, BalancingSecondsBuckets());
+    f.h_fanout = &f.Add(f.fanout_seconds, dl, BalancingSecondsBuckets());
+    f.h_dispatch = &f.Add(f.dispatch_seconds, dl, BalancingSecondsBuckets());
+    f.h_reduce = &f.Add(f.reduce_seconds, dl, BalancingSecondsBuckets());
+    f.c_balancing = &f.Add(f.balancing_seconds, dl);
     if (options_.group != nullptr) {
-      f.c_fanout = &f.Add(f.fanout_bytes, l);
-      f.c_reduce = &f.Add(f.reduce_bytes, l);
-      f.c_dispatch = &f.Add(f.dispatch_bytes, l);
+      f.c_fanout = &f.Add(f.fanout_bytes, dl);
+      f.c_reduce = &f.Add(f.reduce_bytes, dl);
+      f.c_dispatch = &f.Add(f.dispatch_bytes, dl);
     }
   }
 }
@@ -227,8 +228,19 @@ prometheus::Labels TrainingMetrics::Labels() const {
   return {{"job_id", options_.job_id}, {"rank", absl::StrCat(options_.rank)}};
 }
 
+int TrainingMetrics::Domain() const {
+  const int g = options_.expert_parallel > 0 ? options_.expert_parallel : std::max(1, options_.ranks);
+  return options_.rank / g;
+}
+
+prometheus::Labels TrainingMetrics::DomainLabels() const {
+  prometheus::Labels l = Labels();
+  l["domain"] = absl::StrCat(Domain());
+  return l;
+}
+
 prometheus::Labels TrainingMetrics::LayerLabels(size_t layer) const {
-  return {{"job_id", options_.job_id}, {"layer", absl::StrCat(layer)}};
+  return {{"job_id", options_.job_id}, {"domain", absl::StrCat(Domain())}, {"layer", absl::StrCat(layer)}};
 }
 
 void TrainingMetrics::OnStep(const runtime::StepRecord& r) {
@@ -265,7 +277,9 @@ void TrainingMetrics::OnStep(const runtime::StepRecord& r) {
     f.c_dispatch->Increment(4.0 * static_cast<double>(std::max<int64_t>(0, st->expert_rows)) * options_.width *
                             sizeof(float));
   }
-  if (options_.rank != 0) return;  // per-layer series are the same on every rank
+  // Per-layer series are the same on every rank of a domain: its first rank exports them.
+  const int g = options_.expert_parallel > 0 ? options_.expert_parallel : options_.ranks;
+  if (options_.rank % std::max(1, g) != 0) return;
   const size_t n = std::min(r.rank_imbalance_before.size(), r.rank_imbalance_after.size());
   while (f.layers.size() < n) {
     const prometheus::Labels ll = LayerLabels(f.layers.size());
@@ -305,7 +319,7 @@ void TrainingMetrics::SetPhase(std::string_view phase) {
 
 void TrainingMetrics::ObservePlanRoundTrip(double seconds) {
   std::lock_guard<std::mutex> lock(phase_mu_);
-  if (f_->h_rt == nullptr) f_->h_rt = &f_->Add(f_->round_trip, Labels(), BalancingSecondsBuckets());
+  if (f_->h_rt == nullptr) f_->h_rt = &f_->Add(f_->round_trip, DomainLabels(), BalancingSecondsBuckets());
   f_->h_rt->Observe(seconds);
 }
 

@@ -7,9 +7,12 @@
 // fanning out, in token all-to-alls and reducing replica gradients, bytes moved).
 //
 // Labels: job_id and rank (not `job`: Prometheus owns the `job` label of every scraped
-// target and would rename ours to exported_job); layer for per-layer series. Per-layer
-// series are the same on every rank (the load matrix is allgathered), so only rank 0
-// exports them: series count = layers, not layers x ranks. Expert ids never become labels.
+// target and would rename ours to exported_job); layer for per-layer series; domain (the
+// expert-parallel domain, rank / G with G = parallelism.expert_parallel) on every
+// balancing series (rackrun_moe_*). Per-layer series are the same on every rank of a
+// domain (its load matrix is allgathered inside it), so only the domain's first rank
+// exports them, labelled job_id, domain, layer: series count = layers x domains, not
+// layers x ranks (one domain: rank 0 only, domain="0"). Expert ids never become labels.
 //
 // Model FLOPs: 6 x active parameters per token (forward 2, backward 4 multiply-adds per
 // parameter and token; Kaplan et al. 2020), attention's sequence-length term left out.
@@ -54,6 +57,9 @@ class TrainingMetrics final : public runtime::TrainObserver {
     std::string job_id;
     int rank = 0;
     int ranks = 1;
+    // Ranks per expert-parallel domain (Trainer::expert_parallel_degree()); 0 = ranks (one
+    // domain). Must divide ranks.
+    int expert_parallel = 0;
     double flops_per_token = 0;     // ModelFlopsPerToken; 0 = no FLOP/s and MFU series
     double peak_flops = 0;          // per device; 0 = no MFU series
     int64_t total_steps = 0;        // training.steps
@@ -79,7 +85,9 @@ class TrainingMetrics final : public runtime::TrainObserver {
 
  private:
   struct Families;
+  int Domain() const;
   prometheus::Labels Labels() const;
+  prometheus::Labels DomainLabels() const;  // Labels() and domain: balancing series
   prometheus::Labels LayerLabels(size_t layer) const;
 
   Options options_;

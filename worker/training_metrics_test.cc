@@ -22,25 +22,34 @@ using metrics::ExpectNaming;
 using metrics::ExpectSeries;
 using metrics::MetricFamily;
 using metrics::Sample;
-using metrics::WorkerRank0Series;
+using metrics::WorkerLayerSeries;
 using metrics::WorkerSeries;
+
+// Every rank's observer of job `job_id` (`ranks` ranks, `g` per domain; 0 = one domain),
+// with FLOP/s and MFU series, in the phases forward_backward then optimizer.
+std::vector<std::unique_ptr<TrainingMetrics>> MakeRanks(prometheus::Registry& registry, const std::string& job_id,
+                                                        int ranks, int g) {
+  std::vector<std::unique_ptr<TrainingMetrics>> out;
+  for (int r = 0; r < ranks; ++r) {
+    TrainingMetrics::Options o;
+    o.job_id = job_id;
+    o.rank = r;
+    o.ranks = ranks;
+    o.expert_parallel = g;
+    o.flops_per_token = 6e6;
+    o.peak_flops = 1e12;
+    o.total_steps = 10;
+    out.push_back(std::make_unique<TrainingMetrics>(registry, o));
+    out.back()->SetPhase("forward_backward");
+    out.back()->SetPhase("optimizer");
+  }
+  return out;
+}
 
 TEST(TrainingMetricsTest, WorkerExportsItsSeries) {
   absl::StatusOr<std::unique_ptr<metrics::MetricsExporter>> ex = metrics::MetricsExporter::Start("127.0.0.1:0");
   ASSERT_TRUE(ex.ok()) << ex.status();
-  std::vector<std::unique_ptr<TrainingMetrics>> ranks;
-  for (int r = 0; r < 2; ++r) {
-    TrainingMetrics::Options o;
-    o.job_id = "j-3";
-    o.rank = r;
-    o.ranks = 2;
-    o.flops_per_token = 6e6;
-    o.peak_flops = 1e12;
-    o.total_steps = 10;
-    ranks.push_back(std::make_unique<TrainingMetrics>((*ex)->registry(), o));
-    ranks.back()->SetPhase("forward_backward");
-    ranks.back()->SetPhase("optimizer");
-  }
+  std::vector<std::unique_ptr<TrainingMetrics>> ranks = MakeRanks((*ex)->registry(), "j-3", 2, 0);
   for (int step = 1; step <= 3; ++step) {
     runtime::StepRecord rec;
     rec.step = step;
@@ -65,7 +74,7 @@ TEST(TrainingMetricsTest, WorkerExportsItsSeries) {
   ranks[0]->ObservePlanRoundTrip(2e-4);
   std::map<std::string, MetricFamily> got = metrics::ScrapeMetrics((*ex)->port());
   ExpectSeries(got, WorkerSeries());
-  ExpectSeries(got, WorkerRank0Series());
+  ExpectSeries(got, WorkerLayerSeries());
   ExpectNaming(got);
   for (const Sample& s : got["rackrun_train_tokens_total"].samples) EXPECT_EQ(s.value, 1500);  // 3 x 1000 / 2
   for (const Sample& s : got["rackrun_train_mfu_ratio"].samples) {
@@ -73,7 +82,8 @@ TEST(TrainingMetricsTest, WorkerExportsItsSeries) {
     EXPECT_GT(s.value, 0);
     EXPECT_LE(s.value, 1);
   }
-  EXPECT_EQ(got["rackrun_moe_last_imbalance_before"].samples.size(), 2u) << "rank 0 only, one per layer";
+  EXPECT_EQ(got["rackrun_moe_last_imbalance_before"].samples.size(), 2u) << "rank 0 only (one domain), one per layer";
+  for (const Sample& s : got["rackrun_moe_last_imbalance_before"].samples) EXPECT_EQ(s.labels.at("domain"), "0");
   for (const Sample& s : got["rackrun_train_phase"].samples) {
     EXPECT_EQ(s.value, s.labels.at("phase") == "optimizer" ? 1 : 0);
   }
@@ -94,6 +104,63 @@ TEST(TrainingMetricsTest, WorkerExportsItsSeries) {
   ranks.clear();  // the job's series go with its observers
   got = metrics::ScrapeMetrics((*ex)->port());
   for (const ExpectedSeries& e : WorkerSeries()) EXPECT_TRUE(got[e.name].samples.empty()) << e.name;
+}
+
+// Four ranks as 2 expert-parallel domains of 2: every balancing series names the rank's
+// domain, and each domain's first rank (0 and 2) exports its domain's per-layer series.
+TEST(TrainingMetricsTest, DomainsLabelBalancingSeriesAndEachDomainExportsItsLayers) {
+  absl::StatusOr<std::unique_ptr<metrics::MetricsExporter>> ex = metrics::MetricsExporter::Start("127.0.0.1:0");
+  ASSERT_TRUE(ex.ok()) << ex.status();
+  std::vector<std::unique_ptr<TrainingMetrics>> ranks = MakeRanks((*ex)->registry(), "j-7", 4, 2);
+  for (int r = 0; r < 4; ++r) {
+    runtime::StepRecord rec;
+    rec.step = 1;
+    rec.step_s = 0.5;
+    rec.tokens = 4000;
+    rec.ranks = 4;
+    // Each rank's record holds its own domain's imbalance (domain 1's is worse).
+    const int domain = r / 2;
+    rec.rank_imbalance_before = {1.5 + domain, 1.25 + domain};
+    rec.rank_imbalance_after = {1.0 + 0.5 * domain, 1.125};
+    rec.plan_s = 1e-3 * (r + 1);
+    ranks[static_cast<size_t>(r)]->OnStep(rec);
+  }
+  ranks[3]->ObservePlanRoundTrip(2e-4);
+  std::map<std::string, MetricFamily> got = metrics::ScrapeMetrics((*ex)->port());
+  ExpectSeries(got, WorkerSeries());
+  ExpectSeries(got, WorkerLayerSeries());
+  ExpectNaming(got);
+  // 2 layers x 2 domains, from ranks 0 and 2 only.
+  std::map<std::pair<std::string, std::string>, double> before, after;
+  for (const Sample& s : got["rackrun_moe_last_imbalance_before"].samples) {
+    before[{s.labels.at("domain"), s.labels.at("layer")}] = s.value;
+    EXPECT_EQ(s.labels.count("rank"), 0u);
+  }
+  for (const Sample& s : got["rackrun_moe_last_imbalance_after"].samples) {
+    after[{s.labels.at("domain"), s.labels.at("layer")}] = s.value;
+  }
+  const std::map<std::pair<std::string, std::string>, double> want_before = {
+      {{"0", "0"}, 1.5}, {{"0", "1"}, 1.25}, {{"1", "0"}, 2.5}, {{"1", "1"}, 2.25}};
+  const std::map<std::pair<std::string, std::string>, double> want_after = {
+      {{"0", "0"}, 1.0}, {{"0", "1"}, 1.125}, {{"1", "0"}, 1.5}, {{"1", "1"}, 1.125}};
+  EXPECT_EQ(before, want_before);
+  EXPECT_EQ(after, want_after);
+  // Per-rank balancing series carry domain = rank / 2; training series do not.
+  int plan_counts = 0;
+  for (const Sample& s : got["rackrun_moe_plan_seconds"].samples) {
+    EXPECT_EQ(s.labels.at("domain"), std::to_string(std::stoi(s.labels.at("rank")) / 2)) << s.name;
+    if (s.name == "rackrun_moe_plan_seconds_sum") {
+      EXPECT_NEAR(s.value, 1e-3 * (std::stoi(s.labels.at("rank")) + 1), 1e-12);
+      ++plan_counts;
+    }
+  }
+  EXPECT_EQ(plan_counts, 4);
+  ASSERT_EQ(got["rackrun_moe_plan_round_trip_seconds"].samples.empty(), false);
+  for (const Sample& s : got["rackrun_moe_plan_round_trip_seconds"].samples) {
+    EXPECT_EQ(s.labels.at("rank"), "3");
+    EXPECT_EQ(s.labels.at("domain"), "1");
+  }
+  for (const Sample& s : got["rackrun_train_loss"].samples) EXPECT_EQ(s.labels.count("domain"), 0u);
 }
 
 TEST(TrainingMetricsTest, ModelFlopsCountActiveParameters) {

@@ -18,6 +18,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <iostream>
 #include <map>
 #include <fstream>
 #include <memory>
@@ -473,6 +474,46 @@ TEST_F(DaemonsTest, TwoByTwoJobPacksDomainsOntoRacksAndPlansLikeMpirun) {
       "placement: domain 0 spans racks a, b (no rack label had 4 free workers; free: a: 2, b: 2)";
   EXPECT_THAT(mixed.out, HasSubstr(note)) << mixed.out;
   EXPECT_THAT(::rackrun::testing::Slurp(dir_ / "coordinator0.log"), HasSubstr(note));
+}
+
+// 4 workers, in-band planning, 2 expert-parallel domains of 2 ranks (issue 24): every
+// domain's balancing reaches the coordinator (StepProgress.domains, gathered to rank 0 by the
+// trainer) and `rackrun status` prints a line per domain; the figures are rank 0's log's.
+TEST_F(DaemonsTest, TwoByTwoJobShowsEachDomainsImbalanceInStatus) {
+  StartCoordinator();
+  StartMpirunWorkers(4);
+  WaitIdle(4);
+  const fs::path log = dir_ / "d2g2.jsonl";
+  const std::string id =
+      Submit("--set resources.ranks=4 --set parallelism.expert_parallel=2 --set balancer.policy=ultraep "
+             "--set training.steps=4 --set logging.json=" + log.string());
+  const json job = WaitState(id, "SUCCEEDED");
+  ASSERT_EQ(job.value("state", ""), "SUCCEEDED") << job.dump();
+  const json& domains = job["last_progress"]["domains"];
+  ASSERT_EQ(domains.size(), 2u) << job["last_progress"].dump();
+  const std::vector<std::string> lines = ::rackrun::testing::Lines(log);
+  ASSERT_FALSE(lines.empty());
+  const json last = json::parse(lines.back());
+  ASSERT_EQ(last.at("domains").size(), 2u) << lines.back();
+  for (int d = 0; d < 2; ++d) {
+    const json& got = domains[static_cast<size_t>(d)];
+    EXPECT_EQ(got.value("domain", 0), d);
+    EXPECT_EQ(got.value("first_rank", 0), 2 * d);  // proto3 JSON leaves out zeros
+    EXPECT_EQ(got.value("ranks", 0), 2);
+    const json& want = last["domains"][static_cast<size_t>(d)];
+    ASSERT_EQ(got["imbalance_after"].size(), want["imbalance_after"].size());
+    for (size_t l = 0; l < want["imbalance_after"].size(); ++l) {
+      EXPECT_NEAR(got["imbalance_before"][l].get<double>(), want["imbalance_before"][l].get<double>(), 1e-6);
+      EXPECT_NEAR(got["imbalance_after"][l].get<double>(), want["imbalance_after"][l].get<double>(), 1e-6);
+    }
+    EXPECT_EQ(got["rank_tokens_before"].size(), 2u);
+  }
+  const Result status = Cli("status " + id, "status-text");
+  ASSERT_EQ(status.code, 0) << status.err;
+  std::cout << status.out;
+  EXPECT_THAT(status.out, ::testing::ContainsRegex("domain 0 +ranks 0-1, imbalance [0-9.]+ -> [0-9.]+")) << status.out;
+  EXPECT_THAT(status.out, ::testing::ContainsRegex("domain 1 +ranks 2-3, imbalance [0-9.]+ -> [0-9.]+")) << status.out;
+  EXPECT_THAT(status.out, ::testing::Not(HasSubstr("domain 2"))) << status.out;
 }
 
 // kill -9 of a busy worker: the job fails naming the lost rank (its pid) within the

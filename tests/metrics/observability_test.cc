@@ -265,19 +265,22 @@ TEST_F(ObservabilityTest, PrometheusGrafanaAndDashboardWatchARunningJob) {
   json after = QueryUntil("rackrun_moe_last_imbalance_after", 2);
   ASSERT_EQ(before.size(), 2u) << "one series per MoE layer, rank 0 only: " << before.dump();
   ASSERT_EQ(after.size(), 2u);
-  json worse = Query("rackrun_moe_last_imbalance_after > on(job_id, layer) rackrun_moe_last_imbalance_before");
+  for (const json& s : before) EXPECT_EQ(s["metric"].value("domain", ""), "0") << "one domain: " << s.dump();
+  json worse =
+      Query("rackrun_moe_last_imbalance_after > on(job_id, domain, layer) rackrun_moe_last_imbalance_before");
   EXPECT_TRUE(worse.empty()) << "imbalance after balancing above before: " << worse.dump();
   for (const json& s : after) EXPECT_GE(Value(s), 1.0);
   json mfu = QueryUntil("rackrun_train_mfu_ratio > 0 and rackrun_train_mfu_ratio <= 1", 2);
   EXPECT_EQ(mfu.size(), 2u) << mfu.dump();
   json round_trips = QueryUntil("rackrun_moe_plan_round_trip_seconds_count > 0", 2);
   EXPECT_EQ(round_trips.size(), 2u) << "coordinator mode: every rank's round trips";
+  for (const json& s : round_trips) EXPECT_EQ(s["metric"].value("domain", ""), "0") << s.dump();
   // The round trips (and the fingerprint allgather) are the plan phase's exchange: a part
   // of it on every rank.
   json exchange = QueryUntil("rackrun_moe_plan_exchange_seconds_sum > 0", 2);
   EXPECT_EQ(exchange.size(), 2u) << exchange.dump();
   json above = Query(
-      "rackrun_moe_plan_exchange_seconds_sum > on(job_id, rank) rackrun_moe_plan_seconds_sum");
+      "rackrun_moe_plan_exchange_seconds_sum > on(job_id, domain, rank) rackrun_moe_plan_seconds_sum");
   EXPECT_TRUE(above.empty()) << "load exchange longer than the plan phase: " << above.dump();
 
   // Rates over a window need two scrapes of a counter inside it: wait for them (under a

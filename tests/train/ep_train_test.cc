@@ -539,6 +539,32 @@ TEST_F(EpTrainTest, TwoByTwoUltraepMovesWorkNotResultsAndRerunsBitIdentically) {
   EXPECT_TRUE(b.lowered) << "ultraep lowered no layer's rank imbalance in 20 steps";
   EXPECT_EQ(BalancingIn(Log("none")).max_replicas, 0);
   EXPECT_EQ(LossTexts("a"), LossTexts("b"));
+  // Every domain's figures reach rank 0's log (StepRecord::domains): domain 0's imbalance is
+  // rank 0's own; balancing moves tokens between a domain's ranks, never adds or drops any.
+  for (const std::string name : {"none", "a"}) {
+    for (const nlohmann::json& r : Log(name)) {
+      ASSERT_EQ(r.at("expert_parallel").get<int>(), 2);
+      const nlohmann::json& domains = r.at("domains");
+      ASSERT_EQ(domains.size(), 2u) << r.dump();
+      EXPECT_EQ(domains[0].at("imbalance_before"), r.at("rank_imbalance_before"));
+      EXPECT_EQ(domains[0].at("imbalance_after"), r.at("rank_imbalance_after"));
+      for (const nlohmann::json& d : domains) {
+        ASSERT_EQ(d.at("rank_tokens_before").size(), 2u);
+        ASSERT_EQ(d.at("rank_tokens_after").size(), 2u);
+        double before = 0, after = 0;
+        for (const nlohmann::json& t : d.at("rank_tokens_before")) before += t.get<double>();
+        for (const nlohmann::json& t : d.at("rank_tokens_after")) after += t.get<double>();
+        EXPECT_GT(before, 0);
+        EXPECT_EQ(before, after) << r.dump();
+        for (const nlohmann::json& v : d.at("imbalance_after")) {
+          EXPECT_GE(v.get<double>(), 1.0);
+          if (name == "none") {
+            EXPECT_EQ(d.at("imbalance_after"), d.at("imbalance_before"));
+          }
+        }
+      }
+    }
+  }
 }
 
 // A 2 x 2 checkpoint (eplb: each domain's balancer history is kept) resumes bit-identically

@@ -93,7 +93,8 @@ std::string StepText(const Job& job) {
 constexpr const char* kStatusDescription =
     R"(Shows job JOB: state, outcome, attempts with the worker of every rank (with its rack label,
 and its expert-parallel domain when the job has several), the first failure (kind, rank,
-worker, host, pid, phase, step) and the last progress report.
+worker, host, pid, phase, step) and the last progress report; with several expert-parallel
+domains, a line per domain: its ranks and its imbalance before -> after.
 )";
 void PrintStatus(const Job& job) {
   std::vector<std::vector<std::string>> rows = {
@@ -105,7 +106,13 @@ void PrintStatus(const Job& job) {
   rows.push_back({"started", TimeText(job.started_unix_ms())});
   rows.push_back({"finished", TimeText(job.finished_unix_ms())});
   rows.push_back({"restarts", absl::StrCat(job.restarts())});
-  if (job.has_last_progress()) rows.push_back({"progress", ProgressLine(job.last_progress())});
+  if (job.has_last_progress()) {
+    rows.push_back({"progress", ProgressLine(job.last_progress())});
+    for (const std::string& line : DomainLines(job.last_progress())) {
+      const size_t colon = line.find(':');
+      rows.push_back({line.substr(0, colon), line.substr(colon + 2)});
+    }
+  }
   if (job.has_first_failure()) rows.push_back({"first failure", FailureLine(job.first_failure())});
   if (!job.request_id().empty()) rows.push_back({"request id", job.request_id()});
   PrintTable(rows);

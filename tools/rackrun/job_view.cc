@@ -1,6 +1,8 @@
 #include "tools/rackrun/job_view.h"
 
+#include <algorithm>
 #include <ctime>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -48,6 +50,41 @@ std::string ProgressLine(const rackrun::v1::StepProgress& p) {
   }
   absl::StrAppendFormat(&line, " step %.3f s elapsed %.1f s", p.step_time_s(), p.elapsed_s());
   return line;
+}
+
+namespace {
+
+// Largest over mean value (1 = even), 0 when empty or all 0.
+double MaxOverMean(const google::protobuf::RepeatedField<double>& values) {
+  const double mean = MeanOf(values);
+  if (values.empty() || mean <= 0) return 0;
+  return *std::max_element(values.begin(), values.end()) / mean;
+}
+
+}  // namespace
+
+std::vector<std::string> DomainLines(const rackrun::v1::StepProgress& p) {
+  std::vector<std::string> lines;
+  if (p.domains_size() <= 1) return lines;
+  for (const rackrun::v1::DomainProgress& d : p.domains()) {
+    std::string line = absl::StrFormat("domain %d: ranks %d-%d, imbalance %.2f -> %.2f", d.domain(), d.first_rank(),
+                                       d.first_rank() + d.ranks() - 1, MeanOf(d.imbalance_before()),
+                                       MeanOf(d.imbalance_after()));
+    int worst = -1;
+    for (int l = 0; l < d.imbalance_after_size() && l < d.imbalance_before_size(); ++l) {
+      if (worst < 0 || d.imbalance_after(l) > d.imbalance_after(worst)) worst = l;
+    }
+    if (worst >= 0) {
+      absl::StrAppendFormat(&line, " (worst layer %d: %.2f -> %.2f)", worst, d.imbalance_before(worst),
+                            d.imbalance_after(worst));
+    }
+    if (!d.rank_tokens_before().empty()) {
+      absl::StrAppendFormat(&line, ", step's tokens per rank max/mean %.2f -> %.2f",
+                            MaxOverMean(d.rank_tokens_before()), MaxOverMean(d.rank_tokens_after()));
+    }
+    lines.push_back(std::move(line));
+  }
+  return lines;
 }
 
 std::string TimeText(int64_t unix_ms) {

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "flags/flags.h"
 #include "google/protobuf/message.h"
@@ -29,6 +30,13 @@ std::string FailureLine(const rackrun::v1::Failure& failure);
 // plan(exch)/fan/a2a/red ms 0.7(0.6)/0.4/8.6/0.1 step 0.120 s elapsed 14.2 s" (the
 // imbalance and the expert-parallel phases only for expert-parallel jobs).
 std::string ProgressLine(const rackrun::v1::StepProgress& progress);
+
+// Per expert-parallel domain of a job with more than one (StepProgress.domains), one line
+// each: "domain 1: ranks 2-3, imbalance 1.85 -> 1.02 (worst layer 0: 2.40 -> 1.05), step's
+// tokens per rank max/mean 1.12 -> 1.00" (imbalance: the mean over the MoE layers of each
+// layer's max/mean, the worst layer by imbalance after; tokens: summed over the step's
+// layers and microbatches, so smoother). Empty with one domain.
+std::vector<std::string> DomainLines(const rackrun::v1::StepProgress& progress);
 
 // Mean of the per-layer values, 0 when there are none.
 double MeanOf(const google::protobuf::RepeatedField<double>& values);
