@@ -1,14 +1,9 @@
 // End-to-end tests of the daemons as a user runs them, on loopback: a rackrun-coordinator
 // with a scratch state folder, rackrun-worker processes (by hand with torchrun-style RANK,
-// or under mpirun), and the rackrun CLI. Jobs train the tiny model on the committed Brown
-// sample. Faults are real: kill -9 and SIGSTOP of a worker, SIGTERM of a worker, kill -9
-// of the coordinator.
-//
-// Timeouts are short so faults surface in seconds: heartbeat every 200 ms, lost after
-// 3 s, hung after 3 s, data-channel waits 30 s (longer than both, so the coordinator names
-// the culprit before a victim's channel times out). These and every wait of a test are
-// quiet-machine figures multiplied by TimeScale() (tests/support/time_scale.h): a loaded
-// machine or a sanitizer build gets proportionally more room.
+// or under mpirun), and the rackrun CLI (tests/support/daemon_fixture.h). Jobs train the
+// tiny model on the committed Brown sample. Faults are real: kill -9 and SIGSTOP of a
+// worker, SIGTERM of a worker, kill -9 of the coordinator. The same daemons across network
+// namespaces, with link faults: tests/netns.
 
 #include <fcntl.h>
 #include <signal.h>
@@ -34,7 +29,7 @@
 #include "nlohmann/json.hpp"
 #include "jobspec/job_memory.h"
 #include "jobspec/spec.h"
-#include "tests/support/mpi_env.h"
+#include "tests/support/daemon_fixture.h"
 #include "tests/support/listening_sockets.h"
 #include "tests/support/process.h"
 #include "tests/support/shell.h"
@@ -44,203 +39,17 @@ namespace {
 
 using nlohmann::json;
 using ::rackrun::testing::Child;
+using ::rackrun::testing::Int;
 using ::rackrun::testing::WaitForText;
 using ::testing::HasSubstr;
 using Result = ::rackrun::testing::ShellResult;
 using Clock = std::chrono::steady_clock;
 namespace fs = std::filesystem;
 
-using ::rackrun::testing::kMpiEnv;
 using ::rackrun::testing::Scaled;
-using ::rackrun::testing::ScaledMs;
 
-// The job of ep_train_test: 2 blocks, C=32, xhc N=4 k=2, 8 experts top-2.
-constexpr char kSpec[] =
-    "model: {width: 32, blocks: 2, heads: 2, seq_len: 32, residual: xhc, streams: 4, active: 2,\n"
-    "        fixed: 1, moe: {experts: 8, top_k: 2, expert_hidden: 32}}\n"
-    "data: {train: data/train.tokens, validation: data/val.tokens, batch_size: 8}\n"
-    "training: {steps: 20, seed: 3, microbatches: 2, eval_interval: 10, eval_batches: 2}\n"
-    "balancer: {policy: none, slots: 2}\n"
-    "logging: {interval: 1}\n"
-    "resources: {threads: 1, ranks: 2}\n";
-
-// A numeric field of a proto message printed as JSON: int64 fields are strings there,
-// int32 fields numbers, and zero values are left out.
-int64_t Int(const json& j, const char* key) {
-  if (!j.is_object() || !j.contains(key)) return 0;
-  const json& v = j.at(key);
-  if (v.is_string()) return std::stoll(v.get<std::string>());
-  return v.is_number() ? v.get<int64_t>() : 0;
-}
-
-class DaemonsTest : public ::testing::Test {
+class DaemonsTest : public ::rackrun::testing::DaemonFixture {
  protected:
-  void SetUp() override {
-    dir_ = ::rackrun::testing::ScratchDir("daemons_");
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-    const Result data = Shell(std::string(RACKRUN_BINARY) + " data --input " + RACKRUN_SOURCE_DIR +
-                                  "/tests/data/brown-sample.txt --output " +
-                                  (dir_ / "data").string() + " --val-fraction 0.1",
-                              "data");
-    ASSERT_EQ(data.code, 0) << data.err;
-    std::ofstream(dir_ / "job.yaml") << kSpec;
-  }
-
-  void TearDown() override {
-    for (auto& w : workers_) w.reset();
-    if (mpirun_ != nullptr) {
-      // SIGTERM: mpirun forwards it to the workers, which drain and exit (after a SIGKILL of
-      // mpirun they would notice its death themselves: worker/launcher_watch.h).
-      mpirun_->Signal(SIGTERM);
-      mpirun_->Wait(std::chrono::seconds(20));
-      mpirun_.reset();
-    }
-    if (coordinator_ != nullptr) {
-      coordinator_->Signal(SIGTERM);
-      coordinator_->Wait(std::chrono::seconds(10));
-    }
-    if (HasFailure()) {
-      ::rackrun::testing::PrintLogTails(dir_);
-    } else {
-      fs::remove_all(dir_);
-    }
-  }
-
-  Result Shell(const std::string& command, const std::string& tag) {
-    return ::rackrun::testing::Shell(command, dir_ / (tag + ".stdout"), dir_ / (tag + ".stderr"));
-  }
-
-  // Starts (or restarts, on the same port and state) the coordinator; `extra` flags.
-  void StartCoordinator(const std::vector<std::string>& extra = {}) {
-    const fs::path banner = dir_ / ("coordinator" + std::to_string(starts_++) + ".log");
-    std::vector<std::string> argv = {RACKRUN_COORDINATOR_BINARY, "--listen",
-                                     "127.0.0.1:" + std::to_string(port_), "--state-dir",
-                                     (dir_ / "state").string(), "--heartbeat-interval-ms", "200",
-                                     "--heartbeat-timeout-ms", Ms(3000), "--hang-timeout-ms", Ms(3000),
-                                     "--reattach-grace-ms", Ms(15000), "--channel-timeout-ms", Ms(30000)};
-    argv.insert(argv.end(), extra.begin(), extra.end());
-    coordinator_ = std::make_unique<Child>(argv, banner);
-    std::string text;
-    std::smatch m = WaitForText(banner, std::regex("listening on 127\\.0\\.0\\.1:([0-9]+)"), &text);
-    ASSERT_FALSE(m.empty()) << "no banner: " << text;
-    port_ = std::stoi(m[1].str());
-    address_ = "127.0.0.1:" + m[1].str();
-  }
-
-  static std::string Ms(int64_t quiet_ms) { return std::to_string(ScaledMs(quiet_ms)); }
-
-  std::vector<std::string> WorkerEnv() const {
-    return {"RACKRUN_COORDINATOR=" + address_,
-            "RACKRUN_TOKEN_FILE=" + (dir_ / "state" / worker_token_).string(),
-            "RACKRUN_VICTIM_GRACE_MS=" + Ms(4000)};
-  }
-
-  // A worker started by hand with a torchrun-style RANK; `extra` flags, `extra_env`
-  // variables.
-  Child& StartWorker(int launcher_rank, const std::vector<std::string>& extra = {},
-                     const std::vector<std::string>& extra_env = {}) {
-    std::vector<std::string> env = WorkerEnv();
-    env.push_back("RANK=" + std::to_string(launcher_rank));
-    env.insert(env.end(), extra_env.begin(), extra_env.end());
-    std::vector<std::string> argv = {RACKRUN_WORKER_BINARY, "--data-address", "127.0.0.1",
-                                     "--threads", "1"};
-    argv.insert(argv.end(), extra.begin(), extra.end());
-    workers_.push_back(std::make_unique<Child>(
-        argv, dir_ / ("worker" + std::to_string(workers_.size()) + ".log"), env));
-    return *workers_.back();
-  }
-
-  // `mpirun -np N rackrun-worker`: the launcher ranks decide the job ranks.
-  void StartMpirunWorkers(int n) {
-    const fs::path session = dir_ / "session";
-    fs::create_directories(session);
-    std::vector<std::string> argv = {"/usr/bin/env"};
-    for (const std::string& e : absl_split(std::string(kMpiEnv))) argv.push_back(e);
-    argv.push_back("OMPI_MCA_orte_tmpdir_base=" + session.string());
-    for (const std::string& e : WorkerEnv()) argv.push_back(e);
-    for (const char* a : {MPIEXEC, "--allow-run-as-root", "--oversubscribe", MPIEXEC_NUMPROC_FLAG}) {
-      argv.push_back(a);
-    }
-    argv.push_back(std::to_string(n));
-    for (const char* a : {RACKRUN_WORKER_BINARY, "--data-address", "127.0.0.1", "--threads", "1"}) {
-      argv.push_back(a);
-    }
-    mpirun_ = std::make_unique<Child>(argv, dir_ / "mpirun.log");
-  }
-
-  static std::vector<std::string> absl_split(const std::string& s) {
-    std::vector<std::string> out;
-    std::istringstream in(s);
-    for (std::string w; in >> w;) out.push_back(w);
-    return out;
-  }
-
-  Result Cli(const std::string& args, const std::string& tag = "cli") {
-    return Shell("cd " + dir_.string() + " && env -u RACKRUN_TOKEN RACKRUN_COORDINATOR=" +
-                     address_ + " RACKRUN_TOKEN_FILE=" + (dir_ / "state" / cli_token_).string() +
-                     " timeout -k 5 120 " + RACKRUN_BINARY + " " + args,
-                 tag);
-  }
-
-  json Json(const std::string& args) {
-    const Result r = Cli(args + " --json", "json");
-    EXPECT_EQ(r.code, 0) << r.err;
-    json j = json::parse(r.out, nullptr, /*allow_exceptions=*/false);
-    EXPECT_FALSE(j.is_discarded()) << r.out;
-    return j;
-  }
-
-  // Waits until `n` workers are IDLE; their ids by launcher rank order.
-  void WaitIdle(int n) {
-    const auto end = Clock::now() + Scaled(std::chrono::seconds(30));
-    int idle = 0;
-    while (Clock::now() < end) {
-      idle = 0;
-      for (const json& w : Json("workers").value("workers", json::array())) {
-        if (w.value("state", "") == "IDLE") ++idle;
-      }
-      if (idle >= n) return;
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    }
-    FAIL() << "only " << idle << " of " << n << " workers became idle";
-  }
-
-  std::string Submit(const std::string& sets, const std::string& tag = "submit") {
-    const Result r = Cli("submit job.yaml " + sets, tag);
-    EXPECT_EQ(r.code, 0) << r.err;
-    return r.out.substr(0, r.out.find('\n'));
-  }
-
-  // Waits for the job to reach `state` (or any terminal state); its last Get. `timeout` is
-  // a quiet machine's, scaled.
-  json WaitState(const std::string& id, const std::string& state,
-                 std::chrono::seconds timeout = std::chrono::seconds(90)) {
-    const auto end = Clock::now() + Scaled(timeout);
-    json job;
-    while (Clock::now() < end) {
-      job = Json("status " + id);
-      const std::string s = job.value("state", "");
-      if (s == state || s == "SUCCEEDED" || s == "FAILED" || s == "CANCELLED") return job;
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    }
-    return job;
-  }
-
-  // Waits for the job to fail with a first failure whose message has `text`: a rank's own
-  // report can replace a timeout verdict after the job failed (Jobs::RankResult), so this
-  // waits past FAILED for the grace. Its last Get.
-  json WaitFirstFailure(const std::string& id, const std::string& text) {
-    json job = WaitState(id, "FAILED");
-    const auto end = Clock::now() + Scaled(std::chrono::seconds(30));
-    while (job.value("state", "") == "FAILED" && Clock::now() < end &&
-           job.value("first_failure", json::object()).value("message", "").find(text) == std::string::npos) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(200));
-      job = Json("status " + id);
-    }
-    return job;
-  }
-
   // A 60-step job with checkpoints that restarts once, submitted and run to step 5: for the
   // tests that drain one of its workers.
   std::string SubmitRestartableAndWaitForStep5() {
@@ -265,53 +74,6 @@ class DaemonsTest : public ::testing::Test {
       EXPECT_NE(Int(r, "pid"), pid) << "the restart was placed on the worker that drained: " << job.dump();
     }
   }
-
-  // Waits until the job's rank 0 reported at least `step`.
-  void WaitStep(const std::string& id, int64_t step) {
-    const auto end = Clock::now() + Scaled(std::chrono::seconds(60));
-    while (Clock::now() < end) {
-      const json job = Json("status " + id);
-      if (Int(job.value("last_progress", json::object()), "step") >= step) return;
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-    FAIL() << "job " << id << " never reached step " << step;
-  }
-
-  // The "loss"/"val_loss" texts of a JSON Lines log as written (%.9g): compared bit for bit.
-  std::vector<std::string> Losses(const fs::path& log) {
-    std::vector<std::string> out;
-    const std::regex loss("\"(loss|val_loss)\": ([^,}]+)");
-    for (const std::string& line : ::rackrun::testing::Lines(log)) {
-      for (auto it = std::sregex_iterator(line.begin(), line.end(), loss);
-           it != std::sregex_iterator(); ++it) {
-        out.push_back((*it)[1].str() + "=" + (*it)[2].str());
-      }
-    }
-    return out;
-  }
-
-  // `mpirun -np R rackrun train job.yaml SETS --log-json LOG`: the direct launch.
-  Result Mpirun(int ranks, const std::string& sets, const fs::path& log) {
-    const fs::path session = dir_ / "session-train";
-    fs::create_directories(session);
-    return Shell("cd " + dir_.string() + " && env " + kMpiEnv + " OMPI_MCA_orte_tmpdir_base=" +
-                     session.string() + " timeout -k 10 300 " + MPIEXEC +
-                     " --allow-run-as-root --oversubscribe " + MPIEXEC_NUMPROC_FLAG + " " +
-                     std::to_string(ranks) + " " + RACKRUN_BINARY + " train job.yaml " + sets +
-                     " --log-json " + log.string(),
-                 "mpirun-train");
-  }
-
-  fs::path dir_;
-  // The files of the state folder the workers and the CLI take their token from.
-  std::string worker_token_ = "token";
-  std::string cli_token_ = "token";
-  int port_ = 0;
-  int starts_ = 0;
-  std::string address_;
-  std::unique_ptr<Child> coordinator_;
-  std::unique_ptr<Child> mpirun_;
-  std::vector<std::unique_ptr<Child>> workers_;
 };
 
 // Submit through the CLI to 2 hand-launched workers, watch to SUCCEEDED; the loss

@@ -1,0 +1,166 @@
+// A rack in a box: the daemons across hosts made of network namespaces on this machine
+// (tests/support/netns_rack.h). The coordinator runs on host 0 and listens on its 198.18
+// address only, so it serves TLS with its automatic certificates; every worker runs on a
+// host of its own with nothing but the coordinator's address and the worker join token,
+// its data channel on its host's address, and reports the host's name (--host h<i>). The
+// CLI runs on host 0 with the user join token. Faults are made on the bridge: a host's
+// port down (a cut cable), a token-bucket filter (a slow link), an address nothing routes
+// to. Each test skips, naming the cause, where namespaces cannot be made.
+//
+// The contract and how to run them: tests/netns/README.md.
+
+#include <chrono>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <regex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/support/daemon_fixture.h"
+#include "tests/support/netns_rack.h"
+#include "tests/support/process.h"
+#include "tests/support/shell.h"
+#include "tests/support/time_scale.h"
+
+namespace {
+
+using nlohmann::json;
+using ::rackrun::testing::Child;
+using ::rackrun::testing::Int;
+using ::rackrun::testing::NetnsRack;
+using ::rackrun::testing::Scaled;
+using ::testing::HasSubstr;
+using Clock = std::chrono::steady_clock;
+namespace fs = std::filesystem;
+
+class NetnsTest : public ::rackrun::testing::DaemonFixture {
+ protected:
+  NetnsTest() : DaemonFixture("netns_") {}
+
+  void SetUp() override {
+    const std::string why = NetnsRack::Unavailable();
+    if (!why.empty()) GTEST_SKIP() << why;
+    DaemonFixture::SetUp();
+  }
+
+  void TearDown() override {
+    if (dir_.empty()) return;  // skipped
+    StopDaemons();
+    rack_.reset();
+    DaemonFixture::TearDown();
+  }
+
+  // Makes `hosts` hosts and starts the coordinator on host 0 (TLS: its address is not
+  // loopback); the workers and the CLI use only join tokens.
+  void StartRack(int hosts, const std::vector<std::string>& coordinator_flags = {}) {
+    rack_ = std::make_unique<NetnsRack>(hosts);
+    ASSERT_EQ(rack_->error(), "");
+    coordinator_host_ = rack_->Address(0);
+    coordinator_exec_ = rack_->Exec(0);
+    cli_exec_ = rack_->ExecPrefix(0);
+    worker_token_ = "join-token-worker";
+    cli_token_ = "join-token-user";
+    StartCoordinator(coordinator_flags);
+    // Not loopback: TLS with the automatic CA, whose join tokens the clients hold.
+    EXPECT_THAT(::rackrun::testing::Slurp(dir_ / "coordinator0.log"), HasSubstr("join tokens: "));
+  }
+
+  // The busy worker of `rank` in the job's running attempt: its host number (>= 1).
+  int HostOfRank(const std::string& id, int rank) {
+    const json job = Json("status " + id);
+    const std::map<int, std::string> hosts = Hosts(job, job["attempts"].size());
+    const auto it = hosts.find(rank);
+    return it == hosts.end() ? -1 : std::stoi(it->second.substr(1));
+  }
+
+  // A worker on host `host` (>= 1), its data channel on `data_address` (default: the
+  // host's address), launcher rank host - 1.
+  Child& StartHostWorker(int host, const std::string& data_address = "") {
+    return StartWorkerWith(rack_->Exec(host),
+                           data_address.empty() ? rack_->Address(host) : data_address, host - 1,
+                           {"--host", HostName(host)});
+  }
+  static std::string HostName(int host) { return "h" + std::to_string(host); }
+
+  // The ranks of attempt `n` (1-based) of the job: rank -> host.
+  static std::map<int, std::string> Hosts(const json& job, size_t n) {
+    std::map<int, std::string> out;
+    if (job["attempts"].size() < n) return out;
+    for (const json& r : job["attempts"][n - 1]["ranks"]) out[static_cast<int>(Int(r, "rank"))] = r.value("host", "");
+    return out;
+  }
+
+  // Hosts 1..workers each run a worker; the job trains like `mpirun -np workers` on this
+  // machine's loopback, bit for bit.
+  void TrainLikeMpirun(int workers) {
+    StartRack(workers + 1);
+    for (int h = 1; h <= workers; ++h) StartHostWorker(h);
+    WaitIdle(workers);
+    const fs::path daemon_log = dir_ / "daemon.jsonl";
+    const fs::path direct_log = dir_ / "direct.jsonl";
+    const std::string sets = "--set balancer.policy=ultraep --set resources.ranks=" + std::to_string(workers);
+    const std::string id = Submit(sets + " --set logging.json=" + daemon_log.string());
+    const json job = WaitState(id, "SUCCEEDED");
+    ASSERT_EQ(job.value("state", ""), "SUCCEEDED") << job.dump();
+    // Rank r ran on host r + 1 (ranks by host name, then launcher rank).
+    const std::map<int, std::string> hosts = Hosts(job, 1);
+    ASSERT_EQ(hosts.size(), static_cast<size_t>(workers)) << job.dump();
+    for (const auto& [rank, host] : hosts) EXPECT_EQ(host, HostName(rank + 1));
+    const Result direct = Mpirun(workers, sets, direct_log);
+    ASSERT_EQ(direct.code, 0) << direct.err;
+    const std::vector<std::string> daemon = Losses(daemon_log), mpirun = Losses(direct_log);
+    ASSERT_EQ(daemon.size(), 40u);  // loss and val_loss (null or a value) of 20 steps
+    EXPECT_EQ(daemon, mpirun);
+  }
+
+  std::unique_ptr<NetnsRack> rack_;
+};
+
+// The coordinator on host 0, workers on hosts 1 and 2 (TLS, join tokens, 198.18 data
+// addresses): the job's losses equal `mpirun -np 2 rackrun train`'s on loopback.
+TEST_F(NetnsTest, TwoHostsTrainLikeMpirun) { TrainLikeMpirun(2); }
+
+// The same with 4 worker hosts.
+TEST_F(NetnsTest, FourHostsTrainLikeMpirun) { TrainLikeMpirun(4); }
+
+// A busy worker host's cable is cut mid-job (its bridge port down): the coordinator names
+// that rank, the job restarts from its last checkpoint on the spare host and succeeds.
+// The cable back in, the host's worker comes back to IDLE and takes the next job.
+TEST_F(NetnsTest, ACutHostIsNamedAndTheJobRestartsOnASpareHost) {
+  StartRack(4);
+  std::vector<Child*> workers;
+  for (int h = 1; h <= 3; ++h) workers.push_back(&StartHostWorker(h));
+  WaitIdle(3);
+  const std::string id = Submit("--set training.steps=300 --set checkpoint.dir=" + (dir_ / "ckpt").string() +
+                                " --set checkpoint.interval=5 --set restart.max_attempts=2"
+                                " --set restart.backoff_s=0.2");
+  WaitStep(id, 6);
+  const int cut = HostOfRank(id, 1);
+  ASSERT_GE(cut, 1);
+  const auto cut_at = Clock::now();
+  ASSERT_TRUE(rack_->SetLink(cut, false));
+  const json job = WaitState(id, "SUCCEEDED", std::chrono::seconds(120));
+  std::printf("first failure after the cut: %s\n", job["first_failure"].dump().c_str());
+  std::printf("seconds %.1f\n", std::chrono::duration<double>(Clock::now() - cut_at).count());
+  ASSERT_EQ(job.value("state", ""), "SUCCEEDED") << job.dump();
+  ASSERT_EQ(job["attempts"].size(), 2u) << job.dump();
+  const json& f = job["first_failure"];
+  EXPECT_EQ(Int(f, "rank"), 1) << f.dump();
+  EXPECT_EQ(Int(f, "pid"), workers[cut - 1]->pid()) << f.dump();
+  EXPECT_GE(Int(job["attempts"][1], "start_step"), 5) << "resumed from a checkpoint";
+  for (const auto& [rank, host] : Hosts(job, 2)) EXPECT_NE(host, HostName(cut)) << job.dump();
+  ASSERT_TRUE(rack_->SetLink(cut, true));
+  WaitIdle(3);
+  const std::string next = Submit("--set resources.ranks=3 --set training.steps=3", "submit-next");
+  const json done = WaitState(next, "SUCCEEDED");
+  EXPECT_EQ(done.value("state", ""), "SUCCEEDED") << done.dump();
+  EXPECT_EQ(Hosts(done, 1).size(), 3u) << "the restored host runs a rank: " << done.dump();
+}
+
+}  // namespace
