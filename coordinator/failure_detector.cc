@@ -55,8 +55,10 @@ Ruling Found(Failure f) { return Ruling{true, std::move(f)}; }
 
 StreamState StreamStateOf(const RankSnapshot& w, const DetectionTimeouts& t) {
   if (!w.stream_seen || w.stream_open) return StreamState::kOpen;
-  return w.stream_closed_ms - w.last_heartbeat_ms > t.heartbeat_timeout_ms ? StreamState::kDroppedSilent
-                                                                           : StreamState::kExited;
+  // A heartbeat after the close proves the process lives (it reconnects after a partition).
+  const int64_t silence = w.stream_closed_ms - w.last_heartbeat_ms;
+  return silence >= 0 && silence <= std::min(t.exit_window_ms, t.heartbeat_timeout_ms) ? StreamState::kExited
+                                                                                      : StreamState::kDroppedSilent;
 }
 
 Ruling LostStreamRule(const AttemptSnapshot& attempt, int64_t now_ms, const DetectionTimeouts& t) {

@@ -3,15 +3,18 @@
 // Workers::Detect (workers.h) takes a read-only snapshot of the busy workers of one running
 // attempt (AttemptSnapshot) and asks DetectFailure, which asks the rules below in this order
 // and returns at most one finding per running attempt:
-//   lost  the worker's Assignments stream closed while its heartbeats were fresh (its
-//         process died: the kernel closed the connection), or no heartbeat for
-//         heartbeat_timeout while no peer of its attempt waits for it in a collective ->
-//         WORKER_LOST naming it. A stream that closed only after the heartbeats had
-//         stopped for heartbeat_timeout was dropped by gRPC keepalive because the peer
-//         stopped answering (SIGSTOP, an unreachable host): that is no proof of exit, and
-//         the rank counts as silent, as if its stream were open. (The coordinator's
-//         keepalive timeout exceeds heartbeat_timeout, so such a drop always comes after
-//         the heartbeats were overdue: server.cc.)
+//   lost  the worker's Assignments stream closed while it was heartbeating (its process
+//         died: the kernel closed the connection; the last heartbeat came at most
+//         exit_window before the close), or no heartbeat for heartbeat_timeout while no
+//         peer of its attempt waits for it in a collective -> WORKER_LOST naming it. A
+//         stream that closed only after a longer silence was dropped by gRPC keepalive
+//         because one side stopped answering: the coordinator's keepalive for a stopped
+//         worker (its timeout exceeds heartbeat_timeout: server.cc), or the worker's own
+//         keepalive (5 s without an answer: rpc/channel.cc) during a network partition
+//         shorter than heartbeat_timeout, whose close the coordinator sees when the link
+//         is back. That is no proof of exit: the rank counts as silent, as if its stream
+//         were open, and is judged by its heartbeats (tests/netns:
+//         ACoordinatorCutShorterThanTheHeartbeatTimeoutFailsNothing).
 //   hang  (a) peers of its attempt have been blocked in collective n (entered = n >
 //         completed) for longer than hang_timeout while it reports entered < n, or its
 //         heartbeats stopped while its stream stays open or was dropped only after they
@@ -104,14 +107,19 @@ struct DetectionTimeouts {
   int64_t heartbeat_timeout_ms = 5000;
   int64_t hang_timeout_ms = 60000;
   int64_t start_timeout_ms = 600000;  // hang (b) for phase "starting", hang (c) awaiting it
+  // A stream that closed at most this long after the last heartbeat (and at most
+  // heartbeat_timeout) closed while its process was heartbeating: it exited. Below the
+  // 5 s after which a worker's keepalive gives up on an unreachable coordinator.
+  int64_t exit_window_ms = 2000;
 };
 
 // How its Assignments stream stands, as the rules read it.
 enum class StreamState : int {
   kOpen,          // open, or never opened since registration
-  kExited,        // closed while its heartbeats were fresh: the process is gone
-  kDroppedSilent, // closed after heartbeat_timeout without a heartbeat: keepalive dropped a
-                  // silent peer (stopped, stuck or unreachable), no proof of exit
+  kExited,        // closed within exit_window of its last heartbeat: the process is gone
+  kDroppedSilent, // closed after a longer silence (keepalive dropped a silent peer:
+                  // stopped, stuck or unreachable), or heartbeats came after the close (it
+                  // reconnects): no proof of exit
 };
 StreamState StreamStateOf(const RankSnapshot& w, const DetectionTimeouts& timeouts);
 

@@ -102,6 +102,26 @@ TEST(StreamStateTest, AStreamClosedAfterTheHeartbeatsStoppedWasDroppedNotExited)
   EXPECT_FALSE(LostStreamRule(a, kNow, kTimeouts).decided);
 }
 
+// A network partition shorter than the heartbeat timeout (10 s here) during which the
+// worker's own keepalive gave up (5 s without an answer): the coordinator sees the close
+// when the link is back, 6 s after the last heartbeat. Not an exit (that closes within the
+// exit window, 2 s): no rank is named, and once its heartbeats resume it is not silent
+// either (tests/netns: ACoordinatorCutShorterThanTheHeartbeatTimeoutFailsNothing).
+TEST(StreamStateTest, AStreamClosedAfterAPartitionShorterThanTheHeartbeatTimeoutIsNoExit) {
+  const DetectionTimeouts t{10000, 20000, 30000, 2000};
+  const RankSnapshot open = Rank(0, "data");
+  EXPECT_EQ(StreamStateOf(ClosedAfter(open, 2000), t), StreamState::kExited);
+  EXPECT_EQ(StreamStateOf(ClosedAfter(open, 6000), t), StreamState::kDroppedSilent);
+  // The close arrives as the link returns; the heartbeats resume right after.
+  RankSnapshot back = ClosedAfter(SilentFor(Rank(1, "forward"), 6000), 6000);
+  AttemptSnapshot a = Attempt({Rank(0, "forward"), back});
+  std::optional<Finding> f = DetectFailure(a, kNow, t);
+  EXPECT_FALSE(f.has_value()) << f->failure.message();
+  a.ranks[1].last_heartbeat_ms = kNow + 200;  // a heartbeat after the close: alive
+  EXPECT_EQ(StreamStateOf(a.ranks[1], t), StreamState::kDroppedSilent);
+  EXPECT_FALSE(DetectFailure(a, kNow + 300, t).has_value());
+}
+
 TEST(CollectiveHangRuleTest, ASilentRankWhoseStreamWasDroppedIsNamed) {
   AttemptSnapshot a = Attempt({ClosedAfter(SilentFor(Rank(0, "forward"), 2600), 1500), Blocked(Rank(1, ""), 8, 2100)});
   a.ranks[0].entered = 8;
@@ -236,6 +256,7 @@ TEST(DetectFailureTest, AsksTheRulesInOrderAndSaysWhichFound) {
   // A closed stream comes before a silent rank.
   AttemptSnapshot a = Attempt({SilentFor(Rank(0, "data"), 600), Rank(1, "data")});
   a.ranks[1].stream_open = false;
+  a.ranks[1].stream_closed_ms = kNow;
   std::optional<Finding> f = DetectFailure(a, kNow, kTimeouts);
   ASSERT_TRUE(f.has_value());
   EXPECT_EQ(f->job_id, "j-1");
