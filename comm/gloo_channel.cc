@@ -1,7 +1,10 @@
 #include "comm/gloo_channel.h"
 
 #include <arpa/inet.h>
+#include <netdb.h>
 #include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <gloo/common/error.h>
 #include <gloo/rendezvous/context.h>
@@ -11,6 +14,7 @@
 #include <gloo/transport/unbound_buffer.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <csignal>
@@ -658,12 +662,17 @@ void IgnoreSigpipe() {
   });
 }
 
-// Announces this rank under `prefix` and waits for all ranks; DeadlineExceeded names the
-// ranks that did not join.
+std::string JoinedKey(const std::string& prefix, int rank) {
+  return absl::StrCat(prefix, "/gloo/joined/", rank);
+}
+
+// Announces this rank under `prefix` (the value says who it is: `announced`, the address
+// and label its peers are told) and waits for all ranks; DeadlineExceeded names the ranks
+// that did not join.
 absl::Status Join(RendezvousStore& store, const std::string& prefix, int rank, int size,
-                  absl::Duration timeout) {
-  auto key = [&](int r) { return absl::StrCat(prefix, "/gloo/joined/", r); };
-  if (absl::Status s = store.Set(key(rank), "1"); !s.ok()) {
+                  const std::string& announced, absl::Duration timeout) {
+  auto key = [&](int r) { return JoinedKey(prefix, r); };
+  if (absl::Status s = store.Set(key(rank), announced); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("Gloo channel '", prefix, "' on rank ", rank,
                                                ": announcing this rank: ", s.message()));
   }
@@ -683,6 +692,46 @@ absl::Status Join(RendezvousStore& store, const std::string& prefix, int rank, i
       "Gloo channel '", prefix, "' on rank ", rank, " of ", size, ": rank",
       missing.size() > 1 ? "s " : " ", absl::StrJoin(missing, ", "), " did not join within ",
       absl::FormatDuration(timeout), "; they are dead, stuck, or not creating this channel"));
+}
+
+// Whether this host has a route to `address` (a name or a numeric address): a UDP
+// connect makes the kernel look the route up and sends nothing. True when unknown.
+bool Routable(const std::string& address) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* found = nullptr;
+  if (::getaddrinfo(address.c_str(), "9", &hints, &found) != 0 || found == nullptr) return true;
+  bool routable = true;
+  const int fd = ::socket(found->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd >= 0) {
+    if (::connect(fd, found->ai_addr, found->ai_addrlen) != 0) {
+      routable = errno != ENETUNREACH && errno != EHOSTUNREACH;
+    }
+    ::close(fd);
+  }
+  ::freeaddrinfo(found);
+  return routable;
+}
+
+// The peers as they announced themselves, those this host has no route to first: which
+// rank (address, label) a failed connect most likely was.
+std::string PeersAnnounced(RendezvousStore& store, const std::string& prefix, int rank, int size) {
+  std::vector<std::string> unroutable, others;
+  for (int r = 0; r < size; ++r) {
+    if (r == rank) continue;
+    absl::StatusOr<std::vector<std::string>> v = store.Get({JoinedKey(prefix, r)}, absl::ZeroDuration());
+    if (!v.ok() || v->empty()) continue;
+    const std::string& announced = v->front();
+    const std::string address = announced.substr(0, announced.find(' '));
+    const std::string line = absl::StrCat("rank ", r, " at ", announced);
+    (Routable(address) ? others : unroutable).push_back(line);
+  }
+  if (!unroutable.empty()) {
+    return absl::StrCat("; this host has no route to ", absl::StrJoin(unroutable, ", "),
+                        ": that rank's --data-address is not reachable from its peers");
+  }
+  if (others.empty()) return "";
+  return absl::StrCat("; the peers announced: ", absl::StrJoin(others, ", "));
 }
 
 }  // namespace
@@ -716,7 +765,9 @@ absl::StatusOr<std::unique_ptr<DataChannel>> CreateGlooChannel(RendezvousStore& 
   }
   const absl::Time deadline = absl::Now() + options.channel.timeout;
   IgnoreSigpipe();
-  if (absl::Status s = Join(store, prefix, rank, size, options.channel.timeout); !s.ok()) {
+  const std::string announced =
+      options.label.empty() ? options.address : absl::StrCat(options.address, " (", options.label, ")");
+  if (absl::Status s = Join(store, prefix, rank, size, announced, options.channel.timeout); !s.ok()) {
     return s;
   }
 
@@ -750,7 +801,8 @@ absl::StatusOr<std::unique_ptr<DataChannel>> CreateGlooChannel(RendezvousStore& 
         absl::StrCat("Gloo channel '", prefix, "' on rank ", rank, " of ", size,
                      ": connecting to the other ranks failed: ",
                      store_error.ok() ? what : std::string(store_error.message()),
-                     "; a rank died or is unreachable at the address it announced"));
+                     "; a rank died or is unreachable at the address it announced",
+                     PeersAnnounced(store, prefix, rank, size)));
   }
   auto transport = std::make_shared<GlooTransport>(device, std::move(context), rank, size);
   return std::make_unique<GlooChannel>(std::move(transport), options.channel);

@@ -56,6 +56,9 @@ struct GlooChannelOptions {
   std::string address = "127.0.0.1";
   // Network interface to bind instead of `address` (e.g. "eth0"); empty: use `address`.
   std::string interface;
+  // Who this rank is, for its peers' messages when they cannot connect to it (the worker
+  // says "worker w-1 on host h2"); announced with `address`. Empty: the address alone.
+  std::string label;
 };
 
 // True for an address that means "every interface" (0.0.0.0, ::, [::]): nothing a peer can
@@ -66,7 +69,9 @@ bool IsWildcardAddress(const std::string& address);
 // `prefix` (one prefix per job and channel: "job/<id>/attempt/<n>"). Each rank announces
 // itself under `prefix`, waits for all ranks, then connects to every peer.
 // InvalidArgument for a bad rank/size or a wildcard address; DeadlineExceeded naming the ranks that did not
-// join within the timeout; Unavailable naming the Gloo call (bind, connect) otherwise.
+// join within the timeout; Unavailable naming the Gloo call (bind, connect) otherwise. A
+// failed connect also names the peers as they announced themselves (address, label),
+// first those this host has no route to.
 // The store is used only during this call.
 absl::StatusOr<std::unique_ptr<DataChannel>> CreateGlooChannel(RendezvousStore& store,
                                                                const std::string& prefix,

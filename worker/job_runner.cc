@@ -298,6 +298,7 @@ absl::StatusOr<std::unique_ptr<comm::DataChannel>> JobRunner::MakeChannel() {
     comm::GlooChannelOptions o;
     o.channel = channel_options;
     if (!b.address().empty()) o.address = b.address();
+    o.label = absl::StrCat("worker ", options_.worker_id, " on host ", options_.host);
     return comm::CreateGlooChannel(store, b.store_prefix(), assignment_.rank(),
                                    assignment_.ranks(), o);
   }
