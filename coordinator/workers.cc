@@ -215,10 +215,11 @@ std::vector<Finding> Workers::Detect() {
     a.attempt = w.attempt;
     a.ranks.push_back(SnapshotOf(w));
   }
-  // A heartbeating process's last heartbeat precedes its exit by about one interval.
+  // A heartbeating process's last heartbeat precedes its exit by about one interval (more
+  // on a loaded machine); a partition's keepalive drop follows 5 s of silence or more.
   const DetectionTimeouts timeouts{options_.heartbeat_timeout_ms, options_.hang_timeout_ms,
                                    options_.start_timeout_ms,
-                                   std::max<int64_t>(1000, 3 * options_.heartbeat_interval_ms)};
+                                   std::max<int64_t>(2000, 3 * options_.heartbeat_interval_ms)};
   // Bookkeeping: a stream closed while heartbeats were fresh means the process is gone; an
   // idle worker with a closed stream or that stopped heartbeating is gone too. A busy rank
   // whose stream keepalive dropped after it fell silent stays in its attempt until the

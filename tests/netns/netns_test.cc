@@ -197,6 +197,33 @@ TEST_F(NetnsTest, ACoordinatorCutShorterThanTheHeartbeatTimeoutFailsNothing) {
   EXPECT_FALSE(job.contains("first_failure")) << job.dump();
 }
 
+// The coordinator's host is cut off for twice the heartbeat timeout mid-job. Decided: the
+// coordinator cannot tell its own isolation from its workers' loss, so the silence rule
+// names a rank WORKER_LOST and the job follows its restart policy; the ranks, which trained
+// on, learn when they re-register that their attempt ended (job_attached false), stop at a
+// step boundary and return to IDLE; the restarted attempt resumes from the newest
+// checkpoint and succeeds. No job is lost and nothing hangs (with max_attempts 1 the job
+// would fail, naming that rank).
+TEST_F(NetnsTest, ACoordinatorCutLongerThanTheHeartbeatTimeoutRestartsTheJob) {
+  StartRack(3);
+  StartHostWorker(1);
+  StartHostWorker(2);
+  WaitIdle(2);
+  const std::string id = Submit("--set training.steps=400 --set checkpoint.dir=" + (dir_ / "ckpt").string() +
+                                " --set checkpoint.interval=5 --set restart.max_attempts=2"
+                                " --set restart.backoff_s=0.2");
+  WaitStep(id, 3);
+  ASSERT_TRUE(rack_->SetLink(0, false));
+  std::this_thread::sleep_for(Scaled(std::chrono::milliseconds(6000)));
+  ASSERT_TRUE(rack_->SetLink(0, true));
+  const json job = WaitState(id, "SUCCEEDED", std::chrono::seconds(120));
+  ASSERT_EQ(job.value("state", ""), "SUCCEEDED") << job.dump();
+  ASSERT_EQ(job["attempts"].size(), 2u) << job.dump();
+  EXPECT_EQ(job["first_failure"].value("kind", ""), "WORKER_LOST") << job.dump();
+  EXPECT_GT(Int(job["attempts"][1], "start_step"), 3) << "resumed from a checkpoint: " << job.dump();
+  WaitIdle(2);
+}
+
 // A slow link: host 2's port shaped to 50 Mbit/s both ways (tc token bucket; netem's
 // delay is not available everywhere). The job completes, and while it runs each rank's
 // step time is visible per worker (`rackrun workers`: step_time_s), the slow one's included.
