@@ -713,10 +713,13 @@ bool Routable(const std::string& address) {
   return routable;
 }
 
-// The peers as they announced themselves, those this host has no route to first: which
-// rank (address, label) a failed connect most likely was.
-std::string PeersAnnounced(RendezvousStore& store, const std::string& prefix, int rank, int size) {
+// The peers as they announced themselves ("rank R at ADDRESS (LABEL)"): those this host
+// has no route to, and the others.
+struct Peers {
   std::vector<std::string> unroutable, others;
+};
+Peers PeersAnnounced(RendezvousStore& store, const std::string& prefix, int rank, int size) {
+  Peers p;
   for (int r = 0; r < size; ++r) {
     if (r == rank) continue;
     absl::StatusOr<std::vector<std::string>> v = store.Get({JoinedKey(prefix, r)}, absl::ZeroDuration());
@@ -724,14 +727,21 @@ std::string PeersAnnounced(RendezvousStore& store, const std::string& prefix, in
     const std::string& announced = v->front();
     const std::string address = announced.substr(0, announced.find(' '));
     const std::string line = absl::StrCat("rank ", r, " at ", announced);
-    (Routable(address) ? others : unroutable).push_back(line);
+    (Routable(address) ? p.others : p.unroutable).push_back(line);
   }
-  if (!unroutable.empty()) {
-    return absl::StrCat("; this host has no route to ", absl::StrJoin(unroutable, ", "),
-                        ": that rank's --data-address is not reachable from its peers");
-  }
-  if (others.empty()) return "";
-  return absl::StrCat("; the peers announced: ", absl::StrJoin(others, ", "));
+  return p;
+}
+
+std::string NoRoute(const Peers& p) {
+  return absl::StrCat("this host has no route to ", absl::StrJoin(p.unroutable, ", "),
+                      ": that rank's --data-address is not reachable from its peers");
+}
+
+// For a failed connect: the peers, those this host has no route to first.
+std::string PeersLine(const Peers& p) {
+  if (!p.unroutable.empty()) return absl::StrCat("; ", NoRoute(p));
+  if (p.others.empty()) return "";
+  return absl::StrCat("; the peers announced: ", absl::StrJoin(p.others, ", "));
 }
 
 }  // namespace
@@ -771,6 +781,15 @@ absl::StatusOr<std::unique_ptr<DataChannel>> CreateGlooChannel(RendezvousStore& 
     return s;
   }
 
+  // Which side of a pair connects depends on the ports, so a peer's address this host
+  // cannot reach fails here, the same way every time, naming that peer. A misconfigured
+  // address, not a transient fault: InvalidArgument, reported at once (a worker waits for
+  // the coordinator's verdict after an Unavailable, which nobody else would give here).
+  if (const Peers peers = PeersAnnounced(store, prefix, rank, size); !peers.unroutable.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Gloo channel '", prefix, "' on rank ", rank, " of ", size, ": ", NoRoute(peers)));
+  }
+
   tcp::attr attr;
   attr.hostname = options.address;
   attr.iface = options.interface;
@@ -802,7 +821,7 @@ absl::StatusOr<std::unique_ptr<DataChannel>> CreateGlooChannel(RendezvousStore& 
                      ": connecting to the other ranks failed: ",
                      store_error.ok() ? what : std::string(store_error.message()),
                      "; a rank died or is unreachable at the address it announced",
-                     PeersAnnounced(store, prefix, rank, size)));
+                     PeersLine(PeersAnnounced(store, prefix, rank, size))));
   }
   auto transport = std::make_shared<GlooTransport>(device, std::move(context), rank, size);
   return std::make_unique<GlooChannel>(std::move(transport), options.channel);

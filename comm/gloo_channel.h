@@ -70,8 +70,9 @@ bool IsWildcardAddress(const std::string& address);
 // itself under `prefix`, waits for all ranks, then connects to every peer.
 // InvalidArgument for a bad rank/size or a wildcard address; DeadlineExceeded naming the ranks that did not
 // join within the timeout; Unavailable naming the Gloo call (bind, connect) otherwise. A
-// failed connect also names the peers as they announced themselves (address, label),
-// first those this host has no route to.
+// failed connect also names the peers as they announced themselves (address, label).
+// InvalidArgument, before connecting, when this host has no route to a peer's announced
+// address, naming that peer (its address and label).
 // The store is used only during this call.
 absl::StatusOr<std::unique_ptr<DataChannel>> CreateGlooChannel(RendezvousStore& store,
                                                                const std::string& prefix,
