@@ -253,6 +253,7 @@ TEST_F(NetnsTest, ASlowLinkCompletesAndShowsPerRankStepTimes) {
         step_time[w.value("host", "")] = w.value("step_time_s", 0.0);
       }
     }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   EXPECT_EQ(step_time.size(), 2u) << "a step time for each busy worker";
   EXPECT_GT(step_time[HostName(2)], 0.0) << "the slow host's rank (pid " << slow.pid() << ")";
