@@ -109,8 +109,10 @@ struct DetectionTimeouts {
   int64_t start_timeout_ms = 600000;  // hang (b) for phase "starting", hang (c) awaiting it
   // A stream that closed at most this long after the last heartbeat (and at most
   // heartbeat_timeout) closed while its process was heartbeating: it exited. Below the
-  // 5 s after which a worker's keepalive gives up on an unreachable coordinator.
-  int64_t exit_window_ms = 2000;
+  // 5 s after which a worker's keepalive gives up on an unreachable coordinator (so a
+  // partition's drop is never taken for an exit), and wide enough for heartbeats late by
+  // seconds on a loaded machine (so a kill -9 is not taken for silence).
+  int64_t exit_window_ms = 4000;
 };
 
 // How its Assignments stream stands, as the rules read it.

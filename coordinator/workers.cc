@@ -216,10 +216,10 @@ std::vector<Finding> Workers::Detect() {
     a.ranks.push_back(SnapshotOf(w));
   }
   // A heartbeating process's last heartbeat precedes its exit by about one interval (more
-  // on a loaded machine); a partition's keepalive drop follows 5 s of silence or more.
+  // on a loaded machine, so the window is wide); a partition's keepalive drop follows 5 s
+  // of silence or more (failure_detector.h, exit_window_ms).
   const DetectionTimeouts timeouts{options_.heartbeat_timeout_ms, options_.hang_timeout_ms,
-                                   options_.start_timeout_ms,
-                                   std::max<int64_t>(2000, 3 * options_.heartbeat_interval_ms)};
+                                   options_.start_timeout_ms, DetectionTimeouts{}.exit_window_ms};
   // Bookkeeping: a stream closed while heartbeats were fresh means the process is gone; an
   // idle worker with a closed stream or that stopped heartbeating is gone too. A busy rank
   // whose stream keepalive dropped after it fell silent stays in its attempt until the
