@@ -1,5 +1,7 @@
 #include "coordinator/workers.h"
 
+#include <optional>
+
 #include <gtest/gtest.h>
 
 #include "coordinator/test_util.h"
@@ -57,6 +59,31 @@ class WorkersTest : public ::testing::Test {
     EXPECT_EQ(f[0].failure.kind(), rackrun::v1::HANG);
     EXPECT_EQ(f[0].failure.rank(), rank);
     EXPECT_NE(f[0].failure.message().find(text), std::string::npos) << f[0].failure.message();
+  }
+
+  // Rank 0 of `ids` is SIGSTOPped after step 4: no heartbeats; rank 1 waits in collective
+  // 6. When `drop_at` >= 0, gRPC keepalive drops rank 0's connection at that tick (10-15 s
+  // after its last data in the daemons; here 1 s into its silence, past the 0.5 s heartbeat
+  // timeout). Either way a peer waits for it: nothing before the hang timeout (rank 0 stays
+  // BUSY), then a HANG naming rank 0 in phase forward, never WORKER_LOST. nullopt: never named.
+  std::optional<Finding> StopRankZeroUntilNamed(const std::vector<std::string>& ids, int drop_at) {
+    for (int t = 0; t < 25; ++t) {
+      clock_.Advance(100);
+      Beat(ids[1], 4, "collective", 6, 5);
+      if (t == drop_at) workers_.CloseStream(ids[0], gens_[0]);
+      std::vector<Finding> f = workers_.Detect();
+      if (t < 19) {
+        EXPECT_TRUE(f.empty()) << t;
+        EXPECT_EQ(workers_.List(false).workers(0).state(), rackrun::v1::BUSY) << t;
+      } else if (!f.empty()) {
+        EXPECT_EQ(f.size(), 1u);
+        EXPECT_EQ(f[0].failure.kind(), rackrun::v1::HANG);
+        EXPECT_EQ(f[0].failure.rank(), 0);
+        EXPECT_EQ(f[0].failure.phase(), "forward");
+        return f[0];
+      }
+    }
+    return std::nullopt;
   }
 
   // One 100 ms tick of a rank waiting in collective n since tick 0, at tick t.
@@ -154,56 +181,33 @@ TEST_F(WorkersTest, HungByTheCollectiveRuleNamesTheRankBehind) {
   EXPECT_NE(f[0].failure.message().find("collective 8"), std::string::npos) << f[0].failure.message();
 }
 
+// Rank 0 is SIGSTOPped after step 4: no heartbeats; rank 1 waits in collective 6. When
+// `drop_at` >= 0, gRPC keepalive drops rank 0's connection at that tick (10-15 s after its
+// last data in the daemons; here 1 s into its silence, past the 0.5 s heartbeat timeout).
+// Either way a peer waits for it, so it is a HANG naming it after the hang timeout, never
+// WORKER_LOST; returns the finding.
 TEST_F(WorkersTest, HungWhenStoppedWithTheConnectionOpen) {
   auto ids = Start(2);
   clock_.Advance(100);
   Beat(ids[0], 4, "forward", 5, 5);
   Beat(ids[1], 4, "forward", 5, 5);
-  // Rank 0 is SIGSTOPped: no heartbeats, stream still open. Rank 1 waits in collective 6.
-  for (int t = 0; t < 25; ++t) {
-    clock_.Advance(100);
-    Beat(ids[1], 4, "collective", 6, 5);
-    std::vector<Finding> f = workers_.Detect();
-    if (t < 19) {
-      EXPECT_TRUE(f.empty()) << t;  // not lost: a peer waits for it, so it is a hang
-    } else if (!f.empty()) {
-      EXPECT_EQ(f[0].failure.kind(), rackrun::v1::HANG);
-      EXPECT_EQ(f[0].failure.rank(), 0);
-      EXPECT_EQ(f[0].failure.phase(), "forward");
-      return;
-    }
-  }
-  FAIL() << "the stopped rank was never named";
+  const std::optional<Finding> f = StopRankZeroUntilNamed(ids, -1);
+  ASSERT_TRUE(f.has_value()) << "the stopped rank was never named";
+  EXPECT_NE(f->failure.message().find("connection stays open"), std::string::npos) << f->failure.message();
 }
 
-// The same, but gRPC keepalive drops the stopped rank's connection (10-15 s after its last
-// data in the daemons; here after 1 s of silence, past the 0.5 s heartbeat timeout) before
-// the peers have waited the hang timeout: still a HANG naming it, not WORKER_LOST; the
-// rank is LOST only after that.
+// The same, but keepalive drops the stopped rank's connection before the peers have waited
+// the hang timeout: still a HANG naming it; the rank is LOST only after that.
 TEST_F(WorkersTest, HungWhenStoppedAndKeepaliveDropsTheConnection) {
   auto ids = Start(2);
   clock_.Advance(100);
   Beat(ids[0], 4, "forward", 5, 5);
   Beat(ids[1], 4, "forward", 5, 5);
-  for (int t = 0; t < 25; ++t) {
-    clock_.Advance(100);
-    Beat(ids[1], 4, "collective", 6, 5);
-    if (t == 10) workers_.CloseStream(ids[0], gens_[0]);
-    std::vector<Finding> f = workers_.Detect();
-    if (t < 19) {
-      EXPECT_TRUE(f.empty()) << t;
-      EXPECT_EQ(workers_.List(false).workers(0).state(), rackrun::v1::BUSY) << t;
-    } else if (!f.empty()) {
-      ASSERT_EQ(f.size(), 1u);
-      EXPECT_EQ(f[0].failure.kind(), rackrun::v1::HANG);
-      EXPECT_EQ(f[0].failure.rank(), 0);
-      EXPECT_NE(f[0].failure.message().find("connection was dropped"), std::string::npos) << f[0].failure.message();
-      EXPECT_TRUE(workers_.Detect().empty());  // reported once
-      EXPECT_EQ(workers_.List(false).workers(0).state(), rackrun::v1::LOST);
-      return;
-    }
-  }
-  FAIL() << "the stopped rank was never named";
+  const std::optional<Finding> f = StopRankZeroUntilNamed(ids, 10);
+  ASSERT_TRUE(f.has_value()) << "the stopped rank was never named";
+  EXPECT_NE(f->failure.message().find("connection was dropped"), std::string::npos) << f->failure.message();
+  EXPECT_TRUE(workers_.Detect().empty());  // reported once
+  EXPECT_EQ(workers_.List(false).workers(0).state(), rackrun::v1::LOST);
 }
 
 TEST_F(WorkersTest, HungByThePhaseRule) {
