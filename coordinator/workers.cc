@@ -215,11 +215,9 @@ std::vector<Finding> Workers::Detect() {
     a.attempt = w.attempt;
     a.ranks.push_back(SnapshotOf(w));
   }
-  // A heartbeating process's last heartbeat precedes its exit by about one interval (more
-  // on a loaded machine, so the window is wide); a partition's keepalive drop follows 5 s
-  // of silence or more (failure_detector.h, exit_window_ms).
+  // The exit window keeps its default (failure_detector.h, exit_window_ms).
   const DetectionTimeouts timeouts{options_.heartbeat_timeout_ms, options_.hang_timeout_ms,
-                                   options_.start_timeout_ms, DetectionTimeouts{}.exit_window_ms};
+                                   options_.start_timeout_ms};
   // Bookkeeping: a stream closed while heartbeats were fresh means the process is gone; an
   // idle worker with a closed stream or that stopped heartbeating is gone too. A busy rank
   // whose stream keepalive dropped after it fell silent stays in its attempt until the
