@@ -289,7 +289,7 @@ void CheckBadArguments(DataChannel& channel) {
   EXPECT_THAT(bytes_sum.message(), HasSubstr("byte"));
 }
 
-void CheckSubChannels(DataChannel& channel, int group) {
+void CheckSubChannels(DataChannel& channel, int group, bool fixed_order) {
   const int n = channel.size();
   const int me = channel.rank();
   ASSERT_EQ(n % group, 0);
@@ -331,7 +331,7 @@ void CheckSubChannels(DataChannel& channel, int group) {
     CheckAllToAllV(*sub);
     CheckBroadcast(*sub);
     CheckBarrier(*sub);
-    CheckAllReduce(*sub, /*fixed_order=*/true);
+    CheckAllReduce(*sub, fixed_order);
     CheckSendRecv(*sub);
     CheckBadArguments(*sub);
   }
@@ -371,9 +371,9 @@ void CheckSubChannels(DataChannel& channel, int group) {
   for (int r = 0; r < group; ++r) {
     EXPECT_EQ(order[static_cast<size_t>(r)], (me / group) * group + group - 1 - r);
   }
-  CheckAllReduce(**reversed, /*fixed_order=*/true);
+  CheckAllReduce(**reversed, fixed_order);
   // The channel itself is untouched by all of the above.
-  CheckAllReduce(channel, /*fixed_order=*/true);
+  CheckAllReduce(channel, fixed_order);
 
   // A negative color anywhere fails the split on every rank, naming that rank.
   absl::StatusOr<std::unique_ptr<DataChannel>> bad = channel.Split(me == n - 1 ? -1 : 0, 0);

@@ -35,8 +35,9 @@ void CheckBadArguments(DataChannel& channel);
 // above on each sub-channel, checks that sums and gathers cover exactly the group's ranks,
 // that a message on the channel and one on a sub-channel with the same peer and tag never
 // match each other, that a sub-channel can be split again, and that a negative color is
-// refused on every rank. `group` must divide channel.size().
-void CheckSubChannels(DataChannel& channel, int group);
+// refused on every rank. `group` must divide channel.size(). `fixed_order`: the backend's
+// AllReduce is the rank-order sum (as CheckAllReduce).
+void CheckSubChannels(DataChannel& channel, int group, bool fixed_order = true);
 
 // Rank `silent` skips an Allgather (and a Recv the others wait on); every other rank gets
 // DeadlineExceeded within the channel's timeout naming the operation and "rank <silent>".

@@ -198,9 +198,9 @@ absl::Status DataChannel::CheckCountsAndDispls(absl::string_view operation,
 
 absl::StatusOr<std::unique_ptr<DataChannel>> DataChannel::Split(int /*color*/, int /*key*/) {
   return absl::UnimplementedError(
-      absl::StrCat("Split on rank ", rank(), ": the ", backend(),
-                   " data channel has no sub-groups yet; run expert-parallel domains "
-                   "(parallelism.expert_parallel) on the mpi or gloo channel"));
+      absl::StrCat("Split on rank ", rank(), ": this ", backend(),
+                   " data channel has no sub-groups; run expert-parallel domains "
+                   "(parallelism.expert_parallel) on a backend's own channel"));
 }
 
 }  // namespace rackrun::comm

@@ -195,7 +195,8 @@ class DataChannel {
   // their own). It must be destroyed before this channel; it may be split again. It starts
   // with this channel's timeout, counts its own progress(), breaks on its own, and its
   // errors name peers by their rank in the channel at the root of the splits (the job's
-  // rank). Unimplemented on a backend without sub-groups (NCCL today).
+  // rank). Every backend implements it (the point-to-point ones in p2p_channel.h, NCCL by
+  // ncclCommSplit); the default answers Unimplemented (a wrapper channel without sub-groups).
   virtual absl::StatusOr<std::unique_ptr<DataChannel>> Split(int color, int key);
 
  protected:

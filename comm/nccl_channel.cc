@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -119,14 +120,18 @@ class NcclRequest final : public Request {
 
 class NcclChannel final : public DataChannel {
  public:
+  // `root_ranks`: this channel's ranks by their rank in the channel at the root of the
+  // splits (empty for a root channel: the identity).
   NcclChannel(ncclComm_t comm, cudaStream_t stream, int rank, int size,
-              const NcclChannelOptions& options)
+              const NcclChannelOptions& options, std::vector<int> root_ranks = {})
       : DataChannel(options.channel),
         comm_(comm),
         stream_(stream),
         rank_(rank),
         size_(size),
-        host_(options.host_buffers) {}
+        device_(options.device),
+        host_(options.host_buffers),
+        root_ranks_(std::move(root_ranks)) {}
 
   ~NcclChannel() override {
     bool finalized = false;
@@ -158,7 +163,7 @@ class NcclChannel final : public DataChannel {
   // The collectives count themselves for progress() around the NCCL calls below.
   absl::Status Allgather(const void* send, void* recv, int64_t count, DataType type) override {
     EnterCollective();
-    return CompleteCollective(AllgatherImpl(send, recv, count, type));
+    return CompleteCollective(AllgatherImpl(send, recv, count, type, host_));
   }
   absl::Status AllToAllV(const void* send, std::span<const int64_t> send_counts,
                          std::span<const int64_t> send_displs, void* recv,
@@ -182,7 +187,9 @@ class NcclChannel final : public DataChannel {
     return CompleteCollective(BarrierImpl());
   }
 
-  absl::Status AllgatherImpl(const void* send, void* recv, int64_t count, DataType type) {
+  // `staged`: the buffers are host memory (host-buffer mode, or Split's own exchange).
+  absl::Status AllgatherImpl(const void* send, void* recv, int64_t count, DataType type,
+                             bool staged) {
     constexpr absl::string_view kOp = "Allgather";
     if (absl::Status s = Usable(kOp); !s.ok()) return s;
     if (absl::Status s = CheckCount(kOp, count); !s.ok()) return s;
@@ -191,7 +198,7 @@ class NcclChannel final : public DataChannel {
     const int64_t bytes = count * static_cast<int64_t>(DataTypeSize(type));
     const void* in = send;
     void* out = recv;
-    if (host_) {
+    if (staged) {
       absl::StatusOr<void*> d_in = send_scratch_.Get(bytes);
       absl::StatusOr<void*> d_out = recv_scratch_.Get(bytes * size_);
       if (!d_in.ok()) return d_in.status();
@@ -207,7 +214,7 @@ class NcclChannel final : public DataChannel {
       return s;
     }
     if (absl::Status s = WaitStream(kOp, deadline, AllPeers()); !s.ok()) return s;
-    return host_ ? ToHost(recv, out, bytes * size_) : absl::OkStatus();
+    return staged ? ToHost(recv, out, bytes * size_) : absl::OkStatus();
   }
 
   absl::Status AllToAllVImpl(const void* send, std::span<const int64_t> send_counts,
@@ -379,7 +386,109 @@ class NcclChannel final : public DataChannel {
     return absl::OkStatus();
   }
 
+  // ncclCommSplit, after an exchange of every rank's (color, key) so that a negative color
+  // fails the split on every rank alike (ncclCommSplit would leave that rank out instead).
+  // NCCL ranks the new communicator by (key, rank here), as MPI_Comm_split and the
+  // point-to-point backends do; the sub-channel gets its own CUDA stream on this device.
+  absl::StatusOr<std::unique_ptr<DataChannel>> Split(int color, int key) override {
+    EnterCollective();
+    absl::StatusOr<std::unique_ptr<DataChannel>> sub = SplitImpl(color, key);
+    if (absl::Status s = CompleteCollective(sub.status()); !s.ok()) return s;
+    return sub;
+  }
+
  private:
+  absl::StatusOr<std::unique_ptr<DataChannel>> SplitImpl(int color, int key) {
+    constexpr absl::string_view kOp = "Split";
+    const int64_t mine[2] = {color, key};
+    std::vector<int64_t> all(2 * static_cast<size_t>(size_));
+    if (absl::Status s = AllgatherImpl(mine, all.data(), 2, DataType::kInt64, /*staged=*/true);
+        !s.ok()) {
+      return s;
+    }
+    std::vector<int> members;  // ranks here of my color, ordered by (key, rank here)
+    for (int r = 0; r < size_; ++r) {
+      const int64_t c = all[2 * static_cast<size_t>(r)];
+      if (c < 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "Split on rank ", rank_, ": rank ", RootRank(r), " passed color ", c,
+            "; every rank must pass a color >= 0 (ranks of one color form a sub-channel)"));
+      }
+      if (c == color) members.push_back(r);
+    }
+    std::stable_sort(members.begin(), members.end(), [&](int a, int b) {
+      return all[2 * static_cast<size_t>(a) + 1] < all[2 * static_cast<size_t>(b) + 1];
+    });
+    const int my_rank =
+        static_cast<int>(std::find(members.begin(), members.end(), rank_) - members.begin());
+    const int sub_size = static_cast<int>(members.size());
+    std::vector<int> root_ranks;
+    root_ranks.reserve(members.size());
+    for (const int r : members) root_ranks.push_back(RootRank(r));
+
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wold-style-cast"
+#pragma GCC diagnostic ignored "-Wpedantic"
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+#pragma GCC diagnostic pop
+    config.blocking = 0;
+    const absl::Time start = absl::Now();
+    const absl::Time deadline = start + timeout();
+    ncclComm_t sub = nullptr;
+    const ncclResult_t r = ncclCommSplit(comm_, color, key, &sub, &config);
+    if (r != ncclSuccess && r != ncclInProgress) {
+      return Break(NcclError("ncclCommSplit", r, comm_));
+    }
+    // The split is complete when both the parent and the new communicator say so.
+    ProgressBackoff backoff;
+    while (true) {
+      ncclResult_t parent = ncclSuccess;
+      ncclResult_t child = sub != nullptr ? ncclInProgress : ncclSuccess;
+      ncclCommGetAsyncError(comm_, &parent);
+      if (sub != nullptr) ncclCommGetAsyncError(sub, &child);
+      if (parent == ncclSuccess && child == ncclSuccess && sub != nullptr) break;
+      if ((parent != ncclSuccess && parent != ncclInProgress) ||
+          (child != ncclSuccess && child != ncclInProgress)) {
+        if (sub != nullptr) ncclCommAbort(sub);
+        return Break(NcclError(
+            "ncclCommSplit", parent != ncclSuccess && parent != ncclInProgress ? parent : child,
+            comm_));
+      }
+      if (absl::Now() >= deadline) {
+        if (sub != nullptr) ncclCommAbort(sub);
+        return TimedOut(kOp, absl::Now() - start, AllPeers());
+      }
+      backoff.Idle();
+    }
+    int nccl_rank = -1;
+    int nccl_size = -1;
+    ncclCommUserRank(sub, &nccl_rank);
+    ncclCommCount(sub, &nccl_size);
+    if (nccl_rank != my_rank || nccl_size != sub_size) {
+      ncclCommAbort(sub);
+      return absl::InternalError(absl::StrCat(
+          "Split on rank ", rank_, ": NCCL made rank ", nccl_rank, " of ", nccl_size,
+          " where (key, rank) order gives rank ", my_rank, " of ", sub_size));
+    }
+    cudaStream_t stream = nullptr;
+    if (cudaError_t e = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+        e != cudaSuccess) {
+      ncclCommAbort(sub);
+      return CudaError("cudaStreamCreateWithFlags", e);
+    }
+    NcclChannelOptions options;
+    options.channel.timeout = timeout();
+    options.device = device_;
+    options.host_buffers = host_;
+    return std::make_unique<NcclChannel>(sub, stream, my_rank, sub_size, options,
+                                         std::move(root_ranks));
+  }
+
+  // A rank here by its rank in the channel at the root of the splits.
+  int RootRank(int r) const {
+    return root_ranks_.empty() ? r : root_ranks_[static_cast<size_t>(r)];
+  }
+
   absl::Status Usable(absl::string_view operation) const {
     if (!broken_.ok()) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -406,12 +515,15 @@ class NcclChannel final : public DataChannel {
                         const std::vector<int>& peers) {
     ncclCommAbort(comm_);
     aborted_ = true;
+    std::vector<int> named;
+    named.reserve(peers.size());
+    for (const int p : peers) named.push_back(RootRank(p));
     return Break(absl::DeadlineExceededError(
         absl::StrCat(operation, " on rank ", rank_, " of ", size_, " timed out after ",
                      absl::FormatDuration(absl::Trunc(waited, absl::Milliseconds(1))),
-                     " waiting for NCCL peer rank", peers.size() > 1 ? "s " : " ",
-                     absl::StrJoin(peers, ", "), "; a rank is dead, stuck, or not calling ",
-                     operation, " (NCCL cannot say which of them)")));
+                     " waiting for NCCL peer rank", named.size() > 1 ? "s " : " ",
+                     absl::StrJoin(named, ", "), "; a rank is dead, stuck, or not calling ", operation,
+                     " (NCCL cannot say which of them)")));
   }
 
   // Checks an NCCL call's result on the non-blocking communicator and waits until the
@@ -529,7 +641,9 @@ class NcclChannel final : public DataChannel {
   cudaStream_t stream_;
   int rank_;
   int size_;
+  int device_;
   bool host_;
+  std::vector<int> root_ranks_;
   bool aborted_ = false;
   absl::Status broken_;
   int group_depth_ = 0;

@@ -67,6 +67,14 @@ TEST_F(NcclChannelTest, AllReduceIsRepeatable) {
   OnAllRanks(true, [exact](DataChannel& c) { testing::CheckAllReduce(c, exact); });
 }
 TEST_F(NcclChannelTest, SendRecvInGroups) { OnAllRanks(true, testing::CheckSendRecv); }
+TEST_F(NcclChannelTest, SubChannels) {
+  // ncclCommSplit: domains of every size that divides the ranks (one GPU: a domain of 1).
+  const bool exact = ranks_ == 1;
+  for (int group = 1; group <= ranks_; ++group) {
+    if (ranks_ % group != 0) continue;
+    OnAllRanks(true, [group, exact](DataChannel& c) { testing::CheckSubChannels(c, group, exact); });
+  }
+}
 TEST_F(NcclChannelTest, BadArguments) { OnAllRanks(true, testing::CheckBadArguments); }
 TEST_F(NcclChannelTest, TokenDispatchMatchesHome) {
   OnAllRanks(true, [](DataChannel& c) {
