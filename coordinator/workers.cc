@@ -47,6 +47,7 @@ absl::StatusOr<std::string> Workers::Register(const rackrun::v1::RegisterRequest
   w.data_address = req.data_address();
   w.w.set_metrics_address(req.metrics_address());
   w.w.set_rack(req.rack());
+  w.stopping_job = req.job_id();
   w.last_heartbeat_ms = now;
   cv_.notify_all();
   return id;
@@ -61,6 +62,7 @@ absl::Status Workers::Heartbeat(const rackrun::v1::HeartbeatRequest& req) {
   }
   const int64_t now = clock_();
   w->last_heartbeat_ms = now;
+  if (req.job_id().empty()) w->stopping_job.clear();
   w->w.set_step(req.step());
   w->w.set_phase(req.phase());
   w->phase = rpc::ParsePhase(req.phase());
@@ -145,6 +147,7 @@ void Workers::SetBusy(const std::string& worker_id, const std::string& job_id, i
   Info* w = Find(worker_id);
   if (w == nullptr) return;
   w->w.set_state(rackrun::v1::BUSY);
+  w->stopping_job.clear();
   w->w.set_job_id(job_id);
   w->w.set_rank(rank);
   w->attempt = attempt;
@@ -181,7 +184,7 @@ std::vector<IdleWorker> Workers::Idle() const {
   Lock lock(mu_);
   std::vector<IdleWorker> out;
   for (const auto& [id, w] : workers_) {
-    if (w.w.state() != rackrun::v1::IDLE || !w.stream_open) continue;
+    if (w.w.state() != rackrun::v1::IDLE || !w.stream_open || !w.stopping_job.empty()) continue;
     IdleWorker i{id, w.w.host(), w.w.pid(), w.w.launcher_rank(), w.data_address, {}, w.w.rack()};
     i.channels.assign(w.w.channels().begin(), w.w.channels().end());
     out.push_back(std::move(i));

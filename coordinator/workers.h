@@ -63,7 +63,10 @@ class Workers {
   // Registers a worker (InvalidArgument naming `host` or `rack` for a bad one). With
   // req.worker_id set, that id is kept (re-register after a coordinator restart or after
   // being declared lost); otherwise a new one is assigned.
-  // The worker starts IDLE; the caller marks it busy when it re-attaches to its job.
+  // The worker starts IDLE; the caller marks it busy when it re-attaches to its job. A
+  // worker that registers naming a job (req.job_id) and is not re-attached to it is still
+  // stopping that attempt: it is IDLE but not placeable (not in Idle()) until a heartbeat
+  // says it runs no job.
   absl::StatusOr<std::string> Register(const rackrun::v1::RegisterRequest& req);
 
   // NotFound when the worker is unknown, LOST or GONE (it must register again).
@@ -94,7 +97,8 @@ class Workers {
   void SetIdle(const std::string& worker_id, const std::string& job_id);
   void SetDraining(const std::string& worker_id, const std::string& job_id);
 
-  // Registered, IDLE workers with an open stream.
+  // Registered, IDLE workers with an open stream that are not still stopping an ended
+  // attempt (see Register).
   std::vector<IdleWorker> Idle() const;
 
   // Placement details of a worker (for RankPlacement); NotFound when unknown.
@@ -126,6 +130,10 @@ class Workers {
     int64_t stream_closed_ms = 0;
     int64_t generation = 0;
     std::deque<rackrun::v1::Assignment> outbox;
+    // The job it said it still runs when it registered, until SetBusy re-attaches it or a
+    // heartbeat says it runs none: a re-registered worker whose attempt ended meanwhile
+    // (a partition, a coordinator restart) is stopping it and must not be placed yet.
+    std::string stopping_job;
   };
 
   Info* Find(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -414,6 +414,42 @@ TEST_F(WorkersTest, AssignmentsFlowAndIdleNeedsAStream) {
   EXPECT_TRUE(workers_.Idle().empty());
 }
 
+// A worker cut off by a partition re-registers still running its attempt, which ended
+// meanwhile (restarted elsewhere): it is IDLE but not placeable until a heartbeat says it
+// stopped; one that is re-attached (SetBusy) is busy at once.
+TEST_F(WorkersTest, AReRegisteredWorkerStillStoppingItsAttemptIsNotPlaced) {
+  rackrun::v1::RegisterRequest req;
+  req.set_host("h");
+  req.set_worker_id("w-5");
+  req.set_job_id("j-1");
+  req.set_attempt(1);
+  ASSERT_TRUE(workers_.Register(req).ok());
+  ASSERT_TRUE(workers_.OpenStream("w-5").ok());
+  EXPECT_EQ(workers_.List(false).workers(0).state(), rackrun::v1::IDLE);
+  EXPECT_TRUE(workers_.Idle().empty());
+  HeartbeatRequest hb;
+  hb.set_worker_id("w-5");
+  hb.set_job_id("j-1");  // still stopping
+  hb.set_attempt(1);
+  hb.set_phase("forward");
+  ASSERT_TRUE(workers_.Heartbeat(hb).ok());
+  EXPECT_TRUE(workers_.Idle().empty());
+  hb.clear_job_id();
+  hb.set_attempt(0);
+  hb.set_phase("idle");
+  ASSERT_TRUE(workers_.Heartbeat(hb).ok());
+  ASSERT_EQ(workers_.Idle().size(), 1u);
+  EXPECT_EQ(workers_.Idle()[0].worker_id, "w-5");
+
+  // Re-attached to the attempt it names: busy, and placeable again once released.
+  ASSERT_TRUE(workers_.Register(req).ok());
+  ASSERT_TRUE(workers_.OpenStream("w-5").ok());
+  workers_.SetBusy("w-5", "j-1", 1, 0);
+  EXPECT_EQ(workers_.List(false).workers(0).state(), rackrun::v1::BUSY);
+  workers_.SetIdle("w-5", "j-1");
+  EXPECT_EQ(workers_.Idle().size(), 1u);
+}
+
 // The rack label travels from the registration to the scheduler's candidates, the rank
 // placements and ListWorkers; a label outside the rule is refused naming the field.
 TEST_F(WorkersTest, RackLabelIsKeptAndCheckedAtRegistration) {
