@@ -47,7 +47,10 @@ std::string StepRecord::ToJson() const {
                                JsonNumber(plan_s), ", \"plan_exchange_s\": ",
                                JsonNumber(plan_exchange_s), ", \"fanout_s\": ", JsonNumber(fanout_s),
                                ", \"dispatch_s\": ", JsonNumber(dispatch_s),
-                               ", \"replica_reduce_s\": ", JsonNumber(reduce_s), DomainsJson())
+                               ", \"replica_reduce_s\": ", JsonNumber(reduce_s),
+                               ", \"dense_allreduce_s\": ", JsonNumber(dense_allreduce_s),
+                               ", \"expert_allreduce_s\": ", JsonNumber(expert_allreduce_s),
+                               ", \"domain_stats_s\": ", JsonNumber(domain_stats_s), DomainsJson())
                 : std::string(),
       "}");
 }
