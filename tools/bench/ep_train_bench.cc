@@ -48,11 +48,14 @@
 //   pure solve + invariant check is timed separately by replaying the recorded load trace
 //   through a planner of the same policy and options on rank 0 after the run.
 // - per-layer rank imbalance (max / mean rank load): ExpertParallelStats::layers sums
-//   (masters only, and under the executed plan), mean over measured microbatches.
+//   (masters only, and under the executed plan), mean over measured microbatches; rank 0's,
+//   i.e. domain 0's with D > 1.
 // - per-rank expert rows per microbatch (summed over MoE layers): before = home-rank loads
-//   of the recorded load matrices; after = ExpertParallelStats::expert_rows of every rank.
-//   The replayed plans' RankLoads must reproduce expert_rows exactly on every rank; the
-//   bench checks it and reports the result (it also yields after-loads per layer and rank).
+//   of the recorded load matrices (domain 0's ranks: rank 0 records domain 0's loads);
+//   after = ExpertParallelStats::expert_rows of every rank (max/mean over domain 0's).
+//   The replayed plans' RankLoads must reproduce expert_rows exactly on every rank of
+//   domain 0; the bench checks it and reports the result (it also yields after-loads per
+//   layer and rank).
 // - loss: the final measured step's loss per policy and the max relative difference vs
 //   `none` of the same layout over all steps run (and vs the same policy on the first
 //   layout: D x G trains the same model, up to floating-point reassociation).
