@@ -51,7 +51,9 @@ std::string StepRecord::ToJson() const {
                                ", \"step_s\": ", JsonNumber(step_s), ", \"balancing_share\": ",
                                JsonNumber(BalancingShare(plan_s, plan_exchange_s, fanout_s,
                                                          reduce_s, step_s)),
-                               DomainsJson())
+                               ", \"dense_allreduce_s\": ", JsonNumber(dense_allreduce_s),
+                               ", \"expert_allreduce_s\": ", JsonNumber(expert_allreduce_s),
+                               ", \"domain_stats_s\": ", JsonNumber(domain_stats_s), DomainsJson())
                 : std::string(),
       "}");
 }
