@@ -354,9 +354,9 @@ void RunAsKilledChild(const StoreChannelFactory& factory) {
 
 void CheckPeerProcessKilledMidTransferFailsTheSurvivor(const StoreChannelFactory& factory,
                                                        const std::string& child_test) {
-  const std::string dir = (std::filesystem::temp_directory_path() /
-                           ("rackrun-killed-mid-" + std::to_string(getpid())))
-                              .string();
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / ("rackrun-killed-mid-" + std::to_string(getpid())))
+          .string();
   std::filesystem::create_directories(dir);
   const pid_t child = StartChildRank(dir, child_test, "transfer");
   ASSERT_NE(child, -1) << std::strerror(errno);
@@ -427,8 +427,8 @@ void CheckMessagesSentBeforeCloseArrive(const StoreChannelFactory& factory) {
     for (size_t i = 0; i < counts.size(); ++i) messages.push_back(message(i, counts[i]));
     std::vector<std::unique_ptr<Request>> requests;
     for (size_t i = 0; i < counts.size(); ++i) {
-      auto r = (*c)->Isend(messages[i].data(), counts[i], DataType::kInt32, 0,
-                           static_cast<int>(i % 2));
+      auto r =
+          (*c)->Isend(messages[i].data(), counts[i], DataType::kInt32, 0, static_cast<int>(i % 2));
       if (!r.ok()) {
         sent = r.status();
         return;

@@ -4,6 +4,7 @@
 #include <ifaddrs.h>
 #include <net/if.h>
 #include <netinet/in.h>
+#include <sys/stat.h>
 #include <ucp/api/ucp.h>
 
 #include <cerrno>
@@ -13,8 +14,6 @@
 #include <string>
 #include <utility>
 #include <vector>
-
-#include <sys/stat.h>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
@@ -116,8 +115,10 @@ class UcxTransport {
         const bool failed = !failed_[p].empty();
         if (byes[p] != nullptr && !bye_sent[p]) {
           const ucs_status_t s = ucp_request_check_status(byes[p]);
-          if (s != UCS_INPROGRESS) bye_sent[p] = s == UCS_OK;
-          else if (!failed) own_done = false;
+          if (s != UCS_INPROGRESS)
+            bye_sent[p] = s == UCS_OK;
+          else if (!failed)
+            own_done = false;
         }
         if (!PeerClosed(peer) && !failed) peers_done = false;
         done[p] = bye_sent[p] && PeerClosed(peer) && !failed;
@@ -237,14 +238,13 @@ class UcxTransport {
       ucp_request_param_t param{};
       param.op_attr_mask = UCP_OP_ATTR_FIELD_DATATYPE | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
       param.datatype = ucp_dt_make_contig(1);
-      ucs_status_ptr_t request =
-          ucp_tag_recv_nbx(worker_, &bye_buffers_[static_cast<size_t>(peer)], 1, ByeTag(peer),
-                           kFullMask, &param);
+      ucs_status_ptr_t request = ucp_tag_recv_nbx(worker_, &bye_buffers_[static_cast<size_t>(peer)],
+                                                  1, ByeTag(peer), kFullMask, &param);
       if (UCS_PTR_IS_ERR(request)) {
-        return absl::UnavailableError(absl::StrCat(
-            "UCX channel '", prefix, "' on rank ", rank_, " of ", size_,
-            ": posting the receive of rank ", peer,
-            "'s closing message failed: ", UcsText(UCS_PTR_STATUS(request))));
+        return absl::UnavailableError(
+            absl::StrCat("UCX channel '", prefix, "' on rank ", rank_, " of ", size_,
+                         ": posting the receive of rank ", peer,
+                         "'s closing message failed: ", UcsText(UCS_PTR_STATUS(request))));
       }
       bye_recvs_[static_cast<size_t>(peer)] = request;
     }
@@ -413,10 +413,11 @@ class UcxRequest final : public Request {
   void Finish(ucs_status_t status, size_t received) {
     const RequestInfo& i = info();
     if (status == UCS_ERR_CANCELED && cancelled_) {
-      error_ = absl::UnavailableError(absl::StrCat(
-          "Recv on rank ", i.rank, " of ", i.size, " with rank ", i.peer, " (tag ", i.tag,
-          "): rank ", i.peer, " closed its channel without sending this message (it finished "
-          "or failed)"));
+      error_ = absl::UnavailableError(
+          absl::StrCat("Recv on rank ", i.rank, " of ", i.size, " with rank ", i.peer, " (tag ",
+                       i.tag, "): rank ", i.peer,
+                       " closed its channel without sending this message (it finished "
+                       "or failed)"));
     } else if (status == UCS_ERR_MESSAGE_TRUNCATED) {
       error_ = absl::InvalidArgumentError(
           absl::StrCat("Recv on rank ", i.rank, " from rank ", i.peer, " (tag ", i.tag,
@@ -475,9 +476,9 @@ class UcxChannel final : public PointToPointChannel {
       return transport_->Failure(operation, peer, tag, failure);
     }
     if (send && transport_->PeerClosed(peer)) {
-      return absl::UnavailableError(absl::StrCat("Send on rank ", rank(), " of ", size(),
-                                                 " with rank ", peer, " (tag ", tag, "): rank ",
-                                                 peer, " closed its channel (it finished or failed)"));
+      return absl::UnavailableError(
+          absl::StrCat("Send on rank ", rank(), " of ", size(), " with rank ", peer, " (tag ", tag,
+                       "): rank ", peer, " closed its channel (it finished or failed)"));
     }
     ucp_request_param_t param{};
     param.op_attr_mask = UCP_OP_ATTR_FIELD_DATATYPE | UCP_OP_ATTR_FIELD_MEMORY_TYPE;
