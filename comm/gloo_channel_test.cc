@@ -233,12 +233,21 @@ TEST(GlooChannel, PeerThatNeverPostsThenTeardownAndNextChannel) {
 TEST(GlooChannel, PeerChannelDestroyedFailsTheSurvivor) {
   testing::CheckPeerChannelDestroyedFailsTheSurvivor(Factory);
 }
-// Run only as the child of PeerProcessKilledFailsTheSurvivor: rank 1, connects, then
+// Run only as the child of PeerProcessKilledFailsTheSurvivor and
+// PeerProcessKilledMidTransferFailsTheSurvivor: rank 1, connects, then (transfers and)
 // waits to be killed.
 TEST(GlooChannelChild, DISABLED_RankOneWaitsToBeKilled) { testing::RunAsKilledChild(Factory); }
 TEST(GlooChannel, PeerProcessKilledFailsTheSurvivor) {
   testing::CheckPeerProcessKilledFailsTheSurvivor(
       Factory, "GlooChannelChild.DISABLED_RankOneWaitsToBeKilled");
+}
+// The peer killed during large transfers: the survivor's error names it; no abort.
+TEST(GlooChannel, PeerProcessKilledMidTransferFailsTheSurvivor) {
+  testing::CheckPeerProcessKilledMidTransferFailsTheSurvivor(
+      Factory, "GlooChannelChild.DISABLED_RankOneWaitsToBeKilled");
+}
+TEST(GlooChannel, MessagesSentBeforeCloseArrive) {
+  testing::CheckMessagesSentBeforeCloseArrive(Factory);
 }
 
 }  // namespace

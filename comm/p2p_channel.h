@@ -59,6 +59,10 @@ class PointToPointChannel : public DataChannel {
  protected:
   explicit PointToPointChannel(const ChannelOptions& options) : DataChannel(options) {}
 
+  // True once a collective of this channel failed (not counting bad arguments): its peers
+  // are dead, silent or failing, and the job must stop.
+  bool broken() const { return !broken_.ok(); }
+
   // The largest tag the transport accepts (MPI: MPI_TAG_UB); bounds the number of splits.
   virtual int max_transport_tag() const { return std::numeric_limits<int>::max(); }
 

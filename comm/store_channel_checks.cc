@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <latch>
 #include <thread>
 #include <vector>
 
@@ -26,29 +27,52 @@ using ::testing::AnyOf;
 using ::testing::HasSubstr;
 
 constexpr char kChildDirEnv[] = "RACKRUN_CHANNEL_TEST_CHILD_DIR";
+// What the child rank does until it is killed: "idle" (nothing) or "transfer" (large
+// all-reduces with rank 0).
+constexpr char kChildModeEnv[] = "RACKRUN_CHANNEL_TEST_CHILD_MODE";
+// The mid-transfer check's all-reduce: 1 Mi int64 (8 MiB), far past every eager limit.
+constexpr int64_t kLargeCount = int64_t{1} << 20;
+
+// Forks and execs this test binary as rank 1 running `child_test` in `mode`, with its
+// store in `dir`; -1 on failure.
+pid_t StartChildRank(const std::string& dir, const std::string& child_test, const char* mode) {
+  const pid_t child = fork();
+  if (child == 0) {
+    setenv(kChildDirEnv, dir.c_str(), 1);
+    setenv(kChildModeEnv, mode, 1);
+    const std::string filter = "--gtest_filter=" + child_test;
+    execl("/proc/self/exe", "channel_child", "--gtest_also_run_disabled_tests", filter.c_str(),
+          static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  return child;
+}
 
 }  // namespace
 
 absl::Status RunStoreRanks(const StoreChannelFactory& factory, RendezvousStore& store,
                            const std::string& prefix, int ranks, absl::Duration timeout,
                            const std::function<absl::Status(DataChannel&)>& body) {
-  std::vector<std::unique_ptr<DataChannel>> channels(static_cast<size_t>(ranks));
   std::vector<absl::Status> results(static_cast<size_t>(ranks));
   std::vector<std::thread> threads;
+  std::latch bodies_done(ranks);
   for (int r = 0; r < ranks; ++r) {
     threads.emplace_back([&, r] {
       absl::StatusOr<std::unique_ptr<DataChannel>> channel =
           factory(store, prefix, r, ranks, timeout);
       if (!channel.ok()) {
         results[static_cast<size_t>(r)] = channel.status();
+        bodies_done.count_down();
         return;
       }
-      channels[static_cast<size_t>(r)] = *std::move(channel);
-      results[static_cast<size_t>(r)] = body(*channels[static_cast<size_t>(r)]);
+      results[static_cast<size_t>(r)] = body(**channel);
+      // Every rank closes its own channel, all together (a closing channel may wait for
+      // its peers to close theirs: UCX's closing handshake).
+      bodies_done.arrive_and_wait();
+      channel->reset();
     });
   }
   for (std::thread& t : threads) t.join();
-  channels.clear();
   for (const absl::Status& s : results) {
     if (!s.ok()) return s;
   }
@@ -244,11 +268,12 @@ void CheckPeerChannelDestroyedFailsTheSurvivor(const StoreChannelFactory& factor
   });
   auto c = factory(store, "job/gone", 0, 2, timeout);
   zero_ready = true;
-  peer.join();
+  if (!c.ok()) peer.join();
   ASSERT_TRUE(c.ok()) << c.status();
   zero = *std::move(c);
   const absl::Time start = absl::Now();
   std::vector<float> x(1000, 1.0f);
+  // Rank 1 closes its channel meanwhile (it may wait for this rank to close: joined below).
   absl::Status s = zero->AllReduce(x.data(), x.data(), 1000, DataType::kFloat32, ReduceOp::kSum);
   EXPECT_LT(absl::Now() - start, timeout + absl::Seconds(10));
   EXPECT_THAT(s.code(), AnyOf(absl::StatusCode::kUnavailable, absl::StatusCode::kDeadlineExceeded))
@@ -256,6 +281,7 @@ void CheckPeerChannelDestroyedFailsTheSurvivor(const StoreChannelFactory& factor
   EXPECT_THAT(s.message(), HasSubstr("rank 1"));
   EXPECT_EQ(zero->Barrier().code(), absl::StatusCode::kFailedPrecondition);
   zero.reset();
+  peer.join();
   EXPECT_TRUE(
       RunStoreRanks(factory, store, "job/after-gone", 2, absl::Seconds(30), [](DataChannel& ch) {
         return ch.Barrier();
@@ -268,15 +294,8 @@ void CheckPeerProcessKilledFailsTheSurvivor(const StoreChannelFactory& factory,
       (std::filesystem::temp_directory_path() / ("rackrun-killed-" + std::to_string(getpid())))
           .string();
   std::filesystem::create_directories(dir);
-  const pid_t child = fork();
+  const pid_t child = StartChildRank(dir, child_test, "idle");
   ASSERT_NE(child, -1) << std::strerror(errno);
-  if (child == 0) {
-    setenv(kChildDirEnv, dir.c_str(), 1);
-    const std::string filter = "--gtest_filter=" + child_test;
-    execl("/proc/self/exe", "channel_child", "--gtest_also_run_disabled_tests", filter.c_str(),
-          static_cast<char*>(nullptr));
-    _exit(127);
-  }
   DirectoryRendezvousStore store(dir);
   const absl::Duration timeout = absl::Seconds(10);
   auto channel = factory(store, "job/killed", 0, 2, timeout);
@@ -317,8 +336,133 @@ void RunAsKilledChild(const StoreChannelFactory& factory) {
   DirectoryRendezvousStore store(dir);
   auto channel = factory(store, "job/killed", 1, 2, absl::Seconds(10));
   ASSERT_TRUE(channel.ok()) << channel.status();
+  const char* mode = std::getenv(kChildModeEnv);
+  if (mode != nullptr && std::string(mode) == "transfer") {
+    // Large all-reduces with rank 0 until killed (bounded, and ended by rank 0's error).
+    std::vector<int64_t> x(static_cast<size_t>(kLargeCount), 1);
+    const absl::Time until = absl::Now() + absl::Seconds(30);
+    while (absl::Now() < until &&
+           (*channel)
+               ->AllReduce(x.data(), x.data(), kLargeCount, DataType::kInt64, ReduceOp::kSum)
+               .ok()) {
+      std::fill(x.begin(), x.end(), 1);
+    }
+  }
   // Bounded, in case the parent never kills it.
   std::this_thread::sleep_for(std::chrono::seconds(30));
+}
+
+void CheckPeerProcessKilledMidTransferFailsTheSurvivor(const StoreChannelFactory& factory,
+                                                       const std::string& child_test) {
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / ("rackrun-killed-mid-" + std::to_string(getpid())))
+          .string();
+  std::filesystem::create_directories(dir);
+  const pid_t child = StartChildRank(dir, child_test, "transfer");
+  ASSERT_NE(child, -1) << std::strerror(errno);
+  DirectoryRendezvousStore store(dir);
+  const absl::Duration timeout = absl::Seconds(10);
+  auto channel = factory(store, "job/killed", 0, 2, timeout);
+  if (!channel.ok()) {
+    kill(child, SIGKILL);
+    waitpid(child, nullptr, 0);
+    FAIL() << channel.status();
+  }
+  std::vector<int64_t> x(static_cast<size_t>(kLargeCount), 1);
+  // One all-reduce completes first: both ranks are in the loop of large transfers.
+  absl::Status s =
+      (*channel)->AllReduce(x.data(), x.data(), kLargeCount, DataType::kInt64, ReduceOp::kSum);
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(x[0], 2);
+  // Killed while the transfers go on back to back: almost surely in the middle of one.
+  std::thread killer([child] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    kill(child, SIGKILL);
+  });
+  const absl::Time start = absl::Now();
+  int rounds = 0;
+  while (s.ok() && absl::Now() - start < timeout) {
+    std::fill(x.begin(), x.end(), 1);
+    s = (*channel)->AllReduce(x.data(), x.data(), kLargeCount, DataType::kInt64, ReduceOp::kSum);
+    ++rounds;
+  }
+  const absl::Duration took = absl::Now() - start;
+  killer.join();
+  int status = 0;
+  waitpid(child, &status, 0);
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << status;
+  // This process is still here (no abort in the transport), and the error names the peer.
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s << " after " << rounds << " rounds";
+  EXPECT_THAT(s.message(), HasSubstr("AllReduce"));
+  EXPECT_THAT(s.message(), HasSubstr("on rank 0"));
+  EXPECT_THAT(s.message(), HasSubstr("with rank 1"));
+  EXPECT_LT(took, timeout);
+  const absl::Time teardown = absl::Now();
+  channel->reset();
+  EXPECT_LT(absl::Now() - teardown, timeout);
+  std::filesystem::remove_all(dir);
+}
+
+void CheckMessagesSentBeforeCloseArrive(const StoreChannelFactory& factory) {
+  InMemoryRendezvousStore store;
+  const absl::Duration timeout = absl::Seconds(30);
+  // Small (eager) messages, then large ones (rendezvous, many fragments), on two tags.
+  std::vector<int64_t> counts;
+  for (int i = 0; i < 64; ++i) counts.push_back(2);
+  for (int i = 0; i < 4; ++i) counts.push_back(int64_t{1} << 20);
+  auto message = [](size_t index, int64_t count) {
+    std::vector<int32_t> m(static_cast<size_t>(count));
+    for (size_t i = 0; i < m.size(); ++i) m[i] = static_cast<int32_t>(index * 7919 + i);
+    return m;
+  };
+  std::atomic<bool> sender_closed{false};
+  absl::Status sent;
+  std::thread sender([&] {
+    auto c = factory(store, "job/close", 1, 2, timeout);
+    if (!c.ok()) {
+      sent = c.status();
+      return;
+    }
+    std::vector<std::vector<int32_t>> messages;
+    for (size_t i = 0; i < counts.size(); ++i) messages.push_back(message(i, counts[i]));
+    std::vector<std::unique_ptr<Request>> requests;
+    for (size_t i = 0; i < counts.size(); ++i) {
+      auto r =
+          (*c)->Isend(messages[i].data(), counts[i], DataType::kInt32, 0, static_cast<int>(i % 2));
+      if (!r.ok()) {
+        sent = r.status();
+        return;
+      }
+      requests.push_back(*std::move(r));
+    }
+    sent = WaitAll(requests, absl::Now() + timeout, "sending");
+    requests.clear();
+    c->reset();  // at once: this rank is done
+    sender_closed = true;
+  });
+  auto c = factory(store, "job/close", 0, 2, timeout);
+  if (!c.ok()) sender.join();
+  ASSERT_TRUE(c.ok()) << c.status();
+  // The receives come late: the sender may have completed (some) sends and be closing.
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  std::vector<std::vector<int32_t>> got;
+  for (int64_t count : counts) got.emplace_back(static_cast<size_t>(count), -1);
+  std::vector<std::unique_ptr<Request>> requests;
+  for (size_t i = 0; i < counts.size(); ++i) {
+    auto r = (*c)->Irecv(got[i].data(), counts[i], DataType::kInt32, 1, static_cast<int>(i % 2));
+    ASSERT_TRUE(r.ok()) << r.status();
+    requests.push_back(*std::move(r));
+  }
+  absl::Status received = WaitAll(requests, absl::Now() + timeout, "receiving");
+  requests.clear();
+  EXPECT_TRUE(received.ok()) << received;
+  for (size_t i = 0; received.ok() && i < counts.size(); ++i) {
+    EXPECT_EQ(got[i], message(i, counts[i])) << "message " << i;
+  }
+  c->reset();
+  sender.join();
+  EXPECT_TRUE(sent.ok()) << sent;
+  EXPECT_TRUE(sender_closed.load());
 }
 
 }  // namespace rackrun::comm::testing

@@ -25,8 +25,9 @@ using StoreChannelFactory = std::function<absl::StatusOr<std::unique_ptr<DataCha
     RendezvousStore& store, const std::string& prefix, int rank, int size, absl::Duration timeout)>;
 
 // Creates an n-rank channel with one thread per rank, runs body(channel) on each, and
-// destroys the channels only after every thread is done (so a rank that finishes early
-// does not close connections others still use). First error in rank order.
+// destroys the channels only after every body is done (so a rank that finishes early
+// does not close connections others still use), each in its own thread, all together (a
+// closing UCX channel waits for its peers to close). First error in rank order.
 absl::Status RunStoreRanks(const StoreChannelFactory& factory, RendezvousStore& store,
                            const std::string& prefix, int ranks, absl::Duration timeout,
                            const std::function<absl::Status(DataChannel&)>& body);
@@ -56,6 +57,16 @@ void CheckPeerChannelDestroyedFailsTheSurvivor(const StoreChannelFactory& factor
 void CheckPeerProcessKilledFailsTheSurvivor(const StoreChannelFactory& factory,
                                             const std::string& child_test);
 void RunAsKilledChild(const StoreChannelFactory& factory);
+// The same, the peer killed while the two ranks exchange large messages back to back
+// (all-reduces of 8 MiB; UCX's rendezvous path): the survivor gets Unavailable naming rank
+// 1 before the timeout, without aborting or hanging, and tears down within the timeout.
+// The child test calls RunAsKilledChild too (the mode comes in the environment).
+void CheckPeerProcessKilledMidTransferFailsTheSurvivor(const StoreChannelFactory& factory,
+                                                       const std::string& child_test);
+// Rank 1 sends small and large messages, waits for its sends and destroys its channel at
+// once; rank 0 posts its receives only afterwards (300 ms later): every message arrives
+// intact, and both channels close.
+void CheckMessagesSentBeforeCloseArrive(const StoreChannelFactory& factory);
 
 }  // namespace rackrun::comm::testing
 

@@ -4,6 +4,7 @@
 #include <ifaddrs.h>
 #include <net/if.h>
 #include <netinet/in.h>
+#include <sys/stat.h>
 #include <ucp/api/ucp.h>
 
 #include <cerrno>
@@ -18,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "comm/p2p_channel.h"
+#include "comm/progress.h"
 
 namespace rackrun::comm {
 namespace {
@@ -29,18 +31,22 @@ ucp_tag_t WireTag(int source, int tag) {
          static_cast<uint64_t>(static_cast<uint32_t>(tag));
 }
 constexpr ucp_tag_t kFullMask = ~ucp_tag_t{0};
+// The closing handshake's "bye" from `source`: the low half is no channel tag (those are
+// below 2^31), so no receive of the channel's users ever matches it.
+ucp_tag_t ByeTag(int source) {
+  return (static_cast<uint64_t>(static_cast<uint32_t>(source)) << 32) | uint64_t{0xffffffffu};
+}
 
 std::string UcsText(ucs_status_t status) { return ucs_status_string(status); }
 
-// How long teardown drives the worker to let forcibly closed endpoints and cancelled
-// receives finish; nothing here waits for a peer.
+// How long teardown drives the worker to let closed endpoints, cancelled receives and
+// this rank's byes finish (the wait for the peers' byes is bounded by the channel's timeout).
 constexpr absl::Duration kTeardownBound = absl::Seconds(1);
-// How long teardown waits for this rank's outstanding sends to reach their peers.
-constexpr absl::Duration kFlushBound = absl::Milliseconds(500);
 // UCX's keepalive period for this channel's endpoints (UCX's default is 20 s): how soon a
 // dead peer reached over shared memory is noticed. The environment's
 // UCX_KEEPALIVE_INTERVAL wins when set.
 constexpr char kKeepalive[] = "1s";
+constexpr char kMaxRndvRails[] = "0";
 
 // One channel's UCP context, worker and endpoints. Used only by the rank's thread (the
 // worker is single-threaded): UCX calls the endpoint error handler from within
@@ -52,41 +58,85 @@ class UcxTransport {
   UcxTransport& operator=(const UcxTransport&) = delete;
 
   ~UcxTransport() {
-    // A rank's last sends (its part of the job's last collective) may still sit in UCX's
-    // queues although they completed locally; a forced close would cancel them and its
-    // peers would see the endpoint fail instead of the message. Flush first, bounded: a
-    // dead peer ends the flush with an error through its watch endpoint.
-    if (worker_ != nullptr) {
-      ucp_request_param_t flush_param{};
-      ucs_status_ptr_t flush = ucp_worker_flush_nbx(worker_, &flush_param);
-      if (flush != nullptr && !UCS_PTR_IS_ERR(flush)) {
-        const absl::Time until = absl::Now() + kFlushBound;
-        while (ucp_request_check_status(flush) == UCS_INPROGRESS && absl::Now() < until) {
-          ucp_worker_progress(worker_);
-        }
-        ucp_request_free(flush);
-      }
-    }
-    std::vector<void*> closing;
-    std::vector<ucp_ep_h> eps = eps_;
-    eps.insert(eps.end(), watch_eps_.begin(), watch_eps_.end());
-    for (ucp_ep_h ep : eps) {
-      if (ep == nullptr) continue;
-      ucp_request_param_t param{};
-      param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-      param.flags = UCP_EP_CLOSE_FLAG_FORCE;
-      ucs_status_ptr_t request = ucp_ep_close_nbx(ep, &param);
-      if (request != nullptr && !UCS_PTR_IS_ERR(request)) closing.push_back(request);
-    }
-    const absl::Time until = absl::Now() + kTeardownBound;
-    for (void* request : closing) {
+    CloseEndpoints(std::vector<bool>(static_cast<size_t>(size_), false));
+    // The byes never received (peers that died or never closed) are cancelled.
+    for (void*& request : bye_recvs_) {
+      if (request == nullptr) continue;
+      ucp_request_cancel(worker_, request);
+      const absl::Time until = absl::Now() + kTeardownBound;
       while (ucp_request_check_status(request) == UCS_INPROGRESS && absl::Now() < until) {
         ucp_worker_progress(worker_);
       }
       ucp_request_free(request);
+      request = nullptr;
     }
     if (worker_ != nullptr) ucp_worker_destroy(worker_);
     if (context_ != nullptr) ucp_cleanup(context_);
+  }
+
+  // The closing handshake, once, when the channel is destroyed (requests may outlive it):
+  // a bye to every peer, sent after everything this rank sent it, then, while
+  // `wait_for_peers`, waiting (bounded by `bound`) until every peer's bye has arrived or
+  // that peer failed. A peer's bye arrives after all its messages, and a peer sends it only
+  // when it closes, so once both byes are through nothing either rank sent the other is
+  // still on its way, and the endpoint may close in flush mode. Otherwise (a peer dead,
+  // silent, or `wait_for_peers` false: the channel is broken anyway) only this rank's byes
+  // get up to kTeardownBound, and the endpoints to peers whose bye did not come are closed
+  // forcibly, so closing never hangs.
+  void Close(bool wait_for_peers, absl::Duration bound) {
+    if (closed_) return;
+    closed_ = true;
+    const size_t n = static_cast<size_t>(size_);
+    std::vector<void*> byes(n, nullptr);
+    std::vector<bool> bye_sent(n, false);
+    static const char kBye = 0;
+    for (int peer = 0; peer < size_; ++peer) {
+      const size_t p = static_cast<size_t>(peer);
+      if (peer == rank_ || eps_.empty() || eps_[p] == nullptr || !failed_[p].empty()) continue;
+      ucp_request_param_t param{};
+      param.op_attr_mask = UCP_OP_ATTR_FIELD_DATATYPE;
+      param.datatype = ucp_dt_make_contig(1);
+      ucs_status_ptr_t request = ucp_tag_send_nbx(eps_[p], &kBye, 1, ByeTag(rank_), &param);
+      if (UCS_PTR_IS_ERR(request)) continue;
+      byes[p] = request;
+      bye_sent[p] = request == nullptr;
+    }
+    const absl::Time start = absl::Now();
+    const absl::Time peers_until = start + (wait_for_peers ? bound : absl::ZeroDuration());
+    const absl::Time own_until = std::max(peers_until, start + kTeardownBound);
+    ProgressBackoff backoff;
+    std::vector<bool> done(n, false);
+    while (true) {
+      const bool progressed = ucp_worker_progress(worker_) != 0;
+      bool own_done = true, peers_done = true;
+      for (int peer = 0; peer < size_; ++peer) {
+        const size_t p = static_cast<size_t>(peer);
+        if (peer == rank_) continue;
+        const bool failed = !failed_[p].empty();
+        if (byes[p] != nullptr && !bye_sent[p]) {
+          const ucs_status_t s = ucp_request_check_status(byes[p]);
+          if (s != UCS_INPROGRESS)
+            bye_sent[p] = s == UCS_OK;
+          else if (!failed)
+            own_done = false;
+        }
+        if (!PeerClosed(peer) && !failed) peers_done = false;
+        done[p] = bye_sent[p] && PeerClosed(peer) && !failed;
+      }
+      const absl::Time now = absl::Now();
+      if (own_done && (peers_done || now >= peers_until)) break;
+      if (now >= own_until) break;
+      if (progressed) {
+        backoff.Progress();
+      } else {
+        backoff.Idle(own_until);
+      }
+    }
+    for (void* request : byes) {
+      if (request != nullptr) ucp_request_free(request);
+    }
+    done[static_cast<size_t>(rank_)] = true;  // the loopback endpoint
+    CloseEndpoints(done);
   }
 
   // Context and worker, UCX's network transports on `net_devices` unless empty;
@@ -102,6 +152,17 @@ class UcxTransport {
     }
     if (std::getenv("UCX_KEEPALIVE_INTERVAL") == nullptr) {
       ucp_config_modify(config, "KEEPALIVE_INTERVAL", kKeepalive);
+    }
+    // No rendezvous lanes (as UCX_MAX_RNDV_RAILS=0): large messages go through the
+    // endpoint's active-message pipeline instead of zero-copy reads of the peer's memory
+    // (CMA on one host), which abort this process when the peer dies mid-transfer
+    // (PeerProcessKilledMidTransferFailsTheSurvivor). The environment's variable wins.
+    if (std::getenv("UCX_MAX_RNDV_RAILS") == nullptr) {
+      if (ucs_status_t s = ucp_config_modify(config, "MAX_RNDV_RAILS", kMaxRndvRails);
+          s != UCS_OK) {
+        ucp_config_release(config);
+        return failed("ucp_config_modify(MAX_RNDV_RAILS)", s);
+      }
     }
     if (!net_devices.empty() && std::getenv("UCX_NET_DEVICES") == nullptr) {
       if (ucs_status_t s = ucp_config_modify(config, "NET_DEVICES", net_devices.c_str());
@@ -137,7 +198,7 @@ class UcxTransport {
   const std::string& address() const { return address_; }
 
   // Endpoints to every rank, this one included, from the ranks' published addresses;
-  // `same_host[r]`: rank r runs on this machine (same boot id).
+  // `same_host[r]`: rank r runs on this machine (same boot id and network namespace).
   //
   // UCX 1.13 offers peer failure handling only on transports that can detect it (TCP,
   // verbs), not on shared memory: an endpoint that asks for it carries every message over
@@ -168,6 +229,25 @@ class UcxTransport {
                          "); that rank is unreachable at the address it published"));
       }
     }
+    // Every peer's bye is awaited from the start, so that a receive from a peer that has
+    // closed can be told apart from one still to come.
+    bye_recvs_.assign(n, nullptr);
+    bye_buffers_.assign(n, 0);
+    for (int peer = 0; peer < size_; ++peer) {
+      if (peer == rank_) continue;
+      ucp_request_param_t param{};
+      param.op_attr_mask = UCP_OP_ATTR_FIELD_DATATYPE | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+      param.datatype = ucp_dt_make_contig(1);
+      ucs_status_ptr_t request = ucp_tag_recv_nbx(worker_, &bye_buffers_[static_cast<size_t>(peer)],
+                                                  1, ByeTag(peer), kFullMask, &param);
+      if (UCS_PTR_IS_ERR(request)) {
+        return absl::UnavailableError(
+            absl::StrCat("UCX channel '", prefix, "' on rank ", rank_, " of ", size_,
+                         ": posting the receive of rank ", peer,
+                         "'s closing message failed: ", UcsText(UCS_PTR_STATUS(request))));
+      }
+      bye_recvs_[static_cast<size_t>(peer)] = request;
+    }
     return absl::OkStatus();
   }
 
@@ -176,6 +256,13 @@ class UcxTransport {
   ucp_worker_h worker() const { return worker_; }
   ucp_ep_h ep(int peer) const { return eps_[static_cast<size_t>(peer)]; }
   void Progress() { ucp_worker_progress(worker_); }
+
+  // True once `peer`'s bye has arrived: it closed its channel, and every message it sent
+  // this rank has arrived (matched a receive, or waits for one).
+  bool PeerClosed(int peer) {
+    void* request = bye_recvs_.empty() ? nullptr : bye_recvs_[static_cast<size_t>(peer)];
+    return request != nullptr && ucp_request_check_status(request) != UCS_INPROGRESS;
+  }
 
   // Why transfers with `peer` cannot go on (empty while they can).
   const std::string& failure(int peer) const { return failed_[static_cast<size_t>(peer)]; }
@@ -215,6 +302,31 @@ class UcxTransport {
     return s;
   }
 
+  // Closes every endpoint still open: in flush mode to the peers marked `flush`, forcibly
+  // to the others; waits at most kTeardownBound for them together.
+  void CloseEndpoints(const std::vector<bool>& flush) {
+    std::vector<void*> closing;
+    for (std::vector<ucp_ep_h>* list : {&eps_, &watch_eps_}) {
+      for (size_t p = 0; p < list->size(); ++p) {
+        ucp_ep_h& ep = (*list)[p];
+        if (ep == nullptr) continue;
+        ucp_request_param_t param{};
+        param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+        param.flags = flush[p] ? 0 : UCP_EP_CLOSE_FLAG_FORCE;
+        ucs_status_ptr_t request = ucp_ep_close_nbx(ep, &param);
+        if (request != nullptr && !UCS_PTR_IS_ERR(request)) closing.push_back(request);
+        ep = nullptr;
+      }
+    }
+    const absl::Time until = absl::Now() + kTeardownBound;
+    for (void* request : closing) {
+      while (ucp_request_check_status(request) == UCS_INPROGRESS && absl::Now() < until) {
+        ucp_worker_progress(worker_);
+      }
+      ucp_request_free(request);
+    }
+  }
+
   // Called by UCX from ucp_worker_progress (this rank's thread) when the endpoint to a
   // peer fails: pending sends to it fail on their own, receives from it check failure().
   static void OnPeerError(void* arg, ucp_ep_h /*ep*/, ucs_status_t status) {
@@ -232,6 +344,9 @@ class UcxTransport {
   std::vector<ucp_ep_h> watch_eps_;        // failure detection only, by peer on this machine
   std::vector<ErrorHandlerArg> handlers_;  // sized once, before any endpoint points into it
   std::vector<std::string> failed_;        // by peer
+  std::vector<void*> bye_recvs_;           // the peers' byes, posted at Connect, by peer
+  std::vector<char> bye_buffers_;          // where they land, by peer
+  bool closed_ = false;                    // Close() ran
 };
 
 // One posted UCP send or receive. `request` is UCX's handle, null when the transfer
@@ -269,6 +384,14 @@ class UcxRequest final : public Request {
     ucp_tag_recv_info_t received{};
     const ucs_status_t status = info().send ? ucp_request_check_status(request_)
                                             : ucp_tag_recv_request_test(request_, &received);
+    if (status == UCS_INPROGRESS && !info().send && !cancelled_ &&
+        transport_->PeerClosed(info().peer)) {
+      // The peer closed its channel and all it sent has arrived: a receive still unmatched
+      // never will be. Cancelling leaves one whose message is arriving to finish.
+      cancelled_ = true;
+      ucp_request_cancel(transport_->worker(), request_);
+      return false;
+    }
     if (status == UCS_INPROGRESS) {
       const std::string& failure = transport_->failure(info().peer);
       if (!failure.empty()) {
@@ -289,7 +412,13 @@ class UcxRequest final : public Request {
   // The outcome of a finished transfer; a receive checks the message's size.
   void Finish(ucs_status_t status, size_t received) {
     const RequestInfo& i = info();
-    if (status == UCS_ERR_MESSAGE_TRUNCATED) {
+    if (status == UCS_ERR_CANCELED && cancelled_) {
+      error_ = absl::UnavailableError(
+          absl::StrCat("Recv on rank ", i.rank, " of ", i.size, " with rank ", i.peer, " (tag ",
+                       i.tag, "): rank ", i.peer,
+                       " closed its channel without sending this message (it finished "
+                       "or failed)"));
+    } else if (status == UCS_ERR_MESSAGE_TRUNCATED) {
       error_ = absl::InvalidArgumentError(
           absl::StrCat("Recv on rank ", i.rank, " from rank ", i.peer, " (tag ", i.tag,
                        "): message has more than the ", i.bytes,
@@ -308,6 +437,7 @@ class UcxRequest final : public Request {
 
   std::shared_ptr<UcxTransport> transport_;
   void* request_;
+  bool cancelled_ = false;  // a receive cancelled because its peer closed
   bool done_ = false;
   absl::Status error_;
 };
@@ -316,6 +446,13 @@ class UcxChannel final : public PointToPointChannel {
  public:
   UcxChannel(std::shared_ptr<UcxTransport> transport, const ChannelOptions& options)
       : PointToPointChannel(options), transport_(std::move(transport)) {}
+  UcxChannel(const UcxChannel&) = delete;
+  UcxChannel& operator=(const UcxChannel&) = delete;
+
+  // The closing handshake (UcxTransport::Close): waits up to the channel's timeout for the
+  // peers to close too, unless the channel is broken (the job is failing; its peers are
+  // dead, silent or failing too).
+  ~UcxChannel() override { transport_->Close(/*wait_for_peers=*/!broken(), timeout()); }
 
   int rank() const override { return transport_->rank(); }
   int size() const override { return transport_->size(); }
@@ -337,6 +474,11 @@ class UcxChannel final : public PointToPointChannel {
     const absl::string_view operation = send ? "Send" : "Recv";
     if (const std::string& failure = transport_->failure(peer); !failure.empty()) {
       return transport_->Failure(operation, peer, tag, failure);
+    }
+    if (send && transport_->PeerClosed(peer)) {
+      return absl::UnavailableError(
+          absl::StrCat("Send on rank ", rank(), " of ", size(), " with rank ", peer, " (tag ", tag,
+                       "): rank ", peer, " closed its channel (it finished or failed)"));
     }
     ucp_request_param_t param{};
     param.op_attr_mask = UCP_OP_ATTR_FIELD_DATATYPE | UCP_OP_ATTR_FIELD_MEMORY_TYPE;
@@ -409,13 +551,21 @@ absl::StatusOr<std::string> InterfaceOf(const std::string& prefix, int rank,
   return name;
 }
 
-// This machine's identity for "same host": the kernel's boot id (one per booted kernel,
-// shared by its containers and network namespaces, which also share /dev/shm's kind of
-// memory), or empty if unreadable (then every peer counts as remote).
-std::string BootId() {
+// This rank's identity for "same host": the kernel's boot id (one per booted kernel,
+// shared by its containers) and the network namespace's inode. Ranks in two network
+// namespaces of one machine count as two hosts (their TCP reaches each other on their
+// data addresses, as between machines; tests/netns emulates hosts so). Empty if the boot
+// id is unreadable (then every peer counts as remote). No spaces (the published value is
+// "<identity> <address>").
+std::string HostIdentity() {
   std::ifstream in("/proc/sys/kernel/random/boot_id");
   std::string id;
   std::getline(in, id);
+  if (id.empty()) return id;
+  struct stat net {};
+  if (stat("/proc/self/ns/net", &net) == 0) {
+    absl::StrAppend(&id, "/netns:", static_cast<uint64_t>(net.st_ino));
+  }
   return id;
 }
 
@@ -424,17 +574,17 @@ struct PeerAddresses {
   std::vector<bool> same_host;         // by rank
 };
 
-// Publishes this rank's boot id and worker address under `prefix` and waits for every
+// Publishes this rank's host identity and worker address under `prefix` and waits for every
 // rank's; DeadlineExceeded names the ranks that did not publish.
 absl::StatusOr<PeerAddresses> ExchangeAddresses(RendezvousStore& store, const std::string& prefix,
                                                 int rank, int size, const std::string& address,
                                                 absl::Duration timeout) {
   auto key = [&](int r) { return absl::StrCat(prefix, "/ucx/address/", r); };
-  // "<boot id> <address in hex>": the coordinator's store carries values in protobuf
-  // strings (UTF-8).
-  const std::string boot_id = BootId();
+  // "<host identity> <address in hex>": the coordinator's store carries values in
+  // protobuf strings (UTF-8).
+  const std::string host = HostIdentity();
   if (absl::Status s =
-          store.Set(key(rank), absl::StrCat(boot_id, " ", absl::BytesToHexString(address)));
+          store.Set(key(rank), absl::StrCat(host, " ", absl::BytesToHexString(address)));
       !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("UCX channel '", prefix, "' on rank ", rank,
                                                ": publishing this rank's address: ", s.message()));
@@ -457,7 +607,7 @@ absl::StatusOr<PeerAddresses> ExchangeAddresses(RendezvousStore& store, const st
                          "; is another job using this prefix?"));
       }
       peers.addresses.push_back(absl::HexStringToBytes(hex));
-      peers.same_host.push_back(!boot_id.empty() && value.substr(0, space) == boot_id);
+      peers.same_host.push_back(!host.empty() && value.substr(0, space) == host);
     }
     return peers;
   }

@@ -4,16 +4,19 @@
 // verbs) across hosts, loopback to this rank itself; UCX_TLS and the other UCX_*
 // variables of the environment apply as usual, and nothing needs setting.
 //
-// Bootstrap (like the Gloo channel): each rank publishes its kernel boot id and UCP worker
-// address (hex) under `prefix` in a RendezvousStore, waits for every rank's, and creates
-// endpoints to every rank (itself included):
-// - a rank on another host (another boot id): one endpoint with UCX's peer error
-//   handling (TCP or verbs);
+// Bootstrap (like the Gloo channel): each rank publishes its host identity (the kernel's
+// boot id and its network namespace: two namespaces of one machine are two hosts) and UCP
+// worker address (hex) under `prefix` in a RendezvousStore, waits for every rank's, and
+// creates endpoints to every rank (itself included):
+// - a rank on another host: one endpoint with UCX's peer error handling (TCP or verbs,
+//   on the interface of the data address);
 // - a rank on this host: a data endpoint without error handling, which UCX carries over
 //   shared memory, and a watch endpoint with it, which carries nothing but UCX's TCP
 //   connection and keepalive. UCX 1.13 handles peer failure only on transports that can
 //   detect it, so one endpoint asking for it would move every message over TCP (7x the
 //   latency of shared memory here; comm/README.md).
+// Rendezvous (large messages) runs without zero-copy lanes (as UCX_MAX_RNDV_RAILS=0):
+// UCX's CMA reads of a peer's memory abort the process when that peer dies mid-transfer.
 //
 // Transport: one UCP context and worker per channel, driven only by the rank's thread
 // (single-threaded worker, no helper threads of ours). A message to (peer, tag) is one UCP
@@ -33,8 +36,20 @@
 //   timeout, as on every backend.
 // - A message larger or smaller than the posted receive fails that receive with
 //   InvalidArgument and is consumed; the next message of the pair is intact.
-// - Destroying an incomplete receive cancels it; an incomplete send is left to UCX.
-// - Destroying the channel never waits for peers (endpoints are closed forcibly).
+// - A peer that closed its channel (see Closing) fails this rank's receives from it that
+//   no message of its matches, at once, with Unavailable "rank P closed its channel".
+// - Destroying an incomplete receive cancels it; an incomplete send is left to UCX (its
+//   buffer must live until the channel is destroyed).
+//
+// Closing (the destructor): a closing handshake, so that what a rank sent before closing
+// arrives although the rank closes at once (a finished rank's part of the job's last
+// collective). Each rank sends a "bye" to every peer, after all its other messages, and
+// waits, bounded by the channel's timeout, until every peer's bye has arrived or that peer
+// failed (died: its error-handling endpoint says so); then closes its endpoints, in flush
+// mode to the peers that said bye, forcibly to the others, so closing never hangs. A
+// broken channel (a collective failed) does not wait for the peers' byes. Destroying the
+// channels of one job's ranks one after another in one thread would wait the timeout for
+// each: every rank closes its own channel.
 #ifndef RACKRUN_COMM_UCX_CHANNEL_H_
 #define RACKRUN_COMM_UCX_CHANNEL_H_
 

@@ -490,7 +490,7 @@ TEST(CoordinatorProcessTest, WorkersRunAJobAndALostWorkerIsNamed) {
   EXPECT_EQ(ra.run().rank(), 0);  // hosta sorts first
   EXPECT_EQ(rb.run().rank(), 1);
   EXPECT_EQ(ra.run().ranks(), 2);
-  EXPECT_EQ(ra.run().bootstrap().channel(), "gloo");
+  EXPECT_EQ(ra.run().bootstrap().channel(), "ucx");
   EXPECT_EQ(ra.run().bootstrap().store_prefix(), "jobs/" + id + "/1/");
   EXPECT_EQ(ra.run().bootstrap().address(), "hosta");
   EXPECT_FALSE(ra.run().resume());

@@ -12,7 +12,7 @@
 namespace rackrun::coordinator {
 
 std::string ChannelOf(const rackrun::v1::JobSpec& spec) {
-  return spec.resources().channel().empty() ? "gloo" : spec.resources().channel();
+  return spec.resources().channel().empty() ? "ucx" : spec.resources().channel();
 }
 
 int RanksOf(const rackrun::v1::JobSpec& spec) { return std::max(1, spec.resources().ranks()); }

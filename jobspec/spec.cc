@@ -571,7 +571,7 @@ void ApplySpecDefaults(JobSpec& spec) {
   rackrun::v1::LoggingSpec& l = *spec.mutable_logging();
   if (l.interval() == 0) l.set_interval(10);
   rackrun::v1::ResourceSpec& r = *spec.mutable_resources();
-  if (r.channel().empty()) r.set_channel("gloo");
+  if (r.channel().empty()) r.set_channel("ucx");
   ApplyRestartDefaults(*spec.mutable_restart());
 }
 

@@ -176,7 +176,7 @@ TEST(JobSpecTest, ExampleSpecsAreValid) {
 TEST(JobSpecTest, RestartPolicyAndChannel) {
   absl::StatusOr<rackrun::v1::JobSpec> spec = ParseJobSpec(kYaml, {});
   ASSERT_TRUE(spec.ok()) << spec.status();
-  EXPECT_EQ(spec->resources().channel(), "gloo");
+  EXPECT_EQ(spec->resources().channel(), "ucx");
   EXPECT_EQ(spec->restart().max_attempts(), 1);
   ASSERT_EQ(spec->restart().on_size(), 3);
   EXPECT_EQ(spec->restart().on(0), "worker_lost");

@@ -287,14 +287,14 @@ absl::StatusOr<std::unique_ptr<comm::DataChannel>> JobRunner::MakeChannel() {
   comm::ChannelOptions channel_options;
   channel_options.timeout = absl::Milliseconds(b.timeout_ms() > 0 ? b.timeout_ms() : 300000);
   RendezvousClient store(connection_, assignment_.job_id(), assignment_.attempt());
-  if (b.channel() == "ucx") {
+  if (b.channel() == "ucx" || b.channel().empty()) {
     comm::UcxChannelOptions o;
     o.channel = channel_options;
     o.address = b.address();
     return comm::CreateUcxChannel(store, b.store_prefix(), assignment_.rank(),
                                   assignment_.ranks(), o);
   }
-  if (b.channel() == "gloo" || b.channel().empty()) {
+  if (b.channel() == "gloo") {
     comm::GlooChannelOptions o;
     o.channel = channel_options;
     if (!b.address().empty()) o.address = b.address();
@@ -407,6 +407,14 @@ AttemptResult JobRunner::RunAttempt() try {
     }
     channel = *std::move(made);
   }
+  // Closing a channel may wait (up to its timeout) for the peers to close theirs, so that
+  // this rank's last messages arrive (UCX's closing handshake, comm/ucx_channel.h). Only a
+  // rank that trained to the end needs that; a failed or stopped one closes at once, so
+  // that it never waits for peers that wait for the coordinator's verdict on it.
+  bool trained_to_the_end = false;
+  absl::Cleanup close_at_once = [&] {
+    if (channel != nullptr && !trained_to_the_end) channel->set_timeout(absl::ZeroDuration());
+  };
   std::unique_ptr<CoordinatorPlanSource> plan_source;
   runtime::SessionOptions session_options;
   runtime::TrainerOptions& trainer_options = session_options.trainer;
@@ -494,6 +502,8 @@ AttemptResult JobRunner::RunAttempt() try {
     stage_ = rpc::Phase::kReporting;
     stage_step_ = step;
   }
+  trained_to_the_end = summary.ok() && summary->stopped == runtime::StopReason::kNone;
+  if (!trained_to_the_end && channel != nullptr) channel->set_timeout(absl::ZeroDuration());
   result = ResultOf(summary, phase, step, requested);
   // Trainer first (its expert-parallel group uses the channel and the plan source), then
   // the plan stream, then the channel: the worker is ready for the next job.

@@ -97,33 +97,45 @@ class NetnsTest : public ::rackrun::testing::DaemonFixture {
   }
 
   // Hosts 1..workers each run a worker; the job trains like `mpirun -np workers` on this
-  // machine's loopback, bit for bit.
+  // machine's loopback, bit for bit, over the default channel (UCX: TCP between the hosts'
+  // namespaces, each rank on its data address's interface) and over Gloo.
   void TrainLikeMpirun(int workers) {
     StartRack(workers + 1);
     for (int h = 1; h <= workers; ++h) StartHostWorker(h);
     WaitIdle(workers);
-    const fs::path daemon_log = dir_ / "daemon.jsonl";
     const fs::path direct_log = dir_ / "direct.jsonl";
     const std::string sets = "--set balancer.policy=ultraep --set resources.ranks=" + std::to_string(workers);
-    const std::string id = Submit(sets + " --set logging.json=" + daemon_log.string());
-    const json job = WaitState(id, "SUCCEEDED");
-    ASSERT_EQ(job.value("state", ""), "SUCCEEDED") << job.dump();
-    // Rank r ran on host r + 1 (ranks by host name, then launcher rank).
-    const std::map<int, std::string> hosts = Hosts(job, 1);
-    ASSERT_EQ(hosts.size(), static_cast<size_t>(workers)) << job.dump();
-    for (const auto& [rank, host] : hosts) EXPECT_EQ(host, HostName(rank + 1));
     const Result direct = Mpirun(workers, sets, direct_log);
     ASSERT_EQ(direct.code, 0) << direct.err;
-    const std::vector<std::string> daemon = Losses(daemon_log), mpirun = Losses(direct_log);
-    ASSERT_EQ(daemon.size(), 40u);  // loss and val_loss (null or a value) of 20 steps
-    EXPECT_EQ(daemon, mpirun);
+    const std::vector<std::string> mpirun = Losses(direct_log);
+    ASSERT_EQ(mpirun.size(), 40u);  // loss and val_loss (null or a value) of 20 steps
+    for (const std::string channel : {"", "gloo"}) {
+      const std::string name = channel.empty() ? "default (ucx)" : channel;
+      const fs::path daemon_log = dir_ / ("daemon-" + (channel.empty() ? "default" : channel) + ".jsonl");
+      const std::string id = Submit(sets + " --set logging.json=" + daemon_log.string() +
+                                    (channel.empty() ? "" : " --set resources.channel=" + channel));
+      const json job = WaitState(id, "SUCCEEDED");
+      ASSERT_EQ(job.value("state", ""), "SUCCEEDED") << name << ": " << job.dump();
+      EXPECT_EQ(job["attempts"].size(), 1u) << name << ": " << job.dump();
+      // Rank r ran on host r + 1 (ranks by host name, then launcher rank).
+      const std::map<int, std::string> hosts = Hosts(job, 1);
+      ASSERT_EQ(hosts.size(), static_cast<size_t>(workers)) << job.dump();
+      for (const auto& [rank, host] : hosts) EXPECT_EQ(host, HostName(rank + 1)) << name;
+      EXPECT_EQ(Losses(daemon_log), mpirun) << name;
+      if (channel.empty()) {
+        EXPECT_EQ(Json("status " + id)["spec"]["resources"].value("channel", ""), "ucx")
+            << job.dump();
+      }
+      WaitIdle(workers);
+    }
   }
 
   std::unique_ptr<NetnsRack> rack_;
 };
 
 // The coordinator on host 0, workers on hosts 1 and 2 (TLS, join tokens, 198.18 data
-// addresses): the job's losses equal `mpirun -np 2 rackrun train`'s on loopback.
+// addresses): the job's losses equal `mpirun -np 2 rackrun train`'s on loopback, over UCX
+// (the default) and over Gloo.
 TEST_F(NetnsTest, TwoHostsTrainLikeMpirun) { TrainLikeMpirun(2); }
 
 // The same with 4 worker hosts.
