@@ -149,11 +149,12 @@ absl::Status Planning::StateRowLocked(Session& s, int domain, const rackrun::v1:
   std::string& buffer = s.restoring[static_cast<size_t>(row.rank())];
   if (row.restore_state().size() > rpc::kPlannerStateChunkBytes ||
       buffer.size() + row.restore_state().size() > kMaxPlannerStateBytes) {
-    buffer.clear();
-    return absl::InvalidArgumentError(absl::StrCat(
+    absl::Status refused = absl::InvalidArgumentError(absl::StrCat(
         "restore_state: chunks of at most ", rpc::kPlannerStateChunkBytes,
         " bytes and a state of at most ", kMaxPlannerStateBytes, " bytes, rank ", row.rank(),
         " sent a chunk of ", row.restore_state().size(), " after ", buffer.size(), " bytes"));
+    buffer.clear();
+    return refused;
   }
   buffer.append(row.restore_state());
   if (!row.restore_state_last()) return absl::OkStatus();
