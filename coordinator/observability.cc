@@ -42,7 +42,8 @@ absl::StatusOr<std::unique_ptr<Observability>> Observability::Start(const Observ
     o->metrics_ = std::make_unique<metrics::CoordinatorMetrics>(o->exporter_->registry());
     o->rpc_ = std::make_unique<metrics::RpcMetrics>(o->exporter_->registry());
     metrics::CoordinatorMetrics* m = o->metrics_.get();
-    rack->planning().SetSolveObserver([m](const std::string& job_id, double s) { m->ObservePlanSolve(job_id, s); });
+    rack->planning().SetSolveObserver(
+        [m](const std::string& job_id, int domain, double s) { m->ObservePlanSolve(job_id, domain, s); });
   }
   if (!options.dashboard_listen.empty()) {
     o->source_ = std::make_unique<RackSource>(rack);

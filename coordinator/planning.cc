@@ -115,7 +115,7 @@ absl::Status Planning::AddRow(const rackrun::v1::LoadRow& row) {
                                  st.message()));
   }
   reply.set_solve_s(std::chrono::duration<double>(std::chrono::steady_clock::now() - arrived).count());
-  if (solve_observer_) solve_observer_(row.job_id(), reply.solve_s());
+  if (solve_observer_) solve_observer_(row.job_id(), domain, reply.solve_s());
   dp.pending.erase(key);
   const size_t first = static_cast<size_t>(domain * s.expert_parallel);
   for (size_t r = first; r < first + static_cast<size_t>(s.expert_parallel); ++r) {
@@ -211,7 +211,7 @@ absl::StatusOr<std::optional<rackrun::v1::PlanReply>> Planning::NextReply(const 
   }
 }
 
-void Planning::SetSolveObserver(std::function<void(const std::string&, double)> observer) {
+void Planning::SetSolveObserver(SolveObserver observer) {
   Lock lock(mu_);
   solve_observer_ = std::move(observer);
 }

@@ -75,9 +75,11 @@ class Planning {
   // The largest planner state a rank may restore (a bound on the bytes buffered per rank).
   static constexpr size_t kMaxPlannerStateBytes = size_t{1} << 30;
 
-  // Metrics hook: called with (job id, solve_s) after every solve, under Planning's lock
-  // (keep it cheap). Null to remove. Thread-safe.
-  void SetSolveObserver(std::function<void(const std::string&, double)> observer);
+  // Metrics hook: called with (job id, domain, solve_s) after every solve (each domain's
+  // plans are solved on their own), under Planning's lock (keep it cheap). Null to remove.
+  // Thread-safe.
+  using SolveObserver = std::function<void(const std::string& job_id, int domain, double solve_s)>;
+  void SetSolveObserver(SolveObserver observer);
 
  private:
   struct Pending {
@@ -110,7 +112,7 @@ class Planning {
   std::condition_variable cv_;
   std::map<Key, Session> sessions_ ABSL_GUARDED_BY(mu_);
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
-  std::function<void(const std::string&, double)> solve_observer_ ABSL_GUARDED_BY(mu_);
+  SolveObserver solve_observer_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace rackrun::coordinator

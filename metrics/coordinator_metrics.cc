@@ -43,7 +43,8 @@ CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry& r)
                         .Register(r)),
       plan_solve_(prometheus::BuildHistogram()
                       .Name("rackrun_plan_solve_seconds")
-                      .Help("Coordinator mode: seconds from a layer's last load row to its plan reply (solve and checks)")
+                      .Help("Coordinator mode: seconds from a layer's last load row to its plan reply (solve and checks), "
+                            "per expert-parallel domain")
                       .Register(r)) {
   for (const char* state : {"queued", "running", "succeeded", "failed", "cancelled"}) {
     jobs_.Add({{"state", state}}).Set(0);
@@ -73,7 +74,7 @@ void CoordinatorMetrics::ObserveJobs(const std::vector<rackrun::v1::Job>& jobs) 
   }
   for (const auto& [state, n] : by_state) jobs_.Add({{"state", state}}).Set(n);
   for (auto it = solve_.begin(); it != solve_.end();) {
-    if (running.count(it->first) == 0) {
+    if (running.count(it->first.first) == 0) {
       plan_solve_.Remove(it->second);
       it = solve_.erase(it);
     } else {
@@ -142,11 +143,15 @@ void CoordinatorMetrics::ObserveFailure(const std::string& reason, bool restarte
   if (restarted) restarts_.Add({{"reason", reason}}).Increment();
 }
 
-void CoordinatorMetrics::ObservePlanSolve(const std::string& job_id, double seconds) {
+void CoordinatorMetrics::ObservePlanSolve(const std::string& job_id, int domain, double seconds) {
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = solve_.find(job_id);
+  const std::pair<std::string, int> key(job_id, domain);
+  auto it = solve_.find(key);
   if (it == solve_.end()) {
-    it = solve_.emplace(job_id, &plan_solve_.Add({{"job_id", job_id}}, BalancingSecondsBuckets())).first;
+    it = solve_
+             .emplace(key, &plan_solve_.Add({{"job_id", job_id}, {"domain", std::to_string(domain)}},
+                                            BalancingSecondsBuckets()))
+             .first;
   }
   it->second->Observe(seconds);
 }

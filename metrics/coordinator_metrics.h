@@ -7,7 +7,8 @@
 // and workers that are gone, so label sets stay bounded by what the rack holds).
 //
 // Labels: state, reason (a FailureKind name as in spec.restart.on), job_id, rank, worker
-// (a worker id, bounded by the rack's size), phase. Never expert ids.
+// (a worker id, bounded by the rack's size), phase, domain (an expert-parallel domain of a
+// running job, bounded by its ranks). Never expert ids.
 //
 // Thread safety: all methods are thread-safe.
 #ifndef RACKRUN_METRICS_COORDINATOR_METRICS_H_
@@ -17,6 +18,7 @@
 #include <mutex>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <prometheus/counter.h>
@@ -43,8 +45,10 @@ class CoordinatorMetrics {
   void ObserveQueueWait(double seconds);
   // An attempt failed with `reason` (FailureKindName); `restarted`: the policy restarts it.
   void ObserveFailure(const std::string& reason, bool restarted);
-  // Coordinator mode: one plan solved (last row in -> reply queued).
-  void ObservePlanSolve(const std::string& job_id, double seconds);
+  // Coordinator mode: one plan of expert-parallel domain `domain` solved (its last row in
+  // -> reply queued): rackrun_plan_solve_seconds{job_id, domain}, removed with the job's
+  // other series when it no longer runs.
+  void ObservePlanSolve(const std::string& job_id, int domain, double seconds);
 
  private:
   std::mutex mu_;
@@ -60,7 +64,7 @@ class CoordinatorMetrics {
   prometheus::Family<prometheus::Histogram>& plan_solve_;
   prometheus::Histogram* queue_wait_all_ = nullptr;
   std::map<std::string, prometheus::Gauge*> progress_;                 // by job id
-  std::map<std::string, prometheus::Histogram*> solve_;                // by job id
+  std::map<std::pair<std::string, int>, prometheus::Histogram*> solve_;  // by job id, domain
   struct WorkerSeries {
     prometheus::Gauge* age = nullptr;
     prometheus::Gauge* step = nullptr;

@@ -41,6 +41,15 @@ inline const std::vector<ExpectedSeries>& CoordinatorRunningSeries() {
   return s;
 }
 
+// rackrun-coordinator planning a running job in coordinator mode (balancer.mode:
+// coordinator): one series per (job, expert-parallel domain), each domain solved on its own.
+inline const std::vector<ExpectedSeries>& CoordinatorPlanningSeries() {
+  static const std::vector<ExpectedSeries> s = {
+      {"rackrun_plan_solve_seconds", "histogram", {"job_id", "domain"}},
+  };
+  return s;
+}
+
 // rackrun-worker, every rank of a running expert-parallel job (ranks > 1).
 inline const std::vector<ExpectedSeries>& WorkerSeries() {
   static const std::vector<ExpectedSeries> s = {
@@ -91,7 +100,6 @@ inline const std::vector<ExpectedSeries>& WorkerOptionalSeries() {
   static const std::vector<ExpectedSeries> s = {
       {"rackrun_train_validation_loss", "gauge", {"job_id", "rank"}},
       {"rackrun_moe_plan_round_trip_seconds", "histogram", {"job_id", "rank", "domain"}},
-      {"rackrun_plan_solve_seconds", "histogram", {"job_id"}},  // the coordinator's, coordinator mode
   };
   return s;
 }

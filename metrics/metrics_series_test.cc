@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <array>
+#include <map>
+#include <string>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -65,11 +67,19 @@ TEST(MetricsSeries, CoordinatorExportsItsSeries) {
   cm.ObserveWorkers(workers);
   cm.ObserveQueueWait(0.5);
   cm.ObserveFailure("worker_lost", true);
-  cm.ObservePlanSolve("j-1", 4e-5);
+  cm.ObservePlanSolve("j-1", 0, 4e-5);
+  cm.ObservePlanSolve("j-1", 1, 6e-5);
+  cm.ObservePlanSolve("j-1", 1, 5e-5);
   got = ScrapeMetrics((*ex)->port());
   ExpectSeries(got, CoordinatorSeries());
   ExpectSeries(got, CoordinatorRunningSeries());
+  ExpectSeries(got, CoordinatorPlanningSeries());
   ExpectNaming(got);
+  std::map<std::string, double> solves;  // by domain: _count
+  for (const Sample& s : got["rackrun_plan_solve_seconds"].samples) {
+    if (absl::EndsWith(s.name, "_count")) solves[s.labels.at("domain")] = s.value;
+  }
+  EXPECT_EQ(solves, (std::map<std::string, double>{{"0", 1}, {"1", 2}})) << "one series per domain";
   for (const Sample& s : got["rackrun_jobs"].samples) {
     EXPECT_EQ(s.value, s.labels.at("state") == "running" ? 1 : 0) << s.labels.at("state");
   }
@@ -88,6 +98,7 @@ TEST(MetricsSeries, CoordinatorExportsItsSeries) {
   cm.ObserveWorkers(workers);
   got = ScrapeMetrics((*ex)->port());
   EXPECT_TRUE(got["rackrun_job_progress_step"].samples.empty());
+  EXPECT_TRUE(got["rackrun_plan_solve_seconds"].samples.empty()) << "every domain's series ends with the job";
   EXPECT_TRUE(got["rackrun_worker_step_seconds"].samples.empty());
   EXPECT_TRUE(got["rackrun_worker_heartbeat_age_seconds"].samples.empty());
   for (const Sample& s : got["rackrun_workers"].samples) {

@@ -206,13 +206,16 @@ absl::Status ExpertParallelExecutor::SolvePlan(std::span<const int64_t> offsets)
   totals_ = loads_.ExpertTotals();
   if (comm::DataChannel* replicas = g_->options().replicas;
       replicas != nullptr && replicas->size() > 1) {
-    // Every domain's totals, summed: the global microbatch's counts.
-    if (absl::Status s = replicas->AllReduce(totals_.data(), totals_.data(),
-                                             static_cast<int64_t>(totals_.size()),
-                                             comm::DataType::kInt64, comm::ReduceOp::kSum);
-        !s.ok()) {
-      return Where(s, "summing expert loads over the domains");
-    }
+    // Every domain's totals, summed: the global microbatch's counts. An exchange too: it
+    // waits for the ranks of the other domains.
+    const double t0 = base::NowSeconds();
+    const absl::Status summed = replicas->AllReduce(totals_.data(), totals_.data(),
+                                                    static_cast<int64_t>(totals_.size()),
+                                                    comm::DataType::kInt64, comm::ReduceOp::kSum);
+    const double seconds = base::NowSeconds() - t0;
+    st.plan_exchange_s += seconds;
+    st.plan_domains_exchange_s += seconds;
+    if (!summed.ok()) return Where(summed, "summing expert loads over the domains");
   }
   return absl::OkStatus();
 }

@@ -119,8 +119,12 @@ struct ExpertParallelStats {
   double plan_s = 0;            // load allgather + solve + invariant check (+ fingerprint
                                 // allgather for sources that do not carry it)
   double plan_exchange_s = 0;   // of plan_s: its exchanges, waiting for the other ranks
-                                // included: the plan source's (last_exchange_seconds) and
-                                // the fingerprint allgather where the source needs one
+                                // included: the plan source's (last_exchange_seconds), the
+                                // fingerprint allgather where the source needs one, and
+                                // with D > 1 domains plan_domains_exchange_s
+  double plan_domains_exchange_s = 0;  // of plan_exchange_s: the all-reduce of the expert
+                                       // totals over the domains (`replicas`; 0 with one
+                                       // domain), waiting for the other domains included
   double fanout_s = 0;          // replica weights to their ranks: time spent posting and
                                 // completing the fan-outs (the exposed part)
   double dispatch_s = 0;        // token all-to-alls (dispatch and combine, forward and backward)

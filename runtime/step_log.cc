@@ -47,7 +47,13 @@ std::string StepRecord::ToJson() const {
                                JsonNumber(plan_s), ", \"plan_exchange_s\": ",
                                JsonNumber(plan_exchange_s), ", \"fanout_s\": ", JsonNumber(fanout_s),
                                ", \"dispatch_s\": ", JsonNumber(dispatch_s),
-                               ", \"replica_reduce_s\": ", JsonNumber(reduce_s), DomainsJson())
+                               ", \"replica_reduce_s\": ", JsonNumber(reduce_s),
+                               ", \"step_s\": ", JsonNumber(step_s), ", \"balancing_share\": ",
+                               JsonNumber(BalancingShare(plan_s, plan_exchange_s, fanout_s,
+                                                         reduce_s, step_s)),
+                               ", \"dense_allreduce_s\": ", JsonNumber(dense_allreduce_s),
+                               ", \"expert_allreduce_s\": ", JsonNumber(expert_allreduce_s),
+                               ", \"domain_stats_s\": ", JsonNumber(domain_stats_s), DomainsJson())
                 : std::string(),
       "}");
 }
@@ -65,11 +71,18 @@ std::string StepRecord::DomainsJson() const {
                       absl::StrJoin(parts, ", "), "]");
 }
 
+double BalancingShare(double plan_s, double plan_exchange_s, double fanout_s, double reduce_s,
+                      double step_s) {
+  if (step_s <= 0) return 0;
+  return (std::max(0.0, plan_s - plan_exchange_s) + fanout_s + reduce_s) / step_s;
+}
+
 std::string BalancingPhasesText(double plan_s, double plan_exchange_s, double fanout_s,
-                                double dispatch_s, double reduce_s) {
-  return absl::StrFormat("plan(exch)/fan/a2a/red ms %.1f(%.1f)/%.1f/%.1f/%.1f", 1e3 * plan_s,
-                         1e3 * plan_exchange_s, 1e3 * fanout_s, 1e3 * dispatch_s,
-                         1e3 * reduce_s);
+                                double dispatch_s, double reduce_s, double step_s) {
+  return absl::StrFormat("plan(exch)/fan/a2a/red ms %.1f(%.1f)/%.1f/%.1f/%.1f bal %.1f%%",
+                         1e3 * plan_s, 1e3 * plan_exchange_s, 1e3 * fanout_s, 1e3 * dispatch_s,
+                         1e3 * reduce_s,
+                         100 * BalancingShare(plan_s, plan_exchange_s, fanout_s, reduce_s, step_s));
 }
 
 std::string StepRecord::ToLogLine(int64_t steps) const {
@@ -84,7 +97,7 @@ std::string StepRecord::ToLogLine(int64_t steps) const {
     }
     balance = absl::StrCat("  ranks ", absl::StrJoin(layers, "/"), "  ",
                            BalancingPhasesText(plan_s, plan_exchange_s, fanout_s, dispatch_s,
-                                               reduce_s));
+                                               reduce_s, step_s));
   }
   return absl::StrFormat(
       "step %*d/%d  loss %.4f  val %s  tok/s %7.0f  lr %.2e  gnorm %6.3f  load %s%s  %6.1fs",

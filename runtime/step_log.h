@@ -18,12 +18,20 @@
 
 namespace rackrun::runtime {
 
+// Balancing's own cost in a step, as a share of the step (0 when step_s <= 0): the plan
+// less its load exchange (the exchange is a wait for the other ranks, not planning work),
+// plus the exposed fan-out of replica weights and the replica-gradient reduction. The
+// token all-to-alls are not counted: every policy, none included, dispatches its tokens.
+double BalancingShare(double plan_s, double plan_exchange_s, double fanout_s, double reduce_s,
+                      double step_s);
+
 // A step's expert-parallel phases as the log line prints them (seconds in, milliseconds
-// out): "plan(exch)/fan/a2a/red ms 0.7(0.6)/0.4/8.6/0.1", the plan phase with its load
-// exchange in parentheses, fan-out, token all-to-alls, replica-gradient reduction. The
-// CLI's progress lines (`rackrun watch`, `status`) print the same text.
+// out): "plan(exch)/fan/a2a/red ms 0.7(0.6)/0.4/8.6/0.1 bal 0.4%", the plan phase with its
+// load exchange in parentheses, fan-out, token all-to-alls, replica-gradient reduction, and
+// BalancingShare of the step. The direct launch's log line and the CLI's progress lines
+// (`rackrun watch`, `status`: the daemons' path) print the same text.
 std::string BalancingPhasesText(double plan_s, double plan_exchange_s, double fanout_s,
-                                double dispatch_s, double reduce_s);
+                                double dispatch_s, double reduce_s, double step_s);
 
 class StepLog final : public TrainObserver {
  public:

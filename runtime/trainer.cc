@@ -410,16 +410,21 @@ absl::Status Trainer::AllReducePacked(comm::DataChannel& channel, const std::vec
   return absl::OkStatus();
 }
 
-absl::Status Trainer::AllReduceGradients() {
+absl::Status Trainer::AllReduceGradients(StepRecord& r) {
+  const base::Stopwatch dense_clock;
   if (absl::Status s = AllReducePacked(*channel_, dense_, dense_grads_, "dense gradients");
       !s.ok()) {
     return s;
   }
+  r.dense_allreduce_s = dense_clock.Seconds();
   if (shard_channel_ == nullptr) return absl::OkStatus();
   // Each domain's masters hold the gradient of its ranks' rows: the sum over the domains
   // is the global microbatch's.
-  return AllReducePacked(*shard_channel_, experts_, expert_grads_,
-                         "expert gradients across domains");
+  const base::Stopwatch expert_clock;
+  absl::Status s =
+      AllReducePacked(*shard_channel_, experts_, expert_grads_, "expert gradients across domains");
+  r.expert_allreduce_s = expert_clock.Seconds();
+  return s;
 }
 
 absl::StatusOr<double> Trainer::GradNorm() {
@@ -469,11 +474,13 @@ absl::Status Trainer::GatherDomainStats(StepRecord& r) {
     }
   }
   if (data_parallel_ > 1) {
+    const base::Stopwatch clock;
     if (absl::Status s = channel_->AllReduce(sums.data(), sums.data(), static_cast<int64_t>(sums.size()),
                                              comm::DataType::kFloat64, comm::ReduceOp::kSum);
         !s.ok()) {
       return base::Annotate(s, absl::StrCat("all-reducing the domains' balancing figures at step ", step_ + 1));
     }
+    r.domain_stats_s = clock.Seconds();
   }
   r.expert_parallel = static_cast<int>(g);
   for (int d = 0; d < data_parallel_; ++d) {
@@ -534,7 +541,7 @@ absl::StatusOr<StepRecord> Trainer::Step() {
   }
   SetPhase(TrainPhase::kReduce);
   if (channel_ != nullptr) {
-    if (absl::Status s = AllReduceGradients(); !s.ok()) return s;
+    if (absl::Status s = AllReduceGradients(r); !s.ok()) return s;
     double sums[2] = {loss_sum, aux_sum};
     if (absl::Status s =
             channel_->AllReduce(sums, sums, 2, comm::DataType::kFloat64, comm::ReduceOp::kSum);

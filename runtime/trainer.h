@@ -88,8 +88,17 @@ struct StepRecord {
   // microbatch and layer; rank 0's seconds in the step spent planning (load allgather,
   // solve, invariant check, plan agreement), fanning out replica weights, in token
   // all-to-alls and reducing replica gradients; plan_exchange_s is the part of plan_s spent
-  // in the load exchange (the collective, waiting for the other ranks included).
+  // in the load exchange (the collective, waiting for the other ranks included; with D > 1
+  // domains also the all-reduce of the expert totals over the domains, which waits for the
+  // other domains: ExpertParallelStats::plan_domains_exchange_s).
   int ranks = 1;
+  // The step's gradient and statistics collectives on this rank, each timed around its
+  // all-reduce (waiting for the other ranks included): dense gradients over all R ranks;
+  // expert gradients over the D ranks holding the same shard (0 with one domain: there is
+  // none); the domains' balancing figures (GatherDomainStats: one all-reduce over all
+  // ranks with D > 1, none and 0 with one domain). None of them is in plan_s: the plans do
+  // not depend on them.
+  double dense_allreduce_s = 0, expert_allreduce_s = 0, domain_stats_s = 0;
   std::vector<double> rank_imbalance_before;
   std::vector<double> rank_imbalance_after;
   double replicas = 0;
@@ -268,8 +277,8 @@ class Trainer {
   // this rank's share of the counted targets.
   double NextBatch(WindowLoader& loader);
   // Expert-parallel reductions of a step: dense gradients over all ranks, expert gradients
-  // over the domains (D > 1).
-  absl::Status AllReduceGradients();
+  // over the domains (D > 1); their seconds into r.dense_allreduce_s, r.expert_allreduce_s.
+  absl::Status AllReduceGradients(StepRecord& r);
   // Packs the gradients of adam tensors `which` into `packed`, sums them over `channel`
   // and unpacks them; the error names `what` and the step.
   absl::Status AllReducePacked(comm::DataChannel& channel, const std::vector<size_t>& which,
@@ -279,7 +288,7 @@ class Trainer {
   absl::StatusOr<double> GradNorm();
   absl::Status RecordLoads(int64_t microbatch);
   // Expert parallel: every domain's balancing figures of the step into r.domains (D > 1:
-  // one all-reduce over all ranks; one domain: none).
+  // one all-reduce over all ranks, its seconds into r.domain_stats_s; one domain: none).
   absl::Status GatherDomainStats(StepRecord& r);
   // Prepare's two parts.
   absl::Status AgreeOnResumeState();

@@ -118,10 +118,12 @@ TEST_F(DaemonsTest, TwoWorkersTrainLikeMpirun) {
     EXPECT_EQ(watch.code, 0) << watch.out << watch.err;
     EXPECT_THAT(watch.out, HasSubstr("SUCCEEDED"));
     EXPECT_THAT(watch.out, HasSubstr("step 20/20"));
-    // Progress lines carry the expert-parallel phases, the plan's load exchange included;
-    // every job's last report (rank 0) says the exchange took time, never more than the plan
-    // phase it is part of.
+    // Progress lines carry the expert-parallel phases, the plan's load exchange included,
+    // and balancing's share of the step (as the direct launch's log line does); every job's
+    // last report (rank 0) says the exchange took time, never more than the plan phase it
+    // is part of.
     EXPECT_THAT(watch.out, HasSubstr(" plan(exch)/fan/a2a/red ms ")) << watch.out;
+    EXPECT_THAT(watch.out, ::testing::ContainsRegex(" bal [0-9]+\\.[0-9]%")) << watch.out;
     for (const json& listed : Json("list").value("jobs", json::array())) {
       const json last = Json("status " + listed.value("id", "")).value("last_progress", json());
       EXPECT_GT(last.value("plan_exchange_s", 0.0), 0.0) << last.dump();

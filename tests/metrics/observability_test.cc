@@ -17,7 +17,9 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <regex>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -202,8 +204,20 @@ TEST_F(ObservabilityTest, PrometheusGrafanaAndDashboardWatchARunningJob) {
     }
   }
   EXPECT_EQ(families["rackrun_worker_step_seconds"].samples.size(), 2u);
-  ASSERT_EQ(families.count("rackrun_plan_solve_seconds"), 1u);
-  EXPECT_FALSE(families["rackrun_plan_solve_seconds"].samples.empty()) << "coordinator-mode solves";
+  // Coordinator-mode solves, per expert-parallel domain (this job: one domain, "0").
+  for (const metrics::ExpectedSeries& e : metrics::CoordinatorPlanningSeries()) {
+    ASSERT_EQ(families.count(e.name), 1u) << e.name;
+    EXPECT_EQ(families[e.name].type, e.type) << e.name;
+    ASSERT_FALSE(families[e.name].samples.empty()) << e.name << ": coordinator-mode solves";
+    for (const metrics::Sample& s : families[e.name].samples) {
+      std::set<std::string> keys;
+      for (const auto& [k, v] : s.labels) {
+        if (k != "le") keys.insert(k);
+      }
+      EXPECT_EQ(keys, e.labels) << s.name;
+      EXPECT_EQ(s.labels.count("domain") ? s.labels.at("domain") : "", "0") << s.name;
+    }
+  }
 
   // Prometheus: coordinator by a static target, workers by file_sd, deploy's rules.
   prometheus_port_ = ::rackrun::testing::FreePort();

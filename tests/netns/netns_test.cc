@@ -205,20 +205,16 @@ TEST_F(NetnsTest, ACoordinatorCutShorterThanTheHeartbeatTimeoutFailsNothing) {
 // a step boundary and return to IDLE; the restarted attempt resumes from the newest
 // checkpoint and succeeds. No job is lost and nothing hangs (with max_attempts 1 the job
 // would fail, naming that rank).
-// Known race, worked around here with a restart backoff that outlasts the cut and the
-// ranks' stop: a worker that re-registers is IDLE at once although it is still stopping
-// its ended attempt (and delivering that result over a connection in reconnect backoff),
-// so a restart placed on it waits in the rendezvous and, when the stop takes longer than
-// the hang timeout, fails as a HANG of the rendezvous (seen at RACKRUN_TEST_TIME_SCALE=1).
+// A worker that re-registers naming its ended attempt is IDLE but not placed until a
+// heartbeat says it stopped (coordinator/workers: stopping_job), so the restart is not
+// placed on ranks still stopping the old attempt and needs no backoff of its own.
 TEST_F(NetnsTest, ACoordinatorCutLongerThanTheHeartbeatTimeoutRestartsTheJob) {
   StartRack(3, {"--heartbeat-timeout-ms", Ms(1500)});
   StartHostWorker(1);
   StartHostWorker(2);
   WaitIdle(2);
-  const std::string backoff = std::to_string((1.5 + 4) * ::rackrun::testing::TimeScale());
   const std::string id = Submit("--set training.steps=600 --set checkpoint.dir=" + (dir_ / "ckpt").string() +
-                                " --set checkpoint.interval=5 --set restart.max_attempts=2"
-                                " --set restart.backoff_s=" + backoff);
+                                " --set checkpoint.interval=5 --set restart.max_attempts=2");
   // Past the checkpoint at step 5, so that the coordinator has heard of it: a restart's
   // start_step is the newest checkpoint reported to it (the ranks, which checkpoint on
   // during the cut, resume from the newest on disk, which may be later).

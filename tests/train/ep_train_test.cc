@@ -20,7 +20,9 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -189,6 +191,16 @@ Balancing BalancingIn(const std::vector<nlohmann::json>& log) {
     // The plan phase's load exchange is part of it.
     EXPECT_GE(r.at("plan_exchange_s").get<double>(), 0);
     EXPECT_LE(r.at("plan_exchange_s").get<double>(), r.at("plan_s").get<double>());
+    // The step's collectives, each timed on its own: dense gradients always; expert
+    // gradients across domains and the domains' figures only with more than one domain.
+    EXPECT_GT(r.at("dense_allreduce_s").get<double>(), 0) << r.dump();
+    if (r.at("domains").size() > 1) {
+      EXPECT_GT(r.at("expert_allreduce_s").get<double>(), 0) << r.dump();
+      EXPECT_GT(r.at("domain_stats_s").get<double>(), 0) << r.dump();
+    } else {
+      EXPECT_EQ(r.at("expert_allreduce_s").get<double>(), 0) << r.dump();
+      EXPECT_EQ(r.at("domain_stats_s").get<double>(), 0) << r.dump();
+    }
     const nlohmann::json& before = r.at("rank_imbalance_before");
     const nlohmann::json& after = r.at("rank_imbalance_after");
     EXPECT_EQ(before.size(), after.size());
@@ -537,7 +549,7 @@ TEST_F(EpTrainTest, TwoByTwoUltraepMovesWorkNotResultsAndRerunsBitIdentically) {
   const Balancing b = BalancingIn(Log("a"));
   EXPECT_GT(b.max_replicas, 0) << "ultraep placed no replica in 20 steps";
   EXPECT_TRUE(b.lowered) << "ultraep lowered no layer's rank imbalance in 20 steps";
-  EXPECT_EQ(BalancingIn(Log("none")).max_replicas, 0);
+  EXPECT_EQ(BalancingIn(Log("none")).max_replicas, 0);  // checks the collectives' times too
   EXPECT_EQ(LossTexts("a"), LossTexts("b"));
   // Every domain's figures reach rank 0's log (StepRecord::domains): domain 0's imbalance is
   // rank 0's own; balancing moves tokens between a domain's ranks, never adds or drops any.
@@ -700,6 +712,91 @@ TEST_F(EpTrainTest, EpTrainBenchReplaysItsLoadTracesOnTwoRanks) {
     EXPECT_LE(o.at("without_exchange_median_s").get<double>(), o.at("median_s").get<double>())
         << p.at("policy");
     EXPECT_EQ(o.contains("over_none_median_s"), p.at("policy") != "none") << p.at("policy");
+  }
+}
+
+// The bench's D x G layouts side by side (issue 24): 2 ranks as 1 x 2 and 2 x 1 in one run,
+// each with none and ultraep; the expert-gradient all-reduce and the domains' figures cost
+// something only with two domains; balancing never leaves a domain worse than before; the
+// same model trains on both layouts. A layout that does not tile the ranks or the experts
+// is refused naming --layouts before any trainer starts.
+TEST_F(EpTrainTest, EpTrainBenchRunsLayoutsSideBySideOnTwoRanks) {
+  const std::string spec = PrepareJob();
+  const Result r = Mpirun(Np(2) + " " + RACKRUN_EP_TRAIN_BENCH + " --spec " + spec +
+                              " --steps 2 --warmup 1 --policies none,ultraep --layouts 1x2,2x1 --json",
+                          "bench-layouts");
+  ASSERT_EQ(r.code, 0) << r.err << r.out;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j.at("layouts"), nlohmann::json::array({"1x2", "2x1"}));
+  ASSERT_EQ(j.at("policies").size(), 4u);
+  std::map<std::string, int> seen;  // by "layout policy"
+  for (const nlohmann::json& p : j.at("policies")) {
+    const std::string layout = p.at("layout").get<std::string>();
+    const std::string name = layout + " " + p.at("policy").get<std::string>();
+    ++seen[name];
+    SCOPED_TRACE(name);
+    const int d = p.at("data_parallel").get<int>();
+    EXPECT_EQ(d * p.at("expert_parallel").get<int>(), 2);
+    EXPECT_EQ(layout, std::to_string(d) + "x" + std::to_string(p.at("expert_parallel").get<int>()));
+    EXPECT_EQ(p.at("replay_note").get<std::string>(), "");
+    EXPECT_TRUE(p.at("replay_matches_expert_rows").get<bool>());
+    EXPECT_GT(p.at("step_s_median").get<double>(), 0);
+    const nlohmann::json& x = p.at("exposed");
+    EXPECT_GT(x.at("dense_allreduce").at("median_s").get<double>(), 0);
+    const double step = p.at("step_s_median").get<double>();
+    for (const char* phase : {"dense_allreduce", "expert_allreduce", "domain_stats"}) {
+      const double pct = x.at(phase).at("median_pct_of_step").get<double>();
+      EXPECT_GE(pct, 0) << phase;
+      EXPECT_LE(pct, 100) << phase;
+      EXPECT_LE(x.at(phase).at("median_s").get<double>(), step) << phase;
+    }
+    // The plan phase's exchange holds the all-reduce of the expert totals over the domains.
+    EXPECT_LE(x.at("plan_domains_exchange").at("median_s").get<double>(),
+              x.at("plan_exchange").at("median_s").get<double>());
+    if (d > 1) {
+      EXPECT_GT(x.at("expert_allreduce").at("median_s").get<double>(), 0);
+      EXPECT_GT(x.at("domain_stats").at("median_s").get<double>(), 0);
+      EXPECT_GT(x.at("plan_domains_exchange").at("median_s").get<double>(), 0);
+    } else {
+      EXPECT_EQ(x.at("expert_allreduce").at("median_s").get<double>(), 0);
+      EXPECT_EQ(x.at("domain_stats").at("median_s").get<double>(), 0);
+      EXPECT_EQ(x.at("plan_domains_exchange").at("median_s").get<double>(), 0);
+    }
+    const double share = x.at("plan_fanout_reduce").at("median_pct_of_step").get<double>();
+    EXPECT_GE(share, 0);
+    EXPECT_LE(share, 100);
+    const nlohmann::json& before = p.at("domain_imbalance_before");
+    const nlohmann::json& after = p.at("domain_imbalance_after");
+    ASSERT_EQ(before.size(), static_cast<size_t>(d));
+    ASSERT_EQ(after.size(), static_cast<size_t>(d));
+    for (size_t k = 0; k < after.size(); ++k) {
+      EXPECT_GE(after[k].get<double>(), 1.0);
+      EXPECT_LE(after[k].get<double>(), before[k].get<double>() + 1e-9);
+    }
+    EXPECT_GE(p.at("worst_domain_imbalance_after").get<double>(), 1.0);
+    if (d == 2) {
+      // One rank per domain: nothing to balance.
+      EXPECT_EQ(p.at("worst_domain_imbalance_after").get<double>(), 1.0);
+    }
+    ASSERT_TRUE(p.contains("median_step_over_first_layout"));
+    EXPECT_GT(p.at("median_step_over_first_layout").get<double>(), 0);
+    EXPECT_LE(p.at("max_rel_loss_diff_vs_first_layout").get<double>(), kLossTolerance);
+    EXPECT_LE(p.at("max_rel_loss_diff_vs_none").get<double>(), kLossTolerance);
+  }
+  EXPECT_EQ(seen, (std::map<std::string, int>{
+                      {"1x2 none", 1}, {"1x2 ultraep", 1}, {"2x1 none", 1}, {"2x1 ultraep", 1}}));
+
+  for (const auto& [layouts, message] : std::vector<std::pair<std::string, std::string>>{
+           {"1x4", "--layouts: 1x4 is 4 ranks but the bench runs on 2"},
+           {"2x2x", "--layouts: '2x2x' is not DxG"},
+           {"1x2,1x2", "--layouts: 1x2 is listed twice"},
+           {"2x1,1x2 --set model.moe.experts=3",
+            "--layouts: 1x2: G = 2 does not divide model.moe.experts (3)"}}) {
+    const Result bad = Mpirun(Np(2) + " " + RACKRUN_EP_TRAIN_BENCH + " --spec " + spec +
+                                  " --steps 1 --warmup 0 --layouts " + layouts,
+                              "bench-bad-layouts");
+    EXPECT_NE(bad.code, 0) << layouts;
+    EXPECT_NE(bad.err.find(message), std::string::npos) << layouts << ": " << bad.err;
   }
 }
 #endif

@@ -1,16 +1,23 @@
 // Expert-parallel training with the balancer policies none, ultraep and eplb side by side
-// in one run: per-layer and per-rank expert load before / after balancing, step time, and
-// the exposed cost of planning, fan-out, token all-to-alls and replica-gradient reduction.
+// in one run, on one or more D x G layouts of the launched ranks: per-layer and per-rank
+// expert load before / after balancing, step time, and the exposed cost of planning,
+// fan-out, token all-to-alls, replica-gradient reduction and the gradient all-reduces.
 //
 //   mpirun --allow-run-as-root --oversubscribe -np 4 bench_ep_train_bench
 //          [--spec examples/tiny-moe.yaml] [--steps 30] [--warmup 5]
-//          [--policies none,ultraep,eplb] [--set FIELD=VALUE]... [--json]
+//          [--policies none,ultraep,eplb] [--layouts all|1x4,2x2,4x1]
+//          [--set FIELD=VALUE]... [--json]
 //
-// Every policy gets a fresh Trainer from the same spec and seed (so the same initial
-// weights, data order and routing) and runs --warmup unmeasured then --steps measured
-// optimizer steps through Trainer::Step(). The policies' trainers live side by side and
-// take turns, one step each (none, ultraep, eplb, none, ...), so that the shared machine's
-// load drifting during the run does not favour the policy that ran at a quiet moment. The
+// Layouts (issue 24): DxG = D expert-parallel domains of G ranks (parallelism.expert_parallel
+// = G; ranks d*G .. d*G+G-1 are domain d). D * G must be the launched ranks and G must divide
+// model.moe.experts, else the bench stops naming --layouts before any trainer starts; `all`
+// is every such layout (G descending: 1xR first). Default: the one layout of the spec (and
+// --set parallelism.expert_parallel). Every (layout, policy) gets a fresh Trainer from the
+// same spec and seed (so the same initial weights, data order and routing) and runs
+// --warmup unmeasured then --steps measured optimizer steps through Trainer::Step(). All
+// trainers live side by side and take turns, one step each (1x4 none, 1x4 ultraep, 2x2
+// none, ...), so that the shared machine's load drifting during the run does not favour the
+// layout or policy that ran at a quiet moment. The
 // bench's defaults come before the user's --set overrides: model.moe.aux_loss_coef=0 (real
 // routing skew) and resources.threads=1 (one compute thread per rank). It then forces: no
 // checkpoints, no validation data, balancer.policy per trainer, and a load trace
@@ -31,7 +38,9 @@
 //   balancing overhead is plan + fan-out + grad reduce (max over ranks per phase, and the
 //   min over ranks per phase beside it), with the policy's median step over `none`'s. The
 //   plan phase is also split: its load exchange (ExpertParallelStats::plan_exchange_s, the
-//   allgather with the wait for the other ranks) and the rest (max over ranks of plan minus
+//   allgather with the wait for the other ranks; with D > 1 domains also the all-reduce of
+//   the expert totals over the domains, plan_domains_exchange in the JSON, which waits for
+//   the other domains) and the rest (max over ranks of plan minus
 //   exchange: solve, invariant check, statistics); "without the load exchange" is that rest
 //   + fan-out + grad reduce, and "over none's" is the median over steps of the policy's
 //   plan + fan-out + grad reduce minus `none`'s in the same step (`none` makes the same
@@ -39,13 +48,28 @@
 //   pure solve + invariant check is timed separately by replaying the recorded load trace
 //   through a planner of the same policy and options on rank 0 after the run.
 // - per-layer rank imbalance (max / mean rank load): ExpertParallelStats::layers sums
-//   (masters only, and under the executed plan), mean over measured microbatches.
+//   (masters only, and under the executed plan), mean over measured microbatches; rank 0's,
+//   i.e. domain 0's with D > 1.
 // - per-rank expert rows per microbatch (summed over MoE layers): before = home-rank loads
-//   of the recorded load matrices; after = ExpertParallelStats::expert_rows of every rank.
-//   The replayed plans' RankLoads must reproduce expert_rows exactly on every rank; the
-//   bench checks it and reports the result (it also yields after-loads per layer and rank).
+//   of the recorded load matrices (domain 0's ranks: rank 0 records domain 0's loads);
+//   after = ExpertParallelStats::expert_rows of every rank (max/mean over domain 0's).
+//   The replayed plans' RankLoads must reproduce expert_rows exactly on every rank of
+//   domain 0; the bench checks it and reports the result (it also yields after-loads per
+//   layer and rank).
 // - loss: the final measured step's loss per policy and the max relative difference vs
-//   `none` over all steps run.
+//   `none` of the same layout over all steps run (and vs the same policy on the first
+//   layout: D x G trains the same model, up to floating-point reassociation).
+// - per layout (the "D x G layouts" table; StepRecord's own timings, max over ranks per
+//   step, median over steps): the dense-gradient all-reduce over all ranks
+//   (dense_allreduce_s), the expert-gradient all-reduce over the D ranks holding a shard
+//   (expert_allreduce_s; 0 with D = 1) and the all-reduce of the domains' balancing figures
+//   (domain_stats_s; 0 with D = 1), each with its median share of the step; the balancing
+//   share (plan + fan-out + grad reduce, as above); the step's median over the first
+//   layout's for the same policy; and the worst domain's rank imbalance (max/mean tokens
+//   per rank) before and after balancing: per domain the mean over measured steps and MoE
+//   layers of StepRecord::domains (every domain's figures, the same on every rank), max
+//   over domains. The per-layer and per-rank tables below it, and the replay, are domain
+//   0's (rank 0 writes domain 0's load trace).
 //
 // OpenMP wait policy: as in train_step_bench, the bench re-executes itself with
 // OMP_WAIT_POLICY=passive when the variable is unset (spinning threads are very costly on
@@ -55,6 +79,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -62,6 +87,7 @@
 #include <filesystem>
 #include <memory>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <utility>
@@ -117,8 +143,79 @@ struct Options {
   int steps = 30;
   int warmup = 5;
   std::vector<std::string> policies = {"none", "ultraep", "eplb"};
+  std::vector<std::string> layouts;  // empty: the spec's
   std::vector<std::string> overrides;
 };
+
+// D x G: D expert-parallel domains of G ranks.
+struct Layout {
+  int d = 1, g = 1;
+  std::string Name() const { return std::to_string(d) + "x" + std::to_string(g); }
+};
+
+// --layouts on `ranks` ranks with `experts` experts: the layouts, or a message naming
+// --layouts and the fix. `asked_g` is the spec's parallelism.expert_parallel (0 = all
+// ranks), the layout when --layouts is not given.
+absl::StatusOr<std::vector<Layout>> ParseLayouts(const std::vector<std::string>& list, int ranks,
+                                                 int experts, int asked_g) {
+  std::vector<Layout> out;
+  const std::string fix = "use D x G with D * G = " + std::to_string(ranks) +
+                          " (the launched ranks) and G dividing model.moe.experts (" +
+                          std::to_string(experts) + "), e.g. --layouts all";
+  if (list.empty()) {
+    const int g = asked_g > 0 ? asked_g : ranks;
+    if (g > ranks || ranks % g != 0 || experts % g != 0) {
+      // The trainer names parallelism.expert_parallel; say so early.
+      return absl::InvalidArgumentError("parallelism.expert_parallel=" + std::to_string(asked_g) +
+                                        " does not fit " + std::to_string(ranks) + " ranks and " +
+                                        std::to_string(experts) + " experts; " + fix);
+    }
+    out.push_back({ranks / g, g});
+    return out;
+  }
+  if (list.size() == 1 && list[0] == "all") {
+    for (int g = ranks; g >= 1; --g) {
+      if (ranks % g == 0 && experts % g == 0) out.push_back({ranks / g, g});
+    }
+    return out;
+  }
+  for (const std::string& item : list) {
+    const size_t x = item.find('x');
+    int d = 0, g = 0;
+    size_t used_d = 0, used_g = 0;
+    bool parsed = x != std::string::npos && x > 0 && x + 1 < item.size();
+    if (parsed) {
+      try {
+        d = std::stoi(item.substr(0, x), &used_d);
+        g = std::stoi(item.substr(x + 1), &used_g);
+      } catch (const std::exception&) {
+        parsed = false;
+      }
+      parsed = parsed && used_d == x && used_g == item.size() - x - 1;
+    }
+    if (!parsed || d < 1 || g < 1) {
+      return absl::InvalidArgumentError("--layouts: '" + item +
+                                        "' is not DxG with positive D and G (or all); " + fix);
+    }
+    if (d * g != ranks) {
+      return absl::InvalidArgumentError("--layouts: " + item + " is " + std::to_string(d * g) +
+                                        " ranks but the bench runs on " + std::to_string(ranks) +
+                                        " (mpirun -np); " + fix);
+    }
+    if (experts % g != 0) {
+      return absl::InvalidArgumentError("--layouts: " + item + ": G = " + std::to_string(g) +
+                                        " does not divide model.moe.experts (" +
+                                        std::to_string(experts) + "); " + fix);
+    }
+    for (const Layout& l : out) {
+      if (l.g == g) {
+        return absl::InvalidArgumentError("--layouts: " + item + " is listed twice; " + fix);
+      }
+    }
+    out.push_back({d, g});
+  }
+  return out;
+}
 
 // Per-rank figures of one step, gathered from every rank (this order on the wire).
 enum Field {
@@ -134,11 +231,16 @@ enum Field {
   kReduceBytes,
   kFanouts,
   kFanoutsSkipped,
+  kDenseAllreduce,
+  kExpertAllreduce,
+  kDomainStats,
+  kPlanDomainsExchange,
   kFields
 };
 
 struct PolicyResult {
   std::string policy;
+  Layout layout;
   // Per measured step: max over ranks of each phase, and the per-rank values of some.
   std::vector<double> step_s, plan_s, fanout_s, dispatch_s, expert_s, reduce_s, expert_mean_s;
   // Per measured step, max over ranks: the plan phase's load exchange (the collective, with
@@ -147,6 +249,15 @@ struct PolicyResult {
   // Per measured step: min over ranks (the last rank to arrive at a collective waits least,
   // so this approaches the phase's own cost without the wait for stragglers).
   std::vector<double> plan_min_s, exchange_min_s, fanout_min_s, dispatch_min_s, reduce_min_s;
+  // Per measured step, max over ranks: the step's all-reduces (StepRecord): dense gradients
+  // over all ranks, expert gradients across the domains, the domains' balancing figures.
+  std::vector<double> dense_s, expert_ar_s, domain_stats_s;
+  // Per measured step, max over ranks: of the plan phase's exchange, the all-reduce of the
+  // expert totals over the domains (ExpertParallelStats::plan_domains_exchange_s).
+  std::vector<double> domains_exchange_s;
+  // Per domain: rank imbalance before / after balancing, mean over measured steps and MoE
+  // layers (StepRecord::domains).
+  std::vector<double> domain_imbalance_before, domain_imbalance_after;
   std::vector<double> losses;  // every step run, warmup included
   // Per MoE layer, mean over measured microbatches (ExpertParallelStats::layers).
   std::vector<double> imbalance_before, imbalance_after, replicas;
@@ -254,19 +365,21 @@ void Replay(const std::string& trace_path, const planner::Domain& domain,
 class PolicyRun {
  public:
   PolicyRun(comm::DataChannel& channel, const Options& o, const std::vector<std::string>& overrides,
-            const std::string& policy, const std::string& trace_dir)
+            const Layout& layout, const std::string& policy, const std::string& trace_dir)
       : channel_(channel), o_(o), rank_(channel.rank()), ranks_(channel.size()) {
-    // The policy goes in as an override, so that the defaults that depend on it
-    // (balancer.shared_slots) follow it.
+    // The policy and layout go in as overrides, so that the defaults that depend on them
+    // (balancer.shared_slots) follow them.
     std::vector<std::string> with_policy = overrides;
     with_policy.push_back("balancer.policy=" + policy);
+    with_policy.push_back("parallelism.expert_parallel=" + std::to_string(layout.g));
     spec_ = OrDie(rackrun::jobspec::LoadJobSpec(o.spec, with_policy), rank_, "job spec");
     spec_.mutable_checkpoint()->clear_dir();
     spec_.mutable_data()->clear_validation();
     spec_.mutable_logging()->clear_json();
-    trace_path_ = trace_dir + "/" + policy + ".trace";
+    trace_path_ = trace_dir + "/" + layout.Name() + "-" + policy + ".trace";
     spec_.mutable_logging()->set_load_trace(trace_path_);
     res_.policy = policy;
+    res_.layout = layout;
     trainer_ = OrDie(rt::Trainer::Create(spec_, &channel), rank_, "creating the trainer");
     // Step() alone opens no output: Prepare opens logging.load_trace (Run would call it).
     OrDie(trainer_->Prepare(), rank_, "preparing the trainer's outputs");
@@ -276,12 +389,21 @@ class PolicyRun {
       comm::AbortJob(1);
     }
     domain_ = ep_->domain();
+    if (trainer_->data_parallel_degree() != layout.d ||
+        trainer_->expert_parallel_degree() != layout.g) {
+      std::fprintf(stderr, "rank %d: the trainer runs %d x %d, not the layout %s\n", rank_,
+                   trainer_->data_parallel_degree(), trainer_->expert_parallel_degree(),
+                   layout.Name().c_str());
+      comm::AbortJob(1);
+    }
     micro_ = trainer_->config().microbatches;
     const auto layers = static_cast<size_t>(spec_.model().blocks());
     before_sum_.assign(layers, 0);
     after_sum_.assign(layers, 0);
     replicas_sum_.assign(layers, 0);
     rows_after_sum_.assign(static_cast<size_t>(ranks_), 0);
+    domain_before_sum_.assign(static_cast<size_t>(layout.d), 0);
+    domain_after_sum_.assign(static_cast<size_t>(layout.d), 0);
   }
 
   const rackrun::v1::JobSpec& spec() const { return spec_; }
@@ -305,7 +427,11 @@ class PolicyRun {
                                 static_cast<double>(st.fanout_bytes),
                                 static_cast<double>(st.reduce_bytes),
                                 static_cast<double>(st.fanouts),
-                                static_cast<double>(st.fanouts_skipped)};
+                                static_cast<double>(st.fanouts_skipped),
+                                r.dense_allreduce_s,
+                                r.expert_allreduce_s,
+                                r.domain_stats_s,
+                                st.plan_domains_exchange_s};
     std::vector<double> all(static_cast<size_t>(kFields * ranks_));
     OrDie(channel_.Allgather(mine.data(), all.data(), kFields, comm::DataType::kFloat64), rank_,
           "gathering step figures");
@@ -341,6 +467,25 @@ class PolicyRun {
     res_.fanout_min_s.push_back(min_of(kFanout));
     res_.dispatch_min_s.push_back(min_of(kDispatch));
     res_.reduce_min_s.push_back(min_of(kReduce));
+    res_.dense_s.push_back(max_of(kDenseAllreduce));
+    res_.expert_ar_s.push_back(max_of(kExpertAllreduce));
+    res_.domain_stats_s.push_back(max_of(kDomainStats));
+    res_.domains_exchange_s.push_back(max_of(kPlanDomainsExchange));
+    // Every domain's figures (the same on every rank): mean over the step's MoE layers.
+    if (r.domains.size() != domain_after_sum_.size()) {
+      std::fprintf(stderr, "rank %d: the step reports %zu domains, the layout has %zu\n", rank_,
+                   r.domains.size(), domain_after_sum_.size());
+      comm::AbortJob(1);
+    }
+    auto layer_mean = [](const std::vector<double>& v) {
+      double sum = 0;
+      for (const double x : v) sum += x;
+      return v.empty() ? 0.0 : sum / static_cast<double>(v.size());
+    };
+    for (size_t d = 0; d < r.domains.size(); ++d) {
+      domain_before_sum_[d] += layer_mean(r.domains[d].imbalance_before);
+      domain_after_sum_[d] += layer_mean(r.domains[d].imbalance_after);
+    }
     res_.fanout_bytes += sum_of(kFanoutBytes);
     res_.reduce_bytes += sum_of(kReduceBytes);
     res_.fanouts += sum_of(kFanouts);
@@ -368,6 +513,10 @@ class PolicyRun {
     }
     for (const double rows : rows_after_sum_) res_.rows_after.push_back(rows / n);
     const auto steps = static_cast<double>(std::max(o_.steps, 1));
+    for (size_t d = 0; d < domain_after_sum_.size(); ++d) {
+      res_.domain_imbalance_before.push_back(domain_before_sum_[d] / steps);
+      res_.domain_imbalance_after.push_back(domain_after_sum_[d] / steps);
+    }
     res_.fanout_bytes /= steps;
     res_.reduce_bytes /= steps;
     res_.fanouts /= steps;
@@ -392,6 +541,7 @@ class PolicyRun {
   planner::Domain domain_;
   int micro_ = 1;
   std::vector<double> before_sum_, after_sum_, replicas_sum_, rows_after_sum_;
+  std::vector<double> domain_before_sum_, domain_after_sum_;  // per domain, over steps
   int64_t measured_mb_ = 0;
   PolicyResult res_;
 };
@@ -442,6 +592,17 @@ std::pair<double, double> OverheadOverNone(const PolicyResult& r, const PolicyRe
   return MedianAndShare(r, d);
 }
 
+// rows_after of domain 0's ranks (the ranks rows_before, from domain 0's trace, covers).
+std::vector<double> Domain0RowsAfter(const PolicyResult& r) {
+  const size_t n = std::min(r.rows_after.size(), static_cast<size_t>(r.layout.g));
+  return std::vector<double>(r.rows_after.begin(),
+                             r.rows_after.begin() + static_cast<std::ptrdiff_t>(n));
+}
+
+double MaxOf(const std::vector<double>& v) {
+  return v.empty() ? 0.0 : *std::max_element(v.begin(), v.end());
+}
+
 // The exposed communication / balancing phase with the largest median.
 std::string DominantPhase(const PolicyResult& r) {
   const std::pair<const char*, const std::vector<double>*> phases[] = {
@@ -474,6 +635,9 @@ int main(int argc, char** argv) {
   flags.Int("--steps", &o.steps, "N", "measured optimizer steps").Range(1);
   flags.Int("--warmup", &o.warmup, "W", "unmeasured steps first").Range(0);
   flags.List("--policies", &o.policies, "LIST", "balancer policies, side by side");
+  flags.List("--layouts", &o.layouts, "LIST",
+             "D x G layouts side by side: all, or DxG,... (D * G = ranks, G divides the "
+             "experts); default: the spec's parallelism.expert_parallel");
   flags.Strings("--set", &o.overrides, "FIELD=VALUE", "override a spec field (repeatable)");
   if (std::optional<int> exit = bench.Start()) return *exit;
   if (comm::LauncherWorldSize() < 2) {
@@ -500,6 +664,26 @@ int main(int argc, char** argv) {
   std::vector<std::string> overrides = {"model.moe.aux_loss_coef=0", "resources.threads=1"};
   overrides.insert(overrides.end(), o.overrides.begin(), o.overrides.end());
 
+  // The layouts, checked before any trainer starts (every rank decides alike).
+  std::vector<Layout> layouts;
+  {
+    const rackrun::v1::JobSpec base = OrDie(rackrun::jobspec::LoadJobSpec(o.spec, overrides), rank,
+                                            "job spec");
+    absl::StatusOr<std::vector<Layout>> parsed =
+        ParseLayouts(o.layouts, ranks, base.model().moe().experts(),
+                     base.parallelism().expert_parallel());
+    if (!parsed.ok() || parsed->empty()) {
+      if (rank == 0) {
+        std::fprintf(stderr, "ep_train_bench: %s\n",
+                     parsed.ok() ? "--layouts: no D x G layout fits these ranks and experts"
+                                 : std::string(parsed.status().message()).c_str());
+      }
+      channel.reset();
+      return 2;
+    }
+    layouts = *std::move(parsed);
+  }
+
   // One temporary folder for the load traces, named by rank 0 (every rank's spec must match).
   char dir[256] = {};
   if (rank == 0) {
@@ -515,8 +699,10 @@ int main(int argc, char** argv) {
   const double start = rackrun::base::NowSeconds();
   const double load_start = rackrun::bench::LoadAverage();
   std::vector<std::unique_ptr<PolicyRun>> runs;
-  for (const std::string& policy : o.policies) {
-    runs.push_back(std::make_unique<PolicyRun>(*channel, o, overrides, policy, dir));
+  for (const Layout& layout : layouts) {
+    for (const std::string& policy : o.policies) {
+      runs.push_back(std::make_unique<PolicyRun>(*channel, o, overrides, layout, policy, dir));
+    }
   }
   const rackrun::v1::JobSpec spec = runs.front()->spec();
   for (int s = 0; s < o.warmup + o.steps; ++s) {
@@ -549,19 +735,37 @@ int main(int argc, char** argv) {
       static_cast<double>(config.batch_size) * config.seq_len * config.microbatches;
   const rackrun::v1::ModelSpec& m = spec.model();
   const int layers = m.blocks();
-  const PolicyResult* none = nullptr;
-  for (const PolicyResult& r : results) {
-    // The baseline: the policy that does not balance.
-    const planner::PolicyTraits* traits = planner::FindPolicy(r.policy);
-    if (traits != nullptr && traits->split == planner::TokenSplit::kMastersOnly) none = &r;
-  }
-  auto rel_diff = [&](const PolicyResult& r) {
+  const bool many_layouts = layouts.size() > 1;
+  // The baseline of a result: the policy that does not balance, on the same layout.
+  auto none_of = [&](const PolicyResult& r) -> const PolicyResult* {
+    for (const PolicyResult& q : results) {
+      const planner::PolicyTraits* traits = planner::FindPolicy(q.policy);
+      if (q.layout.g == r.layout.g && traits != nullptr &&
+          traits->split == planner::TokenSplit::kMastersOnly) {
+        return &q;
+      }
+    }
+    return nullptr;
+  };
+  // The same policy on the first layout (the reference of the layouts table).
+  auto first_layout_of = [&](const PolicyResult& r) -> const PolicyResult* {
+    for (const PolicyResult& q : results) {
+      if (q.layout.g == layouts.front().g && q.policy == r.policy) return &q;
+    }
+    return nullptr;
+  };
+  auto max_rel_diff = [](const PolicyResult& r, const PolicyResult* base) {
     double d = 0;
-    if (none == nullptr) return d;
-    for (size_t i = 0; i < r.losses.size() && i < none->losses.size(); ++i) {
-      d = std::max(d, std::abs(r.losses[i] - none->losses[i]) / std::abs(none->losses[i]));
+    if (base == nullptr) return d;
+    for (size_t i = 0; i < r.losses.size() && i < base->losses.size(); ++i) {
+      d = std::max(d, std::abs(r.losses[i] - base->losses[i]) / std::abs(base->losses[i]));
     }
     return d;
+  };
+  auto rel_diff = [&](const PolicyResult& r) { return max_rel_diff(r, none_of(r)); };
+  // A row's name: the policy, with its layout when several run.
+  auto label = [&](const PolicyResult& r) {
+    return many_layouts ? r.layout.Name() + " " + r.policy : r.policy;
   };
   auto share = [](const std::vector<double>& phase, const std::vector<double>& step) {
     std::vector<double> f;
@@ -595,15 +799,25 @@ int main(int argc, char** argv) {
     j["warmup_steps"] = o.warmup;
     j["measured_steps"] = o.steps;
     j["wall_s"] = wall;
+    j["layouts"] = nlohmann::json::array();
+    for (const Layout& l : layouts) j["layouts"].push_back(l.Name());
     for (const PolicyResult& r : results) {
+      const PolicyResult* none = none_of(r);
       nlohmann::json p;
       p["policy"] = r.policy;
+      p["layout"] = r.layout.Name();
+      p["data_parallel"] = r.layout.d;
+      p["expert_parallel"] = r.layout.g;
       p["step_s_median"] = Median(r.step_s);
       p["step_s_p90"] = Percentile(r.step_s, 0.9);
       p["tokens_per_s"] = tokens_per_step / Median(r.step_s);
       p["final_loss"] = r.losses.back();
       p["losses"] = r.losses;
       p["max_rel_loss_diff_vs_none"] = rel_diff(r);
+      if (const PolicyResult* first = first_layout_of(r)) {
+        p["max_rel_loss_diff_vs_first_layout"] = max_rel_diff(r, first);
+        p["median_step_over_first_layout"] = Median(r.step_s) / Median(first->step_s);
+      }
       p["step_s"] = r.step_s;
       struct Phase {
         const char* name;
@@ -620,10 +834,23 @@ int main(int argc, char** argv) {
       p["exposed"]["plan_exchange"] = {{"median_s", Median(r.exchange_s)},
                                        {"median_pct_of_step", share(r.exchange_s, r.step_s)},
                                        {"min_rank_median_s", Median(r.exchange_min_s)}};
+      p["exposed"]["plan_domains_exchange"] = {
+          {"median_s", Median(r.domains_exchange_s)},
+          {"median_pct_of_step", share(r.domains_exchange_s, r.step_s)}};
       p["exposed"]["plan_without_exchange"] = {
           {"median_s", Median(r.plan_local_s)},
           {"median_pct_of_step", share(r.plan_local_s, r.step_s)}};
       p["exposed"]["expert_mean_over_ranks_median_s"] = Median(r.expert_mean_s);
+      p["exposed"]["dense_allreduce"] = {{"median_s", Median(r.dense_s)},
+                                         {"median_pct_of_step", share(r.dense_s, r.step_s)}};
+      p["exposed"]["expert_allreduce"] = {{"median_s", Median(r.expert_ar_s)},
+                                          {"median_pct_of_step", share(r.expert_ar_s, r.step_s)}};
+      p["exposed"]["domain_stats"] = {{"median_s", Median(r.domain_stats_s)},
+                                      {"median_pct_of_step", share(r.domain_stats_s, r.step_s)}};
+      p["domain_imbalance_before"] = r.domain_imbalance_before;
+      p["domain_imbalance_after"] = r.domain_imbalance_after;
+      p["worst_domain_imbalance_before"] = MaxOf(r.domain_imbalance_before);
+      p["worst_domain_imbalance_after"] = MaxOf(r.domain_imbalance_after);
       p["exposed"]["solve_and_check_replayed_median_s"] = r.solve_s;
       const auto [overhead_s, overhead_pct] = BalancingOverhead(r);
       const auto [min_s, min_pct] = BalancingOverhead(r, Overhead::kMinRank);
@@ -647,7 +874,7 @@ int main(int argc, char** argv) {
       p["rank_rows_before"] = r.rows_before;
       p["rank_rows_after"] = r.rows_after;
       p["rank_rows_max_over_mean_before"] = MaxOverMean(r.rows_before);
-      p["rank_rows_max_over_mean_after"] = MaxOverMean(r.rows_after);
+      p["rank_rows_max_over_mean_after"] = MaxOverMean(Domain0RowsAfter(r));
       p["layer_rank_rows_before"] = r.layer_rows_before;
       p["layer_rank_rows_after"] = r.layer_rows_after;
       p["fanout_bytes_per_step"] = r.fanout_bytes;
@@ -685,17 +912,53 @@ int main(int argc, char** argv) {
       "%.1f -> %.1f (shared machine: medians; compare rows of one run); wall %.0f s\n\n",
       o.warmup, o.steps, static_cast<unsigned long long>(config.seed), load_start, load_end, wall);
 
+  // The layouts side by side (one row per layout and policy).
+  std::printf(
+      "D x G layouts (D domains of G ranks; ms and %% of step: median over steps of the max over "
+      "ranks)\n");
+  std::printf("%-6s %-8s %9s %8s %11s %9s %16s %16s %15s %10s %10s\n", "layout", "policy",
+              "p50 ms", "p90 ms", "vs first", "balance%", "dense allreduce", "expert allreduce",
+              "domain stats", "worst bef", "worst aft");
+  for (const PolicyResult& r : results) {
+    const PolicyResult* first = first_layout_of(r);
+    auto cell = [&](const std::vector<double>& v) {
+      char buf[32];
+      std::snprintf(buf, sizeof(buf), "%6.2f (%4.1f%%)", 1e3 * Median(v), share(v, r.step_s));
+      return std::string(buf);
+    };
+    char vs_first[32] = "-";
+    if (first != nullptr && first != &r) {
+      std::snprintf(vs_first, sizeof(vs_first), "%+.1f%%",
+                    100 * (Median(r.step_s) / Median(first->step_s) - 1));
+    }
+    std::printf("%-6s %-8s %9.1f %8.1f %11s %8.1f%% %16s %16s %15s %10.3f %10.3f\n",
+                r.layout.Name().c_str(), r.policy.c_str(), 1e3 * Median(r.step_s),
+                1e3 * Percentile(r.step_s, 0.9), vs_first, BalancingOverhead(r).second,
+                cell(r.dense_s).c_str(), cell(r.expert_ar_s).c_str(),
+                cell(r.domain_stats_s).c_str(), MaxOf(r.domain_imbalance_before),
+                MaxOf(r.domain_imbalance_after));
+  }
+  std::printf(
+      "(vs first: median step over the first layout's (%s) with the same policy; balance%% = "
+      "plan + fan-out + grad reduce, median share of the step; dense allreduce over all %d "
+      "ranks; expert allreduce over the D ranks holding a shard (0 with D = 1); domain stats = "
+      "the all-reduce of every domain's balancing figures (0 with D = 1); worst bef/aft = the "
+      "worst domain's rank imbalance max/mean before/after balancing, mean over steps and "
+      "layers. Below: domain 0's per-layer and per-rank figures)\n\n",
+      layouts.front().Name().c_str(), ranks);
+
   std::printf("Step time (max over ranks per step)\n");
-  std::printf("%-8s %10s %9s %10s %11s %13s %9s %9s %10s %10s\n", "policy", "median ms", "p90 ms",
+  std::printf("%-12s %10s %9s %10s %11s %13s %9s %9s %10s %10s\n", "policy", "median ms", "p90 ms",
               "tokens/s", "final loss", "max rel diff", "replicas", "fanouts", "fanout MB",
               "reduce MB");
   for (const PolicyResult& r : results) {
+    const PolicyResult* none = none_of(r);
     double reps = 0;
     for (const double x : r.replicas) reps += x;
     char diff[32] = "-";
     if (none != nullptr && &r != none) std::snprintf(diff, sizeof(diff), "%.2e", rel_diff(r));
-    std::printf("%-8s %10.1f %9.1f %10.0f %11.5f %13s %9.2f %4.1f/%-4.1f %10.2f %10.2f\n",
-                r.policy.c_str(), 1e3 * Median(r.step_s), 1e3 * Percentile(r.step_s, 0.9),
+    std::printf("%-12s %10.1f %9.1f %10.0f %11.5f %13s %9.2f %4.1f/%-4.1f %10.2f %10.2f\n",
+                label(r).c_str(), 1e3 * Median(r.step_s), 1e3 * Percentile(r.step_s, 0.9),
                 tokens_per_step / Median(r.step_s), r.losses.back(), diff,
                 reps / std::max(layers, 1), r.fanouts, r.fanouts_skipped, r.fanout_bytes / 1e6,
                 r.reduce_bytes / 1e6);
@@ -706,7 +969,7 @@ int main(int argc, char** argv) {
       o.warmup + o.steps);
 
   std::printf("Exposed cost per step: ms (%% of step), median over steps of the max over ranks\n");
-  std::printf("%-8s %15s %15s %11s %15s %15s %15s %15s %11s\n", "policy", "plan",
+  std::printf("%-12s %15s %15s %11s %15s %15s %15s %15s %11s\n", "policy", "plan",
               "of it exchange", "solve us", "fan-out", "grad reduce", "all-to-all", "expert max",
               "expert avg");
   for (const PolicyResult& r : results) {
@@ -715,12 +978,12 @@ int main(int argc, char** argv) {
       std::snprintf(buf, sizeof(buf), "%6.2f (%4.1f%%)", 1e3 * Median(v), share(v, r.step_s));
       return std::string(buf);
     };
-    std::printf("%-8s %15s %15s %11.3f %15s %15s %15s %15s %11.2f\n", r.policy.c_str(),
+    std::printf("%-12s %15s %15s %11.3f %15s %15s %15s %15s %11.2f\n", label(r).c_str(),
                 cell(r.plan_s).c_str(), cell(r.exchange_s).c_str(), 1e6 * r.solve_s,
                 cell(r.fanout_s).c_str(),
                 cell(r.reduce_s).c_str(), cell(r.dispatch_s).c_str(), cell(r.expert_s).c_str(),
                 1e3 * Median(r.expert_mean_s));
-    std::printf("%-8s %15.2f %15.2f %11s %15.2f %15.2f %15.2f\n", "  min rk",
+    std::printf("%-12s %15.2f %15.2f %11s %15.2f %15.2f %15.2f\n", "  min rk",
                 1e3 * Median(r.plan_min_s), 1e3 * Median(r.exchange_min_s), "",
                 1e3 * Median(r.fanout_min_s), 1e3 * Median(r.reduce_min_s),
                 1e3 * Median(r.dispatch_min_s));
@@ -735,6 +998,7 @@ int main(int argc, char** argv) {
       "ranks: the last rank to reach a collective waits least, so this approaches the phase's own "
       "cost)\n");
   for (const PolicyResult& r : results) {
+    const PolicyResult* none = none_of(r);
     const auto [overhead_s, overhead_pct] = BalancingOverhead(r);
     const auto [min_s, min_pct] = BalancingOverhead(r, Overhead::kMinRank);
     const auto [own_s, own_pct] = BalancingOverhead(r, Overhead::kNoExchange);
@@ -747,9 +1011,9 @@ int main(int argc, char** argv) {
                     1e3 * over_s, over_pct, Median(r.step_s) / Median(none->step_s));
     }
     std::printf(
-        "%-8s plan + fan-out + grad reduce = %.2f ms (%.1f%% of step; min rk %.2f ms, %.1f%%; "
+        "%-12s plan + fan-out + grad reduce = %.2f ms (%.1f%% of step; min rk %.2f ms, %.1f%%; "
         "without the load exchange %.2f ms, %.1f%%)%s; largest exposed phase: %s\n",
-        r.policy.c_str(), 1e3 * overhead_s, overhead_pct, 1e3 * min_s, min_pct, 1e3 * own_s,
+        label(r).c_str(), 1e3 * overhead_s, overhead_pct, 1e3 * min_s, min_pct, 1e3 * own_s,
         own_pct, vs_none, DominantPhase(r).c_str());
   }
   std::printf("\n");
@@ -759,13 +1023,13 @@ int main(int argc, char** argv) {
       "only, after = executed plan)\n");
   std::printf("%-6s", "layer");
   for (const PolicyResult& r : results) {
-    std::printf(" %9s %-7s", (r.policy + ":bef").c_str(), "after");
+    std::printf(" %15s %-7s", (label(r) + ":bef").c_str(), "after");
   }
   std::printf("\n");
   for (int l = 0; l < layers; ++l) {
     std::printf("%-6d", l);
     for (const PolicyResult& r : results) {
-      std::printf(" %9.3f %-7.3f", r.imbalance_before[static_cast<size_t>(l)],
+      std::printf(" %15.3f %-7.3f", r.imbalance_before[static_cast<size_t>(l)],
                   r.imbalance_after[static_cast<size_t>(l)]);
     }
     std::printf("\n");
@@ -773,29 +1037,33 @@ int main(int argc, char** argv) {
   std::printf(
       "\nExpert rows per rank per microbatch, summed over MoE layers (before = home-rank "
       "loads from the recorded loads, after = expert_rows)\n");
-  std::printf("%-8s", "rank");
+  std::printf("%-12s", "rank");
   for (const PolicyResult& r : results) {
-    std::printf(" %9s %-7s", (r.policy + ":bef").c_str(), "after");
+    std::printf(" %15s %-7s", (label(r) + ":bef").c_str(), "after");
   }
   std::printf("\n");
   for (int q = 0; q < ranks; ++q) {
-    std::printf("%-8d", q);
+    std::printf("%-12d", q);
     for (const PolicyResult& r : results) {
       const auto i = static_cast<size_t>(q);
-      std::printf(" %9.0f %-7.0f", i < r.rows_before.size() ? r.rows_before[i] : 0.0,
-                  i < r.rows_after.size() ? r.rows_after[i] : 0.0);
+      // Before: domain 0's ranks only (its load trace); after: every rank.
+      char before[32] = "-";
+      if (i < r.rows_before.size()) std::snprintf(before, sizeof(before), "%.0f", r.rows_before[i]);
+      std::printf(" %15s %-7.0f", before, i < r.rows_after.size() ? r.rows_after[i] : 0.0);
     }
     std::printf("\n");
   }
-  std::printf("%-8s", "max/mean");
+  std::printf("%-12s", "max/mean");
   for (const PolicyResult& r : results) {
-    std::printf(" %9.3f %-7.3f", MaxOverMean(r.rows_before), MaxOverMean(r.rows_after));
+    // Over domain 0's ranks, both columns alike.
+    std::printf(" %15.3f %-7.3f", MaxOverMean(r.rows_before), MaxOverMean(Domain0RowsAfter(r)));
   }
   std::printf("\n\nReplay check (rank 0 re-solves every recorded load matrix):");
   for (const PolicyResult& r : results) {
-    std::printf(" %s %s", r.policy.c_str(),
+    std::printf(" %s %s", label(r).c_str(),
                 !r.replay_note.empty()  ? r.replay_note.c_str()
-                : r.replay_matches_rows ? "plans reproduce expert_rows on every rank"
+                : r.replay_matches_rows ? (r.layout.d > 1 ? "plans reproduce expert_rows on domain 0's ranks"
+                                                          : "plans reproduce expert_rows on every rank")
                                         : "MISMATCH with expert_rows");
     if (r.replay_note.empty()) {
       std::printf(" (imbalance_after diff %.1e);", r.replay_imbalance_diff);

@@ -46,7 +46,7 @@ std::string ProgressLine(const rackrun::v1::StepProgress& p) {
                           MeanOf(p.imbalance_after()));
     absl::StrAppend(&line, " ",
                     runtime::BalancingPhasesText(p.plan_s(), p.plan_exchange_s(), p.fanout_s(),
-                                                 p.dispatch_s(), p.reduce_s()));
+                                                 p.dispatch_s(), p.reduce_s(), p.step_time_s()));
   }
   absl::StrAppendFormat(&line, " step %.3f s elapsed %.1f s", p.step_time_s(), p.elapsed_s());
   return line;
