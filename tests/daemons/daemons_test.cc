@@ -254,7 +254,7 @@ TEST_F(DaemonsTest, CoordinatorRestartDuringACoordinatorModeEplbJobKeepsItsPlans
   StartWorker(1);
   WaitIdle(2);
   const std::string sets = std::string(kCoordinatorEplb) +
-                           " --set training.steps=24 --set checkpoint.interval=2"
+                           " --set training.steps=40 --set checkpoint.interval=2"
                            " --set restart.on=error,hang,worker_lost";
   const fs::path full_log = dir_ / "uninterrupted.jsonl";
   const std::string full = Submit(sets + " --set checkpoint.dir=" + (dir_ / "ckpt-full").string() +
@@ -267,7 +267,7 @@ TEST_F(DaemonsTest, CoordinatorRestartDuringACoordinatorModeEplbJobKeepsItsPlans
   const std::string id = Submit(sets + " --set checkpoint.dir=" + (dir_ / "ckpt").string() +
                                     " --set logging.json=" + log.string(),
                                 "submit-restarted");
-  WaitStep(id, 5);
+  WaitStep(id, 5);  // 35 steps left: the kill lands mid-job
   coordinator_->Signal(SIGKILL);
   coordinator_->Wait(std::chrono::seconds(10));
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
@@ -279,9 +279,9 @@ TEST_F(DaemonsTest, CoordinatorRestartDuringACoordinatorModeEplbJobKeepsItsPlans
   EXPECT_GE(start, 4) << "the checkpoint of step 4 was reported before step 5: " << job.dump();
   EXPECT_EQ(start % 2, 0) << job.dump();
   const std::map<int64_t, std::string> uninterrupted = StepRecords(full_log), restarted = StepRecords(log);
-  ASSERT_EQ(uninterrupted.size(), 24u);
-  ASSERT_EQ(restarted.size(), 24u);
-  for (int64_t step = start + 1; step <= 24; ++step) {
+  ASSERT_EQ(uninterrupted.size(), 40u);
+  ASSERT_EQ(restarted.size(), 40u);
+  for (int64_t step = start + 1; step <= 40; ++step) {
     EXPECT_EQ(restarted.at(step), uninterrupted.at(step)) << "step " << step;
   }
 }
