@@ -3,12 +3,18 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "jobspec/restart_policy.h"
 
 namespace rackrun::coordinator {
+
+namespace {
+// The message of a checkpoint event ("checkpoint <path>"); Initialize replays them.
+constexpr absl::string_view kCheckpointEventPrefix = "checkpoint ";
+}  // namespace
 
 using rackrun::v1::Attempt;
 using rackrun::v1::AttemptResult;
@@ -59,6 +65,14 @@ absl::Status Jobs::Initialize(std::vector<StoredJob> stored) {
         for (const auto& r : a.ranks()) e.awaiting_reattach.insert(r.rank());
         e.reattach_deadline_ms = now + options_.reattach_grace_ms;
       }
+    }
+    // Where a restart resumes: replayed from the events, as Checkpoint set it (the step of
+    // the newest progress before the newest checkpoint event), so a restart after a
+    // coordinator restart resumes at the last checkpoint rather than at step 0.
+    int64_t progress_step = 0;
+    for (const JobEvent& ev : e.events) {
+      if (ev.has_progress()) progress_step = ev.progress().step();
+      if (absl::StartsWith(ev.message(), kCheckpointEventPrefix)) e.checkpoint_step = progress_step;
     }
     const int64_t num = JobNumber(e.job.id());
     jobs_.emplace(num, std::move(e));
@@ -447,7 +461,7 @@ absl::Status Jobs::Checkpoint(const std::string& job_id, int attempt, const std:
   Entry* e = Find(job_id);
   if (e == nullptr) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
   e->checkpoint_step = e->job.last_progress().step();
-  return Commit(*e, e->job, {MessageEvent(absl::StrCat("checkpoint ", path), attempt)});
+  return Commit(*e, e->job, {MessageEvent(absl::StrCat(kCheckpointEventPrefix, path), attempt)});
 }
 
 bool Jobs::AttemptRunning(const std::string& job_id, int attempt) const {

@@ -4,6 +4,8 @@
 
 #include <thread>
 
+#include "absl/strings/str_cat.h"
+
 #include "coordinator/test_util.h"
 #include "jobspec/restart_policy.h"
 
@@ -363,6 +365,44 @@ TEST_F(JobsTest, ReattachAfterRestartOrLoseWithinGrace) {
   ASSERT_EQ(ended[0].to_cancel.size(), 2u);  // both ranks still owe a result
   EXPECT_EQ(jobs_->Get(kept)->state(), rackrun::v1::RUNNING);
   Events(lost);
+}
+
+TEST_F(JobsTest, RestartAfterACoordinatorRestartStartsAtTheLastCheckpoint) {
+  const std::string id = jobs_->Submit(Spec(1, 3), "r")->job.id();
+  ASSERT_TRUE(jobs_->StartAttempt(id, Ranks(1)).ok());
+  rackrun::v1::StepProgress p;
+  for (int64_t step : {1, 2, 3, 4}) {
+    p.set_step(step);
+    ASSERT_TRUE(jobs_->Progress(id, 1, p).ok());
+    if (step % 2 == 0) {
+      ASSERT_TRUE(jobs_->Checkpoint(id, 1, absl::StrCat("/ckpt/step-", step)).ok());
+    }
+  }
+  p.set_step(5);
+  ASSERT_TRUE(jobs_->Progress(id, 1, p).ok());  // past the checkpoint: not where it resumes
+  // The coordinator restarts: a new Jobs from the same store; the rank never re-attaches.
+  auto all = store_->LoadAll();
+  ASSERT_TRUE(all.ok());
+  jobs_ = std::make_unique<Jobs>(store_.get(), clock_.clock(), Jobs::Options{5000});
+  ASSERT_TRUE(jobs_->Initialize(*std::move(all)).ok());
+  clock_.Advance(5001);
+  std::vector<Jobs::Ended> ended = jobs_->ExpireReattach();
+  ASSERT_EQ(ended.size(), 1u);
+  EXPECT_EQ(ended[0].job.state(), rackrun::v1::QUEUED);  // restarted by the policy
+  auto a2 = jobs_->StartAttempt(id, Ranks(1));
+  ASSERT_TRUE(a2.ok()) << a2.status();
+  EXPECT_EQ(a2->number(), 2);
+  EXPECT_EQ(a2->start_step(), 4);
+  // A second restart with no checkpoint in between still resumes there.
+  auto all2 = store_->LoadAll();
+  ASSERT_TRUE(all2.ok());
+  jobs_ = std::make_unique<Jobs>(store_.get(), clock_.clock(), Jobs::Options{5000});
+  ASSERT_TRUE(jobs_->Initialize(*std::move(all2)).ok());
+  ASSERT_TRUE(jobs_->FailAttempt(id, 2, Lost(0)).ok());
+  auto a3 = jobs_->StartAttempt(id, Ranks(1));
+  ASSERT_TRUE(a3.ok()) << a3.status();
+  EXPECT_EQ(a3->start_step(), 4);
+  Events(id);
 }
 
 TEST_F(JobsTest, CancelQueuedAndRunning) {

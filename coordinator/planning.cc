@@ -31,6 +31,7 @@ absl::Status Planning::Open(const std::string& job_id, int attempt, const rackru
     }
   }
   s.outbox.resize(static_cast<size_t>(layout->ranks));
+  s.restoring.resize(static_cast<size_t>(layout->ranks));
   Lock lock(mu_);
   sessions_.try_emplace({job_id, attempt}, std::move(s));  // an open session is kept
   return absl::OkStatus();
@@ -64,6 +65,19 @@ absl::Status Planning::AddRow(const rackrun::v1::LoadRow& row) {
         s.expert_parallel, " ranks per domain, parallelism.expert_parallel) but its row names domain ",
         row.domain(), "; the worker and the coordinator disagree on the job's layout"));
   }
+  const bool restore = row.restore_state_last() || !row.restore_state().empty();
+  if (row.state_request() || restore) {
+    if (row.state_request() && restore) {
+      return absl::InvalidArgumentError(
+          "state_request: a row asks for the planner state or restores one, not both");
+    }
+    if (row.loads_size() != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "loads: a ", row.state_request() ? "state_request" : "restore_state",
+          " row carries no loads, this one has ", row.loads_size()));
+    }
+    return StateRowLocked(s, domain, row);
+  }
   if (row.loads_size() != d.experts()) {
     return absl::InvalidArgumentError(absl::StrCat("loads: ", row.loads_size(), " entries, expected one per expert (",
                                                    d.experts(), ")"));
@@ -89,6 +103,7 @@ absl::Status Planning::AddRow(const rackrun::v1::LoadRow& row) {
   reply.set_layer(row.layer());
   reply.set_domain(domain);
   planner::Planner& planner = row.training() ? *dp.train : *dp.eval;
+  if (row.training()) dp.trained = true;
   absl::Status st = planner.SolveInto(p.loads, row.layer(), &dp.plan);
   if (st.ok()) st = planner::CheckPlanInvariants(d, p.loads, dp.plan, s.setup.invariants);
   if (st.ok()) {
@@ -105,6 +120,68 @@ absl::Status Planning::AddRow(const rackrun::v1::LoadRow& row) {
   const size_t first = static_cast<size_t>(domain * s.expert_parallel);
   for (size_t r = first; r < first + static_cast<size_t>(s.expert_parallel); ++r) {
     s.outbox[r].push_back(reply);
+  }
+  cv_.notify_all();
+  return absl::OkStatus();
+}
+
+absl::Status Planning::StateRowLocked(Session& s, int domain, const rackrun::v1::LoadRow& row) {
+  DomainPlanning& dp = s.domains[static_cast<size_t>(domain)];
+  std::deque<rackrun::v1::PlanReply>& outbox = s.outbox[static_cast<size_t>(row.rank())];
+  const auto reply_to = [&] {
+    rackrun::v1::PlanReply& r = outbox.emplace_back();
+    r.set_microbatch(row.microbatch());
+    r.set_layer(row.layer());
+    r.set_domain(domain);
+    return &r;
+  };
+  if (row.state_request()) {
+    const std::string state = dp.train->SaveState();
+    const std::vector<std::string_view> chunks = rpc::PlannerStateChunks(state);
+    for (size_t i = 0; i < chunks.size(); ++i) {
+      rackrun::v1::PlanReply* r = reply_to();
+      r->set_planner_state(chunks[i].data(), chunks[i].size());
+      r->set_planner_state_last(i + 1 == chunks.size());
+    }
+    cv_.notify_all();
+    return absl::OkStatus();
+  }
+  std::string& buffer = s.restoring[static_cast<size_t>(row.rank())];
+  if (row.restore_state().size() > rpc::kPlannerStateChunkBytes ||
+      buffer.size() + row.restore_state().size() > kMaxPlannerStateBytes) {
+    absl::Status refused = absl::InvalidArgumentError(absl::StrCat(
+        "restore_state: chunks of at most ", rpc::kPlannerStateChunkBytes,
+        " bytes and a state of at most ", kMaxPlannerStateBytes, " bytes, rank ", row.rank(),
+        " sent a chunk of ", row.restore_state().size(), " after ", buffer.size(), " bytes"));
+    buffer.clear();
+    return refused;
+  }
+  buffer.append(row.restore_state());
+  if (!row.restore_state_last()) return absl::OkStatus();
+  const std::string state = std::move(buffer);
+  buffer.clear();
+  const std::string where = s.domains.size() > 1 ? absl::StrCat(" of domain ", domain) : "";
+  absl::Status st;
+  if (dp.trained) {
+    st = absl::FailedPreconditionError(absl::StrCat(
+        "the training planner", where, " has already planned; restore its state before the first row"));
+  } else if (dp.restored.has_value()) {
+    if (*dp.restored != state) {
+      st = absl::DataLossError(absl::StrCat(
+          "rank ", row.rank(), " restores a planner state", where, " of ", state.size(),
+          " bytes that differs from the ", dp.restored->size(),
+          " bytes another rank of it restored; its ranks resumed from different checkpoints"));
+    }
+  } else {
+    st = dp.train->RestoreState(state);
+    if (st.ok()) dp.restored = state;
+  }
+  rackrun::v1::PlanReply* r = reply_to();
+  if (st.ok()) {
+    r->set_state_restored(true);
+  } else {
+    r->set_error(absl::StrCat("restoring the planner state", where, ": ", st.message()));
+    r->set_error_code(static_cast<int>(st.code()));
   }
   cv_.notify_all();
   return absl::OkStatus();

@@ -12,6 +12,15 @@
 // the streams of that domain's ranks only. Domains never wait for each other: a slow rank
 // delays its own domain's plans and no other's.
 //
+// Checkpoints: the training planners' state (eplb's history) lives here, so a row may ask
+// for its domain's (LoadRow.state_request: the reply is the state in PlanReply.planner_state
+// chunks, queued for that rank only) or restore it from a checkpoint (restore_state chunks:
+// once the last is in, the domain's training planner is restored before it plans any
+// training microbatch; every rank of the domain restores the same bytes, a rank whose
+// bytes differ from an earlier rank's is DataLoss). The state a rank gets is the one
+// after every training plan it received: a domain's planner moves on only when all its
+// ranks' rows are in, and a rank asks before sending its next row.
+//
 // Thread safety: all methods are thread-safe.
 #ifndef RACKRUN_COORDINATOR_PLANNING_H_
 #define RACKRUN_COORDINATOR_PLANNING_H_
@@ -50,7 +59,11 @@ class Planning {
 
   // One rank's row (job, attempt, rank and domain set). FailedPrecondition when the attempt
   // does not plan here; InvalidArgument for a bad rank, a domain that is not the rank's,
-  // a bad row size or a duplicate row.
+  // a bad row size or a duplicate row, a state row with loads or both state_request and
+  // restore_state, a restored state over kMaxPlannerStateBytes. A state that cannot be
+  // restored (other settings: FailedPrecondition; malformed: DataLoss; training already
+  // planned: FailedPrecondition) is no error here: the reply carries it (error,
+  // error_code).
   absl::Status AddRow(const rackrun::v1::LoadRow& row);
 
   // The next reply for the rank, waiting up to `max_wait` (nullopt when none came).
@@ -58,6 +71,9 @@ class Planning {
                                                                   int rank, absl::Duration max_wait);
 
   void Shutdown();
+
+  // The largest planner state a rank may restore (a bound on the bytes buffered per rank).
+  static constexpr size_t kMaxPlannerStateBytes = size_t{1} << 30;
 
   // Metrics hook: called with (job id, domain, solve_s) after every solve (each domain's
   // plans are solved on their own), under Planning's lock (keep it cheap). Null to remove.
@@ -77,13 +93,19 @@ class Planning {
     std::unique_ptr<planner::Planner> eval;
     std::map<std::tuple<int64_t, int, bool>, Pending> pending;
     planner::Plan plan;  // reused buffers
+    bool trained = false;  // a training microbatch was planned: too late to restore
+    std::optional<std::string> restored;  // the state the training planner was restored from
   };
   struct Session {
     jobspec::BalancerSetup setup;  // on G ranks: one domain's
     int expert_parallel = 1;       // G
     std::vector<DomainPlanning> domains;                     // D of them
     std::vector<std::deque<rackrun::v1::PlanReply>> outbox;  // per job rank (R = D x G)
+    std::vector<std::string> restoring;  // per job rank: restore_state chunks so far
   };
+  // A LoadRow's state_request or restore_state (AddRow's checks done).
+  absl::Status StateRowLocked(Session& s, int domain, const rackrun::v1::LoadRow& row)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   using Key = std::pair<std::string, int>;
 
   std::mutex mu_;

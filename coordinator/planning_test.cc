@@ -280,6 +280,215 @@ TEST(PlanningTest, BadRowsAndClosedAttempts) {
   EXPECT_EQ(planning.Open("j-2", 1, odd, 4).code(), absl::StatusCode::kInvalidArgument);
 }
 
+// Checkpoints of coordinator-mode planning: a rank asks for its domain's training planner
+// state (state_request) and a resumed attempt restores it (restore_state chunks).
+class PlanningStateTest : public ::testing::Test {
+ protected:
+  static constexpr int kRanks = 4, kG = 2;
+  static rackrun::v1::JobSpec EplbSpec(int window = 4) {
+    rackrun::v1::JobSpec spec = Spec("eplb");
+    spec.mutable_balancer()->set_eplb_window(window);
+    spec.mutable_parallelism()->set_expert_parallel(kG);
+    return spec;
+  }
+  // Deterministic loads of (microbatch, layer, rank): a hot expert per domain.
+  static planner::LoadMatrix Loads(int64_t mb, int layer, int domain) {
+    planner::LoadMatrix loads(kG, 8);
+    std::mt19937 rng(static_cast<unsigned>(mb * 131 + layer * 17 + domain));
+    std::uniform_int_distribution<int> tokens(0, 400);
+    for (int r = 0; r < kG; ++r) {
+      for (int e = 0; e < 8; ++e) loads.at(r, e) = tokens(rng) * (e == (mb / 3 + domain) % 8 ? 6 : 1);
+    }
+    return loads;
+  }
+  // Plans microbatches [from, to) of 2 layers (every 4th an evaluation one) on `attempt`
+  // and returns every rank's fingerprints of the training ones in order (evaluation
+  // planners' history is in no checkpoint, in-band neither).
+  static std::vector<uint64_t> Run(Planning& planning, int attempt, int64_t from, int64_t to) {
+    std::vector<uint64_t> fingerprints;
+    for (int64_t mb = from; mb < to; ++mb) {
+      for (int layer = 0; layer < 2; ++layer) {
+        const bool training = mb % 4 != 3;
+        for (int rank = 0; rank < kRanks; ++rank) {
+          rackrun::v1::LoadRow row = Row(rank, rank / kG, mb, layer, training, Loads(mb, layer, rank / kG), rank % kG);
+          row.set_attempt(attempt);
+          EXPECT_TRUE(planning.AddRow(row).ok());
+        }
+        for (int rank = 0; rank < kRanks; ++rank) {
+          auto reply = planning.NextReply("j-1", attempt, rank, absl::Seconds(5));
+          EXPECT_TRUE(reply.ok() && reply->has_value());
+          if (!reply.ok() || !reply->has_value()) return fingerprints;
+          EXPECT_TRUE((*reply)->error().empty()) << (*reply)->error();
+          if (training) fingerprints.push_back((*reply)->fingerprint());
+        }
+      }
+    }
+    return fingerprints;
+  }
+  static rackrun::v1::LoadRow StateRow(int attempt, int rank) {
+    rackrun::v1::LoadRow row;
+    row.set_job_id("j-1");
+    row.set_attempt(attempt);
+    row.set_rank(rank);
+    row.set_domain(rank / kG);
+    return row;
+  }
+  // Asks for rank's domain's state; the chunks it came in are appended to `chunks`.
+  static std::string Save(Planning& planning, int attempt, int rank, std::vector<size_t>* chunks = nullptr) {
+    rackrun::v1::LoadRow row = StateRow(attempt, rank);
+    row.set_state_request(true);
+    EXPECT_TRUE(planning.AddRow(row).ok());
+    std::string state;
+    while (true) {
+      auto reply = planning.NextReply("j-1", attempt, rank, absl::Seconds(5));
+      EXPECT_TRUE(reply.ok() && reply->has_value());
+      if (!reply.ok() || !reply->has_value()) return state;
+      EXPECT_EQ((*reply)->domain(), rank / kG);
+      EXPECT_FALSE((*reply)->has_plan());
+      EXPECT_LE((*reply)->planner_state().size(), rpc::kPlannerStateChunkBytes);
+      if (chunks != nullptr) chunks->push_back((*reply)->planner_state().size());
+      state += (*reply)->planner_state();
+      if ((*reply)->planner_state_last()) return state;
+    }
+  }
+  // Restores rank's domain from `state` in chunks; the coordinator's answer.
+  static rackrun::v1::PlanReply Restore(Planning& planning, int attempt, int rank, const std::string& state) {
+    const std::vector<std::string_view> chunks = rpc::PlannerStateChunks(state);
+    for (size_t i = 0; i < chunks.size(); ++i) {
+      rackrun::v1::LoadRow row = StateRow(attempt, rank);
+      row.set_restore_state(chunks[i].data(), chunks[i].size());
+      row.set_restore_state_last(i + 1 == chunks.size());
+      EXPECT_TRUE(planning.AddRow(row).ok());
+    }
+    auto reply = planning.NextReply("j-1", attempt, rank, absl::Seconds(5));
+    EXPECT_TRUE(reply.ok() && reply->has_value());
+    return reply.ok() && reply->has_value() ? **reply : rackrun::v1::PlanReply();
+  }
+};
+
+// Save after 6 microbatches, restore on a new attempt: the following plans equal the
+// uninterrupted attempt's, domain by domain, and a saved state round-trips.
+TEST_F(PlanningStateTest, SaveRestoreEqualsAndPlansLikeTheUninterruptedRun) {
+  Planning planning;
+  ASSERT_TRUE(planning.Open("j-1", 1, EplbSpec(), kRanks).ok());
+  ASSERT_FALSE(Run(planning, 1, 0, 6).empty());
+  std::vector<std::string> saved(kRanks);
+  for (int rank = 0; rank < kRanks; ++rank) saved[rank] = Save(planning, 1, rank);
+  EXPECT_FALSE(saved[0].empty());
+  EXPECT_EQ(saved[1], saved[0]);  // the same on every rank of a domain
+  EXPECT_EQ(saved[3], saved[2]);
+  EXPECT_NE(saved[2], saved[0]);  // domains keep their own history
+  const std::vector<uint64_t> uninterrupted = Run(planning, 1, 6, 14);
+
+  ASSERT_TRUE(planning.Open("j-1", 2, EplbSpec(), kRanks).ok());
+  for (int rank = 0; rank < kRanks; ++rank) {
+    const rackrun::v1::PlanReply r = Restore(planning, 2, rank, saved[rank]);
+    EXPECT_TRUE(r.state_restored()) << r.error();
+    EXPECT_EQ(r.domain(), rank / kG);
+  }
+  for (int rank : {0, 3}) EXPECT_EQ(Save(planning, 2, rank), saved[rank]);
+  EXPECT_EQ(Run(planning, 2, 6, 14), uninterrupted);
+
+  // Without the restore the plans differ (the test can fail).
+  ASSERT_TRUE(planning.Open("j-1", 3, EplbSpec(), kRanks).ok());
+  EXPECT_NE(Run(planning, 3, 6, 14), uninterrupted);
+
+  // A policy without history: one empty last chunk, and an empty state restores.
+  ASSERT_TRUE(planning.Open("j-2", 1, TwoByTwoSpec(), kRanks).ok());
+  rackrun::v1::LoadRow ask = StateRow(1, 1);
+  ask.set_job_id("j-2");
+  ask.set_state_request(true);
+  ASSERT_TRUE(planning.AddRow(ask).ok());
+  auto empty = planning.NextReply("j-2", 1, 1, absl::Seconds(1));
+  ASSERT_TRUE(empty.ok() && empty->has_value());
+  EXPECT_TRUE((*empty)->planner_state().empty());
+  EXPECT_TRUE((*empty)->planner_state_last());
+}
+
+// A state over 1 MiB (a long window) travels in chunks of at most
+// rpc::kPlannerStateChunkBytes both ways; a bigger chunk is refused.
+TEST_F(PlanningStateTest, StatesOverOneMiBTravelInChunks) {
+  const int window = 20000;  // 20000 x 8 experts x 8 bytes x 2 layers: about 2.5 MB
+  Planning planning;
+  ASSERT_TRUE(planning.Open("j-1", 1, EplbSpec(window), kRanks).ok());
+  ASSERT_FALSE(Run(planning, 1, 0, 3).empty());
+  std::vector<size_t> chunks;
+  const std::string state = Save(planning, 1, 0, &chunks);
+  EXPECT_GT(state.size(), 2 * rpc::kPlannerStateChunkBytes);
+  ASSERT_EQ(chunks.size(), 3u);
+  EXPECT_EQ(chunks[0], rpc::kPlannerStateChunkBytes);
+  EXPECT_EQ(chunks[1], rpc::kPlannerStateChunkBytes);
+  const std::string other = Save(planning, 1, 2);
+  const std::vector<uint64_t> uninterrupted = Run(planning, 1, 3, 8);
+
+  ASSERT_TRUE(planning.Open("j-1", 2, EplbSpec(window), kRanks).ok());
+  for (int rank = 0; rank < kRanks; ++rank) {
+    const rackrun::v1::PlanReply r = Restore(planning, 2, rank, rank < kG ? state : other);
+    EXPECT_TRUE(r.state_restored()) << r.error();
+  }
+  EXPECT_EQ(Save(planning, 2, 1), state);
+  EXPECT_EQ(Run(planning, 2, 3, 8), uninterrupted);
+
+  ASSERT_TRUE(planning.Open("j-1", 3, EplbSpec(window), kRanks).ok());
+  rackrun::v1::LoadRow big = StateRow(3, 0);
+  big.set_restore_state(std::string(rpc::kPlannerStateChunkBytes + 1, 'x'));
+  const absl::Status refused = planning.AddRow(big);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(refused.message()).find("restore_state: chunks of at most 1048576 bytes"), std::string::npos)
+      << refused;
+}
+
+// Malformed bytes, a state of other settings, a restore after planning began, ranks of a
+// domain restoring different states, and malformed state rows: clear errors.
+TEST_F(PlanningStateTest, CorruptOrMismatchedStatesGiveClearErrors) {
+  Planning planning;
+  ASSERT_TRUE(planning.Open("j-1", 1, EplbSpec(), kRanks).ok());
+  ASSERT_FALSE(Run(planning, 1, 0, 4).empty());
+  const std::string state = Save(planning, 1, 0);
+  const std::string later = (Run(planning, 1, 4, 6), Save(planning, 1, 0));
+  ASSERT_NE(later, state);
+
+  ASSERT_TRUE(planning.Open("j-1", 2, EplbSpec(), kRanks).ok());
+  rackrun::v1::PlanReply r = Restore(planning, 2, 0, state.substr(0, state.size() - 5));
+  EXPECT_FALSE(r.state_restored());
+  EXPECT_EQ(r.error_code(), static_cast<int>(absl::StatusCode::kDataLoss));
+  EXPECT_NE(r.error().find("restoring the planner state of domain 0: eplb planner state"), std::string::npos)
+      << r.error();
+  r = Restore(planning, 2, 1, "not a state");
+  EXPECT_EQ(r.error_code(), static_cast<int>(absl::StatusCode::kDataLoss)) << r.error();
+
+  ASSERT_TRUE(planning.Open("j-1", 3, EplbSpec(/*window=*/5), kRanks).ok());
+  r = Restore(planning, 3, 2, state);
+  EXPECT_EQ(r.error_code(), static_cast<int>(absl::StatusCode::kFailedPrecondition)) << r.error();
+  EXPECT_NE(r.error().find("window 4"), std::string::npos) << r.error();
+
+  ASSERT_TRUE(planning.Open("j-1", 4, EplbSpec(), kRanks).ok());
+  EXPECT_TRUE(Restore(planning, 4, 0, state).state_restored());
+  r = Restore(planning, 4, 1, later);
+  EXPECT_EQ(r.error_code(), static_cast<int>(absl::StatusCode::kDataLoss)) << r.error();
+  EXPECT_NE(r.error().find("differs from"), std::string::npos) << r.error();
+  EXPECT_TRUE(Restore(planning, 4, 1, state).state_restored());  // the same bytes again: fine
+
+  ASSERT_TRUE(planning.Open("j-1", 5, EplbSpec(), kRanks).ok());
+  ASSERT_FALSE(Run(planning, 5, 0, 1).empty());
+  r = Restore(planning, 5, 3, state);
+  EXPECT_EQ(r.error_code(), static_cast<int>(absl::StatusCode::kFailedPrecondition)) << r.error();
+  EXPECT_NE(r.error().find("has already planned"), std::string::npos) << r.error();
+
+  rackrun::v1::LoadRow both = StateRow(5, 0);
+  both.set_state_request(true);
+  both.set_restore_state("x");
+  EXPECT_EQ(planning.AddRow(both).code(), absl::StatusCode::kInvalidArgument);
+  rackrun::v1::LoadRow loaded = StateRow(5, 0);
+  loaded.set_state_request(true);
+  loaded.add_loads(1);
+  const absl::Status with_loads = planning.AddRow(loaded);
+  EXPECT_EQ(with_loads.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(with_loads.message()).find("loads: a state_request row carries no loads"),
+            std::string::npos)
+      << with_loads;
+}
+
 TEST(PlanCodecTest, RejectsInconsistentSizes) {
   rackrun::v1::PlanMessage m;
   m.set_ranks(2);

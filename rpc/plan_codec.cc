@@ -98,4 +98,13 @@ absl::Status PlanFromMessage(const rackrun::v1::PlanMessage& m, planner::Plan* p
   return absl::OkStatus();
 }
 
+std::vector<std::string_view> PlannerStateChunks(std::string_view state) {
+  std::vector<std::string_view> chunks;
+  for (size_t at = 0; at < state.size(); at += kPlannerStateChunkBytes) {
+    chunks.push_back(state.substr(at, kPlannerStateChunkBytes));
+  }
+  if (chunks.empty()) chunks.emplace_back();
+  return chunks;
+}
+
 }  // namespace rackrun::rpc

@@ -3,8 +3,16 @@
 // expert's split is its column of the loads, planner/plan.h). Lossless:
 // FromMessage(ToMessage(p, l)) == (p, l), so the fingerprint a rank computes equals the
 // coordinator's.
+//
+// Also the chunking of a planner's state (eplb's history) on the Plans stream
+// (LoadRow.restore_state, PlanReply.planner_state): gRPC messages are bounded (4 MiB by
+// default), a state grows with window x experts x layers, so it travels in chunks.
 #ifndef RACKRUN_RPC_PLAN_CODEC_H_
 #define RACKRUN_RPC_PLAN_CODEC_H_
+
+#include <cstddef>
+#include <string_view>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -25,6 +33,13 @@ void PlanToMessage(const planner::Plan& plan, const planner::LoadMatrix& loads,
 // for that.
 absl::Status PlanFromMessage(const rackrun::v1::PlanMessage& message, planner::Plan* plan,
                              planner::LoadMatrix* loads);
+
+// The most bytes of planner state one LoadRow or PlanReply carries.
+inline constexpr size_t kPlannerStateChunkBytes = size_t{1} << 20;
+
+// `state` cut into chunks of at most kPlannerStateChunkBytes, in order; one empty chunk
+// for an empty state (so the receiver always sees a last chunk). Views into `state`.
+std::vector<std::string_view> PlannerStateChunks(std::string_view state);
 
 }  // namespace rackrun::rpc
 

@@ -192,10 +192,11 @@ class ExpertParallelGroup {
   void WeightsChanged() { ++weights_version_; }
 
   // The training planner's state between microbatches (EPLB's history and placement; empty
-  // for ultraep and none, and with the coordinator as plan source), identical on every
-  // rank, for checkpoints. RestoreState errors as Planner::RestoreState (FailedPrecondition:
-  // saved for another rank count or other balancer settings, or a source that keeps none).
-  std::string SaveState() const { return plan_source_->SaveState(); }
+  // for ultraep and none), identical on every rank of a domain, for checkpoints; with the
+  // coordinator as plan source it is fetched from the coordinator (errors: PlanSource's).
+  // RestoreState errors as Planner::RestoreState (FailedPrecondition: saved for another
+  // rank count or other balancer settings, or a source that keeps none).
+  absl::StatusOr<std::string> SaveState() { return plan_source_->SaveState(); }
   absl::Status RestoreState(std::string_view state) { return plan_source_->RestoreState(state); }
 
   const ExpertParallelStats& stats() const { return stats_; }

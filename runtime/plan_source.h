@@ -56,9 +56,12 @@ class PlanSource {
                              planner::Plan* plan) = 0;
 
   // The training planner's state between microbatches (EPLB's history), identical on every
-  // rank, for checkpoints; empty when the source keeps none here. RestoreState as
-  // planner::Planner::RestoreState.
-  virtual std::string SaveState() const { return {}; }
+  // rank of a domain, for checkpoints; empty when the policy keeps none. Collective-free,
+  // but a source may fetch it (the coordinator keeps it in coordinator mode), so it can
+  // fail; called between Solves. RestoreState as planner::Planner::RestoreState
+  // (FailedPrecondition: saved for other settings; DataLoss: malformed), before the first
+  // Solve.
+  virtual absl::StatusOr<std::string> SaveState() { return std::string(); }
   virtual absl::Status RestoreState(std::string_view state);
 
   // True when Solve carries Request::previous_fingerprint to every rank; the last Solve's
@@ -86,7 +89,7 @@ class InBandPlanSource final : public PlanSource {
   const char* name() const override { return "inband"; }
   absl::Status Solve(const Request& request, planner::LoadMatrix* loads,
                      planner::Plan* plan) override;
-  std::string SaveState() const override { return train_->SaveState(); }
+  absl::StatusOr<std::string> SaveState() override { return train_->SaveState(); }
   absl::Status RestoreState(std::string_view state) override { return train_->RestoreState(state); }
   // The fingerprint rides in the load allgather: each rank's row is its loads and one word.
   bool carries_fingerprints() const override { return true; }

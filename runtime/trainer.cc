@@ -690,11 +690,12 @@ absl::StatusOr<std::string> Trainer::SaveCheckpoint() {
   // as the uninterrupted one would. Domain 0's under "balancer/state" (as with one domain),
   // domain d's under "balancer/state/domain<d>", gathered over the shard channel.
   if (ep_ != nullptr) {
-    const std::string mine = ep_->SaveState();
+    absl::StatusOr<std::string> mine = ep_->SaveState();
+    if (!mine.ok()) return base::Annotate(mine.status(), "saving the balancer state");
     if (shard_channel_ == nullptr) {
-      c.sections.push_back({"balancer/state", mine});
+      c.sections.push_back({"balancer/state", *std::move(mine)});
     } else {
-      absl::StatusOr<std::vector<std::string>> states = GatherStrings(*shard_channel_, mine);
+      absl::StatusOr<std::vector<std::string>> states = GatherStrings(*shard_channel_, *mine);
       if (!states.ok()) return base::Annotate(states.status(), "gathering balancer states");
       c.sections.push_back({"balancer/state", (*states)[0]});
       for (size_t d = 1; d < states->size(); ++d) {

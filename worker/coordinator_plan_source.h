@@ -7,8 +7,14 @@
 // checks the invariants and compares fingerprints across the domain, exactly as for
 // in-band plans.
 //
-// Not thread-safe: the training thread of one rank uses it. The balancer's history lives
-// in the coordinator, so checkpoints hold none (a resumed job plans with a fresh history).
+// Checkpoints: the training planner's history (eplb's) lives in the coordinator. SaveState
+// asks for the domain's (a LoadRow with state_request; the state comes back in
+// PlanReply.planner_state chunks), so the checkpoint holds it as an in-band one does;
+// RestoreState sends a checkpoint's state (restore_state chunks) before any loads, and the
+// coordinator restores the domain's planner before its first plan: a resumed job plans as
+// the uninterrupted one. Evaluation planners' history is in no checkpoint (as in-band).
+//
+// Not thread-safe: the training thread of one rank uses it.
 #ifndef RACKRUN_WORKER_COORDINATOR_PLAN_SOURCE_H_
 #define RACKRUN_WORKER_COORDINATOR_PLAN_SOURCE_H_
 
@@ -42,6 +48,10 @@ class CoordinatorPlanSource final : public runtime::PlanSource {
   const char* name() const override { return "coordinator"; }
   absl::Status Solve(const Request& request, planner::LoadMatrix* loads,
                      planner::Plan* plan) override;
+  // Unavailable when the stream broke; the coordinator's error otherwise (RestoreState:
+  // FailedPrecondition for a state saved with other settings, DataLoss for bad bytes).
+  absl::StatusOr<std::string> SaveState() override;
+  absl::Status RestoreState(std::string_view state) override;
 
   // Called with the seconds of every round trip (metrics); on the training thread.
   void set_on_round_trip(std::function<void(double)> f) { on_round_trip_ = std::move(f); }
@@ -50,6 +60,13 @@ class CoordinatorPlanSource final : public runtime::PlanSource {
   double round_trip_s() const { return round_trip_s_; }
 
  private:
+  // Opens the attempt's stream when none is open.
+  void OpenStream();
+  // A row, naming job, attempt, rank and domain on the stream's first.
+  rackrun::v1::LoadRow NewRow();
+  // Ends the stream after `what` (write failed, ended): Unavailable naming the coordinator.
+  absl::Status Broken(const std::string& what);
+
   Connection& connection_;
   std::string job_id_;
   int attempt_;

@@ -74,6 +74,28 @@ class DaemonsTest : public ::rackrun::testing::DaemonFixture {
       EXPECT_NE(Int(r, "pid"), pid) << "the restart was placed on the worker that drained: " << job.dump();
     }
   }
+
+  // Step -> the step's loss and plan-dependent fields (per-layer rank imbalance after
+  // balancing, replicas), as JSON text; the last record of each step (a restarted attempt
+  // appends to the log).
+  static std::map<int64_t, std::string> StepRecords(const fs::path& path) {
+    std::map<int64_t, std::string> out;
+    for (const std::string& line : ::rackrun::testing::Lines(path)) {
+      const json r = json::parse(line, nullptr, false);
+      if (!r.is_object() || !r.contains("step")) continue;
+      out[r["step"].get<int64_t>()] =
+          json{{"loss", r.value("loss", json())}, {"val_loss", r.value("val_loss", json())},
+               {"rank_imbalance_after", r.value("rank_imbalance_after", json())},
+               {"replicas", r.value("replicas", json())}}
+              .dump();
+    }
+    return out;
+  }
+
+  // Coordinator-mode eplb with checkpoints, restartable once.
+  static constexpr const char* kCoordinatorEplb =
+      "--set balancer.policy=eplb --set balancer.mode=coordinator --set balancer.eplb_interval=4 "
+      "--set restart.max_attempts=2 --set restart.backoff_s=0.2";
 };
 
 // Submit through the CLI to 2 hand-launched workers, watch to SUCCEEDED; the loss
@@ -173,6 +195,94 @@ TEST_F(DaemonsTest, FourMpirunWorkersCoordinatorModePlansLikeInBand) {
         EXPECT_EQ(Int(w, "launcher_rank"), Int(r, "rank"));
       }
     }
+  }
+}
+
+// Coordinator mode, eplb: the balancer's history lives in the coordinator. A job whose
+// rank 1 dies (its worker's process exits in step 7: RACKRUN_FAULT) after the checkpoint of
+// step 4 restarts from that checkpoint on the spare worker, and steps 5..12 of the
+// restarted attempt equal the uninterrupted run's bit for bit: losses, and the plans'
+// effect (per-layer rank imbalance after balancing, replicas), which a fresh eplb history
+// would change. The checkpoint carries the coordinator's planner state
+// (LoadRow.state_request) and the restarted ranks restore it (restore_state).
+TEST_F(DaemonsTest, CoordinatorModeEplbJobRestartedFromACheckpointPlansLikeTheUninterruptedRun) {
+  StartCoordinator();
+  StartWorker(0);
+  StartWorker(2);
+  WaitIdle(2);
+  const std::string sets =
+      std::string(kCoordinatorEplb) + " --set training.steps=12 --set checkpoint.interval=4";
+  const fs::path full_log = dir_ / "uninterrupted.jsonl";
+  const std::string full = Submit(sets + " --set checkpoint.dir=" + (dir_ / "ckpt-full").string() +
+                                      " --set logging.json=" + full_log.string(),
+                                  "submit-uninterrupted");
+  const json done = WaitState(full, "SUCCEEDED", std::chrono::seconds(120));
+  ASSERT_EQ(done.value("state", ""), "SUCCEEDED") << done.dump();
+  ASSERT_EQ(done["attempts"].size(), 1u) << done.dump();
+
+  // Worker 1 (launcher rank 1: the job's rank 1) exits in microbatch 13 (step 7).
+  Child& victim = StartWorker(1, {}, {"RACKRUN_FAULT=exit:rank=1,layer=0,microbatch=13"});
+  WaitIdle(3);
+  const fs::path log = dir_ / "restarted.jsonl";
+  const std::string id = Submit(sets + " --set checkpoint.dir=" + (dir_ / "ckpt").string() +
+                                    " --set logging.json=" + log.string(),
+                                "submit-restarted");
+  const json job = WaitState(id, "SUCCEEDED", std::chrono::seconds(180));
+  ASSERT_EQ(job.value("state", ""), "SUCCEEDED") << job.dump();
+  ASSERT_EQ(job["attempts"].size(), 2u) << job.dump();
+  EXPECT_EQ(job["first_failure"].value("kind", ""), "WORKER_LOST") << job.dump();
+  EXPECT_EQ(Int(job["first_failure"], "pid"), victim.pid()) << job.dump();
+  EXPECT_EQ(Int(job["attempts"][1], "start_step"), 4) << job.dump();
+
+  const std::map<int64_t, std::string> uninterrupted = StepRecords(full_log), restarted = StepRecords(log);
+  ASSERT_EQ(uninterrupted.size(), 12u);
+  ASSERT_EQ(restarted.size(), 12u);
+  for (int64_t step = 5; step <= 12; ++step) {
+    EXPECT_EQ(restarted.at(step), uninterrupted.at(step)) << "step " << step;
+  }
+}
+
+// kill -9 of the coordinator during a coordinator-mode eplb job, then a restart on the same
+// state: the plan streams broke, so the attempt fails (a coordinator restart still ends a
+// coordinator-mode attempt) and the job restarts (restart.on error) at the last checkpoint
+// the coordinator heard of before it died (replayed from its persisted events, not 0);
+// the restarted attempt's steps equal an uninterrupted run's bit for bit (losses and
+// plans: the checkpoint holds the coordinator's eplb history).
+TEST_F(DaemonsTest, CoordinatorRestartDuringACoordinatorModeEplbJobKeepsItsPlans) {
+  StartCoordinator();
+  StartWorker(0);
+  StartWorker(1);
+  WaitIdle(2);
+  const std::string sets = std::string(kCoordinatorEplb) +
+                           " --set training.steps=40 --set checkpoint.interval=2"
+                           " --set restart.on=error,hang,worker_lost";
+  const fs::path full_log = dir_ / "uninterrupted.jsonl";
+  const std::string full = Submit(sets + " --set checkpoint.dir=" + (dir_ / "ckpt-full").string() +
+                                      " --set logging.json=" + full_log.string(),
+                                  "submit-uninterrupted");
+  const json done = WaitState(full, "SUCCEEDED", std::chrono::seconds(120));
+  ASSERT_EQ(done.value("state", ""), "SUCCEEDED") << done.dump();
+
+  const fs::path log = dir_ / "restarted.jsonl";
+  const std::string id = Submit(sets + " --set checkpoint.dir=" + (dir_ / "ckpt").string() +
+                                    " --set logging.json=" + log.string(),
+                                "submit-restarted");
+  WaitStep(id, 5);  // 35 steps left: the kill lands mid-job
+  coordinator_->Signal(SIGKILL);
+  coordinator_->Wait(std::chrono::seconds(10));
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  StartCoordinator();
+  const json job = WaitState(id, "SUCCEEDED", std::chrono::seconds(180));
+  ASSERT_EQ(job.value("state", ""), "SUCCEEDED") << job.dump();
+  ASSERT_EQ(job["attempts"].size(), 2u) << job.dump();
+  const int64_t start = Int(job["attempts"][1], "start_step");
+  EXPECT_GE(start, 4) << "the checkpoint of step 4 was reported before step 5: " << job.dump();
+  EXPECT_EQ(start % 2, 0) << job.dump();
+  const std::map<int64_t, std::string> uninterrupted = StepRecords(full_log), restarted = StepRecords(log);
+  ASSERT_EQ(uninterrupted.size(), 40u);
+  ASSERT_EQ(restarted.size(), 40u);
+  for (int64_t step = start + 1; step <= 40; ++step) {
+    EXPECT_EQ(restarted.at(step), uninterrupted.at(step)) << "step " << step;
   }
 }
 
