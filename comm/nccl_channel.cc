@@ -27,6 +27,18 @@ absl::Status NcclError(absl::string_view call, ncclResult_t code, ncclComm_t com
       last != nullptr ? last : "", last != nullptr && *last != '\0' ? ")" : ""));
 }
 
+// A non-blocking communicator's configuration: every call returns at once and is waited for
+// by polling, so every wait can time out.
+ncclConfig_t NonBlockingConfig() {
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wold-style-cast"
+#pragma GCC diagnostic ignored "-Wpedantic"
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+#pragma GCC diagnostic pop
+  config.blocking = 0;
+  return config;
+}
+
 ncclDataType_t NcclType(DataType type) {
   switch (type) {
     case DataType::kByte:
@@ -426,12 +438,7 @@ class NcclChannel final : public DataChannel {
     root_ranks.reserve(members.size());
     for (const int r : members) root_ranks.push_back(RootRank(r));
 
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wold-style-cast"
-#pragma GCC diagnostic ignored "-Wpedantic"
-    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-#pragma GCC diagnostic pop
-    config.blocking = 0;
+    ncclConfig_t config = NonBlockingConfig();
     const absl::Time start = absl::Now();
     const absl::Time deadline = start + timeout();
     ncclComm_t sub = nullptr;
@@ -658,14 +665,7 @@ class NcclChannel final : public DataChannel {
 absl::StatusOr<std::unique_ptr<DataChannel>> InitNcclChannel(const ncclUniqueId& id, int rank,
                                                              int size, absl::Time deadline,
                                                              const NcclChannelOptions& options) {
-  // Non-blocking communicator: every call returns at once and is waited for by polling,
-  // so every wait can time out.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wold-style-cast"
-#pragma GCC diagnostic ignored "-Wpedantic"
-  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-#pragma GCC diagnostic pop
-  config.blocking = 0;
+  ncclConfig_t config = NonBlockingConfig();
   ncclComm_t comm = nullptr;
   ncclResult_t r = ncclCommInitRankConfig(&comm, size, id, rank, &config);
   if (r != ncclSuccess && r != ncclInProgress) {

@@ -288,22 +288,55 @@ void CheckPeerChannelDestroyedFailsTheSurvivor(const StoreChannelFactory& factor
       }).ok());
 }
 
+// Rank 0's side of a killed-peer check: a fresh folder (removed by the caller) holds the
+// rendezvous of rank 0 (this process) and rank 1 (a child running child_test in `mode`).
+struct ChildPeer {
+  std::string dir;
+  pid_t child = -1;
+  std::unique_ptr<DirectoryRendezvousStore> store;
+  absl::StatusOr<std::unique_ptr<DataChannel>> channel;
+};
+
+// Starts the child and connects to it; on a failed connect the child is killed and reaped
+// (channel holds the error). child == -1: fork failed (errno says why).
+ChildPeer ConnectToChildRank(const StoreChannelFactory& factory, const std::string& folder,
+                             const std::string& child_test, const char* mode,
+                             absl::Duration timeout) {
+  ChildPeer p;
+  p.dir = (std::filesystem::temp_directory_path() / (folder + "-" + std::to_string(getpid())))
+              .string();
+  std::filesystem::create_directories(p.dir);
+  p.child = StartChildRank(p.dir, child_test, mode);
+  if (p.child == -1) return p;
+  p.store = std::make_unique<DirectoryRendezvousStore>(p.dir);
+  p.channel = factory(*p.store, "job/killed", 0, 2, timeout);
+  if (!p.channel.ok()) {
+    kill(p.child, SIGKILL);
+    waitpid(p.child, nullptr, 0);
+  }
+  return p;
+}
+
+// Reaps the killed child and checks the survivor's error: the closed connection seen (not
+// the timeout), naming the collective and both ranks.
+void ExpectKilledPeerNamed(pid_t child, const absl::Status& s, const std::string& context) {
+  int status = 0;
+  waitpid(child, &status, 0);
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << status;
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s << context;
+  EXPECT_THAT(s.message(), HasSubstr("AllReduce"));
+  EXPECT_THAT(s.message(), HasSubstr("on rank 0"));
+  EXPECT_THAT(s.message(), HasSubstr("with rank 1"));
+}
+
 void CheckPeerProcessKilledFailsTheSurvivor(const StoreChannelFactory& factory,
                                             const std::string& child_test) {
-  const std::string dir =
-      (std::filesystem::temp_directory_path() / ("rackrun-killed-" + std::to_string(getpid())))
-          .string();
-  std::filesystem::create_directories(dir);
-  const pid_t child = StartChildRank(dir, child_test, "idle");
-  ASSERT_NE(child, -1) << std::strerror(errno);
-  DirectoryRendezvousStore store(dir);
   const absl::Duration timeout = absl::Seconds(10);
-  auto channel = factory(store, "job/killed", 0, 2, timeout);
-  if (!channel.ok()) {
-    kill(child, SIGKILL);
-    waitpid(child, nullptr, 0);
-    FAIL() << channel.status();
-  }
+  ChildPeer peer = ConnectToChildRank(factory, "rackrun-killed", child_test, "idle", timeout);
+  ASSERT_NE(peer.child, -1) << std::strerror(errno);
+  const pid_t child = peer.child;
+  auto& channel = peer.channel;
+  ASSERT_TRUE(channel.ok()) << channel.status();
   // Kill the peer while this rank waits for it in a collective.
   std::thread killer([child] {
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
@@ -315,18 +348,11 @@ void CheckPeerProcessKilledFailsTheSurvivor(const StoreChannelFactory& factory,
       (*channel)->AllReduce(x.data(), x.data(), 4096, DataType::kInt64, ReduceOp::kSum);
   const absl::Duration took = absl::Now() - start;
   killer.join();
-  int status = 0;
-  waitpid(child, &status, 0);
-  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << status;
-  // The closed connection is seen, not the timeout.
-  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
-  EXPECT_THAT(s.message(), HasSubstr("AllReduce"));
-  EXPECT_THAT(s.message(), HasSubstr("on rank 0"));
-  EXPECT_THAT(s.message(), HasSubstr("with rank 1"));
+  ExpectKilledPeerNamed(child, s, "");
   EXPECT_EQ((*channel)->Barrier().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_LT(took, timeout);
   channel->reset();
-  std::filesystem::remove_all(dir);
+  std::filesystem::remove_all(peer.dir);
 }
 
 void RunAsKilledChild(const StoreChannelFactory& factory) {
@@ -354,20 +380,13 @@ void RunAsKilledChild(const StoreChannelFactory& factory) {
 
 void CheckPeerProcessKilledMidTransferFailsTheSurvivor(const StoreChannelFactory& factory,
                                                        const std::string& child_test) {
-  const std::string dir =
-      (std::filesystem::temp_directory_path() / ("rackrun-killed-mid-" + std::to_string(getpid())))
-          .string();
-  std::filesystem::create_directories(dir);
-  const pid_t child = StartChildRank(dir, child_test, "transfer");
-  ASSERT_NE(child, -1) << std::strerror(errno);
-  DirectoryRendezvousStore store(dir);
   const absl::Duration timeout = absl::Seconds(10);
-  auto channel = factory(store, "job/killed", 0, 2, timeout);
-  if (!channel.ok()) {
-    kill(child, SIGKILL);
-    waitpid(child, nullptr, 0);
-    FAIL() << channel.status();
-  }
+  ChildPeer peer =
+      ConnectToChildRank(factory, "rackrun-killed-mid", child_test, "transfer", timeout);
+  ASSERT_NE(peer.child, -1) << std::strerror(errno);
+  const pid_t child = peer.child;
+  auto& channel = peer.channel;
+  ASSERT_TRUE(channel.ok()) << channel.status();
   std::vector<int64_t> x(static_cast<size_t>(kLargeCount), 1);
   // One all-reduce completes first: both ranks are in the loop of large transfers.
   absl::Status s =
@@ -388,19 +407,13 @@ void CheckPeerProcessKilledMidTransferFailsTheSurvivor(const StoreChannelFactory
   }
   const absl::Duration took = absl::Now() - start;
   killer.join();
-  int status = 0;
-  waitpid(child, &status, 0);
-  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << status;
   // This process is still here (no abort in the transport), and the error names the peer.
-  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s << " after " << rounds << " rounds";
-  EXPECT_THAT(s.message(), HasSubstr("AllReduce"));
-  EXPECT_THAT(s.message(), HasSubstr("on rank 0"));
-  EXPECT_THAT(s.message(), HasSubstr("with rank 1"));
+  ExpectKilledPeerNamed(child, s, absl::StrCat(" after ", rounds, " rounds"));
   EXPECT_LT(took, timeout);
   const absl::Time teardown = absl::Now();
   channel->reset();
   EXPECT_LT(absl::Now() - teardown, timeout);
-  std::filesystem::remove_all(dir);
+  std::filesystem::remove_all(peer.dir);
 }
 
 void CheckMessagesSentBeforeCloseArrive(const StoreChannelFactory& factory) {
