@@ -31,7 +31,7 @@ std::vector<RankPlacement> Ranks(int n) {
   for (int r = 0; r < n; ++r) {
     RankPlacement p;
     p.set_rank(r);
-    p.set_worker_id("w-" + std::to_string(r + 1));
+    p.set_worker_id(absl::StrCat("w-", r + 1));
     p.set_host("h");
     p.set_pid(100 + r);
     out.push_back(p);
@@ -202,7 +202,7 @@ Failure HangOf(int rank, const std::string& phase) {
   Failure f;
   f.set_kind(rackrun::v1::HANG);
   f.set_rank(rank);
-  f.set_worker_id("w-" + std::to_string(rank + 1));
+  f.set_worker_id(absl::StrCat("w-", rank + 1));
   f.set_phase(phase);
   f.set_message("in phase " + phase + " for 3.006 s (hang timeout 3 s)");
   return f;
@@ -425,7 +425,7 @@ TEST_F(JobsTest, CancelQueuedAndRunning) {
 }
 
 TEST_F(JobsTest, ListNewestFirstPaged) {
-  for (int i = 0; i < 5; ++i) ASSERT_TRUE(jobs_->Submit(Spec(1), "r" + std::to_string(i)).ok());
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(jobs_->Submit(Spec(1), absl::StrCat("r", i)).ok());
   ASSERT_TRUE(jobs_->Cancel("j-2", "").ok());
   rackrun::v1::ListJobsRequest req;
   req.set_page_size(2);
