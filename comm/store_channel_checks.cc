@@ -318,13 +318,16 @@ ChildPeer ConnectToChildRank(const StoreChannelFactory& factory, const std::stri
 }
 
 // Reaps the killed child and checks the survivor's error: the closed connection seen (not
-// the timeout), naming the collective and both ranks.
-void ExpectKilledPeerNamed(pid_t child, const absl::Status& s, const std::string& context) {
+// the timeout), naming both ranks, and the collective where `names_collective`.
+void ExpectKilledPeerNamed(pid_t child, const absl::Status& s, const std::string& context,
+                           bool names_collective) {
   int status = 0;
   waitpid(child, &status, 0);
   EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << status;
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s << context;
-  EXPECT_THAT(s.message(), HasSubstr("AllReduce"));
+  if (names_collective) {
+    EXPECT_THAT(s.message(), HasSubstr("AllReduce"));
+  }
   EXPECT_THAT(s.message(), HasSubstr("on rank 0"));
   EXPECT_THAT(s.message(), HasSubstr("with rank 1"));
 }
@@ -348,7 +351,7 @@ void CheckPeerProcessKilledFailsTheSurvivor(const StoreChannelFactory& factory,
       (*channel)->AllReduce(x.data(), x.data(), 4096, DataType::kInt64, ReduceOp::kSum);
   const absl::Duration took = absl::Now() - start;
   killer.join();
-  ExpectKilledPeerNamed(child, s, "");
+  ExpectKilledPeerNamed(child, s, "", /*names_collective=*/true);
   EXPECT_EQ((*channel)->Barrier().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_LT(took, timeout);
   channel->reset();
@@ -408,7 +411,10 @@ void CheckPeerProcessKilledMidTransferFailsTheSurvivor(const StoreChannelFactory
   const absl::Duration took = absl::Now() - start;
   killer.join();
   // This process is still here (no abort in the transport), and the error names the peer.
-  ExpectKilledPeerNamed(child, s, absl::StrCat(" after ", rounds, " rounds"));
+  // Not always the collective: under ThreadSanitizer Gloo's error named the Recv inside the
+  // all-reduce ("Recv on rank 0 of 2 with rank 1 ...") instead of the AllReduce.
+  ExpectKilledPeerNamed(child, s, absl::StrCat(" after ", rounds, " rounds"),
+                        /*names_collective=*/false);
   EXPECT_LT(took, timeout);
   const absl::Time teardown = absl::Now();
   channel->reset();
