@@ -103,7 +103,7 @@ absl::Status Planning::AddRow(const rackrun::v1::LoadRow& row) {
   reply.set_layer(row.layer());
   reply.set_domain(domain);
   planner::Planner& planner = row.training() ? *dp.train : *dp.eval;
-  if (row.training()) dp.trained = true;
+  dp.planned = true;
   absl::Status st = planner.SolveInto(p.loads, row.layer(), &dp.plan);
   if (st.ok()) st = planner::CheckPlanInvariants(d, p.loads, dp.plan, s.setup.invariants);
   if (st.ok()) {
@@ -136,7 +136,7 @@ absl::Status Planning::StateRowLocked(Session& s, int domain, const rackrun::v1:
     return &r;
   };
   if (row.state_request()) {
-    const std::string state = dp.train->SaveState();
+    const std::string state = planner::SavePlannerStates(*dp.train, *dp.eval);
     const std::vector<std::string_view> chunks = rpc::PlannerStateChunks(state);
     for (size_t i = 0; i < chunks.size(); ++i) {
       rackrun::v1::PlanReply* r = reply_to();
@@ -162,9 +162,9 @@ absl::Status Planning::StateRowLocked(Session& s, int domain, const rackrun::v1:
   buffer.clear();
   const std::string where = s.domains.size() > 1 ? absl::StrCat(" of domain ", domain) : "";
   absl::Status st;
-  if (dp.trained) {
+  if (dp.planned) {
     st = absl::FailedPreconditionError(absl::StrCat(
-        "the training planner", where, " has already planned; restore its state before the first row"));
+        "the planners", where, " have already planned; restore their state before the first row"));
   } else if (dp.restored.has_value()) {
     if (*dp.restored != state) {
       st = absl::DataLossError(absl::StrCat(
@@ -173,7 +173,7 @@ absl::Status Planning::StateRowLocked(Session& s, int domain, const rackrun::v1:
           " bytes another rank of it restored; its ranks resumed from different checkpoints"));
     }
   } else {
-    st = dp.train->RestoreState(state);
+    st = planner::RestorePlannerStates(state, *dp.train, *dp.eval);
     if (st.ok()) dp.restored = state;
   }
   rackrun::v1::PlanReply* r = reply_to();

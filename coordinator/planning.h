@@ -12,14 +12,15 @@
 // the streams of that domain's ranks only. Domains never wait for each other: a slow rank
 // delays its own domain's plans and no other's.
 //
-// Checkpoints: the training planners' state (eplb's history) lives here, so a row may ask
-// for its domain's (LoadRow.state_request: the reply is the state in PlanReply.planner_state
-// chunks, queued for that rank only) or restore it from a checkpoint (restore_state chunks:
-// once the last is in, the domain's training planner is restored before it plans any
-// training microbatch; every rank of the domain restores the same bytes, a rank whose
-// bytes differ from an earlier rank's is DataLoss). The state a rank gets is the one
-// after every training plan it received: a domain's planner moves on only when all its
-// ranks' rows are in, and a rank asks before sending its next row.
+// Checkpoints: the planners' state (eplb's history of training and of evaluation
+// microbatches, planner::SavePlannerStates) lives here, so a row may ask for its domain's
+// (LoadRow.state_request: the reply is the state in PlanReply.planner_state chunks, queued
+// for that rank only) or restore it from a checkpoint (restore_state chunks: once the last
+// is in, the domain's planners are restored before they plan any microbatch; every rank
+// of the domain restores the same bytes, a rank whose bytes differ from an earlier rank's
+// is DataLoss). The state a rank gets is the one after every plan it received: a domain's
+// planners move on only when all its ranks' rows are in, and a rank asks before sending
+// its next row.
 //
 // Thread safety: all methods are thread-safe.
 #ifndef RACKRUN_COORDINATOR_PLANNING_H_
@@ -93,8 +94,8 @@ class Planning {
     std::unique_ptr<planner::Planner> eval;
     std::map<std::tuple<int64_t, int, bool>, Pending> pending;
     planner::Plan plan;  // reused buffers
-    bool trained = false;  // a training microbatch was planned: too late to restore
-    std::optional<std::string> restored;  // the state the training planner was restored from
+    bool planned = false;  // a microbatch was planned: too late to restore
+    std::optional<std::string> restored;  // the state the planners were restored from
   };
   struct Session {
     jobspec::BalancerSetup setup;  // on G ranks: one domain's

@@ -280,8 +280,8 @@ TEST(PlanningTest, BadRowsAndClosedAttempts) {
   EXPECT_EQ(planning.Open("j-2", 1, odd, 4).code(), absl::StatusCode::kInvalidArgument);
 }
 
-// Checkpoints of coordinator-mode planning: a rank asks for its domain's training planner
-// state (state_request) and a resumed attempt restores it (restore_state chunks).
+// Checkpoints of coordinator-mode planning: a rank asks for its domain's planner state
+// (state_request) and a resumed attempt restores it (restore_state chunks).
 class PlanningStateTest : public ::testing::Test {
  protected:
   static constexpr int kRanks = 4, kG = 2;
@@ -302,9 +302,10 @@ class PlanningStateTest : public ::testing::Test {
     return loads;
   }
   // Plans microbatches [from, to) of 2 layers (every 4th an evaluation one) on `attempt`
-  // and returns every rank's fingerprints of the training ones in order (evaluation
-  // planners' history is in no checkpoint, in-band neither).
-  static std::vector<uint64_t> Run(Planning& planning, int attempt, int64_t from, int64_t to) {
+  // and returns every rank's fingerprints of the training ones in order; the evaluation
+  // ones' go to `evaluation` when given.
+  static std::vector<uint64_t> Run(Planning& planning, int attempt, int64_t from, int64_t to,
+                                   std::vector<uint64_t>* evaluation = nullptr) {
     std::vector<uint64_t> fingerprints;
     for (int64_t mb = from; mb < to; ++mb) {
       for (int layer = 0; layer < 2; ++layer) {
@@ -319,7 +320,11 @@ class PlanningStateTest : public ::testing::Test {
           EXPECT_TRUE(reply.ok() && reply->has_value());
           if (!reply.ok() || !reply->has_value()) return fingerprints;
           EXPECT_TRUE((*reply)->error().empty()) << (*reply)->error();
-          if (training) fingerprints.push_back((*reply)->fingerprint());
+          if (training) {
+            fingerprints.push_back((*reply)->fingerprint());
+          } else if (evaluation != nullptr) {
+            evaluation->push_back((*reply)->fingerprint());
+          }
         }
       }
     }
@@ -366,8 +371,9 @@ class PlanningStateTest : public ::testing::Test {
   }
 };
 
-// Save after 6 microbatches, restore on a new attempt: the following plans equal the
-// uninterrupted attempt's, domain by domain, and a saved state round-trips.
+// Save after 6 microbatches, restore on a new attempt: the following plans, of training
+// and of evaluation microbatches, equal the uninterrupted attempt's, domain by domain, and
+// a saved state round-trips.
 TEST_F(PlanningStateTest, SaveRestoreEqualsAndPlansLikeTheUninterruptedRun) {
   Planning planning;
   ASSERT_TRUE(planning.Open("j-1", 1, EplbSpec(), kRanks).ok());
@@ -378,7 +384,9 @@ TEST_F(PlanningStateTest, SaveRestoreEqualsAndPlansLikeTheUninterruptedRun) {
   EXPECT_EQ(saved[1], saved[0]);  // the same on every rank of a domain
   EXPECT_EQ(saved[3], saved[2]);
   EXPECT_NE(saved[2], saved[0]);  // domains keep their own history
-  const std::vector<uint64_t> uninterrupted = Run(planning, 1, 6, 14);
+  std::vector<uint64_t> uninterrupted_eval;
+  const std::vector<uint64_t> uninterrupted = Run(planning, 1, 6, 14, &uninterrupted_eval);
+  ASSERT_FALSE(uninterrupted_eval.empty());
 
   ASSERT_TRUE(planning.Open("j-1", 2, EplbSpec(), kRanks).ok());
   for (int rank = 0; rank < kRanks; ++rank) {
@@ -387,11 +395,16 @@ TEST_F(PlanningStateTest, SaveRestoreEqualsAndPlansLikeTheUninterruptedRun) {
     EXPECT_EQ(r.domain(), rank / kG);
   }
   for (int rank : {0, 3}) EXPECT_EQ(Save(planning, 2, rank), saved[rank]);
-  EXPECT_EQ(Run(planning, 2, 6, 14), uninterrupted);
+  std::vector<uint64_t> restored_eval;
+  EXPECT_EQ(Run(planning, 2, 6, 14, &restored_eval), uninterrupted);
+  EXPECT_EQ(restored_eval, uninterrupted_eval);
 
-  // Without the restore the plans differ (the test can fail).
+  // Without the restore the plans differ, of training and of evaluation microbatches
+  // (the test can fail).
   ASSERT_TRUE(planning.Open("j-1", 3, EplbSpec(), kRanks).ok());
-  EXPECT_NE(Run(planning, 3, 6, 14), uninterrupted);
+  std::vector<uint64_t> fresh_eval;
+  EXPECT_NE(Run(planning, 3, 6, 14, &fresh_eval), uninterrupted);
+  EXPECT_NE(fresh_eval, uninterrupted_eval);
 
   // A policy without history: one empty last chunk, and an empty state restores.
   ASSERT_TRUE(planning.Open("j-2", 1, TwoByTwoSpec(), kRanks).ok());
@@ -452,7 +465,7 @@ TEST_F(PlanningStateTest, CorruptOrMismatchedStatesGiveClearErrors) {
   rackrun::v1::PlanReply r = Restore(planning, 2, 0, state.substr(0, state.size() - 5));
   EXPECT_FALSE(r.state_restored());
   EXPECT_EQ(r.error_code(), static_cast<int>(absl::StatusCode::kDataLoss));
-  EXPECT_NE(r.error().find("restoring the planner state of domain 0: eplb planner state"), std::string::npos)
+  EXPECT_NE(r.error().find("restoring the planner state of domain 0: planner states of"), std::string::npos)
       << r.error();
   r = Restore(planning, 2, 1, "not a state");
   EXPECT_EQ(r.error_code(), static_cast<int>(absl::StatusCode::kDataLoss)) << r.error();
@@ -473,7 +486,7 @@ TEST_F(PlanningStateTest, CorruptOrMismatchedStatesGiveClearErrors) {
   ASSERT_FALSE(Run(planning, 5, 0, 1).empty());
   r = Restore(planning, 5, 3, state);
   EXPECT_EQ(r.error_code(), static_cast<int>(absl::StatusCode::kFailedPrecondition)) << r.error();
-  EXPECT_NE(r.error().find("has already planned"), std::string::npos) << r.error();
+  EXPECT_NE(r.error().find("have already planned"), std::string::npos) << r.error();
 
   rackrun::v1::LoadRow both = StateRow(5, 0);
   both.set_state_request(true);

@@ -452,5 +452,63 @@ TEST(EplbPlannerTest, RestoredStatePlansLikeTheSavedPlanner) {
   EXPECT_EQ((*ultraep)->RestoreState(state).code(), absl::StatusCode::kFailedPrecondition);
 }
 
+// A job's training and evaluation planners checkpoint as one payload: both histories come
+// back; a training state alone (what checkpoints held before) leaves the evaluation planner
+// fresh; damaged or mismatched payloads change neither planner; stateless policies save "".
+TEST(EplbPlannerTest, TrainingAndEvaluationStatesSaveAndRestoreTogether) {
+  const Domain domain{4, 2, 1};
+  PlannerOptions options;
+  options.eplb_window = 3;
+  options.eplb_interval = 2;
+  const auto loads_at = [](int m, int hot) {
+    LoadMatrix l = Uniform(4, 8, 1 + m % 3);
+    for (int src = 0; src < 4; ++src) l.at(src, (m / 2 + hot) % 8) = 40 + 5 * src;
+    return l;
+  };
+  EplbPlanner train(domain, options), eval(domain, options);
+  for (int m = 0; m < 5; ++m) {
+    ASSERT_TRUE(train.Solve(loads_at(m, 0), 0).ok());
+    ASSERT_TRUE(eval.Solve(loads_at(m, 3), 0).ok());
+  }
+  const std::string both = SavePlannerStates(train, eval);
+  EplbPlanner train2(domain, options), eval2(domain, options);
+  ASSERT_TRUE(RestorePlannerStates(both, train2, eval2).ok());
+  EXPECT_EQ(train2.SaveState(), train.SaveState());
+  EXPECT_EQ(eval2.SaveState(), eval.SaveState());
+  EXPECT_EQ(SavePlannerStates(train2, eval2), both);
+  for (int m = 5; m < 9; ++m) {
+    EXPECT_EQ(*eval2.Solve(loads_at(m, 3), 0), *eval.Solve(loads_at(m, 3), 0)) << m;
+  }
+
+  // A training state alone: the evaluation planner starts fresh.
+  EplbPlanner train3(domain, options), eval3(domain, options);
+  const std::string fresh = eval3.SaveState();
+  ASSERT_TRUE(RestorePlannerStates(train.SaveState(), train3, eval3).ok());
+  EXPECT_EQ(train3.SaveState(), train.SaveState());
+  EXPECT_EQ(eval3.SaveState(), fresh);
+
+  // Damaged or for other settings: an error, and neither planner changed.
+  EplbPlanner train4(domain, options), eval4(domain, options);
+  for (const std::string& bad : {both.substr(0, both.size() - 1), both + "x", both.substr(0, 12)}) {
+    EXPECT_EQ(RestorePlannerStates(bad, train4, eval4).code(), absl::StatusCode::kDataLoss);
+    EXPECT_EQ(train4.SaveState(), fresh);
+    EXPECT_EQ(eval4.SaveState(), fresh);
+  }
+  // The evaluation part fits but the training part is for another window: rolled back.
+  PlannerOptions longer = options;
+  longer.eplb_window = 4;
+  EplbPlanner other_train(domain, longer);
+  const std::string mixed = SavePlannerStates(other_train, eval);
+  EXPECT_EQ(RestorePlannerStates(mixed, train4, eval4).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(eval4.SaveState(), fresh);
+  EXPECT_EQ(train4.SaveState(), fresh);
+
+  absl::StatusOr<std::unique_ptr<Planner>> a = MakePlanner("ultraep", domain, options);
+  absl::StatusOr<std::unique_ptr<Planner>> b = MakePlanner("ultraep", domain, options);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_TRUE(SavePlannerStates(**a, **b).empty());
+  EXPECT_TRUE(RestorePlannerStates("", **a, **b).ok());
+}
+
 }  // namespace
 }  // namespace rackrun::planner

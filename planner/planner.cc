@@ -1,6 +1,8 @@
 #include "planner/planner.h"
 
+#include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -19,6 +21,66 @@ absl::Status Planner::RestoreState(std::string_view state) {
                                                     "' policy keeps no state between microbatches, "
                                                     "but a state of ",
                                                     state.size(), " bytes was given"));
+}
+
+namespace {
+
+// "RRPLPAIR": a training state and an evaluation state, each after its length (8 bytes,
+// little-endian as the planners' own states).
+constexpr char kPairMagic[8] = {'R', 'R', 'P', 'L', 'P', 'A', 'I', 'R'};
+
+void PutLength(std::string& out, uint64_t n) {
+  for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((n >> (8 * i)) & 0xff));
+}
+
+// The next length-prefixed part of `in` (advanced past it); nullopt when truncated.
+std::optional<std::string_view> TakePart(std::string_view& in) {
+  if (in.size() < 8) return std::nullopt;
+  uint64_t n = 0;
+  for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(static_cast<unsigned char>(in[i])) << (8 * i);
+  in.remove_prefix(8);
+  if (n > in.size()) return std::nullopt;
+  const std::string_view part = in.substr(0, static_cast<size_t>(n));
+  in.remove_prefix(static_cast<size_t>(n));
+  return part;
+}
+
+}  // namespace
+
+std::string SavePlannerStates(const Planner& training, const Planner& evaluation) {
+  std::string train = training.SaveState();
+  const std::string eval = evaluation.SaveState();
+  if (eval.empty()) return train;
+  std::string out(kPairMagic, sizeof(kPairMagic));
+  PutLength(out, train.size());
+  out += train;
+  PutLength(out, eval.size());
+  out += eval;
+  return out;
+}
+
+absl::Status RestorePlannerStates(std::string_view state, Planner& training, Planner& evaluation) {
+  if (!state.starts_with(std::string_view(kPairMagic, sizeof(kPairMagic)))) {
+    return training.RestoreState(state);
+  }
+  std::string_view in = state.substr(sizeof(kPairMagic));
+  const std::optional<std::string_view> train = TakePart(in);
+  const std::optional<std::string_view> eval = train ? TakePart(in) : std::nullopt;
+  if (!eval || !in.empty()) {
+    return absl::DataLossError(absl::StrCat("planner states of ", state.size(),
+                                            " bytes: truncated or with trailing bytes"));
+  }
+  // The evaluation planner first, rolled back if the training one refuses its state:
+  // either both planners are restored or neither changed.
+  const std::string eval_before = evaluation.SaveState();
+  if (absl::Status s = evaluation.RestoreState(*eval); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("the evaluation planner's state: ", s.message()));
+  }
+  if (absl::Status s = training.RestoreState(*train); !s.ok()) {
+    evaluation.RestoreState(eval_before).IgnoreError();  // its own state: cannot fail
+    return s;
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::unique_ptr<Planner>> MakePlanner(std::string_view policy, const Domain& domain,

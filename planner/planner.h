@@ -79,6 +79,17 @@ class Planner {
   virtual absl::Status RestoreState(std::string_view state);
 };
 
+// A job plans training and evaluation microbatches with two planners of one policy, so
+// that evaluations never move the training history (runtime/plan_source.h, the
+// coordinator's planning). A checkpoint holds both histories as one payload:
+// SavePlannerStates returns the training planner's state alone while the evaluation
+// planner's is empty (so payloads written before evaluation histories were kept read the
+// same), and both framed otherwise. RestorePlannerStates reads either form (a training
+// state alone leaves the evaluation planner fresh) with RestoreState's errors; on an error
+// neither planner has changed.
+std::string SavePlannerStates(const Planner& training, const Planner& evaluation);
+absl::Status RestorePlannerStates(std::string_view state, Planner& training, Planner& evaluation);
+
 // Creates a policy by name: "ultraep", "greedy", "eplb", "none", "ideal". InvalidArgument lists the
 // valid names for anything else.
 absl::StatusOr<std::unique_ptr<Planner>> MakePlanner(std::string_view policy, const Domain& domain,

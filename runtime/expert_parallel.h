@@ -191,9 +191,10 @@ class ExpertParallelGroup {
   // After every optimizer step: replica weights held in slots are stale.
   void WeightsChanged() { ++weights_version_; }
 
-  // The training planner's state between microbatches (EPLB's history and placement; empty
-  // for ultraep and none), identical on every rank of a domain, for checkpoints; with the
-  // coordinator as plan source it is fetched from the coordinator (errors: PlanSource's).
+  // The planners' state between microbatches (EPLB's history and placement, of training
+  // and of evaluation microbatches: PlanSource::SaveState; empty for ultraep and none),
+  // identical on every rank of a domain, for checkpoints; with the coordinator as plan
+  // source it is fetched from the coordinator (errors: PlanSource's).
   // RestoreState errors as Planner::RestoreState (FailedPrecondition: saved for another
   // rank count or other balancer settings, or a source that keeps none).
   absl::StatusOr<std::string> SaveState() { return plan_source_->SaveState(); }

@@ -55,8 +55,9 @@ class PlanSource {
   virtual absl::Status Solve(const Request& request, planner::LoadMatrix* loads,
                              planner::Plan* plan) = 0;
 
-  // The training planner's state between microbatches (EPLB's history), identical on every
-  // rank of a domain, for checkpoints; empty when the policy keeps none. Collective-free,
+  // The planners' state between microbatches (EPLB's history of training and of evaluation
+  // microbatches: planner::SavePlannerStates), identical on every rank of a domain, for
+  // checkpoints; empty when the policy keeps none. Collective-free,
   // but a source may fetch it (the coordinator keeps it in coordinator mode), so it can
   // fail; called between Solves. RestoreState as planner::Planner::RestoreState
   // (FailedPrecondition: saved for other settings; DataLoss: malformed), before the first
@@ -89,8 +90,12 @@ class InBandPlanSource final : public PlanSource {
   const char* name() const override { return "inband"; }
   absl::Status Solve(const Request& request, planner::LoadMatrix* loads,
                      planner::Plan* plan) override;
-  absl::StatusOr<std::string> SaveState() override { return train_->SaveState(); }
-  absl::Status RestoreState(std::string_view state) override { return train_->RestoreState(state); }
+  absl::StatusOr<std::string> SaveState() override {
+    return planner::SavePlannerStates(*train_, *eval_);
+  }
+  absl::Status RestoreState(std::string_view state) override {
+    return planner::RestorePlannerStates(state, *train_, *eval_);
+  }
   // The fingerprint rides in the load allgather: each rank's row is its loads and one word.
   bool carries_fingerprints() const override { return true; }
   std::span<const uint64_t> carried_fingerprints() const override { return carried_; }

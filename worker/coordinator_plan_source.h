@@ -7,12 +7,12 @@
 // checks the invariants and compares fingerprints across the domain, exactly as for
 // in-band plans.
 //
-// Checkpoints: the training planner's history (eplb's) lives in the coordinator. SaveState
-// asks for the domain's (a LoadRow with state_request; the state comes back in
-// PlanReply.planner_state chunks), so the checkpoint holds it as an in-band one does;
-// RestoreState sends a checkpoint's state (restore_state chunks) before any loads, and the
-// coordinator restores the domain's planner before its first plan: a resumed job plans as
-// the uninterrupted one. Evaluation planners' history is in no checkpoint (as in-band).
+// Checkpoints: the planners' history (eplb's, of training and of evaluation microbatches)
+// lives in the coordinator. SaveState asks for the domain's (a LoadRow with state_request;
+// the state comes back in PlanReply.planner_state chunks), so the checkpoint holds it as an
+// in-band one does; RestoreState sends a checkpoint's state (restore_state chunks) before
+// any loads, and the coordinator restores the domain's planners before their first plan:
+// a resumed job plans as the uninterrupted one, its evaluations included.
 //
 // Not thread-safe: the training thread of one rank uses it.
 #ifndef RACKRUN_WORKER_COORDINATOR_PLAN_SOURCE_H_

@@ -246,15 +246,18 @@ TEST_F(DaemonsTest, CoordinatorModeEplbJobRestartedFromACheckpointPlansLikeTheUn
 // state: the plan streams broke, so the attempt fails (a coordinator restart still ends a
 // coordinator-mode attempt) and the job restarts (restart.on error) at the last checkpoint
 // the coordinator heard of before it died (replayed from its persisted events, not 0);
-// the restarted attempt's steps equal an uninterrupted run's bit for bit (losses and
-// plans: the checkpoint holds the coordinator's eplb history).
+// the restarted attempt's steps equal an uninterrupted run's bit for bit (losses, plans
+// and validation losses: the checkpoint holds the coordinator's eplb history of training
+// and of evaluation microbatches). The kill comes after the evaluation of step 10, so the
+// evaluation at step 30 (eplb's first re-placement of evaluation microbatches, interval 4,
+// 2 batches an evaluation) plans from a history the checkpoint carried.
 TEST_F(DaemonsTest, CoordinatorRestartDuringACoordinatorModeEplbJobKeepsItsPlans) {
   StartCoordinator();
   StartWorker(0);
   StartWorker(1);
   WaitIdle(2);
   const std::string sets = std::string(kCoordinatorEplb) +
-                           " --set training.steps=40 --set checkpoint.interval=2"
+                           " --set training.steps=60 --set checkpoint.interval=2"
                            " --set restart.on=error,hang,worker_lost";
   const fs::path full_log = dir_ / "uninterrupted.jsonl";
   const std::string full = Submit(sets + " --set checkpoint.dir=" + (dir_ / "ckpt-full").string() +
@@ -267,7 +270,7 @@ TEST_F(DaemonsTest, CoordinatorRestartDuringACoordinatorModeEplbJobKeepsItsPlans
   const std::string id = Submit(sets + " --set checkpoint.dir=" + (dir_ / "ckpt").string() +
                                     " --set logging.json=" + log.string(),
                                 "submit-restarted");
-  WaitStep(id, 5);  // 35 steps left: the kill lands mid-job
+  WaitStep(id, 12);  // 48 steps left: the kill lands mid-job
   coordinator_->Signal(SIGKILL);
   coordinator_->Wait(std::chrono::seconds(10));
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
@@ -276,12 +279,12 @@ TEST_F(DaemonsTest, CoordinatorRestartDuringACoordinatorModeEplbJobKeepsItsPlans
   ASSERT_EQ(job.value("state", ""), "SUCCEEDED") << job.dump();
   ASSERT_EQ(job["attempts"].size(), 2u) << job.dump();
   const int64_t start = Int(job["attempts"][1], "start_step");
-  EXPECT_GE(start, 4) << "the checkpoint of step 4 was reported before step 5: " << job.dump();
+  EXPECT_GE(start, 10) << "the checkpoint of step 10 was reported before step 11: " << job.dump();
   EXPECT_EQ(start % 2, 0) << job.dump();
   const std::map<int64_t, std::string> uninterrupted = StepRecords(full_log), restarted = StepRecords(log);
-  ASSERT_EQ(uninterrupted.size(), 40u);
-  ASSERT_EQ(restarted.size(), 40u);
-  for (int64_t step = start + 1; step <= 40; ++step) {
+  ASSERT_EQ(uninterrupted.size(), 60u);
+  ASSERT_EQ(restarted.size(), 60u);
+  for (int64_t step = start + 1; step <= 60; ++step) {
     EXPECT_EQ(restarted.at(step), uninterrupted.at(step)) << "step " << step;
   }
 }

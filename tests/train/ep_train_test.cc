@@ -130,21 +130,24 @@ std::vector<nlohmann::json> Log(const std::string& name) {
   return records;
 }
 
-// The "loss" fields as written (%.9g), for bit-for-bit comparison of runs.
-std::vector<std::string> LossTexts(const std::string& name) {
-  std::vector<std::string> losses;
+// Field `key` of every logged step as written ("loss": %.9g; "val_loss": null between
+// evaluations), for bit-for-bit comparison of runs.
+std::vector<std::string> FieldTexts(const std::string& name, const std::string& key) {
+  std::vector<std::string> values;
   for (const std::string& line : Lines(Dir() / (name + ".jsonl"))) {
-    const std::string key = "\"loss\": ";
-    const size_t at = line.find(key);
+    const std::string quoted = "\"" + key + "\": ";
+    const size_t at = line.find(quoted);
     if (at == std::string::npos) {
-      ADD_FAILURE() << name << ": no loss in " << line;
+      ADD_FAILURE() << name << ": no " << key << " in " << line;
       continue;
     }
-    const size_t begin = at + key.size();
-    losses.push_back(line.substr(begin, line.find(',', begin) - begin));
+    const size_t begin = at + quoted.size();
+    values.push_back(line.substr(begin, line.find_first_of(",}", begin) - begin));
   }
-  return losses;
+  return values;
 }
+
+std::vector<std::string> LossTexts(const std::string& name) { return FieldTexts(name, "loss"); }
 
 // Field `key` of every logged step ("loss", "grad_norm"); steps where it is null (e.g.
 // "val_loss" between evaluations) are left out.
@@ -445,6 +448,7 @@ TEST_F(EpTrainTest, SpecsThatCannotRunOnTheseRanksNameTheField) {
 struct CheckpointedRun {
   fs::path step10;
   std::vector<std::string> tail_text;
+  std::vector<std::string> tail_val_text;  // "null" between evaluations
   std::vector<double> tail;
 };
 CheckpointedRun RunWithCheckpointAtStepTen(int ranks, const std::string& job) {
@@ -464,6 +468,8 @@ CheckpointedRun RunWithCheckpointAtStepTen(int ranks, const std::string& job) {
   }
   run.step10 = step10;
   run.tail_text.assign(text.begin() + 10, text.end());
+  const std::vector<std::string> val = FieldTexts("full", "val_loss");
+  if (val.size() == text.size()) run.tail_val_text.assign(val.begin() + 10, val.end());
   run.tail.assign(losses.begin() + 10, losses.end());
   return run;
 }
@@ -584,7 +590,8 @@ TEST_F(EpTrainTest, TwoByTwoUltraepMovesWorkNotResultsAndRerunsBitIdentically) {
 // tolerance.
 TEST_F(EpTrainTest, TwoByTwoCheckpointResumesOnTwoByTwoOneByFourAndFourByOne) {
   const std::string job =
-      PrepareJob() + " --set balancer.policy=eplb --set balancer.eplb_interval=4";
+      PrepareJob() +
+      " --set balancer.policy=eplb --set balancer.eplb_interval=4";
   const CheckpointedRun full =
       RunWithCheckpointAtStepTen(4, job + " --set parallelism.expert_parallel=2");
   ASSERT_FALSE(full.step10.empty());
@@ -600,6 +607,9 @@ TEST_F(EpTrainTest, TwoByTwoCheckpointResumesOnTwoByTwoOneByFourAndFourByOne) {
     if (g == 2) {
       EXPECT_THAT(r.out, ::testing::Not(HasSubstr("note:")));
       EXPECT_EQ(LossTexts(name), tail_text) << "same layout: bit-identical";
+      // Evaluation microbatches plan with their own eplb history (the evaluation at step
+      // 10 is in the checkpoint), so the validation losses are the same bits too.
+      EXPECT_EQ(FieldTexts(name, "val_loss"), full.tail_val_text);
     } else {
       EXPECT_THAT(r.out, HasSubstr("note: balancer history not restored"));
       EXPECT_THAT(r.out, HasSubstr("checkpoint of 2 x 2 ranks (data_parallel 2, expert_parallel "
@@ -638,6 +648,8 @@ void ExpectCheckpointResumes(const std::string& policy) {
     EXPECT_EQ(log[0].at("step").get<int>(), 11);
     if (ranks == 2) {
       EXPECT_EQ(LossTexts(name), tail_text) << "same rank count: bit-identical";
+      EXPECT_EQ(FieldTexts(name, "val_loss"), full.tail_val_text)
+          << "the evaluation planner's history is in the checkpoint too";
     } else {
       const double diff = MaxRelativeDifference(tail, Losses(name));
       Report("max_rel_loss_diff_resume_" + policy + "_2_to_" + std::to_string(ranks) + "_ranks",
