@@ -6,15 +6,16 @@
 #include <filesystem>
 
 #include "gtest/gtest.h"
+#include "tests/support/shell.h"
 
 namespace rackrun::base {
 namespace {
 
+// The test's own folder, removed when it passes.
 std::string ScratchDir() {
-  const std::string dir = std::string(::testing::TempDir()) + "base_file_test_" +
-                          std::to_string(getpid());
+  const std::filesystem::path dir = ::rackrun::testing::ScratchDir("base_file_test_");
   std::filesystem::create_directories(dir);
-  return dir;
+  return dir.string();
 }
 
 TEST(FileTest, WritesAtomicallyAndReadsBack) {

@@ -12,6 +12,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/support/shell.h"
 
 namespace rackrun::comm {
 namespace {
@@ -29,9 +30,9 @@ std::unique_ptr<InMemoryRendezvousStore> NewStore() {
   return std::make_unique<InMemoryRendezvousStore>();
 }
 
+// An empty folder `name` in the test's own folder (removed when the test passes).
 std::string FreshDir(const std::string& name) {
-  const std::filesystem::path dir = std::filesystem::path(::testing::TempDir()) /
-                                    ("rendezvous-" + std::to_string(getpid())) / name;
+  const std::filesystem::path dir = ::rackrun::testing::ScratchDir("rendezvous-") / name;
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   return dir.string();

@@ -2,6 +2,7 @@
 // or a script would, and check exit codes, messages and the JSON document.
 
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -18,10 +19,12 @@ using ::testing::HasSubstr;
 
 using Result = ::rackrun::testing::ShellResult;
 
-// Per-test file names: CTest runs the tests of this file in parallel processes.
+// A file in the test's own folder (CTest runs the tests of this file in parallel
+// processes; the folder is removed when the test passes).
 std::string Temp(const std::string& name) {
-  return ::testing::TempDir() + "/cli_plan_" +
-         ::testing::UnitTest::GetInstance()->current_test_info()->name() + "_" + name;
+  const std::filesystem::path dir = ::rackrun::testing::ScratchDir("cli_plan_");
+  std::filesystem::create_directories(dir);
+  return (dir / name).string();
 }
 
 // Runs `rackrun plan ARGS` (ARGS are shell words without quoting needs).

@@ -82,6 +82,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     FUZZ_CHECK(out.good());
   }
   absl::StatusOr<rackrun::runtime::Checkpoint> checkpoint = rackrun::runtime::LoadCheckpoint(path);
+  std::error_code ec;
+  std::filesystem::remove(path, ec);  // nothing left behind in the temporary folder
   if (checkpoint.ok()) {
     size_t payload = 0;
     for (const auto& s : checkpoint->sections) payload += s.name.size() + s.payload.size();

@@ -14,7 +14,7 @@
 // Both modes fail on any console error, uncaught exception, failed request or HTTP error,
 // and save a screenshot either way. Exit 1 with the reason otherwise; bounded by TIMEOUT_S.
 import { spawn } from 'node:child_process';
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 
@@ -25,12 +25,16 @@ if (!chromium || !url || !screenshot) {
   console.error('usage: node dashboard_check.mjs CHROMIUM URL SCREENSHOT.png [TIMEOUT_S]');
   process.exit(2);
 }
+// The profile, and Chromium's own temporary files (its TMPDIR: shared memory files with
+// --disable-dev-shm-usage), live in one folder that finish() removes.
 const profile = mkdtempSync(join(tmpdir(), 'rackrun-chromium-'));
+const chromiumTmp = join(profile, 'tmp');
+mkdirSync(chromiumTmp);
 const browser = spawn(chromium, [
   '--headless=new', '--no-sandbox', '--disable-gpu', '--disable-dev-shm-usage', '--no-first-run',
   '--no-default-browser-check', '--disable-extensions', '--disable-background-networking',
   '--remote-debugging-pipe', `--user-data-dir=${profile}`, `--window-size=${expect ? '1400,900' : '1400,1800'}`, 'about:blank',
-], { stdio: ['ignore', 'ignore', 'pipe', 'pipe', 'pipe'] });
+], { stdio: ['ignore', 'ignore', 'pipe', 'pipe', 'pipe'], env: { ...process.env, TMPDIR: chromiumTmp } });
 let stderrTail = '';
 browser.stderr.on('data', (d) => { stderrTail = (stderrTail + d).slice(-4000); });
 
@@ -41,12 +45,26 @@ function finish(code, message) {
   finished = true;
   console.log(message);
   try { browser.kill('SIGKILL'); } catch { /* gone */ }
-  try { rmSync(profile, { recursive: true, force: true }); } catch { /* best effort */ }
-  process.exit(code);
+  // Chromium's child processes may write into the profile for a moment after the browser
+  // is killed: remove it until it stays removed (2 s at most), then exit.
+  const deadline = Date.now() + 2000;
+  const removeAndExit = () => {
+    try { rmSync(profile, { recursive: true, force: true, maxRetries: 3 }); } catch { /* retried */ }
+    if (existsSync(profile) && Date.now() < deadline) {
+      setTimeout(removeAndExit, 100);
+      return;
+    }
+    process.exit(code);
+  };
+  setTimeout(removeAndExit, 100);
 }
 const timer = setTimeout(() => finish(1, `FAIL: timed out after ${timeoutS} s; problems: ${JSON.stringify(problems)}; ` +
   `chromium stderr: ${stderrTail.slice(-800)}`), timeoutS * 1000);
 browser.on('exit', (code) => finish(1, `FAIL: chromium exited (${code}): ${stderrTail.slice(-800)}`));
+// The pipes reset when finish() kills the browser: only an error before that is a failure.
+for (const stream of [browser.stdio[2], browser.stdio[3], browser.stdio[4]]) {
+  stream.on('error', (e) => finish(1, `FAIL: the pipe to chromium: ${e.message}`));
+}
 
 // CDP over fds 3 (to the browser) and 4 (from it): NUL-terminated JSON messages.
 const toBrowser = browser.stdio[3], fromBrowser = browser.stdio[4];

@@ -20,13 +20,48 @@
 
 namespace rackrun::testing {
 
+// Removes the scratch folders a test was handed (ScratchDir) when it ends without a
+// failure; a failed test's folder stays for inspection. Registered with Google Test on the
+// first ScratchDir call, which owns it from then on.
+class ScratchFolders : public ::testing::EmptyTestEventListener {
+ public:
+  static ScratchFolders& Get() {
+    static ScratchFolders* const folders = [] {
+      auto* f = new ScratchFolders;
+      ::testing::UnitTest::GetInstance()->listeners().Append(f);
+      return f;
+    }();
+    return *folders;
+  }
+  void Track(const std::filesystem::path& dir) {
+    if (std::find(dirs_.begin(), dirs_.end(), dir) == dirs_.end()) dirs_.push_back(dir);
+  }
+  void OnTestEnd(const ::testing::TestInfo& info) override {
+    if (!info.result()->Failed()) {
+      for (const std::filesystem::path& dir : dirs_) {
+        std::error_code ec;
+        std::filesystem::remove_all(dir, ec);
+      }
+    }
+    dirs_.clear();
+  }
+
+ private:
+  ScratchFolders() = default;
+  std::vector<std::filesystem::path> dirs_;
+};
+
 // The running test's scratch folder: TempDir()/<prefix><test name>-<pid>. The pid keeps runs
 // of one test side by side (two checkouts, a loop of it beside the suite) out of each
-// other's folders. Not created; callers remove and create it.
+// other's folders. Not created; callers remove and create it. Removed when the test ends
+// without a failure (ScratchFolders).
 inline std::filesystem::path ScratchDir(const std::string& prefix) {
-  return std::filesystem::path(::testing::TempDir()) /
-         (prefix + ::testing::UnitTest::GetInstance()->current_test_info()->name() + "-" +
-          std::to_string(::getpid()));
+  std::filesystem::path dir =
+      std::filesystem::path(::testing::TempDir()) /
+      (prefix + ::testing::UnitTest::GetInstance()->current_test_info()->name() + "-" +
+       std::to_string(::getpid()));
+  ScratchFolders::Get().Track(dir);
+  return dir;
 }
 
 struct ShellResult {
