@@ -92,6 +92,29 @@ class DaemonsTest : public ::rackrun::testing::DaemonFixture {
     return out;
   }
 
+  // dir_/NAME.jsonl: the JSON log of the job SubmitLogged submitted as `name`.
+  fs::path LogOf(const std::string& name) const { return dir_ / (name + ".jsonl"); }
+
+  // Submits `sets` with a checkpoint folder (dir_/ckpt-NAME) and a JSON log (LogOf(name))
+  // of its own; returns the job id.
+  std::string SubmitLogged(const std::string& sets, const std::string& name) {
+    return Submit(sets + " --set checkpoint.dir=" + (dir_ / ("ckpt-" + name)).string() +
+                      " --set logging.json=" + LogOf(name).string(),
+                  "submit-" + name);
+  }
+
+  // Both jobs logged all `steps` steps, and steps start+1 .. steps are equal bit for bit
+  // (StepRecords: losses, validation losses and the plans' effect).
+  void ExpectTheSameStepsAfter(const std::string& a, const std::string& b, int64_t start,
+                               int64_t steps) {
+    const std::map<int64_t, std::string> ra = StepRecords(LogOf(a)), rb = StepRecords(LogOf(b));
+    ASSERT_EQ(ra.size(), static_cast<size_t>(steps)) << a;
+    ASSERT_EQ(rb.size(), static_cast<size_t>(steps)) << b;
+    for (int64_t step = start + 1; step <= steps; ++step) {
+      EXPECT_EQ(rb.at(step), ra.at(step)) << "step " << step;
+    }
+  }
+
   // Coordinator-mode eplb with checkpoints, restartable once.
   static constexpr const char* kCoordinatorEplb =
       "--set balancer.policy=eplb --set balancer.mode=coordinator --set balancer.eplb_interval=4 "
@@ -212,34 +235,20 @@ TEST_F(DaemonsTest, CoordinatorModeEplbJobRestartedFromACheckpointPlansLikeTheUn
   WaitIdle(2);
   const std::string sets =
       std::string(kCoordinatorEplb) + " --set training.steps=12 --set checkpoint.interval=4";
-  const fs::path full_log = dir_ / "uninterrupted.jsonl";
-  const std::string full = Submit(sets + " --set checkpoint.dir=" + (dir_ / "ckpt-full").string() +
-                                      " --set logging.json=" + full_log.string(),
-                                  "submit-uninterrupted");
-  const json done = WaitState(full, "SUCCEEDED", std::chrono::seconds(120));
+  const json done = WaitState(SubmitLogged(sets, "uninterrupted"), "SUCCEEDED", std::chrono::seconds(120));
   ASSERT_EQ(done.value("state", ""), "SUCCEEDED") << done.dump();
   ASSERT_EQ(done["attempts"].size(), 1u) << done.dump();
 
   // Worker 1 (launcher rank 1: the job's rank 1) exits in microbatch 13 (step 7).
   Child& victim = StartWorker(1, {}, {"RACKRUN_FAULT=exit:rank=1,layer=0,microbatch=13"});
   WaitIdle(3);
-  const fs::path log = dir_ / "restarted.jsonl";
-  const std::string id = Submit(sets + " --set checkpoint.dir=" + (dir_ / "ckpt").string() +
-                                    " --set logging.json=" + log.string(),
-                                "submit-restarted");
-  const json job = WaitState(id, "SUCCEEDED", std::chrono::seconds(180));
+  const json job = WaitState(SubmitLogged(sets, "restarted"), "SUCCEEDED", std::chrono::seconds(180));
   ASSERT_EQ(job.value("state", ""), "SUCCEEDED") << job.dump();
   ASSERT_EQ(job["attempts"].size(), 2u) << job.dump();
   EXPECT_EQ(job["first_failure"].value("kind", ""), "WORKER_LOST") << job.dump();
   EXPECT_EQ(Int(job["first_failure"], "pid"), victim.pid()) << job.dump();
   EXPECT_EQ(Int(job["attempts"][1], "start_step"), 4) << job.dump();
-
-  const std::map<int64_t, std::string> uninterrupted = StepRecords(full_log), restarted = StepRecords(log);
-  ASSERT_EQ(uninterrupted.size(), 12u);
-  ASSERT_EQ(restarted.size(), 12u);
-  for (int64_t step = 5; step <= 12; ++step) {
-    EXPECT_EQ(restarted.at(step), uninterrupted.at(step)) << "step " << step;
-  }
+  ExpectTheSameStepsAfter("uninterrupted", "restarted", 4, 12);
 }
 
 // kill -9 of the coordinator during a coordinator-mode eplb job, then a restart on the same
@@ -259,17 +268,10 @@ TEST_F(DaemonsTest, CoordinatorRestartDuringACoordinatorModeEplbJobKeepsItsPlans
   const std::string sets = std::string(kCoordinatorEplb) +
                            " --set training.steps=60 --set checkpoint.interval=2"
                            " --set restart.on=error,hang,worker_lost";
-  const fs::path full_log = dir_ / "uninterrupted.jsonl";
-  const std::string full = Submit(sets + " --set checkpoint.dir=" + (dir_ / "ckpt-full").string() +
-                                      " --set logging.json=" + full_log.string(),
-                                  "submit-uninterrupted");
-  const json done = WaitState(full, "SUCCEEDED", std::chrono::seconds(120));
+  const json done = WaitState(SubmitLogged(sets, "uninterrupted"), "SUCCEEDED", std::chrono::seconds(120));
   ASSERT_EQ(done.value("state", ""), "SUCCEEDED") << done.dump();
 
-  const fs::path log = dir_ / "restarted.jsonl";
-  const std::string id = Submit(sets + " --set checkpoint.dir=" + (dir_ / "ckpt").string() +
-                                    " --set logging.json=" + log.string(),
-                                "submit-restarted");
+  const std::string id = SubmitLogged(sets, "restarted");
   WaitStep(id, 12);  // 48 steps left: the kill lands mid-job
   coordinator_->Signal(SIGKILL);
   coordinator_->Wait(std::chrono::seconds(10));
@@ -281,12 +283,7 @@ TEST_F(DaemonsTest, CoordinatorRestartDuringACoordinatorModeEplbJobKeepsItsPlans
   const int64_t start = Int(job["attempts"][1], "start_step");
   EXPECT_GE(start, 10) << "the checkpoint of step 10 was reported before step 11: " << job.dump();
   EXPECT_EQ(start % 2, 0) << job.dump();
-  const std::map<int64_t, std::string> uninterrupted = StepRecords(full_log), restarted = StepRecords(log);
-  ASSERT_EQ(uninterrupted.size(), 60u);
-  ASSERT_EQ(restarted.size(), 60u);
-  for (int64_t step = start + 1; step <= 60; ++step) {
-    EXPECT_EQ(restarted.at(step), uninterrupted.at(step)) << "step " << step;
-  }
+  ExpectTheSameStepsAfter("uninterrupted", "restarted", start, 60);
 }
 
 // A 2 x 2 job (4 ranks, parallelism.expert_parallel 2) on 4 workers labeled with two racks,
