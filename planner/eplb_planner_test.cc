@@ -494,14 +494,19 @@ TEST(EplbPlannerTest, TrainingAndEvaluationStatesSaveAndRestoreTogether) {
     EXPECT_EQ(train4.SaveState(), fresh);
     EXPECT_EQ(eval4.SaveState(), fresh);
   }
-  // The evaluation part fits but the training part is for another window: rolled back.
+  // One part for another window: refused, and the other part not applied (the training
+  // planner is rolled back when the evaluation part is the one refused).
   PlannerOptions longer = options;
   longer.eplb_window = 4;
-  EplbPlanner other_train(domain, longer);
-  const std::string mixed = SavePlannerStates(other_train, eval);
-  EXPECT_EQ(RestorePlannerStates(mixed, train4, eval4).code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_EQ(eval4.SaveState(), fresh);
-  EXPECT_EQ(train4.SaveState(), fresh);
+  EplbPlanner other(domain, longer);
+  ASSERT_TRUE(other.Solve(loads_at(0, 0), 0).ok());
+  for (const std::string& mixed : {SavePlannerStates(other, eval), SavePlannerStates(train, other)}) {
+    const absl::Status s = RestorePlannerStates(mixed, train4, eval4);
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+    EXPECT_NE(s.message().find("window 4"), std::string::npos) << s;
+    EXPECT_EQ(train4.SaveState(), fresh);
+    EXPECT_EQ(eval4.SaveState(), fresh);
+  }
 
   absl::StatusOr<std::unique_ptr<Planner>> a = MakePlanner("ultraep", domain, options);
   absl::StatusOr<std::unique_ptr<Planner>> b = MakePlanner("ultraep", domain, options);

@@ -70,15 +70,13 @@ absl::Status RestorePlannerStates(std::string_view state, Planner& training, Pla
     return absl::DataLossError(absl::StrCat("planner states of ", state.size(),
                                             " bytes: truncated or with trailing bytes"));
   }
-  // The evaluation planner first, rolled back if the training one refuses its state:
-  // either both planners are restored or neither changed.
-  const std::string eval_before = evaluation.SaveState();
+  // The training planner first (its error is the one a mismatched checkpoint names), rolled
+  // back if the evaluation one refuses its state: both planners restored, or neither changed.
+  const std::string train_before = training.SaveState();
+  if (absl::Status s = training.RestoreState(*train); !s.ok()) return s;
   if (absl::Status s = evaluation.RestoreState(*eval); !s.ok()) {
+    training.RestoreState(train_before).IgnoreError();  // its own state: cannot fail
     return absl::Status(s.code(), absl::StrCat("the evaluation planner's state: ", s.message()));
-  }
-  if (absl::Status s = training.RestoreState(*train); !s.ok()) {
-    evaluation.RestoreState(eval_before).IgnoreError();  // its own state: cannot fail
-    return s;
   }
   return absl::OkStatus();
 }
