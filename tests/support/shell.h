@@ -54,7 +54,7 @@ class ScratchFolders : public ::testing::EmptyTestEventListener {
 // The running test's scratch folder: TempDir()/<prefix><test name>-<pid>. The pid keeps runs
 // of one test side by side (two checkouts, a loop of it beside the suite) out of each
 // other's folders. Not created; callers remove and create it. Removed when the test ends
-// without a failure (ScratchFolders).
+// without a failure (ScratchFolders). Call it from the test's own thread.
 inline std::filesystem::path ScratchDir(const std::string& prefix) {
   std::filesystem::path dir =
       std::filesystem::path(::testing::TempDir()) /
