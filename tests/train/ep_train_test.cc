@@ -590,8 +590,7 @@ TEST_F(EpTrainTest, TwoByTwoUltraepMovesWorkNotResultsAndRerunsBitIdentically) {
 // tolerance.
 TEST_F(EpTrainTest, TwoByTwoCheckpointResumesOnTwoByTwoOneByFourAndFourByOne) {
   const std::string job =
-      PrepareJob() +
-      " --set balancer.policy=eplb --set balancer.eplb_interval=4";
+      PrepareJob() + " --set balancer.policy=eplb --set balancer.eplb_interval=4";
   const CheckpointedRun full =
       RunWithCheckpointAtStepTen(4, job + " --set parallelism.expert_parallel=2");
   ASSERT_FALSE(full.step10.empty());
