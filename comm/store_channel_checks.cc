@@ -30,8 +30,11 @@ constexpr char kChildDirEnv[] = "RACKRUN_CHANNEL_TEST_CHILD_DIR";
 // What the child rank does until it is killed: "idle" (nothing) or "transfer" (large
 // all-reduces with rank 0).
 constexpr char kChildModeEnv[] = "RACKRUN_CHANNEL_TEST_CHILD_MODE";
-// The mid-transfer check's all-reduce: 1 Mi int64 (8 MiB), far past every eager limit.
+// The mid-transfer check's all-reduces alternate between 1 Mi int64 (8 MiB, past every
+// eager limit: UCX's rendezvous path) and 16 Ki int64 (128 KiB: UCX's multi-segment eager
+// path), so the kill lands in either.
 constexpr int64_t kLargeCount = int64_t{1} << 20;
+int64_t TransferCount(int round) { return round % 2 == 0 ? kLargeCount : kLargeCount / 64; }
 
 // Forks and execs this test binary as rank 1 running `child_test` in `mode`, with its
 // store in `dir`; -1 on failure.
@@ -303,8 +306,8 @@ ChildPeer ConnectToChildRank(const StoreChannelFactory& factory, const std::stri
                              const std::string& child_test, const char* mode,
                              absl::Duration timeout) {
   ChildPeer p;
-  p.dir = (std::filesystem::temp_directory_path() / (folder + "-" + std::to_string(getpid())))
-              .string();
+  p.dir =
+      (std::filesystem::temp_directory_path() / (folder + "-" + std::to_string(getpid()))).string();
   std::filesystem::create_directories(p.dir);
   p.child = StartChildRank(p.dir, child_test, mode);
   if (p.child == -1) return p;
@@ -370,11 +373,14 @@ void RunAsKilledChild(const StoreChannelFactory& factory) {
     // Large all-reduces with rank 0 until killed (bounded, and ended by rank 0's error).
     std::vector<int64_t> x(static_cast<size_t>(kLargeCount), 1);
     const absl::Time until = absl::Now() + absl::Seconds(30);
-    while (absl::Now() < until &&
-           (*channel)
-               ->AllReduce(x.data(), x.data(), kLargeCount, DataType::kInt64, ReduceOp::kSum)
-               .ok()) {
+    for (int round = 0; absl::Now() < until; ++round) {
+      const int64_t count = TransferCount(round);
       std::fill(x.begin(), x.end(), 1);
+      if (!(*channel)
+               ->AllReduce(x.data(), x.data(), count, DataType::kInt64, ReduceOp::kSum)
+               .ok()) {
+        break;
+      }
     }
   }
   // Bounded, in case the parent never kills it.
@@ -403,10 +409,11 @@ void CheckPeerProcessKilledMidTransferFailsTheSurvivor(
     kill(child, SIGKILL);
   });
   const absl::Time start = absl::Now();
-  int rounds = 0;
+  int rounds = 1;  // round 0 was the all-reduce above
   while (s.ok() && absl::Now() - start < timeout) {
     std::fill(x.begin(), x.end(), 1);
-    s = (*channel)->AllReduce(x.data(), x.data(), kLargeCount, DataType::kInt64, ReduceOp::kSum);
+    s = (*channel)->AllReduce(x.data(), x.data(), TransferCount(rounds), DataType::kInt64,
+                              ReduceOp::kSum);
     ++rounds;
   }
   const absl::Duration took = absl::Now() - start;

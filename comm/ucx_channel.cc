@@ -42,11 +42,29 @@ std::string UcsText(ucs_status_t status) { return ucs_status_string(status); }
 // How long teardown drives the worker to let closed endpoints, cancelled receives and
 // this rank's byes finish (the wait for the peers' byes is bounded by the channel's timeout).
 constexpr absl::Duration kTeardownBound = absl::Seconds(1);
-// UCX's keepalive period for this channel's endpoints (UCX's default is 20 s): how soon a
-// dead peer reached over shared memory is noticed. The environment's
-// UCX_KEEPALIVE_INTERVAL wins when set.
-constexpr char kKeepalive[] = "1s";
-constexpr char kMaxRndvRails[] = "0";
+// UCX settings this channel changes from UCX's defaults; the environment's UCX_<name> wins.
+struct UcxDefault {
+  const char* name;
+  const char* value;
+};
+constexpr UcxDefault kUcxDefaults[] = {
+    // How soon a dead peer reached over shared memory is noticed (UCX's default is 20 s).
+    {"KEEPALIVE_INTERVAL", "1s"},
+    // No rendezvous lanes: large messages go through the endpoint's active-message
+    // pipeline instead of zero-copy reads of the peer's memory (CMA on one host), which
+    // abort this process when the peer dies mid-transfer
+    // (PeerProcessKilledMidTransferFailsTheSurvivor).
+    {"MAX_RNDV_RAILS", "0"},
+    // Shared memory's copy-out segments: 32 KiB of payload (UCX's default is 8 KiB) and
+    // eager sends up to 1 MiB. Without lanes, a rendezvous costs a handshake and then
+    // moves its data through the same segments as an eager send, so large messages
+    // took 2x Open MPI's time (bench_channel_bench, comm/README.md); with these they take
+    // 0.9-1.2x. Larger segments broke UCX 1.13 (payload lengths over 64 KiB arrive as 0
+    // bytes); messages above 1 MiB still wait for their receive (no unbounded eager
+    // buffering of a late receiver).
+    {"MM_SEG_SIZE", "32832"},
+    {"RNDV_THRESH", "1m"},
+};
 
 // One channel's UCP context, worker and endpoints. Used only by the rank's thread (the
 // worker is single-threaded): UCX calls the endpoint error handler from within
@@ -150,18 +168,11 @@ class UcxTransport {
     if (ucs_status_t s = ucp_config_read(nullptr, nullptr, &config); s != UCS_OK) {
       return failed("ucp_config_read", s);
     }
-    if (std::getenv("UCX_KEEPALIVE_INTERVAL") == nullptr) {
-      ucp_config_modify(config, "KEEPALIVE_INTERVAL", kKeepalive);
-    }
-    // No rendezvous lanes (as UCX_MAX_RNDV_RAILS=0): large messages go through the
-    // endpoint's active-message pipeline instead of zero-copy reads of the peer's memory
-    // (CMA on one host), which abort this process when the peer dies mid-transfer
-    // (PeerProcessKilledMidTransferFailsTheSurvivor). The environment's variable wins.
-    if (std::getenv("UCX_MAX_RNDV_RAILS") == nullptr) {
-      if (ucs_status_t s = ucp_config_modify(config, "MAX_RNDV_RAILS", kMaxRndvRails);
-          s != UCS_OK) {
+    for (const UcxDefault& setting : kUcxDefaults) {
+      if (std::getenv(absl::StrCat("UCX_", setting.name).c_str()) != nullptr) continue;
+      if (ucs_status_t s = ucp_config_modify(config, setting.name, setting.value); s != UCS_OK) {
         ucp_config_release(config);
-        return failed("ucp_config_modify(MAX_RNDV_RAILS)", s);
+        return failed(absl::StrCat("ucp_config_modify(", setting.name, ")"), s);
       }
     }
     if (!net_devices.empty() && std::getenv("UCX_NET_DEVICES") == nullptr) {

@@ -17,6 +17,9 @@
 //   latency of shared memory here; comm/README.md).
 // Rendezvous (large messages) runs without zero-copy lanes (as UCX_MAX_RNDV_RAILS=0):
 // UCX's CMA reads of a peer's memory abort the process when that peer dies mid-transfer.
+// Without lanes, messages up to 1 MiB go eagerly through 32 KiB shared-memory segments
+// (UCX_RNDV_THRESH=1m, UCX_MM_SEG_SIZE=32832), as fast as Open MPI's shared memory
+// (comm/README.md). Each of these settings yields to its UCX_* variable when set.
 //
 // Transport: one UCP context and worker per channel, driven only by the rank's thread
 // (single-threaded worker, no helper threads of ours). A message to (peer, tag) is one UCP
