@@ -8,6 +8,7 @@
 #include <ucp/api/ucp.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -18,6 +19,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "comm/p2p_channel.h"
 #include "comm/progress.h"
 
@@ -39,6 +41,9 @@ ucp_tag_t ByeTag(int source) {
 
 std::string UcsText(ucs_status_t status) { return ucs_status_string(status); }
 
+// How often a rank that waits drives its watch worker (UcxTransport::Progress): each pass
+// polls the watch endpoints' TCP sockets, a system call or more, so not on every pass.
+constexpr std::chrono::steady_clock::duration kWatchPeriod = std::chrono::milliseconds(1);
 // How long teardown drives the worker to let closed endpoints, cancelled receives and
 // this rank's byes finish (the wait for the peers' byes is bounded by the channel's timeout).
 constexpr absl::Duration kTeardownBound = absl::Seconds(1);
@@ -66,9 +71,12 @@ constexpr UcxDefault kUcxDefaults[] = {
     {"RNDV_THRESH", "1m"},
 };
 
-// One channel's UCP context, worker and endpoints. Used only by the rank's thread (the
-// worker is single-threaded): UCX calls the endpoint error handler from within
-// ucp_worker_progress on that thread. Requests share it, so it outlives them.
+// One channel's UCP contexts, workers and endpoints: the data context and worker (every
+// transport UCX offers) and, for peers on this machine, a watch context and worker (TCP
+// only) whose endpoints carry nothing but failure detection (Connect says why). Used only
+// by the rank's thread (both workers are single-threaded): UCX calls the endpoint error
+// handler from within ucp_worker_progress on that thread. Requests share it, so it
+// outlives them.
 class UcxTransport {
  public:
   UcxTransport(int rank, int size) : rank_(rank), size_(size), failed_(static_cast<size_t>(size)) {}
@@ -88,7 +96,9 @@ class UcxTransport {
       ucp_request_free(request);
       request = nullptr;
     }
+    if (watch_worker_ != nullptr) ucp_worker_destroy(watch_worker_);
     if (worker_ != nullptr) ucp_worker_destroy(worker_);
+    if (watch_context_ != nullptr) ucp_cleanup(watch_context_);
     if (context_ != nullptr) ucp_cleanup(context_);
   }
 
@@ -125,7 +135,7 @@ class UcxTransport {
     ProgressBackoff backoff;
     std::vector<bool> done(n, false);
     while (true) {
-      const bool progressed = ucp_worker_progress(worker_) != 0;
+      const bool progressed = Progress();
       bool own_done = true, peers_done = true;
       for (int peer = 0; peer < size_; ++peer) {
         const size_t p = static_cast<size_t>(peer);
@@ -157,59 +167,25 @@ class UcxTransport {
     CloseEndpoints(done);
   }
 
-  // Context and worker, UCX's network transports on `net_devices` unless empty;
-  // Unavailable naming the UCX call on failure.
+  // The data and watch contexts and workers, UCX's network transports on `net_devices`
+  // unless empty; Unavailable naming the UCX call on failure.
   absl::Status Init(const std::string& prefix, const std::string& net_devices) {
-    const auto failed = [&](absl::string_view call, ucs_status_t status) {
-      return absl::UnavailableError(absl::StrCat("UCX channel '", prefix, "' on rank ", rank_, ": ",
-                                                 call, " failed: ", UcsText(status)));
-    };
-    ucp_config_t* config = nullptr;
-    if (ucs_status_t s = ucp_config_read(nullptr, nullptr, &config); s != UCS_OK) {
-      return failed("ucp_config_read", s);
+    if (absl::Status s =
+            CreateWorker(prefix, net_devices, /*watch=*/false, &context_, &worker_, &address_);
+        !s.ok()) {
+      return s;
     }
-    for (const UcxDefault& setting : kUcxDefaults) {
-      if (std::getenv(absl::StrCat("UCX_", setting.name).c_str()) != nullptr) continue;
-      if (ucs_status_t s = ucp_config_modify(config, setting.name, setting.value); s != UCS_OK) {
-        ucp_config_release(config);
-        return failed(absl::StrCat("ucp_config_modify(", setting.name, ")"), s);
-      }
-    }
-    if (!net_devices.empty() && std::getenv("UCX_NET_DEVICES") == nullptr) {
-      if (ucs_status_t s = ucp_config_modify(config, "NET_DEVICES", net_devices.c_str());
-          s != UCS_OK) {
-        ucp_config_release(config);
-        return failed("ucp_config_modify(NET_DEVICES)", s);
-      }
-    }
-    ucp_params_t params{};
-    params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
-    params.features = UCP_FEATURE_TAG;
-    params.mt_workers_shared = 0;
-    ucs_status_t s = ucp_init(&params, config, &context_);
-    ucp_config_release(config);
-    if (s != UCS_OK) return failed("ucp_init", s);
-    ucp_worker_params_t worker_params{};
-    worker_params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
-    worker_params.thread_mode = UCS_THREAD_MODE_SINGLE;
-    if (s = ucp_worker_create(context_, &worker_params, &worker_); s != UCS_OK) {
-      return failed("ucp_worker_create", s);
-    }
-    ucp_address_t* address = nullptr;
-    size_t length = 0;
-    if (s = ucp_worker_get_address(worker_, &address, &length); s != UCS_OK) {
-      return failed("ucp_worker_get_address", s);
-    }
-    address_.assign(reinterpret_cast<const char*>(address), length);
-    ucp_worker_release_address(worker_, address);
-    return absl::OkStatus();
+    return CreateWorker(prefix, net_devices, /*watch=*/true, &watch_context_, &watch_worker_,
+                        &watch_address_);
   }
 
-  // This worker's address, as the peers need it.
+  // This rank's data and watch workers' addresses, as the peers need them.
   const std::string& address() const { return address_; }
+  const std::string& watch_address() const { return watch_address_; }
 
-  // Endpoints to every rank, this one included, from the ranks' published addresses;
-  // `same_host[r]`: rank r runs on this machine (same boot id and network namespace).
+  // Endpoints to every rank, this one included, from the ranks' published data and watch
+  // worker addresses; `same_host[r]`: rank r runs on this machine (same boot id and
+  // network namespace).
   //
   // UCX 1.13 offers peer failure handling only on transports that can detect it (TCP,
   // verbs), not on shared memory: an endpoint that asks for it carries every message over
@@ -218,7 +194,14 @@ class UcxTransport {
   // endpoint with it, over which nothing is sent and whose TCP connection and keepalive
   // report the peer's death or closed channel. A rank on another machine gets one
   // endpoint with error handling (TCP or verbs), which does both.
+  //
+  // The watch endpoints live on their own worker (a TCP-only context), between the
+  // ranks' watch workers: a worker with a TCP endpoint polls its sockets on every
+  // progress call, which made every shared-memory message on the data worker 3x slower
+  // (8-byte ping-pong 6.9 against 2.0 us, comm/README.md). Progress() drives the watch
+  // worker every kWatchPeriod.
   absl::Status Connect(const std::string& prefix, const std::vector<std::string>& addresses,
+                       const std::vector<std::string>& watch_addresses,
                        const std::vector<bool>& same_host) {
     const size_t n = static_cast<size_t>(size_);
     eps_.assign(n, nullptr);
@@ -229,9 +212,12 @@ class UcxTransport {
       handlers_[p] = ErrorHandlerArg{this, peer};
       const auto* address = reinterpret_cast<const ucp_address_t*>(addresses[p].data());
       const bool local = same_host[p] || peer == rank_;
-      ucs_status_t s = CreateEndpoint(address, /*handle_errors=*/!local, &handlers_[p], &eps_[p]);
+      ucs_status_t s =
+          CreateEndpoint(worker_, address, /*handle_errors=*/!local, &handlers_[p], &eps_[p]);
       if (s == UCS_OK && local && peer != rank_) {
-        s = CreateEndpoint(address, /*handle_errors=*/true, &handlers_[p], &watch_eps_[p]);
+        const auto* watch = reinterpret_cast<const ucp_address_t*>(watch_addresses[p].data());
+        s = CreateEndpoint(watch_worker_, watch, /*handle_errors=*/true, &handlers_[p],
+                           &watch_eps_[p]);
       }
       if (s != UCS_OK) {
         return absl::UnavailableError(
@@ -266,7 +252,18 @@ class UcxTransport {
   int size() const { return size_; }
   ucp_worker_h worker() const { return worker_; }
   ucp_ep_h ep(int peer) const { return eps_[static_cast<size_t>(peer)]; }
-  void Progress() { ucp_worker_progress(worker_); }
+  // Drives the data worker, and the watch worker when kWatchPeriod has passed since it was
+  // last driven; true if the data worker made progress.
+  bool Progress() {
+    const bool progressed = ucp_worker_progress(worker_) != 0;
+    const auto now = std::chrono::steady_clock::now();
+    if (now - watched_ >= kWatchPeriod) {
+      watched_ = now;
+      while (ucp_worker_progress(watch_worker_) != 0) {
+      }
+    }
+    return progressed;
+  }
 
   // True once `peer`'s bye has arrived: it closed its channel, and every message it sent
   // this rank has arrived (matched a receive, or waits for one).
@@ -297,7 +294,65 @@ class UcxTransport {
     int peer = -1;
   };
 
-  ucs_status_t CreateEndpoint(const ucp_address_t* address, bool handle_errors,
+  // One context (kUcxDefaults applied; the watch context on TCP only) and its worker.
+  absl::Status CreateWorker(const std::string& prefix, const std::string& net_devices, bool watch,
+                            ucp_context_h* context, ucp_worker_h* worker, std::string* address) {
+    const auto failed = [&](absl::string_view call, ucs_status_t status) {
+      return absl::UnavailableError(absl::StrCat("UCX channel '", prefix, "' on rank ", rank_, ": ",
+                                                 call, watch ? " (watch worker)" : "",
+                                                 " failed: ", UcsText(status)));
+    };
+    ucp_config_t* config = nullptr;
+    if (ucs_status_t s = ucp_config_read(nullptr, nullptr, &config); s != UCS_OK) {
+      return failed("ucp_config_read", s);
+    }
+    const auto modify = [&](const char* name, const char* value) {
+      return ucp_config_modify(config, name, value);
+    };
+    for (const UcxDefault& setting : kUcxDefaults) {
+      if (std::getenv(absl::StrCat("UCX_", setting.name).c_str()) != nullptr) continue;
+      if (ucs_status_t s = modify(setting.name, setting.value); s != UCS_OK) {
+        ucp_config_release(config);
+        return failed(absl::StrCat("ucp_config_modify(", setting.name, ")"), s);
+      }
+    }
+    if (watch) {
+      // Whatever UCX_TLS says: the watch endpoints exist for TCP's failure detection.
+      if (ucs_status_t s = modify("TLS", "tcp"); s != UCS_OK) {
+        ucp_config_release(config);
+        return failed("ucp_config_modify(TLS)", s);
+      }
+    }
+    if (!net_devices.empty() && std::getenv("UCX_NET_DEVICES") == nullptr) {
+      if (ucs_status_t s = modify("NET_DEVICES", net_devices.c_str()); s != UCS_OK) {
+        ucp_config_release(config);
+        return failed("ucp_config_modify(NET_DEVICES)", s);
+      }
+    }
+    ucp_params_t params{};
+    params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
+    params.features = UCP_FEATURE_TAG;
+    params.mt_workers_shared = 0;
+    ucs_status_t s = ucp_init(&params, config, context);
+    ucp_config_release(config);
+    if (s != UCS_OK) return failed("ucp_init", s);
+    ucp_worker_params_t worker_params{};
+    worker_params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+    worker_params.thread_mode = UCS_THREAD_MODE_SINGLE;
+    if (s = ucp_worker_create(*context, &worker_params, worker); s != UCS_OK) {
+      return failed("ucp_worker_create", s);
+    }
+    ucp_address_t* own = nullptr;
+    size_t length = 0;
+    if (s = ucp_worker_get_address(*worker, &own, &length); s != UCS_OK) {
+      return failed("ucp_worker_get_address", s);
+    }
+    address->assign(reinterpret_cast<const char*>(own), length);
+    ucp_worker_release_address(*worker, own);
+    return absl::OkStatus();
+  }
+
+  ucs_status_t CreateEndpoint(ucp_worker_h worker, const ucp_address_t* address, bool handle_errors,
                               ErrorHandlerArg* handler, ucp_ep_h* ep) {
     ucp_ep_params_t params{};
     params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
@@ -308,7 +363,7 @@ class UcxTransport {
       params.err_handler.cb = &UcxTransport::OnPeerError;
       params.err_handler.arg = handler;
     }
-    const ucs_status_t s = ucp_ep_create(worker_, &params, ep);
+    const ucs_status_t s = ucp_ep_create(worker, &params, ep);
     if (s != UCS_OK) *ep = nullptr;
     return s;
   }
@@ -333,6 +388,7 @@ class UcxTransport {
     for (void* request : closing) {
       while (ucp_request_check_status(request) == UCS_INPROGRESS && absl::Now() < until) {
         ucp_worker_progress(worker_);
+        ucp_worker_progress(watch_worker_);
       }
       ucp_request_free(request);
     }
@@ -351,7 +407,11 @@ class UcxTransport {
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;
   std::string address_;
-  std::vector<ucp_ep_h> eps_;              // data, by peer
+  ucp_context_h watch_context_ = nullptr;  // TCP only
+  ucp_worker_h watch_worker_ = nullptr;
+  std::string watch_address_;
+  std::chrono::steady_clock::time_point watched_{};  // when Progress() last drove it
+  std::vector<ucp_ep_h> eps_;                        // data, by peer
   std::vector<ucp_ep_h> watch_eps_;        // failure detection only, by peer on this machine
   std::vector<ErrorHandlerArg> handlers_;  // sized once, before any endpoint points into it
   std::vector<std::string> failed_;        // by peer
@@ -567,7 +627,7 @@ absl::StatusOr<std::string> InterfaceOf(const std::string& prefix, int rank,
 // namespaces of one machine count as two hosts (their TCP reaches each other on their
 // data addresses, as between machines; tests/netns emulates hosts so). Empty if the boot
 // id is unreadable (then every peer counts as remote). No spaces (the published value is
-// "<identity> <address>").
+// "<identity> <data address> <watch address>").
 std::string HostIdentity() {
   std::ifstream in("/proc/sys/kernel/random/boot_id");
   std::string id;
@@ -581,21 +641,24 @@ std::string HostIdentity() {
 }
 
 struct PeerAddresses {
-  std::vector<std::string> addresses;  // UCP worker addresses, by rank
-  std::vector<bool> same_host;         // by rank
+  std::vector<std::string> addresses;        // UCP data worker addresses, by rank
+  std::vector<std::string> watch_addresses;  // UCP watch worker addresses, by rank
+  std::vector<bool> same_host;               // by rank
 };
 
-// Publishes this rank's host identity and worker address under `prefix` and waits for every
-// rank's; DeadlineExceeded names the ranks that did not publish.
+// Publishes this rank's host identity and worker addresses under `prefix` and waits for
+// every rank's; DeadlineExceeded names the ranks that did not publish.
 absl::StatusOr<PeerAddresses> ExchangeAddresses(RendezvousStore& store, const std::string& prefix,
                                                 int rank, int size, const std::string& address,
+                                                const std::string& watch_address,
                                                 absl::Duration timeout) {
   auto key = [&](int r) { return absl::StrCat(prefix, "/ucx/address/", r); };
-  // "<host identity> <address in hex>": the coordinator's store carries values in
-  // protobuf strings (UTF-8).
+  // "<host identity> <data address in hex> <watch address in hex>": the coordinator's
+  // store carries values in protobuf strings (UTF-8).
   const std::string host = HostIdentity();
   if (absl::Status s =
-          store.Set(key(rank), absl::StrCat(host, " ", absl::BytesToHexString(address)));
+          store.Set(key(rank), absl::StrCat(host, " ", absl::BytesToHexString(address), " ",
+                                            absl::BytesToHexString(watch_address)));
       !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("UCX channel '", prefix, "' on rank ", rank,
                                                ": publishing this rank's address: ", s.message()));
@@ -606,19 +669,21 @@ absl::StatusOr<PeerAddresses> ExchangeAddresses(RendezvousStore& store, const st
   if (values.ok()) {
     PeerAddresses peers;
     for (int r = 0; r < size; ++r) {
-      const std::string& value = (*values)[static_cast<size_t>(r)];
-      const size_t space = value.find(' ');
-      const std::string hex = space == std::string::npos ? "" : value.substr(space + 1);
-      const bool is_hex = !hex.empty() && hex.size() % 2 == 0 &&
-                          hex.find_first_not_of("0123456789abcdef") == std::string::npos;
-      if (!is_hex) {
+      const std::vector<std::string> fields =
+          absl::StrSplit((*values)[static_cast<size_t>(r)], ' ');
+      const auto is_hex = [](const std::string& hex) {
+        return !hex.empty() && hex.size() % 2 == 0 &&
+               hex.find_first_not_of("0123456789abcdef") == std::string::npos;
+      };
+      if (fields.size() != 3 || !is_hex(fields[1]) || !is_hex(fields[2])) {
         return absl::InvalidArgumentError(
             absl::StrCat("UCX channel '", prefix, "' on rank ", rank, ": rank ", r,
                          " published a malformed address under ", key(r),
                          "; is another job using this prefix?"));
       }
-      peers.addresses.push_back(absl::HexStringToBytes(hex));
-      peers.same_host.push_back(!host.empty() && value.substr(0, space) == host);
+      peers.addresses.push_back(absl::HexStringToBytes(fields[1]));
+      peers.watch_addresses.push_back(absl::HexStringToBytes(fields[2]));
+      peers.same_host.push_back(!host.empty() && fields[0] == host);
     }
     return peers;
   }
@@ -653,9 +718,12 @@ absl::StatusOr<std::unique_ptr<DataChannel>> CreateUcxChannel(RendezvousStore& s
   auto transport = std::make_shared<UcxTransport>(rank, size);
   if (absl::Status s = transport->Init(prefix, *interface); !s.ok()) return s;
   absl::StatusOr<PeerAddresses> peers =
-      ExchangeAddresses(store, prefix, rank, size, transport->address(), options.channel.timeout);
+      ExchangeAddresses(store, prefix, rank, size, transport->address(), transport->watch_address(),
+                        options.channel.timeout);
   if (!peers.ok()) return peers.status();
-  if (absl::Status s = transport->Connect(prefix, peers->addresses, peers->same_host); !s.ok()) {
+  if (absl::Status s =
+          transport->Connect(prefix, peers->addresses, peers->watch_addresses, peers->same_host);
+      !s.ok()) {
     return s;
   }
   return std::make_unique<UcxChannel>(std::move(transport), options.channel);
