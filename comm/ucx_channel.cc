@@ -51,6 +51,7 @@ constexpr absl::Duration kTeardownBound = absl::Seconds(1);
 struct UcxDefault {
   const char* name;
   const char* value;
+  bool shared_memory = false;  // a shared-memory transport's: not for the TCP-only watch context
 };
 constexpr UcxDefault kUcxDefaults[] = {
     // How soon a dead peer reached over shared memory is noticed (UCX's default is 20 s).
@@ -67,7 +68,7 @@ constexpr UcxDefault kUcxDefaults[] = {
     // 0.9-1.2x. Larger segments broke UCX 1.13 (payload lengths over 64 KiB arrive as 0
     // bytes); messages above 1 MiB still wait for their receive (no unbounded eager
     // buffering of a late receiver).
-    {"MM_SEG_SIZE", "32832"},
+    {"MM_SEG_SIZE", "32832", /*shared_memory=*/true},
     {"RNDV_THRESH", "1m"},
 };
 
@@ -310,6 +311,8 @@ class UcxTransport {
       return ucp_config_modify(config, name, value);
     };
     for (const UcxDefault& setting : kUcxDefaults) {
+      // A setting no transport of the context reads makes UCX warn "invalid configuration".
+      if (watch && setting.shared_memory) continue;
       if (std::getenv(absl::StrCat("UCX_", setting.name).c_str()) != nullptr) continue;
       if (ucs_status_t s = modify(setting.name, setting.value); s != UCS_OK) {
         ucp_config_release(config);

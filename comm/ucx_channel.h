@@ -5,30 +5,34 @@
 // variables of the environment apply as usual, and nothing needs setting.
 //
 // Bootstrap (like the Gloo channel): each rank publishes its host identity (the kernel's
-// boot id and its network namespace: two namespaces of one machine are two hosts) and UCP
-// worker address (hex) under `prefix` in a RendezvousStore, waits for every rank's, and
-// creates endpoints to every rank (itself included):
+// boot id and its network namespace: two namespaces of one machine are two hosts) and its
+// UCP data and watch worker addresses (hex) under `prefix` in a RendezvousStore, waits for
+// every rank's, and creates endpoints to every rank (itself included):
 // - a rank on another host: one endpoint with UCX's peer error handling (TCP or verbs,
 //   on the interface of the data address);
 // - a rank on this host: a data endpoint without error handling, which UCX carries over
 //   shared memory, and a watch endpoint with it, which carries nothing but UCX's TCP
-//   connection and keepalive. UCX 1.13 handles peer failure only on transports that can
-//   detect it, so one endpoint asking for it would move every message over TCP (7x the
-//   latency of shared memory here; comm/README.md).
+//   connection and keepalive (between the ranks' watch workers: see Transport). UCX 1.13
+//   handles peer failure only on transports that can detect it, so one endpoint asking for
+//   it would move every message over TCP (7x the latency of shared memory here;
+//   comm/README.md).
 // Rendezvous (large messages) runs without zero-copy lanes (as UCX_MAX_RNDV_RAILS=0):
 // UCX's CMA reads of a peer's memory abort the process when that peer dies mid-transfer.
 // Without lanes, messages up to 1 MiB go eagerly through 32 KiB shared-memory segments
 // (UCX_RNDV_THRESH=1m, UCX_MM_SEG_SIZE=32832), as fast as Open MPI's shared memory
 // (comm/README.md). Each of these settings yields to its UCX_* variable when set.
 //
-// Transport: one UCP context and worker per channel, driven only by the rank's thread
-// (single-threaded worker, no helper threads of ours). A message to (peer, tag) is one UCP
-// tag message whose 64-bit tag holds the sender's rank and the tag; UCP matches messages
-// of one sender in send order, which gives MPI's non-overtaking rule. Request::Test()
-// calls ucp_worker_progress once and then checks the request, so the rank's wait loops
-// (comm/progress.h, polling) drive the transfers. The collectives are those of
-// p2p_channel.h (named-peer timeouts, fixed summation order, so AllReduce is
-// bit-identical to the MPI, Gloo and in-process backends).
+// Transport: per channel, a UCP context and worker for the data and a TCP-only context and
+// worker for the watch endpoints (a worker with a TCP endpoint polls its sockets on every
+// progress call, which tripled the time of shared-memory messages), both driven only by
+// the rank's thread (single-threaded workers, no helper threads of ours). A message to
+// (peer, tag) is one UCP tag message whose 64-bit tag holds the sender's rank and the tag;
+// UCP matches messages of one sender in send order, which gives MPI's non-overtaking rule.
+// Request::Test() calls ucp_worker_progress once (and the watch worker's every
+// millisecond) and then checks the request, so the rank's wait loops (comm/progress.h,
+// polling) drive the transfers. The collectives are those of p2p_channel.h (named-peer
+// timeouts, fixed summation order, so AllReduce is bit-identical to the MPI, Gloo and
+// in-process backends).
 //
 // Failures:
 // - A peer that dies or closes its channel fails pending and later transfers with it with
