@@ -149,6 +149,12 @@ Ruling RendezvousHangRule(const AttemptSnapshot& attempt, int64_t now_ms, const 
   // have waited past hang_timeout, the rule names the rank they wait for (the one not in
   // the rendezvous, longest in its phase), or no single rank when every rank is in it.
   // A rank still starting is waited for up to the start timeout.
+  // A rank that has entered a collective is past the rendezvous, and so are the others:
+  // one still reported "connecting" has not sent a heartbeat since (or is stuck in its own
+  // connect, and the peers blocked in their first collective are hang (a)'s to judge).
+  for (const RankSnapshot& w : attempt.ranks) {
+    if (w.entered > 0 || w.blocked_n != 0) return {};
+  }
   const RankSnapshot* awaited = nullptr;
   int64_t awaited_ms = -1;
   for (const RankSnapshot& w : attempt.ranks) {

@@ -32,7 +32,10 @@
 //         (c) peers have waited in the data channel's rendezvous (phase "connecting")
 //         longer than hang_timeout (start_timeout while the rank they wait for is
 //         "starting") while it is in another phase -> HANG naming it (the one longest in
-//         its phase); every rank in the rendezvous -> HANG, no rank named.
+//         its phase); every rank in the rendezvous -> HANG, no rank named. Not once
+//         any rank has entered a collective: the rendezvous is then over, a rank still
+//         reported "connecting" sent its last heartbeat before it ended (a rank stuck in
+//         its own connect leaves its peers blocked in their first collective: hang (a)).
 // Times come from the injected clock; phase ages are the worker's reported age plus the
 // time since that heartbeat.
 //

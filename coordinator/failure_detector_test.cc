@@ -59,6 +59,12 @@ RankSnapshot ClosedAfter(RankSnapshot r, int64_t ms) {
 
 AttemptSnapshot Attempt(std::vector<RankSnapshot> ranks) { return AttemptSnapshot{"j-1", 1, std::move(ranks)}; }
 
+// An attempt whose data channel is still being built: no rank has entered a collective.
+AttemptSnapshot InRendezvous(std::vector<RankSnapshot> ranks) {
+  for (RankSnapshot& r : ranks) r.entered = 0;
+  return Attempt(std::move(ranks));
+}
+
 void ExpectNames(const Ruling& r, rackrun::v1::FailureKind kind, int rank, const std::string& text = "") {
   ASSERT_TRUE(r.decided);
   ASSERT_TRUE(r.failure.has_value());
@@ -194,7 +200,7 @@ TEST(LostSilenceRuleTest, NamesTheSilentRankUnlessAPeerWaitsInACollective) {
 }
 
 TEST(RendezvousHangRuleTest, NamesTheAwaitedRankLongestInItsPhase) {
-  AttemptSnapshot a = Attempt({Rank(0, "connecting", 2100), Rank(1, "data", 300), Rank(2, "", 400)});
+  AttemptSnapshot a = InRendezvous({Rank(0, "connecting", 2100), Rank(1, "data", 300), Rank(2, "", 400)});
   Ruling r = RendezvousHangRule(a, kNow, kTimeouts);
   // The empty phase counts as idle: rank 2 is awaited, longest in its phase.
   ExpectNames(r, rackrun::v1::HANG, 2,
@@ -204,18 +210,39 @@ TEST(RendezvousHangRuleTest, NamesTheAwaitedRankLongestInItsPhase) {
 }
 
 TEST(RendezvousHangRuleTest, AStartingRankIsAwaitedUpToTheStartTimeout) {
-  AttemptSnapshot a = Attempt({Rank(0, "connecting", 2500), Rank(1, "starting", 100)});
+  AttemptSnapshot a = InRendezvous({Rank(0, "connecting", 2500), Rank(1, "starting", 100)});
   EXPECT_FALSE(RendezvousHangRule(a, kNow, kTimeouts).decided);
   a.ranks[0].phase_age_ms = 2501;
   ExpectNames(RendezvousHangRule(a, kNow, kTimeouts), rackrun::v1::HANG, 1, "in phase starting");
 }
 
 TEST(RendezvousHangRuleTest, EveryRankInItNamesNoRank) {
-  AttemptSnapshot a = Attempt({Rank(0, "connecting", 2100), Rank(1, "connecting", 1900)});
+  AttemptSnapshot a = InRendezvous({Rank(0, "connecting", 2100), Rank(1, "connecting", 1900)});
   Ruling r = RendezvousHangRule(a, kNow, kTimeouts);
   ExpectNames(r, rackrun::v1::HANG, -1, "rank(s) 0 wait in the data channel's rendezvous");
   EXPECT_EQ(r.failure->phase(), "connecting");
   EXPECT_EQ(r.failure->worker_id(), "");
+}
+
+// DaemonsTest.StoppedWorkerIsNamedAsHung failed so once: rank 1's last heartbeat came
+// during its rendezvous, it trained a few steps and was stopped, and its stale
+// "connecting" outgrew the hang timeout before rank 0's wait in the collective did.
+TEST(RendezvousHangRuleTest, OnceARankHasEnteredACollectiveTheRendezvousIsOver) {
+  AttemptSnapshot a = InRendezvous({Blocked(Rank(0, "collective"), 7, 1000), Rank(1, "connecting", 4000)});
+  EXPECT_FALSE(RendezvousHangRule(a, kNow, kTimeouts).decided);
+  EXPECT_FALSE(DetectFailure(a, kNow, kTimeouts).has_value());
+  // The collective rule names the rank the others wait for once they have waited too long.
+  a.ranks[0] = Blocked(Rank(0, "collective"), 7, 2001);
+  std::optional<Finding> f = DetectFailure(a, kNow, kTimeouts);
+  ASSERT_TRUE(f.has_value());
+  EXPECT_EQ(f->rule, DetectionRule::kCollectiveHang);
+  EXPECT_EQ(f->failure.rank(), 1);
+  // A peer that has entered collectives, blocked or not, ends the rendezvous too.
+  a = InRendezvous({Rank(0, "data", 100), Rank(1, "connecting", 4000)});
+  a.ranks[0].entered = 3;
+  EXPECT_FALSE(RendezvousHangRule(a, kNow, kTimeouts).decided);
+  a.ranks[0].entered = 0;
+  ExpectNames(RendezvousHangRule(a, kNow, kTimeouts), rackrun::v1::HANG, 0, "in phase data");
 }
 
 TEST(PhaseHangRuleTest, ATrainingPhaseHasTheHangTimeoutAndStartingItsOwn) {
