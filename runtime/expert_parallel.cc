@@ -1,5 +1,6 @@
 #include "runtime/expert_parallel.h"
 
+#include <omp.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -70,6 +71,11 @@ class ExpertParallelExecutor final : public ExpertExecutor<float> {
   // the same layer, in the same order. `refetch` counts it as a backward refetch.
   absl::Status StartFanOut(bool refetch);
   absl::Status FinishFanOut();
+  // Lets the fan-out in flight move on (relays forward the chunks they have, and Open MPI
+  // progresses only inside its calls) between two batches the masters compute, when on
+  // the rank's own thread outside a parallel region. Its first error is kept for
+  // FinishFanOut.
+  void PollFanOut();
   bool fanout_in_flight() const { return in_flight_ != nullptr; }
   // A Forward has run (Backward has a layout to mirror).
   bool has_forward() const { return dispatch_.has_value(); }
@@ -122,6 +128,7 @@ class ExpertParallelExecutor final : public ExpertExecutor<float> {
   ReplicaSlotStore own_slots_;  // unless the group's slots are shared
   std::vector<float> staging_;                // packed master weights to send
   std::unique_ptr<comm::FanoutInFlight> in_flight_;  // StartFanOut .. FinishFanOut
+  absl::Status poll_error_;  // the first error of PollFanOut while in_flight_
   // Replica-gradient reduction in flight: requests, (expert, buffer index) received in
   // placement order, and the receive buffers.
   std::vector<std::unique_ptr<comm::Request>> pending_;
@@ -317,9 +324,16 @@ absl::Status ExpertParallelExecutor::StartFanOut(bool refetch) {
   return absl::OkStatus();
 }
 
+void ExpertParallelExecutor::PollFanOut() {
+  if (in_flight_ == nullptr || !poll_error_.ok() || omp_in_parallel()) return;
+  if (absl::StatusOr<bool> done = in_flight_->Poll(); !done.ok()) poll_error_ = done.status();
+}
+
 absl::Status ExpertParallelExecutor::FinishFanOut() {
   if (in_flight_ == nullptr) return absl::OkStatus();
-  absl::StatusOr<comm::FanoutExecutorStats> run = in_flight_->Finish();
+  absl::StatusOr<comm::FanoutExecutorStats> run =
+      poll_error_.ok() ? in_flight_->Finish() : poll_error_;
+  poll_error_ = absl::OkStatus();
   in_flight_.reset();
   g_->RefetchDone(this);
   if (!run.ok()) return Where(run.status(), "fanning out replica weights");
@@ -351,6 +365,7 @@ void ExpertParallelExecutor::ForEachBatch(bool local, Body body) {
     const comm::TokenDispatch::LocalBatch& b = batches[static_cast<size_t>(i)];
     if ((slot_of_expert_[static_cast<size_t>(b.expert)] < 0) != local) return;
     body(b, WeightsOf(b.expert));
+    if (local) PollFanOut();
   });
 }
 
