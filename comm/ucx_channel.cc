@@ -63,11 +63,11 @@ constexpr UcxDefault kUcxDefaults[] = {
     {"MAX_RNDV_RAILS", "0"},
     // Shared memory's copy-out segments: 32 KiB of payload (UCX's default is 8 KiB) and
     // eager sends up to 1 MiB. Without lanes, a rendezvous costs a handshake and then
-    // moves its data through the same segments as an eager send, so large messages
-    // took 2x Open MPI's time (bench_channel_bench, comm/README.md); with these they take
-    // 0.9-1.2x. Larger segments broke UCX 1.13 (payload lengths over 64 KiB arrive as 0
-    // bytes); messages above 1 MiB still wait for their receive (no unbounded eager
-    // buffering of a late receiver).
+    // moves its data through the same segments as an eager send, so 64 KiB-1 MiB messages
+    // took 1.5-2.9x Open MPI's time (bench_channel_bench, comm/README.md); with these (and
+    // the watch worker) 0.7-1.4x at 2 ranks. Larger segments broke UCX 1.13 (payload
+    // lengths over 64 KiB arrive as 0 bytes); messages above 1 MiB still wait for their
+    // receive (no unbounded eager buffering of a late receiver).
     {"MM_SEG_SIZE", "32832", /*shared_memory=*/true},
     {"RNDV_THRESH", "1m"},
 };
