@@ -58,8 +58,9 @@ void CheckPeerProcessKilledFailsTheSurvivor(const StoreChannelFactory& factory,
                                             const std::string& child_test);
 void RunAsKilledChild(const StoreChannelFactory& factory);
 // The same, the peer killed while the two ranks exchange large messages back to back
-// (all-reduces of 8 MiB and 128 KiB in turn; UCX's rendezvous and eager paths): the survivor gets Unavailable naming rank
-// 1 before the timeout, without aborting or hanging, and tears down within the timeout.
+// (all-reduces of 8 MiB and 128 KiB in turn; UCX's rendezvous and eager paths): the
+// survivor gets Unavailable naming rank 1 before the timeout, without aborting or hanging,
+// and tears down within the timeout.
 // The child test calls RunAsKilledChild too (the mode comes in the environment).
 // `receive_in_flight_waits_for_the_timeout`: the transport does not fail a receive whose
 // message is arriving when the connection breaks (Gloo's tcp pair signals its queued
