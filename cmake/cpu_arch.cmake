@@ -2,7 +2,8 @@
 #
 # In:  RACKRUN_ARCH (cache): native (default: the CPU of the machine that configures),
 #      default (the compiler's baseline, x86-64 with SSE2), or any -march= value the
-#      compiler takes (x86-64-v3 = AVX2 + FMA + BMI, x86-64-v4 = AVX-512, znver4, ...).
+#      compiler takes (x86-64-v3 = AVX2 + FMA + BMI, x86-64-v4 = AVX-512, znver4, ...);
+#      RACKRUN_TUNE (cache, optional): a -mtune= value on top of it.
 # Out: RACKRUN_ARCH_FLAGS, the compile options every target gets (rackrun_target_defaults);
 #      ${PROJECT_BINARY_DIR}/rackrun_cpu_features.h, the CPU features those options let the
 #      compiler use, which base/cpu_check.cc verifies before main; and
@@ -20,6 +21,11 @@
 
 set(RACKRUN_ARCH "native" CACHE STRING
     "CPU to compile for: native, default, or a -march= value (x86-64-v3, x86-64-v4, ...)")
+# -mtune= on top of the instruction set: the compiler's cost model for a CPU family. It
+# changes which code GCC emits for the same source (its Intel tunings fuse multiply-add
+# chains that its AMD tunings leave apart), so CI builds with an Intel tuning on any machine
+# to check that no promised bit depends on it (docs/design.md section 4.10).
+set(RACKRUN_TUNE "" CACHE STRING "CPU to tune for (-mtune=), e.g. sapphirerapids; empty: the -march default")
 
 if(RACKRUN_ARCH STREQUAL "native")
   set(arch_probe_flags -march=native)
@@ -27,6 +33,9 @@ elseif(RACKRUN_ARCH STREQUAL "default" OR RACKRUN_ARCH STREQUAL "")
   set(arch_probe_flags "")
 else()
   set(arch_probe_flags -march=${RACKRUN_ARCH})
+endif()
+if(RACKRUN_TUNE)
+  list(APPEND arch_probe_flags -mtune=${RACKRUN_TUNE})
 endif()
 
 # The compiler's predefined macros under these flags: they name every instruction set

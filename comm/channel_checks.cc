@@ -143,13 +143,18 @@ void CheckAllReduce(DataChannel& channel, bool fixed_order) {
       ASSERT_EQ(int_sum[i], static_cast<int64_t>(n) * (n + 1) / 2 * 1000003 + n * i);
     }
 
-    std::vector<float> x(static_cast<size_t>(count));
-    for (int64_t i = 0; i < count; ++i) x[i] = Value(me, i, 2);
-    std::vector<float> reference(static_cast<size_t>(count));
-    for (int64_t i = 0; i < count; ++i) {
-      float acc = Value(0, i, 2);
-      for (int r = 1; r < n; ++r) acc += Value(r, i, 2);
-      reference[i] = acc;
+    // What each rank contributes, and the promise (docs/design.md sections 4.10 and 6.2):
+    // those vectors summed in ascending rank order, every addition rounded to float.
+    const auto contribution = [count](int rank) {
+      std::vector<float> v(static_cast<size_t>(count));
+      for (int64_t i = 0; i < count; ++i) v[i] = Value(rank, i, 2);
+      return v;
+    };
+    const std::vector<float> x = contribution(me);
+    std::vector<float> reference = contribution(0);
+    for (int r = 1; r < n; ++r) {
+      const std::vector<float> add = contribution(r);
+      for (int64_t i = 0; i < count; ++i) reference[i] += add[i];
     }
     std::vector<float> first;
     for (int repeat = 0; repeat < 3; ++repeat) {
