@@ -7,25 +7,31 @@
 #ifndef RACKRUN_RUNTIME_RESIDUAL_KERNELS_H_
 #define RACKRUN_RUNTIME_RESIDUAL_KERNELS_H_
 
+#include <immintrin.h>
 #include <omp.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <utility>
 
 #include "runtime/cpu/gemm.h"
 
 namespace rackrun::runtime::residual_internal {
 
-// Vector width of the target: 64 bytes with AVX-512, else 32 (AVX2). Tile shapes keep
-// the accumulators within the 32 (AVX-512) or 16 (AVX2) vector registers.
+// Vector width of the target: 64 bytes with AVX-512, 32 with AVX, else 16 (SSE: a wider
+// vector would be passed in memory, and GCC rejects that ABI under -Werror=psabi). Tile
+// shapes keep the accumulators within the 32 (AVX-512) or 16 (AVX, SSE) vector registers.
 #if defined(__AVX512F__)
 inline constexpr int kVectorBytes = 64;
 inline constexpr int kTileRows = 4, kTileOutputs = 4, kTileVectors = 4;
-#else
+#elif defined(__AVX__)
 inline constexpr int kVectorBytes = 32;
+inline constexpr int kTileRows = 4, kTileOutputs = 3, kTileVectors = 2;
+#else
+inline constexpr int kVectorBytes = 16;
 inline constexpr int kTileRows = 4, kTileOutputs = 3, kTileVectors = 2;
 #endif
 
@@ -63,6 +69,38 @@ template <typename T>
 inline Simd<T> Splat(T s) {
   return SplatLanes<T>(s, std::make_index_sequence<static_cast<size_t>(kLanes<T>)>());
 }
+// a * b + c where the kernels mean a multiply-accumulate: one fused instruction (one
+// rounding) when the build's instruction set has FMA, a multiply then an add when it has
+// not. The project compiles with -ffp-contract=off (docs/design.md section 4.10), so the
+// compiler never fuses on its own and every caller of a kernel gets the same bits.
+inline Simd<float> Fma(Simd<float> a, Simd<float> b, Simd<float> c) {
+#if defined(__AVX512F__)
+  return _mm512_fmadd_ps(a, b, c);
+#elif defined(__FMA__)
+  return _mm256_fmadd_ps(a, b, c);
+#else
+  return a * b + c;
+#endif
+}
+inline Simd<double> Fma(Simd<double> a, Simd<double> b, Simd<double> c) {
+#if defined(__AVX512F__)
+  return _mm512_fmadd_pd(a, b, c);
+#elif defined(__FMA__)
+  return _mm256_fmadd_pd(a, b, c);
+#else
+  return a * b + c;
+#endif
+}
+template <typename T>
+  requires std::is_floating_point_v<T>
+inline T Fma(T a, T b, T c) {
+#if defined(__FMA__) || defined(__AVX512F__)
+  return std::fma(a, b, c);
+#else
+  return a * b + c;
+#endif
+}
+
 template <typename T>
 inline T HSum(Simd<T> v) {
   // Pairwise, in a fixed order, so results do not depend on the call site.
@@ -94,12 +132,12 @@ inline T Dot(const T* a, const T* b, int64_t n) {
   Simd<T> a0 = {}, a1 = {};
   int64_t e = 0;
   for (; e + 2 * L <= n; e += 2 * L) {
-    a0 += Load(a + e) * Load(b + e);
-    a1 += Load(a + e + L) * Load(b + e + L);
+    a0 = Fma(Load(a + e), Load(b + e), a0);
+    a1 = Fma(Load(a + e + L), Load(b + e + L), a1);
   }
   for (; e + L <= n; e += L) a0 += Load(a + e) * Load(b + e);
   T s = HSum<T>(a0 + a1);
-  for (; e < n; ++e) s += a[e] * b[e];
+  for (; e < n; ++e) s = Fma(a[e], b[e], s);
   return s;
 }
 
@@ -113,18 +151,18 @@ inline void Moments(const T* x, int64_t n, T* sum, T* sumsq) {
     Simd<T> v0 = Load(x + e), v1 = Load(x + e + L);
     s0 += v0;
     s1 += v1;
-    q0 += v0 * v0;
-    q1 += v1 * v1;
+    q0 = Fma(v0, v0, q0);
+    q1 = Fma(v1, v1, q1);
   }
   for (; e + L <= n; e += L) {
     Simd<T> v0 = Load(x + e);
     s0 += v0;
-    q0 += v0 * v0;
+    q0 = Fma(v0, v0, q0);
   }
   T s = HSum<T>(s0 + s1), q = HSum<T>(q0 + q1);
   for (; e < n; ++e) {
     s += x[e];
-    q += x[e] * x[e];
+    q = Fma(x[e], x[e], q);
   }
   *sum = s;
   *sumsq = q;
@@ -136,8 +174,8 @@ inline void Axpy(T a, const T* x, T* y, int64_t n) {
   constexpr int L = kLanes<T>;
   const Simd<T> av = Splat(a);
   int64_t e = 0;
-  for (; e + L <= n; e += L) Store(y + e, Load(y + e) + av * Load(x + e));
-  for (; e < n; ++e) y[e] += a * x[e];
+  for (; e + L <= n; e += L) Store(y + e, Fma(av, Load(x + e), Load(y + e)));
+  for (; e < n; ++e) y[e] = Fma(a, x[e], y[e]);
 }
 
 // y += a * b elementwise.
@@ -145,8 +183,8 @@ template <typename T>
 inline void MulAdd(const T* a, const T* b, T* y, int64_t n) {
   constexpr int L = kLanes<T>;
   int64_t e = 0;
-  for (; e + L <= n; e += L) Store(y + e, Load(y + e) + Load(a + e) * Load(b + e));
-  for (; e < n; ++e) y[e] += a[e] * b[e];
+  for (; e + L <= n; e += L) Store(y + e, Fma(Load(a + e), Load(b + e), Load(y + e)));
+  for (; e < n; ++e) y[e] = Fma(a[e], b[e], y[e]);
 }
 
 // y = sum_j coef[j] * rows[j] for `count` rows of n elements at stride ld (rows[j] =
@@ -159,15 +197,15 @@ inline void Combine(const T* coef, int count, const T* base, int64_t ld, int64_t
     Simd<T> a0 = {}, a1 = {};
     for (int j = 0; j < count; ++j) {
       const Simd<T> c = Splat(coef[j]);
-      a0 += c * Load(base + j * ld + e);
-      a1 += c * Load(base + j * ld + e + L);
+      a0 = Fma(c, Load(base + j * ld + e), a0);
+      a1 = Fma(c, Load(base + j * ld + e + L), a1);
     }
     Store(y + e, a0);
     Store(y + e + L, a1);
   }
   for (; e < n; ++e) {
     T s = 0;
-    for (int j = 0; j < count; ++j) s += coef[j] * base[j * ld + e];
+    for (int j = 0; j < count; ++j) s = Fma(coef[j], base[j * ld + e], s);
     y[e] = s;
   }
 }
@@ -187,13 +225,13 @@ inline void ProjectTile(const T* x, int64_t ldx, const T* w, int64_t ldw, int64_
     for (int p = 0; p < PB; ++p) {
       const Simd<T> wv = Load(w + p * ldw + e);
 #pragma GCC unroll 8
-      for (int r = 0; r < RB; ++r) acc[r][p] += xv[r] * wv;
+      for (int r = 0; r < RB; ++r) acc[r][p] = Fma(xv[r], wv, acc[r][p]);
     }
   }
   for (int r = 0; r < RB; ++r)
     for (int p = 0; p < PB; ++p) {
       T s = HSum<T>(acc[r][p]);
-      for (int64_t t = e; t < K; ++t) s += x[r * ldx + t] * w[p * ldw + t];
+      for (int64_t t = e; t < K; ++t) s = Fma(x[r * ldx + t], w[p * ldw + t], s);
       y[r * ldy + p] += s;
     }
 }
@@ -261,8 +299,8 @@ inline void AccumulateOuter(const T* c, int64_t ldc, int rows, const T* x, int64
 #pragma GCC unroll 4
           for (int i = 0; i < 4; ++i) {
             const Simd<T> cv = Splat(cr[i]);
-            acc[i][0] += cv * x0;
-            acc[i][1] += cv * x1;
+            acc[i][0] = Fma(cv, x0, acc[i][0]);
+            acc[i][1] = Fma(cv, x1, acc[i][1]);
           }
         }
         for (int i = 0; i < 4; ++i)
@@ -273,7 +311,7 @@ inline void AccumulateOuter(const T* c, int64_t ldc, int rows, const T* x, int64
         Simd<T> acc[V] = {};
         for (int r = 0; r < rn; ++r) {
           const Simd<T> cv = Splat(cb[r * ldc + p]);
-          for (int v = 0; v < V; ++v) acc[v] += cv * Load(xs + r * EC + v * L);
+          for (int v = 0; v < V; ++v) acc[v] = Fma(cv, Load(xs + r * EC + v * L), acc[v]);
         }
         for (int v = 0; v < V; ++v)
           Store(w + p * ldw + e + v * L, Load(w + p * ldw + e + v * L) + acc[v]);
@@ -283,7 +321,7 @@ inline void AccumulateOuter(const T* c, int64_t ldc, int rows, const T* x, int64
   for (int p = 0; p < P; ++p)
     for (int64_t f = e; f < e1; ++f) {
       T s = 0;
-      for (int r = 0; r < rows; ++r) s += c[r * ldc + p] * x[r * ldx + f];
+      for (int r = 0; r < rows; ++r) s = Fma(c[r * ldc + p], x[r * ldx + f], s);
       w[p * ldw + f] += s;
     }
 }
@@ -335,7 +373,7 @@ inline void ProjectTransposeAddPacked(const T* c, int64_t ldc, int rows, const T
           for (int v = 0; v < V; ++v) wv[v] = Load(packed + ((b + v) * P + p) * L);
           for (int i = 0; i < 4; ++i) {
             const Simd<T> cv = Splat(c[(r + i) * ldc + p]);
-            for (int v = 0; v < V; ++v) acc[i][v] += cv * wv[v];
+            for (int v = 0; v < V; ++v) acc[i][v] = Fma(cv, wv[v], acc[i][v]);
           }
         }
         for (int i = 0; i < 4; ++i)
@@ -347,12 +385,12 @@ inline void ProjectTransposeAddPacked(const T* c, int64_t ldc, int rows, const T
       const T* cr = c + (r + i) * ldc;
       for (int64_t f = b; f < full; ++f) {
         Simd<T> acc = Load(xr + f * L);
-        for (int p = 0; p < P; ++p) acc += Splat(cr[p]) * Load(packed + (f * P + p) * L);
+        for (int p = 0; p < P; ++p) acc = Fma(Splat(cr[p]), Load(packed + (f * P + p) * L), acc);
         Store(xr + f * L, acc);
       }
       for (int64_t e = full * L; e < K; ++e) {
         T s = xr[e];
-        for (int p = 0; p < P; ++p) s += cr[p] * packed[(full * P + p) * L + (e - full * L)];
+        for (int p = 0; p < P; ++p) s = Fma(cr[p], packed[(full * P + p) * L + (e - full * L)], s);
         xr[e] = s;
       }
     }
@@ -422,7 +460,7 @@ inline void ProjectRowsTile(const T* x, int64_t ldx, const T* wt, int Ppad, int 
     for (int r = 0; r < R; ++r) {
       const Simd<T> b = Splat(x[r * ldx + e]);
 #pragma GCC unroll 4
-      for (int v = 0; v < V; ++v) acc[r][v] += b * wv[v];
+      for (int v = 0; v < V; ++v) acc[r][v] = Fma(b, wv[v], acc[r][v]);
     }
   }
   for (int r = 0; r < R; ++r)
