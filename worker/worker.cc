@@ -12,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "comm/gloo_channel.h"
 #include "rpc/phase.h"
+#include "runtime/cpu/blas.h"
 
 namespace rackrun::worker {
 namespace {
@@ -329,6 +330,7 @@ absl::Status Worker::Serve() {
   std::printf("rackrun-worker: registered as %s with %s (host %s, pid %d, launcher rank %d, %s)\n",
               worker_id().c_str(), connection_->address().c_str(), options_.host.c_str(),
               static_cast<int>(::getpid()), options_.launcher_rank, options_.device.c_str());
+  std::printf("rackrun-worker: kernels: %s\n", runtime::cpu::BlasDescription().c_str());
   std::fflush(stdout);
   stream_thread_ = std::thread([this] { StreamLoop(); });
   heartbeat_thread_ = std::thread([this] { HeartbeatLoop(); });

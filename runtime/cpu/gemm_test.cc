@@ -1,9 +1,13 @@
 #include "runtime/cpu/gemm.h"
 
 #include <cmath>
+#include <string>
+#include <tuple>
 #include <vector>
 
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "runtime/cpu/blas.h"
 #include "runtime/layers/parameter.h"
 
 namespace rackrun::runtime::cpu {
@@ -25,8 +29,13 @@ void NaiveGemm(bool ta, bool tb, int m, int n, int k, T alpha, const T* a, int l
   }
 }
 
+// Gemm as the process chose to thread it, or one of the ways forced.
 template <typename T>
-void CheckAgainstNaive(int m, int n, int k, double tol) {
+using GemmFunction = void (*)(bool, bool, int, int, int, T, const T*, int, const T*, int, T, T*,
+                              int);
+
+template <typename T>
+void CheckAgainstNaive(int m, int n, int k, double tol, GemmFunction<T> gemm = &Gemm<T>) {
   NormalInit rng(static_cast<uint64_t>(m * 131 + n * 7 + k));
   for (int ta = 0; ta < 2; ++ta) {
     for (int tb = 0; tb < 2; ++tb) {
@@ -41,7 +50,7 @@ void CheckAgainstNaive(int m, int n, int k, double tol) {
       std::vector<T> expect = c;
       NaiveGemm<T>(ta, tb, m, n, k, T(0.5), a.data(), lda, b.data(), ldb, T(0.25), expect.data(),
                    ldc);
-      Gemm<T>(ta, tb, m, n, k, T(0.5), a.data(), lda, b.data(), ldb, T(0.25), c.data(), ldc);
+      gemm(ta, tb, m, n, k, T(0.5), a.data(), lda, b.data(), ldb, T(0.25), c.data(), ldc);
       for (int i = 0; i < m; ++i) {
         for (int j = 0; j < n; ++j) {
           ASSERT_NEAR(c[i * ldc + j], expect[i * ldc + j], tol * std::sqrt(static_cast<double>(k)))
@@ -63,6 +72,54 @@ TEST(GemmTest, DoubleMatchesNaiveReference) {
   CheckAgainstNaive<double>(7, 5, 3, 1e-13);
   CheckAgainstNaive<double>(200, 96, 64, 1e-13);
   CheckAgainstNaive<double>(33, 260, 70, 1e-13);
+}
+
+template <GemmThreading how>
+void GemmForced(bool ta, bool tb, int m, int n, int k, float alpha, const float* a, int lda,
+                const float* b, int ldb, float beta, float* c, int ldc) {
+  GemmWith<float>(how, 2, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+TEST(GemmTest, EveryWayOfThreadingMatchesTheNaiveReference) {
+  CheckAgainstNaive<float>(200, 96, 64, 1e-5, &GemmForced<GemmThreading::kSerial>);
+  CheckAgainstNaive<float>(33, 260, 70, 1e-5, &GemmForced<GemmThreading::kSplit>);
+  CheckAgainstNaive<float>(200, 96, 64, 1e-5, &GemmForced<GemmThreading::kSplit>);
+  if (!Blas().openmp) GTEST_SKIP() << "OpenBLAS's OpenMP build is not loaded: " << Blas().path;
+  CheckAgainstNaive<float>(200, 96, 64, 1e-5, &GemmForced<GemmThreading::kLibrary>);
+  CheckAgainstNaive<float>(33, 260, 70, 1e-5, &GemmForced<GemmThreading::kLibrary>);
+}
+
+// The choice by measurement is only made where it cannot change a bit: then the split and
+// OpenBLAS's threads give the same products on the demo model's shapes too.
+TEST(GemmTest, AMeasuredChoiceCannotChangeBits) {
+  const GemmThreadingChoice& choice = GemmThreadingFor(2);
+  if (choice.reason != "measured") {
+    EXPECT_EQ(choice.threading, GemmThreading::kSplit) << choice.reason;
+    GTEST_SKIP() << "no measured choice on this machine: " << choice.reason;
+  }
+  EXPECT_GT(choice.split_seconds, 0);
+  EXPECT_GT(choice.library_seconds, 0);
+  NormalInit rng(11);
+  for (const auto& [m, n, k, tb] : std::vector<std::tuple<int, int, int, bool>>{
+           {2048, 384, 128, true}, {256, 512, 128, true}, {128, 512, 256, false}}) {
+    std::vector<float> a(static_cast<size_t>(m) * k), b(static_cast<size_t>(k) * n);
+    for (auto& x : a) x = static_cast<float>(rng.Next());
+    for (auto& x : b) x = static_cast<float>(rng.Next());
+    std::vector<float> split(static_cast<size_t>(m) * n), library(split.size());
+    const int ldb = tb ? k : n;
+    GemmWith<float>(GemmThreading::kSplit, 2, false, tb, m, n, k, 1.0f, a.data(), k, b.data(), ldb,
+                    0.0f, split.data(), n);
+    GemmWith<float>(GemmThreading::kLibrary, 2, false, tb, m, n, k, 1.0f, a.data(), k, b.data(),
+                    ldb, 0.0f, library.data(), n);
+    EXPECT_EQ(split, library) << m << "x" << n << "x" << k;
+  }
+}
+
+TEST(GemmTest, DescriptionNamesKernelsAndThreading) {
+  const std::string line = GemmDescription(2);
+  EXPECT_THAT(line, ::testing::HasSubstr("openblas " + Blas().core + " kernels"));
+  EXPECT_THAT(line, ::testing::HasSubstr("GEMM threads: 2, "));
+  EXPECT_THAT(GemmDescription(1), ::testing::HasSubstr("GEMM threads: 1, one thread"));
 }
 
 TEST(GemmTest, ZeroDepthScalesByBeta) {

@@ -35,16 +35,16 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_format.h"
 #include "base/clock.h"
 #include "base/statistics.h"
 #include "nlohmann/json.hpp"
+#include "runtime/cpu/blas.h"
 #include "runtime/cpu/gemm.h"
 #include "runtime/model.h"
 #include "runtime/optimizer.h"
 #include "tools/bench/startup.h"
 
-extern "C" void openblas_set_num_threads(int);
-#include <cblas.h>
 
 namespace {
 
@@ -191,12 +191,14 @@ bool PythonHasTorch(const std::string& python) {
 
 struct GemmRow {
   int m, n, k;
-  double ours_gflops, openblas_threaded_gflops;
+  double runtime_gflops, split_gflops, library_gflops;  // library: 0 without the OpenMP build
 };
 
 // The step's main GEMM shapes: QKV projection, expert up-projection (one expert's share
-// of the tokens), its weight gradient, LM head.
+// of the tokens), its weight gradient, LM head; each as the runtime runs it and both ways of
+// threading it (runtime/cpu/gemm.h).
 std::vector<GemmRow> MeasureGemm(int tokens, int threads) {
+  using rackrun::runtime::cpu::GemmThreading;
   const std::array<std::array<int, 3>, 4> shapes = {{{tokens, 384, 128},
                                                      {tokens * 2 / 16, 512, 128},
                                                      {128, 512, tokens * 2 / 16},
@@ -218,17 +220,19 @@ std::vector<GemmRow> MeasureGemm(int tokens, int threads) {
       }
       return 2.0 * m * n * k / t / 1e9;
     };
-    GemmRow row{m, n, k, 0, 0};
-    row.ours_gflops = best([&] {
+    const auto with = [&](GemmThreading how) {
+      return best([&] {
+        rackrun::runtime::cpu::GemmWith<float>(how, threads, false, false, m, n, k, 1.0f, a.data(),
+                                               k, b.data(), n, 0.0f, c.data(), n);
+      });
+    };
+    GemmRow row{m, n, k, 0, 0, 0};
+    row.runtime_gflops = best([&] {
       rackrun::runtime::cpu::Gemm<float>(false, false, m, n, k, 1.0f, a.data(), k, b.data(), n,
                                          0.0f, c.data(), n);
     });
-    openblas_set_num_threads(threads);
-    row.openblas_threaded_gflops = best([&] {
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, k, 1.0f, a.data(), k, b.data(),
-                  n, 0.0f, c.data(), n);
-    });
-    openblas_set_num_threads(1);
+    row.split_gflops = with(GemmThreading::kSplit);
+    if (rackrun::runtime::cpu::Blas().openmp) row.library_gflops = with(GemmThreading::kLibrary);
     rows.push_back(row);
   }
   return rows;
@@ -285,13 +289,16 @@ int main(int argc, char** argv) {
     j["seq"] = o.seq;
     j["tokens_per_step"] = o.batch * o.seq;
     j["gemm_backend"] = rackrun::runtime::cpu::GemmBackendName();
+    j["gemm"] = nlohmann::json::array();
+    j["kernels"] = rackrun::runtime::cpu::GemmDescription(threads);
     j["omp_wait_policy"] = std::getenv("OMP_WAIT_POLICY") ? std::getenv("OMP_WAIT_POLICY") : "";
     for (const auto& g : gemm) {
       j["gemm"].push_back({{"m", g.m},
                            {"n", g.n},
                            {"k", g.k},
-                           {"ours_gflops", g.ours_gflops},
-                           {"openblas_threaded_gflops", g.openblas_threaded_gflops}});
+                           {"runtime_gflops", g.runtime_gflops},
+                           {"split_gflops", g.split_gflops},
+                           {"library_gflops", g.library_gflops}});
     }
     for (const auto& r : rows) {
       j["runs"].push_back({{"impl", r.impl},
@@ -313,15 +320,14 @@ int main(int argc, char** argv) {
     return 0;
   }
   const char* policy = std::getenv("OMP_WAIT_POLICY");
-  std::printf(
-      "GEMM backend %s, %d threads, OMP_WAIT_POLICY=%s (ours: OpenBLAS single-threaded "
-      "kernels split over OpenMP; alternative: OpenBLAS's own threading)\n",
-      rackrun::runtime::cpu::GemmBackendName().c_str(), threads,
-      policy != nullptr ? policy : "(unset)");
-  std::printf("%6s %6s %6s %12s %14s\n", "m", "n", "k", "ours GF/s", "openblas-thr");
+  std::printf("Kernels: %s\nOMP_WAIT_POLICY=%s\n",
+              rackrun::runtime::cpu::GemmDescription(threads).c_str(),
+              policy != nullptr ? policy : "(unset)");
+  std::printf("%6s %6s %6s %14s %10s %12s\n", "m", "n", "k", "runtime GF/s", "split", "library");
   for (const auto& g : gemm) {
-    std::printf("%6d %6d %6d %12.1f %14.1f\n", g.m, g.n, g.k, g.ours_gflops,
-                g.openblas_threaded_gflops);
+    std::printf("%6d %6d %6d %14.1f %10.1f %12s\n", g.m, g.n, g.k, g.runtime_gflops,
+                g.split_gflops,
+                g.library_gflops > 0 ? absl::StrFormat("%.1f", g.library_gflops).c_str() : "-");
   }
   std::printf(
       "\nTraining step, demo model (4 blocks, C=128, 16 experts top-2, F=%d, vocab 256), "

@@ -20,6 +20,7 @@
 #include "flags/flags.h"
 #include "comm/data_channel.h"
 #include "comm/mpi_channel.h"
+#include "runtime/cpu/gemm.h"
 #include "runtime/fault_injection.h"
 #include "runtime/job_config.h"
 #include "jobspec/job_memory.h"
@@ -238,6 +239,7 @@ int RunTrain(const Args& args) {
   if (lead) {
     std::printf("memory: estimated %s; this machine: %s\n", memory->Describe().c_str(),
                 jobspec::ReadMachineMemory().Describe().c_str());
+    std::printf("kernels: %s\n", rt::cpu::GemmDescription(omp_get_max_threads()).c_str());
   }
   std::fflush(stdout);
 
