@@ -301,6 +301,7 @@ absl::StatusOr<std::unique_ptr<comm::DataChannel>> JobRunner::MakeChannel() {
     comm::UcxChannelOptions o;
     o.channel = channel_options;
     o.address = b.address();
+    o.label = absl::StrCat("worker ", options_.worker_id, " on host ", options_.host);
     return comm::CreateUcxChannel(store, b.store_prefix(), assignment_.rank(),
                                   assignment_.ranks(), o);
   }
