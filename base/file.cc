@@ -61,7 +61,8 @@ struct Slot {
 
 // The folder of `path` as the path names it: the process's own files, and job files of an
 // unconfined process (symlinks followed, as open(2) would).
-absl::StatusOr<Slot> OpenSlotByPath(const std::string& path) {
+absl::StatusOr<Slot> OpenSlotByPath(const std::string& path, absl::string_view verb,
+                                    const std::string& shown) {
   const std::filesystem::path p(path);
   Slot slot;
   slot.name = p.filename().string();
@@ -70,7 +71,7 @@ absl::StatusOr<Slot> OpenSlotByPath(const std::string& path) {
   }
   const std::string folder = p.has_parent_path() ? p.parent_path().string() : ".";
   slot.dir_fd = ::open(folder.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
-  if (slot.dir_fd < 0) return OpenError(path);
+  if (slot.dir_fd < 0) return OpenError(shown, verb);
   return slot;
 }
 
@@ -128,10 +129,13 @@ absl::StatusOr<Slot> OpenConfinedSlot(const std::string& path,
   return OpenError(at);
 }
 
-absl::StatusOr<Slot> OpenSlot(const std::string& path, FileUse use) {
+// `verb` and `shown` (the path as errors name it: a temporary's) for an unusable folder.
+absl::StatusOr<Slot> OpenSlot(const std::string& path, FileUse use,
+                              absl::string_view verb = "cannot open",
+                              const std::string& shown = "") {
   const std::vector<std::string>& roots = JobFileRoots();
   if (use == FileUse::kJob && !roots.empty()) return OpenConfinedSlot(path, roots);
-  return OpenSlotByPath(path);
+  return OpenSlotByPath(path, verb, shown.empty() ? path : shown);
 }
 
 // Opens `name` in `slot` as OpenRegularFile does; `path` names it in errors.
@@ -210,9 +214,9 @@ absl::StatusOr<std::string> ReadSmallFile(const std::string& path, size_t max_by
 }
 
 absl::StatusOr<AtomicFileWriter> AtomicFileWriter::Open(const std::string& path, FileUse use) {
-  absl::StatusOr<Slot> slot = OpenSlot(path, use);
-  if (!slot.ok()) return slot.status();
   std::string tmp = TemporaryPath(path);
+  absl::StatusOr<Slot> slot = OpenSlot(path, use, "cannot create", tmp);
+  if (!slot.ok()) return slot.status();
   std::string tmp_name = TemporaryPath(slot->name);
   // The temporary is ours alone: never a symlink followed, whatever the confinement.
   Slot own = *slot;
