@@ -4,8 +4,10 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <csignal>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <thread>
 #include <utility>
 
@@ -50,6 +52,16 @@ absl::Status WatchStopSignals(std::function<void(int signal)> on_first) {
     std::_Exit(128 + second);
   }).detach();
   return absl::OkStatus();
+}
+
+void IgnoreSigpipe() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction current {};
+    if (sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) {
+      std::signal(SIGPIPE, SIG_IGN);
+    }
+  });
 }
 
 }  // namespace rackrun::base

@@ -16,6 +16,14 @@ namespace rackrun::base {
 
 absl::Status WatchStopSignals(std::function<void(int signal)> on_first);
 
+// Sets SIGPIPE to ignored unless the process has installed a handler of its own, so that a
+// write to a socket or pipe whose reader is gone fails with EPIPE instead of killing the
+// process with no message (exit 141). Every process of ours calls it first thing in main
+// (the coordinator, the worker, the rackrun CLI, the benchmarks that talk to daemons): TLS
+// libraries, Gloo and gRPC's peers may write to a connection the other side has closed.
+// Idempotent and thread-safe.
+void IgnoreSigpipe();
+
 }  // namespace rackrun::base
 
 #endif  // RACKRUN_BASE_SIGNALS_H_

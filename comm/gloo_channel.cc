@@ -1,23 +1,21 @@
 #include "comm/gloo_channel.h"
 
 #include <arpa/inet.h>
-#include <netdb.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <gloo/common/error.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/attr.h>
 #include <gloo/transport/tcp/device.h>
 #include <gloo/transport/unbound_buffer.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <condition_variable>
-#include <csignal>
 #include <cstring>
 #include <deque>
 #include <exception>
@@ -29,6 +27,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/signals.h"
+#include "comm/data_address.h"
 #include "comm/p2p_channel.h"
 #include "comm/progress.h"
 
@@ -649,19 +649,6 @@ class GlooChannel final : public PointToPointChannel {
   std::shared_ptr<GlooTransport> transport_;
 };
 
-// Gloo writes to its sockets without MSG_NOSIGNAL: a write to a dead peer would raise
-// SIGPIPE and kill this process instead of failing the transfer. Ignore it, unless the
-// process has installed a handler of its own.
-void IgnoreSigpipe() {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    struct sigaction current {};
-    if (sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) {
-      std::signal(SIGPIPE, SIG_IGN);
-    }
-  });
-}
-
 std::string JoinedKey(const std::string& prefix, int rank) {
   return absl::StrCat(prefix, "/gloo/joined/", rank);
 }
@@ -694,25 +681,6 @@ absl::Status Join(RendezvousStore& store, const std::string& prefix, int rank, i
       absl::FormatDuration(timeout), "; they are dead, stuck, or not creating this channel"));
 }
 
-// Whether this host has a route to `address` (a name or a numeric address): a UDP
-// connect makes the kernel look the route up and sends nothing. True when unknown.
-bool Routable(const std::string& address) {
-  addrinfo hints{};
-  hints.ai_socktype = SOCK_DGRAM;
-  addrinfo* found = nullptr;
-  if (::getaddrinfo(address.c_str(), "9", &hints, &found) != 0 || found == nullptr) return true;
-  bool routable = true;
-  const int fd = ::socket(found->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-  if (fd >= 0) {
-    if (::connect(fd, found->ai_addr, found->ai_addrlen) != 0) {
-      routable = errno != ENETUNREACH && errno != EHOSTUNREACH;
-    }
-    ::close(fd);
-  }
-  ::freeaddrinfo(found);
-  return routable;
-}
-
 // The peers as they announced themselves ("rank R at ADDRESS (LABEL)"): those this host
 // has no route to, and the others.
 struct Peers {
@@ -732,14 +700,9 @@ Peers PeersAnnounced(RendezvousStore& store, const std::string& prefix, int rank
   return p;
 }
 
-std::string NoRoute(const Peers& p) {
-  return absl::StrCat("this host has no route to ", absl::StrJoin(p.unroutable, ", "),
-                      ": that rank's --data-address is not reachable from its peers");
-}
-
 // For a failed connect: the peers, those this host has no route to first.
 std::string PeersLine(const Peers& p) {
-  if (!p.unroutable.empty()) return absl::StrCat("; ", NoRoute(p));
+  if (!p.unroutable.empty()) return absl::StrCat("; ", NoRoute(p.unroutable));
   if (p.others.empty()) return "";
   return absl::StrCat("; the peers announced: ", absl::StrJoin(p.others, ", "));
 }
@@ -774,9 +737,10 @@ absl::StatusOr<std::unique_ptr<DataChannel>> CreateGlooChannel(RendezvousStore& 
         "--data-address)"));
   }
   const absl::Time deadline = absl::Now() + options.channel.timeout;
-  IgnoreSigpipe();
-  const std::string announced =
-      options.label.empty() ? options.address : absl::StrCat(options.address, " (", options.label, ")");
+  // Gloo writes to its sockets without MSG_NOSIGNAL: a write to a dead peer would raise
+  // SIGPIPE and kill this process instead of failing the transfer.
+  base::IgnoreSigpipe();
+  const std::string announced = Announced(options.address, options.label);
   if (absl::Status s = Join(store, prefix, rank, size, announced, options.channel.timeout); !s.ok()) {
     return s;
   }
@@ -786,8 +750,8 @@ absl::StatusOr<std::unique_ptr<DataChannel>> CreateGlooChannel(RendezvousStore& 
   // address, not a transient fault: InvalidArgument, reported at once (a worker waits for
   // the coordinator's verdict after an Unavailable, which nobody else would give here).
   if (const Peers peers = PeersAnnounced(store, prefix, rank, size); !peers.unroutable.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("Gloo channel '", prefix, "' on rank ", rank, " of ", size, ": ", NoRoute(peers)));
+    return absl::InvalidArgumentError(absl::StrCat("Gloo channel '", prefix, "' on rank ", rank,
+                                                   " of ", size, ": ", NoRoute(peers.unroutable)));
   }
 
   tcp::attr attr;

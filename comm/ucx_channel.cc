@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "comm/data_address.h"
 #include "comm/p2p_channel.h"
 #include "comm/progress.h"
 
@@ -221,10 +222,10 @@ class UcxTransport {
                            &watch_eps_[p]);
       }
       if (s != UCS_OK) {
-        return absl::UnavailableError(
-            absl::StrCat("UCX channel '", prefix, "' on rank ", rank_, " of ", size_,
-                         ": connecting to rank ", peer, " failed (ucp_ep_create: ", UcsText(s),
-                         "); that rank is unreachable at the address it published"));
+        return absl::UnavailableError(absl::StrCat(
+            "UCX channel '", prefix, "' on rank ", rank_, " of ", size_, ": connecting to rank ",
+            peer, At(peer), " failed (ucp_ep_create: ", UcsText(s),
+            "); that rank is unreachable at the address it published"));
       }
     }
     // Every peer's bye is awaited from the start, so that a receive from a peer that has
@@ -281,19 +282,29 @@ class UcxTransport {
     if (f.empty()) f = std::move(why);
   }
 
-  // A failed transfer as a Status naming the operation, this rank and the peer.
+  // A failed transfer as a Status naming the operation, this rank and the peer (with
+  // where it announced itself to be).
   absl::Status Failure(absl::string_view operation, int peer, int tag,
                        absl::string_view why) const {
     return absl::UnavailableError(absl::StrCat(
-        operation, " on rank ", rank_, " of ", size_, " with rank ", peer, " (tag ", tag,
+        operation, " on rank ", rank_, " of ", size_, " with rank ", peer, At(peer), " (tag ", tag,
         "): UCX: ", why, "; that rank died, closed its channel, or the network failed"));
   }
+
+  // The peers as they announced themselves (Whereabouts::Describe), by rank.
+  void set_peers(std::vector<std::string> peers) { peers_ = std::move(peers); }
 
  private:
   struct ErrorHandlerArg {
     UcxTransport* transport = nullptr;
     int peer = -1;
   };
+
+  // " at ADDRESS (LABEL)" for a peer whose whereabouts are known, else "".
+  std::string At(int peer) const {
+    const size_t p = static_cast<size_t>(peer);
+    return p < peers_.size() ? absl::StrCat(" at ", peers_[p]) : std::string();
+  }
 
   // One context (kUcxDefaults applied; the watch context on TCP only) and its worker.
   absl::Status CreateWorker(const std::string& prefix, const std::string& net_devices, bool watch,
@@ -418,6 +429,7 @@ class UcxTransport {
   std::vector<ucp_ep_h> watch_eps_;        // failure detection only, by peer on this machine
   std::vector<ErrorHandlerArg> handlers_;  // sized once, before any endpoint points into it
   std::vector<std::string> failed_;        // by peer
+  std::vector<std::string> peers_;         // where each announced itself, by rank
   std::vector<void*> bye_recvs_;           // the peers' byes, posted at Connect, by peer
   std::vector<char> bye_buffers_;          // where they land, by peer
   bool closed_ = false;                    // Close() ran
@@ -579,52 +591,6 @@ class UcxChannel final : public PointToPointChannel {
   std::shared_ptr<UcxTransport> transport_;
 };
 
-// The interface that holds `address` when it is a numeric IP address; empty for an empty
-// address or a host name; InvalidArgument for an IP address none of this machine's
-// interfaces has.
-absl::StatusOr<std::string> InterfaceOf(const std::string& prefix, int rank,
-                                        const std::string& address) {
-  in_addr v4{};
-  in6_addr v6{};
-  const bool is_v4 = inet_pton(AF_INET, address.c_str(), &v4) == 1;
-  const bool is_v6 = !is_v4 && inet_pton(AF_INET6, address.c_str(), &v6) == 1;
-  if (!is_v4 && !is_v6) return std::string();
-  ifaddrs* list = nullptr;
-  if (getifaddrs(&list) != 0) {
-    return absl::UnavailableError(absl::StrCat("UCX channel '", prefix, "' on rank ", rank,
-                                               ": getifaddrs: ", std::strerror(errno)));
-  }
-  std::string name;
-  for (ifaddrs* i = list; i != nullptr && name.empty(); i = i->ifa_next) {
-    if (i->ifa_addr == nullptr) continue;
-    if (is_v4 && i->ifa_addr->sa_family == AF_INET) {
-      sockaddr_in in{};
-      std::memcpy(&in, i->ifa_addr, sizeof(in));
-      // The loopback interface holds its whole subnet (Linux answers 127.0.0.0/8 on lo, so
-      // the daemon tests' 127.0.0.2, 127.0.0.3 are lo's); any other interface its own address.
-      bool holds = in.sin_addr.s_addr == v4.s_addr;
-      if (!holds && (i->ifa_flags & IFF_LOOPBACK) != 0 && i->ifa_netmask != nullptr) {
-        sockaddr_in mask{};
-        std::memcpy(&mask, i->ifa_netmask, sizeof(mask));
-        holds = (in.sin_addr.s_addr & mask.sin_addr.s_addr) == (v4.s_addr & mask.sin_addr.s_addr);
-      }
-      if (holds) name = i->ifa_name;
-    } else if (is_v6 && i->ifa_addr->sa_family == AF_INET6) {
-      sockaddr_in6 in{};
-      std::memcpy(&in, i->ifa_addr, sizeof(in));
-      if (std::memcmp(&in.sin6_addr, &v6, sizeof(v6)) == 0) name = i->ifa_name;
-    }
-  }
-  freeifaddrs(list);
-  if (name.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "UCX channel '", prefix, "' on rank ", rank, ": data address ", address,
-        " is not an address of this machine's interfaces; give the worker a --data-address "
-        "it owns, or a host name"));
-  }
-  return name;
-}
-
 // This rank's identity for "same host": the kernel's boot id (one per booted kernel,
 // shared by its containers) and the network namespace's inode. Ranks in two network
 // namespaces of one machine count as two hosts (their TCP reaches each other on their
@@ -643,25 +609,46 @@ std::string HostIdentity() {
   return id;
 }
 
+// How a rank reaches its peers' data channel, as it announced itself (the "where").
+struct Whereabouts {
+  std::string data_address;  // the worker's --data-address; "-" when none was given
+  std::string ucx_address;   // the address UCX takes on its interface ("-": unknown)
+  std::string interface;     // that interface ("-": unknown)
+  std::string label;         // "worker w-1 on host h2"; may be empty
+
+  // "198.19.0.3 (worker w-2 on host h2; UCX uses 198.18.0.3 on eth0)".
+  std::string Describe() const {
+    std::string inside = label;
+    if (ucx_address != "-" && ucx_address != data_address) {
+      absl::StrAppend(&inside, inside.empty() ? "" : "; ", "UCX uses ", ucx_address, " on ",
+                      interface);
+    }
+    return Announced(data_address, inside);
+  }
+};
+
 struct PeerAddresses {
   std::vector<std::string> addresses;        // UCP data worker addresses, by rank
   std::vector<std::string> watch_addresses;  // UCP watch worker addresses, by rank
   std::vector<bool> same_host;               // by rank
+  std::vector<Whereabouts> where;            // by rank
 };
 
-// Publishes this rank's host identity and worker addresses under `prefix` and waits for
-// every rank's; DeadlineExceeded names the ranks that did not publish.
+// Publishes this rank's host identity, worker addresses and whereabouts under `prefix`
+// and waits for every rank's; DeadlineExceeded names the ranks that did not publish.
 absl::StatusOr<PeerAddresses> ExchangeAddresses(RendezvousStore& store, const std::string& prefix,
                                                 int rank, int size, const std::string& address,
                                                 const std::string& watch_address,
-                                                absl::Duration timeout) {
+                                                const Whereabouts& here, absl::Duration timeout) {
   auto key = [&](int r) { return absl::StrCat(prefix, "/ucx/address/", r); };
-  // "<host identity> <data address in hex> <watch address in hex>": the coordinator's
-  // store carries values in protobuf strings (UTF-8).
+  // "<host identity> <data address in hex> <watch address in hex> <data address> <UCX
+  // address> <interface> <label...>": the coordinator's store carries values in protobuf
+  // strings (UTF-8); the label, last, may hold spaces.
   const std::string host = HostIdentity();
-  if (absl::Status s =
-          store.Set(key(rank), absl::StrCat(host, " ", absl::BytesToHexString(address), " ",
-                                            absl::BytesToHexString(watch_address)));
+  if (absl::Status s = store.Set(
+          key(rank), absl::StrCat(host, " ", absl::BytesToHexString(address), " ",
+                                  absl::BytesToHexString(watch_address), " ", here.data_address,
+                                  " ", here.ucx_address, " ", here.interface, " ", here.label));
       !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("UCX channel '", prefix, "' on rank ", rank,
                                                ": publishing this rank's address: ", s.message()));
@@ -673,12 +660,12 @@ absl::StatusOr<PeerAddresses> ExchangeAddresses(RendezvousStore& store, const st
     PeerAddresses peers;
     for (int r = 0; r < size; ++r) {
       const std::vector<std::string> fields =
-          absl::StrSplit((*values)[static_cast<size_t>(r)], ' ');
+          absl::StrSplit((*values)[static_cast<size_t>(r)], absl::MaxSplits(' ', 6));
       const auto is_hex = [](const std::string& hex) {
         return !hex.empty() && hex.size() % 2 == 0 &&
                hex.find_first_not_of("0123456789abcdef") == std::string::npos;
       };
-      if (fields.size() != 3 || !is_hex(fields[1]) || !is_hex(fields[2])) {
+      if (fields.size() != 7 || !is_hex(fields[1]) || !is_hex(fields[2])) {
         return absl::InvalidArgumentError(
             absl::StrCat("UCX channel '", prefix, "' on rank ", rank, ": rank ", r,
                          " published a malformed address under ", key(r),
@@ -687,6 +674,7 @@ absl::StatusOr<PeerAddresses> ExchangeAddresses(RendezvousStore& store, const st
       peers.addresses.push_back(absl::HexStringToBytes(fields[1]));
       peers.watch_addresses.push_back(absl::HexStringToBytes(fields[2]));
       peers.same_host.push_back(!host.empty() && fields[0] == host);
+      peers.where.push_back(Whereabouts{fields[3], fields[4], fields[5], fields[6]});
     }
     return peers;
   }
@@ -707,6 +695,62 @@ absl::StatusOr<PeerAddresses> ExchangeAddresses(RendezvousStore& store, const st
 
 }  // namespace
 
+absl::StatusOr<UcxInterface> UcxInterfaceOf(const std::string& address) {
+  in_addr v4{};
+  in6_addr v6{};
+  const bool is_v4 = inet_pton(AF_INET, address.c_str(), &v4) == 1;
+  const bool is_v6 = !is_v4 && inet_pton(AF_INET6, address.c_str(), &v6) == 1;
+  if (!is_v4 && !is_v6) return UcxInterface{};
+  ifaddrs* list = nullptr;
+  if (getifaddrs(&list) != 0) {
+    return absl::UnavailableError(absl::StrCat("getifaddrs: ", std::strerror(errno)));
+  }
+  UcxInterface found;
+  for (ifaddrs* i = list; i != nullptr && found.name.empty(); i = i->ifa_next) {
+    if (i->ifa_addr == nullptr) continue;
+    if (is_v4 && i->ifa_addr->sa_family == AF_INET) {
+      sockaddr_in in{};
+      std::memcpy(&in, i->ifa_addr, sizeof(in));
+      // The loopback interface holds its whole subnet (Linux answers 127.0.0.0/8 on lo, so
+      // the daemon tests' 127.0.0.2, 127.0.0.3 are lo's); any other interface its own address.
+      bool holds = in.sin_addr.s_addr == v4.s_addr;
+      if (!holds && (i->ifa_flags & IFF_LOOPBACK) != 0 && i->ifa_netmask != nullptr) {
+        sockaddr_in mask{};
+        std::memcpy(&mask, i->ifa_netmask, sizeof(mask));
+        holds = (in.sin_addr.s_addr & mask.sin_addr.s_addr) == (v4.s_addr & mask.sin_addr.s_addr);
+      }
+      if (holds) found.name = i->ifa_name;
+    } else if (is_v6 && i->ifa_addr->sa_family == AF_INET6) {
+      sockaddr_in6 in{};
+      std::memcpy(&in, i->ifa_addr, sizeof(in));
+      if (std::memcmp(&in.sin6_addr, &v6, sizeof(v6)) == 0) found.name = i->ifa_name;
+    }
+  }
+  // The interface's first address of the family: the one UCX's TCP transport takes.
+  const int family = is_v4 ? AF_INET : AF_INET6;
+  for (ifaddrs* i = list; i != nullptr && !found.name.empty() && found.address.empty();
+       i = i->ifa_next) {
+    if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != family || found.name != i->ifa_name) {
+      continue;
+    }
+    char text[INET6_ADDRSTRLEN] = {};
+    const void* raw =
+        is_v4
+            ? static_cast<const void*>(&reinterpret_cast<const sockaddr_in*>(i->ifa_addr)->sin_addr)
+            : static_cast<const void*>(
+                  &reinterpret_cast<const sockaddr_in6*>(i->ifa_addr)->sin6_addr);
+    if (inet_ntop(family, raw, text, sizeof(text)) != nullptr) found.address = text;
+  }
+  freeifaddrs(list);
+  if (found.name.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "data address ", address,
+        " is not an address of this machine's interfaces; give the worker a --data-address "
+        "it owns, or a host name"));
+  }
+  return found;
+}
+
 absl::StatusOr<std::unique_ptr<DataChannel>> CreateUcxChannel(RendezvousStore& store,
                                                               const std::string& prefix, int rank,
                                                               int size,
@@ -716,14 +760,44 @@ absl::StatusOr<std::unique_ptr<DataChannel>> CreateUcxChannel(RendezvousStore& s
                                                    " of size ", size,
                                                    " is not a rank in [0, size) of size >= 1"));
   }
-  absl::StatusOr<std::string> interface = InterfaceOf(prefix, rank, options.address);
-  if (!interface.ok()) return interface.status();
+  const std::string channel = absl::StrCat("UCX channel '", prefix, "' on rank ", rank);
+  absl::StatusOr<UcxInterface> interface = UcxInterfaceOf(options.address);
+  if (!interface.ok()) {
+    return absl::Status(interface.status().code(),
+                        absl::StrCat(channel, ": ", interface.status().message()));
+  }
+  const std::string interface_devices =
+      std::getenv("UCX_NET_DEVICES") == nullptr ? interface->name : std::string();
   auto transport = std::make_shared<UcxTransport>(rank, size);
-  if (absl::Status s = transport->Init(prefix, *interface); !s.ok()) return s;
+  if (absl::Status s = transport->Init(prefix, interface->name); !s.ok()) return s;
+  // What the peers are told; "-" for what is unknown (no data address, or a host name, or
+  // UCX_NET_DEVICES set by the environment, which decides the interface then).
+  const auto known = [](const std::string& v) { return v.empty() ? std::string("-") : v; };
+  const Whereabouts here{known(options.address),
+                         known(interface_devices.empty() ? "" : interface->address),
+                         known(interface_devices), options.label};
   absl::StatusOr<PeerAddresses> peers =
       ExchangeAddresses(store, prefix, rank, size, transport->address(), transport->watch_address(),
-                        options.channel.timeout);
+                        here, options.channel.timeout);
   if (!peers.ok()) return peers.status();
+  // A peer on another host this host has no route to fails here, naming it, before any
+  // endpoint: UCX's wire-up to it would stall until a timeout that names another rank.
+  // A misconfigured address, not a transient fault: InvalidArgument, reported at once.
+  std::vector<std::string> unroutable;
+  for (int r = 0; r < size; ++r) {
+    const Whereabouts& w = peers->where[static_cast<size_t>(r)];
+    if (r == rank || peers->same_host[static_cast<size_t>(r)]) continue;
+    const bool data_ok = w.data_address == "-" || Routable(w.data_address);
+    const bool ucx_ok = w.ucx_address == "-" || Routable(w.ucx_address);
+    if (!data_ok || !ucx_ok) unroutable.push_back(absl::StrCat("rank ", r, " at ", w.Describe()));
+  }
+  if (!unroutable.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(channel, " of ", size, ": ", NoRoute(unroutable)));
+  }
+  std::vector<std::string> described;
+  for (const Whereabouts& w : peers->where) described.push_back(w.Describe());
+  transport->set_peers(std::move(described));
   if (absl::Status s =
           transport->Connect(prefix, peers->addresses, peers->watch_addresses, peers->same_host);
       !s.ok()) {

@@ -1,34 +1,22 @@
 #include "coordinator/auth.h"
 
 #include <fcntl.h>
+#include <grpcpp/security/server_credentials.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
-#include <fstream>
-#include <sstream>
 #include <tuple>
 #include <utility>
-
-#include <grpcpp/security/server_credentials.h>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "rpc/tls_material.h"
 
 namespace rackrun::coordinator {
 namespace {
-
-absl::StatusOr<std::string> ReadFile(const std::string& path, const std::string& what) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": cannot read '", path, "': ", std::strerror(errno)));
-  }
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
 
 absl::Status WriteNewToken(const std::string& path) {
   unsigned char bytes[32];
@@ -79,14 +67,11 @@ absl::StatusOr<std::string> LoadOrCreateToken(const std::string& path, bool crea
     if (absl::Status s = WriteNewToken(path); !s.ok()) return s;
     if (stat(path.c_str(), &st) != 0) return absl::InternalError(absl::StrCat("token file '", path, "' vanished"));
   }
-  if ((st.st_mode & 077) != 0) {
-    return absl::FailedPreconditionError(absl::StrCat("token file '", path,
-                                                      "' is readable by others; chmod 600 it"));
+  // The one rule for token files (rpc/tls_material.h), the worker's and the CLI's too.
+  absl::StatusOr<std::string> token = rpc::ReadTokenFile(path);
+  if (!token.ok() && token.status().code() == absl::StatusCode::kNotFound) {
+    return absl::InvalidArgumentError(token.status().message());
   }
-  absl::StatusOr<std::string> text = ReadFile(path, "token file");
-  if (!text.ok()) return text.status();
-  std::string token(absl::StripAsciiWhitespace(*text));
-  if (token.empty()) return absl::InvalidArgumentError(absl::StrCat("token file '", path, "' is empty"));
   return token;
 }
 
@@ -190,9 +175,10 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
   if (tls_cert.empty() || tls_key.empty()) {
     return absl::InvalidArgumentError("--tls-cert and --tls-key: give both or neither");
   }
-  absl::StatusOr<std::string> cert = ReadFile(tls_cert, "--tls-cert");
+  absl::StatusOr<std::string> cert = rpc::ReadCertificateFile("--tls-cert", tls_cert);
   if (!cert.ok()) return cert.status();
-  absl::StatusOr<std::string> key = ReadFile(tls_key, "--tls-key");
+  absl::StatusOr<std::string> key =
+      rpc::ReadKeyFileFor("--tls-key", tls_key, "--tls-cert", tls_cert, *cert);
   if (!key.ok()) return key.status();
   return MakeServerCredentialsFromPem(*cert, *key, tls_client_ca);
 }
@@ -202,7 +188,7 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentialsFr
   grpc::SslServerCredentialsOptions opts;
   opts.pem_key_cert_pairs.push_back({key_pem, chain_pem});
   if (!tls_client_ca.empty()) {
-    absl::StatusOr<std::string> ca = ReadFile(tls_client_ca, "--tls-client-ca");
+    absl::StatusOr<std::string> ca = rpc::ReadCertificateFile("--tls-client-ca", tls_client_ca);
     if (!ca.ok()) return ca.status();
     opts.pem_root_certs = *ca;
     opts.client_certificate_request = GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;

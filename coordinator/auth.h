@@ -30,8 +30,9 @@ namespace rackrun::coordinator {
 // exist and `create` is set, writes 32 random bytes as 64 hex digits there first, with
 // mode 0600, atomically (written to a temporary file, then linked into place, so two
 // coordinators starting at once agree on one token and nobody reads half a token).
-// InvalidArgument for an empty token file, FailedPrecondition for a token file readable
-// by group or others.
+// The file is read as rpc::ReadTokenFile reads every token file: InvalidArgument for an
+// empty, oversized or non-regular one (naming what it is: a directory, a FIFO),
+// FailedPrecondition for one open to group or others (with the chmod command).
 absl::StatusOr<std::string> LoadOrCreateToken(const std::string& path, bool create);
 
 enum class Role { kReadOnly, kUser, kWorker, kAdmin };
@@ -76,8 +77,9 @@ class TokenAuth {
 };
 
 // TLS when cert and key are given (client certificates required when client_ca is given),
-// insecure otherwise. InvalidArgument naming the flag for a missing or unreadable file,
-// or for a key without a cert.
+// insecure otherwise. Every file is checked first (rpc/tls_material.h): InvalidArgument
+// naming the flag and the file for one that is missing, not a regular file, empty or not
+// parsed by OpenSSL, a key that is not the certificate's, or a key without a cert.
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
     const std::string& tls_cert, const std::string& tls_key, const std::string& tls_client_ca);
 

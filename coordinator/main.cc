@@ -2,14 +2,18 @@
 // (rackrun-coordinator --help).
 #include <signal.h>
 
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "base/signals.h"
 #include "coordinator/server.h"
 #include "flags/flags.h"
 
@@ -140,6 +144,7 @@ int RenewCertificates(rackrun::coordinator::ServerOptions o) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  rackrun::base::IgnoreSigpipe();
   using rackrun::coordinator::ServerOptions;
   ServerOptions o;
   const char* home = std::getenv("HOME");
@@ -156,12 +161,31 @@ int main(int argc, char** argv) {
                                    o.rack.workers.heartbeat_interval_ms, ")"));
   }
 
-  // Signals are taken by sigwait below, not by handlers, so block them in every thread.
+  // Signals are taken by sigwait, not by handlers, so block them in every thread. The
+  // waiting thread starts before the server does: a signal during the start (a slow state
+  // folder, a replay) ends the process at once instead of waiting for the start to finish
+  // (the database survives that as it survives kill -9); once serving, it shuts down.
   sigset_t signals;
   sigemptyset(&signals);
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  std::mutex signal_mu;
+  std::condition_variable signal_cv;
+  bool serving = false;
+  int sig = 0;
+  std::thread([&signals, &signal_mu, &signal_cv, &serving, &sig] {
+    int got = 0;
+    sigwait(&signals, &got);
+    std::lock_guard<std::mutex> lock(signal_mu);
+    if (!serving) {
+      std::fprintf(stderr, "rackrun-coordinator: %s while starting; exiting\n",
+                   got == SIGTERM ? "SIGTERM" : "SIGINT");
+      std::_Exit(128 + got);
+    }
+    sig = got;
+    signal_cv.notify_all();
+  }).detach();
 
   auto server = rackrun::coordinator::CoordinatorServer::Start(o);
   if (!server.ok()) {
@@ -198,8 +222,11 @@ int main(int argc, char** argv) {
                 (*server)->dashboard_port());
   }
   std::fflush(stdout);
-  int sig = 0;
-  sigwait(&signals, &sig);
+  {
+    std::unique_lock<std::mutex> lock(signal_mu);
+    serving = true;
+    signal_cv.wait(lock, [&sig] { return sig != 0; });
+  }
   std::printf("rackrun-coordinator: %s, shutting down\n", sig == SIGTERM ? "SIGTERM" : "SIGINT");
   std::fflush(stdout);
   (*server)->Shutdown();

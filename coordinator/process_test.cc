@@ -190,6 +190,57 @@ TEST(CoordinatorProcessTest, HealthGoesFromNotServingToServingAndSigtermExitsCle
   EXPECT_EQ(c.Wait(), 0);
 }
 
+// Issue 33 item 3: a signal while the coordinator is still starting (here held in its
+// start by the serving delay; a state folder on a hung file system holds it the same way)
+// used to wait for the start to end: main blocked the signals and took them only after.
+TEST(CoordinatorProcessTest, SigtermStopsACoordinatorThatIsStillStarting) {
+  testing::ScratchDir dir;
+  const int port = FreePort();
+  Coordinator c(dir.path() + "/state", port, {"--serving-delay-ms", "600000"});
+  c.Start();
+  auto channel = grpc::CreateChannel(c.Address(), grpc::InsecureChannelCredentials());
+  const auto end = std::chrono::steady_clock::now() + 20s;
+  while (Health(channel) != 2 && std::chrono::steady_clock::now() < end) {
+    std::this_thread::sleep_for(50ms);
+  }
+  ASSERT_EQ(Health(channel), 2) << "the coordinator never got into its start";
+  c.Kill(SIGTERM);
+  EXPECT_EQ(c.Wait(10s), 128 + SIGTERM) << "SIGTERM did not stop it while starting";
+}
+
+// Issue 33 item 7: a raw gRPC client (no rackrun submit to make paths absolute) gets
+// INVALID_ARGUMENT naming each path field it sends relative; unconfined workers would
+// otherwise resolve them against their own working directories.
+TEST(CoordinatorProcessTest, SubmitRefusesEveryRelativePathNamingTheField) {
+  testing::ScratchDir dir;
+  Coordinator c(dir.path() + "/state", FreePort());
+  c.Start();
+  ASSERT_FALSE(c.Banner().empty());
+  Client client(c.Address(), c.Token());
+  const auto set = [](rackrun::v1::JobSpec& spec, const std::string& field, const std::string& v) {
+    if (field == "data.train") spec.mutable_data()->set_train(v);
+    if (field == "data.validation") spec.mutable_data()->set_validation(v);
+    if (field == "checkpoint.dir") spec.mutable_checkpoint()->set_dir(v);
+    if (field == "logging.json") spec.mutable_logging()->set_json(v);
+    if (field == "logging.load_trace") spec.mutable_logging()->set_load_trace(v);
+  };
+  int n = 0;
+  for (const std::string field :
+       {"data.train", "data.validation", "checkpoint.dir", "logging.json", "logging.load_trace"}) {
+    rackrun::v1::JobSpec spec = ValidSpec();
+    set(spec, field, "runs/x");
+    rackrun::v1::SubmitResponse resp;
+    const grpc::Status s = client.Submit(spec, "rel-" + std::to_string(n++), &resp);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << field;
+    EXPECT_EQ(s.error_message().rfind(field + ": 'runs/x' is not an absolute path", 0), 0u)
+        << s.error_message();
+    // Absolute, the same spec is taken.
+    set(spec, field, "/runs/x");
+    EXPECT_TRUE(client.Submit(spec, "abs-" + std::to_string(n), &resp).ok()) << field;
+  }
+  EXPECT_EQ(client.ListAll().size(), 5u);
+}
+
 TEST(CoordinatorProcessTest, PortZeroPrintsTheBoundPort) {
   testing::ScratchDir dir;
   Coordinator c(dir.path(), 0);

@@ -1,17 +1,20 @@
 #include "coordinator/server.h"
 
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/server_builder.h>
+#include <netdb.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <climits>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
-
-#include <grpcpp/ext/proto_server_reflection_plugin.h>
-#include <grpcpp/health_check_service_interface.h>
-#include <grpcpp/server_builder.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -31,6 +34,42 @@ constexpr const char* kJoinTokenFiles[] = {"join-token", "join-token-user", "joi
 // not served: remove them, so that a client fails on a missing file, not on a handshake.
 void RemoveJoinTokens(const std::string& state_dir) {
   for (const char* name : kJoinTokenFiles) unlink(absl::StrCat(state_dir, "/", name).c_str());
+}
+
+// Why gRPC could not serve on `listen` (it says nothing itself): a bind of our own tells an
+// address in use or not this machine's from a failure elsewhere, so "address in use" is
+// said only when it is.
+std::string WhyNotListening(const std::string& listen) {
+  std::string host;
+  int port = 0;
+  if (!metrics::SplitHostPort(listen, "--listen", &host, &port).ok()) return "not HOST:PORT";
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  addrinfo* found = nullptr;
+  if (const int rc = getaddrinfo(host.empty() ? nullptr : host.c_str(),
+                                 std::to_string(port).c_str(), &hints, &found);
+      rc != 0) {
+    return absl::StrCat("cannot resolve '", host, "': ", gai_strerror(rc));
+  }
+  std::string why = "gRPC could not start the server; its log above says why";
+  const int fd = socket(found->ai_family, found->ai_socktype | SOCK_CLOEXEC, found->ai_protocol);
+  if (fd >= 0) {
+    const int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));  // as gRPC binds
+    if (bind(fd, found->ai_addr, found->ai_addrlen) != 0) {
+      if (errno == EADDRINUSE) {
+        why = "address in use: another process (a second coordinator?) listens there";
+      } else if (errno == EADDRNOTAVAIL) {
+        why = "not an address of this machine";
+      } else {
+        why = std::strerror(errno);
+      }
+    }
+    close(fd);
+  }
+  freeaddrinfo(found);
+  return why;
 }
 
 }  // namespace
@@ -176,6 +215,10 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(cons
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   builder.AddListeningPort(options.listen, creds, &s->port_);
+  // The port is this coordinator's alone: gRPC binds with SO_REUSEPORT unless told not to,
+  // and then a second coordinator (another state folder, same user) on the same address
+  // started and took a share of the connections instead of being refused.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.RegisterService(s->job_service_.get());
   builder.RegisterService(s->rack_control_.get());
   // Keepalive: pings every 10 s find dead peers on an idle connection (a worker's
@@ -197,8 +240,8 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(cons
   }
   s->server_ = builder.BuildAndStart();
   if (s->server_ == nullptr || s->port_ == 0) {
-    return absl::UnavailableError(absl::StrCat("--listen: cannot listen on ", options.listen,
-                                               " (address in use, or not HOST:PORT)"));
+    return absl::UnavailableError(absl::StrCat("--listen: cannot listen on ", options.listen, " (",
+                                               WhyNotListening(options.listen), ")"));
   }
   grpc::HealthCheckServiceInterface* health = s->server_->GetHealthCheckService();
   health->SetServingStatus(false);

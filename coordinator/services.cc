@@ -3,10 +3,9 @@
 #include <new>
 #include <thread>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "jobspec/restart_policy.h"
 #include "jobspec/balancer.h"
+#include "jobspec/restart_policy.h"
 #include "jobspec/spec.h"
 
 namespace rackrun::coordinator {
@@ -29,19 +28,9 @@ absl::Status CheckSubmittedSpec(const rackrun::v1::JobSpec& spec) {
   if (absl::StatusOr<jobspec::RestartPolicy> p = jobspec::RestartPolicyOf(spec); !p.ok()) {
     return p.status();
   }
-  if (!absl::StartsWith(spec.data().train(), "/")) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "data.train: '", spec.data().train(),
-        "' is not an absolute path; workers run elsewhere, so give the full path (rackrun submit does)"));
-  }
-  if (!spec.data().validation().empty() && !absl::StartsWith(spec.data().validation(), "/")) {
-    return absl::InvalidArgumentError(absl::StrCat("data.validation: '", spec.data().validation(),
-                                                   "' is not an absolute path; give the full path"));
-  }
-  if (!spec.checkpoint().dir().empty() && !absl::StartsWith(spec.checkpoint().dir(), "/")) {
-    return absl::InvalidArgumentError(absl::StrCat("checkpoint.dir: '", spec.checkpoint().dir(),
-                                                   "' is not an absolute path; give the full path"));
-  }
+  // Workers resolve a relative path against their own working directory; rackrun submit
+  // sends them absolute, a raw gRPC client must too.
+  if (absl::Status s = jobspec::CheckSpecPathsAbsolute(spec); !s.ok()) return s;
   const std::string& channel = spec.resources().channel();
   if (!channel.empty() && channel != "ucx" && channel != "gloo" && channel != "nccl") {
     return absl::InvalidArgumentError(absl::StrCat(

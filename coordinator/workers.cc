@@ -45,6 +45,8 @@ absl::StatusOr<std::string> Workers::Register(const rackrun::v1::RegisterRequest
   w.w.set_state(rackrun::v1::IDLE);
   w.w.set_registered_unix_ms(now);
   w.data_address = req.data_address();
+  w.w.set_data_address(req.data_address());
+  w.w.set_ucx_address(req.ucx_address());
   w.w.set_metrics_address(req.metrics_address());
   w.w.set_rack(req.rack());
   w.stopping_job = req.job_id();

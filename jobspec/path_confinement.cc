@@ -8,22 +8,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "base/paths.h"
+#include "jobspec/spec.h"
 
 namespace rackrun::jobspec {
 namespace {
 
 namespace fs = std::filesystem;
-
-// `root` is `path` or one of its ancestors, compared component by component (both resolved,
-// so neither has a trailing separator or a `.` or `..`).
-bool Contains(const fs::path& root, const fs::path& path) {
-  auto r = root.begin();
-  auto p = path.begin();
-  for (; r != root.end(); ++r, ++p) {
-    if (p == path.end() || *r != *p) return false;
-  }
-  return true;
-}
 
 }  // namespace
 
@@ -64,18 +55,7 @@ absl::StatusOr<std::vector<std::string>> ParseAllowedRoots(std::string_view text
 }
 
 absl::StatusOr<std::string> ResolvePathNow(const std::string& path) {
-  std::error_code ec;
-  const fs::path absolute = fs::absolute(path, ec);
-  if (ec) return absl::InvalidArgumentError(absl::StrCat("'", path, "': ", ec.message()));
-  // The nearest existing ancestor resolved by the kernel (every symlink and `..` in it,
-  // in the kernel's order), the rest appended and normalised (libstdc++ and libc++ both
-  // walk the components and stop at the first one that does not exist).
-  const fs::path resolved = fs::weakly_canonical(absolute, ec);
-  if (ec) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("'", path, "': cannot resolve it: ", ec.message()));
-  }
-  return resolved.string();
+  return base::ResolvePath(path);
 }
 
 absl::Status CheckPathConfined(const std::string& field, const std::string& path,
@@ -88,7 +68,7 @@ absl::Status CheckPathConfined(const std::string& field, const std::string& path
         field, ": ", resolved.status().message(), "; it cannot be confined ", where));
   }
   for (const std::string& root : roots) {
-    if (Contains(fs::path(root), fs::path(*resolved))) return absl::OkStatus();
+    if (base::PathIsWithin(*resolved, root)) return absl::OkStatus();
   }
   return absl::PermissionDeniedError(absl::StrCat(
       field, ": '", path, "'", *resolved == path ? "" : absl::StrCat(" leads to '", *resolved, "',"),
@@ -101,14 +81,7 @@ absl::Status CheckSpecPathsConfined(const rackrun::v1::JobSpec& spec,
                                     const std::vector<std::string>& roots,
                                     const std::string& host) {
   if (roots.empty()) return absl::OkStatus();
-  const std::pair<const char*, const std::string*> fields[] = {
-      {"data.train", &spec.data().train()},
-      {"data.validation", &spec.data().validation()},
-      {"checkpoint.dir", &spec.checkpoint().dir()},
-      {"logging.json", &spec.logging().json()},
-      {"logging.load_trace", &spec.logging().load_trace()},
-  };
-  for (const auto& [field, path] : fields) {
+  for (const auto& [field, path] : SpecPathFields(spec)) {
     if (path->empty()) continue;
     if (absl::Status s = CheckPathConfined(field, *path, roots, host); !s.ok()) return s;
   }

@@ -3,17 +3,24 @@
 // whose file paths lead outside them is refused at the start of an attempt, before any file
 // is opened or created.
 //
-// What "leads" means: the path as the kernel would follow it now. Relative paths are taken
-// from the working directory; the nearest existing ancestor is resolved with every symlink
-// and `..` (realpath), and the part that does not exist yet is appended and normalised
-// lexically (it holds no symlinks yet). So `/allowed/link/x` with link -> /etc is /etc/x, and
+// What "leads" means: the path as the kernel would follow it now (base::ResolvePath).
+// Relative paths are taken from the working directory; every symlink is followed, dangling
+// ones included (`ROOT/l -> /elsewhere/x.json` leads to /elsewhere/x.json, where an open
+// would create the file), every `..` after the symlink before it, and the part that does not
+// exist yet is normalised lexically. So `/allowed/link/x` with link -> /etc is /etc/x, and
 // `/allowed/new/../../etc` is /etc. A path is inside a root when the root is a prefix of it
 // component by component (`/data` does not contain `/data2`).
 //
-// Limits: the check is made once, at attempt start. Someone who can write inside an allowed
-// root and replaces a folder there by a symlink after the check (or plants one inside the
-// checkpoint folder) can still lead a later open elsewhere; keep the roots writable only by
-// the users whose jobs the worker runs. Unix permissions of the worker's user still apply.
+// The check at attempt start gives the early, named refusal. What holds later: the worker
+// also sets its roots as the process's job-file roots (base/paths.h), and every open of a
+// job file (data, checkpoints and their lock and owner files, the JSON log, the load trace)
+// resolves the path again and opens it from the root one component at a time with
+// O_NOFOLLOW (base/file.h), so a symlink swapped in after the check is not followed.
+// Limits: folder operations by path (creating the checkpoint folder, moving old
+// checkpoints aside into `previous-<time>/`) are not confined that way; whoever can write
+// inside a root can still swap a folder for a symlink between the check and such an
+// operation. Keep the roots writable only by the users whose jobs the worker runs. Unix
+// permissions of the worker's user still apply.
 //
 // Thread-safe (no state). Errors: InvalidArgument saying what is wrong with a root list;
 // PermissionDenied naming the spec field, the path, where it leads, the host and the roots.
@@ -45,8 +52,8 @@ absl::StatusOr<std::string> ResolvePathNow(const std::string& path);
 absl::Status CheckPathConfined(const std::string& field, const std::string& path,
                                const std::vector<std::string>& roots, const std::string& host);
 
-// Every file path of a job spec: data.train, data.validation, checkpoint.dir, logging.json,
-// logging.load_trace (empty fields are skipped). The first path outside is the error.
+// Every file path of a job spec (jobspec::SpecPathFields; empty fields are skipped). The
+// first path outside is the error.
 // Empty `roots` = unconfined: always OK.
 absl::Status CheckSpecPathsConfined(const rackrun::v1::JobSpec& spec,
                                     const std::vector<std::string>& roots,

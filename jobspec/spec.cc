@@ -575,16 +575,39 @@ void ApplySpecDefaults(JobSpec& spec) {
   ApplyRestartDefaults(*spec.mutable_restart());
 }
 
+// Keep the two lists in the same order.
+std::vector<std::pair<const char*, std::string*>> SpecPathFields(JobSpec& spec) {
+  return {{"data.train", spec.mutable_data()->mutable_train()},
+          {"data.validation", spec.mutable_data()->mutable_validation()},
+          {"checkpoint.dir", spec.mutable_checkpoint()->mutable_dir()},
+          {"logging.json", spec.mutable_logging()->mutable_json()},
+          {"logging.load_trace", spec.mutable_logging()->mutable_load_trace()}};
+}
+
+std::vector<std::pair<const char*, const std::string*>> SpecPathFields(const JobSpec& spec) {
+  return {{"data.train", &spec.data().train()},
+          {"data.validation", &spec.data().validation()},
+          {"checkpoint.dir", &spec.checkpoint().dir()},
+          {"logging.json", &spec.logging().json()},
+          {"logging.load_trace", &spec.logging().load_trace()}};
+}
+
 void MakeSpecPathsAbsolute(JobSpec& spec, const std::string& base_dir) {
-  const auto absolute = [&](std::string* path) {
-    if (path->empty() || std::filesystem::path(*path).is_absolute()) return;
+  for (const auto& [field, path] : SpecPathFields(spec)) {
+    if (path->empty() || std::filesystem::path(*path).is_absolute()) continue;
     *path = (std::filesystem::path(base_dir) / *path).lexically_normal().string();
-  };
-  absolute(spec.mutable_data()->mutable_train());
-  absolute(spec.mutable_data()->mutable_validation());
-  absolute(spec.mutable_checkpoint()->mutable_dir());
-  absolute(spec.mutable_logging()->mutable_json());
-  absolute(spec.mutable_logging()->mutable_load_trace());
+  }
+}
+
+absl::Status CheckSpecPathsAbsolute(const JobSpec& spec) {
+  for (const auto& [field, path] : SpecPathFields(spec)) {
+    if (path->empty() || std::filesystem::path(*path).is_absolute()) continue;
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ": '", *path,
+        "' is not an absolute path; workers run in other folders (and on other hosts), so "
+        "give the full path (rackrun submit makes paths absolute)"));
+  }
+  return absl::OkStatus();
 }
 
 std::string JobSpecToJson(const JobSpec& spec) {

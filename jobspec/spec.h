@@ -23,6 +23,7 @@
 #define RACKRUN_JOBSPEC_SPEC_H_
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -73,12 +74,22 @@ struct ExpertParallelLayout {
 absl::StatusOr<ExpertParallelLayout> ExpertParallelLayoutOf(const rackrun::v1::JobSpec& spec,
                                                             int ranks);
 
-// Rewrites every relative path of the spec (data.train, data.validation, checkpoint.dir,
-// logging.json, logging.load_trace) to an absolute one under `base_dir` (the submitting
-// client's working directory): a job submitted to the coordinator runs in workers with
-// other working directories, so paths travel absolute (and must be readable by every
-// worker, e.g. on a shared file system).
+// The file paths of a spec, by field name: data.train, data.validation, checkpoint.dir,
+// logging.json, logging.load_trace. The one list of them: the CLI makes these absolute,
+// the coordinator's Submit refuses them relative, a confined worker checks them.
+std::vector<std::pair<const char*, std::string*>> SpecPathFields(rackrun::v1::JobSpec& spec);
+std::vector<std::pair<const char*, const std::string*>> SpecPathFields(
+    const rackrun::v1::JobSpec& spec);
+
+// Rewrites every relative path of the spec (SpecPathFields) to an absolute one under
+// `base_dir` (the submitting client's working directory): a job submitted to the
+// coordinator runs in workers with other working directories, so paths travel absolute
+// (and must be readable by every worker, e.g. on a shared file system).
 void MakeSpecPathsAbsolute(rackrun::v1::JobSpec& spec, const std::string& base_dir);
+
+// InvalidArgument naming the first field of SpecPathFields that holds a relative path
+// (what the coordinator's Submit answers a client that did not make it absolute).
+absl::Status CheckSpecPathsAbsolute(const rackrun::v1::JobSpec& spec);
 
 // The spec as JSON with proto field names (for logs and checkpoints).
 std::string JobSpecToJson(const rackrun::v1::JobSpec& spec);

@@ -15,6 +15,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "base/file.h"
 #include "nlohmann/json.hpp"
 
 namespace rackrun::planner {
@@ -303,46 +304,66 @@ absl::StatusOr<std::vector<TraceEntry>> ReadTrace(const std::string& path) {
 }
 
 absl::StatusOr<TraceWriter> TraceWriter::Open(const std::string& path, bool append) {
-  errno = 0;
-  std::ofstream out(path, append ? std::ios::out | std::ios::app : std::ios::out | std::ios::trunc);
-  if (!out) {
+  absl::StatusOr<int> fd = base::OpenRegularFile(
+      path, O_WRONLY | O_CREAT | (append ? O_APPEND : O_TRUNC), base::FileUse::kJob);
+  if (!fd.ok()) {
+    if (fd.status().code() == absl::StatusCode::kPermissionDenied) return fd.status();
     return absl::InvalidArgumentError(
-        absl::StrCat(path, ": cannot open for writing: ", std::strerror(errno),
+        absl::StrCat(path, ": cannot open for writing: ", fd.status().message(),
                      "; check the directory exists and is writable"));
   }
-  std::error_code ec;
-  const uintmax_t size = append ? std::filesystem::file_size(path, ec) : 0;
-  return TraceWriter(path, std::move(out), ec ? 0 : static_cast<int64_t>(size));
+  struct stat st {};
+  const int64_t size = append && ::fstat(*fd, &st) == 0 ? static_cast<int64_t>(st.st_size) : 0;
+  return TraceWriter(path, *fd, size);
+}
+
+TraceWriter& TraceWriter::operator=(TraceWriter&& other) noexcept {
+  if (this != &other) {
+    if (fd_ >= 0) ::close(fd_);
+    path_ = std::move(other.path_);
+    fd_ = std::exchange(other.fd_, -1);
+    good_ = other.good_;
+  }
+  return *this;
+}
+
+TraceWriter::~TraceWriter() {
+  if (fd_ >= 0) ::close(fd_);
 }
 
 absl::Status TraceWriter::Failed(std::string_view what) {
   const int err = errno;
-  out_.close();
-  // Outputs are whole lines or nothing: drop a partly written line.
-  std::error_code ec;
-  if (std::filesystem::is_regular_file(path_, ec)) {
-    std::filesystem::resize_file(path_, static_cast<uintmax_t>(good_), ec);
+  // Outputs are whole lines or nothing: drop a partly written line (through the
+  // descriptor: the path may lead elsewhere by now).
+  if (fd_ >= 0) {
+    (void)!::ftruncate(fd_, static_cast<off_t>(good_));
+    ::close(std::exchange(fd_, -1));
   }
   return absl::DataLossError(absl::StrCat(path_, ": ", std::string(what), ": ",
                                           err != 0 ? std::strerror(err) : "I/O error"));
 }
 
 absl::Status TraceWriter::Append(const TraceEntry& entry) {
-  if (!out_.is_open()) return absl::DataLossError(absl::StrCat(path_, ": write after a failure"));
+  if (fd_ < 0) return absl::DataLossError(absl::StrCat(path_, ": write after a failure"));
   const std::string line = FormatTraceLine(entry) + '\n';
-  errno = 0;
-  out_ << line;
-  out_.flush();
-  if (!out_) return Failed("write failed");
+  size_t done = 0;
+  while (done < line.size()) {
+    errno = 0;
+    const ssize_t n = ::write(fd_, line.data() + done, line.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return Failed("write failed");
+    done += static_cast<size_t>(n);
+  }
   good_ += static_cast<int64_t>(line.size());
   return absl::OkStatus();
 }
 
 absl::Status TraceWriter::Close() {
-  if (!out_.is_open()) return absl::OkStatus();
+  if (fd_ < 0) return absl::OkStatus();
   errno = 0;
-  out_.close();
-  if (!out_) return Failed("write failed on close");
+  if (::close(std::exchange(fd_, -1)) != 0)
+    return absl::DataLossError(
+        absl::StrCat(path_, ": write failed on close: ", std::strerror(errno)));
   return absl::OkStatus();
 }
 

@@ -10,7 +10,6 @@
 #define RACKRUN_PLANNER_TRACE_H_
 
 #include <cstdint>
-#include <fstream>
 #include <optional>
 #include <set>
 #include <string>
@@ -100,26 +99,35 @@ class TraceReader {
 // Reads a whole trace into memory (convenience for small traces and tests).
 absl::StatusOr<std::vector<TraceEntry>> ReadTrace(const std::string& path);
 
-// Writes entries one line each. Not thread-safe.
+// Writes entries one line each. Not thread-safe. Movable.
 class TraceWriter {
  public:
   // Truncates or creates `path` (`append`: extends it); InvalidArgument naming the file
-  // and the system's reason when it cannot be opened for writing.
+  // and the system's reason when it cannot be opened for writing. A job file
+  // (base::FileUse::kJob): a regular file only, confined on a worker with --allowed-roots
+  // (PermissionDenied then).
   static absl::StatusOr<TraceWriter> Open(const std::string& path, bool append = false);
+  TraceWriter(TraceWriter&& other) noexcept
+      : path_(std::move(other.path_)), fd_(std::exchange(other.fd_, -1)), good_(other.good_) {}
+  TraceWriter& operator=(TraceWriter&& other) noexcept;
+  TraceWriter(const TraceWriter&) = delete;
+  TraceWriter& operator=(const TraceWriter&) = delete;
+  ~TraceWriter();
+
   absl::Status Append(const TraceEntry& entry);
   // Append and Close report a write error (e.g. disk full) with the file and errno, and
   // cut the file back to its last whole line.
-  // Flushes and closes.
+  // Closes.
   absl::Status Close();
 
  private:
-  TraceWriter(std::string path, std::ofstream out, int64_t good)
-      : path_(std::move(path)), out_(std::move(out)), good_(good) {}
+  TraceWriter(std::string path, int fd, int64_t good)
+      : path_(std::move(path)), fd_(fd), good_(good) {}
   absl::Status Failed(std::string_view what);
 
   std::string path_;
-  std::ofstream out_;
-  int64_t good_ = 0;  // bytes of whole lines known written (flushed)
+  int fd_ = -1;       // written with write(2): every line reaches the file at once
+  int64_t good_ = 0;  // bytes of whole lines known written
 };
 
 }  // namespace rackrun::planner

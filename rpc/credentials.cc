@@ -5,23 +5,10 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "base/file.h"
 #include "rpc/join_token.h"
+#include "rpc/tls_material.h"
 
 namespace rackrun::rpc {
-namespace {
-
-// A file named by a flag; the error names the flag.
-absl::StatusOr<std::string> ReadFlagFile(const std::string& flag, const std::string& path) {
-  absl::StatusOr<std::string> text = base::ReadWholeFile(path);
-  if (!text.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(flag, ": ", text.status().message()));
-  }
-  return text;
-}
-
-}  // namespace
-
 namespace {
 
 // Splits a join token into its secret and CA pin; a bare token passes unchanged.
@@ -54,20 +41,24 @@ absl::StatusOr<ClusterToken> LoadClusterToken(const std::string& token_file) {
     }
   }
   t.source = path;
-  absl::StatusOr<std::string> text = base::ReadWholeFile(path);
-  if (!text.ok()) {
+  // The coordinator's rule for its own token files (rpc/tls_material.h): a regular file,
+  // small, not empty, readable by its owner only.
+  absl::StatusOr<std::string> text = ReadTokenFile(path);
+  if (!text.ok() && text.status().code() == absl::StatusCode::kNotFound) {
     return absl::FailedPreconditionError(absl::StrCat(
         "no cluster token: ", text.status().message(),
         "; start rackrun-coordinator (it writes STATE_DIR/token-ROLE, and join-token-ROLE when it "
         "serves TLS), or point RACKRUN_TOKEN_FILE "
         "(a worker: --token-file) at its token file, or set RACKRUN_TOKEN"));
   }
-  t.token = std::string(absl::StripAsciiWhitespace(*text));
-  if (t.token.empty()) {
+  if (!text.ok()) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "no cluster token: ", path,
-        " is empty; use the token file of the coordinator's --state-dir or set RACKRUN_TOKEN"));
+        "no cluster token: ", text.status().message(),
+        text.status().code() == absl::StatusCode::kInvalidArgument
+            ? "; use the token file of the coordinator's --state-dir or set RACKRUN_TOKEN"
+            : ""));
   }
+  t.token = *std::move(text);
   return SplitJoinToken(std::move(t));
 }
 
@@ -86,18 +77,15 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> CoordinatorCredentials
   if (!ca_pem.empty()) {
     ssl.pem_root_certs = ca_pem;
   } else if (!tls.ca.empty()) {
-    absl::StatusOr<std::string> ca = ReadFlagFile("--tls-ca", tls.ca);
+    absl::StatusOr<std::string> ca = ReadCertificateFile("--tls-ca", tls.ca);
     if (!ca.ok()) return ca.status();
-    if (!absl::StrContains(*ca, "-----BEGIN CERTIFICATE-----")) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--tls-ca: '", tls.ca, "' holds no PEM certificate (-----BEGIN CERTIFICATE-----)"));
-    }
     ssl.pem_root_certs = *ca;
   }
   if (!tls.cert.empty()) {
-    absl::StatusOr<std::string> cert = ReadFlagFile("--tls-cert", tls.cert);
+    absl::StatusOr<std::string> cert = ReadCertificateFile("--tls-cert", tls.cert);
     if (!cert.ok()) return cert.status();
-    absl::StatusOr<std::string> key = ReadFlagFile("--tls-key", tls.key);
+    absl::StatusOr<std::string> key =
+        ReadKeyFileFor("--tls-key", tls.key, "--tls-cert", tls.cert, *cert);
     if (!key.ok()) return key.status();
     ssl.pem_cert_chain = *cert;
     ssl.pem_private_key = *key;

@@ -51,6 +51,57 @@ std::string ToPem(X509* cert) {
   return std::string(data, static_cast<size_t>(n));
 }
 
+// The socket under the CA fetch's TLS connection: OpenSSL's own socket BIO writes with
+// write(2), and a write to a peer that has closed the connection (anything but a
+// coordinator, accepting and closing) raised SIGPIPE and killed the worker or the CLI
+// with no message. This one sends with MSG_NOSIGNAL and keeps the errno of a failure for
+// the message.
+struct SocketState {
+  int fd = -1;
+  int error = 0;     // errno of the last failed send or receive
+  bool eof = false;  // the peer closed the connection
+};
+
+int SocketWrite(BIO* bio, const char* data, int size) {
+  auto* state = static_cast<SocketState*>(BIO_get_data(bio));
+  BIO_clear_retry_flags(bio);
+  ssize_t n = 0;
+  do {
+    n = ::send(state->fd, data, static_cast<size_t>(size), MSG_NOSIGNAL);
+  } while (n < 0 && errno == EINTR);
+  if (n < 0) state->error = errno;
+  return n < 0 ? -1 : static_cast<int>(n);
+}
+
+int SocketRead(BIO* bio, char* data, int size) {
+  auto* state = static_cast<SocketState*>(BIO_get_data(bio));
+  BIO_clear_retry_flags(bio);
+  ssize_t n = 0;
+  do {
+    n = ::recv(state->fd, data, static_cast<size_t>(size), 0);
+  } while (n < 0 && errno == EINTR);
+  if (n < 0) state->error = errno;
+  if (n == 0) state->eof = true;
+  return n < 0 ? -1 : static_cast<int>(n);
+}
+
+long SocketControl(BIO* /*bio*/, int command, long /*number*/, void* /*pointer*/) {
+  return command == BIO_CTRL_FLUSH ? 1 : 0;  // nothing is buffered here
+}
+
+BIO_METHOD* SocketMethod() {
+  static BIO_METHOD* method = [] {
+    BIO_METHOD* m = BIO_meth_new(BIO_get_new_index() | BIO_TYPE_SOURCE_SINK, "rackrun socket");
+    if (m != nullptr) {
+      BIO_meth_set_write(m, SocketWrite);
+      BIO_meth_set_read(m, SocketRead);
+      BIO_meth_set_ctrl(m, SocketControl);
+    }
+    return m;
+  }();
+  return method;
+}
+
 // A connected TCP socket to host:port within `timeout`, or Unavailable.
 absl::StatusOr<int> Connect(const std::string& host, const std::string& port,
                             std::chrono::milliseconds timeout, const std::string& address) {
@@ -169,7 +220,15 @@ absl::StatusOr<std::string> FetchPinnedCa(const std::string& address, const std:
   if (inet_pton(AF_INET, host.c_str(), &ip) != 1 && inet_pton(AF_INET6, host.c_str(), &ip) != 1) {
     SSL_ctrl(ssl.get(), SSL_CTRL_SET_TLSEXT_HOSTNAME, TLSEXT_NAMETYPE_host_name, const_cast<char*>(host.c_str()));
   }
-  SSL_set_fd(ssl.get(), *fd);
+  SocketState socket_state{*fd};
+  BIO* bio = SocketMethod() != nullptr ? BIO_new(SocketMethod()) : nullptr;
+  if (bio == nullptr) {
+    close(*fd);
+    return absl::InternalError(absl::StrCat("TLS set-up: ", OpenSslError()));
+  }
+  BIO_set_data(bio, &socket_state);
+  BIO_set_init(bio, 1);
+  SSL_set_bio(ssl.get(), bio, bio);  // owned by ssl from here
   const int rc = SSL_connect(ssl.get());
   std::string matched;
   bool handshake = rc == 1;
@@ -190,10 +249,24 @@ absl::StatusOr<std::string> FetchPinnedCa(const std::string& address, const std:
   ssl.reset();
   close(*fd);
   if (!handshake) {
+    // What happened on the wire says more than OpenSSL's queue, which is often empty.
+    std::string what;
+    if (socket_state.eof || socket_state.error == ECONNRESET || socket_state.error == EPIPE) {
+      what = absl::StrCat(address, " closed the connection during the TLS handshake");
+    } else if (socket_state.error == EAGAIN || socket_state.error == EWOULDBLOCK) {
+      what = absl::StrCat(address, " did not answer the TLS handshake within ", timeout.count(),
+                          " ms");
+    } else if (socket_state.error != 0) {
+      what = absl::StrCat("no TLS handshake with ", address, " (",
+                          std::strerror(socket_state.error), ")");
+    } else {
+      what = absl::StrCat("no TLS handshake with ", address, " (", error, ")");
+    }
     return absl::UnavailableError(absl::StrCat(
-        "no TLS handshake with ", address, " (", error,
-        "); a join token needs a coordinator serving TLS (--tls on, or a non-loopback "
-        "--listen); for a plaintext one use the bare token file STATE_DIR/token-ROLE"));
+        what,
+        "; expected a rackrun coordinator's TLS port there (its --listen address). A join "
+        "token needs a coordinator serving TLS (--tls on, or a non-loopback --listen); for a "
+        "plaintext one use the bare token file STATE_DIR/token-ROLE"));
   }
   if (matched.empty()) {
     return absl::PermissionDeniedError(absl::StrCat(

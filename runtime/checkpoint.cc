@@ -137,7 +137,7 @@ absl::StatusOr<std::string> SaveCheckpoint(const std::string& dir, const Checkpo
   bytes.append(kEndMagic, sizeof(kEndMagic));
 
   const std::string path = CheckpointPath(dir, checkpoint.step);
-  if (absl::Status s = WriteFileAtomically(path, bytes); !s.ok()) return s;
+  if (absl::Status s = WriteFileAtomically(path, bytes, base::FileUse::kJob); !s.ok()) return s;
 
   std::vector<std::string> all = ListCheckpoints(dir);
   const size_t kept = static_cast<size_t>(std::max(keep, 2));
@@ -163,7 +163,7 @@ std::vector<std::string> ListCheckpoints(const std::string& dir) {
 }
 
 absl::StatusOr<Checkpoint> LoadCheckpoint(const std::string& path) {
-  absl::StatusOr<std::string> read = ReadWholeFile(path);
+  absl::StatusOr<std::string> read = ReadWholeFile(path, base::FileUse::kJob);
   if (!read.ok()) {
     return absl::Status(read.status().code(),
                         absl::StrCat("checkpoint: ", read.status().message()));
@@ -294,7 +294,8 @@ absl::StatusOr<CheckpointFolderClaim> ClaimCheckpointFolder(const std::string& d
     return absl::InvalidArgumentError(absl::StrCat("checkpoint.dir: cannot write into '", dir,
                                                    "': ", std::strerror(errno)));
   }
-  absl::StatusOr<base::FolderLock> lock = base::FolderLock::Acquire(dir, "checkpoint.dir");
+  absl::StatusOr<base::FolderLock> lock =
+      base::FolderLock::Acquire(dir, "checkpoint.dir", base::FileUse::kJob);
   if (!lock.ok()) return lock.status();
   CheckpointFolderClaim claim{*std::move(lock), {}};
   absl::StatusOr<std::vector<std::string>> stale = base::RemoveStaleTemporaries(dir, IsCheckpointName);
@@ -307,7 +308,8 @@ absl::StatusOr<CheckpointFolderClaim> ClaimCheckpointFolder(const std::string& d
   const std::string owner =
       run.owner.empty() ? absl::StrCat("pid ", getpid(), " on host ", base::HostName()) : run.owner;
   const auto record_owner = [&]() -> absl::Status {
-    return WriteFileAtomically((std::filesystem::path(dir) / "OWNER").string(), owner + "\n");
+    return WriteFileAtomically((std::filesystem::path(dir) / "OWNER").string(), owner + "\n",
+                               base::FileUse::kJob);
   };
   const std::vector<std::string> present = ListCheckpoints(dir);
   if (present.empty()) {
@@ -353,7 +355,8 @@ absl::StatusOr<CheckpointFolderClaim> ClaimCheckpointFolder(const std::string& d
 }
 
 absl::StatusOr<std::string> CheckpointFolderOwner(const std::string& dir) {
-  absl::StatusOr<std::string> owner = ReadWholeFile((std::filesystem::path(dir) / "OWNER").string());
+  absl::StatusOr<std::string> owner =
+      ReadWholeFile((std::filesystem::path(dir) / "OWNER").string(), base::FileUse::kJob);
   if (!owner.ok()) return owner.status();
   while (!owner->empty() && owner->back() == '\n') owner->pop_back();
   return owner;

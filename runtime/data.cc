@@ -64,11 +64,16 @@ absl::Status WriteTokenFile(const std::string& path, const TokenFile& file) {
 }
 
 absl::StatusOr<TokenFile> ReadTokenFile(const std::string& path) {
-  absl::StatusOr<std::string> read = ReadWholeFile(path);
-  if (!read.ok()) {
+  absl::StatusOr<std::string> read = ReadWholeFile(path, base::FileUse::kJob);
+  if (!read.ok() && read.status().code() == absl::StatusCode::kNotFound) {
     return absl::InvalidArgumentError(
         absl::StrCat("cannot open token file (", read.status().message(),
                      "); create it with `rackrun data --input TEXT --output DIR`"));
+  }
+  if (!read.ok()) {
+    // Not a regular file, or outside a confined worker's roots.
+    return absl::Status(read.status().code(),
+                        absl::StrCat("token file: ", read.status().message()));
   }
   return ParseTokenFile(*read, path);
 }

@@ -1,8 +1,11 @@
 #include "runtime/step_log.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
-#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <system_error>
@@ -12,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "base/file.h"
 
 namespace rackrun::runtime {
 namespace {
@@ -115,10 +119,20 @@ absl::StatusOr<std::unique_ptr<StepLog>> StepLog::Create(
   log->json_path_ = json_path;
   log->on_record_ = std::move(on_record);
   if (!json_path.empty()) {
-    log->json_ = std::fopen(json_path.c_str(), append ? "a" : "w");
+    // A job file: never a FIFO or device, confined on a worker with --allowed-roots.
+    absl::StatusOr<int> fd = base::OpenRegularFile(
+        json_path, O_WRONLY | O_CREAT | (append ? O_APPEND : O_TRUNC), base::FileUse::kJob);
+    if (!fd.ok()) {
+      return absl::Status(fd.status().code() == absl::StatusCode::kPermissionDenied
+                              ? absl::StatusCode::kPermissionDenied
+                              : absl::StatusCode::kInvalidArgument,
+                          absl::StrCat("logging.json: ", fd.status().message()));
+    }
+    log->json_ = ::fdopen(*fd, append ? "a" : "w");
     if (log->json_ == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "logging.json: cannot open '", json_path, "' for writing: ", std::strerror(errno)));
+      ::close(*fd);
+      return absl::InternalError(
+          absl::StrCat("logging.json: fdopen '", json_path, "': ", std::strerror(errno)));
     }
     if (append && std::fseek(log->json_, 0, SEEK_END) == 0) {
       log->good_bytes_ = std::max(0L, std::ftell(log->json_));
@@ -146,12 +160,14 @@ void StepLog::OnStep(const StepRecord& record) {
       error_ = absl::InternalError(absl::StrCat("logging.json: cannot write '", json_path_,
                                                 "': ", std::strerror(errno != 0 ? errno : EIO)));
       // Whole records or nothing: drop the part of this record that reached the file
-      // (after fclose, which may push out more of it).
+      // (after fclose, which may push out more of it), through the descriptor: the path
+      // may lead elsewhere by now.
+      const int fd = ::dup(::fileno(json_));
       std::fclose(json_);
       json_ = nullptr;
-      std::error_code ec;
-      if (std::filesystem::is_regular_file(json_path_, ec)) {
-        std::filesystem::resize_file(json_path_, static_cast<uintmax_t>(good_bytes_), ec);
+      if (fd >= 0) {
+        (void)!::ftruncate(fd, static_cast<off_t>(good_bytes_));
+        ::close(fd);
       }
     } else {
       good_bytes_ += static_cast<long>(line.size());

@@ -74,7 +74,7 @@ struct TrainerCheckpointState {
 absl::Status KeepRecordsBelow(const std::string& path, absl::string_view key, int64_t limit) {
   std::error_code ec;
   if (!std::filesystem::exists(path, ec)) return absl::OkStatus();
-  absl::StatusOr<std::string> text = ReadWholeFile(path);
+  absl::StatusOr<std::string> text = ReadWholeFile(path, base::FileUse::kJob);
   if (!text.ok()) return text.status();
   const std::string field = absl::StrCat("\"", key, "\": ");
   std::string kept;
@@ -94,7 +94,7 @@ absl::Status KeepRecordsBelow(const std::string& path, absl::string_view key, in
     }
   }
   if (!dropped && text->size() == kept.size()) return absl::OkStatus();
-  return WriteFileAtomically(path, kept);
+  return WriteFileAtomically(path, kept, base::FileUse::kJob);
 }
 
 // Expert weights are sharded over the ranks of an expert-parallel job; every other

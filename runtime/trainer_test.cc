@@ -1,8 +1,10 @@
 #include "runtime/trainer.h"
 
 #include <omp.h>
+#include <sys/resource.h>
 
 #include <cmath>
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -10,10 +12,10 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "jobspec/spec.h"
 #include "runtime/checkpoint.h"
 #include "runtime/data.h"
 #include "runtime/training_session.h"
-#include "jobspec/spec.h"
 
 namespace rackrun::runtime {
 namespace {
@@ -266,15 +268,33 @@ TEST(TrainerTest, OutputsAreCheckedBeforeTheFirstStep) {
 }
 
 TEST(TrainerTest, ALogThatCannotBeWrittenStopsTheRunWithTheFileAndReason) {
-  // /dev/full: every write fails with ENOSPC, as on a full disk.
-  absl::StatusOr<std::unique_ptr<Trainer>> t =
-      Trainer::Create(TinySpec({"logging.json=/dev/full"}));
+  // A file size limit of one byte: every write of a record fails (EFBIG), as every write
+  // on a full disk does (ENOSPC; a real one: TrainCommandTest.AFullDiskFails...). SIGXFSZ
+  // ignored, so the write fails instead of ending the process.
+  const std::string log = (FreshDir("unwritable_log") / "log.jsonl").string();
+  absl::StatusOr<std::unique_ptr<Trainer>> t = Trainer::Create(TinySpec({"logging.json=" + log}));
   ASSERT_TRUE(t.ok());
+  rlimit before{};
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &before), 0);
+  void (*previous)(int) = std::signal(SIGXFSZ, SIG_IGN);
+  rlimit tiny = before;
+  tiny.rlim_cur = 1;
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &tiny), 0);
   absl::StatusOr<TrainSummary> s = (*t)->Run();
+  ::setrlimit(RLIMIT_FSIZE, &before);
+  std::signal(SIGXFSZ, previous);
   ASSERT_FALSE(s.ok());
-  EXPECT_THAT(s.status().message(), HasSubstr("'/dev/full'"));
-  EXPECT_THAT(s.status().message(), HasSubstr("No space left on device"));
+  EXPECT_THAT(s.status().message(), HasSubstr("logging.json: cannot write '" + log + "'"));
+  EXPECT_THAT(s.status().message(), HasSubstr("File too large"));
   EXPECT_EQ((*t)->steps_done(), 1);  // stopped at the first record, not after all steps
+  // A device is no log file: /dev/full (where every write fails) is refused before a step.
+  absl::StatusOr<std::unique_ptr<Trainer>> device =
+      Trainer::Create(TinySpec({"logging.json=/dev/full"}));
+  ASSERT_TRUE(device.ok());
+  s = (*device)->Run();
+  EXPECT_THAT(s.status().message(),
+              HasSubstr("logging.json: '/dev/full' is a character device, not a regular file"));
+  EXPECT_EQ((*device)->steps_done(), 0);
 }
 
 TEST(TrainerTest, AFolderHasOneWriterAndOneRun) {

@@ -14,10 +14,11 @@
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
+#include "base/file.h"
 #include "comm/gloo_channel.h"
+#include "comm/ucx_channel.h"
 #include "jobspec/path_confinement.h"
 #include "jobspec/spec.h"
-#include "comm/ucx_channel.h"
 #include "runtime/job_config.h"
 #include "runtime/training_session.h"
 #ifdef RACKRUN_HAVE_NCCL
@@ -260,9 +261,18 @@ absl::Status JobRunner::CheckPaths() const {
   for (const auto& [field, path] : {std::pair<std::string, std::string>{"data.train", spec.data().train()},
                                     {"data.validation", spec.data().validation()}}) {
     if (path.empty()) continue;
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return unusable(field, path, "read");
-    ::close(fd);
+    // Never a blocking open: a FIFO here would hold the worker for ever.
+    absl::StatusOr<int> fd = base::OpenRegularFile(path, O_RDONLY, base::FileUse::kJob);
+    if (!fd.ok()) {
+      return absl::Status(
+          fd.status().code() == absl::StatusCode::kPermissionDenied
+              ? absl::StatusCode::kPermissionDenied
+              : absl::StatusCode::kInvalidArgument,
+          absl::StrCat(field, ": ", fd.status().message(), " on host ", options_.host,
+                       "; paths in a submitted spec must be regular files usable by every "
+                       "worker (a shared file system)"));
+    }
+    ::close(*fd);
   }
   // Rank 0 writes checkpoints and logs: the nearest existing folder must be writable.
   if (assignment_.rank() == 0) {
@@ -291,6 +301,7 @@ absl::StatusOr<std::unique_ptr<comm::DataChannel>> JobRunner::MakeChannel() {
     comm::UcxChannelOptions o;
     o.channel = channel_options;
     o.address = b.address();
+    o.label = absl::StrCat("worker ", options_.worker_id, " on host ", options_.host);
     return comm::CreateUcxChannel(store, b.store_prefix(), assignment_.rank(),
                                   assignment_.ranks(), o);
   }

@@ -14,11 +14,12 @@
 #include <vector>
 
 #include "absl/strings/numbers.h"
+#include "base/paths.h"
 #include "base/signals.h"
 #include "flags/flags.h"
 #include "jobspec/path_confinement.h"
-#include "runtime/fault_injection.h"
 #include "rpc/rack_label.h"
+#include "runtime/fault_injection.h"
 #include "worker/launcher_watch.h"
 #include "worker/worker.h"
 
@@ -100,10 +101,16 @@ int EnvInt(const char* name, int fallback) {
 
 int main(int argc, char** argv) {
   const pid_t parent = ::getppid();  // the launcher, if one started us (launcher_watch.h)
+  // A write to a closed connection or pipe fails instead of killing the worker (a peer
+  // that closes while the worker fetches its CA; a launcher gone with the output pipe).
+  rackrun::base::IgnoreSigpipe();
   rackrun::worker::WorkerOptions o;
   rackrun::flags::FlagSet flags("rackrun-worker", "[--coordinator HOST:PORT] [options]");
   DeclareFlags(flags, o);
   if (std::optional<int> exit = flags.ParseCommandLine(argc, argv)) return *exit;
+  // Every open of a job's file is confined to the roots, not only the check at attempt
+  // start (base/file.h, jobspec/path_confinement.h).
+  rackrun::base::SetJobFileRoots(o.allowed_roots);
   o.connection.ca_fetch_patience = o.patience;
   // The launcher's rank and size: Open MPI, then Slurm/PMIx, then torchrun-style.
   o.launcher_rank = EnvInt("OMPI_COMM_WORLD_RANK",
@@ -164,9 +171,6 @@ int main(int argc, char** argv) {
     std::printf("rackrun-worker: started by a launcher (%s is set): exits when its process %d "
                 "ends\n", variable, static_cast<int>(parent));
     std::fflush(stdout);
-    // Its output is a pipe to the launcher: once that is gone a write must fail, not kill
-    // the worker before it has reported and deregistered.
-    ::signal(SIGPIPE, SIG_IGN);
     launcher_watch = std::make_unique<rackrun::worker::LauncherWatch>(
         parent,
         [w](pid_t launcher) {

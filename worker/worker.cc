@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <optional>
 #include <utility>
 
@@ -11,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "comm/gloo_channel.h"
+#include "comm/ucx_channel.h"
 #include "rpc/phase.h"
 #include "runtime/cpu/blas.h"
 
@@ -47,6 +49,22 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(const WorkerOptions& opti
   } else {
     std::printf("rackrun-worker: jobs confined to %s\n",
                 absl::StrJoin(w->options_.allowed_roots, ", ").c_str());
+  }
+  // What the UCX channel will use of the data address, said at start and at registration
+  // (`rackrun workers`): UCX's TCP transport takes its interface's first address.
+  if (std::getenv("UCX_NET_DEVICES") == nullptr) {
+    absl::StatusOr<comm::UcxInterface> ucx = comm::UcxInterfaceOf(w->options_.data_address);
+    if (!ucx.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--data-address: ", ucx.status().message()));
+    }
+    if (!ucx->name.empty()) w->ucx_address_ = absl::StrCat(ucx->address, " on ", ucx->name);
+    if (!ucx->name.empty() && ucx->address != w->options_.data_address) {
+      std::printf(
+          "rackrun-worker: the UCX data channel uses %s on %s, not --data-address %s: UCX's "
+          "TCP transport takes an interface's first address (the Gloo channel uses %s)\n",
+          ucx->address.c_str(), ucx->name.c_str(), w->options_.data_address.c_str(),
+          w->options_.data_address.c_str());
+    }
   }
   w->channels_.push_back("ucx");
   w->channels_.push_back("gloo");
@@ -106,6 +124,7 @@ absl::Status Worker::Register(bool again) {
   request.set_device(options_.device);
   for (const std::string& c : channels_) request.add_channels(c);
   request.set_data_address(options_.data_address);
+  request.set_ucx_address(ucx_address_);
   request.set_threads(options_.threads);
   request.set_metrics_address(metrics_address_);
   request.set_rack(options_.rack);

@@ -102,6 +102,9 @@ class Worker {
   std::unique_ptr<metrics::MetricsExporter> exporter_;
   std::string metrics_address_;  // HOST:PORT sent in Register; empty without an exporter
   std::vector<std::string> channels_;
+  // What the UCX channel uses of --data-address ("ADDRESS on INTERFACE"), sent in Register;
+  // empty for a host name or when UCX_NET_DEVICES decides.
+  std::string ucx_address_;
 
   std::mutex register_mu_;
   mutable std::mutex mu_;

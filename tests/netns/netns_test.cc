@@ -23,6 +23,7 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/support/daemon_fixture.h"
+#include "tests/support/listening_sockets.h"
 #include "tests/support/netns_rack.h"
 #include "tests/support/process.h"
 #include "tests/support/shell.h"
@@ -286,16 +287,67 @@ TEST_F(NetnsTest, AnUnreachableDataAddressFailsAtStartNamingIt) {
   ASSERT_TRUE(rack_->InHost(2, "addr add " + unrouted + "/32 dev eth0", &out)) << out;
   StartHostWorker(1);
   StartHostWorker(2, unrouted);
+  // Gloo, then UCX (the default): both refuse the peer they cannot reach before any
+  // connect, naming its address, worker and host (UCX used to stall in its wire-up until
+  // the hang rule blamed rank 0 without naming the address).
+  for (const std::string channel : {"gloo", ""}) {
+    WaitIdle(2);
+    const auto submitted = Clock::now();
+    const std::string id = Submit(std::string("--set training.steps=3") +
+                                  (channel.empty() ? "" : " --set resources.channel=" + channel));
+    const json job = WaitState(id, "FAILED", std::chrono::seconds(60));
+    const double seconds = std::chrono::duration<double>(Clock::now() - submitted).count();
+    std::printf("%s: failed after %.1f s: %s\n", channel.empty() ? "ucx" : channel.c_str(), seconds,
+                job["first_failure"].dump().c_str());
+    ASSERT_EQ(job.value("state", ""), "FAILED") << job.dump();
+    const std::string message = job["first_failure"].value("message", "");
+    EXPECT_THAT(message, HasSubstr("no route to rank 1 at " + unrouted)) << message;
+    EXPECT_THAT(message, HasSubstr("on host " + HostName(2))) << message;
+    EXPECT_EQ(job["first_failure"].value("phase", ""), "connecting") << job.dump();
+  }
+}
+
+// UCX 1.13's TCP transport takes one address per interface, its first: a --data-address
+// that is a second address of its interface (here another 198.18 subnet, reachable: hosts
+// 1 and 2 both have one) is not what UCX listens on. The worker says so at start and in
+// `rackrun workers`, and what it says is what its UCX channel listens on while a job runs.
+TEST_F(NetnsTest, UcxOnASecondAddressOfItsInterfaceSaysWhatItUses) {
+  StartRack(3);
+  std::string out;
+  for (int h : {1, 2}) {
+    ASSERT_TRUE(rack_->InHost(h, "addr add " + rack_->UnroutedAddress(h) + "/24 dev eth0", &out))
+        << out;
+  }
+  const std::string second = rack_->UnroutedAddress(2);
+  const std::string first = rack_->Address(2);
+  StartHostWorker(1);
+  Child& w2 = StartHostWorker(2, second);
   WaitIdle(2);
-  const auto submitted = Clock::now();
-  const std::string id = Submit("--set training.steps=3 --set resources.channel=gloo");
-  const json job = WaitState(id, "FAILED", std::chrono::seconds(60));
-  const double seconds = std::chrono::duration<double>(Clock::now() - submitted).count();
-  std::printf("failed after %.1f s: %s\n", seconds, job["first_failure"].dump().c_str());
-  ASSERT_EQ(job.value("state", ""), "FAILED") << job.dump();
-  const std::string message = job["first_failure"].value("message", "");
-  EXPECT_THAT(message, HasSubstr(unrouted)) << message;
-  EXPECT_THAT(message, HasSubstr(HostName(2))) << message;
+  const json workers = Json("workers");
+  bool found = false;
+  for (const json& w : workers.value("workers", json::array())) {
+    if (w.value("host", "") != HostName(2)) continue;
+    found = true;
+    EXPECT_EQ(w.value("data_address", ""), second) << w.dump();
+    EXPECT_EQ(w.value("ucx_address", ""), first + " on eth0") << w.dump();
+  }
+  EXPECT_TRUE(found) << workers.dump();
+  const Result table = Cli("workers", "workers-table");
+  EXPECT_THAT(table.out, HasSubstr(second + " (ucx: " + first + " on eth0)")) << table.out;
+  EXPECT_THAT(
+      ::rackrun::testing::Slurp(dir_ / "worker1.log"),
+      HasSubstr("the UCX data channel uses " + first + " on eth0, not --data-address " + second));
+  // The job trains over UCX, which listens on the first address, not on the second.
+  const std::string id = Submit("--set training.steps=400");
+  WaitStep(id, 2);
+  std::set<std::string> listening;
+  for (const auto& [inode, at] : ::rackrun::testing::ListeningSockets(w2.pid())) {
+    listening.insert(::rackrun::testing::AddressOf(at));
+  }
+  EXPECT_EQ(listening.count(first), 1u) << "UCX does not listen on " << first;
+  EXPECT_EQ(listening.count(second), 0u) << "UCX listens on the second address " << second;
+  EXPECT_EQ(Cli("cancel " + id).code, 0);
+  EXPECT_EQ(WaitState(id, "CANCELLED").value("state", ""), "CANCELLED");
 }
 
 }  // namespace

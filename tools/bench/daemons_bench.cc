@@ -32,6 +32,8 @@
 //       [--pings N] [--submits N] [--workers 256] [--client-threads 8]
 //       [--heartbeat-interval-ms 100] [--heartbeat-seconds 10] [--watchers 100]
 //       [--progress-every-ms 5] [--watch-seconds 3]
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/support/byte_buffer.h>
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -57,10 +59,8 @@
 #include <thread>
 #include <vector>
 
-#include <grpcpp/grpcpp.h>
-#include <grpcpp/support/byte_buffer.h>
-
 #include "base/clock.h"
+#include "base/signals.h"
 #include "base/statistics.h"
 #include "comm/gloo_channel.h"
 #include "comm/rendezvous_store.h"
@@ -74,8 +74,8 @@
 #include "rackrun/v1/rack_control.grpc.pb.h"
 #include "rpc/channel.h"
 #include "runtime/plan_source.h"
-#include "worker/connection.h"
 #include "tools/bench/startup.h"
+#include "worker/connection.h"
 #include "worker/coordinator_plan_source.h"
 
 #ifndef RACKRUN_COORDINATOR_BINARY
@@ -977,6 +977,7 @@ void PrintTables(const json& out) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  rackrun::base::IgnoreSigpipe();
   Flags flags;
   rackrun::bench::BenchStartup bench(
       argc, argv,

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -277,14 +278,20 @@ int WorkersCommand(const Args& args) {
     PrintJson(response);
     return 0;
   }
-  std::vector<std::vector<std::string>> rows = {{"ID", "HOST", "RACK", "PID", "LRANK", "DEVICE", "STATE",
-                                                 "JOB", "RANK", "STEP", "PHASE", "HEARTBEAT",
-                                                 "STEP TIME"}};
+  std::vector<std::vector<std::string>> rows = {{"ID", "HOST", "RACK", "PID", "LRANK", "DEVICE",
+                                                 "DATA ADDRESS", "STATE", "JOB", "RANK", "STEP",
+                                                 "PHASE", "HEARTBEAT", "STEP TIME"}};
   for (const rackrun::v1::Worker& w : response.workers()) {
     const bool busy = !w.job_id().empty();
+    // What UCX uses when it is not the data address itself (UCX's TCP transport takes the
+    // interface's first address): "198.19.0.3 (ucx: 198.18.0.3 on eth0)".
+    std::string data = w.data_address().empty() ? "-" : w.data_address();
+    if (!w.ucx_address().empty() && !absl::StartsWith(w.ucx_address(), w.data_address() + " on ")) {
+      absl::StrAppend(&data, " (ucx: ", w.ucx_address(), ")");
+    }
     rows.push_back({w.id(), w.host(), w.rack().empty() ? "-" : w.rack(), absl::StrCat(w.pid()),
                     w.launcher_rank() >= 0 ? absl::StrCat(w.launcher_rank()) : "-", w.device(),
-                    rackrun::v1::WorkerState_Name(w.state()), busy ? w.job_id() : "-",
+                    data, rackrun::v1::WorkerState_Name(w.state()), busy ? w.job_id() : "-",
                     busy ? absl::StrCat(w.rank()) : "-", busy ? absl::StrCat(w.step()) : "-",
                     w.phase().empty() ? "-" : w.phase(),
                     absl::StrFormat("%.1f s ago", w.heartbeat_age_s()),

@@ -6,6 +6,7 @@
 #include <string_view>
 #include <vector>
 
+#include "base/signals.h"
 #include "flags/flags.h"
 #include "tools/rackrun/command.h"
 
@@ -42,6 +43,7 @@ void PrintUsage(std::FILE* out) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  rackrun::base::IgnoreSigpipe();
   if (argc < 2) {
     PrintUsage(stderr);
     return 2;
