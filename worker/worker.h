@@ -107,7 +107,6 @@ class Worker {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::string worker_id_;                      // guarded by mu_
-  std::chrono::milliseconds heartbeat_interval_{1000};
   std::deque<rackrun::v1::RunJob> queue_;      // guarded by mu_
   // Cancelled while queued; the job thread reports them CANCELLED. Guarded by mu_.
   std::vector<rackrun::v1::RunJob> cancelled_unstarted_;
