@@ -4,6 +4,12 @@
 // (JobRunner) and stays up for the next one; a failed job, a dead peer or a restarted
 // coordinator never ends the worker.
 //
+// A short cut of the link: each heartbeat has a deadline well below the coordinator's
+// heartbeat timeout (rpc/liveness.h); one that misses it, or finds the coordinator
+// unavailable, renews the connection's channel and the next goes at once over a new TCP
+// connection (connection.h), so heartbeats resume as soon as the link does, not after
+// TCP's retransmission backoff on the old connection.
+//
 // Re-attach: when the coordinator restarts (the stream breaks, a heartbeat answers
 // NOT_FOUND), the worker registers again with its id and its in-flight job and step; if
 // the coordinator no longer wants that job (job_attached = false) the job is stopped.
