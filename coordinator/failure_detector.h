@@ -10,7 +10,7 @@
 //         stream that closed only after a longer silence was dropped by gRPC keepalive
 //         because one side stopped answering: the coordinator's keepalive for a stopped
 //         worker (its timeout exceeds heartbeat_timeout: server.cc), or the worker's own
-//         keepalive (rpc/liveness.h: at least 5 s and 2 x heartbeat_timeout without an
+//         keepalive (rpc/liveness.h: at least 20 s and 2 x heartbeat_timeout without an
 //         answer) during a network partition, whose close the coordinator sees when the
 //         link is back. That is no proof of exit: the rank counts as silent, as if its stream
 //         were open, and is judged by its heartbeats (tests/netns:
@@ -124,7 +124,7 @@ struct DetectionTimeouts {
   int64_t start_timeout_ms = 600000;  // hang (b) for phase "starting", hang (c) awaiting it
   // A stream that closed at most this long after the last heartbeat (and at most
   // heartbeat_timeout) closed while its process was heartbeating: it exited. Below the
-  // keepalive timeout (at least 5 s, rpc/liveness.h) after which a worker gives up on an
+  // keepalive timeout (at least 20 s, rpc/liveness.h) after which a worker gives up on an
   // unreachable coordinator (so a partition's drop is never taken for an exit), and wide
   // enough for heartbeats late by seconds on a loaded machine (so a kill -9 is not taken
   // for silence).

@@ -109,8 +109,9 @@ TEST(StreamStateTest, AStreamClosedAfterTheHeartbeatsStoppedWasDroppedNotExited)
 }
 
 // A network partition shorter than the heartbeat timeout (10 s here) during which the
-// worker's own keepalive gave up (5 s without an answer): the coordinator sees the close
-// when the link is back, 6 s after the last heartbeat. Not an exit (that closes within the
+// worker's own keepalive gave up (5 s without an answer then; at least 20 s now,
+// rpc/liveness.h): the coordinator sees the close when the link is back, 6 s after the
+// last heartbeat. Not an exit (that closes within the
 // exit window, 2 s): no rank is named, and once its heartbeats resume it is not silent
 // either (tests/netns: ACoordinatorCutShorterThanTheHeartbeatTimeoutFailsNothing).
 TEST(StreamStateTest, AStreamClosedAfterAPartitionShorterThanTheHeartbeatTimeoutIsNoExit) {

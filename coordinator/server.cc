@@ -181,7 +181,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(cons
   builder.RegisterService(s->rack_control_.get());
   // Keepalive: pings every 10 s find dead peers on an idle connection (a worker's
   // Assignments stream), and clients may ping every 5 s without data. A ping unanswered
-  // (or data unacknowledged: gRPC sets TCP_USER_TIMEOUT to it) for max(5 s, 2 x heartbeat
+  // (or data unacknowledged: gRPC sets TCP_USER_TIMEOUT to it) for max(20 s, 2 x heartbeat
   // timeout + interval) drops the connection (rpc/liveness.h: keepalive_timeout). That is
   // longer than the retransmission stall a cut the heartbeats survive leaves behind, so a
   // worker's stream outlives such a cut (its heartbeats meanwhile come over a new

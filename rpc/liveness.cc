@@ -12,7 +12,7 @@ LivenessTimings LivenessFor(std::chrono::milliseconds interval, std::chrono::mil
   t.heartbeat_deadline = std::max(t.interval, t.timeout / 4);
   t.retry_period = std::max(t.interval, t.heartbeat_deadline);
   t.late_after = t.interval + t.retry_period;
-  t.keepalive_timeout = std::max(milliseconds(5000), 2 * t.timeout + t.interval);
+  t.keepalive_timeout = std::max(milliseconds(20000), 2 * t.timeout + t.interval);
   t.initial_reconnect_backoff = std::min(milliseconds(100), t.interval);
   t.max_reconnect_backoff = std::max(t.initial_reconnect_backoff, t.heartbeat_deadline);
   t.survivable_cut = std::max(milliseconds(0), t.timeout - t.interval - t.retry_period);

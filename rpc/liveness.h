@@ -17,11 +17,15 @@
 //   (a renewed channel), tried at once or after the interval, whichever is later (P); a
 //   new connection's SYN has no backoff history, so the first attempt after the link is
 //   back gets through;
-// - the connections' keepalive timeout K (which gRPC also sets as TCP_USER_TIMEOUT) is
-//   longer than any stall a survivable cut leaves behind (at most 2C + 0.2 s < 2T), so
-//   neither end drops a long-lived stream (the worker's Assignments stream, which stays on
-//   its connection) for a cut the heartbeats survive: a dropped stream would be read as a
-//   process exit.
+// - the connections' keepalive timeout K (which gRPC also sets as TCP_USER_TIMEOUT: data
+//   unacknowledged that long aborts the connection) is longer than any stall a survivable
+//   cut leaves behind (at most 2C + 0.2 s < 2T), and than the stall of several such cuts
+//   in a row (a flapping link: a retransmission after one cut can fall into the next, and
+//   the backoff goes on; 6.2 s was too short for four cuts of 0.8 - 1.6 s a second apart),
+//   so neither end drops a long-lived stream (the worker's Assignments stream, which keeps
+//   a connection of its own) for cuts the heartbeats survive: a dropped stream would be
+//   read as a process exit. K = max(20 s, 2T + I): 20 s is gRPC's own default, and lets
+//   the retransmissions at 0.2, 0.6, 1.4, 3.0, 6.2 and 12.6 s all fall into cuts first.
 //
 // The bound: a cut of C ms of the worker's or the coordinator's link costs at most
 // I + C + P + e ms of heartbeat silence (the last heartbeat before it came up to I before
@@ -56,9 +60,9 @@ struct LivenessTimings {
   // coordinator permits, GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, since a
   // faster ping gets the connection closed with GOAWAY too_many_pings) ...
   std::chrono::milliseconds keepalive_time{10000};
-  // ... K = max(5 s, 2T + I) without its ack (or any data unacknowledged this long: gRPC
+  // ... K = max(20 s, 2T + I) without its ack (or any data unacknowledged this long: gRPC
   // sets TCP_USER_TIMEOUT to it) drops the connection.
-  std::chrono::milliseconds keepalive_timeout{11000};
+  std::chrono::milliseconds keepalive_timeout{20000};
   // Reconnect backoff of a channel whose connection failed: from min(100 ms, I) up to D,
   // so that a reconnecting channel tries at least once per heartbeat deadline.
   std::chrono::milliseconds initial_reconnect_backoff{100};

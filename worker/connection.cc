@@ -38,17 +38,23 @@ std::shared_ptr<Connection::Stub> Connection::stub() const {
   return stub_;
 }
 
-void Connection::NewChannel() {
+std::shared_ptr<Connection::Stub> Connection::stream_stub() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (stream_stub_ == nullptr) stream_stub_ = NewChannel();
+  return stream_stub_;
+}
+
+std::shared_ptr<Connection::Stub> Connection::NewChannel() {
   rpc::CoordinatorChannelOptions o;
   o.generation = ++generation_;
   o.liveness = liveness_;
-  stub_ = rackrun::v1::RackControl::NewStub(rpc::CoordinatorChannel(address_, credentials_, o));
+  return rackrun::v1::RackControl::NewStub(rpc::CoordinatorChannel(address_, credentials_, o));
 }
 
 bool Connection::Renew(const std::shared_ptr<Stub>& stub) {
   std::lock_guard<std::mutex> lock(mu_);
   if (stub != stub_) return false;
-  NewChannel();
+  stub_ = NewChannel();
   return true;
 }
 
@@ -61,7 +67,8 @@ void Connection::SetLiveness(std::chrono::milliseconds interval,
     return;
   }
   liveness_ = t;
-  NewChannel();
+  stub_ = NewChannel();
+  stream_stub_.reset();  // the next stream gets a channel with these timings
 }
 
 rpc::LivenessTimings Connection::liveness() const {
@@ -70,9 +77,6 @@ rpc::LivenessTimings Connection::liveness() const {
       rpc::LivenessFor(std::chrono::milliseconds(1000), std::chrono::milliseconds(5000)));
 }
 
-int Connection::renewals() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return generation_;
-}
+
 
 }  // namespace rackrun::worker

@@ -13,8 +13,9 @@
 // channel alive through the stub they hold: a long-lived stream (Assignments, Plans) stays
 // on its connection, which recovers by itself (its keepalive timeout outlasts the stall of
 // a survivable cut) and is never cut by a renewal, so the coordinator never sees it close.
-// SetLiveness (after Register) derives the keepalive and backoff from the coordinator's
-// heartbeat interval and timeout.
+// The Assignments stream has a channel of its own (stream_stub). SetLiveness (after
+// Register) derives the keepalive and backoff from the coordinator's heartbeat interval
+// and timeout.
 //
 // Thread-safe after Create.
 #ifndef RACKRUN_WORKER_CONNECTION_H_
@@ -59,6 +60,10 @@ class Connection {
 
   // The current channel's stub. Hold it for as long as a call or stream made on it lives.
   std::shared_ptr<Stub> stub() const;
+  // The stub of a channel for the Assignments stream alone (made with the timings of
+  // SetLiveness, never renewed): a connection with nothing of the unary calls in flight
+  // when a link goes down, so no retransmission backoff builds up on it (rpc/liveness.h).
+  std::shared_ptr<Stub> stream_stub();
 
   // A call on `stub` found its connection stalled or the coordinator unavailable: later
   // calls go over a new channel (a new TCP connection). Nothing when `stub` is no longer
@@ -72,15 +77,13 @@ class Connection {
   void SetLiveness(std::chrono::milliseconds interval, std::chrono::milliseconds timeout);
   rpc::LivenessTimings liveness() const;
 
-  // How many times the channel was renewed (Renew, SetLiveness).
-  int renewals() const;
-
   const std::string& address() const { return address_; }
   const std::string& token_source() const { return token_source_; }
 
  private:
   Connection() = default;
-  void NewChannel() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A stub of a new channel (a TCP connection of its own) with the timings in use.
+  std::shared_ptr<Stub> NewChannel() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   std::string address_;
   std::string token_;
@@ -90,6 +93,7 @@ class Connection {
 
   mutable std::mutex mu_;
   std::shared_ptr<Stub> stub_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<Stub> stream_stub_ ABSL_GUARDED_BY(mu_);  // null: made at the next call
   std::optional<rpc::LivenessTimings> liveness_ ABSL_GUARDED_BY(mu_);  // none: fixed args
   int generation_ ABSL_GUARDED_BY(mu_) = 0;
 };

@@ -170,9 +170,10 @@ void Worker::StreamLoop() {
       if (stopped_) return;
       stream_context_ = context.get();
     }
-    // The stream keeps its channel (and TCP connection) for its whole life, also when the
-    // heartbeats renew the channel for later calls (connection.h).
-    const std::shared_ptr<Connection::Stub> stub = connection_->stub();
+    // On a channel (and TCP connection) of its own, which the heartbeats' renewals leave
+    // alone (connection.h): nothing of the unary calls is in flight on it when a link goes
+    // down, so no retransmission backoff builds up that could get it dropped.
+    const std::shared_ptr<Connection::Stub> stub = connection_->stream_stub();
     std::unique_ptr<grpc::ClientReader<rackrun::v1::Assignment>> reader =
         stub->Assignments(context.get(), request);
     rackrun::v1::Assignment a;
@@ -204,9 +205,17 @@ void Worker::StreamLoop() {
         }
       }
     }
-    (void)reader->Finish();
+    const grpc::Status ended = reader->Finish();
     std::lock_guard<std::mutex> lock(mu_);
     stream_context_ = nullptr;
+    if (!stopped_) {
+      // The coordinator reads a closed stream as this process's exit, unless heartbeats
+      // say otherwise: say why it ended.
+      std::fprintf(stderr, "rackrun-worker: the assignment stream from %s ended (%s): %s\n",
+                   connection_->address().c_str(),
+                   absl::StatusCodeToString(FromGrpc(ended).code()).c_str(),
+                   ended.error_message().c_str());
+    }
   }
 }
 
