@@ -14,7 +14,7 @@
 //         answer) during a network partition, whose close the coordinator sees when the
 //         link is back. That is no proof of exit: the rank counts as silent, as if its stream
 //         were open, and is judged by its heartbeats (tests/netns:
-//         ACoordinatorCutShorterThanTheHeartbeatTimeoutFailsNothing).
+//         CoordinatorCutsBelowTheBoundFailNothingAndOneWellAboveIsNamed).
 //   hang  (a) peers of its attempt have been blocked in collective n (entered = n >
 //         completed) for longer than hang_timeout while it reports entered < n, or its
 //         heartbeats stopped while its stream stays open or was dropped only after they

@@ -113,7 +113,7 @@ TEST(StreamStateTest, AStreamClosedAfterTheHeartbeatsStoppedWasDroppedNotExited)
 // rpc/liveness.h): the coordinator sees the close when the link is back, 6 s after the
 // last heartbeat. Not an exit (that closes within the
 // exit window, 2 s): no rank is named, and once its heartbeats resume it is not silent
-// either (tests/netns: ACoordinatorCutShorterThanTheHeartbeatTimeoutFailsNothing).
+// either (tests/netns: CoordinatorCutsBelowTheBoundFailNothingAndOneWellAboveIsNamed).
 TEST(StreamStateTest, AStreamClosedAfterAPartitionShorterThanTheHeartbeatTimeoutIsNoExit) {
   const DetectionTimeouts t{10000, 20000, 30000, 2000};
   const RankSnapshot open = Rank(0, "data");
