@@ -63,14 +63,23 @@ absl::StatusOr<std::vector<std::string>> RendezvousClient::Get(const std::vector
   request.set_job_id(job_id_);
   request.set_attempt(attempt_);
   for (const std::string& k : keys) request.add_keys(k);
+  // No time to wait: ask whether they are there now (the coordinator answers at once), over
+  // a slice or two, so that a loaded machine or a renewed connection's handshake is not
+  // taken for missing keys.
+  const bool now = timeout <= absl::ZeroDuration();
+  request.set_no_wait(now);
   rackrun::v1::StoreGetResponse response;
-  const auto ms = std::chrono::milliseconds(std::max<int64_t>(1, absl::ToInt64Milliseconds(timeout)));
+  const auto ms = now ? 2 * connection_.liveness().heartbeat_deadline
+                      : std::chrono::milliseconds(std::max<int64_t>(1, absl::ToInt64Milliseconds(timeout)));
   const grpc::Status s = Sliced(ms, [&](Connection::Stub& stub, grpc::ClientContext* c) {
     return stub.StoreGet(c, request, &response);
   });
   if (!s.ok()) {
-    // A deadline from the client side carries no key names: name them here.
-    const absl::StatusCode code = FromGrpc(s).code();
+    // A deadline from the client side carries no key names: name them here. Keys missing
+    // now are a deadline passed, as the store's contract says.
+    const absl::StatusCode code = s.error_code() == grpc::StatusCode::NOT_FOUND && now
+                                      ? absl::StatusCode::kDeadlineExceeded
+                                      : FromGrpc(s).code();
     return absl::Status(code, absl::StrCat("rendezvous: waiting for ", absl::StrJoin(keys, ", "),
                                            ": ", s.error_message()));
   }

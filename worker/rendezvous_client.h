@@ -31,7 +31,8 @@ class RendezvousClient final : public comm::RendezvousStore {
 
   // Unavailable or DeadlineExceeded when the coordinator did not take it within 10 s.
   absl::Status Set(const std::string& key, const std::string& value) override;
-  // DeadlineExceeded naming the missing keys when they are not all set within `timeout`.
+  // DeadlineExceeded naming the missing keys when they are not all set within `timeout`
+  // (zero: now; the coordinator answers at once, without waiting for them).
   absl::StatusOr<std::vector<std::string>> Get(const std::vector<std::string>& keys,
                                                absl::Duration timeout) override;
 
