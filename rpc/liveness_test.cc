@@ -33,7 +33,8 @@ TEST(LivenessTest, TheDaemonTestsSurviveACutOfAboutTwoSeconds) {
   EXPECT_EQ(t.retry_period, milliseconds(750));
   EXPECT_EQ(t.late_after, milliseconds(950));
   EXPECT_EQ(t.keepalive_timeout, milliseconds(20000));
-  EXPECT_EQ(LivenessFor(milliseconds(200), milliseconds(12000)).keepalive_timeout, milliseconds(24200));
+  EXPECT_EQ(LivenessFor(milliseconds(200), milliseconds(12000)).keepalive_timeout,
+            milliseconds(24200));
   EXPECT_EQ(t.initial_reconnect_backoff, milliseconds(100));
   EXPECT_EQ(t.survivable_cut, milliseconds(2050));
 }

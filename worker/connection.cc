@@ -77,6 +77,4 @@ rpc::LivenessTimings Connection::liveness() const {
       rpc::LivenessFor(std::chrono::milliseconds(1000), std::chrono::milliseconds(5000)));
 }
 
-
-
 }  // namespace rackrun::worker

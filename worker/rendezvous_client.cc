@@ -69,8 +69,9 @@ absl::StatusOr<std::vector<std::string>> RendezvousClient::Get(const std::vector
   const bool now = timeout <= absl::ZeroDuration();
   request.set_no_wait(now);
   rackrun::v1::StoreGetResponse response;
-  const auto ms = now ? 2 * connection_.liveness().heartbeat_deadline
-                      : std::chrono::milliseconds(std::max<int64_t>(1, absl::ToInt64Milliseconds(timeout)));
+  const auto ms =
+      now ? 2 * connection_.liveness().heartbeat_deadline
+          : std::chrono::milliseconds(std::max<int64_t>(1, absl::ToInt64Milliseconds(timeout)));
   const grpc::Status s = Sliced(ms, [&](Connection::Stub& stub, grpc::ClientContext* c) {
     return stub.StoreGet(c, request, &response);
   });
