@@ -20,6 +20,19 @@ bool Silent(const RankSnapshot& w, int64_t now_ms, const DetectionTimeouts& t) {
   return now_ms - w.last_heartbeat_ms > t.heartbeat_timeout_ms;
 }
 
+// Late: its heartbeats are behind by more than a missed heartbeat explains, but it is not
+// silent yet (see the header comment).
+bool Late(const RankSnapshot& w, int64_t now_ms, const DetectionTimeouts& t) {
+  return now_ms - w.last_heartbeat_ms > t.late_after_ms && !Silent(w, now_ms, t);
+}
+
+bool AnyLate(const AttemptSnapshot& attempt, int64_t now_ms, const DetectionTimeouts& t) {
+  return std::any_of(attempt.ranks.begin(), attempt.ranks.end(),
+                     [&](const RankSnapshot& w) { return Late(w, now_ms, t); });
+}
+
+constexpr Ruling kHold{true, std::nullopt};
+
 // How long the rank has been in its phase: its reported age plus the time since then.
 int64_t PhaseAge(const RankSnapshot& w, int64_t now_ms) { return w.phase_age_ms + (now_ms - w.last_heartbeat_ms); }
 
@@ -105,18 +118,37 @@ Ruling CollectiveHangRule(const AttemptSnapshot& attempt, int64_t now_ms, const 
                                           "unreachable process)"));
     break;
   }
+  // No rank is silent, and one is late: what it last said may be out of date (a link
+  // that was cut for a moment); it reports again or falls silent soon.
+  if (culprit == nullptr && AnyLate(attempt, now_ms, t)) return kHold;
+  bool transport = false;  // every rank the waiters wait for waits in a collective itself
   if (culprit == nullptr) {
     for (const RankSnapshot& w : ranks) {
       if (w.entered < n && (culprit == nullptr || w.entered < culprit->entered)) culprit = &w;
     }
-    if (culprit != nullptr) why = absl::StrCat("it has entered only ", culprit->entered, " collectives");
+    if (culprit != nullptr) {
+      why = absl::StrCat("it has entered only ", culprit->entered, " collectives");
+      if (culprit->blocked_n != 0) {
+        // It heartbeats and waits in collective `entered` itself: it is past its compute,
+        // and the data its collective waits for has been sent by ranks that completed it.
+        // That data is in flight: a link that was cut retransmits with TCP's backoff.
+        transport = true;
+        absl::StrAppend(&why, " and has waited in collective ", culprit->blocked_n, " for ",
+                        (now_ms - culprit->blocked_since_ms) / kMsPerSecond,
+                        " s itself (the data its peers sent it has not arrived: a link down or "
+                        "retransmitting for that long)");
+      }
+    }
   }
-  // Every rank has entered collective n and none is silent yet. A rank stopped inside
-  // the collective (SIGSTOP after it entered) looks the same until its heartbeats are
-  // overdue, so wait for heartbeat_timeout more before naming no rank: by then a
-  // stopped rank is silent and named above.
-  if (culprit == nullptr && longest_ms <= t.hang_timeout_ms + t.heartbeat_timeout_ms) {
-    return Ruling{true, std::nullopt};
+  // Every rank has entered collective n and none is silent yet, or the rank behind waits
+  // in a collective of its own: the waits are the network's (data in flight, retransmitted
+  // with backoff after a short cut) or a rank stopped inside the collective, which looks
+  // the same until its heartbeats are overdue. So wait for heartbeat_timeout more before
+  // naming: by then a stopped rank is silent and named above, and data held up by a cut
+  // the heartbeats survived has arrived (failure-model.md, the cut bound).
+  if ((culprit == nullptr || transport) &&
+      longest_ms <= t.hang_timeout_ms + t.heartbeat_timeout_ms) {
+    return kHold;
   }
   const std::string peers = absl::StrCat("rank(s) ", absl::StrJoin(waiting, ", "), " wait in collective ", n,
                                          " for ", longest_ms / kMsPerSecond, " s");
@@ -165,8 +197,13 @@ Ruling RendezvousHangRule(const AttemptSnapshot& attempt, int64_t now_ms, const 
       awaited_ms = age;
     }
   }
-  const int64_t rendezvous_timeout =
-      awaited != nullptr && awaited->phase == Phase::kStarting ? t.start_timeout_ms : t.hang_timeout_ms;
+  // Every rank in the rendezvous: they wait for the coordinator's store and each other's
+  // connections, not for a rank, so (as hang (a) with every rank in the collective) the
+  // heartbeat timeout is added: a cut link delays the store's answers and the channel's
+  // connections by TCP's backoff.
+  const int64_t rendezvous_timeout = awaited == nullptr ? t.hang_timeout_ms + t.heartbeat_timeout_ms
+                                     : awaited->phase == Phase::kStarting ? t.start_timeout_ms
+                                                                          : t.hang_timeout_ms;
   std::vector<int> connecting;
   int64_t connecting_ms = 0;
   for (const RankSnapshot& w : attempt.ranks) {
@@ -177,6 +214,7 @@ Ruling RendezvousHangRule(const AttemptSnapshot& attempt, int64_t now_ms, const 
     }
   }
   if (connecting.empty()) return {};
+  if (AnyLate(attempt, now_ms, t)) return kHold;  // what a late rank last said may be out of date
   const std::string waiters = absl::StrCat("rank(s) ", absl::StrJoin(connecting, ", "),
                                            " wait in the data channel's rendezvous for ",
                                            connecting_ms / kMsPerSecond, " s");
@@ -196,7 +234,7 @@ Ruling RendezvousHangRule(const AttemptSnapshot& attempt, int64_t now_ms, const 
 Ruling PhaseHangRule(const AttemptSnapshot& attempt, int64_t now_ms, const DetectionTimeouts& t) {
   for (const RankSnapshot& w : attempt.ranks) {
     if (w.phase == Phase::kIdle || w.phase == Phase::kCollective || w.phase == Phase::kConnecting ||
-        w.blocked_n != 0 || Silent(w, now_ms, t)) {
+        w.blocked_n != 0 || Silent(w, now_ms, t) || Late(w, now_ms, t)) {
       continue;
     }
     if (w.phase == Phase::kReporting) {

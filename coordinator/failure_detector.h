@@ -10,11 +10,11 @@
 //         stream that closed only after a longer silence was dropped by gRPC keepalive
 //         because one side stopped answering: the coordinator's keepalive for a stopped
 //         worker (its timeout exceeds heartbeat_timeout: server.cc), or the worker's own
-//         keepalive (5 s without an answer: rpc/channel.cc) during a network partition
-//         shorter than heartbeat_timeout, whose close the coordinator sees when the link
-//         is back. That is no proof of exit: the rank counts as silent, as if its stream
+//         keepalive (rpc/liveness.h: at least 20 s and 2 x heartbeat_timeout without an
+//         answer) during a network partition, whose close the coordinator sees when the
+//         link is back. That is no proof of exit: the rank counts as silent, as if its stream
 //         were open, and is judged by its heartbeats (tests/netns:
-//         ACoordinatorCutShorterThanTheHeartbeatTimeoutFailsNothing).
+//         CoordinatorCutsBelowTheBoundFailNothingAndOneWellAboveIsNamed).
 //   hang  (a) peers of its attempt have been blocked in collective n (entered = n >
 //         completed) for longer than hang_timeout while it reports entered < n, or its
 //         heartbeats stopped while its stream stays open or was dropped only after they
@@ -22,7 +22,11 @@
 //         (when several qualify: the one furthest behind, then the lowest rank); when
 //         every rank has entered n and none is silent, HANG naming no rank, after
 //         hang_timeout + heartbeat_timeout (a rank stopped inside the collective is
-//         silent by then, and named);
+//         silent by then, and named). The rank behind that itself waits in a collective
+//         (it heartbeats, blocked in collective entered < n) is past its compute and waits
+//         for data its peers sent: a link that was cut retransmits it with TCP's backoff
+//         (up to about twice the cut), so it too is named only after hang_timeout +
+//         heartbeat_timeout (the transport hold);
 //         (b) it stays in one non-idle phase longer than hang_timeout (start_timeout for
 //         phase "starting"; ranks waiting in a collective are victims, never named by
 //         this rule) -> HANG naming it; a rank in
@@ -32,10 +36,18 @@
 //         (c) peers have waited in the data channel's rendezvous (phase "connecting")
 //         longer than hang_timeout (start_timeout while the rank they wait for is
 //         "starting") while it is in another phase -> HANG naming it (the one longest in
-//         its phase); every rank in the rendezvous -> HANG, no rank named. Not once
+//         its phase); every rank in the rendezvous for hang_timeout + heartbeat_timeout
+//         (they wait for the store and the network, as in (a)) -> HANG, no rank named. Not once
 //         any rank has entered a collective: the rendezvous is then over, a rank still
 //         reported "connecting" sent its last heartbeat before it ended (a rank stuck in
 //         its own connect leaves its peers blocked in their first collective: hang (a)).
+// Late ranks: a rank whose last heartbeat is older than late_after (the longest gap of a
+// worker whose link is fine but whose one heartbeat missed its deadline, rpc/liveness.h)
+// but not older than heartbeat_timeout is late: what it last reported may be out of date
+// (a link cut for a moment: it reports again within the survivable-cut bound, or falls
+// silent and is judged for that). No hang verdict rests on a late rank's report: hang (a)
+// beyond a silent rank, and (c), hold while a rank of the attempt is late, and (b) skips
+// late ranks.
 // Times come from the injected clock; phase ages are the worker's reported age plus the
 // time since that heartbeat.
 //
@@ -112,10 +124,15 @@ struct DetectionTimeouts {
   int64_t start_timeout_ms = 600000;  // hang (b) for phase "starting", hang (c) awaiting it
   // A stream that closed at most this long after the last heartbeat (and at most
   // heartbeat_timeout) closed while its process was heartbeating: it exited. Below the
-  // 5 s after which a worker's keepalive gives up on an unreachable coordinator (so a
-  // partition's drop is never taken for an exit), and wide enough for heartbeats late by
-  // seconds on a loaded machine (so a kill -9 is not taken for silence).
+  // keepalive timeout (at least 20 s, rpc/liveness.h) after which a worker gives up on an
+  // unreachable coordinator (so a partition's drop is never taken for an exit), and wide
+  // enough for heartbeats late by seconds on a loaded machine (so a kill -9 is not taken
+  // for silence).
   int64_t exit_window_ms = 4000;
+  // A rank whose last heartbeat is older than this (and not older than
+  // heartbeat_timeout_ms) is late (see the header comment): rpc::LivenessFor(interval,
+  // heartbeat timeout).late_after; the default is the coordinator defaults'.
+  int64_t late_after_ms = 2250;
 };
 
 // How its Assignments stream stands, as the rules read it.

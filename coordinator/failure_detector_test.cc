@@ -109,10 +109,11 @@ TEST(StreamStateTest, AStreamClosedAfterTheHeartbeatsStoppedWasDroppedNotExited)
 }
 
 // A network partition shorter than the heartbeat timeout (10 s here) during which the
-// worker's own keepalive gave up (5 s without an answer): the coordinator sees the close
-// when the link is back, 6 s after the last heartbeat. Not an exit (that closes within the
+// worker's own keepalive gave up (5 s without an answer then; at least 20 s now,
+// rpc/liveness.h): the coordinator sees the close when the link is back, 6 s after the
+// last heartbeat. Not an exit (that closes within the
 // exit window, 2 s): no rank is named, and once its heartbeats resume it is not silent
-// either (tests/netns: ACoordinatorCutShorterThanTheHeartbeatTimeoutFailsNothing).
+// either (tests/netns: CoordinatorCutsBelowTheBoundFailNothingAndOneWellAboveIsNamed).
 TEST(StreamStateTest, AStreamClosedAfterAPartitionShorterThanTheHeartbeatTimeoutIsNoExit) {
   const DetectionTimeouts t{10000, 20000, 30000, 2000};
   const RankSnapshot open = Rank(0, "data");
@@ -188,6 +189,60 @@ TEST(CollectiveHangRuleTest, EveryRankInItHoldsThenNamesNoRank) {
   EXPECT_EQ(r.failure->phase(), "collective");
 }
 
+// The rank behind waits in a collective of its own: the data its peers sent it is in
+// flight (a link cut for a moment retransmits with TCP's backoff). Held like every rank
+// in the collective, until hang + heartbeat timeout (2 + 0.5 s), then named.
+TEST(CollectiveHangRuleTest,
+     TheRankBehindWaitingInACollectiveItselfIsNamedAfterTheHeartbeatTimeoutMore) {
+  AttemptSnapshot a = Attempt({Blocked(Rank(0, ""), 8, 2500), Blocked(Rank(1, ""), 7, 2000)});
+  Ruling hold = CollectiveHangRule(a, kNow, kTimeouts);
+  EXPECT_TRUE(hold.decided);
+  EXPECT_FALSE(hold.failure.has_value());
+  a.ranks[0].blocked_since_ms = kNow - 2501;
+  ExpectNames(
+      CollectiveHangRule(a, kNow, kTimeouts), rackrun::v1::HANG, 1,
+      "rank(s) 0 wait in collective 8 for 2.501 s; it has entered only 7 collectives and has "
+      "waited in collective 7 for 2 s itself (the data its peers sent it has not arrived");
+}
+
+// A rank whose last heartbeat is older than late_after (0.25 s here) but not overdue:
+// its report may be out of date, so no hang verdict rests on it (nor on any report while
+// it is late); once it reports again it is judged by that, once it is silent, for that.
+TEST(CollectiveHangRuleTest, ALateRanksReportHoldsTheVerdict) {
+  const DetectionTimeouts t{500, 2000, 2500, 4000, 250};
+  AttemptSnapshot a = Attempt({Blocked(Rank(0, ""), 8, 2100), SilentFor(Rank(1, "data"), 300)});
+  a.ranks[1].entered = 7;
+  Ruling hold = CollectiveHangRule(a, kNow, t);
+  EXPECT_TRUE(hold.decided);
+  EXPECT_FALSE(hold.failure.has_value());
+  EXPECT_FALSE(DetectFailure(a, kNow, t).has_value());
+  a.ranks[1].last_heartbeat_ms = kNow - 100;  // it reported again: still behind
+  ExpectNames(CollectiveHangRule(a, kNow, t), rackrun::v1::HANG, 1,
+              "it has entered only 7 collectives");
+  a.ranks[1].last_heartbeat_ms = kNow - 501;  // silent
+  ExpectNames(CollectiveHangRule(a, kNow, t), rackrun::v1::HANG, 1,
+              "its heartbeats stopped 0.501 s ago");
+}
+
+TEST(RendezvousHangRuleTest, ALateRankHoldsTheVerdict) {
+  const DetectionTimeouts t{500, 2000, 2500, 4000, 250};
+  AttemptSnapshot a =
+      InRendezvous({Rank(0, "connecting", 2100), SilentFor(Rank(1, "data", 300), 300)});
+  Ruling hold = RendezvousHangRule(a, kNow, t);
+  EXPECT_TRUE(hold.decided);
+  EXPECT_FALSE(hold.failure.has_value());
+  a.ranks[1].last_heartbeat_ms = kNow;
+  ExpectNames(RendezvousHangRule(a, kNow, t), rackrun::v1::HANG, 1, "in phase data");
+}
+
+TEST(PhaseHangRuleTest, ALateRankIsNotJudgedByItsLastReport) {
+  const DetectionTimeouts t{500, 2000, 2500, 4000, 250};
+  AttemptSnapshot a = Attempt({SilentFor(Rank(0, "checkpoint", 1800), 300)});
+  EXPECT_FALSE(PhaseHangRule(a, kNow, t).decided);
+  a.ranks[0].last_heartbeat_ms = kNow - 201;  // not late: 1.8 + 0.201 s in its phase
+  ExpectNames(PhaseHangRule(a, kNow, t), rackrun::v1::HANG, 0, "in phase checkpoint for 2.001 s");
+}
+
 TEST(LostSilenceRuleTest, NamesTheSilentRankUnlessAPeerWaitsInACollective) {
   AttemptSnapshot a = Attempt({Rank(0, "data"), SilentFor(Rank(1, "data"), 501)});
   ExpectNames(LostSilenceRule(a, kNow, kTimeouts), rackrun::v1::WORKER_LOST, 1,
@@ -216,8 +271,12 @@ TEST(RendezvousHangRuleTest, AStartingRankIsAwaitedUpToTheStartTimeout) {
   ExpectNames(RendezvousHangRule(a, kNow, kTimeouts), rackrun::v1::HANG, 1, "in phase starting");
 }
 
-TEST(RendezvousHangRuleTest, EveryRankInItNamesNoRank) {
-  AttemptSnapshot a = InRendezvous({Rank(0, "connecting", 2100), Rank(1, "connecting", 1900)});
+// Every rank waits for the store and the network, not for a rank: named after the hang
+// timeout plus the heartbeat timeout (2 + 0.5 s).
+TEST(RendezvousHangRuleTest, EveryRankInItNamesNoRankAfterTheHangAndHeartbeatTimeouts) {
+  AttemptSnapshot a = InRendezvous({Rank(0, "connecting", 2500), Rank(1, "connecting", 1900)});
+  EXPECT_FALSE(RendezvousHangRule(a, kNow, kTimeouts).decided);
+  a.ranks[0].phase_age_ms = 2501;
   Ruling r = RendezvousHangRule(a, kNow, kTimeouts);
   ExpectNames(r, rackrun::v1::HANG, -1, "rank(s) 0 wait in the data channel's rendezvous");
   EXPECT_EQ(r.failure->phase(), "connecting");

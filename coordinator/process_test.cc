@@ -568,6 +568,18 @@ TEST(CoordinatorProcessTest, WorkersRunAJobAndALostWorkerIsNamed) {
     auto ctx = b.client().Ctx(300ms);
     grpc::Status s = b.client().rack().StoreGet(ctx.get(), get, &gr);
     EXPECT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+    // Asked without waiting: NOT_FOUND naming the missing key (the waiting call's answer
+    // is DEADLINE_EXCEEDED, after its deadline), the values when every key is there.
+    get.set_no_wait(true);
+    auto patient = b.client().Ctx(30s);
+    s = b.client().rack().StoreGet(patient.get(), get, &gr);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND);
+    EXPECT_NE(s.error_message().find("rank1"), std::string::npos) << s.error_message();
+    get.clear_keys();
+    get.add_keys("rank0");
+    gr.Clear();
+    ASSERT_TRUE(b.client().rack().StoreGet(b.client().Ctx().get(), get, &gr).ok());
+    EXPECT_EQ(gr.values(0), "addr0");
   }
 
   ASSERT_TRUE(a.Result(ra.run(), rackrun::v1::AttemptResult::SUCCEEDED).ok());

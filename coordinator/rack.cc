@@ -54,6 +54,7 @@ absl::StatusOr<rackrun::v1::RegisterResponse> Rack::Register(const rackrun::v1::
   rackrun::v1::RegisterResponse resp;
   resp.set_worker_id(*id);
   resp.set_heartbeat_interval_ms(options_.workers.heartbeat_interval_ms);
+  resp.set_heartbeat_timeout_ms(options_.workers.heartbeat_timeout_ms);
   if (!req.job_id().empty()) {
     absl::StatusOr<rackrun::v1::RankPlacement> p = workers_.Placement(*id);
     if (p.ok()) {

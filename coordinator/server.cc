@@ -22,6 +22,7 @@
 #include "coordinator/certificates.h"
 #include "metrics/exporter.h"
 #include "rpc/join_token.h"
+#include "rpc/liveness.h"
 
 namespace rackrun::coordinator {
 
@@ -223,15 +224,22 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(cons
   builder.RegisterService(s->rack_control_.get());
   // Keepalive: pings every 10 s find dead peers on an idle connection (a worker's
   // Assignments stream), and clients may ping every 5 s without data. A ping unanswered
-  // for longer than the heartbeat timeout (at least 5 s) drops the connection, so a
-  // stream dropped for a stopped peer always closes after its heartbeats were overdue:
-  // the failure rules tell that from a process exit (failure_detector.h, StreamState).
+  // (or data unacknowledged: gRPC sets TCP_USER_TIMEOUT to it) for max(20 s, 2 x heartbeat
+  // timeout + interval) drops the connection (rpc/liveness.h: keepalive_timeout). That is
+  // longer than the retransmission stall a cut the heartbeats survive leaves behind, so a
+  // worker's stream outlives such a cut (its heartbeats meanwhile come over a new
+  // connection: worker/connection.h); and a stream dropped for a stopped peer always
+  // closes after its heartbeats were overdue, which the failure rules tell from a process
+  // exit (failure_detector.h, StreamState).
   const Workers::Options& workers = options.rack.workers;
-  const int64_t keepalive_timeout_ms =
-      std::max<int64_t>(5000, workers.heartbeat_timeout_ms + workers.heartbeat_interval_ms);
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
-                             static_cast<int>(std::min<int64_t>(keepalive_timeout_ms, INT32_MAX)));
+  const rpc::LivenessTimings liveness =
+      rpc::LivenessFor(std::chrono::milliseconds(workers.heartbeat_interval_ms),
+                       std::chrono::milliseconds(workers.heartbeat_timeout_ms));
+  const auto ms = [](std::chrono::milliseconds d) {
+    return static_cast<int>(std::min<int64_t>(d.count(), INT32_MAX));
+  };
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, ms(liveness.keepalive_time));
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, ms(liveness.keepalive_timeout));
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);

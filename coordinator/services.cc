@@ -210,10 +210,21 @@ grpc::Status RackControlImpl::StoreGet(grpc::ServerContext* ctx, const rackrun::
     return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                         absl::StrCat("attempt ", req->attempt(), " of job '", req->job_id(), "' is not running"));
   }
+  std::vector<std::string> keys(req->keys().begin(), req->keys().end());
+  if (req->no_wait()) {
+    absl::StatusOr<std::vector<std::string>> v =
+        rack_->rendezvous().Get(req->job_id(), req->attempt(), keys, absl::Now());
+    if (!v.ok()) {
+      return v.status().code() == absl::StatusCode::kDeadlineExceeded
+                 ? grpc::Status(grpc::StatusCode::NOT_FOUND, std::string(v.status().message()))
+                 : ToGrpc(v.status());
+    }
+    for (std::string& x : *v) resp->add_values(std::move(x));
+    return grpc::Status::OK;
+  }
   // Bounded by the call's deadline and by the channel timeout.
   absl::Time deadline = absl::Now() + absl::Milliseconds(rack_->options().channel_timeout_ms);
   deadline = std::min(deadline, absl::FromChrono(ctx->deadline()));
-  std::vector<std::string> keys(req->keys().begin(), req->keys().end());
   // Wait in slices so a client that goes away frees the thread.
   while (true) {
     const absl::Time slice = std::min(deadline, absl::Now() + poll_);

@@ -6,6 +6,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "rpc/liveness.h"
 #include "rpc/rack_label.h"
 
 namespace rackrun::coordinator {
@@ -220,9 +221,14 @@ std::vector<Finding> Workers::Detect() {
     a.attempt = w.attempt;
     a.ranks.push_back(SnapshotOf(w));
   }
-  // The exit window keeps its default (failure_detector.h, exit_window_ms).
-  const DetectionTimeouts timeouts{options_.heartbeat_timeout_ms, options_.hang_timeout_ms,
-                                   options_.start_timeout_ms};
+  // The exit window keeps its default (failure_detector.h, exit_window_ms); a rank is late
+  // after the gap one missed heartbeat explains (rpc/liveness.h).
+  DetectionTimeouts timeouts{options_.heartbeat_timeout_ms, options_.hang_timeout_ms,
+                             options_.start_timeout_ms};
+  timeouts.late_after_ms =
+      rpc::LivenessFor(std::chrono::milliseconds(options_.heartbeat_interval_ms),
+                       std::chrono::milliseconds(options_.heartbeat_timeout_ms))
+          .late_after.count();
   // Bookkeeping: a stream closed while heartbeats were fresh means the process is gone; an
   // idle worker with a closed stream or that stopped heartbeating is gone too. A busy rank
   // whose stream keepalive dropped after it fell silent stays in its attempt until the

@@ -344,12 +344,17 @@ TEST_F(WorkersTest, RanksInTheRendezvousNameTheRankTheyWaitFor) {
       << f[0].failure.message();
 }
 
+// They wait for the store and the network, not for a rank: named after the hang timeout
+// plus the heartbeat timeout (2 + 0.5 s here), as every rank blocked in one collective.
 TEST_F(WorkersTest, EveryRankInTheRendezvousNamesNoRank) {
   auto ids = Start(2);
-  for (int t = 1; t <= 25; ++t) {
+  for (int t = 1; t <= 26; ++t) {
     clock_.Advance(100);
     Beat(ids[0], 0, "connecting", 0, 0, 100 * t);
     Beat(ids[1], 0, "connecting", 0, 0, 100 * t);
+    if (t == 25) {
+      EXPECT_TRUE(workers_.Detect().empty()) << "not before 2.5 s";
+    }
   }
   std::vector<Finding> f = workers_.Detect();
   ASSERT_EQ(f.size(), 1u);
@@ -473,6 +478,131 @@ TEST_F(WorkersTest, RackLabelIsKeptAndCheckedAtRegistration) {
   const rackrun::v1::ListWorkersResponse listed = workers_.List(false);
   ASSERT_EQ(listed.workers_size(), 1);
   EXPECT_EQ(listed.workers(0).rack(), "rack-a");
+}
+
+// A link cut on a fake clock, with the daemon tests' timings (heartbeat every 200 ms, lost
+// and hung after 3 s; rpc/liveness.h: heartbeat deadline and retry 750 ms, a rank late
+// after 950 ms, survivable cut 2.05 s). A cut rank's heartbeats stop with the cut and
+// resume 750 ms after the link is back (the first attempt over a new connection; the
+// worst case of the derivation); data its collective waits for arrives after TCP's
+// backoff, 2 x the cut + 0.2 s after the cut began. Below the bound nothing may be
+// named; a cut well above it names the cut rank.
+class LinkCutTest : public ::testing::Test {
+ protected:
+  LinkCutTest()
+      : workers_(clock_.clock(), Workers::Options{200, 3000, 3000, 600000},
+                 [this]() -> absl::StatusOr<int64_t> { return ++next_; }) {}
+
+  // What a rank reports from `from_ms` on (until the next report's from_ms).
+  struct Report {
+    int64_t from_ms;
+    std::string phase;
+    int64_t entered, completed;
+  };
+  struct Script {
+    std::vector<Report> reports;
+    int64_t quiet_from = -1, quiet_to = -1;  // no heartbeat arrives in [quiet_from, quiet_to)
+  };
+
+  // Ranks 0..n-1 follow their scripts from 0 to `end_ms` in 100 ms ticks (heartbeats on
+  // even ticks); the first finding and when it came, or nullopt.
+  std::optional<std::pair<int64_t, Finding>> Run(const std::vector<Script>& scripts,
+                                                 int64_t end_ms) {
+    std::vector<std::string> ids;
+    for (size_t r = 0; r < scripts.size(); ++r) {
+      rackrun::v1::RegisterRequest req;
+      req.set_host("host" + std::to_string(r));
+      absl::StatusOr<std::string> id = workers_.Register(req);
+      EXPECT_TRUE(id.ok());
+      EXPECT_TRUE(workers_.OpenStream(*id).ok());
+      workers_.SetBusy(*id, "j-1", 1, static_cast<int>(r));
+      ids.push_back(*id);
+    }
+    for (int64_t t = 0; t <= end_ms; t += 100) {
+      for (size_t r = 0; r < scripts.size(); ++r) {
+        const Script& s = scripts[r];
+        if (t % 200 != 0 || (t >= s.quiet_from && t < s.quiet_to)) continue;
+        const Report* now = &s.reports.front();
+        for (const Report& x : s.reports) {
+          if (x.from_ms <= t) now = &x;
+        }
+        HeartbeatRequest hb;
+        hb.set_worker_id(ids[r]);
+        hb.set_job_id("j-1");
+        hb.set_attempt(1);
+        hb.set_phase(now->phase);
+        hb.set_collectives_entered(now->entered);
+        hb.set_collectives_completed(now->completed);
+        hb.set_phase_age_ms(t - now->from_ms);
+        EXPECT_TRUE(workers_.Heartbeat(hb).ok());
+      }
+      std::vector<Finding> f = workers_.Detect();
+      if (!f.empty()) return std::make_pair(t, f[0]);
+      clock_.Advance(100);
+    }
+    return std::nullopt;
+  }
+
+  testing::FakeClock clock_;
+  int64_t next_ = 0;
+  Workers workers_;
+};
+
+// Rank 1's link is cut for 2 s (below the 2.05 s bound) while rank 0's data of collective
+// 5 is on its way to it: rank 0 completed 5 and waits in 6 from then on; rank 1 heartbeats
+// again at 2.75 s, waiting in collective 5 itself, and the data arrives at 4.2 s. Rank 0
+// waits 4.2 s, past the 3 s hang timeout, for a rank that is behind but waits for data:
+// the transport hold (failure_detector.h, hang (a)) names nothing. (Before: HANG naming
+// rank 1 at 3.1 s, as in issue 37's netns runs.)
+TEST_F(LinkCutTest, AWorkerCutBelowTheBoundWhoseDataRetransmitsIsNotNamed) {
+  const std::vector<Script> scripts = {
+      {{{0, "collective", 6, 5}, {4200, "forward", 6, 6}}},
+      {{{0, "forward", 4, 4}, {100, "collective", 5, 4}, {4200, "forward", 6, 6}}, 0, 2750},
+  };
+  const auto found = Run(scripts, 6700);  // until the last reports are 2.5 s old
+  EXPECT_FALSE(found.has_value()) << found->first << " ms: " << found->second.failure.message();
+}
+
+// The same rank is still computing (its last report: forward, collective 5 done) when
+// its link is cut 1 s into rank 0's wait; it enters collective 6 during the cut and
+// reports that at 3.75 s. At 3.1 s rank 0 has waited past the hang timeout while rank 1's
+// last report (2.1 s old: late, not silent) says it is behind: a stale report names no one.
+TEST_F(LinkCutTest, ALateRanksStaleReportIsNotNamed) {
+  const std::vector<Script> scripts = {
+      {{{0, "collective", 6, 5}, {5200, "forward", 6, 6}}},
+      {{{0, "forward", 5, 5}, {1500, "collective", 6, 5}, {5200, "forward", 6, 6}}, 1000, 3750},
+  };
+  const auto found = Run(scripts, 7700);
+  EXPECT_FALSE(found.has_value()) << found->first << " ms: " << found->second.failure.message();
+}
+
+// Both ranks in the data channel's rendezvous when rank 1's link is cut for 2 s: rank 0
+// waits in it 3.6 s (the cut, then two heartbeat deadlines for the rendezvous client's
+// next slice over a new connection), past the hang timeout; every rank is in it, so the
+// rule waits the heartbeat timeout more and names nothing.
+TEST_F(LinkCutTest, AWorkerCutBelowTheBoundDuringTheRendezvousIsNotNamed) {
+  const std::vector<Script> scripts = {
+      {{{0, "connecting", 0, 0}, {3600, "forward", 1, 1}}},
+      {{{0, "connecting", 0, 0}, {3600, "forward", 1, 1}}, 0, 2750},
+  };
+  const auto found = Run(scripts, 6100);
+  EXPECT_FALSE(found.has_value()) << found->first << " ms: " << found->second.failure.message();
+}
+
+// Rank 1's link cut for 5 s, well above the bound: its heartbeats are overdue at 3 s and
+// rank 0 has waited past the hang timeout at 3.1 s: HANG naming rank 1, the silent one.
+TEST_F(LinkCutTest, AWorkerCutWellAboveTheBoundIsNamed) {
+  const std::vector<Script> scripts = {
+      {{{0, "collective", 6, 5}}},
+      {{{0, "forward", 4, 4}, {100, "collective", 5, 4}}, 100, 5750},
+  };
+  const auto found = Run(scripts, 9000);
+  ASSERT_TRUE(found.has_value());
+  EXPECT_EQ(found->first, 3100);
+  EXPECT_EQ(found->second.failure.kind(), rackrun::v1::HANG);
+  EXPECT_EQ(found->second.failure.rank(), 1);
+  EXPECT_NE(found->second.failure.message().find("heartbeats stopped"), std::string::npos)
+      << found->second.failure.message();
 }
 
 }  // namespace

@@ -3,6 +3,8 @@
 #include <grpcpp/create_channel.h>
 #include <grpcpp/support/channel_arguments.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <thread>
 #include <utility>
 
@@ -14,15 +16,21 @@ namespace rackrun::rpc {
 std::shared_ptr<grpc::Channel> CoordinatorChannel(
     const std::string& address, const std::shared_ptr<grpc::ChannelCredentials>& credentials,
     const CoordinatorChannelOptions& options) {
+  const auto ms = [](std::chrono::milliseconds d) {
+    return static_cast<int>(std::min<int64_t>(d.count(), INT32_MAX));
+  };
   grpc::ChannelArguments args;
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
+  const std::optional<LivenessTimings>& live = options.liveness;
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, live ? ms(live->keepalive_time) : 10000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, live ? ms(live->keepalive_timeout) : 5000);
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
-  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS,
+              live ? ms(live->initial_reconnect_backoff) : 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, live ? ms(live->max_reconnect_backoff) : 1000);
   if (!options.tls_server_name.empty()) args.SetSslTargetNameOverride(options.tls_server_name);
   if (options.connection_id != 0) args.SetInt("rackrun.connection_id", options.connection_id);
+  if (options.generation != 0) args.SetInt("rackrun.generation", options.generation);
   return grpc::CreateCustomChannel(address, credentials, args);
 }
 
@@ -56,8 +64,8 @@ absl::StatusOr<CoordinatorClientChannel> OpenCoordinatorChannel(
   absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
       CoordinatorCredentials(tls, ca_pem);
   if (!credentials.ok()) return credentials.status();
-  return CoordinatorClientChannel{*std::move(token),
-                                  CoordinatorChannel(address, *credentials, options)};
+  std::shared_ptr<grpc::Channel> channel = CoordinatorChannel(address, *credentials, options);
+  return CoordinatorClientChannel{*std::move(token), std::move(channel), *std::move(credentials)};
 }
 
 }  // namespace rackrun::rpc

@@ -18,11 +18,17 @@
 //   bounded retries (tools/rackrun/client.h RetryPolicy) find it again in about a
 //   second. The minimum connect timeout (GRPC_ARG_MIN_RECONNECT_BACKOFF_MS) stays
 //   gRPC's 20 s: a TLS handshake over a slow link must be allowed to finish.
+// - A worker that knows its coordinator's heartbeat interval and timeout (after it
+//   registered) passes `liveness` instead: the keepalive timeout and the reconnect
+//   backoff then follow them (rpc/liveness.h says why: a short cut must not get a
+//   long-lived stream dropped), and `generation` gives a renewed channel a TCP
+//   connection of its own.
 #ifndef RACKRUN_RPC_CHANNEL_H_
 #define RACKRUN_RPC_CHANNEL_H_
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include <grpcpp/channel.h>
@@ -30,6 +36,7 @@
 
 #include "absl/status/statusor.h"
 #include "rpc/credentials.h"
+#include "rpc/liveness.h"
 
 namespace rackrun::rpc {
 
@@ -41,6 +48,12 @@ struct CoordinatorChannelOptions {
   // channels with equal arguments). 0 for every client but a benchmark that simulates
   // many.
   int connection_id = 0;
+  // A channel that replaces one whose connection stalled (worker/connection.h: Renew):
+  // channels of different generations never share a TCP connection either.
+  int generation = 0;
+  // The keepalive timeout and reconnect backoff from these timings (rpc/liveness.h)
+  // instead of the fixed ones above.
+  std::optional<LivenessTimings> liveness;
   // With a join token (and no --tls-ca): how long to keep trying to reach the coordinator
   // for its CA (FetchPinnedCa) before giving up; 0 = one attempt. The worker passes its
   // --patience-s, so it may start before its coordinator.
@@ -53,10 +66,12 @@ std::shared_ptr<grpc::Channel> CoordinatorChannel(
     const std::string& address, const std::shared_ptr<grpc::ChannelCredentials>& credentials,
     const CoordinatorChannelOptions& options = {});
 
-// What a client calls the coordinator with: the cluster token to send and the channel.
+// What a client calls the coordinator with: the cluster token to send and the channel,
+// and the credentials it was made with (for more channels to the same coordinator).
 struct CoordinatorClientChannel {
   ClusterToken token;
   std::shared_ptr<grpc::Channel> channel;
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
 };
 // LoadClusterToken(token_file), CoordinatorCredentials(tls), then CoordinatorChannel: the
 // worker's and the CLI's set-up. Their errors, the token's first. A join token without

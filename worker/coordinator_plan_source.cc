@@ -25,7 +25,8 @@ void CoordinatorPlanSource::OpenStream() {
   // One stream per (job, attempt, rank) for the whole attempt; its deadline only bounds
   // a coordinator that stops answering for a day.
   context_ = connection_.NewContext(std::chrono::hours(24));
-  stream_ = connection_.stub().Plans(context_.get());
+  stub_ = connection_.stub();  // the stream's channel lives as long as the stream
+  stream_ = stub_->Plans(context_.get());
   first_ = true;
 }
 

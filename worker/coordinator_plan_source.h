@@ -73,6 +73,8 @@ class CoordinatorPlanSource final : public runtime::PlanSource {
   int rank_;
   int domain_;       // rank / G
   int domain_rank_;  // rank % G: this rank's row of the domain's plan
+  // Declared before the stream: the stream is destroyed first, its channel after it.
+  std::shared_ptr<Connection::Stub> stub_;
   std::unique_ptr<grpc::ClientContext> context_;
   std::unique_ptr<grpc::ClientReaderWriter<rackrun::v1::LoadRow, rackrun::v1::PlanReply>> stream_;
   bool first_ = true;

@@ -100,7 +100,7 @@ class JobRunner::Reporter {
       rackrun::v1::ReportResponse response;
       std::unique_ptr<grpc::ClientContext> context =
           connection_.NewContext(std::chrono::milliseconds(3000));
-      const grpc::Status s = connection_.stub().Report(context.get(), request, &response);
+      const grpc::Status s = connection_.stub()->Report(context.get(), request, &response);
       if (s.ok() && response.stop()) runner_->RequestStop(runtime::StopReason::kCancel);
       lock.lock();
     }

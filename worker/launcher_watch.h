@@ -29,12 +29,33 @@
 #include <condition_variable>
 #include <functional>
 #include <mutex>
+#include <string>
 #include <thread>
 
 namespace rackrun::worker {
 
 // The launcher variable in this process's environment, or nullptr (see above).
 const char* LauncherVariable();
+
+// Where the launcher put this worker: rank, size and local rank, each pair read from one
+// launcher's variables (the first whose rank variable is set, in this order): Open MPI
+// (OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK), Slurm (SLURM_PROCID, SLURM_NTASKS or
+// SLURM_STEP_NUM_TASKS, SLURM_LOCALID), PMIx (PMIX_RANK; PMIx puts no size in the
+// environment), torchrun-style (RANK, WORLD_SIZE, LOCAL_RANK). A rank never comes with
+// another launcher's size. Rank -1 when none is set; size 0 when the launcher's size
+// variable is missing or not a number.
+struct LauncherPlace {
+  int rank = -1;
+  int size = 0;
+  int local_rank = 0;
+  const char* rank_variable = nullptr;  // where the rank came from; null: none
+  const char* size_variable = nullptr;  // the size variable read (or expected)
+};
+// `getenv` reads one variable (null when unset); the process's environment by default.
+LauncherPlace LauncherPlaceOf(const std::function<const char*(const char*)>& getenv = nullptr);
+// For the worker's start-up line: "launcher rank 1 of 4 (OMPI_COMM_WORLD_RANK)",
+// "launcher rank 0 (RANK; WORLD_SIZE not set)", "no launcher rank (started by hand)".
+std::string DescribeLauncherPlace(const LauncherPlace& place);
 
 class LauncherWatch {
  public:

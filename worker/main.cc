@@ -33,7 +33,8 @@ void DeclareFlags(rackrun::flags::FlagSet& flags, rackrun::worker::WorkerOptions
       "rank; the worker deregisters and exits 0; a second signal exits at once).\n");
   flags.Epilogue(
       "The launcher rank (for deterministic rank assignment) is read from OMPI_COMM_WORLD_RANK,\n"
-      "SLURM_PROCID / PMIX_RANK or RANK, and the size from the matching variables.\n");
+      "SLURM_PROCID, PMIX_RANK or RANK, and the size from the same launcher's variable\n"
+      "(OMPI_COMM_WORLD_SIZE, SLURM_NTASKS, WORLD_SIZE).\n");
   o.connection.coordinator = "127.0.0.1:7070";
   flags.String("--coordinator", &o.connection.coordinator, "HOST:PORT", "the rack coordinator")
       .Env("RACKRUN_COORDINATOR");
@@ -90,13 +91,6 @@ void DeclareFlags(rackrun::flags::FlagSet& flags, rackrun::worker::WorkerOptions
       .Default("unconfined");
 }
 
-int EnvInt(const char* name, int fallback) {
-  const char* v = std::getenv(name);
-  int out = 0;
-  if (v == nullptr || !absl::SimpleAtoi(v, &out)) return fallback;
-  return out;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -112,13 +106,11 @@ int main(int argc, char** argv) {
   // start (base/file.h, jobspec/path_confinement.h).
   rackrun::base::SetJobFileRoots(o.allowed_roots);
   o.connection.ca_fetch_patience = o.patience;
-  // The launcher's rank and size: Open MPI, then Slurm/PMIx, then torchrun-style.
-  o.launcher_rank = EnvInt("OMPI_COMM_WORLD_RANK",
-                           EnvInt("SLURM_PROCID", EnvInt("PMIX_RANK", EnvInt("RANK", -1))));
-  o.launcher_size =
-      EnvInt("OMPI_COMM_WORLD_SIZE", EnvInt("SLURM_NTASKS", EnvInt("WORLD_SIZE", 0)));
-  o.local_rank = EnvInt("OMPI_COMM_WORLD_LOCAL_RANK",
-                        EnvInt("SLURM_LOCALID", EnvInt("LOCAL_RANK", 0)));
+  // The launcher's rank, size and local rank, all from one launcher (launcher_watch.h).
+  const rackrun::worker::LauncherPlace place = rackrun::worker::LauncherPlaceOf();
+  o.launcher_rank = place.rank;
+  o.launcher_size = place.size;
+  o.local_rank = place.local_rank;
   // Fault injection for the end-to-end tests: a malformed value is refused here, before
   // the worker contacts anything.
   absl::StatusOr<std::optional<rackrun::runtime::FaultInjection>> faults =
@@ -149,9 +141,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "rackrun-worker: %s\n", std::string(worker.status().message()).c_str());
     return 1;
   }
-  std::printf("rackrun-worker: pid %d, coordinator %s, launcher rank %d of %d, device %s\n",
-              static_cast<int>(::getpid()), o.connection.coordinator.c_str(), o.launcher_rank,
-              o.launcher_size, o.device.c_str());
+  std::printf("rackrun-worker: pid %d, coordinator %s, %s, device %s\n",
+              static_cast<int>(::getpid()), o.connection.coordinator.c_str(),
+              rackrun::worker::DescribeLauncherPlace(place).c_str(), o.device.c_str());
   std::fflush(stdout);
   rackrun::worker::Worker* w = worker->get();
   // SIGTERM/SIGINT: drain (finish the step, checkpoint, report, deregister, exit 0); a

@@ -13,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "comm/gloo_channel.h"
 #include "comm/ucx_channel.h"
+#include "rpc/liveness.h"
 #include "rpc/phase.h"
 #include "runtime/cpu/blas.h"
 
@@ -143,15 +144,22 @@ absl::Status Worker::Register(bool again) {
   }
   rackrun::v1::RegisterResponse response;
   std::unique_ptr<grpc::ClientContext> context = connection_->NewContext();
-  const grpc::Status s = connection_->stub().Register(context.get(), request, &response);
+  const grpc::Status s = connection_->stub()->Register(context.get(), request, &response);
   if (!s.ok()) return FromGrpc(s);
   {
     std::lock_guard<std::mutex> lock(mu_);
     worker_id_ = response.worker_id();
-    if (response.heartbeat_interval_ms() > 0) {
-      heartbeat_interval_ = std::chrono::milliseconds(response.heartbeat_interval_ms());
-    }
   }
+  // The heartbeat deadline, keepalive and reconnect backoff follow the coordinator's
+  // heartbeat interval and timeout (rpc/liveness.h); a coordinator older than the timeout
+  // field has the default 5 s.
+  const rpc::LivenessTimings current = connection_->liveness();
+  connection_->SetLiveness(response.heartbeat_interval_ms() > 0
+                               ? std::chrono::milliseconds(response.heartbeat_interval_ms())
+                               : current.interval,
+                           std::chrono::milliseconds(response.heartbeat_timeout_ms() > 0
+                                                         ? response.heartbeat_timeout_ms()
+                                                         : 5000));
   if (again && running != nullptr && !response.job_attached()) {
     std::fprintf(stderr, "rackrun-worker: the coordinator no longer runs job %s; stopping it\n",
                  running->assignment().job_id().c_str());
@@ -182,8 +190,12 @@ void Worker::StreamLoop() {
       if (stopped_) return;
       stream_context_ = context.get();
     }
+    // On a channel (and TCP connection) of its own, which the heartbeats' renewals leave
+    // alone (connection.h): nothing of the unary calls is in flight on it when a link goes
+    // down, so no retransmission backoff builds up that could get it dropped.
+    const std::shared_ptr<Connection::Stub> stub = connection_->stream_stub();
     std::unique_ptr<grpc::ClientReader<rackrun::v1::Assignment>> reader =
-        connection_->stub().Assignments(context.get(), request);
+        stub->Assignments(context.get(), request);
     rackrun::v1::Assignment a;
     while (reader->Read(&a)) {
       if (a.has_run()) {
@@ -213,27 +225,41 @@ void Worker::StreamLoop() {
         }
       }
     }
-    (void)reader->Finish();
+    const grpc::Status ended = reader->Finish();
     std::lock_guard<std::mutex> lock(mu_);
     stream_context_ = nullptr;
+    if (!stopped_) {
+      // The coordinator reads a closed stream as this process's exit, unless heartbeats
+      // say otherwise: say why it ended.
+      std::fprintf(stderr, "rackrun-worker: the assignment stream from %s ended (%s): %s\n",
+                   connection_->address().c_str(),
+                   absl::StatusCodeToString(FromGrpc(ended).code()).c_str(),
+                   ended.error_message().c_str());
+    }
   }
 }
 
 void Worker::HeartbeatLoop() {
-  auto phase_since = std::chrono::steady_clock::now();
+  using Clock = std::chrono::steady_clock;
+  auto phase_since = Clock::now();
   std::optional<rpc::Phase> last_phase;  // none before the first heartbeat
   std::string last_attempt;
   int64_t last_step = -1, last_completed = -1;
+  // A run of heartbeats that missed their deadline: when the first was sent, how many.
+  Clock::time_point missing_since;
+  int missed = 0;
+  auto next = Clock::now() + connection_->liveness().interval;
   while (true) {
     std::shared_ptr<JobRunner> running;
-    std::chrono::milliseconds interval;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait_for(lock, heartbeat_interval_, [&] { return stopped_; });
+      cv_.wait_until(lock, next, [&] { return stopped_; });
       if (stopped_) return;
       running = running_;
-      interval = heartbeat_interval_;
     }
+    const rpc::LivenessTimings live = connection_->liveness();
+    const auto start = Clock::now();
+    next = start + live.interval;
     rackrun::v1::HeartbeatRequest request;
     request.set_worker_id(worker_id());
     rpc::Phase phase = rpc::Phase::kIdle;
@@ -254,23 +280,45 @@ void Worker::HeartbeatLoop() {
       if (attempt != last_attempt || phase != last_phase || st.step != last_step ||
           st.collectives.collectives_completed != last_completed) {
         last_attempt = attempt;
-        phase_since = std::chrono::steady_clock::now();
+        phase_since = Clock::now();
         last_step = st.step;
         last_completed = st.collectives.collectives_completed;
       }
     } else if (phase != last_phase) {
-      phase_since = std::chrono::steady_clock::now();
+      phase_since = Clock::now();
       last_attempt.clear();
     }
     last_phase = phase;
     request.set_phase(rpc::PhaseName(phase));
-    request.set_phase_age_ms(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                 std::chrono::steady_clock::now() - phase_since)
-                                 .count());
+    request.set_phase_age_ms(
+        std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - phase_since).count());
     rackrun::v1::HeartbeatResponse response;
-    std::unique_ptr<grpc::ClientContext> context = connection_->NewContext(interval * 2);
-    const grpc::Status s = connection_->stub().Heartbeat(context.get(), request, &response);
-    if (s.error_code() == grpc::StatusCode::NOT_FOUND) (void)Register(/*again=*/true);
+    // A deadline well below the heartbeat timeout (rpc/liveness.h): a heartbeat queued on
+    // a connection that retransmits into a cut link misses it, and the next one goes over
+    // a new connection, at once (the deadline is at least the interval).
+    const std::shared_ptr<Connection::Stub> stub = connection_->stub();
+    std::unique_ptr<grpc::ClientContext> context = connection_->NewContext(live.heartbeat_deadline);
+    const grpc::Status s = stub->Heartbeat(context.get(), request, &response);
+    if (s.ok() || !Retryable(s)) {
+      if (missed > 0) {
+        std::fprintf(stderr, "rackrun-worker: heartbeats to %s resumed after %.1f s (%d missed)\n",
+                     connection_->address().c_str(),
+                     std::chrono::duration<double>(Clock::now() - missing_since).count(), missed);
+        missed = 0;
+      }
+      if (s.error_code() == grpc::StatusCode::NOT_FOUND) (void)Register(/*again=*/true);
+      continue;
+    }
+    if (missed++ == 0) {
+      missing_since = start;
+      std::fprintf(stderr,
+                   "rackrun-worker: a heartbeat to %s failed (%s); retrying over a new "
+                   "connection every %.2f s\n",
+                   connection_->address().c_str(), s.error_message().c_str(),
+                   std::chrono::duration<double>(live.retry_period).count());
+    }
+    connection_->Renew(stub);
+    next = start + live.retry_period;
   }
 }
 
@@ -298,7 +346,7 @@ void Worker::ReportResult(const rackrun::v1::RunJob& job, const rackrun::v1::Att
   while (true) {
     rackrun::v1::ReportResponse response;
     std::unique_ptr<grpc::ClientContext> context = connection_->NewContext();
-    const grpc::Status s = connection_->stub().Report(context.get(), request, &response);
+    const grpc::Status s = connection_->stub()->Report(context.get(), request, &response);
     if (s.ok()) return;
     if (s.error_code() == grpc::StatusCode::NOT_FOUND) {
       (void)Register(/*again=*/true);
@@ -436,7 +484,7 @@ absl::Status Worker::Serve() {
   request.set_reason("shutdown (signal)");
   rackrun::v1::DeregisterResponse response;
   std::unique_ptr<grpc::ClientContext> context = connection_->NewContext();
-  (void)connection_->stub().Deregister(context.get(), request, &response);
+  (void)connection_->stub()->Deregister(context.get(), request, &response);
   std::printf("rackrun-worker: %s: deregistered, exiting\n", worker_id().c_str());
   std::fflush(stdout);
   return absl::OkStatus();

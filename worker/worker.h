@@ -4,6 +4,12 @@
 // (JobRunner) and stays up for the next one; a failed job, a dead peer or a restarted
 // coordinator never ends the worker.
 //
+// A short cut of the link: each heartbeat has a deadline well below the coordinator's
+// heartbeat timeout (rpc/liveness.h); one that misses it, or finds the coordinator
+// unavailable, renews the connection's channel and the next goes at once over a new TCP
+// connection (connection.h), so heartbeats resume as soon as the link does, not after
+// TCP's retransmission backoff on the old connection.
+//
 // Re-attach: when the coordinator restarts (the stream breaks, a heartbeat answers
 // NOT_FOUND), the worker registers again with its id and its in-flight job and step; if
 // the coordinator no longer wants that job (job_attached = false) the job is stopped.
@@ -110,7 +116,6 @@ class Worker {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::string worker_id_;                      // guarded by mu_
-  std::chrono::milliseconds heartbeat_interval_{1000};
   std::deque<rackrun::v1::RunJob> queue_;      // guarded by mu_
   // Cancelled while queued; the job thread reports them CANCELLED. Guarded by mu_.
   std::vector<rackrun::v1::RunJob> cancelled_unstarted_;

@@ -210,6 +210,14 @@ TEST_F(DaemonsTest, FourMpirunWorkersCoordinatorModePlansLikeInBand) {
     EXPECT_EQ(losses.back().size(), 20u);
   }
   EXPECT_EQ(losses[0], losses[1]);
+  // Each worker's start-up line names its launcher rank and mpirun's size (issue 37's
+  // log had "launcher rank 0 of 0" for workers started with RANK alone).
+  const std::string started = ::rackrun::testing::Slurp(dir_ / "mpirun.log");
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_THAT(started,
+                HasSubstr("launcher rank " + std::to_string(r) + " of 4 (OMPI_COMM_WORLD_RANK)"))
+        << started;
+  }
   // Ranks follow the launcher ranks: rank r ran on the worker mpirun started as rank r.
   const json job = Json("status " + Json("list").value("jobs", json::array())[0].value("id", ""));
   for (const json& r : job["attempts"][0]["ranks"]) {

@@ -22,6 +22,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "rpc/liveness.h"
 #include "tests/support/daemon_fixture.h"
 #include "tests/support/listening_sockets.h"
 #include "tests/support/netns_rack.h"
@@ -81,11 +82,12 @@ class NetnsTest : public ::rackrun::testing::DaemonFixture {
   }
 
   // A worker on host `host` (>= 1), its data channel on `data_address` (default: the
-  // host's address), launcher rank host - 1.
-  Child& StartHostWorker(int host, const std::string& data_address = "") {
+  // host's address), launcher rank host - 1; `env`: more variables.
+  Child& StartHostWorker(int host, const std::string& data_address = "",
+                         const std::vector<std::string>& env = {}) {
     return StartWorkerWith(rack_->Exec(host),
                            data_address.empty() ? rack_->Address(host) : data_address, host - 1,
-                           {"--host", HostName(host)});
+                           {"--host", HostName(host)}, env);
   }
   static std::string HostName(int host) { return "h" + std::to_string(host); }
 
@@ -129,6 +131,134 @@ class NetnsTest : public ::rackrun::testing::DaemonFixture {
       }
       WaitIdle(workers);
     }
+  }
+
+  // The timings the daemons derive from the coordinator's heartbeat interval (200 ms) and
+  // timeout (3 s, scaled): rpc/liveness.h, whose survivable_cut is the bound that
+  // docs/failure-model.md states.
+  static rackrun::rpc::LivenessTimings Liveness() {
+    return rackrun::rpc::LivenessFor(std::chrono::milliseconds(200),
+                                     std::chrono::milliseconds(::rackrun::testing::ScaledMs(3000)));
+  }
+
+  // How a link is cut: the switch drops the host's traffic (its interface stays up), or
+  // the host's port goes down (its interface loses carrier). Both leave TCP connections
+  // retransmitting with exponential backoff.
+  enum class CutBy { kDrop, kLinkDown };
+  void CutLink(int host, std::chrono::milliseconds length, CutBy how) {
+    const auto set = [&](bool up) {
+      return how == CutBy::kDrop ? rack_->SetForwarding(host, up) : rack_->SetLink(host, up);
+    };
+    std::printf("cutting h%d's link for %lld ms (%s)\n", host,
+                static_cast<long long>(length.count()),
+                how == CutBy::kDrop ? "dropped by the switch" : "port down");
+    std::fflush(stdout);
+    ASSERT_TRUE(set(false));
+    std::this_thread::sleep_for(length);
+    ASSERT_TRUE(set(true));
+  }
+
+  // The job trained 3 more steps (its data flows and its reports reach the coordinator
+  // again), both busy workers' last heartbeats are younger than a late rank's
+  // (rpc/liveness.h: late_after), so no verdict on the cut can still come, and it has not
+  // failed: one attempt, no failure recorded. False (and a test failure) otherwise.
+  bool ExpectItTrainsOnUnfailed(const std::string& id, const std::string& after) {
+    const int64_t step = Int(Json("status " + id).value("last_progress", json::object()), "step");
+    WaitStep(id, step + 3);
+    const double late_s = static_cast<double>(Liveness().late_after.count()) / 1000;
+    const auto by = Clock::now() + 2 * Liveness().timeout;
+    bool fresh = false;
+    while (!fresh && Clock::now() < by) {
+      int busy = 0;
+      fresh = true;
+      for (const json& w : Json("workers").value("workers", json::array())) {
+        if (w.value("state", "") != "BUSY") continue;
+        ++busy;
+        fresh = fresh && w.value("heartbeat_age_s", 0.0) <= late_s;
+      }
+      fresh = fresh && busy == 2;
+      if (!fresh) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    EXPECT_TRUE(fresh) << after << ": the heartbeats did not resume";
+    const json job = Json("status " + id);
+    const bool unfailed = job.value("state", "") == "RUNNING" && job["attempts"].size() == 1u &&
+                          !job.contains("first_failure");
+    EXPECT_TRUE(unfailed) << after << ": " << job.dump();
+    return unfailed;
+  }
+
+  // Cuts around the bound of docs/failure-model.md, of the coordinator's link (host 0) or
+  // of a worker's (the host of rank 1), on one job of workers h1 and h2 (ranks 0 and 1;
+  // the default channel, UCX over TCP between the hosts): first during the data channel's
+  // rendezvous (h2 starts its first attempt 1 s late, so that h1 waits in it), then
+  // mid-job at 0.4 and 0.8 of the bound by dropped packets and at 0.8 by the port down.
+  // None may fail anything (after each, the job trains on and both workers heartbeat
+  // again). Then a cut well above the bound (the heartbeat timeout + 1 s, or 1.5 x the
+  // bound if that is longer) must be detected, naming a rank, its host and pid: the cut
+  // worker's, or for the coordinator's link one of the ranks (it cannot tell which side
+  // was cut). The workers then return to IDLE.
+  void CutsAroundTheBound(bool coordinator) {
+    StartRack(3);
+    const rackrun::rpc::LivenessTimings live = Liveness();
+    const std::chrono::milliseconds bound = live.survivable_cut;
+    std::printf(
+        "heartbeat timeout %lld ms, interval %lld ms, retry %lld ms: bound %lld ms\n",
+        static_cast<long long>(live.timeout.count()), static_cast<long long>(live.interval.count()),
+        static_cast<long long>(live.retry_period.count()), static_cast<long long>(bound.count()));
+    ASSERT_GT(bound.count(), 0);
+    std::map<int, Child*> workers;
+    workers[1] = &StartHostWorker(1);
+    workers[2] = &StartHostWorker(2, "", {"RACKRUN_WORKER_START_DELAY_MS=" + Ms(1000)});
+    WaitIdle(2);
+    EXPECT_THAT(::rackrun::testing::Slurp(dir_ / "worker0.log"),
+                HasSubstr("launcher rank 0 (RANK; WORLD_SIZE not set)"));
+    const std::string id = Submit("--set training.steps=1000000");
+    const int cut = coordinator ? 0 : 2;
+    const auto scaled = [&](double fraction) {
+      return std::chrono::milliseconds(
+          static_cast<int64_t>(static_cast<double>(bound.count()) * fraction));
+    };
+    // h1 waits in the rendezvous for h2, which has not started the attempt yet.
+    const auto by = Clock::now() + Scaled(std::chrono::seconds(30));
+    bool waiting = false;
+    while (!waiting && Clock::now() < by) {
+      for (const json& w : Json("workers").value("workers", json::array())) {
+        waiting = waiting || (w.value("host", "") == "h1" && w.value("phase", "") == "connecting");
+      }
+    }
+    ASSERT_TRUE(waiting) << "h1 never reported waiting in the rendezvous";
+    CutLink(cut, scaled(0.8), CutBy::kDrop);
+    if (!ExpectItTrainsOnUnfailed(id, "a cut during the rendezvous")) return;
+    ASSERT_EQ(HostOfRank(id, 1), 2);
+    for (const auto& [fraction, how] : {std::pair<double, CutBy>{0.4, CutBy::kDrop},
+                                        {0.8, CutBy::kDrop},
+                                        {0.8, CutBy::kLinkDown}}) {
+      CutLink(cut, scaled(fraction), how);
+      if (!ExpectItTrainsOnUnfailed(id, "a mid-job cut")) return;
+    }
+    std::printf("no cut below the bound failed anything\n");
+    const std::chrono::milliseconds above =
+        std::max<std::chrono::milliseconds>(live.timeout + std::chrono::seconds(1), scaled(1.5));
+    CutLink(cut, above, CutBy::kDrop);
+    const json job = WaitState(id, "FAILED");
+    ASSERT_EQ(job.value("state", ""), "FAILED") << job.dump();
+    const json& f = job["first_failure"];
+    std::printf("after a cut of %lld ms: %s\n", static_cast<long long>(above.count()),
+                f.dump().c_str());
+    const std::map<int, std::string> hosts = Hosts(job, 1);
+    const int rank = static_cast<int>(Int(f, "rank"));
+    ASSERT_TRUE(hosts.count(rank)) << f.dump();
+    EXPECT_EQ(f.value("host", ""), hosts.at(rank)) << f.dump();
+    const int host = std::stoi(f.value("host", "h0").substr(1));
+    ASSERT_TRUE(workers.count(host)) << f.dump();
+    EXPECT_EQ(Int(f, "pid"), workers.at(host)->pid()) << f.dump();
+    if (coordinator) {
+      EXPECT_EQ(f.value("kind", ""), "WORKER_LOST") << f.dump();
+    } else {
+      EXPECT_EQ(host, cut) << f.dump();
+      EXPECT_THAT(f.value("kind", ""), ::testing::AnyOf("HANG", "WORKER_LOST")) << f.dump();
+    }
+    WaitIdle(2);
   }
 
   std::unique_ptr<NetnsRack> rack_;
@@ -190,24 +320,24 @@ TEST_F(NetnsTest, ACutHostIsNamedAndTheJobRestartsOnASpareHost) {
   EXPECT_EQ(Hosts(done, 1).size(), 3u) << "the restored host runs a rank: " << done.dump();
 }
 
-// The coordinator's host is cut off for less than the heartbeat timeout (3 s) mid-job:
-// the ranks train on (their data channel does not pass host 0), their heartbeats and
-// reports resume when the cable is back, nothing fails and the job succeeds in its first
-// attempt.
-TEST_F(NetnsTest, ACoordinatorCutShorterThanTheHeartbeatTimeoutFailsNothing) {
-  StartRack(3);
-  StartHostWorker(1);
-  StartHostWorker(2);
-  WaitIdle(2);
-  const std::string id = Submit("--set training.steps=100");
-  WaitStep(id, 3);
-  ASSERT_TRUE(rack_->SetLink(0, false));
-  std::this_thread::sleep_for(Scaled(std::chrono::milliseconds(1500)));
-  ASSERT_TRUE(rack_->SetLink(0, true));
-  const json job = WaitState(id, "SUCCEEDED");
-  EXPECT_EQ(job.value("state", ""), "SUCCEEDED") << job.dump();
-  EXPECT_EQ(job["attempts"].size(), 1u) << job.dump();
-  EXPECT_FALSE(job.contains("first_failure")) << job.dump();
+// The coordinator's link cut for less than the bound of docs/failure-model.md (rpc/liveness.h:
+// the heartbeat timeout less an interval and a heartbeat deadline; 2.05 s on a quiet
+// machine): during the rendezvous, then mid-job for 0.4 and 0.8 of it, by dropped packets
+// and by the port down. The ranks train on (their data channel does not pass host 0),
+// their heartbeats resume over new connections within a heartbeat deadline of the link's
+// return, nothing fails. A cut well above it fails the job naming a rank. (Issue 37: the
+// one-connection worker of before failed a 1.5 s cut 5 times in 6, WORKER_LOST after
+// 3.0 s of silence, its heartbeats queued behind TCP's retransmission backoff.)
+TEST_F(NetnsTest, CoordinatorCutsBelowTheBoundFailNothingAndOneWellAboveIsNamed) {
+  CutsAroundTheBound(/*coordinator=*/true);
+}
+
+// The same for a worker's link (the host of rank 1): its peer waits for it in a collective
+// while its data retransmits with backoff (up to about twice the cut), which the hang rule
+// holds for (failure_detector.h: the transport hold); a cut well above the bound names the
+// cut worker (HANG: its peer waits for it and it is silent).
+TEST_F(NetnsTest, WorkerCutsBelowTheBoundFailNothingAndOneWellAboveIsNamed) {
+  CutsAroundTheBound(/*coordinator=*/false);
 }
 
 // The coordinator's host is cut off for twice the heartbeat timeout mid-job (a heartbeat

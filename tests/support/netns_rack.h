@@ -12,8 +12,10 @@
 // spread over 198.18.0.0-198.19.255.0, so two test processes use different subnets (and
 // their own namespaces, so they could not reach each other anyway).
 //
-// Faults are made on the switch side (SetLink: `ip link set h<i> down` cuts host i off;
-// Tc: a qdisc on h<i> shapes what host i receives) or inside a host (InHost).
+// Faults are made on the switch side (SetLink: `ip link set h<i> down` cuts host i off,
+// and its eth0 loses carrier; SetForwarding: the bridge drops everything from and to h<i>
+// while every interface stays up, a cut further away; Tc: a qdisc on h<i> shapes what
+// host i receives) or inside a host (InHost).
 //
 // Clean-up is guaranteed: the destructor kills every process inside the namespaces and
 // deletes them; a janitor process (started by the constructor, its stdin a pipe only this
@@ -21,8 +23,9 @@
 // (a crash, SIGKILL, a CTest timeout); and the constructor first deletes namespaces
 // rr<pid>-* whose pid is not a running process (left by a machine crash).
 //
-// Needs root with CAP_NET_ADMIN (and CAP_SYS_ADMIN for `ip netns exec`), the `ip`
-// command, and a kernel with veth and bridge: Unavailable() says what is missing.
+// Needs root with CAP_NET_ADMIN (and CAP_SYS_ADMIN for `ip netns exec`), the `ip` and
+// `bridge` commands (iproute2), and a kernel with veth and bridge: Unavailable() says what
+// is missing.
 // Header-only; not thread-safe.
 #ifndef RACKRUN_TESTS_SUPPORT_NETNS_RACK_H_
 #define RACKRUN_TESTS_SUPPORT_NETNS_RACK_H_
@@ -43,12 +46,16 @@ namespace rackrun::testing {
 
 class NetnsRack {
  public:
-  // The `ip` command this harness runs (iproute2).
+  // The `ip` and `bridge` commands this harness runs (iproute2).
   static constexpr char kIp[] = "/usr/sbin/ip";
+  static constexpr char kBridge[] = "/usr/sbin/bridge";
 
   // Why this machine cannot make namespaces; "" when it can. Tries one (and deletes it).
   static std::string Unavailable() {
-    if (::access(kIp, X_OK) != 0) return std::string(kIp) + " not found (install iproute2)";
+    for (const char* command : {kIp, kBridge}) {
+      if (::access(command, X_OK) != 0)
+        return std::string(command) + " not found (install iproute2)";
+    }
     if (::geteuid() != 0) return "needs root (CAP_NET_ADMIN) to make network namespaces";
     const std::string probe = Prefix() + "probe";
     std::string out;
@@ -127,6 +134,16 @@ class NetnsRack {
   // its processes see no change but silence). True on success.
   bool SetLink(int host, bool up) {
     return Run(Ip("-n " + Switch() + " link set " + Port(host) + (up ? " up" : " down")), nullptr) == 0;
+  }
+
+  // Host i's traffic dropped by the switch (false: its bridge port's state "disabled") or
+  // forwarded again (true). Unlike SetLink, the host's eth0 keeps its carrier (no ARP
+  // flush, no local send error): its TCP connections see only loss and retransmit with
+  // exponential backoff, as across a cut beyond the host's own cable. True on success.
+  bool SetForwarding(int host, bool forward) {
+    return Run(std::string(kBridge) + " -n " + Switch() + " link set dev " + Port(host) +
+                   " state " + (forward ? "3" : "0"),
+               nullptr) == 0;
   }
 
   // `tc ARGS` in the switch namespace (for qdiscs on a port) or on host i (host >= 0).
