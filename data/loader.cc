@@ -101,13 +101,7 @@ absl::StatusOr<std::unique_ptr<Loader>> Loader::Create(const std::vector<BlendEn
   } else {
     l->tokenizer_ = TokenizerInfo{.kind = "unknown"};
   }
-  if (options.vocab > 0) {
-    if (l->tokenizer_.vocab > options.vocab) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(field, ": the data's vocabulary ", l->tokenizer_.vocab, " (",
-                       l->tokenizer_.Describe(), ") exceeds the model's ", options.vocab));
-    }
-  } else if (l->tokenizer_.vocab == 0) {
+  if (options.vocab == 0 && l->tokenizer_.vocab == 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         field, ": the data does not record its tokenizer (a Megatron dataset without a ",
         "PREFIX.meta.json, e.g. from preprocess_data.py); set model.vocab to its tokenizer's "

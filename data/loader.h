@@ -76,8 +76,8 @@ struct LoaderOptions {
 class Loader {
  public:
   // Opens every dataset of `blend`. All datasets must come from one tokenizer (else an
-  // InvalidArgument naming both) and hold at least 2 windows; a vocabulary it knows must
-  // not exceed options.vocab.
+  // InvalidArgument naming both) and hold at least 2 windows. (Whether the model's
+  // vocabulary holds the data's is the caller's question: runtime/job_data.h asks it.)
   static absl::StatusOr<std::unique_ptr<Loader>> Create(const std::vector<BlendEntry>& blend,
                                                         const LoaderOptions& options);
 

@@ -13,6 +13,7 @@ absl::StatusOr<std::unique_ptr<TokenSource>> TokenSource::Open(const std::string
   s->path_ = path;
   // A .tokens file is one file starting with its magic; anything else is a dataset prefix.
   absl::StatusOr<MappedFile> file = MappedFile::Open(path, "token file");
+  if (!file.ok() && path.ends_with(".tokens")) return file.status();
   if (file.ok() && LooksLikeTokenFile(file->bytes())) {
     absl::StatusOr<TokenFileHeader> h = ParseTokenFileHeader(file->bytes(), path);
     if (!h.ok()) return h.status();

@@ -8,7 +8,7 @@
 #include "base/crc32c.h"
 #include "base/file.h"
 #include "data/mapped_file.h"
-#include "data/sentencepiece_backend.h"
+#include "data/sentencepiece_library.h"
 #include "nlohmann/json.hpp"
 
 namespace rackrun::data {
@@ -40,30 +40,19 @@ class ByteTokenizer final : public Tokenizer {
 
 class SentencePieceTokenizer final : public Tokenizer {
  public:
-  SentencePieceTokenizer(TokenizerInfo info, std::unique_ptr<spm::Processor> processor)
-      : Tokenizer(std::move(info)), processor_(std::move(processor)) {}
+  SentencePieceTokenizer(TokenizerInfo info, std::unique_ptr<spm::Model> model)
+      : Tokenizer(std::move(info)), model_(std::move(model)) {}
 
   absl::Status Encode(std::string_view text, std::vector<int32_t>& ids) const override {
-    // Reused per thread: Encode runs once per document on every core.
-    thread_local std::vector<int> out;
-    std::string error;
-    if (!processor_->Encode(text, &out, &error)) {
-      return absl::InvalidArgumentError(absl::StrCat("SentencePiece cannot encode: ", error));
-    }
-    ids.insert(ids.end(), out.begin(), out.end());
-    return absl::OkStatus();
+    return model_->Encode(text, ids);
   }
 
   absl::StatusOr<std::string> Decode(std::span<const int32_t> ids) const override {
-    std::string text, error;
-    if (!processor_->Decode(std::vector<int>(ids.begin(), ids.end()), &text, &error)) {
-      return absl::InvalidArgumentError(absl::StrCat("SentencePiece cannot decode: ", error));
-    }
-    return text;
+    return model_->Decode(ids);
   }
 
  private:
-  std::unique_ptr<spm::Processor> processor_;
+  std::unique_ptr<spm::Model> model_;
 };
 
 // The smallest protobuf wire reader that finds ModelProto.trainer_spec (field 2).model_type
@@ -210,23 +199,24 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> OpenTokenizer(const std::string& name
         "tokenizer: ", file.status().message(),
         "; give `bytes` or a SentencePiece .model (`rackrun data tokenizer --train` makes one)"));
   }
-  const std::string bytes(file->bytes());
-  std::string error;
-  std::unique_ptr<spm::Processor> processor = spm::Processor::FromSerialized(bytes, &error);
-  if (processor == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat("tokenizer '", name,
-                                                   "' is not a SentencePiece model (", error,
-                                                   "); give `bytes` or a .model file"));
+  const std::string_view bytes = file->bytes();
+  absl::StatusOr<std::unique_ptr<spm::Model>> model = spm::Model::Load(bytes);
+  if (!model.ok()) {
+    if (model.status().code() == absl::StatusCode::kFailedPrecondition) return model.status();
+    return absl::InvalidArgumentError(
+        absl::StrCat("tokenizer '", name, "' is not a SentencePiece model (",
+                     model.status().message(), "); give `bytes` or a .model file"));
   }
+  const spm::Model& m = **model;
   TokenizerInfo info{.kind = "sentencepiece",
                      .model_type = ModelTypeOf(bytes),
-                     .vocab = processor->pieces(),
-                     .bos = processor->bos(),
-                     .eos = processor->eos(),
-                     .pad = processor->pad(),
+                     .vocab = m.pieces(),
+                     .bos = m.bos(),
+                     .eos = m.eos(),
+                     .pad = m.pad(),
                      .model_crc32c = base::Crc32c(bytes),
                      .model = name};
-  return std::make_unique<SentencePieceTokenizer>(std::move(info), std::move(processor));
+  return std::make_unique<SentencePieceTokenizer>(std::move(info), *std::move(model));
 }
 
 absl::Status TrainSentencePiece(const SentencePieceTraining& options,
@@ -246,13 +236,14 @@ absl::Status TrainSentencePiece(const SentencePieceTraining& options,
       " --input_sentence_size=", options.max_sentences, " --shuffle_input_sentence=true",
       " --num_threads=", options.threads > 0 ? static_cast<unsigned>(options.threads) : cores,
       " --minloglevel=2", " --unk_id=0 --bos_id=1 --eos_id=2 --pad_id=-1");
-  std::string model, error;
-  if (!spm::Train(args, next, &model, &error)) {
+  absl::StatusOr<std::string> model = spm::Train(args, next);
+  if (!model.ok()) {
+    if (model.status().code() == absl::StatusCode::kFailedPrecondition) return model.status();
     return absl::InvalidArgumentError(
-        absl::StrCat("SentencePiece training failed: ", error,
+        absl::StrCat("SentencePiece training failed: ", model.status().message(),
                      " (for a small corpus, lower --vocab or use --model-type unigram)"));
   }
-  return base::WriteFileAtomically(options.output, model);
+  return base::WriteFileAtomically(options.output, *model);
 }
 
 }  // namespace rackrun::data

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "jobspec/data_blend.h"
 
 namespace rackrun::jobspec {
 namespace {
@@ -101,13 +102,13 @@ absl::Status CheckSpecPathsConfined(const rackrun::v1::JobSpec& spec,
                                     const std::vector<std::string>& roots,
                                     const std::string& host) {
   if (roots.empty()) return absl::OkStatus();
-  const std::pair<const char*, const std::string*> fields[] = {
-      {"data.train", &spec.data().train()},
-      {"data.validation", &spec.data().validation()},
-      {"checkpoint.dir", &spec.checkpoint().dir()},
-      {"logging.json", &spec.logging().json()},
-      {"logging.load_trace", &spec.logging().load_trace()},
-  };
+  // The datasets (data.train, data.validation and every blend's paths), then the outputs.
+  rackrun::v1::JobSpec copy = spec;
+  std::vector<std::pair<std::string, const std::string*>> fields;
+  for (const auto& [field, path] : MutableDataPaths(copy)) fields.emplace_back(field, path);
+  fields.emplace_back("checkpoint.dir", &spec.checkpoint().dir());
+  fields.emplace_back("logging.json", &spec.logging().json());
+  fields.emplace_back("logging.load_trace", &spec.logging().load_trace());
   for (const auto& [field, path] : fields) {
     if (path->empty()) continue;
     if (absl::Status s = CheckPathConfined(field, *path, roots, host); !s.ok()) return s;

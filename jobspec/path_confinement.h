@@ -45,8 +45,9 @@ absl::StatusOr<std::string> ResolvePathNow(const std::string& path);
 absl::Status CheckPathConfined(const std::string& field, const std::string& path,
                                const std::vector<std::string>& roots, const std::string& host);
 
-// Every file path of a job spec: data.train, data.validation, checkpoint.dir, logging.json,
-// logging.load_trace (empty fields are skipped). The first path outside is the error.
+// Every file path of a job spec: data.train, data.validation, the paths of data.blend and
+// data.validation_blend, checkpoint.dir, logging.json, logging.load_trace (empty fields are
+// skipped). The first path outside is the error.
 // Empty `roots` = unconfined: always OK.
 absl::Status CheckSpecPathsConfined(const rackrun::v1::JobSpec& spec,
                                     const std::vector<std::string>& roots,

@@ -14,6 +14,7 @@
 #include "absl/strings/strip.h"
 #include "base/edit_distance.h"
 #include "base/file.h"
+#include "jobspec/data_blend.h"
 #include "jobspec/field_checks.h"
 #include "jobspec/restart_policy.h"
 #include "jobspec/balancer.h"
@@ -501,15 +502,15 @@ absl::StatusOr<JobSpec> LoadJobSpec(const std::string& path,
   absl::StatusOr<JobSpec> spec = ParseJobSpec(*text, overrides, path);
   if (!spec.ok()) return spec;
   const std::filesystem::path folder = std::filesystem::path(path).parent_path();
-  for (std::string* data_path :
-       {spec->mutable_data()->mutable_train(), spec->mutable_data()->mutable_validation()}) {
-    if (data_path->empty() || std::filesystem::path(*data_path).is_absolute()) continue;
+  // A dataset is a file (.tokens) or a prefix (PREFIX.idx beside PREFIX.bin).
+  const auto exists = [](const std::filesystem::path& p) {
     std::error_code ec;
+    return std::filesystem::exists(p, ec) || std::filesystem::exists(p.string() + ".idx", ec);
+  };
+  for (const auto& [field, data_path] : MutableDataPaths(*spec)) {
+    if (data_path->empty() || std::filesystem::path(*data_path).is_absolute()) continue;
     const std::filesystem::path beside = folder / *data_path;
-    if (!folder.empty() && std::filesystem::exists(beside, ec) &&
-        !std::filesystem::exists(*data_path, ec)) {
-      *data_path = beside.string();
-    }
+    if (!folder.empty() && exists(beside) && !exists(*data_path)) *data_path = beside.string();
   }
   return spec;
 }
@@ -580,8 +581,7 @@ void MakeSpecPathsAbsolute(JobSpec& spec, const std::string& base_dir) {
     if (path->empty() || std::filesystem::path(*path).is_absolute()) return;
     *path = (std::filesystem::path(base_dir) / *path).lexically_normal().string();
   };
-  absolute(spec.mutable_data()->mutable_train());
-  absolute(spec.mutable_data()->mutable_validation());
+  for (const auto& [field, data_path] : MutableDataPaths(spec)) absolute(data_path);
   absolute(spec.mutable_checkpoint()->mutable_dir());
   absolute(spec.mutable_logging()->mutable_json());
   absolute(spec.mutable_logging()->mutable_load_trace());
