@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "base/utf8.h"
 #include "nlohmann/json.hpp"
 
 namespace rackrun::data {
@@ -19,35 +20,6 @@ bool IsJsonLines(const std::string& path) {
          absl::EndsWith(path, ".json");
 }
 
-// Length of the well-formed UTF-8 sequence at text[i], or 0 (RFC 3629, table 3-7 of the
-// Unicode standard).
-size_t Utf8SequenceAt(std::string_view text, size_t i) {
-  const auto b = [&](size_t k) { return static_cast<unsigned char>(text[k]); };
-  const unsigned char c = b(i);
-  if (c < 0x80) return 1;
-  size_t n = 0;
-  unsigned char lo = 0x80, hi = 0xbf;
-  if (c >= 0xc2 && c <= 0xdf) {
-    n = 2;
-  } else if (c >= 0xe0 && c <= 0xef) {
-    n = 3;
-    if (c == 0xe0) lo = 0xa0;
-    if (c == 0xed) hi = 0x9f;  // no surrogates
-  } else if (c >= 0xf0 && c <= 0xf4) {
-    n = 4;
-    if (c == 0xf0) lo = 0x90;
-    if (c == 0xf4) hi = 0x8f;  // nothing above U+10FFFF
-  } else {
-    return 0;
-  }
-  if (text.size() - i < n) return 0;
-  if (b(i + 1) < lo || b(i + 1) > hi) return 0;
-  for (size_t k = 2; k < n; ++k) {
-    if (b(i + k) < 0x80 || b(i + k) > 0xbf) return 0;
-  }
-  return n;
-}
-
 }  // namespace
 
 absl::StatusOr<InvalidUtf8> ParseInvalidUtf8(absl::string_view name) {
@@ -56,38 +28,6 @@ absl::StatusOr<InvalidUtf8> ParseInvalidUtf8(absl::string_view name) {
   if (name == "skip") return InvalidUtf8::kSkip;
   return absl::InvalidArgumentError(
       absl::StrCat("'", name, "' is not a policy; use error, replace or skip"));
-}
-
-size_t FirstInvalidUtf8(std::string_view text) {
-  size_t i = 0;
-  while (i < text.size()) {
-    // ASCII runs first: most text is.
-    if (static_cast<unsigned char>(text[i]) < 0x80) {
-      ++i;
-      continue;
-    }
-    const size_t n = Utf8SequenceAt(text, i);
-    if (n == 0) return i;
-    i += n;
-  }
-  return std::string_view::npos;
-}
-
-std::string ReplaceInvalidUtf8(std::string_view text) {
-  std::string out;
-  out.reserve(text.size());
-  size_t i = 0;
-  while (i < text.size()) {
-    const size_t n = Utf8SequenceAt(text, i);
-    if (n == 0) {
-      out += "\xef\xbf\xbd";
-      ++i;
-    } else {
-      out.append(text.substr(i, n));
-      i += n;
-    }
-  }
-  return out;
 }
 
 absl::StatusOr<std::vector<std::string>> CorpusFiles(const std::string& input) {
@@ -158,11 +98,11 @@ bool DocumentReader::NextLine(std::string_view& line) {
 }
 
 absl::StatusOr<bool> DocumentReader::CheckUtf8(std::string& text, int64_t line) {
-  const size_t bad = FirstInvalidUtf8(text);
+  const size_t bad = base::FirstInvalidUtf8(text);
   if (bad == std::string_view::npos) return true;
   switch (options_.invalid_utf8) {
     case InvalidUtf8::kReplace:
-      text = ReplaceInvalidUtf8(text);
+      text = base::ReplaceInvalidUtf8(text);
       return true;
     case InvalidUtf8::kSkip:
       ++skipped_;

@@ -33,12 +33,6 @@ enum class InvalidUtf8 { kError, kReplace, kSkip };
 // "error" | "replace" | "skip".
 absl::StatusOr<InvalidUtf8> ParseInvalidUtf8(absl::string_view name);
 
-// Offset of the first byte of `text` that is not part of well-formed UTF-8 (RFC 3629: no
-// overlong forms, surrogates or code points above U+10FFFF), or npos.
-size_t FirstInvalidUtf8(std::string_view text);
-// `text` with every byte that FirstInvalidUtf8 would stop at replaced by U+FFFD.
-std::string ReplaceInvalidUtf8(std::string_view text);
-
 struct Document {
   std::string text;
   std::string file;  // where it came from, for messages

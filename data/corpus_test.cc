@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "base/utf8.h"
 #include "data/test_util.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -109,13 +110,14 @@ TEST(DocumentReaderTest, InvalidUtf8FollowsThePolicy) {
 }
 
 TEST(Utf8Test, FindsEveryKindOfBadSequence) {
-  EXPECT_EQ(FirstInvalidUtf8("plain ascii"), std::string_view::npos);
-  EXPECT_EQ(FirstInvalidUtf8("caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80"), std::string_view::npos);
-  EXPECT_EQ(FirstInvalidUtf8("ab\xc0\xaf"), 2u);         // overlong
-  EXPECT_EQ(FirstInvalidUtf8("\xed\xa0\x80"), 0u);       // surrogate
-  EXPECT_EQ(FirstInvalidUtf8("x\xf4\x90\x80\x80"), 1u);  // above U+10FFFF
-  EXPECT_EQ(FirstInvalidUtf8("xy\xe2\x82"), 2u);         // truncated
-  EXPECT_EQ(ReplaceInvalidUtf8("a\xffz"), "a\xef\xbf\xbdz");
+  EXPECT_EQ(base::FirstInvalidUtf8("plain ascii"), std::string_view::npos);
+  EXPECT_EQ(base::FirstInvalidUtf8("caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80"),
+            std::string_view::npos);
+  EXPECT_EQ(base::FirstInvalidUtf8("ab\xc0\xaf"), 2u);         // overlong
+  EXPECT_EQ(base::FirstInvalidUtf8("\xed\xa0\x80"), 0u);       // surrogate
+  EXPECT_EQ(base::FirstInvalidUtf8("x\xf4\x90\x80\x80"), 1u);  // above U+10FFFF
+  EXPECT_EQ(base::FirstInvalidUtf8("xy\xe2\x82"), 2u);         // truncated
+  EXPECT_EQ(base::ReplaceInvalidUtf8("a\xffz"), "a\xef\xbf\xbdz");
   EXPECT_TRUE(ParseInvalidUtf8("skip").ok());
   EXPECT_THAT(ParseInvalidUtf8("ignore").status().message(),
               HasSubstr("use error, replace or skip"));

@@ -9,6 +9,7 @@
 #include "base/file.h"
 #include "data/safetensors.h"
 #include "google/protobuf/util/json_util.h"
+#include "jobspec/spec.h"
 #include "nlohmann/json.hpp"
 #include "rackrun/v1/job_spec.pb.h"
 #include "runtime/checkpoint.h"
@@ -20,6 +21,13 @@ namespace rackrun::runtime {
 namespace {
 
 namespace fs = std::filesystem;
+
+// `spec` as JSON with the proto's field names (jobspec's one message -> JSON path).
+nlohmann::json ModelSpecJson(const rackrun::v1::ModelSpec& spec) {
+  rackrun::v1::JobSpec job;
+  *job.mutable_model() = spec;
+  return nlohmann::json::parse(jobspec::JobSpecToJson(job))["model"];
+}
 
 // A model of `spec` (all experts here), for its tensors' names, sizes and shapes.
 absl::StatusOr<std::unique_ptr<Model<float>>> ModelOf(const rackrun::v1::ModelSpec& spec) {
@@ -46,15 +54,6 @@ std::vector<WeightTensor> TensorsOf(Model<float>& model) {
   add(model.Parameters(), "param/");
   add(model.Buffers(), "buffer/");
   return out;
-}
-
-std::string ProtoJson(const google::protobuf::Message& m) {
-  std::string json;
-  google::protobuf::util::JsonPrintOptions options;
-  options.preserve_proto_field_names = true;
-  options.always_print_primitive_fields = true;
-  (void)google::protobuf::util::MessageToJsonString(m, &json, options);
-  return json;
 }
 
 }  // namespace
@@ -125,7 +124,7 @@ absl::StatusOr<ExportedWeights> ExportSafetensors(const std::string& checkpoint,
       {"fixed", spec.fixed()},
       {"rope_theta", spec.rope_theta()},
       {"tensors", names},
-      {"model_spec", nlohmann::json::parse(ProtoJson(spec))},
+      {"model_spec", ModelSpecJson(spec)},
   };
   const CheckpointSection* tokenizer = c->Find("data/tokenizer");
   config["tokenizer"] = tokenizer != nullptr
