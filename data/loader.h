@@ -3,8 +3,8 @@
 //
 // The sample stream is a pure function of (seed, blend, seq_len): a run's position in it is
 // one number (the samples served) plus, to continue in O(1), how many came from each
-// dataset; that is what a checkpoint stores (SavePosition), so a resumed run continues with
-// exactly the next samples, whatever its number of ranks or domains.
+// dataset; that and the seed are what a checkpoint stores (SavePosition), so a resumed run
+// continues with exactly the next samples, whatever its number of ranks or domains.
 //
 //  - Blend (Megatron-LM's BlendedDataset, its --data-path 0.3 a 0.7 b): weights are
 //    normalised; sample n goes to the dataset whose count lags its share most, argmax_d
@@ -88,9 +88,10 @@ class Loader {
 
   const LoaderPosition& position() const { return position_; }
   absl::Status Restore(const LoaderPosition& position);
-  // The position with the blend it belongs to, as JSON (a checkpoint section), and back:
-  // a position recorded for other data (other datasets, sizes or weights) is refused naming
-  // both.
+  // The position with the blend and the data seed it belongs to, as JSON (a checkpoint
+  // section), and back: restoring adopts the recorded seed (the stream continues the
+  // checkpoint's run); a position recorded for other data (other datasets, sizes or
+  // weights) or another seq_len is refused naming both.
   std::string SavePosition() const;
   absl::Status RestorePosition(std::string_view json);
 

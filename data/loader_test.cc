@@ -214,8 +214,17 @@ TEST(LoaderTest, APositionResumesWithTheNextSamplesOnAnyShare) {
   absl::Status s = other->RestorePosition(saved);
   EXPECT_THAT(s.message(), HasSubstr("belongs to other data (0.3 x '"));
   EXPECT_THAT(s.message(), HasSubstr("than this job's (0.5 x '"));
-  s = (*Loader::Create(blend, Options(32, 4, 12)))->RestorePosition(saved);
-  EXPECT_THAT(s.message(), HasSubstr("data seed 11, this job has 32 and 12"));
+  s = (*Loader::Create(blend, Options(64, 4, 11)))->RestorePosition(saved);
+  EXPECT_THAT(s.message(), HasSubstr("recorded with seq_len 32, this job has 64"));
+  // Another seed in the job: the checkpoint's stream goes on all the same.
+  std::unique_ptr<Loader> reseeded = *Loader::Create(blend, Options(32, 4, 12));
+  ASSERT_TRUE(reseeded->RestorePosition(saved).ok());
+  std::vector<int32_t> again;
+  for (int i = 0; i < 50; ++i) {
+    ASSERT_TRUE(reseeded->Next(b).ok());
+    again.insert(again.end(), b.inputs.begin(), b.inputs.end());
+  }
+  EXPECT_EQ(again, expected);
   EXPECT_EQ(a->RestorePosition("{}").code(), absl::StatusCode::kDataLoss);
 }
 
