@@ -71,6 +71,11 @@ TEST(DataCommandTest, WritesAMegatronDatasetPerInput) {
     EXPECT_TRUE(fs::exists(Dir() / "again" / file)) << file;
   }
   EXPECT_GT(fs::file_size(Dir() / "again" / "brown-sample.bin"), 80000u);  // uint16 ids
+  // The progress bar (on by itself when stderr is a terminal).
+  const Result shown = Rackrun(std::string("data --progress always --input ") + RACKRUN_SOURCE_DIR +
+                               "/tests/data/brown-sample.txt --output " + (Dir() / "shown").string());
+  ASSERT_EQ(shown.code, 0) << shown.err;
+  EXPECT_THAT(shown.err, ::testing::ContainsRegex("brown-sample \\[#+\\] 100%  [0-9.]+ MB/s"));
   const Result bad = Rackrun("data --input /nonexistent.txt --output " + (Dir() / "x").string());
   EXPECT_EQ(bad.code, 1);
   EXPECT_THAT(bad.err, HasSubstr("/nonexistent.txt"));
