@@ -1,12 +1,24 @@
 #include "data/token_source.h"
 
 #include <cstring>
+#include <filesystem>
+#include <system_error>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "data/token_file.h"
 
 namespace rackrun::data {
+
+std::vector<std::string> DatasetFiles(const std::string& path) {
+  std::error_code ec;
+  const bool megatron_file = path.ends_with(".bin") || path.ends_with(".idx");
+  if ((std::filesystem::is_regular_file(path, ec) || path.ends_with(".tokens")) && !megatron_file) {
+    return {path};
+  }
+  const std::string prefix = DatasetPrefix(path);
+  return {prefix + ".idx", prefix + ".bin"};
+}
 
 absl::StatusOr<std::unique_ptr<TokenSource>> TokenSource::Open(const std::string& path) {
   std::unique_ptr<TokenSource> s(new TokenSource());

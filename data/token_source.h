@@ -13,6 +13,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "data/indexed_dataset.h"
@@ -20,6 +21,11 @@
 #include "data/tokenizer.h"
 
 namespace rackrun::data {
+
+// The files the dataset named `path` consists of: `path` itself when it is a regular file
+// or ends in .tokens, else (a prefix, or a .bin or .idx named directly) PREFIX.idx and
+// PREFIX.bin. For whoever checks that a job's data can be read before it starts.
+std::vector<std::string> DatasetFiles(const std::string& path);
 
 class TokenSource {
  public:

@@ -15,6 +15,8 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "comm/gloo_channel.h"
+#include "data/token_source.h"
+#include "jobspec/data_blend.h"
 #include "jobspec/path_confinement.h"
 #include "jobspec/spec.h"
 #include "comm/ucx_channel.h"
@@ -257,12 +259,14 @@ absl::Status JobRunner::CheckPaths() const {
         std::strerror(errno),
         "; paths in a submitted spec must be usable by every worker (a shared file system)"));
   };
-  for (const auto& [field, path] : {std::pair<std::string, std::string>{"data.train", spec.data().train()},
-                                    {"data.validation", spec.data().validation()}}) {
-    if (path.empty()) continue;
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return unusable(field, path, "read");
-    ::close(fd);
+  // Every dataset (data.train, data.validation, the blends' paths): each of its files.
+  rackrun::v1::JobSpec paths = spec;
+  for (const auto& [field, path] : jobspec::MutableDataPaths(paths)) {
+    for (const std::string& file : data::DatasetFiles(*path)) {
+      const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
+      if (fd < 0) return unusable(field, file, "read");
+      ::close(fd);
+    }
   }
   // Rank 0 writes checkpoints and logs: the nearest existing folder must be writable.
   if (assignment_.rank() == 0) {
