@@ -52,8 +52,8 @@ absl::StatusOr<std::string> ResolvePathNow(const std::string& path);
 absl::Status CheckPathConfined(const std::string& field, const std::string& path,
                                const std::vector<std::string>& roots, const std::string& host);
 
-// Every file path of a job spec (jobspec::SpecPathFields; empty fields are skipped). The
-// first path outside is the error.
+// Every file path of a job spec (jobspec::SpecPathFields: the datasets, blends included,
+// and the outputs; empty fields are skipped). The first path outside is the error.
 // Empty `roots` = unconfined: always OK.
 absl::Status CheckSpecPathsConfined(const rackrun::v1::JobSpec& spec,
                                     const std::vector<std::string>& roots,

@@ -14,6 +14,8 @@
 #include "absl/strings/strip.h"
 #include "base/edit_distance.h"
 #include "base/file.h"
+#include "base/utf8.h"
+#include "jobspec/data_blend.h"
 #include "jobspec/field_checks.h"
 #include "jobspec/restart_policy.h"
 #include "jobspec/balancer.h"
@@ -216,43 +218,6 @@ absl::Status SetList(const YAML::Node& node, const FieldDescriptor& field, Messa
   return absl::OkStatus();
 }
 
-// Offset of the first byte that is not part of valid UTF-8 (overlong forms, surrogates
-// and code points above U+10FFFF are invalid), or npos.
-size_t InvalidUtf8At(std::string_view s) {
-  size_t i = 0;
-  while (i < s.size()) {
-    const unsigned char c = static_cast<unsigned char>(s[i]);
-    int extra = 0;
-    uint32_t cp = 0;
-    if (c < 0x80) {
-      ++i;
-      continue;
-    } else if (c >= 0xC2 && c <= 0xDF) {
-      extra = 1;
-      cp = c & 0x1F;
-    } else if (c >= 0xE0 && c <= 0xEF) {
-      extra = 2;
-      cp = c & 0x0F;
-    } else if (c >= 0xF0 && c <= 0xF4) {
-      extra = 3;
-      cp = c & 0x07;
-    } else {
-      return i;
-    }
-    if (i + static_cast<size_t>(extra) >= s.size()) return i;  // truncated sequence
-    for (int j = 1; j <= extra; ++j) {
-      const unsigned char d = static_cast<unsigned char>(s[i + static_cast<size_t>(j)]);
-      if ((d & 0xC0) != 0x80) return i;
-      cp = (cp << 6) | (d & 0x3F);
-    }
-    if ((extra == 2 && (cp < 0x800 || (cp >= 0xD800 && cp <= 0xDFFF))) ||
-        (extra == 3 && (cp < 0x10000 || cp > 0x10FFFF))) {
-      return i;
-    }
-    i += static_cast<size_t>(extra) + 1;
-  }
-  return std::string_view::npos;
-}
 
 // 1-based line and column of byte `offset` of `text`.
 std::string LineColumn(std::string_view text, size_t offset) {
@@ -274,7 +239,7 @@ absl::Status CheckText(const std::string& text, const std::string& path, absl::s
     return FieldError(path, absl::StrCat(what, " contains a NUL byte (at offset ", nul,
                                          "); remove it (a \\0 escape?)"));
   }
-  if (const size_t bad = InvalidUtf8At(text); bad != std::string_view::npos) {
+  if (const size_t bad = base::FirstInvalidUtf8(text); bad != std::string_view::npos) {
     return FieldError(path, absl::StrCat(what, " is not valid UTF-8 (byte 0x",
                                          absl::Hex(static_cast<unsigned char>(text[bad]),
                                                    absl::kZeroPad2),
@@ -441,7 +406,7 @@ absl::StatusOr<JobSpec> ParseJobSpec(const std::string& text,
         absl::StrCat(origin, ":", LineColumn(text, nul),
                      ": contains a NUL byte; a spec is a text file (YAML or JSON)"));
   }
-  if (const size_t bad = InvalidUtf8At(text); bad != std::string_view::npos) {
+  if (const size_t bad = base::FirstInvalidUtf8(text); bad != std::string_view::npos) {
     return absl::InvalidArgumentError(
         absl::StrCat(origin, ":", LineColumn(text, bad), ": not valid UTF-8 (byte 0x",
                      absl::Hex(static_cast<unsigned char>(text[bad]), absl::kZeroPad2),
@@ -501,15 +466,15 @@ absl::StatusOr<JobSpec> LoadJobSpec(const std::string& path,
   absl::StatusOr<JobSpec> spec = ParseJobSpec(*text, overrides, path);
   if (!spec.ok()) return spec;
   const std::filesystem::path folder = std::filesystem::path(path).parent_path();
-  for (std::string* data_path :
-       {spec->mutable_data()->mutable_train(), spec->mutable_data()->mutable_validation()}) {
-    if (data_path->empty() || std::filesystem::path(*data_path).is_absolute()) continue;
+  // A dataset is a file (.tokens) or a prefix (PREFIX.idx beside PREFIX.bin).
+  const auto exists = [](const std::filesystem::path& p) {
     std::error_code ec;
+    return std::filesystem::exists(p, ec) || std::filesystem::exists(p.string() + ".idx", ec);
+  };
+  for (const auto& [field, data_path] : MutableDataPaths(*spec)) {
+    if (data_path->empty() || std::filesystem::path(*data_path).is_absolute()) continue;
     const std::filesystem::path beside = folder / *data_path;
-    if (!folder.empty() && std::filesystem::exists(beside, ec) &&
-        !std::filesystem::exists(*data_path, ec)) {
-      *data_path = beside.string();
-    }
+    if (!folder.empty() && exists(beside) && !exists(*data_path)) *data_path = beside.string();
   }
   return spec;
 }
@@ -576,20 +541,20 @@ void ApplySpecDefaults(JobSpec& spec) {
 }
 
 // Keep the two lists in the same order.
-std::vector<std::pair<const char*, std::string*>> SpecPathFields(JobSpec& spec) {
-  return {{"data.train", spec.mutable_data()->mutable_train()},
-          {"data.validation", spec.mutable_data()->mutable_validation()},
-          {"checkpoint.dir", spec.mutable_checkpoint()->mutable_dir()},
-          {"logging.json", spec.mutable_logging()->mutable_json()},
-          {"logging.load_trace", spec.mutable_logging()->mutable_load_trace()}};
+std::vector<std::pair<std::string, std::string*>> SpecPathFields(JobSpec& spec) {
+  std::vector<std::pair<std::string, std::string*>> fields = MutableDataPaths(spec);
+  fields.emplace_back("checkpoint.dir", spec.mutable_checkpoint()->mutable_dir());
+  fields.emplace_back("logging.json", spec.mutable_logging()->mutable_json());
+  fields.emplace_back("logging.load_trace", spec.mutable_logging()->mutable_load_trace());
+  return fields;
 }
 
-std::vector<std::pair<const char*, const std::string*>> SpecPathFields(const JobSpec& spec) {
-  return {{"data.train", &spec.data().train()},
-          {"data.validation", &spec.data().validation()},
-          {"checkpoint.dir", &spec.checkpoint().dir()},
-          {"logging.json", &spec.logging().json()},
-          {"logging.load_trace", &spec.logging().load_trace()}};
+std::vector<std::pair<std::string, const std::string*>> SpecPathFields(const JobSpec& spec) {
+  std::vector<std::pair<std::string, const std::string*>> fields = DataPaths(spec);
+  fields.emplace_back("checkpoint.dir", &spec.checkpoint().dir());
+  fields.emplace_back("logging.json", &spec.logging().json());
+  fields.emplace_back("logging.load_trace", &spec.logging().load_trace());
+  return fields;
 }
 
 void MakeSpecPathsAbsolute(JobSpec& spec, const std::string& base_dir) {

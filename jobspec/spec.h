@@ -74,11 +74,13 @@ struct ExpertParallelLayout {
 absl::StatusOr<ExpertParallelLayout> ExpertParallelLayoutOf(const rackrun::v1::JobSpec& spec,
                                                             int ranks);
 
-// The file paths of a spec, by field name: data.train, data.validation, checkpoint.dir,
-// logging.json, logging.load_trace. The one list of them: the CLI makes these absolute,
-// the coordinator's Submit refuses them relative, a confined worker checks them.
-std::vector<std::pair<const char*, std::string*>> SpecPathFields(rackrun::v1::JobSpec& spec);
-std::vector<std::pair<const char*, const std::string*>> SpecPathFields(
+// The file paths of a spec, by field name: the datasets (data.train, data.validation, the
+// paths of data.blend and data.validation_blend as "data.blend[3]": jobspec/data_blend.h),
+// checkpoint.dir, logging.json, logging.load_trace. The one list of them: the CLI makes
+// these absolute, the coordinator's Submit refuses them relative, a confined worker checks
+// them.
+std::vector<std::pair<std::string, std::string*>> SpecPathFields(rackrun::v1::JobSpec& spec);
+std::vector<std::pair<std::string, const std::string*>> SpecPathFields(
     const rackrun::v1::JobSpec& spec);
 
 // Rewrites every relative path of the spec (SpecPathFields) to an absolute one under

@@ -7,6 +7,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "jobspec/data_blend.h"
 
 namespace rackrun::jobspec {
 namespace {
@@ -135,6 +136,42 @@ TEST(JobSpecTest, MissingRequiredFieldsAndBadValues) {
   EXPECT_THAT(ErrorOf("model: [1, 2\n"), StartsWith("spec.yaml:"));
 }
 
+// data.blend: Megatron's --data-path form ([W1, PATH1, ...] or paths only), instead of
+// data.train (issue 36).
+TEST(JobSpecTest, BlendsAreMegatronsDataPathAndReplaceDataTrain) {
+  absl::StatusOr<rackrun::v1::JobSpec> spec =
+      ParseJobSpec(kYaml, {"data.train=", "data.blend=0.3,a,0.7,b"}, "spec.yaml");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  absl::StatusOr<std::vector<BlendItem>> blend = TrainBlendOf(spec->data());
+  ASSERT_TRUE(blend.ok()) << blend.status();
+  ASSERT_EQ(blend->size(), 2u);
+  EXPECT_EQ((*blend)[0].weight, 0.3);
+  EXPECT_EQ((*blend)[1].path, "b");
+  spec = ParseJobSpec(kYaml, {"data.train=", "data.blend=a,b"}, "spec.yaml");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ((*TrainBlendOf(spec->data()))[1].weight, -1);  // by size
+  EXPECT_THAT(ErrorOf(kYaml, {"data.blend=0.5,b"}),
+              HasSubstr("data.blend: give the training data either as data.train or as "
+                        "data.blend, not both"));
+  EXPECT_THAT(ErrorOf(kYaml, {"data.train=", "data.blend=0.5,b,c"}),
+              HasSubstr("data.blend: write it as Megatron's --data-path does, [W1, PATH1, W2"));
+  EXPECT_THAT(ErrorOf(kYaml, {"data.train=", "data.blend=0,b,1,c"}),
+              HasSubstr("data.blend[0]: the weight of 'b' is 0; weights must be positive"));
+  EXPECT_THAT(ErrorOf(kYaml, {"data.validation_blend=1,v"}),
+              HasSubstr("data.validation_blend: give the validation data either as "
+                        "data.validation or as data.validation_blend"));
+  // Every path, with its field, for whoever resolves or confines them.
+  spec = ParseJobSpec(kYaml, {"data.train=", "data.blend=0.3,a,0.7,b", "data.validation=",
+                              "data.validation_blend=v1,v2"},
+                      "spec.yaml");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  std::vector<std::string> fields;
+  for (const auto& [field, path] : MutableDataPaths(*spec)) fields.push_back(field + "=" + *path);
+  EXPECT_THAT(fields, ::testing::ElementsAre("data.blend[1]=a", "data.blend[3]=b",
+                                             "data.validation_blend[0]=v1",
+                                             "data.validation_blend[1]=v2"));
+}
+
 TEST(JobSpecTest, MissingFileIsAnInvalidArgumentNamingIt) {
   absl::StatusOr<rackrun::v1::JobSpec> spec = LoadJobSpec("/nonexistent/spec.yaml", {});
   ASSERT_FALSE(spec.ok());
@@ -151,6 +188,12 @@ TEST(JobSpecTest, DataPathsResolveBesideTheSpecFile) {
   ASSERT_TRUE(spec.ok()) << spec.status();
   EXPECT_EQ(spec->data().train(), (dir / "train.tokens").string());
   EXPECT_EQ(spec->data().validation(), "val.tokens");  // not beside the spec: unchanged
+  // A Megatron dataset is a prefix: PREFIX.idx beside the spec resolves it, in blends too.
+  std::ofstream(dir / "brown.idx") << "x";
+  spec = LoadJobSpec((dir / "spec.yaml").string(), {"data.train=", "data.blend=1,brown,1,far"});
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->data().blend(1), (dir / "brown").string());
+  EXPECT_EQ(spec->data().blend(3), "far");
 }
 
 TEST(JobSpecTest, ExampleSpecsAreValid) {
@@ -164,6 +207,11 @@ TEST(JobSpecTest, ExampleSpecsAreValid) {
   EXPECT_EQ(spec->model().active(), 4);
   EXPECT_EQ(spec->model().moe().experts(), 16);
   EXPECT_EQ(spec->model().moe().top_k(), 2);
+  // The BPE demo: the same model on SentencePiece data.
+  absl::StatusOr<rackrun::v1::JobSpec> bpe = LoadJobSpec((examples / "tiny-moe-bpe.yaml").string(), {});
+  ASSERT_TRUE(bpe.ok()) << bpe.status();
+  EXPECT_EQ(bpe->data().train(), "out/corpus/brown-bpe4096/brown");
+  EXPECT_EQ(bpe->model().SerializeAsString(), spec->model().SerializeAsString());
   // The comparison script's overrides give valid specs for every mode.
   for (const char* mode : {"vanilla", "hc", "mhc", "xhc", "xhc_flash", "xhc_flash4"}) {
     spec = LoadJobSpec((examples / "tiny-moe.yaml").string(),

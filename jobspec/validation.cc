@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "jobspec/balancer.h"
+#include "jobspec/data_blend.h"
 #include "jobspec/field_checks.h"
 #include "jobspec/job_memory.h"
 #include "jobspec/restart_policy.h"
@@ -147,10 +148,13 @@ absl::Status ValidateMoe(const rackrun::v1::MoeSpec& moe) {
   return absl::OkStatus();
 }
 
-// data: the token file and the batch.
+// data: the datasets (one, or a blend; jobspec/data_blend.h) and the batch.
 absl::Status ValidateData(const rackrun::v1::DataSpec& d) {
-  if (d.train().empty()) {
-    return FieldError("data.train", "required; point it at a token file made by `rackrun data`");
+  if (absl::StatusOr<std::vector<BlendItem>> train = TrainBlendOf(d); !train.ok()) {
+    return train.status();
+  }
+  if (absl::StatusOr<std::vector<BlendItem>> val = ValidationBlendOf(d); !val.ok()) {
+    return val.status();
   }
   return AtLeast("data.batch_size", d.batch_size(), 1, "0 = the default 8");
 }

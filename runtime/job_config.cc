@@ -9,7 +9,8 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "base/file.h"
+#include "data/token_source.h"
+#include "jobspec/data_blend.h"
 #include "jobspec/job_memory.h"
 #include "jobspec/spec.h"
 
@@ -77,27 +78,14 @@ TrainConfig TrainConfigFromSpec(const JobSpec& spec) {
 
 namespace {
 
-// Vocabulary and token count from a token file's 32-byte header (runtime/data.h: magic
-// "RKRTOKNS", count at offset 16, vocab at 24). False when it cannot be read: the trainer
-// reports the file's problem when it loads it.
-bool ReadTokenHeader(const std::string& path, int64_t* vocab, int64_t* count) {
-  if (path.empty()) return false;
-  // A job file: never a blocking open of a FIFO, confined on a worker with --allowed-roots.
-  absl::StatusOr<int> fd = base::OpenRegularFile(path, O_RDONLY, base::FileUse::kJob);
-  if (!fd.ok()) return false;
-  char header[32];
-  const ssize_t got = ::pread(*fd, header, sizeof(header), 0);
-  ::close(*fd);
-  if (got != static_cast<ssize_t>(sizeof(header)) || std::memcmp(header, "RKRTOKNS", 8) != 0) {
-    return false;
-  }
-  uint64_t n = 0;
-  uint32_t v = 0;
-  std::memcpy(&n, header + 16, sizeof(n));  // little-endian, as the machines we run on
-  std::memcpy(&v, header + 24, sizeof(v));
-  *count = n > static_cast<uint64_t>(INT64_MAX / 8) ? INT64_MAX / 8 : static_cast<int64_t>(n);
-  *vocab = v;
-  return true;
+// The training data's vocabulary as its first dataset records it (0 when it does not, or
+// cannot be opened: the trainer reports the data's problem when it opens it).
+int64_t DataVocab(const JobSpec& spec) {
+  absl::StatusOr<std::vector<jobspec::BlendItem>> blend = jobspec::TrainBlendOf(spec.data());
+  if (!blend.ok() || blend->empty()) return 0;
+  absl::StatusOr<std::unique_ptr<data::TokenSource>> source =
+      data::TokenSource::Open(blend->front().path);
+  return source.ok() ? (*source)->tokenizer().vocab : 0;
 }
 
 }  // namespace
@@ -121,12 +109,8 @@ absl::StatusOr<jobspec::JobMemoryEstimate> CheckJobFitsThisMachine(const JobSpec
   jobspec::JobMemoryInputs inputs;
   inputs.ranks = std::max(1, ranks);
   inputs.threads = threads > 0 ? threads : cores;
-  int64_t vocab = 0, count = 0;
-  if (ReadTokenHeader(spec.data().train(), &vocab, &count)) {
-    inputs.vocab = vocab;
-    inputs.train_tokens = count;
-  }
-  if (ReadTokenHeader(spec.data().validation(), &vocab, &count)) inputs.validation_tokens = count;
+  // The datasets are memory-mapped, not held: only the vocabulary sizes anything.
+  inputs.vocab = DataVocab(spec);
   absl::StatusOr<jobspec::JobMemoryEstimate> estimate = jobspec::EstimateJobMemory(spec, inputs);
   if (!estimate.ok()) return estimate.status();
   if (absl::Status s = jobspec::CheckJobMemory(*estimate, ranks_here, jobspec::ReadMachineMemory()); !s.ok()) {

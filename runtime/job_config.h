@@ -50,7 +50,8 @@ ModelConfig ModelConfigFromSpec(const rackrun::v1::JobSpec& spec);
 // Whether the job fits the machine this process runs on, asked where a job starts
 // (`rackrun train`, the worker) before anything is allocated:
 // - memory: EstimateJobMemory (jobspec/job_memory.h) for one of `ranks` expert-parallel ranks,
-//   with model.vocab 0 and the token counts taken from the token files' headers, times
+//   with model.vocab 0 taken from the training data's record (the datasets themselves are
+//   memory-mapped, so they add nothing), times
 //   `ranks_here` ranks on this machine, against ReadMachineMemory(); ResourceExhausted
 //   naming the fields of the largest term, with the estimate and the machine's memory;
 // - threads: `threads` per rank (0 = all cores) above this process's usable cores is an

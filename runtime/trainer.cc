@@ -20,6 +20,7 @@
 #include "base/status.h"
 #include "jobspec/balancer.h"
 #include "runtime/checkpoint.h"
+#include "runtime/job_data.h"
 #include "runtime/step_log.h"
 
 namespace rackrun::runtime {
@@ -30,23 +31,17 @@ constexpr uint64_t kDataSeedSalt = 0xd1b54a32d192ed03ULL;
 
 // The training loop's own state in a checkpoint (section "trainer/state"): what the
 // model, optimizer moments and balancer sections do not hold. Stored as eight
-// little-endian uint64 words in field order (the layout of every checkpoint so far).
+// little-endian uint64 words in field order (the layout of every checkpoint so far); words
+// 2..7 held the window loader's position before the data position got its own section
+// ("data/position", data/loader.h) and are zero since.
 struct TrainerCheckpointState {
   uint64_t step = 0;       // optimizer steps done
   uint64_t adam_step = 0;  // AdamW's bias-correction step
-  LoaderPosition loader;   // epoch, cursor in the epoch, the epoch's shuffle RNG state
 
   static constexpr size_t kWords = 8;
 
   std::string Encode() const {
-    const uint64_t words[kWords] = {step,
-                                    adam_step,
-                                    loader.epoch,
-                                    loader.cursor,
-                                    loader.epoch_rng[0],
-                                    loader.epoch_rng[1],
-                                    loader.epoch_rng[2],
-                                    loader.epoch_rng[3]};
+    const uint64_t words[kWords] = {step, adam_step, 0, 0, 0, 0, 0, 0};
     return std::string(reinterpret_cast<const char*>(words), sizeof(words));
   }
 
@@ -61,9 +56,6 @@ struct TrainerCheckpointState {
     TrainerCheckpointState state;
     state.step = words[0];
     state.adam_step = words[1];
-    state.loader.epoch = words[2];
-    state.loader.cursor = words[3];
-    for (size_t i = 0; i < 4; ++i) state.loader.epoch_rng[i] = words[4 + i];
     return state;
   }
 };
@@ -153,59 +145,6 @@ absl::Status CheckJobOnRanks(const rackrun::v1::JobSpec& spec, const TrainConfig
   return absl::OkStatus();
 }
 
-// What a job reads from its token files.
-struct JobData {
-  std::unique_ptr<WindowLoader> train;
-  std::vector<int32_t> validation;  // empty: no validation file
-  int32_t end_of_document = -1;
-  double train_entropy = 0;
-};
-
-// Reads data.train and data.validation. `vocab` is model.vocab: 0 becomes the training
-// file's vocabulary; a smaller one, or a validation file beyond it, is refused.
-absl::StatusOr<JobData> ReadJobData(const TrainConfig& c, int* vocab) {
-  absl::StatusOr<TokenFile> train = ReadTokenFile(c.train_path);
-  if (!train.ok())
-    return absl::InvalidArgumentError(absl::StrCat("data.train: ", train.status().message()));
-  if (*vocab == 0) {
-    *vocab = static_cast<int>(train->vocab);
-  } else if (static_cast<uint32_t>(*vocab) < train->vocab) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("model.vocab: ", *vocab, " is smaller than the token file's vocabulary ",
-                     train->vocab, "; set model.vocab to 0 (from the file) or >= ", train->vocab));
-  }
-  JobData data;
-  data.end_of_document = train->end_of_document;
-  data.train_entropy = UnigramEntropy(train->tokens, *vocab);
-  absl::StatusOr<WindowLoader> loader =
-      WindowLoader::Create(std::move(train->tokens), train->end_of_document, c.seq_len,
-                           c.batch_size, c.seed ^ kDataSeedSalt, /*shuffle=*/true);
-  if (!loader.ok())
-    return absl::InvalidArgumentError(absl::StrCat("data.train: ", loader.status().message()));
-  data.train = std::make_unique<WindowLoader>(std::move(*loader));
-
-  if (!c.validation_path.empty()) {
-    absl::StatusOr<TokenFile> val = ReadTokenFile(c.validation_path);
-    if (!val.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("data.validation: ", val.status().message()));
-    }
-    if (val->vocab > static_cast<uint32_t>(*vocab)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("data.validation: vocabulary ", val->vocab, " exceeds the model's ",
-                       *vocab, "; make both token files with the same tokenizer"));
-    }
-    // Probe that it holds at least one validation microbatch.
-    absl::StatusOr<WindowLoader> probe =
-        WindowLoader::Create(val->tokens, val->end_of_document, c.seq_len, c.batch_size, 0, false);
-    if (!probe.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("data.validation: ", probe.status().message()));
-    }
-    data.validation = std::move(val->tokens);
-  }
-  return data;
-}
-
 // AdamW over every parameter of `model`, in the model's order.
 std::unique_ptr<AdamW> OptimizerOf(Model<float>& model, const AdamWConfig& config) {
   std::vector<OptimizedTensor> tensors;
@@ -240,6 +179,23 @@ absl::StatusOr<std::unique_ptr<ExpertParallelGroup>> CreateExpertParallel(
 std::string LayoutText(int ranks, int expert_parallel) {
   return absl::StrCat(ranks / expert_parallel, " x ", expert_parallel, " ranks (data_parallel ",
                       ranks / expert_parallel, ", expert_parallel ", expert_parallel, ")");
+}
+
+// A checkpoint's training data must come from the tokenizer of this job's data: the ids mean
+// nothing to the model otherwise. Both sides must know theirs (data from Megatron without a
+// record, or a checkpoint written before tokenizers were recorded, is not compared).
+absl::Status CheckCheckpointTokenizer(const Checkpoint& c, const std::string& loaded,
+                                      const data::TokenizerInfo& ours) {
+  const CheckpointSection* section = c.Find("data/tokenizer");
+  if (section == nullptr || ours.kind == "unknown") return absl::OkStatus();
+  absl::StatusOr<data::TokenizerInfo> theirs =
+      data::TokenizerInfo::FromJson(section->payload, absl::StrCat("checkpoint '", loaded, "'"));
+  if (!theirs.ok()) return absl::DataLossError(theirs.status().message());
+  if (theirs->kind == "unknown" || theirs->SameTokenizer(ours)) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "checkpoint '", loaded, "' was trained on data from tokenizer ", theirs->Describe(),
+      " but this job's data is from ", ours.Describe(),
+      "; resume on data made with the checkpoint's tokenizer"));
 }
 
 // Every rank's `mine`, in rank order (collective over `channel`).
@@ -304,13 +260,12 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const rackrun::v1::JobS
   ModelConfig mc = ModelConfigFromSpec(spec);
   mc.expert_rank = t->domain_rank();
   mc.expert_ranks = t->expert_parallel_degree();
-  absl::StatusOr<JobData> data = ReadJobData(c, &mc.vocab);
+  absl::StatusOr<JobData> data = OpenJobData(spec, c, c.seed ^ kDataSeedSalt, &mc.vocab);
   if (!data.ok()) return data.status();
-  t->spec_.mutable_model()->set_vocab(mc.vocab);  // a 0 came from the token file
+  t->spec_.mutable_model()->set_vocab(mc.vocab);  // a 0 came from the data
   t->train_loader_ = std::move(data->train);
-  t->validation_tokens_ = std::move(data->validation);
-  t->end_of_document_ = data->end_of_document;
-  t->train_entropy_ = data->train_entropy;
+  t->validation_loader_ = std::move(data->validation);
+  t->train_entropy_ = t->train_loader_->unigram_entropy();
 
   absl::StatusOr<std::unique_ptr<Model<float>>> model = Model<float>::Create(mc, c.seed);
   if (!model.ok()) {
@@ -358,32 +313,12 @@ int64_t Trainer::parameter_count() const {
   return n;
 }
 
-double Trainer::NextBatch(WindowLoader& loader) {
-  if (channel_ == nullptr) {
-    loader.Next(batch_);
-    return 1.0;
-  }
-  loader.Next(global_batch_);
-  const Batch& g = global_batch_;
-  const int rows = g.batch / ranks();
-  const int r0 = rank() * rows;
-  const int64_t seq = g.seq_len;
-  const int64_t begin = r0 * seq, end = (r0 + rows) * seq;
-  batch_.batch = rows;
-  batch_.seq_len = g.seq_len;
-  batch_.inputs.assign(g.inputs.begin() + begin, g.inputs.begin() + end);
-  batch_.targets.assign(g.targets.begin() + begin, g.targets.begin() + end);
-  batch_.segment_starts.clear();
-  for (const int32_t s : g.segment_starts) {
-    if (s >= begin && s < end) batch_.segment_starts.push_back(static_cast<int32_t>(s - begin));
-  }
-  int64_t counted = 0, total = 0;
-  for (int64_t i = 0; i < static_cast<int64_t>(g.targets.size()); ++i) {
-    if (g.targets[static_cast<size_t>(i)] < 0) continue;
-    ++total;
-    if (i >= begin && i < end) ++counted;
-  }
-  return total > 0 ? static_cast<double>(counted) / static_cast<double>(total) : 0.0;
+absl::StatusOr<double> Trainer::NextBatch(data::Loader& loader) {
+  // Every target of a sample is counted (the loader masks none), so a rank's share is its
+  // share of the rows; it reads only those, and the stream advances by the global batch.
+  const int rows = config_.batch_size / ranks();
+  if (absl::Status s = loader.Next(rank() * rows, rows, batch_); !s.ok()) return s;
+  return static_cast<double>(rows) / static_cast<double>(config_.batch_size);
 }
 
 absl::Status Trainer::AllReducePacked(comm::DataChannel& channel, const std::vector<size_t>& which,
@@ -522,7 +457,9 @@ absl::StatusOr<StepRecord> Trainer::Step() {
     // This rank's share of the global microbatch's counted targets: the ranks' scaled
     // gradients sum to the gradient of the global mean loss.
     SetPhase(TrainPhase::kData);
-    const double share = NextBatch(*train_loader_);
+    absl::StatusOr<double> next = NextBatch(*train_loader_);
+    if (!next.ok()) return next.status();
+    const double share = *next;
     if (ep_ != nullptr) ep_->BeginMicrobatch(microbatch_, /*training=*/true);
     SetPhase(TrainPhase::kForwardBackward);
     absl::StatusOr<double> loss =
@@ -606,19 +543,24 @@ absl::StatusOr<StepRecord> Trainer::Step() {
 }
 
 absl::StatusOr<double> Trainer::EvaluateValidation() {
-  if (validation_tokens_.empty()) {
+  if (validation_loader_ == nullptr) {
     return absl::FailedPreconditionError("the job has no validation data (data.validation)");
   }
-  absl::StatusOr<WindowLoader> loader =
-      WindowLoader::Create(validation_tokens_, end_of_document_, config_.seq_len,
-                           config_.batch_size, 0, /*shuffle=*/false);
-  if (!loader.ok()) return loader.status();
+  data::Loader& loader = *validation_loader_;
+  // The same microbatches every time: from the start of the (unshuffled) stream.
+  if (absl::Status s = loader.Restore(
+          {.samples = 0, .drawn = std::vector<uint64_t>(loader.datasets(), 0)});
+      !s.ok()) {
+    return s;
+  }
   // Never more batches than one pass holds, so every batch is a distinct window set.
-  const int64_t per_pass = std::max<int64_t>(1, loader->windows_per_epoch() / config_.batch_size);
+  const int64_t per_pass = std::max<int64_t>(1, loader.windows_per_epoch() / config_.batch_size);
   const int64_t batches = std::min<int64_t>(config_.eval_batches, per_pass);
   double sum = 0;
   for (int64_t i = 0; i < batches; ++i) {
-    const double share = NextBatch(*loader);
+    absl::StatusOr<double> next = NextBatch(loader);
+    if (!next.ok()) return next.status();
+    const double share = *next;
     if (ep_ != nullptr) ep_->BeginMicrobatch(i, /*training=*/false);
     absl::StatusOr<double> loss =
         model_->Evaluate(batch_.inputs, batch_.targets, batch_.batch, batch_.segment_starts);
@@ -644,8 +586,9 @@ absl::StatusOr<std::string> Trainer::SaveCheckpoint() {
   TrainerCheckpointState state;
   state.step = static_cast<uint64_t>(step_);
   state.adam_step = static_cast<uint64_t>(adam_->step());
-  state.loader = train_loader_->position();
   c.sections.push_back({"trainer/state", state.Encode()});
+  c.sections.push_back({"data/position", train_loader_->SavePosition()});
+  c.sections.push_back({"data/tokenizer", train_loader_->tokenizer().ToJson()});
   c.sections.push_back({"spec/model", spec_.model().SerializeAsString()});
   c.sections.push_back({"spec/json", jobspec::JobSpecToJson(spec_)});
   const std::vector<OptimizedTensor>& tensors = adam_->tensors();
@@ -741,6 +684,9 @@ absl::Status Trainer::Resume(const std::string& path) {
   }
   absl::StatusOr<TrainerCheckpointState> state = TrainerCheckpointState::Decode(*c);
   if (!state.ok()) return state.status();
+  if (absl::Status s = CheckCheckpointTokenizer(*c, loaded, train_loader_->tokenizer()); !s.ok()) {
+    return s;
+  }
   const std::vector<OptimizedTensor>& tensors = adam_->tensors();
   const auto missing = [&](const std::string& name) {
     return absl::DataLossError(absl::StrCat("checkpoint '", loaded, "' has no section '", name,
@@ -801,8 +747,15 @@ absl::Status Trainer::Resume(const std::string& path) {
       return absl::DataLossError(absl::StrCat("checkpoint '", loaded, "': ", s.message()));
     }
   }
-  if (absl::Status s = train_loader_->Restore(state->loader); !s.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("checkpoint '", loaded, "': ", s.message()));
+  if (const CheckpointSection* position = c->Find("data/position"); position != nullptr) {
+    if (absl::Status s = train_loader_->RestorePosition(position->payload); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("checkpoint '", loaded, "': ", s.message()));
+    }
+  } else {
+    if (!resume_note_.empty()) absl::StrAppend(&resume_note_, "; ");
+    absl::StrAppend(&resume_note_,
+                    "the checkpoint holds no data position (imported weights, or written before "
+                    "rackrun recorded one): the training data starts from its first sample");
   }
   if (!layout_note.empty()) {
     if (!resume_note_.empty()) absl::StrAppend(&resume_note_, "; ");
@@ -815,6 +768,13 @@ absl::Status Trainer::Resume(const std::string& path) {
   microbatch_ = step_ * config_.microbatches;
   adam_->set_step(static_cast<int64_t>(state->adam_step));
   return absl::OkStatus();
+}
+
+std::string TrainerStateSection(int64_t step, int64_t adam_step) {
+  TrainerCheckpointState state;
+  state.step = static_cast<uint64_t>(step);
+  state.adam_step = static_cast<uint64_t>(adam_step);
+  return state.Encode();
 }
 
 const char* TrainPhaseName(TrainPhase phase) {
@@ -1032,7 +992,7 @@ absl::StatusOr<TrainSummary> Trainer::Run(const std::vector<TrainObserver*>& obs
     r->total_steps = config_.steps;
     const bool last = step_ == config_.steps;
     const bool evaluate =
-        !validation_tokens_.empty() &&
+        validation_loader_ != nullptr &&
         (last || (config_.eval_interval > 0 && step_ % config_.eval_interval == 0));
     if (evaluate) {
       SetPhase(TrainPhase::kEvaluate);

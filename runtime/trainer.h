@@ -9,8 +9,8 @@
 // Expert parallelism (a channel of R > 1 ranks): every rank builds the same model but
 // keeps only its shard of the experts (ExpertParallelGroup runs the MoE layers: per
 // microbatch and layer, exact loads -> in-band plan -> fan-out -> dispatch -> combine).
-// `data.batch_size` is the global microbatch: every rank reads the same global batch and
-// takes its R-th of the rows; gradients are scaled so that their sum over ranks is the
+// `data.batch_size` is the global microbatch: every rank advances the loader by the whole
+// global batch and reads its R-th of the rows; gradients are scaled so that their sum over ranks is the
 // gradient of the global mean loss; dense gradients are all-reduced (fixed order, every
 // rank bit-identical), expert gradients stay with their master. The same spec on 1, 2 or
 // 4 ranks trains the same model up to floating-point reassociation. Rank 0 writes logs
@@ -40,8 +40,13 @@
 // Determinism: the model seed and the data order come from `training.seed`; with the
 // same spec and thread count two runs give bit-identical losses. A run resumed from the
 // checkpoint of step s continues with the bit-identical loss trajectory: checkpoints hold
-// parameters, buffers, AdamW moments and step, the data-loader position (including its
-// RNG state) and the model spec, and nothing else in the loop carries state.
+// parameters, buffers, AdamW moments and step, the position in the data's sample stream
+// (data/loader.h: the same on every layout, so a resume on other ranks or domains reads
+// exactly the next samples), the data's tokenizer and the model spec, and nothing else in
+// the loop carries state.
+//
+// Data (runtime/job_data.h): data.train or a data.blend of Megatron datasets or token
+// files, memory-mapped; every rank reads only its own rows of each global microbatch.
 #ifndef RACKRUN_RUNTIME_TRAINER_H_
 #define RACKRUN_RUNTIME_TRAINER_H_
 
@@ -60,7 +65,7 @@
 #include "comm/data_channel.h"
 #include "planner/trace.h"
 #include "rackrun/v1/job_spec.pb.h"
-#include "runtime/data.h"
+#include "data/loader.h"
 #include "runtime/expert_parallel.h"
 #include "runtime/fault_injection.h"
 #include "runtime/model.h"
@@ -144,6 +149,10 @@ enum class TrainPhase : int {
 };
 const char* TrainPhaseName(TrainPhase phase);
 
+// A checkpoint's "trainer/state" section for `step` with AdamW at `adam_step` (what an
+// imported checkpoint, runtime/weights_export.h, starts from).
+std::string TrainerStateSection(int64_t step, int64_t adam_step);
+
 // Why Run stopped before training.steps.
 enum class StopReason : int {
   kNone = 0,
@@ -184,7 +193,7 @@ struct TrainSummary {
   double final_loss = 0;
   double tail_loss = 0;  // mean of the last min(10, steps) losses of this run
   std::optional<double> final_val_loss;
-  double train_unigram_entropy = 0;  // nats per token
+  double train_unigram_entropy = 0;  // nats per token; < 0: unknown
   double tokens_per_s = 0;           // whole run, excluding evaluations and checkpoints
   double elapsed_s = 0;
   int64_t tokens = 0;
@@ -194,7 +203,7 @@ struct TrainSummary {
 
 class Trainer {
  public:
-  // Reads the token files, builds the model (model.vocab 0 = the token file's vocab) and
+  // Opens the data, builds the model (model.vocab 0 = the data's vocabulary) and
   // the optimizer, and sets the OpenMP thread count (resources.threads, 0 = leave as is).
   // With a `channel` of more than one rank the job is expert-parallel over it (collective:
   // every rank calls Create with the same spec; a rank whose spec differs is named in the
@@ -204,9 +213,12 @@ class Trainer {
                                                          const TrainerOptions& options = {});
 
   // Loads a checkpoint file, or the newest one in a folder (see LoadCheckpointForResume).
-  // The checkpoint's model spec must equal this job's. Expert-parallel: each rank takes its
+  // The checkpoint's model spec must equal this job's, and the tokenizer it recorded the
+  // data's (else InvalidArgument naming both). Expert-parallel: each rank takes its
   // expert shard, and the balancer's history (EPLB) is restored when the rank count and
-  // balancer settings match; otherwise resume_note() says it starts fresh.
+  // balancer settings match; otherwise resume_note() says it starts fresh. A checkpoint
+  // without a data position (imported weights) starts the data stream from its beginning,
+  // and resume_note() says so.
   absl::Status Resume(const std::string& path);
   // Empty, or what the last Resume could not restore and why (for the log).
   const std::string& resume_note() const { return resume_note_; }
@@ -243,7 +255,7 @@ class Trainer {
   // One optimizer step (no logging, no checkpoint). Collective with R > 1.
   absl::StatusOr<StepRecord> Step();
   // Mean loss over training.eval_batches validation microbatches (the same ones every
-  // time). FailedPrecondition when the job has no validation file.
+  // time). FailedPrecondition when the job has no validation data.
   absl::StatusOr<double> EvaluateValidation();
   // Writes a checkpoint of the current step into checkpoint.dir; returns its path (empty
   // on ranks other than 0, which only contribute their expert shards). Collective.
@@ -265,17 +277,18 @@ class Trainer {
   double train_unigram_entropy() const { return train_entropy_; }
   int64_t train_tokens() const { return train_loader_->tokens(); }
   int64_t validation_tokens() const {
-    return validation_tokens_.empty() ? 0 : static_cast<int64_t>(validation_tokens_.size());
+    return validation_loader_ != nullptr ? validation_loader_->tokens() : 0;
   }
+  const data::Loader& train_data() const { return *train_loader_; }
   const rackrun::v1::JobSpec& spec() const { return spec_; }
   const TrainConfig& config() const { return config_; }
   Model<float>& model() { return *model_; }
 
  private:
   Trainer() = default;
-  // Loads the next global microbatch into batch_ (this rank's rows of it) and returns
-  // this rank's share of the counted targets.
-  double NextBatch(WindowLoader& loader);
+  // Loads this rank's rows of the next global microbatch into batch_ and returns this
+  // rank's share of the counted targets.
+  absl::StatusOr<double> NextBatch(data::Loader& loader);
   // Expert-parallel reductions of a step: dense gradients over all ranks, expert gradients
   // over the domains (D > 1); their seconds into r.dense_allreduce_s, r.expert_allreduce_s.
   absl::Status AllReduceGradients(StepRecord& r);
@@ -303,9 +316,8 @@ class Trainer {
   std::unique_ptr<AdamW> adam_;
   std::vector<ParamRef<float>> buffers_;
   std::vector<ParamRef<float>> params_;  // same order as adam_->tensors()
-  std::unique_ptr<WindowLoader> train_loader_;
-  std::vector<int32_t> validation_tokens_;
-  int32_t end_of_document_ = -1;
+  std::unique_ptr<data::Loader> train_loader_;
+  std::unique_ptr<data::Loader> validation_loader_;  // null: no validation data
   double train_entropy_ = 0;
   int64_t step_ = 0;
   int64_t microbatch_ = 0;  // training microbatches run (trace numbering)
@@ -317,8 +329,7 @@ class Trainer {
   std::optional<base::FolderLock> folder_lock_;  // checkpoint.dir's, rank 0, while prepared
   std::unique_ptr<TrainObserver> json_log_;      // logging.json (a StepLog), rank 0
   std::vector<std::string> notes_;
-  Batch batch_;
-  Batch global_batch_;
+  data::Batch batch_;
   comm::DataChannel* channel_ = nullptr;       // null or one rank: single process
   int data_parallel_ = 1;                      // D
   // D > 1: this rank's domain (G ranks) and the D ranks holding its shard; else null.

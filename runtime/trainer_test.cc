@@ -2,6 +2,7 @@
 
 #include <omp.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <csignal>
@@ -14,7 +15,9 @@
 #include "gtest/gtest.h"
 #include "jobspec/spec.h"
 #include "runtime/checkpoint.h"
-#include "runtime/data.h"
+#include "data/prepare.h"
+#include "data/token_file.h"
+#include "data/tokenizer.h"
 #include "runtime/training_session.h"
 
 namespace rackrun::runtime {
@@ -24,27 +27,22 @@ using ::testing::HasSubstr;
 
 namespace fs = std::filesystem;
 
-// Token files from the committed Brown sample, made once per test binary.
+// Datasets of the committed Brown sample (byte-level, 10% validation), made once per test
+// binary: DataDir()/brown and DataDir()/brown-val.
 const fs::path& DataDir() {
   static const fs::path dir = [] {
     const fs::path sample =
         fs::path(RACKRUN_SOURCE_DIR) / "tests" / "data" / "brown-sample.txt";
-    const fs::path out = fs::path(::testing::TempDir()) / "trainer_test_data";
+    // One folder per process: CTest runs the tests of this binary side by side.
+    const fs::path out =
+        fs::path(::testing::TempDir()) / ("trainer_test_data-" + std::to_string(getpid()));
     fs::create_directories(out);
-    absl::StatusOr<std::string> text = ReadWholeFile(sample.string());
-    EXPECT_TRUE(text.ok()) << text.status();
-    absl::StatusOr<DocumentSplit> split = SplitTrainValidation(SplitDocuments(*text), 0.1);
-    EXPECT_TRUE(split.ok());
-    EXPECT_TRUE(
-        WriteTokenFile((out / "train.tokens").string(), {.vocab = kByteVocab,
-                                                         .end_of_document = kByteEndOfDocument,
-                                                         .tokens = ByteTokenize(split->train)})
-            .ok());
-    EXPECT_TRUE(
-        WriteTokenFile((out / "val.tokens").string(), {.vocab = kByteVocab,
-                                                       .end_of_document = kByteEndOfDocument,
-                                                       .tokens = ByteTokenize(split->validation)})
-            .ok());
+    const std::unique_ptr<data::Tokenizer> bytes = *data::OpenTokenizer("bytes");
+    absl::StatusOr<data::PrepareResult> r =
+        data::PrepareDataset(sample.string(), (out / "brown").string(),
+                             (out / "brown-val").string(),
+                             {.tokenizer = bytes.get(), .val_fraction = 0.1, .threads = 1});
+    EXPECT_TRUE(r.ok()) << r.status();
     return out;
   }();
   return dir;
@@ -68,8 +66,8 @@ training: {steps: 8, seed: 3, lr: 0.01, eval_interval: 4, eval_batches: 2}
 logging: {interval: 1}
 resources: {threads: 1}
 )";
-  overrides.insert(overrides.begin(), "data.train=" + (DataDir() / "train.tokens").string());
-  overrides.insert(overrides.begin() + 1, "data.validation=" + (DataDir() / "val.tokens").string());
+  overrides.insert(overrides.begin(), "data.train=" + (DataDir() / "brown").string());
+  overrides.insert(overrides.begin() + 1, "data.validation=" + (DataDir() / "brown-val").string());
   absl::StatusOr<rackrun::v1::JobSpec> spec = jobspec::ParseJobSpec(yaml, overrides);
   EXPECT_TRUE(spec.ok()) << spec.status();
   return *spec;
@@ -118,7 +116,7 @@ TEST(TrainerTest, ResumeAcrossAnEpochBoundaryAndWithAccumulation) {
   // enough on this short validation-sized stream to exercise the saved RNG state.
   const fs::path dir = FreshDir("resume_epochs");
   const rackrun::v1::JobSpec spec =
-      TinySpec({"data.train=" + (DataDir() / "val.tokens").string(),
+      TinySpec({"data.train=" + (DataDir() / "brown-val").string(),
                 "data.validation=", "data.batch_size=8", "training.microbatches=2",
                 "training.steps=12", "checkpoint.dir=" + dir.string(), "checkpoint.interval=5"});
   const std::vector<double> full = Losses(spec);
@@ -318,10 +316,104 @@ TEST(TrainerTest, BadDataIsAnErrorNamingTheField) {
   absl::StatusOr<std::unique_ptr<Trainer>> t =
       Trainer::Create(TinySpec({"data.train=/nonexistent/train.tokens"}));
   ASSERT_FALSE(t.ok());
-  EXPECT_THAT(t.status().message(), HasSubstr("data.train: cannot open token file"));
+  EXPECT_THAT(t.status().message(), HasSubstr("data.train: cannot open token file '/nonexistent/train.tokens'"));
   t = Trainer::Create(TinySpec({"model.vocab=100"}));
   ASSERT_FALSE(t.ok());
-  EXPECT_THAT(t.status().message(), HasSubstr("model.vocab: 100 is smaller"));
+  EXPECT_THAT(t.status().message(),
+              HasSubstr("model.vocab: 100 is smaller than the vocabulary of the training data "
+                        "(bytes (vocab 257))"));
+}
+
+// rackrun's older token files still train (memory-mapped like the Megatron datasets).
+TEST(TrainerTest, TokenFilesStillTrain) {
+  const fs::path dir = FreshDir("token_file");
+  std::vector<std::string> docs;
+  for (int d = 0; d < 40; ++d) docs.push_back("document " + std::to_string(d) + " of the test.\n");
+  ASSERT_TRUE(data::WriteTokenFile((dir / "t.tokens").string(),
+                                   {.vocab = data::kByteVocab,
+                                    .end_of_document = data::kByteEndOfDocument,
+                                    .tokens = data::ByteTokenize(docs)})
+                  .ok());
+  absl::StatusOr<std::unique_ptr<Trainer>> t = Trainer::Create(
+      TinySpec({"data.train=" + (dir / "t.tokens").string(), "data.validation=", "training.steps=2"}));
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ((*t)->spec().model().vocab(), 257);
+  EXPECT_EQ((*t)->train_data().tokenizer().kind, "bytes");
+  absl::StatusOr<TrainSummary> s = (*t)->Run();
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->losses.size(), 2u);
+}
+
+// A blend (Megatron's --data-path form) resumes bit-identically: the checkpoint holds the
+// stream position and each dataset's draws.
+TEST(TrainerTest, ABlendResumesBitIdentically) {
+  const fs::path dir = FreshDir("blend");
+  const std::string blend = "data.blend=0.7," + (DataDir() / "brown").string() + ",0.3," +
+                            (DataDir() / "brown-val").string();
+  const rackrun::v1::JobSpec spec =
+      TinySpec({"data.train=", blend, "data.batch_size=4", "training.steps=10",
+                "checkpoint.dir=" + dir.string(), "checkpoint.interval=5"});
+  const std::vector<double> full = Losses(spec);
+  ASSERT_EQ(full.size(), 10u);
+  absl::StatusOr<std::unique_ptr<Trainer>> t = Trainer::Create(spec);
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ((*t)->train_data().datasets(), 2u);
+  ASSERT_TRUE((*t)->Resume(CheckpointPath(dir.string(), 5)).ok());
+  EXPECT_EQ((*t)->resume_note(), "");
+  absl::StatusOr<TrainSummary> s = (*t)->Run();
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->losses, std::vector<double>(full.begin() + 5, full.end()));
+  // The other weights are other data: refused, both named.
+  absl::StatusOr<std::unique_ptr<Trainer>> other = Trainer::Create(TinySpec(
+      {"data.train=", "data.blend=0.5," + (DataDir() / "brown").string() + ",0.5," +
+                          (DataDir() / "brown-val").string(),
+       "data.batch_size=4"}));
+  ASSERT_TRUE(other.ok());
+  const absl::Status refused = (*other)->Resume(CheckpointPath(dir.string(), 5));
+  EXPECT_THAT(refused.message(), HasSubstr("belongs to other data (0.7 x '"));
+}
+
+// A checkpoint trained on one tokenizer's data does not resume on another's, even when the
+// model (and its vocabulary) is the same.
+TEST(TrainerTest, ResumingOnAnotherTokenizersDataIsRefusedNamingBoth) {
+  const fs::path dir = FreshDir("tokenizers");
+  // A SentencePiece BPE model of 300 pieces, and the sample tokenized with it.
+  std::vector<std::string> lines;
+  {
+    std::ifstream in(fs::path(RACKRUN_SOURCE_DIR) / "tests" / "data" / "brown-sample.txt");
+    for (std::string l; std::getline(in, l);) {
+      if (!l.empty() && l != "\f") lines.push_back(l);
+    }
+  }
+  size_t next = 0;
+  ASSERT_TRUE(data::TrainSentencePiece({.output = (dir / "m.model").string(), .vocab_size = 300,
+                                        .model_type = "bpe", .threads = 1},
+                                       [&](std::string* out) {
+                                         if (next >= lines.size()) return false;
+                                         *out = lines[next++];
+                                         return true;
+                                       })
+                  .ok());
+  const std::unique_ptr<data::Tokenizer> spm = *data::OpenTokenizer((dir / "m.model").string());
+  ASSERT_TRUE(data::PrepareDataset(
+                  (fs::path(RACKRUN_SOURCE_DIR) / "tests" / "data" / "brown-sample.txt").string(),
+                  (dir / "spm").string(), "", {.tokenizer = spm.get()})
+                  .ok());
+  const std::string ckpt = (dir / "ckpt").string();
+  ASSERT_EQ(Losses(TinySpec({"model.vocab=512", "training.steps=2", "checkpoint.dir=" + ckpt})).size(),
+            2u);
+  absl::StatusOr<std::unique_ptr<Trainer>> t = Trainer::Create(TinySpec(
+      {"model.vocab=512", "data.train=" + (dir / "spm").string(), "data.validation="}));
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ((*t)->train_data().tokenizer().kind, "sentencepiece");
+  const absl::Status s = (*t)->Resume(CheckpointPath(ckpt, 2));
+  ASSERT_FALSE(s.ok());
+  EXPECT_THAT(s.message(), HasSubstr("was trained on data from tokenizer bytes (vocab 257) but "
+                                     "this job's data is from sentencepiece bpe, vocab 300"));
+  // And validation data from another tokenizer than the training data's is refused too.
+  t = Trainer::Create(TinySpec({"model.vocab=512", "data.validation=" + (dir / "spm").string()}));
+  ASSERT_FALSE(t.ok());
+  EXPECT_THAT(t.status().message(), HasSubstr("data.validation: made with tokenizer sentencepiece"));
 }
 
 // TrainingSession (training_session.h): the set-up both drivers share.

@@ -17,6 +17,8 @@
 #include "base/file.h"
 #include "comm/gloo_channel.h"
 #include "comm/ucx_channel.h"
+#include "data/token_source.h"
+#include "jobspec/data_blend.h"
 #include "jobspec/path_confinement.h"
 #include "jobspec/spec.h"
 #include "runtime/job_config.h"
@@ -258,21 +260,22 @@ absl::Status JobRunner::CheckPaths() const {
         std::strerror(errno),
         "; paths in a submitted spec must be usable by every worker (a shared file system)"));
   };
-  for (const auto& [field, path] : {std::pair<std::string, std::string>{"data.train", spec.data().train()},
-                                    {"data.validation", spec.data().validation()}}) {
-    if (path.empty()) continue;
-    // Never a blocking open: a FIFO here would hold the worker for ever.
-    absl::StatusOr<int> fd = base::OpenRegularFile(path, O_RDONLY, base::FileUse::kJob);
-    if (!fd.ok()) {
-      return absl::Status(
-          fd.status().code() == absl::StatusCode::kPermissionDenied
-              ? absl::StatusCode::kPermissionDenied
-              : absl::StatusCode::kInvalidArgument,
-          absl::StrCat(field, ": ", fd.status().message(), " on host ", options_.host,
-                       "; paths in a submitted spec must be regular files usable by every "
-                       "worker (a shared file system)"));
+  // Every dataset (data.train, data.validation, the blends' paths): each of its files.
+  for (const auto& [field, path] : jobspec::DataPaths(spec)) {
+    for (const std::string& file : data::DatasetFiles(*path)) {
+      // Never a blocking open: a FIFO here would hold the worker for ever.
+      absl::StatusOr<int> fd = base::OpenRegularFile(file, O_RDONLY, base::FileUse::kJob);
+      if (!fd.ok()) {
+        return absl::Status(
+            fd.status().code() == absl::StatusCode::kPermissionDenied
+                ? absl::StatusCode::kPermissionDenied
+                : absl::StatusCode::kInvalidArgument,
+            absl::StrCat(field, ": ", fd.status().message(), " on host ", options_.host,
+                         "; paths in a submitted spec must be regular files usable by every "
+                         "worker (a shared file system)"));
+      }
+      ::close(*fd);
     }
-    ::close(*fd);
   }
   // Rank 0 writes checkpoints and logs: the nearest existing folder must be writable.
   if (assignment_.rank() == 0) {

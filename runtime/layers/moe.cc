@@ -251,7 +251,7 @@ std::vector<ParamRef<T>> MoeLayer<T>::Parameters() {
 
 template <typename T>
 std::vector<ParamRef<T>> MoeLayer<T>::Buffers() {
-  return {ParamRef<T>{bias_name_, bias_.data(), nullptr, bias_.size()}};
+  return {ParamRef<T>{bias_name_, bias_.data(), nullptr, bias_.size(), {bias_.size()}}};
 }
 
 template <typename T>

@@ -9,6 +9,7 @@
 #include <random>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "runtime/residual/residual_streams.h"
 #include "runtime/tensor.h"
@@ -31,7 +32,11 @@ struct Parameter {
     value.Zero();
     grad.Zero();
   }
-  ParamRef<T> Ref() { return ParamRef<T>{name, value.data(), grad.data(), value.size()}; }
+  ParamRef<T> Ref() {
+    std::vector<int64_t> shape;
+    for (int i = 0; i < value.rank(); ++i) shape.push_back(value.dim(i));
+    return ParamRef<T>{name, value.data(), grad.data(), value.size(), std::move(shape)};
+  }
 };
 
 // Gaussian draws from a fixed-algorithm generator (mt19937_64 + Box-Muller written out),

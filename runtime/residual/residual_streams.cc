@@ -312,7 +312,7 @@ std::vector<ParamRef<T>> ResidualStreams<T>::Parameters() {
   std::vector<ParamRef<T>> refs;
   for (const auto& slot : impl_->slots)
     refs.push_back(
-        ParamRef<T>{slot.name, impl_->value(slot.offset), impl_->grad(slot.offset), slot.size});
+        ParamRef<T>{slot.name, impl_->value(slot.offset), impl_->grad(slot.offset), slot.size, {}});
   return refs;
 }
 

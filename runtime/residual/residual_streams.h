@@ -113,6 +113,8 @@ struct ParamRef {
   T* value = nullptr;
   T* grad = nullptr;
   int64_t size = 0;
+  // Its dimensions, outermost first (exported weights keep them); empty: a vector of `size`.
+  std::vector<int64_t> shape;
 };
 
 // Memory traffic of the forward kernels, in elements (multiply by sizeof(T) for bytes),

@@ -79,15 +79,19 @@ TEST(InputLimitsTest, PlanOutIsCompleteOrAbsentAndErrorsNameFileAndErrno) {
   EXPECT_EQ(files, 0) << "a temporary file was left behind";
 }
 
-TEST(InputLimitsTest, DataRefusesAZeroValidationFraction) {
+TEST(InputLimitsTest, DataRefusesAValidationFractionAboveOneHalf) {
   const std::string text = (Dir() / "text.txt").string();
   { std::ofstream(text) << "one document\n\f\nanother document\n"; }
   const std::string out = (Dir() / "data").string();
-  Result r = RunCli("data --input " + text + " --output " + out + " --val-fraction 0");
+  Result r = RunCli("data --input " + text + " --output " + out + " --val-fraction 0.7");
   EXPECT_EQ(r.code, 2);
-  EXPECT_THAT(r.err, HasSubstr("--val-fraction: 0 would write an empty validation file"));
-  EXPECT_THAT(r.err, HasSubstr("leave data.validation out of the job spec"));
-  EXPECT_FALSE(std::filesystem::exists(out + "/val.tokens"));
+  EXPECT_THAT(r.err, HasSubstr("--val-fraction: 0.7 is out of range"));
+  EXPECT_FALSE(std::filesystem::exists(out));
+  // 0 writes the training dataset alone.
+  r = RunCli("data --input " + text + " --output " + out + " --val-fraction 0");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(std::filesystem::exists(out + "/text.idx"));
+  EXPECT_FALSE(std::filesystem::exists(out + "/text-val.idx"));
 }
 
 }  // namespace

@@ -49,7 +49,7 @@ namespace metrics = ::rackrun::metrics;
 constexpr char kSpec[] =
     "model: {width: 32, blocks: 2, heads: 2, seq_len: 32, residual: xhc, streams: 4, active: 2,\n"
     "        fixed: 1, moe: {experts: 8, top_k: 2, expert_hidden: 32}}\n"
-    "data: {train: data/train.tokens, validation: data/val.tokens, batch_size: 8}\n"
+    "data: {train: data/brown-sample, validation: data/brown-sample-val, batch_size: 8}\n"
     "training: {steps: 100000, seed: 3, microbatches: 2, eval_interval: 5, eval_batches: 1}\n"
     "balancer: {policy: ultraep, slots: 2, mode: coordinator}\n"
     "logging: {interval: 1}\n"

@@ -96,7 +96,7 @@ Result Train(int ranks, const std::string& args, const std::string& tag,
 constexpr char kSpec[] =
     "model: {width: 32, blocks: 2, heads: 2, seq_len: 32, residual: xhc, streams: 4, active: 2,\n"
     "        fixed: 1, moe: {experts: 8, top_k: 2, expert_hidden: 32}}\n"
-    "data: {train: data/train.tokens, validation: data/val.tokens, batch_size: 8}\n"
+    "data: {train: data/brown-sample, validation: data/brown-sample-val, batch_size: 8}\n"
     "training: {steps: 20, seed: 3, microbatches: 2, eval_interval: 10, eval_batches: 2}\n"
     "balancer: {policy: none, slots: 2}\n"
     "logging: {interval: 1}\n"
@@ -664,6 +664,37 @@ TEST_F(EpTrainTest, UltraepCheckpointFromTwoRanksResumesOnTwoFourAndOneRanks) {
 
 TEST_F(EpTrainTest, EplbCheckpointFromTwoRanksResumesOnTwoFourAndOneRanks) {
   ExpectCheckpointResumes("eplb");
+}
+
+// Issue 36: a blend of Megatron datasets (data.blend, Megatron's --data-path form) resumes
+// with exactly the next samples: bit for bit on its own layout at D = 1 (one domain of 2
+// ranks) and D = 2 (two domains of 1), and on the other D within the reassociation
+// tolerance (the same samples; only the reduction order differs).
+TEST_F(EpTrainTest, ABlendResumesBitForBitAtOneAndTwoDomains) {
+  const std::string spec = PrepareJob();
+  const std::string blend = " --set data.train= --set data.blend=0.7," +
+                            (Dir() / "data" / "brown-sample").string() + ",0.3," +
+                            (Dir() / "data" / "brown-sample-val").string();
+  for (const int d : {1, 2}) {
+    SCOPED_TRACE("D = " + std::to_string(d));
+    const std::string layout = " --set parallelism.expert_parallel=" + std::to_string(2 / d);
+    fs::remove_all(Dir() / "ckpt");
+    const CheckpointedRun full = RunWithCheckpointAtStepTen(2, spec + blend + layout);
+    ASSERT_FALSE(full.step10.empty());
+    const std::string name = "resume_d" + std::to_string(d);
+    const Result same = ResumeFrom(2, spec + blend + layout, full.step10, name);
+    ASSERT_EQ(same.code, 0) << same.err;
+    EXPECT_THAT(same.out, HasSubstr("data: 2 datasets (0.7 "));
+    EXPECT_EQ(LossTexts(name), full.tail_text) << "same layout: bit-identical";
+    EXPECT_EQ(FieldTexts(name, "val_loss"), full.tail_val_text);
+    const std::string other = " --set parallelism.expert_parallel=" + std::to_string(d);
+    const Result moved = ResumeFrom(2, spec + blend + other, full.step10, name + "_other");
+    ASSERT_EQ(moved.code, 0) << moved.err;
+    const double diff = MaxRelativeDifference(full.tail, Losses(name + "_other"));
+    Report("max_rel_loss_diff_blend_resume_d" + std::to_string(d) + "_on_d" + std::to_string(3 - d),
+           diff);
+    EXPECT_LE(diff, kLossTolerance);
+  }
 }
 
 TEST_F(EpTrainTest, LoadTraceRecordsEveryTrainingMicrobatchAndReplays) {

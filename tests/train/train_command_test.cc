@@ -49,7 +49,7 @@ std::string PrepareJob() {
   std::ofstream(spec) << "model: {width: 16, blocks: 1, heads: 2, seq_len: 16, residual: xhc,\n"
                          "        streams: 4, active: 2, fixed: 1,\n"
                          "        moe: {experts: 4, top_k: 2, expert_hidden: 16}}\n"
-                         "data: {train: data/train.tokens, validation: data/val.tokens,\n"
+                         "data: {train: data/brown-sample, validation: data/brown-sample-val,\n"
                          "       batch_size: 2}\n"
                          "training: {steps: 6, seed: 9, eval_interval: 3, eval_batches: 2}\n"
                          "logging: {interval: 1}\n"
@@ -57,19 +57,112 @@ std::string PrepareJob() {
   return spec.string();
 }
 
-TEST(DataCommandTest, WritesTrainAndValidationTokenFiles) {
+TEST(DataCommandTest, WritesAMegatronDatasetPerInput) {
   PrepareJob();
   const Result r = Rackrun(std::string("data --input ") + RACKRUN_SOURCE_DIR +
                            "/tests/data/brown-sample.txt --output " + (Dir() / "again").string());
   ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_THAT(r.out, HasSubstr("25 documents"));
+  EXPECT_THAT(r.out, HasSubstr("train       24 documents"));  // 5%: every 20th to validation
+  EXPECT_THAT(r.out, HasSubstr("val          1 documents"));
   EXPECT_THAT(r.out, HasSubstr("unigram entropy"));
-  EXPECT_GT(fs::file_size(Dir() / "again" / "train.tokens"), 40000u);
-  EXPECT_GT(fs::file_size(Dir() / "again" / "val.tokens"), 32u);
+  EXPECT_THAT(r.out, HasSubstr("tokenizer bytes (vocab 257)"));
+  for (const char* file : {"brown-sample.bin", "brown-sample.idx", "brown-sample.meta.json",
+                           "brown-sample-val.bin", "brown-sample-val.idx"}) {
+    EXPECT_TRUE(fs::exists(Dir() / "again" / file)) << file;
+  }
+  EXPECT_GT(fs::file_size(Dir() / "again" / "brown-sample.bin"), 80000u);  // uint16 ids
+  // The progress bar (on by itself when stderr is a terminal).
+  const Result shown = Rackrun(std::string("data --progress always --input ") + RACKRUN_SOURCE_DIR +
+                               "/tests/data/brown-sample.txt --output " + (Dir() / "shown").string());
+  ASSERT_EQ(shown.code, 0) << shown.err;
+  EXPECT_THAT(shown.err, ::testing::ContainsRegex("brown-sample \\[#+\\] 100%  [0-9.]+ MB/s"));
   const Result bad = Rackrun("data --input /nonexistent.txt --output " + (Dir() / "x").string());
   EXPECT_EQ(bad.code, 1);
   EXPECT_THAT(bad.err, HasSubstr("/nonexistent.txt"));
   EXPECT_EQ(Rackrun("data --output x").code, 2);
+}
+
+// JSON Lines with --json-key, and each bad input named by file and line, leaving no dataset.
+TEST(DataCommandTest, ReadsJsonLinesAndNamesBadLines) {
+  PrepareJob();
+  const fs::path in = Dir() / "docs.jsonl";
+  {
+    std::ofstream out(in);
+    for (int i = 0; i < 50; ++i) out << "{\"body\": \"document " << i << " says hello\"}\n";
+  }
+  Result r = Rackrun("data --input " + in.string() + " --json-key body --val-fraction 0 --output " +
+                     (Dir() / "j").string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("train       50 documents"));
+  EXPECT_TRUE(fs::exists(Dir() / "j" / "docs.idx"));
+  EXPECT_FALSE(fs::exists(Dir() / "j" / "docs-val.idx"));
+  struct Case {
+    std::string line;
+    std::string flags;
+    std::string expected;
+  };
+  const Case cases[] = {
+      {"{\"body\": \"cut", "--json-key body", ":51: malformed JSON"},
+      {"{\"text\": \"x\"}", "--json-key body", ":51: no key \"body\" (the object has \"text\")"},
+      {"{\"body\": \"\xff\"}", "--json-key body", ":51: invalid UTF-8 (byte 0xff"},
+  };
+  for (const Case& c : cases) {
+    std::ofstream(in, std::ios::app) << c.line << "\n";
+    fs::remove_all(Dir() / "bad");
+    r = Rackrun("data --input " + in.string() + " " + c.flags + " --output " + (Dir() / "bad").string());
+    EXPECT_EQ(r.code, 1) << c.line;
+    EXPECT_THAT(r.err, HasSubstr(in.string() + c.expected));
+    EXPECT_TRUE(fs::is_empty(Dir() / "bad")) << "a half-written dataset was left";
+    // Drop the bad line again.
+    std::string text = ::rackrun::testing::Slurp(in);
+    text.resize(text.rfind('\n', text.size() - 2) + 1);
+    std::ofstream(in, std::ios::trunc) << text;
+  }
+  // --invalid-utf8 skip drops the document and says so.
+  std::ofstream(in, std::ios::app) << "{\"body\": \"\xff\"}\n";
+  r = Rackrun("data --input " + in.string() + " --json-key body --invalid-utf8 skip --output " +
+              (Dir() / "skip").string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("1 documents skipped"));
+}
+
+// The way in for a SentencePiece tokenizer: train it, tokenize with it, train a model on it,
+// export the weights and import them back into a checkpoint that resumes.
+TEST(DataCommandTest, SentencePieceDataTrainsExportsAndImports) {
+  const std::string spec = PrepareJob();
+  const std::string sample = std::string(RACKRUN_SOURCE_DIR) + "/tests/data/brown-sample.txt";
+  const std::string model = (Dir() / "bpe.model").string();
+  Result r = Rackrun("data tokenizer --train --input " + sample + " --vocab 400 --output " + model);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("sentencepiece bpe, vocab 400"));
+  r = Rackrun("data --input " + sample + " --tokenizer " + model + " --val-fraction 0.1 --output " +
+              (Dir() / "spm").string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("tokenizer sentencepiece bpe, vocab 400"));
+  const std::string ckpt = (Dir() / "ckpt").string();
+  const std::string data = " --set data.train=" + (Dir() / "spm" / "brown-sample").string() +
+                           " --set data.validation=" + (Dir() / "spm" / "brown-sample-val").string();
+  r = Rackrun("train " + spec + data + " --set checkpoint.dir=" + ckpt);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("vocab 400"));
+  EXPECT_THAT(r.out, HasSubstr("tokenizer sentencepiece bpe, vocab 400"));
+  r = Rackrun("export " + ckpt + " --format safetensors --output " + (Dir() / "export").string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("exported step 6"));
+  EXPECT_TRUE(fs::exists(Dir() / "export" / "model.safetensors"));
+  r = Rackrun("import " + (Dir() / "export").string() + " --output " + (Dir() / "imported").string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  r = Rackrun("train " + spec + data + " --set training.steps=8 --set checkpoint.dir=" +
+              (Dir() / "ckpt2").string() + " --resume " + (Dir() / "imported").string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("the training data starts from its first sample"));
+  EXPECT_THAT(r.out, HasSubstr("summary: 8 steps (8 this run)"));
+  // Bytes data on a checkpoint of SentencePiece data: refused naming both tokenizers.
+  r = Rackrun("train " + spec + " --set model.vocab=400 --set training.steps=8 --set checkpoint.dir=" +
+              (Dir() / "ckpt3").string() + " --resume " + ckpt);
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.err, HasSubstr("was trained on data from tokenizer sentencepiece bpe, vocab 400"));
+  EXPECT_THAT(r.err, HasSubstr("this job's data is from bytes (vocab 257)"));
 }
 
 TEST(TrainCommandTest, TrainsLogsAndSummarises) {

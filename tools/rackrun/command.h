@@ -13,8 +13,13 @@ using Args = std::vector<std::string>;
 // rackrun plan: replay load traces or generated loads through balancing policies.
 int PlanCommand(const Args& args);
 
-// rackrun data: tokenize text into training and validation token files.
+// rackrun data: tokenize text (files, folders, JSON Lines) into Megatron datasets; `rackrun
+// data tokenizer --train` trains a SentencePiece model.
 int DataCommand(const Args& args);
+
+// rackrun export / import: a checkpoint's weights as safetensors + config.json, and back.
+int ExportCommand(const Args& args);
+int ImportCommand(const Args& args);
 
 // rackrun train: run a training job from a JobSpec file in this process.
 int TrainCommand(const Args& args);

@@ -27,8 +27,11 @@ constexpr Command kCommands[] = {
     {"workers", rackrun::cli::WorkersCommand, "list the workers registered with the coordinator"},
     {"plan", rackrun::cli::PlanCommand,
      "replay load traces (or generated loads) through balancing policies"},
-    {"data", rackrun::cli::DataCommand, "tokenize text into training and validation token files"},
+    {"data", rackrun::cli::DataCommand,
+     "tokenize text or JSONL into Megatron datasets; train a SentencePiece tokenizer"},
     {"train", rackrun::cli::TrainCommand, "run a training job (JobSpec file) in this process"},
+    {"export", rackrun::cli::ExportCommand, "write a checkpoint's weights as safetensors"},
+    {"import", rackrun::cli::ImportCommand, "make a checkpoint from exported safetensors"},
 };
 
 void PrintUsage(std::FILE* out) {

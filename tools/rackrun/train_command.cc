@@ -16,6 +16,7 @@
 #include <system_error>
 #include <vector>
 
+#include "absl/strings/str_format.h"
 #include "base/signals.h"
 #include "flags/flags.h"
 #include "comm/data_channel.h"
@@ -69,7 +70,7 @@ the run with the file and the system's reason; logs keep only whole records, che
 are written to a temporary file and renamed.
 
 example:
-  tools/fetch-corpus && rackrun data --input data/brown/brown.txt --output data/brown
+  tools/fetch-corpus && rackrun data --input out/corpus/brown/brown.txt --output out/corpus/brown
   rackrun train examples/tiny-moe.yaml --set training.steps=50
 )";
 
@@ -231,10 +232,14 @@ int RunTrain(const Args& args) {
         static_cast<long long>(t.parameter_count()));
   if (lead)
     std::printf(
-        "data: %lld train tokens (unigram entropy %.4f nats/token), %lld validation tokens; "
-        "%d x %d tokens x %d microbatch(es) per step; %d threads\n",
-        static_cast<long long>(t.train_tokens()), t.train_unigram_entropy(),
-        static_cast<long long>(t.validation_tokens()), c.batch_size, c.seq_len, c.microbatches,
+        "data: %s, %lld train tokens (unigram entropy %s), %lld validation tokens; tokenizer "
+        "%s; %d x %d tokens x %d microbatch(es) per step; %d threads\n",
+        t.train_data().Describe().c_str(), static_cast<long long>(t.train_tokens()),
+        t.train_unigram_entropy() >= 0
+            ? absl::StrFormat("%.4f nats/token", t.train_unigram_entropy()).c_str()
+            : "unknown",
+        static_cast<long long>(t.validation_tokens()),
+        t.train_data().tokenizer().Describe().c_str(), c.batch_size, c.seq_len, c.microbatches,
         omp_get_max_threads());
   if (lead) {
     std::printf("memory: estimated %s; this machine: %s\n", memory->Describe().c_str(),
@@ -299,12 +304,15 @@ int RunTrain(const Args& args) {
   std::printf("  final train loss %.4f (mean of last %zu steps %.4f)", s.final_loss,
               std::min<size_t>(10, s.losses.size()), s.tail_loss);
   if (s.final_val_loss) std::printf(", validation loss %.4f", *s.final_val_loss);
-  std::printf("\n  unigram entropy of the training data %.4f nats/token: ",
-              s.train_unigram_entropy);
-  const double best = s.final_val_loss ? *s.final_val_loss : s.tail_loss;
-  std::printf("%s loss is %.4f nats/token %s it\n", s.final_val_loss ? "validation" : "train",
-              std::abs(s.train_unigram_entropy - best),
-              best < s.train_unigram_entropy ? "below" : "ABOVE");
+  std::printf("\n");
+  if (s.train_unigram_entropy >= 0) {  // unknown for data without a record
+    std::printf("  unigram entropy of the training data %.4f nats/token: ",
+                s.train_unigram_entropy);
+    const double best = s.final_val_loss ? *s.final_val_loss : s.tail_loss;
+    std::printf("%s loss is %.4f nats/token %s it\n", s.final_val_loss ? "validation" : "train",
+                std::abs(s.train_unigram_entropy - best),
+                best < s.train_unigram_entropy ? "below" : "ABOVE");
+  }
   if (!s.last_checkpoint.empty()) std::printf("  checkpoint %s\n", s.last_checkpoint.c_str());
   return 0;
 }
