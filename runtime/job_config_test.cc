@@ -68,7 +68,8 @@ TEST(JobConfigTest, DeviceIsCheckedWhereTheJobStarts) {
       EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
       EXPECT_EQ(s.message(), gpus.status().message());  // the probe's cause, as is
     } else if (std::string(device) == "cuda:7" && gpus->size() <= 7) {
-      EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("names GPU 7, but this machine has"));
+      EXPECT_THAT(std::string(s.message()),
+                  ::testing::HasSubstr("names GPU 7, but this machine has"));
     } else {
       EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented) << s;
     }

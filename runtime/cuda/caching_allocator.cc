@@ -29,12 +29,12 @@ HostBudgetMemory::~HostBudgetMemory() {
 
 absl::StatusOr<void*> HostBudgetMemory::Allocate(size_t bytes) {
   if (bytes > budget_ - used_) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "host budget: ", FormatBytes(static_cast<int64_t>(budget_ - used_)), " free of ",
-        FormatBytes(static_cast<int64_t>(budget_))));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("host budget: ", FormatBytes(static_cast<int64_t>(budget_ - used_)),
+                     " free of ", FormatBytes(static_cast<int64_t>(budget_))));
   }
-  void* p = std::aligned_alloc(kHostAlignment, (bytes + kHostAlignment - 1) / kHostAlignment *
-                                                   kHostAlignment);
+  void* p = std::aligned_alloc(kHostAlignment,
+                               (bytes + kHostAlignment - 1) / kHostAlignment * kHostAlignment);
   if (p == nullptr) return absl::ResourceExhaustedError("host: aligned_alloc failed");
   used_ += bytes;
   sizes_[p] = bytes;
@@ -55,7 +55,8 @@ std::string HostBudgetMemory::Describe() {
 }
 
 size_t CachingAllocator::SizeClass(size_t bytes) {
-  if (bytes <= kSmallLimit) return std::max<size_t>(kSmallStep, (bytes + kSmallStep - 1) / kSmallStep * kSmallStep);
+  if (bytes <= kSmallLimit)
+    return std::max<size_t>(kSmallStep, (bytes + kSmallStep - 1) / kSmallStep * kSmallStep);
   // bytes in (2^p, 2^(p+1)]: steps of 2^(p-3).
   const int p = std::bit_width(bytes - 1) - 1;
   const size_t step = size_t{1} << (p - 3);
@@ -91,9 +92,10 @@ absl::StatusOr<CachingAllocator::Block> CachingAllocator::Allocate(size_t bytes,
     }
     if (!p.ok()) {
       if (!absl::IsResourceExhausted(p.status())) {
-        return absl::Status(p.status().code(),
-                            absl::StrCat("allocating ", what, " (", FormatBytes(static_cast<int64_t>(bytes)),
-                                         "): ", p.status().message()));
+        return absl::Status(
+            p.status().code(),
+            absl::StrCat("allocating ", what, " (", FormatBytes(static_cast<int64_t>(bytes)),
+                         "): ", p.status().message()));
       }
       return absl::ResourceExhaustedError(absl::StrCat(
           "out of device memory allocating ", what, ": asked ",

@@ -26,7 +26,6 @@
 #include <map>
 #include <memory>
 #include <string>
-#include "absl/strings/string_view.h"
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -34,6 +33,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 
 namespace rackrun::runtime::cuda {
@@ -81,18 +81,18 @@ class HostBudgetMemory final : public RawMemory {
 };
 
 struct AllocatorStats {
-  int64_t in_use_bytes = 0;         // class bytes of live blocks
-  int64_t requested_bytes = 0;      // bytes asked for by live blocks (<= in_use_bytes)
+  int64_t in_use_bytes = 0;     // class bytes of live blocks
+  int64_t requested_bytes = 0;  // bytes asked for by live blocks (<= in_use_bytes)
   int64_t peak_in_use_bytes = 0;
-  int64_t cached_bytes = 0;         // freed blocks held for reuse
-  int64_t reserved_bytes = 0;       // in use + cached: what the backend has given
+  int64_t cached_bytes = 0;    // freed blocks held for reuse
+  int64_t reserved_bytes = 0;  // in use + cached: what the backend has given
   int64_t peak_reserved_bytes = 0;
   int64_t live_blocks = 0;
-  int64_t allocations = 0;          // Allocate calls that succeeded
-  int64_t cache_hits = 0;           // ... served from a free list
-  int64_t raw_allocations = 0;      // RawMemory::Allocate calls that succeeded
+  int64_t allocations = 0;      // Allocate calls that succeeded
+  int64_t cache_hits = 0;       // ... served from a free list
+  int64_t raw_allocations = 0;  // RawMemory::Allocate calls that succeeded
   int64_t raw_frees = 0;
-  int64_t cache_flushes = 0;        // times the cache went back to the backend
+  int64_t cache_flushes = 0;  // times the cache went back to the backend
 };
 
 // "1.50 GiB", "512 B": sizes in messages.

@@ -155,9 +155,8 @@ absl::StatusOr<std::unique_ptr<Device>> Device::Open(int index) {
   d->workspace_ = *ws;
   cublasLtHandle_t h = nullptr;
   if (cublasStatus_t st = cublasLtCreate(&h); st != CUBLAS_STATUS_SUCCESS) {
-    return absl::InternalError(
-        absl::StrCat("cublasLtCreate: ", cublasLtGetStatusName(st), ": ",
-                     cublasLtGetStatusString(st)));
+    return absl::InternalError(absl::StrCat("cublasLtCreate: ", cublasLtGetStatusName(st), ": ",
+                                            cublasLtGetStatusString(st)));
   }
   d->blas_ = h;
   return d;
@@ -173,8 +172,11 @@ Device::~Device() {
 
 template <DeviceElement T>
 DeviceTensor<T>::DeviceTensor(DeviceTensor&& o) noexcept
-    : device_(o.device_), name_(std::move(o.name_)), block_(std::exchange(o.block_, {})),
-      size_(std::exchange(o.size_, 0)), rank_(std::exchange(o.rank_, 0)) {
+    : device_(o.device_),
+      name_(std::move(o.name_)),
+      block_(std::exchange(o.block_, {})),
+      size_(std::exchange(o.size_, 0)),
+      rank_(std::exchange(o.rank_, 0)) {
   std::copy(o.shape_, o.shape_ + 4, shape_);
 }
 
@@ -236,12 +238,12 @@ absl::Status DeviceTensor<T>::Zero() {
 template <DeviceElement T>
 absl::Status DeviceTensor<T>::CopyFrom(std::span<const T> host) {
   if (static_cast<int64_t>(host.size()) != size_) {
-    return absl::InvalidArgumentError(absl::StrCat(name_, ": copying ", host.size(),
-                                                   " elements into a tensor of ", size_));
+    return absl::InvalidArgumentError(
+        absl::StrCat(name_, ": copying ", host.size(), " elements into a tensor of ", size_));
   }
-  return CudaCheck(cudaMemcpyAsync(block_.ptr, host.data(), bytes(), cudaMemcpyHostToDevice,
-                                   device_->stream()),
-                   absl::StrCat("copying ", name_, " to the device"));
+  return CudaCheck(
+      cudaMemcpyAsync(block_.ptr, host.data(), bytes(), cudaMemcpyHostToDevice, device_->stream()),
+      absl::StrCat("copying ", name_, " to the device"));
 }
 
 template <DeviceElement T>

@@ -26,11 +26,11 @@
 #include <memory>
 #include <span>
 #include <string>
-#include "absl/strings/string_view.h"
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "runtime/cuda/caching_allocator.h"
 #include "runtime/cuda/device_probe.h"
 
@@ -126,8 +126,7 @@ class Device {
 // Element types a DeviceTensor holds.
 template <typename T>
 concept DeviceElement = std::is_same_v<T, float> || std::is_same_v<T, bf16> ||
-                        std::is_same_v<T, int32_t> || std::is_same_v<T, double> ||
-                        std::is_same_v<T, int64_t>;
+    std::is_same_v<T, int32_t> || std::is_same_v<T, double> || std::is_same_v<T, int64_t>;
 
 // A contiguous row-major device array with a name (for out-of-memory errors) and up to
 // four dimensions, allocated on the device's compute stream. Resize keeps the block when it

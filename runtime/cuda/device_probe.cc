@@ -18,10 +18,11 @@ std::string CudaError(const char* call, cudaError_t e) {
 #endif
 
 [[maybe_unused]] absl::Status NoEngine() {
-  return absl::FailedPreconditionError(absl::StrCat(
-      kField, "this build has no GPU engine (configured without nvcc, or with "
-              "RACKRUN_WITH_CUDA=OFF); rebuild on a machine with the CUDA toolkit, or use "
-              "resources.device: cpu"));
+  return absl::FailedPreconditionError(
+      absl::StrCat(kField,
+                   "this build has no GPU engine (configured without nvcc, or with "
+                   "RACKRUN_WITH_CUDA=OFF); rebuild on a machine with the CUDA toolkit, or use "
+                   "resources.device: cpu"));
 }
 
 }  // namespace
@@ -59,26 +60,26 @@ absl::StatusOr<std::vector<GpuInfo>> VisibleGpus() {
           "); run on a machine with a GPU and its driver, or use resources.device: cpu"));
     }
     if (driver < CUDART_VERSION) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          kField, "the NVIDIA driver supports CUDA ", CudaVersionString(driver),
-          ", older than the CUDA ", CudaVersionString(CUDART_VERSION),
-          " this build was compiled with; update the driver (",
-          CudaError("cudaGetDeviceCount", e), ")"));
+      return absl::FailedPreconditionError(
+          absl::StrCat(kField, "the NVIDIA driver supports CUDA ", CudaVersionString(driver),
+                       ", older than the CUDA ", CudaVersionString(CUDART_VERSION),
+                       " this build was compiled with; update the driver (",
+                       CudaError("cudaGetDeviceCount", e), ")"));
     }
     return absl::FailedPreconditionError(
         absl::StrCat(kField, "no CUDA device: ", CudaError("cudaGetDeviceCount", e),
                      "; check nvidia-smi and CUDA_VISIBLE_DEVICES, or use resources.device: cpu"));
   }
   if (count == 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        kField, "no CUDA device: the driver (CUDA ", CudaVersionString(driver),
-        ") shows none to this process; check nvidia-smi and CUDA_VISIBLE_DEVICES"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(kField, "no CUDA device: the driver (CUDA ", CudaVersionString(driver),
+                     ") shows none to this process; check nvidia-smi and CUDA_VISIBLE_DEVICES"));
   }
   if (driver < CUDART_VERSION) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        kField, "the NVIDIA driver supports CUDA ", CudaVersionString(driver),
-        ", older than the CUDA ", CudaVersionString(CUDART_VERSION),
-        " this build was compiled with; update the driver"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(kField, "the NVIDIA driver supports CUDA ", CudaVersionString(driver),
+                     ", older than the CUDA ", CudaVersionString(CUDART_VERSION),
+                     " this build was compiled with; update the driver"));
   }
   std::vector<GpuInfo> gpus;
   for (int i = 0; i < count; ++i) {
@@ -114,29 +115,29 @@ absl::StatusOr<GpuInfo> CheckDevice(const jobspec::DeviceSpec& device, int local
   const std::string seen = absl::StrCat(count, " visible GPU", count == 1 ? "" : "s", " (cuda:0",
                                         count > 1 ? absl::StrCat("..cuda:", count - 1) : "", ")");
   if (device.index < 0 && ranks_here > count) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        kField, "cuda gives each local rank its own GPU, and ", ranks_here,
-        " ranks run on this machine with ", seen,
-        "; run at most one rank per GPU, or name one with cuda:N"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(kField, "cuda gives each local rank its own GPU, and ", ranks_here,
+                     " ranks run on this machine with ", seen,
+                     "; run at most one rank per GPU, or name one with cuda:N"));
   }
   const int index = device.GpuFor(local_rank);
   if (index >= count) {
     return absl::FailedPreconditionError(
-        absl::StrCat(kField, device.ToString(), " (local rank ", local_rank,
-                     ") names GPU ", index, ", but this machine has ", seen,
-                     "; choose an index below ", count));
+        absl::StrCat(kField, device.ToString(), " (local rank ", local_rank, ") names GPU ", index,
+                     ", but this machine has ", seen, "; choose an index below ", count));
   }
   GpuInfo g = (*gpus)[static_cast<size_t>(index)];
 #if RACKRUN_HAVE_CUDA
   if (g.major * 10 + g.minor < RACKRUN_CUDA_MIN_COMPUTE) {
     return absl::FailedPreconditionError(absl::StrCat(
-        kField, "GPU ", index, " (", g.name, ") has compute capability ", g.major, ".",
-        g.minor, "; this build runs on ", RACKRUN_CUDA_MIN_COMPUTE / 10, ".",
-        RACKRUN_CUDA_MIN_COMPUTE % 10, " or newer (", RACKRUN_CUDA_ARCHITECTURES,
+        kField, "GPU ", index, " (", g.name, ") has compute capability ", g.major, ".", g.minor,
+        "; this build runs on ", RACKRUN_CUDA_MIN_COMPUTE / 10, ".", RACKRUN_CUDA_MIN_COMPUTE % 10,
+        " or newer (", RACKRUN_CUDA_ARCHITECTURES,
         "); use a Hopper or Blackwell GPU, or rebuild with RACKRUN_CUDA_GENCODE for it"));
   }
   size_t free_bytes = 0, total_bytes = 0;
-  if (cudaSetDevice(index) == cudaSuccess && cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess) {
+  if (cudaSetDevice(index) == cudaSuccess &&
+      cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess) {
     g.free_bytes = static_cast<int64_t>(free_bytes);
   }
   (void)cudaGetLastError();

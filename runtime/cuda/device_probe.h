@@ -28,7 +28,7 @@ namespace rackrun::runtime::cuda {
 
 struct GpuInfo {
   int index = 0;
-  std::string name;         // "NVIDIA H200"
+  std::string name;          // "NVIDIA H200"
   int major = 0, minor = 0;  // compute capability
   int multiprocessors = 0;
   int64_t total_bytes = 0;
@@ -38,9 +38,9 @@ struct GpuInfo {
 };
 
 struct CudaBuildInfo {
-  bool built = false;       // the GPU engine is in this build
-  int runtime_version = 0;  // CUDA the build compiled against, e.g. 13000
-  int min_compute = 0;      // lowest compute capability the code runs on, e.g. 90
+  bool built = false;         // the GPU engine is in this build
+  int runtime_version = 0;    // CUDA the build compiled against, e.g. 13000
+  int min_compute = 0;        // lowest compute capability the code runs on, e.g. 90
   std::string architectures;  // "sm_90a sm_100a compute_90" (the last is PTX)
 };
 

@@ -11,10 +11,9 @@ namespace {
 
 absl::Status BlasCheck(cublasStatus_t s, absl::string_view call, const GemmShape& g) {
   if (s == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat(call, " (m ", g.m, ", n ", g.n, ", k ", g.k, ", ta ",
-                                          g.trans_a, ", tb ", g.trans_b, "): ",
-                                          cublasLtGetStatusName(s), ": ",
-                                          cublasLtGetStatusString(s)));
+  return absl::InternalError(
+      absl::StrCat(call, " (m ", g.m, ", n ", g.n, ", k ", g.k, ", ta ", g.trans_a, ", tb ",
+                   g.trans_b, "): ", cublasLtGetStatusName(s), ": ", cublasLtGetStatusString(s)));
 }
 
 // The largest power of two (at most 256) dividing the address.
@@ -37,9 +36,12 @@ absl::StatusOr<GemmPrecision> ParseGemmPrecision(absl::string_view name) {
 
 absl::string_view GemmPrecisionName(GemmPrecision p) {
   switch (p) {
-    case GemmPrecision::kFp32: return "fp32";
-    case GemmPrecision::kTf32: return "tf32";
-    case GemmPrecision::kBf16: return "bf16";
+    case GemmPrecision::kFp32:
+      return "fp32";
+    case GemmPrecision::kTf32:
+      return "tf32";
+    case GemmPrecision::kBf16:
+      return "bf16";
   }
   return "?";
 }
@@ -64,10 +66,9 @@ absl::Status Gemm::Run(const GemmShape& s, float alpha, const void* a, const voi
   const int a_cols = s.trans_a ? s.m : s.k;  // row length of A as stored
   const int b_cols = s.trans_b ? s.k : s.n;
   if (s.lda < std::max(1, a_cols) || s.ldb < std::max(1, b_cols) || s.ldc < std::max(1, s.n)) {
-    return absl::InvalidArgumentError(absl::StrCat("gemm: leading dimensions ", s.lda, ", ",
-                                                   s.ldb, ", ", s.ldc,
-                                                   " below the rows' lengths ", a_cols, ", ",
-                                                   b_cols, ", ", s.n));
+    return absl::InvalidArgumentError(absl::StrCat("gemm: leading dimensions ", s.lda, ", ", s.ldb,
+                                                   ", ", s.ldc, " below the rows' lengths ", a_cols,
+                                                   ", ", b_cols, ", ", s.n));
   }
   if (c_type == DataType::kBF16 && precision != GemmPrecision::kBf16) {
     return absl::InvalidArgumentError("gemm: a bf16 C needs bf16 precision");
@@ -86,9 +87,19 @@ absl::Status Gemm::Run(const GemmShape& s, float alpha, const void* a, const voi
   const cublasComputeType_t compute =
       precision == GemmPrecision::kTf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
   const int k = s.k;
-  const std::array<int, 13> key = {s.trans_a, s.trans_b, s.m, s.n, k, s.lda, s.ldb, s.ldc,
-                                   static_cast<int>(precision), static_cast<int>(c_type),
-                                   AlignmentOf(a), AlignmentOf(b), AlignmentOf(c)};
+  const std::array<int, 13> key = {s.trans_a,
+                                   s.trans_b,
+                                   s.m,
+                                   s.n,
+                                   k,
+                                   s.lda,
+                                   s.ldb,
+                                   s.ldc,
+                                   static_cast<int>(precision),
+                                   static_cast<int>(c_type),
+                                   AlignmentOf(a),
+                                   AlignmentOf(b),
+                                   AlignmentOf(c)};
   auto it = plans_.find(key);
   if (it == plans_.end()) {
     auto plan = std::make_shared<Plan>();
@@ -115,10 +126,10 @@ absl::Status Gemm::Run(const GemmShape& s, float alpha, const void* a, const voi
         !st.ok()) {
       return st;
     }
-    if (absl::Status st = BlasCheck(
-            cublasLtMatrixLayoutCreate(&plan->c, cc_type, static_cast<uint64_t>(s.n),
-                                       static_cast<uint64_t>(s.m), s.ldc),
-            "layout C", s);
+    if (absl::Status st =
+            BlasCheck(cublasLtMatrixLayoutCreate(&plan->c, cc_type, static_cast<uint64_t>(s.n),
+                                                 static_cast<uint64_t>(s.m), s.ldc),
+                      "layout C", s);
         !st.ok()) {
       return st;
     }
@@ -142,8 +153,8 @@ absl::Status Gemm::Run(const GemmShape& s, float alpha, const void* a, const voi
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
     const cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(
-        static_cast<cublasLtHandle_t>(device_->blas_handle()), plan->op, plan->a, plan->b,
-        plan->c, plan->c, pref, 1, &result, &found);
+        static_cast<cublasLtHandle_t>(device_->blas_handle()), plan->op, plan->a, plan->b, plan->c,
+        plan->c, pref, 1, &result, &found);
     cublasLtMatmulPreferenceDestroy(pref);
     if (absl::Status st = BlasCheck(hs, "cublasLtMatmulAlgoGetHeuristic", s); !st.ok()) return st;
     if (found == 0) {
@@ -156,8 +167,8 @@ absl::Status Gemm::Run(const GemmShape& s, float alpha, const void* a, const voi
   }
   const Plan& p = *it->second;
   return BlasCheck(
-      cublasLtMatmul(static_cast<cublasLtHandle_t>(device_->blas_handle()), p.op, &alpha, b,
-                     p.a, a, p.b, &beta, c, p.c, c, p.c, &p.algo, device_->blas_workspace(),
+      cublasLtMatmul(static_cast<cublasLtHandle_t>(device_->blas_handle()), p.op, &alpha, b, p.a, a,
+                     p.b, &beta, c, p.c, c, p.c, &p.algo, device_->blas_workspace(),
                      device_->blas_workspace_bytes(), stream),
       "cublasLtMatmul", s);
 }

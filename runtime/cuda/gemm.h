@@ -18,10 +18,10 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include "absl/strings/string_view.h"
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "runtime/cuda/device.h"
 
 namespace rackrun::runtime::cuda {
@@ -45,10 +45,12 @@ class Gemm {
   ~Gemm();
 
   // A and B are fp32 for kFp32/kTf32 and bf16 for kBf16; C is fp32 unless `c_type` says
-  // bf16 (kBf16 only). Leading dimensions as in row-major storage (>= the row length).
-  // InvalidArgument for inconsistent shapes or types; cuBLAS errors name the call and
-  // the shape. m or n of 0 is a no-op, and so is k = 0 with beta = 1 (an empty product
-  // accumulated); k = 0 with another beta is an InvalidArgument.
+  // bf16 (kBf16 only). The tensor-core precisions (TF32, bf16) want 16-byte aligned rows
+  // (leading dimensions a multiple of 8 elements); for others cuBLASLt may offer no
+  // algorithm, which is an Internal error naming the shape. Leading dimensions as in row-major
+  // storage (>= the row length). InvalidArgument for inconsistent shapes or types; cuBLAS errors
+  // name the call and the shape. m or n of 0 is a no-op, and so is k = 0 with beta = 1 (an empty
+  // product accumulated); k = 0 with another beta is an InvalidArgument.
   absl::Status Run(const GemmShape& s, float alpha, const void* a, const void* b, float beta,
                    void* c, GemmPrecision precision, DataType c_type = DataType::kF32,
                    cudaStream_t stream = nullptr);

@@ -1,5 +1,5 @@
 // The cuBLASLt GEMM against runtime/cpu/gemm.h's Gemm (the CPU engine's), every transpose
-// combination, odd shapes and leading dimensions, accumulation (beta = 1), in the three
+// combination, odd shapes, padded leading dimensions, accumulation (beta = 1), in the three
 // precisions. Tolerances, relative to the largest |C|: fp32 1e-5 (same arithmetic, another
 // summation order); TF32 5e-3 (10-bit mantissa inputs: 2^-11 relative per product, summed
 // over K with cancellation); bf16 inputs 2e-2 (8-bit mantissa).
@@ -25,9 +25,17 @@ struct Case {
   int m, n, k;
 };
 
+// Leading dimensions past the rows' lengths: odd ones in fp32; multiples of 8 elements (16
+// bytes, the tensor-core kernels' alignment, as the engine's own buffers are) in TF32 and
+// bf16.
+int Ld(int row, int pad, GemmPrecision p) {
+  return p == GemmPrecision::kFp32 ? row + pad : (row + 7) / 8 * 8 + 8;
+}
+
 void RunCase(Device* dev, Gemm& gemm, const Case& c, GemmPrecision precision, float beta,
              double tol) {
-  const int lda = (c.ta ? c.m : c.k) + 3, ldb = (c.tb ? c.k : c.n) + 1, ldc = c.n + 5;
+  const int lda = Ld(c.ta ? c.m : c.k, 3, precision), ldb = Ld(c.tb ? c.k : c.n, 1, precision),
+            ldc = Ld(c.n, 5, precision);
   const int a_rows = c.ta ? c.k : c.m, b_rows = c.tb ? c.n : c.k;
   std::vector<float> a = RandomVector(int64_t{a_rows} * lda, 1);
   std::vector<float> b = RandomVector(int64_t{b_rows} * ldb, 2);

@@ -106,15 +106,19 @@ __global__ void SumChunksKernel(int64_t chunks, int width, const float* partial,
 
 // ---------------------------------------------------------------- SwiGLU
 
+// Element i of act (rows x F) and the offset of its gate in h13 (rows x 2F, [g | up]).
+__device__ __forceinline__ int64_t GateOffset(int64_t i, int hidden) {
+  const int64_t r = i / hidden;
+  return r * 2 * hidden + (i - r * hidden);
+}
+
 __global__ void SwigluKernel(int64_t rows, int hidden, const float* h13, float* act) {
   const int64_t n = rows * hidden;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t r = i / hidden;
-    const int j = static_cast<int>(i - r * hidden);
-    const float g = h13[r * 2 * hidden + j];
-    const float up = h13[r * 2 * hidden + hidden + j];
-    act[i] = g * Sigmoid(g) * up;
+    const int64_t o = GateOffset(i, hidden);
+    const float g = h13[o];
+    act[i] = g * Sigmoid(g) * h13[o + hidden];
   }
 }
 
@@ -123,14 +127,12 @@ __global__ void SwigluBackwardKernel(int64_t rows, int hidden, const float* h13,
   const int64_t n = rows * hidden;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t r = i / hidden;
-    const int j = static_cast<int>(i - r * hidden);
-    const float g = h13[r * 2 * hidden + j];
-    const float up = h13[r * 2 * hidden + hidden + j];
+    const int64_t o = GateOffset(i, hidden);
+    const float g = h13[o], up = h13[o + hidden];
     const float s = Sigmoid(g);
     const float da = dact[i];
-    dh13[r * 2 * hidden + hidden + j] = da * g * s;
-    dh13[r * 2 * hidden + j] = da * up * (s + g * s * (1.0f - s));
+    dh13[o + hidden] = da * g * s;
+    dh13[o] = da * up * (s + g * s * (1.0f - s));
   }
 }
 
@@ -252,8 +254,8 @@ __global__ void CombineRowsKernel(int k, int width, const int64_t* slot_row, con
 }
 
 __global__ void CombineRowsBackwardKernel(int k, int width, const int64_t* slot_row,
-                                          const float* weights, const float* src,
-                                          const float* dout, float* dsrc, float* dweights) {
+                                          const float* weights, const float* src, const float* dout,
+                                          float* dsrc, float* dweights) {
   extern __shared__ float scratch[];  // k * 32
   const int64_t t = blockIdx.x;
   const float* d = dout + t * width;
@@ -333,13 +335,12 @@ __global__ void AdamWKernel(const AdamTensor* table, int64_t chunks, const int32
     for (int64_t i = start + threadIdx.x; i < end; i += blockDim.x) {
       const float g = __fmul_rn(t.grad[i], scale);
       const float m = __fadd_rn(__fmul_rn(beta1, t.m[i]), __fmul_rn(1.0f - beta1, g));
-      const float v =
-          __fadd_rn(__fmul_rn(beta2, t.v[i]), __fmul_rn(__fmul_rn(1.0f - beta2, g), g));
+      const float v = __fadd_rn(__fmul_rn(beta2, t.v[i]), __fmul_rn(__fmul_rn(1.0f - beta2, g), g));
       t.m[i] = m;
       t.v[i] = v;
       const float denom = __fadd_rn(__fmul_rn(sqrtf(v), inv_sqrt_bias2), eps);
-      t.value[i] = __fsub_rn(__fmul_rn(t.value[i], t.shrink),
-                             __fdiv_rn(__fmul_rn(step_size, m), denom));
+      t.value[i] =
+          __fsub_rn(__fmul_rn(t.value[i], t.shrink), __fdiv_rn(__fmul_rn(step_size, m), denom));
     }
   }
 }
@@ -413,8 +414,8 @@ cudaError_t RmsNormBackward(int64_t rows, int width, const float* x, const float
                             const float* inv_rms, const float* dy, float* dx, float* dgain,
                             float* partial, cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
-  RmsNormBackwardRowsKernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
-      width, x, gain, inv_rms, dy, dx);
+  RmsNormBackwardRowsKernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(width, x, gain,
+                                                                                  inv_rms, dy, dx);
   const int64_t chunks = (rows + kRowChunk - 1) / kRowChunk;
   const dim3 grid((width + kThreads - 1) / kThreads, static_cast<unsigned>(chunks));
   RmsNormGainPartialKernel<<<grid, kThreads, 0, stream>>>(rows, width, x, inv_rms, dy, partial);
@@ -434,7 +435,7 @@ cudaError_t SwigluActivationBackward(int64_t rows, int hidden, const float* h13,
                                      float* dh13, cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
   SwigluBackwardKernel<<<Blocks(rows * hidden), kThreads, 0, stream>>>(rows, hidden, h13, dact,
-                                                                      dh13);
+                                                                       dh13);
   return cudaGetLastError();
 }
 
@@ -449,7 +450,8 @@ cudaError_t RouterForward(int64_t tokens, int experts, int k, float* scores, con
 cudaError_t ExpertCounts(int64_t slots, int experts, const int32_t* selected, int32_t* counts,
                          cudaStream_t stream) {
   ZeroIntsKernel<<<(experts + kThreads - 1) / kThreads, kThreads, 0, stream>>>(experts, counts);
-  if (slots > 0) ExpertCountsKernel<<<Blocks(slots), kThreads, 0, stream>>>(slots, selected, counts);
+  if (slots > 0)
+    ExpertCountsKernel<<<Blocks(slots), kThreads, 0, stream>>>(slots, selected, counts);
   return cudaGetLastError();
 }
 
@@ -488,7 +490,7 @@ cudaError_t CombineRows(int64_t tokens, int k, int width, const int64_t* slot_ro
                         cudaStream_t stream) {
   if (tokens == 0) return cudaSuccess;
   CombineRowsKernel<<<static_cast<unsigned>(tokens), kThreads, 0, stream>>>(k, width, slot_row,
-                                                                           weights, src, add, out);
+                                                                            weights, src, add, out);
   return cudaGetLastError();
 }
 

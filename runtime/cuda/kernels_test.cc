@@ -55,14 +55,13 @@ TEST(GpuKernelsTest, RmsNormMatchesTheCpuLayer) {
                         inv = Zeros(dev.get(), "inv", rows),
                         ddx = Zeros(dev.get(), "dx", rows * width),
                         dgain = Zeros(dev.get(), "dgain", width),
-                        part = Zeros(dev.get(), "partial",
-                                     kernels::RmsNormPartialFloats(rows, width));
+                        part =
+                            Zeros(dev.get(), "partial", kernels::RmsNormPartialFloats(rows, width));
     ASSERT_EQ(kernels::RmsNormForward(rows, width, dx_d.data(), dg.data(), dyo.data(), inv.data(),
                                       dev->stream()),
               cudaSuccess);
-    ASSERT_EQ(kernels::RmsNormBackward(rows, width, dx_d.data(), dg.data(), inv.data(),
-                                       ddy.data(), ddx.data(), dgain.data(), part.data(),
-                                       dev->stream()),
+    ASSERT_EQ(kernels::RmsNormBackward(rows, width, dx_d.data(), dg.data(), inv.data(), ddy.data(),
+                                       ddx.data(), dgain.data(), part.data(), dev->stream()),
               cudaSuccess);
     SCOPED_TRACE(absl::StrCat("width ", width));
     RACKRUN_EXPECT_CLOSE(Download(dyo), y, 1e-5);
@@ -100,18 +99,21 @@ TEST(GpuKernelsTest, SwigluExpertMatchesTheCpuExpert) {
                       gda = Zeros(dev.get(), "dact", rows * f),
                       gdx = Zeros(dev.get(), "dx", rows * c);
   const int r = static_cast<int>(rows);
-  ASSERT_TRUE(gemm.Run({false, false, r, 2 * f, c, c, 2 * f, 2 * f}, 1, gx.data(), g13.data(), 0,
-                       gh.data())
-                  .ok());
+  ASSERT_TRUE(
+      gemm.Run({false, false, r, 2 * f, c, c, 2 * f, 2 * f}, 1, gx.data(), g13.data(), 0, gh.data())
+          .ok());
   ASSERT_EQ(kernels::SwigluActivation(rows, f, gh.data(), ga.data(), dev->stream()), cudaSuccess);
-  ASSERT_TRUE(gemm.Run({false, false, r, c, f, f, c, c}, 1, ga.data(), g2.data(), 0, gy.data()).ok());
+  ASSERT_TRUE(
+      gemm.Run({false, false, r, c, f, f, c, c}, 1, ga.data(), g2.data(), 0, gy.data()).ok());
   // Backward, the CPU's order: dact = dy W2^T; dW2 += act^T dy; dh13; dW13 += x^T dh13;
   // dx = dh13 W13^T.
-  ASSERT_TRUE(gemm.Run({false, true, r, f, c, c, c, f}, 1, gdy.data(), g2.data(), 0, gda.data()).ok());
-  ASSERT_TRUE(gemm.Run({true, false, f, c, r, f, c, c}, 1, ga.data(), gdy.data(), 1, gdw2.data()).ok());
-  ASSERT_EQ(kernels::SwigluActivationBackward(rows, f, gh.data(), gda.data(), gdh.data(),
-                                              dev->stream()),
-            cudaSuccess);
+  ASSERT_TRUE(
+      gemm.Run({false, true, r, f, c, c, c, f}, 1, gdy.data(), g2.data(), 0, gda.data()).ok());
+  ASSERT_TRUE(
+      gemm.Run({true, false, f, c, r, f, c, c}, 1, ga.data(), gdy.data(), 1, gdw2.data()).ok());
+  ASSERT_EQ(
+      kernels::SwigluActivationBackward(rows, f, gh.data(), gda.data(), gdh.data(), dev->stream()),
+      cudaSuccess);
   ASSERT_TRUE(gemm.Run({true, false, c, 2 * f, r, c, 2 * f, 2 * f}, 1, gx.data(), gdh.data(), 1,
                        gdw13.data())
                   .ok());
@@ -138,12 +140,13 @@ TEST(GpuKernelsTest, RoutingMatchesTheCpuRouter) {
   std::vector<int32_t> sel(tokens * k);
   RouteTopK<float>(tokens, experts, k, bias.data(), scores.data(), sel.data(), weights.data());
 
-  DeviceTensor<float> gs = Upload(dev.get(), "scores", logits), gb = Upload(dev.get(), "bias", bias);
+  DeviceTensor<float> gs = Upload(dev.get(), "scores", logits),
+                      gb = Upload(dev.get(), "bias", bias);
   DeviceTensor<int32_t> gsel(dev.get(), "selected");
   ASSERT_TRUE(gsel.Resize({tokens * k}).ok());
   DeviceTensor<float> gw = Zeros(dev.get(), "weights", tokens * k);
-  ASSERT_EQ(kernels::RouterForward(tokens, experts, k, gs.data(), gb.data(), gsel.data(),
-                                   gw.data(), dev->stream()),
+  ASSERT_EQ(kernels::RouterForward(tokens, experts, k, gs.data(), gb.data(), gsel.data(), gw.data(),
+                                   dev->stream()),
             cudaSuccess);
   RACKRUN_EXPECT_CLOSE(Download(gs), scores, 1e-5);
   const std::vector<int32_t> got_sel = Download(gsel);
@@ -176,7 +179,8 @@ TEST(GpuKernelsTest, RoutingMatchesTheCpuRouter) {
   const double mean = static_cast<double>(tokens * k) / experts;
   for (int e = 0; e < experts; ++e) {
     const double err = mean - counts[static_cast<size_t>(e)];
-    stepped[static_cast<size_t>(e)] += static_cast<float>(1e-3 * (err > 0 ? 1 : (err < 0 ? -1 : 0)));
+    stepped[static_cast<size_t>(e)] +=
+        static_cast<float>(1e-3 * (err > 0 ? 1 : (err < 0 ? -1 : 0)));
   }
   EXPECT_EQ(Download(gb), stepped);
 
@@ -191,10 +195,10 @@ TEST(GpuKernelsTest, RoutingMatchesTheCpuRouter) {
     DeviceTensor<float> gdw = Upload(dev.get(), "dweights", dweights),
                         gaux = Upload(dev.get(), "aux", aux),
                         gdl = Zeros(dev.get(), "dlogits", tokens * experts);
-    ASSERT_EQ(kernels::RouterBackward(tokens, experts, k, gs.data(), gsel.data(), gw.data(),
-                                      gdw.data(), with_aux ? gaux.data() : nullptr, gdl.data(),
-                                      dev->stream()),
-              cudaSuccess);
+    ASSERT_EQ(
+        kernels::RouterBackward(tokens, experts, k, gs.data(), gsel.data(), gw.data(), gdw.data(),
+                                with_aux ? gaux.data() : nullptr, gdl.data(), dev->stream()),
+        cudaSuccess);
     RACKRUN_EXPECT_CLOSE(Download(gdl), dl, 1e-5);
   }
 
@@ -209,9 +213,9 @@ TEST(GpuKernelsTest, RoutingMatchesTheCpuRouter) {
   DeviceTensor<int64_t> goff = Upload(dev.get(), "offsets", offsets);
   DeviceTensor<int64_t> grow(dev.get(), "slot rows");
   ASSERT_TRUE(grow.Resize({tokens * k}).ok());
-  ASSERT_EQ(kernels::SlotRows(tokens, experts, k, gsel.data(), goff.data(), grow.data(),
-                              dev->stream()),
-            cudaSuccess);
+  ASSERT_EQ(
+      kernels::SlotRows(tokens, experts, k, gsel.data(), goff.data(), grow.data(), dev->stream()),
+      cudaSuccess);
   EXPECT_EQ(Download(grow), row);
   const std::vector<float> x = RandomVector(tokens * c, 25);
   DeviceTensor<float> gx = Upload(dev.get(), "x", x), gd = Zeros(dev.get(), "disp", tokens * k * c);
@@ -234,7 +238,8 @@ TEST(GpuKernelsTest, RoutingMatchesTheCpuRouter) {
       }
       dw[t * k + j] = acc;
     }
-  DeviceTensor<float> geo = Upload(dev.get(), "expert out", eo), gout = Zeros(dev.get(), "out", tokens * c),
+  DeviceTensor<float> geo = Upload(dev.get(), "expert out", eo),
+                      gout = Zeros(dev.get(), "out", tokens * c),
                       gdout = Upload(dev.get(), "dout", dout),
                       gdeo = Zeros(dev.get(), "deo", tokens * k * c),
                       gdw2 = Zeros(dev.get(), "dw", tokens * k);
@@ -259,7 +264,8 @@ TEST(GpuKernelsTest, CrossEntropyMatchesTheCpuLmHead) {
   std::copy(w.begin(), w.end(), cpu.weight().value.data());
   const std::vector<float> x = RandomVector(rows * width, 32);
   std::vector<int32_t> targets(rows);
-  for (int64_t r = 0; r < rows; ++r) targets[r] = r % 17 == 0 ? -1 : static_cast<int32_t>((r * 7919) % vocab);
+  for (int64_t r = 0; r < rows; ++r)
+    targets[r] = r % 17 == 0 ? -1 : static_cast<int32_t>((r * 7919) % vocab);
   int64_t counted = 0;
   const double loss = cpu.Forward(x.data(), targets.data(), rows, &counted);
   std::vector<float> dx(rows * width);
@@ -275,8 +281,8 @@ TEST(GpuKernelsTest, CrossEntropyMatchesTheCpuLmHead) {
   ASSERT_TRUE(row_loss.Resize({rows}).ok());
   ASSERT_TRUE(sum.Resize({1}).ok());
   const int r = static_cast<int>(rows);
-  ASSERT_TRUE(gemm.Run({false, false, r, vocab, width, width, vocab, vocab}, 1, gx.data(), gw.data(),
-                       0, gl.data())
+  ASSERT_TRUE(gemm.Run({false, false, r, vocab, width, width, vocab, vocab}, 1, gx.data(),
+                       gw.data(), 0, gl.data())
                   .ok());
   ASSERT_EQ(kernels::CrossEntropyForward(rows, vocab, gl.data(), gt.data(), row_loss.data(),
                                          dev->stream()),
@@ -313,7 +319,8 @@ TEST(GpuKernelsTest, AdamWAndClippingMatchTheCpuOptimizer) {
   }
   for (size_t i = 0; i < sizes.size(); ++i) {
     const bool decay = i % 2 == 0;
-    cpu_tensors.push_back({absl::StrCat("t", i), values[i].data(), grads[i].data(), sizes[i], decay});
+    cpu_tensors.push_back(
+        {absl::StrCat("t", i), values[i].data(), grads[i].data(), sizes[i], decay});
     gv.push_back(Upload(dev.get(), "value", values[i]));
     gg.push_back(Upload(dev.get(), "grad", grads[i]));
   }
@@ -322,7 +329,8 @@ TEST(GpuKernelsTest, AdamWAndClippingMatchTheCpuOptimizer) {
   }
   AdamWConfig config;
   AdamW cpu(config, cpu_tensors);
-  absl::StatusOr<std::unique_ptr<DeviceAdamW>> gpu = DeviceAdamW::Create(dev.get(), config, gpu_tensors);
+  absl::StatusOr<std::unique_ptr<DeviceAdamW>> gpu =
+      DeviceAdamW::Create(dev.get(), config, gpu_tensors);
   ASSERT_TRUE(gpu.ok()) << gpu.status();
   for (int step = 0; step < 3; ++step) {
     const double clip = step == 1 ? 1e9 : 5.0;  // step 1 does not clip
@@ -348,8 +356,9 @@ TEST(GpuKernelsTest, CopyKernelCopies) {
   RACKRUN_OPEN_GPU_OR_SKIP(dev);
   const std::vector<float> x = RandomVector(1 << 20, 60);
   DeviceTensor<float> a = Upload(dev.get(), "a", x), b = Zeros(dev.get(), "b", x.size());
-  ASSERT_EQ(kernels::CopyBytes(static_cast<int64_t>(x.size()) * 4, a.data(), b.data(), dev->stream()),
-            cudaSuccess);
+  ASSERT_EQ(
+      kernels::CopyBytes(static_cast<int64_t>(x.size()) * 4, a.data(), b.data(), dev->stream()),
+      cudaSuccess);
   EXPECT_EQ(Download(b), x);
 }
 

@@ -43,7 +43,8 @@ absl::Status DeviceAdamW::Init() {
   const int64_t table_ints =
       static_cast<int64_t>(tensors_.size() * sizeof(kernels::AdamTensor) / sizeof(int32_t)) + 1;
   for (absl::Status s :
-       {moments_.Resize({std::max<int64_t>(total, 1)}), chunk_tensor_.Resize({std::max<int64_t>(chunks_, 1)}),
+       {moments_.Resize({std::max<int64_t>(total, 1)}),
+        chunk_tensor_.Resize({std::max<int64_t>(chunks_, 1)}),
         chunk_start_.Resize({std::max<int64_t>(chunks_, 1)}), table_.Resize({table_ints}),
         partial_.Resize({std::max<int64_t>(chunks_, 1)}), norm_.Resize({1}), scale_.Resize({1})}) {
     if (!s.ok()) return s;
@@ -104,14 +105,13 @@ absl::Status DeviceAdamW::Step(double lr, bool use_clip_factor) {
   const double bias2 = 1.0 - std::pow(config_.beta2, static_cast<double>(step_));
   if (absl::Status s = UploadTable(lr); !s.ok()) return s;
   const auto* table = reinterpret_cast<const kernels::AdamTensor*>(table_.data());
-  return CudaCheck(
-      kernels::AdamWStep(static_cast<int>(tensors_.size()), table, chunks_, chunk_tensor_.data(),
-                         chunk_start_.data(), static_cast<float>(config_.beta1),
-                         static_cast<float>(config_.beta2), static_cast<float>(lr / bias1),
-                         static_cast<float>(1.0 / std::sqrt(bias2)),
-                         static_cast<float>(config_.eps),
-                         use_clip_factor ? scale_.data() : nullptr, device_->stream()),
-      "AdamW step");
+  return CudaCheck(kernels::AdamWStep(
+                       static_cast<int>(tensors_.size()), table, chunks_, chunk_tensor_.data(),
+                       chunk_start_.data(), static_cast<float>(config_.beta1),
+                       static_cast<float>(config_.beta2), static_cast<float>(lr / bias1),
+                       static_cast<float>(1.0 / std::sqrt(bias2)), static_cast<float>(config_.eps),
+                       use_clip_factor ? scale_.data() : nullptr, device_->stream()),
+                   "AdamW step");
 }
 
 absl::Status DeviceAdamW::MomentsToHost(size_t i, std::vector<float>* m, std::vector<float>* v) {

@@ -19,16 +19,16 @@ namespace rackrun::runtime::cuda::testing {
 
 // Skips the test, naming the cause, when no GPU is usable; otherwise opens GPU 0 into
 // `dev` (a std::unique_ptr<Device>).
-#define RACKRUN_OPEN_GPU_OR_SKIP(dev)                                                   \
-  std::unique_ptr<::rackrun::runtime::cuda::Device> dev;                                \
-  do {                                                                                  \
-    if (absl::Status avail = ::rackrun::runtime::cuda::GpuAvailable(); !avail.ok()) {   \
-      GTEST_SKIP() << avail.message();                                                  \
-    }                                                                                   \
-    absl::StatusOr<std::unique_ptr<::rackrun::runtime::cuda::Device>> opened =          \
-        ::rackrun::runtime::cuda::Device::Open(0);                                      \
-    ASSERT_TRUE(opened.ok()) << opened.status();                                        \
-    dev = std::move(*opened);                                                           \
+#define RACKRUN_OPEN_GPU_OR_SKIP(dev)                                                 \
+  std::unique_ptr<::rackrun::runtime::cuda::Device> dev;                              \
+  do {                                                                                \
+    if (absl::Status avail = ::rackrun::runtime::cuda::GpuAvailable(); !avail.ok()) { \
+      GTEST_SKIP() << avail.message();                                                \
+    }                                                                                 \
+    absl::StatusOr<std::unique_ptr<::rackrun::runtime::cuda::Device>> opened =        \
+        ::rackrun::runtime::cuda::Device::Open(0);                                    \
+    ASSERT_TRUE(opened.ok()) << opened.status();                                      \
+    dev = std::move(*opened);                                                         \
   } while (0)
 
 inline std::vector<float> RandomVector(int64_t n, uint64_t seed, float scale = 1.0f) {
@@ -75,11 +75,11 @@ inline double RelativeError(std::span<const float> gpu, std::span<const float> c
   return err / std::max(scale, 1e-30);
 }
 
-#define RACKRUN_EXPECT_CLOSE(gpu, cpu, tol)                                             \
-  do {                                                                                  \
-    const double rel_err = ::rackrun::runtime::cuda::testing::RelativeError(            \
-        std::span<const float>(gpu), std::span<const float>(cpu));                      \
-    EXPECT_LE(rel_err, tol) << #gpu " vs " #cpu;                                        \
+#define RACKRUN_EXPECT_CLOSE(gpu, cpu, tol)                                  \
+  do {                                                                       \
+    const double rel_err = ::rackrun::runtime::cuda::testing::RelativeError( \
+        std::span<const float>(gpu), std::span<const float>(cpu));           \
+    EXPECT_LE(rel_err, tol) << #gpu " vs " #cpu;                             \
   } while (0)
 
 }  // namespace rackrun::runtime::cuda::testing

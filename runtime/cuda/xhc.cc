@@ -63,18 +63,17 @@ absl::StatusOr<std::unique_ptr<XhcStreams<S>>> XhcStreams<S>::Create(Device* dev
                                                                      GemmPrecision gemm) {
   if (absl::Status s = config.Validate(); !s.ok()) return s;
   if (config.mode != ResidualMode::kXhc) {
-    return absl::UnimplementedError(
-        absl::StrCat("GPU residual streams: mode ", std::string(ResidualModeName(config.mode)),
-                     " is not implemented on the GPU yet (xhc only)"));
+    return absl::UnimplementedError(absl::StrCat("GPU residual streams: mode ",
+                                                 std::string(ResidualModeName(config.mode)),
+                                                 " is not implemented on the GPU yet (xhc only)"));
   }
   if (config.streams > xhc::kMaxN || config.active > xhc::kMaxK ||
       static_cast<int>(config.conv_widths.size()) > xhc::kMaxJ || config.width > xhc::kMaxWidth ||
       config.active * config.active > xhc::kMaxSinkhornN * xhc::kMaxSinkhornN) {
     return absl::InvalidArgumentError(absl::StrCat(
         "GPU residual streams support N <= ", xhc::kMaxN, ", k <= ", xhc::kMaxK, ", at most ",
-        xhc::kMaxJ, " convolutions and C <= ", xhc::kMaxWidth, "; got N ", config.streams,
-        ", k ", config.active, ", ", config.conv_widths.size(), " convolutions, C ",
-        config.width));
+        xhc::kMaxJ, " convolutions and C <= ", xhc::kMaxWidth, "; got N ", config.streams, ", k ",
+        config.active, ", ", config.conv_widths.size(), " convolutions, C ", config.width));
   }
   for (int w : config.conv_widths) {
     if (w > xhc::kMaxTaps) {
@@ -103,17 +102,27 @@ absl::Status XhcStreams<S>::Init(uint64_t seed) {
   // The CPU component of the same configuration: names, sizes, order and initial values.
   absl::StatusOr<ResidualStreams<float>> cpu = ResidualStreams<float>::Create(config_, seed);
   if (!cpu.ok()) return cpu.status();
+  // The device buffer keeps the CPU's order, with the GEMMs' weight matrices (a sublayer's
+  // router + pre rows, its [w_res | w_post] rows) starting on 256-byte boundaries: cuBLASLt's
+  // tensor-core kernels want 16-byte aligned operands, and the small parameters between
+  // them would leave the matrices at any float offset. Padding never falls inside the runs
+  // the kernels read as one (router + pre, w_res + w_post, the scalars, the convolutions).
+  constexpr int64_t kAlign = 64;  // floats
   std::vector<ParamRef<float>> params = cpu->Parameters();
-  const float* base = params.empty() ? nullptr : params[0].value;
-  std::vector<float> host;
   for (const ParamRef<float>& p : params) {
+    if (p.name.ends_with(".w_router") || p.name.ends_with(".w_res")) {
+      param_count_ = (param_count_ + kAlign - 1) / kAlign * kAlign;
+    }
     names_.push_back(p.name);
-    offsets_.push_back(p.value - base);
+    offsets_.push_back(param_count_);
     sizes_.push_back(p.size);
-    offset_of_[p.name] = p.value - base;
-    param_count_ = std::max(param_count_, static_cast<int64_t>(p.value - base) + p.size);
+    offset_of_[p.name] = param_count_;
+    param_count_ += p.size;
   }
-  host.assign(base, base + param_count_);
+  std::vector<float> host(static_cast<size_t>(param_count_), 0.0f);
+  for (size_t i = 0; i < params.size(); ++i) {
+    std::copy(params[i].value, params[i].value + params[i].size, host.begin() + offsets_[i]);
+  }
   if (absl::Status s = values_.Resize({param_count_}); !s.ok()) return s;
   if (absl::Status s = grads_.Resize({param_count_}); !s.ok()) return s;
   if (absl::Status s = values_.CopyFrom(host); !s.ok()) return s;
@@ -140,9 +149,9 @@ absl::Status XhcStreams<S>::Init(uint64_t seed) {
         s->w2 >= 0 && at(l, "w_post") == s->w2 + k_ * k_ * kc && at(l, "b_res") == s->a_res + 1 &&
         at(l, "a_post") == s->a_res + 1 + k_ * k_ && at(l, "b_post") == s->a_res + 2 + k_ * k_;
     if (!adjacent) {
-      return absl::InternalError(absl::StrCat(
-          "GPU residual streams: sublayer ", l,
-          "'s parameters are not laid out as the kernels expect (runtime/residual/xhc.cc changed?)"));
+      return absl::InternalError(absl::StrCat("GPU residual streams: sublayer ", l,
+                                              "'s parameters are not laid out as the kernels "
+                                              "expect (runtime/residual/xhc.cc changed?)"));
     }
     if (s->mlp) {
       s->conv = at(l, "conv0");
@@ -166,7 +175,8 @@ template <typename S>
 std::vector<ParamRef<float>> XhcStreams<S>::Parameters() {
   std::vector<ParamRef<float>> out;
   for (size_t i = 0; i < names_.size(); ++i) {
-    out.push_back({names_[i], values_.data() + offsets_[i], grads_.data() + offsets_[i], sizes_[i]});
+    out.push_back(
+        {names_[i], values_.data() + offsets_[i], grads_.data() + offsets_[i], sizes_[i]});
   }
   return out;
 }
@@ -275,13 +285,45 @@ xhc::MapParams XhcStreams<S>::MapsOf(int l) {
 template <typename S>
 absl::StatusOr<const bf16*> XhcStreams<S>::ShadowOf(int64_t offset, int64_t n) {
   if (absl::Status s = shadow_.Resize({n}); !s.ok()) return s;
-  if (absl::Status s = Check(kernels::F32ToBf16(n, values_.data() + offset, shadow_.data(),
-                                                device_->stream()),
-                             "bf16 weights");
+  if (absl::Status s =
+          Check(kernels::F32ToBf16(n, values_.data() + offset, shadow_.data(), device_->stream()),
+                "bf16 weights");
       !s.ok()) {
     return s;
   }
   return shadow_.data();
+}
+
+template <typename S>
+absl::Status XhcStreams<S>::Project(const GemmShape& shape, const S* rows, int64_t weight,
+                                    float* out) {
+  if constexpr (std::is_same_v<S, float>) {
+    return gemm_.Run(shape, 1.0f, rows, values_.data() + weight, 0.0f, out, gemm_precision_,
+                     device_->stream());
+  } else {
+    absl::StatusOr<const bf16*> w = ShadowOf(weight, static_cast<int64_t>(shape.n) * shape.k);
+    if (!w.ok()) return w.status();
+    return gemm_.Run(shape, 1.0f, rows, *w, 0.0f, out, GemmPrecision::kBf16, DataType::kF32,
+                     device_->stream());
+  }
+}
+
+template <typename S>
+absl::Status XhcStreams<S>::WeightGrad(const GemmShape& shape, const float* coeffs,
+                                       int64_t coeff_count, const S* rows, int64_t grad) {
+  if constexpr (std::is_same_v<S, float>) {
+    return gemm_.Run(shape, 1.0f, coeffs, rows, 1.0f, grads_.data() + grad, gemm_precision_,
+                     device_->stream());
+  } else {
+    if (absl::Status e =
+            Check(kernels::F32ToBf16(coeff_count, coeffs, c_bf16_.data(), device_->stream()),
+                  "logit gradients to bf16");
+        !e.ok()) {
+      return e;
+    }
+    return gemm_.Run(shape, 1.0f, c_bf16_.data(), rows, 1.0f, grads_.data() + grad,
+                     GemmPrecision::kBf16, DataType::kF32, device_->stream());
+  }
 }
 
 template <typename S>
@@ -292,6 +334,7 @@ absl::Status XhcStreams<S>::Reserve(int tokens) {
   const int64_t kc = static_cast<int64_t>(k_) * C_;
   const int KrMax = 1 + J_;
   const int P2Max = k_ * k_ + k_ * KrMax;
+  const int C2Max = (P2Max + 7) / 8 * 8;
   for (int l = 0; l < L_; ++l) {
     Sublayer& s = *sub_[static_cast<size_t>(l)];
     const xhc::Layout lay = LayoutOf(l);
@@ -307,11 +350,12 @@ absl::Status XhcStreams<S>::Reserve(int tokens) {
   for (absl::Status st :
        {x_.Resize({T, N_, C_}), dx_.Resize({T, N_, C_}), segment_.Resize({T}),
         z_.Resize({T, 2 * N_}), q_.Resize({T, P2Max}), da_.Resize({T, kc}),
-        dg_.Resize({T, std::max(J_, 1), C_}), dp_.Resize({T, k_}), c2_.Resize({T, P2Max}),
+        dg_.Resize({T, std::max(J_, 1), C_}), dp_.Resize({T, k_}), c2_.Resize({T, C2Max}),
         wscal_.Resize({T, 2 + k_ * k_ + k_ * KrMax}), rscal_.Resize({T, 1 + N_}),
-        c1_.Resize({T, 2 * N_}), tape_.Resize({T, xhc::SinkhornTapeFloats(k_, config_.sinkhorn_iters)}),
+        c1_.Resize({T, 2 * N_}),
+        tape_.Resize({T, xhc::SinkhornTapeFloats(k_, config_.sinkhorn_iters)}),
         partial_.Resize({std::max<int64_t>(1, xhc::ConvPartialFloats(mlp, T, all_taps.data()))}),
-        c_bf16_.Resize({T, std::max(2 * N_, P2Max)})}) {
+        c_bf16_.Resize({T, std::max(2 * N_, C2Max)})}) {
     if (!st.ok()) return st;
   }
   (void)nc;
@@ -335,7 +379,8 @@ absl::Status XhcStreams<S>::BeginBatch(int tokens, std::span<const int32_t> segm
   size_t next = 0;
   int32_t start = 0;
   for (int t = 0; t < tokens; ++t) {
-    while (next < segment_starts.size() && segment_starts[next] <= t) start = segment_starts[next++];
+    while (next < segment_starts.size() && segment_starts[next] <= t)
+      start = segment_starts[next++];
     segment_host_[static_cast<size_t>(t)] = start;
   }
   if (absl::Status s = segment_.Resize({tokens}); !s.ok()) return s;
@@ -350,8 +395,8 @@ absl::Status XhcStreams<S>::SetState(std::span<const float> state) {
   const int64_t n = static_cast<int64_t>(tokens_) * N_ * C_;
   if (tokens_ == 0) return Order(false, "SetState", 0);
   if (static_cast<int64_t>(state.size()) != n) {
-    return absl::InvalidArgumentError(absl::StrCat("xhc (GPU): state has ", state.size(),
-                                                   " values, want tokens x N x C = ", n));
+    return absl::InvalidArgumentError(
+        absl::StrCat("xhc (GPU): state has ", state.size(), " values, want tokens x N x C = ", n));
   }
   if (absl::Status s = x_.Resize({tokens_, N_, C_}); !s.ok()) return s;
   if constexpr (std::is_same_v<S, float>) {
@@ -359,14 +404,22 @@ absl::Status XhcStreams<S>::SetState(std::span<const float> state) {
   } else {
     if (absl::Status s = dx_.Resize({tokens_, N_, C_}); !s.ok()) return s;
     if (absl::Status s = dx_.CopyFrom(state); !s.ok()) return s;
-    if (absl::Status s = Check(kernels::F32ToBf16(n, dx_.data(), x_.data(), device_->stream()),
-                               "state to bf16");
+    if (absl::Status s =
+            Check(kernels::F32ToBf16(n, dx_.data(), x_.data(), device_->stream()), "state to bf16");
         !s.ok()) {
       return s;
     }
   }
   forward_pos_ = 0;
   return device_->Synchronize();
+}
+
+template <typename S>
+absl::Status XhcStreams<S>::RestartFromInputState() {
+  if (absl::Status s = Order(backward_pos_ == 0, "RestartFromInputState", 0); !s.ok()) return s;
+  forward_pos_ = 0;
+  backward_pos_ = -1;
+  return absl::OkStatus();
 }
 
 template <typename S>
@@ -387,28 +440,22 @@ absl::Status XhcStreams<S>::ReadInput(int l, float* u) {
     return e;
   }
   // z = X W1^T: router rows then pre-mapping rows.
-  const GemmShape zshape{false, true, T, 2 * N_, static_cast<int>(nc), static_cast<int>(nc),
-                         static_cast<int>(nc), 2 * N_};
-  if constexpr (std::is_same_v<S, float>) {
-    if (absl::Status e = gemm_.Run(zshape, 1.0f, x_.data(), values_.data() + s.w1, 0.0f, z_.data(),
-                                   gemm_precision_, st);
-        !e.ok()) {
-      return e;
-    }
-  } else {
-    absl::StatusOr<const bf16*> w1 = ShadowOf(s.w1, 2 * N_ * nc);
-    if (!w1.ok()) return w1.status();
-    if (absl::Status e = gemm_.Run(zshape, 1.0f, x_.data(), *w1, 0.0f, z_.data(),
-                                   GemmPrecision::kBf16, DataType::kF32, st);
-        !e.ok()) {
-      return e;
-    }
+  if (absl::Status e = Project({.trans_b = true,
+                                .m = T,
+                                .n = 2 * N_,
+                                .k = static_cast<int>(nc),
+                                .lda = static_cast<int>(nc),
+                                .ldb = static_cast<int>(nc),
+                                .ldc = 2 * N_},
+                               x_.data(), s.w1, z_.data());
+      !e.ok()) {
+    return e;
   }
   Count("fwd GEMM z = X W1^T", T * nc * sz, T * 2 * N_ * 4);
-  if (absl::Status e = Check(xhc::ReadEntry<S>(lay, T, x_.data(), z_.data(), s.colsum.data(), p,
-                                               s.rec.data(), s.idx.data(), u, s.saved.data(),
-                                               s.coef.data(), st),
-                             "ReadEntry");
+  if (absl::Status e =
+          Check(xhc::ReadEntry<S>(lay, T, x_.data(), z_.data(), s.colsum.data(), p, s.rec.data(),
+                                  s.idx.data(), u, s.saved.data(), s.coef.data(), st),
+                "ReadEntry");
       !e.ok()) {
     return e;
   }
@@ -416,25 +463,20 @@ absl::Status XhcStreams<S>::ReadInput(int l, float* u) {
         T * (C_ * 4 + kc * sz + lay.RecStride() * 4 + k_ * 4));
   // q = A W2^T over the gathered rows (saved, SavedStride apart).
   const int P2 = lay.P2();
-  const GemmShape qshape{false, true, T, P2, static_cast<int>(kc),
-                         static_cast<int>(lay.SavedStride()), static_cast<int>(kc), P2};
-  if constexpr (std::is_same_v<S, float>) {
-    if (absl::Status e = gemm_.Run(qshape, 1.0f, s.saved.data(), values_.data() + s.w2, 0.0f,
-                                   q_.data(), gemm_precision_, st);
-        !e.ok()) {
-      return e;
-    }
-  } else {
-    absl::StatusOr<const bf16*> w2 = ShadowOf(s.w2, P2 * kc);
-    if (!w2.ok()) return w2.status();
-    if (absl::Status e = gemm_.Run(qshape, 1.0f, s.saved.data(), *w2, 0.0f, q_.data(),
-                                   GemmPrecision::kBf16, DataType::kF32, st);
-        !e.ok()) {
-      return e;
-    }
+  if (absl::Status e = Project({.trans_b = true,
+                                .m = T,
+                                .n = P2,
+                                .k = static_cast<int>(kc),
+                                .lda = static_cast<int>(lay.SavedStride()),
+                                .ldb = static_cast<int>(kc),
+                                .ldc = P2},
+                               s.saved.data(), s.w2, q_.data());
+      !e.ok()) {
+    return e;
   }
   Count("fwd GEMM q = A W2^T", T * kc * sz, T * P2 * 4);
-  if (absl::Status e = Check(xhc::ActiveMaps(lay, T, q_.data(), p, s.coef.data(), st), "ActiveMaps");
+  if (absl::Status e =
+          Check(xhc::ActiveMaps(lay, T, q_.data(), p, s.coef.data(), st), "ActiveMaps");
       !e.ok()) {
     return e;
   }
@@ -453,10 +495,10 @@ absl::Status XhcStreams<S>::WriteOutput(int l, const float* out) {
   const int T = tokens_;
   const int64_t kc = static_cast<int64_t>(k_) * C_;
   const int64_t sz = sizeof(S);
-  if (absl::Status e = Check(xhc::Write<S>(lay, T, out, segment_.data(), MapsOf(l), s.rec.data(),
-                                           s.idx.data(), s.coef.data(), x_.data(), s.saved.data(),
-                                           device_->stream()),
-                             "Write");
+  if (absl::Status e =
+          Check(xhc::Write<S>(lay, T, out, segment_.data(), MapsOf(l), s.rec.data(), s.idx.data(),
+                              s.coef.data(), x_.data(), s.saved.data(), device_->stream()),
+                "Write");
       !e.ok()) {
     return e;
   }
@@ -471,8 +513,8 @@ absl::Status XhcStreams<S>::WriteOutput(int l, const float* out) {
 template <typename S>
 absl::Status XhcStreams<S>::Collapse(float* y) {
   if (absl::Status s = Order(forward_pos_ == 2 * L_, "Collapse", 0); !s.ok()) return s;
-  if (absl::Status e = Check(xhc::Collapse<S>(LayoutOf(0), tokens_, x_.data(), y, device_->stream()),
-                             "Collapse");
+  if (absl::Status e = Check(
+          xhc::Collapse<S>(LayoutOf(0), tokens_, x_.data(), y, device_->stream()), "Collapse");
       !e.ok()) {
     return e;
   }
@@ -483,9 +525,9 @@ absl::Status XhcStreams<S>::Collapse(float* y) {
 template <typename S>
 absl::Status XhcStreams<S>::CollapseBackward(const float* dy) {
   if (absl::Status s = Order(forward_pos_ == 2 * L_ + 1, "CollapseBackward", 0); !s.ok()) return s;
-  if (absl::Status e = Check(xhc::CollapseBackward(LayoutOf(0), tokens_, dy, dx_.data(),
-                                                   device_->stream()),
-                             "CollapseBackward");
+  if (absl::Status e =
+          Check(xhc::CollapseBackward(LayoutOf(0), tokens_, dy, dx_.data(), device_->stream()),
+                "CollapseBackward");
       !e.ok()) {
     return e;
   }
@@ -507,28 +549,33 @@ absl::Status XhcStreams<S>::WriteOutputBackward(int l, float* d_out) {
   const int64_t sz = sizeof(S);
   const int P2 = lay.P2();
   cudaStream_t st = device_->stream();
-  if (absl::Status e = Check(
-          xhc::WriteBackward<S>(lay, T, dx_.data(), s.saved.data(), segment_.data(), p,
-                                s.rec.data(), s.idx.data(), s.coef.data(), da_.data(), d_out,
-                                dg_.data(), dp_.data(), c2_.data(), wscal_.data(), tape_.data(), st),
-          "WriteBackward");
+  if (absl::Status e =
+          Check(xhc::WriteBackward<S>(lay, T, dx_.data(), s.saved.data(), segment_.data(), p,
+                                      s.rec.data(), s.idx.data(), s.coef.data(), da_.data(), d_out,
+                                      dg_.data(), dp_.data(), c2_.data(), wscal_.data(),
+                                      tape_.data(), st),
+                "WriteBackward");
       !e.ok()) {
     return e;
   }
   // G rows, A and O (and, MLP, the earlier v1 rows from L2); dA, d_out, dg.
   Count("bwd WriteBackward", T * (kc * 4 + (k_ + lay.Kr) * C_ * sz),
-        T * (kc * 4 + C_ * 4 + static_cast<int64_t>(lay.J) * C_ * 4 + P2 * 4));
+        T * (kc * 4 + C_ * 4 + static_cast<int64_t>(lay.J) * C_ * 4 + lay.C2Stride() * 4));
   // dA += c2 W2 (fp32).
-  const GemmShape dashape{false, false, T, static_cast<int>(kc), P2, P2, static_cast<int>(kc),
-                          static_cast<int>(kc)};
-  if (absl::Status e = gemm_.Run(dashape, 1.0f, c2_.data(), values_.data() + s.w2, 1.0f,
-                                 da_.data(), gemm_precision_, st);
+  const GemmShape dashape{.m = T,
+                          .n = static_cast<int>(kc),
+                          .k = P2,
+                          .lda = lay.C2Stride(),
+                          .ldb = static_cast<int>(kc),
+                          .ldc = static_cast<int>(kc)};
+  if (absl::Status e = gemm_.Run(dashape, 1.0f, c2_.data(), values_.data() + s.w2, 1.0f, da_.data(),
+                                 gemm_precision_, st);
       !e.ok()) {
     return e;
   }
   Count("bwd GEMM dA += c2 W2", T * kc * 4, T * kc * 4);
-  if (absl::Status e = Check(xhc::ScatterActive<S>(lay, T, da_.data(), s.saved.data(),
-                                                   s.idx.data(), dx_.data(), x_.data(), st),
+  if (absl::Status e = Check(xhc::ScatterActive<S>(lay, T, da_.data(), s.saved.data(), s.idx.data(),
+                                                   dx_.data(), x_.data(), st),
                              "ScatterActive");
       !e.ok()) {
     return e;
@@ -536,37 +583,27 @@ absl::Status XhcStreams<S>::WriteOutputBackward(int l, float* d_out) {
   Count("bwd ScatterActive (dX rows, state walked back)", T * (kc * 4 + kc * sz),
         T * (kc * 4 + kc * sz));
   if (s.mlp) {
-    if (absl::Status e = Check(xhc::ConvolutionsBackward<S>(lay, T, dg_.data(), s.saved.data(),
-                                                            segment_.data(), p, d_out,
-                                                            grads_.data() + s.conv,
-                                                            partial_.data(), st),
-                               "ConvolutionsBackward");
+    if (absl::Status e = Check(
+            xhc::ConvolutionsBackward<S>(lay, T, dg_.data(), s.saved.data(), segment_.data(), p,
+                                         d_out, grads_.data() + s.conv, partial_.data(), st),
+            "ConvolutionsBackward");
         !e.ok()) {
       return e;
     }
     Count("bwd ConvolutionsBackward", T * (2 * J_ * C_ * 4 + C_ * 4 + C_ * sz), T * C_ * 4);
   }
   // dW2 += c2^T A.
-  const GemmShape wshape{true, false, P2, static_cast<int>(kc), T, P2,
-                         static_cast<int>(lay.SavedStride()), static_cast<int>(kc)};
-  if constexpr (std::is_same_v<S, float>) {
-    if (absl::Status e = gemm_.Run(wshape, 1.0f, c2_.data(), s.saved.data(), 1.0f,
-                                   grads_.data() + s.w2, gemm_precision_, st);
-        !e.ok()) {
-      return e;
-    }
-  } else {
-    if (absl::Status e = Check(kernels::F32ToBf16(static_cast<int64_t>(T) * P2, c2_.data(),
-                                                  c_bf16_.data(), st),
-                               "c2 to bf16");
-        !e.ok()) {
-      return e;
-    }
-    if (absl::Status e = gemm_.Run(wshape, 1.0f, c_bf16_.data(), s.saved.data(), 1.0f,
-                                   grads_.data() + s.w2, GemmPrecision::kBf16, DataType::kF32, st);
-        !e.ok()) {
-      return e;
-    }
+  if (absl::Status e =
+          WeightGrad({.trans_a = true,
+                      .m = P2,
+                      .n = static_cast<int>(kc),
+                      .k = T,
+                      .lda = lay.C2Stride(),
+                      .ldb = static_cast<int>(lay.SavedStride()),
+                      .ldc = static_cast<int>(kc)},
+                     c2_.data(), static_cast<int64_t>(T) * lay.C2Stride(), s.saved.data(), s.w2);
+      !e.ok()) {
+    return e;
   }
   Count("bwd GEMM dW2 += c2^T A", T * kc * sz, 0);
   if (absl::Status e = Check(xhc::SumScalars(T, lay.WriteScalStride(), lay.WriteScalStride(),
@@ -592,44 +629,40 @@ absl::Status XhcStreams<S>::ReadInputBackward(int l, const float* d_u) {
   const int64_t nc = static_cast<int64_t>(N_) * C_;
   const int64_t sz = sizeof(S);
   cudaStream_t st = device_->stream();
-  if (absl::Status e = Check(xhc::ReadBackward<S>(lay, T, x_.data(), d_u, dp_.data(),
-                                                  s.colsum.data(), p, s.rec.data(), s.idx.data(),
-                                                  dx_.data(), c1_.data(), rscal_.data(), st),
-                             "ReadBackward");
+  if (absl::Status e = Check(
+          xhc::ReadBackward<S>(lay, T, x_.data(), d_u, dp_.data(), s.colsum.data(), p, s.rec.data(),
+                               s.idx.data(), dx_.data(), c1_.data(), rscal_.data(), st),
+          "ReadBackward");
       !e.ok()) {
     return e;
   }
   Count("bwd ReadBackward (dense read + norms)", T * (nc * sz + nc * 4 + C_ * 4), T * nc * 4);
   // dX += c1 W1 (fp32).
-  const GemmShape dxshape{false, false, T, static_cast<int>(nc), 2 * N_, 2 * N_,
-                          static_cast<int>(nc), static_cast<int>(nc)};
-  if (absl::Status e = gemm_.Run(dxshape, 1.0f, c1_.data(), values_.data() + s.w1, 1.0f,
-                                 dx_.data(), gemm_precision_, st);
+  const GemmShape dxshape{false,
+                          false,
+                          T,
+                          static_cast<int>(nc),
+                          2 * N_,
+                          2 * N_,
+                          static_cast<int>(nc),
+                          static_cast<int>(nc)};
+  if (absl::Status e = gemm_.Run(dxshape, 1.0f, c1_.data(), values_.data() + s.w1, 1.0f, dx_.data(),
+                                 gemm_precision_, st);
       !e.ok()) {
     return e;
   }
   Count("bwd GEMM dX += c1 W1", T * nc * 4, T * nc * 4);
   // dW1 += c1^T X.
-  const GemmShape wshape{true, false, 2 * N_, static_cast<int>(nc), T, 2 * N_,
-                         static_cast<int>(nc), static_cast<int>(nc)};
-  if constexpr (std::is_same_v<S, float>) {
-    if (absl::Status e = gemm_.Run(wshape, 1.0f, c1_.data(), x_.data(), 1.0f,
-                                   grads_.data() + s.w1, gemm_precision_, st);
-        !e.ok()) {
-      return e;
-    }
-  } else {
-    if (absl::Status e = Check(kernels::F32ToBf16(static_cast<int64_t>(T) * 2 * N_, c1_.data(),
-                                                  c_bf16_.data(), st),
-                               "c1 to bf16");
-        !e.ok()) {
-      return e;
-    }
-    if (absl::Status e = gemm_.Run(wshape, 1.0f, c_bf16_.data(), x_.data(), 1.0f,
-                                   grads_.data() + s.w1, GemmPrecision::kBf16, DataType::kF32, st);
-        !e.ok()) {
-      return e;
-    }
+  if (absl::Status e = WeightGrad({.trans_a = true,
+                                   .m = 2 * N_,
+                                   .n = static_cast<int>(nc),
+                                   .k = T,
+                                   .lda = 2 * N_,
+                                   .ldb = static_cast<int>(nc),
+                                   .ldc = static_cast<int>(nc)},
+                                  c1_.data(), static_cast<int64_t>(T) * 2 * N_, x_.data(), s.w1);
+      !e.ok()) {
+    return e;
   }
   Count("bwd GEMM dW1 += c1^T X", T * nc * sz, 0);
   if (absl::Status e = Check(xhc::RouterCentring(lay, T, c1_.data(), s.rec.data(),

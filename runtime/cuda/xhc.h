@@ -59,10 +59,9 @@ class XhcStreams {
  public:
   // `gemm`: precision of the GEMMs over fp32 operands (kFp32 or kTf32); the projections of
   // a bf16 state run in bf16 with fp32 accumulation.
-  static absl::StatusOr<std::unique_ptr<XhcStreams>> Create(Device* device,
-                                                            const ResidualConfig& config,
-                                                            uint64_t seed,
-                                                            GemmPrecision gemm = GemmPrecision::kFp32);
+  static absl::StatusOr<std::unique_ptr<XhcStreams>> Create(
+      Device* device, const ResidualConfig& config, uint64_t seed,
+      GemmPrecision gemm = GemmPrecision::kFp32);
   ~XhcStreams();
 
   const ResidualConfig& config() const { return config_; }
@@ -76,7 +75,10 @@ class XhcStreams {
 
   absl::Status BeginBatch(int tokens, std::span<const int32_t> segment_starts);
   absl::Status SetState(std::span<const float> state);  // host, tokens x N x C
-  absl::Status ReadInput(int sublayer, float* u);        // device, tokens x C
+  // After a complete backward the state is walked back to the batch's input: run the same
+  // batch again from it (a benchmark's repetitions) without copying a state in.
+  absl::Status RestartFromInputState();
+  absl::Status ReadInput(int sublayer, float* u);  // device, tokens x C
   absl::Status WriteOutput(int sublayer, const float* out);
   absl::Status Collapse(float* y);
   absl::Status CollapseBackward(const float* dy);
@@ -105,6 +107,13 @@ class XhcStreams {
   void Count(const char* name, int64_t read, int64_t written);
   // The bf16 copy of `n` parameters at `offset` (bf16 states' GEMMs).
   absl::StatusOr<const bf16*> ShadowOf(int64_t offset, int64_t n);
+  // out = rows W^T for the weight at parameter offset `weight` (shape.n x shape.k): in the
+  // fp32 GEMMs' precision, or bf16 x bf16 (the weight's shadow) for a bf16 state.
+  absl::Status Project(const GemmShape& shape, const S* rows, int64_t weight, float* out);
+  // grads[grad] += coeffs^T rows: coeffs (coeff_count fp32 values) copied to bf16 first
+  // for a bf16 state.
+  absl::Status WeightGrad(const GemmShape& shape, const float* coeffs, int64_t coeff_count,
+                          const S* rows, int64_t grad);
 
   Device* device_;
   ResidualConfig config_;

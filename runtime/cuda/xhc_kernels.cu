@@ -19,7 +19,7 @@ using detail::kWarp;
 using detail::Sigmoid;
 using detail::ToF;
 
-constexpr int kRowThreads = 256;  // per-token kernels over N x C
+constexpr int kRowThreads = 256;                       // per-token kernels over N x C
 constexpr int kMaxR = kMaxK * kMaxK + kMaxK * kMaxKr;  // dot products of the write's backward
 // Tokens per chunk of the convolution weights' first reduction pass.
 constexpr int64_t kTokenChunk = 256;
@@ -244,6 +244,17 @@ __global__ void ActiveMapsKernel(Layout l, int64_t tokens, const float* q, MapPa
 
 // ---------------------------------------------------------------- write
 
+// One element of a causal depthwise convolution (the CPU's ConvRow): sum over the taps in
+// order of w[i][c] * x[c - i * ldx]. The forward reads `out`, the backward's recomputation the
+// saved v1 rows; both go through here, so they agree.
+template <typename X>
+__device__ __forceinline__ float ConvElement(const float* w, int C, int c, int taps, const X* x,
+                                             int64_t ldx) {
+  float acc = 0;
+  for (int i = 0; i < taps; ++i) acc += w[i * C + c] * ToF(x[c - i * ldx]);
+  return acc;
+}
+
 // Valid taps of convolution j at token t (XhcImpl::CausalTaps).
 __device__ __forceinline__ int Taps(const MapParams& p, int j, int64_t t, int32_t seg) {
   const int64_t room = t - seg + 1;
@@ -251,7 +262,7 @@ __device__ __forceinline__ int Taps(const MapParams& p, int j, int64_t t, int32_
 }
 
 template <typename S, int EPT>
-__global__ void __launch_bounds__(256)
+__global__ void __launch_bounds__(512)
     WriteKernel(Layout l, const float* out, const int32_t* segment, MapParams p, const float* rec,
                 const int32_t* idx, const float* coef, S* x, S* saved) {
   __shared__ float red[kMaxKr * kWarp];
@@ -290,10 +301,7 @@ __global__ void __launch_bounds__(256)
 #pragma unroll
       for (int e = 0; e < EPT; ++e) {
         const int c = threadIdx.x + e * B;
-        float acc = 0;
-        if (c < C)
-          for (int i = 0; i < taps; ++i) acc += w[i * C + c] * out_t[c - static_cast<int64_t>(i) * C];
-        o[m][e] = acc;
+        o[m][e] = c < C ? ConvElement(w, C, c, taps, out_t, C) : 0.0f;
       }
     }
     float cc[kMaxKr][kMaxKr] = {};
@@ -372,7 +380,7 @@ __global__ void __launch_bounds__(256)
 // ---------------------------------------------------------------- write backward
 
 template <typename S, int EPT>
-__global__ void __launch_bounds__(256)
+__global__ void __launch_bounds__(512)
     WriteBackwardKernel(Layout l, const float* dx, const S* saved, const int32_t* segment,
                         MapParams p, const float* rec, const int32_t* idx, const float* coef,
                         float* da_out, float* d_out, float* dg_out, float* dp_out, float* c2_out,
@@ -411,7 +419,8 @@ __global__ void __launch_bounds__(256)
     for (int j = 0; j < kMaxK; ++j)
       g[j] = (in && j < k) ? dxt[static_cast<int64_t>(sidx[j]) * C + c] : 0.0f;
 #pragma unroll
-    for (int i = 0; i < kMaxK; ++i) a[i][e] = (in && i < k) ? ToF(st[static_cast<int64_t>(i) * C + c]) : 0.0f;
+    for (int i = 0; i < kMaxK; ++i)
+      a[i][e] = (in && i < k) ? ToF(st[static_cast<int64_t>(i) * C + c]) : 0.0f;
 #pragma unroll
     for (int q = 0; q < kMaxKr; ++q)
       o[q][e] = (in && q < Kr) ? ToF(st[static_cast<int64_t>(k + q) * C + c]) : 0.0f;
@@ -456,6 +465,7 @@ __global__ void __launch_bounds__(256)
     float norms[kMaxKr] = {}, cc[kMaxKr][kMaxKr] = {}, dc[kMaxKr][kMaxKr] = {};
     {
       // W(m, 0): the raw convolutions, from the saved v1 (= out) rows of earlier tokens.
+      const S* v1 = saved + t * l.SavedStride() + static_cast<int64_t>(k) * C;
 #pragma unroll
       for (int m = 1; m <= kMaxJ; ++m) {
         if (m > J) break;
@@ -464,11 +474,7 @@ __global__ void __launch_bounds__(256)
 #pragma unroll
         for (int e = 0; e < EPT; ++e) {
           const int c = threadIdx.x + e * B;
-          float acc = 0;
-          if (c < C)
-            for (int i = 0; i < taps; ++i)
-              acc += w[i * C + c] * ToF(saved[(t - i) * l.SavedStride() + static_cast<int64_t>(k) * C + c]);
-          lev[m * (m - 1) / 2][e] = acc;
+          lev[m * (m - 1) / 2][e] = c < C ? ConvElement(w, C, c, taps, v1, l.SavedStride()) : 0.0f;
         }
       }
       // |o_r|^2, <W(m, 0), o_0>, <dO_J, o_(J-1)>.
@@ -582,7 +588,7 @@ __global__ void __launch_bounds__(256)
     }
     float* scal = wscal + t * l.WriteScalStride();
     for (int i = 0; i < l.WriteScalStride(); ++i) scal[i] = 0;
-    float* c2 = c2_out + t * l.P2();
+    float* c2 = c2_out + t * l.C2Stride();
     float sum_dq_q = 0;
     // MixingBackward: Sinkhorn recomputed with its tape, the row-sum clamp, its backward.
     float logits[kMaxK * kMaxK], hraw[kMaxK * kMaxK], dh[kMaxK * kMaxK], dz[kMaxK * kMaxK];
@@ -715,9 +721,9 @@ __global__ void ConvWeightSumKernel(Layout l, int64_t chunks, int total_taps, co
 
 template <typename S>
 __global__ void __launch_bounds__(kRowThreads)
-    ReadBackwardKernel(Layout l, const S* x, const float* du, const float* dp,
-                       const float* colsum, MapParams p, const float* rec, const int32_t* idx,
-                       float* dx, float* c1_out, float* rscal) {
+    ReadBackwardKernel(Layout l, const S* x, const float* du, const float* dp, const float* colsum,
+                       MapParams p, const float* rec, const int32_t* idx, float* dx, float* c1_out,
+                       float* rscal) {
   __shared__ float red[kMaxN * kWarp];
   __shared__ float hpre[kMaxN];
   __shared__ float coefs[2];
@@ -792,7 +798,8 @@ __global__ void RouterCentringCorrKernel(Layout l, int64_t tokens, const float* 
   const int q = threadIdx.x;
   if (q >= l.N) return;
   float s = 0;
-  for (int64_t t = 0; t < tokens; ++t) s += c1[t * 2 * l.N + q] * rec[t * l.RecStride() + Layout::kMu];
+  for (int64_t t = 0; t < tokens; ++t)
+    s += c1[t * 2 * l.N + q] * rec[t * l.RecStride() + Layout::kMu];
   corr[q] = s;
 }
 
@@ -836,6 +843,9 @@ __global__ void CollapseBackwardKernel(Layout l, int64_t tokens, const float* dy
   }
 }
 
+// Per-token kernels: 4 elements per thread up to C = 1024 (at most 256 threads), 8 above (at
+// most 512 threads up to C = 4096). Sixteen per thread compiled to 255 registers and spilled
+// in the write's backward, and took three times as long to compile.
 int GridFor(int64_t n, int threads = 256) {
   const int64_t b = (n + threads - 1) / threads;
   return static_cast<int>(b < 1 ? 1 : (b > 65535 * 8 ? 65535 * 8 : b));
@@ -862,8 +872,8 @@ cudaError_t RouterColumnSums(const Layout& l, const float* w_router, float* cols
 
 template <typename S>
 cudaError_t ReadEntry(const Layout& l, int64_t tokens, const S* x, const float* z,
-                      const float* colsum, const MapParams& p, float* rec, int32_t* idx,
-                      float* u, S* saved, float* coef, cudaStream_t stream) {
+                      const float* colsum, const MapParams& p, float* rec, int32_t* idx, float* u,
+                      S* saved, float* coef, cudaStream_t stream) {
   if (tokens == 0) return cudaSuccess;
   ReadEntryKernel<S><<<static_cast<unsigned>(tokens), kRowThreads, 0, stream>>>(
       l, x, z, colsum, p, rec, idx, u, saved, coef);
@@ -879,16 +889,16 @@ cudaError_t ActiveMaps(const Layout& l, int64_t tokens, const float* q, const Ma
 
 template <typename S>
 cudaError_t Write(const Layout& l, int64_t tokens, const float* out, const int32_t* segment,
-                  const MapParams& p, const float* rec, const int32_t* idx, const float* coef,
-                  S* x, S* saved, cudaStream_t stream) {
+                  const MapParams& p, const float* rec, const int32_t* idx, const float* coef, S* x,
+                  S* saved, cudaStream_t stream) {
   if (tokens == 0) return cudaSuccess;
   const unsigned blocks = static_cast<unsigned>(tokens);
   if (l.C <= 1024) {
-    WriteKernel<S, 4><<<blocks, ThreadsFor(l.C, 4), 0, stream>>>(l, out, segment, p, rec, idx,
-                                                                 coef, x, saved);
+    WriteKernel<S, 4>
+        <<<blocks, ThreadsFor(l.C, 4), 0, stream>>>(l, out, segment, p, rec, idx, coef, x, saved);
   } else {
-    WriteKernel<S, 16><<<blocks, ThreadsFor(l.C, 16), 0, stream>>>(l, out, segment, p, rec, idx,
-                                                                   coef, x, saved);
+    WriteKernel<S, 8>
+        <<<blocks, ThreadsFor(l.C, 8), 0, stream>>>(l, out, segment, p, rec, idx, coef, x, saved);
   }
   return cudaGetLastError();
 }
@@ -896,9 +906,8 @@ cudaError_t Write(const Layout& l, int64_t tokens, const float* out, const int32
 template <typename S>
 cudaError_t WriteBackward(const Layout& l, int64_t tokens, const float* dx, const S* saved,
                           const int32_t* segment, const MapParams& p, const float* rec,
-                          const int32_t* idx, const float* coef, float* da, float* d_out,
-                          float* dg, float* dp, float* c2, float* wscal, float* tape,
-                          cudaStream_t stream) {
+                          const int32_t* idx, const float* coef, float* da, float* d_out, float* dg,
+                          float* dp, float* c2, float* wscal, float* tape, cudaStream_t stream) {
   if (tokens == 0) return cudaSuccess;
   const unsigned blocks = static_cast<unsigned>(tokens);
   const int64_t tf = SinkhornTapeFloats(l.k, l.iters);
@@ -906,7 +915,7 @@ cudaError_t WriteBackward(const Layout& l, int64_t tokens, const float* dx, cons
     WriteBackwardKernel<S, 4><<<blocks, ThreadsFor(l.C, 4), 0, stream>>>(
         l, dx, saved, segment, p, rec, idx, coef, da, d_out, dg, dp, c2, wscal, tape, tf);
   } else {
-    WriteBackwardKernel<S, 16><<<blocks, ThreadsFor(l.C, 16), 0, stream>>>(
+    WriteBackwardKernel<S, 8><<<blocks, ThreadsFor(l.C, 8), 0, stream>>>(
         l, dx, saved, segment, p, rec, idx, coef, da, d_out, dg, dp, c2, wscal, tape, tf);
   }
   return cudaGetLastError();
@@ -916,8 +925,8 @@ template <typename S>
 cudaError_t ScatterActive(const Layout& l, int64_t tokens, const float* da, const S* saved,
                           const int32_t* idx, float* dx, S* x, cudaStream_t stream) {
   if (tokens == 0) return cudaSuccess;
-  ScatterActiveKernel<S><<<GridFor(tokens * l.k * l.C), 256, 0, stream>>>(l, tokens, da, saved,
-                                                                         idx, dx, x);
+  ScatterActiveKernel<S>
+      <<<GridFor(tokens * l.k * l.C), 256, 0, stream>>>(l, tokens, da, saved, idx, dx, x);
   return cudaGetLastError();
 }
 
@@ -938,8 +947,8 @@ cudaError_t ConvolutionsBackward(const Layout& l, int64_t tokens, const float* d
   for (int j = 0; j < l.J; ++j) total += p.conv_taps[j];
   const int64_t chunks = (tokens + kTokenChunk - 1) / kTokenChunk;
   const dim3 grid((l.C + 127) / 128, total, static_cast<unsigned>(chunks));
-  ConvWeightPartialKernel<S><<<grid, 128, 0, stream>>>(l, tokens, dg, saved, segment, p, total,
-                                                       partial);
+  ConvWeightPartialKernel<S>
+      <<<grid, 128, 0, stream>>>(l, tokens, dg, saved, segment, p, total, partial);
   const dim3 grid2((l.C + 127) / 128, total);
   ConvWeightSumKernel<<<grid2, 128, 0, stream>>>(l, chunks, total, partial, dconv);
   return cudaGetLastError();
@@ -947,8 +956,8 @@ cudaError_t ConvolutionsBackward(const Layout& l, int64_t tokens, const float* d
 
 template <typename S>
 cudaError_t ReadBackward(const Layout& l, int64_t tokens, const S* x, const float* du,
-                         const float* dp, const float* colsum, const MapParams& p,
-                         const float* rec, const int32_t* idx, float* dx, float* c1, float* rscal,
+                         const float* dp, const float* colsum, const MapParams& p, const float* rec,
+                         const int32_t* idx, float* dx, float* c1, float* rscal,
                          cudaStream_t stream) {
   if (tokens == 0) return cudaSuccess;
   ReadBackwardKernel<S><<<static_cast<unsigned>(tokens), kRowThreads, 0, stream>>>(
@@ -992,26 +1001,25 @@ cudaError_t SinkhornBatch(int count, int n, int iters, const float* z, float* h,
   return cudaGetLastError();
 }
 
-#define RACKRUN_XHC_INSTANTIATE(S)                                                               \
-  template cudaError_t ReadEntry<S>(const Layout&, int64_t, const S*, const float*, const float*, \
-                                    const MapParams&, float*, int32_t*, float*, S*, float*,       \
-                                    cudaStream_t);                                                \
-  template cudaError_t Write<S>(const Layout&, int64_t, const float*, const int32_t*,            \
-                                const MapParams&, const float*, const int32_t*, const float*, S*, \
-                                S*, cudaStream_t);                                                \
-  template cudaError_t WriteBackward<S>(const Layout&, int64_t, const float*, const S*,          \
-                                        const int32_t*, const MapParams&, const float*,          \
-                                        const int32_t*, const float*, float*, float*, float*,    \
-                                        float*, float*, float*, float*, cudaStream_t);           \
-  template cudaError_t ScatterActive<S>(const Layout&, int64_t, const float*, const S*,          \
-                                        const int32_t*, float*, S*, cudaStream_t);               \
-  template cudaError_t ConvolutionsBackward<S>(const Layout&, int64_t, const float*, const S*,   \
-                                               const int32_t*, const MapParams&, float*,         \
-                                               float*, float*, cudaStream_t);                    \
-  template cudaError_t ReadBackward<S>(const Layout&, int64_t, const S*, const float*,           \
-                                       const float*, const float*, const MapParams&,             \
-                                       const float*, const int32_t*, float*, float*, float*,     \
-                                       cudaStream_t);                                            \
+#define RACKRUN_XHC_INSTANTIATE(S)                                                                 \
+  template cudaError_t ReadEntry<S>(const Layout&, int64_t, const S*, const float*, const float*,  \
+                                    const MapParams&, float*, int32_t*, float*, S*, float*,        \
+                                    cudaStream_t);                                                 \
+  template cudaError_t Write<S>(const Layout&, int64_t, const float*, const int32_t*,              \
+                                const MapParams&, const float*, const int32_t*, const float*, S*,  \
+                                S*, cudaStream_t);                                                 \
+  template cudaError_t WriteBackward<S>(const Layout&, int64_t, const float*, const S*,            \
+                                        const int32_t*, const MapParams&, const float*,            \
+                                        const int32_t*, const float*, float*, float*, float*,      \
+                                        float*, float*, float*, float*, cudaStream_t);             \
+  template cudaError_t ScatterActive<S>(const Layout&, int64_t, const float*, const S*,            \
+                                        const int32_t*, float*, S*, cudaStream_t);                 \
+  template cudaError_t ConvolutionsBackward<S>(const Layout&, int64_t, const float*, const S*,     \
+                                               const int32_t*, const MapParams&, float*, float*,   \
+                                               float*, cudaStream_t);                              \
+  template cudaError_t ReadBackward<S>(const Layout&, int64_t, const S*, const float*,             \
+                                       const float*, const float*, const MapParams&, const float*, \
+                                       const int32_t*, float*, float*, float*, cudaStream_t);      \
   template cudaError_t Collapse<S>(const Layout&, int64_t, const S*, float*, cudaStream_t);
 
 RACKRUN_XHC_INSTANTIATE(float)

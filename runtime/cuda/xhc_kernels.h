@@ -46,6 +46,9 @@ struct Layout {
   RACKRUN_HOST_DEVICE int HpreOff() const { return 3 + k + 2 * N; }
   // Sublayer coefficients: ra, q[P2] (scaled by 1/ra), H_res[k*k], H_post[k*Kr].
   RACKRUN_HOST_DEVICE int P2() const { return k * k + k * Kr; }
+  // Row stride of c2 (the active logits' gradients): P2 rounded up to 8 elements, so its bf16
+  // copy's rows stay 16-byte aligned for the tensor-core GEMM dW2 += c2^T A.
+  RACKRUN_HOST_DEVICE int C2Stride() const { return (P2() + 7) / 8 * 8; }
   RACKRUN_HOST_DEVICE int CoefStride() const { return 1 + P2() + k * k + k * Kr; }
   static constexpr int kRa = 0, kQ = 1;
   RACKRUN_HOST_DEVICE int HresOff() const { return 1 + P2(); }
@@ -79,8 +82,8 @@ cudaError_t RouterColumnSums(const Layout& l, const float* w_router, float* cols
 // z: tokens x 2N projections (router rows then pre rows) of the raw state.
 template <typename S>
 cudaError_t ReadEntry(const Layout& l, int64_t tokens, const S* x, const float* z,
-                      const float* colsum, const MapParams& p, float* rec, int32_t* idx,
-                      float* u, S* saved, float* coef, cudaStream_t stream);
+                      const float* colsum, const MapParams& p, float* rec, int32_t* idx, float* u,
+                      S* saved, float* coef, cudaStream_t stream);
 // ActiveMaps: q (tokens x P2, the raw active projections) -> coef's q / ra, H_res (Sinkhorn,
 // row clamp), H_post.
 cudaError_t ActiveMaps(const Layout& l, int64_t tokens, const float* q, const MapParams& p,
@@ -90,21 +93,20 @@ cudaError_t ActiveMaps(const Layout& l, int64_t tokens, const float* q, const Ma
 // segment: per token, the first token of its segment.
 template <typename S>
 cudaError_t Write(const Layout& l, int64_t tokens, const float* out, const int32_t* segment,
-                  const MapParams& p, const float* rec, const int32_t* idx, const float* coef,
-                  S* x, S* saved, cudaStream_t stream);
+                  const MapParams& p, const float* rec, const int32_t* idx, const float* coef, S* x,
+                  S* saved, cudaStream_t stream);
 
 // WriteBackward per token: FusedWriteBackBackward, gate and H_post gradients, Gram-Schmidt
 // backward (MLP), the Sinkhorn and row-clamp backward, ActiveMapsBackward. Writes dA
 // (tokens x kC, fp32, including RMSNorm(vec A)'s direct term), d_out (tokens x C), dg
-// (MLP: tokens x J x C), dp (tokens x k), c2 (tokens x P2, divided by ra), wscal.
+// (MLP: tokens x J x C), dp (tokens x k), c2 (tokens x C2Stride(), divided by ra), wscal.
 // `tape`: tokens x SinkhornTapeFloats(l) floats of scratch (the recomputed Sinkhorn).
 int64_t SinkhornTapeFloats(int n, int iters);
 template <typename S>
 cudaError_t WriteBackward(const Layout& l, int64_t tokens, const float* dx, const S* saved,
                           const int32_t* segment, const MapParams& p, const float* rec,
-                          const int32_t* idx, const float* coef, float* da, float* d_out,
-                          float* dg, float* dp, float* c2, float* wscal, float* tape,
-                          cudaStream_t stream);
+                          const int32_t* idx, const float* coef, float* da, float* d_out, float* dg,
+                          float* dp, float* c2, float* wscal, float* tape, cudaStream_t stream);
 // ScatterActiveGrad: dX rows I = dA; x rows I = A (the state walked back).
 template <typename S>
 cudaError_t ScatterActive(const Layout& l, int64_t tokens, const float* da, const S* saved,
@@ -121,8 +123,8 @@ cudaError_t ConvolutionsBackward(const Layout& l, int64_t tokens, const float* d
 // beta; c1 (tokens x 2N, divided by the norm scales); rscal.
 template <typename S>
 cudaError_t ReadBackward(const Layout& l, int64_t tokens, const S* x, const float* du,
-                         const float* dp, const float* colsum, const MapParams& p,
-                         const float* rec, const int32_t* idx, float* dx, float* c1, float* rscal,
+                         const float* dp, const float* colsum, const MapParams& p, const float* rec,
+                         const int32_t* idx, float* dx, float* c1, float* rscal,
                          cudaStream_t stream);
 // LayerNorm centring of the router rows' gradient: dW_r[p][e] -= sum_t c1[t][p] mu_t.
 cudaError_t RouterCentring(const Layout& l, int64_t tokens, const float* c1, const float* rec,

@@ -164,7 +164,7 @@ TEST(GpuXhcTest, Fp32AttentionAndMlpSublayersMatchTheCpu) {
 }
 
 TEST(GpuXhcTest, Fp32WideSublayersMatchTheCpu) {
-  // C = 1536 takes the 16-elements-per-thread kernels.
+  // C = 1536 takes the 8-elements-per-thread kernels.
   CompareWithCpu<float>(Config(1536, ResidualConfig::Transformer(1)), 12, {0, 5}, {1e-4, 1e-4});
 }
 
@@ -177,7 +177,8 @@ TEST(GpuXhcTest, CountsTheBytesOfEachKernel) {
   RACKRUN_OPEN_GPU_OR_SKIP(dev);
   const int C = 256, T = 64;
   const ResidualConfig config = Config(C, ResidualConfig::Transformer(1));
-  absl::StatusOr<std::unique_ptr<XhcStreams<float>>> g = XhcStreams<float>::Create(dev.get(), config, 3);
+  absl::StatusOr<std::unique_ptr<XhcStreams<float>>> g =
+      XhcStreams<float>::Create(dev.get(), config, 3);
   ASSERT_TRUE(g.ok()) << g.status();
   DeviceTensor<float> u(dev.get(), "u");
   ASSERT_TRUE(u.Resize({T, C}).ok());
@@ -230,7 +231,8 @@ TEST(GpuXhcTest, SinkhornMatchesTheCpuProjection) {
 
 // Configuration errors come before any device work, so they are checked without a GPU.
 TEST(GpuXhcTest, UnsupportedConfigurationsAreErrors) {
-  ResidualConfig mhc = ResidualConfig::ForMode(ResidualMode::kMhc, 64, ResidualConfig::Transformer(1));
+  ResidualConfig mhc =
+      ResidualConfig::ForMode(ResidualMode::kMhc, 64, ResidualConfig::Transformer(1));
   absl::StatusOr<std::unique_ptr<XhcStreams<float>>> g = XhcStreams<float>::Create(nullptr, mhc, 1);
   ASSERT_FALSE(g.ok());
   EXPECT_EQ(g.status().code(), absl::StatusCode::kUnimplemented);
