@@ -537,6 +537,7 @@ void ApplySpecDefaults(JobSpec& spec) {
   if (l.interval() == 0) l.set_interval(10);
   rackrun::v1::ResourceSpec& r = *spec.mutable_resources();
   if (r.channel().empty()) r.set_channel("ucx");
+  if (r.device().empty()) r.set_device("cpu");
   ApplyRestartDefaults(*spec.mutable_restart());
 }
 

@@ -381,6 +381,8 @@ TEST(JobSpecMessagesTest, RangesBlameTheRightField) {
                         "group of 4"));
   EXPECT_THAT(ErrorOf(kYaml, {"resources.threads=100000"}),
               HasSubstr("resources.threads: is 100000; more than 4096 threads per rank"));
+  EXPECT_THAT(ErrorOf(kYaml, {"resources.device=gpu"}),
+              HasSubstr("resources.device: 'gpu' is not a device; use cpu, cuda"));
   EXPECT_THAT(ErrorOf(kYaml, {"training.beta2=1"}), HasSubstr("training.beta2: is 1; it must lie"));
 }
 

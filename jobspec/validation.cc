@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "jobspec/balancer.h"
 #include "jobspec/data_blend.h"
+#include "jobspec/device.h"
 #include "jobspec/field_checks.h"
 #include "jobspec/job_memory.h"
 #include "jobspec/restart_policy.h"
@@ -276,7 +277,7 @@ absl::Status ValidateLogging(const rackrun::v1::LoggingSpec& l) {
   return AtLeast("logging.interval", l.interval(), 1, "0 = the default 10");
 }
 
-// resources: threads and ranks per job, the data channel.
+// resources: threads and ranks per job, the data channel, the device.
 absl::Status ValidateResources(const rackrun::v1::ResourceSpec& r) {
   if (absl::Status s = AtLeast("resources.threads", r.threads(), 0, "0 = all cores"); !s.ok()) {
     return s;
@@ -295,6 +296,7 @@ absl::Status ValidateResources(const rackrun::v1::ResourceSpec& r) {
                       absl::StrCat("unknown data channel '", r.channel(),
                                    "'; choose ucx (CPU, the default), gloo (CPU) or nccl (GPU)"));
   }
+  if (absl::StatusOr<DeviceSpec> d = ParseDevice(r.device()); !d.ok()) return d.status();
   return absl::OkStatus();
 }
 

@@ -11,8 +11,10 @@
 #include "absl/strings/str_cat.h"
 #include "data/token_source.h"
 #include "jobspec/data_blend.h"
+#include "jobspec/device.h"
 #include "jobspec/job_memory.h"
 #include "jobspec/spec.h"
+#include "runtime/cuda/device_probe.h"
 
 namespace rackrun::runtime {
 
@@ -97,8 +99,24 @@ int UsableCores() {
   return 1;
 }
 
+absl::Status CheckJobDevice(const JobSpec& spec, int ranks_here) {
+  absl::StatusOr<jobspec::DeviceSpec> device = jobspec::ParseDevice(spec.resources().device());
+  if (!device.ok()) return device.status();
+  if (!device->is_cuda()) return absl::OkStatus();
+  // Local rank 0 stands for this machine's ranks: plain "cuda" needs one GPU per local rank
+  // (checked against ranks_here), "cuda:N" needs GPU N.
+  absl::StatusOr<cuda::GpuInfo> gpu = cuda::CheckDevice(*device, 0, std::max(1, ranks_here));
+  if (!gpu.ok()) return gpu.status();
+  return absl::UnimplementedError(absl::StrCat(
+      "resources.device: ", device->ToString(), ": the GPU (", gpu->name,
+      ") passed the device checks, but the trainer does not run on a GPU yet: runtime/cuda "
+      "holds the GPU engine's kernels, checked against the CPU engine, not the training step "
+      "(issue 35); use resources.device: cpu"));
+}
+
 absl::StatusOr<jobspec::JobMemoryEstimate> CheckJobFitsThisMachine(const JobSpec& spec, int ranks,
                                                                    int ranks_here, int threads) {
+  if (absl::Status s = CheckJobDevice(spec, ranks_here); !s.ok()) return s;
   const int cores = UsableCores();
   if (threads > cores) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -57,9 +57,17 @@ ModelConfig ModelConfigFromSpec(const rackrun::v1::JobSpec& spec);
 // - threads: `threads` per rank (0 = all cores) above this process's usable cores is an
 //   InvalidArgument naming resources.threads (oversubscribed OpenMP teams run many
 //   times slower than the cores allow).
+// - device: CheckJobDevice below, first.
 // Returns the estimate when the job fits.
 absl::StatusOr<jobspec::JobMemoryEstimate> CheckJobFitsThisMachine(const rackrun::v1::JobSpec& spec,
                                                                    int ranks, int ranks_here, int threads);
+
+// Whether resources.device is usable by the `ranks_here` ranks on this machine: OK for cpu;
+// for cuda and cuda:N the checks of runtime/cuda/device_probe.h (no GPU visible, driver
+// older than the build's CUDA, index out of range, compute capability below the build's),
+// each a FailedPrecondition naming resources.device and the cause; then, when the GPU
+// passes them, Unimplemented: the training step does not run on a GPU yet.
+absl::Status CheckJobDevice(const rackrun::v1::JobSpec& spec, int ranks_here);
 
 // Cores this process may run on (its CPU affinity), at least 1.
 int UsableCores();

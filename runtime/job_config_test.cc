@@ -16,10 +16,12 @@
 #include "absl/strings/str_join.h"
 #include "jobspec/job_memory.h"
 #include "jobspec/spec.h"
+#include "runtime/cuda/device_probe.h"
 #include "runtime/job_config.h"
 #include "runtime/model.h"
 #include "runtime/optimizer.h"
 
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace rackrun::runtime {
@@ -46,6 +48,36 @@ TEST(JobConfigTest, TrainConfigFromTheDefaultedSpec) {
   EXPECT_EQ(c.batch_size, 4);
   EXPECT_DOUBLE_EQ(c.schedule.lr, 0.003);
   EXPECT_TRUE(c.schedule.cosine);
+}
+
+// resources.device: cpu passes; cuda fails before anything is allocated, with the cause
+// named: on a machine without a usable GPU (or a build without the GPU engine) the probe's
+// reason, on one with a GPU the missing GPU training step.
+TEST(JobConfigTest, DeviceIsCheckedWhereTheJobStarts) {
+  absl::StatusOr<rackrun::v1::JobSpec> spec = ParseJobSpec(kYaml, {});
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_TRUE(CheckJobDevice(*spec, 1).ok());
+  for (const char* device : {"cuda", "cuda:0", "cuda:7"}) {
+    spec = ParseJobSpec(kYaml, {std::string("resources.device=") + device});
+    ASSERT_TRUE(spec.ok()) << spec.status();
+    const absl::Status s = CheckJobDevice(*spec, 1);
+    ASSERT_FALSE(s.ok()) << device;
+    EXPECT_THAT(std::string(s.message()), ::testing::StartsWith("resources.device: ")) << s;
+    absl::StatusOr<std::vector<cuda::GpuInfo>> gpus = cuda::VisibleGpus();
+    if (!gpus.ok()) {
+      EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+      EXPECT_EQ(s.message(), gpus.status().message());  // the probe's cause, as is
+    } else if (std::string(device) == "cuda:7" && gpus->size() <= 7) {
+      EXPECT_THAT(std::string(s.message()),
+                  ::testing::HasSubstr("names GPU 7, but this machine has"));
+    } else {
+      EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented) << s;
+    }
+    // CheckJobFitsThisMachine asks first.
+    absl::StatusOr<JobMemoryEstimate> fits = CheckJobFitsThisMachine(*spec, 1, 1, 0);
+    ASSERT_FALSE(fits.ok());
+    EXPECT_EQ(fits.status(), s);
+  }
 }
 
 // The estimate counts the parameters the model actually allocates, for every residual

@@ -211,6 +211,80 @@ absl::Status LocalExpertExecutor<T>::Backward(std::span<const int64_t> offsets,
   return absl::OkStatus();
 }
 
+// ---------------------------------------------------------------- routing math
+
+template <typename T>
+void RouteTopK(int64_t tokens, int experts, int k, const T* bias, T* scores, int32_t* selected,
+               T* weights) {
+  const int ne = experts;
+  T* w = weights;
+  int32_t* sel = selected;
+#pragma omp parallel for schedule(static) if (tokens * ne >= cpu::kParallelMinWork)
+  for (int64_t t = 0; t < tokens; ++t) {
+    T* s = scores + t * ne;
+    T mx = s[0];
+    for (int e = 1; e < ne; ++e) mx = std::max(mx, s[e]);
+    T sum = 0;
+    for (int e = 0; e < ne; ++e) s[e] = cpu::Exp(s[e] - mx);
+    for (int e = 0; e < ne; ++e) sum += s[e];
+    const T inv = T(1) / sum;
+    for (int e = 0; e < ne; ++e) s[e] *= inv;
+    // Top-k by biased score, ties to the lower expert index; best first.
+    int32_t* st = sel + t * k;
+    T gate_sum = 0;
+    for (int j = 0; j < k; ++j) {
+      int best = -1;
+      T best_v = 0;
+      for (int e = 0; e < ne; ++e) {
+        bool taken = false;
+        for (int i = 0; i < j; ++i) taken |= st[i] == e;
+        if (taken) continue;
+        const T v = s[e] + (bias != nullptr ? bias[e] : T(0));
+        if (best < 0 || v > best_v) {
+          best = e;
+          best_v = v;
+        }
+      }
+      st[j] = best;
+      gate_sum += s[best];
+    }
+    for (int j = 0; j < k; ++j) w[t * k + j] = s[st[j]] / gate_sum;
+  }
+}
+
+template <typename T>
+void RouterBackward(int64_t tokens, int experts, int k, const T* scores, const int32_t* selected,
+                    const T* weights, const T* dweights, const T* aux, T* dlogits) {
+  const int ne = experts;
+#pragma omp parallel for schedule(static) if (tokens * ne >= cpu::kParallelMinWork)
+  for (int64_t t = 0; t < tokens; ++t) {
+    const T* s = scores + t * ne;
+    const int32_t* sel = selected + t * k;
+    T dot = 0;
+    T gate_sum = 0;
+    for (int j = 0; j < k; ++j) {
+      dot += dweights[t * k + j] * weights[t * k + j];
+      gate_sum += s[sel[j]];
+    }
+    T* d = dlogits + t * ne;
+    std::fill(d, d + ne, T(0));
+    for (int j = 0; j < k; ++j) d[sel[j]] = (dweights[t * k + j] - dot) / gate_sum;
+    if (aux != nullptr)
+      for (int e = 0; e < ne; ++e) d[e] += aux[e];
+    // Softmax backward in place: dlogit = s * (ds - sum s ds).
+    T sd = 0;
+    for (int e = 0; e < ne; ++e) sd += s[e] * d[e];
+    for (int e = 0; e < ne; ++e) d[e] = s[e] * (d[e] - sd);
+  }
+}
+
+template void RouteTopK<float>(int64_t, int, int, const float*, float*, int32_t*, float*);
+template void RouteTopK<double>(int64_t, int, int, const double*, double*, int32_t*, double*);
+template void RouterBackward<float>(int64_t, int, int, const float*, const int32_t*, const float*,
+                                    const float*, const float*, float*);
+template void RouterBackward<double>(int64_t, int, int, const double*, const int32_t*,
+                                     const double*, const double*, const double*, double*);
+
 // -------------------------------------------------------------------- MoeLayer
 
 template <typename T>
@@ -278,39 +352,7 @@ absl::Status MoeLayer<T>::Forward(const T* u, int64_t tokens, T* out) {
   const double t0 = base::NowSeconds();
   T* scores = scores_.data();
   int32_t* sel = selected_.data();
-  T* w = weights_.data();
-  const T* bias = bias_.data();
-#pragma omp parallel for schedule(static) if (tokens * ne >= cpu::kParallelMinWork)
-  for (int64_t t = 0; t < tokens; ++t) {
-    T* s = scores + t * ne;
-    T mx = s[0];
-    for (int e = 1; e < ne; ++e) mx = std::max(mx, s[e]);
-    T sum = 0;
-    for (int e = 0; e < ne; ++e) s[e] = cpu::Exp(s[e] - mx);
-    for (int e = 0; e < ne; ++e) sum += s[e];
-    const T inv = T(1) / sum;
-    for (int e = 0; e < ne; ++e) s[e] *= inv;
-    // Top-k by biased score, ties to the lower expert index; best first.
-    int32_t* st = sel + t * k;
-    T gate_sum = 0;
-    for (int j = 0; j < k; ++j) {
-      int best = -1;
-      T best_v = 0;
-      for (int e = 0; e < ne; ++e) {
-        bool taken = false;
-        for (int i = 0; i < j; ++i) taken |= st[i] == e;
-        if (taken) continue;
-        const T v = s[e] + bias[e];
-        if (best < 0 || v > best_v) {
-          best = e;
-          best_v = v;
-        }
-      }
-      st[j] = best;
-      gate_sum += s[best];
-    }
-    for (int j = 0; j < k; ++j) w[t * k + j] = s[st[j]] / gate_sum;
-  }
+  RouteTopK<T>(tokens, ne, k, bias_.data(), scores, sel, weights_.data());
   // Exact counts and a stable counting sort of the slots by expert.
   std::fill(counts_.begin(), counts_.end(), 0);
   for (int64_t i = 0; i < tokens * k; ++i) ++counts_[static_cast<size_t>(sel[i])];
@@ -368,7 +410,8 @@ absl::Status MoeLayer<T>::Forward(const T* u, int64_t tokens, T* out) {
     shared_->Forward(0, tokens, xn_.data(), shared_h13_.data(), shared_act_.data(), out);
   }
   const double t1 = base::NowSeconds();
-  GatherRows(tokens, k, c, row, w, expert_out_.data(), /*add=*/shared_ != nullptr, out);
+  GatherRows(tokens, k, c, row, weights_.data(), expert_out_.data(), /*add=*/shared_ != nullptr,
+             out);
   routing_seconds_ += base::NowSeconds() - t1;
   return absl::OkStatus();
 }
@@ -381,6 +424,7 @@ absl::Status MoeLayer<T>::Backward(const T* dout, T grad_scale, T* du) {
   ddispatched_.Resize({tokens * k, c});
   dxn_.Resize({tokens, c});
   dscores_.Resize({tokens, ne});
+  dweights_.Resize({tokens, k});
 
   const double t0 = base::NowSeconds();
   const T* eo = expert_out_.data();
@@ -390,13 +434,12 @@ absl::Status MoeLayer<T>::Backward(const T* dout, T grad_scale, T* du) {
   const T* scores = scores_.data();
   T* deo = dexpert_out_.data();
   T* ds = dscores_.data();
-  // Gate gradients, and expert-output gradients placed in dispatched order.
+  T* dw = dweights_.data();
+  // Expert-output gradients placed in dispatched order, and the gate gradients
+  // dL/dw[t, j] = <dout[t], expert_out[row(t, j)]>.
 #pragma omp parallel for schedule(static) if (tokens * k * c >= cpu::kParallelMinWork)
   for (int64_t t = 0; t < tokens; ++t) {
     const T* d = dout + t * c;
-    T dw[64];
-    T dot = 0;
-    T gate_sum = 0;
     for (int j = 0; j < k; ++j) {
       const T* y = eo + row[t * k + j] * c;
       T* dy = deo + row[t * k + j] * c;
@@ -406,32 +449,21 @@ absl::Status MoeLayer<T>::Backward(const T* dout, T grad_scale, T* du) {
         acc += d[i] * y[i];
         dy[i] = g * d[i];
       }
-      dw[j] = acc;
-      dot += acc * g;
-      gate_sum += scores[t * ne + sel[t * k + j]];
+      dw[t * k + j] = acc;
     }
-    T* dst = ds + t * ne;
-    std::fill(dst, dst + ne, T(0));
-    for (int j = 0; j < k; ++j) dst[sel[t * k + j]] = (dw[j] - dot) / gate_sum;
   }
+  const T* aux = nullptr;
   if (config_.aux_loss_coef > 0) {
     // d(coef * E * sum_e f_e P_e)/d s_te = coef * E * f_e / T, f_e from the Forward.
+    aux_grad_.resize(static_cast<size_t>(ne));
     for (int e = 0; e < ne; ++e) {
       const double f = slot_fraction_[static_cast<size_t>(e)];
-      const T g =
+      aux_grad_[static_cast<size_t>(e)] =
           static_cast<T>(grad_scale * config_.aux_loss_coef * ne * f / static_cast<double>(tokens));
-      for (int64_t t = 0; t < tokens; ++t) ds[t * ne + e] += g;
     }
+    aux = aux_grad_.data();
   }
-  // Softmax backward in place: dlogit = s * (ds - sum s ds).
-#pragma omp parallel for schedule(static) if (tokens * ne >= cpu::kParallelMinWork)
-  for (int64_t t = 0; t < tokens; ++t) {
-    const T* s = scores + t * ne;
-    T* d = ds + t * ne;
-    T dot = 0;
-    for (int e = 0; e < ne; ++e) dot += s[e] * d[e];
-    for (int e = 0; e < ne; ++e) d[e] = s[e] * (d[e] - dot);
-  }
+  RouterBackward<T>(tokens, ne, k, scores, sel, w, dw, aux, ds);
   routing_seconds_ += base::NowSeconds() - t0;
 
   const double e0 = base::NowSeconds(), g0 = cpu::GemmSeconds();

@@ -46,6 +46,21 @@ template <typename T>
 void SwigluBackward(int width, int hidden, const T* w13, const T* w2, T* dw13, T* dw2, int64_t rows,
                     const T* x, const T* h13, const T* act, const T* dy, T* dh13, T* dact, T* dx);
 
+// The router after its GEMM (MoeLayer's Forward; the GPU engine's twin is
+// runtime/cuda/kernels.h's RouterForward): `scores` (tokens x E) hold the logits and become
+// the softmax probabilities; top-k of score + bias (bias null: zeros) per token, ties to the
+// lower expert, best first, into selected (tokens x k); weights = the selected scores
+// renormalised to sum 1.
+template <typename T>
+void RouteTopK(int64_t tokens, int experts, int k, const T* bias, T* scores, int32_t* selected,
+               T* weights);
+// Its backward: from dweights = dL/d weights (tokens x k) and the aux-loss gradient per
+// expert (aux, E values added to every token's score gradient, or null), the logit
+// gradients dlogits (tokens x E, overwritten) through the renormalisation and the softmax.
+template <typename T>
+void RouterBackward(int64_t tokens, int experts, int k, const T* scores, const int32_t* selected,
+                    const T* weights, const T* dweights, const T* aux, T* dlogits);
+
 // SwiGLU feed-forward weights for `count` experts of width C and hidden F (see
 // SwigluForward). An expert-parallel rank holds a shard: experts [first, first + count) of
 // the layer's logical experts, local index e = logical - first.
@@ -221,6 +236,8 @@ class MoeLayer {
   Tensor<T> shared_h13_, shared_act_, shared_out_;
   // Backward scratch.
   Tensor<T> dexpert_out_, ddispatched_, dxn_, dscores_, dshared_h13_, dshared_act_, dshared_x_;
+  Tensor<T> dweights_;         // [tokens x k] dL/d gate weights
+  std::vector<T> aux_grad_;    // [E] the aux loss's score gradient
 };
 
 }  // namespace rackrun::runtime

@@ -1,0 +1,148 @@
+// CachingAllocator: the GPU engine's device memory. Plain allocations from a raw backend
+// (cudaMalloc on a GPU: never managed memory), kept after Free in per-stream free lists by
+// size class and handed out again, so the steady-state training step calls cudaMalloc and
+// cudaFree (which synchronise the device) never.
+//
+// Size classes: up to 1 MiB, multiples of 512 bytes; above, eight classes per power of two
+// (1.125, 1.25, ... 2 x 2^p), so a block wastes less than 12.5% of its size. A block is
+// reused only for its own class and its own stream: work queued on one stream that still
+// reads a freed block cannot race with a new owner on another stream (a block used on two
+// streams is freed after they are joined, by the caller).
+//
+// Out of memory: the allocator waits for the device (RawMemory::Synchronize), returns every
+// cached block to the backend and tries once more; if that fails too, the error is a
+// ResourceExhausted naming what the memory was for, the bytes asked, the bytes in use and
+// cached, the peak, and the backend's own account (for a GPU: its free and total memory).
+//
+// The bookkeeping is host code without CUDA: tests run it on the CPU over HostBudgetMemory
+// (host memory with a byte budget); the GPU backend is runtime/cuda/device.h's.
+//
+// Thread-safe (one mutex). Pointers stay valid until Free.
+#ifndef RACKRUN_RUNTIME_CUDA_CACHING_ALLOCATOR_H_
+#define RACKRUN_RUNTIME_CUDA_CACHING_ALLOCATOR_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+
+namespace rackrun::runtime::cuda {
+
+// A stream as the allocator sees it: an opaque key (a cudaStream_t on a GPU; nullptr is the
+// default stream).
+using StreamKey = const void*;
+
+// Where blocks come from.
+class RawMemory {
+ public:
+  virtual ~RawMemory() = default;
+  // `bytes` > 0. ResourceExhausted when the backend has no room (any other error is
+  // returned as is and not retried).
+  virtual absl::StatusOr<void*> Allocate(size_t bytes) = 0;
+  virtual void Free(void* p) = 0;
+  // Returns when no queued work can still touch a cached block (a GPU: the device is idle).
+  virtual absl::Status Synchronize() = 0;
+  // The backend's own account for error messages, e.g. "cuda:0 (NVIDIA H200): 1.2 GiB free
+  // of 139.8 GiB".
+  virtual std::string Describe() = 0;
+};
+
+// Host memory with a byte budget: the allocator's tests run on the CPU with it.
+class HostBudgetMemory final : public RawMemory {
+ public:
+  explicit HostBudgetMemory(size_t budget_bytes) : budget_(budget_bytes) {}
+  ~HostBudgetMemory() override;
+  absl::StatusOr<void*> Allocate(size_t bytes) override;
+  void Free(void* p) override;
+  absl::Status Synchronize() override {
+    ++synchronizations_;
+    return absl::OkStatus();
+  }
+  std::string Describe() override;
+
+  size_t used() const { return used_; }
+  int synchronizations() const { return synchronizations_; }
+
+ private:
+  size_t budget_;
+  size_t used_ = 0;
+  int synchronizations_ = 0;
+  std::unordered_map<void*, size_t> sizes_;
+};
+
+struct AllocatorStats {
+  int64_t in_use_bytes = 0;     // class bytes of live blocks
+  int64_t requested_bytes = 0;  // bytes asked for by live blocks (<= in_use_bytes)
+  int64_t peak_in_use_bytes = 0;
+  int64_t cached_bytes = 0;    // freed blocks held for reuse
+  int64_t reserved_bytes = 0;  // in use + cached: what the backend has given
+  int64_t peak_reserved_bytes = 0;
+  int64_t live_blocks = 0;
+  int64_t allocations = 0;      // Allocate calls that succeeded
+  int64_t cache_hits = 0;       // ... served from a free list
+  int64_t raw_allocations = 0;  // RawMemory::Allocate calls that succeeded
+  int64_t raw_frees = 0;
+  int64_t cache_flushes = 0;  // times the cache went back to the backend
+};
+
+// "1.50 GiB", "512 B": sizes in messages.
+std::string FormatBytes(int64_t bytes);
+
+class CachingAllocator {
+ public:
+  static constexpr size_t kSmallLimit = size_t{1} << 20;
+  static constexpr size_t kSmallStep = 512;
+
+  struct Block {
+    void* ptr = nullptr;
+    size_t bytes = 0;        // asked for
+    size_t class_bytes = 0;  // held (SizeClass(bytes))
+    StreamKey stream = nullptr;
+  };
+
+  explicit CachingAllocator(std::unique_ptr<RawMemory> raw);
+  // Returns cached blocks and any block still live to the backend.
+  ~CachingAllocator();
+  CachingAllocator(const CachingAllocator&) = delete;
+  CachingAllocator& operator=(const CachingAllocator&) = delete;
+
+  // A block of at least `bytes` (0 gets the smallest class) for use on `stream`. `what`
+  // names the tensor or buffer in the out-of-memory error.
+  absl::StatusOr<Block> Allocate(size_t bytes, StreamKey stream, absl::string_view what);
+  // Back to its stream's free list. InvalidArgument for a pointer this allocator does not
+  // hold (a double free, or another allocator's block).
+  absl::Status Free(void* ptr);
+  // Waits for the device, then returns every cached block to the backend.
+  absl::Status ReleaseCache();
+
+  AllocatorStats stats() const;
+  // Clears the peaks (to the current values) and the counters, e.g. per benchmark phase.
+  void ResetPeaks();
+  RawMemory& raw() { return *raw_; }
+
+  static size_t SizeClass(size_t bytes);
+
+ private:
+  absl::Status ReleaseCacheLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  mutable absl::Mutex mu_;
+  std::unique_ptr<RawMemory> raw_ ABSL_GUARDED_BY(mu_);
+  // (stream, class bytes) -> free pointers of that class, last freed last.
+  std::map<std::pair<StreamKey, size_t>, std::vector<void*>> free_ ABSL_GUARDED_BY(mu_);
+  std::unordered_map<void*, Block> live_ ABSL_GUARDED_BY(mu_);
+  AllocatorStats stats_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace rackrun::runtime::cuda
+
+#endif  // RACKRUN_RUNTIME_CUDA_CACHING_ALLOCATOR_H_

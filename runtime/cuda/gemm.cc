@@ -1,0 +1,176 @@
+#include "runtime/cuda/gemm.h"
+
+#include <cublasLt.h>
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace rackrun::runtime::cuda {
+namespace {
+
+absl::Status BlasCheck(cublasStatus_t s, absl::string_view call, const GemmShape& g) {
+  if (s == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
+  return absl::InternalError(
+      absl::StrCat(call, " (m ", g.m, ", n ", g.n, ", k ", g.k, ", ta ", g.trans_a, ", tb ",
+                   g.trans_b, "): ", cublasLtGetStatusName(s), ": ", cublasLtGetStatusString(s)));
+}
+
+// The largest power of two (at most 256) dividing the address.
+int AlignmentOf(const void* p) {
+  const auto v = reinterpret_cast<uintptr_t>(p);
+  int a = 256;
+  while (a > 1 && v % static_cast<uintptr_t>(a) != 0) a /= 2;
+  return a;
+}
+
+}  // namespace
+
+absl::StatusOr<GemmPrecision> ParseGemmPrecision(absl::string_view name) {
+  if (name == "fp32") return GemmPrecision::kFp32;
+  if (name == "tf32") return GemmPrecision::kTf32;
+  if (name == "bf16") return GemmPrecision::kBf16;
+  return absl::InvalidArgumentError(
+      absl::StrCat("model.precision: unknown precision '", name, "'; use fp32, tf32 or bf16"));
+}
+
+absl::string_view GemmPrecisionName(GemmPrecision p) {
+  switch (p) {
+    case GemmPrecision::kFp32:
+      return "fp32";
+    case GemmPrecision::kTf32:
+      return "tf32";
+    case GemmPrecision::kBf16:
+      return "bf16";
+  }
+  return "?";
+}
+
+struct Gemm::Plan {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  ~Plan() {
+    if (a != nullptr) cublasLtMatrixLayoutDestroy(a);
+    if (b != nullptr) cublasLtMatrixLayoutDestroy(b);
+    if (c != nullptr) cublasLtMatrixLayoutDestroy(c);
+    if (op != nullptr) cublasLtMatmulDescDestroy(op);
+  }
+};
+
+Gemm::~Gemm() = default;
+
+absl::Status Gemm::Run(const GemmShape& s, float alpha, const void* a, const void* b, float beta,
+                       void* c, GemmPrecision precision, DataType c_type, cudaStream_t stream) {
+  if (s.m < 0 || s.n < 0 || s.k < 0) return absl::InvalidArgumentError("gemm: negative size");
+  const int a_cols = s.trans_a ? s.m : s.k;  // row length of A as stored
+  const int b_cols = s.trans_b ? s.k : s.n;
+  if (s.lda < std::max(1, a_cols) || s.ldb < std::max(1, b_cols) || s.ldc < std::max(1, s.n)) {
+    return absl::InvalidArgumentError(absl::StrCat("gemm: leading dimensions ", s.lda, ", ", s.ldb,
+                                                   ", ", s.ldc, " below the rows' lengths ", a_cols,
+                                                   ", ", b_cols, ", ", s.n));
+  }
+  if (c_type == DataType::kBF16 && precision != GemmPrecision::kBf16) {
+    return absl::InvalidArgumentError("gemm: a bf16 C needs bf16 precision");
+  }
+  if (s.m == 0 || s.n == 0) return absl::OkStatus();
+  if (s.k == 0) {
+    // An empty product (an expert with no rows in a weight gradient): C stays beta C.
+    if (beta == 1.0f) return absl::OkStatus();
+    return absl::InvalidArgumentError("gemm: k = 0 with beta != 1; scale C instead");
+  }
+  if (stream == nullptr) stream = device_->stream();
+
+  const bool bf = precision == GemmPrecision::kBf16;
+  const cudaDataType_t ab_type = bf ? CUDA_R_16BF : CUDA_R_32F;
+  const cudaDataType_t cc_type = c_type == DataType::kBF16 ? CUDA_R_16BF : CUDA_R_32F;
+  const cublasComputeType_t compute =
+      precision == GemmPrecision::kTf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  const int k = s.k;
+  const std::array<int, 13> key = {s.trans_a,
+                                   s.trans_b,
+                                   s.m,
+                                   s.n,
+                                   k,
+                                   s.lda,
+                                   s.ldb,
+                                   s.ldc,
+                                   static_cast<int>(precision),
+                                   static_cast<int>(c_type),
+                                   AlignmentOf(a),
+                                   AlignmentOf(b),
+                                   AlignmentOf(c)};
+  auto it = plans_.find(key);
+  if (it == plans_.end()) {
+    auto plan = std::make_shared<Plan>();
+    // Column-major view: C^T (n x m) = op(B)^T (n x k) op(A)^T (k x m).
+    const cublasOperation_t ta = s.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const cublasOperation_t tb = s.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+    if (absl::Status st = BlasCheck(cublasLtMatmulDescCreate(&plan->op, compute, CUDA_R_32F),
+                                    "cublasLtMatmulDescCreate", s);
+        !st.ok()) {
+      return st;
+    }
+    cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta));
+    cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb));
+    // A' = B as stored: (ta == N) n x k, else k x n, column-major with ld ldb.
+    const uint64_t a_rows = ta == CUBLAS_OP_N ? s.n : k, a_cols2 = ta == CUBLAS_OP_N ? k : s.n;
+    const uint64_t b_rows = tb == CUBLAS_OP_N ? k : s.m, b_cols2 = tb == CUBLAS_OP_N ? s.m : k;
+    if (absl::Status st = BlasCheck(
+            cublasLtMatrixLayoutCreate(&plan->a, ab_type, a_rows, a_cols2, s.ldb), "layout A", s);
+        !st.ok()) {
+      return st;
+    }
+    if (absl::Status st = BlasCheck(
+            cublasLtMatrixLayoutCreate(&plan->b, ab_type, b_rows, b_cols2, s.lda), "layout B", s);
+        !st.ok()) {
+      return st;
+    }
+    if (absl::Status st =
+            BlasCheck(cublasLtMatrixLayoutCreate(&plan->c, cc_type, static_cast<uint64_t>(s.n),
+                                                 static_cast<uint64_t>(s.m), s.ldc),
+                      "layout C", s);
+        !st.ok()) {
+      return st;
+    }
+    cublasLtMatmulPreference_t pref = nullptr;
+    cublasLtMatmulPreferenceCreate(&pref);
+    const uint64_t ws = device_->blas_workspace_bytes();
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
+                                         sizeof(ws));
+    // A' is our B, B' our A.
+    const uint32_t al_a = static_cast<uint32_t>(AlignmentOf(b));
+    const uint32_t al_b = static_cast<uint32_t>(AlignmentOf(a));
+    const uint32_t al_c = static_cast<uint32_t>(AlignmentOf(c));
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a,
+                                         sizeof(al_a));
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b,
+                                         sizeof(al_b));
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c,
+                                         sizeof(al_c));
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c,
+                                         sizeof(al_c));
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    const cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(
+        static_cast<cublasLtHandle_t>(device_->blas_handle()), plan->op, plan->a, plan->b, plan->c,
+        plan->c, pref, 1, &result, &found);
+    cublasLtMatmulPreferenceDestroy(pref);
+    if (absl::Status st = BlasCheck(hs, "cublasLtMatmulAlgoGetHeuristic", s); !st.ok()) return st;
+    if (found == 0) {
+      return absl::InternalError(absl::StrCat("cuBLASLt has no algorithm for this GEMM (m ", s.m,
+                                              ", n ", s.n, ", k ", s.k, ", ",
+                                              GemmPrecisionName(precision), ")"));
+    }
+    plan->algo = result.algo;
+    it = plans_.emplace(key, std::move(plan)).first;
+  }
+  const Plan& p = *it->second;
+  return BlasCheck(
+      cublasLtMatmul(static_cast<cublasLtHandle_t>(device_->blas_handle()), p.op, &alpha, b, p.a, a,
+                     p.b, &beta, c, p.c, c, p.c, &p.algo, device_->blas_workspace(),
+                     device_->blas_workspace_bytes(), stream),
+      "cublasLtMatmul", s);
+}
+
+}  // namespace rackrun::runtime::cuda

@@ -1,0 +1,76 @@
+// Dense GEMM on the GPU through cuBLASLt, in runtime/cpu/gemm.h's convention:
+// C = alpha * op(A) * op(B) + beta * C, row-major, op(A) m x k, op(B) k x n, C m x n.
+//
+// Precisions (the job's model.precision, issue 35):
+//   kFp32  fp32 operands, fp32 arithmetic (CUBLAS_COMPUTE_32F): the CPU engine's numbers;
+//   kTf32  fp32 operands rounded to TF32 on the tensor cores, fp32 accumulation;
+//   kBf16  bf16 A and B, fp32 accumulation, C in fp32 or bf16.
+// Row-major is cuBLAS's column-major transposed: C^T = op(B)^T op(A)^T, so B goes first.
+//
+// Algorithms come from cuBLASLt's heuristic once per shape, types and pointer alignment,
+// then from a cache (one per Gemm object; not thread-safe: one per stream owner).
+#ifndef RACKRUN_RUNTIME_CUDA_GEMM_H_
+#define RACKRUN_RUNTIME_CUDA_GEMM_H_
+
+#include <cuda_runtime_api.h>
+
+#include <array>
+#include <cstdint>
+#include <map>
+#include <memory>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "runtime/cuda/device.h"
+
+namespace rackrun::runtime::cuda {
+
+enum class GemmPrecision { kFp32, kTf32, kBf16 };
+enum class DataType { kF32, kBF16 };
+
+// "fp32" | "tf32" | "bf16"; InvalidArgument naming model.precision otherwise.
+absl::StatusOr<GemmPrecision> ParseGemmPrecision(absl::string_view name);
+absl::string_view GemmPrecisionName(GemmPrecision p);
+
+struct GemmShape {
+  bool trans_a = false, trans_b = false;
+  int m = 0, n = 0, k = 0;
+  int lda = 0, ldb = 0, ldc = 0;
+};
+
+class Gemm {
+ public:
+  explicit Gemm(Device* device) : device_(device) {}
+  ~Gemm();
+
+  // A and B are fp32 for kFp32/kTf32 and bf16 for kBf16; C is fp32 unless `c_type` says
+  // bf16 (kBf16 only). The tensor-core precisions (TF32, bf16) want 16-byte aligned rows
+  // (leading dimensions a multiple of 8 elements); for others cuBLASLt may offer no
+  // algorithm, which is an Internal error naming the shape. Leading dimensions as in row-major
+  // storage (>= the row length). InvalidArgument for inconsistent shapes or types; cuBLAS errors
+  // name the call and the shape. m or n of 0 is a no-op, and so is k = 0 with beta = 1 (an empty
+  // product accumulated); k = 0 with another beta is an InvalidArgument.
+  absl::Status Run(const GemmShape& s, float alpha, const void* a, const void* b, float beta,
+                   void* c, GemmPrecision precision, DataType c_type = DataType::kF32,
+                   cudaStream_t stream = nullptr);
+
+  // Convenience for fp32 operands.
+  absl::Status Run(const GemmShape& s, float alpha, const float* a, const float* b, float beta,
+                   float* c, GemmPrecision precision = GemmPrecision::kFp32,
+                   cudaStream_t stream = nullptr) {
+    return Run(s, alpha, static_cast<const void*>(a), static_cast<const void*>(b), beta,
+               static_cast<void*>(c), precision, DataType::kF32, stream);
+  }
+
+ private:
+  struct Plan;
+  Device* device_;
+  // Key: shape, precision, C type, the operands' alignments. shared_ptr: Plan is complete
+  // only in gemm.cc, and its deleter travels with it.
+  std::map<std::array<int, 13>, std::shared_ptr<Plan>> plans_;
+};
+
+}  // namespace rackrun::runtime::cuda
+
+#endif  // RACKRUN_RUNTIME_CUDA_GEMM_H_

@@ -1,0 +1,735 @@
+#include "runtime/cuda/xhc.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "runtime/cuda/kernels.h"
+
+namespace rackrun::runtime::cuda {
+
+template <typename S>
+struct XhcStreams<S>::Sublayer {
+  explicit Sublayer(Device* d, int l)
+      : rec(d, absl::StrCat("xhc sublayer", l, " records")),
+        idx(d, absl::StrCat("xhc sublayer", l, " active sets")),
+        coef(d, absl::StrCat("xhc sublayer", l, " coefficients")),
+        saved(d, absl::StrCat("xhc sublayer", l, " saved rows")),
+        colsum(d, absl::StrCat("xhc sublayer", l, " router row sums")) {}
+  bool mlp = false;
+  int Kr = 1;
+  int64_t w1 = 0, a_pre = 0, w2 = 0, a_res = 0, conv = -1;
+  std::vector<int> taps;
+  DeviceTensor<float> rec;
+  DeviceTensor<int32_t> idx;
+  DeviceTensor<float> coef;
+  DeviceTensor<S> saved;
+  DeviceTensor<float> colsum;
+};
+
+template <typename S>
+XhcStreams<S>::XhcStreams(Device* device, const ResidualConfig& config, GemmPrecision gemm)
+    : device_(device),
+      config_(config),
+      gemm_precision_(gemm),
+      gemm_(device),
+      values_(device, "xhc parameters"),
+      grads_(device, "xhc parameter gradients"),
+      shadow_(device, "xhc bf16 weights"),
+      segment_(device, "xhc segments"),
+      x_(device, "xhc state"),
+      dx_(device, "xhc state gradient"),
+      z_(device, "xhc mapping projections"),
+      q_(device, "xhc active projections"),
+      da_(device, "xhc active-row gradients"),
+      dg_(device, "xhc convolution gradients"),
+      dp_(device, "xhc gate gradients"),
+      c2_(device, "xhc active logit gradients"),
+      wscal_(device, "xhc write scalar gradients"),
+      rscal_(device, "xhc read scalar gradients"),
+      c1_(device, "xhc mapping logit gradients"),
+      tape_(device, "xhc Sinkhorn tape"),
+      partial_(device, "xhc convolution weight partials"),
+      corr_(device, "xhc router centring"),
+      c_bf16_(device, "xhc bf16 logit gradients") {}
+
+template <typename S>
+XhcStreams<S>::~XhcStreams() = default;
+
+template <typename S>
+absl::StatusOr<std::unique_ptr<XhcStreams<S>>> XhcStreams<S>::Create(Device* device,
+                                                                     const ResidualConfig& config,
+                                                                     uint64_t seed,
+                                                                     GemmPrecision gemm) {
+  if (absl::Status s = config.Validate(); !s.ok()) return s;
+  if (config.mode != ResidualMode::kXhc) {
+    return absl::UnimplementedError(absl::StrCat("GPU residual streams: mode ",
+                                                 std::string(ResidualModeName(config.mode)),
+                                                 " is not implemented on the GPU yet (xhc only)"));
+  }
+  if (config.streams > xhc::kMaxN || config.active > xhc::kMaxK ||
+      static_cast<int>(config.conv_widths.size()) > xhc::kMaxJ || config.width > xhc::kMaxWidth ||
+      config.active * config.active > xhc::kMaxSinkhornN * xhc::kMaxSinkhornN) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "GPU residual streams support N <= ", xhc::kMaxN, ", k <= ", xhc::kMaxK, ", at most ",
+        xhc::kMaxJ, " convolutions and C <= ", xhc::kMaxWidth, "; got N ", config.streams, ", k ",
+        config.active, ", ", config.conv_widths.size(), " convolutions, C ", config.width));
+  }
+  for (int w : config.conv_widths) {
+    if (w > xhc::kMaxTaps) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("GPU residual streams: convolution width ", w, " above ", xhc::kMaxTaps));
+    }
+  }
+  if (gemm == GemmPrecision::kBf16) {
+    return absl::InvalidArgumentError(
+        "GPU residual streams: the fp32 GEMMs' precision is fp32 or tf32 (a bf16 state's "
+        "projections run in bf16 anyway)");
+  }
+  std::unique_ptr<XhcStreams> x(new XhcStreams(device, config, gemm));
+  if (absl::Status s = x->Init(seed); !s.ok()) return s;
+  return x;
+}
+
+template <typename S>
+absl::Status XhcStreams<S>::Init(uint64_t seed) {
+  N_ = config_.streams;
+  C_ = config_.width;
+  k_ = config_.active;
+  m_ = config_.fixed;
+  J_ = static_cast<int>(config_.conv_widths.size());
+  L_ = static_cast<int>(config_.sublayers.size());
+  // The CPU component of the same configuration: names, sizes, order and initial values.
+  absl::StatusOr<ResidualStreams<float>> cpu = ResidualStreams<float>::Create(config_, seed);
+  if (!cpu.ok()) return cpu.status();
+  // The device buffer keeps the CPU's order, with the GEMMs' weight matrices (a sublayer's
+  // router + pre rows, its [w_res | w_post] rows) starting on 256-byte boundaries: cuBLASLt's
+  // tensor-core kernels want 16-byte aligned operands, and the small parameters between
+  // them would leave the matrices at any float offset. Padding never falls inside the runs
+  // the kernels read as one (router + pre, w_res + w_post, the scalars, the convolutions).
+  constexpr int64_t kAlign = 64;  // floats
+  std::vector<ParamRef<float>> params = cpu->Parameters();
+  for (const ParamRef<float>& p : params) {
+    if (p.name.ends_with(".w_router") || p.name.ends_with(".w_res")) {
+      param_count_ = (param_count_ + kAlign - 1) / kAlign * kAlign;
+    }
+    names_.push_back(p.name);
+    offsets_.push_back(param_count_);
+    sizes_.push_back(p.size);
+    offset_of_[p.name] = param_count_;
+    param_count_ += p.size;
+  }
+  std::vector<float> host(static_cast<size_t>(param_count_), 0.0f);
+  for (size_t i = 0; i < params.size(); ++i) {
+    std::copy(params[i].value, params[i].value + params[i].size, host.begin() + offsets_[i]);
+  }
+  if (absl::Status s = values_.Resize({param_count_}); !s.ok()) return s;
+  if (absl::Status s = grads_.Resize({param_count_}); !s.ok()) return s;
+  if (absl::Status s = values_.CopyFrom(host); !s.ok()) return s;
+  if (absl::Status s = grads_.Zero(); !s.ok()) return s;
+
+  const int64_t nc = static_cast<int64_t>(N_) * C_;
+  const int64_t kc = static_cast<int64_t>(k_) * C_;
+  const auto at = [&](int l, const std::string& what) -> int64_t {
+    auto it = offset_of_.find(absl::StrCat("sublayer", l, ".", what));
+    return it == offset_of_.end() ? -1 : it->second;
+  };
+  for (int l = 0; l < L_; ++l) {
+    auto s = std::make_unique<Sublayer>(device_, l);
+    s->mlp = config_.sublayers[static_cast<size_t>(l)] == SublayerKind::kMlp;
+    s->Kr = s->mlp ? 1 + J_ : 1;
+    s->w1 = at(l, "w_router");
+    s->a_pre = at(l, "a_pre");
+    s->w2 = at(l, "w_res");
+    s->a_res = at(l, "a_res");
+    // The kernels take the router and pre rows as one matrix, [w_res | w_post] as one, and
+    // the scalar parameters as adjacent runs: the CPU's layout, checked here.
+    const bool adjacent =
+        s->w1 >= 0 && at(l, "w_pre") == s->w1 + N_ * nc && at(l, "b_pre") == s->a_pre + 1 &&
+        s->w2 >= 0 && at(l, "w_post") == s->w2 + k_ * k_ * kc && at(l, "b_res") == s->a_res + 1 &&
+        at(l, "a_post") == s->a_res + 1 + k_ * k_ && at(l, "b_post") == s->a_res + 2 + k_ * k_;
+    if (!adjacent) {
+      return absl::InternalError(absl::StrCat("GPU residual streams: sublayer ", l,
+                                              "'s parameters are not laid out as the kernels "
+                                              "expect (runtime/residual/xhc.cc changed?)"));
+    }
+    if (s->mlp) {
+      s->conv = at(l, "conv0");
+      int64_t next = s->conv;
+      for (int j = 0; j < J_; ++j) {
+        if (at(l, absl::StrCat("conv", j)) != next) {
+          return absl::InternalError("GPU residual streams: convolutions not adjacent");
+        }
+        s->taps.push_back(config_.conv_widths[static_cast<size_t>(j)]);
+        next += static_cast<int64_t>(s->taps.back()) * C_;
+      }
+    }
+    if (absl::Status st = s->colsum.Resize({N_}); !st.ok()) return st;
+    sub_.push_back(std::move(s));
+  }
+  if (absl::Status s = corr_.Resize({N_}); !s.ok()) return s;
+  return device_->Synchronize();
+}
+
+template <typename S>
+std::vector<ParamRef<float>> XhcStreams<S>::Parameters() {
+  std::vector<ParamRef<float>> out;
+  for (size_t i = 0; i < names_.size(); ++i) {
+    out.push_back(
+        {names_[i], values_.data() + offsets_[i], grads_.data() + offsets_[i], sizes_[i]});
+  }
+  return out;
+}
+
+template <typename S>
+absl::Status XhcStreams<S>::CopyParametersFrom(ResidualStreams<float>& cpu) {
+  for (const ParamRef<float>& p : cpu.Parameters()) {
+    auto it = offset_of_.find(p.name);
+    if (it == offset_of_.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("no GPU parameter ", p.name));
+    }
+    if (absl::Status s = Check(cudaMemcpyAsync(values_.data() + it->second, p.value,
+                                               sizeof(float) * static_cast<size_t>(p.size),
+                                               cudaMemcpyHostToDevice, device_->stream()),
+                               "copying parameters");
+        !s.ok()) {
+      return s;
+    }
+  }
+  return device_->Synchronize();
+}
+
+template <typename S>
+absl::Status XhcStreams<S>::GradientsToHost(std::vector<float>* grads) {
+  std::vector<float> all;
+  if (absl::Status s = grads_.CopyTo(&all); !s.ok()) return s;
+  grads->clear();
+  for (size_t i = 0; i < names_.size(); ++i) {
+    grads->insert(grads->end(), all.begin() + offsets_[i], all.begin() + offsets_[i] + sizes_[i]);
+  }
+  return absl::OkStatus();
+}
+
+template <typename S>
+absl::Status XhcStreams<S>::ZeroGrad() {
+  return grads_.Zero();
+}
+
+template <typename S>
+absl::Status XhcStreams<S>::Check(cudaError_t e, const char* what) const {
+  return CudaCheck(e, absl::StrCat("xhc (GPU): ", what));
+}
+
+template <typename S>
+absl::Status XhcStreams<S>::Order(bool ok, const char* call, int sublayer) const {
+  if (ok) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      absl::StrCat("xhc (GPU): ", call, "(", sublayer,
+                   ") out of order; the sequence is BeginBatch, SetState, ReadInput/WriteOutput "
+                   "per sublayer, Collapse, then the reverse"));
+}
+
+template <typename S>
+void XhcStreams<S>::Count(const char* name, int64_t read, int64_t written) {
+  for (KernelTraffic& t : traffic_) {
+    if (t.name == name) {
+      t.read += read;
+      t.written += written;
+      ++t.calls;
+      return;
+    }
+  }
+  traffic_.push_back({name, read, written, 1});
+}
+
+template <typename S>
+int64_t XhcStreams<S>::TrafficBytes() const {
+  int64_t b = 0;
+  for (const KernelTraffic& t : traffic_) b += t.read + t.written;
+  return b;
+}
+
+template <typename S>
+xhc::Layout XhcStreams<S>::LayoutOf(int l) const {
+  xhc::Layout lay;
+  lay.N = N_;
+  lay.C = C_;
+  lay.k = k_;
+  lay.m = m_;
+  lay.Kr = sub_[static_cast<size_t>(l)]->Kr;
+  lay.J = sub_[static_cast<size_t>(l)]->mlp ? J_ : 0;
+  lay.iters = config_.sinkhorn_iters;
+  return lay;
+}
+
+template <typename S>
+xhc::MapParams XhcStreams<S>::MapsOf(int l) {
+  const Sublayer& s = *sub_[static_cast<size_t>(l)];
+  const float* v = values_.data();
+  xhc::MapParams p;
+  p.a_pre = v + s.a_pre;
+  p.b_pre = v + s.a_pre + 1;
+  p.a_res = v + s.a_res;
+  p.b_res = v + s.a_res + 1;
+  p.a_post = v + s.a_res + 1 + k_ * k_;
+  p.b_post = v + s.a_res + 2 + k_ * k_;
+  int64_t off = s.conv;
+  for (size_t j = 0; j < s.taps.size(); ++j) {
+    p.conv[j] = v + off;
+    p.conv_taps[j] = s.taps[j];
+    off += static_cast<int64_t>(s.taps[j]) * C_;
+  }
+  return p;
+}
+
+template <typename S>
+absl::StatusOr<const bf16*> XhcStreams<S>::ShadowOf(int64_t offset, int64_t n) {
+  if (absl::Status s = shadow_.Resize({n}); !s.ok()) return s;
+  if (absl::Status s =
+          Check(kernels::F32ToBf16(n, values_.data() + offset, shadow_.data(), device_->stream()),
+                "bf16 weights");
+      !s.ok()) {
+    return s;
+  }
+  return shadow_.data();
+}
+
+template <typename S>
+absl::Status XhcStreams<S>::Project(const GemmShape& shape, const S* rows, int64_t weight,
+                                    float* out) {
+  if constexpr (std::is_same_v<S, float>) {
+    return gemm_.Run(shape, 1.0f, rows, values_.data() + weight, 0.0f, out, gemm_precision_,
+                     device_->stream());
+  } else {
+    absl::StatusOr<const bf16*> w = ShadowOf(weight, static_cast<int64_t>(shape.n) * shape.k);
+    if (!w.ok()) return w.status();
+    return gemm_.Run(shape, 1.0f, rows, *w, 0.0f, out, GemmPrecision::kBf16, DataType::kF32,
+                     device_->stream());
+  }
+}
+
+template <typename S>
+absl::Status XhcStreams<S>::WeightGrad(const GemmShape& shape, const float* coeffs,
+                                       int64_t coeff_count, const S* rows, int64_t grad) {
+  if constexpr (std::is_same_v<S, float>) {
+    return gemm_.Run(shape, 1.0f, coeffs, rows, 1.0f, grads_.data() + grad, gemm_precision_,
+                     device_->stream());
+  } else {
+    if (absl::Status e =
+            Check(kernels::F32ToBf16(coeff_count, coeffs, c_bf16_.data(), device_->stream()),
+                  "logit gradients to bf16");
+        !e.ok()) {
+      return e;
+    }
+    return gemm_.Run(shape, 1.0f, c_bf16_.data(), rows, 1.0f, grads_.data() + grad,
+                     GemmPrecision::kBf16, DataType::kF32, device_->stream());
+  }
+}
+
+template <typename S>
+absl::Status XhcStreams<S>::Reserve(int tokens) {
+  if (tokens <= capacity_) return absl::OkStatus();
+  const int64_t T = tokens;
+  const int64_t nc = static_cast<int64_t>(N_) * C_;
+  const int64_t kc = static_cast<int64_t>(k_) * C_;
+  const int KrMax = 1 + J_;
+  const int P2Max = k_ * k_ + k_ * KrMax;
+  const int C2Max = (P2Max + 7) / 8 * 8;
+  for (int l = 0; l < L_; ++l) {
+    Sublayer& s = *sub_[static_cast<size_t>(l)];
+    const xhc::Layout lay = LayoutOf(l);
+    if (absl::Status st = s.rec.Resize({T, lay.RecStride()}); !st.ok()) return st;
+    if (absl::Status st = s.idx.Resize({T, k_}); !st.ok()) return st;
+    if (absl::Status st = s.coef.Resize({T, lay.CoefStride()}); !st.ok()) return st;
+    if (absl::Status st = s.saved.Resize({T, lay.SavedStride()}); !st.ok()) return st;
+  }
+  std::vector<int> all_taps(config_.conv_widths.begin(), config_.conv_widths.end());
+  xhc::Layout mlp = LayoutOf(0);
+  mlp.J = J_;
+  mlp.Kr = KrMax;
+  for (absl::Status st :
+       {x_.Resize({T, N_, C_}), dx_.Resize({T, N_, C_}), segment_.Resize({T}),
+        z_.Resize({T, 2 * N_}), q_.Resize({T, P2Max}), da_.Resize({T, kc}),
+        dg_.Resize({T, std::max(J_, 1), C_}), dp_.Resize({T, k_}), c2_.Resize({T, C2Max}),
+        wscal_.Resize({T, 2 + k_ * k_ + k_ * KrMax}), rscal_.Resize({T, 1 + N_}),
+        c1_.Resize({T, 2 * N_}),
+        tape_.Resize({T, xhc::SinkhornTapeFloats(k_, config_.sinkhorn_iters)}),
+        partial_.Resize({std::max<int64_t>(1, xhc::ConvPartialFloats(mlp, T, all_taps.data()))}),
+        c_bf16_.Resize({T, std::max(2 * N_, C2Max)})}) {
+    if (!st.ok()) return st;
+  }
+  (void)nc;
+  capacity_ = tokens;
+  return absl::OkStatus();
+}
+
+template <typename S>
+absl::Status XhcStreams<S>::BeginBatch(int tokens, std::span<const int32_t> segment_starts) {
+  if (tokens <= 0) return absl::InvalidArgumentError("xhc (GPU): tokens must be positive");
+  for (size_t i = 0; i < segment_starts.size(); ++i) {
+    if (segment_starts[i] < 0 || segment_starts[i] >= tokens ||
+        (i > 0 && segment_starts[i] <= segment_starts[i - 1])) {
+      return absl::InvalidArgumentError(
+          "xhc (GPU): segment_starts must be increasing token indices below tokens");
+    }
+  }
+  if (absl::Status s = Reserve(tokens); !s.ok()) return s;
+  tokens_ = tokens;
+  segment_host_.assign(static_cast<size_t>(tokens), 0);
+  size_t next = 0;
+  int32_t start = 0;
+  for (int t = 0; t < tokens; ++t) {
+    while (next < segment_starts.size() && segment_starts[next] <= t)
+      start = segment_starts[next++];
+    segment_host_[static_cast<size_t>(t)] = start;
+  }
+  if (absl::Status s = segment_.Resize({tokens}); !s.ok()) return s;
+  if (absl::Status s = segment_.CopyFrom(segment_host_); !s.ok()) return s;
+  forward_pos_ = -1;
+  backward_pos_ = -1;
+  return absl::OkStatus();
+}
+
+template <typename S>
+absl::Status XhcStreams<S>::SetState(std::span<const float> state) {
+  const int64_t n = static_cast<int64_t>(tokens_) * N_ * C_;
+  if (tokens_ == 0) return Order(false, "SetState", 0);
+  if (static_cast<int64_t>(state.size()) != n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("xhc (GPU): state has ", state.size(), " values, want tokens x N x C = ", n));
+  }
+  if (absl::Status s = x_.Resize({tokens_, N_, C_}); !s.ok()) return s;
+  if constexpr (std::is_same_v<S, float>) {
+    if (absl::Status s = x_.CopyFrom(state); !s.ok()) return s;
+  } else {
+    if (absl::Status s = dx_.Resize({tokens_, N_, C_}); !s.ok()) return s;
+    if (absl::Status s = dx_.CopyFrom(state); !s.ok()) return s;
+    if (absl::Status s =
+            Check(kernels::F32ToBf16(n, dx_.data(), x_.data(), device_->stream()), "state to bf16");
+        !s.ok()) {
+      return s;
+    }
+  }
+  forward_pos_ = 0;
+  return device_->Synchronize();
+}
+
+template <typename S>
+absl::Status XhcStreams<S>::RestartFromInputState() {
+  if (absl::Status s = Order(backward_pos_ == 0, "RestartFromInputState", 0); !s.ok()) return s;
+  forward_pos_ = 0;
+  backward_pos_ = -1;
+  return absl::OkStatus();
+}
+
+template <typename S>
+absl::Status XhcStreams<S>::ReadInput(int l, float* u) {
+  if (absl::Status s = Order(l >= 0 && l < L_ && forward_pos_ == 2 * l, "ReadInput", l); !s.ok())
+    return s;
+  Sublayer& s = *sub_[static_cast<size_t>(l)];
+  const xhc::Layout lay = LayoutOf(l);
+  const xhc::MapParams p = MapsOf(l);
+  const int T = tokens_;
+  const int64_t nc = static_cast<int64_t>(N_) * C_;
+  const int64_t kc = static_cast<int64_t>(k_) * C_;
+  const int64_t sz = sizeof(S);
+  cudaStream_t st = device_->stream();
+  if (absl::Status e = Check(xhc::RouterColumnSums(lay, values_.data() + s.w1, s.colsum.data(), st),
+                             "router column sums");
+      !e.ok()) {
+    return e;
+  }
+  // z = X W1^T: router rows then pre-mapping rows.
+  if (absl::Status e = Project({.trans_b = true,
+                                .m = T,
+                                .n = 2 * N_,
+                                .k = static_cast<int>(nc),
+                                .lda = static_cast<int>(nc),
+                                .ldb = static_cast<int>(nc),
+                                .ldc = 2 * N_},
+                               x_.data(), s.w1, z_.data());
+      !e.ok()) {
+    return e;
+  }
+  Count("fwd GEMM z = X W1^T", T * nc * sz, T * 2 * N_ * 4);
+  if (absl::Status e =
+          Check(xhc::ReadEntry<S>(lay, T, x_.data(), z_.data(), s.colsum.data(), p, s.rec.data(),
+                                  s.idx.data(), u, s.saved.data(), s.coef.data(), st),
+                "ReadEntry");
+      !e.ok()) {
+    return e;
+  }
+  Count("fwd ReadEntry (dense read + gather)", T * (nc * sz + 2 * N_ * 4),
+        T * (C_ * 4 + kc * sz + lay.RecStride() * 4 + k_ * 4));
+  // q = A W2^T over the gathered rows (saved, SavedStride apart).
+  const int P2 = lay.P2();
+  if (absl::Status e = Project({.trans_b = true,
+                                .m = T,
+                                .n = P2,
+                                .k = static_cast<int>(kc),
+                                .lda = static_cast<int>(lay.SavedStride()),
+                                .ldb = static_cast<int>(kc),
+                                .ldc = P2},
+                               s.saved.data(), s.w2, q_.data());
+      !e.ok()) {
+    return e;
+  }
+  Count("fwd GEMM q = A W2^T", T * kc * sz, T * P2 * 4);
+  if (absl::Status e =
+          Check(xhc::ActiveMaps(lay, T, q_.data(), p, s.coef.data(), st), "ActiveMaps");
+      !e.ok()) {
+    return e;
+  }
+  Count("fwd ActiveMaps", T * P2 * 4, T * lay.CoefStride() * 4);
+  forward_pos_ = 2 * l + 1;
+  return absl::OkStatus();
+}
+
+template <typename S>
+absl::Status XhcStreams<S>::WriteOutput(int l, const float* out) {
+  if (absl::Status s = Order(l >= 0 && l < L_ && forward_pos_ == 2 * l + 1, "WriteOutput", l);
+      !s.ok())
+    return s;
+  Sublayer& s = *sub_[static_cast<size_t>(l)];
+  const xhc::Layout lay = LayoutOf(l);
+  const int T = tokens_;
+  const int64_t kc = static_cast<int64_t>(k_) * C_;
+  const int64_t sz = sizeof(S);
+  if (absl::Status e =
+          Check(xhc::Write<S>(lay, T, out, segment_.data(), MapsOf(l), s.rec.data(), s.idx.data(),
+                              s.coef.data(), x_.data(), s.saved.data(), device_->stream()),
+                "Write");
+      !e.ok()) {
+    return e;
+  }
+  // out, the active rows in and out, the basis saved.
+  Count("fwd Write (convolutions + Gram-Schmidt + mix + scatter)",
+        T * (C_ * 4 + kc * sz + (lay.CoefStride() + lay.RecStride()) * 4),
+        T * (kc * sz + lay.Kr * C_ * sz));
+  forward_pos_ = 2 * l + 2;
+  return absl::OkStatus();
+}
+
+template <typename S>
+absl::Status XhcStreams<S>::Collapse(float* y) {
+  if (absl::Status s = Order(forward_pos_ == 2 * L_, "Collapse", 0); !s.ok()) return s;
+  if (absl::Status e = Check(
+          xhc::Collapse<S>(LayoutOf(0), tokens_, x_.data(), y, device_->stream()), "Collapse");
+      !e.ok()) {
+    return e;
+  }
+  forward_pos_ = 2 * L_ + 1;
+  return absl::OkStatus();
+}
+
+template <typename S>
+absl::Status XhcStreams<S>::CollapseBackward(const float* dy) {
+  if (absl::Status s = Order(forward_pos_ == 2 * L_ + 1, "CollapseBackward", 0); !s.ok()) return s;
+  if (absl::Status e =
+          Check(xhc::CollapseBackward(LayoutOf(0), tokens_, dy, dx_.data(), device_->stream()),
+                "CollapseBackward");
+      !e.ok()) {
+    return e;
+  }
+  backward_pos_ = 2 * L_;
+  return absl::OkStatus();
+}
+
+template <typename S>
+absl::Status XhcStreams<S>::WriteOutputBackward(int l, float* d_out) {
+  if (absl::Status s =
+          Order(l >= 0 && l < L_ && backward_pos_ == 2 * l + 2, "WriteOutputBackward", l);
+      !s.ok())
+    return s;
+  Sublayer& s = *sub_[static_cast<size_t>(l)];
+  const xhc::Layout lay = LayoutOf(l);
+  const xhc::MapParams p = MapsOf(l);
+  const int T = tokens_;
+  const int64_t kc = static_cast<int64_t>(k_) * C_;
+  const int64_t sz = sizeof(S);
+  const int P2 = lay.P2();
+  cudaStream_t st = device_->stream();
+  if (absl::Status e =
+          Check(xhc::WriteBackward<S>(lay, T, dx_.data(), s.saved.data(), segment_.data(), p,
+                                      s.rec.data(), s.idx.data(), s.coef.data(), da_.data(), d_out,
+                                      dg_.data(), dp_.data(), c2_.data(), wscal_.data(),
+                                      tape_.data(), st),
+                "WriteBackward");
+      !e.ok()) {
+    return e;
+  }
+  // G rows, A and O (and, MLP, the earlier v1 rows from L2); dA, d_out, dg.
+  Count("bwd WriteBackward", T * (kc * 4 + (k_ + lay.Kr) * C_ * sz),
+        T * (kc * 4 + C_ * 4 + static_cast<int64_t>(lay.J) * C_ * 4 + lay.C2Stride() * 4));
+  // dA += c2 W2 (fp32).
+  const GemmShape dashape{.m = T,
+                          .n = static_cast<int>(kc),
+                          .k = P2,
+                          .lda = lay.C2Stride(),
+                          .ldb = static_cast<int>(kc),
+                          .ldc = static_cast<int>(kc)};
+  if (absl::Status e = gemm_.Run(dashape, 1.0f, c2_.data(), values_.data() + s.w2, 1.0f, da_.data(),
+                                 gemm_precision_, st);
+      !e.ok()) {
+    return e;
+  }
+  Count("bwd GEMM dA += c2 W2", T * kc * 4, T * kc * 4);
+  if (absl::Status e = Check(xhc::ScatterActive<S>(lay, T, da_.data(), s.saved.data(), s.idx.data(),
+                                                   dx_.data(), x_.data(), st),
+                             "ScatterActive");
+      !e.ok()) {
+    return e;
+  }
+  Count("bwd ScatterActive (dX rows, state walked back)", T * (kc * 4 + kc * sz),
+        T * (kc * 4 + kc * sz));
+  if (s.mlp) {
+    if (absl::Status e = Check(
+            xhc::ConvolutionsBackward<S>(lay, T, dg_.data(), s.saved.data(), segment_.data(), p,
+                                         d_out, grads_.data() + s.conv, partial_.data(), st),
+            "ConvolutionsBackward");
+        !e.ok()) {
+      return e;
+    }
+    Count("bwd ConvolutionsBackward", T * (2 * J_ * C_ * 4 + C_ * 4 + C_ * sz), T * C_ * 4);
+  }
+  // dW2 += c2^T A.
+  if (absl::Status e =
+          WeightGrad({.trans_a = true,
+                      .m = P2,
+                      .n = static_cast<int>(kc),
+                      .k = T,
+                      .lda = lay.C2Stride(),
+                      .ldb = static_cast<int>(lay.SavedStride()),
+                      .ldc = static_cast<int>(kc)},
+                     c2_.data(), static_cast<int64_t>(T) * lay.C2Stride(), s.saved.data(), s.w2);
+      !e.ok()) {
+    return e;
+  }
+  Count("bwd GEMM dW2 += c2^T A", T * kc * sz, 0);
+  if (absl::Status e = Check(xhc::SumScalars(T, lay.WriteScalStride(), lay.WriteScalStride(),
+                                             wscal_.data(), grads_.data() + s.a_res, st),
+                             "write scalars");
+      !e.ok()) {
+    return e;
+  }
+  backward_pos_ = 2 * l + 1;
+  return absl::OkStatus();
+}
+
+template <typename S>
+absl::Status XhcStreams<S>::ReadInputBackward(int l, const float* d_u) {
+  if (absl::Status s =
+          Order(l >= 0 && l < L_ && backward_pos_ == 2 * l + 1, "ReadInputBackward", l);
+      !s.ok())
+    return s;
+  Sublayer& s = *sub_[static_cast<size_t>(l)];
+  const xhc::Layout lay = LayoutOf(l);
+  const xhc::MapParams p = MapsOf(l);
+  const int T = tokens_;
+  const int64_t nc = static_cast<int64_t>(N_) * C_;
+  const int64_t sz = sizeof(S);
+  cudaStream_t st = device_->stream();
+  if (absl::Status e = Check(
+          xhc::ReadBackward<S>(lay, T, x_.data(), d_u, dp_.data(), s.colsum.data(), p, s.rec.data(),
+                               s.idx.data(), dx_.data(), c1_.data(), rscal_.data(), st),
+          "ReadBackward");
+      !e.ok()) {
+    return e;
+  }
+  Count("bwd ReadBackward (dense read + norms)", T * (nc * sz + nc * 4 + C_ * 4), T * nc * 4);
+  // dX += c1 W1 (fp32).
+  const GemmShape dxshape{false,
+                          false,
+                          T,
+                          static_cast<int>(nc),
+                          2 * N_,
+                          2 * N_,
+                          static_cast<int>(nc),
+                          static_cast<int>(nc)};
+  if (absl::Status e = gemm_.Run(dxshape, 1.0f, c1_.data(), values_.data() + s.w1, 1.0f, dx_.data(),
+                                 gemm_precision_, st);
+      !e.ok()) {
+    return e;
+  }
+  Count("bwd GEMM dX += c1 W1", T * nc * 4, T * nc * 4);
+  // dW1 += c1^T X.
+  if (absl::Status e = WeightGrad({.trans_a = true,
+                                   .m = 2 * N_,
+                                   .n = static_cast<int>(nc),
+                                   .k = T,
+                                   .lda = 2 * N_,
+                                   .ldb = static_cast<int>(nc),
+                                   .ldc = static_cast<int>(nc)},
+                                  c1_.data(), static_cast<int64_t>(T) * 2 * N_, x_.data(), s.w1);
+      !e.ok()) {
+    return e;
+  }
+  Count("bwd GEMM dW1 += c1^T X", T * nc * sz, 0);
+  if (absl::Status e = Check(xhc::RouterCentring(lay, T, c1_.data(), s.rec.data(),
+                                                 grads_.data() + s.w1, corr_.data(), st),
+                             "router centring");
+      !e.ok()) {
+    return e;
+  }
+  if (absl::Status e = Check(xhc::SumScalars(T, lay.ReadScalStride(), lay.ReadScalStride(),
+                                             rscal_.data(), grads_.data() + s.a_pre, st),
+                             "read scalars");
+      !e.ok()) {
+    return e;
+  }
+  backward_pos_ = 2 * l;
+  return absl::OkStatus();
+}
+
+template <typename S>
+absl::Status XhcStreams<S>::StateToHost(std::vector<float>* state) {
+  if constexpr (std::is_same_v<S, float>) {
+    return x_.CopyTo(state);
+  } else {
+    DeviceTensor<float> f(device_, "xhc state (fp32 copy)");
+    if (absl::Status s = f.Resize({tokens_, N_, C_}); !s.ok()) return s;
+    if (absl::Status s = Check(kernels::Bf16ToF32(f.size(), x_.data(), f.data(), device_->stream()),
+                               "state to fp32");
+        !s.ok()) {
+      return s;
+    }
+    return f.CopyTo(state);
+  }
+}
+
+template <typename S>
+absl::Status XhcStreams<S>::StateGradToHost(std::vector<float>* d_state) {
+  if (absl::Status s = Order(backward_pos_ == 0, "StateGradToHost", 0); !s.ok()) return s;
+  return dx_.CopyTo(d_state);
+}
+
+template <typename S>
+absl::StatusOr<std::vector<SublayerMaps<float>>> XhcStreams<S>::Maps(int l) {
+  if (l < 0 || l >= L_) return absl::InvalidArgumentError("xhc (GPU): no such sublayer");
+  if (forward_pos_ < 2 * l + 1) return Order(false, "Maps", l);
+  Sublayer& s = *sub_[static_cast<size_t>(l)];
+  const xhc::Layout lay = LayoutOf(l);
+  std::vector<float> rec, coef;
+  std::vector<int32_t> idx;
+  for (absl::Status st : {s.rec.CopyTo(&rec), s.coef.CopyTo(&coef), s.idx.CopyTo(&idx)}) {
+    if (!st.ok()) return st;
+  }
+  std::vector<SublayerMaps<float>> out(static_cast<size_t>(tokens_));
+  for (int t = 0; t < tokens_; ++t) {
+    const float* r = rec.data() + static_cast<int64_t>(t) * lay.RecStride();
+    const float* c = coef.data() + static_cast<int64_t>(t) * lay.CoefStride();
+    SublayerMaps<float>& m = out[static_cast<size_t>(t)];
+    m.active.assign(idx.begin() + static_cast<int64_t>(t) * k_,
+                    idx.begin() + static_cast<int64_t>(t + 1) * k_);
+    m.gates.assign(r + xhc::Layout::kGate, r + xhc::Layout::kGate + k_);
+    m.h_pre.assign(r + lay.HpreOff(), r + lay.HpreOff() + N_);
+    m.h_res.assign(c + lay.HresOff(), c + lay.HresOff() + k_ * k_);
+    m.h_post.assign(c + lay.HpostOff(), c + lay.HpostOff() + k_ * lay.Kr);
+  }
+  return out;
+}
+
+template class XhcStreams<float>;
+template class XhcStreams<bf16>;
+
+}  // namespace rackrun::runtime::cuda

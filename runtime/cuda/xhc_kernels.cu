@@ -1,0 +1,1029 @@
+// Device code of the xhc stream kernels (runtime/cuda/xhc_kernels.h). One block per token
+// for the per-token stages: the block's threads split the width C (or N x C) and meet in
+// block-wide sums; every thread works only on its own elements between those sums, so the
+// per-element arithmetic is the CPU's sequential form (runtime/residual/xhc.cc), in the
+// same order of terms; dot products are summed in another order (a fixed tree).
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "runtime/cuda/reduce.cuh"
+#include "runtime/cuda/xhc_kernels.h"
+
+namespace rackrun::runtime::cuda::xhc {
+namespace {
+
+using detail::BlockSum;
+using detail::FromF;
+using detail::kWarp;
+using detail::Sigmoid;
+using detail::ToF;
+
+constexpr int kRowThreads = 256;                       // per-token kernels over N x C
+constexpr int kMaxR = kMaxK * kMaxK + kMaxK * kMaxKr;  // dot products of the write's backward
+// Tokens per chunk of the convolution weights' first reduction pass.
+constexpr int64_t kTokenChunk = 256;
+
+// ---------------------------------------------------------------- Sinkhorn
+
+// runtime/residual/sinkhorn.cc, one matrix on one thread. tape (nullable): M0 (nn), then per
+// iteration B (nn, after the column step), column sums (n), row sums (n).
+__device__ void SinkhornForward(int n, int iters, const float* z, float* h, float* tape) {
+  float m[kMaxSinkhornN * kMaxSinkhornN];
+  const int nn = n * n;
+  for (int a = 0; a < n; ++a) {
+    float mx = z[a * n];
+    for (int b = 1; b < n; ++b) mx = mx < z[a * n + b] ? z[a * n + b] : mx;
+    for (int b = 0; b < n; ++b) m[a * n + b] = expf(z[a * n + b] - mx);
+  }
+  float* step = tape;
+  if (step != nullptr) {
+    for (int e = 0; e < nn; ++e) step[e] = m[e];
+    step += nn;
+  }
+  for (int it = 0; it < iters; ++it) {
+    for (int b = 0; b < n; ++b) {
+      float c = 0;
+      for (int a = 0; a < n; ++a) c += m[a * n + b];
+      if (step != nullptr) step[nn + b] = c;
+      const float d = c + kSinkhornEps;
+      for (int a = 0; a < n; ++a) m[a * n + b] /= d;
+    }
+    if (step != nullptr)
+      for (int e = 0; e < nn; ++e) step[e] = m[e];
+    for (int a = 0; a < n; ++a) {
+      float s = 0;
+      for (int b = 0; b < n; ++b) s += m[a * n + b];
+      if (step != nullptr) step[nn + n + a] = s;
+      const float d = s + kSinkhornEps;
+      for (int b = 0; b < n; ++b) m[a * n + b] /= d;
+    }
+    if (step != nullptr) step += nn + 2 * n;
+  }
+  for (int e = 0; e < nn; ++e) h[e] = m[e];
+}
+
+__device__ void SinkhornBackward(int n, int iters, const float* z, const float* tape,
+                                 const float* dh, float* dz) {
+  float g[kMaxSinkhornN * kMaxSinkhornN];
+  const int nn = n * n;
+  for (int e = 0; e < nn; ++e) g[e] = dh[e];
+  for (int it = iters - 1; it >= 0; --it) {
+    const float* b_mat = tape + nn + static_cast<int64_t>(it) * (nn + 2 * n);
+    const float* c = b_mat + nn;
+    const float* r = b_mat + nn + n;
+    for (int a = 0; a < n; ++a) {
+      const float inv = 1.0f / (r[a] + kSinkhornEps);
+      float gy = 0;
+      for (int b = 0; b < n; ++b) gy += g[a * n + b] * (b_mat[a * n + b] * inv);
+      for (int b = 0; b < n; ++b) g[a * n + b] = (g[a * n + b] - gy) * inv;
+    }
+    for (int b = 0; b < n; ++b) {
+      const float inv = 1.0f / (c[b] + kSinkhornEps);
+      float gy = 0;
+      for (int a = 0; a < n; ++a) gy += g[a * n + b] * b_mat[a * n + b];
+      for (int a = 0; a < n; ++a) g[a * n + b] = (g[a * n + b] - gy) * inv;
+    }
+  }
+  for (int e = 0; e < nn; ++e) g[e] *= tape[e];
+  for (int a = 0; a < n; ++a) {
+    int arg = 0;
+    for (int b = 1; b < n; ++b)
+      if (z[a * n + b] > z[a * n + arg]) arg = b;
+    float total = 0;
+    for (int b = 0; b < n; ++b) {
+      dz[a * n + b] = g[a * n + b];
+      total += g[a * n + b];
+    }
+    dz[a * n + arg] -= total;
+  }
+}
+
+__global__ void SinkhornBatchKernel(int count, int n, int iters, const float* z, float* h,
+                                    const float* dh, float* dz, float* tape, int64_t tape_floats) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= count) return;
+  const int nn = n * n;
+  float* tp = tape + i * tape_floats;
+  SinkhornForward(n, iters, z + i * nn, h + i * nn, tp);
+  if (dh != nullptr) SinkhornBackward(n, iters, z + i * nn, tp, dh + i * nn, dz + i * nn);
+}
+
+// ---------------------------------------------------------------- read
+
+__global__ void RouterColumnSumsKernel(int64_t nc, const float* w, float* colsum) {
+  __shared__ float scratch[kWarp];
+  const float* row = w + blockIdx.x * nc;
+  float s = 0;
+  for (int64_t e = threadIdx.x; e < nc; e += blockDim.x) s += row[e];
+  s = detail::BlockSum1(s, scratch);
+  if (threadIdx.x == 0) colsum[blockIdx.x] = s;
+}
+
+// XhcImpl::TopK: the routed streams by descending score, ties to the lower index, then
+// ascending; the m fixed streams first.
+__device__ void TopK(const Layout& l, const float* score, int32_t* idx) {
+  const int want = l.k - l.m;
+  int sel[kMaxK];
+  int count = 0;
+  for (int i = l.m; i < l.N; ++i) {
+    int pos = count;
+    while (pos > 0 && score[i] > score[sel[pos - 1]]) --pos;
+    if (pos >= want) continue;
+    const int end = count < want - 1 ? count : want - 1;
+    for (int q = end; q > pos; --q) sel[q] = sel[q - 1];
+    sel[pos] = i;
+    count = count + 1 < want ? count + 1 : want;
+  }
+  for (int a = 1; a < count; ++a)  // insertion sort, ascending
+    for (int b = a; b > 0 && sel[b - 1] > sel[b]; --b) {
+      const int s = sel[b];
+      sel[b] = sel[b - 1];
+      sel[b - 1] = s;
+    }
+  for (int j = 0; j < l.m; ++j) idx[j] = j;
+  for (int j = 0; j < count; ++j) idx[l.m + j] = sel[j];
+}
+
+template <typename S>
+__global__ void __launch_bounds__(kRowThreads)
+    ReadEntryKernel(Layout l, const S* x, const float* z, const float* colsum, MapParams p,
+                    float* rec, int32_t* idx, float* u, S* saved, float* coef) {
+  __shared__ float scratch[2 * kWarp];
+  __shared__ float hpre[kMaxN];
+  __shared__ int sidx[kMaxK];
+  const int64_t t = blockIdx.x;
+  const int N = l.N, C = l.C, k = l.k;
+  const int64_t nc = static_cast<int64_t>(N) * C;
+  const S* xt = x + t * nc;
+  float mom[2] = {0, 0};
+  for (int64_t e = threadIdx.x; e < nc; e += blockDim.x) {
+    const float v = ToF(xt[e]);
+    mom[0] += v;
+    mom[1] += v * v;
+  }
+  BlockSum<float, 2>(mom, scratch);
+  if (threadIdx.x == 0) {
+    float* r = rec + t * l.RecStride();
+    const float D = static_cast<float>(nc);
+    const float mu = mom[0] / D;
+    const float var = fmaxf(mom[1] / D - mu * mu, 0.0f);
+    const float sd = sqrtf(var + kNormEps);
+    const float rms = sqrtf(mom[1] / D + kNormEps);
+    r[Layout::kMu] = mu;
+    r[Layout::kSd] = sd;
+    r[Layout::kRms] = rms;
+    const float* zt = z + t * 2 * N;
+    float score[kMaxN];
+    for (int q = 0; q < N; ++q) {
+      const float yr = (zt[q] - mu * colsum[q]) / sd;
+      r[l.YrOff() + q] = yr;
+      score[q] = Sigmoid(yr);
+    }
+    const float a = *p.a_pre;
+    for (int q = 0; q < N; ++q) {
+      const float y = zt[N + q] / rms;
+      r[l.YpreOff() + q] = y;
+      const float h = Sigmoid(a * y + p.b_pre[q]);
+      r[l.HpreOff() + q] = h;
+      hpre[q] = h;
+    }
+    int32_t* it = idx + t * k;
+    TopK(l, score, it);
+    for (int j = 0; j < k; ++j) {
+      sidx[j] = it[j];
+      r[Layout::kGate + j] = j < l.m ? 1.0f : score[it[j]];
+    }
+  }
+  __syncthreads();
+  // The dense read and the gather, from the rows just read (in L1/L2).
+  S* at = saved + t * l.SavedStride();
+  float asq = 0;
+  for (int c = threadIdx.x; c < C; c += blockDim.x) {
+    float acc = 0;
+    for (int i = 0; i < N; ++i) acc += hpre[i] * ToF(xt[static_cast<int64_t>(i) * C + c]);
+    u[t * C + c] = acc;
+    for (int j = 0; j < k; ++j) {
+      const S v = xt[static_cast<int64_t>(sidx[j]) * C + c];
+      at[static_cast<int64_t>(j) * C + c] = v;
+      const float f = ToF(v);
+      asq += f * f;
+    }
+  }
+  asq = detail::BlockSum1(asq, scratch);
+  if (threadIdx.x == 0) {
+    coef[t * l.CoefStride() + Layout::kRa] =
+        sqrtf(asq / static_cast<float>(static_cast<int64_t>(k) * C) + kNormEps);
+  }
+}
+
+__global__ void ActiveMapsKernel(Layout l, int64_t tokens, const float* q, MapParams p,
+                                 float* coef) {
+  const int64_t t = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (t >= tokens) return;
+  const int k = l.k, kk = k * k, P2 = l.P2();
+  float* cf = coef + t * l.CoefStride();
+  const float ra = cf[Layout::kRa];
+  for (int i = 0; i < P2; ++i) cf[Layout::kQ + i] = q[t * P2 + i] / ra;
+  float logits[kMaxK * kMaxK];
+  const float a_res = *p.a_res;
+  for (int i = 0; i < kk; ++i) logits[i] = a_res * cf[Layout::kQ + i] + p.b_res[i];
+  float* h = cf + l.HresOff();
+  SinkhornForward(k, l.iters, logits, h, nullptr);
+  for (int j = 0; j < k; ++j) {
+    float s = 0;
+    for (int i = 0; i < k; ++i) s += h[j * k + i];
+    if (s > 1.0f)
+      for (int i = 0; i < k; ++i) h[j * k + i] /= s;
+  }
+  const float a_post = *p.a_post;
+  for (int i = 0; i < k * l.Kr; ++i) {
+    cf[l.HpostOff() + i] = 2.0f * Sigmoid(a_post * cf[Layout::kQ + kk + i] + p.b_post[i]);
+  }
+}
+
+// ---------------------------------------------------------------- write
+
+// One element of a causal depthwise convolution (the CPU's ConvRow): sum over the taps in
+// order of w[i][c] * x[c - i * ldx]. The forward reads `out`, the backward's recomputation the
+// saved v1 rows; both go through here, so they agree.
+template <typename X>
+__device__ __forceinline__ float ConvElement(const float* w, int C, int c, int taps, const X* x,
+                                             int64_t ldx) {
+  float acc = 0;
+  for (int i = 0; i < taps; ++i) acc += w[i * C + c] * ToF(x[c - i * ldx]);
+  return acc;
+}
+
+// Valid taps of convolution j at token t (XhcImpl::CausalTaps).
+__device__ __forceinline__ int Taps(const MapParams& p, int j, int64_t t, int32_t seg) {
+  const int64_t room = t - seg + 1;
+  return p.conv_taps[j] < room ? p.conv_taps[j] : static_cast<int>(room);
+}
+
+template <typename S, int EPT>
+__global__ void __launch_bounds__(512)
+    WriteKernel(Layout l, const float* out, const int32_t* segment, MapParams p, const float* rec,
+                const int32_t* idx, const float* coef, S* x, S* saved) {
+  __shared__ float red[kMaxKr * kWarp];
+  __shared__ int sidx[kMaxK];
+  __shared__ float smix[kMaxK * kMaxK];
+  __shared__ float spost[kMaxK * kMaxKr];
+  const int64_t t = blockIdx.x;
+  const int C = l.C, k = l.k, Kr = l.Kr, J = l.J;
+  const int B = blockDim.x;
+  if (threadIdx.x == 0) {
+    const float* r = rec + t * l.RecStride();
+    const float* cf = coef + t * l.CoefStride();
+    for (int j = 0; j < k; ++j) {
+      sidx[j] = idx[t * k + j];
+      for (int i = 0; i < k; ++i) smix[j * k + i] = cf[l.HresOff() + j * k + i];
+      for (int q = 0; q < Kr; ++q)
+        spost[j * Kr + q] = r[Layout::kGate + j] * cf[l.HpostOff() + j * Kr + q];
+    }
+  }
+  __syncthreads();
+  const float* out_t = out + t * C;
+  float o[kMaxKr][EPT] = {};
+#pragma unroll
+  for (int e = 0; e < EPT; ++e) {
+    const int c = threadIdx.x + e * B;
+    o[0][e] = c < C ? out_t[c] : 0.0f;
+  }
+  if (J > 0) {
+    const int32_t seg = segment[t];
+    // The raw convolutions v_m (taps in order, as ConvRow).
+#pragma unroll
+    for (int m = 1; m <= kMaxJ; ++m) {
+      if (m > J) break;
+      const int taps = Taps(p, m - 1, t, seg);
+      const float* w = p.conv[m - 1];
+#pragma unroll
+      for (int e = 0; e < EPT; ++e) {
+        const int c = threadIdx.x + e * B;
+        o[m][e] = c < C ? ConvElement(w, C, c, taps, out_t, C) : 0.0f;
+      }
+    }
+    float cc[kMaxKr][kMaxKr] = {};
+    // Pass 0: |o_0|^2 and <v_m, o_0>.
+    {
+      float v[kMaxKr] = {};
+#pragma unroll
+      for (int e = 0; e < EPT; ++e) {
+        v[0] += o[0][e] * o[0][e];
+#pragma unroll
+        for (int m = 1; m <= kMaxJ; ++m) v[m] += o[m][e] * o[0][e];
+      }
+      BlockSum<float, kMaxKr>(v, red);
+      const float norm0 = v[0] + kGramSchmidtEps;
+#pragma unroll
+      for (int m = 1; m <= kMaxJ; ++m) cc[m][0] = v[m] / norm0;
+    }
+    // Pass i: rows m > i lose c[m][i] o_i; row i+1 is then final.
+#pragma unroll
+    for (int i = 0; i + 1 < kMaxJ; ++i) {
+      if (i + 1 >= J) break;
+      float v[kMaxKr] = {};
+#pragma unroll
+      for (int e = 0; e < EPT; ++e) {
+        o[i + 1][e] = o[i + 1][e] + (-cc[i + 1][i]) * o[i][e];
+        v[0] += o[i + 1][e] * o[i + 1][e];
+#pragma unroll
+        for (int m = i + 2; m <= kMaxJ; ++m) {
+          if (m > J) break;
+          o[m][e] = o[m][e] + (-cc[m][i]) * o[i][e];
+          v[m] += o[m][e] * o[i + 1][e];
+        }
+      }
+      BlockSum<float, kMaxKr>(v, red);
+      const float norm = v[0] + kGramSchmidtEps;
+#pragma unroll
+      for (int m = i + 2; m <= kMaxJ; ++m) cc[m][i + 1] = v[m] / norm;
+    }
+    // Last: row J.
+#pragma unroll
+    for (int jj = 1; jj <= kMaxJ; ++jj) {
+      if (jj != J) continue;
+#pragma unroll
+      for (int e = 0; e < EPT; ++e) o[jj][e] = o[jj][e] + (-cc[jj][jj - 1]) * o[jj - 1][e];
+    }
+  }
+  // Save O after A, then the write-back of the k stream rows in place.
+  S* st = saved + t * l.SavedStride();
+  S* xt = x + t * static_cast<int64_t>(l.N) * C;
+#pragma unroll
+  for (int e = 0; e < EPT; ++e) {
+    const int c = threadIdx.x + e * B;
+    if (c >= C) continue;
+#pragma unroll
+    for (int r = 0; r < kMaxKr; ++r)
+      if (r < Kr) st[static_cast<int64_t>(k + r) * C + c] = FromF<S>(o[r][e]);
+    float xv[kMaxK];
+#pragma unroll
+    for (int i = 0; i < kMaxK; ++i)
+      if (i < k) xv[i] = ToF(xt[static_cast<int64_t>(sidx[i]) * C + c]);
+#pragma unroll
+    for (int j = 0; j < kMaxK; ++j) {
+      if (j >= k) break;
+      float y = 0;
+#pragma unroll
+      for (int i = 0; i < kMaxK; ++i)
+        if (i < k) y += smix[j * k + i] * xv[i];
+#pragma unroll
+      for (int r = 0; r < kMaxKr; ++r)
+        if (r < Kr) y += spost[j * Kr + r] * o[r][e];
+      xt[static_cast<int64_t>(sidx[j]) * C + c] = FromF<S>(y);
+    }
+  }
+}
+
+// ---------------------------------------------------------------- write backward
+
+template <typename S, int EPT>
+__global__ void __launch_bounds__(512)
+    WriteBackwardKernel(Layout l, const float* dx, const S* saved, const int32_t* segment,
+                        MapParams p, const float* rec, const int32_t* idx, const float* coef,
+                        float* da_out, float* d_out, float* dg_out, float* dp_out, float* c2_out,
+                        float* wscal, float* tape, int64_t tape_floats) {
+  __shared__ float red[kMaxR * kWarp];
+  __shared__ int sidx[kMaxK];
+  __shared__ float smix[kMaxK * kMaxK];
+  __shared__ float spost[kMaxK * kMaxKr];
+  __shared__ float sfactor;
+  const int64_t t = blockIdx.x;
+  const int N = l.N, C = l.C, k = l.k, Kr = l.Kr, J = l.J, kk = k * k;
+  const int B = blockDim.x;
+  const float* r = rec + t * l.RecStride();
+  const float* cf = coef + t * l.CoefStride();
+  if (threadIdx.x == 0) {
+    for (int j = 0; j < k; ++j) {
+      sidx[j] = idx[t * k + j];
+      for (int i = 0; i < k; ++i) smix[j * k + i] = cf[l.HresOff() + j * k + i];
+      for (int q = 0; q < Kr; ++q)
+        spost[j * Kr + q] = r[Layout::kGate + j] * cf[l.HpostOff() + j * Kr + q];
+    }
+  }
+  __syncthreads();
+  const S* st = saved + t * l.SavedStride();
+  const float* dxt = dx + t * static_cast<int64_t>(N) * C;
+  float a[kMaxK][EPT], dA[kMaxK][EPT], o[kMaxKr][EPT], dO[kMaxKr][EPT];
+  float dots[kMaxR] = {};
+  // FusedWriteBackBackward: dA_i = sum_j H_res[j][i] G_j, dO_r = sum_j post[j][r] G_j and the
+  // dots <G_j, A_i>, <G_j, O_r>.
+#pragma unroll
+  for (int e = 0; e < EPT; ++e) {
+    const int c = threadIdx.x + e * B;
+    const bool in = c < C;
+    float g[kMaxK];
+#pragma unroll
+    for (int j = 0; j < kMaxK; ++j)
+      g[j] = (in && j < k) ? dxt[static_cast<int64_t>(sidx[j]) * C + c] : 0.0f;
+#pragma unroll
+    for (int i = 0; i < kMaxK; ++i)
+      a[i][e] = (in && i < k) ? ToF(st[static_cast<int64_t>(i) * C + c]) : 0.0f;
+#pragma unroll
+    for (int q = 0; q < kMaxKr; ++q)
+      o[q][e] = (in && q < Kr) ? ToF(st[static_cast<int64_t>(k + q) * C + c]) : 0.0f;
+#pragma unroll
+    for (int i = 0; i < kMaxK; ++i) {
+      float d = 0;
+#pragma unroll
+      for (int j = 0; j < kMaxK; ++j)
+        if (i < k && j < k) d += smix[j * k + i] * g[j];
+      dA[i][e] = d;
+    }
+#pragma unroll
+    for (int q = 0; q < kMaxKr; ++q) {
+      float d = 0;
+#pragma unroll
+      for (int j = 0; j < kMaxK; ++j)
+        if (q < Kr && j < k) d += spost[j * Kr + q] * g[j];
+      dO[q][e] = d;
+    }
+#pragma unroll
+    for (int j = 0; j < kMaxK; ++j) {
+#pragma unroll
+      for (int i = 0; i < kMaxK; ++i) dots[j * kMaxK + i] += g[j] * a[i][e];
+#pragma unroll
+      for (int q = 0; q < kMaxKr; ++q) dots[kMaxK * kMaxK + j * kMaxKr + q] += g[j] * o[q][e];
+    }
+  }
+  BlockSum<float, kMaxR>(dots, red);
+
+  // Gram-Schmidt backward (MLP): dO -> d_out (= dv1) and dg (the raw convolutions').
+  float* dout_t = d_out + t * C;
+  if (J == 0) {
+#pragma unroll
+    for (int e = 0; e < EPT; ++e) {
+      const int c = threadIdx.x + e * B;
+      if (c < C) dout_t[c] = dO[0][e];
+    }
+  } else {
+    const int32_t seg = segment[t];
+    constexpr int kLevels = kMaxJ * (kMaxJ + 1) / 2;
+    float lev[kLevels][EPT] = {};  // W(m, i) at m (m - 1) / 2 + i
+    float norms[kMaxKr] = {}, cc[kMaxKr][kMaxKr] = {}, dc[kMaxKr][kMaxKr] = {};
+    {
+      // W(m, 0): the raw convolutions, from the saved v1 (= out) rows of earlier tokens.
+      const S* v1 = saved + t * l.SavedStride() + static_cast<int64_t>(k) * C;
+#pragma unroll
+      for (int m = 1; m <= kMaxJ; ++m) {
+        if (m > J) break;
+        const int taps = Taps(p, m - 1, t, seg);
+        const float* w = p.conv[m - 1];
+#pragma unroll
+        for (int e = 0; e < EPT; ++e) {
+          const int c = threadIdx.x + e * B;
+          lev[m * (m - 1) / 2][e] = c < C ? ConvElement(w, C, c, taps, v1, l.SavedStride()) : 0.0f;
+        }
+      }
+      // |o_r|^2, <W(m, 0), o_0>, <dO_J, o_(J-1)>.
+      float v[2 * kMaxKr] = {};
+#pragma unroll
+      for (int e = 0; e < EPT; ++e) {
+#pragma unroll
+        for (int q = 0; q < kMaxKr; ++q) v[q] += o[q][e] * o[q][e];
+#pragma unroll
+        for (int m = 1; m <= kMaxJ; ++m)
+          if (m <= J) v[kMaxKr + m - 1] += lev[m * (m - 1) / 2][e] * o[0][e];
+#pragma unroll
+        for (int jj = 1; jj <= kMaxJ; ++jj)
+          if (jj == J) v[2 * kMaxKr - 1] += dO[jj][e] * o[jj - 1][e];
+      }
+      BlockSum<float, 2 * kMaxKr>(v, red);
+#pragma unroll
+      for (int q = 0; q < kMaxKr; ++q) norms[q] = v[q] + kGramSchmidtEps;
+#pragma unroll
+      for (int m = 1; m <= kMaxJ; ++m) cc[m][0] = v[kMaxKr + m - 1] / norms[0];
+#pragma unroll
+      for (int jj = 1; jj <= kMaxJ; ++jj)
+        if (jj == J) dc[jj][jj - 1] = -v[2 * kMaxKr - 1];
+    }
+    // W(m, i) = W(m, i-1) - c(m, i-1) o_(i-1) for m > i; c(m, i) = <W(m, i), o_i> / |o_i|^2.
+#pragma unroll
+    for (int i = 1; i < kMaxJ; ++i) {
+      if (i >= J) break;
+      float v[kMaxKr] = {};
+#pragma unroll
+      for (int e = 0; e < EPT; ++e) {
+#pragma unroll
+        for (int m = i + 1; m <= kMaxJ; ++m) {
+          if (m > J) break;
+          const float w = lev[m * (m - 1) / 2 + i - 1][e] + (-cc[m][i - 1]) * o[i - 1][e];
+          lev[m * (m - 1) / 2 + i][e] = w;
+          v[m] += w * o[i][e];
+        }
+      }
+      BlockSum<float, kMaxKr>(v, red);
+#pragma unroll
+      for (int m = i + 1; m <= kMaxJ; ++m) cc[m][i] = v[m] / norms[i];
+    }
+    // Undo step i of every row m > i, i = J-1 .. 0.
+    float* dg_t = dg_out + t * static_cast<int64_t>(J) * C;
+#pragma unroll
+    for (int i = kMaxJ - 1; i >= 0; --i) {
+      if (i > J - 1) continue;
+      float s1[kMaxKr] = {}, s2[kMaxKr] = {}, s3[kMaxKr] = {};
+#pragma unroll
+      for (int m = i + 1; m <= kMaxJ; ++m) {
+        s1[m] = -cc[m][i];
+        s2[m] = dc[m][i] / norms[i];
+        s3[m] = -2.0f * cc[m][i] * dc[m][i] / norms[i];
+      }
+      float v[kMaxKr] = {};
+#pragma unroll
+      for (int e = 0; e < EPT; ++e) {
+        const float vi = o[i][e];
+        float di = dO[i][e];
+        float dm[kMaxKr] = {};
+#pragma unroll
+        for (int m = kMaxJ; m > i; --m) {
+          if (m > J) continue;
+          const float d = dO[m][e];
+          di = di + s1[m] * d;
+          di = di + s2[m] * lev[m * (m - 1) / 2 + i][e];
+          di = di + s3[m] * vi;
+          dm[m] = d + s2[m] * vi;
+        }
+        const int c = threadIdx.x + e * B;
+        if (i > 0) {
+          const float vp = o[i - 1][e];
+          dm[i] = di;
+#pragma unroll
+          for (int m = i; m <= kMaxJ; ++m) {
+            if (m > J) break;
+            dO[m][e] = dm[m];
+            v[m] += dm[m] * vp;
+          }
+        } else if (c < C) {
+#pragma unroll
+          for (int m = 1; m <= kMaxJ; ++m)
+            if (m <= J) dg_t[static_cast<int64_t>(m - 1) * C + c] = dm[m];
+          dout_t[c] = di;
+        }
+      }
+      if (i > 0) {
+        BlockSum<float, kMaxKr>(v, red);
+#pragma unroll
+        for (int m = i; m <= kMaxJ; ++m) dc[m][i - 1] = -v[m];
+      }
+    }
+  }
+
+  // Gates, H_post and H_res gradients, the active mappings' logits (one thread).
+  if (threadIdx.x == 0) {
+    const float* q = cf + Layout::kQ;
+    const float* hpost = cf + l.HpostOff();
+    const float* hres = cf + l.HresOff();
+    float dhpost[kMaxK * kMaxKr];
+    for (int j = 0; j < k; ++j) {
+      const float pj = r[Layout::kGate + j];
+      float acc = 0;
+      for (int c2 = 0; c2 < Kr; ++c2) {
+        const float go = dots[kMaxK * kMaxK + j * kMaxKr + c2];
+        acc += hpost[j * Kr + c2] * go;
+        dhpost[j * Kr + c2] = pj * go;
+      }
+      dp_out[t * k + j] = acc;
+    }
+    float* scal = wscal + t * l.WriteScalStride();
+    for (int i = 0; i < l.WriteScalStride(); ++i) scal[i] = 0;
+    float* c2 = c2_out + t * l.C2Stride();
+    float sum_dq_q = 0;
+    // MixingBackward: Sinkhorn recomputed with its tape, the row-sum clamp, its backward.
+    float logits[kMaxK * kMaxK], hraw[kMaxK * kMaxK], dh[kMaxK * kMaxK], dz[kMaxK * kMaxK];
+    const float a_res = *p.a_res;
+    for (int i = 0; i < kk; ++i) logits[i] = a_res * q[i] + p.b_res[i];
+    float* tp = tape + t * tape_floats;
+    SinkhornForward(k, l.iters, logits, hraw, tp);
+    for (int j = 0; j < k; ++j)
+      for (int i = 0; i < k; ++i) dh[j * k + i] = dots[j * kMaxK + i];
+    for (int j = 0; j < k; ++j) {
+      float s = 0;
+      for (int i = 0; i < k; ++i) s += hraw[j * k + i];
+      if (s > 1.0f) {
+        float gy = 0;
+        for (int i = 0; i < k; ++i) gy += dh[j * k + i] * hres[j * k + i];
+        for (int i = 0; i < k; ++i) dh[j * k + i] = (dh[j * k + i] - gy) / s;
+      }
+    }
+    SinkhornBackward(k, l.iters, logits, tp, dh, dz);
+    // ActiveMapsBackward.
+    for (int i = 0; i < kk; ++i) {
+      scal[0] += dz[i] * q[i];
+      scal[1 + i] += dz[i];
+      const float dq = a_res * dz[i];
+      c2[i] = dq;
+      sum_dq_q += dq * q[i];
+    }
+    const float a_post = *p.a_post;
+    for (int i = 0; i < k * Kr; ++i) {
+      const float h = hpost[i] / 2.0f;
+      const float dlogit = dhpost[i] * 2.0f * h * (1.0f - h);
+      scal[1 + kk] += dlogit * q[kk + i];
+      scal[2 + kk + i] += dlogit;
+      const float dq = a_post * dlogit;
+      c2[kk + i] = dq;
+      sum_dq_q += dq * q[kk + i];
+    }
+    const float ra = cf[Layout::kRa];
+    for (int i = 0; i < l.P2(); ++i) c2[i] /= ra;
+    sfactor = -sum_dq_q / (static_cast<float>(static_cast<int64_t>(k) * C) * ra * ra);
+  }
+  __syncthreads();
+  const float f = sfactor;
+  float* dat = da_out + t * static_cast<int64_t>(k) * C;
+#pragma unroll
+  for (int e = 0; e < EPT; ++e) {
+    const int c = threadIdx.x + e * B;
+    if (c >= C) continue;
+#pragma unroll
+    for (int i = 0; i < kMaxK; ++i)
+      if (i < k) dat[static_cast<int64_t>(i) * C + c] = dA[i][e] + f * a[i][e];
+  }
+}
+
+template <typename S>
+__global__ void ScatterActiveKernel(Layout l, int64_t tokens, const float* da, const S* saved,
+                                    const int32_t* idx, float* dx, S* x) {
+  const int C = l.C, k = l.k;
+  const int64_t total = tokens * k * C;
+  for (int64_t n = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; n < total;
+       n += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t t = n / (static_cast<int64_t>(k) * C);
+    const int64_t rest = n - t * k * C;
+    const int j = static_cast<int>(rest / C);
+    const int c = static_cast<int>(rest - static_cast<int64_t>(j) * C);
+    const int64_t row = (t * l.N + idx[t * k + j]) * C + c;
+    dx[row] = da[n];
+    x[row] = saved[t * l.SavedStride() + static_cast<int64_t>(j) * C + c];
+  }
+}
+
+// d_out[t] += sum_j sum_i w_j[i] dg_j[t + i] over the taps that stay in t's segment.
+__global__ void ConvInputGradKernel(Layout l, int64_t tokens, const float* dg,
+                                    const int32_t* segment, MapParams p, float* d_out) {
+  const int C = l.C, J = l.J;
+  const int64_t total = tokens * C;
+  for (int64_t n = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; n < total;
+       n += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t t = n / C;
+    const int c = static_cast<int>(n - t * C);
+    float acc = d_out[n];
+    for (int j = 0; j < J; ++j) {
+      const float* w = p.conv[j];
+      for (int i = 0; i < p.conv_taps[j]; ++i) {
+        if (t + i >= tokens || segment[t + i] > t) break;
+        acc += w[i * C + c] * dg[((t + i) * J + j) * C + c];
+      }
+    }
+    d_out[n] = acc;
+  }
+}
+
+// partial[chunk][tap row][c]: sum over the chunk's tokens of dg_j[t][c] * v1[t - i][c].
+template <typename S>
+__global__ void ConvWeightPartialKernel(Layout l, int64_t tokens, const float* dg, const S* saved,
+                                        const int32_t* segment, MapParams p, int total_taps,
+                                        float* partial) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  const int tap_row = blockIdx.y;
+  const int64_t chunk = blockIdx.z;
+  if (c >= l.C) return;
+  int j = 0, i = tap_row;
+  while (j < l.J && i >= p.conv_taps[j]) {
+    i -= p.conv_taps[j];
+    ++j;
+  }
+  const int64_t t0 = chunk * kTokenChunk;
+  const int64_t t1 = t0 + kTokenChunk < tokens ? t0 + kTokenChunk : tokens;
+  float acc = 0;
+  for (int64_t t = t0; t < t1; ++t) {
+    if (t - i < segment[t]) continue;
+    acc += dg[(t * l.J + j) * l.C + c] *
+           ToF(saved[(t - i) * l.SavedStride() + static_cast<int64_t>(l.k) * l.C + c]);
+  }
+  partial[(chunk * total_taps + tap_row) * l.C + c] = acc;
+}
+
+// The convolutions' gradients are adjacent, taps in order: tap row r of them all is row r.
+__global__ void ConvWeightSumKernel(Layout l, int64_t chunks, int total_taps, const float* partial,
+                                    float* dconv) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  const int tap_row = blockIdx.y;
+  if (c >= l.C) return;
+  float acc = 0;
+  for (int64_t q = 0; q < chunks; ++q) acc += partial[(q * total_taps + tap_row) * l.C + c];
+  dconv[static_cast<int64_t>(tap_row) * l.C + c] += acc;
+}
+
+// ---------------------------------------------------------------- read backward
+
+template <typename S>
+__global__ void __launch_bounds__(kRowThreads)
+    ReadBackwardKernel(Layout l, const S* x, const float* du, const float* dp, const float* colsum,
+                       MapParams p, const float* rec, const int32_t* idx, float* dx, float* c1_out,
+                       float* rscal) {
+  __shared__ float red[kMaxN * kWarp];
+  __shared__ float hpre[kMaxN];
+  __shared__ float coefs[2];
+  const int64_t t = blockIdx.x;
+  const int N = l.N, C = l.C, k = l.k;
+  const int64_t nc = static_cast<int64_t>(N) * C;
+  const S* xt = x + t * nc;
+  const float* dut = du + t * C;
+  const float* r = rec + t * l.RecStride();
+  if (threadIdx.x < N) hpre[threadIdx.x] = r[l.HpreOff() + threadIdx.x];
+  // DenseReadBackward: dH_pre_r = <du, x_r>.
+  float dh[kMaxN] = {};
+  for (int c = threadIdx.x; c < C; c += blockDim.x) {
+    const float d = dut[c];
+#pragma unroll
+    for (int i = 0; i < kMaxN; ++i)
+      if (i < N) dh[i] += d * ToF(xt[static_cast<int64_t>(i) * C + c]);
+  }
+  BlockSum<float, kMaxN>(dh, red);
+  if (threadIdx.x == 0) {
+    float* scal = rscal + t * l.ReadScalStride();
+    const float a_pre = *p.a_pre;
+    float dypre[kMaxN];
+    scal[0] = 0;
+    for (int q = 0; q < N; ++q) {
+      const float h = hpre[q];
+      const float dlogit = dh[q] * h * (1.0f - h);
+      scal[0] += dlogit * r[l.YpreOff() + q];
+      scal[1 + q] = dlogit;
+      dypre[q] = a_pre * dlogit;
+    }
+    // EntryTokenBackward.
+    float* c1 = c1_out + t * 2 * N;
+    const float mu = r[Layout::kMu], sd = r[Layout::kSd], rms = r[Layout::kRms];
+    const float D = static_cast<float>(nc);
+    for (int q = 0; q < N; ++q) c1[q] = 0;
+    float sum_dy_y_r = 0, sum_dy_cs = 0;
+    for (int j = l.m; j < k; ++j) {
+      const int q = idx[t * k + j];
+      const float y = r[l.YrOff() + q];
+      const float sg = Sigmoid(y);
+      const float dy = dp[t * k + j] * sg * (1.0f - sg);
+      c1[q] = dy / sd;
+      sum_dy_y_r += dy * y;
+      sum_dy_cs += dy * colsum[q];
+    }
+    float sum_dy_y_pre = 0;
+    for (int q = 0; q < N; ++q) {
+      c1[N + q] = dypre[q] / rms;
+      sum_dy_y_pre += dypre[q] * r[l.YpreOff() + q];
+    }
+    coefs[0] = -sum_dy_y_pre / (D * rms * rms) - sum_dy_y_r / (D * sd * sd);
+    coefs[1] = -sum_dy_cs / (D * sd) + sum_dy_y_r * mu / (D * sd * sd);
+  }
+  __syncthreads();
+  const float alpha = coefs[0], beta = coefs[1];
+  float* dxt = dx + t * nc;
+  for (int c = threadIdx.x; c < C; c += blockDim.x) {
+    const float d = dut[c];
+    for (int i = 0; i < N; ++i) {
+      const int64_t e = static_cast<int64_t>(i) * C + c;
+      float v = dxt[e] + hpre[i] * d;
+      v = v + alpha * ToF(xt[e]);
+      if (beta != 0.0f) v = v + beta;
+      dxt[e] = v;
+    }
+  }
+}
+
+__global__ void RouterCentringCorrKernel(Layout l, int64_t tokens, const float* c1,
+                                         const float* rec, float* corr) {
+  const int q = threadIdx.x;
+  if (q >= l.N) return;
+  float s = 0;
+  for (int64_t t = 0; t < tokens; ++t)
+    s += c1[t * 2 * l.N + q] * rec[t * l.RecStride() + Layout::kMu];
+  corr[q] = s;
+}
+
+__global__ void RouterCentringApplyKernel(int64_t rows_nc, int64_t nc, const float* corr,
+                                          float* dw) {
+  for (int64_t n = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; n < rows_nc;
+       n += int64_t{gridDim.x} * blockDim.x) {
+    dw[n] -= corr[n / nc];
+  }
+}
+
+__global__ void SumScalarsKernel(int64_t tokens, int stride, int count, const float* scal,
+                                 float* grads) {
+  const int s = blockIdx.x * blockDim.x + threadIdx.x;
+  if (s >= count) return;
+  float acc = 0;
+  for (int64_t t = 0; t < tokens; ++t) acc += scal[t * stride + s];
+  grads[s] += acc;
+}
+
+template <typename S>
+__global__ void CollapseKernel(Layout l, int64_t tokens, const S* x, float* y) {
+  const int64_t total = tokens * l.C;
+  for (int64_t n = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; n < total;
+       n += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t t = n / l.C;
+    const int c = static_cast<int>(n - t * l.C);
+    float s = 0;
+    for (int i = 0; i < l.N; ++i) s += ToF(x[(t * l.N + i) * l.C + c]);
+    y[n] = s;
+  }
+}
+
+__global__ void CollapseBackwardKernel(Layout l, int64_t tokens, const float* dy, float* dx) {
+  const int64_t total = tokens * l.N * l.C;
+  for (int64_t n = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; n < total;
+       n += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t t = n / (static_cast<int64_t>(l.N) * l.C);
+    const int c = static_cast<int>(n % l.C);
+    dx[n] = dy[t * l.C + c];
+  }
+}
+
+// Per-token kernels: 4 elements per thread up to C = 1024 (at most 256 threads), 8 above (at
+// most 512 threads up to C = 4096). Sixteen per thread compiled to 255 registers and spilled
+// in the write's backward, and took three times as long to compile.
+int GridFor(int64_t n, int threads = 256) {
+  const int64_t b = (n + threads - 1) / threads;
+  return static_cast<int>(b < 1 ? 1 : (b > 65535 * 8 ? 65535 * 8 : b));
+}
+
+// Threads per block for a per-token kernel with EPT elements per thread.
+int ThreadsFor(int C, int ept) {
+  const int t = (C + ept - 1) / ept;
+  return (t + kWarp - 1) / kWarp * kWarp;
+}
+
+}  // namespace
+
+int64_t SinkhornTapeFloats(int n, int iters) {
+  return static_cast<int64_t>(n) * n + static_cast<int64_t>(iters) * (n * n + 2 * n);
+}
+
+cudaError_t RouterColumnSums(const Layout& l, const float* w_router, float* colsum,
+                             cudaStream_t stream) {
+  RouterColumnSumsKernel<<<l.N, 256, 0, stream>>>(static_cast<int64_t>(l.N) * l.C, w_router,
+                                                  colsum);
+  return cudaGetLastError();
+}
+
+template <typename S>
+cudaError_t ReadEntry(const Layout& l, int64_t tokens, const S* x, const float* z,
+                      const float* colsum, const MapParams& p, float* rec, int32_t* idx, float* u,
+                      S* saved, float* coef, cudaStream_t stream) {
+  if (tokens == 0) return cudaSuccess;
+  ReadEntryKernel<S><<<static_cast<unsigned>(tokens), kRowThreads, 0, stream>>>(
+      l, x, z, colsum, p, rec, idx, u, saved, coef);
+  return cudaGetLastError();
+}
+
+cudaError_t ActiveMaps(const Layout& l, int64_t tokens, const float* q, const MapParams& p,
+                       float* coef, cudaStream_t stream) {
+  if (tokens == 0) return cudaSuccess;
+  ActiveMapsKernel<<<GridFor(tokens, 64), 64, 0, stream>>>(l, tokens, q, p, coef);
+  return cudaGetLastError();
+}
+
+template <typename S>
+cudaError_t Write(const Layout& l, int64_t tokens, const float* out, const int32_t* segment,
+                  const MapParams& p, const float* rec, const int32_t* idx, const float* coef, S* x,
+                  S* saved, cudaStream_t stream) {
+  if (tokens == 0) return cudaSuccess;
+  const unsigned blocks = static_cast<unsigned>(tokens);
+  if (l.C <= 1024) {
+    WriteKernel<S, 4>
+        <<<blocks, ThreadsFor(l.C, 4), 0, stream>>>(l, out, segment, p, rec, idx, coef, x, saved);
+  } else {
+    WriteKernel<S, 8>
+        <<<blocks, ThreadsFor(l.C, 8), 0, stream>>>(l, out, segment, p, rec, idx, coef, x, saved);
+  }
+  return cudaGetLastError();
+}
+
+template <typename S>
+cudaError_t WriteBackward(const Layout& l, int64_t tokens, const float* dx, const S* saved,
+                          const int32_t* segment, const MapParams& p, const float* rec,
+                          const int32_t* idx, const float* coef, float* da, float* d_out, float* dg,
+                          float* dp, float* c2, float* wscal, float* tape, cudaStream_t stream) {
+  if (tokens == 0) return cudaSuccess;
+  const unsigned blocks = static_cast<unsigned>(tokens);
+  const int64_t tf = SinkhornTapeFloats(l.k, l.iters);
+  if (l.C <= 1024) {
+    WriteBackwardKernel<S, 4><<<blocks, ThreadsFor(l.C, 4), 0, stream>>>(
+        l, dx, saved, segment, p, rec, idx, coef, da, d_out, dg, dp, c2, wscal, tape, tf);
+  } else {
+    WriteBackwardKernel<S, 8><<<blocks, ThreadsFor(l.C, 8), 0, stream>>>(
+        l, dx, saved, segment, p, rec, idx, coef, da, d_out, dg, dp, c2, wscal, tape, tf);
+  }
+  return cudaGetLastError();
+}
+
+template <typename S>
+cudaError_t ScatterActive(const Layout& l, int64_t tokens, const float* da, const S* saved,
+                          const int32_t* idx, float* dx, S* x, cudaStream_t stream) {
+  if (tokens == 0) return cudaSuccess;
+  ScatterActiveKernel<S>
+      <<<GridFor(tokens * l.k * l.C), 256, 0, stream>>>(l, tokens, da, saved, idx, dx, x);
+  return cudaGetLastError();
+}
+
+int64_t ConvPartialFloats(const Layout& l, int64_t tokens, const int* taps) {
+  int total = 0;
+  for (int j = 0; j < l.J; ++j) total += taps[j];
+  const int64_t chunks = (tokens + kTokenChunk - 1) / kTokenChunk;
+  return chunks * total * l.C;
+}
+
+template <typename S>
+cudaError_t ConvolutionsBackward(const Layout& l, int64_t tokens, const float* dg, const S* saved,
+                                 const int32_t* segment, const MapParams& p, float* d_out,
+                                 float* dconv, float* partial, cudaStream_t stream) {
+  if (tokens == 0 || l.J == 0) return cudaSuccess;
+  ConvInputGradKernel<<<GridFor(tokens * l.C), 256, 0, stream>>>(l, tokens, dg, segment, p, d_out);
+  int total = 0;
+  for (int j = 0; j < l.J; ++j) total += p.conv_taps[j];
+  const int64_t chunks = (tokens + kTokenChunk - 1) / kTokenChunk;
+  const dim3 grid((l.C + 127) / 128, total, static_cast<unsigned>(chunks));
+  ConvWeightPartialKernel<S>
+      <<<grid, 128, 0, stream>>>(l, tokens, dg, saved, segment, p, total, partial);
+  const dim3 grid2((l.C + 127) / 128, total);
+  ConvWeightSumKernel<<<grid2, 128, 0, stream>>>(l, chunks, total, partial, dconv);
+  return cudaGetLastError();
+}
+
+template <typename S>
+cudaError_t ReadBackward(const Layout& l, int64_t tokens, const S* x, const float* du,
+                         const float* dp, const float* colsum, const MapParams& p, const float* rec,
+                         const int32_t* idx, float* dx, float* c1, float* rscal,
+                         cudaStream_t stream) {
+  if (tokens == 0) return cudaSuccess;
+  ReadBackwardKernel<S><<<static_cast<unsigned>(tokens), kRowThreads, 0, stream>>>(
+      l, x, du, dp, colsum, p, rec, idx, dx, c1, rscal);
+  return cudaGetLastError();
+}
+
+cudaError_t RouterCentring(const Layout& l, int64_t tokens, const float* c1, const float* rec,
+                           float* dw_router, float* corr, cudaStream_t stream) {
+  RouterCentringCorrKernel<<<1, kWarp, 0, stream>>>(l, tokens, c1, rec, corr);
+  const int64_t nc = static_cast<int64_t>(l.N) * l.C;
+  RouterCentringApplyKernel<<<GridFor(l.N * nc), 256, 0, stream>>>(l.N * nc, nc, corr, dw_router);
+  return cudaGetLastError();
+}
+
+cudaError_t SumScalars(int64_t tokens, int stride, int count, const float* scal, float* grads,
+                       cudaStream_t stream) {
+  SumScalarsKernel<<<(count + 63) / 64, 64, 0, stream>>>(tokens, stride, count, scal, grads);
+  return cudaGetLastError();
+}
+
+template <typename S>
+cudaError_t Collapse(const Layout& l, int64_t tokens, const S* x, float* y, cudaStream_t stream) {
+  if (tokens == 0) return cudaSuccess;
+  CollapseKernel<S><<<GridFor(tokens * l.C), 256, 0, stream>>>(l, tokens, x, y);
+  return cudaGetLastError();
+}
+
+cudaError_t CollapseBackward(const Layout& l, int64_t tokens, const float* dy, float* dx,
+                             cudaStream_t stream) {
+  if (tokens == 0) return cudaSuccess;
+  CollapseBackwardKernel<<<GridFor(tokens * l.N * l.C), 256, 0, stream>>>(l, tokens, dy, dx);
+  return cudaGetLastError();
+}
+
+cudaError_t SinkhornBatch(int count, int n, int iters, const float* z, float* h, const float* dh,
+                          float* dz, float* tape, cudaStream_t stream) {
+  if (count == 0) return cudaSuccess;
+  SinkhornBatchKernel<<<(count + 63) / 64, 64, 0, stream>>>(count, n, iters, z, h, dh, dz, tape,
+                                                            SinkhornTapeFloats(n, iters));
+  return cudaGetLastError();
+}
+
+#define RACKRUN_XHC_INSTANTIATE(S)                                                                 \
+  template cudaError_t ReadEntry<S>(const Layout&, int64_t, const S*, const float*, const float*,  \
+                                    const MapParams&, float*, int32_t*, float*, S*, float*,        \
+                                    cudaStream_t);                                                 \
+  template cudaError_t Write<S>(const Layout&, int64_t, const float*, const int32_t*,              \
+                                const MapParams&, const float*, const int32_t*, const float*, S*,  \
+                                S*, cudaStream_t);                                                 \
+  template cudaError_t WriteBackward<S>(const Layout&, int64_t, const float*, const S*,            \
+                                        const int32_t*, const MapParams&, const float*,            \
+                                        const int32_t*, const float*, float*, float*, float*,      \
+                                        float*, float*, float*, float*, cudaStream_t);             \
+  template cudaError_t ScatterActive<S>(const Layout&, int64_t, const float*, const S*,            \
+                                        const int32_t*, float*, S*, cudaStream_t);                 \
+  template cudaError_t ConvolutionsBackward<S>(const Layout&, int64_t, const float*, const S*,     \
+                                               const int32_t*, const MapParams&, float*, float*,   \
+                                               float*, cudaStream_t);                              \
+  template cudaError_t ReadBackward<S>(const Layout&, int64_t, const S*, const float*,             \
+                                       const float*, const float*, const MapParams&, const float*, \
+                                       const int32_t*, float*, float*, float*, cudaStream_t);      \
+  template cudaError_t Collapse<S>(const Layout&, int64_t, const S*, float*, cudaStream_t);
+
+RACKRUN_XHC_INSTANTIATE(float)
+RACKRUN_XHC_INSTANTIATE(__nv_bfloat16)
+#undef RACKRUN_XHC_INSTANTIATE
+
+}  // namespace rackrun::runtime::cuda::xhc

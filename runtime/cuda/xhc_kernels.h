@@ -1,0 +1,152 @@
+// Launchers of the xhc stream kernels (runtime/cuda/xhc_kernels.cu), used by XhcStreams
+// (runtime/cuda/xhc.h), which owns the buffers and the GEMMs between them. Each mirrors a
+// stage of the CPU engine's runtime/residual/xhc.cc, named beside it; the record layouts
+// are the CPU's (Group::Rec, Sublayer::Coef) so the two read alike.
+//
+// Shapes the kernels support (XhcStreams validates them): N <= 32 streams, k <= 4 active,
+// J <= 3 convolutions of at most 32 taps, C <= 4096. S is the state's element type
+// (float or __nv_bfloat16); coefficients, u, out and the state gradient are fp32.
+#ifndef RACKRUN_RUNTIME_CUDA_XHC_KERNELS_H_
+#define RACKRUN_RUNTIME_CUDA_XHC_KERNELS_H_
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+// Layout's accessors run on the host and in the kernels.
+#if defined(__CUDACC__)
+#define RACKRUN_HOST_DEVICE __host__ __device__
+#else
+#define RACKRUN_HOST_DEVICE
+#endif
+
+namespace rackrun::runtime::cuda::xhc {
+
+inline constexpr int kMaxN = 32;
+inline constexpr int kMaxK = 4;
+inline constexpr int kMaxJ = 3;
+inline constexpr int kMaxKr = kMaxJ + 1;
+inline constexpr int kMaxTaps = 32;
+inline constexpr int kMaxWidth = 4096;
+inline constexpr int kMaxSinkhornN = 8;
+inline constexpr float kNormEps = 1e-6f;
+inline constexpr float kGramSchmidtEps = 1e-6f;
+inline constexpr float kSinkhornEps = 1e-6f;
+
+// Record layouts (floats per token), as the CPU's XhcImpl with g = 1.
+struct Layout {
+  int N = 0, C = 0, k = 0, m = 0, Kr = 1, J = 0;
+  int iters = 20;
+  // Group record: mu, sd, rms, gates[k], router logits yr[N], pre logits ypre[N], H_pre[N].
+  RACKRUN_HOST_DEVICE int RecStride() const { return 3 + k + 3 * N; }
+  static constexpr int kMu = 0, kSd = 1, kRms = 2, kGate = 3;
+  RACKRUN_HOST_DEVICE int YrOff() const { return 3 + k; }
+  RACKRUN_HOST_DEVICE int YpreOff() const { return 3 + k + N; }
+  RACKRUN_HOST_DEVICE int HpreOff() const { return 3 + k + 2 * N; }
+  // Sublayer coefficients: ra, q[P2] (scaled by 1/ra), H_res[k*k], H_post[k*Kr].
+  RACKRUN_HOST_DEVICE int P2() const { return k * k + k * Kr; }
+  // Row stride of c2 (the active logits' gradients): P2 rounded up to 8 elements, so its bf16
+  // copy's rows stay 16-byte aligned for the tensor-core GEMM dW2 += c2^T A.
+  RACKRUN_HOST_DEVICE int C2Stride() const { return (P2() + 7) / 8 * 8; }
+  RACKRUN_HOST_DEVICE int CoefStride() const { return 1 + P2() + k * k + k * Kr; }
+  static constexpr int kRa = 0, kQ = 1;
+  RACKRUN_HOST_DEVICE int HresOff() const { return 1 + P2(); }
+  RACKRUN_HOST_DEVICE int HpostOff() const { return 1 + P2() + k * k; }
+  // Saved rows per token: A (k rows) then O (Kr rows), C each, in S.
+  RACKRUN_HOST_DEVICE int64_t SavedStride() const { return static_cast<int64_t>(k + Kr) * C; }
+  // Per-token scalar-parameter gradients of the write (a_res, b_res[kk], a_post,
+  // b_post[k*Kr]) and of the read (a_pre, b_pre[N]).
+  RACKRUN_HOST_DEVICE int WriteScalStride() const { return 2 + k * k + k * Kr; }
+  RACKRUN_HOST_DEVICE int ReadScalStride() const { return 1 + N; }
+};
+
+// Scalar parameters one kernel reads (device pointers into the parameter buffer).
+struct MapParams {
+  const float* a_pre = nullptr;
+  const float* b_pre = nullptr;  // N
+  const float* a_res = nullptr;
+  const float* b_res = nullptr;  // k x k
+  const float* a_post = nullptr;
+  const float* b_post = nullptr;  // k x Kr
+  const float* conv[kMaxJ] = {};  // taps x C each
+  int conv_taps[kMaxJ] = {};
+};
+
+// colsum[p] = sum of router row p (N rows of N*C): the LayerNorm centring.
+cudaError_t RouterColumnSums(const Layout& l, const float* w_router, float* colsum,
+                             cudaStream_t stream);
+
+// Read (EntryToken + dense read + GatherActive): per token, moments of the N x C state,
+// routing, gates, H_pre; u = sum_i H_pre_i x_i; the k active rows into `saved` and ra.
+// z: tokens x 2N projections (router rows then pre rows) of the raw state.
+template <typename S>
+cudaError_t ReadEntry(const Layout& l, int64_t tokens, const S* x, const float* z,
+                      const float* colsum, const MapParams& p, float* rec, int32_t* idx, float* u,
+                      S* saved, float* coef, cudaStream_t stream);
+// ActiveMaps: q (tokens x P2, the raw active projections) -> coef's q / ra, H_res (Sinkhorn,
+// row clamp), H_post.
+cudaError_t ActiveMaps(const Layout& l, int64_t tokens, const float* q, const MapParams& p,
+                       float* coef, cudaStream_t stream);
+// Write (FusedWriteBack): the basis O (MLP: causal convolutions + modified Gram-Schmidt)
+// saved after A, then the k active rows of x mixed and written back in place.
+// segment: per token, the first token of its segment.
+template <typename S>
+cudaError_t Write(const Layout& l, int64_t tokens, const float* out, const int32_t* segment,
+                  const MapParams& p, const float* rec, const int32_t* idx, const float* coef, S* x,
+                  S* saved, cudaStream_t stream);
+
+// WriteBackward per token: FusedWriteBackBackward, gate and H_post gradients, Gram-Schmidt
+// backward (MLP), the Sinkhorn and row-clamp backward, ActiveMapsBackward. Writes dA
+// (tokens x kC, fp32, including RMSNorm(vec A)'s direct term), d_out (tokens x C), dg
+// (MLP: tokens x J x C), dp (tokens x k), c2 (tokens x C2Stride(), divided by ra), wscal.
+// `tape`: tokens x SinkhornTapeFloats(l) floats of scratch (the recomputed Sinkhorn).
+int64_t SinkhornTapeFloats(int n, int iters);
+template <typename S>
+cudaError_t WriteBackward(const Layout& l, int64_t tokens, const float* dx, const S* saved,
+                          const int32_t* segment, const MapParams& p, const float* rec,
+                          const int32_t* idx, const float* coef, float* da, float* d_out, float* dg,
+                          float* dp, float* c2, float* wscal, float* tape, cudaStream_t stream);
+// ScatterActiveGrad: dX rows I = dA; x rows I = A (the state walked back).
+template <typename S>
+cudaError_t ScatterActive(const Layout& l, int64_t tokens, const float* da, const S* saved,
+                          const int32_t* idx, float* dx, S* x, cudaStream_t stream);
+// ConvolutionsBackward: d_out += the convolutions' input gradients (from dg); the weight
+// gradients accumulated into dconv (the J convolutions' gradients, adjacent: taps_j x C each,
+// in order) through `partial` (ConvPartialFloats).
+int64_t ConvPartialFloats(const Layout& l, int64_t tokens, const int* taps);
+template <typename S>
+cudaError_t ConvolutionsBackward(const Layout& l, int64_t tokens, const float* dg, const S* saved,
+                                 const int32_t* segment, const MapParams& p, float* d_out,
+                                 float* dconv, float* partial, cudaStream_t stream);
+// ReadBackward per token: DenseReadBackward and EntryTokenBackward: dx += H_pre du + alpha x +
+// beta; c1 (tokens x 2N, divided by the norm scales); rscal.
+template <typename S>
+cudaError_t ReadBackward(const Layout& l, int64_t tokens, const S* x, const float* du,
+                         const float* dp, const float* colsum, const MapParams& p, const float* rec,
+                         const int32_t* idx, float* dx, float* c1, float* rscal,
+                         cudaStream_t stream);
+// LayerNorm centring of the router rows' gradient: dW_r[p][e] -= sum_t c1[t][p] mu_t.
+cudaError_t RouterCentring(const Layout& l, int64_t tokens, const float* c1, const float* rec,
+                           float* dw_router, float* corr, cudaStream_t stream);
+// grads[s] += sum over tokens (in order) of scal[t * stride + s], s < count: the scalar
+// parameters of a sublayer are adjacent in the parameter buffer in the order of the
+// per-token records (a_res, b_res, a_post, b_post; a_pre, b_pre).
+cudaError_t SumScalars(int64_t tokens, int stride, int count, const float* scal, float* grads,
+                       cudaStream_t stream);
+
+// Collapse: y[t] = sum of the N streams; CollapseBackward: every stream's gradient = dy[t].
+template <typename S>
+cudaError_t Collapse(const Layout& l, int64_t tokens, const S* x, float* y, cudaStream_t stream);
+cudaError_t CollapseBackward(const Layout& l, int64_t tokens, const float* dy, float* dx,
+                             cudaStream_t stream);
+
+// Sinkhorn (runtime/residual/sinkhorn.h) on `count` n x n matrices: h = Sinkhorn(z), and
+// when dh is not null dz = its backward. For tests of the device function alone.
+// `tape`: count x SinkhornTapeFloats(n, iters) floats. n <= 8.
+cudaError_t SinkhornBatch(int count, int n, int iters, const float* z, float* h, const float* dh,
+                          float* dz, float* tape, cudaStream_t stream);
+
+}  // namespace rackrun::runtime::cuda::xhc
+
+#endif  // RACKRUN_RUNTIME_CUDA_XHC_KERNELS_H_

@@ -1,0 +1,252 @@
+// XhcStreams (the xhc residual streams on the GPU) against the CPU engine's
+// ResidualStreams<float> in mode xhc, through the same calls: forward (body inputs, the
+// mappings of every token, the collapsed state), backward (body-output gradients, the
+// state gradient, every parameter's gradient). Every parameter is random so every path is
+// live (routing, H_pre, the Sinkhorn mixing, H_post, the convolutions and Gram-Schmidt of
+// MLP sublayers), and segments start mid-batch so the causal convolutions are cut.
+// Tolerances, relative to each array's largest magnitude: fp32 states 1e-4 (the CPU's
+// arithmetic in another summation order, expf/sqrtf against libm); bf16 states 3e-2 for
+// the forward and 5e-2 for gradients (the state and the saved rows rounded to 8 mantissa
+// bits; the CPU oracle starts from the same rounded state). The Sinkhorn device function is
+// checked alone against SinkhornProjection<float>.
+#include "runtime/cuda/xhc.h"
+
+#include <cmath>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "runtime/cuda/test_util.h"
+#include "runtime/residual/sinkhorn.h"
+
+namespace rackrun::runtime::cuda {
+namespace {
+
+using testing::Download;
+using testing::RandomVector;
+using testing::Upload;
+
+// Random values for every CPU parameter, at scales that keep each mapping away from
+// saturation: projection weights ~N(0, 0.05), gating scalars 0.5..1.5, biases ~N(0, 0.3),
+// convolution taps ~N(0, 0.2).
+void RandomizeParameters(ResidualStreams<float>& cpu, uint64_t seed) {
+  uint64_t s = seed;
+  for (const ParamRef<float>& p : cpu.Parameters()) {
+    const std::string last = p.name.substr(p.name.rfind('.') + 1);
+    float scale = 0.05f, shift = 0.0f;
+    if (last.starts_with("a_")) {
+      scale = 0.3f;
+      shift = 1.0f;
+    } else if (last.starts_with("b_")) {
+      scale = 0.3f;
+    } else if (last.starts_with("conv")) {
+      scale = 0.2f;
+    }
+    const std::vector<float> v = RandomVector(p.size, ++s, scale);
+    for (int64_t i = 0; i < p.size; ++i) p.value[i] = v[static_cast<size_t>(i)] + shift;
+  }
+}
+
+float RoundBf16(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
+
+struct Tolerances {
+  double forward, gradient;
+};
+
+template <typename S>
+void CompareWithCpu(const ResidualConfig& config, int tokens, std::vector<int32_t> segments,
+                    Tolerances tol) {
+  RACKRUN_OPEN_GPU_OR_SKIP(dev);
+  const int N = config.streams, C = config.width, L = static_cast<int>(config.sublayers.size());
+  absl::StatusOr<ResidualStreams<float>> cpu = ResidualStreams<float>::Create(config, 3);
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  RandomizeParameters(*cpu, 100);
+  absl::StatusOr<std::unique_ptr<XhcStreams<S>>> gpu = XhcStreams<S>::Create(dev.get(), config, 3);
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  ASSERT_TRUE((*gpu)->CopyParametersFrom(*cpu).ok());
+
+  std::vector<float> state = RandomVector(int64_t{tokens} * N * C, 7);
+  if constexpr (!std::is_same_v<S, float>) {
+    for (float& v : state) v = RoundBf16(v);
+  }
+  std::vector<std::vector<float>> outs, dus;
+  for (int l = 0; l < L; ++l) {
+    outs.push_back(RandomVector(int64_t{tokens} * C, 200 + l));
+    dus.push_back(RandomVector(int64_t{tokens} * C, 300 + l));
+  }
+  const std::vector<float> dy = RandomVector(int64_t{tokens} * C, 400);
+
+  // CPU.
+  std::vector<std::vector<float>> cpu_u(L, std::vector<float>(tokens * C)),
+      cpu_dout(L, std::vector<float>(tokens * C));
+  std::vector<float> cpu_y(tokens * C), cpu_dstate(state.size());
+  std::vector<std::vector<SublayerMaps<float>>> cpu_maps(L);
+  ASSERT_TRUE(cpu->BeginBatch(tokens, segments).ok());
+  ASSERT_TRUE(cpu->SetState(state).ok());
+  for (int l = 0; l < L; ++l) {
+    ASSERT_TRUE(cpu->ReadInput(l, cpu_u[l]).ok());
+    for (int t = 0; t < tokens; ++t) cpu_maps[l].push_back(*cpu->Maps(l, t));
+    ASSERT_TRUE(cpu->WriteOutput(l, outs[l]).ok());
+  }
+  ASSERT_TRUE(cpu->Collapse(cpu_y).ok());
+  ASSERT_TRUE(cpu->CollapseBackward(dy).ok());
+  for (int l = L - 1; l >= 0; --l) {
+    ASSERT_TRUE(cpu->WriteOutputBackward(l, cpu_dout[l]).ok());
+    ASSERT_TRUE(cpu->ReadInputBackward(l, dus[l]).ok());
+  }
+  ASSERT_TRUE(cpu->StateBackward(cpu_dstate).ok());
+
+  // GPU.
+  XhcStreams<S>& g = **gpu;
+  DeviceTensor<float> u(dev.get(), "u"), y(dev.get(), "y"), dout(dev.get(), "d_out");
+  ASSERT_TRUE(u.Resize({tokens, C}).ok());
+  ASSERT_TRUE(y.Resize({tokens, C}).ok());
+  ASSERT_TRUE(dout.Resize({tokens, C}).ok());
+  std::vector<DeviceTensor<float>> gout, gdu;
+  for (int l = 0; l < L; ++l) {
+    gout.push_back(Upload(dev.get(), "out", outs[l]));
+    gdu.push_back(Upload(dev.get(), "du", dus[l]));
+  }
+  DeviceTensor<float> gdy = Upload(dev.get(), "dy", dy);
+  ASSERT_TRUE(g.BeginBatch(tokens, segments).ok());
+  ASSERT_TRUE(g.SetState(state).ok());
+  for (int l = 0; l < L; ++l) {
+    SCOPED_TRACE(absl::StrCat("sublayer ", l, " forward"));
+    absl::Status s = g.ReadInput(l, u.data());
+    ASSERT_TRUE(s.ok()) << s;
+    RACKRUN_EXPECT_CLOSE(Download(u), cpu_u[l], tol.forward);
+    absl::StatusOr<std::vector<SublayerMaps<float>>> maps = g.Maps(l);
+    ASSERT_TRUE(maps.ok()) << maps.status();
+    for (int t = 0; t < tokens; ++t) {
+      const SublayerMaps<float>& a = (*maps)[t];
+      const SublayerMaps<float>& b = cpu_maps[l][t];
+      ASSERT_EQ(a.active, b.active) << "token " << t;
+      RACKRUN_EXPECT_CLOSE(a.gates, b.gates, tol.forward);
+      RACKRUN_EXPECT_CLOSE(a.h_pre, b.h_pre, tol.forward);
+      RACKRUN_EXPECT_CLOSE(a.h_res, b.h_res, tol.forward);
+      RACKRUN_EXPECT_CLOSE(a.h_post, b.h_post, tol.forward);
+    }
+    s = g.WriteOutput(l, gout[l].data());
+    ASSERT_TRUE(s.ok()) << s;
+  }
+  ASSERT_TRUE(g.Collapse(y.data()).ok());
+  RACKRUN_EXPECT_CLOSE(Download(y), cpu_y, tol.forward);
+  ASSERT_TRUE(g.CollapseBackward(gdy.data()).ok());
+  for (int l = L - 1; l >= 0; --l) {
+    SCOPED_TRACE(absl::StrCat("sublayer ", l, " backward"));
+    absl::Status s = g.WriteOutputBackward(l, dout.data());
+    ASSERT_TRUE(s.ok()) << s;
+    RACKRUN_EXPECT_CLOSE(Download(dout), cpu_dout[l], tol.gradient);
+    s = g.ReadInputBackward(l, gdu[l].data());
+    ASSERT_TRUE(s.ok()) << s;
+  }
+  std::vector<float> dstate;
+  ASSERT_TRUE(g.StateGradToHost(&dstate).ok());
+  RACKRUN_EXPECT_CLOSE(dstate, cpu_dstate, tol.gradient);
+  std::vector<float> grads;
+  ASSERT_TRUE(g.GradientsToHost(&grads).ok());
+  size_t at = 0;
+  for (const ParamRef<float>& p : cpu->Parameters()) {
+    SCOPED_TRACE(p.name);
+    const std::vector<float> want(p.grad, p.grad + p.size);
+    const std::vector<float> got(grads.begin() + at, grads.begin() + at + p.size);
+    RACKRUN_EXPECT_CLOSE(got, want, tol.gradient);
+    at += static_cast<size_t>(p.size);
+  }
+}
+
+ResidualConfig Config(int width, std::vector<SublayerKind> sublayers) {
+  return ResidualConfig::ForMode(ResidualMode::kXhc, width, std::move(sublayers));
+}
+
+TEST(GpuXhcTest, Fp32AttentionAndMlpSublayersMatchTheCpu) {
+  CompareWithCpu<float>(Config(64, ResidualConfig::Transformer(1)), 40, {0, 17}, {1e-4, 1e-4});
+}
+
+TEST(GpuXhcTest, Fp32WideSublayersMatchTheCpu) {
+  // C = 1536 takes the 8-elements-per-thread kernels.
+  CompareWithCpu<float>(Config(1536, ResidualConfig::Transformer(1)), 12, {0, 5}, {1e-4, 1e-4});
+}
+
+TEST(GpuXhcTest, Bf16StateMatchesTheCpuWithinBf16Rounding) {
+  CompareWithCpu<bf16>(Config(64, {SublayerKind::kMlp}), 40, {0, 17}, {3e-2, 5e-2});
+  CompareWithCpu<bf16>(Config(64, {SublayerKind::kAttention}), 40, {0}, {3e-2, 5e-2});
+}
+
+TEST(GpuXhcTest, CountsTheBytesOfEachKernel) {
+  RACKRUN_OPEN_GPU_OR_SKIP(dev);
+  const int C = 256, T = 64;
+  const ResidualConfig config = Config(C, ResidualConfig::Transformer(1));
+  absl::StatusOr<std::unique_ptr<XhcStreams<float>>> g =
+      XhcStreams<float>::Create(dev.get(), config, 3);
+  ASSERT_TRUE(g.ok()) << g.status();
+  DeviceTensor<float> u(dev.get(), "u");
+  ASSERT_TRUE(u.Resize({T, C}).ok());
+  ASSERT_TRUE(u.Zero().ok());
+  const std::vector<int32_t> starts = {0};
+  ASSERT_TRUE((*g)->BeginBatch(T, starts).ok());
+  ASSERT_TRUE((*g)->SetState(RandomVector(int64_t{T} * 16 * C, 1)).ok());
+  for (int l = 0; l < 2; ++l) {
+    ASSERT_TRUE((*g)->ReadInput(l, u.data()).ok());
+    ASSERT_TRUE((*g)->WriteOutput(l, u.data()).ok());
+  }
+  // In units of C fp32 elements per token per sublayer: the paper counts 73.5 for xhc
+  // (docs/design.md section 3); the fused kernels must move less, and at least the state's
+  // two full reads (mapping generation, dense read) and the active rows' round trip.
+  const double per = static_cast<double>((*g)->TrafficBytes()) / (4.0 * C * T * 2);
+  for (const KernelTraffic& k : (*g)->traffic())
+    std::printf("%-55s read %8.2f C  written %8.2f C\n", k.name.c_str(),
+                static_cast<double>(k.read) / (4.0 * C * T * 2),
+                static_cast<double>(k.written) / (4.0 * C * T * 2));
+  std::printf("forward traffic: %.2f C per token per sublayer (paper: 73.5 C)\n", per);
+  EXPECT_LT(per, 73.5);
+  EXPECT_GT(per, 2 * 16 + 2 * 4);
+}
+
+TEST(GpuXhcTest, SinkhornMatchesTheCpuProjection) {
+  RACKRUN_OPEN_GPU_OR_SKIP(dev);
+  for (int n : {2, 4, 8}) {
+    const int count = 37, iters = 20;
+    const std::vector<float> z = RandomVector(int64_t{count} * n * n, 70 + n, 2.0f);
+    const std::vector<float> dh = RandomVector(int64_t{count} * n * n, 80 + n);
+    SinkhornProjection<float> sk(n, iters);
+    std::vector<float> h(z.size()), dz(z.size()), tape(static_cast<size_t>(sk.tape_size()));
+    for (int i = 0; i < count; ++i) {
+      sk.Forward(z.data() + i * n * n, h.data() + i * n * n, tape.data());
+      sk.Backward(z.data() + i * n * n, tape.data(), dh.data() + i * n * n, dz.data() + i * n * n);
+    }
+    DeviceTensor<float> gz = Upload(dev.get(), "z", z), gdh = Upload(dev.get(), "dh", dh),
+                        gh(dev.get(), "h"), gdz(dev.get(), "dz"), gt(dev.get(), "tape");
+    ASSERT_TRUE(gh.Resize({gz.size()}).ok());
+    ASSERT_TRUE(gdz.Resize({gz.size()}).ok());
+    ASSERT_TRUE(gt.Resize({count * xhc::SinkhornTapeFloats(n, iters)}).ok());
+    ASSERT_EQ(xhc::SinkhornBatch(count, n, iters, gz.data(), gh.data(), gdh.data(), gdz.data(),
+                                 gt.data(), dev->stream()),
+              cudaSuccess);
+    SCOPED_TRACE(absl::StrCat("n ", n));
+    RACKRUN_EXPECT_CLOSE(Download(gh), h, 1e-5);
+    RACKRUN_EXPECT_CLOSE(Download(gdz), dz, 1e-4);
+  }
+}
+
+// Configuration errors come before any device work, so they are checked without a GPU.
+TEST(GpuXhcTest, UnsupportedConfigurationsAreErrors) {
+  ResidualConfig mhc =
+      ResidualConfig::ForMode(ResidualMode::kMhc, 64, ResidualConfig::Transformer(1));
+  absl::StatusOr<std::unique_ptr<XhcStreams<float>>> g = XhcStreams<float>::Create(nullptr, mhc, 1);
+  ASSERT_FALSE(g.ok());
+  EXPECT_EQ(g.status().code(), absl::StatusCode::kUnimplemented);
+  ResidualConfig wide = Config(64, ResidualConfig::Transformer(1));
+  wide.active = 6;
+  g = XhcStreams<float>::Create(nullptr, wide, 1);
+  ASSERT_FALSE(g.ok());
+  EXPECT_EQ(g.status().code(), absl::StatusCode::kInvalidArgument);
+  ResidualConfig huge = Config(8192, ResidualConfig::Transformer(1));
+  EXPECT_FALSE(XhcStreams<float>::Create(nullptr, huge, 1).ok());
+  EXPECT_FALSE(XhcStreams<float>::Create(nullptr, Config(64, ResidualConfig::Transformer(1)), 1,
+                                         GemmPrecision::kBf16)
+                   .ok());
+}
+
+}  // namespace
+}  // namespace rackrun::runtime::cuda
