@@ -116,6 +116,7 @@ absl::Status XhcStreams<S>::Init(uint64_t seed) {
     names_.push_back(p.name);
     offsets_.push_back(param_count_);
     sizes_.push_back(p.size);
+    shapes_.push_back(p.shape);
     offset_of_[p.name] = param_count_;
     param_count_ += p.size;
   }
@@ -176,7 +177,8 @@ std::vector<ParamRef<float>> XhcStreams<S>::Parameters() {
   std::vector<ParamRef<float>> out;
   for (size_t i = 0; i < names_.size(); ++i) {
     out.push_back(
-        {names_[i], values_.data() + offsets_[i], grads_.data() + offsets_[i], sizes_[i]});
+        {names_[i], values_.data() + offsets_[i], grads_.data() + offsets_[i], sizes_[i],
+         shapes_[i]});
   }
   return out;
 }

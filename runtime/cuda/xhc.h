@@ -122,6 +122,7 @@ class XhcStreams {
   int N_ = 0, C_ = 0, k_ = 0, m_ = 0, J_ = 0, L_ = 0;
   std::vector<std::string> names_;
   std::vector<int64_t> offsets_, sizes_;
+  std::vector<std::vector<int64_t>> shapes_;  // the CPU component's (ParamRef::shape)
   std::map<std::string, int64_t> offset_of_;
   int64_t param_count_ = 0;
   DeviceTensor<float> values_, grads_;
