@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/file.h"
 
@@ -27,8 +28,15 @@ absl::StatusOr<MappedFile> MappedFile::Open(const std::string& path, absl::strin
   // the reader), confined to a worker's --allowed-roots at this very open (base/file.h).
   absl::StatusOr<int> opened = base::OpenRegularFile(path, O_RDONLY, base::FileUse::kJob);
   if (!opened.ok()) {
-    return absl::Status(opened.status().code(),
-                        absl::StrCat(what, ": ", opened.status().message()));
+    // "cannot open '/x': ..." names the file as what it is: "cannot open dataset index '/x'".
+    std::string message(opened.status().message());
+    constexpr absl::string_view kOpen = "cannot open '";
+    if (absl::StartsWith(message, kOpen)) {
+      message.insert(kOpen.size() - 1, absl::StrCat(what, " "));
+    } else {
+      message = absl::StrCat(what, ": ", message);
+    }
+    return absl::Status(opened.status().code(), message);
   }
   const int fd = *opened;
   struct stat st {};

@@ -13,9 +13,11 @@ namespace rackrun::data {
 std::vector<std::string> DatasetFiles(const std::string& path) {
   std::error_code ec;
   const bool megatron_file = path.ends_with(".bin") || path.ends_with(".idx");
-  if ((std::filesystem::is_regular_file(path, ec) || path.ends_with(".tokens")) && !megatron_file) {
-    return {path};
-  }
+  // A file at the path itself (a FIFO or a device too, so that its open names what it is),
+  // not a folder: the dataset is that file; else a prefix.
+  const std::filesystem::file_status st = std::filesystem::status(path, ec);
+  const bool a_file = std::filesystem::exists(st) && !std::filesystem::is_directory(st);
+  if ((a_file || path.ends_with(".tokens")) && !megatron_file) return {path};
   const std::string prefix = DatasetPrefix(path);
   return {prefix + ".idx", prefix + ".bin"};
 }
@@ -25,7 +27,12 @@ absl::StatusOr<std::unique_ptr<TokenSource>> TokenSource::Open(const std::string
   s->path_ = path;
   // A .tokens file is one file starting with its magic; anything else is a dataset prefix.
   absl::StatusOr<MappedFile> file = MappedFile::Open(path, "token file");
-  if (!file.ok() && path.ends_with(".tokens")) return file.status();
+  // Missing is a prefix's normal case; a FIFO, a device or a path outside a worker's roots
+  // is this dataset's error.
+  if (!file.ok() && (path.ends_with(".tokens") || (file.status().code() != absl::StatusCode::kNotFound &&
+                                                   !std::filesystem::is_directory(path)))) {
+    return file.status();
+  }
   if (file.ok() && LooksLikeTokenFile(file->bytes())) {
     absl::StatusOr<TokenFileHeader> h = ParseTokenFileHeader(file->bytes(), path);
     if (!h.ok()) return h.status();

@@ -20,6 +20,7 @@
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 namespace fs = std::filesystem;
 
 using Result = ::rackrun::testing::ShellResult;
@@ -177,6 +178,32 @@ TEST(TrainCommandTest, TrainsLogsAndSummarises) {
   ASSERT_EQ(lines.size(), 6u);
   EXPECT_THAT(lines[2], HasSubstr("\"step\": 3"));
   EXPECT_THAT(lines[2], ::testing::Not(HasSubstr("\"val_loss\": null")));
+}
+
+// The kernels that run are printed; kernels older than the CPU supports (the SSE3 set that
+// OpenBLAS 0.3.21 gave a CPU newer than its model table) are reported once, with the fix.
+TEST(TrainCommandTest, PrintsItsKernelsAndReportsOlderOnesOnce) {
+  const std::string spec = PrepareJob();
+  const Result r = Rackrun("train " + spec + " --set training.steps=1");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("kernels: openblas "));
+  EXPECT_THAT(r.out, HasSubstr("GEMM threads: 1, one thread"));
+  EXPECT_THAT(r.err, Not(HasSubstr("older than this CPU supports")));
+
+  if (Slurp("/proc/cpuinfo").find(" avx") == std::string::npos) {
+    GTEST_SKIP() << "this CPU has no AVX";
+  }
+  const Result old = ::rackrun::testing::Shell(
+      "OPENBLAS_CORETYPE=Prescott " + std::string(RACKRUN_BINARY) + " train " + spec +
+          " --set training.steps=1 --start-over",
+      Dir() / "stdout.txt", Dir() / "stderr.txt");
+  ASSERT_EQ(old.code, 0) << old.err;
+  EXPECT_THAT(old.out, HasSubstr("kernels: openblas Prescott kernels"));
+  const std::string warning = "OpenBLAS runs its Prescott kernels, older than this CPU supports";
+  const size_t first = old.err.find(warning);
+  ASSERT_NE(first, std::string::npos) << old.err;
+  EXPECT_EQ(old.err.find(warning, first + 1), std::string::npos) << "reported twice: " << old.err;
+  EXPECT_THAT(old.err, HasSubstr("OPENBLAS_CORETYPE=Prescott asks for them; unset it"));
 }
 
 TEST(TrainCommandTest, ResumedRunLogsTheSameLossesAsTheUninterruptedOne) {
