@@ -222,8 +222,7 @@ class VanillaImpl final : public ResidualStreams<T>::Impl {
   void Reserve() override {}
 
   void Read(int, T* u) override {
-    const int64_t n = static_cast<int64_t>(this->ntok) * this->width;
-    std::memcpy(u, this->X.data(), sizeof(T) * n);
+    Copy(this->X.data(), u);
     // F reads x itself in the paper's accounting; our interface copies it out.
     const double c = this->width;
     this->Count("body input", 0, 0, c, c);
@@ -237,9 +236,7 @@ class VanillaImpl final : public ResidualStreams<T>::Impl {
     const double c = this->width;
     this->Count("merge", 2 * c, c, 2 * c, c);
   }
-  void WriteBackward(int, T* d_out) override {
-    std::memcpy(d_out, this->dX.data(), sizeof(T) * this->ntok * this->width);
-  }
+  void WriteBackward(int, T* d_out) override { Copy(this->dX.data(), d_out); }
   SublayerMaps<T> Maps(int, int) const override {
     return SublayerMaps<T>{{0}, {T(1)}, {T(1)}, {}, {T(1)}};
   }
@@ -249,6 +246,17 @@ class VanillaImpl final : public ResidualStreams<T>::Impl {
 #pragma omp parallel for schedule(static) if (this->Parallel())
     for (int64_t b = 0; b < n; b += 4096)
       residual_internal::Axpy(T(1), d_u + b, dx + b, std::min<int64_t>(4096, n - b));
+  }
+
+ private:
+  // The state (ntok x width) copied in blocks over the threads, as Write adds them: on one
+  // thread these copies were the part of a vanilla step that did not scale (docs/results.md).
+  void Copy(const T* from, T* to) const {
+    const int64_t n = static_cast<int64_t>(this->ntok) * this->width;
+#pragma omp parallel for schedule(static) if (this->Parallel())
+    for (int64_t b = 0; b < n; b += 4096) {
+      std::memcpy(to + b, from + b, sizeof(T) * static_cast<size_t>(std::min<int64_t>(4096, n - b)));
+    }
   }
 };
 
