@@ -2,8 +2,8 @@
 // and relay schedules, with eager and round pacing; malformed input and silent peers.
 #include "comm/fanout_executor.h"
 
-#include "comm/channel_checks.h"
 #include "comm/inprocess_channel.h"
+#include "comm/testing/channel_checks.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 

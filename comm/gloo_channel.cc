@@ -1,6 +1,5 @@
 #include "comm/gloo_channel.h"
 
-#include <arpa/inet.h>
 #include <gloo/common/error.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/store.h>
@@ -8,7 +7,6 @@
 #include <gloo/transport/tcp/device.h>
 #include <gloo/transport/unbound_buffer.h>
 #include <netdb.h>
-#include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -708,16 +706,6 @@ std::string PeersLine(const Peers& p) {
 }
 
 }  // namespace
-
-bool IsWildcardAddress(const std::string& address) {
-  std::string bare = address;
-  if (bare.size() >= 2 && bare.front() == '[' && bare.back() == ']') bare = bare.substr(1, bare.size() - 2);
-  in_addr v4{};
-  in6_addr v6{};
-  if (::inet_pton(AF_INET, bare.c_str(), &v4) == 1) return v4.s_addr == htonl(INADDR_ANY);
-  if (::inet_pton(AF_INET6, bare.c_str(), &v6) == 1) return IN6_IS_ADDR_UNSPECIFIED(&v6);
-  return false;
-}
 
 absl::StatusOr<std::unique_ptr<DataChannel>> CreateGlooChannel(RendezvousStore& store,
                                                                const std::string& prefix,

@@ -61,10 +61,6 @@ struct GlooChannelOptions {
   std::string label;
 };
 
-// True for an address that means "every interface" (0.0.0.0, ::, [::]): nothing a peer can
-// connect to, and a listener on it would take connections from every network.
-bool IsWildcardAddress(const std::string& address);
-
 // Collective over the `size` ranks that call it with the same `store` contents and
 // `prefix` (one prefix per job and channel: "job/<id>/attempt/<n>"). Each rank announces
 // itself under `prefix`, waits for all ranks, then connects to every peer.

@@ -1,4 +1,4 @@
-// The data-channel contract on the Gloo backend (comm/store_channel_checks.h: ranks as
+// The data-channel contract on the Gloo backend (comm/testing/store_channel_checks.h: ranks as
 // threads over 127.0.0.1, 1/2/4 ranks, absent, silent, destroyed and killed peers), and
 // how Gloo's slots keep order after wrong sizes and cancelled receives. Each rank listens
 // only on its own address (read back from /proc/net/tcp).
@@ -14,8 +14,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "comm/channel_checks.h"
-#include "comm/store_channel_checks.h"
+#include "comm/data_address.h"
+#include "comm/testing/channel_checks.h"
+#include "comm/testing/store_channel_checks.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/support/listening_sockets.h"

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "comm/channel_checks.h"
+#include "comm/testing/channel_checks.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 

@@ -11,9 +11,9 @@
 #include <thread>
 #include <vector>
 
-#include "comm/channel_checks.h"
 #include "comm/inprocess_channel.h"
 #include "comm/rendezvous_store.h"
+#include "comm/testing/channel_checks.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 

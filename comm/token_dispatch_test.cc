@@ -2,8 +2,8 @@
 // equals computing everything at home, for random hand-built plans and ultraep plans.
 #include "comm/token_dispatch.h"
 
-#include "comm/channel_checks.h"
 #include "comm/inprocess_channel.h"
+#include "comm/testing/channel_checks.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 

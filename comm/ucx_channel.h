@@ -78,25 +78,14 @@ struct UcxChannelOptions {
   // that interface (as UCX_NET_DEVICES=<interface> would); empty or a host name: UCX uses
   // every interface it finds. UCX_NET_DEVICES in the environment wins. UCX 1.13's TCP
   // transport then listens and is reached on the interface's first address of that family
-  // (UcxInterfaceOf), which is the data address unless that is a second address of its
-  // interface: UCX takes one address per interface and offers no way to pick another.
+  // (UcxInterfaceOf, data_address.h), which is the data address unless that is a second
+  // address of its interface: UCX takes one address per interface and offers no way to
+  // pick another.
   std::string address;
   // Who this rank is, for the peers' errors (the worker daemon says "worker w-1 on host
   // h2"); announced with `address`. Empty: the address alone.
   std::string label;
 };
-
-// The interface that holds the data address `address` (a numeric IP address) and the
-// address UCX's TCP transport takes on it: the interface's first address of that family,
-// as getifaddrs lists them (UCX 1.13's ucs_netif_get_addr). Both empty for an empty
-// address or a host name; InvalidArgument for an IP address none of this machine's
-// interfaces has. A loopback address belongs to lo (Linux answers all of 127.0.0.0/8
-// there).
-struct UcxInterface {
-  std::string name;     // "eth0"
-  std::string address;  // "198.18.0.3"
-};
-absl::StatusOr<UcxInterface> UcxInterfaceOf(const std::string& address);
 
 // Collective over the `size` ranks that call it with the same `store` contents and
 // `prefix` (one prefix per job and channel: "job/<id>/attempt/<n>"). Each rank publishes

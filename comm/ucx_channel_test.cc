@@ -1,4 +1,4 @@
-// The data-channel contract on the UCX backend (comm/store_channel_checks.h: ranks as
+// The data-channel contract on the UCX backend (comm/testing/store_channel_checks.h: ranks as
 // threads, UCX's shared-memory and loopback transports, 1/2/4 ranks, absent, silent,
 // destroyed and killed peers), wrong sizes and cancelled receives on the eager and
 // rendezvous paths, and the data address's interface.
@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "comm/channel_checks.h"
-#include "comm/store_channel_checks.h"
+#include "comm/testing/channel_checks.h"
+#include "comm/testing/store_channel_checks.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 

@@ -1,10 +1,14 @@
 // Process-level tests: the real rackrun-coordinator binary with a scratch --state-dir on
 // 127.0.0.1, driven through the generated stubs (a test client plays the workers).
+#include "tests/support/process.h"
+
+#include <grpcpp/create_channel.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/support/byte_buffer.h>
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-#include <gtest/gtest.h>
 
 #include <atomic>
 #include <chrono>
@@ -17,15 +21,10 @@
 #include <set>
 #include <thread>
 
-#include <grpcpp/create_channel.h>
-#include <grpcpp/grpcpp.h>
-#include <grpcpp/support/byte_buffer.h>
-
-#include "coordinator/health_check.h"
 #include "coordinator/test_util.h"
 #include "rackrun/v1/job_service.grpc.pb.h"
 #include "rackrun/v1/rack_control.grpc.pb.h"
-#include "tests/support/process.h"
+#include "rpc/health_check.h"
 
 namespace rackrun::coordinator {
 namespace {
@@ -93,7 +92,9 @@ class Coordinator {
 };
 
 // grpc.health.v1 Check: 1 SERVING, 2 NOT_SERVING, -1 no answer.
-int Health(const std::shared_ptr<grpc::Channel>& channel) { return CheckHealth(channel, 500ms); }
+int Health(const std::shared_ptr<grpc::Channel>& channel) {
+  return rpc::CheckHealth(channel, 500ms);
+}
 
 rackrun::v1::JobSpec ValidSpec(const std::string& name = "t") {
   rackrun::v1::JobSpec s;

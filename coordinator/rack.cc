@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "coordinator/scheduler.h"
+#include "jobspec/balancer.h"
 #include "rpc/phase.h"
 
 namespace rackrun::coordinator {
@@ -63,7 +64,7 @@ absl::StatusOr<rackrun::v1::RegisterResponse> Rack::Register(const rackrun::v1::
         workers_.SetBusy(*id, req.job_id(), req.attempt(), req.rank());
         resp.set_job_attached(true);
         absl::StatusOr<rackrun::v1::Job> job = jobs_.Get(req.job_id());
-        if (job.ok() && job->spec().balancer().mode() == "coordinator") {
+        if (job.ok() && jobspec::PlannedByCoordinator(job->spec())) {
           (void)planning_.Open(req.job_id(), req.attempt(), job->spec(), RanksOf(job->spec()));
         }
       }
@@ -133,7 +134,7 @@ void Rack::StartJobs() {
     for (size_t r = 0; r < p.ranks.size(); ++r) {
       workers_.SetBusy(p.ranks[r].worker_id, p.job_id, attempt->number(), static_cast<int>(r));
     }
-    if (spec.balancer().mode() == "coordinator") {
+    if (jobspec::PlannedByCoordinator(spec)) {
       if (absl::Status s = planning_.Open(p.job_id, attempt->number(), spec, RanksOf(spec)); !s.ok()) {
         rackrun::v1::Failure f;
         f.set_kind(rackrun::v1::ERROR);

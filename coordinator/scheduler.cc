@@ -7,12 +7,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "comm/channel_names.h"
 #include "jobspec/spec.h"
 
 namespace rackrun::coordinator {
 
 std::string ChannelOf(const rackrun::v1::JobSpec& spec) {
-  return spec.resources().channel().empty() ? "ucx" : spec.resources().channel();
+  return std::string(comm::ChannelOrDefault(spec.resources().channel()));
 }
 
 int RanksOf(const rackrun::v1::JobSpec& spec) { return std::max(1, spec.resources().ranks()); }

@@ -1,9 +1,10 @@
 // Scheduler: which queued job starts next, on which workers, as which ranks.
 //
 // Strict FIFO: the oldest queued job starts when resources.ranks (0 means 1) idle workers
-// offering its channel kind (resources.channel, default "gloo") are registered; later
-// jobs wait behind it (no overtaking, so a wide job is not starved by narrow ones). A job
-// in its restart backoff keeps its place and holds the queue until its time comes.
+// offering its channel kind (resources.channel, default ucx: comm/channel_names.h) are
+// registered; later jobs wait behind it (no overtaking, so a wide job is not starved by
+// narrow ones). A job in its restart backoff keeps its place and holds the queue until its
+// time comes.
 //
 // Placement by rack label: a job of R ranks runs D = R / G expert-parallel domains of G
 // ranks (parallelism.expert_parallel; domain d = ranks d*G .. d*G+G-1). The candidates are
@@ -39,7 +40,8 @@ struct Placement {
   std::string note;
 };
 
-// The channel kind a job asks for ("gloo" when empty) and its rank count (>= 1).
+// The channel kind a job asks for (comm::kDefaultChannel when empty) and its rank count
+// (>= 1).
 std::string ChannelOf(const rackrun::v1::JobSpec& spec);
 int RanksOf(const rackrun::v1::JobSpec& spec);
 // Its ranks per expert-parallel domain (parallelism.expert_parallel, 0 = all ranks); a

@@ -173,55 +173,74 @@ std::vector<std::string> ExpiryWarnings(const TlsSetup& setup, absl::Time now, a
 
 absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(const ServerOptions& options) {
   std::unique_ptr<CoordinatorServer> s(new CoordinatorServer(options));
-  if (options.state_dir.empty()) return absl::InvalidArgumentError("--state-dir: required");
+  if (absl::Status st = s->SetUpStateAndCredentials(); !st.ok()) return st;
+  if (absl::Status st = s->OpenState(); !st.ok()) return st;
+  if (absl::Status st = s->Listen(); !st.ok()) return st;
+  // Replay, the one place that reads the store at start; then serve.
+  if (absl::Status st = s->ReplayAndServe(); !st.ok()) {
+    s->Shutdown();
+    return st;
+  }
+  s->StartTicker();
+  return s;
+}
+
+absl::Status CoordinatorServer::SetUpStateAndCredentials() {
+  if (options_.state_dir.empty()) return absl::InvalidArgumentError("--state-dir: required");
   std::error_code ec;
-  std::filesystem::create_directories(options.state_dir, ec);
+  std::filesystem::create_directories(options_.state_dir, ec);
   if (ec) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--state-dir: cannot create '", options.state_dir, "': ", ec.message()));
+        absl::StrCat("--state-dir: cannot create '", options_.state_dir, "': ", ec.message()));
   }
-  chmod(options.state_dir.c_str(), 0700);
-  const bool default_token = options.token_file.empty();
-  s->token_file_ = default_token ? options.state_dir + "/token" : options.token_file;
-  absl::StatusOr<RoleTokens> tokens = LoadOrCreateRoleTokens(options.state_dir, s->token_file_, default_token);
+  chmod(options_.state_dir.c_str(), 0700);
+  const bool default_token = options_.token_file.empty();
+  token_file_ = default_token ? options_.state_dir + "/token" : options_.token_file;
+  absl::StatusOr<RoleTokens> tokens =
+      LoadOrCreateRoleTokens(options_.state_dir, token_file_, default_token);
   if (!tokens.ok()) {
     return absl::InvalidArgumentError(
-        absl::StrCat(default_token ? "--state-dir: " : "--token-file / --state-dir: ", tokens.status().message()));
+        absl::StrCat(default_token ? "--state-dir: " : "--token-file / --state-dir: ",
+                     tokens.status().message()));
   }
-  absl::StatusOr<TlsSetup> tls = SetUpTls(options, *tokens, /*renew=*/false);
+  absl::StatusOr<TlsSetup> tls = SetUpTls(options_, *tokens, /*renew=*/false);
   if (!tls.ok()) return tls.status();
-  s->tls_ = *std::move(tls);
-  s->auth_ = std::make_unique<TokenAuth>(*std::move(tokens));
-  const std::shared_ptr<grpc::ServerCredentials> creds = s->tls_.credentials;
+  tls_ = *std::move(tls);
+  auth_ = std::make_unique<TokenAuth>(*std::move(tokens));
+  return absl::OkStatus();
+}
 
-  absl::StatusOr<std::unique_ptr<JobStore>> store = JobStore::Open(s->db_path());
+absl::Status CoordinatorServer::OpenState() {
+  absl::StatusOr<std::unique_ptr<JobStore>> store = JobStore::Open(db_path());
   if (!store.ok()) return store.status();
-  s->store_ = *std::move(store);
-  s->rack_ = std::make_unique<Rack>(s->store_.get(), SystemClock(), options.rack);
-  s->job_service_ = std::make_unique<JobServiceImpl>(s->rack_.get(), s->auth_.get(), &s->gate_);
-  s->rack_control_ = std::make_unique<RackControlImpl>(s->rack_.get(), s->auth_.get(), &s->gate_);
-
-  ObservabilityOptions observability_options = options.observability;
+  store_ = *std::move(store);
+  rack_ = std::make_unique<Rack>(store_.get(), SystemClock(), options_.rack);
+  job_service_ = std::make_unique<JobServiceImpl>(rack_.get(), auth_.get(), &gate_);
+  rack_control_ = std::make_unique<RackControlImpl>(rack_.get(), auth_.get(), &gate_);
+  ObservabilityOptions observability_options = options_.observability;
   // A dashboard beyond loopback is a read-only view: any role's token opens it.
-  const TokenAuth* auth = s->auth_.get();
+  const TokenAuth* auth = auth_.get();
   observability_options.dashboard_token_ok = [auth](const std::string& token) {
     return !token.empty() && auth->RoleOf("Bearer " + token).has_value();
   };
   absl::StatusOr<std::unique_ptr<Observability>> observability =
-      Observability::Start(observability_options, s->rack_.get());
+      Observability::Start(observability_options, rack_.get());
   if (!observability.ok()) return observability.status();
-  s->observability_ = *std::move(observability);
+  observability_ = *std::move(observability);
+  return absl::OkStatus();
+}
 
+absl::Status CoordinatorServer::Listen() {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(options.listen, creds, &s->port_);
+  builder.AddListeningPort(options_.listen, tls_.credentials, &port_);
   // The port is this coordinator's alone: gRPC binds with SO_REUSEPORT unless told not to,
   // and then a second coordinator (another state folder, same user) on the same address
   // started and took a share of the connections instead of being refused.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  builder.RegisterService(s->job_service_.get());
-  builder.RegisterService(s->rack_control_.get());
+  builder.RegisterService(job_service_.get());
+  builder.RegisterService(rack_control_.get());
   // Keepalive: pings every 10 s find dead peers on an idle connection (a worker's
   // Assignments stream), and clients may ping every 5 s without data. A ping unanswered
   // (or data unacknowledged: gRPC sets TCP_USER_TIMEOUT to it) for max(20 s, 2 x heartbeat
@@ -231,7 +250,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(cons
   // connection: worker/connection.h); and a stream dropped for a stopped peer always
   // closes after its heartbeats were overdue, which the failure rules tell from a process
   // exit (failure_detector.h, StreamState).
-  const Workers::Options& workers = options.rack.workers;
+  const Workers::Options& workers = options_.rack.workers;
   const rpc::LivenessTimings liveness =
       rpc::LivenessFor(std::chrono::milliseconds(workers.heartbeat_interval_ms),
                        std::chrono::milliseconds(workers.heartbeat_timeout_ms));
@@ -243,53 +262,50 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(cons
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
-  if (auto interceptors = s->observability_->InterceptorFactories(); !interceptors.empty()) {
+  if (auto interceptors = observability_->InterceptorFactories(); !interceptors.empty()) {
     builder.experimental().SetInterceptorCreators(std::move(interceptors));
   }
-  s->server_ = builder.BuildAndStart();
-  if (s->server_ == nullptr || s->port_ == 0) {
-    return absl::UnavailableError(absl::StrCat("--listen: cannot listen on ", options.listen, " (",
-                                               WhyNotListening(options.listen), ")"));
+  server_ = builder.BuildAndStart();
+  if (server_ == nullptr || port_ == 0) {
+    return absl::UnavailableError(absl::StrCat("--listen: cannot listen on ", options_.listen, " (",
+                                               WhyNotListening(options_.listen), ")"));
   }
-  grpc::HealthCheckServiceInterface* health = s->server_->GetHealthCheckService();
-  health->SetServingStatus(false);
+  server_->GetHealthCheckService()->SetServingStatus(false);
+  return absl::OkStatus();
+}
 
-  // Replay, the one place that reads the store at start; then serve.
-  if (absl::Status st = s->rack_->Initialize(); !st.ok()) {
-    s->Shutdown();
-    return st;
+absl::Status CoordinatorServer::ReplayAndServe() {
+  if (absl::Status st = rack_->Initialize(); !st.ok()) return st;
+  if (options_.serving_delay_ms > 0) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(options_.serving_delay_ms));
   }
-  if (options.serving_delay_ms > 0) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(options.serving_delay_ms));
+  gate_.Open();
+  server_->GetHealthCheckService()->SetServingStatus(true);
+  if (!options_.prometheus_targets.empty()) {
+    targets_ = std::make_unique<PrometheusTargets>(options_.prometheus_targets);
+    if (absl::Status st = targets_->Update(rack_->workers().List(false)); !st.ok()) return st;
   }
-  s->gate_.Open();
-  health->SetServingStatus(true);
-  if (!options.prometheus_targets.empty()) {
-    s->targets_ = std::make_unique<PrometheusTargets>(options.prometheus_targets);
-    if (absl::Status st = s->targets_->Update(s->rack_->workers().List(false)); !st.ok()) {
-      s->Shutdown();
-      return st;
-    }
-  }
-  CoordinatorServer* self = s.get();
-  s->ticker_ = std::thread([self] {
+  return absl::OkStatus();
+}
+
+void CoordinatorServer::StartTicker() {
+  ticker_ = std::thread([this] {
     // Certificate expiry: warned at start (main) and once a day after.
     absl::Time next_expiry_check = absl::Now() + absl::Hours(24);
-    while (!self->stop_) {
+    while (!stop_) {
       if (absl::Now() >= next_expiry_check) {
         next_expiry_check = absl::Now() + absl::Hours(24);
-        for (const std::string& w : ExpiryWarnings(self->tls_, absl::Now(), self->options_.cert_warn_ahead)) {
+        for (const std::string& w : ExpiryWarnings(tls_, absl::Now(), options_.cert_warn_ahead)) {
           std::fprintf(stderr, "rackrun-coordinator: warning: %s\n", w.c_str());
         }
       }
-      self->rack_->Tick();
-      self->observability_->Refresh();
+      rack_->Tick();
+      observability_->Refresh();
       // A write error (disk full) is retried at the next tick; serving goes on.
-      if (self->targets_ != nullptr) (void)self->targets_->Update(self->rack_->workers().List(false));
-      std::this_thread::sleep_for(std::chrono::milliseconds(self->options_.tick_ms));
+      if (targets_ != nullptr) (void)targets_->Update(rack_->workers().List(false));
+      std::this_thread::sleep_for(std::chrono::milliseconds(options_.tick_ms));
     }
   });
-  return s;
 }
 
 void CoordinatorServer::Shutdown() {

@@ -95,6 +95,15 @@ class CoordinatorServer {
  private:
   explicit CoordinatorServer(const ServerOptions& options) : options_(options) {}
 
+  // Start's steps, in order: the state folder, role tokens and TLS; the job store, the rack
+  // and its services, metrics and the dashboard; the gRPC server (health NOT_SERVING);
+  // the replay, then SERVING; the ticker (detection, scheduling, metrics, expiry checks).
+  absl::Status SetUpStateAndCredentials();
+  absl::Status OpenState();
+  absl::Status Listen();
+  absl::Status ReplayAndServe();
+  void StartTicker();
+
   ServerOptions options_;
   std::string token_file_;
   TlsSetup tls_;

@@ -31,13 +31,7 @@ absl::Status CheckSubmittedSpec(const rackrun::v1::JobSpec& spec) {
   // Workers resolve a relative path against their own working directory; rackrun submit
   // sends them absolute, a raw gRPC client must too.
   if (absl::Status s = jobspec::CheckSpecPathsAbsolute(spec); !s.ok()) return s;
-  const std::string& channel = spec.resources().channel();
-  if (!channel.empty() && channel != "ucx" && channel != "gloo" && channel != "nccl") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "resources.channel: '", channel, "' is not a data channel; use ucx, gloo or nccl"));
-  }
-  const std::string& mode = spec.balancer().mode();
-  if (mode == "coordinator") {
+  if (jobspec::PlannedByCoordinator(spec)) {
     if (absl::StatusOr<jobspec::BalancerSetup> s =
             jobspec::BalancerSetupOf(spec, std::max(1, spec.resources().ranks()));
         !s.ok()) {

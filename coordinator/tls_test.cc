@@ -10,11 +10,11 @@
 
 #include "absl/strings/ascii.h"
 #include "base/file.h"
-#include "coordinator/health_check.h"
 #include "coordinator/server.h"
 #include "coordinator/test_util.h"
 #include "rackrun/v1/job_service.grpc.pb.h"
 #include "rpc/channel.h"
+#include "rpc/health_check.h"
 #include "rpc/join_token.h"
 
 namespace rackrun::coordinator {
@@ -132,7 +132,7 @@ TEST(TlsServerTest, AJoinTokenPinsTheCaAndAWrongPinIsRefused) {
   auto open = rpc::OpenCoordinatorChannel(address, "", {});
   unsetenv("RACKRUN_TOKEN");
   ASSERT_TRUE(open.ok()) << open.status();
-  EXPECT_EQ(CheckHealth(open->channel, std::chrono::seconds(5)), 1);
+  EXPECT_EQ(rpc::CheckHealth(open->channel, std::chrono::seconds(5)), 1);
   auto stub = rackrun::v1::JobService::NewStub(open->channel);
   grpc::ClientContext list_ctx;
   list_ctx.AddMetadata("authorization", "Bearer " + open->token.token);

@@ -13,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "base/edit_distance.h"
+#include "base/string_view.h"
 
 namespace rackrun::flags {
 namespace {
@@ -22,9 +23,8 @@ namespace {
 constexpr size_t kWidth = 96;
 constexpr size_t kNameColumn = 28;
 
-// This Abseil's string_view is its own type, not std::string_view.
-absl::string_view A(std::string_view s) { return absl::string_view(s.data(), s.size()); }
-std::string_view S(absl::string_view s) { return std::string_view(s.data(), s.size()); }
+using base::AsAbsl;
+using base::AsStd;
 
 absl::Status Problem(std::string_view text) {
   return absl::InvalidArgumentError(std::string(text));
@@ -36,7 +36,7 @@ std::string Wrap(std::string_view text, size_t indent, size_t first_used) {
   std::string out;
   size_t column = first_used;
   bool first_paragraph = true;
-  for (absl::string_view paragraph : absl::StrSplit(A(text), '\n')) {
+  for (absl::string_view paragraph : absl::StrSplit(AsAbsl(text), '\n')) {
     if (!first_paragraph) {
       absl::StrAppend(&out, "\n", std::string(indent, ' '));
       column = indent;
@@ -70,8 +70,8 @@ bool LooksLikeFlag(std::string_view arg) { return arg.size() > 1 && arg[0] == '-
 
 absl::StatusOr<int64_t> ParseInt(std::string_view text, int64_t lo, int64_t hi) {
   int64_t v = 0;
-  if (!absl::SimpleAtoi(A(text), &v)) {
-    return Problem(absl::StrCat("'", A(text), "' is not an integer"));
+  if (!absl::SimpleAtoi(AsAbsl(text), &v)) {
+    return Problem(absl::StrCat("'", AsAbsl(text), "' is not an integer"));
   }
   if (v < lo || v > hi) {
     return Problem(hi == INT64_MAX ? absl::StrCat(v, " is out of range; use ", lo, " or more")
@@ -84,21 +84,22 @@ absl::StatusOr<uint64_t> ParseUint(std::string_view text) {
   uint64_t v = 0;
   // SimpleAtoi into an unsigned type accepts "-1" as a huge number on some versions: refuse
   // a sign explicitly.
-  if (absl::StartsWith(absl::StripLeadingAsciiWhitespace(A(text)), "-") ||
-      !absl::SimpleAtoi(A(text), &v)) {
-    return Problem(absl::StrCat("'", A(text), "' is not a non-negative integer"));
+  if (absl::StartsWith(absl::StripLeadingAsciiWhitespace(AsAbsl(text)), "-") ||
+      !absl::SimpleAtoi(AsAbsl(text), &v)) {
+    return Problem(absl::StrCat("'", AsAbsl(text), "' is not a non-negative integer"));
   }
   return v;
 }
 
 absl::StatusOr<double> ParseDouble(std::string_view text, double lo, double hi) {
   double v = 0;
-  if (!absl::SimpleAtod(A(text), &v) || !std::isfinite(v)) {
-    return Problem(absl::StrCat("'", A(text), "' is not a number"));
+  if (!absl::SimpleAtod(AsAbsl(text), &v) || !std::isfinite(v)) {
+    return Problem(absl::StrCat("'", AsAbsl(text), "' is not a number"));
   }
   if (v < lo || v > hi) {
-    return Problem(std::isinf(hi) ? absl::StrCat(A(text), " is out of range; use ", lo, " or more")
-                                  : absl::StrCat(A(text), " is out of range; use ", lo, "..", hi));
+    return Problem(std::isinf(hi)
+                       ? absl::StrCat(AsAbsl(text), " is out of range; use ", lo, " or more")
+                       : absl::StrCat(AsAbsl(text), " is out of range; use ", lo, "..", hi));
   }
   return v;
 }
@@ -231,7 +232,8 @@ Flag& FlagSet::List(std::string name, std::vector<std::string>* out, std::string
                     std::string help) {
   return Add(std::move(name), std::move(placeholder), std::move(help), absl::StrJoin(*out, ","),
              [out](const Flag&, std::string_view value) {
-               std::vector<std::string> items = absl::StrSplit(A(value), ',', absl::SkipEmpty());
+               std::vector<std::string> items =
+                   absl::StrSplit(AsAbsl(value), ',', absl::SkipEmpty());
                if (items.empty()) return Problem("give a comma-separated list");
                *out = std::move(items);
                return absl::OkStatus();
@@ -244,10 +246,10 @@ Flag& FlagSet::List(std::string name, std::vector<int>* out, std::string placeho
       Add(std::move(name), std::move(placeholder), std::move(help), absl::StrJoin(*out, ","),
           [out](const Flag& f, std::string_view value) {
             std::vector<int> items;
-            for (absl::string_view item : absl::StrSplit(A(value), ',', absl::SkipEmpty())) {
-              absl::StatusOr<int64_t> v = ParseInt(S(item), INT32_MIN, INT32_MAX);
+            for (absl::string_view item : absl::StrSplit(AsAbsl(value), ',', absl::SkipEmpty())) {
+              absl::StatusOr<int64_t> v = ParseInt(AsStd(item), INT32_MIN, INT32_MAX);
               if (!v.ok()) return v.status();
-              if (absl::Status s = f.CheckRange(static_cast<double>(*v), S(item)); !s.ok()) {
+              if (absl::Status s = f.CheckRange(static_cast<double>(*v), AsStd(item)); !s.ok()) {
                 return s;
               }
               items.push_back(static_cast<int>(*v));
@@ -282,7 +284,7 @@ Flag* FlagSet::Find(std::string_view name) {
 
 absl::Status FlagSet::Set(Flag& flag, std::string_view value, std::string_view subject) {
   absl::Status s = flag.set_(flag, value);
-  if (!s.ok()) return Problem(absl::StrCat(A(subject), ": ", s.message()));
+  if (!s.ok()) return Problem(absl::StrCat(AsAbsl(subject), ": ", s.message()));
   if (!Given(flag.name_)) given_.push_back(flag.name_);
   return absl::OkStatus();
 }
@@ -384,11 +386,11 @@ std::optional<int> FlagSet::ParseCommandLine(int argc, char** argv, int usage_ex
 }
 
 int FlagSet::Fail(std::string_view subject, std::string_view problem, int exit_code) const {
-  return PrintUsageError(program_, absl::StrCat(A(subject), ": ", A(problem)), exit_code);
+  return PrintUsageError(program_, absl::StrCat(AsAbsl(subject), ": ", AsAbsl(problem)), exit_code);
 }
 
 int FlagSet::Fail(const absl::Status& status, int exit_code) const {
-  return PrintUsageError(program_, S(status.message()), exit_code);
+  return PrintUsageError(program_, AsStd(status.message()), exit_code);
 }
 
 bool FlagSet::Given(std::string_view name) const {

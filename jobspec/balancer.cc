@@ -10,15 +10,55 @@
 
 namespace rackrun::jobspec {
 
+namespace {
+
+constexpr BalancerModeTraits kModes[] = {
+    {BalancerMode::kInBand, "inband"},
+    {BalancerMode::kCoordinator, "coordinator"},
+};
+static_assert(kModes[0].name == kDefaultBalancerMode);
+
+// "a, b or c".
+std::string OneOfList(const std::vector<std::string>& choices) {
+  if (choices.size() <= 1) return choices.empty() ? std::string() : choices[0];
+  return absl::StrCat(
+      absl::StrJoin(std::vector<std::string>(choices.begin(), choices.end() - 1), ", "), " or ",
+      choices.back());
+}
+
+}  // namespace
+
+std::span<const BalancerModeTraits> BalancerModes() { return kModes; }
+
+const BalancerModeTraits* FindBalancerMode(std::string_view name) {
+  for (const BalancerModeTraits& m : kModes) {
+    if (m.name == name) return &m;
+  }
+  return nullptr;
+}
+
+std::string BalancerModeChoices() {
+  std::vector<std::string> choices;
+  for (const BalancerModeTraits& m : kModes) choices.emplace_back(m.name);
+  return OneOfList(choices);
+}
+
+BalancerMode BalancerModeOf(const rackrun::v1::JobSpec& spec) {
+  const std::string& name = spec.balancer().mode();
+  const BalancerModeTraits* mode = FindBalancerMode(name.empty() ? kDefaultBalancerMode : name);
+  return mode != nullptr ? mode->mode : kModes[0].mode;
+}
+
+bool PlannedByCoordinator(const rackrun::v1::JobSpec& spec) {
+  return BalancerModeOf(spec) == BalancerMode::kCoordinator;
+}
+
 std::string TrainingPolicyChoices() {
   std::vector<std::string> choices = {std::string(kDefaultBalancerPolicy)};
   for (const planner::PolicyTraits& p : planner::Policies()) {
     if (p.for_training && p.name != kDefaultBalancerPolicy) choices.emplace_back(p.name);
   }
-  const std::string last = choices.back();
-  choices.pop_back();
-  if (choices.empty()) return last;
-  return absl::StrCat(absl::StrJoin(choices, ", "), " or ", last);
+  return OneOfList(choices);
 }
 
 absl::StatusOr<BalancerSetup> BalancerSetupOf(const rackrun::v1::JobSpec& spec, int ranks) {

@@ -61,6 +61,29 @@ TEST(BalancerTest, TrainingPolicyChoicesListTheDefaultFirst) {
   }
 }
 
+// The modes' table: the default first, every name found, and what a spec reads as.
+TEST(BalancerTest, ModesAreKnownInOneTable) {
+  ASSERT_FALSE(BalancerModes().empty());
+  EXPECT_EQ(BalancerModes()[0].name, kDefaultBalancerMode);
+  for (const BalancerModeTraits& m : BalancerModes()) EXPECT_EQ(FindBalancerMode(m.name), &m);
+  EXPECT_EQ(FindBalancerMode(""), nullptr);
+  EXPECT_EQ(FindBalancerMode("rack"), nullptr);
+  EXPECT_EQ(BalancerModeChoices(), "inband or coordinator");
+
+  EXPECT_EQ(BalancerModeOf(Spec({})), BalancerMode::kInBand);  // the default applied
+  EXPECT_FALSE(PlannedByCoordinator(Spec({})));
+  EXPECT_EQ(BalancerModeOf(Spec({"balancer.mode=coordinator"})), BalancerMode::kCoordinator);
+  EXPECT_TRUE(PlannedByCoordinator(Spec({"balancer.mode=coordinator"})));
+  rackrun::v1::JobSpec unset = Spec({});
+  unset.mutable_balancer()->clear_mode();  // as a spec before its defaults
+  EXPECT_EQ(BalancerModeOf(unset), BalancerMode::kInBand);
+
+  absl::StatusOr<rackrun::v1::JobSpec> bad = jobspec::ParseJobSpec(kYaml, {"balancer.mode=rack"});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(std::string(bad.status().message()),
+              HasSubstr("balancer.mode: unknown mode 'rack'; choose inband or coordinator"));
+}
+
 TEST(BalancerTest, SetupOfASpec) {
   const rackrun::v1::JobSpec spec = Spec({"balancer.policy=ultraep"});
   EXPECT_EQ(spec.balancer().policy(), "ultraep");

@@ -11,6 +11,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "base/file.h"
+#include "base/string_view.h"
 #include "jobspec/field_checks.h"
 
 namespace rackrun::jobspec {
@@ -264,8 +265,7 @@ std::string MachineMemory::Describe() const {
 MachineMemory ParseMachineMemory(std::string_view meminfo, std::string_view cgroup_limit,
                                  std::string_view cgroup_usage) {
   MachineMemory mm;
-  for (absl::string_view line : absl::StrSplit(absl::string_view(meminfo.data(), meminfo.size()),
-                                               '\n')) {
+  for (absl::string_view line : absl::StrSplit(base::AsAbsl(meminfo), '\n')) {
     int64_t kib = 0;
     const auto value = [&](absl::string_view key) {
       if (!absl::ConsumePrefix(&line, key)) return false;
@@ -280,14 +280,11 @@ MachineMemory ParseMachineMemory(std::string_view meminfo, std::string_view cgro
     }
   }
   int64_t bytes = 0;
-  const absl::string_view limit =
-      absl::StripAsciiWhitespace(absl::string_view(cgroup_limit.data(), cgroup_limit.size()));
+  const absl::string_view limit = absl::StripAsciiWhitespace(base::AsAbsl(cgroup_limit));
   // cgroup v1 reports "no limit" as a huge page-rounded number: ignore limits above RAM.
   if (absl::SimpleAtoi(limit, &bytes) && bytes > 0 && (mm.total == 0 || bytes < mm.total)) {
     mm.cgroup_limit = bytes;
-    if (absl::SimpleAtoi(absl::StripAsciiWhitespace(
-                             absl::string_view(cgroup_usage.data(), cgroup_usage.size())),
-                         &bytes)) {
+    if (absl::SimpleAtoi(absl::StripAsciiWhitespace(base::AsAbsl(cgroup_usage)), &bytes)) {
       mm.cgroup_usage = bytes;
     }
   }

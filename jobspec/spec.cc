@@ -14,15 +14,17 @@
 #include "absl/strings/strip.h"
 #include "base/edit_distance.h"
 #include "base/file.h"
+#include "base/string_view.h"
 #include "base/utf8.h"
-#include "jobspec/data_blend.h"
-#include "jobspec/field_checks.h"
-#include "jobspec/restart_policy.h"
-#include "jobspec/balancer.h"
-#include "planner/planner.h"
+#include "comm/channel_names.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/message.h"
 #include "google/protobuf/util/json_util.h"
+#include "jobspec/balancer.h"
+#include "jobspec/data_blend.h"
+#include "jobspec/field_checks.h"
+#include "jobspec/restart_policy.h"
+#include "planner/planner.h"
 #include "yaml-cpp/depthguard.h"
 #include "yaml-cpp/yaml.h"
 
@@ -45,7 +47,7 @@ absl::Status UnknownField(const google::protobuf::Descriptor& type, absl::string
   for (int i = 0; i < type.field_count(); ++i) {
     const std::string& candidate = type.field(i)->name();
     known.push_back(candidate);
-    const size_t d = base::EditDistance(std::string_view(name.data(), name.size()), candidate);
+    const size_t d = base::EditDistance(base::AsStd(name), candidate);
     if (d < best) {
       best = d;
       closest = candidate;
@@ -256,7 +258,7 @@ int SecondDocumentLine(std::string_view text) {
   bool started = false;  // a '---' or content seen
   bool ended = false;    // a '...' seen
   int line = 0;
-  for (absl::string_view l : absl::StrSplit(absl::string_view(text.data(), text.size()), '\n')) {
+  for (absl::string_view l : absl::StrSplit(base::AsAbsl(text), '\n')) {
     ++line;
     const auto marker = [&](absl::string_view m) {
       return absl::StartsWith(l, m) && (l.size() == 3 || l[3] == ' ' || l[3] == '\t' || l[3] == '\r');
@@ -525,7 +527,7 @@ void ApplySpecDefaults(JobSpec& spec) {
   if (!b.has_locality()) b.set_locality(true);
   if (b.eplb_window() == 0) b.set_eplb_window(16);
   if (b.eplb_interval() == 0) b.set_eplb_interval(16);
-  if (b.mode().empty()) b.set_mode("inband");
+  if (b.mode().empty()) b.set_mode(std::string(jobspec::kDefaultBalancerMode));
   if (!b.has_shared_slots()) {
     const planner::PolicyTraits* policy = planner::FindPolicy(b.policy());
     b.set_shared_slots(policy == nullptr || policy->shared_slots);
@@ -536,7 +538,7 @@ void ApplySpecDefaults(JobSpec& spec) {
   rackrun::v1::LoggingSpec& l = *spec.mutable_logging();
   if (l.interval() == 0) l.set_interval(10);
   rackrun::v1::ResourceSpec& r = *spec.mutable_resources();
-  if (r.channel().empty()) r.set_channel("ucx");
+  if (r.channel().empty()) r.set_channel(std::string(comm::kDefaultChannel));
   if (r.device().empty()) r.set_device("cpu");
   ApplyRestartDefaults(*spec.mutable_restart());
 }

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "comm/channel_names.h"
 #include "jobspec/balancer.h"
 #include "jobspec/data_blend.h"
 #include "jobspec/device.h"
@@ -250,9 +251,9 @@ absl::Status ValidateBalancer(const rackrun::v1::BalancerSpec& b) {
       !s.ok()) {
     return s;
   }
-  if (!OneOf(b.mode(), {"inband", "coordinator"})) {
-    return FieldError("balancer.mode",
-                      absl::StrCat("unknown mode '", b.mode(), "'; choose inband or coordinator"));
+  if (FindBalancerMode(b.mode()) == nullptr) {
+    return FieldError("balancer.mode", absl::StrCat("unknown mode '", b.mode(), "'; choose ",
+                                                    BalancerModeChoices()));
   }
   return absl::OkStatus();
 }
@@ -291,10 +292,9 @@ absl::Status ValidateResources(const rackrun::v1::ResourceSpec& r) {
   if (absl::Status s = AtLeast("resources.ranks", r.ranks(), 0, "0 = as launched"); !s.ok()) {
     return s;
   }
-  if (!OneOf(r.channel(), {"ucx", "gloo", "nccl"})) {
-    return FieldError("resources.channel",
-                      absl::StrCat("unknown data channel '", r.channel(),
-                                   "'; choose ucx (CPU, the default), gloo (CPU) or nccl (GPU)"));
+  if (comm::FindChannel(r.channel()) == nullptr) {
+    return FieldError("resources.channel", absl::StrCat("unknown data channel '", r.channel(),
+                                                        "'; choose ", comm::ChannelChoices()));
   }
   if (absl::StatusOr<DeviceSpec> d = ParseDevice(r.device()); !d.ok()) return d.status();
   return absl::OkStatus();

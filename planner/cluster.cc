@@ -9,6 +9,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "base/random.h"
+#include "base/string_view.h"
 
 namespace rackrun::planner {
 
@@ -32,9 +33,8 @@ namespace rackrun::planner {
 absl::StatusOr<AllReduceAlgorithm> ParseAllReduceAlgorithm(std::string_view name) {
   if (name == "ring") return AllReduceAlgorithm::kRing;
   if (name == "tree") return AllReduceAlgorithm::kTree;
-  return absl::InvalidArgumentError(absl::StrCat(
-      "unknown all-reduce algorithm '", absl::string_view(name.data(), name.size()),
-      "'; use ring or tree"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown all-reduce algorithm '", base::AsAbsl(name), "'; use ring or tree"));
 }
 
 std::string_view AllReduceAlgorithmName(AllReduceAlgorithm algorithm) {
@@ -57,9 +57,8 @@ double AllReduceSeconds(AllReduceAlgorithm algorithm, double bytes, int n, const
 
 absl::Status ClusterModel::Validate() const {
   auto bad = [](std::string_view field, std::string_view rule) {
-    return absl::InvalidArgumentError(absl::StrCat("cluster model: ",
-                                                   absl::string_view(field.data(), field.size()), " ",
-                                                   absl::string_view(rule.data(), rule.size())));
+    return absl::InvalidArgumentError(
+        absl::StrCat("cluster model: ", base::AsAbsl(field), " ", base::AsAbsl(rule)));
   };
   if (domains < 1) return bad("domains", "must be at least 1");
   if (!(scaleout_gbps > 0)) return bad("scaleout_gbps", "must be positive");

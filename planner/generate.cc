@@ -11,6 +11,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "base/random.h"
+#include "base/string_view.h"
 
 namespace rackrun::planner {
 namespace {
@@ -189,17 +190,15 @@ absl::StatusOr<LoadShift> ParseLoadShift(std::string_view name) {
   if (name == "none") return LoadShift::kNone;
   if (name == "drift") return LoadShift::kDrift;
   if (name == "jump") return LoadShift::kJump;
-  return absl::InvalidArgumentError(absl::StrCat("unknown load shift '",
-                                                 absl::string_view(name.data(), name.size()),
-                                                 "'; use none, drift or jump"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown load shift '", base::AsAbsl(name), "'; use none, drift or jump"));
 }
 
 absl::StatusOr<PopularityModel> ParsePopularityModel(std::string_view name) {
   if (name == "zipf") return PopularityModel::kZipf;
   if (name == "lognormal") return PopularityModel::kLognormal;
-  return absl::InvalidArgumentError(absl::StrCat("unknown popularity model '",
-                                                 absl::string_view(name.data(), name.size()),
-                                                 "'; use zipf or lognormal"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown popularity model '", base::AsAbsl(name), "'; use zipf or lognormal"));
 }
 
 std::string_view PopularityModelName(PopularityModel model) {

@@ -9,6 +9,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/string_view.h"
 #include "planner/baseline_planners.h"
 #include "planner/planner.h"
 
@@ -73,8 +74,7 @@ AllToAll PhaseTime(const std::vector<int64_t>& send_tokens, const std::vector<in
 absl::Status HardwareModel::Validate() const {
   auto bad = [this](std::string_view field) {
     return absl::InvalidArgumentError(
-        absl::StrCat("hardware model '", name, "': ", absl::string_view(field.data(), field.size()),
-                     " must be positive"));
+        absl::StrCat("hardware model '", name, "': ", base::AsAbsl(field), " must be positive"));
   };
   if (hidden <= 0) return bad("hidden");
   if (expert_intermediate <= 0) return bad("expert_intermediate");
@@ -96,7 +96,7 @@ std::vector<std::string> HardwarePresetNames() { return {"h200-nvl72"}; }
 absl::StatusOr<HardwareModel> HardwarePreset(std::string_view name) {
   if (name == "h200-nvl72") return H200Nvl72();
   return absl::InvalidArgumentError(
-      absl::StrCat("unknown hardware preset '", absl::string_view(name.data(), name.size()),
+      absl::StrCat("unknown hardware preset '", base::AsAbsl(name),
                    "'; known presets: ", absl::StrJoin(HardwarePresetNames(), ", ")));
 }
 

@@ -16,6 +16,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "base/file.h"
+#include "base/string_view.h"
 #include "nlohmann/json.hpp"
 
 namespace rackrun::planner {
@@ -25,8 +26,7 @@ using nlohmann::json;
 
 constexpr absl::string_view kFields = "microbatch, layer, ranks, experts, loads";
 
-// Abseil here predates std::string_view interop (absl::string_view is its own type).
-absl::string_view AsAbsl(std::string_view s) { return absl::string_view(s.data(), s.size()); }
+using base::AsAbsl;
 
 absl::Status Bad(std::string_view where, std::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat(AsAbsl(where), ": ", AsAbsl(what)));

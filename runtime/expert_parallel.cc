@@ -741,7 +741,7 @@ absl::Status ExpertParallelGroup::Close() {
 }
 
 bool ExpertParallelGroup::FaultAt(FaultKind kind, int layer) const {
-  return options_.faults != nullptr && options_.faults->Due(kind, channel_.rank(), layer, microbatch_);
+  return faults_.has_value() && faults_->Due(kind, channel_.rank(), layer, microbatch_);
 }
 
 }  // namespace rackrun::runtime

@@ -51,9 +51,10 @@
 // are summed across domains (ExpertParallelOptions::replicas). Reducing expert gradients
 // across domains is the trainer's.
 //
-// Fault injection for tests comes as an object (ExpertParallelOptions::faults,
-// fault_injection.h): plan_hash perturbs a rank's plan fingerprint, stall makes it sleep
-// past the channel timeout before the load exchange, exit ends its process there.
+// Fault injection for tests: the process's fault when the group is created
+// (ProcessFaultInjection, fault_injection.h): plan_hash perturbs a rank's plan
+// fingerprint, stall makes it sleep past the channel timeout before the load exchange,
+// exit ends its process there.
 #ifndef RACKRUN_RUNTIME_EXPERT_PARALLEL_H_
 #define RACKRUN_RUNTIME_EXPERT_PARALLEL_H_
 
@@ -92,9 +93,6 @@ struct ExpertParallelOptions {
   // Rank 0 appends every training microbatch's load matrix here (planner trace format);
   // empty = off.
   std::string load_trace;
-  // Fault injection for tests (fault_injection.h); null = none. Not owned; must outlive
-  // the group.
-  const FaultInjection* faults = nullptr;
   // Expert-parallel domains (parallelism.expert_parallel): the group's channel is one
   // domain; this channel joins the ranks that hold the same shard in every domain (this
   // rank's index in its domain). The per-expert token totals the MoE layers use (auxiliary
@@ -165,8 +163,8 @@ class ExpertParallelExecutor;
 class ExpertParallelGroup {
  public:
   // InvalidArgument naming the field when the model's shard does not match the channel
-  // (expert_rank/expert_ranks vs rank/size), the policy is unknown, or RACKRUN_FAULT is
-  // malformed; an error if the load trace cannot be opened.
+  // (expert_rank/expert_ranks vs rank/size) or the policy is unknown; an error if the load
+  // trace cannot be opened.
   static absl::StatusOr<std::unique_ptr<ExpertParallelGroup>> Create(
       comm::DataChannel& channel, Model<float>& model, const ExpertParallelOptions& options);
   // The same for bare MoE layers (layer i of `layers` is MoE layer i); every layer must
@@ -250,10 +248,11 @@ class ExpertParallelGroup {
 
  private:
   ExpertParallelGroup(comm::DataChannel& channel, const ExpertParallelOptions& options)
-      : channel_(channel), options_(options) {}
+      : channel_(channel), options_(options), faults_(ProcessFaultInjection()) {}
 
   comm::DataChannel& channel_;
   ExpertParallelOptions options_;
+  const std::optional<FaultInjection> faults_;  // the process's, when the group was created
   planner::Domain domain_;
   planner::InvariantOptions invariants_;
   std::unique_ptr<PlanSource> own_plan_source_;  // when options_.plan_source is null

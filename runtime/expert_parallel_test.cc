@@ -406,8 +406,7 @@ TEST(ExpertParallelGroupTest, PlanDisagreementNamesRankLayerAndMicrobatch) {
   // compared when microbatch 2 exchanges its loads.
   ExpertParallelOptions options;
   options.policy = "ultraep";
-  const FaultInjection fault = *FaultInjection::Parse("plan_hash:rank=1,layer=0,microbatch=1");
-  options.faults = &fault;
+  const ScopedFaultInjection fault(*FaultInjection::Parse("plan_hash:rank=1,layer=0,microbatch=1"));
   const std::vector<Result> r = RunExpertParallel(2, options);
   for (int rank = 0; rank < 2; ++rank) {
     const absl::Status& s = r[static_cast<size_t>(rank)].status;
@@ -437,6 +436,7 @@ class NonCarryingSource final : public PlanSource {
 TEST(ExpertParallelGroupTest, PlanDisagreementFromANonCarryingSourceIsFoundAtOnce) {
   // Three layers; rank 1's plan of layer 1 in microbatch 0 disagrees. A carrying source
   // finds it at layer 2; a source that carries nothing compares after every solve.
+  const ScopedFaultInjection fault(*FaultInjection::Parse("plan_hash:rank=1,layer=1,microbatch=0"));
   for (const bool carrying : {true, false}) {
     std::vector<absl::Status> status(2);
     const absl::Status run = comm::RunInProcessRanks(2, {}, [&](comm::DataChannel& ch) {
@@ -450,8 +450,6 @@ TEST(ExpertParallelGroupTest, PlanDisagreementFromANonCarryingSourceIsFoundAtOnc
       }
       ExpertParallelOptions options;
       options.policy = "ultraep";
-      const FaultInjection fault = *FaultInjection::Parse("plan_hash:rank=1,layer=1,microbatch=0");
-      options.faults = &fault;
       std::unique_ptr<NonCarryingSource> source;
       if (!carrying) {
         planner::Domain domain{2, kExperts / 2, options.slots};

@@ -1,6 +1,7 @@
 #include "runtime/fault_injection.h"
 
 #include <cstdlib>
+#include <mutex>
 #include <string>
 #include <utility>
 
@@ -59,6 +60,37 @@ absl::StatusOr<std::optional<FaultInjection>> FaultInjection::FromEnvironment() 
   absl::StatusOr<FaultInjection> f = Parse(value);
   if (!f.ok()) return f.status();
   return std::optional<FaultInjection>(*f);
+}
+
+namespace {
+
+std::mutex& ProcessFaultMutex() {
+  static std::mutex mu;
+  return mu;
+}
+
+std::optional<FaultInjection>& ProcessFault() {  // guarded by ProcessFaultMutex()
+  static std::optional<FaultInjection> fault;
+  return fault;
+}
+
+}  // namespace
+
+std::optional<FaultInjection> ProcessFaultInjection() {
+  std::lock_guard<std::mutex> lock(ProcessFaultMutex());
+  return ProcessFault();
+}
+
+void SetProcessFaultInjection(std::optional<FaultInjection> fault) {
+  std::lock_guard<std::mutex> lock(ProcessFaultMutex());
+  ProcessFault() = std::move(fault);
+}
+
+absl::Status InstallFaultInjectionFromEnvironment() {
+  absl::StatusOr<std::optional<FaultInjection>> fault = FaultInjection::FromEnvironment();
+  if (!fault.ok()) return fault.status();
+  SetProcessFaultInjection(*std::move(fault));
+  return absl::OkStatus();
 }
 
 }  // namespace rackrun::runtime

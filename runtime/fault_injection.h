@@ -6,18 +6,23 @@
 //   stall      the rank sleeps past the data channel's timeout before the load exchange;
 //   exit       the rank's process ends (_Exit(3)) there.
 //
-// Parsed once where a process starts — `rackrun train` and `rackrun-worker` read
-// RACKRUN_FAULT ("KIND:rank=R,layer=L,microbatch=M") with FromEnvironment, so a malformed
-// value is refused before anything runs — and handed down as an object, like the plan
-// source: TrainerOptions::faults -> ExpertParallelOptions::faults (not owned; null = none).
-// Immutable after parsing; thread-compatible.
+// Read from one place: the process's fault (ProcessFaultInjection), which the layer that
+// injects, ExpertParallelGroup, takes when it is created. The main()s of `rackrun train`
+// and `rackrun-worker` set it once at start from RACKRUN_FAULT
+// ("KIND:rank=R,layer=L,microbatch=M"; InstallFaultInjectionFromEnvironment), so a
+// malformed value is refused before anything runs, naming the variable; nothing below a
+// main() reads the environment. A test injects for its own scope (ScopedFaultInjection).
+// A FaultInjection is immutable after parsing; the process's fault is set and read under a
+// lock.
 #ifndef RACKRUN_RUNTIME_FAULT_INJECTION_H_
 #define RACKRUN_RUNTIME_FAULT_INJECTION_H_
 
 #include <cstdint>
 #include <optional>
 #include <string_view>
+#include <utility>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 
 namespace rackrun::runtime {
@@ -53,6 +58,31 @@ class FaultInjection {
   int rank_ = -1;
   int layer_ = -1;
   int64_t microbatch_ = -1;
+};
+
+// The fault this process injects; nullopt (the default) = none. Thread-safe.
+std::optional<FaultInjection> ProcessFaultInjection();
+// Replaces the process's fault (a main() at start; tests through ScopedFaultInjection).
+// Groups created before keep the fault they took.
+void SetProcessFaultInjection(std::optional<FaultInjection> fault);
+// RACKRUN_FAULT (FaultInjection::FromEnvironment) as the process's fault: none when unset;
+// InvalidArgument naming the variable, the value and the expected form when malformed
+// (then nothing is set).
+absl::Status InstallFaultInjectionFromEnvironment();
+
+// Sets `fault` as the process's fault while it lives and restores the previous one (tests).
+class ScopedFaultInjection {
+ public:
+  explicit ScopedFaultInjection(std::optional<FaultInjection> fault)
+      : previous_(ProcessFaultInjection()) {
+    SetProcessFaultInjection(std::move(fault));
+  }
+  ~ScopedFaultInjection() { SetProcessFaultInjection(std::move(previous_)); }
+  ScopedFaultInjection(const ScopedFaultInjection&) = delete;
+  ScopedFaultInjection& operator=(const ScopedFaultInjection&) = delete;
+
+ private:
+  std::optional<FaultInjection> previous_;
 };
 
 }  // namespace rackrun::runtime

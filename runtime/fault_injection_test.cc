@@ -1,4 +1,5 @@
-// FaultInjection: the RACKRUN_FAULT form, its errors, and when a fault is due.
+// FaultInjection: the RACKRUN_FAULT form, its errors, when a fault is due, and the
+// process's fault (set at start from the environment, or for a test's scope).
 #include "runtime/fault_injection.h"
 
 #include <cstdlib>
@@ -57,6 +58,43 @@ TEST(FaultInjectionTest, FromEnvironmentReadsRackrunFault) {
   ::setenv("RACKRUN_FAULT", "stall", 1);
   EXPECT_FALSE(FaultInjection::FromEnvironment().ok());
   ::unsetenv("RACKRUN_FAULT");
+}
+
+TEST(FaultInjectionTest, TheProcessFaultIsSetFromTheEnvironmentOnce) {
+  ::unsetenv("RACKRUN_FAULT");
+  ASSERT_TRUE(InstallFaultInjectionFromEnvironment().ok());
+  EXPECT_FALSE(ProcessFaultInjection().has_value());
+  ::setenv("RACKRUN_FAULT", "exit:rank=3,layer=1,microbatch=2", 1);
+  ASSERT_TRUE(InstallFaultInjectionFromEnvironment().ok());
+  ASSERT_TRUE(ProcessFaultInjection().has_value());
+  EXPECT_TRUE(ProcessFaultInjection()->Due(FaultKind::kExit, 3, 1, 2));
+  // A malformed value is refused naming the variable, and sets nothing.
+  ::setenv("RACKRUN_FAULT", "exit:rank=3", 1);
+  const absl::Status bad = InstallFaultInjectionFromEnvironment();
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(bad.message()), HasSubstr("RACKRUN_FAULT='exit:rank=3' is malformed"));
+  EXPECT_TRUE(ProcessFaultInjection()->Due(FaultKind::kExit, 3, 1, 2));
+  ::unsetenv("RACKRUN_FAULT");
+  SetProcessFaultInjection(std::nullopt);
+  EXPECT_FALSE(ProcessFaultInjection().has_value());
+}
+
+TEST(FaultInjectionTest, AScopedFaultLastsItsScope) {
+  SetProcessFaultInjection(*FaultInjection::Parse("stall:rank=0,layer=0,microbatch=0"));
+  {
+    const ScopedFaultInjection scoped(
+        *FaultInjection::Parse("plan_hash:rank=1,layer=2,microbatch=3"));
+    ASSERT_TRUE(ProcessFaultInjection().has_value());
+    EXPECT_TRUE(ProcessFaultInjection()->Due(FaultKind::kPlanHash, 1, 2, 3));
+    {
+      const ScopedFaultInjection none(std::nullopt);
+      EXPECT_FALSE(ProcessFaultInjection().has_value());
+    }
+    EXPECT_TRUE(ProcessFaultInjection()->Due(FaultKind::kPlanHash, 1, 2, 3));
+  }
+  ASSERT_TRUE(ProcessFaultInjection().has_value());
+  EXPECT_TRUE(ProcessFaultInjection()->Due(FaultKind::kStall, 0, 0, 0));
+  SetProcessFaultInjection(std::nullopt);
 }
 
 }  // namespace

@@ -131,7 +131,7 @@ absl::Status CheckJobOnRanks(const rackrun::v1::JobSpec& spec, const TrainConfig
                        "batch shape; start every rank with the same spec and --set overrides"));
     }
   }
-  if (spec.balancer().mode() == "coordinator" && options.plan_source == nullptr) {
+  if (jobspec::PlannedByCoordinator(spec) && options.plan_source == nullptr) {
     return absl::InvalidArgumentError(
         "balancer.mode: coordinator planning needs the job to run under the rack coordinator "
         "(rackrun submit to rackrun-worker daemons); under mpirun/srun rackrun train plans "
@@ -169,9 +169,8 @@ absl::StatusOr<std::unique_ptr<ExpertParallelGroup>> CreateExpertParallel(
   ep.share_slots = balancer->shared_slots;
   ep.planner = balancer->planner;
   // Prepare opens the load trace: a resumed run extends it rather than truncating it.
-  ep.faults = options.faults;
   ep.replicas = replicas;
-  if (spec.balancer().mode() == "coordinator") ep.plan_source = options.plan_source;
+  if (jobspec::PlannedByCoordinator(spec)) ep.plan_source = options.plan_source;
   return ExpertParallelGroup::Create(channel, model, ep);
 }
 

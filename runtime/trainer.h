@@ -63,16 +63,15 @@
 #include "absl/status/statusor.h"
 #include "base/file.h"
 #include "comm/data_channel.h"
+#include "data/loader.h"
+#include "jobspec/spec.h"
 #include "planner/trace.h"
 #include "rackrun/v1/job_spec.pb.h"
-#include "data/loader.h"
 #include "runtime/expert_parallel.h"
-#include "runtime/fault_injection.h"
+#include "runtime/job_config.h"
 #include "runtime/model.h"
 #include "runtime/optimizer.h"
 #include "runtime/plan_source.h"
-#include "runtime/job_config.h"
-#include "jobspec/spec.h"
 
 namespace rackrun::runtime {
 
@@ -178,8 +177,6 @@ class TrainObserver {
 struct TrainerOptions {
   // Compute threads; -1 = the spec's resources.threads (0 there = leave as is).
   int threads = -1;
-  // Fault injection for tests (fault_injection.h); null = none. Not owned.
-  const FaultInjection* faults = nullptr;
   // Where expert-parallel plans come from; null = in-band. Not owned.
   PlanSource* plan_source = nullptr;
   // Who the run is, recorded in checkpoint.dir/OWNER (CheckpointFolderRun::owner).

@@ -7,25 +7,22 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <new>
-#include <system_error>
+#include <optional>
 #include <utility>
 #include <vector>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "base/file.h"
-#include "comm/gloo_channel.h"
-#include "comm/ucx_channel.h"
+#include "base/resource_failure.h"
+#include "comm/channel_factory.h"
 #include "data/token_source.h"
+#include "jobspec/balancer.h"
 #include "jobspec/data_blend.h"
 #include "jobspec/path_confinement.h"
 #include "jobspec/spec.h"
 #include "runtime/job_config.h"
 #include "runtime/training_session.h"
-#ifdef RACKRUN_HAVE_NCCL
-#include "comm/nccl_channel.h"
-#endif
 #include "worker/coordinator_plan_source.h"
 #include "worker/rendezvous_client.h"
 
@@ -233,9 +230,10 @@ JobStatus JobRunner::Status() const {
   return s;
 }
 
-void JobRunner::SetStage(rpc::Phase stage) {
+void JobRunner::SetStage(rpc::Phase stage, std::optional<int64_t> step) {
   std::lock_guard<std::mutex> lock(mu_);
   stage_ = stage;
+  if (step.has_value()) stage_step_ = *step;
 }
 
 void JobRunner::WaitForCancel() {
@@ -297,48 +295,35 @@ absl::Status JobRunner::CheckPaths() const {
 
 absl::StatusOr<std::unique_ptr<comm::DataChannel>> JobRunner::MakeChannel() {
   const rackrun::v1::Bootstrap& b = assignment_.bootstrap();
-  comm::ChannelOptions channel_options;
-  channel_options.timeout = absl::Milliseconds(b.timeout_ms() > 0 ? b.timeout_ms() : 300000);
+  comm::ChannelSetup setup;
+  setup.prefix = b.store_prefix();
+  setup.rank = assignment_.rank();
+  setup.size = assignment_.ranks();
+  setup.channel.timeout = absl::Milliseconds(b.timeout_ms() > 0 ? b.timeout_ms() : 300000);
+  setup.address = b.address();
+  setup.label = Who();
+  setup.device = std::max(0, options_.cuda_device);
+  setup.host_buffers = true;  // the CPU trainer's buffers are host memory
   RendezvousClient store(connection_, assignment_.job_id(), assignment_.attempt());
-  if (b.channel() == "ucx" || b.channel().empty()) {
-    comm::UcxChannelOptions o;
-    o.channel = channel_options;
-    o.address = b.address();
-    o.label = absl::StrCat("worker ", options_.worker_id, " on host ", options_.host);
-    return comm::CreateUcxChannel(store, b.store_prefix(), assignment_.rank(),
-                                  assignment_.ranks(), o);
-  }
-  if (b.channel() == "gloo") {
-    comm::GlooChannelOptions o;
-    o.channel = channel_options;
-    if (!b.address().empty()) o.address = b.address();
-    o.label = absl::StrCat("worker ", options_.worker_id, " on host ", options_.host);
-    return comm::CreateGlooChannel(store, b.store_prefix(), assignment_.rank(),
-                                   assignment_.ranks(), o);
-  }
-  if (b.channel() == "nccl") {
-#ifdef RACKRUN_HAVE_NCCL
-    comm::NcclChannelOptions o;
-    o.channel = channel_options;
-    o.device = std::max(0, options_.cuda_device);
-    o.host_buffers = true;  // the CPU trainer's buffers are host memory
-    return comm::CreateNcclChannel(store, b.store_prefix(), assignment_.rank(),
-                                   assignment_.ranks(), o);
-#else
-    return absl::FailedPreconditionError(
-        absl::StrCat("this worker (host ", options_.host, ") was built without NCCL"));
-#endif
-  }
-  return absl::InvalidArgumentError(
-      absl::StrCat("resources.channel: unknown data channel '", b.channel(), "'"));
+  return comm::CreateChannel(b.channel(), store, setup);
 }
 
 AttemptResult JobRunner::Run() {
-  AttemptResult result = RunAttempt();
-  std::lock_guard<std::mutex> lock(mu_);
-  stage_ = rpc::Phase::kReporting;
-  stage_step_ = result.step();
-  return result;
+  // An allocation failure anywhere in the attempt (the trainer's model, a checkpoint, a
+  // collective's buffers) or a thread that cannot be started (the reporter, a channel's
+  // transfer threads) fails the attempt with a message instead of ending the worker daemon
+  // with std::terminate: the one place the attempt catches anything.
+  absl::StatusOr<AttemptResult> result =
+      base::CatchResourceFailures([this] { return RunAttempt(); });
+  if (!result.ok()) {
+    reporter_.reset();
+    AttemptResult failed;
+    failed.set_outcome(AttemptResult::FAILED);
+    failed.set_message(absl::StrCat(Who(), ": ", result.status().message()));
+    result = std::move(failed);
+  }
+  SetStage(rpc::Phase::kReporting, result->step());
+  return *std::move(result);
 }
 
 // The attempt's result from the trainer's summary: its outcome, or the failure (a victim's
@@ -384,174 +369,169 @@ AttemptResult JobRunner::ResultOf(const absl::StatusOr<runtime::TrainSummary>& s
   return result;
 }
 
-// A function-try-block: an allocation failure anywhere in the attempt (the trainer's
-// model, a checkpoint, a collective's buffers) or a thread that cannot be started fails the
-// attempt with a message instead of ending the worker daemon with std::terminate.
-AttemptResult JobRunner::RunAttempt() try {
-  AttemptResult result;
-  const auto fail = [&](const absl::Status& s, rpc::Phase phase) {
-    result.set_outcome(AttemptResult::FAILED);
-    result.set_message(std::string(s.message()));
-    result.set_phase(rpc::PhaseName(phase));
-    return result;
-  };
+// The attempt, step by step; each step that fails ends it with FailedResult (a victim's
+// failure after waiting for the coordinator's cancel, so that the culprit is named first).
+AttemptResult JobRunner::RunAttempt() {
   reporter_ = std::make_unique<Reporter>(connection_, assignment_, options_.worker_id, this);
-  if (absl::Status s = CheckPaths(); !s.ok()) return fail(s, rpc::Phase::kStarting);
-  // What this machine cannot hold or run fails the attempt before anything is allocated
-  // (before the rendezvous, like unreadable paths: the peers are not left waiting).
-  if (absl::StatusOr<jobspec::JobMemoryEstimate> fits = runtime::CheckJobFitsThisMachine(
-          assignment_.spec(), std::max(1, assignment_.ranks()),
-          /*ranks_here=*/std::max(1, assignment_.ranks_on_host()),
-          options_.threads >= 0 ? options_.threads : assignment_.spec().resources().threads());
-      !fits.ok()) {
-    return fail(absl::Status(fits.status().code(),
-                             absl::StrCat(fits.status().message(), " (worker ",
-                                          options_.worker_id, " on host ", options_.host, ")")),
-                rpc::Phase::kStarting);
-  }
-
-  std::unique_ptr<comm::DataChannel> channel;
-  if (assignment_.ranks() > 1) {
-    SetStage(rpc::Phase::kConnecting);
-    absl::StatusOr<std::unique_ptr<comm::DataChannel>> made = MakeChannel();
-    SetStage(rpc::Phase::kStarting);
-    if (!made.ok()) {
-      if (PeerCaused(made.status())) WaitForCancel();
-      return fail(made.status(), rpc::Phase::kConnecting);
-    }
-    channel = *std::move(made);
-  }
+  if (absl::Status s = CheckPaths(); !s.ok()) return FailedResult(s, rpc::Phase::kStarting);
+  if (absl::Status s = CheckFits(); !s.ok()) return FailedResult(s, rpc::Phase::kStarting);
+  absl::StatusOr<std::unique_ptr<comm::DataChannel>> channel = Connect();
+  if (!channel.ok()) return FailedResult(channel.status(), rpc::Phase::kConnecting);
   // Closing a channel may wait (up to its timeout) for the peers to close theirs, so that
   // this rank's last messages arrive (UCX's closing handshake, comm/ucx_channel.h). Only a
   // rank that trained to the end needs that; a failed or stopped one closes at once, so
   // that it never waits for peers that wait for the coordinator's verdict on it.
   bool trained_to_the_end = false;
   absl::Cleanup close_at_once = [&] {
-    if (channel != nullptr && !trained_to_the_end) channel->set_timeout(absl::ZeroDuration());
+    if (*channel != nullptr && !trained_to_the_end) (*channel)->set_timeout(absl::ZeroDuration());
   };
-  std::unique_ptr<CoordinatorPlanSource> plan_source;
+  std::unique_ptr<CoordinatorPlanSource> plan_source = MakePlanSource();
+  runtime::SessionStage stage = runtime::SessionStage::kCreate;
+  absl::StatusOr<std::unique_ptr<runtime::TrainingSession>> session =
+      StartSession(channel->get(), plan_source.get(), &stage);
+  if (!session.ok()) {
+    return FailedResult(session.status(), stage == runtime::SessionStage::kResume
+                                              ? rpc::Phase::kResuming
+                                              : rpc::Phase::kStarting);
+  }
+  StartMetrics((*session)->trainer(), plan_source.get());
+  const AttemptResult result = Train((*session)->trainer(), channel->get(), &trained_to_the_end);
+  // Trainer first (its expert-parallel group uses the channel and the plan source), then
+  // the plan stream, then the channel: the worker is ready for the next job.
+  session->reset();
+  plan_source.reset();
+  channel->reset();
+  reporter_.reset();  // sends what is pending (the last step's progress) first
+  return result;
+}
+
+std::string JobRunner::Who() const {
+  return absl::StrCat("worker ", options_.worker_id, " on host ", options_.host);
+}
+
+AttemptResult JobRunner::FailedResult(const absl::Status& status, rpc::Phase phase) const {
+  AttemptResult result;
+  result.set_outcome(AttemptResult::FAILED);
+  result.set_message(std::string(status.message()));
+  result.set_phase(rpc::PhaseName(phase));
+  return result;
+}
+
+// What this machine cannot hold or run fails the attempt before anything is allocated
+// (before the rendezvous, like unreadable paths: the peers are not left waiting).
+absl::Status JobRunner::CheckFits() const {
+  const rackrun::v1::JobSpec& spec = assignment_.spec();
+  absl::StatusOr<jobspec::JobMemoryEstimate> fits = runtime::CheckJobFitsThisMachine(
+      spec, std::max(1, assignment_.ranks()),
+      /*ranks_here=*/std::max(1, assignment_.ranks_on_host()),
+      options_.threads >= 0 ? options_.threads : spec.resources().threads());
+  if (fits.ok()) return absl::OkStatus();
+  return absl::Status(fits.status().code(),
+                      absl::StrCat(fits.status().message(), " (", Who(), ")"));
+}
+
+absl::StatusOr<std::unique_ptr<comm::DataChannel>> JobRunner::Connect() {
+  if (assignment_.ranks() <= 1) return nullptr;
+  SetStage(rpc::Phase::kConnecting);
+  absl::StatusOr<std::unique_ptr<comm::DataChannel>> made = MakeChannel();
+  SetStage(rpc::Phase::kStarting);
+  if (!made.ok() && PeerCaused(made.status())) WaitForCancel();
+  return made;
+}
+
+std::unique_ptr<CoordinatorPlanSource> JobRunner::MakePlanSource() {
+  if (!jobspec::PlannedByCoordinator(assignment_.spec())) return nullptr;
+  // A layout that does not tile the ranks is refused by the trainer before any plan.
+  absl::StatusOr<jobspec::ExpertParallelLayout> layout =
+      jobspec::ExpertParallelLayoutOf(assignment_.spec(), assignment_.ranks());
+  return std::make_unique<CoordinatorPlanSource>(
+      connection_, assignment_.job_id(), assignment_.attempt(), assignment_.rank(),
+      layout.ok() ? layout->expert_parallel : assignment_.ranks());
+}
+
+absl::StatusOr<std::unique_ptr<runtime::TrainingSession>> JobRunner::StartSession(
+    comm::DataChannel* channel, runtime::PlanSource* plan_source, runtime::SessionStage* stage) {
   runtime::SessionOptions session_options;
   runtime::TrainerOptions& trainer_options = session_options.trainer;
   trainer_options.threads = options_.threads;
-  trainer_options.faults = options_.faults;
-  if (assignment_.spec().balancer().mode() == "coordinator") {
-    // A layout that does not tile the ranks is refused by the trainer before any plan.
-    absl::StatusOr<jobspec::ExpertParallelLayout> layout =
-        jobspec::ExpertParallelLayoutOf(assignment_.spec(), assignment_.ranks());
-    plan_source = std::make_unique<CoordinatorPlanSource>(
-        connection_, assignment_.job_id(), assignment_.attempt(), assignment_.rank(),
-        layout.ok() ? layout->expert_parallel : assignment_.ranks());
-    trainer_options.plan_source = plan_source.get();
-  }
+  trainer_options.plan_source = plan_source;
   // The folder's owner: this job, across its attempts. A restarted attempt continues
   // this job's own checkpoints; Prepare checks outputs and claims the folder before the
   // first step.
   trainer_options.owner = absl::StrCat("job ", assignment_.job_id());
   session_options.resume_own_checkpoints = assignment_.resume();
-  runtime::SessionStage stage = runtime::SessionStage::kCreate;
   absl::StatusOr<std::unique_ptr<runtime::TrainingSession>> session =
-      runtime::TrainingSession::Start(assignment_.spec(), channel.get(), session_options, &stage);
+      runtime::TrainingSession::Start(assignment_.spec(), channel, session_options, stage);
   if (!session.ok()) {
-    const absl::Status& s = session.status();
     // A failure a peer caused waits for the coordinator's cancel, so the culprit is named;
     // rank 0's refusal in Prepare is its own (the other ranks report it as rank 0's).
-    const bool victim = PeerCaused(s) && (stage == runtime::SessionStage::kCreate ||
-                                          (stage == runtime::SessionStage::kPrepare &&
-                                           assignment_.rank() != 0));
+    const bool victim = PeerCaused(session.status()) &&
+                        (*stage == runtime::SessionStage::kCreate ||
+                         (*stage == runtime::SessionStage::kPrepare && assignment_.rank() != 0));
     if (victim) WaitForCancel();
-    return fail(s, stage == runtime::SessionStage::kResume ? rpc::Phase::kResuming
-                                                           : rpc::Phase::kStarting);
   }
-  runtime::Trainer* trainer = &(*session)->trainer();
-  // This job's Prometheus series on this rank (see training_metrics_).
-  std::unique_ptr<TrainingMetrics>& training_metrics = training_metrics_;
-  if (options_.metrics != nullptr) {
-    TrainingMetrics::Options o;
-    o.job_id = assignment_.job_id();
-    o.rank = assignment_.rank();
-    o.ranks = assignment_.ranks();
-    o.expert_parallel = trainer->expert_parallel_degree();
-    o.flops_per_token = ModelFlopsPerToken(trainer->spec(), trainer->parameter_count());
-    o.peak_flops = options_.peak_flops;
-    o.total_steps = trainer->spec().training().steps();
-    o.width = trainer->spec().model().width();
-    o.group = trainer->expert_parallel();
-    training_metrics = std::make_unique<TrainingMetrics>(*options_.metrics, o);
-    if (plan_source != nullptr) {
-      TrainingMetrics* m = training_metrics.get();
-      plan_source->set_on_round_trip([m](double seconds) { m->ObservePlanRoundTrip(seconds); });
-    }
+  return session;
+}
+
+// This job's Prometheus series on this rank (see training_metrics_), when the worker
+// exports metrics.
+void JobRunner::StartMetrics(runtime::Trainer& trainer, CoordinatorPlanSource* plan_source) {
+  if (options_.metrics == nullptr) return;
+  TrainingMetrics::Options o;
+  o.job_id = assignment_.job_id();
+  o.rank = assignment_.rank();
+  o.ranks = assignment_.ranks();
+  o.expert_parallel = trainer.expert_parallel_degree();
+  o.flops_per_token = ModelFlopsPerToken(trainer.spec(), trainer.parameter_count());
+  o.peak_flops = options_.peak_flops;
+  o.total_steps = trainer.spec().training().steps();
+  o.width = trainer.spec().model().width();
+  o.group = trainer.expert_parallel();
+  training_metrics_ = std::make_unique<TrainingMetrics>(*options_.metrics, o);
+  if (plan_source != nullptr) {
+    TrainingMetrics* m = training_metrics_.get();
+    plan_source->set_on_round_trip([m](double seconds) { m->ObservePlanRoundTrip(seconds); });
   }
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    trainer_ = trainer;
-    channel_ = channel.get();
-    metrics_ = training_metrics.get();
-    if (requested_ != runtime::StopReason::kNone) trainer_->RequestStop(requested_);
-  }
-  // Declared after the trainer: on an exception the pointers are withdrawn before the
-  // trainer is destroyed, so RequestStop/Status on other threads never see a dead one.
-  absl::Cleanup forget = [this] {
-    std::lock_guard<std::mutex> lock(mu_);
-    trainer_ = nullptr;
-    channel_ = nullptr;
-    metrics_ = nullptr;
-  };
-  ProgressObserver progress(this, trainer, assignment_.rank() == 0);
+}
+
+AttemptResult JobRunner::Train(runtime::Trainer& trainer, comm::DataChannel* channel,
+                               bool* trained_to_the_end) {
+  Attach(trainer, channel);
+  // Also when an exception unwinds: the pointers are withdrawn before the trainer is
+  // destroyed, so RequestStop/Status on other threads never see a dead one.
+  absl::Cleanup detach = [&] { (void)Detach(trainer.steps_done()); };
+  ProgressObserver progress(this, &trainer, assignment_.rank() == 0);
   std::vector<runtime::TrainObserver*> observers = {&progress};
-  if (training_metrics != nullptr) observers.push_back(training_metrics.get());
-  absl::StatusOr<runtime::TrainSummary> summary = trainer->Run(observers);
-  const rpc::Phase phase = WorkerPhase(trainer->phase());
-  const int64_t step = trainer->steps_done();
-  runtime::StopReason requested;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    trainer_ = nullptr;
-    channel_ = nullptr;
-    metrics_ = nullptr;
-    requested = requested_;
-    // Training is over on this rank: what follows (a victim's wait for the coordinator's
-    // cancel, the teardown, the pending progress, then the result) is reporting, which the
-    // coordinator allows longer than a training phase (coordinator/failure_detector.h, hang (b)).
-    stage_ = rpc::Phase::kReporting;
-    stage_step_ = step;
-  }
-  trained_to_the_end = summary.ok() && summary->stopped == runtime::StopReason::kNone;
-  if (!trained_to_the_end && channel != nullptr) channel->set_timeout(absl::ZeroDuration());
-  result = ResultOf(summary, phase, step, requested);
-  // Trainer first (its expert-parallel group uses the channel and the plan source), then
-  // the plan stream, then the channel: the worker is ready for the next job.
-  session->reset();
-  plan_source.reset();
-  channel.reset();
-  reporter_.reset();  // sends what is pending (the last step's progress) first
-  return result;
-} catch (const std::bad_alloc&) {
-  reporter_.reset();
-  AttemptResult result;
-  result.set_outcome(AttemptResult::FAILED);
-  result.set_message(absl::StrCat(
-      "worker ", options_.worker_id, " on host ", options_.host,
-      ": out of memory: an allocation failed although the job's memory estimate fit when it "
-      "started (other processes took memory since, or a ulimit or cgroup limit is lower); "
-      "lower the model or batch sizes"));
-  return result;
-} catch (const std::system_error& e) {
-  // Mostly std::thread's constructor (the reporter, a channel's transfer threads) when the
-  // process may start no more threads (EAGAIN: no address space for the stack, ulimit -u,
-  // pids.max); any other system error also fails the attempt instead of the daemon.
-  reporter_.reset();
-  AttemptResult result;
-  result.set_outcome(AttemptResult::FAILED);
-  const bool no_thread = e.code() == std::errc::resource_unavailable_try_again;
-  result.set_message(absl::StrCat(
-      "worker ", options_.worker_id, " on host ", options_.host, ": ",
-      no_thread ? absl::StrCat("could not start a thread (", e.what(),
-                               "): the worker is out of memory or of threads (ulimit -v, "
-                               "ulimit -u or the cgroup's pids.max); lower the model or batch "
-                               "sizes or raise the limit")
-                : absl::StrCat("a system call failed: ", e.what())));
-  return result;
+  if (training_metrics_ != nullptr) observers.push_back(training_metrics_.get());
+  absl::StatusOr<runtime::TrainSummary> summary = trainer.Run(observers);
+  const rpc::Phase phase = WorkerPhase(trainer.phase());
+  const int64_t step = trainer.steps_done();
+  std::move(detach).Cancel();
+  const runtime::StopReason requested = Detach(step);
+  *trained_to_the_end = summary.ok() && summary->stopped == runtime::StopReason::kNone;
+  if (!*trained_to_the_end && channel != nullptr) channel->set_timeout(absl::ZeroDuration());
+  return ResultOf(summary, phase, step, requested);
+}
+
+void JobRunner::Attach(runtime::Trainer& trainer, comm::DataChannel* channel) {
+  std::lock_guard<std::mutex> lock(mu_);
+  trainer_ = &trainer;
+  channel_ = channel;
+  metrics_ = training_metrics_.get();
+  if (requested_ != runtime::StopReason::kNone) trainer_->RequestStop(requested_);
+}
+
+runtime::StopReason JobRunner::Detach(int64_t step) {
+  std::lock_guard<std::mutex> lock(mu_);
+  trainer_ = nullptr;
+  channel_ = nullptr;
+  metrics_ = nullptr;
+  // Training is over on this rank: what follows (a victim's wait for the coordinator's
+  // cancel, the teardown, the pending progress, then the result) is reporting, which the
+  // coordinator allows longer than a training phase (coordinator/failure_detector.h, hang (b)).
+  stage_ = rpc::Phase::kReporting;
+  stage_step_ = step;
+  return requested_;
 }
 
 }  // namespace rackrun::worker

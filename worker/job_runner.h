@@ -1,8 +1,9 @@
 // One attempt of one job on this worker (its rank r of R): check that the spec's paths lead
-// inside the worker's allowed roots and are usable here, build the attempt's data channel from the coordinator's bootstrap (Gloo over
-// TCP, or NCCL), build the trainer (resuming from the newest checkpoint when asked), run
-// it with progress reports, and tear everything down whatever happens, so the worker is
-// ready for the next job without a restart.
+// inside the worker's allowed roots and are usable here and that the job fits this machine,
+// build the attempt's data channel from the coordinator's bootstrap (the channel
+// resources.channel names, comm/channel_factory.h), build the trainer (resuming from the
+// newest checkpoint when asked), run it with progress reports, and tear everything down
+// whatever happens, so the worker is ready for the next job without a restart.
 //
 // Thread-safety: Run() on the worker's job thread; RequestStop, Status are callable from
 // any thread (the assignment stream, the heartbeat thread, a signal watcher).
@@ -16,6 +17,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -24,7 +26,9 @@
 #include "rackrun/v1/rack_control.pb.h"
 #include "rpc/phase.h"
 #include "runtime/trainer.h"
+#include "runtime/training_session.h"
 #include "worker/connection.h"
+#include "worker/coordinator_plan_source.h"
 #include "worker/training_metrics.h"
 
 namespace rackrun::worker {
@@ -34,8 +38,6 @@ struct JobRunnerOptions {
   std::string host;
   int threads = -1;        // compute threads; -1 = the spec's resources.threads
   int cuda_device = -1;    // for NCCL jobs
-  // Fault injection for tests (runtime/fault_injection.h); null = none. Not owned.
-  const runtime::FaultInjection* faults = nullptr;
   // After a failure caused by a peer (a broken or timed-out channel) or a stop this rank
   // did not ask for, how long to wait for the coordinator's cancel before reporting: the
   // coordinator then blames the culprit it detected, not this victim.
@@ -82,13 +84,36 @@ class JobRunner {
   class Reporter;
   class ProgressObserver;
 
+  // The attempt's steps, in the order RunAttempt takes them. Each returns its failure as a
+  // Status; a step that fails because of a peer waits for the coordinator's cancel first.
   rackrun::v1::AttemptResult RunAttempt();
+  absl::Status CheckPaths() const;
+  absl::Status CheckFits() const;
+  // The attempt's data channel (null for one rank), from the coordinator's rendezvous.
+  absl::StatusOr<std::unique_ptr<comm::DataChannel>> Connect();
+  absl::StatusOr<std::unique_ptr<comm::DataChannel>> MakeChannel();
+  // The coordinator as the plan source (balancer.mode: coordinator); null otherwise.
+  std::unique_ptr<CoordinatorPlanSource> MakePlanSource();
+  // The trainer, resumed as the assignment says; `stage` is where a failure happened.
+  absl::StatusOr<std::unique_ptr<runtime::TrainingSession>> StartSession(
+      comm::DataChannel* channel, runtime::PlanSource* plan_source, runtime::SessionStage* stage);
+  void StartMetrics(runtime::Trainer& trainer, CoordinatorPlanSource* plan_source);
+  // Runs the trainer, published to RequestStop/Status while it runs (Attach, Detach);
+  // `trained_to_the_end` says whether it finished every step.
+  rackrun::v1::AttemptResult Train(runtime::Trainer& trainer, comm::DataChannel* channel,
+                                   bool* trained_to_the_end);
+  void Attach(runtime::Trainer& trainer, comm::DataChannel* channel);
+  // Withdraws what Attach published and enters kReporting at `step`; returns the stop this
+  // rank was asked for. Idempotent.
+  runtime::StopReason Detach(int64_t step);
   rackrun::v1::AttemptResult ResultOf(const absl::StatusOr<runtime::TrainSummary>& summary,
                                       rpc::Phase phase, int64_t step,
                                       runtime::StopReason requested);
-  absl::Status CheckPaths() const;
-  absl::StatusOr<std::unique_ptr<comm::DataChannel>> MakeChannel();
-  void SetStage(rpc::Phase stage);
+  rackrun::v1::AttemptResult FailedResult(const absl::Status& status, rpc::Phase phase) const;
+  // "worker W on host H", for messages.
+  std::string Who() const;
+  // The phase (and the step) Status() reports while no trainer is attached.
+  void SetStage(rpc::Phase stage, std::optional<int64_t> step = std::nullopt);
   // Waits up to victim_grace for a cancel from the coordinator.
   void WaitForCancel();
 

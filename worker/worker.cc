@@ -11,8 +11,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "comm/gloo_channel.h"
-#include "comm/ucx_channel.h"
+#include "comm/channel_factory.h"
+#include "comm/data_address.h"
 #include "rpc/liveness.h"
 #include "rpc/phase.h"
 #include "runtime/cpu/blas.h"
@@ -67,11 +67,12 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(const WorkerOptions& opti
           w->options_.data_address.c_str());
     }
   }
-  w->channels_.push_back("ucx");
-  w->channels_.push_back("gloo");
-#ifdef RACKRUN_HAVE_NCCL
-  if (absl::StartsWith(w->options_.device, "cuda")) w->channels_.push_back("nccl");
-#endif
+  // The channels this worker can build: every one of this build's, a GPU channel only
+  // with a CUDA device.
+  const bool gpu = absl::StartsWith(w->options_.device, "cuda");
+  for (const comm::ChannelTraits& c : comm::kChannels) {
+    if (comm::ChannelBuilt(c.kind) && (gpu || !c.needs_gpu)) w->channels_.emplace_back(c.name);
+  }
   absl::StatusOr<std::unique_ptr<Connection>> connection = Connection::Create(options.connection);
   if (!connection.ok()) return connection.status();
   w->connection_ = *std::move(connection);
@@ -361,20 +362,37 @@ void Worker::ReportResult(const rackrun::v1::RunJob& job, const rackrun::v1::Att
 }
 
 absl::Status Worker::Serve() {
+  absl::StatusOr<bool> registered = RegisterAtStart();
+  if (!registered.ok()) return registered.status();
+  if (!*registered) return absl::OkStatus();  // shut down while waiting for the coordinator
+  std::printf("rackrun-worker: registered as %s with %s (host %s, pid %d, launcher rank %d, %s)\n",
+              worker_id().c_str(), connection_->address().c_str(), options_.host.c_str(),
+              static_cast<int>(::getpid()), options_.launcher_rank, options_.device.c_str());
+  std::printf("rackrun-worker: kernels: %s\n", runtime::cpu::BlasDescription().c_str());
+  std::fflush(stdout);
+  stream_thread_ = std::thread([this] { StreamLoop(); });
+  heartbeat_thread_ = std::thread([this] { HeartbeatLoop(); });
+  start_delay_ = options_.start_delay;
+  while (std::optional<rackrun::v1::RunJob> job = NextJob()) RunJob(*job);
+  Leave();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> Worker::RegisterAtStart() {
   const auto give_up = std::chrono::steady_clock::now() + options_.patience;
   bool told = false;
   while (true) {
     absl::Status s = Register(/*again=*/false);
-    if (s.ok()) break;
+    if (s.ok()) return true;
+    if (s.code() == absl::StatusCode::kUnauthenticated) {
+      return absl::UnauthenticatedError(absl::StrCat(
+          "the coordinator at ", connection_->address(), " refused the token from ",
+          connection_->token_source(),
+          "; use the token file of the coordinator's --state-dir (--token-file) or set "
+          "RACKRUN_TOKEN"));
+    }
     if (s.code() != absl::StatusCode::kUnavailable &&
         s.code() != absl::StatusCode::kDeadlineExceeded) {
-      if (s.code() == absl::StatusCode::kUnauthenticated) {
-        return absl::UnauthenticatedError(absl::StrCat(
-            "the coordinator at ", connection_->address(), " refused the token from ",
-            connection_->token_source(),
-            "; use the token file of the coordinator's --state-dir (--token-file) or set "
-            "RACKRUN_TOKEN"));
-      }
       return s;
     }
     if (std::chrono::steady_clock::now() > give_up) {
@@ -387,86 +405,86 @@ absl::Status Worker::Serve() {
                    connection_->address().c_str());
       told = true;
     }
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      if (cv_.wait_for(lock, std::chrono::milliseconds(500), [&] { return draining_; })) {
-        return absl::OkStatus();
-      }
+    std::unique_lock<std::mutex> lock(mu_);
+    if (cv_.wait_for(lock, std::chrono::milliseconds(500), [&] { return draining_; })) {
+      return false;
     }
   }
-  std::printf("rackrun-worker: registered as %s with %s (host %s, pid %d, launcher rank %d, %s)\n",
-              worker_id().c_str(), connection_->address().c_str(), options_.host.c_str(),
-              static_cast<int>(::getpid()), options_.launcher_rank, options_.device.c_str());
-  std::printf("rackrun-worker: kernels: %s\n", runtime::cpu::BlasDescription().c_str());
-  std::fflush(stdout);
-  stream_thread_ = std::thread([this] { StreamLoop(); });
-  heartbeat_thread_ = std::thread([this] { HeartbeatLoop(); });
+}
 
-  const auto report_cancelled_unstarted = [&] {
-    std::vector<rackrun::v1::RunJob> cancelled;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      cancelled.swap(cancelled_unstarted_);
-    }
-    ReportUnstarted(cancelled, rackrun::v1::AttemptResult::CANCELLED, "cancelled before it started");
-  };
-  std::chrono::milliseconds start_delay = options_.start_delay;
-  while (true) {
-    report_cancelled_unstarted();
-    rackrun::v1::RunJob job;
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return draining_ || !queue_.empty() || !cancelled_unstarted_.empty(); });
-      if (draining_) break;  // queued attempts are reported back as drained below
-      if (queue_.empty()) {
-        // The first attempt was cancelled before this thread took it: the delay is spent.
-        start_delay = std::chrono::milliseconds(0);
-        continue;
-      }
-      if (start_delay.count() > 0) {
-        // Ends early when the attempt is cancelled (its report then goes at once).
-        cv_.wait_for(lock, std::exchange(start_delay, {}),
-                     [&] { return draining_ || queue_.empty(); });
-        if (draining_) break;
-        if (queue_.empty()) continue;  // cancelled while it waited
-      }
-      job = queue_.front();
-      queue_.pop_front();
-    }
-    JobRunnerOptions ro;
-    ro.worker_id = worker_id();
-    ro.host = options_.host;
-    ro.threads = options_.threads;
-    ro.faults = options_.faults.has_value() ? &*options_.faults : nullptr;
-    ro.victim_grace = options_.victim_grace;
-    ro.metrics = exporter_ != nullptr ? &exporter_->registry() : nullptr;
-    ro.peak_flops = options_.peak_flops;
-    ro.allowed_roots = options_.allowed_roots;
-    if (absl::StartsWith(options_.device, "cuda:")) {
-      (void)absl::SimpleAtoi(options_.device.substr(5), &ro.cuda_device);
-    }
-    finished_.reset();  // the previous job's metrics series go before this job's come
-    auto runner = std::make_shared<JobRunner>(*connection_, job, ro);
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      running_ = runner;
-      if (draining_) runner->RequestStop(runtime::StopReason::kDrain);
-    }
-    std::printf("rackrun-worker: %s: job %s attempt %d, rank %d of %d\n", worker_id().c_str(),
-                job.job_id().c_str(), job.attempt(), job.rank(), job.ranks());
-    std::fflush(stdout);
-    const rackrun::v1::AttemptResult result = runner->Run();
-    ReportResult(job, result);
-    std::printf("rackrun-worker: %s: job %s attempt %d: %s%s%s\n", worker_id().c_str(),
-                job.job_id().c_str(), job.attempt(),
-                rackrun::v1::AttemptResult::Outcome_Name(result.outcome()).c_str(),
-                result.message().empty() ? "" : ": ", result.message().c_str());
-    std::fflush(stdout);
+void Worker::ReportCancelledUnstarted() {
+  std::vector<rackrun::v1::RunJob> cancelled;
+  {
     std::lock_guard<std::mutex> lock(mu_);
-    running_.reset();
-    finished_ = runner;
+    cancelled.swap(cancelled_unstarted_);
   }
-  report_cancelled_unstarted();
+  ReportUnstarted(cancelled, rackrun::v1::AttemptResult::CANCELLED, "cancelled before it started");
+}
+
+std::optional<rackrun::v1::RunJob> Worker::NextJob() {
+  while (true) {
+    ReportCancelledUnstarted();
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return draining_ || !queue_.empty() || !cancelled_unstarted_.empty(); });
+    if (draining_) return std::nullopt;  // queued attempts are reported back by Leave
+    if (queue_.empty()) {
+      // The first attempt was cancelled before this thread took it: the delay is spent.
+      start_delay_ = std::chrono::milliseconds(0);
+      continue;
+    }
+    if (start_delay_.count() > 0) {
+      // Ends early when the attempt is cancelled (its report then goes at once).
+      cv_.wait_for(lock, std::exchange(start_delay_, {}),
+                   [&] { return draining_ || queue_.empty(); });
+      if (draining_) return std::nullopt;
+      if (queue_.empty()) continue;  // cancelled while it waited
+    }
+    rackrun::v1::RunJob job = queue_.front();
+    queue_.pop_front();
+    return job;
+  }
+}
+
+JobRunnerOptions Worker::RunnerOptions() const {
+  JobRunnerOptions ro;
+  ro.worker_id = worker_id();
+  ro.host = options_.host;
+  ro.threads = options_.threads;
+  ro.victim_grace = options_.victim_grace;
+  ro.metrics = exporter_ != nullptr ? &exporter_->registry() : nullptr;
+  ro.peak_flops = options_.peak_flops;
+  ro.allowed_roots = options_.allowed_roots;
+  if (absl::StartsWith(options_.device, "cuda:")) {
+    (void)absl::SimpleAtoi(options_.device.substr(5), &ro.cuda_device);
+  }
+  return ro;
+}
+
+void Worker::RunJob(const rackrun::v1::RunJob& job) {
+  finished_.reset();  // the previous job's metrics series go before this job's come
+  auto runner = std::make_shared<JobRunner>(*connection_, job, RunnerOptions());
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    running_ = runner;
+    if (draining_) runner->RequestStop(runtime::StopReason::kDrain);
+  }
+  std::printf("rackrun-worker: %s: job %s attempt %d, rank %d of %d\n", worker_id().c_str(),
+              job.job_id().c_str(), job.attempt(), job.rank(), job.ranks());
+  std::fflush(stdout);
+  const rackrun::v1::AttemptResult result = runner->Run();
+  ReportResult(job, result);
+  std::printf("rackrun-worker: %s: job %s attempt %d: %s%s%s\n", worker_id().c_str(),
+              job.job_id().c_str(), job.attempt(),
+              rackrun::v1::AttemptResult::Outcome_Name(result.outcome()).c_str(),
+              result.message().empty() ? "" : ": ", result.message().c_str());
+  std::fflush(stdout);
+  std::lock_guard<std::mutex> lock(mu_);
+  running_.reset();
+  finished_ = runner;
+}
+
+void Worker::Leave() {
+  ReportCancelledUnstarted();
   // Drained: attempts assigned but never started are handed back.
   std::vector<rackrun::v1::RunJob> unstarted;
   {
@@ -487,7 +505,6 @@ absl::Status Worker::Serve() {
   (void)connection_->stub()->Deregister(context.get(), request, &response);
   std::printf("rackrun-worker: %s: deregistered, exiting\n", worker_id().c_str());
   std::fflush(stdout);
-  return absl::OkStatus();
 }
 
 void Worker::Shutdown() {

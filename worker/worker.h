@@ -39,7 +39,6 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "metrics/exporter.h"
-#include "runtime/fault_injection.h"
 #include "worker/connection.h"
 #include "worker/job_runner.h"
 
@@ -56,8 +55,6 @@ struct WorkerOptions {
   int local_rank = 0;
   std::string device = "cpu";  // "cpu" or "cuda:N"
   int threads = -1;            // compute threads per job; -1 = the job spec's
-  // Fault injection for tests (RACKRUN_FAULT, parsed by main); nullopt = none.
-  std::optional<runtime::FaultInjection> faults;
   std::chrono::milliseconds victim_grace{3000};
   // Fault injection for tests (RACKRUN_WORKER_START_DELAY_MS): the job thread waits this
   // long before it starts the first attempt assigned to it, which leaves that attempt
@@ -94,6 +91,18 @@ class Worker {
 
   // Register (or register again with the in-flight job). Serialised.
   absl::Status Register(bool again);
+  // Serve's steps, in order. RegisterAtStart waits up to `patience` for the coordinator:
+  // true once registered, false when shut down meanwhile.
+  absl::StatusOr<bool> RegisterAtStart();
+  // The next attempt to run (after the start delay, reporting the ones cancelled while
+  // queued); nullopt once the worker drains.
+  std::optional<rackrun::v1::RunJob> NextJob();
+  // What a job runner gets from this worker's options (its device among them).
+  JobRunnerOptions RunnerOptions() const;
+  void RunJob(const rackrun::v1::RunJob& job);
+  // After draining: reports what never started, stops the threads, deregisters.
+  void Leave();
+  void ReportCancelledUnstarted();
   void StreamLoop();
   void HeartbeatLoop();
   // Ends the stream and heartbeat threads (Serve before it deregisters, the destructor).
@@ -125,6 +134,7 @@ class Worker {
   bool stopped_ = false;                       // guarded by mu_: threads end
   grpc::ClientContext* stream_context_ = nullptr;  // guarded by mu_
   std::thread stream_thread_, heartbeat_thread_;
+  std::chrono::milliseconds start_delay_{0};  // job thread only: options_.start_delay, once
 };
 
 }  // namespace rackrun::worker

@@ -7,8 +7,8 @@
 #include <cstdio>
 #include <memory>
 
-#include "comm/channel_checks.h"
 #include "comm/mpi_channel.h"
+#include "comm/testing/channel_checks.h"
 #include "gtest/gtest.h"
 
 namespace rackrun::comm {

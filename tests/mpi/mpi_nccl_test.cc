@@ -9,9 +9,9 @@
 #include <memory>
 #include <vector>
 
-#include "comm/channel_checks.h"
 #include "comm/mpi_channel.h"
 #include "comm/nccl_channel.h"
+#include "comm/testing/channel_checks.h"
 #include "gtest/gtest.h"
 
 namespace rackrun::comm {

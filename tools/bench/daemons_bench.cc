@@ -64,7 +64,6 @@
 #include "base/statistics.h"
 #include "comm/gloo_channel.h"
 #include "comm/rendezvous_store.h"
-#include "coordinator/health_check.h"
 #include "jobspec/balancer.h"
 #include "nlohmann/json.hpp"
 #include "planner/generate.h"
@@ -73,6 +72,7 @@
 #include "rackrun/v1/job_service.grpc.pb.h"
 #include "rackrun/v1/rack_control.grpc.pb.h"
 #include "rpc/channel.h"
+#include "rpc/health_check.h"
 #include "runtime/plan_source.h"
 #include "tools/bench/startup.h"
 #include "worker/connection.h"
@@ -592,7 +592,7 @@ json RunPlan(const Flags& flags) {
     }
     for (int i = 0; i < flags.pings + 50; ++i) {
       const auto start = MonotonicClock::now();
-      if (rackrun::coordinator::CheckHealth(pinger.client().channel(), 5s) != 1) {
+      if (rackrun::rpc::CheckHealth(pinger.client().channel(), 5s) != 1) {
         Die("Health.Check did not say SERVING");
       }
       const double took = rackrun::base::SecondsSince(start);

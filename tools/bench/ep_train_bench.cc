@@ -623,7 +623,11 @@ std::string DominantPhase(const PolicyResult& r) {
 
 }  // namespace
 
+// In sections: 1. flags and the MPI world; 2. the layouts and the trace folder; 3. the runs,
+// interleaved step by step; 4. (rank 0) the self-check and the figures every output shares;
+// 5. JSON, or 6. the tables (layouts, step time, exposed cost, rank loads, replay check).
 int main(int argc, char** argv) {
+  // 1. Flags and the MPI world.
   Options o;
   rackrun::bench::BenchStartup bench(
       argc, argv,
@@ -660,7 +664,7 @@ int main(int argc, char** argv) {
   const int rank = channel->rank();
   const int ranks = channel->size();
 
-  // The bench's defaults first, so the user's --set wins.
+  // 2. The layouts and the trace folder. The bench's defaults first, so the user's --set wins.
   std::vector<std::string> overrides = {"model.moe.aux_loss_coef=0", "resources.threads=1"};
   overrides.insert(overrides.end(), o.overrides.begin(), o.overrides.end());
 
@@ -695,6 +699,7 @@ int main(int argc, char** argv) {
   }
   OrDie(channel->Broadcast(dir, sizeof(dir), comm::DataType::kByte, 0), rank, "broadcast");
 
+  // 3. The runs: a fresh trainer per layout and policy, all stepped in turn.
   std::vector<PolicyResult> results;
   const double start = rackrun::base::NowSeconds();
   const double load_start = rackrun::bench::LoadAverage();
@@ -722,8 +727,9 @@ int main(int argc, char** argv) {
     return 0;
   }
 
-  // The replay is the bench's self-check: a trace that cannot be read or plans that do not
-  // reproduce what the ranks executed fail the run (exit 1), after the figures are printed.
+  // 4. Rank 0 only. The replay is the bench's self-check: a trace that cannot be read or
+  // plans that do not reproduce what the ranks executed fail the run (exit 1), after the
+  // figures are printed.
   const bool self_check_ok = std::all_of(results.begin(), results.end(), [](const PolicyResult& r) {
     return r.replay_note.empty() && r.replay_matches_rows;
   });
@@ -773,6 +779,7 @@ int main(int argc, char** argv) {
     return 100 * Median(f);
   };
 
+  // 5. JSON.
   if (bench.json()) {
     nlohmann::json j;
     j["spec"] = o.spec;
@@ -892,6 +899,7 @@ int main(int argc, char** argv) {
     return self_check_ok ? 0 : 1;
   }
 
+  // 6. The tables.
   const char* wait_policy = std::getenv("OMP_WAIT_POLICY");
   std::printf(
       "ep_train_bench: %s, %d ranks x %d thread%s on %u cores (%s), MPI shared memory, "

@@ -364,6 +364,7 @@ int main(int argc, char** argv) {
 
   const char* split_name =
       split == rackrun::planner::SplitRounding::kCumulative ? "cumulative" : "largest_remainder";
+  // 3. The output: one JSON document, or the two tables.
   if (json) {
     nlohmann::json quality = nlohmann::json::array();
     for (const TailRow& r : tail_rows) {

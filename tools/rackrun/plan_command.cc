@@ -1,5 +1,7 @@
 // rackrun plan: replays a load trace (or generated loads) through balancing policies and
 // prints, per policy, imbalance, replicas, fan-out, simulated layer time and solve time.
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -17,8 +19,6 @@
 #include <utility>
 #include <vector>
 
-#include <unistd.h>
-
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/numbers.h"
@@ -28,6 +28,7 @@
 #include "base/file.h"
 #include "base/signals.h"
 #include "base/statistics.h"
+#include "base/string_view.h"
 #include "flags/flags.h"
 #include "nlohmann/json.hpp"
 #include "planner/cluster.h"
@@ -86,7 +87,7 @@ exit status: 0 ok, 1 failure (bad trace, invariant violation), 2 usage error.
 constexpr int64_t kMaxEntries = 1000000;
 constexpr int64_t kMaxLoadsPerEntry = int64_t{1} << 24;
 
-absl::string_view AsAbsl(std::string_view s) { return absl::string_view(s.data(), s.size()); }
+using base::AsAbsl;
 
 // printf into a std::string (the CLI links Abseil's strings, not str_format).
 __attribute__((format(printf, 1, 2))) std::string Format(const char* format, ...) {
@@ -130,21 +131,13 @@ absl::Status Problem(std::string_view value, std::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat("'", AsAbsl(value), "' ", AsAbsl(what)));
 }
 
-// Declares every option on `flag_set`, bound to `f` (its values are the defaults shown);
-// returns the generator options' section (rejected with --trace: a trace fixes the domain
-// and loads).
-int DeclareFlags(flags::FlagSet& flag_set, PlanFlags& f) {
-  constexpr double kIntMax = 1 << 30;
-  constexpr double kTwoTo40 = static_cast<double>(int64_t{1} << 40);
-  f.gen.microbatches = 20;
-  flag_set.Describe(kDescription);
-  flag_set.Epilogue(kEpilogue);
+// Bounds of the flags' ranges.
+constexpr double kIntMax = 1 << 30;
+constexpr double kTwoTo40 = static_cast<double>(int64_t{1} << 40);
 
-  flag_set.Section("input (one of)");
-  flag_set.String("--trace", &f.trace, "FILE",
-                  "JSON Lines trace (docs/design.md section 8.3), replayed in file order");
-  flag_set.Switch("--generate", &f.generate, "generate loads in memory (options below)");
-
+// The generator's options; returns their section (rejected with --trace: a trace fixes the
+// domain and loads).
+int DeclareGeneratorFlags(flags::FlagSet& flag_set, PlanFlags& f) {
   const int generator = flag_set.Section("generator options (only with --generate)");
   flag_set.Int("--ranks", &f.gen.ranks, "N", "source/expert ranks G").Range(1, 65536);
   flag_set.Int("--experts", &f.gen.experts, "N", "logical experts, a multiple of --ranks")
@@ -205,6 +198,10 @@ int DeclareFlags(flags::FlagSet& flag_set, PlanFlags& f) {
       .Range(0, 1);
   flag_set.String("--out", &f.out, "FILE", "write the generated trace to FILE instead of planning");
 
+  return generator;
+}
+
+void DeclarePolicyFlags(flags::FlagSet& flag_set, PlanFlags& f) {
   flag_set.Section("policies and domain");
   flag_set
       .Custom("--policy", "LIST", "comma-separated from ultraep,greedy,eplb,none,ideal",
@@ -255,7 +252,9 @@ int DeclareFlags(flags::FlagSet& flag_set, PlanFlags& f) {
                "plan the first N microbatches (eplb builds its history) but leave them out of "
                "every statistic")
       .Range(0, kTwoTo40);
+}
 
+void DeclareClusterFlags(flags::FlagSet& flag_set, PlanFlags& f) {
   flag_set.Section(
       "cluster: D racks of EP G, data parallel across racks (with --domains; defaults: a "
       "DeepSeek-V3-like model, sources in planner/cluster.cc)",
@@ -308,7 +307,24 @@ int DeclareFlags(flags::FlagSet& flag_set, PlanFlags& f) {
                   "achieved expert and dense GEMM TFLOP/s per GPU")
       .Range(1e-3, 1e6)
       .Default("the preset's, 593.4");
+}
 
+// Declares every option on `flag_set`, bound to `f` (its values are the defaults shown);
+// returns the generator options' section (rejected with --trace: a trace fixes the domain
+// and loads).
+int DeclareFlags(flags::FlagSet& flag_set, PlanFlags& f) {
+  f.gen.microbatches = 20;
+  flag_set.Describe(kDescription);
+  flag_set.Epilogue(kEpilogue);
+
+  flag_set.Section("input (one of)");
+  flag_set.String("--trace", &f.trace, "FILE",
+                  "JSON Lines trace (docs/design.md section 8.3), replayed in file order");
+  flag_set.Switch("--generate", &f.generate, "generate loads in memory (options below)");
+
+  const int generator = DeclareGeneratorFlags(flag_set, f);
+  DeclarePolicyFlags(flag_set, f);
+  DeclareClusterFlags(flag_set, f);
   flag_set.Section("hardware model and output");
   flag_set.String("--preset", &f.preset, "NAME",
                   "hardware preset for the simulator and fan-out cost model (h200-nvl72: "
@@ -750,106 +766,125 @@ json StepJson(const pl::StepTime& s) {
 }
 
 // --domains: every domain's own stream through its own planners, then the step table.
-int PlanCluster(const PlanFlags& f, pl::ReplayOptions options, int64_t expert_bytes) {
+// The cluster of --domains with the flags' model: the routed expert parameters from the
+// preset's expert unless --expert-params; --gpu-tflops into `hw`.
+absl::StatusOr<pl::ClusterModel> ClusterModelOf(const PlanFlags& f, pl::HardwareModel& hw) {
   pl::ClusterModel model = f.cluster;
   model.domains = *f.domains;
   if (f.expert_params <= 0) {
     model.expert_params = static_cast<double>(model.moe_layers) * f.gen.experts *
-                          static_cast<double>(options.hardware.expert_bytes()) /
-                          static_cast<double>(options.hardware.bytes_per_element);
+                          static_cast<double>(hw.expert_bytes()) /
+                          static_cast<double>(hw.bytes_per_element);
   } else {
     model.expert_params = f.expert_params;
   }
-  if (f.gpu_tflops > 0) options.hardware.gemm_flops_per_s = f.gpu_tflops * 1e12;
-  if (absl::Status s = model.Validate(); !s.ok()) return Fail(s);
-  const pl::HardwareModel hw = options.hardware;
+  if (f.gpu_tflops > 0) hw.gemm_flops_per_s = f.gpu_tflops * 1e12;
+  if (absl::Status s = model.Validate(); !s.ok()) return s;
+  return model;
+}
 
+// Generates every domain's loads (domain d with its own seed) and replays them, microbatch
+// by microbatch and layer by layer, through the policies.
+absl::Status ReplayDomains(const PlanFlags& f, int domains, pl::ClusterReplay& cluster) {
+  const auto in_domain = [](int d, const absl::Status& s) {
+    return absl::Status(s.code(), absl::StrCat("domain ", d, ": ", s.message()));
+  };
   std::vector<pl::LoadGenerator> generators;
-  for (int d = 0; d < model.domains; ++d) {
+  for (int d = 0; d < domains; ++d) {
     pl::GeneratorOptions g = f.gen;
     g.seed = pl::DomainSeed(f.gen.seed, d);
     absl::StatusOr<pl::LoadGenerator> generator = pl::LoadGenerator::Create(g);
-    if (!generator.ok()) return Fail(absl::Status(generator.status().code(),
-                                                  absl::StrCat("domain ", d, ": ", generator.status().message())));
+    if (!generator.ok()) return in_domain(d, generator.status());
     generators.push_back(*std::move(generator));
   }
-  pl::ClusterReplay cluster(std::move(options), model, f.gen.topk);
-  Progress progress("planned", int64_t{model.domains} * f.gen.microbatches * f.gen.layers);
+  Progress progress("planned", int64_t{domains} * f.gen.microbatches * f.gen.layers);
   int64_t done = 0;
   for (int64_t mb = 0; mb < f.gen.microbatches; ++mb) {
     for (int layer = 0; layer < f.gen.layers; ++layer) {
-      for (int d = 0; d < model.domains; ++d) {
-        absl::StatusOr<pl::TraceEntry> entry = generators[static_cast<size_t>(d)].Generate(mb, layer);
-        if (!entry.ok()) {
-          return Fail(absl::Status(entry.status().code(),
-                                   absl::StrCat("domain ", d, ": ", entry.status().message())));
-        }
-        if (absl::Status s = cluster.Add(d, *entry); !s.ok()) return Fail(s);
+      for (int d = 0; d < domains; ++d) {
+        absl::StatusOr<pl::TraceEntry> entry =
+            generators[static_cast<size_t>(d)].Generate(mb, layer);
+        if (!entry.ok()) return in_domain(d, entry.status());
+        if (absl::Status s = cluster.Add(d, *entry); !s.ok()) return s;
         progress.Update(++done);
       }
     }
   }
-  const pl::Replay& first = cluster.domain(0);
-  ReplayView view{cluster.Merged(), first.domain(), 0, first.microbatches(),
-                  first.measured_microbatches(), first.layers()};
-  for (int d = 0; d < cluster.domains(); ++d) view.entries += cluster.domain(d).entries();
-  if (view.entries == 0) return NoEntries(f, view);
-  if (absl::Status s = cluster.Finish(); !s.ok()) return Fail(s);
+  return absl::OkStatus();
+}
 
-  const int ep = view.domain.ranks;
-  const std::vector<pl::PolicySteps>& steps = cluster.steps();
-  const pl::StepTime& ideal = steps.back().mean;
-  const pl::StepTime* none = nullptr;
+// The mean step of the policy that does not balance (its tokens stay with the masters),
+// the baseline of "vs none"; null when it was not replayed.
+const pl::StepTime* UnbalancedStep(const std::vector<pl::PolicySteps>& steps) {
   for (size_t p = 0; p + 1 < steps.size(); ++p) {
-    if (steps[p].policy == "none") none = &steps[p].mean;
+    const pl::PolicyTraits* traits = pl::FindPolicy(steps[p].policy);
+    if (traits != nullptr && traits->split == pl::TokenSplit::kMastersOnly) return &steps[p].mean;
   }
-  const pl::GradientReduce& reduce = cluster.reduce();
+  return nullptr;
+}
+
+// What the cluster's outputs print from: the replay and its mean steps per policy (the
+// ideal bound last), the baseline policy's, the gradient all-reduce, the ranks per domain.
+struct ClusterView {
+  const PlanFlags& f;
+  const pl::ClusterReplay& cluster;
+  const pl::ClusterModel& model;
+  const pl::HardwareModel& hw;
+  int64_t expert_bytes;
+  const ReplayView& view;
+  const std::vector<pl::PolicySteps>& steps;
+  const pl::StepTime& ideal;
+  const pl::StepTime* none;
+  const pl::GradientReduce& reduce;
+  int ep;
+};
+
+void PrintClusterJson(const ClusterView& c) {
+  const auto& [f, cluster, model, hw, expert_bytes, view, steps, ideal, none, reduce, ep] = c;
   const double solves_per_step =
       static_cast<double>(model.moe_layers) * model.microbatches_per_step;
-
-  if (f.json) {
-    json doc = ReplayJson(f, hw, expert_bytes, view);
-    json policies = json::array();
-    for (size_t p = 0; p < steps.size(); ++p) {
-      const pl::StepTime& s = steps[p].mean;
-      json j = StepJson(s);
-      j["policy"] = steps[p].policy;
-      j["percent_of_ideal"] = 100.0 * ideal.total_s / s.total_s;
-      if (none != nullptr) j["speedup_over_none"] = none->total_s / s.total_s;
-      j["balancing_percent_of_step"] = 100.0 * s.balancing_s / s.total_s;
-      if (p + 1 < steps.size()) {
-        const DomainSolves solves = SolvesByDomain(cluster, p);
-        j["solve_us_p50_domain_median"] = solves.p50_median;
-        j["solve_us_p50_domain_max"] = solves.p50_max;
-        j["solve_percent_of_step_if_exposed"] =
-            100.0 * solves.p50_median * 1e-6 * solves_per_step / s.total_s;
-      }
-      policies.push_back(std::move(j));
+  json doc = ReplayJson(f, hw, expert_bytes, view);
+  json policies = json::array();
+  for (size_t p = 0; p < steps.size(); ++p) {
+    const pl::StepTime& s = steps[p].mean;
+    json j = StepJson(s);
+    j["policy"] = steps[p].policy;
+    j["percent_of_ideal"] = 100.0 * ideal.total_s / s.total_s;
+    if (none != nullptr) j["speedup_over_none"] = none->total_s / s.total_s;
+    j["balancing_percent_of_step"] = 100.0 * s.balancing_s / s.total_s;
+    if (p + 1 < steps.size()) {
+      const DomainSolves solves = SolvesByDomain(cluster, p);
+      j["solve_us_p50_domain_median"] = solves.p50_median;
+      j["solve_us_p50_domain_max"] = solves.p50_max;
+      j["solve_percent_of_step_if_exposed"] =
+          100.0 * solves.p50_median * 1e-6 * solves_per_step / s.total_s;
     }
-    doc["cluster"] = {
-        {"domains", model.domains},
-        {"ep", ep},
-        {"gpus", int64_t{model.domains} * ep},
-        {"allreduce", std::string(pl::AllReduceAlgorithmName(model.allreduce))},
-        {"scaleout_gbps", model.scaleout_gbps},
-        {"scaleout_efficiency", model.scaleout_efficiency},
-        {"scaleout_latency_us", model.scaleout_latency_s * 1e6},
-        {"dense_params", model.dense_params},
-        {"expert_params", model.expert_params},
-        {"moe_layers", model.moe_layers},
-        {"microbatches_per_step", model.microbatches_per_step},
-        {"gemm_flops_per_s", hw.gemm_flops_per_s},
-        {"steps", steps.front().steps.size()},
-        {"gradient_reduce_ms",
-         {{"dense_scaleup", reduce.dense_scaleup_s * 1e3},
-          {"dense_scaleout", reduce.dense_scaleout_s * 1e3},
-          {"expert_scaleout", reduce.expert_scaleout_s * 1e3},
-          {"total", reduce.total_s * 1e3}}},
-        {"policies", std::move(policies)}};
-    std::printf("%s\n", doc.dump(2).c_str());
-    return 0;
+    policies.push_back(std::move(j));
   }
+  doc["cluster"] = {{"domains", model.domains},
+                    {"ep", ep},
+                    {"gpus", int64_t{model.domains} * ep},
+                    {"allreduce", std::string(pl::AllReduceAlgorithmName(model.allreduce))},
+                    {"scaleout_gbps", model.scaleout_gbps},
+                    {"scaleout_efficiency", model.scaleout_efficiency},
+                    {"scaleout_latency_us", model.scaleout_latency_s * 1e6},
+                    {"dense_params", model.dense_params},
+                    {"expert_params", model.expert_params},
+                    {"moe_layers", model.moe_layers},
+                    {"microbatches_per_step", model.microbatches_per_step},
+                    {"gemm_flops_per_s", hw.gemm_flops_per_s},
+                    {"steps", steps.front().steps.size()},
+                    {"gradient_reduce_ms",
+                     {{"dense_scaleup", reduce.dense_scaleup_s * 1e3},
+                      {"dense_scaleout", reduce.dense_scaleout_s * 1e3},
+                      {"expert_scaleout", reduce.expert_scaleout_s * 1e3},
+                      {"total", reduce.total_s * 1e3}}},
+                    {"policies", std::move(policies)}};
+  std::printf("%s\n", doc.dump(2).c_str());
+}
 
+void PrintClusterTable(const ClusterView& c) {
+  const auto& [f, cluster, model, hw, expert_bytes, view, steps, ideal, none, reduce, ep] = c;
   PrintReplay(f, hw, expert_bytes, view, absl::StrCat(" x ", model.domains, " domains"));
   std::printf(
       "\ncluster: %d domains x EP%d = %lld GPUs; %zu steps of %d microbatches x %d MoE layers; "
@@ -895,6 +930,38 @@ int PlanCluster(const PlanFlags& f, pl::ReplayOptions options, int64_t expert_by
       "%% of ideal: the force-balanced ideal step / the step; vs none: none's step / the step; "
       "balancing: exposed fan-out, replica-gradient reduction and re-placement; solve: this "
       "CPU's planner time, one domain per solve, not in the step.\n");
+}
+
+int PlanCluster(const PlanFlags& f, pl::ReplayOptions options, int64_t expert_bytes) {
+  absl::StatusOr<pl::ClusterModel> model = ClusterModelOf(f, options.hardware);
+  if (!model.ok()) return Fail(model.status());
+  const pl::HardwareModel hw = options.hardware;
+  pl::ClusterReplay cluster(std::move(options), *model, f.gen.topk);
+  if (absl::Status s = ReplayDomains(f, model->domains, cluster); !s.ok()) return Fail(s);
+  const pl::Replay& first = cluster.domain(0);
+  ReplayView view{
+      cluster.Merged(), first.domain(), 0, first.microbatches(), first.measured_microbatches(),
+      first.layers()};
+  for (int d = 0; d < cluster.domains(); ++d) view.entries += cluster.domain(d).entries();
+  if (view.entries == 0) return NoEntries(f, view);
+  if (absl::Status s = cluster.Finish(); !s.ok()) return Fail(s);
+  const std::vector<pl::PolicySteps>& steps = cluster.steps();
+  const ClusterView printed{f,
+                            cluster,
+                            *model,
+                            hw,
+                            expert_bytes,
+                            view,
+                            steps,
+                            steps.back().mean,
+                            UnbalancedStep(steps),
+                            cluster.reduce(),
+                            view.domain.ranks};
+  if (f.json) {
+    PrintClusterJson(printed);
+  } else {
+    PrintClusterTable(printed);
+  }
   return 0;
 }
 

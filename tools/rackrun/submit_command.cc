@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "comm/channel_names.h"
 #include "jobspec/spec.h"
 #include "tools/rackrun/client.h"
 #include "tools/rackrun/command.h"
@@ -49,7 +50,11 @@ int SubmitCommand(const Args& args) {
                           "SPEC [--set FIELD=VALUE]... [--request-id ID] [--watch [--every N]\n"
                           "                      [--plain]] [--retry-for SECONDS] "
                           "[connection options]");
-  flag_set.Describe(kDescription);
+  // The channel choices from comm's one list (channel_names.h).
+  flag_set.Describe(absl::StrCat(
+      kDescription,
+      "\nThe workers connect the job's ranks by the data channel resources.channel names: ",
+      comm::ChannelChoices(), ".\n"));
   flag_set.Epilogue(kExitCodes);
   flag_set.Positional("SPEC", &spec_path, "the job spec file (YAML or JSON)");
   flag_set.Strings("--set", &overrides, "FIELD=VALUE",

@@ -8,8 +8,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <memory>
 #include <mutex>
-#include <new>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -17,15 +17,17 @@
 #include <vector>
 
 #include "absl/strings/str_format.h"
+#include "base/resource_failure.h"
 #include "base/signals.h"
-#include "flags/flags.h"
+#include "base/status.h"
 #include "comm/data_channel.h"
 #include "comm/mpi_channel.h"
+#include "flags/flags.h"
+#include "jobspec/job_memory.h"
+#include "jobspec/spec.h"
 #include "runtime/cpu/gemm.h"
 #include "runtime/fault_injection.h"
 #include "runtime/job_config.h"
-#include "jobspec/job_memory.h"
-#include "jobspec/spec.h"
 #include "runtime/step_log.h"
 #include "runtime/trainer.h"
 #include "runtime/training_session.h"
@@ -74,12 +76,21 @@ example:
   rackrun train examples/tiny-moe.yaml --set training.steps=50
 )";
 
-// The flags, into `overrides` in command-line order (--log-json is --set logging.json=...).
-void DeclareFlags(flags::FlagSet& flag_set, std::string* spec_path,
-                  std::vector<std::string>* overrides, std::string* resume, bool* print_spec) {
+// What the command line asked for.
+struct TrainArgs {
+  std::string spec_path;
+  std::vector<std::string> overrides;
+  std::string resume;
+  bool print_spec = false;
+};
+
+// The flags, into `a`; the overrides in command-line order (--log-json is --set
+// logging.json=...).
+void DeclareFlags(flags::FlagSet& flag_set, TrainArgs& a) {
+  std::vector<std::string>* overrides = &a.overrides;
   flag_set.Describe(kDescription);
   flag_set.Epilogue(kEpilogue);
-  flag_set.Positional("SPEC", spec_path, "the job spec file (YAML or JSON)");
+  flag_set.Positional("SPEC", &a.spec_path, "the job spec file (YAML or JSON)");
   flag_set.Strings("--set", overrides, "FIELD=VALUE",
                    "override a spec field, e.g. --set training.steps=50 (repeatable)");
   const auto override_of = [overrides](std::string field) {
@@ -94,7 +105,7 @@ void DeclareFlags(flags::FlagSet& flag_set, std::string* spec_path,
                   "record every training microbatch's expert loads (logging.load_trace), "
                   "replayable with `rackrun plan --trace FILE`",
                   override_of("logging.load_trace"));
-  flag_set.String("--resume", resume, "PATH",
+  flag_set.String("--resume", &a.resume, "PATH",
                   "continue from a checkpoint file (DIR/step-NNNNNNNN.ckpt), or the newest one in "
                   "a checkpoint folder; checkpoints keep going to checkpoint.dir (default: that "
                   "folder). Resuming from an older checkpoint of the folder moves its newer ones "
@@ -106,7 +117,7 @@ void DeclareFlags(flags::FlagSet& flag_set, std::string* spec_path,
                   "elsewhere (checkpoint.start_over; nothing is deleted; no effect when --resume "
                   "continues checkpoint.dir's own checkpoints)",
                   [overrides] { overrides->push_back("checkpoint.start_over=true"); });
-  flag_set.Switch("--print-spec", print_spec,
+  flag_set.Switch("--print-spec", &a.print_spec,
                   "print the effective spec (defaults filled in) as JSON and exit");
 }
 
@@ -119,101 +130,93 @@ int LocalRanks() {
   return 1;
 }
 
-int RunTrain(const Args& args) {
-  std::string spec_path;
-  std::vector<std::string> overrides;
-  std::string resume;
-  bool print_spec = false;
-  flags::FlagSet flag_set("rackrun train", kSynopsis);
-  DeclareFlags(flag_set, &spec_path, &overrides, &resume, &print_spec);
-  if (std::optional<int> exit = flag_set.ParseCommandLine(args)) return *exit;
-
-  absl::StatusOr<rackrun::v1::JobSpec> spec = jobspec::LoadJobSpec(spec_path, overrides);
-  if (!spec.ok()) {
-    std::fprintf(stderr, "rackrun train: %s\n", std::string(spec.status().message()).c_str());
-    return 1;
-  }
-  if (!resume.empty() && spec->checkpoint().dir().empty()) {
+// The spec with its overrides; --resume of a checkpoint file or folder with no
+// checkpoint.dir keeps writing checkpoints beside it.
+absl::StatusOr<rackrun::v1::JobSpec> LoadSpec(const TrainArgs& a) {
+  absl::StatusOr<rackrun::v1::JobSpec> spec = jobspec::LoadJobSpec(a.spec_path, a.overrides);
+  if (!spec.ok()) return spec.status();
+  if (!a.resume.empty() && spec->checkpoint().dir().empty()) {
     std::error_code ec;
-    const std::filesystem::path p(resume);
+    const std::filesystem::path p(a.resume);
     spec->mutable_checkpoint()->set_dir(
         std::filesystem::is_directory(p, ec) ? p.string() : p.parent_path().string());
   }
-  if (print_spec) {
-    std::printf("%s\n", jobspec::JobSpecToJson(*spec).c_str());
-    return 0;
+  return spec;
+}
+
+// Several ranks: one MPI data channel over all of them (null for one rank). A fatal error
+// on any rank then ends the whole job (AbortJob) instead of leaving peers waiting in a
+// collective.
+absl::StatusOr<std::unique_ptr<comm::DataChannel>> OpenLauncherChannel(int launched) {
+  if (launched <= 1) return nullptr;
+  absl::StatusOr<comm::ChannelOptions> options = comm::ChannelOptions::FromEnv();
+  if (!options.ok()) return options.status();
+  absl::StatusOr<std::unique_ptr<comm::DataChannel>> channel = comm::CreateMpiChannel(*options);
+  if (!channel.ok()) return channel.status();
+  if ((*channel)->size() != launched) {
+    std::fprintf(stderr,
+                 "rackrun train: the launcher started %d ranks but MPI sees %d; this MPI "
+                 "library does not match the launcher (under Slurm use srun --mpi=pmix)\n",
+                 launched, (*channel)->size());
+    comm::AbortJob(1);
   }
-  // Several ranks: one MPI data channel over all of them. A fatal error on any rank then
-  // ends the whole job (AbortJob) instead of leaving peers waiting in a collective.
-  std::unique_ptr<comm::DataChannel> channel;
-  const int launched = comm::LauncherWorldSize();
-  if (launched > 1) {
-    absl::StatusOr<comm::ChannelOptions> options = comm::ChannelOptions::FromEnv();
-    if (!options.ok()) {
-      std::fprintf(stderr, "rackrun train: %s\n", std::string(options.status().message()).c_str());
-      return 1;
-    }
-    absl::StatusOr<std::unique_ptr<comm::DataChannel>> mpi = comm::CreateMpiChannel(*options);
-    if (!mpi.ok()) {
-      std::fprintf(stderr, "rackrun train: %s\n", std::string(mpi.status().message()).c_str());
-      return 1;
-    }
-    channel = *std::move(mpi);
-    if (channel->size() != launched) {
-      std::fprintf(stderr,
-                   "rackrun train: the launcher started %d ranks but MPI sees %d; this MPI "
-                   "library does not match the launcher (under Slurm use srun --mpi=pmix)\n",
-                   launched, channel->size());
-      comm::AbortJob(1);
-    }
-  }
-  const int rank = channel != nullptr ? channel->rank() : 0;
-  const bool lead = rank == 0;
-  const auto fail = [&](const std::string& what, const absl::Status& s) {
-    std::fprintf(stderr, "rackrun train: %s%s%s\n",
-                 channel != nullptr ? ("rank " + std::to_string(rank) + ": ").c_str() : "",
-                 what.c_str(), std::string(s.message()).c_str());
-    if (channel != nullptr) comm::AbortJob(1);
+  return channel;
+}
+
+// How a rank reports a failure once its channel exists: "rackrun train: rank R: WHAT..." on
+// stderr; under a launcher the whole job ends (AbortJob).
+class Failure {
+ public:
+  explicit Failure(const comm::DataChannel* channel) : channel_(channel) {}
+  int operator()(const std::string& what, const absl::Status& s) const {
+    std::fprintf(
+        stderr, "rackrun train: %s%s%s\n",
+        channel_ != nullptr ? ("rank " + std::to_string(channel_->rank()) + ": ").c_str() : "",
+        what.c_str(), std::string(s.message()).c_str());
+    if (channel_ != nullptr) comm::AbortJob(1);
     return 1;
-  };
+  }
+
+ private:
+  const comm::DataChannel* channel_;
+};
+
+// The trainer, resumed from --resume, every output checked and claimed before the first
+// step (the ranks' resume states too); a failure says which of the three went wrong.
+absl::StatusOr<std::unique_ptr<rt::TrainingSession>> StartSession(const rackrun::v1::JobSpec& spec,
+                                                                  const TrainArgs& a,
+                                                                  comm::DataChannel* channel) {
   rt::SessionOptions session_options;
-  session_options.resume_from = resume;
-  // Fault injection for the end-to-end tests (runtime/fault_injection.h).
-  absl::StatusOr<std::optional<rt::FaultInjection>> faults = rt::FaultInjection::FromEnvironment();
-  if (!faults.ok()) return fail("", faults.status());
-  if (faults->has_value()) session_options.trainer.faults = &**faults;
-  // The expert-parallel layout on the launched ranks, refused before anything is allocated.
-  absl::StatusOr<jobspec::ExpertParallelLayout> layout =
-      jobspec::ExpertParallelLayoutOf(*spec, launched > 1 ? launched : 1);
-  if (!layout.ok()) return fail(spec_path + ": ", layout.status());
-  // What this machine cannot hold or run is refused before anything is allocated.
-  absl::StatusOr<jobspec::JobMemoryEstimate> memory = rt::CheckJobFitsThisMachine(
-      *spec, launched > 1 ? launched : 1, LocalRanks(), spec->resources().threads());
-  if (!memory.ok()) return fail(spec_path + ": ", memory.status());
-  // The trainer, resumed from --resume, every output checked and claimed before the first
-  // step (the ranks' resume states too).
+  session_options.resume_from = a.resume;
   rt::SessionStage stage = rt::SessionStage::kCreate;
   absl::StatusOr<std::unique_ptr<rt::TrainingSession>> session =
-      rt::TrainingSession::Start(*spec, channel.get(), session_options, &stage);
-  if (!session.ok()) {
-    switch (stage) {
-      case rt::SessionStage::kCreate: return fail(spec_path + ": ", session.status());
-      case rt::SessionStage::kResume: return fail("--resume: ", session.status());
-      case rt::SessionStage::kPrepare: break;
-    }
-    return fail("", session.status());
+      rt::TrainingSession::Start(spec, channel, session_options, &stage);
+  if (session.ok()) return session;
+  switch (stage) {
+    case rt::SessionStage::kCreate:
+      return base::Annotate(session.status(), a.spec_path);
+    case rt::SessionStage::kResume:
+      return base::Annotate(session.status(), "--resume");
+    case rt::SessionStage::kPrepare:
+      break;
   }
-  rt::Trainer& t = (*session)->trainer();
-  if (lead && !(*session)->resumed_from().empty()) {
-    std::printf("resumed at step %lld from %s\n", static_cast<long long>(t.step()), resume.c_str());
+  return session.status();
+}
+
+// Rank 0's lines before the first step: the resume, notes, the layout, the model, the data,
+// memory and kernels.
+void PrintJob(const rt::TrainingSession& session, const TrainArgs& a,
+              const comm::DataChannel* channel, const jobspec::JobMemoryEstimate& memory) {
+  const rt::Trainer& t = session.trainer();
+  if (!session.resumed_from().empty()) {
+    std::printf("resumed at step %lld from %s\n", static_cast<long long>(t.step()),
+                a.resume.c_str());
     if (!t.resume_note().empty()) std::printf("note: %s\n", t.resume_note().c_str());
   }
-  if (lead) {
-    for (const std::string& note : t.notes()) std::printf("note: %s\n", note.c_str());
-  }
+  for (const std::string& note : t.notes()) std::printf("note: %s\n", note.c_str());
   const rackrun::v1::ModelSpec& m = t.spec().model();
   const rt::TrainConfig& c = t.config();
-  if (lead && t.ranks() > 1) {
+  if (t.ranks() > 1) {
     const rackrun::v1::BalancerSpec& b = t.spec().balancer();
     std::printf(
         "expert parallel: %d ranks (%s) = %d domain%s (data_parallel) x %d ranks "
@@ -222,81 +225,70 @@ int RunTrain(const Args& args) {
         t.data_parallel_degree() > 1 ? "s" : "", t.expert_parallel_degree(),
         m.moe().experts() / t.expert_parallel_degree(), b.slots(), b.policy().c_str());
   }
-  if (lead)
-    std::printf(
-        "job %s: %s N=%d%s, %d blocks, C=%d, %d heads, %d experts top-%d, vocab %d, %lld "
-        "parameters\n",
-        t.spec().name().c_str(), m.residual().c_str(), m.streams(),
-        m.active() > 0 ? (" k=" + std::to_string(m.active())).c_str() : "", m.blocks(), m.width(),
-        m.heads(), m.moe().experts(), m.moe().top_k(), m.vocab(),
-        static_cast<long long>(t.parameter_count()));
-  if (lead)
-    std::printf(
-        "data: %s, %lld train tokens (unigram entropy %s), %lld validation tokens; tokenizer "
-        "%s; %d x %d tokens x %d microbatch(es) per step; %d threads\n",
-        t.train_data().Describe().c_str(), static_cast<long long>(t.train_tokens()),
-        t.train_unigram_entropy() >= 0
-            ? absl::StrFormat("%.4f nats/token", t.train_unigram_entropy()).c_str()
-            : "unknown",
-        static_cast<long long>(t.validation_tokens()),
-        t.train_data().tokenizer().Describe().c_str(), c.batch_size, c.seq_len, c.microbatches,
-        omp_get_max_threads());
-  if (lead) {
-    std::printf("memory: estimated %s; this machine: %s\n", memory->Describe().c_str(),
-                jobspec::ReadMachineMemory().Describe().c_str());
-    std::printf("kernels: %s\n", rt::cpu::GemmDescription(omp_get_max_threads()).c_str());
-  }
-  std::fflush(stdout);
+  std::printf(
+      "job %s: %s N=%d%s, %d blocks, C=%d, %d heads, %d experts top-%d, vocab %d, %lld "
+      "parameters\n",
+      t.spec().name().c_str(), m.residual().c_str(), m.streams(),
+      m.active() > 0 ? (" k=" + std::to_string(m.active())).c_str() : "", m.blocks(), m.width(),
+      m.heads(), m.moe().experts(), m.moe().top_k(), m.vocab(),
+      static_cast<long long>(t.parameter_count()));
+  std::printf(
+      "data: %s, %lld train tokens (unigram entropy %s), %lld validation tokens; tokenizer "
+      "%s; %d x %d tokens x %d microbatch(es) per step; %d threads\n",
+      t.train_data().Describe().c_str(), static_cast<long long>(t.train_tokens()),
+      t.train_unigram_entropy() >= 0
+          ? absl::StrFormat("%.4f nats/token", t.train_unigram_entropy()).c_str()
+          : "unknown",
+      static_cast<long long>(t.validation_tokens()), t.train_data().tokenizer().Describe().c_str(),
+      c.batch_size, c.seq_len, c.microbatches, omp_get_max_threads());
+  std::printf("memory: estimated %s; this machine: %s\n", memory.Describe().c_str(),
+              jobspec::ReadMachineMemory().Describe().c_str());
+  std::printf("kernels: %s\n", rt::cpu::GemmDescription(omp_get_max_threads()).c_str());
+}
 
-  // SIGTERM/SIGINT (what Slurm and mpirun send first): every rank finishes its step, the
-  // job checkpoints (checkpoint.dir) and exits 0; a second signal exits at once.
-  static std::mutex signalled_mu;
-  static rt::Trainer* signalled = nullptr;  // guarded by signalled_mu; null once Run ended
-  {
-    std::lock_guard<std::mutex> lock(signalled_mu);
-    signalled = &t;
+// SIGTERM/SIGINT (what Slurm and mpirun send first): every rank finishes its step, the
+// job checkpoints (checkpoint.dir) and exits 0; a second signal exits at once. While it
+// lives, a signal stops `trainer`.
+class StopOnSignals {
+ public:
+  explicit StopOnSignals(rt::Trainer& trainer) {
+    std::lock_guard<std::mutex> lock(mu_);
+    trainer_ = &trainer;
   }
-  if (absl::Status s = rackrun::base::WatchStopSignals([](int sig) {
-        std::fprintf(stderr, "rackrun train: %s: finishing the current step, then stopping\n",
-                     strsignal(sig));
-        std::lock_guard<std::mutex> lock(signalled_mu);
-        if (signalled != nullptr) signalled->RequestStop(rt::StopReason::kDrain);
-      });
-      !s.ok()) {
-    return fail("", s);
+  ~StopOnSignals() {
+    std::lock_guard<std::mutex> lock(mu_);
+    trainer_ = nullptr;
   }
-  // Rank 0 prints the log line of every logged step.
-  std::vector<rt::TrainObserver*> observers;
-  std::unique_ptr<rt::StepLog> log;
-  if (lead) {
-    absl::StatusOr<std::unique_ptr<rt::StepLog>> made = rt::StepLog::Create(
-        c.log_interval, c.steps, /*json_path=*/"", /*append=*/false, [&](const rt::StepRecord& r) {
-          std::printf("%s\n", r.ToLogLine(c.steps).c_str());
-          std::fflush(stdout);
-        });
-    if (!made.ok()) return fail("", made.status());
-    log = *std::move(made);
-    observers.push_back(log.get());
+  StopOnSignals(const StopOnSignals&) = delete;
+  StopOnSignals& operator=(const StopOnSignals&) = delete;
+
+  static absl::Status Watch() {
+    return rackrun::base::WatchStopSignals([](int sig) {
+      std::fprintf(stderr, "rackrun train: %s: finishing the current step, then stopping\n",
+                   strsignal(sig));
+      std::lock_guard<std::mutex> lock(mu_);
+      if (trainer_ != nullptr) trainer_->RequestStop(rt::StopReason::kDrain);
+    });
   }
-  absl::StatusOr<rt::TrainSummary> summary = t.Run(observers);
-  {
-    std::lock_guard<std::mutex> lock(signalled_mu);
-    signalled = nullptr;
-  }
-  if (!summary.ok()) return fail("", summary.status());
-  if (!lead) return 0;
-  const rt::TrainSummary& s = *summary;
+
+ private:
+  static inline std::mutex mu_;
+  static inline rt::Trainer* trainer_ = nullptr;  // guarded by mu_; null once Run ended
+};
+
+// Rank 0's summary of the run.
+void PrintSummary(const rt::TrainSummary& s, int64_t total_steps) {
   if (s.stopped == rt::StopReason::kDrain) {
     std::printf("stopped by a signal at step %lld of %lld%s\n", static_cast<long long>(s.steps),
-                static_cast<long long>(c.steps),
+                static_cast<long long>(total_steps),
                 s.last_checkpoint.empty() ? " (no checkpoint.dir: nothing saved)"
                                           : (", checkpoint " + s.last_checkpoint).c_str());
-    return 0;
+    return;
   }
   if (s.losses.empty()) {
     std::printf("nothing to train: already at step %lld of %lld\n", static_cast<long long>(s.steps),
-                static_cast<long long>(c.steps));
-    return 0;
+                static_cast<long long>(total_steps));
+    return;
   }
   std::printf("summary: %lld steps (%lld this run) in %.1f s, %.0f tokens/s\n",
               static_cast<long long>(s.steps), static_cast<long long>(s.steps - s.first_step),
@@ -314,40 +306,83 @@ int RunTrain(const Args& args) {
                 best < s.train_unigram_entropy ? "below" : "ABOVE");
   }
   if (!s.last_checkpoint.empty()) std::printf("  checkpoint %s\n", s.last_checkpoint.c_str());
+}
+
+// Trains to the end (or a signal) with rank 0 printing the log line of every logged step.
+absl::StatusOr<rt::TrainSummary> Train(rt::Trainer& t, bool lead) {
+  const StopOnSignals stop(t);
+  if (absl::Status s = StopOnSignals::Watch(); !s.ok()) return s;
+  std::vector<rt::TrainObserver*> observers;
+  std::unique_ptr<rt::StepLog> log;
+  if (lead) {
+    const rt::TrainConfig& c = t.config();
+    absl::StatusOr<std::unique_ptr<rt::StepLog>> made = rt::StepLog::Create(
+        c.log_interval, c.steps, /*json_path=*/"", /*append=*/false, [&](const rt::StepRecord& r) {
+          std::printf("%s\n", r.ToLogLine(c.steps).c_str());
+          std::fflush(stdout);
+        });
+    if (!made.ok()) return made.status();
+    log = *std::move(made);
+    observers.push_back(log.get());
+  }
+  return t.Run(observers);
+}
+
+int RunTrain(const Args& args) {
+  TrainArgs a;
+  flags::FlagSet flag_set("rackrun train", kSynopsis);
+  DeclareFlags(flag_set, a);
+  if (std::optional<int> exit = flag_set.ParseCommandLine(args)) return *exit;
+  absl::StatusOr<rackrun::v1::JobSpec> spec = LoadSpec(a);
+  if (!spec.ok()) {
+    std::fprintf(stderr, "rackrun train: %s\n", std::string(spec.status().message()).c_str());
+    return 1;
+  }
+  if (a.print_spec) {
+    std::printf("%s\n", jobspec::JobSpecToJson(*spec).c_str());
+    return 0;
+  }
+  const int launched = comm::LauncherWorldSize();
+  absl::StatusOr<std::unique_ptr<comm::DataChannel>> channel = OpenLauncherChannel(launched);
+  if (!channel.ok()) {
+    std::fprintf(stderr, "rackrun train: %s\n", std::string(channel.status().message()).c_str());
+    return 1;
+  }
+  const Failure fail(channel->get());
+  const bool lead = *channel == nullptr || (*channel)->rank() == 0;
+  // Fault injection for the end-to-end tests, the process's (runtime/fault_injection.h).
+  if (absl::Status s = rt::InstallFaultInjectionFromEnvironment(); !s.ok()) return fail("", s);
+  // The expert-parallel layout on the launched ranks, and what this machine cannot hold or
+  // run, refused before anything is allocated.
+  absl::StatusOr<jobspec::ExpertParallelLayout> layout =
+      jobspec::ExpertParallelLayoutOf(*spec, launched > 1 ? launched : 1);
+  if (!layout.ok()) return fail(a.spec_path + ": ", layout.status());
+  absl::StatusOr<jobspec::JobMemoryEstimate> memory = rt::CheckJobFitsThisMachine(
+      *spec, launched > 1 ? launched : 1, LocalRanks(), spec->resources().threads());
+  if (!memory.ok()) return fail(a.spec_path + ": ", memory.status());
+  absl::StatusOr<std::unique_ptr<rt::TrainingSession>> session =
+      StartSession(*spec, a, channel->get());
+  if (!session.ok()) return fail("", session.status());
+  if (lead) PrintJob(**session, a, channel->get(), *memory);
+  std::fflush(stdout);
+  absl::StatusOr<rt::TrainSummary> summary = Train((*session)->trainer(), lead);
+  if (!summary.ok()) return fail("", summary.status());
+  if (lead) PrintSummary(*summary, (*session)->trainer().config().steps);
   return 0;
 }
 
 }  // namespace
 
 // An allocation that fails despite the estimate (other processes took the memory, a
-// ulimit, an estimate that is short) ends the job with a message, not an abort; under a launcher
-// the other ranks are ended too instead of waiting in a collective.
+// ulimit, an estimate that is short) or a thread that cannot start ends the job with a
+// message, not an abort; under a launcher the other ranks are ended too instead of waiting
+// in a collective.
 int TrainCommand(const Args& args) {
-  try {
-    return RunTrain(args);
-  } catch (const std::bad_alloc&) {
-    std::fprintf(stderr,
-                 "rackrun train: out of memory: an allocation failed although the job's memory "
-                 "estimate fit this machine when it started (other processes took memory since, "
-                 "or a ulimit -v or cgroup limit is lower); lower the model or batch sizes, or "
-                 "free memory\n");
-    if (comm::LauncherWorldSize() > 1) comm::AbortJob(1);
-    return 1;
-  } catch (const std::system_error& e) {
-    // Mostly std::thread's constructor when no more threads can start (EAGAIN: address
-    // space, ulimit -u, pids.max); any other system error is named as such.
-    if (e.code() == std::errc::resource_unavailable_try_again) {
-      std::fprintf(stderr,
-                   "rackrun train: could not start a thread (%s): the process is out of memory "
-                   "or of threads (ulimit -v, ulimit -u or the cgroup's pids.max); lower the "
-                   "model or batch sizes or raise the limit\n",
-                   e.what());
-    } else {
-      std::fprintf(stderr, "rackrun train: a system call failed: %s\n", e.what());
-    }
-    if (comm::LauncherWorldSize() > 1) comm::AbortJob(1);
-    return 1;
-  }
+  absl::StatusOr<int> exit = base::CatchResourceFailures([&] { return RunTrain(args); });
+  if (exit.ok()) return *exit;
+  std::fprintf(stderr, "rackrun train: %s\n", std::string(exit.status().message()).c_str());
+  if (comm::LauncherWorldSize() > 1) comm::AbortJob(1);
+  return 1;
 }
 
 }  // namespace rackrun::cli

@@ -1,4 +1,4 @@
-#include "comm/store_channel_checks.h"
+#include "comm/testing/store_channel_checks.h"
 
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "comm/channel_checks.h"
 #include "comm/inprocess_channel.h"
+#include "comm/testing/channel_checks.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 

@@ -1,15 +1,15 @@
-#include "coordinator/health_check.h"
-
-#include <future>
-#include <string>
-#include <vector>
+#include "rpc/health_check.h"
 
 #include <grpcpp/client_context.h>
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/support/byte_buffer.h>
 #include <grpcpp/support/slice.h>
 
-namespace rackrun::coordinator {
+#include <future>
+#include <string>
+#include <vector>
+
+namespace rackrun::rpc {
 
 int CheckHealth(const std::shared_ptr<grpc::Channel>& channel, std::chrono::milliseconds deadline) {
   grpc::GenericStub stub(channel);
@@ -25,10 +25,11 @@ int CheckHealth(const std::shared_ptr<grpc::Channel>& channel, std::chrono::mill
   std::vector<grpc::Slice> slices;
   (void)response.Dump(&slices);
   std::string bytes;
-  for (const grpc::Slice& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  for (const grpc::Slice& s : slices)
+    bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
   // Field 1, varint (tag byte 0x08), then a one-byte status.
   if (bytes.size() == 2 && bytes[0] == 0x08) return bytes[1];
   return 0;
 }
 
-}  // namespace rackrun::coordinator
+}  // namespace rackrun::rpc

@@ -1,4 +1,4 @@
-#include "comm/channel_checks.h"
+#include "comm/testing/channel_checks.h"
 
 #include <algorithm>
 #include <cmath>
