@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
 #include "comm/data_address.h"
 #include "comm/p2p_channel.h"
 #include "comm/progress.h"
@@ -44,6 +45,14 @@ constexpr std::chrono::steady_clock::duration kWatchPeriod = std::chrono::millis
 // How long teardown drives the worker to let closed endpoints, cancelled receives and
 // this rank's byes finish (the wait for the peers' byes is bounded by the channel's timeout).
 constexpr absl::Duration kTeardownBound = absl::Seconds(1);
+// How long an endpoint's creation is retried while UCX reports the peer unreachable. The
+// route to every peer is checked before (comm/data_address.h), so what is left is the
+// neighbour table: a host whose link has just come back may hold a FAILED ARP entry for a
+// peer, and connect(2) answers EHOSTUNREACH at once until the kernel probes it again (a
+// restored host's first job failed so in NetnsTest.ACutHostIsNamedAndTheJobRestartsOnA
+// SpareHost). Linux resolves a neighbour in at most 3 probes a second apart.
+constexpr absl::Duration kUnreachableRetry = absl::Seconds(4);
+constexpr absl::Duration kUnreachablePause = absl::Milliseconds(200);
 // UCX settings this channel changes from UCX's defaults; the environment's UCX_<name> wins.
 struct UcxDefault {
   const char* name;
@@ -373,7 +382,12 @@ class UcxTransport {
       params.err_handler.cb = &UcxTransport::OnPeerError;
       params.err_handler.arg = handler;
     }
-    const ucs_status_t s = ucp_ep_create(worker, &params, ep);
+    const absl::Time until = absl::Now() + kUnreachableRetry;
+    ucs_status_t s = ucp_ep_create(worker, &params, ep);
+    while (s == UCS_ERR_UNREACHABLE && absl::Now() < until) {
+      absl::SleepFor(kUnreachablePause);
+      s = ucp_ep_create(worker, &params, ep);
+    }
     if (s != UCS_OK) *ep = nullptr;
     return s;
   }
