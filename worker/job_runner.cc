@@ -21,6 +21,7 @@
 #include "jobspec/data_blend.h"
 #include "jobspec/path_confinement.h"
 #include "jobspec/spec.h"
+#include "runtime/cuda/engine.h"
 #include "runtime/job_config.h"
 #include "runtime/training_session.h"
 #ifdef RACKRUN_HAVE_NCCL
@@ -434,6 +435,7 @@ AttemptResult JobRunner::RunAttempt() try {
   runtime::TrainerOptions& trainer_options = session_options.trainer;
   trainer_options.threads = options_.threads;
   trainer_options.faults = options_.faults;
+  trainer_options.device_engine = runtime::cuda::GpuEngineFactory();  // resources.device: cuda
   if (assignment_.spec().balancer().mode() == "coordinator") {
     // A layout that does not tile the ranks is refused by the trainer before any plan.
     absl::StatusOr<jobspec::ExpertParallelLayout> layout =

@@ -18,14 +18,15 @@
 
 #include "absl/strings/str_format.h"
 #include "base/signals.h"
-#include "flags/flags.h"
 #include "comm/data_channel.h"
 #include "comm/mpi_channel.h"
-#include "runtime/cpu/gemm.h"
-#include "runtime/fault_injection.h"
-#include "runtime/job_config.h"
+#include "flags/flags.h"
 #include "jobspec/job_memory.h"
 #include "jobspec/spec.h"
+#include "runtime/cpu/gemm.h"
+#include "runtime/cuda/engine.h"
+#include "runtime/fault_injection.h"
+#include "runtime/job_config.h"
 #include "runtime/step_log.h"
 #include "runtime/trainer.h"
 #include "runtime/training_session.h"
@@ -178,6 +179,7 @@ int RunTrain(const Args& args) {
   };
   rt::SessionOptions session_options;
   session_options.resume_from = resume;
+  session_options.trainer.device_engine = rt::cuda::GpuEngineFactory();  // resources.device: cuda
   // Fault injection for the end-to-end tests (runtime/fault_injection.h).
   absl::StatusOr<std::optional<rt::FaultInjection>> faults = rt::FaultInjection::FromEnvironment();
   if (!faults.ok()) return fail("", faults.status());
@@ -245,6 +247,9 @@ int RunTrain(const Args& args) {
     std::printf("memory: estimated %s; this machine: %s\n", memory->Describe().c_str(),
                 jobspec::ReadMachineMemory().Describe().c_str());
     std::printf("kernels: %s\n", rt::cpu::GemmDescription(omp_get_max_threads()).c_str());
+    if (t.device_engine() != nullptr) {
+      std::printf("device: %s\n", t.device_engine()->Describe().c_str());
+    }
   }
   std::fflush(stdout);
 
