@@ -66,6 +66,24 @@ training: {steps: 1}
   ASSERT_FALSE(spec.ok());
   EXPECT_THAT(std::string(spec.status().message()),
               HasSubstr("resources.device: 'cuda:one' has no decimal GPU index"));
+
+  // model.precision: empty (fp32) by default; tf32 and bf16 only where a GPU computes.
+  spec = ParseJobSpec(kYaml, {});
+  EXPECT_EQ(spec->model().precision(), "");
+  for (const char* p : {"fp32", "tf32", "bf16"}) {
+    spec = ParseJobSpec(kYaml, {"resources.device=cuda", std::string("model.precision=") + p});
+    EXPECT_TRUE(spec.ok()) << p << ": " << spec.status();
+  }
+  EXPECT_TRUE(ParseJobSpec(kYaml, {"model.precision=fp32"}).ok());
+  spec = ParseJobSpec(kYaml, {"model.precision=bf16"});
+  ASSERT_FALSE(spec.ok());
+  EXPECT_THAT(std::string(spec.status().message()),
+              HasSubstr("model.precision: bf16 is a GPU precision and this job computes on the "
+                        "CPU"));
+  spec = ParseJobSpec(kYaml, {"resources.device=cuda:0", "model.precision=fp16"});
+  ASSERT_FALSE(spec.ok());
+  EXPECT_THAT(std::string(spec.status().message()),
+              HasSubstr("model.precision: unknown precision 'fp16'; choose fp32"));
 }
 
 }  // namespace

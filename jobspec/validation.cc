@@ -102,6 +102,11 @@ absl::Status ValidateModel(const rackrun::v1::ModelSpec& m) {
                                                        "; it must be a finite number > 1 "
                                                        "(10000 is usual)"));
   }
+  if (!m.precision().empty() && !OneOf(m.precision(), {"fp32", "tf32", "bf16"})) {
+    return FieldError("model.precision", absl::StrCat("unknown precision '", m.precision(),
+                                                      "'; choose fp32 (the default), tf32 or "
+                                                      "bf16"));
+  }
   if (!(m.init_std() > 0) || !(m.init_std() <= 1)) {
     return FieldError("model.init_std",
                       absl::StrCat("is ", m.init_std(),
@@ -300,6 +305,19 @@ absl::Status ValidateResources(const rackrun::v1::ResourceSpec& r) {
   return absl::OkStatus();
 }
 
+// model.precision x resources.device: the CPU engine computes in fp32 only.
+absl::Status ValidatePrecisionOnDevice(const JobSpec& spec) {
+  const std::string& p = spec.model().precision();
+  if (p.empty() || p == "fp32") return absl::OkStatus();
+  absl::StatusOr<DeviceSpec> d = ParseDevice(spec.resources().device());
+  if (d.ok() && d->is_cuda()) return absl::OkStatus();
+  return FieldError("model.precision",
+                    absl::StrCat(p,
+                                 " is a GPU precision and this job computes on the CPU, which "
+                                 "computes in fp32; set resources.device: cuda, or "
+                                 "model.precision: fp32"));
+}
+
 // parallelism: the expert-parallel degree G, a non-negative count (0 = all ranks).
 absl::Status ValidateParallelism(const rackrun::v1::ParallelismSpec& p) {
   if (p.expert_parallel() < 0) {
@@ -352,6 +370,7 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
   if (absl::Status s = ValidateCheckpoint(spec.checkpoint()); !s.ok()) return s;
   if (absl::Status s = ValidateLogging(spec.logging()); !s.ok()) return s;
   if (absl::Status s = ValidateResources(spec.resources()); !s.ok()) return s;
+  if (absl::Status s = ValidatePrecisionOnDevice(spec); !s.ok()) return s;
   if (absl::Status s = ValidateRestart(spec.restart()); !s.ok()) return s;
   if (absl::Status s = ValidateParallelism(spec.parallelism()); !s.ok()) return s;
   if (absl::Status s = ValidateExpertSplit(spec); !s.ok()) return s;

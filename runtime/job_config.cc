@@ -107,11 +107,8 @@ absl::Status CheckJobDevice(const JobSpec& spec, int ranks_here) {
   // (checked against ranks_here), "cuda:N" needs GPU N.
   absl::StatusOr<cuda::GpuInfo> gpu = cuda::CheckDevice(*device, 0, std::max(1, ranks_here));
   if (!gpu.ok()) return gpu.status();
-  return absl::UnimplementedError(absl::StrCat(
-      "resources.device: ", device->ToString(), ": the GPU (", gpu->name,
-      ") passed the device checks, but the trainer does not run on a GPU yet: runtime/cuda "
-      "holds the GPU engine's kernels, checked against the CPU engine, not the training step "
-      "(issue 35); use resources.device: cpu"));
+  // The GPU engine runs some residual modes; the others are refused here, naming the mode.
+  return cuda::CheckGpuResidualMode(spec.model().residual());
 }
 
 absl::StatusOr<jobspec::JobMemoryEstimate> CheckJobFitsThisMachine(const JobSpec& spec, int ranks,

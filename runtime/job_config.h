@@ -66,7 +66,9 @@ absl::StatusOr<jobspec::JobMemoryEstimate> CheckJobFitsThisMachine(const rackrun
 // for cuda and cuda:N the checks of runtime/cuda/device_probe.h (no GPU visible, driver
 // older than the build's CUDA, index out of range, compute capability below the build's),
 // each a FailedPrecondition naming resources.device and the cause; then, when the GPU
-// passes them, Unimplemented: the training step does not run on a GPU yet.
+// passes them, Unimplemented naming model.residual for a mode the GPU engine does not run
+// (device_probe.h's CheckGpuResidualMode). Whether this program has the GPU engine linked is
+// the trainer's question (TrainerOptions::device_engine).
 absl::Status CheckJobDevice(const rackrun::v1::JobSpec& spec, int ranks_here);
 
 // Cores this process may run on (its CPU affinity), at least 1.

@@ -51,8 +51,9 @@ TEST(JobConfigTest, TrainConfigFromTheDefaultedSpec) {
 }
 
 // resources.device: cpu passes; cuda fails before anything is allocated, with the cause
-// named: on a machine without a usable GPU (or a build without the GPU engine) the probe's
-// reason, on one with a GPU the missing GPU training step.
+// named, on a machine without a usable GPU (or a build without the GPU engine): the probe's
+// reason. On one with a GPU, a residual mode the GPU engine runs passes and the others are
+// refused naming the mode.
 TEST(JobConfigTest, DeviceIsCheckedWhereTheJobStarts) {
   absl::StatusOr<rackrun::v1::JobSpec> spec = ParseJobSpec(kYaml, {});
   ASSERT_TRUE(spec.ok()) << spec.status();
@@ -71,12 +72,42 @@ TEST(JobConfigTest, DeviceIsCheckedWhereTheJobStarts) {
       EXPECT_THAT(std::string(s.message()),
                   ::testing::HasSubstr("names GPU 7, but this machine has"));
     } else {
-      EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented) << s;
+      continue;  // a GPU the engine runs on: the mode decides (below)
     }
     // CheckJobFitsThisMachine asks first.
     absl::StatusOr<JobMemoryEstimate> fits = CheckJobFitsThisMachine(*spec, 1, 1, 0);
     ASSERT_FALSE(fits.ok());
     EXPECT_EQ(fits.status(), s);
+  }
+}
+
+TEST(JobConfigTest, GpuResidualModesAreCheckedWhereTheJobStarts) {
+  if (!cuda::VisibleGpus().ok()) GTEST_SKIP() << "no GPU here: the probe refuses first";
+  for (const std::vector<std::string>& overrides :
+       {std::vector<std::string>{"resources.device=cuda:0"},
+        std::vector<std::string>{"resources.device=cuda:0", "model.residual=vanilla",
+                                 "model.streams=1", "model.active=0"}}) {
+    absl::StatusOr<rackrun::v1::JobSpec> spec = ParseJobSpec(kYaml, overrides);
+    ASSERT_TRUE(spec.ok()) << spec.status();
+    EXPECT_TRUE(CheckJobDevice(*spec, 1).ok()) << spec->model().residual();
+  }
+  absl::StatusOr<rackrun::v1::JobSpec> spec =
+      ParseJobSpec(kYaml, {"resources.device=cuda:0", "model.residual=mhc", "model.streams=4",
+                           "model.active=0", "model.fixed=0"});
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  const absl::Status s = CheckJobDevice(*spec, 1);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented) << s;
+  EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("model.residual: mode mhc"));
+}
+
+// Runs without a GPU: the list of modes is the engine's, not the machine's.
+TEST(JobConfigTest, GpuResidualModesAreNamed) {
+  EXPECT_TRUE(cuda::CheckGpuResidualMode("vanilla").ok());
+  EXPECT_TRUE(cuda::CheckGpuResidualMode("xhc").ok());
+  for (const char* mode : {"hc", "mhc", "xhc_flash", "xhc_flash4"}) {
+    const absl::Status s = cuda::CheckGpuResidualMode(mode);
+    EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented) << mode;
+    EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr(std::string("mode ") + mode + " "));
   }
 }
 

@@ -98,17 +98,7 @@ Model<T>::Model(const ModelConfig& config, ResidualStreams<T> residual)
       embedding_(config.vocab, config.width, "embed"),
       final_norm_(config.width, "final_norm"),
       head_(config.width, config.vocab, "lm_head") {
-  MoeLayerConfig mc;
-  mc.width = config.width;
-  mc.experts = config.moe.experts;
-  mc.top_k = config.moe.top_k;
-  mc.expert_hidden = config.moe.expert_hidden;
-  mc.shared_expert = config.moe.shared_expert;
-  mc.shared_hidden = config.moe.shared_hidden;
-  mc.aux_loss_coef = config.moe.aux_loss_coef;
-  mc.bias_update_rate = config.moe.bias_update_rate;
-  mc.local_experts = config.moe.experts / config.expert_ranks;
-  mc.expert_first = config.expert_rank * mc.local_experts;
+  const MoeLayerConfig mc = MoeLayerConfigOf(config);
   for (int b = 0; b < config.blocks; ++b) {
     const std::string prefix = absl::StrCat("blocks.", b);
     attention_.push_back(std::make_unique<Attention<T>>(config.width, config.heads, config.seq_len,
@@ -182,9 +172,24 @@ void Model<T>::ZeroGrad() {
   for (auto& p : Parameters()) std::fill(p.grad, p.grad + p.size, T(0));
 }
 
-template <typename T>
-absl::Status Model<T>::Prepare(std::span<const int32_t> inputs, std::span<const int32_t> targets,
-                               int batch, std::span<const int32_t> segment_starts, bool train) {
+MoeLayerConfig MoeLayerConfigOf(const ModelConfig& config) {
+  MoeLayerConfig mc;
+  mc.width = config.width;
+  mc.experts = config.moe.experts;
+  mc.top_k = config.moe.top_k;
+  mc.expert_hidden = config.moe.expert_hidden;
+  mc.shared_expert = config.moe.shared_expert;
+  mc.shared_hidden = config.moe.shared_hidden;
+  mc.aux_loss_coef = config.moe.aux_loss_coef;
+  mc.bias_update_rate = config.moe.bias_update_rate;
+  mc.local_experts = config.moe.experts / config.expert_ranks;
+  mc.expert_first = config.expert_rank * mc.local_experts;
+  return mc;
+}
+
+absl::Status LayOutBatch(const ModelConfig& config, std::span<const int32_t> inputs,
+                         std::span<const int32_t> targets, int batch,
+                         std::span<const int32_t> segment_starts, BatchLayout* layout) {
   if (batch <= 0) return Invalid("batch", absl::StrCat(batch, " must be positive"));
   if (inputs.empty() || inputs.size() % static_cast<size_t>(batch) != 0) {
     return absl::InvalidArgumentError(absl::StrCat("inputs: size ", inputs.size(),
@@ -197,39 +202,55 @@ absl::Status Model<T>::Prepare(std::span<const int32_t> inputs, std::span<const 
   }
   const int64_t tokens = static_cast<int64_t>(inputs.size());
   const int seq = static_cast<int>(tokens / batch);
-  if (seq > config_.seq_len) {
+  if (seq > config.seq_len) {
     return absl::InvalidArgumentError(absl::StrCat("inputs: sequence length ", seq,
-                                                   " exceeds model.seq_len ", config_.seq_len,
+                                                   " exceeds model.seq_len ", config.seq_len,
                                                    "; raise seq_len or shorten the batch rows"));
   }
   for (int64_t t = 0; t < tokens; ++t) {
-    if (inputs[t] < 0 || inputs[t] >= config_.vocab) {
+    if (inputs[t] < 0 || inputs[t] >= config.vocab) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "inputs[", t, "] = ", inputs[t], " is outside the vocabulary [0, ", config_.vocab, ")"));
+          "inputs[", t, "] = ", inputs[t], " is outside the vocabulary [0, ", config.vocab, ")"));
     }
-    if (targets[t] >= config_.vocab) {
+    if (targets[t] >= config.vocab) {
       return absl::InvalidArgumentError(absl::StrCat("targets[", t, "] = ", targets[t],
                                                      " is outside the vocabulary [0, ",
-                                                     config_.vocab, ") (negative = ignored)"));
+                                                     config.vocab, ") (negative = ignored)"));
     }
   }
-  is_start_.assign(static_cast<size_t>(tokens), 0);
+  std::vector<uint8_t>& is_start = layout->is_start;
+  is_start.assign(static_cast<size_t>(tokens), 0);
   for (int32_t s : segment_starts) {
     if (s < 0 || s >= tokens) {
       return absl::InvalidArgumentError(
           absl::StrCat("segment_starts: ", s, " is outside [0, ", tokens, ")"));
     }
-    is_start_[static_cast<size_t>(s)] = 1;
+    is_start[static_cast<size_t>(s)] = 1;
   }
-  for (int b = 0; b < batch; ++b) is_start_[static_cast<size_t>(b) * seq] = 1;
-  starts_.clear();
-  doc_start_.Resize({tokens});
+  for (int b = 0; b < batch; ++b) is_start[static_cast<size_t>(b) * seq] = 1;
+  layout->starts.clear();
+  layout->doc_start.resize(static_cast<size_t>(tokens));
   for (int64_t t = 0; t < tokens; ++t) {
-    if (is_start_[static_cast<size_t>(t)]) starts_.push_back(static_cast<int32_t>(t));
-    doc_start_[t] =
-        is_start_[static_cast<size_t>(t)] ? static_cast<int32_t>(t % seq) : doc_start_[t - 1];
+    if (is_start[static_cast<size_t>(t)]) layout->starts.push_back(static_cast<int32_t>(t));
+    layout->doc_start[static_cast<size_t>(t)] = is_start[static_cast<size_t>(t)]
+                                                    ? static_cast<int32_t>(t % seq)
+                                                    : layout->doc_start[static_cast<size_t>(t) - 1];
   }
+  layout->batch = batch;
+  layout->seq = seq;
+  layout->tokens = tokens;
+  return absl::OkStatus();
+}
 
+template <typename T>
+absl::Status Model<T>::Prepare(std::span<const int32_t> inputs, std::span<const int32_t> targets,
+                               int batch, std::span<const int32_t> segment_starts, bool train) {
+  if (absl::Status s = LayOutBatch(config_, inputs, targets, batch, segment_starts, &layout_);
+      !s.ok()) {
+    return s;
+  }
+  const int64_t tokens = layout_.tokens;
+  const int seq = layout_.seq;
   batch_ = batch;
   seq_ = seq;
   tokens_ = tokens;
@@ -240,7 +261,7 @@ absl::Status Model<T>::Prepare(std::span<const int32_t> inputs, std::span<const 
   for (auto& b : body_out_) b.Resize({tokens, c});
   collapsed_.Resize({tokens, c});
   final_.Resize({tokens, c});
-  return residual_->BeginBatch(static_cast<int>(tokens), starts_, train);
+  return residual_->BeginBatch(static_cast<int>(tokens), layout_.starts, train);
 }
 
 template <typename T>
@@ -272,8 +293,8 @@ absl::StatusOr<double> Model<T>::Forward(std::span<const int32_t> targets) {
       const double g0 = cpu::GemmSeconds();
       Tensor<T>& out = body_out_[static_cast<size_t>(l)];
       if (part == 0) {
-        attention_[static_cast<size_t>(b)]->Forward(in.data(), batch_, seq_, doc_start_.data(),
-                                                    out.data());
+        attention_[static_cast<size_t>(b)]->Forward(in.data(), batch_, seq_,
+                                                    layout_.doc_start.data(), out.data());
         timing_.attention += base::NowSeconds() - t0 - (cpu::GemmSeconds() - g0);
       } else {
         MoeLayer<T>& moe = *moe_[static_cast<size_t>(b)];

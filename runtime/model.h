@@ -72,6 +72,30 @@ struct ModelConfig {
   absl::StatusOr<ResidualConfig> ToResidualConfig() const;
 };
 
+// Every MoE layer's configuration in a model of `config` (this rank's experts when
+// expert-parallel); the CPU model and the GPU engine build their layers from it.
+MoeLayerConfig MoeLayerConfigOf(const ModelConfig& config);
+
+// A microbatch's token layout, checked against the model: the packed batch's shape, the
+// merged, sorted segment starts (row starts and document starts: the residual streams'
+// boundaries) and, per token, the index within its row of its document's first token (the
+// attention mask). The CPU model and the GPU engine (runtime/cuda/model.h) both use it.
+struct BatchLayout {
+  int batch = 0;
+  int seq = 0;
+  int64_t tokens = 0;
+  std::vector<int32_t> starts;
+  std::vector<int32_t> doc_start;
+  std::vector<uint8_t> is_start;  // scratch, per token
+};
+
+// Fills `layout` from a microbatch as Model::ForwardBackward takes it (its buffers are reused,
+// so the same shape allocates nothing); InvalidArgument naming the argument (inputs, targets,
+// batch, segment_starts) and the fix otherwise.
+absl::Status LayOutBatch(const ModelConfig& config, std::span<const int32_t> inputs,
+                         std::span<const int32_t> targets, int batch,
+                         std::span<const int32_t> segment_starts, BatchLayout* layout);
+
 template <typename T>
 class Model {
  public:
@@ -137,9 +161,7 @@ class Model {
   int seq_ = 0;
   int64_t tokens_ = 0;
   const int32_t* inputs_ = nullptr;
-  std::vector<int32_t> starts_;      // merged, sorted segment starts
-  std::vector<uint8_t> is_start_;    // per token
-  Tensor<int32_t> doc_start_;        // per token: index within its row of its document start
+  BatchLayout layout_;               // segment starts and per-token document starts
   Tensor<T> embedded_;               // [tokens x C]
   std::vector<Tensor<T>> body_in_;   // per sublayer [tokens x C]
   std::vector<Tensor<T>> body_out_;  // per sublayer [tokens x C]

@@ -12,13 +12,14 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
-#include "absl/strings/str_split.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "base/clock.h"
 #include "base/status.h"
 #include "jobspec/balancer.h"
+#include "jobspec/device.h"
 #include "runtime/checkpoint.h"
 #include "runtime/job_data.h"
 #include "runtime/step_log.h"
@@ -87,6 +88,15 @@ absl::Status KeepRecordsBelow(const std::string& path, absl::string_view key, in
   }
   if (!dropped && text->size() == kept.size()) return absl::OkStatus();
   return WriteFileAtomically(path, kept, base::FileUse::kJob);
+}
+
+// The model's identity in a checkpoint ("spec/model"): the model spec without its compute
+// precision, which changes how the same weights are computed with, not what they are (a run
+// moves between fp32 on the CPU and bf16 on a GPU by resuming).
+std::string ModelIdentity(const rackrun::v1::ModelSpec& model) {
+  rackrun::v1::ModelSpec m = model;
+  m.clear_precision();
+  return m.SerializeAsString();
 }
 
 // Expert weights are sharded over the ranks of an expert-parallel job; every other
@@ -238,6 +248,24 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const rackrun::v1::JobS
   const int ranks = channel != nullptr ? channel->size() : 1;
   if (ranks > 1) t->channel_ = channel;
   if (absl::Status s = CheckJobOnRanks(spec, c, channel, ranks, options); !s.ok()) return s;
+  // resources.device: cuda is refused before anything is allocated where this program
+  // cannot run it (the engine is created once the host model exists, below).
+  absl::StatusOr<jobspec::DeviceSpec> device = jobspec::ParseDevice(spec.resources().device());
+  if (!device.ok()) return device.status();
+  if (device->is_cuda()) {
+    if (ranks > 1) {
+      return absl::UnimplementedError(absl::StrCat(
+          "resources.device: ", device->ToString(), " with ", ranks,
+          " ranks: expert parallelism across GPUs is not built yet; run the job on one rank, "
+          "or with resources.device: cpu"));
+    }
+    if (!options.device_engine) {
+      return absl::UnimplementedError(
+          absl::StrCat("resources.device: ", device->ToString(),
+                       ": this program was built without the GPU engine (no nvcc at build time, or "
+                       "RACKRUN_WITH_CUDA=OFF); rebuild with CUDA, or use resources.device: cpu"));
+    }
+  }
   t->spec_.mutable_resources()->set_ranks(ranks);
   absl::StatusOr<jobspec::ExpertParallelLayout> layout =
       jobspec::ExpertParallelLayoutOf(spec, ranks);
@@ -274,6 +302,12 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const rackrun::v1::JobS
   t->adam_ = OptimizerOf(*t->model_, c.adamw);
   t->buffers_ = t->model_->Buffers();
   t->params_ = t->model_->Parameters();
+  if (device->is_cuda()) {
+    absl::StatusOr<std::unique_ptr<DeviceEngine>> engine =
+        options.device_engine(DeviceEngineSetup{&t->spec_, *device, 0, t->model_.get(), c.adamw});
+    if (!engine.ok()) return engine.status();
+    t->engine_ = *std::move(engine);
+  }
   if (ranks == 1) return t;
 
   // Expert parallelism: dense gradients are all-reduced in one packed buffer, expert
@@ -362,6 +396,7 @@ absl::Status Trainer::AllReduceGradients(StepRecord& r) {
 }
 
 absl::StatusOr<double> Trainer::GradNorm() {
+  if (engine_ != nullptr) return engine_->GradNorm(config_.grad_clip);
   if (channel_ == nullptr) return GlobalGradNorm(adam_->tensors());
   const std::vector<OptimizedTensor>& tensors = adam_->tensors();
   const auto squares = [&](const std::vector<size_t>& which) {
@@ -429,8 +464,16 @@ absl::Status Trainer::GatherDomainStats(StepRecord& r) {
   return absl::OkStatus();
 }
 
+const std::vector<std::vector<int64_t>>& Trainer::ExpertCounts() const {
+  return engine_ != nullptr ? engine_->expert_counts() : model_->expert_counts();
+}
+
+double Trainer::AuxLoss() const {
+  return engine_ != nullptr ? engine_->aux_loss() : model_->aux_loss();
+}
+
 absl::Status Trainer::RecordLoads(int64_t microbatch) {
-  const std::vector<std::vector<int64_t>>& counts = model_->expert_counts();
+  const std::vector<std::vector<int64_t>>& counts = ExpertCounts();
   for (size_t layer = 0; layer < counts.size(); ++layer) {
     planner::TraceEntry entry;
     entry.microbatch = microbatch;
@@ -447,7 +490,11 @@ absl::Status Trainer::RecordLoads(int64_t microbatch) {
 absl::StatusOr<StepRecord> Trainer::Step() {
   StepRecord r;
   const base::Stopwatch step_clock;
-  model_->ZeroGrad();
+  if (engine_ != nullptr) {
+    if (absl::Status s = engine_->ZeroGrad(); !s.ok()) return s;
+  } else {
+    model_->ZeroGrad();
+  }
   if (ep_ != nullptr) ep_->ResetStats();
   const int micro = config_.microbatches;
   double loss_sum = 0;
@@ -461,9 +508,12 @@ absl::StatusOr<StepRecord> Trainer::Step() {
     const double share = *next;
     if (ep_ != nullptr) ep_->BeginMicrobatch(microbatch_, /*training=*/true);
     SetPhase(TrainPhase::kForwardBackward);
+    const float grad_scale = static_cast<float>(share / micro);
     absl::StatusOr<double> loss =
-        model_->ForwardBackward(batch_.inputs, batch_.targets, batch_.batch, batch_.segment_starts,
-                                static_cast<float>(share / micro));
+        engine_ != nullptr ? engine_->ForwardBackward(batch_.inputs, batch_.targets, batch_.batch,
+                                                      batch_.segment_starts, grad_scale)
+                           : model_->ForwardBackward(batch_.inputs, batch_.targets, batch_.batch,
+                                                     batch_.segment_starts, grad_scale);
     if (!loss.ok()) return loss.status();
     if (ep_ != nullptr) {
       if (absl::Status s = ep_->FinishMicrobatch(); !s.ok()) return s;
@@ -473,7 +523,7 @@ absl::StatusOr<StepRecord> Trainer::Step() {
     }
     ++microbatch_;
     loss_sum += *loss * share;
-    aux_sum += model_->aux_loss() * share;
+    aux_sum += AuxLoss() * share;
   }
   SetPhase(TrainPhase::kReduce);
   if (channel_ != nullptr) {
@@ -504,7 +554,12 @@ absl::StatusOr<StepRecord> Trainer::Step() {
   const double grad_scale = (clip > 0 && r.grad_norm > clip) ? clip / r.grad_norm : 1.0;
   r.lr = config_.schedule.At(step_);
   SetPhase(TrainPhase::kOptimizer);
-  adam_->Step(r.lr, grad_scale);
+  if (engine_ != nullptr) {
+    // The device applies the same clipping factor, kept there by GradNorm.
+    if (absl::Status s = engine_->OptimizerStep(r.lr); !s.ok()) return s;
+  } else {
+    adam_->Step(r.lr, grad_scale);
+  }
   if (ep_ != nullptr) ep_->WeightsChanged();
   ++step_;
   steps_done_.store(step_, std::memory_order_relaxed);
@@ -525,7 +580,7 @@ absl::StatusOr<StepRecord> Trainer::Step() {
     r.dispatch_s = st.dispatch_s;
     r.reduce_s = st.reduce_s;
   }
-  for (const std::vector<int64_t>& counts : model_->expert_counts()) {
+  for (const std::vector<int64_t>& counts : ExpertCounts()) {
     int64_t total = 0, max = 0;
     for (const int64_t n : counts) {
       total += n;
@@ -562,7 +617,9 @@ absl::StatusOr<double> Trainer::EvaluateValidation() {
     const double share = *next;
     if (ep_ != nullptr) ep_->BeginMicrobatch(i, /*training=*/false);
     absl::StatusOr<double> loss =
-        model_->Evaluate(batch_.inputs, batch_.targets, batch_.batch, batch_.segment_starts);
+        engine_ != nullptr
+            ? engine_->Evaluate(batch_.inputs, batch_.targets, batch_.batch, batch_.segment_starts)
+            : model_->Evaluate(batch_.inputs, batch_.targets, batch_.batch, batch_.segment_starts);
     if (!loss.ok()) return loss.status();
     sum += *loss * share;
   }
@@ -580,6 +637,12 @@ absl::StatusOr<std::string> Trainer::SaveCheckpoint() {
   if (config_.checkpoint_dir.empty()) {
     return absl::FailedPreconditionError("checkpoint.dir is not set");
   }
+  if (engine_ != nullptr) {
+    // The device holds the state: the host model and AdamW are the checkpoint's view of it.
+    if (absl::Status s = engine_->StoreState(*model_, *adam_); !s.ok()) {
+      return base::Annotate(s, "copying the GPU's state for a checkpoint");
+    }
+  }
   Checkpoint c;
   c.step = step_;
   TrainerCheckpointState state;
@@ -588,7 +651,7 @@ absl::StatusOr<std::string> Trainer::SaveCheckpoint() {
   c.sections.push_back({"trainer/state", state.Encode()});
   c.sections.push_back({"data/position", train_loader_->SavePosition()});
   c.sections.push_back({"data/tokenizer", train_loader_->tokenizer().ToJson()});
-  c.sections.push_back({"spec/model", spec_.model().SerializeAsString()});
+  c.sections.push_back({"spec/model", ModelIdentity(spec_.model())});
   c.sections.push_back({"spec/json", jobspec::JobSpecToJson(spec_)});
   const std::vector<OptimizedTensor>& tensors = adam_->tensors();
   // Expert shards are gathered (rank order = expert order) into the single-process layout,
@@ -673,7 +736,9 @@ absl::Status Trainer::Resume(const std::string& path) {
   absl::StatusOr<Checkpoint> c = LoadCheckpointForResume(path, &loaded);
   if (!c.ok()) return c.status();
   const CheckpointSection* model_spec = c->Find("spec/model");
-  if (model_spec == nullptr || model_spec->payload != spec_.model().SerializeAsString()) {
+  rackrun::v1::ModelSpec saved_model;
+  if (model_spec == nullptr || !saved_model.ParseFromString(model_spec->payload) ||
+      ModelIdentity(saved_model) != ModelIdentity(spec_.model())) {
     rackrun::v1::ModelSpec theirs;
     if (model_spec != nullptr) theirs.ParseFromString(model_spec->payload);
     return absl::InvalidArgumentError(
@@ -766,6 +831,11 @@ absl::Status Trainer::Resume(const std::string& path) {
   steps_done_.store(step_, std::memory_order_relaxed);
   microbatch_ = step_ * config_.microbatches;
   adam_->set_step(static_cast<int64_t>(state->adam_step));
+  if (engine_ != nullptr) {
+    if (absl::Status s = engine_->LoadState(*model_, *adam_); !s.ok()) {
+      return base::Annotate(s, "copying the resumed state to the GPU");
+    }
+  }
   return absl::OkStatus();
 }
 

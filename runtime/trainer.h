@@ -67,6 +67,7 @@
 #include "jobspec/spec.h"
 #include "planner/trace.h"
 #include "rackrun/v1/job_spec.pb.h"
+#include "runtime/device_engine.h"
 #include "runtime/expert_parallel.h"
 #include "runtime/job_config.h"
 #include "runtime/model.h"
@@ -181,6 +182,10 @@ struct TrainerOptions {
   PlanSource* plan_source = nullptr;
   // Who the run is, recorded in checkpoint.dir/OWNER (CheckpointFolderRun::owner).
   std::string owner;
+  // The GPU engine's factory (runtime/cuda/engine.h's GpuEngineFactory()), used when the
+  // spec says resources.device: cuda; empty in a program built without it (such a job is
+  // then refused as Unimplemented, naming the cause).
+  DeviceEngineFactory device_engine;
 };
 
 struct TrainSummary {
@@ -280,6 +285,9 @@ class Trainer {
   const rackrun::v1::JobSpec& spec() const { return spec_; }
   const TrainConfig& config() const { return config_; }
   Model<float>& model() { return *model_; }
+  // The device engine computing the steps (resources.device: cuda), or null on the CPU.
+  DeviceEngine* device_engine() { return engine_.get(); }
+  const DeviceEngine* device_engine() const { return engine_.get(); }
 
  private:
   Trainer() = default;
@@ -297,6 +305,9 @@ class Trainer {
   // expert shards' squares summed over a domain's ranks.
   absl::StatusOr<double> GradNorm();
   absl::Status RecordLoads(int64_t microbatch);
+  // The last microbatch's expert counts and aux loss, from whichever engine computed it.
+  const std::vector<std::vector<int64_t>>& ExpertCounts() const;
+  double AuxLoss() const;
   // Expert parallel: every domain's balancing figures of the step into r.domains (D > 1:
   // one all-reduce over all ranks, its seconds into r.domain_stats_s; one domain: none).
   absl::Status GatherDomainStats(StepRecord& r);
@@ -311,6 +322,9 @@ class Trainer {
   TrainConfig config_;
   std::unique_ptr<Model<float>> model_;
   std::unique_ptr<AdamW> adam_;
+  // resources.device: cuda: computes the steps; model_ and adam_ are then the checkpoint's
+  // view of its state (device_engine.h).
+  std::unique_ptr<DeviceEngine> engine_;
   std::vector<ParamRef<float>> buffers_;
   std::vector<ParamRef<float>> params_;  // same order as adam_->tensors()
   std::unique_ptr<data::Loader> train_loader_;

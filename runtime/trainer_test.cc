@@ -11,13 +11,14 @@
 #include <string>
 #include <vector>
 
+#include "comm/inprocess_channel.h"
+#include "data/prepare.h"
+#include "data/token_file.h"
+#include "data/tokenizer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "jobspec/spec.h"
 #include "runtime/checkpoint.h"
-#include "data/prepare.h"
-#include "data/token_file.h"
-#include "data/tokenizer.h"
 #include "runtime/training_session.h"
 
 namespace rackrun::runtime {
@@ -325,6 +326,48 @@ TEST(TrainerTest, BadDataIsAnErrorNamingTheField) {
 }
 
 // rackrun's older token files still train (memory-mapped like the Megatron datasets).
+// resources.device: cuda is refused, naming the cause, where this program cannot run it: no
+// GPU engine handed in (a build without CUDA), or several ranks (expert parallelism across
+// GPUs is not built). With a factory, the trainer hands it the spec, the device and the host
+// model, and its error (here: the factory's own) stops the creation.
+TEST(TrainerTest, ACudaJobIsRefusedWhereThisProgramCannotRunIt) {
+  const rackrun::v1::JobSpec spec = TinySpec({"resources.device=cuda:0"});
+  absl::StatusOr<std::unique_ptr<Trainer>> t = Trainer::Create(spec);
+  EXPECT_EQ(t.status().code(), absl::StatusCode::kUnimplemented) << t.status();
+  EXPECT_THAT(std::string(t.status().message()),
+              HasSubstr("resources.device: cuda:0: this program was built without the GPU "
+                        "engine"));
+
+  TrainerOptions options;
+  int calls = 0;
+  options.device_engine =
+      [&](const DeviceEngineSetup& setup) -> absl::StatusOr<std::unique_ptr<DeviceEngine>> {
+    ++calls;
+    EXPECT_EQ(setup.device.ToString(), "cuda:0");
+    EXPECT_EQ(setup.local_rank, 0);
+    EXPECT_NE(setup.model, nullptr);
+    EXPECT_EQ(setup.spec->resources().device(), "cuda:0");
+    return absl::FailedPreconditionError("no GPU in this test");
+  };
+  t = Trainer::Create(spec, nullptr, options);
+  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(t.status(), absl::FailedPreconditionError("no GPU in this test"));
+
+  const absl::Status ranks = comm::RunInProcessRanks(2, {}, [&](comm::DataChannel& ch) {
+    absl::StatusOr<std::unique_ptr<Trainer>> r = Trainer::Create(spec, &ch, options);
+    return r.status();
+  });
+  EXPECT_EQ(calls, 1);  // refused before the factory
+  EXPECT_EQ(ranks.code(), absl::StatusCode::kUnimplemented) << ranks;
+  EXPECT_THAT(std::string(ranks.message()),
+              HasSubstr("resources.device: cuda:0 with 2 ranks: expert parallelism across GPUs "
+                        "is not built yet"));
+
+  // The CPU engine never asks for the factory.
+  EXPECT_TRUE(Trainer::Create(TinySpec({"resources.device=cpu"}), nullptr, options).ok());
+  EXPECT_EQ(calls, 1);
+}
+
 TEST(TrainerTest, TokenFilesStillTrain) {
   const fs::path dir = FreshDir("token_file");
   std::vector<std::string> docs;

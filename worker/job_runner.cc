@@ -21,6 +21,7 @@
 #include "jobspec/data_blend.h"
 #include "jobspec/path_confinement.h"
 #include "jobspec/spec.h"
+#include "runtime/cuda/engine.h"
 #include "runtime/job_config.h"
 #include "runtime/training_session.h"
 #include "worker/coordinator_plan_source.h"
@@ -455,6 +456,7 @@ absl::StatusOr<std::unique_ptr<runtime::TrainingSession>> JobRunner::StartSessio
   runtime::TrainerOptions& trainer_options = session_options.trainer;
   trainer_options.threads = options_.threads;
   trainer_options.plan_source = plan_source;
+  trainer_options.device_engine = runtime::cuda::GpuEngineFactory();  // resources.device: cuda
   // The folder's owner: this job, across its attempts. A restarted attempt continues
   // this job's own checkpoints; Prepare checks outputs and claims the folder before the
   // first step.

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "runtime/cuda/cublaslt_library.h"
 
 namespace rackrun::runtime::cuda {
 namespace {
@@ -142,6 +143,8 @@ absl::StatusOr<std::unique_ptr<Device>> Device::Open(int index) {
   spec.index = index;
   absl::StatusOr<GpuInfo> info = CheckDevice(spec, 0, 1);
   if (!info.ok()) return info.status();
+  // cuBLASLt is opened with the first device, not at program start (cublaslt_library.h).
+  if (absl::StatusOr<const CublasLtLibrary*> lt = LoadCublasLt(); !lt.ok()) return lt.status();
   std::unique_ptr<Device> d(new Device());
   d->info_ = *info;
   if (absl::Status s = CudaCheck(cudaSetDevice(index), "cudaSetDevice"); !s.ok()) return s;
@@ -154,9 +157,9 @@ absl::StatusOr<std::unique_ptr<Device>> Device::Open(int index) {
   if (!ws.ok()) return ws.status();
   d->workspace_ = *ws;
   cublasLtHandle_t h = nullptr;
-  if (cublasStatus_t st = cublasLtCreate(&h); st != CUBLAS_STATUS_SUCCESS) {
-    return absl::InternalError(absl::StrCat("cublasLtCreate: ", cublasLtGetStatusName(st), ": ",
-                                            cublasLtGetStatusString(st)));
+  if (cublasStatus_t st = CublasLt().Create(&h); st != CUBLAS_STATUS_SUCCESS) {
+    return absl::InternalError(absl::StrCat("cublasLtCreate: ", CublasLt().GetStatusName(st), ": ",
+                                            CublasLt().GetStatusString(st)));
   }
   d->blas_ = h;
   return d;
@@ -164,7 +167,7 @@ absl::StatusOr<std::unique_ptr<Device>> Device::Open(int index) {
 
 Device::~Device() {
   if (compute_.get() != nullptr) (void)compute_.Synchronize();
-  if (blas_ != nullptr) (void)cublasLtDestroy(static_cast<cublasLtHandle_t>(blas_));
+  if (blas_ != nullptr) (void)CublasLt().Destroy(static_cast<cublasLtHandle_t>(blas_));
   if (workspace_.ptr != nullptr && allocator_) (void)allocator_->Free(workspace_.ptr);
 }
 

@@ -31,6 +31,15 @@ std::string CudaVersionString(int version) {
   return absl::StrCat(version / 1000, ".", (version % 1000) / 10);
 }
 
+absl::Status CheckGpuResidualMode(absl::string_view mode) {
+  if (mode == "vanilla" || mode == "xhc") return absl::OkStatus();
+  return absl::UnimplementedError(
+      absl::StrCat("model.residual: mode ", mode,
+                   " does not run on the GPU yet (the GPU engine runs vanilla and xhc); use "
+                   "resources.device: cpu for ",
+                   mode, ", or a mode the GPU runs"));
+}
+
 CudaBuildInfo BuildInfo() {
   CudaBuildInfo b;
 #if RACKRUN_HAVE_CUDA

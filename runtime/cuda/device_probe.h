@@ -22,6 +22,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "jobspec/device.h"
 
 namespace rackrun::runtime::cuda {
@@ -57,6 +58,11 @@ absl::StatusOr<GpuInfo> CheckDevice(const jobspec::DeviceSpec& device, int local
 
 // "13.0" from 13000.
 std::string CudaVersionString(int version);
+
+// Whether the GPU engine runs residual mode `mode` (model.residual): OK for vanilla and xhc;
+// an Unimplemented error naming model.residual, the mode and the modes it runs otherwise.
+// No GPU needed.
+absl::Status CheckGpuResidualMode(absl::string_view mode);
 
 }  // namespace rackrun::runtime::cuda
 

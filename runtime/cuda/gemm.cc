@@ -2,9 +2,11 @@
 
 #include <cublasLt.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "runtime/cuda/cublaslt_library.h"
 
 namespace rackrun::runtime::cuda {
 namespace {
@@ -13,7 +15,7 @@ absl::Status BlasCheck(cublasStatus_t s, absl::string_view call, const GemmShape
   if (s == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
   return absl::InternalError(
       absl::StrCat(call, " (m ", g.m, ", n ", g.n, ", k ", g.k, ", ta ", g.trans_a, ", tb ",
-                   g.trans_b, "): ", cublasLtGetStatusName(s), ": ", cublasLtGetStatusString(s)));
+                   g.trans_b, "): ", CublasLt().GetStatusName(s), ": ", CublasLt().GetStatusString(s)));
 }
 
 // The largest power of two (at most 256) dividing the address.
@@ -51,10 +53,10 @@ struct Gemm::Plan {
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
   cublasLtMatmulAlgo_t algo{};
   ~Plan() {
-    if (a != nullptr) cublasLtMatrixLayoutDestroy(a);
-    if (b != nullptr) cublasLtMatrixLayoutDestroy(b);
-    if (c != nullptr) cublasLtMatrixLayoutDestroy(c);
-    if (op != nullptr) cublasLtMatmulDescDestroy(op);
+    if (a != nullptr) CublasLt().MatrixLayoutDestroy(a);
+    if (b != nullptr) CublasLt().MatrixLayoutDestroy(b);
+    if (c != nullptr) CublasLt().MatrixLayoutDestroy(c);
+    if (op != nullptr) CublasLt().MatmulDescDestroy(op);
   }
 };
 
@@ -62,6 +64,19 @@ Gemm::~Gemm() = default;
 
 absl::Status Gemm::Run(const GemmShape& s, float alpha, const void* a, const void* b, float beta,
                        void* c, GemmPrecision precision, DataType c_type, cudaStream_t stream) {
+  return Launch(s, alpha, a, b, beta, c, precision, c_type, stream, /*bucketed=*/false);
+}
+
+absl::Status Gemm::RunVaryingRows(const GemmShape& s, float alpha, const void* a, const void* b,
+                                  float beta, void* c, GemmPrecision precision, DataType c_type,
+                                  cudaStream_t stream) {
+  const bool aligned = AlignmentOf(a) >= 16 && AlignmentOf(b) >= 16 && AlignmentOf(c) >= 16;
+  return Launch(s, alpha, a, b, beta, c, precision, c_type, stream, /*bucketed=*/aligned);
+}
+
+absl::Status Gemm::Launch(const GemmShape& s, float alpha, const void* a, const void* b, float beta,
+                          void* c, GemmPrecision precision, DataType c_type, cudaStream_t stream,
+                          bool bucketed) {
   if (s.m < 0 || s.n < 0 || s.k < 0) return absl::InvalidArgumentError("gemm: negative size");
   const int a_cols = s.trans_a ? s.m : s.k;  // row length of A as stored
   const int b_cols = s.trans_b ? s.k : s.n;
@@ -86,10 +101,21 @@ absl::Status Gemm::Run(const GemmShape& s, float alpha, const void* a, const voi
   const cudaDataType_t cc_type = c_type == DataType::kBF16 ? CUDA_R_16BF : CUDA_R_32F;
   const cublasComputeType_t compute =
       precision == GemmPrecision::kTf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-  const int k = s.k;
-  const std::array<int, 13> key = {s.trans_a,
+  // Bucketed plans are chosen for the next power of two of m and k (at least 16) and 16-byte
+  // alignment, then run with the actual sizes.
+  const auto bucket = [](int x) {
+    int up = 16;
+    while (up < x) up *= 2;
+    return up;
+  };
+  const int m = bucketed ? bucket(s.m) : s.m;
+  const int k = bucketed ? bucket(s.k) : s.k;
+  const auto align = [bucketed](const void* p) {
+    return bucketed ? std::min(16, AlignmentOf(p)) : AlignmentOf(p);
+  };
+  const std::array<int, 14> key = {s.trans_a,
                                    s.trans_b,
-                                   s.m,
+                                   m,
                                    s.n,
                                    k,
                                    s.lda,
@@ -97,65 +123,66 @@ absl::Status Gemm::Run(const GemmShape& s, float alpha, const void* a, const voi
                                    s.ldc,
                                    static_cast<int>(precision),
                                    static_cast<int>(c_type),
-                                   AlignmentOf(a),
-                                   AlignmentOf(b),
-                                   AlignmentOf(c)};
+                                   align(a),
+                                   align(b),
+                                   align(c),
+                                   bucketed};
+  // Column-major view: C^T (n x m) = op(B)^T (n x k) op(A)^T (k x m).
+  const cublasOperation_t ta = s.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t tb = s.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  // The three layouts of an m x n x k problem (A' = our B, B' = our A).
+  const auto make_layouts = [&](int mm, int kk, cublasLtMatrixLayout_t* la,
+                                cublasLtMatrixLayout_t* lb, cublasLtMatrixLayout_t* lc) {
+    const uint64_t a_rows = ta == CUBLAS_OP_N ? s.n : kk, a_cols2 = ta == CUBLAS_OP_N ? kk : s.n;
+    const uint64_t b_rows = tb == CUBLAS_OP_N ? kk : mm, b_cols2 = tb == CUBLAS_OP_N ? mm : kk;
+    if (absl::Status st = BlasCheck(CublasLt().MatrixLayoutCreate(la, ab_type, a_rows, a_cols2, s.ldb),
+                                    "layout A", s);
+        !st.ok()) {
+      return st;
+    }
+    if (absl::Status st = BlasCheck(CublasLt().MatrixLayoutCreate(lb, ab_type, b_rows, b_cols2, s.lda),
+                                    "layout B", s);
+        !st.ok()) {
+      return st;
+    }
+    return BlasCheck(CublasLt().MatrixLayoutCreate(lc, cc_type, static_cast<uint64_t>(s.n),
+                                                static_cast<uint64_t>(mm), s.ldc),
+                     "layout C", s);
+  };
   auto it = plans_.find(key);
   if (it == plans_.end()) {
     auto plan = std::make_shared<Plan>();
-    // Column-major view: C^T (n x m) = op(B)^T (n x k) op(A)^T (k x m).
-    const cublasOperation_t ta = s.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-    const cublasOperation_t tb = s.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
-    if (absl::Status st = BlasCheck(cublasLtMatmulDescCreate(&plan->op, compute, CUDA_R_32F),
+    if (absl::Status st = BlasCheck(CublasLt().MatmulDescCreate(&plan->op, compute, CUDA_R_32F),
                                     "cublasLtMatmulDescCreate", s);
         !st.ok()) {
       return st;
     }
-    cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta));
-    cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb));
-    // A' = B as stored: (ta == N) n x k, else k x n, column-major with ld ldb.
-    const uint64_t a_rows = ta == CUBLAS_OP_N ? s.n : k, a_cols2 = ta == CUBLAS_OP_N ? k : s.n;
-    const uint64_t b_rows = tb == CUBLAS_OP_N ? k : s.m, b_cols2 = tb == CUBLAS_OP_N ? s.m : k;
-    if (absl::Status st = BlasCheck(
-            cublasLtMatrixLayoutCreate(&plan->a, ab_type, a_rows, a_cols2, s.ldb), "layout A", s);
-        !st.ok()) {
-      return st;
-    }
-    if (absl::Status st = BlasCheck(
-            cublasLtMatrixLayoutCreate(&plan->b, ab_type, b_rows, b_cols2, s.lda), "layout B", s);
-        !st.ok()) {
-      return st;
-    }
-    if (absl::Status st =
-            BlasCheck(cublasLtMatrixLayoutCreate(&plan->c, cc_type, static_cast<uint64_t>(s.n),
-                                                 static_cast<uint64_t>(s.m), s.ldc),
-                      "layout C", s);
-        !st.ok()) {
-      return st;
-    }
+    CublasLt().MatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta));
+    CublasLt().MatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb));
+    if (absl::Status st = make_layouts(m, k, &plan->a, &plan->b, &plan->c); !st.ok()) return st;
     cublasLtMatmulPreference_t pref = nullptr;
-    cublasLtMatmulPreferenceCreate(&pref);
+    CublasLt().MatmulPreferenceCreate(&pref);
     const uint64_t ws = device_->blas_workspace_bytes();
-    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
+    CublasLt().MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
                                          sizeof(ws));
     // A' is our B, B' our A.
-    const uint32_t al_a = static_cast<uint32_t>(AlignmentOf(b));
-    const uint32_t al_b = static_cast<uint32_t>(AlignmentOf(a));
-    const uint32_t al_c = static_cast<uint32_t>(AlignmentOf(c));
-    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a,
+    const uint32_t al_a = static_cast<uint32_t>(align(b));
+    const uint32_t al_b = static_cast<uint32_t>(align(a));
+    const uint32_t al_c = static_cast<uint32_t>(align(c));
+    CublasLt().MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a,
                                          sizeof(al_a));
-    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b,
+    CublasLt().MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b,
                                          sizeof(al_b));
-    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c,
+    CublasLt().MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c,
                                          sizeof(al_c));
-    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c,
+    CublasLt().MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c,
                                          sizeof(al_c));
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
-    const cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(
+    const cublasStatus_t hs = CublasLt().MatmulAlgoGetHeuristic(
         static_cast<cublasLtHandle_t>(device_->blas_handle()), plan->op, plan->a, plan->b, plan->c,
         plan->c, pref, 1, &result, &found);
-    cublasLtMatmulPreferenceDestroy(pref);
+    CublasLt().MatmulPreferenceDestroy(pref);
     if (absl::Status st = BlasCheck(hs, "cublasLtMatmulAlgoGetHeuristic", s); !st.ok()) return st;
     if (found == 0) {
       return absl::InternalError(absl::StrCat("cuBLASLt has no algorithm for this GEMM (m ", s.m,
@@ -166,11 +193,27 @@ absl::Status Gemm::Run(const GemmShape& s, float alpha, const void* a, const voi
     it = plans_.emplace(key, std::move(plan)).first;
   }
   const Plan& p = *it->second;
-  return BlasCheck(
-      cublasLtMatmul(static_cast<cublasLtHandle_t>(device_->blas_handle()), p.op, &alpha, b, p.a, a,
-                     p.b, &beta, c, p.c, c, p.c, &p.algo, device_->blas_workspace(),
-                     device_->blas_workspace_bytes(), stream),
-      "cublasLtMatmul", s);
+  const auto matmul = [&](cublasLtMatrixLayout_t la, cublasLtMatrixLayout_t lb,
+                          cublasLtMatrixLayout_t lc) {
+    return CublasLt().Matmul(static_cast<cublasLtHandle_t>(device_->blas_handle()), p.op, &alpha, b,
+                          la, a, lb, &beta, c, lc, c, lc, &p.algo, device_->blas_workspace(),
+                          device_->blas_workspace_bytes(), stream);
+  };
+  if (!bucketed) return BlasCheck(matmul(p.a, p.b, p.c), "cublasLtMatmul", s);
+  // The bucket's algorithm on this problem's own layouts.
+  Plan actual;
+  if (absl::Status st = make_layouts(s.m, s.k, &actual.a, &actual.b, &actual.c); !st.ok()) {
+    return st;
+  }
+  // An algorithm chosen for the bucket's sizes need not suit these: cuBLASLt says which.
+  cublasLtMatmulHeuristicResult_t check{};
+  if (CublasLt().MatmulAlgoCheck(static_cast<cublasLtHandle_t>(device_->blas_handle()), p.op, actual.a,
+                              actual.b, actual.c, actual.c, &p.algo,
+                              &check) != CUBLAS_STATUS_SUCCESS ||
+      check.workspaceSize > device_->blas_workspace_bytes()) {
+    return Launch(s, alpha, a, b, beta, c, precision, c_type, stream, /*bucketed=*/false);
+  }
+  return BlasCheck(matmul(actual.a, actual.b, actual.c), "cublasLtMatmul (bucketed algorithm)", s);
 }
 
 }  // namespace rackrun::runtime::cuda

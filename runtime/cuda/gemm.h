@@ -55,6 +55,14 @@ class Gemm {
                    void* c, GemmPrecision precision, DataType c_type = DataType::kF32,
                    cudaStream_t stream = nullptr);
 
+  // The same for GEMMs whose m or k differ call to call (an expert's rows): the algorithm is
+  // chosen once per power-of-two bucket of m and k (operands at least 16-byte aligned) and
+  // reused with the actual sizes; where cuBLASLt refuses it for a size, that size gets its
+  // own (Run's path).
+  absl::Status RunVaryingRows(const GemmShape& s, float alpha, const void* a, const void* b,
+                              float beta, void* c, GemmPrecision precision,
+                              DataType c_type = DataType::kF32, cudaStream_t stream = nullptr);
+
   // Convenience for fp32 operands.
   absl::Status Run(const GemmShape& s, float alpha, const float* a, const float* b, float beta,
                    float* c, GemmPrecision precision = GemmPrecision::kFp32,
@@ -65,10 +73,14 @@ class Gemm {
 
  private:
   struct Plan;
+  absl::Status Launch(const GemmShape& s, float alpha, const void* a, const void* b, float beta,
+                      void* c, GemmPrecision precision, DataType c_type, cudaStream_t stream,
+                      bool bucketed);
   Device* device_;
-  // Key: shape, precision, C type, the operands' alignments. shared_ptr: Plan is complete
+  // Key: shape (m and k as their buckets for RunVaryingRows), precision, C type, the operands'
+  // alignments, bucketed or not. shared_ptr: Plan is complete
   // only in gemm.cc, and its deleter travels with it.
-  std::map<std::array<int, 13>, std::shared_ptr<Plan>> plans_;
+  std::map<std::array<int, 14>, std::shared_ptr<Plan>> plans_;
 };
 
 }  // namespace rackrun::runtime::cuda

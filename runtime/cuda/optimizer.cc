@@ -1,5 +1,6 @@
 #include "runtime/cuda/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <utility>
 
@@ -122,6 +123,44 @@ absl::Status DeviceAdamW::MomentsToHost(size_t i, std::vector<float>* m, std::ve
   m->assign(all.begin() + o, all.begin() + o + n);
   v->assign(all.begin() + o + n, all.begin() + o + 2 * n);
   return absl::OkStatus();
+}
+
+absl::Status DeviceAdamW::CopyMomentsTo(const std::vector<std::span<float>>& m,
+                                        const std::vector<std::span<float>>& v) {
+  if (m.size() != tensors_.size() || v.size() != tensors_.size()) {
+    return absl::InvalidArgumentError("AdamW moments: one span per tensor wanted");
+  }
+  std::vector<float> all;
+  if (absl::Status s = moments_.CopyTo(&all); !s.ok()) return s;
+  for (size_t i = 0; i < tensors_.size(); ++i) {
+    const int64_t o = moment_offset_[i], n = tensors_[i].size;
+    if (static_cast<int64_t>(m[i].size()) != n || static_cast<int64_t>(v[i].size()) != n) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("AdamW moments of ", tensors_[i].name, ": ", n, " values wanted"));
+    }
+    std::copy_n(all.begin() + o, n, m[i].begin());
+    std::copy_n(all.begin() + o + n, n, v[i].begin());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DeviceAdamW::CopyMomentsFrom(const std::vector<std::span<const float>>& m,
+                                          const std::vector<std::span<const float>>& v) {
+  if (m.size() != tensors_.size() || v.size() != tensors_.size()) {
+    return absl::InvalidArgumentError("AdamW moments: one span per tensor wanted");
+  }
+  std::vector<float> all(static_cast<size_t>(moments_.size()), 0.0f);
+  for (size_t i = 0; i < tensors_.size(); ++i) {
+    const int64_t o = moment_offset_[i], n = tensors_[i].size;
+    if (static_cast<int64_t>(m[i].size()) != n || static_cast<int64_t>(v[i].size()) != n) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("AdamW moments of ", tensors_[i].name, ": ", n, " values wanted"));
+    }
+    std::copy_n(m[i].begin(), n, all.begin() + o);
+    std::copy_n(v[i].begin(), n, all.begin() + o + n);
+  }
+  if (absl::Status s = moments_.CopyFrom(all); !s.ok()) return s;
+  return device_->Synchronize();
 }
 
 }  // namespace rackrun::runtime::cuda

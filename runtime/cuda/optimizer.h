@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -41,7 +42,15 @@ class DeviceAdamW {
   absl::Status Step(double lr, bool use_clip_factor);
 
   int64_t step() const { return step_; }
+  // The bias-correction step, after moments are restored (a resume).
+  void set_step(int64_t step) { step_ = step; }
   absl::Status MomentsToHost(size_t i, std::vector<float>* m, std::vector<float>* v);
+  // Every tensor's moments at once (m[i] and v[i] hold tensor i's size): one copy of the
+  // whole buffer each way, for checkpoints and resumes.
+  absl::Status CopyMomentsTo(const std::vector<std::span<float>>& m,
+                             const std::vector<std::span<float>>& v);
+  absl::Status CopyMomentsFrom(const std::vector<std::span<const float>>& m,
+                               const std::vector<std::span<const float>>& v);
 
  private:
   DeviceAdamW(Device* device, AdamWConfig config, std::vector<DeviceOptimizedTensor> tensors);

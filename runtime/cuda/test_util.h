@@ -14,6 +14,7 @@
 
 #include "gtest/gtest.h"
 #include "runtime/cuda/device.h"
+#include "runtime/residual/residual_streams.h"
 
 namespace rackrun::runtime::cuda::testing {
 
@@ -60,6 +61,20 @@ std::vector<T> Download(const DeviceTensor<T>& t) {
   absl::Status s = t.CopyTo(&host);
   EXPECT_TRUE(s.ok()) << s;
   return host;
+}
+
+// A CPU layer's parameters on the device: `values` their copies, `grads` zeroed tensors of
+// the same sizes (appended in the parameters' order).
+inline void UploadParameters(Device* dev, const std::vector<ParamRef<float>>& params,
+                             std::vector<DeviceTensor<float>>* values,
+                             std::vector<DeviceTensor<float>>* grads) {
+  for (const ParamRef<float>& p : params) {
+    values->push_back(Upload(dev, p.name, std::span<const float>(p.value, p.size)));
+    DeviceTensor<float> g(dev, p.name + " grad");
+    EXPECT_TRUE(g.Resize({p.size}).ok());
+    EXPECT_TRUE(g.Zero().ok());
+    grads->push_back(std::move(g));
+  }
 }
 
 // Largest |gpu - cpu| over the largest |cpu| (1 when cpu is all zeros): the error relative

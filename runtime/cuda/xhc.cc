@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "runtime/cuda/kernels.h"
+#include "runtime/cuda/model_kernels.h"
 
 namespace rackrun::runtime::cuda {
 
@@ -414,6 +415,29 @@ absl::Status XhcStreams<S>::SetState(std::span<const float> state) {
   }
   forward_pos_ = 0;
   return device_->Synchronize();
+}
+
+template <typename S>
+absl::Status XhcStreams<S>::Expand(const float* embedded) {
+  if (tokens_ == 0) return Order(false, "Expand", 0);
+  if (absl::Status s = x_.Resize({tokens_, N_, C_}); !s.ok()) return s;
+  if (absl::Status s =
+          Check(kernels::ExpandStreams<S>(tokens_, N_, C_, embedded, x_.data(), device_->stream()),
+                "expand");
+      !s.ok()) {
+    return s;
+  }
+  forward_pos_ = 0;
+  backward_pos_ = -1;
+  return absl::OkStatus();
+}
+
+template <typename S>
+absl::Status XhcStreams<S>::ExpandBackward(float* d_embedded) {
+  if (absl::Status s = Order(backward_pos_ == 0, "ExpandBackward", 0); !s.ok()) return s;
+  return Check(
+      kernels::ExpandStreamsBackward(tokens_, N_, C_, dx_.data(), d_embedded, device_->stream()),
+      "expand backward");
 }
 
 template <typename S>

@@ -3,12 +3,12 @@
 // and initialisation: it builds a CPU ResidualStreams<float> once to take them) and its
 // call sequence:
 //
-//   BeginBatch(tokens, segment_starts)    SetState(host state)
+//   BeginBatch(tokens, segment_starts)    SetState(host state) or Expand(device embedding)
 //   for l: ReadInput(l, u); out = F_l(u); WriteOutput(l, out)        (u, out on the device)
 //   Collapse(y)
 //   CollapseBackward(dy)
 //   for l = L-1..0: WriteOutputBackward(l, d_out); d_u = F_l^T(d_out); ReadInputBackward(l, d_u)
-//   StateGradToHost(...)
+//   StateGradToHost(...) or ExpandBackward(device embedding gradient)
 //
 // Any other order is a FailedPrecondition. Gradients accumulate until ZeroGrad.
 //
@@ -75,6 +75,12 @@ class XhcStreams {
 
   absl::Status BeginBatch(int tokens, std::span<const int32_t> segment_starts);
   absl::Status SetState(std::span<const float> state);  // host, tokens x N x C
+  // Instead of SetState: every stream a copy of the embedding (device, tokens x C), as
+  // ResidualStreams::Expand.
+  absl::Status Expand(const float* embedded);
+  // After a complete backward: d_embedded (device, tokens x C, overwritten) = the state
+  // gradient summed over the streams (ResidualStreams::ExpandBackward).
+  absl::Status ExpandBackward(float* d_embedded);
   // After a complete backward the state is walked back to the batch's input: run the same
   // batch again from it (a benchmark's repetitions) without copying a state in.
   absl::Status RestartFromInputState();

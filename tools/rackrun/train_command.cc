@@ -26,6 +26,7 @@
 #include "jobspec/job_memory.h"
 #include "jobspec/spec.h"
 #include "runtime/cpu/gemm.h"
+#include "runtime/cuda/engine.h"
 #include "runtime/fault_injection.h"
 #include "runtime/job_config.h"
 #include "runtime/step_log.h"
@@ -188,6 +189,7 @@ absl::StatusOr<std::unique_ptr<rt::TrainingSession>> StartSession(const rackrun:
                                                                   comm::DataChannel* channel) {
   rt::SessionOptions session_options;
   session_options.resume_from = a.resume;
+  session_options.trainer.device_engine = rt::cuda::GpuEngineFactory();  // resources.device: cuda
   rt::SessionStage stage = rt::SessionStage::kCreate;
   absl::StatusOr<std::unique_ptr<rt::TrainingSession>> session =
       rt::TrainingSession::Start(spec, channel, session_options, &stage);
@@ -244,6 +246,9 @@ void PrintJob(const rt::TrainingSession& session, const TrainArgs& a,
   std::printf("memory: estimated %s; this machine: %s\n", memory.Describe().c_str(),
               jobspec::ReadMachineMemory().Describe().c_str());
   std::printf("kernels: %s\n", rt::cpu::GemmDescription(omp_get_max_threads()).c_str());
+  if (t.device_engine() != nullptr) {
+    std::printf("device: %s\n", t.device_engine()->Describe().c_str());
+  }
 }
 
 // SIGTERM/SIGINT (what Slurm and mpirun send first): every rank finishes its step, the

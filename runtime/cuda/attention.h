@@ -1,0 +1,79 @@
+// GpuAttention: runtime/layers/attention.h's sublayer body on a GPU (pre-norm RMSNorm -> QKV
+// projection -> rotary embedding -> causal multi-head softmax attention with document masks
+// -> output projection), forward and backward, with the CPU layer's parameters and
+// conventions (same shapes: norm [C], wqkv [C x 3C], wo [C x C]; same packed batch and
+// doc_start rule). The core is attention_kernels.h's flash-style kernels; the projections run
+// through MatMul in the job's precision.
+//
+// The weights live in device memory the caller owns (the GPU model's parameter buffer); the
+// layer keeps its activations for the backward (normed input, q/k/v after rotation, the
+// attention output, one log-sum-exp per query row and head).
+//
+// Supported head dims: 16, 32, 64, 128 (Create says which, naming model.width / model.heads).
+// Not run on a GPU yet: checked against the CPU layer by runtime/cuda/attention_test.cc.
+#ifndef RACKRUN_RUNTIME_CUDA_ATTENTION_H_
+#define RACKRUN_RUNTIME_CUDA_ATTENTION_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "runtime/cuda/device.h"
+#include "runtime/cuda/matmul.h"
+#include "runtime/cuda/phase_clock.h"
+
+namespace rackrun::runtime::cuda {
+
+// A layer's weights and their gradients, in device memory (gradients accumulate).
+struct AttentionWeights {
+  const float* norm = nullptr;
+  const float* wqkv = nullptr;
+  const float* wo = nullptr;
+  float* dnorm = nullptr;
+  float* dwqkv = nullptr;
+  float* dwo = nullptr;
+};
+
+class GpuAttention {
+ public:
+  // `matmul` must outlive the layer. InvalidArgument for a head dim the kernels lack.
+  static absl::StatusOr<std::unique_ptr<GpuAttention>> Create(Device* device, MatMul* matmul,
+                                                              int width, int heads, int max_seq,
+                                                              double rope_theta,
+                                                              const std::string& name,
+                                                              AttentionWeights weights);
+
+  // out [tokens x C] = body(u), tokens = batch * seq (device pointers). `u` and `doc_start`
+  // (device, [tokens]) must stay valid until Backward.
+  absl::Status Forward(const float* u, int batch, int seq, const int32_t* doc_start, float* out);
+  // du = J^T dout (overwritten); parameter gradients accumulated.
+  absl::Status Backward(const float* dout, float* du);
+  // Marks the projections as gemm and the core as attention on `clock` (null: none).
+  void set_clock(PhaseClock* clock) { clock_ = clock; }
+
+ private:
+  GpuAttention(Device* device, MatMul* matmul, int width, int heads, int max_seq,
+               const std::string& name, AttentionWeights weights);
+  absl::Status Check(cudaError_t e, const char* what) const;
+
+  Device* device_;
+  MatMul* matmul_;
+  int width_, heads_, head_dim_, max_seq_;
+  std::string name_;
+  AttentionWeights w_;
+  PhaseClock* clock_ = nullptr;
+  DeviceTensor<float> rope_cos_, rope_sin_;  // [max_seq x head_dim / 2]
+  // State of the last Forward.
+  const float* u_ = nullptr;
+  const int32_t* doc_start_ = nullptr;
+  int batch_ = 0, seq_ = 0;
+  DeviceTensor<float> xn_, inv_rms_, qkv_, attn_, lse_;
+  // Backward scratch.
+  DeviceTensor<float> dattn_, dqkv_, dxn_, delta_, partial_;
+};
+
+}  // namespace rackrun::runtime::cuda
+
+#endif  // RACKRUN_RUNTIME_CUDA_ATTENTION_H_

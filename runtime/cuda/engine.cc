@@ -1,0 +1,151 @@
+#include "runtime/cuda/engine.h"
+
+#include <memory>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "runtime/cuda/device.h"
+#include "runtime/cuda/gemm.h"
+#include "runtime/cuda/model.h"
+#include "runtime/cuda/optimizer.h"
+
+namespace rackrun::runtime::cuda {
+namespace {
+
+class GpuEngine final : public DeviceEngine {
+ public:
+  static absl::StatusOr<std::unique_ptr<DeviceEngine>> Create(const DeviceEngineSetup& setup);
+
+  std::string Describe() const override { return describe_; }
+
+  absl::Status LoadState(Model<float>& model, AdamW& adam) override {
+    if (absl::Status s = Current(); !s.ok()) return s;
+    if (absl::Status s = model_->CopyFromHost(model); !s.ok()) return s;
+    std::vector<std::span<const float>> m, v;
+    for (size_t i = 0; i < adam.tensors().size(); ++i) {
+      m.emplace_back(adam.first_moment(i));
+      v.emplace_back(adam.second_moment(i));
+    }
+    if (absl::Status s = adam_->CopyMomentsFrom(m, v); !s.ok()) return s;
+    adam_->set_step(adam.step());
+    return absl::OkStatus();
+  }
+
+  absl::Status StoreState(Model<float>& model, AdamW& adam) override {
+    if (absl::Status s = Current(); !s.ok()) return s;
+    if (absl::Status s = model_->CopyToHost(model); !s.ok()) return s;
+    std::vector<std::span<float>> m, v;
+    for (size_t i = 0; i < adam.tensors().size(); ++i) {
+      m.emplace_back(adam.first_moment(i));
+      v.emplace_back(adam.second_moment(i));
+    }
+    if (absl::Status s = adam_->CopyMomentsTo(m, v); !s.ok()) return s;
+    adam.set_step(adam_->step());
+    return absl::OkStatus();
+  }
+
+  absl::Status ZeroGrad() override {
+    if (absl::Status s = Current(); !s.ok()) return s;
+    // A new step: marks left from evaluations since the last one are dropped.
+    (void)model_->clock().Collect();
+    model_->clock().Mark(Phase::kOther);
+    return model_->ZeroGrad();
+  }
+
+  absl::StatusOr<double> ForwardBackward(std::span<const int32_t> inputs,
+                                         std::span<const int32_t> targets, int batch,
+                                         std::span<const int32_t> segment_starts,
+                                         float grad_scale) override {
+    if (absl::Status s = Current(); !s.ok()) return s;
+    return model_->ForwardBackward(inputs, targets, batch, segment_starts, grad_scale);
+  }
+
+  absl::StatusOr<double> Evaluate(std::span<const int32_t> inputs, std::span<const int32_t> targets,
+                                  int batch, std::span<const int32_t> segment_starts) override {
+    if (absl::Status s = Current(); !s.ok()) return s;
+    return model_->Evaluate(inputs, targets, batch, segment_starts);
+  }
+
+  const std::vector<std::vector<int64_t>>& expert_counts() const override {
+    return model_->expert_counts();
+  }
+  double aux_loss() const override { return model_->aux_loss(); }
+
+  absl::StatusOr<double> GradNorm(double clip) override {
+    model_->clock().Mark(Phase::kOptimizer);
+    double norm = 0;
+    if (absl::Status s = adam_->GradNorm(clip, &norm); !s.ok()) return s;
+    return norm;
+  }
+
+  absl::Status OptimizerStep(double lr) override {
+    model_->clock().Mark(Phase::kOptimizer);
+    if (absl::Status s = adam_->Step(lr, /*use_clip_factor=*/true); !s.ok()) return s;
+    absl::StatusOr<PhaseTimes> times = model_->clock().Collect();
+    if (!times.ok()) return times.status();
+    last_ = *times;
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<DeviceStepStats> StepStats() override {
+    DeviceStepStats st;
+    st.device = absl::StrCat(device_->info().name, " (cuda:", device_->index(), ")");
+    const AllocatorStats a = device_->allocator().stats();
+    st.memory_in_use_bytes = a.in_use_bytes;
+    st.memory_peak_bytes = a.peak_in_use_bytes;
+    st.memory_total_bytes = device_->info().total_bytes;
+    for (int p = 0; p < kPhases; ++p) st.phase_ms[static_cast<size_t>(p)] = last_[p];
+    return st;
+  }
+
+ private:
+  GpuEngine() = default;
+  // The engine's GPU is the calling thread's (a worker creates the trainer on one thread
+  // and may run it on another).
+  absl::Status Current() const {
+    return CudaCheck(cudaSetDevice(device_->index()), "selecting the job's GPU");
+  }
+
+  std::unique_ptr<Device> device_;
+  std::unique_ptr<GpuModel> model_;
+  std::unique_ptr<DeviceAdamW> adam_;
+  std::string describe_;
+  PhaseTimes last_{};
+};
+
+absl::StatusOr<std::unique_ptr<DeviceEngine>> GpuEngine::Create(const DeviceEngineSetup& setup) {
+  if (setup.spec == nullptr || setup.model == nullptr) {
+    return absl::InvalidArgumentError("GPU engine: no spec or host model");
+  }
+  const std::string& name = setup.spec->model().precision();
+  absl::StatusOr<GemmPrecision> precision = ParseGemmPrecision(name.empty() ? "fp32" : name);
+  if (!precision.ok()) return precision.status();
+  std::unique_ptr<GpuEngine> e(new GpuEngine());
+  absl::StatusOr<std::unique_ptr<Device>> device =
+      Device::Open(setup.device.GpuFor(setup.local_rank));
+  if (!device.ok()) return device.status();
+  e->device_ = *std::move(device);
+  absl::StatusOr<std::unique_ptr<GpuModel>> model =
+      GpuModel::Create(e->device_.get(), *setup.model, *precision);
+  if (!model.ok()) return model.status();
+  e->model_ = *std::move(model);
+  std::vector<DeviceOptimizedTensor> tensors;
+  for (const ParamRef<float>& p : e->model_->Parameters()) {
+    tensors.push_back({p.name, p.value, p.grad, p.size, DecaysWeight(p.name)});
+  }
+  absl::StatusOr<std::unique_ptr<DeviceAdamW>> adam =
+      DeviceAdamW::Create(e->device_.get(), setup.adamw, std::move(tensors));
+  if (!adam.ok()) return adam.status();
+  e->adam_ = *std::move(adam);
+  e->describe_ = absl::StrCat(e->device_->info().name, " (cuda:", e->device_->index(), "), ",
+                              GemmPrecisionName(*precision));
+  return std::unique_ptr<DeviceEngine>(std::move(e));
+}
+
+}  // namespace
+
+DeviceEngineFactory GpuEngineFactory() { return &GpuEngine::Create; }
+
+}  // namespace rackrun::runtime::cuda

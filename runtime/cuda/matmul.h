@@ -1,0 +1,54 @@
+// MatMul: the GPU layers' GEMM over fp32 operands in device memory, in the job's compute
+// precision (model.precision):
+//   fp32  cuBLASLt with fp32 arithmetic (the CPU engine's numbers up to summation order);
+//   tf32  fp32 operands on the tensor cores (TF32 rounding), fp32 accumulation;
+//   bf16  A and B converted to bf16 scratch here, fp32 accumulation, C in fp32.
+// Parameters, their gradients and every activation stay fp32 (fp32 master weights): only a
+// GEMM's inputs are rounded, as autocast does.
+//
+// The tensor-core precisions want 16-byte aligned rows: when a leading dimension is not a
+// multiple of 8 elements or an operand not 16-byte aligned (a vocabulary of 257, say), the
+// GEMM runs in fp32 instead (exact, slower) rather than fail.
+//
+// `rows_vary` in Run: m or k differ call to call (an expert's rows): cuBLASLt's algorithm is
+// chosen once per power-of-two bucket of them (Gemm's cache would otherwise ask its heuristic
+// for every new row count).
+//
+// Not thread-safe: one per stream owner (the scratch is reused call to call, ordered by the
+// device's compute stream).
+#ifndef RACKRUN_RUNTIME_CUDA_MATMUL_H_
+#define RACKRUN_RUNTIME_CUDA_MATMUL_H_
+
+#include "absl/status/status.h"
+#include "runtime/cuda/device.h"
+#include "runtime/cuda/gemm.h"
+
+namespace rackrun::runtime::cuda {
+
+class MatMul {
+ public:
+  MatMul(Device* device, GemmPrecision precision);
+
+  GemmPrecision precision() const { return precision_; }
+  // C = alpha op(A) op(B) + beta C (gemm.h's convention); errors as Gemm::Run's.
+  absl::Status Run(const GemmShape& shape, float alpha, const float* a, const float* b, float beta,
+                   float* c, bool rows_vary = false);
+  // The backward of a linear map y [rows x out] = x [rows x in] W [in x out], dense
+  // row-major operands: dW += x^T dy, then dx = dy W^T (added to dx when accumulate_dx).
+  absl::Status LinearBackward(int rows, int in, int out, const float* x, const float* dy,
+                              const float* w, float* dw, float* dx, bool accumulate_dx = false,
+                              bool rows_vary = false);
+  // The precision a GEMM of this shape and these operands runs in (the fall back to fp32).
+  GemmPrecision PrecisionFor(const GemmShape& shape, const void* a, const void* b,
+                             const void* c) const;
+
+ private:
+  Device* device_;
+  GemmPrecision precision_;
+  Gemm gemm_;
+  DeviceTensor<bf16> a16_, b16_;
+};
+
+}  // namespace rackrun::runtime::cuda
+
+#endif  // RACKRUN_RUNTIME_CUDA_MATMUL_H_

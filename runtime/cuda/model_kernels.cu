@@ -1,0 +1,159 @@
+// Device code of runtime/cuda/model_kernels.h. Checked against the CPU functions by
+// runtime/cuda/model_test.cc (embedding, streams) and runtime/cuda/moe_test.cc (scores).
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "runtime/cuda/model_kernels.h"
+#include "runtime/cuda/reduce.cuh"
+
+namespace rackrun::runtime::cuda::kernels {
+namespace {
+
+using detail::FromF;
+
+constexpr int kThreads = 256;
+constexpr int64_t kTokenChunk = 256;
+
+int Blocks(int64_t n) {
+  const int64_t b = (n + kThreads - 1) / kThreads;
+  return static_cast<int>(b < 1 ? 1 : (b > 65535 * 16 ? 65535 * 16 : b));
+}
+
+__global__ void EmbeddingForwardKernel(int width, const int32_t* __restrict__ tokens,
+                                       const float* __restrict__ table, float* __restrict__ out) {
+  const int64_t t = blockIdx.x;
+  const float* src = table + static_cast<int64_t>(tokens[t]) * width;
+  float* dst = out + t * width;
+  for (int c = threadIdx.x; c < width; c += blockDim.x) dst[c] = src[c];
+}
+
+__global__ void EmbeddingBackwardKernel(int width, const int32_t* __restrict__ ids,
+                                        const int64_t* __restrict__ first,
+                                        const int64_t* __restrict__ order,
+                                        const float* __restrict__ dout, float* __restrict__ grad) {
+  const int64_t u = blockIdx.x;
+  float* g = grad + static_cast<int64_t>(ids[u]) * width;
+  for (int c = threadIdx.x; c < width; c += blockDim.x) {
+    float acc = 0.0f;
+    for (int64_t q = first[u]; q < first[u + 1]; ++q) acc += dout[order[q] * width + c];
+    g[c] += acc;
+  }
+}
+
+__global__ void AddKernel(int64_t n, const float* __restrict__ x, float* __restrict__ y) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    y[i] += x[i];
+  }
+}
+
+template <typename S>
+__global__ void ExpandKernel(int64_t tokens, int streams, int width, const float* __restrict__ e,
+                             S* __restrict__ x) {
+  const int64_t n = tokens * streams * width;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t t = i / (static_cast<int64_t>(streams) * width);
+    const int c = static_cast<int>(i % width);
+    x[i] = FromF<S>(e[t * width + c]);
+  }
+}
+
+__global__ void ExpandBackwardKernel(int64_t tokens, int streams, int width,
+                                     const float* __restrict__ dx, float* __restrict__ de) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < tokens * width;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t t = i / width;
+    const int c = static_cast<int>(i % width);
+    const float* row = dx + t * streams * width + c;
+    float acc = 0.0f;
+    for (int s = 0; s < streams; ++s) acc += row[static_cast<int64_t>(s) * width];
+    de[i] = acc;
+  }
+}
+
+// partial[chunk][e] = sum over the chunk's tokens of scores[t][e], tokens in order.
+__global__ void ScorePartialKernel(int64_t tokens, int experts, const float* __restrict__ scores,
+                                   double* __restrict__ partial) {
+  const int e = blockIdx.x * blockDim.x + threadIdx.x;
+  const int64_t chunk = blockIdx.y;
+  if (e >= experts) return;
+  const int64_t t0 = chunk * kTokenChunk;
+  const int64_t t1 = t0 + kTokenChunk < tokens ? t0 + kTokenChunk : tokens;
+  double acc = 0;
+  for (int64_t t = t0; t < t1; ++t) acc += static_cast<double>(scores[t * experts + e]);
+  partial[chunk * experts + e] = acc;
+}
+
+__global__ void SumPartialsKernel(int64_t chunks, int experts, const double* __restrict__ partial,
+                                  double* __restrict__ sums) {
+  const int e = blockIdx.x * blockDim.x + threadIdx.x;
+  if (e >= experts) return;
+  double acc = 0;
+  for (int64_t q = 0; q < chunks; ++q) acc += partial[q * experts + e];
+  sums[e] = acc;
+}
+
+}  // namespace
+
+cudaError_t EmbeddingForward(int64_t count, int width, const int32_t* tokens, const float* table,
+                             float* out, cudaStream_t stream) {
+  if (count == 0) return cudaSuccess;
+  EmbeddingForwardKernel<<<static_cast<unsigned>(count), 128, 0, stream>>>(width, tokens, table,
+                                                                           out);
+  return cudaGetLastError();
+}
+
+cudaError_t EmbeddingBackward(int64_t distinct, int width, const int32_t* ids, const int64_t* first,
+                              const int64_t* order, const float* dout, float* table_grad,
+                              cudaStream_t stream) {
+  if (distinct == 0) return cudaSuccess;
+  EmbeddingBackwardKernel<<<static_cast<unsigned>(distinct), 128, 0, stream>>>(
+      width, ids, first, order, dout, table_grad);
+  return cudaGetLastError();
+}
+
+cudaError_t AddInPlace(int64_t n, const float* x, float* y, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  AddKernel<<<Blocks(n), kThreads, 0, stream>>>(n, x, y);
+  return cudaGetLastError();
+}
+
+template <typename S>
+cudaError_t ExpandStreams(int64_t tokens, int streams, int width, const float* e, S* x,
+                          cudaStream_t stream) {
+  if (tokens == 0) return cudaSuccess;
+  ExpandKernel<S>
+      <<<Blocks(tokens * streams * width), kThreads, 0, stream>>>(tokens, streams, width, e, x);
+  return cudaGetLastError();
+}
+template cudaError_t ExpandStreams<float>(int64_t, int, int, const float*, float*, cudaStream_t);
+template cudaError_t ExpandStreams<__nv_bfloat16>(int64_t, int, int, const float*, __nv_bfloat16*,
+                                                  cudaStream_t);
+
+cudaError_t ExpandStreamsBackward(int64_t tokens, int streams, int width, const float* dx,
+                                  float* de, cudaStream_t stream) {
+  if (tokens == 0) return cudaSuccess;
+  ExpandBackwardKernel<<<Blocks(tokens * width), kThreads, 0, stream>>>(tokens, streams, width, dx,
+                                                                        de);
+  return cudaGetLastError();
+}
+
+int64_t ScoreColumnPartials(int64_t tokens, int experts) {
+  return (tokens + kTokenChunk - 1) / kTokenChunk * experts;
+}
+
+cudaError_t ScoreColumnSums(int64_t tokens, int experts, const float* scores, double* partial,
+                            double* sums, cudaStream_t stream) {
+  const int64_t chunks = (tokens + kTokenChunk - 1) / kTokenChunk;
+  const unsigned eb = static_cast<unsigned>((experts + 63) / 64);
+  if (chunks > 0) {
+    ScorePartialKernel<<<dim3(eb, static_cast<unsigned>(chunks)), 64, 0, stream>>>(tokens, experts,
+                                                                                   scores, partial);
+  }
+  SumPartialsKernel<<<eb, 64, 0, stream>>>(chunks, experts, partial, sums);
+  return cudaGetLastError();
+}
+
+}  // namespace rackrun::runtime::cuda::kernels

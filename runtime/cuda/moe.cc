@@ -1,0 +1,387 @@
+#include "runtime/cuda/moe.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "runtime/cuda/kernels.h"
+#include "runtime/cuda/model_kernels.h"
+
+namespace rackrun::runtime::cuda {
+
+GpuMoe::GpuMoe(Device* device, MatMul* matmul, const MoeLayerConfig& config,
+               const std::string& name, MoeWeights weights,
+               std::unique_ptr<planner::Planner> planner)
+    : device_(device),
+      matmul_(matmul),
+      config_(config),
+      name_(name),
+      w_(weights),
+      planner_(std::move(planner)),
+      xn_(device, name + " normed input"),
+      inv_rms_(device, name + " inverse rms"),
+      scores_(device, name + " router scores"),
+      weights_(device, name + " gates"),
+      dispatched_(device, name + " dispatched rows"),
+      h13_(device, name + " expert h13"),
+      act_(device, name + " expert activations"),
+      expert_out_(device, name + " expert outputs"),
+      selected_(device, name + " selected experts"),
+      counts_d_(device, name + " expert counts"),
+      offsets_d_(device, name + " expert offsets"),
+      slot_row_(device, name + " slot rows"),
+      column_partial_(device, name + " score sum partials"),
+      column_sums_(device, name + " score sums"),
+      shared_h13_(device, name + " shared h13"),
+      shared_act_(device, name + " shared activations"),
+      dexpert_out_(device, name + " expert output gradients"),
+      dweights_(device, name + " gate gradients"),
+      dscores_(device, name + " router logit gradients"),
+      aux_grad_(device, name + " aux-loss gradient"),
+      dh13_(device, name + " expert h13 gradients"),
+      dact_(device, name + " expert activation gradients"),
+      ddispatched_(device, name + " dispatched row gradients"),
+      dxn_(device, name + " normed input gradient"),
+      partial_(device, name + " norm gain partials") {
+  counts_.assign(static_cast<size_t>(config.experts), 0);
+  offsets_.assign(static_cast<size_t>(config.experts) + 1, 0);
+}
+
+absl::StatusOr<std::unique_ptr<GpuMoe>> GpuMoe::Create(Device* device, MatMul* matmul,
+                                                       const MoeLayerConfig& config,
+                                                       const std::string& name,
+                                                       MoeWeights weights) {
+  if (config.local_experts != 0 && config.local_experts != config.experts) {
+    return absl::UnimplementedError(absl::StrCat(
+        "GPU MoE (", name, "): this GPU would hold ", config.local_experts, " of ", config.experts,
+        " experts; expert parallelism across GPUs is not built yet (one rank per GPU job)"));
+  }
+  if (config.experts <= 0 || config.top_k <= 0 || config.top_k > config.experts ||
+      config.width <= 0 || config.expert_hidden <= 0 ||
+      (config.shared_expert && (config.shared_hidden <= 0 || weights.shared_w13 == nullptr))) {
+    return absl::InvalidArgumentError(absl::StrCat("GPU MoE (", name, "): invalid configuration"));
+  }
+  // One GPU: the `none` policy's plan (every expert's tokens to its one instance).
+  absl::StatusOr<std::unique_ptr<planner::Planner>> planner = planner::MakePlanner(
+      "none", planner::Domain{1, config.experts, 0}, planner::PlannerOptions{});
+  if (!planner.ok()) return planner.status();
+  return std::unique_ptr<GpuMoe>(
+      new GpuMoe(device, matmul, config, name, weights, *std::move(planner)));
+}
+
+absl::Status GpuMoe::Check(cudaError_t e, const char* what) const {
+  return CudaCheck(e, absl::StrCat(name_, " (GPU MoE): ", what));
+}
+
+absl::Status GpuMoe::Forward(const float* u, int64_t tokens, float* out) {
+  u_ = u;
+  tokens_ = tokens;
+  const int c = config_.width, ne = config_.experts, k = config_.top_k;
+  const int f = config_.expert_hidden;
+  const int64_t slots = tokens * k;
+  const int t = static_cast<int>(tokens);
+  for (absl::Status s :
+       {xn_.Resize({tokens, c}), inv_rms_.Resize({tokens}), scores_.Resize({tokens, ne}),
+        weights_.Resize({tokens, k}), selected_.Resize({tokens, k}), counts_d_.Resize({ne}),
+        offsets_d_.Resize({ne + 1}), slot_row_.Resize({tokens, k}),
+        dispatched_.Resize({std::max<int64_t>(slots, 1), c}),
+        h13_.Resize({std::max<int64_t>(slots, 1), 2 * f}),
+        act_.Resize({std::max<int64_t>(slots, 1), f}),
+        expert_out_.Resize({std::max<int64_t>(slots, 1), c})}) {
+    if (!s.ok()) return s;
+  }
+  cudaStream_t st = device_->stream();
+  MarkPhase(clock_, Phase::kOther);
+  if (absl::Status s = Check(
+          kernels::RmsNormForward(tokens, c, u, w_.norm, xn_.data(), inv_rms_.data(), st), "norm");
+      !s.ok()) {
+    return s;
+  }
+  MarkPhase(clock_, Phase::kGemm);
+  if (absl::Status s = matmul_->Run({.m = t, .n = ne, .k = c, .lda = c, .ldb = ne, .ldc = ne}, 1.0f,
+                                    xn_.data(), w_.router, 0.0f, scores_.data());
+      !s.ok()) {
+    return s;
+  }
+  MarkPhase(clock_, Phase::kRouting);
+  if (absl::Status s = Check(kernels::RouterForward(tokens, ne, k, scores_.data(), w_.bias,
+                                                    selected_.data(), weights_.data(), st),
+                             "router");
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s =
+          Check(kernels::ExpertCounts(slots, ne, selected_.data(), counts_d_.data(), st), "counts");
+      !s.ok()) {
+    return s;
+  }
+  // The one device-to-host copy: the planner's exact loads.
+  if (absl::Status s = counts_d_.CopyTo(&counts_host_); !s.ok()) return s;
+  planner::LoadMatrix loads(1, ne);
+  offsets_[0] = 0;
+  for (int e = 0; e < ne; ++e) {
+    counts_[static_cast<size_t>(e)] = counts_host_[static_cast<size_t>(e)];
+    loads.at(0, e) = counts_[static_cast<size_t>(e)];
+    offsets_[static_cast<size_t>(e) + 1] = offsets_[static_cast<size_t>(e)] + counts_[e];
+  }
+  absl::StatusOr<planner::Plan> plan = planner_->Solve(loads, 0);
+  if (!plan.ok()) return plan.status();
+  absl::StatusOr<std::vector<ExpertBatch>> batches = PlanBatches(*plan, loads, 0);
+  if (!batches.ok()) return batches.status();
+  batches_ = *std::move(batches);
+  if (absl::Status s = offsets_d_.CopyFrom(offsets_); !s.ok()) return s;
+  if (absl::Status s = Check(kernels::SlotRows(tokens, ne, k, selected_.data(), offsets_d_.data(),
+                                               slot_row_.data(), st),
+                             "slot rows");
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = Check(
+          kernels::DispatchRows(tokens, k, c, slot_row_.data(), xn_.data(), dispatched_.data(), st),
+          "dispatch");
+      !s.ok()) {
+    return s;
+  }
+  MarkPhase(clock_, Phase::kGemm);
+  if (absl::Status s = ExpertsForward(); !s.ok()) return s;
+  MarkPhase(clock_, Phase::kRouting);
+
+  // Aux loss: f_e from the counts, P_e the mean router score (summed in double).
+  aux_loss_ = 0;
+  if (config_.aux_loss_coef > 0) {
+    for (absl::Status s :
+         {column_partial_.Resize({std::max<int64_t>(1, kernels::ScoreColumnPartials(tokens, ne))}),
+          column_sums_.Resize({ne})}) {
+      if (!s.ok()) return s;
+    }
+    if (absl::Status s =
+            Check(kernels::ScoreColumnSums(tokens, ne, scores_.data(), column_partial_.data(),
+                                           column_sums_.data(), st),
+                  "score sums");
+        !s.ok()) {
+      return s;
+    }
+    std::vector<double> p;
+    if (absl::Status s = column_sums_.CopyTo(&p); !s.ok()) return s;
+    int64_t total_slots = 0;
+    for (int e = 0; e < ne; ++e) total_slots += counts_[static_cast<size_t>(e)];
+    slot_fraction_.resize(static_cast<size_t>(ne));
+    double total = 0;
+    for (int e = 0; e < ne; ++e) {
+      const double fe = static_cast<double>(counts_[static_cast<size_t>(e)]) /
+                        static_cast<double>(std::max<int64_t>(total_slots, 1));
+      slot_fraction_[static_cast<size_t>(e)] = fe;
+      total += fe * p[static_cast<size_t>(e)] / static_cast<double>(tokens);
+    }
+    aux_loss_ = config_.aux_loss_coef * ne * total;
+  }
+
+  if (config_.shared_expert) {
+    MarkPhase(clock_, Phase::kGemm);
+    if (absl::Status s = SharedForward(out); !s.ok()) return s;
+    MarkPhase(clock_, Phase::kRouting);
+  }
+  return Check(kernels::CombineRows(tokens, k, c, slot_row_.data(), weights_.data(),
+                                    expert_out_.data(), /*add=*/config_.shared_expert, out, st),
+               "combine");
+}
+
+absl::Status GpuMoe::ExpertsForward() {
+  const int c = config_.width, f = config_.expert_hidden;
+  const int64_t w13_size = static_cast<int64_t>(c) * 2 * f, w2_size = static_cast<int64_t>(f) * c;
+  for (const ExpertBatch& b : batches_) {
+    if (b.rows == 0) continue;
+    const int r = static_cast<int>(b.rows);
+    if (absl::Status s =
+            matmul_->Run({.m = r, .n = 2 * f, .k = c, .lda = c, .ldb = 2 * f, .ldc = 2 * f}, 1.0f,
+                         dispatched_.data() + b.offset * c, w_.w13 + b.expert * w13_size, 0.0f,
+                         h13_.data() + b.offset * 2 * f, /*rows_vary=*/true);
+        !s.ok()) {
+      return s;
+    }
+  }
+  const int64_t rows = tokens_ * config_.top_k;
+  if (absl::Status s =
+          Check(kernels::SwigluActivation(rows, f, h13_.data(), act_.data(), device_->stream()),
+                "SwiGLU");
+      !s.ok()) {
+    return s;
+  }
+  for (const ExpertBatch& b : batches_) {
+    if (b.rows == 0) continue;
+    const int r = static_cast<int>(b.rows);
+    if (absl::Status s = matmul_->Run({.m = r, .n = c, .k = f, .lda = f, .ldb = c, .ldc = c}, 1.0f,
+                                      act_.data() + b.offset * f, w_.w2 + b.expert * w2_size, 0.0f,
+                                      expert_out_.data() + b.offset * c, /*rows_vary=*/true);
+        !s.ok()) {
+      return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GpuMoe::SharedForward(float* out) {
+  const int c = config_.width, fs = config_.shared_hidden;
+  const int t = static_cast<int>(tokens_);
+  for (absl::Status s :
+       {shared_h13_.Resize({tokens_, 2 * fs}), shared_act_.Resize({tokens_, fs})}) {
+    if (!s.ok()) return s;
+  }
+  if (absl::Status s =
+          matmul_->Run({.m = t, .n = 2 * fs, .k = c, .lda = c, .ldb = 2 * fs, .ldc = 2 * fs}, 1.0f,
+                       xn_.data(), w_.shared_w13, 0.0f, shared_h13_.data());
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = Check(kernels::SwigluActivation(tokens_, fs, shared_h13_.data(),
+                                                       shared_act_.data(), device_->stream()),
+                             "shared SwiGLU");
+      !s.ok()) {
+    return s;
+  }
+  return matmul_->Run({.m = t, .n = c, .k = fs, .lda = fs, .ldb = c, .ldc = c}, 1.0f,
+                      shared_act_.data(), w_.shared_w2, 0.0f, out);
+}
+
+absl::Status GpuMoe::Backward(const float* dout, float grad_scale, float* du) {
+  if (u_ == nullptr) return absl::FailedPreconditionError(name_ + ": Backward without a Forward");
+  const int c = config_.width, ne = config_.experts, k = config_.top_k;
+  const int f = config_.expert_hidden;
+  const int64_t tokens = tokens_, slots = tokens * k;
+  const int t = static_cast<int>(tokens);
+  // dh13_ and dact_ serve the routed experts, then the shared one.
+  const int64_t scratch_rows = std::max<int64_t>(config_.shared_expert ? tokens : 1, slots);
+  const int scratch_hidden = config_.shared_expert ? std::max(f, config_.shared_hidden) : f;
+  for (absl::Status s :
+       {dexpert_out_.Resize({std::max<int64_t>(slots, 1), c}), dweights_.Resize({tokens, k}),
+        dscores_.Resize({tokens, ne}), dh13_.Resize({scratch_rows, 2 * scratch_hidden}),
+        dact_.Resize({scratch_rows, scratch_hidden}),
+        ddispatched_.Resize({std::max<int64_t>(slots, 1), c}), dxn_.Resize({tokens, c}),
+        partial_.Resize({kernels::RmsNormPartialFloats(tokens, c)})}) {
+    if (!s.ok()) return s;
+  }
+  cudaStream_t st = device_->stream();
+  MarkPhase(clock_, Phase::kRouting);
+  // Expert-output gradients in dispatched order and the gate gradients.
+  if (absl::Status s =
+          Check(kernels::CombineRowsBackward(tokens, k, c, slot_row_.data(), weights_.data(),
+                                             expert_out_.data(), dout, dexpert_out_.data(),
+                                             dweights_.data(), st),
+                "combine backward");
+      !s.ok()) {
+    return s;
+  }
+  const float* aux = nullptr;
+  if (config_.aux_loss_coef > 0) {
+    // d(coef * E * sum_e f_e P_e)/d s_te = coef * E * f_e / T, f_e from the Forward.
+    std::vector<float> g(static_cast<size_t>(ne));
+    for (int e = 0; e < ne; ++e) {
+      g[static_cast<size_t>(e)] =
+          static_cast<float>(grad_scale * config_.aux_loss_coef * ne *
+                             slot_fraction_[static_cast<size_t>(e)] / static_cast<double>(tokens));
+    }
+    if (absl::Status s = aux_grad_.Resize({ne}); !s.ok()) return s;
+    // Pageable: copied before CopyFrom returns.
+    if (absl::Status s = aux_grad_.CopyFrom(g); !s.ok()) return s;
+    aux = aux_grad_.data();
+  }
+  if (absl::Status s = Check(
+          kernels::RouterBackward(tokens, ne, k, scores_.data(), selected_.data(), weights_.data(),
+                                  dweights_.data(), aux, dscores_.data(), st),
+          "router backward");
+      !s.ok()) {
+    return s;
+  }
+  MarkPhase(clock_, Phase::kGemm);
+  if (absl::Status s = ExpertsBackward(); !s.ok()) return s;
+  if (config_.shared_expert) {
+    if (absl::Status s = SharedBackward(dout); !s.ok()) return s;
+  }
+  MarkPhase(clock_, Phase::kRouting);
+  if (absl::Status s =
+          Check(kernels::CombineRows(tokens, k, c, slot_row_.data(), nullptr, ddispatched_.data(),
+                                     /*add=*/config_.shared_expert, dxn_.data(), st),
+                "gather input gradients");
+      !s.ok()) {
+    return s;
+  }
+  MarkPhase(clock_, Phase::kGemm);
+  // Router: dWr += xn^T dlogits; dxn += dlogits Wr^T.
+  if (absl::Status s = matmul_->LinearBackward(t, c, ne, xn_.data(), dscores_.data(), w_.router,
+                                               w_.drouter, dxn_.data(), /*accumulate_dx=*/true);
+      !s.ok()) {
+    return s;
+  }
+  MarkPhase(clock_, Phase::kOther);
+  return Check(kernels::RmsNormBackward(tokens, c, u_, w_.norm, inv_rms_.data(), dxn_.data(), du,
+                                        w_.dnorm, partial_.data(), st),
+               "norm backward");
+}
+
+absl::Status GpuMoe::ExpertsBackward() {
+  const int c = config_.width, f = config_.expert_hidden;
+  const int64_t w13_size = static_cast<int64_t>(c) * 2 * f, w2_size = static_cast<int64_t>(f) * c;
+  // dact = dy W2^T; dW2 += act^T dy.
+  for (const ExpertBatch& b : batches_) {
+    if (b.rows == 0) continue;
+    const int r = static_cast<int>(b.rows);
+    const float* dy = dexpert_out_.data() + b.offset * c;
+    if (absl::Status s = matmul_->LinearBackward(
+            r, f, c, act_.data() + b.offset * f, dy, w_.w2 + b.expert * w2_size,
+            w_.dw2 + b.expert * w2_size, dact_.data() + b.offset * f, /*accumulate_dx=*/false,
+            /*rows_vary=*/true);
+        !s.ok()) {
+      return s;
+    }
+  }
+  const int64_t rows = tokens_ * config_.top_k;
+  if (absl::Status s = Check(kernels::SwigluActivationBackward(rows, f, h13_.data(), dact_.data(),
+                                                               dh13_.data(), device_->stream()),
+                             "SwiGLU backward");
+      !s.ok()) {
+    return s;
+  }
+  // dW13 += x^T dh13; dx = dh13 W13^T.
+  for (const ExpertBatch& b : batches_) {
+    if (b.rows == 0) continue;
+    const int r = static_cast<int>(b.rows);
+    const float* dh = dh13_.data() + b.offset * 2 * f;
+    if (absl::Status s = matmul_->LinearBackward(
+            r, c, 2 * f, dispatched_.data() + b.offset * c, dh, w_.w13 + b.expert * w13_size,
+            w_.dw13 + b.expert * w13_size, ddispatched_.data() + b.offset * c,
+            /*accumulate_dx=*/false, /*rows_vary=*/true);
+        !s.ok()) {
+      return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GpuMoe::SharedBackward(const float* dout) {
+  const int c = config_.width, fs = config_.shared_hidden;
+  const int t = static_cast<int>(tokens_);
+  // The routed experts' backward is done with dh13_ / dact_ (sized for both): reuse them.
+  if (absl::Status s = matmul_->LinearBackward(t, fs, c, shared_act_.data(), dout, w_.shared_w2,
+                                               w_.dshared_w2, dact_.data());
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s =
+          Check(kernels::SwigluActivationBackward(tokens_, fs, shared_h13_.data(), dact_.data(),
+                                                  dh13_.data(), device_->stream()),
+                "shared SwiGLU backward");
+      !s.ok()) {
+    return s;
+  }
+  return matmul_->LinearBackward(t, c, 2 * fs, xn_.data(), dh13_.data(), w_.shared_w13,
+                                 w_.dshared_w13, dxn_.data());
+}
+
+absl::Status GpuMoe::UpdateSelectionBias() {
+  if (config_.bias_update_rate <= 0) return absl::OkStatus();
+  return Check(kernels::SelectionBiasUpdate(config_.experts, counts_d_.data(),
+                                            config_.bias_update_rate, w_.bias, device_->stream()),
+               "selection bias");
+}
+
+}  // namespace rackrun::runtime::cuda

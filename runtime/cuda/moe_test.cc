@@ -1,0 +1,185 @@
+// GpuMoe (runtime/cuda/moe.h) against the CPU layer it mirrors, MoeLayer<float>
+// (runtime/layers/moe.h), on the same weights, inputs and selection bias: the output, the input
+// gradient, every parameter gradient (router, experts, shared expert, norm), the exact
+// counts, the auxiliary loss and the bias after its update. Tolerances relative to each
+// array's largest magnitude: fp32 1e-4, bf16 4e-2. The routing must be the same on both
+// engines: the inputs are chosen so that every token's k-th and (k+1)-th biased scores are
+// further apart than rounding moves them (checked on the CPU, without a GPU, by
+// RoutingMarginsExceedRounding).
+#include "runtime/cuda/moe.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "runtime/cuda/kernels.h"
+#include "runtime/cuda/test_util.h"
+#include "runtime/layers/moe.h"
+
+namespace rackrun::runtime::cuda {
+namespace {
+
+using testing::Download;
+using testing::RandomVector;
+using testing::Upload;
+
+struct Setup {
+  MoeLayerConfig config;
+  int64_t tokens = 0;
+  std::unique_ptr<MoeLayer<float>> cpu;
+  std::vector<float> u, dout, bias;
+};
+
+Setup MakeSetup(bool shared, uint64_t seed) {
+  Setup s;
+  s.config.width = 64;
+  s.config.experts = 8;
+  s.config.top_k = 2;
+  s.config.expert_hidden = 96;
+  s.config.shared_expert = shared;
+  s.config.shared_hidden = shared ? 80 : 0;
+  s.config.aux_loss_coef = 0.01;
+  s.config.bias_update_rate = 0.001;
+  s.tokens = 300;
+  s.cpu = std::make_unique<MoeLayer<float>>(s.config, "moe");
+  NormalInit rng(seed);
+  s.cpu->Init(rng, 0.2, 0.05);
+  s.bias = RandomVector(s.config.experts, seed + 1, 0.01f);
+  std::copy(s.bias.begin(), s.bias.end(), s.cpu->Buffers()[0].value);
+  s.u = RandomVector(s.tokens * s.config.width, seed + 2);
+  s.dout = RandomVector(s.tokens * s.config.width, seed + 3);
+  return s;
+}
+
+// The smallest gap, over tokens, between the k-th and (k+1)-th largest biased score.
+double RoutingMargin(const Setup& s) {
+  const int c = s.config.width, ne = s.config.experts, k = s.config.top_k;
+  std::vector<ParamRef<float>> p = s.cpu->Parameters();  // norm, router, ...
+  double margin = INFINITY;
+  for (int64_t t = 0; t < s.tokens; ++t) {
+    const float* x = s.u.data() + t * c;
+    double ss = 0;
+    for (int i = 0; i < c; ++i) ss += double{x[i]} * x[i];
+    const double inv = 1.0 / std::sqrt(ss / c + 1e-6);
+    std::vector<double> logit(static_cast<size_t>(ne), 0.0);
+    for (int e = 0; e < ne; ++e) {
+      for (int i = 0; i < c; ++i) logit[e] += p[0].value[i] * x[i] * inv * p[1].value[i * ne + e];
+    }
+    double mx = -INFINITY;
+    for (int e = 0; e < ne; ++e) mx = std::max(mx, logit[static_cast<size_t>(e)]);
+    double sum = 0;
+    for (double& l : logit) sum += (l = std::exp(l - mx));
+    std::vector<double> biased;
+    for (int e = 0; e < ne; ++e) biased.push_back(logit[e] / sum + s.bias[e]);
+    std::sort(biased.rbegin(), biased.rend());
+    margin = std::min(margin, biased[k - 1] - biased[k]);
+  }
+  return margin;
+}
+
+// Runs without a GPU: the comparisons below rely on it.
+TEST(GpuMoeTest, RoutingMarginsExceedRounding) {
+  for (bool shared : {false, true}) {
+    EXPECT_GT(RoutingMargin(MakeSetup(shared, shared ? 21 : 20)), 1e-5) << "shared " << shared;
+  }
+}
+
+void CheckAgainstCpu(Device* dev, bool shared, GemmPrecision precision, double tol) {
+  SCOPED_TRACE(absl::StrCat("shared ", shared, " ", GemmPrecisionName(precision)));
+  Setup s = MakeSetup(shared, shared ? 21 : 20);
+  const int c = s.config.width;
+  std::vector<float> out(s.u.size()), du(s.u.size());
+  ASSERT_TRUE(s.cpu->Forward(s.u.data(), s.tokens, out.data()).ok());
+  ASSERT_TRUE(s.cpu->Backward(s.dout.data(), 0.5f, du.data()).ok());
+  s.cpu->UpdateSelectionBias();
+
+  std::vector<ParamRef<float>> params = s.cpu->Parameters();
+  std::vector<DeviceTensor<float>> values, grads;
+  testing::UploadParameters(dev, params, &values, &grads);
+  DeviceTensor<float> bias = Upload(dev, "bias", s.bias);
+  MoeWeights w;
+  w.norm = values[0].data();
+  w.router = values[1].data();
+  w.w13 = values[2].data();
+  w.w2 = values[3].data();
+  w.dnorm = grads[0].data();
+  w.drouter = grads[1].data();
+  w.dw13 = grads[2].data();
+  w.dw2 = grads[3].data();
+  if (shared) {
+    w.shared_w13 = values[4].data();
+    w.shared_w2 = values[5].data();
+    w.dshared_w13 = grads[4].data();
+    w.dshared_w2 = grads[5].data();
+  }
+  w.bias = bias.data();
+  MatMul matmul(dev, precision);
+  absl::StatusOr<std::unique_ptr<GpuMoe>> gpu = GpuMoe::Create(dev, &matmul, s.config, "moe", w);
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  DeviceTensor<float> u = Upload(dev, "u", s.u), dout = Upload(dev, "dout", s.dout);
+  DeviceTensor<float> out_d(dev, "out"), du_d(dev, "du");
+  ASSERT_TRUE(out_d.Resize({s.tokens, c}).ok());
+  ASSERT_TRUE(du_d.Resize({s.tokens, c}).ok());
+  ASSERT_TRUE((*gpu)->Forward(u.data(), s.tokens, out_d.data()).ok());
+  EXPECT_EQ((*gpu)->counts(), s.cpu->counts());
+  EXPECT_NEAR((*gpu)->aux_loss(), s.cpu->aux_loss(), 1e-5 * std::fabs(s.cpu->aux_loss()));
+  ASSERT_EQ((*gpu)->batches().size(), static_cast<size_t>(s.config.experts));
+  ASSERT_TRUE((*gpu)->Backward(dout.data(), 0.5f, du_d.data()).ok());
+  ASSERT_TRUE((*gpu)->UpdateSelectionBias().ok());
+  RACKRUN_EXPECT_CLOSE(Download(out_d), out, tol);
+  RACKRUN_EXPECT_CLOSE(Download(du_d), du, tol);
+  for (size_t i = 0; i < params.size(); ++i) {
+    SCOPED_TRACE(params[i].name);
+    const std::vector<float> cpu_grad(params[i].grad, params[i].grad + params[i].size);
+    RACKRUN_EXPECT_CLOSE(Download(grads[i]), cpu_grad, tol);
+  }
+  const ParamRef<float> cpu_bias = s.cpu->Buffers()[0];
+  EXPECT_EQ(Download(bias), std::vector<float>(cpu_bias.value, cpu_bias.value + cpu_bias.size));
+}
+
+TEST(GpuMoeTest, Fp32MatchesTheCpuLayer) {
+  RACKRUN_OPEN_GPU_OR_SKIP(dev);
+  CheckAgainstCpu(dev.get(), /*shared=*/false, GemmPrecision::kFp32, 1e-4);
+  CheckAgainstCpu(dev.get(), /*shared=*/true, GemmPrecision::kFp32, 1e-4);
+}
+
+TEST(GpuMoeTest, Bf16StaysWithinItsRounding) {
+  RACKRUN_OPEN_GPU_OR_SKIP(dev);
+  CheckAgainstCpu(dev.get(), /*shared=*/true, GemmPrecision::kBf16, 4e-2);
+}
+
+// The device's permutation (SlotRows from the counts' prefix sums) is the host's
+// (expert_permutation.h) for the plan the layer solved.
+TEST(GpuMoeTest, DevicePermutationIsThePlansPermutation) {
+  RACKRUN_OPEN_GPU_OR_SKIP(dev);
+  const int experts = 16, top_k = 4;
+  const int64_t tokens = 1000;
+  std::vector<int32_t> sel;
+  for (int64_t t = 0; t < tokens; ++t) {
+    for (int j = 0; j < top_k; ++j)
+      sel.push_back(static_cast<int32_t>((t * 7 + j * 3 + t / 5) % experts));
+  }
+  planner::LoadMatrix loads(1, experts);
+  for (int32_t e : sel) ++loads.at(0, e);
+  auto planner = planner::MakePlanner("none", planner::Domain{1, experts, 0}, {});
+  ASSERT_TRUE(planner.ok());
+  absl::StatusOr<planner::Plan> plan = (*planner)->Solve(loads, 0);
+  ASSERT_TRUE(plan.ok());
+  absl::StatusOr<ExpertPermutation> want = PermuteByPlan(*plan, loads, sel);
+  ASSERT_TRUE(want.ok()) << want.status();
+  std::vector<int64_t> offsets(experts + 1, 0);
+  for (int e = 0; e < experts; ++e) offsets[e + 1] = offsets[e] + loads.at(0, e);
+  DeviceTensor<int32_t> sel_d = Upload(dev.get(), "selected", sel);
+  DeviceTensor<int64_t> off_d = Upload(dev.get(), "offsets", offsets);
+  DeviceTensor<int64_t> rows(dev.get(), "slot rows");
+  ASSERT_TRUE(rows.Resize({tokens * top_k}).ok());
+  ASSERT_EQ(kernels::SlotRows(tokens, experts, top_k, sel_d.data(), off_d.data(), rows.data(),
+                              dev->stream()),
+            cudaSuccess);
+  EXPECT_EQ(Download(rows), want->row_of_choice);
+}
+
+}  // namespace
+}  // namespace rackrun::runtime::cuda

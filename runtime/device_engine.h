@@ -1,0 +1,99 @@
+// The seam between the trainer and a device engine (the GPU engine, runtime/cuda/engine.h):
+// the part of an optimizer step that computes (forward, backward, gradient norm, AdamW) on a
+// device, while the trainer keeps its loop, data, logging, evaluation schedule and checkpoints.
+// A job with resources.device: cpu never creates one: the CPU model and AdamW compute as they
+// always have.
+//
+// State: the device holds the working copies of the parameters, buffers, gradients and AdamW
+// moments. The trainer's CPU model and AdamW stay the checkpoint's view of them: StoreState
+// copies the device state into them before a checkpoint is written, LoadState copies them to
+// the device after a resume (and at creation), so checkpoints are the same file on every
+// engine and a run moves between CPU and GPU by resuming.
+//
+// The engine lives in a library above the runtime (it uses the runtime's model as its
+// oracle and its view), so the runtime never names it: the drivers hand its factory to the
+// trainer in TrainerOptions::device_engine, as they hand the plan source.
+#ifndef RACKRUN_RUNTIME_DEVICE_ENGINE_H_
+#define RACKRUN_RUNTIME_DEVICE_ENGINE_H_
+
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "jobspec/device.h"
+#include "rackrun/v1/job_spec.pb.h"
+#include "runtime/model.h"
+#include "runtime/optimizer.h"
+
+namespace rackrun::runtime {
+
+// The device figures of the last step (for logs, metrics and the step benchmark).
+struct DeviceStepStats {
+  std::string device;  // "NVIDIA H200 (cuda:0)"
+  int64_t memory_in_use_bytes = 0;
+  int64_t memory_peak_bytes = 0;   // since the engine was created
+  int64_t memory_total_bytes = 0;  // the device's
+  // Device milliseconds of the last Step's phases: gemm, attention, streams, routing,
+  // optimizer, other (the names in phase_names).
+  std::array<double, 6> phase_ms{};
+  static constexpr std::array<const char*, 6> phase_names = {"gemm",    "attention", "streams",
+                                                             "routing", "optimizer", "other"};
+};
+
+class DeviceEngine {
+ public:
+  virtual ~DeviceEngine() = default;
+
+  // "NVIDIA H200 (cuda:0), bf16" for the log.
+  virtual std::string Describe() const = 0;
+
+  // The host model's parameters and buffers and the host AdamW's moments and step to the
+  // device, or back.
+  virtual absl::Status LoadState(Model<float>& model, AdamW& adam) = 0;
+  virtual absl::Status StoreState(Model<float>& model, AdamW& adam) = 0;
+
+  // As Model<float>'s (same arguments, same errors for bad input).
+  virtual absl::Status ZeroGrad() = 0;
+  virtual absl::StatusOr<double> ForwardBackward(std::span<const int32_t> inputs,
+                                                 std::span<const int32_t> targets, int batch,
+                                                 std::span<const int32_t> segment_starts,
+                                                 float grad_scale) = 0;
+  virtual absl::StatusOr<double> Evaluate(std::span<const int32_t> inputs,
+                                          std::span<const int32_t> targets, int batch,
+                                          std::span<const int32_t> segment_starts) = 0;
+  virtual const std::vector<std::vector<int64_t>>& expert_counts() const = 0;
+  virtual double aux_loss() const = 0;
+
+  // The global gradient norm (before clipping), in double in a fixed order; the clipping
+  // factor (clip / norm when clip > 0 and the norm exceeds it, else 1) stays on the device
+  // for the next OptimizerStep.
+  virtual absl::StatusOr<double> GradNorm(double clip) = 0;
+  // One AdamW step with learning rate `lr`, gradients scaled by that factor.
+  virtual absl::Status OptimizerStep(double lr) = 0;
+
+  // The last step's device figures (after OptimizerStep).
+  virtual absl::StatusOr<DeviceStepStats> StepStats() = 0;
+};
+
+// What a factory gets: the validated spec, the device it names for this rank, the host
+// model (its configuration and initial values) and the AdamW settings.
+struct DeviceEngineSetup {
+  const rackrun::v1::JobSpec* spec = nullptr;
+  jobspec::DeviceSpec device;
+  int local_rank = 0;
+  Model<float>* model = nullptr;
+  AdamWConfig adamw;
+};
+
+using DeviceEngineFactory =
+    std::function<absl::StatusOr<std::unique_ptr<DeviceEngine>>(const DeviceEngineSetup&)>;
+
+}  // namespace rackrun::runtime
+
+#endif  // RACKRUN_RUNTIME_DEVICE_ENGINE_H_
