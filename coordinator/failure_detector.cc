@@ -31,7 +31,9 @@ bool AnyLate(const AttemptSnapshot& attempt, int64_t now_ms, const DetectionTime
                      [&](const RankSnapshot& w) { return Late(w, now_ms, t); });
 }
 
-constexpr Ruling kHold{true, std::nullopt};
+// No verdict yet, and none may come from a later rule (a function: Ruling holds a protobuf
+// message, so it is no literal type, and clang refuses it as constexpr).
+Ruling Hold() { return Ruling{true, std::nullopt}; }
 
 // How long the rank has been in its phase: its reported age plus the time since then.
 int64_t PhaseAge(const RankSnapshot& w, int64_t now_ms) { return w.phase_age_ms + (now_ms - w.last_heartbeat_ms); }
@@ -120,7 +122,7 @@ Ruling CollectiveHangRule(const AttemptSnapshot& attempt, int64_t now_ms, const 
   }
   // No rank is silent, and one is late: what it last said may be out of date (a link
   // that was cut for a moment); it reports again or falls silent soon.
-  if (culprit == nullptr && AnyLate(attempt, now_ms, t)) return kHold;
+  if (culprit == nullptr && AnyLate(attempt, now_ms, t)) return Hold();
   bool transport = false;  // every rank the waiters wait for waits in a collective itself
   if (culprit == nullptr) {
     for (const RankSnapshot& w : ranks) {
@@ -148,7 +150,7 @@ Ruling CollectiveHangRule(const AttemptSnapshot& attempt, int64_t now_ms, const 
   // the heartbeats survived has arrived (failure-model.md, the cut bound).
   if ((culprit == nullptr || transport) &&
       longest_ms <= t.hang_timeout_ms + t.heartbeat_timeout_ms) {
-    return kHold;
+    return Hold();
   }
   const std::string peers = absl::StrCat("rank(s) ", absl::StrJoin(waiting, ", "), " wait in collective ", n,
                                          " for ", longest_ms / kMsPerSecond, " s");
@@ -214,7 +216,7 @@ Ruling RendezvousHangRule(const AttemptSnapshot& attempt, int64_t now_ms, const 
     }
   }
   if (connecting.empty()) return {};
-  if (AnyLate(attempt, now_ms, t)) return kHold;  // what a late rank last said may be out of date
+  if (AnyLate(attempt, now_ms, t)) return Hold();  // what a late rank last said may be out of date
   const std::string waiters = absl::StrCat("rank(s) ", absl::StrJoin(connecting, ", "),
                                            " wait in the data channel's rendezvous for ",
                                            connecting_ms / kMsPerSecond, " s");
