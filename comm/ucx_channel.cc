@@ -46,11 +46,11 @@ constexpr std::chrono::steady_clock::duration kWatchPeriod = std::chrono::millis
 // this rank's byes finish (the wait for the peers' byes is bounded by the channel's timeout).
 constexpr absl::Duration kTeardownBound = absl::Seconds(1);
 // How long an endpoint's creation is retried while UCX reports the peer unreachable. The
-// route to every peer is checked before (comm/data_address.h), so what is left is the
-// neighbour table: a host whose link has just come back may hold a FAILED ARP entry for a
-// peer, and connect(2) answers EHOSTUNREACH at once until the kernel probes it again (a
-// restored host's first job failed so in NetnsTest.ACutHostIsNamedAndTheJobRestartsOnA
-// SpareHost). Linux resolves a neighbour in at most 3 probes a second apart.
+// route to every peer is checked before (comm/data_address.h), so what is left is most
+// likely the neighbour table of a host whose link has just come back: once, under load, a
+// restored host's first job failed at once with connect(2) EHOSTUNREACH to a peer on its own
+// subnet (NetnsTest.ACutHostIsNamedAndTheJobRestartsOnASpareHost in CI); not reproduced
+// alone, so the cause is a guess. Linux resolves a neighbour in 3 probes a second apart.
 constexpr absl::Duration kUnreachableRetry = absl::Seconds(4);
 constexpr absl::Duration kUnreachablePause = absl::Milliseconds(200);
 // UCX settings this channel changes from UCX's defaults; the environment's UCX_<name> wins.
