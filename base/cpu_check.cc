@@ -34,9 +34,9 @@ bool CpuHasFeature([[maybe_unused]] std::string_view feature) {  // unused when 
   return false;
 }
 
-std::vector<std::string_view> MissingCpuFeatures(
-    const std::vector<std::string_view>& required,
-    const std::function<bool(std::string_view)>& has, std::string_view hidden) {
+std::vector<std::string_view> MissingCpuFeatures(const std::vector<std::string_view>& required,
+                                                 const std::function<bool(std::string_view)>& has,
+                                                 std::string_view hidden) {
   // The hidden names, split once: comma-separated, spaces around a name ignored.
   std::vector<std::string_view> hidden_names;
   while (!hidden.empty()) {

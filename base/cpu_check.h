@@ -28,9 +28,9 @@ std::string_view BuildArchFlags();
 
 // Those of `required` that `has(name)` denies or that `hidden` (a comma-separated list,
 // as in RACKRUN_CPU_HIDE_FEATURES) names, in the order of `required`.
-std::vector<std::string_view> MissingCpuFeatures(
-    const std::vector<std::string_view>& required,
-    const std::function<bool(std::string_view)>& has, std::string_view hidden);
+std::vector<std::string_view> MissingCpuFeatures(const std::vector<std::string_view>& required,
+                                                 const std::function<bool(std::string_view)>& has,
+                                                 std::string_view hidden);
 
 // Whether this CPU has `feature` (one of BuildCpuFeatures()'s names); false for a name the
 // check does not know.

@@ -72,8 +72,7 @@ TEST(CpuCheckTest, ThisCpuHasEveryBuildFeature) {
 TEST(CpuCheckTest, MissingListsDeniedAndHiddenFeaturesInOrder) {
   const std::vector<std::string_view> required = {"sse4.2", "avx", "avx2", "fma", "avx512f"};
   const auto has = [](std::string_view f) { return f != "avx512f"; };
-  EXPECT_EQ(MissingCpuFeatures(required, has, ""),
-            (std::vector<std::string_view>{"avx512f"}));
+  EXPECT_EQ(MissingCpuFeatures(required, has, ""), (std::vector<std::string_view>{"avx512f"}));
   EXPECT_EQ(MissingCpuFeatures(required, has, "fma, avx2"),
             (std::vector<std::string_view>{"avx2", "fma", "avx512f"}));
   // Only whole names count; a hidden feature the build does not use changes nothing.
@@ -107,7 +106,8 @@ TEST(CpuCheckTest, AProcessOnACpuWithoutABuildFeatureStopsBeforeMainWithTheReaso
   // The check ran before main: gtest never listed a test.
   EXPECT_EQ((r.out + r.err).find("CpuCheckTest."), std::string::npos) << r.out << r.err;
   EXPECT_NE(r.err.find("base_cpu_check_test: this binary was built for RACKRUN_ARCH="),
-            std::string::npos) << r.err;
+            std::string::npos)
+      << r.err;
   EXPECT_NE(r.err.find("this CPU lacks " + hidden + "."), std::string::npos) << r.err;
   // Hiding a feature the build does not use, or none, changes nothing.
   r = RunSelf("RACKRUN_CPU_HIDE_FEATURES=no-such-feature");

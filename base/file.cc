@@ -367,16 +367,17 @@ absl::StatusOr<FolderLock> FolderLock::Acquire(const std::string& dir, absl::str
     std::string who = holder.ok() ? *holder : std::string();
     while (!who.empty() && (who.back() == '\n' || who.back() == ' ')) who.pop_back();
     if (who.empty()) who = "another process (it has not yet written its pid and host)";
-    return absl::FailedPreconditionError(absl::StrCat(
-        what, " '", dir, "' is in use by ", who, " (lock file '", path,
-        "'); wait for that run to end, stop it, or use another folder"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, " '", dir, "' is in use by ", who, " (lock file '", path,
+                     "'); wait for that run to end, stop it, or use another folder"));
   }
   char stamp[32] = {};
   const std::time_t now = std::time(nullptr);
   struct tm utc = {};
   gmtime_r(&now, &utc);
   std::strftime(stamp, sizeof(stamp), "%Y-%m-%dT%H:%M:%SZ", &utc);
-  const std::string holder = absl::StrCat("pid ", getpid(), " on host ", HostName(), " since ", stamp, "\n");
+  const std::string holder =
+      absl::StrCat("pid ", getpid(), " on host ", HostName(), " since ", stamp, "\n");
   if (::ftruncate(fd, 0) != 0 ||
       ::pwrite(fd, holder.data(), holder.size(), 0) != static_cast<ssize_t>(holder.size())) {
     absl::Status s = PosixError(absl::StrCat(what, ": cannot write the lock file"), path);

@@ -19,10 +19,9 @@ inline absl::Status Annotate(const absl::Status& status, absl::string_view what)
 }  // namespace rackrun::base
 
 // Returns from the calling function when `expr` (an absl::Status) is not OK.
-#define RACKRUN_RETURN_IF_ERROR(expr)                        \
-  do {                                                       \
-    if (absl::Status rackrun_status_ = (expr); !rackrun_status_.ok()) \
-      return rackrun_status_;                                \
+#define RACKRUN_RETURN_IF_ERROR(expr)                                                         \
+  do {                                                                                        \
+    if (absl::Status rackrun_status_ = (expr); !rackrun_status_.ok()) return rackrun_status_; \
   } while (false)
 
 #endif  // RACKRUN_BASE_STATUS_H_

@@ -144,8 +144,7 @@ class DataChannel {
   // Counted by the backends (point-to-point and NCCL); 0/0 on a backend that does not.
   // Thread-safe; readable from any thread at any time.
   ChannelProgress progress() const {
-    return {entered_.load(std::memory_order_relaxed),
-            completed_.load(std::memory_order_relaxed)};
+    return {entered_.load(std::memory_order_relaxed), completed_.load(std::memory_order_relaxed)};
   }
 
   // recv[r * count .. (r + 1) * count) = rank r's send[0 .. count). `count` is in elements

@@ -336,7 +336,8 @@ struct FanoutInFlight::State {
   State(DataChannel& channel, const planner::FanoutSchedule& schedule, ScheduleRoles roles,
         const Chunking& chunking, const std::map<int, std::span<std::byte>>& buffers,
         absl::Time start_in)
-      : run(channel, schedule, std::move(roles), chunking, buffers), start(start_in),
+      : run(channel, schedule, std::move(roles), chunking, buffers),
+        start(start_in),
         timeout(channel.timeout()) {}
   FanoutRun run;
   absl::Time start;
@@ -397,9 +398,9 @@ absl::StatusOr<std::unique_ptr<FanoutInFlight>> StartFanout(
         absl::StrCat("ExecuteFanout: eager pacing needs tag matching, which the ",
                      channel.backend(), " channel lacks; use FanoutPacing::kRounds or kAuto"));
   }
-  auto state = std::make_unique<FanoutInFlight::State>(
-      channel, schedule, *std::move(roles), Chunking{expert_bytes, options.chunk_bytes}, buffers,
-      start);
+  auto state = std::make_unique<FanoutInFlight::State>(channel, schedule, *std::move(roles),
+                                                       Chunking{expert_bytes, options.chunk_bytes},
+                                                       buffers, start);
   if (pacing == FanoutPacing::kEager) {
     if (absl::Status s = state->run.Post(); !s.ok()) return s;
   } else {
@@ -409,11 +410,9 @@ absl::StatusOr<std::unique_ptr<FanoutInFlight>> StartFanout(
   return std::make_unique<FanoutInFlight>(std::move(state));
 }
 
-absl::StatusOr<FanoutExecutorStats> ExecuteFanout(DataChannel& channel,
-                                                const planner::FanoutSchedule& schedule,
-                                                int64_t expert_bytes,
-                                                const std::map<int, std::span<std::byte>>& buffers,
-                                                const FanoutExecutorOptions& options) {
+absl::StatusOr<FanoutExecutorStats> ExecuteFanout(
+    DataChannel& channel, const planner::FanoutSchedule& schedule, int64_t expert_bytes,
+    const std::map<int, std::span<std::byte>>& buffers, const FanoutExecutorOptions& options) {
   absl::StatusOr<std::unique_ptr<FanoutInFlight>> run =
       StartFanout(channel, schedule, expert_bytes, buffers, options);
   if (!run.ok()) return run.status();

@@ -93,11 +93,9 @@ absl::StatusOr<std::unique_ptr<FanoutInFlight>> StartFanout(
     DataChannel& channel, const planner::FanoutSchedule& schedule, int64_t expert_bytes,
     const std::map<int, std::span<std::byte>>& buffers, const FanoutExecutorOptions& options = {});
 
-absl::StatusOr<FanoutExecutorStats> ExecuteFanout(DataChannel& channel,
-                                                const planner::FanoutSchedule& schedule,
-                                                int64_t expert_bytes,
-                                                const std::map<int, std::span<std::byte>>& buffers,
-                                                const FanoutExecutorOptions& options = {});
+absl::StatusOr<FanoutExecutorStats> ExecuteFanout(
+    DataChannel& channel, const planner::FanoutSchedule& schedule, int64_t expert_bytes,
+    const std::map<int, std::span<std::byte>>& buffers, const FanoutExecutorOptions& options = {});
 
 }  // namespace rackrun::comm
 

@@ -335,9 +335,9 @@ class GlooTransport {
   absl::Status CheckPeerUsable(absl::string_view operation, int peer) const {
     auto it = abandoned_.find(peer);
     if (it == abandoned_.end()) return absl::OkStatus();
-    return absl::FailedPreconditionError(absl::StrCat(
-        operation, " on rank ", rank_, " with rank ", peer, ": the connection was closed after ",
-        it->second, "; the job must stop"));
+    return absl::FailedPreconditionError(absl::StrCat(operation, " on rank ", rank_, " with rank ",
+                                                      peer, ": the connection was closed after ",
+                                                      it->second, "; the job must stop"));
   }
 
   // Gloo cannot cancel a transfer that has started, and a pair with an orphaned transfer
@@ -444,10 +444,10 @@ class GlooTransport {
  private:
   void Deliver(SelfRecv& recv, int tag, const void* buf, int64_t bytes) {
     if (bytes != recv.bytes) {
-      recv.error = absl::InvalidArgumentError(absl::StrCat(
-          "Recv on rank ", rank_, " from rank ", rank_, " (tag ", tag, "): message has ", bytes,
-          " bytes but the receive was posted for ", recv.bytes,
-          "; both ends must agree on the size"));
+      recv.error = absl::InvalidArgumentError(
+          absl::StrCat("Recv on rank ", rank_, " from rank ", rank_, " (tag ", tag,
+                       "): message has ", bytes, " bytes but the receive was posted for ",
+                       recv.bytes, "; both ends must agree on the size"));
     } else if (bytes > 0) {
       std::memcpy(recv.buf, buf, static_cast<size_t>(bytes));
     }
@@ -545,8 +545,7 @@ class GlooRecv final : public Request {
       const Transfer::State state = op_->payload_transfer->state();
       if (state == Transfer::kPending) return false;
       if (state == Transfer::kFailed) {
-        return transport_->Failure("Recv", info().peer, info().tag,
-                                   op_->payload_transfer->error());
+        return transport_->Failure("Recv", info().peer, info().tag, op_->payload_transfer->error());
       }
     }
     op_->done = true;
@@ -608,8 +607,9 @@ class GlooChannel final : public PointToPointChannel {
       op->header_transfer =
           transport_->Start(/*send=*/true, &op->header, kHeaderBytes, peer, HeaderSlot(tag));
       if (!Inline(bytes)) {
-        op->payload_transfer = transport_->Start(/*send=*/true, const_cast<void*>(buf),
-                                                 static_cast<size_t>(bytes), peer, PayloadSlot(tag));
+        op->payload_transfer =
+            transport_->Start(/*send=*/true, const_cast<void*>(buf), static_cast<size_t>(bytes),
+                              peer, PayloadSlot(tag));
       }
     } catch (...) {
       const std::string what = ExceptionText(std::current_exception());
@@ -688,7 +688,8 @@ Peers PeersAnnounced(RendezvousStore& store, const std::string& prefix, int rank
   Peers p;
   for (int r = 0; r < size; ++r) {
     if (r == rank) continue;
-    absl::StatusOr<std::vector<std::string>> v = store.Get({JoinedKey(prefix, r)}, absl::ZeroDuration());
+    absl::StatusOr<std::vector<std::string>> v =
+        store.Get({JoinedKey(prefix, r)}, absl::ZeroDuration());
     if (!v.ok() || v->empty()) continue;
     const std::string& announced = v->front();
     const std::string address = announced.substr(0, announced.find(' '));
@@ -708,8 +709,8 @@ std::string PeersLine(const Peers& p) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<DataChannel>> CreateGlooChannel(RendezvousStore& store,
-                                                               const std::string& prefix,
-                                                               int rank, int size,
+                                                               const std::string& prefix, int rank,
+                                                               int size,
                                                                const GlooChannelOptions& options) {
   if (size < 1 || rank < 0 || rank >= size) {
     return absl::InvalidArgumentError(absl::StrCat("Gloo channel '", prefix, "': rank ", rank,
@@ -729,7 +730,8 @@ absl::StatusOr<std::unique_ptr<DataChannel>> CreateGlooChannel(RendezvousStore& 
   // SIGPIPE and kill this process instead of failing the transfer.
   base::IgnoreSigpipe();
   const std::string announced = Announced(options.address, options.label);
-  if (absl::Status s = Join(store, prefix, rank, size, announced, options.channel.timeout); !s.ok()) {
+  if (absl::Status s = Join(store, prefix, rank, size, announced, options.channel.timeout);
+      !s.ok()) {
     return s;
   }
 
@@ -751,8 +753,7 @@ absl::StatusOr<std::unique_ptr<DataChannel>> CreateGlooChannel(RendezvousStore& 
   } catch (...) {
     return absl::UnavailableError(absl::StrCat(
         "Gloo channel '", prefix, "' on rank ", rank, ": cannot listen on ",
-        options.interface.empty() ? "address " + options.address
-                                  : "interface " + options.interface,
+        options.interface.empty() ? "address " + options.address : "interface " + options.interface,
         ": ", ExceptionText(std::current_exception())));
   }
 
@@ -767,13 +768,12 @@ absl::StatusOr<std::unique_ptr<DataChannel>> CreateGlooChannel(RendezvousStore& 
   } catch (...) {
     const std::string what = ExceptionText(std::current_exception());
     const absl::Status& store_error = gloo_store.error();
-    return absl::Status(
-        store_error.ok() ? absl::StatusCode::kUnavailable : store_error.code(),
-        absl::StrCat("Gloo channel '", prefix, "' on rank ", rank, " of ", size,
-                     ": connecting to the other ranks failed: ",
-                     store_error.ok() ? what : std::string(store_error.message()),
-                     "; a rank died or is unreachable at the address it announced",
-                     PeersLine(PeersAnnounced(store, prefix, rank, size))));
+    return absl::Status(store_error.ok() ? absl::StatusCode::kUnavailable : store_error.code(),
+                        absl::StrCat("Gloo channel '", prefix, "' on rank ", rank, " of ", size,
+                                     ": connecting to the other ranks failed: ",
+                                     store_error.ok() ? what : std::string(store_error.message()),
+                                     "; a rank died or is unreachable at the address it announced",
+                                     PeersLine(PeersAnnounced(store, prefix, rank, size))));
   }
   auto transport = std::make_shared<GlooTransport>(device, std::move(context), rank, size);
   return std::make_unique<GlooChannel>(std::move(transport), options.channel);

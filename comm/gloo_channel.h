@@ -64,15 +64,15 @@ struct GlooChannelOptions {
 // Collective over the `size` ranks that call it with the same `store` contents and
 // `prefix` (one prefix per job and channel: "job/<id>/attempt/<n>"). Each rank announces
 // itself under `prefix`, waits for all ranks, then connects to every peer.
-// InvalidArgument for a bad rank/size or a wildcard address; DeadlineExceeded naming the ranks that did not
-// join within the timeout; Unavailable naming the Gloo call (bind, connect) otherwise. A
+// InvalidArgument for a bad rank/size or a wildcard address; DeadlineExceeded naming the ranks that
+// did not join within the timeout; Unavailable naming the Gloo call (bind, connect) otherwise. A
 // failed connect also names the peers as they announced themselves (address, label).
 // InvalidArgument, before connecting, when this host has no route to a peer's announced
 // address, naming that peer (its address and label).
 // The store is used only during this call.
 absl::StatusOr<std::unique_ptr<DataChannel>> CreateGlooChannel(RendezvousStore& store,
-                                                               const std::string& prefix,
-                                                               int rank, int size,
+                                                               const std::string& prefix, int rank,
+                                                               int size,
                                                                const GlooChannelOptions& options);
 
 }  // namespace rackrun::comm

@@ -91,9 +91,8 @@ TEST(InProcessChannel, ProgressCountsCollectives) {
     EXPECT_TRUE(c.AllReduce(&x, &x, 1, DataType::kInt64, ReduceOp::kSum).ok());
     EXPECT_TRUE(c.Broadcast(&x, 1, DataType::kInt64, 0).ok());
     const int64_t counts[2] = {1, 1}, displs[2] = {0, 1};
-    EXPECT_TRUE(c.AllToAllV(all.data(), counts, displs, all.data(), counts, displs,
-                            DataType::kInt64)
-                    .ok());
+    EXPECT_TRUE(
+        c.AllToAllV(all.data(), counts, displs, all.data(), counts, displs, DataType::kInt64).ok());
     // Rank 1 reaches the barrier only once the observer has seen rank 0 wait in it.
     if (c.rank() == 1) {
       while (!observed.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));

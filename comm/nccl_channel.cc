@@ -457,9 +457,9 @@ class NcclChannel final : public DataChannel {
       if ((parent != ncclSuccess && parent != ncclInProgress) ||
           (child != ncclSuccess && child != ncclInProgress)) {
         if (sub != nullptr) ncclCommAbort(sub);
-        return Break(NcclError(
-            "ncclCommSplit", parent != ncclSuccess && parent != ncclInProgress ? parent : child,
-            comm_));
+        return Break(NcclError("ncclCommSplit",
+                               parent != ncclSuccess && parent != ncclInProgress ? parent : child,
+                               comm_));
       }
       if (absl::Now() >= deadline) {
         if (sub != nullptr) ncclCommAbort(sub);
@@ -473,9 +473,9 @@ class NcclChannel final : public DataChannel {
     ncclCommCount(sub, &nccl_size);
     if (nccl_rank != my_rank || nccl_size != sub_size) {
       ncclCommAbort(sub);
-      return absl::InternalError(absl::StrCat(
-          "Split on rank ", rank_, ": NCCL made rank ", nccl_rank, " of ", nccl_size,
-          " where (key, rank) order gives rank ", my_rank, " of ", sub_size));
+      return absl::InternalError(
+          absl::StrCat("Split on rank ", rank_, ": NCCL made rank ", nccl_rank, " of ", nccl_size,
+                       " where (key, rank) order gives rank ", my_rank, " of ", sub_size));
     }
     cudaStream_t stream = nullptr;
     if (cudaError_t e = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
@@ -529,8 +529,8 @@ class NcclChannel final : public DataChannel {
         absl::StrCat(operation, " on rank ", rank_, " of ", size_, " timed out after ",
                      absl::FormatDuration(absl::Trunc(waited, absl::Milliseconds(1))),
                      " waiting for NCCL peer rank", named.size() > 1 ? "s " : " ",
-                     absl::StrJoin(named, ", "), "; a rank is dead, stuck, or not calling ", operation,
-                     " (NCCL cannot say which of them)")));
+                     absl::StrJoin(named, ", "), "; a rank is dead, stuck, or not calling ",
+                     operation, " (NCCL cannot say which of them)")));
   }
 
   // Checks an NCCL call's result on the non-blocking communicator and waits until the
@@ -719,8 +719,8 @@ absl::StatusOr<std::unique_ptr<DataChannel>> CreateNcclChannel(DataChannel& boot
 }
 
 absl::StatusOr<std::unique_ptr<DataChannel>> CreateNcclChannel(RendezvousStore& store,
-                                                               const std::string& prefix,
-                                                               int rank, int size,
+                                                               const std::string& prefix, int rank,
+                                                               int size,
                                                                const NcclChannelOptions& options) {
   if (size < 1 || rank < 0 || rank >= size) {
     return absl::InvalidArgumentError(absl::StrCat("NCCL channel '", prefix, "': rank ", rank,
@@ -739,9 +739,9 @@ absl::StatusOr<std::unique_ptr<DataChannel>> CreateNcclChannel(RendezvousStore& 
     }
     const std::string bytes(reinterpret_cast<const char*>(&id), sizeof(id));
     if (absl::Status s = store.Set(key, bytes); !s.ok()) {
-      return absl::Status(s.code(), absl::StrCat("NCCL channel '", prefix,
-                                                 "' on rank 0: publishing the unique id: ",
-                                                 s.message()));
+      return absl::Status(s.code(),
+                          absl::StrCat("NCCL channel '", prefix,
+                                       "' on rank 0: publishing the unique id: ", s.message()));
     }
   } else {
     absl::StatusOr<std::vector<std::string>> value =
@@ -756,10 +756,10 @@ absl::StatusOr<std::unique_ptr<DataChannel>> CreateNcclChannel(RendezvousStore& 
                            : ""));
     }
     if (value->front().size() != sizeof(id)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "NCCL channel '", prefix, "' on rank ", rank, ": the store's '", key, "' has ",
-          value->front().size(), " bytes, not an NCCL unique id (", sizeof(id),
-          "); is another job using this prefix?"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("NCCL channel '", prefix, "' on rank ", rank, ": the store's '", key,
+                       "' has ", value->front().size(), " bytes, not an NCCL unique id (",
+                       sizeof(id), "); is another job using this prefix?"));
     }
     std::memcpy(&id, value->front().data(), sizeof(id));
   }

@@ -50,8 +50,8 @@ absl::StatusOr<std::unique_ptr<DataChannel>> CreateNcclChannel(DataChannel& boot
 // if rank 0 never publishes the id or initialization outlasts the timeout;
 // Internal/Unavailable naming the CUDA, NCCL or store call otherwise.
 absl::StatusOr<std::unique_ptr<DataChannel>> CreateNcclChannel(RendezvousStore& store,
-                                                               const std::string& prefix,
-                                                               int rank, int size,
+                                                               const std::string& prefix, int rank,
+                                                               int size,
                                                                const NcclChannelOptions& options);
 
 }  // namespace rackrun::comm

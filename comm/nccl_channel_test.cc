@@ -72,7 +72,8 @@ TEST_F(NcclChannelTest, SubChannels) {
   const bool exact = ranks_ == 1;
   for (int group = 1; group <= ranks_; ++group) {
     if (ranks_ % group != 0) continue;
-    OnAllRanks(true, [group, exact](DataChannel& c) { testing::CheckSubChannels(c, group, exact); });
+    OnAllRanks(true,
+               [group, exact](DataChannel& c) { testing::CheckSubChannels(c, group, exact); });
   }
 }
 TEST_F(NcclChannelTest, BadArguments) { OnAllRanks(true, testing::CheckBadArguments); }

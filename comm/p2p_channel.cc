@@ -118,7 +118,7 @@ absl::Status PointToPointChannel::Barrier() {
 }
 
 absl::Status PointToPointChannel::AllgatherImpl(const void* send, void* recv, int64_t count,
-                                            DataType type) {
+                                                DataType type) {
   if (absl::Status s = CheckUsable("Allgather"); !s.ok()) return s;
   if (absl::Status s = CheckCount("Allgather", count); !s.ok()) return s;
   const absl::Time deadline = absl::Now() + timeout();
@@ -142,10 +142,12 @@ absl::Status PointToPointChannel::AllgatherImpl(const void* send, void* recv, in
   return Finish(requests, deadline, "Allgather");
 }
 
-absl::Status PointToPointChannel::AllToAllVImpl(const void* send, std::span<const int64_t> send_counts,
-                                            std::span<const int64_t> send_displs, void* recv,
-                                            std::span<const int64_t> recv_counts,
-                                            std::span<const int64_t> recv_displs, DataType type) {
+absl::Status PointToPointChannel::AllToAllVImpl(const void* send,
+                                                std::span<const int64_t> send_counts,
+                                                std::span<const int64_t> send_displs, void* recv,
+                                                std::span<const int64_t> recv_counts,
+                                                std::span<const int64_t> recv_displs,
+                                                DataType type) {
   if (absl::Status s = CheckUsable("AllToAllV"); !s.ok()) return s;
   if (absl::Status s = CheckCountsAndDispls("AllToAllV", send_counts, send_displs, "send");
       !s.ok()) {
@@ -187,7 +189,7 @@ absl::Status PointToPointChannel::AllToAllVImpl(const void* send, std::span<cons
 }
 
 absl::Status PointToPointChannel::AllReduceImpl(const void* send, void* recv, int64_t count,
-                                            DataType type, ReduceOp op) {
+                                                DataType type, ReduceOp op) {
   if (absl::Status s = CheckUsable("AllReduce"); !s.ok()) return s;
   if (absl::Status s = CheckCount("AllReduce", count); !s.ok()) return s;
   if (type == DataType::kByte || op != ReduceOp::kSum) {

@@ -30,8 +30,7 @@ absl::Status KeysMissing(const std::vector<std::string>& missing, absl::Duration
   for (const std::string& key : missing) quoted.push_back(absl::StrCat("'", key, "'"));
   return absl::DeadlineExceededError(
       absl::StrCat("rendezvous store", where, ": key", missing.size() > 1 ? "s " : " ",
-                   absl::StrJoin(quoted, ", "), " not set within ",
-                   absl::FormatDuration(timeout)));
+                   absl::StrJoin(quoted, ", "), " not set within ", absl::FormatDuration(timeout)));
 }
 
 }  // namespace

@@ -64,8 +64,7 @@ class InMemoryRendezvousStore final : public RendezvousStore {
 // same moment (one temporary per process).
 class DirectoryRendezvousStore final : public RendezvousStore {
  public:
-  explicit DirectoryRendezvousStore(std::string dir,
-                                    absl::Duration poll = absl::Milliseconds(2));
+  explicit DirectoryRendezvousStore(std::string dir, absl::Duration poll = absl::Milliseconds(2));
 
   absl::Status Set(const std::string& key, const std::string& value) override;
   absl::StatusOr<std::vector<std::string>> Get(const std::vector<std::string>& keys,

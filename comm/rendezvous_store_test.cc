@@ -97,8 +97,8 @@ TYPED_TEST(RendezvousStoreContract, TimeoutNamesOnlyTheMissingKeys) {
 
 TEST(DirectoryRendezvousStore, KeysThatDifferOnlyInSlashesAndEscapesAreDistinct) {
   DirectoryRendezvousStore store(FreshDir("distinct"));
-  const std::vector<std::string> keys = {"a/b", "a_b", "a%2Fb", "a%b", "a%252Fb",
-                                         "", ".", "..", "%2E", "%00", ".a"};
+  const std::vector<std::string> keys = {"a/b", "a_b", "a%2Fb", "a%b", "a%252Fb", "",
+                                         ".",   "..",  "%2E",   "%00", ".a"};
   for (size_t i = 0; i < keys.size(); ++i) {
     ASSERT_TRUE(store.Set(keys[i], std::to_string(i)).ok());
   }

@@ -104,9 +104,9 @@ absl::StatusOr<TokenDispatch> TokenDispatch::CreateGrouped(const planner::Plan& 
                                                            std::span<const int64_t> offsets) {
   if (absl::Status s = CheckPlanShape(plan, plan_loads); !s.ok()) return s;
   if (offsets.size() != static_cast<size_t>(plan.experts) + 1 || offsets.front() != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("token dispatch: offsets has ", offsets.size(),
-                                                   " entries; it needs experts + 1 = ",
-                                                   plan.experts + 1, " starting at 0"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("token dispatch: offsets has ", offsets.size(),
+                     " entries; it needs experts + 1 = ", plan.experts + 1, " starting at 0"));
   }
   for (int e = 0; e < plan.experts; ++e) {
     if (offsets[static_cast<size_t>(e) + 1] < offsets[static_cast<size_t>(e)]) {
@@ -157,8 +157,8 @@ absl::StatusOr<TokenDispatch> TokenDispatch::Build(const planner::Plan& plan,
     if (k - expert_first[static_cast<size_t>(e)] != routed) {
       return absl::InvalidArgumentError(absl::StrCat(
           "token dispatch on rank ", rank, ": routing sends ", routed, " tokens to expert ", e,
-          " but the plan's split for this source assigns ", k - expert_first[static_cast<size_t>(e)],
-          "; plan from this microbatch's exact loads"));
+          " but the plan's split for this source assigns ",
+          k - expert_first[static_cast<size_t>(e)], "; plan from this microbatch's exact loads"));
     }
     for (int i = plan.first[e]; i < plan.first[e + 1]; ++i) {
       const int64_t k0 = instance_first[static_cast<size_t>(i)];
@@ -260,7 +260,7 @@ absl::Status TokenDispatch::DispatchTokens(DataChannel& channel, std::span<const
 }
 
 absl::Status TokenDispatch::DispatchChoices(DataChannel& channel, std::span<const float> choices,
-                                          int64_t width, std::span<float> expert_in) const {
+                                            int64_t width, std::span<float> expert_in) const {
   return Dispatch(channel, choices, choice_rows(), /*per_token=*/false, width, expert_in);
 }
 
@@ -292,8 +292,8 @@ absl::Status TokenDispatch::Combine(DataChannel& channel, std::span<const float>
     return s;
   }
   for (size_t q = 0; q < send_choices_.size(); ++q) {
-    CopyRow(recv.data() + static_cast<int64_t>(q) * width, choice_out.data() + send_choices_[q] * width,
-            width);
+    CopyRow(recv.data() + static_cast<int64_t>(q) * width,
+            choice_out.data() + send_choices_[q] * width, width);
   }
   return absl::OkStatus();
 }
@@ -325,8 +325,8 @@ absl::Status WeightedCombine(std::span<const float> choice_out, std::span<const 
       y.size() != static_cast<size_t>(num_tokens * width)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "WeightedCombine: choice_out has ", choice_out.size(), " floats, weights ", weights.size(),
-        ", y ", y.size(), "; they need ", choices * width, ", ", choices, " and ", num_tokens * width,
-        " for ", num_tokens, " tokens x top_k ", top_k, " x width ", width));
+        ", y ", y.size(), "; they need ", choices * width, ", ", choices, " and ",
+        num_tokens * width, " for ", num_tokens, " tokens x top_k ", top_k, " x width ", width));
   }
   for (int64_t t = 0; t < num_tokens; ++t) {
     float* out = y.data() + t * width;

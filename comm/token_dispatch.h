@@ -86,7 +86,7 @@ class TokenDispatch {
   // Like DispatchTokens, but choice s sends its own row choices[s] ([choice_rows x width]), e.g.
   // the gradient of a choice's output in the backward pass.
   absl::Status DispatchChoices(DataChannel& channel, std::span<const float> choices, int64_t width,
-                             std::span<float> expert_in) const;
+                               std::span<float> expert_in) const;
   // Returns expert rows to their sources: choice_out[s] ([choice_rows x width]) receives the
   // row that choice s's instance produced. Collective (one AllToAllV).
   absl::Status Combine(DataChannel& channel, std::span<const float> expert_out, int64_t width,

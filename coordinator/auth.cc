@@ -34,13 +34,16 @@ absl::Status WriteNewToken(const std::string& path) {
     }
     close(fd);
   }
-  const std::string token =
-      absl::BytesToHexString(absl::string_view(reinterpret_cast<const char*>(bytes), sizeof(bytes))) + "\n";
+  const std::string token = absl::BytesToHexString(absl::string_view(
+                                reinterpret_cast<const char*>(bytes), sizeof(bytes))) +
+                            "\n";
   const std::string tmp = absl::StrCat(path, ".tmp.", getpid());
   int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-  if (fd < 0) return absl::InternalError(absl::StrCat("cannot create '", tmp, "': ", std::strerror(errno)));
+  if (fd < 0)
+    return absl::InternalError(absl::StrCat("cannot create '", tmp, "': ", std::strerror(errno)));
   fchmod(fd, 0600);  // whatever the umask
-  bool ok = write(fd, token.data(), token.size()) == static_cast<ssize_t>(token.size()) && fsync(fd) == 0;
+  bool ok =
+      write(fd, token.data(), token.size()) == static_cast<ssize_t>(token.size()) && fsync(fd) == 0;
   close(fd);
   if (!ok) {
     unlink(tmp.c_str());
@@ -62,10 +65,12 @@ absl::StatusOr<std::string> LoadOrCreateToken(const std::string& path, bool crea
   struct stat st;
   if (stat(path.c_str(), &st) != 0) {
     if (errno != ENOENT || !create) {
-      return absl::InvalidArgumentError(absl::StrCat("token file '", path, "': ", std::strerror(errno)));
+      return absl::InvalidArgumentError(
+          absl::StrCat("token file '", path, "': ", std::strerror(errno)));
     }
     if (absl::Status s = WriteNewToken(path); !s.ok()) return s;
-    if (stat(path.c_str(), &st) != 0) return absl::InternalError(absl::StrCat("token file '", path, "' vanished"));
+    if (stat(path.c_str(), &st) != 0)
+      return absl::InternalError(absl::StrCat("token file '", path, "' vanished"));
   }
   // The one rule for token files (rpc/tls_material.h), the worker's and the CLI's too.
   absl::StatusOr<std::string> token = rpc::ReadTokenFile(path);
@@ -77,25 +82,33 @@ absl::StatusOr<std::string> LoadOrCreateToken(const std::string& path, bool crea
 
 const char* RoleName(Role role) {
   switch (role) {
-    case Role::kReadOnly: return "read-only";
-    case Role::kUser: return "user";
-    case Role::kWorker: return "worker";
-    case Role::kAdmin: return "admin";
+    case Role::kReadOnly:
+      return "read-only";
+    case Role::kUser:
+      return "user";
+    case Role::kWorker:
+      return "worker";
+    case Role::kAdmin:
+      return "admin";
   }
   return "unknown";
 }
 
 bool RoleMay(Role role, Access access) {
   switch (access) {
-    case Access::kRead: return true;
-    case Access::kJobs: return role == Role::kUser || role == Role::kAdmin;
-    case Access::kRack: return role == Role::kWorker || role == Role::kAdmin;
+    case Access::kRead:
+      return true;
+    case Access::kJobs:
+      return role == Role::kUser || role == Role::kAdmin;
+    case Access::kRack:
+      return role == Role::kWorker || role == Role::kAdmin;
   }
   return false;
 }
 
 absl::StatusOr<RoleTokens> LoadOrCreateRoleTokens(const std::string& state_dir,
-                                                  const std::string& admin_file, bool create_admin) {
+                                                  const std::string& admin_file,
+                                                  bool create_admin) {
   RoleTokens t;
   for (const auto& [path, into, create] :
        {std::tuple<std::string, std::string*, bool>{admin_file, &t.admin, create_admin},
@@ -112,7 +125,8 @@ absl::StatusOr<RoleTokens> LoadOrCreateRoleTokens(const std::string& state_dir,
     for (int j = i + 1; j < 4; ++j) {
       if (*all[i] == *all[j]) {
         return absl::FailedPreconditionError(absl::StrCat(
-            "two token files of '", state_dir, "' (or --token-file) hold the same token; every "
+            "two token files of '", state_dir,
+            "' (or --token-file) hold the same token; every "
             "role needs its own: delete the copies in token-user, token-worker, token-readonly "
             "and restart (new ones are made)"));
       }
@@ -135,10 +149,11 @@ bool TokenAuth::Matches(std::string_view header, const std::string& token) {
 
 std::optional<Role> TokenAuth::RoleOf(std::string_view header) const {
   std::optional<Role> found;
-  for (const auto& [role, token] : {std::pair<Role, const std::string*>{Role::kAdmin, &tokens_.admin},
-                                    {Role::kUser, &tokens_.user},
-                                    {Role::kWorker, &tokens_.worker},
-                                    {Role::kReadOnly, &tokens_.readonly}}) {
+  for (const auto& [role, token] :
+       {std::pair<Role, const std::string*>{Role::kAdmin, &tokens_.admin},
+        {Role::kUser, &tokens_.user},
+        {Role::kWorker, &tokens_.worker},
+        {Role::kReadOnly, &tokens_.readonly}}) {
     if (Matches(header, *token) && !found) found = role;
   }
   return found;
@@ -160,7 +175,8 @@ grpc::Status TokenAuth::Check(const grpc::ServerContext& context, Access access,
   const char* needed = access == Access::kJobs ? "user" : "worker";
   return grpc::Status(
       grpc::StatusCode::PERMISSION_DENIED,
-      absl::StrCat(absl::string_view(method.data(), method.size()), " needs the ", needed, " role (the coordinator's token-", needed,
+      absl::StrCat(absl::string_view(method.data(), method.size()), " needs the ", needed,
+                   " role (the coordinator's token-", needed,
                    " or its admin token); this token has the ", RoleName(*role), " role"));
 }
 

@@ -13,14 +13,14 @@
 #ifndef RACKRUN_COORDINATOR_AUTH_H_
 #define RACKRUN_COORDINATOR_AUTH_H_
 
+#include <grpcpp/security/server_credentials.h>
+#include <grpcpp/server_context.h>
+#include <grpcpp/support/status.h>
+
 #include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
-
-#include <grpcpp/security/server_credentials.h>
-#include <grpcpp/server_context.h>
-#include <grpcpp/support/status.h>
 
 #include "absl/status/statusor.h"
 

@@ -73,9 +73,7 @@ TEST(AuthTest, RoleTokenFilesAreMadeOnceEachPrivateAndDistinct) {
   ASSERT_TRUE(again.ok());
   EXPECT_EQ(again->worker, t->worker);
   // A role file holding another role's token is refused, naming the fix.
-  {
-    std::ofstream(dir.path() + "/token-readonly") << t->user << "\n";
-  }
+  { std::ofstream(dir.path() + "/token-readonly") << t->user << "\n"; }
   auto same = LoadOrCreateRoleTokens(dir.path(), dir.path() + "/token", true);
   ASSERT_FALSE(same.ok());
   EXPECT_NE(same.status().message().find("same token"), std::string::npos) << same.status();
@@ -83,8 +81,10 @@ TEST(AuthTest, RoleTokenFilesAreMadeOnceEachPrivateAndDistinct) {
 
 TEST(AuthTest, CredentialsFlags) {
   EXPECT_TRUE(MakeServerCredentials("", "", "").ok());
-  EXPECT_EQ(MakeServerCredentials("cert.pem", "", "").status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(MakeServerCredentials("", "", "ca.pem").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(MakeServerCredentials("cert.pem", "", "").status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(MakeServerCredentials("", "", "ca.pem").status().code(),
+            absl::StatusCode::kInvalidArgument);
   auto missing = MakeServerCredentials("/nonexistent/cert.pem", "/nonexistent/key.pem", "");
   ASSERT_FALSE(missing.ok());
   EXPECT_NE(missing.status().message().find("--tls-cert"), std::string::npos);

@@ -4,6 +4,13 @@
 #include <fcntl.h>
 #include <ifaddrs.h>
 #include <netinet/in.h>
+#include <openssl/bn.h>
+#include <openssl/err.h>
+#include <openssl/evp.h>
+#include <openssl/pem.h>
+#include <openssl/rand.h>
+#include <openssl/x509.h>
+#include <openssl/x509v3.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -12,14 +19,6 @@
 #include <cstring>
 #include <memory>
 #include <set>
-
-#include <openssl/bn.h>
-#include <openssl/err.h>
-#include <openssl/evp.h>
-#include <openssl/pem.h>
-#include <openssl/rand.h>
-#include <openssl/x509.h>
-#include <openssl/x509v3.h>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
@@ -59,15 +58,17 @@ absl::StatusOr<std::string> ReadPrivateFile(const std::string& path) {
 
 X509Ptr ParseCert(const std::string& pem) {
   BioPtr bio(BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())), BIO_free);
-  X509Ptr cert(bio != nullptr ? PEM_read_bio_X509(bio.get(), nullptr, nullptr, nullptr) : nullptr, X509_free);
+  X509Ptr cert(bio != nullptr ? PEM_read_bio_X509(bio.get(), nullptr, nullptr, nullptr) : nullptr,
+               X509_free);
   ERR_clear_error();
   return cert;
 }
 
 KeyPtr ParseKey(const std::string& pem) {
   BioPtr bio(BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())), BIO_free);
-  KeyPtr key(bio != nullptr ? PEM_read_bio_PrivateKey(bio.get(), nullptr, nullptr, nullptr) : nullptr,
-             EVP_PKEY_free);
+  KeyPtr key(
+      bio != nullptr ? PEM_read_bio_PrivateKey(bio.get(), nullptr, nullptr, nullptr) : nullptr,
+      EVP_PKEY_free);
   ERR_clear_error();
   return key;
 }
@@ -114,20 +115,23 @@ std::string CanonicalSan(std::string s) {
 
 std::set<std::string> SansOf(X509* cert) {
   std::set<std::string> out;
-  auto* names = static_cast<GENERAL_NAMES*>(X509_get_ext_d2i(cert, NID_subject_alt_name, nullptr, nullptr));
+  auto* names =
+      static_cast<GENERAL_NAMES*>(X509_get_ext_d2i(cert, NID_subject_alt_name, nullptr, nullptr));
   if (names == nullptr) return out;
   for (int i = 0; i < sk_GENERAL_NAME_num(names); ++i) {
     const GENERAL_NAME* n = sk_GENERAL_NAME_value(names, i);
     if (n->type == GEN_DNS) {
       const ASN1_STRING* s = n->d.dNSName;
-      out.insert(absl::AsciiStrToLower(
-          std::string(reinterpret_cast<const char*>(ASN1_STRING_get0_data(s)), static_cast<size_t>(ASN1_STRING_length(s)))));
+      out.insert(
+          absl::AsciiStrToLower(std::string(reinterpret_cast<const char*>(ASN1_STRING_get0_data(s)),
+                                            static_cast<size_t>(ASN1_STRING_length(s)))));
     } else if (n->type == GEN_IPADD) {
       const ASN1_OCTET_STRING* s = n->d.iPAddress;
       char buf[INET6_ADDRSTRLEN];
       const int len = ASN1_STRING_length(s);
       if (len == 4 || len == 16) {
-        out.insert(inet_ntop(len == 4 ? AF_INET : AF_INET6, ASN1_STRING_get0_data(s), buf, sizeof(buf)));
+        out.insert(
+            inet_ntop(len == 4 ? AF_INET : AF_INET6, ASN1_STRING_get0_data(s), buf, sizeof(buf)));
       }
     }
   }
@@ -140,7 +144,8 @@ absl::Status AddExtension(X509* cert, X509* issuer, int nid, const std::string& 
   X509V3_set_ctx_nodb(&ctx);
   X509V3_set_ctx(&ctx, issuer, cert, nullptr, nullptr, 0);
   X509_EXTENSION* ext = X509V3_EXT_conf_nid(nullptr, &ctx, nid, value.c_str());
-  if (ext == nullptr) return absl::InternalError(OpenSslError(absl::StrCat("certificate extension '", value, "'")));
+  if (ext == nullptr)
+    return absl::InternalError(OpenSslError(absl::StrCat("certificate extension '", value, "'")));
   const int ok = X509_add_ext(cert, ext, -1);
   X509_EXTENSION_free(ext);
   if (ok != 1) return absl::InternalError(OpenSslError("X509_add_ext"));
@@ -164,27 +169,32 @@ absl::StatusOr<Issued> Issue(const std::string& common_name, X509* issuer, EVP_P
   X509* cert = out.cert.get();
   X509_set_version(cert, 2);  // v3
   unsigned char serial[16];
-  if (RAND_bytes(serial, sizeof(serial)) != 1) return absl::InternalError(OpenSslError("RAND_bytes"));
+  if (RAND_bytes(serial, sizeof(serial)) != 1)
+    return absl::InternalError(OpenSslError("RAND_bytes"));
   serial[0] &= 0x7f;  // positive
-  std::unique_ptr<BIGNUM, decltype(&BN_free)> bn(BN_bin2bn(serial, sizeof(serial), nullptr), BN_free);
+  std::unique_ptr<BIGNUM, decltype(&BN_free)> bn(BN_bin2bn(serial, sizeof(serial), nullptr),
+                                                 BN_free);
   BN_to_ASN1_INTEGER(bn.get(), X509_get_serialNumber(cert));
   // Valid from an hour ago: clocks of workers and coordinator differ a little.
   time_t start = absl::ToTimeT(now);
   const int64_t seconds = absl::ToInt64Seconds(validity);
   X509_time_adj_ex(X509_getm_notBefore(cert), 0, -3600, &start);
-  X509_time_adj_ex(X509_getm_notAfter(cert), static_cast<int>(seconds / 86400), static_cast<long>(seconds % 86400),
-                   &start);
+  X509_time_adj_ex(X509_getm_notAfter(cert), static_cast<int>(seconds / 86400),
+                   static_cast<long>(seconds % 86400), &start);
   X509_NAME* name = X509_get_subject_name(cert);
-  X509_NAME_add_entry_by_txt(name, "O", MBSTRING_ASC, reinterpret_cast<const unsigned char*>("rackrun"), -1, -1, 0);
+  X509_NAME_add_entry_by_txt(name, "O", MBSTRING_ASC,
+                             reinterpret_cast<const unsigned char*>("rackrun"), -1, -1, 0);
   X509_NAME_add_entry_by_txt(name, "CN", MBSTRING_ASC,
-                             reinterpret_cast<const unsigned char*>(common_name.c_str()), -1, -1, 0);
+                             reinterpret_cast<const unsigned char*>(common_name.c_str()), -1, -1,
+                             0);
   X509_set_issuer_name(cert, issuer != nullptr ? X509_get_subject_name(issuer) : name);
   X509_set_pubkey(cert, out.key.get());
   X509* signer = issuer != nullptr ? issuer : cert;
   if (issuer == nullptr) {
-    for (const auto& [nid, value] : {std::pair<int, std::string>{NID_basic_constraints, "critical,CA:TRUE,pathlen:0"},
-                                     {NID_key_usage, "critical,keyCertSign,cRLSign"},
-                                     {NID_subject_key_identifier, "hash"}}) {
+    for (const auto& [nid, value] :
+         {std::pair<int, std::string>{NID_basic_constraints, "critical,CA:TRUE,pathlen:0"},
+          {NID_key_usage, "critical,keyCertSign,cRLSign"},
+          {NID_subject_key_identifier, "hash"}}) {
       if (absl::Status s = AddExtension(cert, signer, nid, value); !s.ok()) return s;
     }
   } else {
@@ -226,7 +236,8 @@ absl::StatusOr<StoredPair> ReadPair(const std::string& crt_path, const std::stri
 }
 
 // The key first: a certificate is never on disk without its key.
-absl::Status WritePair(const std::string& crt_path, const std::string& key_path, const Issued& issued) {
+absl::Status WritePair(const std::string& crt_path, const std::string& key_path,
+                       const Issued& issued) {
   if (absl::Status s = WritePrivateFile(key_path, KeyPem(issued.key.get())); !s.ok()) return s;
   return WritePrivateFile(crt_path, CertPem(issued.cert.get()));
 }
@@ -236,9 +247,11 @@ absl::Status WritePair(const std::string& crt_path, const std::string& key_path,
 absl::Status WritePrivateFile(const std::string& path, const std::string& bytes) {
   const std::string tmp = base::TemporaryPath(path);
   const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0) return absl::InternalError(absl::StrCat("cannot create '", tmp, "': ", std::strerror(errno)));
+  if (fd < 0)
+    return absl::InternalError(absl::StrCat("cannot create '", tmp, "': ", std::strerror(errno)));
   fchmod(fd, 0600);
-  const bool ok = write(fd, bytes.data(), bytes.size()) == static_cast<ssize_t>(bytes.size()) && fsync(fd) == 0;
+  const bool ok =
+      write(fd, bytes.data(), bytes.size()) == static_cast<ssize_t>(bytes.size()) && fsync(fd) == 0;
   close(fd);
   if (!ok || rename(tmp.c_str(), path.c_str()) != 0) {
     const std::string err = std::strerror(errno);
@@ -264,7 +277,8 @@ std::vector<std::string> ServerSans(const std::string& listen_host, const std::s
         if (a->ifa_addr == nullptr) continue;
         char buf[INET6_ADDRSTRLEN];
         if (a->ifa_addr->sa_family == AF_INET) {
-          add(inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(a->ifa_addr)->sin_addr, buf, sizeof(buf)));
+          add(inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(a->ifa_addr)->sin_addr, buf,
+                        sizeof(buf)));
         } else if (a->ifa_addr->sa_family == AF_INET6 && host == "::") {
           const in6_addr* v6 = &reinterpret_cast<sockaddr_in6*>(a->ifa_addr)->sin6_addr;
           if (!IN6_IS_ADDR_LINKLOCAL(v6)) add(inet_ntop(AF_INET6, v6, buf, sizeof(buf)));
@@ -282,7 +296,8 @@ std::vector<std::string> ServerSans(const std::string& listen_host, const std::s
 
 absl::StatusOr<absl::Time> CertificateExpiry(const std::string& pem) {
   X509Ptr cert = ParseCert(pem);
-  if (cert == nullptr) return absl::InvalidArgumentError("no PEM certificate (-----BEGIN CERTIFICATE-----)");
+  if (cert == nullptr)
+    return absl::InvalidArgumentError("no PEM certificate (-----BEGIN CERTIFICATE-----)");
   return AsnTime(X509_get0_notAfter(cert.get()));
 }
 
@@ -297,7 +312,8 @@ std::string ExpiryWarning(const std::string& what, absl::Time expires, absl::Tim
 
 absl::StatusOr<ServerCertificates> EnsureCertificates(const std::string& dir,
                                                       const CertificateOptions& options) {
-  if (options.sans.empty()) return absl::InvalidArgumentError("--tls-san: the server certificate needs a name");
+  if (options.sans.empty())
+    return absl::InvalidArgumentError("--tls-san: the server certificate needs a name");
   const std::string ca_crt = dir + "/ca.crt", ca_key = dir + "/ca.key";
   const std::string srv_crt = dir + "/server.crt", srv_key = dir + "/server.key";
   ServerCertificates out;
@@ -309,10 +325,12 @@ absl::StatusOr<ServerCertificates> EnsureCertificates(const std::string& dir,
   KeyPtr ca_private = std::move(stored_ca->key);
   const bool ca_missing = stored_ca->missing;
   if (!ca_missing && !options.renew_ca) {
-    if (ca == nullptr || ca_private == nullptr || X509_check_private_key(ca.get(), ca_private.get()) != 1) {
+    if (ca == nullptr || ca_private == nullptr ||
+        X509_check_private_key(ca.get(), ca_private.get()) != 1) {
       ERR_clear_error();
       return absl::FailedPreconditionError(absl::StrCat(
-          "the automatic CA in '", dir, "' is damaged (ca.crt and ca.key missing, unreadable or "
+          "the automatic CA in '", dir,
+          "' is damaged (ca.crt and ca.key missing, unreadable or "
           "not a pair); remove both to make a new CA (every join token changes), or run with "
           "--tls-cert/--tls-key"));
     }
@@ -323,7 +341,8 @@ absl::StatusOr<ServerCertificates> EnsureCertificates(const std::string& dir,
     renew_ca = true;  // the renewal command also replaces a CA that is about to expire
   }
   if (ca_missing || renew_ca) {
-    absl::StatusOr<Issued> made = Issue("rackrun coordinator CA", nullptr, nullptr, {}, options.now, options.ca_validity);
+    absl::StatusOr<Issued> made =
+        Issue("rackrun coordinator CA", nullptr, nullptr, {}, options.now, options.ca_validity);
     if (!made.ok()) return made.status();
     if (absl::Status s = WritePair(ca_crt, ca_key, *made); !s.ok()) return s;
     ca = std::move(made->cert);
@@ -348,7 +367,8 @@ absl::StatusOr<ServerCertificates> EnsureCertificates(const std::string& dir,
   } else if (out.ca_created || X509_verify(srv.get(), X509_get0_pubkey(ca.get())) != 1) {
     why = "new CA";
   } else if (std::set<std::string> have = SansOf(srv.get()); have != wanted) {
-    why = absl::StrCat("names changed from ", absl::StrJoin(have, ","), " to ", absl::StrJoin(wanted, ","));
+    why = absl::StrCat("names changed from ", absl::StrJoin(have, ","), " to ",
+                       absl::StrJoin(wanted, ","));
   } else if (AsnTime(X509_get0_notAfter(srv.get())) - options.now < options.renew_before) {
     why = "expires soon";
   } else if (options.renew_server) {
@@ -356,8 +376,8 @@ absl::StatusOr<ServerCertificates> EnsureCertificates(const std::string& dir,
   }
   ERR_clear_error();
   if (!why.empty()) {
-    absl::StatusOr<Issued> made = Issue("rackrun coordinator", ca.get(), ca_private.get(), options.sans,
-                                        options.now, options.server_validity);
+    absl::StatusOr<Issued> made = Issue("rackrun coordinator", ca.get(), ca_private.get(),
+                                        options.sans, options.now, options.server_validity);
     if (!made.ok()) return made.status();
     if (absl::Status s = WritePair(srv_crt, srv_key, *made); !s.ok()) return s;
     srv = std::move(made->cert);

@@ -1,14 +1,13 @@
 #include "coordinator/certificates.h"
 
 #include <gtest/gtest.h>
+#include <openssl/pem.h>
+#include <openssl/x509.h>
+#include <openssl/x509v3.h>
 #include <sys/stat.h>
 
 #include <memory>
 #include <set>
-
-#include <openssl/pem.h>
-#include <openssl/x509.h>
-#include <openssl/x509v3.h>
 
 #include "base/file.h"
 #include "coordinator/test_util.h"
@@ -33,13 +32,17 @@ std::string Read(const std::string& path) {
 
 // The certificate's DNS and IP names, as OpenSSL reads them back.
 std::set<std::string> Names(const std::string& pem) {
-  std::unique_ptr<BIO, decltype(&BIO_free)> bio(BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())), BIO_free);
-  std::unique_ptr<X509, decltype(&X509_free)> cert(PEM_read_bio_X509(bio.get(), nullptr, nullptr, nullptr), X509_free);
+  std::unique_ptr<BIO, decltype(&BIO_free)> bio(
+      BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())), BIO_free);
+  std::unique_ptr<X509, decltype(&X509_free)> cert(
+      PEM_read_bio_X509(bio.get(), nullptr, nullptr, nullptr), X509_free);
   std::set<std::string> out;
   if (cert == nullptr) return out;
-  for (const char* host : {"127.0.0.1", "10.1.2.3", "::1", "coordinator.example", "other.example"}) {
+  for (const char* host :
+       {"127.0.0.1", "10.1.2.3", "::1", "coordinator.example", "other.example"}) {
     const bool ip = std::string(host).find_first_not_of("0123456789.:") == std::string::npos;
-    if (ip ? X509_check_ip_asc(cert.get(), host, 0) == 1 : X509_check_host(cert.get(), host, 0, 0, nullptr) == 1) {
+    if (ip ? X509_check_ip_asc(cert.get(), host, 0) == 1
+           : X509_check_host(cert.get(), host, 0, 0, nullptr) == 1) {
       out.insert(host);
     }
   }
@@ -48,13 +51,18 @@ std::set<std::string> Names(const std::string& pem) {
 
 // The server certificate verifies against the CA (and only against it).
 bool SignedBy(const std::string& leaf_pem, const std::string& ca_pem, absl::Time at = kNow) {
-  std::unique_ptr<BIO, decltype(&BIO_free)> lb(BIO_new_mem_buf(leaf_pem.data(), static_cast<int>(leaf_pem.size())), BIO_free);
-  std::unique_ptr<BIO, decltype(&BIO_free)> cb(BIO_new_mem_buf(ca_pem.data(), static_cast<int>(ca_pem.size())), BIO_free);
-  std::unique_ptr<X509, decltype(&X509_free)> leaf(PEM_read_bio_X509(lb.get(), nullptr, nullptr, nullptr), X509_free);
-  std::unique_ptr<X509, decltype(&X509_free)> ca(PEM_read_bio_X509(cb.get(), nullptr, nullptr, nullptr), X509_free);
+  std::unique_ptr<BIO, decltype(&BIO_free)> lb(
+      BIO_new_mem_buf(leaf_pem.data(), static_cast<int>(leaf_pem.size())), BIO_free);
+  std::unique_ptr<BIO, decltype(&BIO_free)> cb(
+      BIO_new_mem_buf(ca_pem.data(), static_cast<int>(ca_pem.size())), BIO_free);
+  std::unique_ptr<X509, decltype(&X509_free)> leaf(
+      PEM_read_bio_X509(lb.get(), nullptr, nullptr, nullptr), X509_free);
+  std::unique_ptr<X509, decltype(&X509_free)> ca(
+      PEM_read_bio_X509(cb.get(), nullptr, nullptr, nullptr), X509_free);
   std::unique_ptr<X509_STORE, decltype(&X509_STORE_free)> store(X509_STORE_new(), X509_STORE_free);
   X509_STORE_add_cert(store.get(), ca.get());
-  std::unique_ptr<X509_STORE_CTX, decltype(&X509_STORE_CTX_free)> ctx(X509_STORE_CTX_new(), X509_STORE_CTX_free);
+  std::unique_ptr<X509_STORE_CTX, decltype(&X509_STORE_CTX_free)> ctx(X509_STORE_CTX_new(),
+                                                                      X509_STORE_CTX_free);
   X509_STORE_CTX_init(ctx.get(), store.get(), leaf.get(), nullptr);
   X509_VERIFY_PARAM_set_time(X509_STORE_CTX_get0_param(ctx.get()), absl::ToTimeT(at));
   return X509_verify_cert(ctx.get()) == 1;
@@ -88,7 +96,8 @@ TEST(CertificatesTest, SecondStartReusesBoth) {
   ASSERT_TRUE(first.ok()) << first.status();
   const std::string server = Read(dir.path() + "/server.crt");
   // The same names in another order and spelling are the same names.
-  auto again = EnsureCertificates(dir.path(), Options({"Coordinator.Example", "127.0.0.1"}, kNow + absl::Hours(24)));
+  auto again = EnsureCertificates(
+      dir.path(), Options({"Coordinator.Example", "127.0.0.1"}, kNow + absl::Hours(24)));
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_FALSE(again->ca_created);
   EXPECT_EQ(again->issued_because, "");
@@ -105,7 +114,8 @@ TEST(CertificatesTest, ChangedNamesReissueTheServerCertificateUnderTheSameCa) {
   ASSERT_TRUE(moved.ok()) << moved.status();
   EXPECT_FALSE(moved->ca_created);
   EXPECT_EQ(moved->ca_sha256, first->ca_sha256);  // join tokens stay valid
-  EXPECT_NE(moved->issued_because.find("names changed"), std::string::npos) << moved->issued_because;
+  EXPECT_NE(moved->issued_because.find("names changed"), std::string::npos)
+      << moved->issued_because;
   EXPECT_EQ(Names(Read(dir.path() + "/server.crt")),
             (std::set<std::string>{"10.1.2.3", "::1", "coordinator.example"}));
   EXPECT_TRUE(SignedBy(Read(dir.path() + "/server.crt"), first->ca_pem));
@@ -127,12 +137,14 @@ TEST(CertificatesTest, ServerCertificateNearExpiryIsReissuedAndTheCaWarned) {
   auto old_ca = EnsureCertificates(dir.path(), Options({"127.0.0.1"}, near_ca_end));
   ASSERT_TRUE(old_ca.ok()) << old_ca.status();
   EXPECT_EQ(old_ca->ca_sha256, first->ca_sha256);
-  const std::string w = ExpiryWarning("the CA", old_ca->ca_expires, near_ca_end, absl::Hours(24 * 30), "renew it");
+  const std::string w =
+      ExpiryWarning("the CA", old_ca->ca_expires, near_ca_end, absl::Hours(24 * 30), "renew it");
   EXPECT_NE(w.find("the CA expires on"), std::string::npos) << w;
   EXPECT_NE(w.find("(in 10 days)"), std::string::npos) << w;
   EXPECT_NE(w.find("renew it"), std::string::npos) << w;
   EXPECT_EQ(ExpiryWarning("the CA", old_ca->ca_expires, kNow, absl::Hours(24 * 30), "x"), "");
-  EXPECT_NE(ExpiryWarning("the CA", old_ca->ca_expires, kNow + absl::Hours(24 * 4000), absl::Hours(1), "x")
+  EXPECT_NE(ExpiryWarning("the CA", old_ca->ca_expires, kNow + absl::Hours(24 * 4000),
+                          absl::Hours(1), "x")
                 .find("expired on"),
             std::string::npos);
   // ... and replaced by the renewal command (renew_server), which then issues under it.
@@ -166,7 +178,8 @@ TEST(CertificatesTest, DamagedOrExposedFilesAreRefusedNamingTheFix) {
   ASSERT_TRUE(EnsureCertificates(other.path(), Options({"127.0.0.1"})).ok());
   testing::ScratchDir third;
   ASSERT_TRUE(EnsureCertificates(third.path(), Options({"127.0.0.1"})).ok());
-  ASSERT_TRUE(WritePrivateFile(third.path() + "/server.key", Read(other.path() + "/server.key")).ok());
+  ASSERT_TRUE(
+      WritePrivateFile(third.path() + "/server.key", Read(other.path() + "/server.key")).ok());
   auto mismatched = EnsureCertificates(third.path(), Options({"127.0.0.1"}));
   ASSERT_TRUE(mismatched.ok()) << mismatched.status();
   EXPECT_EQ(mismatched->issued_because, "server.crt does not match server.key");

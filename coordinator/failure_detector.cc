@@ -36,7 +36,9 @@ bool AnyLate(const AttemptSnapshot& attempt, int64_t now_ms, const DetectionTime
 Ruling Hold() { return Ruling{true, std::nullopt}; }
 
 // How long the rank has been in its phase: its reported age plus the time since then.
-int64_t PhaseAge(const RankSnapshot& w, int64_t now_ms) { return w.phase_age_ms + (now_ms - w.last_heartbeat_ms); }
+int64_t PhaseAge(const RankSnapshot& w, int64_t now_ms) {
+  return w.phase_age_ms + (now_ms - w.last_heartbeat_ms);
+}
 
 Failure FailureOf(const RankSnapshot& w, FailureKind kind, std::string message, int64_t now_ms) {
   Failure f;
@@ -53,8 +55,8 @@ Failure FailureOf(const RankSnapshot& w, FailureKind kind, std::string message, 
 }
 
 // A failure naming no single rank, in `phase` (the step is the first rank's).
-Failure NoRankFailure(const AttemptSnapshot& attempt, FailureKind kind, std::string message, Phase phase,
-                      int64_t now_ms) {
+Failure NoRankFailure(const AttemptSnapshot& attempt, FailureKind kind, std::string message,
+                      Phase phase, int64_t now_ms) {
   Failure f = FailureOf(attempt.ranks.front(), kind, std::move(message), now_ms);
   f.set_rank(-1);
   f.clear_worker_id();
@@ -72,24 +74,28 @@ StreamState StreamStateOf(const RankSnapshot& w, const DetectionTimeouts& t) {
   if (!w.stream_seen || w.stream_open) return StreamState::kOpen;
   // A heartbeat after the close proves the process lives (it reconnects after a partition).
   const int64_t silence = w.stream_closed_ms - w.last_heartbeat_ms;
-  return silence >= 0 && silence <= std::min(t.exit_window_ms, t.heartbeat_timeout_ms) ? StreamState::kExited
-                                                                                      : StreamState::kDroppedSilent;
+  return silence >= 0 && silence <= std::min(t.exit_window_ms, t.heartbeat_timeout_ms)
+             ? StreamState::kExited
+             : StreamState::kDroppedSilent;
 }
 
 Ruling LostStreamRule(const AttemptSnapshot& attempt, int64_t now_ms, const DetectionTimeouts& t) {
   // Several closed streams: the first by worker id (the order Workers keeps them in).
   const RankSnapshot* lost = nullptr;
   for (const RankSnapshot& w : attempt.ranks) {
-    if (StreamStateOf(w, t) == StreamState::kExited && (lost == nullptr || w.worker_id < lost->worker_id)) {
+    if (StreamStateOf(w, t) == StreamState::kExited &&
+        (lost == nullptr || w.worker_id < lost->worker_id)) {
       lost = &w;
     }
   }
   if (lost == nullptr) return {};
-  return Found(FailureOf(*lost, rackrun::v1::WORKER_LOST,
-                         "its connection to the coordinator closed (the process exited or was killed)", now_ms));
+  return Found(FailureOf(
+      *lost, rackrun::v1::WORKER_LOST,
+      "its connection to the coordinator closed (the process exited or was killed)", now_ms));
 }
 
-Ruling CollectiveHangRule(const AttemptSnapshot& attempt, int64_t now_ms, const DetectionTimeouts& t) {
+Ruling CollectiveHangRule(const AttemptSnapshot& attempt, int64_t now_ms,
+                          const DetectionTimeouts& t) {
   const auto& ranks = attempt.ranks;
   int64_t n = 0;  // the collective the peers wait in
   int64_t longest_ms = 0;
@@ -111,13 +117,14 @@ Ruling CollectiveHangRule(const AttemptSnapshot& attempt, int64_t now_ms, const 
     const StreamState stream = StreamStateOf(w, t);
     if (stream == StreamState::kExited) continue;
     culprit = &w;
-    why = absl::StrCat("its heartbeats stopped ", (now_ms - w.last_heartbeat_ms) / kMsPerSecond, " s ago ",
-                       stream == StreamState::kOpen
-                           ? "while its connection stays open (stopped or stuck process)"
-                           : absl::StrCat("and its connection was dropped ",
-                                          (w.stream_closed_ms - w.last_heartbeat_ms) / kMsPerSecond,
-                                          " s later for not answering keepalive pings (stopped, stuck or "
-                                          "unreachable process)"));
+    why = absl::StrCat(
+        "its heartbeats stopped ", (now_ms - w.last_heartbeat_ms) / kMsPerSecond, " s ago ",
+        stream == StreamState::kOpen
+            ? "while its connection stays open (stopped or stuck process)"
+            : absl::StrCat("and its connection was dropped ",
+                           (w.stream_closed_ms - w.last_heartbeat_ms) / kMsPerSecond,
+                           " s later for not answering keepalive pings (stopped, stuck or "
+                           "unreachable process)"));
     break;
   }
   // No rank is silent, and one is late: what it last said may be out of date (a link
@@ -152,8 +159,9 @@ Ruling CollectiveHangRule(const AttemptSnapshot& attempt, int64_t now_ms, const 
       longest_ms <= t.hang_timeout_ms + t.heartbeat_timeout_ms) {
     return Hold();
   }
-  const std::string peers = absl::StrCat("rank(s) ", absl::StrJoin(waiting, ", "), " wait in collective ", n,
-                                         " for ", longest_ms / kMsPerSecond, " s");
+  const std::string peers =
+      absl::StrCat("rank(s) ", absl::StrJoin(waiting, ", "), " wait in collective ", n, " for ",
+                   longest_ms / kMsPerSecond, " s");
   if (culprit != nullptr) {
     return Found(FailureOf(*culprit, rackrun::v1::HANG, absl::StrCat(peers, "; ", why), now_ms));
   }
@@ -169,16 +177,18 @@ Ruling LostSilenceRule(const AttemptSnapshot& attempt, int64_t now_ms, const Det
   }
   for (const RankSnapshot& w : attempt.ranks) {
     if (Silent(w, now_ms, t)) {
-      return Found(FailureOf(w, rackrun::v1::WORKER_LOST,
-                             absl::StrCat("no heartbeat for ", (now_ms - w.last_heartbeat_ms) / kMsPerSecond,
-                                          " s (heartbeat timeout ", t.heartbeat_timeout_ms / kMsPerSecond, " s)"),
-                             now_ms));
+      return Found(FailureOf(
+          w, rackrun::v1::WORKER_LOST,
+          absl::StrCat("no heartbeat for ", (now_ms - w.last_heartbeat_ms) / kMsPerSecond,
+                       " s (heartbeat timeout ", t.heartbeat_timeout_ms / kMsPerSecond, " s)"),
+          now_ms));
     }
   }
   return {};
 }
 
-Ruling RendezvousHangRule(const AttemptSnapshot& attempt, int64_t now_ms, const DetectionTimeouts& t) {
+Ruling RendezvousHangRule(const AttemptSnapshot& attempt, int64_t now_ms,
+                          const DetectionTimeouts& t) {
   // Ranks waiting for their peers in the data channel's rendezvous are victims: when they
   // have waited past hang_timeout, the rule names the rank they wait for (the one not in
   // the rendezvous, longest in its phase), or no single rank when every rank is in it.
@@ -221,15 +231,17 @@ Ruling RendezvousHangRule(const AttemptSnapshot& attempt, int64_t now_ms, const 
                                            " wait in the data channel's rendezvous for ",
                                            connecting_ms / kMsPerSecond, " s");
   if (awaited != nullptr) {
-    const std::string phase = awaited->phase_name.empty() ? rpc::PhaseName(Phase::kIdle) : awaited->phase_name;
+    const std::string phase =
+        awaited->phase_name.empty() ? rpc::PhaseName(Phase::kIdle) : awaited->phase_name;
     return Found(FailureOf(*awaited, rackrun::v1::HANG,
                            absl::StrCat(waiters, " for it; it has been in phase ", phase, " for ",
                                         awaited_ms / kMsPerSecond, " s"),
                            now_ms));
   }
   return Found(NoRankFailure(attempt, rackrun::v1::HANG,
-                             absl::StrCat(waiters, "; every rank is in it (check that the ranks can reach "
-                                                   "each other's data addresses)"),
+                             absl::StrCat(waiters,
+                                          "; every rank is in it (check that the ranks can reach "
+                                          "each other's data addresses)"),
                              Phase::kConnecting, now_ms));
 }
 
@@ -246,12 +258,13 @@ Ruling PhaseHangRule(const AttemptSnapshot& attempt, int64_t now_ms, const Detec
       // timeouts, so only a teardown or report stuck for good is a hang.
       const int64_t age = std::min(PhaseAge(w, now_ms), now_ms - w.registered_ms);
       if (age > kReportingTimeouts * t.hang_timeout_ms) {
-        return Found(FailureOf(w, rackrun::v1::HANG,
-                               absl::StrCat("in phase reporting (training over, result not "
-                                            "delivered) for ",
-                                            age / kMsPerSecond, " s (", kReportingTimeouts,
-                                            " x the hang timeout of ", t.hang_timeout_ms / kMsPerSecond, " s)"),
-                               now_ms));
+        return Found(FailureOf(
+            w, rackrun::v1::HANG,
+            absl::StrCat("in phase reporting (training over, result not "
+                         "delivered) for ",
+                         age / kMsPerSecond, " s (", kReportingTimeouts, " x the hang timeout of ",
+                         t.hang_timeout_ms / kMsPerSecond, " s)"),
+            now_ms));
       }
       continue;
     }
@@ -261,10 +274,11 @@ Ruling PhaseHangRule(const AttemptSnapshot& attempt, int64_t now_ms, const Detec
     const bool starting = w.phase == Phase::kStarting;
     const int64_t timeout = starting ? t.start_timeout_ms : t.hang_timeout_ms;
     if (age > timeout) {
-      return Found(FailureOf(w, rackrun::v1::HANG,
-                             absl::StrCat("in phase ", w.phase_name, " for ", age / kMsPerSecond, " s (",
-                                          starting ? "start" : "hang", " timeout ", timeout / kMsPerSecond, " s)"),
-                             now_ms));
+      return Found(FailureOf(
+          w, rackrun::v1::HANG,
+          absl::StrCat("in phase ", w.phase_name, " for ", age / kMsPerSecond, " s (",
+                       starting ? "start" : "hang", " timeout ", timeout / kMsPerSecond, " s)"),
+          now_ms));
     }
   }
   return {};

@@ -76,11 +76,11 @@ namespace rackrun::coordinator {
 
 // Which rule found a failure.
 enum class DetectionRule : int {
-  kLostStream,     // lost: the Assignments stream closed
-  kCollectiveHang, // hang (a)
-  kLostSilence,    // lost: no heartbeat while no peer waits for it in a collective
-  kRendezvousHang, // hang (c)
-  kPhaseHang,      // hang (b)
+  kLostStream,      // lost: the Assignments stream closed
+  kCollectiveHang,  // hang (a)
+  kLostSilence,     // lost: no heartbeat while no peer waits for it in a collective
+  kRendezvousHang,  // hang (c)
+  kPhaseHang,       // hang (b)
 };
 
 // A failure Detect() found, for the attempt (job_id, attempt).
@@ -97,18 +97,18 @@ struct RankSnapshot {
   std::string worker_id;
   std::string host;
   int pid = 0;
-  std::string phase_name;  // as reported (a Failure's phase and messages keep it)
+  std::string phase_name;                // as reported (a Failure's phase and messages keep it)
   rpc::Phase phase = rpc::Phase::kIdle;  // rpc::ParsePhase(phase_name)
   int64_t step = 0;
-  int64_t registered_ms = 0;       // its last (re-)registration
+  int64_t registered_ms = 0;  // its last (re-)registration
   int64_t last_heartbeat_ms = 0;
-  int64_t phase_age_ms = 0;        // as reported in the last heartbeat
-  int64_t entered = 0;             // collectives entered
-  int64_t blocked_n = 0;           // collective it was last seen blocked in (0: none)
+  int64_t phase_age_ms = 0;  // as reported in the last heartbeat
+  int64_t entered = 0;       // collectives entered
+  int64_t blocked_n = 0;     // collective it was last seen blocked in (0: none)
   int64_t blocked_since_ms = 0;
-  bool stream_seen = false;        // an Assignments stream was opened since registration
+  bool stream_seen = false;  // an Assignments stream was opened since registration
   bool stream_open = false;
-  int64_t stream_closed_ms = 0;    // when it closed (stream_seen && !stream_open)
+  int64_t stream_closed_ms = 0;  // when it closed (stream_seen && !stream_open)
 };
 
 // The busy workers of one running attempt, in rank order.
@@ -137,11 +137,11 @@ struct DetectionTimeouts {
 
 // How its Assignments stream stands, as the rules read it.
 enum class StreamState : int {
-  kOpen,          // open, or never opened since registration
-  kExited,        // closed within exit_window of its last heartbeat: the process is gone
-  kDroppedSilent, // closed after a longer silence (keepalive dropped a silent peer:
-                  // stopped, stuck or unreachable), or heartbeats came after the close (it
-                  // reconnects): no proof of exit
+  kOpen,           // open, or never opened since registration
+  kExited,         // closed within exit_window of its last heartbeat: the process is gone
+  kDroppedSilent,  // closed after a longer silence (keepalive dropped a silent peer:
+                   // stopped, stuck or unreachable), or heartbeats came after the close (it
+                   // reconnects): no proof of exit
 };
 StreamState StreamStateOf(const RankSnapshot& w, const DetectionTimeouts& timeouts);
 
@@ -158,11 +158,16 @@ struct Ruling {
 };
 
 // The rules (see the header comment). `now_ms` is the clock time of the detection.
-Ruling LostStreamRule(const AttemptSnapshot& attempt, int64_t now_ms, const DetectionTimeouts& timeouts);
-Ruling CollectiveHangRule(const AttemptSnapshot& attempt, int64_t now_ms, const DetectionTimeouts& timeouts);
-Ruling LostSilenceRule(const AttemptSnapshot& attempt, int64_t now_ms, const DetectionTimeouts& timeouts);
-Ruling RendezvousHangRule(const AttemptSnapshot& attempt, int64_t now_ms, const DetectionTimeouts& timeouts);
-Ruling PhaseHangRule(const AttemptSnapshot& attempt, int64_t now_ms, const DetectionTimeouts& timeouts);
+Ruling LostStreamRule(const AttemptSnapshot& attempt, int64_t now_ms,
+                      const DetectionTimeouts& timeouts);
+Ruling CollectiveHangRule(const AttemptSnapshot& attempt, int64_t now_ms,
+                          const DetectionTimeouts& timeouts);
+Ruling LostSilenceRule(const AttemptSnapshot& attempt, int64_t now_ms,
+                       const DetectionTimeouts& timeouts);
+Ruling RendezvousHangRule(const AttemptSnapshot& attempt, int64_t now_ms,
+                          const DetectionTimeouts& timeouts);
+Ruling PhaseHangRule(const AttemptSnapshot& attempt, int64_t now_ms,
+                     const DetectionTimeouts& timeouts);
 
 // The rules in order: at most one finding for the attempt.
 std::optional<Finding> DetectFailure(const AttemptSnapshot& attempt, int64_t now_ms,

@@ -3,9 +3,9 @@
 // through Workers (heartbeats on a fake clock) are in workers_test.cc.
 #include "coordinator/failure_detector.h"
 
-#include <string>
-
 #include <gtest/gtest.h>
+
+#include <string>
 
 namespace rackrun::coordinator {
 namespace {
@@ -57,7 +57,9 @@ RankSnapshot ClosedAfter(RankSnapshot r, int64_t ms) {
   return r;
 }
 
-AttemptSnapshot Attempt(std::vector<RankSnapshot> ranks) { return AttemptSnapshot{"j-1", 1, std::move(ranks)}; }
+AttemptSnapshot Attempt(std::vector<RankSnapshot> ranks) {
+  return AttemptSnapshot{"j-1", 1, std::move(ranks)};
+}
 
 // An attempt whose data channel is still being built: no rank has entered a collective.
 AttemptSnapshot InRendezvous(std::vector<RankSnapshot> ranks) {
@@ -65,7 +67,8 @@ AttemptSnapshot InRendezvous(std::vector<RankSnapshot> ranks) {
   return Attempt(std::move(ranks));
 }
 
-void ExpectNames(const Ruling& r, rackrun::v1::FailureKind kind, int rank, const std::string& text = "") {
+void ExpectNames(const Ruling& r, rackrun::v1::FailureKind kind, int rank,
+                 const std::string& text = "") {
   ASSERT_TRUE(r.decided);
   ASSERT_TRUE(r.failure.has_value());
   EXPECT_EQ(r.failure->kind(), kind);
@@ -83,7 +86,7 @@ TEST(LostStreamRuleTest, NamesTheRankWhoseStreamClosedTheFirstByWorkerId) {
   a.ranks[1] = ClosedAfter(a.ranks[1], 0);
   a.ranks[1].worker_id = "w-2";
   a.ranks[2] = ClosedAfter(a.ranks[2], 500);  // heartbeats still fresh when it closed
-  a.ranks[2].worker_id = "w-10";  // before "w-2"
+  a.ranks[2].worker_id = "w-10";              // before "w-2"
   Ruling r = LostStreamRule(a, kNow, kTimeouts);
   ExpectNames(r, rackrun::v1::WORKER_LOST, 2, "connection to the coordinator closed");
   EXPECT_EQ(r.failure->worker_id(), "w-10");
@@ -104,7 +107,8 @@ TEST(StreamStateTest, AStreamClosedAfterTheHeartbeatsStoppedWasDroppedNotExited)
   EXPECT_EQ(StreamStateOf(never, kTimeouts), StreamState::kOpen);
   EXPECT_EQ(StreamStateOf(ClosedAfter(open, 500), kTimeouts), StreamState::kExited);
   EXPECT_EQ(StreamStateOf(ClosedAfter(open, 501), kTimeouts), StreamState::kDroppedSilent);
-  AttemptSnapshot a = Attempt({Rank(0, "data"), ClosedAfter(SilentFor(Rank(1, "forward"), 20000), 15000)});
+  AttemptSnapshot a =
+      Attempt({Rank(0, "data"), ClosedAfter(SilentFor(Rank(1, "forward"), 20000), 15000)});
   EXPECT_FALSE(LostStreamRule(a, kNow, kTimeouts).decided);
 }
 
@@ -130,7 +134,8 @@ TEST(StreamStateTest, AStreamClosedAfterAPartitionShorterThanTheHeartbeatTimeout
 }
 
 TEST(CollectiveHangRuleTest, ASilentRankWhoseStreamWasDroppedIsNamed) {
-  AttemptSnapshot a = Attempt({ClosedAfter(SilentFor(Rank(0, "forward"), 2600), 1500), Blocked(Rank(1, ""), 8, 2100)});
+  AttemptSnapshot a = Attempt(
+      {ClosedAfter(SilentFor(Rank(0, "forward"), 2600), 1500), Blocked(Rank(1, ""), 8, 2100)});
   a.ranks[0].entered = 8;
   ExpectNames(CollectiveHangRule(a, kNow, kTimeouts), rackrun::v1::HANG, 0,
               "heartbeats stopped 2.6 s ago and its connection was dropped 1.5 s later");
@@ -143,12 +148,14 @@ TEST(CollectiveHangRuleTest, ASilentRankWhoseStreamWasDroppedIsNamed) {
 }
 
 TEST(LostSilenceRuleTest, ASilentRankWhoseStreamWasDroppedIsLostWhenNoPeerWaits) {
-  AttemptSnapshot a = Attempt({Rank(0, "data"), ClosedAfter(SilentFor(Rank(1, "data"), 2000), 1000)});
+  AttemptSnapshot a =
+      Attempt({Rank(0, "data"), ClosedAfter(SilentFor(Rank(1, "data"), 2000), 1000)});
   std::optional<Finding> f = DetectFailure(a, kNow, kTimeouts);
   ASSERT_TRUE(f.has_value());
   EXPECT_EQ(f->rule, DetectionRule::kLostSilence);
   EXPECT_EQ(f->failure.rank(), 1);
-  EXPECT_NE(f->failure.message().find("no heartbeat for 2 s"), std::string::npos) << f->failure.message();
+  EXPECT_NE(f->failure.message().find("no heartbeat for 2 s"), std::string::npos)
+      << f->failure.message();
 }
 
 TEST(CollectiveHangRuleTest, NamesTheRankFurthestBehindThenTheLowest) {
@@ -169,10 +176,12 @@ TEST(CollectiveHangRuleTest, NothingBeforeTheHangTimeout) {
 }
 
 TEST(CollectiveHangRuleTest, ASilentRankWithItsStreamOpenIsNamedFirst) {
-  AttemptSnapshot a = Attempt({Rank(0, "data"), SilentFor(Rank(1, "optimizer"), 600), Blocked(Rank(2, ""), 8, 2100)});
+  AttemptSnapshot a = Attempt(
+      {Rank(0, "data"), SilentFor(Rank(1, "optimizer"), 600), Blocked(Rank(2, ""), 8, 2100)});
   a.ranks[0].entered = 7;  // behind, but alive
   a.ranks[1].entered = 8;
-  ExpectNames(CollectiveHangRule(a, kNow, kTimeouts), rackrun::v1::HANG, 1, "heartbeats stopped 0.6 s ago");
+  ExpectNames(CollectiveHangRule(a, kNow, kTimeouts), rackrun::v1::HANG, 1,
+              "heartbeats stopped 0.6 s ago");
 }
 
 TEST(CollectiveHangRuleTest, EveryRankInItHoldsThenNamesNoRank) {
@@ -255,11 +264,13 @@ TEST(LostSilenceRuleTest, NamesTheSilentRankUnlessAPeerWaitsInACollective) {
 }
 
 TEST(RendezvousHangRuleTest, NamesTheAwaitedRankLongestInItsPhase) {
-  AttemptSnapshot a = InRendezvous({Rank(0, "connecting", 2100), Rank(1, "data", 300), Rank(2, "", 400)});
+  AttemptSnapshot a =
+      InRendezvous({Rank(0, "connecting", 2100), Rank(1, "data", 300), Rank(2, "", 400)});
   Ruling r = RendezvousHangRule(a, kNow, kTimeouts);
   // The empty phase counts as idle: rank 2 is awaited, longest in its phase.
   ExpectNames(r, rackrun::v1::HANG, 2,
-              "rank(s) 0 wait in the data channel's rendezvous for 2.1 s for it; it has been in phase idle for 0.4 s");
+              "rank(s) 0 wait in the data channel's rendezvous for 2.1 s for it; it has been in "
+              "phase idle for 0.4 s");
   a.ranks[0].phase_age_ms = 2000;
   EXPECT_FALSE(RendezvousHangRule(a, kNow, kTimeouts).decided);
 }
@@ -287,7 +298,8 @@ TEST(RendezvousHangRuleTest, EveryRankInItNamesNoRankAfterTheHangAndHeartbeatTim
 // during its rendezvous, it trained a few steps and was stopped, and its stale
 // "connecting" outgrew the hang timeout before rank 0's wait in the collective did.
 TEST(RendezvousHangRuleTest, OnceARankHasEnteredACollectiveTheRendezvousIsOver) {
-  AttemptSnapshot a = InRendezvous({Blocked(Rank(0, "collective"), 7, 1000), Rank(1, "connecting", 4000)});
+  AttemptSnapshot a =
+      InRendezvous({Blocked(Rank(0, "collective"), 7, 1000), Rank(1, "connecting", 4000)});
   EXPECT_FALSE(RendezvousHangRule(a, kNow, kTimeouts).decided);
   EXPECT_FALSE(DetectFailure(a, kNow, kTimeouts).has_value());
   // The collective rule names the rank the others wait for once they have waited too long.
@@ -308,9 +320,11 @@ TEST(PhaseHangRuleTest, ATrainingPhaseHasTheHangTimeoutAndStartingItsOwn) {
   AttemptSnapshot a = Attempt({Rank(0, "checkpoint", 2000), Rank(1, "starting", 2500)});
   EXPECT_FALSE(PhaseHangRule(a, kNow, kTimeouts).decided);
   a.ranks[1].phase_age_ms = 2501;
-  ExpectNames(PhaseHangRule(a, kNow, kTimeouts), rackrun::v1::HANG, 1, "in phase starting for 2.501 s (start timeout 2.5 s)");
+  ExpectNames(PhaseHangRule(a, kNow, kTimeouts), rackrun::v1::HANG, 1,
+              "in phase starting for 2.501 s (start timeout 2.5 s)");
   a.ranks[0].last_heartbeat_ms = kNow - 1;  // the age grows with the time since the heartbeat
-  ExpectNames(PhaseHangRule(a, kNow, kTimeouts), rackrun::v1::HANG, 0, "in phase checkpoint for 2.001 s (hang timeout 2 s)");
+  ExpectNames(PhaseHangRule(a, kNow, kTimeouts), rackrun::v1::HANG, 0,
+              "in phase checkpoint for 2.001 s (hang timeout 2 s)");
 }
 
 TEST(PhaseHangRuleTest, APhaseNameItDoesNotKnowIsJudgedAsATrainingPhase) {
@@ -320,9 +334,10 @@ TEST(PhaseHangRuleTest, APhaseNameItDoesNotKnowIsJudgedAsATrainingPhase) {
 }
 
 TEST(PhaseHangRuleTest, VictimsIdleAndSilentRanksAreNeverNamed) {
-  AttemptSnapshot a = Attempt({Rank(0, "idle", 99000), Rank(1, "", 99000), Rank(2, "collective", 99000),
-                               Rank(3, "connecting", 99000), SilentFor(Rank(4, "data", 99000), 501),
-                               Blocked(Rank(5, "data", 99000), 3, 10)});
+  AttemptSnapshot a =
+      Attempt({Rank(0, "idle", 99000), Rank(1, "", 99000), Rank(2, "collective", 99000),
+               Rank(3, "connecting", 99000), SilentFor(Rank(4, "data", 99000), 501),
+               Blocked(Rank(5, "data", 99000), 3, 10)});
   a.ranks[5].phase_name = "data";
   a.ranks[5].phase = Phase::kData;
   EXPECT_FALSE(PhaseHangRule(a, kNow, kTimeouts).decided);
@@ -333,7 +348,8 @@ TEST(PhaseHangRuleTest, ReportingAfterFourHangTimeoutsCountedFromTheRegistration
   EXPECT_FALSE(PhaseHangRule(a, kNow, kTimeouts).decided);
   a.ranks[0].phase_age_ms = 8001;
   ExpectNames(PhaseHangRule(a, kNow, kTimeouts), rackrun::v1::HANG, 0,
-              "in phase reporting (training over, result not delivered) for 8.001 s (4 x the hang timeout of 2 s)");
+              "in phase reporting (training over, result not delivered) for 8.001 s (4 x the hang "
+              "timeout of 2 s)");
   a.ranks[0].registered_ms = kNow - 8000;  // re-registered since: its age counts from there
   EXPECT_FALSE(PhaseHangRule(a, kNow, kTimeouts).decided);
 }
@@ -371,7 +387,9 @@ TEST(DetectFailureTest, TheCollectiveRuleHoldingStopsTheLaterRules) {
 
 TEST(DetectFailureTest, NothingWrongNothingFound) {
   EXPECT_FALSE(DetectFailure(Attempt({}), kNow, kTimeouts).has_value());
-  EXPECT_FALSE(DetectFailure(Attempt({Rank(0, "data", 100), Rank(1, "connecting", 100)}), kNow, kTimeouts).has_value());
+  EXPECT_FALSE(
+      DetectFailure(Attempt({Rank(0, "data", 100), Rank(1, "connecting", 100)}), kNow, kTimeouts)
+          .has_value());
 }
 
 }  // namespace

@@ -4,9 +4,9 @@
 
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/match.h"
 
 namespace rackrun::coordinator {
 namespace {
@@ -220,7 +220,8 @@ absl::StatusOr<Job> JobStore::ReadJob(int64_t num) {
   a.Int(1, num);
   int rc;
   while ((rc = a.Step()) == SQLITE_ROW) {
-    if (!job.add_attempts()->ParseFromString(a.ColBytes(0))) return absl::DataLossError("bad attempt");
+    if (!job.add_attempts()->ParseFromString(a.ColBytes(0)))
+      return absl::DataLossError("bad attempt");
   }
   if (rc != SQLITE_DONE) return Error("read attempts");
   return job;

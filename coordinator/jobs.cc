@@ -114,7 +114,8 @@ Attempt* Current(Job& job) {
 }
 }  // namespace
 
-absl::StatusOr<JobStore::InsertResult> Jobs::Submit(const JobSpec& spec, const std::string& request_id) {
+absl::StatusOr<JobStore::InsertResult> Jobs::Submit(const JobSpec& spec,
+                                                    const std::string& request_id) {
   Lock lock(mu_);
   if (shutdown_) return absl::UnavailableError("the coordinator is shutting down");
   const int64_t now = clock_();
@@ -150,11 +151,13 @@ absl::StatusOr<Job> Jobs::Get(const std::string& job_id) const {
   return e->job;
 }
 
-absl::StatusOr<rackrun::v1::ListJobsResponse> Jobs::List(const rackrun::v1::ListJobsRequest& req) const {
+absl::StatusOr<rackrun::v1::ListJobsResponse> Jobs::List(
+    const rackrun::v1::ListJobsRequest& req) const {
   int page = req.page_size() <= 0 ? 50 : std::min(req.page_size(), 1000);
   int64_t before = INT64_MAX;  // page token: list jobs with a number below it
   if (!req.page_token().empty() && (!absl::SimpleAtoi(req.page_token(), &before) || before <= 0)) {
-    return absl::InvalidArgumentError("page_token: not a token returned by List; omit it for the first page");
+    return absl::InvalidArgumentError(
+        "page_token: not a token returned by List; omit it for the first page");
   }
   Lock lock(mu_);
   rackrun::v1::ListJobsResponse resp;
@@ -224,7 +227,8 @@ std::vector<QueuedJob> Jobs::Queue() const {
   Lock lock(mu_);
   std::vector<QueuedJob> q;
   for (const auto& [num, e] : jobs_) {
-    if (e.job.state() == rackrun::v1::QUEUED) q.push_back({e.job.id(), e.job.spec(), e.not_before_ms});
+    if (e.job.state() == rackrun::v1::QUEUED)
+      q.push_back({e.job.id(), e.job.spec(), e.not_before_ms});
   }
   return q;
 }
@@ -250,7 +254,8 @@ absl::StatusOr<Attempt> Jobs::StartAttempt(const std::string& job_id,
   if (next.started_unix_ms() == 0) next.set_started_unix_ms(now);
   std::vector<std::string> where;
   for (const auto& r : ranks) where.push_back(absl::StrCat(r.worker_id(), "@", r.host()));
-  next.set_message(absl::StrCat("attempt ", a->number(), " running on ", absl::StrJoin(where, ", ")));
+  next.set_message(
+      absl::StrCat("attempt ", a->number(), " running on ", absl::StrJoin(where, ", ")));
   const Attempt started = *a;
   std::vector<JobEvent> events;
   events.push_back(MessageEvent(next.message(), started.number()));
@@ -312,8 +317,9 @@ absl::StatusOr<Jobs::Ended> Jobs::FailLocked(Entry& e, int attempt, Failure fail
 absl::Status Jobs::ReplaceVerdictLocked(Entry& e, int attempt, Failure own) {
   const Failure& verdict = e.job.attempts(attempt - 1).failure();
   const int64_t now = clock_();
-  if (e.job.attempts(attempt - 1).state() != rackrun::v1::FAILED || verdict.kind() != rackrun::v1::HANG ||
-      verdict.rank() != own.rank() || !verdict.replaced_verdict().empty() ||
+  if (e.job.attempts(attempt - 1).state() != rackrun::v1::FAILED ||
+      verdict.kind() != rackrun::v1::HANG || verdict.rank() != own.rank() ||
+      !verdict.replaced_verdict().empty() ||
       now - verdict.time_unix_ms() > options_.report_grace_ms) {
     return absl::OkStatus();
   }
@@ -330,10 +336,10 @@ absl::Status Jobs::ReplaceVerdictLocked(Entry& e, int attempt, Failure own) {
   fe.set_attempt(attempt);
   *fe.mutable_failure() = own;
   events.push_back(fe);
-  events.push_back(MessageEvent(
-      absl::StrCat("rank ", own.rank(), "'s own failure report arrived ",
-                   (now - verdict.time_unix_ms()) / 1000.0, " s after the hang verdict and replaces it"),
-      attempt));
+  events.push_back(MessageEvent(absl::StrCat("rank ", own.rank(), "'s own failure report arrived ",
+                                             (now - verdict.time_unix_ms()) / 1000.0,
+                                             " s after the hang verdict and replaces it"),
+                                attempt));
   const bool last = attempt == next.attempts_size();
   absl::StatusOr<jobspec::RestartPolicy> policy = jobspec::RestartPolicyOf(next.spec());
   const jobspec::RestartPolicy p = policy.ok() ? *policy : jobspec::RestartPolicy{};
@@ -373,7 +379,8 @@ absl::StatusOr<Jobs::Ended> Jobs::RankResult(const std::string& job_id, int atte
     if (r.rank() == rank) placement = &r;
   }
   if (placement == nullptr) {
-    return absl::NotFoundError(absl::StrCat("attempt ", attempt, " of job ", job_id, " has no rank ", rank));
+    return absl::NotFoundError(
+        absl::StrCat("attempt ", attempt, " of job ", job_id, " has no rank ", rank));
   }
   Ended out;
   auto failure_of = [&](rackrun::v1::FailureKind kind) {
@@ -392,7 +399,9 @@ absl::StatusOr<Jobs::Ended> Jobs::RankResult(const std::string& job_id, int atte
                        e->job.state() == rackrun::v1::RUNNING;
   if (!current) {
     if (result.outcome() == AttemptResult::FAILED) {
-      if (absl::Status s = ReplaceVerdictLocked(*e, attempt, failure_of(rackrun::v1::ERROR)); !s.ok()) return s;
+      if (absl::Status s = ReplaceVerdictLocked(*e, attempt, failure_of(rackrun::v1::ERROR));
+          !s.ok())
+        return s;
     }
     out.job = e->job;
     return out;
@@ -410,7 +419,8 @@ absl::StatusOr<Jobs::Ended> Jobs::RankResult(const std::string& job_id, int atte
     case AttemptResult::SUCCEEDED:
       break;
     default:
-      return absl::InvalidArgumentError("result.outcome: set SUCCEEDED, FAILED, CANCELLED or DRAINED");
+      return absl::InvalidArgumentError(
+          "result.outcome: set SUCCEEDED, FAILED, CANCELLED or DRAINED");
   }
   if (static_cast<int>(e->results.size()) < a.ranks_size()) {
     out.job = e->job;
@@ -440,11 +450,13 @@ absl::StatusOr<Jobs::Ended> Jobs::RankResult(const std::string& job_id, int atte
   return out;
 }
 
-absl::Status Jobs::Progress(const std::string& job_id, int attempt, const rackrun::v1::StepProgress& p) {
+absl::Status Jobs::Progress(const std::string& job_id, int attempt,
+                            const rackrun::v1::StepProgress& p) {
   Lock lock(mu_);
   Entry* e = Find(job_id);
   if (e == nullptr) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
-  const Attempt* a = e->job.attempts().empty() ? nullptr : &e->job.attempts(e->job.attempts_size() - 1);
+  const Attempt* a =
+      e->job.attempts().empty() ? nullptr : &e->job.attempts(e->job.attempts_size() - 1);
   if (a == nullptr || a->number() != attempt || a->state() != rackrun::v1::RUNNING) {
     return absl::OkStatus();
   }
@@ -467,7 +479,8 @@ absl::Status Jobs::Checkpoint(const std::string& job_id, int attempt, const std:
 bool Jobs::AttemptRunning(const std::string& job_id, int attempt) const {
   Lock lock(mu_);
   const Entry* e = Find(job_id);
-  if (e == nullptr || e->job.attempts().empty() || e->job.state() != rackrun::v1::RUNNING) return false;
+  if (e == nullptr || e->job.attempts().empty() || e->job.state() != rackrun::v1::RUNNING)
+    return false;
   const Attempt& a = e->job.attempts(e->job.attempts_size() - 1);
   return a.number() == attempt && a.state() == rackrun::v1::RUNNING;
 }
@@ -489,7 +502,8 @@ absl::Status Jobs::Reattach(const std::string& job_id, int attempt, int rank,
     if (a.ranks(i).rank() == rank) index = i;
   }
   if (index < 0 || e->results.count(rank) > 0) {
-    return absl::FailedPreconditionError(absl::StrCat("rank ", rank, " is not running attempt ", attempt));
+    return absl::FailedPreconditionError(
+        absl::StrCat("rank ", rank, " is not running attempt ", attempt));
   }
   e->awaiting_reattach.erase(rank);
   const auto& old = a.ranks(index);
@@ -498,12 +512,15 @@ absl::Status Jobs::Reattach(const std::string& job_id, int attempt, int rank,
     return absl::OkStatus();
   }
   Job next = e->job;
-  rackrun::v1::RankPlacement* moved = next.mutable_attempts(next.attempts_size() - 1)->mutable_ranks(index);
+  rackrun::v1::RankPlacement* moved =
+      next.mutable_attempts(next.attempts_size() - 1)->mutable_ranks(index);
   const int domain = moved->domain();  // the rank's domain stays; its worker changed
   *moved = placement;
   moved->set_domain(domain);
-  return Commit(*e, std::move(next),
-                {MessageEvent(absl::StrCat("rank ", rank, " re-attached as ", placement.worker_id()), attempt)});
+  return Commit(
+      *e, std::move(next),
+      {MessageEvent(absl::StrCat("rank ", rank, " re-attached as ", placement.worker_id()),
+                    attempt)});
 }
 
 std::vector<Jobs::Ended> Jobs::ExpireReattach() {
@@ -554,7 +571,8 @@ absl::Status Jobs::WaitEvents(const std::string& job_id, int64_t after_seq, absl
     out->push_back(ev);
     if (ev.has_state() && IsTerminal(ev.state())) *done = true;
   }
-  if (shutdown_ && !*done && out->empty()) return absl::UnavailableError("the coordinator is shutting down");
+  if (shutdown_ && !*done && out->empty())
+    return absl::UnavailableError("the coordinator is shutting down");
   return absl::OkStatus();
 }
 

@@ -1,9 +1,9 @@
 // Jobs: the lifecycle of every job the coordinator accepted, its attempts, its events and
-// its restarts (by the restart policy of jobspec/restart_policy.h). QUEUED -> RUNNING -> SUCCEEDED | FAILED | CANCELLED; a failed attempt
-// that the policy restarts sends the job back to QUEUED (behind a backoff) and a new
-// attempt resumes from the last checkpoint. Every change is committed to the JobStore
-// before the call returns (and before it is visible in memory), so what a caller was told
-// survives kill -9.
+// its restarts (by the restart policy of jobspec/restart_policy.h). QUEUED -> RUNNING -> SUCCEEDED
+// | FAILED | CANCELLED; a failed attempt that the policy restarts sends the job back to QUEUED
+// (behind a backoff) and a new attempt resumes from the last checkpoint. Every change is committed
+// to the JobStore before the call returns (and before it is visible in memory), so what a caller
+// was told survives kill -9.
 //
 // Events: per job, seq 1, 2, ... without gaps. Watchers wait in WaitEvents.
 //
@@ -24,10 +24,10 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "coordinator/sync.h"
 #include "absl/time/time.h"
 #include "coordinator/clock.h"
 #include "coordinator/job_store.h"
+#include "coordinator/sync.h"
 #include "rackrun/v1/job_service.pb.h"
 #include "rackrun/v1/rack_control.pb.h"
 
@@ -91,9 +91,9 @@ class Jobs {
   // (number, resume = number > 1). A non-empty `placement_note` (Placement::note: domains
   // that mix rack labels) becomes a message event of the attempt. FailedPrecondition when
   // the job is not QUEUED.
-  absl::StatusOr<rackrun::v1::Attempt> StartAttempt(const std::string& job_id,
-                                                    const std::vector<rackrun::v1::RankPlacement>& ranks,
-                                                    const std::string& placement_note = "");
+  absl::StatusOr<rackrun::v1::Attempt> StartAttempt(
+      const std::string& job_id, const std::vector<rackrun::v1::RankPlacement>& ranks,
+      const std::string& placement_note = "");
 
   // One rank's end of an attempt. Succeeded from every rank ends the job SUCCEEDED;
   // FAILED from a rank fails the attempt (kind ERROR naming it), DRAINED or an unasked

@@ -5,7 +5,6 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-
 #include "coordinator/test_util.h"
 #include "jobspec/restart_policy.h"
 
@@ -195,7 +194,8 @@ TEST_F(JobsTest, RestartOnErrorWhenListed) {
   ASSERT_TRUE(jobs_->StartAttempt(id, Ranks(1)).ok());
   JobSpec lost_only = Spec(1, 5);
   lost_only.mutable_restart()->add_on("bogus");
-  EXPECT_EQ(jobspec::RestartPolicyOf(lost_only).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(jobspec::RestartPolicyOf(lost_only).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 Failure HangOf(int rank, const std::string& phase) {
@@ -332,7 +332,8 @@ TEST_F(JobsTest, PlacementNoteIsAnEventAndReattachKeepsTheDomain) {
   // Without a note there is no such event.
   const std::string plain = jobs_->Submit(Spec(1), "r2")->job.id();
   ASSERT_TRUE(jobs_->StartAttempt(plain, Ranks(1)).ok());
-  for (const JobEvent& e : Events(plain)) EXPECT_EQ(e.message().find("placement:"), std::string::npos);
+  for (const JobEvent& e : Events(plain))
+    EXPECT_EQ(e.message().find("placement:"), std::string::npos);
 }
 
 TEST_F(JobsTest, ReattachAfterRestartOrLoseWithinGrace) {

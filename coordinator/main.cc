@@ -28,12 +28,14 @@ void DeclareFlags(rackrun::flags::FlagSet& flags, rackrun::coordinator::ServerOp
       "UltraEP planning in coordinator mode, Prometheus metrics and the dashboard. Runs until\n"
       "SIGTERM or SIGINT.\n");
   flags.String("--listen", &o.listen, "HOST:PORT", "address to serve on; port 0 = any free port");
-  flags.String("--state-dir", &o.state_dir, "DIR",
-               "job database, role tokens, automatic CA and certificates, join tokens")
+  flags
+      .String("--state-dir", &o.state_dir, "DIR",
+              "job database, role tokens, automatic CA and certificates, join tokens")
       .Default("~/.rackrun");
-  flags.String("--token-file", &o.token_file, "FILE",
-               "the admin token (every role; STATE_DIR/token-user, token-worker and "
-               "token-readonly hold one role each)")
+  flags
+      .String("--token-file", &o.token_file, "FILE",
+              "the admin token (every role; STATE_DIR/token-user, token-worker and "
+              "token-readonly hold one role each)")
       .Default("STATE_DIR/token, created at first start, mode 0600");
   flags.Section("timeouts (milliseconds)");
   const auto ms = [&](const char* name, int64_t* out, const char* help) {
@@ -59,11 +61,12 @@ void DeclareFlags(rackrun::flags::FlagSet& flags, rackrun::coordinator::ServerOp
   flags.Int("--serving-delay-ms", &o.serving_delay_ms, "MS", "tests: hold health at NOT_SERVING")
       .Range(0)
       .Hidden();
-  flags.Section("TLS (default: on, except on a loopback --listen)",
-                "  Without --tls-cert the coordinator makes its own CA and server certificate in\n"
-                "  STATE_DIR (ca.crt, server.crt, mode 0600) and writes join tokens there\n"
-                "  (join-token-worker, join-token-user, join-token-readonly, join-token): a worker or\n"
-                "  user given one checks the server against the CA it pins; nothing else to copy.\n");
+  flags.Section(
+      "TLS (default: on, except on a loopback --listen)",
+      "  Without --tls-cert the coordinator makes its own CA and server certificate in\n"
+      "  STATE_DIR (ca.crt, server.crt, mode 0600) and writes join tokens there\n"
+      "  (join-token-worker, join-token-user, join-token-readonly, join-token): a worker or\n"
+      "  user given one checks the server against the CA it pins; nothing else to copy.\n");
   flags
       .Custom("--tls", "auto|on|off", "auto: TLS unless --listen is a loopback address",
               [&o](std::string_view v) {
@@ -95,14 +98,17 @@ void DeclareFlags(rackrun::flags::FlagSet& flags, rackrun::coordinator::ServerOp
   flags.String("--tls-client-ca", &o.tls_client_ca, "FILE",
                "require client certificates signed by FILE");
   flags.Section("observability");
-  flags.String("--metrics-listen", &o.observability.metrics_listen, "HOST:PORT",
-               "Prometheus endpoint, GET /metrics, e.g. 0.0.0.0:9464")
+  flags
+      .String("--metrics-listen", &o.observability.metrics_listen, "HOST:PORT",
+              "Prometheus endpoint, GET /metrics, e.g. 0.0.0.0:9464")
       .Default("off");
-  flags.String("--dashboard-listen", &o.observability.dashboard_listen, "HOST:PORT",
-               "built-in live dashboard, loopback only, e.g. 127.0.0.1:8080")
+  flags
+      .String("--dashboard-listen", &o.observability.dashboard_listen, "HOST:PORT",
+              "built-in live dashboard, loopback only, e.g. 127.0.0.1:8080")
       .Default("off");
-  flags.String("--dashboard-assets", &o.observability.dashboard_assets, "DIR",
-               "the dashboard's page and uPlot")
+  flags
+      .String("--dashboard-assets", &o.observability.dashboard_assets, "DIR",
+              "the dashboard's page and uPlot")
       .Default("the source tree's metrics/dashboard");
   flags.Switch("--dashboard-allow-remote", &o.observability.dashboard_allow_remote,
                "let --dashboard-listen take a non-loopback address (then open it as "
@@ -124,10 +130,13 @@ int RenewCertificates(rackrun::coordinator::ServerOptions o) {
   }
   o.tls = TlsMode::kOn;
   const std::string admin = o.token_file.empty() ? o.state_dir + "/token" : o.token_file;
-  absl::StatusOr<RoleTokens> tokens = LoadOrCreateRoleTokens(o.state_dir, admin, o.token_file.empty());
-  absl::StatusOr<TlsSetup> tls = tokens.ok() ? SetUpTls(o, *tokens, /*renew=*/true) : tokens.status();
+  absl::StatusOr<RoleTokens> tokens =
+      LoadOrCreateRoleTokens(o.state_dir, admin, o.token_file.empty());
+  absl::StatusOr<TlsSetup> tls =
+      tokens.ok() ? SetUpTls(o, *tokens, /*renew=*/true) : tokens.status();
   if (!tls.ok()) {
-    std::fprintf(stderr, "rackrun-coordinator: --renew-certs: %s\n", std::string(tls.status().message()).c_str());
+    std::fprintf(stderr, "rackrun-coordinator: --renew-certs: %s\n",
+                 std::string(tls.status().message()).c_str());
     return 1;
   }
   for (const std::string& n : tls->notes) std::printf("rackrun-coordinator: %s\n", n.c_str());
@@ -135,9 +144,10 @@ int RenewCertificates(rackrun::coordinator::ServerOptions o) {
     std::printf("rackrun-coordinator: %s now expires on %s\n", e.what.c_str(),
                 absl::FormatTime("%Y-%m-%d %H:%M UTC", e.expires, absl::UTCTimeZone()).c_str());
   }
-  std::printf("rackrun-coordinator: join tokens in %s/join-token-*; restart the coordinator to serve the "
-              "new certificate\n",
-              o.state_dir.c_str());
+  std::printf(
+      "rackrun-coordinator: join tokens in %s/join-token-*; restart the coordinator to serve the "
+      "new certificate\n",
+      o.state_dir.c_str());
   return 0;
 }
 
@@ -155,10 +165,10 @@ int main(int argc, char** argv) {
   if (std::optional<int> exit = flags.ParseCommandLine(argc, argv)) return *exit;
   if (renew_certs) return RenewCertificates(o);
   if (o.rack.workers.heartbeat_timeout_ms <= o.rack.workers.heartbeat_interval_ms) {
-    return flags.Fail("--heartbeat-timeout-ms",
-                      absl::StrCat(o.rack.workers.heartbeat_timeout_ms,
-                                   " must exceed --heartbeat-interval-ms (",
-                                   o.rack.workers.heartbeat_interval_ms, ")"));
+    return flags.Fail(
+        "--heartbeat-timeout-ms",
+        absl::StrCat(o.rack.workers.heartbeat_timeout_ms, " must exceed --heartbeat-interval-ms (",
+                     o.rack.workers.heartbeat_interval_ms, ")"));
   }
 
   // Signals are taken by sigwait, not by handlers, so block them in every thread. The
@@ -189,7 +199,8 @@ int main(int argc, char** argv) {
 
   auto server = rackrun::coordinator::CoordinatorServer::Start(o);
   if (!server.ok()) {
-    std::fprintf(stderr, "rackrun-coordinator: %s\n", std::string(server.status().message()).c_str());
+    std::fprintf(stderr, "rackrun-coordinator: %s\n",
+                 std::string(server.status().message()).c_str());
     return 1;
   }
   const std::string host = o.listen.substr(0, o.listen.rfind(':'));
@@ -201,25 +212,28 @@ int main(int argc, char** argv) {
                  "crosses the network in clear text. Drop --insecure to serve TLS.\n",
                  o.listen.c_str());
   }
-  for (const std::string& w : rackrun::coordinator::ExpiryWarnings(tls, absl::Now(), o.cert_warn_ahead)) {
+  for (const std::string& w :
+       rackrun::coordinator::ExpiryWarnings(tls, absl::Now(), o.cert_warn_ahead)) {
     std::fprintf(stderr, "rackrun-coordinator: warning: %s\n", w.c_str());
   }
-  std::printf("rackrun-coordinator: listening on %s:%d, state %s, token file %s (%s)\n", host.c_str(),
-              (*server)->port(), o.state_dir.c_str(), (*server)->token_file().c_str(), tls.summary.c_str());
+  std::printf("rackrun-coordinator: listening on %s:%d, state %s, token file %s (%s)\n",
+              host.c_str(), (*server)->port(), o.state_dir.c_str(), (*server)->token_file().c_str(),
+              tls.summary.c_str());
   if (!tls.ca_sha256.empty()) {
-    std::printf("rackrun-coordinator: join tokens: %s/join-token-worker (workers), join-token-user "
-                "(users), join-token-readonly\n",
-                o.state_dir.c_str());
+    std::printf(
+        "rackrun-coordinator: join tokens: %s/join-token-worker (workers), join-token-user "
+        "(users), join-token-readonly\n",
+        o.state_dir.c_str());
   }
   if ((*server)->metrics_port() > 0) {
     const std::string& m = o.observability.metrics_listen;
-    std::printf("rackrun-coordinator: metrics on http://%s:%d/metrics\n", m.substr(0, m.rfind(':')).c_str(),
-                (*server)->metrics_port());
+    std::printf("rackrun-coordinator: metrics on http://%s:%d/metrics\n",
+                m.substr(0, m.rfind(':')).c_str(), (*server)->metrics_port());
   }
   if ((*server)->dashboard_port() > 0) {
     const std::string& d = o.observability.dashboard_listen;
-    std::printf("rackrun-coordinator: dashboard on http://%s:%d/\n", d.substr(0, d.rfind(':')).c_str(),
-                (*server)->dashboard_port());
+    std::printf("rackrun-coordinator: dashboard on http://%s:%d/\n",
+                d.substr(0, d.rfind(':')).c_str(), (*server)->dashboard_port());
   }
   std::fflush(stdout);
   {

@@ -18,12 +18,16 @@ class RackSource final : public metrics::DashboardSource {
     req.set_page_size(1000);
     return rack_->jobs().List(req);
   }
-  absl::StatusOr<rackrun::v1::Job> GetJob(const std::string& job_id) override { return rack_->jobs().Get(job_id); }
-  absl::Status Events(const std::string& job_id, int64_t after_seq, std::vector<rackrun::v1::JobEvent>* out,
-                      bool* done) override {
+  absl::StatusOr<rackrun::v1::Job> GetJob(const std::string& job_id) override {
+    return rack_->jobs().Get(job_id);
+  }
+  absl::Status Events(const std::string& job_id, int64_t after_seq,
+                      std::vector<rackrun::v1::JobEvent>* out, bool* done) override {
     return rack_->jobs().WaitEvents(job_id, after_seq, absl::ZeroDuration(), out, done);
   }
-  rackrun::v1::ListWorkersResponse ListWorkers() override { return rack_->workers().List(/*include_gone=*/true); }
+  rackrun::v1::ListWorkersResponse ListWorkers() override {
+    return rack_->workers().List(/*include_gone=*/true);
+  }
 
  private:
   Rack* const rack_;
@@ -31,25 +35,30 @@ class RackSource final : public metrics::DashboardSource {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Observability>> Observability::Start(const ObservabilityOptions& options, Rack* rack) {
+absl::StatusOr<std::unique_ptr<Observability>> Observability::Start(
+    const ObservabilityOptions& options, Rack* rack) {
   std::unique_ptr<Observability> o(new Observability());
   o->options_ = options;
   o->rack_ = rack;
   if (!options.metrics_listen.empty()) {
-    absl::StatusOr<std::unique_ptr<metrics::MetricsExporter>> e = metrics::MetricsExporter::Start(options.metrics_listen);
+    absl::StatusOr<std::unique_ptr<metrics::MetricsExporter>> e =
+        metrics::MetricsExporter::Start(options.metrics_listen);
     if (!e.ok()) return e.status();
     o->exporter_ = *std::move(e);
     o->metrics_ = std::make_unique<metrics::CoordinatorMetrics>(o->exporter_->registry());
     o->rpc_ = std::make_unique<metrics::RpcMetrics>(o->exporter_->registry());
     metrics::CoordinatorMetrics* m = o->metrics_.get();
-    rack->planning().SetSolveObserver(
-        [m](const std::string& job_id, int domain, double s) { m->ObservePlanSolve(job_id, domain, s); });
+    rack->planning().SetSolveObserver([m](const std::string& job_id, int domain, double s) {
+      m->ObservePlanSolve(job_id, domain, s);
+    });
   }
   if (!options.dashboard_listen.empty()) {
     o->source_ = std::make_unique<RackSource>(rack);
     absl::StatusOr<std::unique_ptr<metrics::Dashboard>> d = metrics::Dashboard::Start(
-        {options.dashboard_listen, options.dashboard_assets, options.dashboard_allow_remote}, o->source_.get(),
-        options.dashboard_allow_remote ? options.dashboard_token_ok : metrics::Dashboard::TokenCheck());
+        {options.dashboard_listen, options.dashboard_assets, options.dashboard_allow_remote},
+        o->source_.get(),
+        options.dashboard_allow_remote ? options.dashboard_token_ok
+                                       : metrics::Dashboard::TokenCheck());
     if (!d.ok()) return d.status();
     o->dashboard_ = *std::move(d);
   }
@@ -90,7 +99,8 @@ void Observability::ObserveJob(const rackrun::v1::Job& job, Tracked& t) {
 void Observability::Refresh() {
   if (metrics_ == nullptr) return;
   const auto now = std::chrono::steady_clock::now();
-  if (baseline_taken_ && now - last_refresh_ < std::chrono::milliseconds(options_.refresh_ms)) return;
+  if (baseline_taken_ && now - last_refresh_ < std::chrono::milliseconds(options_.refresh_ms))
+    return;
   last_refresh_ = now;
   rackrun::v1::ListJobsRequest req;
   req.set_page_size(1000);

@@ -9,14 +9,14 @@
 #ifndef RACKRUN_COORDINATOR_OBSERVABILITY_H_
 #define RACKRUN_COORDINATOR_OBSERVABILITY_H_
 
+#include <grpcpp/support/server_interceptor.h>
+
 #include <chrono>
 #include <functional>
 #include <map>
 #include <memory>
 #include <string>
 #include <vector>
-
-#include <grpcpp/support/server_interceptor.h>
 
 #include "absl/status/statusor.h"
 #include "coordinator/rack.h"
@@ -41,11 +41,13 @@ struct ObservabilityOptions {
 class Observability {
  public:
   // Errors name the flag (address, loopback rule, missing assets).
-  static absl::StatusOr<std::unique_ptr<Observability>> Start(const ObservabilityOptions& options, Rack* rack);
+  static absl::StatusOr<std::unique_ptr<Observability>> Start(const ObservabilityOptions& options,
+                                                              Rack* rack);
   ~Observability();
 
   // For ServerBuilder::experimental().SetInterceptorCreators; empty without metrics.
-  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> InterceptorFactories();
+  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>
+  InterceptorFactories();
   void Refresh();
   // Stops the dashboard (its views read the Rack); call before the Rack shuts down.
   void StopDashboard();

@@ -9,12 +9,14 @@
 
 namespace rackrun::coordinator {
 
-absl::Status Planning::Open(const std::string& job_id, int attempt, const rackrun::v1::JobSpec& spec,
-                            int ranks) {
-  absl::StatusOr<jobspec::ExpertParallelLayout> layout = jobspec::ExpertParallelLayoutOf(spec, ranks);
+absl::Status Planning::Open(const std::string& job_id, int attempt,
+                            const rackrun::v1::JobSpec& spec, int ranks) {
+  absl::StatusOr<jobspec::ExpertParallelLayout> layout =
+      jobspec::ExpertParallelLayoutOf(spec, ranks);
   if (!layout.ok()) return layout.status();
   // Every domain plans G ranks, as each domain's expert-parallel group does in-band.
-  absl::StatusOr<jobspec::BalancerSetup> setup = jobspec::BalancerSetupOf(spec, layout->expert_parallel);
+  absl::StatusOr<jobspec::BalancerSetup> setup =
+      jobspec::BalancerSetupOf(spec, layout->expert_parallel);
   if (!setup.ok()) return setup.status();
   Session s;
   s.setup = *std::move(setup);
@@ -25,7 +27,8 @@ absl::Status Planning::Open(const std::string& job_id, int attempt, const rackru
       absl::StatusOr<std::unique_ptr<planner::Planner>> made =
           planner::MakePlanner(s.setup.policy->name, s.setup.domain, s.setup.planner);
       if (!made.ok()) {
-        return absl::InvalidArgumentError(absl::StrCat("balancer.policy: ", made.status().message()));
+        return absl::InvalidArgumentError(
+            absl::StrCat("balancer.policy: ", made.status().message()));
       }
       *p = *std::move(made);
     }
@@ -48,22 +51,25 @@ absl::Status Planning::AddRow(const rackrun::v1::LoadRow& row) {
   Lock lock(mu_);
   auto it = sessions_.find({row.job_id(), row.attempt()});
   if (it == sessions_.end()) {
-    return absl::FailedPreconditionError(absl::StrCat("attempt ", row.attempt(), " of job '", row.job_id(),
-                                                      "' is not planned by the coordinator (not running, "
-                                                      "or balancer.mode is not coordinator)"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("attempt ", row.attempt(), " of job '", row.job_id(),
+                     "' is not planned by the coordinator (not running, "
+                     "or balancer.mode is not coordinator)"));
   }
   Session& s = it->second;
   const planner::Domain& d = s.setup.domain;  // one domain: G ranks
   const int ranks = static_cast<int>(s.outbox.size());
   if (row.rank() < 0 || row.rank() >= ranks) {
-    return absl::InvalidArgumentError(absl::StrCat("rank: ", row.rank(), " is not in [0, ", ranks, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank: ", row.rank(), " is not in [0, ", ranks, ")"));
   }
   const int domain = row.rank() / s.expert_parallel;
   if (row.domain() != domain) {
     return absl::InvalidArgumentError(absl::StrCat(
         "domain: rank ", row.rank(), " is in expert-parallel domain ", domain, " (",
-        s.expert_parallel, " ranks per domain, parallelism.expert_parallel) but its row names domain ",
-        row.domain(), "; the worker and the coordinator disagree on the job's layout"));
+        s.expert_parallel,
+        " ranks per domain, parallelism.expert_parallel) but its row names domain ", row.domain(),
+        "; the worker and the coordinator disagree on the job's layout"));
   }
   const bool restore = row.restore_state_last() || !row.restore_state().empty();
   if (row.state_request() || restore) {
@@ -72,15 +78,15 @@ absl::Status Planning::AddRow(const rackrun::v1::LoadRow& row) {
           "state_request: a row asks for the planner state or restores one, not both");
     }
     if (row.loads_size() != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "loads: a ", row.state_request() ? "state_request" : "restore_state",
-          " row carries no loads, this one has ", row.loads_size()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("loads: a ", row.state_request() ? "state_request" : "restore_state",
+                       " row carries no loads, this one has ", row.loads_size()));
     }
     return StateRowLocked(s, domain, row);
   }
   if (row.loads_size() != d.experts()) {
-    return absl::InvalidArgumentError(absl::StrCat("loads: ", row.loads_size(), " entries, expected one per expert (",
-                                                   d.experts(), ")"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "loads: ", row.loads_size(), " entries, expected one per expert (", d.experts(), ")"));
   }
   DomainPlanning& dp = s.domains[static_cast<size_t>(domain)];
   const int local = row.rank() % s.expert_parallel;
@@ -91,8 +97,9 @@ absl::Status Planning::AddRow(const rackrun::v1::LoadRow& row) {
     p.got.assign(static_cast<size_t>(d.ranks), false);
   }
   if (p.got[static_cast<size_t>(local)]) {
-    return absl::InvalidArgumentError(absl::StrCat("rank ", row.rank(), " sent microbatch ", row.microbatch(),
-                                                   " layer ", row.layer(), " twice"));
+    return absl::InvalidArgumentError(absl::StrCat("rank ", row.rank(), " sent microbatch ",
+                                                   row.microbatch(), " layer ", row.layer(),
+                                                   " twice"));
   }
   p.got[static_cast<size_t>(local)] = true;
   for (int e = 0; e < d.experts(); ++e) p.loads.at(local, e) = row.loads(e);
@@ -114,7 +121,8 @@ absl::Status Planning::AddRow(const rackrun::v1::LoadRow& row) {
                                  s.domains.size() > 1 ? absl::StrCat(" domain ", domain) : "", ": ",
                                  st.message()));
   }
-  reply.set_solve_s(std::chrono::duration<double>(std::chrono::steady_clock::now() - arrived).count());
+  reply.set_solve_s(
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - arrived).count());
   if (solve_observer_) solve_observer_(row.job_id(), domain, reply.solve_s());
   dp.pending.erase(key);
   const size_t first = static_cast<size_t>(domain * s.expert_parallel);
@@ -196,10 +204,12 @@ absl::StatusOr<std::optional<rackrun::v1::PlanReply>> Planning::NextReply(const 
     if (shutdown_) return absl::CancelledError("the coordinator is shutting down");
     auto it = sessions_.find({job_id, attempt});
     if (it == sessions_.end()) {
-      return absl::CancelledError(absl::StrCat("attempt ", attempt, " of job '", job_id, "' is not planning"));
+      return absl::CancelledError(
+          absl::StrCat("attempt ", attempt, " of job '", job_id, "' is not planning"));
     }
     if (rank < 0 || rank >= static_cast<int>(it->second.outbox.size())) {
-      return absl::InvalidArgumentError(absl::StrCat("rank: ", rank, " is not a rank of the attempt"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("rank: ", rank, " is not a rank of the attempt"));
     }
     auto& q = it->second.outbox[static_cast<size_t>(rank)];
     if (!q.empty()) {

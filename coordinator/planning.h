@@ -54,7 +54,8 @@ class Planning {
   // Starts planning for the attempt of `ranks` ranks (no change when it is already open).
   // InvalidArgument when the ranks do not tile into domains (jobspec::ExpertParallelLayoutOf)
   // or the spec gives no balancer setup (jobspec::BalancerSetupOf).
-  absl::Status Open(const std::string& job_id, int attempt, const rackrun::v1::JobSpec& spec, int ranks);
+  absl::Status Open(const std::string& job_id, int attempt, const rackrun::v1::JobSpec& spec,
+                    int ranks);
   // Ends it: pending rows are dropped and the ranks' NextReply return Cancelled.
   void Close(const std::string& job_id, int attempt);
 
@@ -68,8 +69,9 @@ class Planning {
   absl::Status AddRow(const rackrun::v1::LoadRow& row);
 
   // The next reply for the rank, waiting up to `max_wait` (nullopt when none came).
-  absl::StatusOr<std::optional<rackrun::v1::PlanReply>> NextReply(const std::string& job_id, int attempt,
-                                                                  int rank, absl::Duration max_wait);
+  absl::StatusOr<std::optional<rackrun::v1::PlanReply>> NextReply(const std::string& job_id,
+                                                                  int attempt, int rank,
+                                                                  absl::Duration max_wait);
 
   void Shutdown();
 
@@ -93,13 +95,13 @@ class Planning {
     std::unique_ptr<planner::Planner> train;
     std::unique_ptr<planner::Planner> eval;
     std::map<std::tuple<int64_t, int, bool>, Pending> pending;
-    planner::Plan plan;  // reused buffers
-    bool planned = false;  // a microbatch was planned: too late to restore
+    planner::Plan plan;                   // reused buffers
+    bool planned = false;                 // a microbatch was planned: too late to restore
     std::optional<std::string> restored;  // the state the planners were restored from
   };
   struct Session {
-    jobspec::BalancerSetup setup;  // on G ranks: one domain's
-    int expert_parallel = 1;       // G
+    jobspec::BalancerSetup setup;                            // on G ranks: one domain's
+    int expert_parallel = 1;                                 // G
     std::vector<DomainPlanning> domains;                     // D of them
     std::vector<std::deque<rackrun::v1::PlanReply>> outbox;  // per job rank (R = D x G)
     std::vector<std::string> restoring;  // per job rank: restore_state chunks so far

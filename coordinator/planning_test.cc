@@ -10,9 +10,9 @@
 #include <utility>
 #include <vector>
 
-#include "rpc/plan_codec.h"
 #include "planner/invariants.h"
 #include "planner/planner.h"
+#include "rpc/plan_codec.h"
 
 namespace rackrun::coordinator {
 namespace {
@@ -64,7 +64,8 @@ TEST_P(PlanningEquivalence, CoordinatorPlansEqualInBandPlans) {
       const bool training = mb % 4 != 3;
       planner::LoadMatrix loads(ranks, 8);
       for (int r = 0; r < ranks; ++r) {
-        for (int e = 0; e < 8; ++e) loads.at(r, e) = tokens(rng) * (e == 2 ? 5 : 1);  // a hot expert
+        for (int e = 0; e < 8; ++e)
+          loads.at(r, e) = tokens(rng) * (e == 2 ? 5 : 1);  // a hot expert
       }
       for (int r = ranks - 1; r >= 0; --r) {  // rows arrive in any order
         rackrun::v1::LoadRow row;
@@ -99,7 +100,8 @@ TEST_P(PlanningEquivalence, CoordinatorPlansEqualInBandPlans) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Policies, PlanningEquivalence, ::testing::Values("ultraep", "eplb", "none"));
+INSTANTIATE_TEST_SUITE_P(Policies, PlanningEquivalence,
+                         ::testing::Values("ultraep", "eplb", "none"));
 
 rackrun::v1::LoadRow Row(int rank, int domain, int64_t microbatch, int layer, bool training,
                          const planner::LoadMatrix& loads, int row_of_loads) {
@@ -142,7 +144,9 @@ TEST_P(PlanningEquivalence, EachDomainPlansLikeItsInBandGroup) {
         }
       }
       for (const int rank : {3, 0, 2, 1}) {  // the domains' rows interleaved
-        ASSERT_TRUE(planning.AddRow(Row(rank, rank / g, mb, layer, training, loads[rank / g], rank % g)).ok());
+        ASSERT_TRUE(
+            planning.AddRow(Row(rank, rank / g, mb, layer, training, loads[rank / g], rank % g))
+                .ok());
       }
       for (int d = 0; d < 2; ++d) {
         planner::Plan expected;
@@ -158,7 +162,8 @@ TEST_P(PlanningEquivalence, EachDomainPlansLikeItsInBandGroup) {
           planner::Plan decoded;
           planner::LoadMatrix decoded_loads;
           ASSERT_TRUE(rpc::PlanFromMessage(got.plan(), &decoded, &decoded_loads).ok());
-          EXPECT_TRUE(decoded == expected) << "microbatch " << mb << " layer " << layer << " domain " << d;
+          EXPECT_TRUE(decoded == expected)
+              << "microbatch " << mb << " layer " << layer << " domain " << d;
           EXPECT_EQ(decoded_loads.ranks, g);
           EXPECT_EQ(decoded_loads.counts, loads[d].counts);
           EXPECT_EQ(got.fingerprint(), planner::PlanFingerprint(expected));
@@ -274,7 +279,8 @@ TEST(PlanningTest, BadRowsAndClosedAttempts) {
   EXPECT_TRUE(planning.AddRow(row).ok());
   EXPECT_EQ(planning.AddRow(row).code(), absl::StatusCode::kInvalidArgument);  // twice
   planning.Close("j-1", 1);
-  EXPECT_EQ(planning.NextReply("j-1", 1, 0, absl::Milliseconds(1)).status().code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(planning.NextReply("j-1", 1, 0, absl::Milliseconds(1)).status().code(),
+            absl::StatusCode::kCancelled);
   rackrun::v1::JobSpec odd = Spec("ultraep");
   odd.mutable_model()->mutable_moe()->set_experts(6);
   EXPECT_EQ(planning.Open("j-2", 1, odd, 4).code(), absl::StatusCode::kInvalidArgument);
@@ -297,7 +303,8 @@ class PlanningStateTest : public ::testing::Test {
     std::mt19937 rng(static_cast<unsigned>(mb * 131 + layer * 17 + domain));
     std::uniform_int_distribution<int> tokens(0, 400);
     for (int r = 0; r < kG; ++r) {
-      for (int e = 0; e < 8; ++e) loads.at(r, e) = tokens(rng) * (e == (mb / 3 + domain) % 8 ? 6 : 1);
+      for (int e = 0; e < 8; ++e)
+        loads.at(r, e) = tokens(rng) * (e == (mb / 3 + domain) % 8 ? 6 : 1);
     }
     return loads;
   }
@@ -311,7 +318,8 @@ class PlanningStateTest : public ::testing::Test {
       for (int layer = 0; layer < 2; ++layer) {
         const bool training = mb % 4 != 3;
         for (int rank = 0; rank < kRanks; ++rank) {
-          rackrun::v1::LoadRow row = Row(rank, rank / kG, mb, layer, training, Loads(mb, layer, rank / kG), rank % kG);
+          rackrun::v1::LoadRow row =
+              Row(rank, rank / kG, mb, layer, training, Loads(mb, layer, rank / kG), rank % kG);
           row.set_attempt(attempt);
           EXPECT_TRUE(planning.AddRow(row).ok());
         }
@@ -339,7 +347,8 @@ class PlanningStateTest : public ::testing::Test {
     return row;
   }
   // Asks for rank's domain's state; the chunks it came in are appended to `chunks`.
-  static std::string Save(Planning& planning, int attempt, int rank, std::vector<size_t>* chunks = nullptr) {
+  static std::string Save(Planning& planning, int attempt, int rank,
+                          std::vector<size_t>* chunks = nullptr) {
     rackrun::v1::LoadRow row = StateRow(attempt, rank);
     row.set_state_request(true);
     EXPECT_TRUE(planning.AddRow(row).ok());
@@ -357,7 +366,8 @@ class PlanningStateTest : public ::testing::Test {
     }
   }
   // Restores rank's domain from `state` in chunks; the coordinator's answer.
-  static rackrun::v1::PlanReply Restore(Planning& planning, int attempt, int rank, const std::string& state) {
+  static rackrun::v1::PlanReply Restore(Planning& planning, int attempt, int rank,
+                                        const std::string& state) {
     const std::vector<std::string_view> chunks = rpc::PlannerStateChunks(state);
     for (size_t i = 0; i < chunks.size(); ++i) {
       rackrun::v1::LoadRow row = StateRow(attempt, rank);
@@ -447,7 +457,8 @@ TEST_F(PlanningStateTest, StatesOverOneMiBTravelInChunks) {
   big.set_restore_state(std::string(rpc::kPlannerStateChunkBytes + 1, 'x'));
   const absl::Status refused = planning.AddRow(big);
   EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(std::string(refused.message()).find("restore_state: chunks of at most 1048576 bytes"), std::string::npos)
+  EXPECT_NE(std::string(refused.message()).find("restore_state: chunks of at most 1048576 bytes"),
+            std::string::npos)
       << refused;
 }
 
@@ -465,7 +476,8 @@ TEST_F(PlanningStateTest, CorruptOrMismatchedStatesGiveClearErrors) {
   rackrun::v1::PlanReply r = Restore(planning, 2, 0, state.substr(0, state.size() - 5));
   EXPECT_FALSE(r.state_restored());
   EXPECT_EQ(r.error_code(), static_cast<int>(absl::StatusCode::kDataLoss));
-  EXPECT_NE(r.error().find("restoring the planner state of domain 0: planner states of"), std::string::npos)
+  EXPECT_NE(r.error().find("restoring the planner state of domain 0: planner states of"),
+            std::string::npos)
       << r.error();
   r = Restore(planning, 2, 1, "not a state");
   EXPECT_EQ(r.error_code(), static_cast<int>(absl::StatusCode::kDataLoss)) << r.error();

@@ -52,7 +52,8 @@ class Coordinator {
   // Starts it and returns at once (Banner waits for the listening line).
   void Start() {
     std::vector<std::string> args = {RACKRUN_COORDINATOR_BINARY, "--listen",
-                                     "127.0.0.1:" + std::to_string(port_), "--state-dir", state_dir_};
+                                     "127.0.0.1:" + std::to_string(port_), "--state-dir",
+                                     state_dir_};
     for (const auto& e : extra_) args.push_back(e);
     child_ = std::make_unique<::rackrun::testing::Child>(args, output_);
   }
@@ -161,7 +162,8 @@ class Client {
 };
 
 // Waits until health says SERVING; returns the statuses seen in order (deduplicated).
-std::vector<int> WaitServing(const std::shared_ptr<grpc::Channel>& channel, std::chrono::seconds limit = 20s) {
+std::vector<int> WaitServing(const std::shared_ptr<grpc::Channel>& channel,
+                             std::chrono::seconds limit = 20s) {
   std::vector<int> seen;
   const auto end = std::chrono::steady_clock::now() + limit;
   while (std::chrono::steady_clock::now() < end) {
@@ -279,17 +281,21 @@ TEST(CoordinatorProcessTest, SubmitGetListCancelAndErrors) {
   EXPECT_EQ(resp.job().id(), id);
 
   // Wrong or missing token: UNAUTHENTICATED on both services, and nothing changed.
-  EXPECT_EQ(bad.Submit(ValidSpec(), "req-2", &resp).error_code(), grpc::StatusCode::UNAUTHENTICATED);
-  EXPECT_EQ(client.Submit(ValidSpec(), "req-3", &resp).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(bad.Submit(ValidSpec(), "req-2", &resp).error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(client.Submit(ValidSpec(), "req-3", &resp).error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
   {
     rackrun::v1::CancelJobRequest req;
     req.set_job_id(id);
     rackrun::v1::Job job;
-    EXPECT_EQ(bad.jobs().Cancel(bad.Ctx().get(), req, &job).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+    EXPECT_EQ(bad.jobs().Cancel(bad.Ctx().get(), req, &job).error_code(),
+              grpc::StatusCode::UNAUTHENTICATED);
     rackrun::v1::RegisterRequest reg;
     reg.set_host("h");
     rackrun::v1::RegisterResponse rr;
-    EXPECT_EQ(bad.rack().Register(bad.Ctx().get(), reg, &rr).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+    EXPECT_EQ(bad.rack().Register(bad.Ctx().get(), reg, &rr).error_code(),
+              grpc::StatusCode::UNAUTHENTICATED);
     rackrun::v1::ListWorkersResponse lw;
     ASSERT_TRUE(good.jobs().ListWorkers(good.Ctx().get(), {}, &lw).ok());
     EXPECT_EQ(lw.workers_size(), 0);
@@ -331,7 +337,8 @@ TEST(CoordinatorProcessTest, SubmitGetListCancelAndErrors) {
   EXPECT_EQ(good.jobs().Cancel(good.Ctx().get(), cancel, &job).error_code(),
             grpc::StatusCode::FAILED_PRECONDITION);
   cancel.set_job_id("j-404");
-  EXPECT_EQ(good.jobs().Cancel(good.Ctx().get(), cancel, &job).error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(good.jobs().Cancel(good.Ctx().get(), cancel, &job).error_code(),
+            grpc::StatusCode::NOT_FOUND);
 
   // Watch replays a finished job's events and ends after its terminal state.
   rackrun::v1::WatchJobRequest w;
@@ -425,7 +432,8 @@ TEST(CoordinatorProcessTest, SubmitStormWhileKilledAndRestartedTwice) {
   for (int round = 0; round < 2; ++round) {
     const int target = (round + 1) * kThreads * kPerThread / 3;
     const auto end = std::chrono::steady_clock::now() + 30s;
-    while (acknowledged < target && std::chrono::steady_clock::now() < end) std::this_thread::sleep_for(5ms);
+    while (acknowledged < target && std::chrono::steady_clock::now() < end)
+      std::this_thread::sleep_for(5ms);
     c->KillNine();
     c = std::make_unique<Coordinator>(dir.path(), port);
     c->Start();
@@ -449,7 +457,8 @@ TEST(CoordinatorProcessTest, SubmitStormWhileKilledAndRestartedTwice) {
 // A test client that plays one worker daemon over RackControl.
 class FakeWorker {
  public:
-  FakeWorker(const std::string& address, const std::string& token, const std::string& host, int launcher_rank)
+  FakeWorker(const std::string& address, const std::string& token, const std::string& host,
+             int launcher_rank)
       : client_(address, token) {
     rackrun::v1::RegisterRequest req;
     req.set_host(host);
@@ -522,7 +531,8 @@ rackrun::v1::Job WaitState(Client& c, const std::string& id, rackrun::v1::JobSta
 
 TEST(CoordinatorProcessTest, WorkersRunAJobAndALostWorkerIsNamed) {
   testing::ScratchDir dir;
-  Coordinator c(dir.path(), FreePort(), {"--heartbeat-interval-ms", "50", "--heartbeat-timeout-ms", "1000"});
+  Coordinator c(dir.path(), FreePort(),
+                {"--heartbeat-interval-ms", "50", "--heartbeat-timeout-ms", "1000"});
   c.Start();
   Client user(c.Address(), "");
   ASSERT_EQ(WaitServing(user.channel()).back(), 1);
@@ -624,8 +634,8 @@ TEST(CoordinatorProcessTest, RunJobCountsTheRanksOnEachHost) {
   const grpc::Status submitted = good.Submit(spec, "three", &resp);
   ASSERT_TRUE(submitted.ok()) << submitted.error_message();
   std::map<std::string, int> on_host;  // host -> ranks_on_host its workers were told
-  for (auto [w, host] : {std::pair<FakeWorker*, std::string>{&a0, "hosta"}, {&a1, "hosta"},
-                         {&b, "hostb"}}) {
+  for (auto [w, host] :
+       {std::pair<FakeWorker*, std::string>{&a0, "hosta"}, {&a1, "hosta"}, {&b, "hostb"}}) {
     rackrun::v1::Assignment run;
     ASSERT_TRUE(w->Next(&run));
     ASSERT_TRUE(run.has_run());

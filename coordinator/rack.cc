@@ -39,16 +39,19 @@ void Rack::EndAttempt(const Jobs::Ended& ended, const std::string& job_id, int a
   }
 }
 
-absl::StatusOr<rackrun::v1::Job> Rack::Cancel(const std::string& job_id, const std::string& reason) {
+absl::StatusOr<rackrun::v1::Job> Rack::Cancel(const std::string& job_id,
+                                              const std::string& reason) {
   Lock lock(mu_);
   absl::StatusOr<Jobs::Ended> ended = jobs_.Cancel(job_id, reason);
   if (!ended.ok()) return ended.status();
   const int attempt = ended->job.attempts().empty() ? 0 : ended->job.attempts().rbegin()->number();
-  EndAttempt(*ended, job_id, attempt, reason.empty() ? "job cancelled" : absl::StrCat("job cancelled: ", reason));
+  EndAttempt(*ended, job_id, attempt,
+             reason.empty() ? "job cancelled" : absl::StrCat("job cancelled: ", reason));
   return ended->job;
 }
 
-absl::StatusOr<rackrun::v1::RegisterResponse> Rack::Register(const rackrun::v1::RegisterRequest& req) {
+absl::StatusOr<rackrun::v1::RegisterResponse> Rack::Register(
+    const rackrun::v1::RegisterRequest& req) {
   Lock lock(mu_);
   absl::StatusOr<std::string> id = workers_.Register(req);
   if (!id.ok()) return id.status();
@@ -80,14 +83,17 @@ absl::StatusOr<rackrun::v1::ReportResponse> Rack::Report(const rackrun::v1::Repo
   switch (req.report_case()) {
     case rackrun::v1::ReportRequest::kProgress:
       if (req.rank() == 0) {
-        if (absl::Status s = jobs_.Progress(req.job_id(), req.attempt(), req.progress()); !s.ok()) return s;
+        if (absl::Status s = jobs_.Progress(req.job_id(), req.attempt(), req.progress()); !s.ok())
+          return s;
       }
       break;
     case rackrun::v1::ReportRequest::kCheckpoint:
-      if (absl::Status s = jobs_.Checkpoint(req.job_id(), req.attempt(), req.checkpoint()); !s.ok()) return s;
+      if (absl::Status s = jobs_.Checkpoint(req.job_id(), req.attempt(), req.checkpoint()); !s.ok())
+        return s;
       break;
     case rackrun::v1::ReportRequest::kResult: {
-      absl::StatusOr<Jobs::Ended> ended = jobs_.RankResult(req.job_id(), req.attempt(), req.rank(), req.result());
+      absl::StatusOr<Jobs::Ended> ended =
+          jobs_.RankResult(req.job_id(), req.attempt(), req.rank(), req.result());
       if (!ended.ok()) return ended.status();
       // A worker that drained shuts down: DRAINING until it deregisters, so the restart
       // this report may trigger is never placed on it.
@@ -135,7 +141,8 @@ void Rack::StartJobs() {
       workers_.SetBusy(p.ranks[r].worker_id, p.job_id, attempt->number(), static_cast<int>(r));
     }
     if (jobspec::PlannedByCoordinator(spec)) {
-      if (absl::Status s = planning_.Open(p.job_id, attempt->number(), spec, RanksOf(spec)); !s.ok()) {
+      if (absl::Status s = planning_.Open(p.job_id, attempt->number(), spec, RanksOf(spec));
+          !s.ok()) {
         rackrun::v1::Failure f;
         f.set_kind(rackrun::v1::ERROR);
         f.set_rank(-1);

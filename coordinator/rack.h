@@ -16,12 +16,12 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
-#include "coordinator/sync.h"
 #include "coordinator/clock.h"
 #include "coordinator/job_store.h"
 #include "coordinator/jobs.h"
 #include "coordinator/planning.h"
 #include "coordinator/rendezvous.h"
+#include "coordinator/sync.h"
 #include "coordinator/workers.h"
 #include "rackrun/v1/job_service.pb.h"
 #include "rackrun/v1/rack_control.pb.h"
@@ -66,8 +66,8 @@ class Rack {
   void Shutdown();
 
  private:
-  void EndAttempt(const Jobs::Ended& ended, const std::string& job_id, int attempt, const std::string& reason)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void EndAttempt(const Jobs::Ended& ended, const std::string& job_id, int attempt,
+                  const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void StartJobs() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   JobStore* const store_;

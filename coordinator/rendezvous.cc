@@ -5,7 +5,8 @@
 
 namespace rackrun::coordinator {
 
-void Rendezvous::Set(const std::string& job_id, int attempt, const std::string& key, std::string value) {
+void Rendezvous::Set(const std::string& job_id, int attempt, const std::string& key,
+                     std::string value) {
   Lock lock(mu_);
   kv_[{job_id, attempt}][key] = std::move(value);
   cv_.notify_all();
@@ -34,9 +35,9 @@ absl::StatusOr<std::vector<std::string>> Rendezvous::Get(const std::string& job_
     }
     if (missing.empty()) return values;
     if (absl::Now() >= deadline) {
-      return absl::DeadlineExceededError(absl::StrCat("rendezvous of job ", job_id, " attempt ",
-                                                      attempt, ": keys never set: ",
-                                                      absl::StrJoin(missing, ", ")));
+      return absl::DeadlineExceededError(
+          absl::StrCat("rendezvous of job ", job_id, " attempt ", attempt,
+                       ": keys never set: ", absl::StrJoin(missing, ", ")));
     }
     WaitUntil(cv_, lock, deadline);
   }

@@ -13,8 +13,8 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
-#include "coordinator/sync.h"
 #include "absl/time/time.h"
+#include "coordinator/sync.h"
 
 namespace rackrun::coordinator {
 
@@ -27,7 +27,8 @@ class Rendezvous {
   // missing keys when `deadline` passes first; Cancelled when the attempt was dropped
   // while waiting or Shutdown was called.
   absl::StatusOr<std::vector<std::string>> Get(const std::string& job_id, int attempt,
-                                               const std::vector<std::string>& keys, absl::Time deadline);
+                                               const std::vector<std::string>& keys,
+                                               absl::Time deadline);
 
   // Forgets the attempt's keys and wakes its waiters.
   void Drop(const std::string& job_id, int attempt);

@@ -39,7 +39,8 @@ TEST(RendezvousTest, DropForgetsAndWakes) {
   auto v = rv.Get("j-1", 1, {"a", "never"}, absl::Now() + absl::Seconds(10));
   dropper.join();
   EXPECT_EQ(v.status().code(), absl::StatusCode::kCancelled);
-  EXPECT_EQ(rv.Get("j-1", 1, {"a"}, absl::Now()).status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(rv.Get("j-1", 1, {"a"}, absl::Now()).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
 }
 
 }  // namespace

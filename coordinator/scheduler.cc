@@ -20,7 +20,8 @@ int RanksOf(const rackrun::v1::JobSpec& spec) { return std::max(1, spec.resource
 
 int ExpertParallelOf(const rackrun::v1::JobSpec& spec) {
   const int ranks = RanksOf(spec);
-  absl::StatusOr<jobspec::ExpertParallelLayout> layout = jobspec::ExpertParallelLayoutOf(spec, ranks);
+  absl::StatusOr<jobspec::ExpertParallelLayout> layout =
+      jobspec::ExpertParallelLayoutOf(spec, ranks);
   return layout.ok() ? layout->expert_parallel : ranks;
 }
 
@@ -35,7 +36,8 @@ using Groups = std::map<std::string, std::vector<size_t>>;
 // Places `domains` domains of `g` ranks from `groups` (taken candidates are removed);
 // false when the groups hold fewer than domains x g candidates. `ranks` gets the chosen
 // indexes in rank order, `note` the domains that mix labels.
-bool PlaceDomains(Groups groups, int domains, size_t g, std::vector<size_t>* ranks, std::string* note) {
+bool PlaceDomains(Groups groups, int domains, size_t g, std::vector<size_t>* ranks,
+                  std::string* note) {
   size_t free = 0;
   for (const auto& [label, members] : groups) free += members.size();
   if (free < static_cast<size_t>(domains) * g) return false;
@@ -49,7 +51,9 @@ bool PlaceDomains(Groups groups, int domains, size_t g, std::vector<size_t>* ran
   const auto best_fit = [&groups, g] {
     auto best = groups.end();
     for (auto it = groups.begin(); it != groups.end(); ++it) {
-      if (it->second.size() >= g && (best == groups.end() || it->second.size() < best->second.size())) best = it;
+      if (it->second.size() >= g &&
+          (best == groups.end() || it->second.size() < best->second.size()))
+        best = it;
     }
     return best;
   };
@@ -63,7 +67,8 @@ bool PlaceDomains(Groups groups, int domains, size_t g, std::vector<size_t>* ran
   for (int d = placed; d < domains; ++d) {
     std::vector<std::string> free_per_label, used;
     for (const auto& [label, members] : groups) {
-      if (!members.empty()) free_per_label.push_back(absl::StrCat(LabelName(label), ": ", members.size()));
+      if (!members.empty())
+        free_per_label.push_back(absl::StrCat(LabelName(label), ": ", members.size()));
     }
     size_t need = g;
     while (need > 0) {
@@ -77,9 +82,9 @@ bool PlaceDomains(Groups groups, int domains, size_t g, std::vector<size_t>* ran
       take(largest->first, n);
       need -= n;
     }
-    mixed.push_back(absl::StrCat("domain ", d, " spans racks ", absl::StrJoin(used, ", "),
-                                 " (no rack label had ", g, " free workers; free: ",
-                                 absl::StrJoin(free_per_label, ", "), ")"));
+    mixed.push_back(absl::StrCat(
+        "domain ", d, " spans racks ", absl::StrJoin(used, ", "), " (no rack label had ", g,
+        " free workers; free: ", absl::StrJoin(free_per_label, ", "), ")"));
   }
   if (!mixed.empty()) {
     *note = absl::StrCat("placement: ", absl::StrJoin(mixed, "; "),
@@ -93,7 +98,8 @@ bool PlaceDomains(Groups groups, int domains, size_t g, std::vector<size_t>* ran
 std::vector<Placement> Schedule(const std::vector<QueuedJob>& queue, std::vector<IdleWorker> idle,
                                 int64_t now_ms) {
   std::sort(idle.begin(), idle.end(), [](const IdleWorker& a, const IdleWorker& b) {
-    return std::tie(a.host, a.launcher_rank, a.worker_id) < std::tie(b.host, b.launcher_rank, b.worker_id);
+    return std::tie(a.host, a.launcher_rank, a.worker_id) <
+           std::tie(b.host, b.launcher_rank, b.worker_id);
   });
   std::vector<Placement> out;
   for (const QueuedJob& job : queue) {
@@ -111,7 +117,8 @@ std::vector<Placement> Schedule(const std::vector<QueuedJob>& queue, std::vector
     if (!PlaceDomains(std::move(groups), need / g, static_cast<size_t>(g), &taken, &p.note)) break;
     for (const size_t i : taken) p.ranks.push_back(idle[i]);
     std::sort(taken.begin(), taken.end());
-    for (auto it = taken.rbegin(); it != taken.rend(); ++it) idle.erase(idle.begin() + static_cast<long>(*it));
+    for (auto it = taken.rbegin(); it != taken.rend(); ++it)
+      idle.erase(idle.begin() + static_cast<long>(*it));
     out.push_back(std::move(p));
   }
   return out;

@@ -5,7 +5,8 @@
 namespace rackrun::coordinator {
 namespace {
 
-QueuedJob Job(const std::string& id, int ranks, const std::string& channel = "", int64_t not_before = 0) {
+QueuedJob Job(const std::string& id, int ranks, const std::string& channel = "",
+              int64_t not_before = 0) {
   QueuedJob q;
   q.job_id = id;
   q.spec.mutable_resources()->set_ranks(ranks);
@@ -20,7 +21,8 @@ IdleWorker W(const std::string& id, const std::string& host, int launcher_rank,
 }
 
 TEST(SchedulerTest, RanksAreDeterministicByHostThenLauncherRank) {
-  std::vector<IdleWorker> idle = {W("w-3", "b", 0), W("w-1", "a", 1), W("w-2", "a", 0), W("w-4", "b", -1)};
+  std::vector<IdleWorker> idle = {W("w-3", "b", 0), W("w-1", "a", 1), W("w-2", "a", 0),
+                                  W("w-4", "b", -1)};
   std::vector<Placement> p = Schedule({Job("j-1", 4)}, idle, 0);
   ASSERT_EQ(p.size(), 1u);
   ASSERT_EQ(p[0].ranks.size(), 4u);
@@ -64,7 +66,8 @@ QueuedJob Domains(const std::string& id, int ranks, int g) {
   return q;
 }
 
-IdleWorker R(const std::string& id, const std::string& host, int launcher_rank, const std::string& rack) {
+IdleWorker R(const std::string& id, const std::string& host, int launcher_rank,
+             const std::string& rack) {
   IdleWorker w = W(id, host, launcher_rank);
   w.rack = rack;
   return w;
@@ -99,10 +102,10 @@ TEST(SchedulerTest, EachDomainIsPackedOntoOneRackLabel) {
 // Best fit: a domain takes the smallest label that holds it, so a larger one stays whole
 // for the next domain or job; unlabeled workers form one group of their own.
 TEST(SchedulerTest, DomainsTakeTheSmallestLabelThatHoldsThem) {
-  const std::vector<IdleWorker> idle = {
-      R("w-1", "h1", 0, "big"), R("w-2", "h1", 1, "big"), R("w-3", "h1", 2, "big"),
-      R("w-4", "h1", 3, "big"), R("w-5", "h2", 0, "small"), R("w-6", "h2", 1, "small"),
-      R("w-7", "h3", 0, ""),    R("w-8", "h3", 1, "")};
+  const std::vector<IdleWorker> idle = {R("w-1", "h1", 0, "big"),   R("w-2", "h1", 1, "big"),
+                                        R("w-3", "h1", 2, "big"),   R("w-4", "h1", 3, "big"),
+                                        R("w-5", "h2", 0, "small"), R("w-6", "h2", 1, "small"),
+                                        R("w-7", "h3", 0, ""),      R("w-8", "h3", 1, "")};
   // j-1: one domain of 2 takes a 2-worker group ("" sorts first); j-2: 2 x 2 takes "small"
   // and 2 of "big"; j-3: one domain of 2 takes the rest of "big", unmixed.
   std::vector<Placement> p =
@@ -130,8 +133,9 @@ TEST(SchedulerTest, ADomainNoLabelHoldsMixesLabelsAndSaysSo) {
   // Too few workers in all: the job waits (and holds the queue), as without labels.
   EXPECT_TRUE(Schedule({Domains("j-1", 8, 2), Job("j-2", 1)}, idle, 0).empty());
   // One domain wider than any label: mixed, starting with the largest label.
-  p = Schedule({Domains("j-3", 4, 4)}, {R("w-1", "h1", 0, "a"), R("w-2", "h2", 0, "b"),
-                                        R("w-3", "h2", 1, "b"), R("w-4", "h2", 2, "b")},
+  p = Schedule({Domains("j-3", 4, 4)},
+               {R("w-1", "h1", 0, "a"), R("w-2", "h2", 0, "b"), R("w-3", "h2", 1, "b"),
+                R("w-4", "h2", 2, "b")},
                0);
   ASSERT_EQ(p.size(), 1u);
   EXPECT_EQ(RacksOf(p[0]), (std::vector<std::string>{"b", "b", "b", "a"}));

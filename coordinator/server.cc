@@ -75,11 +75,13 @@ std::string WhyNotListening(const std::string& listen) {
 
 }  // namespace
 
-absl::StatusOr<TlsSetup> SetUpTls(const ServerOptions& options, const RoleTokens& tokens, bool renew) {
+absl::StatusOr<TlsSetup> SetUpTls(const ServerOptions& options, const RoleTokens& tokens,
+                                  bool renew) {
   TlsSetup out;
   std::string host;
   int port = 0;
-  if (absl::Status s = metrics::SplitHostPort(options.listen, "--listen", &host, &port); !s.ok()) return s;
+  if (absl::Status s = metrics::SplitHostPort(options.listen, "--listen", &host, &port); !s.ok())
+    return s;
   const bool loopback = metrics::IsLoopbackHost(host);
   const bool user_certs = !options.tls_cert.empty() || !options.tls_key.empty();
   if (options.insecure && options.tls == TlsMode::kOn) {
@@ -91,9 +93,10 @@ absl::StatusOr<TlsSetup> SetUpTls(const ServerOptions& options, const RoleTokens
         "plaintext, or the others to serve TLS");
   }
   if (options.tls == TlsMode::kOff && !loopback && !options.insecure) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--tls=off: '", host, "' is not a loopback address, so the tokens would cross the "
-        "network in clear text; add --insecure to accept that, or drop --tls=off"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--tls=off: '", host,
+                     "' is not a loopback address, so the tokens would cross the "
+                     "network in clear text; add --insecure to accept that, or drop --tls=off"));
   }
   if (user_certs) {
     RemoveJoinTokens(options.state_dir);
@@ -105,12 +108,14 @@ absl::StatusOr<TlsSetup> SetUpTls(const ServerOptions& options, const RoleTokens
     out.summary = absl::StrCat("TLS, certificate ", options.tls_cert);
     absl::StatusOr<std::string> pem = base::ReadWholeFile(options.tls_cert);
     absl::StatusOr<absl::Time> expires = pem.ok() ? CertificateExpiry(*pem) : pem.status();
-    if (!expires.ok()) return absl::InvalidArgumentError(absl::StrCat("--tls-cert: ", expires.status().message()));
+    if (!expires.ok())
+      return absl::InvalidArgumentError(absl::StrCat("--tls-cert: ", expires.status().message()));
     out.expiries.push_back({absl::StrCat("the server certificate ", options.tls_cert), *expires,
                             "replace it (--tls-cert) and restart the coordinator"});
     return out;
   }
-  const bool tls = options.tls == TlsMode::kOn || (options.tls == TlsMode::kAuto && !loopback && !options.insecure);
+  const bool tls = options.tls == TlsMode::kOn ||
+                   (options.tls == TlsMode::kAuto && !loopback && !options.insecure);
   if (!tls) {
     if (!options.tls_client_ca.empty()) {
       return absl::InvalidArgumentError("--tls-client-ca: needs TLS; drop --tls=off / --insecure");
@@ -118,7 +123,8 @@ absl::StatusOr<TlsSetup> SetUpTls(const ServerOptions& options, const RoleTokens
     RemoveJoinTokens(options.state_dir);
     out.credentials = grpc::InsecureServerCredentials();
     out.insecure_remote = !loopback;
-    out.summary = loopback ? "plaintext on loopback" : "INSECURE: plaintext on a network address (--insecure)";
+    out.summary = loopback ? "plaintext on loopback"
+                           : "INSECURE: plaintext on a network address (--insecure)";
     return out;
   }
   CertificateOptions co;
@@ -127,7 +133,8 @@ absl::StatusOr<TlsSetup> SetUpTls(const ServerOptions& options, const RoleTokens
   co.renew_before = options.cert_warn_ahead;
   absl::StatusOr<ServerCertificates> certs = EnsureCertificates(options.state_dir, co);
   if (!certs.ok()) {
-    return absl::Status(certs.status().code(), absl::StrCat("--state-dir: ", certs.status().message()));
+    return absl::Status(certs.status().code(),
+                        absl::StrCat("--state-dir: ", certs.status().message()));
   }
   absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> creds =
       MakeServerCredentialsFromPem(certs->chain_pem, certs->key_pem, options.tls_client_ca);
@@ -135,15 +142,15 @@ absl::StatusOr<TlsSetup> SetUpTls(const ServerOptions& options, const RoleTokens
   out.credentials = *creds;
   out.tls = true;
   out.ca_sha256 = certs->ca_sha256;
-  out.summary = absl::StrCat("TLS, automatic CA sha256 ", certs->ca_sha256.substr(0, 16), "..., names ",
-                             absl::StrJoin(co.sans, ","));
+  out.summary = absl::StrCat("TLS, automatic CA sha256 ", certs->ca_sha256.substr(0, 16),
+                             "..., names ", absl::StrJoin(co.sans, ","));
   if (certs->ca_created) {
     out.notes.push_back(absl::StrCat("made a new CA: ", options.state_dir,
                                      "/ca.crt (every join token changes with it)"));
   }
   if (!certs->issued_because.empty()) {
-    out.notes.push_back(absl::StrCat("issued the server certificate ", options.state_dir, "/server.crt (",
-                                     certs->issued_because, ")"));
+    out.notes.push_back(absl::StrCat("issued the server certificate ", options.state_dir,
+                                     "/server.crt (", certs->issued_because, ")"));
   }
   const std::string* secrets[] = {&tokens.admin, &tokens.user, &tokens.worker, &tokens.readonly};
   for (int i = 0; i < 4; ++i) {
@@ -155,23 +162,28 @@ absl::StatusOr<TlsSetup> SetUpTls(const ServerOptions& options, const RoleTokens
     if (have.ok() && *have == text) continue;
     if (absl::Status s = WritePrivateFile(path, text); !s.ok()) return s;
   }
-  const std::string renew_fix = absl::StrCat("run 'rackrun-coordinator --state-dir ", options.state_dir,
-                                             " --renew-certs' and restart the coordinator");
+  const std::string renew_fix =
+      absl::StrCat("run 'rackrun-coordinator --state-dir ", options.state_dir,
+                   " --renew-certs' and restart the coordinator");
   out.expiries.push_back({"the coordinator's CA", certs->ca_expires,
                           renew_fix + ", then give workers and users the new join tokens"});
-  out.expiries.push_back({"the coordinator's server certificate", certs->server_expires, renew_fix});
+  out.expiries.push_back(
+      {"the coordinator's server certificate", certs->server_expires, renew_fix});
   return out;
 }
 
-std::vector<std::string> ExpiryWarnings(const TlsSetup& setup, absl::Time now, absl::Duration ahead) {
+std::vector<std::string> ExpiryWarnings(const TlsSetup& setup, absl::Time now,
+                                        absl::Duration ahead) {
   std::vector<std::string> out;
   for (const TlsSetup::Expiry& e : setup.expiries) {
-    if (std::string w = ExpiryWarning(e.what, e.expires, now, ahead, e.fix); !w.empty()) out.push_back(w);
+    if (std::string w = ExpiryWarning(e.what, e.expires, now, ahead, e.fix); !w.empty())
+      out.push_back(w);
   }
   return out;
 }
 
-absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(const ServerOptions& options) {
+absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
+    const ServerOptions& options) {
   std::unique_ptr<CoordinatorServer> s(new CoordinatorServer(options));
   if (absl::Status st = s->SetUpStateAndCredentials(); !st.ok()) return st;
   if (absl::Status st = s->OpenState(); !st.ok()) return st;

@@ -1,16 +1,17 @@
 // CoordinatorServer: the rackrun-coordinator process minus argv: opens the state folder
-// (database, role tokens, automatic TLS certificates and join tokens), starts gRPC (JobService, RackControl, health, reflection) with health
-// NOT_SERVING, replays the stored state, then reports SERVING and ticks the Rack.
+// (database, role tokens, automatic TLS certificates and join tokens), starts gRPC (JobService,
+// RackControl, health, reflection) with health NOT_SERVING, replays the stored state, then reports
+// SERVING and ticks the Rack.
 #ifndef RACKRUN_COORDINATOR_SERVER_H_
 #define RACKRUN_COORDINATOR_SERVER_H_
+
+#include <grpcpp/server.h>
 
 #include <atomic>
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <grpcpp/server.h>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -54,8 +55,8 @@ struct TlsSetup {
   std::shared_ptr<grpc::ServerCredentials> credentials;
   std::string summary;  // for the banner: "TLS, automatic CA ...", "insecure: ..."
   bool tls = false;
-  bool insecure_remote = false;  // plaintext on a non-loopback address (--insecure)
-  std::string ca_sha256;         // automatic CA only
+  bool insecure_remote = false;    // plaintext on a non-loopback address (--insecure)
+  std::string ca_sha256;           // automatic CA only
   std::vector<std::string> notes;  // certificates made or re-issued, join token files
   // (what, when it expires, what to do) for the expiry warnings.
   struct Expiry {
@@ -70,10 +71,12 @@ struct TlsSetup {
 // re-issues the automatic certificates (re-issuing the server certificate when `renew`,
 // also the CA when it is about to expire) and writes the join-token files of `tokens`.
 // Errors name the flag or file and the fix.
-absl::StatusOr<TlsSetup> SetUpTls(const ServerOptions& options, const RoleTokens& tokens, bool renew);
+absl::StatusOr<TlsSetup> SetUpTls(const ServerOptions& options, const RoleTokens& tokens,
+                                  bool renew);
 
 // The expiry warnings of `setup` at `now` (ServerOptions::cert_warn_ahead ahead).
-std::vector<std::string> ExpiryWarnings(const TlsSetup& setup, absl::Time now, absl::Duration ahead);
+std::vector<std::string> ExpiryWarnings(const TlsSetup& setup, absl::Time now,
+                                        absl::Duration ahead);
 
 class CoordinatorServer {
  public:
@@ -82,8 +85,12 @@ class CoordinatorServer {
   ~CoordinatorServer();
 
   int port() const { return port_; }
-  int metrics_port() const { return observability_ != nullptr ? observability_->metrics_port() : 0; }
-  int dashboard_port() const { return observability_ != nullptr ? observability_->dashboard_port() : 0; }
+  int metrics_port() const {
+    return observability_ != nullptr ? observability_->metrics_port() : 0;
+  }
+  int dashboard_port() const {
+    return observability_ != nullptr ? observability_->dashboard_port() : 0;
+  }
   const std::string& token_file() const { return token_file_; }
   const TlsSetup& tls() const { return tls_; }
   std::string db_path() const { return options_.state_dir + "/coordinator.db"; }

@@ -56,8 +56,9 @@ grpc::Status JobServiceImpl::Submit(grpc::ServerContext* ctx, const rackrun::v1:
                                     rackrun::v1::SubmitResponse* resp) try {
   if (grpc::Status s = Admit(*ctx, Access::kJobs, "JobService.Submit"); !s.ok()) return s;
   if (req->request_id().empty()) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        "request_id: required; send a fresh unique id (e.g. a UUID) and reuse it on retries");
+    return grpc::Status(
+        grpc::StatusCode::INVALID_ARGUMENT,
+        "request_id: required; send a fresh unique id (e.g. a UUID) and reuse it on retries");
   }
   if (!req->has_spec()) return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "spec: required");
   rackrun::v1::JobSpec spec = req->spec();
@@ -92,7 +93,8 @@ grpc::Status JobServiceImpl::List(grpc::ServerContext* ctx, const rackrun::v1::L
   return grpc::Status::OK;
 }
 
-grpc::Status JobServiceImpl::Cancel(grpc::ServerContext* ctx, const rackrun::v1::CancelJobRequest* req,
+grpc::Status JobServiceImpl::Cancel(grpc::ServerContext* ctx,
+                                    const rackrun::v1::CancelJobRequest* req,
                                     rackrun::v1::Job* resp) {
   if (grpc::Status s = Admit(*ctx, Access::kJobs, "JobService.Cancel"); !s.ok()) return s;
   absl::StatusOr<rackrun::v1::Job> j = rack_->Cancel(req->job_id(), req->reason());
@@ -101,7 +103,8 @@ grpc::Status JobServiceImpl::Cancel(grpc::ServerContext* ctx, const rackrun::v1:
   return grpc::Status::OK;
 }
 
-grpc::Status JobServiceImpl::Watch(grpc::ServerContext* ctx, const rackrun::v1::WatchJobRequest* req,
+grpc::Status JobServiceImpl::Watch(grpc::ServerContext* ctx,
+                                   const rackrun::v1::WatchJobRequest* req,
                                    grpc::ServerWriter<rackrun::v1::JobEvent>* writer) {
   if (grpc::Status s = Admit(*ctx, Access::kRead, "JobService.Watch"); !s.ok()) return s;
   int64_t after = std::max<int64_t>(0, req->from_seq());
@@ -112,7 +115,8 @@ grpc::Status JobServiceImpl::Watch(grpc::ServerContext* ctx, const rackrun::v1::
     absl::Status s = rack_->jobs().WaitEvents(req->job_id(), after, poll_, &events, &done);
     if (!s.ok()) return ToGrpc(s);
     for (const rackrun::v1::JobEvent& e : events) {
-      if (!writer->Write(e)) return grpc::Status(grpc::StatusCode::CANCELLED, "the client went away");
+      if (!writer->Write(e))
+        return grpc::Status(grpc::StatusCode::CANCELLED, "the client went away");
       after = e.seq();
     }
     if (done) return grpc::Status::OK;
@@ -120,7 +124,8 @@ grpc::Status JobServiceImpl::Watch(grpc::ServerContext* ctx, const rackrun::v1::
   return grpc::Status(grpc::StatusCode::CANCELLED, "the client went away");
 }
 
-grpc::Status JobServiceImpl::ListWorkers(grpc::ServerContext* ctx, const rackrun::v1::ListWorkersRequest* req,
+grpc::Status JobServiceImpl::ListWorkers(grpc::ServerContext* ctx,
+                                         const rackrun::v1::ListWorkersRequest* req,
                                          rackrun::v1::ListWorkersResponse* resp) {
   if (grpc::Status s = Admit(*ctx, Access::kRead, "JobService.ListWorkers"); !s.ok()) return s;
   *resp = rack_->workers().List(req->include_gone());
@@ -129,7 +134,8 @@ grpc::Status JobServiceImpl::ListWorkers(grpc::ServerContext* ctx, const rackrun
 
 // ---- RackControl ----
 
-grpc::Status RackControlImpl::Register(grpc::ServerContext* ctx, const rackrun::v1::RegisterRequest* req,
+grpc::Status RackControlImpl::Register(grpc::ServerContext* ctx,
+                                       const rackrun::v1::RegisterRequest* req,
                                        rackrun::v1::RegisterResponse* resp) {
   if (grpc::Status s = Admit(*ctx, Access::kRack, "RackControl.Register"); !s.ok()) return s;
   absl::StatusOr<rackrun::v1::RegisterResponse> r = rack_->Register(*req);
@@ -138,13 +144,15 @@ grpc::Status RackControlImpl::Register(grpc::ServerContext* ctx, const rackrun::
   return grpc::Status::OK;
 }
 
-grpc::Status RackControlImpl::Heartbeat(grpc::ServerContext* ctx, const rackrun::v1::HeartbeatRequest* req,
+grpc::Status RackControlImpl::Heartbeat(grpc::ServerContext* ctx,
+                                        const rackrun::v1::HeartbeatRequest* req,
                                         rackrun::v1::HeartbeatResponse*) {
   if (grpc::Status s = Admit(*ctx, Access::kRack, "RackControl.Heartbeat"); !s.ok()) return s;
   return ToGrpc(rack_->workers().Heartbeat(*req));
 }
 
-grpc::Status RackControlImpl::Assignments(grpc::ServerContext* ctx, const rackrun::v1::AssignmentsRequest* req,
+grpc::Status RackControlImpl::Assignments(grpc::ServerContext* ctx,
+                                          const rackrun::v1::AssignmentsRequest* req,
                                           grpc::ServerWriter<rackrun::v1::Assignment>* writer) {
   if (grpc::Status s = Admit(*ctx, Access::kRack, "RackControl.Assignments"); !s.ok()) return s;
   absl::StatusOr<int64_t> gen = rack_->workers().OpenStream(req->worker_id());
@@ -170,7 +178,8 @@ grpc::Status RackControlImpl::Assignments(grpc::ServerContext* ctx, const rackru
   }
 }
 
-grpc::Status RackControlImpl::Report(grpc::ServerContext* ctx, const rackrun::v1::ReportRequest* req,
+grpc::Status RackControlImpl::Report(grpc::ServerContext* ctx,
+                                     const rackrun::v1::ReportRequest* req,
                                      rackrun::v1::ReportResponse* resp) {
   if (grpc::Status s = Admit(*ctx, Access::kRack, "RackControl.Report"); !s.ok()) return s;
   absl::StatusOr<rackrun::v1::ReportResponse> r = rack_->Report(*req);
@@ -179,30 +188,35 @@ grpc::Status RackControlImpl::Report(grpc::ServerContext* ctx, const rackrun::v1
   return grpc::Status::OK;
 }
 
-grpc::Status RackControlImpl::Deregister(grpc::ServerContext* ctx, const rackrun::v1::DeregisterRequest* req,
+grpc::Status RackControlImpl::Deregister(grpc::ServerContext* ctx,
+                                         const rackrun::v1::DeregisterRequest* req,
                                          rackrun::v1::DeregisterResponse*) {
   if (grpc::Status s = Admit(*ctx, Access::kRack, "RackControl.Deregister"); !s.ok()) return s;
   return ToGrpc(rack_->workers().Deregister(req->worker_id()));
 }
 
-grpc::Status RackControlImpl::StoreSet(grpc::ServerContext* ctx, const rackrun::v1::StoreSetRequest* req,
+grpc::Status RackControlImpl::StoreSet(grpc::ServerContext* ctx,
+                                       const rackrun::v1::StoreSetRequest* req,
                                        rackrun::v1::StoreSetResponse*) {
   if (grpc::Status s = Admit(*ctx, Access::kRack, "RackControl.StoreSet"); !s.ok()) return s;
   if (req->key().empty()) return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "key: required");
   if (!rack_->jobs().AttemptRunning(req->job_id(), req->attempt())) {
-    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                        absl::StrCat("attempt ", req->attempt(), " of job '", req->job_id(), "' is not running"));
+    return grpc::Status(
+        grpc::StatusCode::FAILED_PRECONDITION,
+        absl::StrCat("attempt ", req->attempt(), " of job '", req->job_id(), "' is not running"));
   }
   rack_->rendezvous().Set(req->job_id(), req->attempt(), req->key(), req->value());
   return grpc::Status::OK;
 }
 
-grpc::Status RackControlImpl::StoreGet(grpc::ServerContext* ctx, const rackrun::v1::StoreGetRequest* req,
+grpc::Status RackControlImpl::StoreGet(grpc::ServerContext* ctx,
+                                       const rackrun::v1::StoreGetRequest* req,
                                        rackrun::v1::StoreGetResponse* resp) {
   if (grpc::Status s = Admit(*ctx, Access::kRack, "RackControl.StoreGet"); !s.ok()) return s;
   if (!rack_->jobs().AttemptRunning(req->job_id(), req->attempt())) {
-    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                        absl::StrCat("attempt ", req->attempt(), " of job '", req->job_id(), "' is not running"));
+    return grpc::Status(
+        grpc::StatusCode::FAILED_PRECONDITION,
+        absl::StrCat("attempt ", req->attempt(), " of job '", req->job_id(), "' is not running"));
   }
   std::vector<std::string> keys(req->keys().begin(), req->keys().end());
   if (req->no_wait()) {
@@ -222,24 +236,29 @@ grpc::Status RackControlImpl::StoreGet(grpc::ServerContext* ctx, const rackrun::
   // Wait in slices so a client that goes away frees the thread.
   while (true) {
     const absl::Time slice = std::min(deadline, absl::Now() + poll_);
-    absl::StatusOr<std::vector<std::string>> v = rack_->rendezvous().Get(req->job_id(), req->attempt(), keys, slice);
+    absl::StatusOr<std::vector<std::string>> v =
+        rack_->rendezvous().Get(req->job_id(), req->attempt(), keys, slice);
     if (v.ok()) {
       for (std::string& x : *v) resp->add_values(std::move(x));
       return grpc::Status::OK;
     }
-    if (v.status().code() != absl::StatusCode::kDeadlineExceeded || slice >= deadline) return ToGrpc(v.status());
-    if (ctx->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "the caller went away");
+    if (v.status().code() != absl::StatusCode::kDeadlineExceeded || slice >= deadline)
+      return ToGrpc(v.status());
+    if (ctx->IsCancelled())
+      return grpc::Status(grpc::StatusCode::CANCELLED, "the caller went away");
   }
 }
 
 grpc::Status RackControlImpl::Plans(
-    grpc::ServerContext* ctx, grpc::ServerReaderWriter<rackrun::v1::PlanReply, rackrun::v1::LoadRow>* stream) {
+    grpc::ServerContext* ctx,
+    grpc::ServerReaderWriter<rackrun::v1::PlanReply, rackrun::v1::LoadRow>* stream) {
   if (grpc::Status s = Admit(*ctx, Access::kRack, "RackControl.Plans"); !s.ok()) return s;
   rackrun::v1::LoadRow first;
   if (!stream->Read(&first)) return grpc::Status::OK;
   if (first.job_id().empty() || first.attempt() < 1) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        "the first LoadRow of a Plans stream must name job_id, attempt, rank and domain");
+    return grpc::Status(
+        grpc::StatusCode::INVALID_ARGUMENT,
+        "the first LoadRow of a Plans stream must name job_id, attempt, rank and domain");
   }
   const std::string job_id = first.job_id();
   const int attempt = first.attempt();
@@ -257,7 +276,8 @@ grpc::Status RackControlImpl::Plans(
       if (row.job_id().empty()) row.set_job_id(job_id);
       if (row.attempt() == 0) row.set_attempt(attempt);
       if (row.job_id() != job_id || row.attempt() != attempt) {
-        err = absl::InvalidArgumentError("a Plans stream serves one (job, attempt); open another stream");
+        err = absl::InvalidArgumentError(
+            "a Plans stream serves one (job, attempt); open another stream");
         break;
       }
       row.set_rank(rank);

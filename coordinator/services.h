@@ -11,7 +11,6 @@
 #include <atomic>
 
 #include "absl/time/time.h"
-
 #include "coordinator/auth.h"
 #include "coordinator/rack.h"
 #include "rackrun/v1/job_service.grpc.pb.h"
@@ -90,8 +89,9 @@ class RackControlImpl final : public rackrun::v1::RackControl::Service, private 
                         rackrun::v1::StoreSetResponse* resp) override;
   grpc::Status StoreGet(grpc::ServerContext* ctx, const rackrun::v1::StoreGetRequest* req,
                         rackrun::v1::StoreGetResponse* resp) override;
-  grpc::Status Plans(grpc::ServerContext* ctx,
-                     grpc::ServerReaderWriter<rackrun::v1::PlanReply, rackrun::v1::LoadRow>* stream) override;
+  grpc::Status Plans(
+      grpc::ServerContext* ctx,
+      grpc::ServerReaderWriter<rackrun::v1::PlanReply, rackrun::v1::LoadRow>* stream) override;
 };
 
 // Submit's checks of a spec that has been defaulted: ValidateJobSpec, the restart policy,

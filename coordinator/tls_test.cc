@@ -41,7 +41,8 @@ TEST(TlsSetupTest, TlsByDefaultOffLoopbackPlaintextOnLoopback) {
   EXPECT_TRUE(remote->tls);
   EXPECT_FALSE(remote->insecure_remote);
   EXPECT_THAT(remote->summary, HasSubstr("10.1.2.3"));
-  EXPECT_EQ(remote->ca_sha256, *rpc::CertificateSha256(*base::ReadWholeFile(dir.path() + "/ca.crt")));
+  EXPECT_EQ(remote->ca_sha256,
+            *rpc::CertificateSha256(*base::ReadWholeFile(dir.path() + "/ca.crt")));
   const std::string join = *base::ReadWholeFile(dir.path() + "/join-token-worker");
   EXPECT_EQ(join, rpc::FormatJoinToken(remote->ca_sha256, "worker-t") + "\n");
   struct stat st;
@@ -83,14 +84,17 @@ TEST(TlsSetupTest, PlaintextOffLoopbackNeedsInsecureAndContradictionsAreRefused)
   EXPECT_FALSE(Exists(dir.path() + "/ca.crt"));
 
   insecure.tls = TlsMode::kOn;
-  EXPECT_THAT(std::string(SetUpTls(insecure, kTokens, false).status().message()), HasSubstr("contradict"));
+  EXPECT_THAT(std::string(SetUpTls(insecure, kTokens, false).status().message()),
+              HasSubstr("contradict"));
   ServerOptions both = Options(dir.path(), "127.0.0.1:7070");
   both.tls = TlsMode::kOff;
   both.tls_cert = "/x.crt";
   both.tls_key = "/x.key";
-  EXPECT_THAT(std::string(SetUpTls(both, kTokens, false).status().message()), HasSubstr("--tls-cert"));
-  EXPECT_THAT(std::string(SetUpTls(Options(dir.path(), "nonsense"), kTokens, false).status().message()),
-              HasSubstr("--listen"));
+  EXPECT_THAT(std::string(SetUpTls(both, kTokens, false).status().message()),
+              HasSubstr("--tls-cert"));
+  EXPECT_THAT(
+      std::string(SetUpTls(Options(dir.path(), "nonsense"), kTokens, false).status().message()),
+      HasSubstr("--listen"));
 }
 
 // The coordinator's own certificate expiring within the window is warned about, naming
@@ -102,7 +106,8 @@ TEST(TlsSetupTest, ExpiryWarningsNameTheRenewalCommand) {
   auto setup = SetUpTls(on, kTokens, false);
   ASSERT_TRUE(setup.ok()) << setup.status();
   EXPECT_TRUE(ExpiryWarnings(*setup, absl::Now(), absl::Hours(24 * 30)).empty());
-  const std::vector<std::string> w = ExpiryWarnings(*setup, absl::Now() + absl::Hours(24 * 350), absl::Hours(24 * 30));
+  const std::vector<std::string> w =
+      ExpiryWarnings(*setup, absl::Now() + absl::Hours(24 * 350), absl::Hours(24 * 30));
   ASSERT_EQ(w.size(), 1u);
   EXPECT_THAT(w[0], HasSubstr("server certificate expires on"));
   EXPECT_THAT(w[0], HasSubstr("--renew-certs"));
@@ -127,7 +132,8 @@ TEST(TlsServerTest, AJoinTokenPinsTheCaAndAWrongPinIsRefused) {
   EXPECT_THAT(std::string(wrong.status().message()), HasSubstr("another coordinator"));
 
   // The CLI's and the worker's path: the join token as RACKRUN_TOKEN, nothing else.
-  const std::string join = std::string(absl::StripAsciiWhitespace(*base::ReadWholeFile(o.state_dir + "/join-token-readonly")));
+  const std::string join = std::string(
+      absl::StripAsciiWhitespace(*base::ReadWholeFile(o.state_dir + "/join-token-readonly")));
   setenv("RACKRUN_TOKEN", join.c_str(), 1);
   auto open = rpc::OpenCoordinatorChannel(address, "", {});
   unsetenv("RACKRUN_TOKEN");
@@ -153,7 +159,8 @@ TEST(TlsServerTest, AJoinTokenPinsTheCaAndAWrongPinIsRefused) {
   auto pinned_wrong = rpc::OpenCoordinatorChannel(address, "", {});
   unsetenv("RACKRUN_TOKEN");
   ASSERT_FALSE(pinned_wrong.ok());
-  EXPECT_THAT(std::string(pinned_wrong.status().message()), HasSubstr("join token from RACKRUN_TOKEN"));
+  EXPECT_THAT(std::string(pinned_wrong.status().message()),
+              HasSubstr("join token from RACKRUN_TOKEN"));
   (*server)->Shutdown();
 }
 

@@ -20,9 +20,11 @@ Workers::Info* Workers::Find(const std::string& id) {
 }
 
 absl::StatusOr<std::string> Workers::Register(const rackrun::v1::RegisterRequest& req) {
-  if (req.host().empty()) return absl::InvalidArgumentError("host: required (the worker's host name)");
+  if (req.host().empty())
+    return absl::InvalidArgumentError("host: required (the worker's host name)");
   if (absl::Status s = rpc::CheckRackLabel(req.rack()); !s.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("rack: ", s.message(), "; set the worker's --rack"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("rack: ", s.message(), "; set the worker's --rack"));
   }
   std::string id = req.worker_id();
   if (id.empty()) {
@@ -60,8 +62,8 @@ absl::Status Workers::Heartbeat(const rackrun::v1::HeartbeatRequest& req) {
   Lock lock(mu_);
   Info* w = Find(req.worker_id());
   if (w == nullptr || w->w.state() == rackrun::v1::LOST || w->w.state() == rackrun::v1::GONE) {
-    return absl::NotFoundError(absl::StrCat("worker '", req.worker_id(),
-                                            "' is not registered; register again"));
+    return absl::NotFoundError(
+        absl::StrCat("worker '", req.worker_id(), "' is not registered; register again"));
   }
   const int64_t now = clock_();
   w->last_heartbeat_ms = now;
@@ -87,7 +89,8 @@ absl::Status Workers::Heartbeat(const rackrun::v1::HeartbeatRequest& req) {
 absl::Status Workers::Deregister(const std::string& worker_id) {
   Lock lock(mu_);
   Info* w = Find(worker_id);
-  if (w == nullptr) return absl::NotFoundError(absl::StrCat("worker '", worker_id, "' is not registered"));
+  if (w == nullptr)
+    return absl::NotFoundError(absl::StrCat("worker '", worker_id, "' is not registered"));
   w->w.set_state(rackrun::v1::GONE);
   ++w->generation;
   w->stream_open = false;
@@ -100,7 +103,8 @@ absl::StatusOr<int64_t> Workers::OpenStream(const std::string& worker_id) {
   Lock lock(mu_);
   Info* w = Find(worker_id);
   if (w == nullptr || w->w.state() == rackrun::v1::LOST || w->w.state() == rackrun::v1::GONE) {
-    return absl::NotFoundError(absl::StrCat("worker '", worker_id, "' is not registered; register first"));
+    return absl::NotFoundError(
+        absl::StrCat("worker '", worker_id, "' is not registered; register first"));
   }
   ++w->generation;
   w->stream_open = true;
@@ -145,7 +149,8 @@ void Workers::Push(const std::string& worker_id, const rackrun::v1::Assignment& 
   cv_.notify_all();
 }
 
-void Workers::SetBusy(const std::string& worker_id, const std::string& job_id, int attempt, int rank) {
+void Workers::SetBusy(const std::string& worker_id, const std::string& job_id, int attempt,
+                      int rank) {
   Lock lock(mu_);
   Info* w = Find(worker_id);
   if (w == nullptr) return;
@@ -170,7 +175,8 @@ void Workers::SetDraining(const std::string& worker_id, const std::string& job_i
   Release(worker_id, job_id, rackrun::v1::DRAINING);
 }
 
-void Workers::Release(const std::string& worker_id, const std::string& job_id, rackrun::v1::WorkerState to) {
+void Workers::Release(const std::string& worker_id, const std::string& job_id,
+                      rackrun::v1::WorkerState to) {
   Lock lock(mu_);
   Info* w = Find(worker_id);
   if (w == nullptr || (!job_id.empty() && w->w.job_id() != job_id)) return;
@@ -198,7 +204,8 @@ std::vector<IdleWorker> Workers::Idle() const {
 absl::StatusOr<rackrun::v1::RankPlacement> Workers::Placement(const std::string& worker_id) const {
   Lock lock(mu_);
   auto it = workers_.find(worker_id);
-  if (it == workers_.end()) return absl::NotFoundError(absl::StrCat("worker '", worker_id, "' is not registered"));
+  if (it == workers_.end())
+    return absl::NotFoundError(absl::StrCat("worker '", worker_id, "' is not registered"));
   rackrun::v1::RankPlacement p;
   p.set_worker_id(worker_id);
   p.set_host(it->second.w.host());
@@ -256,13 +263,16 @@ std::vector<Finding> Workers::Detect() {
     if (!f.has_value()) continue;
     reported_[key] = true;
     if (f->rule == DetectionRule::kLostSilence) {
-      if (Info* lost = Find(f->failure.worker_id()); lost != nullptr) lost->w.set_state(rackrun::v1::LOST);
+      if (Info* lost = Find(f->failure.worker_id()); lost != nullptr)
+        lost->w.set_state(rackrun::v1::LOST);
     }
     (f->rule == DetectionRule::kLostStream ? out : others).push_back(std::move(*f));
   }
-  std::stable_sort(out.begin(), out.end(),
-                   [](const Finding& a, const Finding& b) { return a.failure.worker_id() < b.failure.worker_id(); });
-  out.insert(out.end(), std::make_move_iterator(others.begin()), std::make_move_iterator(others.end()));
+  std::stable_sort(out.begin(), out.end(), [](const Finding& a, const Finding& b) {
+    return a.failure.worker_id() < b.failure.worker_id();
+  });
+  out.insert(out.end(), std::make_move_iterator(others.begin()),
+             std::make_move_iterator(others.end()));
   return out;
 }
 

@@ -23,10 +23,10 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "coordinator/sync.h"
 #include "absl/time/time.h"
 #include "coordinator/clock.h"
 #include "coordinator/failure_detector.h"
+#include "coordinator/sync.h"
 #include "rackrun/v1/job_service.pb.h"
 #include "rackrun/v1/rack_control.pb.h"
 #include "rpc/phase.h"
@@ -81,9 +81,8 @@ class Workers {
   // CloseStream with the generation marks the stream closed (the worker is lost at the
   // next Detect when it is still registered and not GONE).
   absl::StatusOr<int64_t> OpenStream(const std::string& worker_id);
-  absl::StatusOr<std::optional<rackrun::v1::Assignment>> NextAssignment(const std::string& worker_id,
-                                                                         int64_t generation,
-                                                                         absl::Duration max_wait);
+  absl::StatusOr<std::optional<rackrun::v1::Assignment>> NextAssignment(
+      const std::string& worker_id, int64_t generation, absl::Duration max_wait);
   void CloseStream(const std::string& worker_id, int64_t generation);
 
   // Queues an assignment for the worker's stream (dropped for GONE or unknown workers).
@@ -115,7 +114,8 @@ class Workers {
 
  private:
   struct Info {
-    rackrun::v1::Worker w;  // id, host, pid, launcher_rank, device, channels, state, job, rank, step, phase
+    rackrun::v1::Worker
+        w;  // id, host, pid, launcher_rank, device, channels, state, job, rank, step, phase
     std::string data_address;
     rpc::Phase phase = rpc::Phase::kIdle;  // w.phase parsed
     int attempt = 0;
@@ -123,7 +123,7 @@ class Workers {
     int64_t phase_age_ms = 0;  // as reported in the last heartbeat
     int64_t entered = 0;
     int64_t completed = 0;
-    int64_t blocked_n = 0;          // collective it was last seen blocked in (0: none)
+    int64_t blocked_n = 0;  // collective it was last seen blocked in (0: none)
     int64_t blocked_since_ms = 0;
     bool stream_open = false;
     bool stream_seen = false;  // a stream was opened since registration
@@ -138,7 +138,8 @@ class Workers {
 
   Info* Find(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // SetIdle and SetDraining: `to` is IDLE or DRAINING.
-  void Release(const std::string& worker_id, const std::string& job_id, rackrun::v1::WorkerState to);
+  void Release(const std::string& worker_id, const std::string& job_id,
+               rackrun::v1::WorkerState to);
   // The worker as the detection rules see it.
   static RankSnapshot SnapshotOf(const Info& w);
 

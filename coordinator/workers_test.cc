@@ -1,8 +1,8 @@
 #include "coordinator/workers.h"
 
-#include <optional>
-
 #include <gtest/gtest.h>
+
+#include <optional>
 
 #include "coordinator/test_util.h"
 
@@ -14,9 +14,8 @@ using rackrun::v1::HeartbeatRequest;
 class WorkersTest : public ::testing::Test {
  protected:
   WorkersTest()
-      : workers_(clock_.clock(), Workers::Options{100, 500, 2000, 2500}, [this]() -> absl::StatusOr<int64_t> {
-          return ++next_;
-        }) {}
+      : workers_(clock_.clock(), Workers::Options{100, 500, 2000, 2500},
+                 [this]() -> absl::StatusOr<int64_t> { return ++next_; }) {}
 
   // Registers `n` workers with open streams running ranks 0..n-1 of (job, attempt 1).
   std::vector<std::string> Start(int n, const std::string& job = "j-1") {
@@ -178,7 +177,8 @@ TEST_F(WorkersTest, HungByTheCollectiveRuleNamesTheRankBehind) {
   EXPECT_EQ(f[0].failure.rank(), 1);  // the culprit, not the victims waiting for it
   EXPECT_EQ(f[0].failure.phase(), "backward");
   EXPECT_EQ(f[0].failure.step(), 3);
-  EXPECT_NE(f[0].failure.message().find("collective 8"), std::string::npos) << f[0].failure.message();
+  EXPECT_NE(f[0].failure.message().find("collective 8"), std::string::npos)
+      << f[0].failure.message();
 }
 
 // Rank 0 is SIGSTOPped after step 4: no heartbeats; rank 1 waits in collective 6. When
@@ -193,7 +193,8 @@ TEST_F(WorkersTest, HungWhenStoppedWithTheConnectionOpen) {
   Beat(ids[1], 4, "forward", 5, 5);
   const std::optional<Finding> f = StopRankZeroUntilNamed(ids, -1);
   ASSERT_TRUE(f.has_value()) << "the stopped rank was never named";
-  EXPECT_NE(f->failure.message().find("connection stays open"), std::string::npos) << f->failure.message();
+  EXPECT_NE(f->failure.message().find("connection stays open"), std::string::npos)
+      << f->failure.message();
 }
 
 // The same, but keepalive drops the stopped rank's connection before the peers have waited
@@ -205,7 +206,8 @@ TEST_F(WorkersTest, HungWhenStoppedAndKeepaliveDropsTheConnection) {
   Beat(ids[1], 4, "forward", 5, 5);
   const std::optional<Finding> f = StopRankZeroUntilNamed(ids, 10);
   ASSERT_TRUE(f.has_value()) << "the stopped rank was never named";
-  EXPECT_NE(f->failure.message().find("connection was dropped"), std::string::npos) << f->failure.message();
+  EXPECT_NE(f->failure.message().find("connection was dropped"), std::string::npos)
+      << f->failure.message();
   EXPECT_TRUE(workers_.Detect().empty());  // reported once
   EXPECT_EQ(workers_.List(false).workers(0).state(), rackrun::v1::LOST);
 }
@@ -254,7 +256,8 @@ TEST_F(WorkersTest, StartingIsJudgedByTheStartTimeout) {
   ASSERT_EQ(f.size(), 1u);
   EXPECT_EQ(f[0].failure.kind(), rackrun::v1::HANG);
   EXPECT_EQ(f[0].failure.phase(), "starting");
-  EXPECT_NE(f[0].failure.message().find("start timeout 4 s"), std::string::npos) << f[0].failure.message();
+  EXPECT_NE(f[0].failure.message().find("start timeout 4 s"), std::string::npos)
+      << f[0].failure.message();
 }
 
 // A rank whose training is over delivers its result; until the coordinator has it (e.g.
@@ -340,7 +343,8 @@ TEST_F(WorkersTest, RanksInTheRendezvousNameTheRankTheyWaitFor) {
   EXPECT_EQ(f[0].failure.kind(), rackrun::v1::HANG);
   EXPECT_EQ(f[0].failure.rank(), 1);
   EXPECT_EQ(f[0].failure.phase(), "starting");
-  EXPECT_NE(f[0].failure.message().find("rank(s) 0, 2 wait in the data channel's rendezvous"), std::string::npos)
+  EXPECT_NE(f[0].failure.message().find("rank(s) 0, 2 wait in the data channel's rendezvous"),
+            std::string::npos)
       << f[0].failure.message();
 }
 
@@ -465,7 +469,8 @@ TEST_F(WorkersTest, RackLabelIsKeptAndCheckedAtRegistration) {
   const absl::StatusOr<std::string> bad = workers_.Register(req);
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(std::string(bad.status().message()).find("rack: the rack label 'rack a'"), std::string::npos)
+  EXPECT_NE(std::string(bad.status().message()).find("rack: the rack label 'rack a'"),
+            std::string::npos)
       << bad.status();
   req.set_rack("rack-a");
   const absl::StatusOr<std::string> id = workers_.Register(req);

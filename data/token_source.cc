@@ -29,8 +29,9 @@ absl::StatusOr<std::unique_ptr<TokenSource>> TokenSource::Open(const std::string
   absl::StatusOr<MappedFile> file = MappedFile::Open(path, "token file");
   // Missing is a prefix's normal case; a FIFO, a device or a path outside a worker's roots
   // is this dataset's error.
-  if (!file.ok() && (path.ends_with(".tokens") || (file.status().code() != absl::StatusCode::kNotFound &&
-                                                   !std::filesystem::is_directory(path)))) {
+  if (!file.ok() &&
+      (path.ends_with(".tokens") || (file.status().code() != absl::StatusCode::kNotFound &&
+                                     !std::filesystem::is_directory(path)))) {
     return file.status();
   }
   if (file.ok() && LooksLikeTokenFile(file->bytes())) {

@@ -76,8 +76,8 @@ absl::StatusOr<BalancerSetup> BalancerSetupOf(const rackrun::v1::JobSpec& spec, 
   s.policy = planner::FindPolicy(b.policy());
   if (s.policy == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat("balancer.policy: unknown planner policy '",
-                                                   b.policy(), "'; valid policies: ",
-                                                   planner::PolicyNames()));
+                                                   b.policy(),
+                                                   "'; valid policies: ", planner::PolicyNames()));
   }
   s.planner.eps = b.eps();
   s.planner.min_replica_tokens = b.min_replica_tokens();

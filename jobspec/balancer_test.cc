@@ -3,9 +3,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "absl/strings/str_cat.h"
 #include "jobspec/spec.h"
 #include "runtime/job_config.h"
 #include "runtime/model.h"
@@ -54,9 +54,8 @@ TEST(BalancerTest, TrainingPolicyChoicesListTheDefaultFirst) {
         jobspec::ParseJobSpec(kYaml, {"balancer.policy=" + name});
     EXPECT_EQ(spec.ok(), p.for_training) << p.name;
     if (!spec.ok()) {
-      EXPECT_EQ(spec.status().message(),
-                absl::StrCat("<string>: balancer.policy: unknown policy '", name,
-                             "'; choose none, ultraep or eplb"));
+      EXPECT_EQ(spec.status().message(), absl::StrCat("<string>: balancer.policy: unknown policy '",
+                                                      name, "'; choose none, ultraep or eplb"));
     }
   }
 }

@@ -91,14 +91,15 @@ absl::StatusOr<std::vector<BlendItem>> ValidationBlendOf(const rackrun::v1::Data
   return std::vector<BlendItem>{{1.0, data.validation()}};
 }
 
-std::vector<std::pair<std::string, const std::string*>> DataPaths(const rackrun::v1::JobSpec& spec) {
+std::vector<std::pair<std::string, const std::string*>> DataPaths(
+    const rackrun::v1::JobSpec& spec) {
   const rackrun::v1::DataSpec& d = spec.data();
   std::vector<std::pair<std::string, const std::string*>> out;
   if (!d.train().empty()) out.emplace_back("data.train", &d.train());
   if (!d.validation().empty()) out.emplace_back("data.validation", &d.validation());
   for (auto [name, items] :
-       {std::pair<const char*, const google::protobuf::RepeatedPtrField<std::string>*>{
-            "data.blend", &d.blend()},
+       {std::pair<const char*, const google::protobuf::RepeatedPtrField<std::string>*>{"data.blend",
+                                                                                       &d.blend()},
         {"data.validation_blend", &d.validation_blend()}}) {
     std::vector<int> paths;
     if (!PathIndices(*items, &paths)) continue;

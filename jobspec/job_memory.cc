@@ -142,16 +142,15 @@ absl::StatusOr<JobMemoryEstimate> EstimateJobMemory(const rackrun::v1::JobSpec& 
   const int64_t rows = (global_rows + ranks - 1) / ranks;
   const int64_t tokens = Mul(rows, seq);
   if (Mul(global_rows, seq) > std::numeric_limits<int32_t>::max()) {
-    return FieldError("data.batch_size",
-                      absl::StrCat(global_rows, " sequences x model.seq_len ", seq, " = ",
-                                   Mul(global_rows, seq),
-                                   " tokens per microbatch exceeds 2^31 - 1; lower "
-                                   "data.batch_size or model.seq_len (raise "
-                                   "training.microbatches to keep the step's tokens)"));
+    return FieldError(
+        "data.batch_size",
+        absl::StrCat(global_rows, " sequences x model.seq_len ", seq, " = ", Mul(global_rows, seq),
+                     " tokens per microbatch exceeds 2^31 - 1; lower "
+                     "data.batch_size or model.seq_len (raise "
+                     "training.microbatches to keep the step's tokens)"));
   }
 
-  const auto term = [&](int64_t& component, std::string what, std::string fields,
-                        int64_t bytes) {
+  const auto term = [&](int64_t& component, std::string what, std::string fields, int64_t bytes) {
     component = Add(component, bytes);
     e.terms.push_back({std::move(what), std::move(fields), bytes});
   };
@@ -189,8 +188,8 @@ absl::StatusOr<JobMemoryEstimate> EstimateJobMemory(const rackrun::v1::JobSpec& 
   // One microbatch of `tokens` on this rank.
   const int64_t tc = Mul(tokens, c);
   const std::string tok_fields = "data.batch_size, model.seq_len";
-  term(e.activations, "LM-head logits [tokens x vocab]",
-       absl::StrCat("model.vocab, ", tok_fields), Mul({tokens, vocab, kFloat}));
+  term(e.activations, "LM-head logits [tokens x vocab]", absl::StrCat("model.vocab, ", tok_fields),
+       Mul({tokens, vocab, kFloat}));
   term(e.activations, "attention probabilities [blocks x rows x heads x seq^2]",
        absl::StrCat("model.seq_len, model.heads, data.batch_size, model.blocks"),
        Mul(Add(Mul({blocks, rows, heads, seq, seq}), Mul({blocks, threads, seq, seq})), kFloat));
@@ -305,7 +304,8 @@ MachineMemory ReadMachineMemory() {
     if (absl::StrContains(parts[1], "memory")) v1_dir = std::string(parts[2]);
   }
   std::string limit, usage;
-  for (const std::string& dir : {absl::StrCat("/sys/fs/cgroup", v2_dir), std::string("/sys/fs/cgroup")}) {
+  for (const std::string& dir :
+       {absl::StrCat("/sys/fs/cgroup", v2_dir), std::string("/sys/fs/cgroup")}) {
     limit = read(dir + "/memory.max");
     if (!limit.empty()) {
       usage = read(dir + "/memory.current");
@@ -337,14 +337,14 @@ absl::Status CheckJobMemory(const JobMemoryEstimate& estimate, int ranks_here,
                     FormatBytes(estimate.terms[i].bytes), " (", estimate.terms[i].fields, ")");
   }
   // The message starts with the fields that size the largest term.
-  const std::string field = estimate.terms.empty() ? std::string("model") : estimate.terms[0].fields;
+  const std::string field =
+      estimate.terms.empty() ? std::string("model") : estimate.terms[0].fields;
   return absl::ResourceExhaustedError(absl::StrCat(
       field, ": the job needs an estimated ", estimate.Describe(),
-      ranks_here > 1 ? absl::StrCat(", x ", ranks_here, " ranks on this machine = ",
-                                    FormatBytes(here))
-                     : "",
-      ", but this machine has ", machine.Describe(), ". Largest: ", largest,
-      ". Lower those sizes",
+      ranks_here > 1
+          ? absl::StrCat(", x ", ranks_here, " ranks on this machine = ", FormatBytes(here))
+          : "",
+      ", but this machine has ", machine.Describe(), ". Largest: ", largest, ". Lower those sizes",
       !estimate.terms.empty() && absl::StartsWith(estimate.terms[0].what, "expert weights")
           ? ", or spread the experts over more ranks on more machines (mpirun -np R)"
           : "",

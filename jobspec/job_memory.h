@@ -51,7 +51,7 @@ struct MemoryTerm {
 // fixed process overhead (code, libraries, thread stacks).
 struct JobMemoryEstimate {
   int ranks = 1;
-  int64_t parameters = 0;    // trainable weights and buffers of this rank
+  int64_t parameters = 0;  // trainable weights and buffers of this rank
   int64_t gradients = 0;
   int64_t optimizer = 0;     // AdamW moments (+ the packed dense-gradient buffer, ranks > 1)
   int64_t activations = 0;   // one microbatch: saved forward state + backward scratch
@@ -60,7 +60,7 @@ struct JobMemoryEstimate {
   int64_t data = 0;          // token files in memory
   int64_t overhead = 0;      // process: code, libraries, thread stacks
   int64_t total = 0;
-  int64_t parameter_count = 0;  // trainable parameters of this rank
+  int64_t parameter_count = 0;    // trainable parameters of this rank
   std::vector<MemoryTerm> terms;  // the largest contributors, largest first
 
   // "9.4 GiB per rank (parameters 2.3 GiB, gradients 2.3 GiB, ...)".

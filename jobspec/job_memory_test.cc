@@ -2,10 +2,9 @@
 
 #include <string>
 
-#include "jobspec/spec.h"
-
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "jobspec/spec.h"
 
 namespace rackrun::jobspec {
 namespace {
@@ -61,7 +60,7 @@ TEST(JobMemoryTest, TooLargeForTheMachineNamesFieldEstimateAndMachine) {
   const std::string message(s.message());
   EXPECT_THAT(message, StartsWith("model.vocab, model.width: the job needs an estimated "));
   EXPECT_THAT(message, HasSubstr("but this machine has 8.0 GiB usable (MemAvailable 8.0 GiB of "
-                                     "MemTotal 16.0 GiB)"));
+                                 "MemTotal 16.0 GiB)"));
   EXPECT_THAT(message, HasSubstr("LM-head logits [tokens x vocab]"));
   machine.available = 1ll << 40;
   EXPECT_TRUE(CheckJobMemory(e, 1, machine).ok());

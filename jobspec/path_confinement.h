@@ -56,8 +56,7 @@ absl::Status CheckPathConfined(const std::string& field, const std::string& path
 // and the outputs; empty fields are skipped). The first path outside is the error.
 // Empty `roots` = unconfined: always OK.
 absl::Status CheckSpecPathsConfined(const rackrun::v1::JobSpec& spec,
-                                    const std::vector<std::string>& roots,
-                                    const std::string& host);
+                                    const std::vector<std::string>& roots, const std::string& host);
 
 }  // namespace rackrun::jobspec
 

@@ -29,8 +29,9 @@ using ::testing::HasSubstr;
 class PathConfinementTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::path(::testing::TempDir()) /
-           ("confine_" + std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
+    dir_ =
+        fs::path(::testing::TempDir()) /
+        ("confine_" + std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
     fs::remove_all(dir_);
     fs::create_directories(dir_ / "allowed" / "sub");
     fs::create_directories(dir_ / "allowed2");
@@ -43,8 +44,7 @@ class PathConfinementTest : public ::testing::Test {
     fs::create_symlink("../outside/secret", dir_ / "allowed" / "secret");
     fs::create_directory_symlink("allowed", dir_ / "root-link");
     dir_ = fs::canonical(dir_);  // TempDir may itself lead through a symlink
-    absl::StatusOr<std::vector<std::string>> roots =
-        ParseAllowedRoots((dir_ / "allowed").string());
+    absl::StatusOr<std::vector<std::string>> roots = ParseAllowedRoots((dir_ / "allowed").string());
     ASSERT_TRUE(roots.ok()) << roots.status();
     roots_ = *roots;
   }
@@ -63,7 +63,7 @@ TEST_F(PathConfinementTest, PathsInsideTheRootAreAllowedWhetherTheyExistOrNot) {
   EXPECT_TRUE(Check("allowed/sub/f").ok());
   EXPECT_TRUE(Check("allowed/new/deeper/ckpt").ok());  // nothing of it exists yet
   EXPECT_TRUE(Check("allowed/sub/../sub/f").ok());
-  EXPECT_TRUE(Check("allowed/in/f").ok());             // a symlink that stays inside
+  EXPECT_TRUE(Check("allowed/in/f").ok());  // a symlink that stays inside
   EXPECT_TRUE(Check("allowed/in/new/file").ok());
 }
 
@@ -109,15 +109,17 @@ TEST_F(PathConfinementTest, RelativePathsAreTakenFromTheWorkingDirectory) {
 }
 
 TEST_F(PathConfinementTest, RootsAreResolvedCheckedAndDeduplicated) {
-  absl::StatusOr<std::vector<std::string>> roots = ParseAllowedRoots(
-      (dir_ / "root-link").string() + "," + (dir_ / "allowed").string() + "," +
-          (dir_ / "outside").string());
+  absl::StatusOr<std::vector<std::string>> roots =
+      ParseAllowedRoots((dir_ / "root-link").string() + "," + (dir_ / "allowed").string() + "," +
+                        (dir_ / "outside").string());
   ASSERT_TRUE(roots.ok()) << roots.status();
-  EXPECT_EQ(*roots, (std::vector<std::string>{(dir_ / "allowed").string(),
-                                              (dir_ / "outside").string()}));
+  EXPECT_EQ(*roots,
+            (std::vector<std::string>{(dir_ / "allowed").string(), (dir_ / "outside").string()}));
   // A spec path through the root's symlink or through its real name: both inside.
-  EXPECT_TRUE(CheckPathConfined("data.train", (dir_ / "root-link/sub/f").string(), *roots, "h").ok());
-  EXPECT_TRUE(CheckPathConfined("data.train", (dir_ / "outside/secret").string(), *roots, "h").ok());
+  EXPECT_TRUE(
+      CheckPathConfined("data.train", (dir_ / "root-link/sub/f").string(), *roots, "h").ok());
+  EXPECT_TRUE(
+      CheckPathConfined("data.train", (dir_ / "outside/secret").string(), *roots, "h").ok());
 
   for (const auto& [value, text] : std::vector<std::pair<std::string, std::string>>{
            {"", "empty"},

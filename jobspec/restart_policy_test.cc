@@ -4,10 +4,9 @@
 #include <tuple>
 #include <vector>
 
-#include "jobspec/spec.h"
-
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "jobspec/spec.h"
 
 namespace rackrun::jobspec {
 namespace {
@@ -37,8 +36,8 @@ TEST(RestartPolicyTest, TheSpecsListReplacesTheDefaults) {
   EXPECT_TRUE(p->Restarts(rackrun::v1::ERROR));
   EXPECT_FALSE(p->Restarts(rackrun::v1::WORKER_LOST));
   EXPECT_EQ(p->BackoffMs(2), 2000);
-  EXPECT_EQ(p->BackoffMs(3), 4000);        // doubling
-  EXPECT_EQ(p->BackoffMs(40), 3600000);    // at most an hour
+  EXPECT_EQ(p->BackoffMs(3), 4000);      // doubling
+  EXPECT_EQ(p->BackoffMs(40), 3600000);  // at most an hour
 }
 
 // The coordinator's policy and the spec's validation refuse the same specs, with the same
@@ -47,9 +46,11 @@ TEST(RestartPolicyTest, InvalidSpecsAreRefusedAlike) {
   constexpr char kSpec[] =
       "model: {width: 128, blocks: 4, heads: 4, seq_len: 128, moe: {experts: 16}}\n"
       "data: {train: train.tokens}\ntraining: {steps: 10}\n";
-  for (const auto& [field, value, message] : std::vector<std::tuple<std::string, std::string, std::string>>{
-           {"on", "crash", "restart.on: unknown failure kind 'crash'; choose from worker_lost, hang, "
-                           "error, worker_cancelled"},
+  for (const auto& [field, value, message] :
+       std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"on", "crash",
+            "restart.on: unknown failure kind 'crash'; choose from worker_lost, hang, "
+            "error, worker_cancelled"},
            {"max_attempts", "-1", "restart.max_attempts: is -1; it must be >= 1"},
            {"backoff_s", "-0.5", "restart.backoff_s: must be a finite number of seconds >= 0"}}) {
     rackrun::v1::JobSpec spec;

@@ -75,9 +75,10 @@ absl::StatusOr<Decimal> ParseDecimal(const std::string& text, int64_t min, uint6
     t.remove_prefix(1);
   }
   if (t.size() > 1 && t[0] == '0' && std::string_view("xXoObB").find(t[1]) != std::string::npos) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "'", text, "' is a hexadecimal, octal or binary literal; integers in a spec are decimal: "
-                   "write the number in decimal digits"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", text,
+                     "' is a hexadecimal, octal or binary literal; integers in a spec are decimal: "
+                     "write the number in decimal digits"));
   }
   const auto digit = [](char c) { return c >= '0' && c <= '9'; };
   if (t.empty() || !std::all_of(t.begin(), t.end(), digit)) {
@@ -86,9 +87,10 @@ absl::StatusOr<Decimal> ParseDecimal(const std::string& text, int64_t min, uint6
              c == '-';
     });
     if (numeric) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "'", text, "' is not a whole decimal number (no fractions, exponents or '_'); write "
-                     "the digits, e.g. 100000"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("'", text,
+                       "' is not a whole decimal number (no fractions, exponents or '_'); write "
+                       "the digits, e.g. 100000"));
     }
     return absl::InvalidArgumentError(
         absl::StrCat("'", text, "' is not a valid ", type, " value; write a ", type));
@@ -103,8 +105,8 @@ absl::StatusOr<Decimal> ParseDecimal(const std::string& text, int64_t min, uint6
   }
   const uint64_t min_magnitude = min < 0 ? static_cast<uint64_t>(-(min + 1)) + 1 : 0;
   if ((d.negative && d.magnitude > min_magnitude) || (!d.negative && d.magnitude > max)) {
-    return absl::InvalidArgumentError(absl::StrCat("'", text, "' is out of range for a ", type,
-                                                   " (", min, " to ", max, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", text, "' is out of range for a ", type, " (", min, " to ", max, ")"));
   }
   return d;
 }
@@ -131,15 +133,15 @@ absl::Status SetScalar(const YAML::Node& node, const FieldDescriptor& field, Mes
   try {
     switch (field.cpp_type()) {
       case FieldDescriptor::CPPTYPE_INT32: {
-        absl::StatusOr<Decimal> v = integer(std::numeric_limits<int32_t>::min(),
-                                            std::numeric_limits<int32_t>::max());
+        absl::StatusOr<Decimal> v =
+            integer(std::numeric_limits<int32_t>::min(), std::numeric_limits<int32_t>::max());
         if (!v.ok()) return v.status();
         r.SetInt32(&message, &field, static_cast<int32_t>(SignedValue(*v)));
         break;
       }
       case FieldDescriptor::CPPTYPE_INT64: {
-        absl::StatusOr<Decimal> v = integer(std::numeric_limits<int64_t>::min(),
-                                            std::numeric_limits<int64_t>::max());
+        absl::StatusOr<Decimal> v =
+            integer(std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max());
         if (!v.ok()) return v.status();
         r.SetInt64(&message, &field, SignedValue(*v));
         break;
@@ -220,7 +222,6 @@ absl::Status SetList(const YAML::Node& node, const FieldDescriptor& field, Messa
   return absl::OkStatus();
 }
 
-
 // 1-based line and column of byte `offset` of `text`.
 std::string LineColumn(std::string_view text, size_t offset) {
   size_t line = 1, column = 1;
@@ -242,10 +243,10 @@ absl::Status CheckText(const std::string& text, const std::string& path, absl::s
                                          "); remove it (a \\0 escape?)"));
   }
   if (const size_t bad = base::FirstInvalidUtf8(text); bad != std::string_view::npos) {
-    return FieldError(path, absl::StrCat(what, " is not valid UTF-8 (byte 0x",
-                                         absl::Hex(static_cast<unsigned char>(text[bad]),
-                                                   absl::kZeroPad2),
-                                         " at offset ", bad, "); save the file as UTF-8"));
+    return FieldError(
+        path, absl::StrCat(what, " is not valid UTF-8 (byte 0x",
+                           absl::Hex(static_cast<unsigned char>(text[bad]), absl::kZeroPad2),
+                           " at offset ", bad, "); save the file as UTF-8"));
   }
   return absl::OkStatus();
 }
@@ -261,7 +262,8 @@ int SecondDocumentLine(std::string_view text) {
   for (absl::string_view l : absl::StrSplit(base::AsAbsl(text), '\n')) {
     ++line;
     const auto marker = [&](absl::string_view m) {
-      return absl::StartsWith(l, m) && (l.size() == 3 || l[3] == ' ' || l[3] == '\t' || l[3] == '\r');
+      return absl::StartsWith(l, m) &&
+             (l.size() == 3 || l[3] == ' ' || l[3] == '\t' || l[3] == '\r');
     };
     if (marker("---")) {
       if (started || ended) return line;
@@ -293,7 +295,8 @@ absl::Status CheckTree(const YAML::Node& node, const std::string& path, int dept
   if (node.IsScalar()) return CheckText(node.Scalar(), path.empty() ? "spec" : path, "the value");
   if (node.IsSequence()) {
     for (size_t i = 0; i < node.size(); ++i) {
-      if (absl::Status s = CheckTree(node[i], absl::StrCat(path, "[", i, "]"), depth + 1); !s.ok()) {
+      if (absl::Status s = CheckTree(node[i], absl::StrCat(path, "[", i, "]"), depth + 1);
+          !s.ok()) {
         return s;
       }
     }
@@ -315,10 +318,10 @@ absl::Status CheckTree(const YAML::Node& node, const std::string& path, int dept
     const auto [it, inserted] = seen.emplace(key, line);
     if (!inserted) {
       return FieldError(field_path,
-                        absl::StrCat("given twice", it->second > 0 && line > 0
-                                                        ? absl::StrCat(" (lines ", it->second,
-                                                                       " and ", line, ")")
-                                                        : "",
+                        absl::StrCat("given twice",
+                                     it->second > 0 && line > 0
+                                         ? absl::StrCat(" (lines ", it->second, " and ", line, ")")
+                                         : "",
                                      "; keep one (YAML would silently take the last)"));
     }
     if (absl::Status s = CheckTree(entry.second, field_path, depth + 1); !s.ok()) return s;
@@ -446,8 +449,8 @@ absl::StatusOr<JobSpec> ParseJobSpec(const std::string& text,
     mapped = MapNode(root, spec, "");
   } catch (const YAML::Exception& e) {
     // Every expected error is a Status; this is the net under the ones not foreseen.
-    mapped = absl::InvalidArgumentError(absl::StrCat(e.mark.line + 1, ":", e.mark.column + 1,
-                                                     ": cannot read the spec: ", e.msg));
+    mapped = absl::InvalidArgumentError(
+        absl::StrCat(e.mark.line + 1, ":", e.mark.column + 1, ": cannot read the spec: ", e.msg));
   }
   if (!mapped.ok()) return absl::InvalidArgumentError(absl::StrCat(origin, ": ", mapped.message()));
   ApplySpecDefaults(spec);

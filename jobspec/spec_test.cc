@@ -161,15 +161,16 @@ TEST(JobSpecTest, BlendsAreMegatronsDataPathAndReplaceDataTrain) {
               HasSubstr("data.validation_blend: give the validation data either as "
                         "data.validation or as data.validation_blend"));
   // Every path, with its field, for whoever resolves or confines them.
-  spec = ParseJobSpec(kYaml, {"data.train=", "data.blend=0.3,a,0.7,b", "data.validation=",
-                              "data.validation_blend=v1,v2"},
-                      "spec.yaml");
+  spec = ParseJobSpec(
+      kYaml,
+      {"data.train=", "data.blend=0.3,a,0.7,b", "data.validation=", "data.validation_blend=v1,v2"},
+      "spec.yaml");
   ASSERT_TRUE(spec.ok()) << spec.status();
   std::vector<std::string> fields;
   for (const auto& [field, path] : MutableDataPaths(*spec)) fields.push_back(field + "=" + *path);
-  EXPECT_THAT(fields, ::testing::ElementsAre("data.blend[1]=a", "data.blend[3]=b",
-                                             "data.validation_blend[0]=v1",
-                                             "data.validation_blend[1]=v2"));
+  EXPECT_THAT(fields,
+              ::testing::ElementsAre("data.blend[1]=a", "data.blend[3]=b",
+                                     "data.validation_blend[0]=v1", "data.validation_blend[1]=v2"));
 }
 
 TEST(JobSpecTest, MissingFileIsAnInvalidArgumentNamingIt) {
@@ -197,8 +198,7 @@ TEST(JobSpecTest, DataPathsResolveBesideTheSpecFile) {
 }
 
 TEST(JobSpecTest, ExampleSpecsAreValid) {
-  const std::filesystem::path examples =
-      std::filesystem::path(RACKRUN_SOURCE_DIR) / "examples";
+  const std::filesystem::path examples = std::filesystem::path(RACKRUN_SOURCE_DIR) / "examples";
   absl::StatusOr<rackrun::v1::JobSpec> spec =
       LoadJobSpec((examples / "tiny-moe.yaml").string(), {});
   ASSERT_TRUE(spec.ok()) << spec.status();
@@ -208,7 +208,8 @@ TEST(JobSpecTest, ExampleSpecsAreValid) {
   EXPECT_EQ(spec->model().moe().experts(), 16);
   EXPECT_EQ(spec->model().moe().top_k(), 2);
   // The BPE demo: the same model on SentencePiece data.
-  absl::StatusOr<rackrun::v1::JobSpec> bpe = LoadJobSpec((examples / "tiny-moe-bpe.yaml").string(), {});
+  absl::StatusOr<rackrun::v1::JobSpec> bpe =
+      LoadJobSpec((examples / "tiny-moe-bpe.yaml").string(), {});
   ASSERT_TRUE(bpe.ok()) << bpe.status();
   EXPECT_EQ(bpe->data().train(), "out/corpus/brown-bpe4096/brown");
   EXPECT_EQ(bpe->model().SerializeAsString(), spec->model().SerializeAsString());
@@ -230,8 +231,8 @@ TEST(JobSpecTest, RestartPolicyAndChannel) {
   EXPECT_EQ(spec->restart().on(0), "worker_lost");
   EXPECT_EQ(spec->restart().backoff_s(), 1);
 
-  spec = ParseJobSpec(std::string(kYaml) + "restart:\n  max_attempts: 3\n  on: [hang, error]\n",
-                      {});
+  spec =
+      ParseJobSpec(std::string(kYaml) + "restart:\n  max_attempts: 3\n  on: [hang, error]\n", {});
   ASSERT_TRUE(spec.ok()) << spec.status();
   EXPECT_EQ(spec->restart().max_attempts(), 3);
   ASSERT_EQ(spec->restart().on_size(), 2);
@@ -244,7 +245,8 @@ TEST(JobSpecTest, RestartPolicyAndChannel) {
 
   spec = ParseJobSpec(kYaml, {"restart.on=worker_lost,crash"});
   ASSERT_FALSE(spec.ok());
-  EXPECT_THAT(std::string(spec.status().message()), HasSubstr("restart.on: unknown failure kind 'crash'"));
+  EXPECT_THAT(std::string(spec.status().message()),
+              HasSubstr("restart.on: unknown failure kind 'crash'"));
   spec = ParseJobSpec(kYaml, {"resources.channel=mpi"});
   ASSERT_FALSE(spec.ok());
   EXPECT_THAT(std::string(spec.status().message()), HasSubstr("resources.channel"));
@@ -275,7 +277,6 @@ TEST(JobSpecTest, JsonDumpRoundTrips) {
   EXPECT_EQ(again->SerializeAsString(), spec->SerializeAsString());
 }
 
-
 // ---- Strict scalars and documents (issue #12) ----
 
 TEST(JobSpecStrictnessTest, IntegersAreDecimal) {
@@ -291,7 +292,8 @@ TEST(JobSpecStrictnessTest, IntegersAreDecimal) {
   EXPECT_EQ(spec->training().steps(), 100);
   spec = ParseJobSpec(R"({"model": {"width": 64, "blocks": 2, "heads": 2, "seq_len": 032,
       "residual": "vanilla", "moe": {"experts": 4, "top_k": 1}},
-      "data": {"train": "t.tokens"}, "training": {"steps": 5}})", {});
+      "data": {"train": "t.tokens"}, "training": {"steps": 5}})",
+                      {});
   ASSERT_TRUE(spec.ok()) << spec.status();
   EXPECT_EQ(spec->model().seq_len(), 32);
   EXPECT_THAT(ErrorOf(kYaml, {"training.steps=0x10"}),
@@ -302,12 +304,15 @@ TEST(JobSpecStrictnessTest, IntegersAreDecimal) {
   EXPECT_THAT(ErrorOf(kYaml, {"training.steps=1_000"}), HasSubstr("not a whole decimal number"));
   EXPECT_THAT(ErrorOf(kYaml, {"model.width=3000000000"}),
               HasSubstr("model.width: '3000000000' is out of range for a int32"));
-  EXPECT_THAT(ErrorOf(kYaml, {"training.seed=-1"}), HasSubstr("training.seed: '-1' is out of range"));
+  EXPECT_THAT(ErrorOf(kYaml, {"training.seed=-1"}),
+              HasSubstr("training.seed: '-1' is out of range"));
   spec = ParseJobSpec(kYaml, {"training.seed=18446744073709551615", "model.width=+128"});
   ASSERT_TRUE(spec.ok()) << spec.status();
   EXPECT_EQ(spec->training().seed(), 18446744073709551615ull);
-  EXPECT_THAT(ErrorOf(kYaml, {"training.lr=.inf"}), HasSubstr("training.lr: '.inf' is not a finite double"));
-  EXPECT_THAT(ErrorOf(kYaml, {"training.lr=.nan"}), HasSubstr("training.lr: '.nan' is not a finite"));
+  EXPECT_THAT(ErrorOf(kYaml, {"training.lr=.inf"}),
+              HasSubstr("training.lr: '.inf' is not a finite double"));
+  EXPECT_THAT(ErrorOf(kYaml, {"training.lr=.nan"}),
+              HasSubstr("training.lr: '.nan' is not a finite"));
 }
 
 TEST(JobSpecStrictnessTest, DuplicateKeysExtraDocumentsAndBadTextAreErrors) {
@@ -317,8 +322,9 @@ TEST(JobSpecStrictnessTest, DuplicateKeysExtraDocumentsAndBadTextAreErrors) {
               HasSubstr("model: given twice"));
   EXPECT_THAT(ErrorOf(R"({"training": {"steps": 5, "steps": 6}})"),
               HasSubstr("training.steps: given twice"));
-  EXPECT_THAT(ErrorOf(std::string(kYaml) + "---\ntraining: {steps: 5}\n"),
-              HasSubstr("spec.yaml:22: a second YAML document starts here (after a '---' or '...' line)"));
+  EXPECT_THAT(
+      ErrorOf(std::string(kYaml) + "---\ntraining: {steps: 5}\n"),
+      HasSubstr("spec.yaml:22: a second YAML document starts here (after a '---' or '...' line)"));
   EXPECT_THAT(ErrorOf(std::string(kYaml) + "...\ntraining: {steps: 5}\n"),
               HasSubstr("spec.yaml:23: a second YAML document starts here"));
   EXPECT_TRUE(ParseJobSpec("---\n" + std::string(kYaml) + "...\n# the end\n", {}).ok());
@@ -328,13 +334,16 @@ TEST(JobSpecStrictnessTest, DuplicateKeysExtraDocumentsAndBadTextAreErrors) {
               HasSubstr("logging.json: the value contains a NUL byte"));
   EXPECT_THAT(ErrorOf(std::string(kYaml) + std::string("name: a\0b\n", 10)),
               HasSubstr("spec.yaml:22:8: contains a NUL byte"));
-  EXPECT_THAT(ErrorOf(std::string(kYaml) + "logging: {json: a\xff" "b}\n"),
+  EXPECT_THAT(ErrorOf(std::string(kYaml) + "logging: {json: a\xff"
+                                           "b}\n"),
               HasSubstr("spec.yaml:22:18: not valid UTF-8 (byte 0xff)"));
   EXPECT_THAT(ErrorOf(kYaml, {"checkpoint.dir=ck\xc3"}),
               HasSubstr("checkpoint.dir: the value is not valid UTF-8 (byte 0xc3 at offset 2)"));
   EXPECT_THAT(ErrorOf(std::string(kYaml) + "? [a, b]\n: 1\n"), HasSubstr("keys are field names"));
   // Valid UTF-8 stays accepted.
-  EXPECT_TRUE(ParseJobSpec(std::string(kYaml) + "logging: {json: \"r\xc3\xa9sum\xc3\xa9.jsonl\"}\n", {}).ok());
+  EXPECT_TRUE(
+      ParseJobSpec(std::string(kYaml) + "logging: {json: \"r\xc3\xa9sum\xc3\xa9.jsonl\"}\n", {})
+          .ok());
 }
 
 TEST(JobSpecStrictnessTest, DeepNestingSaysSo) {
@@ -362,9 +371,11 @@ TEST(JobSpecMessagesTest, NegativeIsNotMissing) {
   EXPECT_THAT(ErrorOf(kYaml, {"training.steps=0"}), HasSubstr("training.steps: required"));
   EXPECT_THAT(ErrorOf(kYaml, {"data.batch_size=-2"}),
               HasSubstr("data.batch_size: is -2; it must be >= 1 (0 = the default 8)"));
-  EXPECT_THAT(ErrorOf(kYaml, {"model.moe.expert_hidden=-1"}),
-              HasSubstr("model.moe.expert_hidden: is -1; it must be positive (0 = 2 x model.width)"));
-  EXPECT_THAT(ErrorOf(kYaml, {"training.microbatches=-1"}), HasSubstr("training.microbatches: is -1"));
+  EXPECT_THAT(
+      ErrorOf(kYaml, {"model.moe.expert_hidden=-1"}),
+      HasSubstr("model.moe.expert_hidden: is -1; it must be positive (0 = 2 x model.width)"));
+  EXPECT_THAT(ErrorOf(kYaml, {"training.microbatches=-1"}),
+              HasSubstr("training.microbatches: is -1"));
   EXPECT_THAT(ErrorOf(kYaml, {"logging.interval=-3"}), HasSubstr("logging.interval: is -3"));
 }
 
@@ -436,12 +447,13 @@ TEST(JobSpecTest, ExpertParallelDomains) {
 
 // Sizes no machine holds are refused by ValidateJobSpec, on every path.
 TEST(JobMemoryTest, ImpossibleSizesAreRefusedEverywhere) {
-  const std::string huge = ErrorOf(kYaml, {"model.vocab=2000000000", "model.width=2000000000",
-                                            "model.heads=1000000000",
-                                            "model.moe.expert_hidden=2000000000"});
+  const std::string huge =
+      ErrorOf(kYaml, {"model.vocab=2000000000", "model.width=2000000000", "model.heads=1000000000",
+                      "model.moe.expert_hidden=2000000000"});
   EXPECT_THAT(huge, HasSubstr("the job would need an estimated more than 8 EiB (sizes overflow)"));
   EXPECT_THAT(huge, HasSubstr("beyond any machine"));
-  EXPECT_THAT(ErrorOf(kYaml, {"model.vocab=100000000", "model.width=1000000", "model.moe.expert_hidden=64"}),
+  EXPECT_THAT(ErrorOf(kYaml, {"model.vocab=100000000", "model.width=1000000",
+                              "model.moe.expert_hidden=64"}),
               HasSubstr("model.vocab, model.width: the job would need an estimated"));
   EXPECT_THAT(ErrorOf(kYaml, {"data.batch_size=100000", "model.seq_len=100000"}),
               HasSubstr("data.batch_size: 100000 sequences x model.seq_len 100000"));

@@ -22,7 +22,7 @@ namespace {
 
 using rackrun::v1::JobSpec;
 
-constexpr int kMaxTopK = 64;      // the MoE layer's per-token gate scratch (runtime/model.cc)
+constexpr int kMaxTopK = 64;       // the MoE layer's per-token gate scratch (runtime/model.cc)
 constexpr int kMaxThreads = 4096;  // beyond any machine; CheckJobFitsThisMachine asks this one
 
 // model: sizes, attention heads, the residual mode and its streams, initialisation.
@@ -86,11 +86,12 @@ absl::Status ValidateModel(const rackrun::v1::ModelSpec& m) {
     }
     const int group = m.residual() == "xhc_flash" ? 2 : m.residual() == "xhc_flash4" ? 4 : 1;
     if ((2 * static_cast<int64_t>(m.blocks())) % group != 0) {
-      return FieldError("model.blocks",
-                        absl::StrCat(m.blocks(), " blocks give ", 2 * static_cast<int64_t>(m.blocks()),
-                                     " sublayers, not a multiple of ", m.residual(),
-                                     "'s group of ", group, "; use an even number of blocks or "
-                                     "another residual mode"));
+      return FieldError(
+          "model.blocks",
+          absl::StrCat(m.blocks(), " blocks give ", 2 * static_cast<int64_t>(m.blocks()),
+                       " sublayers, not a multiple of ", m.residual(), "'s group of ", group,
+                       "; use an even number of blocks or "
+                       "another residual mode"));
     }
   } else if (m.active() != 0 || m.fixed() != 0) {
     return FieldError(m.active() != 0 ? "model.active" : "model.fixed",
@@ -133,9 +134,9 @@ absl::Status ValidateMoe(const rackrun::v1::MoeSpec& moe) {
                                                       ", the most experts a token may use"));
   }
   if (moe.expert_hidden() < 0) {
-    return FieldError("model.moe.expert_hidden",
-                      absl::StrCat("is ", moe.expert_hidden(),
-                                   "; it must be positive (0 = 2 x model.width)"));
+    return FieldError(
+        "model.moe.expert_hidden",
+        absl::StrCat("is ", moe.expert_hidden(), "; it must be positive (0 = 2 x model.width)"));
   }
   if (moe.expert_hidden() == 0) {
     return FieldError("model.moe.expert_hidden",
@@ -146,11 +147,12 @@ absl::Status ValidateMoe(const rackrun::v1::MoeSpec& moe) {
                       absl::StrCat("is ", moe.shared_hidden(),
                                    "; it must be >= 0 (0 = model.moe.expert_hidden)"));
   }
-  for (const auto& [path, value] : {std::pair<const char*, double>{"model.moe.aux_loss_coef",
-                                                                    moe.aux_loss_coef()},
-                                    {"model.moe.bias_update_rate", moe.bias_update_rate()}}) {
+  for (const auto& [path, value] :
+       {std::pair<const char*, double>{"model.moe.aux_loss_coef", moe.aux_loss_coef()},
+        {"model.moe.bias_update_rate", moe.bias_update_rate()}}) {
     if (absl::Status s = Finite(path, value); !s.ok()) return s;
-    if (value < 0) return FieldError(path, absl::StrCat("is ", value, "; it must be >= 0 (0 = off)"));
+    if (value < 0)
+      return FieldError(path, absl::StrCat("is ", value, "; it must be >= 0 (0 = off)"));
   }
   return absl::OkStatus();
 }
@@ -177,11 +179,13 @@ absl::Status ValidateTraining(const rackrun::v1::TrainingSpec& t) {
       !s.ok()) {
     return s;
   }
-  for (const auto& [path, value] :
-       {std::pair<const char*, double>{"training.lr", t.lr()}, {"training.min_lr", t.min_lr()},
-        {"training.weight_decay", t.weight_decay()}, {"training.beta1", t.beta1()},
-        {"training.beta2", t.beta2()}, {"training.adam_eps", t.adam_eps()},
-        {"training.grad_clip", t.grad_clip()}}) {
+  for (const auto& [path, value] : {std::pair<const char*, double>{"training.lr", t.lr()},
+                                    {"training.min_lr", t.min_lr()},
+                                    {"training.weight_decay", t.weight_decay()},
+                                    {"training.beta1", t.beta1()},
+                                    {"training.beta2", t.beta2()},
+                                    {"training.adam_eps", t.adam_eps()},
+                                    {"training.grad_clip", t.grad_clip()}}) {
     if (absl::Status s = Finite(path, value); !s.ok()) return s;
   }
   if (t.lr() <= 0) {
@@ -189,13 +193,13 @@ absl::Status ValidateTraining(const rackrun::v1::TrainingSpec& t) {
                       absl::StrCat("is ", t.lr(), "; it must be positive (0 = the default 3e-3)"));
   }
   if (t.min_lr() < 0 || t.min_lr() > t.lr()) {
-    return FieldError("training.min_lr", absl::StrCat("is ", t.min_lr(), "; it must lie in [0, lr = ",
-                                                      t.lr(), "]"));
+    return FieldError("training.min_lr",
+                      absl::StrCat("is ", t.min_lr(), "; it must lie in [0, lr = ", t.lr(), "]"));
   }
   if (t.warmup_steps() < 0 || t.warmup_steps() > t.steps()) {
-    return FieldError("training.warmup_steps", absl::StrCat("is ", t.warmup_steps(),
-                                                            "; it must lie in [0, steps = ",
-                                                            t.steps(), "]"));
+    return FieldError(
+        "training.warmup_steps",
+        absl::StrCat("is ", t.warmup_steps(), "; it must lie in [0, steps = ", t.steps(), "]"));
   }
   if (!OneOf(t.schedule(), {"cosine", "constant"})) {
     return FieldError("training.schedule", absl::StrCat("unknown schedule '", t.schedule(),
@@ -240,10 +244,11 @@ absl::Status ValidateBalancer(const rackrun::v1::BalancerSpec& b) {
   if (absl::Status s = AtLeast("balancer.slots", b.slots(), 0, ""); !s.ok()) return s;
   if (absl::Status s = Finite("balancer.eps", b.eps()); !s.ok()) return s;
   if (b.eps() <= 0) {
-    return FieldError("balancer.eps", absl::StrCat("is ", b.eps(), "; it must be positive, e.g. 0.01"));
+    return FieldError("balancer.eps",
+                      absl::StrCat("is ", b.eps(), "; it must be positive, e.g. 0.01"));
   }
-  if (absl::Status s = AtLeast("balancer.min_replica_tokens", b.min_replica_tokens(), 1,
-                               "0 = the default 1");
+  if (absl::Status s =
+          AtLeast("balancer.min_replica_tokens", b.min_replica_tokens(), 1, "0 = the default 1");
       !s.ok()) {
     return s;
   }
@@ -350,11 +355,11 @@ absl::Status ValidateJobSize(const JobSpec& spec) {
   if (!memory.ok()) return memory.status();
   if (memory->total > kMaxJobBytes) {
     const MemoryTerm& top = memory->terms.front();
-    return FieldError(top.fields,
-                      absl::StrCat("the job would need an estimated ", memory->Describe(),
-                                   ", beyond any machine (", FormatBytes(kMaxJobBytes),
-                                   "); largest: ", top.what, " ", FormatBytes(top.bytes), " (",
-                                   top.fields, "). Lower those sizes"));
+    return FieldError(
+        top.fields,
+        absl::StrCat("the job would need an estimated ", memory->Describe(),
+                     ", beyond any machine (", FormatBytes(kMaxJobBytes), "); largest: ", top.what,
+                     " ", FormatBytes(top.bytes), " (", top.fields, "). Lower those sizes"));
   }
   return absl::OkStatus();
 }

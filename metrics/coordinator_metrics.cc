@@ -11,47 +11,60 @@ std::string Lower(const std::string& s) { return absl::AsciiStrToLower(s); }
 }  // namespace
 
 CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry& r)
-    : jobs_(prometheus::BuildGauge().Name("rackrun_jobs").Help("Jobs the coordinator holds, by state").Register(r)),
+    : jobs_(prometheus::BuildGauge()
+                .Name("rackrun_jobs")
+                .Help("Jobs the coordinator holds, by state")
+                .Register(r)),
       progress_step_(prometheus::BuildGauge()
                          .Name("rackrun_job_progress_step")
                          .Help("Last step rank 0 reported for a running job")
                          .Register(r)),
       queue_wait_(prometheus::BuildHistogram()
                       .Name("rackrun_job_queue_wait_seconds")
-                      .Help("Seconds a job's attempt waited in the queue (from submission or the previous attempt's end)")
+                      .Help("Seconds a job's attempt waited in the queue (from submission or the "
+                            "previous attempt's end)")
                       .Register(r)),
       failures_(prometheus::BuildCounter()
                     .Name("rackrun_job_attempt_failures_total")
                     .Help("Failed attempts, by failure kind")
                     .Register(r)),
-      restarts_(prometheus::BuildCounter()
-                    .Name("rackrun_job_restarts_total")
-                    .Help("Attempts the restart policy started again after a failure, by failure kind")
-                    .Register(r)),
-      workers_(prometheus::BuildGauge().Name("rackrun_workers").Help("Registered workers, by state").Register(r)),
+      restarts_(
+          prometheus::BuildCounter()
+              .Name("rackrun_job_restarts_total")
+              .Help("Attempts the restart policy started again after a failure, by failure kind")
+              .Register(r)),
+      workers_(prometheus::BuildGauge()
+                   .Name("rackrun_workers")
+                   .Help("Registered workers, by state")
+                   .Register(r)),
       heartbeat_age_(prometheus::BuildGauge()
                          .Name("rackrun_worker_heartbeat_age_seconds")
                          .Help("Seconds since a worker's last heartbeat")
                          .Register(r)),
       worker_step_(prometheus::BuildGauge()
                        .Name("rackrun_worker_step_seconds")
-                       .Help("Duration of the last step a busy worker reported in its heartbeat (stragglers stand out)")
+                       .Help("Duration of the last step a busy worker reported in its heartbeat "
+                             "(stragglers stand out)")
                        .Register(r)),
-      worker_phase_(prometheus::BuildGauge()
-                        .Name("rackrun_worker_phase")
-                        .Help("1 for the phase a worker reported in its last heartbeat (one series per worker)")
-                        .Register(r)),
+      worker_phase_(
+          prometheus::BuildGauge()
+              .Name("rackrun_worker_phase")
+              .Help(
+                  "1 for the phase a worker reported in its last heartbeat (one series per worker)")
+              .Register(r)),
       plan_solve_(prometheus::BuildHistogram()
                       .Name("rackrun_plan_solve_seconds")
-                      .Help("Coordinator mode: seconds from a layer's last load row to its plan reply (solve and checks), "
+                      .Help("Coordinator mode: seconds from a layer's last load row to its plan "
+                            "reply (solve and checks), "
                             "per expert-parallel domain")
                       .Register(r)) {
   for (const char* state : {"queued", "running", "succeeded", "failed", "cancelled"}) {
     jobs_.Add({{"state", state}}).Set(0);
   }
-  for (const char* state : {"idle", "busy", "lost", "draining", "gone"}) workers_.Add({{"state", state}}).Set(0);
-  queue_wait_all_ = &queue_wait_.Add({}, std::vector<double>{0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300,
-                                                               900, 3600});
+  for (const char* state : {"idle", "busy", "lost", "draining", "gone"})
+    workers_.Add({{"state", state}}).Set(0);
+  queue_wait_all_ = &queue_wait_.Add(
+      {}, std::vector<double>{0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600});
   for (const char* kind : {"worker_lost", "hang", "error", "worker_cancelled"}) {
     failures_.Add({{"reason", kind}});
     restarts_.Add({{"reason", kind}});
@@ -69,7 +82,8 @@ void CoordinatorMetrics::ObserveJobs(const std::vector<rackrun::v1::Job>& jobs) 
     if (j.state() != rackrun::v1::RUNNING) continue;
     running.insert(j.id());
     auto it = progress_.find(j.id());
-    if (it == progress_.end()) it = progress_.emplace(j.id(), &progress_step_.Add({{"job_id", j.id()}})).first;
+    if (it == progress_.end())
+      it = progress_.emplace(j.id(), &progress_step_.Add({{"job_id", j.id()}})).first;
     it->second->Set(static_cast<double>(j.last_progress().step()));
   }
   for (const auto& [state, n] : by_state) jobs_.Add({{"state", state}}).Set(n);
@@ -93,7 +107,8 @@ void CoordinatorMetrics::ObserveJobs(const std::vector<rackrun::v1::Job>& jobs) 
 
 void CoordinatorMetrics::ObserveWorkers(const rackrun::v1::ListWorkersResponse& workers) {
   std::lock_guard<std::mutex> lock(mu_);
-  std::map<std::string, double> by_state = {{"idle", 0}, {"busy", 0}, {"lost", 0}, {"draining", 0}, {"gone", 0}};
+  std::map<std::string, double> by_state = {
+      {"idle", 0}, {"busy", 0}, {"lost", 0}, {"draining", 0}, {"gone", 0}};
   std::set<std::string> live;
   for (const rackrun::v1::Worker& w : workers.workers()) {
     by_state[Lower(rackrun::v1::WorkerState_Name(w.state()))] += 1;
@@ -116,7 +131,8 @@ void CoordinatorMetrics::ObserveWorkers(const rackrun::v1::ListWorkersResponse& 
     }
     if (busy) {
       if (s.step == nullptr) {
-        s.step = &worker_step_.Add({{"worker", w.id()}, {"job_id", w.job_id()}, {"rank", absl::StrCat(w.rank())}});
+        s.step = &worker_step_.Add(
+            {{"worker", w.id()}, {"job_id", w.job_id()}, {"rank", absl::StrCat(w.rank())}});
         s.job_id = w.job_id();
         s.rank = w.rank();
       }
@@ -148,10 +164,11 @@ void CoordinatorMetrics::ObservePlanSolve(const std::string& job_id, int domain,
   const std::pair<std::string, int> key(job_id, domain);
   auto it = solve_.find(key);
   if (it == solve_.end()) {
-    it = solve_
-             .emplace(key, &plan_solve_.Add({{"job_id", job_id}, {"domain", std::to_string(domain)}},
-                                            BalancingSecondsBuckets()))
-             .first;
+    it =
+        solve_
+            .emplace(key, &plan_solve_.Add({{"job_id", job_id}, {"domain", std::to_string(domain)}},
+                                           BalancingSecondsBuckets()))
+            .first;
   }
   it->second->Observe(seconds);
 }

@@ -14,18 +14,18 @@
 #ifndef RACKRUN_METRICS_COORDINATOR_METRICS_H_
 #define RACKRUN_METRICS_COORDINATOR_METRICS_H_
 
+#include <prometheus/counter.h>
+#include <prometheus/family.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+
 #include <map>
 #include <mutex>
 #include <set>
 #include <string>
 #include <utility>
 #include <vector>
-
-#include <prometheus/counter.h>
-#include <prometheus/family.h>
-#include <prometheus/gauge.h>
-#include <prometheus/histogram.h>
-#include <prometheus/registry.h>
 
 #include "rackrun/v1/job_service.pb.h"
 
@@ -63,7 +63,7 @@ class CoordinatorMetrics {
   prometheus::Family<prometheus::Gauge>& worker_phase_;
   prometheus::Family<prometheus::Histogram>& plan_solve_;
   prometheus::Histogram* queue_wait_all_ = nullptr;
-  std::map<std::string, prometheus::Gauge*> progress_;                 // by job id
+  std::map<std::string, prometheus::Gauge*> progress_;                   // by job id
   std::map<std::pair<std::string, int>, prometheus::Histogram*> solve_;  // by job id, domain
   struct WorkerSeries {
     prometheus::Gauge* age = nullptr;

@@ -1,9 +1,9 @@
 #include "metrics/dashboard.h"
 
+#include <google/protobuf/util/json_util.h>
+
 #include <fstream>
 #include <sstream>
-
-#include <google/protobuf/util/json_util.h>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -17,7 +17,9 @@ namespace {
 
 constexpr int kMaxEvents = 1000;
 
-HttpResponse Json(std::string body) { return HttpResponse{200, "application/json", std::move(body)}; }
+HttpResponse Json(std::string body) {
+  return HttpResponse{200, "application/json", std::move(body)};
+}
 
 HttpResponse Error(int status, const std::string& message) {
   std::string quoted;
@@ -36,9 +38,12 @@ HttpResponse Error(int status, const std::string& message) {
 
 int HttpStatusOf(const absl::Status& s) {
   switch (s.code()) {
-    case absl::StatusCode::kNotFound: return 404;
-    case absl::StatusCode::kInvalidArgument: return 400;
-    default: return 503;
+    case absl::StatusCode::kNotFound:
+      return 404;
+    case absl::StatusCode::kInvalidArgument:
+      return 400;
+    default:
+      return 503;
   }
 }
 
@@ -62,7 +67,8 @@ std::string ContentType(const std::string& file) {
 bool PlausibleId(const std::string& id) {
   if (id.empty() || id.size() > 128) return false;
   for (const char c : id) {
-    if (!(absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.')) return false;
+    if (!(absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.'))
+      return false;
   }
   return true;
 }
@@ -81,16 +87,20 @@ const std::vector<std::pair<std::string, std::string>>& DashboardAssets() {
   return a;
 }
 
-absl::StatusOr<std::unique_ptr<Dashboard>> Dashboard::Start(const Options& options, DashboardSource* source,
+absl::StatusOr<std::unique_ptr<Dashboard>> Dashboard::Start(const Options& options,
+                                                            DashboardSource* source,
                                                             TokenCheck token_ok) {
   std::string host;
   int port = 0;
-  if (absl::Status s = SplitHostPort(options.listen, "--dashboard-listen", &host, &port); !s.ok()) return s;
+  if (absl::Status s = SplitHostPort(options.listen, "--dashboard-listen", &host, &port); !s.ok())
+    return s;
   if (!options.allow_remote && !IsLoopbackHost(host)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--dashboard-listen: '", options.listen,
-        "' is not a loopback address; the dashboard shows job specs and hosts, so it serves 127.0.0.1 or ::1 "
-        "only (reach it by ssh -L), or pass --dashboard-allow-remote (its views then ask for a token)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--dashboard-listen: '", options.listen,
+                     "' is not a loopback address; the dashboard shows job specs and hosts, so it "
+                     "serves 127.0.0.1 or ::1 "
+                     "only (reach it by ssh -L), or pass --dashboard-allow-remote (its views then "
+                     "ask for a token)"));
   }
   std::unique_ptr<Dashboard> d(new Dashboard());
   d->source_ = source;
@@ -99,31 +109,36 @@ absl::StatusOr<std::unique_ptr<Dashboard>> Dashboard::Start(const Options& optio
     const std::string full = absl::StrCat(options.assets_dir, "/", file);
     std::ifstream in(full, std::ios::binary);
     if (!in) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--dashboard-assets: cannot read '", full,
-                       "'; run tools/setup (it runs npm ci in metrics/dashboard) or point --dashboard-assets at "
-                       "a copy of metrics/dashboard"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--dashboard-assets: cannot read '", full,
+          "'; run tools/setup (it runs npm ci in metrics/dashboard) or point --dashboard-assets at "
+          "a copy of metrics/dashboard"));
     }
     std::ostringstream body;
     body << in.rdbuf();
     d->static_[path] = HttpResponse{200, ContentType(file), body.str()};
   }
   Dashboard* self = d.get();
-  absl::StatusOr<std::unique_ptr<HttpServer>> server = HttpServer::Start(
-      {options.listen, "--dashboard-listen", 4},
-      [self](const std::string& path, const std::string& query) { return self->Handle(path, query); });
+  absl::StatusOr<std::unique_ptr<HttpServer>> server =
+      HttpServer::Start({options.listen, "--dashboard-listen", 4},
+                        [self](const std::string& path, const std::string& query) {
+                          return self->Handle(path, query);
+                        });
   if (!server.ok()) return server.status();
   d->server_ = *std::move(server);
   return d;
 }
 
 HttpResponse Dashboard::Handle(const std::string& path, const std::string& query) {
-  if (auto it = static_.find(path == "/index.html" ? "/" : path); it != static_.end()) return it->second;
+  if (auto it = static_.find(path == "/index.html" ? "/" : path); it != static_.end())
+    return it->second;
   if (path == "/healthz") return HttpResponse{200, "text/plain; charset=utf-8", "ok\n"};
-  if (token_ok_ && absl::StartsWith(path, "/api/") && !token_ok_(HttpServer::QueryValue(query, "token"))) {
-    return Error(401,
-                 "this dashboard needs a token: open it as /?token=<the coordinator's token-readonly "
-                 "(any role's token works)>");
+  if (token_ok_ && absl::StartsWith(path, "/api/") &&
+      !token_ok_(HttpServer::QueryValue(query, "token"))) {
+    return Error(
+        401,
+        "this dashboard needs a token: open it as /?token=<the coordinator's token-readonly "
+        "(any role's token works)>");
   }
   if (path == "/api/workers") return Json(ToJson(source_->ListWorkers()));
   if (path == "/api/jobs" || path == "/api/jobs/") {

@@ -48,23 +48,24 @@ class DashboardSource {
   virtual absl::StatusOr<rackrun::v1::Job> GetJob(const std::string& job_id) = 0;
   // Events with seq > after_seq, without waiting; *done when the job's terminal state
   // event is among them or before. NotFound for an unknown job.
-  virtual absl::Status Events(const std::string& job_id, int64_t after_seq, std::vector<rackrun::v1::JobEvent>* out,
-                              bool* done) = 0;
+  virtual absl::Status Events(const std::string& job_id, int64_t after_seq,
+                              std::vector<rackrun::v1::JobEvent>* out, bool* done) = 0;
   virtual rackrun::v1::ListWorkersResponse ListWorkers() = 0;
 };
 
 class Dashboard {
  public:
   struct Options {
-    std::string listen;       // HOST:PORT
-    std::string assets_dir;   // metrics/dashboard (with node_modules/uplot after tools/setup)
+    std::string listen;      // HOST:PORT
+    std::string assets_dir;  // metrics/dashboard (with node_modules/uplot after tools/setup)
     bool allow_remote = false;
   };
   // Whether a token given as ?token= may read; empty: no token asked.
   using TokenCheck = std::function<bool(const std::string& token)>;
   // InvalidArgument naming the flag for a non-loopback address without allow_remote, or
   // missing assets (naming the file and tools/setup); Unavailable when it cannot listen.
-  static absl::StatusOr<std::unique_ptr<Dashboard>> Start(const Options& options, DashboardSource* source,
+  static absl::StatusOr<std::unique_ptr<Dashboard>> Start(const Options& options,
+                                                          DashboardSource* source,
                                                           TokenCheck token_ok = {});
 
   int port() const { return server_->port(); }

@@ -4,14 +4,13 @@
 #include <fcntl.h>
 #include <netdb.h>
 #include <poll.h>
+#include <prometheus/registry.h>
+#include <prometheus/text_serializer.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstring>
-
-#include <prometheus/registry.h>
-#include <prometheus/text_serializer.h>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -33,24 +32,28 @@ void WriteAll(int fd, const std::string& data) {
   }
 }
 
-std::string Response(int status, const char* reason, const std::string& type, const std::string& body, bool head) {
-  return absl::StrCat("HTTP/1.1 ", status, " ", reason, "\r\nContent-Type: ", type, "\r\nContent-Length: ", body.size(),
-                      "\r\nConnection: close\r\n\r\n", head ? "" : body);
+std::string Response(int status, const char* reason, const std::string& type,
+                     const std::string& body, bool head) {
+  return absl::StrCat("HTTP/1.1 ", status, " ", reason, "\r\nContent-Type: ", type,
+                      "\r\nContent-Length: ", body.size(), "\r\nConnection: close\r\n\r\n",
+                      head ? "" : body);
 }
 
 }  // namespace
 
-absl::Status SplitHostPort(const std::string& address, const std::string& flag, std::string* host, int* port) {
+absl::Status SplitHostPort(const std::string& address, const std::string& flag, std::string* host,
+                           int* port) {
   const size_t colon = address.rfind(':');
   if (colon == std::string::npos || colon == 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(flag, ": '", address, "' is not HOST:PORT (e.g. 127.0.0.1:9464; port 0 = any free port)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        flag, ": '", address, "' is not HOST:PORT (e.g. 127.0.0.1:9464; port 0 = any free port)"));
   }
   *host = address.substr(0, colon);
-  if (host->size() >= 2 && host->front() == '[' && host->back() == ']') *host = host->substr(1, host->size() - 2);
+  if (host->size() >= 2 && host->front() == '[' && host->back() == ']')
+    *host = host->substr(1, host->size() - 2);
   if (!absl::SimpleAtoi(address.substr(colon + 1), port) || *port < 0 || *port > 65535) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(flag, ": '", address, "' has no port number in [0, 65535] after the last ':'"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        flag, ": '", address, "' has no port number in [0, 65535] after the last ':'"));
   }
   return absl::OkStatus();
 }
@@ -69,8 +72,10 @@ absl::StatusOr<std::unique_ptr<MetricsExporter>> MetricsExporter::Start(const st
   hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
   addrinfo* found = nullptr;
   const std::string service = absl::StrCat(port);
-  if (getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints, &found) != 0 || found == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat("--metrics-listen: cannot resolve host '", host, "'"));
+  if (getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints, &found) != 0 ||
+      found == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--metrics-listen: cannot resolve host '", host, "'"));
   }
   std::unique_ptr<MetricsExporter> e(new MetricsExporter());
   int fd = -1;
@@ -88,7 +93,8 @@ absl::StatusOr<std::unique_ptr<MetricsExporter>> MetricsExporter::Start(const st
   }
   freeaddrinfo(found);
   if (fd < 0) {
-    return absl::UnavailableError(absl::StrCat("--metrics-listen: cannot listen on ", listen, ": ", error));
+    return absl::UnavailableError(
+        absl::StrCat("--metrics-listen: cannot listen on ", listen, ": ", error));
   }
   sockaddr_storage bound{};
   socklen_t len = sizeof(bound);
@@ -127,11 +133,14 @@ void MetricsExporter::Handle(int fd) {
   setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
   // The request line and headers, within the size and time bounds.
   std::string request;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(kRequestTimeoutMs);
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(kRequestTimeoutMs);
   char buf[2048];
-  while (request.find("\r\n\r\n") == std::string::npos && request.find("\n\n") == std::string::npos) {
+  while (request.find("\r\n\r\n") == std::string::npos &&
+         request.find("\n\n") == std::string::npos) {
     if (request.size() > kMaxRequest || std::chrono::steady_clock::now() > deadline) {
-      WriteAll(fd, Response(400, "Bad Request", "text/plain", "request too large or too slow\n", false));
+      WriteAll(
+          fd, Response(400, "Bad Request", "text/plain", "request too large or too slow\n", false));
       return;
     }
     const ssize_t n = recv(fd, buf, sizeof(buf), 0);
@@ -154,7 +163,8 @@ void MetricsExporter::Handle(int fd) {
     return;
   }
   if (path != "/metrics") {
-    WriteAll(fd, Response(404, "Not Found", "text/plain", "rackrun metrics are at /metrics\n", head));
+    WriteAll(fd,
+             Response(404, "Not Found", "text/plain", "rackrun metrics are at /metrics\n", head));
     return;
   }
   const std::string body = prometheus::TextSerializer().Serialize(registry_->Collect());

@@ -54,7 +54,8 @@ class MetricsExporter {
 };
 
 // Splits "HOST:PORT" ("[::1]:PORT" for IPv6). InvalidArgument naming `flag` otherwise.
-absl::Status SplitHostPort(const std::string& address, const std::string& flag, std::string* host, int* port);
+absl::Status SplitHostPort(const std::string& address, const std::string& flag, std::string* host,
+                           int* port);
 // 127.0.0.0/8, ::1 or localhost.
 bool IsLoopbackHost(const std::string& host);
 

@@ -37,11 +37,12 @@ using HttpHandler = std::function<HttpResponse(const std::string& path, const st
 class HttpServer {
  public:
   struct Options {
-    std::string listen;         // HOST:PORT, port 0 = any free port
+    std::string listen;                       // HOST:PORT, port 0 = any free port
     std::string flag = "--dashboard-listen";  // named in errors
     int threads = 4;
   };
-  static absl::StatusOr<std::unique_ptr<HttpServer>> Start(const Options& options, HttpHandler handler);
+  static absl::StatusOr<std::unique_ptr<HttpServer>> Start(const Options& options,
+                                                           HttpHandler handler);
   ~HttpServer();  // stops serving and waits for in-flight requests
 
   int port() const { return port_; }

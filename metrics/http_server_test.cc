@@ -59,7 +59,8 @@ class DashboardTest : public testing::Test {
       std::filesystem::create_directories((dir_ / file).parent_path());
       std::ofstream(dir_ / file) << "asset " << file << "\n";
     }
-    absl::StatusOr<std::unique_ptr<Dashboard>> d = Dashboard::Start({"127.0.0.1:0", dir_.string(), false}, &source_);
+    absl::StatusOr<std::unique_ptr<Dashboard>> d =
+        Dashboard::Start({"127.0.0.1:0", dir_.string(), false}, &source_);
     ASSERT_TRUE(d.ok()) << d.status();
     dashboard_ = *std::move(d);
   }
@@ -84,7 +85,8 @@ TEST_F(DashboardTest, ServesPageAssetsAndJson) {
   EXPECT_EQ(r.body, "asset index.html\n");
   EXPECT_TRUE(absl::StrContains(r.headers, "text/html"));
   EXPECT_TRUE(absl::StrContains(r.headers, "Content-Security-Policy: default-src 'self'"));
-  EXPECT_EQ(Get("/static/uPlot.iife.min.js").body, "asset node_modules/uplot/dist/uPlot.iife.min.js\n");
+  EXPECT_EQ(Get("/static/uPlot.iife.min.js").body,
+            "asset node_modules/uplot/dist/uPlot.iife.min.js\n");
   r = Get("/api/jobs");
   EXPECT_EQ(r.status, 200);
   EXPECT_TRUE(absl::StrContains(r.body, "\"state\":\"RUNNING\"")) << r.body;
@@ -93,7 +95,8 @@ TEST_F(DashboardTest, ServesPageAssetsAndJson) {
   r = Get("/api/jobs/j-1/events?after=10");
   EXPECT_EQ(r.status, 200);
   EXPECT_TRUE(absl::StrContains(r.body, "\"expert_loads\":")) << r.body.substr(0, 300);
-  EXPECT_TRUE(absl::StrContains(r.body, "\"done\": false, \"next\": 1010")) << "capped at 1000 events";
+  EXPECT_TRUE(absl::StrContains(r.body, "\"done\": false, \"next\": 1010"))
+      << "capped at 1000 events";
   r = Get("/api/jobs/j-1/events?after=1010");
   EXPECT_TRUE(absl::StrContains(r.body, "\"done\": true, \"next\": 1500"));
   EXPECT_EQ(Get("/api/jobs/j-1/events?after=-3").status, 400);
@@ -111,16 +114,19 @@ TEST_F(DashboardTest, RefusesWhatItDoesNotServe) {
       RawHttp(dashboard_->port(), "POST /api/jobs HTTP/1.0\r\nContent-Length: 2\r\n\r\n{}");
   ASSERT_TRUE(post.ok());
   EXPECT_EQ(post->status, 405);
-  absl::StatusOr<RawHttpResponse> del = RawHttp(dashboard_->port(), "DELETE /api/jobs/j-1 HTTP/1.1\r\nHost: x\r\n\r\n");
+  absl::StatusOr<RawHttpResponse> del =
+      RawHttp(dashboard_->port(), "DELETE /api/jobs/j-1 HTTP/1.1\r\nHost: x\r\n\r\n");
   ASSERT_TRUE(del.ok());
   EXPECT_EQ(del->status, 405);
 }
 
 TEST_F(DashboardTest, SurvivesBadRequests) {
   for (const std::string& bad :
-       {std::string("garbage\r\n\r\n"), std::string("\x01\x02\x03\xff\r\n\r\n"), std::string("GET\r\n\r\n"),
-        std::string("GET / HTTP/9.9\r\n\r\n"), std::string("GET / HTTP/1.1\r\nHost: x\r\n") + std::string(64 << 10, 'a'),
-        std::string("GET /") + std::string(40000, 'b') + " HTTP/1.1\r\n\r\n", std::string("\r\n\r\n")}) {
+       {std::string("garbage\r\n\r\n"), std::string("\x01\x02\x03\xff\r\n\r\n"),
+        std::string("GET\r\n\r\n"), std::string("GET / HTTP/9.9\r\n\r\n"),
+        std::string("GET / HTTP/1.1\r\nHost: x\r\n") + std::string(64 << 10, 'a'),
+        std::string("GET /") + std::string(40000, 'b') + " HTTP/1.1\r\n\r\n",
+        std::string("\r\n\r\n")}) {
     absl::StatusOr<RawHttpResponse> r = RawHttp(dashboard_->port(), bad, 15000);
     // An error status or a closed connection; never a hang (RawHttp's deadline) nor a 200.
     if (r.ok()) {
@@ -139,8 +145,9 @@ TEST_F(DashboardTest, SurvivesBadRequests) {
 // A remote dashboard (the coordinator passes a token check): the page loads, its views need
 // ?token= with a token the check accepts (the coordinator's: any role's).
 TEST_F(DashboardTest, WithATokenCheckTheViewsNeedAToken) {
-  absl::StatusOr<std::unique_ptr<Dashboard>> d = Dashboard::Start(
-      {"127.0.0.1:0", dir_.string(), true}, &source_, [](const std::string& t) { return t == "ro"; });
+  absl::StatusOr<std::unique_ptr<Dashboard>> d =
+      Dashboard::Start({"127.0.0.1:0", dir_.string(), true}, &source_,
+                       [](const std::string& t) { return t == "ro"; });
   ASSERT_TRUE(d.ok()) << d.status();
   EXPECT_EQ((*d)->Handle("/", "").status, 200);
   EXPECT_EQ((*d)->Handle("/healthz", "").status, 200);
@@ -156,7 +163,8 @@ TEST_F(DashboardTest, WithATokenCheckTheViewsNeedAToken) {
 
 TEST(DashboardStart, RefusesRemoteAndMissingAssets) {
   FakeSource source;
-  absl::StatusOr<std::unique_ptr<Dashboard>> d = Dashboard::Start({"0.0.0.0:0", "/nonexistent", false}, &source);
+  absl::StatusOr<std::unique_ptr<Dashboard>> d =
+      Dashboard::Start({"0.0.0.0:0", "/nonexistent", false}, &source);
   EXPECT_EQ(d.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(absl::StrContains(d.status().message(), "loopback")) << d.status();
   d = Dashboard::Start({"127.0.0.1:0", "/nonexistent", false}, &source);

@@ -1,6 +1,7 @@
 // Scrapes real exporters over HTTP on 127.0.0.1 and checks that every expected series
 // (expected_series.h) is there with its type and label keys, and nothing else.
 #include <gtest/gtest.h>
+#include <prometheus/registry.h>
 
 #include <algorithm>
 #include <array>
@@ -9,9 +10,6 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-
-#include <prometheus/registry.h>
-
 #include "metrics/coordinator_metrics.h"
 #include "metrics/expected_series.h"
 #include "metrics/exporter.h"
@@ -85,7 +83,8 @@ TEST(MetricsSeries, CoordinatorExportsItsSeries) {
   }
   EXPECT_EQ(got["rackrun_job_progress_step"].samples.at(0).value, 7);
   double straggler = 0;
-  for (const Sample& s : got["rackrun_worker_step_seconds"].samples) straggler = std::max(straggler, s.value);
+  for (const Sample& s : got["rackrun_worker_step_seconds"].samples)
+    straggler = std::max(straggler, s.value);
   EXPECT_EQ(straggler, 1.5);
   for (const Sample& s : got["rackrun_job_restarts_total"].samples) {
     EXPECT_EQ(s.value, s.labels.at("reason") == "worker_lost" ? 1 : 0);
@@ -98,7 +97,8 @@ TEST(MetricsSeries, CoordinatorExportsItsSeries) {
   cm.ObserveWorkers(workers);
   got = ScrapeMetrics((*ex)->port());
   EXPECT_TRUE(got["rackrun_job_progress_step"].samples.empty());
-  EXPECT_TRUE(got["rackrun_plan_solve_seconds"].samples.empty()) << "every domain's series ends with the job";
+  EXPECT_TRUE(got["rackrun_plan_solve_seconds"].samples.empty())
+      << "every domain's series ends with the job";
   EXPECT_TRUE(got["rackrun_worker_step_seconds"].samples.empty());
   EXPECT_TRUE(got["rackrun_worker_heartbeat_age_seconds"].samples.empty());
   for (const Sample& s : got["rackrun_workers"].samples) {
@@ -139,8 +139,9 @@ TEST(MetricsSeries, ExporterServesOnlyGetMetricsAndSurvivesBadRequests) {
   absl::StatusOr<RawHttpResponse> head = RawHttp(port, "HEAD /metrics HTTP/1.0\r\n\r\n");
   EXPECT_EQ(head->status, 200);
   EXPECT_TRUE(head->body.empty());
-  for (const std::string& bad : {std::string("garbage\r\n\r\n"), std::string(20000, 'x'), std::string("\x01\xff\r\n\r\n"),
-                                 std::string("GET /metrics\r\n\r\n")}) {
+  for (const std::string& bad :
+       {std::string("garbage\r\n\r\n"), std::string(20000, 'x'), std::string("\x01\xff\r\n\r\n"),
+        std::string("GET /metrics\r\n\r\n")}) {
     absl::StatusOr<RawHttpResponse> r = RawHttp(port, bad, 10000);
     ASSERT_TRUE(r.ok()) << r.status();
     EXPECT_EQ(r->status, 400) << bad.substr(0, 20);
@@ -153,7 +154,8 @@ TEST(MetricsSeries, ExporterServesOnlyGetMetricsAndSurvivesBadRequests) {
 
 TEST(MetricsSeries, ExporterRejectsBadAddresses) {
   EXPECT_EQ(MetricsExporter::Start("nonsense").status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(MetricsExporter::Start("127.0.0.1:99999").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(MetricsExporter::Start("127.0.0.1:99999").status().code(),
+            absl::StatusCode::kInvalidArgument);
   absl::StatusOr<std::unique_ptr<MetricsExporter>> a = MetricsExporter::Start("127.0.0.1:0");
   ASSERT_TRUE(a.ok());
   absl::StatusOr<std::unique_ptr<MetricsExporter>> b =

@@ -1,9 +1,9 @@
 #include "metrics/rpc_metrics.h"
 
+#include <grpcpp/support/status.h>
+
 #include <chrono>
 #include <mutex>
-
-#include <grpcpp/support/status.h>
 
 #include "absl/strings/str_cat.h"
 #include "metrics/buckets.h"
@@ -23,7 +23,8 @@ class MetricsInterceptor final : public grpc::experimental::Interceptor {
   }
 
   void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
-    if (methods->QueryInterceptionHookPoint(InterceptionHookPoints::PRE_SEND_STATUS) && !recorded_) {
+    if (methods->QueryInterceptionHookPoint(InterceptionHookPoints::PRE_SEND_STATUS) &&
+        !recorded_) {
       recorded_ = true;
       metrics_->Record(method_, methods->GetSendStatus().error_code(), Seconds());
     }
@@ -40,10 +41,12 @@ class MetricsInterceptor final : public grpc::experimental::Interceptor {
   bool recorded_ = false;
 };
 
-class MetricsInterceptorFactory final : public grpc::experimental::ServerInterceptorFactoryInterface {
+class MetricsInterceptorFactory final
+    : public grpc::experimental::ServerInterceptorFactoryInterface {
  public:
   explicit MetricsInterceptorFactory(RpcMetrics* metrics) : metrics_(metrics) {}
-  grpc::experimental::Interceptor* CreateServerInterceptor(grpc::experimental::ServerRpcInfo* info) override {
+  grpc::experimental::Interceptor* CreateServerInterceptor(
+      grpc::experimental::ServerRpcInfo* info) override {
     return new MetricsInterceptor(metrics_, info->method() != nullptr ? info->method() : "");
   }
 
@@ -60,15 +63,19 @@ RpcMetrics::RpcMetrics(prometheus::Registry& registry)
                  .Register(registry)),
       seconds_(prometheus::BuildHistogram()
                    .Name("rackrun_grpc_server_call_duration_seconds")
-                   .Help("Seconds from a gRPC call's start to its status (streams: their lifetime), by method and code")
+                   .Help("Seconds from a gRPC call's start to its status (streams: their "
+                         "lifetime), by method and code")
                    .Register(registry)) {}
 
 std::string RpcMetrics::ShortMethod(const std::string& full_method) {
   // "/package.Service/Method": keep "Service/Method".
   const size_t slash = full_method.rfind('/');
-  if (slash == std::string::npos || slash == 0) return full_method.empty() ? "unknown" : full_method;
-  std::string service = full_method.substr(full_method[0] == '/' ? 1 : 0, slash - (full_method[0] == '/' ? 1 : 0));
-  if (const size_t dot = service.rfind('.'); dot != std::string::npos) service = service.substr(dot + 1);
+  if (slash == std::string::npos || slash == 0)
+    return full_method.empty() ? "unknown" : full_method;
+  std::string service =
+      full_method.substr(full_method[0] == '/' ? 1 : 0, slash - (full_method[0] == '/' ? 1 : 0));
+  if (const size_t dot = service.rfind('.'); dot != std::string::npos)
+    service = service.substr(dot + 1);
   return absl::StrCat(service, "/", full_method.substr(slash + 1));
 }
 

@@ -13,17 +13,17 @@
 #ifndef RACKRUN_METRICS_RPC_METRICS_H_
 #define RACKRUN_METRICS_RPC_METRICS_H_
 
-#include <memory>
-#include <mutex>
-#include <set>
-#include <string>
-#include <vector>
-
 #include <grpcpp/support/server_interceptor.h>
 #include <prometheus/counter.h>
 #include <prometheus/family.h>
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
+
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
 
 namespace rackrun::metrics {
 
@@ -34,7 +34,8 @@ class RpcMetrics {
   void Record(const std::string& full_method, int code, double seconds);
 
   // One factory for ServerBuilder::experimental().SetInterceptorCreators.
-  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> InterceptorFactories();
+  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>
+  InterceptorFactories();
 
   // "/rackrun.v1.JobService/Submit" -> "JobService/Submit".
   static std::string ShortMethod(const std::string& full_method);

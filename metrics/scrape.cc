@@ -39,11 +39,13 @@ absl::StatusOr<RawHttpResponse> RawHttp(int port, const std::string& request, in
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
   char buf[65536];
   while (true) {
-    const auto left =
-        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count();
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                          deadline - std::chrono::steady_clock::now())
+                          .count();
     if (left <= 0) {
       close(fd);
-      return absl::DeadlineExceededError(absl::StrCat("no complete response from 127.0.0.1:", port));
+      return absl::DeadlineExceededError(
+          absl::StrCat("no complete response from 127.0.0.1:", port));
     }
     pollfd p{fd, POLLIN, 0};
     if (poll(&p, 1, static_cast<int>(left)) <= 0) continue;
@@ -57,12 +59,14 @@ absl::StatusOr<RawHttpResponse> RawHttp(int port, const std::string& request, in
   r.headers = raw.substr(0, end);
   if (end != std::string::npos) r.body = raw.substr(end + 4);
   const size_t sp = raw.find(' ');
-  if (raw.rfind("HTTP/", 0) == 0 && sp != std::string::npos) r.status = std::atoi(raw.c_str() + sp + 1);
+  if (raw.rfind("HTTP/", 0) == 0 && sp != std::string::npos)
+    r.status = std::atoi(raw.c_str() + sp + 1);
   return r;
 }
 
 absl::StatusOr<RawHttpResponse> HttpGet(int port, const std::string& path, int timeout_ms) {
-  return RawHttp(port, absl::StrCat("GET ", path, " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n"), timeout_ms);
+  return RawHttp(port, absl::StrCat("GET ", path, " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n"),
+                 timeout_ms);
 }
 
 namespace {
@@ -105,14 +109,16 @@ absl::StatusOr<std::map<std::string, MetricFamily>> ParseExposition(const std::s
     if (line.empty()) continue;
     if (absl::ConsumePrefix(&line, "# TYPE ")) {
       std::vector<std::string> parts = absl::StrSplit(line, ' ');
-      if (parts.size() != 2) return absl::InvalidArgumentError(absl::StrCat("line ", line_no, ": bad TYPE"));
+      if (parts.size() != 2)
+        return absl::InvalidArgumentError(absl::StrCat("line ", line_no, ": bad TYPE"));
       current = parts[0];
       out[current].type = parts[1];
       continue;
     }
     if (absl::ConsumePrefix(&line, "# HELP ")) {
       const size_t sp = line.find(' ');
-      out[std::string(line.substr(0, sp))].help = sp == absl::string_view::npos ? "" : std::string(line.substr(sp + 1));
+      out[std::string(line.substr(0, sp))].help =
+          sp == absl::string_view::npos ? "" : std::string(line.substr(sp + 1));
       continue;
     }
     if (line[0] == '#') continue;
@@ -123,8 +129,10 @@ absl::StatusOr<std::map<std::string, MetricFamily>> ParseExposition(const std::s
     if (i < line.size() && line[i] == '{' && !ParseLabels(line, &i, &s.labels)) {
       return absl::InvalidArgumentError(absl::StrCat("line ", line_no, ": bad labels: ", line));
     }
-    std::vector<absl::string_view> rest = absl::StrSplit(absl::StripAsciiWhitespace(line.substr(i)), ' ');
-    if (rest.empty()) return absl::InvalidArgumentError(absl::StrCat("line ", line_no, ": no value"));
+    std::vector<absl::string_view> rest =
+        absl::StrSplit(absl::StripAsciiWhitespace(line.substr(i)), ' ');
+    if (rest.empty())
+      return absl::InvalidArgumentError(absl::StrCat("line ", line_no, ": no value"));
     if (rest[0] == "+Inf") {
       s.value = HUGE_VAL;
     } else if (rest[0] == "-Inf") {
@@ -141,7 +149,8 @@ absl::StatusOr<std::map<std::string, MetricFamily>> ParseExposition(const std::s
         family = s.name.substr(0, s.name.size() - std::string(suffix).size());
       }
     }
-    if (out.count(family) == 0) return absl::InvalidArgumentError(absl::StrCat("line ", line_no, ": no TYPE for ", s.name));
+    if (out.count(family) == 0)
+      return absl::InvalidArgumentError(absl::StrCat("line ", line_no, ": no TYPE for ", s.name));
     out[family].samples.push_back(std::move(s));
   }
   return out;

@@ -19,7 +19,8 @@ struct RawHttpResponse {
 
 // Sends `request` bytes to 127.0.0.1:port and reads until the server closes, within
 // timeout_ms. Unavailable when it cannot connect, DeadlineExceeded on timeout.
-absl::StatusOr<RawHttpResponse> RawHttp(int port, const std::string& request, int timeout_ms = 5000);
+absl::StatusOr<RawHttpResponse> RawHttp(int port, const std::string& request,
+                                        int timeout_ms = 5000);
 // GET path (with query) from 127.0.0.1:port.
 absl::StatusOr<RawHttpResponse> HttpGet(int port, const std::string& path, int timeout_ms = 5000);
 

@@ -1,8 +1,8 @@
 #include "metrics/series_checks.h"
 
-#include <set>
-
 #include <gtest/gtest.h>
+
+#include <set>
 
 #include "absl/strings/match.h"
 

@@ -101,7 +101,8 @@ StepTime StepOfDomain(const std::vector<MicrobatchLayers>& microbatches, const C
   for (const MicrobatchLayers& mb : microbatches) {
     if (mb.layers.empty()) continue;
     // Each simulated layer stands for moe_layers / simulated layers of the model's.
-    const double scale = static_cast<double>(model.moe_layers) / static_cast<double>(mb.layers.size());
+    const double scale =
+        static_cast<double>(model.moe_layers) / static_cast<double>(mb.layers.size());
     double forward = 0, backward = 0;
     for (const LayerTime& t : mb.layers) {
       forward += t.total_s;

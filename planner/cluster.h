@@ -120,8 +120,7 @@ struct GradientReduce {
 
 // For domains of `ep_ranks` GPUs on `hw`'s scale-up network (a2a bandwidth, the fan-out's
 // per-message latency).
-GradientReduce GradientReduceTime(const ClusterModel& model, const HardwareModel& hw,
-                                  int ep_ranks);
+GradientReduce GradientReduceTime(const ClusterModel& model, const HardwareModel& hw, int ep_ranks);
 
 // A MoE layer's backward from its forward (header comment).
 double BackwardSeconds(const LayerTime& forward);
@@ -135,17 +134,17 @@ struct MicrobatchLayers {
 
 // One domain's step, or the job's.
 struct StepTime {
-  double moe_forward_s = 0;   // forward MoE layers, all of them
-  double moe_backward_s = 0;  // backward MoE layers
-  double moe_compute_s = 0;   // their expert compute (forward + backward)
-  double moe_a2a_s = 0;       // their dispatch and combine (forward + backward)
-  double balancing_s = 0;     // exposed fan-out, replica-gradient reduction, re-placement
-  double dense_s = 0;         // dense forward + backward
-  double last_backward_s = 0; // backward of the last microbatch (hides the all-reduce)
-  double compute_s = 0;       // moe_forward + moe_backward + dense: M microbatches
-  double allreduce_s = 0;     // the gradient all-reduce, all of it
+  double moe_forward_s = 0;    // forward MoE layers, all of them
+  double moe_backward_s = 0;   // backward MoE layers
+  double moe_compute_s = 0;    // their expert compute (forward + backward)
+  double moe_a2a_s = 0;        // their dispatch and combine (forward + backward)
+  double balancing_s = 0;      // exposed fan-out, replica-gradient reduction, re-placement
+  double dense_s = 0;          // dense forward + backward
+  double last_backward_s = 0;  // backward of the last microbatch (hides the all-reduce)
+  double compute_s = 0;        // moe_forward + moe_backward + dense: M microbatches
+  double allreduce_s = 0;      // the gradient all-reduce, all of it
   double exposed_allreduce_s = 0;
-  double total_s = 0;         // compute + exposed all-reduce
+  double total_s = 0;  // compute + exposed all-reduce
 };
 
 // One domain's M microbatches (no all-reduce: allreduce and total are left at compute).

@@ -91,8 +91,8 @@ absl::Status ClusterReplay::Add(int domain, const TraceEntry& entry) {
   } else if (entry.loads.ranks != shape_ranks_ || entry.loads.experts != shape_experts_) {
     return absl::InvalidArgumentError(absl::StrCat(
         "domain ", domain, ", microbatch ", entry.microbatch, ": loads of ", entry.loads.ranks,
-        " ranks x ", entry.loads.experts, " experts, but the first entry had ", shape_ranks_,
-        " x ", shape_experts_, "; every domain has the same shape"));
+        " ranks x ", entry.loads.experts, " experts, but the first entry had ", shape_ranks_, " x ",
+        shape_experts_, "; every domain has the same shape"));
   }
   DomainRun& run = domains_[static_cast<size_t>(domain)];
   if (absl::Status s = run.replay.Add(entry); !s.ok()) {
@@ -127,9 +127,9 @@ absl::Status ClusterReplay::Finish() {
     }
     if (d == 0) steps = run.done[0].size();
     if (run.done[0].size() != steps) {
-      return absl::InvalidArgumentError(absl::StrCat("domain ", d, " measured ",
-                                                     run.done[0].size(), " steps, domain 0 ",
-                                                     steps, "; every domain needs as many"));
+      return absl::InvalidArgumentError(absl::StrCat("domain ", d, " measured ", run.done[0].size(),
+                                                     " steps, domain 0 ", steps,
+                                                     "; every domain needs as many"));
     }
   }
   reduce_ = GradientReduceTime(model_, options_.hardware, domains_[0].replay.domain().ranks);

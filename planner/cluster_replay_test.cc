@@ -142,9 +142,8 @@ TEST(ClusterReplayTest, StepOfOneDomainMatchesStepOfDomain) {
     mb.max_rank_tokens = (most + 3) / 4;
   }
   ASSERT_TRUE(cluster.Finish().ok());
-  const StepTime expected =
-      JobStep({StepOfDomain(mbs, Model(1), Options().hardware)},
-              GradientReduceTime(Model(1), Options().hardware, 8), Model(1));
+  const StepTime expected = JobStep({StepOfDomain(mbs, Model(1), Options().hardware)},
+                                    GradientReduceTime(Model(1), Options().hardware, 8), Model(1));
   ASSERT_EQ(cluster.steps()[2].steps.size(), 1u);
   EXPECT_DOUBLE_EQ(cluster.steps()[2].steps[0].total_s, expected.total_s);
   EXPECT_DOUBLE_EQ(cluster.steps()[2].steps[0].dense_s, expected.dense_s);

@@ -73,7 +73,7 @@ ClusterModel ToyCluster(int domains, AllReduceAlgorithm algorithm) {
   m.scaleout_gbps = 64e-9;
   m.scaleout_efficiency = 1;
   m.scaleout_latency_s = 1;
-  m.dense_params = 64;  // 128 bytes
+  m.dense_params = 64;    // 128 bytes
   m.expert_params = 128;  // 256 bytes, 64 per GPU at G = 4
   m.moe_layers = 4;
   m.microbatches_per_step = 2;
@@ -92,13 +92,15 @@ TEST(ClusterTest, GradientReduceByHand) {
 
   // D = 2, ring: the dense shard (32 bytes) 2 x (1/2 x 32/8 + 1) = 6 s; the expert shard
   // (64 bytes) 2 x (1/2 x 64/8 + 1) = 10 s.
-  const GradientReduce ring = GradientReduceTime(ToyCluster(2, AllReduceAlgorithm::kRing), Toy(), 4);
+  const GradientReduce ring =
+      GradientReduceTime(ToyCluster(2, AllReduceAlgorithm::kRing), Toy(), 4);
   EXPECT_DOUBLE_EQ(ring.dense_scaleout_s, 6);
   EXPECT_DOUBLE_EQ(ring.expert_scaleout_s, 10);
   EXPECT_DOUBLE_EQ(ring.total_s, 27 + 6 + 10);
 
   // Tree: 2 x 32/8 + 2 x 1 = 10 s and 2 x 64/8 + 2 = 18 s.
-  const GradientReduce tree = GradientReduceTime(ToyCluster(2, AllReduceAlgorithm::kTree), Toy(), 4);
+  const GradientReduce tree =
+      GradientReduceTime(ToyCluster(2, AllReduceAlgorithm::kTree), Toy(), 4);
   EXPECT_DOUBLE_EQ(tree.dense_scaleout_s, 10);
   EXPECT_DOUBLE_EQ(tree.expert_scaleout_s, 18);
   EXPECT_DOUBLE_EQ(tree.total_s, 27 + 10 + 18);

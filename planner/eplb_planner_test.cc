@@ -500,7 +500,8 @@ TEST(EplbPlannerTest, TrainingAndEvaluationStatesSaveAndRestoreTogether) {
   longer.eplb_window = 4;
   EplbPlanner other(domain, longer);
   ASSERT_TRUE(other.Solve(loads_at(0, 0), 0).ok());
-  for (const std::string& mixed : {SavePlannerStates(other, eval), SavePlannerStates(train, other)}) {
+  for (const std::string& mixed :
+       {SavePlannerStates(other, eval), SavePlannerStates(train, other)}) {
     const absl::Status s = RestorePlannerStates(mixed, train4, eval4);
     EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
     EXPECT_NE(s.message().find("window 4"), std::string::npos) << s;

@@ -19,7 +19,7 @@ struct FanoutOptions {
   FanoutMode mode = FanoutMode::kRelay;
   int min_destinations_for_relay = 4;  // relay only when one source has n >= 4 destinations
   int max_relays = 8;
-  int min_gain = 2;                    // relay only if n - max(r, ceil((n-r)/r)) >= min_gain
+  int min_gain = 2;  // relay only if n - max(r, ceil((n-r)/r)) >= min_gain
 };
 
 // Builds the fan-out schedule for `plan`'s replicas (one stage-0 transfer per destination
@@ -46,11 +46,11 @@ class FanoutScheduler {
 
  private:
   FanoutOptions options_;
-  std::vector<int32_t> order_;        // experts with replicas, widest first
-  std::vector<int32_t> sends_;        // projected transfers sent per rank
-  std::vector<uint8_t> relaying_;     // rank already relays for some expert
-  std::vector<int32_t> dests_;        // scratch: destinations of one expert
-  std::vector<int32_t> relay_leaves_; // scratch: leaves assigned per relay
+  std::vector<int32_t> order_;         // experts with replicas, widest first
+  std::vector<int32_t> sends_;         // projected transfers sent per rank
+  std::vector<uint8_t> relaying_;      // rank already relays for some expert
+  std::vector<int32_t> dests_;         // scratch: destinations of one expert
+  std::vector<int32_t> relay_leaves_;  // scratch: leaves assigned per relay
 };
 
 // Per-rank egress bandwidth and per-message latency; weights stream in chunks.
@@ -61,8 +61,8 @@ struct FanoutCostModel {
 };
 
 struct FanoutCost {
-  double seconds = 0;        // completion time of the whole schedule
-  int64_t bytes = 0;         // total bytes sent over all links
+  double seconds = 0;          // completion time of the whole schedule
+  int64_t bytes = 0;           // total bytes sent over all links
   int64_t max_rank_bytes = 0;  // bytes sent by the busiest sender
 };
 

@@ -86,7 +86,7 @@ struct GeneratorOptions {
   int spike_experts = 0;         // 0: no spikes; else 1..spike_experts experts per spike
   double spike_min = 5;          // spike factor range, 1 <= spike_min <= spike_max <= 1e6
   double spike_max = 20;
-  double spike_rate = 0.25;      // probability that a (microbatch, layer) has a spike
+  double spike_rate = 0.25;  // probability that a (microbatch, layer) has a spike
   uint64_t seed = 1;
 
   // InvalidArgument naming the field and its valid range.

@@ -39,7 +39,8 @@ struct LoadMatrix {
 
   LoadMatrix() = default;
   LoadMatrix(int ranks_in, int experts_in)
-      : ranks(ranks_in), experts(experts_in),
+      : ranks(ranks_in),
+        experts(experts_in),
         counts(static_cast<size_t>(ranks_in) * static_cast<size_t>(experts_in), 0) {}
 
   int64_t& at(int src, int e) { return counts[static_cast<size_t>(src) * experts + e]; }

@@ -205,8 +205,9 @@ void FuzzPolicies(uint64_t seed, int count, const std::vector<int>& ranks_choice
         int64_t total = 0;
         for (const int64_t l : home) total += l;
         const double mean = static_cast<double>(total) / domain.ranks;
-        const int64_t first_try = std::max(static_cast<int64_t>(std::ceil(mean * (1 + options.eps))),
-                                           (total + domain.ranks - 1) / domain.ranks);
+        const int64_t first_try =
+            std::max(static_cast<int64_t>(std::ceil(mean * (1 + options.eps))),
+                     (total + domain.ranks - 1) / domain.ranks);
         EXPECT_LE(ultraep_max, std::max(greedy_max, first_try));
       }
       if (policy == "ideal") {

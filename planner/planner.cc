@@ -37,7 +37,8 @@ void PutLength(std::string& out, uint64_t n) {
 std::optional<std::string_view> TakePart(std::string_view& in) {
   if (in.size() < 8) return std::nullopt;
   uint64_t n = 0;
-  for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(static_cast<unsigned char>(in[i])) << (8 * i);
+  for (int i = 0; i < 8; ++i)
+    n |= static_cast<uint64_t>(static_cast<unsigned char>(in[i])) << (8 * i);
   in.remove_prefix(8);
   if (n > in.size()) return std::nullopt;
   const std::string_view part = in.substr(0, static_cast<size_t>(n));

@@ -127,8 +127,7 @@ int64_t QuotaSplit::FloorColumn(size_t g, int64_t q, int64_t left, double inv, d
       // Bucket of rem / left, monotone in rem; -1 for no remainder. Fused here (and the
       // floors' sum) so the column takes one pass instead of three. The remainders
       // themselves are not kept: the few sources in the edge bucket recompute theirs.
-      const int b =
-          static_cast<int>(std::min(static_cast<double>(kBuckets - 1), rem * to_bucket));
+      const int b = static_cast<int>(std::min(static_cast<double>(kBuckets - 1), rem * to_bucket));
       out_bucket[s] = rem > 0 ? b : -1;
       small_sum += static_cast<int32_t>(f);  // an integer sum, so the loop still vectorizes
     }
@@ -141,8 +140,7 @@ int64_t QuotaSplit::FloorColumn(size_t g, int64_t q, int64_t left, double inv, d
       col[s] = f;  // the column's first write
       remaining[s] = static_cast<double>(r - f);
       const double remd = static_cast<double>(rem);
-      const int b =
-          static_cast<int>(std::min(static_cast<double>(kBuckets - 1), remd * to_bucket));
+      const int b = static_cast<int>(std::min(static_cast<double>(kBuckets - 1), remd * to_bucket));
       bucket[s] = rem > 0 ? b : -1;
       floor_sum += f;
     }
@@ -164,8 +162,8 @@ void QuotaSplit::GiveLeftover(size_t g, int64_t q, int64_t left, double inv, int
     return static_cast<int64_t>(count);
   };
   int edge = 0;
-  int beyond = kBuckets;  // count_from(edge) >= leftover > count_from(beyond)
-  int64_t count_edge = -1;  // count_from(edge) once probed
+  int beyond = kBuckets;     // count_from(edge) >= leftover > count_from(beyond)
+  int64_t count_edge = -1;   // count_from(edge) once probed
   int64_t count_beyond = 0;  // count_from(beyond): 0 for kBuckets
   while (beyond - edge > 1) {
     const int mid = (edge + beyond) / 2;

@@ -70,7 +70,7 @@ class QuotaSplit {
     int64_t remainder;  // r_s * q mod R
     int32_t source;
   };
-  std::vector<TiedSource> tied_;     // sources in the boundary bucket
+  std::vector<TiedSource> tied_;  // sources in the boundary bucket
 };
 
 // A replica placed by a policy that keeps every master at home: `tokens` of `expert`'s
@@ -130,15 +130,15 @@ class GreedyRebalancer {
               int64_t min_tokens, int64_t level, std::vector<ReplicaQuota>* replicas);
 
  private:
-  std::vector<int64_t> load_;        // per rank
-  std::vector<int64_t> master_left_; // per expert: the master's tokens
-  std::vector<int32_t> free_;        // per rank: free slots
-  std::vector<int32_t> on_rank_;     // per rank: its replicas (indices), slots_per_rank each
-  std::vector<int32_t> head_;        // per expert: its first replica (linked list), -1 none
-  std::vector<int32_t> next_;        // per replica: the expert's next replica, -1 none
-  std::vector<int32_t> stamp_;       // per rank: the last move that marked it as holding e
-  std::vector<int32_t> over_;        // max-heap of ranks above M
-  std::vector<int32_t> targets_;     // min-heap of ranks below M with a free slot
+  std::vector<int64_t> load_;         // per rank
+  std::vector<int64_t> master_left_;  // per expert: the master's tokens
+  std::vector<int32_t> free_;         // per rank: free slots
+  std::vector<int32_t> on_rank_;      // per rank: its replicas (indices), slots_per_rank each
+  std::vector<int32_t> head_;         // per expert: its first replica (linked list), -1 none
+  std::vector<int32_t> next_;         // per replica: the expert's next replica, -1 none
+  std::vector<int32_t> stamp_;        // per rank: the last move that marked it as holding e
+  std::vector<int32_t> over_;         // max-heap of ranks above M
+  std::vector<int32_t> targets_;      // min-heap of ranks below M with a free slot
   std::vector<int32_t> aside_;
   struct Candidate {
     int64_t tokens;

@@ -77,9 +77,10 @@ absl::Status Replay::Add(const TraceEntry& entry) {
     const auto start = std::chrono::steady_clock::now();
     absl::Status solved = run.planner->SolveInto(loads, entry.layer, &plan);
     const auto stop = std::chrono::steady_clock::now();
-    const std::string where =
-        absl::StrCat("policy ", r.policy, ", microbatch ", entry.microbatch, ", layer ", entry.layer);
-    if (!solved.ok()) return absl::Status(solved.code(), absl::StrCat(where, ": ", solved.message()));
+    const std::string where = absl::StrCat("policy ", r.policy, ", microbatch ", entry.microbatch,
+                                           ", layer ", entry.layer);
+    if (!solved.ok())
+      return absl::Status(solved.code(), absl::StrCat(where, ": ", solved.message()));
     if (absl::Status ok = CheckPlanInvariants(domain_, loads, plan, run.traits->invariants());
         !ok.ok()) {
       return absl::Status(ok.code(),

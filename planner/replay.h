@@ -50,18 +50,18 @@ struct ReplayOptions {
 // One policy's figures. The vectors hold one value per measured entry, in entry order.
 struct PolicyReplay {
   std::string policy;
-  std::vector<double> before;        // rank imbalance (max/mean) with masters only
-  std::vector<double> after;         // rank imbalance under the plan
-  std::vector<double> replicas;      // replica instances
-  std::vector<double> fanout_bytes;  // replica weights fanned out by this plan
-  std::vector<double> direct_ms;     // cost model: that fan-out direct from the masters
-  std::vector<double> relay_ms;      // ... and along the relay schedule
-  std::vector<double> percent;       // PercentOfIdeal of the entry's simulated time
-  std::vector<double> solve_us;      // every entry, warm-up included: SolveInto's wall time
-  int64_t replacement_bytes = 0;     // Planner::last_replacement_bytes, summed
-  double layer_s = 0;                // simulated layer time, summed
-  double ideal_s = 0;                // force-balanced ideal layer time, summed
-  LayerTime parts;                   // simulated time's parts, summed
+  std::vector<double> before;             // rank imbalance (max/mean) with masters only
+  std::vector<double> after;              // rank imbalance under the plan
+  std::vector<double> replicas;           // replica instances
+  std::vector<double> fanout_bytes;       // replica weights fanned out by this plan
+  std::vector<double> direct_ms;          // cost model: that fan-out direct from the masters
+  std::vector<double> relay_ms;           // ... and along the relay schedule
+  std::vector<double> percent;            // PercentOfIdeal of the entry's simulated time
+  std::vector<double> solve_us;           // every entry, warm-up included: SolveInto's wall time
+  int64_t replacement_bytes = 0;          // Planner::last_replacement_bytes, summed
+  double layer_s = 0;                     // simulated layer time, summed
+  double ideal_s = 0;                     // force-balanced ideal layer time, summed
+  LayerTime parts;                        // simulated time's parts, summed
   uint64_t plan_hash = kFingerprintSeed;  // PlanFingerprint chained over every plan
 };
 

@@ -164,8 +164,7 @@ TEST(ReplayTest, ErrorsNameThePolicyAndEntry) {
   options = Options();
   options.slots = -1;
   Replay bad_domain(options);
-  EXPECT_NE(MessageOf(bad_domain.Add(entries[0])).find("domain.slots_per_rank"),
-            std::string::npos);
+  EXPECT_NE(MessageOf(bad_domain.Add(entries[0])).find("domain.slots_per_rank"), std::string::npos);
 
   Replay replay(Options());
   ASSERT_TRUE(replay.Add(entries[0]).ok());

@@ -244,9 +244,9 @@ absl::StatusOr<bool> TraceReader::ReadLine(std::string& line) {
     any = true;
     const char* start = buffer_.data() + begin_;
     const void* newline = std::memchr(start, '\n', end_ - begin_);
-    const size_t take =
-        newline != nullptr ? static_cast<size_t>(static_cast<const char*>(newline) - start)
-                           : end_ - begin_;
+    const size_t take = newline != nullptr
+                            ? static_cast<size_t>(static_cast<const char*>(newline) - start)
+                            : end_ - begin_;
     if (line.size() + take > max_line_bytes_) {
       return Bad(absl::StrCat(path_, ":", line_number_ + 1),
                  absl::StrCat("line is longer than ", max_line_bytes_,

@@ -55,9 +55,9 @@ absl::StatusOr<CoordinatorClientChannel> OpenCoordinatorChannel(
       backoff = std::min(backoff * 2, std::chrono::milliseconds(2000));
     }
     if (!ca.ok()) {
-      return absl::Status(ca.status().code(),
-                          absl::StrCat("join token from ", token->source,
-                                       ": cannot fetch the coordinator's CA: ", ca.status().message()));
+      return absl::Status(ca.status().code(), absl::StrCat("join token from ", token->source,
+                                                           ": cannot fetch the coordinator's CA: ",
+                                                           ca.status().message()));
     }
     ca_pem = *std::move(ca);
   }

@@ -26,13 +26,13 @@
 #ifndef RACKRUN_RPC_CHANNEL_H_
 #define RACKRUN_RPC_CHANNEL_H_
 
+#include <grpcpp/channel.h>
+#include <grpcpp/security/credentials.h>
+
 #include <chrono>
 #include <memory>
 #include <optional>
 #include <string>
-
-#include <grpcpp/channel.h>
-#include <grpcpp/security/credentials.h>
 
 #include "absl/status/statusor.h"
 #include "rpc/credentials.h"

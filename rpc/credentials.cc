@@ -68,7 +68,8 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> CoordinatorCredentials
     return absl::InvalidArgumentError("--tls-key: needs --tls-cert (the client certificate)");
   }
   if (!tls.cert.empty() && tls.key.empty()) {
-    return absl::InvalidArgumentError("--tls-cert: needs --tls-key (the certificate's private key)");
+    return absl::InvalidArgumentError(
+        "--tls-cert: needs --tls-key (the certificate's private key)");
   }
   if (tls.ca.empty() && ca_pem.empty() && tls.cert.empty()) {
     return grpc::InsecureChannelCredentials();

@@ -6,10 +6,10 @@
 #ifndef RACKRUN_RPC_CREDENTIALS_H_
 #define RACKRUN_RPC_CREDENTIALS_H_
 
+#include <grpcpp/security/credentials.h>
+
 #include <memory>
 #include <string>
-
-#include <grpcpp/security/credentials.h>
 
 #include "absl/status/statusor.h"
 
@@ -29,8 +29,8 @@ struct ClusterToken {
 };
 absl::StatusOr<ClusterToken> LoadClusterToken(const std::string& token_file = "");
 
-// Channel credentials: plaintext without files (and without ca_pem); TLS trusting `ca` (server roots, PEM)
-// and/or presenting the client certificate `cert` with its key `key`. InvalidArgument
+// Channel credentials: plaintext without files (and without ca_pem); TLS trusting `ca` (server
+// roots, PEM) and/or presenting the client certificate `cert` with its key `key`. InvalidArgument
 // naming the flag (--tls-ca, --tls-cert, --tls-key) for an unreadable file, a CA file with
 // no certificate, or a certificate without its key (or a key without its certificate).
 struct TlsFiles {

@@ -2,6 +2,11 @@
 
 #include <arpa/inet.h>
 #include <netdb.h>
+#include <openssl/err.h>
+#include <openssl/evp.h>
+#include <openssl/pem.h>
+#include <openssl/ssl.h>
+#include <openssl/x509.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <unistd.h>
@@ -9,12 +14,6 @@
 #include <cerrno>
 #include <cstring>
 #include <memory>
-
-#include <openssl/err.h>
-#include <openssl/evp.h>
-#include <openssl/pem.h>
-#include <openssl/ssl.h>
-#include <openssl/x509.h>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
@@ -129,7 +128,8 @@ absl::StatusOr<int> Connect(const std::string& host, const std::string& port,
     fd = -1;
   }
   freeaddrinfo(found);
-  if (fd < 0) return absl::UnavailableError(absl::StrCat("cannot connect to ", address, ": ", error));
+  if (fd < 0)
+    return absl::UnavailableError(absl::StrCat("cannot connect to ", address, ": ", error));
   return fd;
 }
 
@@ -154,15 +154,16 @@ absl::StatusOr<std::optional<JoinToken>> ParseJoinToken(absl::string_view text,
     return absl::InvalidArgumentError(absl::StrCat(
         source, ": the join token has no '::' between the CA hash and the secret: ", kFix));
   }
-  const absl::string_view hash = text.substr(kJoinTokenPrefix.size(), sep - kJoinTokenPrefix.size());
+  const absl::string_view hash =
+      text.substr(kJoinTokenPrefix.size(), sep - kJoinTokenPrefix.size());
   const absl::string_view secret = text.substr(sep + 2);
   bool hex = hash.size() == 64;
   for (char c : hash) hex = hex && absl::ascii_isxdigit(static_cast<unsigned char>(c));
   if (!hex) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        source, ": the join token's CA hash must be 64 hex digits between '", kJoinTokenPrefix,
-        "' and '::' (it has ", hash.size(), " characters", hex ? "" : ", not all hex digits",
-        "): ", kFix));
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": the join token's CA hash must be 64 hex digits between '",
+                     kJoinTokenPrefix, "' and '::' (it has ", hash.size(), " characters",
+                     hex ? "" : ", not all hex digits", "): ", kFix));
   }
   if (secret.empty()) {
     return absl::InvalidArgumentError(
@@ -170,20 +171,22 @@ absl::StatusOr<std::optional<JoinToken>> ParseJoinToken(absl::string_view text,
   }
   for (char c : secret) {
     if (absl::ascii_isspace(static_cast<unsigned char>(c)) || c == ':') {
-      return absl::InvalidArgumentError(absl::StrCat(
-          source, ": the join token's secret contains whitespace or ':' (two tokens pasted "
-                  "together?): ",
-          kFix));
+      return absl::InvalidArgumentError(
+          absl::StrCat(source,
+                       ": the join token's secret contains whitespace or ':' (two tokens pasted "
+                       "together?): ",
+                       kFix));
     }
   }
   return JoinToken{absl::AsciiStrToLower(std::string(hash)), std::string(secret)};
 }
 
 absl::StatusOr<std::string> CertificateSha256(const std::string& pem) {
-  std::unique_ptr<BIO, decltype(&BIO_free)> bio(BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())),
-                                                BIO_free);
+  std::unique_ptr<BIO, decltype(&BIO_free)> bio(
+      BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())), BIO_free);
   std::unique_ptr<X509, decltype(&X509_free)> cert(
-      bio != nullptr ? PEM_read_bio_X509(bio.get(), nullptr, nullptr, nullptr) : nullptr, X509_free);
+      bio != nullptr ? PEM_read_bio_X509(bio.get(), nullptr, nullptr, nullptr) : nullptr,
+      X509_free);
   if (cert == nullptr) {
     ERR_clear_error();
     return absl::InvalidArgumentError("no PEM certificate (-----BEGIN CERTIFICATE-----)");
@@ -202,12 +205,15 @@ absl::StatusOr<std::string> FetchPinnedCa(const std::string& address, const std:
         "'", address, "' is not HOST:PORT; a join token needs the coordinator's HOST:PORT"));
   }
   std::string host = address.substr(0, colon);
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']')
+    host = host.substr(1, host.size() - 2);
   absl::StatusOr<int> fd = Connect(host, address.substr(colon + 1), timeout, address);
   if (!fd.ok()) return fd.status();
 
-  std::unique_ptr<SSL_CTX, decltype(&SSL_CTX_free)> ctx(SSL_CTX_new(TLS_client_method()), SSL_CTX_free);
-  std::unique_ptr<SSL, decltype(&SSL_free)> ssl(ctx != nullptr ? SSL_new(ctx.get()) : nullptr, SSL_free);
+  std::unique_ptr<SSL_CTX, decltype(&SSL_CTX_free)> ctx(SSL_CTX_new(TLS_client_method()),
+                                                        SSL_CTX_free);
+  std::unique_ptr<SSL, decltype(&SSL_free)> ssl(ctx != nullptr ? SSL_new(ctx.get()) : nullptr,
+                                                SSL_free);
   if (ssl == nullptr) {
     close(*fd);
     return absl::InternalError(absl::StrCat("TLS set-up: ", OpenSslError()));
@@ -218,7 +224,8 @@ absl::StatusOr<std::string> FetchPinnedCa(const std::string& address, const std:
   SSL_set_alpn_protos(ssl.get(), kAlpn, sizeof(kAlpn));
   in6_addr ip;
   if (inet_pton(AF_INET, host.c_str(), &ip) != 1 && inet_pton(AF_INET6, host.c_str(), &ip) != 1) {
-    SSL_ctrl(ssl.get(), SSL_CTRL_SET_TLSEXT_HOSTNAME, TLSEXT_NAMETYPE_host_name, const_cast<char*>(host.c_str()));
+    SSL_ctrl(ssl.get(), SSL_CTRL_SET_TLSEXT_HOSTNAME, TLSEXT_NAMETYPE_host_name,
+             const_cast<char*>(host.c_str()));
   }
   SocketState socket_state{*fd};
   BIO* bio = SocketMethod() != nullptr ? BIO_new(SocketMethod()) : nullptr;
@@ -270,8 +277,8 @@ absl::StatusOr<std::string> FetchPinnedCa(const std::string& address, const std:
   }
   if (matched.empty()) {
     return absl::PermissionDeniedError(absl::StrCat(
-        "no certificate presented by ", address,
-        " has the join token's CA hash ", ca_sha256.substr(0, 16),
+        "no certificate presented by ", address, " has the join token's CA hash ",
+        ca_sha256.substr(0, 16),
         "...: the join token belongs to another coordinator (or one that renewed its CA), "
         "or something in between answers instead; get a fresh one from its "
         "STATE_DIR/join-token-ROLE"));

@@ -16,9 +16,9 @@
 #include <chrono>
 #include <optional>
 #include <string>
-#include "absl/strings/string_view.h"
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace rackrun::rpc {
 

@@ -1,9 +1,9 @@
 #include "rpc/phase.h"
 
+#include <gtest/gtest.h>
+
 #include <set>
 #include <string>
-
-#include <gtest/gtest.h>
 
 namespace rackrun::rpc {
 namespace {

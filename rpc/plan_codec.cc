@@ -33,18 +33,17 @@ absl::Status PlanFromMessage(const rackrun::v1::PlanMessage& m, planner::Plan* p
     return absl::InvalidArgumentError("plan.ranks and plan.experts: must be positive");
   }
   if (m.instance_rank_size() != n || m.instance_master_size() != n) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "plan.instance_rank / instance_master: ", m.instance_rank_size(), " / ",
-        m.instance_master_size(), " entries for ", n, " instances"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("plan.instance_rank / instance_master: ", m.instance_rank_size(), " / ",
+                     m.instance_master_size(), " entries for ", n, " instances"));
   }
   if (m.first_size() != m.experts() + 1) {
-    return absl::InvalidArgumentError(absl::StrCat("plan.first: ", m.first_size(),
-                                                   " entries, expected experts + 1 = ",
-                                                   m.experts() + 1));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "plan.first: ", m.first_size(), " entries, expected experts + 1 = ", m.experts() + 1));
   }
   if (m.quota_size() != n) {
-    return absl::InvalidArgumentError(absl::StrCat("plan.quota: ", m.quota_size(),
-                                                   " entries for ", n, " instances"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("plan.quota: ", m.quota_size(), " entries for ", n, " instances"));
   }
   // first must be sound before the split's columns can be counted from it.
   if (m.first(0) != 0 || m.first(m.experts()) != n) {

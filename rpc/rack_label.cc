@@ -7,9 +7,8 @@ namespace rackrun::rpc {
 
 absl::Status CheckRackLabel(const std::string& label) {
   if (static_cast<int>(label.size()) > kMaxRackLabelLength) {
-    return absl::InvalidArgumentError(absl::StrCat("the rack label is ", label.size(),
-                                                   " characters long; use at most ",
-                                                   kMaxRackLabelLength));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the rack label is ", label.size(), " characters long; use at most ", kMaxRackLabelLength));
   }
   for (const char c : label) {
     if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '_' && c != '-') {

@@ -17,8 +17,9 @@ TEST(RackLabelTest, AcceptsNamesAndRefusesOthersSayingWhatIsAllowed) {
   EXPECT_TRUE(CheckRackLabel(std::string(kMaxRackLabelLength, 'x')).ok());
   const absl::Status spaced = CheckRackLabel("rack a");
   EXPECT_EQ(spaced.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(std::string(spaced.message()),
-            "the rack label 'rack a' may hold only letters, digits, '.', '_' and '-' (e.g. rack-a)");
+  EXPECT_EQ(
+      std::string(spaced.message()),
+      "the rack label 'rack a' may hold only letters, digits, '.', '_' and '-' (e.g. rack-a)");
   EXPECT_FALSE(CheckRackLabel("a/b").ok());
   EXPECT_THAT(std::string(CheckRackLabel(std::string(64, 'x')).message()),
               HasSubstr("the rack label is 64 characters long; use at most 63"));

@@ -22,7 +22,6 @@ constexpr char kMagic[8] = {'R', 'K', 'R', 'C', 'K', 'P', 'T', '1'};
 constexpr char kEndMagic[8] = {'R', 'K', 'R', 'C', 'K', 'E', 'N', 'D'};
 constexpr uint32_t kVersion = 1;
 
-
 using base::PosixError;
 
 template <typename U>
@@ -76,9 +75,6 @@ bool ParseStep(const std::string& file_name, int64_t& step) {
 }
 
 }  // namespace
-
-
-
 
 const CheckpointSection* Checkpoint::Find(std::string_view name) const {
   for (const CheckpointSection& s : sections) {
@@ -180,8 +176,8 @@ absl::StatusOr<Checkpoint> LoadCheckpoint(const std::string& path) {
     return refuse("file is truncated (too short)");
   }
   if (std::memcmp(bytes.data(), kMagic, sizeof(kMagic)) != 0) {
-    const bool text = std::all_of(bytes.begin(), bytes.begin() + std::min<size_t>(bytes.size(), 512),
-                                  [](char ch) {
+    const bool text = std::all_of(bytes.begin(),
+                                  bytes.begin() + std::min<size_t>(bytes.size(), 512), [](char ch) {
                                     const unsigned char u = static_cast<unsigned char>(ch);
                                     return u == '\n' || u == '\r' || u == '\t' || u >= 0x20;
                                   });
@@ -281,29 +277,31 @@ absl::StatusOr<CheckpointFolderClaim> ClaimCheckpointFolder(const std::string& d
   std::error_code ec;
   const std::filesystem::file_status status = std::filesystem::status(dir, ec);
   if (std::filesystem::exists(status) && !std::filesystem::is_directory(status)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "checkpoint.dir: '", dir, "' exists and is not a folder; give a folder (it is created "
-        "when missing)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("checkpoint.dir: '", dir,
+                     "' exists and is not a folder; give a folder (it is created "
+                     "when missing)"));
   }
   std::filesystem::create_directories(dir, ec);
   if (ec) {
-    return absl::InvalidArgumentError(absl::StrCat("checkpoint.dir: cannot create '", dir,
-                                                   "': ", ec.message()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("checkpoint.dir: cannot create '", dir, "': ", ec.message()));
   }
   if (::access(dir.c_str(), W_OK | X_OK) != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("checkpoint.dir: cannot write into '", dir,
-                                                   "': ", std::strerror(errno)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("checkpoint.dir: cannot write into '", dir, "': ", std::strerror(errno)));
   }
   absl::StatusOr<base::FolderLock> lock =
       base::FolderLock::Acquire(dir, "checkpoint.dir", base::FileUse::kJob);
   if (!lock.ok()) return lock.status();
   CheckpointFolderClaim claim{*std::move(lock), {}};
-  absl::StatusOr<std::vector<std::string>> stale = base::RemoveStaleTemporaries(dir, IsCheckpointName);
+  absl::StatusOr<std::vector<std::string>> stale =
+      base::RemoveStaleTemporaries(dir, IsCheckpointName);
   if (!stale.ok()) return stale.status();
   if (!stale->empty()) {
-    claim.notes.push_back(absl::StrCat("removed ", stale->size(),
-                                       " temporary file(s) of a checkpoint writer that died: ",
-                                       Names(*stale)));
+    claim.notes.push_back(
+        absl::StrCat("removed ", stale->size(),
+                     " temporary file(s) of a checkpoint writer that died: ", Names(*stale)));
   }
   const std::string owner =
       run.owner.empty() ? absl::StrCat("pid ", getpid(), " on host ", base::HostName()) : run.owner;
@@ -328,7 +326,8 @@ absl::StatusOr<CheckpointFolderClaim> ClaimCheckpointFolder(const std::string& d
     std::vector<std::string> newer;
     for (const std::string& f : present) {
       int64_t step = 0;
-      if (ParseStep(std::filesystem::path(f).filename().string(), step) && step > run.resumed_step) {
+      if (ParseStep(std::filesystem::path(f).filename().string(), step) &&
+          step > run.resumed_step) {
         newer.push_back(f);
       }
     }

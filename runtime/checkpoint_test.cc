@@ -205,9 +205,8 @@ TEST(CheckpointFolderTest, ASecondWriterIsRefusedNamingTheHoldersPidAndHost) {
   absl::StatusOr<CheckpointFolderClaim> second = ClaimCheckpointFolder(dir, {});
   ASSERT_FALSE(second.ok());
   EXPECT_EQ(second.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(second.status().message(),
-              HasSubstr("is in use by pid " + std::to_string(getpid()) + " on host " +
-                        base::HostName()));
+  EXPECT_THAT(second.status().message(), HasSubstr("is in use by pid " + std::to_string(getpid()) +
+                                                   " on host " + base::HostName()));
   // A writer in another process is refused too (the lock is not per process).
   const pid_t child = fork();
   if (child == 0) _exit(ClaimCheckpointFolder(dir, {}).ok() ? 1 : 0);
@@ -277,7 +276,8 @@ TEST(CheckpointFolderTest, APathThatIsAFileOrCannotBeCreatedIsRefusedWithTheReas
   std::ofstream(file) << "x";
   absl::StatusOr<CheckpointFolderClaim> c = ClaimCheckpointFolder(file, {});
   ASSERT_FALSE(c.ok());
-  EXPECT_THAT(c.status().message(), HasSubstr("checkpoint.dir: '" + file + "' exists and is not a folder"));
+  EXPECT_THAT(c.status().message(),
+              HasSubstr("checkpoint.dir: '" + file + "' exists and is not a folder"));
   c = ClaimCheckpointFolder(file + "/sub", {});
   ASSERT_FALSE(c.ok());
   EXPECT_THAT(c.status().message(), HasSubstr("checkpoint.dir: cannot create '" + file + "/sub'"));

@@ -85,9 +85,7 @@ class ExpertParallelExecutor final : public ExpertExecutor<float> {
   absl::Status Where(const absl::Status& s, absl::string_view phase) const;
   int rank() const { return g_->channel().rank(); }
   int64_t floats() const { return experts_->expert_floats(); }
-  ReplicaSlotStore& slots() {
-    return g_->options().share_slots ? g_->shared_slots() : own_slots_;
-  }
+  ReplicaSlotStore& slots() { return g_->options().share_slots ? g_->shared_slots() : own_slots_; }
   float* slot_weights(int slot) { return slots().weights.data() + slot * floats(); }
   // Shared slots alternate two gradient buffers by layer parity; own slots use one.
   std::vector<float>& grad_buffer() {
@@ -125,8 +123,8 @@ class ExpertParallelExecutor final : public ExpertExecutor<float> {
   std::unique_ptr<planner::FanoutScheduler> relay_;
   std::vector<int> slot_of_expert_;  // this rank's slot holding expert e, or -1
   int slots_used_ = 0;
-  ReplicaSlotStore own_slots_;  // unless the group's slots are shared
-  std::vector<float> staging_;                // packed master weights to send
+  ReplicaSlotStore own_slots_;                       // unless the group's slots are shared
+  std::vector<float> staging_;                       // packed master weights to send
   std::unique_ptr<comm::FanoutInFlight> in_flight_;  // StartFanOut .. FinishFanOut
   absl::Status poll_error_;  // the first error of PollFanOut while in_flight_
   // Replica-gradient reduction in flight: requests, (expert, buffer index) received in
@@ -180,7 +178,8 @@ absl::Status ExpertParallelExecutor::SolvePlan(std::span<const int64_t> offsets)
     }
   }
   if (g_->options().check_invariants) {
-    if (absl::Status s = planner::CheckPlanInvariants(g_->domain(), loads_, plan_, g_->invariants());
+    if (absl::Status s =
+            planner::CheckPlanInvariants(g_->domain(), loads_, plan_, g_->invariants());
         !s.ok()) {
       return Where(absl::InternalError(absl::StrCat("the ", g_->options().policy,
                                                     " plan breaks an invariant: ", s.message())),
@@ -201,12 +200,12 @@ absl::Status ExpertParallelExecutor::SolvePlan(std::span<const int64_t> offsets)
     if (!gathered.ok()) return Where(gathered, "comparing plan fingerprints");
     for (int r = 1; r < g_->domain().ranks; ++r) {
       if (fingerprints_[static_cast<size_t>(r)] != fingerprints_[0]) {
-        return Where(absl::FailedPreconditionError(absl::StrCat(
-                         "ranks disagree on the plan: rank ", r, " solved fingerprint ",
-                         absl::Hex(fingerprints_[static_cast<size_t>(r)]), ", rank 0 solved ",
-                         absl::Hex(fingerprints_[0]),
-                         "; every rank must run the same binary and job spec")),
-                     "comparing plan fingerprints");
+        return Where(
+            absl::FailedPreconditionError(absl::StrCat(
+                "ranks disagree on the plan: rank ", r, " solved fingerprint ",
+                absl::Hex(fingerprints_[static_cast<size_t>(r)]), ", rank 0 solved ",
+                absl::Hex(fingerprints_[0]), "; every rank must run the same binary and job spec")),
+            "comparing plan fingerprints");
       }
     }
   }
@@ -216,9 +215,9 @@ absl::Status ExpertParallelExecutor::SolvePlan(std::span<const int64_t> offsets)
     // Every domain's totals, summed: the global microbatch's counts. An exchange too: it
     // waits for the ranks of the other domains.
     const double t0 = base::NowSeconds();
-    const absl::Status summed = replicas->AllReduce(totals_.data(), totals_.data(),
-                                                    static_cast<int64_t>(totals_.size()),
-                                                    comm::DataType::kInt64, comm::ReduceOp::kSum);
+    const absl::Status summed =
+        replicas->AllReduce(totals_.data(), totals_.data(), static_cast<int64_t>(totals_.size()),
+                            comm::DataType::kInt64, comm::ReduceOp::kSum);
     const double seconds = base::NowSeconds() - t0;
     st.plan_exchange_s += seconds;
     st.plan_domains_exchange_s += seconds;
@@ -416,8 +415,10 @@ absl::Status ExpertParallelExecutor::Forward(std::span<const int64_t> offsets,
   ls.imbalance_after += planner::Imbalance(planned);
   st.rank_tokens_before.resize(static_cast<size_t>(d.ranks), 0);
   st.rank_tokens_after.resize(static_cast<size_t>(d.ranks), 0);
-  for (size_t r = 0; r < home.size() && r < st.rank_tokens_before.size(); ++r) st.rank_tokens_before[r] += home[r];
-  for (size_t r = 0; r < planned.size() && r < st.rank_tokens_after.size(); ++r) st.rank_tokens_after[r] += planned[r];
+  for (size_t r = 0; r < home.size() && r < st.rank_tokens_before.size(); ++r)
+    st.rank_tokens_before[r] += home[r];
+  for (size_t r = 0; r < planned.size() && r < st.rank_tokens_after.size(); ++r)
+    st.rank_tokens_after[r] += planned[r];
   ls.replicas += plan_.num_replicas();
   if (g_->training() && g_->trace() != nullptr) {
     planner::TraceEntry entry;
@@ -517,7 +518,7 @@ absl::Status ExpertParallelExecutor::Backward(std::span<const int64_t> offsets,
   std::fill(grad_buffer().begin(), grad_buffer().begin() + slots_used_ * floats(), 0.0f);
   if (absl::Status s =
           dispatch_->DispatchChoices(g_->channel(), {dexpert_out, static_cast<size_t>(rows * c)}, c,
-                                   {dy_.data(), static_cast<size_t>(er * c)});
+                                     {dy_.data(), static_cast<size_t>(er * c)});
       !s.ok()) {
     return Where(s, "dispatching output gradients");
   }
@@ -676,7 +677,8 @@ absl::StatusOr<std::unique_ptr<ExpertParallelGroup>> ExpertParallelGroup::Create
   }
   // A plan source other than in-band (the coordinator) may plan with a policy this
   // process does not know; its plans are then held to the default invariants.
-  if (const planner::PolicyTraits* policy = planner::FindPolicy(options.policy); policy != nullptr) {
+  if (const planner::PolicyTraits* policy = planner::FindPolicy(options.policy);
+      policy != nullptr) {
     g->invariants_ = policy->invariants();
   }
   if (!options.load_trace.empty() && channel.rank() == 0) {

@@ -62,8 +62,8 @@
 #include <memory>
 #include <optional>
 #include <string>
-#include <utility>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -114,17 +114,17 @@ struct ExpertParallelStats {
     int64_t replicas = 0;         // sum of replica instances
   };
   std::vector<Layer> layers;
-  double plan_s = 0;            // load allgather + solve + invariant check (+ fingerprint
-                                // allgather for sources that do not carry it)
-  double plan_exchange_s = 0;   // of plan_s: its exchanges, waiting for the other ranks
-                                // included: the plan source's (last_exchange_seconds), the
-                                // fingerprint allgather where the source needs one, and
-                                // with D > 1 domains plan_domains_exchange_s
+  double plan_s = 0;                   // load allgather + solve + invariant check (+ fingerprint
+                                       // allgather for sources that do not carry it)
+  double plan_exchange_s = 0;          // of plan_s: its exchanges, waiting for the other ranks
+                                       // included: the plan source's (last_exchange_seconds), the
+                                       // fingerprint allgather where the source needs one, and
+                                       // with D > 1 domains plan_domains_exchange_s
   double plan_domains_exchange_s = 0;  // of plan_exchange_s: the all-reduce of the expert
                                        // totals over the domains (`replicas`; 0 with one
                                        // domain), waiting for the other domains included
-  double fanout_s = 0;          // replica weights to their ranks: time spent posting and
-                                // completing the fan-outs (the exposed part)
+  double fanout_s = 0;                 // replica weights to their ranks: time spent posting and
+                                       // completing the fan-outs (the exposed part)
   double dispatch_s = 0;        // token all-to-alls (dispatch and combine, forward and backward)
   double expert_s = 0;          // local expert compute, masters and replicas
   double reduce_s = 0;          // replica gradients into the masters (posting + completing)
@@ -208,7 +208,6 @@ class ExpertParallelGroup {
 
   const planner::Domain& domain() const { return domain_; }
   comm::DataChannel& channel() { return channel_; }
-
 
   // What the group's executors (one per MoE layer) work through.
   const ExpertParallelOptions& options() const { return options_; }

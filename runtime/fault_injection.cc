@@ -34,7 +34,8 @@ absl::StatusOr<FaultInjection> FaultInjection::Parse(std::string_view value) {
   }
   bool rank = false, layer = false, microbatch = false;
   for (absl::string_view kv : absl::StrSplit(kind_args.second, ',')) {
-    const std::pair<absl::string_view, absl::string_view> p = absl::StrSplit(kv, absl::MaxSplits('=', 1));
+    const std::pair<absl::string_view, absl::string_view> p =
+        absl::StrSplit(kv, absl::MaxSplits('=', 1));
     int64_t n = 0;
     if (!absl::SimpleAtoi(p.second, &n) || n < 0) return bad();
     if (p.first == "rank" && !rank) {

@@ -20,7 +20,8 @@ TEST(FaultInjectionTest, ParsesEveryKindWithKeysInAnyOrder) {
   EXPECT_EQ(f->rank(), 2);
   EXPECT_EQ(f->layer(), 1);
   EXPECT_EQ(f->microbatch(), 3);
-  EXPECT_EQ(FaultInjection::Parse("plan_hash:rank=0,layer=0,microbatch=0")->kind(), FaultKind::kPlanHash);
+  EXPECT_EQ(FaultInjection::Parse("plan_hash:rank=0,layer=0,microbatch=0")->kind(),
+            FaultKind::kPlanHash);
   EXPECT_EQ(FaultInjection::Parse("exit:rank=1,layer=2,microbatch=5")->kind(), FaultKind::kExit);
 }
 
@@ -41,7 +42,8 @@ TEST(FaultInjectionTest, MalformedValuesNameTheVariableAndTheForm) {
     absl::StatusOr<FaultInjection> f = FaultInjection::Parse(value);
     ASSERT_FALSE(f.ok()) << value;
     EXPECT_EQ(f.status().code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_THAT(std::string(f.status().message()), HasSubstr(std::string("RACKRUN_FAULT='") + value + "'"));
+    EXPECT_THAT(std::string(f.status().message()),
+                HasSubstr(std::string("RACKRUN_FAULT='") + value + "'"));
     EXPECT_THAT(std::string(f.status().message()), HasSubstr("KIND:rank=R,layer=L,microbatch=M"));
   }
 }

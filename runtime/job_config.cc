@@ -116,10 +116,14 @@ absl::StatusOr<jobspec::JobMemoryEstimate> CheckJobFitsThisMachine(const JobSpec
   if (absl::Status s = CheckJobDevice(spec, ranks_here); !s.ok()) return s;
   const int cores = UsableCores();
   if (threads > cores) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "resources.threads: ", threads, " threads per rank on a machine where this process may "
-        "use ", cores, " cores would oversubscribe them (every OpenMP barrier then waits for "
-        "descheduled threads: many times slower); set at most ", cores, ", or 0 for all cores"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("resources.threads: ", threads,
+                     " threads per rank on a machine where this process may "
+                     "use ",
+                     cores,
+                     " cores would oversubscribe them (every OpenMP barrier then waits for "
+                     "descheduled threads: many times slower); set at most ",
+                     cores, ", or 0 for all cores"));
   }
   jobspec::JobMemoryInputs inputs;
   inputs.ranks = std::max(1, ranks);
@@ -128,7 +132,8 @@ absl::StatusOr<jobspec::JobMemoryEstimate> CheckJobFitsThisMachine(const JobSpec
   inputs.vocab = DataVocab(spec);
   absl::StatusOr<jobspec::JobMemoryEstimate> estimate = jobspec::EstimateJobMemory(spec, inputs);
   if (!estimate.ok()) return estimate.status();
-  if (absl::Status s = jobspec::CheckJobMemory(*estimate, ranks_here, jobspec::ReadMachineMemory()); !s.ok()) {
+  if (absl::Status s = jobspec::CheckJobMemory(*estimate, ranks_here, jobspec::ReadMachineMemory());
+      !s.ok()) {
     return s;
   }
   return estimate;

@@ -8,11 +8,11 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "jobspec/job_memory.h"
+#include "jobspec/spec.h"
 #include "rackrun/v1/job_spec.pb.h"
 #include "runtime/model.h"
 #include "runtime/optimizer.h"
-#include "jobspec/job_memory.h"
-#include "jobspec/spec.h"
 
 namespace rackrun::runtime {
 
@@ -36,9 +36,9 @@ struct TrainConfig {
   int checkpoint_keep = 2;
   bool checkpoint_start_over = false;  // move another run's checkpoints aside
   int64_t log_interval = 10;
-  std::string log_json;  // empty: none
+  std::string log_json;    // empty: none
   std::string load_trace;  // empty: none
-  int threads = 0;       // 0: all cores
+  int threads = 0;         // 0: all cores
 };
 
 TrainConfig TrainConfigFromSpec(const rackrun::v1::JobSpec& spec);
@@ -60,7 +60,8 @@ ModelConfig ModelConfigFromSpec(const rackrun::v1::JobSpec& spec);
 // - device: CheckJobDevice below, first.
 // Returns the estimate when the job fits.
 absl::StatusOr<jobspec::JobMemoryEstimate> CheckJobFitsThisMachine(const rackrun::v1::JobSpec& spec,
-                                                                   int ranks, int ranks_here, int threads);
+                                                                   int ranks, int ranks_here,
+                                                                   int threads);
 
 // Whether resources.device is usable by the `ranks_here` ranks on this machine: OK for cpu;
 // for cuda and cuda:N the checks of runtime/cuda/device_probe.h (no GPU visible, driver

@@ -3,6 +3,8 @@
 // model's parameter count, and the resident memory that building the model, AdamW's state
 // and one microbatch's forward + backward take. Here, not beside the estimate, because it
 // builds models (the jobspec module does not link the runtime).
+#include "runtime/job_config.h"
+
 #include <malloc.h>
 #include <omp.h>
 #include <unistd.h>
@@ -14,15 +16,13 @@
 #include <vector>
 
 #include "absl/strings/str_join.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
 #include "jobspec/job_memory.h"
 #include "jobspec/spec.h"
 #include "runtime/cuda/device_probe.h"
-#include "runtime/job_config.h"
 #include "runtime/model.h"
 #include "runtime/optimizer.h"
-
-#include "gmock/gmock.h"
-#include "gtest/gtest.h"
 
 namespace rackrun::runtime {
 namespace {
@@ -163,12 +163,12 @@ TEST(JobMemoryTest, EstimateIsCloseToMeasuredResidentMemory) {
        "model.residual=vanilla", "model.streams=0", "model.active=0", "model.fixed=0",
        "model.seq_len=64", "data.batch_size=8"},
       // Activation-dominated: xhc streams, attention probabilities, expert hidden states.
-      {"model.vocab=257", "model.width=128", "model.heads=4", "model.blocks=2",
-       "model.seq_len=256", "data.batch_size=8", "model.moe.experts=8", "model.moe.top_k=2"},
+      {"model.vocab=257", "model.width=128", "model.heads=4", "model.blocks=2", "model.seq_len=256",
+       "data.batch_size=8", "model.moe.experts=8", "model.moe.top_k=2"},
       // mhc saves every sublayer's input state.
-      {"model.vocab=257", "model.width=64", "model.heads=2", "model.blocks=2",
-       "model.residual=mhc", "model.streams=0", "model.active=0", "model.fixed=0",
-       "model.seq_len=128", "data.batch_size=16"},
+      {"model.vocab=257", "model.width=64", "model.heads=2", "model.blocks=2", "model.residual=mhc",
+       "model.streams=0", "model.active=0", "model.fixed=0", "model.seq_len=128",
+       "data.batch_size=16"},
   };
   omp_set_num_threads(1);
   // A fixed mmap threshold: every large tensor is its own mapping, returned on free, so
@@ -178,7 +178,8 @@ TEST(JobMemoryTest, EstimateIsCloseToMeasuredResidentMemory) {
     malloc_trim(0);
     absl::StatusOr<rackrun::v1::JobSpec> spec = ParseJobSpec(kYaml, overrides);
     ASSERT_TRUE(spec.ok()) << spec.status();
-    absl::StatusOr<JobMemoryEstimate> estimate = EstimateJobMemory(*spec, {.ranks = 1, .threads = 1});
+    absl::StatusOr<JobMemoryEstimate> estimate =
+        EstimateJobMemory(*spec, {.ranks = 1, .threads = 1});
     ASSERT_TRUE(estimate.ok()) << estimate.status();
     const JobMemoryEstimate& e = *estimate;
     const int64_t expected = e.parameters + e.gradients + e.optimizer + e.activations;
@@ -196,7 +197,8 @@ TEST(JobMemoryTest, EstimateIsCloseToMeasuredResidentMemory) {
       std::vector<int32_t> inputs(static_cast<size_t>(batch) * seq), targets(inputs.size());
       for (size_t i = 0; i < inputs.size(); ++i) {
         inputs[i] = static_cast<int32_t>((i * 7919) % static_cast<size_t>(spec->model().vocab()));
-        targets[i] = static_cast<int32_t>((i * 104729) % static_cast<size_t>(spec->model().vocab()));
+        targets[i] =
+            static_cast<int32_t>((i * 104729) % static_cast<size_t>(spec->model().vocab()));
       }
       absl::StatusOr<double> loss = (*model)->ForwardBackward(inputs, targets, batch, {}, 1.0f);
       ASSERT_TRUE(loss.ok()) << loss.status();

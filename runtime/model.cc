@@ -34,8 +34,9 @@ absl::Status ModelConfig::Validate() const {
                                                " is not a rank of the expert-parallel group"));
   }
   if (moe.experts % expert_ranks != 0) {
-    return Invalid("moe.experts", absl::StrCat(moe.experts, " experts cannot be split evenly over ",
-                                               expert_ranks, " ranks; use a multiple of the ranks"));
+    return Invalid("moe.experts",
+                   absl::StrCat(moe.experts, " experts cannot be split evenly over ", expert_ranks,
+                                " ranks; use a multiple of the ranks"));
   }
   if (width % heads != 0) {
     return Invalid("heads", absl::StrCat("width ", width, " is not divisible by heads ", heads,

@@ -31,7 +31,6 @@ std::string JsonArray(const std::vector<double>& values) {
   return absl::StrCat("[", absl::StrJoin(parts, ", "), "]");
 }
 
-
 }  // namespace
 
 std::string StepRecord::ToJson() const {
@@ -44,21 +43,21 @@ std::string StepRecord::ToJson() const {
       ", \"grad_norm\": ", JsonNumber(grad_norm), ", \"elapsed_s\": ", JsonNumber(elapsed_s),
       ", \"aux_loss\": ", JsonNumber(aux_loss), ", \"expert_load_max_over_mean\": [",
       absl::StrJoin(loads, ", "), "]",
-      ranks > 1 ? absl::StrCat(", \"ranks\": ", ranks,
-                               ", \"rank_imbalance_before\": ", JsonArray(rank_imbalance_before),
-                               ", \"rank_imbalance_after\": ", JsonArray(rank_imbalance_after),
-                               ", \"replicas\": ", JsonNumber(replicas), ", \"plan_s\": ",
-                               JsonNumber(plan_s), ", \"plan_exchange_s\": ",
-                               JsonNumber(plan_exchange_s), ", \"fanout_s\": ", JsonNumber(fanout_s),
-                               ", \"dispatch_s\": ", JsonNumber(dispatch_s),
-                               ", \"replica_reduce_s\": ", JsonNumber(reduce_s),
-                               ", \"step_s\": ", JsonNumber(step_s), ", \"balancing_share\": ",
-                               JsonNumber(BalancingShare(plan_s, plan_exchange_s, fanout_s,
-                                                         reduce_s, step_s)),
-                               ", \"dense_allreduce_s\": ", JsonNumber(dense_allreduce_s),
-                               ", \"expert_allreduce_s\": ", JsonNumber(expert_allreduce_s),
-                               ", \"domain_stats_s\": ", JsonNumber(domain_stats_s), DomainsJson())
-                : std::string(),
+      ranks > 1
+          ? absl::StrCat(
+                ", \"ranks\": ", ranks,
+                ", \"rank_imbalance_before\": ", JsonArray(rank_imbalance_before),
+                ", \"rank_imbalance_after\": ", JsonArray(rank_imbalance_after),
+                ", \"replicas\": ", JsonNumber(replicas), ", \"plan_s\": ", JsonNumber(plan_s),
+                ", \"plan_exchange_s\": ", JsonNumber(plan_exchange_s), ", \"fanout_s\": ",
+                JsonNumber(fanout_s), ", \"dispatch_s\": ", JsonNumber(dispatch_s),
+                ", \"replica_reduce_s\": ", JsonNumber(reduce_s),
+                ", \"step_s\": ", JsonNumber(step_s), ", \"balancing_share\": ",
+                JsonNumber(BalancingShare(plan_s, plan_exchange_s, fanout_s, reduce_s, step_s)),
+                ", \"dense_allreduce_s\": ", JsonNumber(dense_allreduce_s),
+                ", \"expert_allreduce_s\": ", JsonNumber(expert_allreduce_s),
+                ", \"domain_stats_s\": ", JsonNumber(domain_stats_s), DomainsJson())
+          : std::string(),
       "}");
 }
 
@@ -99,9 +98,9 @@ std::string StepRecord::ToLogLine(int64_t steps) const {
       layers.push_back(
           absl::StrFormat("%.2f>%.2f", rank_imbalance_before[i], rank_imbalance_after[i]));
     }
-    balance = absl::StrCat("  ranks ", absl::StrJoin(layers, "/"), "  ",
-                           BalancingPhasesText(plan_s, plan_exchange_s, fanout_s, dispatch_s,
-                                               reduce_s, step_s));
+    balance = absl::StrCat(
+        "  ranks ", absl::StrJoin(layers, "/"), "  ",
+        BalancingPhasesText(plan_s, plan_exchange_s, fanout_s, dispatch_s, reduce_s, step_s));
   }
   return absl::StrFormat(
       "step %*d/%d  loss %.4f  val %s  tok/s %7.0f  lr %.2e  gnorm %6.3f  load %s%s  %6.1fs",

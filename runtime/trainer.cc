@@ -76,8 +76,8 @@ absl::Status KeepRecordsBelow(const std::string& path, absl::string_view key, in
     const size_t at = line.find(field);
     int64_t value = 0;
     const bool keep = at != absl::string_view::npos && line.back() == '}' &&
-                      absl::SimpleAtoi(line.substr(at + field.size(),
-                                                   line.find_first_of(",}", at) - at - field.size()),
+                      absl::SimpleAtoi(line.substr(at + field.size(), line.find_first_of(",}", at) -
+                                                                          at - field.size()),
                                        &value) &&
                       value < limit;
     if (keep) {
@@ -170,8 +170,7 @@ std::unique_ptr<AdamW> OptimizerOf(Model<float>& model, const AdamWConfig& confi
 absl::StatusOr<std::unique_ptr<ExpertParallelGroup>> CreateExpertParallel(
     const rackrun::v1::JobSpec& spec, comm::DataChannel& channel, comm::DataChannel* replicas,
     Model<float>& model, const TrainerOptions& options) {
-  absl::StatusOr<jobspec::BalancerSetup> balancer =
-      jobspec::BalancerSetupOf(spec, channel.size());
+  absl::StatusOr<jobspec::BalancerSetup> balancer = jobspec::BalancerSetupOf(spec, channel.size());
   if (!balancer.ok()) return balancer.status();
   ExpertParallelOptions ep;
   ep.policy = std::string(balancer->policy->name);
@@ -201,10 +200,10 @@ absl::Status CheckCheckpointTokenizer(const Checkpoint& c, const std::string& lo
       data::TokenizerInfo::FromJson(section->payload, absl::StrCat("checkpoint '", loaded, "'"));
   if (!theirs.ok()) return absl::DataLossError(theirs.status().message());
   if (theirs->kind == "unknown" || theirs->SameTokenizer(ours)) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(
-      "checkpoint '", loaded, "' was trained on data from tokenizer ", theirs->Describe(),
-      " but this job's data is from ", ours.Describe(),
-      "; resume on data made with the checkpoint's tokenizer"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("checkpoint '", loaded, "' was trained on data from tokenizer ",
+                   theirs->Describe(), " but this job's data is from ", ours.Describe(),
+                   "; resume on data made with the checkpoint's tokenizer"));
 }
 
 // Every rank's `mine`, in rank order (collective over `channel`).
@@ -444,10 +443,12 @@ absl::Status Trainer::GatherDomainStats(StepRecord& r) {
   }
   if (data_parallel_ > 1) {
     const base::Stopwatch clock;
-    if (absl::Status s = channel_->AllReduce(sums.data(), sums.data(), static_cast<int64_t>(sums.size()),
-                                             comm::DataType::kFloat64, comm::ReduceOp::kSum);
+    if (absl::Status s =
+            channel_->AllReduce(sums.data(), sums.data(), static_cast<int64_t>(sums.size()),
+                                comm::DataType::kFloat64, comm::ReduceOp::kSum);
         !s.ok()) {
-      return base::Annotate(s, absl::StrCat("all-reducing the domains' balancing figures at step ", step_ + 1));
+      return base::Annotate(
+          s, absl::StrCat("all-reducing the domains' balancing figures at step ", step_ + 1));
     }
     r.domain_stats_s = clock.Seconds();
   }
@@ -602,8 +603,8 @@ absl::StatusOr<double> Trainer::EvaluateValidation() {
   }
   data::Loader& loader = *validation_loader_;
   // The same microbatches every time: from the start of the (unshuffled) stream.
-  if (absl::Status s = loader.Restore(
-          {.samples = 0, .drawn = std::vector<uint64_t>(loader.datasets(), 0)});
+  if (absl::Status s =
+          loader.Restore({.samples = 0, .drawn = std::vector<uint64_t>(loader.datasets(), 0)});
       !s.ok()) {
     return s;
   }
@@ -848,14 +849,22 @@ std::string TrainerStateSection(int64_t step, int64_t adam_step) {
 
 const char* TrainPhaseName(TrainPhase phase) {
   switch (phase) {
-    case TrainPhase::kIdle: return "idle";
-    case TrainPhase::kAgree: return "agree";
-    case TrainPhase::kData: return "data";
-    case TrainPhase::kForwardBackward: return "forward_backward";
-    case TrainPhase::kReduce: return "reduce";
-    case TrainPhase::kOptimizer: return "optimizer";
-    case TrainPhase::kEvaluate: return "evaluate";
-    case TrainPhase::kCheckpoint: return "checkpoint";
+    case TrainPhase::kIdle:
+      return "idle";
+    case TrainPhase::kAgree:
+      return "agree";
+    case TrainPhase::kData:
+      return "data";
+    case TrainPhase::kForwardBackward:
+      return "forward_backward";
+    case TrainPhase::kReduce:
+      return "reduce";
+    case TrainPhase::kOptimizer:
+      return "optimizer";
+    case TrainPhase::kEvaluate:
+      return "evaluate";
+    case TrainPhase::kCheckpoint:
+      return "checkpoint";
   }
   return "unknown";
 }
@@ -916,9 +925,9 @@ absl::Status Trainer::AgreeOnResumeState() {
             ? std::string(members[i].size() > 1 ? "start fresh (step 0)" : "starts fresh (step 0)")
             : absl::StrFormat("resumed step %d (checkpoint crc32c 0x%08x)", step, crc)));
   }
-  return absl::FailedPreconditionError(absl::StrCat(
-      "the ranks disagree on the state to start from: ", absl::StrJoin(parts, "; "),
-      "; start every rank with the same --resume (or none)"));
+  return absl::FailedPreconditionError(
+      absl::StrCat("the ranks disagree on the state to start from: ", absl::StrJoin(parts, "; "),
+                   "; start every rank with the same --resume (or none)"));
 }
 
 absl::Status Trainer::PrepareOutputs() {
@@ -929,7 +938,8 @@ absl::Status Trainer::PrepareOutputs() {
     run.resumed_step = step_;
     run.start_over = config_.checkpoint_start_over;
     run.owner = owner_;
-    absl::StatusOr<CheckpointFolderClaim> claim = ClaimCheckpointFolder(config_.checkpoint_dir, run);
+    absl::StatusOr<CheckpointFolderClaim> claim =
+        ClaimCheckpointFolder(config_.checkpoint_dir, run);
     if (!claim.ok()) return claim.status();
     folder_lock_.emplace(std::move(claim->lock));
     notes_ = std::move(claim->notes);
@@ -951,11 +961,13 @@ absl::Status Trainer::PrepareOutputs() {
   }
   if (!config_.load_trace.empty()) {
     if (resumed) {
-      if (absl::Status s = KeepRecordsBelow(config_.load_trace, "microbatch", microbatch_); !s.ok()) {
+      if (absl::Status s = KeepRecordsBelow(config_.load_trace, "microbatch", microbatch_);
+          !s.ok()) {
         return base::Annotate(s, "logging.load_trace");
       }
     }
-    absl::StatusOr<planner::TraceWriter> w = planner::TraceWriter::Open(config_.load_trace, resumed);
+    absl::StatusOr<planner::TraceWriter> w =
+        planner::TraceWriter::Open(config_.load_trace, resumed);
     if (!w.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("logging.load_trace: ", w.status().message()));
     }
@@ -977,7 +989,8 @@ absl::Status Trainer::Prepare() {
   if (channel_ != nullptr) {
     // Rank 0's result (its message) becomes every rank's.
     std::string message(outputs.message());
-    int64_t length = rank() == 0 ? (outputs.ok() ? 0 : static_cast<int64_t>(message.size()) + 1) : 0;
+    int64_t length =
+        rank() == 0 ? (outputs.ok() ? 0 : static_cast<int64_t>(message.size()) + 1) : 0;
     if (absl::Status s = channel_->Broadcast(&length, 1, comm::DataType::kInt64, 0); !s.ok()) {
       return base::Annotate(s, "sharing rank 0's output checks");
     }
@@ -989,8 +1002,7 @@ absl::Status Trainer::Prepare() {
       }
       message.pop_back();
       if (rank() != 0) {
-        outputs = absl::FailedPreconditionError(
-            absl::StrCat("rank 0 refused to start: ", message));
+        outputs = absl::FailedPreconditionError(absl::StrCat("rank 0 refused to start: ", message));
       }
     }
   }

@@ -10,13 +10,13 @@
 // keeps only its shard of the experts (ExpertParallelGroup runs the MoE layers: per
 // microbatch and layer, exact loads -> in-band plan -> fan-out -> dispatch -> combine).
 // `data.batch_size` is the global microbatch: every rank advances the loader by the whole
-// global batch and reads its R-th of the rows; gradients are scaled so that their sum over ranks is the
-// gradient of the global mean loss; dense gradients are all-reduced (fixed order, every
-// rank bit-identical), expert gradients stay with their master. The same spec on 1, 2 or
-// 4 ranks trains the same model up to floating-point reassociation. Rank 0 writes logs
-// and checkpoints (expert shards gathered into the single-process checkpoint format, so
-// a run resumes on any number of ranks). The auxiliary loss and the selection-bias
-// update use the expert counts over all ranks, so they too equal the single-process run.
+// global batch and reads its R-th of the rows; gradients are scaled so that their sum over ranks is
+// the gradient of the global mean loss; dense gradients are all-reduced (fixed order, every rank
+// bit-identical), expert gradients stay with their master. The same spec on 1, 2 or 4 ranks trains
+// the same model up to floating-point reassociation. Rank 0 writes logs and checkpoints (expert
+// shards gathered into the single-process checkpoint format, so a run resumes on any number of
+// ranks). The auxiliary loss and the selection-bias update use the expert counts over all ranks, so
+// they too equal the single-process run.
 //
 // Expert-parallel domains (parallelism.expert_parallel = G < R): ranks d*G .. d*G+G-1
 // form domain d of D = R / G. Experts are sharded over a domain's G ranks (the same
@@ -199,7 +199,7 @@ struct TrainSummary {
   double tokens_per_s = 0;           // whole run, excluding evaluations and checkpoints
   double elapsed_s = 0;
   int64_t tokens = 0;
-  std::string last_checkpoint;  // empty when none was written
+  std::string last_checkpoint;             // empty when none was written
   StopReason stopped = StopReason::kNone;  // set when RequestStop ended the run early
 };
 
@@ -241,9 +241,9 @@ class Trainer {
   // Runs steps until training.steps, or until a stop every rank agreed on (then
   // summary.stopped says why; a drain writes a checkpoint first when checkpoint.dir is
   // set). Calls Prepare first unless the caller did; releases checkpoint.dir's lock at the
-  // end. A write error of a log or trace stops the run at that step. Calls every observer for every step on every rank; rank 0 also writes
-  // logging.json (a StepLog, step_log.h). Checkpoints every checkpoint.interval steps and
-  // at the end when checkpoint.dir is set.
+  // end. A write error of a log or trace stops the run at that step. Calls every observer for every
+  // step on every rank; rank 0 also writes logging.json (a StepLog, step_log.h). Checkpoints every
+  // checkpoint.interval steps and at the end when checkpoint.dir is set.
   absl::StatusOr<TrainSummary> Run(const std::vector<TrainObserver*>& observers = {});
 
   // Asks Run to stop at the next step boundary. Thread-safe, callable from any thread
@@ -333,16 +333,16 @@ class Trainer {
   int64_t step_ = 0;
   int64_t microbatch_ = 0;  // training microbatches run (trace numbering)
   std::string resume_note_;
-  std::string resumed_from_;       // the checkpoint file Resume loaded; empty: fresh
-  uint32_t resumed_checksum_ = 0;  // its Checkpoint::checksum
-  bool prepared_ = false;          // Prepare succeeded and Run has not ended since
-  std::string owner_;              // TrainerOptions::owner
+  std::string resumed_from_;                     // the checkpoint file Resume loaded; empty: fresh
+  uint32_t resumed_checksum_ = 0;                // its Checkpoint::checksum
+  bool prepared_ = false;                        // Prepare succeeded and Run has not ended since
+  std::string owner_;                            // TrainerOptions::owner
   std::optional<base::FolderLock> folder_lock_;  // checkpoint.dir's, rank 0, while prepared
   std::unique_ptr<TrainObserver> json_log_;      // logging.json (a StepLog), rank 0
   std::vector<std::string> notes_;
   data::Batch batch_;
-  comm::DataChannel* channel_ = nullptr;       // null or one rank: single process
-  int data_parallel_ = 1;                      // D
+  comm::DataChannel* channel_ = nullptr;  // null or one rank: single process
+  int data_parallel_ = 1;                 // D
   // D > 1: this rank's domain (G ranks) and the D ranks holding its shard; else null.
   std::unique_ptr<comm::DataChannel> domain_channel_;
   std::unique_ptr<comm::DataChannel> shard_channel_;
@@ -352,7 +352,7 @@ class Trainer {
   std::vector<float> dense_grads_;             // packed for one all-reduce
   std::vector<float> expert_grads_;            // packed for one all-reduce across domains
   std::optional<planner::TraceWriter> trace_;  // single-process load trace
-  std::atomic<int> stop_requested_{0};          // a StopReason
+  std::atomic<int> stop_requested_{0};         // a StopReason
   std::atomic<TrainPhase> phase_{TrainPhase::kIdle};
   std::atomic<int64_t> steps_done_{0};
 };

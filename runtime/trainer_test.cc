@@ -32,17 +32,15 @@ namespace fs = std::filesystem;
 // binary: DataDir()/brown and DataDir()/brown-val.
 const fs::path& DataDir() {
   static const fs::path dir = [] {
-    const fs::path sample =
-        fs::path(RACKRUN_SOURCE_DIR) / "tests" / "data" / "brown-sample.txt";
+    const fs::path sample = fs::path(RACKRUN_SOURCE_DIR) / "tests" / "data" / "brown-sample.txt";
     // One folder per process: CTest runs the tests of this binary side by side.
     const fs::path out =
         fs::path(::testing::TempDir()) / ("trainer_test_data-" + std::to_string(getpid()));
     fs::create_directories(out);
     const std::unique_ptr<data::Tokenizer> bytes = *data::OpenTokenizer("bytes");
-    absl::StatusOr<data::PrepareResult> r =
-        data::PrepareDataset(sample.string(), (out / "brown").string(),
-                             (out / "brown-val").string(),
-                             {.tokenizer = bytes.get(), .val_fraction = 0.1, .threads = 1});
+    absl::StatusOr<data::PrepareResult> r = data::PrepareDataset(
+        sample.string(), (out / "brown").string(), (out / "brown-val").string(),
+        {.tokenizer = bytes.get(), .val_fraction = 0.1, .threads = 1});
     EXPECT_TRUE(r.ok()) << r.status();
     return out;
   }();
@@ -221,7 +219,9 @@ std::vector<std::string> FileLines(const fs::path& path) {
 }
 
 // A JSON log line without its timings (tokens_per_s onwards differ between runs).
-std::string Untimed(const std::string& line) { return line.substr(0, line.find(", \"tokens_per_s\"")); }
+std::string Untimed(const std::string& line) {
+  return line.substr(0, line.find(", \"tokens_per_s\""));
+}
 
 TEST(TrainerTest, ResumeCutsTheLogAndTheLoadTraceBackAndExtendsThem) {
   const fs::path dir = FreshDir("resume_logs");
@@ -317,7 +317,8 @@ TEST(TrainerTest, BadDataIsAnErrorNamingTheField) {
   absl::StatusOr<std::unique_ptr<Trainer>> t =
       Trainer::Create(TinySpec({"data.train=/nonexistent/train.tokens"}));
   ASSERT_FALSE(t.ok());
-  EXPECT_THAT(t.status().message(), HasSubstr("data.train: cannot open token file '/nonexistent/train.tokens'"));
+  EXPECT_THAT(t.status().message(),
+              HasSubstr("data.train: cannot open token file '/nonexistent/train.tokens'"));
   t = Trainer::Create(TinySpec({"model.vocab=100"}));
   ASSERT_FALSE(t.ok());
   EXPECT_THAT(t.status().message(),
@@ -377,8 +378,8 @@ TEST(TrainerTest, TokenFilesStillTrain) {
                                     .end_of_document = data::kByteEndOfDocument,
                                     .tokens = data::ByteTokenize(docs)})
                   .ok());
-  absl::StatusOr<std::unique_ptr<Trainer>> t = Trainer::Create(
-      TinySpec({"data.train=" + (dir / "t.tokens").string(), "data.validation=", "training.steps=2"}));
+  absl::StatusOr<std::unique_ptr<Trainer>> t = Trainer::Create(TinySpec(
+      {"data.train=" + (dir / "t.tokens").string(), "data.validation=", "training.steps=2"}));
   ASSERT_TRUE(t.ok()) << t.status();
   EXPECT_EQ((*t)->spec().model().vocab(), 257);
   EXPECT_EQ((*t)->train_data().tokenizer().kind, "bytes");
@@ -407,10 +408,11 @@ TEST(TrainerTest, ABlendResumesBitIdentically) {
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_EQ(s->losses, std::vector<double>(full.begin() + 5, full.end()));
   // The other weights are other data: refused, both named.
-  absl::StatusOr<std::unique_ptr<Trainer>> other = Trainer::Create(TinySpec(
-      {"data.train=", "data.blend=0.5," + (DataDir() / "brown").string() + ",0.5," +
-                          (DataDir() / "brown-val").string(),
-       "data.batch_size=4"}));
+  absl::StatusOr<std::unique_ptr<Trainer>> other =
+      Trainer::Create(TinySpec({"data.train=",
+                                "data.blend=0.5," + (DataDir() / "brown").string() + ",0.5," +
+                                    (DataDir() / "brown-val").string(),
+                                "data.batch_size=4"}));
   ASSERT_TRUE(other.ok());
   const absl::Status refused = (*other)->Resume(CheckpointPath(dir.string(), 5));
   EXPECT_THAT(refused.message(), HasSubstr("belongs to other data (0.7 x '"));
@@ -429,8 +431,10 @@ TEST(TrainerTest, ResumingOnAnotherTokenizersDataIsRefusedNamingBoth) {
     }
   }
   size_t next = 0;
-  ASSERT_TRUE(data::TrainSentencePiece({.output = (dir / "m.model").string(), .vocab_size = 300,
-                                        .model_type = "bpe", .threads = 1},
+  ASSERT_TRUE(data::TrainSentencePiece({.output = (dir / "m.model").string(),
+                                        .vocab_size = 300,
+                                        .model_type = "bpe",
+                                        .threads = 1},
                                        [&](std::string* out) {
                                          if (next >= lines.size()) return false;
                                          *out = lines[next++];
@@ -443,10 +447,11 @@ TEST(TrainerTest, ResumingOnAnotherTokenizersDataIsRefusedNamingBoth) {
                   (dir / "spm").string(), "", {.tokenizer = spm.get()})
                   .ok());
   const std::string ckpt = (dir / "ckpt").string();
-  ASSERT_EQ(Losses(TinySpec({"model.vocab=512", "training.steps=2", "checkpoint.dir=" + ckpt})).size(),
-            2u);
-  absl::StatusOr<std::unique_ptr<Trainer>> t = Trainer::Create(TinySpec(
-      {"model.vocab=512", "data.train=" + (dir / "spm").string(), "data.validation="}));
+  ASSERT_EQ(
+      Losses(TinySpec({"model.vocab=512", "training.steps=2", "checkpoint.dir=" + ckpt})).size(),
+      2u);
+  absl::StatusOr<std::unique_ptr<Trainer>> t = Trainer::Create(
+      TinySpec({"model.vocab=512", "data.train=" + (dir / "spm").string(), "data.validation="}));
   ASSERT_TRUE(t.ok()) << t.status();
   EXPECT_EQ((*t)->train_data().tokenizer().kind, "sentencepiece");
   const absl::Status s = (*t)->Resume(CheckpointPath(ckpt, 2));
@@ -456,7 +461,8 @@ TEST(TrainerTest, ResumingOnAnotherTokenizersDataIsRefusedNamingBoth) {
   // And validation data from another tokenizer than the training data's is refused too.
   t = Trainer::Create(TinySpec({"model.vocab=512", "data.validation=" + (dir / "spm").string()}));
   ASSERT_FALSE(t.ok());
-  EXPECT_THAT(t.status().message(), HasSubstr("data.validation: made with tokenizer sentencepiece"));
+  EXPECT_THAT(t.status().message(),
+              HasSubstr("data.validation: made with tokenizer sentencepiece"));
 }
 
 // TrainingSession (training_session.h): the set-up both drivers share.

@@ -15,7 +15,8 @@ absl::StatusOr<std::unique_ptr<TrainingSession>> TrainingSession::Start(
     if (failed != nullptr) *failed = stage;
   };
   at(SessionStage::kCreate);
-  absl::StatusOr<std::unique_ptr<Trainer>> trainer = Trainer::Create(spec, channel, options.trainer);
+  absl::StatusOr<std::unique_ptr<Trainer>> trainer =
+      Trainer::Create(spec, channel, options.trainer);
   if (!trainer.ok()) return trainer.status();
   std::unique_ptr<TrainingSession> session(new TrainingSession(*std::move(trainer)));
 

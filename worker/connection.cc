@@ -15,7 +15,8 @@ absl::StatusOr<std::unique_ptr<Connection>> Connection::Create(const ConnectionO
   rpc::CoordinatorChannelOptions channel_options;
   channel_options.ca_fetch_patience = options.ca_fetch_patience;
   absl::StatusOr<rpc::CoordinatorClientChannel> open = rpc::OpenCoordinatorChannel(
-      c->address_, options.token_file, {options.tls_ca, options.tls_cert, options.tls_key}, channel_options);
+      c->address_, options.token_file, {options.tls_ca, options.tls_cert, options.tls_key},
+      channel_options);
   if (!open.ok()) return open.status();
   c->token_ = open->token.token;
   c->token_source_ = open->token.source;

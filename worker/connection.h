@@ -21,15 +21,15 @@
 #ifndef RACKRUN_WORKER_CONNECTION_H_
 #define RACKRUN_WORKER_CONNECTION_H_
 
+#include <grpcpp/channel.h>
+#include <grpcpp/client_context.h>
+#include <grpcpp/security/credentials.h>
+
 #include <chrono>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
-
-#include <grpcpp/channel.h>
-#include <grpcpp/client_context.h>
-#include <grpcpp/security/credentials.h>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"

@@ -45,10 +45,10 @@ rackrun::v1::LoadRow CoordinatorPlanSource::NewRow() {
 absl::Status CoordinatorPlanSource::Broken(const std::string& what) {
   grpc::Status s = stream_->Finish();
   stream_.reset();
-  return absl::UnavailableError(absl::StrCat(
-      "coordinator plan stream ", what, ": ",
-      s.ok() ? std::string("closed by the coordinator") : s.error_message(),
-      "; the coordinator at ", connection_.address(), " is gone or restarted"));
+  return absl::UnavailableError(
+      absl::StrCat("coordinator plan stream ", what, ": ",
+                   s.ok() ? std::string("closed by the coordinator") : s.error_message(),
+                   "; the coordinator at ", connection_.address(), " is gone or restarted"));
 }
 
 absl::StatusOr<std::string> CoordinatorPlanSource::SaveState() {
@@ -94,7 +94,8 @@ absl::Status CoordinatorPlanSource::RestoreState(std::string_view state) {
                         absl::StrCat("the coordinator: ", reply.error()));
   }
   if (!reply.state_restored()) {
-    return absl::InternalError("the coordinator answered a planner state to restore with something else");
+    return absl::InternalError(
+        "the coordinator answered a planner state to restore with something else");
   }
   return absl::OkStatus();
 }
@@ -114,7 +115,8 @@ absl::Status CoordinatorPlanSource::Solve(const Request& request, planner::LoadM
   if (!stream_->Read(&reply)) return Broken("ended");
   last_exchange_s_ = exchange.Seconds();
   if (!reply.error().empty()) {
-    return absl::FailedPreconditionError(absl::StrCat("the coordinator could not plan: ", reply.error()));
+    return absl::FailedPreconditionError(
+        absl::StrCat("the coordinator could not plan: ", reply.error()));
   }
   if (reply.microbatch() != request.microbatch || reply.layer() != request.layer ||
       reply.domain() != domain_) {
@@ -134,9 +136,9 @@ absl::Status CoordinatorPlanSource::Solve(const Request& request, planner::LoadM
   for (size_t e = 0; e < request.local_loads.size(); ++e) {
     if (domain_rank_ >= loads->ranks || static_cast<int>(e) >= loads->experts ||
         loads->at(domain_rank_, static_cast<int>(e)) != request.local_loads[e]) {
-      return absl::DataLossError(absl::StrCat(
-          "the coordinator's plan for microbatch ", request.microbatch, " layer ", request.layer,
-          " was not solved from rank ", rank_, "'s loads"));
+      return absl::DataLossError(absl::StrCat("the coordinator's plan for microbatch ",
+                                              request.microbatch, " layer ", request.layer,
+                                              " was not solved from rank ", rank_, "'s loads"));
     }
   }
   ++round_trips_;

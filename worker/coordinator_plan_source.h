@@ -18,13 +18,13 @@
 #ifndef RACKRUN_WORKER_COORDINATOR_PLAN_SOURCE_H_
 #define RACKRUN_WORKER_COORDINATOR_PLAN_SOURCE_H_
 
+#include <grpcpp/client_context.h>
+#include <grpcpp/support/sync_stream.h>
+
 #include <algorithm>
 #include <functional>
 #include <memory>
 #include <string>
-
-#include <grpcpp/client_context.h>
-#include <grpcpp/support/sync_stream.h>
 
 #include "runtime/plan_source.h"
 #include "worker/connection.h"

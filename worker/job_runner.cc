@@ -198,14 +198,22 @@ void JobRunner::RequestStop(runtime::StopReason reason) {
 
 rpc::Phase WorkerPhase(runtime::TrainPhase phase) {
   switch (phase) {
-    case runtime::TrainPhase::kIdle: return rpc::Phase::kIdle;
-    case runtime::TrainPhase::kAgree: return rpc::Phase::kAgree;
-    case runtime::TrainPhase::kData: return rpc::Phase::kData;
-    case runtime::TrainPhase::kForwardBackward: return rpc::Phase::kForwardBackward;
-    case runtime::TrainPhase::kReduce: return rpc::Phase::kReduce;
-    case runtime::TrainPhase::kOptimizer: return rpc::Phase::kOptimizer;
-    case runtime::TrainPhase::kEvaluate: return rpc::Phase::kEvaluate;
-    case runtime::TrainPhase::kCheckpoint: return rpc::Phase::kCheckpoint;
+    case runtime::TrainPhase::kIdle:
+      return rpc::Phase::kIdle;
+    case runtime::TrainPhase::kAgree:
+      return rpc::Phase::kAgree;
+    case runtime::TrainPhase::kData:
+      return rpc::Phase::kData;
+    case runtime::TrainPhase::kForwardBackward:
+      return rpc::Phase::kForwardBackward;
+    case runtime::TrainPhase::kReduce:
+      return rpc::Phase::kReduce;
+    case runtime::TrainPhase::kOptimizer:
+      return rpc::Phase::kOptimizer;
+    case runtime::TrainPhase::kEvaluate:
+      return rpc::Phase::kEvaluate;
+    case runtime::TrainPhase::kCheckpoint:
+      return rpc::Phase::kCheckpoint;
   }
   return rpc::Phase::kOther;
 }
@@ -363,7 +371,8 @@ AttemptResult JobRunner::ResultOf(const absl::StatusOr<runtime::TrainSummary>& s
         // A peer rank shuts down; it reports DRAINED and is the one named.
         WaitForCancel();
         result.set_outcome(AttemptResult::CANCELLED);
-        result.set_message(absl::StrCat("stopped at step ", step, " because a peer rank shut down"));
+        result.set_message(
+            absl::StrCat("stopped at step ", step, " because a peer rank shut down"));
       }
       break;
   }

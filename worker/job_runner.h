@@ -36,8 +36,8 @@ namespace rackrun::worker {
 struct JobRunnerOptions {
   std::string worker_id;
   std::string host;
-  int threads = -1;        // compute threads; -1 = the spec's resources.threads
-  int cuda_device = -1;    // for NCCL jobs
+  int threads = -1;      // compute threads; -1 = the spec's resources.threads
+  int cuda_device = -1;  // for NCCL jobs
   // After a failure caused by a peer (a broken or timed-out channel) or a stop this rank
   // did not ask for, how long to wait for the coordinator's cancel before reporting: the
   // coordinator then blames the culprit it detected, not this victim.
@@ -124,16 +124,16 @@ class JobRunner {
 
   mutable std::mutex mu_;
   std::condition_variable cancelled_cv_;
-  runtime::Trainer* trainer_ = nullptr;     // guarded by mu_; alive while Run trains
-  TrainingMetrics* metrics_ = nullptr;  // guarded by mu_; while Run trains
+  runtime::Trainer* trainer_ = nullptr;  // guarded by mu_; alive while Run trains
+  TrainingMetrics* metrics_ = nullptr;   // guarded by mu_; while Run trains
   // The attempt's series outlive Run (their last values stay visible) until this runner is
   // destroyed, which the worker does before the next job's runner is made.
   std::unique_ptr<TrainingMetrics> training_metrics_;
-  comm::DataChannel* channel_ = nullptr;    // guarded by mu_
+  comm::DataChannel* channel_ = nullptr;                        // guarded by mu_
   runtime::StopReason requested_ = runtime::StopReason::kNone;  // guarded by mu_
-  bool cancelled_by_coordinator_ = false;   // guarded by mu_
+  bool cancelled_by_coordinator_ = false;                       // guarded by mu_
   rpc::Phase stage_ = rpc::Phase::kStarting;  // guarded by mu_; the phase while trainer_ is not set
-  int64_t stage_step_ = 0;                  // guarded by mu_; the step while trainer_ is not set
+  int64_t stage_step_ = 0;                    // guarded by mu_; the step while trainer_ is not set
   std::atomic<double> step_time_s_{0};
 };
 

@@ -97,10 +97,10 @@ void LauncherWatch::Loop() {
   on_death_(launcher_);
   std::unique_lock<std::mutex> lock(mu_);
   if (cv_.wait_for(lock, grace_, [&] { return stopped_; })) return;
-  std::fprintf(stderr,
-               "rackrun-worker: still running %lld s after the launcher (pid %d) died; exiting\n",
-               static_cast<long long>(std::chrono::duration_cast<std::chrono::seconds>(grace_).count()),
-               static_cast<int>(launcher_));
+  std::fprintf(
+      stderr, "rackrun-worker: still running %lld s after the launcher (pid %d) died; exiting\n",
+      static_cast<long long>(std::chrono::duration_cast<std::chrono::seconds>(grace_).count()),
+      static_cast<int>(launcher_));
   std::fflush(stderr);
   std::_Exit(3);
 }

@@ -38,16 +38,18 @@ void DeclareFlags(rackrun::flags::FlagSet& flags, rackrun::worker::WorkerOptions
   o.connection.coordinator = "127.0.0.1:7070";
   flags.String("--coordinator", &o.connection.coordinator, "HOST:PORT", "the rack coordinator")
       .Env("RACKRUN_COORDINATOR");
-  flags.String("--token-file", &o.connection.token_file, "FILE",
-               "the worker token: STATE_DIR/token-worker, or join-token-worker (brings TLS)")
+  flags
+      .String("--token-file", &o.connection.token_file, "FILE",
+              "the worker token: STATE_DIR/token-worker, or join-token-worker (brings TLS)")
       .Default("$RACKRUN_TOKEN, else the file $RACKRUN_TOKEN_FILE, else ~/.rackrun/token");
   flags.String("--tls-ca", &o.connection.tls_ca, "FILE",
                "TLS: trust server certificates signed by FILE");
   flags.String("--tls-cert", &o.connection.tls_cert, "FILE", "TLS client certificate");
   flags.String("--tls-key", &o.connection.tls_key, "FILE", "its private key");
   flags.String("--host", &o.host, "NAME", "the name this worker reports").Default("the hostname");
-  flags.String("--data-address", &o.data_address, "ADDR",
-               "address peers reach this worker's data channel on")
+  flags
+      .String("--data-address", &o.data_address, "ADDR",
+              "address peers reach this worker's data channel on")
       .Default("--host");
   flags
       .Custom("--rack", "NAME",
@@ -70,10 +72,11 @@ void DeclareFlags(rackrun::flags::FlagSet& flags, rackrun::worker::WorkerOptions
                 o.patience = std::chrono::seconds(*s);
                 return absl::OkStatus();
               })
-      .Default(std::to_string(
-          std::chrono::duration_cast<std::chrono::seconds>(o.patience).count()));
-  flags.String("--metrics-listen", &o.metrics_listen, "H:P",
-               "serve Prometheus metrics on http://H:P/metrics")
+      .Default(
+          std::to_string(std::chrono::duration_cast<std::chrono::seconds>(o.patience).count()));
+  flags
+      .String("--metrics-listen", &o.metrics_listen, "H:P",
+              "serve Prometheus metrics on http://H:P/metrics")
       .Default("none");
   flags.Double("--peak-flops", &o.peak_flops, "F", "one device's peak FLOP/s, for the MFU series")
       .Range(0)
@@ -118,15 +121,15 @@ int main(int argc, char** argv) {
     return 2;
   }
   // Milliseconds from the environment; a value that is not one is refused by name.
-  for (const auto& [name, into] :
-       {std::pair<const char*, std::chrono::milliseconds*>{"RACKRUN_VICTIM_GRACE_MS", &o.victim_grace},
-        {"RACKRUN_WORKER_START_DELAY_MS", &o.start_delay}}) {
+  for (const auto& [name, into] : {std::pair<const char*, std::chrono::milliseconds*>{
+                                       "RACKRUN_VICTIM_GRACE_MS", &o.victim_grace},
+                                   {"RACKRUN_WORKER_START_DELAY_MS", &o.start_delay}}) {
     const char* v = std::getenv(name);
     if (v == nullptr) continue;
     int ms = 0;
     if (!absl::SimpleAtoi(v, &ms) || ms < 0) {
-      std::fprintf(stderr, "rackrun-worker: %s='%s' is not a number of milliseconds (>= 0)\n",
-                   name, v);
+      std::fprintf(stderr, "rackrun-worker: %s='%s' is not a number of milliseconds (>= 0)\n", name,
+                   v);
       return 2;
     }
     *into = std::chrono::milliseconds(ms);
@@ -157,14 +160,18 @@ int main(int argc, char** argv) {
   // Started by mpirun or srun: the worker ends with its launcher (launcher_watch.h).
   std::unique_ptr<rackrun::worker::LauncherWatch> launcher_watch;
   if (const char* variable = rackrun::worker::LauncherVariable(); variable != nullptr) {
-    std::printf("rackrun-worker: started by a launcher (%s is set): exits when its process %d "
-                "ends\n", variable, static_cast<int>(parent));
+    std::printf(
+        "rackrun-worker: started by a launcher (%s is set): exits when its process %d "
+        "ends\n",
+        variable, static_cast<int>(parent));
     std::fflush(stdout);
     launcher_watch = std::make_unique<rackrun::worker::LauncherWatch>(
         parent,
         [w](pid_t launcher) {
-          std::fprintf(stderr, "rackrun-worker: the launcher (pid %d) ended: finishing the "
-                       "current step, then exiting\n", static_cast<int>(launcher));
+          std::fprintf(stderr,
+                       "rackrun-worker: the launcher (pid %d) ended: finishing the "
+                       "current step, then exiting\n",
+                       static_cast<int>(launcher));
           w->Shutdown();
         },
         std::chrono::seconds(30));

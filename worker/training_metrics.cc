@@ -34,79 +34,119 @@ struct TrainingMetrics::Families {
   explicit Families(prometheus::Registry& r)
       : step_seconds(BuildHistogram()
                          .Name("rackrun_train_step_duration_seconds")
-                         .Help("Wall-clock seconds of one optimizer step on this rank (without evaluation and checkpoints)")
+                         .Help("Wall-clock seconds of one optimizer step on this rank (without "
+                               "evaluation and checkpoints)")
                          .Register(r)),
-        step(BuildGauge().Name("rackrun_train_step").Help("Optimizer steps done (resumed runs continue the count)").Register(r)),
-        total_steps(BuildGauge().Name("rackrun_train_steps_target").Help("training.steps of the job").Register(r)),
+        step(BuildGauge()
+                 .Name("rackrun_train_step")
+                 .Help("Optimizer steps done (resumed runs continue the count)")
+                 .Register(r)),
+        total_steps(BuildGauge()
+                        .Name("rackrun_train_steps_target")
+                        .Help("training.steps of the job")
+                        .Register(r)),
         tokens(BuildCounter()
                    .Name("rackrun_train_tokens_total")
-                   .Help("Training tokens this rank processed (its share of every global batch; sum over ranks = the job's tokens)")
+                   .Help("Training tokens this rank processed (its share of every global batch; "
+                         "sum over ranks = the job's tokens)")
                    .Register(r)),
-        loss(BuildGauge().Name("rackrun_train_loss").Help("Training loss of the last step (mean over its microbatches)").Register(r)),
-        val_loss(BuildGauge().Name("rackrun_train_validation_loss").Help("Validation loss of the last evaluation").Register(r)),
-        grad_norm(BuildGauge().Name("rackrun_train_grad_norm").Help("Global gradient norm of the last step, before clipping").Register(r)),
-        lr(BuildGauge().Name("rackrun_train_learning_rate").Help("Learning rate of the last step").Register(r)),
+        loss(BuildGauge()
+                 .Name("rackrun_train_loss")
+                 .Help("Training loss of the last step (mean over its microbatches)")
+                 .Register(r)),
+        val_loss(BuildGauge()
+                     .Name("rackrun_train_validation_loss")
+                     .Help("Validation loss of the last evaluation")
+                     .Register(r)),
+        grad_norm(BuildGauge()
+                      .Name("rackrun_train_grad_norm")
+                      .Help("Global gradient norm of the last step, before clipping")
+                      .Register(r)),
+        lr(BuildGauge()
+               .Name("rackrun_train_learning_rate")
+               .Help("Learning rate of the last step")
+               .Register(r)),
         flops(BuildGauge()
                   .Name("rackrun_train_model_flops_per_second")
-                  .Help("Model FLOP/s of this rank in the last step: 6 x active parameters x tokens / seconds")
+                  .Help("Model FLOP/s of this rank in the last step: 6 x active parameters x "
+                        "tokens / seconds")
                   .Register(r)),
         mfu(BuildGauge()
                 .Name("rackrun_train_mfu_ratio")
-                .Help("Model FLOP/s utilisation of this rank: model FLOP/s / declared peak FLOP/s of one device (0-1)")
+                .Help("Model FLOP/s utilisation of this rank: model FLOP/s / declared peak FLOP/s "
+                      "of one device (0-1)")
                 .Register(r)),
-        peak(BuildGauge().Name("rackrun_device_peak_flops").Help("Declared peak FLOP/s of one device (--peak-flops)").Register(r)),
+        peak(BuildGauge()
+                 .Name("rackrun_device_peak_flops")
+                 .Help("Declared peak FLOP/s of one device (--peak-flops)")
+                 .Register(r)),
         phase(BuildGauge()
                   .Name("rackrun_train_phase")
                   .Help("1 for the phase this rank is in, 0 for the other phases it has been in")
                   .Register(r)),
         imbalance_before(BuildGauge()
                              .Name("rackrun_moe_last_imbalance_before")
-                             .Help("Max / mean tokens per rank of an MoE layer with masters only, mean over the last step's microbatches (1 = balanced)")
+                             .Help("Max / mean tokens per rank of an MoE layer with masters only, "
+                                   "mean over the last step's microbatches (1 = balanced)")
                              .Register(r)),
         imbalance_after(BuildGauge()
                             .Name("rackrun_moe_last_imbalance_after")
-                            .Help("Max / mean tokens per rank of an MoE layer under the executed plans, mean over the last step's microbatches (1 = balanced)")
+                            .Help("Max / mean tokens per rank of an MoE layer under the executed "
+                                  "plans, mean over the last step's microbatches (1 = balanced)")
                             .Register(r)),
-        imbalance_before_h(BuildHistogram()
-                               .Name("rackrun_moe_imbalance_before")
-                               .Help("Per step: max / mean tokens per rank of an MoE layer with masters only")
-                               .Register(r)),
-        imbalance_after_h(BuildHistogram()
-                              .Name("rackrun_moe_imbalance_after")
-                              .Help("Per step: max / mean tokens per rank of an MoE layer under the executed plans")
-                              .Register(r)),
-        replicas(BuildGauge()
-                     .Name("rackrun_moe_replicas")
-                     .Help("Replica instances of an MoE layer, mean over the last step's microbatches")
-                     .Register(r)),
+        imbalance_before_h(
+            BuildHistogram()
+                .Name("rackrun_moe_imbalance_before")
+                .Help("Per step: max / mean tokens per rank of an MoE layer with masters only")
+                .Register(r)),
+        imbalance_after_h(
+            BuildHistogram()
+                .Name("rackrun_moe_imbalance_after")
+                .Help(
+                    "Per step: max / mean tokens per rank of an MoE layer under the executed plans")
+                .Register(r)),
+        replicas(
+            BuildGauge()
+                .Name("rackrun_moe_replicas")
+                .Help("Replica instances of an MoE layer, mean over the last step's microbatches")
+                .Register(r)),
         plan_seconds(BuildHistogram()
                          .Name("rackrun_moe_plan_seconds")
-                         .Help("Per step: seconds this rank spent planning (load exchange, solve, invariant and agreement checks)")
+                         .Help("Per step: seconds this rank spent planning (load exchange, solve, "
+                               "invariant and agreement checks)")
                          .Register(r)),
-        plan_exchange_seconds(BuildHistogram()
-                                  .Name("rackrun_moe_plan_exchange_seconds")
-                                  .Help("Per step: of rackrun_moe_plan_seconds, seconds in the load exchange (in-band: the allgather; coordinator mode: the round trips and the fingerprint allgather), waiting for the other ranks included")
-                                  .Register(r)),
-        round_trip(BuildHistogram()
-                       .Name("rackrun_moe_plan_round_trip_seconds")
-                       .Help("Coordinator mode: seconds from sending a load row to receiving its plan")
-                       .Register(r)),
+        plan_exchange_seconds(
+            BuildHistogram()
+                .Name("rackrun_moe_plan_exchange_seconds")
+                .Help("Per step: of rackrun_moe_plan_seconds, seconds in the load exchange "
+                      "(in-band: the allgather; coordinator mode: the round trips and the "
+                      "fingerprint allgather), waiting for the other ranks included")
+                .Register(r)),
+        round_trip(
+            BuildHistogram()
+                .Name("rackrun_moe_plan_round_trip_seconds")
+                .Help("Coordinator mode: seconds from sending a load row to receiving its plan")
+                .Register(r)),
         fanout_seconds(BuildHistogram()
                            .Name("rackrun_moe_fanout_seconds")
                            .Help("Per step: seconds this rank spent fanning replica weights out")
                            .Register(r)),
         dispatch_seconds(BuildHistogram()
                              .Name("rackrun_moe_dispatch_seconds")
-                             .Help("Per step: seconds this rank spent in token all-to-alls (dispatch and combine, forward and backward)")
+                             .Help("Per step: seconds this rank spent in token all-to-alls "
+                                   "(dispatch and combine, forward and backward)")
                              .Register(r)),
-        reduce_seconds(BuildHistogram()
-                           .Name("rackrun_moe_reduce_seconds")
-                           .Help("Per step: seconds this rank spent reducing replica gradients into masters")
-                           .Register(r)),
-        balancing_seconds(BuildCounter()
-                              .Name("rackrun_moe_balancing_seconds_total")
-                              .Help("Seconds this rank spent planning, fanning out and reducing replica gradients")
-                              .Register(r)),
+        reduce_seconds(
+            BuildHistogram()
+                .Name("rackrun_moe_reduce_seconds")
+                .Help("Per step: seconds this rank spent reducing replica gradients into masters")
+                .Register(r)),
+        balancing_seconds(
+            BuildCounter()
+                .Name("rackrun_moe_balancing_seconds_total")
+                .Help(
+                    "Seconds this rank spent planning, fanning out and reducing replica gradients")
+                .Register(r)),
         step_seconds_total(BuildCounter()
                                .Name("rackrun_train_step_seconds_total")
                                .Help("Seconds this rank spent in optimizer steps")
@@ -119,10 +159,12 @@ struct TrainingMetrics::Families {
                          .Name("rackrun_moe_reduce_bytes_total")
                          .Help("Replica-gradient bytes this rank sent to masters")
                          .Register(r)),
-        dispatch_bytes(BuildCounter()
-                           .Name("rackrun_moe_dispatch_bytes_total")
-                           .Help("Token bytes through this rank's instances in the all-to-alls: 4 x rows x width x 4 bytes (dispatch and combine, forward and backward)")
-                           .Register(r)) {}
+        dispatch_bytes(
+            BuildCounter()
+                .Name("rackrun_moe_dispatch_bytes_total")
+                .Help("Token bytes through this rank's instances in the all-to-alls: 4 x rows x "
+                      "width x 4 bytes (dispatch and combine, forward and backward)")
+                .Register(r)) {}
 
   prometheus::Family<prometheus::Histogram>& step_seconds;
   prometheus::Family<prometheus::Gauge>& step;
@@ -164,8 +206,8 @@ struct TrainingMetrics::Families {
     removers.push_back([&family, &m] { family.Remove(&m); });
     return m;
   }
-  prometheus::Histogram& Add(prometheus::Family<prometheus::Histogram>& family, const prometheus::Labels& labels,
-                             const std::vector<double>& buckets) {
+  prometheus::Histogram& Add(prometheus::Family<prometheus::Histogram>& family,
+                             const prometheus::Labels& labels, const std::vector<double>& buckets) {
     prometheus::Histogram& m = family.Add(labels, buckets);
     std::lock_guard<std::mutex> lock(mu);
     removers.push_back([&family, &m] { family.Remove(&m); });
@@ -174,11 +216,13 @@ struct TrainingMetrics::Families {
 
   // The rank's series, made in the constructor.
   prometheus::Histogram* h_step = nullptr;
-  prometheus::Gauge *g_step = nullptr, *g_total = nullptr, *g_loss = nullptr, *g_grad = nullptr, *g_lr = nullptr;
+  prometheus::Gauge *g_step = nullptr, *g_total = nullptr, *g_loss = nullptr, *g_grad = nullptr,
+                    *g_lr = nullptr;
   prometheus::Gauge *g_val = nullptr, *g_flops = nullptr, *g_mfu = nullptr;
   prometheus::Counter *c_tokens = nullptr, *c_balancing = nullptr, *c_step = nullptr;
   prometheus::Counter *c_fanout = nullptr, *c_reduce = nullptr, *c_dispatch = nullptr;
-  prometheus::Histogram *h_plan = nullptr, *h_exchange = nullptr, *h_rt = nullptr, *h_fanout = nullptr, *h_dispatch = nullptr, *h_reduce = nullptr;
+  prometheus::Histogram *h_plan = nullptr, *h_exchange = nullptr, *h_rt = nullptr,
+                        *h_fanout = nullptr, *h_dispatch = nullptr, *h_reduce = nullptr;
   struct Layer {
     prometheus::Gauge *before = nullptr, *after = nullptr, *replicas = nullptr;
     prometheus::Histogram *before_h = nullptr, *after_h = nullptr;
@@ -229,7 +273,8 @@ prometheus::Labels TrainingMetrics::Labels() const {
 }
 
 int TrainingMetrics::Domain() const {
-  const int g = options_.expert_parallel > 0 ? options_.expert_parallel : std::max(1, options_.ranks);
+  const int g =
+      options_.expert_parallel > 0 ? options_.expert_parallel : std::max(1, options_.ranks);
   return options_.rank / g;
 }
 
@@ -240,7 +285,9 @@ prometheus::Labels TrainingMetrics::DomainLabels() const {
 }
 
 prometheus::Labels TrainingMetrics::LayerLabels(size_t layer) const {
-  return {{"job_id", options_.job_id}, {"domain", absl::StrCat(Domain())}, {"layer", absl::StrCat(layer)}};
+  return {{"job_id", options_.job_id},
+          {"domain", absl::StrCat(Domain())},
+          {"layer", absl::StrCat(layer)}};
 }
 
 void TrainingMetrics::OnStep(const runtime::StepRecord& r) {
@@ -270,12 +317,13 @@ void TrainingMetrics::OnStep(const runtime::StepRecord& r) {
   f.h_dispatch->Observe(r.dispatch_s);
   f.h_reduce->Observe(r.reduce_s);
   f.c_balancing->Increment(std::max(0.0, r.plan_s + r.fanout_s + r.reduce_s));
-  const runtime::ExpertParallelStats* st = options_.group != nullptr ? &options_.group->stats() : nullptr;
+  const runtime::ExpertParallelStats* st =
+      options_.group != nullptr ? &options_.group->stats() : nullptr;
   if (st != nullptr) {
     f.c_fanout->Increment(static_cast<double>(std::max<int64_t>(0, st->fanout_bytes)));
     f.c_reduce->Increment(static_cast<double>(std::max<int64_t>(0, st->reduce_bytes)));
-    f.c_dispatch->Increment(4.0 * static_cast<double>(std::max<int64_t>(0, st->expert_rows)) * options_.width *
-                            sizeof(float));
+    f.c_dispatch->Increment(4.0 * static_cast<double>(std::max<int64_t>(0, st->expert_rows)) *
+                            options_.width * sizeof(float));
   }
   // Per-layer series are the same on every rank of a domain: its first rank exports them.
   const int g = options_.expert_parallel > 0 ? options_.expert_parallel : options_.ranks;
@@ -300,7 +348,8 @@ void TrainingMetrics::OnStep(const runtime::StepRecord& r) {
     double replicas = r.replicas;
     if (st != nullptr && i < st->layers.size()) {
       const auto& sl = st->layers[i];
-      replicas = static_cast<double>(sl.replicas) / static_cast<double>(std::max<int64_t>(1, sl.microbatches));
+      replicas = static_cast<double>(sl.replicas) /
+                 static_cast<double>(std::max<int64_t>(1, sl.microbatches));
     }
     layer.replicas->Set(replicas);
   }
@@ -319,7 +368,8 @@ void TrainingMetrics::SetPhase(std::string_view phase) {
 
 void TrainingMetrics::ObservePlanRoundTrip(double seconds) {
   std::lock_guard<std::mutex> lock(phase_mu_);
-  if (f_->h_rt == nullptr) f_->h_rt = &f_->Add(f_->round_trip, DomainLabels(), BalancingSecondsBuckets());
+  if (f_->h_rt == nullptr)
+    f_->h_rt = &f_->Add(f_->round_trip, DomainLabels(), BalancingSecondsBuckets());
   f_->h_rt->Observe(seconds);
 }
 

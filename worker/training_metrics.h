@@ -1,10 +1,10 @@
 // TrainingMetrics: the worker's Prometheus series of one job on one rank, as a
 // runtime::TrainObserver the worker attaches to its Trainer on every rank (docs/design.md
 // section 9; the series are listed in metrics/expected_series.h). The registry and its
-// exporter are the metrics module's (metrics/exporter.h). Per step it records the training figures (step time, tokens, loss,
-// validation loss, gradient norm, learning rate, model FLOP/s and MFU) and the balancing
-// figures (imbalance before/after and replicas per MoE layer, seconds spent planning,
-// fanning out, in token all-to-alls and reducing replica gradients, bytes moved).
+// exporter are the metrics module's (metrics/exporter.h). Per step it records the training figures
+// (step time, tokens, loss, validation loss, gradient norm, learning rate, model FLOP/s and MFU)
+// and the balancing figures (imbalance before/after and replicas per MoE layer, seconds spent
+// planning, fanning out, in token all-to-alls and reducing replica gradients, bytes moved).
 //
 // Labels: job_id and rank (not `job`: Prometheus owns the `job` label of every scraped
 // target and would rename ours to exported_job); layer for per-layer series; domain (the
@@ -28,6 +28,12 @@
 #ifndef RACKRUN_WORKER_TRAINING_METRICS_H_
 #define RACKRUN_WORKER_TRAINING_METRICS_H_
 
+#include <prometheus/counter.h>
+#include <prometheus/family.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -35,12 +41,6 @@
 #include <string>
 #include <string_view>
 #include <vector>
-
-#include <prometheus/counter.h>
-#include <prometheus/family.h>
-#include <prometheus/gauge.h>
-#include <prometheus/histogram.h>
-#include <prometheus/registry.h>
 
 #include "rackrun/v1/job_spec.pb.h"
 #include "runtime/trainer.h"
@@ -60,10 +60,10 @@ class TrainingMetrics final : public runtime::TrainObserver {
     // Ranks per expert-parallel domain (Trainer::expert_parallel_degree()); 0 = ranks (one
     // domain). Must divide ranks.
     int expert_parallel = 0;
-    double flops_per_token = 0;     // ModelFlopsPerToken; 0 = no FLOP/s and MFU series
-    double peak_flops = 0;          // per device; 0 = no MFU series
-    int64_t total_steps = 0;        // training.steps
-    int width = 0;                  // model.width, for dispatch bytes
+    double flops_per_token = 0;  // ModelFlopsPerToken; 0 = no FLOP/s and MFU series
+    double peak_flops = 0;       // per device; 0 = no MFU series
+    int64_t total_steps = 0;     // training.steps
+    int width = 0;               // model.width, for dispatch bytes
     // Per-layer replicas and byte counts come from here (Trainer::expert_parallel(); null
     // in a single-process job). Read in OnStep only, on the training thread.
     const runtime::ExpertParallelGroup* group = nullptr;

@@ -2,12 +2,12 @@
 // against the metrics contract (metrics/expected_series.h), and the model FLOPs behind MFU.
 #include "worker/training_metrics.h"
 
+#include <gtest/gtest.h>
+
 #include <map>
 #include <memory>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "metrics/expected_series.h"
 #include "metrics/exporter.h"
@@ -27,8 +27,9 @@ using metrics::WorkerSeries;
 
 // Every rank's observer of job `job_id` (`ranks` ranks, `g` per domain; 0 = one domain),
 // with FLOP/s and MFU series, in the phases forward_backward then optimizer.
-std::vector<std::unique_ptr<TrainingMetrics>> MakeRanks(prometheus::Registry& registry, const std::string& job_id,
-                                                        int ranks, int g) {
+std::vector<std::unique_ptr<TrainingMetrics>> MakeRanks(prometheus::Registry& registry,
+                                                        const std::string& job_id, int ranks,
+                                                        int g) {
   std::vector<std::unique_ptr<TrainingMetrics>> out;
   for (int r = 0; r < ranks; ++r) {
     TrainingMetrics::Options o;
@@ -47,7 +48,8 @@ std::vector<std::unique_ptr<TrainingMetrics>> MakeRanks(prometheus::Registry& re
 }
 
 TEST(TrainingMetricsTest, WorkerExportsItsSeries) {
-  absl::StatusOr<std::unique_ptr<metrics::MetricsExporter>> ex = metrics::MetricsExporter::Start("127.0.0.1:0");
+  absl::StatusOr<std::unique_ptr<metrics::MetricsExporter>> ex =
+      metrics::MetricsExporter::Start("127.0.0.1:0");
   ASSERT_TRUE(ex.ok()) << ex.status();
   std::vector<std::unique_ptr<TrainingMetrics>> ranks = MakeRanks((*ex)->registry(), "j-3", 2, 0);
   for (int step = 1; step <= 3; ++step) {
@@ -76,14 +78,17 @@ TEST(TrainingMetricsTest, WorkerExportsItsSeries) {
   ExpectSeries(got, WorkerSeries());
   ExpectSeries(got, WorkerLayerSeries());
   ExpectNaming(got);
-  for (const Sample& s : got["rackrun_train_tokens_total"].samples) EXPECT_EQ(s.value, 1500);  // 3 x 1000 / 2
+  for (const Sample& s : got["rackrun_train_tokens_total"].samples)
+    EXPECT_EQ(s.value, 1500);  // 3 x 1000 / 2
   for (const Sample& s : got["rackrun_train_mfu_ratio"].samples) {
     EXPECT_NEAR(s.value, 6e6 * 500 / 0.25 / 1e12, 1e-9);
     EXPECT_GT(s.value, 0);
     EXPECT_LE(s.value, 1);
   }
-  EXPECT_EQ(got["rackrun_moe_last_imbalance_before"].samples.size(), 2u) << "rank 0 only (one domain), one per layer";
-  for (const Sample& s : got["rackrun_moe_last_imbalance_before"].samples) EXPECT_EQ(s.labels.at("domain"), "0");
+  EXPECT_EQ(got["rackrun_moe_last_imbalance_before"].samples.size(), 2u)
+      << "rank 0 only (one domain), one per layer";
+  for (const Sample& s : got["rackrun_moe_last_imbalance_before"].samples)
+    EXPECT_EQ(s.labels.at("domain"), "0");
   for (const Sample& s : got["rackrun_train_phase"].samples) {
     EXPECT_EQ(s.value, s.labels.at("phase") == "optimizer" ? 1 : 0);
   }
@@ -109,7 +114,8 @@ TEST(TrainingMetricsTest, WorkerExportsItsSeries) {
 // Four ranks as 2 expert-parallel domains of 2: every balancing series names the rank's
 // domain, and each domain's first rank (0 and 2) exports its domain's per-layer series.
 TEST(TrainingMetricsTest, DomainsLabelBalancingSeriesAndEachDomainExportsItsLayers) {
-  absl::StatusOr<std::unique_ptr<metrics::MetricsExporter>> ex = metrics::MetricsExporter::Start("127.0.0.1:0");
+  absl::StatusOr<std::unique_ptr<metrics::MetricsExporter>> ex =
+      metrics::MetricsExporter::Start("127.0.0.1:0");
   ASSERT_TRUE(ex.ok()) << ex.status();
   std::vector<std::unique_ptr<TrainingMetrics>> ranks = MakeRanks((*ex)->registry(), "j-7", 4, 2);
   for (int r = 0; r < 4; ++r) {

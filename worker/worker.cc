@@ -31,7 +31,8 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(const WorkerOptions& opti
   std::unique_ptr<Worker> w(new Worker(options));
   if (w->options_.host.empty()) {
     char name[256] = {};
-    if (::gethostname(name, sizeof(name) - 1) != 0) return absl::InternalError("gethostname failed");
+    if (::gethostname(name, sizeof(name) - 1) != 0)
+      return absl::InternalError("gethostname failed");
     w->options_.host = name;
   }
   if (w->options_.data_address.empty()) w->options_.data_address = w->options_.host;
@@ -89,7 +90,8 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(const WorkerOptions& opti
     // What Prometheus should scrape: the listen address, or this host's name when it
     // listens on every interface.
     const bool wildcard = host.empty() || host == "0.0.0.0" || host == "::" || host == "[::]";
-    w->metrics_address_ = absl::StrCat(wildcard ? w->options_.host : host, ":", w->exporter_->port());
+    w->metrics_address_ =
+        absl::StrCat(wildcard ? w->options_.host : host, ":", w->exporter_->port());
   }
   return w;
 }
@@ -185,7 +187,8 @@ void Worker::StreamLoop() {
     first = false;
     rackrun::v1::AssignmentsRequest request;
     request.set_worker_id(worker_id());
-    std::unique_ptr<grpc::ClientContext> context = connection_->NewContext(std::chrono::milliseconds(0));
+    std::unique_ptr<grpc::ClientContext> context =
+        connection_->NewContext(std::chrono::milliseconds(0));
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (stopped_) return;
@@ -336,7 +339,8 @@ void Worker::ReportUnstarted(const std::vector<rackrun::v1::RunJob>& jobs,
   }
 }
 
-void Worker::ReportResult(const rackrun::v1::RunJob& job, const rackrun::v1::AttemptResult& result) {
+void Worker::ReportResult(const rackrun::v1::RunJob& job,
+                          const rackrun::v1::AttemptResult& result) {
   rackrun::v1::ReportRequest request;
   request.set_worker_id(worker_id());
   request.set_job_id(job.job_id());

@@ -124,14 +124,14 @@ class Worker {
   std::mutex register_mu_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::string worker_id_;                      // guarded by mu_
-  std::deque<rackrun::v1::RunJob> queue_;      // guarded by mu_
+  std::string worker_id_;                  // guarded by mu_
+  std::deque<rackrun::v1::RunJob> queue_;  // guarded by mu_
   // Cancelled while queued; the job thread reports them CANCELLED. Guarded by mu_.
   std::vector<rackrun::v1::RunJob> cancelled_unstarted_;
-  std::shared_ptr<JobRunner> running_;         // guarded by mu_
-  std::shared_ptr<JobRunner> finished_;        // the last one (job thread only): its metrics stay
-  bool draining_ = false;                      // guarded by mu_
-  bool stopped_ = false;                       // guarded by mu_: threads end
+  std::shared_ptr<JobRunner> running_;   // guarded by mu_
+  std::shared_ptr<JobRunner> finished_;  // the last one (job thread only): its metrics stay
+  bool draining_ = false;                // guarded by mu_
+  bool stopped_ = false;                 // guarded by mu_: threads end
   grpc::ClientContext* stream_context_ = nullptr;  // guarded by mu_
   std::thread stream_thread_, heartbeat_thread_;
   std::chrono::milliseconds start_delay_{0};  // job thread only: options_.start_delay, once

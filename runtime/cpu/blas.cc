@@ -74,15 +74,16 @@ BlasLibrary Load() {
     lib.sgemm = Symbol<BlasLibrary::Sgemm>(handle, "cblas_sgemm");
     lib.dgemm = Symbol<BlasLibrary::Dgemm>(handle, "cblas_dgemm");
   }
-  const auto core_name = handle != nullptr ? Symbol<CoreName>(handle, "openblas_get_corename")
-                                           : nullptr;
+  const auto core_name =
+      handle != nullptr ? Symbol<CoreName>(handle, "openblas_get_corename") : nullptr;
   if (lib.sgemm == nullptr || lib.dgemm == nullptr || core_name == nullptr) {
     std::fprintf(stderr,
                  "rackrun: cannot load OpenBLAS (%s): install Debian's libopenblas0-openmp "
                  "(tools/setup does), or set RACKRUN_OPENBLAS to a libopenblas.so.0 file\n",
                  handle == nullptr ? errors.c_str()
-                                   : absl::StrCat(lib.path, " lacks cblas_sgemm, cblas_dgemm "
-                                                            "or openblas_get_corename")
+                                   : absl::StrCat(lib.path,
+                                                  " lacks cblas_sgemm, cblas_dgemm "
+                                                  "or openblas_get_corename")
                                          .c_str());
     std::exit(1);
   }

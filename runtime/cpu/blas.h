@@ -54,13 +54,13 @@ struct BlasLibrary {
                          const float* a, int lda, const float* b, int ldb, float beta, float* c,
                          int ldc);
   using Dgemm = void (*)(int order, int trans_a, int trans_b, int m, int n, int k, double alpha,
-                         const double* a, int lda, const double* b, int ldb, double beta,
-                         double* c, int ldc);
+                         const double* a, int lda, const double* b, int ldb, double beta, double* c,
+                         int ldc);
   Sgemm sgemm = nullptr;
   Dgemm dgemm = nullptr;
-  std::string path;       // the file loaded
-  std::string core;       // the kernels running ("SkylakeX")
-  std::string requested;  // the core the runtime asked for ("" when it left the choice)
+  std::string path;        // the file loaded
+  std::string core;        // the kernels running ("SkylakeX")
+  std::string requested;   // the core the runtime asked for ("" when it left the choice)
   bool user_core = false;  // OPENBLAS_CORETYPE was the user's
   bool openmp = false;     // the OpenMP build: may thread on the process's pool
   std::string warning;     // non-empty: kernels older than the CPU supports, and the fix

@@ -63,9 +63,9 @@ template <typename T>
 void SplitGemm(int max_threads, bool trans_a, bool trans_b, int m, int n, int k, T alpha,
                const T* a, int lda, const T* b, int ldb, T beta, T* c, int ldc) {
   const double work = static_cast<double>(m) * n * k;
-  const int threads = static_cast<int>(std::min<double>(
-      {static_cast<double>(max_threads), std::floor(work / kMinPieceWork),
-       static_cast<double>((std::max(m, n) + 15) / 16)}));
+  const int threads = static_cast<int>(
+      std::min<double>({static_cast<double>(max_threads), std::floor(work / kMinPieceWork),
+                        static_cast<double>((std::max(m, n) + 15) / 16)}));
   if (threads <= 1) {
     CallSingleThreaded(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     return;
@@ -102,8 +102,8 @@ void SplitGemm(int max_threads, bool trans_a, bool trans_b, int m, int n, int k,
 
 // OpenBLAS's own threads over `threads` OpenMP threads (its OpenMP build only).
 template <typename T>
-void LibraryGemm(int threads, bool trans_a, bool trans_b, int m, int n, int k, T alpha,
-                 const T* a, int lda, const T* b, int ldb, T beta, T* c, int ldc) {
+void LibraryGemm(int threads, bool trans_a, bool trans_b, int m, int n, int k, T alpha, const T* a,
+                 int lda, const T* b, int ldb, T beta, T* c, int ldc) {
   const int before = omp_get_max_threads();
   if (before != threads) omp_set_num_threads(threads);
   Call(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
@@ -138,8 +138,7 @@ bool ThreadingCannotChangeBits(int threads) {
     for (float& x : a) x = next();
     for (float& x : b) x = next();
     const int lda = s.ta ? s.m : s.k, ldb = s.tb ? s.k : s.n;
-    std::vector<float> one(static_cast<size_t>(s.m) * s.n), split(one.size()),
-        library(one.size());
+    std::vector<float> one(static_cast<size_t>(s.m) * s.n), split(one.size()), library(one.size());
     CallSingleThreaded(s.ta, s.tb, s.m, s.n, s.k, 1.0f, a.data(), lda, b.data(), ldb, 0.0f,
                        one.data(), s.n);
     SplitGemm(threads, s.ta, s.tb, s.m, s.n, s.k, 1.0f, a.data(), lda, b.data(), ldb, 0.0f,

@@ -53,8 +53,8 @@ std::string GemmBackendName();
 
 struct GemmThreadingChoice {
   GemmThreading threading = GemmThreading::kSerial;
-  std::string reason;          // why: "measured", "forced by RACKRUN_GEMM_THREADING", ...
-  double split_seconds = 0;    // the measurement, when one was made
+  std::string reason;        // why: "measured", "forced by RACKRUN_GEMM_THREADING", ...
+  double split_seconds = 0;  // the measurement, when one was made
   double library_seconds = 0;
 };
 // The choice for `threads` (made on the first call for that count; later calls return it).

@@ -13,9 +13,9 @@ namespace {
 
 absl::Status BlasCheck(cublasStatus_t s, absl::string_view call, const GemmShape& g) {
   if (s == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
-  return absl::InternalError(
-      absl::StrCat(call, " (m ", g.m, ", n ", g.n, ", k ", g.k, ", ta ", g.trans_a, ", tb ",
-                   g.trans_b, "): ", CublasLt().GetStatusName(s), ": ", CublasLt().GetStatusString(s)));
+  return absl::InternalError(absl::StrCat(
+      call, " (m ", g.m, ", n ", g.n, ", k ", g.k, ", ta ", g.trans_a, ", tb ", g.trans_b,
+      "): ", CublasLt().GetStatusName(s), ": ", CublasLt().GetStatusString(s)));
 }
 
 // The largest power of two (at most 256) dividing the address.
@@ -135,18 +135,18 @@ absl::Status Gemm::Launch(const GemmShape& s, float alpha, const void* a, const 
                                 cublasLtMatrixLayout_t* lb, cublasLtMatrixLayout_t* lc) {
     const uint64_t a_rows = ta == CUBLAS_OP_N ? s.n : kk, a_cols2 = ta == CUBLAS_OP_N ? kk : s.n;
     const uint64_t b_rows = tb == CUBLAS_OP_N ? kk : mm, b_cols2 = tb == CUBLAS_OP_N ? mm : kk;
-    if (absl::Status st = BlasCheck(CublasLt().MatrixLayoutCreate(la, ab_type, a_rows, a_cols2, s.ldb),
-                                    "layout A", s);
+    if (absl::Status st = BlasCheck(
+            CublasLt().MatrixLayoutCreate(la, ab_type, a_rows, a_cols2, s.ldb), "layout A", s);
         !st.ok()) {
       return st;
     }
-    if (absl::Status st = BlasCheck(CublasLt().MatrixLayoutCreate(lb, ab_type, b_rows, b_cols2, s.lda),
-                                    "layout B", s);
+    if (absl::Status st = BlasCheck(
+            CublasLt().MatrixLayoutCreate(lb, ab_type, b_rows, b_cols2, s.lda), "layout B", s);
         !st.ok()) {
       return st;
     }
     return BlasCheck(CublasLt().MatrixLayoutCreate(lc, cc_type, static_cast<uint64_t>(s.n),
-                                                static_cast<uint64_t>(mm), s.ldc),
+                                                   static_cast<uint64_t>(mm), s.ldc),
                      "layout C", s);
   };
   auto it = plans_.find(key);
@@ -164,19 +164,19 @@ absl::Status Gemm::Launch(const GemmShape& s, float alpha, const void* a, const 
     CublasLt().MatmulPreferenceCreate(&pref);
     const uint64_t ws = device_->blas_workspace_bytes();
     CublasLt().MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
-                                         sizeof(ws));
+                                            sizeof(ws));
     // A' is our B, B' our A.
     const uint32_t al_a = static_cast<uint32_t>(align(b));
     const uint32_t al_b = static_cast<uint32_t>(align(a));
     const uint32_t al_c = static_cast<uint32_t>(align(c));
     CublasLt().MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a,
-                                         sizeof(al_a));
+                                            sizeof(al_a));
     CublasLt().MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b,
-                                         sizeof(al_b));
+                                            sizeof(al_b));
     CublasLt().MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c,
-                                         sizeof(al_c));
+                                            sizeof(al_c));
     CublasLt().MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c,
-                                         sizeof(al_c));
+                                            sizeof(al_c));
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
     const cublasStatus_t hs = CublasLt().MatmulAlgoGetHeuristic(
@@ -196,8 +196,8 @@ absl::Status Gemm::Launch(const GemmShape& s, float alpha, const void* a, const 
   const auto matmul = [&](cublasLtMatrixLayout_t la, cublasLtMatrixLayout_t lb,
                           cublasLtMatrixLayout_t lc) {
     return CublasLt().Matmul(static_cast<cublasLtHandle_t>(device_->blas_handle()), p.op, &alpha, b,
-                          la, a, lb, &beta, c, lc, c, lc, &p.algo, device_->blas_workspace(),
-                          device_->blas_workspace_bytes(), stream);
+                             la, a, lb, &beta, c, lc, c, lc, &p.algo, device_->blas_workspace(),
+                             device_->blas_workspace_bytes(), stream);
   };
   if (!bucketed) return BlasCheck(matmul(p.a, p.b, p.c), "cublasLtMatmul", s);
   // The bucket's algorithm on this problem's own layouts.
@@ -207,9 +207,9 @@ absl::Status Gemm::Launch(const GemmShape& s, float alpha, const void* a, const 
   }
   // An algorithm chosen for the bucket's sizes need not suit these: cuBLASLt says which.
   cublasLtMatmulHeuristicResult_t check{};
-  if (CublasLt().MatmulAlgoCheck(static_cast<cublasLtHandle_t>(device_->blas_handle()), p.op, actual.a,
-                              actual.b, actual.c, actual.c, &p.algo,
-                              &check) != CUBLAS_STATUS_SUCCESS ||
+  if (CublasLt().MatmulAlgoCheck(static_cast<cublasLtHandle_t>(device_->blas_handle()), p.op,
+                                 actual.a, actual.b, actual.c, actual.c, &p.algo,
+                                 &check) != CUBLAS_STATUS_SUCCESS ||
       check.workspaceSize > device_->blas_workspace_bytes()) {
     return Launch(s, alpha, a, b, beta, c, precision, c_type, stream, /*bucketed=*/false);
   }

@@ -177,9 +177,8 @@ template <typename S>
 std::vector<ParamRef<float>> XhcStreams<S>::Parameters() {
   std::vector<ParamRef<float>> out;
   for (size_t i = 0; i < names_.size(); ++i) {
-    out.push_back(
-        {names_[i], values_.data() + offsets_[i], grads_.data() + offsets_[i], sizes_[i],
-         shapes_[i]});
+    out.push_back({names_[i], values_.data() + offsets_[i], grads_.data() + offsets_[i], sizes_[i],
+                   shapes_[i]});
   }
   return out;
 }

@@ -18,7 +18,7 @@ namespace {
 template <typename Body>
 void ForEachSequenceHead(int batch, int heads, int seq, Body&& body) {
   const int pairs = batch * heads;
-#pragma omp parallel for schedule(static) if (static_cast<int64_t>(pairs) * seq * seq >= \
+#pragma omp parallel for schedule(static) if (static_cast <int64_t>(pairs) * seq * seq >= \
                                               cpu::kParallelMinWork)
   for (int bh = 0; bh < pairs; ++bh) body(bh, bh / heads, bh % heads);
 }

@@ -236,8 +236,8 @@ class MoeLayer {
   Tensor<T> shared_h13_, shared_act_, shared_out_;
   // Backward scratch.
   Tensor<T> dexpert_out_, ddispatched_, dxn_, dscores_, dshared_h13_, dshared_act_, dshared_x_;
-  Tensor<T> dweights_;         // [tokens x k] dL/d gate weights
-  std::vector<T> aux_grad_;    // [E] the aux loss's score gradient
+  Tensor<T> dweights_;       // [tokens x k] dL/d gate weights
+  std::vector<T> aux_grad_;  // [E] the aux loss's score gradient
 };
 
 }  // namespace rackrun::runtime

@@ -343,9 +343,9 @@ class MhcImpl final : public DenseStreamsImpl<T> {
 
   void Reserve() override {
     const int n = this->nstreams;
-    this->ReserveDense(CoefStride(), n + n * n, 3 + 2 * n + n * n, P_,
-                       kTokenBlock * P_ + sinkhorn_.tape_size() + 3 * kTokenBlock * n * n +
-                           n * this->width);
+    this->ReserveDense(
+        CoefStride(), n + n * n, 3 + 2 * n + n * n, P_,
+        kTokenBlock * P_ + sinkhorn_.tape_size() + 3 * kTokenBlock * n * n + n * this->width);
   }
 
   void Read(int l, T* u) override {
@@ -543,22 +543,26 @@ class HcImpl final : public DenseStreamsImpl<T> {
     const T* b0 = this->value(q.b0);
     // Projection rows are the token's streams, each C wide.
     const auto no_block = [](int, int, T*) {};
-    this->ReadDense(l, this->value(q.w), u, [&](const T* x, const T* z, T*, T* coef) {
-      T* am = coef + n * (1 + P_);
-      T* ar = am + n;
-      T* bb = ar + n * n;
-      for (int s = 0; s < n; ++s) {
-        T sum, sq;
-        Moments(x + s * C, C, &sum, &sq);
-        const T r = RmsOf(sq, C);
-        T* rec = coef + s * (1 + P_);
-        rec[0] = r;
-        for (int p = 0; p < P_; ++p) rec[1 + p] = z[s * P_ + p] / r;
-        am[s] = s_a * std::tanh(rec[1]) + a_m0[s];
-        for (int j = 0; j < n; ++j) ar[s * n + j] = s_a * std::tanh(rec[2 + j]) + a_r0[s * n + j];
-        bb[s] = s_b * std::tanh(rec[2 + n]) + b0[s];
-      }
-    }, no_block);
+    this->ReadDense(
+        l, this->value(q.w), u,
+        [&](const T* x, const T* z, T*, T* coef) {
+          T* am = coef + n * (1 + P_);
+          T* ar = am + n;
+          T* bb = ar + n * n;
+          for (int s = 0; s < n; ++s) {
+            T sum, sq;
+            Moments(x + s * C, C, &sum, &sq);
+            const T r = RmsOf(sq, C);
+            T* rec = coef + s * (1 + P_);
+            rec[0] = r;
+            for (int p = 0; p < P_; ++p) rec[1 + p] = z[s * P_ + p] / r;
+            am[s] = s_a * std::tanh(rec[1]) + a_m0[s];
+            for (int j = 0; j < n; ++j)
+              ar[s * n + j] = s_a * std::tanh(rec[2 + j]) + a_r0[s * n + j];
+            bb[s] = s_b * std::tanh(rec[2 + n]) + b0[s];
+          }
+        },
+        no_block);
   }
 
   void ReadBackward(int l, const T* d_u) override {

@@ -92,7 +92,7 @@ inline Simd<double> Fma(Simd<double> a, Simd<double> b, Simd<double> c) {
 #endif
 }
 template <typename T>
-  requires std::is_floating_point_v<T>
+requires std::is_floating_point_v<T>
 inline T Fma(T a, T b, T c) {
 #if defined(__FMA__) || defined(__AVX512F__)
   return std::fma(a, b, c);
@@ -515,8 +515,7 @@ inline void ProjectRows(const T* x, int64_t ldx, int rows, const T* wt, int Ppad
 // kernel call: deterministic for a fixed thread count. Call outside a parallel region.
 template <typename T>
 inline void BatchGemm(bool parallel, bool trans_a, bool trans_b, int m, int n, int k, T alpha,
-                      const T* a, int64_t lda, const T* b, int64_t ldb, T beta, T* c,
-                      int64_t ldc) {
+                      const T* a, int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
   if (m <= 0 || n <= 0) return;
   if (!parallel) {
     cpu::GemmSerial<T>(trans_a, trans_b, m, n, k, alpha, a, static_cast<int>(lda), b,

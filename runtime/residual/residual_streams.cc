@@ -255,7 +255,8 @@ class VanillaImpl final : public ResidualStreams<T>::Impl {
     const int64_t n = static_cast<int64_t>(this->ntok) * this->width;
 #pragma omp parallel for schedule(static) if (this->Parallel())
     for (int64_t b = 0; b < n; b += 4096) {
-      std::memcpy(to + b, from + b, sizeof(T) * static_cast<size_t>(std::min<int64_t>(4096, n - b)));
+      std::memcpy(to + b, from + b,
+                  sizeof(T) * static_cast<size_t>(std::min<int64_t>(4096, n - b)));
     }
   }
 };

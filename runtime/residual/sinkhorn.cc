@@ -48,8 +48,7 @@ SinkhornProjection<T>::SinkhornProjection(int n, int iters) : n_(n), iters_(iter
 // iteration: B (n*n, after the column step), column sums c (n), row sums r (n). The output
 // of iteration k's row step is B_k / (r_k + eps).
 template <typename T>
-void SinkhornProjection<T>::ForwardBatch(int count, const T* const* z, T* const* h,
-                                         T* tape) const {
+void SinkhornProjection<T>::ForwardBatch(int count, const T* const* z, T* const* h, T* tape) const {
   using V = Lanes<T>;
   const int n = n_;
   const int nn = n * n;

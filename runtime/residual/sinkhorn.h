@@ -37,8 +37,8 @@ class SinkhornProjection {
   int iters() const { return iters_; }
   // Elements of the tape a forward fills for the backward (room for a whole batch).
   int64_t tape_size() const {
-    return kBatch * (static_cast<int64_t>(n_) * n_ +
-                     static_cast<int64_t>(iters_) * (n_ * n_ + 2 * n_));
+    return kBatch *
+           (static_cast<int64_t>(n_) * n_ + static_cast<int64_t>(iters_) * (n_ * n_ + 2 * n_));
   }
 
   // Batches of `count` (1..kBatch) independent matrices, matrix i at z[i] -> h[i] (each

@@ -130,7 +130,8 @@ TEST(SinkhornProjectionTest, ForwardMatchesTheScalarAlgorithm) {
     std::vector<double> h(z.size());
     sk.Forward(z.data(), h.data(), nullptr);
     const std::vector<double> ref = ReferenceForward(z, n, 20);
-    for (size_t i = 0; i < h.size(); ++i) EXPECT_NEAR(h[i], ref[i], 1e-14) << "n=" << n << " entry " << i;
+    for (size_t i = 0; i < h.size(); ++i)
+      EXPECT_NEAR(h[i], ref[i], 1e-14) << "n=" << n << " entry " << i;
   }
 }
 
@@ -179,8 +180,12 @@ void CheckBatchesAreLaneIndependent() {
   }
 }
 
-TEST(SinkhornProjectionTest, BatchesAreLaneIndependentFloat) { CheckBatchesAreLaneIndependent<float>(); }
-TEST(SinkhornProjectionTest, BatchesAreLaneIndependentDouble) { CheckBatchesAreLaneIndependent<double>(); }
+TEST(SinkhornProjectionTest, BatchesAreLaneIndependentFloat) {
+  CheckBatchesAreLaneIndependent<float>();
+}
+TEST(SinkhornProjectionTest, BatchesAreLaneIndependentDouble) {
+  CheckBatchesAreLaneIndependent<double>();
+}
 
 }  // namespace
 }  // namespace rackrun::runtime

@@ -766,8 +766,8 @@ template <typename T>
 int XhcImpl<T>::ReadBlock() const {
   // About 2 MiB of state rows per block: they are still in L2/L3 when the block's per-token
   // pass reads them again; the packed weights (streamed once per block) stay in L3.
-  const int64_t row_bytes = static_cast<int64_t>(this->nstreams) * this->width *
-                            static_cast<int64_t>(sizeof(T));
+  const int64_t row_bytes =
+      static_cast<int64_t>(this->nstreams) * this->width * static_cast<int64_t>(sizeof(T));
   const int64_t rows = (int64_t{2} << 20) / row_bytes;
   return static_cast<int>(std::clamp<int64_t>(rows & ~int64_t{1}, 2, 256));
 }

@@ -55,7 +55,8 @@ TEST(InputLimitsTest, PlanRefusesRunsOverItsLimits) {
   EXPECT_THAT(r.err, HasSubstr("--microbatches: 1000000000 is out of range; use 1..1000000"));
   r = RunCli("plan --generate --microbatches 1000 --layers 1001");
   EXPECT_EQ(r.code, 2);
-  EXPECT_THAT(r.err, HasSubstr("1000 x --layers 1001 = 1001000 entries, over the limit of 1000000"));
+  EXPECT_THAT(r.err,
+              HasSubstr("1000 x --layers 1001 = 1001000 entries, over the limit of 1000000"));
   r = RunCli("plan --generate --ranks 8192 --experts 8192");
   EXPECT_EQ(r.code, 2);
   EXPECT_THAT(r.err, HasSubstr("67108864 loads per entry, over the limit of 16777216"));
@@ -69,7 +70,8 @@ TEST(InputLimitsTest, PlanOutIsCompleteOrAbsentAndErrorsNameFileAndErrno) {
   EXPECT_THAT(r.err, HasSubstr("No such file or directory"));
 
   const std::string out = (Dir() / "t.jsonl").string();
-  r = RunCli("plan --generate --ranks 8 --masters-per-rank 2 --topk 2 --microbatches 3 --out " + out);
+  r = RunCli("plan --generate --ranks 8 --masters-per-rank 2 --topk 2 --microbatches 3 --out " +
+             out);
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(::rackrun::testing::Lines(out).size(), 3u);
   int files = 0;

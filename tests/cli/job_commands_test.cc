@@ -69,11 +69,11 @@ class JobCommandsTest : public ::testing::Test {
   void StartCoordinator(int port) {
     // A new file per start: a restart must not read the banner of the previous process.
     const fs::path banner = dir_ / ("coordinator" + std::to_string(starts_++) + ".txt");
-    coordinator_ = std::make_unique<Child>(
-        std::vector<std::string>{RACKRUN_COORDINATOR_BINARY, "--listen",
-                                 "127.0.0.1:" + std::to_string(port), "--state-dir",
-                                 (dir_ / "state").string()},
-        banner);
+    coordinator_ =
+        std::make_unique<Child>(std::vector<std::string>{RACKRUN_COORDINATOR_BINARY, "--listen",
+                                                         "127.0.0.1:" + std::to_string(port),
+                                                         "--state-dir", (dir_ / "state").string()},
+                                banner);
     std::string text;
     std::smatch m = WaitForText(banner, std::regex("listening on 127\\.0\\.0\\.1:([0-9]+)"), &text);
     ASSERT_FALSE(m.empty()) << "no banner: " << text;
@@ -246,10 +246,10 @@ TEST_F(JobCommandsTest, WatchSurvivesACoordinatorRestartWithoutLosingOrRepeating
   const std::string id = Submit();
   const fs::path out = dir_ / "watch.txt";
   const std::string port = address_.substr(address_.rfind(':') + 1);
-  Child watch({"/usr/bin/env", "-u", "RACKRUN_TOKEN", "RACKRUN_COORDINATOR=" + address_,
-               "RACKRUN_TOKEN_FILE=" + (dir_ / "state" / "token").string(), RACKRUN_BINARY,
-               "watch", id},
-              out);
+  Child watch(
+      {"/usr/bin/env", "-u", "RACKRUN_TOKEN", "RACKRUN_COORDINATOR=" + address_,
+       "RACKRUN_TOKEN_FILE=" + (dir_ / "state" / "token").string(), RACKRUN_BINARY, "watch", id},
+      out);
   std::string text;
   ASSERT_FALSE(WaitForText(out, std::regex("QUEUED"), &text).empty()) << text;
 

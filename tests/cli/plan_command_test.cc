@@ -141,7 +141,8 @@ TEST(PlanCommandTest, HeavyTailedAndSpikingFamilies) {
   for (const std::string& family : families) {
     Result r = RunPlan(
         "--generate --ranks 16 --experts 64 --topk 4 --tokens-per-rank 1024 --microbatches 8 "
-        "--seed 3 --policy ultraep,greedy,ideal --json " + family);
+        "--seed 3 --policy ultraep,greedy,ideal --json " +
+        family);
     ASSERT_EQ(r.code, 0) << family << ": " << r.err;
     json doc = ParseJson(r);
     const json& ultraep = doc["policies"][0];
@@ -149,12 +150,14 @@ TEST(PlanCommandTest, HeavyTailedAndSpikingFamilies) {
     EXPECT_EQ(greedy["policy"], "greedy");
     EXPECT_GT(ultraep["imbalance_before"]["max"].get<double>(), 1.2) << family;
     EXPECT_LE(ultraep["imbalance_after"]["p99"].get<double>(),
-              greedy["imbalance_after"]["p99"].get<double>() + 1e-12) << family;
+              greedy["imbalance_after"]["p99"].get<double>() + 1e-12)
+        << family;
     EXPECT_LE(ultraep["imbalance_after"]["p99"].get<double>(), 1.05) << family;
     EXPECT_LE(doc["policies"][2]["simulated_percent_of_ideal"].get<double>(), 100.0 + 1e-9);
   }
-  Result r = RunPlan("--generate --ranks 8 --masters-per-rank 4 --topk 2 --microbatches 2 "
-                     "--popularity lognormal --sigma 1 --spikes 2 --policy none");
+  Result r = RunPlan(
+      "--generate --ranks 8 --masters-per-rank 4 --topk 2 --microbatches 2 "
+      "--popularity lognormal --sigma 1 --spikes 2 --policy none");
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_THAT(r.out, HasSubstr("lognormal sigma 1, spikes of 1-2 experts x5-20 in 25% of entries"));
 }
@@ -330,8 +333,8 @@ TEST(PlanCommandTest, OneDomainKeepsTodaysFigures) {
 }
 
 TEST(PlanCommandTest, DomainsAddTheStepWithTheGradientAllReduce) {
-  const std::string args = std::string(kSmall) +
-                           " --policy ultraep,none --domains 2 --microbatches-per-step 3 --json";
+  const std::string args =
+      std::string(kSmall) + " --policy ultraep,none --domains 2 --microbatches-per-step 3 --json";
   Result ring = RunPlan(args);
   Result tree = RunPlan(args + " --allreduce tree");
   ASSERT_EQ(ring.code, 0) << ring.err;
@@ -364,7 +367,8 @@ TEST(PlanCommandTest, DomainsAddTheStepWithTheGradientAllReduce) {
   EXPECT_LT(ParseJson(fast)["cluster"]["gradient_reduce_ms"]["total"].get<double>(),
             cluster["gradient_reduce_ms"]["total"].get<double>());
 
-  Result table = RunPlan(std::string(kSmall) + " --policy ultraep,none --domains 2 "
+  Result table = RunPlan(std::string(kSmall) +
+                         " --policy ultraep,none --domains 2 "
                          "--microbatches-per-step 3");
   ASSERT_EQ(table.code, 0) << table.err;
   EXPECT_THAT(table.out, HasSubstr("24 entries (6 microbatches x 2 layers x 2 domains)"));

@@ -13,22 +13,22 @@
 
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <map>
-#include <fstream>
 #include <memory>
 #include <regex>
 #include <sstream>
 #include <string>
-#include <utility>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "nlohmann/json.hpp"
 #include "jobspec/job_memory.h"
 #include "jobspec/spec.h"
+#include "nlohmann/json.hpp"
 #include "tests/support/daemon_fixture.h"
 #include "tests/support/listening_sockets.h"
 #include "tests/support/process.h"
@@ -53,10 +53,10 @@ class DaemonsTest : public ::rackrun::testing::DaemonFixture {
   // A 60-step job with checkpoints that restarts once, submitted and run to step 5: for the
   // tests that drain one of its workers.
   std::string SubmitRestartableAndWaitForStep5() {
-    const std::string id = Submit("--set training.steps=60 --set checkpoint.dir=" +
-                                  (dir_ / "ckpt").string() +
-                                  " --set checkpoint.interval=1000 --set restart.max_attempts=2"
-                                  " --set restart.backoff_s=0.2");
+    const std::string id =
+        Submit("--set training.steps=60 --set checkpoint.dir=" + (dir_ / "ckpt").string() +
+               " --set checkpoint.interval=1000 --set restart.max_attempts=2"
+               " --set restart.backoff_s=0.2");
     WaitStep(id, 5);
     return id;
   }
@@ -71,7 +71,8 @@ class DaemonsTest : public ::rackrun::testing::DaemonFixture {
     EXPECT_EQ(Int(job["first_failure"], "pid"), pid) << job.dump();
     EXPECT_GE(Int(job["attempts"][1], "start_step"), 5) << "resumed from the drain checkpoint";
     for (const json& r : job["attempts"][1]["ranks"]) {
-      EXPECT_NE(Int(r, "pid"), pid) << "the restart was placed on the worker that drained: " << job.dump();
+      EXPECT_NE(Int(r, "pid"), pid)
+          << "the restart was placed on the worker that drained: " << job.dump();
     }
   }
 
@@ -83,11 +84,12 @@ class DaemonsTest : public ::rackrun::testing::DaemonFixture {
     for (const std::string& line : ::rackrun::testing::Lines(path)) {
       const json r = json::parse(line, nullptr, false);
       if (!r.is_object() || !r.contains("step")) continue;
-      out[r["step"].get<int64_t>()] =
-          json{{"loss", r.value("loss", json())}, {"val_loss", r.value("val_loss", json())},
-               {"rank_imbalance_after", r.value("rank_imbalance_after", json())},
-               {"replicas", r.value("replicas", json())}}
-              .dump();
+      out[r["step"].get<int64_t>()] = json{
+          {"loss", r.value("loss", json())},
+          {"val_loss", r.value("val_loss", json())},
+          {"rank_imbalance_after", r.value("rank_imbalance_after", json())},
+          {"replicas",
+           r.value("replicas", json())}}.dump();
     }
     return out;
   }
@@ -200,10 +202,11 @@ TEST_F(DaemonsTest, FourMpirunWorkersCoordinatorModePlansLikeInBand) {
   std::vector<std::vector<std::string>> losses;
   for (const std::string mode : {"inband", "coordinator"}) {
     const fs::path log = dir_ / (mode + ".jsonl");
-    const std::string id =
-        Submit("--set resources.ranks=4 --set balancer.policy=ultraep --set training.steps=10 "
-               "--set balancer.mode=" + mode + " --set logging.json=" + log.string(),
-               "submit-" + mode);
+    const std::string id = Submit(
+        "--set resources.ranks=4 --set balancer.policy=ultraep --set training.steps=10 "
+        "--set balancer.mode=" +
+            mode + " --set logging.json=" + log.string(),
+        "submit-" + mode);
     const json job = WaitState(id, "SUCCEEDED");
     ASSERT_EQ(job.value("state", ""), "SUCCEEDED") << job.dump();
     losses.push_back(Losses(log));
@@ -243,14 +246,16 @@ TEST_F(DaemonsTest, CoordinatorModeEplbJobRestartedFromACheckpointPlansLikeTheUn
   WaitIdle(2);
   const std::string sets =
       std::string(kCoordinatorEplb) + " --set training.steps=12 --set checkpoint.interval=4";
-  const json done = WaitState(SubmitLogged(sets, "uninterrupted"), "SUCCEEDED", std::chrono::seconds(120));
+  const json done =
+      WaitState(SubmitLogged(sets, "uninterrupted"), "SUCCEEDED", std::chrono::seconds(120));
   ASSERT_EQ(done.value("state", ""), "SUCCEEDED") << done.dump();
   ASSERT_EQ(done["attempts"].size(), 1u) << done.dump();
 
   // Worker 1 (launcher rank 1: the job's rank 1) exits in microbatch 13 (step 7).
   Child& victim = StartWorker(1, {}, {"RACKRUN_FAULT=exit:rank=1,layer=0,microbatch=13"});
   WaitIdle(3);
-  const json job = WaitState(SubmitLogged(sets, "restarted"), "SUCCEEDED", std::chrono::seconds(180));
+  const json job =
+      WaitState(SubmitLogged(sets, "restarted"), "SUCCEEDED", std::chrono::seconds(180));
   ASSERT_EQ(job.value("state", ""), "SUCCEEDED") << job.dump();
   ASSERT_EQ(job["attempts"].size(), 2u) << job.dump();
   EXPECT_EQ(job["first_failure"].value("kind", ""), "WORKER_LOST") << job.dump();
@@ -276,7 +281,8 @@ TEST_F(DaemonsTest, CoordinatorRestartDuringACoordinatorModeEplbJobKeepsItsPlans
   const std::string sets = std::string(kCoordinatorEplb) +
                            " --set training.steps=60 --set checkpoint.interval=2"
                            " --set restart.on=error,hang,worker_lost";
-  const json done = WaitState(SubmitLogged(sets, "uninterrupted"), "SUCCEEDED", std::chrono::seconds(120));
+  const json done =
+      WaitState(SubmitLogged(sets, "uninterrupted"), "SUCCEEDED", std::chrono::seconds(120));
   ASSERT_EQ(done.value("state", ""), "SUCCEEDED") << done.dump();
 
   const std::string id = SubmitLogged(sets, "restarted");
@@ -321,9 +327,9 @@ TEST_F(DaemonsTest, TwoByTwoJobPacksDomainsOntoRacksAndPlansLikeMpirun) {
   std::map<std::string, std::vector<std::string>> losses;
   for (const std::string mode : {"inband", "coordinator"}) {
     const fs::path log = dir_ / (mode + ".jsonl");
-    const std::string id = Submit(sets + " --set balancer.mode=" + mode +
-                                      " --set logging.json=" + log.string(),
-                                  "submit-" + mode);
+    const std::string id =
+        Submit(sets + " --set balancer.mode=" + mode + " --set logging.json=" + log.string(),
+               "submit-" + mode);
     const json job = WaitState(id, "SUCCEEDED", std::chrono::seconds(120));
     ASSERT_EQ(job.value("state", ""), "SUCCEEDED") << job.dump();
     losses[mode] = Losses(log);
@@ -349,8 +355,9 @@ TEST_F(DaemonsTest, TwoByTwoJobPacksDomainsOntoRacksAndPlansLikeMpirun) {
 
   // One domain of 4 (1 x 4) fits no rack: it mixes both, and the job's events and the
   // coordinator's log say so.
-  const Result mixed = Cli("submit job.yaml --set resources.ranks=4 --set training.steps=2 --watch --plain",
-                           "watch-mixed");
+  const Result mixed =
+      Cli("submit job.yaml --set resources.ranks=4 --set training.steps=2 --watch --plain",
+          "watch-mixed");
   EXPECT_EQ(mixed.code, 0) << mixed.out << mixed.err;
   const std::string note =
       "placement: domain 0 spans racks a, b (no rack label had 4 free workers; free: a: 2, b: 2)";
@@ -366,9 +373,10 @@ TEST_F(DaemonsTest, TwoByTwoJobShowsEachDomainsImbalanceInStatus) {
   StartMpirunWorkers(4);
   WaitIdle(4);
   const fs::path log = dir_ / "d2g2.jsonl";
-  const std::string id =
-      Submit("--set resources.ranks=4 --set parallelism.expert_parallel=2 --set balancer.policy=ultraep "
-             "--set training.steps=4 --set logging.json=" + log.string());
+  const std::string id = Submit(
+      "--set resources.ranks=4 --set parallelism.expert_parallel=2 --set balancer.policy=ultraep "
+      "--set training.steps=4 --set logging.json=" +
+      log.string());
   const json job = WaitState(id, "SUCCEEDED");
   ASSERT_EQ(job.value("state", ""), "SUCCEEDED") << job.dump();
   const json& domains = job["last_progress"]["domains"];
@@ -385,16 +393,22 @@ TEST_F(DaemonsTest, TwoByTwoJobShowsEachDomainsImbalanceInStatus) {
     const json& want = last["domains"][static_cast<size_t>(d)];
     ASSERT_EQ(got["imbalance_after"].size(), want["imbalance_after"].size());
     for (size_t l = 0; l < want["imbalance_after"].size(); ++l) {
-      EXPECT_NEAR(got["imbalance_before"][l].get<double>(), want["imbalance_before"][l].get<double>(), 1e-6);
-      EXPECT_NEAR(got["imbalance_after"][l].get<double>(), want["imbalance_after"][l].get<double>(), 1e-6);
+      EXPECT_NEAR(got["imbalance_before"][l].get<double>(),
+                  want["imbalance_before"][l].get<double>(), 1e-6);
+      EXPECT_NEAR(got["imbalance_after"][l].get<double>(), want["imbalance_after"][l].get<double>(),
+                  1e-6);
     }
     EXPECT_EQ(got["rank_tokens_before"].size(), 2u);
   }
   const Result status = Cli("status " + id, "status-text");
   ASSERT_EQ(status.code, 0) << status.err;
   std::cout << status.out;
-  EXPECT_THAT(status.out, ::testing::ContainsRegex("domain 0 +ranks 0-1, imbalance [0-9.]+ -> [0-9.]+")) << status.out;
-  EXPECT_THAT(status.out, ::testing::ContainsRegex("domain 1 +ranks 2-3, imbalance [0-9.]+ -> [0-9.]+")) << status.out;
+  EXPECT_THAT(status.out,
+              ::testing::ContainsRegex("domain 0 +ranks 0-1, imbalance [0-9.]+ -> [0-9.]+"))
+      << status.out;
+  EXPECT_THAT(status.out,
+              ::testing::ContainsRegex("domain 1 +ranks 2-3, imbalance [0-9.]+ -> [0-9.]+"))
+      << status.out;
   EXPECT_THAT(status.out, ::testing::Not(HasSubstr("domain 2"))) << status.out;
 }
 
@@ -424,7 +438,8 @@ TEST_F(DaemonsTest, KilledWorkerIsNamedAndSurvivorsRunTheNextJob) {
   EXPECT_EQ(f.value("kind", ""), "WORKER_LOST") << f.dump();
   EXPECT_EQ(Int(f, "rank"), victim_rank) << f.dump();
   EXPECT_EQ(Int(f, "pid"), victim.pid()) << f.dump();
-  EXPECT_LT(seconds, (3.0 + 5.0) * ::rackrun::testing::TimeScale()) << "heartbeat timeout 3 s plus a margin, scaled";
+  EXPECT_LT(seconds, (3.0 + 5.0) * ::rackrun::testing::TimeScale())
+      << "heartbeat timeout 3 s plus a margin, scaled";
   // The two others (one of them the killed worker's peer) run the next job.
   WaitIdle(2);
   const std::string next = Submit("--set training.steps=5", "submit-next");
@@ -450,7 +465,8 @@ TEST_F(DaemonsTest, StoppedWorkerIsNamedAsHung) {
   const json& f = job["first_failure"];
   EXPECT_EQ(f.value("kind", ""), "HANG") << f.dump();
   EXPECT_EQ(Int(f, "pid"), stuck.pid()) << f.dump();
-  EXPECT_LT(seconds, (3.0 + 6.0) * ::rackrun::testing::TimeScale()) << "hang timeout 3 s plus a margin, scaled";
+  EXPECT_LT(seconds, (3.0 + 6.0) * ::rackrun::testing::TimeScale())
+      << "hang timeout 3 s plus a margin, scaled";
 }
 
 // SIGTERM of a busy worker: it finishes its step, the job checkpoints, the worker
@@ -538,7 +554,8 @@ TEST_F(DaemonsTest, CoordinatorDownWhileTheJobEndsLosesNothing) {
   std::string text;
   // Generous: under TSan a step of this model takes ~0.6 s.
   ASSERT_FALSE(
-      WaitForText(log, std::regex("\\{\"step\": 12,"), &text, Scaled(std::chrono::seconds(120))).empty())
+      WaitForText(log, std::regex("\\{\"step\": 12,"), &text, Scaled(std::chrono::seconds(120)))
+          .empty())
       << "rank 0 did not finish training while the coordinator was down: " << text;
   // Longer than the hang timeout (3 s, scaled) in the reporting phase before the
   // coordinator returns.
@@ -606,8 +623,8 @@ TEST_F(DaemonsTest, AttemptCancelledBeforeItStartedFreesTheWorker) {
   EXPECT_EQ(bad.code, 2);
   EXPECT_THAT(bad.err, HasSubstr("RACKRUN_WORKER_START_DELAY_MS='soon' is not a number"));
   // So is a malformed fault injection (runtime/fault_injection.h).
-  const Result bad_fault = Shell(std::string("RACKRUN_FAULT=stall:rank=1 ") + RACKRUN_WORKER_BINARY +
-                                     " --coordinator 127.0.0.1:1",
+  const Result bad_fault = Shell(std::string("RACKRUN_FAULT=stall:rank=1 ") +
+                                     RACKRUN_WORKER_BINARY + " --coordinator 127.0.0.1:1",
                                  "bad-fault");
   EXPECT_EQ(bad_fault.code, 2);
   EXPECT_THAT(bad_fault.err, HasSubstr("RACKRUN_FAULT='stall:rank=1' is malformed"));
@@ -616,9 +633,10 @@ TEST_F(DaemonsTest, AttemptCancelledBeforeItStartedFreesTheWorker) {
   std::vector<std::string> env = WorkerEnv();
   env.push_back("RANK=1");
   env.push_back("RACKRUN_WORKER_START_DELAY_MS=3000");
-  workers_.push_back(std::make_unique<Child>(
-      std::vector<std::string>{RACKRUN_WORKER_BINARY, "--data-address", "127.0.0.1", "--threads", "1"},
-      dir_ / "worker1.log", env));
+  workers_.push_back(
+      std::make_unique<Child>(std::vector<std::string>{RACKRUN_WORKER_BINARY, "--data-address",
+                                                       "127.0.0.1", "--threads", "1"},
+                              dir_ / "worker1.log", env));
   WaitIdle(2);
   // Every rank fails on the missing file; the prompt one first, within the other's delay.
   const std::string id =
@@ -660,11 +678,14 @@ TEST_F(DaemonsTest, WorkerOutOfMemoryFailsTheJobAndTheWorkerStaysUp) {
   // vocab 4,000,000: about 2.4 GiB estimated (fits the machine), but the limit is 2 GB
   // (which leaves the small job after it room for OpenBLAS's 128 MB buffers: below about
   // 1 GB OpenBLAS retries its buffer allocation forever, which the hang rule would report).
-  const std::string id = Submit("--set resources.ranks=1 --set model.vocab=4000000 --set training.steps=2");
+  const std::string id =
+      Submit("--set resources.ranks=1 --set model.vocab=4000000 --set training.steps=2");
   const json job = WaitFirstFailure(id, "out of memory: an allocation failed");
   ASSERT_EQ(job.value("state", ""), "FAILED") << job.dump();
-  EXPECT_THAT(job["first_failure"].value("message", ""), HasSubstr("out of memory: an allocation failed"));
-  EXPECT_THAT(::rackrun::testing::Slurp(dir_ / "worker0.log"), ::testing::Not(HasSubstr("terminate called")));
+  EXPECT_THAT(job["first_failure"].value("message", ""),
+              HasSubstr("out of memory: an allocation failed"));
+  EXPECT_THAT(::rackrun::testing::Slurp(dir_ / "worker0.log"),
+              ::testing::Not(HasSubstr("terminate called")));
   WaitIdle(1);
   const std::string next = Submit("--set resources.ranks=1 --set training.steps=3", "submit-next");
   EXPECT_EQ(WaitState(next, "SUCCEEDED").value("state", ""), "SUCCEEDED");
@@ -739,7 +760,8 @@ TEST_F(DaemonsTest, PrometheusTargetsListTheWorkersMetricsEndpoints) {
     listed.clear();
     const json doc = json::parse(::rackrun::testing::Slurp(targets), nullptr, false);
     if (doc.is_array() && !doc.empty()) {
-      for (const json& t : doc[0].value("targets", json::array())) listed.push_back(t.get<std::string>());
+      for (const json& t : doc[0].value("targets", json::array()))
+        listed.push_back(t.get<std::string>());
     }
     return listed.size();
   };
@@ -894,7 +916,8 @@ class OrphanTest : public DaemonsTest {
       if (pipe_output) {
         close(out[1]);
         char buffer[4096];
-        for (ssize_t n; (n = read(out[0], buffer, sizeof buffer)) > 0;) (void)!write(log_fd, buffer, static_cast<size_t>(n));
+        for (ssize_t n; (n = read(out[0], buffer, sizeof buffer)) > 0;)
+          (void)!write(log_fd, buffer, static_cast<size_t>(n));
       }
       pause();  // a launcher stays until the launch ends (here: until it is killed)
       _exit(0);
@@ -955,8 +978,10 @@ TEST_F(OrphanTest, AWorkerStartedByALauncherExitsWhenItDies) {
     }
     EXPECT_TRUE(Exited(l.worker)) << variable << ": the worker outlived its launcher";
     // Its output died with the launcher's pipe; the coordinator says it deregistered.
-    EXPECT_THAT(text, HasSubstr("started by a launcher (" + variable + " is set): exits when its "
-                                "process " + std::to_string(l.launcher) + " ends"));
+    EXPECT_THAT(text, HasSubstr("started by a launcher (" + variable +
+                                " is set): exits when its "
+                                "process " +
+                                std::to_string(l.launcher) + " ends"));
     EXPECT_EQ(StateOf(l.worker), "GONE") << "deregistered, not lost";
   }
 }
@@ -1018,4 +1043,3 @@ TEST_F(OrphanTest, AWorkerStartedByHandOutlivesItsParent) {
 }
 
 }  // namespace
-

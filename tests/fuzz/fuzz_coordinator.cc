@@ -103,7 +103,8 @@ class OpenAssignments {
     Stream s;
     s.context = std::make_unique<grpc::ClientContext>();
     s.context->AddMetadata("authorization", std::string("Bearer ") + kToken);
-    s.context->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));  // a bound only
+    s.context->set_deadline(std::chrono::system_clock::now() +
+                            std::chrono::seconds(5));  // a bound only
     s.reader = stub.Assignments(s.context.get(), request);
     // The handler sends its initial metadata once the stream is open in the rack (or ends
     // the call), so the calls after this one see the stream: replays are deterministic.
@@ -132,7 +133,8 @@ class OpenAssignments {
 void CallPlans(v1::RackControl::Stub& stub, const std::string& bytes) {
   grpc::ClientContext context;
   PrepareStreamContext(&context);
-  std::unique_ptr<grpc::ClientReaderWriter<v1::LoadRow, v1::PlanReply>> stream = stub.Plans(&context);
+  std::unique_ptr<grpc::ClientReaderWriter<v1::LoadRow, v1::PlanReply>> stream =
+      stub.Plans(&context);
   size_t pos = 0;
   while (pos < bytes.size()) {
     const size_t len = std::min<size_t>(static_cast<uint8_t>(bytes[pos]), bytes.size() - pos - 1);
@@ -152,8 +154,8 @@ void CallPlans(v1::RackControl::Stub& stub, const std::string& bytes) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // In /dev/shm where there is one: the store fsyncs every commit, free on tmpfs.
-  static const std::filesystem::path base =
-      std::filesystem::is_directory("/dev/shm") ? std::filesystem::path("/dev/shm")
+  static const std::filesystem::path base = std::filesystem::is_directory("/dev/shm")
+                                                ? std::filesystem::path("/dev/shm")
                                                 : std::filesystem::temp_directory_path();
   const std::filesystem::path dir = base / ("rackrun-fuzz-coordinator-" + std::to_string(getpid()));
   std::filesystem::remove_all(dir);
@@ -165,7 +167,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     int64_t now_ms = 1'700'000'000'000;
     co::Rack::Options options;
     options.channel_timeout_ms = 1;  // StoreGet waits at most this long
-    co::Rack rack(store->get(), [&now_ms] { return now_ms; }, options);
+    co::Rack rack(
+        store->get(), [&now_ms] { return now_ms; }, options);
     FUZZ_CHECK(rack.Initialize().ok());
     co::TokenAuth auth(kToken);
     co::ServingGate gate;
@@ -183,7 +186,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     int calls = 0;
     while (pos + 3 <= size && calls < 64) {
       const uint8_t method = data[pos];
-      const size_t len = std::min<size_t>(data[pos + 1] | (size_t{data[pos + 2]} << 8), size - pos - 3);
+      const size_t len =
+          std::min<size_t>(data[pos + 1] | (size_t{data[pos + 2]} << 8), size - pos - 3);
       const std::string bytes(reinterpret_cast<const char*>(data + pos + 3), len);
       pos += 3 + len;
       ++calls;
@@ -196,26 +200,55 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
           builder.RegisterService(&control);
           server = builder.BuildAndStart();
           FUZZ_CHECK(server != nullptr);
-          std::shared_ptr<grpc::Channel> channel = server->InProcessChannel(grpc::ChannelArguments());
+          std::shared_ptr<grpc::Channel> channel =
+              server->InProcessChannel(grpc::ChannelArguments());
           job_stub = v1::JobService::NewStub(channel);
           control_stub = v1::RackControl::NewStub(channel);
         }
       }
       switch (which) {
-        case 0: Call(jobs, &co::JobServiceImpl::Submit, bytes); break;
-        case 1: Call(jobs, &co::JobServiceImpl::Get, bytes); break;
-        case 2: Call(jobs, &co::JobServiceImpl::List, bytes); break;
-        case 3: Call(jobs, &co::JobServiceImpl::Cancel, bytes); break;
-        case 4: Call(jobs, &co::JobServiceImpl::ListWorkers, bytes); break;
-        case 5: Call(control, &co::RackControlImpl::Register, bytes); break;
-        case 6: Call(control, &co::RackControlImpl::Heartbeat, bytes); break;
-        case 7: Call(control, &co::RackControlImpl::Report, bytes); break;
-        case 8: Call(control, &co::RackControlImpl::Deregister, bytes); break;
-        case 9: Call(control, &co::RackControlImpl::StoreSet, bytes); break;
-        case 10: Call(control, &co::RackControlImpl::StoreGet, bytes); break;
-        case 11: CallWatch(*job_stub, bytes); break;
-        case 12: assignments.Open(*control_stub, bytes); break;
-        case 13: CallPlans(*control_stub, bytes); break;
+        case 0:
+          Call(jobs, &co::JobServiceImpl::Submit, bytes);
+          break;
+        case 1:
+          Call(jobs, &co::JobServiceImpl::Get, bytes);
+          break;
+        case 2:
+          Call(jobs, &co::JobServiceImpl::List, bytes);
+          break;
+        case 3:
+          Call(jobs, &co::JobServiceImpl::Cancel, bytes);
+          break;
+        case 4:
+          Call(jobs, &co::JobServiceImpl::ListWorkers, bytes);
+          break;
+        case 5:
+          Call(control, &co::RackControlImpl::Register, bytes);
+          break;
+        case 6:
+          Call(control, &co::RackControlImpl::Heartbeat, bytes);
+          break;
+        case 7:
+          Call(control, &co::RackControlImpl::Report, bytes);
+          break;
+        case 8:
+          Call(control, &co::RackControlImpl::Deregister, bytes);
+          break;
+        case 9:
+          Call(control, &co::RackControlImpl::StoreSet, bytes);
+          break;
+        case 10:
+          Call(control, &co::RackControlImpl::StoreGet, bytes);
+          break;
+        case 11:
+          CallWatch(*job_stub, bytes);
+          break;
+        case 12:
+          assignments.Open(*control_stub, bytes);
+          break;
+        case 13:
+          CallPlans(*control_stub, bytes);
+          break;
       }
       now_ms += 250;  // time passes between calls: heartbeats expire, jobs get scheduled
       rack.Tick();

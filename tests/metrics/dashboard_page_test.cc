@@ -35,7 +35,7 @@ constexpr int kRanksPerDomain = 16;
 constexpr int kLayers = 4;
 constexpr int kSteps = 30;
 constexpr int64_t kCreated0 = 1764000000000;  // ms; job j-i was created i minutes later
-constexpr char kWide[] = "j-77";               // the running 64-rank job (not the newest)
+constexpr char kWide[] = "j-77";              // the running 64-rank job (not the newest)
 
 // Job i's state: 3 running (the 64-rank one among them), 5 queued, 19 failed, 12
 // cancelled, the rest succeeded, interleaved so that every page mixes them.
@@ -90,7 +90,8 @@ class ClusterSource final : public DashboardSource {
  public:
   absl::StatusOr<rackrun::v1::ListJobsResponse> ListJobs() override {
     rackrun::v1::ListJobsResponse r;
-    for (int i = kJobs; i >= 1; --i) *r.add_jobs() = MakeJob(i);  // newest first, as the coordinator
+    for (int i = kJobs; i >= 1; --i)
+      *r.add_jobs() = MakeJob(i);  // newest first, as the coordinator
     return r;
   }
   absl::StatusOr<Job> GetJob(const std::string& id) override {
@@ -99,7 +100,8 @@ class ClusterSource final : public DashboardSource {
     }
     return absl::NotFoundError(absl::StrCat("no job '", id, "'"));
   }
-  absl::Status Events(const std::string& id, int64_t after, std::vector<JobEvent>* out, bool* done) override {
+  absl::Status Events(const std::string& id, int64_t after, std::vector<JobEvent>* out,
+                      bool* done) override {
     if (!GetJob(id).ok()) return absl::NotFoundError("no such job");
     *done = false;
     if (id != kWide) return absl::OkStatus();
@@ -151,7 +153,8 @@ class ClusterSource final : public DashboardSource {
 };
 
 TEST(DashboardPageTest, HundredsOfJobsAndSixtyFourRanksStayReadable) {
-  const fs::path dir = fs::temp_directory_path() / absl::StrCat("rackrun-dashboard-page-", getpid());
+  const fs::path dir =
+      fs::temp_directory_path() / absl::StrCat("rackrun-dashboard-page-", getpid());
   fs::create_directories(dir);
   ClusterSource source;
   Dashboard::Options options;
@@ -160,12 +163,13 @@ TEST(DashboardPageTest, HundredsOfJobsAndSixtyFourRanksStayReadable) {
   absl::StatusOr<std::unique_ptr<Dashboard>> dashboard = Dashboard::Start(options, &source);
   ASSERT_TRUE(dashboard.ok()) << dashboard.status();
   const std::string shot = std::string(RACKRUN_BUILD_DIR) + "/metrics-dashboard-cluster.png";
-  const std::string expect = absl::StrCat(R"('{"jobs": )", kJobs, R"(, "page": 10, "running": 3, "failed": 19, )",
-                                          R"("domains": 4, "ranks_per_domain": 16, "text": "28.8k"}')");
+  const std::string expect =
+      absl::StrCat(R"('{"jobs": )", kJobs, R"(, "page": 10, "running": 3, "failed": 19, )",
+                   R"("domains": 4, "ranks_per_domain": 16, "text": "28.8k"}')");
   const ::rackrun::testing::ShellResult browser = ::rackrun::testing::Shell(
-      absl::StrCat("timeout -k 5 90 ", NODE_BINARY, " ", RACKRUN_SOURCE_DIR, "/tests/metrics/dashboard_check.mjs ",
-                   CHROMIUM_BINARY, " 'http://127.0.0.1:", (*dashboard)->port(), "/#job=", kWide, "' ", shot, " 60 ",
-                   expect),
+      absl::StrCat("timeout -k 5 90 ", NODE_BINARY, " ", RACKRUN_SOURCE_DIR,
+                   "/tests/metrics/dashboard_check.mjs ", CHROMIUM_BINARY, " 'http://127.0.0.1:",
+                   (*dashboard)->port(), "/#job=", kWide, "' ", shot, " 60 ", expect),
       dir / "browser.stdout", dir / "browser.stderr");
   EXPECT_EQ(browser.code, 0) << browser.out << browser.err;
   std::cout << browser.out;

@@ -75,10 +75,11 @@ class ObservabilityTest : public ::testing::Test {
     dir_ = ::rackrun::testing::ScratchDir("metrics_observability_");
     fs::remove_all(dir_);
     fs::create_directories(dir_);
-    const auto data = ::rackrun::testing::Shell(std::string(RACKRUN_BINARY) + " data --input " + RACKRUN_SOURCE_DIR +
-                                                    "/tests/data/brown-sample.txt --output " +
-                                                    (dir_ / "data").string() + " --val-fraction 0.1",
-                                                dir_ / "data.stdout", dir_ / "data.stderr");
+    const auto data = ::rackrun::testing::Shell(
+        std::string(RACKRUN_BINARY) + " data --input " + RACKRUN_SOURCE_DIR +
+            "/tests/data/brown-sample.txt --output " + (dir_ / "data").string() +
+            " --val-fraction 0.1",
+        dir_ / "data.stdout", dir_ / "data.stderr");
     ASSERT_EQ(data.code, 0) << data.err;
     std::ofstream(dir_ / "job.yaml") << kSpec;
   }
@@ -97,10 +98,11 @@ class ObservabilityTest : public ::testing::Test {
   }
 
   ::rackrun::testing::ShellResult Cli(const std::string& args, const std::string& tag) {
-    return ::rackrun::testing::Shell("cd " + dir_.string() + " && env -u RACKRUN_TOKEN RACKRUN_COORDINATOR=" + address_ +
-                                         " RACKRUN_TOKEN_FILE=" + (dir_ / "state" / "token").string() +
-                                         " timeout -k 5 60 " + RACKRUN_BINARY + " " + args,
-                                     dir_ / (tag + ".stdout"), dir_ / (tag + ".stderr"));
+    return ::rackrun::testing::Shell(
+        "cd " + dir_.string() + " && env -u RACKRUN_TOKEN RACKRUN_COORDINATOR=" + address_ +
+            " RACKRUN_TOKEN_FILE=" + (dir_ / "state" / "token").string() + " timeout -k 5 60 " +
+            RACKRUN_BINARY + " " + args,
+        dir_ / (tag + ".stdout"), dir_ / (tag + ".stderr"));
   }
 
   // GET from a loopback port, as JSON.
@@ -131,7 +133,9 @@ class ObservabilityTest : public ::testing::Test {
     }
     return r;
   }
-  static double Value(const json& sample) { return std::stod(sample["value"][1].get<std::string>()); }
+  static double Value(const json& sample) {
+    return std::stod(sample["value"][1].get<std::string>());
+  }
 
   fs::path dir_;
   std::unique_ptr<Child> coordinator_, prometheus_;
@@ -146,11 +150,13 @@ TEST_F(ObservabilityTest, PrometheusGrafanaAndDashboardWatchARunningJob) {
   const fs::path banner = dir_ / "coordinator.log";
   coordinator_ = std::make_unique<Child>(
       std::vector<std::string>{RACKRUN_COORDINATOR_BINARY, "--listen", "127.0.0.1:0", "--state-dir",
-                               (dir_ / "state").string(), "--heartbeat-interval-ms", "200", "--metrics-listen",
-                               "127.0.0.1:0", "--dashboard-listen", "127.0.0.1:0"},
+                               (dir_ / "state").string(), "--heartbeat-interval-ms", "200",
+                               "--metrics-listen", "127.0.0.1:0", "--dashboard-listen",
+                               "127.0.0.1:0"},
       banner);
   std::string text;
-  std::smatch m = WaitForText(banner, std::regex("dashboard on http://127\\.0\\.0\\.1:([0-9]+)/"), &text);
+  std::smatch m =
+      WaitForText(banner, std::regex("dashboard on http://127\\.0\\.0\\.1:([0-9]+)/"), &text);
   ASSERT_FALSE(m.empty()) << "no dashboard banner: " << text;
   dashboard_port_ = std::stoi(m[1].str());
   m = WaitForText(banner, std::regex("listening on 127\\.0\\.0\\.1:([0-9]+)"), &text);
@@ -161,13 +167,15 @@ TEST_F(ObservabilityTest, PrometheusGrafanaAndDashboardWatchARunningJob) {
 
   // Two workers with their metrics endpoints.
   for (int r = 0; r < 2; ++r) {
-    std::vector<std::string> argv = {RACKRUN_WORKER_BINARY, "--data-address", "127.0.0.1", "--threads", "1",
-                                     "--metrics-listen", "127.0.0.1:0", "--peak-flops", "1e11"};
+    std::vector<std::string> argv = {
+        RACKRUN_WORKER_BINARY, "--data-address", "127.0.0.1",    "--threads", "1",
+        "--metrics-listen",    "127.0.0.1:0",    "--peak-flops", "1e11"};
     const fs::path log = dir_ / ("worker" + std::to_string(r) + ".log");
     workers_.push_back(std::make_unique<Child>(
         argv, log,
         std::vector<std::string>{"RACKRUN_COORDINATOR=" + address_,
-                                 "RACKRUN_TOKEN_FILE=" + (dir_ / "state" / "token").string(), "RANK=" + std::to_string(r)}));
+                                 "RACKRUN_TOKEN_FILE=" + (dir_ / "state" / "token").string(),
+                                 "RANK=" + std::to_string(r)}));
     m = WaitForText(log, std::regex("metrics on http://127\\.0\\.0\\.1:([0-9]+)/metrics"), &text);
     ASSERT_FALSE(m.empty()) << "no metrics banner from worker " << r << ": " << text;
     worker_metrics_ports_.push_back(std::stoi(m[1].str()));
@@ -178,9 +186,11 @@ TEST_F(ObservabilityTest, PrometheusGrafanaAndDashboardWatchARunningJob) {
   ASSERT_EQ(submit.code, 0) << submit.err;
   const std::string job_id = submit.out.substr(0, submit.out.find('\n'));
   int64_t step = 0;
-  for (auto end = Clock::now() + Scaled(std::chrono::seconds(40)); Clock::now() < end && step < 3;) {
+  for (auto end = Clock::now() + Scaled(std::chrono::seconds(40));
+       Clock::now() < end && step < 3;) {
     json job = GetJson(dashboard_port_, "/api/jobs/" + job_id);
-    if (job.is_object() && job.contains("last_progress")) step = std::stoll(job["last_progress"].value("step", "0"));
+    if (job.is_object() && job.contains("last_progress"))
+      step = std::stoll(job["last_progress"].value("step", "0"));
     ASSERT_NE(job.value("state", ""), "FAILED") << job.dump();
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
   }
@@ -235,7 +245,8 @@ TEST_F(ObservabilityTest, PrometheusGrafanaAndDashboardWatchARunningJob) {
     std::ofstream(dir_ / "prometheus.yml")
         << "global: {scrape_interval: " << scrape_s << "s, scrape_timeout: " << scrape_s
         << "s, evaluation_interval: 1s}\n"
-        << "rule_files: [\"" << rules << "rackrun-rules.yml\", \"" << rules << "rackrun-alerts.yml\"]\n"
+        << "rule_files: [\"" << rules << "rackrun-rules.yml\", \"" << rules
+        << "rackrun-alerts.yml\"]\n"
         << "scrape_configs:\n"
         << "  - job_name: rackrun-coordinator\n"
         << "    static_configs: [{targets: [\"127.0.0.1:" << metrics_port_ << "\"]}]\n"
@@ -243,10 +254,10 @@ TEST_F(ObservabilityTest, PrometheusGrafanaAndDashboardWatchARunningJob) {
         << "    file_sd_configs: [{files: [\"" << (dir_ / "workers.json").string() << "\"]}]\n";
   }
   prometheus_ = std::make_unique<Child>(
-      std::vector<std::string>{PROMETHEUS_BINARY, "--config.file=" + (dir_ / "prometheus.yml").string(),
-                               "--storage.tsdb.path=" + (dir_ / "tsdb").string(),
-                               "--web.listen-address=127.0.0.1:" + std::to_string(prometheus_port_),
-                               "--log.level=warn"},
+      std::vector<std::string>{
+          PROMETHEUS_BINARY, "--config.file=" + (dir_ / "prometheus.yml").string(),
+          "--storage.tsdb.path=" + (dir_ / "tsdb").string(),
+          "--web.listen-address=127.0.0.1:" + std::to_string(prometheus_port_), "--log.level=warn"},
       dir_ / "prometheus.log");
 
   // Steps increase, jobs and workers by state, gRPC calls by method and code.
@@ -256,7 +267,8 @@ TEST_F(ObservabilityTest, PrometheusGrafanaAndDashboardWatchARunningJob) {
   EXPECT_EQ(progress[0]["metric"].value("job", ""), "rackrun-coordinator");
   const double first_step = Value(progress[0]);
   double later_step = first_step;
-  for (auto end = Clock::now() + Scaled(std::chrono::seconds(20)); Clock::now() < end && later_step <= first_step;) {
+  for (auto end = Clock::now() + Scaled(std::chrono::seconds(20));
+       Clock::now() < end && later_step <= first_step;) {
     std::this_thread::sleep_for(std::chrono::milliseconds(500));
     json p = Query("rackrun_job_progress_step");
     if (!p.empty()) later_step = Value(p[0]);
@@ -266,7 +278,8 @@ TEST_F(ObservabilityTest, PrometheusGrafanaAndDashboardWatchARunningJob) {
   EXPECT_EQ(running.size(), 1u);
   json busy = QueryUntil("rackrun_workers{state=\"busy\"} == 2");
   EXPECT_EQ(busy.size(), 1u);
-  json heartbeats = QueryUntil("rackrun_grpc_server_calls_total{method=\"RackControl/Heartbeat\", code=\"OK\"} > 0");
+  json heartbeats = QueryUntil(
+      "rackrun_grpc_server_calls_total{method=\"RackControl/Heartbeat\", code=\"OK\"} > 0");
   EXPECT_EQ(heartbeats.size(), 1u);
   json ages = QueryUntil("rackrun_worker_heartbeat_age_seconds < 5", 2);
   EXPECT_EQ(ages.size(), 2u) << ages.dump();
@@ -279,9 +292,11 @@ TEST_F(ObservabilityTest, PrometheusGrafanaAndDashboardWatchARunningJob) {
   json after = QueryUntil("rackrun_moe_last_imbalance_after", 2);
   ASSERT_EQ(before.size(), 2u) << "one series per MoE layer, rank 0 only: " << before.dump();
   ASSERT_EQ(after.size(), 2u);
-  for (const json& s : before) EXPECT_EQ(s["metric"].value("domain", ""), "0") << "one domain: " << s.dump();
-  json worse =
-      Query("rackrun_moe_last_imbalance_after > on(job_id, domain, layer) rackrun_moe_last_imbalance_before");
+  for (const json& s : before)
+    EXPECT_EQ(s["metric"].value("domain", ""), "0") << "one domain: " << s.dump();
+  json worse = Query(
+      "rackrun_moe_last_imbalance_after > on(job_id, domain, layer) "
+      "rackrun_moe_last_imbalance_before");
   EXPECT_TRUE(worse.empty()) << "imbalance after balancing above before: " << worse.dump();
   for (const json& s : after) EXPECT_GE(Value(s), 1.0);
   json mfu = QueryUntil("rackrun_train_mfu_ratio > 0 and rackrun_train_mfu_ratio <= 1", 2);
@@ -294,12 +309,14 @@ TEST_F(ObservabilityTest, PrometheusGrafanaAndDashboardWatchARunningJob) {
   json exchange = QueryUntil("rackrun_moe_plan_exchange_seconds_sum > 0", 2);
   EXPECT_EQ(exchange.size(), 2u) << exchange.dump();
   json above = Query(
-      "rackrun_moe_plan_exchange_seconds_sum > on(job_id, domain, rank) rackrun_moe_plan_seconds_sum");
+      "rackrun_moe_plan_exchange_seconds_sum > on(job_id, domain, rank) "
+      "rackrun_moe_plan_seconds_sum");
   EXPECT_TRUE(above.empty()) << "load exchange longer than the plan phase: " << above.dump();
 
   // Rates over a window need two scrapes of a counter inside it: wait for them (under a
   // sanitizer a slow worker endpoint can miss scrapes) rather than assume a speed.
-  json scraped = QueryUntil("count_over_time(rackrun_train_tokens_total[1m]) >= 2", 2, std::chrono::seconds(60));
+  json scraped = QueryUntil("count_over_time(rackrun_train_tokens_total[1m]) >= 2", 2,
+                            std::chrono::seconds(60));
   EXPECT_EQ(scraped.size(), 2u) << "two scrapes of every rank's token counter: " << scraped.dump();
 
   // Every panel of the Grafana dashboard returns series (the job_id variable = all jobs).
@@ -312,7 +329,8 @@ TEST_F(ObservabilityTest, PrometheusGrafanaAndDashboardWatchARunningJob) {
     ++checked;
     std::vector<std::string> exprs;
     for (const json& target : panel["targets"]) {
-      exprs.push_back(std::regex_replace(target["expr"].get<std::string>(), std::regex("\\$job_id"), ".+"));
+      exprs.push_back(
+          std::regex_replace(target["expr"].get<std::string>(), std::regex("\\$job_id"), ".+"));
     }
     std::string all;
     for (const std::string& e : exprs) all += e + "; ";
@@ -327,18 +345,19 @@ TEST_F(ObservabilityTest, PrometheusGrafanaAndDashboardWatchARunningJob) {
   }
   // A panel passes with any series; the planner panel's second query (its load-exchange
   // part, a newer series) is checked on its own.
-  EXPECT_FALSE(QueryUntil("job_id:rackrun_moe_plan_exchange_seconds:p99_5m", 1, std::chrono::seconds(15)).empty());
-  std::cout << "Grafana panels: " << checked << " queried, "
-            << empty.size() << " without series\n";
+  EXPECT_FALSE(
+      QueryUntil("job_id:rackrun_moe_plan_exchange_seconds:p99_5m", 1, std::chrono::seconds(15))
+          .empty());
+  std::cout << "Grafana panels: " << checked << " queried, " << empty.size() << " without series\n";
   EXPECT_GE(checked, 20);
   EXPECT_TRUE(empty.empty()) << "panels without series:\n" << ::testing::PrintToString(empty);
 
   // The dashboard in a real headless Chromium while the job runs.
   const std::string shot = std::string(RACKRUN_BUILD_DIR) + "/metrics-dashboard.png";
   const auto browser = ::rackrun::testing::Shell(
-      std::string("timeout -k 5 60 ") + NODE_BINARY + " " + RACKRUN_SOURCE_DIR + "/tests/metrics/dashboard_check.mjs " +
-          CHROMIUM_BINARY + " 'http://127.0.0.1:" + std::to_string(dashboard_port_) + "/#job=" + job_id + "' " + shot +
-          " 45",
+      std::string("timeout -k 5 60 ") + NODE_BINARY + " " + RACKRUN_SOURCE_DIR +
+          "/tests/metrics/dashboard_check.mjs " + CHROMIUM_BINARY + " 'http://127.0.0.1:" +
+          std::to_string(dashboard_port_) + "/#job=" + job_id + "' " + shot + " 45",
       dir_ / "browser.stdout", dir_ / "browser.stderr");
   EXPECT_EQ(browser.code, 0) << browser.out << browser.err;
   std::cout << browser.out;

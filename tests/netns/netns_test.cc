@@ -95,7 +95,8 @@ class NetnsTest : public ::rackrun::testing::DaemonFixture {
   static std::map<int, std::string> Hosts(const json& job, size_t n) {
     std::map<int, std::string> out;
     if (job["attempts"].size() < n) return out;
-    for (const json& r : job["attempts"][n - 1]["ranks"]) out[static_cast<int>(Int(r, "rank"))] = r.value("host", "");
+    for (const json& r : job["attempts"][n - 1]["ranks"])
+      out[static_cast<int>(Int(r, "rank"))] = r.value("host", "");
     return out;
   }
 
@@ -107,14 +108,16 @@ class NetnsTest : public ::rackrun::testing::DaemonFixture {
     for (int h = 1; h <= workers; ++h) StartHostWorker(h);
     WaitIdle(workers);
     const fs::path direct_log = dir_ / "direct.jsonl";
-    const std::string sets = "--set balancer.policy=ultraep --set resources.ranks=" + std::to_string(workers);
+    const std::string sets =
+        "--set balancer.policy=ultraep --set resources.ranks=" + std::to_string(workers);
     const Result direct = Mpirun(workers, sets, direct_log);
     ASSERT_EQ(direct.code, 0) << direct.err;
     const std::vector<std::string> mpirun = Losses(direct_log);
     ASSERT_EQ(mpirun.size(), 40u);  // loss and val_loss (null or a value) of 20 steps
     for (const std::string channel : {"", "gloo"}) {
       const std::string name = channel.empty() ? "default (ucx)" : channel;
-      const fs::path daemon_log = dir_ / ("daemon-" + (channel.empty() ? "default" : channel) + ".jsonl");
+      const fs::path daemon_log =
+          dir_ / ("daemon-" + (channel.empty() ? "default" : channel) + ".jsonl");
       const std::string id = Submit(sets + " --set logging.json=" + daemon_log.string() +
                                     (channel.empty() ? "" : " --set resources.channel=" + channel));
       const json job = WaitState(id, "SUCCEEDED");
@@ -285,9 +288,10 @@ TEST_F(NetnsTest, ACutHostIsNamedAndTheJobRestartsOnASpareHost) {
   std::vector<Child*> workers;
   for (int h = 1; h <= 3; ++h) workers.push_back(&StartHostWorker(h));
   WaitIdle(3);
-  const std::string id = Submit("--set training.steps=150 --set checkpoint.dir=" + (dir_ / "ckpt").string() +
-                                " --set checkpoint.interval=5 --set restart.max_attempts=2"
-                                " --set restart.backoff_s=0.2");
+  const std::string id =
+      Submit("--set training.steps=150 --set checkpoint.dir=" + (dir_ / "ckpt").string() +
+             " --set checkpoint.interval=5 --set restart.max_attempts=2"
+             " --set restart.backoff_s=0.2");
   WaitStep(id, 6);
   const int cut = HostOfRank(id, 1);
   ASSERT_GE(cut, 1);
@@ -304,17 +308,20 @@ TEST_F(NetnsTest, ACutHostIsNamedAndTheJobRestartsOnASpareHost) {
   EXPECT_EQ(Int(f, "rank"), 1) << f.dump();
   EXPECT_EQ(f.value("host", ""), HostName(cut)) << f.dump();
   EXPECT_EQ(Int(f, "pid"), workers[cut - 1]->pid()) << f.dump();
-  EXPECT_LT(seconds, (3.0 + 6.0) * ::rackrun::testing::TimeScale()) << "hang timeout 3 s plus a margin, scaled";
+  EXPECT_LT(seconds, (3.0 + 6.0) * ::rackrun::testing::TimeScale())
+      << "hang timeout 3 s plus a margin, scaled";
   const json job = WaitState(id, "SUCCEEDED", std::chrono::seconds(120));
   ASSERT_EQ(job.value("state", ""), "SUCCEEDED") << job.dump();
   ASSERT_EQ(job["attempts"].size(), 2u) << job.dump();
-  EXPECT_GE(Int(job["attempts"][1], "start_step"), 5) << "resumed from a checkpoint: " << job.dump();
+  EXPECT_GE(Int(job["attempts"][1], "start_step"), 5)
+      << "resumed from a checkpoint: " << job.dump();
   for (const auto& [rank, host] : Hosts(job, 2)) EXPECT_NE(host, HostName(cut)) << job.dump();
   ASSERT_TRUE(rack_->SetLink(cut, true));
   WaitIdle(3);
-  const std::string next =
-      Submit("--set resources.ranks=3 --set model.moe.experts=6 --set data.batch_size=12"
-             " --set training.steps=3", "submit-next");
+  const std::string next = Submit(
+      "--set resources.ranks=3 --set model.moe.experts=6 --set data.batch_size=12"
+      " --set training.steps=3",
+      "submit-next");
   const json done = WaitState(next, "SUCCEEDED");
   EXPECT_EQ(done.value("state", ""), "SUCCEEDED") << done.dump();
   EXPECT_EQ(Hosts(done, 1).size(), 3u) << "the restored host runs a rank: " << done.dump();
@@ -356,8 +363,9 @@ TEST_F(NetnsTest, ACoordinatorCutLongerThanTheHeartbeatTimeoutRestartsTheJob) {
   StartHostWorker(1);
   StartHostWorker(2);
   WaitIdle(2);
-  const std::string id = Submit("--set training.steps=600 --set checkpoint.dir=" + (dir_ / "ckpt").string() +
-                                " --set checkpoint.interval=5 --set restart.max_attempts=2");
+  const std::string id =
+      Submit("--set training.steps=600 --set checkpoint.dir=" + (dir_ / "ckpt").string() +
+             " --set checkpoint.interval=5 --set restart.max_attempts=2");
   // Past the checkpoint at step 5, so that the coordinator has heard of it: a restart's
   // start_step is the newest checkpoint reported to it (the ranks, which checkpoint on
   // during the cut, resume from the newest on disk, which may be later).
@@ -369,7 +377,8 @@ TEST_F(NetnsTest, ACoordinatorCutLongerThanTheHeartbeatTimeoutRestartsTheJob) {
   ASSERT_EQ(job.value("state", ""), "SUCCEEDED") << job.dump();
   ASSERT_EQ(job["attempts"].size(), 2u) << job.dump();
   EXPECT_EQ(job["first_failure"].value("kind", ""), "WORKER_LOST") << job.dump();
-  EXPECT_GE(Int(job["attempts"][1], "start_step"), 5) << "resumed from a checkpoint: " << job.dump();
+  EXPECT_GE(Int(job["attempts"][1], "start_step"), 5)
+      << "resumed from a checkpoint: " << job.dump();
   WaitIdle(2);
 }
 

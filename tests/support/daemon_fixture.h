@@ -117,7 +117,8 @@ class DaemonFixture : public ::testing::Test {
   // Starts (or restarts, on the same port and state) the coordinator on coordinator_host_
   // under coordinator_exec_; `extra` flags.
   void StartCoordinator(const std::vector<std::string>& extra = {}) {
-    const std::filesystem::path banner = dir_ / ("coordinator" + std::to_string(starts_++) + ".log");
+    const std::filesystem::path banner =
+        dir_ / ("coordinator" + std::to_string(starts_++) + ".log");
     std::vector<std::string> argv = coordinator_exec_;
     for (const std::string& a :
          {std::string(RACKRUN_COORDINATOR_BINARY), std::string("--listen"),
@@ -178,7 +179,8 @@ class DaemonFixture : public ::testing::Test {
     for (const std::string& e : Words(std::string(kMpiEnv))) argv.push_back(e);
     argv.push_back("OMPI_MCA_orte_tmpdir_base=" + session.string());
     for (const std::string& e : WorkerEnv()) argv.push_back(e);
-    for (const char* a : {MPIEXEC, "--allow-run-as-root", "--oversubscribe", MPIEXEC_NUMPROC_FLAG}) {
+    for (const char* a :
+         {MPIEXEC, "--allow-run-as-root", "--oversubscribe", MPIEXEC_NUMPROC_FLAG}) {
       argv.push_back(a);
     }
     argv.push_back(std::to_string(n));
@@ -254,7 +256,8 @@ class DaemonFixture : public ::testing::Test {
     json job = WaitState(id, "FAILED");
     const auto end = Clock::now() + Scaled(std::chrono::seconds(30));
     while (job.value("state", "") == "FAILED" && Clock::now() < end &&
-           job.value("first_failure", json::object()).value("message", "").find(text) == std::string::npos) {
+           job.value("first_failure", json::object()).value("message", "").find(text) ==
+               std::string::npos) {
       std::this_thread::sleep_for(std::chrono::milliseconds(200));
       job = Json("status " + id);
     }
@@ -290,11 +293,11 @@ class DaemonFixture : public ::testing::Test {
   Result Mpirun(int ranks, const std::string& sets, const std::filesystem::path& log) {
     const std::filesystem::path session = dir_ / "session-train";
     std::filesystem::create_directories(session);
-    return Shell("cd " + dir_.string() + " && env " + kMpiEnv + " OMPI_MCA_orte_tmpdir_base=" +
-                     session.string() + " timeout -k 10 300 " + MPIEXEC +
-                     " --allow-run-as-root --oversubscribe " + MPIEXEC_NUMPROC_FLAG + " " +
-                     std::to_string(ranks) + " " + RACKRUN_BINARY + " train job.yaml " + sets +
-                     " --log-json " + log.string(),
+    return Shell("cd " + dir_.string() + " && env " + kMpiEnv +
+                     " OMPI_MCA_orte_tmpdir_base=" + session.string() + " timeout -k 10 300 " +
+                     MPIEXEC + " --allow-run-as-root --oversubscribe " + MPIEXEC_NUMPROC_FLAG +
+                     " " + std::to_string(ranks) + " " + RACKRUN_BINARY + " train job.yaml " +
+                     sets + " --log-json " + log.string(),
                  "mpirun-train");
   }
 

@@ -20,8 +20,9 @@ namespace rackrun::testing {
 // Process `pid`'s listening TCP sockets (0 = this process), socket inode -> "ADDR:PORT".
 // IPv4 addresses as dotted quads; IPv6 ones as /proc/net/tcp6 writes them (32 hex digits).
 inline std::map<std::string, std::string> ListeningSockets(pid_t pid = 0) {
-  const std::filesystem::path proc =
-      pid == 0 ? std::filesystem::path("/proc/self") : std::filesystem::path("/proc") / std::to_string(pid);
+  const std::filesystem::path proc = pid == 0
+                                         ? std::filesystem::path("/proc/self")
+                                         : std::filesystem::path("/proc") / std::to_string(pid);
   std::set<std::string> inodes;
   std::error_code ec;
   for (const auto& fd : std::filesystem::directory_iterator(proc / "fd", ec)) {
@@ -40,8 +41,8 @@ inline std::map<std::string, std::string> ListeningSockets(pid_t pid = 0) {
       // sl local_address rem_address st tx_queue:rx_queue tr:tm->when retrnsmt uid timeout inode
       std::istringstream fields(line);
       std::string sl, local, remote, state, queues, timer, retransmits, uid, timeout, inode;
-      fields >> sl >> local >> remote >> state >> queues >> timer >> retransmits >> uid >> timeout >>
-          inode;
+      fields >> sl >> local >> remote >> state >> queues >> timer >> retransmits >> uid >>
+          timeout >> inode;
       if (state != "0A" || inodes.count(inode) == 0) continue;  // 0A: LISTEN
       const std::string hex = local.substr(0, local.find(':'));
       const int port = std::stoi(local.substr(local.find(':') + 1), nullptr, 16);

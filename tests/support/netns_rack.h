@@ -67,7 +67,8 @@ class NetnsRack {
     Run(std::string(kIp) + " netns del " + probe, nullptr);
     if (code != 0) {
       return "cannot make a network namespace with a veth pair and a bridge (needs root with "
-             "CAP_NET_ADMIN and CAP_SYS_ADMIN): " + out;
+             "CAP_NET_ADMIN and CAP_SYS_ADMIN): " +
+             out;
     }
     return "";
   }
@@ -85,7 +86,8 @@ class NetnsRack {
     for (int i = 0; i < hosts; ++i) {
       const std::string ns = Namespace(i), port = Port(i);
       script += " && " + Ip("netns add " + ns) + " && " + Ip("-n " + ns + " link set lo up") +
-                " && " + Ip("-n " + sw + " link add " + port + " type veth peer name eth0 netns " + ns) +
+                " && " +
+                Ip("-n " + sw + " link add " + port + " type veth peer name eth0 netns " + ns) +
                 " && " + Ip("-n " + sw + " link set " + port + " master br0") + " && " +
                 Ip("-n " + sw + " link set " + port + " up") + " && " +
                 Ip("-n " + ns + " addr add " + Address(i) + "/24 dev eth0") + " && " +
@@ -133,7 +135,8 @@ class NetnsRack {
   // Host i's link up or down (its bridge port, so the host's own interface stays up and
   // its processes see no change but silence). True on success.
   bool SetLink(int host, bool up) {
-    return Run(Ip("-n " + Switch() + " link set " + Port(host) + (up ? " up" : " down")), nullptr) == 0;
+    return Run(Ip("-n " + Switch() + " link set " + Port(host) + (up ? " up" : " down")),
+               nullptr) == 0;
   }
 
   // Host i's traffic dropped by the switch (false: its bridge port's state "disabled") or
@@ -186,7 +189,8 @@ class NetnsRack {
     if (Run(std::string(kIp) + " netns list", &list) != 0) return;
     const std::regex name("^rr([0-9]+)-[^ \n]*", std::regex::multiline);
     std::vector<pid_t> dead;
-    for (auto it = std::sregex_iterator(list.begin(), list.end(), name); it != std::sregex_iterator(); ++it) {
+    for (auto it = std::sregex_iterator(list.begin(), list.end(), name);
+         it != std::sregex_iterator(); ++it) {
       const pid_t pid = static_cast<pid_t>(std::stol((*it)[1].str()));
       if (!std::filesystem::exists("/proc/" + std::to_string(pid))) dead.push_back(pid);
     }

@@ -24,8 +24,8 @@
 namespace rackrun::testing {
 
 // A child process with stdout and stderr into one file; killed (SIGKILL) if still running
-// when destroyed, or when the test process dies. argv[0] is a path (execv); `env` entries "NAME=VALUE" are added to the
-// inherited environment.
+// when destroyed, or when the test process dies. argv[0] is a path (execv); `env` entries
+// "NAME=VALUE" are added to the inherited environment.
 class Child {
  public:
   Child(const std::vector<std::string>& argv, const std::filesystem::path& output,

@@ -28,7 +28,9 @@ inline double MeasureTimeScale() {
     char* end = nullptr;
     const double v = std::strtod(s, &end);
     if (end != s && *end == '\0' && v >= 1) return v;
-    std::fprintf(stderr, "RACKRUN_TEST_TIME_SCALE='%s' is not a number >= 1; measuring the load instead\n", s);
+    std::fprintf(stderr,
+                 "RACKRUN_TEST_TIME_SCALE='%s' is not a number >= 1; measuring the load instead\n",
+                 s);
   }
   // /proc/loadavg: "1min 5min 15min runnable/total lastpid".
   double avg1 = 0;

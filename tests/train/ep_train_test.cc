@@ -376,7 +376,8 @@ TEST_F(EpTrainTest, RanksResumingFromDifferentStatesStopBeforeTheFirstStepNaming
   const std::string spec = PrepareJob();
   const std::string job = spec + " --set training.steps=2 --set checkpoint.dir=";
   ASSERT_EQ(Rackrun("train " + job + (Dir() / "a").string(), "a").code, 0);
-  ASSERT_EQ(Rackrun("train " + job + (Dir() / "b").string() + " --set training.seed=4", "b").code, 0);
+  ASSERT_EQ(Rackrun("train " + job + (Dir() / "b").string() + " --set training.seed=4", "b").code,
+            0);
   const std::string a = (Dir() / "a" / "step-00000002.ckpt").string();
   const std::string b = (Dir() / "b" / "step-00000002.ckpt").string();
   const std::string bin = std::string(RACKRUN_BINARY) + " train " + spec +
@@ -764,9 +765,10 @@ TEST_F(EpTrainTest, EpTrainBenchReplaysItsLoadTracesOnTwoRanks) {
 // is refused naming --layouts before any trainer starts.
 TEST_F(EpTrainTest, EpTrainBenchRunsLayoutsSideBySideOnTwoRanks) {
   const std::string spec = PrepareJob();
-  const Result r = Mpirun(Np(2) + " " + RACKRUN_EP_TRAIN_BENCH + " --spec " + spec +
-                              " --steps 2 --warmup 1 --policies none,ultraep --layouts 1x2,2x1 --json",
-                          "bench-layouts");
+  const Result r =
+      Mpirun(Np(2) + " " + RACKRUN_EP_TRAIN_BENCH + " --spec " + spec +
+                 " --steps 2 --warmup 1 --policies none,ultraep --layouts 1x2,2x1 --json",
+             "bench-layouts");
   ASSERT_EQ(r.code, 0) << r.err << r.out;
   const nlohmann::json j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j.at("layouts"), nlohmann::json::array({"1x2", "2x1"}));

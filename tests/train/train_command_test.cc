@@ -28,9 +28,7 @@ using ::rackrun::testing::Lines;
 using ::rackrun::testing::Slurp;
 
 // A fresh folder per test: CTest runs the tests of this file in parallel processes.
-fs::path Dir() {
-  return ::rackrun::testing::ScratchDir("train_command_");
-}
+fs::path Dir() { return ::rackrun::testing::ScratchDir("train_command_"); }
 
 Result Rackrun(const std::string& args) {
   fs::create_directories(Dir());
@@ -73,8 +71,9 @@ TEST(DataCommandTest, WritesAMegatronDatasetPerInput) {
   }
   EXPECT_GT(fs::file_size(Dir() / "again" / "brown-sample.bin"), 80000u);  // uint16 ids
   // The progress bar (on by itself when stderr is a terminal).
-  const Result shown = Rackrun(std::string("data --progress always --input ") + RACKRUN_SOURCE_DIR +
-                               "/tests/data/brown-sample.txt --output " + (Dir() / "shown").string());
+  const Result shown =
+      Rackrun(std::string("data --progress always --input ") + RACKRUN_SOURCE_DIR +
+              "/tests/data/brown-sample.txt --output " + (Dir() / "shown").string());
   ASSERT_EQ(shown.code, 0) << shown.err;
   EXPECT_THAT(shown.err, ::testing::ContainsRegex("brown-sample \\[#+\\] 100%  [0-9.]+ MB/s"));
   const Result bad = Rackrun("data --input /nonexistent.txt --output " + (Dir() / "x").string());
@@ -110,7 +109,8 @@ TEST(DataCommandTest, ReadsJsonLinesAndNamesBadLines) {
   for (const Case& c : cases) {
     std::ofstream(in, std::ios::app) << c.line << "\n";
     fs::remove_all(Dir() / "bad");
-    r = Rackrun("data --input " + in.string() + " " + c.flags + " --output " + (Dir() / "bad").string());
+    r = Rackrun("data --input " + in.string() + " " + c.flags + " --output " +
+                (Dir() / "bad").string());
     EXPECT_EQ(r.code, 1) << c.line;
     EXPECT_THAT(r.err, HasSubstr(in.string() + c.expected));
     EXPECT_TRUE(fs::is_empty(Dir() / "bad")) << "a half-written dataset was left";
@@ -141,8 +141,9 @@ TEST(DataCommandTest, SentencePieceDataTrainsExportsAndImports) {
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_THAT(r.out, HasSubstr("tokenizer sentencepiece bpe, vocab 400"));
   const std::string ckpt = (Dir() / "ckpt").string();
-  const std::string data = " --set data.train=" + (Dir() / "spm" / "brown-sample").string() +
-                           " --set data.validation=" + (Dir() / "spm" / "brown-sample-val").string();
+  const std::string data =
+      " --set data.train=" + (Dir() / "spm" / "brown-sample").string() +
+      " --set data.validation=" + (Dir() / "spm" / "brown-sample-val").string();
   r = Rackrun("train " + spec + data + " --set checkpoint.dir=" + ckpt);
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_THAT(r.out, HasSubstr("vocab 400"));
@@ -151,7 +152,8 @@ TEST(DataCommandTest, SentencePieceDataTrainsExportsAndImports) {
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_THAT(r.out, HasSubstr("exported step 6"));
   EXPECT_TRUE(fs::exists(Dir() / "export" / "model.safetensors"));
-  r = Rackrun("import " + (Dir() / "export").string() + " --output " + (Dir() / "imported").string());
+  r = Rackrun("import " + (Dir() / "export").string() + " --output " +
+              (Dir() / "imported").string());
   ASSERT_EQ(r.code, 0) << r.err;
   r = Rackrun("train " + spec + data + " --set training.steps=8 --set checkpoint.dir=" +
               (Dir() / "ckpt2").string() + " --resume " + (Dir() / "imported").string());
@@ -159,7 +161,8 @@ TEST(DataCommandTest, SentencePieceDataTrainsExportsAndImports) {
   EXPECT_THAT(r.out, HasSubstr("the training data starts from its first sample"));
   EXPECT_THAT(r.out, HasSubstr("summary: 8 steps (8 this run)"));
   // Bytes data on a checkpoint of SentencePiece data: refused naming both tokenizers.
-  r = Rackrun("train " + spec + " --set model.vocab=400 --set training.steps=8 --set checkpoint.dir=" +
+  r = Rackrun("train " + spec +
+              " --set model.vocab=400 --set training.steps=8 --set checkpoint.dir=" +
               (Dir() / "ckpt3").string() + " --resume " + ckpt);
   EXPECT_EQ(r.code, 1);
   EXPECT_THAT(r.err, HasSubstr("was trained on data from tokenizer sentencepiece bpe, vocab 400"));
@@ -193,10 +196,10 @@ TEST(TrainCommandTest, PrintsItsKernelsAndReportsOlderOnesOnce) {
   if (Slurp("/proc/cpuinfo").find(" avx") == std::string::npos) {
     GTEST_SKIP() << "this CPU has no AVX";
   }
-  const Result old = ::rackrun::testing::Shell(
-      "OPENBLAS_CORETYPE=Prescott " + std::string(RACKRUN_BINARY) + " train " + spec +
-          " --set training.steps=1 --start-over",
-      Dir() / "stdout.txt", Dir() / "stderr.txt");
+  const Result old =
+      ::rackrun::testing::Shell("OPENBLAS_CORETYPE=Prescott " + std::string(RACKRUN_BINARY) +
+                                    " train " + spec + " --set training.steps=1 --start-over",
+                                Dir() / "stdout.txt", Dir() / "stderr.txt");
   ASSERT_EQ(old.code, 0) << old.err;
   EXPECT_THAT(old.out, HasSubstr("kernels: openblas Prescott kernels"));
   const std::string warning = "OpenBLAS runs its Prescott kernels, older than this CPU supports";
@@ -322,10 +325,10 @@ TEST(TrainCommandTest, AllocationFailureIsAMessageNotAnAbort) {
   if (available_kib < 3ll << 20) GTEST_SKIP() << "needs 3 GiB available to pass the estimate";
   const std::string spec = PrepareJob();
   // vocab 2,000,000: about 1.2 GiB estimated (fits), but ulimit -v allows 1 GB.
-  const Result r = ::rackrun::testing::Shell(
-      "ulimit -v 1000000 && " + std::string(RACKRUN_BINARY) + " train " + spec +
-          " --set model.vocab=2000000 --set training.steps=2",
-      Dir() / "stdout.txt", Dir() / "stderr.txt");
+  const Result r =
+      ::rackrun::testing::Shell("ulimit -v 1000000 && " + std::string(RACKRUN_BINARY) + " train " +
+                                    spec + " --set model.vocab=2000000 --set training.steps=2",
+                                Dir() / "stdout.txt", Dir() / "stderr.txt");
   EXPECT_EQ(r.code, 1) << r.err;  // -1: killed by a signal
   EXPECT_THAT(r.err, HasSubstr("rackrun train: out of memory: an allocation failed"));
   EXPECT_THAT(r.err, ::testing::Not(HasSubstr("terminate called")));
@@ -369,14 +372,15 @@ TEST(TrainCommandTest, SigtermCheckpointsTheCurrentStepAndExitsZero) {
        "checkpoint.dir=" + ckpt.string(), "--set", "checkpoint.interval=100000"},
       Dir() / "train.log");
   std::string text;
-  ASSERT_FALSE(::rackrun::testing::WaitForText(Dir() / "train.log", std::regex("step +5/"), &text)
-                   .empty())
+  ASSERT_FALSE(
+      ::rackrun::testing::WaitForText(Dir() / "train.log", std::regex("step +5/"), &text).empty())
       << text;
   train.Signal(SIGTERM);
   EXPECT_EQ(train.Wait(std::chrono::seconds(60)), 0);
   text = ::rackrun::testing::Slurp(Dir() / "train.log");
   std::smatch m;
-  ASSERT_TRUE(std::regex_search(text, m, std::regex("stopped by a signal at step ([0-9]+)"))) << text;
+  ASSERT_TRUE(std::regex_search(text, m, std::regex("stopped by a signal at step ([0-9]+)")))
+      << text;
   const int step = std::stoi(m[1].str());
   EXPECT_GE(step, 5);
   char name[32];
@@ -439,7 +443,8 @@ TEST(TrainCommandTest, ASecondRunOnTheSameFolderIsRefusedNamingTheFirst) {
   first.Signal(SIGTERM);
   EXPECT_EQ(first.Wait(std::chrono::seconds(60)), 0);
   EXPECT_EQ(second.code, 1);
-  EXPECT_THAT(second.err, HasSubstr("is in use by pid " + std::to_string(first.pid()) + " on host"));
+  EXPECT_THAT(second.err,
+              HasSubstr("is in use by pid " + std::to_string(first.pid()) + " on host"));
   EXPECT_THAT(second.out, ::testing::Not(HasSubstr("step 1/")));
 }
 
@@ -453,7 +458,8 @@ TEST(TrainCommandTest, OutputPathsAreCheckedBeforeTheFirstStep) {
   EXPECT_THAT(r.out, ::testing::Not(HasSubstr("step 1/")));
   r = Rackrun("train " + spec + " --log-json " + (Dir() / "file" / "log.jsonl").string());
   EXPECT_EQ(r.code, 1);
-  EXPECT_THAT(r.err, HasSubstr("logging.json: cannot open '" + (Dir() / "file" / "log.jsonl").string()));
+  EXPECT_THAT(r.err,
+              HasSubstr("logging.json: cannot open '" + (Dir() / "file" / "log.jsonl").string()));
   EXPECT_THAT(r.err, HasSubstr("Not a directory"));
   EXPECT_THAT(r.out, ::testing::Not(HasSubstr("step 1/")));
 }
@@ -471,10 +477,10 @@ TEST(TrainCommandTest, ASpecPassedToResumeIsNamedAsNotACheckpoint) {
 TEST(TrainCommandTest, TemporariesOfAKilledCheckpointWriterAreRemovedAtTheNextStart) {
   const std::string spec = PrepareJob();
   const fs::path ckpt = Dir() / "ckpt";
-  ASSERT_EQ(Rackrun("train " + spec + " --set training.steps=3 --set checkpoint.dir=" +
-                    ckpt.string())
-                .code,
-            0);
+  ASSERT_EQ(
+      Rackrun("train " + spec + " --set training.steps=3 --set checkpoint.dir=" + ckpt.string())
+          .code,
+      0);
   // The temporary of a writer that died: take the pid of a finished process.
   ::rackrun::testing::Child dead({"/bin/true"}, Dir() / "true.log");
   dead.Wait(std::chrono::seconds(10));
@@ -482,8 +488,9 @@ TEST(TrainCommandTest, TemporariesOfAKilledCheckpointWriterAreRemovedAtTheNextSt
   std::ofstream(tmp) << "half a checkpoint";
   const Result r = Rackrun("train " + spec + " --resume " + ckpt.string());
   ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_THAT(r.out, HasSubstr("note: removed 1 temporary file(s) of a checkpoint writer that died: " +
-                               tmp.filename().string()));
+  EXPECT_THAT(r.out,
+              HasSubstr("note: removed 1 temporary file(s) of a checkpoint writer that died: " +
+                        tmp.filename().string()));
   EXPECT_FALSE(fs::exists(tmp));
 }
 
@@ -501,8 +508,8 @@ TEST(TrainCommandTest, AFullDiskFailsTheRunNamingTheFileAndKeepsWholeRecords) {
   const std::string script =
       "mount -t tmpfs -o size=8k tmpfs " + mnt.string() + " && head -c 4096 /dev/zero > " +
       mnt.string() + "/filler && " + RACKRUN_BINARY + " train " + spec +
-      " --set training.steps=40 --log-json " + (mnt / "log.jsonl").string() +
-      "; rc=$?; cp " + (mnt / "log.jsonl").string() + " " + copy.string() + "; exit $rc";
+      " --set training.steps=40 --log-json " + (mnt / "log.jsonl").string() + "; rc=$?; cp " +
+      (mnt / "log.jsonl").string() + " " + copy.string() + "; exit $rc";
   const Result full = ::rackrun::testing::Shell("unshare -m sh -c '" + script + "'",
                                                 Dir() / "full.out", Dir() / "full.err");
   EXPECT_EQ(full.code, 1) << full.err;
@@ -526,8 +533,8 @@ TEST(TrainCommandTest, AFullDiskFailsTheRunNamingTheFileAndKeepsWholeRecords) {
   const Result ckpt = ::rackrun::testing::Shell("unshare -m sh -c '" + ckpt_script + "'",
                                                 Dir() / "ckpt.out", Dir() / "ckpt.err");
   EXPECT_EQ(ckpt.code, 1) << ckpt.err;
-  EXPECT_THAT(ckpt.err, HasSubstr("cannot write '" + (mnt / "ckpt" / "step-00000002.ckpt").string() +
-                                  ".tmp-"));
+  EXPECT_THAT(ckpt.err, HasSubstr("cannot write '" +
+                                  (mnt / "ckpt" / "step-00000002.ckpt").string() + ".tmp-"));
   EXPECT_THAT(ckpt.err, HasSubstr("No space left on device"));
   EXPECT_EQ(Lines(listing), (std::vector<std::string>{"LOCK", "OWNER"}));
 }

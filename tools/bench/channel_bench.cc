@@ -229,11 +229,13 @@ int main(int argc, char** argv) {
 
   nlohmann::json out = nlohmann::json::array();
   if (!json) {
-    std::printf("%d ranks, %d rounds alternating mpi/gloo/ucx; wall = rank 0 per operation, CPU and "
-                "switches = all ranks per operation\n\n",
-                ranks, rounds);
-    std::printf("| pattern | backend | ops | wall p50 us | wall p90 us | CPU us/op "
-                "| ctx switches/op | /mpi wall p50 |\n|---|---|---|---|---|---|---|---|\n");
+    std::printf(
+        "%d ranks, %d rounds alternating mpi/gloo/ucx; wall = rank 0 per operation, CPU and "
+        "switches = all ranks per operation\n\n",
+        ranks, rounds);
+    std::printf(
+        "| pattern | backend | ops | wall p50 us | wall p90 us | CPU us/op "
+        "| ctx switches/op | /mpi wall p50 |\n|---|---|---|---|---|---|---|---|\n");
   }
   for (size_t p = 0; p < patterns.size(); ++p) {
     const double mpi_p50 = rackrun::base::Median(results[p][0].wall_us);
@@ -243,9 +245,14 @@ int main(int argc, char** argv) {
       const double p90 = rackrun::base::Percentile(r.wall_us, 0.9);
       const double cpu = r.cpu_us / static_cast<double>(r.ops);
       const double sw = r.switches / static_cast<double>(r.ops);
-      out.push_back({{"pattern", patterns[p].name}, {"backend", names[b]}, {"ranks", ranks},
-                     {"ops", r.ops}, {"wall_p50_us", p50}, {"wall_p90_us", p90},
-                     {"cpu_us_per_op", cpu}, {"switches_per_op", sw}});
+      out.push_back({{"pattern", patterns[p].name},
+                     {"backend", names[b]},
+                     {"ranks", ranks},
+                     {"ops", r.ops},
+                     {"wall_p50_us", p50},
+                     {"wall_p90_us", p90},
+                     {"cpu_us_per_op", cpu},
+                     {"switches_per_op", sw}});
       if (!json) {
         char ratio[32] = "";
         if (b > 0 && mpi_p50 > 0) std::snprintf(ratio, sizeof(ratio), "%.1f", p50 / mpi_p50);

@@ -85,11 +85,11 @@
 namespace {
 
 using namespace std::chrono_literals;
+using nlohmann::json;
 using rackrun::base::MonotonicClock;
 using rackrun::base::NowSeconds;
 using rackrun::base::Percentile;
 using rackrun::base::Stopwatch;
-using nlohmann::json;
 
 struct Flags {
   std::vector<std::string> only = {"plan", "submit", "heartbeat", "watch"};
@@ -147,7 +147,8 @@ class CoordinatorProcess {
  public:
   CoordinatorProcess(const Flags& flags, const std::string& name, std::vector<std::string> extra) {
     std::string tmpl = flags.scratch + "/rackrun-bench-" + name + "-XXXXXX";
-    if (mkdtemp(tmpl.data()) == nullptr) Die("cannot create a scratch folder under " + flags.scratch);
+    if (mkdtemp(tmpl.data()) == nullptr)
+      Die("cannot create a scratch folder under " + flags.scratch);
     dir_ = tmpl;
     std::vector<std::string> args = {flags.coordinator, "--listen", "127.0.0.1:0", "--state-dir",
                                      dir_ + "/state"};
@@ -246,10 +247,12 @@ class CoordinatorProcess {
 // channel its own TCP connection.
 class Client {
  public:
-  Client(const std::string& address, std::string token, int connection = 0) : token_(std::move(token)) {
+  Client(const std::string& address, std::string token, int connection = 0)
+      : token_(std::move(token)) {
     rackrun::rpc::CoordinatorChannelOptions options;
     options.connection_id = connection;
-    channel_ = rackrun::rpc::CoordinatorChannel(address, grpc::InsecureChannelCredentials(), options);
+    channel_ =
+        rackrun::rpc::CoordinatorChannel(address, grpc::InsecureChannelCredentials(), options);
     jobs_ = rackrun::v1::JobService::NewStub(channel_);
     rack_ = rackrun::v1::RackControl::NewStub(channel_);
   }
@@ -312,7 +315,8 @@ class Client {
 // only places jobs on workers whose stream is open).
 class FakeWorker {
  public:
-  FakeWorker(const std::string& address, const std::string& token, const std::string& host, int launcher_rank)
+  FakeWorker(const std::string& address, const std::string& token, const std::string& host,
+             int launcher_rank)
       : client_(address, token) {
     id_ = client_.Register(host, launcher_rank);
     stream_ctx_ = client_.Ctx(3600s);
@@ -369,7 +373,8 @@ rackrun::v1::JobSpec BaseSpec(const std::string& name, int ranks, int experts) {
   return s;
 }
 
-std::string Submit(Client& client, const rackrun::v1::JobSpec& spec, const std::string& request_id) {
+std::string Submit(Client& client, const rackrun::v1::JobSpec& spec,
+                   const std::string& request_id) {
   rackrun::v1::SubmitRequest req;
   *req.mutable_spec() = spec;
   req.set_request_id(request_id);
@@ -385,14 +390,15 @@ struct PlanCell {
   int ranks = 0;
   std::string policy;
   std::string mode;
-  std::vector<double> seconds;      // every rank's Solve calls after warm-up
-  std::vector<uint64_t> rank0;      // rank 0's plan fingerprints, in order
+  std::vector<double> seconds;  // every rank's Solve calls after warm-up
+  std::vector<uint64_t> rank0;  // rank 0's plan fingerprints, in order
   std::string error;
 };
 
 // Runs `solves` collective Solve calls on every rank (one thread each) of `sources`.
 void RunSolves(const std::vector<rackrun::runtime::PlanSource*>& sources,
-               const std::vector<rackrun::planner::TraceEntry>& trace, int warmup, int solves, PlanCell* cell) {
+               const std::vector<rackrun::planner::TraceEntry>& trace, int warmup, int solves,
+               PlanCell* cell) {
   const int ranks = static_cast<int>(sources.size());
   std::vector<std::vector<double>> per_rank(static_cast<size_t>(ranks));
   std::vector<std::string> errors(static_cast<size_t>(ranks));
@@ -407,12 +413,14 @@ void RunSolves(const std::vector<rackrun::runtime::PlanSource*>& sources,
         req.microbatch = i;
         req.layer = entry.layer;
         req.training = true;
-        req.local_loads = std::span<const int64_t>(entry.loads.row(r), static_cast<size_t>(entry.loads.experts));
+        req.local_loads =
+            std::span<const int64_t>(entry.loads.row(r), static_cast<size_t>(entry.loads.experts));
         const auto start = MonotonicClock::now();
         absl::Status s = sources[static_cast<size_t>(r)]->Solve(req, &loads, &plan);
         const double took = rackrun::base::SecondsSince(start);
         if (!s.ok()) {
-          errors[static_cast<size_t>(r)] = "rank " + std::to_string(r) + ": " + std::string(s.message());
+          errors[static_cast<size_t>(r)] =
+              "rank " + std::to_string(r) + ": " + std::string(s.message());
           return;
         }
         if (i >= warmup) {
@@ -431,8 +439,8 @@ void RunSolves(const std::vector<rackrun::runtime::PlanSource*>& sources,
 
 json RunPlan(const Flags& flags) {
   CoordinatorProcess coordinator(flags, "plan",
-                                 {"--heartbeat-interval-ms", "1000", "--heartbeat-timeout-ms", "3600000",
-                                  "--hang-timeout-ms", "3600000"});
+                                 {"--heartbeat-interval-ms", "1000", "--heartbeat-timeout-ms",
+                                  "3600000", "--hang-timeout-ms", "3600000"});
   Client client(coordinator.address(), coordinator.token());
   const int warmup = std::max(10, flags.solves / 20);
   std::vector<PlanCell> cells;
@@ -476,7 +484,8 @@ json RunPlan(const Flags& flags) {
       std::vector<std::unique_ptr<FakeWorker>> workers;
       for (int r = 0; r < ranks; ++r) {
         const std::string host = "plan" + std::to_string(job_index) + "-h" + std::to_string(r);
-        workers.push_back(std::make_unique<FakeWorker>(coordinator.address(), coordinator.token(), host, r));
+        workers.push_back(
+            std::make_unique<FakeWorker>(coordinator.address(), coordinator.token(), host, r));
       }
       const std::string job_id = Submit(client, spec, "plan-" + std::to_string(job_index++));
       std::vector<rackrun::v1::RunJob> runs(static_cast<size_t>(ranks));
@@ -485,7 +494,8 @@ json RunPlan(const Flags& flags) {
         if (run.job_id() != job_id) Die("worker got job " + run.job_id() + ", expected " + job_id);
         runs[static_cast<size_t>(run.rank())] = run;
       }
-      if (!client.WaitState(job_id, rackrun::v1::RUNNING)) Die("job " + job_id + " never became RUNNING");
+      if (!client.WaitState(job_id, rackrun::v1::RUNNING))
+        Die("job " + job_id + " never became RUNNING");
       absl::StatusOr<rackrun::jobspec::BalancerSetup> setup =
           rackrun::jobspec::BalancerSetupOf(runs[0].spec(), ranks);
       if (!setup.ok()) Die("BalancerSetupOf: " + std::string(setup.status().message()));
@@ -497,7 +507,8 @@ json RunPlan(const Flags& flags) {
           rackrun::worker::ConnectionOptions o;
           o.coordinator = coordinator.address();
           o.token_file = coordinator.token_file();
-          absl::StatusOr<std::unique_ptr<rackrun::worker::Connection>> c = rackrun::worker::Connection::Create(o);
+          absl::StatusOr<std::unique_ptr<rackrun::worker::Connection>> c =
+              rackrun::worker::Connection::Create(o);
           if (!c.ok()) Die("Connection: " + std::string(c.status().message()));
           connections.push_back(*std::move(c));
           owned.push_back(std::make_unique<rackrun::worker::CoordinatorPlanSource>(
@@ -515,7 +526,8 @@ json RunPlan(const Flags& flags) {
       PlanCell inband{ranks, policy, "inband", {}, {}, {}};
       {
         rackrun::comm::InMemoryRendezvousStore store;
-        std::vector<std::unique_ptr<rackrun::comm::DataChannel>> channels(static_cast<size_t>(ranks));
+        std::vector<std::unique_ptr<rackrun::comm::DataChannel>> channels(
+            static_cast<size_t>(ranks));
         std::vector<std::string> errors(static_cast<size_t>(ranks));
         std::vector<std::thread> threads;
         for (int r = 0; r < ranks; ++r) {
@@ -539,7 +551,8 @@ json RunPlan(const Flags& flags) {
         std::vector<rackrun::runtime::PlanSource*> sources;
         for (int r = 0; r < ranks; ++r) {
           auto made = rackrun::runtime::InBandPlanSource::Create(*channels[static_cast<size_t>(r)],
-                                                                 setup->domain, setup->policy->name, setup->planner);
+                                                                 setup->domain, setup->policy->name,
+                                                                 setup->planner);
           if (!made.ok()) Die("InBandPlanSource: " + std::string(made.status().message()));
           owned.push_back(*std::move(made));
           sources.push_back(owned.back().get());
@@ -551,7 +564,8 @@ json RunPlan(const Flags& flags) {
 
       // The planner alone on this thread: what either mode pays once per layer.
       {
-        auto planner = rackrun::planner::MakePlanner(setup->policy->name, setup->domain, setup->planner);
+        auto planner =
+            rackrun::planner::MakePlanner(setup->policy->name, setup->domain, setup->planner);
         if (!planner.ok()) Die("MakePlanner: " + std::string(planner.status().message()));
         rackrun::planner::Plan plan;
         std::vector<double> seconds;
@@ -618,9 +632,10 @@ json RunPlan(const Flags& flags) {
   // Same plans in both modes (rank 0's fingerprints, solve by solve)?
   out["identical_plans"] = json::array();
   for (size_t i = 0; i + 1 < cells.size(); i += 2) {
-    out["identical_plans"].push_back(json{{"ranks", cells[i].ranks},
-                                         {"policy", cells[i].policy},
-                                         {"identical", !cells[i].rank0.empty() && cells[i].rank0 == cells[i + 1].rank0}});
+    out["identical_plans"].push_back(
+        json{{"ranks", cells[i].ranks},
+             {"policy", cells[i].policy},
+             {"identical", !cells[i].rank0.empty() && cells[i].rank0 == cells[i + 1].rank0}});
   }
   out["solve_only"] = solve_only;
   out["ping"] = pings;
@@ -652,14 +667,15 @@ json RunSubmit(const Flags& flags) {
   }
   json out = Micros(seconds);
   out["submits_per_s"] = static_cast<double>(flags.submits) / wall.Seconds();
-  out["state_dir_filesystem"] = FilesystemOf(std::filesystem::canonical(coordinator.state_dir()).string());
+  out["state_dir_filesystem"] =
+      FilesystemOf(std::filesystem::canonical(coordinator.state_dir()).string());
   return out;
 }
 
 // ---- heartbeat ----
 
-json HeartbeatWindow(const Flags& flags, CoordinatorProcess& coordinator, const std::vector<std::string>& ids,
-                     int interval_ms) {
+json HeartbeatWindow(const Flags& flags, CoordinatorProcess& coordinator,
+                     const std::vector<std::string>& ids, int interval_ms) {
   const int threads = std::max(1, std::min(flags.client_threads, static_cast<int>(ids.size())));
   std::atomic<bool> stop{false};
   std::vector<std::vector<double>> latencies(static_cast<size_t>(threads));
@@ -674,7 +690,8 @@ json HeartbeatWindow(const Flags& flags, CoordinatorProcess& coordinator, const 
     pool.emplace_back([&, t] {
       Client client(coordinator.address(), coordinator.token(), t + 1);
       std::vector<size_t> mine;
-      for (size_t i = static_cast<size_t>(t); i < ids.size(); i += static_cast<size_t>(threads)) mine.push_back(i);
+      for (size_t i = static_cast<size_t>(t); i < ids.size(); i += static_cast<size_t>(threads))
+        mine.push_back(i);
       // Open loop: worker k of this thread is due at start + k * interval / n + j * interval.
       const auto start = MonotonicClock::now();
       const auto period = std::chrono::microseconds(int64_t{interval_ms} * 1000);
@@ -708,7 +725,8 @@ json HeartbeatWindow(const Flags& flags, CoordinatorProcess& coordinator, const 
           ++ok[static_cast<size_t>(t)];
           latencies[static_cast<size_t>(t)].push_back(took);
         } else {
-          if (first_error[static_cast<size_t>(t)].empty()) first_error[static_cast<size_t>(t)] = s.error_message();
+          if (first_error[static_cast<size_t>(t)].empty())
+            first_error[static_cast<size_t>(t)] = s.error_message();
           ++failed[static_cast<size_t>(t)];
         }
       }
@@ -721,39 +739,47 @@ json HeartbeatWindow(const Flags& flags, CoordinatorProcess& coordinator, const 
   const double cpu = coordinator.CpuSeconds() - cpu0;
   rusage self1{};
   getrusage(RUSAGE_SELF, &self1);
-  auto tv = [](const timeval& v) { return static_cast<double>(v.tv_sec) + static_cast<double>(v.tv_usec) * 1e-6; };
-  const double self_cpu = tv(self1.ru_utime) + tv(self1.ru_stime) - tv(self0.ru_utime) - tv(self0.ru_stime);
+  auto tv = [](const timeval& v) {
+    return static_cast<double>(v.tv_sec) + static_cast<double>(v.tv_usec) * 1e-6;
+  };
+  const double self_cpu =
+      tv(self1.ru_utime) + tv(self1.ru_stime) - tv(self0.ru_utime) - tv(self0.ru_stime);
   std::vector<double> all;
   int64_t handled = 0, errors = 0;
   std::string error;
   for (int t = 0; t < threads; ++t) {
-    all.insert(all.end(), latencies[static_cast<size_t>(t)].begin(), latencies[static_cast<size_t>(t)].end());
+    all.insert(all.end(), latencies[static_cast<size_t>(t)].begin(),
+               latencies[static_cast<size_t>(t)].end());
     handled += ok[static_cast<size_t>(t)];
     errors += failed[static_cast<size_t>(t)];
     if (error.empty()) error = first_error[static_cast<size_t>(t)];
   }
   json out = Micros(all);
   out["interval_ms"] = interval_ms;
-  out["offered_per_s"] = interval_ms > 0 ? 1000.0 * static_cast<double>(ids.size()) / interval_ms : -1.0;
+  out["offered_per_s"] =
+      interval_ms > 0 ? 1000.0 * static_cast<double>(ids.size()) / interval_ms : -1.0;
   out["window_s"] = seconds;
   out["handled"] = handled;
   out["handled_per_s"] = static_cast<double>(handled) / seconds;
   out["errors"] = errors;
   if (!error.empty()) out["first_error"] = error;
   out["coordinator_cpu_pct"] = 100.0 * cpu / seconds;
-  out["coordinator_cpu_us_per_heartbeat"] = handled > 0 ? 1e6 * cpu / static_cast<double>(handled) : 0.0;
+  out["coordinator_cpu_us_per_heartbeat"] =
+      handled > 0 ? 1e6 * cpu / static_cast<double>(handled) : 0.0;
   out["load_generator_cpu_pct"] = 100.0 * self_cpu / seconds;
   return out;
 }
 
 json RunHeartbeat(const Flags& flags) {
   const int interval = std::max(1, flags.heartbeat_interval_ms);
-  CoordinatorProcess coordinator(flags, "heartbeat",
-                                 {"--heartbeat-interval-ms", std::to_string(interval), "--heartbeat-timeout-ms",
-                                  "3600000", "--hang-timeout-ms", "3600000"});
+  CoordinatorProcess coordinator(
+      flags, "heartbeat",
+      {"--heartbeat-interval-ms", std::to_string(interval), "--heartbeat-timeout-ms", "3600000",
+       "--hang-timeout-ms", "3600000"});
   Client client(coordinator.address(), coordinator.token());
   std::vector<std::string> ids;
-  for (int i = 0; i < flags.workers; ++i) ids.push_back(client.Register("hb-host-" + std::to_string(i), i));
+  for (int i = 0; i < flags.workers; ++i)
+    ids.push_back(client.Register("hb-host-" + std::to_string(i), i));
   json out;
   out["workers"] = flags.workers;
   out["client_threads"] = flags.client_threads;
@@ -766,15 +792,16 @@ json RunHeartbeat(const Flags& flags) {
 
 json RunWatch(const Flags& flags) {
   CoordinatorProcess coordinator(flags, "watch",
-                                 {"--heartbeat-interval-ms", "1000", "--heartbeat-timeout-ms", "3600000",
-                                  "--hang-timeout-ms", "3600000"});
+                                 {"--heartbeat-interval-ms", "1000", "--heartbeat-timeout-ms",
+                                  "3600000", "--hang-timeout-ms", "3600000"});
   Client client(coordinator.address(), coordinator.token());
   FakeWorker worker(coordinator.address(), coordinator.token(), "watch-host", 0);
   const std::string job_id = Submit(client, BaseSpec("watch-bench", 1, 4), "watch-1");
   const rackrun::v1::RunJob run = worker.NextRun();
   if (!client.WaitState(job_id, rackrun::v1::RUNNING)) Die("watch job never became RUNNING");
 
-  const int max_steps = static_cast<int>(flags.watch_seconds * 1000.0 / std::max(1, flags.progress_every_ms)) + 16;
+  const int max_steps =
+      static_cast<int>(flags.watch_seconds * 1000.0 / std::max(1, flags.progress_every_ms)) + 16;
   // Send time of each step's Report, written before the call (so before the event exists).
   std::vector<std::atomic<double>> sent(static_cast<size_t>(max_steps) + 1);
   for (auto& s : sent) s.store(0);
@@ -793,7 +820,8 @@ json RunWatch(const Flags& flags) {
   const int connections = std::max(1, std::min(10, watchers));
   std::vector<std::unique_ptr<Client>> clients;
   for (int c = 0; c < connections; ++c) {
-    clients.push_back(std::make_unique<Client>(coordinator.address(), coordinator.token(), 1000 + c));
+    clients.push_back(
+        std::make_unique<Client>(coordinator.address(), coordinator.token(), 1000 + c));
   }
   std::vector<Stream> streams(static_cast<size_t>(watchers));
   std::vector<std::thread> readers;
@@ -871,14 +899,15 @@ json RunWatch(const Flags& flags) {
   for (int k = 0; k < watchers; ++k) {
     const Stream& st = streams[static_cast<size_t>(k)];
     bool in_order = st.status.ok() && !st.seqs.empty();
-    for (size_t i = 0; in_order && i < st.seqs.size(); ++i) in_order = st.seqs[i] == static_cast<int64_t>(i + 1);
+    for (size_t i = 0; in_order && i < st.seqs.size(); ++i)
+      in_order = st.seqs[i] == static_cast<int64_t>(i + 1);
     if (last_seq < 0 && !st.seqs.empty()) last_seq = st.seqs.back();
     if (in_order && st.seqs.back() == last_seq && st.latency.size() == static_cast<size_t>(steps)) {
       ++complete;
     } else if (problem.empty()) {
-      problem = "stream " + std::to_string(k) + ": " + std::to_string(st.seqs.size()) + " events, " +
-                std::to_string(st.latency.size()) + " of " + std::to_string(steps) + " progress events, status '" +
-                st.status.error_message() + "'";
+      problem = "stream " + std::to_string(k) + ": " + std::to_string(st.seqs.size()) +
+                " events, " + std::to_string(st.latency.size()) + " of " + std::to_string(steps) +
+                " progress events, status '" + st.status.error_message() + "'";
     }
     latency.insert(latency.end(), st.latency.begin(), st.latency.end());
     for (const auto& [step, at] : st.read_at) {
@@ -903,9 +932,12 @@ void PrintTables(const json& out) {
   std::printf("machine: %s\n", out["machine"].get<std::string>().c_str());
   if (out.contains("plan")) {
     const json& p = out["plan"];
-    std::printf("\nplan round trip per (microbatch, layer), %d experts, %d solves per rank (all ranks pooled)\n",
-                p["experts"].get<int>(), p["solves_per_rank"].get<int>());
-    std::printf("%-6s %-8s %-12s %10s %10s %10s\n", "ranks", "policy", "mode", "p50 us", "p99 us", "max us");
+    std::printf(
+        "\nplan round trip per (microbatch, layer), %d experts, %d solves per rank (all ranks "
+        "pooled)\n",
+        p["experts"].get<int>(), p["solves_per_rank"].get<int>());
+    std::printf("%-6s %-8s %-12s %10s %10s %10s\n", "ranks", "policy", "mode", "p50 us", "p99 us",
+                "max us");
     for (const json& c : p["cells"]) {
       std::printf("%-6d %-8s %-12s %10.1f %10.1f %10.1f%s\n", c["ranks"].get<int>(),
                   c["policy"].get<std::string>().c_str(), c["mode"].get<std::string>().c_str(),
@@ -917,32 +949,37 @@ void PrintTables(const json& out) {
                   l["target_imbalance"].get<double>());
     }
     for (const json& s : p["solve_only"]) {
-      std::printf("solve only (planner on one thread) R=%d %-8s p50 %.1f us p99 %.1f us\n", s["ranks"].get<int>(),
-                  s["policy"].get<std::string>().c_str(), s["p50_us"].get<double>(), s["p99_us"].get<double>());
+      std::printf("solve only (planner on one thread) R=%d %-8s p50 %.1f us p99 %.1f us\n",
+                  s["ranks"].get<int>(), s["policy"].get<std::string>().c_str(),
+                  s["p50_us"].get<double>(), s["p99_us"].get<double>());
     }
     for (const json& s : p["identical_plans"]) {
       std::printf("plans identical in both modes R=%d %-8s %s\n", s["ranks"].get<int>(),
-                  s["policy"].get<std::string>().c_str(), s["identical"].get<bool>() ? "yes" : "NO");
+                  s["policy"].get<std::string>().c_str(),
+                  s["identical"].get<bool>() ? "yes" : "NO");
     }
     for (const char* name : {"heartbeat", "health_check"}) {
       const json& g = p["ping"][name];
-      std::printf("bare unary ping-pong (%s): p50 %.1f us p99 %.1f us (n=%d)\n", name, g["p50_us"].get<double>(),
-                  g["p99_us"].get<double>(), g["n"].get<int>());
+      std::printf("bare unary ping-pong (%s): p50 %.1f us p99 %.1f us (n=%d)\n", name,
+                  g["p50_us"].get<double>(), g["p99_us"].get<double>(), g["n"].get<int>());
     }
   }
   if (out.contains("submit")) {
     const json& s = out["submit"];
-    std::printf("\nSubmit (sequential, fresh request ids, state dir on %s): n=%d p50 %.0f us p99 %.0f us max %.0f us, "
-                "%.1f submits/s\n",
-                s["state_dir_filesystem"].get<std::string>().c_str(), s["n"].get<int>(), s["p50_us"].get<double>(),
-                s["p99_us"].get<double>(), s["max_us"].get<double>(), s["submits_per_s"].get<double>());
+    std::printf(
+        "\nSubmit (sequential, fresh request ids, state dir on %s): n=%d p50 %.0f us p99 %.0f us "
+        "max %.0f us, "
+        "%.1f submits/s\n",
+        s["state_dir_filesystem"].get<std::string>().c_str(), s["n"].get<int>(),
+        s["p50_us"].get<double>(), s["p99_us"].get<double>(), s["max_us"].get<double>(),
+        s["submits_per_s"].get<double>());
   }
   if (out.contains("heartbeat")) {
     const json& h = out["heartbeat"];
     std::printf("\nheartbeats: %d workers, %d client threads\n", h["workers"].get<int>(),
                 h["client_threads"].get<int>());
-    std::printf("%-22s %10s %10s %8s %10s %10s %10s %12s\n", "load", "offered/s", "handled/s", "errors", "p50 us",
-                "p99 us", "coord CPU%", "gen CPU%");
+    std::printf("%-22s %10s %10s %8s %10s %10s %10s %12s\n", "load", "offered/s", "handled/s",
+                "errors", "p50 us", "p99 us", "coord CPU%", "gen CPU%");
     for (const char* name : {"open_loop", "closed_loop"}) {
       const json& w = h[name];
       const std::string label = w["interval_ms"].get<int>() > 0
@@ -957,20 +994,27 @@ void PrintTables(const json& out) {
   }
   if (out.contains("watch")) {
     const json& w = out["watch"];
-    std::printf("\nwatch: %d streams over %d connections, %d progress events (%.0f/s), %lld events per stream\n",
-                w["watchers"].get<int>(), w["connections"].get<int>(), w["progress_events"].get<int>(),
-                w["progress_per_s"].get<double>(), static_cast<long long>(w["events_per_stream"].get<int64_t>()));
-    std::printf("delivery latency (Report sent -> event read): p50 %.0f us p99 %.0f us max %.0f us (n=%d)\n",
-                w["p50_us"].get<double>(), w["p99_us"].get<double>(), w["max_us"].get<double>(), w["n"].get<int>());
+    std::printf(
+        "\nwatch: %d streams over %d connections, %d progress events (%.0f/s), %lld events per "
+        "stream\n",
+        w["watchers"].get<int>(), w["connections"].get<int>(), w["progress_events"].get<int>(),
+        w["progress_per_s"].get<double>(),
+        static_cast<long long>(w["events_per_stream"].get<int64_t>()));
+    std::printf(
+        "delivery latency (Report sent -> event read): p50 %.0f us p99 %.0f us max %.0f us "
+        "(n=%d)\n",
+        w["p50_us"].get<double>(), w["p99_us"].get<double>(), w["max_us"].get<double>(),
+        w["n"].get<int>());
     std::printf("Report RPC (one SQLite commit each): p50 %.0f us p99 %.0f us\n",
                 w["report_rpc"]["p50_us"].get<double>(), w["report_rpc"]["p99_us"].get<double>());
     std::printf("event read minus Report returned (fan-out alone): p50 %.0f us p99 %.0f us\n",
                 w["after_report_returned"]["p50_us"].get<double>(),
                 w["after_report_returned"]["p99_us"].get<double>());
-    std::printf("streams with every event once, in order: %d of %d%s\n", w["streams_complete_in_order"].get<int>(),
-                w["watchers"].get<int>(),
-                w.contains("first_problem") ? ("  first problem: " + w["first_problem"].get<std::string>()).c_str()
-                                            : "");
+    std::printf("streams with every event once, in order: %d of %d%s\n",
+                w["streams_complete_in_order"].get<int>(), w["watchers"].get<int>(),
+                w.contains("first_problem")
+                    ? ("  first problem: " + w["first_problem"].get<std::string>()).c_str()
+                    : "");
   }
 }
 
@@ -1005,8 +1049,7 @@ int main(int argc, char** argv) {
       .Range(0.1);
   f.Section("watch");
   f.Int("--watchers", &flags.watchers, "N", "Watch streams on one job").Range(1);
-  f.Int("--progress-every-ms", &flags.progress_every_ms, "MS", "progress report period")
-      .Range(1);
+  f.Int("--progress-every-ms", &flags.progress_every_ms, "MS", "progress report period").Range(1);
   f.Double("--watch-seconds", &flags.watch_seconds, "S", "how long progress is reported")
       .Range(0.1);
   if (std::optional<int> exit = bench.Start()) return *exit;

@@ -100,6 +100,7 @@
 #include "comm/data_channel.h"
 #include "comm/mpi_channel.h"
 #include "jobspec/balancer.h"
+#include "jobspec/spec.h"
 #include "nlohmann/json.hpp"
 #include "planner/invariants.h"
 #include "planner/plan.h"
@@ -107,14 +108,13 @@
 #include "planner/trace.h"
 #include "runtime/expert_parallel.h"
 #include "runtime/job_config.h"
-#include "jobspec/spec.h"
 #include "runtime/trainer.h"
 #include "tools/bench/startup.h"
 
 namespace {
 
-using rackrun::base::Median;
 using rackrun::base::MaxOverMean;
+using rackrun::base::Median;
 using rackrun::base::Percentile;
 
 namespace comm = rackrun::comm;
@@ -548,10 +548,10 @@ class PolicyRun {
 
 // Balancing overhead per step: plan + fan-out + replica-gradient reduction.
 enum class Overhead {
-  kMax,           // each phase the max over ranks
-  kMinRank,       // each phase the min over ranks (the rank that reached each collective
-                  // last, so little of the wait for the slowest rank is in it)
-  kNoExchange,    // as kMax, but the plan phase without its load exchange
+  kMax,         // each phase the max over ranks
+  kMinRank,     // each phase the min over ranks (the rank that reached each collective
+                // last, so little of the wait for the slowest rank is in it)
+  kNoExchange,  // as kMax, but the plan phase without its load exchange
 };
 
 std::vector<double> OverheadPerStep(const PolicyResult& r, Overhead kind) {
@@ -568,7 +568,8 @@ std::vector<double> OverheadPerStep(const PolicyResult& r, Overhead kind) {
 
 // {median seconds, median % of the step} over the measured steps of `per_step` (one value per
 // measured step of `r`).
-std::pair<double, double> MedianAndShare(const PolicyResult& r, const std::vector<double>& per_step) {
+std::pair<double, double> MedianAndShare(const PolicyResult& r,
+                                         const std::vector<double>& per_step) {
   std::vector<double> f;
   for (size_t i = 0; i < r.step_s.size() && i < per_step.size(); ++i) {
     f.push_back(r.step_s[i] > 0 ? 100 * per_step[i] / r.step_s[i] : 0);
@@ -671,11 +672,10 @@ int main(int argc, char** argv) {
   // The layouts, checked before any trainer starts (every rank decides alike).
   std::vector<Layout> layouts;
   {
-    const rackrun::v1::JobSpec base = OrDie(rackrun::jobspec::LoadJobSpec(o.spec, overrides), rank,
-                                            "job spec");
-    absl::StatusOr<std::vector<Layout>> parsed =
-        ParseLayouts(o.layouts, ranks, base.model().moe().experts(),
-                     base.parallelism().expert_parallel());
+    const rackrun::v1::JobSpec base =
+        OrDie(rackrun::jobspec::LoadJobSpec(o.spec, overrides), rank, "job spec");
+    absl::StatusOr<std::vector<Layout>> parsed = ParseLayouts(
+        o.layouts, ranks, base.model().moe().experts(), base.parallelism().expert_parallel());
     if (!parsed.ok() || parsed->empty()) {
       if (rank == 0) {
         std::fprintf(stderr, "ep_train_bench: %s\n",
@@ -924,8 +924,8 @@ int main(int argc, char** argv) {
   std::printf(
       "D x G layouts (D domains of G ranks; ms and %% of step: median over steps of the max over "
       "ranks)\n");
-  std::printf("%-6s %-8s %9s %8s %11s %9s %16s %16s %15s %10s %10s\n", "layout", "policy",
-              "p50 ms", "p90 ms", "vs first", "balance%", "dense allreduce", "expert allreduce",
+  std::printf("%-6s %-8s %9s %8s %11s %9s %16s %16s %15s %10s %10s\n", "layout", "policy", "p50 ms",
+              "p90 ms", "vs first", "balance%", "dense allreduce", "expert allreduce",
               "domain stats", "worst bef", "worst aft");
   for (const PolicyResult& r : results) {
     const PolicyResult* first = first_layout_of(r);
@@ -977,9 +977,8 @@ int main(int argc, char** argv) {
       o.warmup + o.steps);
 
   std::printf("Exposed cost per step: ms (%% of step), median over steps of the max over ranks\n");
-  std::printf("%-12s %15s %15s %11s %15s %15s %15s %15s %11s\n", "policy", "plan",
-              "of it exchange", "solve us", "fan-out", "grad reduce", "all-to-all", "expert max",
-              "expert avg");
+  std::printf("%-12s %15s %15s %11s %15s %15s %15s %15s %11s\n", "policy", "plan", "of it exchange",
+              "solve us", "fan-out", "grad reduce", "all-to-all", "expert max", "expert avg");
   for (const PolicyResult& r : results) {
     auto cell = [&](const std::vector<double>& v) {
       char buf[32];
@@ -988,9 +987,8 @@ int main(int argc, char** argv) {
     };
     std::printf("%-12s %15s %15s %11.3f %15s %15s %15s %15s %11.2f\n", label(r).c_str(),
                 cell(r.plan_s).c_str(), cell(r.exchange_s).c_str(), 1e6 * r.solve_s,
-                cell(r.fanout_s).c_str(),
-                cell(r.reduce_s).c_str(), cell(r.dispatch_s).c_str(), cell(r.expert_s).c_str(),
-                1e3 * Median(r.expert_mean_s));
+                cell(r.fanout_s).c_str(), cell(r.reduce_s).c_str(), cell(r.dispatch_s).c_str(),
+                cell(r.expert_s).c_str(), 1e3 * Median(r.expert_mean_s));
     std::printf("%-12s %15.2f %15.2f %11s %15.2f %15.2f %15.2f\n", "  min rk",
                 1e3 * Median(r.plan_min_s), 1e3 * Median(r.exchange_min_s), "",
                 1e3 * Median(r.fanout_min_s), 1e3 * Median(r.reduce_min_s),
@@ -999,7 +997,8 @@ int main(int argc, char** argv) {
   std::printf(
       "(plan = load allgather (carrying the previous plan's fingerprint) + solve + invariant "
       "check, so it includes waiting for the slowest rank; of it exchange = the load allgather "
-      "alone (the collective and that wait); solve us = the same solves and checks replayed alone on "
+      "alone (the collective and that wait); solve us = the same solves and checks replayed alone "
+      "on "
       "rank 0 from the load trace; all-to-all = token dispatch and combine, forward and backward; "
       "expert avg = mean over ranks; min rk = the same phases' ms, median over steps of the min "
       "over "
@@ -1069,10 +1068,11 @@ int main(int argc, char** argv) {
   std::printf("\n\nReplay check (rank 0 re-solves every recorded load matrix):");
   for (const PolicyResult& r : results) {
     std::printf(" %s %s", label(r).c_str(),
-                !r.replay_note.empty()  ? r.replay_note.c_str()
-                : r.replay_matches_rows ? (r.layout.d > 1 ? "plans reproduce expert_rows on domain 0's ranks"
-                                                          : "plans reproduce expert_rows on every rank")
-                                        : "MISMATCH with expert_rows");
+                !r.replay_note.empty() ? r.replay_note.c_str()
+                : r.replay_matches_rows
+                    ? (r.layout.d > 1 ? "plans reproduce expert_rows on domain 0's ranks"
+                                      : "plans reproduce expert_rows on every rank")
+                    : "MISMATCH with expert_rows");
     if (r.replay_note.empty()) {
       std::printf(" (imbalance_after diff %.1e);", r.replay_imbalance_diff);
     }

@@ -34,8 +34,8 @@
 #include "absl/time/clock.h"
 #include "base/statistics.h"
 #include "comm/data_channel.h"
-#include "comm/mpi_channel.h"
 #include "comm/fanout_executor.h"
+#include "comm/mpi_channel.h"
 #include "nlohmann/json.hpp"
 #include "planner/fanout.h"
 #include "planner/plan.h"
@@ -217,8 +217,9 @@ int main(int argc, char** argv) {
   flags.Double("--expert-mib", &expert_mib, "M", "one expert's weights in MiB").Range(1e-3);
   flags.Int("--chunk-kib", &chunk_kib, "K", "transfer chunk in KiB").Range(1);
   flags.Int("--reps", &reps, "N", "timed repetitions per mode, after one warm-up").Range(1);
-  flags.Double("--egress-mbps", &egress_mbps, "X",
-               "emulate a per-rank egress link of X MB/s (0: off)")
+  flags
+      .Double("--egress-mbps", &egress_mbps, "X",
+              "emulate a per-rank egress link of X MB/s (0: off)")
       .Range(0);
   if (std::optional<int> exit = bench.Start()) return *exit;
   const bool json = bench.json();

@@ -75,7 +75,8 @@ double Measure(const Sgemm& gemm, int threads, const Shape& s, int reps) {
   for (int r = 0; r < reps + 3; ++r) {
     const auto start = std::chrono::steady_clock::now();
     gemm(threads, s, a.data(), b.data(), c.data());
-    const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double t =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (r >= 3) seconds.push_back(t);
   }
   return 2.0 * s.m * s.n * s.k / rackrun::base::Median(seconds) / 1e9;
@@ -128,10 +129,10 @@ Candidate BlisCandidate() {
     c.note = absl::StrCat(path, " lacks cblas_sgemm or its thread and arch queries");
     return c;
   }
-  c.kernels = absl::StrCat("BLIS ", version != nullptr ? version() : "?", " ",
-                           arch_name(arch_id()), " kernels (OpenMP build)");
-  c.ways["own"] = [sgemm, set_threads](int threads, const Shape& s, const float* a,
-                                       const float* b, float* out) {
+  c.kernels = absl::StrCat("BLIS ", version != nullptr ? version() : "?", " ", arch_name(arch_id()),
+                           " kernels (OpenMP build)");
+  c.ways["own"] = [sgemm, set_threads](int threads, const Shape& s, const float* a, const float* b,
+                                       float* out) {
     set_threads(threads);
     sgemm(cpu::kCblasRowMajor, cpu::kCblasNoTrans, s.tb ? cpu::kCblasTrans : cpu::kCblasNoTrans,
           s.m, s.n, s.k, 1.0f, a, s.k, b, s.tb ? s.k : s.n, 0.0f, out, s.n);
@@ -161,15 +162,13 @@ Candidate OneDnnCandidate() {
     return c;
   }
   const Version* v = version != nullptr ? version() : nullptr;
-  c.kernels = v != nullptr ? absl::StrCat("oneDNN ", v->major, ".", v->minor, ".", v->patch,
-                                          " (effective ISA code ", isa != nullptr ? isa() : -1,
-                                          ", OpenMP)")
-                           : "oneDNN";
-  c.ways["own"] = [sgemm](int threads, const Shape& s, const float* a, const float* b,
-                          float* out) {
+  c.kernels = v != nullptr
+                  ? absl::StrCat("oneDNN ", v->major, ".", v->minor, ".", v->patch,
+                                 " (effective ISA code ", isa != nullptr ? isa() : -1, ", OpenMP)")
+                  : "oneDNN";
+  c.ways["own"] = [sgemm](int threads, const Shape& s, const float* a, const float* b, float* out) {
     omp_set_num_threads(threads);  // oneDNN's Debian build threads with OpenMP
-    sgemm('N', s.tb ? 'T' : 'N', s.m, s.n, s.k, 1.0f, a, s.k, b, s.tb ? s.k : s.n, 0.0f, out,
-          s.n);
+    sgemm('N', s.tb ? 'T' : 'N', s.m, s.n, s.k, 1.0f, a, s.k, b, s.tb ? s.k : s.n, 0.0f, out, s.n);
   };
   return c;
 }
@@ -240,9 +239,8 @@ int main(int argc, char** argv) {
   runs.emplace_back("onednn", "");
   std::vector<nlohmann::json> results;
   for (const auto& [name, env] : runs) {
-    const std::string command =
-        absl::StrCat(env, " /proc/", getpid(), "/exe --child ", name, " --threads ", threads,
-                     " --reps ", reps, " 2>&1");
+    const std::string command = absl::StrCat(env, " /proc/", getpid(), "/exe --child ", name,
+                                             " --threads ", threads, " --reps ", reps, " 2>&1");
     const std::string out = RunCapture(command);
     nlohmann::json j = nlohmann::json::parse(out.substr(out.find('{')), nullptr, false);
     if (j.is_discarded()) j = {{"candidate", name}, {"note", "failed: " + out}};
@@ -259,8 +257,8 @@ int main(int argc, char** argv) {
   std::printf("GEMM libraries on %s; GFLOP/s, median of %d calls; 1 thread / %d threads\n",
               rackrun::bench::MachineLine().c_str(), reps, threads);
   for (const nlohmann::json& j : results) {
-    std::printf("\n%s: %s%s\n", j.value("candidate", "?").c_str(),
-                j.value("kernels", "").c_str(), j.value("note", "").c_str());
+    std::printf("\n%s: %s%s\n", j.value("candidate", "?").c_str(), j.value("kernels", "").c_str(),
+                j.value("note", "").c_str());
     if (j.contains("threading")) std::printf("  %s\n", j["threading"].get<std::string>().c_str());
     if (!j.contains("rows") || j["rows"].empty()) continue;
     std::printf("  %-8s %-6s %-28s %5s %5s %5s %9s %9s\n", "way", "model", "GEMM", "m", "n", "k",

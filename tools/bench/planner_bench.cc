@@ -214,8 +214,8 @@ int main(int argc, char** argv) {
   bool tail = true;
   bool timing = true;
   std::vector<int> eps = {8, 16, 32, 64, 128, 256};
-  std::vector<std::string> policies = {"ultraep", "ultraep-search", "greedy", "eplb", "none",
-                                       "ideal"};
+  std::vector<std::string> policies = {"ultraep", "ultraep-search", "greedy",
+                                       "eplb",    "none",           "ideal"};
   std::vector<std::string> family_names;
   rackrun::planner::SplitRounding split = rackrun::planner::SplitRounding::kLargestRemainder;
   // One thread, pinned to the CPU it starts on.
@@ -233,16 +233,16 @@ int main(int argc, char** argv) {
   flags.Int("--solves", &solves, "N", "solves per policy and EP (part 2)").Range(1);
   flags.Int("--microbatches", &microbatches, "M", "microbatches the solves cycle through (part 2)")
       .Range(1);
-  flags.Custom("--split", "MODE", "largest_remainder | cumulative: how quotas round",
-               [&split](std::string_view value) {
-                 if (value != "largest_remainder" && value != "cumulative") {
-                   return absl::InvalidArgumentError(
-                       "must be largest_remainder or cumulative");
-                 }
-                 split = value == "cumulative" ? rackrun::planner::SplitRounding::kCumulative
-                                               : rackrun::planner::SplitRounding::kLargestRemainder;
-                 return absl::OkStatus();
-               })
+  flags
+      .Custom("--split", "MODE", "largest_remainder | cumulative: how quotas round",
+              [&split](std::string_view value) {
+                if (value != "largest_remainder" && value != "cumulative") {
+                  return absl::InvalidArgumentError("must be largest_remainder or cumulative");
+                }
+                split = value == "cumulative" ? rackrun::planner::SplitRounding::kCumulative
+                                              : rackrun::planner::SplitRounding::kLargestRemainder;
+                return absl::OkStatus();
+              })
       .Default("largest_remainder");
   flags.Switch("--skip-tail", "skip part 1", [&tail] { tail = false; });
   flags.Switch("--skip-timing", "skip part 2", [&timing] { timing = false; });
@@ -368,8 +368,9 @@ int main(int argc, char** argv) {
   if (json) {
     nlohmann::json quality = nlohmann::json::array();
     for (const TailRow& r : tail_rows) {
-      nlohmann::json j = {{"family", r.family}, {"ep", r.ranks},        {"experts", r.experts},
-                          {"topk", r.topk},     {"slots_per_rank", r.slots}, {"policy", r.policy}};
+      nlohmann::json j = {{"family", r.family},        {"ep", r.ranks},
+                          {"experts", r.experts},      {"topk", r.topk},
+                          {"slots_per_rank", r.slots}, {"policy", r.policy}};
       if (!r.error.empty()) {
         j["error"] = r.error;
       } else {
@@ -380,16 +381,15 @@ int main(int argc, char** argv) {
         j["replicas"] = r.replicas;
         j["solve_p50_us"] = r.p50_us;
         char digest[24];
-        std::snprintf(digest, sizeof(digest), "%016llx",
-                      static_cast<unsigned long long>(r.digest));
+        std::snprintf(digest, sizeof(digest), "%016llx", static_cast<unsigned long long>(r.digest));
         j["plan_digest"] = digest;
       }
       quality.push_back(j);
     }
     nlohmann::json times = nlohmann::json::array();
     for (const TimeRow& r : time_rows) {
-      nlohmann::json j = {{"ep", r.ranks},    {"experts", r.experts}, {"slots_per_rank", 2},
-                          {"topk", 8},        {"tokens_per_rank", 8192}, {"family", "zipf-2"},
+      nlohmann::json j = {{"ep", r.ranks},     {"experts", r.experts},    {"slots_per_rank", 2},
+                          {"topk", 8},         {"tokens_per_rank", 8192}, {"family", "zipf-2"},
                           {"policy", r.policy}};
       if (!r.error.empty()) {
         j["error"] = r.error;
@@ -397,8 +397,7 @@ int main(int argc, char** argv) {
         j["solve_p50_us"] = r.p50_us;
         j["solve_p99_us"] = r.p99_us;
         char digest[24];
-        std::snprintf(digest, sizeof(digest), "%016llx",
-                      static_cast<unsigned long long>(r.digest));
+        std::snprintf(digest, sizeof(digest), "%016llx", static_cast<unsigned long long>(r.digest));
         j["plan_digest"] = digest;
       }
       times.push_back(j);

@@ -115,8 +115,8 @@ double MeasureGemmRate(int reps) {
   std::vector<double> t;
   for (int r = 0; r <= reps; ++r) {
     const double t0 = Now();
-    rackrun::runtime::cpu::Gemm<float>(false, true, n, n, n, 1.0f, a.data(), n, b.data(), n,
-                                       0.0f, c.data(), n);
+    rackrun::runtime::cpu::Gemm<float>(false, true, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f,
+                                       c.data(), n);
     if (r > 0) t.push_back(Now() - t0);  // r = 0 warms up
   }
   return 2.0 * n * n * n / Median(t);
@@ -436,9 +436,7 @@ int main(int argc, char** argv) {
   const double gemm_rate_after = MeasureGemmRate(reps);
   const double roof_bw = std::max(bw.copy, bw_after.copy);
   const double roof_gemm = std::max(gemm_rate, gemm_rate_after);
-  auto roofline = [&](const OpCost& c) {
-    return std::max(c.bytes / roof_bw, c.flops / roof_gemm);
-  };
+  auto roofline = [&](const OpCost& c) { return std::max(c.bytes / roof_bw, c.flops / roof_gemm); };
   if (json) {
     nlohmann::json j;
     j["tokens"] = tokens;
@@ -457,15 +455,15 @@ int main(int argc, char** argv) {
       for (int o = 0; o < kOps && r.has_model; ++o) {
         if (r.op_s[o] <= 0) continue;
         const double roof = roofline(r.cost[o]);
-        ops.push_back({{"op", kOpNames[o]},
-                       {"bytes", r.cost[o].bytes},
-                       {"flops", r.cost[o].flops},
-                       {"seconds", r.op_s[o]},
-                       {"roofline_s", roof},
-                       {"bound", r.cost[o].bytes / roof_bw >= r.cost[o].flops / roof_gemm
-                                     ? "memory"
-                                     : "compute"},
-                       {"fraction_of_roofline", roof / r.op_s[o]}});
+        ops.push_back(
+            {{"op", kOpNames[o]},
+             {"bytes", r.cost[o].bytes},
+             {"flops", r.cost[o].flops},
+             {"seconds", r.op_s[o]},
+             {"roofline_s", roof},
+             {"bound",
+              r.cost[o].bytes / roof_bw >= r.cost[o].flops / roof_gemm ? "memory" : "compute"},
+             {"fraction_of_roofline", roof / r.op_s[o]}});
       }
       j["results"].push_back({{"mode", r.mode},
                               {"width", r.width},
@@ -524,8 +522,8 @@ int main(int argc, char** argv) {
       const OpCost& c = r.cost[o];
       const double roof = roofline(c);
       std::printf("%-11s %5d %-9s | %8.1f %8.3f | %8.2f %8.2f %4s %5.0f%%\n", r.mode.c_str(),
-                  r.width, kOpNames[o], c.bytes / 1e6, c.flops / 1e9, r.op_s[o] * 1e3,
-                  roof * 1e3, c.bytes / roof_bw >= c.flops / roof_gemm ? "mem" : "gemm",
+                  r.width, kOpNames[o], c.bytes / 1e6, c.flops / 1e9, r.op_s[o] * 1e3, roof * 1e3,
+                  c.bytes / roof_bw >= c.flops / roof_gemm ? "mem" : "gemm",
                   100 * roof / r.op_s[o]);
     }
   }

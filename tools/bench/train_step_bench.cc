@@ -45,7 +45,6 @@
 #include "runtime/optimizer.h"
 #include "tools/bench/startup.h"
 
-
 namespace {
 
 using rackrun::base::Median;
@@ -325,8 +324,7 @@ int main(int argc, char** argv) {
               policy != nullptr ? policy : "(unset)");
   std::printf("%6s %6s %6s %14s %10s %12s\n", "m", "n", "k", "runtime GF/s", "split", "library");
   for (const auto& g : gemm) {
-    std::printf("%6d %6d %6d %14.1f %10.1f %12s\n", g.m, g.n, g.k, g.runtime_gflops,
-                g.split_gflops,
+    std::printf("%6d %6d %6d %14.1f %10.1f %12s\n", g.m, g.n, g.k, g.runtime_gflops, g.split_gflops,
                 g.library_gflops > 0 ? absl::StrFormat("%.1f", g.library_gflops).c_str() : "-");
   }
   std::printf(

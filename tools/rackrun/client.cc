@@ -1,10 +1,10 @@
 #include "tools/rackrun/client.h"
 
+#include <grpc/support/log.h>
+
 #include <cstdlib>
 #include <random>
 #include <thread>
-
-#include <grpc/support/log.h>
 
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
@@ -107,9 +107,9 @@ absl::StatusOr<std::unique_ptr<CoordinatorClient>> CoordinatorClient::Create(
     }
   }
   if (!IsValidAddress(c->address_)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        from, ": '", c->address_, "' is not a coordinator address; give HOST:PORT, e.g. ",
-        kDefaultCoordinator));
+    return absl::InvalidArgumentError(
+        absl::StrCat(from, ": '", c->address_,
+                     "' is not a coordinator address; give HOST:PORT, e.g. ", kDefaultCoordinator));
   }
   c->tls_ = !flags.tls_ca.empty() || !flags.tls_cert.empty();
   rpc::CoordinatorChannelOptions options;
@@ -180,8 +180,9 @@ std::string CoordinatorClient::Describe(const grpc::Status& status) const {
       if (absl::StartsWith(m, "the coordinator")) {
         return absl::StrCat("the coordinator at ", address_, " is not serving (", m, ")");
       }
-      return absl::StrCat("cannot reach the coordinator at ", address_, " (", ConnectReason(m, tls_),
-                          "); start rackrun-coordinator or set --coordinator / RACKRUN_COORDINATOR");
+      return absl::StrCat(
+          "cannot reach the coordinator at ", address_, " (", ConnectReason(m, tls_),
+          "); start rackrun-coordinator or set --coordinator / RACKRUN_COORDINATOR");
     case grpc::StatusCode::DEADLINE_EXCEEDED:
       return absl::StrCat("the coordinator at ", address_, " did not answer within ",
                           kCallTimeout.count(),
@@ -208,8 +209,8 @@ std::string CoordinatorClient::Describe(const grpc::Status& status) const {
     case grpc::StatusCode::RESOURCE_EXHAUSTED:
       return m;
     case grpc::StatusCode::UNIMPLEMENTED:
-      return absl::StrCat("the server at ", address_, " does not serve rackrun.v1.JobService (",
-                          m, "); is --coordinator the address of a rackrun-coordinator?");
+      return absl::StrCat("the server at ", address_, " does not serve rackrun.v1.JobService (", m,
+                          "); is --coordinator the address of a rackrun-coordinator?");
     case grpc::StatusCode::CANCELLED:
       return absl::StrCat("the call to the coordinator at ", address_, " was cancelled (", m, ")");
     default:

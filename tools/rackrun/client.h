@@ -18,14 +18,14 @@
 #ifndef RACKRUN_TOOLS_RACKRUN_CLIENT_H_
 #define RACKRUN_TOOLS_RACKRUN_CLIENT_H_
 
+#include <grpcpp/channel.h>
+#include <grpcpp/client_context.h>
+#include <grpcpp/support/status.h>
+
 #include <chrono>
 #include <functional>
 #include <memory>
 #include <string>
-
-#include <grpcpp/channel.h>
-#include <grpcpp/client_context.h>
-#include <grpcpp/support/status.h>
 
 #include "absl/status/statusor.h"
 #include "flags/flags.h"

@@ -99,7 +99,8 @@ domains, a line per domain: its ranks and its imbalance before -> after.
 )";
 void PrintStatus(const Job& job) {
   std::vector<std::vector<std::string>> rows = {
-      {"job", absl::StrCat(job.id(), job.name().empty() ? "" : absl::StrCat(" (", job.name(), ")"))},
+      {"job",
+       absl::StrCat(job.id(), job.name().empty() ? "" : absl::StrCat(" (", job.name(), ")"))},
       {"state", StateName(job.state())},
   };
   if (!job.message().empty()) rows.push_back({"message", job.message()});

@@ -11,9 +11,7 @@
 
 namespace rackrun::cli {
 
-std::string StateName(rackrun::v1::JobState state) {
-  return rackrun::v1::JobState_Name(state);
-}
+std::string StateName(rackrun::v1::JobState state) { return rackrun::v1::JobState_Name(state); }
 
 std::string FailureLine(const rackrun::v1::Failure& f) {
   std::string line = rackrun::v1::FailureKind_Name(f.kind());
@@ -26,7 +24,8 @@ std::string FailureLine(const rackrun::v1::Failure& f) {
   if (!f.phase().empty()) absl::StrAppend(&line, " in ", f.phase());
   absl::StrAppend(&line, " at step ", f.step());
   if (!f.message().empty()) absl::StrAppend(&line, ": ", f.message());
-  if (!f.replaced_verdict().empty()) absl::StrAppend(&line, " (replaces the verdict ", f.replaced_verdict(), ")");
+  if (!f.replaced_verdict().empty())
+    absl::StrAppend(&line, " (replaces the verdict ", f.replaced_verdict(), ")");
   return line;
 }
 
@@ -67,20 +66,21 @@ std::vector<std::string> DomainLines(const rackrun::v1::StepProgress& p) {
   std::vector<std::string> lines;
   if (p.domains_size() <= 1) return lines;
   for (const rackrun::v1::DomainProgress& d : p.domains()) {
-    std::string line = absl::StrFormat("domain %d: ranks %d-%d, imbalance %.2f -> %.2f", d.domain(), d.first_rank(),
-                                       d.first_rank() + d.ranks() - 1, MeanOf(d.imbalance_before()),
-                                       MeanOf(d.imbalance_after()));
+    std::string line = absl::StrFormat("domain %d: ranks %d-%d, imbalance %.2f -> %.2f", d.domain(),
+                                       d.first_rank(), d.first_rank() + d.ranks() - 1,
+                                       MeanOf(d.imbalance_before()), MeanOf(d.imbalance_after()));
     int worst = -1;
     for (int l = 0; l < d.imbalance_after_size() && l < d.imbalance_before_size(); ++l) {
       if (worst < 0 || d.imbalance_after(l) > d.imbalance_after(worst)) worst = l;
     }
     if (worst >= 0) {
-      absl::StrAppendFormat(&line, " (worst layer %d: %.2f -> %.2f)", worst, d.imbalance_before(worst),
-                            d.imbalance_after(worst));
+      absl::StrAppendFormat(&line, " (worst layer %d: %.2f -> %.2f)", worst,
+                            d.imbalance_before(worst), d.imbalance_after(worst));
     }
     if (!d.rank_tokens_before().empty()) {
       absl::StrAppendFormat(&line, ", step's tokens per rank max/mean %.2f -> %.2f",
-                            MaxOverMean(d.rank_tokens_before()), MaxOverMean(d.rank_tokens_after()));
+                            MaxOverMean(d.rank_tokens_before()),
+                            MaxOverMean(d.rank_tokens_after()));
     }
     lines.push_back(std::move(line));
   }

@@ -142,15 +142,18 @@ int DeclareGeneratorFlags(flags::FlagSet& flag_set, PlanFlags& f) {
   flag_set.Int("--ranks", &f.gen.ranks, "N", "source/expert ranks G").Range(1, 65536);
   flag_set.Int("--experts", &f.gen.experts, "N", "logical experts, a multiple of --ranks")
       .Range(1, 1 << 20);
-  flag_set.Int("--masters-per-rank", &f.masters_per_rank, "N",
-               "alternative to --experts: experts = ranks * N")
+  flag_set
+      .Int("--masters-per-rank", &f.masters_per_rank, "N",
+           "alternative to --experts: experts = ranks * N")
       .Range(1, 1 << 20);
   flag_set.Int("--topk", &f.gen.topk, "K", "distinct experts per token").Range(1, 1 << 20);
-  flag_set.Int("--tokens-per-rank", &f.gen.tokens_per_rank, "N",
-               "mean tokens per source rank per microbatch")
+  flag_set
+      .Int("--tokens-per-rank", &f.gen.tokens_per_rank, "N",
+           "mean tokens per source rank per microbatch")
       .Range(0, kTwoTo40);
-  flag_set.Double("--token-jitter", &f.gen.token_jitter, "F",
-                  "per-rank token counts vary uniformly by +-F")
+  flag_set
+      .Double("--token-jitter", &f.gen.token_jitter, "F",
+              "per-rank token counts vary uniformly by +-F")
       .Range(0, 0.999);
   flag_set.Double("--imbalance", &f.gen.imbalance, "X", "target initial max/mean rank load, >= 1")
       .Range(1, 1e6);
@@ -182,13 +185,14 @@ int DeclareGeneratorFlags(flags::FlagSet& flag_set, PlanFlags& f) {
                 return absl::OkStatus();
               })
       .Default("zipf");
-  flag_set.Double("--sigma", &f.gen.lognormal_sigma, "X",
-                  "lognormal sigma, (0, 8]; 1 to 2 are typical")
+  flag_set
+      .Double("--sigma", &f.gen.lognormal_sigma, "X", "lognormal sigma, (0, 8]; 1 to 2 are typical")
       .Range(1e-3, 8);
-  flag_set.Int("--spikes", &f.gen.spike_experts, "N",
-               "in a fraction --spike-rate of the (microbatch, layer) entries, 1..N random "
-               "experts spike to --spike-min..--spike-max times their weight for that entry "
-               "only (0: no spikes)")
+  flag_set
+      .Int("--spikes", &f.gen.spike_experts, "N",
+           "in a fraction --spike-rate of the (microbatch, layer) entries, 1..N random "
+           "experts spike to --spike-min..--spike-max times their weight for that entry "
+           "only (0: no spikes)")
       .Range(0, 1 << 20);
   flag_set.Double("--spike-min", &f.gen.spike_min, "X", "spike factor range, low end")
       .Range(1, 1e6);
@@ -211,8 +215,9 @@ void DeclarePolicyFlags(flags::FlagSet& flag_set, PlanFlags& f) {
                 for (absl::string_view p : absl::StrSplit(AsAbsl(value), ',')) {
                   const std::string name(p);
                   if (pl::FindPolicy(name) == nullptr) {
-                    return absl::InvalidArgumentError(absl::StrCat(
-                        "unknown policy '", name, "'; use a comma-separated list of ", pl::PolicyNames()));
+                    return absl::InvalidArgumentError(
+                        absl::StrCat("unknown policy '", name, "'; use a comma-separated list of ",
+                                     pl::PolicyNames()));
                   }
                   if (std::find(f.policies.begin(), f.policies.end(), name) != f.policies.end()) {
                     return absl::InvalidArgumentError(
@@ -223,15 +228,18 @@ void DeclarePolicyFlags(flags::FlagSet& flag_set, PlanFlags& f) {
                 return absl::OkStatus();
               })
       .Default("all");
-  flag_set.Int("--slots", &f.slots, "N",
-               "redundant slots per rank; masters per rank come from the trace (experts / ranks)")
+  flag_set
+      .Int("--slots", &f.slots, "N",
+           "redundant slots per rank; masters per rank come from the trace (experts / ranks)")
       .Range(0, 4096);
   flag_set.Double("--eps", &f.planner.eps, "X", "ultraep threshold precision").Range(1e-9, 1);
-  flag_set.Int("--min-replica-tokens", &f.planner.min_replica_tokens, "N",
-               "ultraep minimum tokens per replica")
+  flag_set
+      .Int("--min-replica-tokens", &f.planner.min_replica_tokens, "N",
+           "ultraep minimum tokens per replica")
       .Range(1, kTwoTo40);
-  flag_set.Int("--eplb-window", &f.planner.eplb_window, "W",
-               "eplb moving-average window in microbatches")
+  flag_set
+      .Int("--eplb-window", &f.planner.eplb_window, "W",
+           "eplb moving-average window in microbatches")
       .Range(1, 1 << 20);
   flag_set
       .Int("--eplb-interval", &f.planner.eplb_interval, "K", "eplb replans every K microbatches")
@@ -248,9 +256,10 @@ void DeclarePolicyFlags(flags::FlagSet& flag_set, PlanFlags& f) {
                 return absl::OkStatus();
               })
       .Default("exposed");
-  flag_set.Int("--warmup", &f.warmup, "N",
-               "plan the first N microbatches (eplb builds its history) but leave them out of "
-               "every statistic")
+  flag_set
+      .Int("--warmup", &f.warmup, "N",
+           "plan the first N microbatches (eplb builds its history) but leave them out of "
+           "every statistic")
       .Range(0, kTwoTo40);
 }
 
@@ -262,14 +271,17 @@ void DeclareClusterFlags(flags::FlagSet& flag_set, PlanFlags& f) {
       "seeds mixed from it); the step adds MoE backward, the dense layers and the gradient\n"
       "all-reduce (expert gradients over the D ranks holding a shard, dense gradients over\n"
       "all ranks), overlapped with the last microbatch's backward (docs/design.md 3.11).\n");
-  flag_set.Int("--domains", &f.domains, "D",
-               "racks, each one EP domain of --ranks GPUs; prints the step table too")
+  flag_set
+      .Int("--domains", &f.domains, "D",
+           "racks, each one EP domain of --ranks GPUs; prints the step table too")
       .Range(1, 65536);
-  flag_set.Double("--scaleout-gbps", &f.cluster.scaleout_gbps, "X",
-                  "scale-out line rate per GPU, Gb/s per direction")
+  flag_set
+      .Double("--scaleout-gbps", &f.cluster.scaleout_gbps, "X",
+              "scale-out line rate per GPU, Gb/s per direction")
       .Range(1e-3, 1e6);
-  flag_set.Double("--scaleout-efficiency", &f.cluster.scaleout_efficiency, "F",
-                  "achieved fraction of --scaleout-gbps")
+  flag_set
+      .Double("--scaleout-efficiency", &f.cluster.scaleout_efficiency, "F",
+              "achieved fraction of --scaleout-gbps")
       .Range(1e-3, 1);
   flag_set
       .Custom("--scaleout-latency-us", "X", "scale-out latency per message (all-reduce step)",
@@ -289,22 +301,26 @@ void DeclareClusterFlags(flags::FlagSet& flag_set, PlanFlags& f) {
                 return absl::OkStatus();
               })
       .Default("ring");
-  flag_set.Double("--dense-params", &f.cluster.dense_params, "N",
-                  "dense parameters (attention, dense FFNs, shared experts, embeddings)")
+  flag_set
+      .Double("--dense-params", &f.cluster.dense_params, "N",
+              "dense parameters (attention, dense FFNs, shared experts, embeddings)")
       .Range(0, 1e15)
       .Default("17.1e9");
-  flag_set.Double("--expert-params", &f.expert_params, "N",
-                  "routed expert parameters over all MoE layers")
+  flag_set
+      .Double("--expert-params", &f.expert_params, "N",
+              "routed expert parameters over all MoE layers")
       .Range(1, 1e15)
       .Default("--moe-layers x --experts x the preset's expert, 653.9e9");
-  flag_set.Int("--moe-layers", &f.cluster.moe_layers, "L",
-               "MoE layers of the model; each generated layer stands for L / --layers of them")
+  flag_set
+      .Int("--moe-layers", &f.cluster.moe_layers, "L",
+           "MoE layers of the model; each generated layer stands for L / --layers of them")
       .Range(1, 4096);
-  flag_set.Int("--microbatches-per-step", &f.cluster.microbatches_per_step, "M",
-               "microbatches per step (gradients are reduced once per step)")
+  flag_set
+      .Int("--microbatches-per-step", &f.cluster.microbatches_per_step, "M",
+           "microbatches per step (gradients are reduced once per step)")
       .Range(1, 1 << 20);
-  flag_set.Double("--gpu-tflops", &f.gpu_tflops, "X",
-                  "achieved expert and dense GEMM TFLOP/s per GPU")
+  flag_set
+      .Double("--gpu-tflops", &f.gpu_tflops, "X", "achieved expert and dense GEMM TFLOP/s per GPU")
       .Range(1e-3, 1e6)
       .Default("the preset's, 593.4");
 }
@@ -340,9 +356,9 @@ int DeclareFlags(flags::FlagSet& flag_set, PlanFlags& f) {
 // The cluster options: only with --domains, which needs --generate and whole steps.
 absl::Status CheckClusterFlags(const flags::FlagSet& flag_set, const PlanFlags& f) {
   static constexpr const char* kClusterFlags[] = {
-      "--allreduce",  "--dense-params",          "--expert-params", "--gpu-tflops",
-      "--moe-layers", "--microbatches-per-step", "--scaleout-efficiency",
-      "--scaleout-gbps", "--scaleout-latency-us"};
+      "--allreduce",           "--dense-params",  "--expert-params",
+      "--gpu-tflops",          "--moe-layers",    "--microbatches-per-step",
+      "--scaleout-efficiency", "--scaleout-gbps", "--scaleout-latency-us"};
   if (!f.domains) {
     for (const char* flag : kClusterFlags) {
       if (flag_set.Given(flag)) return Usage(flag, "applies only with --domains");
@@ -364,10 +380,10 @@ absl::Status CheckClusterFlags(const flags::FlagSet& flag_set, const PlanFlags& 
   }
   const int64_t entries = int64_t{*f.domains} * f.gen.microbatches * f.gen.layers;
   if (entries > kMaxEntries) {
-    return Usage("--domains", absl::StrCat(*f.domains, " x --microbatches ", f.gen.microbatches,
-                                           " x --layers ", f.gen.layers, " = ", entries,
-                                           " entries, over the limit of ", kMaxEntries,
-                                           " per run; plan fewer microbatches or layers"));
+    return Usage("--domains",
+                 absl::StrCat(*f.domains, " x --microbatches ", f.gen.microbatches, " x --layers ",
+                              f.gen.layers, " = ", entries, " entries, over the limit of ",
+                              kMaxEntries, " per run; plan fewer microbatches or layers"));
   }
   return absl::OkStatus();
 }
@@ -398,36 +414,37 @@ absl::Status CheckFlags(const flags::FlagSet& flag_set, int generator, PlanFlags
                                 "); give --experts or --masters-per-rank"));
     }
     if (f.gen.popularity == pl::PopularityModel::kLognormal && flag_set.Given("--imbalance")) {
-      return Usage("--imbalance", "applies only to --popularity zipf (lognormal is set by --sigma)");
+      return Usage("--imbalance",
+                   "applies only to --popularity zipf (lognormal is set by --sigma)");
     }
     if (f.gen.popularity != pl::PopularityModel::kLognormal && flag_set.Given("--sigma")) {
       return Usage("--sigma", "applies only with --popularity lognormal");
     }
     if (f.gen.spike_min > f.gen.spike_max) {
-      return Usage("--spike-min", absl::StrCat(f.gen.spike_min, " is above --spike-max (",
-                                               f.gen.spike_max, ")"));
+      return Usage("--spike-min",
+                   absl::StrCat(f.gen.spike_min, " is above --spike-max (", f.gen.spike_max, ")"));
     }
     if (f.gen.spike_experts > f.gen.experts) {
-      return Usage("--spikes",
-                   absl::StrCat(f.gen.spike_experts, " is more than --experts (", f.gen.experts, ")"));
+      return Usage("--spikes", absl::StrCat(f.gen.spike_experts, " is more than --experts (",
+                                            f.gen.experts, ")"));
     }
     if (f.gen.topk > f.gen.experts) {
       return Usage("--topk",
                    absl::StrCat(f.gen.topk, " is more than --experts (", f.gen.experts, ")"));
     }
     if (f.gen.microbatches * f.gen.layers > kMaxEntries) {
-      return Usage("--microbatches",
-                   absl::StrCat(f.gen.microbatches, " x --layers ", f.gen.layers, " = ",
-                                f.gen.microbatches * f.gen.layers,
-                                " entries, over the limit of ", kMaxEntries,
-                                " per run; plan fewer, or several runs with different --seed"));
+      return Usage(
+          "--microbatches",
+          absl::StrCat(f.gen.microbatches, " x --layers ", f.gen.layers, " = ",
+                       f.gen.microbatches * f.gen.layers, " entries, over the limit of ",
+                       kMaxEntries, " per run; plan fewer, or several runs with different --seed"));
     }
     if (int64_t{f.gen.ranks} * f.gen.experts > kMaxLoadsPerEntry) {
-      return Usage("--experts", absl::StrCat("--ranks ", f.gen.ranks, " x --experts ",
-                                             f.gen.experts, " = ",
-                                             int64_t{f.gen.ranks} * f.gen.experts,
-                                             " loads per entry, over the limit of ",
-                                             kMaxLoadsPerEntry, "; use fewer ranks or experts"));
+      return Usage(
+          "--experts",
+          absl::StrCat("--ranks ", f.gen.ranks, " x --experts ", f.gen.experts, " = ",
+                       int64_t{f.gen.ranks} * f.gen.experts, " loads per entry, over the limit of ",
+                       kMaxLoadsPerEntry, "; use fewer ranks or experts"));
     }
   }
   if (absl::Status s = CheckClusterFlags(flag_set, f); !s.ok()) return s;
@@ -517,11 +534,11 @@ class Progress {
     std::string line = absl::StrCat("rackrun plan: ", verb_, " ", done);
     if (total_ > 0) {
       const double left = elapsed * static_cast<double>(total_ - done) / static_cast<double>(done);
-      absl::StrAppend(&line, " / ", total_, " entries (",
-                      Format("%.1f", 100.0 * static_cast<double>(done) / static_cast<double>(total_)),
-                      "%), ", Format("%.0f", elapsed), " s elapsed, about ",
-                      left < 3600 ? Format("%.0f s", left) : Format("%.1f h", left / 3600),
-                      " left");
+      absl::StrAppend(
+          &line, " / ", total_, " entries (",
+          Format("%.1f", 100.0 * static_cast<double>(done) / static_cast<double>(total_)), "%), ",
+          Format("%.0f", elapsed), " s elapsed, about ",
+          left < 3600 ? Format("%.0f s", left) : Format("%.1f h", left / 3600), " left");
     } else {
       absl::StrAppend(&line, " entries, ", Format("%.0f", elapsed), " s elapsed");
     }
@@ -609,9 +626,9 @@ struct ReplayView {
 };
 
 int NoEntries(const PlanFlags& f, const ReplayView& v) {
-  return Fail(absl::InvalidArgumentError(
-      absl::StrCat(f.trace ? *f.trace : std::string("generator"), ": no entries to measure (",
-                   v.microbatches, " microbatches, --warmup ", f.warmup, ")")));
+  return Fail(absl::InvalidArgumentError(absl::StrCat(f.trace ? *f.trace : std::string("generator"),
+                                                      ": no entries to measure (", v.microbatches,
+                                                      " microbatches, --warmup ", f.warmup, ")")));
 }
 
 constexpr double kMiB = 1024.0 * 1024.0;
@@ -725,8 +742,8 @@ void PrintReplay(const PlanFlags& f, const pl::HardwareModel& hw, int64_t expert
         Format("%.3f / %.3f / %.3f", before.p50, before.p99, before.max);
     const std::string after_text = Format("%.3f / %.3f / %.3f", after.p50, after.p99, after.max);
     const std::string fanout_ms = Format("%.3f / %.3f", Mean(run.direct_ms), Mean(run.relay_ms));
-    const std::string solve_text =
-        Format("%.1f / %.1f", base::Percentile(run.solve_us, 0.50), base::Percentile(run.solve_us, 0.99));
+    const std::string solve_text = Format("%.1f / %.1f", base::Percentile(run.solve_us, 0.50),
+                                          base::Percentile(run.solve_us, 0.99));
     std::printf("| %-7s | %-28s | %-21s | %8.1f | %11.1f | %-23s | %13.1f | %14.1f | %-19s |\n",
                 run.policy.c_str(), before_text.c_str(), after_text.c_str(), Mean(run.replicas),
                 Mean(run.fanout_bytes) / kMiB, fanout_ms.c_str(),
@@ -891,15 +908,15 @@ void PrintClusterTable(const ClusterView& c) {
       "dense %.4g + expert %.4g parameters; GEMM %.1f TFLOP/s per GPU; scale-out %g Gb/s x %g "
       "per GPU, %g us, %s all-reduce\n",
       model.domains, ep, static_cast<long long>(int64_t{model.domains} * ep),
-      steps.front().steps.size(), model.microbatches_per_step, model.moe_layers,
-      model.dense_params, model.expert_params, hw.gemm_flops_per_s / 1e12, model.scaleout_gbps,
+      steps.front().steps.size(), model.microbatches_per_step, model.moe_layers, model.dense_params,
+      model.expert_params, hw.gemm_flops_per_s / 1e12, model.scaleout_gbps,
       model.scaleout_efficiency, model.scaleout_latency_s * 1e6,
       std::string(pl::AllReduceAlgorithmName(model.allreduce)).c_str());
   std::printf(
       "gradient all-reduce per step: dense in-rack %.1f ms + dense scale-out %.1f ms + expert "
       "scale-out %.1f ms = %.1f ms\n\n",
-      reduce.dense_scaleup_s * 1e3, reduce.dense_scaleout_s * 1e3,
-      reduce.expert_scaleout_s * 1e3, reduce.total_s * 1e3);
+      reduce.dense_scaleup_s * 1e3, reduce.dense_scaleout_s * 1e3, reduce.expert_scaleout_s * 1e3,
+      reduce.total_s * 1e3);
   std::printf(
       "| policy     | step ms  | %% of ideal | vs none | MoE compute ms | MoE a2a ms | balancing "
       "ms (%% step) | dense ms | all-reduce ms total / exposed | solve us p50 median / max of "
@@ -919,11 +936,12 @@ void PrintClusterTable(const ClusterView& c) {
       const DomainSolves solves = SolvesByDomain(cluster, p);
       solve_text = Format("%.1f / %.1f", solves.p50_median, solves.p50_max);
     }
-    std::printf("| %-10s | %8.1f | %10.1f | %7s | %14.1f | %10.1f | %-20s | %8.1f | %-29s | %-35s |\n",
-                steps[p].policy.c_str(), s.total_s * 1e3, 100.0 * ideal.total_s / s.total_s,
-                none != nullptr ? Format("%.3f", none->total_s / s.total_s).c_str() : "-",
-                s.moe_compute_s * 1e3, s.moe_a2a_s * 1e3, balancing.c_str(), s.dense_s * 1e3,
-                reduce_text.c_str(), solve_text.c_str());
+    std::printf(
+        "| %-10s | %8.1f | %10.1f | %7s | %14.1f | %10.1f | %-20s | %8.1f | %-29s | %-35s |\n",
+        steps[p].policy.c_str(), s.total_s * 1e3, 100.0 * ideal.total_s / s.total_s,
+        none != nullptr ? Format("%.3f", none->total_s / s.total_s).c_str() : "-",
+        s.moe_compute_s * 1e3, s.moe_a2a_s * 1e3, balancing.c_str(), s.dense_s * 1e3,
+        reduce_text.c_str(), solve_text.c_str());
   }
   std::printf(
       "\nstep: mean over steps of the slowest domain's microbatches plus the exposed all-reduce; "
@@ -1022,8 +1040,12 @@ int PlanCommand(const Args& args) {
     progress.Update(read);
     if (absl::Status s = replay.Add(**next); !s.ok()) return Fail(s);
   }
-  ReplayView view{replay.results(), replay.domain(), replay.entries(), replay.microbatches(),
-                  replay.measured_microbatches(), replay.layers()};
+  ReplayView view{replay.results(),
+                  replay.domain(),
+                  replay.entries(),
+                  replay.microbatches(),
+                  replay.measured_microbatches(),
+                  replay.layers()};
   if (view.entries == 0) return NoEntries(f, view);
   if (f.json) {
     std::printf("%s\n", ReplayJson(f, *hw, expert_bytes, view).dump(2).c_str());

@@ -108,7 +108,8 @@ int SubmitCommand(const Args& args) {
   rackrun::v1::SubmitResponse response;
   grpc::Status s = c.WithRetry(
       [&](grpc::ClientContext* ctx) { return c.stub().Submit(ctx, request, &response); },
-      follow.retry, [&](const grpc::Status& first) {
+      follow.retry,
+      [&](const grpc::Status& first) {
         std::fprintf(stderr, "rackrun: %s; retrying with request id %s for up to %lld s\n",
                      c.DescribeError(first).c_str(), request.request_id().c_str(),
                      static_cast<long long>(follow.retry.budget.count() / 1000));
@@ -116,8 +117,10 @@ int SubmitCommand(const Args& args) {
   if (!s.ok()) {
     std::fprintf(stderr, "rackrun: %s\n", c.DescribeError(s).c_str());
     if (IsRetryable(s)) {
-      std::fprintf(stderr, "rackrun: to retry without creating a second job: rackrun submit %s "
-                   "--request-id %s\n", spec_path.c_str(), request.request_id().c_str());
+      std::fprintf(stderr,
+                   "rackrun: to retry without creating a second job: rackrun submit %s "
+                   "--request-id %s\n",
+                   spec_path.c_str(), request.request_id().c_str());
     }
     return failed;
   }

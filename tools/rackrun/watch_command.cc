@@ -90,10 +90,9 @@ class EventPrinter {
     if (e.attempt() > 1) restarts_ = std::max<int64_t>(restarts_, e.attempt() - 1);
     switch (e.event_case()) {
       case JobEvent::kState:
-        Line(absl::StrCat(StateName(e.state()),
-                          e.state() == rackrun::v1::RUNNING && e.attempt() > 0
-                              ? absl::StrCat(" (attempt ", e.attempt(), ")")
-                              : ""));
+        Line(absl::StrCat(StateName(e.state()), e.state() == rackrun::v1::RUNNING && e.attempt() > 0
+                                                    ? absl::StrCat(" (attempt ", e.attempt(), ")")
+                                                    : ""));
         break;
       case JobEvent::kFailure:
         Line(absl::StrCat("attempt ", e.attempt(), " failed: ", FailureLine(e.failure())));
@@ -162,8 +161,8 @@ class EventPrinter {
     std::string bar(static_cast<size_t>(filled), '=');
     if (filled < kBar) bar += '>';
     bar.resize(kBar, ' ');
-    std::string line = absl::StrFormat("[%s] %d/%d  loss %.4f", bar, p.step(), p.total_steps(),
-                                       p.loss());
+    std::string line =
+        absl::StrFormat("[%s] %d/%d  loss %.4f", bar, p.step(), p.total_steps(), p.loss());
     if (p.has_val_loss()) absl::StrAppendFormat(&line, "  val %.4f", p.val_loss());
     absl::StrAppend(&line, "  ", RateText(p.tokens_per_s()), " tok/s");
     if (!p.imbalance_before().empty()) {
@@ -243,10 +242,10 @@ int FollowJob(CoordinatorClient& client, const std::string& job_id, const Follow
       return kExitNoOutcome;
     }
     if (!reconnecting) {
-      printer.Line(absl::StrCat("(lost the coordinator at ", client.address(), ": ",
-                                absl::StatusCodeToString(static_cast<absl::StatusCode>(s.error_code())),
-                                "; reconnecting for up to ",
-                                options.retry.budget.count() / 1000, " s)"));
+      printer.Line(
+          absl::StrCat("(lost the coordinator at ", client.address(), ": ",
+                       absl::StatusCodeToString(static_cast<absl::StatusCode>(s.error_code())),
+                       "; reconnecting for up to ", options.retry.budget.count() / 1000, " s)"));
       reconnecting = true;
     }
     std::this_thread::sleep_for(backoff);
