@@ -251,7 +251,7 @@ nlohmann::json Json(const Options& o, const std::string& gpu, const absl::Status
   j["steps"] = o.steps;
   j["warmup"] = o.warmup;
   j["python"] = o.python;
-  j["torch"] = torch.ok() ? "" : std::string(torch.message());  // why PyTorch did not run
+  j["torch_not_run"] = torch.ok() ? "" : std::string(torch.message());  // the cause
   j["runs"] = nlohmann::json::array();
   for (const Row& r : rows) {
     nlohmann::json phases;

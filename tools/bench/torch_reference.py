@@ -261,7 +261,7 @@ def main():
         torch.backends.cuda.matmul.allow_tf32 = a.precision == "tf32"
         torch.backends.cudnn.allow_tf32 = a.precision == "tf32"
         with torch.device("cuda"):  # parameters drawn on the GPU (823M at c1024)
-            model = Model(a)
+            model = Model(a).to("cuda")
     else:
         model = Model(a)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1)
