@@ -14,8 +14,18 @@ modified Gram-Schmidt). Autograd does the backward; torch.optim.AdamW the update
 Run with Debian's python (tools/setup --torch):
   /usr/bin/python3 tools/bench/torch_reference.py --residual xhc --threads 2 --json
 Prints one JSON object (tokens_per_s, step_s, optimizer_s, ...) with --json.
+
+On a GPU (--device cuda; bench_gpu_train_step_bench runs it so): the model, its data and the
+optimizer live on the GPU; --precision tf32 allows TF32 matmuls, bf16 runs the forward under
+torch.autocast(bfloat16) (fp32 master weights and optimizer state either way); attention is
+F.scaled_dot_product_attention(is_causal=True) (the CPU keeps the explicit softmax); the
+step is timed between torch.cuda.synchronize() calls; the JSON adds peak_memory_bytes
+(torch.cuda.max_memory_allocated over the run) and device_name. --config c1024 sets the
+issue-35 shape (C=1024, 16 heads, 64 experts top-4, F=1024, seq 1024); explicit shape options
+override it. Not run on a GPU yet.
 """
 import argparse
+import contextlib
 import json
 import math
 import statistics
@@ -54,8 +64,11 @@ class Attention(torch.nn.Module):
         xn = rms_norm(u) * self.gain
         qkv = (xn @ self.wqkv).view(batch, seq, 3, self.heads, self.d).permute(2, 0, 3, 1, 4)
         q, k, v = self.rope(qkv[0]), self.rope(qkv[1]), qkv[2]
-        att = (q @ k.transpose(-1, -2)) / math.sqrt(self.d) + self.mask[:seq, :seq]
-        o = torch.softmax(att, dim=-1) @ v
+        if u.is_cuda:  # one type for the fused kernel (rope's tables promote q, k to fp32)
+            o = F.scaled_dot_product_attention(q.to(v.dtype), k.to(v.dtype), v, is_causal=True)
+        else:
+            att = (q @ k.transpose(-1, -2)) / math.sqrt(self.d) + self.mask[:seq, :seq]
+            o = torch.softmax(att, dim=-1) @ v
         return o.permute(0, 2, 1, 3).reshape(batch * seq, -1) @ self.wo
 
 
@@ -90,7 +103,7 @@ class Moe(torch.nn.Module):
             outs.append((F.silu(h[:, :self.f]) * h[:, self.f:]) @ self.w2[e])
             start += n
         y = torch.cat(outs, 0) * gates.reshape(-1)[order, None]
-        return torch.zeros_like(xn).index_add_(0, token_of, y)
+        return torch.zeros_like(xn).index_add_(0, token_of, y.to(xn.dtype))
 
 
 def sinkhorn(z, iters=20, eps=1e-6):
@@ -127,9 +140,11 @@ class Xhc(torch.nn.Module):
         s = torch.sigmoid(F.layer_norm(flat, (n * c,)) @ self.w_router)
         _, routed = torch.topk(s[:, self.m:], self.k - self.m, dim=-1)
         routed = torch.sort(routed + self.m, dim=-1).values
-        fixed = torch.arange(self.m).expand(t, self.m)
+        fixed = torch.arange(self.m, device=x.device).expand(t, self.m)
         idx = torch.cat([fixed, routed], dim=-1)  # [T, k]
-        gate = torch.cat([torch.ones(t, self.m), torch.gather(s, 1, routed)], dim=-1)
+        routed_gate = torch.gather(s, 1, routed)
+        ones = torch.ones(t, self.m, device=x.device, dtype=routed_gate.dtype)
+        gate = torch.cat([ones, routed_gate], dim=-1)
         h_pre = torch.sigmoid(self.a_pre * (rms_norm(flat) @ self.w_pre) + self.b_pre)
         u = (h_pre[:, :, None] * x).sum(1)
         return u, idx, gate
@@ -148,7 +163,7 @@ class Xhc(torch.nn.Module):
             basis = [out]
             for w in self.convs:
                 g = F.conv1d(F.pad(seqs, (w.shape[-1] - 1, 0)), w.flip(-1), groups=c)
-                basis.append(g.transpose(1, 2).reshape(t, c))
+                basis.append(g.transpose(1, 2).reshape(t, c).to(out.dtype))
             vs = []
             for g in basis:  # modified Gram-Schmidt, no unit scaling
                 v = g
@@ -159,7 +174,7 @@ class Xhc(torch.nn.Module):
         else:
             o = out[:, None, :]
         new = h_res @ xa + gate[:, :, None] * (h_post @ o)
-        return x.scatter(1, gidx, new)
+        return x.scatter(1, gidx, new.to(x.dtype))
 
 
 class Model(torch.nn.Module):
@@ -200,8 +215,21 @@ class Model(torch.nn.Module):
         return F.cross_entropy(logits, targets.reshape(-1))
 
 
+# Shapes bench_gpu_train_step_bench names (tools/bench/train_step.h); explicit options win.
+CONFIGS = {
+    "demo": {},
+    "c1024": {"width": 1024, "heads": 16, "experts": 64, "top_k": 4, "expert_hidden": 1024,
+              "seq": 1024},
+}
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--config", default="demo", choices=sorted(CONFIGS),
+                   help="shape preset (explicit shape options override it)")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--precision", default="fp32", choices=["fp32", "tf32", "bf16"],
+                   help="compute precision on cuda (the CPU runs fp32 only)")
     p.add_argument("--residual", default="xhc", choices=["vanilla", "xhc"])
     p.add_argument("--vocab", type=int, default=256)
     p.add_argument("--width", type=int, default=128)
@@ -219,24 +247,45 @@ def main():
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--json", action="store_true")
+    p.set_defaults(**CONFIGS[p.parse_known_args()[0].config])
     a = p.parse_args()
+    cuda = a.device == "cuda"
+    if not cuda and a.precision != "fp32":
+        p.error("--precision %s needs --device cuda" % a.precision)
+    if cuda and not torch.cuda.is_available():
+        p.error("--device cuda: torch %s sees no GPU" % torch.__version__)
 
     torch.manual_seed(0)
     torch.set_num_threads(a.threads)
-    model = Model(a)
+    if cuda:
+        torch.backends.cuda.matmul.allow_tf32 = a.precision == "tf32"
+        torch.backends.cudnn.allow_tf32 = a.precision == "tf32"
+        with torch.device("cuda"):  # parameters drawn on the GPU (823M at c1024)
+            model = Model(a).to("cuda")
+    else:
+        model = Model(a)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1)
     gen = torch.Generator().manual_seed(1)
-    data = torch.randint(0, a.vocab, (a.batch, a.seq + 1), generator=gen)
+    data = torch.randint(0, a.vocab, (a.batch, a.seq + 1), generator=gen).to(a.device)
     inputs, targets = data[:, :-1].contiguous(), data[:, 1:].contiguous()
+    autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if a.precision == "bf16"
+                else contextlib.nullcontext())
+
+    def now():
+        if cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
     steps, fb, opt_s, losses = [], [], [], []
     for i in range(a.warmup + a.steps):
-        t0 = time.perf_counter()
+        t0 = now()
         opt.zero_grad(set_to_none=False)
-        loss = model(inputs, targets, a.batch, a.seq)
+        with autocast:
+            loss = model(inputs, targets, a.batch, a.seq)
         loss.backward()
-        t1 = time.perf_counter()
+        t1 = now()
         opt.step()
-        t2 = time.perf_counter()
+        t2 = now()
         if i >= a.warmup:
             steps.append(t2 - t0)
             fb.append(t1 - t0)
@@ -251,6 +300,11 @@ def main():
         "tokens_per_s": tokens / step, "first_loss": losses[0],
         "parameters": sum(q.numel() for q in model.parameters()),
     }
+    if cuda:
+        result["device"] = "cuda"
+        result["precision"] = a.precision
+        result["device_name"] = torch.cuda.get_device_name()
+        result["peak_memory_bytes"] = torch.cuda.max_memory_allocated()
     if a.json:
         print(json.dumps(result))
     else:

@@ -44,6 +44,7 @@
 #include "runtime/model.h"
 #include "runtime/optimizer.h"
 #include "tools/bench/startup.h"
+#include "tools/bench/train_step.h"
 
 namespace {
 
@@ -76,25 +77,19 @@ struct Row {
   std::string note;
 };
 
-ModelConfig DemoConfig(const Options& o, const std::string& residual) {
-  ModelConfig c;
-  c.vocab = 256;
-  c.width = 128;
-  c.blocks = 4;
-  c.heads = 4;
-  c.seq_len = o.seq;
-  c.residual = residual;  // xhc: N=16, k=4, m=2 (mode defaults)
-  c.moe.experts = 16;
-  c.moe.top_k = 2;
-  c.moe.expert_hidden = o.expert_hidden;
-  return c;
+rackrun::bench::TrainStepShape Shape(const Options& o) {
+  rackrun::bench::TrainStepShape s = rackrun::bench::DemoShape();
+  s.batch = o.batch;
+  s.seq = o.seq;
+  s.expert_hidden = o.expert_hidden;
+  return s;
 }
 
 Row RunOurs(const Options& o, const std::string& residual) {
   Row row;
   row.impl = "rackrun";
   row.residual = residual;
-  auto model_or = Model<float>::Create(DemoConfig(o, residual), 1);
+  auto model_or = Model<float>::Create(rackrun::bench::ModelConfigOf(Shape(o), residual), 1);
   if (!model_or.ok()) {
     row.note = std::string(model_or.status().message());
     return row;
@@ -151,41 +146,24 @@ Row RunTorch(const Options& o, const std::string& residual, int threads) {
   Row row;
   row.impl = "pytorch";
   row.residual = residual;
-  const std::string dir = std::string(RACKRUN_SOURCE_DIR) + "/tools/bench";
-  const std::string cmd = "OMP_NUM_THREADS=" + std::to_string(threads) + " " + o.python + " " +
-                          dir + "/torch_reference.py --json --residual " + residual + " --batch " +
-                          std::to_string(o.batch) + " --seq " + std::to_string(o.seq) +
-                          " --steps " + std::to_string(o.steps) + " --warmup " +
-                          std::to_string(o.warmup) + " --threads " + std::to_string(threads) +
-                          " --expert-hidden " + std::to_string(o.expert_hidden) + " 2>&1";
-  FILE* pipe = popen(cmd.c_str(), "r");
-  if (pipe == nullptr) {
-    row.note = "could not start " + o.python;
+  rackrun::bench::TorchOptions torch;
+  torch.python = o.python;
+  torch.threads = threads;
+  torch.steps = o.steps;
+  torch.warmup = o.warmup;
+  absl::StatusOr<rackrun::bench::TorchResult> r =
+      rackrun::bench::RunTorchReference(torch, Shape(o), residual);
+  if (!r.ok()) {
+    row.note = std::string(r.status().message());
     return row;
   }
-  std::string out;
-  std::array<char, 4096> buf;
-  while (fgets(buf.data(), buf.size(), pipe) != nullptr) out += buf.data();
-  const int rc = pclose(pipe);
-  const size_t brace = out.rfind("\n{");
-  const std::string last = out.substr(brace == std::string::npos ? 0 : brace + 1);
-  nlohmann::json j = nlohmann::json::parse(last, nullptr, /*allow_exceptions=*/false);
-  if (rc != 0 || j.is_discarded() || !j.contains("tokens_per_s")) {
-    row.note = "torch reference failed: " + out.substr(0, 200);
-    return row;
-  }
-  row.tokens_per_s = j["tokens_per_s"].get<double>();
-  row.step_s = j["step_s"].get<double>();
-  row.optimizer = j["optimizer_s"].get<double>();
-  row.first_loss = j["first_loss"].get<double>();
-  row.parameters = j["parameters"].get<int64_t>();
-  row.note = "torch " + j["torch"].get<std::string>();
+  row.tokens_per_s = r->tokens_per_s;
+  row.step_s = r->step_s;
+  row.optimizer = r->optimizer_s;
+  row.first_loss = r->first_loss;
+  row.parameters = r->parameters;
+  row.note = "torch " + r->torch_version;
   return row;
-}
-
-bool PythonHasTorch(const std::string& python) {
-  const std::string cmd = python + " -c 'import torch' >/dev/null 2>&1";
-  return std::system(cmd.c_str()) == 0;
 }
 
 struct GemmRow {
@@ -262,14 +240,14 @@ int main(int argc, char** argv) {
   if (std::optional<int> exit = bench.Start()) return *exit;
   if (o.threads > 0) omp_set_num_threads(o.threads);
   const int threads = omp_get_max_threads();
-  const bool torch = o.torch && PythonHasTorch(o.python);
+  const bool torch = o.torch && rackrun::bench::CheckTorch(o.python, "cpu").ok();
 
   const std::vector<GemmRow> gemm = MeasureGemm(o.batch * o.seq, threads);
   std::vector<Row> rows;
   for (const auto& mode : o.residual) {
     rows.push_back(RunOurs(o, mode));
     if (torch) {
-      if (mode == "vanilla" || mode == "xhc") {
+      if (rackrun::bench::TorchHasMode(mode)) {
         rows.push_back(RunTorch(o, mode, threads));
       } else {
         Row r;
@@ -331,21 +309,28 @@ int main(int argc, char** argv) {
       "\nTraining step, demo model (4 blocks, C=128, 16 experts top-2, F=%d, vocab 256), "
       "batch %d x seq %d = %d tokens, %d threads, median of %d steps\n",
       o.expert_hidden, o.batch, o.seq, o.batch * o.seq, threads, o.steps);
-  std::printf("%-8s %-9s %10s %9s %8s %8s %8s %8s %8s %8s %9s  %s\n", "impl", "residual",
-              "tokens/s", "step ms", "gemm", "attn", "resid", "routing", "optim", "other", "params",
-              "note");
+  using rackrun::bench::Fixed;
+  rackrun::bench::Table table({{"impl", 8, true},
+                               {"residual", 9, true},
+                               {"tokens/s", 10},
+                               {"step ms", 9},
+                               {"gemm", 8},
+                               {"attn", 8},
+                               {"resid", 8},
+                               {"routing", 8},
+                               {"optim", 8},
+                               {"other", 8},
+                               {"params", 9},
+                               {"note", 0, true, 2}});
   for (const auto& r : rows) {
-    if (r.impl == "pytorch") {
-      std::printf("%-8s %-9s %10.0f %9.1f %8s %8s %8s %8s %8.1f %8s %9lld  %s\n", r.impl.c_str(),
-                  r.residual.c_str(), r.tokens_per_s, 1e3 * r.step_s, "-", "-", "-", "-",
-                  1e3 * r.optimizer, "-", static_cast<long long>(r.parameters), r.note.c_str());
-    } else {
-      std::printf("%-8s %-9s %10.0f %9.1f %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f %9lld  %s\n",
-                  r.impl.c_str(), r.residual.c_str(), r.tokens_per_s, 1e3 * r.step_s, 1e3 * r.gemm,
-                  1e3 * r.attention, 1e3 * r.residual_s, 1e3 * r.routing, 1e3 * r.optimizer,
-                  1e3 * r.other, static_cast<long long>(r.parameters), r.note.c_str());
-    }
+    const bool ours = r.impl != "pytorch";  // PyTorch reports no split but the optimizer's
+    const auto split = [&](double s) { return ours ? Fixed(1e3 * s, 1) : "-"; };
+    table.AddRow({r.impl, r.residual, Fixed(r.tokens_per_s, 0), Fixed(1e3 * r.step_s, 1),
+                  split(r.gemm), split(r.attention), split(r.residual_s), split(r.routing),
+                  Fixed(1e3 * r.optimizer, 1), split(r.other), std::to_string(r.parameters),
+                  r.note});
   }
+  std::printf("%s", table.ToString().c_str());
   std::printf("(split columns in ms; the machine is shared, so compare rows of one run)\n");
   // The residual modes against vanilla in this run: step-time ratio and residual share.
   const Row* vanilla = nullptr;
