@@ -334,10 +334,6 @@ std::string DigestHex(uint64_t digest) {
 // 3. The output as one JSON document.
 void PrintJson(const Run& run, const std::vector<TailRow>& tail_rows,
                const std::vector<TimeRow>& time_rows) {
-  const int solves = run.solves, microbatches = run.microbatches;
-  const int tail_microbatches = run.tail_microbatches;
-  const double reference_us = run.reference_us;
-  const char* split_name = run.split_name;
   nlohmann::json quality = nlohmann::json::array();
   for (const TailRow& r : tail_rows) {
     nlohmann::json j = {{"family", r.family},        {"ep", r.ranks},
@@ -369,11 +365,11 @@ void PrintJson(const Run& run, const std::vector<TailRow>& tail_rows,
     }
     times.push_back(j);
   }
-  std::printf("%s\n", nlohmann::json{{"solves", solves},
-                                     {"microbatches", microbatches},
-                                     {"tail_microbatches", tail_microbatches},
-                                     {"reference_sum16k_us", reference_us},
-                                     {"split", split_name},
+  std::printf("%s\n", nlohmann::json{{"solves", run.solves},
+                                     {"microbatches", run.microbatches},
+                                     {"tail_microbatches", run.tail_microbatches},
+                                     {"reference_sum16k_us", run.reference_us},
+                                     {"split", run.split_name},
                                      {"tail_quality", quality},
                                      {"solve_time", times}}
                           .dump(2)
@@ -383,19 +379,15 @@ void PrintJson(const Run& run, const std::vector<TailRow>& tail_rows,
 // 3. The output as the two tables.
 void PrintTables(const Run& run, const std::vector<TailRow>& tail_rows,
                  const std::vector<TimeRow>& time_rows) {
-  const int solves = run.solves, microbatches = run.microbatches;
-  const int tail_microbatches = run.tail_microbatches;
-  const double reference_us = run.reference_us;
-  const char* split_name = run.split_name;
   std::printf("planner_bench: 8192 tokens/rank, one pinned thread, split rounding %s\n",
-              split_name);
+              run.split_name);
   std::printf("calibration: summing 16384 int64 takes %.2f us (median) on this thread\n",
-              reference_us);
+              run.reference_us);
   if (!tail_rows.empty()) {
     std::printf(
         "\n1. tail quality: max/mean rank load over %d microbatches per family (p50 / p99 / "
         "max), replicas mean, solve p50 (us)\n",
-        tail_microbatches);
+        run.tail_microbatches);
     std::printf("%-16s %-13s %-5s %-14s %-23s %-23s %8s %8s  %s\n", "family", "domain", "slots",
                 "policy", "initial p50/p99/max", "final p50/p99/max", "replicas", "p50(us)",
                 "plan digest");
@@ -418,7 +410,7 @@ void PrintTables(const Run& run, const std::vector<TailRow>& tail_rows,
     std::printf(
         "\n2. solve time against EP: zipf-2, top-8, 2 slots/rank, %d solves over %d "
         "microbatches\n",
-        solves, microbatches);
+        run.solves, run.microbatches);
     std::printf("%-5s %-7s %-14s %9s %9s %12s  %s\n", "EP", "experts", "policy", "p50(us)",
                 "p99(us)", "p50/EP(us)", "plan digest");
     for (const TimeRow& r : time_rows) {
