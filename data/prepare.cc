@@ -6,6 +6,7 @@
 #include <cmath>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -115,17 +116,8 @@ std::pair<std::string, std::string> CutTail(const std::string& doc, double fract
   return {doc.substr(0, cut), doc.substr(cut)};
 }
 
-}  // namespace
-
-absl::StatusOr<PrepareResult> PrepareDataset(const std::string& input, const std::string& prefix,
-                                             const std::string& val_prefix,
-                                             const PrepareOptions& options) {
-  const auto started = std::chrono::steady_clock::now();
-  const auto elapsed = [&] {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-  };
-  const Tokenizer& tokenizer = *options.tokenizer;
-  const double f = options.val_fraction;
+// The flags PrepareDataset checks before it opens anything: the fraction and the EOS id.
+absl::Status CheckOptions(double f, const Tokenizer& tokenizer) {
   if (!(f >= 0 && f <= 0.5)) {
     return absl::InvalidArgumentError(absl::StrCat("--val-fraction: ", f, " must lie in [0, 0.5]"));
   }
@@ -136,8 +128,17 @@ absl::StatusOr<PrepareResult> PrepareDataset(const std::string& input, const std
                      " has no EOS id to end documents with; train it with an eos piece "
                      "(`rackrun data tokenizer --train` does)"));
   }
-  absl::StatusOr<DocumentReader> reader = DocumentReader::Open(input, options.corpus);
-  if (!reader.ok()) return reader.status();
+  return absl::OkStatus();
+}
+
+// The datasets being written: training, and validation when the fraction is above 0.
+struct Writers {
+  IndexedDatasetWriter train;
+  std::optional<IndexedDatasetWriter> val;
+};
+
+absl::StatusOr<Writers> OpenWriters(const std::string& prefix, const std::string& val_prefix,
+                                    double f, const Tokenizer& tokenizer) {
   const uint8_t dtype = MegatronDTypeForVocab(tokenizer.vocab_size());
   absl::StatusOr<IndexedDatasetWriter> train =
       IndexedDatasetWriter::Create(prefix, dtype, tokenizer.vocab_size());
@@ -149,16 +150,15 @@ absl::StatusOr<PrepareResult> PrepareDataset(const std::string& input, const std
     if (!v.ok()) return v.status();
     val.emplace(*std::move(v));
   }
+  return Writers{*std::move(train), std::move(val)};
+}
 
-  const int threads = options.threads > 0
-                          ? options.threads
-                          : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  Pipeline pipeline(2 * static_cast<size_t>(threads) + 2);
-  std::atomic<int64_t> tokens_written{0}, docs_written{0};
-
+// The tokenizing workers: each takes batches until there is no more work.
+std::vector<std::thread> StartTokenizers(int threads, const Tokenizer& tokenizer, int32_t eos,
+                                         Pipeline& pipeline) {
   std::vector<std::thread> workers;
   for (int t = 0; t < threads; ++t) {
-    workers.emplace_back([&] {
+    workers.emplace_back([&tokenizer, &pipeline, eos] {
       while (std::unique_ptr<Batch> b = pipeline.TakeWork()) {
         b->tokens.resize(b->docs.size());
         for (size_t i = 0; i < b->docs.size(); ++i) {
@@ -175,12 +175,18 @@ absl::StatusOr<PrepareResult> PrepareDataset(const std::string& input, const std
       }
     });
   }
-  std::thread writer([&] {
+  return workers;
+}
+
+// The writer: appends the tokenized batches in input order.
+std::thread StartWriter(Pipeline& pipeline, Writers& writers, std::atomic<int64_t>& tokens_written,
+                        std::atomic<int64_t>& docs_written) {
+  return std::thread([&pipeline, &writers, &tokens_written, &docs_written] {
     for (uint64_t seq = 0;; ++seq) {
       std::unique_ptr<Batch> b = pipeline.TakeDone(seq);
       if (b == nullptr) return;
       for (size_t i = 0; i < b->tokens.size(); ++i) {
-        IndexedDatasetWriter& w = b->validation[i] ? *val : *train;
+        IndexedDatasetWriter& w = b->validation[i] ? *writers.val : writers.train;
         if (absl::Status s = w.AddDocument(b->tokens[i]); !s.ok()) {
           pipeline.Fail(absl::InvalidArgumentError(
               absl::StrCat(b->docs[i].file, ":", b->docs[i].line, ": ", s.message())));
@@ -192,8 +198,13 @@ absl::StatusOr<PrepareResult> PrepareDataset(const std::string& input, const std
       pipeline.Written();
     }
   });
+}
 
-  // Reading, with one document of lookahead (the last one's destination depends on the end).
+// Reads every document into batches for the pipeline, with one document of lookahead (the
+// last one's destination depends on the end), calling `progress` about every 0.2 s; a read
+// error fails the pipeline. Returns the number of documents read.
+int64_t ReadDocuments(DocumentReader& reader, double f, Pipeline& pipeline,
+                      const std::function<void()>& progress) {
   auto batch = std::make_unique<Batch>();
   const auto flush = [&]() -> bool {
     if (batch->docs.empty()) return true;
@@ -214,20 +225,11 @@ absl::StatusOr<PrepareResult> PrepareDataset(const std::string& input, const std
   std::optional<Document> held;
   int64_t count = 0, to_validation = 0;
   auto last_progress = std::chrono::steady_clock::now();
-  const auto progress = [&] {
-    if (options.on_progress) {
-      options.on_progress({.bytes_read = reader->bytes_read(),
-                           .total_bytes = reader->total_bytes(),
-                           .documents = docs_written.load(),
-                           .tokens = tokens_written.load(),
-                           .seconds = elapsed()});
-    }
-  };
   bool ok = true;
   absl::Status read_error;
   while (ok) {
     Document doc;
-    absl::StatusOr<bool> got = reader->Next(doc);
+    absl::StatusOr<bool> got = reader.Next(doc);
     if (!got.ok()) {
       read_error = got.status();
       break;
@@ -263,30 +265,32 @@ absl::StatusOr<PrepareResult> PrepareDataset(const std::string& input, const std
   }
   if (ok && read_error.ok()) ok = flush();
   if (!read_error.ok()) pipeline.Fail(read_error);
-  pipeline.CloseInput();
-  for (std::thread& t : workers) t.join();
-  writer.join();
-  progress();
-  if (absl::Status s = pipeline.error(); !s.ok()) return s;
+  return count;
+}
 
+// Checks that both sets got documents, finishes them and reads back their records.
+absl::StatusOr<PrepareResult> FinishDatasets(const std::string& input, const std::string& prefix,
+                                             const std::string& val_prefix, double f, int64_t count,
+                                             const DocumentReader& reader, const DatasetInfo& info,
+                                             Writers& writers) {
+  std::optional<IndexedDatasetWriter>& val = writers.val;
   if (count == 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--input: '", input, "' holds no text",
-        reader->skipped_documents() > 0 ? absl::StrCat(" (", reader->skipped_documents(),
-                                                       " documents skipped as invalid UTF-8)")
-                                        : ""));
+        reader.skipped_documents() > 0
+            ? absl::StrCat(" (", reader.skipped_documents(), " documents skipped as invalid UTF-8)")
+            : ""));
   }
-  if (train->documents() == 0 || (val.has_value() && val->documents() == 0)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--val-fraction ", f, " leaves the ", train->documents() == 0 ? "training" : "validation",
-        " set of '", input, "' empty; use a larger fraction or more input text"));
+  if (writers.train.documents() == 0 || (val.has_value() && val->documents() == 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--val-fraction ", f, " leaves the ",
+                     writers.train.documents() == 0 ? "training" : "validation", " set of '", input,
+                     "' empty; use a larger fraction or more input text"));
   }
-  DatasetInfo info{.tokenizer = tokenizer.info(), .end_of_document = eos, .sources = {input}};
   PrepareResult result;
-  result.bytes = reader->bytes_read();
-  result.skipped_documents = reader->skipped_documents();
-  result.threads = threads;
-  if (absl::Status s = train->Finish(info); !s.ok()) return s;
+  result.bytes = reader.bytes_read();
+  result.skipped_documents = reader.skipped_documents();
+  if (absl::Status s = writers.train.Finish(info); !s.ok()) return s;
   result.train.prefix = prefix;
   if (val.has_value()) {
     if (absl::Status s = val->Finish(info); !s.ok()) return s;
@@ -299,7 +303,56 @@ absl::StatusOr<PrepareResult> PrepareDataset(const std::string& input, const std
     if (!opened.ok()) return opened.status();
     d->info = *opened->info();
   }
-  result.seconds = elapsed();
+  return result;
+}
+
+}  // namespace
+
+absl::StatusOr<PrepareResult> PrepareDataset(const std::string& input, const std::string& prefix,
+                                             const std::string& val_prefix,
+                                             const PrepareOptions& options) {
+  const auto started = std::chrono::steady_clock::now();
+  const auto elapsed = [&] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  };
+  const Tokenizer& tokenizer = *options.tokenizer;
+  const double f = options.val_fraction;
+  if (absl::Status s = CheckOptions(f, tokenizer); !s.ok()) return s;
+  const int32_t eos = tokenizer.eos_id();
+  absl::StatusOr<DocumentReader> reader = DocumentReader::Open(input, options.corpus);
+  if (!reader.ok()) return reader.status();
+  absl::StatusOr<Writers> writers = OpenWriters(prefix, val_prefix, f, tokenizer);
+  if (!writers.ok()) return writers.status();
+
+  const int threads = options.threads > 0
+                          ? options.threads
+                          : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  Pipeline pipeline(2 * static_cast<size_t>(threads) + 2);
+  std::atomic<int64_t> tokens_written{0}, docs_written{0};
+  std::vector<std::thread> workers = StartTokenizers(threads, tokenizer, eos, pipeline);
+  std::thread writer = StartWriter(pipeline, *writers, tokens_written, docs_written);
+  const auto progress = [&] {
+    if (options.on_progress) {
+      options.on_progress({.bytes_read = reader->bytes_read(),
+                           .total_bytes = reader->total_bytes(),
+                           .documents = docs_written.load(),
+                           .tokens = tokens_written.load(),
+                           .seconds = elapsed()});
+    }
+  };
+  const int64_t count = ReadDocuments(*reader, f, pipeline, progress);
+  pipeline.CloseInput();
+  for (std::thread& t : workers) t.join();
+  writer.join();
+  progress();
+  if (absl::Status s = pipeline.error(); !s.ok()) return s;
+
+  DatasetInfo info{.tokenizer = tokenizer.info(), .end_of_document = eos, .sources = {input}};
+  absl::StatusOr<PrepareResult> result =
+      FinishDatasets(input, prefix, val_prefix, f, count, *reader, info, *writers);
+  if (!result.ok()) return result.status();
+  result->threads = threads;
+  result->seconds = elapsed();
   return result;
 }
 

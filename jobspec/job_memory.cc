@@ -21,6 +21,7 @@ constexpr int64_t kFloat = 4;  // the trainer's parameters, gradients and activa
 // Code, shared libraries, OpenMP and gRPC thread stacks, allocator slack: the resident
 // size of `rackrun train` on a tiny model (about 20 MiB peak on x86-64 Linux, GNU time).
 constexpr int64_t kProcessOverhead = 24ll << 20;
+constexpr char kTokenFields[] = "data.batch_size, model.seq_len";  // what sets `tokens`
 
 // Saturating arithmetic: a product that overflows is "more than any machine has".
 int64_t Mul(int64_t a, int64_t b) {
@@ -92,6 +93,159 @@ int64_t ResidualActivationFloats(const rackrun::v1::ModelSpec& m, int64_t tokens
   return Add(total, Mul(tokens, per_token));
 }
 
+// Adds `bytes` to one component of `e` and lists it as a term.
+void Term(JobMemoryEstimate& e, int64_t& component, std::string what, std::string fields,
+          int64_t bytes) {
+  component = Add(component, bytes);
+  e.terms.push_back({std::move(what), std::move(fields), bytes});
+}
+
+// Trainable parameters: value + gradient + AdamW m and v.
+void Params(JobMemoryEstimate& e, std::string what, std::string fields, int64_t count) {
+  e.parameter_count = Add(e.parameter_count, count);
+  e.parameters = Add(e.parameters, Mul(count, kFloat));
+  e.gradients = Add(e.gradients, Mul(count, kFloat));
+  e.optimizer = Add(e.optimizer, Mul(count, 2 * kFloat));
+  e.terms.push_back({absl::StrCat(what, " (weights, gradients, AdamW moments)"), std::move(fields),
+                     Mul(count, 4 * kFloat)});
+}
+
+// The sizes the estimate multiplies (never negative; heads at least 1), for one rank.
+struct Sizes {
+  int64_t ranks, threads, vocab;
+  int64_t c, blocks, heads, seq, experts, k, hidden, shared;
+  int64_t local_experts;  // experts per rank of the expert-parallel domain
+  int64_t global_rows;    // sequences per microbatch, all ranks
+  int64_t rows;           // this rank's
+  int64_t tokens;         // rows x seq
+};
+
+absl::StatusOr<Sizes> ReadSizes(const rackrun::v1::JobSpec& spec, const JobMemoryInputs& in) {
+  const rackrun::v1::ModelSpec& m = spec.model();
+  const rackrun::v1::MoeSpec& moe = m.moe();
+  const int64_t ranks = std::max(1, in.ranks);
+  const int64_t threads = std::max(1, in.threads);
+  const int64_t vocab = m.vocab() > 0 ? m.vocab() : std::max<int64_t>(0, in.vocab);
+  const int64_t c = std::max(0, m.width()), blocks = std::max(0, m.blocks()),
+                heads = std::max(1, m.heads()), seq = std::max(0, m.seq_len()),
+                experts = std::max(0, moe.experts()), k = std::max(0, moe.top_k()),
+                hidden = std::max(0, moe.expert_hidden()),
+                shared = moe.shared_expert() ? std::max(0, moe.shared_hidden()) : 0;
+  // Experts are sharded over the G ranks of an expert-parallel domain, rows over all ranks.
+  const int g = spec.parallelism().expert_parallel();
+  const int64_t ep_ranks = g > 0 && g < ranks ? g : ranks;
+  const int64_t local_experts = (experts + ep_ranks - 1) / ep_ranks;
+  const int64_t global_rows = std::max(1, spec.data().batch_size());
+  const int64_t rows = (global_rows + ranks - 1) / ranks;
+  const int64_t tokens = Mul(rows, seq);
+  if (Mul(global_rows, seq) > std::numeric_limits<int32_t>::max()) {
+    return FieldError(
+        "data.batch_size",
+        absl::StrCat(global_rows, " sequences x model.seq_len ", seq, " = ", Mul(global_rows, seq),
+                     " tokens per microbatch exceeds 2^31 - 1; lower "
+                     "data.batch_size or model.seq_len (raise "
+                     "training.microbatches to keep the step's tokens)"));
+  }
+  return Sizes{.ranks = ranks,
+               .threads = threads,
+               .vocab = vocab,
+               .c = c,
+               .blocks = blocks,
+               .heads = heads,
+               .seq = seq,
+               .experts = experts,
+               .k = k,
+               .hidden = hidden,
+               .shared = shared,
+               .local_experts = local_experts,
+               .global_rows = global_rows,
+               .rows = rows,
+               .tokens = tokens};
+}
+
+void AddParameterTerms(const rackrun::v1::ModelSpec& m, const Sizes& s, JobMemoryEstimate& e) {
+  Params(e, "token embedding [vocab x width]", "model.vocab, model.width", Mul(s.vocab, s.c));
+  Params(e, "LM head [width x vocab]", "model.vocab, model.width", Mul(s.c, s.vocab));
+  Params(e, "attention weights [blocks x 4 width^2]", "model.width, model.blocks",
+         Mul(s.blocks, Add(Mul(4 * s.c, s.c), s.c)));
+  const int64_t expert_count = Mul({s.blocks, s.local_experts, 3, s.c, s.hidden});
+  Params(e,
+         s.ranks > 1 ? "expert weights [blocks x experts/ranks x 3 width x expert_hidden]"
+                     : "expert weights [blocks x experts x 3 width x expert_hidden]",
+         "model.moe.experts, model.moe.expert_hidden, model.width, model.blocks", expert_count);
+  Params(e, "routers and norms", "model.moe.experts, model.width, model.blocks",
+         Add(Mul(s.blocks, Add(Mul(s.c, s.experts), s.c)), s.c));
+  if (s.shared > 0) {
+    Params(e, "shared experts", "model.moe.shared_hidden, model.width, model.blocks",
+           Mul({s.blocks, 3, s.c, s.shared}));
+  }
+  Params(e, "residual mappings", "model.streams, model.active, model.width, model.blocks",
+         ResidualParameterCount(m));
+  e.parameters = Add(e.parameters, Mul({s.blocks, s.experts, kFloat}));  // router_bias buffers
+  if (s.ranks > 1) {
+    // The packed dense gradients of the all-reduce.
+    e.optimizer = Add(e.optimizer, Mul(Add(e.parameter_count, -expert_count), kFloat));
+  }
+}
+
+// One microbatch of `tokens` on this rank.
+void AddActivationTerms(const rackrun::v1::ModelSpec& m, const Sizes& s, JobMemoryEstimate& e) {
+  const int64_t tc = Mul(s.tokens, s.c);
+  const std::string tok_fields = kTokenFields;
+  Term(e, e.activations, "LM-head logits [tokens x vocab]",
+       absl::StrCat("model.vocab, ", tok_fields), Mul({s.tokens, s.vocab, kFloat}));
+  Term(e, e.activations, "attention probabilities [blocks x rows x heads x seq^2]",
+       absl::StrCat("model.seq_len, model.heads, data.batch_size, model.blocks"),
+       Mul(Add(Mul({s.blocks, s.rows, s.heads, s.seq, s.seq}),
+               Mul({s.blocks, s.threads, s.seq, s.seq})),
+           kFloat));
+  Term(e, e.activations,
+       "sublayer inputs, outputs and attention state [blocks x 14 x tokens x width]",
+       absl::StrCat("model.width, model.blocks, ", tok_fields),
+       Mul(Add(Mul(14 * s.blocks + 8, tc),
+               Mul(s.blocks, Add(Mul(s.seq, s.c / s.heads), 2 * s.tokens))),
+           kFloat));
+  const int64_t slots_rows = Mul(s.tokens, s.k);
+  Term(e, e.activations, "MoE dispatch buffers [blocks x 4 x tokens x top_k x width]",
+       absl::StrCat("model.moe.top_k, model.width, model.blocks, ", tok_fields),
+       Mul({s.blocks, s.ranks > 1 ? 8 : 4, slots_rows, s.c, kFloat}));
+  Term(e, e.activations, "expert hidden states [blocks x 6 x tokens x top_k x expert_hidden]",
+       absl::StrCat("model.moe.expert_hidden, model.moe.top_k, model.blocks, ", tok_fields),
+       Mul({s.blocks, 6, slots_rows, s.hidden, kFloat}));
+  Term(e, e.activations, "router scores and gates [blocks x tokens x (2 experts + 4 top_k)]",
+       absl::StrCat("model.moe.experts, model.moe.top_k, model.blocks, ", tok_fields),
+       Mul({s.blocks, s.tokens, Add(2 * s.experts, 4 * s.k + 2 * s.c), kFloat}));
+  if (s.shared > 0) {
+    Term(e, e.activations, "shared-expert hidden states [blocks x 6 x tokens x shared_hidden]",
+         absl::StrCat("model.moe.shared_hidden, model.blocks, ", tok_fields),
+         Mul({s.blocks, s.tokens, Add(6 * s.shared, 2 * s.c), kFloat}));
+  }
+  Term(e, e.activations, "residual streams [tokens x streams x width] and saved rows",
+       absl::StrCat("model.streams, model.width, model.blocks, ", tok_fields),
+       Mul(ResidualActivationFloats(m, s.tokens), kFloat));
+}
+
+void AddBatchTerms(const rackrun::v1::JobSpec& spec, const JobMemoryInputs& in, const Sizes& s,
+                   JobMemoryEstimate& e) {
+  const std::string tok_fields = kTokenFields;
+  // Token ids: the global batch the loader fills and this rank's rows (inputs, targets,
+  // segment starts).
+  Term(e, e.batch, "batch token ids", tok_fields,
+       Mul({3, Add(Mul(s.global_rows, s.seq), s.ranks > 1 ? s.tokens : 0), 4}));
+  if (s.ranks > 1 && spec.balancer().slots() > 0) {
+    const int64_t slot = Mul({3, s.c, s.hidden});
+    const int64_t floats = spec.balancer().shared_slots()
+                               ? Mul({spec.balancer().slots(), slot, 3})
+                               : Mul({s.blocks, spec.balancer().slots(), slot, 2});
+    Term(e, e.expert_slots, "replica slots [slots x 3 width x expert_hidden]",
+         "balancer.slots, model.moe.expert_hidden, model.width", Mul(floats, kFloat));
+  }
+  if (in.train_tokens > 0 || in.validation_tokens > 0) {
+    Term(e, e.data, "token files (int32 in memory)", "data.train, data.validation",
+         Add(Mul(in.train_tokens, 4), Mul(in.validation_tokens, 8)));
+  }
+}
+
 }  // namespace
 
 std::string FormatBytes(int64_t bytes) {
@@ -122,116 +276,13 @@ std::string JobMemoryEstimate::Describe() const {
 
 absl::StatusOr<JobMemoryEstimate> EstimateJobMemory(const rackrun::v1::JobSpec& spec,
                                                     const JobMemoryInputs& in) {
-  const rackrun::v1::ModelSpec& m = spec.model();
-  const rackrun::v1::MoeSpec& moe = m.moe();
+  absl::StatusOr<Sizes> sizes = ReadSizes(spec, in);
+  if (!sizes.ok()) return sizes.status();
   JobMemoryEstimate e;
-  e.ranks = std::max(1, in.ranks);
-  const int64_t ranks = e.ranks;
-  const int64_t threads = std::max(1, in.threads);
-  const int64_t vocab = m.vocab() > 0 ? m.vocab() : std::max<int64_t>(0, in.vocab);
-  const int64_t c = std::max(0, m.width()), blocks = std::max(0, m.blocks()),
-                heads = std::max(1, m.heads()), seq = std::max(0, m.seq_len()),
-                experts = std::max(0, moe.experts()), k = std::max(0, moe.top_k()),
-                hidden = std::max(0, moe.expert_hidden()),
-                shared = moe.shared_expert() ? std::max(0, moe.shared_hidden()) : 0;
-  // Experts are sharded over the G ranks of an expert-parallel domain, rows over all ranks.
-  const int g = spec.parallelism().expert_parallel();
-  const int64_t ep_ranks = g > 0 && g < ranks ? g : ranks;
-  const int64_t local_experts = (experts + ep_ranks - 1) / ep_ranks;
-  const int64_t global_rows = std::max(1, spec.data().batch_size());
-  const int64_t rows = (global_rows + ranks - 1) / ranks;
-  const int64_t tokens = Mul(rows, seq);
-  if (Mul(global_rows, seq) > std::numeric_limits<int32_t>::max()) {
-    return FieldError(
-        "data.batch_size",
-        absl::StrCat(global_rows, " sequences x model.seq_len ", seq, " = ", Mul(global_rows, seq),
-                     " tokens per microbatch exceeds 2^31 - 1; lower "
-                     "data.batch_size or model.seq_len (raise "
-                     "training.microbatches to keep the step's tokens)"));
-  }
-
-  const auto term = [&](int64_t& component, std::string what, std::string fields, int64_t bytes) {
-    component = Add(component, bytes);
-    e.terms.push_back({std::move(what), std::move(fields), bytes});
-  };
-  // Trainable parameters: value + gradient + AdamW m and v.
-  const auto params = [&](std::string what, std::string fields, int64_t count) {
-    e.parameter_count = Add(e.parameter_count, count);
-    e.parameters = Add(e.parameters, Mul(count, kFloat));
-    e.gradients = Add(e.gradients, Mul(count, kFloat));
-    e.optimizer = Add(e.optimizer, Mul(count, 2 * kFloat));
-    e.terms.push_back({absl::StrCat(what, " (weights, gradients, AdamW moments)"),
-                       std::move(fields), Mul(count, 4 * kFloat)});
-  };
-  params("token embedding [vocab x width]", "model.vocab, model.width", Mul(vocab, c));
-  params("LM head [width x vocab]", "model.vocab, model.width", Mul(c, vocab));
-  params("attention weights [blocks x 4 width^2]", "model.width, model.blocks",
-         Mul(blocks, Add(Mul(4 * c, c), c)));
-  const int64_t expert_count = Mul({blocks, local_experts, 3, c, hidden});
-  params(ranks > 1 ? "expert weights [blocks x experts/ranks x 3 width x expert_hidden]"
-                   : "expert weights [blocks x experts x 3 width x expert_hidden]",
-         "model.moe.experts, model.moe.expert_hidden, model.width, model.blocks", expert_count);
-  params("routers and norms", "model.moe.experts, model.width, model.blocks",
-         Add(Mul(blocks, Add(Mul(c, experts), c)), c));
-  if (shared > 0) {
-    params("shared experts", "model.moe.shared_hidden, model.width, model.blocks",
-           Mul({blocks, 3, c, shared}));
-  }
-  params("residual mappings", "model.streams, model.active, model.width, model.blocks",
-         ResidualParameterCount(m));
-  e.parameters = Add(e.parameters, Mul({blocks, experts, kFloat}));  // router_bias buffers
-  if (ranks > 1) {
-    // The packed dense gradients of the all-reduce.
-    e.optimizer = Add(e.optimizer, Mul(Add(e.parameter_count, -expert_count), kFloat));
-  }
-
-  // One microbatch of `tokens` on this rank.
-  const int64_t tc = Mul(tokens, c);
-  const std::string tok_fields = "data.batch_size, model.seq_len";
-  term(e.activations, "LM-head logits [tokens x vocab]", absl::StrCat("model.vocab, ", tok_fields),
-       Mul({tokens, vocab, kFloat}));
-  term(e.activations, "attention probabilities [blocks x rows x heads x seq^2]",
-       absl::StrCat("model.seq_len, model.heads, data.batch_size, model.blocks"),
-       Mul(Add(Mul({blocks, rows, heads, seq, seq}), Mul({blocks, threads, seq, seq})), kFloat));
-  term(e.activations, "sublayer inputs, outputs and attention state [blocks x 14 x tokens x width]",
-       absl::StrCat("model.width, model.blocks, ", tok_fields),
-       Mul(Add(Mul(14 * blocks + 8, tc), Mul(blocks, Add(Mul(seq, c / heads), 2 * tokens))),
-           kFloat));
-  const int64_t slots_rows = Mul(tokens, k);
-  term(e.activations, "MoE dispatch buffers [blocks x 4 x tokens x top_k x width]",
-       absl::StrCat("model.moe.top_k, model.width, model.blocks, ", tok_fields),
-       Mul({blocks, ranks > 1 ? 8 : 4, slots_rows, c, kFloat}));
-  term(e.activations, "expert hidden states [blocks x 6 x tokens x top_k x expert_hidden]",
-       absl::StrCat("model.moe.expert_hidden, model.moe.top_k, model.blocks, ", tok_fields),
-       Mul({blocks, 6, slots_rows, hidden, kFloat}));
-  term(e.activations, "router scores and gates [blocks x tokens x (2 experts + 4 top_k)]",
-       absl::StrCat("model.moe.experts, model.moe.top_k, model.blocks, ", tok_fields),
-       Mul({blocks, tokens, Add(2 * experts, 4 * k + 2 * c), kFloat}));
-  if (shared > 0) {
-    term(e.activations, "shared-expert hidden states [blocks x 6 x tokens x shared_hidden]",
-         absl::StrCat("model.moe.shared_hidden, model.blocks, ", tok_fields),
-         Mul({blocks, tokens, Add(6 * shared, 2 * c), kFloat}));
-  }
-  term(e.activations, "residual streams [tokens x streams x width] and saved rows",
-       absl::StrCat("model.streams, model.width, model.blocks, ", tok_fields),
-       Mul(ResidualActivationFloats(m, tokens), kFloat));
-
-  // Token ids: the global batch the loader fills and this rank's rows (inputs, targets,
-  // segment starts).
-  term(e.batch, "batch token ids", tok_fields,
-       Mul({3, Add(Mul(global_rows, seq), ranks > 1 ? tokens : 0), 4}));
-  if (ranks > 1 && spec.balancer().slots() > 0) {
-    const int64_t slot = Mul({3, c, hidden});
-    const int64_t floats = spec.balancer().shared_slots()
-                               ? Mul({spec.balancer().slots(), slot, 3})
-                               : Mul({blocks, spec.balancer().slots(), slot, 2});
-    term(e.expert_slots, "replica slots [slots x 3 width x expert_hidden]",
-         "balancer.slots, model.moe.expert_hidden, model.width", Mul(floats, kFloat));
-  }
-  if (in.train_tokens > 0 || in.validation_tokens > 0) {
-    term(e.data, "token files (int32 in memory)", "data.train, data.validation",
-         Add(Mul(in.train_tokens, 4), Mul(in.validation_tokens, 8)));
-  }
+  e.ranks = static_cast<int>(sizes->ranks);
+  AddParameterTerms(spec.model(), *sizes, e);
+  AddActivationTerms(spec.model(), *sizes, e);
+  AddBatchTerms(spec, in, *sizes, e);
   e.overhead = kProcessOverhead;
   for (int64_t part : {e.parameters, e.gradients, e.optimizer, e.activations, e.batch,
                        e.expert_slots, e.data, e.overhead}) {

@@ -14,14 +14,9 @@ absl::Status Violation(const std::string& what) {
   return absl::FailedPreconditionError(absl::StrCat("plan invariant violated: ", what));
 }
 
-}  // namespace
-
-absl::Status CheckPlanInvariants(const Domain& domain, const LoadMatrix& loads, const Plan& plan,
-                                 const InvariantOptions& options) {
-  if (absl::Status status = ValidateLoads(domain, loads); !status.ok()) return status;
-  const int ranks = domain.ranks;
-  const int experts = domain.experts();
-  // Shapes.
+// Shapes: the plan is ranks x experts, and its first, quota and split arrays agree.
+absl::Status CheckShape(const Plan& plan, int ranks, int experts) {
+  const size_t n = plan.instances.size();
   if (plan.ranks != ranks || plan.experts != experts) {
     return Violation(absl::StrCat("shape: plan is ", plan.ranks, " ranks x ", plan.experts,
                                   " experts, domain is ", ranks, " x ", experts));
@@ -30,7 +25,6 @@ absl::Status CheckPlanInvariants(const Domain& domain, const LoadMatrix& loads, 
     return Violation(absl::StrCat("shape: first has ", plan.first.size(),
                                   " entries (need experts + 1, starting at 0)"));
   }
-  const size_t n = plan.instances.size();
   if (static_cast<size_t>(plan.first[static_cast<size_t>(experts)]) != n) {
     return Violation(
         absl::StrCat("shape: first[experts] = ", plan.first[static_cast<size_t>(experts)],
@@ -42,9 +36,16 @@ absl::Status CheckPlanInvariants(const Domain& domain, const LoadMatrix& loads, 
   if (absl::Status status = ValidateSplitShape(plan); !status.ok()) {
     return Violation(absl::StrCat("shape: ", status.message()));
   }
-  // Grouping, order, confinement, one master per expert, no duplicate per rank.
+  return absl::OkStatus();
+}
+
+// Grouping, order, confinement, one master per expert, no duplicate per rank, and (when
+// asked) the slot budget.
+absl::Status CheckInstances(const Domain& domain, const Plan& plan,
+                            const std::vector<int64_t>& totals, const InvariantOptions& options) {
+  const int ranks = domain.ranks;
+  const int experts = domain.experts();
   std::vector<int> per_rank(static_cast<size_t>(ranks), 0);
-  std::vector<int64_t> totals = loads.ExpertTotals();
   for (int e = 0; e < experts; ++e) {
     const int begin = plan.first[static_cast<size_t>(e)];
     const int end = plan.first[static_cast<size_t>(e) + 1];
@@ -103,9 +104,14 @@ absl::Status CheckPlanInvariants(const Domain& domain, const LoadMatrix& loads, 
       }
     }
   }
-  // Splits: non-negative, conserve tokens per (src, e), columns sum to quotas. An
-  // unreplicated expert's instance takes every source's tokens (its column is the loads'),
-  // so its quota must be the expert's total.
+  return absl::OkStatus();
+}
+
+// Splits: non-negative, conserve tokens per (src, e), columns sum to quotas. An
+// unreplicated expert's instance takes every source's tokens (its column is the loads'),
+// so its quota must be the expert's total.
+absl::Status CheckSplits(const LoadMatrix& loads, const Plan& plan,
+                         const std::vector<int64_t>& totals, int ranks, int experts) {
   for (int e = 0; e < experts; ++e) {
     const int begin = plan.first[static_cast<size_t>(e)];
     const int end = plan.first[static_cast<size_t>(e) + 1];
@@ -149,8 +155,13 @@ absl::Status CheckPlanInvariants(const Domain& domain, const LoadMatrix& loads, 
       }
     }
   }
-  // Fan-out: every replica receives its expert exactly once, from the master (stage 0) or
-  // from a rank that received it at stage 0 (stage 1); nothing else is sent.
+  return absl::OkStatus();
+}
+
+// Fan-out: every replica receives its expert exactly once, from the master (stage 0) or
+// from a rank that received it at stage 0 (stage 1); nothing else is sent.
+absl::Status CheckFanout(const Plan& plan, int experts) {
+  const size_t n = plan.instances.size();
   std::vector<int> received(n, 0);
   auto instance_on = [&plan](int e, int rank) {
     for (int i = plan.first[static_cast<size_t>(e)]; i < plan.first[static_cast<size_t>(e) + 1];
@@ -200,6 +211,24 @@ absl::Status CheckPlanInvariants(const Domain& domain, const LoadMatrix& loads, 
     }
   }
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status CheckPlanInvariants(const Domain& domain, const LoadMatrix& loads, const Plan& plan,
+                                 const InvariantOptions& options) {
+  if (absl::Status status = ValidateLoads(domain, loads); !status.ok()) return status;
+  const int ranks = domain.ranks;
+  const int experts = domain.experts();
+  if (absl::Status status = CheckShape(plan, ranks, experts); !status.ok()) return status;
+  const std::vector<int64_t> totals = loads.ExpertTotals();
+  if (absl::Status status = CheckInstances(domain, plan, totals, options); !status.ok()) {
+    return status;
+  }
+  if (absl::Status status = CheckSplits(loads, plan, totals, ranks, experts); !status.ok()) {
+    return status;
+  }
+  return CheckFanout(plan, experts);
 }
 
 }  // namespace rackrun::planner

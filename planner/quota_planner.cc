@@ -498,9 +498,8 @@ void PlanAssembler::Build(const Domain& domain, const LoadMatrix& loads,
   fanout_.Schedule(*plan, &plan->fanout);
 }
 
-int64_t GreedyRebalancer::Run(const Domain& domain, const std::vector<int64_t>& totals,
-                              int64_t keep, int64_t min_tokens, int64_t level,
-                              std::vector<ReplicaQuota>* replicas) {
+int64_t GreedyRebalancer::Start(const Domain& domain, const std::vector<int64_t>& totals,
+                                const std::vector<ReplicaQuota>& replicas) {
   const int ranks = domain.ranks;
   const int masters = domain.masters_per_rank;
   const int slots = domain.slots_per_rank;
@@ -515,8 +514,8 @@ int64_t GreedyRebalancer::Run(const Domain& domain, const std::vector<int64_t>& 
   stamp_.assign(g, -1);
   int64_t total = 0;
   for (int e = 0; e < experts; ++e) total += totals[static_cast<size_t>(e)];
-  for (size_t j = 0; j < replicas->size(); ++j) {
-    const ReplicaQuota& x = (*replicas)[j];
+  for (size_t j = 0; j < replicas.size(); ++j) {
+    const ReplicaQuota& x = replicas[j];
     master_left_[static_cast<size_t>(x.expert)] -= x.tokens;
     load_[static_cast<size_t>(x.rank)] += x.tokens;
     const size_t r = static_cast<size_t>(x.rank);
@@ -531,10 +530,116 @@ int64_t GreedyRebalancer::Run(const Domain& domain, const std::vector<int64_t>& 
       load_[static_cast<size_t>(r)] += master_left_[static_cast<size_t>(e)];
     }
   }
+  return total;
+}
+
+int64_t GreedyRebalancer::Heaviest() const {
   int64_t heaviest = 0;
-  for (size_t r = 0; r < g; ++r) heaviest = std::max(heaviest, load_[r]);
-  if (slots == 0 || ranks < 2) return heaviest;
+  for (size_t r = 0; r < load_.size(); ++r) heaviest = std::max(heaviest, load_[r]);
+  return heaviest;
+}
+
+bool GreedyRebalancer::HeavierTarget(int32_t a, int32_t b) const {
+  const int64_t la = load_[static_cast<size_t>(a)];
+  const int64_t lb = load_[static_cast<size_t>(b)];
+  return la != lb ? la > lb : a > b;
+}
+
+void GreedyRebalancer::CollectCandidates(int32_t r, int masters, int slots, int64_t keep,
+                                         const std::vector<ReplicaQuota>& replicas) {
+  const size_t rs = static_cast<size_t>(r);
+  candidates_.clear();
+  for (int m = 0; m < masters; ++m) {
+    const int32_t e = r * masters + m;
+    const int64_t t = master_left_[static_cast<size_t>(e)];
+    if (t > keep) candidates_.push_back(Candidate{t, e, -1});
+  }
+  for (int c = 0; c < slots - free_[rs]; ++c) {
+    const int32_t j = on_rank_[rs * static_cast<size_t>(slots) + static_cast<size_t>(c)];
+    const ReplicaQuota& x = replicas[static_cast<size_t>(j)];
+    if (x.tokens > 1) candidates_.push_back(Candidate{x.tokens, x.expert, j});
+  }
+  // Insertion sort: a rank has masters_per_rank + slots_per_rank candidates at most, and
+  // the order is total (no two instances of an expert on one rank), so any sort agrees.
+  const auto before = [](const Candidate& a, const Candidate& b) {
+    if (a.tokens != b.tokens) return a.tokens > b.tokens;
+    if ((a.replica < 0) != (b.replica < 0)) return a.replica < 0;
+    return a.expert < b.expert;
+  };
+  for (size_t i = 1; i < candidates_.size(); ++i) {
+    const Candidate c = candidates_[i];
+    size_t j = i;
+    for (; j > 0 && before(c, candidates_[j - 1]); --j) candidates_[j] = candidates_[j - 1];
+    candidates_[j] = c;
+  }
+}
+
+bool GreedyRebalancer::MoveToTarget(const Domain& domain, const Candidate& c, size_t rs,
+                                    const Level& level, int32_t move,
+                                    std::vector<ReplicaQuota>* replicas) {
+  const int64_t mean = level.mean;
+  const int64_t keep = level.keep;
+  const int64_t min_tokens = level.min_tokens;
+  const int slots = level.slots;
+  const auto heavier_target = [this](int32_t a, int32_t b) { return HeavierTarget(a, b); };
+  bool moved = false;
+  // Mark the ranks that hold c.expert, then take the lightest target not marked.
+  const size_t e = static_cast<size_t>(c.expert);
+  stamp_[static_cast<size_t>(domain.home_rank(c.expert))] = move;
+  for (int32_t j = head_[e]; j >= 0; j = next_[static_cast<size_t>(j)]) {
+    stamp_[static_cast<size_t>((*replicas)[static_cast<size_t>(j)].rank)] = move;
+  }
+  aside_.clear();
+  int32_t t = -1;
+  while (!targets_.empty()) {
+    const int32_t candidate = targets_.front();
+    std::pop_heap(targets_.begin(), targets_.end(), heavier_target);
+    targets_.pop_back();
+    if (stamp_[static_cast<size_t>(candidate)] == move) {
+      aside_.push_back(candidate);
+      continue;
+    }
+    t = candidate;
+    break;
+  }
+  const size_t ts = static_cast<size_t>(std::max(t, 0));
+  const int64_t give = c.replica < 0 ? c.tokens - keep : c.tokens - 1;
+  const int64_t q = t < 0 ? 0 : std::min({load_[rs] - mean, mean - load_[ts], give});
+  if (t >= 0 && q < min_tokens) aside_.push_back(t);  // too small a replica: not this one
+  if (t >= 0 && q >= min_tokens) {
+    if (c.replica < 0) {
+      master_left_[e] -= q;
+    } else {
+      (*replicas)[static_cast<size_t>(c.replica)].tokens -= q;
+    }
+    const int32_t j = static_cast<int32_t>(replicas->size());
+    replicas->push_back(ReplicaQuota{c.expert, t, q});
+    next_.push_back(head_[e]);
+    head_[e] = j;
+    on_rank_[ts * static_cast<size_t>(slots) + static_cast<size_t>(slots - free_[ts])] = j;
+    --free_[ts];
+    load_[rs] -= q;
+    load_[ts] += q;
+    if (free_[ts] > 0 && load_[ts] < mean) aside_.push_back(t);
+    moved = true;
+  }
+  for (const int32_t a : aside_) {
+    targets_.push_back(a);
+    std::push_heap(targets_.begin(), targets_.end(), heavier_target);
+  }
+  return moved;
+}
+
+int64_t GreedyRebalancer::Run(const Domain& domain, const std::vector<int64_t>& totals,
+                              int64_t keep, int64_t min_tokens, int64_t level,
+                              std::vector<ReplicaQuota>* replicas) {
+  const int ranks = domain.ranks;
+  const int masters = domain.masters_per_rank;
+  const int slots = domain.slots_per_rank;
+  const int64_t total = Start(domain, totals, *replicas);
+  if (slots == 0 || ranks < 2) return Heaviest();
   const int64_t mean = std::max(level, (total + ranks - 1) / ranks);
+  const Level limits{mean, keep, min_tokens, slots};
 
   // over_: heaviest first (ties: lower rank); targets_: lightest first (ties: lower rank).
   const auto lighter_over = [this](int32_t a, int32_t b) {
@@ -542,11 +647,7 @@ int64_t GreedyRebalancer::Run(const Domain& domain, const std::vector<int64_t>& 
     const int64_t lb = load_[static_cast<size_t>(b)];
     return la != lb ? la < lb : a > b;
   };
-  const auto heavier_target = [this](int32_t a, int32_t b) {
-    const int64_t la = load_[static_cast<size_t>(a)];
-    const int64_t lb = load_[static_cast<size_t>(b)];
-    return la != lb ? la > lb : a > b;
-  };
+  const auto heavier_target = [this](int32_t a, int32_t b) { return HeavierTarget(a, b); };
   over_.clear();
   targets_.clear();
   for (int r = 0; r < ranks; ++r) {
@@ -561,77 +662,10 @@ int64_t GreedyRebalancer::Run(const Domain& domain, const std::vector<int64_t>& 
   while (!over_.empty() && !targets_.empty()) {
     const int32_t r = over_.front();
     const size_t rs = static_cast<size_t>(r);
-    // Instances of r that can give tokens, largest first.
-    candidates_.clear();
-    for (int m = 0; m < masters; ++m) {
-      const int32_t e = r * masters + m;
-      const int64_t t = master_left_[static_cast<size_t>(e)];
-      if (t > keep) candidates_.push_back(Candidate{t, e, -1});
-    }
-    for (int c = 0; c < slots - free_[rs]; ++c) {
-      const int32_t j = on_rank_[rs * static_cast<size_t>(slots) + static_cast<size_t>(c)];
-      const ReplicaQuota& x = (*replicas)[static_cast<size_t>(j)];
-      if (x.tokens > 1) candidates_.push_back(Candidate{x.tokens, x.expert, j});
-    }
-    // Insertion sort: a rank has masters_per_rank + slots_per_rank candidates at most, and
-    // the order is total (no two instances of an expert on one rank), so any sort agrees.
-    const auto before = [](const Candidate& a, const Candidate& b) {
-      if (a.tokens != b.tokens) return a.tokens > b.tokens;
-      if ((a.replica < 0) != (b.replica < 0)) return a.replica < 0;
-      return a.expert < b.expert;
-    };
-    for (size_t i = 1; i < candidates_.size(); ++i) {
-      const Candidate c = candidates_[i];
-      size_t j = i;
-      for (; j > 0 && before(c, candidates_[j - 1]); --j) candidates_[j] = candidates_[j - 1];
-      candidates_[j] = c;
-    }
+    CollectCandidates(r, masters, slots, keep, *replicas);
     bool moved = false;
     for (const Candidate& c : candidates_) {
-      // Mark the ranks that hold c.expert, then take the lightest target not marked.
-      const size_t e = static_cast<size_t>(c.expert);
-      stamp_[static_cast<size_t>(domain.home_rank(c.expert))] = move;
-      for (int32_t j = head_[e]; j >= 0; j = next_[static_cast<size_t>(j)]) {
-        stamp_[static_cast<size_t>((*replicas)[static_cast<size_t>(j)].rank)] = move;
-      }
-      aside_.clear();
-      int32_t t = -1;
-      while (!targets_.empty()) {
-        const int32_t candidate = targets_.front();
-        std::pop_heap(targets_.begin(), targets_.end(), heavier_target);
-        targets_.pop_back();
-        if (stamp_[static_cast<size_t>(candidate)] == move) {
-          aside_.push_back(candidate);
-          continue;
-        }
-        t = candidate;
-        break;
-      }
-      const size_t ts = static_cast<size_t>(std::max(t, 0));
-      const int64_t give = c.replica < 0 ? c.tokens - keep : c.tokens - 1;
-      const int64_t q = t < 0 ? 0 : std::min({load_[rs] - mean, mean - load_[ts], give});
-      if (t >= 0 && q < min_tokens) aside_.push_back(t);  // too small a replica: not this one
-      if (t >= 0 && q >= min_tokens) {
-        if (c.replica < 0) {
-          master_left_[e] -= q;
-        } else {
-          (*replicas)[static_cast<size_t>(c.replica)].tokens -= q;
-        }
-        const int32_t j = static_cast<int32_t>(replicas->size());
-        replicas->push_back(ReplicaQuota{c.expert, t, q});
-        next_.push_back(head_[e]);
-        head_[e] = j;
-        on_rank_[ts * static_cast<size_t>(slots) + static_cast<size_t>(slots - free_[ts])] = j;
-        --free_[ts];
-        load_[rs] -= q;
-        load_[ts] += q;
-        if (free_[ts] > 0 && load_[ts] < mean) aside_.push_back(t);
-        moved = true;
-      }
-      for (const int32_t a : aside_) {
-        targets_.push_back(a);
-        std::push_heap(targets_.begin(), targets_.end(), heavier_target);
-      }
+      moved = MoveToTarget(domain, c, rs, limits, move, replicas);
       ++move;
       if (moved) break;
     }
@@ -644,33 +678,109 @@ int64_t GreedyRebalancer::Run(const Domain& domain, const std::vector<int64_t>& 
       std::push_heap(over_.begin(), over_.end(), lighter_over);
     }
   }
-  heaviest = 0;
-  for (size_t r = 0; r < g; ++r) heaviest = std::max(heaviest, load_[r]);
-  return heaviest;
+  return Heaviest();
+}
+
+void QuotaPlanner::SumHomeLoads(int64_t* total, int64_t* max_load) {
+  const int ranks = domain_.ranks;
+  const int masters = domain_.masters_per_rank;
+  home_loads_.assign(static_cast<size_t>(ranks), 0);
+  *total = 0;
+  for (int r = 0, e = 0; r < ranks; ++r) {
+    for (int m = 0; m < masters; ++m, ++e) {
+      home_loads_[static_cast<size_t>(r)] += totals_[static_cast<size_t>(e)];
+    }
+  }
+  *max_load = 0;
+  for (int r = 0; r < ranks; ++r) {
+    *total += home_loads_[static_cast<size_t>(r)];
+    *max_load = std::max(*max_load, home_loads_[static_cast<size_t>(r)]);
+  }
+}
+
+void QuotaPlanner::PrepareSearch(int64_t first_try) {
+  const int ranks = domain_.ranks;
+  const int masters = domain_.masters_per_rank;
+  const int experts = domain_.experts();
+  rank_order_.resize(static_cast<size_t>(ranks));
+  for (int r = 0; r < ranks; ++r) rank_order_[static_cast<size_t>(r)] = r;
+  std::sort(rank_order_.begin(), rank_order_.end(), [this](int32_t a, int32_t b) {
+    const int64_t la = home_loads_[static_cast<size_t>(a)];
+    const int64_t lb = home_loads_[static_cast<size_t>(b)];
+    return la != lb ? la > lb : a < b;
+  });
+  expert_order_.resize(static_cast<size_t>(experts));
+  for (int e = 0; e < experts; ++e) expert_order_[static_cast<size_t>(e)] = e;
+  const auto heavier = [this](int32_t a, int32_t b) {
+    const int64_t ta = totals_[static_cast<size_t>(a)];
+    const int64_t tb = totals_[static_cast<size_t>(b)];
+    return ta != tb ? ta > tb : a < b;
+  };
+  for (const int32_t r : rank_order_) {
+    if (home_loads_[static_cast<size_t>(r)] <= first_try) break;
+    auto begin = expert_order_.begin() + static_cast<ptrdiff_t>(r) * masters;
+    std::sort(begin, begin + masters, heavier);
+  }
+  slack_.resize(static_cast<size_t>(ranks));
+  free_slots_.resize(static_cast<size_t>(ranks));
+  heap_.reserve(static_cast<size_t>(ranks));
+  aside_.reserve(static_cast<size_t>(ranks));
+  exports_.reserve(static_cast<size_t>(ranks) * domain_.slots_per_rank);
+  best_exports_.reserve(static_cast<size_t>(ranks) * domain_.slots_per_rank);
+}
+
+void QuotaPlanner::Search(int64_t first_try, int64_t max_load) {
+  if (Feasible(first_try, &best_exports_)) {
+    last_threshold_ = first_try;
+  } else {
+    // Invariant: lo infeasible, hi feasible (max_load needs no exports).
+    int64_t lo = first_try;
+    int64_t hi = max_load;
+    best_exports_.clear();
+    last_threshold_ = max_load;
+    const double precision = std::max(options_.eps, 0.0);
+    while (hi - lo > 1 && static_cast<double>(hi - lo) > precision * static_cast<double>(lo)) {
+      const int64_t mid = lo + (hi - lo) / 2;
+      if (Feasible(mid, &exports_)) {
+        hi = mid;
+        std::swap(exports_, best_exports_);
+        last_threshold_ = mid;
+      } else {
+        lo = mid;
+      }
+    }
+  }
+}
+
+void QuotaPlanner::Refine(int64_t keep, int64_t first_try, int64_t greedy_heaviest) {
+  // Refinement: spend the free slots greedily, and compare with the greedy policy.
+  const int64_t floor = options_.min_replica_tokens;
+  // Three candidates, the lowest heaviest rank kept (ties: the earlier, fewer replicas):
+  // (a) the search's replicas plus greedy moves up to the first threshold tried; (b) greedy
+  // from masters alone up to that threshold (each replica carries more than when filling to
+  // the mean, so slots last longer on heavy tails); (c) the greedy policy's plan (to the
+  // mean), computed above.
+  int64_t best = greedy_.Run(domain_, totals_, keep, floor, first_try, &best_exports_);
+  exports_.clear();
+  const int64_t heaviest = greedy_.Run(domain_, totals_, keep, floor, first_try, &exports_);
+  if (heaviest < best) {
+    best = heaviest;
+    std::swap(best_exports_, exports_);
+  }
+  if (greedy_heaviest < best) std::swap(best_exports_, greedy_exports_);
 }
 
 absl::Status QuotaPlanner::SolveInto(const LoadMatrix& loads, int /*layer*/, Plan* plan) {
   const int ranks = domain_.ranks;
-  const int masters = domain_.masters_per_rank;
-  const int experts = domain_.experts();
   last_oracle_calls_ = 0;
   last_threshold_ = 0;
   // Expert totals, with the loads' check folded into the same pass.
   if (absl::Status status = ValidatedExpertTotals(domain_, loads, &totals_); !status.ok()) {
     return status;
   }
-  home_loads_.assign(static_cast<size_t>(ranks), 0);
   int64_t total = 0;
-  for (int r = 0, e = 0; r < ranks; ++r) {
-    for (int m = 0; m < masters; ++m, ++e) {
-      home_loads_[static_cast<size_t>(r)] += totals_[static_cast<size_t>(e)];
-    }
-  }
   int64_t max_load = 0;
-  for (int r = 0; r < ranks; ++r) {
-    total += home_loads_[static_cast<size_t>(r)];
-    max_load = std::max(max_load, home_loads_[static_cast<size_t>(r)]);
-  }
+  SumHomeLoads(&total, &max_load);
 
   const int64_t lower_bound = (total + ranks - 1) / ranks;
   const double mean = static_cast<double>(total) / ranks;
@@ -693,70 +803,10 @@ absl::Status QuotaPlanner::SolveInto(const LoadMatrix& loads, int /*layer*/, Pla
   }
   const bool greedy_wins = refine && greedy_heaviest < first_try;
   if (balance && !greedy_wins) {
-    rank_order_.resize(static_cast<size_t>(ranks));
-    for (int r = 0; r < ranks; ++r) rank_order_[static_cast<size_t>(r)] = r;
-    std::sort(rank_order_.begin(), rank_order_.end(), [this](int32_t a, int32_t b) {
-      const int64_t la = home_loads_[static_cast<size_t>(a)];
-      const int64_t lb = home_loads_[static_cast<size_t>(b)];
-      return la != lb ? la > lb : a < b;
-    });
-    expert_order_.resize(static_cast<size_t>(experts));
-    for (int e = 0; e < experts; ++e) expert_order_[static_cast<size_t>(e)] = e;
-    const auto heavier = [this](int32_t a, int32_t b) {
-      const int64_t ta = totals_[static_cast<size_t>(a)];
-      const int64_t tb = totals_[static_cast<size_t>(b)];
-      return ta != tb ? ta > tb : a < b;
-    };
-    for (const int32_t r : rank_order_) {
-      if (home_loads_[static_cast<size_t>(r)] <= first_try) break;
-      auto begin = expert_order_.begin() + static_cast<ptrdiff_t>(r) * masters;
-      std::sort(begin, begin + masters, heavier);
-    }
-    slack_.resize(static_cast<size_t>(ranks));
-    free_slots_.resize(static_cast<size_t>(ranks));
-    heap_.reserve(static_cast<size_t>(ranks));
-    aside_.reserve(static_cast<size_t>(ranks));
-    exports_.reserve(static_cast<size_t>(ranks) * domain_.slots_per_rank);
-    best_exports_.reserve(static_cast<size_t>(ranks) * domain_.slots_per_rank);
-
-    if (Feasible(first_try, &best_exports_)) {
-      last_threshold_ = first_try;
-    } else {
-      // Invariant: lo infeasible, hi feasible (max_load needs no exports).
-      int64_t lo = first_try;
-      int64_t hi = max_load;
-      best_exports_.clear();
-      last_threshold_ = max_load;
-      const double precision = std::max(options_.eps, 0.0);
-      while (hi - lo > 1 && static_cast<double>(hi - lo) > precision * static_cast<double>(lo)) {
-        const int64_t mid = lo + (hi - lo) / 2;
-        if (Feasible(mid, &exports_)) {
-          hi = mid;
-          std::swap(exports_, best_exports_);
-          last_threshold_ = mid;
-        } else {
-          lo = mid;
-        }
-      }
-    }
+    PrepareSearch(first_try);
+    Search(first_try, max_load);
   }
-  if (refine && !greedy_wins) {
-    // Refinement: spend the free slots greedily, and compare with the greedy policy.
-    const int64_t floor = options_.min_replica_tokens;
-    // Three candidates, the lowest heaviest rank kept (ties: the earlier, fewer replicas):
-    // (a) the search's replicas plus greedy moves up to the first threshold tried; (b) greedy
-    // from masters alone up to that threshold (each replica carries more than when filling to
-    // the mean, so slots last longer on heavy tails); (c) the greedy policy's plan (to the
-    // mean), computed above.
-    int64_t best = greedy_.Run(domain_, totals_, keep, floor, first_try, &best_exports_);
-    exports_.clear();
-    const int64_t heaviest = greedy_.Run(domain_, totals_, keep, floor, first_try, &exports_);
-    if (heaviest < best) {
-      best = heaviest;
-      std::swap(best_exports_, exports_);
-    }
-    if (greedy_heaviest < best) std::swap(best_exports_, greedy_exports_);
-  }
+  if (refine && !greedy_wins) Refine(keep, first_try, greedy_heaviest);
   if (greedy_wins) std::swap(best_exports_, greedy_exports_);
   assembler_.Build(domain_, loads, totals_, best_exports_, plan);
   return absl::OkStatus();

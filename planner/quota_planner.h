@@ -146,6 +146,26 @@ class GreedyRebalancer {
     int32_t replica;  // -1 for the master
   };
   std::vector<Candidate> candidates_;
+  struct Level {   // one Run's settings
+    int64_t mean;  // M
+    int64_t keep;
+    int64_t min_tokens;
+    int slots;  // slots_per_rank
+  };
+
+  // Resets the buffers to masters at home plus `replicas`; returns the total tokens.
+  int64_t Start(const Domain& domain, const std::vector<int64_t>& totals,
+                const std::vector<ReplicaQuota>& replicas);
+  int64_t Heaviest() const;  // the heaviest rank load
+  // targets_' heap order (a min-heap by load, ties: lower rank).
+  bool HeavierTarget(int32_t a, int32_t b) const;
+  // candidates_ = the instances of rank r that can give tokens, largest first.
+  void CollectCandidates(int32_t r, int masters, int slots, int64_t keep,
+                         const std::vector<ReplicaQuota>& replicas);
+  // One move of candidate c off rank rs to the lightest target without its expert (the
+  // ranks passed over go back on targets_); false when there is none or q < min_tokens.
+  bool MoveToTarget(const Domain& domain, const Candidate& c, size_t rs, const Level& level,
+                    int32_t move, std::vector<ReplicaQuota>* replicas);
 };
 
 // UltraEP's planner. For each solve:
@@ -191,6 +211,13 @@ class QuotaPlanner final : public Planner {
   using Export = ReplicaQuota;
   // Runs the oracle for threshold T; on success the exports are in *exports.
   bool Feasible(int64_t threshold, std::vector<Export>* exports);
+  // SolveInto's steps: the masters-only load per rank (home_loads_) with its total and
+  // maximum; the search's orders and buffers; the threshold search into best_exports_;
+  // refinement's candidates (a) and (b) against (c), the greedy plan in greedy_exports_.
+  void SumHomeLoads(int64_t* total, int64_t* max_load);
+  void PrepareSearch(int64_t first_try);
+  void Search(int64_t first_try, int64_t max_load);
+  void Refine(int64_t keep, int64_t first_try, int64_t greedy_heaviest);
 
   Domain domain_;
   PlannerOptions options_;

@@ -232,6 +232,40 @@ absl::StatusOr<std::vector<std::string>> GatherStrings(comm::DataChannel& channe
   return out;
 }
 
+// resources.device, parsed; cuda is refused where this program cannot run it.
+absl::StatusOr<jobspec::DeviceSpec> CheckDevice(const rackrun::v1::JobSpec& spec, int ranks,
+                                                const TrainerOptions& options) {
+  absl::StatusOr<jobspec::DeviceSpec> device = jobspec::ParseDevice(spec.resources().device());
+  if (!device.ok()) return device.status();
+  if (device->is_cuda()) {
+    if (ranks > 1) {
+      return absl::UnimplementedError(absl::StrCat(
+          "resources.device: ", device->ToString(), " with ", ranks,
+          " ranks: expert parallelism across GPUs is not built yet; run the job on one rank, "
+          "or with resources.device: cpu"));
+    }
+    if (!options.device_engine) {
+      return absl::UnimplementedError(
+          absl::StrCat("resources.device: ", device->ToString(),
+                       ": this program was built without the GPU engine (no nvcc at build time, or "
+                       "RACKRUN_WITH_CUDA=OFF); rebuild with CUDA, or use resources.device: cpu"));
+    }
+  }
+  return device;
+}
+
+// The final loss and the mean of the last (up to) 10.
+void SummarizeLosses(TrainSummary& summary) {
+  if (!summary.losses.empty()) {
+    summary.final_loss = summary.losses.back();
+    const size_t tail = std::min<size_t>(10, summary.losses.size());
+    double sum = 0;
+    for (size_t i = summary.losses.size() - tail; i < summary.losses.size(); ++i)
+      sum += summary.losses[i];
+    summary.tail_loss = sum / static_cast<double>(tail);
+  }
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const rackrun::v1::JobSpec& spec,
@@ -249,22 +283,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const rackrun::v1::JobS
   if (absl::Status s = CheckJobOnRanks(spec, c, channel, ranks, options); !s.ok()) return s;
   // resources.device: cuda is refused before anything is allocated where this program
   // cannot run it (the engine is created once the host model exists, below).
-  absl::StatusOr<jobspec::DeviceSpec> device = jobspec::ParseDevice(spec.resources().device());
+  absl::StatusOr<jobspec::DeviceSpec> device = CheckDevice(spec, ranks, options);
   if (!device.ok()) return device.status();
-  if (device->is_cuda()) {
-    if (ranks > 1) {
-      return absl::UnimplementedError(absl::StrCat(
-          "resources.device: ", device->ToString(), " with ", ranks,
-          " ranks: expert parallelism across GPUs is not built yet; run the job on one rank, "
-          "or with resources.device: cpu"));
-    }
-    if (!options.device_engine) {
-      return absl::UnimplementedError(
-          absl::StrCat("resources.device: ", device->ToString(),
-                       ": this program was built without the GPU engine (no nvcc at build time, or "
-                       "RACKRUN_WITH_CUDA=OFF); rebuild with CUDA, or use resources.device: cpu"));
-    }
-  }
   t->spec_.mutable_resources()->set_ranks(ranks);
   absl::StatusOr<jobspec::ExpertParallelLayout> layout =
       jobspec::ExpertParallelLayoutOf(spec, ranks);
@@ -488,6 +508,34 @@ absl::Status Trainer::RecordLoads(int64_t microbatch) {
   return absl::OkStatus();
 }
 
+void Trainer::RecordBalanceStats(StepRecord& r) const {
+  if (ep_ != nullptr) {
+    const ExpertParallelStats& st = ep_->stats();
+    for (const ExpertParallelStats::Layer& l : st.layers) {
+      const double n = static_cast<double>(std::max<int64_t>(l.microbatches, 1));
+      r.rank_imbalance_before.push_back(l.imbalance_before / n);
+      r.rank_imbalance_after.push_back(l.imbalance_after / n);
+      r.replicas += static_cast<double>(l.replicas) / n;
+    }
+    if (!st.layers.empty()) r.replicas /= static_cast<double>(st.layers.size());
+    r.plan_s = st.plan_s;
+    r.plan_exchange_s = st.plan_exchange_s;
+    r.fanout_s = st.fanout_s;
+    r.dispatch_s = st.dispatch_s;
+    r.reduce_s = st.reduce_s;
+  }
+  for (const std::vector<int64_t>& counts : ExpertCounts()) {
+    int64_t total = 0, max = 0;
+    for (const int64_t n : counts) {
+      total += n;
+      max = std::max(max, n);
+    }
+    const double mean =
+        counts.empty() ? 0 : static_cast<double>(total) / static_cast<double>(counts.size());
+    r.expert_load_max_over_mean.push_back(mean > 0 ? static_cast<double>(max) / mean : 0);
+  }
+}
+
 absl::StatusOr<StepRecord> Trainer::Step() {
   StepRecord r;
   const base::Stopwatch step_clock;
@@ -566,31 +614,7 @@ absl::StatusOr<StepRecord> Trainer::Step() {
   steps_done_.store(step_, std::memory_order_relaxed);
   r.step = step_;
   r.ranks = ranks();
-  if (ep_ != nullptr) {
-    const ExpertParallelStats& st = ep_->stats();
-    for (const ExpertParallelStats::Layer& l : st.layers) {
-      const double n = static_cast<double>(std::max<int64_t>(l.microbatches, 1));
-      r.rank_imbalance_before.push_back(l.imbalance_before / n);
-      r.rank_imbalance_after.push_back(l.imbalance_after / n);
-      r.replicas += static_cast<double>(l.replicas) / n;
-    }
-    if (!st.layers.empty()) r.replicas /= static_cast<double>(st.layers.size());
-    r.plan_s = st.plan_s;
-    r.plan_exchange_s = st.plan_exchange_s;
-    r.fanout_s = st.fanout_s;
-    r.dispatch_s = st.dispatch_s;
-    r.reduce_s = st.reduce_s;
-  }
-  for (const std::vector<int64_t>& counts : ExpertCounts()) {
-    int64_t total = 0, max = 0;
-    for (const int64_t n : counts) {
-      total += n;
-      max = std::max(max, n);
-    }
-    const double mean =
-        counts.empty() ? 0 : static_cast<double>(total) / static_cast<double>(counts.size());
-    r.expert_load_max_over_mean.push_back(mean > 0 ? static_cast<double>(max) / mean : 0);
-  }
+  RecordBalanceStats(r);
   const double seconds = step_clock.Seconds();
   r.tokens_per_s =
       seconds > 0 ? static_cast<double>(micro) * config_.batch_size * config_.seq_len / seconds : 0;
@@ -731,6 +755,41 @@ absl::StatusOr<std::string> Trainer::SaveCheckpoint() {
   return path;
 }
 
+absl::Status Trainer::RestoreTensors(const Checkpoint& c, const std::string& loaded) {
+  const std::vector<OptimizedTensor>& tensors = adam_->tensors();
+  const auto missing = [&](const std::string& name) {
+    return absl::DataLossError(absl::StrCat("checkpoint '", loaded, "' has no section '", name,
+                                            "'; it was written by a different model"));
+  };
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const OptimizedTensor& t = tensors[i];
+    const std::pair<std::string, std::span<float>> parts[] = {
+        {"param/" + t.name, {t.value, static_cast<size_t>(t.size)}},
+        {"adam_m/" + t.name, adam_->first_moment(i)},
+        {"adam_v/" + t.name, adam_->second_moment(i)}};
+    for (const auto& [name, out] : parts) {
+      const CheckpointSection* s = c.Find(name);
+      if (s == nullptr) return missing(name);
+      if (channel_ != nullptr && IsExpertShard(t.name)) {
+        // The checkpoint holds every expert; this rank takes its domain index's shard.
+        std::vector<float> full(out.size() * static_cast<size_t>(expert_parallel_degree()));
+        if (absl::Status st = UnpackFloats(*s, full); !st.ok()) return st;
+        std::copy_n(full.begin() + static_cast<std::ptrdiff_t>(out.size()) * domain_rank(),
+                    out.size(), out.begin());
+        continue;
+      }
+      if (absl::Status st = UnpackFloats(*s, out); !st.ok()) return st;
+    }
+  }
+  for (const ParamRef<float>& b : buffers_) {
+    const CheckpointSection* s = c.Find("buffer/" + b.name);
+    if (s == nullptr) return missing("buffer/" + b.name);
+    if (absl::Status st = UnpackFloats(*s, {b.value, static_cast<size_t>(b.size)}); !st.ok())
+      return st;
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Trainer::Resume(const std::string& path) {
   resume_note_.clear();
   std::string loaded;
@@ -752,37 +811,7 @@ absl::Status Trainer::Resume(const std::string& path) {
   if (absl::Status s = CheckCheckpointTokenizer(*c, loaded, train_loader_->tokenizer()); !s.ok()) {
     return s;
   }
-  const std::vector<OptimizedTensor>& tensors = adam_->tensors();
-  const auto missing = [&](const std::string& name) {
-    return absl::DataLossError(absl::StrCat("checkpoint '", loaded, "' has no section '", name,
-                                            "'; it was written by a different model"));
-  };
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    const OptimizedTensor& t = tensors[i];
-    const std::pair<std::string, std::span<float>> parts[] = {
-        {"param/" + t.name, {t.value, static_cast<size_t>(t.size)}},
-        {"adam_m/" + t.name, adam_->first_moment(i)},
-        {"adam_v/" + t.name, adam_->second_moment(i)}};
-    for (const auto& [name, out] : parts) {
-      const CheckpointSection* s = c->Find(name);
-      if (s == nullptr) return missing(name);
-      if (channel_ != nullptr && IsExpertShard(t.name)) {
-        // The checkpoint holds every expert; this rank takes its domain index's shard.
-        std::vector<float> full(out.size() * static_cast<size_t>(expert_parallel_degree()));
-        if (absl::Status st = UnpackFloats(*s, full); !st.ok()) return st;
-        std::copy_n(full.begin() + static_cast<std::ptrdiff_t>(out.size()) * domain_rank(),
-                    out.size(), out.begin());
-        continue;
-      }
-      if (absl::Status st = UnpackFloats(*s, out); !st.ok()) return st;
-    }
-  }
-  for (const ParamRef<float>& b : buffers_) {
-    const CheckpointSection* s = c->Find("buffer/" + b.name);
-    if (s == nullptr) return missing("buffer/" + b.name);
-    if (absl::Status st = UnpackFloats(*s, {b.value, static_cast<size_t>(b.size)}); !st.ok())
-      return st;
-  }
+  if (absl::Status s = RestoreTensors(*c, loaded); !s.ok()) return s;
   const std::string layout = LayoutText(ranks(), expert_parallel_degree());
   const CheckpointSection* saved_layout = c->Find("parallelism/layout");
   // The checkpoint holds every expert once: any layout takes its shards from it.
@@ -1017,6 +1046,23 @@ absl::Status Trainer::Prepare() {
   return absl::OkStatus();
 }
 
+absl::Status Trainer::EndRun(StepLog* json, absl::Status failure) {
+  SetPhase(TrainPhase::kIdle);
+  if (json != nullptr) {
+    if (absl::Status s = json->Close(); failure.ok()) failure = s;
+  }
+  // Load traces end with the run; a write error (disk full) is reported, not dropped.
+  if (failure.ok() && ep_ != nullptr) failure = ep_->Close();
+  if (failure.ok() && trace_.has_value()) {
+    failure = trace_->Close();
+  }
+  trace_.reset();
+  // The run is over: the checkpoint folder is free for the next writer.
+  folder_lock_.reset();
+  prepared_ = false;
+  return failure;
+}
+
 absl::StatusOr<TrainSummary> Trainer::Run(const std::vector<TrainObserver*>& observers) {
   TrainSummary summary;
   summary.first_step = step_;
@@ -1097,32 +1143,13 @@ absl::StatusOr<TrainSummary> Trainer::Run(const std::vector<TrainObserver*>& obs
       if (failure = checkpoint(); !failure.ok()) break;
     }
   }
-  SetPhase(TrainPhase::kIdle);
-  if (json != nullptr) {
-    if (absl::Status s = json->Close(); failure.ok()) failure = s;
-  }
-  // Load traces end with the run; a write error (disk full) is reported, not dropped.
-  if (failure.ok() && ep_ != nullptr) failure = ep_->Close();
-  if (failure.ok() && trace_.has_value()) {
-    failure = trace_->Close();
-  }
-  trace_.reset();
-  // The run is over: the checkpoint folder is free for the next writer.
-  folder_lock_.reset();
-  prepared_ = false;
+  failure = EndRun(json, std::move(failure));
   if (!failure.ok()) return failure;
   summary.steps = step_;
   summary.elapsed_s = run_clock.Seconds();
   summary.tokens_per_s =
       train_seconds > 0 ? static_cast<double>(summary.tokens) / train_seconds : 0;
-  if (!summary.losses.empty()) {
-    summary.final_loss = summary.losses.back();
-    const size_t tail = std::min<size_t>(10, summary.losses.size());
-    double sum = 0;
-    for (size_t i = summary.losses.size() - tail; i < summary.losses.size(); ++i)
-      sum += summary.losses[i];
-    summary.tail_loss = sum / static_cast<double>(tail);
-  }
+  SummarizeLosses(summary);
   return summary;
 }
 

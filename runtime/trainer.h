@@ -76,6 +76,9 @@
 
 namespace rackrun::runtime {
 
+struct Checkpoint;  // checkpoint.h
+class StepLog;      // step_log.h
+
 // One optimizer step as logged (a log line and a JSON Lines record).
 struct StepRecord {
   int64_t step = 0;  // 1-based: the number of optimizer steps done
@@ -311,6 +314,14 @@ class Trainer {
   // Expert parallel: every domain's balancing figures of the step into r.domains (D > 1:
   // one all-reduce over all ranks, its seconds into r.domain_stats_s; one domain: none).
   absl::Status GatherDomainStats(StepRecord& r);
+  // Step's balancing figures: per-layer imbalance, replicas and planner seconds (expert
+  // parallel) and the experts' max/mean load.
+  void RecordBalanceStats(StepRecord& r) const;
+  // Resume's weights, AdamW moments and buffers from `c` (read from `loaded`).
+  absl::Status RestoreTensors(const Checkpoint& c, const std::string& loaded);
+  // Run's end: closes logging.json (`json`, or null) and the load traces, whose errors
+  // become the run's when `failure` is OK, and frees the checkpoint folder.
+  absl::Status EndRun(StepLog* json, absl::Status failure);
   // Prepare's two parts.
   absl::Status AgreeOnResumeState();
   absl::Status PrepareOutputs();

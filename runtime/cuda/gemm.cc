@@ -26,6 +26,53 @@ int AlignmentOf(const void* p) {
   return a;
 }
 
+// One GEMM's operand types and operations in cuBLASLt's column-major view:
+// C^T (n x m) = op(B)^T (n x k) op(A)^T (k x m).
+struct Operands {
+  const GemmShape& s;
+  cudaDataType_t ab_type;
+  cudaDataType_t cc_type;
+  cublasOperation_t ta;
+  cublasOperation_t tb;
+
+  // The three layouts of an mm x n x kk problem (A' = our B, B' = our A).
+  absl::Status MakeLayouts(int mm, int kk, cublasLtMatrixLayout_t* la, cublasLtMatrixLayout_t* lb,
+                           cublasLtMatrixLayout_t* lc) const {
+    const uint64_t a_rows = ta == CUBLAS_OP_N ? s.n : kk, a_cols2 = ta == CUBLAS_OP_N ? kk : s.n;
+    const uint64_t b_rows = tb == CUBLAS_OP_N ? kk : mm, b_cols2 = tb == CUBLAS_OP_N ? mm : kk;
+    if (absl::Status st = BlasCheck(
+            CublasLt().MatrixLayoutCreate(la, ab_type, a_rows, a_cols2, s.ldb), "layout A", s);
+        !st.ok()) {
+      return st;
+    }
+    if (absl::Status st = BlasCheck(
+            CublasLt().MatrixLayoutCreate(lb, ab_type, b_rows, b_cols2, s.lda), "layout B", s);
+        !st.ok()) {
+      return st;
+    }
+    return BlasCheck(CublasLt().MatrixLayoutCreate(lc, cc_type, static_cast<uint64_t>(s.n),
+                                                   static_cast<uint64_t>(mm), s.ldc),
+                     "layout C", s);
+  }
+};
+
+// The arguments Launch refuses: negative sizes, short leading dimensions, a bf16 C
+// without bf16 precision.
+absl::Status CheckGemmArgs(const GemmShape& s, GemmPrecision precision, DataType c_type) {
+  if (s.m < 0 || s.n < 0 || s.k < 0) return absl::InvalidArgumentError("gemm: negative size");
+  const int a_cols = s.trans_a ? s.m : s.k;  // row length of A as stored
+  const int b_cols = s.trans_b ? s.k : s.n;
+  if (s.lda < std::max(1, a_cols) || s.ldb < std::max(1, b_cols) || s.ldc < std::max(1, s.n)) {
+    return absl::InvalidArgumentError(absl::StrCat("gemm: leading dimensions ", s.lda, ", ", s.ldb,
+                                                   ", ", s.ldc, " below the rows' lengths ", a_cols,
+                                                   ", ", b_cols, ", ", s.n));
+  }
+  if (c_type == DataType::kBF16 && precision != GemmPrecision::kBf16) {
+    return absl::InvalidArgumentError("gemm: a bf16 C needs bf16 precision");
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<GemmPrecision> ParseGemmPrecision(absl::string_view name) {
@@ -52,6 +99,49 @@ struct Gemm::Plan {
   cublasLtMatmulDesc_t op = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
   cublasLtMatmulAlgo_t algo{};
+  // Creates the descriptor and the m x n x k layouts of `o`, then takes cuBLASLt's first
+  // algorithm for them with operands aligned to al_a, al_b, al_c bytes (A', B' and C).
+  absl::Status Choose(const Operands& o, cublasComputeType_t compute, int m, int k, uint32_t al_a,
+                      uint32_t al_b, uint32_t al_c, GemmPrecision precision, Device& device) {
+    const GemmShape& s = o.s;
+    const cublasOperation_t ta = o.ta;
+    const cublasOperation_t tb = o.tb;
+    if (absl::Status st = BlasCheck(CublasLt().MatmulDescCreate(&op, compute, CUDA_R_32F),
+                                    "cublasLtMatmulDescCreate", s);
+        !st.ok()) {
+      return st;
+    }
+    CublasLt().MatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta));
+    CublasLt().MatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb));
+    if (absl::Status st = o.MakeLayouts(m, k, &a, &b, &c); !st.ok()) return st;
+    cublasLtMatmulPreference_t pref = nullptr;
+    CublasLt().MatmulPreferenceCreate(&pref);
+    const uint64_t ws = device.blas_workspace_bytes();
+    CublasLt().MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
+                                            sizeof(ws));
+    CublasLt().MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a,
+                                            sizeof(al_a));
+    CublasLt().MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b,
+                                            sizeof(al_b));
+    CublasLt().MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c,
+                                            sizeof(al_c));
+    CublasLt().MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c,
+                                            sizeof(al_c));
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    const cublasStatus_t hs =
+        CublasLt().MatmulAlgoGetHeuristic(static_cast<cublasLtHandle_t>(device.blas_handle()), op,
+                                          a, b, c, c, pref, 1, &result, &found);
+    CublasLt().MatmulPreferenceDestroy(pref);
+    if (absl::Status st = BlasCheck(hs, "cublasLtMatmulAlgoGetHeuristic", s); !st.ok()) return st;
+    if (found == 0) {
+      return absl::InternalError(absl::StrCat("cuBLASLt has no algorithm for this GEMM (m ", s.m,
+                                              ", n ", s.n, ", k ", s.k, ", ",
+                                              GemmPrecisionName(precision), ")"));
+    }
+    algo = result.algo;
+    return absl::OkStatus();
+  }
   ~Plan() {
     if (a != nullptr) CublasLt().MatrixLayoutDestroy(a);
     if (b != nullptr) CublasLt().MatrixLayoutDestroy(b);
@@ -77,17 +167,7 @@ absl::Status Gemm::RunVaryingRows(const GemmShape& s, float alpha, const void* a
 absl::Status Gemm::Launch(const GemmShape& s, float alpha, const void* a, const void* b, float beta,
                           void* c, GemmPrecision precision, DataType c_type, cudaStream_t stream,
                           bool bucketed) {
-  if (s.m < 0 || s.n < 0 || s.k < 0) return absl::InvalidArgumentError("gemm: negative size");
-  const int a_cols = s.trans_a ? s.m : s.k;  // row length of A as stored
-  const int b_cols = s.trans_b ? s.k : s.n;
-  if (s.lda < std::max(1, a_cols) || s.ldb < std::max(1, b_cols) || s.ldc < std::max(1, s.n)) {
-    return absl::InvalidArgumentError(absl::StrCat("gemm: leading dimensions ", s.lda, ", ", s.ldb,
-                                                   ", ", s.ldc, " below the rows' lengths ", a_cols,
-                                                   ", ", b_cols, ", ", s.n));
-  }
-  if (c_type == DataType::kBF16 && precision != GemmPrecision::kBf16) {
-    return absl::InvalidArgumentError("gemm: a bf16 C needs bf16 precision");
-  }
+  if (absl::Status st = CheckGemmArgs(s, precision, c_type); !st.ok()) return st;
   if (s.m == 0 || s.n == 0) return absl::OkStatus();
   if (s.k == 0) {
     // An empty product (an expert with no rows in a weight gradient): C stays beta C.
@@ -128,68 +208,18 @@ absl::Status Gemm::Launch(const GemmShape& s, float alpha, const void* a, const 
                                    align(c),
                                    bucketed};
   // Column-major view: C^T (n x m) = op(B)^T (n x k) op(A)^T (k x m).
-  const cublasOperation_t ta = s.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-  const cublasOperation_t tb = s.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
-  // The three layouts of an m x n x k problem (A' = our B, B' = our A).
-  const auto make_layouts = [&](int mm, int kk, cublasLtMatrixLayout_t* la,
-                                cublasLtMatrixLayout_t* lb, cublasLtMatrixLayout_t* lc) {
-    const uint64_t a_rows = ta == CUBLAS_OP_N ? s.n : kk, a_cols2 = ta == CUBLAS_OP_N ? kk : s.n;
-    const uint64_t b_rows = tb == CUBLAS_OP_N ? kk : mm, b_cols2 = tb == CUBLAS_OP_N ? mm : kk;
-    if (absl::Status st = BlasCheck(
-            CublasLt().MatrixLayoutCreate(la, ab_type, a_rows, a_cols2, s.ldb), "layout A", s);
-        !st.ok()) {
-      return st;
-    }
-    if (absl::Status st = BlasCheck(
-            CublasLt().MatrixLayoutCreate(lb, ab_type, b_rows, b_cols2, s.lda), "layout B", s);
-        !st.ok()) {
-      return st;
-    }
-    return BlasCheck(CublasLt().MatrixLayoutCreate(lc, cc_type, static_cast<uint64_t>(s.n),
-                                                   static_cast<uint64_t>(mm), s.ldc),
-                     "layout C", s);
-  };
+  const Operands ops{s, ab_type, cc_type, s.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                     s.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N};
   auto it = plans_.find(key);
   if (it == plans_.end()) {
     auto plan = std::make_shared<Plan>();
-    if (absl::Status st = BlasCheck(CublasLt().MatmulDescCreate(&plan->op, compute, CUDA_R_32F),
-                                    "cublasLtMatmulDescCreate", s);
+    // A' is our B, B' our A.
+    if (absl::Status st = plan->Choose(ops, compute, m, k, static_cast<uint32_t>(align(b)),
+                                       static_cast<uint32_t>(align(a)),
+                                       static_cast<uint32_t>(align(c)), precision, *device_);
         !st.ok()) {
       return st;
     }
-    CublasLt().MatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta));
-    CublasLt().MatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb));
-    if (absl::Status st = make_layouts(m, k, &plan->a, &plan->b, &plan->c); !st.ok()) return st;
-    cublasLtMatmulPreference_t pref = nullptr;
-    CublasLt().MatmulPreferenceCreate(&pref);
-    const uint64_t ws = device_->blas_workspace_bytes();
-    CublasLt().MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
-                                            sizeof(ws));
-    // A' is our B, B' our A.
-    const uint32_t al_a = static_cast<uint32_t>(align(b));
-    const uint32_t al_b = static_cast<uint32_t>(align(a));
-    const uint32_t al_c = static_cast<uint32_t>(align(c));
-    CublasLt().MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a,
-                                            sizeof(al_a));
-    CublasLt().MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b,
-                                            sizeof(al_b));
-    CublasLt().MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c,
-                                            sizeof(al_c));
-    CublasLt().MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c,
-                                            sizeof(al_c));
-    cublasLtMatmulHeuristicResult_t result{};
-    int found = 0;
-    const cublasStatus_t hs = CublasLt().MatmulAlgoGetHeuristic(
-        static_cast<cublasLtHandle_t>(device_->blas_handle()), plan->op, plan->a, plan->b, plan->c,
-        plan->c, pref, 1, &result, &found);
-    CublasLt().MatmulPreferenceDestroy(pref);
-    if (absl::Status st = BlasCheck(hs, "cublasLtMatmulAlgoGetHeuristic", s); !st.ok()) return st;
-    if (found == 0) {
-      return absl::InternalError(absl::StrCat("cuBLASLt has no algorithm for this GEMM (m ", s.m,
-                                              ", n ", s.n, ", k ", s.k, ", ",
-                                              GemmPrecisionName(precision), ")"));
-    }
-    plan->algo = result.algo;
     it = plans_.emplace(key, std::move(plan)).first;
   }
   const Plan& p = *it->second;
@@ -202,7 +232,7 @@ absl::Status Gemm::Launch(const GemmShape& s, float alpha, const void* a, const 
   if (!bucketed) return BlasCheck(matmul(p.a, p.b, p.c), "cublasLtMatmul", s);
   // The bucket's algorithm on this problem's own layouts.
   Plan actual;
-  if (absl::Status st = make_layouts(s.m, s.k, &actual.a, &actual.b, &actual.c); !st.ok()) {
+  if (absl::Status st = ops.MakeLayouts(s.m, s.k, &actual.a, &actual.b, &actual.c); !st.ok()) {
     return st;
   }
   // An algorithm chosen for the bucket's sizes need not suit these: cuBLASLt says which.

@@ -73,6 +73,74 @@ absl::Status GpuMoe::Check(cudaError_t e, const char* what) const {
   return CudaCheck(e, absl::StrCat(name_, " (GPU MoE): ", what));
 }
 
+absl::Status GpuMoe::PlanAndDispatch(int64_t tokens) {
+  const int c = config_.width, ne = config_.experts, k = config_.top_k;
+  cudaStream_t st = device_->stream();
+  // The one device-to-host copy: the planner's exact loads.
+  if (absl::Status s = counts_d_.CopyTo(&counts_host_); !s.ok()) return s;
+  planner::LoadMatrix loads(1, ne);
+  offsets_[0] = 0;
+  for (int e = 0; e < ne; ++e) {
+    counts_[static_cast<size_t>(e)] = counts_host_[static_cast<size_t>(e)];
+    loads.at(0, e) = counts_[static_cast<size_t>(e)];
+    offsets_[static_cast<size_t>(e) + 1] = offsets_[static_cast<size_t>(e)] + counts_[e];
+  }
+  absl::StatusOr<planner::Plan> plan = planner_->Solve(loads, 0);
+  if (!plan.ok()) return plan.status();
+  absl::StatusOr<std::vector<ExpertBatch>> batches = PlanBatches(*plan, loads, 0);
+  if (!batches.ok()) return batches.status();
+  batches_ = *std::move(batches);
+  if (absl::Status s = offsets_d_.CopyFrom(offsets_); !s.ok()) return s;
+  if (absl::Status s = Check(kernels::SlotRows(tokens, ne, k, selected_.data(), offsets_d_.data(),
+                                               slot_row_.data(), st),
+                             "slot rows");
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = Check(
+          kernels::DispatchRows(tokens, k, c, slot_row_.data(), xn_.data(), dispatched_.data(), st),
+          "dispatch");
+      !s.ok()) {
+    return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GpuMoe::AuxLossForward(int64_t tokens) {
+  const int ne = config_.experts;
+  cudaStream_t st = device_->stream();
+  // Aux loss: f_e from the counts, P_e the mean router score (summed in double).
+  aux_loss_ = 0;
+  if (config_.aux_loss_coef > 0) {
+    for (absl::Status s :
+         {column_partial_.Resize({std::max<int64_t>(1, kernels::ScoreColumnPartials(tokens, ne))}),
+          column_sums_.Resize({ne})}) {
+      if (!s.ok()) return s;
+    }
+    if (absl::Status s =
+            Check(kernels::ScoreColumnSums(tokens, ne, scores_.data(), column_partial_.data(),
+                                           column_sums_.data(), st),
+                  "score sums");
+        !s.ok()) {
+      return s;
+    }
+    std::vector<double> p;
+    if (absl::Status s = column_sums_.CopyTo(&p); !s.ok()) return s;
+    int64_t total_slots = 0;
+    for (int e = 0; e < ne; ++e) total_slots += counts_[static_cast<size_t>(e)];
+    slot_fraction_.resize(static_cast<size_t>(ne));
+    double total = 0;
+    for (int e = 0; e < ne; ++e) {
+      const double fe = static_cast<double>(counts_[static_cast<size_t>(e)]) /
+                        static_cast<double>(std::max<int64_t>(total_slots, 1));
+      slot_fraction_[static_cast<size_t>(e)] = fe;
+      total += fe * p[static_cast<size_t>(e)] / static_cast<double>(tokens);
+    }
+    aux_loss_ = config_.aux_loss_coef * ne * total;
+  }
+  return absl::OkStatus();
+}
+
 absl::Status GpuMoe::Forward(const float* u, int64_t tokens, float* out) {
   u_ = u;
   tokens_ = tokens;
@@ -115,66 +183,12 @@ absl::Status GpuMoe::Forward(const float* u, int64_t tokens, float* out) {
       !s.ok()) {
     return s;
   }
-  // The one device-to-host copy: the planner's exact loads.
-  if (absl::Status s = counts_d_.CopyTo(&counts_host_); !s.ok()) return s;
-  planner::LoadMatrix loads(1, ne);
-  offsets_[0] = 0;
-  for (int e = 0; e < ne; ++e) {
-    counts_[static_cast<size_t>(e)] = counts_host_[static_cast<size_t>(e)];
-    loads.at(0, e) = counts_[static_cast<size_t>(e)];
-    offsets_[static_cast<size_t>(e) + 1] = offsets_[static_cast<size_t>(e)] + counts_[e];
-  }
-  absl::StatusOr<planner::Plan> plan = planner_->Solve(loads, 0);
-  if (!plan.ok()) return plan.status();
-  absl::StatusOr<std::vector<ExpertBatch>> batches = PlanBatches(*plan, loads, 0);
-  if (!batches.ok()) return batches.status();
-  batches_ = *std::move(batches);
-  if (absl::Status s = offsets_d_.CopyFrom(offsets_); !s.ok()) return s;
-  if (absl::Status s = Check(kernels::SlotRows(tokens, ne, k, selected_.data(), offsets_d_.data(),
-                                               slot_row_.data(), st),
-                             "slot rows");
-      !s.ok()) {
-    return s;
-  }
-  if (absl::Status s = Check(
-          kernels::DispatchRows(tokens, k, c, slot_row_.data(), xn_.data(), dispatched_.data(), st),
-          "dispatch");
-      !s.ok()) {
-    return s;
-  }
+  if (absl::Status s = PlanAndDispatch(tokens); !s.ok()) return s;
   MarkPhase(clock_, Phase::kGemm);
   if (absl::Status s = ExpertsForward(); !s.ok()) return s;
   MarkPhase(clock_, Phase::kRouting);
 
-  // Aux loss: f_e from the counts, P_e the mean router score (summed in double).
-  aux_loss_ = 0;
-  if (config_.aux_loss_coef > 0) {
-    for (absl::Status s :
-         {column_partial_.Resize({std::max<int64_t>(1, kernels::ScoreColumnPartials(tokens, ne))}),
-          column_sums_.Resize({ne})}) {
-      if (!s.ok()) return s;
-    }
-    if (absl::Status s =
-            Check(kernels::ScoreColumnSums(tokens, ne, scores_.data(), column_partial_.data(),
-                                           column_sums_.data(), st),
-                  "score sums");
-        !s.ok()) {
-      return s;
-    }
-    std::vector<double> p;
-    if (absl::Status s = column_sums_.CopyTo(&p); !s.ok()) return s;
-    int64_t total_slots = 0;
-    for (int e = 0; e < ne; ++e) total_slots += counts_[static_cast<size_t>(e)];
-    slot_fraction_.resize(static_cast<size_t>(ne));
-    double total = 0;
-    for (int e = 0; e < ne; ++e) {
-      const double fe = static_cast<double>(counts_[static_cast<size_t>(e)]) /
-                        static_cast<double>(std::max<int64_t>(total_slots, 1));
-      slot_fraction_[static_cast<size_t>(e)] = fe;
-      total += fe * p[static_cast<size_t>(e)] / static_cast<double>(tokens);
-    }
-    aux_loss_ = config_.aux_loss_coef * ne * total;
-  }
+  if (absl::Status s = AuxLossForward(tokens); !s.ok()) return s;
 
   if (config_.shared_expert) {
     MarkPhase(clock_, Phase::kGemm);

@@ -84,6 +84,10 @@ class GpuMoe {
   GpuMoe(Device* device, MatMul* matmul, const MoeLayerConfig& config, const std::string& name,
          MoeWeights weights, std::unique_ptr<planner::Planner> planner);
   absl::Status Check(cudaError_t e, const char* what) const;
+  // Forward's steps: the counts to the host, the plan and its batches, the slot rows and the
+  // dispatched rows; the aux loss (0 unless aux_loss_coef > 0) from the counts and scores.
+  absl::Status PlanAndDispatch(int64_t tokens);
+  absl::Status AuxLossForward(int64_t tokens);
   // The expert FFN over the rows of every batch (h13, act kept for the backward).
   absl::Status ExpertsForward();
   absl::Status ExpertsBackward();

@@ -21,6 +21,7 @@ using detail::ToF;
 
 constexpr int kRowThreads = 256;                       // per-token kernels over N x C
 constexpr int kMaxR = kMaxK * kMaxK + kMaxK * kMaxKr;  // dot products of the write's backward
+constexpr int kLevels = kMaxJ * (kMaxJ + 1) / 2;       // Gram-Schmidt levels W(m, i), i < m
 // Tokens per chunk of the convolution weights' first reduction pass.
 constexpr int64_t kTokenChunk = 256;
 
@@ -261,6 +262,86 @@ __device__ __forceinline__ int Taps(const MapParams& p, int j, int64_t t, int32_
   return p.conv_taps[j] < room ? p.conv_taps[j] : static_cast<int>(room);
 }
 
+// Thread 0 of a block stages token t's active stream indices, H_res and the gated H_post in
+// shared memory for the write-back (forward and backward).
+__device__ __forceinline__ void StageWriteMaps(const Layout& l, const float* r, const float* cf,
+                                               const int32_t* idx, int64_t t, int* sidx,
+                                               float* smix, float* spost) {
+  const int k = l.k, Kr = l.Kr;
+  for (int j = 0; j < k; ++j) {
+    sidx[j] = idx[t * k + j];
+    for (int i = 0; i < k; ++i) smix[j * k + i] = cf[l.HresOff() + j * k + i];
+    for (int q = 0; q < Kr; ++q)
+      spost[j * Kr + q] = r[Layout::kGate + j] * cf[l.HpostOff() + j * Kr + q];
+  }
+}
+
+// FusedWriteBack's MLP basis in registers: rows 1..J of o become the raw convolutions of
+// out_t, each orthogonalized against the rows before it (one block-wide sum per pass).
+template <int EPT>
+__device__ __forceinline__ void MlpBasis(const Layout& l, const MapParams& p,
+                                         const int32_t* segment, int64_t t, const float* out_t,
+                                         float (&o)[kMaxKr][EPT], float* red) {
+  const int C = l.C, J = l.J;
+  const int B = blockDim.x;
+  const int32_t seg = segment[t];
+  // The raw convolutions v_m (taps in order, as ConvRow).
+#pragma unroll
+  for (int m = 1; m <= kMaxJ; ++m) {
+    if (m > J) break;
+    const int taps = Taps(p, m - 1, t, seg);
+    const float* w = p.conv[m - 1];
+#pragma unroll
+    for (int e = 0; e < EPT; ++e) {
+      const int c = threadIdx.x + e * B;
+      o[m][e] = c < C ? ConvElement(w, C, c, taps, out_t, C) : 0.0f;
+    }
+  }
+  float cc[kMaxKr][kMaxKr] = {};
+  // Pass 0: |o_0|^2 and <v_m, o_0>.
+  {
+    float v[kMaxKr] = {};
+#pragma unroll
+    for (int e = 0; e < EPT; ++e) {
+      v[0] += o[0][e] * o[0][e];
+#pragma unroll
+      for (int m = 1; m <= kMaxJ; ++m) v[m] += o[m][e] * o[0][e];
+    }
+    BlockSum<float, kMaxKr>(v, red);
+    const float norm0 = v[0] + kGramSchmidtEps;
+#pragma unroll
+    for (int m = 1; m <= kMaxJ; ++m) cc[m][0] = v[m] / norm0;
+  }
+  // Pass i: rows m > i lose c[m][i] o_i; row i+1 is then final.
+#pragma unroll
+  for (int i = 0; i + 1 < kMaxJ; ++i) {
+    if (i + 1 >= J) break;
+    float v[kMaxKr] = {};
+#pragma unroll
+    for (int e = 0; e < EPT; ++e) {
+      o[i + 1][e] = o[i + 1][e] + (-cc[i + 1][i]) * o[i][e];
+      v[0] += o[i + 1][e] * o[i + 1][e];
+#pragma unroll
+      for (int m = i + 2; m <= kMaxJ; ++m) {
+        if (m > J) break;
+        o[m][e] = o[m][e] + (-cc[m][i]) * o[i][e];
+        v[m] += o[m][e] * o[i + 1][e];
+      }
+    }
+    BlockSum<float, kMaxKr>(v, red);
+    const float norm = v[0] + kGramSchmidtEps;
+#pragma unroll
+    for (int m = i + 2; m <= kMaxJ; ++m) cc[m][i + 1] = v[m] / norm;
+  }
+  // Last: row J.
+#pragma unroll
+  for (int jj = 1; jj <= kMaxJ; ++jj) {
+    if (jj != J) continue;
+#pragma unroll
+    for (int e = 0; e < EPT; ++e) o[jj][e] = o[jj][e] + (-cc[jj][jj - 1]) * o[jj - 1][e];
+  }
+}
+
 template <typename S, int EPT>
 __global__ void __launch_bounds__(512)
     WriteKernel(Layout l, const float* out, const int32_t* segment, MapParams p, const float* rec,
@@ -273,14 +354,8 @@ __global__ void __launch_bounds__(512)
   const int C = l.C, k = l.k, Kr = l.Kr, J = l.J;
   const int B = blockDim.x;
   if (threadIdx.x == 0) {
-    const float* r = rec + t * l.RecStride();
-    const float* cf = coef + t * l.CoefStride();
-    for (int j = 0; j < k; ++j) {
-      sidx[j] = idx[t * k + j];
-      for (int i = 0; i < k; ++i) smix[j * k + i] = cf[l.HresOff() + j * k + i];
-      for (int q = 0; q < Kr; ++q)
-        spost[j * Kr + q] = r[Layout::kGate + j] * cf[l.HpostOff() + j * Kr + q];
-    }
+    StageWriteMaps(l, rec + t * l.RecStride(), coef + t * l.CoefStride(), idx, t, sidx, smix,
+                   spost);
   }
   __syncthreads();
   const float* out_t = out + t * C;
@@ -290,64 +365,7 @@ __global__ void __launch_bounds__(512)
     const int c = threadIdx.x + e * B;
     o[0][e] = c < C ? out_t[c] : 0.0f;
   }
-  if (J > 0) {
-    const int32_t seg = segment[t];
-    // The raw convolutions v_m (taps in order, as ConvRow).
-#pragma unroll
-    for (int m = 1; m <= kMaxJ; ++m) {
-      if (m > J) break;
-      const int taps = Taps(p, m - 1, t, seg);
-      const float* w = p.conv[m - 1];
-#pragma unroll
-      for (int e = 0; e < EPT; ++e) {
-        const int c = threadIdx.x + e * B;
-        o[m][e] = c < C ? ConvElement(w, C, c, taps, out_t, C) : 0.0f;
-      }
-    }
-    float cc[kMaxKr][kMaxKr] = {};
-    // Pass 0: |o_0|^2 and <v_m, o_0>.
-    {
-      float v[kMaxKr] = {};
-#pragma unroll
-      for (int e = 0; e < EPT; ++e) {
-        v[0] += o[0][e] * o[0][e];
-#pragma unroll
-        for (int m = 1; m <= kMaxJ; ++m) v[m] += o[m][e] * o[0][e];
-      }
-      BlockSum<float, kMaxKr>(v, red);
-      const float norm0 = v[0] + kGramSchmidtEps;
-#pragma unroll
-      for (int m = 1; m <= kMaxJ; ++m) cc[m][0] = v[m] / norm0;
-    }
-    // Pass i: rows m > i lose c[m][i] o_i; row i+1 is then final.
-#pragma unroll
-    for (int i = 0; i + 1 < kMaxJ; ++i) {
-      if (i + 1 >= J) break;
-      float v[kMaxKr] = {};
-#pragma unroll
-      for (int e = 0; e < EPT; ++e) {
-        o[i + 1][e] = o[i + 1][e] + (-cc[i + 1][i]) * o[i][e];
-        v[0] += o[i + 1][e] * o[i + 1][e];
-#pragma unroll
-        for (int m = i + 2; m <= kMaxJ; ++m) {
-          if (m > J) break;
-          o[m][e] = o[m][e] + (-cc[m][i]) * o[i][e];
-          v[m] += o[m][e] * o[i + 1][e];
-        }
-      }
-      BlockSum<float, kMaxKr>(v, red);
-      const float norm = v[0] + kGramSchmidtEps;
-#pragma unroll
-      for (int m = i + 2; m <= kMaxJ; ++m) cc[m][i + 1] = v[m] / norm;
-    }
-    // Last: row J.
-#pragma unroll
-    for (int jj = 1; jj <= kMaxJ; ++jj) {
-      if (jj != J) continue;
-#pragma unroll
-      for (int e = 0; e < EPT; ++e) o[jj][e] = o[jj][e] + (-cc[jj][jj - 1]) * o[jj - 1][e];
-    }
-  }
+  if (J > 0) MlpBasis<EPT>(l, p, segment, t, out_t, o, red);
   // Save O after A, then the write-back of the k stream rows in place.
   S* st = saved + t * l.SavedStride();
   S* xt = x + t * static_cast<int64_t>(l.N) * C;
@@ -379,37 +397,17 @@ __global__ void __launch_bounds__(512)
 
 // ---------------------------------------------------------------- write backward
 
+// FusedWriteBackBackward on this thread's elements: the rows A and O from the saved rows,
+// dA_i = sum_j H_res[j][i] G_j, dO_r = sum_j post[j][r] G_j and this thread's terms of the
+// dots <G_j, A_i>, <G_j, O_r>.
 template <typename S, int EPT>
-__global__ void __launch_bounds__(512)
-    WriteBackwardKernel(Layout l, const float* dx, const S* saved, const int32_t* segment,
-                        MapParams p, const float* rec, const int32_t* idx, const float* coef,
-                        float* da_out, float* d_out, float* dg_out, float* dp_out, float* c2_out,
-                        float* wscal, float* tape, int64_t tape_floats) {
-  __shared__ float red[kMaxR * kWarp];
-  __shared__ int sidx[kMaxK];
-  __shared__ float smix[kMaxK * kMaxK];
-  __shared__ float spost[kMaxK * kMaxKr];
-  __shared__ float sfactor;
-  const int64_t t = blockIdx.x;
-  const int N = l.N, C = l.C, k = l.k, Kr = l.Kr, J = l.J, kk = k * k;
+__device__ __forceinline__ void WriteBackGrads(const Layout& l, const float* dxt, const S* st,
+                                               const int* sidx, const float* smix,
+                                               const float* spost, float (&a)[kMaxK][EPT],
+                                               float (&dA)[kMaxK][EPT], float (&o)[kMaxKr][EPT],
+                                               float (&dO)[kMaxKr][EPT], float (&dots)[kMaxR]) {
+  const int C = l.C, k = l.k, Kr = l.Kr;
   const int B = blockDim.x;
-  const float* r = rec + t * l.RecStride();
-  const float* cf = coef + t * l.CoefStride();
-  if (threadIdx.x == 0) {
-    for (int j = 0; j < k; ++j) {
-      sidx[j] = idx[t * k + j];
-      for (int i = 0; i < k; ++i) smix[j * k + i] = cf[l.HresOff() + j * k + i];
-      for (int q = 0; q < Kr; ++q)
-        spost[j * Kr + q] = r[Layout::kGate + j] * cf[l.HpostOff() + j * Kr + q];
-    }
-  }
-  __syncthreads();
-  const S* st = saved + t * l.SavedStride();
-  const float* dxt = dx + t * static_cast<int64_t>(N) * C;
-  float a[kMaxK][EPT], dA[kMaxK][EPT], o[kMaxKr][EPT], dO[kMaxKr][EPT];
-  float dots[kMaxR] = {};
-  // FusedWriteBackBackward: dA_i = sum_j H_res[j][i] G_j, dO_r = sum_j post[j][r] G_j and the
-  // dots <G_j, A_i>, <G_j, O_r>.
 #pragma unroll
   for (int e = 0; e < EPT; ++e) {
     const int c = threadIdx.x + e * B;
@@ -448,6 +446,227 @@ __global__ void __launch_bounds__(512)
       for (int q = 0; q < kMaxKr; ++q) dots[kMaxK * kMaxK + j * kMaxKr + q] += g[j] * o[q][e];
     }
   }
+}
+
+// Gram-Schmidt backward, its first J passes: the levels W(m, i) (W(m, 0) the raw
+// convolutions of the saved v1 rows), norms = |o_r|^2 + eps, c(m, i) and dc(J, J-1).
+template <typename S, int EPT>
+__device__ __forceinline__ void BasisLevels(const Layout& l, const MapParams& p, const S* saved,
+                                            int32_t seg, int64_t t, const float (&o)[kMaxKr][EPT],
+                                            const float (&dO)[kMaxKr][EPT],
+                                            float (&lev)[kLevels][EPT], float (&norms)[kMaxKr],
+                                            float (&cc)[kMaxKr][kMaxKr],
+                                            float (&dc)[kMaxKr][kMaxKr], float* red) {
+  const int C = l.C, k = l.k, J = l.J;
+  const int B = blockDim.x;
+  {
+    // W(m, 0): the raw convolutions, from the saved v1 (= out) rows of earlier tokens.
+    const S* v1 = saved + t * l.SavedStride() + static_cast<int64_t>(k) * C;
+#pragma unroll
+    for (int m = 1; m <= kMaxJ; ++m) {
+      if (m > J) break;
+      const int taps = Taps(p, m - 1, t, seg);
+      const float* w = p.conv[m - 1];
+#pragma unroll
+      for (int e = 0; e < EPT; ++e) {
+        const int c = threadIdx.x + e * B;
+        lev[m * (m - 1) / 2][e] = c < C ? ConvElement(w, C, c, taps, v1, l.SavedStride()) : 0.0f;
+      }
+    }
+    // |o_r|^2, <W(m, 0), o_0>, <dO_J, o_(J-1)>.
+    float v[2 * kMaxKr] = {};
+#pragma unroll
+    for (int e = 0; e < EPT; ++e) {
+#pragma unroll
+      for (int q = 0; q < kMaxKr; ++q) v[q] += o[q][e] * o[q][e];
+#pragma unroll
+      for (int m = 1; m <= kMaxJ; ++m)
+        if (m <= J) v[kMaxKr + m - 1] += lev[m * (m - 1) / 2][e] * o[0][e];
+#pragma unroll
+      for (int jj = 1; jj <= kMaxJ; ++jj)
+        if (jj == J) v[2 * kMaxKr - 1] += dO[jj][e] * o[jj - 1][e];
+    }
+    BlockSum<float, 2 * kMaxKr>(v, red);
+#pragma unroll
+    for (int q = 0; q < kMaxKr; ++q) norms[q] = v[q] + kGramSchmidtEps;
+#pragma unroll
+    for (int m = 1; m <= kMaxJ; ++m) cc[m][0] = v[kMaxKr + m - 1] / norms[0];
+#pragma unroll
+    for (int jj = 1; jj <= kMaxJ; ++jj)
+      if (jj == J) dc[jj][jj - 1] = -v[2 * kMaxKr - 1];
+  }
+// W(m, i) = W(m, i-1) - c(m, i-1) o_(i-1) for m > i; c(m, i) = <W(m, i), o_i> / |o_i|^2.
+#pragma unroll
+  for (int i = 1; i < kMaxJ; ++i) {
+    if (i >= J) break;
+    float v[kMaxKr] = {};
+#pragma unroll
+    for (int e = 0; e < EPT; ++e) {
+#pragma unroll
+      for (int m = i + 1; m <= kMaxJ; ++m) {
+        if (m > J) break;
+        const float w = lev[m * (m - 1) / 2 + i - 1][e] + (-cc[m][i - 1]) * o[i - 1][e];
+        lev[m * (m - 1) / 2 + i][e] = w;
+        v[m] += w * o[i][e];
+      }
+    }
+    BlockSum<float, kMaxKr>(v, red);
+#pragma unroll
+    for (int m = i + 1; m <= kMaxJ; ++m) cc[m][i] = v[m] / norms[i];
+  }
+}
+
+// Gram-Schmidt backward, its last J passes: undo step i of every row m > i, i = J-1 .. 0;
+// dO -> dg_t (the raw convolutions' gradients, J x C) and dout_t (= dv1).
+template <int EPT>
+__device__ __forceinline__ void UndoBasis(const Layout& l, const float (&o)[kMaxKr][EPT],
+                                          const float (&lev)[kLevels][EPT],
+                                          const float (&norms)[kMaxKr],
+                                          const float (&cc)[kMaxKr][kMaxKr],
+                                          float (&dc)[kMaxKr][kMaxKr], float (&dO)[kMaxKr][EPT],
+                                          float* dg_t, float* dout_t, float* red) {
+  const int C = l.C, J = l.J;
+  const int B = blockDim.x;
+#pragma unroll
+  for (int i = kMaxJ - 1; i >= 0; --i) {
+    if (i > J - 1) continue;
+    float s1[kMaxKr] = {}, s2[kMaxKr] = {}, s3[kMaxKr] = {};
+#pragma unroll
+    for (int m = i + 1; m <= kMaxJ; ++m) {
+      s1[m] = -cc[m][i];
+      s2[m] = dc[m][i] / norms[i];
+      s3[m] = -2.0f * cc[m][i] * dc[m][i] / norms[i];
+    }
+    float v[kMaxKr] = {};
+#pragma unroll
+    for (int e = 0; e < EPT; ++e) {
+      const float vi = o[i][e];
+      float di = dO[i][e];
+      float dm[kMaxKr] = {};
+#pragma unroll
+      for (int m = kMaxJ; m > i; --m) {
+        if (m > J) continue;
+        const float d = dO[m][e];
+        di = di + s1[m] * d;
+        di = di + s2[m] * lev[m * (m - 1) / 2 + i][e];
+        di = di + s3[m] * vi;
+        dm[m] = d + s2[m] * vi;
+      }
+      const int c = threadIdx.x + e * B;
+      if (i > 0) {
+        const float vp = o[i - 1][e];
+        dm[i] = di;
+#pragma unroll
+        for (int m = i; m <= kMaxJ; ++m) {
+          if (m > J) break;
+          dO[m][e] = dm[m];
+          v[m] += dm[m] * vp;
+        }
+      } else if (c < C) {
+#pragma unroll
+        for (int m = 1; m <= kMaxJ; ++m)
+          if (m <= J) dg_t[static_cast<int64_t>(m - 1) * C + c] = dm[m];
+        dout_t[c] = di;
+      }
+    }
+    if (i > 0) {
+      BlockSum<float, kMaxKr>(v, red);
+#pragma unroll
+      for (int m = i; m <= kMaxJ; ++m) dc[m][i - 1] = -v[m];
+    }
+  }
+}
+
+// The write-back's scalar gradients on one thread: the gates' (dp_out), H_post's and H_res's
+// (Sinkhorn recomputed with its tape), the active mappings' logits (c2_out, wscal). Returns
+// the factor of A in dA (the norm's term).
+__device__ __forceinline__ float MappingGrads(const Layout& l, const MapParams& p, const float* r,
+                                              const float* cf, const float (&dots)[kMaxR],
+                                              int64_t t, float* dp_out, float* wscal, float* c2_out,
+                                              float* tape, int64_t tape_floats) {
+  const int C = l.C, k = l.k, Kr = l.Kr, kk = k * k;
+  const float* q = cf + Layout::kQ;
+  const float* hpost = cf + l.HpostOff();
+  const float* hres = cf + l.HresOff();
+  float dhpost[kMaxK * kMaxKr];
+  for (int j = 0; j < k; ++j) {
+    const float pj = r[Layout::kGate + j];
+    float acc = 0;
+    for (int c2 = 0; c2 < Kr; ++c2) {
+      const float go = dots[kMaxK * kMaxK + j * kMaxKr + c2];
+      acc += hpost[j * Kr + c2] * go;
+      dhpost[j * Kr + c2] = pj * go;
+    }
+    dp_out[t * k + j] = acc;
+  }
+  float* scal = wscal + t * l.WriteScalStride();
+  for (int i = 0; i < l.WriteScalStride(); ++i) scal[i] = 0;
+  float* c2 = c2_out + t * l.C2Stride();
+  float sum_dq_q = 0;
+  // MixingBackward: Sinkhorn recomputed with its tape, the row-sum clamp, its backward.
+  float logits[kMaxK * kMaxK], hraw[kMaxK * kMaxK], dh[kMaxK * kMaxK], dz[kMaxK * kMaxK];
+  const float a_res = *p.a_res;
+  for (int i = 0; i < kk; ++i) logits[i] = a_res * q[i] + p.b_res[i];
+  float* tp = tape + t * tape_floats;
+  SinkhornForward(k, l.iters, logits, hraw, tp);
+  for (int j = 0; j < k; ++j)
+    for (int i = 0; i < k; ++i) dh[j * k + i] = dots[j * kMaxK + i];
+  for (int j = 0; j < k; ++j) {
+    float s = 0;
+    for (int i = 0; i < k; ++i) s += hraw[j * k + i];
+    if (s > 1.0f) {
+      float gy = 0;
+      for (int i = 0; i < k; ++i) gy += dh[j * k + i] * hres[j * k + i];
+      for (int i = 0; i < k; ++i) dh[j * k + i] = (dh[j * k + i] - gy) / s;
+    }
+  }
+  SinkhornBackward(k, l.iters, logits, tp, dh, dz);
+  // ActiveMapsBackward.
+  for (int i = 0; i < kk; ++i) {
+    scal[0] += dz[i] * q[i];
+    scal[1 + i] += dz[i];
+    const float dq = a_res * dz[i];
+    c2[i] = dq;
+    sum_dq_q += dq * q[i];
+  }
+  const float a_post = *p.a_post;
+  for (int i = 0; i < k * Kr; ++i) {
+    const float h = hpost[i] / 2.0f;
+    const float dlogit = dhpost[i] * 2.0f * h * (1.0f - h);
+    scal[1 + kk] += dlogit * q[kk + i];
+    scal[2 + kk + i] += dlogit;
+    const float dq = a_post * dlogit;
+    c2[kk + i] = dq;
+    sum_dq_q += dq * q[kk + i];
+  }
+  const float ra = cf[Layout::kRa];
+  for (int i = 0; i < l.P2(); ++i) c2[i] /= ra;
+  return -sum_dq_q / (static_cast<float>(static_cast<int64_t>(k) * C) * ra * ra);
+}
+
+template <typename S, int EPT>
+__global__ void __launch_bounds__(512)
+    WriteBackwardKernel(Layout l, const float* dx, const S* saved, const int32_t* segment,
+                        MapParams p, const float* rec, const int32_t* idx, const float* coef,
+                        float* da_out, float* d_out, float* dg_out, float* dp_out, float* c2_out,
+                        float* wscal, float* tape, int64_t tape_floats) {
+  __shared__ float red[kMaxR * kWarp];
+  __shared__ int sidx[kMaxK];
+  __shared__ float smix[kMaxK * kMaxK];
+  __shared__ float spost[kMaxK * kMaxKr];
+  __shared__ float sfactor;
+  const int64_t t = blockIdx.x;
+  const int N = l.N, C = l.C, k = l.k, J = l.J;
+  const int B = blockDim.x;
+  const float* r = rec + t * l.RecStride();
+  const float* cf = coef + t * l.CoefStride();
+  if (threadIdx.x == 0) StageWriteMaps(l, r, cf, idx, t, sidx, smix, spost);
+  __syncthreads();
+  const S* st = saved + t * l.SavedStride();
+  const float* dxt = dx + t * static_cast<int64_t>(N) * C;
+  float a[kMaxK][EPT], dA[kMaxK][EPT], o[kMaxKr][EPT], dO[kMaxKr][EPT];
+  float dots[kMaxR] = {};
+  WriteBackGrads<S, EPT>(l, dxt, st, sidx, smix, spost, a, dA, o, dO, dots);
   BlockSum<float, kMaxR>(dots, red);
 
   // Gram-Schmidt backward (MLP): dO -> d_out (= dv1) and dg (the raw convolutions').
@@ -460,175 +679,17 @@ __global__ void __launch_bounds__(512)
     }
   } else {
     const int32_t seg = segment[t];
-    constexpr int kLevels = kMaxJ * (kMaxJ + 1) / 2;
     float lev[kLevels][EPT] = {};  // W(m, i) at m (m - 1) / 2 + i
     float norms[kMaxKr] = {}, cc[kMaxKr][kMaxKr] = {}, dc[kMaxKr][kMaxKr] = {};
-    {
-      // W(m, 0): the raw convolutions, from the saved v1 (= out) rows of earlier tokens.
-      const S* v1 = saved + t * l.SavedStride() + static_cast<int64_t>(k) * C;
-#pragma unroll
-      for (int m = 1; m <= kMaxJ; ++m) {
-        if (m > J) break;
-        const int taps = Taps(p, m - 1, t, seg);
-        const float* w = p.conv[m - 1];
-#pragma unroll
-        for (int e = 0; e < EPT; ++e) {
-          const int c = threadIdx.x + e * B;
-          lev[m * (m - 1) / 2][e] = c < C ? ConvElement(w, C, c, taps, v1, l.SavedStride()) : 0.0f;
-        }
-      }
-      // |o_r|^2, <W(m, 0), o_0>, <dO_J, o_(J-1)>.
-      float v[2 * kMaxKr] = {};
-#pragma unroll
-      for (int e = 0; e < EPT; ++e) {
-#pragma unroll
-        for (int q = 0; q < kMaxKr; ++q) v[q] += o[q][e] * o[q][e];
-#pragma unroll
-        for (int m = 1; m <= kMaxJ; ++m)
-          if (m <= J) v[kMaxKr + m - 1] += lev[m * (m - 1) / 2][e] * o[0][e];
-#pragma unroll
-        for (int jj = 1; jj <= kMaxJ; ++jj)
-          if (jj == J) v[2 * kMaxKr - 1] += dO[jj][e] * o[jj - 1][e];
-      }
-      BlockSum<float, 2 * kMaxKr>(v, red);
-#pragma unroll
-      for (int q = 0; q < kMaxKr; ++q) norms[q] = v[q] + kGramSchmidtEps;
-#pragma unroll
-      for (int m = 1; m <= kMaxJ; ++m) cc[m][0] = v[kMaxKr + m - 1] / norms[0];
-#pragma unroll
-      for (int jj = 1; jj <= kMaxJ; ++jj)
-        if (jj == J) dc[jj][jj - 1] = -v[2 * kMaxKr - 1];
-    }
-    // W(m, i) = W(m, i-1) - c(m, i-1) o_(i-1) for m > i; c(m, i) = <W(m, i), o_i> / |o_i|^2.
-#pragma unroll
-    for (int i = 1; i < kMaxJ; ++i) {
-      if (i >= J) break;
-      float v[kMaxKr] = {};
-#pragma unroll
-      for (int e = 0; e < EPT; ++e) {
-#pragma unroll
-        for (int m = i + 1; m <= kMaxJ; ++m) {
-          if (m > J) break;
-          const float w = lev[m * (m - 1) / 2 + i - 1][e] + (-cc[m][i - 1]) * o[i - 1][e];
-          lev[m * (m - 1) / 2 + i][e] = w;
-          v[m] += w * o[i][e];
-        }
-      }
-      BlockSum<float, kMaxKr>(v, red);
-#pragma unroll
-      for (int m = i + 1; m <= kMaxJ; ++m) cc[m][i] = v[m] / norms[i];
-    }
+    BasisLevels<S, EPT>(l, p, saved, seg, t, o, dO, lev, norms, cc, dc, red);
     // Undo step i of every row m > i, i = J-1 .. 0.
     float* dg_t = dg_out + t * static_cast<int64_t>(J) * C;
-#pragma unroll
-    for (int i = kMaxJ - 1; i >= 0; --i) {
-      if (i > J - 1) continue;
-      float s1[kMaxKr] = {}, s2[kMaxKr] = {}, s3[kMaxKr] = {};
-#pragma unroll
-      for (int m = i + 1; m <= kMaxJ; ++m) {
-        s1[m] = -cc[m][i];
-        s2[m] = dc[m][i] / norms[i];
-        s3[m] = -2.0f * cc[m][i] * dc[m][i] / norms[i];
-      }
-      float v[kMaxKr] = {};
-#pragma unroll
-      for (int e = 0; e < EPT; ++e) {
-        const float vi = o[i][e];
-        float di = dO[i][e];
-        float dm[kMaxKr] = {};
-#pragma unroll
-        for (int m = kMaxJ; m > i; --m) {
-          if (m > J) continue;
-          const float d = dO[m][e];
-          di = di + s1[m] * d;
-          di = di + s2[m] * lev[m * (m - 1) / 2 + i][e];
-          di = di + s3[m] * vi;
-          dm[m] = d + s2[m] * vi;
-        }
-        const int c = threadIdx.x + e * B;
-        if (i > 0) {
-          const float vp = o[i - 1][e];
-          dm[i] = di;
-#pragma unroll
-          for (int m = i; m <= kMaxJ; ++m) {
-            if (m > J) break;
-            dO[m][e] = dm[m];
-            v[m] += dm[m] * vp;
-          }
-        } else if (c < C) {
-#pragma unroll
-          for (int m = 1; m <= kMaxJ; ++m)
-            if (m <= J) dg_t[static_cast<int64_t>(m - 1) * C + c] = dm[m];
-          dout_t[c] = di;
-        }
-      }
-      if (i > 0) {
-        BlockSum<float, kMaxKr>(v, red);
-#pragma unroll
-        for (int m = i; m <= kMaxJ; ++m) dc[m][i - 1] = -v[m];
-      }
-    }
+    UndoBasis<EPT>(l, o, lev, norms, cc, dc, dO, dg_t, dout_t, red);
   }
 
   // Gates, H_post and H_res gradients, the active mappings' logits (one thread).
   if (threadIdx.x == 0) {
-    const float* q = cf + Layout::kQ;
-    const float* hpost = cf + l.HpostOff();
-    const float* hres = cf + l.HresOff();
-    float dhpost[kMaxK * kMaxKr];
-    for (int j = 0; j < k; ++j) {
-      const float pj = r[Layout::kGate + j];
-      float acc = 0;
-      for (int c2 = 0; c2 < Kr; ++c2) {
-        const float go = dots[kMaxK * kMaxK + j * kMaxKr + c2];
-        acc += hpost[j * Kr + c2] * go;
-        dhpost[j * Kr + c2] = pj * go;
-      }
-      dp_out[t * k + j] = acc;
-    }
-    float* scal = wscal + t * l.WriteScalStride();
-    for (int i = 0; i < l.WriteScalStride(); ++i) scal[i] = 0;
-    float* c2 = c2_out + t * l.C2Stride();
-    float sum_dq_q = 0;
-    // MixingBackward: Sinkhorn recomputed with its tape, the row-sum clamp, its backward.
-    float logits[kMaxK * kMaxK], hraw[kMaxK * kMaxK], dh[kMaxK * kMaxK], dz[kMaxK * kMaxK];
-    const float a_res = *p.a_res;
-    for (int i = 0; i < kk; ++i) logits[i] = a_res * q[i] + p.b_res[i];
-    float* tp = tape + t * tape_floats;
-    SinkhornForward(k, l.iters, logits, hraw, tp);
-    for (int j = 0; j < k; ++j)
-      for (int i = 0; i < k; ++i) dh[j * k + i] = dots[j * kMaxK + i];
-    for (int j = 0; j < k; ++j) {
-      float s = 0;
-      for (int i = 0; i < k; ++i) s += hraw[j * k + i];
-      if (s > 1.0f) {
-        float gy = 0;
-        for (int i = 0; i < k; ++i) gy += dh[j * k + i] * hres[j * k + i];
-        for (int i = 0; i < k; ++i) dh[j * k + i] = (dh[j * k + i] - gy) / s;
-      }
-    }
-    SinkhornBackward(k, l.iters, logits, tp, dh, dz);
-    // ActiveMapsBackward.
-    for (int i = 0; i < kk; ++i) {
-      scal[0] += dz[i] * q[i];
-      scal[1 + i] += dz[i];
-      const float dq = a_res * dz[i];
-      c2[i] = dq;
-      sum_dq_q += dq * q[i];
-    }
-    const float a_post = *p.a_post;
-    for (int i = 0; i < k * Kr; ++i) {
-      const float h = hpost[i] / 2.0f;
-      const float dlogit = dhpost[i] * 2.0f * h * (1.0f - h);
-      scal[1 + kk] += dlogit * q[kk + i];
-      scal[2 + kk + i] += dlogit;
-      const float dq = a_post * dlogit;
-      c2[kk + i] = dq;
-      sum_dq_q += dq * q[kk + i];
-    }
-    const float ra = cf[Layout::kRa];
-    for (int i = 0; i < l.P2(); ++i) c2[i] /= ra;
-    sfactor = -sum_dq_q / (static_cast<float>(static_cast<int64_t>(k) * C) * ra * ra);
+    sfactor = MappingGrads(l, p, r, cf, dots, t, dp_out, wscal, c2_out, tape, tape_floats);
   }
   __syncthreads();
   const float f = sfactor;

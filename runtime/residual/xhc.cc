@@ -586,6 +586,21 @@ class XhcImpl final : public ResidualStreams<T>::Impl {
   template <int kJ>
   void GramSchmidtBackwardImpl(const Sublayer& sl, const T* out, int64_t ld, int t, const T* o,
                                T* d_o, int64_t lp, T* d_out_t, T* dg_t, T* levels) const;
+  // GramSchmidtBackwardImpl's state between its passes: |o_r|^2 + eps, the coefficients
+  // c(m, i) and their gradients dc(m, i).
+  struct GramSchmidtCoefs {
+    T norms[kMaxKr];
+    T c[kMaxKr][kMaxKr] = {};
+    T dc[kMaxKr][kMaxKr] = {};
+  };
+  // The J passes that recompute the levels W(m, i) and the coefficients.
+  template <int kJ>
+  void GramSchmidtLevels(const Sublayer& sl, const T* out, int64_t ld, int t, const T* o,
+                         const T* d_o, int64_t lp, T* levels, GramSchmidtCoefs& coefs) const;
+  // The J passes that undo the steps i = J-1 .. 0 into d_o, d_out_t and dg_t.
+  template <int kJ>
+  void GramSchmidtUndo(const T* o, T* d_o, int64_t lp, T* d_out_t, T* dg_t, const T* levels,
+                       GramSchmidtCoefs& coefs) const;
 
   // ---- ReadInputBackward's stages ----
   // Token t (its row of d_u): dX += H_pre du over the current rows; the H_pre logit
@@ -1043,23 +1058,18 @@ void XhcImpl<T>::GramSchmidtBackward(const Sublayer& sl, const T* out, int64_t l
 
 template <typename T>
 template <int kJ>
-void XhcImpl<T>::GramSchmidtBackwardImpl(const Sublayer& sl, const T* out, int64_t ld, int t,
-                                         const T* o, T* d_o, int64_t lp, T* d_out_t, T* dg_t,
-                                         T* levels) const {
+void XhcImpl<T>::GramSchmidtLevels(const Sublayer& sl, const T* out, int64_t ld, int t, const T* o,
+                                   const T* d_o, int64_t lp, T* levels,
+                                   GramSchmidtCoefs& coefs) const {
   using residual_internal::Simd;
   const int64_t C = this->width;
   const int J = kJ > 0 ? kJ : J_;  // compile-time when known: the row loops unroll
-  if (J == 0) {
-    std::memcpy(d_out_t, d_o, sizeof(T) * C);
-    return;
-  }
   int taps[kMaxKr];
   CausalTaps(t, taps);
   const T* w[kMaxKr];
   for (int j = 0; j < J; ++j) w[j] = Param(sl.conv[static_cast<size_t>(j)]);
   auto lev = [&](int m, int i) { return levels + (m * (m - 1) / 2 + i) * lp; };
   const T* out_t = out + t * ld;
-  T norms[kMaxKr], c[kMaxKr][kMaxKr] = {}, dc[kMaxKr][kMaxKr] = {};
   {
     // W(m, 0) = raw convolution m - 1 (as the forward, one pass per tap); then one pass
     // for <W(m, 0), o_0>, |o_r|^2 and <d_o[J], o_(J-1)>.
@@ -1086,9 +1096,9 @@ void XhcImpl<T>::GramSchmidtBackwardImpl(const Sublayer& sl, const T* out, int64
       }
     });
     for (int r = 0; r <= J; ++r)
-      norms[r] = Total<T>(vn[r]) + sn[r] + static_cast<T>(kGramSchmidtEps);
-    for (int m = 1; m <= J; ++m) c[m][0] = (Total<T>(vd[m]) + sd[m]) / norms[0];
-    dc[J][J - 1] = -(Total<T>(vg) + sg);
+      coefs.norms[r] = Total<T>(vn[r]) + sn[r] + static_cast<T>(kGramSchmidtEps);
+    for (int m = 1; m <= J; ++m) coefs.c[m][0] = (Total<T>(vd[m]) + sd[m]) / coefs.norms[0];
+    coefs.dc[J][J - 1] = -(Total<T>(vg) + sg);
   }
   // W(m, i) = W(m, i-1) - c(m, i-1) o_(i-1) for m > i; c(m, i) = <W(m, i), o_i> / |o_i|^2.
   for (int i = 1; i < J; ++i) {
@@ -1099,7 +1109,7 @@ void XhcImpl<T>::GramSchmidtBackwardImpl(const Sublayer& sl, const T* out, int64
       const V oi = Ld<T, V>(o + i * lp + e);
       V dd[kMaxKr];
       for (int m = i + 1; m <= J; ++m) {
-        const V v = Ld<T, V>(lev(m, i - 1) + e) + Bc<T, V>(-c[m][i - 1]) * x;
+        const V v = Ld<T, V>(lev(m, i - 1) + e) + Bc<T, V>(-coefs.c[m][i - 1]) * x;
         St<T, V>(lev(m, i) + e, v);
         dd[m] = v * oi;
       }
@@ -1109,16 +1119,26 @@ void XhcImpl<T>::GramSchmidtBackwardImpl(const Sublayer& sl, const T* out, int64
         for (int m = i + 1; m <= J; ++m) vd[m] += dd[m];
       }
     });
-    for (int m = i + 1; m <= J; ++m) c[m][i] = (Total<T>(vd[m]) + sd[m]) / norms[i];
+    for (int m = i + 1; m <= J; ++m) coefs.c[m][i] = (Total<T>(vd[m]) + sd[m]) / coefs.norms[i];
   }
+}
+
+template <typename T>
+template <int kJ>
+void XhcImpl<T>::GramSchmidtUndo(const T* o, T* d_o, int64_t lp, T* d_out_t, T* dg_t,
+                                 const T* levels, GramSchmidtCoefs& coefs) const {
+  using residual_internal::Simd;
+  const int64_t C = this->width;
+  const int J = kJ > 0 ? kJ : J_;  // compile-time when known: the row loops unroll
+  auto lev = [&](int m, int i) { return levels + (m * (m - 1) / 2 + i) * lp; };
   // Undo step i of every row m > i: W(m, i+1) = W(m, i) - c v_i, c = <W(m, i), v_i> /
   // (<v_i, v_i> + eps); dW(m, i+1) is d_o[m] (complete: rows above were undone first).
   for (int i = J - 1; i >= 0; --i) {
     T s1[kMaxKr], s2[kMaxKr], s3[kMaxKr];
     for (int m = i + 1; m <= J; ++m) {
-      s1[m] = -c[m][i];
-      s2[m] = dc[m][i] / norms[i];
-      s3[m] = -T(2) * c[m][i] * dc[m][i] / norms[i];
+      s1[m] = -coefs.c[m][i];
+      s2[m] = coefs.dc[m][i] / coefs.norms[i];
+      s3[m] = -T(2) * coefs.c[m][i] * coefs.dc[m][i] / coefs.norms[i];
     }
     Simd<T> vd[kMaxKr] = {};
     T sd[kMaxKr] = {};
@@ -1152,8 +1172,24 @@ void XhcImpl<T>::GramSchmidtBackwardImpl(const Sublayer& sl, const T* out, int64
       }
     });
     if (i > 0)
-      for (int m = i; m <= J; ++m) dc[m][i - 1] = -(Total<T>(vd[m]) + sd[m]);
+      for (int m = i; m <= J; ++m) coefs.dc[m][i - 1] = -(Total<T>(vd[m]) + sd[m]);
   }
+}
+
+template <typename T>
+template <int kJ>
+void XhcImpl<T>::GramSchmidtBackwardImpl(const Sublayer& sl, const T* out, int64_t ld, int t,
+                                         const T* o, T* d_o, int64_t lp, T* d_out_t, T* dg_t,
+                                         T* levels) const {
+  const int64_t C = this->width;
+  const int J = kJ > 0 ? kJ : J_;  // compile-time when known: the row loops unroll
+  if (J == 0) {
+    std::memcpy(d_out_t, d_o, sizeof(T) * C);
+    return;
+  }
+  GramSchmidtCoefs coefs;
+  GramSchmidtLevels<kJ>(sl, out, ld, t, o, d_o, lp, levels, coefs);
+  GramSchmidtUndo<kJ>(o, d_o, lp, d_out_t, dg_t, levels, coefs);
 }
 
 // The write-back's backward in stages: per block of kTokenBlock tokens (while the block's

@@ -150,6 +150,57 @@ void CallPlans(v1::RackControl::Stub& stub, const std::string& bytes) {
   Verbose("Plans", items, stream->Finish());
 }
 
+// Method `which` (0-13) with `bytes` as its request: the unary ones called directly, the
+// streams (11-13) through the in-process server's stubs.
+void CallMethod(int which, const std::string& bytes, co::JobServiceImpl& jobs,
+                co::RackControlImpl& control, v1::JobService::Stub* job_stub,
+                v1::RackControl::Stub* control_stub, OpenAssignments& assignments) {
+  switch (which) {
+    case 0:
+      Call(jobs, &co::JobServiceImpl::Submit, bytes);
+      break;
+    case 1:
+      Call(jobs, &co::JobServiceImpl::Get, bytes);
+      break;
+    case 2:
+      Call(jobs, &co::JobServiceImpl::List, bytes);
+      break;
+    case 3:
+      Call(jobs, &co::JobServiceImpl::Cancel, bytes);
+      break;
+    case 4:
+      Call(jobs, &co::JobServiceImpl::ListWorkers, bytes);
+      break;
+    case 5:
+      Call(control, &co::RackControlImpl::Register, bytes);
+      break;
+    case 6:
+      Call(control, &co::RackControlImpl::Heartbeat, bytes);
+      break;
+    case 7:
+      Call(control, &co::RackControlImpl::Report, bytes);
+      break;
+    case 8:
+      Call(control, &co::RackControlImpl::Deregister, bytes);
+      break;
+    case 9:
+      Call(control, &co::RackControlImpl::StoreSet, bytes);
+      break;
+    case 10:
+      Call(control, &co::RackControlImpl::StoreGet, bytes);
+      break;
+    case 11:
+      CallWatch(*job_stub, bytes);
+      break;
+    case 12:
+      assignments.Open(*control_stub, bytes);
+      break;
+    case 13:
+      CallPlans(*control_stub, bytes);
+      break;
+  }
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -206,50 +257,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
           control_stub = v1::RackControl::NewStub(channel);
         }
       }
-      switch (which) {
-        case 0:
-          Call(jobs, &co::JobServiceImpl::Submit, bytes);
-          break;
-        case 1:
-          Call(jobs, &co::JobServiceImpl::Get, bytes);
-          break;
-        case 2:
-          Call(jobs, &co::JobServiceImpl::List, bytes);
-          break;
-        case 3:
-          Call(jobs, &co::JobServiceImpl::Cancel, bytes);
-          break;
-        case 4:
-          Call(jobs, &co::JobServiceImpl::ListWorkers, bytes);
-          break;
-        case 5:
-          Call(control, &co::RackControlImpl::Register, bytes);
-          break;
-        case 6:
-          Call(control, &co::RackControlImpl::Heartbeat, bytes);
-          break;
-        case 7:
-          Call(control, &co::RackControlImpl::Report, bytes);
-          break;
-        case 8:
-          Call(control, &co::RackControlImpl::Deregister, bytes);
-          break;
-        case 9:
-          Call(control, &co::RackControlImpl::StoreSet, bytes);
-          break;
-        case 10:
-          Call(control, &co::RackControlImpl::StoreGet, bytes);
-          break;
-        case 11:
-          CallWatch(*job_stub, bytes);
-          break;
-        case 12:
-          assignments.Open(*control_stub, bytes);
-          break;
-        case 13:
-          CallPlans(*control_stub, bytes);
-          break;
-      }
+      CallMethod(which, bytes, jobs, control, job_stub.get(), control_stub.get(), assignments);
       now_ms += 250;  // time passes between calls: heartbeats expire, jobs get scheduled
       rack.Tick();
     }

@@ -437,6 +437,181 @@ void RunSolves(const std::vector<rackrun::runtime::PlanSource*>& sources,
   }
 }
 
+// Realistic loads (planner/generate.h) for `ranks` ranks: Zipf-skewed, calibrated to an
+// initial rank imbalance (*target_imbalance), top-8, 4096 tokens per rank, 16 microbatches x
+// 4 layers, cycled.
+std::vector<rackrun::planner::TraceEntry> PlanTrace(int ranks, int experts,
+                                                    double* target_imbalance) {
+  rackrun::planner::GeneratorOptions gen;
+  gen.ranks = ranks;
+  gen.experts = experts;
+  gen.topk = std::min(8, experts);
+  gen.tokens_per_rank = 4096;
+  gen.microbatches = 16;
+  gen.layers = 4;
+  gen.seed = 7;
+  // 1.5, or the highest step of 0.05 below it that this domain can reach (R=2 cannot).
+  absl::StatusOr<rackrun::planner::LoadGenerator> generator = absl::UnknownError("not tried");
+  for (gen.imbalance = 1.5; gen.imbalance >= 1.04; gen.imbalance -= 0.05) {
+    generator = rackrun::planner::LoadGenerator::Create(gen);
+    if (generator.ok()) break;
+  }
+  if (!generator.ok()) Die("load generator: " + std::string(generator.status().message()));
+  *target_imbalance = gen.imbalance;
+  std::vector<rackrun::planner::TraceEntry> trace;
+  for (int64_t mb = 0; mb < gen.microbatches; ++mb) {
+    for (int layer = 0; layer < gen.layers; ++layer) {
+      absl::StatusOr<rackrun::planner::TraceEntry> e = generator->Generate(mb, layer);
+      if (!e.ok()) Die("load generator: " + std::string(e.status().message()));
+      trace.push_back(*std::move(e));
+    }
+  }
+  return trace;
+}
+
+// Coordinator mode: a job of `coord->ranks` fake workers on `coordinator`, its ranks' plan
+// sources solving `trace` through it. Returns the job's balancer setup (the RunJob carries
+// the defaulted spec), which the in-band source then uses too.
+rackrun::jobspec::BalancerSetup CoordinatorCell(
+    const Flags& flags, CoordinatorProcess& coordinator, Client& client, int job_index,
+    const std::vector<rackrun::planner::TraceEntry>& trace, int warmup, PlanCell* coord) {
+  const int ranks = coord->ranks;
+  const std::string& policy = coord->policy;
+  rackrun::v1::JobSpec spec = BaseSpec("plan-bench", ranks, flags.experts);
+  spec.mutable_balancer()->set_policy(policy);
+  spec.mutable_balancer()->set_mode("coordinator");
+  std::vector<std::unique_ptr<FakeWorker>> workers;
+  for (int r = 0; r < ranks; ++r) {
+    const std::string host = "plan" + std::to_string(job_index) + "-h" + std::to_string(r);
+    workers.push_back(
+        std::make_unique<FakeWorker>(coordinator.address(), coordinator.token(), host, r));
+  }
+  const std::string job_id = Submit(client, spec, "plan-" + std::to_string(job_index));
+  std::vector<rackrun::v1::RunJob> runs(static_cast<size_t>(ranks));
+  for (auto& w : workers) {
+    rackrun::v1::RunJob run = w->NextRun();
+    if (run.job_id() != job_id) Die("worker got job " + run.job_id() + ", expected " + job_id);
+    runs[static_cast<size_t>(run.rank())] = run;
+  }
+  if (!client.WaitState(job_id, rackrun::v1::RUNNING))
+    Die("job " + job_id + " never became RUNNING");
+  absl::StatusOr<rackrun::jobspec::BalancerSetup> setup =
+      rackrun::jobspec::BalancerSetupOf(runs[0].spec(), ranks);
+  if (!setup.ok()) Die("BalancerSetupOf: " + std::string(setup.status().message()));
+  {
+    std::vector<std::unique_ptr<rackrun::worker::Connection>> connections;
+    std::vector<std::unique_ptr<rackrun::worker::CoordinatorPlanSource>> owned;
+    std::vector<rackrun::runtime::PlanSource*> sources;
+    for (int r = 0; r < ranks; ++r) {
+      rackrun::worker::ConnectionOptions o;
+      o.coordinator = coordinator.address();
+      o.token_file = coordinator.token_file();
+      absl::StatusOr<std::unique_ptr<rackrun::worker::Connection>> c =
+          rackrun::worker::Connection::Create(o);
+      if (!c.ok()) Die("Connection: " + std::string(c.status().message()));
+      connections.push_back(*std::move(c));
+      owned.push_back(std::make_unique<rackrun::worker::CoordinatorPlanSource>(
+          *connections.back(), job_id, runs[static_cast<size_t>(r)].attempt(), r,
+          /*expert_parallel=*/ranks));  // the bench's job is one domain
+      sources.push_back(owned.back().get());
+    }
+    RunSolves(sources, trace, warmup, flags.solves, coord);
+  }
+  for (size_t r = 0; r < workers.size(); ++r) workers[r]->Result(runs[r]);
+  (void)client.WaitState(job_id, rackrun::v1::SUCCEEDED);
+  workers.clear();
+  return *std::move(setup);
+}
+
+// In-band over Gloo on 127.0.0.1: `setup`'s planner on every rank, solving `trace`.
+void InBandCell(const rackrun::jobspec::BalancerSetup& setup,
+                const std::vector<rackrun::planner::TraceEntry>& trace, int warmup, int solves,
+                PlanCell* inband) {
+  const int ranks = inband->ranks;
+  const std::string& policy = inband->policy;
+  rackrun::comm::InMemoryRendezvousStore store;
+  std::vector<std::unique_ptr<rackrun::comm::DataChannel>> channels(static_cast<size_t>(ranks));
+  std::vector<std::string> errors(static_cast<size_t>(ranks));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < ranks; ++r) {
+    threads.emplace_back([&, r] {
+      rackrun::comm::GlooChannelOptions o;
+      o.channel.timeout = absl::Seconds(60);
+      o.address = "127.0.0.1";
+      auto made = rackrun::comm::CreateGlooChannel(store, "bench/" + policy, r, ranks, o);
+      if (made.ok()) {
+        channels[static_cast<size_t>(r)] = *std::move(made);
+      } else {
+        errors[static_cast<size_t>(r)] = std::string(made.status().message());
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (auto& e : errors) {
+    if (!e.empty()) Die("CreateGlooChannel: " + e);
+  }
+  std::vector<std::unique_ptr<rackrun::runtime::InBandPlanSource>> owned;
+  std::vector<rackrun::runtime::PlanSource*> sources;
+  for (int r = 0; r < ranks; ++r) {
+    auto made = rackrun::runtime::InBandPlanSource::Create(
+        *channels[static_cast<size_t>(r)], setup.domain, setup.policy->name, setup.planner);
+    if (!made.ok()) Die("InBandPlanSource: " + std::string(made.status().message()));
+    owned.push_back(*std::move(made));
+    sources.push_back(owned.back().get());
+  }
+  RunSolves(sources, trace, warmup, solves, inband);
+  owned.clear();
+  channels.clear();
+}
+
+// The planner alone on this thread: the solve time of `setup`'s planner on `trace`.
+json SolveOnly(const rackrun::jobspec::BalancerSetup& setup,
+               const std::vector<rackrun::planner::TraceEntry>& trace, int warmup, int solves) {
+  auto planner = rackrun::planner::MakePlanner(setup.policy->name, setup.domain, setup.planner);
+  if (!planner.ok()) Die("MakePlanner: " + std::string(planner.status().message()));
+  rackrun::planner::Plan plan;
+  std::vector<double> seconds;
+  for (int i = 0; i < warmup + solves; ++i) {
+    const rackrun::planner::TraceEntry& entry = trace[static_cast<size_t>(i) % trace.size()];
+    const auto start = MonotonicClock::now();
+    absl::Status s = (*planner)->SolveInto(entry.loads, entry.layer, &plan);
+    const double took = rackrun::base::SecondsSince(start);
+    if (!s.ok()) Die("SolveInto: " + std::string(s.message()));
+    if (i >= warmup) seconds.push_back(took);
+  }
+  return Micros(seconds);
+}
+
+// Bare unary ping-pongs against the coordinator: Heartbeat and Health.Check round trips.
+json Pings(CoordinatorProcess& coordinator, int pings_wanted) {
+  json pings = json::object();
+  FakeWorker pinger(coordinator.address(), coordinator.token(), "ping-host", 0);
+  std::vector<double> heartbeat, health;
+  rackrun::v1::HeartbeatRequest hb;
+  hb.set_worker_id(pinger.id());
+  hb.set_phase("idle");
+  for (int i = 0; i < pings_wanted + 50; ++i) {
+    rackrun::v1::HeartbeatResponse resp;
+    auto ctx = pinger.client().Ctx();
+    const auto start = MonotonicClock::now();
+    grpc::Status s = pinger.client().rack().Heartbeat(ctx.get(), hb, &resp);
+    const double took = rackrun::base::SecondsSince(start);
+    if (!s.ok()) Die("Heartbeat: " + s.error_message());
+    if (i >= 50) heartbeat.push_back(took);
+  }
+  for (int i = 0; i < pings_wanted + 50; ++i) {
+    const auto start = MonotonicClock::now();
+    if (rackrun::rpc::CheckHealth(pinger.client().channel(), 5s) != 1) {
+      Die("Health.Check did not say SERVING");
+    }
+    const double took = rackrun::base::SecondsSince(start);
+    if (i >= 50) health.push_back(took);
+  }
+  pings["heartbeat"] = Micros(heartbeat);
+  pings["health_check"] = Micros(health);
+  return pings;
+}
+
 json RunPlan(const Flags& flags) {
   CoordinatorProcess coordinator(flags, "plan",
                                  {"--heartbeat-interval-ms", "1000", "--heartbeat-timeout-ms",
@@ -448,173 +623,33 @@ json RunPlan(const Flags& flags) {
   json imbalance = json::array();
   int job_index = 0;
   for (const int ranks : flags.ranks) {
-    // Realistic loads (planner/generate.h): Zipf-skewed, calibrated to an initial rank
-    // imbalance, top-8, 4096 tokens per rank, 16 microbatches x 4 layers, cycled.
-    rackrun::planner::GeneratorOptions gen;
-    gen.ranks = ranks;
-    gen.experts = flags.experts;
-    gen.topk = std::min(8, flags.experts);
-    gen.tokens_per_rank = 4096;
-    gen.microbatches = 16;
-    gen.layers = 4;
-    gen.seed = 7;
-    // 1.5, or the highest step of 0.05 below it that this domain can reach (R=2 cannot).
-    absl::StatusOr<rackrun::planner::LoadGenerator> generator = absl::UnknownError("not tried");
-    for (gen.imbalance = 1.5; gen.imbalance >= 1.04; gen.imbalance -= 0.05) {
-      generator = rackrun::planner::LoadGenerator::Create(gen);
-      if (generator.ok()) break;
-    }
-    if (!generator.ok()) Die("load generator: " + std::string(generator.status().message()));
-    imbalance.push_back(json{{"ranks", ranks}, {"target_imbalance", gen.imbalance}});
-    std::vector<rackrun::planner::TraceEntry> trace;
-    for (int64_t mb = 0; mb < gen.microbatches; ++mb) {
-      for (int layer = 0; layer < gen.layers; ++layer) {
-        absl::StatusOr<rackrun::planner::TraceEntry> e = generator->Generate(mb, layer);
-        if (!e.ok()) Die("load generator: " + std::string(e.status().message()));
-        trace.push_back(*std::move(e));
-      }
-    }
+    double target_imbalance = 0;
+    const std::vector<rackrun::planner::TraceEntry> trace =
+        PlanTrace(ranks, flags.experts, &target_imbalance);
+    imbalance.push_back(json{{"ranks", ranks}, {"target_imbalance", target_imbalance}});
     for (const std::string& policy : flags.policies) {
       // Coordinator mode first: the RunJob carries the defaulted spec, whose BalancerSetup
       // the in-band source then uses too (the same domain and planner options).
       PlanCell coord{ranks, policy, "coordinator", {}, {}, {}};
-      rackrun::v1::JobSpec spec = BaseSpec("plan-bench", ranks, flags.experts);
-      spec.mutable_balancer()->set_policy(policy);
-      spec.mutable_balancer()->set_mode("coordinator");
-      std::vector<std::unique_ptr<FakeWorker>> workers;
-      for (int r = 0; r < ranks; ++r) {
-        const std::string host = "plan" + std::to_string(job_index) + "-h" + std::to_string(r);
-        workers.push_back(
-            std::make_unique<FakeWorker>(coordinator.address(), coordinator.token(), host, r));
-      }
-      const std::string job_id = Submit(client, spec, "plan-" + std::to_string(job_index++));
-      std::vector<rackrun::v1::RunJob> runs(static_cast<size_t>(ranks));
-      for (auto& w : workers) {
-        rackrun::v1::RunJob run = w->NextRun();
-        if (run.job_id() != job_id) Die("worker got job " + run.job_id() + ", expected " + job_id);
-        runs[static_cast<size_t>(run.rank())] = run;
-      }
-      if (!client.WaitState(job_id, rackrun::v1::RUNNING))
-        Die("job " + job_id + " never became RUNNING");
-      absl::StatusOr<rackrun::jobspec::BalancerSetup> setup =
-          rackrun::jobspec::BalancerSetupOf(runs[0].spec(), ranks);
-      if (!setup.ok()) Die("BalancerSetupOf: " + std::string(setup.status().message()));
-      {
-        std::vector<std::unique_ptr<rackrun::worker::Connection>> connections;
-        std::vector<std::unique_ptr<rackrun::worker::CoordinatorPlanSource>> owned;
-        std::vector<rackrun::runtime::PlanSource*> sources;
-        for (int r = 0; r < ranks; ++r) {
-          rackrun::worker::ConnectionOptions o;
-          o.coordinator = coordinator.address();
-          o.token_file = coordinator.token_file();
-          absl::StatusOr<std::unique_ptr<rackrun::worker::Connection>> c =
-              rackrun::worker::Connection::Create(o);
-          if (!c.ok()) Die("Connection: " + std::string(c.status().message()));
-          connections.push_back(*std::move(c));
-          owned.push_back(std::make_unique<rackrun::worker::CoordinatorPlanSource>(
-              *connections.back(), job_id, runs[static_cast<size_t>(r)].attempt(), r,
-              /*expert_parallel=*/ranks));  // the bench's job is one domain
-          sources.push_back(owned.back().get());
-        }
-        RunSolves(sources, trace, warmup, flags.solves, &coord);
-      }
-      for (size_t r = 0; r < workers.size(); ++r) workers[r]->Result(runs[r]);
-      (void)client.WaitState(job_id, rackrun::v1::SUCCEEDED);
-      workers.clear();
+      const rackrun::jobspec::BalancerSetup setup =
+          CoordinatorCell(flags, coordinator, client, job_index++, trace, warmup, &coord);
 
       // In-band over Gloo on 127.0.0.1, with the same setup.
       PlanCell inband{ranks, policy, "inband", {}, {}, {}};
-      {
-        rackrun::comm::InMemoryRendezvousStore store;
-        std::vector<std::unique_ptr<rackrun::comm::DataChannel>> channels(
-            static_cast<size_t>(ranks));
-        std::vector<std::string> errors(static_cast<size_t>(ranks));
-        std::vector<std::thread> threads;
-        for (int r = 0; r < ranks; ++r) {
-          threads.emplace_back([&, r] {
-            rackrun::comm::GlooChannelOptions o;
-            o.channel.timeout = absl::Seconds(60);
-            o.address = "127.0.0.1";
-            auto made = rackrun::comm::CreateGlooChannel(store, "bench/" + policy, r, ranks, o);
-            if (made.ok()) {
-              channels[static_cast<size_t>(r)] = *std::move(made);
-            } else {
-              errors[static_cast<size_t>(r)] = std::string(made.status().message());
-            }
-          });
-        }
-        for (auto& t : threads) t.join();
-        for (auto& e : errors) {
-          if (!e.empty()) Die("CreateGlooChannel: " + e);
-        }
-        std::vector<std::unique_ptr<rackrun::runtime::InBandPlanSource>> owned;
-        std::vector<rackrun::runtime::PlanSource*> sources;
-        for (int r = 0; r < ranks; ++r) {
-          auto made = rackrun::runtime::InBandPlanSource::Create(*channels[static_cast<size_t>(r)],
-                                                                 setup->domain, setup->policy->name,
-                                                                 setup->planner);
-          if (!made.ok()) Die("InBandPlanSource: " + std::string(made.status().message()));
-          owned.push_back(*std::move(made));
-          sources.push_back(owned.back().get());
-        }
-        RunSolves(sources, trace, warmup, flags.solves, &inband);
-        owned.clear();
-        channels.clear();
-      }
+      InBandCell(setup, trace, warmup, flags.solves, &inband);
 
       // The planner alone on this thread: what either mode pays once per layer.
-      {
-        auto planner =
-            rackrun::planner::MakePlanner(setup->policy->name, setup->domain, setup->planner);
-        if (!planner.ok()) Die("MakePlanner: " + std::string(planner.status().message()));
-        rackrun::planner::Plan plan;
-        std::vector<double> seconds;
-        for (int i = 0; i < warmup + flags.solves; ++i) {
-          const rackrun::planner::TraceEntry& entry = trace[static_cast<size_t>(i) % trace.size()];
-          const auto start = MonotonicClock::now();
-          absl::Status s = (*planner)->SolveInto(entry.loads, entry.layer, &plan);
-          const double took = rackrun::base::SecondsSince(start);
-          if (!s.ok()) Die("SolveInto: " + std::string(s.message()));
-          if (i >= warmup) seconds.push_back(took);
-        }
-        json row = Micros(seconds);
-        row["ranks"] = ranks;
-        row["policy"] = policy;
-        solve_only.push_back(row);
-      }
+      json row = SolveOnly(setup, trace, warmup, flags.solves);
+      row["ranks"] = ranks;
+      row["policy"] = policy;
+      solve_only.push_back(row);
       cells.push_back(std::move(inband));
       cells.push_back(std::move(coord));
     }
   }
 
   // Bare unary ping-pongs against the same coordinator, same run.
-  json pings = json::object();
-  {
-    FakeWorker pinger(coordinator.address(), coordinator.token(), "ping-host", 0);
-    std::vector<double> heartbeat, health;
-    rackrun::v1::HeartbeatRequest hb;
-    hb.set_worker_id(pinger.id());
-    hb.set_phase("idle");
-    for (int i = 0; i < flags.pings + 50; ++i) {
-      rackrun::v1::HeartbeatResponse resp;
-      auto ctx = pinger.client().Ctx();
-      const auto start = MonotonicClock::now();
-      grpc::Status s = pinger.client().rack().Heartbeat(ctx.get(), hb, &resp);
-      const double took = rackrun::base::SecondsSince(start);
-      if (!s.ok()) Die("Heartbeat: " + s.error_message());
-      if (i >= 50) heartbeat.push_back(took);
-    }
-    for (int i = 0; i < flags.pings + 50; ++i) {
-      const auto start = MonotonicClock::now();
-      if (rackrun::rpc::CheckHealth(pinger.client().channel(), 5s) != 1) {
-        Die("Health.Check did not say SERVING");
-      }
-      const double took = rackrun::base::SecondsSince(start);
-      if (i >= 50) health.push_back(took);
-    }
-    pings["heartbeat"] = Micros(heartbeat);
-    pings["health_check"] = Micros(health);
-  }
+  const json pings = Pings(coordinator, flags.pings);
 
   json out;
   out["experts"] = flags.experts;

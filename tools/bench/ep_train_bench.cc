@@ -622,6 +622,446 @@ std::string DominantPhase(const PolicyResult& r) {
   return best;
 }
 
+// 2. The layouts of --layouts, checked before any trainer starts (every rank decides
+// alike); nothing when there is none (rank 0 printed why).
+std::optional<std::vector<Layout>> CheckedLayouts(const Options& o,
+                                                  const std::vector<std::string>& overrides,
+                                                  int rank, int ranks) {
+  const rackrun::v1::JobSpec base =
+      OrDie(rackrun::jobspec::LoadJobSpec(o.spec, overrides), rank, "job spec");
+  absl::StatusOr<std::vector<Layout>> parsed = ParseLayouts(
+      o.layouts, ranks, base.model().moe().experts(), base.parallelism().expert_parallel());
+  if (!parsed.ok() || parsed->empty()) {
+    if (rank == 0) {
+      std::fprintf(stderr, "ep_train_bench: %s\n",
+                   parsed.ok() ? "--layouts: no D x G layout fits these ranks and experts"
+                               : std::string(parsed.status().message()).c_str());
+    }
+    return std::nullopt;
+  }
+  return *std::move(parsed);
+}
+
+// 2. One temporary folder for the load traces, named by rank 0 and broadcast (every rank's
+// spec must match).
+void MakeTraceFolder(comm::DataChannel& channel, int rank, char (&dir)[256]) {
+  if (rank == 0) {
+    std::snprintf(dir, sizeof(dir), "/tmp/ep_train_bench.XXXXXX");
+    if (mkdtemp(dir) == nullptr) {
+      std::perror("mkdtemp");
+      comm::AbortJob(1);
+    }
+  }
+  OrDie(channel.Broadcast(dir, sizeof(dir), comm::DataType::kByte, 0), rank, "broadcast");
+}
+
+// 3. The runs' results, the spec they share, their wall seconds and the load average
+// before and after.
+struct Runs {
+  std::vector<PolicyResult> results;
+  rackrun::v1::JobSpec spec;
+  double wall = 0, load_start = 0, load_end = 0;
+};
+
+// 3. A fresh trainer per layout and policy, all stepped in turn.
+Runs RunInterleaved(comm::DataChannel& channel, const Options& o,
+                    const std::vector<std::string>& overrides, const std::vector<Layout>& layouts,
+                    const char* dir) {
+  Runs out;
+  const double start = rackrun::base::NowSeconds();
+  out.load_start = rackrun::bench::LoadAverage();
+  std::vector<std::unique_ptr<PolicyRun>> runs;
+  for (const Layout& layout : layouts) {
+    for (const std::string& policy : o.policies) {
+      runs.push_back(std::make_unique<PolicyRun>(channel, o, overrides, layout, policy, dir));
+    }
+  }
+  out.spec = runs.front()->spec();
+  for (int s = 0; s < o.warmup + o.steps; ++s) {
+    for (auto& run : runs) run->Step(s);
+  }
+  for (auto& run : runs) out.results.push_back(run->Finish());
+  runs.clear();
+  out.wall = rackrun::base::NowSeconds() - start;
+  out.load_end = rackrun::bench::LoadAverage();
+  return out;
+}
+
+double MaxRelDiff(const PolicyResult& r, const PolicyResult* base) {
+  double d = 0;
+  if (base == nullptr) return d;
+  for (size_t i = 0; i < r.losses.size() && i < base->losses.size(); ++i) {
+    d = std::max(d, std::abs(r.losses[i] - base->losses[i]) / std::abs(base->losses[i]));
+  }
+  return d;
+}
+
+// The median share of the step (per step) that `phase` takes, in percent.
+double Share(const std::vector<double>& phase, const std::vector<double>& step) {
+  std::vector<double> f;
+  for (size_t i = 0; i < phase.size(); ++i) f.push_back(step[i] > 0 ? phase[i] / step[i] : 0);
+  return 100 * Median(f);
+}
+
+// 4. What rank 0 reports from: the run's settings, the machine and the results.
+struct Report {
+  const Options& o;
+  const std::vector<std::string>& overrides;
+  const std::vector<Layout>& layouts;
+  const std::vector<PolicyResult>& results;
+  const rackrun::v1::JobSpec& spec;
+  rt::TrainConfig config;
+  int ranks;
+  int threads;
+  unsigned cores;
+  bool oversubscribed;
+  double tokens_per_step;
+  int layers;
+  bool many_layouts;
+  double load_start, load_end, wall;
+
+  // The baseline of a result: the policy that does not balance, on the same layout.
+  const PolicyResult* NoneOf(const PolicyResult& r) const {
+    for (const PolicyResult& q : results) {
+      const planner::PolicyTraits* traits = planner::FindPolicy(q.policy);
+      if (q.layout.g == r.layout.g && traits != nullptr &&
+          traits->split == planner::TokenSplit::kMastersOnly) {
+        return &q;
+      }
+    }
+    return nullptr;
+  }
+  // The same policy on the first layout (the reference of the layouts table).
+  const PolicyResult* FirstLayoutOf(const PolicyResult& r) const {
+    for (const PolicyResult& q : results) {
+      if (q.layout.g == layouts.front().g && q.policy == r.policy) return &q;
+    }
+    return nullptr;
+  }
+  double RelDiff(const PolicyResult& r) const { return MaxRelDiff(r, NoneOf(r)); }
+  // A row's name: the policy, with its layout when several run.
+  std::string Label(const PolicyResult& r) const {
+    return many_layouts ? r.layout.Name() + " " + r.policy : r.policy;
+  }
+};
+
+// 5. One policy's object of the JSON document.
+nlohmann::json PolicyJson(const Report& rep, const PolicyResult& r) {
+  const PolicyResult* none = rep.NoneOf(r);
+  nlohmann::json p;
+  p["policy"] = r.policy;
+  p["layout"] = r.layout.Name();
+  p["data_parallel"] = r.layout.d;
+  p["expert_parallel"] = r.layout.g;
+  p["step_s_median"] = Median(r.step_s);
+  p["step_s_p90"] = Percentile(r.step_s, 0.9);
+  p["tokens_per_s"] = rep.tokens_per_step / Median(r.step_s);
+  p["final_loss"] = r.losses.back();
+  p["losses"] = r.losses;
+  p["max_rel_loss_diff_vs_none"] = rep.RelDiff(r);
+  if (const PolicyResult* first = rep.FirstLayoutOf(r)) {
+    p["max_rel_loss_diff_vs_first_layout"] = MaxRelDiff(r, first);
+    p["median_step_over_first_layout"] = Median(r.step_s) / Median(first->step_s);
+  }
+  p["step_s"] = r.step_s;
+  struct Phase {
+    const char* name;
+    const std::vector<double>*max, *min;
+  };
+  for (const Phase& ph :
+       {Phase{"plan", &r.plan_s, &r.plan_min_s}, Phase{"fanout", &r.fanout_s, &r.fanout_min_s},
+        Phase{"dispatch", &r.dispatch_s, &r.dispatch_min_s},
+        Phase{"reduce", &r.reduce_s, &r.reduce_min_s}, Phase{"expert", &r.expert_s, nullptr}}) {
+    p["exposed"][ph.name] = {{"median_s", Median(*ph.max)},
+                             {"median_pct_of_step", Share(*ph.max, r.step_s)}};
+    if (ph.min != nullptr) p["exposed"][ph.name]["min_rank_median_s"] = Median(*ph.min);
+  }
+  p["exposed"]["plan_exchange"] = {{"median_s", Median(r.exchange_s)},
+                                   {"median_pct_of_step", Share(r.exchange_s, r.step_s)},
+                                   {"min_rank_median_s", Median(r.exchange_min_s)}};
+  p["exposed"]["plan_domains_exchange"] = {
+      {"median_s", Median(r.domains_exchange_s)},
+      {"median_pct_of_step", Share(r.domains_exchange_s, r.step_s)}};
+  p["exposed"]["plan_without_exchange"] = {{"median_s", Median(r.plan_local_s)},
+                                           {"median_pct_of_step", Share(r.plan_local_s, r.step_s)}};
+  p["exposed"]["expert_mean_over_ranks_median_s"] = Median(r.expert_mean_s);
+  p["exposed"]["dense_allreduce"] = {{"median_s", Median(r.dense_s)},
+                                     {"median_pct_of_step", Share(r.dense_s, r.step_s)}};
+  p["exposed"]["expert_allreduce"] = {{"median_s", Median(r.expert_ar_s)},
+                                      {"median_pct_of_step", Share(r.expert_ar_s, r.step_s)}};
+  p["exposed"]["domain_stats"] = {{"median_s", Median(r.domain_stats_s)},
+                                  {"median_pct_of_step", Share(r.domain_stats_s, r.step_s)}};
+  p["domain_imbalance_before"] = r.domain_imbalance_before;
+  p["domain_imbalance_after"] = r.domain_imbalance_after;
+  p["worst_domain_imbalance_before"] = MaxOf(r.domain_imbalance_before);
+  p["worst_domain_imbalance_after"] = MaxOf(r.domain_imbalance_after);
+  p["exposed"]["solve_and_check_replayed_median_s"] = r.solve_s;
+  const auto [overhead_s, overhead_pct] = BalancingOverhead(r);
+  const auto [min_s, min_pct] = BalancingOverhead(r, Overhead::kMinRank);
+  const auto [own_s, own_pct] = BalancingOverhead(r, Overhead::kNoExchange);
+  p["exposed"]["plan_fanout_reduce"] = {{"median_s", overhead_s},
+                                        {"median_pct_of_step", overhead_pct},
+                                        {"min_rank_median_s", min_s},
+                                        {"min_rank_median_pct_of_step", min_pct},
+                                        {"without_exchange_median_s", own_s},
+                                        {"without_exchange_median_pct_of_step", own_pct}};
+  if (none != nullptr && &r != none) {
+    const auto [over_s, over_pct] = OverheadOverNone(r, *none);
+    p["exposed"]["plan_fanout_reduce"]["over_none_median_s"] = over_s;
+    p["exposed"]["plan_fanout_reduce"]["over_none_median_pct_of_step"] = over_pct;
+  }
+  p["exposed"]["dominant_phase"] = DominantPhase(r);
+  if (none != nullptr) p["median_step_over_none"] = Median(r.step_s) / Median(none->step_s);
+  p["imbalance_before"] = r.imbalance_before;
+  p["imbalance_after"] = r.imbalance_after;
+  p["replicas_per_microbatch"] = r.replicas;
+  p["rank_rows_before"] = r.rows_before;
+  p["rank_rows_after"] = r.rows_after;
+  p["rank_rows_max_over_mean_before"] = MaxOverMean(r.rows_before);
+  p["rank_rows_max_over_mean_after"] = MaxOverMean(Domain0RowsAfter(r));
+  p["layer_rank_rows_before"] = r.layer_rows_before;
+  p["layer_rank_rows_after"] = r.layer_rows_after;
+  p["fanout_bytes_per_step"] = r.fanout_bytes;
+  p["reduce_bytes_per_step"] = r.reduce_bytes;
+  p["fanouts_per_step"] = r.fanouts;
+  p["fanouts_skipped_per_step"] = r.fanouts_skipped;
+  p["measured_microbatches"] = r.measured_microbatches;
+  p["replay_matches_expert_rows"] = r.replay_matches_rows;
+  p["replay_imbalance_after_max_diff"] = r.replay_imbalance_diff;
+  p["replay_note"] = r.replay_note;
+
+  return p;
+}
+
+// 5. The JSON document.
+void PrintJson(const Report& rep) {
+  const rackrun::v1::ModelSpec& m = rep.spec.model();
+  nlohmann::json j;
+  j["spec"] = rep.o.spec;
+  j["overrides"] = rep.overrides;
+  j["ranks"] = rep.ranks;
+  j["threads_per_rank"] = rep.threads;
+  j["cores"] = rep.cores;
+  j["oversubscribed"] = rep.oversubscribed;
+  j["load_average_1min"] = {rep.load_start, rep.load_end};
+  j["omp_wait_policy"] = std::getenv("OMP_WAIT_POLICY") ? std::getenv("OMP_WAIT_POLICY") : "";
+  j["model"] = {{"blocks", m.blocks()},
+                {"width", m.width()},
+                {"experts", m.moe().experts()},
+                {"top_k", m.moe().top_k()},
+                {"expert_hidden", m.moe().expert_hidden()},
+                {"aux_loss_coef", m.moe().aux_loss_coef()},
+                {"residual", m.residual()}};
+  j["batch_size"] = rep.config.batch_size;
+  j["seq_len"] = rep.config.seq_len;
+  j["microbatches"] = rep.config.microbatches;
+  j["slots"] = rep.spec.balancer().slots();
+  j["eplb_window"] = rep.spec.balancer().eplb_window();
+  j["eplb_interval"] = rep.spec.balancer().eplb_interval();
+  j["warmup_steps"] = rep.o.warmup;
+  j["measured_steps"] = rep.o.steps;
+  j["wall_s"] = rep.wall;
+  j["layouts"] = nlohmann::json::array();
+  for (const Layout& l : rep.layouts) j["layouts"].push_back(l.Name());
+  for (const PolicyResult& r : rep.results) j["policies"].push_back(PolicyJson(rep, r));
+  std::printf("%s\n", j.dump().c_str());
+}
+
+// 6. The tables: the run, the machine and the model first.
+void PrintHeader(const Report& rep) {
+  const rackrun::v1::ModelSpec& m = rep.spec.model();
+  const char* wait_policy = std::getenv("OMP_WAIT_POLICY");
+  std::printf(
+      "ep_train_bench: %s, %d ranks x %d thread%s on %u cores (%s), MPI shared memory, "
+      "OMP_WAIT_POLICY=%s\n",
+      rep.o.spec.c_str(), rep.ranks, rep.threads, rep.threads == 1 ? "" : "s", rep.cores,
+      rep.oversubscribed ? "OVERSUBSCRIBED: ranks x threads > cores" : "not oversubscribed",
+      wait_policy != nullptr ? wait_policy : "(unset)");
+  std::printf(
+      "model: %d blocks, C=%d, %d experts top-%d, F=%d, %s; aux_loss_coef=%g; global batch %d "
+      "x seq %d x %d microbatch(es) = %.0f tokens/step; slots %d, eplb window %d interval %d\n",
+      m.blocks(), m.width(), m.moe().experts(), m.moe().top_k(), m.moe().expert_hidden(),
+      m.residual().c_str(), m.moe().aux_loss_coef(), rep.config.batch_size, rep.config.seq_len,
+      rep.config.microbatches, rep.tokens_per_step, rep.spec.balancer().slots(),
+      rep.spec.balancer().eplb_window(), rep.spec.balancer().eplb_interval());
+  std::printf(
+      "%d warmup + %d measured steps per policy, fresh trainer each, interleaved step by step, "
+      "seed %llu; load average "
+      "%.1f -> %.1f (shared machine: medians; compare rows of one run); wall %.0f s\n\n",
+      rep.o.warmup, rep.o.steps, static_cast<unsigned long long>(rep.config.seed), rep.load_start,
+      rep.load_end, rep.wall);
+}
+
+void PrintLayoutsTable(const Report& rep) {
+  // The rep.layouts side by side (one row per layout and policy).
+  std::printf(
+      "D x G layouts (D domains of G ranks; ms and %% of step: median over steps of the max over "
+      "ranks)\n");
+  std::printf("%-6s %-8s %9s %8s %11s %9s %16s %16s %15s %10s %10s\n", "layout", "policy", "p50 ms",
+              "p90 ms", "vs first", "balance%", "dense allreduce", "expert allreduce",
+              "domain stats", "worst bef", "worst aft");
+  for (const PolicyResult& r : rep.results) {
+    const PolicyResult* first = rep.FirstLayoutOf(r);
+    auto cell = [&](const std::vector<double>& v) {
+      char buf[32];
+      std::snprintf(buf, sizeof(buf), "%6.2f (%4.1f%%)", 1e3 * Median(v), Share(v, r.step_s));
+      return std::string(buf);
+    };
+    char vs_first[32] = "-";
+    if (first != nullptr && first != &r) {
+      std::snprintf(vs_first, sizeof(vs_first), "%+.1f%%",
+                    100 * (Median(r.step_s) / Median(first->step_s) - 1));
+    }
+    std::printf("%-6s %-8s %9.1f %8.1f %11s %8.1f%% %16s %16s %15s %10.3f %10.3f\n",
+                r.layout.Name().c_str(), r.policy.c_str(), 1e3 * Median(r.step_s),
+                1e3 * Percentile(r.step_s, 0.9), vs_first, BalancingOverhead(r).second,
+                cell(r.dense_s).c_str(), cell(r.expert_ar_s).c_str(),
+                cell(r.domain_stats_s).c_str(), MaxOf(r.domain_imbalance_before),
+                MaxOf(r.domain_imbalance_after));
+  }
+  std::printf(
+      "(vs first: median step over the first layout's (%s) with the same policy; balance%% = "
+      "plan + fan-out + grad reduce, median share of the step; dense allreduce over all %d "
+      "ranks; expert allreduce over the D ranks holding a shard (0 with D = 1); domain stats = "
+      "the all-reduce of every domain's balancing figures (0 with D = 1); worst bef/aft = the "
+      "worst domain's rank imbalance max/mean before/after balancing, mean over steps and "
+      "layers. Below: domain 0's per-layer and per-rank figures)\n\n",
+      rep.layouts.front().Name().c_str(), rep.ranks);
+}
+
+void PrintStepTimeTable(const Report& rep) {
+  std::printf("Step time (max over ranks per step)\n");
+  std::printf("%-12s %10s %9s %10s %11s %13s %9s %9s %10s %10s\n", "policy", "median ms", "p90 ms",
+              "tokens/s", "final loss", "max rel diff", "replicas", "fanouts", "fanout MB",
+              "reduce MB");
+  for (const PolicyResult& r : rep.results) {
+    const PolicyResult* none = rep.NoneOf(r);
+    double reps = 0;
+    for (const double x : r.replicas) reps += x;
+    char diff[32] = "-";
+    if (none != nullptr && &r != none) std::snprintf(diff, sizeof(diff), "%.2e", rep.RelDiff(r));
+    std::printf("%-12s %10.1f %9.1f %10.0f %11.5f %13s %9.2f %4.1f/%-4.1f %10.2f %10.2f\n",
+                rep.Label(r).c_str(), 1e3 * Median(r.step_s), 1e3 * Percentile(r.step_s, 0.9),
+                rep.tokens_per_step / Median(r.step_s), r.losses.back(), diff,
+                reps / std::max(rep.layers, 1), r.fanouts, r.fanouts_skipped, r.fanout_bytes / 1e6,
+                r.reduce_bytes / 1e6);
+  }
+  std::printf(
+      "(max rel diff: over all %d steps vs none; replicas: per layer and microbatch; fanouts: "
+      "run/skipped per step, all ranks; MB: sent per step, all ranks)\n\n",
+      rep.o.warmup + rep.o.steps);
+}
+
+void PrintExposedCostTable(const Report& rep) {
+  std::printf("Exposed cost per step: ms (%% of step), median over steps of the max over ranks\n");
+  std::printf("%-12s %15s %15s %11s %15s %15s %15s %15s %11s\n", "policy", "plan", "of it exchange",
+              "solve us", "fan-out", "grad reduce", "all-to-all", "expert max", "expert avg");
+  for (const PolicyResult& r : rep.results) {
+    auto cell = [&](const std::vector<double>& v) {
+      char buf[32];
+      std::snprintf(buf, sizeof(buf), "%6.2f (%4.1f%%)", 1e3 * Median(v), Share(v, r.step_s));
+      return std::string(buf);
+    };
+    std::printf("%-12s %15s %15s %11.3f %15s %15s %15s %15s %11.2f\n", rep.Label(r).c_str(),
+                cell(r.plan_s).c_str(), cell(r.exchange_s).c_str(), 1e6 * r.solve_s,
+                cell(r.fanout_s).c_str(), cell(r.reduce_s).c_str(), cell(r.dispatch_s).c_str(),
+                cell(r.expert_s).c_str(), 1e3 * Median(r.expert_mean_s));
+    std::printf("%-12s %15.2f %15.2f %11s %15.2f %15.2f %15.2f\n", "  min rk",
+                1e3 * Median(r.plan_min_s), 1e3 * Median(r.exchange_min_s), "",
+                1e3 * Median(r.fanout_min_s), 1e3 * Median(r.reduce_min_s),
+                1e3 * Median(r.dispatch_min_s));
+  }
+  std::printf(
+      "(plan = load allgather (carrying the previous plan's fingerprint) + solve + invariant "
+      "check, so it includes waiting for the slowest rank; of it exchange = the load allgather "
+      "alone (the collective and that wait); solve us = the same solves and checks replayed alone "
+      "on "
+      "rank 0 from the load trace; all-to-all = token dispatch and combine, forward and backward; "
+      "expert avg = mean over ranks; min rk = the same phases' ms, median over steps of the min "
+      "over "
+      "ranks: the last rank to reach a collective waits least, so this approaches the phase's own "
+      "cost)\n");
+  for (const PolicyResult& r : rep.results) {
+    const PolicyResult* none = rep.NoneOf(r);
+    const auto [overhead_s, overhead_pct] = BalancingOverhead(r);
+    const auto [min_s, min_pct] = BalancingOverhead(r, Overhead::kMinRank);
+    const auto [own_s, own_pct] = BalancingOverhead(r, Overhead::kNoExchange);
+    char vs_none[160] = "";
+    if (none != nullptr && &r != none) {
+      const auto [over_s, over_pct] = OverheadOverNone(r, *none);
+      std::snprintf(vs_none, sizeof(vs_none),
+                    "; over none's in the same steps %+.2f ms (%+.1f%%); median step / none's = "
+                    "%.3f",
+                    1e3 * over_s, over_pct, Median(r.step_s) / Median(none->step_s));
+    }
+    std::printf(
+        "%-12s plan + fan-out + grad reduce = %.2f ms (%.1f%% of step; min rk %.2f ms, %.1f%%; "
+        "without the load exchange %.2f ms, %.1f%%)%s; largest exposed phase: %s\n",
+        rep.Label(r).c_str(), 1e3 * overhead_s, overhead_pct, 1e3 * min_s, min_pct, 1e3 * own_s,
+        own_pct, vs_none, DominantPhase(r).c_str());
+  }
+  std::printf("\n");
+}
+
+void PrintRankLoadTables(const Report& rep) {
+  std::printf(
+      "Rank load max/mean per MoE layer, mean over measured microbatches (before = masters "
+      "only, after = executed plan)\n");
+  std::printf("%-6s", "layer");
+  for (const PolicyResult& r : rep.results) {
+    std::printf(" %15s %-7s", (rep.Label(r) + ":bef").c_str(), "after");
+  }
+  std::printf("\n");
+  for (int l = 0; l < rep.layers; ++l) {
+    std::printf("%-6d", l);
+    for (const PolicyResult& r : rep.results) {
+      std::printf(" %15.3f %-7.3f", r.imbalance_before[static_cast<size_t>(l)],
+                  r.imbalance_after[static_cast<size_t>(l)]);
+    }
+    std::printf("\n");
+  }
+  std::printf(
+      "\nExpert rows per rank per microbatch, summed over MoE layers (before = home-rank "
+      "loads from the recorded loads, after = expert_rows)\n");
+  std::printf("%-12s", "rank");
+  for (const PolicyResult& r : rep.results) {
+    std::printf(" %15s %-7s", (rep.Label(r) + ":bef").c_str(), "after");
+  }
+  std::printf("\n");
+  for (int q = 0; q < rep.ranks; ++q) {
+    std::printf("%-12d", q);
+    for (const PolicyResult& r : rep.results) {
+      const auto i = static_cast<size_t>(q);
+      // Before: domain 0's rep.ranks only (its load trace); after: every rank.
+      char before[32] = "-";
+      if (i < r.rows_before.size()) std::snprintf(before, sizeof(before), "%.0f", r.rows_before[i]);
+      std::printf(" %15s %-7.0f", before, i < r.rows_after.size() ? r.rows_after[i] : 0.0);
+    }
+    std::printf("\n");
+  }
+  std::printf("%-12s", "max/mean");
+  for (const PolicyResult& r : rep.results) {
+    // Over domain 0's rep.ranks, both columns alike.
+    std::printf(" %15.3f %-7.3f", MaxOverMean(r.rows_before), MaxOverMean(Domain0RowsAfter(r)));
+  }
+}
+
+void PrintReplayCheck(const Report& rep) {
+  std::printf("\n\nReplay check (rank 0 re-solves every recorded load matrix):");
+  for (const PolicyResult& r : rep.results) {
+    std::printf(" %s %s", rep.Label(r).c_str(),
+                !r.replay_note.empty() ? r.replay_note.c_str()
+                : r.replay_matches_rows
+                    ? (r.layout.d > 1 ? "plans reproduce expert_rows on domain 0's ranks"
+                                      : "plans reproduce expert_rows on every rank")
+                    : "MISMATCH with expert_rows");
+    if (r.replay_note.empty()) {
+      std::printf(" (imbalance_after diff %.1e);", r.replay_imbalance_diff);
+    }
+  }
+  std::printf("\n");
+}
+
 }  // namespace
 
 // In sections: 1. flags and the MPI world; 2. the layouts and the trace folder; 3. the runs,
@@ -669,54 +1109,18 @@ int main(int argc, char** argv) {
   std::vector<std::string> overrides = {"model.moe.aux_loss_coef=0", "resources.threads=1"};
   overrides.insert(overrides.end(), o.overrides.begin(), o.overrides.end());
 
-  // The layouts, checked before any trainer starts (every rank decides alike).
-  std::vector<Layout> layouts;
-  {
-    const rackrun::v1::JobSpec base =
-        OrDie(rackrun::jobspec::LoadJobSpec(o.spec, overrides), rank, "job spec");
-    absl::StatusOr<std::vector<Layout>> parsed = ParseLayouts(
-        o.layouts, ranks, base.model().moe().experts(), base.parallelism().expert_parallel());
-    if (!parsed.ok() || parsed->empty()) {
-      if (rank == 0) {
-        std::fprintf(stderr, "ep_train_bench: %s\n",
-                     parsed.ok() ? "--layouts: no D x G layout fits these ranks and experts"
-                                 : std::string(parsed.status().message()).c_str());
-      }
-      channel.reset();
-      return 2;
-    }
-    layouts = *std::move(parsed);
+  const std::optional<std::vector<Layout>> layouts = CheckedLayouts(o, overrides, rank, ranks);
+  if (!layouts.has_value()) {
+    channel.reset();
+    return 2;
   }
-
-  // One temporary folder for the load traces, named by rank 0 (every rank's spec must match).
   char dir[256] = {};
-  if (rank == 0) {
-    std::snprintf(dir, sizeof(dir), "/tmp/ep_train_bench.XXXXXX");
-    if (mkdtemp(dir) == nullptr) {
-      std::perror("mkdtemp");
-      comm::AbortJob(1);
-    }
-  }
-  OrDie(channel->Broadcast(dir, sizeof(dir), comm::DataType::kByte, 0), rank, "broadcast");
+  MakeTraceFolder(*channel, rank, dir);
 
   // 3. The runs: a fresh trainer per layout and policy, all stepped in turn.
-  std::vector<PolicyResult> results;
-  const double start = rackrun::base::NowSeconds();
-  const double load_start = rackrun::bench::LoadAverage();
-  std::vector<std::unique_ptr<PolicyRun>> runs;
-  for (const Layout& layout : layouts) {
-    for (const std::string& policy : o.policies) {
-      runs.push_back(std::make_unique<PolicyRun>(*channel, o, overrides, layout, policy, dir));
-    }
-  }
-  const rackrun::v1::JobSpec spec = runs.front()->spec();
-  for (int s = 0; s < o.warmup + o.steps; ++s) {
-    for (auto& run : runs) run->Step(s);
-  }
-  for (auto& run : runs) results.push_back(run->Finish());
-  runs.clear();
-  const double wall = rackrun::base::NowSeconds() - start;
-  const double load_end = rackrun::bench::LoadAverage();
+  const Runs runs = RunInterleaved(*channel, o, overrides, *layouts, dir);
+  const std::vector<PolicyResult>& results = runs.results;
+  const rackrun::v1::JobSpec& spec = runs.spec;
   if (rank == 0) {
     std::error_code ec;
     std::filesystem::remove_all(dir, ec);
@@ -736,348 +1140,38 @@ int main(int argc, char** argv) {
   const rt::TrainConfig config = rt::TrainConfigFromSpec(spec);
   const int threads = config.threads;
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-  const bool oversubscribed = static_cast<unsigned>(ranks * std::max(threads, 1)) > cores;
-  const double tokens_per_step =
-      static_cast<double>(config.batch_size) * config.seq_len * config.microbatches;
-  const rackrun::v1::ModelSpec& m = spec.model();
-  const int layers = m.blocks();
-  const bool many_layouts = layouts.size() > 1;
-  // The baseline of a result: the policy that does not balance, on the same layout.
-  auto none_of = [&](const PolicyResult& r) -> const PolicyResult* {
-    for (const PolicyResult& q : results) {
-      const planner::PolicyTraits* traits = planner::FindPolicy(q.policy);
-      if (q.layout.g == r.layout.g && traits != nullptr &&
-          traits->split == planner::TokenSplit::kMastersOnly) {
-        return &q;
-      }
-    }
-    return nullptr;
-  };
-  // The same policy on the first layout (the reference of the layouts table).
-  auto first_layout_of = [&](const PolicyResult& r) -> const PolicyResult* {
-    for (const PolicyResult& q : results) {
-      if (q.layout.g == layouts.front().g && q.policy == r.policy) return &q;
-    }
-    return nullptr;
-  };
-  auto max_rel_diff = [](const PolicyResult& r, const PolicyResult* base) {
-    double d = 0;
-    if (base == nullptr) return d;
-    for (size_t i = 0; i < r.losses.size() && i < base->losses.size(); ++i) {
-      d = std::max(d, std::abs(r.losses[i] - base->losses[i]) / std::abs(base->losses[i]));
-    }
-    return d;
-  };
-  auto rel_diff = [&](const PolicyResult& r) { return max_rel_diff(r, none_of(r)); };
-  // A row's name: the policy, with its layout when several run.
-  auto label = [&](const PolicyResult& r) {
-    return many_layouts ? r.layout.Name() + " " + r.policy : r.policy;
-  };
-  auto share = [](const std::vector<double>& phase, const std::vector<double>& step) {
-    std::vector<double> f;
-    for (size_t i = 0; i < phase.size(); ++i) f.push_back(step[i] > 0 ? phase[i] / step[i] : 0);
-    return 100 * Median(f);
-  };
+  const Report rep{.o = o,
+                   .overrides = overrides,
+                   .layouts = *layouts,
+                   .results = results,
+                   .spec = spec,
+                   .config = config,
+                   .ranks = ranks,
+                   .threads = threads,
+                   .cores = cores,
+                   .oversubscribed = static_cast<unsigned>(ranks * std::max(threads, 1)) > cores,
+                   .tokens_per_step = static_cast<double>(config.batch_size) * config.seq_len *
+                                      config.microbatches,
+                   .layers = spec.model().blocks(),
+                   .many_layouts = layouts->size() > 1,
+                   .load_start = runs.load_start,
+                   .load_end = runs.load_end,
+                   .wall = runs.wall};
 
   // 5. JSON.
   if (bench.json()) {
-    nlohmann::json j;
-    j["spec"] = o.spec;
-    j["overrides"] = overrides;
-    j["ranks"] = ranks;
-    j["threads_per_rank"] = threads;
-    j["cores"] = cores;
-    j["oversubscribed"] = oversubscribed;
-    j["load_average_1min"] = {load_start, load_end};
-    j["omp_wait_policy"] = std::getenv("OMP_WAIT_POLICY") ? std::getenv("OMP_WAIT_POLICY") : "";
-    j["model"] = {{"blocks", m.blocks()},
-                  {"width", m.width()},
-                  {"experts", m.moe().experts()},
-                  {"top_k", m.moe().top_k()},
-                  {"expert_hidden", m.moe().expert_hidden()},
-                  {"aux_loss_coef", m.moe().aux_loss_coef()},
-                  {"residual", m.residual()}};
-    j["batch_size"] = config.batch_size;
-    j["seq_len"] = config.seq_len;
-    j["microbatches"] = config.microbatches;
-    j["slots"] = spec.balancer().slots();
-    j["eplb_window"] = spec.balancer().eplb_window();
-    j["eplb_interval"] = spec.balancer().eplb_interval();
-    j["warmup_steps"] = o.warmup;
-    j["measured_steps"] = o.steps;
-    j["wall_s"] = wall;
-    j["layouts"] = nlohmann::json::array();
-    for (const Layout& l : layouts) j["layouts"].push_back(l.Name());
-    for (const PolicyResult& r : results) {
-      const PolicyResult* none = none_of(r);
-      nlohmann::json p;
-      p["policy"] = r.policy;
-      p["layout"] = r.layout.Name();
-      p["data_parallel"] = r.layout.d;
-      p["expert_parallel"] = r.layout.g;
-      p["step_s_median"] = Median(r.step_s);
-      p["step_s_p90"] = Percentile(r.step_s, 0.9);
-      p["tokens_per_s"] = tokens_per_step / Median(r.step_s);
-      p["final_loss"] = r.losses.back();
-      p["losses"] = r.losses;
-      p["max_rel_loss_diff_vs_none"] = rel_diff(r);
-      if (const PolicyResult* first = first_layout_of(r)) {
-        p["max_rel_loss_diff_vs_first_layout"] = max_rel_diff(r, first);
-        p["median_step_over_first_layout"] = Median(r.step_s) / Median(first->step_s);
-      }
-      p["step_s"] = r.step_s;
-      struct Phase {
-        const char* name;
-        const std::vector<double>*max, *min;
-      };
-      for (const Phase& ph :
-           {Phase{"plan", &r.plan_s, &r.plan_min_s}, Phase{"fanout", &r.fanout_s, &r.fanout_min_s},
-            Phase{"dispatch", &r.dispatch_s, &r.dispatch_min_s},
-            Phase{"reduce", &r.reduce_s, &r.reduce_min_s}, Phase{"expert", &r.expert_s, nullptr}}) {
-        p["exposed"][ph.name] = {{"median_s", Median(*ph.max)},
-                                 {"median_pct_of_step", share(*ph.max, r.step_s)}};
-        if (ph.min != nullptr) p["exposed"][ph.name]["min_rank_median_s"] = Median(*ph.min);
-      }
-      p["exposed"]["plan_exchange"] = {{"median_s", Median(r.exchange_s)},
-                                       {"median_pct_of_step", share(r.exchange_s, r.step_s)},
-                                       {"min_rank_median_s", Median(r.exchange_min_s)}};
-      p["exposed"]["plan_domains_exchange"] = {
-          {"median_s", Median(r.domains_exchange_s)},
-          {"median_pct_of_step", share(r.domains_exchange_s, r.step_s)}};
-      p["exposed"]["plan_without_exchange"] = {
-          {"median_s", Median(r.plan_local_s)},
-          {"median_pct_of_step", share(r.plan_local_s, r.step_s)}};
-      p["exposed"]["expert_mean_over_ranks_median_s"] = Median(r.expert_mean_s);
-      p["exposed"]["dense_allreduce"] = {{"median_s", Median(r.dense_s)},
-                                         {"median_pct_of_step", share(r.dense_s, r.step_s)}};
-      p["exposed"]["expert_allreduce"] = {{"median_s", Median(r.expert_ar_s)},
-                                          {"median_pct_of_step", share(r.expert_ar_s, r.step_s)}};
-      p["exposed"]["domain_stats"] = {{"median_s", Median(r.domain_stats_s)},
-                                      {"median_pct_of_step", share(r.domain_stats_s, r.step_s)}};
-      p["domain_imbalance_before"] = r.domain_imbalance_before;
-      p["domain_imbalance_after"] = r.domain_imbalance_after;
-      p["worst_domain_imbalance_before"] = MaxOf(r.domain_imbalance_before);
-      p["worst_domain_imbalance_after"] = MaxOf(r.domain_imbalance_after);
-      p["exposed"]["solve_and_check_replayed_median_s"] = r.solve_s;
-      const auto [overhead_s, overhead_pct] = BalancingOverhead(r);
-      const auto [min_s, min_pct] = BalancingOverhead(r, Overhead::kMinRank);
-      const auto [own_s, own_pct] = BalancingOverhead(r, Overhead::kNoExchange);
-      p["exposed"]["plan_fanout_reduce"] = {{"median_s", overhead_s},
-                                            {"median_pct_of_step", overhead_pct},
-                                            {"min_rank_median_s", min_s},
-                                            {"min_rank_median_pct_of_step", min_pct},
-                                            {"without_exchange_median_s", own_s},
-                                            {"without_exchange_median_pct_of_step", own_pct}};
-      if (none != nullptr && &r != none) {
-        const auto [over_s, over_pct] = OverheadOverNone(r, *none);
-        p["exposed"]["plan_fanout_reduce"]["over_none_median_s"] = over_s;
-        p["exposed"]["plan_fanout_reduce"]["over_none_median_pct_of_step"] = over_pct;
-      }
-      p["exposed"]["dominant_phase"] = DominantPhase(r);
-      if (none != nullptr) p["median_step_over_none"] = Median(r.step_s) / Median(none->step_s);
-      p["imbalance_before"] = r.imbalance_before;
-      p["imbalance_after"] = r.imbalance_after;
-      p["replicas_per_microbatch"] = r.replicas;
-      p["rank_rows_before"] = r.rows_before;
-      p["rank_rows_after"] = r.rows_after;
-      p["rank_rows_max_over_mean_before"] = MaxOverMean(r.rows_before);
-      p["rank_rows_max_over_mean_after"] = MaxOverMean(Domain0RowsAfter(r));
-      p["layer_rank_rows_before"] = r.layer_rows_before;
-      p["layer_rank_rows_after"] = r.layer_rows_after;
-      p["fanout_bytes_per_step"] = r.fanout_bytes;
-      p["reduce_bytes_per_step"] = r.reduce_bytes;
-      p["fanouts_per_step"] = r.fanouts;
-      p["fanouts_skipped_per_step"] = r.fanouts_skipped;
-      p["measured_microbatches"] = r.measured_microbatches;
-      p["replay_matches_expert_rows"] = r.replay_matches_rows;
-      p["replay_imbalance_after_max_diff"] = r.replay_imbalance_diff;
-      p["replay_note"] = r.replay_note;
-      j["policies"].push_back(p);
-    }
-    std::printf("%s\n", j.dump().c_str());
+    PrintJson(rep);
     channel.reset();
     return self_check_ok ? 0 : 1;
   }
 
-  // 6. The tables.
-  const char* wait_policy = std::getenv("OMP_WAIT_POLICY");
-  std::printf(
-      "ep_train_bench: %s, %d ranks x %d thread%s on %u cores (%s), MPI shared memory, "
-      "OMP_WAIT_POLICY=%s\n",
-      o.spec.c_str(), ranks, threads, threads == 1 ? "" : "s", cores,
-      oversubscribed ? "OVERSUBSCRIBED: ranks x threads > cores" : "not oversubscribed",
-      wait_policy != nullptr ? wait_policy : "(unset)");
-  std::printf(
-      "model: %d blocks, C=%d, %d experts top-%d, F=%d, %s; aux_loss_coef=%g; global batch %d "
-      "x seq %d x %d microbatch(es) = %.0f tokens/step; slots %d, eplb window %d interval %d\n",
-      m.blocks(), m.width(), m.moe().experts(), m.moe().top_k(), m.moe().expert_hidden(),
-      m.residual().c_str(), m.moe().aux_loss_coef(), config.batch_size, config.seq_len,
-      config.microbatches, tokens_per_step, spec.balancer().slots(), spec.balancer().eplb_window(),
-      spec.balancer().eplb_interval());
-  std::printf(
-      "%d warmup + %d measured steps per policy, fresh trainer each, interleaved step by step, "
-      "seed %llu; load average "
-      "%.1f -> %.1f (shared machine: medians; compare rows of one run); wall %.0f s\n\n",
-      o.warmup, o.steps, static_cast<unsigned long long>(config.seed), load_start, load_end, wall);
-
-  // The layouts side by side (one row per layout and policy).
-  std::printf(
-      "D x G layouts (D domains of G ranks; ms and %% of step: median over steps of the max over "
-      "ranks)\n");
-  std::printf("%-6s %-8s %9s %8s %11s %9s %16s %16s %15s %10s %10s\n", "layout", "policy", "p50 ms",
-              "p90 ms", "vs first", "balance%", "dense allreduce", "expert allreduce",
-              "domain stats", "worst bef", "worst aft");
-  for (const PolicyResult& r : results) {
-    const PolicyResult* first = first_layout_of(r);
-    auto cell = [&](const std::vector<double>& v) {
-      char buf[32];
-      std::snprintf(buf, sizeof(buf), "%6.2f (%4.1f%%)", 1e3 * Median(v), share(v, r.step_s));
-      return std::string(buf);
-    };
-    char vs_first[32] = "-";
-    if (first != nullptr && first != &r) {
-      std::snprintf(vs_first, sizeof(vs_first), "%+.1f%%",
-                    100 * (Median(r.step_s) / Median(first->step_s) - 1));
-    }
-    std::printf("%-6s %-8s %9.1f %8.1f %11s %8.1f%% %16s %16s %15s %10.3f %10.3f\n",
-                r.layout.Name().c_str(), r.policy.c_str(), 1e3 * Median(r.step_s),
-                1e3 * Percentile(r.step_s, 0.9), vs_first, BalancingOverhead(r).second,
-                cell(r.dense_s).c_str(), cell(r.expert_ar_s).c_str(),
-                cell(r.domain_stats_s).c_str(), MaxOf(r.domain_imbalance_before),
-                MaxOf(r.domain_imbalance_after));
-  }
-  std::printf(
-      "(vs first: median step over the first layout's (%s) with the same policy; balance%% = "
-      "plan + fan-out + grad reduce, median share of the step; dense allreduce over all %d "
-      "ranks; expert allreduce over the D ranks holding a shard (0 with D = 1); domain stats = "
-      "the all-reduce of every domain's balancing figures (0 with D = 1); worst bef/aft = the "
-      "worst domain's rank imbalance max/mean before/after balancing, mean over steps and "
-      "layers. Below: domain 0's per-layer and per-rank figures)\n\n",
-      layouts.front().Name().c_str(), ranks);
-
-  std::printf("Step time (max over ranks per step)\n");
-  std::printf("%-12s %10s %9s %10s %11s %13s %9s %9s %10s %10s\n", "policy", "median ms", "p90 ms",
-              "tokens/s", "final loss", "max rel diff", "replicas", "fanouts", "fanout MB",
-              "reduce MB");
-  for (const PolicyResult& r : results) {
-    const PolicyResult* none = none_of(r);
-    double reps = 0;
-    for (const double x : r.replicas) reps += x;
-    char diff[32] = "-";
-    if (none != nullptr && &r != none) std::snprintf(diff, sizeof(diff), "%.2e", rel_diff(r));
-    std::printf("%-12s %10.1f %9.1f %10.0f %11.5f %13s %9.2f %4.1f/%-4.1f %10.2f %10.2f\n",
-                label(r).c_str(), 1e3 * Median(r.step_s), 1e3 * Percentile(r.step_s, 0.9),
-                tokens_per_step / Median(r.step_s), r.losses.back(), diff,
-                reps / std::max(layers, 1), r.fanouts, r.fanouts_skipped, r.fanout_bytes / 1e6,
-                r.reduce_bytes / 1e6);
-  }
-  std::printf(
-      "(max rel diff: over all %d steps vs none; replicas: per layer and microbatch; fanouts: "
-      "run/skipped per step, all ranks; MB: sent per step, all ranks)\n\n",
-      o.warmup + o.steps);
-
-  std::printf("Exposed cost per step: ms (%% of step), median over steps of the max over ranks\n");
-  std::printf("%-12s %15s %15s %11s %15s %15s %15s %15s %11s\n", "policy", "plan", "of it exchange",
-              "solve us", "fan-out", "grad reduce", "all-to-all", "expert max", "expert avg");
-  for (const PolicyResult& r : results) {
-    auto cell = [&](const std::vector<double>& v) {
-      char buf[32];
-      std::snprintf(buf, sizeof(buf), "%6.2f (%4.1f%%)", 1e3 * Median(v), share(v, r.step_s));
-      return std::string(buf);
-    };
-    std::printf("%-12s %15s %15s %11.3f %15s %15s %15s %15s %11.2f\n", label(r).c_str(),
-                cell(r.plan_s).c_str(), cell(r.exchange_s).c_str(), 1e6 * r.solve_s,
-                cell(r.fanout_s).c_str(), cell(r.reduce_s).c_str(), cell(r.dispatch_s).c_str(),
-                cell(r.expert_s).c_str(), 1e3 * Median(r.expert_mean_s));
-    std::printf("%-12s %15.2f %15.2f %11s %15.2f %15.2f %15.2f\n", "  min rk",
-                1e3 * Median(r.plan_min_s), 1e3 * Median(r.exchange_min_s), "",
-                1e3 * Median(r.fanout_min_s), 1e3 * Median(r.reduce_min_s),
-                1e3 * Median(r.dispatch_min_s));
-  }
-  std::printf(
-      "(plan = load allgather (carrying the previous plan's fingerprint) + solve + invariant "
-      "check, so it includes waiting for the slowest rank; of it exchange = the load allgather "
-      "alone (the collective and that wait); solve us = the same solves and checks replayed alone "
-      "on "
-      "rank 0 from the load trace; all-to-all = token dispatch and combine, forward and backward; "
-      "expert avg = mean over ranks; min rk = the same phases' ms, median over steps of the min "
-      "over "
-      "ranks: the last rank to reach a collective waits least, so this approaches the phase's own "
-      "cost)\n");
-  for (const PolicyResult& r : results) {
-    const PolicyResult* none = none_of(r);
-    const auto [overhead_s, overhead_pct] = BalancingOverhead(r);
-    const auto [min_s, min_pct] = BalancingOverhead(r, Overhead::kMinRank);
-    const auto [own_s, own_pct] = BalancingOverhead(r, Overhead::kNoExchange);
-    char vs_none[160] = "";
-    if (none != nullptr && &r != none) {
-      const auto [over_s, over_pct] = OverheadOverNone(r, *none);
-      std::snprintf(vs_none, sizeof(vs_none),
-                    "; over none's in the same steps %+.2f ms (%+.1f%%); median step / none's = "
-                    "%.3f",
-                    1e3 * over_s, over_pct, Median(r.step_s) / Median(none->step_s));
-    }
-    std::printf(
-        "%-12s plan + fan-out + grad reduce = %.2f ms (%.1f%% of step; min rk %.2f ms, %.1f%%; "
-        "without the load exchange %.2f ms, %.1f%%)%s; largest exposed phase: %s\n",
-        label(r).c_str(), 1e3 * overhead_s, overhead_pct, 1e3 * min_s, min_pct, 1e3 * own_s,
-        own_pct, vs_none, DominantPhase(r).c_str());
-  }
-  std::printf("\n");
-
-  std::printf(
-      "Rank load max/mean per MoE layer, mean over measured microbatches (before = masters "
-      "only, after = executed plan)\n");
-  std::printf("%-6s", "layer");
-  for (const PolicyResult& r : results) {
-    std::printf(" %15s %-7s", (label(r) + ":bef").c_str(), "after");
-  }
-  std::printf("\n");
-  for (int l = 0; l < layers; ++l) {
-    std::printf("%-6d", l);
-    for (const PolicyResult& r : results) {
-      std::printf(" %15.3f %-7.3f", r.imbalance_before[static_cast<size_t>(l)],
-                  r.imbalance_after[static_cast<size_t>(l)]);
-    }
-    std::printf("\n");
-  }
-  std::printf(
-      "\nExpert rows per rank per microbatch, summed over MoE layers (before = home-rank "
-      "loads from the recorded loads, after = expert_rows)\n");
-  std::printf("%-12s", "rank");
-  for (const PolicyResult& r : results) {
-    std::printf(" %15s %-7s", (label(r) + ":bef").c_str(), "after");
-  }
-  std::printf("\n");
-  for (int q = 0; q < ranks; ++q) {
-    std::printf("%-12d", q);
-    for (const PolicyResult& r : results) {
-      const auto i = static_cast<size_t>(q);
-      // Before: domain 0's ranks only (its load trace); after: every rank.
-      char before[32] = "-";
-      if (i < r.rows_before.size()) std::snprintf(before, sizeof(before), "%.0f", r.rows_before[i]);
-      std::printf(" %15s %-7.0f", before, i < r.rows_after.size() ? r.rows_after[i] : 0.0);
-    }
-    std::printf("\n");
-  }
-  std::printf("%-12s", "max/mean");
-  for (const PolicyResult& r : results) {
-    // Over domain 0's ranks, both columns alike.
-    std::printf(" %15.3f %-7.3f", MaxOverMean(r.rows_before), MaxOverMean(Domain0RowsAfter(r)));
-  }
-  std::printf("\n\nReplay check (rank 0 re-solves every recorded load matrix):");
-  for (const PolicyResult& r : results) {
-    std::printf(" %s %s", label(r).c_str(),
-                !r.replay_note.empty() ? r.replay_note.c_str()
-                : r.replay_matches_rows
-                    ? (r.layout.d > 1 ? "plans reproduce expert_rows on domain 0's ranks"
-                                      : "plans reproduce expert_rows on every rank")
-                    : "MISMATCH with expert_rows");
-    if (r.replay_note.empty()) {
-      std::printf(" (imbalance_after diff %.1e);", r.replay_imbalance_diff);
-    }
-  }
-  std::printf("\n");
+  // 6. The tables: the run, the layouts, step time, exposed cost, rank loads, replay check.
+  PrintHeader(rep);
+  PrintLayoutsTable(rep);
+  PrintStepTimeTable(rep);
+  PrintExposedCostTable(rep);
+  PrintRankLoadTables(rep);
+  PrintReplayCheck(rep);
   channel.reset();
   if (!self_check_ok) std::fprintf(stderr, "ep_train_bench: the replay check failed (above)\n");
   return self_check_ok ? 0 : 1;

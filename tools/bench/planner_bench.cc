@@ -205,6 +205,227 @@ absl::Status TimedSolve(rackrun::planner::Planner& planner, const LoadMatrix& lo
   return status;
 }
 
+// Machine calibration: the median time to sum 16384 int64 counts (one EP64 load matrix)
+// on this thread. On a shared or throttled machine every figure scales with it.
+double CalibrationUs() {
+  std::vector<int64_t> data(16384);
+  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<int64_t>(i * 7 % 1000);
+  std::vector<double> us;
+  volatile int64_t sink = 0;
+  for (int rep = 0; rep < 200; ++rep) {
+    const auto start = std::chrono::steady_clock::now();
+    int64_t sum = 0;
+    for (const int64_t v : data) sum += v ^ rep;
+    sink = sink + sum;
+    const auto stop = std::chrono::steady_clock::now();
+    us.push_back(Micros(start, stop));
+  }
+  return Percentile(us, 0.5);
+}
+
+// 1. Tail quality: every family's microbatches through every policy, at 2 and 4 slots.
+std::vector<TailRow> TailQuality(const std::vector<Family>& families,
+                                 const std::vector<std::string>& policies, int tail_microbatches,
+                                 rackrun::planner::SplitRounding split) {
+  std::vector<TailRow> tail_rows;
+  for (const Family& family : families) {
+    std::vector<LoadMatrix> loads;
+    const std::string error = Generate(family.gen, tail_microbatches, &loads);
+    for (const int slots : {2, 4}) {
+      const Domain domain{family.gen.ranks, family.gen.experts / family.gen.ranks, slots};
+      for (const std::string& policy : policies) {
+        TailRow row;
+        row.family = family.name;
+        row.ranks = family.gen.ranks;
+        row.experts = family.gen.experts;
+        row.topk = family.gen.topk;
+        row.slots = slots;
+        row.policy = policy;
+        row.error = error;
+        const std::unique_ptr<rackrun::planner::Planner> planner =
+            MakeOrError(policy, domain, split, &row.error);
+        if (planner == nullptr) {
+          tail_rows.push_back(row);
+          continue;
+        }
+        Plan plan;
+        std::vector<double> initial, final_, us;
+        double replicas = 0;
+        row.digest = rackrun::planner::kFingerprintSeed;
+        for (const LoadMatrix& l : loads) {
+          if (absl::Status status = TimedSolve(*planner, l, &plan, &us); !status.ok()) {
+            row.error = std::string(status.message());
+            break;
+          }
+          initial.push_back(
+              rackrun::planner::Imbalance(rackrun::planner::HomeRankLoads(domain, l)));
+          final_.push_back(rackrun::planner::Imbalance(plan.RankLoads()));
+          replicas += plan.num_replicas();
+          row.digest = rackrun::planner::PlanFingerprint(plan, row.digest);
+        }
+        Triple(initial, row.initial);
+        Triple(final_, row.final_);
+        row.replicas = replicas / static_cast<double>(std::max<size_t>(us.size(), 1));
+        row.p50_us = Percentile(us, 0.5);
+        tail_rows.push_back(row);
+      }
+    }
+  }
+  return tail_rows;
+}
+
+// 2. Solve time against EP: each policy's SolveInto on zipf-2 at every EP size.
+std::vector<TimeRow> SolveTimes(const std::vector<int>& eps,
+                                const std::vector<std::string>& policies, int solves,
+                                int microbatches, rackrun::planner::SplitRounding split) {
+  std::vector<TimeRow> time_rows;
+  for (const int ranks : eps) {
+    const int experts = (ranks > 0 && 256 % ranks == 0) ? 256 : std::max(ranks, 1) * 4;
+    const Domain domain{ranks, ranks > 0 ? experts / ranks : 0, 2};
+    std::vector<LoadMatrix> loads;
+    const std::string error = Generate(Base(ranks, experts, 8, 2), microbatches, &loads);
+    for (const std::string& policy : policies) {
+      TimeRow row;
+      row.ranks = ranks;
+      row.experts = experts;
+      row.policy = policy;
+      row.error = error;
+      const std::unique_ptr<rackrun::planner::Planner> planner =
+          MakeOrError(policy, domain, split, &row.error);
+      if (planner == nullptr) {
+        time_rows.push_back(row);
+        continue;
+      }
+      Plan plan;
+      std::vector<double> us;
+      row.digest = rackrun::planner::kFingerprintSeed;
+      for (int s = 0; s < solves; ++s) {
+        const LoadMatrix& l = loads[static_cast<size_t>(s % microbatches)];
+        if (absl::Status status = TimedSolve(*planner, l, &plan, &us); !status.ok()) {
+          row.error = std::string(status.message());
+          break;
+        }
+        if (s < microbatches) row.digest = rackrun::planner::PlanFingerprint(plan, row.digest);
+      }
+      row.p50_us = Percentile(us, 0.50);
+      row.p99_us = Percentile(us, 0.99);
+      time_rows.push_back(row);
+    }
+  }
+  return time_rows;
+}
+
+// What main passes to the output.
+struct Run {
+  int solves;
+  int microbatches;
+  int tail_microbatches;
+  double reference_us;
+  const char* split_name;
+};
+
+// A plan digest as the tables print it: 16 hex digits.
+std::string DigestHex(uint64_t digest) {
+  char hex[24];
+  std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(digest));
+  return hex;
+}
+
+// 3. The output as one JSON document.
+void PrintJson(const Run& run, const std::vector<TailRow>& tail_rows,
+               const std::vector<TimeRow>& time_rows) {
+  nlohmann::json quality = nlohmann::json::array();
+  for (const TailRow& r : tail_rows) {
+    nlohmann::json j = {{"family", r.family},        {"ep", r.ranks},
+                        {"experts", r.experts},      {"topk", r.topk},
+                        {"slots_per_rank", r.slots}, {"policy", r.policy}};
+    if (!r.error.empty()) {
+      j["error"] = r.error;
+    } else {
+      j["initial_max_over_mean"] = {
+          {"p50", r.initial[0]}, {"p99", r.initial[1]}, {"max", r.initial[2]}};
+      j["final_max_over_mean"] = {{"p50", r.final_[0]}, {"p99", r.final_[1]}, {"max", r.final_[2]}};
+      j["replicas"] = r.replicas;
+      j["solve_p50_us"] = r.p50_us;
+      j["plan_digest"] = DigestHex(r.digest);
+    }
+    quality.push_back(j);
+  }
+  nlohmann::json times = nlohmann::json::array();
+  for (const TimeRow& r : time_rows) {
+    nlohmann::json j = {{"ep", r.ranks},     {"experts", r.experts},    {"slots_per_rank", 2},
+                        {"topk", 8},         {"tokens_per_rank", 8192}, {"family", "zipf-2"},
+                        {"policy", r.policy}};
+    if (!r.error.empty()) {
+      j["error"] = r.error;
+    } else {
+      j["solve_p50_us"] = r.p50_us;
+      j["solve_p99_us"] = r.p99_us;
+      j["plan_digest"] = DigestHex(r.digest);
+    }
+    times.push_back(j);
+  }
+  std::printf("%s\n", nlohmann::json{{"solves", run.solves},
+                                     {"microbatches", run.microbatches},
+                                     {"tail_microbatches", run.tail_microbatches},
+                                     {"reference_sum16k_us", run.reference_us},
+                                     {"split", run.split_name},
+                                     {"tail_quality", quality},
+                                     {"solve_time", times}}
+                          .dump(2)
+                          .c_str());
+}
+
+// 3. The output as the two tables.
+void PrintTables(const Run& run, const std::vector<TailRow>& tail_rows,
+                 const std::vector<TimeRow>& time_rows) {
+  std::printf("planner_bench: 8192 tokens/rank, one pinned thread, split rounding %s\n",
+              run.split_name);
+  std::printf("calibration: summing 16384 int64 takes %.2f us (median) on this thread\n",
+              run.reference_us);
+  if (!tail_rows.empty()) {
+    std::printf(
+        "\n1. tail quality: max/mean rank load over %d microbatches per family (p50 / p99 / "
+        "max), replicas mean, solve p50 (us)\n",
+        run.tail_microbatches);
+    std::printf("%-16s %-13s %-5s %-14s %-23s %-23s %8s %8s  %s\n", "family", "domain", "slots",
+                "policy", "initial p50/p99/max", "final p50/p99/max", "replicas", "p50(us)",
+                "plan digest");
+    for (const TailRow& r : tail_rows) {
+      char domain[32];
+      std::snprintf(domain, sizeof(domain), "EP%d/%d/top%d", r.ranks, r.experts, r.topk);
+      if (!r.error.empty()) {
+        std::printf("%-16s %-13s %-5d %-14s skipped: %s\n", r.family.c_str(), domain, r.slots,
+                    r.policy.c_str(), r.error.c_str());
+        continue;
+      }
+      std::printf(
+          "%-16s %-13s %-5d %-14s %6.3f/%6.3f/%6.3f    %6.4f/%6.4f/%6.4f %8.1f %8.1f  %016llx\n",
+          r.family.c_str(), domain, r.slots, r.policy.c_str(), r.initial[0], r.initial[1],
+          r.initial[2], r.final_[0], r.final_[1], r.final_[2], r.replicas, r.p50_us,
+          static_cast<unsigned long long>(r.digest));
+    }
+  }
+  if (!time_rows.empty()) {
+    std::printf(
+        "\n2. solve time against EP: zipf-2, top-8, 2 slots/rank, %d solves over %d "
+        "microbatches\n",
+        run.solves, run.microbatches);
+    std::printf("%-5s %-7s %-14s %9s %9s %12s  %s\n", "EP", "experts", "policy", "p50(us)",
+                "p99(us)", "p50/EP(us)", "plan digest");
+    for (const TimeRow& r : time_rows) {
+      if (!r.error.empty()) {
+        std::printf("%-5d %-7d %-14s skipped: %s\n", r.ranks, r.experts, r.policy.c_str(),
+                    r.error.c_str());
+        continue;
+      }
+      std::printf("%-5d %-7d %-14s %9.1f %9.1f %12.3f  %016llx\n", r.ranks, r.experts,
+                  r.policy.c_str(), r.p50_us, r.p99_us, r.p50_us / std::max(r.ranks, 1),
+                  static_cast<unsigned long long>(r.digest));
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -261,202 +482,19 @@ int main(int argc, char** argv) {
     return flags.Fail("--family", "unknown family; known:" + known);
   }
 
-  // Machine calibration: the median time to sum 16384 int64 counts (one EP64 load matrix)
-  // on this thread. On a shared or throttled machine every figure below scales with it.
-  double reference_us = 0;
-  {
-    std::vector<int64_t> data(16384);
-    for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<int64_t>(i * 7 % 1000);
-    std::vector<double> us;
-    volatile int64_t sink = 0;
-    for (int rep = 0; rep < 200; ++rep) {
-      const auto start = std::chrono::steady_clock::now();
-      int64_t sum = 0;
-      for (const int64_t v : data) sum += v ^ rep;
-      sink = sink + sum;
-      const auto stop = std::chrono::steady_clock::now();
-      us.push_back(Micros(start, stop));
-    }
-    reference_us = Percentile(us, 0.5);
-  }
-
-  // 1. Tail quality.
-  std::vector<TailRow> tail_rows;
-  for (const Family& family : tail ? families : std::vector<Family>{}) {
-    std::vector<LoadMatrix> loads;
-    const std::string error = Generate(family.gen, tail_microbatches, &loads);
-    for (const int slots : {2, 4}) {
-      const Domain domain{family.gen.ranks, family.gen.experts / family.gen.ranks, slots};
-      for (const std::string& policy : policies) {
-        TailRow row;
-        row.family = family.name;
-        row.ranks = family.gen.ranks;
-        row.experts = family.gen.experts;
-        row.topk = family.gen.topk;
-        row.slots = slots;
-        row.policy = policy;
-        row.error = error;
-        const std::unique_ptr<rackrun::planner::Planner> planner =
-            MakeOrError(policy, domain, split, &row.error);
-        if (planner == nullptr) {
-          tail_rows.push_back(row);
-          continue;
-        }
-        Plan plan;
-        std::vector<double> initial, final_, us;
-        double replicas = 0;
-        row.digest = rackrun::planner::kFingerprintSeed;
-        for (const LoadMatrix& l : loads) {
-          if (absl::Status status = TimedSolve(*planner, l, &plan, &us); !status.ok()) {
-            row.error = std::string(status.message());
-            break;
-          }
-          initial.push_back(
-              rackrun::planner::Imbalance(rackrun::planner::HomeRankLoads(domain, l)));
-          final_.push_back(rackrun::planner::Imbalance(plan.RankLoads()));
-          replicas += plan.num_replicas();
-          row.digest = rackrun::planner::PlanFingerprint(plan, row.digest);
-        }
-        Triple(initial, row.initial);
-        Triple(final_, row.final_);
-        row.replicas = replicas / static_cast<double>(std::max<size_t>(us.size(), 1));
-        row.p50_us = Percentile(us, 0.5);
-        tail_rows.push_back(row);
-      }
-    }
-  }
-
-  // 2. Solve time against EP.
-  std::vector<TimeRow> time_rows;
-  for (const int ranks : timing ? eps : std::vector<int>{}) {
-    const int experts = (ranks > 0 && 256 % ranks == 0) ? 256 : std::max(ranks, 1) * 4;
-    const Domain domain{ranks, ranks > 0 ? experts / ranks : 0, 2};
-    std::vector<LoadMatrix> loads;
-    const std::string error = Generate(Base(ranks, experts, 8, 2), microbatches, &loads);
-    for (const std::string& policy : policies) {
-      TimeRow row;
-      row.ranks = ranks;
-      row.experts = experts;
-      row.policy = policy;
-      row.error = error;
-      const std::unique_ptr<rackrun::planner::Planner> planner =
-          MakeOrError(policy, domain, split, &row.error);
-      if (planner == nullptr) {
-        time_rows.push_back(row);
-        continue;
-      }
-      Plan plan;
-      std::vector<double> us;
-      row.digest = rackrun::planner::kFingerprintSeed;
-      for (int s = 0; s < solves; ++s) {
-        const LoadMatrix& l = loads[static_cast<size_t>(s % microbatches)];
-        if (absl::Status status = TimedSolve(*planner, l, &plan, &us); !status.ok()) {
-          row.error = std::string(status.message());
-          break;
-        }
-        if (s < microbatches) row.digest = rackrun::planner::PlanFingerprint(plan, row.digest);
-      }
-      row.p50_us = Percentile(us, 0.50);
-      row.p99_us = Percentile(us, 0.99);
-      time_rows.push_back(row);
-    }
-  }
-
+  const double reference_us = CalibrationUs();
+  const std::vector<TailRow> tail_rows =
+      TailQuality(tail ? families : std::vector<Family>{}, policies, tail_microbatches, split);
+  const std::vector<TimeRow> time_rows =
+      SolveTimes(timing ? eps : std::vector<int>{}, policies, solves, microbatches, split);
   const char* split_name =
       split == rackrun::planner::SplitRounding::kCumulative ? "cumulative" : "largest_remainder";
   // 3. The output: one JSON document, or the two tables.
+  const Run run{solves, microbatches, tail_microbatches, reference_us, split_name};
   if (json) {
-    nlohmann::json quality = nlohmann::json::array();
-    for (const TailRow& r : tail_rows) {
-      nlohmann::json j = {{"family", r.family},        {"ep", r.ranks},
-                          {"experts", r.experts},      {"topk", r.topk},
-                          {"slots_per_rank", r.slots}, {"policy", r.policy}};
-      if (!r.error.empty()) {
-        j["error"] = r.error;
-      } else {
-        j["initial_max_over_mean"] = {
-            {"p50", r.initial[0]}, {"p99", r.initial[1]}, {"max", r.initial[2]}};
-        j["final_max_over_mean"] = {
-            {"p50", r.final_[0]}, {"p99", r.final_[1]}, {"max", r.final_[2]}};
-        j["replicas"] = r.replicas;
-        j["solve_p50_us"] = r.p50_us;
-        char digest[24];
-        std::snprintf(digest, sizeof(digest), "%016llx", static_cast<unsigned long long>(r.digest));
-        j["plan_digest"] = digest;
-      }
-      quality.push_back(j);
-    }
-    nlohmann::json times = nlohmann::json::array();
-    for (const TimeRow& r : time_rows) {
-      nlohmann::json j = {{"ep", r.ranks},     {"experts", r.experts},    {"slots_per_rank", 2},
-                          {"topk", 8},         {"tokens_per_rank", 8192}, {"family", "zipf-2"},
-                          {"policy", r.policy}};
-      if (!r.error.empty()) {
-        j["error"] = r.error;
-      } else {
-        j["solve_p50_us"] = r.p50_us;
-        j["solve_p99_us"] = r.p99_us;
-        char digest[24];
-        std::snprintf(digest, sizeof(digest), "%016llx", static_cast<unsigned long long>(r.digest));
-        j["plan_digest"] = digest;
-      }
-      times.push_back(j);
-    }
-    std::printf("%s\n", nlohmann::json{{"solves", solves},
-                                       {"microbatches", microbatches},
-                                       {"tail_microbatches", tail_microbatches},
-                                       {"reference_sum16k_us", reference_us},
-                                       {"split", split_name},
-                                       {"tail_quality", quality},
-                                       {"solve_time", times}}
-                            .dump(2)
-                            .c_str());
-    return 0;
-  }
-  std::printf("planner_bench: 8192 tokens/rank, one pinned thread, split rounding %s\n",
-              split_name);
-  std::printf("calibration: summing 16384 int64 takes %.2f us (median) on this thread\n",
-              reference_us);
-  if (!tail_rows.empty()) {
-    std::printf(
-        "\n1. tail quality: max/mean rank load over %d microbatches per family (p50 / p99 / "
-        "max), replicas mean, solve p50 (us)\n",
-        tail_microbatches);
-    std::printf("%-16s %-13s %-5s %-14s %-23s %-23s %8s %8s  %s\n", "family", "domain", "slots",
-                "policy", "initial p50/p99/max", "final p50/p99/max", "replicas", "p50(us)",
-                "plan digest");
-    for (const TailRow& r : tail_rows) {
-      char domain[32];
-      std::snprintf(domain, sizeof(domain), "EP%d/%d/top%d", r.ranks, r.experts, r.topk);
-      if (!r.error.empty()) {
-        std::printf("%-16s %-13s %-5d %-14s skipped: %s\n", r.family.c_str(), domain, r.slots,
-                    r.policy.c_str(), r.error.c_str());
-        continue;
-      }
-      std::printf(
-          "%-16s %-13s %-5d %-14s %6.3f/%6.3f/%6.3f    %6.4f/%6.4f/%6.4f %8.1f %8.1f  %016llx\n",
-          r.family.c_str(), domain, r.slots, r.policy.c_str(), r.initial[0], r.initial[1],
-          r.initial[2], r.final_[0], r.final_[1], r.final_[2], r.replicas, r.p50_us,
-          static_cast<unsigned long long>(r.digest));
-    }
-  }
-  if (!time_rows.empty()) {
-    std::printf(
-        "\n2. solve time against EP: zipf-2, top-8, 2 slots/rank, %d solves over %d "
-        "microbatches\n",
-        solves, microbatches);
-    std::printf("%-5s %-7s %-14s %9s %9s %12s  %s\n", "EP", "experts", "policy", "p50(us)",
-                "p99(us)", "p50/EP(us)", "plan digest");
-    for (const TimeRow& r : time_rows) {
-      if (!r.error.empty()) {
-        std::printf("%-5d %-7d %-14s skipped: %s\n", r.ranks, r.experts, r.policy.c_str(),
-                    r.error.c_str());
-        continue;
-      }
-      std::printf("%-5d %-7d %-14s %9.1f %9.1f %12.3f  %016llx\n", r.ranks, r.experts,
-                  r.policy.c_str(), r.p50_us, r.p99_us, r.p50_us / std::max(r.ranks, 1),
-                  static_cast<unsigned long long>(r.digest));
-    }
+    PrintJson(run, tail_rows, time_rows);
+  } else {
+    PrintTables(run, tail_rows, time_rows);
   }
   return 0;
 }

@@ -36,6 +36,41 @@ constexpr const char* kExitCodes =
 2 usage error; with --watch those of 'rackrun watch' (3 when nothing was queued).
 )";
 
+// Loads and validates the spec, its paths made absolute against the current directory; on
+// an error, prints it and returns nothing.
+std::optional<rackrun::v1::JobSpec> LoadSpecHere(const std::string& spec_path,
+                                                 const std::vector<std::string>& overrides) {
+  absl::StatusOr<rackrun::v1::JobSpec> spec = jobspec::LoadJobSpec(spec_path, overrides);
+  if (!spec.ok()) {
+    std::fprintf(stderr, "rackrun submit: %s\n", std::string(spec.status().message()).c_str());
+    return std::nullopt;
+  }
+  std::error_code ec;
+  const std::filesystem::path cwd = std::filesystem::current_path(ec);
+  if (ec) {
+    std::fprintf(stderr, "rackrun submit: cannot read the current directory (%s)\n",
+                 ec.message().c_str());
+    return std::nullopt;
+  }
+  jobspec::MakeSpecPathsAbsolute(*spec, cwd.string());
+  return *std::move(spec);
+}
+
+// Says on stderr whether the request created the job or found it submitted before.
+void PrintSubmitted(const rackrun::v1::SubmitRequest& request,
+                    const rackrun::v1::SubmitResponse& response) {
+  const rackrun::v1::Job& job = response.job();
+  if (response.created()) {
+    std::fprintf(stderr, "rackrun: submitted job %s (%s), %s; request id %s\n", job.id().c_str(),
+                 job.name().c_str(), StateName(job.state()).c_str(), request.request_id().c_str());
+  } else {
+    std::fprintf(stderr,
+                 "rackrun: request id %s was already submitted as job %s (%s); not submitted "
+                 "again\n",
+                 request.request_id().c_str(), job.id().c_str(), StateName(job.state()).c_str());
+  }
+}
+
 }  // namespace
 
 int SubmitCommand(const Args& args) {
@@ -82,19 +117,8 @@ int SubmitCommand(const Args& args) {
   const int failed = watch ? kExitNoOutcome : 1;
 
   // Locally first: a bad spec never reaches the network.
-  absl::StatusOr<rackrun::v1::JobSpec> spec = jobspec::LoadJobSpec(spec_path, overrides);
-  if (!spec.ok()) {
-    std::fprintf(stderr, "rackrun submit: %s\n", std::string(spec.status().message()).c_str());
-    return failed;
-  }
-  std::error_code ec;
-  const std::filesystem::path cwd = std::filesystem::current_path(ec);
-  if (ec) {
-    std::fprintf(stderr, "rackrun submit: cannot read the current directory (%s)\n",
-                 ec.message().c_str());
-    return failed;
-  }
-  jobspec::MakeSpecPathsAbsolute(*spec, cwd.string());
+  std::optional<rackrun::v1::JobSpec> spec = LoadSpecHere(spec_path, overrides);
+  if (!spec.has_value()) return failed;
 
   absl::StatusOr<std::unique_ptr<CoordinatorClient>> client = CoordinatorClient::Create(connection);
   if (!client.ok()) {
@@ -127,15 +151,7 @@ int SubmitCommand(const Args& args) {
   const rackrun::v1::Job& job = response.job();
   std::printf("%s\n", job.id().c_str());
   std::fflush(stdout);
-  if (response.created()) {
-    std::fprintf(stderr, "rackrun: submitted job %s (%s), %s; request id %s\n", job.id().c_str(),
-                 job.name().c_str(), StateName(job.state()).c_str(), request.request_id().c_str());
-  } else {
-    std::fprintf(stderr,
-                 "rackrun: request id %s was already submitted as job %s (%s); not submitted "
-                 "again\n",
-                 request.request_id().c_str(), job.id().c_str(), StateName(job.state()).c_str());
-  }
+  PrintSubmitted(request, response);
   if (!watch) return 0;
   return FollowJob(c, job.id(), follow);
 }
