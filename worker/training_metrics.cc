@@ -19,6 +19,20 @@ using prometheus::BuildCounter;
 using prometheus::BuildGauge;
 using prometheus::BuildHistogram;
 
+// A family of the registry, by name and help text.
+prometheus::Family<prometheus::Gauge>& GaugeFamily(prometheus::Registry& r, const char* name,
+                                                   const char* help) {
+  return BuildGauge().Name(name).Help(help).Register(r);
+}
+prometheus::Family<prometheus::Counter>& CounterFamily(prometheus::Registry& r, const char* name,
+                                                       const char* help) {
+  return BuildCounter().Name(name).Help(help).Register(r);
+}
+prometheus::Family<prometheus::Histogram>& HistogramFamily(prometheus::Registry& r,
+                                                           const char* name, const char* help) {
+  return BuildHistogram().Name(name).Help(help).Register(r);
+}
+
 }  // namespace
 
 double ModelFlopsPerToken(const rackrun::v1::JobSpec& spec, int64_t parameters) {
@@ -32,164 +46,102 @@ double ModelFlopsPerToken(const rackrun::v1::JobSpec& spec, int64_t parameters) 
 
 struct TrainingMetrics::Families {
   explicit Families(prometheus::Registry& r)
-      : step_seconds(BuildHistogram()
-                         .Name("rackrun_train_step_duration_seconds")
-                         .Help("Wall-clock seconds of one optimizer step on this rank (without "
-                               "evaluation and checkpoints)")
-                         .Register(r)),
-        step(BuildGauge()
-                 .Name("rackrun_train_step")
-                 .Help("Optimizer steps done (resumed runs continue the count)")
-                 .Register(r)),
-        total_steps(BuildGauge()
-                        .Name("rackrun_train_steps_target")
-                        .Help("training.steps of the job")
-                        .Register(r)),
-        tokens(BuildCounter()
-                   .Name("rackrun_train_tokens_total")
-                   .Help("Training tokens this rank processed (its share of every global batch; "
-                         "sum over ranks = the job's tokens)")
-                   .Register(r)),
-        loss(BuildGauge()
-                 .Name("rackrun_train_loss")
-                 .Help("Training loss of the last step (mean over its microbatches)")
-                 .Register(r)),
-        val_loss(BuildGauge()
-                     .Name("rackrun_train_validation_loss")
-                     .Help("Validation loss of the last evaluation")
-                     .Register(r)),
-        grad_norm(BuildGauge()
-                      .Name("rackrun_train_grad_norm")
-                      .Help("Global gradient norm of the last step, before clipping")
-                      .Register(r)),
-        lr(BuildGauge()
-               .Name("rackrun_train_learning_rate")
-               .Help("Learning rate of the last step")
-               .Register(r)),
-        flops(BuildGauge()
-                  .Name("rackrun_train_model_flops_per_second")
-                  .Help("Model FLOP/s of this rank in the last step: 6 x active parameters x "
-                        "tokens / seconds")
-                  .Register(r)),
-        mfu(BuildGauge()
-                .Name("rackrun_train_mfu_ratio")
-                .Help("Model FLOP/s utilisation of this rank: model FLOP/s / declared peak FLOP/s "
-                      "of one device (0-1)")
-                .Register(r)),
-        peak(BuildGauge()
-                 .Name("rackrun_device_peak_flops")
-                 .Help("Declared peak FLOP/s of one device (--peak-flops)")
-                 .Register(r)),
-        phase(BuildGauge()
-                  .Name("rackrun_train_phase")
-                  .Help("1 for the phase this rank is in, 0 for the other phases it has been in")
-                  .Register(r)),
-        imbalance_before(BuildGauge()
-                             .Name("rackrun_moe_last_imbalance_before")
-                             .Help("Max / mean tokens per rank of an MoE layer with masters only, "
-                                   "mean over the last step's microbatches (1 = balanced)")
-                             .Register(r)),
-        imbalance_after(BuildGauge()
-                            .Name("rackrun_moe_last_imbalance_after")
-                            .Help("Max / mean tokens per rank of an MoE layer under the executed "
-                                  "plans, mean over the last step's microbatches (1 = balanced)")
-                            .Register(r)),
-        imbalance_before_h(
-            BuildHistogram()
-                .Name("rackrun_moe_imbalance_before")
-                .Help("Per step: max / mean tokens per rank of an MoE layer with masters only")
-                .Register(r)),
-        imbalance_after_h(
-            BuildHistogram()
-                .Name("rackrun_moe_imbalance_after")
-                .Help(
-                    "Per step: max / mean tokens per rank of an MoE layer under the executed plans")
-                .Register(r)),
-        replicas(
-            BuildGauge()
-                .Name("rackrun_moe_replicas")
-                .Help("Replica instances of an MoE layer, mean over the last step's microbatches")
-                .Register(r)),
-        plan_seconds(BuildHistogram()
-                         .Name("rackrun_moe_plan_seconds")
-                         .Help("Per step: seconds this rank spent planning (load exchange, solve, "
-                               "invariant and agreement checks)")
-                         .Register(r)),
+      : step_seconds(
+            HistogramFamily(r, "rackrun_train_step_duration_seconds",
+                            "Wall-clock seconds of one optimizer step on this rank (without "
+                            "evaluation and checkpoints)")),
+        step(GaugeFamily(r, "rackrun_train_step",
+                         "Optimizer steps done (resumed runs continue the count)")),
+        total_steps(GaugeFamily(r, "rackrun_train_steps_target", "training.steps of the job")),
+        tokens(
+            CounterFamily(r, "rackrun_train_tokens_total",
+                          "Training tokens this rank processed (its share of every global batch; "
+                          "sum over ranks = the job's tokens)")),
+        loss(GaugeFamily(r, "rackrun_train_loss",
+                         "Training loss of the last step (mean over its microbatches)")),
+        val_loss(GaugeFamily(r, "rackrun_train_validation_loss",
+                             "Validation loss of the last evaluation")),
+        grad_norm(GaugeFamily(r, "rackrun_train_grad_norm",
+                              "Global gradient norm of the last step, before clipping")),
+        lr(GaugeFamily(r, "rackrun_train_learning_rate", "Learning rate of the last step")),
+        flops(GaugeFamily(r, "rackrun_train_model_flops_per_second",
+                          "Model FLOP/s of this rank in the last step: 6 x active parameters x "
+                          "tokens / seconds")),
+        mfu(GaugeFamily(
+            r, "rackrun_train_mfu_ratio",
+            "Model FLOP/s utilisation of this rank: model FLOP/s / declared peak FLOP/s "
+            "of one device (0-1)")),
+        peak(GaugeFamily(r, "rackrun_device_peak_flops",
+                         "Declared peak FLOP/s of one device (--peak-flops)")),
+        phase(
+            GaugeFamily(r, "rackrun_train_phase",
+                        "1 for the phase this rank is in, 0 for the other phases it has been in")),
+        imbalance_before(
+            GaugeFamily(r, "rackrun_moe_last_imbalance_before",
+                        "Max / mean tokens per rank of an MoE layer with masters only, "
+                        "mean over the last step's microbatches (1 = balanced)")),
+        imbalance_after(
+            GaugeFamily(r, "rackrun_moe_last_imbalance_after",
+                        "Max / mean tokens per rank of an MoE layer under the executed "
+                        "plans, mean over the last step's microbatches (1 = balanced)")),
+        imbalance_before_h(HistogramFamily(
+            r, "rackrun_moe_imbalance_before",
+            "Per step: max / mean tokens per rank of an MoE layer with masters only")),
+        imbalance_after_h(HistogramFamily(
+            r, "rackrun_moe_imbalance_after",
+            "Per step: max / mean tokens per rank of an MoE layer under the executed plans")),
+        replicas(GaugeFamily(
+            r, "rackrun_moe_replicas",
+            "Replica instances of an MoE layer, mean over the last step's microbatches")),
+        plan_seconds(
+            HistogramFamily(r, "rackrun_moe_plan_seconds",
+                            "Per step: seconds this rank spent planning (load exchange, solve, "
+                            "invariant and agreement checks)")),
         plan_exchange_seconds(
-            BuildHistogram()
-                .Name("rackrun_moe_plan_exchange_seconds")
-                .Help("Per step: of rackrun_moe_plan_seconds, seconds in the load exchange "
-                      "(in-band: the allgather; coordinator mode: the round trips and the "
-                      "fingerprint allgather), waiting for the other ranks included")
-                .Register(r)),
-        round_trip(
-            BuildHistogram()
-                .Name("rackrun_moe_plan_round_trip_seconds")
-                .Help("Coordinator mode: seconds from sending a load row to receiving its plan")
-                .Register(r)),
-        fanout_seconds(BuildHistogram()
-                           .Name("rackrun_moe_fanout_seconds")
-                           .Help("Per step: seconds this rank spent fanning replica weights out")
-                           .Register(r)),
-        dispatch_seconds(BuildHistogram()
-                             .Name("rackrun_moe_dispatch_seconds")
-                             .Help("Per step: seconds this rank spent in token all-to-alls "
-                                   "(dispatch and combine, forward and backward)")
-                             .Register(r)),
-        reduce_seconds(
-            BuildHistogram()
-                .Name("rackrun_moe_reduce_seconds")
-                .Help("Per step: seconds this rank spent reducing replica gradients into masters")
-                .Register(r)),
-        balancing_seconds(
-            BuildCounter()
-                .Name("rackrun_moe_balancing_seconds_total")
-                .Help(
-                    "Seconds this rank spent planning, fanning out and reducing replica gradients")
-                .Register(r)),
-        step_seconds_total(BuildCounter()
-                               .Name("rackrun_train_step_seconds_total")
-                               .Help("Seconds this rank spent in optimizer steps")
-                               .Register(r)),
-        fanout_bytes(BuildCounter()
-                         .Name("rackrun_moe_fanout_bytes_total")
-                         .Help("Replica-weight bytes this rank sent (relay fan-out)")
-                         .Register(r)),
-        reduce_bytes(BuildCounter()
-                         .Name("rackrun_moe_reduce_bytes_total")
-                         .Help("Replica-gradient bytes this rank sent to masters")
-                         .Register(r)),
-        dispatch_bytes(
-            BuildCounter()
-                .Name("rackrun_moe_dispatch_bytes_total")
-                .Help("Token bytes through this rank's instances in the all-to-alls: 4 x rows x "
-                      "width x 4 bytes (dispatch and combine, forward and backward)")
-                .Register(r)),
-        gpu_in_use(BuildGauge()
-                       .Name("rackrun_gpu_memory_in_use_bytes")
-                       .Help("GPU jobs: device bytes in live blocks of the engine's caching "
-                             "allocator after the last step (size-class bytes)")
-                       .Register(r)),
-        gpu_peak(BuildGauge()
-                     .Name("rackrun_gpu_memory_peak_bytes")
-                     .Help("GPU jobs: the peak of rackrun_gpu_memory_in_use_bytes since the "
-                           "attempt's engine started")
-                     .Register(r)),
-        gpu_reserved(BuildGauge()
-                         .Name("rackrun_gpu_memory_reserved_bytes")
-                         .Help("GPU jobs: device bytes the caching allocator holds from "
-                               "cudaMalloc (in use + cached for reuse)")
-                         .Register(r)),
-        gpu_total(BuildGauge()
-                      .Name("rackrun_gpu_memory_total_bytes")
-                      .Help("GPU jobs: device memory of the job's GPU")
-                      .Register(r)),
-        gpu_step(BuildGauge()
-                     .Name("rackrun_gpu_step_device_seconds")
-                     .Help("GPU jobs: device seconds of the last step by phase (gemm, attention, "
-                           "streams, routing, optimizer, other; CUDA events on the compute "
-                           "stream)")
-                     .Register(r)) {}
+            HistogramFamily(r, "rackrun_moe_plan_exchange_seconds",
+                            "Per step: of rackrun_moe_plan_seconds, seconds in the load exchange "
+                            "(in-band: the allgather; coordinator mode: the round trips and the "
+                            "fingerprint allgather), waiting for the other ranks included")),
+        round_trip(HistogramFamily(
+            r, "rackrun_moe_plan_round_trip_seconds",
+            "Coordinator mode: seconds from sending a load row to receiving its plan")),
+        fanout_seconds(
+            HistogramFamily(r, "rackrun_moe_fanout_seconds",
+                            "Per step: seconds this rank spent fanning replica weights out")),
+        dispatch_seconds(HistogramFamily(r, "rackrun_moe_dispatch_seconds",
+                                         "Per step: seconds this rank spent in token all-to-alls "
+                                         "(dispatch and combine, forward and backward)")),
+        reduce_seconds(HistogramFamily(
+            r, "rackrun_moe_reduce_seconds",
+            "Per step: seconds this rank spent reducing replica gradients into masters")),
+        balancing_seconds(CounterFamily(
+            r, "rackrun_moe_balancing_seconds_total",
+            "Seconds this rank spent planning, fanning out and reducing replica gradients")),
+        step_seconds_total(CounterFamily(r, "rackrun_train_step_seconds_total",
+                                         "Seconds this rank spent in optimizer steps")),
+        fanout_bytes(CounterFamily(r, "rackrun_moe_fanout_bytes_total",
+                                   "Replica-weight bytes this rank sent (relay fan-out)")),
+        reduce_bytes(CounterFamily(r, "rackrun_moe_reduce_bytes_total",
+                                   "Replica-gradient bytes this rank sent to masters")),
+        dispatch_bytes(CounterFamily(
+            r, "rackrun_moe_dispatch_bytes_total",
+            "Token bytes through this rank's instances in the all-to-alls: 4 x rows x "
+            "width x 4 bytes (dispatch and combine, forward and backward)")),
+        gpu_in_use(GaugeFamily(r, "rackrun_gpu_memory_in_use_bytes",
+                               "GPU jobs: device bytes in live blocks of the engine's caching "
+                               "allocator after the last step (size-class bytes)")),
+        gpu_peak(GaugeFamily(r, "rackrun_gpu_memory_peak_bytes",
+                             "GPU jobs: the peak of rackrun_gpu_memory_in_use_bytes since the "
+                             "attempt's engine started")),
+        gpu_reserved(GaugeFamily(r, "rackrun_gpu_memory_reserved_bytes",
+                                 "GPU jobs: device bytes the caching allocator holds from "
+                                 "cudaMalloc (in use + cached for reuse)")),
+        gpu_total(GaugeFamily(r, "rackrun_gpu_memory_total_bytes",
+                              "GPU jobs: device memory of the job's GPU")),
+        gpu_step(GaugeFamily(r, "rackrun_gpu_step_device_seconds",
+                             "GPU jobs: device seconds of the last step by phase (gemm, attention, "
+                             "streams, routing, optimizer, other; CUDA events on the compute "
+                             "stream)")) {}
 
   prometheus::Family<prometheus::Histogram>& step_seconds;
   prometheus::Family<prometheus::Gauge>& step;
