@@ -2,9 +2,10 @@
 // machine; not run on a GPU yet): a coordinator, one worker started with --device cuda:0
 // and --metrics-listen, and the CLI, as processes on loopback. `rackrun workers` shows the
 // GPU (its name and memory, as the device probe reads them), a small cuda job (the daemon
-// tests' spec at one rank, 10 steps) succeeds with finite losses, and the worker's
-// rackrun_gpu_* series hold the engine's figures (memory in use non-zero, the step's device
-// time). Without a GPU it skips, naming the cause. The CPU-only side: device_test.cc.
+// tests' spec at one rank, 10 steps, naming cuda:7: the worker's --device wins) succeeds
+// with finite losses, and the worker's rackrun_gpu_* series hold the engine's figures
+// (memory in use non-zero, the step's device time). Without a GPU it skips, naming the
+// cause. The CPU-only side: device_test.cc.
 //
 // Where the programs and sources are: tools/gpu-check --bundle packs rackrun,
 // rackrun-coordinator and rackrun-worker beside this binary and runs it from the source
@@ -111,9 +112,11 @@ TEST_F(GpuDaemonsTest, AWorkerOnCuda0RunsACudaJobAndExportsGpuMemory) {
   EXPECT_THAT(table.out, HasSubstr(gpu_.name + " (")) << table.out;
   EXPECT_THAT(table.out, HasSubstr(" GiB)")) << table.out;
 
+  // The spec names cuda:7 (no such GPU on a lent machine): the worker runs it on its own
+  // --device cuda:0.
   const std::filesystem::path log = dir_ / "gpu.jsonl";
   const Result watch =
-      Cli("submit job.yaml --set resources.ranks=1 --set resources.device=cuda "
+      Cli("submit job.yaml --set resources.ranks=1 --set resources.device=cuda:7 "
           "--set training.steps=10 --set logging.json=" +
               log.string() + " --watch --plain",
           "watch");
