@@ -233,6 +233,18 @@ std::vector<QueuedJob> Jobs::Queue() const {
   return q;
 }
 
+void Jobs::NoteUnplaced(const std::string& job_id, const std::string& reason) {
+  Lock lock(mu_);
+  if (shutdown_) return;
+  Entry* e = Find(job_id);
+  if (e == nullptr || e->job.state() != rackrun::v1::QUEUED || e->job.message() == reason) return;
+  Job next = e->job;
+  next.set_message(reason);
+  const int attempt = next.attempts().empty() ? 0 : next.attempts().rbegin()->number();
+  // A store that cannot write now is asked again on the next tick.
+  (void)Commit(*e, std::move(next), {MessageEvent(reason, attempt)});
+}
+
 absl::StatusOr<Attempt> Jobs::StartAttempt(const std::string& job_id,
                                            const std::vector<rackrun::v1::RankPlacement>& ranks,
                                            const std::string& placement_note) {

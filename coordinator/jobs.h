@@ -87,6 +87,11 @@ class Jobs {
   // QUEUED jobs in FIFO order (creation order; restarted jobs keep their place).
   std::vector<QueuedJob> Queue() const;
 
+  // A QUEUED job the scheduler cannot place (scheduler.h's Unplaced): `reason` becomes the
+  // job's message and a message event, once per change of reason (the scheduler asks on
+  // every tick). Nothing for a job that is not QUEUED or already says so.
+  void NoteUnplaced(const std::string& job_id, const std::string& reason);
+
   // Starts the next attempt of a QUEUED job on `ranks` (rank i at index i). Returns it
   // (number, resume = number > 1). A non-empty `placement_note` (Placement::note: domains
   // that mix rack labels) becomes a message event of the attempt. FailedPrecondition when

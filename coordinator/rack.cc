@@ -116,7 +116,11 @@ absl::StatusOr<rackrun::v1::ReportResponse> Rack::Report(const rackrun::v1::Repo
 }
 
 void Rack::StartJobs() {
-  for (const Placement& p : Schedule(jobs_.Queue(), workers_.Idle(), clock_())) {
+  Unplaced unplaced;
+  const std::vector<Placement> placements =
+      Schedule(jobs_.Queue(), workers_.Idle(), clock_(), &unplaced);
+  if (!unplaced.job_id.empty()) jobs_.NoteUnplaced(unplaced.job_id, unplaced.reason);
+  for (const Placement& p : placements) {
     std::vector<rackrun::v1::RankPlacement> ranks;
     for (size_t r = 0; r < p.ranks.size(); ++r) {
       rackrun::v1::RankPlacement rp;

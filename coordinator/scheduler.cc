@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "comm/channel_names.h"
+#include "jobspec/device.h"
 #include "jobspec/spec.h"
 
 namespace rackrun::coordinator {
@@ -25,7 +26,24 @@ int ExpertParallelOf(const rackrun::v1::JobSpec& spec) {
   return layout.ok() ? layout->expert_parallel : ranks;
 }
 
+bool NeedsGpu(const rackrun::v1::JobSpec& spec) {
+  absl::StatusOr<jobspec::DeviceSpec> device = jobspec::ParseDevice(spec.resources().device());
+  return device.ok() && device->is_cuda();
+}
+
 namespace {
+
+// Why a GPU job waits: `need` workers with a GPU offering `channel`; `idle` idle workers
+// offer the channel, `gpus` of them with a GPU.
+std::string NoGpuReason(const rackrun::v1::JobSpec& spec, int need, const std::string& channel,
+                        int idle, int gpus) {
+  return absl::StrCat("not placed: resources.device: ", spec.resources().device(), " needs ", need,
+                      " idle worker", need == 1 ? "" : "s", " with a GPU offering channel ",
+                      channel, "; idle now: ", idle, " worker", idle == 1 ? "" : "s", ", ",
+                      gpus == 0 ? "none" : absl::StrCat(gpus),
+                      " with a GPU (start rackrun-worker --device cuda:N on a GPU machine, or use "
+                      "resources.device: cpu)");
+}
 
 std::string LabelName(const std::string& rack) { return rack.empty() ? "(unlabeled)" : rack; }
 
@@ -96,7 +114,8 @@ bool PlaceDomains(Groups groups, int domains, size_t g, std::vector<size_t>* ran
 }  // namespace
 
 std::vector<Placement> Schedule(const std::vector<QueuedJob>& queue, std::vector<IdleWorker> idle,
-                                int64_t now_ms) {
+                                int64_t now_ms, Unplaced* unplaced) {
+  if (unplaced != nullptr) *unplaced = Unplaced();
   std::sort(idle.begin(), idle.end(), [](const IdleWorker& a, const IdleWorker& b) {
     return std::tie(a.host, a.launcher_rank, a.worker_id) <
            std::tie(b.host, b.launcher_rank, b.worker_id);
@@ -107,14 +126,25 @@ std::vector<Placement> Schedule(const std::vector<QueuedJob>& queue, std::vector
     const std::string channel = ChannelOf(job.spec);
     const int need = RanksOf(job.spec);
     const int g = ExpertParallelOf(job.spec);
+    const bool gpu = NeedsGpu(job.spec);
     Groups groups;
+    int offering = 0;  // idle workers offering the channel, GPU or not
     for (size_t i = 0; i < idle.size(); ++i) {
       const auto& c = idle[i].channels;
-      if (std::find(c.begin(), c.end(), channel) != c.end()) groups[idle[i].rack].push_back(i);
+      if (std::find(c.begin(), c.end(), channel) == c.end()) continue;
+      ++offering;
+      if (!gpu || idle[i].gpu) groups[idle[i].rack].push_back(i);
     }
+    int candidates = 0;
+    for (const auto& [label, members] : groups) candidates += static_cast<int>(members.size());
     Placement p{job.job_id, {}, g, {}};
     std::vector<size_t> taken;
-    if (!PlaceDomains(std::move(groups), need / g, static_cast<size_t>(g), &taken, &p.note)) break;
+    if (!PlaceDomains(std::move(groups), need / g, static_cast<size_t>(g), &taken, &p.note)) {
+      if (gpu && unplaced != nullptr) {
+        *unplaced = {job.job_id, NoGpuReason(job.spec, need, channel, offering, candidates)};
+      }
+      break;
+    }
     for (const size_t i : taken) p.ranks.push_back(idle[i]);
     std::sort(taken.begin(), taken.end());
     for (auto it = taken.rbegin(); it != taken.rend(); ++it)

@@ -18,6 +18,11 @@
 // order, so the same rack gives the same ranks every time; with no labels at all this is
 // one group and the ranks are the first R candidates in that order.
 //
+// Devices: a job with resources.device cuda (or cuda:N) is placed only on workers that
+// registered a GPU (IdleWorker::gpu; the worker's --device decides which of its GPUs runs
+// it); a cpu job may run on any worker, GPU workers included. When the oldest job cannot be
+// placed for want of GPU workers, Unplaced says so (the job's message and events show it).
+//
 // Pure function of its inputs; thread-compatible.
 #ifndef RACKRUN_COORDINATOR_SCHEDULER_H_
 #define RACKRUN_COORDINATOR_SCHEDULER_H_
@@ -48,9 +53,23 @@ int RanksOf(const rackrun::v1::JobSpec& spec);
 // spec whose layout does not tile its ranks (refused at Submit) counts as one domain.
 int ExpertParallelOf(const rackrun::v1::JobSpec& spec);
 
+// Whether the job runs on a GPU (resources.device cuda or cuda:N; a spec whose device does
+// not parse, refused at Submit, counts as cpu).
+bool NeedsGpu(const rackrun::v1::JobSpec& spec);
+
+// The job that holds the queue for a reason its submitter can act on: today a
+// resources.device: cuda job without enough idle workers with a GPU. `reason` is one line
+// naming resources.device, what the job needs and what is idle.
+struct Unplaced {
+  std::string job_id;
+  std::string reason;
+};
+
 // The jobs of `queue` (FIFO order) that start now at `now_ms`, each on distinct workers.
+// `unplaced` (optional) gets the job that holds the queue for want of GPU workers, or is
+// cleared.
 std::vector<Placement> Schedule(const std::vector<QueuedJob>& queue, std::vector<IdleWorker> idle,
-                                int64_t now_ms);
+                                int64_t now_ms, Unplaced* unplaced = nullptr);
 
 }  // namespace rackrun::coordinator
 

@@ -58,6 +58,67 @@ TEST(SchedulerTest, ChannelKindAndBackoff) {
   EXPECT_EQ(Schedule({Job("j-1", 1, "", 100)}, idle, 100).size(), 1u);
 }
 
+// A job of `ranks` ranks on resources.device `device`.
+QueuedJob OnDevice(const std::string& id, int ranks, const std::string& device) {
+  QueuedJob q = Job(id, ranks);
+  q.spec.mutable_resources()->set_device(device);
+  return q;
+}
+
+IdleWorker Gpu(const std::string& id, const std::string& host, int launcher_rank) {
+  IdleWorker w = W(id, host, launcher_rank);
+  w.gpu = true;
+  return w;
+}
+
+TEST(SchedulerTest, CudaJobsRunOnlyOnGpuWorkersCpuJobsAnywhere) {
+  EXPECT_TRUE(NeedsGpu(OnDevice("j", 1, "cuda").spec));
+  EXPECT_TRUE(NeedsGpu(OnDevice("j", 1, "cuda:3").spec));
+  EXPECT_FALSE(NeedsGpu(OnDevice("j", 1, "cpu").spec));
+  EXPECT_FALSE(NeedsGpu(OnDevice("j", 1, "").spec));
+  // w-1 (CPU) comes first in rank order; the cuda job skips it for the GPU worker, the cpu
+  // job behind it takes the CPU worker.
+  const std::vector<IdleWorker> idle = {W("w-1", "a", 0), Gpu("w-2", "a", 1)};
+  Unplaced unplaced{"stale", "stale"};
+  std::vector<Placement> p =
+      Schedule({OnDevice("j-1", 1, "cuda"), OnDevice("j-2", 1, "cpu")}, idle, 0, &unplaced);
+  ASSERT_EQ(p.size(), 2u);
+  EXPECT_EQ(p[0].ranks[0].worker_id, "w-2");
+  EXPECT_EQ(p[1].ranks[0].worker_id, "w-1");
+  EXPECT_TRUE(unplaced.job_id.empty()) << unplaced.reason;
+  // A cpu job may run on a GPU worker (it is the first in rank order here).
+  p = Schedule({OnDevice("j-3", 1, "cpu")}, {Gpu("w-2", "a", 0), W("w-1", "a", 1)}, 0);
+  ASSERT_EQ(p.size(), 1u);
+  EXPECT_EQ(p[0].ranks[0].worker_id, "w-2");
+  // Two GPU ranks on one GPU worker and one CPU worker: not placed.
+  EXPECT_TRUE(Schedule({OnDevice("j-4", 2, "cuda:0")}, idle, 0).empty());
+}
+
+TEST(SchedulerTest, ACudaJobWithoutGpuWorkersIsNotPlacedAndSaysWhy) {
+  const std::vector<IdleWorker> cpus = {W("w-1", "a", 0), W("w-2", "a", 1)};
+  Unplaced unplaced;
+  // FIFO: the cpu job behind the waiting cuda job waits too.
+  EXPECT_TRUE(Schedule({OnDevice("j-1", 1, "cuda"), OnDevice("j-2", 1, "cpu")}, cpus, 0, &unplaced)
+                  .empty());
+  EXPECT_EQ(unplaced.job_id, "j-1");
+  EXPECT_EQ(unplaced.reason,
+            "not placed: resources.device: cuda needs 1 idle worker with a GPU offering channel "
+            "ucx; idle now: 2 workers, none with a GPU (start rackrun-worker --device cuda:N on a "
+            "GPU machine, or use resources.device: cpu)");
+  // One GPU worker of three idle, two GPU ranks asked.
+  const std::vector<IdleWorker> mixed = {W("w-1", "a", 0), Gpu("w-2", "a", 1), W("w-3", "a", 2)};
+  EXPECT_TRUE(Schedule({OnDevice("j-5", 2, "cuda:1")}, mixed, 0, &unplaced).empty());
+  EXPECT_EQ(unplaced.job_id, "j-5");
+  EXPECT_NE(unplaced.reason.find("resources.device: cuda:1 needs 2 idle workers with a GPU"),
+            std::string::npos)
+      << unplaced.reason;
+  EXPECT_NE(unplaced.reason.find("idle now: 3 workers, 1 with a GPU"), std::string::npos)
+      << unplaced.reason;
+  // A cpu job that waits for workers is no device matter: nothing to say.
+  EXPECT_TRUE(Schedule({OnDevice("j-6", 4, "cpu")}, mixed, 0, &unplaced).empty());
+  EXPECT_TRUE(unplaced.job_id.empty()) << unplaced.reason;
+}
+
 // A job of `ranks` ranks in domains of `g` (parallelism.expert_parallel), 8 experts.
 QueuedJob Domains(const std::string& id, int ranks, int g) {
   QueuedJob q = Job(id, ranks);

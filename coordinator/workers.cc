@@ -52,6 +52,7 @@ absl::StatusOr<std::string> Workers::Register(const rackrun::v1::RegisterRequest
   w.w.set_ucx_address(req.ucx_address());
   w.w.set_metrics_address(req.metrics_address());
   w.w.set_rack(req.rack());
+  if (req.has_gpu()) *w.w.mutable_gpu() = req.gpu();
   w.stopping_job = req.job_id();
   w.last_heartbeat_ms = now;
   cv_.notify_all();
@@ -196,6 +197,7 @@ std::vector<IdleWorker> Workers::Idle() const {
     if (w.w.state() != rackrun::v1::IDLE || !w.stream_open || !w.stopping_job.empty()) continue;
     IdleWorker i{id, w.w.host(), w.w.pid(), w.w.launcher_rank(), w.data_address, {}, w.w.rack()};
     i.channels.assign(w.w.channels().begin(), w.w.channels().end());
+    i.gpu = w.w.has_gpu();
     out.push_back(std::move(i));
   }
   return out;

@@ -42,6 +42,7 @@ struct IdleWorker {
   std::string data_address;  // empty: host
   std::vector<std::string> channels;
   std::string rack;  // its rack label (RegisterRequest.rack); empty = none
+  bool gpu = false;  // it registered a GPU (RegisterRequest.gpu): it may run cuda jobs
 };
 
 class Workers {

@@ -96,6 +96,18 @@ inline const std::vector<ExpectedSeries>& WorkerLayerSeries() {
   };
   return s;
 }
+// rackrun-worker, every rank of a running job with resources.device: cuda (the GPU engine's
+// figures after each step; phase: gemm, attention, streams, routing, optimizer, other).
+inline const std::vector<ExpectedSeries>& WorkerGpuSeries() {
+  static const std::vector<ExpectedSeries> s = {
+      {"rackrun_gpu_memory_in_use_bytes", "gauge", {"job_id", "rank"}},
+      {"rackrun_gpu_memory_peak_bytes", "gauge", {"job_id", "rank"}},
+      {"rackrun_gpu_memory_reserved_bytes", "gauge", {"job_id", "rank"}},
+      {"rackrun_gpu_memory_total_bytes", "gauge", {"job_id", "rank"}},
+      {"rackrun_gpu_step_device_seconds", "gauge", {"job_id", "rank", "phase"}},
+  };
+  return s;
+}
 inline const std::vector<ExpectedSeries>& WorkerOptionalSeries() {
   static const std::vector<ExpectedSeries> s = {
       {"rackrun_train_validation_loss", "gauge", {"job_id", "rank"}},

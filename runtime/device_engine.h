@@ -37,7 +37,9 @@ namespace rackrun::runtime {
 struct DeviceStepStats {
   std::string device;  // "NVIDIA H200 (cuda:0)"
   int64_t memory_in_use_bytes = 0;
-  int64_t memory_peak_bytes = 0;   // since the engine was created
+  int64_t memory_peak_bytes = 0;  // since the engine was created
+  // What the engine's caching allocator holds from the device: in use + cached for reuse.
+  int64_t memory_reserved_bytes = 0;
   int64_t memory_total_bytes = 0;  // the device's
   // Device milliseconds of the last Step's phases: gemm, attention, streams, routing,
   // optimizer, other (the names in phase_names).

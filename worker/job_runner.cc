@@ -19,6 +19,7 @@
 #include "data/token_source.h"
 #include "jobspec/balancer.h"
 #include "jobspec/data_blend.h"
+#include "jobspec/device.h"
 #include "jobspec/path_confinement.h"
 #include "jobspec/spec.h"
 #include "runtime/cuda/engine.h"
@@ -38,6 +39,24 @@ bool PeerCaused(const absl::Status& s) {
          s.code() == absl::StatusCode::kDeadlineExceeded ||
          s.code() == absl::StatusCode::kFailedPrecondition ||
          s.code() == absl::StatusCode::kAborted;
+}
+
+// A GPU job's step figures for the coordinator (the dashboard's GPU charts).
+rackrun::v1::DeviceProgress DeviceProgressOf(const runtime::DeviceStepStats& st) {
+  rackrun::v1::DeviceProgress d;
+  d.set_name(st.device);
+  d.set_memory_in_use_bytes(st.memory_in_use_bytes);
+  d.set_memory_peak_bytes(st.memory_peak_bytes);
+  d.set_memory_reserved_bytes(st.memory_reserved_bytes);
+  d.set_memory_total_bytes(st.memory_total_bytes);
+  // DeviceStepStats::phase_names order: gemm, attention, streams, routing, optimizer, other.
+  d.set_gemm_s(st.phase_ms[0] / 1e3);
+  d.set_attention_s(st.phase_ms[1] / 1e3);
+  d.set_streams_s(st.phase_ms[2] / 1e3);
+  d.set_routing_s(st.phase_ms[3] / 1e3);
+  d.set_optimizer_s(st.phase_ms[4] / 1e3);
+  d.set_other_s(st.phase_ms[5] / 1e3);
+  return d;
 }
 
 }  // namespace
@@ -158,6 +177,11 @@ class JobRunner::ProgressObserver final : public runtime::TrainObserver {
     if (const runtime::ExpertParallelGroup* ep = trainer_->expert_parallel(); ep != nullptr) {
       p.set_fanout_bytes(ep->stats().fanout_bytes);
     }
+    if (runtime::DeviceEngine* engine = trainer_->device_engine(); engine != nullptr) {
+      if (absl::StatusOr<runtime::DeviceStepStats> st = engine->StepStats(); st.ok()) {
+        *p.mutable_device() = DeviceProgressOf(*st);
+      }
+    }
     // Expert-level detail for the dashboard's heatmap: a sampled stream, never metrics.
     const std::vector<std::vector<int64_t>>& counts = trainer_->model().expert_counts();
     const size_t cells = counts.empty() ? 0 : counts.size() * counts[0].size();
@@ -182,7 +206,16 @@ class JobRunner::ProgressObserver final : public runtime::TrainObserver {
 
 JobRunner::JobRunner(Connection& connection, rackrun::v1::RunJob assignment,
                      JobRunnerOptions options)
-    : connection_(connection), assignment_(std::move(assignment)), options_(std::move(options)) {}
+    : connection_(connection), assignment_(std::move(assignment)), options_(std::move(options)) {
+  // resources.device: cuda runs on this worker's GPU (--device cuda:N: the coordinator placed
+  // the job here because the worker has one), whatever index the spec named. A worker
+  // without a GPU leaves the spec alone: the trainer's device check refuses it, naming why.
+  rackrun::v1::JobSpec* spec = assignment_.mutable_spec();
+  absl::StatusOr<jobspec::DeviceSpec> device = jobspec::ParseDevice(spec->resources().device());
+  if (options_.cuda_device >= 0 && device.ok() && device->is_cuda()) {
+    spec->mutable_resources()->set_device(absl::StrCat("cuda:", options_.cuda_device));
+  }
+}
 
 JobRunner::~JobRunner() = default;
 
@@ -498,6 +531,7 @@ void JobRunner::StartMetrics(runtime::Trainer& trainer, CoordinatorPlanSource* p
   o.total_steps = trainer.spec().training().steps();
   o.width = trainer.spec().model().width();
   o.group = trainer.expert_parallel();
+  o.device = trainer.device_engine();
   training_metrics_ = std::make_unique<TrainingMetrics>(*options_.metrics, o);
   if (plan_source != nullptr) {
     TrainingMetrics* m = training_metrics_.get();

@@ -36,8 +36,9 @@ namespace rackrun::worker {
 struct JobRunnerOptions {
   std::string worker_id;
   std::string host;
-  int threads = -1;      // compute threads; -1 = the spec's resources.threads
-  int cuda_device = -1;  // for NCCL jobs
+  int threads = -1;  // compute threads; -1 = the spec's resources.threads
+  // --device cuda:N: the GPU of resources.device: cuda jobs and of NCCL channels; -1 = cpu.
+  int cuda_device = -1;
   // After a failure caused by a peer (a broken or timed-out channel) or a stop this rank
   // did not ask for, how long to wait for the coordinator's cancel before reporting: the
   // coordinator then blames the culprit it detected, not this victim.

@@ -61,7 +61,10 @@ void DeclareFlags(rackrun::flags::FlagSet& flags, rackrun::worker::WorkerOptions
               })
       .Env("RACKRUN_RACK")
       .Default("none");
-  flags.String("--device", &o.device, "DEV", "cpu or cuda:N (offers the NCCL channel)");
+  flags.String("--device", &o.device, "DEV",
+               "cpu, cuda (the launcher's local rank's GPU) or cuda:N: where jobs with "
+               "resources.device: cuda run; a GPU is checked at start (refused when unusable), "
+               "registered with the coordinator and offers the NCCL channel");
   flags.Int("--threads", &o.threads, "N", "compute threads per job")
       .Default("the job spec's resources.threads");
   flags

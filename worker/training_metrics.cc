@@ -126,7 +126,22 @@ struct TrainingMetrics::Families {
         dispatch_bytes(CounterFamily(
             r, "rackrun_moe_dispatch_bytes_total",
             "Token bytes through this rank's instances in the all-to-alls: 4 x rows x "
-            "width x 4 bytes (dispatch and combine, forward and backward)")) {}
+            "width x 4 bytes (dispatch and combine, forward and backward)")),
+        gpu_in_use(GaugeFamily(r, "rackrun_gpu_memory_in_use_bytes",
+                               "GPU jobs: device bytes in live blocks of the engine's caching "
+                               "allocator after the last step (size-class bytes)")),
+        gpu_peak(GaugeFamily(r, "rackrun_gpu_memory_peak_bytes",
+                             "GPU jobs: the peak of rackrun_gpu_memory_in_use_bytes since the "
+                             "attempt's engine started")),
+        gpu_reserved(GaugeFamily(r, "rackrun_gpu_memory_reserved_bytes",
+                                 "GPU jobs: device bytes the caching allocator holds from "
+                                 "cudaMalloc (in use + cached for reuse)")),
+        gpu_total(GaugeFamily(r, "rackrun_gpu_memory_total_bytes",
+                              "GPU jobs: device memory of the job's GPU")),
+        gpu_step(GaugeFamily(r, "rackrun_gpu_step_device_seconds",
+                             "GPU jobs: device seconds of the last step by phase (gemm, attention, "
+                             "streams, routing, optimizer, other; CUDA events on the compute "
+                             "stream)")) {}
 
   prometheus::Family<prometheus::Histogram>& step_seconds;
   prometheus::Family<prometheus::Gauge>& step;
@@ -156,6 +171,11 @@ struct TrainingMetrics::Families {
   prometheus::Family<prometheus::Counter>& fanout_bytes;
   prometheus::Family<prometheus::Counter>& reduce_bytes;
   prometheus::Family<prometheus::Counter>& dispatch_bytes;
+  prometheus::Family<prometheus::Gauge>& gpu_in_use;
+  prometheus::Family<prometheus::Gauge>& gpu_peak;
+  prometheus::Family<prometheus::Gauge>& gpu_reserved;
+  prometheus::Family<prometheus::Gauge>& gpu_total;
+  prometheus::Family<prometheus::Gauge>& gpu_step;
 
   // Every series this object added, removed by the destructor.
   std::mutex mu;  // removers: series are added from the training and heartbeat threads
@@ -190,6 +210,10 @@ struct TrainingMetrics::Families {
     prometheus::Histogram *before_h = nullptr, *after_h = nullptr;
   };
   std::vector<Layer> layers;
+  // GPU jobs: made with the first OnDeviceStep.
+  prometheus::Gauge *g_gpu_in_use = nullptr, *g_gpu_peak = nullptr, *g_gpu_reserved = nullptr,
+                    *g_gpu_total = nullptr;
+  std::vector<prometheus::Gauge*> g_gpu_phase;  // by runtime::DeviceStepStats::phase_names
 };
 
 TrainingMetrics::TrainingMetrics(prometheus::Registry& registry, Options options)
@@ -272,6 +296,11 @@ void TrainingMetrics::OnStep(const runtime::StepRecord& r) {
     f.g_flops->Set(flops);
     if (f.g_mfu != nullptr) f.g_mfu->Set(flops / options_.peak_flops);
   }
+  if (options_.device != nullptr) {
+    // A failure to read the figures costs the series one step, never the step.
+    absl::StatusOr<runtime::DeviceStepStats> device = options_.device->StepStats();
+    if (device.ok()) OnDeviceStep(*device);
+  }
   if (options_.ranks <= 1) return;
   f.h_plan->Observe(r.plan_s);
   f.h_exchange->Observe(r.plan_exchange_s);
@@ -315,6 +344,27 @@ void TrainingMetrics::OnStep(const runtime::StepRecord& r) {
     }
     layer.replicas->Set(replicas);
   }
+}
+
+void TrainingMetrics::OnDeviceStep(const runtime::DeviceStepStats& stats) {
+  Families& f = *f_;
+  if (f.g_gpu_in_use == nullptr) {
+    const prometheus::Labels l = Labels();
+    f.g_gpu_in_use = &f.Add(f.gpu_in_use, l);
+    f.g_gpu_peak = &f.Add(f.gpu_peak, l);
+    f.g_gpu_reserved = &f.Add(f.gpu_reserved, l);
+    f.g_gpu_total = &f.Add(f.gpu_total, l);
+    for (const char* phase : runtime::DeviceStepStats::phase_names) {
+      prometheus::Labels pl = l;
+      pl["phase"] = phase;
+      f.g_gpu_phase.push_back(&f.Add(f.gpu_step, pl));
+    }
+  }
+  f.g_gpu_in_use->Set(static_cast<double>(stats.memory_in_use_bytes));
+  f.g_gpu_peak->Set(static_cast<double>(stats.memory_peak_bytes));
+  f.g_gpu_reserved->Set(static_cast<double>(stats.memory_reserved_bytes));
+  f.g_gpu_total->Set(static_cast<double>(stats.memory_total_bytes));
+  for (size_t p = 0; p < f.g_gpu_phase.size(); ++p) f.g_gpu_phase[p]->Set(stats.phase_ms[p] / 1e3);
 }
 
 void TrainingMetrics::SetPhase(std::string_view phase) {

@@ -20,6 +20,10 @@
 // (blocks x (experts - top_k) x 3 x width x expert_hidden). MFU = this rank's model FLOP/s
 // / the declared peak FLOP/s of one device (`--peak-flops`); without a peak, no MFU series.
 //
+// GPU jobs (resources.device: cuda) add the rackrun_gpu_* series: device memory from the
+// engine's caching allocator (in use, peak, reserved, the device's total) and the last
+// step's device seconds per phase (CUDA events, runtime/cuda/phase_clock.h). Not run on a GPU.
+//
 // Series stay after the job ends (its last values remain visible) until this object is
 // destroyed; destroy it before starting the next job's (the series are removed then).
 //
@@ -67,12 +71,20 @@ class TrainingMetrics final : public runtime::TrainObserver {
     // Per-layer replicas and byte counts come from here (Trainer::expert_parallel(); null
     // in a single-process job). Read in OnStep only, on the training thread.
     const runtime::ExpertParallelGroup* group = nullptr;
+    // The job's GPU engine (Trainer::device_engine(); null for resources.device: cpu): its
+    // StepStats after every step feed the rackrun_gpu_* series (OnDeviceStep).
+    runtime::DeviceEngine* device = nullptr;
   };
 
   TrainingMetrics(prometheus::Registry& registry, Options options);
   ~TrainingMetrics() override;
 
   void OnStep(const runtime::StepRecord& record) override;
+  // The GPU series from one step's device figures (OnStep calls it with the engine's
+  // StepStats; the series appear with the first call): memory in use, peak and reserved by
+  // the engine's caching allocator, the device's memory, and the step's device seconds per
+  // phase.
+  void OnDeviceStep(const runtime::DeviceStepStats& stats);
 
   // The rank's phase while it trains (runtime::TrainPhaseName, or "collective" while the
   // worker sees it blocked in one): rackrun_train_phase{phase} is 1 for it and 0 for the

@@ -22,6 +22,7 @@ using metrics::ExpectNaming;
 using metrics::ExpectSeries;
 using metrics::MetricFamily;
 using metrics::Sample;
+using metrics::WorkerGpuSeries;
 using metrics::WorkerLayerSeries;
 using metrics::WorkerSeries;
 
@@ -167,6 +168,64 @@ TEST(TrainingMetricsTest, DomainsLabelBalancingSeriesAndEachDomainExportsItsLaye
     EXPECT_EQ(s.labels.at("domain"), "1");
   }
   for (const Sample& s : got["rackrun_train_loss"].samples) EXPECT_EQ(s.labels.count("domain"), 0u);
+}
+
+// A GPU job (one rank): the device figures of each step become the rackrun_gpu_* series,
+// in seconds and bytes; a CPU job has none. The figures here are a DeviceStepStats as the
+// GPU engine fills it (runtime/cuda/engine.cc); the engine's own run is
+// tests/daemons/gpu_daemons_test.cc (label gpu, not run on a GPU yet).
+TEST(TrainingMetricsTest, GpuJobsExportDeviceMemoryAndPhaseSeconds) {
+  absl::StatusOr<std::unique_ptr<metrics::MetricsExporter>> ex =
+      metrics::MetricsExporter::Start("127.0.0.1:0");
+  ASSERT_TRUE(ex.ok()) << ex.status();
+  std::vector<std::unique_ptr<TrainingMetrics>> ranks = MakeRanks((*ex)->registry(), "j-9", 1, 0);
+  runtime::StepRecord rec;
+  rec.step = 1;
+  rec.step_s = 0.1;
+  rec.tokens = 256;
+  rec.ranks = 1;
+  ranks[0]->OnStep(rec);
+  std::map<std::string, MetricFamily> got = metrics::ScrapeMetrics((*ex)->port());
+  for (const ExpectedSeries& e : WorkerGpuSeries()) {
+    EXPECT_TRUE(got[e.name].samples.empty()) << e.name << ": a CPU job has no GPU series";
+  }
+  runtime::DeviceStepStats st;
+  st.device = "NVIDIA H200 (cuda:0)";
+  st.memory_in_use_bytes = 3 << 20;
+  st.memory_peak_bytes = 5 << 20;
+  st.memory_reserved_bytes = 8 << 20;
+  st.memory_total_bytes = int64_t{141} << 30;
+  st.phase_ms = {4.0, 2.5, 1.0, 0.5, 0.25, 0.125};
+  ranks[0]->OnDeviceStep(st);
+  got = metrics::ScrapeMetrics((*ex)->port());
+  ExpectSeries(got, WorkerGpuSeries());
+  ExpectNaming(got);
+  EXPECT_EQ(got["rackrun_gpu_memory_in_use_bytes"].samples.at(0).value, 3 << 20);
+  EXPECT_EQ(got["rackrun_gpu_memory_peak_bytes"].samples.at(0).value, 5 << 20);
+  EXPECT_EQ(got["rackrun_gpu_memory_reserved_bytes"].samples.at(0).value, 8 << 20);
+  EXPECT_EQ(got["rackrun_gpu_memory_total_bytes"].samples.at(0).value,
+            static_cast<double>(int64_t{141} << 30));
+  std::map<std::string, double> phase_s;
+  for (const Sample& s : got["rackrun_gpu_step_device_seconds"].samples) {
+    EXPECT_EQ(s.labels.at("job_id"), "j-9");
+    phase_s[s.labels.at("phase")] = s.value;
+  }
+  const std::map<std::string, double> want = {{"gemm", 4e-3},        {"attention", 2.5e-3},
+                                              {"streams", 1e-3},     {"routing", 5e-4},
+                                              {"optimizer", 2.5e-4}, {"other", 1.25e-4}};
+  ASSERT_EQ(phase_s.size(), want.size());
+  for (const auto& [phase, seconds] : want) EXPECT_NEAR(phase_s[phase], seconds, 1e-12) << phase;
+  // The next step's figures replace the last's.
+  st.memory_in_use_bytes = 4 << 20;
+  ranks[0]->OnDeviceStep(st);
+  got = metrics::ScrapeMetrics((*ex)->port());
+  EXPECT_EQ(got["rackrun_gpu_memory_in_use_bytes"].samples.size(), 1u);
+  EXPECT_EQ(got["rackrun_gpu_memory_in_use_bytes"].samples.at(0).value, 4 << 20);
+  ranks.clear();
+  got = metrics::ScrapeMetrics((*ex)->port());
+  for (const ExpectedSeries& e : WorkerGpuSeries()) {
+    EXPECT_TRUE(got[e.name].samples.empty()) << e.name << " outlived its job";
+  }
 }
 
 TEST(TrainingMetricsTest, ModelFlopsCountActiveParameters) {

@@ -11,11 +11,14 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "comm/channel_factory.h"
 #include "comm/data_address.h"
+#include "jobspec/device.h"
 #include "rpc/liveness.h"
 #include "rpc/phase.h"
 #include "runtime/cpu/blas.h"
+#include "runtime/cuda/device_probe.h"
 
 namespace rackrun::worker {
 namespace {
@@ -25,7 +28,39 @@ bool Retryable(const grpc::Status& s) {
          s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
 }
 
+// A device error (jobspec/device.h's parser, runtime/cuda/device_probe.h's checks, which
+// speak of the job spec's field) told as the flag's: "--device cuda:0: <cause>".
+absl::Status DeviceFlagError(const absl::Status& s, const std::string& value) {
+  std::string cause(s.message());
+  constexpr absl::string_view kField = "resources.device: ";
+  if (absl::StartsWith(cause, kField)) cause.erase(0, kField.size());
+  cause = absl::StrReplaceAll(cause, {{"resources.device: cpu", "--device cpu"}});
+  return absl::Status(s.code(), absl::StrCat("--device ", value, ": ", cause));
+}
+
 }  // namespace
+
+absl::StatusOr<std::optional<rackrun::v1::Gpu>> ProbeWorkerDevice(std::string* device,
+                                                                  int local_rank) {
+  absl::StatusOr<jobspec::DeviceSpec> spec = jobspec::ParseDevice(*device);
+  if (!spec.ok()) return DeviceFlagError(spec.status(), *device);
+  if (!spec->is_cuda()) {
+    *device = "cpu";
+    return std::nullopt;
+  }
+  // One worker per GPU: plain cuda is the local rank's, as a job spec's cuda is.
+  absl::StatusOr<runtime::cuda::GpuInfo> info =
+      runtime::cuda::CheckDevice(*spec, local_rank, /*ranks_here=*/1);
+  if (!info.ok()) return DeviceFlagError(info.status(), *device);
+  *device = absl::StrCat("cuda:", info->index);
+  rackrun::v1::Gpu gpu;
+  gpu.set_index(info->index);
+  gpu.set_name(info->name);
+  gpu.set_total_bytes(info->total_bytes);
+  gpu.set_compute_major(info->major);
+  gpu.set_compute_minor(info->minor);
+  return gpu;
+}
 
 absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(const WorkerOptions& options) {
   std::unique_ptr<Worker> w(new Worker(options));
@@ -36,6 +71,17 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(const WorkerOptions& opti
     w->options_.host = name;
   }
   if (w->options_.data_address.empty()) w->options_.data_address = w->options_.host;
+  // A GPU that is not usable here refuses the start, before the coordinator hears of it.
+  absl::StatusOr<std::optional<rackrun::v1::Gpu>> probed =
+      ProbeWorkerDevice(&w->options_.device, w->options_.local_rank);
+  if (!probed.ok()) return probed.status();
+  w->gpu_ = *std::move(probed);
+  if (w->gpu_.has_value()) {
+    std::printf("rackrun-worker: device %s: %s, %.1f GiB, compute capability %d.%d\n",
+                w->options_.device.c_str(), w->gpu_->name().c_str(),
+                static_cast<double>(w->gpu_->total_bytes()) / (1 << 30), w->gpu_->compute_major(),
+                w->gpu_->compute_minor());
+  }
   // Per-job data channels listen on this address only (and announce it to the peers).
   if (comm::IsWildcardAddress(w->options_.data_address)) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -70,7 +116,7 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(const WorkerOptions& opti
   }
   // The channels this worker can build: every one of this build's, a GPU channel only
   // with a CUDA device.
-  const bool gpu = absl::StartsWith(w->options_.device, "cuda");
+  const bool gpu = w->gpu_.has_value();
   for (const comm::ChannelTraits& c : comm::kChannels) {
     if (comm::ChannelBuilt(c.kind) && (gpu || !c.needs_gpu)) w->channels_.emplace_back(c.name);
   }
@@ -132,6 +178,7 @@ absl::Status Worker::Register(bool again) {
   request.set_threads(options_.threads);
   request.set_metrics_address(metrics_address_);
   request.set_rack(options_.rack);
+  if (gpu_.has_value()) *request.mutable_gpu() = *gpu_;
   std::shared_ptr<JobRunner> running;
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -53,8 +53,10 @@ struct WorkerOptions {
   int launcher_rank = -1;
   int launcher_size = 0;
   int local_rank = 0;
-  std::string device = "cpu";  // "cpu" or "cuda:N"
-  int threads = -1;            // compute threads per job; -1 = the job spec's
+  // --device: "cpu", "cuda" (the local rank's GPU) or "cuda:N"; Create probes it and
+  // resolves cuda to cuda:N.
+  std::string device = "cpu";
+  int threads = -1;  // compute threads per job; -1 = the job spec's
   std::chrono::milliseconds victim_grace{3000};
   // Fault injection for tests (RACKRUN_WORKER_START_DELAY_MS): the job thread waits this
   // long before it starts the first attempt assigned to it, which leaves that attempt
@@ -71,6 +73,14 @@ struct WorkerOptions {
   // inside one of them; empty = unconfined (a notice at start says so).
   std::vector<std::string> allowed_roots;
 };
+
+// --device `*device` (cpu, cuda or cuda:N) checked on this machine for a worker of local
+// rank `local_rank` (runtime/cuda/device_probe.h): nullopt for cpu; for a usable GPU its
+// description for the registration, and *device resolved to cuda:N. An unusable one (no
+// driver, no device, index out of range, compute capability too low, a build without the
+// GPU engine) is an error naming --device and the cause.
+absl::StatusOr<std::optional<rackrun::v1::Gpu>> ProbeWorkerDevice(std::string* device,
+                                                                  int local_rank);
 
 class Worker {
  public:
@@ -117,6 +127,7 @@ class Worker {
   std::unique_ptr<metrics::MetricsExporter> exporter_;
   std::string metrics_address_;  // HOST:PORT sent in Register; empty without an exporter
   std::vector<std::string> channels_;
+  std::optional<rackrun::v1::Gpu> gpu_;  // --device's GPU; nullopt for cpu
   // What the UCX channel uses of --data-address ("ADDRESS on INTERFACE"), sent in Register;
   // empty for a host name or when UCX_NET_DEVICES decides.
   std::string ucx_address_;

@@ -6,7 +6,9 @@
 //
 // The job table scales to a cluster: running jobs first, then the rest newest first, a
 // state filter and pages of PAGE_SIZE rows. Expert-parallel domains (StepProgress.domains)
-// get a heatmap pair each, side by side, and a per-rank grid grouped by domain.
+// get a heatmap pair each, side by side, and a per-rank grid grouped by domain. A GPU job
+// (StepProgress.device) fills two more charts: device memory and the step's device time by
+// phase; a CPU job's say "no GPU". The workers table names each worker's GPU.
 'use strict';
 
 (() => {
@@ -15,9 +17,13 @@
   const KEEP_HEAT = 300;     // heatmap columns (steps / samples) kept
   const PAGE_SIZE = 10;      // job table rows per page
   const F = window.rackrunFormat;
+  // StepProgress.device: memory series and the step's device time by phase.
+  const GPU_MEM = ['memory_in_use_bytes', 'memory_peak_bytes', 'memory_reserved_bytes'];
+  const GPU_PHASES = ['gemm', 'attention', 'streams', 'routing', 'optimizer', 'other'];
   const state = {
     polls: 0, points: 0, errors: [], jobId: null, next: 0, done: false,
     steps: [], loss: [], val: [], tps: [], plan: [], exchange: [], fanout: [], dispatch: [], reduce: [], fanoutBytes: [],
+    gpu: null, gpuMem: GPU_MEM.map(() => []), gpuTime: GPU_PHASES.map(() => []),  // GPU jobs (StepProgress.device)
     heatDomains: [],                     // per domain: {before: [{step, values: [per layer]}], after: [...]}
     lastDomains: [],                     // the last step's StepProgress.domains
     experts: new Map(),                  // layer -> [{step, tokens: []}]
@@ -71,6 +77,8 @@
     makeChart('balance', $('chart-balance'), ['plan', 'of it load exchange', 'fan-out', 'all-to-all', 'reduce'],
       { y: F.seconds });
     makeChart('fanout', $('chart-fanout'), ['fan-out bytes'], { y: F.bytes });
+    makeChart('gpuMem', $('chart-gpu-mem'), ['in use', 'peak', 'reserved'], { y: F.bytes });
+    makeChart('gpuTime', $('chart-gpu-time'), GPU_PHASES, { y: F.seconds });
     state.charts.ranks = null;  // made when the ranks are known
   }
   function trim(arrays) {
@@ -217,7 +225,13 @@
     state.dispatch.push(num(p.dispatch_s));
     state.reduce.push(num(p.reduce_s));
     state.fanoutBytes.push(num(p.fanout_bytes));
-    trim([state.steps, state.loss, state.val, state.tps, state.plan, state.exchange, state.fanout, state.dispatch, state.reduce, state.fanoutBytes]);
+    // A GPU job's figures (rank 0's GPU); gaps for steps without them (a CPU job: all).
+    const dev = p.device;
+    if (dev) state.gpu = { name: dev.name, total: num(dev.memory_total_bytes) };
+    GPU_MEM.forEach((k, i) => state.gpuMem[i].push(dev ? num(dev[k]) : null));
+    GPU_PHASES.forEach((k, i) => state.gpuTime[i].push(dev ? num(dev[`${k}_s`]) : null));
+    trim([state.steps, state.loss, state.val, state.tps, state.plan, state.exchange, state.fanout, state.dispatch, state.reduce, state.fanoutBytes,
+      ...state.gpuMem, ...state.gpuTime]);
     // Every domain's imbalance (a coordinator without StepProgress.domains: the job's one).
     let domains = p.domains || [];
     if (!domains.length && (p.imbalance_before || []).length) {
@@ -266,13 +280,18 @@
     c.tokens.setData([state.steps, state.tps]);
     c.balance.setData([state.steps, state.plan, state.exchange, state.fanout, state.dispatch, state.reduce]);
     c.fanout.setData([state.steps, state.fanoutBytes]);
+    c.gpuMem.setData([state.steps, ...state.gpuMem]);
+    c.gpuTime.setData([state.steps, ...state.gpuTime]);
+    $('gpu-note').textContent = state.gpu
+      ? `${state.gpu.name}: ${F.bytes(state.gpu.total)} device memory; rank 0's GPU`
+      : state.steps.length ? 'no GPU: this job runs on the CPU (resources.device: cpu)' : 'no steps yet';
   }
 
   function selectJob(id) {
     if (state.jobId === id) return;
     Object.assign(state, {
       jobId: id, next: 0, done: false, steps: [], loss: [], val: [], tps: [], plan: [], exchange: [], fanout: [], dispatch: [],
-      reduce: [], fanoutBytes: [], heatDomains: [], lastDomains: [], experts: new Map(), rankT: [], rankTimes: new Map(),
+      reduce: [], fanoutBytes: [], gpu: null, gpuMem: GPU_MEM.map(() => []), gpuTime: GPU_PHASES.map(() => []), heatDomains: [], lastDomains: [], experts: new Map(), rankT: [], rankTimes: new Map(),
       rankStep: new Map(), events: [],
     });
     $('job').hidden = false;
@@ -323,10 +342,11 @@
 
   function renderWorkers(workers) {
     $('workers').tBodies[0].innerHTML = workers.map((w) =>
-      `<tr><td>${esc(w.id)}</td><td>${esc(w.host)}</td><td>${num(w.pid)}</td><td><span class="state ${esc(w.state)}">${esc(w.state)}</span></td>` +
+      `<tr><td>${esc(w.id)}</td><td>${esc(w.host)}</td><td>${num(w.pid)}</td>` +
+      `<td>${w.gpu ? esc(`${w.gpu.name} (${F.bytes(num(w.gpu.total_bytes))})`) : '–'}</td><td><span class="state ${esc(w.state)}">${esc(w.state)}</span></td>` +
       `<td>${esc(w.job_id)}</td><td>${w.job_id ? num(w.rank) : ''}</td><td>${esc(w.phase)}</td><td>${w.job_id ? num(w.step) : ''}</td>` +
       `<td>${F.seconds(num(w.step_time_s))}</td><td>${F.seconds(num(w.heartbeat_age_s))}</td></tr>`).join('') ||
-      '<tr><td colspan="10" class="muted">no workers registered</td></tr>';
+      '<tr><td colspan="11" class="muted">no workers registered</td></tr>';
     // Step time per rank of the selected job, sampled from heartbeats once per poll.
     const mine = workers.filter((w) => w.job_id === state.jobId && w.state === 'BUSY');
     if (!mine.length) return;

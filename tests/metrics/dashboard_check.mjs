@@ -5,7 +5,7 @@
 // the coordinator at least 3 times, its charts got new points after the first poll (the job
 // is running) and uPlot drew its canvases.
 // Cluster mode (EXPECT_JSON = {"jobs", "page", "running", "failed", "domains",
-// "ranks_per_domain", "text"}; a 1400x900 window): the job table shows `page` rows a page,
+// "ranks_per_domain", "text", optional "gpu": the GPU panel's note}; a 1400x900 window): the job table shows `page` rows a page,
 // running jobs first and then newest first, and prev/next walk all `jobs` exactly once; the
 // state filter shows only failed jobs (`failed` of them); the page's text has `text` and no
 // number in exponent notation; the selected job's charts start above the fold; it shows
@@ -199,6 +199,7 @@ async function clusterChecks(evaluate, x) {
     const exp = text.match(/\\d(\\.\\d+)?e[+-]?\\d+/i);
     if (exp) fail.push('a number in exponent notation: ' + exp[0]);
     if (!text.includes(x.text)) fail.push('the page does not show ' + x.text);
+    if (x.gpu && !$('gpu-note').textContent.includes(x.gpu)) fail.push('the GPU panel says ' + $('gpu-note').textContent);
     const top = $('chart-loss').getBoundingClientRect().top;
     if (!(top < window.innerHeight)) fail.push('the first chart starts at ' + top + ' px, below the fold (' + window.innerHeight + ')');
     const canvases = document.querySelectorAll('.uplot canvas').length;

@@ -6,9 +6,9 @@
 // job table (running first, then newest first; 10 rows a page, prev/next through all 120;
 // the state filter), numbers for people (28.8k, no exponents), the charts above the fold
 // of a 1400x900 window, and the domain views (4 heatmap pairs, 4 x 16 rank cells with
-// their values in titles). The source stands in for the coordinator's Rack: making 120 real
-// finished jobs would take the suite minutes; the daemons' path to this page is
-// metrics_observability_test's.
+// their values in titles), and the GPU panel saying "no GPU" for the CPU job. The source
+// stands in for the coordinator's Rack: making 120 real finished jobs would take the suite
+// minutes; the daemons' path to this page is metrics_observability_test's.
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
@@ -165,7 +165,8 @@ TEST(DashboardPageTest, HundredsOfJobsAndSixtyFourRanksStayReadable) {
   const std::string shot = std::string(RACKRUN_BUILD_DIR) + "/metrics-dashboard-cluster.png";
   const std::string expect =
       absl::StrCat(R"('{"jobs": )", kJobs, R"(, "page": 10, "running": 3, "failed": 19, )",
-                   R"("domains": 4, "ranks_per_domain": 16, "text": "28.8k"}')");
+                   R"("domains": 4, "ranks_per_domain": 16, "text": "28.8k", )",
+                   R"("gpu": "no GPU: this job runs on the CPU"}')");
   const ::rackrun::testing::ShellResult browser = ::rackrun::testing::Shell(
       absl::StrCat("timeout -k 5 90 ", NODE_BINARY, " ", RACKRUN_SOURCE_DIR,
                    "/tests/metrics/dashboard_check.mjs ", CHROMIUM_BINARY, " 'http://127.0.0.1:",

@@ -143,8 +143,18 @@ constexpr const char* kListDescription =
 )";
 constexpr const char* kWorkersDescription =
     R"(Lists the workers registered with the coordinator: id, host, rack label (--rack), pid,
-launcher rank, device, state, job, rank, step, phase, heartbeat age and last step time.
+launcher rank, device, GPU (name and memory, "-" for a CPU worker), data address, state,
+job, rank, step, phase, heartbeat age and last step time.
 )";
+
+// The GPU column: "NVIDIA H200 (139.8 GiB)", or "-" for a CPU worker (and one older than
+// the field).
+std::string GpuText(const rackrun::v1::Worker& w) {
+  if (!w.has_gpu()) return "-";
+  return absl::StrFormat("%s (%.1f GiB)", w.gpu().name(),
+                         static_cast<double>(w.gpu().total_bytes()) / (int64_t{1} << 30));
+}
+
 }  // namespace
 
 int StatusCommand(const Args& args) {
@@ -280,8 +290,8 @@ int WorkersCommand(const Args& args) {
     return 0;
   }
   std::vector<std::vector<std::string>> rows = {{"ID", "HOST", "RACK", "PID", "LRANK", "DEVICE",
-                                                 "DATA ADDRESS", "STATE", "JOB", "RANK", "STEP",
-                                                 "PHASE", "HEARTBEAT", "STEP TIME"}};
+                                                 "GPU", "DATA ADDRESS", "STATE", "JOB", "RANK",
+                                                 "STEP", "PHASE", "HEARTBEAT", "STEP TIME"}};
   for (const rackrun::v1::Worker& w : response.workers()) {
     const bool busy = !w.job_id().empty();
     // What UCX uses when it is not the data address itself (UCX's TCP transport takes the
@@ -292,9 +302,9 @@ int WorkersCommand(const Args& args) {
     }
     rows.push_back({w.id(), w.host(), w.rack().empty() ? "-" : w.rack(), absl::StrCat(w.pid()),
                     w.launcher_rank() >= 0 ? absl::StrCat(w.launcher_rank()) : "-", w.device(),
-                    data, rackrun::v1::WorkerState_Name(w.state()), busy ? w.job_id() : "-",
-                    busy ? absl::StrCat(w.rank()) : "-", busy ? absl::StrCat(w.step()) : "-",
-                    w.phase().empty() ? "-" : w.phase(),
+                    GpuText(w), data, rackrun::v1::WorkerState_Name(w.state()),
+                    busy ? w.job_id() : "-", busy ? absl::StrCat(w.rank()) : "-",
+                    busy ? absl::StrCat(w.step()) : "-", w.phase().empty() ? "-" : w.phase(),
                     absl::StrFormat("%.1f s ago", w.heartbeat_age_s()),
                     w.step_time_s() > 0 ? absl::StrFormat("%.3f s", w.step_time_s()) : "-"});
   }
