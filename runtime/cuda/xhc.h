@@ -1,7 +1,7 @@
-// XhcStreams: the xhc residual streams (runtime/residual/residual_streams.h, mode xhc) on a
-// GPU, forward and backward, with the CPU component's parameters (same names, sizes, order
-// and initialisation: it builds a CPU ResidualStreams<float> once to take them) and its
-// call sequence:
+// XhcStreams: the xhc residual streams (runtime/residual/residual_streams.h, modes xhc,
+// xhc_flash and xhc_flash4) on a GPU, forward and backward, with the CPU component's
+// parameters (same names, sizes, order and initialisation: it builds a CPU
+// ResidualStreams<float> once to take them) and its call sequence:
 //
 //   BeginBatch(tokens, segment_starts)    SetState(host state) or Expand(device embedding)
 //   for l: ReadInput(l, u); out = F_l(u); WriteOutput(l, out)        (u, out on the device)
@@ -15,18 +15,25 @@
 // S is the state's element type: float, or __nv_bfloat16 (the state X and the rows saved for
 // the backward in bf16; coefficients, u, out, the state gradient and every sum in fp32).
 //
-// Kernels per sublayer (runtime/cuda/xhc_kernels.h): ReadInput = GEMM z = X W1^T (router +
-// pre-mapping logits) + ReadEntry (one pass over each token's N x C state: moments,
-// routing, H_pre, the dense read u, the gather of the k active rows) + GEMM q = A W2^T +
-// ActiveMaps; WriteOutput = Write (convolutions, Gram-Schmidt, mixing, write-back and
-// scatter, in place); the backward mirrors them. traffic() counts the bytes each kernel
-// moves to or from device memory (arrays read again from L1/L2 within a kernel are counted
-// once), for comparison with docs/design.md's accounting.
+// Kernels per sublayer (runtime/cuda/xhc_kernels.h), with groups of g sublayers (xhc g = 1:
+// every sublayer is a group's entry and mixes; xhc_flash 2, xhc_flash4 4): ReadInput = at a
+// group's entry GEMM z = X W1^T (router + every pre-mapping's logits of the group) +
+// ReadEntry (one pass over each token's N x C state: moments, routing, every H_pre, the
+// dense read u, the non-active bases of the group's later sublayers, the gather of the k
+// active rows); in a later sublayer of a flash group ReadBase (u from its base and the
+// current active rows, the gather); then GEMM q = A W2^T + ActiveMaps. WriteOutput = Write
+// (convolutions, Gram-Schmidt, mixing in a group's last sublayer only, write-back and
+// scatter, in place). The backward mirrors them: the gate gradients accumulate over a group,
+// and the entry's ReadInputBackward takes the router's and every pre-mapping's logit
+// gradients through the norms and the GEMMs dX += c1 W1, dW1 += c1^T X. traffic() counts the
+// bytes each kernel moves to or from device memory (arrays read again from L1/L2 within a
+// kernel are counted once), for comparison with docs/design.md's accounting.
 //
-// Supported: mode xhc (g = 1) with N <= 32, k <= 4, at most 3 convolutions, C <= 4096;
-// other modes and shapes are an Unimplemented / InvalidArgument error from Create.
-// Not run on a GPU yet: checked against the CPU engine by runtime/cuda/xhc_test.cc, which
-// skips without one.
+// Supported: modes xhc, xhc_flash and xhc_flash4 with N <= 32, k <= 4, at most 3
+// convolutions, C <= 4096; other modes (hc, mhc) are an Unimplemented error from Create,
+// other shapes an InvalidArgument.
+// Not run on a GPU yet (xhc_flash and xhc_flash4 have never run on one): checked against the
+// CPU engine by runtime/cuda/xhc_test.cc, which skips without one.
 #ifndef RACKRUN_RUNTIME_CUDA_XHC_H_
 #define RACKRUN_RUNTIME_CUDA_XHC_H_
 
@@ -106,6 +113,12 @@ class XhcStreams {
   XhcStreams(Device* device, const ResidualConfig& config, GemmPrecision gemm);
   absl::Status Init(uint64_t seed);
   absl::Status Reserve(int tokens);
+  // The first sublayer of `sublayer`'s group (it holds the group's records and active sets).
+  Sublayer& EntryOf(int sublayer);
+  // ReadInput at a group's entry: the projections of the full state and ReadEntry.
+  absl::Status ReadGroupEntry(int sublayer, float* u);
+  // ReadInputBackward at a group's entry: dX += c1 W1, dW1 += c1^T X, the router centring.
+  absl::Status EntryWeightGrads(int sublayer);
   xhc::Layout LayoutOf(int sublayer) const;
   xhc::MapParams MapsOf(int sublayer);
   absl::Status Check(cudaError_t e, const char* what) const;
@@ -141,7 +154,8 @@ class XhcStreams {
   DeviceTensor<S> x_;
   DeviceTensor<float> dx_;
   // Scratch shared by the sublayers.
-  DeviceTensor<float> z_, q_, da_, dg_, dp_, c2_, wscal_, rscal_, c1_, tape_, partial_, corr_;
+  DeviceTensor<float> z_, q_, da_, dg_, dp_, c2_, wscal_, rscal_, c1_, base_, dypre_, tape_,
+      partial_, corr_;
   DeviceTensor<bf16> c_bf16_;
   int forward_pos_ = -1, backward_pos_ = -1;
   std::vector<KernelTraffic> traffic_;

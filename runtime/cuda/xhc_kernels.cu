@@ -149,9 +149,11 @@ __device__ void TopK(const Layout& l, const float* score, int32_t* idx) {
 template <typename S>
 __global__ void __launch_bounds__(kRowThreads)
     ReadEntryKernel(Layout l, const S* x, const float* z, const float* colsum, MapParams p,
-                    float* rec, int32_t* idx, float* u, S* saved, float* coef) {
+                    float* rec, int32_t* idx, float* u, float* base, S* saved, float* coef) {
   __shared__ float scratch[2 * kWarp];
-  __shared__ float hpre[kMaxN];
+  // hpre[s * kMaxN + i]: H_pre of sublayer s of the group; for s > 0 zero on the active
+  // streams (the coefficients of the non-active bases).
+  __shared__ float hpre[kMaxG * kMaxN];
   __shared__ int sidx[kMaxK];
   const int64_t t = blockIdx.x;
   const int N = l.N, C = l.C, k = l.k;
@@ -174,42 +176,94 @@ __global__ void __launch_bounds__(kRowThreads)
     r[Layout::kMu] = mu;
     r[Layout::kSd] = sd;
     r[Layout::kRms] = rms;
-    const float* zt = z + t * 2 * N;
+    const float* zt = z + t * l.P1();
     float score[kMaxN];
     for (int q = 0; q < N; ++q) {
       const float yr = (zt[q] - mu * colsum[q]) / sd;
       r[l.YrOff() + q] = yr;
       score[q] = Sigmoid(yr);
     }
-    const float a = *p.a_pre;
-    for (int q = 0; q < N; ++q) {
-      const float y = zt[N + q] / rms;
-      r[l.YpreOff() + q] = y;
-      const float h = Sigmoid(a * y + p.b_pre[q]);
-      r[l.HpreOff() + q] = h;
-      hpre[q] = h;
+    for (int s = 0; s < l.g; ++s) {
+      const float a = *p.group_a_pre[s];
+      const float* b = p.group_b_pre[s];
+      for (int q = 0; q < N; ++q) {
+        const float y = zt[N + s * N + q] / rms;
+        r[l.YpreOff(s) + q] = y;
+        const float h = Sigmoid(a * y + b[q]);
+        r[l.HpreOff(s) + q] = h;
+        hpre[s * kMaxN + q] = h;
+      }
     }
     int32_t* it = idx + t * k;
     TopK(l, score, it);
     for (int j = 0; j < k; ++j) {
       sidx[j] = it[j];
       r[Layout::kGate + j] = j < l.m ? 1.0f : score[it[j]];
+      for (int s = 1; s < l.g; ++s) hpre[s * kMaxN + it[j]] = 0.0f;
     }
   }
   __syncthreads();
-  // The dense read and the gather, from the rows just read (in L1/L2).
+  // The dense read, the later sublayers' bases and the gather, from the rows just read (in
+  // L1/L2).
   S* at = saved + t * l.SavedStride();
   float asq = 0;
   for (int c = threadIdx.x; c < C; c += blockDim.x) {
-    float acc = 0;
-    for (int i = 0; i < N; ++i) acc += hpre[i] * ToF(xt[static_cast<int64_t>(i) * C + c]);
-    u[t * C + c] = acc;
+    float acc[kMaxG] = {};
+    for (int i = 0; i < N; ++i) {
+      const float v = ToF(xt[static_cast<int64_t>(i) * C + c]);
+#pragma unroll
+      for (int s = 0; s < kMaxG; ++s)
+        if (s < l.g) acc[s] += hpre[s * kMaxN + i] * v;
+    }
+    u[t * C + c] = acc[0];
+#pragma unroll
+    for (int s = 1; s < kMaxG; ++s)
+      if (s < l.g) base[(t * (l.g - 1) + s - 1) * C + c] = acc[s];
     for (int j = 0; j < k; ++j) {
       const S v = xt[static_cast<int64_t>(sidx[j]) * C + c];
       at[static_cast<int64_t>(j) * C + c] = v;
       const float f = ToF(v);
       asq += f * f;
     }
+  }
+  asq = detail::BlockSum1(asq, scratch);
+  if (threadIdx.x == 0) {
+    coef[t * l.CoefStride() + Layout::kRa] =
+        sqrtf(asq / static_cast<float>(static_cast<int64_t>(k) * C) + kNormEps);
+  }
+}
+
+// XhcImpl::BaseToken + GatherActive: u = base_s + sum_j H_pre^s_(I_j) a_j, a_j the current
+// active rows (A_(s-1)), gathered into the saved rows in the same pass.
+template <typename S>
+__global__ void __launch_bounds__(kRowThreads)
+    ReadBaseKernel(Layout l, const S* x, const float* base, const float* rec, const int32_t* idx,
+                   float* u, S* saved, float* coef) {
+  __shared__ float scratch[kWarp];
+  __shared__ float h[kMaxK];
+  __shared__ int sidx[kMaxK];
+  const int64_t t = blockIdx.x;
+  const int C = l.C, k = l.k;
+  if (threadIdx.x < k) {
+    const int i = idx[t * k + threadIdx.x];
+    sidx[threadIdx.x] = i;
+    h[threadIdx.x] = rec[t * l.RecStride() + l.HpreOff() + i];
+  }
+  __syncthreads();
+  const S* xt = x + t * static_cast<int64_t>(l.N) * C;
+  const float* bt = base + (t * (l.g - 1) + l.s - 1) * C;
+  S* at = saved + t * l.SavedStride();
+  float asq = 0;
+  for (int c = threadIdx.x; c < C; c += blockDim.x) {
+    float acc = bt[c];
+    for (int j = 0; j < k; ++j) {
+      const S v = xt[static_cast<int64_t>(sidx[j]) * C + c];
+      at[static_cast<int64_t>(j) * C + c] = v;
+      const float f = ToF(v);
+      acc += h[j] * f;
+      asq += f * f;
+    }
+    u[t * C + c] = acc;
   }
   asq = detail::BlockSum1(asq, scratch);
   if (threadIdx.x == 0) {
@@ -226,20 +280,22 @@ __global__ void ActiveMapsKernel(Layout l, int64_t tokens, const float* q, MapPa
   float* cf = coef + t * l.CoefStride();
   const float ra = cf[Layout::kRa];
   for (int i = 0; i < P2; ++i) cf[Layout::kQ + i] = q[t * P2 + i] / ra;
-  float logits[kMaxK * kMaxK];
-  const float a_res = *p.a_res;
-  for (int i = 0; i < kk; ++i) logits[i] = a_res * cf[Layout::kQ + i] + p.b_res[i];
-  float* h = cf + l.HresOff();
-  SinkhornForward(k, l.iters, logits, h, nullptr);
-  for (int j = 0; j < k; ++j) {
-    float s = 0;
-    for (int i = 0; i < k; ++i) s += h[j * k + i];
-    if (s > 1.0f)
-      for (int i = 0; i < k; ++i) h[j * k + i] /= s;
+  if (l.mix) {
+    float logits[kMaxK * kMaxK];
+    const float a_res = *p.a_res;
+    for (int i = 0; i < kk; ++i) logits[i] = a_res * cf[Layout::kQ + i] + p.b_res[i];
+    float* h = cf + l.HresOff();
+    SinkhornForward(k, l.iters, logits, h, nullptr);
+    for (int j = 0; j < k; ++j) {
+      float s = 0;
+      for (int i = 0; i < k; ++i) s += h[j * k + i];
+      if (s > 1.0f)
+        for (int i = 0; i < k; ++i) h[j * k + i] /= s;
+    }
   }
   const float a_post = *p.a_post;
   for (int i = 0; i < k * l.Kr; ++i) {
-    cf[l.HpostOff() + i] = 2.0f * Sigmoid(a_post * cf[Layout::kQ + kk + i] + p.b_post[i]);
+    cf[l.HpostOff() + i] = 2.0f * Sigmoid(a_post * cf[Layout::kQ + l.PostQ() + i] + p.b_post[i]);
   }
 }
 
@@ -262,15 +318,17 @@ __device__ __forceinline__ int Taps(const MapParams& p, int j, int64_t t, int32_
   return p.conv_taps[j] < room ? p.conv_taps[j] : static_cast<int>(room);
 }
 
-// Thread 0 of a block stages token t's active stream indices, H_res and the gated H_post in
-// shared memory for the write-back (forward and backward).
+// Thread 0 of a block stages token t's active stream indices, H_res (the identity in a
+// sublayer that does not mix) and the gated H_post in shared memory for the write-back
+// (forward and backward).
 __device__ __forceinline__ void StageWriteMaps(const Layout& l, const float* r, const float* cf,
                                                const int32_t* idx, int64_t t, int* sidx,
                                                float* smix, float* spost) {
   const int k = l.k, Kr = l.Kr;
   for (int j = 0; j < k; ++j) {
     sidx[j] = idx[t * k + j];
-    for (int i = 0; i < k; ++i) smix[j * k + i] = cf[l.HresOff() + j * k + i];
+    for (int i = 0; i < k; ++i)
+      smix[j * k + i] = l.mix ? cf[l.HresOff() + j * k + i] : (i == j ? 1.0f : 0.0f);
     for (int q = 0; q < Kr; ++q)
       spost[j * Kr + q] = r[Layout::kGate + j] * cf[l.HpostOff() + j * Kr + q];
   }
@@ -384,9 +442,13 @@ __global__ void __launch_bounds__(512)
     for (int j = 0; j < kMaxK; ++j) {
       if (j >= k) break;
       float y = 0;
+      if (l.mix) {
 #pragma unroll
-      for (int i = 0; i < kMaxK; ++i)
-        if (i < k) y += smix[j * k + i] * xv[i];
+        for (int i = 0; i < kMaxK; ++i)
+          if (i < k) y += smix[j * k + i] * xv[i];
+      } else {
+        y = xv[j];
+      }
 #pragma unroll
       for (int r = 0; r < kMaxKr; ++r)
         if (r < Kr) y += spost[j * Kr + r] * o[r][e];
@@ -577,9 +639,9 @@ __device__ __forceinline__ void UndoBasis(const Layout& l, const float (&o)[kMax
   }
 }
 
-// The write-back's scalar gradients on one thread: the gates' (dp_out), H_post's and H_res's
-// (Sinkhorn recomputed with its tape), the active mappings' logits (c2_out, wscal). Returns
-// the factor of A in dA (the norm's term).
+// The write-back's scalar gradients on one thread: the gates' (added to dp_out), H_post's
+// and, in a sublayer that mixes, H_res's (Sinkhorn recomputed with its tape), the active
+// mappings' logits (c2_out, wscal). Returns the factor of A in dA (the norm's term).
 __device__ __forceinline__ float MappingGrads(const Layout& l, const MapParams& p, const float* r,
                                               const float* cf, const float (&dots)[kMaxR],
                                               int64_t t, float* dp_out, float* wscal, float* c2_out,
@@ -597,47 +659,50 @@ __device__ __forceinline__ float MappingGrads(const Layout& l, const MapParams& 
       acc += hpost[j * Kr + c2] * go;
       dhpost[j * Kr + c2] = pj * go;
     }
-    dp_out[t * k + j] = acc;
+    dp_out[t * k + j] += acc;
   }
   float* scal = wscal + t * l.WriteScalStride();
   for (int i = 0; i < l.WriteScalStride(); ++i) scal[i] = 0;
   float* c2 = c2_out + t * l.C2Stride();
   float sum_dq_q = 0;
-  // MixingBackward: Sinkhorn recomputed with its tape, the row-sum clamp, its backward.
-  float logits[kMaxK * kMaxK], hraw[kMaxK * kMaxK], dh[kMaxK * kMaxK], dz[kMaxK * kMaxK];
-  const float a_res = *p.a_res;
-  for (int i = 0; i < kk; ++i) logits[i] = a_res * q[i] + p.b_res[i];
-  float* tp = tape + t * tape_floats;
-  SinkhornForward(k, l.iters, logits, hraw, tp);
-  for (int j = 0; j < k; ++j)
-    for (int i = 0; i < k; ++i) dh[j * k + i] = dots[j * kMaxK + i];
-  for (int j = 0; j < k; ++j) {
-    float s = 0;
-    for (int i = 0; i < k; ++i) s += hraw[j * k + i];
-    if (s > 1.0f) {
-      float gy = 0;
-      for (int i = 0; i < k; ++i) gy += dh[j * k + i] * hres[j * k + i];
-      for (int i = 0; i < k; ++i) dh[j * k + i] = (dh[j * k + i] - gy) / s;
+  if (l.mix) {
+    // MixingBackward: Sinkhorn recomputed with its tape, the row-sum clamp, its backward.
+    float logits[kMaxK * kMaxK], hraw[kMaxK * kMaxK], dh[kMaxK * kMaxK], dz[kMaxK * kMaxK];
+    const float a_res = *p.a_res;
+    for (int i = 0; i < kk; ++i) logits[i] = a_res * q[i] + p.b_res[i];
+    float* tp = tape + t * tape_floats;
+    SinkhornForward(k, l.iters, logits, hraw, tp);
+    for (int j = 0; j < k; ++j)
+      for (int i = 0; i < k; ++i) dh[j * k + i] = dots[j * kMaxK + i];
+    for (int j = 0; j < k; ++j) {
+      float s = 0;
+      for (int i = 0; i < k; ++i) s += hraw[j * k + i];
+      if (s > 1.0f) {
+        float gy = 0;
+        for (int i = 0; i < k; ++i) gy += dh[j * k + i] * hres[j * k + i];
+        for (int i = 0; i < k; ++i) dh[j * k + i] = (dh[j * k + i] - gy) / s;
+      }
+    }
+    SinkhornBackward(k, l.iters, logits, tp, dh, dz);
+    // ActiveMapsBackward.
+    for (int i = 0; i < kk; ++i) {
+      scal[0] += dz[i] * q[i];
+      scal[1 + i] += dz[i];
+      const float dq = a_res * dz[i];
+      c2[i] = dq;
+      sum_dq_q += dq * q[i];
     }
   }
-  SinkhornBackward(k, l.iters, logits, tp, dh, dz);
-  // ActiveMapsBackward.
-  for (int i = 0; i < kk; ++i) {
-    scal[0] += dz[i] * q[i];
-    scal[1 + i] += dz[i];
-    const float dq = a_res * dz[i];
-    c2[i] = dq;
-    sum_dq_q += dq * q[i];
-  }
   const float a_post = *p.a_post;
+  const int off = l.PostQ();
   for (int i = 0; i < k * Kr; ++i) {
     const float h = hpost[i] / 2.0f;
     const float dlogit = dhpost[i] * 2.0f * h * (1.0f - h);
-    scal[1 + kk] += dlogit * q[kk + i];
+    scal[1 + kk] += dlogit * q[off + i];
     scal[2 + kk + i] += dlogit;
     const float dq = a_post * dlogit;
-    c2[kk + i] = dq;
-    sum_dq_q += dq * q[kk + i];
+    c2[off + i] = dq;
+    sum_dq_q += dq * q[off + i];
   }
   const float ra = cf[Layout::kRa];
   for (int i = 0; i < l.P2(); ++i) c2[i] /= ra;
@@ -783,8 +848,8 @@ __global__ void ConvWeightSumKernel(Layout l, int64_t chunks, int total_taps, co
 template <typename S>
 __global__ void __launch_bounds__(kRowThreads)
     ReadBackwardKernel(Layout l, const S* x, const float* du, const float* dp, const float* colsum,
-                       MapParams p, const float* rec, const int32_t* idx, float* dx, float* c1_out,
-                       float* rscal) {
+                       MapParams p, const float* rec, const int32_t* idx, float* dx,
+                       float* dypre_out, float* c1_out, float* rscal) {
   __shared__ float red[kMaxN * kWarp];
   __shared__ float hpre[kMaxN];
   __shared__ float coefs[2];
@@ -807,7 +872,7 @@ __global__ void __launch_bounds__(kRowThreads)
   if (threadIdx.x == 0) {
     float* scal = rscal + t * l.ReadScalStride();
     const float a_pre = *p.a_pre;
-    float dypre[kMaxN];
+    float* dypre = dypre_out + (t * l.g + l.s) * N;
     scal[0] = 0;
     for (int q = 0; q < N; ++q) {
       const float h = hpre[q];
@@ -816,8 +881,13 @@ __global__ void __launch_bounds__(kRowThreads)
       scal[1 + q] = dlogit;
       dypre[q] = a_pre * dlogit;
     }
-    // EntryTokenBackward.
-    float* c1 = c1_out + t * 2 * N;
+    coefs[0] = 0;
+    coefs[1] = 0;
+  }
+  // EntryTokenBackward (the group's first sublayer): the router's and every pre-mapping's
+  // logit gradients (dypre of the later sublayers written by their ReadBackward).
+  if (threadIdx.x == 0 && l.s == 0) {
+    float* c1 = c1_out + t * l.P1();
     const float mu = r[Layout::kMu], sd = r[Layout::kSd], rms = r[Layout::kRms];
     const float D = static_cast<float>(nc);
     for (int q = 0; q < N; ++q) c1[q] = 0;
@@ -832,9 +902,12 @@ __global__ void __launch_bounds__(kRowThreads)
       sum_dy_cs += dy * colsum[q];
     }
     float sum_dy_y_pre = 0;
-    for (int q = 0; q < N; ++q) {
-      c1[N + q] = dypre[q] / rms;
-      sum_dy_y_pre += dypre[q] * r[l.YpreOff() + q];
+    for (int s = 0; s < l.g; ++s) {
+      const float* dyp = dypre_out + (t * l.g + s) * N;
+      for (int q = 0; q < N; ++q) {
+        c1[N + s * N + q] = dyp[q] / rms;
+        sum_dy_y_pre += dyp[q] * r[l.YpreOff(s) + q];
+      }
     }
     coefs[0] = -sum_dy_y_pre / (D * rms * rms) - sum_dy_y_r / (D * sd * sd);
     coefs[1] = -sum_dy_cs / (D * sd) + sum_dy_y_r * mu / (D * sd * sd);
@@ -842,13 +915,16 @@ __global__ void __launch_bounds__(kRowThreads)
   __syncthreads();
   const float alpha = coefs[0], beta = coefs[1];
   float* dxt = dx + t * nc;
+  const bool entry = l.s == 0;
   for (int c = threadIdx.x; c < C; c += blockDim.x) {
     const float d = dut[c];
     for (int i = 0; i < N; ++i) {
       const int64_t e = static_cast<int64_t>(i) * C + c;
       float v = dxt[e] + hpre[i] * d;
-      v = v + alpha * ToF(xt[e]);
-      if (beta != 0.0f) v = v + beta;
+      if (entry) {
+        v = v + alpha * ToF(xt[e]);
+        if (beta != 0.0f) v = v + beta;
+      }
       dxt[e] = v;
     }
   }
@@ -860,7 +936,7 @@ __global__ void RouterCentringCorrKernel(Layout l, int64_t tokens, const float* 
   if (q >= l.N) return;
   float s = 0;
   for (int64_t t = 0; t < tokens; ++t)
-    s += c1[t * 2 * l.N + q] * rec[t * l.RecStride() + Layout::kMu];
+    s += c1[t * l.P1() + q] * rec[t * l.RecStride() + Layout::kMu];
   corr[q] = s;
 }
 
@@ -934,10 +1010,22 @@ cudaError_t RouterColumnSums(const Layout& l, const float* w_router, float* cols
 template <typename S>
 cudaError_t ReadEntry(const Layout& l, int64_t tokens, const S* x, const float* z,
                       const float* colsum, const MapParams& p, float* rec, int32_t* idx, float* u,
-                      S* saved, float* coef, cudaStream_t stream) {
+                      float* base, S* saved, float* coef, cudaStream_t stream) {
   if (tokens == 0) return cudaSuccess;
+  if (l.g < 1 || l.g > kMaxG || (l.g > 1 && base == nullptr)) return cudaErrorInvalidValue;
   ReadEntryKernel<S><<<static_cast<unsigned>(tokens), kRowThreads, 0, stream>>>(
-      l, x, z, colsum, p, rec, idx, u, saved, coef);
+      l, x, z, colsum, p, rec, idx, u, base, saved, coef);
+  return cudaGetLastError();
+}
+
+template <typename S>
+cudaError_t ReadBase(const Layout& l, int64_t tokens, const S* x, const float* base,
+                     const float* rec, const int32_t* idx, float* u, S* saved, float* coef,
+                     cudaStream_t stream) {
+  if (tokens == 0) return cudaSuccess;
+  if (l.s < 1 || l.s >= l.g) return cudaErrorInvalidValue;
+  ReadBaseKernel<S><<<static_cast<unsigned>(tokens), kRowThreads, 0, stream>>>(l, x, base, rec, idx,
+                                                                               u, saved, coef);
   return cudaGetLastError();
 }
 
@@ -1018,11 +1106,11 @@ cudaError_t ConvolutionsBackward(const Layout& l, int64_t tokens, const float* d
 template <typename S>
 cudaError_t ReadBackward(const Layout& l, int64_t tokens, const S* x, const float* du,
                          const float* dp, const float* colsum, const MapParams& p, const float* rec,
-                         const int32_t* idx, float* dx, float* c1, float* rscal,
+                         const int32_t* idx, float* dx, float* dypre, float* c1, float* rscal,
                          cudaStream_t stream) {
   if (tokens == 0) return cudaSuccess;
   ReadBackwardKernel<S><<<static_cast<unsigned>(tokens), kRowThreads, 0, stream>>>(
-      l, x, du, dp, colsum, p, rec, idx, dx, c1, rscal);
+      l, x, du, dp, colsum, p, rec, idx, dx, dypre, c1, rscal);
   return cudaGetLastError();
 }
 
@@ -1064,8 +1152,10 @@ cudaError_t SinkhornBatch(int count, int n, int iters, const float* z, float* h,
 
 #define RACKRUN_XHC_INSTANTIATE(S)                                                                 \
   template cudaError_t ReadEntry<S>(const Layout&, int64_t, const S*, const float*, const float*,  \
-                                    const MapParams&, float*, int32_t*, float*, S*, float*,        \
-                                    cudaStream_t);                                                 \
+                                    const MapParams&, float*, int32_t*, float*, float*, S*,        \
+                                    float*, cudaStream_t);                                         \
+  template cudaError_t ReadBase<S>(const Layout&, int64_t, const S*, const float*, const float*,   \
+                                   const int32_t*, float*, S*, float*, cudaStream_t);              \
   template cudaError_t Write<S>(const Layout&, int64_t, const float*, const int32_t*,              \
                                 const MapParams&, const float*, const int32_t*, const float*, S*,  \
                                 S*, cudaStream_t);                                                 \
@@ -1080,7 +1170,8 @@ cudaError_t SinkhornBatch(int count, int n, int iters, const float* z, float* h,
                                                float*, cudaStream_t);                              \
   template cudaError_t ReadBackward<S>(const Layout&, int64_t, const S*, const float*,             \
                                        const float*, const float*, const MapParams&, const float*, \
-                                       const int32_t*, float*, float*, float*, cudaStream_t);      \
+                                       const int32_t*, float*, float*, float*, float*,             \
+                                       cudaStream_t);                                              \
   template cudaError_t Collapse<S>(const Layout&, int64_t, const S*, float*, cudaStream_t);
 
 RACKRUN_XHC_INSTANTIATE(float)
