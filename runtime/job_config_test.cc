@@ -86,7 +86,9 @@ TEST(JobConfigTest, GpuResidualModesAreCheckedWhereTheJobStarts) {
   for (const std::vector<std::string>& overrides :
        {std::vector<std::string>{"resources.device=cuda:0"},
         std::vector<std::string>{"resources.device=cuda:0", "model.residual=vanilla",
-                                 "model.streams=1", "model.active=0"}}) {
+                                 "model.streams=1", "model.active=0"},
+        std::vector<std::string>{"resources.device=cuda:0", "model.residual=xhc_flash"},
+        std::vector<std::string>{"resources.device=cuda:0", "model.residual=xhc_flash4"}}) {
     absl::StatusOr<rackrun::v1::JobSpec> spec = ParseJobSpec(kYaml, overrides);
     ASSERT_TRUE(spec.ok()) << spec.status();
     EXPECT_TRUE(CheckJobDevice(*spec, 1).ok()) << spec->model().residual();
@@ -104,7 +106,9 @@ TEST(JobConfigTest, GpuResidualModesAreCheckedWhereTheJobStarts) {
 TEST(JobConfigTest, GpuResidualModesAreNamed) {
   EXPECT_TRUE(cuda::CheckGpuResidualMode("vanilla").ok());
   EXPECT_TRUE(cuda::CheckGpuResidualMode("xhc").ok());
-  for (const char* mode : {"hc", "mhc", "xhc_flash", "xhc_flash4"}) {
+  EXPECT_TRUE(cuda::CheckGpuResidualMode("xhc_flash").ok());
+  EXPECT_TRUE(cuda::CheckGpuResidualMode("xhc_flash4").ok());
+  for (const char* mode : {"hc", "mhc"}) {
     const absl::Status s = cuda::CheckGpuResidualMode(mode);
     EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented) << mode;
     EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr(std::string("mode ") + mode + " "));

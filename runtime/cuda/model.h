@@ -7,9 +7,10 @@
 // the host model, which stays the checkpoint's view: CopyToHost / CopyFromHost), same batch
 // layout (runtime/model.h's LayOutBatch).
 //
-// Residual modes on the GPU: vanilla and xhc (runtime/cuda/xhc.h, the state in fp32, or in
-// bf16 under model.precision bf16). hc, mhc, xhc_flash and xhc_flash4 are refused by Create
-// with an Unimplemented error naming the mode (device_probe.h's CheckGpuResidualMode).
+// Residual modes on the GPU: vanilla, xhc, xhc_flash and xhc_flash4 (runtime/cuda/xhc.h, the
+// state in fp32, or in bf16 under model.precision bf16; the flash schedules not run on a GPU
+// yet). hc and mhc are refused by Create with an Unimplemented error naming the mode
+// (device_probe.h's CheckGpuResidualMode).
 //
 // Precision (model.precision): every GEMM through MatMul (fp32, TF32 or bf16 inputs with fp32
 // accumulation); parameters, gradients and activations fp32.
