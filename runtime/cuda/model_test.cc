@@ -28,7 +28,7 @@ ModelConfig Config(const std::string& residual, bool shared) {
   c.heads = 2;
   c.seq_len = 32;
   c.residual = residual;
-  if (residual == "xhc") {
+  if (residual.starts_with("xhc")) {
     c.streams = 4;
     c.active = 2;
     c.fixed = 1;
@@ -134,11 +134,14 @@ TEST(GpuModelTest, Fp32MatchesTheCpuModelInEveryResidualModeItRuns) {
   CheckAgainstCpu(dev.get(), Config("vanilla", false), GemmPrecision::kFp32, 1e-4, true);
   CheckAgainstCpu(dev.get(), Config("xhc", false), GemmPrecision::kFp32, 1e-4, true);
   CheckAgainstCpu(dev.get(), Config("xhc", true), GemmPrecision::kFp32, 1e-4, true);
+  // Two blocks: two flash groups of attention + MLP, or one xhc_flash4 group.
+  CheckAgainstCpu(dev.get(), Config("xhc_flash", true), GemmPrecision::kFp32, 1e-4, true);
+  CheckAgainstCpu(dev.get(), Config("xhc_flash4", false), GemmPrecision::kFp32, 1e-4, true);
 }
 
 TEST(GpuModelTest, Tf32AndBf16LossesStayWithinTheirRounding) {
   RACKRUN_OPEN_GPU_OR_SKIP(dev);
-  for (const char* mode : {"vanilla", "xhc"}) {
+  for (const char* mode : {"vanilla", "xhc", "xhc_flash"}) {
     CheckAgainstCpu(dev.get(), Config(mode, true), GemmPrecision::kTf32, 2e-2, false);
     CheckAgainstCpu(dev.get(), Config(mode, true), GemmPrecision::kBf16, 2e-2, false);
   }

@@ -116,7 +116,7 @@ void ExpectClose(const std::vector<double>& got, const std::vector<double>& want
 
 TEST(GpuTrainTest, LossesFollowTheCpuEngine) {
   if (absl::Status s = GpuAvailable(); !s.ok()) GTEST_SKIP() << s.message();
-  for (const char* mode : {"xhc", "vanilla"}) {
+  for (const char* mode : {"xhc", "xhc_flash", "vanilla"}) {
     SCOPED_TRACE(mode);
     std::vector<std::string> m = {std::string("model.residual=") + mode};
     if (std::string(mode) == "vanilla") {
