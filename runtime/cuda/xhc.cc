@@ -16,6 +16,7 @@ struct XhcStreams<S>::Sublayer {
         idx(d, absl::StrCat("xhc sublayer", l, " active sets")),
         coef(d, absl::StrCat("xhc sublayer", l, " coefficients")),
         saved(d, absl::StrCat("xhc sublayer", l, " saved rows")),
+        out(d, absl::StrCat("mhc sublayer", l, " saved body output")),
         colsum(d, absl::StrCat("xhc sublayer", l, " router row sums")) {}
   bool mlp = false;
   int Kr = 1;
@@ -28,7 +29,8 @@ struct XhcStreams<S>::Sublayer {
   DeviceTensor<float> rec;
   DeviceTensor<int32_t> idx;
   DeviceTensor<float> coef;
-  DeviceTensor<S> saved;
+  DeviceTensor<S> saved;    // mhc: the sublayer's input state
+  DeviceTensor<float> out;  // mhc: the body output
   DeviceTensor<float> colsum;
 };
 
@@ -70,10 +72,26 @@ absl::StatusOr<std::unique_ptr<XhcStreams<S>>> XhcStreams<S>::Create(Device* dev
                                                                      GemmPrecision gemm) {
   if (absl::Status s = config.Validate(); !s.ok()) return s;
   if (config.mode != ResidualMode::kXhc && config.mode != ResidualMode::kXhcFlash &&
-      config.mode != ResidualMode::kXhcFlash4) {
+      config.mode != ResidualMode::kXhcFlash4 && config.mode != ResidualMode::kMhc) {
     return absl::UnimplementedError(
         absl::StrCat("GPU residual streams: mode ", std::string(ResidualModeName(config.mode)),
-                     " is not implemented on the GPU yet (xhc, xhc_flash, xhc_flash4 only)"));
+                     " is not implemented on the GPU yet (mhc, xhc, xhc_flash, xhc_flash4 only)"));
+  }
+  if (gemm == GemmPrecision::kBf16) {
+    return absl::InvalidArgumentError(
+        "GPU residual streams: the fp32 GEMMs' precision is fp32 or tf32 (a bf16 state's "
+        "projections run in bf16 anyway)");
+  }
+  if (config.mode == ResidualMode::kMhc) {
+    if (config.streams > xhc::kMhcMaxN || config.width > xhc::kMaxWidth) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "GPU residual streams: mhc supports model.streams <= ", xhc::kMhcMaxN,
+          " and model.width <= ", xhc::kMaxWidth, "; got ", config.streams, " streams, width ",
+          config.width, " (use resources.device: cpu for larger ones)"));
+    }
+    std::unique_ptr<XhcStreams> x(new XhcStreams(device, config, gemm));
+    if (absl::Status s = x->Init(seed); !s.ok()) return s;
+    return x;
   }
   if (config.streams > xhc::kMaxN || config.active > xhc::kMaxK ||
       static_cast<int>(config.conv_widths.size()) > xhc::kMaxJ || config.width > xhc::kMaxWidth ||
@@ -88,11 +106,6 @@ absl::StatusOr<std::unique_ptr<XhcStreams<S>>> XhcStreams<S>::Create(Device* dev
       return absl::InvalidArgumentError(
           absl::StrCat("GPU residual streams: convolution width ", w, " above ", xhc::kMaxTaps));
     }
-  }
-  if (gemm == GemmPrecision::kBf16) {
-    return absl::InvalidArgumentError(
-        "GPU residual streams: the fp32 GEMMs' precision is fp32 or tf32 (a bf16 state's "
-        "projections run in bf16 anyway)");
   }
   std::unique_ptr<XhcStreams> x(new XhcStreams(device, config, gemm));
   if (absl::Status s = x->Init(seed); !s.ok()) return s;
@@ -120,7 +133,7 @@ absl::Status XhcStreams<S>::Init(uint64_t seed) {
   std::vector<ParamRef<float>> params = cpu->Parameters();
   for (size_t i = 0; i < params.size(); ++i) {
     const ParamRef<float>& p = params[i];
-    if (p.name.ends_with(".w_router") || p.name.ends_with(".w_res") ||
+    if (p.name.ends_with(".w_router") || p.name.ends_with(".w_res") || p.name.ends_with(".w") ||
         (p.name.ends_with(".w_post") && (i == 0 || !params[i - 1].name.ends_with(".w_res")))) {
       param_count_ = (param_count_ + kAlign - 1) / kAlign * kAlign;
     }
@@ -152,6 +165,22 @@ absl::Status XhcStreams<S>::Init(uint64_t seed) {
   };
   for (int l = 0; l < L_; ++l) {
     auto s = std::make_unique<Sublayer>(device_, l);
+    if (config_.mode == ResidualMode::kMhc) {
+      // One projection w (rows [pre | post | res]); the scalars a_pre, a_post, a_res, b_pre,
+      // b_post, b_res adjacent in the order of the kernels' per-token records.
+      s->w1 = at(l, "w");
+      s->a_pre = at(l, "a_pre");
+      if (s->w1 < 0 || at(l, "a_post") != s->a_pre + 1 || at(l, "a_res") != s->a_pre + 2 ||
+          at(l, "b_pre") != s->a_pre + 3 || at(l, "b_post") != s->a_pre + 3 + N_ ||
+          at(l, "b_res") != s->a_pre + 3 + 2 * N_) {
+        return absl::InternalError(absl::StrCat(
+            "GPU residual streams: mhc sublayer ", l,
+            "'s parameters are not laid out as the kernels expect (hyper_connections.cc "
+            "changed?)"));
+      }
+      sub_.push_back(std::move(s));
+      continue;
+    }
     s->mlp = config_.sublayers[static_cast<size_t>(l)] == SublayerKind::kMlp;
     s->Kr = s->mlp ? 1 + J_ : 1;
     s->s = l % g;
@@ -298,6 +327,15 @@ xhc::MapParams XhcStreams<S>::MapsOf(int l) {
   const Sublayer& s = *sub_[static_cast<size_t>(l)];
   const float* v = values_.data();
   xhc::MapParams p;
+  if (config_.mode == ResidualMode::kMhc) {
+    p.a_pre = v + s.a_pre;
+    p.a_post = v + s.a_pre + 1;
+    p.a_res = v + s.a_pre + 2;
+    p.b_pre = v + s.a_pre + 3;
+    p.b_post = p.b_pre + N_;
+    p.b_res = p.b_post + N_;
+    return p;
+  }
   p.a_pre = v + s.a_pre;
   p.b_pre = v + s.a_pre + 1;
   if (s.mix) {
@@ -369,6 +407,7 @@ absl::Status XhcStreams<S>::WeightGrad(const GemmShape& shape, const float* coef
 template <typename S>
 absl::Status XhcStreams<S>::Reserve(int tokens) {
   if (tokens <= capacity_) return absl::OkStatus();
+  if (config_.mode == ResidualMode::kMhc) return ReserveMhc(tokens);
   const int64_t T = tokens;
   const int64_t kc = static_cast<int64_t>(k_) * C_;
   const int g = config_.group_size();
@@ -482,6 +521,16 @@ absl::Status XhcStreams<S>::ExpandBackward(float* d_embedded) {
 template <typename S>
 absl::Status XhcStreams<S>::RestartFromInputState() {
   if (absl::Status s = Order(backward_pos_ == 0, "RestartFromInputState", 0); !s.ok()) return s;
+  if (config_.mode == ResidualMode::kMhc) {
+    // mhc does not walk the state back: sublayer 0 saved the batch's input.
+    if (absl::Status s = Check(cudaMemcpyAsync(x_.data(), sub_[0]->saved.data(),
+                                               sizeof(S) * static_cast<size_t>(x_.size()),
+                                               cudaMemcpyDeviceToDevice, device_->stream()),
+                               "restoring the input state");
+        !s.ok()) {
+      return s;
+    }
+  }
   forward_pos_ = 0;
   backward_pos_ = -1;
   return absl::OkStatus();
@@ -538,6 +587,11 @@ template <typename S>
 absl::Status XhcStreams<S>::ReadInput(int l, float* u) {
   if (absl::Status s = Order(l >= 0 && l < L_ && forward_pos_ == 2 * l, "ReadInput", l); !s.ok())
     return s;
+  if (config_.mode == ResidualMode::kMhc) {
+    if (absl::Status e = MhcReadInput(l, u); !e.ok()) return e;
+    forward_pos_ = 2 * l + 1;
+    return absl::OkStatus();
+  }
   Sublayer& s = *sub_[static_cast<size_t>(l)];
   const xhc::Layout lay = LayoutOf(l);
   const xhc::MapParams p = MapsOf(l);
@@ -589,6 +643,11 @@ absl::Status XhcStreams<S>::WriteOutput(int l, const float* out) {
   if (absl::Status s = Order(l >= 0 && l < L_ && forward_pos_ == 2 * l + 1, "WriteOutput", l);
       !s.ok())
     return s;
+  if (config_.mode == ResidualMode::kMhc) {
+    if (absl::Status e = MhcWriteOutput(l, out); !e.ok()) return e;
+    forward_pos_ = 2 * l + 2;
+    return absl::OkStatus();
+  }
   Sublayer& s = *sub_[static_cast<size_t>(l)];
   Sublayer& entry = EntryOf(l);
   const xhc::Layout lay = LayoutOf(l);
@@ -642,6 +701,11 @@ absl::Status XhcStreams<S>::WriteOutputBackward(int l, float* d_out) {
           Order(l >= 0 && l < L_ && backward_pos_ == 2 * l + 2, "WriteOutputBackward", l);
       !s.ok())
     return s;
+  if (config_.mode == ResidualMode::kMhc) {
+    if (absl::Status e = MhcWriteOutputBackward(l, d_out); !e.ok()) return e;
+    backward_pos_ = 2 * l + 1;
+    return absl::OkStatus();
+  }
   Sublayer& s = *sub_[static_cast<size_t>(l)];
   Sublayer& entry = EntryOf(l);
   const xhc::Layout lay = LayoutOf(l);
@@ -737,6 +801,11 @@ absl::Status XhcStreams<S>::ReadInputBackward(int l, const float* d_u) {
           Order(l >= 0 && l < L_ && backward_pos_ == 2 * l + 1, "ReadInputBackward", l);
       !s.ok())
     return s;
+  if (config_.mode == ResidualMode::kMhc) {
+    if (absl::Status e = MhcReadInputBackward(l, d_u); !e.ok()) return e;
+    backward_pos_ = 2 * l;
+    return absl::OkStatus();
+  }
   Sublayer& s = *sub_[static_cast<size_t>(l)];
   Sublayer& entry = EntryOf(l);
   const xhc::Layout lay = LayoutOf(l);
@@ -830,6 +899,7 @@ template <typename S>
 absl::StatusOr<std::vector<SublayerMaps<float>>> XhcStreams<S>::Maps(int l) {
   if (l < 0 || l >= L_) return absl::InvalidArgumentError("xhc (GPU): no such sublayer");
   if (forward_pos_ < 2 * l + 1) return Order(false, "Maps", l);
+  if (config_.mode == ResidualMode::kMhc) return MhcMaps(l);
   Sublayer& s = *sub_[static_cast<size_t>(l)];
   Sublayer& entry = EntryOf(l);
   const xhc::Layout lay = LayoutOf(l);
@@ -849,6 +919,156 @@ absl::StatusOr<std::vector<SublayerMaps<float>>> XhcStreams<S>::Maps(int l) {
     m.h_pre.assign(r + lay.HpreOff(), r + lay.HpreOff() + N_);
     if (lay.mix) m.h_res.assign(c + lay.HresOff(), c + lay.HresOff() + k_ * k_);
     m.h_post.assign(c + lay.HpostOff(), c + lay.HpostOff() + k_ * lay.Kr);
+  }
+  return out;
+}
+
+// ---- mhc: every sublayer reads, mixes and writes the full state (xhc_kernels.h's Mhc*).
+
+template <typename S>
+absl::Status XhcStreams<S>::ReserveMhc(int tokens) {
+  const int64_t T = tokens;
+  const int P = xhc::MhcP(N_);
+  for (const std::unique_ptr<Sublayer>& s : sub_) {
+    for (absl::Status st : {s->coef.Resize({T, xhc::MhcCoefStride(N_)}),
+                            s->saved.Resize({T, N_, C_}), s->out.Resize({T, C_})}) {
+      if (!st.ok()) return st;
+    }
+  }
+  // c2_ holds the write's dH_post / dH_res records (N + N*N), c1_ the projections' gradients.
+  for (absl::Status st : {x_.Resize({T, N_, C_}), dx_.Resize({T, N_, C_}), segment_.Resize({T}),
+                          z_.Resize({T, P}), c1_.Resize({T, P}), c2_.Resize({T, N_ + N_ * N_}),
+                          rscal_.Resize({T, xhc::MhcScalStride(N_)}),
+                          tape_.Resize({T, xhc::SinkhornTapeFloats(N_, config_.sinkhorn_iters)}),
+                          c_bf16_.Resize({T, P})}) {
+    if (!st.ok()) return st;
+  }
+  capacity_ = tokens;
+  return absl::OkStatus();
+}
+
+template <typename S>
+absl::Status XhcStreams<S>::MhcReadInput(int l, float* u) {
+  Sublayer& s = *sub_[static_cast<size_t>(l)];
+  const int T = tokens_;
+  const int64_t nc = static_cast<int64_t>(N_) * C_;
+  const int64_t sz = sizeof(S);
+  const int P = xhc::MhcP(N_);
+  // z = X W^T: the pre, post and res rows.
+  if (absl::Status e = Project({.trans_b = true,
+                                .m = T,
+                                .n = P,
+                                .k = static_cast<int>(nc),
+                                .lda = static_cast<int>(nc),
+                                .ldb = static_cast<int>(nc),
+                                .ldc = P},
+                               x_.data(), s.w1, z_.data());
+      !e.ok()) {
+    return e;
+  }
+  Count("mhc fwd GEMM z = X W^T", T * nc * sz, T * P * 4);
+  if (absl::Status e = Check(xhc::MhcRead<S>(LayoutOf(l), T, x_.data(), z_.data(), MapsOf(l),
+                                             s.coef.data(), u, s.saved.data(), device_->stream()),
+                             "MhcRead");
+      !e.ok()) {
+    return e;
+  }
+  Count("mhc fwd Read (maps + dense read + save)", T * (nc * sz + P * 4),
+        T * (C_ * 4 + nc * sz + xhc::MhcCoefStride(N_) * 4));
+  return absl::OkStatus();
+}
+
+template <typename S>
+absl::Status XhcStreams<S>::MhcWriteOutput(int l, const float* out) {
+  Sublayer& s = *sub_[static_cast<size_t>(l)];
+  const int T = tokens_;
+  const int64_t nc = static_cast<int64_t>(N_) * C_;
+  const int64_t sz = sizeof(S);
+  if (absl::Status e = Check(xhc::MhcWrite<S>(LayoutOf(l), T, out, s.coef.data(), x_.data(),
+                                              s.out.data(), device_->stream()),
+                             "MhcWrite");
+      !e.ok()) {
+    return e;
+  }
+  Count("mhc fwd Write (mix + write-back)", T * (C_ * 4 + nc * sz), T * (nc * sz + C_ * 4));
+  return absl::OkStatus();
+}
+
+template <typename S>
+absl::Status XhcStreams<S>::MhcWriteOutputBackward(int l, float* d_out) {
+  Sublayer& s = *sub_[static_cast<size_t>(l)];
+  const int T = tokens_;
+  const int64_t nc = static_cast<int64_t>(N_) * C_;
+  const int64_t sz = sizeof(S);
+  if (absl::Status e = Check(
+          xhc::MhcWriteBackward<S>(LayoutOf(l), T, s.saved.data(), s.out.data(), s.coef.data(),
+                                   dx_.data(), d_out, c2_.data(), device_->stream()),
+          "MhcWriteBackward");
+      !e.ok()) {
+    return e;
+  }
+  Count("mhc bwd WriteBackward", T * (nc * 4 + nc * sz + C_ * 4), T * (nc * 4 + C_ * 4));
+  return absl::OkStatus();
+}
+
+template <typename S>
+absl::Status XhcStreams<S>::MhcReadInputBackward(int l, const float* d_u) {
+  Sublayer& s = *sub_[static_cast<size_t>(l)];
+  const int T = tokens_;
+  const int64_t nc = static_cast<int64_t>(N_) * C_;
+  const int64_t sz = sizeof(S);
+  const int P = xhc::MhcP(N_);
+  const int ss = xhc::MhcScalStride(N_);
+  cudaStream_t st = device_->stream();
+  if (absl::Status e =
+          Check(xhc::MhcReadBackward<S>(LayoutOf(l), T, s.saved.data(), d_u, s.coef.data(),
+                                        c2_.data(), MapsOf(l), dx_.data(), c1_.data(),
+                                        rscal_.data(), tape_.data(), st),
+                "MhcReadBackward");
+      !e.ok()) {
+    return e;
+  }
+  Count("mhc bwd ReadBackward (dense read + maps + norm)", T * (nc * sz + nc * 4 + C_ * 4),
+        T * nc * 4);
+  // dX += c W (fp32), dW += c^T X over the saved input state.
+  const GemmShape dxshape{
+      false, false, T, static_cast<int>(nc), P, P, static_cast<int>(nc), static_cast<int>(nc)};
+  if (absl::Status e = gemm_.Run(dxshape, 1.0f, c1_.data(), values_.data() + s.w1, 1.0f, dx_.data(),
+                                 gemm_precision_, st);
+      !e.ok()) {
+    return e;
+  }
+  Count("mhc bwd GEMM dX += c W", T * nc * 4, T * nc * 4);
+  if (absl::Status e = WeightGrad({.trans_a = true,
+                                   .m = P,
+                                   .n = static_cast<int>(nc),
+                                   .k = T,
+                                   .lda = P,
+                                   .ldb = static_cast<int>(nc),
+                                   .ldc = static_cast<int>(nc)},
+                                  c1_.data(), static_cast<int64_t>(T) * P, s.saved.data(), s.w1);
+      !e.ok()) {
+    return e;
+  }
+  Count("mhc bwd GEMM dW += c^T X", T * nc * sz, 0);
+  return Check(xhc::SumScalars(T, ss, ss, rscal_.data(), grads_.data() + s.a_pre, st),
+               "mhc scalars");
+}
+
+template <typename S>
+absl::StatusOr<std::vector<SublayerMaps<float>>> XhcStreams<S>::MhcMaps(int l) {
+  std::vector<float> coef;
+  if (absl::Status st = sub_[static_cast<size_t>(l)]->coef.CopyTo(&coef); !st.ok()) return st;
+  const int n = N_, pre = 1 + xhc::MhcP(N_);
+  std::vector<SublayerMaps<float>> out(static_cast<size_t>(tokens_));
+  for (int t = 0; t < tokens_; ++t) {
+    const float* c = coef.data() + static_cast<int64_t>(t) * xhc::MhcCoefStride(N_);
+    SublayerMaps<float>& m = out[static_cast<size_t>(t)];
+    for (int i = 0; i < n; ++i) m.active.push_back(i);
+    m.gates.assign(static_cast<size_t>(n), 1.0f);
+    m.h_pre.assign(c + pre, c + pre + n);
+    m.h_post.assign(c + pre + n, c + pre + 2 * n);
+    m.h_res.assign(c + pre + 2 * n, c + pre + 2 * n + n * n);
   }
   return out;
 }

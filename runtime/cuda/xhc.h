@@ -1,6 +1,6 @@
 // XhcStreams: the xhc residual streams (runtime/residual/residual_streams.h, modes xhc,
-// xhc_flash and xhc_flash4) on a GPU, forward and backward, with the CPU component's
-// parameters (same names, sizes, order and initialisation: it builds a CPU
+// xhc_flash and xhc_flash4), and mode mhc, on a GPU, forward and backward, with the CPU
+// component's parameters (same names, sizes, order and initialisation: it builds a CPU
 // ResidualStreams<float> once to take them) and its call sequence:
 //
 //   BeginBatch(tokens, segment_starts)    SetState(host state) or Expand(device embedding)
@@ -29,11 +29,16 @@
 // bytes each kernel moves to or from device memory (arrays read again from L1/L2 within a
 // kernel are counted once), for comparison with docs/design.md's accounting.
 //
+// mhc (the CPU's hyper_connections.cc) takes its own path through the same calls, buffers and
+// parameter handling: per sublayer GEMM z = X W^T + MhcRead (maps, Sinkhorn, the dense read,
+// the input state saved), MhcWrite (X' = H_res X + H_post^T out in place); backward
+// MhcWriteBackward, MhcReadBackward (Sinkhorn recomputed), GEMMs dX += c W, dW += c^T X.
+//
 // Supported: modes xhc, xhc_flash and xhc_flash4 with N <= 32, k <= 4, at most 3
-// convolutions, C <= 4096; other modes (hc, mhc) are an Unimplemented error from Create,
-// other shapes an InvalidArgument.
-// Not run on a GPU yet (xhc_flash and xhc_flash4 have never run on one): checked against the
-// CPU engine by runtime/cuda/xhc_test.cc, which skips without one.
+// convolutions, C <= 4096; mhc with N <= 4, C <= 4096; hc is an Unimplemented error from
+// Create, other shapes an InvalidArgument naming the field.
+// Not run on a GPU yet (mhc, xhc_flash and xhc_flash4 have never run on one): checked against
+// the CPU engine by runtime/cuda/xhc_test.cc, which skips without one.
 #ifndef RACKRUN_RUNTIME_CUDA_XHC_H_
 #define RACKRUN_RUNTIME_CUDA_XHC_H_
 
@@ -119,6 +124,13 @@ class XhcStreams {
   absl::Status ReadGroupEntry(int sublayer, float* u);
   // ReadInputBackward at a group's entry: dX += c1 W1, dW1 += c1^T X, the router centring.
   absl::Status EntryWeightGrads(int sublayer);
+  // Mode mhc's buffers and its four calls (after the order checks), and its Maps.
+  absl::Status ReserveMhc(int tokens);
+  absl::Status MhcReadInput(int sublayer, float* u);
+  absl::Status MhcWriteOutput(int sublayer, const float* out);
+  absl::Status MhcWriteOutputBackward(int sublayer, float* d_out);
+  absl::Status MhcReadInputBackward(int sublayer, const float* d_u);
+  absl::StatusOr<std::vector<SublayerMaps<float>>> MhcMaps(int sublayer);
   xhc::Layout LayoutOf(int sublayer) const;
   xhc::MapParams MapsOf(int sublayer);
   absl::Status Check(cudaError_t e, const char* what) const;

@@ -957,6 +957,221 @@ __global__ void SumScalarsKernel(int64_t tokens, int stride, int count, const fl
   grads[s] += acc;
 }
 
+// ---------------------------------------------------------------- mhc
+
+constexpr int kMhcR = kMhcMaxN + kMhcMaxN * kMhcMaxN;  // dot products of the write's backward
+
+template <typename S>
+__global__ void __launch_bounds__(kRowThreads)
+    MhcReadKernel(Layout l, const S* x, const float* z, MapParams p, float* coef, float* u,
+                  S* saved) {
+  __shared__ float scratch[kWarp];
+  __shared__ float hpre[kMhcMaxN];
+  const int64_t t = blockIdx.x;
+  const int N = l.N, C = l.C, P = MhcP(N);
+  const int64_t nc = static_cast<int64_t>(N) * C;
+  const S* xt = x + t * nc;
+  float sq = 0;
+  for (int64_t e = threadIdx.x; e < nc; e += blockDim.x) {
+    const float v = ToF(xt[e]);
+    sq += v * v;
+  }
+  sq = detail::BlockSum1(sq, scratch);
+  if (threadIdx.x == 0) {
+    float* cf = coef + t * MhcCoefStride(N);
+    const float r = sqrtf(sq / static_cast<float>(nc) + kNormEps);
+    cf[0] = r;
+    float* y = cf + 1;
+    const float* zt = z + t * P;
+    for (int q = 0; q < P; ++q) y[q] = zt[q] / r;
+    float* hp = cf + 1 + P;
+    float* hq = hp + N;
+    const float a_pre = *p.a_pre, a_post = *p.a_post, a_res = *p.a_res;
+    for (int j = 0; j < N; ++j) {
+      hp[j] = Sigmoid(a_pre * y[j] + p.b_pre[j]);
+      hq[j] = 2.0f * Sigmoid(a_post * y[N + j] + p.b_post[j]);
+      hpre[j] = hp[j];
+    }
+    float logits[kMhcMaxN * kMhcMaxN];
+    for (int j = 0; j < N * N; ++j) logits[j] = a_res * y[2 * N + j] + p.b_res[j];
+    SinkhornForward(N, l.iters, logits, hq + N, nullptr);
+  }
+  __syncthreads();
+  // The dense read and the saved copy, from the rows just read (in L1/L2).
+  S* st = saved + t * nc;
+  for (int c = threadIdx.x; c < C; c += blockDim.x) {
+    float acc = 0;
+    for (int j = 0; j < N; ++j) {
+      const S v = xt[static_cast<int64_t>(j) * C + c];
+      st[static_cast<int64_t>(j) * C + c] = v;
+      acc += hpre[j] * ToF(v);
+    }
+    u[t * C + c] = acc;
+  }
+}
+
+template <typename S>
+__global__ void MhcWriteKernel(Layout l, int64_t tokens, const float* out, const float* coef, S* x,
+                               float* out_saved) {
+  const int N = l.N, C = l.C;
+  const int64_t total = tokens * C;
+  for (int64_t n = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; n < total;
+       n += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t t = n / C;
+    const int c = static_cast<int>(n - t * C);
+    const float* hpost = coef + t * MhcCoefStride(N) + 1 + MhcP(N) + N;
+    const float* hres = hpost + N;
+    S* xt = x + t * N * C + c;
+    float xv[kMhcMaxN];
+#pragma unroll
+    for (int j = 0; j < kMhcMaxN; ++j)
+      if (j < N) xv[j] = ToF(xt[static_cast<int64_t>(j) * C]);
+    const float o = out[n];
+    out_saved[n] = o;
+#pragma unroll
+    for (int i = 0; i < kMhcMaxN; ++i) {
+      if (i >= N) break;
+      float y = 0;
+#pragma unroll
+      for (int j = 0; j < kMhcMaxN; ++j)
+        if (j < N) y += hres[i * N + j] * xv[j];
+      y += hpost[i] * o;
+      xt[static_cast<int64_t>(i) * C] = FromF<S>(y);
+    }
+  }
+}
+
+template <typename S>
+__global__ void __launch_bounds__(kRowThreads)
+    MhcWriteBackwardKernel(Layout l, const S* saved, const float* out_saved, const float* coef,
+                           float* dx, float* d_out, float* dcoef) {
+  __shared__ float red[kMhcR * kWarp];
+  const int64_t t = blockIdx.x;
+  const int N = l.N, C = l.C;
+  const int64_t nc = static_cast<int64_t>(N) * C;
+  const float* hpost = coef + t * MhcCoefStride(N) + 1 + MhcP(N) + N;
+  const float* hres = hpost + N;
+  const S* xt = saved + t * nc;
+  float* dxt = dx + t * nc;
+  float dots[kMhcR] = {};
+  for (int c = threadIdx.x; c < C; c += blockDim.x) {
+    float g[kMhcMaxN], xp[kMhcMaxN];
+#pragma unroll
+    for (int j = 0; j < kMhcMaxN; ++j) {
+      g[j] = j < N ? dxt[static_cast<int64_t>(j) * C + c] : 0.0f;
+      xp[j] = j < N ? ToF(xt[static_cast<int64_t>(j) * C + c]) : 0.0f;
+    }
+    const float o = out_saved[t * C + c];
+    float d = 0;
+#pragma unroll
+    for (int i = 0; i < kMhcMaxN; ++i) {
+      if (i >= N) break;
+      d += hpost[i] * g[i];
+      dots[i] += g[i] * o;
+#pragma unroll
+      for (int j = 0; j < kMhcMaxN; ++j) dots[kMhcMaxN + i * kMhcMaxN + j] += g[i] * xp[j];
+    }
+    d_out[t * C + c] = d;
+#pragma unroll
+    for (int j = 0; j < kMhcMaxN; ++j) {
+      if (j >= N) break;
+      float v = 0;
+#pragma unroll
+      for (int i = 0; i < kMhcMaxN; ++i)
+        if (i < N) v += hres[i * N + j] * g[i];
+      dxt[static_cast<int64_t>(j) * C + c] = v;
+    }
+  }
+  BlockSum<float, kMhcR>(dots, red);
+  if (threadIdx.x == 0) {
+    float* dc = dcoef + t * (N + N * N);
+    for (int i = 0; i < N; ++i) {
+      dc[i] = dots[i];
+      for (int j = 0; j < N; ++j) dc[N + i * N + j] = dots[kMhcMaxN + i * kMhcMaxN + j];
+    }
+  }
+}
+
+// Thread 0's part of MhcReadBackward (MhcImpl::ReadBackward's token_grad): the logit gradients
+// of H_pre, H_post and (through the recomputed Sinkhorn) H_res; c and scal; returns alpha.
+__device__ float MhcMapGrads(const Layout& l, const MapParams& p, const float* cf, const float* dc,
+                             const float (&dpre)[kMhcMaxN], float* ct, float* sc, float* tp) {
+  const int N = l.N, P = MhcP(N);
+  const float r = cf[0];
+  const float* y = cf + 1;
+  const float* hp = cf + 1 + P;
+  const float* hq = hp + N;
+  const float a_pre = *p.a_pre, a_post = *p.a_post, a_res = *p.a_res;
+  for (int i = 0; i < MhcScalStride(N); ++i) sc[i] = 0;
+  for (int j = 0; j < N; ++j) {
+    const float dl = dpre[j] * hp[j] * (1.0f - hp[j]);
+    sc[0] += dl * y[j];
+    sc[3 + j] = dl;
+    ct[j] = a_pre * dl;
+    const float h = hq[j] / 2.0f;
+    const float dlp = dc[j] * 2.0f * h * (1.0f - h);
+    sc[1] += dlp * y[N + j];
+    sc[3 + N + j] = dlp;
+    ct[N + j] = a_post * dlp;
+  }
+  float logits[kMhcMaxN * kMhcMaxN], hraw[kMhcMaxN * kMhcMaxN], dz[kMhcMaxN * kMhcMaxN];
+  for (int j = 0; j < N * N; ++j) logits[j] = a_res * y[2 * N + j] + p.b_res[j];
+  SinkhornForward(N, l.iters, logits, hraw, tp);
+  SinkhornBackward(N, l.iters, logits, tp, dc + N, dz);
+  for (int j = 0; j < N * N; ++j) {
+    sc[2] += dz[j] * y[2 * N + j];
+    sc[3 + 2 * N + j] = dz[j];
+    ct[2 * N + j] = a_res * dz[j];
+  }
+  float sum_dy_y = 0;
+  for (int q = 0; q < P; ++q) {
+    sum_dy_y += ct[q] * y[q];
+    ct[q] /= r;
+  }
+  return -sum_dy_y / (static_cast<float>(static_cast<int64_t>(N) * l.C) * r * r);
+}
+
+template <typename S>
+__global__ void __launch_bounds__(kRowThreads)
+    MhcReadBackwardKernel(Layout l, const S* saved, const float* du, const float* coef,
+                          const float* dcoef, MapParams p, float* dx, float* c, float* scal,
+                          float* tape, int64_t tape_floats) {
+  __shared__ float red[kMhcMaxN * kWarp];
+  __shared__ float hpre[kMhcMaxN];
+  __shared__ float alpha_s;
+  const int64_t t = blockIdx.x;
+  const int N = l.N, C = l.C, P = MhcP(N);
+  const int64_t nc = static_cast<int64_t>(N) * C;
+  const float* cf = coef + t * MhcCoefStride(N);
+  const S* xt = saved + t * nc;
+  const float* dut = du + t * C;
+  if (threadIdx.x < N) hpre[threadIdx.x] = cf[1 + P + threadIdx.x];
+  float dpre[kMhcMaxN] = {};
+  for (int c2 = threadIdx.x; c2 < C; c2 += blockDim.x) {
+    const float d = dut[c2];
+#pragma unroll
+    for (int j = 0; j < kMhcMaxN; ++j)
+      if (j < N) dpre[j] += d * ToF(xt[static_cast<int64_t>(j) * C + c2]);
+  }
+  BlockSum<float, kMhcMaxN>(dpre, red);
+  if (threadIdx.x == 0) {
+    alpha_s = MhcMapGrads(l, p, cf, dcoef + t * (N + N * N), dpre, c + t * P,
+                          scal + t * MhcScalStride(N), tape + t * tape_floats);
+  }
+  __syncthreads();
+  const float alpha = alpha_s;
+  float* dxt = dx + t * nc;
+  for (int c2 = threadIdx.x; c2 < C; c2 += blockDim.x) {
+    const float d = dut[c2];
+    for (int j = 0; j < N; ++j) {
+      const int64_t e = static_cast<int64_t>(j) * C + c2;
+      float v = dxt[e] + hpre[j] * d;
+      v = v + alpha * ToF(xt[e]);
+      dxt[e] = v;
+    }
+  }
+}
+
 template <typename S>
 __global__ void CollapseKernel(Layout l, int64_t tokens, const S* x, float* y) {
   const int64_t total = tokens * l.C;
@@ -1142,6 +1357,47 @@ cudaError_t CollapseBackward(const Layout& l, int64_t tokens, const float* dy, f
   return cudaGetLastError();
 }
 
+template <typename S>
+cudaError_t MhcRead(const Layout& l, int64_t tokens, const S* x, const float* z, const MapParams& p,
+                    float* coef, float* u, S* saved, cudaStream_t stream) {
+  if (tokens == 0) return cudaSuccess;
+  if (l.N > kMhcMaxN) return cudaErrorInvalidValue;
+  MhcReadKernel<S>
+      <<<static_cast<unsigned>(tokens), kRowThreads, 0, stream>>>(l, x, z, p, coef, u, saved);
+  return cudaGetLastError();
+}
+
+template <typename S>
+cudaError_t MhcWrite(const Layout& l, int64_t tokens, const float* out, const float* coef, S* x,
+                     float* out_saved, cudaStream_t stream) {
+  if (tokens == 0) return cudaSuccess;
+  if (l.N > kMhcMaxN) return cudaErrorInvalidValue;
+  MhcWriteKernel<S><<<GridFor(tokens * l.C), 256, 0, stream>>>(l, tokens, out, coef, x, out_saved);
+  return cudaGetLastError();
+}
+
+template <typename S>
+cudaError_t MhcWriteBackward(const Layout& l, int64_t tokens, const S* saved,
+                             const float* out_saved, const float* coef, float* dx, float* d_out,
+                             float* dcoef, cudaStream_t stream) {
+  if (tokens == 0) return cudaSuccess;
+  if (l.N > kMhcMaxN) return cudaErrorInvalidValue;
+  MhcWriteBackwardKernel<S><<<static_cast<unsigned>(tokens), kRowThreads, 0, stream>>>(
+      l, saved, out_saved, coef, dx, d_out, dcoef);
+  return cudaGetLastError();
+}
+
+template <typename S>
+cudaError_t MhcReadBackward(const Layout& l, int64_t tokens, const S* saved, const float* du,
+                            const float* coef, const float* dcoef, const MapParams& p, float* dx,
+                            float* c, float* scal, float* tape, cudaStream_t stream) {
+  if (tokens == 0) return cudaSuccess;
+  if (l.N > kMhcMaxN) return cudaErrorInvalidValue;
+  MhcReadBackwardKernel<S><<<static_cast<unsigned>(tokens), kRowThreads, 0, stream>>>(
+      l, saved, du, coef, dcoef, p, dx, c, scal, tape, SinkhornTapeFloats(l.N, l.iters));
+  return cudaGetLastError();
+}
+
 cudaError_t SinkhornBatch(int count, int n, int iters, const float* z, float* h, const float* dh,
                           float* dz, float* tape, cudaStream_t stream) {
   if (count == 0) return cudaSuccess;
@@ -1172,7 +1428,16 @@ cudaError_t SinkhornBatch(int count, int n, int iters, const float* z, float* h,
                                        const float*, const float*, const MapParams&, const float*, \
                                        const int32_t*, float*, float*, float*, float*,             \
                                        cudaStream_t);                                              \
-  template cudaError_t Collapse<S>(const Layout&, int64_t, const S*, float*, cudaStream_t);
+  template cudaError_t Collapse<S>(const Layout&, int64_t, const S*, float*, cudaStream_t);        \
+  template cudaError_t MhcRead<S>(const Layout&, int64_t, const S*, const float*,                  \
+                                  const MapParams&, float*, float*, S*, cudaStream_t);             \
+  template cudaError_t MhcWrite<S>(const Layout&, int64_t, const float*, const float*, S*, float*, \
+                                   cudaStream_t);                                                  \
+  template cudaError_t MhcWriteBackward<S>(const Layout&, int64_t, const S*, const float*,         \
+                                           const float*, float*, float*, float*, cudaStream_t);    \
+  template cudaError_t MhcReadBackward<S>(const Layout&, int64_t, const S*, const float*,          \
+                                          const float*, const float*, const MapParams&, float*,    \
+                                          float*, float*, float*, cudaStream_t);
 
 RACKRUN_XHC_INSTANTIATE(float)
 RACKRUN_XHC_INSTANTIATE(__nv_bfloat16)

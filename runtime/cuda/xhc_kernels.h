@@ -168,6 +168,43 @@ cudaError_t RouterCentring(const Layout& l, int64_t tokens, const float* c1, con
 cudaError_t SumScalars(int64_t tokens, int stride, int count, const float* scal, float* grads,
                        cudaStream_t stream);
 
+// ---- mhc (docs/design.md 5.3, the CPU's MhcImpl in runtime/residual/hyper_connections.cc):
+// every sublayer reads, mixes and writes the full N x C state, N <= kMhcMaxN. Layout's N, C
+// and iters are used. MapParams: a_pre, b_pre, a_post, b_post, a_res, b_res.
+inline constexpr int kMhcMaxN = 4;
+// Projection outputs per token: rows [pre (N) | post (N) | res (N*N)].
+RACKRUN_HOST_DEVICE inline int MhcP(int n) { return 2 * n + n * n; }
+// Coefficient record per token (the CPU's): r, y[P] (the projections / r), H_pre[N],
+// H_post[N], H_res[N*N].
+RACKRUN_HOST_DEVICE inline int MhcCoefStride(int n) { return 1 + MhcP(n) + 2 * n + n * n; }
+// Per-token scalar-parameter gradients, in the parameters' order: a_pre, a_post, a_res,
+// b_pre[N], b_post[N], b_res[N*N].
+RACKRUN_HOST_DEVICE inline int MhcScalStride(int n) { return 3 + 2 * n + n * n; }
+
+// MhcRead per token: r = RMS(vec X), the maps from z (tokens x P, X W^T) into coef (H_res by
+// Sinkhorn), u = sum_j H_pre_j x_j, the state copied to `saved` (tokens x N x C).
+template <typename S>
+cudaError_t MhcRead(const Layout& l, int64_t tokens, const S* x, const float* z, const MapParams& p,
+                    float* coef, float* u, S* saved, cudaStream_t stream);
+// MhcWrite: X' = H_res X + H_post^T out in place; out copied to out_saved (tokens x C).
+template <typename S>
+cudaError_t MhcWrite(const Layout& l, int64_t tokens, const float* out, const float* coef, S* x,
+                     float* out_saved, cudaStream_t stream);
+// MhcWriteBackward per token (G = dx): d_out = sum_i H_post_i G_i; dcoef (tokens x (N + N*N))
+// = <G_i, out>, then <G_i, x_j> at N + i N + j; dx := H_res^T G.
+template <typename S>
+cudaError_t MhcWriteBackward(const Layout& l, int64_t tokens, const S* saved,
+                             const float* out_saved, const float* coef, float* dx, float* d_out,
+                             float* dcoef, cudaStream_t stream);
+// MhcReadBackward per token: dH_pre = <du, x_j>; dx_j += H_pre_j du + alpha x_j (the RMS
+// norm's term); the Sinkhorn recomputed (tape: tokens x SinkhornTapeFloats(N, iters)) and
+// differentiated; c (tokens x P, the projections' gradients divided by r) and scal (tokens x
+// MhcScalStride).
+template <typename S>
+cudaError_t MhcReadBackward(const Layout& l, int64_t tokens, const S* saved, const float* du,
+                            const float* coef, const float* dcoef, const MapParams& p, float* dx,
+                            float* c, float* scal, float* tape, cudaStream_t stream);
+
 // Collapse: y[t] = sum of the N streams; CollapseBackward: every stream's gradient = dy[t].
 template <typename S>
 cudaError_t Collapse(const Layout& l, int64_t tokens, const S* x, float* y, cudaStream_t stream);
