@@ -153,79 +153,88 @@ absl::Status XhcStreams<S>::Init(uint64_t seed) {
   if (absl::Status s = values_.CopyFrom(host); !s.ok()) return s;
   if (absl::Status s = grads_.Zero(); !s.ok()) return s;
 
-  const int64_t nc = static_cast<int64_t>(N_) * C_;
-  const int64_t kc = static_cast<int64_t>(k_) * C_;
-  const int g = config_.group_size();
-  const auto find = [&](const std::string& name) -> int64_t {
-    auto it = offset_of_.find(name);
-    return it == offset_of_.end() ? -1 : it->second;
-  };
-  const auto at = [&](int l, const std::string& what) -> int64_t {
-    return find(absl::StrCat("sublayer", l, ".", what));
-  };
   for (int l = 0; l < L_; ++l) {
     auto s = std::make_unique<Sublayer>(device_, l);
-    if (config_.mode == ResidualMode::kMhc) {
-      // One projection w (rows [pre | post | res]); the scalars a_pre, a_post, a_res, b_pre,
-      // b_post, b_res adjacent in the order of the kernels' per-token records.
-      s->w1 = at(l, "w");
-      s->a_pre = at(l, "a_pre");
-      if (s->w1 < 0 || at(l, "a_post") != s->a_pre + 1 || at(l, "a_res") != s->a_pre + 2 ||
-          at(l, "b_pre") != s->a_pre + 3 || at(l, "b_post") != s->a_pre + 3 + N_ ||
-          at(l, "b_res") != s->a_pre + 3 + 2 * N_) {
-        return absl::InternalError(absl::StrCat(
-            "GPU residual streams: mhc sublayer ", l,
-            "'s parameters are not laid out as the kernels expect (hyper_connections.cc "
-            "changed?)"));
-      }
-      sub_.push_back(std::move(s));
-      continue;
-    }
-    s->mlp = config_.sublayers[static_cast<size_t>(l)] == SublayerKind::kMlp;
-    s->Kr = s->mlp ? 1 + J_ : 1;
-    s->s = l % g;
-    s->mix = s->s == g - 1;
-    s->a_pre = at(l, "a_pre");
-    s->w2 = s->mix ? at(l, "w_res") : at(l, "w_post");
-    s->a_res = s->mix ? at(l, "a_res") : -1;
-    s->a_post = at(l, "a_post");
-    // The kernels take the router and pre rows of a group as one matrix, [w_res | w_post] as
-    // one, and the scalar parameters as adjacent runs: the CPU's layout, checked here.
-    bool adjacent =
-        at(l, "b_pre") == s->a_pre + 1 && s->w2 >= 0 && at(l, "b_post") == s->a_post + 1;
-    if (s->s == 0) {
-      s->w1 = g == 1 ? at(l, "w_router") : find(absl::StrCat("group", l / g, ".w_router"));
-      for (int q = 0; q < g; ++q)
-        adjacent = adjacent && at(l + q, "w_pre") == s->w1 + (1 + q) * N_ * nc;
-      adjacent = adjacent && s->w1 >= 0;
-    }
-    if (s->mix) {
-      adjacent = adjacent && at(l, "w_post") == s->w2 + k_ * k_ * kc &&
-                 at(l, "b_res") == s->a_res + 1 && s->a_post == s->a_res + 1 + k_ * k_;
-    }
-    if (!adjacent) {
-      return absl::InternalError(absl::StrCat("GPU residual streams: sublayer ", l,
-                                              "'s parameters are not laid out as the kernels "
-                                              "expect (runtime/residual/xhc.cc changed?)"));
-    }
-    if (s->mlp) {
-      s->conv = at(l, "conv0");
-      int64_t next = s->conv;
-      for (int j = 0; j < J_; ++j) {
-        if (at(l, absl::StrCat("conv", j)) != next) {
-          return absl::InternalError("GPU residual streams: convolutions not adjacent");
-        }
-        s->taps.push_back(config_.conv_widths[static_cast<size_t>(j)]);
-        next += static_cast<int64_t>(s->taps.back()) * C_;
-      }
-    }
-    if (s->s == 0) {
-      if (absl::Status st = s->colsum.Resize({N_}); !st.ok()) return st;
-    }
+    absl::Status st =
+        config_.mode == ResidualMode::kMhc ? InitMhcSublayer(l, *s) : InitXhcSublayer(l, *s);
+    if (!st.ok()) return st;
     sub_.push_back(std::move(s));
   }
   if (absl::Status s = corr_.Resize({N_}); !s.ok()) return s;
   return device_->Synchronize();
+}
+
+template <typename S>
+int64_t XhcStreams<S>::OffsetOf(int l, const std::string& what) const {
+  auto it = offset_of_.find(l < 0 ? what : absl::StrCat("sublayer", l, ".", what));
+  return it == offset_of_.end() ? -1 : it->second;
+}
+
+template <typename S>
+absl::Status XhcStreams<S>::InitMhcSublayer(int l, Sublayer& s) {
+  // One projection w (rows [pre | post | res]); the scalars a_pre, a_post, a_res, b_pre,
+  // b_post, b_res adjacent in the order of the kernels' per-token records.
+  s.w1 = OffsetOf(l, "w");
+  s.a_pre = OffsetOf(l, "a_pre");
+  if (s.w1 < 0 || OffsetOf(l, "a_post") != s.a_pre + 1 || OffsetOf(l, "a_res") != s.a_pre + 2 ||
+      OffsetOf(l, "b_pre") != s.a_pre + 3 || OffsetOf(l, "b_post") != s.a_pre + 3 + N_ ||
+      OffsetOf(l, "b_res") != s.a_pre + 3 + 2 * N_) {
+    return absl::InternalError(
+        absl::StrCat("GPU residual streams: mhc sublayer ", l,
+                     "'s parameters are not laid out as the kernels expect (hyper_connections.cc "
+                     "changed?)"));
+  }
+  return absl::OkStatus();
+}
+
+template <typename S>
+absl::Status XhcStreams<S>::InitXhcSublayer(int l, Sublayer& sl) {
+  const int64_t nc = static_cast<int64_t>(N_) * C_;
+  const int64_t kc = static_cast<int64_t>(k_) * C_;
+  const int g = config_.group_size();
+  const auto at = [&](int l2, const std::string& what) { return OffsetOf(l2, what); };
+  Sublayer* s = &sl;
+  s->mlp = config_.sublayers[static_cast<size_t>(l)] == SublayerKind::kMlp;
+  s->Kr = s->mlp ? 1 + J_ : 1;
+  s->s = l % g;
+  s->mix = s->s == g - 1;
+  s->a_pre = at(l, "a_pre");
+  s->w2 = s->mix ? at(l, "w_res") : at(l, "w_post");
+  s->a_res = s->mix ? at(l, "a_res") : -1;
+  s->a_post = at(l, "a_post");
+  // The kernels take the router and pre rows of a group as one matrix, [w_res | w_post] as
+  // one, and the scalar parameters as adjacent runs: the CPU's layout, checked here.
+  bool adjacent = at(l, "b_pre") == s->a_pre + 1 && s->w2 >= 0 && at(l, "b_post") == s->a_post + 1;
+  if (s->s == 0) {
+    s->w1 = g == 1 ? at(l, "w_router") : OffsetOf(-1, absl::StrCat("group", l / g, ".w_router"));
+    for (int q = 0; q < g; ++q)
+      adjacent = adjacent && at(l + q, "w_pre") == s->w1 + (1 + q) * N_ * nc;
+    adjacent = adjacent && s->w1 >= 0;
+  }
+  if (s->mix) {
+    adjacent = adjacent && at(l, "w_post") == s->w2 + k_ * k_ * kc &&
+               at(l, "b_res") == s->a_res + 1 && s->a_post == s->a_res + 1 + k_ * k_;
+  }
+  if (!adjacent) {
+    return absl::InternalError(absl::StrCat("GPU residual streams: sublayer ", l,
+                                            "'s parameters are not laid out as the kernels "
+                                            "expect (runtime/residual/xhc.cc changed?)"));
+  }
+  if (s->mlp) {
+    s->conv = at(l, "conv0");
+    int64_t next = s->conv;
+    for (int j = 0; j < J_; ++j) {
+      if (at(l, absl::StrCat("conv", j)) != next) {
+        return absl::InternalError("GPU residual streams: convolutions not adjacent");
+      }
+      s->taps.push_back(config_.conv_widths[static_cast<size_t>(j)]);
+      next += static_cast<int64_t>(s->taps.back()) * C_;
+    }
+  }
+  if (s->s == 0) {
+    if (absl::Status st = s->colsum.Resize({N_}); !st.ok()) return st;
+  }
+  return absl::OkStatus();
 }
 
 template <typename S>

@@ -117,6 +117,11 @@ class XhcStreams {
   struct Sublayer;
   XhcStreams(Device* device, const ResidualConfig& config, GemmPrecision gemm);
   absl::Status Init(uint64_t seed);
+  // The parameter offset of "sublayer<l>.<what>" (of `what` itself for l < 0); -1 if none.
+  int64_t OffsetOf(int sublayer, const std::string& what) const;
+  // A sublayer's parameter offsets, checked against the layout the kernels read.
+  absl::Status InitXhcSublayer(int sublayer, Sublayer& s);
+  absl::Status InitMhcSublayer(int sublayer, Sublayer& s);
   absl::Status Reserve(int tokens);
   // The first sublayer of `sublayer`'s group (it holds the group's records and active sets).
   Sublayer& EntryOf(int sublayer);
