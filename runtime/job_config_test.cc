@@ -87,6 +87,8 @@ TEST(JobConfigTest, GpuResidualModesAreCheckedWhereTheJobStarts) {
        {std::vector<std::string>{"resources.device=cuda:0"},
         std::vector<std::string>{"resources.device=cuda:0", "model.residual=vanilla",
                                  "model.streams=1", "model.active=0"},
+        std::vector<std::string>{"resources.device=cuda:0", "model.residual=mhc", "model.streams=4",
+                                 "model.active=0", "model.fixed=0"},
         std::vector<std::string>{"resources.device=cuda:0", "model.residual=xhc_flash"},
         std::vector<std::string>{"resources.device=cuda:0", "model.residual=xhc_flash4"}}) {
     absl::StatusOr<rackrun::v1::JobSpec> spec = ParseJobSpec(kYaml, overrides);
@@ -94,12 +96,12 @@ TEST(JobConfigTest, GpuResidualModesAreCheckedWhereTheJobStarts) {
     EXPECT_TRUE(CheckJobDevice(*spec, 1).ok()) << spec->model().residual();
   }
   absl::StatusOr<rackrun::v1::JobSpec> spec =
-      ParseJobSpec(kYaml, {"resources.device=cuda:0", "model.residual=mhc", "model.streams=4",
+      ParseJobSpec(kYaml, {"resources.device=cuda:0", "model.residual=hc", "model.streams=4",
                            "model.active=0", "model.fixed=0"});
   ASSERT_TRUE(spec.ok()) << spec.status();
   const absl::Status s = CheckJobDevice(*spec, 1);
   EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented) << s;
-  EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("model.residual: mode mhc"));
+  EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("model.residual: mode hc"));
 }
 
 // Runs without a GPU: the list of modes is the engine's, not the machine's.
@@ -108,7 +110,8 @@ TEST(JobConfigTest, GpuResidualModesAreNamed) {
   EXPECT_TRUE(cuda::CheckGpuResidualMode("xhc").ok());
   EXPECT_TRUE(cuda::CheckGpuResidualMode("xhc_flash").ok());
   EXPECT_TRUE(cuda::CheckGpuResidualMode("xhc_flash4").ok());
-  for (const char* mode : {"hc", "mhc"}) {
+  EXPECT_TRUE(cuda::CheckGpuResidualMode("mhc").ok());
+  for (const char* mode : {"hc"}) {
     const absl::Status s = cuda::CheckGpuResidualMode(mode);
     EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented) << mode;
     EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr(std::string("mode ") + mode + " "));

@@ -59,9 +59,9 @@ absl::StatusOr<GpuInfo> CheckDevice(const jobspec::DeviceSpec& device, int local
 // "13.0" from 13000.
 std::string CudaVersionString(int version);
 
-// Whether the GPU engine runs residual mode `mode` (model.residual): OK for vanilla, xhc,
-// xhc_flash and xhc_flash4; an Unimplemented error naming model.residual, the mode and the
-// modes it runs otherwise (hc, mhc).
+// Whether the GPU engine runs residual mode `mode` (model.residual): OK for vanilla, mhc,
+// xhc, xhc_flash and xhc_flash4; an Unimplemented error naming model.residual, the mode and
+// the modes it runs otherwise (hc).
 // No GPU needed.
 absl::Status CheckGpuResidualMode(absl::string_view mode);
 

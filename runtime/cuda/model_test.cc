@@ -28,6 +28,7 @@ ModelConfig Config(const std::string& residual, bool shared) {
   c.heads = 2;
   c.seq_len = 32;
   c.residual = residual;
+  if (residual == "mhc") c.streams = 4;
   if (residual.starts_with("xhc")) {
     c.streams = 4;
     c.active = 2;
@@ -137,11 +138,12 @@ TEST(GpuModelTest, Fp32MatchesTheCpuModelInEveryResidualModeItRuns) {
   // Two blocks: two flash groups of attention + MLP, or one xhc_flash4 group.
   CheckAgainstCpu(dev.get(), Config("xhc_flash", true), GemmPrecision::kFp32, 1e-4, true);
   CheckAgainstCpu(dev.get(), Config("xhc_flash4", false), GemmPrecision::kFp32, 1e-4, true);
+  CheckAgainstCpu(dev.get(), Config("mhc", true), GemmPrecision::kFp32, 1e-4, true);
 }
 
 TEST(GpuModelTest, Tf32AndBf16LossesStayWithinTheirRounding) {
   RACKRUN_OPEN_GPU_OR_SKIP(dev);
-  for (const char* mode : {"vanilla", "xhc", "xhc_flash"}) {
+  for (const char* mode : {"vanilla", "mhc", "xhc", "xhc_flash"}) {
     CheckAgainstCpu(dev.get(), Config(mode, true), GemmPrecision::kTf32, 2e-2, false);
     CheckAgainstCpu(dev.get(), Config(mode, true), GemmPrecision::kBf16, 2e-2, false);
   }
@@ -170,7 +172,7 @@ TEST(GpuModelTest, BadBatchesGetTheCpuModelsErrors) {
 
 TEST(GpuModelTest, ModesTheGpuLacksAreRefusedNamingTheMode) {
   RACKRUN_OPEN_GPU_OR_SKIP(dev);
-  ModelConfig config = Config("mhc", false);
+  ModelConfig config = Config("hc", false);
   config.streams = 4;
   absl::StatusOr<std::unique_ptr<Model<float>>> cpu = Model<float>::Create(config, 5);
   ASSERT_TRUE(cpu.ok()) << cpu.status();
@@ -178,7 +180,7 @@ TEST(GpuModelTest, ModesTheGpuLacksAreRefusedNamingTheMode) {
       GpuModel::Create(dev.get(), **cpu, GemmPrecision::kFp32);
   ASSERT_FALSE(gpu.ok());
   EXPECT_EQ(gpu.status().code(), absl::StatusCode::kUnimplemented);
-  EXPECT_NE(gpu.status().message().find("mode mhc"), std::string::npos) << gpu.status();
+  EXPECT_NE(gpu.status().message().find("mode hc"), std::string::npos) << gpu.status();
 }
 
 }  // namespace

@@ -1,11 +1,11 @@
 // XhcStreams (the xhc residual streams on the GPU) against the CPU engine's
-// ResidualStreams<float> in modes xhc, xhc_flash and xhc_flash4, through the same calls:
+// ResidualStreams<float> in modes xhc, xhc_flash, xhc_flash4 and mhc, through the same calls:
 // forward (body inputs, the mappings of every token, the collapsed state), backward
 // (body-output gradients, the state gradient, every parameter's gradient). Every parameter is
 // random so every path is live (routing, H_pre, the Sinkhorn mixing, H_post, the
 // convolutions and Gram-Schmidt of MLP sublayers; in the flash modes the reads from the
-// group's bases and the sublayers that do not mix), and segments start mid-batch so the
-// causal convolutions are cut.
+// group's bases and the sublayers that do not mix; in mhc the full-state maps, Sinkhorn
+// mixing and write-back), and segments start mid-batch so the causal convolutions are cut.
 // Tolerances, relative to each array's largest magnitude: fp32 states 1e-4 (the CPU's
 // arithmetic in another summation order, expf/sqrtf against libm); bf16 states 3e-2 for
 // the forward and 5e-2 for gradients (the state and the saved rows rounded to 8 mantissa
@@ -196,6 +196,16 @@ TEST(GpuXhcTest, FlashBf16StateMatchesTheCpuWithinBf16Rounding) {
                        {0, 17}, {3e-2, 5e-2});
 }
 
+TEST(GpuXhcTest, MhcMatchesTheCpu) {
+  // N = 4 streams, every sublayer reading, mixing and writing the whole state.
+  CompareWithCpu<float>(Config(64, ResidualConfig::Transformer(2), ResidualMode::kMhc), 40, {0, 17},
+                        {1e-4, 1e-4});
+  CompareWithCpu<float>(Config(1536, ResidualConfig::Transformer(1), ResidualMode::kMhc), 12,
+                        {0, 5}, {1e-4, 1e-4});
+  CompareWithCpu<bf16>(Config(64, ResidualConfig::Transformer(1), ResidualMode::kMhc), 40, {0},
+                       {3e-2, 5e-2});
+}
+
 // The forward's bytes per token per sublayer, in units of C fp32 elements, after the
 // sublayers of `blocks` transformer blocks in `mode`.
 double ForwardTraffic(Device* dev, ResidualMode mode, int blocks) {
@@ -269,16 +279,20 @@ TEST(GpuXhcTest, SinkhornMatchesTheCpuProjection) {
 
 // Configuration errors come before any device work, so they are checked without a GPU.
 TEST(GpuXhcTest, UnsupportedConfigurationsAreErrors) {
-  ResidualConfig mhc =
-      ResidualConfig::ForMode(ResidualMode::kMhc, 64, ResidualConfig::Transformer(1));
-  absl::StatusOr<std::unique_ptr<XhcStreams<float>>> g = XhcStreams<float>::Create(nullptr, mhc, 1);
-  ASSERT_FALSE(g.ok());
-  EXPECT_EQ(g.status().code(), absl::StatusCode::kUnimplemented);
-  EXPECT_NE(g.status().message().find("mode mhc"), std::string::npos) << g.status();
   ResidualConfig hc =
       ResidualConfig::ForMode(ResidualMode::kHc, 64, ResidualConfig::Transformer(1));
-  EXPECT_EQ(XhcStreams<float>::Create(nullptr, hc, 1).status().code(),
-            absl::StatusCode::kUnimplemented);
+  absl::StatusOr<std::unique_ptr<XhcStreams<float>>> g = XhcStreams<float>::Create(nullptr, hc, 1);
+  ASSERT_FALSE(g.ok());
+  EXPECT_EQ(g.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_NE(g.status().message().find("mode hc"), std::string::npos) << g.status();
+  // mhc on the GPU: at most 4 streams (the error names model.streams).
+  ResidualConfig mhc =
+      ResidualConfig::ForMode(ResidualMode::kMhc, 64, ResidualConfig::Transformer(1));
+  mhc.streams = 8;
+  g = XhcStreams<float>::Create(nullptr, mhc, 1);
+  ASSERT_FALSE(g.ok());
+  EXPECT_EQ(g.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(g.status().message().find("model.streams"), std::string::npos) << g.status();
   // A flash group must end in an MLP sublayer (the CPU's Validate, naming the field).
   ResidualConfig flash =
       Config(64, {SublayerKind::kMlp, SublayerKind::kAttention}, ResidualMode::kXhcFlash);
