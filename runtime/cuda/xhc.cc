@@ -1,6 +1,7 @@
 #include "runtime/cuda/xhc.h"
 
 #include <algorithm>
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -72,22 +73,25 @@ absl::StatusOr<std::unique_ptr<XhcStreams<S>>> XhcStreams<S>::Create(Device* dev
                                                                      GemmPrecision gemm) {
   if (absl::Status s = config.Validate(); !s.ok()) return s;
   if (config.mode != ResidualMode::kXhc && config.mode != ResidualMode::kXhcFlash &&
-      config.mode != ResidualMode::kXhcFlash4 && config.mode != ResidualMode::kMhc) {
-    return absl::UnimplementedError(
-        absl::StrCat("GPU residual streams: mode ", std::string(ResidualModeName(config.mode)),
-                     " is not implemented on the GPU yet (mhc, xhc, xhc_flash, xhc_flash4 only)"));
+      config.mode != ResidualMode::kXhcFlash4 && config.mode != ResidualMode::kMhc &&
+      config.mode != ResidualMode::kHc) {
+    return absl::UnimplementedError(absl::StrCat(
+        "GPU residual streams: mode ", std::string(ResidualModeName(config.mode)),
+        " is not XhcStreams' (it runs hc, mhc, xhc, xhc_flash and xhc_flash4; vanilla is "
+        "GpuModel's own stream)"));
   }
   if (gemm == GemmPrecision::kBf16) {
     return absl::InvalidArgumentError(
         "GPU residual streams: the fp32 GEMMs' precision is fp32 or tf32 (a bf16 state's "
         "projections run in bf16 anyway)");
   }
-  if (config.mode == ResidualMode::kMhc) {
-    if (config.streams > xhc::kMhcMaxN || config.width > xhc::kMaxWidth) {
+  if (config.mode == ResidualMode::kMhc || config.mode == ResidualMode::kHc) {
+    if (config.streams > xhc::kDenseMaxN || config.width > xhc::kMaxWidth) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "GPU residual streams: mhc supports model.streams <= ", xhc::kMhcMaxN,
-          " and model.width <= ", xhc::kMaxWidth, "; got ", config.streams, " streams, width ",
-          config.width, " (use resources.device: cpu for larger ones)"));
+          "GPU residual streams: ", std::string(ResidualModeName(config.mode)),
+          " supports model.streams <= ", xhc::kDenseMaxN, " and model.width <= ", xhc::kMaxWidth,
+          "; got ", config.streams, " streams, width ", config.width,
+          " (use resources.device: cpu for larger ones)"));
     }
     std::unique_ptr<XhcStreams> x(new XhcStreams(device, config, gemm));
     if (absl::Status s = x->Init(seed); !s.ok()) return s;
@@ -155,8 +159,7 @@ absl::Status XhcStreams<S>::Init(uint64_t seed) {
 
   for (int l = 0; l < L_; ++l) {
     auto s = std::make_unique<Sublayer>(device_, l);
-    absl::Status st =
-        config_.mode == ResidualMode::kMhc ? InitMhcSublayer(l, *s) : InitXhcSublayer(l, *s);
+    absl::Status st = Dense() ? InitDenseSublayer(l, *s) : InitXhcSublayer(l, *s);
     if (!st.ok()) return st;
     sub_.push_back(std::move(s));
   }
@@ -171,18 +174,24 @@ int64_t XhcStreams<S>::OffsetOf(int l, const std::string& what) const {
 }
 
 template <typename S>
-absl::Status XhcStreams<S>::InitMhcSublayer(int l, Sublayer& s) {
-  // One projection w (rows [pre | post | res]); the scalars a_pre, a_post, a_res, b_pre,
-  // b_post, b_res adjacent in the order of the kernels' per-token records.
+absl::Status XhcStreams<S>::InitDenseSublayer(int l, Sublayer& s) {
+  // One projection w; the scalars adjacent in the order MapsOf reads them: hc s_a, s_b, a_m0
+  // (N), a_r0 (N*N), b0 (N); mhc a_pre, a_post, a_res, b_pre (N), b_post (N), b_res (N*N).
+  const bool hc = config_.mode == ResidualMode::kHc;
   s.w1 = OffsetOf(l, "w");
-  s.a_pre = OffsetOf(l, "a_pre");
-  if (s.w1 < 0 || OffsetOf(l, "a_post") != s.a_pre + 1 || OffsetOf(l, "a_res") != s.a_pre + 2 ||
-      OffsetOf(l, "b_pre") != s.a_pre + 3 || OffsetOf(l, "b_post") != s.a_pre + 3 + N_ ||
-      OffsetOf(l, "b_res") != s.a_pre + 3 + 2 * N_) {
-    return absl::InternalError(
-        absl::StrCat("GPU residual streams: mhc sublayer ", l,
-                     "'s parameters are not laid out as the kernels expect (hyper_connections.cc "
-                     "changed?)"));
+  s.a_pre = OffsetOf(l, hc ? "s_a" : "a_pre");
+  const bool adjacent =
+      hc ? OffsetOf(l, "s_b") == s.a_pre + 1 && OffsetOf(l, "a_m0") == s.a_pre + 2 &&
+               OffsetOf(l, "a_r0") == s.a_pre + 2 + N_ &&
+               OffsetOf(l, "b0") == s.a_pre + 2 + N_ + N_ * N_
+         : OffsetOf(l, "a_post") == s.a_pre + 1 && OffsetOf(l, "a_res") == s.a_pre + 2 &&
+               OffsetOf(l, "b_pre") == s.a_pre + 3 && OffsetOf(l, "b_post") == s.a_pre + 3 + N_ &&
+               OffsetOf(l, "b_res") == s.a_pre + 3 + 2 * N_;
+  if (s.w1 < 0 || s.a_pre < 0 || !adjacent) {
+    return absl::InternalError(absl::StrCat(
+        "GPU residual streams: ", std::string(ResidualModeName(config_.mode)), " sublayer ", l,
+        "'s parameters are not laid out as the kernels expect (hyper_connections.cc "
+        "changed?)"));
   }
   return absl::OkStatus();
 }
@@ -336,6 +345,14 @@ xhc::MapParams XhcStreams<S>::MapsOf(int l) {
   const Sublayer& s = *sub_[static_cast<size_t>(l)];
   const float* v = values_.data();
   xhc::MapParams p;
+  if (config_.mode == ResidualMode::kHc) {  // s_a, s_b, A_m0, A_r0, B0 (xhc_kernels.h)
+    p.a_pre = v + s.a_pre;
+    p.a_post = v + s.a_pre + 1;
+    p.b_pre = v + s.a_pre + 2;
+    p.b_res = p.b_pre + N_;
+    p.b_post = p.b_res + N_ * N_;
+    return p;
+  }
   if (config_.mode == ResidualMode::kMhc) {
     p.a_pre = v + s.a_pre;
     p.a_post = v + s.a_pre + 1;
@@ -416,7 +433,7 @@ absl::Status XhcStreams<S>::WeightGrad(const GemmShape& shape, const float* coef
 template <typename S>
 absl::Status XhcStreams<S>::Reserve(int tokens) {
   if (tokens <= capacity_) return absl::OkStatus();
-  if (config_.mode == ResidualMode::kMhc) return ReserveMhc(tokens);
+  if (Dense()) return ReserveDense(tokens);
   const int64_t T = tokens;
   const int64_t kc = static_cast<int64_t>(k_) * C_;
   const int g = config_.group_size();
@@ -530,8 +547,8 @@ absl::Status XhcStreams<S>::ExpandBackward(float* d_embedded) {
 template <typename S>
 absl::Status XhcStreams<S>::RestartFromInputState() {
   if (absl::Status s = Order(backward_pos_ == 0, "RestartFromInputState", 0); !s.ok()) return s;
-  if (config_.mode == ResidualMode::kMhc) {
-    // mhc does not walk the state back: sublayer 0 saved the batch's input.
+  if (Dense()) {
+    // hc and mhc do not walk the state back: sublayer 0 saved the batch's input.
     if (absl::Status s = Check(cudaMemcpyAsync(x_.data(), sub_[0]->saved.data(),
                                                sizeof(S) * static_cast<size_t>(x_.size()),
                                                cudaMemcpyDeviceToDevice, device_->stream()),
@@ -596,8 +613,8 @@ template <typename S>
 absl::Status XhcStreams<S>::ReadInput(int l, float* u) {
   if (absl::Status s = Order(l >= 0 && l < L_ && forward_pos_ == 2 * l, "ReadInput", l); !s.ok())
     return s;
-  if (config_.mode == ResidualMode::kMhc) {
-    if (absl::Status e = MhcReadInput(l, u); !e.ok()) return e;
+  if (Dense()) {
+    if (absl::Status e = DenseReadInput(l, u); !e.ok()) return e;
     forward_pos_ = 2 * l + 1;
     return absl::OkStatus();
   }
@@ -652,8 +669,8 @@ absl::Status XhcStreams<S>::WriteOutput(int l, const float* out) {
   if (absl::Status s = Order(l >= 0 && l < L_ && forward_pos_ == 2 * l + 1, "WriteOutput", l);
       !s.ok())
     return s;
-  if (config_.mode == ResidualMode::kMhc) {
-    if (absl::Status e = MhcWriteOutput(l, out); !e.ok()) return e;
+  if (Dense()) {
+    if (absl::Status e = DenseWriteOutput(l, out); !e.ok()) return e;
     forward_pos_ = 2 * l + 2;
     return absl::OkStatus();
   }
@@ -710,8 +727,8 @@ absl::Status XhcStreams<S>::WriteOutputBackward(int l, float* d_out) {
           Order(l >= 0 && l < L_ && backward_pos_ == 2 * l + 2, "WriteOutputBackward", l);
       !s.ok())
     return s;
-  if (config_.mode == ResidualMode::kMhc) {
-    if (absl::Status e = MhcWriteOutputBackward(l, d_out); !e.ok()) return e;
+  if (Dense()) {
+    if (absl::Status e = DenseWriteOutputBackward(l, d_out); !e.ok()) return e;
     backward_pos_ = 2 * l + 1;
     return absl::OkStatus();
   }
@@ -810,8 +827,8 @@ absl::Status XhcStreams<S>::ReadInputBackward(int l, const float* d_u) {
           Order(l >= 0 && l < L_ && backward_pos_ == 2 * l + 1, "ReadInputBackward", l);
       !s.ok())
     return s;
-  if (config_.mode == ResidualMode::kMhc) {
-    if (absl::Status e = MhcReadInputBackward(l, d_u); !e.ok()) return e;
+  if (Dense()) {
+    if (absl::Status e = DenseReadInputBackward(l, d_u); !e.ok()) return e;
     backward_pos_ = 2 * l;
     return absl::OkStatus();
   }
@@ -908,7 +925,7 @@ template <typename S>
 absl::StatusOr<std::vector<SublayerMaps<float>>> XhcStreams<S>::Maps(int l) {
   if (l < 0 || l >= L_) return absl::InvalidArgumentError("xhc (GPU): no such sublayer");
   if (forward_pos_ < 2 * l + 1) return Order(false, "Maps", l);
-  if (config_.mode == ResidualMode::kMhc) return MhcMaps(l);
+  if (Dense()) return DenseMaps(l);
   Sublayer& s = *sub_[static_cast<size_t>(l)];
   Sublayer& entry = EntryOf(l);
   const xhc::Layout lay = LayoutOf(l);
@@ -932,24 +949,36 @@ absl::StatusOr<std::vector<SublayerMaps<float>>> XhcStreams<S>::Maps(int l) {
   return out;
 }
 
-// ---- mhc: every sublayer reads, mixes and writes the full state (xhc_kernels.h's Mhc*).
+// ---- hc and mhc: every sublayer reads, mixes and writes the full state (xhc_kernels.h's
+// Dense*). Their projections run over Rows() rows per token of K = N*C / Rows() elements.
 
 template <typename S>
-absl::Status XhcStreams<S>::ReserveMhc(int tokens) {
+xhc::DenseLayout XhcStreams<S>::DenseLayoutOf() const {
+  xhc::DenseLayout d;
+  d.hc = config_.mode == ResidualMode::kHc;
+  d.N = N_;
+  d.C = C_;
+  d.iters = config_.sinkhorn_iters;
+  return d;
+}
+
+template <typename S>
+absl::Status XhcStreams<S>::ReserveDense(int tokens) {
   const int64_t T = tokens;
-  const int P = xhc::MhcP(N_);
+  const xhc::DenseLayout d = DenseLayoutOf();
+  const int64_t zt = static_cast<int64_t>(d.Rows()) * d.P();
   for (const std::unique_ptr<Sublayer>& s : sub_) {
-    for (absl::Status st : {s->coef.Resize({T, xhc::MhcCoefStride(N_)}),
-                            s->saved.Resize({T, N_, C_}), s->out.Resize({T, C_})}) {
+    for (absl::Status st : {s->coef.Resize({T, d.CoefStride()}), s->saved.Resize({T, N_, C_}),
+                            s->out.Resize({T, C_})}) {
       if (!st.ok()) return st;
     }
   }
-  // c2_ holds the write's dH_post / dH_res records (N + N*N), c1_ the projections' gradients.
-  for (absl::Status st : {x_.Resize({T, N_, C_}), dx_.Resize({T, N_, C_}), segment_.Resize({T}),
-                          z_.Resize({T, P}), c1_.Resize({T, P}), c2_.Resize({T, N_ + N_ * N_}),
-                          rscal_.Resize({T, xhc::MhcScalStride(N_)}),
-                          tape_.Resize({T, xhc::SinkhornTapeFloats(N_, config_.sinkhorn_iters)}),
-                          c_bf16_.Resize({T, P})}) {
+  // c2_ holds the write's dH_post / dH_res records, c1_ the projections' gradients.
+  for (absl::Status st :
+       {x_.Resize({T, N_, C_}), dx_.Resize({T, N_, C_}), segment_.Resize({T}), z_.Resize({T, zt}),
+        c1_.Resize({T, zt}), c2_.Resize({T, d.DcoefStride()}), rscal_.Resize({T, d.ScalStride()}),
+        tape_.Resize({T, xhc::SinkhornTapeFloats(N_, config_.sinkhorn_iters)}),
+        c_bf16_.Resize({T, zt})}) {
     if (!st.ok()) return st;
   }
   capacity_ = tokens;
@@ -957,127 +986,132 @@ absl::Status XhcStreams<S>::ReserveMhc(int tokens) {
 }
 
 template <typename S>
-absl::Status XhcStreams<S>::MhcReadInput(int l, float* u) {
+absl::Status XhcStreams<S>::DenseReadInput(int l, float* u) {
   Sublayer& s = *sub_[static_cast<size_t>(l)];
+  const xhc::DenseLayout d = DenseLayoutOf();
   const int T = tokens_;
   const int64_t nc = static_cast<int64_t>(N_) * C_;
   const int64_t sz = sizeof(S);
-  const int P = xhc::MhcP(N_);
-  // z = X W^T: the pre, post and res rows.
-  if (absl::Status e = Project({.trans_b = true,
-                                .m = T,
-                                .n = P,
-                                .k = static_cast<int>(nc),
-                                .lda = static_cast<int>(nc),
-                                .ldb = static_cast<int>(nc),
-                                .ldc = P},
-                               x_.data(), s.w1, z_.data());
+  const int P = d.P(), K = static_cast<int>(nc / d.Rows());
+  // z = X W^T over the projected rows (hc: every stream; mhc: the whole state).
+  if (absl::Status e = Project(
+          {.trans_b = true, .m = T * d.Rows(), .n = P, .k = K, .lda = K, .ldb = K, .ldc = P},
+          x_.data(), s.w1, z_.data());
       !e.ok()) {
     return e;
   }
-  Count("mhc fwd GEMM z = X W^T", T * nc * sz, T * P * 4);
-  if (absl::Status e = Check(xhc::MhcRead<S>(LayoutOf(l), T, x_.data(), z_.data(), MapsOf(l),
-                                             s.coef.data(), u, s.saved.data(), device_->stream()),
-                             "MhcRead");
+  Count("dense fwd GEMM z = X W^T", T * nc * sz, T * d.Rows() * P * 4);
+  if (absl::Status e = Check(xhc::DenseRead<S>(d, T, x_.data(), z_.data(), MapsOf(l), s.coef.data(),
+                                               u, s.saved.data(), device_->stream()),
+                             "DenseRead");
       !e.ok()) {
     return e;
   }
-  Count("mhc fwd Read (maps + dense read + save)", T * (nc * sz + P * 4),
-        T * (C_ * 4 + nc * sz + xhc::MhcCoefStride(N_) * 4));
+  Count("dense fwd Read (maps + dense read + save)", T * (nc * sz + d.Rows() * P * 4),
+        T * (C_ * 4 + nc * sz + d.CoefStride() * 4));
   return absl::OkStatus();
 }
 
 template <typename S>
-absl::Status XhcStreams<S>::MhcWriteOutput(int l, const float* out) {
+absl::Status XhcStreams<S>::DenseWriteOutput(int l, const float* out) {
   Sublayer& s = *sub_[static_cast<size_t>(l)];
   const int T = tokens_;
   const int64_t nc = static_cast<int64_t>(N_) * C_;
   const int64_t sz = sizeof(S);
-  if (absl::Status e = Check(xhc::MhcWrite<S>(LayoutOf(l), T, out, s.coef.data(), x_.data(),
-                                              s.out.data(), device_->stream()),
-                             "MhcWrite");
+  if (absl::Status e = Check(xhc::DenseWrite<S>(DenseLayoutOf(), T, out, s.coef.data(), x_.data(),
+                                                s.out.data(), device_->stream()),
+                             "DenseWrite");
       !e.ok()) {
     return e;
   }
-  Count("mhc fwd Write (mix + write-back)", T * (C_ * 4 + nc * sz), T * (nc * sz + C_ * 4));
+  Count("dense fwd Write (mix + write-back)", T * (C_ * 4 + nc * sz), T * (nc * sz + C_ * 4));
   return absl::OkStatus();
 }
 
 template <typename S>
-absl::Status XhcStreams<S>::MhcWriteOutputBackward(int l, float* d_out) {
+absl::Status XhcStreams<S>::DenseWriteOutputBackward(int l, float* d_out) {
   Sublayer& s = *sub_[static_cast<size_t>(l)];
   const int T = tokens_;
   const int64_t nc = static_cast<int64_t>(N_) * C_;
   const int64_t sz = sizeof(S);
-  if (absl::Status e = Check(
-          xhc::MhcWriteBackward<S>(LayoutOf(l), T, s.saved.data(), s.out.data(), s.coef.data(),
-                                   dx_.data(), d_out, c2_.data(), device_->stream()),
-          "MhcWriteBackward");
+  if (absl::Status e = Check(xhc::DenseWriteBackward<S>(DenseLayoutOf(), T, s.saved.data(),
+                                                        s.out.data(), s.coef.data(), dx_.data(),
+                                                        d_out, c2_.data(), device_->stream()),
+                             "DenseWriteBackward");
       !e.ok()) {
     return e;
   }
-  Count("mhc bwd WriteBackward", T * (nc * 4 + nc * sz + C_ * 4), T * (nc * 4 + C_ * 4));
+  Count("dense bwd WriteBackward", T * (nc * 4 + nc * sz + C_ * 4), T * (nc * 4 + C_ * 4));
   return absl::OkStatus();
 }
 
 template <typename S>
-absl::Status XhcStreams<S>::MhcReadInputBackward(int l, const float* d_u) {
+absl::Status XhcStreams<S>::DenseReadInputBackward(int l, const float* d_u) {
   Sublayer& s = *sub_[static_cast<size_t>(l)];
+  const xhc::DenseLayout d = DenseLayoutOf();
   const int T = tokens_;
   const int64_t nc = static_cast<int64_t>(N_) * C_;
   const int64_t sz = sizeof(S);
-  const int P = xhc::MhcP(N_);
-  const int ss = xhc::MhcScalStride(N_);
+  const int P = d.P(), K = static_cast<int>(nc / d.Rows()), rows = T * d.Rows();
+  const int ss = d.ScalStride();
   cudaStream_t st = device_->stream();
-  if (absl::Status e =
-          Check(xhc::MhcReadBackward<S>(LayoutOf(l), T, s.saved.data(), d_u, s.coef.data(),
-                                        c2_.data(), MapsOf(l), dx_.data(), c1_.data(),
-                                        rscal_.data(), tape_.data(), st),
-                "MhcReadBackward");
+  if (absl::Status e = Check(
+          xhc::DenseReadBackward<S>(d, T, s.saved.data(), d_u, s.coef.data(), c2_.data(), MapsOf(l),
+                                    dx_.data(), c1_.data(), rscal_.data(), tape_.data(), st),
+          "DenseReadBackward");
       !e.ok()) {
     return e;
   }
-  Count("mhc bwd ReadBackward (dense read + maps + norm)", T * (nc * sz + nc * 4 + C_ * 4),
+  Count("dense bwd ReadBackward (dense read + maps + norms)", T * (nc * sz + nc * 4 + C_ * 4),
         T * nc * 4);
-  // dX += c W (fp32), dW += c^T X over the saved input state.
-  const GemmShape dxshape{
-      false, false, T, static_cast<int>(nc), P, P, static_cast<int>(nc), static_cast<int>(nc)};
+  // dX += c W (fp32), dW += c^T X over the saved input state, both over the projected rows.
+  const GemmShape dxshape{false, false, rows, K, P, P, K, K};
   if (absl::Status e = gemm_.Run(dxshape, 1.0f, c1_.data(), values_.data() + s.w1, 1.0f, dx_.data(),
                                  gemm_precision_, st);
       !e.ok()) {
     return e;
   }
-  Count("mhc bwd GEMM dX += c W", T * nc * 4, T * nc * 4);
-  if (absl::Status e = WeightGrad({.trans_a = true,
-                                   .m = P,
-                                   .n = static_cast<int>(nc),
-                                   .k = T,
-                                   .lda = P,
-                                   .ldb = static_cast<int>(nc),
-                                   .ldc = static_cast<int>(nc)},
-                                  c1_.data(), static_cast<int64_t>(T) * P, s.saved.data(), s.w1);
+  Count("dense bwd GEMM dX += c W", T * nc * 4, T * nc * 4);
+  if (absl::Status e =
+          WeightGrad({.trans_a = true, .m = P, .n = K, .k = rows, .lda = P, .ldb = K, .ldc = K},
+                     c1_.data(), static_cast<int64_t>(rows) * P, s.saved.data(), s.w1);
       !e.ok()) {
     return e;
   }
-  Count("mhc bwd GEMM dW += c^T X", T * nc * sz, 0);
-  return Check(xhc::SumScalars(T, ss, ss, rscal_.data(), grads_.data() + s.a_pre, st),
-               "mhc scalars");
+  Count("dense bwd GEMM dW += c^T X", T * nc * sz, 0);
+  if (!d.hc)
+    return Check(xhc::SumScalars(T, ss, ss, rscal_.data(), grads_.data() + s.a_pre, st),
+                 "mhc scalars");
+  // hc's records are s_a, s_b, A_m0, B0, A_r0; its parameters s_a, s_b, a_m0, a_r0, b0.
+  const int n = N_;
+  for (const auto& [rec, param, count] :
+       {std::tuple{0, 0, 2 + n}, std::tuple{2 + n, 2 + n + n * n, n},
+        std::tuple{2 + 2 * n, 2 + n, n * n}}) {
+    if (absl::Status e = Check(
+            xhc::SumScalars(T, ss, count, rscal_.data() + rec, grads_.data() + s.a_pre + param, st),
+            "hc scalars");
+        !e.ok()) {
+      return e;
+    }
+  }
+  return absl::OkStatus();
 }
 
 template <typename S>
-absl::StatusOr<std::vector<SublayerMaps<float>>> XhcStreams<S>::MhcMaps(int l) {
+absl::StatusOr<std::vector<SublayerMaps<float>>> XhcStreams<S>::DenseMaps(int l) {
   std::vector<float> coef;
   if (absl::Status st = sub_[static_cast<size_t>(l)]->coef.CopyTo(&coef); !st.ok()) return st;
-  const int n = N_, pre = 1 + xhc::MhcP(N_);
+  const xhc::DenseLayout d = DenseLayoutOf();
+  const int n = N_;
   std::vector<SublayerMaps<float>> out(static_cast<size_t>(tokens_));
   for (int t = 0; t < tokens_; ++t) {
-    const float* c = coef.data() + static_cast<int64_t>(t) * xhc::MhcCoefStride(N_);
+    const float* c = coef.data() + static_cast<int64_t>(t) * d.CoefStride();
     SublayerMaps<float>& m = out[static_cast<size_t>(t)];
     for (int i = 0; i < n; ++i) m.active.push_back(i);
     m.gates.assign(static_cast<size_t>(n), 1.0f);
-    m.h_pre.assign(c + pre, c + pre + n);
-    m.h_post.assign(c + pre + n, c + pre + 2 * n);
-    m.h_res.assign(c + pre + 2 * n, c + pre + 2 * n + n * n);
+    m.h_pre.assign(c + d.Pre(), c + d.Pre() + n);
+    m.h_post.assign(c + d.Post(), c + d.Post() + n);
+    m.h_res.assign(c + d.Res(), c + d.Res() + n * n);  // as the CPU stores it (hc: A_r)
   }
   return out;
 }

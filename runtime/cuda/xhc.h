@@ -1,5 +1,5 @@
 // XhcStreams: the xhc residual streams (runtime/residual/residual_streams.h, modes xhc,
-// xhc_flash and xhc_flash4), and mode mhc, on a GPU, forward and backward, with the CPU
+// xhc_flash and xhc_flash4), and modes hc and mhc, on a GPU, forward and backward, with the CPU
 // component's parameters (same names, sizes, order and initialisation: it builds a CPU
 // ResidualStreams<float> once to take them) and its call sequence:
 //
@@ -29,16 +29,18 @@
 // bytes each kernel moves to or from device memory (arrays read again from L1/L2 within a
 // kernel are counted once), for comparison with docs/design.md's accounting.
 //
-// mhc (the CPU's hyper_connections.cc) takes its own path through the same calls, buffers and
-// parameter handling: per sublayer GEMM z = X W^T + MhcRead (maps, Sinkhorn, the dense read,
-// the input state saved), MhcWrite (X' = H_res X + H_post^T out in place); backward
-// MhcWriteBackward, MhcReadBackward (Sinkhorn recomputed), GEMMs dX += c W, dW += c^T X.
+// hc and mhc (the CPU's hyper_connections.cc; "dense": every sublayer reads, mixes and writes
+// the full state) take their own path through the same calls, buffers and parameter
+// handling: per sublayer GEMM z = X W^T (hc per stream, mhc over the whole state) + DenseRead
+// (the norms, the maps (mhc's H_res by Sinkhorn), the dense read, the input state saved),
+// DenseWrite (X' = H_res X + H_post^T out in place); backward DenseWriteBackward,
+// DenseReadBackward (mhc's Sinkhorn recomputed), GEMMs dX += c W, dW += c^T X.
 //
 // Supported: modes xhc, xhc_flash and xhc_flash4 with N <= 32, k <= 4, at most 3
-// convolutions, C <= 4096; mhc with N <= 4, C <= 4096; hc is an Unimplemented error from
-// Create, other shapes an InvalidArgument naming the field.
-// Not run on a GPU yet (mhc, xhc_flash and xhc_flash4 have never run on one): checked against
-// the CPU engine by runtime/cuda/xhc_test.cc, which skips without one.
+// convolutions, C <= 4096; hc and mhc with N <= 4, C <= 4096; other shapes are an
+// InvalidArgument naming the field.
+// Not run on a GPU yet (hc, mhc, xhc_flash and xhc_flash4 have never run on one): checked
+// against the CPU engine by runtime/cuda/xhc_test.cc, which skips without one.
 #ifndef RACKRUN_RUNTIME_CUDA_XHC_H_
 #define RACKRUN_RUNTIME_CUDA_XHC_H_
 
@@ -121,7 +123,7 @@ class XhcStreams {
   int64_t OffsetOf(int sublayer, const std::string& what) const;
   // A sublayer's parameter offsets, checked against the layout the kernels read.
   absl::Status InitXhcSublayer(int sublayer, Sublayer& s);
-  absl::Status InitMhcSublayer(int sublayer, Sublayer& s);
+  absl::Status InitDenseSublayer(int sublayer, Sublayer& s);
   absl::Status Reserve(int tokens);
   // The first sublayer of `sublayer`'s group (it holds the group's records and active sets).
   Sublayer& EntryOf(int sublayer);
@@ -129,13 +131,18 @@ class XhcStreams {
   absl::Status ReadGroupEntry(int sublayer, float* u);
   // ReadInputBackward at a group's entry: dX += c1 W1, dW1 += c1^T X, the router centring.
   absl::Status EntryWeightGrads(int sublayer);
-  // Mode mhc's buffers and its four calls (after the order checks), and its Maps.
-  absl::Status ReserveMhc(int tokens);
-  absl::Status MhcReadInput(int sublayer, float* u);
-  absl::Status MhcWriteOutput(int sublayer, const float* out);
-  absl::Status MhcWriteOutputBackward(int sublayer, float* d_out);
-  absl::Status MhcReadInputBackward(int sublayer, const float* d_u);
-  absl::StatusOr<std::vector<SublayerMaps<float>>> MhcMaps(int sublayer);
+  // Modes hc and mhc ("dense": every sublayer updates the full state): their layout, buffers,
+  // four calls (after the order checks) and Maps.
+  bool Dense() const {
+    return config_.mode == ResidualMode::kHc || config_.mode == ResidualMode::kMhc;
+  }
+  xhc::DenseLayout DenseLayoutOf() const;
+  absl::Status ReserveDense(int tokens);
+  absl::Status DenseReadInput(int sublayer, float* u);
+  absl::Status DenseWriteOutput(int sublayer, const float* out);
+  absl::Status DenseWriteOutputBackward(int sublayer, float* d_out);
+  absl::Status DenseReadInputBackward(int sublayer, const float* d_u);
+  absl::StatusOr<std::vector<SublayerMaps<float>>> DenseMaps(int sublayer);
   xhc::Layout LayoutOf(int sublayer) const;
   xhc::MapParams MapsOf(int sublayer);
   absl::Status Check(cudaError_t e, const char* what) const;

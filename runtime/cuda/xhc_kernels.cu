@@ -845,6 +845,22 @@ __global__ void ConvWeightSumKernel(Layout l, int64_t chunks, int total_taps, co
 
 // ---------------------------------------------------------------- read backward
 
+// dots[i] = <du, x_i> over the block for the N <= R streams of a token's state xt (the dense
+// read's backward, xhc and hc / mhc alike); `red`: R * 32 floats of shared scratch.
+template <typename S, int R>
+__device__ __forceinline__ void StreamDots(int N, int C, const S* xt, const float* du,
+                                           float (&dots)[R], float* red) {
+#pragma unroll
+  for (int i = 0; i < R; ++i) dots[i] = 0;
+  for (int c = threadIdx.x; c < C; c += blockDim.x) {
+    const float d = du[c];
+#pragma unroll
+    for (int i = 0; i < R; ++i)
+      if (i < N) dots[i] += d * ToF(xt[static_cast<int64_t>(i) * C + c]);
+  }
+  BlockSum<float, R>(dots, red);
+}
+
 template <typename S>
 __global__ void __launch_bounds__(kRowThreads)
     ReadBackwardKernel(Layout l, const S* x, const float* du, const float* dp, const float* colsum,
@@ -861,14 +877,8 @@ __global__ void __launch_bounds__(kRowThreads)
   const float* r = rec + t * l.RecStride();
   if (threadIdx.x < N) hpre[threadIdx.x] = r[l.HpreOff() + threadIdx.x];
   // DenseReadBackward: dH_pre_r = <du, x_r>.
-  float dh[kMaxN] = {};
-  for (int c = threadIdx.x; c < C; c += blockDim.x) {
-    const float d = dut[c];
-#pragma unroll
-    for (int i = 0; i < kMaxN; ++i)
-      if (i < N) dh[i] += d * ToF(xt[static_cast<int64_t>(i) * C + c]);
-  }
-  BlockSum<float, kMaxN>(dh, red);
+  float dh[kMaxN];
+  StreamDots<S, kMaxN>(N, C, xt, dut, dh, red);
   if (threadIdx.x == 0) {
     float* scal = rscal + t * l.ReadScalStride();
     const float a_pre = *p.a_pre;
@@ -957,44 +967,75 @@ __global__ void SumScalarsKernel(int64_t tokens, int stride, int count, const fl
   grads[s] += acc;
 }
 
-// ---------------------------------------------------------------- mhc
+// ---------------------------------------------------------------- hc and mhc
 
-constexpr int kMhcR = kMhcMaxN + kMhcMaxN * kMhcMaxN;  // dot products of the write's backward
+constexpr int kDenseR = kDenseMaxN + kDenseMaxN * kDenseMaxN;  // the write backward's dots
+
+// Thread 0 of DenseRead: the coefficient record from the rows' sums of squares `sq` (hc: per
+// stream; mhc: sq[0] of the whole state) and the projections zt (Rows() x P).
+__device__ void DenseMaps(const DenseLayout& l, const MapParams& p, const float (&sq)[kDenseMaxN],
+                          const float* zt, float* cf) {
+  const int N = l.N, P = l.P();
+  if (l.hc) {
+    // HcImpl::Read: A_m = s_a tanh(y_m) + A_m0, A_r = s_a tanh(y_r) + A_r0, B = s_b tanh(y_b) + B0.
+    const float s_a = *p.a_pre, s_b = *p.a_post;
+    float* am = cf + l.Pre();
+    float* ar = am + N;
+    float* bb = ar + N * N;
+    for (int s = 0; s < N; ++s) {
+      const float r = sqrtf(sq[s] / static_cast<float>(l.C) + kNormEps);
+      float* rec = cf + s * (1 + P);
+      rec[0] = r;
+      for (int q = 0; q < P; ++q) rec[1 + q] = zt[s * P + q] / r;
+      am[s] = s_a * tanhf(rec[1]) + p.b_pre[s];
+      for (int j = 0; j < N; ++j) ar[s * N + j] = s_a * tanhf(rec[2 + j]) + p.b_res[s * N + j];
+      bb[s] = s_b * tanhf(rec[2 + N]) + p.b_post[s];
+    }
+    return;
+  }
+  // MhcImpl::Read.
+  float total = 0;
+  for (int s = 0; s < N; ++s) total += sq[s];
+  const float r = sqrtf(total / static_cast<float>(static_cast<int64_t>(N) * l.C) + kNormEps);
+  cf[0] = r;
+  float* y = cf + 1;
+  for (int q = 0; q < P; ++q) y[q] = zt[q] / r;
+  float* hp = cf + l.Pre();
+  float* hq = cf + l.Post();
+  const float a_pre = *p.a_pre, a_post = *p.a_post, a_res = *p.a_res;
+  for (int j = 0; j < N; ++j) {
+    hp[j] = Sigmoid(a_pre * y[j] + p.b_pre[j]);
+    hq[j] = 2.0f * Sigmoid(a_post * y[N + j] + p.b_post[j]);
+  }
+  float logits[kDenseMaxN * kDenseMaxN];
+  for (int j = 0; j < N * N; ++j) logits[j] = a_res * y[2 * N + j] + p.b_res[j];
+  SinkhornForward(N, l.iters, logits, cf + l.Res(), nullptr);
+}
 
 template <typename S>
 __global__ void __launch_bounds__(kRowThreads)
-    MhcReadKernel(Layout l, const S* x, const float* z, MapParams p, float* coef, float* u,
-                  S* saved) {
-  __shared__ float scratch[kWarp];
-  __shared__ float hpre[kMhcMaxN];
+    DenseReadKernel(DenseLayout l, const S* x, const float* z, MapParams p, float* coef, float* u,
+                    S* saved) {
+  __shared__ float red[kDenseMaxN * kWarp];
+  __shared__ float hpre[kDenseMaxN];
   const int64_t t = blockIdx.x;
-  const int N = l.N, C = l.C, P = MhcP(N);
+  const int N = l.N, C = l.C;
   const int64_t nc = static_cast<int64_t>(N) * C;
   const S* xt = x + t * nc;
-  float sq = 0;
-  for (int64_t e = threadIdx.x; e < nc; e += blockDim.x) {
-    const float v = ToF(xt[e]);
-    sq += v * v;
-  }
-  sq = detail::BlockSum1(sq, scratch);
-  if (threadIdx.x == 0) {
-    float* cf = coef + t * MhcCoefStride(N);
-    const float r = sqrtf(sq / static_cast<float>(nc) + kNormEps);
-    cf[0] = r;
-    float* y = cf + 1;
-    const float* zt = z + t * P;
-    for (int q = 0; q < P; ++q) y[q] = zt[q] / r;
-    float* hp = cf + 1 + P;
-    float* hq = hp + N;
-    const float a_pre = *p.a_pre, a_post = *p.a_post, a_res = *p.a_res;
-    for (int j = 0; j < N; ++j) {
-      hp[j] = Sigmoid(a_pre * y[j] + p.b_pre[j]);
-      hq[j] = 2.0f * Sigmoid(a_post * y[N + j] + p.b_post[j]);
-      hpre[j] = hp[j];
+  float sq[kDenseMaxN] = {};
+  for (int c = threadIdx.x; c < C; c += blockDim.x) {
+#pragma unroll
+    for (int j = 0; j < kDenseMaxN; ++j) {
+      if (j >= N) break;
+      const float v = ToF(xt[static_cast<int64_t>(j) * C + c]);
+      sq[j] += v * v;
     }
-    float logits[kMhcMaxN * kMhcMaxN];
-    for (int j = 0; j < N * N; ++j) logits[j] = a_res * y[2 * N + j] + p.b_res[j];
-    SinkhornForward(N, l.iters, logits, hq + N, nullptr);
+  }
+  BlockSum<float, kDenseMaxN>(sq, red);
+  if (threadIdx.x == 0) {
+    float* cf = coef + t * l.CoefStride();
+    DenseMaps(l, p, sq, z + t * l.Rows() * l.P(), cf);
+    for (int j = 0; j < N; ++j) hpre[j] = cf[l.Pre() + j];
   }
   __syncthreads();
   // The dense read and the saved copy, from the rows just read (in L1/L2).
@@ -1011,30 +1052,31 @@ __global__ void __launch_bounds__(kRowThreads)
 }
 
 template <typename S>
-__global__ void MhcWriteKernel(Layout l, int64_t tokens, const float* out, const float* coef, S* x,
-                               float* out_saved) {
+__global__ void DenseWriteKernel(DenseLayout l, int64_t tokens, const float* out, const float* coef,
+                                 S* x, float* out_saved) {
   const int N = l.N, C = l.C;
   const int64_t total = tokens * C;
   for (int64_t n = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; n < total;
        n += int64_t{gridDim.x} * blockDim.x) {
     const int64_t t = n / C;
     const int c = static_cast<int>(n - t * C);
-    const float* hpost = coef + t * MhcCoefStride(N) + 1 + MhcP(N) + N;
-    const float* hres = hpost + N;
+    const float* cf = coef + t * l.CoefStride();
+    const float* hpost = cf + l.Post();
+    const float* hres = cf + l.Res();
     S* xt = x + t * N * C + c;
-    float xv[kMhcMaxN];
+    float xv[kDenseMaxN];
 #pragma unroll
-    for (int j = 0; j < kMhcMaxN; ++j)
+    for (int j = 0; j < kDenseMaxN; ++j)
       if (j < N) xv[j] = ToF(xt[static_cast<int64_t>(j) * C]);
     const float o = out[n];
     out_saved[n] = o;
 #pragma unroll
-    for (int i = 0; i < kMhcMaxN; ++i) {
+    for (int i = 0; i < kDenseMaxN; ++i) {
       if (i >= N) break;
       float y = 0;
 #pragma unroll
-      for (int j = 0; j < kMhcMaxN; ++j)
-        if (j < N) y += hres[i * N + j] * xv[j];
+      for (int j = 0; j < kDenseMaxN; ++j)
+        if (j < N) y += hres[i * l.ResRow() + j * l.ResCol()] * xv[j];
       y += hpost[i] * o;
       xt[static_cast<int64_t>(i) * C] = FromF<S>(y);
     }
@@ -1043,66 +1085,108 @@ __global__ void MhcWriteKernel(Layout l, int64_t tokens, const float* out, const
 
 template <typename S>
 __global__ void __launch_bounds__(kRowThreads)
-    MhcWriteBackwardKernel(Layout l, const S* saved, const float* out_saved, const float* coef,
-                           float* dx, float* d_out, float* dcoef) {
-  __shared__ float red[kMhcR * kWarp];
+    DenseWriteBackwardKernel(DenseLayout l, const S* saved, const float* out_saved,
+                             const float* coef, float* dx, float* d_out, float* dcoef) {
+  __shared__ float red[kDenseR * kWarp];
   const int64_t t = blockIdx.x;
   const int N = l.N, C = l.C;
   const int64_t nc = static_cast<int64_t>(N) * C;
-  const float* hpost = coef + t * MhcCoefStride(N) + 1 + MhcP(N) + N;
-  const float* hres = hpost + N;
+  const float* cf = coef + t * l.CoefStride();
+  const float* hpost = cf + l.Post();
+  const float* hres = cf + l.Res();
   const S* xt = saved + t * nc;
   float* dxt = dx + t * nc;
-  float dots[kMhcR] = {};
+  float dots[kDenseR] = {};
   for (int c = threadIdx.x; c < C; c += blockDim.x) {
-    float g[kMhcMaxN], xp[kMhcMaxN];
+    float g[kDenseMaxN], xp[kDenseMaxN];
 #pragma unroll
-    for (int j = 0; j < kMhcMaxN; ++j) {
+    for (int j = 0; j < kDenseMaxN; ++j) {
       g[j] = j < N ? dxt[static_cast<int64_t>(j) * C + c] : 0.0f;
       xp[j] = j < N ? ToF(xt[static_cast<int64_t>(j) * C + c]) : 0.0f;
     }
     const float o = out_saved[t * C + c];
     float d = 0;
 #pragma unroll
-    for (int i = 0; i < kMhcMaxN; ++i) {
+    for (int i = 0; i < kDenseMaxN; ++i) {
       if (i >= N) break;
       d += hpost[i] * g[i];
       dots[i] += g[i] * o;
 #pragma unroll
-      for (int j = 0; j < kMhcMaxN; ++j) dots[kMhcMaxN + i * kMhcMaxN + j] += g[i] * xp[j];
+      for (int j = 0; j < kDenseMaxN; ++j) dots[kDenseMaxN + i * kDenseMaxN + j] += g[i] * xp[j];
     }
     d_out[t * C + c] = d;
 #pragma unroll
-    for (int j = 0; j < kMhcMaxN; ++j) {
+    for (int j = 0; j < kDenseMaxN; ++j) {
       if (j >= N) break;
       float v = 0;
 #pragma unroll
-      for (int i = 0; i < kMhcMaxN; ++i)
-        if (i < N) v += hres[i * N + j] * g[i];
+      for (int i = 0; i < kDenseMaxN; ++i)
+        if (i < N) v += hres[i * l.ResRow() + j * l.ResCol()] * g[i];
       dxt[static_cast<int64_t>(j) * C + c] = v;
     }
   }
-  BlockSum<float, kMhcR>(dots, red);
+  BlockSum<float, kDenseR>(dots, red);
   if (threadIdx.x == 0) {
-    float* dc = dcoef + t * (N + N * N);
+    float* dc = dcoef + t * l.DcoefStride();
     for (int i = 0; i < N; ++i) {
       dc[i] = dots[i];
-      for (int j = 0; j < N; ++j) dc[N + i * N + j] = dots[kMhcMaxN + i * kMhcMaxN + j];
+      for (int j = 0; j < N; ++j)
+        dc[N + i * l.ResRow() + j * l.ResCol()] = dots[kDenseMaxN + i * kDenseMaxN + j];
     }
   }
 }
 
-// Thread 0's part of MhcReadBackward (MhcImpl::ReadBackward's token_grad): the logit gradients
-// of H_pre, H_post and (through the recomputed Sinkhorn) H_res; c and scal; returns alpha.
-__device__ float MhcMapGrads(const Layout& l, const MapParams& p, const float* cf, const float* dc,
-                             const float (&dpre)[kMhcMaxN], float* ct, float* sc, float* tp) {
-  const int N = l.N, P = MhcP(N);
+// Thread 0 of DenseReadBackward for hc (HcImpl::ReadBackward's token_grad): per stream the
+// tanh maps' gradients, c (its row) and scal; alpha[s], the factor of x_s in dx_s.
+__device__ void HcMapGrads(const DenseLayout& l, const MapParams& p, const float* cf,
+                           const float* dc, const float (&dpre)[kDenseMaxN], float* ct, float* sc,
+                           float (&alpha)[kDenseMaxN]) {
+  const int N = l.N, P = l.P();
+  const float s_a = *p.a_pre, s_b = *p.a_post;
+  for (int i = 0; i < l.ScalStride(); ++i) sc[i] = 0;
+  for (int s = 0; s < N; ++s) {
+    const float dam = dpre[s];
+    const float* rec = cf + s * (1 + P);
+    const float r = rec[0];
+    float* row = ct + s * P;
+    float th = tanhf(rec[1]);
+    sc[0] += dam * th;
+    sc[2 + s] = dam;
+    row[0] = s_a * dam * (1.0f - th * th);
+    for (int j = 0; j < N; ++j) {
+      const float dar = dc[N + s * N + j];
+      th = tanhf(rec[2 + j]);
+      sc[0] += dar * th;
+      sc[2 + 2 * N + s * N + j] = dar;
+      row[1 + j] = s_a * dar * (1.0f - th * th);
+    }
+    const float db = dc[s];
+    th = tanhf(rec[2 + N]);
+    sc[1] += db * th;
+    sc[2 + N + s] = db;
+    row[1 + N] = s_b * db * (1.0f - th * th);
+    float sum_dy_y = 0;
+    for (int q = 0; q < P; ++q) {
+      sum_dy_y += row[q] * rec[1 + q];
+      row[q] /= r;
+    }
+    alpha[s] = -sum_dy_y / (static_cast<float>(l.C) * r * r);
+  }
+}
+
+// Thread 0 of DenseReadBackward for mhc (MhcImpl::ReadBackward's token_grad): the logit
+// gradients of H_pre, H_post and (through the recomputed Sinkhorn) H_res; c and scal; every
+// alpha[s] the RMS norm's factor.
+__device__ void MhcMapGrads(const DenseLayout& l, const MapParams& p, const float* cf,
+                            const float* dc, const float (&dpre)[kDenseMaxN], float* ct, float* sc,
+                            float* tp, float (&alpha)[kDenseMaxN]) {
+  const int N = l.N, P = l.P();
   const float r = cf[0];
   const float* y = cf + 1;
-  const float* hp = cf + 1 + P;
-  const float* hq = hp + N;
+  const float* hp = cf + l.Pre();
+  const float* hq = cf + l.Post();
   const float a_pre = *p.a_pre, a_post = *p.a_post, a_res = *p.a_res;
-  for (int i = 0; i < MhcScalStride(N); ++i) sc[i] = 0;
+  for (int i = 0; i < l.ScalStride(); ++i) sc[i] = 0;
   for (int j = 0; j < N; ++j) {
     const float dl = dpre[j] * hp[j] * (1.0f - hp[j]);
     sc[0] += dl * y[j];
@@ -1114,7 +1198,7 @@ __device__ float MhcMapGrads(const Layout& l, const MapParams& p, const float* c
     sc[3 + N + j] = dlp;
     ct[N + j] = a_post * dlp;
   }
-  float logits[kMhcMaxN * kMhcMaxN], hraw[kMhcMaxN * kMhcMaxN], dz[kMhcMaxN * kMhcMaxN];
+  float logits[kDenseMaxN * kDenseMaxN], hraw[kDenseMaxN * kDenseMaxN], dz[kDenseMaxN * kDenseMaxN];
   for (int j = 0; j < N * N; ++j) logits[j] = a_res * y[2 * N + j] + p.b_res[j];
   SinkhornForward(N, l.iters, logits, hraw, tp);
   SinkhornBackward(N, l.iters, logits, tp, dc + N, dz);
@@ -1128,45 +1212,47 @@ __device__ float MhcMapGrads(const Layout& l, const MapParams& p, const float* c
     sum_dy_y += ct[q] * y[q];
     ct[q] /= r;
   }
-  return -sum_dy_y / (static_cast<float>(static_cast<int64_t>(N) * l.C) * r * r);
+  const float a = -sum_dy_y / (static_cast<float>(static_cast<int64_t>(N) * l.C) * r * r);
+  for (int s = 0; s < N; ++s) alpha[s] = a;
 }
 
 template <typename S>
 __global__ void __launch_bounds__(kRowThreads)
-    MhcReadBackwardKernel(Layout l, const S* saved, const float* du, const float* coef,
-                          const float* dcoef, MapParams p, float* dx, float* c, float* scal,
-                          float* tape, int64_t tape_floats) {
-  __shared__ float red[kMhcMaxN * kWarp];
-  __shared__ float hpre[kMhcMaxN];
-  __shared__ float alpha_s;
+    DenseReadBackwardKernel(DenseLayout l, const S* saved, const float* du, const float* coef,
+                            const float* dcoef, MapParams p, float* dx, float* c, float* scal,
+                            float* tape, int64_t tape_floats) {
+  __shared__ float red[kDenseMaxN * kWarp];
+  __shared__ float hpre[kDenseMaxN];
+  __shared__ float salpha[kDenseMaxN];
   const int64_t t = blockIdx.x;
-  const int N = l.N, C = l.C, P = MhcP(N);
+  const int N = l.N, C = l.C;
   const int64_t nc = static_cast<int64_t>(N) * C;
-  const float* cf = coef + t * MhcCoefStride(N);
+  const float* cf = coef + t * l.CoefStride();
   const S* xt = saved + t * nc;
   const float* dut = du + t * C;
-  if (threadIdx.x < N) hpre[threadIdx.x] = cf[1 + P + threadIdx.x];
-  float dpre[kMhcMaxN] = {};
-  for (int c2 = threadIdx.x; c2 < C; c2 += blockDim.x) {
-    const float d = dut[c2];
-#pragma unroll
-    for (int j = 0; j < kMhcMaxN; ++j)
-      if (j < N) dpre[j] += d * ToF(xt[static_cast<int64_t>(j) * C + c2]);
-  }
-  BlockSum<float, kMhcMaxN>(dpre, red);
+  if (threadIdx.x < N) hpre[threadIdx.x] = cf[l.Pre() + threadIdx.x];
+  float dpre[kDenseMaxN];
+  StreamDots<S, kDenseMaxN>(N, C, xt, dut, dpre, red);
   if (threadIdx.x == 0) {
-    alpha_s = MhcMapGrads(l, p, cf, dcoef + t * (N + N * N), dpre, c + t * P,
-                          scal + t * MhcScalStride(N), tape + t * tape_floats);
+    float alpha[kDenseMaxN] = {};
+    const float* dc = dcoef + t * l.DcoefStride();
+    float* ct = c + t * l.Rows() * l.P();
+    float* sc = scal + t * l.ScalStride();
+    if (l.hc) {
+      HcMapGrads(l, p, cf, dc, dpre, ct, sc, alpha);
+    } else {
+      MhcMapGrads(l, p, cf, dc, dpre, ct, sc, tape + t * tape_floats, alpha);
+    }
+    for (int s = 0; s < N; ++s) salpha[s] = alpha[s];
   }
   __syncthreads();
-  const float alpha = alpha_s;
   float* dxt = dx + t * nc;
   for (int c2 = threadIdx.x; c2 < C; c2 += blockDim.x) {
     const float d = dut[c2];
     for (int j = 0; j < N; ++j) {
       const int64_t e = static_cast<int64_t>(j) * C + c2;
       float v = dxt[e] + hpre[j] * d;
-      v = v + alpha * ToF(xt[e]);
+      v = v + salpha[j] * ToF(xt[e]);
       dxt[e] = v;
     }
   }
@@ -1358,42 +1444,43 @@ cudaError_t CollapseBackward(const Layout& l, int64_t tokens, const float* dy, f
 }
 
 template <typename S>
-cudaError_t MhcRead(const Layout& l, int64_t tokens, const S* x, const float* z, const MapParams& p,
-                    float* coef, float* u, S* saved, cudaStream_t stream) {
+cudaError_t DenseRead(const DenseLayout& l, int64_t tokens, const S* x, const float* z,
+                      const MapParams& p, float* coef, float* u, S* saved, cudaStream_t stream) {
   if (tokens == 0) return cudaSuccess;
-  if (l.N > kMhcMaxN) return cudaErrorInvalidValue;
-  MhcReadKernel<S>
+  if (l.N > kDenseMaxN) return cudaErrorInvalidValue;
+  DenseReadKernel<S>
       <<<static_cast<unsigned>(tokens), kRowThreads, 0, stream>>>(l, x, z, p, coef, u, saved);
   return cudaGetLastError();
 }
 
 template <typename S>
-cudaError_t MhcWrite(const Layout& l, int64_t tokens, const float* out, const float* coef, S* x,
-                     float* out_saved, cudaStream_t stream) {
+cudaError_t DenseWrite(const DenseLayout& l, int64_t tokens, const float* out, const float* coef,
+                       S* x, float* out_saved, cudaStream_t stream) {
   if (tokens == 0) return cudaSuccess;
-  if (l.N > kMhcMaxN) return cudaErrorInvalidValue;
-  MhcWriteKernel<S><<<GridFor(tokens * l.C), 256, 0, stream>>>(l, tokens, out, coef, x, out_saved);
+  if (l.N > kDenseMaxN) return cudaErrorInvalidValue;
+  DenseWriteKernel<S>
+      <<<GridFor(tokens * l.C), 256, 0, stream>>>(l, tokens, out, coef, x, out_saved);
   return cudaGetLastError();
 }
 
 template <typename S>
-cudaError_t MhcWriteBackward(const Layout& l, int64_t tokens, const S* saved,
-                             const float* out_saved, const float* coef, float* dx, float* d_out,
-                             float* dcoef, cudaStream_t stream) {
+cudaError_t DenseWriteBackward(const DenseLayout& l, int64_t tokens, const S* saved,
+                               const float* out_saved, const float* coef, float* dx, float* d_out,
+                               float* dcoef, cudaStream_t stream) {
   if (tokens == 0) return cudaSuccess;
-  if (l.N > kMhcMaxN) return cudaErrorInvalidValue;
-  MhcWriteBackwardKernel<S><<<static_cast<unsigned>(tokens), kRowThreads, 0, stream>>>(
+  if (l.N > kDenseMaxN) return cudaErrorInvalidValue;
+  DenseWriteBackwardKernel<S><<<static_cast<unsigned>(tokens), kRowThreads, 0, stream>>>(
       l, saved, out_saved, coef, dx, d_out, dcoef);
   return cudaGetLastError();
 }
 
 template <typename S>
-cudaError_t MhcReadBackward(const Layout& l, int64_t tokens, const S* saved, const float* du,
-                            const float* coef, const float* dcoef, const MapParams& p, float* dx,
-                            float* c, float* scal, float* tape, cudaStream_t stream) {
+cudaError_t DenseReadBackward(const DenseLayout& l, int64_t tokens, const S* saved, const float* du,
+                              const float* coef, const float* dcoef, const MapParams& p, float* dx,
+                              float* c, float* scal, float* tape, cudaStream_t stream) {
   if (tokens == 0) return cudaSuccess;
-  if (l.N > kMhcMaxN) return cudaErrorInvalidValue;
-  MhcReadBackwardKernel<S><<<static_cast<unsigned>(tokens), kRowThreads, 0, stream>>>(
+  if (l.N > kDenseMaxN) return cudaErrorInvalidValue;
+  DenseReadBackwardKernel<S><<<static_cast<unsigned>(tokens), kRowThreads, 0, stream>>>(
       l, saved, du, coef, dcoef, p, dx, c, scal, tape, SinkhornTapeFloats(l.N, l.iters));
   return cudaGetLastError();
 }
@@ -1429,15 +1516,15 @@ cudaError_t SinkhornBatch(int count, int n, int iters, const float* z, float* h,
                                        const int32_t*, float*, float*, float*, float*,             \
                                        cudaStream_t);                                              \
   template cudaError_t Collapse<S>(const Layout&, int64_t, const S*, float*, cudaStream_t);        \
-  template cudaError_t MhcRead<S>(const Layout&, int64_t, const S*, const float*,                  \
-                                  const MapParams&, float*, float*, S*, cudaStream_t);             \
-  template cudaError_t MhcWrite<S>(const Layout&, int64_t, const float*, const float*, S*, float*, \
-                                   cudaStream_t);                                                  \
-  template cudaError_t MhcWriteBackward<S>(const Layout&, int64_t, const S*, const float*,         \
-                                           const float*, float*, float*, float*, cudaStream_t);    \
-  template cudaError_t MhcReadBackward<S>(const Layout&, int64_t, const S*, const float*,          \
-                                          const float*, const float*, const MapParams&, float*,    \
-                                          float*, float*, float*, cudaStream_t);
+  template cudaError_t DenseRead<S>(const DenseLayout&, int64_t, const S*, const float*,           \
+                                    const MapParams&, float*, float*, S*, cudaStream_t);           \
+  template cudaError_t DenseWrite<S>(const DenseLayout&, int64_t, const float*, const float*, S*,  \
+                                     float*, cudaStream_t);                                        \
+  template cudaError_t DenseWriteBackward<S>(const DenseLayout&, int64_t, const S*, const float*,  \
+                                             const float*, float*, float*, float*, cudaStream_t);  \
+  template cudaError_t DenseReadBackward<S>(const DenseLayout&, int64_t, const S*, const float*,   \
+                                            const float*, const float*, const MapParams&, float*,  \
+                                            float*, float*, float*, cudaStream_t);
 
 RACKRUN_XHC_INSTANTIATE(float)
 RACKRUN_XHC_INSTANTIATE(__nv_bfloat16)

@@ -168,42 +168,62 @@ cudaError_t RouterCentring(const Layout& l, int64_t tokens, const float* c1, con
 cudaError_t SumScalars(int64_t tokens, int stride, int count, const float* scal, float* grads,
                        cudaStream_t stream);
 
-// ---- mhc (docs/design.md 5.3, the CPU's MhcImpl in runtime/residual/hyper_connections.cc):
-// every sublayer reads, mixes and writes the full N x C state, N <= kMhcMaxN. Layout's N, C
-// and iters are used. MapParams: a_pre, b_pre, a_post, b_post, a_res, b_res.
-inline constexpr int kMhcMaxN = 4;
-// Projection outputs per token: rows [pre (N) | post (N) | res (N*N)].
-RACKRUN_HOST_DEVICE inline int MhcP(int n) { return 2 * n + n * n; }
-// Coefficient record per token (the CPU's): r, y[P] (the projections / r), H_pre[N],
-// H_post[N], H_res[N*N].
-RACKRUN_HOST_DEVICE inline int MhcCoefStride(int n) { return 1 + MhcP(n) + 2 * n + n * n; }
-// Per-token scalar-parameter gradients, in the parameters' order: a_pre, a_post, a_res,
-// b_pre[N], b_post[N], b_res[N*N].
-RACKRUN_HOST_DEVICE inline int MhcScalStride(int n) { return 3 + 2 * n + n * n; }
+// ---- hc and mhc (docs/design.md 5.2, 5.3; the CPU's HcImpl and MhcImpl in
+// runtime/residual/hyper_connections.cc): every sublayer reads, mixes and writes the full
+// N x C state, N <= kDenseMaxN. The record layouts are the CPU's (MapLayout).
+inline constexpr int kDenseMaxN = 4;
+struct DenseLayout {
+  bool hc = false;  // hc; mhc otherwise
+  int N = 0, C = 0, iters = 20;
+  // Projection outputs per projected row: hc [m | r (N) | b] per stream (N rows of C per
+  // token); mhc [pre (N) | post (N) | res (N*N)] (one row of N*C per token).
+  RACKRUN_HOST_DEVICE int P() const { return hc ? N + 2 : 2 * N + N * N; }
+  RACKRUN_HOST_DEVICE int Rows() const { return hc ? N : 1; }
+  // Coefficient record per token: hc per stream r_s, y_s[P], then A_m (N), A_r (N*N), B (N);
+  // mhc r, y[P], H_pre (N), H_post (N), H_res (N*N).
+  RACKRUN_HOST_DEVICE int CoefStride() const {
+    return (hc ? N * (1 + P()) : 1 + P()) + 2 * N + N * N;
+  }
+  RACKRUN_HOST_DEVICE int Pre() const { return hc ? N * (1 + P()) : 1 + P(); }
+  RACKRUN_HOST_DEVICE int Post() const { return hc ? Pre() + N + N * N : Pre() + N; }
+  RACKRUN_HOST_DEVICE int Res() const { return hc ? Pre() + N : Pre() + 2 * N; }
+  // H_res[i][j] (the weight of input stream j in output stream i) at Res() + i * ResRow() +
+  // j * ResCol(): hc stores A_r = H_res^T.
+  RACKRUN_HOST_DEVICE int ResRow() const { return hc ? 1 : N; }
+  RACKRUN_HOST_DEVICE int ResCol() const { return hc ? N : 1; }
+  // The write's backward record per token: dH_post (N), then dH_res in H_res's layout.
+  RACKRUN_HOST_DEVICE int DcoefStride() const { return N + N * N; }
+  // Per-token scalar-parameter gradients: hc s_a, s_b, A_m0 (N), B0 (N), A_r0 (N*N); mhc
+  // a_pre, a_post, a_res, b_pre (N), b_post (N), b_res (N*N).
+  RACKRUN_HOST_DEVICE int ScalStride() const { return (hc ? 2 : 3) + 2 * N + N * N; }
+};
+// MapParams for hc: a_pre = s_a, a_post = s_b, b_pre = A_m0, b_res = A_r0, b_post = B0; for
+// mhc its own fields.
 
-// MhcRead per token: r = RMS(vec X), the maps from z (tokens x P, X W^T) into coef (H_res by
-// Sinkhorn), u = sum_j H_pre_j x_j, the state copied to `saved` (tokens x N x C).
+// DenseRead per token: the RMS norms (hc per stream, mhc of vec X), the maps from z (tokens x
+// Rows() x P: the projections) into coef (mhc's H_res by Sinkhorn), u = sum_j H_pre_j x_j,
+// the state copied to `saved` (tokens x N x C).
 template <typename S>
-cudaError_t MhcRead(const Layout& l, int64_t tokens, const S* x, const float* z, const MapParams& p,
-                    float* coef, float* u, S* saved, cudaStream_t stream);
-// MhcWrite: X' = H_res X + H_post^T out in place; out copied to out_saved (tokens x C).
+cudaError_t DenseRead(const DenseLayout& l, int64_t tokens, const S* x, const float* z,
+                      const MapParams& p, float* coef, float* u, S* saved, cudaStream_t stream);
+// DenseWrite: X' = H_res X + H_post^T out in place; out copied to out_saved (tokens x C).
 template <typename S>
-cudaError_t MhcWrite(const Layout& l, int64_t tokens, const float* out, const float* coef, S* x,
-                     float* out_saved, cudaStream_t stream);
-// MhcWriteBackward per token (G = dx): d_out = sum_i H_post_i G_i; dcoef (tokens x (N + N*N))
-// = <G_i, out>, then <G_i, x_j> at N + i N + j; dx := H_res^T G.
+cudaError_t DenseWrite(const DenseLayout& l, int64_t tokens, const float* out, const float* coef,
+                       S* x, float* out_saved, cudaStream_t stream);
+// DenseWriteBackward per token (G = dx): d_out = sum_i H_post_i G_i; dcoef = <G_i, out>, then
+// <G_i, x_j> in H_res's layout; dx := H_res^T G.
 template <typename S>
-cudaError_t MhcWriteBackward(const Layout& l, int64_t tokens, const S* saved,
-                             const float* out_saved, const float* coef, float* dx, float* d_out,
-                             float* dcoef, cudaStream_t stream);
-// MhcReadBackward per token: dH_pre = <du, x_j>; dx_j += H_pre_j du + alpha x_j (the RMS
-// norm's term); the Sinkhorn recomputed (tape: tokens x SinkhornTapeFloats(N, iters)) and
-// differentiated; c (tokens x P, the projections' gradients divided by r) and scal (tokens x
-// MhcScalStride).
+cudaError_t DenseWriteBackward(const DenseLayout& l, int64_t tokens, const S* saved,
+                               const float* out_saved, const float* coef, float* dx, float* d_out,
+                               float* dcoef, cudaStream_t stream);
+// DenseReadBackward per token: dH_pre_j = <du, x_j>; dx_j += H_pre_j du + alpha_j x_j (the
+// norms' terms); the maps' logit gradients (mhc: the Sinkhorn recomputed with `tape`, tokens x
+// SinkhornTapeFloats(N, iters)): c (tokens x Rows() x P, divided by the norms) and scal
+// (tokens x ScalStride()).
 template <typename S>
-cudaError_t MhcReadBackward(const Layout& l, int64_t tokens, const S* saved, const float* du,
-                            const float* coef, const float* dcoef, const MapParams& p, float* dx,
-                            float* c, float* scal, float* tape, cudaStream_t stream);
+cudaError_t DenseReadBackward(const DenseLayout& l, int64_t tokens, const S* saved, const float* du,
+                              const float* coef, const float* dcoef, const MapParams& p, float* dx,
+                              float* c, float* scal, float* tape, cudaStream_t stream);
 
 // Collapse: y[t] = sum of the N streams; CollapseBackward: every stream's gradient = dy[t].
 template <typename S>
