@@ -52,8 +52,7 @@ TEST(JobConfigTest, TrainConfigFromTheDefaultedSpec) {
 
 // resources.device: cpu passes; cuda fails before anything is allocated, with the cause
 // named, on a machine without a usable GPU (or a build without the GPU engine): the probe's
-// reason. On one with a GPU, a residual mode the GPU engine runs passes and the others are
-// refused naming the mode.
+// reason. On one with a GPU, every residual mode passes (the GPU engine runs them all).
 TEST(JobConfigTest, DeviceIsCheckedWhereTheJobStarts) {
   absl::StatusOr<rackrun::v1::JobSpec> spec = ParseJobSpec(kYaml, {});
   ASSERT_TRUE(spec.ok()) << spec.status();
@@ -89,19 +88,14 @@ TEST(JobConfigTest, GpuResidualModesAreCheckedWhereTheJobStarts) {
                                  "model.streams=1", "model.active=0"},
         std::vector<std::string>{"resources.device=cuda:0", "model.residual=mhc", "model.streams=4",
                                  "model.active=0", "model.fixed=0"},
+        std::vector<std::string>{"resources.device=cuda:0", "model.residual=hc", "model.streams=4",
+                                 "model.active=0", "model.fixed=0"},
         std::vector<std::string>{"resources.device=cuda:0", "model.residual=xhc_flash"},
         std::vector<std::string>{"resources.device=cuda:0", "model.residual=xhc_flash4"}}) {
     absl::StatusOr<rackrun::v1::JobSpec> spec = ParseJobSpec(kYaml, overrides);
     ASSERT_TRUE(spec.ok()) << spec.status();
     EXPECT_TRUE(CheckJobDevice(*spec, 1).ok()) << spec->model().residual();
   }
-  absl::StatusOr<rackrun::v1::JobSpec> spec =
-      ParseJobSpec(kYaml, {"resources.device=cuda:0", "model.residual=hc", "model.streams=4",
-                           "model.active=0", "model.fixed=0"});
-  ASSERT_TRUE(spec.ok()) << spec.status();
-  const absl::Status s = CheckJobDevice(*spec, 1);
-  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented) << s;
-  EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("model.residual: mode hc"));
 }
 
 // Runs without a GPU: the list of modes is the engine's, not the machine's.
@@ -111,7 +105,8 @@ TEST(JobConfigTest, GpuResidualModesAreNamed) {
   EXPECT_TRUE(cuda::CheckGpuResidualMode("xhc_flash").ok());
   EXPECT_TRUE(cuda::CheckGpuResidualMode("xhc_flash4").ok());
   EXPECT_TRUE(cuda::CheckGpuResidualMode("mhc").ok());
-  for (const char* mode : {"hc"}) {
+  EXPECT_TRUE(cuda::CheckGpuResidualMode("hc").ok());
+  for (const char* mode : {"hyper"}) {
     const absl::Status s = cuda::CheckGpuResidualMode(mode);
     EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented) << mode;
     EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr(std::string("mode ") + mode + " "));

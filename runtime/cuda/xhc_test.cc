@@ -1,12 +1,13 @@
 // XhcStreams (the xhc residual streams on the GPU) against the CPU engine's
-// ResidualStreams<float> in modes xhc, xhc_flash, xhc_flash4 and mhc, through the same calls:
+// ResidualStreams<float> in modes xhc, xhc_flash, xhc_flash4, hc and mhc, through the same
+// calls:
 // forward (body inputs, the mappings of every token, the collapsed state), backward
 // (body-output gradients, the state gradient, every parameter's gradient). Every parameter is
 // random so every path is live (routing, H_pre, the Sinkhorn mixing, H_post, the
 // convolutions and Gram-Schmidt of MLP sublayers; in the flash modes the reads from the
-// group's bases and the sublayers that do not mix; in mhc the full-state maps, Sinkhorn
-// mixing and write-back), and segments start mid-batch so the causal convolutions are cut.
-// Tolerances, relative to each array's largest magnitude: fp32 states 1e-4 (the CPU's
+// group's bases and the sublayers that do not mix; in hc and mhc the full-state maps, mhc's
+// Sinkhorn, the mixing and write-back), and segments start mid-batch so the causal convolutions are
+// cut. Tolerances, relative to each array's largest magnitude: fp32 states 1e-4 (the CPU's
 // arithmetic in another summation order, expf/sqrtf against libm); bf16 states 3e-2 for
 // the forward and 5e-2 for gradients (the state and the saved rows rounded to 8 mantissa
 // bits; the CPU oracle starts from the same rounded state). The Sinkhorn device function is
@@ -43,7 +44,14 @@ void RandomizeParameters(ResidualStreams<float>& cpu, uint64_t seed) {
       scale = 0.3f;
     } else if (last.starts_with("conv")) {
       scale = 0.2f;
+    } else if (last == "s_a" || last == "s_b") {  // hc's tanh gates
+      scale = 0.3f;
+      shift = 0.5f;
+    } else if (last == "b0") {  // hc's B0
+      scale = 0.3f;
+      shift = 1.0f;
     }
+    if (last == "a_r0") shift = 0.25f;  // hc's A_r0: rows summing to about 1
     const std::vector<float> v = RandomVector(p.size, ++s, scale);
     for (int64_t i = 0; i < p.size; ++i) p.value[i] = v[static_cast<size_t>(i)] + shift;
   }
@@ -206,6 +214,16 @@ TEST(GpuXhcTest, MhcMatchesTheCpu) {
                        {3e-2, 5e-2});
 }
 
+TEST(GpuXhcTest, HcMatchesTheCpu) {
+  // N = 4 streams, every sublayer reading, mixing and writing the whole state.
+  CompareWithCpu<float>(Config(64, ResidualConfig::Transformer(2), ResidualMode::kHc), 40, {0, 17},
+                        {1e-4, 1e-4});
+  CompareWithCpu<float>(Config(1536, ResidualConfig::Transformer(1), ResidualMode::kHc), 12, {0, 5},
+                        {1e-4, 1e-4});
+  CompareWithCpu<bf16>(Config(64, ResidualConfig::Transformer(1), ResidualMode::kHc), 40, {0},
+                       {3e-2, 5e-2});
+}
+
 // The forward's bytes per token per sublayer, in units of C fp32 elements, after the
 // sublayers of `blocks` transformer blocks in `mode`.
 double ForwardTraffic(Device* dev, ResidualMode mode, int blocks) {
@@ -279,20 +297,22 @@ TEST(GpuXhcTest, SinkhornMatchesTheCpuProjection) {
 
 // Configuration errors come before any device work, so they are checked without a GPU.
 TEST(GpuXhcTest, UnsupportedConfigurationsAreErrors) {
-  ResidualConfig hc =
-      ResidualConfig::ForMode(ResidualMode::kHc, 64, ResidualConfig::Transformer(1));
-  absl::StatusOr<std::unique_ptr<XhcStreams<float>>> g = XhcStreams<float>::Create(nullptr, hc, 1);
+  // hc and mhc on the GPU: at most 4 streams (the error names model.streams).
+  for (ResidualMode mode : {ResidualMode::kHc, ResidualMode::kMhc}) {
+    ResidualConfig dense = ResidualConfig::ForMode(mode, 64, ResidualConfig::Transformer(1));
+    dense.streams = 8;
+    absl::StatusOr<std::unique_ptr<XhcStreams<float>>> g =
+        XhcStreams<float>::Create(nullptr, dense, 1);
+    ASSERT_FALSE(g.ok());
+    EXPECT_EQ(g.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(g.status().message().find("model.streams"), std::string::npos) << g.status();
+  }
+  // The vanilla stream is the model's own (GpuModel), not XhcStreams'.
+  absl::StatusOr<std::unique_ptr<XhcStreams<float>>> g = XhcStreams<float>::Create(
+      nullptr, ResidualConfig::ForMode(ResidualMode::kVanilla, 64, ResidualConfig::Transformer(1)),
+      1);
   ASSERT_FALSE(g.ok());
   EXPECT_EQ(g.status().code(), absl::StatusCode::kUnimplemented);
-  EXPECT_NE(g.status().message().find("mode hc"), std::string::npos) << g.status();
-  // mhc on the GPU: at most 4 streams (the error names model.streams).
-  ResidualConfig mhc =
-      ResidualConfig::ForMode(ResidualMode::kMhc, 64, ResidualConfig::Transformer(1));
-  mhc.streams = 8;
-  g = XhcStreams<float>::Create(nullptr, mhc, 1);
-  ASSERT_FALSE(g.ok());
-  EXPECT_EQ(g.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(g.status().message().find("model.streams"), std::string::npos) << g.status();
   // A flash group must end in an MLP sublayer (the CPU's Validate, naming the field).
   ResidualConfig flash =
       Config(64, {SublayerKind::kMlp, SublayerKind::kAttention}, ResidualMode::kXhcFlash);
