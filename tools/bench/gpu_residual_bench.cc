@@ -2,22 +2,22 @@
 // kernel timed in the same run, forward and backward, fp32 and bf16 states.
 //
 //   bench_gpu_residual_bench [--tokens 8192] [--widths 1024,4096] [--streams 16] [--active 4]
-//                            [--reps 5] [--dtypes fp32,bf16] [--modes xhc,xhc_flash,mhc]
+//                            [--reps 5] [--dtypes fp32,bf16] [--modes xhc,xhc_flash,mhc,hc]
 //                            [--json]
 //
-// Per mode, state type and width it runs one attention and one MLP sublayer of xhc or mhc (4
-// streams: every sublayer reads, mixes and writes the full state) or one xhc_flash group
-// (attention, then MLP: the MLP reads from the group's bases, only it mixes) (N streams, k
-// active, convolutions 4, 8, 12), random parameters, and times each operation with
-// CUDA events: read (ReadInput: the mapping GEMM, the fused dense read + gather, the active GEMM,
-// the maps), write (WriteOutput: convolutions, Gram-Schmidt, mixing, write-back and scatter),
-// write_bwd and read_bwd (their backward, GEMMs included). Bytes are what the kernels count moving
-// to or from device memory (XhcStreams::traffic); achieved = bytes / median time, against the copy
-// kernel's rate (bytes read + written) over a buffer of the state's size, measured before the
-// operations. The forward's bytes per token are also set against docs/design.md's accounting for
-// xhc (paper: 53 C read + 17 C written for an attention sublayer, 57 + 20 for an MLP one) and
-// xhc_flash (52.5 C per sublayer in the paper's style applied to our schedule; the paper states 51
-// C) and mhc (34 C at N = 4).
+// Per mode, state type and width it runs one attention and one MLP sublayer of xhc, mhc or hc
+// (the last two at 4 streams: every sublayer reads, mixes and writes the full state) or one
+// xhc_flash group (attention, then MLP: the MLP reads from the group's bases, only it mixes) (N
+// streams, k active, convolutions 4, 8, 12), random parameters, and times each operation with CUDA
+// events: read (ReadInput: the mapping GEMM, the fused dense read + gather, the active GEMM, the
+// maps), write (WriteOutput: convolutions, Gram-Schmidt, mixing, write-back and scatter), write_bwd
+// and read_bwd (their backward, GEMMs included). Bytes are what the kernels count moving to or from
+// device memory (XhcStreams::traffic); achieved = bytes / median time, against the copy kernel's
+// rate (bytes read + written) over a buffer of the state's size, measured before the operations.
+// The forward's bytes per token are also set against docs/design.md's accounting for xhc (paper: 53
+// C read + 17 C written for an attention sublayer, 57 + 20 for an MLP one) and xhc_flash (52.5 C
+// per sublayer in the paper's style applied to our schedule; the paper states 51 C) and mhc (34 C
+// at N = 4).
 //
 // JSON: with --json on stdout, and always to $OUT/bench_gpu_residual.json when OUT is set
 // (the device check collects it). Without a usable GPU it prints the cause and exits 1.
@@ -203,7 +203,7 @@ int main(int argc, char** argv) {
   int tokens = 8192, streams = 16, active = 4, reps = 5;
   std::vector<int> widths = {1024, 4096};
   std::string dtypes = "fp32,bf16";
-  std::vector<std::string> modes = {"xhc", "xhc_flash", "mhc"};
+  std::vector<std::string> modes = {"xhc", "xhc_flash", "mhc", "hc"};
   rackrun::bench::BenchStartup bench(
       argc, argv,
       "The xhc stream operations on a GPU against a copy kernel timed in the same run\n"
@@ -215,7 +215,7 @@ int main(int argc, char** argv) {
   flags.Int("--active", &active, "K", "active streams").Range(1, 4);
   flags.Int("--reps", &reps, "R", "repetitions (medians)").Range(1);
   flags.String("--dtypes", &dtypes, "LIST", "state types: fp32, bf16 or both");
-  flags.List("--modes", &modes, "LIST", "residual modes: xhc, xhc_flash, mhc");
+  flags.List("--modes", &modes, "LIST", "residual modes: xhc, xhc_flash, mhc, hc");
   if (std::optional<int> exit = bench.Start()) return *exit;
   if (absl::Status s = cu::GpuAvailable(); !s.ok()) {
     std::fprintf(stderr, "%s: %s\n", bench.program().c_str(), std::string(s.message()).c_str());
@@ -229,16 +229,18 @@ int main(int argc, char** argv) {
   for (const std::string& m : modes) {
     absl::StatusOr<ResidualMode> mode = rackrun::runtime::ParseResidualMode(m);
     if (!mode.ok() || (*mode != ResidualMode::kXhc && *mode != ResidualMode::kXhcFlash &&
-                       *mode != ResidualMode::kMhc)) {
-      return flags.Fail(absl::InvalidArgumentError("--modes: xhc, xhc_flash or mhc, got " + m), 2);
+                       *mode != ResidualMode::kMhc && *mode != ResidualMode::kHc)) {
+      return flags.Fail(absl::InvalidArgumentError("--modes: xhc, xhc_flash, mhc or hc, got " + m),
+                        2);
     }
     parsed.push_back(*mode);
   }
   std::vector<Run> runs;
   for (ResidualMode mode : parsed)
     for (int width : widths) {
-      // mhc runs its paper's 4 streams (the GPU's limit for it).
-      const int n = mode == ResidualMode::kMhc ? cu::xhc::kMhcMaxN : streams;
+      // hc and mhc run their papers' 4 streams (the GPU's limit for them).
+      const int n =
+          mode == ResidualMode::kMhc || mode == ResidualMode::kHc ? cu::xhc::kDenseMaxN : streams;
       std::vector<float> state(static_cast<size_t>(tokens) * n * width);
       FillUniform(state, static_cast<uint64_t>(width));
       for (const std::string dtype : {"fp32", "bf16"}) {
@@ -317,6 +319,7 @@ int main(int argc, char** argv) {
         fwd[1] / unit,
         r.mode == "xhc"   ? "paper 70, 77"
         : r.mode == "mhc" ? "paper 34"
+        : r.mode == "hc"  ? "no paper figure"
                           : "mean 52.5 in the paper's style, 51 in the paper");
   }
   return 0;
