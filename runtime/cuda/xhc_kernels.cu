@@ -971,8 +971,8 @@ __global__ void SumScalarsKernel(int64_t tokens, int stride, int count, const fl
 
 constexpr int kDenseR = kDenseMaxN + kDenseMaxN * kDenseMaxN;  // the write backward's dots
 
-// Thread 0 of DenseRead: the coefficient record from the rows' sums of squares `sq` (hc: per
-// stream; mhc: sq[0] of the whole state) and the projections zt (Rows() x P).
+// Thread 0 of DenseRead: the coefficient record from the streams' sums of squares `sq` (hc:
+// each stream's RMS; mhc: their total, the RMS of vec X) and the projections zt (Rows() x P).
 __device__ void DenseMaps(const DenseLayout& l, const MapParams& p, const float (&sq)[kDenseMaxN],
                           const float* zt, float* cf) {
   const int N = l.N, P = l.P();
