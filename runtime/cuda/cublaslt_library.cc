@@ -15,44 +15,49 @@ constexpr absl::string_view kCublasFix =
     "install CUDA's cuBLAS (or NVIDIA's nvidia-cublas wheel) and put its folder on "
     "LD_LIBRARY_PATH";
 
-absl::StatusOr<CublasLtLibrary> OpenCublasLt() {
-  absl::StatusOr<SharedLibrary> so = SharedLibrary::Open(
-      absl::StrCat("libcublasLt.so.", CUDART_VERSION / 1000), "cuBLASLt", kCublasFix);
+// Opens <stem>.so.<the build's CUDA major> and binds `Lib`'s entry points with `bind`.
+template <typename Lib, typename BindAll>
+absl::StatusOr<Lib> OpenCuda(absl::string_view stem, absl::string_view what, BindAll bind) {
+  absl::StatusOr<SharedLibrary> so =
+      SharedLibrary::Open(absl::StrCat(stem, ".so.", CUDART_VERSION / 1000), what, kCublasFix);
   if (!so.ok()) return so.status();
-  CublasLtLibrary lib;
-  so->Bind(lib.Create, "cublasLtCreate");
-  so->Bind(lib.Destroy, "cublasLtDestroy");
-  so->Bind(lib.GetStatusName, "cublasLtGetStatusName");
-  so->Bind(lib.GetStatusString, "cublasLtGetStatusString");
-  so->Bind(lib.Matmul, "cublasLtMatmul");
-  so->Bind(lib.MatmulAlgoCheck, "cublasLtMatmulAlgoCheck");
-  so->Bind(lib.MatmulAlgoGetHeuristic, "cublasLtMatmulAlgoGetHeuristic");
-  so->Bind(lib.MatmulDescCreate, "cublasLtMatmulDescCreate");
-  so->Bind(lib.MatmulDescDestroy, "cublasLtMatmulDescDestroy");
-  so->Bind(lib.MatmulDescSetAttribute, "cublasLtMatmulDescSetAttribute");
-  so->Bind(lib.MatmulPreferenceCreate, "cublasLtMatmulPreferenceCreate");
-  so->Bind(lib.MatmulPreferenceDestroy, "cublasLtMatmulPreferenceDestroy");
-  so->Bind(lib.MatmulPreferenceSetAttribute, "cublasLtMatmulPreferenceSetAttribute");
-  so->Bind(lib.MatrixLayoutCreate, "cublasLtMatrixLayoutCreate");
-  so->Bind(lib.MatrixLayoutDestroy, "cublasLtMatrixLayoutDestroy");
+  Lib lib;
+  bind(*so, lib);
   if (absl::Status s = so->Check(); !s.ok()) return s;
   return lib;
 }
 
+absl::StatusOr<CublasLtLibrary> OpenCublasLt() {
+  return OpenCuda<CublasLtLibrary>(
+      "libcublasLt", "cuBLASLt", [](SharedLibrary& so, CublasLtLibrary& lib) {
+        so.Bind(lib.Create, "cublasLtCreate");
+        so.Bind(lib.Destroy, "cublasLtDestroy");
+        so.Bind(lib.GetStatusName, "cublasLtGetStatusName");
+        so.Bind(lib.GetStatusString, "cublasLtGetStatusString");
+        so.Bind(lib.Matmul, "cublasLtMatmul");
+        so.Bind(lib.MatmulAlgoCheck, "cublasLtMatmulAlgoCheck");
+        so.Bind(lib.MatmulAlgoGetHeuristic, "cublasLtMatmulAlgoGetHeuristic");
+        so.Bind(lib.MatmulDescCreate, "cublasLtMatmulDescCreate");
+        so.Bind(lib.MatmulDescDestroy, "cublasLtMatmulDescDestroy");
+        so.Bind(lib.MatmulDescSetAttribute, "cublasLtMatmulDescSetAttribute");
+        so.Bind(lib.MatmulPreferenceCreate, "cublasLtMatmulPreferenceCreate");
+        so.Bind(lib.MatmulPreferenceDestroy, "cublasLtMatmulPreferenceDestroy");
+        so.Bind(lib.MatmulPreferenceSetAttribute, "cublasLtMatmulPreferenceSetAttribute");
+        so.Bind(lib.MatrixLayoutCreate, "cublasLtMatrixLayoutCreate");
+        so.Bind(lib.MatrixLayoutDestroy, "cublasLtMatrixLayoutDestroy");
+      });
+}
+
 absl::StatusOr<CublasLibrary> OpenCublas() {
-  absl::StatusOr<SharedLibrary> so = SharedLibrary::Open(
-      absl::StrCat("libcublas.so.", CUDART_VERSION / 1000), "cuBLAS", kCublasFix);
-  if (!so.ok()) return so.status();
-  CublasLibrary lib;
-  so->Bind(lib.Create, "cublasCreate_v2");
-  so->Bind(lib.Destroy, "cublasDestroy_v2");
-  so->Bind(lib.SetStream, "cublasSetStream_v2");
-  so->Bind(lib.SetWorkspace, "cublasSetWorkspace_v2");
-  so->Bind(lib.GetStatusName, "cublasGetStatusName");
-  so->Bind(lib.GetStatusString, "cublasGetStatusString");
-  so->Bind(lib.GemmGroupedBatchedEx, "cublasGemmGroupedBatchedEx");
-  if (absl::Status s = so->Check(); !s.ok()) return s;
-  return lib;
+  return OpenCuda<CublasLibrary>("libcublas", "cuBLAS", [](SharedLibrary& so, CublasLibrary& lib) {
+    so.Bind(lib.Create, "cublasCreate_v2");
+    so.Bind(lib.Destroy, "cublasDestroy_v2");
+    so.Bind(lib.SetStream, "cublasSetStream_v2");
+    so.Bind(lib.SetWorkspace, "cublasSetWorkspace_v2");
+    so.Bind(lib.GetStatusName, "cublasGetStatusName");
+    so.Bind(lib.GetStatusString, "cublasGetStatusString");
+    so.Bind(lib.GemmGroupedBatchedEx, "cublasGemmGroupedBatchedEx");
+  });
 }
 
 }  // namespace
