@@ -2,6 +2,7 @@
 
 #include <cstdint>
 
+#include "absl/strings/str_cat.h"
 #include "runtime/cuda/kernels.h"
 
 namespace rackrun::runtime::cuda {
@@ -155,6 +156,21 @@ absl::Status MatMul::ExpertsLinearBackward(int in, int out, const float* x, cons
   dx_gemm.b = {w, 0, w_size};
   dx_gemm.c = {dx, in, 0};
   return RunExperts(dx_gemm, batches, path);
+}
+
+absl::Status NormThenLinear(MatMul& matmul, PhaseClock* clock, int64_t tokens, int c, int n,
+                            const float* u, const float* norm, float* xn, float* inv_rms,
+                            const float* w, float* y, absl::string_view layer) {
+  MarkPhase(clock, Phase::kOther);
+  if (absl::Status s = CudaCheck(
+          kernels::RmsNormForward(tokens, c, u, norm, xn, inv_rms, matmul.device()->stream()),
+          absl::StrCat(layer, ": norm"));
+      !s.ok()) {
+    return s;
+  }
+  MarkPhase(clock, Phase::kGemm);
+  const int t = static_cast<int>(tokens);
+  return matmul.Run({.m = t, .n = n, .k = c, .lda = c, .ldb = n, .ldc = n}, 1.0f, xn, w, 0.0f, y);
 }
 
 }  // namespace rackrun::runtime::cuda

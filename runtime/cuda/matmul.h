@@ -31,10 +31,12 @@
 #include <span>
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "runtime/cuda/device.h"
 #include "runtime/cuda/expert_permutation.h"
 #include "runtime/cuda/gemm.h"
 #include "runtime/cuda/grouped_gemm.h"
+#include "runtime/cuda/phase_clock.h"
 
 namespace rackrun::runtime::cuda {
 
@@ -44,6 +46,7 @@ class MatMul {
   ~MatMul();
 
   GemmPrecision precision() const { return precision_; }
+  Device* device() const { return device_; }
   // C = alpha op(A) op(B) + beta C (gemm.h's convention); errors as Gemm::Run's.
   absl::Status Run(const GemmShape& shape, float alpha, const float* a, const float* b, float beta,
                    float* c, bool rows_vary = false);
@@ -77,6 +80,13 @@ class MatMul {
   DeviceTensor<bf16> a16_, b16_;
   std::unique_ptr<GroupedGemm> grouped_;  // created by the first grouped call
 };
+
+// The layers' opening (attention, MoE): xn = RMSNorm(u) with gain `norm` (inv_rms kept for the
+// backward; phase `other` on `clock`), then y [tokens x n] = xn W [c x n] (phase `gemm`).
+// A kernel error is named "<layer>: norm".
+absl::Status NormThenLinear(MatMul& matmul, PhaseClock* clock, int64_t tokens, int c, int n,
+                            const float* u, const float* norm, float* xn, float* inv_rms,
+                            const float* w, float* y, absl::string_view layer);
 
 }  // namespace rackrun::runtime::cuda
 

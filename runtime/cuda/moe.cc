@@ -204,7 +204,6 @@ absl::Status GpuMoe::Forward(const float* u, int64_t tokens, float* out) {
   const int c = config_.width, ne = config_.experts, k = config_.top_k;
   const int f = config_.expert_hidden;
   const int64_t slots = tokens * k;
-  const int t = static_cast<int>(tokens);
   for (absl::Status s :
        {xn_.Resize({tokens, c}), inv_rms_.Resize({tokens}), scores_.Resize({tokens, ne}),
         weights_.Resize({tokens, k}), selected_.Resize({tokens, k}), counts_d_.Resize({ne}),
@@ -216,15 +215,9 @@ absl::Status GpuMoe::Forward(const float* u, int64_t tokens, float* out) {
     if (!s.ok()) return s;
   }
   cudaStream_t st = device_->stream();
-  MarkPhase(clock_, Phase::kOther);
-  if (absl::Status s = Check(
-          kernels::RmsNormForward(tokens, c, u, w_.norm, xn_.data(), inv_rms_.data(), st), "norm");
-      !s.ok()) {
-    return s;
-  }
-  MarkPhase(clock_, Phase::kGemm);
-  if (absl::Status s = matmul_->Run({.m = t, .n = ne, .k = c, .lda = c, .ldb = ne, .ldc = ne}, 1.0f,
-                                    xn_.data(), w_.router, 0.0f, scores_.data());
+  if (absl::Status s =
+          NormThenLinear(*matmul_, clock_, tokens, c, ne, u, w_.norm, xn_.data(), inv_rms_.data(),
+                         w_.router, scores_.data(), absl::StrCat(name_, " (GPU MoE)"));
       !s.ok()) {
     return s;
   }
