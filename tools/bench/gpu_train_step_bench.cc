@@ -446,7 +446,10 @@ int main(int argc, char** argv) {
       for (const std::string& precision : precisions) {
         if (host == nullptr) {
           skipped.precision = precision;
-          progress(skipped);
+          for (const std::string& path : o.expert_gemm) {
+            skipped.expert_gemm = path;
+            progress(skipped);
+          }
         } else {
           for (const std::string& path : o.expert_gemm)
             progress(RunOurs(o, shape, mode, precision, path, *host));
