@@ -4,8 +4,8 @@
 //
 //   bench_gpu_train_step_bench [--configs demo,c1024] [--residual vanilla,hc,mhc,xhc,...]
 //                              [--precision fp32,tf32,bf16] [--expert-gemm per_expert,grouped]
-//                              [--steps 10] [--warmup 3] [--no-torch] [--python python3]
-//                              [--json]
+//                              [--steps 10] [--warmup 3] [--no-torch] [--torch-compile]
+//                              [--python python3] [--json]
 //
 // One step is what the trainer does on the engine (runtime/trainer.cc, Trainer::Step): ZeroGrad,
 // ForwardBackward of one microbatch (batch x seq random byte tokens), GradNorm (clip 1.0) and
@@ -28,6 +28,10 @@
 // otherwise the cause is printed and rackrun's figures stand alone. The default interpreter is
 // `python3` from PATH: on the GPU machine that is the Python whose NVIDIA wheels
 // tools/gpu-check loads the CUDA libraries from. Its peak is torch.cuda.max_memory_allocated.
+// --torch-compile adds PyTorch under torch.compile (rows `pytorch-compile`, PyTorch >= 2.0;
+// compilation happens in the warm-up steps, so it lengthens the run by the compile time: off
+// by default, and tools/gpu-check leaves it off); c1024's targets then add the issue's ratios
+// to this run's torch.compile figures (xhc >= 1.5x, vanilla >= 1.2x).
 //
 // Targets (issue 35; c1024: xhc >= 80k tokens/s, vanilla >= 83k, xhc's step <= 1.15x
 // vanilla's, xhc's peak <= 0.5 x 37.4 GiB; demo: each mode above PyTorch eager) are pass / miss
@@ -92,6 +96,7 @@ struct Options {
   int steps = 10;
   int warmup = 3;
   bool torch = true;
+  bool torch_compile = false;
   std::string python = "python3";
 };
 
@@ -182,11 +187,11 @@ Row RunOurs(const Options& o, const bench::TrainStepShape& shape, const std::str
 }
 
 Row RunTorch(const Options& o, const bench::TrainStepShape& shape, const std::string& residual,
-             const std::string& precision) {
+             const std::string& precision, bool compile) {
   Row row;
   row.config = shape.name;
   row.precision = precision;
-  row.impl = "pytorch";
+  row.impl = compile ? "pytorch-compile" : "pytorch";
   row.residual = residual;
   bench::TorchOptions torch;
   torch.python = o.python;
@@ -194,6 +199,7 @@ Row RunTorch(const Options& o, const bench::TrainStepShape& shape, const std::st
   torch.precision = precision;
   torch.steps = o.steps;
   torch.warmup = o.warmup;
+  torch.compile = compile;
   absl::StatusOr<bench::TorchResult> r = bench::RunTorchReference(torch, shape, residual);
   if (!r.ok()) {
     row.note = std::string(r.status().message());
@@ -205,7 +211,7 @@ Row RunTorch(const Options& o, const bench::TrainStepShape& shape, const std::st
   row.first_loss = r->first_loss;
   row.parameters = r->parameters;
   row.peak_bytes = r->peak_memory_bytes;
-  row.note = "torch " + r->torch_version + " eager";
+  row.note = "torch " + r->torch_version + (compile ? " torch.compile" : " eager");
   return row;
 }
 
@@ -219,9 +225,11 @@ const Row* Find(const std::vector<Row>& rows, const Row& like, const std::string
   return nullptr;
 }
 
-// rackrun's tokens/s over PyTorch's for the same case, when both ran.
-std::optional<double> VsTorch(const std::vector<Row>& rows, const Row& r) {
-  const Row* torch = r.impl == "rackrun" && r.measured ? Find(rows, r, "pytorch") : nullptr;
+// rackrun's tokens/s over PyTorch's (`impl`: pytorch = eager, pytorch-compile) for the same
+// case, when both ran.
+std::optional<double> VsTorch(const std::vector<Row>& rows, const Row& r,
+                              const std::string& impl = "pytorch") {
+  const Row* torch = r.impl == "rackrun" && r.measured ? Find(rows, r, impl) : nullptr;
   if (torch == nullptr || torch->tokens_per_s <= 0) return std::nullopt;
   return r.tokens_per_s / torch->tokens_per_s;
 }
@@ -256,6 +264,8 @@ std::vector<TargetRow> Targets(const Options& o, const std::vector<Row>& rows) {
       }
       if (const Row* torch = Find(rows, like, "pytorch"))
         f.torch_tokens_per_s = torch->tokens_per_s;
+      if (const Row* compiled = Find(rows, like, "pytorch-compile"))
+        f.torch_compile_tokens_per_s = compiled->tokens_per_s;
       figures.push_back(f);
     }
     for (bench::TargetCheck& c : bench::CheckTargets(config, o.residual, figures))
@@ -279,6 +289,7 @@ nlohmann::json Json(const Options& o, const std::string& gpu, const absl::Status
       phases[DeviceStepStats::phase_names[static_cast<size_t>(p)]] =
           r.phase_ms[static_cast<size_t>(p)];
     const std::optional<double> vs = VsTorch(rows, r);
+    const std::optional<double> vs_compile = VsTorch(rows, r, "pytorch-compile");
     j["runs"].push_back({{"config", r.config},
                          {"precision", r.precision},
                          {"impl", r.impl},
@@ -292,6 +303,8 @@ nlohmann::json Json(const Options& o, const std::string& gpu, const absl::Status
                          {"first_loss", r.first_loss},
                          {"parameters", r.parameters},
                          {"vs_torch", vs.has_value() ? nlohmann::json(*vs) : nlohmann::json()},
+                         {"vs_torch_compile",
+                          vs_compile.has_value() ? nlohmann::json(*vs_compile) : nlohmann::json()},
                          {"note", r.note}});
   }
   j["targets"] = nlohmann::json::array();
@@ -317,7 +330,7 @@ void PrintTables(const Options& o, const std::vector<Row>& rows) {
   using bench::Fixed;
   bench::Table table({{"config", 6, true},
                       {"prec", 4, true},
-                      {"impl", 7, true},
+                      {"impl", 15, true},
                       {"residual", 10, true},
                       {"moe gemm", 10, true},
                       {"tokens/s", 9},
@@ -330,11 +343,12 @@ void PrintTables(const Options& o, const std::vector<Row>& rows) {
                       {"other", 7},
                       {"peak GiB", 8},
                       {"vs torch", 8},
+                      {"vs compile", 10},
                       {"note", 0, true, 2}});
   for (const Row& r : rows) {
     if (!r.measured) {
       table.AddRow({r.config, r.precision, r.impl, r.residual, r.expert_gemm, "-", "-", "-", "-",
-                    "-", "-", "-", "-", "-", "-", r.note});
+                    "-", "-", "-", "-", "-", "-", "-", r.note});
       continue;
     }
     const bool ours = r.impl == "rackrun";
@@ -342,16 +356,21 @@ void PrintTables(const Options& o, const std::vector<Row>& rows) {
       return ours ? Fixed(r.phase_ms[static_cast<size_t>(p)], 1) : "-";
     };
     const std::optional<double> vs = VsTorch(rows, r);
+    const std::optional<double> vs_compile = VsTorch(rows, r, "pytorch-compile");
+    const auto ratio = [](const std::optional<double>& x) {
+      return x.has_value() ? Fixed(*x, 2) + "x" : "-";
+    };
     table.AddRow({r.config, r.precision, r.impl, r.residual, ours ? r.expert_gemm : "-",
                   Fixed(r.tokens_per_s, 0), Fixed(1e3 * r.step_s, 1), phase(0), phase(1), phase(2),
                   phase(3), phase(4), phase(5),
-                  Fixed(static_cast<double>(r.peak_bytes) / (int64_t{1} << 30), 2),
-                  vs.has_value() ? Fixed(*vs, 2) + "x" : "-", r.note});
+                  Fixed(static_cast<double>(r.peak_bytes) / (int64_t{1} << 30), 2), ratio(vs),
+                  ratio(vs_compile), r.note});
   }
   std::printf("%s", table.ToString().c_str());
   std::printf(
       "(split: device ms per phase, medians; peak: the caching allocator's bytes in use, "
-      "PyTorch's max_memory_allocated; vs torch: tokens/s over PyTorch's)\n");
+      "PyTorch's max_memory_allocated; vs torch / vs compile: tokens/s over PyTorch eager's / "
+      "torch.compile's)\n");
   const std::vector<TargetRow> targets = Targets(o, rows);
   if (targets.empty()) return;
   bench::Table t({{"config", 6, true},
@@ -384,6 +403,8 @@ int main(int argc, char** argv) {
   flags.Int("--steps", &o.steps, "N", "timed steps (medians)").Range(1);
   flags.Int("--warmup", &o.warmup, "W", "untimed steps first").Range(0);
   flags.Switch("--no-torch", "skip the PyTorch reference", [&o] { o.torch = false; });
+  flags.Switch("--torch-compile", "also PyTorch under torch.compile (PyTorch >= 2.0)",
+               [&o] { o.torch_compile = true; });
   flags.String("--python", &o.python, "PATH", "the interpreter with torch for the reference");
   if (std::optional<int> exit = startup.Start()) return *exit;
   std::vector<bench::TrainStepShape> shapes;
@@ -454,7 +475,9 @@ int main(int argc, char** argv) {
           for (const std::string& path : o.expert_gemm)
             progress(RunOurs(o, shape, mode, precision, path, *host));
         }
-        if (torch.ok() && bench::TorchHasMode(mode)) progress(RunTorch(o, shape, mode, precision));
+        if (!torch.ok() || !bench::TorchHasMode(mode)) continue;
+        progress(RunTorch(o, shape, mode, precision, /*compile=*/false));
+        if (o.torch_compile) progress(RunTorch(o, shape, mode, precision, /*compile=*/true));
       }
     }
   }
