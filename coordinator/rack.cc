@@ -118,7 +118,7 @@ absl::StatusOr<rackrun::v1::ReportResponse> Rack::Report(const rackrun::v1::Repo
 void Rack::StartJobs() {
   Unplaced unplaced;
   const std::vector<Placement> placements =
-      Schedule(jobs_.Queue(), workers_.Idle(), clock_(), &unplaced);
+      Schedule(jobs_.Queue(), workers_.Idle(), clock_(), &unplaced, workers_.BusyGpuWorkers());
   if (!unplaced.job_id.empty()) jobs_.NoteUnplaced(unplaced.job_id, unplaced.reason);
   for (const Placement& p : placements) {
     std::vector<rackrun::v1::RankPlacement> ranks;

@@ -34,15 +34,17 @@ bool NeedsGpu(const rackrun::v1::JobSpec& spec) {
 namespace {
 
 // Why a GPU job waits: `need` workers with a GPU offering `channel`; `idle` idle workers
-// offer the channel, `gpus` of them with a GPU.
+// offer the channel, `gpus` of them with a GPU; `busy` GPU workers run other jobs.
 std::string NoGpuReason(const rackrun::v1::JobSpec& spec, int need, const std::string& channel,
-                        int idle, int gpus) {
-  return absl::StrCat("not placed: resources.device: ", spec.resources().device(), " needs ", need,
-                      " idle worker", need == 1 ? "" : "s", " with a GPU offering channel ",
-                      channel, "; idle now: ", idle, " worker", idle == 1 ? "" : "s", ", ",
-                      gpus == 0 ? "none" : absl::StrCat(gpus),
-                      " with a GPU (start rackrun-worker --device cuda:N on a GPU machine, or use "
-                      "resources.device: cpu)");
+                        int idle, int gpus, int busy) {
+  return absl::StrCat(
+      "not placed: resources.device: ", spec.resources().device(), " needs ", need, " idle worker",
+      need == 1 ? "" : "s", " with a GPU offering channel ", channel, "; idle now: ", idle,
+      " worker", idle == 1 ? "" : "s", ", ", gpus == 0 ? "none" : absl::StrCat(gpus), " with a GPU",
+      busy == 0 ? " ("
+                : absl::StrCat("; busy now: ", busy,
+                               " with a GPU (it starts when enough of them are idle, or "),
+      "start rackrun-worker --device cuda:N on a GPU machine, or use resources.device: cpu)");
 }
 
 std::string LabelName(const std::string& rack) { return rack.empty() ? "(unlabeled)" : rack; }
@@ -114,7 +116,7 @@ bool PlaceDomains(Groups groups, int domains, size_t g, std::vector<size_t>* ran
 }  // namespace
 
 std::vector<Placement> Schedule(const std::vector<QueuedJob>& queue, std::vector<IdleWorker> idle,
-                                int64_t now_ms, Unplaced* unplaced) {
+                                int64_t now_ms, Unplaced* unplaced, int busy_gpu_workers) {
   if (unplaced != nullptr) *unplaced = Unplaced();
   std::sort(idle.begin(), idle.end(), [](const IdleWorker& a, const IdleWorker& b) {
     return std::tie(a.host, a.launcher_rank, a.worker_id) <
@@ -141,7 +143,8 @@ std::vector<Placement> Schedule(const std::vector<QueuedJob>& queue, std::vector
     std::vector<size_t> taken;
     if (!PlaceDomains(std::move(groups), need / g, static_cast<size_t>(g), &taken, &p.note)) {
       if (gpu && unplaced != nullptr) {
-        *unplaced = {job.job_id, NoGpuReason(job.spec, need, channel, offering, candidates)};
+        *unplaced = {job.job_id,
+                     NoGpuReason(job.spec, need, channel, offering, candidates, busy_gpu_workers)};
       }
       break;
     }

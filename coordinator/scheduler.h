@@ -67,9 +67,11 @@ struct Unplaced {
 
 // The jobs of `queue` (FIFO order) that start now at `now_ms`, each on distinct workers.
 // `unplaced` (optional) gets the job that holds the queue for want of GPU workers, or is
-// cleared.
+// cleared; its reason counts `busy_gpu_workers` (GPU workers running other jobs: the job
+// may only be waiting for them) when there are any.
 std::vector<Placement> Schedule(const std::vector<QueuedJob>& queue, std::vector<IdleWorker> idle,
-                                int64_t now_ms, Unplaced* unplaced = nullptr);
+                                int64_t now_ms, Unplaced* unplaced = nullptr,
+                                int busy_gpu_workers = 0);
 
 }  // namespace rackrun::coordinator
 

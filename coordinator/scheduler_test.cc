@@ -114,6 +114,13 @@ TEST(SchedulerTest, ACudaJobWithoutGpuWorkersIsNotPlacedAndSaysWhy) {
       << unplaced.reason;
   EXPECT_NE(unplaced.reason.find("idle now: 3 workers, 1 with a GPU"), std::string::npos)
       << unplaced.reason;
+  // GPU workers running other jobs: counted, and the job may just be waiting for them.
+  EXPECT_TRUE(Schedule({OnDevice("j-7", 1, "cuda")}, cpus, 0, &unplaced, 2).empty());
+  EXPECT_EQ(unplaced.reason,
+            "not placed: resources.device: cuda needs 1 idle worker with a GPU offering channel "
+            "ucx; idle now: 2 workers, none with a GPU; busy now: 2 with a GPU (it starts when "
+            "enough of them are idle, or start rackrun-worker --device cuda:N on a GPU machine, "
+            "or use resources.device: cpu)");
   // A cpu job that waits for workers is no device matter: nothing to say.
   EXPECT_TRUE(Schedule({OnDevice("j-6", 4, "cpu")}, mixed, 0, &unplaced).empty());
   EXPECT_TRUE(unplaced.job_id.empty()) << unplaced.reason;

@@ -203,6 +203,14 @@ std::vector<IdleWorker> Workers::Idle() const {
   return out;
 }
 
+int Workers::BusyGpuWorkers() const {
+  Lock lock(mu_);
+  int busy = 0;
+  for (const auto& [id, w] : workers_)
+    if (w.w.state() == rackrun::v1::BUSY && w.w.has_gpu()) ++busy;
+  return busy;
+}
+
 absl::StatusOr<rackrun::v1::RankPlacement> Workers::Placement(const std::string& worker_id) const {
   Lock lock(mu_);
   auto it = workers_.find(worker_id);

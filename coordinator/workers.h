@@ -100,6 +100,9 @@ class Workers {
   // Registered, IDLE workers with an open stream that are not still stopping an ended
   // attempt (see Register).
   std::vector<IdleWorker> Idle() const;
+  // Workers with a GPU that run a job now (BUSY): a cuda job that finds no idle GPU worker
+  // may be waiting for one of these (scheduler.h's Unplaced says so).
+  int BusyGpuWorkers() const;
 
   // Placement details of a worker (for RankPlacement); NotFound when unknown.
   absl::StatusOr<rackrun::v1::RankPlacement> Placement(const std::string& worker_id) const;

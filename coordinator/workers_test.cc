@@ -423,6 +423,29 @@ TEST_F(WorkersTest, AssignmentsFlowAndIdleNeedsAStream) {
   EXPECT_TRUE(workers_.Idle().empty());
 }
 
+// Workers with a GPU that run a job are counted as busy GPU workers (the scheduler's "not
+// placed" reason names them); idle ones, CPU workers and ended ones are not.
+TEST_F(WorkersTest, BusyGpuWorkersCountsOnlyGpuWorkersRunningAJob) {
+  std::vector<std::string> ids;
+  for (int i = 0; i < 4; ++i) {
+    rackrun::v1::RegisterRequest req;
+    req.set_host("h" + std::to_string(i));
+    req.add_channels("ucx");
+    if (i != 3) req.mutable_gpu()->set_name("NVIDIA H200");
+    ids.push_back(*workers_.Register(req));
+    ASSERT_TRUE(workers_.OpenStream(ids.back()).ok());
+  }
+  EXPECT_EQ(workers_.BusyGpuWorkers(), 0);  // all idle
+  workers_.SetBusy(ids[0], "j-1", 1, 0);
+  workers_.SetBusy(ids[1], "j-1", 1, 1);
+  workers_.SetBusy(ids[3], "j-1", 1, 2);  // no GPU
+  EXPECT_EQ(workers_.BusyGpuWorkers(), 2);
+  workers_.SetIdle(ids[1], "j-1");
+  EXPECT_EQ(workers_.BusyGpuWorkers(), 1);
+  ASSERT_TRUE(workers_.Deregister(ids[0]).ok());
+  EXPECT_EQ(workers_.BusyGpuWorkers(), 0);
+}
+
 // A worker cut off by a partition re-registers still running its attempt, which ended
 // meanwhile (restarted elsewhere): it is IDLE but not placeable until a heartbeat says it
 // stopped; one that is re-attached (SetBusy) is busy at once.

@@ -86,15 +86,9 @@ absl::Status GpuAttention::Forward(const float* u, int batch, int seq, const int
     if (!s.ok()) return s;
   }
   cudaStream_t st = device_->stream();
-  MarkPhase(clock_, Phase::kOther);
-  if (absl::Status s = Check(
-          kernels::RmsNormForward(tokens, c, u, w_.norm, xn_.data(), inv_rms_.data(), st), "norm");
-      !s.ok()) {
-    return s;
-  }
-  MarkPhase(clock_, Phase::kGemm);
-  if (absl::Status s = matmul_->Run({.m = t, .n = c3, .k = c, .lda = c, .ldb = c3, .ldc = c3}, 1.0f,
-                                    xn_.data(), w_.wqkv, 0.0f, qkv_.data());
+  if (absl::Status s =
+          NormThenLinear(*matmul_, clock_, tokens, c, c3, u, w_.norm, xn_.data(), inv_rms_.data(),
+                         w_.wqkv, qkv_.data(), absl::StrCat(name_, " (GPU attention)"));
       !s.ok()) {
     return s;
   }

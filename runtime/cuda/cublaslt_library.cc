@@ -4,58 +4,99 @@
 #include <dlfcn.h>
 
 #include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 
 namespace rackrun::runtime::cuda {
 namespace {
 
-absl::StatusOr<CublasLtLibrary> Open() {
-  const std::string name = absl::StrCat("libcublasLt.so.", CUDART_VERSION / 1000);
-  void* handle = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL);
-  if (handle == nullptr) {
-    const char* why = dlerror();
-    return absl::FailedPreconditionError(absl::StrCat(
-        "cuBLASLt: cannot load ", name, " (", why != nullptr ? why : "not found",
-        "); install CUDA's cuBLAS (or NVIDIA's nvidia-cublas wheel) and put its folder on "
-        "LD_LIBRARY_PATH"));
-  }
-  CublasLtLibrary lib;
-  std::string missing;
-  const auto symbol = [&](auto& fn, const char* symbol_name) {
-    fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(handle, symbol_name));
-    if (fn == nullptr && missing.empty()) missing = symbol_name;
-  };
-  symbol(lib.Create, "cublasLtCreate");
-  symbol(lib.Destroy, "cublasLtDestroy");
-  symbol(lib.GetStatusName, "cublasLtGetStatusName");
-  symbol(lib.GetStatusString, "cublasLtGetStatusString");
-  symbol(lib.Matmul, "cublasLtMatmul");
-  symbol(lib.MatmulAlgoCheck, "cublasLtMatmulAlgoCheck");
-  symbol(lib.MatmulAlgoGetHeuristic, "cublasLtMatmulAlgoGetHeuristic");
-  symbol(lib.MatmulDescCreate, "cublasLtMatmulDescCreate");
-  symbol(lib.MatmulDescDestroy, "cublasLtMatmulDescDestroy");
-  symbol(lib.MatmulDescSetAttribute, "cublasLtMatmulDescSetAttribute");
-  symbol(lib.MatmulPreferenceCreate, "cublasLtMatmulPreferenceCreate");
-  symbol(lib.MatmulPreferenceDestroy, "cublasLtMatmulPreferenceDestroy");
-  symbol(lib.MatmulPreferenceSetAttribute, "cublasLtMatmulPreferenceSetAttribute");
-  symbol(lib.MatrixLayoutCreate, "cublasLtMatrixLayoutCreate");
-  symbol(lib.MatrixLayoutDestroy, "cublasLtMatrixLayoutDestroy");
-  if (!missing.empty()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("cuBLASLt: ", name, " has no ", missing, "; it is not the build's cuBLAS"));
-  }
+constexpr absl::string_view kCublasFix =
+    "install CUDA's cuBLAS (or NVIDIA's nvidia-cublas wheel) and put its folder on "
+    "LD_LIBRARY_PATH";
+
+// Opens <stem>.so.<the build's CUDA major> and binds `Lib`'s entry points with `bind`.
+template <typename Lib, typename BindAll>
+absl::StatusOr<Lib> OpenCuda(absl::string_view stem, absl::string_view what, BindAll bind) {
+  absl::StatusOr<SharedLibrary> so =
+      SharedLibrary::Open(absl::StrCat(stem, ".so.", CUDART_VERSION / 1000), what, kCublasFix);
+  if (!so.ok()) return so.status();
+  Lib lib;
+  bind(*so, lib);
+  if (absl::Status s = so->Check(); !s.ok()) return s;
   return lib;
+}
+
+absl::StatusOr<CublasLtLibrary> OpenCublasLt() {
+  return OpenCuda<CublasLtLibrary>(
+      "libcublasLt", "cuBLASLt", [](SharedLibrary& so, CublasLtLibrary& lib) {
+        so.Bind(lib.Create, "cublasLtCreate");
+        so.Bind(lib.Destroy, "cublasLtDestroy");
+        so.Bind(lib.GetStatusName, "cublasLtGetStatusName");
+        so.Bind(lib.GetStatusString, "cublasLtGetStatusString");
+        so.Bind(lib.Matmul, "cublasLtMatmul");
+        so.Bind(lib.MatmulAlgoCheck, "cublasLtMatmulAlgoCheck");
+        so.Bind(lib.MatmulAlgoGetHeuristic, "cublasLtMatmulAlgoGetHeuristic");
+        so.Bind(lib.MatmulDescCreate, "cublasLtMatmulDescCreate");
+        so.Bind(lib.MatmulDescDestroy, "cublasLtMatmulDescDestroy");
+        so.Bind(lib.MatmulDescSetAttribute, "cublasLtMatmulDescSetAttribute");
+        so.Bind(lib.MatmulPreferenceCreate, "cublasLtMatmulPreferenceCreate");
+        so.Bind(lib.MatmulPreferenceDestroy, "cublasLtMatmulPreferenceDestroy");
+        so.Bind(lib.MatmulPreferenceSetAttribute, "cublasLtMatmulPreferenceSetAttribute");
+        so.Bind(lib.MatrixLayoutCreate, "cublasLtMatrixLayoutCreate");
+        so.Bind(lib.MatrixLayoutDestroy, "cublasLtMatrixLayoutDestroy");
+      });
+}
+
+absl::StatusOr<CublasLibrary> OpenCublas() {
+  return OpenCuda<CublasLibrary>("libcublas", "cuBLAS", [](SharedLibrary& so, CublasLibrary& lib) {
+    so.Bind(lib.Create, "cublasCreate_v2");
+    so.Bind(lib.Destroy, "cublasDestroy_v2");
+    so.Bind(lib.SetStream, "cublasSetStream_v2");
+    so.Bind(lib.SetWorkspace, "cublasSetWorkspace_v2");
+    so.Bind(lib.GetStatusName, "cublasGetStatusName");
+    so.Bind(lib.GetStatusString, "cublasGetStatusString");
+    so.Bind(lib.GemmGroupedBatchedEx, "cublasGemmGroupedBatchedEx");
+  });
 }
 
 }  // namespace
 
+absl::StatusOr<SharedLibrary> SharedLibrary::Open(const std::string& file, absl::string_view what,
+                                                  absl::string_view fix) {
+  void* handle = dlopen(file.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (handle == nullptr) {
+    const char* why = dlerror();
+    return absl::FailedPreconditionError(absl::StrCat(
+        what, ": cannot load ", file, " (", why != nullptr ? why : "not found", "); ", fix));
+  }
+  return SharedLibrary(handle, file, std::string(what));
+}
+
+void* SharedLibrary::Find(const char* symbol) {
+  void* p = dlsym(handle_, symbol);
+  if (p == nullptr && missing_.empty()) missing_ = symbol;
+  return p;
+}
+
+absl::Status SharedLibrary::Check() const {
+  if (missing_.empty()) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      absl::StrCat(what_, ": ", file_, " has no ", missing_, "; it is not the build's ", what_));
+}
+
 absl::StatusOr<const CublasLtLibrary*> LoadCublasLt() {
-  static const absl::StatusOr<CublasLtLibrary> lib = Open();  // once, thread-safe
+  static const absl::StatusOr<CublasLtLibrary> lib = OpenCublasLt();  // once, thread-safe
   if (!lib.ok()) return lib.status();
   return &*lib;
 }
 
 const CublasLtLibrary& CublasLt() { return **LoadCublasLt(); }
+
+absl::StatusOr<const CublasLibrary*> LoadCublas() {
+  static const absl::StatusOr<CublasLibrary> lib = OpenCublas();  // once, thread-safe
+  if (!lib.ok()) return lib.status();
+  return &*lib;
+}
 
 }  // namespace rackrun::runtime::cuda

@@ -2,6 +2,7 @@
 
 #include <cublasLt.h>
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -134,6 +135,40 @@ absl::StatusOr<float> Event::ElapsedMs(const Event& start) const {
   }
   return ms;
 }
+
+// ---- PinnedBuffer
+
+template <typename T>
+absl::StatusOr<PinnedBuffer<T>> PinnedBuffer<T>::Allocate(int64_t size, absl::string_view what) {
+  void* p = nullptr;
+  const size_t bytes = static_cast<size_t>(std::max<int64_t>(size, 1)) * sizeof(T);
+  if (absl::Status st = CudaCheck(cudaHostAlloc(&p, bytes, cudaHostAllocDefault),
+                                  absl::StrCat("cudaHostAlloc (", what, ", ", bytes, " bytes)"));
+      !st.ok()) {
+    return st;
+  }
+  return PinnedBuffer(static_cast<T*>(p), size);
+}
+
+template <typename T>
+PinnedBuffer<T>& PinnedBuffer<T>::operator=(PinnedBuffer&& o) noexcept {
+  if (this != &o) {
+    Free();
+    p_ = std::exchange(o.p_, nullptr);
+    size_ = std::exchange(o.size_, 0);
+  }
+  return *this;
+}
+
+template <typename T>
+void PinnedBuffer<T>::Free() {
+  if (p_ != nullptr) (void)cudaFreeHost(p_);
+  p_ = nullptr;
+  size_ = 0;
+}
+
+template class PinnedBuffer<int32_t>;
+template class PinnedBuffer<double>;
 
 // ---- Device
 

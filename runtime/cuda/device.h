@@ -26,6 +26,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -94,6 +95,32 @@ class Event {
  private:
   explicit Event(cudaEvent_t e) : e_(e) {}
   cudaEvent_t e_ = nullptr;
+};
+
+// Page-locked host memory (cudaHostAlloc), so that a device-to-host cudaMemcpyAsync into it
+// runs in the stream's order without blocking the host (pageable memory would): for copies the
+// host waits on later through an Event. Allocated once by its owner, freed on destruction.
+template <typename T>
+class PinnedBuffer {
+ public:
+  // `what` names the buffer in the error.
+  static absl::StatusOr<PinnedBuffer> Allocate(int64_t size, absl::string_view what);
+  PinnedBuffer() = default;
+  PinnedBuffer(PinnedBuffer&& o) noexcept
+      : p_(std::exchange(o.p_, nullptr)), size_(std::exchange(o.size_, 0)) {}
+  PinnedBuffer& operator=(PinnedBuffer&& o) noexcept;
+  ~PinnedBuffer() { Free(); }
+
+  T* data() { return p_; }
+  const T* data() const { return p_; }
+  int64_t size() const { return size_; }
+  std::span<const T> view() const { return {p_, static_cast<size_t>(size_)}; }
+
+ private:
+  PinnedBuffer(T* p, int64_t size) : p_(p), size_(size) {}
+  void Free();
+  T* p_ = nullptr;
+  int64_t size_ = 0;
 };
 
 class Device {
@@ -169,6 +196,8 @@ class DeviceTensor {
   int64_t shape_[4] = {1, 1, 1, 1};
 };
 
+extern template class PinnedBuffer<int32_t>;
+extern template class PinnedBuffer<double>;
 extern template class DeviceTensor<float>;
 extern template class DeviceTensor<bf16>;
 extern template class DeviceTensor<int32_t>;

@@ -56,8 +56,21 @@ struct Operands {
   }
 };
 
-// The arguments Launch refuses: negative sizes, short leading dimensions, a bf16 C
-// without bf16 precision.
+// Elements of a row-major operand with `rows` rows of `cols` used values, `ld` apart.
+int64_t Extent(int rows, int cols, int ld) {
+  return rows == 0 || cols == 0 ? 0 : static_cast<int64_t>(rows - 1) * ld + cols;
+}
+
+}  // namespace
+
+int64_t ExtentA(const GemmShape& s) {
+  return s.trans_a ? Extent(s.k, s.m, s.lda) : Extent(s.m, s.k, s.lda);
+}
+
+int64_t ExtentB(const GemmShape& s) {
+  return s.trans_b ? Extent(s.n, s.k, s.ldb) : Extent(s.k, s.n, s.ldb);
+}
+
 absl::Status CheckGemmArgs(const GemmShape& s, GemmPrecision precision, DataType c_type) {
   if (s.m < 0 || s.n < 0 || s.k < 0) return absl::InvalidArgumentError("gemm: negative size");
   const int a_cols = s.trans_a ? s.m : s.k;  // row length of A as stored
@@ -72,8 +85,6 @@ absl::Status CheckGemmArgs(const GemmShape& s, GemmPrecision precision, DataType
   }
   return absl::OkStatus();
 }
-
-}  // namespace
 
 absl::StatusOr<GemmPrecision> ParseGemmPrecision(absl::string_view name) {
   if (name == "fp32") return GemmPrecision::kFp32;

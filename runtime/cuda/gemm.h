@@ -39,6 +39,14 @@ struct GemmShape {
   int lda = 0, ldb = 0, ldc = 0;
 };
 
+// The arguments Gemm::Run refuses: negative sizes, leading dimensions below the rows'
+// lengths, a bf16 C without bf16 precision (InvalidArgument).
+absl::Status CheckGemmArgs(const GemmShape& s, GemmPrecision precision, DataType c_type);
+
+// Elements of A (of B) a GEMM of this shape reads from its start, rows `ld` apart.
+int64_t ExtentA(const GemmShape& s);
+int64_t ExtentB(const GemmShape& s);
+
 class Gemm {
  public:
   explicit Gemm(Device* device) : device_(device) {}

@@ -186,6 +186,16 @@ __global__ void ExpertCountsKernel(int64_t slots, const int32_t* selected, int32
   }
 }
 
+__global__ void ExpertOffsetsKernel(int experts, const int32_t* counts, int64_t* offsets) {
+  if (threadIdx.x != 0 || blockIdx.x != 0) return;
+  int64_t sum = 0;
+  offsets[0] = 0;
+  for (int e = 0; e < experts; ++e) {
+    sum += counts[e];
+    offsets[e + 1] = sum;
+  }
+}
+
 __global__ void SelectionBiasKernel(int experts, const int32_t* counts, double rate, float* bias) {
   // One thread: E is small, and the total is summed in expert order as on the CPU.
   if (threadIdx.x != 0 || blockIdx.x != 0) return;
@@ -452,6 +462,12 @@ cudaError_t ExpertCounts(int64_t slots, int experts, const int32_t* selected, in
   ZeroIntsKernel<<<(experts + kThreads - 1) / kThreads, kThreads, 0, stream>>>(experts, counts);
   if (slots > 0)
     ExpertCountsKernel<<<Blocks(slots), kThreads, 0, stream>>>(slots, selected, counts);
+  return cudaGetLastError();
+}
+
+cudaError_t ExpertOffsets(int experts, const int32_t* counts, int64_t* offsets,
+                          cudaStream_t stream) {
+  ExpertOffsetsKernel<<<1, 1, 0, stream>>>(experts, counts, offsets);
   return cudaGetLastError();
 }
 

@@ -62,10 +62,14 @@ cudaError_t SelectionBiasUpdate(int experts, const int32_t* counts, double rate,
 cudaError_t RouterBackward(int64_t tokens, int experts, int k, const float* scores,
                            const int32_t* selected, const float* weights, const float* dweights,
                            const float* aux, float* dlogits, cudaStream_t stream);
+// offsets[0] = 0, offsets[e + 1] = offsets[e] + counts[e] (E + 1 entries): the exclusive
+// prefix sum of the counts, on the device (one thread; E is small), so that SlotRows need not
+// wait for the counts' copy to the host.
+cudaError_t ExpertOffsets(int experts, const int32_t* counts, int64_t* offsets,
+                          cudaStream_t stream);
 // Slot rows of the dispatched buffer: a stable counting sort of the slots by expert
 // (experts in order, tokens in order inside an expert), from selected and the exclusive
-// prefix sum of counts (offsets, E + 1 entries, computed by the caller on the host from the
-// one device-to-host copy of the counts the planner needs anyway).
+// prefix sum of counts (offsets, E + 1 entries: ExpertOffsets).
 cudaError_t SlotRows(int64_t tokens, int experts, int k, const int32_t* selected,
                      const int64_t* offsets, int64_t* slot_row, cudaStream_t stream);
 // dispatched[slot_row[t*k+j]] = x[t] (width C).

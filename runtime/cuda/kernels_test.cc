@@ -210,7 +210,11 @@ TEST(GpuKernelsTest, RoutingMatchesTheCpuRouter) {
     std::vector<int64_t> cursor(offsets.begin(), offsets.end() - 1);
     for (int64_t i = 0; i < tokens * k; ++i) row[i] = cursor[got_sel[i]]++;
   }
-  DeviceTensor<int64_t> goff = Upload(dev.get(), "offsets", offsets);
+  // The offsets on the device (ExpertOffsets) are the host's prefix sums; SlotRows takes them.
+  DeviceTensor<int64_t> goff = Upload(dev.get(), "offsets", std::vector<int64_t>(experts + 1, -1));
+  ASSERT_EQ(kernels::ExpertOffsets(experts, gcounts.data(), goff.data(), dev->stream()),
+            cudaSuccess);
+  EXPECT_EQ(Download(goff), offsets);
   DeviceTensor<int64_t> grow(dev.get(), "slot rows");
   ASSERT_TRUE(grow.Resize({tokens * k}).ok());
   ASSERT_EQ(

@@ -1,6 +1,7 @@
 #include "runtime/cuda/moe.h"
 
 #include <algorithm>
+#include <atomic>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -8,16 +9,26 @@
 #include "runtime/cuda/model_kernels.h"
 
 namespace rackrun::runtime::cuda {
+namespace {
+
+std::atomic<ExpertGemmPath> default_path{ExpertGemmPath::kPerExpert};
+
+}  // namespace
+
+void SetDefaultExpertGemmPath(ExpertGemmPath path) { default_path.store(path); }
+ExpertGemmPath DefaultExpertGemmPath() { return default_path.load(); }
 
 GpuMoe::GpuMoe(Device* device, MatMul* matmul, const MoeLayerConfig& config,
                const std::string& name, MoeWeights weights,
-               std::unique_ptr<planner::Planner> planner)
+               std::unique_ptr<planner::Planner> planner, HostCopies host)
     : device_(device),
       matmul_(matmul),
       config_(config),
       name_(name),
       w_(weights),
       planner_(std::move(planner)),
+      host_(std::move(host)),
+      path_(DefaultExpertGemmPath()),
       xn_(device, name + " normed input"),
       inv_rms_(device, name + " inverse rms"),
       scores_(device, name + " router scores"),
@@ -65,53 +76,29 @@ absl::StatusOr<std::unique_ptr<GpuMoe>> GpuMoe::Create(Device* device, MatMul* m
   absl::StatusOr<std::unique_ptr<planner::Planner>> planner = planner::MakePlanner(
       "none", planner::Domain{1, config.experts, 0}, planner::PlannerOptions{});
   if (!planner.ok()) return planner.status();
+  // The host ends of the counts' and score sums' copies, once per layer.
+  absl::StatusOr<PinnedBuffer<int32_t>> counts =
+      PinnedBuffer<int32_t>::Allocate(config.experts, name + " expert counts (host)");
+  if (!counts.ok()) return counts.status();
+  absl::StatusOr<PinnedBuffer<double>> sums =
+      PinnedBuffer<double>::Allocate(config.experts, name + " score sums (host)");
+  if (!sums.ok()) return sums.status();
+  absl::StatusOr<Event> ready = Event::Create();
+  if (!ready.ok()) return ready.status();
   return std::unique_ptr<GpuMoe>(
-      new GpuMoe(device, matmul, config, name, weights, *std::move(planner)));
+      new GpuMoe(device, matmul, config, name, weights, *std::move(planner),
+                 HostCopies{*std::move(counts), *std::move(sums), *std::move(ready)}));
 }
 
 absl::Status GpuMoe::Check(cudaError_t e, const char* what) const {
   return CudaCheck(e, absl::StrCat(name_, " (GPU MoE): ", what));
 }
 
-absl::Status GpuMoe::PlanAndDispatch(int64_t tokens) {
-  const int c = config_.width, ne = config_.experts, k = config_.top_k;
-  cudaStream_t st = device_->stream();
-  // The one device-to-host copy: the planner's exact loads.
-  if (absl::Status s = counts_d_.CopyTo(&counts_host_); !s.ok()) return s;
-  planner::LoadMatrix loads(1, ne);
-  offsets_[0] = 0;
-  for (int e = 0; e < ne; ++e) {
-    counts_[static_cast<size_t>(e)] = counts_host_[static_cast<size_t>(e)];
-    loads.at(0, e) = counts_[static_cast<size_t>(e)];
-    offsets_[static_cast<size_t>(e) + 1] = offsets_[static_cast<size_t>(e)] + counts_[e];
-  }
-  absl::StatusOr<planner::Plan> plan = planner_->Solve(loads, 0);
-  if (!plan.ok()) return plan.status();
-  absl::StatusOr<std::vector<ExpertBatch>> batches = PlanBatches(*plan, loads, 0);
-  if (!batches.ok()) return batches.status();
-  batches_ = *std::move(batches);
-  if (absl::Status s = offsets_d_.CopyFrom(offsets_); !s.ok()) return s;
-  if (absl::Status s = Check(kernels::SlotRows(tokens, ne, k, selected_.data(), offsets_d_.data(),
-                                               slot_row_.data(), st),
-                             "slot rows");
-      !s.ok()) {
-    return s;
-  }
-  if (absl::Status s = Check(
-          kernels::DispatchRows(tokens, k, c, slot_row_.data(), xn_.data(), dispatched_.data(), st),
-          "dispatch");
-      !s.ok()) {
-    return s;
-  }
-  return absl::OkStatus();
-}
-
-absl::Status GpuMoe::AuxLossForward(int64_t tokens) {
+absl::Status GpuMoe::CopyCountsToHost(int64_t tokens) {
   const int ne = config_.experts;
   cudaStream_t st = device_->stream();
-  // Aux loss: f_e from the counts, P_e the mean router score (summed in double).
-  aux_loss_ = 0;
   if (config_.aux_loss_coef > 0) {
+    // P_e of the aux loss: the router scores' column sums (in double), copied with the counts.
     for (absl::Status s :
          {column_partial_.Resize({std::max<int64_t>(1, kernels::ScoreColumnPartials(tokens, ne))}),
           column_sums_.Resize({ne})}) {
@@ -124,21 +111,91 @@ absl::Status GpuMoe::AuxLossForward(int64_t tokens) {
         !s.ok()) {
       return s;
     }
-    std::vector<double> p;
-    if (absl::Status s = column_sums_.CopyTo(&p); !s.ok()) return s;
-    int64_t total_slots = 0;
-    for (int e = 0; e < ne; ++e) total_slots += counts_[static_cast<size_t>(e)];
-    slot_fraction_.resize(static_cast<size_t>(ne));
-    double total = 0;
-    for (int e = 0; e < ne; ++e) {
-      const double fe = static_cast<double>(counts_[static_cast<size_t>(e)]) /
-                        static_cast<double>(std::max<int64_t>(total_slots, 1));
-      slot_fraction_[static_cast<size_t>(e)] = fe;
-      total += fe * p[static_cast<size_t>(e)] / static_cast<double>(tokens);
+    if (absl::Status s = Check(cudaMemcpyAsync(host_.score_sums.data(), column_sums_.data(),
+                                               column_sums_.bytes(), cudaMemcpyDeviceToHost, st),
+                               "score sums to the host");
+        !s.ok()) {
+      return s;
     }
-    aux_loss_ = config_.aux_loss_coef * ne * total;
+  }
+  if (absl::Status s = Check(cudaMemcpyAsync(host_.counts.data(), counts_d_.data(),
+                                             counts_d_.bytes(), cudaMemcpyDeviceToHost, st),
+                             "counts to the host");
+      !s.ok()) {
+    return s;
+  }
+  return host_.ready.Record(st);
+}
+
+absl::Status GpuMoe::DispatchOnDevice(int64_t tokens) {
+  const int c = config_.width, ne = config_.experts, k = config_.top_k;
+  cudaStream_t st = device_->stream();
+  if (absl::Status s =
+          Check(kernels::ExpertOffsets(ne, counts_d_.data(), offsets_d_.data(), st), "offsets");
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = Check(kernels::SlotRows(tokens, ne, k, selected_.data(), offsets_d_.data(),
+                                               slot_row_.data(), st),
+                             "slot rows");
+      !s.ok()) {
+    return s;
+  }
+  return Check(
+      kernels::DispatchRows(tokens, k, c, slot_row_.data(), xn_.data(), dispatched_.data(), st),
+      "dispatch");
+}
+
+absl::Status GpuMoe::PlanFromCounts() {
+  const int ne = config_.experts;
+  // The layer's one host wait: the counts' copy (the work issued before it keeps running).
+  if (absl::Status s = host_.ready.Synchronize(); !s.ok()) return s;
+  planner::LoadMatrix loads(1, ne);
+  offsets_[0] = 0;
+  for (int e = 0; e < ne; ++e) {
+    const size_t i = static_cast<size_t>(e);
+    counts_[i] = host_.counts.data()[i];
+    loads.at(0, e) = counts_[i];
+    offsets_[i + 1] = offsets_[i] + counts_[i];
+  }
+  absl::StatusOr<planner::Plan> plan = planner_->Solve(loads, 0);
+  if (!plan.ok()) return plan.status();
+  absl::StatusOr<std::vector<ExpertBatch>> batches = PlanBatches(*plan, loads, 0);
+  if (!batches.ok()) return batches.status();
+  batches_ = *std::move(batches);
+  // The device dispatched in expert order (ExpertOffsets) before the plan existed: the
+  // plan's batches must be that order (one instance per expert, as policy none on one rank).
+  bool same = batches_.size() == static_cast<size_t>(ne);
+  for (size_t e = 0; same && e < batches_.size(); ++e) {
+    const ExpertBatch& b = batches_[e];
+    same = b.expert == static_cast<int>(e) && b.offset == offsets_[e] && b.rows == counts_[e];
+  }
+  if (!same) {
+    return absl::InternalError(absl::StrCat(
+        name_,
+        " (GPU MoE): the plan's batches are not the expert order the device dispatched "
+        "in; a plan with replicas needs its permutation on the device (not built)"));
   }
   return absl::OkStatus();
+}
+
+void GpuMoe::AuxLossFromSums(int64_t tokens) {
+  const int ne = config_.experts;
+  // Aux loss: f_e from the counts, P_e the mean router score (summed in double).
+  aux_loss_ = 0;
+  if (config_.aux_loss_coef <= 0) return;
+  const double* p = host_.score_sums.data();
+  int64_t total_slots = 0;
+  for (int e = 0; e < ne; ++e) total_slots += counts_[static_cast<size_t>(e)];
+  slot_fraction_.resize(static_cast<size_t>(ne));
+  double total = 0;
+  for (int e = 0; e < ne; ++e) {
+    const double fe = static_cast<double>(counts_[static_cast<size_t>(e)]) /
+                      static_cast<double>(std::max<int64_t>(total_slots, 1));
+    slot_fraction_[static_cast<size_t>(e)] = fe;
+    total += fe * p[e] / static_cast<double>(tokens);
+  }
+  aux_loss_ = config_.aux_loss_coef * ne * total;
 }
 
 absl::Status GpuMoe::Forward(const float* u, int64_t tokens, float* out) {
@@ -147,7 +204,6 @@ absl::Status GpuMoe::Forward(const float* u, int64_t tokens, float* out) {
   const int c = config_.width, ne = config_.experts, k = config_.top_k;
   const int f = config_.expert_hidden;
   const int64_t slots = tokens * k;
-  const int t = static_cast<int>(tokens);
   for (absl::Status s :
        {xn_.Resize({tokens, c}), inv_rms_.Resize({tokens}), scores_.Resize({tokens, ne}),
         weights_.Resize({tokens, k}), selected_.Resize({tokens, k}), counts_d_.Resize({ne}),
@@ -159,15 +215,9 @@ absl::Status GpuMoe::Forward(const float* u, int64_t tokens, float* out) {
     if (!s.ok()) return s;
   }
   cudaStream_t st = device_->stream();
-  MarkPhase(clock_, Phase::kOther);
-  if (absl::Status s = Check(
-          kernels::RmsNormForward(tokens, c, u, w_.norm, xn_.data(), inv_rms_.data(), st), "norm");
-      !s.ok()) {
-    return s;
-  }
-  MarkPhase(clock_, Phase::kGemm);
-  if (absl::Status s = matmul_->Run({.m = t, .n = ne, .k = c, .lda = c, .ldb = ne, .ldc = ne}, 1.0f,
-                                    xn_.data(), w_.router, 0.0f, scores_.data());
+  if (absl::Status s =
+          NormThenLinear(*matmul_, clock_, tokens, c, ne, u, w_.norm, xn_.data(), inv_rms_.data(),
+                         w_.router, scores_.data(), absl::StrCat(name_, " (GPU MoE)"));
       !s.ok()) {
     return s;
   }
@@ -183,18 +233,20 @@ absl::Status GpuMoe::Forward(const float* u, int64_t tokens, float* out) {
       !s.ok()) {
     return s;
   }
-  if (absl::Status s = PlanAndDispatch(tokens); !s.ok()) return s;
-  MarkPhase(clock_, Phase::kGemm);
-  if (absl::Status s = ExpertsForward(); !s.ok()) return s;
-  MarkPhase(clock_, Phase::kRouting);
-
-  if (absl::Status s = AuxLossForward(tokens); !s.ok()) return s;
-
+  // Issued before the host waits on the counts: their copy, the permutation, the shared
+  // expert (out overwritten; the combine adds to it).
+  if (absl::Status s = CopyCountsToHost(tokens); !s.ok()) return s;
+  if (absl::Status s = DispatchOnDevice(tokens); !s.ok()) return s;
   if (config_.shared_expert) {
     MarkPhase(clock_, Phase::kGemm);
     if (absl::Status s = SharedForward(out); !s.ok()) return s;
     MarkPhase(clock_, Phase::kRouting);
   }
+  if (absl::Status s = PlanFromCounts(); !s.ok()) return s;
+  AuxLossFromSums(tokens);
+  MarkPhase(clock_, Phase::kGemm);
+  if (absl::Status s = ExpertsForward(); !s.ok()) return s;
+  MarkPhase(clock_, Phase::kRouting);
   return Check(kernels::CombineRows(tokens, k, c, slot_row_.data(), weights_.data(),
                                     expert_out_.data(), /*add=*/config_.shared_expert, out, st),
                "combine");
@@ -202,17 +254,10 @@ absl::Status GpuMoe::Forward(const float* u, int64_t tokens, float* out) {
 
 absl::Status GpuMoe::ExpertsForward() {
   const int c = config_.width, f = config_.expert_hidden;
-  const int64_t w13_size = static_cast<int64_t>(c) * 2 * f, w2_size = static_cast<int64_t>(f) * c;
-  for (const ExpertBatch& b : batches_) {
-    if (b.rows == 0) continue;
-    const int r = static_cast<int>(b.rows);
-    if (absl::Status s =
-            matmul_->Run({.m = r, .n = 2 * f, .k = c, .lda = c, .ldb = 2 * f, .ldc = 2 * f}, 1.0f,
-                         dispatched_.data() + b.offset * c, w_.w13 + b.expert * w13_size, 0.0f,
-                         h13_.data() + b.offset * 2 * f, /*rows_vary=*/true);
-        !s.ok()) {
-      return s;
-    }
+  if (absl::Status s = matmul_->ExpertsLinear(c, 2 * f, dispatched_.data(), w_.w13, h13_.data(),
+                                              batches_, path_);
+      !s.ok()) {
+    return s;
   }
   const int64_t rows = tokens_ * config_.top_k;
   if (absl::Status s =
@@ -221,17 +266,7 @@ absl::Status GpuMoe::ExpertsForward() {
       !s.ok()) {
     return s;
   }
-  for (const ExpertBatch& b : batches_) {
-    if (b.rows == 0) continue;
-    const int r = static_cast<int>(b.rows);
-    if (absl::Status s = matmul_->Run({.m = r, .n = c, .k = f, .lda = f, .ldb = c, .ldc = c}, 1.0f,
-                                      act_.data() + b.offset * f, w_.w2 + b.expert * w2_size, 0.0f,
-                                      expert_out_.data() + b.offset * c, /*rows_vary=*/true);
-        !s.ok()) {
-      return s;
-    }
-  }
-  return absl::OkStatus();
+  return matmul_->ExpertsLinear(f, c, act_.data(), w_.w2, expert_out_.data(), batches_, path_);
 }
 
 absl::Status GpuMoe::SharedForward(float* out) {
@@ -334,19 +369,11 @@ absl::Status GpuMoe::Backward(const float* dout, float grad_scale, float* du) {
 
 absl::Status GpuMoe::ExpertsBackward() {
   const int c = config_.width, f = config_.expert_hidden;
-  const int64_t w13_size = static_cast<int64_t>(c) * 2 * f, w2_size = static_cast<int64_t>(f) * c;
-  // dact = dy W2^T; dW2 += act^T dy.
-  for (const ExpertBatch& b : batches_) {
-    if (b.rows == 0) continue;
-    const int r = static_cast<int>(b.rows);
-    const float* dy = dexpert_out_.data() + b.offset * c;
-    if (absl::Status s = matmul_->LinearBackward(
-            r, f, c, act_.data() + b.offset * f, dy, w_.w2 + b.expert * w2_size,
-            w_.dw2 + b.expert * w2_size, dact_.data() + b.offset * f, /*accumulate_dx=*/false,
-            /*rows_vary=*/true);
-        !s.ok()) {
-      return s;
-    }
+  // dW2 += act^T dy; dact = dy W2^T.
+  if (absl::Status s = matmul_->ExpertsLinearBackward(f, c, act_.data(), dexpert_out_.data(), w_.w2,
+                                                      w_.dw2, dact_.data(), batches_, path_);
+      !s.ok()) {
+    return s;
   }
   const int64_t rows = tokens_ * config_.top_k;
   if (absl::Status s = Check(kernels::SwigluActivationBackward(rows, f, h13_.data(), dact_.data(),
@@ -356,19 +383,8 @@ absl::Status GpuMoe::ExpertsBackward() {
     return s;
   }
   // dW13 += x^T dh13; dx = dh13 W13^T.
-  for (const ExpertBatch& b : batches_) {
-    if (b.rows == 0) continue;
-    const int r = static_cast<int>(b.rows);
-    const float* dh = dh13_.data() + b.offset * 2 * f;
-    if (absl::Status s = matmul_->LinearBackward(
-            r, c, 2 * f, dispatched_.data() + b.offset * c, dh, w_.w13 + b.expert * w13_size,
-            w_.dw13 + b.expert * w13_size, ddispatched_.data() + b.offset * c,
-            /*accumulate_dx=*/false, /*rows_vary=*/true);
-        !s.ok()) {
-      return s;
-    }
-  }
-  return absl::OkStatus();
+  return matmul_->ExpertsLinearBackward(c, 2 * f, dispatched_.data(), dh13_.data(), w_.w13, w_.dw13,
+                                        ddispatched_.data(), batches_, path_);
 }
 
 absl::Status GpuMoe::SharedBackward(const float* dout) {

@@ -4,20 +4,37 @@
 // router, top-k of score + bias with ties to the lower expert, renormalised gates, the
 // Switch auxiliary loss through the mean scores, DeepSeek-V3's selection-bias step):
 //
-//   RMSNorm -> router GEMM -> RouterForward -> ExpertCounts -> [one device-to-host copy of
-//   the E counts: the planner solves this microbatch's plan on the host] -> SlotRows (the
-//   permutation, from the counts' prefix sums) -> DispatchRows -> per plan batch (expert
-//   instance): GEMM x W13 -> SwiGLU (one launch over all rows) -> per batch: GEMM act W2 ->
-//   CombineRows (+ the shared expert)
+//   RMSNorm -> router GEMM -> RouterForward -> ExpertCounts -> the E counts (and, with the aux
+//   loss, the E score sums) copied to pinned host memory, an event behind them
+//   -> issued while that copy is in flight: ExpertOffsets, SlotRows, DispatchRows (the
+//      permutation from the counts in device memory), the shared expert (GEMM, SwiGLU, GEMM)
+//   -> the host waits on the event; the planner solves this microbatch's plan from the counts
+//   -> per plan batch (expert instance): GEMM x W13 -> SwiGLU (one launch over all rows) ->
+//      per batch: GEMM act W2 -> CombineRows (+ the shared expert's output)
+//
+// So the device-to-host copy and the host's wait overlap the dispatch and the shared expert:
+// the host blocks once per layer, when the device has nothing left to run but the expert
+// GEMMs, which need the plan's row counts. Every output is computed by the same operations
+// in the same order as with the wait first (the shared expert writes `out`, the combine adds
+// to it, as before): the same numbers bit for bit. The backward has no host wait (the aux
+// loss's E gradients go up from pageable memory, which CUDA stages without waiting).
 //
 // The plan is UltraEP's (planner/): on one GPU the policy is `none` (every expert's tokens to
 // its one instance), and expert_permutation.h turns plan + loads into the batches whose rows
-// each expert GEMM takes. The expert GEMMs are issued back to back, one cuBLASLt call per
-// expert and matrix, with algorithms chosen per power-of-two bucket of the row count
-// (MatMul's rows_vary): the counts change every microbatch, so neither a CUDA graph of fixed
-// shapes nor one heuristic per shape would be reused.
+// each expert GEMM takes. The device dispatches by expert order before the plan exists; after
+// the wait the layer checks that the plan's batches are that order (an Internal error
+// otherwise: a plan with replicas needs the plan's permutation on the device, not built).
 //
-// Weights and gradients live in device memory the caller owns; the bias too.
+// The expert GEMMs (MatMul::ExpertsLinear / ExpertsLinearBackward) run on one of two paths,
+// chosen per layer (expert_gemm_path; new layers take DefaultExpertGemmPath()):
+//   per_expert  one cuBLASLt call per expert and matrix, algorithms per power-of-two bucket
+//               of the row count (MatMul's rows_vary): the default, the path measured first;
+//   grouped     one cuBLAS grouped GEMM per matrix (forward W13, W2; backward dW and dX of
+//               each), experts without rows left out (grouped_gemm.h). Not run on a GPU.
+// Neither uses a CUDA graph: the row counts change every microbatch.
+//
+// Weights and gradients live in device memory the caller owns; the bias too. The pinned
+// buffers (E int32 + E doubles) are allocated once per layer by Create.
 // Not run on a GPU yet: checked against MoeLayer<float> by runtime/cuda/moe_test.cc.
 #ifndef RACKRUN_RUNTIME_CUDA_MOE_H_
 #define RACKRUN_RUNTIME_CUDA_MOE_H_
@@ -32,6 +49,7 @@
 #include "planner/planner.h"
 #include "runtime/cuda/device.h"
 #include "runtime/cuda/expert_permutation.h"
+#include "runtime/cuda/grouped_gemm.h"
 #include "runtime/cuda/matmul.h"
 #include "runtime/cuda/phase_clock.h"
 #include "runtime/layers/moe.h"
@@ -54,6 +72,12 @@ struct MoeWeights {
   float* bias = nullptr;  // [E], the aux-loss-free selection bias (updated in place)
 };
 
+// The expert-GEMM path GpuMoe::Create gives new layers (process-wide; per_expert unless set):
+// the step benchmark sets it to run both paths side by side, since the engine builds its
+// layers itself. Thread-safe.
+void SetDefaultExpertGemmPath(ExpertGemmPath path);
+ExpertGemmPath DefaultExpertGemmPath();
+
 class GpuMoe {
  public:
   // The config as MoeLayer's, holding every expert (local_experts 0 or experts: expert
@@ -63,8 +87,8 @@ class GpuMoe {
                                                         const std::string& name,
                                                         MoeWeights weights);
 
-  // out [tokens x C] = body(u) (device). `u` must stay valid until Backward. Synchronises
-  // the compute stream once (the counts for the planner).
+  // out [tokens x C] = body(u) (device). `u` must stay valid until Backward. The host waits
+  // once, on the counts' copy, after issuing the dispatch and the shared expert.
   absl::Status Forward(const float* u, int64_t tokens, float* out);
   // du overwritten; gradients of grad_scale * (upstream loss + aux loss) accumulated.
   absl::Status Backward(const float* dout, float grad_scale, float* du);
@@ -79,15 +103,26 @@ class GpuMoe {
   void set_clock(PhaseClock* clock) { clock_ = clock; }
   // The last Forward's plan batches (one per expert instance on this GPU).
   const std::vector<ExpertBatch>& batches() const { return batches_; }
+  ExpertGemmPath expert_gemm_path() const { return path_; }
+  void set_expert_gemm_path(ExpertGemmPath path) { path_ = path; }
 
  private:
+  // The counts (and the score sums) on their way to the host, and the event behind them.
+  struct HostCopies {
+    PinnedBuffer<int32_t> counts;
+    PinnedBuffer<double> score_sums;
+    Event ready;
+  };
   GpuMoe(Device* device, MatMul* matmul, const MoeLayerConfig& config, const std::string& name,
-         MoeWeights weights, std::unique_ptr<planner::Planner> planner);
+         MoeWeights weights, std::unique_ptr<planner::Planner> planner, HostCopies host);
   absl::Status Check(cudaError_t e, const char* what) const;
-  // Forward's steps: the counts to the host, the plan and its batches, the slot rows and the
-  // dispatched rows; the aux loss (0 unless aux_loss_coef > 0) from the counts and scores.
-  absl::Status PlanAndDispatch(int64_t tokens);
-  absl::Status AuxLossForward(int64_t tokens);
+  // Forward's steps: the copies to the host (with the score sums when aux_loss_coef > 0) and
+  // their event; the device-side permutation (offsets, slot rows, dispatched rows); after the
+  // wait, the plan, its batches and their check; the aux loss from the copied sums.
+  absl::Status CopyCountsToHost(int64_t tokens);
+  absl::Status DispatchOnDevice(int64_t tokens);
+  absl::Status PlanFromCounts();
+  void AuxLossFromSums(int64_t tokens);
   // The expert FFN over the rows of every batch (h13, act kept for the backward).
   absl::Status ExpertsForward();
   absl::Status ExpertsBackward();
@@ -102,13 +137,14 @@ class GpuMoe {
   std::string name_;
   MoeWeights w_;
   std::unique_ptr<planner::Planner> planner_;
+  HostCopies host_;
+  ExpertGemmPath path_;
   PhaseClock* clock_ = nullptr;
 
   // State of the last Forward.
   const float* u_ = nullptr;
   int64_t tokens_ = 0;
   std::vector<int64_t> counts_, offsets_;
-  std::vector<int32_t> counts_host_;
   std::vector<ExpertBatch> batches_;
   std::vector<double> slot_fraction_;
   double aux_loss_ = 0;

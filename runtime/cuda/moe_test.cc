@@ -5,11 +5,14 @@
 // array's largest magnitude: fp32 1e-4, bf16 4e-2. The routing must be the same on both
 // engines: the inputs are chosen so that every token's k-th and (k+1)-th biased scores are
 // further apart than rounding moves them (checked on the CPU, without a GPU, by
-// RoutingMarginsExceedRounding).
+// RoutingMarginsExceedRounding). Both expert-GEMM paths (per_expert, grouped) are checked
+// against the CPU layer and against each other; the forward's counts copy overlaps the
+// dispatch and the shared expert, which these comparisons cover (same results either way).
 #include "runtime/cuda/moe.h"
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -86,19 +89,30 @@ TEST(GpuMoeTest, RoutingMarginsExceedRounding) {
   }
 }
 
-void CheckAgainstCpu(Device* dev, bool shared, GemmPrecision precision, double tol) {
-  SCOPED_TRACE(absl::StrCat("shared ", shared, " ", GemmPrecisionName(precision)));
-  Setup s = MakeSetup(shared, shared ? 21 : 20);
-  const int c = s.config.width;
-  std::vector<float> out(s.u.size()), du(s.u.size());
-  ASSERT_TRUE(s.cpu->Forward(s.u.data(), s.tokens, out.data()).ok());
-  ASSERT_TRUE(s.cpu->Backward(s.dout.data(), 0.5f, du.data()).ok());
-  s.cpu->UpdateSelectionBias();
+// One forward and backward of the GPU layer built from `s` (its CPU layer's weights; the bias
+// `bias`), on `path`; the expert gradients start from `grad_init` (zeros when empty).
+struct GpuResult {
+  std::vector<float> out, du, bias;
+  std::vector<std::vector<float>> grads;  // the CPU layer's parameter order
+  std::vector<int64_t> counts;
+  double aux_loss = 0;
+  size_t batches = 0;
+};
 
+GpuResult RunGpu(Device* dev, const Setup& s, const std::vector<float>& bias_host,
+                 GemmPrecision precision, ExpertGemmPath path,
+                 const std::vector<std::vector<float>>& grad_init = {}) {
+  GpuResult r;
+  const int c = s.config.width;
   std::vector<ParamRef<float>> params = s.cpu->Parameters();
   std::vector<DeviceTensor<float>> values, grads;
   testing::UploadParameters(dev, params, &values, &grads);
-  DeviceTensor<float> bias = Upload(dev, "bias", s.bias);
+  for (size_t i = 0; i < grad_init.size(); ++i) {
+    if (!grad_init[i].empty()) {
+      EXPECT_TRUE(grads[i].CopyFrom(grad_init[i]).ok());
+    }
+  }
+  DeviceTensor<float> bias = Upload(dev, "bias", bias_host);
   MoeWeights w;
   w.norm = values[0].data();
   w.router = values[1].data();
@@ -108,7 +122,7 @@ void CheckAgainstCpu(Device* dev, bool shared, GemmPrecision precision, double t
   w.drouter = grads[1].data();
   w.dw13 = grads[2].data();
   w.dw2 = grads[3].data();
-  if (shared) {
+  if (s.config.shared_expert) {
     w.shared_w13 = values[4].data();
     w.shared_w2 = values[5].data();
     w.dshared_w13 = grads[4].data();
@@ -117,26 +131,55 @@ void CheckAgainstCpu(Device* dev, bool shared, GemmPrecision precision, double t
   w.bias = bias.data();
   MatMul matmul(dev, precision);
   absl::StatusOr<std::unique_ptr<GpuMoe>> gpu = GpuMoe::Create(dev, &matmul, s.config, "moe", w);
-  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  EXPECT_TRUE(gpu.ok()) << gpu.status();
+  if (!gpu.ok()) return r;
+  EXPECT_EQ((*gpu)->expert_gemm_path(), DefaultExpertGemmPath());
+  (*gpu)->set_expert_gemm_path(path);
   DeviceTensor<float> u = Upload(dev, "u", s.u), dout = Upload(dev, "dout", s.dout);
   DeviceTensor<float> out_d(dev, "out"), du_d(dev, "du");
-  ASSERT_TRUE(out_d.Resize({s.tokens, c}).ok());
-  ASSERT_TRUE(du_d.Resize({s.tokens, c}).ok());
-  ASSERT_TRUE((*gpu)->Forward(u.data(), s.tokens, out_d.data()).ok());
-  EXPECT_EQ((*gpu)->counts(), s.cpu->counts());
-  EXPECT_NEAR((*gpu)->aux_loss(), s.cpu->aux_loss(), 1e-5 * std::fabs(s.cpu->aux_loss()));
-  ASSERT_EQ((*gpu)->batches().size(), static_cast<size_t>(s.config.experts));
-  ASSERT_TRUE((*gpu)->Backward(dout.data(), 0.5f, du_d.data()).ok());
-  ASSERT_TRUE((*gpu)->UpdateSelectionBias().ok());
-  RACKRUN_EXPECT_CLOSE(Download(out_d), out, tol);
-  RACKRUN_EXPECT_CLOSE(Download(du_d), du, tol);
+  EXPECT_TRUE(out_d.Resize({s.tokens, c}).ok());
+  EXPECT_TRUE(du_d.Resize({s.tokens, c}).ok());
+  absl::Status st = (*gpu)->Forward(u.data(), s.tokens, out_d.data());
+  EXPECT_TRUE(st.ok()) << st;
+  st = (*gpu)->Backward(dout.data(), 0.5f, du_d.data());
+  EXPECT_TRUE(st.ok()) << st;
+  st = (*gpu)->UpdateSelectionBias();
+  EXPECT_TRUE(st.ok()) << st;
+  r.out = Download(out_d);
+  r.du = Download(du_d);
+  r.bias = Download(bias);
+  for (const DeviceTensor<float>& g : grads) r.grads.push_back(Download(g));
+  r.counts = (*gpu)->counts();
+  r.aux_loss = (*gpu)->aux_loss();
+  r.batches = (*gpu)->batches().size();
+  return r;
+}
+
+void CheckAgainstCpu(Device* dev, bool shared, GemmPrecision precision, double tol,
+                     ExpertGemmPath path = ExpertGemmPath::kPerExpert) {
+  SCOPED_TRACE(absl::StrCat("shared ", shared, " ", GemmPrecisionName(precision), " ",
+                            ExpertGemmPathName(path)));
+  Setup s = MakeSetup(shared, shared ? 21 : 20);
+  std::vector<float> out(s.u.size()), du(s.u.size());
+  ASSERT_TRUE(s.cpu->Forward(s.u.data(), s.tokens, out.data()).ok());
+  ASSERT_TRUE(s.cpu->Backward(s.dout.data(), 0.5f, du.data()).ok());
+  s.cpu->UpdateSelectionBias();
+
+  const GpuResult gpu = RunGpu(dev, s, s.bias, precision, path);
+  EXPECT_EQ(gpu.counts, s.cpu->counts());
+  EXPECT_NEAR(gpu.aux_loss, s.cpu->aux_loss(), 1e-5 * std::fabs(s.cpu->aux_loss()));
+  ASSERT_EQ(gpu.batches, static_cast<size_t>(s.config.experts));
+  RACKRUN_EXPECT_CLOSE(gpu.out, out, tol);
+  RACKRUN_EXPECT_CLOSE(gpu.du, du, tol);
+  std::vector<ParamRef<float>> params = s.cpu->Parameters();
+  ASSERT_EQ(gpu.grads.size(), params.size());
   for (size_t i = 0; i < params.size(); ++i) {
     SCOPED_TRACE(params[i].name);
     const std::vector<float> cpu_grad(params[i].grad, params[i].grad + params[i].size);
-    RACKRUN_EXPECT_CLOSE(Download(grads[i]), cpu_grad, tol);
+    RACKRUN_EXPECT_CLOSE(gpu.grads[i], cpu_grad, tol);
   }
   const ParamRef<float> cpu_bias = s.cpu->Buffers()[0];
-  EXPECT_EQ(Download(bias), std::vector<float>(cpu_bias.value, cpu_bias.value + cpu_bias.size));
+  EXPECT_EQ(gpu.bias, std::vector<float>(cpu_bias.value, cpu_bias.value + cpu_bias.size));
 }
 
 TEST(GpuMoeTest, Fp32MatchesTheCpuLayer) {
@@ -148,6 +191,63 @@ TEST(GpuMoeTest, Fp32MatchesTheCpuLayer) {
 TEST(GpuMoeTest, Bf16StaysWithinItsRounding) {
   RACKRUN_OPEN_GPU_OR_SKIP(dev);
   CheckAgainstCpu(dev.get(), /*shared=*/true, GemmPrecision::kBf16, 4e-2);
+}
+
+TEST(GpuMoeTest, GroupedFp32MatchesTheCpuLayer) {
+  RACKRUN_OPEN_GPU_OR_SKIP(dev);
+  CheckAgainstCpu(dev.get(), /*shared=*/false, GemmPrecision::kFp32, 1e-4,
+                  ExpertGemmPath::kGrouped);
+  CheckAgainstCpu(dev.get(), /*shared=*/true, GemmPrecision::kFp32, 1e-4, ExpertGemmPath::kGrouped);
+}
+
+TEST(GpuMoeTest, GroupedBf16StaysWithinItsRounding) {
+  RACKRUN_OPEN_GPU_OR_SKIP(dev);
+  CheckAgainstCpu(dev.get(), /*shared=*/true, GemmPrecision::kBf16, 4e-2, ExpertGemmPath::kGrouped);
+}
+
+// The two paths on the same GPU, with one expert never selected (its bias far below the
+// others'): the same routing and counts, outputs and gradients within the precision's
+// summation-order differences, and the empty expert's weight gradients exactly as they were
+// before (both paths leave it out).
+TEST(GpuMoeTest, GroupedMatchesPerExpert) {
+  RACKRUN_OPEN_GPU_OR_SKIP(dev);
+  for (auto [precision, tol] :
+       {std::pair(GemmPrecision::kFp32, 1e-5), std::pair(GemmPrecision::kTf32, 5e-3),
+        std::pair(GemmPrecision::kBf16, 2e-2)}) {
+    SCOPED_TRACE(GemmPrecisionName(precision));
+    ::rackrun::runtime::cuda::Setup s = MakeSetup(/*shared=*/true, 21);
+    const int empty = 3;
+    std::vector<float> bias = s.bias;
+    bias[empty] = -10.0f;
+    // Expert gradients start non-zero, so "untouched" is visible.
+    std::vector<std::vector<float>> init(s.cpu->Parameters().size());
+    init[2] = RandomVector(s.cpu->Parameters()[2].size, 31, 1e-3f);
+    init[3] = RandomVector(s.cpu->Parameters()[3].size, 32, 1e-3f);
+    const GpuResult per = RunGpu(dev.get(), s, bias, precision, ExpertGemmPath::kPerExpert, init);
+    const GpuResult grouped = RunGpu(dev.get(), s, bias, precision, ExpertGemmPath::kGrouped, init);
+    ASSERT_EQ(per.counts.size(), static_cast<size_t>(s.config.experts));
+    EXPECT_EQ(per.counts[empty], 0);
+    EXPECT_EQ(grouped.counts, per.counts);
+    EXPECT_EQ(grouped.bias, per.bias);
+    EXPECT_EQ(grouped.aux_loss, per.aux_loss);
+    RACKRUN_EXPECT_CLOSE(grouped.out, per.out, tol);
+    RACKRUN_EXPECT_CLOSE(grouped.du, per.du, tol);
+    ASSERT_EQ(grouped.grads.size(), per.grads.size());
+    for (size_t i = 0; i < per.grads.size(); ++i) {
+      SCOPED_TRACE(s.cpu->Parameters()[i].name);
+      RACKRUN_EXPECT_CLOSE(grouped.grads[i], per.grads[i], tol);
+    }
+    const int c = s.config.width, f = s.config.expert_hidden;
+    for (auto [index, size] : {std::pair(2, int64_t{c} * 2 * f), std::pair(3, int64_t{f} * c)}) {
+      const auto slice = [&](const std::vector<float>& v) {
+        return std::vector<float>(v.begin() + empty * size, v.begin() + (empty + 1) * size);
+      };
+      EXPECT_EQ(slice(per.grads[static_cast<size_t>(index)]),
+                slice(init[static_cast<size_t>(index)]));
+      EXPECT_EQ(slice(grouped.grads[static_cast<size_t>(index)]),
+                slice(init[static_cast<size_t>(index)]));
+    }
+  }
 }
 
 // The device's permutation (SlotRows from the counts' prefix sums) is the host's

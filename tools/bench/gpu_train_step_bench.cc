@@ -3,8 +3,9 @@
 // shapes, one run; issue 35's targets computed from the measured figures.
 //
 //   bench_gpu_train_step_bench [--configs demo,c1024] [--residual vanilla,hc,mhc,xhc,...]
-//                              [--precision fp32,tf32,bf16] [--steps 10] [--warmup 3]
-//                              [--no-torch] [--python python3] [--json]
+//                              [--precision fp32,tf32,bf16] [--expert-gemm per_expert,grouped]
+//                              [--steps 10] [--warmup 3] [--no-torch] [--torch-compile]
+//                              [--python python3] [--json]
 //
 // One step is what the trainer does on the engine (runtime/trainer.cc, Trainer::Step): ZeroGrad,
 // ForwardBackward of one microbatch (batch x seq random byte tokens), GradNorm (clip 1.0) and
@@ -17,11 +18,20 @@
 // Precision: --precision applies to every config; without it demo runs fp32 and c1024 tf32
 // (the issue's PyTorch table).
 //
+// Expert GEMMs (runtime/cuda/moe.h): every rackrun case runs once per --expert-gemm path
+// (default both: per_expert, one cuBLASLt call per expert and matrix; grouped, one cuBLAS
+// grouped GEMM per matrix), as rows side by side with the path in the "moe gemm" column and
+// the GEMM phase in "gemm"; the targets are computed per path. Nobody has measured which wins.
+//
 // PyTorch: the same shape and precision (tf32: TF32 matmuls; bf16: autocast), as a child
 // process (tools/bench/train_step.h), when the interpreter imports torch and sees a GPU;
 // otherwise the cause is printed and rackrun's figures stand alone. The default interpreter is
 // `python3` from PATH: on the GPU machine that is the Python whose NVIDIA wheels
 // tools/gpu-check loads the CUDA libraries from. Its peak is torch.cuda.max_memory_allocated.
+// --torch-compile adds PyTorch under torch.compile (rows `pytorch-compile`, PyTorch >= 2.0;
+// compilation happens in the warm-up steps, so it lengthens the run by the compile time: off
+// by default, and tools/gpu-check leaves it off); c1024's targets then add the issue's ratios
+// to this run's torch.compile figures (xhc >= 1.5x, vanilla >= 1.2x).
 //
 // Targets (issue 35; c1024: xhc >= 80k tokens/s, vanilla >= 83k, xhc's step <= 1.15x
 // vanilla's, xhc's peak <= 0.5 x 37.4 GiB; demo: each mode above PyTorch eager) are pass / miss
@@ -31,7 +41,8 @@
 // is estimated at 1-1.5 minutes on an H200, from the issue's PyTorch figures (c1024 eager TF32
 // steps of 157 ms vanilla, 256 ms xhc; about 5-10 s per child for Python, torch and CUDA
 // start-up) and the host model's initialisation (823M parameters drawn on the CPU per mode);
-// c1024 at bf16 as well adds about 40 s. tools/gpu-check gives each benchmark 200 s.
+// c1024 at bf16 as well adds about 40 s; the second expert-GEMM path adds rackrun's share once
+// more (about half). tools/gpu-check gives each benchmark 200 s.
 //
 // JSON: with --json on stdout, and always to $OUT/bench_gpu_train_step.json when OUT is set
 // (rewritten after each case, so a run cut short leaves what it measured). Without a usable GPU
@@ -58,6 +69,8 @@
 #include "runtime/cuda/device_probe.h"
 #include "runtime/cuda/engine.h"
 #include "runtime/cuda/gemm.h"
+#include "runtime/cuda/grouped_gemm.h"
+#include "runtime/cuda/moe.h"
 #include "runtime/device_engine.h"
 #include "runtime/model.h"
 #include "runtime/optimizer.h"
@@ -79,14 +92,17 @@ struct Options {
   std::vector<std::string> configs = {"demo", "c1024"};
   std::vector<std::string> residual = {"vanilla", "hc", "mhc", "xhc", "xhc_flash", "xhc_flash4"};
   std::vector<std::string> precision;  // empty: demo fp32, c1024 tf32
+  std::vector<std::string> expert_gemm = {"per_expert", "grouped"};
   int steps = 10;
   int warmup = 3;
   bool torch = true;
+  bool torch_compile = false;
   std::string python = "python3";
 };
 
 struct Row {
   std::string config, precision, impl, residual;
+  std::string expert_gemm;  // rackrun's path; empty for PyTorch
   bool measured = false;
   double tokens_per_s = 0, step_s = 0;
   std::array<double, kPhases> phase_ms{};  // rackrun only
@@ -100,15 +116,18 @@ std::string DefaultPrecision(const std::string& config) {
   return config == "c1024" ? "tf32" : "fp32";
 }
 
-// The engine's training steps for one (shape, mode, precision) from `host` (the initial
-// weights); a failure ends the case with its message in the note.
+// The engine's training steps for one (shape, mode, precision, expert-GEMM path) from `host`
+// (the initial weights); a failure ends the case with its message in the note.
 Row RunOurs(const Options& o, const bench::TrainStepShape& shape, const std::string& residual,
-            const std::string& precision, Model<float>& host) {
+            const std::string& precision, const std::string& expert_gemm, Model<float>& host) {
   Row row;
   row.config = shape.name;
   row.precision = precision;
   row.impl = "rackrun";
   row.residual = residual;
+  row.expert_gemm = expert_gemm;
+  // The engine builds its MoE layers itself: they take the process default.
+  cu::SetDefaultExpertGemmPath(*cu::ParseExpertGemmPath(expert_gemm, "--expert-gemm"));
   for (const auto& p : host.Parameters()) row.parameters += p.size;
   rackrun::v1::JobSpec spec;
   spec.mutable_model()->set_precision(precision);
@@ -168,11 +187,11 @@ Row RunOurs(const Options& o, const bench::TrainStepShape& shape, const std::str
 }
 
 Row RunTorch(const Options& o, const bench::TrainStepShape& shape, const std::string& residual,
-             const std::string& precision) {
+             const std::string& precision, bool compile) {
   Row row;
   row.config = shape.name;
   row.precision = precision;
-  row.impl = "pytorch";
+  row.impl = compile ? "pytorch-compile" : "pytorch";
   row.residual = residual;
   bench::TorchOptions torch;
   torch.python = o.python;
@@ -180,6 +199,7 @@ Row RunTorch(const Options& o, const bench::TrainStepShape& shape, const std::st
   torch.precision = precision;
   torch.steps = o.steps;
   torch.warmup = o.warmup;
+  torch.compile = compile;
   absl::StatusOr<bench::TorchResult> r = bench::RunTorchReference(torch, shape, residual);
   if (!r.ok()) {
     row.note = std::string(r.status().message());
@@ -191,37 +211,44 @@ Row RunTorch(const Options& o, const bench::TrainStepShape& shape, const std::st
   row.first_loss = r->first_loss;
   row.parameters = r->parameters;
   row.peak_bytes = r->peak_memory_bytes;
-  row.note = "torch " + r->torch_version + " eager";
+  row.note = "torch " + r->torch_version + (compile ? " torch.compile" : " eager");
   return row;
 }
 
+// The measured row of `impl` for like's case (rackrun: on like's expert-GEMM path).
 const Row* Find(const std::vector<Row>& rows, const Row& like, const std::string& impl) {
   for (const Row& r : rows)
     if (r.impl == impl && r.config == like.config && r.precision == like.precision &&
-        r.residual == like.residual && r.measured)
+        r.residual == like.residual && r.measured &&
+        (impl != "rackrun" || r.expert_gemm == like.expert_gemm))
       return &r;
   return nullptr;
 }
 
-// rackrun's tokens/s over PyTorch's for the same case, when both ran.
-std::optional<double> VsTorch(const std::vector<Row>& rows, const Row& r) {
-  const Row* torch = r.impl == "rackrun" && r.measured ? Find(rows, r, "pytorch") : nullptr;
+// rackrun's tokens/s over PyTorch's (`impl`: pytorch = eager, pytorch-compile) for the same
+// case, when both ran.
+std::optional<double> VsTorch(const std::vector<Row>& rows, const Row& r,
+                              const std::string& impl = "pytorch") {
+  const Row* torch = r.impl == "rackrun" && r.measured ? Find(rows, r, impl) : nullptr;
   if (torch == nullptr || torch->tokens_per_s <= 0) return std::nullopt;
   return r.tokens_per_s / torch->tokens_per_s;
 }
 
 struct TargetRow {
-  std::string config, precision;
+  std::string config, precision, expert_gemm;
   bench::TargetCheck check;
 };
 
 std::vector<TargetRow> Targets(const Options& o, const std::vector<Row>& rows) {
   std::vector<TargetRow> out;
-  std::vector<std::pair<std::string, std::string>> cases;  // (config, precision), in order
-  for (const Row& r : rows)
-    if (std::find(cases.begin(), cases.end(), std::pair(r.config, r.precision)) == cases.end())
-      cases.emplace_back(r.config, r.precision);
-  for (const auto& [config, precision] : cases) {
+  // (config, precision, expert-GEMM path) of rackrun's rows, in order.
+  std::vector<std::array<std::string, 3>> cases;
+  for (const Row& r : rows) {
+    const std::array<std::string, 3> c = {r.config, r.precision, r.expert_gemm};
+    if (r.impl == "rackrun" && std::find(cases.begin(), cases.end(), c) == cases.end())
+      cases.push_back(c);
+  }
+  for (const auto& [config, precision, expert_gemm] : cases) {
     std::vector<bench::StepFigures> figures;
     for (const std::string& mode : o.residual) {
       bench::StepFigures f;
@@ -229,6 +256,7 @@ std::vector<TargetRow> Targets(const Options& o, const std::vector<Row>& rows) {
       like.config = config;
       like.precision = precision;
       like.residual = mode;
+      like.expert_gemm = expert_gemm;
       if (const Row* ours = Find(rows, like, "rackrun")) {
         f.tokens_per_s = ours->tokens_per_s;
         f.step_s = ours->step_s;
@@ -236,10 +264,12 @@ std::vector<TargetRow> Targets(const Options& o, const std::vector<Row>& rows) {
       }
       if (const Row* torch = Find(rows, like, "pytorch"))
         f.torch_tokens_per_s = torch->tokens_per_s;
+      if (const Row* compiled = Find(rows, like, "pytorch-compile"))
+        f.torch_compile_tokens_per_s = compiled->tokens_per_s;
       figures.push_back(f);
     }
     for (bench::TargetCheck& c : bench::CheckTargets(config, o.residual, figures))
-      out.push_back({config, precision, std::move(c)});
+      out.push_back({config, precision, expert_gemm, std::move(c)});
   }
   return out;
 }
@@ -259,10 +289,12 @@ nlohmann::json Json(const Options& o, const std::string& gpu, const absl::Status
       phases[DeviceStepStats::phase_names[static_cast<size_t>(p)]] =
           r.phase_ms[static_cast<size_t>(p)];
     const std::optional<double> vs = VsTorch(rows, r);
+    const std::optional<double> vs_compile = VsTorch(rows, r, "pytorch-compile");
     j["runs"].push_back({{"config", r.config},
                          {"precision", r.precision},
                          {"impl", r.impl},
                          {"residual", r.residual},
+                         {"expert_gemm", r.expert_gemm},
                          {"measured", r.measured},
                          {"tokens_per_s", r.tokens_per_s},
                          {"step_s", r.step_s},
@@ -271,12 +303,15 @@ nlohmann::json Json(const Options& o, const std::string& gpu, const absl::Status
                          {"first_loss", r.first_loss},
                          {"parameters", r.parameters},
                          {"vs_torch", vs.has_value() ? nlohmann::json(*vs) : nlohmann::json()},
+                         {"vs_torch_compile",
+                          vs_compile.has_value() ? nlohmann::json(*vs_compile) : nlohmann::json()},
                          {"note", r.note}});
   }
   j["targets"] = nlohmann::json::array();
   for (const TargetRow& t : Targets(o, rows)) {
     j["targets"].push_back({{"config", t.config},
                             {"precision", t.precision},
+                            {"expert_gemm", t.expert_gemm},
                             {"target", t.check.target},
                             {"measured", t.check.measured},
                             {"result", t.check.result}});
@@ -295,8 +330,9 @@ void PrintTables(const Options& o, const std::vector<Row>& rows) {
   using bench::Fixed;
   bench::Table table({{"config", 6, true},
                       {"prec", 4, true},
-                      {"impl", 7, true},
+                      {"impl", 15, true},
                       {"residual", 10, true},
+                      {"moe gemm", 10, true},
                       {"tokens/s", 9},
                       {"step ms", 8},
                       {"gemm", 7},
@@ -307,11 +343,12 @@ void PrintTables(const Options& o, const std::vector<Row>& rows) {
                       {"other", 7},
                       {"peak GiB", 8},
                       {"vs torch", 8},
+                      {"vs compile", 10},
                       {"note", 0, true, 2}});
   for (const Row& r : rows) {
     if (!r.measured) {
-      table.AddRow({r.config, r.precision, r.impl, r.residual, "-", "-", "-", "-", "-", "-", "-",
-                    "-", "-", "-", r.note});
+      table.AddRow({r.config, r.precision, r.impl, r.residual, r.expert_gemm, "-", "-", "-", "-",
+                    "-", "-", "-", "-", "-", "-", "-", r.note});
       continue;
     }
     const bool ours = r.impl == "rackrun";
@@ -319,24 +356,32 @@ void PrintTables(const Options& o, const std::vector<Row>& rows) {
       return ours ? Fixed(r.phase_ms[static_cast<size_t>(p)], 1) : "-";
     };
     const std::optional<double> vs = VsTorch(rows, r);
-    table.AddRow({r.config, r.precision, r.impl, r.residual, Fixed(r.tokens_per_s, 0),
-                  Fixed(1e3 * r.step_s, 1), phase(0), phase(1), phase(2), phase(3), phase(4),
-                  phase(5), Fixed(static_cast<double>(r.peak_bytes) / (int64_t{1} << 30), 2),
-                  vs.has_value() ? Fixed(*vs, 2) + "x" : "-", r.note});
+    const std::optional<double> vs_compile = VsTorch(rows, r, "pytorch-compile");
+    const auto ratio = [](const std::optional<double>& x) {
+      return x.has_value() ? Fixed(*x, 2) + "x" : "-";
+    };
+    table.AddRow({r.config, r.precision, r.impl, r.residual, ours ? r.expert_gemm : "-",
+                  Fixed(r.tokens_per_s, 0), Fixed(1e3 * r.step_s, 1), phase(0), phase(1), phase(2),
+                  phase(3), phase(4), phase(5),
+                  Fixed(static_cast<double>(r.peak_bytes) / (int64_t{1} << 30), 2), ratio(vs),
+                  ratio(vs_compile), r.note});
   }
   std::printf("%s", table.ToString().c_str());
   std::printf(
       "(split: device ms per phase, medians; peak: the caching allocator's bytes in use, "
-      "PyTorch's max_memory_allocated; vs torch: tokens/s over PyTorch's)\n");
+      "PyTorch's max_memory_allocated; vs torch / vs compile: tokens/s over PyTorch eager's / "
+      "torch.compile's)\n");
   const std::vector<TargetRow> targets = Targets(o, rows);
   if (targets.empty()) return;
   bench::Table t({{"config", 6, true},
                   {"prec", 4, true},
+                  {"moe gemm", 10, true},
                   {"target (issue 35, H200)", 36, true},
                   {"measured", 12},
                   {"result", 6, true, 2}});
   for (const TargetRow& r : targets)
-    t.AddRow({r.config, r.precision, r.check.target, r.check.measured, r.check.result});
+    t.AddRow(
+        {r.config, r.precision, r.expert_gemm, r.check.target, r.check.measured, r.check.result});
   std::printf("\n%s", t.ToString().c_str());
 }
 
@@ -353,9 +398,13 @@ int main(int argc, char** argv) {
   flags.List("--residual", &o.residual, "LIST", "residual modes");
   flags.List("--precision", &o.precision, "LIST", "fp32, tf32, bf16")
       .Default("fp32 for demo, tf32 for c1024");
+  flags.List("--expert-gemm", &o.expert_gemm, "LIST",
+             "the MoE expert GEMMs' paths, a row each: per_expert, grouped");
   flags.Int("--steps", &o.steps, "N", "timed steps (medians)").Range(1);
   flags.Int("--warmup", &o.warmup, "W", "untimed steps first").Range(0);
   flags.Switch("--no-torch", "skip the PyTorch reference", [&o] { o.torch = false; });
+  flags.Switch("--torch-compile", "also PyTorch under torch.compile (PyTorch >= 2.0)",
+               [&o] { o.torch_compile = true; });
   flags.String("--python", &o.python, "PATH", "the interpreter with torch for the reference");
   if (std::optional<int> exit = startup.Start()) return *exit;
   std::vector<bench::TrainStepShape> shapes;
@@ -367,6 +416,10 @@ int main(int argc, char** argv) {
   for (const std::string& p : o.precision) {
     if (absl::StatusOr<cu::GemmPrecision> parsed = cu::ParseGemmPrecision(p); !parsed.ok())
       return flags.Fail("--precision", std::string(parsed.status().message()));
+  }
+  for (const std::string& path : o.expert_gemm) {
+    if (absl::Status s = cu::ParseExpertGemmPath(path, "--expert-gemm").status(); !s.ok())
+      return flags.Fail(s);
   }
   for (const std::string& mode : o.residual) {
     if (absl::Status s = rackrun::runtime::ParseResidualMode(mode).status(); !s.ok())
@@ -385,8 +438,9 @@ int main(int argc, char** argv) {
   std::vector<Row> rows;
   const auto progress = [&](const Row& r) {
     rows.push_back(r);
-    std::fprintf(stderr, "%s: %s %s %s %s: %s\n", startup.program().c_str(), r.config.c_str(),
+    std::fprintf(stderr, "%s: %s %s %s %s%s%s: %s\n", startup.program().c_str(), r.config.c_str(),
                  r.precision.c_str(), r.residual.c_str(), r.impl.c_str(),
+                 r.expert_gemm.empty() ? "" : " ", r.expert_gemm.c_str(),
                  r.measured ? absl::StrCat(bench::Fixed(r.tokens_per_s, 0), " tokens/s").c_str()
                             : r.note.c_str());
     WriteOut(Json(o, gpu.name, torch, rows));
@@ -413,11 +467,17 @@ int main(int argc, char** argv) {
       for (const std::string& precision : precisions) {
         if (host == nullptr) {
           skipped.precision = precision;
-          progress(skipped);
+          for (const std::string& path : o.expert_gemm) {
+            skipped.expert_gemm = path;
+            progress(skipped);
+          }
         } else {
-          progress(RunOurs(o, shape, mode, precision, *host));
+          for (const std::string& path : o.expert_gemm)
+            progress(RunOurs(o, shape, mode, precision, path, *host));
         }
-        if (torch.ok() && bench::TorchHasMode(mode)) progress(RunTorch(o, shape, mode, precision));
+        if (!torch.ok() || !bench::TorchHasMode(mode)) continue;
+        progress(RunTorch(o, shape, mode, precision, /*compile=*/false));
+        if (o.torch_compile) progress(RunTorch(o, shape, mode, precision, /*compile=*/true));
       }
     }
   }

@@ -2,14 +2,17 @@
 """PyTorch reference of the rackrun demo model, for the training-step throughput comparison.
 
 The same model as runtime/model.h: byte embedding -> L blocks of [attention sublayer, MoE
-sublayer] wrapped by the residual streams (vanilla or xhc, docs/design.md section 5) -> sum of
-the streams -> final RMSNorm -> LM head -> next-token cross-entropy. Attention: pre-norm
+sublayer] wrapped by the residual streams (vanilla, mhc or xhc, docs/design.md section 5) ->
+sum of the streams -> final RMSNorm -> LM head -> next-token cross-entropy. Attention: pre-norm
 RMSNorm, fused QKV, rotary embedding, causal softmax. MoE: pre-norm RMSNorm, softmax
 router, top-k with renormalised gates, SwiGLU experts run on their gathered tokens.
 xhc: stream router (sigmoid of LayerNorm(vec X) W_r, m fixed + top-(k-m) routed), dense
 read, active-set Sinkhorn mixing (20 iterations, row-sum clamp), write-back weights,
 temporal write-back basis for MLP sublayers (causal depthwise convolutions 4/8/12 +
-modified Gram-Schmidt). Autograd does the backward; torch.optim.AdamW the update.
+modified Gram-Schmidt). mhc (N=4 by default): dynamic H_pre, H_post and a Sinkhorn H_res over
+all N streams from RMSNorm(vec X). Autograd does the backward; torch.optim.AdamW the update.
+--compile runs the model through torch.compile (PyTorch >= 2.0; Debian's 1.13 refuses it with a
+clear error); the warm-up steps then include the compilation.
 
 Run with Debian's python (tools/setup --torch):
   /usr/bin/python3 tools/bench/torch_reference.py --residual xhc --threads 2 --json
@@ -114,6 +117,32 @@ def sinkhorn(z, iters=20, eps=1e-6):
     return m
 
 
+class Mhc(torch.nn.Module):
+    """One sublayer's mhc mappings (docs/design.md sections 5.3, 5.6): from v = RMSNorm(vec X),
+    H_pre = sigma(a_pre v W_pre + b_pre), H_post = 2 sigma(a_post v W_post + b_post), H_res =
+    Sinkhorn(a_res mat(v W_res) + b_res); X' = H_res X + H_post^T F(H_pre X)."""
+
+    def __init__(self, c, n, layer):
+        super().__init__()
+        self.n = n
+        self.w = torch.nn.Parameter(torch.zeros(n * c, 2 * n + n * n))  # [pre | post | res]
+        b_pre = torch.full((n,), -2.0)
+        b_pre[layer % n] = 2.0
+        self.b_pre = torch.nn.Parameter(b_pre)
+        self.b_post = torch.nn.Parameter(torch.zeros(n))
+        self.b_res = torch.nn.Parameter(torch.full((n, n), -2.0).fill_diagonal_(0.0))
+        self.a = torch.nn.Parameter(torch.full((3,), 0.01))  # a_pre, a_post, a_res
+
+    def forward(self, x, body):  # x: [T, N, C]
+        t, n, _ = x.shape
+        z = rms_norm(x.reshape(t, -1)) @ self.w
+        h_pre = torch.sigmoid(self.a[0] * z[:, :n] + self.b_pre)
+        h_post = 2 * torch.sigmoid(self.a[1] * z[:, n:2 * n] + self.b_post)
+        h_res = sinkhorn(self.a[2] * z[:, 2 * n:].view(t, n, n) + self.b_res)
+        out = body((h_pre[:, :, None] * x).sum(1))
+        return h_res @ x + h_post[:, :, None] * out[:, None, :].to(x.dtype)
+
+
 class Xhc(torch.nn.Module):
     """One sublayer's xhc mappings (docs/design.md section 5.4)."""
 
@@ -181,7 +210,7 @@ class Model(torch.nn.Module):
     def __init__(self, a):
         super().__init__()
         self.a = a
-        n = a.streams if a.residual == "xhc" else 1
+        n = a.streams if a.residual in ("xhc", "mhc") else 1
         out_std = 0.02 / math.sqrt(n)
         self.embed = torch.nn.Parameter(torch.randn(a.vocab, a.width) * 0.02)
         self.attn = torch.nn.ModuleList(
@@ -192,6 +221,9 @@ class Model(torch.nn.Module):
         self.xhc = torch.nn.ModuleList(
             [Xhc(a.width, a.streams, a.active, a.fixed, mlp=(i % 2 == 1))
              for i in range(2 * a.blocks)] if a.residual == "xhc" else [])
+        self.mhc = torch.nn.ModuleList(
+            [Mhc(a.width, a.streams, i) for i in range(2 * a.blocks)]
+            if a.residual == "mhc" else [])
         self.final_gain = torch.nn.Parameter(torch.ones(a.width))
         self.head = torch.nn.Parameter(torch.randn(a.width, a.vocab) * 0.02)
 
@@ -206,6 +238,11 @@ class Model(torch.nn.Module):
             for layer, body in zip(self.xhc, bodies):
                 u, idx, gate = layer.read(x)
                 x = layer.write(x, body(u), idx, gate, batch, seq)
+            y = x.sum(1)
+        elif self.a.residual == "mhc":
+            x = e[:, None, :].expand(-1, self.a.streams, -1).contiguous()
+            for layer, body in zip(self.mhc, bodies):
+                x = layer(x, body)
             y = x.sum(1)
         else:
             y = e
@@ -230,7 +267,7 @@ def main():
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--precision", default="fp32", choices=["fp32", "tf32", "bf16"],
                    help="compute precision on cuda (the CPU runs fp32 only)")
-    p.add_argument("--residual", default="xhc", choices=["vanilla", "xhc"])
+    p.add_argument("--residual", default="xhc", choices=["vanilla", "mhc", "xhc"])
     p.add_argument("--vocab", type=int, default=256)
     p.add_argument("--width", type=int, default=128)
     p.add_argument("--blocks", type=int, default=4)
@@ -240,16 +277,24 @@ def main():
     p.add_argument("--experts", type=int, default=16)
     p.add_argument("--top-k", type=int, default=2)
     p.add_argument("--expert-hidden", type=int, default=256)
-    p.add_argument("--streams", type=int, default=16)
+    p.add_argument("--streams", type=int, default=None, help="N (default 16 for xhc, 4 for mhc)")
     p.add_argument("--active", type=int, default=4)
     p.add_argument("--fixed", type=int, default=2)
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--compile", action="store_true",
+                   help="run the model through torch.compile (PyTorch >= 2.0; warm-up steps "
+                   "include the compilation)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(**CONFIGS[p.parse_known_args()[0].config])
     a = p.parse_args()
+    if a.streams is None:
+        a.streams = 4 if a.residual == "mhc" else 16
     cuda = a.device == "cuda"
+    if a.compile and not hasattr(torch, "compile"):
+        p.error("--compile needs torch.compile (PyTorch >= 2.0); this is torch %s"
+                % torch.__version__)
     if not cuda and a.precision != "fp32":
         p.error("--precision %s needs --device cuda" % a.precision)
     if cuda and not torch.cuda.is_available():
@@ -264,6 +309,7 @@ def main():
             model = Model(a).to("cuda")
     else:
         model = Model(a)
+    step_model = torch.compile(model) if a.compile else model
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1)
     gen = torch.Generator().manual_seed(1)
     data = torch.randint(0, a.vocab, (a.batch, a.seq + 1), generator=gen).to(a.device)
@@ -281,7 +327,7 @@ def main():
         t0 = now()
         opt.zero_grad(set_to_none=False)
         with autocast:
-            loss = model(inputs, targets, a.batch, a.seq)
+            loss = step_model(inputs, targets, a.batch, a.seq)
         loss.backward()
         t1 = now()
         opt.step()
@@ -295,6 +341,7 @@ def main():
     step = statistics.median(steps)
     result = {
         "impl": "pytorch", "torch": torch.__version__, "residual": a.residual,
+        "compiled": a.compile, "streams": a.streams if a.residual != "vanilla" else 1,
         "threads": a.threads, "tokens_per_step": tokens, "step_s": step,
         "forward_backward_s": statistics.median(fb), "optimizer_s": statistics.median(opt_s),
         "tokens_per_s": tokens / step, "first_loss": losses[0],

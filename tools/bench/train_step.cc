@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -88,7 +89,9 @@ runtime::ModelConfig ModelConfigOf(const TrainStepShape& shape, const std::strin
   return c;
 }
 
-bool TorchHasMode(absl::string_view residual) { return residual == "vanilla" || residual == "xhc"; }
+bool TorchHasMode(absl::string_view residual) {
+  return residual == "vanilla" || residual == "mhc" || residual == "xhc";
+}
 
 absl::StatusOr<std::string> TorchReferenceScript() {
   const std::string beside_sources = std::string(RACKRUN_SOURCE_DIR) + "/tools/bench";
@@ -114,6 +117,7 @@ std::string TorchReferenceCommand(const TorchOptions& o, const std::string& scri
                   " --top-k ", s.top_k);
   if (o.device != "cpu") absl::StrAppend(&cmd, " --device ", o.device);
   if (!o.precision.empty()) absl::StrAppend(&cmd, " --precision ", o.precision);
+  if (o.compile) absl::StrAppend(&cmd, " --compile");
   return cmd + " 2>&1";
 }
 
@@ -204,6 +208,17 @@ std::vector<TargetCheck> CheckTargets(const std::string& shape,
     checks.push_back(Check(absl::StrFormat("xhc peak <= %.1f GiB (0.5 x 37.4)", limit_gib),
                            xhc.peak_bytes, "xhc not measured", peak_gib <= limit_gib,
                            Fixed(peak_gib, 1) + " GiB"));
+    for (const auto& [mode, f, factor] :
+         {std::tuple("xhc", xhc, kTargetXhcOverCompile),
+          std::tuple("vanilla", vanilla, kTargetVanillaOverCompile)}) {
+      if (!f.torch_compile_tokens_per_s.has_value()) continue;
+      std::optional<double> over;
+      if (f.tokens_per_s.has_value() && *f.torch_compile_tokens_per_s > 0)
+        over = *f.tokens_per_s / *f.torch_compile_tokens_per_s;
+      checks.push_back(Check(absl::StrFormat("%s >= %.1fx torch.compile (this run)", mode, factor),
+                             over, absl::StrCat(mode, " not measured"), over.value_or(0) >= factor,
+                             Fixed(over.value_or(0), 2) + "x"));
+    }
   } else if (shape == "demo") {
     for (const std::string& mode : modes) {
       const StepFigures f = of(mode);

@@ -67,6 +67,16 @@ TEST(TorchReferenceTest, CommandCarriesTheShapeDeviceAndPrecision) {
   EXPECT_THAT(c, HasSubstr(" --threads 2"));
   EXPECT_THAT(c, Not(HasSubstr("--device")));
   EXPECT_THAT(c, Not(HasSubstr("--precision")));
+  EXPECT_THAT(c, Not(HasSubstr("--compile")));
+  cpu.compile = true;
+  EXPECT_THAT(TorchReferenceCommand(cpu, "t.py", DemoShape(), "mhc"),
+              HasSubstr(" --residual mhc "));
+  EXPECT_THAT(TorchReferenceCommand(cpu, "t.py", DemoShape(), "mhc"), HasSubstr(" --compile 2>&1"));
+}
+
+TEST(TorchReferenceTest, ModesTheScriptImplements) {
+  for (const char* mode : {"vanilla", "mhc", "xhc"}) EXPECT_TRUE(TorchHasMode(mode)) << mode;
+  for (const char* mode : {"hc", "xhc_flash", "xhc_flash4", ""}) EXPECT_FALSE(TorchHasMode(mode));
 }
 
 TEST(TorchReferenceTest, ParsesTheLastJsonLine) {
@@ -134,6 +144,26 @@ TEST(TargetsTest, C1024TargetsFromTheFigures) {
   xhc.peak_bytes = 10.0 * (int64_t{1} << 30);
   c = CheckTargets("c1024", {"vanilla", "xhc"}, {vanilla, xhc});
   for (const TargetCheck& t : c) EXPECT_EQ(t.result, "pass") << t.target;
+
+  // torch.compile measured in this run: the ratios to it, after the four.
+  xhc.torch_compile_tokens_per_s = 53.5e3;
+  vanilla.torch_compile_tokens_per_s = 80e3;
+  c = CheckTargets("c1024", {"vanilla", "xhc"}, {vanilla, xhc});
+  ASSERT_EQ(c.size(), 6u);
+  EXPECT_EQ(c[4].target, "xhc >= 1.5x torch.compile (this run)");
+  EXPECT_EQ(c[4].measured, "1.59x");  // 85 / 53.5
+  EXPECT_EQ(c[4].result, "pass");
+  EXPECT_EQ(c[5].target, "vanilla >= 1.2x torch.compile (this run)");
+  EXPECT_EQ(c[5].measured, "1.12x");  // 90 / 80
+  EXPECT_EQ(c[5].result, "miss");
+  StepFigures compiled_only;
+  compiled_only.torch_compile_tokens_per_s = 50e3;
+  c = CheckTargets("c1024", {"vanilla", "xhc"}, {vanilla, compiled_only});
+  ASSERT_EQ(c.size(), 6u);
+  EXPECT_EQ(c[4].result, "n/a");
+  EXPECT_EQ(c[4].measured, "xhc not measured");
+  xhc.torch_compile_tokens_per_s.reset();
+  vanilla.torch_compile_tokens_per_s.reset();
 
   // xhc failed to run: its targets are n/a, vanilla's is still checked.
   c = CheckTargets("c1024", {"vanilla", "xhc"}, {vanilla, StepFigures{}});
