@@ -52,8 +52,7 @@ TEST(JobConfigTest, TrainConfigFromTheDefaultedSpec) {
 
 // resources.device: cpu passes; cuda fails before anything is allocated, with the cause
 // named, on a machine without a usable GPU (or a build without the GPU engine): the probe's
-// reason. On one with a GPU, a residual mode the GPU engine runs passes and the others are
-// refused naming the mode.
+// reason. On one with a GPU, every residual mode passes (the GPU engine runs them all).
 TEST(JobConfigTest, DeviceIsCheckedWhereTheJobStarts) {
   absl::StatusOr<rackrun::v1::JobSpec> spec = ParseJobSpec(kYaml, {});
   ASSERT_TRUE(spec.ok()) << spec.status();
@@ -86,25 +85,28 @@ TEST(JobConfigTest, GpuResidualModesAreCheckedWhereTheJobStarts) {
   for (const std::vector<std::string>& overrides :
        {std::vector<std::string>{"resources.device=cuda:0"},
         std::vector<std::string>{"resources.device=cuda:0", "model.residual=vanilla",
-                                 "model.streams=1", "model.active=0"}}) {
+                                 "model.streams=1", "model.active=0"},
+        std::vector<std::string>{"resources.device=cuda:0", "model.residual=mhc", "model.streams=4",
+                                 "model.active=0", "model.fixed=0"},
+        std::vector<std::string>{"resources.device=cuda:0", "model.residual=hc", "model.streams=4",
+                                 "model.active=0", "model.fixed=0"},
+        std::vector<std::string>{"resources.device=cuda:0", "model.residual=xhc_flash"},
+        std::vector<std::string>{"resources.device=cuda:0", "model.residual=xhc_flash4"}}) {
     absl::StatusOr<rackrun::v1::JobSpec> spec = ParseJobSpec(kYaml, overrides);
     ASSERT_TRUE(spec.ok()) << spec.status();
     EXPECT_TRUE(CheckJobDevice(*spec, 1).ok()) << spec->model().residual();
   }
-  absl::StatusOr<rackrun::v1::JobSpec> spec =
-      ParseJobSpec(kYaml, {"resources.device=cuda:0", "model.residual=mhc", "model.streams=4",
-                           "model.active=0", "model.fixed=0"});
-  ASSERT_TRUE(spec.ok()) << spec.status();
-  const absl::Status s = CheckJobDevice(*spec, 1);
-  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented) << s;
-  EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("model.residual: mode mhc"));
 }
 
 // Runs without a GPU: the list of modes is the engine's, not the machine's.
 TEST(JobConfigTest, GpuResidualModesAreNamed) {
   EXPECT_TRUE(cuda::CheckGpuResidualMode("vanilla").ok());
   EXPECT_TRUE(cuda::CheckGpuResidualMode("xhc").ok());
-  for (const char* mode : {"hc", "mhc", "xhc_flash", "xhc_flash4"}) {
+  EXPECT_TRUE(cuda::CheckGpuResidualMode("xhc_flash").ok());
+  EXPECT_TRUE(cuda::CheckGpuResidualMode("xhc_flash4").ok());
+  EXPECT_TRUE(cuda::CheckGpuResidualMode("mhc").ok());
+  EXPECT_TRUE(cuda::CheckGpuResidualMode("hc").ok());
+  for (const char* mode : {"hyper"}) {
     const absl::Status s = cuda::CheckGpuResidualMode(mode);
     EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented) << mode;
     EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr(std::string("mode ") + mode + " "));

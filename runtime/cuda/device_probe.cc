@@ -32,11 +32,14 @@ std::string CudaVersionString(int version) {
 }
 
 absl::Status CheckGpuResidualMode(absl::string_view mode) {
-  if (mode == "vanilla" || mode == "xhc") return absl::OkStatus();
+  if (mode == "vanilla" || mode == "hc" || mode == "mhc" || mode == "xhc" || mode == "xhc_flash" ||
+      mode == "xhc_flash4") {
+    return absl::OkStatus();
+  }
   return absl::UnimplementedError(
       absl::StrCat("model.residual: mode ", mode,
-                   " does not run on the GPU yet (the GPU engine runs vanilla and xhc); use "
-                   "resources.device: cpu for ",
+                   " does not run on the GPU yet (the GPU engine runs vanilla, hc, mhc, xhc, "
+                   "xhc_flash and xhc_flash4); use resources.device: cpu for ",
                    mode, ", or a mode the GPU runs"));
 }
 

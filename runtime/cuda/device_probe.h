@@ -59,8 +59,10 @@ absl::StatusOr<GpuInfo> CheckDevice(const jobspec::DeviceSpec& device, int local
 // "13.0" from 13000.
 std::string CudaVersionString(int version);
 
-// Whether the GPU engine runs residual mode `mode` (model.residual): OK for vanilla and xhc;
-// an Unimplemented error naming model.residual, the mode and the modes it runs otherwise.
+// Whether the GPU engine runs residual mode `mode` (model.residual): OK for every mode
+// (vanilla, hc, mhc, xhc, xhc_flash, xhc_flash4); an Unimplemented error naming
+// model.residual, the mode and the modes it runs for any other name. The shapes the GPU
+// kernels support (e.g. hc and mhc at most 4 streams) are checked when the model is built.
 // No GPU needed.
 absl::Status CheckGpuResidualMode(absl::string_view mode);
 

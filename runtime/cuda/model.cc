@@ -80,7 +80,8 @@ class VanillaResidual final : public GpuModel::Residual {
   DeviceTensor<float> x_, dx_;
 };
 
-// xhc: runtime/cuda/xhc.h's streams, the state in S (float or bf16).
+// mhc, xhc, xhc_flash, xhc_flash4: runtime/cuda/xhc.h's streams, the state in S (float or
+// bf16).
 template <typename S>
 class XhcResidual final : public GpuModel::Residual {
  public:

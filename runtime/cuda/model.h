@@ -7,9 +7,10 @@
 // the host model, which stays the checkpoint's view: CopyToHost / CopyFromHost), same batch
 // layout (runtime/model.h's LayOutBatch).
 //
-// Residual modes on the GPU: vanilla and xhc (runtime/cuda/xhc.h, the state in fp32, or in
-// bf16 under model.precision bf16). hc, mhc, xhc_flash and xhc_flash4 are refused by Create
-// with an Unimplemented error naming the mode (device_probe.h's CheckGpuResidualMode).
+// Residual modes on the GPU: vanilla, mhc (4 streams at most), xhc, xhc_flash and xhc_flash4
+// (runtime/cuda/xhc.h, the state in fp32, or in bf16 under model.precision bf16; mhc and the
+// flash schedules never run on a GPU yet). hc is refused by Create with an Unimplemented error
+// naming the mode (device_probe.h's CheckGpuResidualMode).
 //
 // Precision (model.precision): every GEMM through MatMul (fp32, TF32 or bf16 inputs with fp32
 // accumulation); parameters, gradients and activations fp32.
@@ -62,7 +63,7 @@ class GpuModel {
                                   int batch, std::span<const int32_t> segment_starts);
 
   const std::vector<std::vector<int64_t>>& expert_counts() const { return expert_counts_; }
-  // The residual streams as the model drives them (model.cc's vanilla and xhc drivers).
+  // The residual streams as the model drives them (model.cc's vanilla and XhcStreams drivers).
   class Residual;
   double aux_loss() const { return aux_loss_; }
   // The clock the model's and its layers' work marks (the engine adds the optimizer).

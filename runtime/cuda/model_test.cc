@@ -28,7 +28,8 @@ ModelConfig Config(const std::string& residual, bool shared) {
   c.heads = 2;
   c.seq_len = 32;
   c.residual = residual;
-  if (residual == "xhc") {
+  if (residual == "mhc" || residual == "hc") c.streams = 4;
+  if (residual.starts_with("xhc")) {
     c.streams = 4;
     c.active = 2;
     c.fixed = 1;
@@ -134,11 +135,16 @@ TEST(GpuModelTest, Fp32MatchesTheCpuModelInEveryResidualModeItRuns) {
   CheckAgainstCpu(dev.get(), Config("vanilla", false), GemmPrecision::kFp32, 1e-4, true);
   CheckAgainstCpu(dev.get(), Config("xhc", false), GemmPrecision::kFp32, 1e-4, true);
   CheckAgainstCpu(dev.get(), Config("xhc", true), GemmPrecision::kFp32, 1e-4, true);
+  // Two blocks: two flash groups of attention + MLP, or one xhc_flash4 group.
+  CheckAgainstCpu(dev.get(), Config("xhc_flash", true), GemmPrecision::kFp32, 1e-4, true);
+  CheckAgainstCpu(dev.get(), Config("xhc_flash4", false), GemmPrecision::kFp32, 1e-4, true);
+  CheckAgainstCpu(dev.get(), Config("mhc", true), GemmPrecision::kFp32, 1e-4, true);
+  CheckAgainstCpu(dev.get(), Config("hc", false), GemmPrecision::kFp32, 1e-4, true);
 }
 
 TEST(GpuModelTest, Tf32AndBf16LossesStayWithinTheirRounding) {
   RACKRUN_OPEN_GPU_OR_SKIP(dev);
-  for (const char* mode : {"vanilla", "xhc"}) {
+  for (const char* mode : {"vanilla", "hc", "mhc", "xhc", "xhc_flash"}) {
     CheckAgainstCpu(dev.get(), Config(mode, true), GemmPrecision::kTf32, 2e-2, false);
     CheckAgainstCpu(dev.get(), Config(mode, true), GemmPrecision::kBf16, 2e-2, false);
   }
@@ -165,17 +171,17 @@ TEST(GpuModelTest, BadBatchesGetTheCpuModelsErrors) {
   EXPECT_EQ(got.status(), want.status());
 }
 
-TEST(GpuModelTest, ModesTheGpuLacksAreRefusedNamingTheMode) {
+TEST(GpuModelTest, ShapesTheGpuLacksAreRefusedNamingTheField) {
   RACKRUN_OPEN_GPU_OR_SKIP(dev);
   ModelConfig config = Config("mhc", false);
-  config.streams = 4;
+  config.streams = 8;  // the GPU's hc and mhc take 4 at most
   absl::StatusOr<std::unique_ptr<Model<float>>> cpu = Model<float>::Create(config, 5);
   ASSERT_TRUE(cpu.ok()) << cpu.status();
   absl::StatusOr<std::unique_ptr<GpuModel>> gpu =
       GpuModel::Create(dev.get(), **cpu, GemmPrecision::kFp32);
   ASSERT_FALSE(gpu.ok());
-  EXPECT_EQ(gpu.status().code(), absl::StatusCode::kUnimplemented);
-  EXPECT_NE(gpu.status().message().find("mode mhc"), std::string::npos) << gpu.status();
+  EXPECT_EQ(gpu.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(gpu.status().message().find("model.streams"), std::string::npos) << gpu.status();
 }
 
 }  // namespace

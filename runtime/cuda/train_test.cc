@@ -116,11 +116,14 @@ void ExpectClose(const std::vector<double>& got, const std::vector<double>& want
 
 TEST(GpuTrainTest, LossesFollowTheCpuEngine) {
   if (absl::Status s = GpuAvailable(); !s.ok()) GTEST_SKIP() << s.message();
-  for (const char* mode : {"xhc", "vanilla"}) {
+  for (const char* mode : {"xhc", "xhc_flash", "mhc", "hc", "vanilla"}) {
     SCOPED_TRACE(mode);
     std::vector<std::string> m = {std::string("model.residual=") + mode};
     if (std::string(mode) == "vanilla") {
       m.insert(m.end(), {"model.streams=1", "model.active=0", "model.fixed=0"});
+    }
+    if (std::string(mode) == "mhc" || std::string(mode) == "hc") {
+      m.insert(m.end(), {"model.streams=4", "model.active=0", "model.fixed=0"});
     }
     std::vector<std::string> cpu = m, fp32 = m, bf16 = m;
     cpu.push_back("resources.device=cpu");

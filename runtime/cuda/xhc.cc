@@ -1,6 +1,7 @@
 #include "runtime/cuda/xhc.h"
 
 #include <algorithm>
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -16,15 +17,21 @@ struct XhcStreams<S>::Sublayer {
         idx(d, absl::StrCat("xhc sublayer", l, " active sets")),
         coef(d, absl::StrCat("xhc sublayer", l, " coefficients")),
         saved(d, absl::StrCat("xhc sublayer", l, " saved rows")),
+        out(d, absl::StrCat("mhc sublayer", l, " saved body output")),
         colsum(d, absl::StrCat("xhc sublayer", l, " router row sums")) {}
   bool mlp = false;
   int Kr = 1;
-  int64_t w1 = 0, a_pre = 0, w2 = 0, a_res = 0, conv = -1;
+  int s = 0;        // position in its group
+  bool mix = true;  // the group's last sublayer: mixes with H_res
+  int64_t w1 = -1;  // the group's router + pre rows (the group's first sublayer only)
+  int64_t a_pre = 0, w2 = 0, a_res = -1, a_post = 0, conv = -1;
   std::vector<int> taps;
+  // The group's records, active sets and router row sums live in its first sublayer.
   DeviceTensor<float> rec;
   DeviceTensor<int32_t> idx;
   DeviceTensor<float> coef;
-  DeviceTensor<S> saved;
+  DeviceTensor<S> saved;    // mhc: the sublayer's input state
+  DeviceTensor<float> out;  // mhc: the body output
   DeviceTensor<float> colsum;
 };
 
@@ -49,6 +56,8 @@ XhcStreams<S>::XhcStreams(Device* device, const ResidualConfig& config, GemmPrec
       wscal_(device, "xhc write scalar gradients"),
       rscal_(device, "xhc read scalar gradients"),
       c1_(device, "xhc mapping logit gradients"),
+      base_(device, "xhc flash read bases"),
+      dypre_(device, "xhc pre-mapping logit gradients"),
       tape_(device, "xhc Sinkhorn tape"),
       partial_(device, "xhc convolution weight partials"),
       corr_(device, "xhc router centring"),
@@ -63,10 +72,30 @@ absl::StatusOr<std::unique_ptr<XhcStreams<S>>> XhcStreams<S>::Create(Device* dev
                                                                      uint64_t seed,
                                                                      GemmPrecision gemm) {
   if (absl::Status s = config.Validate(); !s.ok()) return s;
-  if (config.mode != ResidualMode::kXhc) {
-    return absl::UnimplementedError(absl::StrCat("GPU residual streams: mode ",
-                                                 std::string(ResidualModeName(config.mode)),
-                                                 " is not implemented on the GPU yet (xhc only)"));
+  if (config.mode != ResidualMode::kXhc && config.mode != ResidualMode::kXhcFlash &&
+      config.mode != ResidualMode::kXhcFlash4 && config.mode != ResidualMode::kMhc &&
+      config.mode != ResidualMode::kHc) {
+    return absl::UnimplementedError(absl::StrCat(
+        "GPU residual streams: mode ", std::string(ResidualModeName(config.mode)),
+        " is not XhcStreams' (it runs hc, mhc, xhc, xhc_flash and xhc_flash4; vanilla is "
+        "GpuModel's own stream)"));
+  }
+  if (gemm == GemmPrecision::kBf16) {
+    return absl::InvalidArgumentError(
+        "GPU residual streams: the fp32 GEMMs' precision is fp32 or tf32 (a bf16 state's "
+        "projections run in bf16 anyway)");
+  }
+  if (config.mode == ResidualMode::kMhc || config.mode == ResidualMode::kHc) {
+    if (config.streams > xhc::kDenseMaxN || config.width > xhc::kMaxWidth) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "GPU residual streams: ", std::string(ResidualModeName(config.mode)),
+          " supports model.streams <= ", xhc::kDenseMaxN, " and model.width <= ", xhc::kMaxWidth,
+          "; got ", config.streams, " streams, width ", config.width,
+          " (use resources.device: cpu for larger ones)"));
+    }
+    std::unique_ptr<XhcStreams> x(new XhcStreams(device, config, gemm));
+    if (absl::Status s = x->Init(seed); !s.ok()) return s;
+    return x;
   }
   if (config.streams > xhc::kMaxN || config.active > xhc::kMaxK ||
       static_cast<int>(config.conv_widths.size()) > xhc::kMaxJ || config.width > xhc::kMaxWidth ||
@@ -81,11 +110,6 @@ absl::StatusOr<std::unique_ptr<XhcStreams<S>>> XhcStreams<S>::Create(Device* dev
       return absl::InvalidArgumentError(
           absl::StrCat("GPU residual streams: convolution width ", w, " above ", xhc::kMaxTaps));
     }
-  }
-  if (gemm == GemmPrecision::kBf16) {
-    return absl::InvalidArgumentError(
-        "GPU residual streams: the fp32 GEMMs' precision is fp32 or tf32 (a bf16 state's "
-        "projections run in bf16 anyway)");
   }
   std::unique_ptr<XhcStreams> x(new XhcStreams(device, config, gemm));
   if (absl::Status s = x->Init(seed); !s.ok()) return s;
@@ -104,14 +128,17 @@ absl::Status XhcStreams<S>::Init(uint64_t seed) {
   absl::StatusOr<ResidualStreams<float>> cpu = ResidualStreams<float>::Create(config_, seed);
   if (!cpu.ok()) return cpu.status();
   // The device buffer keeps the CPU's order, with the GEMMs' weight matrices (a sublayer's
-  // router + pre rows, its [w_res | w_post] rows) starting on 256-byte boundaries: cuBLASLt's
-  // tensor-core kernels want 16-byte aligned operands, and the small parameters between
-  // them would leave the matrices at any float offset. Padding never falls inside the runs
-  // the kernels read as one (router + pre, w_res + w_post, the scalars, the convolutions).
+  // group's router + pre rows, a sublayer's [w_res | w_post] rows, or w_post alone where it
+  // does not mix) starting on 256-byte boundaries: cuBLASLt's tensor-core kernels want
+  // 16-byte aligned operands, and the small parameters between them would leave the
+  // matrices at any float offset. Padding never falls inside the runs the kernels read as
+  // one (router + pre, w_res + w_post, the scalars, the convolutions).
   constexpr int64_t kAlign = 64;  // floats
   std::vector<ParamRef<float>> params = cpu->Parameters();
-  for (const ParamRef<float>& p : params) {
-    if (p.name.ends_with(".w_router") || p.name.ends_with(".w_res")) {
+  for (size_t i = 0; i < params.size(); ++i) {
+    const ParamRef<float>& p = params[i];
+    if (p.name.ends_with(".w_router") || p.name.ends_with(".w_res") || p.name.ends_with(".w") ||
+        (p.name.ends_with(".w_post") && (i == 0 || !params[i - 1].name.ends_with(".w_res")))) {
       param_count_ = (param_count_ + kAlign - 1) / kAlign * kAlign;
     }
     names_.push_back(p.name);
@@ -130,47 +157,93 @@ absl::Status XhcStreams<S>::Init(uint64_t seed) {
   if (absl::Status s = values_.CopyFrom(host); !s.ok()) return s;
   if (absl::Status s = grads_.Zero(); !s.ok()) return s;
 
-  const int64_t nc = static_cast<int64_t>(N_) * C_;
-  const int64_t kc = static_cast<int64_t>(k_) * C_;
-  const auto at = [&](int l, const std::string& what) -> int64_t {
-    auto it = offset_of_.find(absl::StrCat("sublayer", l, ".", what));
-    return it == offset_of_.end() ? -1 : it->second;
-  };
   for (int l = 0; l < L_; ++l) {
     auto s = std::make_unique<Sublayer>(device_, l);
-    s->mlp = config_.sublayers[static_cast<size_t>(l)] == SublayerKind::kMlp;
-    s->Kr = s->mlp ? 1 + J_ : 1;
-    s->w1 = at(l, "w_router");
-    s->a_pre = at(l, "a_pre");
-    s->w2 = at(l, "w_res");
-    s->a_res = at(l, "a_res");
-    // The kernels take the router and pre rows as one matrix, [w_res | w_post] as one, and
-    // the scalar parameters as adjacent runs: the CPU's layout, checked here.
-    const bool adjacent =
-        s->w1 >= 0 && at(l, "w_pre") == s->w1 + N_ * nc && at(l, "b_pre") == s->a_pre + 1 &&
-        s->w2 >= 0 && at(l, "w_post") == s->w2 + k_ * k_ * kc && at(l, "b_res") == s->a_res + 1 &&
-        at(l, "a_post") == s->a_res + 1 + k_ * k_ && at(l, "b_post") == s->a_res + 2 + k_ * k_;
-    if (!adjacent) {
-      return absl::InternalError(absl::StrCat("GPU residual streams: sublayer ", l,
-                                              "'s parameters are not laid out as the kernels "
-                                              "expect (runtime/residual/xhc.cc changed?)"));
-    }
-    if (s->mlp) {
-      s->conv = at(l, "conv0");
-      int64_t next = s->conv;
-      for (int j = 0; j < J_; ++j) {
-        if (at(l, absl::StrCat("conv", j)) != next) {
-          return absl::InternalError("GPU residual streams: convolutions not adjacent");
-        }
-        s->taps.push_back(config_.conv_widths[static_cast<size_t>(j)]);
-        next += static_cast<int64_t>(s->taps.back()) * C_;
-      }
-    }
-    if (absl::Status st = s->colsum.Resize({N_}); !st.ok()) return st;
+    absl::Status st = Dense() ? InitDenseSublayer(l, *s) : InitXhcSublayer(l, *s);
+    if (!st.ok()) return st;
     sub_.push_back(std::move(s));
   }
   if (absl::Status s = corr_.Resize({N_}); !s.ok()) return s;
   return device_->Synchronize();
+}
+
+template <typename S>
+int64_t XhcStreams<S>::OffsetOf(int l, const std::string& what) const {
+  auto it = offset_of_.find(l < 0 ? what : absl::StrCat("sublayer", l, ".", what));
+  return it == offset_of_.end() ? -1 : it->second;
+}
+
+template <typename S>
+absl::Status XhcStreams<S>::InitDenseSublayer(int l, Sublayer& s) {
+  // One projection w; the scalars adjacent in the order MapsOf reads them: hc s_a, s_b, a_m0
+  // (N), a_r0 (N*N), b0 (N); mhc a_pre, a_post, a_res, b_pre (N), b_post (N), b_res (N*N).
+  const bool hc = config_.mode == ResidualMode::kHc;
+  s.w1 = OffsetOf(l, "w");
+  s.a_pre = OffsetOf(l, hc ? "s_a" : "a_pre");
+  const bool adjacent =
+      hc ? OffsetOf(l, "s_b") == s.a_pre + 1 && OffsetOf(l, "a_m0") == s.a_pre + 2 &&
+               OffsetOf(l, "a_r0") == s.a_pre + 2 + N_ &&
+               OffsetOf(l, "b0") == s.a_pre + 2 + N_ + N_ * N_
+         : OffsetOf(l, "a_post") == s.a_pre + 1 && OffsetOf(l, "a_res") == s.a_pre + 2 &&
+               OffsetOf(l, "b_pre") == s.a_pre + 3 && OffsetOf(l, "b_post") == s.a_pre + 3 + N_ &&
+               OffsetOf(l, "b_res") == s.a_pre + 3 + 2 * N_;
+  if (s.w1 < 0 || s.a_pre < 0 || !adjacent) {
+    return absl::InternalError(absl::StrCat(
+        "GPU residual streams: ", std::string(ResidualModeName(config_.mode)), " sublayer ", l,
+        "'s parameters are not laid out as the kernels expect (hyper_connections.cc "
+        "changed?)"));
+  }
+  return absl::OkStatus();
+}
+
+template <typename S>
+absl::Status XhcStreams<S>::InitXhcSublayer(int l, Sublayer& sl) {
+  const int64_t nc = static_cast<int64_t>(N_) * C_;
+  const int64_t kc = static_cast<int64_t>(k_) * C_;
+  const int g = config_.group_size();
+  const auto at = [&](int l2, const std::string& what) { return OffsetOf(l2, what); };
+  Sublayer* s = &sl;
+  s->mlp = config_.sublayers[static_cast<size_t>(l)] == SublayerKind::kMlp;
+  s->Kr = s->mlp ? 1 + J_ : 1;
+  s->s = l % g;
+  s->mix = s->s == g - 1;
+  s->a_pre = at(l, "a_pre");
+  s->w2 = s->mix ? at(l, "w_res") : at(l, "w_post");
+  s->a_res = s->mix ? at(l, "a_res") : -1;
+  s->a_post = at(l, "a_post");
+  // The kernels take the router and pre rows of a group as one matrix, [w_res | w_post] as
+  // one, and the scalar parameters as adjacent runs: the CPU's layout, checked here.
+  bool adjacent = at(l, "b_pre") == s->a_pre + 1 && s->w2 >= 0 && at(l, "b_post") == s->a_post + 1;
+  if (s->s == 0) {
+    s->w1 = g == 1 ? at(l, "w_router") : OffsetOf(-1, absl::StrCat("group", l / g, ".w_router"));
+    for (int q = 0; q < g; ++q)
+      adjacent = adjacent && at(l + q, "w_pre") == s->w1 + (1 + q) * N_ * nc;
+    adjacent = adjacent && s->w1 >= 0;
+  }
+  if (s->mix) {
+    adjacent = adjacent && at(l, "w_post") == s->w2 + k_ * k_ * kc &&
+               at(l, "b_res") == s->a_res + 1 && s->a_post == s->a_res + 1 + k_ * k_;
+  }
+  if (!adjacent) {
+    return absl::InternalError(absl::StrCat("GPU residual streams: sublayer ", l,
+                                            "'s parameters are not laid out as the kernels "
+                                            "expect (runtime/residual/xhc.cc changed?)"));
+  }
+  if (s->mlp) {
+    s->conv = at(l, "conv0");
+    int64_t next = s->conv;
+    for (int j = 0; j < J_; ++j) {
+      if (at(l, absl::StrCat("conv", j)) != next) {
+        return absl::InternalError("GPU residual streams: convolutions not adjacent");
+      }
+      s->taps.push_back(config_.conv_widths[static_cast<size_t>(j)]);
+      next += static_cast<int64_t>(s->taps.back()) * C_;
+    }
+  }
+  if (s->s == 0) {
+    if (absl::Status st = s->colsum.Resize({N_}); !st.ok()) return st;
+  }
+  return absl::OkStatus();
 }
 
 template <typename S>
@@ -261,6 +334,9 @@ xhc::Layout XhcStreams<S>::LayoutOf(int l) const {
   lay.Kr = sub_[static_cast<size_t>(l)]->Kr;
   lay.J = sub_[static_cast<size_t>(l)]->mlp ? J_ : 0;
   lay.iters = config_.sinkhorn_iters;
+  lay.g = config_.group_size();
+  lay.s = sub_[static_cast<size_t>(l)]->s;
+  lay.mix = sub_[static_cast<size_t>(l)]->mix;
   return lay;
 }
 
@@ -269,12 +345,38 @@ xhc::MapParams XhcStreams<S>::MapsOf(int l) {
   const Sublayer& s = *sub_[static_cast<size_t>(l)];
   const float* v = values_.data();
   xhc::MapParams p;
+  if (config_.mode == ResidualMode::kHc) {  // s_a, s_b, A_m0, A_r0, B0 (xhc_kernels.h)
+    p.a_pre = v + s.a_pre;
+    p.a_post = v + s.a_pre + 1;
+    p.b_pre = v + s.a_pre + 2;
+    p.b_res = p.b_pre + N_;
+    p.b_post = p.b_res + N_ * N_;
+    return p;
+  }
+  if (config_.mode == ResidualMode::kMhc) {
+    p.a_pre = v + s.a_pre;
+    p.a_post = v + s.a_pre + 1;
+    p.a_res = v + s.a_pre + 2;
+    p.b_pre = v + s.a_pre + 3;
+    p.b_post = p.b_pre + N_;
+    p.b_res = p.b_post + N_;
+    return p;
+  }
   p.a_pre = v + s.a_pre;
   p.b_pre = v + s.a_pre + 1;
-  p.a_res = v + s.a_res;
-  p.b_res = v + s.a_res + 1;
-  p.a_post = v + s.a_res + 1 + k_ * k_;
-  p.b_post = v + s.a_res + 2 + k_ * k_;
+  if (s.mix) {
+    p.a_res = v + s.a_res;
+    p.b_res = v + s.a_res + 1;
+  }
+  p.a_post = v + s.a_post;
+  p.b_post = v + s.a_post + 1;
+  // Every sublayer of the group (ReadEntry's pre-mappings).
+  const int first = l - s.s;
+  for (int q = 0; q < config_.group_size(); ++q) {
+    const Sublayer& o = *sub_[static_cast<size_t>(first + q)];
+    p.group_a_pre[q] = v + o.a_pre;
+    p.group_b_pre[q] = v + o.a_pre + 1;
+  }
   int64_t off = s.conv;
   for (size_t j = 0; j < s.taps.size(); ++j) {
     p.conv[j] = v + off;
@@ -331,17 +433,21 @@ absl::Status XhcStreams<S>::WeightGrad(const GemmShape& shape, const float* coef
 template <typename S>
 absl::Status XhcStreams<S>::Reserve(int tokens) {
   if (tokens <= capacity_) return absl::OkStatus();
+  if (Dense()) return ReserveDense(tokens);
   const int64_t T = tokens;
-  const int64_t nc = static_cast<int64_t>(N_) * C_;
   const int64_t kc = static_cast<int64_t>(k_) * C_;
+  const int g = config_.group_size();
+  const int P1 = N_ + g * N_;
   const int KrMax = 1 + J_;
   const int P2Max = k_ * k_ + k_ * KrMax;
   const int C2Max = (P2Max + 7) / 8 * 8;
   for (int l = 0; l < L_; ++l) {
     Sublayer& s = *sub_[static_cast<size_t>(l)];
     const xhc::Layout lay = LayoutOf(l);
-    if (absl::Status st = s.rec.Resize({T, lay.RecStride()}); !st.ok()) return st;
-    if (absl::Status st = s.idx.Resize({T, k_}); !st.ok()) return st;
+    if (s.s == 0) {
+      if (absl::Status st = s.rec.Resize({T, lay.RecStride()}); !st.ok()) return st;
+      if (absl::Status st = s.idx.Resize({T, k_}); !st.ok()) return st;
+    }
     if (absl::Status st = s.coef.Resize({T, lay.CoefStride()}); !st.ok()) return st;
     if (absl::Status st = s.saved.Resize({T, lay.SavedStride()}); !st.ok()) return st;
   }
@@ -350,17 +456,16 @@ absl::Status XhcStreams<S>::Reserve(int tokens) {
   mlp.J = J_;
   mlp.Kr = KrMax;
   for (absl::Status st :
-       {x_.Resize({T, N_, C_}), dx_.Resize({T, N_, C_}), segment_.Resize({T}),
-        z_.Resize({T, 2 * N_}), q_.Resize({T, P2Max}), da_.Resize({T, kc}),
-        dg_.Resize({T, std::max(J_, 1), C_}), dp_.Resize({T, k_}), c2_.Resize({T, C2Max}),
-        wscal_.Resize({T, 2 + k_ * k_ + k_ * KrMax}), rscal_.Resize({T, 1 + N_}),
-        c1_.Resize({T, 2 * N_}),
+       {x_.Resize({T, N_, C_}), dx_.Resize({T, N_, C_}), segment_.Resize({T}), z_.Resize({T, P1}),
+        q_.Resize({T, P2Max}), da_.Resize({T, kc}), dg_.Resize({T, std::max(J_, 1), C_}),
+        dp_.Resize({T, k_}), c2_.Resize({T, C2Max}), wscal_.Resize({T, 2 + k_ * k_ + k_ * KrMax}),
+        rscal_.Resize({T, 1 + N_}), c1_.Resize({T, P1}), base_.Resize({T, std::max(g - 1, 1), C_}),
+        dypre_.Resize({T, g, N_}),
         tape_.Resize({T, xhc::SinkhornTapeFloats(k_, config_.sinkhorn_iters)}),
         partial_.Resize({std::max<int64_t>(1, xhc::ConvPartialFloats(mlp, T, all_taps.data()))}),
-        c_bf16_.Resize({T, std::max(2 * N_, C2Max)})}) {
+        c_bf16_.Resize({T, std::max(P1, C2Max)})}) {
     if (!st.ok()) return st;
   }
-  (void)nc;
   capacity_ = tokens;
   return absl::OkStatus();
 }
@@ -442,8 +547,65 @@ absl::Status XhcStreams<S>::ExpandBackward(float* d_embedded) {
 template <typename S>
 absl::Status XhcStreams<S>::RestartFromInputState() {
   if (absl::Status s = Order(backward_pos_ == 0, "RestartFromInputState", 0); !s.ok()) return s;
+  if (Dense()) {
+    // hc and mhc do not walk the state back: sublayer 0 saved the batch's input.
+    if (absl::Status s = Check(cudaMemcpyAsync(x_.data(), sub_[0]->saved.data(),
+                                               sizeof(S) * static_cast<size_t>(x_.size()),
+                                               cudaMemcpyDeviceToDevice, device_->stream()),
+                               "restoring the input state");
+        !s.ok()) {
+      return s;
+    }
+  }
   forward_pos_ = 0;
   backward_pos_ = -1;
+  return absl::OkStatus();
+}
+
+template <typename S>
+typename XhcStreams<S>::Sublayer& XhcStreams<S>::EntryOf(int l) {
+  return *sub_[static_cast<size_t>(l - sub_[static_cast<size_t>(l)]->s)];
+}
+
+template <typename S>
+absl::Status XhcStreams<S>::ReadGroupEntry(int l, float* u) {
+  Sublayer& s = *sub_[static_cast<size_t>(l)];
+  const xhc::Layout lay = LayoutOf(l);
+  const int T = tokens_;
+  const int64_t nc = static_cast<int64_t>(N_) * C_;
+  const int64_t kc = static_cast<int64_t>(k_) * C_;
+  const int64_t sz = sizeof(S);
+  const int P1 = lay.P1();
+  cudaStream_t st = device_->stream();
+  if (absl::Status e = Check(xhc::RouterColumnSums(lay, values_.data() + s.w1, s.colsum.data(), st),
+                             "router column sums");
+      !e.ok()) {
+    return e;
+  }
+  // z = X W1^T: router rows then every sublayer's pre-mapping rows.
+  if (absl::Status e = Project({.trans_b = true,
+                                .m = T,
+                                .n = P1,
+                                .k = static_cast<int>(nc),
+                                .lda = static_cast<int>(nc),
+                                .ldb = static_cast<int>(nc),
+                                .ldc = P1},
+                               x_.data(), s.w1, z_.data());
+      !e.ok()) {
+    return e;
+  }
+  Count("fwd GEMM z = X W1^T", T * nc * sz, T * P1 * 4);
+  if (absl::Status e =
+          Check(xhc::ReadEntry<S>(lay, T, x_.data(), z_.data(), s.colsum.data(), MapsOf(l),
+                                  s.rec.data(), s.idx.data(), u, lay.g > 1 ? base_.data() : nullptr,
+                                  s.saved.data(), s.coef.data(), st),
+                "ReadEntry");
+      !e.ok()) {
+    return e;
+  }
+  // The state once; u, the later sublayers' bases, the active rows, the record.
+  Count("fwd ReadEntry (dense read + bases + gather)", T * (nc * sz + P1 * 4),
+        T * (lay.g * C_ * 4 + kc * sz + lay.RecStride() * 4 + k_ * 4));
   return absl::OkStatus();
 }
 
@@ -451,41 +613,33 @@ template <typename S>
 absl::Status XhcStreams<S>::ReadInput(int l, float* u) {
   if (absl::Status s = Order(l >= 0 && l < L_ && forward_pos_ == 2 * l, "ReadInput", l); !s.ok())
     return s;
+  if (Dense()) {
+    if (absl::Status e = DenseReadInput(l, u); !e.ok()) return e;
+    forward_pos_ = 2 * l + 1;
+    return absl::OkStatus();
+  }
   Sublayer& s = *sub_[static_cast<size_t>(l)];
   const xhc::Layout lay = LayoutOf(l);
   const xhc::MapParams p = MapsOf(l);
   const int T = tokens_;
-  const int64_t nc = static_cast<int64_t>(N_) * C_;
   const int64_t kc = static_cast<int64_t>(k_) * C_;
   const int64_t sz = sizeof(S);
   cudaStream_t st = device_->stream();
-  if (absl::Status e = Check(xhc::RouterColumnSums(lay, values_.data() + s.w1, s.colsum.data(), st),
-                             "router column sums");
-      !e.ok()) {
-    return e;
+  if (s.s == 0) {
+    if (absl::Status e = ReadGroupEntry(l, u); !e.ok()) return e;
+  } else {
+    Sublayer& entry = EntryOf(l);
+    if (absl::Status e =
+            Check(xhc::ReadBase<S>(lay, T, x_.data(), base_.data(), entry.rec.data(),
+                                   entry.idx.data(), u, s.saved.data(), s.coef.data(), st),
+                  "ReadBase");
+        !e.ok()) {
+      return e;
+    }
+    // The base and the active rows in; u and the active rows (saved) out.
+    Count("fwd ReadBase (read from bases + gather)", T * (C_ * 4 + kc * sz + k_ * 4 + k_ * 4),
+          T * (C_ * 4 + kc * sz + 4));
   }
-  // z = X W1^T: router rows then pre-mapping rows.
-  if (absl::Status e = Project({.trans_b = true,
-                                .m = T,
-                                .n = 2 * N_,
-                                .k = static_cast<int>(nc),
-                                .lda = static_cast<int>(nc),
-                                .ldb = static_cast<int>(nc),
-                                .ldc = 2 * N_},
-                               x_.data(), s.w1, z_.data());
-      !e.ok()) {
-    return e;
-  }
-  Count("fwd GEMM z = X W1^T", T * nc * sz, T * 2 * N_ * 4);
-  if (absl::Status e =
-          Check(xhc::ReadEntry<S>(lay, T, x_.data(), z_.data(), s.colsum.data(), p, s.rec.data(),
-                                  s.idx.data(), u, s.saved.data(), s.coef.data(), st),
-                "ReadEntry");
-      !e.ok()) {
-    return e;
-  }
-  Count("fwd ReadEntry (dense read + gather)", T * (nc * sz + 2 * N_ * 4),
-        T * (C_ * 4 + kc * sz + lay.RecStride() * 4 + k_ * 4));
   // q = A W2^T over the gathered rows (saved, SavedStride apart).
   const int P2 = lay.P2();
   if (absl::Status e = Project({.trans_b = true,
@@ -515,20 +669,27 @@ absl::Status XhcStreams<S>::WriteOutput(int l, const float* out) {
   if (absl::Status s = Order(l >= 0 && l < L_ && forward_pos_ == 2 * l + 1, "WriteOutput", l);
       !s.ok())
     return s;
+  if (Dense()) {
+    if (absl::Status e = DenseWriteOutput(l, out); !e.ok()) return e;
+    forward_pos_ = 2 * l + 2;
+    return absl::OkStatus();
+  }
   Sublayer& s = *sub_[static_cast<size_t>(l)];
+  Sublayer& entry = EntryOf(l);
   const xhc::Layout lay = LayoutOf(l);
   const int T = tokens_;
   const int64_t kc = static_cast<int64_t>(k_) * C_;
   const int64_t sz = sizeof(S);
-  if (absl::Status e =
-          Check(xhc::Write<S>(lay, T, out, segment_.data(), MapsOf(l), s.rec.data(), s.idx.data(),
-                              s.coef.data(), x_.data(), s.saved.data(), device_->stream()),
-                "Write");
+  if (absl::Status e = Check(
+          xhc::Write<S>(lay, T, out, segment_.data(), MapsOf(l), entry.rec.data(), entry.idx.data(),
+                        s.coef.data(), x_.data(), s.saved.data(), device_->stream()),
+          "Write");
       !e.ok()) {
     return e;
   }
   // out, the active rows in and out, the basis saved.
-  Count("fwd Write (convolutions + Gram-Schmidt + mix + scatter)",
+  Count(lay.mix ? "fwd Write (convolutions + Gram-Schmidt + mix + scatter)"
+                : "fwd Write (convolutions + Gram-Schmidt + write-back)",
         T * (C_ * 4 + kc * sz + (lay.CoefStride() + lay.RecStride()) * 4),
         T * (kc * sz + lay.Kr * C_ * sz));
   forward_pos_ = 2 * l + 2;
@@ -566,7 +727,13 @@ absl::Status XhcStreams<S>::WriteOutputBackward(int l, float* d_out) {
           Order(l >= 0 && l < L_ && backward_pos_ == 2 * l + 2, "WriteOutputBackward", l);
       !s.ok())
     return s;
+  if (Dense()) {
+    if (absl::Status e = DenseWriteOutputBackward(l, d_out); !e.ok()) return e;
+    backward_pos_ = 2 * l + 1;
+    return absl::OkStatus();
+  }
   Sublayer& s = *sub_[static_cast<size_t>(l)];
+  Sublayer& entry = EntryOf(l);
   const xhc::Layout lay = LayoutOf(l);
   const xhc::MapParams p = MapsOf(l);
   const int T = tokens_;
@@ -574,10 +741,19 @@ absl::Status XhcStreams<S>::WriteOutputBackward(int l, float* d_out) {
   const int64_t sz = sizeof(S);
   const int P2 = lay.P2();
   cudaStream_t st = device_->stream();
+  // The gate gradients accumulate over a group's sublayers, from its last (the first in the
+  // backward) to its entry's ReadInputBackward.
+  if (s.mix) {
+    if (absl::Status e = Check(cudaMemsetAsync(dp_.data(), 0, sizeof(float) * T * k_, st),
+                               "zeroing the gate gradients");
+        !e.ok()) {
+      return e;
+    }
+  }
   if (absl::Status e =
           Check(xhc::WriteBackward<S>(lay, T, dx_.data(), s.saved.data(), segment_.data(), p,
-                                      s.rec.data(), s.idx.data(), s.coef.data(), da_.data(), d_out,
-                                      dg_.data(), dp_.data(), c2_.data(), wscal_.data(),
+                                      entry.rec.data(), entry.idx.data(), s.coef.data(), da_.data(),
+                                      d_out, dg_.data(), dp_.data(), c2_.data(), wscal_.data(),
                                       tape_.data(), st),
                 "WriteBackward");
       !e.ok()) {
@@ -599,8 +775,8 @@ absl::Status XhcStreams<S>::WriteOutputBackward(int l, float* d_out) {
     return e;
   }
   Count("bwd GEMM dA += c2 W2", T * kc * 4, T * kc * 4);
-  if (absl::Status e = Check(xhc::ScatterActive<S>(lay, T, da_.data(), s.saved.data(), s.idx.data(),
-                                                   dx_.data(), x_.data(), st),
+  if (absl::Status e = Check(xhc::ScatterActive<S>(lay, T, da_.data(), s.saved.data(),
+                                                   entry.idx.data(), dx_.data(), x_.data(), st),
                              "ScatterActive");
       !e.ok()) {
     return e;
@@ -631,9 +807,13 @@ absl::Status XhcStreams<S>::WriteOutputBackward(int l, float* d_out) {
     return e;
   }
   Count("bwd GEMM dW2 += c2^T A", T * kc * sz, 0);
-  if (absl::Status e = Check(xhc::SumScalars(T, lay.WriteScalStride(), lay.WriteScalStride(),
-                                             wscal_.data(), grads_.data() + s.a_res, st),
-                             "write scalars");
+  // a_res, b_res, a_post, b_post (adjacent) where the sublayer mixes; a_post, b_post only
+  // (their records after the unused 1 + k*k) where it does not.
+  const int skip = s.mix ? 0 : 1 + k_ * k_;
+  if (absl::Status e = Check(
+          xhc::SumScalars(T, lay.WriteScalStride(), lay.WriteScalStride() - skip,
+                          wscal_.data() + skip, grads_.data() + (s.mix ? s.a_res : s.a_post), st),
+          "write scalars");
       !e.ok()) {
     return e;
   }
@@ -647,30 +827,54 @@ absl::Status XhcStreams<S>::ReadInputBackward(int l, const float* d_u) {
           Order(l >= 0 && l < L_ && backward_pos_ == 2 * l + 1, "ReadInputBackward", l);
       !s.ok())
     return s;
+  if (Dense()) {
+    if (absl::Status e = DenseReadInputBackward(l, d_u); !e.ok()) return e;
+    backward_pos_ = 2 * l;
+    return absl::OkStatus();
+  }
   Sublayer& s = *sub_[static_cast<size_t>(l)];
+  Sublayer& entry = EntryOf(l);
   const xhc::Layout lay = LayoutOf(l);
   const xhc::MapParams p = MapsOf(l);
   const int T = tokens_;
   const int64_t nc = static_cast<int64_t>(N_) * C_;
   const int64_t sz = sizeof(S);
   cudaStream_t st = device_->stream();
-  if (absl::Status e = Check(
-          xhc::ReadBackward<S>(lay, T, x_.data(), d_u, dp_.data(), s.colsum.data(), p, s.rec.data(),
-                               s.idx.data(), dx_.data(), c1_.data(), rscal_.data(), st),
-          "ReadBackward");
+  if (absl::Status e =
+          Check(xhc::ReadBackward<S>(lay, T, x_.data(), d_u, dp_.data(), entry.colsum.data(), p,
+                                     entry.rec.data(), entry.idx.data(), dx_.data(), dypre_.data(),
+                                     c1_.data(), rscal_.data(), st),
+                "ReadBackward");
       !e.ok()) {
     return e;
   }
-  Count("bwd ReadBackward (dense read + norms)", T * (nc * sz + nc * 4 + C_ * 4), T * nc * 4);
+  Count(s.s == 0 ? "bwd ReadBackward (dense read + norms)" : "bwd ReadBackward (dense read)",
+        T * (nc * sz + nc * 4 + C_ * 4), T * nc * 4);
+  if (absl::Status e = Check(xhc::SumScalars(T, lay.ReadScalStride(), lay.ReadScalStride(),
+                                             rscal_.data(), grads_.data() + s.a_pre, st),
+                             "read scalars");
+      !e.ok()) {
+    return e;
+  }
+  if (s.s == 0) {
+    if (absl::Status e = EntryWeightGrads(l); !e.ok()) return e;
+  }
+  backward_pos_ = 2 * l;
+  return absl::OkStatus();
+}
+
+template <typename S>
+absl::Status XhcStreams<S>::EntryWeightGrads(int l) {
+  Sublayer& s = *sub_[static_cast<size_t>(l)];
+  const xhc::Layout lay = LayoutOf(l);
+  const int T = tokens_;
+  const int64_t nc = static_cast<int64_t>(N_) * C_;
+  const int64_t sz = sizeof(S);
+  const int P1 = lay.P1();
+  cudaStream_t st = device_->stream();
   // dX += c1 W1 (fp32).
-  const GemmShape dxshape{false,
-                          false,
-                          T,
-                          static_cast<int>(nc),
-                          2 * N_,
-                          2 * N_,
-                          static_cast<int>(nc),
-                          static_cast<int>(nc)};
+  const GemmShape dxshape{
+      false, false, T, static_cast<int>(nc), P1, P1, static_cast<int>(nc), static_cast<int>(nc)};
   if (absl::Status e = gemm_.Run(dxshape, 1.0f, c1_.data(), values_.data() + s.w1, 1.0f, dx_.data(),
                                  gemm_precision_, st);
       !e.ok()) {
@@ -679,31 +883,20 @@ absl::Status XhcStreams<S>::ReadInputBackward(int l, const float* d_u) {
   Count("bwd GEMM dX += c1 W1", T * nc * 4, T * nc * 4);
   // dW1 += c1^T X.
   if (absl::Status e = WeightGrad({.trans_a = true,
-                                   .m = 2 * N_,
+                                   .m = P1,
                                    .n = static_cast<int>(nc),
                                    .k = T,
-                                   .lda = 2 * N_,
+                                   .lda = P1,
                                    .ldb = static_cast<int>(nc),
                                    .ldc = static_cast<int>(nc)},
-                                  c1_.data(), static_cast<int64_t>(T) * 2 * N_, x_.data(), s.w1);
+                                  c1_.data(), static_cast<int64_t>(T) * P1, x_.data(), s.w1);
       !e.ok()) {
     return e;
   }
   Count("bwd GEMM dW1 += c1^T X", T * nc * sz, 0);
-  if (absl::Status e = Check(xhc::RouterCentring(lay, T, c1_.data(), s.rec.data(),
-                                                 grads_.data() + s.w1, corr_.data(), st),
-                             "router centring");
-      !e.ok()) {
-    return e;
-  }
-  if (absl::Status e = Check(xhc::SumScalars(T, lay.ReadScalStride(), lay.ReadScalStride(),
-                                             rscal_.data(), grads_.data() + s.a_pre, st),
-                             "read scalars");
-      !e.ok()) {
-    return e;
-  }
-  backward_pos_ = 2 * l;
-  return absl::OkStatus();
+  return Check(
+      xhc::RouterCentring(lay, T, c1_.data(), s.rec.data(), grads_.data() + s.w1, corr_.data(), st),
+      "router centring");
 }
 
 template <typename S>
@@ -732,11 +925,13 @@ template <typename S>
 absl::StatusOr<std::vector<SublayerMaps<float>>> XhcStreams<S>::Maps(int l) {
   if (l < 0 || l >= L_) return absl::InvalidArgumentError("xhc (GPU): no such sublayer");
   if (forward_pos_ < 2 * l + 1) return Order(false, "Maps", l);
+  if (Dense()) return DenseMaps(l);
   Sublayer& s = *sub_[static_cast<size_t>(l)];
+  Sublayer& entry = EntryOf(l);
   const xhc::Layout lay = LayoutOf(l);
   std::vector<float> rec, coef;
   std::vector<int32_t> idx;
-  for (absl::Status st : {s.rec.CopyTo(&rec), s.coef.CopyTo(&coef), s.idx.CopyTo(&idx)}) {
+  for (absl::Status st : {entry.rec.CopyTo(&rec), s.coef.CopyTo(&coef), entry.idx.CopyTo(&idx)}) {
     if (!st.ok()) return st;
   }
   std::vector<SublayerMaps<float>> out(static_cast<size_t>(tokens_));
@@ -748,8 +943,175 @@ absl::StatusOr<std::vector<SublayerMaps<float>>> XhcStreams<S>::Maps(int l) {
                     idx.begin() + static_cast<int64_t>(t + 1) * k_);
     m.gates.assign(r + xhc::Layout::kGate, r + xhc::Layout::kGate + k_);
     m.h_pre.assign(r + lay.HpreOff(), r + lay.HpreOff() + N_);
-    m.h_res.assign(c + lay.HresOff(), c + lay.HresOff() + k_ * k_);
+    if (lay.mix) m.h_res.assign(c + lay.HresOff(), c + lay.HresOff() + k_ * k_);
     m.h_post.assign(c + lay.HpostOff(), c + lay.HpostOff() + k_ * lay.Kr);
+  }
+  return out;
+}
+
+// ---- hc and mhc: every sublayer reads, mixes and writes the full state (xhc_kernels.h's
+// Dense*). Their projections run over Rows() rows per token of K = N*C / Rows() elements.
+
+template <typename S>
+xhc::DenseLayout XhcStreams<S>::DenseLayoutOf() const {
+  xhc::DenseLayout d;
+  d.hc = config_.mode == ResidualMode::kHc;
+  d.N = N_;
+  d.C = C_;
+  d.iters = config_.sinkhorn_iters;
+  return d;
+}
+
+template <typename S>
+absl::Status XhcStreams<S>::ReserveDense(int tokens) {
+  const int64_t T = tokens;
+  const xhc::DenseLayout d = DenseLayoutOf();
+  const int64_t zt = static_cast<int64_t>(d.Rows()) * d.P();
+  for (const std::unique_ptr<Sublayer>& s : sub_) {
+    for (absl::Status st : {s->coef.Resize({T, d.CoefStride()}), s->saved.Resize({T, N_, C_}),
+                            s->out.Resize({T, C_})}) {
+      if (!st.ok()) return st;
+    }
+  }
+  // c2_ holds the write's dH_post / dH_res records, c1_ the projections' gradients.
+  for (absl::Status st :
+       {x_.Resize({T, N_, C_}), dx_.Resize({T, N_, C_}), segment_.Resize({T}), z_.Resize({T, zt}),
+        c1_.Resize({T, zt}), c2_.Resize({T, d.DcoefStride()}), rscal_.Resize({T, d.ScalStride()}),
+        tape_.Resize({T, xhc::SinkhornTapeFloats(N_, config_.sinkhorn_iters)}),
+        c_bf16_.Resize({T, zt})}) {
+    if (!st.ok()) return st;
+  }
+  capacity_ = tokens;
+  return absl::OkStatus();
+}
+
+template <typename S>
+absl::Status XhcStreams<S>::DenseReadInput(int l, float* u) {
+  Sublayer& s = *sub_[static_cast<size_t>(l)];
+  const xhc::DenseLayout d = DenseLayoutOf();
+  const int T = tokens_;
+  const int64_t nc = static_cast<int64_t>(N_) * C_;
+  const int64_t sz = sizeof(S);
+  const int P = d.P(), K = static_cast<int>(nc / d.Rows());
+  // z = X W^T over the projected rows (hc: every stream; mhc: the whole state).
+  if (absl::Status e = Project(
+          {.trans_b = true, .m = T * d.Rows(), .n = P, .k = K, .lda = K, .ldb = K, .ldc = P},
+          x_.data(), s.w1, z_.data());
+      !e.ok()) {
+    return e;
+  }
+  Count("dense fwd GEMM z = X W^T", T * nc * sz, T * d.Rows() * P * 4);
+  if (absl::Status e = Check(xhc::DenseRead<S>(d, T, x_.data(), z_.data(), MapsOf(l), s.coef.data(),
+                                               u, s.saved.data(), device_->stream()),
+                             "DenseRead");
+      !e.ok()) {
+    return e;
+  }
+  Count("dense fwd Read (maps + dense read + save)", T * (nc * sz + d.Rows() * P * 4),
+        T * (C_ * 4 + nc * sz + d.CoefStride() * 4));
+  return absl::OkStatus();
+}
+
+template <typename S>
+absl::Status XhcStreams<S>::DenseWriteOutput(int l, const float* out) {
+  Sublayer& s = *sub_[static_cast<size_t>(l)];
+  const int T = tokens_;
+  const int64_t nc = static_cast<int64_t>(N_) * C_;
+  const int64_t sz = sizeof(S);
+  if (absl::Status e = Check(xhc::DenseWrite<S>(DenseLayoutOf(), T, out, s.coef.data(), x_.data(),
+                                                s.out.data(), device_->stream()),
+                             "DenseWrite");
+      !e.ok()) {
+    return e;
+  }
+  Count("dense fwd Write (mix + write-back)", T * (C_ * 4 + nc * sz), T * (nc * sz + C_ * 4));
+  return absl::OkStatus();
+}
+
+template <typename S>
+absl::Status XhcStreams<S>::DenseWriteOutputBackward(int l, float* d_out) {
+  Sublayer& s = *sub_[static_cast<size_t>(l)];
+  const int T = tokens_;
+  const int64_t nc = static_cast<int64_t>(N_) * C_;
+  const int64_t sz = sizeof(S);
+  if (absl::Status e = Check(xhc::DenseWriteBackward<S>(DenseLayoutOf(), T, s.saved.data(),
+                                                        s.out.data(), s.coef.data(), dx_.data(),
+                                                        d_out, c2_.data(), device_->stream()),
+                             "DenseWriteBackward");
+      !e.ok()) {
+    return e;
+  }
+  Count("dense bwd WriteBackward", T * (nc * 4 + nc * sz + C_ * 4), T * (nc * 4 + C_ * 4));
+  return absl::OkStatus();
+}
+
+template <typename S>
+absl::Status XhcStreams<S>::DenseReadInputBackward(int l, const float* d_u) {
+  Sublayer& s = *sub_[static_cast<size_t>(l)];
+  const xhc::DenseLayout d = DenseLayoutOf();
+  const int T = tokens_;
+  const int64_t nc = static_cast<int64_t>(N_) * C_;
+  const int64_t sz = sizeof(S);
+  const int P = d.P(), K = static_cast<int>(nc / d.Rows()), rows = T * d.Rows();
+  const int ss = d.ScalStride();
+  cudaStream_t st = device_->stream();
+  if (absl::Status e = Check(
+          xhc::DenseReadBackward<S>(d, T, s.saved.data(), d_u, s.coef.data(), c2_.data(), MapsOf(l),
+                                    dx_.data(), c1_.data(), rscal_.data(), tape_.data(), st),
+          "DenseReadBackward");
+      !e.ok()) {
+    return e;
+  }
+  Count("dense bwd ReadBackward (dense read + maps + norms)", T * (nc * sz + nc * 4 + C_ * 4),
+        T * nc * 4);
+  // dX += c W (fp32), dW += c^T X over the saved input state, both over the projected rows.
+  const GemmShape dxshape{false, false, rows, K, P, P, K, K};
+  if (absl::Status e = gemm_.Run(dxshape, 1.0f, c1_.data(), values_.data() + s.w1, 1.0f, dx_.data(),
+                                 gemm_precision_, st);
+      !e.ok()) {
+    return e;
+  }
+  Count("dense bwd GEMM dX += c W", T * nc * 4, T * nc * 4);
+  if (absl::Status e =
+          WeightGrad({.trans_a = true, .m = P, .n = K, .k = rows, .lda = P, .ldb = K, .ldc = K},
+                     c1_.data(), static_cast<int64_t>(rows) * P, s.saved.data(), s.w1);
+      !e.ok()) {
+    return e;
+  }
+  Count("dense bwd GEMM dW += c^T X", T * nc * sz, 0);
+  if (!d.hc)
+    return Check(xhc::SumScalars(T, ss, ss, rscal_.data(), grads_.data() + s.a_pre, st),
+                 "mhc scalars");
+  // hc's records are s_a, s_b, A_m0, B0, A_r0; its parameters s_a, s_b, a_m0, a_r0, b0.
+  const int n = N_;
+  for (const auto& [rec, param, count] :
+       {std::tuple{0, 0, 2 + n}, std::tuple{2 + n, 2 + n + n * n, n},
+        std::tuple{2 + 2 * n, 2 + n, n * n}}) {
+    if (absl::Status e = Check(
+            xhc::SumScalars(T, ss, count, rscal_.data() + rec, grads_.data() + s.a_pre + param, st),
+            "hc scalars");
+        !e.ok()) {
+      return e;
+    }
+  }
+  return absl::OkStatus();
+}
+
+template <typename S>
+absl::StatusOr<std::vector<SublayerMaps<float>>> XhcStreams<S>::DenseMaps(int l) {
+  std::vector<float> coef;
+  if (absl::Status st = sub_[static_cast<size_t>(l)]->coef.CopyTo(&coef); !st.ok()) return st;
+  const xhc::DenseLayout d = DenseLayoutOf();
+  const int n = N_;
+  std::vector<SublayerMaps<float>> out(static_cast<size_t>(tokens_));
+  for (int t = 0; t < tokens_; ++t) {
+    const float* c = coef.data() + static_cast<int64_t>(t) * d.CoefStride();
+    SublayerMaps<float>& m = out[static_cast<size_t>(t)];
+    for (int i = 0; i < n; ++i) m.active.push_back(i);
+    m.gates.assign(static_cast<size_t>(n), 1.0f);
+    m.h_pre.assign(c + d.Pre(), c + d.Pre() + n);
+    m.h_post.assign(c + d.Post(), c + d.Post() + n);
+    m.h_res.assign(c + d.Res(), c + d.Res() + n * n);  // as the CPU stores it (hc: A_r)
   }
   return out;
 }

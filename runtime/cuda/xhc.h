@@ -1,7 +1,7 @@
-// XhcStreams: the xhc residual streams (runtime/residual/residual_streams.h, mode xhc) on a
-// GPU, forward and backward, with the CPU component's parameters (same names, sizes, order
-// and initialisation: it builds a CPU ResidualStreams<float> once to take them) and its
-// call sequence:
+// XhcStreams: the xhc residual streams (runtime/residual/residual_streams.h, modes xhc,
+// xhc_flash and xhc_flash4), and modes hc and mhc, on a GPU, forward and backward, with the CPU
+// component's parameters (same names, sizes, order and initialisation: it builds a CPU
+// ResidualStreams<float> once to take them) and its call sequence:
 //
 //   BeginBatch(tokens, segment_starts)    SetState(host state) or Expand(device embedding)
 //   for l: ReadInput(l, u); out = F_l(u); WriteOutput(l, out)        (u, out on the device)
@@ -15,18 +15,32 @@
 // S is the state's element type: float, or __nv_bfloat16 (the state X and the rows saved for
 // the backward in bf16; coefficients, u, out, the state gradient and every sum in fp32).
 //
-// Kernels per sublayer (runtime/cuda/xhc_kernels.h): ReadInput = GEMM z = X W1^T (router +
-// pre-mapping logits) + ReadEntry (one pass over each token's N x C state: moments,
-// routing, H_pre, the dense read u, the gather of the k active rows) + GEMM q = A W2^T +
-// ActiveMaps; WriteOutput = Write (convolutions, Gram-Schmidt, mixing, write-back and
-// scatter, in place); the backward mirrors them. traffic() counts the bytes each kernel
-// moves to or from device memory (arrays read again from L1/L2 within a kernel are counted
-// once), for comparison with docs/design.md's accounting.
+// Kernels per sublayer (runtime/cuda/xhc_kernels.h), with groups of g sublayers (xhc g = 1:
+// every sublayer is a group's entry and mixes; xhc_flash 2, xhc_flash4 4): ReadInput = at a
+// group's entry GEMM z = X W1^T (router + every pre-mapping's logits of the group) +
+// ReadEntry (one pass over each token's N x C state: moments, routing, every H_pre, the
+// dense read u, the non-active bases of the group's later sublayers, the gather of the k
+// active rows); in a later sublayer of a flash group ReadBase (u from its base and the
+// current active rows, the gather); then GEMM q = A W2^T + ActiveMaps. WriteOutput = Write
+// (convolutions, Gram-Schmidt, mixing in a group's last sublayer only, write-back and
+// scatter, in place). The backward mirrors them: the gate gradients accumulate over a group,
+// and the entry's ReadInputBackward takes the router's and every pre-mapping's logit
+// gradients through the norms and the GEMMs dX += c1 W1, dW1 += c1^T X. traffic() counts the
+// bytes each kernel moves to or from device memory (arrays read again from L1/L2 within a
+// kernel are counted once), for comparison with docs/design.md's accounting.
 //
-// Supported: mode xhc (g = 1) with N <= 32, k <= 4, at most 3 convolutions, C <= 4096;
-// other modes and shapes are an Unimplemented / InvalidArgument error from Create.
-// Not run on a GPU yet: checked against the CPU engine by runtime/cuda/xhc_test.cc, which
-// skips without one.
+// hc and mhc (the CPU's hyper_connections.cc; "dense": every sublayer reads, mixes and writes
+// the full state) take their own path through the same calls, buffers and parameter
+// handling: per sublayer GEMM z = X W^T (hc per stream, mhc over the whole state) + DenseRead
+// (the norms, the maps (mhc's H_res by Sinkhorn), the dense read, the input state saved),
+// DenseWrite (X' = H_res X + H_post^T out in place); backward DenseWriteBackward,
+// DenseReadBackward (mhc's Sinkhorn recomputed), GEMMs dX += c W, dW += c^T X.
+//
+// Supported: modes xhc, xhc_flash and xhc_flash4 with N <= 32, k <= 4, at most 3
+// convolutions, C <= 4096; hc and mhc with N <= 4, C <= 4096; other shapes are an
+// InvalidArgument naming the field.
+// Not run on a GPU yet (hc, mhc, xhc_flash and xhc_flash4 have never run on one): checked
+// against the CPU engine by runtime/cuda/xhc_test.cc, which skips without one.
 #ifndef RACKRUN_RUNTIME_CUDA_XHC_H_
 #define RACKRUN_RUNTIME_CUDA_XHC_H_
 
@@ -105,7 +119,30 @@ class XhcStreams {
   struct Sublayer;
   XhcStreams(Device* device, const ResidualConfig& config, GemmPrecision gemm);
   absl::Status Init(uint64_t seed);
+  // The parameter offset of "sublayer<l>.<what>" (of `what` itself for l < 0); -1 if none.
+  int64_t OffsetOf(int sublayer, const std::string& what) const;
+  // A sublayer's parameter offsets, checked against the layout the kernels read.
+  absl::Status InitXhcSublayer(int sublayer, Sublayer& s);
+  absl::Status InitDenseSublayer(int sublayer, Sublayer& s);
   absl::Status Reserve(int tokens);
+  // The first sublayer of `sublayer`'s group (it holds the group's records and active sets).
+  Sublayer& EntryOf(int sublayer);
+  // ReadInput at a group's entry: the projections of the full state and ReadEntry.
+  absl::Status ReadGroupEntry(int sublayer, float* u);
+  // ReadInputBackward at a group's entry: dX += c1 W1, dW1 += c1^T X, the router centring.
+  absl::Status EntryWeightGrads(int sublayer);
+  // Modes hc and mhc ("dense": every sublayer updates the full state): their layout, buffers,
+  // four calls (after the order checks) and Maps.
+  bool Dense() const {
+    return config_.mode == ResidualMode::kHc || config_.mode == ResidualMode::kMhc;
+  }
+  xhc::DenseLayout DenseLayoutOf() const;
+  absl::Status ReserveDense(int tokens);
+  absl::Status DenseReadInput(int sublayer, float* u);
+  absl::Status DenseWriteOutput(int sublayer, const float* out);
+  absl::Status DenseWriteOutputBackward(int sublayer, float* d_out);
+  absl::Status DenseReadInputBackward(int sublayer, const float* d_u);
+  absl::StatusOr<std::vector<SublayerMaps<float>>> DenseMaps(int sublayer);
   xhc::Layout LayoutOf(int sublayer) const;
   xhc::MapParams MapsOf(int sublayer);
   absl::Status Check(cudaError_t e, const char* what) const;
@@ -141,7 +178,8 @@ class XhcStreams {
   DeviceTensor<S> x_;
   DeviceTensor<float> dx_;
   // Scratch shared by the sublayers.
-  DeviceTensor<float> z_, q_, da_, dg_, dp_, c2_, wscal_, rscal_, c1_, tape_, partial_, corr_;
+  DeviceTensor<float> z_, q_, da_, dg_, dp_, c2_, wscal_, rscal_, c1_, base_, dypre_, tape_,
+      partial_, corr_;
   DeviceTensor<bf16> c_bf16_;
   int forward_pos_ = -1, backward_pos_ = -1;
   std::vector<KernelTraffic> traffic_;

@@ -149,9 +149,11 @@ __device__ void TopK(const Layout& l, const float* score, int32_t* idx) {
 template <typename S>
 __global__ void __launch_bounds__(kRowThreads)
     ReadEntryKernel(Layout l, const S* x, const float* z, const float* colsum, MapParams p,
-                    float* rec, int32_t* idx, float* u, S* saved, float* coef) {
+                    float* rec, int32_t* idx, float* u, float* base, S* saved, float* coef) {
   __shared__ float scratch[2 * kWarp];
-  __shared__ float hpre[kMaxN];
+  // hpre[s * kMaxN + i]: H_pre of sublayer s of the group; for s > 0 zero on the active
+  // streams (the coefficients of the non-active bases).
+  __shared__ float hpre[kMaxG * kMaxN];
   __shared__ int sidx[kMaxK];
   const int64_t t = blockIdx.x;
   const int N = l.N, C = l.C, k = l.k;
@@ -174,42 +176,94 @@ __global__ void __launch_bounds__(kRowThreads)
     r[Layout::kMu] = mu;
     r[Layout::kSd] = sd;
     r[Layout::kRms] = rms;
-    const float* zt = z + t * 2 * N;
+    const float* zt = z + t * l.P1();
     float score[kMaxN];
     for (int q = 0; q < N; ++q) {
       const float yr = (zt[q] - mu * colsum[q]) / sd;
       r[l.YrOff() + q] = yr;
       score[q] = Sigmoid(yr);
     }
-    const float a = *p.a_pre;
-    for (int q = 0; q < N; ++q) {
-      const float y = zt[N + q] / rms;
-      r[l.YpreOff() + q] = y;
-      const float h = Sigmoid(a * y + p.b_pre[q]);
-      r[l.HpreOff() + q] = h;
-      hpre[q] = h;
+    for (int s = 0; s < l.g; ++s) {
+      const float a = *p.group_a_pre[s];
+      const float* b = p.group_b_pre[s];
+      for (int q = 0; q < N; ++q) {
+        const float y = zt[N + s * N + q] / rms;
+        r[l.YpreOff(s) + q] = y;
+        const float h = Sigmoid(a * y + b[q]);
+        r[l.HpreOff(s) + q] = h;
+        hpre[s * kMaxN + q] = h;
+      }
     }
     int32_t* it = idx + t * k;
     TopK(l, score, it);
     for (int j = 0; j < k; ++j) {
       sidx[j] = it[j];
       r[Layout::kGate + j] = j < l.m ? 1.0f : score[it[j]];
+      for (int s = 1; s < l.g; ++s) hpre[s * kMaxN + it[j]] = 0.0f;
     }
   }
   __syncthreads();
-  // The dense read and the gather, from the rows just read (in L1/L2).
+  // The dense read, the later sublayers' bases and the gather, from the rows just read (in
+  // L1/L2).
   S* at = saved + t * l.SavedStride();
   float asq = 0;
   for (int c = threadIdx.x; c < C; c += blockDim.x) {
-    float acc = 0;
-    for (int i = 0; i < N; ++i) acc += hpre[i] * ToF(xt[static_cast<int64_t>(i) * C + c]);
-    u[t * C + c] = acc;
+    float acc[kMaxG] = {};
+    for (int i = 0; i < N; ++i) {
+      const float v = ToF(xt[static_cast<int64_t>(i) * C + c]);
+#pragma unroll
+      for (int s = 0; s < kMaxG; ++s)
+        if (s < l.g) acc[s] += hpre[s * kMaxN + i] * v;
+    }
+    u[t * C + c] = acc[0];
+#pragma unroll
+    for (int s = 1; s < kMaxG; ++s)
+      if (s < l.g) base[(t * (l.g - 1) + s - 1) * C + c] = acc[s];
     for (int j = 0; j < k; ++j) {
       const S v = xt[static_cast<int64_t>(sidx[j]) * C + c];
       at[static_cast<int64_t>(j) * C + c] = v;
       const float f = ToF(v);
       asq += f * f;
     }
+  }
+  asq = detail::BlockSum1(asq, scratch);
+  if (threadIdx.x == 0) {
+    coef[t * l.CoefStride() + Layout::kRa] =
+        sqrtf(asq / static_cast<float>(static_cast<int64_t>(k) * C) + kNormEps);
+  }
+}
+
+// XhcImpl::BaseToken + GatherActive: u = base_s + sum_j H_pre^s_(I_j) a_j, a_j the current
+// active rows (A_(s-1)), gathered into the saved rows in the same pass.
+template <typename S>
+__global__ void __launch_bounds__(kRowThreads)
+    ReadBaseKernel(Layout l, const S* x, const float* base, const float* rec, const int32_t* idx,
+                   float* u, S* saved, float* coef) {
+  __shared__ float scratch[kWarp];
+  __shared__ float h[kMaxK];
+  __shared__ int sidx[kMaxK];
+  const int64_t t = blockIdx.x;
+  const int C = l.C, k = l.k;
+  if (threadIdx.x < k) {
+    const int i = idx[t * k + threadIdx.x];
+    sidx[threadIdx.x] = i;
+    h[threadIdx.x] = rec[t * l.RecStride() + l.HpreOff() + i];
+  }
+  __syncthreads();
+  const S* xt = x + t * static_cast<int64_t>(l.N) * C;
+  const float* bt = base + (t * (l.g - 1) + l.s - 1) * C;
+  S* at = saved + t * l.SavedStride();
+  float asq = 0;
+  for (int c = threadIdx.x; c < C; c += blockDim.x) {
+    float acc = bt[c];
+    for (int j = 0; j < k; ++j) {
+      const S v = xt[static_cast<int64_t>(sidx[j]) * C + c];
+      at[static_cast<int64_t>(j) * C + c] = v;
+      const float f = ToF(v);
+      acc += h[j] * f;
+      asq += f * f;
+    }
+    u[t * C + c] = acc;
   }
   asq = detail::BlockSum1(asq, scratch);
   if (threadIdx.x == 0) {
@@ -226,20 +280,22 @@ __global__ void ActiveMapsKernel(Layout l, int64_t tokens, const float* q, MapPa
   float* cf = coef + t * l.CoefStride();
   const float ra = cf[Layout::kRa];
   for (int i = 0; i < P2; ++i) cf[Layout::kQ + i] = q[t * P2 + i] / ra;
-  float logits[kMaxK * kMaxK];
-  const float a_res = *p.a_res;
-  for (int i = 0; i < kk; ++i) logits[i] = a_res * cf[Layout::kQ + i] + p.b_res[i];
-  float* h = cf + l.HresOff();
-  SinkhornForward(k, l.iters, logits, h, nullptr);
-  for (int j = 0; j < k; ++j) {
-    float s = 0;
-    for (int i = 0; i < k; ++i) s += h[j * k + i];
-    if (s > 1.0f)
-      for (int i = 0; i < k; ++i) h[j * k + i] /= s;
+  if (l.mix) {
+    float logits[kMaxK * kMaxK];
+    const float a_res = *p.a_res;
+    for (int i = 0; i < kk; ++i) logits[i] = a_res * cf[Layout::kQ + i] + p.b_res[i];
+    float* h = cf + l.HresOff();
+    SinkhornForward(k, l.iters, logits, h, nullptr);
+    for (int j = 0; j < k; ++j) {
+      float s = 0;
+      for (int i = 0; i < k; ++i) s += h[j * k + i];
+      if (s > 1.0f)
+        for (int i = 0; i < k; ++i) h[j * k + i] /= s;
+    }
   }
   const float a_post = *p.a_post;
   for (int i = 0; i < k * l.Kr; ++i) {
-    cf[l.HpostOff() + i] = 2.0f * Sigmoid(a_post * cf[Layout::kQ + kk + i] + p.b_post[i]);
+    cf[l.HpostOff() + i] = 2.0f * Sigmoid(a_post * cf[Layout::kQ + l.PostQ() + i] + p.b_post[i]);
   }
 }
 
@@ -262,15 +318,17 @@ __device__ __forceinline__ int Taps(const MapParams& p, int j, int64_t t, int32_
   return p.conv_taps[j] < room ? p.conv_taps[j] : static_cast<int>(room);
 }
 
-// Thread 0 of a block stages token t's active stream indices, H_res and the gated H_post in
-// shared memory for the write-back (forward and backward).
+// Thread 0 of a block stages token t's active stream indices, H_res (the identity in a
+// sublayer that does not mix) and the gated H_post in shared memory for the write-back
+// (forward and backward).
 __device__ __forceinline__ void StageWriteMaps(const Layout& l, const float* r, const float* cf,
                                                const int32_t* idx, int64_t t, int* sidx,
                                                float* smix, float* spost) {
   const int k = l.k, Kr = l.Kr;
   for (int j = 0; j < k; ++j) {
     sidx[j] = idx[t * k + j];
-    for (int i = 0; i < k; ++i) smix[j * k + i] = cf[l.HresOff() + j * k + i];
+    for (int i = 0; i < k; ++i)
+      smix[j * k + i] = l.mix ? cf[l.HresOff() + j * k + i] : (i == j ? 1.0f : 0.0f);
     for (int q = 0; q < Kr; ++q)
       spost[j * Kr + q] = r[Layout::kGate + j] * cf[l.HpostOff() + j * Kr + q];
   }
@@ -384,9 +442,13 @@ __global__ void __launch_bounds__(512)
     for (int j = 0; j < kMaxK; ++j) {
       if (j >= k) break;
       float y = 0;
+      if (l.mix) {
 #pragma unroll
-      for (int i = 0; i < kMaxK; ++i)
-        if (i < k) y += smix[j * k + i] * xv[i];
+        for (int i = 0; i < kMaxK; ++i)
+          if (i < k) y += smix[j * k + i] * xv[i];
+      } else {
+        y = xv[j];
+      }
 #pragma unroll
       for (int r = 0; r < kMaxKr; ++r)
         if (r < Kr) y += spost[j * Kr + r] * o[r][e];
@@ -577,9 +639,9 @@ __device__ __forceinline__ void UndoBasis(const Layout& l, const float (&o)[kMax
   }
 }
 
-// The write-back's scalar gradients on one thread: the gates' (dp_out), H_post's and H_res's
-// (Sinkhorn recomputed with its tape), the active mappings' logits (c2_out, wscal). Returns
-// the factor of A in dA (the norm's term).
+// The write-back's scalar gradients on one thread: the gates' (added to dp_out), H_post's
+// and, in a sublayer that mixes, H_res's (Sinkhorn recomputed with its tape), the active
+// mappings' logits (c2_out, wscal). Returns the factor of A in dA (the norm's term).
 __device__ __forceinline__ float MappingGrads(const Layout& l, const MapParams& p, const float* r,
                                               const float* cf, const float (&dots)[kMaxR],
                                               int64_t t, float* dp_out, float* wscal, float* c2_out,
@@ -597,47 +659,50 @@ __device__ __forceinline__ float MappingGrads(const Layout& l, const MapParams& 
       acc += hpost[j * Kr + c2] * go;
       dhpost[j * Kr + c2] = pj * go;
     }
-    dp_out[t * k + j] = acc;
+    dp_out[t * k + j] += acc;
   }
   float* scal = wscal + t * l.WriteScalStride();
   for (int i = 0; i < l.WriteScalStride(); ++i) scal[i] = 0;
   float* c2 = c2_out + t * l.C2Stride();
   float sum_dq_q = 0;
-  // MixingBackward: Sinkhorn recomputed with its tape, the row-sum clamp, its backward.
-  float logits[kMaxK * kMaxK], hraw[kMaxK * kMaxK], dh[kMaxK * kMaxK], dz[kMaxK * kMaxK];
-  const float a_res = *p.a_res;
-  for (int i = 0; i < kk; ++i) logits[i] = a_res * q[i] + p.b_res[i];
-  float* tp = tape + t * tape_floats;
-  SinkhornForward(k, l.iters, logits, hraw, tp);
-  for (int j = 0; j < k; ++j)
-    for (int i = 0; i < k; ++i) dh[j * k + i] = dots[j * kMaxK + i];
-  for (int j = 0; j < k; ++j) {
-    float s = 0;
-    for (int i = 0; i < k; ++i) s += hraw[j * k + i];
-    if (s > 1.0f) {
-      float gy = 0;
-      for (int i = 0; i < k; ++i) gy += dh[j * k + i] * hres[j * k + i];
-      for (int i = 0; i < k; ++i) dh[j * k + i] = (dh[j * k + i] - gy) / s;
+  if (l.mix) {
+    // MixingBackward: Sinkhorn recomputed with its tape, the row-sum clamp, its backward.
+    float logits[kMaxK * kMaxK], hraw[kMaxK * kMaxK], dh[kMaxK * kMaxK], dz[kMaxK * kMaxK];
+    const float a_res = *p.a_res;
+    for (int i = 0; i < kk; ++i) logits[i] = a_res * q[i] + p.b_res[i];
+    float* tp = tape + t * tape_floats;
+    SinkhornForward(k, l.iters, logits, hraw, tp);
+    for (int j = 0; j < k; ++j)
+      for (int i = 0; i < k; ++i) dh[j * k + i] = dots[j * kMaxK + i];
+    for (int j = 0; j < k; ++j) {
+      float s = 0;
+      for (int i = 0; i < k; ++i) s += hraw[j * k + i];
+      if (s > 1.0f) {
+        float gy = 0;
+        for (int i = 0; i < k; ++i) gy += dh[j * k + i] * hres[j * k + i];
+        for (int i = 0; i < k; ++i) dh[j * k + i] = (dh[j * k + i] - gy) / s;
+      }
+    }
+    SinkhornBackward(k, l.iters, logits, tp, dh, dz);
+    // ActiveMapsBackward.
+    for (int i = 0; i < kk; ++i) {
+      scal[0] += dz[i] * q[i];
+      scal[1 + i] += dz[i];
+      const float dq = a_res * dz[i];
+      c2[i] = dq;
+      sum_dq_q += dq * q[i];
     }
   }
-  SinkhornBackward(k, l.iters, logits, tp, dh, dz);
-  // ActiveMapsBackward.
-  for (int i = 0; i < kk; ++i) {
-    scal[0] += dz[i] * q[i];
-    scal[1 + i] += dz[i];
-    const float dq = a_res * dz[i];
-    c2[i] = dq;
-    sum_dq_q += dq * q[i];
-  }
   const float a_post = *p.a_post;
+  const int off = l.PostQ();
   for (int i = 0; i < k * Kr; ++i) {
     const float h = hpost[i] / 2.0f;
     const float dlogit = dhpost[i] * 2.0f * h * (1.0f - h);
-    scal[1 + kk] += dlogit * q[kk + i];
+    scal[1 + kk] += dlogit * q[off + i];
     scal[2 + kk + i] += dlogit;
     const float dq = a_post * dlogit;
-    c2[kk + i] = dq;
-    sum_dq_q += dq * q[kk + i];
+    c2[off + i] = dq;
+    sum_dq_q += dq * q[off + i];
   }
   const float ra = cf[Layout::kRa];
   for (int i = 0; i < l.P2(); ++i) c2[i] /= ra;
@@ -780,11 +845,27 @@ __global__ void ConvWeightSumKernel(Layout l, int64_t chunks, int total_taps, co
 
 // ---------------------------------------------------------------- read backward
 
+// dots[i] = <du, x_i> over the block for the N <= R streams of a token's state xt (the dense
+// read's backward, xhc and hc / mhc alike); `red`: R * 32 floats of shared scratch.
+template <typename S, int R>
+__device__ __forceinline__ void StreamDots(int N, int C, const S* xt, const float* du,
+                                           float (&dots)[R], float* red) {
+#pragma unroll
+  for (int i = 0; i < R; ++i) dots[i] = 0;
+  for (int c = threadIdx.x; c < C; c += blockDim.x) {
+    const float d = du[c];
+#pragma unroll
+    for (int i = 0; i < R; ++i)
+      if (i < N) dots[i] += d * ToF(xt[static_cast<int64_t>(i) * C + c]);
+  }
+  BlockSum<float, R>(dots, red);
+}
+
 template <typename S>
 __global__ void __launch_bounds__(kRowThreads)
     ReadBackwardKernel(Layout l, const S* x, const float* du, const float* dp, const float* colsum,
-                       MapParams p, const float* rec, const int32_t* idx, float* dx, float* c1_out,
-                       float* rscal) {
+                       MapParams p, const float* rec, const int32_t* idx, float* dx,
+                       float* dypre_out, float* c1_out, float* rscal) {
   __shared__ float red[kMaxN * kWarp];
   __shared__ float hpre[kMaxN];
   __shared__ float coefs[2];
@@ -796,18 +877,12 @@ __global__ void __launch_bounds__(kRowThreads)
   const float* r = rec + t * l.RecStride();
   if (threadIdx.x < N) hpre[threadIdx.x] = r[l.HpreOff() + threadIdx.x];
   // DenseReadBackward: dH_pre_r = <du, x_r>.
-  float dh[kMaxN] = {};
-  for (int c = threadIdx.x; c < C; c += blockDim.x) {
-    const float d = dut[c];
-#pragma unroll
-    for (int i = 0; i < kMaxN; ++i)
-      if (i < N) dh[i] += d * ToF(xt[static_cast<int64_t>(i) * C + c]);
-  }
-  BlockSum<float, kMaxN>(dh, red);
+  float dh[kMaxN];
+  StreamDots<S, kMaxN>(N, C, xt, dut, dh, red);
   if (threadIdx.x == 0) {
     float* scal = rscal + t * l.ReadScalStride();
     const float a_pre = *p.a_pre;
-    float dypre[kMaxN];
+    float* dypre = dypre_out + (t * l.g + l.s) * N;
     scal[0] = 0;
     for (int q = 0; q < N; ++q) {
       const float h = hpre[q];
@@ -816,8 +891,13 @@ __global__ void __launch_bounds__(kRowThreads)
       scal[1 + q] = dlogit;
       dypre[q] = a_pre * dlogit;
     }
-    // EntryTokenBackward.
-    float* c1 = c1_out + t * 2 * N;
+    coefs[0] = 0;
+    coefs[1] = 0;
+  }
+  // EntryTokenBackward (the group's first sublayer): the router's and every pre-mapping's
+  // logit gradients (dypre of the later sublayers written by their ReadBackward).
+  if (threadIdx.x == 0 && l.s == 0) {
+    float* c1 = c1_out + t * l.P1();
     const float mu = r[Layout::kMu], sd = r[Layout::kSd], rms = r[Layout::kRms];
     const float D = static_cast<float>(nc);
     for (int q = 0; q < N; ++q) c1[q] = 0;
@@ -832,9 +912,12 @@ __global__ void __launch_bounds__(kRowThreads)
       sum_dy_cs += dy * colsum[q];
     }
     float sum_dy_y_pre = 0;
-    for (int q = 0; q < N; ++q) {
-      c1[N + q] = dypre[q] / rms;
-      sum_dy_y_pre += dypre[q] * r[l.YpreOff() + q];
+    for (int s = 0; s < l.g; ++s) {
+      const float* dyp = dypre_out + (t * l.g + s) * N;
+      for (int q = 0; q < N; ++q) {
+        c1[N + s * N + q] = dyp[q] / rms;
+        sum_dy_y_pre += dyp[q] * r[l.YpreOff(s) + q];
+      }
     }
     coefs[0] = -sum_dy_y_pre / (D * rms * rms) - sum_dy_y_r / (D * sd * sd);
     coefs[1] = -sum_dy_cs / (D * sd) + sum_dy_y_r * mu / (D * sd * sd);
@@ -842,13 +925,16 @@ __global__ void __launch_bounds__(kRowThreads)
   __syncthreads();
   const float alpha = coefs[0], beta = coefs[1];
   float* dxt = dx + t * nc;
+  const bool entry = l.s == 0;
   for (int c = threadIdx.x; c < C; c += blockDim.x) {
     const float d = dut[c];
     for (int i = 0; i < N; ++i) {
       const int64_t e = static_cast<int64_t>(i) * C + c;
       float v = dxt[e] + hpre[i] * d;
-      v = v + alpha * ToF(xt[e]);
-      if (beta != 0.0f) v = v + beta;
+      if (entry) {
+        v = v + alpha * ToF(xt[e]);
+        if (beta != 0.0f) v = v + beta;
+      }
       dxt[e] = v;
     }
   }
@@ -860,7 +946,7 @@ __global__ void RouterCentringCorrKernel(Layout l, int64_t tokens, const float* 
   if (q >= l.N) return;
   float s = 0;
   for (int64_t t = 0; t < tokens; ++t)
-    s += c1[t * 2 * l.N + q] * rec[t * l.RecStride() + Layout::kMu];
+    s += c1[t * l.P1() + q] * rec[t * l.RecStride() + Layout::kMu];
   corr[q] = s;
 }
 
@@ -879,6 +965,297 @@ __global__ void SumScalarsKernel(int64_t tokens, int stride, int count, const fl
   float acc = 0;
   for (int64_t t = 0; t < tokens; ++t) acc += scal[t * stride + s];
   grads[s] += acc;
+}
+
+// ---------------------------------------------------------------- hc and mhc
+
+constexpr int kDenseR = kDenseMaxN + kDenseMaxN * kDenseMaxN;  // the write backward's dots
+
+// Thread 0 of DenseRead: the coefficient record from the streams' sums of squares `sq` (hc:
+// each stream's RMS; mhc: their total, the RMS of vec X) and the projections zt (Rows() x P).
+__device__ void DenseMaps(const DenseLayout& l, const MapParams& p, const float (&sq)[kDenseMaxN],
+                          const float* zt, float* cf) {
+  const int N = l.N, P = l.P();
+  if (l.hc) {
+    // HcImpl::Read: A_m = s_a tanh(y_m) + A_m0, A_r = s_a tanh(y_r) + A_r0, B = s_b tanh(y_b) + B0.
+    const float s_a = *p.a_pre, s_b = *p.a_post;
+    float* am = cf + l.Pre();
+    float* ar = am + N;
+    float* bb = ar + N * N;
+    for (int s = 0; s < N; ++s) {
+      const float r = sqrtf(sq[s] / static_cast<float>(l.C) + kNormEps);
+      float* rec = cf + s * (1 + P);
+      rec[0] = r;
+      for (int q = 0; q < P; ++q) rec[1 + q] = zt[s * P + q] / r;
+      am[s] = s_a * tanhf(rec[1]) + p.b_pre[s];
+      for (int j = 0; j < N; ++j) ar[s * N + j] = s_a * tanhf(rec[2 + j]) + p.b_res[s * N + j];
+      bb[s] = s_b * tanhf(rec[2 + N]) + p.b_post[s];
+    }
+    return;
+  }
+  // MhcImpl::Read.
+  float total = 0;
+  for (int s = 0; s < N; ++s) total += sq[s];
+  const float r = sqrtf(total / static_cast<float>(static_cast<int64_t>(N) * l.C) + kNormEps);
+  cf[0] = r;
+  float* y = cf + 1;
+  for (int q = 0; q < P; ++q) y[q] = zt[q] / r;
+  float* hp = cf + l.Pre();
+  float* hq = cf + l.Post();
+  const float a_pre = *p.a_pre, a_post = *p.a_post, a_res = *p.a_res;
+  for (int j = 0; j < N; ++j) {
+    hp[j] = Sigmoid(a_pre * y[j] + p.b_pre[j]);
+    hq[j] = 2.0f * Sigmoid(a_post * y[N + j] + p.b_post[j]);
+  }
+  float logits[kDenseMaxN * kDenseMaxN];
+  for (int j = 0; j < N * N; ++j) logits[j] = a_res * y[2 * N + j] + p.b_res[j];
+  SinkhornForward(N, l.iters, logits, cf + l.Res(), nullptr);
+}
+
+template <typename S>
+__global__ void __launch_bounds__(kRowThreads)
+    DenseReadKernel(DenseLayout l, const S* x, const float* z, MapParams p, float* coef, float* u,
+                    S* saved) {
+  __shared__ float red[kDenseMaxN * kWarp];
+  __shared__ float hpre[kDenseMaxN];
+  const int64_t t = blockIdx.x;
+  const int N = l.N, C = l.C;
+  const int64_t nc = static_cast<int64_t>(N) * C;
+  const S* xt = x + t * nc;
+  float sq[kDenseMaxN] = {};
+  for (int c = threadIdx.x; c < C; c += blockDim.x) {
+#pragma unroll
+    for (int j = 0; j < kDenseMaxN; ++j) {
+      if (j >= N) break;
+      const float v = ToF(xt[static_cast<int64_t>(j) * C + c]);
+      sq[j] += v * v;
+    }
+  }
+  BlockSum<float, kDenseMaxN>(sq, red);
+  if (threadIdx.x == 0) {
+    float* cf = coef + t * l.CoefStride();
+    DenseMaps(l, p, sq, z + t * l.Rows() * l.P(), cf);
+    for (int j = 0; j < N; ++j) hpre[j] = cf[l.Pre() + j];
+  }
+  __syncthreads();
+  // The dense read and the saved copy, from the rows just read (in L1/L2).
+  S* st = saved + t * nc;
+  for (int c = threadIdx.x; c < C; c += blockDim.x) {
+    float acc = 0;
+    for (int j = 0; j < N; ++j) {
+      const S v = xt[static_cast<int64_t>(j) * C + c];
+      st[static_cast<int64_t>(j) * C + c] = v;
+      acc += hpre[j] * ToF(v);
+    }
+    u[t * C + c] = acc;
+  }
+}
+
+template <typename S>
+__global__ void DenseWriteKernel(DenseLayout l, int64_t tokens, const float* out, const float* coef,
+                                 S* x, float* out_saved) {
+  const int N = l.N, C = l.C;
+  const int64_t total = tokens * C;
+  for (int64_t n = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; n < total;
+       n += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t t = n / C;
+    const int c = static_cast<int>(n - t * C);
+    const float* cf = coef + t * l.CoefStride();
+    const float* hpost = cf + l.Post();
+    const float* hres = cf + l.Res();
+    S* xt = x + t * N * C + c;
+    float xv[kDenseMaxN];
+#pragma unroll
+    for (int j = 0; j < kDenseMaxN; ++j)
+      if (j < N) xv[j] = ToF(xt[static_cast<int64_t>(j) * C]);
+    const float o = out[n];
+    out_saved[n] = o;
+#pragma unroll
+    for (int i = 0; i < kDenseMaxN; ++i) {
+      if (i >= N) break;
+      float y = 0;
+#pragma unroll
+      for (int j = 0; j < kDenseMaxN; ++j)
+        if (j < N) y += hres[i * l.ResRow() + j * l.ResCol()] * xv[j];
+      y += hpost[i] * o;
+      xt[static_cast<int64_t>(i) * C] = FromF<S>(y);
+    }
+  }
+}
+
+template <typename S>
+__global__ void __launch_bounds__(kRowThreads)
+    DenseWriteBackwardKernel(DenseLayout l, const S* saved, const float* out_saved,
+                             const float* coef, float* dx, float* d_out, float* dcoef) {
+  __shared__ float red[kDenseR * kWarp];
+  const int64_t t = blockIdx.x;
+  const int N = l.N, C = l.C;
+  const int64_t nc = static_cast<int64_t>(N) * C;
+  const float* cf = coef + t * l.CoefStride();
+  const float* hpost = cf + l.Post();
+  const float* hres = cf + l.Res();
+  const S* xt = saved + t * nc;
+  float* dxt = dx + t * nc;
+  float dots[kDenseR] = {};
+  for (int c = threadIdx.x; c < C; c += blockDim.x) {
+    float g[kDenseMaxN], xp[kDenseMaxN];
+#pragma unroll
+    for (int j = 0; j < kDenseMaxN; ++j) {
+      g[j] = j < N ? dxt[static_cast<int64_t>(j) * C + c] : 0.0f;
+      xp[j] = j < N ? ToF(xt[static_cast<int64_t>(j) * C + c]) : 0.0f;
+    }
+    const float o = out_saved[t * C + c];
+    float d = 0;
+#pragma unroll
+    for (int i = 0; i < kDenseMaxN; ++i) {
+      if (i >= N) break;
+      d += hpost[i] * g[i];
+      dots[i] += g[i] * o;
+#pragma unroll
+      for (int j = 0; j < kDenseMaxN; ++j) dots[kDenseMaxN + i * kDenseMaxN + j] += g[i] * xp[j];
+    }
+    d_out[t * C + c] = d;
+#pragma unroll
+    for (int j = 0; j < kDenseMaxN; ++j) {
+      if (j >= N) break;
+      float v = 0;
+#pragma unroll
+      for (int i = 0; i < kDenseMaxN; ++i)
+        if (i < N) v += hres[i * l.ResRow() + j * l.ResCol()] * g[i];
+      dxt[static_cast<int64_t>(j) * C + c] = v;
+    }
+  }
+  BlockSum<float, kDenseR>(dots, red);
+  if (threadIdx.x == 0) {
+    float* dc = dcoef + t * l.DcoefStride();
+    for (int i = 0; i < N; ++i) {
+      dc[i] = dots[i];
+      for (int j = 0; j < N; ++j)
+        dc[N + i * l.ResRow() + j * l.ResCol()] = dots[kDenseMaxN + i * kDenseMaxN + j];
+    }
+  }
+}
+
+// Thread 0 of DenseReadBackward for hc (HcImpl::ReadBackward's token_grad): per stream the
+// tanh maps' gradients, c (its row) and scal; alpha[s], the factor of x_s in dx_s.
+__device__ void HcMapGrads(const DenseLayout& l, const MapParams& p, const float* cf,
+                           const float* dc, const float (&dpre)[kDenseMaxN], float* ct, float* sc,
+                           float (&alpha)[kDenseMaxN]) {
+  const int N = l.N, P = l.P();
+  const float s_a = *p.a_pre, s_b = *p.a_post;
+  for (int i = 0; i < l.ScalStride(); ++i) sc[i] = 0;
+  for (int s = 0; s < N; ++s) {
+    const float dam = dpre[s];
+    const float* rec = cf + s * (1 + P);
+    const float r = rec[0];
+    float* row = ct + s * P;
+    float th = tanhf(rec[1]);
+    sc[0] += dam * th;
+    sc[2 + s] = dam;
+    row[0] = s_a * dam * (1.0f - th * th);
+    for (int j = 0; j < N; ++j) {
+      const float dar = dc[N + s * N + j];
+      th = tanhf(rec[2 + j]);
+      sc[0] += dar * th;
+      sc[2 + 2 * N + s * N + j] = dar;
+      row[1 + j] = s_a * dar * (1.0f - th * th);
+    }
+    const float db = dc[s];
+    th = tanhf(rec[2 + N]);
+    sc[1] += db * th;
+    sc[2 + N + s] = db;
+    row[1 + N] = s_b * db * (1.0f - th * th);
+    float sum_dy_y = 0;
+    for (int q = 0; q < P; ++q) {
+      sum_dy_y += row[q] * rec[1 + q];
+      row[q] /= r;
+    }
+    alpha[s] = -sum_dy_y / (static_cast<float>(l.C) * r * r);
+  }
+}
+
+// Thread 0 of DenseReadBackward for mhc (MhcImpl::ReadBackward's token_grad): the logit
+// gradients of H_pre, H_post and (through the recomputed Sinkhorn) H_res; c and scal; every
+// alpha[s] the RMS norm's factor.
+__device__ void MhcMapGrads(const DenseLayout& l, const MapParams& p, const float* cf,
+                            const float* dc, const float (&dpre)[kDenseMaxN], float* ct, float* sc,
+                            float* tp, float (&alpha)[kDenseMaxN]) {
+  const int N = l.N, P = l.P();
+  const float r = cf[0];
+  const float* y = cf + 1;
+  const float* hp = cf + l.Pre();
+  const float* hq = cf + l.Post();
+  const float a_pre = *p.a_pre, a_post = *p.a_post, a_res = *p.a_res;
+  for (int i = 0; i < l.ScalStride(); ++i) sc[i] = 0;
+  for (int j = 0; j < N; ++j) {
+    const float dl = dpre[j] * hp[j] * (1.0f - hp[j]);
+    sc[0] += dl * y[j];
+    sc[3 + j] = dl;
+    ct[j] = a_pre * dl;
+    const float h = hq[j] / 2.0f;
+    const float dlp = dc[j] * 2.0f * h * (1.0f - h);
+    sc[1] += dlp * y[N + j];
+    sc[3 + N + j] = dlp;
+    ct[N + j] = a_post * dlp;
+  }
+  float logits[kDenseMaxN * kDenseMaxN], hraw[kDenseMaxN * kDenseMaxN], dz[kDenseMaxN * kDenseMaxN];
+  for (int j = 0; j < N * N; ++j) logits[j] = a_res * y[2 * N + j] + p.b_res[j];
+  SinkhornForward(N, l.iters, logits, hraw, tp);
+  SinkhornBackward(N, l.iters, logits, tp, dc + N, dz);
+  for (int j = 0; j < N * N; ++j) {
+    sc[2] += dz[j] * y[2 * N + j];
+    sc[3 + 2 * N + j] = dz[j];
+    ct[2 * N + j] = a_res * dz[j];
+  }
+  float sum_dy_y = 0;
+  for (int q = 0; q < P; ++q) {
+    sum_dy_y += ct[q] * y[q];
+    ct[q] /= r;
+  }
+  const float a = -sum_dy_y / (static_cast<float>(static_cast<int64_t>(N) * l.C) * r * r);
+  for (int s = 0; s < N; ++s) alpha[s] = a;
+}
+
+template <typename S>
+__global__ void __launch_bounds__(kRowThreads)
+    DenseReadBackwardKernel(DenseLayout l, const S* saved, const float* du, const float* coef,
+                            const float* dcoef, MapParams p, float* dx, float* c, float* scal,
+                            float* tape, int64_t tape_floats) {
+  __shared__ float red[kDenseMaxN * kWarp];
+  __shared__ float hpre[kDenseMaxN];
+  __shared__ float salpha[kDenseMaxN];
+  const int64_t t = blockIdx.x;
+  const int N = l.N, C = l.C;
+  const int64_t nc = static_cast<int64_t>(N) * C;
+  const float* cf = coef + t * l.CoefStride();
+  const S* xt = saved + t * nc;
+  const float* dut = du + t * C;
+  if (threadIdx.x < N) hpre[threadIdx.x] = cf[l.Pre() + threadIdx.x];
+  float dpre[kDenseMaxN];
+  StreamDots<S, kDenseMaxN>(N, C, xt, dut, dpre, red);
+  if (threadIdx.x == 0) {
+    float alpha[kDenseMaxN] = {};
+    const float* dc = dcoef + t * l.DcoefStride();
+    float* ct = c + t * l.Rows() * l.P();
+    float* sc = scal + t * l.ScalStride();
+    if (l.hc) {
+      HcMapGrads(l, p, cf, dc, dpre, ct, sc, alpha);
+    } else {
+      MhcMapGrads(l, p, cf, dc, dpre, ct, sc, tape + t * tape_floats, alpha);
+    }
+    for (int s = 0; s < N; ++s) salpha[s] = alpha[s];
+  }
+  __syncthreads();
+  float* dxt = dx + t * nc;
+  for (int c2 = threadIdx.x; c2 < C; c2 += blockDim.x) {
+    const float d = dut[c2];
+    for (int j = 0; j < N; ++j) {
+      const int64_t e = static_cast<int64_t>(j) * C + c2;
+      float v = dxt[e] + hpre[j] * d;
+      v = v + salpha[j] * ToF(xt[e]);
+      dxt[e] = v;
+    }
+  }
 }
 
 template <typename S>
@@ -934,10 +1311,22 @@ cudaError_t RouterColumnSums(const Layout& l, const float* w_router, float* cols
 template <typename S>
 cudaError_t ReadEntry(const Layout& l, int64_t tokens, const S* x, const float* z,
                       const float* colsum, const MapParams& p, float* rec, int32_t* idx, float* u,
-                      S* saved, float* coef, cudaStream_t stream) {
+                      float* base, S* saved, float* coef, cudaStream_t stream) {
   if (tokens == 0) return cudaSuccess;
+  if (l.g < 1 || l.g > kMaxG || (l.g > 1 && base == nullptr)) return cudaErrorInvalidValue;
   ReadEntryKernel<S><<<static_cast<unsigned>(tokens), kRowThreads, 0, stream>>>(
-      l, x, z, colsum, p, rec, idx, u, saved, coef);
+      l, x, z, colsum, p, rec, idx, u, base, saved, coef);
+  return cudaGetLastError();
+}
+
+template <typename S>
+cudaError_t ReadBase(const Layout& l, int64_t tokens, const S* x, const float* base,
+                     const float* rec, const int32_t* idx, float* u, S* saved, float* coef,
+                     cudaStream_t stream) {
+  if (tokens == 0) return cudaSuccess;
+  if (l.s < 1 || l.s >= l.g) return cudaErrorInvalidValue;
+  ReadBaseKernel<S><<<static_cast<unsigned>(tokens), kRowThreads, 0, stream>>>(l, x, base, rec, idx,
+                                                                               u, saved, coef);
   return cudaGetLastError();
 }
 
@@ -1018,11 +1407,11 @@ cudaError_t ConvolutionsBackward(const Layout& l, int64_t tokens, const float* d
 template <typename S>
 cudaError_t ReadBackward(const Layout& l, int64_t tokens, const S* x, const float* du,
                          const float* dp, const float* colsum, const MapParams& p, const float* rec,
-                         const int32_t* idx, float* dx, float* c1, float* rscal,
+                         const int32_t* idx, float* dx, float* dypre, float* c1, float* rscal,
                          cudaStream_t stream) {
   if (tokens == 0) return cudaSuccess;
   ReadBackwardKernel<S><<<static_cast<unsigned>(tokens), kRowThreads, 0, stream>>>(
-      l, x, du, dp, colsum, p, rec, idx, dx, c1, rscal);
+      l, x, du, dp, colsum, p, rec, idx, dx, dypre, c1, rscal);
   return cudaGetLastError();
 }
 
@@ -1054,6 +1443,48 @@ cudaError_t CollapseBackward(const Layout& l, int64_t tokens, const float* dy, f
   return cudaGetLastError();
 }
 
+template <typename S>
+cudaError_t DenseRead(const DenseLayout& l, int64_t tokens, const S* x, const float* z,
+                      const MapParams& p, float* coef, float* u, S* saved, cudaStream_t stream) {
+  if (tokens == 0) return cudaSuccess;
+  if (l.N > kDenseMaxN) return cudaErrorInvalidValue;
+  DenseReadKernel<S>
+      <<<static_cast<unsigned>(tokens), kRowThreads, 0, stream>>>(l, x, z, p, coef, u, saved);
+  return cudaGetLastError();
+}
+
+template <typename S>
+cudaError_t DenseWrite(const DenseLayout& l, int64_t tokens, const float* out, const float* coef,
+                       S* x, float* out_saved, cudaStream_t stream) {
+  if (tokens == 0) return cudaSuccess;
+  if (l.N > kDenseMaxN) return cudaErrorInvalidValue;
+  DenseWriteKernel<S>
+      <<<GridFor(tokens * l.C), 256, 0, stream>>>(l, tokens, out, coef, x, out_saved);
+  return cudaGetLastError();
+}
+
+template <typename S>
+cudaError_t DenseWriteBackward(const DenseLayout& l, int64_t tokens, const S* saved,
+                               const float* out_saved, const float* coef, float* dx, float* d_out,
+                               float* dcoef, cudaStream_t stream) {
+  if (tokens == 0) return cudaSuccess;
+  if (l.N > kDenseMaxN) return cudaErrorInvalidValue;
+  DenseWriteBackwardKernel<S><<<static_cast<unsigned>(tokens), kRowThreads, 0, stream>>>(
+      l, saved, out_saved, coef, dx, d_out, dcoef);
+  return cudaGetLastError();
+}
+
+template <typename S>
+cudaError_t DenseReadBackward(const DenseLayout& l, int64_t tokens, const S* saved, const float* du,
+                              const float* coef, const float* dcoef, const MapParams& p, float* dx,
+                              float* c, float* scal, float* tape, cudaStream_t stream) {
+  if (tokens == 0) return cudaSuccess;
+  if (l.N > kDenseMaxN) return cudaErrorInvalidValue;
+  DenseReadBackwardKernel<S><<<static_cast<unsigned>(tokens), kRowThreads, 0, stream>>>(
+      l, saved, du, coef, dcoef, p, dx, c, scal, tape, SinkhornTapeFloats(l.N, l.iters));
+  return cudaGetLastError();
+}
+
 cudaError_t SinkhornBatch(int count, int n, int iters, const float* z, float* h, const float* dh,
                           float* dz, float* tape, cudaStream_t stream) {
   if (count == 0) return cudaSuccess;
@@ -1064,8 +1495,10 @@ cudaError_t SinkhornBatch(int count, int n, int iters, const float* z, float* h,
 
 #define RACKRUN_XHC_INSTANTIATE(S)                                                                 \
   template cudaError_t ReadEntry<S>(const Layout&, int64_t, const S*, const float*, const float*,  \
-                                    const MapParams&, float*, int32_t*, float*, S*, float*,        \
-                                    cudaStream_t);                                                 \
+                                    const MapParams&, float*, int32_t*, float*, float*, S*,        \
+                                    float*, cudaStream_t);                                         \
+  template cudaError_t ReadBase<S>(const Layout&, int64_t, const S*, const float*, const float*,   \
+                                   const int32_t*, float*, S*, float*, cudaStream_t);              \
   template cudaError_t Write<S>(const Layout&, int64_t, const float*, const int32_t*,              \
                                 const MapParams&, const float*, const int32_t*, const float*, S*,  \
                                 S*, cudaStream_t);                                                 \
@@ -1080,8 +1513,18 @@ cudaError_t SinkhornBatch(int count, int n, int iters, const float* z, float* h,
                                                float*, cudaStream_t);                              \
   template cudaError_t ReadBackward<S>(const Layout&, int64_t, const S*, const float*,             \
                                        const float*, const float*, const MapParams&, const float*, \
-                                       const int32_t*, float*, float*, float*, cudaStream_t);      \
-  template cudaError_t Collapse<S>(const Layout&, int64_t, const S*, float*, cudaStream_t);
+                                       const int32_t*, float*, float*, float*, float*,             \
+                                       cudaStream_t);                                              \
+  template cudaError_t Collapse<S>(const Layout&, int64_t, const S*, float*, cudaStream_t);        \
+  template cudaError_t DenseRead<S>(const DenseLayout&, int64_t, const S*, const float*,           \
+                                    const MapParams&, float*, float*, S*, cudaStream_t);           \
+  template cudaError_t DenseWrite<S>(const DenseLayout&, int64_t, const float*, const float*, S*,  \
+                                     float*, cudaStream_t);                                        \
+  template cudaError_t DenseWriteBackward<S>(const DenseLayout&, int64_t, const S*, const float*,  \
+                                             const float*, float*, float*, float*, cudaStream_t);  \
+  template cudaError_t DenseReadBackward<S>(const DenseLayout&, int64_t, const S*, const float*,   \
+                                            const float*, const float*, const MapParams&, float*,  \
+                                            float*, float*, float*, cudaStream_t);
 
 RACKRUN_XHC_INSTANTIATE(float)
 RACKRUN_XHC_INSTANTIATE(__nv_bfloat16)

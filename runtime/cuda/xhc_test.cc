@@ -1,10 +1,13 @@
 // XhcStreams (the xhc residual streams on the GPU) against the CPU engine's
-// ResidualStreams<float> in mode xhc, through the same calls: forward (body inputs, the
-// mappings of every token, the collapsed state), backward (body-output gradients, the
-// state gradient, every parameter's gradient). Every parameter is random so every path is
-// live (routing, H_pre, the Sinkhorn mixing, H_post, the convolutions and Gram-Schmidt of
-// MLP sublayers), and segments start mid-batch so the causal convolutions are cut.
-// Tolerances, relative to each array's largest magnitude: fp32 states 1e-4 (the CPU's
+// ResidualStreams<float> in modes xhc, xhc_flash, xhc_flash4, hc and mhc, through the same
+// calls:
+// forward (body inputs, the mappings of every token, the collapsed state), backward
+// (body-output gradients, the state gradient, every parameter's gradient). Every parameter is
+// random so every path is live (routing, H_pre, the Sinkhorn mixing, H_post, the
+// convolutions and Gram-Schmidt of MLP sublayers; in the flash modes the reads from the
+// group's bases and the sublayers that do not mix; in hc and mhc the full-state maps, mhc's
+// Sinkhorn, the mixing and write-back), and segments start mid-batch so the causal convolutions are
+// cut. Tolerances, relative to each array's largest magnitude: fp32 states 1e-4 (the CPU's
 // arithmetic in another summation order, expf/sqrtf against libm); bf16 states 3e-2 for
 // the forward and 5e-2 for gradients (the state and the saved rows rounded to 8 mantissa
 // bits; the CPU oracle starts from the same rounded state). The Sinkhorn device function is
@@ -41,7 +44,14 @@ void RandomizeParameters(ResidualStreams<float>& cpu, uint64_t seed) {
       scale = 0.3f;
     } else if (last.starts_with("conv")) {
       scale = 0.2f;
+    } else if (last == "s_a" || last == "s_b") {  // hc's tanh gates
+      scale = 0.3f;
+      shift = 0.5f;
+    } else if (last == "b0") {  // hc's B0
+      scale = 0.3f;
+      shift = 1.0f;
     }
+    if (last == "a_r0") shift = 0.25f;  // hc's A_r0: rows summing to about 1
     const std::vector<float> v = RandomVector(p.size, ++s, scale);
     for (int64_t i = 0; i < p.size; ++i) p.value[i] = v[static_cast<size_t>(i)] + shift;
   }
@@ -155,8 +165,9 @@ void CompareWithCpu(const ResidualConfig& config, int tokens, std::vector<int32_
   }
 }
 
-ResidualConfig Config(int width, std::vector<SublayerKind> sublayers) {
-  return ResidualConfig::ForMode(ResidualMode::kXhc, width, std::move(sublayers));
+ResidualConfig Config(int width, std::vector<SublayerKind> sublayers,
+                      ResidualMode mode = ResidualMode::kXhc) {
+  return ResidualConfig::ForMode(mode, width, std::move(sublayers));
 }
 
 TEST(GpuXhcTest, Fp32AttentionAndMlpSublayersMatchTheCpu) {
@@ -173,34 +184,89 @@ TEST(GpuXhcTest, Bf16StateMatchesTheCpuWithinBf16Rounding) {
   CompareWithCpu<bf16>(Config(64, {SublayerKind::kAttention}), 40, {0}, {3e-2, 5e-2});
 }
 
-TEST(GpuXhcTest, CountsTheBytesOfEachKernel) {
-  RACKRUN_OPEN_GPU_OR_SKIP(dev);
+TEST(GpuXhcTest, FlashFp32AttentionAndMlpGroupsMatchTheCpu) {
+  // Two xhc_flash groups (attention + MLP each), then one xhc_flash4 group of four.
+  CompareWithCpu<float>(Config(64, ResidualConfig::Transformer(2), ResidualMode::kXhcFlash), 40,
+                        {0, 17}, {1e-4, 1e-4});
+  CompareWithCpu<float>(Config(64, ResidualConfig::Transformer(2), ResidualMode::kXhcFlash4), 40,
+                        {0, 17}, {1e-4, 1e-4});
+}
+
+TEST(GpuXhcTest, FlashFp32WideSublayersMatchTheCpu) {
+  CompareWithCpu<float>(Config(1536, ResidualConfig::Transformer(1), ResidualMode::kXhcFlash), 12,
+                        {0, 5}, {1e-4, 1e-4});
+}
+
+TEST(GpuXhcTest, FlashBf16StateMatchesTheCpuWithinBf16Rounding) {
+  CompareWithCpu<bf16>(Config(64, ResidualConfig::Transformer(1), ResidualMode::kXhcFlash), 40,
+                       {0, 17}, {3e-2, 5e-2});
+  CompareWithCpu<bf16>(Config(64, ResidualConfig::Transformer(2), ResidualMode::kXhcFlash4), 40,
+                       {0, 17}, {3e-2, 5e-2});
+}
+
+TEST(GpuXhcTest, MhcMatchesTheCpu) {
+  // N = 4 streams, every sublayer reading, mixing and writing the whole state.
+  CompareWithCpu<float>(Config(64, ResidualConfig::Transformer(2), ResidualMode::kMhc), 40, {0, 17},
+                        {1e-4, 1e-4});
+  CompareWithCpu<float>(Config(1536, ResidualConfig::Transformer(1), ResidualMode::kMhc), 12,
+                        {0, 5}, {1e-4, 1e-4});
+  CompareWithCpu<bf16>(Config(64, ResidualConfig::Transformer(1), ResidualMode::kMhc), 40, {0},
+                       {3e-2, 5e-2});
+}
+
+TEST(GpuXhcTest, HcMatchesTheCpu) {
+  // N = 4 streams, every sublayer reading, mixing and writing the whole state.
+  CompareWithCpu<float>(Config(64, ResidualConfig::Transformer(2), ResidualMode::kHc), 40, {0, 17},
+                        {1e-4, 1e-4});
+  CompareWithCpu<float>(Config(1536, ResidualConfig::Transformer(1), ResidualMode::kHc), 12, {0, 5},
+                        {1e-4, 1e-4});
+  CompareWithCpu<bf16>(Config(64, ResidualConfig::Transformer(1), ResidualMode::kHc), 40, {0},
+                       {3e-2, 5e-2});
+}
+
+// The forward's bytes per token per sublayer, in units of C fp32 elements, after the
+// sublayers of `blocks` transformer blocks in `mode`.
+double ForwardTraffic(Device* dev, ResidualMode mode, int blocks) {
   const int C = 256, T = 64;
-  const ResidualConfig config = Config(C, ResidualConfig::Transformer(1));
-  absl::StatusOr<std::unique_ptr<XhcStreams<float>>> g =
-      XhcStreams<float>::Create(dev.get(), config, 3);
-  ASSERT_TRUE(g.ok()) << g.status();
-  DeviceTensor<float> u(dev.get(), "u");
-  ASSERT_TRUE(u.Resize({T, C}).ok());
-  ASSERT_TRUE(u.Zero().ok());
+  const ResidualConfig config = Config(C, ResidualConfig::Transformer(blocks), mode);
+  const int L = 2 * blocks;
+  absl::StatusOr<std::unique_ptr<XhcStreams<float>>> g = XhcStreams<float>::Create(dev, config, 3);
+  EXPECT_TRUE(g.ok()) << g.status();
+  if (!g.ok()) return 0;
+  DeviceTensor<float> u(dev, "u");
+  EXPECT_TRUE(u.Resize({T, C}).ok());
+  EXPECT_TRUE(u.Zero().ok());
   const std::vector<int32_t> starts = {0};
-  ASSERT_TRUE((*g)->BeginBatch(T, starts).ok());
-  ASSERT_TRUE((*g)->SetState(RandomVector(int64_t{T} * 16 * C, 1)).ok());
-  for (int l = 0; l < 2; ++l) {
-    ASSERT_TRUE((*g)->ReadInput(l, u.data()).ok());
-    ASSERT_TRUE((*g)->WriteOutput(l, u.data()).ok());
+  EXPECT_TRUE((*g)->BeginBatch(T, starts).ok());
+  EXPECT_TRUE((*g)->SetState(RandomVector(int64_t{T} * 16 * C, 1)).ok());
+  for (int l = 0; l < L; ++l) {
+    EXPECT_TRUE((*g)->ReadInput(l, u.data()).ok());
+    EXPECT_TRUE((*g)->WriteOutput(l, u.data()).ok());
   }
-  // In units of C fp32 elements per token per sublayer: the paper counts 73.5 for xhc
-  // (docs/design.md section 3); the fused kernels must move less, and at least the state's
-  // two full reads (mapping generation, dense read) and the active rows' round trip.
-  const double per = static_cast<double>((*g)->TrafficBytes()) / (4.0 * C * T * 2);
+  const double unit = 4.0 * C * T * L;
   for (const KernelTraffic& k : (*g)->traffic())
     std::printf("%-55s read %8.2f C  written %8.2f C\n", k.name.c_str(),
-                static_cast<double>(k.read) / (4.0 * C * T * 2),
-                static_cast<double>(k.written) / (4.0 * C * T * 2));
-  std::printf("forward traffic: %.2f C per token per sublayer (paper: 73.5 C)\n", per);
+                static_cast<double>(k.read) / unit, static_cast<double>(k.written) / unit);
+  const double per = static_cast<double>((*g)->TrafficBytes()) / unit;
+  std::printf("%s forward traffic: %.2f C per token per sublayer\n",
+              std::string(ResidualModeName(mode)).c_str(), per);
+  return per;
+}
+
+TEST(GpuXhcTest, CountsTheBytesOfEachKernel) {
+  RACKRUN_OPEN_GPU_OR_SKIP(dev);
+  // The paper's accounting (docs/design.md section 5.8): 73.5 C for xhc, 52.5 C and 42 C for
+  // our flash schedules; the fused kernels must move less, and at least the state's two full
+  // reads per group (mapping generation, dense read) and the active rows' round trip.
+  double per = ForwardTraffic(dev.get(), ResidualMode::kXhc, 1);
   EXPECT_LT(per, 73.5);
   EXPECT_GT(per, 2 * 16 + 2 * 4);
+  per = ForwardTraffic(dev.get(), ResidualMode::kXhcFlash, 1);
+  EXPECT_LT(per, 52.5);
+  EXPECT_GT(per, 2 * 16 / 2.0 + 2 * 4);
+  per = ForwardTraffic(dev.get(), ResidualMode::kXhcFlash4, 2);
+  EXPECT_LT(per, 42.0);
+  EXPECT_GT(per, 2 * 16 / 4.0 + 2 * 4);
 }
 
 TEST(GpuXhcTest, SinkhornMatchesTheCpuProjection) {
@@ -231,11 +297,28 @@ TEST(GpuXhcTest, SinkhornMatchesTheCpuProjection) {
 
 // Configuration errors come before any device work, so they are checked without a GPU.
 TEST(GpuXhcTest, UnsupportedConfigurationsAreErrors) {
-  ResidualConfig mhc =
-      ResidualConfig::ForMode(ResidualMode::kMhc, 64, ResidualConfig::Transformer(1));
-  absl::StatusOr<std::unique_ptr<XhcStreams<float>>> g = XhcStreams<float>::Create(nullptr, mhc, 1);
+  // hc and mhc on the GPU: at most 4 streams (the error names model.streams).
+  for (ResidualMode mode : {ResidualMode::kHc, ResidualMode::kMhc}) {
+    ResidualConfig dense = ResidualConfig::ForMode(mode, 64, ResidualConfig::Transformer(1));
+    dense.streams = 8;
+    absl::StatusOr<std::unique_ptr<XhcStreams<float>>> g =
+        XhcStreams<float>::Create(nullptr, dense, 1);
+    ASSERT_FALSE(g.ok());
+    EXPECT_EQ(g.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(g.status().message().find("model.streams"), std::string::npos) << g.status();
+  }
+  // The vanilla stream is the model's own (GpuModel), not XhcStreams'.
+  absl::StatusOr<std::unique_ptr<XhcStreams<float>>> g = XhcStreams<float>::Create(
+      nullptr, ResidualConfig::ForMode(ResidualMode::kVanilla, 64, ResidualConfig::Transformer(1)),
+      1);
   ASSERT_FALSE(g.ok());
   EXPECT_EQ(g.status().code(), absl::StatusCode::kUnimplemented);
+  // A flash group must end in an MLP sublayer (the CPU's Validate, naming the field).
+  ResidualConfig flash =
+      Config(64, {SublayerKind::kMlp, SublayerKind::kAttention}, ResidualMode::kXhcFlash);
+  g = XhcStreams<float>::Create(nullptr, flash, 1);
+  ASSERT_FALSE(g.ok());
+  EXPECT_EQ(g.status().code(), absl::StatusCode::kInvalidArgument) << g.status();
   ResidualConfig wide = Config(64, ResidualConfig::Transformer(1));
   wide.active = 6;
   g = XhcStreams<float>::Create(nullptr, wide, 1);

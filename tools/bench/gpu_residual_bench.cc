@@ -2,18 +2,22 @@
 // kernel timed in the same run, forward and backward, fp32 and bf16 states.
 //
 //   bench_gpu_residual_bench [--tokens 8192] [--widths 1024,4096] [--streams 16] [--active 4]
-//                            [--reps 5] [--dtypes fp32,bf16] [--json]
+//                            [--reps 5] [--dtypes fp32,bf16] [--modes xhc,xhc_flash]
+//                            [--json]
 //
-// Per state type and width it runs one attention and one MLP sublayer of xhc (N streams, k
-// active, convolutions 4, 8, 12), random parameters, and times each operation with CUDA
-// events: read (ReadInput: the mapping GEMM, the fused dense read + gather, the active
-// GEMM, the maps), write (WriteOutput: convolutions, Gram-Schmidt, mixing, write-back and
-// scatter), write_bwd and read_bwd (their backward, GEMMs included). Bytes are what the
-// kernels count moving to or from device memory (XhcStreams::traffic); achieved = bytes /
-// median time, against the copy kernel's rate (bytes read + written) over a buffer of the
-// state's size, measured before the operations. The forward's bytes per token are also set
-// against docs/design.md's accounting for xhc (paper: 53 C read + 17 C written for an
-// attention sublayer, 57 + 20 for an MLP one).
+// Per mode, state type and width it runs one attention and one MLP sublayer of xhc, mhc or hc
+// (the last two at 4 streams: every sublayer reads, mixes and writes the full state) or one
+// xhc_flash group (attention, then MLP: the MLP reads from the group's bases, only it mixes) (N
+// streams, k active, convolutions 4, 8, 12), random parameters, and times each operation with CUDA
+// events: read (ReadInput: the mapping GEMM, the fused dense read + gather, the active GEMM, the
+// maps), write (WriteOutput: convolutions, Gram-Schmidt, mixing, write-back and scatter), write_bwd
+// and read_bwd (their backward, GEMMs included). Bytes are what the kernels count moving to or from
+// device memory (XhcStreams::traffic); achieved = bytes / median time, against the copy kernel's
+// rate (bytes read + written) over a buffer of the state's size, measured before the operations.
+// The forward's bytes per token are also set against docs/design.md's accounting for xhc (paper: 53
+// C read + 17 C written for an attention sublayer, 57 + 20 for an MLP one) and xhc_flash (52.5 C
+// per sublayer in the paper's style applied to our schedule; the paper states 51 C) and mhc (34 C
+// at N = 4).
 //
 // JSON: with --json on stdout, and always to $OUT/bench_gpu_residual.json when OUT is set
 // (the device check collects it). Without a usable GPU it prints the cause and exits 1.
@@ -56,6 +60,7 @@ struct OpResult {
 };
 
 struct Run {
+  std::string mode;  // xhc | xhc_flash
   std::string dtype;
   int width = 0;
   double copy_bytes_per_s = 0;
@@ -100,13 +105,14 @@ absl::StatusOr<double> CopyRate(cu::Device* dev, int64_t bytes, int reps) {
 }
 
 template <typename S>
-absl::StatusOr<Run> RunOne(cu::Device* dev, const std::string& dtype, int width, int tokens,
-                           int streams, int active, int reps, const std::vector<float>& state) {
+absl::StatusOr<Run> RunOne(cu::Device* dev, ResidualMode mode, const std::string& dtype, int width,
+                           int tokens, int streams, int active, int reps,
+                           const std::vector<float>& state) {
   Run run;
+  run.mode = std::string(rackrun::runtime::ResidualModeName(mode));
   run.dtype = dtype;
   run.width = width;
-  ResidualConfig config =
-      ResidualConfig::ForMode(ResidualMode::kXhc, width, ResidualConfig::Transformer(1));
+  ResidualConfig config = ResidualConfig::ForMode(mode, width, ResidualConfig::Transformer(1));
   config.streams = streams;
   config.active = active;
   config.fixed = std::min(config.fixed, active);
@@ -197,6 +203,9 @@ int main(int argc, char** argv) {
   int tokens = 8192, streams = 16, active = 4, reps = 5;
   std::vector<int> widths = {1024, 4096};
   std::string dtypes = "fp32,bf16";
+  // hc and mhc on request: the default keeps tools/gpu-check's run (all defaults, 200 s) near
+  // its former length.
+  std::vector<std::string> modes = {"xhc", "xhc_flash"};
   rackrun::bench::BenchStartup bench(
       argc, argv,
       "The xhc stream operations on a GPU against a copy kernel timed in the same run\n"
@@ -208,7 +217,18 @@ int main(int argc, char** argv) {
   flags.Int("--active", &active, "K", "active streams").Range(1, 4);
   flags.Int("--reps", &reps, "R", "repetitions (medians)").Range(1);
   flags.String("--dtypes", &dtypes, "LIST", "state types: fp32, bf16 or both");
+  flags.List("--modes", &modes, "LIST", "residual modes: xhc, xhc_flash, mhc, hc");
   if (std::optional<int> exit = bench.Start()) return *exit;
+  std::vector<ResidualMode> parsed;
+  for (const std::string& m : modes) {
+    absl::StatusOr<ResidualMode> mode = rackrun::runtime::ParseResidualMode(m);
+    if (!mode.ok() || (*mode != ResidualMode::kXhc && *mode != ResidualMode::kXhcFlash &&
+                       *mode != ResidualMode::kMhc && *mode != ResidualMode::kHc)) {
+      return flags.Fail(absl::InvalidArgumentError("--modes: xhc, xhc_flash, mhc or hc, got " + m),
+                        2);
+    }
+    parsed.push_back(*mode);
+  }
   if (absl::Status s = cu::GpuAvailable(); !s.ok()) {
     std::fprintf(stderr, "%s: %s\n", bench.program().c_str(), std::string(s.message()).c_str());
     return 1;
@@ -218,20 +238,24 @@ int main(int argc, char** argv) {
   const cu::GpuInfo& gpu = (*dev)->info();
 
   std::vector<Run> runs;
-  for (int width : widths) {
-    std::vector<float> state(static_cast<size_t>(tokens) * streams * width);
-    FillUniform(state, static_cast<uint64_t>(width));
-    for (const std::string dtype : {"fp32", "bf16"}) {
-      if (dtypes.find(dtype) == std::string::npos) continue;
-      absl::StatusOr<Run> r =
-          dtype == "fp32"
-              ? RunOne<float>(dev->get(), dtype, width, tokens, streams, active, reps, state)
-              : RunOne<cu::bf16>(dev->get(), dtype, width, tokens, streams, active, reps, state);
-      if (!r.ok()) return flags.Fail(r.status(), 1);
-      runs.push_back(*r);
-      if (absl::Status s = (*dev)->allocator().ReleaseCache(); !s.ok()) return flags.Fail(s, 1);
+  for (ResidualMode mode : parsed)
+    for (int width : widths) {
+      // hc and mhc run their papers' 4 streams (the GPU's limit for them).
+      const int n =
+          mode == ResidualMode::kMhc || mode == ResidualMode::kHc ? cu::xhc::kDenseMaxN : streams;
+      std::vector<float> state(static_cast<size_t>(tokens) * n * width);
+      FillUniform(state, static_cast<uint64_t>(width));
+      for (const std::string dtype : {"fp32", "bf16"}) {
+        if (dtypes.find(dtype) == std::string::npos) continue;
+        absl::StatusOr<Run> r =
+            dtype == "fp32"
+                ? RunOne<float>(dev->get(), mode, dtype, width, tokens, n, active, reps, state)
+                : RunOne<cu::bf16>(dev->get(), mode, dtype, width, tokens, n, active, reps, state);
+        if (!r.ok()) return flags.Fail(r.status(), 1);
+        runs.push_back(*r);
+        if (absl::Status s = (*dev)->allocator().ReleaseCache(); !s.ok()) return flags.Fail(s, 1);
+      }
     }
-  }
 
   nlohmann::json j;
   j["gpu"] = gpu.name;
@@ -254,7 +278,8 @@ int main(int argc, char** argv) {
                      {"fraction_of_copy", rate / r.copy_bytes_per_s},
                      {"kernels", kernels}});
     }
-    j["runs"].push_back({{"dtype", r.dtype},
+    j["runs"].push_back({{"mode", r.mode},
+                         {"dtype", r.dtype},
                          {"width", r.width},
                          {"copy_bytes_per_s", r.copy_bytes_per_s},
                          {"ops", ops}});
@@ -270,17 +295,18 @@ int main(int argc, char** argv) {
   std::printf("%s, %d multiprocessors, %.1f GiB; tokens %d, N %d, k %d, medians of %d\n",
               gpu.name.c_str(), gpu.multiprocessors,
               static_cast<double>(gpu.total_bytes) / (1 << 30), tokens, streams, active, reps);
-  std::printf("%-5s %5s %-9s %-9s %9s %11s %9s %7s %9s\n", "state", "C", "sublayer", "op", "ms",
-              "C/token", "TB/s", "of copy", "paper C");
+  std::printf("%-10s %-5s %5s %-9s %-9s %9s %11s %9s %7s %9s\n", "mode", "state", "C", "sublayer",
+              "op", "ms", "C/token", "TB/s", "of copy", "paper C");
   for (const Run& r : runs) {
     const double unit = static_cast<double>(r.width) * (r.dtype == "fp32" ? 4 : 2) * tokens;
     for (const OpResult& o : r.ops) {
       const double rate = static_cast<double>(o.bytes) / o.seconds;
       // docs/design.md's xhc accounting of the whole forward sublayer (read + write).
       std::string paper = "";
-      if (o.op == "write") paper = o.sublayer == "attention" ? "70 (fwd)" : "77 (fwd)";
-      std::printf("%-5s %5d %-9s %-9s %9.3f %11.2f %9.3f %6.0f%% %9s\n", r.dtype.c_str(), r.width,
-                  o.sublayer.c_str(), o.op.c_str(), o.seconds * 1e3,
+      if (o.op == "write" && r.mode == "xhc")
+        paper = o.sublayer == "attention" ? "70 (fwd)" : "77 (fwd)";
+      std::printf("%-10s %-5s %5d %-9s %-9s %9.3f %11.2f %9.3f %6.0f%% %9s\n", r.mode.c_str(),
+                  r.dtype.c_str(), r.width, o.sublayer.c_str(), o.op.c_str(), o.seconds * 1e3,
                   static_cast<double>(o.bytes) / unit, rate / 1e12, 100 * rate / r.copy_bytes_per_s,
                   paper.c_str());
     }
@@ -289,9 +315,14 @@ int main(int argc, char** argv) {
       if (o.op == "read" || o.op == "write")
         fwd[o.sublayer == "mlp"] += static_cast<double>(o.bytes);
     std::printf(
-        "%-5s %5d copy kernel %.3f TB/s; forward per sublayer: attention %.1f C, mlp %.1f C "
-        "(paper 70, 77; 40 for xhc_flash4)\n",
-        r.dtype.c_str(), r.width, r.copy_bytes_per_s / 1e12, fwd[0] / unit, fwd[1] / unit);
+        "%-10s %-5s %5d copy kernel %.3f TB/s; forward per sublayer: attention %.1f C, mlp %.1f C "
+        "(%s)\n",
+        r.mode.c_str(), r.dtype.c_str(), r.width, r.copy_bytes_per_s / 1e12, fwd[0] / unit,
+        fwd[1] / unit,
+        r.mode == "xhc"   ? "paper 70, 77"
+        : r.mode == "mhc" ? "paper 34"
+        : r.mode == "hc"  ? "no paper figure"
+                          : "mean 52.5 in the paper's style, 51 in the paper");
   }
   return 0;
 }
