@@ -16,8 +16,9 @@
 // the host blocks once per layer, when the device has nothing left to run but the expert
 // GEMMs, which need the plan's row counts. Every output is computed by the same operations
 // in the same order as with the wait first (the shared expert writes `out`, the combine adds
-// to it, as before): the same numbers bit for bit. The backward has no host wait (the aux
-// loss's E gradients go up from pageable memory, which CUDA stages without waiting).
+// to it, as before): the same numbers bit for bit. The backward waits for nothing on the
+// host; its one upload (the aux loss's E gradients, from pageable memory) may be made
+// synchronous with the host by CUDA, as pageable copies may (not measured).
 //
 // The plan is UltraEP's (planner/): on one GPU the policy is `none` (every expert's tokens to
 // its one instance), and expert_permutation.h turns plan + loads into the batches whose rows
