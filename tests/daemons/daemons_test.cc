@@ -52,9 +52,12 @@ class DaemonsTest : public ::rackrun::testing::DaemonFixture {
  protected:
   // A 60-step job with checkpoints that restarts once, submitted and run to step 5: for the
   // tests that drain one of its workers.
+  // 400 steps: long enough that a drain (a signal, or a launcher's death that the worker
+  // notices within 200 ms) lands mid-job on a quiet machine too, where a step takes ~4 ms
+  // (60 steps once finished before the worker saw its launcher die).
   std::string SubmitRestartableAndWaitForStep5() {
     const std::string id =
-        Submit("--set training.steps=60 --set checkpoint.dir=" + (dir_ / "ckpt").string() +
+        Submit("--set training.steps=400 --set checkpoint.dir=" + (dir_ / "ckpt").string() +
                " --set checkpoint.interval=1000 --set restart.max_attempts=2"
                " --set restart.backoff_s=0.2");
     WaitStep(id, 5);
