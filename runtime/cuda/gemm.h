@@ -47,6 +47,9 @@ absl::Status CheckGemmArgs(const GemmShape& s, GemmPrecision precision, DataType
 int64_t ExtentA(const GemmShape& s);
 int64_t ExtentB(const GemmShape& s);
 
+// Whether `p` is 16-byte aligned (what the TF32 and bf16 GEMM paths need of their operands).
+inline bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
 class Gemm {
  public:
   explicit Gemm(Device* device) : device_(device) {}

@@ -9,8 +9,6 @@
 namespace rackrun::runtime::cuda {
 namespace {
 
-bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 int64_t StartOf(const ExpertOperand& o, const ExpertBatch& b) {
   return b.offset * o.row_stride + static_cast<int64_t>(b.expert) * o.expert_stride;
 }

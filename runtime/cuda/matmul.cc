@@ -6,12 +6,6 @@
 #include "runtime/cuda/kernels.h"
 
 namespace rackrun::runtime::cuda {
-namespace {
-
-bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
-}  // namespace
-
 MatMul::MatMul(Device* device, GemmPrecision precision)
     : device_(device),
       precision_(precision),
