@@ -19,6 +19,7 @@
 #include "comm/fanout_executor.h"
 #include "comm/token_dispatch.h"
 #include "planner/fanout.h"
+#include "runtime/expert_instances.h"
 #include "runtime/layers/moe.h"
 
 namespace rackrun::runtime {
@@ -33,10 +34,11 @@ constexpr int kGradTag = comm::kMaxUserTag / 2;
 // The ExpertExecutor of one MoE layer on one rank (see expert_parallel.h).
 class ExpertParallelExecutor final : public ExpertExecutor<float> {
  public:
-  ExpertParallelExecutor(ExpertParallelGroup* group, int layer, SwigluExperts<float>* experts)
+  ExpertParallelExecutor(ExpertParallelGroup* group, int layer,
+                         std::unique_ptr<ExpertInstances> experts)
       : g_(group),
         layer_(layer),
-        experts_(experts),
+        experts_(std::move(experts)),
         relay_(std::make_unique<planner::FanoutScheduler>(group->options().planner.fanout)) {
     const int e = g_->domain().experts();
     local_loads_.assign(static_cast<size_t>(e), 0);
@@ -55,10 +57,11 @@ class ExpertParallelExecutor final : public ExpertExecutor<float> {
  private:
   absl::Status SolvePlan(std::span<const int64_t> offsets);
   void PlaceWeights();
-  // Runs expert batches of the last dispatch: those whose weights are this rank's masters
-  // (local = true), or those whose weights arrive in slots by fan-out.
-  void RunForwardBatches(bool local);
-  void RunBackwardBatches(bool local);
+  // The last dispatch's local batches as the instances' batches (masters by local index,
+  // replicas by slot).
+  void LayOutBatches();
+  // The executor's host slot store of this layer, as the instances take it.
+  ExpertInstances::Slots HostSlots() { return {slots().weights.data(), grad_buffer().data()}; }
   // Posts this microbatch's replica gradients to their masters' ranks (after Backward);
   // FinishReplicaGradients waits for them and adds them to the masters' gradients.
   absl::Status PostReplicaGradients();
@@ -92,24 +95,10 @@ class ExpertParallelExecutor final : public ExpertExecutor<float> {
     return slots().grads[g_->options().share_slots ? layer_ % 2 : 0];
   }
   float* slot_grads(int slot) { return grad_buffer().data() + slot * floats(); }
-  // Weights / gradients of the instance behind local batch `b`.
-  struct InstanceWeights {
-    const float* w13;
-    const float* w2;
-    float* dw13;
-    float* dw2;
-  };
-  // Weights and gradients of this rank's instance of `expert`: a replica slot, or the
-  // master in this rank's shard.
-  InstanceWeights WeightsOf(int expert);
-  // Calls body(batch, weights) for the local batches RunForwardBatches / RunBackwardBatches
-  // take (`local` as there), with the threading of one pass over all batches.
-  template <typename Body>
-  void ForEachBatch(bool local, Body body);
 
   ExpertParallelGroup* g_;
   int layer_;
-  SwigluExperts<float>* experts_;
+  std::unique_ptr<ExpertInstances> experts_;
 
   std::vector<int64_t> local_loads_;
   planner::LoadMatrix loads_;
@@ -134,9 +123,9 @@ class ExpertParallelExecutor final : public ExpertExecutor<float> {
   std::vector<float> grad_staging_;
 
   std::optional<comm::TokenDispatch> dispatch_;
-  std::vector<int64_t> batch_offsets_;
-  std::vector<int> cold_;
-  Tensor<float> in_, h13_, act_, out_, dy_, dh13_, dact_, dx_;
+  std::vector<ExpertInstances::Batch> batches_;
+  // The expert-row buffers the dispatch fills and the combine reads (host).
+  Tensor<float> in_, out_, dy_, dx_;
 };
 
 absl::Status ExpertParallelExecutor::Where(const absl::Status& s, absl::string_view phase) const {
@@ -301,10 +290,9 @@ absl::Status ExpertParallelExecutor::StartFanOut(bool refetch) {
     if (placement_.first[e + 1] - placement_.first[e] <= 1) continue;
     if (d.home_rank(e) == rank()) {
       float* p = staging_.data() + k++ * n;
-      const int local = e - experts_->first();
-      const int64_t n13 = 2 * static_cast<int64_t>(experts_->width()) * experts_->hidden();
-      std::memcpy(p, experts_->w13(local), static_cast<size_t>(n13) * sizeof(float));
-      std::memcpy(p + n13, experts_->w2(local), static_cast<size_t>(n - n13) * sizeof(float));
+      if (absl::Status s = experts_->ReadMaster(e - experts_->first(), p); !s.ok()) {
+        return Where(s, "reading master weights to fan out");
+      }
       buffers[e] = std::as_writable_bytes(std::span<float>(p, static_cast<size_t>(n)));
     } else if (const int slot = slot_of_expert_[static_cast<size_t>(e)]; slot >= 0) {
       buffers[e] =
@@ -342,49 +330,23 @@ absl::Status ExpertParallelExecutor::FinishFanOut() {
   store.instances = placement_.instances;
   store.first = placement_.first;
   store.version = g_->weights_version();
+  if (absl::Status s = experts_->SlotsArrived(store.weights.data(), slots_used_); !s.ok()) {
+    return Where(s, "taking the replica weights");
+  }
   return absl::OkStatus();
 }
 
-ExpertParallelExecutor::InstanceWeights ExpertParallelExecutor::WeightsOf(int expert) {
-  const int slot = slot_of_expert_[static_cast<size_t>(expert)];
-  if (slot < 0) {
-    const int local = expert - experts_->first();
-    return {experts_->w13(local), experts_->w2(local), experts_->dw13(local), experts_->dw2(local)};
+void ExpertParallelExecutor::LayOutBatches() {
+  const auto& local = dispatch_->local_batches();
+  batches_.resize(local.size());
+  for (size_t i = 0; i < local.size(); ++i) {
+    const comm::TokenDispatch::LocalBatch& b = local[i];
+    const int slot = slot_of_expert_[static_cast<size_t>(b.expert)];
+    batches_[i] = {.offset = b.offset,
+                   .rows = b.rows,
+                   .master = slot < 0 ? b.expert - experts_->first() : -1,
+                   .slot = slot};
   }
-  const int64_t n13 = 2 * static_cast<int64_t>(experts_->width()) * experts_->hidden();
-  return {slot_weights(slot), slot_weights(slot) + n13, slot_grads(slot), slot_grads(slot) + n13};
-}
-
-template <typename Body>
-void ExpertParallelExecutor::ForEachBatch(bool local, Body body) {
-  const auto& batches = dispatch_->local_batches();
-  const int c = experts_->width(), f = experts_->hidden();
-  // Every batch keeps the threading it would have in one pass over all batches.
-  RunExpertBatches(batch_offsets_, static_cast<int64_t>(c) * f, &cold_, [&](int i) {
-    const comm::TokenDispatch::LocalBatch& b = batches[static_cast<size_t>(i)];
-    if ((slot_of_expert_[static_cast<size_t>(b.expert)] < 0) != local) return;
-    body(b, WeightsOf(b.expert));
-    if (local) PollFanOut();
-  });
-}
-
-void ExpertParallelExecutor::RunForwardBatches(bool local) {
-  const int c = experts_->width(), f = experts_->hidden();
-  ForEachBatch(local, [&](const comm::TokenDispatch::LocalBatch& b, const InstanceWeights& w) {
-    const int64_t r0 = b.offset;
-    SwigluForward(c, f, w.w13, w.w2, b.rows, in_.data() + r0 * c, h13_.data() + r0 * 2 * f,
-                  act_.data() + r0 * f, out_.data() + r0 * c);
-  });
-}
-
-void ExpertParallelExecutor::RunBackwardBatches(bool local) {
-  const int c = experts_->width(), f = experts_->hidden();
-  ForEachBatch(local, [&](const comm::TokenDispatch::LocalBatch& b, const InstanceWeights& w) {
-    const int64_t r0 = b.offset;
-    SwigluBackward(c, f, w.w13, w.w2, w.dw13, w.dw2, b.rows, in_.data() + r0 * c,
-                   h13_.data() + r0 * 2 * f, act_.data() + r0 * f, dy_.data() + r0 * c,
-                   dh13_.data() + r0 * 2 * f, dact_.data() + r0 * f, dx_.data() + r0 * c);
-  });
 }
 
 absl::Status ExpertParallelExecutor::Forward(std::span<const int64_t> offsets,
@@ -443,13 +405,11 @@ absl::Status ExpertParallelExecutor::Forward(std::span<const int64_t> offsets,
       comm::TokenDispatch::CreateGrouped(plan_, loads_, rank(), offsets);
   if (!dispatch.ok()) return Where(dispatch.status(), "laying out the token dispatch");
   dispatch_.emplace(*std::move(dispatch));
-  const int c = experts_->width(), f = experts_->hidden();
+  const int c = experts_->width();
   const int64_t er = dispatch_->expert_rows();
   const int64_t alloc = std::max<int64_t>(er, 1);
   in_.Resize({alloc, c});
   out_.Resize({alloc, c});
-  h13_.Resize({alloc, 2 * f});
-  act_.Resize({alloc, f});
   if (absl::Status s =
           dispatch_->DispatchTokens(g_->channel(), {dispatched, static_cast<size_t>(rows * c)}, c,
                                     {in_.data(), static_cast<size_t>(er * c)});
@@ -459,18 +419,26 @@ absl::Status ExpertParallelExecutor::Forward(std::span<const int64_t> offsets,
   t1 = base::NowSeconds();
   st.dispatch_s += t1 - t0;
 
-  const auto& batches = dispatch_->local_batches();
-  batch_offsets_.resize(batches.size() + 1);
-  batch_offsets_[0] = 0;
-  for (size_t i = 0; i < batches.size(); ++i)
-    batch_offsets_[i + 1] = batches[i].offset + batches[i].rows;
-  RunForwardBatches(/*local=*/true);
+  LayOutBatches();
+  const auto poll = [this] { PollFanOut(); };
+  if (absl::Status s = experts_->BeginForward(in_.data(), er); !s.ok()) {
+    return Where(s, "running experts");
+  }
+  if (absl::Status s =
+          experts_->Forward(batches_, /*masters=*/true, HostSlots(), out_.data(), poll);
+      !s.ok()) {
+    return Where(s, "running master experts");
+  }
   t0 = base::NowSeconds();
   st.expert_s += t0 - t1;
   if (absl::Status s = FinishFanOut(); !s.ok()) return s;
   t1 = base::NowSeconds();
   st.fanout_s += t1 - t0;
-  RunForwardBatches(/*local=*/false);
+  if (absl::Status s =
+          experts_->Forward(batches_, /*masters=*/false, HostSlots(), out_.data(), [] {});
+      !s.ok()) {
+    return Where(s, "running replica experts");
+  }
   st.expert_rows += er;
   t0 = base::NowSeconds();
   st.expert_s += t0 - t1;
@@ -489,14 +457,12 @@ absl::Status ExpertParallelExecutor::Backward(std::span<const int64_t> offsets,
   if (!dispatch_.has_value()) {
     return absl::FailedPreconditionError("expert-parallel Backward without a Forward");
   }
-  const int c = experts_->width(), f = experts_->hidden();
+  const int c = experts_->width();
   const int64_t rows = offsets.back();
   const int64_t er = dispatch_->expert_rows();
   const int64_t alloc = std::max<int64_t>(er, 1);
   dy_.Resize({alloc, c});
   dx_.Resize({alloc, c});
-  dh13_.Resize({alloc, 2 * f});
-  dact_.Resize({alloc, f});
   double t0 = base::NowSeconds();
   const bool shared = g_->options().share_slots;
   if (shared) {
@@ -524,13 +490,25 @@ absl::Status ExpertParallelExecutor::Backward(std::span<const int64_t> offsets,
   }
   double t1 = base::NowSeconds();
   st.dispatch_s += t1 - t0;
-  RunBackwardBatches(/*local=*/true);
+  const auto poll = [this] { PollFanOut(); };
+  if (absl::Status s = experts_->BeginBackward(dy_.data(), er); !s.ok()) {
+    return Where(s, "running experts' backward");
+  }
+  if (absl::Status s =
+          experts_->Backward(batches_, /*masters=*/true, HostSlots(), dx_.data(), poll);
+      !s.ok()) {
+    return Where(s, "running master experts' backward");
+  }
   t0 = base::NowSeconds();
   st.expert_s += t0 - t1;
   if (absl::Status s = FinishFanOut(); !s.ok()) return s;
   t1 = base::NowSeconds();
   st.fanout_s += t1 - t0;
-  RunBackwardBatches(/*local=*/false);
+  if (absl::Status s =
+          experts_->Backward(batches_, /*masters=*/false, HostSlots(), dx_.data(), [] {});
+      !s.ok()) {
+    return Where(s, "running replica experts' backward");
+  }
   t0 = base::NowSeconds();
   st.expert_s += t0 - t1;
   if (shared) {
@@ -607,16 +585,12 @@ absl::Status ExpertParallelExecutor::FinishReplicaGradients() {
   if (!s.ok()) return Where(s, "reducing replica gradients");
   // Fixed order: the master's own gradient (already accumulated), then replicas by rank.
   const int64_t n = floats();
-  const int64_t n13 = 2 * static_cast<int64_t>(experts_->width()) * experts_->hidden();
   for (const auto& [e, idx] : received_) {
-    const int local = e - experts_->first();
-    const float* g = grad_staging_.data() + idx * n;
-    float* dw13 = experts_->dw13(local);
-    float* dw2 = experts_->dw2(local);
-    for (int64_t j = 0; j < n13; ++j) dw13[j] += g[j];
-    for (int64_t j = n13; j < n; ++j) dw2[j - n13] += g[j];
+    s = experts_->AddToMaster(e - experts_->first(), grad_staging_.data() + idx * n);
+    if (!s.ok()) break;
   }
   received_.clear();
+  if (!s.ok()) return Where(s, "adding replica gradients to their masters");
   g_->mutable_stats().reduce_s += base::NowSeconds() - t0;
   return absl::OkStatus();
 }
@@ -640,10 +614,22 @@ absl::StatusOr<std::unique_ptr<ExpertParallelGroup>> ExpertParallelGroup::Create
 absl::StatusOr<std::unique_ptr<ExpertParallelGroup>> ExpertParallelGroup::Create(
     comm::DataChannel& channel, const std::vector<MoeLayer<float>*>& layers,
     const ExpertParallelOptions& options) {
+  std::vector<Layer> general;
+  for (MoeLayer<float>* layer : layers) {
+    general.push_back({layer->config(), std::make_unique<HostExpertInstances>(&layer->experts()),
+                       [layer](std::unique_ptr<ExpertExecutor<float>> executor) {
+                         layer->SetExecutor(std::move(executor));
+                       }});
+  }
+  return Create(channel, std::move(general), options);
+}
+
+absl::StatusOr<std::unique_ptr<ExpertParallelGroup>> ExpertParallelGroup::Create(
+    comm::DataChannel& channel, std::vector<Layer> layers, const ExpertParallelOptions& options) {
   if (layers.empty()) return absl::InvalidArgumentError("expert parallelism needs a MoE layer");
-  const MoeLayerConfig& mc = layers[0]->config();
+  const MoeLayerConfig& mc = layers[0].config;
   for (size_t i = 0; i < layers.size(); ++i) {
-    const SwigluExperts<float>& x = layers[i]->experts();
+    const ExpertInstances& x = *layers[i].instances;
     const int per_rank = mc.experts / channel.size();
     if (mc.experts % channel.size() != 0 || x.count() != per_rank ||
         x.first() != channel.rank() * per_rank) {
@@ -664,7 +650,7 @@ absl::StatusOr<std::unique_ptr<ExpertParallelGroup>> ExpertParallelGroup::Create
   if (absl::Status s = g->domain_.Validate(); !s.ok()) return s;
   planner::PlannerOptions po = options.planner;
   if (po.expert_bytes == 0) {
-    po.expert_bytes = layers[0]->experts().expert_floats() * static_cast<int64_t>(sizeof(float));
+    po.expert_bytes = layers[0].instances->expert_floats() * static_cast<int64_t>(sizeof(float));
   }
   if (options.plan_source != nullptr) {
     g->plan_source_ = options.plan_source;
@@ -691,9 +677,9 @@ absl::StatusOr<std::unique_ptr<ExpertParallelGroup>> ExpertParallelGroup::Create
   g->stats_.layers.resize(layers.size());
   for (size_t b = 0; b < layers.size(); ++b) {
     auto executor = std::make_unique<ExpertParallelExecutor>(g.get(), static_cast<int>(b),
-                                                             &layers[b]->experts());
+                                                             std::move(layers[b].instances));
     g->executors_.push_back(executor.get());
-    layers[b]->SetExecutor(std::move(executor));
+    layers[b].install(std::move(executor));
   }
   return g;
 }

@@ -59,6 +59,7 @@
 #define RACKRUN_RUNTIME_EXPERT_PARALLEL_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -73,6 +74,7 @@
 #include "planner/plan.h"
 #include "planner/planner.h"
 #include "planner/trace.h"
+#include "runtime/expert_instances.h"
 #include "runtime/fault_injection.h"
 #include "runtime/model.h"
 #include "runtime/plan_source.h"
@@ -172,6 +174,16 @@ class ExpertParallelGroup {
   static absl::StatusOr<std::unique_ptr<ExpertParallelGroup>> Create(
       comm::DataChannel& channel, const std::vector<MoeLayer<float>*>& layers,
       const ExpertParallelOptions& options);
+  // The general form, for layers whose experts live elsewhere (the GPU engine's): per MoE
+  // layer its configuration, the instances holding its shard (owned by the executor made for
+  // it from then on) and where that executor goes (`install`, called once, during Create).
+  struct Layer {
+    MoeLayerConfig config;
+    std::unique_ptr<ExpertInstances> instances;
+    std::function<void(std::unique_ptr<ExpertExecutor<float>>)> install;
+  };
+  static absl::StatusOr<std::unique_ptr<ExpertParallelGroup>> Create(
+      comm::DataChannel& channel, std::vector<Layer> layers, const ExpertParallelOptions& options);
   ~ExpertParallelGroup();
 
   // Names the microbatch in errors and traces. Training microbatches use the training
