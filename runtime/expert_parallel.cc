@@ -60,6 +60,8 @@ class ExpertParallelExecutor final : public ExpertExecutor<float> {
   // The last dispatch's local batches as the instances' batches (masters by local index,
   // replicas by slot).
   void LayOutBatches();
+  // The plan's balance figures into the group's statistics.
+  void RecordBalance();
   // The executor's host slot store of this layer, as the instances take it.
   ExpertInstances::Slots HostSlots() { return {slots().weights.data(), grad_buffer().data()}; }
   // Posts this microbatch's replica gradients to their masters' ranks (after Backward);
@@ -336,6 +338,24 @@ absl::Status ExpertParallelExecutor::FinishFanOut() {
   return absl::OkStatus();
 }
 
+void ExpertParallelExecutor::RecordBalance() {
+  ExpertParallelStats& st = g_->mutable_stats();
+  const planner::Domain& d = g_->domain();
+  ExpertParallelStats::Layer& ls = st.layers[static_cast<size_t>(layer_)];
+  ++ls.microbatches;
+  const std::vector<int64_t> home = planner::HomeRankLoads(d, loads_);
+  const std::vector<int64_t> planned = plan_.RankLoads();
+  ls.imbalance_before += planner::Imbalance(home);
+  ls.imbalance_after += planner::Imbalance(planned);
+  st.rank_tokens_before.resize(static_cast<size_t>(d.ranks), 0);
+  st.rank_tokens_after.resize(static_cast<size_t>(d.ranks), 0);
+  for (size_t r = 0; r < home.size() && r < st.rank_tokens_before.size(); ++r)
+    st.rank_tokens_before[r] += home[r];
+  for (size_t r = 0; r < planned.size() && r < st.rank_tokens_after.size(); ++r)
+    st.rank_tokens_after[r] += planned[r];
+  ls.replicas += plan_.num_replicas();
+}
+
 void ExpertParallelExecutor::LayOutBatches() {
   const auto& local = dispatch_->local_batches();
   batches_.resize(local.size());
@@ -368,20 +388,7 @@ absl::Status ExpertParallelExecutor::Forward(std::span<const int64_t> offsets,
   if (absl::Status s = FinishReplicaGradients(); !s.ok()) return s;
   t0 = base::NowSeconds();
   if (absl::Status s = SolvePlan(offsets); !s.ok()) return s;
-  const planner::Domain& d = g_->domain();
-  ExpertParallelStats::Layer& ls = st.layers[static_cast<size_t>(layer_)];
-  ++ls.microbatches;
-  const std::vector<int64_t> home = planner::HomeRankLoads(d, loads_);
-  const std::vector<int64_t> planned = plan_.RankLoads();
-  ls.imbalance_before += planner::Imbalance(home);
-  ls.imbalance_after += planner::Imbalance(planned);
-  st.rank_tokens_before.resize(static_cast<size_t>(d.ranks), 0);
-  st.rank_tokens_after.resize(static_cast<size_t>(d.ranks), 0);
-  for (size_t r = 0; r < home.size() && r < st.rank_tokens_before.size(); ++r)
-    st.rank_tokens_before[r] += home[r];
-  for (size_t r = 0; r < planned.size() && r < st.rank_tokens_after.size(); ++r)
-    st.rank_tokens_after[r] += planned[r];
-  ls.replicas += plan_.num_replicas();
+  RecordBalance();
   if (g_->training() && g_->trace() != nullptr) {
     planner::TraceEntry entry;
     entry.microbatch = g_->microbatch();

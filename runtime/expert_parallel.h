@@ -26,6 +26,11 @@
 // contribution first, then replicas by ascending rank): deterministic, no atomics. Which
 // batch runs when changes no value: every batch writes its own rows and gradients.
 //
+// The executor decides and moves bytes (host buffers, the job's channel); where this rank's
+// masters and replica slots live and run is behind ExpertInstances (expert_instances.h): on
+// the host for MoeLayer<float> layers, on a GPU, host-staged, for the GPU engine's layers
+// (the general Create below).
+//
 // Weights live at the home rank (rank e / (E/R) for expert e); an instance the plan puts
 // anywhere else receives them by fan-out. For ultraep and none that is exactly the plan's
 // replicas; EPLB may also move a master, which is executed the same way (its weights and
