@@ -39,6 +39,7 @@ GpuMoe::GpuMoe(Device* device, MatMul* matmul, const MoeLayerConfig& config,
       expert_out_(device, name + " expert outputs"),
       selected_(device, name + " selected experts"),
       counts_d_(device, name + " expert counts"),
+      global_counts_d_(device, name + " expert counts over the ranks"),
       offsets_d_(device, name + " expert offsets"),
       slot_row_(device, name + " slot rows"),
       column_partial_(device, name + " score sum partials"),
@@ -62,10 +63,13 @@ absl::StatusOr<std::unique_ptr<GpuMoe>> GpuMoe::Create(Device* device, MatMul* m
                                                        const MoeLayerConfig& config,
                                                        const std::string& name,
                                                        MoeWeights weights) {
-  if (config.local_experts != 0 && config.local_experts != config.experts) {
-    return absl::UnimplementedError(absl::StrCat(
-        "GPU MoE (", name, "): this GPU would hold ", config.local_experts, " of ", config.experts,
-        " experts; expert parallelism across GPUs is not built yet (one rank per GPU job)"));
+  if (config.local_experts < 0 || config.local_experts > config.experts ||
+      config.expert_first < 0 ||
+      (config.local_experts > 0 && config.expert_first + config.local_experts > config.experts)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("GPU MoE (", name, "): the shard [", config.expert_first, ", ",
+                     config.expert_first + config.local_experts, ") is not within the layer's ",
+                     config.experts, " experts"));
   }
   if (config.experts <= 0 || config.top_k <= 0 || config.top_k > config.experts ||
       config.width <= 0 || config.expert_hidden <= 0 ||
@@ -88,6 +92,26 @@ absl::StatusOr<std::unique_ptr<GpuMoe>> GpuMoe::Create(Device* device, MatMul* m
   return std::unique_ptr<GpuMoe>(
       new GpuMoe(device, matmul, config, name, weights, *std::move(planner),
                  HostCopies{*std::move(counts), *std::move(sums), *std::move(ready)}));
+}
+
+bool GpuMoe::sharded() const {
+  return config_.local_experts != 0 && config_.local_experts != config_.experts;
+}
+
+ExpertShard GpuMoe::shard() const {
+  return {.first = sharded() ? config_.expert_first : 0,
+          .count = sharded() ? config_.local_experts : config_.experts,
+          .width = config_.width,
+          .hidden = config_.expert_hidden,
+          .w13 = w_.w13,
+          .w2 = w_.w2,
+          .dw13 = w_.dw13,
+          .dw2 = w_.dw2};
+}
+
+const std::vector<int64_t>& GpuMoe::global_counts() const {
+  const std::vector<int64_t>* g = executor_ != nullptr ? executor_->global_counts() : nullptr;
+  return g != nullptr ? *g : counts_;
 }
 
 absl::Status GpuMoe::Check(cudaError_t e, const char* what) const {
@@ -146,18 +170,24 @@ absl::Status GpuMoe::DispatchOnDevice(int64_t tokens) {
       "dispatch");
 }
 
-absl::Status GpuMoe::PlanFromCounts() {
+absl::Status GpuMoe::CountsFromHost() {
   const int ne = config_.experts;
   // The layer's one host wait: the counts' copy (the work issued before it keeps running).
   if (absl::Status s = host_.ready.Synchronize(); !s.ok()) return s;
-  planner::LoadMatrix loads(1, ne);
   offsets_[0] = 0;
   for (int e = 0; e < ne; ++e) {
     const size_t i = static_cast<size_t>(e);
     counts_[i] = host_.counts.data()[i];
-    loads.at(0, e) = counts_[i];
     offsets_[i + 1] = offsets_[i] + counts_[i];
   }
+  return absl::OkStatus();
+}
+
+absl::Status GpuMoe::PlanFromCounts() {
+  const int ne = config_.experts;
+  if (absl::Status s = CountsFromHost(); !s.ok()) return s;
+  planner::LoadMatrix loads(1, ne);
+  for (int e = 0; e < ne; ++e) loads.at(0, e) = counts_[static_cast<size_t>(e)];
   absl::StatusOr<planner::Plan> plan = planner_->Solve(loads, 0);
   if (!plan.ok()) return plan.status();
   absl::StatusOr<std::vector<ExpertBatch>> batches = PlanBatches(*plan, loads, 0);
@@ -184,13 +214,15 @@ void GpuMoe::AuxLossFromSums(int64_t tokens) {
   // Aux loss: f_e from the counts, P_e the mean router score (summed in double).
   aux_loss_ = 0;
   if (config_.aux_loss_coef <= 0) return;
+  // f_e over every rank's routed slots (expert parallelism), P_e over this rank's tokens.
+  const std::vector<int64_t>& counts = global_counts();
   const double* p = host_.score_sums.data();
   int64_t total_slots = 0;
-  for (int e = 0; e < ne; ++e) total_slots += counts_[static_cast<size_t>(e)];
+  for (int e = 0; e < ne; ++e) total_slots += counts[static_cast<size_t>(e)];
   slot_fraction_.resize(static_cast<size_t>(ne));
   double total = 0;
   for (int e = 0; e < ne; ++e) {
-    const double fe = static_cast<double>(counts_[static_cast<size_t>(e)]) /
+    const double fe = static_cast<double>(counts[static_cast<size_t>(e)]) /
                       static_cast<double>(std::max<int64_t>(total_slots, 1));
     slot_fraction_[static_cast<size_t>(e)] = fe;
     total += fe * p[e] / static_cast<double>(tokens);
@@ -242,14 +274,52 @@ absl::Status GpuMoe::Forward(const float* u, int64_t tokens, float* out) {
     if (absl::Status s = SharedForward(out); !s.ok()) return s;
     MarkPhase(clock_, Phase::kRouting);
   }
-  if (absl::Status s = PlanFromCounts(); !s.ok()) return s;
-  AuxLossFromSums(tokens);
-  MarkPhase(clock_, Phase::kGemm);
-  if (absl::Status s = ExpertsForward(); !s.ok()) return s;
+  if (executor_ != nullptr) {
+    // Expert parallelism: the executor plans over every rank's loads and runs this rank's
+    // instances (host-staged); the aux loss needs its global counts, known after it.
+    if (absl::Status s = CountsFromHost(); !s.ok()) return s;
+    MarkPhase(clock_, Phase::kGemm);
+    if (absl::Status s = ExpertsForwardOnRanks(); !s.ok()) return s;
+    AuxLossFromSums(tokens);
+  } else {
+    if (sharded()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(name_,
+                       " (GPU MoE): this layer holds a shard of its experts; run it with "
+                       "an expert-parallel group (ExpertParallelGroup::Create)"));
+    }
+    if (absl::Status s = PlanFromCounts(); !s.ok()) return s;
+    AuxLossFromSums(tokens);
+    MarkPhase(clock_, Phase::kGemm);
+    if (absl::Status s = ExpertsForward(); !s.ok()) return s;
+  }
   MarkPhase(clock_, Phase::kRouting);
   return Check(kernels::CombineRows(tokens, k, c, slot_row_.data(), weights_.data(),
                                     expert_out_.data(), /*add=*/config_.shared_expert, out, st),
                "combine");
+}
+
+absl::Status GpuMoe::ExpertsForwardOnRanks() {
+  // Host-staged: the dispatched rows (expert order, as the CPU layer hands its executor) to
+  // the host, the executor's all-to-alls and this rank's instances, the outputs back.
+  if (absl::Status s = dispatched_.CopyTo(&host_rows_); !s.ok()) return s;
+  host_out_.assign(static_cast<size_t>(expert_out_.size()), 0.0f);
+  if (absl::Status s = executor_->Forward(offsets_, host_rows_.data(), host_out_.data()); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = expert_out_.CopyFrom(host_out_); !s.ok()) return s;
+  return device_->Synchronize();
+}
+
+absl::Status GpuMoe::ExpertsBackwardOnRanks() {
+  if (absl::Status s = dexpert_out_.CopyTo(&host_rows_); !s.ok()) return s;
+  host_out_.assign(static_cast<size_t>(ddispatched_.size()), 0.0f);
+  if (absl::Status s = executor_->Backward(offsets_, host_rows_.data(), host_out_.data());
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = ddispatched_.CopyFrom(host_out_); !s.ok()) return s;
+  return device_->Synchronize();
 }
 
 absl::Status GpuMoe::ExpertsForward() {
@@ -342,7 +412,10 @@ absl::Status GpuMoe::Backward(const float* dout, float grad_scale, float* du) {
     return s;
   }
   MarkPhase(clock_, Phase::kGemm);
-  if (absl::Status s = ExpertsBackward(); !s.ok()) return s;
+  if (absl::Status s = executor_ != nullptr ? ExpertsBackwardOnRanks() : ExpertsBackward();
+      !s.ok()) {
+    return s;
+  }
   if (config_.shared_expert) {
     if (absl::Status s = SharedBackward(dout); !s.ok()) return s;
   }
@@ -409,8 +482,18 @@ absl::Status GpuMoe::SharedBackward(const float* dout) {
 
 absl::Status GpuMoe::UpdateSelectionBias() {
   if (config_.bias_update_rate <= 0) return absl::OkStatus();
-  return Check(kernels::SelectionBiasUpdate(config_.experts, counts_d_.data(),
-                                            config_.bias_update_rate, w_.bias, device_->stream()),
+  const int32_t* counts = counts_d_.data();
+  if (executor_ != nullptr) {
+    // Every rank steps its copy of the bias with the counts over all ranks, as the CPU layer.
+    const std::vector<int64_t>& global = global_counts();
+    std::vector<int32_t> narrow(global.size());
+    for (size_t e = 0; e < global.size(); ++e) narrow[e] = static_cast<int32_t>(global[e]);
+    if (absl::Status s = global_counts_d_.Resize({config_.experts}); !s.ok()) return s;
+    if (absl::Status s = global_counts_d_.CopyFrom(narrow); !s.ok()) return s;
+    counts = global_counts_d_.data();
+  }
+  return Check(kernels::SelectionBiasUpdate(config_.experts, counts, config_.bias_update_rate,
+                                            w_.bias, device_->stream()),
                "selection bias");
 }
 

@@ -49,6 +49,7 @@
 #include "absl/status/statusor.h"
 #include "planner/planner.h"
 #include "runtime/cuda/device.h"
+#include "runtime/cuda/expert_instances.h"
 #include "runtime/cuda/expert_permutation.h"
 #include "runtime/cuda/grouped_gemm.h"
 #include "runtime/cuda/matmul.h"
@@ -81,8 +82,9 @@ ExpertGemmPath DefaultExpertGemmPath();
 
 class GpuMoe {
  public:
-  // The config as MoeLayer's, holding every expert (local_experts 0 or experts: expert
-  // shards across GPUs are not built yet). `matmul` must outlive the layer.
+  // The config as MoeLayer's. A layer holding a shard (local_experts in (0, experts); w13, w2
+  // and their gradients then hold the shard's experts) runs only under an expert-parallel
+  // executor (SetExecutor). `matmul` must outlive the layer.
   static absl::StatusOr<std::unique_ptr<GpuMoe>> Create(Device* device, MatMul* matmul,
                                                         const MoeLayerConfig& config,
                                                         const std::string& name,
@@ -107,6 +109,19 @@ class GpuMoe {
   ExpertGemmPath expert_gemm_path() const { return path_; }
   void set_expert_gemm_path(ExpertGemmPath path) { path_ = path; }
 
+  // Expert parallelism, host-staged (runtime/expert_parallel.h): the executor plans over every
+  // rank's loads and runs this rank's instances through a DeviceExpertInstances over shard().
+  // Forward then copies the dispatched rows to the host after the counts' wait, hands them to
+  // the executor and copies its outputs back before the combine (Backward mirrors it); the aux
+  // loss and the bias step use the executor's counts over all ranks.
+  void SetExecutor(std::unique_ptr<ExpertExecutor<float>> executor) {
+    executor_ = std::move(executor);
+  }
+  bool sharded() const;
+  // This layer's experts in device memory (the whole layer when not sharded).
+  ExpertShard shard() const;
+  const MoeLayerConfig& config() const { return config_; }
+
  private:
   // The counts (and the score sums) on their way to the host, and the event behind them.
   struct HostCopies {
@@ -122,7 +137,13 @@ class GpuMoe {
   // wait, the plan, its batches and their check; the aux loss from the copied sums.
   absl::Status CopyCountsToHost(int64_t tokens);
   absl::Status DispatchOnDevice(int64_t tokens);
-  absl::Status PlanFromCounts();
+  absl::Status CountsFromHost();  // the wait on the counts' copy; counts_ and offsets_
+  absl::Status PlanFromCounts();  // CountsFromHost, then the one-GPU plan and its batches
+  // Expert parallelism's expert step (host-staged through the executor), forward and backward.
+  absl::Status ExpertsForwardOnRanks();
+  absl::Status ExpertsBackwardOnRanks();
+  // The executor's counts over all ranks, or this layer's own.
+  const std::vector<int64_t>& global_counts() const;
   void AuxLossFromSums(int64_t tokens);
   // The expert FFN over the rows of every batch (h13, act kept for the backward).
   absl::Status ExpertsForward();
@@ -141,6 +162,8 @@ class GpuMoe {
   HostCopies host_;
   ExpertGemmPath path_;
   PhaseClock* clock_ = nullptr;
+  std::unique_ptr<ExpertExecutor<float>> executor_;  // expert parallelism, or null
+  std::vector<float> host_rows_, host_out_;          // its host staging
 
   // State of the last Forward.
   const float* u_ = nullptr;
@@ -150,7 +173,7 @@ class GpuMoe {
   std::vector<double> slot_fraction_;
   double aux_loss_ = 0;
   DeviceTensor<float> xn_, inv_rms_, scores_, weights_, dispatched_, h13_, act_, expert_out_;
-  DeviceTensor<int32_t> selected_, counts_d_;
+  DeviceTensor<int32_t> selected_, counts_d_, global_counts_d_;
   DeviceTensor<int64_t> offsets_d_, slot_row_;
   DeviceTensor<double> column_partial_, column_sums_;
   DeviceTensor<float> shared_h13_, shared_act_;

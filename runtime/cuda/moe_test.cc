@@ -56,30 +56,8 @@ Setup MakeSetup(bool shared, uint64_t seed) {
   return s;
 }
 
-// The smallest gap, over tokens, between the k-th and (k+1)-th largest biased score.
 double RoutingMargin(const Setup& s) {
-  const int c = s.config.width, ne = s.config.experts, k = s.config.top_k;
-  std::vector<ParamRef<float>> p = s.cpu->Parameters();  // norm, router, ...
-  double margin = INFINITY;
-  for (int64_t t = 0; t < s.tokens; ++t) {
-    const float* x = s.u.data() + t * c;
-    double ss = 0;
-    for (int i = 0; i < c; ++i) ss += double{x[i]} * x[i];
-    const double inv = 1.0 / std::sqrt(ss / c + 1e-6);
-    std::vector<double> logit(static_cast<size_t>(ne), 0.0);
-    for (int e = 0; e < ne; ++e) {
-      for (int i = 0; i < c; ++i) logit[e] += p[0].value[i] * x[i] * inv * p[1].value[i * ne + e];
-    }
-    double mx = -INFINITY;
-    for (int e = 0; e < ne; ++e) mx = std::max(mx, logit[static_cast<size_t>(e)]);
-    double sum = 0;
-    for (double& l : logit) sum += (l = std::exp(l - mx));
-    std::vector<double> biased;
-    for (int e = 0; e < ne; ++e) biased.push_back(logit[e] / sum + s.bias[e]);
-    std::sort(biased.rbegin(), biased.rend());
-    margin = std::min(margin, biased[k - 1] - biased[k]);
-  }
-  return margin;
+  return testing::RoutingMargin(*s.cpu, s.u, s.tokens, s.bias);
 }
 
 // Runs without a GPU: the comparisons below rely on it.
@@ -113,22 +91,7 @@ GpuResult RunGpu(Device* dev, const Setup& s, const std::vector<float>& bias_hos
     }
   }
   DeviceTensor<float> bias = Upload(dev, "bias", bias_host);
-  MoeWeights w;
-  w.norm = values[0].data();
-  w.router = values[1].data();
-  w.w13 = values[2].data();
-  w.w2 = values[3].data();
-  w.dnorm = grads[0].data();
-  w.drouter = grads[1].data();
-  w.dw13 = grads[2].data();
-  w.dw2 = grads[3].data();
-  if (s.config.shared_expert) {
-    w.shared_w13 = values[4].data();
-    w.shared_w2 = values[5].data();
-    w.dshared_w13 = grads[4].data();
-    w.dshared_w2 = grads[5].data();
-  }
-  w.bias = bias.data();
+  const MoeWeights w = testing::MoeWeightsOf(values, grads, bias.data());
   MatMul matmul(dev, precision);
   absl::StatusOr<std::unique_ptr<GpuMoe>> gpu = GpuMoe::Create(dev, &matmul, s.config, "moe", w);
   EXPECT_TRUE(gpu.ok()) << gpu.status();

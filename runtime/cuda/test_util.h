@@ -14,6 +14,8 @@
 
 #include "gtest/gtest.h"
 #include "runtime/cuda/device.h"
+#include "runtime/cuda/moe.h"
+#include "runtime/layers/moe.h"
 #include "runtime/residual/residual_streams.h"
 
 namespace rackrun::runtime::cuda::testing {
@@ -88,6 +90,58 @@ inline double RelativeError(std::span<const float> gpu, std::span<const float> c
     err = std::isnan(d) ? INFINITY : std::max(err, d);
   }
   return err / std::max(scale, 1e-30);
+}
+
+// The smallest gap, over the `tokens` rows of u, between the k-th and (k+1)-th largest biased
+// router score of `layer` (its norm gain and router, computed in double): when it exceeds the
+// engines' rounding, the GPU and the CPU route every token alike (checked without a GPU).
+inline double RoutingMargin(MoeLayer<float>& layer, std::span<const float> u, int64_t tokens,
+                            std::span<const float> bias) {
+  const int c = layer.config().width, ne = layer.config().experts, k = layer.config().top_k;
+  std::vector<ParamRef<float>> p = layer.Parameters();  // norm, router, ...
+  double margin = INFINITY;
+  for (int64_t t = 0; t < tokens; ++t) {
+    const float* x = u.data() + t * c;
+    double ss = 0;
+    for (int i = 0; i < c; ++i) ss += double{x[i]} * x[i];
+    const double inv = 1.0 / std::sqrt(ss / c + 1e-6);
+    std::vector<double> logit(static_cast<size_t>(ne), 0.0);
+    for (int e = 0; e < ne; ++e) {
+      for (int i = 0; i < c; ++i) logit[e] += p[0].value[i] * x[i] * inv * p[1].value[i * ne + e];
+    }
+    double mx = -INFINITY;
+    for (int e = 0; e < ne; ++e) mx = std::max(mx, logit[static_cast<size_t>(e)]);
+    double sum = 0;
+    for (double& l : logit) sum += (l = std::exp(l - mx));
+    std::vector<double> biased;
+    for (int e = 0; e < ne; ++e) biased.push_back(logit[e] / sum + (bias.empty() ? 0.0 : bias[e]));
+    std::sort(biased.rbegin(), biased.rend());
+    margin = std::min(margin, biased[k - 1] - biased[k]);
+  }
+  return margin;
+}
+
+// A GpuMoe's weights from a MoeLayer<float>'s uploaded parameters (UploadParameters: norm,
+// router, experts.w13, experts.w2, then shared.w13, shared.w2 when there are six) and `bias`.
+inline MoeWeights MoeWeightsOf(std::vector<DeviceTensor<float>>& values,
+                               std::vector<DeviceTensor<float>>& grads, float* bias) {
+  MoeWeights w;
+  w.norm = values[0].data();
+  w.router = values[1].data();
+  w.w13 = values[2].data();
+  w.w2 = values[3].data();
+  w.dnorm = grads[0].data();
+  w.drouter = grads[1].data();
+  w.dw13 = grads[2].data();
+  w.dw2 = grads[3].data();
+  if (values.size() >= 6) {
+    w.shared_w13 = values[4].data();
+    w.shared_w2 = values[5].data();
+    w.dshared_w13 = grads[4].data();
+    w.dshared_w2 = grads[5].data();
+  }
+  w.bias = bias;
+  return w;
 }
 
 #define RACKRUN_EXPECT_CLOSE(gpu, cpu, tol)                                  \

@@ -1,0 +1,225 @@
+#include "runtime/cuda/expert_instances.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "runtime/cuda/kernels.h"
+#include "runtime/cuda/model_kernels.h"
+
+namespace rackrun::runtime::cuda {
+
+DeviceExpertInstances::DeviceExpertInstances(Device* device, MatMul* matmul,
+                                             const ExpertShard& shard, const std::string& name)
+    : device_(device),
+      matmul_(matmul),
+      shard_(shard),
+      name_(name),
+      slot_w_(device, name + " replica slot weights"),
+      slot_g_(device, name + " replica slot gradients"),
+      in_(device, name + " expert rows"),
+      h13_(device, name + " expert h13"),
+      act_(device, name + " expert activations"),
+      out_(device, name + " expert outputs"),
+      dy_(device, name + " expert output gradients"),
+      dh13_(device, name + " expert h13 gradients"),
+      dact_(device, name + " expert activation gradients"),
+      dx_(device, name + " expert row gradients"),
+      grad_(device, name + " replica gradient") {}
+
+absl::Status DeviceExpertInstances::Check(cudaError_t e, const char* what) const {
+  return CudaCheck(e, absl::StrCat(name_, " (GPU experts): ", what));
+}
+
+absl::Status DeviceExpertInstances::ToDevice(const float* host, float* device, int64_t floats,
+                                             const char* what) {
+  if (floats == 0) return absl::OkStatus();
+  if (absl::Status s = Check(cudaMemcpyAsync(device, host, static_cast<size_t>(floats) * 4,
+                                             cudaMemcpyHostToDevice, device_->stream()),
+                             what);
+      !s.ok()) {
+    return s;
+  }
+  return device_->Synchronize();
+}
+
+absl::Status DeviceExpertInstances::ToHost(const float* device, float* host, int64_t floats,
+                                           const char* what) {
+  if (floats == 0) return absl::OkStatus();
+  if (absl::Status s = Check(cudaMemcpyAsync(host, device, static_cast<size_t>(floats) * 4,
+                                             cudaMemcpyDeviceToHost, device_->stream()),
+                             what);
+      !s.ok()) {
+    return s;
+  }
+  return device_->Synchronize();
+}
+
+const float* DeviceExpertInstances::W13(const Batch& b) const {
+  const int64_t n13 = 2 * static_cast<int64_t>(shard_.width) * shard_.hidden;
+  return b.master >= 0 ? shard_.w13 + b.master * n13 : slot_w_.data() + b.slot * expert_floats();
+}
+
+const float* DeviceExpertInstances::W2(const Batch& b) const {
+  const int64_t n13 = 2 * static_cast<int64_t>(shard_.width) * shard_.hidden;
+  return b.master >= 0 ? shard_.w2 + b.master * (n13 / 2)
+                       : slot_w_.data() + b.slot * expert_floats() + n13;
+}
+
+float* DeviceExpertInstances::DW13(const Batch& b) {
+  const int64_t n13 = 2 * static_cast<int64_t>(shard_.width) * shard_.hidden;
+  return b.master >= 0 ? shard_.dw13 + b.master * n13 : slot_g_.data() + b.slot * expert_floats();
+}
+
+float* DeviceExpertInstances::DW2(const Batch& b) {
+  const int64_t n13 = 2 * static_cast<int64_t>(shard_.width) * shard_.hidden;
+  return b.master >= 0 ? shard_.dw2 + b.master * (n13 / 2)
+                       : slot_g_.data() + b.slot * expert_floats() + n13;
+}
+
+absl::Status DeviceExpertInstances::ReadMaster(int local, float* dst) {
+  const int64_t n13 = 2 * static_cast<int64_t>(shard_.width) * shard_.hidden;
+  if (absl::Status s = ToHost(shard_.w13 + local * n13, dst, n13, "master w13 to the host");
+      !s.ok()) {
+    return s;
+  }
+  return ToHost(shard_.w2 + local * (n13 / 2), dst + n13, n13 / 2, "master w2 to the host");
+}
+
+absl::Status DeviceExpertInstances::SlotsArrived(const float* weights, int count) {
+  slots_ = count;
+  const int64_t n = expert_floats();
+  for (absl::Status s :
+       {slot_w_.Resize({std::max(count, 1), n}), slot_g_.Resize({std::max(count, 1), n})}) {
+    if (!s.ok()) return s;
+  }
+  return ToDevice(weights, slot_w_.data(), count * n, "replica weights to the device");
+}
+
+absl::Status DeviceExpertInstances::BeginForward(const float* in, int64_t rows) {
+  const int c = shard_.width, f = shard_.hidden;
+  const int64_t alloc = std::max<int64_t>(rows, 1);
+  for (absl::Status s : {in_.Resize({alloc, c}), h13_.Resize({alloc, 2 * f}),
+                         act_.Resize({alloc, f}), out_.Resize({alloc, c})}) {
+    if (!s.ok()) return s;
+  }
+  return ToDevice(in, in_.data(), rows * c, "expert rows to the device");
+}
+
+absl::Status DeviceExpertInstances::Forward(std::span<const Batch> batches, bool masters,
+                                            Slots /*slots*/, float* out,
+                                            absl::FunctionRef<void()> between) {
+  const int c = shard_.width, f = shard_.hidden;
+  for (const Batch& b : batches) {
+    if ((b.master >= 0) != masters || b.rows == 0) continue;
+    const int rows = static_cast<int>(b.rows);
+    const int64_t r0 = b.offset;
+    if (absl::Status s = matmul_->Run(
+            {.m = rows, .n = 2 * f, .k = c, .lda = c, .ldb = 2 * f, .ldc = 2 * f}, 1.0f,
+            in_.data() + r0 * c, W13(b), 0.0f, h13_.data() + r0 * 2 * f, /*rows_vary=*/true);
+        !s.ok()) {
+      return s;
+    }
+    if (absl::Status s = Check(kernels::SwigluActivation(b.rows, f, h13_.data() + r0 * 2 * f,
+                                                         act_.data() + r0 * f, device_->stream()),
+                               "SwiGLU");
+        !s.ok()) {
+      return s;
+    }
+    if (absl::Status s =
+            matmul_->Run({.m = rows, .n = c, .k = f, .lda = f, .ldb = c, .ldc = c}, 1.0f,
+                         act_.data() + r0 * f, W2(b), 0.0f, out_.data() + r0 * c, true);
+        !s.ok()) {
+      return s;
+    }
+    if (absl::Status s =
+            ToHost(out_.data() + r0 * c, out + r0 * c, b.rows * c, "expert outputs to the host");
+        !s.ok()) {
+      return s;
+    }
+    between();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DeviceExpertInstances::BeginBackward(const float* dy, int64_t rows) {
+  const int c = shard_.width, f = shard_.hidden;
+  const int64_t alloc = std::max<int64_t>(rows, 1);
+  for (absl::Status s : {dy_.Resize({alloc, c}), dh13_.Resize({alloc, 2 * f}),
+                         dact_.Resize({alloc, f}), dx_.Resize({alloc, c})}) {
+    if (!s.ok()) return s;
+  }
+  return ToDevice(dy, dy_.data(), rows * c, "expert output gradients to the device");
+}
+
+absl::Status DeviceExpertInstances::Backward(std::span<const Batch> batches, bool masters,
+                                             Slots slots, float* dx,
+                                             absl::FunctionRef<void()> between) {
+  const int c = shard_.width, f = shard_.hidden;
+  // This microbatch's replica gradients start from zero, as the executor's host slots do
+  // (zeroed here, after any refetch's SlotsArrived has sized them).
+  if (!masters && slots_ > 0) {
+    if (absl::Status s = slot_g_.Zero(); !s.ok()) return s;
+  }
+  for (const Batch& b : batches) {
+    if ((b.master >= 0) != masters || b.rows == 0) continue;
+    const int rows = static_cast<int>(b.rows);
+    const int64_t r0 = b.offset;
+    // dW2 += act^T dy; dact = dy W2^T.
+    if (absl::Status s =
+            matmul_->LinearBackward(rows, f, c, act_.data() + r0 * f, dy_.data() + r0 * c, W2(b),
+                                    DW2(b), dact_.data() + r0 * f, false, true);
+        !s.ok()) {
+      return s;
+    }
+    if (absl::Status s = Check(kernels::SwigluActivationBackward(
+                                   b.rows, f, h13_.data() + r0 * 2 * f, dact_.data() + r0 * f,
+                                   dh13_.data() + r0 * 2 * f, device_->stream()),
+                               "SwiGLU backward");
+        !s.ok()) {
+      return s;
+    }
+    // dW13 += x^T dh13; dx = dh13 W13^T.
+    if (absl::Status s =
+            matmul_->LinearBackward(rows, c, 2 * f, in_.data() + r0 * c, dh13_.data() + r0 * 2 * f,
+                                    W13(b), DW13(b), dx_.data() + r0 * c, false, true);
+        !s.ok()) {
+      return s;
+    }
+    if (absl::Status s = ToHost(dx_.data() + r0 * c, dx + r0 * c, b.rows * c,
+                                "expert row gradients to the host");
+        !s.ok()) {
+      return s;
+    }
+    between();
+  }
+  if (masters) return absl::OkStatus();
+  // The replicas' gradients, for the executor to send to their masters.
+  const int64_t n = expert_floats();
+  for (const Batch& b : batches) {
+    if (b.master >= 0) continue;
+    if (absl::Status s = ToHost(slot_g_.data() + b.slot * n, slots.grads + b.slot * n, n,
+                                "replica gradients to the host");
+        !s.ok()) {
+      return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DeviceExpertInstances::AddToMaster(int local, const float* g) {
+  const int64_t n = expert_floats(), n13 = 2 * static_cast<int64_t>(shard_.width) * shard_.hidden;
+  if (absl::Status s = grad_.Resize({n}); !s.ok()) return s;
+  if (absl::Status s = ToDevice(g, grad_.data(), n, "a replica gradient to the device"); !s.ok()) {
+    return s;
+  }
+  cudaStream_t st = device_->stream();
+  if (absl::Status s =
+          Check(kernels::AddInPlace(n13, grad_.data(), shard_.dw13 + local * n13, st), "dW13 add");
+      !s.ok()) {
+    return s;
+  }
+  return Check(kernels::AddInPlace(n - n13, grad_.data() + n13, shard_.dw2 + local * (n13 / 2), st),
+               "dW2 add");
+}
+
+}  // namespace rackrun::runtime::cuda

@@ -1,0 +1,97 @@
+// DeviceExpertInstances: runtime/expert_instances.h's seam on a GPU, host-staged. A rank's
+// masters (its shard of a MoE layer's experts: w13 [count x C x 2F], w2 [count x F x C] and
+// their gradients, device memory the caller owns) and device copies of its replica slots;
+// ExpertParallelExecutor moves every byte between ranks through host memory and the job's
+// channel (UCX, MPI, Gloo), so ranks on one GPU or on several, and any channel, work alike:
+//
+//   BeginForward    expert rows host -> device (one copy)
+//   Forward         per batch: GEMM x W13 -> SwiGLU -> GEMM x W2 (MatMul, rows_vary), then
+//                   the batch's output rows device -> host
+//   SlotsArrived    the fanned-out replica weights host -> device (this layer's slot copies)
+//   BeginBackward   output-gradient rows host -> device
+//   Backward        the slot gradients zeroed before the replicas' batches; per batch: dW2 += act^T
+//   dy, dact, SwiGLU backward, dW13 += x^T dh13, dx;
+//                   dx rows device -> host; after replica batches, their slot gradients
+//                   device -> host (what the executor sends to the masters)
+//   ReadMaster      a master's weights device -> host (the fan-out's source)
+//   AddToMaster     a replica gradient host -> device, added to the master's (fp32, in the
+//                   executor's fixed order)
+//
+// Every copy to or from the host synchronises with the host before the call returns, so the
+// executor may reuse its buffers at once. The numbers: each batch's GEMMs are MatMul's in the
+// job's precision, as GpuMoe's per-expert path computes them.
+//
+// Memory: the slot copies are per layer (slots x 3CF floats of weights and of gradients each),
+// even where the executor's host slots are shared by all layers: the first step favours one
+// simple rule over the memory shared slots save.
+//
+// Not run on a GPU yet: checked against the CPU expert-parallel layer by gpu_moe_test.
+#ifndef RACKRUN_RUNTIME_CUDA_EXPERT_INSTANCES_H_
+#define RACKRUN_RUNTIME_CUDA_EXPERT_INSTANCES_H_
+
+#include <cstdint>
+#include <span>
+#include <string>
+
+#include "absl/status/status.h"
+#include "runtime/cuda/device.h"
+#include "runtime/cuda/matmul.h"
+#include "runtime/expert_instances.h"
+
+namespace rackrun::runtime::cuda {
+
+// The shard's device memory (not owned).
+struct ExpertShard {
+  int first = 0;   // logical index of local expert 0
+  int count = 0;   // local experts
+  int width = 0;   // C
+  int hidden = 0;  // F
+  const float* w13 = nullptr;
+  const float* w2 = nullptr;
+  float* dw13 = nullptr;
+  float* dw2 = nullptr;
+};
+
+class DeviceExpertInstances final : public ExpertInstances {
+ public:
+  // `device` and `matmul` must outlive this; `name` prefixes tensor names and errors.
+  DeviceExpertInstances(Device* device, MatMul* matmul, const ExpertShard& shard,
+                        const std::string& name);
+
+  int first() const override { return shard_.first; }
+  int count() const override { return shard_.count; }
+  int width() const override { return shard_.width; }
+  int hidden() const override { return shard_.hidden; }
+  absl::Status ReadMaster(int local, float* dst) override;
+  absl::Status SlotsArrived(const float* weights, int count) override;
+  absl::Status BeginForward(const float* in, int64_t rows) override;
+  absl::Status Forward(std::span<const Batch> batches, bool masters, Slots slots, float* out,
+                       absl::FunctionRef<void()> between) override;
+  absl::Status BeginBackward(const float* dy, int64_t rows) override;
+  absl::Status Backward(std::span<const Batch> batches, bool masters, Slots slots, float* dx,
+                        absl::FunctionRef<void()> between) override;
+  absl::Status AddToMaster(int local, const float* g) override;
+
+ private:
+  absl::Status Check(cudaError_t e, const char* what) const;
+  // `rows` x `cols` floats between host and device, on the compute stream, then the host waits.
+  absl::Status ToDevice(const float* host, float* device, int64_t floats, const char* what);
+  absl::Status ToHost(const float* device, float* host, int64_t floats, const char* what);
+  // The weights (and gradients) of batch b's instance on the device.
+  const float* W13(const Batch& b) const;
+  const float* W2(const Batch& b) const;
+  float* DW13(const Batch& b);
+  float* DW2(const Batch& b);
+
+  Device* device_;
+  MatMul* matmul_;
+  ExpertShard shard_;
+  std::string name_;
+  int slots_ = 0;  // slots of the last SlotsArrived
+  DeviceTensor<float> slot_w_, slot_g_;
+  DeviceTensor<float> in_, h13_, act_, out_, dy_, dh13_, dact_, dx_, grad_;
+};
+
+}  // namespace rackrun::runtime::cuda
+
+#endif  // RACKRUN_RUNTIME_CUDA_EXPERT_INSTANCES_H_

@@ -1,0 +1,311 @@
+// Expert parallelism on GPUs, host-staged (runtime/cuda/expert_instances.h and GpuMoe's
+// executor): 2 and 4 in-process ranks share one GPU, each holding its shard of a skewed MoE
+// layer in device memory (GpuMoe + DeviceExpertInstances under an ExpertParallelGroup over
+// the in-process channel), and run 3 microbatches of their rows. Against the unsharded CPU
+// layer on all rows: every rank's outputs and input gradients, the sums of the norm and
+// router gradients over the ranks and every master's expert gradients (replica gradients
+// added), fp32 within 1e-4 of each array's scale; the balancer really replicated (ultraep,
+// eplb). The routing margin of these inputs is checked without a GPU, so that a failure here
+// is a GPU bug, not a rounding tie.
+#include "runtime/expert_parallel.h"
+
+#include <omp.h>
+
+#include <memory>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "comm/inprocess_channel.h"
+#include "gtest/gtest.h"
+#include "runtime/cuda/expert_instances.h"
+#include "runtime/cuda/moe.h"
+#include "runtime/cuda/test_util.h"
+#include "runtime/layers/moe.h"
+
+namespace rackrun::runtime::cuda {
+namespace {
+
+using testing::Download;
+using testing::Upload;
+
+constexpr int kWidth = 64;
+constexpr int kExperts = 8;
+constexpr int kTopK = 2;
+constexpr int kHidden = 96;
+constexpr int kTokens = 320;  // global rows per microbatch
+constexpr int kPasses = 3;
+
+MoeLayerConfig Config(int ranks, int rank) {
+  MoeLayerConfig c;
+  c.width = kWidth;
+  c.experts = kExperts;
+  c.top_k = kTopK;
+  c.expert_hidden = kHidden;
+  c.aux_loss_coef = 0.01;  // its gradient uses the counts over all ranks
+  c.local_experts = ranks == 1 ? 0 : kExperts / ranks;
+  c.expert_first = ranks == 1 ? 0 : rank * (kExperts / ranks);
+  return c;
+}
+
+// The same weights on every shard; a router that favours experts 0 and 1 (rank 0's).
+void InitSkewed(MoeLayer<float>& layer) {
+  NormalInit rng(11);
+  layer.Init(rng, 0.2, 0.05);
+  ParamRef<float> router = layer.Parameters()[1];  // [C x E]
+  for (int i = 0; i < kWidth; ++i) {
+    router.value[i * kExperts + 0] += 0.05f;
+    router.value[i * kExperts + 1] += 0.03f;
+  }
+}
+
+std::vector<float> Input(int pass) { return testing::RandomVector(kTokens * kWidth, 300 + pass); }
+std::vector<float> Upstream(int pass) {
+  return testing::RandomVector(kTokens * kWidth, 400 + pass);
+}
+
+struct Result {
+  std::vector<float> out, du;             // [kPasses x rows x C], this rank's rows
+  std::vector<std::vector<float>> grads;  // norm, router, w13 (shard), w2 (shard)
+  ExpertParallelStats stats;
+  absl::Status status;
+};
+
+float GradScale(int rows) { return 0.5f * static_cast<float>(rows) / kTokens; }
+
+Result Reference() {
+  MoeLayer<float> layer(Config(1, 0), "m");
+  InitSkewed(layer);
+  Result r;
+  for (int pass = 0; pass < kPasses; ++pass) {
+    const std::vector<float> u = Input(pass), dout = Upstream(pass);
+    std::vector<float> out(u.size()), du(u.size());
+    r.status = layer.Forward(u.data(), kTokens, out.data());
+    if (r.status.ok()) r.status = layer.Backward(dout.data(), GradScale(kTokens), du.data());
+    if (!r.status.ok()) return r;
+    r.out.insert(r.out.end(), out.begin(), out.end());
+    r.du.insert(r.du.end(), du.begin(), du.end());
+  }
+  for (const ParamRef<float>& p : layer.Parameters()) r.grads.emplace_back(p.grad, p.grad + p.size);
+  return r;
+}
+
+// One rank: its shard on GPU 0, kPasses microbatches of its rows.
+absl::Status RunRank(comm::DataChannel& channel, const ExpertParallelOptions& options, Result& r) {
+  const int ranks = channel.size(), rank = channel.rank();
+  absl::StatusOr<std::unique_ptr<Device>> dev = Device::Open(0);
+  if (!dev.ok()) return dev.status();
+  Device* d = dev->get();
+  const MoeLayerConfig config = Config(ranks, rank);
+  MoeLayer<float> cpu(config, "m");  // the shard's initial values
+  InitSkewed(cpu);
+  std::vector<DeviceTensor<float>> values, grads;
+  testing::UploadParameters(d, cpu.Parameters(), &values, &grads);
+  DeviceTensor<float> bias = Upload(d, "bias", std::vector<float>(kExperts, 0.0f));
+  const MoeWeights w = testing::MoeWeightsOf(values, grads, bias.data());
+  MatMul matmul(d, GemmPrecision::kFp32);
+  absl::StatusOr<std::unique_ptr<GpuMoe>> gpu = GpuMoe::Create(d, &matmul, config, "m", w);
+  if (!gpu.ok()) return gpu.status();
+  GpuMoe* layer = gpu->get();
+  std::vector<ExpertParallelGroup::Layer> layers;
+  layers.push_back(
+      {config, std::make_unique<DeviceExpertInstances>(d, &matmul, layer->shard(), "m"),
+       [layer](std::unique_ptr<ExpertExecutor<float>> e) { layer->SetExecutor(std::move(e)); }});
+  absl::StatusOr<std::unique_ptr<ExpertParallelGroup>> group =
+      ExpertParallelGroup::Create(channel, std::move(layers), options);
+  if (!group.ok()) return group.status();
+  const int rows = kTokens / ranks;
+  DeviceTensor<float> out_d(d, "out"), du_d(d, "du");
+  for (absl::Status s : {out_d.Resize({rows, kWidth}), du_d.Resize({rows, kWidth})}) {
+    if (!s.ok()) return s;
+  }
+  for (int pass = 0; pass < kPasses; ++pass) {
+    const std::vector<float> u = Input(pass), dout = Upstream(pass);
+    const auto mine = [&](const std::vector<float>& v) {
+      return std::vector<float>(v.begin() + rank * rows * kWidth,
+                                v.begin() + (rank + 1) * rows * kWidth);
+    };
+    DeviceTensor<float> u_d = Upload(d, "u", mine(u)), dout_d = Upload(d, "dout", mine(dout));
+    (*group)->BeginMicrobatch(pass, /*training=*/true);
+    if (absl::Status s = layer->Forward(u_d.data(), rows, out_d.data()); !s.ok()) return s;
+    if (absl::Status s = layer->Backward(dout_d.data(), GradScale(rows), du_d.data()); !s.ok()) {
+      return s;
+    }
+    const std::vector<float> out = Download(out_d), du = Download(du_d);
+    r.out.insert(r.out.end(), out.begin(), out.end());
+    r.du.insert(r.du.end(), du.begin(), du.end());
+  }
+  if (absl::Status s = (*group)->FinishMicrobatch(); !s.ok()) return s;
+  if (absl::Status s = d->Synchronize(); !s.ok()) return s;
+  for (const DeviceTensor<float>& g : grads) r.grads.push_back(Download(g));
+  r.stats = (*group)->stats();
+  return absl::OkStatus();
+}
+
+std::vector<Result> RunOnGpu(int ranks, const ExpertParallelOptions& options) {
+  std::vector<Result> results(static_cast<size_t>(ranks));
+  comm::ChannelOptions channel_options;
+  channel_options.timeout = absl::Seconds(60);
+  (void)comm::RunInProcessRanks(ranks, channel_options, [&](comm::DataChannel& channel) {
+    omp_set_num_threads(1);
+    Result& r = results[static_cast<size_t>(channel.rank())];
+    r.status = RunRank(channel, options, r);
+    return r.status;
+  });
+  return results;
+}
+
+// The same ranks on the CPU engine (MoeLayer<float> shards, HostExpertInstances): runs
+// without a GPU, and shows the setup makes the balancer replicate.
+std::vector<Result> RunOnCpu(int ranks, const ExpertParallelOptions& options) {
+  std::vector<Result> results(static_cast<size_t>(ranks));
+  comm::ChannelOptions channel_options;
+  channel_options.timeout = absl::Seconds(60);
+  (void)comm::RunInProcessRanks(ranks, channel_options, [&](comm::DataChannel& channel) {
+    omp_set_num_threads(1);
+    const int rank = channel.rank();
+    Result& r = results[static_cast<size_t>(rank)];
+    MoeLayer<float> layer(Config(ranks, rank), "m");
+    InitSkewed(layer);
+    absl::StatusOr<std::unique_ptr<ExpertParallelGroup>> group =
+        ExpertParallelGroup::Create(channel, {&layer}, options);
+    if (!group.ok()) return r.status = group.status();
+    const int rows = kTokens / ranks;
+    for (int pass = 0; pass < kPasses && r.status.ok(); ++pass) {
+      const std::vector<float> u = Input(pass), dout = Upstream(pass);
+      std::vector<float> out(static_cast<size_t>(rows) * kWidth), du(out.size());
+      (*group)->BeginMicrobatch(pass, /*training=*/true);
+      r.status = layer.Forward(u.data() + rank * rows * kWidth, rows, out.data());
+      if (r.status.ok()) {
+        r.status = layer.Backward(dout.data() + rank * rows * kWidth, GradScale(rows), du.data());
+      }
+      r.out.insert(r.out.end(), out.begin(), out.end());
+      r.du.insert(r.du.end(), du.begin(), du.end());
+    }
+    if (r.status.ok()) r.status = (*group)->FinishMicrobatch();
+    for (const ParamRef<float>& p : layer.Parameters()) {
+      r.grads.emplace_back(p.grad, p.grad + p.size);
+    }
+    r.stats = (*group)->stats();
+    return r.status;
+  });
+  return results;
+}
+
+std::vector<float> Slice(const std::vector<float>& v, size_t at, size_t n) {
+  return std::vector<float>(v.begin() + static_cast<std::ptrdiff_t>(at),
+                            v.begin() + static_cast<std::ptrdiff_t>(at + n));
+}
+
+// Runs without a GPU: the comparisons below rely on it.
+TEST(GpuExpertParallelTest, RoutingMarginsExceedRounding) {
+  MoeLayer<float> layer(Config(1, 0), "m");
+  InitSkewed(layer);
+  for (int pass = 0; pass < kPasses; ++pass) {
+    EXPECT_GT(testing::RoutingMargin(layer, Input(pass), kTokens, {}), 1e-5) << "pass " << pass;
+  }
+}
+
+// Every rank's rows, the ranks' summed dense gradients and the masters' expert gradients
+// against the unsharded layer's, within `tol` of each array's scale; the balancer replicated
+// unless the policy is none.
+void ExpectMatchesReference(const std::vector<Result>& results, const std::string& policy,
+                            double tol) {
+  const Result ref = Reference();
+  ASSERT_TRUE(ref.status.ok()) << ref.status;
+  const int ranks = static_cast<int>(results.size());
+  const int rows = kTokens / ranks;
+  const size_t per_pass = static_cast<size_t>(rows) * kWidth;
+  std::vector<std::vector<float>> dense(2), experts(2);
+  for (int p = 0; p < 2; ++p) dense[static_cast<size_t>(p)].assign(ref.grads[p].size(), 0.0f);
+  int64_t replicas = 0;
+  for (int rank = 0; rank < ranks; ++rank) {
+    const Result& r = results[static_cast<size_t>(rank)];
+    ASSERT_TRUE(r.status.ok()) << "rank " << rank << ": " << r.status;
+    for (int pass = 0; pass < kPasses; ++pass) {
+      SCOPED_TRACE(absl::StrCat("rank ", rank, " pass ", pass));
+      const size_t ref_at = static_cast<size_t>(pass) * kTokens * kWidth + rank * per_pass;
+      RACKRUN_EXPECT_CLOSE(Slice(r.out, pass * per_pass, per_pass),
+                           Slice(ref.out, ref_at, per_pass), tol);
+      RACKRUN_EXPECT_CLOSE(Slice(r.du, pass * per_pass, per_pass), Slice(ref.du, ref_at, per_pass),
+                           tol);
+    }
+    for (size_t p = 0; p < 2; ++p) {
+      for (size_t i = 0; i < dense[p].size(); ++i) dense[p][i] += r.grads[p][i];
+      experts[p].insert(experts[p].end(), r.grads[2 + p].begin(), r.grads[2 + p].end());
+    }
+    replicas += r.stats.layers[0].replicas;
+  }
+  RACKRUN_EXPECT_CLOSE(dense[0], ref.grads[0], tol);
+  RACKRUN_EXPECT_CLOSE(dense[1], ref.grads[1], tol);
+  RACKRUN_EXPECT_CLOSE(experts[0], ref.grads[2], tol);
+  RACKRUN_EXPECT_CLOSE(experts[1], ref.grads[3], tol);
+  if (policy == "none") {
+    EXPECT_EQ(replicas, 0);
+  } else {
+    EXPECT_GT(replicas, 0) << "the skew should have made the balancer replicate";
+  }
+}
+
+ExpertParallelOptions Options(const std::string& policy, bool shared_slots) {
+  ExpertParallelOptions options;
+  options.policy = policy;
+  options.slots = 2;
+  options.share_slots = shared_slots;
+  options.planner.eplb_window = 1;
+  options.planner.eplb_interval = 1;
+  return options;
+}
+
+class GpuExpertParallelTest : public ::testing::TestWithParam<std::tuple<int, std::string, bool>> {
+};
+
+// Runs without a GPU: the setup itself, on the CPU engine.
+TEST_P(GpuExpertParallelTest, CpuRanksMatchTheUnshardedLayer) {
+  const auto [ranks, policy, shared_slots] = GetParam();
+  ExpectMatchesReference(RunOnCpu(ranks, Options(policy, shared_slots)), policy, 1e-5);
+}
+
+TEST_P(GpuExpertParallelTest, RanksSharingOneGpuMatchTheUnshardedLayer) {
+  if (absl::Status avail = GpuAvailable(); !avail.ok()) GTEST_SKIP() << avail.message();
+  const auto [ranks, policy, shared_slots] = GetParam();
+  ExpectMatchesReference(RunOnGpu(ranks, Options(policy, shared_slots)), policy, 1e-4);
+}
+
+INSTANTIATE_TEST_SUITE_P(RanksAndPolicies, GpuExpertParallelTest,
+                         ::testing::Combine(::testing::Values(2, 4),
+                                            ::testing::Values("none", "ultraep", "eplb"),
+                                            ::testing::Bool()),
+                         [](const auto& param_info) {
+                           return absl::StrCat(
+                               std::get<1>(param_info.param), "_", std::get<0>(param_info.param),
+                               "ranks_", std::get<2>(param_info.param) ? "shared" : "perlayer",
+                               "_slots");
+                         });
+
+// A shard without an expert-parallel group is refused, naming what it needs.
+TEST(GpuExpertParallelTest, AShardWithoutAGroupIsRefused) {
+  RACKRUN_OPEN_GPU_OR_SKIP(dev);
+  const MoeLayerConfig config = Config(2, 1);
+  MoeLayer<float> cpu(config, "m");
+  InitSkewed(cpu);
+  std::vector<DeviceTensor<float>> values, grads;
+  testing::UploadParameters(dev.get(), cpu.Parameters(), &values, &grads);
+  DeviceTensor<float> bias = Upload(dev.get(), "bias", std::vector<float>(kExperts, 0.0f));
+  const MoeWeights w = testing::MoeWeightsOf(values, grads, bias.data());
+  MatMul matmul(dev.get(), GemmPrecision::kFp32);
+  absl::StatusOr<std::unique_ptr<GpuMoe>> gpu = GpuMoe::Create(dev.get(), &matmul, config, "m", w);
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  EXPECT_TRUE((*gpu)->sharded());
+  EXPECT_EQ((*gpu)->shard().first, kExperts / 2);
+  DeviceTensor<float> u = Upload(dev.get(), "u", Input(0)), out(dev.get(), "out");
+  ASSERT_TRUE(out.Resize({kTokens, kWidth}).ok());
+  const absl::Status s = (*gpu)->Forward(u.data(), kTokens, out.data());
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("expert-parallel group"), std::string::npos) << s;
+}
+
+}  // namespace
+}  // namespace rackrun::runtime::cuda
