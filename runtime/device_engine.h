@@ -4,6 +4,11 @@
 // A job with resources.device: cpu never creates one: the CPU model and AdamW compute as they
 // always have.
 //
+// Several ranks (expert parallelism): each rank's engine holds its shard; the MoE layers run
+// under the trainer's ExpertParallelGroup (ExpertParallelLayers), and the gradients cross to
+// the host for the reduction over the ranks, the norm and the clipping (StoreGradients,
+// LoadGradients): host-staged, the first step (docs/design.md section 10).
+//
 // State: the device holds the working copies of the parameters, buffers, gradients and AdamW
 // moments. The trainer's CPU model and AdamW stay the checkpoint's view of them: StoreState
 // copies the device state into them before a checkpoint is written, LoadState copies them to
@@ -28,6 +33,7 @@
 #include "absl/status/statusor.h"
 #include "jobspec/device.h"
 #include "rackrun/v1/job_spec.pb.h"
+#include "runtime/expert_parallel.h"
 #include "runtime/model.h"
 #include "runtime/optimizer.h"
 
@@ -81,6 +87,17 @@ class DeviceEngine {
 
   // The last step's device figures (after OptimizerStep).
   virtual absl::StatusOr<DeviceStepStats> StepStats() = 0;
+
+  // Expert parallelism (a job of several ranks), host-staged: the trainer reduces gradients
+  // and computes the global norm on the host, as the CPU engine does.
+  // The engine's MoE layers as expert-parallel layers (ExpertParallelGroup::Create installs
+  // an executor in each); empty when the engine has none to offer.
+  virtual std::vector<ExpertParallelGroup::Layer> ExpertParallelLayers() { return {}; }
+  // The device's gradients into the host model's, or back. LoadGradients also makes the
+  // next OptimizerStep apply them as given (the host has clipped them), not scaled by the
+  // factor of a GradNorm.
+  virtual absl::Status StoreGradients(Model<float>& model) = 0;
+  virtual absl::Status LoadGradients(Model<float>& model) = 0;
 };
 
 // What a factory gets: the validated spec, the device it names for this rank, the host

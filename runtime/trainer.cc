@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <system_error>
@@ -169,7 +170,7 @@ std::unique_ptr<AdamW> OptimizerOf(Model<float>& model, const AdamWConfig& confi
 // in-band and coordinator-mode plans are the same.
 absl::StatusOr<std::unique_ptr<ExpertParallelGroup>> CreateExpertParallel(
     const rackrun::v1::JobSpec& spec, comm::DataChannel& channel, comm::DataChannel* replicas,
-    Model<float>& model, const TrainerOptions& options) {
+    Model<float>& model, DeviceEngine* engine, const TrainerOptions& options) {
   absl::StatusOr<jobspec::BalancerSetup> balancer = jobspec::BalancerSetupOf(spec, channel.size());
   if (!balancer.ok()) return balancer.status();
   ExpertParallelOptions ep;
@@ -180,6 +181,15 @@ absl::StatusOr<std::unique_ptr<ExpertParallelGroup>> CreateExpertParallel(
   // Prepare opens the load trace: a resumed run extends it rather than truncating it.
   ep.replicas = replicas;
   if (jobspec::PlannedByCoordinator(spec)) ep.plan_source = options.plan_source;
+  if (engine != nullptr) {
+    std::vector<ExpertParallelGroup::Layer> layers = engine->ExpertParallelLayers();
+    if (layers.empty()) {
+      return absl::UnimplementedError(
+          "resources.device: this engine offers no expert-parallel MoE layers; run the job on one "
+          "rank, or with resources.device: cpu");
+    }
+    return ExpertParallelGroup::Create(channel, std::move(layers), ep);
+  }
   return ExpertParallelGroup::Create(channel, model, ep);
 }
 
@@ -233,17 +243,22 @@ absl::StatusOr<std::vector<std::string>> GatherStrings(comm::DataChannel& channe
 }
 
 // resources.device, parsed; cuda is refused where this program cannot run it.
-absl::StatusOr<jobspec::DeviceSpec> CheckDevice(const rackrun::v1::JobSpec& spec, int ranks,
+// The rank's index on its machine as its launcher sets it (Open MPI, Slurm, torchrun-style
+// LOCAL_RANK), 0 without one: `resources.device: cuda` gives local rank i GPU i.
+int LocalRankFromLauncher() {
+  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "LOCAL_RANK"}) {
+    const char* v = std::getenv(name);
+    int rank = 0;
+    if (v != nullptr && absl::SimpleAtoi(v, &rank) && rank >= 0) return rank;
+  }
+  return 0;
+}
+
+absl::StatusOr<jobspec::DeviceSpec> CheckDevice(const rackrun::v1::JobSpec& spec,
                                                 const TrainerOptions& options) {
   absl::StatusOr<jobspec::DeviceSpec> device = jobspec::ParseDevice(spec.resources().device());
   if (!device.ok()) return device.status();
   if (device->is_cuda()) {
-    if (ranks > 1) {
-      return absl::UnimplementedError(absl::StrCat(
-          "resources.device: ", device->ToString(), " with ", ranks,
-          " ranks: expert parallelism across GPUs is not built yet; run the job on one rank, "
-          "or with resources.device: cpu"));
-    }
     if (!options.device_engine) {
       return absl::UnimplementedError(
           absl::StrCat("resources.device: ", device->ToString(),
@@ -283,7 +298,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const rackrun::v1::JobS
   if (absl::Status s = CheckJobOnRanks(spec, c, channel, ranks, options); !s.ok()) return s;
   // resources.device: cuda is refused before anything is allocated where this program
   // cannot run it (the engine is created once the host model exists, below).
-  absl::StatusOr<jobspec::DeviceSpec> device = CheckDevice(spec, ranks, options);
+  absl::StatusOr<jobspec::DeviceSpec> device = CheckDevice(spec, options);
   if (!device.ok()) return device.status();
   t->spec_.mutable_resources()->set_ranks(ranks);
   absl::StatusOr<jobspec::ExpertParallelLayout> layout =
@@ -322,8 +337,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const rackrun::v1::JobS
   t->buffers_ = t->model_->Buffers();
   t->params_ = t->model_->Parameters();
   if (device->is_cuda()) {
-    absl::StatusOr<std::unique_ptr<DeviceEngine>> engine =
-        options.device_engine(DeviceEngineSetup{&t->spec_, *device, 0, t->model_.get(), c.adamw});
+    absl::StatusOr<std::unique_ptr<DeviceEngine>> engine = options.device_engine(
+        DeviceEngineSetup{&t->spec_, *device, LocalRankFromLauncher(), t->model_.get(), c.adamw});
     if (!engine.ok()) return engine.status();
     t->engine_ = *std::move(engine);
   }
@@ -350,8 +365,9 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const rackrun::v1::JobS
     t->expert_grads_.resize(expert_floats);
   }
   comm::DataChannel& ep_channel = t->domain_channel_ != nullptr ? *t->domain_channel_ : *channel;
-  absl::StatusOr<std::unique_ptr<ExpertParallelGroup>> group =
-      CreateExpertParallel(spec, ep_channel, t->shard_channel_.get(), *t->model_, options);
+  // On a GPU the engine's MoE layers take the executors (host-staged expert parallelism).
+  absl::StatusOr<std::unique_ptr<ExpertParallelGroup>> group = CreateExpertParallel(
+      spec, ep_channel, t->shard_channel_.get(), *t->model_, t->engine_.get(), options);
   if (!group.ok()) return group.status();
   t->ep_ = *std::move(group);
   return t;
@@ -415,8 +431,10 @@ absl::Status Trainer::AllReduceGradients(StepRecord& r) {
 }
 
 absl::StatusOr<double> Trainer::GradNorm() {
-  if (engine_ != nullptr) return engine_->GradNorm(config_.grad_clip);
-  if (channel_ == nullptr) return GlobalGradNorm(adam_->tensors());
+  if (channel_ == nullptr) {
+    if (engine_ != nullptr) return engine_->GradNorm(config_.grad_clip);
+    return GlobalGradNorm(adam_->tensors());
+  }
   const std::vector<OptimizedTensor>& tensors = adam_->tensors();
   const auto squares = [&](const std::vector<size_t>& which) {
     double sum = 0;
@@ -576,6 +594,10 @@ absl::StatusOr<StepRecord> Trainer::Step() {
   }
   SetPhase(TrainPhase::kReduce);
   if (channel_ != nullptr) {
+    // Several ranks on GPUs: the gradients are reduced, measured and clipped on the host.
+    if (engine_ != nullptr) {
+      if (absl::Status s = engine_->StoreGradients(*model_); !s.ok()) return s;
+    }
     if (absl::Status s = AllReduceGradients(r); !s.ok()) return s;
     double sums[2] = {loss_sum, aux_sum};
     if (absl::Status s =
@@ -604,7 +626,17 @@ absl::StatusOr<StepRecord> Trainer::Step() {
   r.lr = config_.schedule.At(step_);
   SetPhase(TrainPhase::kOptimizer);
   if (engine_ != nullptr) {
-    // The device applies the same clipping factor, kept there by GradNorm.
+    if (channel_ != nullptr) {
+      // The host's reduced gradients, clipped as the CPU engine's AdamW scales them.
+      if (grad_scale != 1.0) {
+        const float scale = static_cast<float>(grad_scale);
+        for (const ParamRef<float>& p : params_) {
+          for (int64_t j = 0; j < p.size; ++j) p.grad[j] *= scale;
+        }
+      }
+      if (absl::Status s = engine_->LoadGradients(*model_); !s.ok()) return s;
+    }
+    // One rank: the device applies the clipping factor GradNorm kept there.
     if (absl::Status s = engine_->OptimizerStep(r.lr); !s.ok()) return s;
   } else {
     adam_->Step(r.lr, grad_scale);

@@ -4,6 +4,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <csignal>
 #include <filesystem>
@@ -19,6 +20,9 @@
 #include "gtest/gtest.h"
 #include "jobspec/spec.h"
 #include "runtime/checkpoint.h"
+#include "runtime/device_engine.h"
+#include "runtime/expert_instances.h"
+#include "runtime/optimizer.h"
 #include "runtime/training_session.h"
 
 namespace rackrun::runtime {
@@ -328,9 +332,9 @@ TEST(TrainerTest, BadDataIsAnErrorNamingTheField) {
 
 // rackrun's older token files still train (memory-mapped like the Megatron datasets).
 // resources.device: cuda is refused, naming the cause, where this program cannot run it: no
-// GPU engine handed in (a build without CUDA), or several ranks (expert parallelism across
-// GPUs is not built). With a factory, the trainer hands it the spec, the device and the host
-// model, and its error (here: the factory's own) stops the creation.
+// GPU engine handed in (a build without CUDA). With a factory, the trainer hands it the spec,
+// the device and the host model, on one rank or several, and its error (here: the factory's
+// own) stops the creation.
 TEST(TrainerTest, ACudaJobIsRefusedWhereThisProgramCannotRunIt) {
   const rackrun::v1::JobSpec spec = TinySpec({"resources.device=cuda:0"});
   absl::StatusOr<std::unique_ptr<Trainer>> t = Trainer::Create(spec);
@@ -354,19 +358,157 @@ TEST(TrainerTest, ACudaJobIsRefusedWhereThisProgramCannotRunIt) {
   EXPECT_EQ(calls, 1);
   EXPECT_EQ(t.status(), absl::FailedPreconditionError("no GPU in this test"));
 
+  // Several ranks (expert parallelism, host-staged): every rank asks the factory for its
+  // engine, and its error stops that rank.
   const absl::Status ranks = comm::RunInProcessRanks(2, {}, [&](comm::DataChannel& ch) {
     absl::StatusOr<std::unique_ptr<Trainer>> r = Trainer::Create(spec, &ch, options);
     return r.status();
   });
-  EXPECT_EQ(calls, 1);  // refused before the factory
-  EXPECT_EQ(ranks.code(), absl::StatusCode::kUnimplemented) << ranks;
-  EXPECT_THAT(std::string(ranks.message()),
-              HasSubstr("resources.device: cuda:0 with 2 ranks: expert parallelism across GPUs "
-                        "is not built yet"));
+  EXPECT_EQ(calls, 3);
+  EXPECT_EQ(ranks, absl::FailedPreconditionError("no GPU in this test"));
 
   // The CPU engine never asks for the factory.
   EXPECT_TRUE(Trainer::Create(TinySpec({"resources.device=cpu"}), nullptr, options).ok());
-  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(calls, 3);
+}
+
+// A device engine's seam, exercised without a GPU: an engine that keeps its working copy in a
+// second host model (its own AdamW, its own expert-parallel MoE layers through
+// HostExpertInstances). A 2-rank job through it takes the path a 2-rank GPU job takes
+// (expert-parallel layers from the engine, gradients to the host for the reduction, the norm
+// and the clipping, back to the engine with the clipping applied) and must give the CPU
+// engine's losses bit for bit: the same arithmetic in the same order.
+class HostCopyEngine final : public DeviceEngine {
+ public:
+  static absl::StatusOr<std::unique_ptr<DeviceEngine>> Create(const DeviceEngineSetup& setup) {
+    absl::StatusOr<std::unique_ptr<Model<float>>> m =
+        Model<float>::Create(setup.model->config(), /*seed=*/99);  // values copied below
+    if (!m.ok()) return m.status();
+    auto e = std::unique_ptr<HostCopyEngine>(new HostCopyEngine());
+    e->model_ = *std::move(m);
+    // The host model's values, as the GPU engine uploads them when it is made.
+    Copy(setup.model->Parameters(), e->model_->Parameters(), /*grads=*/false);
+    Copy(setup.model->Buffers(), e->model_->Buffers(), false);
+    std::vector<OptimizedTensor> tensors;
+    for (const ParamRef<float>& p : e->model_->Parameters()) {
+      tensors.push_back({p.name, p.value, p.grad, p.size, DecaysWeight(p.name)});
+    }
+    e->adam_ = std::make_unique<AdamW>(setup.adamw, std::move(tensors));
+    return std::unique_ptr<DeviceEngine>(std::move(e));
+  }
+  std::string Describe() const override { return "host copy"; }
+  absl::Status LoadState(Model<float>& model, AdamW& adam) override {
+    Copy(model.Parameters(), model_->Parameters(), /*grads=*/false);
+    Copy(model.Buffers(), model_->Buffers(), false);
+    for (size_t i = 0; i < adam.tensors().size(); ++i) {
+      adam_->first_moment(i) = adam.first_moment(i);
+      adam_->second_moment(i) = adam.second_moment(i);
+    }
+    adam_->set_step(adam.step());
+    return absl::OkStatus();
+  }
+  absl::Status StoreState(Model<float>& model, AdamW& adam) override {
+    Copy(model_->Parameters(), model.Parameters(), false);
+    Copy(model_->Buffers(), model.Buffers(), false);
+    for (size_t i = 0; i < adam.tensors().size(); ++i) {
+      adam.first_moment(i) = adam_->first_moment(i);
+      adam.second_moment(i) = adam_->second_moment(i);
+    }
+    adam.set_step(adam_->step());
+    return absl::OkStatus();
+  }
+  absl::Status ZeroGrad() override {
+    model_->ZeroGrad();
+    return absl::OkStatus();
+  }
+  absl::StatusOr<double> ForwardBackward(std::span<const int32_t> inputs,
+                                         std::span<const int32_t> targets, int batch,
+                                         std::span<const int32_t> segment_starts,
+                                         float grad_scale) override {
+    return model_->ForwardBackward(inputs, targets, batch, segment_starts, grad_scale);
+  }
+  absl::StatusOr<double> Evaluate(std::span<const int32_t> inputs, std::span<const int32_t> targets,
+                                  int batch, std::span<const int32_t> segment_starts) override {
+    return model_->Evaluate(inputs, targets, batch, segment_starts);
+  }
+  const std::vector<std::vector<int64_t>>& expert_counts() const override {
+    return model_->expert_counts();
+  }
+  double aux_loss() const override { return model_->aux_loss(); }
+  absl::StatusOr<double> GradNorm(double) override {
+    ADD_FAILURE() << "a job of several ranks measures the norm on the host";
+    return 0.0;
+  }
+  absl::Status OptimizerStep(double lr) override {
+    EXPECT_TRUE(loaded_) << "the host's reduced gradients must come back before the step";
+    loaded_ = false;
+    adam_->Step(lr);
+    return absl::OkStatus();
+  }
+  absl::StatusOr<DeviceStepStats> StepStats() override { return DeviceStepStats{}; }
+  std::vector<ExpertParallelGroup::Layer> ExpertParallelLayers() override {
+    std::vector<ExpertParallelGroup::Layer> layers;
+    for (int b = 0; b < model_->config().blocks; ++b) {
+      MoeLayer<float>* moe = &model_->moe(b);
+      layers.push_back({moe->config(), std::make_unique<HostExpertInstances>(&moe->experts()),
+                        [moe](std::unique_ptr<ExpertExecutor<float>> executor) {
+                          moe->SetExecutor(std::move(executor));
+                        }});
+    }
+    return layers;
+  }
+  absl::Status StoreGradients(Model<float>& model) override {
+    Copy(model_->Parameters(), model.Parameters(), /*grads=*/true);
+    return absl::OkStatus();
+  }
+  absl::Status LoadGradients(Model<float>& model) override {
+    Copy(model.Parameters(), model_->Parameters(), true);
+    loaded_ = true;
+    return absl::OkStatus();
+  }
+
+ private:
+  HostCopyEngine() = default;
+  static void Copy(const std::vector<ParamRef<float>>& from, const std::vector<ParamRef<float>>& to,
+                   bool grads) {
+    ASSERT_EQ(from.size(), to.size());
+    for (size_t i = 0; i < from.size(); ++i) {
+      ASSERT_EQ(from[i].size, to[i].size) << from[i].name;
+      std::copy_n(grads ? from[i].grad : from[i].value, from[i].size,
+                  grads ? to[i].grad : to[i].value);
+    }
+  }
+  std::unique_ptr<Model<float>> model_;
+  std::unique_ptr<AdamW> adam_;
+  bool loaded_ = false;
+};
+
+TEST(TrainerTest, TwoRanksThroughADeviceEngineGiveTheCpuEnginesLosses) {
+  const auto run = [](const rackrun::v1::JobSpec& spec, const TrainerOptions& options) {
+    std::vector<std::vector<double>> losses(2);
+    const absl::Status s = comm::RunInProcessRanks(2, {}, [&](comm::DataChannel& ch) {
+      absl::StatusOr<std::unique_ptr<Trainer>> t = Trainer::Create(spec, &ch, options);
+      if (!t.ok()) return t.status();
+      absl::StatusOr<TrainSummary> summary = (*t)->Run();
+      if (!summary.ok()) return summary.status();
+      losses[static_cast<size_t>(ch.rank())] = summary->losses;
+      return absl::OkStatus();
+    });
+    EXPECT_TRUE(s.ok()) << s;
+    EXPECT_EQ(losses[0], losses[1]);
+    return losses[0];
+  };
+  // Clipping on (a small clip, so that it scales): the host clips what the engine applies.
+  const std::vector<std::string> common = {"balancer.policy=ultraep", "training.grad_clip=0.05",
+                                           "data.batch_size=4", "training.steps=6"};
+  std::vector<std::string> cuda = common;
+  cuda.push_back("resources.device=cuda:0");
+  TrainerOptions engine;
+  engine.device_engine = &HostCopyEngine::Create;
+  const std::vector<double> cpu = run(TinySpec(common), TrainerOptions());
+  const std::vector<double> device = run(TinySpec(cuda), engine);
+  ASSERT_EQ(cpu.size(), 6u);
+  EXPECT_EQ(device, cpu);
 }
 
 TEST(TrainerTest, TokenFilesStillTrain) {

@@ -75,6 +75,7 @@ class GpuEngine final : public DeviceEngine {
 
   absl::StatusOr<double> GradNorm(double clip) override {
     model_->clock().Mark(Phase::kOptimizer);
+    clip_on_device_ = true;
     double norm = 0;
     if (absl::Status s = adam_->GradNorm(clip, &norm); !s.ok()) return s;
     return norm;
@@ -82,11 +83,26 @@ class GpuEngine final : public DeviceEngine {
 
   absl::Status OptimizerStep(double lr) override {
     model_->clock().Mark(Phase::kOptimizer);
-    if (absl::Status s = adam_->Step(lr, /*use_clip_factor=*/true); !s.ok()) return s;
+    if (absl::Status s = adam_->Step(lr, clip_on_device_); !s.ok()) return s;
     absl::StatusOr<PhaseTimes> times = model_->clock().Collect();
     if (!times.ok()) return times.status();
     last_ = *times;
     return absl::OkStatus();
+  }
+
+  std::vector<ExpertParallelGroup::Layer> ExpertParallelLayers() override {
+    return model_->ExpertParallelLayers();
+  }
+
+  absl::Status StoreGradients(Model<float>& model) override {
+    if (absl::Status s = Current(); !s.ok()) return s;
+    return model_->GradientsToHost(model);
+  }
+
+  absl::Status LoadGradients(Model<float>& model) override {
+    if (absl::Status s = Current(); !s.ok()) return s;
+    clip_on_device_ = false;
+    return model_->GradientsFromHost(model);
   }
 
   absl::StatusOr<DeviceStepStats> StepStats() override {
@@ -114,6 +130,9 @@ class GpuEngine final : public DeviceEngine {
   std::unique_ptr<DeviceAdamW> adam_;
   std::string describe_;
   PhaseTimes last_{};
+  // OptimizerStep scales by the factor of the last GradNorm (one rank), or applies the
+  // gradients as LoadGradients gave them (the host clipped them: several ranks).
+  bool clip_on_device_ = true;
 };
 
 absl::StatusOr<std::unique_ptr<DeviceEngine>> GpuEngine::Create(const DeviceEngineSetup& setup) {

@@ -155,10 +155,6 @@ absl::StatusOr<std::unique_ptr<GpuModel>> GpuModel::Create(Device* device, Model
                                                            GemmPrecision precision) {
   const ModelConfig& config = host.config();
   if (absl::Status s = CheckGpuResidualMode(config.residual); !s.ok()) return s;
-  if (config.expert_ranks != 1) {
-    return absl::UnimplementedError(
-        "GPU model: expert parallelism across GPUs is not built yet (one rank per GPU job)");
-  }
   std::unique_ptr<GpuModel> m(new GpuModel(device, config, precision));
   if (absl::Status s = m->Init(host); !s.ok()) return s;
   return m;
@@ -305,6 +301,50 @@ absl::Status GpuModel::CopyFromHost(Model<float>& host) {
     }
   }
   return device_->Synchronize();
+}
+
+absl::Status GpuModel::GradientsToHost(Model<float>& host) {
+  std::vector<ParamRef<float>> mine = Parameters();
+  std::vector<ParamRef<float>> theirs = host.Parameters();
+  for (size_t i = 0; i < mine.size() && i < theirs.size(); ++i) {
+    if (absl::Status s = Check(cudaMemcpyAsync(theirs[i].grad, mine[i].grad,
+                                               sizeof(float) * static_cast<size_t>(mine[i].size),
+                                               cudaMemcpyDeviceToHost, device_->stream()),
+                               "gradients to the host");
+        !s.ok()) {
+      return s;
+    }
+  }
+  return device_->Synchronize();
+}
+
+absl::Status GpuModel::GradientsFromHost(Model<float>& host) {
+  std::vector<ParamRef<float>> mine = Parameters();
+  std::vector<ParamRef<float>> theirs = host.Parameters();
+  for (size_t i = 0; i < mine.size() && i < theirs.size(); ++i) {
+    if (absl::Status s = Check(cudaMemcpyAsync(mine[i].grad, theirs[i].grad,
+                                               sizeof(float) * static_cast<size_t>(mine[i].size),
+                                               cudaMemcpyHostToDevice, device_->stream()),
+                               "gradients to the device");
+        !s.ok()) {
+      return s;
+    }
+  }
+  return device_->Synchronize();
+}
+
+std::vector<ExpertParallelGroup::Layer> GpuModel::ExpertParallelLayers() {
+  std::vector<ExpertParallelGroup::Layer> layers;
+  for (size_t b = 0; b < moe_.size(); ++b) {
+    GpuMoe* moe = moe_[b].get();
+    layers.push_back({moe->config(),
+                      std::make_unique<DeviceExpertInstances>(device_, &matmul_, moe->shard(),
+                                                              absl::StrCat("blocks.", b, ".moe")),
+                      [moe](std::unique_ptr<ExpertExecutor<float>> executor) {
+                        moe->SetExecutor(std::move(executor));
+                      }});
+  }
+  return layers;
 }
 
 absl::Status GpuModel::CopyToHost(Model<float>& host) {

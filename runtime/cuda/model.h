@@ -34,14 +34,16 @@
 #include "runtime/cuda/matmul.h"
 #include "runtime/cuda/moe.h"
 #include "runtime/cuda/phase_clock.h"
+#include "runtime/expert_parallel.h"
 #include "runtime/model.h"
 
 namespace rackrun::runtime::cuda {
 
 class GpuModel {
  public:
-  // Builds the GPU model of `host`'s configuration with `host`'s current values. The host
-  // model must hold every expert (no expert shards).
+  // Builds the GPU model of `host`'s configuration with `host`'s current values. A host model
+  // holding an expert shard (expert_rank of expert_ranks) gives MoE layers holding that shard:
+  // they run only once ExpertParallelLayers' executors are installed.
   static absl::StatusOr<std::unique_ptr<GpuModel>> Create(Device* device, Model<float>& host,
                                                           GemmPrecision precision);
   ~GpuModel();
@@ -54,6 +56,13 @@ class GpuModel {
   absl::Status CopyFromHost(Model<float>& host);
   absl::Status CopyToHost(Model<float>& host);
   absl::Status ZeroGrad();
+
+  // The gradients (device) into the host model's, or back.
+  absl::Status GradientsToHost(Model<float>& host);
+  absl::Status GradientsFromHost(Model<float>& host);
+  // Every MoE layer as an expert-parallel layer: its config, a DeviceExpertInstances over its
+  // shard, and the install of the group's executor into it (host-staged, expert_instances.h).
+  std::vector<ExpertParallelGroup::Layer> ExpertParallelLayers();
 
   // As Model::ForwardBackward / Evaluate (same arguments, same errors for bad input).
   absl::StatusOr<double> ForwardBackward(std::span<const int32_t> inputs,
