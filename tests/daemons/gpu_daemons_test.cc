@@ -4,8 +4,9 @@
 // GPU (its name and memory, as the device probe reads them), a small cuda job (the daemon
 // tests' spec at one rank, 10 steps, naming cuda:7: the worker's --device wins) succeeds
 // with finite losses, and the worker's rackrun_gpu_* series hold the engine's figures
-// (memory in use non-zero, the step's device time). Without a GPU it skips, naming the
-// cause. The CPU-only side: device_test.cc.
+// (memory in use non-zero, the step's device time). Two workers sharing cuda:0 run a 2-rank
+// expert-parallel cuda job over UCX like the CPU. Without a GPU it skips, naming the cause.
+// The CPU-only side: device_test.cc.
 //
 // Where the programs and sources are: tools/gpu-check --bundle packs rackrun,
 // rackrun-coordinator and rackrun-worker beside this binary and runs it from the source
@@ -147,6 +148,39 @@ TEST_F(GpuDaemonsTest, AWorkerOnCuda0RunsACudaJobAndExportsGpuMemory) {
   double device_s = 0;
   for (const auto& s : got["rackrun_gpu_step_device_seconds"].samples) device_s += s.value;
   EXPECT_GT(device_s, 0) << "the last step's device time";
+}
+
+// Expert parallelism on GPUs through the daemons (issue 35 item 6): two workers started with
+// --device cuda:0 share the one GPU; a 2-rank cuda job (ultraep: replicas fanned out, replica
+// gradients reduced) runs expert-parallel over the daemons' data channel (UCX), host-staged,
+// and follows the same job on the CPU (on the same workers) within the fp32 bound, step by step.
+TEST_F(GpuDaemonsTest, TwoWorkersSharingCuda0RunAnExpertParallelJobLikeTheCpu) {
+  StartCoordinator();
+  StartWorker(0, {"--device", "cuda:0"});
+  StartWorker(1, {"--device", "cuda:0"});
+  WaitIdle(2);
+  const auto losses = [&](const std::string& device) {
+    const std::filesystem::path log = dir_ / ("ep-" + device + ".jsonl");
+    const Result watch =
+        Cli("submit job.yaml --set resources.ranks=2 --set resources.device=" + device +
+                " --set balancer.policy=ultraep --set training.steps=10 --set logging.json=" +
+                log.string() + " --watch --plain",
+            "watch-" + device);
+    EXPECT_EQ(watch.code, 0) << watch.out << watch.err;
+    EXPECT_THAT(watch.out, HasSubstr("SUCCEEDED")) << watch.out;
+    std::vector<double> out;
+    for (const std::string& l : Losses(log)) {
+      if (l.rfind("loss=", 0) == 0) out.push_back(std::stod(l.substr(5)));
+    }
+    return out;
+  };
+  const std::vector<double> cpu = losses("cpu");
+  ASSERT_EQ(cpu.size(), 10u) << "one training loss per step";
+  const std::vector<double> gpu = losses("cuda:0");
+  ASSERT_EQ(gpu.size(), cpu.size());
+  for (size_t i = 0; i < cpu.size(); ++i) {
+    EXPECT_NEAR(gpu[i], cpu[i], 1e-4 * std::fabs(cpu[i])) << "step " << i + 1;
+  }
 }
 
 }  // namespace
