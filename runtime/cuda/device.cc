@@ -127,6 +127,18 @@ absl::Status Event::Synchronize() const {
   return CudaCheck(cudaEventSynchronize(e_), "cudaEventSynchronize");
 }
 
+absl::StatusOr<bool> Event::Done() const {
+  const cudaError_t e = cudaEventQuery(e_);
+  if (e == cudaErrorNotReady) {
+    // Not an error, but CUDA keeps it as the thread's last error: cleared, so that the next
+    // kernel launch's cudaGetLastError does not report it.
+    (void)cudaGetLastError();
+    return false;
+  }
+  if (absl::Status s = CudaCheck(e, "cudaEventQuery"); !s.ok()) return s;
+  return true;
+}
+
 absl::StatusOr<float> Event::ElapsedMs(const Event& start) const {
   float ms = 0;
   if (absl::Status s = CudaCheck(cudaEventElapsedTime(&ms, start.e_, e_), "cudaEventElapsedTime");
@@ -168,6 +180,7 @@ void PinnedBuffer<T>::Free() {
 }
 
 template class PinnedBuffer<int32_t>;
+template class PinnedBuffer<float>;
 template class PinnedBuffer<double>;
 
 // ---- Device

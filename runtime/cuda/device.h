@@ -89,6 +89,8 @@ class Event {
   // `stream` waits (on the device) for the work before the last Record.
   absl::Status MakeWait(cudaStream_t stream) const;
   absl::Status Synchronize() const;
+  // Whether the work before the last Record has run (cudaEventQuery), without waiting.
+  absl::StatusOr<bool> Done() const;
   // Milliseconds from `start` to this event (both recorded, both timing events).
   absl::StatusOr<float> ElapsedMs(const Event& start) const;
 
@@ -197,6 +199,7 @@ class DeviceTensor {
 };
 
 extern template class PinnedBuffer<int32_t>;
+extern template class PinnedBuffer<float>;
 extern template class PinnedBuffer<double>;
 extern template class DeviceTensor<float>;
 extern template class DeviceTensor<bf16>;

@@ -1,6 +1,9 @@
 #include "runtime/cuda/expert_instances.h"
 
 #include <algorithm>
+#include <cstring>
+#include <thread>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "runtime/cuda/kernels.h"
@@ -105,10 +108,45 @@ absl::Status DeviceExpertInstances::BeginForward(const float* in, int64_t rows) 
   return ToDevice(in, in_.data(), rows * c, "expert rows to the device");
 }
 
+absl::Status DeviceExpertInstances::Staging(int64_t floats) {
+  if (staging_.size() >= floats) return absl::OkStatus();
+  absl::StatusOr<PinnedBuffer<float>> p =
+      PinnedBuffer<float>::Allocate(floats, name_ + " expert rows (host staging)");
+  if (!p.ok()) return p.status();
+  staging_ = *std::move(p);
+  return absl::OkStatus();
+}
+
+absl::Status DeviceExpertInstances::FinishPass(std::span<const Batch> batches, bool masters,
+                                               float* host, absl::FunctionRef<void()> between) {
+  if (pass_done_.get() == nullptr) {
+    absl::StatusOr<Event> e = Event::Create();
+    if (!e.ok()) return e.status();
+    pass_done_ = *std::move(e);
+  }
+  if (absl::Status s = pass_done_.Record(device_->stream()); !s.ok()) return s;
+  // The fan-out in flight moves on while the GPU computes.
+  for (;;) {
+    absl::StatusOr<bool> done = pass_done_.Done();
+    if (!done.ok()) return done.status();
+    if (*done) break;
+    between();
+    std::this_thread::yield();
+  }
+  const int c = shard_.width;
+  for (const Batch& b : batches) {
+    if ((b.master >= 0) != masters || b.rows == 0) continue;
+    std::memcpy(host + b.offset * c, staging_.data() + b.offset * c,
+                static_cast<size_t>(b.rows * c) * sizeof(float));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status DeviceExpertInstances::Forward(std::span<const Batch> batches, bool masters,
                                             Slots /*slots*/, float* out,
                                             absl::FunctionRef<void()> between) {
   const int c = shard_.width, f = shard_.hidden;
+  if (absl::Status s = Staging(out_.size()); !s.ok()) return s;
   for (const Batch& b : batches) {
     if ((b.master >= 0) != masters || b.rows == 0) continue;
     const int rows = static_cast<int>(b.rows);
@@ -131,14 +169,15 @@ absl::Status DeviceExpertInstances::Forward(std::span<const Batch> batches, bool
         !s.ok()) {
       return s;
     }
-    if (absl::Status s =
-            ToHost(out_.data() + r0 * c, out + r0 * c, b.rows * c, "expert outputs to the host");
+    if (absl::Status s = Check(cudaMemcpyAsync(staging_.data() + r0 * c, out_.data() + r0 * c,
+                                               static_cast<size_t>(b.rows * c) * sizeof(float),
+                                               cudaMemcpyDeviceToHost, device_->stream()),
+                               "expert outputs to the host");
         !s.ok()) {
       return s;
     }
-    between();
   }
-  return absl::OkStatus();
+  return FinishPass(batches, masters, out, between);
 }
 
 absl::Status DeviceExpertInstances::BeginBackward(const float* dy, int64_t rows) {
@@ -155,6 +194,7 @@ absl::Status DeviceExpertInstances::Backward(std::span<const Batch> batches, boo
                                              Slots slots, float* dx,
                                              absl::FunctionRef<void()> between) {
   const int c = shard_.width, f = shard_.hidden;
+  if (absl::Status s = Staging(dx_.size()); !s.ok()) return s;
   // This microbatch's replica gradients start from zero, as the executor's host slots do
   // (zeroed here, after any refetch's SlotsArrived has sized them).
   if (!masters && slots_ > 0) {
@@ -185,13 +225,15 @@ absl::Status DeviceExpertInstances::Backward(std::span<const Batch> batches, boo
         !s.ok()) {
       return s;
     }
-    if (absl::Status s = ToHost(dx_.data() + r0 * c, dx + r0 * c, b.rows * c,
-                                "expert row gradients to the host");
+    if (absl::Status s = Check(cudaMemcpyAsync(staging_.data() + r0 * c, dx_.data() + r0 * c,
+                                               static_cast<size_t>(b.rows * c) * sizeof(float),
+                                               cudaMemcpyDeviceToHost, device_->stream()),
+                               "expert row gradients to the host");
         !s.ok()) {
       return s;
     }
-    between();
   }
+  if (absl::Status s = FinishPass(batches, masters, dx, between); !s.ok()) return s;
   if (masters) return absl::OkStatus();
   // The replicas' gradients, for the executor to send to their masters.
   const int64_t n = expert_floats();

@@ -6,19 +6,21 @@
 //
 //   BeginForward    expert rows host -> device (one copy)
 //   Forward         per batch: GEMM x W13 -> SwiGLU -> GEMM x W2 (MatMul, rows_vary), then
-//                   the batch's output rows device -> host
+//                   the batch's output rows device -> pinned host memory, all issued at once;
+//                   the host then runs `between` (the fan-out's progress) until an event says
+//                   the pass is done, and copies the rows to the executor's buffer
 //   SlotsArrived    the fanned-out replica weights host -> device (this layer's slot copies)
 //   BeginBackward   output-gradient rows host -> device
 //   Backward        the slot gradients zeroed before the replicas' batches; per batch: dW2 += act^T
 //   dy, dact, SwiGLU backward, dW13 += x^T dh13, dx;
-//                   dx rows device -> host; after replica batches, their slot gradients
-//                   device -> host (what the executor sends to the masters)
+//                   dx rows as the forward's outputs; after replica batches, their slot
+//                   gradients device -> host (what the executor sends to the masters)
 //   ReadMaster      a master's weights device -> host (the fan-out's source)
 //   AddToMaster     a replica gradient host -> device, added to the master's (fp32, in the
 //                   executor's fixed order)
 //
-// Every copy to or from the host synchronises with the host before the call returns, so the
-// executor may reuse its buffers at once. The numbers: each batch's GEMMs are MatMul's in the
+// Every call has finished with the executor's buffers when it returns (its copies are done), so
+// the executor may reuse them at once. The numbers: each batch's GEMMs are MatMul's in the
 // job's precision, as GpuMoe's per-expert path computes them.
 //
 // Memory: the slot copies are per layer (slots x 3CF floats of weights and of gradients each),
@@ -77,6 +79,12 @@ class DeviceExpertInstances final : public ExpertInstances {
   // `rows` x `cols` floats between host and device, on the compute stream, then the host waits.
   absl::Status ToDevice(const float* host, float* device, int64_t floats, const char* what);
   absl::Status ToHost(const float* device, float* host, int64_t floats, const char* what);
+  // The pinned staging buffer, at least `floats` long.
+  absl::Status Staging(int64_t floats);
+  // Records the pass's end, runs `between` until the GPU has reached it, then copies the chosen
+  // batches' rows from the staging buffer into `host`.
+  absl::Status FinishPass(std::span<const Batch> batches, bool masters, float* host,
+                          absl::FunctionRef<void()> between);
   // The weights (and gradients) of batch b's instance on the device.
   const float* W13(const Batch& b) const;
   const float* W2(const Batch& b) const;
@@ -90,6 +98,8 @@ class DeviceExpertInstances final : public ExpertInstances {
   int slots_ = 0;  // slots of the last SlotsArrived
   DeviceTensor<float> slot_w_, slot_g_;
   DeviceTensor<float> in_, h13_, act_, out_, dy_, dh13_, dact_, dx_, grad_;
+  PinnedBuffer<float> staging_;  // a pass's output rows (or row gradients) on their way up
+  Event pass_done_;
 };
 
 }  // namespace rackrun::runtime::cuda
