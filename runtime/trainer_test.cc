@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <csignal>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -366,6 +367,23 @@ TEST(TrainerTest, ACudaJobIsRefusedWhereThisProgramCannotRunIt) {
   });
   EXPECT_EQ(calls, 3);
   EXPECT_EQ(ranks, absl::FailedPreconditionError("no GPU in this test"));
+
+  // resources.device: cuda (no index) is the launcher's local rank's GPU.
+  ASSERT_EQ(setenv("LOCAL_RANK", "3", 1), 0);
+  int local_rank = -1;
+  TrainerOptions local;
+  local.device_engine =
+      [&](const DeviceEngineSetup& setup) -> absl::StatusOr<std::unique_ptr<DeviceEngine>> {
+    local_rank = setup.local_rank;
+    EXPECT_EQ(setup.device.GpuFor(setup.local_rank), 3);
+    return absl::FailedPreconditionError("no GPU in this test");
+  };
+  if (std::getenv("OMPI_COMM_WORLD_LOCAL_RANK") == nullptr &&
+      std::getenv("SLURM_LOCALID") == nullptr) {
+    EXPECT_FALSE(Trainer::Create(TinySpec({"resources.device=cuda"}), nullptr, local).ok());
+    EXPECT_EQ(local_rank, 3);
+  }
+  unsetenv("LOCAL_RANK");
 
   // The CPU engine never asks for the factory.
   EXPECT_TRUE(Trainer::Create(TinySpec({"resources.device=cpu"}), nullptr, options).ok());
