@@ -502,11 +502,16 @@ class HostCopyEngine final : public DeviceEngine {
 };
 
 TEST(TrainerTest, TwoRanksThroughADeviceEngineGiveTheCpuEnginesLosses) {
-  const auto run = [](const rackrun::v1::JobSpec& spec, const TrainerOptions& options) {
+  // Runs `spec` on 2 in-process ranks (resumed from `resume` when set); rank 0's losses.
+  const auto run = [](const rackrun::v1::JobSpec& spec, const TrainerOptions& options,
+                      const std::string& resume = "") {
     std::vector<std::vector<double>> losses(2);
     const absl::Status s = comm::RunInProcessRanks(2, {}, [&](comm::DataChannel& ch) {
       absl::StatusOr<std::unique_ptr<Trainer>> t = Trainer::Create(spec, &ch, options);
       if (!t.ok()) return t.status();
+      if (!resume.empty()) {
+        if (absl::Status r = (*t)->Resume(resume); !r.ok()) return r;
+      }
       absl::StatusOr<TrainSummary> summary = (*t)->Run();
       if (!summary.ok()) return summary.status();
       losses[static_cast<size_t>(ch.rank())] = summary->losses;
@@ -519,14 +524,23 @@ TEST(TrainerTest, TwoRanksThroughADeviceEngineGiveTheCpuEnginesLosses) {
   // Clipping on (a small clip, so that it scales): the host clips what the engine applies.
   const std::vector<std::string> common = {"balancer.policy=ultraep", "training.grad_clip=0.05",
                                            "data.batch_size=4", "training.steps=6"};
+  const fs::path dir = FreshDir("device_engine_ranks");
   std::vector<std::string> cuda = common;
-  cuda.push_back("resources.device=cuda:0");
+  cuda.insert(cuda.end(), {"resources.device=cuda:0", "checkpoint.dir=" + dir.string(),
+                           "checkpoint.interval=3"});
   TrainerOptions engine;
   engine.device_engine = &HostCopyEngine::Create;
   const std::vector<double> cpu = run(TinySpec(common), TrainerOptions());
   const std::vector<double> device = run(TinySpec(cuda), engine);
   ASSERT_EQ(cpu.size(), 6u);
   EXPECT_EQ(device, cpu);
+  // The engine's state reached the checkpoint (StoreState on every rank): the CPU engine
+  // resumes it at step 3 and continues the same trajectory.
+  std::vector<std::string> resume = common;
+  resume.push_back("checkpoint.dir=" + (dir / "cpu").string());
+  const std::vector<double> rest =
+      run(TinySpec(resume), TrainerOptions(), CheckpointPath(dir.string(), 3));
+  EXPECT_EQ(rest, std::vector<double>(cpu.begin() + 3, cpu.end()));
 }
 
 TEST(TrainerTest, TokenFilesStillTrain) {
