@@ -414,8 +414,11 @@ int main(int argc, char** argv) {
     shapes.push_back(*s);
   }
   for (const std::string& p : o.precision) {
-    if (absl::StatusOr<cu::GemmPrecision> parsed = cu::ParseGemmPrecision(p); !parsed.ok())
-      return flags.Fail("--precision", std::string(parsed.status().message()));
+    // The flag names itself (ParseGemmPrecision's message names the spec's field).
+    if (!cu::ParseGemmPrecision(p).ok()) {
+      return flags.Fail("--precision",
+                        absl::StrCat("unknown precision '", p, "'; use fp32, tf32 or bf16"));
+    }
   }
   for (const std::string& path : o.expert_gemm) {
     if (absl::Status s = cu::ParseExpertGemmPath(path, "--expert-gemm").status(); !s.ok())
