@@ -91,8 +91,11 @@ class DeviceEngine {
   // Expert parallelism (a job of several ranks), host-staged: the trainer reduces gradients
   // and computes the global norm on the host, as the CPU engine does.
   // The engine's MoE layers as expert-parallel layers (ExpertParallelGroup::Create installs
-  // an executor in each); empty when the engine has none to offer.
-  virtual std::vector<ExpertParallelGroup::Layer> ExpertParallelLayers() { return {}; }
+  // an executor in each); empty when the engine has none to offer. `shared_slots`: the group
+  // shares one set of replica slots among the layers (ExpertParallelOptions::share_slots).
+  virtual std::vector<ExpertParallelGroup::Layer> ExpertParallelLayers(bool /*shared_slots*/) {
+    return {};
+  }
   // The device's gradients into the host model's, or back. LoadGradients also makes the
   // next OptimizerStep apply them as given (the host has clipped them), not scaled by the
   // factor of a GradNorm.

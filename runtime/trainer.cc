@@ -182,7 +182,7 @@ absl::StatusOr<std::unique_ptr<ExpertParallelGroup>> CreateExpertParallel(
   ep.replicas = replicas;
   if (jobspec::PlannedByCoordinator(spec)) ep.plan_source = options.plan_source;
   if (engine != nullptr) {
-    std::vector<ExpertParallelGroup::Layer> layers = engine->ExpertParallelLayers();
+    std::vector<ExpertParallelGroup::Layer> layers = engine->ExpertParallelLayers(ep.share_slots);
     if (layers.empty()) {
       return absl::UnimplementedError(
           "resources.device: this engine offers no expert-parallel MoE layers; run the job on one "

@@ -464,7 +464,7 @@ class HostCopyEngine final : public DeviceEngine {
     return absl::OkStatus();
   }
   absl::StatusOr<DeviceStepStats> StepStats() override { return DeviceStepStats{}; }
-  std::vector<ExpertParallelGroup::Layer> ExpertParallelLayers() override {
+  std::vector<ExpertParallelGroup::Layer> ExpertParallelLayers(bool) override {
     std::vector<ExpertParallelGroup::Layer> layers;
     for (int b = 0; b < model_->config().blocks; ++b) {
       MoeLayer<float>* moe = &model_->moe(b);

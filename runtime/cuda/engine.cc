@@ -90,8 +90,8 @@ class GpuEngine final : public DeviceEngine {
     return absl::OkStatus();
   }
 
-  std::vector<ExpertParallelGroup::Layer> ExpertParallelLayers() override {
-    return model_->ExpertParallelLayers();
+  std::vector<ExpertParallelGroup::Layer> ExpertParallelLayers(bool shared_slots) override {
+    return model_->ExpertParallelLayers(shared_slots);
   }
 
   absl::Status StoreGradients(Model<float>& model) override {

@@ -12,13 +12,13 @@
 namespace rackrun::runtime::cuda {
 
 DeviceExpertInstances::DeviceExpertInstances(Device* device, MatMul* matmul,
-                                             const ExpertShard& shard, const std::string& name)
+                                             const ExpertShard& shard, const std::string& name,
+                                             std::shared_ptr<DeviceSlots> slots)
     : device_(device),
       matmul_(matmul),
       shard_(shard),
       name_(name),
-      slot_w_(device, name + " replica slot weights"),
-      slot_g_(device, name + " replica slot gradients"),
+      slots_(slots != nullptr ? std::move(slots) : std::make_shared<DeviceSlots>(device, name)),
       in_(device, name + " expert rows"),
       h13_(device, name + " expert h13"),
       act_(device, name + " expert activations"),
@@ -59,24 +59,26 @@ absl::Status DeviceExpertInstances::ToHost(const float* device, float* host, int
 
 const float* DeviceExpertInstances::W13(const Batch& b) const {
   const int64_t n13 = 2 * static_cast<int64_t>(shard_.width) * shard_.hidden;
-  return b.master >= 0 ? shard_.w13 + b.master * n13 : slot_w_.data() + b.slot * expert_floats();
+  return b.master >= 0 ? shard_.w13 + b.master * n13
+                       : slots_->weights.data() + b.slot * expert_floats();
 }
 
 const float* DeviceExpertInstances::W2(const Batch& b) const {
   const int64_t n13 = 2 * static_cast<int64_t>(shard_.width) * shard_.hidden;
   return b.master >= 0 ? shard_.w2 + b.master * (n13 / 2)
-                       : slot_w_.data() + b.slot * expert_floats() + n13;
+                       : slots_->weights.data() + b.slot * expert_floats() + n13;
 }
 
 float* DeviceExpertInstances::DW13(const Batch& b) {
   const int64_t n13 = 2 * static_cast<int64_t>(shard_.width) * shard_.hidden;
-  return b.master >= 0 ? shard_.dw13 + b.master * n13 : slot_g_.data() + b.slot * expert_floats();
+  return b.master >= 0 ? shard_.dw13 + b.master * n13
+                       : slots_->grads.data() + b.slot * expert_floats();
 }
 
 float* DeviceExpertInstances::DW2(const Batch& b) {
   const int64_t n13 = 2 * static_cast<int64_t>(shard_.width) * shard_.hidden;
   return b.master >= 0 ? shard_.dw2 + b.master * (n13 / 2)
-                       : slot_g_.data() + b.slot * expert_floats() + n13;
+                       : slots_->grads.data() + b.slot * expert_floats() + n13;
 }
 
 absl::Status DeviceExpertInstances::ReadMaster(int local, float* dst) {
@@ -89,13 +91,13 @@ absl::Status DeviceExpertInstances::ReadMaster(int local, float* dst) {
 }
 
 absl::Status DeviceExpertInstances::SlotsArrived(const float* weights, int count) {
-  slots_ = count;
+  slot_count_ = count;
   const int64_t n = expert_floats();
-  for (absl::Status s :
-       {slot_w_.Resize({std::max(count, 1), n}), slot_g_.Resize({std::max(count, 1), n})}) {
+  for (absl::Status s : {slots_->weights.Resize({std::max(count, 1), n}),
+                         slots_->grads.Resize({std::max(count, 1), n})}) {
     if (!s.ok()) return s;
   }
-  return ToDevice(weights, slot_w_.data(), count * n, "replica weights to the device");
+  return ToDevice(weights, slots_->weights.data(), count * n, "replica weights to the device");
 }
 
 absl::Status DeviceExpertInstances::BeginForward(const float* in, int64_t rows) {
@@ -197,8 +199,8 @@ absl::Status DeviceExpertInstances::Backward(std::span<const Batch> batches, boo
   if (absl::Status s = Staging(dx_.size()); !s.ok()) return s;
   // This microbatch's replica gradients start from zero, as the executor's host slots do
   // (zeroed here, after any refetch's SlotsArrived has sized them).
-  if (!masters && slots_ > 0) {
-    if (absl::Status s = slot_g_.Zero(); !s.ok()) return s;
+  if (!masters && slot_count_ > 0) {
+    if (absl::Status s = slots_->grads.Zero(); !s.ok()) return s;
   }
   for (const Batch& b : batches) {
     if ((b.master >= 0) != masters || b.rows == 0) continue;
@@ -239,7 +241,7 @@ absl::Status DeviceExpertInstances::Backward(std::span<const Batch> batches, boo
   const int64_t n = expert_floats();
   for (const Batch& b : batches) {
     if (b.master >= 0) continue;
-    if (absl::Status s = ToHost(slot_g_.data() + b.slot * n, slots.grads + b.slot * n, n,
+    if (absl::Status s = ToHost(slots_->grads.data() + b.slot * n, slots.grads + b.slot * n, n,
                                 "replica gradients to the host");
         !s.ok()) {
       return s;

@@ -23,15 +23,16 @@
 // the executor may reuse them at once. The numbers: each batch's GEMMs are MatMul's in the
 // job's precision, as GpuMoe's per-expert path computes them.
 //
-// Memory: the slot copies are per layer (slots x 3CF floats of weights and of gradients each),
-// even where the executor's host slots are shared by all layers: the first step favours one
-// simple rule over the memory shared slots save.
+// Memory: the slots' device copies (DeviceSlots) are per layer, or one set for all layers where
+// the executor's host slots are shared (ExpertParallelOptions::share_slots): a layer uploads
+// into them whenever its fan-out completes, so they always hold what the host store holds.
 //
 // Not run on a GPU yet: checked against the CPU expert-parallel layer by gpu_moe_test.
 #ifndef RACKRUN_RUNTIME_CUDA_EXPERT_INSTANCES_H_
 #define RACKRUN_RUNTIME_CUDA_EXPERT_INSTANCES_H_
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 
@@ -54,11 +55,21 @@ struct ExpertShard {
   float* dw2 = nullptr;
 };
 
+// Device copies of replica slots: weights [slots x 3CF] (w13 then w2 each) and their gradients
+// (one replica pass's, downloaded at its end), shared by the layers given the same one.
+struct DeviceSlots {
+  DeviceSlots(Device* device, const std::string& name)
+      : weights(device, name + " replica slot weights"),
+        grads(device, name + " replica slot gradients") {}
+  DeviceTensor<float> weights, grads;
+};
+
 class DeviceExpertInstances final : public ExpertInstances {
  public:
-  // `device` and `matmul` must outlive this; `name` prefixes tensor names and errors.
+  // `device` and `matmul` must outlive this; `name` prefixes tensor names and errors. `slots`:
+  // the slots' device copies, shared with other layers (null: this layer's own).
   DeviceExpertInstances(Device* device, MatMul* matmul, const ExpertShard& shard,
-                        const std::string& name);
+                        const std::string& name, std::shared_ptr<DeviceSlots> slots = nullptr);
 
   int first() const override { return shard_.first; }
   int count() const override { return shard_.count; }
@@ -95,8 +106,8 @@ class DeviceExpertInstances final : public ExpertInstances {
   MatMul* matmul_;
   ExpertShard shard_;
   std::string name_;
-  int slots_ = 0;  // slots of the last SlotsArrived
-  DeviceTensor<float> slot_w_, slot_g_;
+  int slot_count_ = 0;  // this layer's slots, as its last SlotsArrived said
+  std::shared_ptr<DeviceSlots> slots_;
   DeviceTensor<float> in_, h13_, act_, out_, dy_, dh13_, dact_, dx_, grad_;
   PinnedBuffer<float> staging_;  // a pass's output rows (or row gradients) on their way up
   Event pass_done_;

@@ -333,16 +333,19 @@ absl::Status GpuModel::GradientsFromHost(Model<float>& host) {
   return device_->Synchronize();
 }
 
-std::vector<ExpertParallelGroup::Layer> GpuModel::ExpertParallelLayers() {
+std::vector<ExpertParallelGroup::Layer> GpuModel::ExpertParallelLayers(bool shared_slots) {
   std::vector<ExpertParallelGroup::Layer> layers;
+  const std::shared_ptr<DeviceSlots> shared =
+      shared_slots ? std::make_shared<DeviceSlots>(device_, "MoE layers'") : nullptr;
   for (size_t b = 0; b < moe_.size(); ++b) {
     GpuMoe* moe = moe_[b].get();
-    layers.push_back({moe->config(),
-                      std::make_unique<DeviceExpertInstances>(device_, &matmul_, moe->shard(),
-                                                              absl::StrCat("blocks.", b, ".moe")),
-                      [moe](std::unique_ptr<ExpertExecutor<float>> executor) {
-                        moe->SetExecutor(std::move(executor));
-                      }});
+    layers.push_back(
+        {moe->config(),
+         std::make_unique<DeviceExpertInstances>(device_, &matmul_, moe->shard(),
+                                                 absl::StrCat("blocks.", b, ".moe"), shared),
+         [moe](std::unique_ptr<ExpertExecutor<float>> executor) {
+           moe->SetExecutor(std::move(executor));
+         }});
   }
   return layers;
 }

@@ -62,7 +62,9 @@ class GpuModel {
   absl::Status GradientsFromHost(Model<float>& host);
   // Every MoE layer as an expert-parallel layer: its config, a DeviceExpertInstances over its
   // shard, and the install of the group's executor into it (host-staged, expert_instances.h).
-  std::vector<ExpertParallelGroup::Layer> ExpertParallelLayers();
+  // `shared_slots`: the executor's slots are shared by all layers (ExpertParallelOptions::
+  // share_slots), and so are their device copies.
+  std::vector<ExpertParallelGroup::Layer> ExpertParallelLayers(bool shared_slots);
 
   // As Model::ForwardBackward / Evaluate (same arguments, same errors for bad input).
   absl::StatusOr<double> ForwardBackward(std::span<const int32_t> inputs,
