@@ -242,7 +242,6 @@ absl::StatusOr<std::vector<std::string>> GatherStrings(comm::DataChannel& channe
   return out;
 }
 
-// resources.device, parsed; cuda is refused where this program cannot run it.
 // The rank's index on its machine as its launcher sets it (Open MPI, Slurm, torchrun-style
 // LOCAL_RANK), 0 without one: `resources.device: cuda` gives local rank i GPU i.
 int LocalRankFromLauncher() {
@@ -254,6 +253,7 @@ int LocalRankFromLauncher() {
   return 0;
 }
 
+// resources.device, parsed; cuda is refused where this program cannot run it.
 absl::StatusOr<jobspec::DeviceSpec> CheckDevice(const rackrun::v1::JobSpec& spec,
                                                 const TrainerOptions& options) {
   absl::StatusOr<jobspec::DeviceSpec> device = jobspec::ParseDevice(spec.resources().device());
