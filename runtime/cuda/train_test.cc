@@ -143,7 +143,8 @@ TEST(GpuTrainTest, LossesFollowTheCpuEngine) {
 // Expert parallelism on GPUs, host-staged: 2 and 4 ranks (in-process channel) share GPU 0,
 // each holding its expert shard, under ultraep and eplb (replicas fanned out, replica
 // gradients reduced to the masters through host memory). Losses within the fp32 bound of the
-// CPU engine's run with the same ranks, and every rank logs the same losses.
+// CPU engine's run with the same ranks and of the one-rank GPU run, and every rank logs the
+// same losses.
 std::vector<double> RankLosses(const rackrun::v1::JobSpec& spec, int ranks) {
   TrainerOptions options;
   options.device_engine = GpuEngineFactory();
@@ -172,7 +173,11 @@ TEST(GpuTrainTest, RanksSharingOneGpuFollowTheCpuEngine) {
     gpu.push_back("resources.device=cuda:0");
     const std::vector<double> want = RankLosses(Spec(cpu), ranks);
     ASSERT_EQ(want.size(), 10u);
-    ExpectClose(RankLosses(Spec(gpu), ranks), want, 1e-4);
+    const std::vector<double> got = RankLosses(Spec(gpu), ranks);
+    ExpectClose(got, want, 1e-4);
+    // And the one-rank GPU run of the same job: the ranks train the same model (each bound
+    // is 1e-4 from the CPU engine, whose ranks match its one-rank run).
+    ExpectClose(got, Losses(Spec(gpu)), 2e-4);
   }
 }
 
