@@ -71,6 +71,11 @@
 //   over domains. The per-layer and per-rank tables below it, and the replay, are domain
 //   0's (rank 0 writes domain 0's load trace).
 //
+// GPUs: with --set resources.device=cuda every rank trains on its launcher's local rank's GPU
+// (the GPU engine, expert parallelism host-staged: runtime/cuda/expert_instances.h), so the
+// tables give the balancing's cost on GPU ranks; a build without the GPU engine refuses it,
+// saying so. Not run on a GPU yet.
+//
 // OpenMP wait policy: as in train_step_bench, the bench re-executes itself with
 // OMP_WAIT_POLICY=passive when the variable is unset (spinning threads are very costly on
 // an oversubscribed machine).
@@ -106,6 +111,7 @@
 #include "planner/plan.h"
 #include "planner/planner.h"
 #include "planner/trace.h"
+#include "runtime/cuda/engine.h"
 #include "runtime/expert_parallel.h"
 #include "runtime/job_config.h"
 #include "runtime/trainer.h"
@@ -380,7 +386,9 @@ class PolicyRun {
     spec_.mutable_logging()->set_load_trace(trace_path_);
     res_.policy = policy;
     res_.layout = layout;
-    trainer_ = OrDie(rt::Trainer::Create(spec_, &channel), rank_, "creating the trainer");
+    rt::TrainerOptions options;
+    options.device_engine = rt::cuda::GpuEngineFactory();  // resources.device: cuda
+    trainer_ = OrDie(rt::Trainer::Create(spec_, &channel, options), rank_, "creating the trainer");
     // Step() alone opens no output: Prepare opens logging.load_trace (Run would call it).
     OrDie(trainer_->Prepare(), rank_, "preparing the trainer's outputs");
     ep_ = trainer_->expert_parallel();
