@@ -24,7 +24,9 @@
 // its one instance), and expert_permutation.h turns plan + loads into the batches whose rows
 // each expert GEMM takes. The device dispatches by expert order before the plan exists; after
 // the wait the layer checks that the plan's batches are that order (an Internal error
-// otherwise: a plan with replicas needs the plan's permutation on the device, not built).
+// otherwise: a plan with replicas on one GPU needs the plan's permutation on the device, not
+// built). Under expert parallelism (SetExecutor, below) the executor plans over all ranks, and
+// its token dispatch (host-staged) carries out the plan's split, replicas included.
 //
 // The expert GEMMs (MatMul::ExpertsLinear / ExpertsLinearBackward) run on one of two paths,
 // chosen per layer (expert_gemm_path; new layers take DefaultExpertGemmPath()):
