@@ -268,67 +268,75 @@ std::vector<ParamRef<float>> GpuModel::Parameters() {
   return out;
 }
 
-absl::Status GpuModel::CopyFromHost(Model<float>& host) {
+absl::Status GpuModel::CopyParameters(Model<float>& host, bool grads, cudaMemcpyKind kind) {
   std::vector<ParamRef<float>> mine = Parameters();
   std::vector<ParamRef<float>> theirs = host.Parameters();
   if (mine.size() != theirs.size()) {
     return absl::InternalError("GPU model: parameter lists of the host and device models differ");
   }
-  cudaStream_t st = device_->stream();
+  const bool up = kind == cudaMemcpyHostToDevice;
+  const char* what = grads ? (up ? "gradients to the device" : "gradients to the host")
+                           : (up ? "parameters to the device" : "parameters to the host");
   for (size_t i = 0; i < mine.size(); ++i) {
     if (mine[i].name != theirs[i].name || mine[i].size != theirs[i].size) {
       return absl::InternalError(absl::StrCat("GPU model: parameter ", i, " is ", mine[i].name,
                                               " on the device but ", theirs[i].name,
                                               " on the host"));
     }
-    if (absl::Status s = Check(cudaMemcpyAsync(mine[i].value, theirs[i].value,
+    float* device = grads ? mine[i].grad : mine[i].value;
+    float* on_host = grads ? theirs[i].grad : theirs[i].value;
+    if (absl::Status s = Check(cudaMemcpyAsync(up ? device : on_host, up ? on_host : device,
                                                sizeof(float) * static_cast<size_t>(mine[i].size),
-                                               cudaMemcpyHostToDevice, st),
-                               "parameters to the device");
+                                               kind, device_->stream()),
+                               what);
         !s.ok()) {
       return s;
     }
   }
+  return absl::OkStatus();
+}
+
+absl::Status GpuModel::CopyBuffers(Model<float>& host, cudaMemcpyKind kind) {
+  const bool up = kind == cudaMemcpyHostToDevice;
   std::vector<ParamRef<float>> buffers = host.Buffers();
   for (size_t b = 0; b < buffers.size(); ++b) {
-    if (absl::Status s = Check(
-            cudaMemcpyAsync(biases_.data() + static_cast<int64_t>(b) * config_.moe.experts,
-                            buffers[b].value, sizeof(float) * static_cast<size_t>(buffers[b].size),
-                            cudaMemcpyHostToDevice, st),
-            "buffers to the device");
+    float* device = biases_.data() + static_cast<int64_t>(b) * config_.moe.experts;
+    if (absl::Status s =
+            Check(cudaMemcpyAsync(up ? device : buffers[b].value, up ? buffers[b].value : device,
+                                  sizeof(float) * static_cast<size_t>(buffers[b].size), kind,
+                                  device_->stream()),
+                  up ? "buffers to the device" : "buffers to the host");
         !s.ok()) {
       return s;
     }
   }
+  return absl::OkStatus();
+}
+
+absl::Status GpuModel::CopyFromHost(Model<float>& host) {
+  if (absl::Status s = CopyParameters(host, /*grads=*/false, cudaMemcpyHostToDevice); !s.ok())
+    return s;
+  if (absl::Status s = CopyBuffers(host, cudaMemcpyHostToDevice); !s.ok()) return s;
+  return device_->Synchronize();
+}
+
+absl::Status GpuModel::CopyToHost(Model<float>& host) {
+  if (absl::Status s = CopyParameters(host, /*grads=*/false, cudaMemcpyDeviceToHost); !s.ok())
+    return s;
+  if (absl::Status s = CopyBuffers(host, cudaMemcpyDeviceToHost); !s.ok()) return s;
   return device_->Synchronize();
 }
 
 absl::Status GpuModel::GradientsToHost(Model<float>& host) {
-  std::vector<ParamRef<float>> mine = Parameters();
-  std::vector<ParamRef<float>> theirs = host.Parameters();
-  for (size_t i = 0; i < mine.size() && i < theirs.size(); ++i) {
-    if (absl::Status s = Check(cudaMemcpyAsync(theirs[i].grad, mine[i].grad,
-                                               sizeof(float) * static_cast<size_t>(mine[i].size),
-                                               cudaMemcpyDeviceToHost, device_->stream()),
-                               "gradients to the host");
-        !s.ok()) {
-      return s;
-    }
+  if (absl::Status s = CopyParameters(host, /*grads=*/true, cudaMemcpyDeviceToHost); !s.ok()) {
+    return s;
   }
   return device_->Synchronize();
 }
 
 absl::Status GpuModel::GradientsFromHost(Model<float>& host) {
-  std::vector<ParamRef<float>> mine = Parameters();
-  std::vector<ParamRef<float>> theirs = host.Parameters();
-  for (size_t i = 0; i < mine.size() && i < theirs.size(); ++i) {
-    if (absl::Status s = Check(cudaMemcpyAsync(mine[i].grad, theirs[i].grad,
-                                               sizeof(float) * static_cast<size_t>(mine[i].size),
-                                               cudaMemcpyHostToDevice, device_->stream()),
-                               "gradients to the device");
-        !s.ok()) {
-      return s;
-    }
+  if (absl::Status s = CopyParameters(host, /*grads=*/true, cudaMemcpyHostToDevice); !s.ok()) {
+    return s;
   }
   return device_->Synchronize();
 }
@@ -348,33 +356,6 @@ std::vector<ExpertParallelGroup::Layer> GpuModel::ExpertParallelLayers(bool shar
          }});
   }
   return layers;
-}
-
-absl::Status GpuModel::CopyToHost(Model<float>& host) {
-  std::vector<ParamRef<float>> mine = Parameters();
-  std::vector<ParamRef<float>> theirs = host.Parameters();
-  cudaStream_t st = device_->stream();
-  for (size_t i = 0; i < mine.size() && i < theirs.size(); ++i) {
-    if (absl::Status s = Check(cudaMemcpyAsync(theirs[i].value, mine[i].value,
-                                               sizeof(float) * static_cast<size_t>(mine[i].size),
-                                               cudaMemcpyDeviceToHost, st),
-                               "parameters to the host");
-        !s.ok()) {
-      return s;
-    }
-  }
-  std::vector<ParamRef<float>> buffers = host.Buffers();
-  for (size_t b = 0; b < buffers.size(); ++b) {
-    if (absl::Status s = Check(
-            cudaMemcpyAsync(
-                buffers[b].value, biases_.data() + static_cast<int64_t>(b) * config_.moe.experts,
-                sizeof(float) * static_cast<size_t>(buffers[b].size), cudaMemcpyDeviceToHost, st),
-            "buffers to the host");
-        !s.ok()) {
-      return s;
-    }
-  }
-  return device_->Synchronize();
 }
 
 absl::Status GpuModel::ZeroGrad() {

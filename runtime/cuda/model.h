@@ -96,6 +96,11 @@ class GpuModel {
   absl::StatusOr<double> Forward();
   absl::Status Backward(float grad_scale);
   absl::Status Check(cudaError_t e, const char* what) const;
+  // Every parameter's value (or gradient: `grads`) between `host` and the device in `kind`'s
+  // direction, on the compute stream, without waiting; Internal when the lists differ. The
+  // buffers (the MoE layers' selection biases) the same way.
+  absl::Status CopyParameters(Model<float>& host, bool grads, cudaMemcpyKind kind);
+  absl::Status CopyBuffers(Model<float>& host, cudaMemcpyKind kind);
 
   Device* device_;
   ModelConfig config_;
