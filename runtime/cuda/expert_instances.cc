@@ -33,28 +33,16 @@ absl::Status DeviceExpertInstances::Check(cudaError_t e, const char* what) const
   return CudaCheck(e, absl::StrCat(name_, " (GPU experts): ", what));
 }
 
-absl::Status DeviceExpertInstances::ToDevice(const float* host, float* device, int64_t floats,
-                                             const char* what) {
+absl::Status DeviceExpertInstances::Copy(float* dst, const float* src, int64_t floats,
+                                         cudaMemcpyKind kind, const char* what) {
   if (floats == 0) return absl::OkStatus();
-  if (absl::Status s = Check(cudaMemcpyAsync(device, host, static_cast<size_t>(floats) * 4,
-                                             cudaMemcpyHostToDevice, device_->stream()),
-                             what);
-      !s.ok()) {
-    return s;
-  }
-  return device_->Synchronize();
+  return Check(cudaMemcpyAsync(dst, src, static_cast<size_t>(floats) * sizeof(float), kind,
+                               device_->stream()),
+               what);
 }
 
-absl::Status DeviceExpertInstances::ToHost(const float* device, float* host, int64_t floats,
-                                           const char* what) {
-  if (floats == 0) return absl::OkStatus();
-  if (absl::Status s = Check(cudaMemcpyAsync(host, device, static_cast<size_t>(floats) * 4,
-                                             cudaMemcpyDeviceToHost, device_->stream()),
-                             what);
-      !s.ok()) {
-    return s;
-  }
-  return device_->Synchronize();
+absl::Status DeviceExpertInstances::Wait(const absl::Status& issued) {
+  return issued.ok() ? device_->Synchronize() : issued;
 }
 
 const float* DeviceExpertInstances::W13(const Batch& b) const {
@@ -83,11 +71,13 @@ float* DeviceExpertInstances::DW2(const Batch& b) {
 
 absl::Status DeviceExpertInstances::ReadMaster(int local, float* dst) {
   const int64_t n13 = 2 * static_cast<int64_t>(shard_.width) * shard_.hidden;
-  if (absl::Status s = ToHost(shard_.w13 + local * n13, dst, n13, "master w13 to the host");
+  if (absl::Status s = Copy(dst, shard_.w13 + local * n13, n13, cudaMemcpyDeviceToHost,
+                            "master w13 to the host");
       !s.ok()) {
     return s;
   }
-  return ToHost(shard_.w2 + local * (n13 / 2), dst + n13, n13 / 2, "master w2 to the host");
+  return Wait(Copy(dst + n13, shard_.w2 + local * (n13 / 2), n13 / 2, cudaMemcpyDeviceToHost,
+                   "master w2 to the host"));
 }
 
 absl::Status DeviceExpertInstances::SlotsArrived(const float* weights, int count) {
@@ -97,7 +87,8 @@ absl::Status DeviceExpertInstances::SlotsArrived(const float* weights, int count
                          slots_->grads.Resize({std::max(count, 1), n})}) {
     if (!s.ok()) return s;
   }
-  return ToDevice(weights, slots_->weights.data(), count * n, "replica weights to the device");
+  return Wait(Copy(slots_->weights.data(), weights, count * n, cudaMemcpyHostToDevice,
+                   "replica weights to the device"));
 }
 
 absl::Status DeviceExpertInstances::BeginForward(const float* in, int64_t rows) {
@@ -107,7 +98,7 @@ absl::Status DeviceExpertInstances::BeginForward(const float* in, int64_t rows) 
                          act_.Resize({alloc, f}), out_.Resize({alloc, c})}) {
     if (!s.ok()) return s;
   }
-  return ToDevice(in, in_.data(), rows * c, "expert rows to the device");
+  return Wait(Copy(in_.data(), in, rows * c, cudaMemcpyHostToDevice, "expert rows to the device"));
 }
 
 absl::Status DeviceExpertInstances::Staging(int64_t floats) {
@@ -171,10 +162,8 @@ absl::Status DeviceExpertInstances::Forward(std::span<const Batch> batches, bool
         !s.ok()) {
       return s;
     }
-    if (absl::Status s = Check(cudaMemcpyAsync(staging_.data() + r0 * c, out_.data() + r0 * c,
-                                               static_cast<size_t>(b.rows * c) * sizeof(float),
-                                               cudaMemcpyDeviceToHost, device_->stream()),
-                               "expert outputs to the host");
+    if (absl::Status s = Copy(staging_.data() + r0 * c, out_.data() + r0 * c, b.rows * c,
+                              cudaMemcpyDeviceToHost, "expert outputs to the host");
         !s.ok()) {
       return s;
     }
@@ -189,7 +178,8 @@ absl::Status DeviceExpertInstances::BeginBackward(const float* dy, int64_t rows)
                          dact_.Resize({alloc, f}), dx_.Resize({alloc, c})}) {
     if (!s.ok()) return s;
   }
-  return ToDevice(dy, dy_.data(), rows * c, "expert output gradients to the device");
+  return Wait(Copy(dy_.data(), dy, rows * c, cudaMemcpyHostToDevice,
+                   "expert output gradients to the device"));
 }
 
 absl::Status DeviceExpertInstances::Backward(std::span<const Batch> batches, bool masters,
@@ -227,33 +217,33 @@ absl::Status DeviceExpertInstances::Backward(std::span<const Batch> batches, boo
         !s.ok()) {
       return s;
     }
-    if (absl::Status s = Check(cudaMemcpyAsync(staging_.data() + r0 * c, dx_.data() + r0 * c,
-                                               static_cast<size_t>(b.rows * c) * sizeof(float),
-                                               cudaMemcpyDeviceToHost, device_->stream()),
-                               "expert row gradients to the host");
+    if (absl::Status s = Copy(staging_.data() + r0 * c, dx_.data() + r0 * c, b.rows * c,
+                              cudaMemcpyDeviceToHost, "expert row gradients to the host");
         !s.ok()) {
       return s;
     }
   }
   if (absl::Status s = FinishPass(batches, masters, dx, between); !s.ok()) return s;
   if (masters) return absl::OkStatus();
-  // The replicas' gradients, for the executor to send to their masters.
+  // The replicas' gradients, for the executor to send to their masters: one wait for all.
   const int64_t n = expert_floats();
   for (const Batch& b : batches) {
     if (b.master >= 0) continue;
-    if (absl::Status s = ToHost(slots_->grads.data() + b.slot * n, slots.grads + b.slot * n, n,
-                                "replica gradients to the host");
+    if (absl::Status s = Copy(slots.grads + b.slot * n, slots_->grads.data() + b.slot * n, n,
+                              cudaMemcpyDeviceToHost, "replica gradients to the host");
         !s.ok()) {
       return s;
     }
   }
-  return absl::OkStatus();
+  return device_->Synchronize();
 }
 
 absl::Status DeviceExpertInstances::AddToMaster(int local, const float* g) {
   const int64_t n = expert_floats(), n13 = 2 * static_cast<int64_t>(shard_.width) * shard_.hidden;
   if (absl::Status s = grad_.Resize({n}); !s.ok()) return s;
-  if (absl::Status s = ToDevice(g, grad_.data(), n, "a replica gradient to the device"); !s.ok()) {
+  if (absl::Status s = Wait(
+          Copy(grad_.data(), g, n, cudaMemcpyHostToDevice, "a replica gradient to the device"));
+      !s.ok()) {
     return s;
   }
   cudaStream_t st = device_->stream();

@@ -87,9 +87,11 @@ class DeviceExpertInstances final : public ExpertInstances {
 
  private:
   absl::Status Check(cudaError_t e, const char* what) const;
-  // `rows` x `cols` floats between host and device, on the compute stream, then the host waits.
-  absl::Status ToDevice(const float* host, float* device, int64_t floats, const char* what);
-  absl::Status ToHost(const float* device, float* host, int64_t floats, const char* what);
+  // `floats` floats from src to dst in `kind`'s direction, issued on the compute stream.
+  absl::Status Copy(float* dst, const float* src, int64_t floats, cudaMemcpyKind kind,
+                    const char* what);
+  // The host waits for the compute stream when `issued` is OK; otherwise `issued`.
+  absl::Status Wait(const absl::Status& issued);
   // The pinned staging buffer, at least `floats` long.
   absl::Status Staging(int64_t floats);
   // Records the pass's end, runs `between` until the GPU has reached it, then copies the chosen
