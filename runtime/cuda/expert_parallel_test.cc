@@ -75,25 +75,36 @@ struct Result {
 
 float GradScale(int rows) { return 0.5f * static_cast<float>(rows) / kTokens; }
 
+// kPasses microbatches of rows [row0, row0 + rows) through a CPU layer (`group`: its
+// expert-parallel group, or null for the unsharded layer); its parameter gradients last.
+void RunCpuPasses(MoeLayer<float>& layer, int row0, int rows, ExpertParallelGroup* group,
+                  Result& r) {
+  for (int pass = 0; pass < kPasses && r.status.ok(); ++pass) {
+    const std::vector<float> u = Input(pass), dout = Upstream(pass);
+    std::vector<float> out(static_cast<size_t>(rows) * kWidth), du(out.size());
+    if (group != nullptr) group->BeginMicrobatch(pass, /*training=*/true);
+    r.status = layer.Forward(u.data() + row0 * kWidth, rows, out.data());
+    if (r.status.ok()) {
+      r.status = layer.Backward(dout.data() + row0 * kWidth, GradScale(rows), du.data());
+    }
+    r.out.insert(r.out.end(), out.begin(), out.end());
+    r.du.insert(r.du.end(), du.begin(), du.end());
+  }
+  if (r.status.ok() && group != nullptr) r.status = group->FinishMicrobatch();
+  for (const ParamRef<float>& p : layer.Parameters()) r.grads.emplace_back(p.grad, p.grad + p.size);
+}
+
 Result Reference() {
   MoeLayer<float> layer(Config(1, 0), "m");
   InitSkewed(layer);
   Result r;
-  for (int pass = 0; pass < kPasses; ++pass) {
-    const std::vector<float> u = Input(pass), dout = Upstream(pass);
-    std::vector<float> out(u.size()), du(u.size());
-    r.status = layer.Forward(u.data(), kTokens, out.data());
-    if (r.status.ok()) r.status = layer.Backward(dout.data(), GradScale(kTokens), du.data());
-    if (!r.status.ok()) return r;
-    r.out.insert(r.out.end(), out.begin(), out.end());
-    r.du.insert(r.du.end(), du.begin(), du.end());
-  }
-  for (const ParamRef<float>& p : layer.Parameters()) r.grads.emplace_back(p.grad, p.grad + p.size);
+  RunCpuPasses(layer, 0, kTokens, nullptr, r);
   return r;
 }
 
 // One rank: its shard on GPU 0, kPasses microbatches of its rows.
-absl::Status RunRank(comm::DataChannel& channel, const ExpertParallelOptions& options, Result& r) {
+absl::Status RunGpuRank(comm::DataChannel& channel, const ExpertParallelOptions& options,
+                        Result& r) {
   const int ranks = channel.size(), rank = channel.rank();
   absl::StatusOr<std::unique_ptr<Device>> dev = Device::Open(0);
   if (!dev.ok()) return dev.status();
@@ -144,51 +155,33 @@ absl::Status RunRank(comm::DataChannel& channel, const ExpertParallelOptions& op
   return absl::OkStatus();
 }
 
-std::vector<Result> RunOnGpu(int ranks, const ExpertParallelOptions& options) {
+// The same rank on the CPU engine (a MoeLayer<float> shard, HostExpertInstances): runs
+// without a GPU, and shows the setup makes the balancer replicate.
+absl::Status RunCpuRank(comm::DataChannel& channel, const ExpertParallelOptions& options,
+                        Result& r) {
+  const int ranks = channel.size(), rank = channel.rank();
+  MoeLayer<float> layer(Config(ranks, rank), "m");
+  InitSkewed(layer);
+  absl::StatusOr<std::unique_ptr<ExpertParallelGroup>> group =
+      ExpertParallelGroup::Create(channel, {&layer}, options);
+  if (!group.ok()) return group.status();
+  const int rows = kTokens / ranks;
+  RunCpuPasses(layer, rank * rows, rows, group->get(), r);
+  r.stats = (*group)->stats();
+  return r.status;
+}
+
+// `ranks` in-process ranks, each running `rank_body`; every rank's result.
+std::vector<Result> RunRanks(int ranks, const ExpertParallelOptions& options,
+                             absl::Status (*rank_body)(comm::DataChannel&,
+                                                       const ExpertParallelOptions&, Result&)) {
   std::vector<Result> results(static_cast<size_t>(ranks));
   comm::ChannelOptions channel_options;
   channel_options.timeout = absl::Seconds(60);
   (void)comm::RunInProcessRanks(ranks, channel_options, [&](comm::DataChannel& channel) {
     omp_set_num_threads(1);
     Result& r = results[static_cast<size_t>(channel.rank())];
-    r.status = RunRank(channel, options, r);
-    return r.status;
-  });
-  return results;
-}
-
-// The same ranks on the CPU engine (MoeLayer<float> shards, HostExpertInstances): runs
-// without a GPU, and shows the setup makes the balancer replicate.
-std::vector<Result> RunOnCpu(int ranks, const ExpertParallelOptions& options) {
-  std::vector<Result> results(static_cast<size_t>(ranks));
-  comm::ChannelOptions channel_options;
-  channel_options.timeout = absl::Seconds(60);
-  (void)comm::RunInProcessRanks(ranks, channel_options, [&](comm::DataChannel& channel) {
-    omp_set_num_threads(1);
-    const int rank = channel.rank();
-    Result& r = results[static_cast<size_t>(rank)];
-    MoeLayer<float> layer(Config(ranks, rank), "m");
-    InitSkewed(layer);
-    absl::StatusOr<std::unique_ptr<ExpertParallelGroup>> group =
-        ExpertParallelGroup::Create(channel, {&layer}, options);
-    if (!group.ok()) return r.status = group.status();
-    const int rows = kTokens / ranks;
-    for (int pass = 0; pass < kPasses && r.status.ok(); ++pass) {
-      const std::vector<float> u = Input(pass), dout = Upstream(pass);
-      std::vector<float> out(static_cast<size_t>(rows) * kWidth), du(out.size());
-      (*group)->BeginMicrobatch(pass, /*training=*/true);
-      r.status = layer.Forward(u.data() + rank * rows * kWidth, rows, out.data());
-      if (r.status.ok()) {
-        r.status = layer.Backward(dout.data() + rank * rows * kWidth, GradScale(rows), du.data());
-      }
-      r.out.insert(r.out.end(), out.begin(), out.end());
-      r.du.insert(r.du.end(), du.begin(), du.end());
-    }
-    if (r.status.ok()) r.status = (*group)->FinishMicrobatch();
-    for (const ParamRef<float>& p : layer.Parameters()) {
-      r.grads.emplace_back(p.grad, p.grad + p.size);
-    }
-    r.stats = (*group)->stats();
+    r.status = rank_body(channel, options, r);
     return r.status;
   });
   return results;
@@ -265,13 +258,13 @@ class GpuExpertParallelTest : public ::testing::TestWithParam<std::tuple<int, st
 // Runs without a GPU: the setup itself, on the CPU engine.
 TEST_P(GpuExpertParallelTest, CpuRanksMatchTheUnshardedLayer) {
   const auto [ranks, policy, shared_slots] = GetParam();
-  ExpectMatchesReference(RunOnCpu(ranks, Options(policy, shared_slots)), policy, 1e-5);
+  ExpectMatchesReference(RunRanks(ranks, Options(policy, shared_slots), &RunCpuRank), policy, 1e-5);
 }
 
 TEST_P(GpuExpertParallelTest, RanksSharingOneGpuMatchTheUnshardedLayer) {
   if (absl::Status avail = GpuAvailable(); !avail.ok()) GTEST_SKIP() << avail.message();
   const auto [ranks, policy, shared_slots] = GetParam();
-  ExpectMatchesReference(RunOnGpu(ranks, Options(policy, shared_slots)), policy, 1e-4);
+  ExpectMatchesReference(RunRanks(ranks, Options(policy, shared_slots), &RunGpuRank), policy, 1e-4);
 }
 
 INSTANTIATE_TEST_SUITE_P(RanksAndPolicies, GpuExpertParallelTest,
