@@ -18,11 +18,15 @@
 #include "comm/inprocess_channel.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "runtime/expert_parallel_testing.h"
 #include "runtime/layers/moe.h"
 #include "runtime/plan_source.h"
 
 namespace rackrun::runtime {
 namespace {
+
+using ep_testing::ExpectNear;
+using ep_testing::Result;
 
 using ::testing::HasSubstr;
 
@@ -70,13 +74,6 @@ void InitSkewed(MoeLayer<float>& layer) {
   }
 }
 
-struct Result {
-  std::vector<float> out, du;             // [kPasses * kTokens x C], this rank's rows
-  std::vector<std::vector<float>> grads;  // per parameter
-  ExpertParallelStats stats;
-  absl::Status status;
-};
-
 std::vector<float> Input(int pass) {
   return Uniform(static_cast<size_t>(kTokens) * kWidth, 100 + pass, 1.0f, 0.3f);
 }
@@ -84,39 +81,18 @@ std::vector<float> Upstream(int pass) {
   return Uniform(static_cast<size_t>(kTokens) * kWidth, 200 + pass, 1.0f);
 }
 
-// Runs kPasses microbatches of rows [row0, row0 + rows) through `layer`. The aux loss's
-// gradient scale is this rank's share of the tokens (as the trainer scales it), so the
-// ranks' aux gradients add up to the whole batch's.
-void RunPasses(MoeLayer<float>& layer, int row0, int rows, ExpertParallelGroup* group, Result* r) {
-  const float grad_scale = 0.5f * static_cast<float>(rows) / kTokens;
-  for (int pass = 0; pass < kPasses; ++pass) {
-    const std::vector<float> u = Input(pass), dout = Upstream(pass);
-    std::vector<float> out(static_cast<size_t>(rows) * kWidth), du(out.size());
-    if (group != nullptr) group->BeginMicrobatch(pass, /*training=*/true);
-    r->status = layer.Forward(u.data() + static_cast<size_t>(row0) * kWidth, rows, out.data());
-    if (!r->status.ok()) return;
-    r->status =
-        layer.Backward(dout.data() + static_cast<size_t>(row0) * kWidth, grad_scale, du.data());
-    if (!r->status.ok()) return;
-    r->out.insert(r->out.end(), out.begin(), out.end());
-    r->du.insert(r->du.end(), du.begin(), du.end());
-  }
-  // Earlier passes' replica gradients were completed by the next pass's Forward; the
-  // last one's here.
-  if (group != nullptr) {
-    r->status = group->FinishMicrobatch();
-    if (!r->status.ok()) return;
-  }
-  for (const ParamRef<float>& p : layer.Parameters()) {
-    r->grads.emplace_back(p.grad, p.grad + p.size);
-  }
+// The microbatches every test here runs (ep_testing::RunPasses).
+const ep_testing::Passes& TestPasses() {
+  static const ep_testing::Passes* const p =
+      new ep_testing::Passes{kTokens, kWidth, kPasses, &Input, &Upstream};
+  return *p;
 }
 
 Result Reference() {
   MoeLayer<float> layer(Config(1, 0), "m");
   InitSkewed(layer);
   Result r;
-  RunPasses(layer, 0, kTokens, nullptr, &r);
+  ep_testing::RunPasses(TestPasses(), layer, 0, kTokens, nullptr, r);
   return r;
 }
 
@@ -139,32 +115,12 @@ std::vector<Result> RunExpertParallel(int ranks, const ExpertParallelOptions& op
           return r.status;
         }
         const int rows = kTokens / ranks;
-        RunPasses(layer, rank * rows, rows, group->get(), &r);
+        ep_testing::RunPasses(TestPasses(), layer, rank * rows, rows, group->get(), r);
         r.stats = (*group)->stats();
         return r.status;
       });
   (void)run;  // per-rank statuses are checked by the callers
   return results;
-}
-
-// Largest difference relative to the tensor's largest magnitude: elements that are small
-// results of cancelling sums (input gradients) carry the reassociation error of their
-// terms, so a per-element relative error would measure the cancellation, not a bug.
-void ExpectNear(const std::vector<float>& got, const std::vector<float>& want, double tol,
-                const std::string& what) {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  double worst = 0, scale = 0;
-  size_t at = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    scale = std::max(scale, std::abs(static_cast<double>(want[i])));
-    const double d = std::abs(static_cast<double>(got[i]) - want[i]);
-    if (d > worst) {
-      worst = d;
-      at = i;
-    }
-  }
-  EXPECT_LE(worst, tol * scale) << what << " differs at " << at << ": " << got[at] << " vs "
-                                << want[at] << " (largest magnitude " << scale << ")";
 }
 
 class ExpertParallelTest : public ::testing::TestWithParam<std::tuple<int, std::string, bool>> {};
@@ -179,62 +135,8 @@ TEST_P(ExpertParallelTest, MatchesTheUnshardedLayer) {
   options.share_slots = shared_slots;
   options.planner.eplb_window = 1;
   options.planner.eplb_interval = 1;
-  const std::vector<Result> results = RunExpertParallel(ranks, options);
-  const int rows = kTokens / ranks;
-  const size_t per_pass = static_cast<size_t>(rows) * kWidth;
-  // Router and norm gradients are partial sums per rank; expert gradients live with the
-  // master: rank r holds experts [r * E/R, (r + 1) * E/R).
-  std::vector<std::vector<float>> dense(2);
-  for (int p = 0; p < 2; ++p)
-    dense[static_cast<size_t>(p)].assign(ref.grads[static_cast<size_t>(p)].size(), 0);
-  std::vector<std::vector<float>> experts(2);
-  int64_t replicas = 0;
-  double before = 0, after = 0;
-  for (int rank = 0; rank < ranks; ++rank) {
-    const Result& r = results[static_cast<size_t>(rank)];
-    ASSERT_TRUE(r.status.ok()) << "rank " << rank << ": " << r.status;
-    for (int pass = 0; pass < kPasses; ++pass) {
-      const size_t ref_at = static_cast<size_t>(pass) * kTokens * kWidth + rank * per_pass;
-      const std::vector<float> ref_out(
-          ref.out.begin() + static_cast<std::ptrdiff_t>(ref_at),
-          ref.out.begin() + static_cast<std::ptrdiff_t>(ref_at + per_pass));
-      const std::vector<float> ref_du(
-          ref.du.begin() + static_cast<std::ptrdiff_t>(ref_at),
-          ref.du.begin() + static_cast<std::ptrdiff_t>(ref_at + per_pass));
-      const std::vector<float> out(
-          r.out.begin() + static_cast<std::ptrdiff_t>(pass * per_pass),
-          r.out.begin() + static_cast<std::ptrdiff_t>((pass + 1) * per_pass));
-      const std::vector<float> du(
-          r.du.begin() + static_cast<std::ptrdiff_t>(pass * per_pass),
-          r.du.begin() + static_cast<std::ptrdiff_t>((pass + 1) * per_pass));
-      ExpectNear(out, ref_out, 1e-5, "output");
-      ExpectNear(du, ref_du, 1e-5, "input gradient");
-    }
-    for (int p = 0; p < 2; ++p) {
-      for (size_t i = 0; i < dense[static_cast<size_t>(p)].size(); ++i) {
-        dense[static_cast<size_t>(p)][i] += r.grads[static_cast<size_t>(p)][i];
-      }
-    }
-    for (int p = 0; p < 2; ++p) {
-      const std::vector<float>& g = r.grads[static_cast<size_t>(2 + p)];
-      experts[static_cast<size_t>(p)].insert(experts[static_cast<size_t>(p)].end(), g.begin(),
-                                             g.end());
-    }
-    replicas += r.stats.layers[0].replicas;
-    before += r.stats.layers[0].imbalance_before;
-    after += r.stats.layers[0].imbalance_after;
-  }
-  ExpectNear(dense[0], ref.grads[0], 1e-5, "norm gain gradient");
-  ExpectNear(dense[1], ref.grads[1], 1e-5, "router gradient");
-  ExpectNear(experts[0], ref.grads[2], 1e-5, "expert w13 gradient");
-  ExpectNear(experts[1], ref.grads[3], 1e-5, "expert w2 gradient");
-  if (policy == "none") {
-    EXPECT_EQ(replicas, 0);
-  } else {
-    // The skew is real and the balancer moved work (EPLB only after its first microbatch).
-    EXPECT_GT(replicas, 0);
-    EXPECT_LT(after, before);
-  }
+  ep_testing::ExpectRanksMatchReference(TestPasses(), RunExpertParallel(ranks, options), ref,
+                                        policy, 1e-5);
 }
 
 INSTANTIATE_TEST_SUITE_P(RanksAndPolicies, ExpertParallelTest,

@@ -4,9 +4,10 @@
 // the in-process channel), and run 3 microbatches of their rows. Against the unsharded CPU
 // layer on all rows: every rank's outputs and input gradients, the sums of the norm and
 // router gradients over the ranks and every master's expert gradients (replica gradients
-// added), fp32 within 1e-4 of each array's scale; the balancer really replicated (ultraep,
-// eplb). The routing margin of these inputs is checked without a GPU, so that a failure here
-// is a GPU bug, not a rounding tie.
+// added), fp32 within 1e-4 of each array's scale; the balancer really replicated and moved work
+// (ultraep, eplb; the check runtime/expert_parallel_test.cc makes on CPU ranks, shared through
+// runtime/expert_parallel_testing.h). The routing margin of these inputs is checked without a GPU,
+// so that a failure here is a GPU bug, not a rounding tie.
 #include "runtime/expert_parallel.h"
 
 #include <omp.h>
@@ -23,11 +24,13 @@
 #include "runtime/cuda/expert_instances.h"
 #include "runtime/cuda/moe.h"
 #include "runtime/cuda/test_util.h"
+#include "runtime/expert_parallel_testing.h"
 #include "runtime/layers/moe.h"
 
 namespace rackrun::runtime::cuda {
 namespace {
 
+using ep_testing::Result;
 using testing::Download;
 using testing::Upload;
 
@@ -66,39 +69,20 @@ std::vector<float> Upstream(int pass) {
   return testing::RandomVector(kTokens * kWidth, 400 + pass);
 }
 
-struct Result {
-  std::vector<float> out, du;             // [kPasses x rows x C], this rank's rows
-  std::vector<std::vector<float>> grads;  // norm, router, w13 (shard), w2 (shard)
-  ExpertParallelStats stats;
-  absl::Status status;
-};
-
 float GradScale(int rows) { return 0.5f * static_cast<float>(rows) / kTokens; }
 
-// kPasses microbatches of rows [row0, row0 + rows) through a CPU layer (`group`: its
-// expert-parallel group, or null for the unsharded layer); its parameter gradients last.
-void RunCpuPasses(MoeLayer<float>& layer, int row0, int rows, ExpertParallelGroup* group,
-                  Result& r) {
-  for (int pass = 0; pass < kPasses && r.status.ok(); ++pass) {
-    const std::vector<float> u = Input(pass), dout = Upstream(pass);
-    std::vector<float> out(static_cast<size_t>(rows) * kWidth), du(out.size());
-    if (group != nullptr) group->BeginMicrobatch(pass, /*training=*/true);
-    r.status = layer.Forward(u.data() + row0 * kWidth, rows, out.data());
-    if (r.status.ok()) {
-      r.status = layer.Backward(dout.data() + row0 * kWidth, GradScale(rows), du.data());
-    }
-    r.out.insert(r.out.end(), out.begin(), out.end());
-    r.du.insert(r.du.end(), du.begin(), du.end());
-  }
-  if (r.status.ok() && group != nullptr) r.status = group->FinishMicrobatch();
-  for (const ParamRef<float>& p : layer.Parameters()) r.grads.emplace_back(p.grad, p.grad + p.size);
+// The microbatches every test here runs (ep_testing::RunPasses).
+const ep_testing::Passes& TestPasses() {
+  static const ep_testing::Passes* const p =
+      new ep_testing::Passes{kTokens, kWidth, kPasses, &Input, &Upstream};
+  return *p;
 }
 
 Result Reference() {
   MoeLayer<float> layer(Config(1, 0), "m");
   InitSkewed(layer);
   Result r;
-  RunCpuPasses(layer, 0, kTokens, nullptr, r);
+  ep_testing::RunPasses(TestPasses(), layer, 0, kTokens, nullptr, r);
   return r;
 }
 
@@ -166,7 +150,7 @@ absl::Status RunCpuRank(comm::DataChannel& channel, const ExpertParallelOptions&
       ExpertParallelGroup::Create(channel, {&layer}, options);
   if (!group.ok()) return group.status();
   const int rows = kTokens / ranks;
-  RunCpuPasses(layer, rank * rows, rows, group->get(), r);
+  ep_testing::RunPasses(TestPasses(), layer, rank * rows, rows, group->get(), r);
   r.stats = (*group)->stats();
   return r.status;
 }
@@ -187,58 +171,12 @@ std::vector<Result> RunRanks(int ranks, const ExpertParallelOptions& options,
   return results;
 }
 
-std::vector<float> Slice(const std::vector<float>& v, size_t at, size_t n) {
-  return std::vector<float>(v.begin() + static_cast<std::ptrdiff_t>(at),
-                            v.begin() + static_cast<std::ptrdiff_t>(at + n));
-}
-
 // Runs without a GPU: the comparisons below rely on it.
 TEST(GpuExpertParallelTest, RoutingMarginsExceedRounding) {
   MoeLayer<float> layer(Config(1, 0), "m");
   InitSkewed(layer);
   for (int pass = 0; pass < kPasses; ++pass) {
     EXPECT_GT(testing::RoutingMargin(layer, Input(pass), kTokens, {}), 1e-5) << "pass " << pass;
-  }
-}
-
-// Every rank's rows, the ranks' summed dense gradients and the masters' expert gradients
-// against the unsharded layer's, within `tol` of each array's scale; the balancer replicated
-// unless the policy is none.
-void ExpectMatchesReference(const std::vector<Result>& results, const std::string& policy,
-                            double tol) {
-  const Result ref = Reference();
-  ASSERT_TRUE(ref.status.ok()) << ref.status;
-  const int ranks = static_cast<int>(results.size());
-  const int rows = kTokens / ranks;
-  const size_t per_pass = static_cast<size_t>(rows) * kWidth;
-  std::vector<std::vector<float>> dense(2), experts(2);
-  for (int p = 0; p < 2; ++p) dense[static_cast<size_t>(p)].assign(ref.grads[p].size(), 0.0f);
-  int64_t replicas = 0;
-  for (int rank = 0; rank < ranks; ++rank) {
-    const Result& r = results[static_cast<size_t>(rank)];
-    ASSERT_TRUE(r.status.ok()) << "rank " << rank << ": " << r.status;
-    for (int pass = 0; pass < kPasses; ++pass) {
-      SCOPED_TRACE(absl::StrCat("rank ", rank, " pass ", pass));
-      const size_t ref_at = static_cast<size_t>(pass) * kTokens * kWidth + rank * per_pass;
-      RACKRUN_EXPECT_CLOSE(Slice(r.out, pass * per_pass, per_pass),
-                           Slice(ref.out, ref_at, per_pass), tol);
-      RACKRUN_EXPECT_CLOSE(Slice(r.du, pass * per_pass, per_pass), Slice(ref.du, ref_at, per_pass),
-                           tol);
-    }
-    for (size_t p = 0; p < 2; ++p) {
-      for (size_t i = 0; i < dense[p].size(); ++i) dense[p][i] += r.grads[p][i];
-      experts[p].insert(experts[p].end(), r.grads[2 + p].begin(), r.grads[2 + p].end());
-    }
-    replicas += r.stats.layers[0].replicas;
-  }
-  RACKRUN_EXPECT_CLOSE(dense[0], ref.grads[0], tol);
-  RACKRUN_EXPECT_CLOSE(dense[1], ref.grads[1], tol);
-  RACKRUN_EXPECT_CLOSE(experts[0], ref.grads[2], tol);
-  RACKRUN_EXPECT_CLOSE(experts[1], ref.grads[3], tol);
-  if (policy == "none") {
-    EXPECT_EQ(replicas, 0);
-  } else {
-    EXPECT_GT(replicas, 0) << "the skew should have made the balancer replicate";
   }
 }
 
@@ -258,13 +196,17 @@ class GpuExpertParallelTest : public ::testing::TestWithParam<std::tuple<int, st
 // Runs without a GPU: the setup itself, on the CPU engine.
 TEST_P(GpuExpertParallelTest, CpuRanksMatchTheUnshardedLayer) {
   const auto [ranks, policy, shared_slots] = GetParam();
-  ExpectMatchesReference(RunRanks(ranks, Options(policy, shared_slots), &RunCpuRank), policy, 1e-5);
+  ep_testing::ExpectRanksMatchReference(TestPasses(),
+                                        RunRanks(ranks, Options(policy, shared_slots), &RunCpuRank),
+                                        Reference(), policy, 1e-5);
 }
 
 TEST_P(GpuExpertParallelTest, RanksSharingOneGpuMatchTheUnshardedLayer) {
   if (absl::Status avail = GpuAvailable(); !avail.ok()) GTEST_SKIP() << avail.message();
   const auto [ranks, policy, shared_slots] = GetParam();
-  ExpectMatchesReference(RunRanks(ranks, Options(policy, shared_slots), &RunGpuRank), policy, 1e-4);
+  ep_testing::ExpectRanksMatchReference(TestPasses(),
+                                        RunRanks(ranks, Options(policy, shared_slots), &RunGpuRank),
+                                        Reference(), policy, 1e-4);
 }
 
 INSTANTIATE_TEST_SUITE_P(RanksAndPolicies, GpuExpertParallelTest,
