@@ -123,32 +123,19 @@ std::vector<Result> RunExpertParallel(int ranks, const ExpertParallelOptions& op
   return results;
 }
 
-class ExpertParallelTest : public ::testing::TestWithParam<std::tuple<int, std::string, bool>> {};
+class ExpertParallelTest : public ::testing::TestWithParam<ep_testing::RanksPolicySlots> {};
 
 TEST_P(ExpertParallelTest, MatchesTheUnshardedLayer) {
   const auto [ranks, policy, shared_slots] = GetParam();
   const Result ref = Reference();
   ASSERT_TRUE(ref.status.ok()) << ref.status;
-  ExpertParallelOptions options;
-  options.policy = policy;
-  options.slots = 2;
-  options.share_slots = shared_slots;
-  options.planner.eplb_window = 1;
-  options.planner.eplb_interval = 1;
-  ep_testing::ExpectRanksMatchReference(TestPasses(), RunExpertParallel(ranks, options), ref,
-                                        policy, 1e-5);
+  ep_testing::ExpectRanksMatchReference(
+      TestPasses(), RunExpertParallel(ranks, ep_testing::OptionsFor(policy, shared_slots)), ref,
+      policy, 1e-5);
 }
 
-INSTANTIATE_TEST_SUITE_P(RanksAndPolicies, ExpertParallelTest,
-                         ::testing::Combine(::testing::Values(2, 4),
-                                            ::testing::Values("none", "ultraep", "eplb"),
-                                            ::testing::Bool()),
-                         [](const auto& param_info) {
-                           return absl::StrCat(
-                               std::get<1>(param_info.param), "_", std::get<0>(param_info.param),
-                               "ranks_", std::get<2>(param_info.param) ? "shared" : "perlayer",
-                               "_slots");
-                         });
+INSTANTIATE_TEST_SUITE_P(RanksAndPolicies, ExpertParallelTest, ep_testing::RanksPolicySlotsValues(),
+                         ep_testing::RanksPolicySlotsName);
 
 TEST(ExpertParallelGroupTest, RerunsAreBitIdentical) {
   ExpertParallelOptions options;

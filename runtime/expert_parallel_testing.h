@@ -11,6 +11,7 @@
 #include <functional>
 #include <limits>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -88,6 +89,30 @@ inline void ExpectNear(const std::vector<float>& got, const std::vector<float>& 
   }
   EXPECT_LE(worst, tol * scale) << what << " differs at " << at << ": " << got[at] << " vs "
                                 << want[at] << " (largest magnitude " << scale << ")";
+}
+
+// The options the rank-vs-reference tests run: `policy` with 2 slots, shared or per layer,
+// EPLB re-placing every microbatch.
+inline ExpertParallelOptions OptionsFor(const std::string& policy, bool shared_slots) {
+  ExpertParallelOptions options;
+  options.policy = policy;
+  options.slots = 2;
+  options.share_slots = shared_slots;
+  options.planner.eplb_window = 1;
+  options.planner.eplb_interval = 1;
+  return options;
+}
+
+// Their parameters: ranks (2, 4) x policy (none, ultraep, eplb) x shared slots, and the
+// test names ("ultraep_4ranks_shared_slots").
+using RanksPolicySlots = std::tuple<int, std::string, bool>;
+inline auto RanksPolicySlotsValues() {
+  return ::testing::Combine(::testing::Values(2, 4), ::testing::Values("none", "ultraep", "eplb"),
+                            ::testing::Bool());
+}
+inline std::string RanksPolicySlotsName(const ::testing::TestParamInfo<RanksPolicySlots>& info) {
+  return std::get<1>(info.param) + "_" + std::to_string(std::get<0>(info.param)) + "ranks_" +
+         (std::get<2>(info.param) ? "shared" : "perlayer") + "_slots";
 }
 
 // Every rank's outputs and input gradients against the reference's rows, the ranks' summed

@@ -180,45 +180,28 @@ TEST(GpuExpertParallelTest, RoutingMarginsExceedRounding) {
   }
 }
 
-ExpertParallelOptions Options(const std::string& policy, bool shared_slots) {
-  ExpertParallelOptions options;
-  options.policy = policy;
-  options.slots = 2;
-  options.share_slots = shared_slots;
-  options.planner.eplb_window = 1;
-  options.planner.eplb_interval = 1;
-  return options;
-}
+using ep_testing::OptionsFor;
 
-class GpuExpertParallelTest : public ::testing::TestWithParam<std::tuple<int, std::string, bool>> {
-};
+class GpuExpertParallelTest : public ::testing::TestWithParam<ep_testing::RanksPolicySlots> {};
 
 // Runs without a GPU: the setup itself, on the CPU engine.
 TEST_P(GpuExpertParallelTest, CpuRanksMatchTheUnshardedLayer) {
   const auto [ranks, policy, shared_slots] = GetParam();
-  ep_testing::ExpectRanksMatchReference(TestPasses(),
-                                        RunRanks(ranks, Options(policy, shared_slots), &RunCpuRank),
-                                        Reference(), policy, 1e-5);
+  ep_testing::ExpectRanksMatchReference(
+      TestPasses(), RunRanks(ranks, OptionsFor(policy, shared_slots), &RunCpuRank), Reference(),
+      policy, 1e-5);
 }
 
 TEST_P(GpuExpertParallelTest, RanksSharingOneGpuMatchTheUnshardedLayer) {
   if (absl::Status avail = GpuAvailable(); !avail.ok()) GTEST_SKIP() << avail.message();
   const auto [ranks, policy, shared_slots] = GetParam();
-  ep_testing::ExpectRanksMatchReference(TestPasses(),
-                                        RunRanks(ranks, Options(policy, shared_slots), &RunGpuRank),
-                                        Reference(), policy, 1e-4);
+  ep_testing::ExpectRanksMatchReference(
+      TestPasses(), RunRanks(ranks, OptionsFor(policy, shared_slots), &RunGpuRank), Reference(),
+      policy, 1e-4);
 }
 
 INSTANTIATE_TEST_SUITE_P(RanksAndPolicies, GpuExpertParallelTest,
-                         ::testing::Combine(::testing::Values(2, 4),
-                                            ::testing::Values("none", "ultraep", "eplb"),
-                                            ::testing::Bool()),
-                         [](const auto& param_info) {
-                           return absl::StrCat(
-                               std::get<1>(param_info.param), "_", std::get<0>(param_info.param),
-                               "ranks_", std::get<2>(param_info.param) ? "shared" : "perlayer",
-                               "_slots");
-                         });
+                         ep_testing::RanksPolicySlotsValues(), ep_testing::RanksPolicySlotsName);
 
 // A shard without an expert-parallel group is refused, naming what it needs.
 TEST(GpuExpertParallelTest, AShardWithoutAGroupIsRefused) {
