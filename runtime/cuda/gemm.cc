@@ -13,9 +13,10 @@ namespace {
 
 absl::Status BlasCheck(cublasStatus_t s, absl::string_view call, const GemmShape& g) {
   if (s == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat(
-      call, " (m ", g.m, ", n ", g.n, ", k ", g.k, ", ta ", g.trans_a, ", tb ", g.trans_b,
-      "): ", CublasLt().GetStatusName(s), ": ", CublasLt().GetStatusString(s)));
+  return absl::InternalError(
+      absl::StrCat(call, " (m ", g.m, ", n ", g.n, ", k ", g.k, ", ta ", g.trans_a, ", tb ",
+                   g.trans_b, ", lda ", g.lda, ", ldb ", g.ldb, ", ldc ", g.ldc,
+                   "): ", CublasLt().GetStatusName(s), ": ", CublasLt().GetStatusString(s)));
 }
 
 // The largest power of two (at most 256) dividing the address.
@@ -224,8 +225,15 @@ absl::Status Gemm::Launch(const GemmShape& s, float alpha, const void* a, const 
   auto it = plans_.find(key);
   if (it == plans_.end()) {
     auto plan = std::make_shared<Plan>();
-    // A' is our B, B' our A.
-    if (absl::Status st = plan->Choose(ops, compute, m, k, static_cast<uint32_t>(align(b)),
+    // A' is our B, B' our A. A bucket's layouts hold the bucket's rows: leading dimensions
+    // below them are not layouts cuBLASLt accepts.
+    GemmShape planned = s;
+    if (bucketed) {
+      planned.lda = std::max(s.lda, s.trans_a ? m : k);
+      planned.ldb = std::max(s.ldb, s.trans_b ? k : s.n);
+    }
+    const Operands plan_ops{planned, ab_type, cc_type, ops.ta, ops.tb};
+    if (absl::Status st = plan->Choose(plan_ops, compute, m, k, static_cast<uint32_t>(align(b)),
                                        static_cast<uint32_t>(align(a)),
                                        static_cast<uint32_t>(align(c)), precision, *device_);
         !st.ok()) {
