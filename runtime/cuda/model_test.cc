@@ -8,6 +8,7 @@
 // The routing is compared exactly: the seeds give no top-k near-ties at this size.
 #include "runtime/cuda/model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <random>
@@ -103,12 +104,21 @@ void CheckAgainstCpu(Device* dev, const ModelConfig& config, GemmPrecision preci
   const std::vector<ParamRef<float>> mine = (*gpu)->Parameters();
   const std::vector<ParamRef<float>> theirs = (*cpu)->Parameters();
   ASSERT_EQ(mine.size(), theirs.size());
+  // Each gradient on its own scale, never on one below 1e-3 of the model's largest: some are
+  // zero by construction and both engines compute rounding noise there (the first
+  // sublayer's H_pre reads N identical expanded streams: its gradients are about 1e-9
+  // against a largest of about 1e-1).
+  double largest = 0;
+  for (const ParamRef<float>& p : theirs)
+    for (int64_t j = 0; j < p.size; ++j) largest = std::max(largest, std::fabs(double{p.grad[j]}));
   for (size_t i = 0; i < mine.size(); ++i) {
     SCOPED_TRACE(theirs[i].name);
     ASSERT_EQ(mine[i].name, theirs[i].name);
     ASSERT_EQ(mine[i].size, theirs[i].size);
     const std::vector<float> want(theirs[i].grad, theirs[i].grad + theirs[i].size);
-    RACKRUN_EXPECT_CLOSE(DeviceToHost(mine[i].grad, mine[i].size), want, 1e-3);
+    EXPECT_LE(
+        testing::RelativeError(DeviceToHost(mine[i].grad, mine[i].size), want, 1e-3 * largest),
+        1e-3);
   }
   // The state back on a host model of another seed: the CPU model's values, its biases after
   // the same sign-based updates.

@@ -35,7 +35,11 @@ struct Setup {
   std::vector<float> u, dout, bias;
 };
 
-Setup MakeSetup(bool shared, uint64_t seed) {
+// With `lean`, for bf16: each token leans on two experts (its input is noise plus the router
+// columns of both, the first stronger), so that its top-2 stand further above the third than
+// bf16's rounding of the router GEMM's inputs moves a score. Random inputs leave near ties
+// that bf16 flips (fp32 does not).
+Setup MakeSetup(bool shared, uint64_t seed, bool lean = false) {
   Setup s;
   s.config.width = 64;
   s.config.experts = 8;
@@ -53,6 +57,25 @@ Setup MakeSetup(bool shared, uint64_t seed) {
   std::copy(s.bias.begin(), s.bias.end(), s.cpu->Buffers()[0].value);
   s.u = RandomVector(s.tokens * s.config.width, seed + 2);
   s.dout = RandomVector(s.tokens * s.config.width, seed + 3);
+  if (lean) {
+    const int c = s.config.width, ne = s.config.experts;
+    const float* router = s.cpu->Parameters()[1].value;  // c x ne
+    std::vector<double> norm(static_cast<size_t>(ne), 0.0);
+    for (int i = 0; i < c; ++i)
+      for (int e = 0; e < ne; ++e) norm[e] += double{router[i * ne + e]} * router[i * ne + e];
+    for (int64_t t = 0; t < s.tokens; ++t) {
+      const int e1 = static_cast<int>(t % ne);
+      const int e2 = static_cast<int>((e1 + 1 + (t / ne) % (ne - 1)) % ne);  // never e1
+      for (int i = 0; i < c; ++i) {
+        float& x = s.u[static_cast<size_t>(t * c + i)];
+        // Router column / its squared norm: both experts' logits grow alike.
+        const double mean = (std::sqrt(norm[e1]) + std::sqrt(norm[e2])) / 2;
+        x = 0.5f * x +
+            static_cast<float>(std::sqrt(c) * mean *
+                               (router[i * ne + e1] / norm[e1] + router[i * ne + e2] / norm[e2]));
+      }
+    }
+  }
   return s;
 }
 
@@ -65,6 +88,9 @@ TEST(GpuMoeTest, RoutingMarginsExceedRounding) {
   for (bool shared : {false, true}) {
     EXPECT_GT(RoutingMargin(MakeSetup(shared, shared ? 21 : 20)), 1e-5) << "shared " << shared;
   }
+  // bf16 rounds the router GEMM's inputs (2^-9 relative): scores move by about 1e-3.
+  const double lean = RoutingMargin(MakeSetup(/*shared=*/true, 21, /*lean=*/true));
+  EXPECT_GT(lean, 2e-2);
 }
 
 // One forward and backward of the GPU layer built from `s` (its CPU layer's weights; the bias
@@ -122,7 +148,7 @@ void CheckAgainstCpu(Device* dev, bool shared, GemmPrecision precision, double t
                      ExpertGemmPath path = ExpertGemmPath::kPerExpert) {
   SCOPED_TRACE(absl::StrCat("shared ", shared, " ", GemmPrecisionName(precision), " ",
                             ExpertGemmPathName(path)));
-  Setup s = MakeSetup(shared, shared ? 21 : 20);
+  Setup s = MakeSetup(shared, shared ? 21 : 20, /*lean=*/precision == GemmPrecision::kBf16);
   std::vector<float> out(s.u.size()), du(s.u.size());
   ASSERT_TRUE(s.cpu->Forward(s.u.data(), s.tokens, out.data()).ok());
   ASSERT_TRUE(s.cpu->Backward(s.dout.data(), 0.5f, du.data()).ok());

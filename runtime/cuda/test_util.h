@@ -79,9 +79,11 @@ inline void UploadParameters(Device* dev, const std::vector<ParamRef<float>>& pa
   }
 }
 
-// Largest |gpu - cpu| over the largest |cpu| (1 when cpu is all zeros): the error relative
-// to the array's scale, so tiny elements do not dominate.
-inline double RelativeError(std::span<const float> gpu, std::span<const float> cpu) {
+// Largest |gpu - cpu| over the largest |cpu|, or over `min_scale` where that is larger: the
+// error relative to the array's scale, so tiny elements do not dominate. `min_scale` is for
+// an array that is zero by construction, whose two sides are rounding noise.
+inline double RelativeError(std::span<const float> gpu, std::span<const float> cpu,
+                            double min_scale = 0) {
   EXPECT_EQ(gpu.size(), cpu.size());
   double scale = 0, err = 0;
   for (size_t i = 0; i < std::min(gpu.size(), cpu.size()); ++i) {
@@ -89,7 +91,7 @@ inline double RelativeError(std::span<const float> gpu, std::span<const float> c
     const double d = std::fabs(static_cast<double>(gpu[i]) - cpu[i]);
     err = std::isnan(d) ? INFINITY : std::max(err, d);
   }
-  return err / std::max(scale, 1e-30);
+  return err / std::max({scale, min_scale, 1e-30});
 }
 
 // The smallest gap, over the `tokens` rows of u, between the k-th and (k+1)-th largest biased

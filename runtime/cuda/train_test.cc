@@ -53,6 +53,15 @@ const fs::path& DataDir() {
   return dir;
 }
 
+// On the CUDA simulator (sim/README.md; about a second a step here) the runs are shorter:
+// it checks the engine's logic on the CPU, a GPU the 20-step bounds.
+#ifdef RACKRUN_CUDA_SIM
+constexpr int kSteps = 6;
+#else
+constexpr int kSteps = 20;
+#endif
+constexpr int kHalf = kSteps / 2;
+
 rackrun::v1::JobSpec Spec(std::vector<std::string> overrides) {
   const std::string yaml = R"(
 name: gpu-train-test
@@ -63,6 +72,8 @@ training: {steps: 20, seed: 3, lr: 0.003, eval_interval: 10, eval_batches: 2}
 logging: {interval: 1}
 resources: {threads: 1}
 )";
+  overrides.insert(overrides.begin(), {absl::StrCat("training.steps=", kSteps),
+                                       absl::StrCat("training.eval_interval=", kHalf)});
   overrides.insert(overrides.begin(), "data.train=" + (DataDir() / "train").string());
   overrides.insert(overrides.begin() + 1, "data.validation=" + (DataDir() / "val").string());
   absl::StatusOr<rackrun::v1::JobSpec> spec = jobspec::ParseJobSpec(yaml, overrides);
@@ -134,7 +145,7 @@ TEST(GpuTrainTest, LossesFollowTheCpuEngine) {
     fp32.push_back("resources.device=cuda:0");
     bf16.insert(bf16.end(), {"resources.device=cuda:0", "model.precision=bf16"});
     const std::vector<double> want = Losses(Spec(cpu));
-    ASSERT_EQ(want.size(), 20u);
+    ASSERT_EQ(want.size(), static_cast<size_t>(kSteps));
     ExpectClose(Losses(Spec(fp32)), want, 1e-4);
     ExpectClose(Losses(Spec(bf16)), want, 2e-2);
   }
@@ -167,12 +178,12 @@ TEST(GpuTrainTest, RanksSharingOneGpuFollowTheCpuEngine) {
   for (const auto& [ranks, policy] : {std::pair{2, "ultraep"}, std::pair{4, "eplb"}}) {
     SCOPED_TRACE(absl::StrCat(ranks, " ranks, ", policy));
     const std::vector<std::string> m = {std::string("balancer.policy=") + policy,
-                                        "training.steps=10"};
+                                        absl::StrCat("training.steps=", kHalf)};
     std::vector<std::string> cpu = m, gpu = m;
     cpu.push_back("resources.device=cpu");
     gpu.push_back("resources.device=cuda:0");
     const std::vector<double> want = RankLosses(Spec(cpu), ranks);
-    ASSERT_EQ(want.size(), 10u);
+    ASSERT_EQ(want.size(), static_cast<size_t>(kHalf));
     const std::vector<double> got = RankLosses(Spec(gpu), ranks);
     ExpectClose(got, want, 1e-4);
     // And the one-rank GPU run of the same job: the ranks train the same model (each bound
@@ -184,21 +195,23 @@ TEST(GpuTrainTest, RanksSharingOneGpuFollowTheCpuEngine) {
 TEST(GpuTrainTest, CheckpointsMoveBetweenTheEngines) {
   if (absl::Status s = GpuAvailable(); !s.ok()) GTEST_SKIP() << s.message();
   const fs::path cpu_dir = FreshDir("cpu"), gpu_dir = FreshDir("gpu");
-  const std::vector<double> cpu = Losses(Spec(
-      {"resources.device=cpu", "checkpoint.dir=" + cpu_dir.string(), "checkpoint.interval=10"}));
-  const std::vector<double> gpu = Losses(Spec(
-      {"resources.device=cuda:0", "checkpoint.dir=" + gpu_dir.string(), "checkpoint.interval=10"}));
-  ASSERT_EQ(cpu.size(), 20u);
+  const std::vector<double> cpu =
+      Losses(Spec({"resources.device=cpu", "checkpoint.dir=" + cpu_dir.string(),
+                   absl::StrCat("checkpoint.interval=", kHalf)}));
+  const std::vector<double> gpu =
+      Losses(Spec({"resources.device=cuda:0", "checkpoint.dir=" + gpu_dir.string(),
+                   absl::StrCat("checkpoint.interval=", kHalf)}));
+  ASSERT_EQ(cpu.size(), static_cast<size_t>(kSteps));
   ExpectClose(gpu, cpu, 1e-4);
-  const std::vector<double> tail(cpu.begin() + 10, cpu.end());
+  const std::vector<double> tail(cpu.begin() + kHalf, cpu.end());
   // A CPU checkpoint resumed on the GPU, and a GPU checkpoint on the CPU.
-  ExpectClose(Losses(Spec({"resources.device=cuda:0"}), CheckpointPath(cpu_dir.string(), 10)), tail,
-              1e-4);
-  ExpectClose(Losses(Spec({"resources.device=cpu"}), CheckpointPath(gpu_dir.string(), 10)), tail,
+  ExpectClose(Losses(Spec({"resources.device=cuda:0"}), CheckpointPath(cpu_dir.string(), kHalf)),
+              tail, 1e-4);
+  ExpectClose(Losses(Spec({"resources.device=cpu"}), CheckpointPath(gpu_dir.string(), kHalf)), tail,
               1e-4);
   // A bf16 run resumes an fp32 checkpoint: the precision is not the model's identity.
   ExpectClose(Losses(Spec({"resources.device=cuda:0", "model.precision=bf16"}),
-                     CheckpointPath(cpu_dir.string(), 10)),
+                     CheckpointPath(cpu_dir.string(), kHalf)),
               tail, 2e-2);
 }
 

@@ -71,6 +71,14 @@ void CompareWithCpu(const ResidualConfig& config, int tokens, std::vector<int32_
   absl::StatusOr<ResidualStreams<float>> cpu = ResidualStreams<float>::Create(config, 3);
   ASSERT_TRUE(cpu.ok()) << cpu.status();
   RandomizeParameters(*cpu, 100);
+  if constexpr (!std::is_same_v<S, float>) {
+    // Parameters that bf16 holds exactly: the GPU's bf16 GEMMs (the router's among them) then
+    // see the CPU's values, so a comparison measures the engine's rounding of what it
+    // computes, and a near tie between two streams' router scores does not flip on the
+    // rounding of the inputs.
+    for (const ParamRef<float>& p : cpu->Parameters())
+      for (int64_t i = 0; i < p.size; ++i) p.value[i] = RoundBf16(p.value[i]);
+  }
   absl::StatusOr<std::unique_ptr<XhcStreams<S>>> gpu = XhcStreams<S>::Create(dev.get(), config, 3);
   ASSERT_TRUE(gpu.ok()) << gpu.status();
   ASSERT_TRUE((*gpu)->CopyParametersFrom(*cpu).ok());
@@ -155,12 +163,23 @@ void CompareWithCpu(const ResidualConfig& config, int tokens, std::vector<int32_
   RACKRUN_EXPECT_CLOSE(dstate, cpu_dstate, tol.gradient);
   std::vector<float> grads;
   ASSERT_TRUE(g.GradientsToHost(&grads).ok());
+  // A parameter's gradient is compared on its own scale, but never on one below 1e-3 of the
+  // largest gradient (1e-2 with a bf16 state): the last sublayer's H_res parameters get a
+  // gradient that is zero by construction (H_res's columns sum to one and the collapse sums
+  // the streams), which both engines compute as rounding noise (about 1e-7 here), and a
+  // scalar whose gradient is a cancelling sum (mhc's a_post: 0.04 against a largest of 120)
+  // carries bf16's rounding of the state on the scale of the terms it sums.
+  const double floor = std::is_same_v<S, float> ? 1e-3 : 1e-2;
+  double largest = 0;
+  for (const ParamRef<float>& p : cpu->Parameters())
+    for (int64_t i = 0; i < p.size; ++i) largest = std::max(largest, std::fabs(double{p.grad[i]}));
   size_t at = 0;
   for (const ParamRef<float>& p : cpu->Parameters()) {
     SCOPED_TRACE(p.name);
     const std::vector<float> want(p.grad, p.grad + p.size);
     const std::vector<float> got(grads.begin() + at, grads.begin() + at + p.size);
-    RACKRUN_EXPECT_CLOSE(got, want, tol.gradient);
+    EXPECT_LE(::rackrun::runtime::cuda::testing::RelativeError(got, want, floor * largest),
+              tol.gradient);
     at += static_cast<size_t>(p.size);
   }
 }
