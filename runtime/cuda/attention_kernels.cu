@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "runtime/cuda/attention_kernels.h"
+#include "runtime/cuda/launch.cuh"
 
 namespace rackrun::runtime::cuda::attention {
 namespace {
@@ -293,8 +294,8 @@ template <int G>
 cudaError_t LaunchForward(int batch, int seq, int heads, int width, float scale, const float* qkv,
                           const int32_t* doc_start, float* attn, float* lse, cudaStream_t stream) {
   const dim3 grid((seq + kRows - 1) / kRows, static_cast<unsigned>(batch * heads));
-  ForwardKernel<G>
-      <<<grid, kRows * G, 0, stream>>>(seq, heads, width, scale, qkv, doc_start, attn, lse);
+  Launch(ForwardKernel<G>, grid, kRows * G, 0, stream)(seq, heads, width, scale, qkv, doc_start,
+                                                       attn, lse);
   return cudaGetLastError();
 }
 
@@ -303,10 +304,10 @@ cudaError_t LaunchBackward(int batch, int seq, int heads, int width, float scale
                            const int32_t* doc_start, const float* lse, const float* dattn,
                            const float* delta, float* dqkv, cudaStream_t stream) {
   const dim3 grid((seq + kRows - 1) / kRows, static_cast<unsigned>(batch * heads));
-  QueryGradKernel<G><<<grid, kRows * G, 0, stream>>>(seq, heads, width, scale, qkv, doc_start, lse,
-                                                     dattn, delta, dqkv);
-  KeyValueGradKernel<G><<<grid, kRows * G, 0, stream>>>(seq, heads, width, scale, qkv, doc_start,
-                                                        lse, dattn, delta, dqkv);
+  Launch(QueryGradKernel<G>, grid, kRows * G, 0, stream)(seq, heads, width, scale, qkv, doc_start,
+                                                         lse, dattn, delta, dqkv);
+  Launch(KeyValueGradKernel<G>, grid, kRows * G, 0, stream)(seq, heads, width, scale, qkv,
+                                                            doc_start, lse, dattn, delta, dqkv);
   return cudaGetLastError();
 }
 
@@ -320,7 +321,7 @@ cudaError_t Rope(int64_t tokens, int seq, int width, int heads, const float* cos
                  bool inverse, float* qkv, cudaStream_t stream) {
   if (tokens == 0) return cudaSuccess;
   const int half = width / heads / 2;
-  RopeKernel<<<GridStride(tokens * 2 * heads * half), 256, 0, stream>>>(
+  Launch(RopeKernel, GridStride(tokens * 2 * heads * half), 256, 0, stream)(
       tokens, seq, width, heads, half, cos, sin, inverse ? -1.0f : 1.0f, qkv);
   return cudaGetLastError();
 }
@@ -349,8 +350,8 @@ cudaError_t Backward(int batch, int seq, int heads, int head_dim, float scale, c
   if (batch == 0 || seq == 0) return cudaSuccess;
   const int width = heads * head_dim;
   const int64_t tokens = static_cast<int64_t>(batch) * seq;
-  DeltaKernel<<<GridStride(tokens * heads), 256, 0, stream>>>(tokens, seq, heads, head_dim, width,
-                                                              attn, dattn, delta);
+  Launch(DeltaKernel, GridStride(tokens * heads), 256, 0, stream)(tokens, seq, heads, head_dim,
+                                                                  width, attn, dattn, delta);
   switch (head_dim) {
     case 16:
       return LaunchBackward<1>(batch, seq, heads, width, scale, qkv, doc_start, lse, dattn, delta,

@@ -18,8 +18,14 @@ constexpr absl::string_view kCublasFix =
 // Opens <stem>.so.<the build's CUDA major> and binds `Lib`'s entry points with `bind`.
 template <typename Lib, typename BindAll>
 absl::StatusOr<Lib> OpenCuda(absl::string_view stem, absl::string_view what, BindAll bind) {
+#ifdef RACKRUN_CUDA_SIM
+  // The engine on the CUDA simulator (sim/README.md): its cuBLASLt and cuBLAS in one file.
+  (void)stem;
+  absl::StatusOr<SharedLibrary> so = SharedLibrary::Open(RACKRUN_CUDASIM_BLAS, what, kCublasFix);
+#else
   absl::StatusOr<SharedLibrary> so =
       SharedLibrary::Open(absl::StrCat(stem, ".so.", CUDART_VERSION / 1000), what, kCublasFix);
+#endif
   if (!so.ok()) return so.status();
   Lib lib;
   bind(*so, lib);

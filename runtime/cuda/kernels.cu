@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "runtime/cuda/kernels.h"
+#include "runtime/cuda/launch.cuh"
 #include "runtime/cuda/reduce.cuh"
 
 namespace rackrun::runtime::cuda::kernels {
@@ -244,6 +245,7 @@ __global__ void SlotRowsKernel(int64_t tokens, int experts, int k, const int32_t
 __global__ void DispatchRowsKernel(int64_t slots, int k, int width, const int64_t* slot_row,
                                    const float* x, float* dispatched) {
   const int64_t i = blockIdx.x;  // slot
+  if (i >= slots) return;
   const float* src = x + (i / k) * width;
   float* dst = dispatched + slot_row[i] * width;
   for (int c = threadIdx.x; c < width; c += blockDim.x) dst[c] = src[c];
@@ -266,7 +268,7 @@ __global__ void CombineRowsKernel(int k, int width, const int64_t* slot_row, con
 __global__ void CombineRowsBackwardKernel(int k, int width, const int64_t* slot_row,
                                           const float* weights, const float* src, const float* dout,
                                           float* dsrc, float* dweights) {
-  extern __shared__ float scratch[];  // k * 32
+  RACKRUN_DYNAMIC_SHARED(float, scratch);  // k * 32
   const int64_t t = blockIdx.x;
   const float* d = dout + t * width;
   // k <= 64 (the spec's limit); dots per slot, reduced k at a time over the block.
@@ -391,19 +393,19 @@ __global__ void NormAndClipKernel(int64_t chunks, const double* partial, double 
 }  // namespace
 
 cudaError_t F32ToBf16(int64_t n, const float* in, __nv_bfloat16* out, cudaStream_t stream) {
-  F32ToBf16Kernel<<<Blocks(n), kThreads, 0, stream>>>(n, in, out);
+  Launch(F32ToBf16Kernel, Blocks(n), kThreads, 0, stream)(n, in, out);
   return cudaGetLastError();
 }
 
 cudaError_t Bf16ToF32(int64_t n, const __nv_bfloat16* in, float* out, cudaStream_t stream) {
-  Bf16ToF32Kernel<<<Blocks(n), kThreads, 0, stream>>>(n, in, out);
+  Launch(Bf16ToF32Kernel, Blocks(n), kThreads, 0, stream)(n, in, out);
   return cudaGetLastError();
 }
 
 cudaError_t CopyBytes(int64_t bytes, const void* src, void* dst, cudaStream_t stream) {
   const int64_t n16 = bytes / 16;
   // About 4 blocks per multiprocessor stream the whole array (grid-stride).
-  CopyKernel<<<Blocks(n16, kThreads * 8), kThreads, 0, stream>>>(
+  Launch(CopyKernel, Blocks(n16, kThreads * 8), kThreads, 0, stream)(
       n16, static_cast<const uint4*>(src), static_cast<uint4*>(dst));
   return cudaGetLastError();
 }
@@ -415,8 +417,8 @@ int64_t RmsNormPartialFloats(int64_t rows, int width) {
 cudaError_t RmsNormForward(int64_t rows, int width, const float* x, const float* gain, float* y,
                            float* inv_rms, cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
-  RmsNormForwardKernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(width, x, gain, y,
-                                                                             inv_rms);
+  Launch(RmsNormForwardKernel, static_cast<unsigned>(rows), kThreads, 0, stream)(width, x, gain, y,
+                                                                                 inv_rms);
   return cudaGetLastError();
 }
 
@@ -424,56 +426,56 @@ cudaError_t RmsNormBackward(int64_t rows, int width, const float* x, const float
                             const float* inv_rms, const float* dy, float* dx, float* dgain,
                             float* partial, cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
-  RmsNormBackwardRowsKernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(width, x, gain,
-                                                                                  inv_rms, dy, dx);
+  Launch(RmsNormBackwardRowsKernel, static_cast<unsigned>(rows), kThreads, 0, stream)(
+      width, x, gain, inv_rms, dy, dx);
   const int64_t chunks = (rows + kRowChunk - 1) / kRowChunk;
   const dim3 grid((width + kThreads - 1) / kThreads, static_cast<unsigned>(chunks));
-  RmsNormGainPartialKernel<<<grid, kThreads, 0, stream>>>(rows, width, x, inv_rms, dy, partial);
-  SumChunksKernel<<<(width + kThreads - 1) / kThreads, kThreads, 0, stream>>>(chunks, width,
-                                                                              partial, dgain);
+  Launch(RmsNormGainPartialKernel, grid, kThreads, 0, stream)(rows, width, x, inv_rms, dy, partial);
+  Launch(SumChunksKernel, (width + kThreads - 1) / kThreads, kThreads, 0, stream)(chunks, width,
+                                                                                  partial, dgain);
   return cudaGetLastError();
 }
 
 cudaError_t SwigluActivation(int64_t rows, int hidden, const float* h13, float* act,
                              cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
-  SwigluKernel<<<Blocks(rows * hidden), kThreads, 0, stream>>>(rows, hidden, h13, act);
+  Launch(SwigluKernel, Blocks(rows * hidden), kThreads, 0, stream)(rows, hidden, h13, act);
   return cudaGetLastError();
 }
 
 cudaError_t SwigluActivationBackward(int64_t rows, int hidden, const float* h13, const float* dact,
                                      float* dh13, cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
-  SwigluBackwardKernel<<<Blocks(rows * hidden), kThreads, 0, stream>>>(rows, hidden, h13, dact,
-                                                                       dh13);
+  Launch(SwigluBackwardKernel, Blocks(rows * hidden), kThreads, 0, stream)(rows, hidden, h13, dact,
+                                                                           dh13);
   return cudaGetLastError();
 }
 
 cudaError_t RouterForward(int64_t tokens, int experts, int k, float* scores, const float* bias,
                           int32_t* selected, float* weights, cudaStream_t stream) {
   if (tokens == 0) return cudaSuccess;
-  RouterForwardKernel<<<Blocks(tokens, 128), 128, 0, stream>>>(tokens, experts, k, scores, bias,
-                                                               selected, weights);
+  Launch(RouterForwardKernel, Blocks(tokens, 128), 128, 0, stream)(tokens, experts, k, scores, bias,
+                                                                   selected, weights);
   return cudaGetLastError();
 }
 
 cudaError_t ExpertCounts(int64_t slots, int experts, const int32_t* selected, int32_t* counts,
                          cudaStream_t stream) {
-  ZeroIntsKernel<<<(experts + kThreads - 1) / kThreads, kThreads, 0, stream>>>(experts, counts);
+  Launch(ZeroIntsKernel, (experts + kThreads - 1) / kThreads, kThreads, 0, stream)(experts, counts);
   if (slots > 0)
-    ExpertCountsKernel<<<Blocks(slots), kThreads, 0, stream>>>(slots, selected, counts);
+    Launch(ExpertCountsKernel, Blocks(slots), kThreads, 0, stream)(slots, selected, counts);
   return cudaGetLastError();
 }
 
 cudaError_t ExpertOffsets(int experts, const int32_t* counts, int64_t* offsets,
                           cudaStream_t stream) {
-  ExpertOffsetsKernel<<<1, 1, 0, stream>>>(experts, counts, offsets);
+  Launch(ExpertOffsetsKernel, 1, 1, 0, stream)(experts, counts, offsets);
   return cudaGetLastError();
 }
 
 cudaError_t SelectionBiasUpdate(int experts, const int32_t* counts, double rate, float* bias,
                                 cudaStream_t stream) {
-  SelectionBiasKernel<<<1, kWarp, 0, stream>>>(experts, counts, rate, bias);
+  Launch(SelectionBiasKernel, 1, kWarp, 0, stream)(experts, counts, rate, bias);
   return cudaGetLastError();
 }
 
@@ -481,22 +483,22 @@ cudaError_t RouterBackward(int64_t tokens, int experts, int k, const float* scor
                            const int32_t* selected, const float* weights, const float* dweights,
                            const float* aux, float* dlogits, cudaStream_t stream) {
   if (tokens == 0) return cudaSuccess;
-  RouterBackwardKernel<<<Blocks(tokens, 128), 128, 0, stream>>>(
+  Launch(RouterBackwardKernel, Blocks(tokens, 128), 128, 0, stream)(
       tokens, experts, k, scores, selected, weights, dweights, aux, dlogits);
   return cudaGetLastError();
 }
 
 cudaError_t SlotRows(int64_t tokens, int experts, int k, const int32_t* selected,
                      const int64_t* offsets, int64_t* slot_row, cudaStream_t stream) {
-  SlotRowsKernel<<<(experts + 63) / 64, 64, 0, stream>>>(tokens, experts, k, selected, offsets,
-                                                         slot_row);
+  Launch(SlotRowsKernel, (experts + 63) / 64, 64, 0, stream)(tokens, experts, k, selected, offsets,
+                                                             slot_row);
   return cudaGetLastError();
 }
 
 cudaError_t DispatchRows(int64_t tokens, int k, int width, const int64_t* slot_row, const float* x,
                          float* dispatched, cudaStream_t stream) {
   if (tokens == 0) return cudaSuccess;
-  DispatchRowsKernel<<<static_cast<unsigned>(tokens * k), kThreads, 0, stream>>>(
+  Launch(DispatchRowsKernel, static_cast<unsigned>(tokens * k), kThreads, 0, stream)(
       tokens * k, k, width, slot_row, x, dispatched);
   return cudaGetLastError();
 }
@@ -505,8 +507,8 @@ cudaError_t CombineRows(int64_t tokens, int k, int width, const int64_t* slot_ro
                         const float* weights, const float* src, bool add, float* out,
                         cudaStream_t stream) {
   if (tokens == 0) return cudaSuccess;
-  CombineRowsKernel<<<static_cast<unsigned>(tokens), kThreads, 0, stream>>>(k, width, slot_row,
-                                                                            weights, src, add, out);
+  Launch(CombineRowsKernel, static_cast<unsigned>(tokens), kThreads, 0, stream)(
+      k, width, slot_row, weights, src, add, out);
   return cudaGetLastError();
 }
 
@@ -514,28 +516,28 @@ cudaError_t CombineRowsBackward(int64_t tokens, int k, int width, const int64_t*
                                 const float* weights, const float* src, const float* dout,
                                 float* dsrc, float* dweights, cudaStream_t stream) {
   if (tokens == 0) return cudaSuccess;
-  CombineRowsBackwardKernel<<<static_cast<unsigned>(tokens), kThreads, kWarp * sizeof(float),
-                              stream>>>(k, width, slot_row, weights, src, dout, dsrc, dweights);
+  Launch(CombineRowsBackwardKernel, static_cast<unsigned>(tokens), kThreads, kWarp * sizeof(float),
+         stream)(k, width, slot_row, weights, src, dout, dsrc, dweights);
   return cudaGetLastError();
 }
 
 cudaError_t CrossEntropyForward(int64_t rows, int vocab, float* logits, const int32_t* targets,
                                 double* row_loss, cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
-  CrossEntropyForwardKernel<<<static_cast<unsigned>(rows), kThreads * 2, 0, stream>>>(
+  Launch(CrossEntropyForwardKernel, static_cast<unsigned>(rows), kThreads * 2, 0, stream)(
       vocab, logits, targets, row_loss);
   return cudaGetLastError();
 }
 
 cudaError_t SumRows(int64_t rows, const double* row_loss, double* loss_sum, cudaStream_t stream) {
-  SumRowsKernel<<<1, 1024, 0, stream>>>(rows, row_loss, loss_sum);
+  Launch(SumRowsKernel, 1, 1024, 0, stream)(rows, row_loss, loss_sum);
   return cudaGetLastError();
 }
 
 cudaError_t CrossEntropyBackward(int64_t rows, int vocab, float* probs, const int32_t* targets,
                                  float scale, cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
-  CrossEntropyBackwardKernel<<<static_cast<unsigned>(rows), kThreads * 2, 0, stream>>>(
+  Launch(CrossEntropyBackwardKernel, static_cast<unsigned>(rows), kThreads * 2, 0, stream)(
       vocab, probs, targets, scale);
   return cudaGetLastError();
 }
@@ -545,9 +547,9 @@ cudaError_t AdamWStep(int /*tensors*/, const AdamTensor* table, int64_t chunks,
                       float beta2, float step_size, float inv_sqrt_bias2, float eps,
                       const float* scale, cudaStream_t stream) {
   if (chunks == 0) return cudaSuccess;
-  AdamWKernel<<<Blocks(chunks, 1), kThreads, 0, stream>>>(table, chunks, chunk_tensor, chunk_start,
-                                                          beta1, beta2, step_size, inv_sqrt_bias2,
-                                                          eps, scale);
+  Launch(AdamWKernel, Blocks(chunks, 1), kThreads, 0, stream)(table, chunks, chunk_tensor,
+                                                              chunk_start, beta1, beta2, step_size,
+                                                              inv_sqrt_bias2, eps, scale);
   return cudaGetLastError();
 }
 
@@ -556,10 +558,10 @@ cudaError_t GradNormAndClip(int /*tensors*/, const AdamTensor* table, int64_t ch
                             double* partial, double clip, double* norm, float* scale,
                             cudaStream_t stream) {
   if (chunks > 0) {
-    SquaresKernel<<<Blocks(chunks, 1), kThreads, 0, stream>>>(table, chunks, chunk_tensor,
-                                                              chunk_start, partial);
+    Launch(SquaresKernel, Blocks(chunks, 1), kThreads, 0, stream)(table, chunks, chunk_tensor,
+                                                                  chunk_start, partial);
   }
-  NormAndClipKernel<<<1, 1024, 0, stream>>>(chunks, partial, clip, norm, scale);
+  Launch(NormAndClipKernel, 1, 1024, 0, stream)(chunks, partial, clip, norm, scale);
   return cudaGetLastError();
 }
 

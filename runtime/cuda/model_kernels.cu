@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "runtime/cuda/launch.cuh"
 #include "runtime/cuda/model_kernels.h"
 #include "runtime/cuda/reduce.cuh"
 
@@ -100,8 +101,8 @@ __global__ void SumPartialsKernel(int64_t chunks, int experts, const double* __r
 cudaError_t EmbeddingForward(int64_t count, int width, const int32_t* tokens, const float* table,
                              float* out, cudaStream_t stream) {
   if (count == 0) return cudaSuccess;
-  EmbeddingForwardKernel<<<static_cast<unsigned>(count), 128, 0, stream>>>(width, tokens, table,
-                                                                           out);
+  Launch(EmbeddingForwardKernel, static_cast<unsigned>(count), 128, 0, stream)(width, tokens, table,
+                                                                               out);
   return cudaGetLastError();
 }
 
@@ -109,14 +110,14 @@ cudaError_t EmbeddingBackward(int64_t distinct, int width, const int32_t* ids, c
                               const int64_t* order, const float* dout, float* table_grad,
                               cudaStream_t stream) {
   if (distinct == 0) return cudaSuccess;
-  EmbeddingBackwardKernel<<<static_cast<unsigned>(distinct), 128, 0, stream>>>(
+  Launch(EmbeddingBackwardKernel, static_cast<unsigned>(distinct), 128, 0, stream)(
       width, ids, first, order, dout, table_grad);
   return cudaGetLastError();
 }
 
 cudaError_t AddInPlace(int64_t n, const float* x, float* y, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  AddKernel<<<Blocks(n), kThreads, 0, stream>>>(n, x, y);
+  Launch(AddKernel, Blocks(n), kThreads, 0, stream)(n, x, y);
   return cudaGetLastError();
 }
 
@@ -124,8 +125,8 @@ template <typename S>
 cudaError_t ExpandStreams(int64_t tokens, int streams, int width, const float* e, S* x,
                           cudaStream_t stream) {
   if (tokens == 0) return cudaSuccess;
-  ExpandKernel<S>
-      <<<Blocks(tokens * streams * width), kThreads, 0, stream>>>(tokens, streams, width, e, x);
+  Launch(ExpandKernel<S>, Blocks(tokens * streams * width), kThreads, 0, stream)(tokens, streams,
+                                                                                 width, e, x);
   return cudaGetLastError();
 }
 template cudaError_t ExpandStreams<float>(int64_t, int, int, const float*, float*, cudaStream_t);
@@ -135,8 +136,8 @@ template cudaError_t ExpandStreams<__nv_bfloat16>(int64_t, int, int, const float
 cudaError_t ExpandStreamsBackward(int64_t tokens, int streams, int width, const float* dx,
                                   float* de, cudaStream_t stream) {
   if (tokens == 0) return cudaSuccess;
-  ExpandBackwardKernel<<<Blocks(tokens * width), kThreads, 0, stream>>>(tokens, streams, width, dx,
-                                                                        de);
+  Launch(ExpandBackwardKernel, Blocks(tokens * width), kThreads, 0, stream)(tokens, streams, width,
+                                                                            dx, de);
   return cudaGetLastError();
 }
 
@@ -149,10 +150,10 @@ cudaError_t ScoreColumnSums(int64_t tokens, int experts, const float* scores, do
   const int64_t chunks = (tokens + kTokenChunk - 1) / kTokenChunk;
   const unsigned eb = static_cast<unsigned>((experts + 63) / 64);
   if (chunks > 0) {
-    ScorePartialKernel<<<dim3(eb, static_cast<unsigned>(chunks)), 64, 0, stream>>>(tokens, experts,
-                                                                                   scores, partial);
+    Launch(ScorePartialKernel, dim3(eb, static_cast<unsigned>(chunks)), 64, 0, stream)(
+        tokens, experts, scores, partial);
   }
-  SumPartialsKernel<<<eb, 64, 0, stream>>>(chunks, experts, partial, sums);
+  Launch(SumPartialsKernel, eb, 64, 0, stream)(chunks, experts, partial, sums);
   return cudaGetLastError();
 }
 

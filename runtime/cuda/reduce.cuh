@@ -5,6 +5,8 @@
 
 #include <cuda_bf16.h>
 
+#include "runtime/cuda/launch.cuh"
+
 namespace rackrun::runtime::cuda::detail {
 
 inline constexpr int kWarp = 32;

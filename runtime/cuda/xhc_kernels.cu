@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "runtime/cuda/launch.cuh"
 #include "runtime/cuda/reduce.cuh"
 #include "runtime/cuda/xhc_kernels.h"
 
@@ -244,7 +245,7 @@ __global__ void __launch_bounds__(kRowThreads)
   __shared__ int sidx[kMaxK];
   const int64_t t = blockIdx.x;
   const int C = l.C, k = l.k;
-  if (threadIdx.x < k) {
+  if (static_cast<int>(threadIdx.x) < k) {
     const int i = idx[t * k + threadIdx.x];
     sidx[threadIdx.x] = i;
     h[threadIdx.x] = rec[t * l.RecStride() + l.HpreOff() + i];
@@ -434,7 +435,7 @@ __global__ void __launch_bounds__(512)
 #pragma unroll
     for (int r = 0; r < kMaxKr; ++r)
       if (r < Kr) st[static_cast<int64_t>(k + r) * C + c] = FromF<S>(o[r][e]);
-    float xv[kMaxK];
+    float xv[kMaxK] = {};
 #pragma unroll
     for (int i = 0; i < kMaxK; ++i)
       if (i < k) xv[i] = ToF(xt[static_cast<int64_t>(sidx[i]) * C + c]);
@@ -875,7 +876,7 @@ __global__ void __launch_bounds__(kRowThreads)
   const S* xt = x + t * nc;
   const float* dut = du + t * C;
   const float* r = rec + t * l.RecStride();
-  if (threadIdx.x < N) hpre[threadIdx.x] = r[l.HpreOff() + threadIdx.x];
+  if (static_cast<int>(threadIdx.x) < N) hpre[threadIdx.x] = r[l.HpreOff() + threadIdx.x];
   // DenseReadBackward: dH_pre_r = <du, x_r>.
   float dh[kMaxN];
   StreamDots<S, kMaxN>(N, C, xt, dut, dh, red);
@@ -1198,7 +1199,8 @@ __device__ void MhcMapGrads(const DenseLayout& l, const MapParams& p, const floa
     sc[3 + N + j] = dlp;
     ct[N + j] = a_post * dlp;
   }
-  float logits[kDenseMaxN * kDenseMaxN], hraw[kDenseMaxN * kDenseMaxN], dz[kDenseMaxN * kDenseMaxN];
+  float logits[kDenseMaxN * kDenseMaxN] = {}, hraw[kDenseMaxN * kDenseMaxN] = {},
+                            dz[kDenseMaxN * kDenseMaxN] = {};
   for (int j = 0; j < N * N; ++j) logits[j] = a_res * y[2 * N + j] + p.b_res[j];
   SinkhornForward(N, l.iters, logits, hraw, tp);
   SinkhornBackward(N, l.iters, logits, tp, dc + N, dz);
@@ -1230,7 +1232,7 @@ __global__ void __launch_bounds__(kRowThreads)
   const float* cf = coef + t * l.CoefStride();
   const S* xt = saved + t * nc;
   const float* dut = du + t * C;
-  if (threadIdx.x < N) hpre[threadIdx.x] = cf[l.Pre() + threadIdx.x];
+  if (static_cast<int>(threadIdx.x) < N) hpre[threadIdx.x] = cf[l.Pre() + threadIdx.x];
   float dpre[kDenseMaxN];
   StreamDots<S, kDenseMaxN>(N, C, xt, dut, dpre, red);
   if (threadIdx.x == 0) {
@@ -1303,8 +1305,8 @@ int64_t SinkhornTapeFloats(int n, int iters) {
 
 cudaError_t RouterColumnSums(const Layout& l, const float* w_router, float* colsum,
                              cudaStream_t stream) {
-  RouterColumnSumsKernel<<<l.N, 256, 0, stream>>>(static_cast<int64_t>(l.N) * l.C, w_router,
-                                                  colsum);
+  Launch(RouterColumnSumsKernel, l.N, 256, 0, stream)(static_cast<int64_t>(l.N) * l.C, w_router,
+                                                      colsum);
   return cudaGetLastError();
 }
 
@@ -1314,7 +1316,7 @@ cudaError_t ReadEntry(const Layout& l, int64_t tokens, const S* x, const float* 
                       float* base, S* saved, float* coef, cudaStream_t stream) {
   if (tokens == 0) return cudaSuccess;
   if (l.g < 1 || l.g > kMaxG || (l.g > 1 && base == nullptr)) return cudaErrorInvalidValue;
-  ReadEntryKernel<S><<<static_cast<unsigned>(tokens), kRowThreads, 0, stream>>>(
+  Launch(ReadEntryKernel<S>, static_cast<unsigned>(tokens), kRowThreads, 0, stream)(
       l, x, z, colsum, p, rec, idx, u, base, saved, coef);
   return cudaGetLastError();
 }
@@ -1325,15 +1327,15 @@ cudaError_t ReadBase(const Layout& l, int64_t tokens, const S* x, const float* b
                      cudaStream_t stream) {
   if (tokens == 0) return cudaSuccess;
   if (l.s < 1 || l.s >= l.g) return cudaErrorInvalidValue;
-  ReadBaseKernel<S><<<static_cast<unsigned>(tokens), kRowThreads, 0, stream>>>(l, x, base, rec, idx,
-                                                                               u, saved, coef);
+  Launch(ReadBaseKernel<S>, static_cast<unsigned>(tokens), kRowThreads, 0, stream)(
+      l, x, base, rec, idx, u, saved, coef);
   return cudaGetLastError();
 }
 
 cudaError_t ActiveMaps(const Layout& l, int64_t tokens, const float* q, const MapParams& p,
                        float* coef, cudaStream_t stream) {
   if (tokens == 0) return cudaSuccess;
-  ActiveMapsKernel<<<GridFor(tokens, 64), 64, 0, stream>>>(l, tokens, q, p, coef);
+  Launch(ActiveMapsKernel, GridFor(tokens, 64), 64, 0, stream)(l, tokens, q, p, coef);
   return cudaGetLastError();
 }
 
@@ -1344,11 +1346,11 @@ cudaError_t Write(const Layout& l, int64_t tokens, const float* out, const int32
   if (tokens == 0) return cudaSuccess;
   const unsigned blocks = static_cast<unsigned>(tokens);
   if (l.C <= 1024) {
-    WriteKernel<S, 4>
-        <<<blocks, ThreadsFor(l.C, 4), 0, stream>>>(l, out, segment, p, rec, idx, coef, x, saved);
+    Launch(WriteKernel<S, 4>, blocks, ThreadsFor(l.C, 4), 0, stream)(l, out, segment, p, rec, idx,
+                                                                     coef, x, saved);
   } else {
-    WriteKernel<S, 8>
-        <<<blocks, ThreadsFor(l.C, 8), 0, stream>>>(l, out, segment, p, rec, idx, coef, x, saved);
+    Launch(WriteKernel<S, 8>, blocks, ThreadsFor(l.C, 8), 0, stream)(l, out, segment, p, rec, idx,
+                                                                     coef, x, saved);
   }
   return cudaGetLastError();
 }
@@ -1362,10 +1364,10 @@ cudaError_t WriteBackward(const Layout& l, int64_t tokens, const float* dx, cons
   const unsigned blocks = static_cast<unsigned>(tokens);
   const int64_t tf = SinkhornTapeFloats(l.k, l.iters);
   if (l.C <= 1024) {
-    WriteBackwardKernel<S, 4><<<blocks, ThreadsFor(l.C, 4), 0, stream>>>(
+    Launch(WriteBackwardKernel<S, 4>, blocks, ThreadsFor(l.C, 4), 0, stream)(
         l, dx, saved, segment, p, rec, idx, coef, da, d_out, dg, dp, c2, wscal, tape, tf);
   } else {
-    WriteBackwardKernel<S, 8><<<blocks, ThreadsFor(l.C, 8), 0, stream>>>(
+    Launch(WriteBackwardKernel<S, 8>, blocks, ThreadsFor(l.C, 8), 0, stream)(
         l, dx, saved, segment, p, rec, idx, coef, da, d_out, dg, dp, c2, wscal, tape, tf);
   }
   return cudaGetLastError();
@@ -1375,8 +1377,8 @@ template <typename S>
 cudaError_t ScatterActive(const Layout& l, int64_t tokens, const float* da, const S* saved,
                           const int32_t* idx, float* dx, S* x, cudaStream_t stream) {
   if (tokens == 0) return cudaSuccess;
-  ScatterActiveKernel<S>
-      <<<GridFor(tokens * l.k * l.C), 256, 0, stream>>>(l, tokens, da, saved, idx, dx, x);
+  Launch(ScatterActiveKernel<S>, GridFor(tokens * l.k * l.C), 256, 0, stream)(l, tokens, da, saved,
+                                                                              idx, dx, x);
   return cudaGetLastError();
 }
 
@@ -1392,15 +1394,16 @@ cudaError_t ConvolutionsBackward(const Layout& l, int64_t tokens, const float* d
                                  const int32_t* segment, const MapParams& p, float* d_out,
                                  float* dconv, float* partial, cudaStream_t stream) {
   if (tokens == 0 || l.J == 0) return cudaSuccess;
-  ConvInputGradKernel<<<GridFor(tokens * l.C), 256, 0, stream>>>(l, tokens, dg, segment, p, d_out);
+  Launch(ConvInputGradKernel, GridFor(tokens * l.C), 256, 0, stream)(l, tokens, dg, segment, p,
+                                                                     d_out);
   int total = 0;
   for (int j = 0; j < l.J; ++j) total += p.conv_taps[j];
   const int64_t chunks = (tokens + kTokenChunk - 1) / kTokenChunk;
   const dim3 grid((l.C + 127) / 128, total, static_cast<unsigned>(chunks));
-  ConvWeightPartialKernel<S>
-      <<<grid, 128, 0, stream>>>(l, tokens, dg, saved, segment, p, total, partial);
+  Launch(ConvWeightPartialKernel<S>, grid, 128, 0, stream)(l, tokens, dg, saved, segment, p, total,
+                                                           partial);
   const dim3 grid2((l.C + 127) / 128, total);
-  ConvWeightSumKernel<<<grid2, 128, 0, stream>>>(l, chunks, total, partial, dconv);
+  Launch(ConvWeightSumKernel, grid2, 128, 0, stream)(l, chunks, total, partial, dconv);
   return cudaGetLastError();
 }
 
@@ -1410,36 +1413,37 @@ cudaError_t ReadBackward(const Layout& l, int64_t tokens, const S* x, const floa
                          const int32_t* idx, float* dx, float* dypre, float* c1, float* rscal,
                          cudaStream_t stream) {
   if (tokens == 0) return cudaSuccess;
-  ReadBackwardKernel<S><<<static_cast<unsigned>(tokens), kRowThreads, 0, stream>>>(
+  Launch(ReadBackwardKernel<S>, static_cast<unsigned>(tokens), kRowThreads, 0, stream)(
       l, x, du, dp, colsum, p, rec, idx, dx, dypre, c1, rscal);
   return cudaGetLastError();
 }
 
 cudaError_t RouterCentring(const Layout& l, int64_t tokens, const float* c1, const float* rec,
                            float* dw_router, float* corr, cudaStream_t stream) {
-  RouterCentringCorrKernel<<<1, kWarp, 0, stream>>>(l, tokens, c1, rec, corr);
+  Launch(RouterCentringCorrKernel, 1, kWarp, 0, stream)(l, tokens, c1, rec, corr);
   const int64_t nc = static_cast<int64_t>(l.N) * l.C;
-  RouterCentringApplyKernel<<<GridFor(l.N * nc), 256, 0, stream>>>(l.N * nc, nc, corr, dw_router);
+  Launch(RouterCentringApplyKernel, GridFor(l.N * nc), 256, 0, stream)(l.N * nc, nc, corr,
+                                                                       dw_router);
   return cudaGetLastError();
 }
 
 cudaError_t SumScalars(int64_t tokens, int stride, int count, const float* scal, float* grads,
                        cudaStream_t stream) {
-  SumScalarsKernel<<<(count + 63) / 64, 64, 0, stream>>>(tokens, stride, count, scal, grads);
+  Launch(SumScalarsKernel, (count + 63) / 64, 64, 0, stream)(tokens, stride, count, scal, grads);
   return cudaGetLastError();
 }
 
 template <typename S>
 cudaError_t Collapse(const Layout& l, int64_t tokens, const S* x, float* y, cudaStream_t stream) {
   if (tokens == 0) return cudaSuccess;
-  CollapseKernel<S><<<GridFor(tokens * l.C), 256, 0, stream>>>(l, tokens, x, y);
+  Launch(CollapseKernel<S>, GridFor(tokens * l.C), 256, 0, stream)(l, tokens, x, y);
   return cudaGetLastError();
 }
 
 cudaError_t CollapseBackward(const Layout& l, int64_t tokens, const float* dy, float* dx,
                              cudaStream_t stream) {
   if (tokens == 0) return cudaSuccess;
-  CollapseBackwardKernel<<<GridFor(tokens * l.N * l.C), 256, 0, stream>>>(l, tokens, dy, dx);
+  Launch(CollapseBackwardKernel, GridFor(tokens * l.N * l.C), 256, 0, stream)(l, tokens, dy, dx);
   return cudaGetLastError();
 }
 
@@ -1448,8 +1452,8 @@ cudaError_t DenseRead(const DenseLayout& l, int64_t tokens, const S* x, const fl
                       const MapParams& p, float* coef, float* u, S* saved, cudaStream_t stream) {
   if (tokens == 0) return cudaSuccess;
   if (l.N > kDenseMaxN) return cudaErrorInvalidValue;
-  DenseReadKernel<S>
-      <<<static_cast<unsigned>(tokens), kRowThreads, 0, stream>>>(l, x, z, p, coef, u, saved);
+  Launch(DenseReadKernel<S>, static_cast<unsigned>(tokens), kRowThreads, 0, stream)(l, x, z, p,
+                                                                                    coef, u, saved);
   return cudaGetLastError();
 }
 
@@ -1458,8 +1462,8 @@ cudaError_t DenseWrite(const DenseLayout& l, int64_t tokens, const float* out, c
                        S* x, float* out_saved, cudaStream_t stream) {
   if (tokens == 0) return cudaSuccess;
   if (l.N > kDenseMaxN) return cudaErrorInvalidValue;
-  DenseWriteKernel<S>
-      <<<GridFor(tokens * l.C), 256, 0, stream>>>(l, tokens, out, coef, x, out_saved);
+  Launch(DenseWriteKernel<S>, GridFor(tokens * l.C), 256, 0, stream)(l, tokens, out, coef, x,
+                                                                     out_saved);
   return cudaGetLastError();
 }
 
@@ -1469,7 +1473,7 @@ cudaError_t DenseWriteBackward(const DenseLayout& l, int64_t tokens, const S* sa
                                float* dcoef, cudaStream_t stream) {
   if (tokens == 0) return cudaSuccess;
   if (l.N > kDenseMaxN) return cudaErrorInvalidValue;
-  DenseWriteBackwardKernel<S><<<static_cast<unsigned>(tokens), kRowThreads, 0, stream>>>(
+  Launch(DenseWriteBackwardKernel<S>, static_cast<unsigned>(tokens), kRowThreads, 0, stream)(
       l, saved, out_saved, coef, dx, d_out, dcoef);
   return cudaGetLastError();
 }
@@ -1480,7 +1484,7 @@ cudaError_t DenseReadBackward(const DenseLayout& l, int64_t tokens, const S* sav
                               float* c, float* scal, float* tape, cudaStream_t stream) {
   if (tokens == 0) return cudaSuccess;
   if (l.N > kDenseMaxN) return cudaErrorInvalidValue;
-  DenseReadBackwardKernel<S><<<static_cast<unsigned>(tokens), kRowThreads, 0, stream>>>(
+  Launch(DenseReadBackwardKernel<S>, static_cast<unsigned>(tokens), kRowThreads, 0, stream)(
       l, saved, du, coef, dcoef, p, dx, c, scal, tape, SinkhornTapeFloats(l.N, l.iters));
   return cudaGetLastError();
 }
@@ -1488,8 +1492,8 @@ cudaError_t DenseReadBackward(const DenseLayout& l, int64_t tokens, const S* sav
 cudaError_t SinkhornBatch(int count, int n, int iters, const float* z, float* h, const float* dh,
                           float* dz, float* tape, cudaStream_t stream) {
   if (count == 0) return cudaSuccess;
-  SinkhornBatchKernel<<<(count + 63) / 64, 64, 0, stream>>>(count, n, iters, z, h, dh, dz, tape,
-                                                            SinkhornTapeFloats(n, iters));
+  Launch(SinkhornBatchKernel, (count + 63) / 64, 64, 0, stream)(count, n, iters, z, h, dh, dz, tape,
+                                                                SinkhornTapeFloats(n, iters));
   return cudaGetLastError();
 }
 

@@ -1,0 +1,506 @@
+// The CUDA simulator's runtime (runtime.h): the CUDA runtime API functions the GPU engine,
+// its tests and the simulated cuBLAS call, defined here with the real header's signatures.
+// Linked into a test program as object code, these definitions take the place of
+// libcudart's. Work queued on a stream runs when the host waits for it (runtime.h).
+#include "runtime/cuda/sim/runtime.h"
+
+#include <cuda_runtime_api.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <iterator>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+// The runtime's opaque handle types, completed here.
+struct CUstream_st {
+  std::deque<std::function<void()>> queue;
+  uint64_t queued = 0;  // items ever queued
+  uint64_t done = 0;    // items run
+  bool blocking = true;
+};
+
+struct CUevent_st {
+  CUstream_st* stream = nullptr;  // where it was last recorded; null: never
+  uint64_t seq = 0;               // done when stream->done >= seq
+  bool timing = true;
+  double ms = 0;  // host time when its point in the stream ran
+};
+
+namespace rackrun::runtime::cuda::sim {
+namespace {
+
+constexpr size_t kDeviceBytes = size_t{16} << 30;  // what the simulated device reports
+constexpr size_t kAlignment = 256;                 // cudaMalloc's
+
+double NowMs() {
+  return std::chrono::duration<double, std::milli>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+class Simulator {
+ public:
+  // One lock for everything: queued work runs under it, so that the host threads of a test
+  // (ranks sharing the device) see one device that runs one thing at a time.
+  std::recursive_mutex mu;
+  CUstream_st legacy;
+  std::set<CUstream_st*> streams;      // created, not destroyed
+  std::set<CUevent_st*> events;        // created, not destroyed
+  std::map<uintptr_t, size_t> device;  // start -> bytes
+  std::map<uintptr_t, size_t> pinned;
+  size_t device_in_use = 0;
+
+  CUstream_st* Resolve(cudaStream_t s) {
+    if (s == nullptr || s == cudaStreamLegacy || s == cudaStreamPerThread) return &legacy;
+    return s;
+  }
+
+  // Runs `s`'s queue until `seq` items have run.
+  void RunUntil(CUstream_st* s, uint64_t seq) {
+    while (s->done < seq && !s->queue.empty()) {
+      std::function<void()> work = std::move(s->queue.front());
+      s->queue.pop_front();
+      work();
+      ++s->done;
+    }
+  }
+  void RunAll(CUstream_st* s) { RunUntil(s, s->queued); }
+  void RunEverything() {
+    RunAll(&legacy);
+    for (CUstream_st* s : streams) RunAll(s);
+  }
+
+  void Push(CUstream_st* s, std::function<void()> work) {
+    // A blocking stream's work waits for the legacy stream's earlier work (and the legacy
+    // stream's for the blocking streams', in cudaMemcpy).
+    if (s != &legacy && s->blocking && legacy.done < legacy.queued) {
+      const uint64_t seq = legacy.queued;
+      s->queue.push_back([this, seq] { RunUntil(&legacy, seq); });
+      ++s->queued;
+    }
+    s->queue.push_back(std::move(work));
+    ++s->queued;
+  }
+
+  static bool Inside(const std::map<uintptr_t, size_t>& m, const void* p, size_t bytes) {
+    const auto a = reinterpret_cast<uintptr_t>(p);
+    auto it = m.upper_bound(a);
+    if (it == m.begin()) return false;
+    --it;
+    return a >= it->first && a + bytes <= it->first + std::max<size_t>(it->second, 1);
+  }
+  Memory Where(const void* p) {
+    if (Inside(device, p, 1)) return Memory::kDevice;
+    if (Inside(pinned, p, 1)) return Memory::kPinned;
+    return Memory::kPageable;
+  }
+};
+
+Simulator& Sim() {
+  static Simulator* sim = new Simulator;  // never destroyed: queued work may outlive main
+  return *sim;
+}
+
+thread_local cudaError_t last_error = cudaSuccess;
+
+cudaError_t Fail(cudaError_t e) {
+  last_error = e;
+  return e;
+}
+
+// Is a copy of `bytes` from `src` to `dst` of `kind` consistent with where they point?
+bool KindMatches(Simulator& sim, void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
+  const bool dst_dev = sim.Where(dst) == Memory::kDevice;
+  const bool src_dev = sim.Where(src) == Memory::kDevice;
+  if (dst_dev && !Simulator::Inside(sim.device, dst, bytes)) return false;
+  if (src_dev && !Simulator::Inside(sim.device, src, bytes)) return false;
+  switch (kind) {
+    case cudaMemcpyHostToDevice:
+      return dst_dev && !src_dev;
+    case cudaMemcpyDeviceToHost:
+      return !dst_dev && src_dev;
+    case cudaMemcpyDeviceToDevice:
+      return dst_dev && src_dev;
+    case cudaMemcpyHostToHost:
+      return !dst_dev && !src_dev;
+    case cudaMemcpyDefault:
+      return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+void Enqueue(cudaStream_t stream, std::function<void()> work) {
+  Simulator& sim = Sim();
+  std::lock_guard<std::recursive_mutex> lock(sim.mu);
+  sim.Push(sim.Resolve(stream), std::move(work));
+}
+
+Memory Classify(const void* p) {
+  Simulator& sim = Sim();
+  std::lock_guard<std::recursive_mutex> lock(sim.mu);
+  return sim.Where(p);
+}
+
+void SetLastError(cudaError_t error) { last_error = error; }
+
+}  // namespace rackrun::runtime::cuda::sim
+
+using rackrun::runtime::cuda::sim::Fail;
+using rackrun::runtime::cuda::sim::Memory;
+using rackrun::runtime::cuda::sim::Sim;
+using rackrun::runtime::cuda::sim::Simulator;
+
+// ---- devices and errors ----------------------------------------------------------------
+
+cudaError_t cudaGetDeviceCount(int* count) {
+  if (count == nullptr) return Fail(cudaErrorInvalidValue);
+  *count = 1;
+  return cudaSuccess;
+}
+
+cudaError_t cudaSetDevice(int device) {
+  return device == 0 ? cudaSuccess : Fail(cudaErrorInvalidDevice);
+}
+
+cudaError_t cudaGetDevice(int* device) {
+  if (device == nullptr) return Fail(cudaErrorInvalidValue);
+  *device = 0;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
+  if (prop == nullptr) return Fail(cudaErrorInvalidValue);
+  if (device != 0) return Fail(cudaErrorInvalidDevice);
+  *prop = cudaDeviceProp{};
+  std::snprintf(prop->name, sizeof(prop->name), "rackrun CUDA simulator (CPU)");
+  prop->major = 9;
+  prop->minor = 0;
+  prop->totalGlobalMem = rackrun::runtime::cuda::sim::kDeviceBytes;
+  prop->multiProcessorCount = 1;
+  prop->warpSize = 32;
+  prop->maxThreadsPerBlock = 1024;
+  prop->sharedMemPerBlock = 48 << 10;
+  return cudaSuccess;
+}
+
+cudaError_t cudaDriverGetVersion(int* version) {
+  if (version == nullptr) return Fail(cudaErrorInvalidValue);
+  *version = CUDART_VERSION;
+  return cudaSuccess;
+}
+
+cudaError_t cudaRuntimeGetVersion(int* version) { return cudaDriverGetVersion(version); }
+
+cudaError_t cudaGetLastError() {
+  const cudaError_t e = rackrun::runtime::cuda::sim::last_error;
+  rackrun::runtime::cuda::sim::last_error = cudaSuccess;
+  return e;
+}
+
+cudaError_t cudaPeekAtLastError() { return rackrun::runtime::cuda::sim::last_error; }
+
+namespace {
+
+struct ErrorText {
+  cudaError_t error;
+  const char* name;
+  const char* text;
+};
+constexpr ErrorText kErrors[] = {
+    {cudaSuccess, "cudaSuccess", "no error"},
+    {cudaErrorInvalidValue, "cudaErrorInvalidValue", "invalid argument"},
+    {cudaErrorMemoryAllocation, "cudaErrorMemoryAllocation", "out of memory"},
+    {cudaErrorInvalidDevice, "cudaErrorInvalidDevice", "invalid device ordinal"},
+    {cudaErrorInvalidConfiguration, "cudaErrorInvalidConfiguration",
+     "invalid configuration argument"},
+    {cudaErrorInvalidResourceHandle, "cudaErrorInvalidResourceHandle", "invalid resource handle"},
+    {cudaErrorNotReady, "cudaErrorNotReady", "device not ready"},
+    {cudaErrorNoDevice, "cudaErrorNoDevice", "no CUDA-capable device is detected"},
+};
+
+const ErrorText* Find(cudaError_t e) {
+  for (const ErrorText& t : kErrors) {
+    if (t.error == e) return &t;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+const char* cudaGetErrorName(cudaError_t error) {
+  const ErrorText* t = Find(error);
+  return t != nullptr ? t->name : "cudaErrorUnknown";
+}
+
+const char* cudaGetErrorString(cudaError_t error) {
+  const ErrorText* t = Find(error);
+  return t != nullptr ? t->text : "unknown error";
+}
+
+// ---- memory ------------------------------------------------------------------------------
+
+cudaError_t cudaMalloc(void** ptr, size_t bytes) {
+  if (ptr == nullptr) return Fail(cudaErrorInvalidValue);
+  Simulator& sim = Sim();
+  std::lock_guard<std::recursive_mutex> lock(sim.mu);
+  if (bytes > rackrun::runtime::cuda::sim::kDeviceBytes - sim.device_in_use) {
+    *ptr = nullptr;
+    return Fail(cudaErrorMemoryAllocation);
+  }
+  const size_t rounded =
+      (std::max<size_t>(bytes, 1) + rackrun::runtime::cuda::sim::kAlignment - 1) /
+      rackrun::runtime::cuda::sim::kAlignment * rackrun::runtime::cuda::sim::kAlignment;
+  void* p = std::aligned_alloc(rackrun::runtime::cuda::sim::kAlignment, rounded);
+  if (p == nullptr) return Fail(cudaErrorMemoryAllocation);
+  // Device memory starts as garbage: all-ones bytes (NaN as floats, -1 as integers), so that
+  // a kernel reading what nobody wrote shows it.
+  std::memset(p, 0xff, rounded);
+  sim.device[reinterpret_cast<uintptr_t>(p)] = bytes;
+  sim.device_in_use += bytes;
+  *ptr = p;
+  return cudaSuccess;
+}
+
+cudaError_t cudaFree(void* ptr) {
+  if (ptr == nullptr) return cudaSuccess;
+  Simulator& sim = Sim();
+  std::lock_guard<std::recursive_mutex> lock(sim.mu);
+  auto it = sim.device.find(reinterpret_cast<uintptr_t>(ptr));
+  if (it == sim.device.end()) return Fail(cudaErrorInvalidValue);
+  sim.RunEverything();  // cudaFree synchronizes the device
+  sim.device_in_use -= it->second;
+  sim.device.erase(it);
+  std::free(ptr);
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total) {
+  if (free_bytes == nullptr || total == nullptr) return Fail(cudaErrorInvalidValue);
+  Simulator& sim = Sim();
+  std::lock_guard<std::recursive_mutex> lock(sim.mu);
+  *total = rackrun::runtime::cuda::sim::kDeviceBytes;
+  *free_bytes = *total - sim.device_in_use;
+  return cudaSuccess;
+}
+
+cudaError_t cudaHostAlloc(void** ptr, size_t bytes, unsigned int /*flags*/) {
+  if (ptr == nullptr) return Fail(cudaErrorInvalidValue);
+  Simulator& sim = Sim();
+  std::lock_guard<std::recursive_mutex> lock(sim.mu);
+  void* p = std::malloc(std::max<size_t>(bytes, 1));
+  if (p == nullptr) return Fail(cudaErrorMemoryAllocation);
+  sim.pinned[reinterpret_cast<uintptr_t>(p)] = bytes;
+  *ptr = p;
+  return cudaSuccess;
+}
+
+cudaError_t cudaMallocHost(void** ptr, size_t bytes) { return cudaHostAlloc(ptr, bytes, 0); }
+
+cudaError_t cudaFreeHost(void* ptr) {
+  if (ptr == nullptr) return cudaSuccess;
+  Simulator& sim = Sim();
+  std::lock_guard<std::recursive_mutex> lock(sim.mu);
+  auto it = sim.pinned.find(reinterpret_cast<uintptr_t>(ptr));
+  if (it == sim.pinned.end()) return Fail(cudaErrorInvalidValue);
+  sim.RunEverything();
+  sim.pinned.erase(it);
+  std::free(ptr);
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
+                            cudaStream_t stream) {
+  Simulator& sim = Sim();
+  std::lock_guard<std::recursive_mutex> lock(sim.mu);
+  if (bytes == 0) return cudaSuccess;
+  if (dst == nullptr || src == nullptr || !KindMatches(sim, dst, src, bytes, kind)) {
+    return Fail(cudaErrorInvalidValue);
+  }
+  CUstream_st* s = sim.Resolve(stream);
+  if (sim.Where(src) == Memory::kPageable) {
+    // Pageable source: CUDA stages it before returning, so the caller may reuse it at once.
+    auto staged = std::make_shared<std::vector<char>>(static_cast<const char*>(src),
+                                                      static_cast<const char*>(src) + bytes);
+    sim.Push(s, [dst, staged] { std::memcpy(dst, staged->data(), staged->size()); });
+  } else {
+    sim.Push(s, [dst, src, bytes] { std::memmove(dst, src, bytes); });
+  }
+  // Pageable destination: the call returns once the copy is done.
+  if (sim.Where(dst) == Memory::kPageable) sim.RunAll(s);
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
+  Simulator& sim = Sim();
+  std::lock_guard<std::recursive_mutex> lock(sim.mu);
+  // The legacy default stream waits for the blocking streams (not the non-blocking ones).
+  for (CUstream_st* s : sim.streams) {
+    if (s->blocking) sim.RunAll(s);
+  }
+  if (cudaError_t e = cudaMemcpyAsync(dst, src, bytes, kind, nullptr); e != cudaSuccess) return e;
+  sim.RunAll(&sim.legacy);
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemsetAsync(void* ptr, int value, size_t bytes, cudaStream_t stream) {
+  Simulator& sim = Sim();
+  std::lock_guard<std::recursive_mutex> lock(sim.mu);
+  if (bytes == 0) return cudaSuccess;
+  if (!Simulator::Inside(sim.device, ptr, bytes)) return Fail(cudaErrorInvalidValue);
+  sim.Push(sim.Resolve(stream), [ptr, value, bytes] { std::memset(ptr, value, bytes); });
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemset(void* ptr, int value, size_t bytes) {
+  if (cudaError_t e = cudaMemsetAsync(ptr, value, bytes, nullptr); e != cudaSuccess) return e;
+  Simulator& sim = Sim();
+  std::lock_guard<std::recursive_mutex> lock(sim.mu);
+  sim.RunAll(&sim.legacy);
+  return cudaSuccess;
+}
+
+// ---- streams and events ------------------------------------------------------------------
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int flags) {
+  if (stream == nullptr) return Fail(cudaErrorInvalidValue);
+  Simulator& sim = Sim();
+  std::lock_guard<std::recursive_mutex> lock(sim.mu);
+  auto* s = new CUstream_st;
+  s->blocking = (flags & cudaStreamNonBlocking) == 0;
+  sim.streams.insert(s);
+  *stream = s;
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamCreate(cudaStream_t* stream) {
+  return cudaStreamCreateWithFlags(stream, cudaStreamDefault);
+}
+
+cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+  Simulator& sim = Sim();
+  std::lock_guard<std::recursive_mutex> lock(sim.mu);
+  if (sim.streams.erase(stream) == 0) return Fail(cudaErrorInvalidResourceHandle);
+  sim.RunAll(stream);  // its work still completes
+  for (CUevent_st* e : sim.events) {
+    if (e->stream == stream) e->stream = nullptr;  // recorded there: done now
+  }
+  delete stream;
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+  Simulator& sim = Sim();
+  std::lock_guard<std::recursive_mutex> lock(sim.mu);
+  sim.RunAll(sim.Resolve(stream));
+  return cudaSuccess;
+}
+
+// Not done: runs one queued item (the device makes progress while the host polls).
+cudaError_t cudaStreamQuery(cudaStream_t stream) {
+  Simulator& sim = Sim();
+  std::lock_guard<std::recursive_mutex> lock(sim.mu);
+  CUstream_st* s = sim.Resolve(stream);
+  if (s->done >= s->queued) return cudaSuccess;
+  sim.RunUntil(s, s->done + 1);
+  return cudaErrorNotReady;
+}
+
+cudaError_t cudaDeviceSynchronize() {
+  Simulator& sim = Sim();
+  std::lock_guard<std::recursive_mutex> lock(sim.mu);
+  sim.RunEverything();
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int flags) {
+  if (event == nullptr) return Fail(cudaErrorInvalidValue);
+  Simulator& sim = Sim();
+  std::lock_guard<std::recursive_mutex> lock(sim.mu);
+  auto* e = new CUevent_st;
+  e->timing = (flags & cudaEventDisableTiming) == 0;
+  sim.events.insert(e);
+  *event = e;
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventCreate(cudaEvent_t* event) {
+  return cudaEventCreateWithFlags(event, cudaEventDefault);
+}
+
+cudaError_t cudaEventDestroy(cudaEvent_t event) {
+  Simulator& sim = Sim();
+  std::lock_guard<std::recursive_mutex> lock(sim.mu);
+  if (sim.events.erase(event) == 0) return Fail(cudaErrorInvalidResourceHandle);
+  // A record still queued writes the event's time: keep the object (a few bytes per
+  // destroyed event that was recorded and never waited for) rather than free it under it.
+  if (event->stream == nullptr || event->stream->done >= event->seq) delete event;
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
+  Simulator& sim = Sim();
+  std::lock_guard<std::recursive_mutex> lock(sim.mu);
+  if (sim.events.count(event) == 0) return Fail(cudaErrorInvalidResourceHandle);
+  CUstream_st* s = sim.Resolve(stream);
+  sim.Push(s, [event] { event->ms = rackrun::runtime::cuda::sim::NowMs(); });
+  event->stream = s;
+  event->seq = s->queued;
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventQuery(cudaEvent_t event) {
+  Simulator& sim = Sim();
+  std::lock_guard<std::recursive_mutex> lock(sim.mu);
+  if (sim.events.count(event) == 0) return Fail(cudaErrorInvalidResourceHandle);
+  CUstream_st* s = event->stream;
+  if (s == nullptr || s->done >= event->seq) return cudaSuccess;
+  sim.RunUntil(s, s->done + 1);
+  return cudaErrorNotReady;  // not a sticky error: cudaGetLastError does not report it
+}
+
+cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+  Simulator& sim = Sim();
+  std::lock_guard<std::recursive_mutex> lock(sim.mu);
+  if (sim.events.count(event) == 0) return Fail(cudaErrorInvalidResourceHandle);
+  if (event->stream != nullptr) sim.RunUntil(event->stream, event->seq);
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
+  Simulator& sim = Sim();
+  std::lock_guard<std::recursive_mutex> lock(sim.mu);
+  if (ms == nullptr) return Fail(cudaErrorInvalidValue);
+  if (sim.events.count(start) == 0 || sim.events.count(end) == 0 || !start->timing ||
+      !end->timing) {
+    return Fail(cudaErrorInvalidResourceHandle);
+  }
+  for (CUevent_st* e : {start, end}) {
+    if (e->stream != nullptr && e->stream->done < e->seq) return Fail(cudaErrorNotReady);
+  }
+  *ms = static_cast<float>(end->ms - start->ms);
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int /*flags*/) {
+  Simulator& sim = Sim();
+  std::lock_guard<std::recursive_mutex> lock(sim.mu);
+  if (sim.events.count(event) == 0) return Fail(cudaErrorInvalidResourceHandle);
+  CUstream_st* waited = event->stream;
+  if (waited == nullptr) return cudaSuccess;
+  const uint64_t seq = event->seq;
+  sim.Push(sim.Resolve(stream), [&sim, waited, seq] {
+    if (sim.streams.count(waited) != 0 || waited == &sim.legacy) sim.RunUntil(waited, seq);
+  });
+  return cudaSuccess;
+}

@@ -1,0 +1,39 @@
+// The CUDA simulator's runtime (tests only; docs in README.md here): the part of the CUDA
+// runtime API the GPU engine calls, on the CPU, so the engine's kernels and host code run
+// and are compared with the CPU engine on a machine without a GPU.
+//
+// Contract:
+// - Streams keep CUDA's order, not its timing: work queued on a stream (kernels, copies,
+//   memsets, the simulated cuBLAS calls) runs, in the order it was queued, only when the
+//   host waits for it (cudaStreamSynchronize, cudaEventSynchronize, a cudaEventQuery that
+//   reports it done, cudaStreamWaitEvent's wait when the waiting stream runs, cudaFree,
+//   cudaDeviceSynchronize, a copy to pageable host memory). A host that reads a result
+//   without waiting for it reads the old bytes, as on a GPU that has not finished.
+// - cudaMemcpy (the legacy default stream) does not wait for non-blocking streams.
+// - Copies check their direction against where the pointers came from (cudaMalloc,
+//   cudaHostAlloc, anything else is pageable host memory) and fail with
+//   cudaErrorInvalidValue on a mismatch.
+// - One simulated device (compute capability 9.0); every host thread may use it.
+#ifndef RACKRUN_RUNTIME_CUDA_SIM_RUNTIME_H_
+#define RACKRUN_RUNTIME_CUDA_SIM_RUNTIME_H_
+
+#include <cuda_runtime_api.h>
+
+#include <functional>
+
+namespace rackrun::runtime::cuda::sim {
+
+// Queues `work` on `stream` (nullptr: the legacy default stream). It runs later, in the
+// stream's order, on whichever host thread waits for it; it must not call the runtime.
+void Enqueue(cudaStream_t stream, std::function<void()> work);
+
+// Where a pointer points: memory from cudaMalloc, from cudaHostAlloc, or anything else.
+enum class Memory { kDevice, kPinned, kPageable };
+Memory Classify(const void* p);
+
+// Records `error` as the calling thread's last error (cudaGetLastError returns and clears it).
+void SetLastError(cudaError_t error);
+
+}  // namespace rackrun::runtime::cuda::sim
+
+#endif  // RACKRUN_RUNTIME_CUDA_SIM_RUNTIME_H_

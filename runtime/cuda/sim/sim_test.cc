@@ -1,0 +1,218 @@
+// The CUDA simulator itself: barriers and warp shuffles as CUDA defines them, the stream
+// order (work runs when the host waits for it), copies checked against where pointers
+// point, launches refused as the GPU refuses them, and the stops for a barrier that cannot
+// be passed and a shuffle with a lane that returned.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <numeric>
+#include <vector>
+
+#include "runtime/cuda/sim/kernel.h"
+
+namespace rackrun::runtime::cuda {
+namespace {
+
+// Each thread writes its index, the block waits, each reads its mirror's.
+__global__ void MirrorKernel(int n, int* out) {
+  __shared__ int s[256];
+  const int t = static_cast<int>(threadIdx.x);
+  s[t] = t + static_cast<int>(blockIdx.x) * 1000;
+  __syncthreads();
+  out[blockIdx.x * n + t] = s[n - 1 - t];
+}
+
+// A warp sum by xor shuffles, then lane 0 of each warp writes it.
+__global__ void WarpSumKernel(const float* in, float* out) {
+  float v = in[threadIdx.x];
+  for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+  out[threadIdx.x] = v;
+}
+
+__global__ void ShuffleKindsKernel(int* down, int* up, int* bcast) {
+  const int lane = static_cast<int>(threadIdx.x);
+  down[lane] = __shfl_down_sync(0xffffffffu, lane, 3);
+  up[lane] = __shfl_up_sync(0xffffffffu, lane, 2);
+  bcast[lane] = __shfl_sync(0xffffffffu, lane * 10, 5);
+}
+
+// Half a warp waits at the block's barrier, the other half at a shuffle with the whole
+// warp: neither can go on (a hang on a GPU).
+__global__ void BarrierInBranchKernel(float* out) {
+  if (threadIdx.x < 16) {
+    __syncthreads();
+  } else {
+    out[threadIdx.x] = __shfl_xor_sync(0xffffffffu, 1.0f, 1);
+  }
+}
+
+__global__ void ShuffleAfterReturnKernel(float* out) {
+  if (threadIdx.x == 7) return;
+  out[threadIdx.x] = __shfl_xor_sync(0xffffffffu, 1.0f, 1);
+}
+
+__global__ void FillKernel(int n, float value, float* out) {
+  const int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (i < n) out[i] = value;
+}
+
+__global__ void DynamicSharedKernel(float* out) {
+  RACKRUN_DYNAMIC_SHARED(float, s);
+  s[threadIdx.x] = static_cast<float>(threadIdx.x) * 2.0f;
+  __syncthreads();
+  out[threadIdx.x] = s[(threadIdx.x + 1) % blockDim.x];
+}
+
+template <typename T>
+T* DeviceAlloc(size_t n) {
+  void* p = nullptr;
+  EXPECT_EQ(cudaMalloc(&p, n * sizeof(T)), cudaSuccess);
+  return static_cast<T*>(p);
+}
+
+TEST(CudaSimTest, BlockBarrierAndSharedMemory) {
+  constexpr int kThreads = 256, kBlocks = 3;
+  int* out = DeviceAlloc<int>(kThreads * kBlocks);
+  Launch(MirrorKernel, kBlocks, kThreads, 0, nullptr)(kThreads, out);
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+  std::vector<int> host(kThreads * kBlocks);
+  ASSERT_EQ(cudaMemcpy(host.data(), out, host.size() * sizeof(int), cudaMemcpyDeviceToHost),
+            cudaSuccess);
+  for (int b = 0; b < kBlocks; ++b)
+    for (int t = 0; t < kThreads; ++t)
+      EXPECT_EQ(host[b * kThreads + t], kThreads - 1 - t + b * 1000);
+  EXPECT_EQ(cudaFree(out), cudaSuccess);
+}
+
+TEST(CudaSimTest, WarpShuffles) {
+  constexpr int kThreads = 64;
+  std::vector<float> in(kThreads);
+  std::iota(in.begin(), in.end(), 1.0f);
+  float* din = DeviceAlloc<float>(kThreads);
+  float* dout = DeviceAlloc<float>(kThreads);
+  ASSERT_EQ(cudaMemcpy(din, in.data(), sizeof(float) * kThreads, cudaMemcpyHostToDevice),
+            cudaSuccess);
+  Launch(WarpSumKernel, 1, kThreads, 0, nullptr)(din, dout);
+  std::vector<float> out(kThreads);
+  ASSERT_EQ(cudaMemcpy(out.data(), dout, sizeof(float) * kThreads, cudaMemcpyDeviceToHost),
+            cudaSuccess);
+  for (int t = 0; t < kThreads; ++t) EXPECT_EQ(out[t], t < 32 ? 528.0f : 1552.0f) << t;
+
+  int* d = DeviceAlloc<int>(96);
+  Launch(ShuffleKindsKernel, 1, 32, 0, nullptr)(d, d + 32, d + 64);
+  std::vector<int> h(96);
+  ASSERT_EQ(cudaMemcpy(h.data(), d, sizeof(int) * 96, cudaMemcpyDeviceToHost), cudaSuccess);
+  for (int l = 0; l < 32; ++l) {
+    EXPECT_EQ(h[l], l + 3 < 32 ? l + 3 : l);  // out of range: the lane's own value
+    EXPECT_EQ(h[32 + l], l >= 2 ? l - 2 : l);
+    EXPECT_EQ(h[64 + l], 50);
+  }
+  for (void* p : {static_cast<void*>(din), static_cast<void*>(dout), static_cast<void*>(d)})
+    EXPECT_EQ(cudaFree(p), cudaSuccess);
+}
+
+TEST(CudaSimTest, DynamicSharedMemory) {
+  float* out = DeviceAlloc<float>(64);
+  Launch(DynamicSharedKernel, 1, 64, 64 * sizeof(float), nullptr)(out);
+  std::vector<float> h(64);
+  ASSERT_EQ(cudaMemcpy(h.data(), out, sizeof(float) * 64, cudaMemcpyDeviceToHost), cudaSuccess);
+  for (int t = 0; t < 64; ++t) EXPECT_EQ(h[t], static_cast<float>((t + 1) % 64) * 2.0f);
+  EXPECT_EQ(cudaFree(out), cudaSuccess);
+}
+
+TEST(CudaSimTest, WorkRunsWhenTheHostWaitsForIt) {
+  cudaStream_t s = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  cudaEvent_t e = nullptr;
+  ASSERT_EQ(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), cudaSuccess);
+  constexpr int kN = 100;
+  float* d = DeviceAlloc<float>(kN);
+  float* pinned = nullptr;
+  ASSERT_EQ(cudaHostAlloc(reinterpret_cast<void**>(&pinned), sizeof(float) * kN, 0), cudaSuccess);
+  std::fill(pinned, pinned + kN, 0.0f);
+  Launch(FillKernel, 1, 128, 0, s)(kN, 3.0f, d);
+  ASSERT_EQ(cudaMemcpyAsync(pinned, d, sizeof(float) * kN, cudaMemcpyDeviceToHost, s), cudaSuccess);
+  ASSERT_EQ(cudaEventRecord(e, s), cudaSuccess);
+  // Nothing has run: a host that reads now reads the old bytes.
+  EXPECT_EQ(pinned[0], 0.0f);
+  // The legacy stream's cudaMemcpy does not wait for a non-blocking stream: the device
+  // memory is still unwritten (all-ones bytes: NaN).
+  float first = 0;
+  ASSERT_EQ(cudaMemcpy(&first, d, sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_TRUE(std::isnan(first));
+  // Polling makes progress and ends.
+  int polls = 0;
+  cudaError_t q;
+  while ((q = cudaEventQuery(e)) == cudaErrorNotReady) ++polls;
+  EXPECT_EQ(q, cudaSuccess);
+  EXPECT_GT(polls, 0);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);  // not ready is not an error
+  EXPECT_EQ(pinned[kN - 1], 3.0f);
+
+  // A stream waiting for an event runs the recorded stream's work first.
+  cudaStream_t t = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&t, cudaStreamNonBlocking), cudaSuccess);
+  Launch(FillKernel, 1, 128, 0, s)(kN, 5.0f, d);
+  ASSERT_EQ(cudaEventRecord(e, s), cudaSuccess);
+  ASSERT_EQ(cudaStreamWaitEvent(t, e, 0), cudaSuccess);
+  ASSERT_EQ(cudaMemcpyAsync(pinned, d, sizeof(float) * kN, cudaMemcpyDeviceToHost, t), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(t), cudaSuccess);
+  EXPECT_EQ(pinned[0], 5.0f);
+
+  // A copy to pageable memory returns when it is done.
+  std::vector<float> pageable(kN);
+  ASSERT_EQ(cudaMemcpyAsync(pageable.data(), d, sizeof(float) * kN, cudaMemcpyDeviceToHost, s),
+            cudaSuccess);
+  EXPECT_EQ(pageable[7], 5.0f);
+  EXPECT_EQ(cudaFreeHost(pinned), cudaSuccess);
+  EXPECT_EQ(cudaFree(d), cudaSuccess);
+  EXPECT_EQ(cudaEventDestroy(e), cudaSuccess);
+  EXPECT_EQ(cudaStreamDestroy(s), cudaSuccess);
+  EXPECT_EQ(cudaStreamDestroy(t), cudaSuccess);
+}
+
+TEST(CudaSimTest, CopiesAndLaunchesAreChecked) {
+  float* d = DeviceAlloc<float>(4);
+  std::vector<float> h(8);
+  // Direction against where the pointers point; sizes past an allocation.
+  EXPECT_EQ(cudaMemcpy(h.data(), d, 16, cudaMemcpyHostToDevice), cudaErrorInvalidValue);
+  EXPECT_EQ(cudaMemcpy(d, h.data(), 16, cudaMemcpyDeviceToHost), cudaErrorInvalidValue);
+  EXPECT_EQ(cudaMemcpy(d, h.data(), 32, cudaMemcpyHostToDevice), cudaErrorInvalidValue);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidValue);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+  EXPECT_EQ(cudaFree(h.data()), cudaErrorInvalidValue);
+  (void)cudaGetLastError();
+  // Launch configurations the GPU refuses.
+  Launch(FillKernel, 1, 2048, 0, nullptr)(4, 1.0f, d);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidConfiguration);
+  Launch(FillKernel, 0, 32, 0, nullptr)(4, 1.0f, d);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidConfiguration);
+  Launch(FillKernel, 1, 32, 64 << 10, nullptr)(4, 1.0f, d);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidConfiguration);
+  EXPECT_EQ(cudaFree(d), cudaSuccess);
+}
+
+TEST(CudaSimDeathTest, BarriersNoThreadCanPassStop) {
+  float* d = DeviceAlloc<float>(64);
+  EXPECT_DEATH(
+      {
+        Launch(BarrierInBranchKernel, 1, 64, 0, nullptr)(d);
+        (void)cudaDeviceSynchronize();
+      },
+      "no thread of the block can go on");
+  EXPECT_EQ(cudaFree(d), cudaSuccess);
+}
+
+TEST(CudaSimDeathTest, AShuffleWithALaneThatReturnedStops) {
+  float* d = DeviceAlloc<float>(32);
+  EXPECT_DEATH(
+      {
+        Launch(ShuffleAfterReturnKernel, 1, 32, 0, nullptr)(d);
+        (void)cudaDeviceSynchronize();
+      },
+      "names a lane that has returned");
+  EXPECT_EQ(cudaFree(d), cudaSuccess);
+}
+
+}  // namespace
+}  // namespace rackrun::runtime::cuda
