@@ -18,22 +18,26 @@ __device__ __forceinline__ T WarpSum(T v) {
   return v;
 }
 
-// Sums `R` values per thread over the block; every thread gets the totals. `scratch` holds
-// R * 32 values of T (shared). blockDim.x a multiple of 32, at most 1024. Ends with a
-// barrier, so the scratch may be reused at once.
+// Sums the first `n` (at most R, the same in every thread) of `R` values per thread over
+// the block; every thread gets the totals (values from n on are left as they were).
+// `scratch` holds R * 32 values of T (shared). blockDim.x a multiple of 32, at most 1024.
+// Ends with a barrier, so the scratch may be reused at once.
 template <typename T, int R>
-__device__ __forceinline__ void BlockSum(T (&v)[R], T* scratch) {
+__device__ __forceinline__ void BlockSum(T (&v)[R], T* scratch, int n = R) {
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
   const int warps = blockDim.x / kWarp;
 #pragma unroll
-  for (int r = 0; r < R; ++r) v[r] = WarpSum(v[r]);
+  for (int r = 0; r < R; ++r)
+    if (r < n) v[r] = WarpSum(v[r]);
   if (lane == 0) {
 #pragma unroll
-    for (int r = 0; r < R; ++r) scratch[r * kWarp + warp] = v[r];
+    for (int r = 0; r < R; ++r)
+      if (r < n) scratch[r * kWarp + warp] = v[r];
   }
   __syncthreads();
 #pragma unroll
   for (int r = 0; r < R; ++r) {
+    if (r >= n) continue;
     T s = lane < warps ? scratch[r * kWarp + lane] : T(0);
     v[r] = WarpSum(s);
   }

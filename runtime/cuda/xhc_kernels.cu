@@ -859,7 +859,7 @@ __device__ __forceinline__ void StreamDots(int N, int C, const S* xt, const floa
     for (int i = 0; i < R; ++i)
       if (i < N) dots[i] += d * ToF(xt[static_cast<int64_t>(i) * C + c]);
   }
-  BlockSum<float, R>(dots, red);
+  BlockSum<float, R>(dots, red, N);  // the N streams' dots, not all R
 }
 
 template <typename S>
