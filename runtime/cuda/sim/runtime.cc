@@ -156,10 +156,11 @@ void SetLastError(cudaError_t error) { last_error = error; }
 
 }  // namespace rackrun::runtime::cuda::sim
 
-using rackrun::runtime::cuda::sim::Fail;
-using rackrun::runtime::cuda::sim::Memory;
-using rackrun::runtime::cuda::sim::Sim;
-using rackrun::runtime::cuda::sim::Simulator;
+namespace sim = rackrun::runtime::cuda::sim;
+using sim::Fail;
+using sim::Memory;
+using sim::Sim;
+using sim::Simulator;
 
 // ---- devices and errors ----------------------------------------------------------------
 
@@ -186,7 +187,7 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
   std::snprintf(prop->name, sizeof(prop->name), "rackrun CUDA simulator (CPU)");
   prop->major = 9;
   prop->minor = 0;
-  prop->totalGlobalMem = rackrun::runtime::cuda::sim::kDeviceBytes;
+  prop->totalGlobalMem = sim::kDeviceBytes;
   prop->multiProcessorCount = 1;
   prop->warpSize = 32;
   prop->maxThreadsPerBlock = 1024;
@@ -203,12 +204,12 @@ cudaError_t cudaDriverGetVersion(int* version) {
 cudaError_t cudaRuntimeGetVersion(int* version) { return cudaDriverGetVersion(version); }
 
 cudaError_t cudaGetLastError() {
-  const cudaError_t e = rackrun::runtime::cuda::sim::last_error;
-  rackrun::runtime::cuda::sim::last_error = cudaSuccess;
+  const cudaError_t e = sim::last_error;
+  sim::last_error = cudaSuccess;
   return e;
 }
 
-cudaError_t cudaPeekAtLastError() { return rackrun::runtime::cuda::sim::last_error; }
+cudaError_t cudaPeekAtLastError() { return sim::last_error; }
 
 namespace {
 
@@ -254,14 +255,13 @@ cudaError_t cudaMalloc(void** ptr, size_t bytes) {
   if (ptr == nullptr) return Fail(cudaErrorInvalidValue);
   Simulator& sim = Sim();
   std::lock_guard<std::recursive_mutex> lock(sim.mu);
-  if (bytes > rackrun::runtime::cuda::sim::kDeviceBytes - sim.device_in_use) {
+  if (bytes > sim::kDeviceBytes - sim.device_in_use) {
     *ptr = nullptr;
     return Fail(cudaErrorMemoryAllocation);
   }
   const size_t rounded =
-      (std::max<size_t>(bytes, 1) + rackrun::runtime::cuda::sim::kAlignment - 1) /
-      rackrun::runtime::cuda::sim::kAlignment * rackrun::runtime::cuda::sim::kAlignment;
-  void* p = std::aligned_alloc(rackrun::runtime::cuda::sim::kAlignment, rounded);
+      (std::max<size_t>(bytes, 1) + sim::kAlignment - 1) / sim::kAlignment * sim::kAlignment;
+  void* p = std::aligned_alloc(sim::kAlignment, rounded);
   if (p == nullptr) return Fail(cudaErrorMemoryAllocation);
   // Device memory starts as garbage: all-ones bytes (NaN as floats, -1 as integers), so that
   // a kernel reading what nobody wrote shows it.
@@ -289,7 +289,7 @@ cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total) {
   if (free_bytes == nullptr || total == nullptr) return Fail(cudaErrorInvalidValue);
   Simulator& sim = Sim();
   std::lock_guard<std::recursive_mutex> lock(sim.mu);
-  *total = rackrun::runtime::cuda::sim::kDeviceBytes;
+  *total = sim::kDeviceBytes;
   *free_bytes = *total - sim.device_in_use;
   return cudaSuccess;
 }
@@ -453,7 +453,7 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   std::lock_guard<std::recursive_mutex> lock(sim.mu);
   if (sim.events.count(event) == 0) return Fail(cudaErrorInvalidResourceHandle);
   CUstream_st* s = sim.Resolve(stream);
-  sim.Push(s, [event] { event->ms = rackrun::runtime::cuda::sim::NowMs(); });
+  sim.Push(s, [event] { event->ms = sim::NowMs(); });
   event->stream = s;
   event->seq = s->queued;
   return cudaSuccess;

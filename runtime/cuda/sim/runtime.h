@@ -24,7 +24,8 @@
 namespace rackrun::runtime::cuda::sim {
 
 // Queues `work` on `stream` (nullptr: the legacy default stream). It runs later, in the
-// stream's order, on whichever host thread waits for it; it must not call the runtime.
+// stream's order, on whichever host thread waits for it; of the runtime it may call Classify
+// only (the simulated cuBLAS checks the grouped GEMM's pointers when it runs).
 void Enqueue(cudaStream_t stream, std::function<void()> work);
 
 // Where a pointer points: memory from cudaMalloc, from cudaHostAlloc, or anything else.
