@@ -108,9 +108,7 @@ void CheckAgainstCpu(Device* dev, const ModelConfig& config, GemmPrecision preci
   // zero by construction and both engines compute rounding noise there (the first
   // sublayer's H_pre reads N identical expanded streams: its gradients are about 1e-9
   // against a largest of about 1e-1).
-  double largest = 0;
-  for (const ParamRef<float>& p : theirs)
-    for (int64_t j = 0; j < p.size; ++j) largest = std::max(largest, std::fabs(double{p.grad[j]}));
+  const double largest = testing::LargestGradient(theirs);
   for (size_t i = 0; i < mine.size(); ++i) {
     SCOPED_TRACE(theirs[i].name);
     ASSERT_EQ(mine[i].name, theirs[i].name);

@@ -94,6 +94,15 @@ inline double RelativeError(std::span<const float> gpu, std::span<const float> c
   return err / std::max({scale, min_scale, 1e-30});
 }
 
+// The largest |gradient| over `params`: the scale RelativeError's `min_scale` is a fraction
+// of when some parameters' gradients are zero by construction.
+inline double LargestGradient(std::span<const ParamRef<float>> params) {
+  double largest = 0;
+  for (const ParamRef<float>& p : params)
+    for (int64_t i = 0; i < p.size; ++i) largest = std::max(largest, std::fabs(double{p.grad[i]}));
+  return largest;
+}
+
 // The smallest gap, over the `tokens` rows of u, between the k-th and (k+1)-th largest biased
 // router score of `layer` (its norm gain and router, computed in double): when it exceeds the
 // engines' rounding, the GPU and the CPU route every token alike (checked without a GPU).

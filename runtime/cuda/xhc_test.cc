@@ -170,9 +170,7 @@ void CompareWithCpu(const ResidualConfig& config, int tokens, std::vector<int32_
   // scalar whose gradient is a cancelling sum (mhc's a_post: 0.04 against a largest of 120)
   // carries bf16's rounding of the state on the scale of the terms it sums.
   const double floor = std::is_same_v<S, float> ? 1e-3 : 1e-2;
-  double largest = 0;
-  for (const ParamRef<float>& p : cpu->Parameters())
-    for (int64_t i = 0; i < p.size; ++i) largest = std::max(largest, std::fabs(double{p.grad[i]}));
+  const double largest = testing::LargestGradient(cpu->Parameters());
   size_t at = 0;
   for (const ParamRef<float>& p : cpu->Parameters()) {
     SCOPED_TRACE(p.name);
