@@ -70,20 +70,26 @@ Ruling Found(Failure f) { return Ruling{true, std::move(f)}; }
 
 }  // namespace
 
-StreamState StreamStateOf(const RankSnapshot& w, const DetectionTimeouts& t) {
+StreamState StreamStateOf(const RankSnapshot& w, int64_t now_ms, const DetectionTimeouts& t) {
   if (!w.stream_seen || w.stream_open) return StreamState::kOpen;
-  // A heartbeat after the close proves the process lives (it reconnects after a partition).
+  // A heartbeat after the close proves the process lives (it reconnects after a partition,
+  // or its connection died under it).
   const int64_t silence = w.stream_closed_ms - w.last_heartbeat_ms;
-  return silence >= 0 && silence <= std::min(t.exit_window_ms, t.heartbeat_timeout_ms)
+  if (silence < 0 || silence > std::min(t.exit_window_ms, t.heartbeat_timeout_ms)) {
+    return StreamState::kDroppedSilent;
+  }
+  // Closed while it heartbeated: an exit once the heartbeats are late (or silent), not
+  // before (a live worker heartbeats within late_after).
+  return now_ms - w.last_heartbeat_ms > std::min(t.late_after_ms, t.heartbeat_timeout_ms)
              ? StreamState::kExited
-             : StreamState::kDroppedSilent;
+             : StreamState::kClosing;
 }
 
 Ruling LostStreamRule(const AttemptSnapshot& attempt, int64_t now_ms, const DetectionTimeouts& t) {
   // Several closed streams: the first by worker id (the order Workers keeps them in).
   const RankSnapshot* lost = nullptr;
   for (const RankSnapshot& w : attempt.ranks) {
-    if (StreamStateOf(w, t) == StreamState::kExited &&
+    if (StreamStateOf(w, now_ms, t) == StreamState::kExited &&
         (lost == nullptr || w.worker_id < lost->worker_id)) {
       lost = &w;
     }
@@ -114,7 +120,7 @@ Ruling CollectiveHangRule(const AttemptSnapshot& attempt, int64_t now_ms,
   std::string why;
   for (const RankSnapshot& w : ranks) {
     if (!Silent(w, now_ms, t)) continue;
-    const StreamState stream = StreamStateOf(w, t);
+    const StreamState stream = StreamStateOf(w, now_ms, t);
     if (stream == StreamState::kExited) continue;
     culprit = &w;
     why = absl::StrCat(

@@ -5,7 +5,11 @@
 // and returns at most one finding per running attempt:
 //   lost  the worker's Assignments stream closed while it was heartbeating (its process
 //         died: the kernel closed the connection; the last heartbeat came at most
-//         exit_window before the close), or no heartbeat for heartbeat_timeout while no
+//         exit_window before the close) and no heartbeat followed for late_after (a live
+//         worker whose connection died under it, e.g. data left unacknowledged through a
+//         cut for the keepalive timeout, goes on heartbeating over its other connection
+//         and opens a new stream: a close is no exit until the heartbeats confirm it), or
+//         no heartbeat for heartbeat_timeout while no
 //         peer of its attempt waits for it in a collective -> WORKER_LOST naming it. A
 //         stream that closed only after a longer silence was dropped by gRPC keepalive
 //         because one side stopped answering: the coordinator's keepalive for a stopped
@@ -138,12 +142,16 @@ struct DetectionTimeouts {
 // How its Assignments stream stands, as the rules read it.
 enum class StreamState : int {
   kOpen,           // open, or never opened since registration
-  kExited,         // closed within exit_window of its last heartbeat: the process is gone
+  kClosing,        // closed within exit_window of its last heartbeat, which is not late
+                   // (at most late_after old, or heartbeat_timeout if less): an exit if no
+                   // heartbeat follows; the rules read it as open until then
+  kExited,         // closed within exit_window of its last heartbeat, which is late by
+                   // now: the process is gone
   kDroppedSilent,  // closed after a longer silence (keepalive dropped a silent peer:
                    // stopped, stuck or unreachable), or heartbeats came after the close (it
                    // reconnects): no proof of exit
 };
-StreamState StreamStateOf(const RankSnapshot& w, const DetectionTimeouts& timeouts);
+StreamState StreamStateOf(const RankSnapshot& w, int64_t now_ms, const DetectionTimeouts& timeouts);
 
 // A rank in phase "reporting" (training over, result on the way) is hung only after this
 // many hang timeouts (hang (b)).

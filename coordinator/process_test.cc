@@ -460,27 +460,22 @@ class FakeWorker {
   FakeWorker(const std::string& address, const std::string& token, const std::string& host,
              int launcher_rank)
       : client_(address, token) {
-    rackrun::v1::RegisterRequest req;
-    req.set_host(host);
-    req.set_pid(4000 + launcher_rank);
-    req.set_launcher_rank(launcher_rank);
-    req.add_channels("ucx");
-    req.add_channels("gloo");
-    rackrun::v1::RegisterResponse resp;
-    EXPECT_TRUE(client_.rack().Register(client_.Ctx().get(), req, &resp).ok());
-    id_ = resp.worker_id();
-    stream_ctx_ = client_.Ctx(60s);
-    rackrun::v1::AssignmentsRequest a;
-    a.set_worker_id(id_);
-    stream_ = client_.rack().Assignments(stream_ctx_.get(), a);
-    stream_->WaitForInitialMetadata();
+    register_.set_host(host);
+    register_.set_pid(4000 + launcher_rank);
+    register_.set_launcher_rank(launcher_rank);
+    register_.add_channels("ucx");
+    register_.add_channels("gloo");
+    Register();
+    OpenStream();
     beating_ = std::thread([this] {
       while (!stop_) {
         rackrun::v1::HeartbeatRequest hb;
         hb.set_worker_id(id_);
         hb.set_phase(phase_);
         rackrun::v1::HeartbeatResponse r;
-        (void)client_.rack().Heartbeat(client_.Ctx().get(), hb, &r);
+        if (client_.rack().Heartbeat(client_.Ctx().get(), hb, &r).ok()) {
+          stream_closed_said_ = r.stream_closed();
+        }
         std::this_thread::sleep_for(50ms);
       }
     });
@@ -494,6 +489,20 @@ class FakeWorker {
     if (stream_ != nullptr) (void)stream_->Finish();
     stream_.reset();
   }
+  // The connection of its stream dies under it; the process lives (heartbeats go on).
+  void DropStream() {
+    stream_ctx_->TryCancel();
+    (void)stream_->Finish();
+    stream_.reset();
+  }
+  // What a worker does when told so: register again (its id, no job) and open a new stream.
+  void RegisterAgainAndReopen() {
+    register_.set_worker_id(id_);
+    Register();
+    OpenStream();
+  }
+  // The last heartbeat's answer said the stream is closed at the coordinator.
+  bool StreamClosedSaid() const { return stream_closed_said_; }
   bool Next(rackrun::v1::Assignment* a) { return stream_->Read(a); }
   grpc::Status Result(const rackrun::v1::RunJob& run, rackrun::v1::AttemptResult::Outcome o) {
     rackrun::v1::ReportRequest req;
@@ -510,7 +519,22 @@ class FakeWorker {
   Client& client() { return client_; }
 
  private:
+  void Register() {
+    rackrun::v1::RegisterResponse resp;
+    EXPECT_TRUE(client_.rack().Register(client_.Ctx().get(), register_, &resp).ok());
+    id_ = resp.worker_id();
+  }
+  void OpenStream() {
+    stream_ctx_ = client_.Ctx(60s);
+    rackrun::v1::AssignmentsRequest a;
+    a.set_worker_id(id_);
+    stream_ = client_.rack().Assignments(stream_ctx_.get(), a);
+    stream_->WaitForInitialMetadata();
+  }
+
   Client client_;
+  rackrun::v1::RegisterRequest register_;
+  std::atomic<bool> stream_closed_said_{false};
   std::string id_;
   std::string phase_ = "idle";
   std::unique_ptr<grpc::ClientContext> stream_ctx_;
@@ -613,6 +637,56 @@ TEST(CoordinatorProcessTest, WorkersRunAJobAndALostWorkerIsNamed) {
   ASSERT_TRUE(a.Next(&ra));
   ASSERT_TRUE(ra.has_cancel());
   EXPECT_EQ(ra.cancel().job_id(), id2);
+}
+
+// A rank's stream dies under a live worker with its run unread (in the daemons: the run was
+// written into a connection that a cut had already doomed). The worker is not named lost
+// (it heartbeats), each heartbeat's answer says its stream is closed, and once it has
+// registered again and opened a new stream the same run comes again; the job then runs
+// to its end.
+TEST(CoordinatorProcessTest, ARunLostWithADeadStreamIsSentAgainOnTheNewOne) {
+  testing::ScratchDir dir;
+  Coordinator c(dir.path(), FreePort(),
+                {"--heartbeat-interval-ms", "50", "--heartbeat-timeout-ms", "1000"});
+  c.Start();
+  Client user(c.Address(), "");
+  ASSERT_EQ(WaitServing(user.channel()).back(), 1);
+  Client good(c.Address(), c.Token());
+  FakeWorker b(c.Address(), c.Token(), "hostb", 0);
+  FakeWorker a(c.Address(), c.Token(), "hosta", 1);
+  rackrun::v1::JobSpec spec = ValidSpec();
+  spec.mutable_resources()->set_ranks(2);
+  rackrun::v1::SubmitResponse resp;
+  ASSERT_TRUE(good.Submit(spec, "run-1", &resp).ok());
+  const std::string id = resp.job().id();
+  rackrun::v1::Assignment ra, rb;
+  ASSERT_TRUE(a.Next(&ra));
+  ASSERT_TRUE(ra.has_run());
+  b.DropStream();  // its run unread
+  const auto told_by = std::chrono::steady_clock::now() + 5s;
+  while (!b.StreamClosedSaid() && std::chrono::steady_clock::now() < told_by) {
+    std::this_thread::sleep_for(10ms);
+  }
+  ASSERT_TRUE(b.StreamClosedSaid());
+  // Past the heartbeat timeout: a closed stream of a worker that heartbeats is no exit.
+  std::this_thread::sleep_for(1500ms);
+  rackrun::v1::Job job;
+  ASSERT_TRUE(good.Get(id, &job).ok());
+  ASSERT_EQ(job.state(), rackrun::v1::RUNNING) << job.DebugString();
+  b.RegisterAgainAndReopen();
+  ASSERT_TRUE(b.Next(&rb));
+  ASSERT_TRUE(rb.has_run());
+  EXPECT_EQ(rb.run().job_id(), id);
+  EXPECT_EQ(rb.run().attempt(), 1);
+  EXPECT_EQ(rb.run().rank(), 1);
+  EXPECT_EQ(rb.run().ranks(), 2);
+  std::this_thread::sleep_for(200ms);  // a heartbeat about the new stream
+  EXPECT_FALSE(b.StreamClosedSaid());
+  ASSERT_TRUE(a.Result(ra.run(), rackrun::v1::AttemptResult::SUCCEEDED).ok());
+  ASSERT_TRUE(b.Result(rb.run(), rackrun::v1::AttemptResult::SUCCEEDED).ok());
+  job = WaitState(good, id, rackrun::v1::SUCCEEDED);
+  EXPECT_EQ(job.state(), rackrun::v1::SUCCEEDED) << job.DebugString();
+  EXPECT_EQ(job.attempts_size(), 1);
 }
 
 // Ranks that share a host share its memory: each RunJob says how many of the attempt's

@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <map>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -53,6 +54,9 @@ absl::StatusOr<rackrun::v1::Job> Rack::Cancel(const std::string& job_id,
 absl::StatusOr<rackrun::v1::RegisterResponse> Rack::Register(
     const rackrun::v1::RegisterRequest& req) {
   Lock lock(mu_);
+  // The attempt it was busy with before registering again (see below).
+  const std::optional<rackrun::v1::RunJob> had =
+      req.worker_id().empty() ? std::nullopt : workers_.BusyRun(req.worker_id());
   absl::StatusOr<std::string> id = workers_.Register(req);
   if (!id.ok()) return id.status();
   rackrun::v1::RegisterResponse resp;
@@ -72,6 +76,18 @@ absl::StatusOr<rackrun::v1::RegisterResponse> Rack::Register(
         }
       }
     }
+  } else if (had.has_value() && jobs_.AttemptRunning(had->job_id(), had->attempt())) {
+    // Busy with a running attempt it does not name: the run died with its old stream (the
+    // connection was gone before the run reached the worker) or waits in its queue. It is
+    // sent again on the new stream; a worker ignores a run it already has.
+    workers_.SetBusy(*id, had->job_id(), had->attempt(), had->rank());
+    rackrun::v1::Assignment a;
+    *a.mutable_run() = *had;
+    workers_.Push(*id, a);
+    std::fprintf(stderr,
+                 "rackrun-coordinator: %s registered again without job %s attempt %d (its "
+                 "stream closed before the run reached it?): sending the run again\n",
+                 id->c_str(), had->job_id().c_str(), had->attempt());
   }
   return resp;
 }

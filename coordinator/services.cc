@@ -146,9 +146,9 @@ grpc::Status RackControlImpl::Register(grpc::ServerContext* ctx,
 
 grpc::Status RackControlImpl::Heartbeat(grpc::ServerContext* ctx,
                                         const rackrun::v1::HeartbeatRequest* req,
-                                        rackrun::v1::HeartbeatResponse*) {
+                                        rackrun::v1::HeartbeatResponse* resp) {
   if (grpc::Status s = Admit(*ctx, Access::kRack, "RackControl.Heartbeat"); !s.ok()) return s;
-  return ToGrpc(rack_->workers().Heartbeat(*req));
+  return ToGrpc(rack_->workers().Heartbeat(*req, resp));
 }
 
 grpc::Status RackControlImpl::Assignments(grpc::ServerContext* ctx,

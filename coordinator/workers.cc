@@ -59,7 +59,8 @@ absl::StatusOr<std::string> Workers::Register(const rackrun::v1::RegisterRequest
   return id;
 }
 
-absl::Status Workers::Heartbeat(const rackrun::v1::HeartbeatRequest& req) {
+absl::Status Workers::Heartbeat(const rackrun::v1::HeartbeatRequest& req,
+                                rackrun::v1::HeartbeatResponse* resp) {
   Lock lock(mu_);
   Info* w = Find(req.worker_id());
   if (w == nullptr || w->w.state() == rackrun::v1::LOST || w->w.state() == rackrun::v1::GONE) {
@@ -84,6 +85,7 @@ absl::Status Workers::Heartbeat(const rackrun::v1::HeartbeatRequest& req) {
   } else {
     w->blocked_n = 0;
   }
+  if (resp != nullptr) resp->set_stream_closed(w->stream_seen && !w->stream_open);
   return absl::OkStatus();
 }
 
@@ -146,8 +148,21 @@ void Workers::Push(const std::string& worker_id, const rackrun::v1::Assignment& 
   Lock lock(mu_);
   Info* w = Find(worker_id);
   if (w == nullptr || w->w.state() == rackrun::v1::GONE) return;
+  if (a.has_run()) w->run = a.run();
   w->outbox.push_back(a);
   cv_.notify_all();
+}
+
+std::optional<rackrun::v1::RunJob> Workers::BusyRun(const std::string& worker_id) const {
+  Lock lock(mu_);
+  auto it = workers_.find(worker_id);
+  if (it == workers_.end()) return std::nullopt;
+  const Info& w = it->second;
+  if (w.w.state() != rackrun::v1::BUSY || !w.run.has_value() || w.run->job_id() != w.w.job_id() ||
+      w.run->attempt() != w.attempt) {
+    return std::nullopt;
+  }
+  return w.run;
 }
 
 void Workers::SetBusy(const std::string& worker_id, const std::string& job_id, int attempt,
@@ -254,7 +269,7 @@ std::vector<Finding> Workers::Detect() {
   for (auto& [id, w] : workers_) {
     const auto s = w.w.state();
     if (s == rackrun::v1::LOST || s == rackrun::v1::GONE) continue;
-    const StreamState stream = StreamStateOf(SnapshotOf(w), timeouts);
+    const StreamState stream = StreamStateOf(SnapshotOf(w), now, timeouts);
     const auto report = reported_.find(std::make_pair(w.w.job_id(), w.attempt));
     const bool named = s == rackrun::v1::BUSY && report != reported_.end() && report->second;
     if (stream == StreamState::kExited ||

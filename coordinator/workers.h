@@ -70,8 +70,11 @@ class Workers {
   // says it runs no job.
   absl::StatusOr<std::string> Register(const rackrun::v1::RegisterRequest& req);
 
-  // NotFound when the worker is unknown, LOST or GONE (it must register again).
-  absl::Status Heartbeat(const rackrun::v1::HeartbeatRequest& req);
+  // NotFound when the worker is unknown, LOST or GONE (it must register again). `resp`
+  // (when given) says whether its Assignments stream is closed here (stream_closed: a live
+  // worker whose connection died under it; it opens a new stream).
+  absl::Status Heartbeat(const rackrun::v1::HeartbeatRequest& req,
+                         rackrun::v1::HeartbeatResponse* resp = nullptr);
 
   // GONE; its stream is ended. NotFound when unknown.
   absl::Status Deregister(const std::string& worker_id);
@@ -88,6 +91,11 @@ class Workers {
 
   // Queues an assignment for the worker's stream (dropped for GONE or unknown workers).
   void Push(const std::string& worker_id, const rackrun::v1::Assignment& a);
+  // The run last pushed to a BUSY worker for the attempt it is busy with; nullopt when it
+  // is not busy or none was pushed for that attempt. A worker that registers again without
+  // naming that attempt never got the run (it died with a stream) or still has it queued:
+  // the rack sends it again.
+  std::optional<rackrun::v1::RunJob> BusyRun(const std::string& worker_id) const;
 
   // The worker runs (job, attempt, rank): BUSY. SetIdle: IDLE again (if not LOST/GONE)
   // when it is on that job (or any job when job_id is empty). SetDraining: the same, but
@@ -134,6 +142,7 @@ class Workers {
     int64_t stream_closed_ms = 0;
     int64_t generation = 0;
     std::deque<rackrun::v1::Assignment> outbox;
+    std::optional<rackrun::v1::RunJob> run;  // the last run pushed (see BusyRun)
     // The job it said it still runs when it registered, until SetBusy re-attaches it or a
     // heartbeat says it runs none: a re-registered worker whose attempt ended meanwhile
     // (a partition, a coordinator restart) is stopping it and must not be placed yet.

@@ -2,9 +2,13 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <chrono>
 #include <optional>
+#include <string>
 
 #include "coordinator/test_util.h"
+#include "rpc/liveness.h"
 
 namespace rackrun::coordinator {
 namespace {
@@ -149,14 +153,78 @@ TEST_F(WorkersTest, LostByMissingHeartbeatNamesTheSilentRank) {
   EXPECT_EQ(workers_.Heartbeat(hb).code(), absl::StatusCode::kNotFound);  // must re-register
 }
 
-TEST_F(WorkersTest, LostAtOnceWhenTheStreamCloses) {
+// A stream that closes while the worker heartbeats is an exit once its heartbeats are late
+// (rpc/liveness.h late_after: 100 ms + the retry period here), not before: a live worker's
+// heartbeat would have come by then.
+TEST_F(WorkersTest, LostWhenTheStreamClosesAndNoHeartbeatFollows) {
   auto ids = Start(3);
   workers_.CloseStream(ids[2], gens_[2]);
-  std::vector<Finding> f = workers_.Detect();
+  EXPECT_TRUE(workers_.Detect().empty());
+  const int64_t late_after =
+      rpc::LivenessFor(std::chrono::milliseconds(100), std::chrono::milliseconds(500))
+          .late_after.count();
+  std::vector<Finding> f;
+  int64_t waited = 0;
+  while (f.empty() && waited <= 500) {
+    clock_.Advance(10);
+    waited += 10;
+    Beat(ids[0], 5, "forward", 10, 10);
+    Beat(ids[1], 5, "forward", 10, 10);
+    f = workers_.Detect();
+  }
+  EXPECT_GT(waited, std::min<int64_t>(late_after, 500));
+  EXPECT_LE(waited, std::min<int64_t>(late_after, 500) + 10);
   ASSERT_EQ(f.size(), 1u);
   EXPECT_EQ(f[0].failure.kind(), rackrun::v1::WORKER_LOST);
   EXPECT_EQ(f[0].failure.rank(), 2);
   EXPECT_EQ(f[0].failure.worker_id(), ids[2]);
+  EXPECT_NE(f[0].failure.message().find("connection to the coordinator closed"), std::string::npos)
+      << f[0].failure.message();
+}
+
+// The stream of a live worker closes here only (its connection died under it): it goes on
+// heartbeating, is not lost, and each heartbeat's answer says stream_closed, so that it
+// opens a new one. Its run is still at hand for the rack to send again (BusyRun) while it
+// is busy with that attempt.
+TEST_F(WorkersTest, AStreamClosedUnderAHeartbeatingWorkerIsReportedNotLost) {
+  auto ids = Start(2);
+  rackrun::v1::Assignment a;
+  a.mutable_run()->set_job_id("j-1");
+  a.mutable_run()->set_attempt(1);
+  a.mutable_run()->set_rank(1);
+  workers_.Push(ids[1], a);
+  rackrun::v1::HeartbeatResponse resp;
+  HeartbeatRequest hb;
+  hb.set_worker_id(ids[1]);
+  hb.set_phase("idle");
+  ASSERT_TRUE(workers_.Heartbeat(hb, &resp).ok());
+  EXPECT_FALSE(resp.stream_closed());
+  workers_.CloseStream(ids[1], gens_[1]);
+  for (int t = 0; t < 15; ++t) {  // 1.5 s, below the hang timeout of its waiting peer
+    clock_.Advance(100);
+    Beat(ids[0], 0, "connecting", 0, 0, 100 * t);
+    ASSERT_TRUE(workers_.Heartbeat(hb, &resp).ok());
+    EXPECT_TRUE(resp.stream_closed()) << t;
+    EXPECT_TRUE(workers_.Detect().empty()) << t;
+    EXPECT_EQ(workers_.List(false).workers(1).state(), rackrun::v1::BUSY) << t;
+  }
+  const std::optional<rackrun::v1::RunJob> run = workers_.BusyRun(ids[1]);
+  ASSERT_TRUE(run.has_value());
+  EXPECT_EQ(run->job_id(), "j-1");
+  EXPECT_EQ(run->rank(), 1);
+  EXPECT_FALSE(workers_.BusyRun(ids[0]).has_value());  // no run pushed to it
+  workers_.SetIdle(ids[1], "j-1");
+  EXPECT_FALSE(workers_.BusyRun(ids[1]).has_value());  // not busy
+  // A new stream (after registering again) is open: no longer reported closed.
+  rackrun::v1::RegisterRequest req;
+  req.set_host("host1");
+  req.set_worker_id(ids[1]);
+  ASSERT_TRUE(workers_.Register(req).ok());
+  ASSERT_TRUE(workers_.Heartbeat(hb, &resp).ok());
+  EXPECT_FALSE(resp.stream_closed());
+  ASSERT_TRUE(workers_.OpenStream(ids[1]).ok());
+  ASSERT_TRUE(workers_.Heartbeat(hb, &resp).ok());
+  EXPECT_FALSE(resp.stream_closed());
 }
 
 TEST_F(WorkersTest, HungByTheCollectiveRuleNamesTheRankBehind) {

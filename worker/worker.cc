@@ -240,6 +240,7 @@ void Worker::StreamLoop() {
       std::lock_guard<std::mutex> lock(mu_);
       if (stopped_) return;
       stream_context_ = context.get();
+      ++stream_epoch_;
     }
     // On a channel (and TCP connection) of its own, which the heartbeats' renewals leave
     // alone (connection.h): nothing of the unary calls is in flight on it when a link goes
@@ -251,6 +252,11 @@ void Worker::StreamLoop() {
     while (reader->Read(&a)) {
       if (a.has_run()) {
         std::lock_guard<std::mutex> lock(mu_);
+        if (!runs_received_.emplace(a.run().job_id(), a.run().attempt()).second) {
+          std::fprintf(stderr, "rackrun-worker: job %s attempt %d was sent again; it is here\n",
+                       a.run().job_id().c_str(), a.run().attempt());
+          continue;
+        }
         queue_.push_back(a.run());
         cv_.notify_all();
       } else if (a.has_cancel()) {
@@ -344,6 +350,11 @@ void Worker::HeartbeatLoop() {
     request.set_phase_age_ms(
         std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - phase_since).count());
     rackrun::v1::HeartbeatResponse response;
+    int64_t epoch = 0;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      epoch = stream_epoch_;
+    }
     // A deadline well below the heartbeat timeout (rpc/liveness.h): a heartbeat queued on
     // a connection that retransmits into a cut link misses it, and the next one goes over
     // a new connection, at once (the deadline is at least the interval).
@@ -358,6 +369,7 @@ void Worker::HeartbeatLoop() {
         missed = 0;
       }
       if (s.error_code() == grpc::StatusCode::NOT_FOUND) (void)Register(/*again=*/true);
+      if (s.ok() && response.stream_closed()) ReopenStream(epoch);
       continue;
     }
     if (missed++ == 0) {
@@ -371,6 +383,17 @@ void Worker::HeartbeatLoop() {
     connection_->Renew(stub);
     next = start + live.retry_period;
   }
+}
+
+void Worker::ReopenStream(int64_t epoch) {
+  std::lock_guard<std::mutex> lock(mu_);
+  // A newer stream than the one the heartbeat answered about needs nothing.
+  if (stopped_ || stream_context_ == nullptr || epoch != stream_epoch_) return;
+  std::fprintf(stderr,
+               "rackrun-worker: the coordinator %s saw the assignment stream close while it "
+               "is open here (its connection died); opening a new one\n",
+               connection_->address().c_str());
+  stream_context_->TryCancel();  // StreamLoop registers again and opens a new stream
 }
 
 void Worker::ReportUnstarted(const std::vector<rackrun::v1::RunJob>& jobs,

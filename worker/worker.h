@@ -13,6 +13,10 @@
 // Re-attach: when the coordinator restarts (the stream breaks, a heartbeat answers
 // NOT_FOUND), the worker registers again with its id and its in-flight job and step; if
 // the coordinator no longer wants that job (job_attached = false) the job is stopped.
+// A stream whose connection died at the coordinator's end only (data sent into a cut link
+// and never acknowledged) is reported by the heartbeats' answers (stream_closed): the
+// worker ends it and registers again, and the coordinator sends again a run that was lost
+// with it (a run that reaches the worker twice runs once).
 //
 // Shutdown (SIGTERM/SIGINT, via Shutdown()): the running job finishes its step, writes a
 // checkpoint (when checkpoint.dir is set) and stops with every rank at the same step; the
@@ -32,8 +36,10 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -115,6 +121,9 @@ class Worker {
   void ReportCancelledUnstarted();
   void StreamLoop();
   void HeartbeatLoop();
+  // The coordinator says the stream open when heartbeat `epoch` was sent is closed: cancel
+  // it (StreamLoop registers again and opens another).
+  void ReopenStream(int64_t epoch);
   // Ends the stream and heartbeat threads (Serve before it deregisters, the destructor).
   void StopThreads();
   void ReportResult(const rackrun::v1::RunJob& job, const rackrun::v1::AttemptResult& result);
@@ -144,6 +153,11 @@ class Worker {
   bool draining_ = false;                // guarded by mu_
   bool stopped_ = false;                 // guarded by mu_: threads end
   grpc::ClientContext* stream_context_ = nullptr;  // guarded by mu_
+  int64_t stream_epoch_ = 0;  // guarded by mu_: streams opened (a heartbeat's answer about
+                              // the stream applies to the one open when it was sent)
+  // Every (job, attempt) whose run reached this worker: a run sent again (the coordinator
+  // resends it after a stream broke) is not run twice. Guarded by mu_.
+  std::set<std::pair<std::string, int>> runs_received_;
   std::thread stream_thread_, heartbeat_thread_;
   std::chrono::milliseconds start_delay_{0};  // job thread only: options_.start_delay, once
 };
