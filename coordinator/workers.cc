@@ -69,7 +69,13 @@ absl::Status Workers::Heartbeat(const rackrun::v1::HeartbeatRequest& req,
   }
   const int64_t now = clock_();
   w->last_heartbeat_ms = now;
-  if (req.job_id().empty()) w->stopping_job.clear();
+  if (req.job_id().empty()) {
+    w->stopping_job.clear();
+  } else if (w->w.state() != rackrun::v1::BUSY) {
+    // Still in an attempt that ended here (its rank was named while the link was cut, and
+    // it is still stopping or reporting): not placeable until it says it runs none.
+    w->stopping_job = req.job_id();
+  }
   w->w.set_step(req.step());
   w->w.set_phase(req.phase());
   w->phase = rpc::ParsePhase(req.phase());

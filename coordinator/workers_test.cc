@@ -550,6 +550,29 @@ TEST_F(WorkersTest, AReRegisteredWorkerStillStoppingItsAttemptIsNotPlaced) {
   EXPECT_EQ(workers_.Idle().size(), 1u);
 }
 
+// A worker whose attempt ended here while it was cut off (named HANG, then released) goes on
+// heartbeating that attempt until it has stopped and reported it: it is IDLE but not placed
+// until a heartbeat names no job (tests/netns: ACutHostIsNamedAndTheJobRestartsOnASpareHost
+// once placed the next job on it, which then waited behind the old attempt's report).
+TEST_F(WorkersTest, AnIdleWorkerStillHeartbeatingAnEndedAttemptIsNotPlaced) {
+  auto ids = Start(1);
+  workers_.SetIdle(ids[0], "j-1");  // the attempt ended (its rank was named)
+  ASSERT_EQ(workers_.Idle().size(), 1u);
+  Beat(ids[0], 5, "reporting", 10, 10);  // its heartbeats still name j-1
+  EXPECT_EQ(workers_.List(false).workers(0).state(), rackrun::v1::IDLE);
+  EXPECT_TRUE(workers_.Idle().empty());
+  HeartbeatRequest hb;
+  hb.set_worker_id(ids[0]);
+  hb.set_phase("idle");
+  ASSERT_TRUE(workers_.Heartbeat(hb).ok());
+  ASSERT_EQ(workers_.Idle().size(), 1u);
+  // A busy worker's heartbeat naming its job changes nothing.
+  workers_.SetBusy(ids[0], "j-2", 1, 0);
+  Beat(ids[0], 0, "forward", 0, 0);
+  workers_.SetIdle(ids[0], "j-2");
+  EXPECT_EQ(workers_.Idle().size(), 1u);
+}
+
 // The rack label travels from the registration to the scheduler's candidates, the rank
 // placements and ListWorkers; a label outside the rule is refused naming the field.
 TEST_F(WorkersTest, RackLabelIsKeptAndCheckedAtRegistration) {
