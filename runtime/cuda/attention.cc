@@ -101,7 +101,7 @@ absl::Status GpuAttention::Forward(const float* u, int batch, int seq, const int
   }
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim_));
   if (absl::Status s = Check(attention::Forward(batch, seq, heads_, head_dim_, scale, qkv_.data(),
-                                                doc_start, attn_.data(), lse_.data(), st),
+                                                doc_start, attn_.data(), lse_.data(), Cores(), st),
                              "attention");
       !s.ok()) {
     return s;
@@ -109,6 +109,11 @@ absl::Status GpuAttention::Forward(const float* u, int batch, int seq, const int
   MarkPhase(clock_, Phase::kGemm);
   return matmul_->Run({.m = t, .n = c, .k = c, .lda = c, .ldb = c, .ldc = c}, 1.0f, attn_.data(),
                       w_.wo, 0.0f, out);
+}
+
+attention::Cores GpuAttention::Cores() const {
+  return matmul_->precision() == GemmPrecision::kBf16 ? attention::Cores::kTensorBf16
+                                                      : attention::Cores::kFp32;
 }
 
 absl::Status GpuAttention::Backward(const float* dout, float* du) {
@@ -132,10 +137,11 @@ absl::Status GpuAttention::Backward(const float* dout, float* du) {
   }
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim_));
   MarkPhase(clock_, Phase::kAttention);
-  if (absl::Status s = Check(attention::Backward(batch_, seq_, heads_, head_dim_, scale,
-                                                 qkv_.data(), doc_start_, attn_.data(), lse_.data(),
-                                                 dattn_.data(), delta_.data(), dqkv_.data(), st),
-                             "attention backward");
+  if (absl::Status s =
+          Check(attention::Backward(batch_, seq_, heads_, head_dim_, scale, qkv_.data(), doc_start_,
+                                    attn_.data(), lse_.data(), dattn_.data(), delta_.data(),
+                                    dqkv_.data(), Cores(), st),
+                "attention backward");
       !s.ok()) {
     return s;
   }

@@ -2,8 +2,9 @@
 // projection -> rotary embedding -> causal multi-head softmax attention with document masks
 // -> output projection), forward and backward, with the CPU layer's parameters and
 // conventions (same shapes: norm [C], wqkv [C x 3C], wo [C x C]; same packed batch and
-// doc_start rule). The core is attention_kernels.h's flash-style kernels; the projections run
-// through MatMul in the job's precision.
+// doc_start rule). The core is attention_kernels.h's flash-style kernels (on tensor cores in
+// bf16 when the job computes in bf16, else fp32 CUDA cores); the projections run through
+// MatMul in the job's precision.
 //
 // The weights live in device memory the caller owns (the GPU model's parameter buffer); the
 // layer keeps its activations for the backward (normed input, q/k/v after rotation, the
@@ -20,6 +21,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "runtime/cuda/attention_kernels.h"
 #include "runtime/cuda/device.h"
 #include "runtime/cuda/matmul.h"
 #include "runtime/cuda/phase_clock.h"
@@ -57,6 +59,9 @@ class GpuAttention {
   GpuAttention(Device* device, MatMul* matmul, int width, int heads, int max_seq,
                const std::string& name, AttentionWeights weights);
   absl::Status Check(cudaError_t e, const char* what) const;
+  // Tensor cores in bf16 when the job computes in bf16 (model.precision), else fp32 CUDA
+  // cores (attention_kernels.h).
+  attention::Cores Cores() const;
 
   Device* device_;
   MatMul* matmul_;

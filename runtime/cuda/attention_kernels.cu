@@ -327,8 +327,12 @@ cudaError_t Rope(int64_t tokens, int seq, int width, int heads, const float* cos
 }
 
 cudaError_t Forward(int batch, int seq, int heads, int head_dim, float scale, const float* qkv,
-                    const int32_t* doc_start, float* attn, float* lse, cudaStream_t stream) {
+                    const int32_t* doc_start, float* attn, float* lse, Cores cores,
+                    cudaStream_t stream) {
   if (batch == 0 || seq == 0) return cudaSuccess;
+  if (cores == Cores::kTensorBf16) {
+    return TensorCoreForward(batch, seq, heads, head_dim, scale, qkv, doc_start, attn, lse, stream);
+  }
   const int width = heads * head_dim;
   switch (head_dim) {
     case 16:
@@ -346,12 +350,18 @@ cudaError_t Forward(int batch, int seq, int heads, int head_dim, float scale, co
 
 cudaError_t Backward(int batch, int seq, int heads, int head_dim, float scale, const float* qkv,
                      const int32_t* doc_start, const float* attn, const float* lse,
-                     const float* dattn, float* delta, float* dqkv, cudaStream_t stream) {
+                     const float* dattn, float* delta, float* dqkv, Cores cores,
+                     cudaStream_t stream) {
   if (batch == 0 || seq == 0) return cudaSuccess;
   const int width = heads * head_dim;
   const int64_t tokens = static_cast<int64_t>(batch) * seq;
   Launch(DeltaKernel, GridStride(tokens * heads), 256, 0, stream)(tokens, seq, heads, head_dim,
                                                                   width, attn, dattn, delta);
+  if (cores == Cores::kTensorBf16) {
+    if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+    return TensorCoreBackward(batch, seq, heads, head_dim, scale, qkv, doc_start, lse, dattn, delta,
+                              dqkv, stream);
+  }
   switch (head_dim) {
     case 16:
       return LaunchBackward<1>(batch, seq, heads, width, scale, qkv, doc_start, lse, dattn, delta,

@@ -15,6 +15,13 @@
 // 32. The backward needs no atomics: one kernel owns each query row's dQ, another each key
 // row's dK and dV, so every sum has a fixed order and the result is the same run to run.
 //
+// Tensor cores (Cores::kTensorBf16, attention_tensor_core.cu; sm_80+): the same contract and
+// work split in 64-row tiles (4 warps x 16 rows), each product a run of 16 x 16 x 16 warp
+// matrix operations with bf16 operands and fp32 accumulation: q, k, v, the probabilities,
+// dO and dS are rounded to bf16 before each product; the softmax, lse, delta and its
+// gradient stay fp32 (as PyTorch's bf16 flash attention). Shared memory above 48 KiB (up
+// to 153 KiB at head dim 128) is opted in per kernel.
+//
 // Launches are asynchronous on `stream`; the returned cudaError_t is the launch's.
 #ifndef RACKRUN_RUNTIME_CUDA_ATTENTION_KERNELS_H_
 #define RACKRUN_RUNTIME_CUDA_ATTENTION_KERNELS_H_
@@ -33,17 +40,32 @@ bool SupportedHeadDim(int head_dim);
 cudaError_t Rope(int64_t tokens, int seq, int width, int heads, const float* cos, const float* sin,
                  bool inverse, float* qkv, cudaStream_t stream);
 
+// Which units compute the products: CUDA cores in fp32, or tensor cores in bf16 (above).
+enum class Cores { kFp32, kTensorBf16 };
+
 // attn [tokens x C] = softmax(scale q k^T, masked) v per head, heads concatenated;
 // lse [batch * heads x seq] = the log-sum-exp of each query row's scaled scores.
 cudaError_t Forward(int batch, int seq, int heads, int head_dim, float scale, const float* qkv,
-                    const int32_t* doc_start, float* attn, float* lse, cudaStream_t stream);
+                    const int32_t* doc_start, float* attn, float* lse, Cores cores,
+                    cudaStream_t stream);
 
 // From dattn (the gradient of attn), writes every element of dqkv ([tokens x 3C]: dq, dk, dv
 // in rotated coordinates, as the CPU before its inverse rotation). delta [batch * heads x seq]
 // is scratch (rowsum(dattn * attn) per head).
 cudaError_t Backward(int batch, int seq, int heads, int head_dim, float scale, const float* qkv,
                      const int32_t* doc_start, const float* attn, const float* lse,
-                     const float* dattn, float* delta, float* dqkv, cudaStream_t stream);
+                     const float* dattn, float* delta, float* dqkv, Cores cores,
+                     cudaStream_t stream);
+
+// The tensor-core kernels (attention_tensor_core.cu), which Forward and Backward call for
+// Cores::kTensorBf16; TensorCoreBackward takes delta computed.
+cudaError_t TensorCoreForward(int batch, int seq, int heads, int head_dim, float scale,
+                              const float* qkv, const int32_t* doc_start, float* attn, float* lse,
+                              cudaStream_t stream);
+cudaError_t TensorCoreBackward(int batch, int seq, int heads, int head_dim, float scale,
+                               const float* qkv, const int32_t* doc_start, const float* lse,
+                               const float* dattn, const float* delta, float* dqkv,
+                               cudaStream_t stream);
 
 }  // namespace rackrun::runtime::cuda::attention
 

@@ -3,14 +3,20 @@
 // gradient and every parameter gradient, for each head dim the kernels are built for, rows
 // that span several query blocks (seq 100 and 150 with 64 rows per block) and documents that
 // start mid-row. Tolerances relative to each array's largest magnitude: fp32 1e-4 (online
-// softmax and sums over a row in another order), TF32 1e-2, bf16 4e-2.
+// softmax and sums over a row in another order), TF32 1e-2, bf16 4e-2 (its core on tensor
+// cores). The tensor-core kernels are also checked alone against the fp32 kernels on inputs
+// already rounded to bf16, where only the rounding of the probabilities and of dS remains.
 #include "runtime/cuda/attention.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "runtime/cuda/attention_kernels.h"
 #include "runtime/cuda/test_util.h"
 #include "runtime/layers/attention.h"
 
@@ -96,31 +102,105 @@ TEST(GpuAttentionTest, Fp32MatchesTheCpuLayerForEveryHeadDim) {
 TEST(GpuAttentionTest, Tf32AndBf16StayWithinTheirRounding) {
   RACKRUN_OPEN_GPU_OR_SKIP(dev);
   CheckAgainstCpu(dev.get(), {128, 4, 2, 150, GemmPrecision::kTf32, 1e-2});
-  CheckAgainstCpu(dev.get(), {128, 4, 2, 150, GemmPrecision::kBf16, 4e-2});
+  // bf16: the core on tensor cores, for every head dim.
+  for (const Case& k : {Case{64, 4, 2, 100, GemmPrecision::kBf16, 4e-2},
+                        Case{128, 4, 2, 150, GemmPrecision::kBf16, 4e-2},
+                        Case{128, 2, 3, 100, GemmPrecision::kBf16, 4e-2},
+                        Case{256, 2, 2, 70, GemmPrecision::kBf16, 4e-2}}) {
+    CheckAgainstCpu(dev.get(), k);
+  }
 }
 
-// Fixed reduction orders, no atomics: two runs give the same bits.
-TEST(GpuAttentionTest, RepeatsBitForBit) {
+// Round to nearest even at bf16 (8 significant bits), as __float2bfloat16 does.
+float RoundBf16(float x) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, sizeof(bits));
+  bits += 0x7fffu + ((bits >> 16) & 1u);
+  bits &= 0xffff0000u;
+  float out;
+  std::memcpy(&out, &bits, sizeof(out));
+  return out;
+}
+
+std::vector<float> RoundedBf16(std::vector<float> v) {
+  for (float& x : v) x = RoundBf16(x);
+  return v;
+}
+
+// The tensor-core kernels against the fp32 kernels on q, k, v and dO that are bf16 values
+// already: the products' operands are then exact but for P and dS, which the tensor-core
+// kernels round to bf16 (relative 2^-9): attn within 5e-3 of its scale, the log-sum-exp
+// within 1e-5 (fp32 sums in another order), dq, dk, dv within 1e-2. Several query and key
+// tiles (seq 150 with 64-row tiles), documents starting mid-row, every head dim.
+TEST(GpuAttentionTest, TensorCoreKernelsFollowTheFp32Kernels) {
   RACKRUN_OPEN_GPU_OR_SKIP(dev);
+  for (int head_dim : {16, 32, 64, 128}) {
+    SCOPED_TRACE(absl::StrCat("head dim ", head_dim));
+    const int heads = 2, batch = 2, seq = 150, width = heads * head_dim;
+    const int64_t tokens = int64_t{batch} * seq;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+    DeviceTensor<float> qkv =
+        Upload(dev.get(), "qkv", RoundedBf16(RandomVector(tokens * 3 * width, 21, 1.5f)));
+    DeviceTensor<float> dattn =
+        Upload(dev.get(), "dattn", RoundedBf16(RandomVector(tokens * width, 22)));
+    DeviceTensor<int32_t> ds = Upload(dev.get(), "doc_start", DocStarts(batch, seq));
+    std::vector<float> attn[2], lse[2], dqkv[2];
+    for (int v = 0; v < 2; ++v) {
+      const attention::Cores cores =
+          v == 0 ? attention::Cores::kFp32 : attention::Cores::kTensorBf16;
+      DeviceTensor<float> a(dev.get(), "attn"), l(dev.get(), "lse"), delta(dev.get(), "delta"),
+          d(dev.get(), "dqkv");
+      ASSERT_TRUE(a.Resize({tokens, width}).ok());
+      ASSERT_TRUE(l.Resize({int64_t{batch} * heads, seq}).ok());
+      ASSERT_TRUE(delta.Resize({int64_t{batch} * heads, seq}).ok());
+      ASSERT_TRUE(d.Resize({tokens, 3 * width}).ok());
+      ASSERT_EQ(attention::Forward(batch, seq, heads, head_dim, scale, qkv.data(), ds.data(),
+                                   a.data(), l.data(), cores, dev->stream()),
+                cudaSuccess);
+      ASSERT_EQ(
+          attention::Backward(batch, seq, heads, head_dim, scale, qkv.data(), ds.data(), a.data(),
+                              l.data(), dattn.data(), delta.data(), d.data(), cores, dev->stream()),
+          cudaSuccess);
+      attn[v] = Download(a);
+      lse[v] = Download(l);
+      dqkv[v] = Download(d);
+    }
+    RACKRUN_EXPECT_CLOSE(attn[1], attn[0], 5e-3);
+    RACKRUN_EXPECT_CLOSE(lse[1], lse[0], 1e-5);
+    for (int part = 0; part < 3; ++part) {  // dq, dk, dv
+      SCOPED_TRACE(absl::StrCat("part ", part));
+      std::vector<float> got, want;
+      for (int64_t t = 0; t < tokens; ++t) {
+        const size_t at = static_cast<size_t>(t * 3 * width + part * width);
+        got.insert(got.end(), dqkv[1].begin() + at, dqkv[1].begin() + at + width);
+        want.insert(want.end(), dqkv[0].begin() + at, dqkv[0].begin() + at + width);
+      }
+      RACKRUN_EXPECT_CLOSE(got, want, 1e-2);
+    }
+  }
+}
+
+// Forward and backward twice on the same inputs: the same bits.
+void ExpectRepeatsBitForBit(Device* device, GemmPrecision precision) {
   const int c = 128, heads = 4, batch = 2, seq = 130;
   const int64_t tokens = int64_t{batch} * seq;
   std::vector<DeviceTensor<float>> p;
   for (int64_t n : {int64_t{c}, int64_t{c} * 3 * c, int64_t{c} * c}) {
-    p.push_back(Upload(dev.get(), "w", RandomVector(n, 5 + n, 0.05f)));
+    p.push_back(Upload(device, "w", RandomVector(n, 5 + n, 0.05f)));
   }
-  DeviceTensor<float> dn(dev.get(), "dn"), dqkv(dev.get(), "dqkv"), dwo(dev.get(), "dwo");
+  DeviceTensor<float> dn(device, "dn"), dqkv(device, "dqkv"), dwo(device, "dwo");
   ASSERT_TRUE(dn.Resize({c}).ok());
   ASSERT_TRUE(dqkv.Resize({c, 3 * c}).ok());
   ASSERT_TRUE(dwo.Resize({c, c}).ok());
-  MatMul matmul(dev.get(), GemmPrecision::kFp32);
+  MatMul matmul(device, precision);
   auto gpu = GpuAttention::Create(
-      dev.get(), &matmul, c, heads, seq, 10000.0, "attn",
+      device, &matmul, c, heads, seq, 10000.0, "attn",
       {p[0].data(), p[1].data(), p[2].data(), dn.data(), dqkv.data(), dwo.data()});
   ASSERT_TRUE(gpu.ok()) << gpu.status();
-  DeviceTensor<float> u = Upload(dev.get(), "u", RandomVector(tokens * c, 1));
-  DeviceTensor<float> dout = Upload(dev.get(), "dout", RandomVector(tokens * c, 2));
-  DeviceTensor<int32_t> ds = Upload(dev.get(), "ds", DocStarts(batch, seq));
-  DeviceTensor<float> out(dev.get(), "out"), du(dev.get(), "du");
+  DeviceTensor<float> u = Upload(device, "u", RandomVector(tokens * c, 1));
+  DeviceTensor<float> dout = Upload(device, "dout", RandomVector(tokens * c, 2));
+  DeviceTensor<int32_t> ds = Upload(device, "ds", DocStarts(batch, seq));
+  DeviceTensor<float> out(device, "out"), du(device, "du");
   ASSERT_TRUE(out.Resize({tokens, c}).ok());
   ASSERT_TRUE(du.Resize({tokens, c}).ok());
   std::vector<float> first_out, first_du;
@@ -134,6 +214,16 @@ TEST(GpuAttentionTest, RepeatsBitForBit) {
       EXPECT_EQ(Download(out), first_out);
       EXPECT_EQ(Download(du), first_du);
     }
+  }
+}
+
+// Fixed reduction orders, no atomics: two runs give the same bits, on CUDA cores (fp32) and
+// tensor cores (bf16).
+TEST(GpuAttentionTest, RepeatsBitForBit) {
+  RACKRUN_OPEN_GPU_OR_SKIP(dev);
+  for (GemmPrecision precision : {GemmPrecision::kFp32, GemmPrecision::kBf16}) {
+    SCOPED_TRACE(GemmPrecisionName(precision));
+    ExpectRepeatsBitForBit(dev.get(), precision);
   }
 }
 

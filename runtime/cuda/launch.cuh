@@ -4,6 +4,7 @@
 //
 //   Launch(kernel, grid, block, shared_bytes, stream)(args...);  // kernel<<<...>>>(args...)
 //   RACKRUN_DYNAMIC_SHARED(float, scratch);                       // extern __shared__ float[]
+//   RACKRUN_DYNAMIC_SHARED_ALIGNED(unsigned char, smem, 128);     // the same, __align__(128)
 #ifndef RACKRUN_RUNTIME_CUDA_LAUNCH_CUH_
 #define RACKRUN_RUNTIME_CUDA_LAUNCH_CUH_
 
@@ -40,6 +41,9 @@ class Launch {
 }  // namespace rackrun::runtime::cuda
 
 #define RACKRUN_DYNAMIC_SHARED(T, name) extern __shared__ T name[]
+#define RACKRUN_DYNAMIC_SHARED_ALIGNED(T, name, A) \
+  extern __shared__ __align__(A)                   \
+  T name[]
 
 #endif  // RACKRUN_CUDA_SIM
 

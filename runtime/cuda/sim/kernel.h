@@ -52,9 +52,10 @@ const uint64_t* WarpExchange(unsigned mask, uint64_t mine);
 void SyncWarp(unsigned mask);
 void* DynamicShared();
 
-// Checks a launch's configuration; false (and the thread's last error set) if the GPU
+// Checks a launch of `kernel` (its dynamic shared memory against 48 KiB, or what
+// cudaFuncSetAttribute opted it in to); false (and the thread's last error set) if the GPU
 // would refuse it.
-bool CheckLaunch(dim3 grid, dim3 block, size_t shared);
+bool CheckLaunch(const void* kernel, dim3 grid, dim3 block, size_t shared);
 // Runs every block of a grid, each thread calling `body`. `where` names the launch site.
 void RunGrid(dim3 grid, dim3 block, size_t shared, const std::source_location& where,
              const std::function<void()>& body);
@@ -91,7 +92,7 @@ class Launch {
 
   template <typename... A>
   void operator()(A&&... args) const {
-    if (!sim::CheckLaunch(grid_, block_, shared_)) return;
+    if (!sim::CheckLaunch(reinterpret_cast<const void*>(kernel_), grid_, block_, shared_)) return;
     std::tuple<std::decay_t<P>...> bound(std::forward<A>(args)...);
     sim::Enqueue(stream_, [kernel = kernel_, bound, grid = grid_, block = block_, shared = shared_,
                            where = where_] {
@@ -130,6 +131,10 @@ class Launch {
 #define gridDim (::rackrun::runtime::cuda::sim::Place().grid_dim)
 #define RACKRUN_DYNAMIC_SHARED(T, name) \
   T* name = static_cast<T*>(::rackrun::runtime::cuda::sim::DynamicShared())
+// Dynamic shared memory is 128-byte aligned here (scheduler.cc), as on a GPU.
+#define RACKRUN_DYNAMIC_SHARED_ALIGNED(T, name, A) \
+  static_assert((A) <= 128);                       \
+  RACKRUN_DYNAMIC_SHARED(T, name)
 
 inline void __syncthreads() { ::rackrun::runtime::cuda::sim::SyncThreads(); }
 inline void __syncwarp(unsigned mask = 0xffffffffu) {

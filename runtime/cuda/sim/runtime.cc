@@ -203,6 +203,12 @@ cudaError_t cudaDriverGetVersion(int* version) {
 
 cudaError_t cudaRuntimeGetVersion(int* version) { return cudaDriverGetVersion(version); }
 
+cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int value) {
+  // The one attribute the engine sets; the others are refused, so using one is noticed.
+  if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize) return Fail(cudaErrorInvalidValue);
+  return sim::SetMaxDynamicShared(func, value) ? cudaSuccess : Fail(cudaErrorInvalidValue);
+}
+
 cudaError_t cudaGetLastError() {
   const cudaError_t e = sim::last_error;
   sim::last_error = cudaSuccess;

@@ -34,6 +34,9 @@ Memory Classify(const void* p);
 
 // Records `error` as the calling thread's last error (cudaGetLastError returns and clears it).
 void SetLastError(cudaError_t error);
+// cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), kept
+// for the kernel's launches (scheduler.cc); false above the device's opt-in limit.
+bool SetMaxDynamicShared(const void* kernel, int bytes);
 
 }  // namespace rackrun::runtime::cuda::sim
 

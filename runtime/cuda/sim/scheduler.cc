@@ -7,9 +7,13 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -55,8 +59,17 @@ namespace rackrun::runtime::cuda::sim {
 namespace {
 
 constexpr int kWarp = 32;
-constexpr size_t kStackBytes = size_t{256} << 10;  // per simulated thread
-constexpr size_t kSharedLimit = size_t{48} << 10;  // dynamic shared memory without opt-in
+constexpr size_t kStackBytes = size_t{256} << 10;        // per simulated thread
+constexpr size_t kSharedLimit = size_t{48} << 10;        // dynamic shared memory without opt-in
+constexpr size_t kSharedAlign = 128;                     // dynamic shared memory's alignment
+constexpr size_t kSharedOptInLimit = size_t{227} << 10;  // sm_90's most, with opt-in
+
+// cudaFuncSetAttribute's cudaFuncAttributeMaxDynamicSharedMemorySize, per kernel.
+std::mutex opt_in_mu;
+std::map<const void*, size_t>& OptIns() {
+  static std::map<const void*, size_t> m;
+  return m;
+}
 
 enum class State { kRunnable, kAtBlockBarrier, kAtWarpBarrier, kReturned };
 
@@ -111,8 +124,8 @@ struct Block {
   std::vector<Fiber> fibers;
   void* scheduler = nullptr;  // the grid's host stack while fibers run
   int current = 0;
-  std::vector<uint64_t> exchange;  // kWarp values per warp
-  std::vector<unsigned char> shared;
+  std::vector<uint64_t> exchange;     // kWarp values per warp
+  std::vector<unsigned char> shared;  // kSharedAlign more than asked, for the alignment
   // What the barriers wait for: threads not returned, those at __syncthreads; per warp, the
   // lanes not returned, those at a warp operation, the lanes that returned (bits).
   int live = 0, at_block = 0;
@@ -249,12 +262,31 @@ const uint64_t* WarpExchange(unsigned mask, uint64_t mine) {
   return &b.exchange[warp * kWarp];
 }
 
-void* DynamicShared() { return running->shared.data(); }
+// Aligned as a GPU aligns it (wmma needs 256-bit aligned tiles; malloc gives 16 bytes).
+void* DynamicShared() {
+  const auto at = reinterpret_cast<uintptr_t>(running->shared.data());
+  return running->shared.data() + (kSharedAlign - at % kSharedAlign) % kSharedAlign;
+}
 
-bool CheckLaunch(dim3 grid, dim3 block, size_t shared) {
+bool SetMaxDynamicShared(const void* kernel, int bytes) {
+  if (kernel == nullptr || bytes < 0 || static_cast<size_t>(bytes) > kSharedOptInLimit) {
+    return false;
+  }
+  std::lock_guard<std::mutex> lock(opt_in_mu);
+  OptIns()[kernel] = static_cast<size_t>(bytes);
+  return true;
+}
+
+bool CheckLaunch(const void* kernel, dim3 grid, dim3 block, size_t shared) {
+  size_t limit = kSharedLimit;
+  {
+    std::lock_guard<std::mutex> lock(opt_in_mu);
+    auto it = OptIns().find(kernel);
+    if (it != OptIns().end()) limit = std::max(limit, it->second);
+  }
   const uint64_t threads = uint64_t{block.x} * block.y * block.z;
   if (threads == 0 || threads > 1024 || block.z > 64 || grid.x == 0 || grid.y == 0 || grid.z == 0 ||
-      grid.y > 65535 || grid.z > 65535 || shared > kSharedLimit) {
+      grid.y > 65535 || grid.z > 65535 || shared > limit) {
     SetLastError(cudaErrorInvalidConfiguration);
     return false;
   }
@@ -275,7 +307,7 @@ void RunGrid(dim3 grid, dim3 block, size_t shared, const std::source_location& w
   for (unsigned bz = 0; bz < grid.z; ++bz)
     for (unsigned by = 0; by < grid.y; ++by)
       for (unsigned bx = 0; bx < grid.x; ++bx) {
-        b.shared.assign(shared, 0xff);
+        b.shared.assign(shared + kSharedAlign, 0xff);
         b.live = static_cast<int>(threads);
         b.at_block = 0;
         b.at_warp.assign(b.exchange.size() / kWarp, 0);

@@ -1,7 +1,8 @@
 // The CUDA simulator itself: barriers and warp shuffles as CUDA defines them, the stream
 // order (work runs when the host waits for it), copies checked against where pointers
 // point, launches refused as the GPU refuses them, and the stops for a barrier that cannot
-// be passed and a shuffle with a lane that returned.
+// be passed and a shuffle with a lane that returned; shared memory above 48 KiB by opt-in;
+// the warp matrix operations (wmma.h) and their alignment stop.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -9,6 +10,7 @@
 #include <vector>
 
 #include "runtime/cuda/sim/kernel.h"
+#include "runtime/cuda/sim/wmma.h"
 
 namespace rackrun::runtime::cuda {
 namespace {
@@ -192,6 +194,90 @@ TEST(CudaSimTest, CopiesAndLaunchesAreChecked) {
   EXPECT_EQ(cudaFree(d), cudaSuccess);
 }
 
+// Dynamic shared memory above 48 KiB needs the kernel's opt-in, up to sm_90's 227 KiB.
+TEST(CudaSimTest, SharedMemoryAbove48KiBNeedsTheKernelsOptIn) {
+  float* d = DeviceAlloc<float>(64);
+  Launch(DynamicSharedKernel, 1, 64, 100 << 10, nullptr)(d);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidConfiguration);
+  const void* kernel = reinterpret_cast<const void*>(DynamicSharedKernel);
+  EXPECT_EQ(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 228 << 10),
+            cudaErrorInvalidValue);
+  (void)cudaGetLastError();
+  ASSERT_EQ(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 100 << 10),
+            cudaSuccess);
+  Launch(DynamicSharedKernel, 1, 64, 100 << 10, nullptr)(d);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+  Launch(FillKernel, 1, 32, 100 << 10, nullptr)(4, 1.0f, d);  // another kernel: not opted in
+  EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidConfiguration);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(cudaFree(d), cudaSuccess);
+}
+
+// One warp: C = A B + C on 16 x 16 x 16 bf16 tiles staged in (aligned) dynamic shared
+// memory, B read column-major from a transposed copy and row-major, both stored.
+__global__ void WmmaKernel(const float* a, const float* b, const float* c, float* out) {
+  namespace wmma = nvcuda::wmma;
+  RACKRUN_DYNAMIC_SHARED_ALIGNED(unsigned char, smem, 128);
+  auto* as = reinterpret_cast<__nv_bfloat16*>(smem);
+  auto* bs = as + 256;
+  auto* bt = bs + 256;
+  for (int x = static_cast<int>(threadIdx.x); x < 256; x += 32) {
+    as[x] = __float2bfloat16(a[x]);
+    bs[x] = __float2bfloat16(b[x]);
+    bt[(x % 16) * 16 + x / 16] = __float2bfloat16(b[x]);  // B^T, row-major
+  }
+  __syncwarp();
+  wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa;
+  wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major> fb;
+  wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> fbt;
+  wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc, acc2;
+  wmma::load_matrix_sync(fa, as, 16);
+  wmma::load_matrix_sync(fb, bs, 16);
+  wmma::load_matrix_sync(fbt, bt, 16);
+  wmma::load_matrix_sync(acc, c, 16, wmma::mem_row_major);
+  wmma::load_matrix_sync(acc2, c, 16, wmma::mem_col_major);
+  wmma::mma_sync(acc, fa, fb, acc);
+  wmma::mma_sync(acc2, fa, fbt, acc2);
+  wmma::store_matrix_sync(out, acc, 16, wmma::mem_row_major);
+  wmma::store_matrix_sync(out + 256, acc2, 16, wmma::mem_col_major);
+}
+
+__global__ void MisalignedWmmaKernel(const float* c) {
+  nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float> acc;
+  nvcuda::wmma::load_matrix_sync(acc, c + 1, 16, nvcuda::wmma::mem_row_major);
+}
+
+// Values exact in bf16 with sums exact in float: the products must match to the bit.
+TEST(CudaSimTest, WarpMatrixMultiplyAccumulates) {
+  std::vector<float> a(256), b(256), c(256);
+  for (int i = 0; i < 256; ++i) {
+    a[static_cast<size_t>(i)] = static_cast<float>(i % 7 - 3);
+    b[static_cast<size_t>(i)] = static_cast<float>(i % 5 - 2) * 0.5f;
+    c[static_cast<size_t>(i)] = static_cast<float>(i % 3);
+  }
+  float* d = DeviceAlloc<float>(4 * 256);
+  ASSERT_EQ(cudaMemcpy(d, a.data(), 1024, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(d + 256, b.data(), 1024, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(d + 512, c.data(), 1024, cudaMemcpyHostToDevice), cudaSuccess);
+  float* out = DeviceAlloc<float>(512);
+  Launch(WmmaKernel, 1, 32, 3 * 256 * 2, nullptr)(d, d + 256, d + 512, out);
+  std::vector<float> got(512);
+  ASSERT_EQ(cudaMemcpy(got.data(), out, 2048, cudaMemcpyDeviceToHost), cudaSuccess);
+  for (int m = 0; m < 16; ++m)
+    for (int n = 0; n < 16; ++n) {
+      float row = c[static_cast<size_t>(m * 16 + n)], col = c[static_cast<size_t>(n * 16 + m)];
+      for (int k = 0; k < 16; ++k) {
+        const float p = a[static_cast<size_t>(m * 16 + k)] * b[static_cast<size_t>(k * 16 + n)];
+        row += p;
+        col += p;
+      }
+      EXPECT_EQ(got[static_cast<size_t>(m * 16 + n)], row) << m << " " << n;
+      EXPECT_EQ(got[static_cast<size_t>(256 + n * 16 + m)], col) << m << " " << n;
+    }
+  EXPECT_EQ(cudaFree(d), cudaSuccess);
+  EXPECT_EQ(cudaFree(out), cudaSuccess);
+}
+
 TEST(CudaSimDeathTest, BarriersNoThreadCanPassStop) {
   float* d = DeviceAlloc<float>(64);
   EXPECT_DEATH(
@@ -211,6 +297,17 @@ TEST(CudaSimDeathTest, AShuffleWithALaneThatReturnedStops) {
         (void)cudaDeviceSynchronize();
       },
       "names a lane that has returned");
+  EXPECT_EQ(cudaFree(d), cudaSuccess);
+}
+
+TEST(CudaSimDeathTest, AMisalignedWarpMatrixTileStops) {
+  float* d = DeviceAlloc<float>(512);
+  EXPECT_DEATH(
+      {
+        Launch(MisalignedWmmaKernel, 1, 32, 0, nullptr)(d);
+        (void)cudaDeviceSynchronize();
+      },
+      "not 256-bit aligned");
   EXPECT_EQ(cudaFree(d), cudaSuccess);
 }
 
