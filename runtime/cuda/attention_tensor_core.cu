@@ -48,9 +48,9 @@ using FragC = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
 // conflicts, every array 128-byte aligned (wmma needs 256-bit aligned tiles).
 template <int D>
 struct Smem {
-  static constexpr int kLd = D + 8;                          // bf16 row tiles
+  static constexpr int kLd = D + 8;                        // bf16 row tiles
   static constexpr int kLs = (kRows > D ? kRows : D) + 4;  // fp32 staging
-  static constexpr int kLp = kRows + 8;                      // bf16 per-warp tiles
+  static constexpr int kLp = kRows + 8;                    // bf16 per-warp tiles
   static constexpr size_t Align(size_t b) { return (b + 127) / 128 * 128; }
   static constexpr size_t kTile = Align(size_t{kRows} * kLd * sizeof(bf16));
   static constexpr size_t kStage = Align(size_t{16} * kLs * sizeof(float));
@@ -100,7 +100,8 @@ __device__ __forceinline__ void TimesTileTransposed(const FragA (&a)[D / 16], co
 
 // acc (16 x D) += p (a warp's bf16 [16 x kRows]) times tile ([kRows x D]): O += P V and the like.
 template <int D>
-__device__ __forceinline__ void AddTimesTile(const bf16* p, const bf16* tile, FragC (&acc)[D / 16]) {
+__device__ __forceinline__ void AddTimesTile(const bf16* p, const bf16* tile,
+                                             FragC (&acc)[D / 16]) {
 #pragma unroll
   for (int kk = 0; kk < kRows / 16; ++kk) {
     FragA a;
@@ -132,12 +133,14 @@ __global__ void __launch_bounds__(kThreads)
                             float* __restrict__ attn, float* __restrict__ lse) {
   using L = Smem<D>;
   RACKRUN_DYNAMIC_SHARED_ALIGNED(unsigned char, smem, 128);
-  const int warp = static_cast<int>(threadIdx.x) / kWarp, lane = static_cast<int>(threadIdx.x) % kWarp;
+  const int warp = static_cast<int>(threadIdx.x) / kWarp,
+            lane = static_cast<int>(threadIdx.x) % kWarp;
   bf16* qs = reinterpret_cast<bf16*>(smem);
   bf16* ks = reinterpret_cast<bf16*>(smem + L::kTile);
   bf16* vs = reinterpret_cast<bf16*>(smem + 2 * L::kTile);
   float* stage = reinterpret_cast<float*>(smem + 3 * L::kTile + warp * L::kStage);
-  bf16* ps = reinterpret_cast<bf16*>(smem + 3 * L::kTile + kWarps * L::kStage + warp * L::kWarpTile);
+  bf16* ps =
+      reinterpret_cast<bf16*>(smem + 3 * L::kTile + kWarps * L::kStage + warp * L::kWarpTile);
   const int bh = blockIdx.y, b = bh / heads, h = bh % heads;
   const int i0 = blockIdx.x * kRows;
   const int64_t c3 = 3 * static_cast<int64_t>(width);
@@ -222,7 +225,8 @@ __global__ void __launch_bounds__(kThreads)
                               const float* __restrict__ delta, float* __restrict__ dqkv) {
   using L = Smem<D>;
   RACKRUN_DYNAMIC_SHARED_ALIGNED(unsigned char, smem, 128);
-  const int warp = static_cast<int>(threadIdx.x) / kWarp, lane = static_cast<int>(threadIdx.x) % kWarp;
+  const int warp = static_cast<int>(threadIdx.x) / kWarp,
+            lane = static_cast<int>(threadIdx.x) % kWarp;
   bf16* qs = reinterpret_cast<bf16*>(smem);
   bf16* dos = reinterpret_cast<bf16*>(smem + L::kTile);
   bf16* ks = reinterpret_cast<bf16*>(smem + 2 * L::kTile);
@@ -296,7 +300,8 @@ __global__ void __launch_bounds__(kThreads)
                                  const float* __restrict__ delta, float* __restrict__ dqkv) {
   using L = Smem<D>;
   RACKRUN_DYNAMIC_SHARED_ALIGNED(unsigned char, smem, 128);
-  const int warp = static_cast<int>(threadIdx.x) / kWarp, lane = static_cast<int>(threadIdx.x) % kWarp;
+  const int warp = static_cast<int>(threadIdx.x) / kWarp,
+            lane = static_cast<int>(threadIdx.x) % kWarp;
   bf16* kown = reinterpret_cast<bf16*>(smem);
   bf16* vown = reinterpret_cast<bf16*>(smem + L::kTile);
   bf16* qs = reinterpret_cast<bf16*>(smem + 2 * L::kTile);
@@ -359,8 +364,7 @@ __global__ void __launch_bounds__(kThreads)
                           ? expf(s_stage[r * L::kLs + col] * scale - lse_s[col])
                           : 0.0f;
       pts[r * L::kLp + col] = __float2bfloat16(p);
-      dsts[r * L::kLp + col] =
-          __float2bfloat16(p * (dp_stage[r * L::kLs + col] - delta_s[col]));
+      dsts[r * L::kLp + col] = __float2bfloat16(p * (dp_stage[r * L::kLs + col] - delta_s[col]));
     }
     __syncwarp();
     AddTimesTile<D>(pts, dos, dv);
@@ -411,9 +415,9 @@ cudaError_t BackwardTensorCore(int batch, int seq, int heads, float scale, const
                                const float* delta, float* dqkv, cudaStream_t stream) {
   using L = Smem<D>;
   const size_t dq_bytes = 4 * L::kTile + kWarps * (2 * L::kStage + L::kWarpTile);
-  if (cudaError_t e = LaunchTensorCore(QueryGradTensorCoreKernel<D>, dq_bytes, batch, seq, heads,
-                                       stream, seq, heads, heads * D, scale, qkv, doc_start, lse,
-                                       dattn, delta, dqkv);
+  if (cudaError_t e =
+          LaunchTensorCore(QueryGradTensorCoreKernel<D>, dq_bytes, batch, seq, heads, stream, seq,
+                           heads, heads * D, scale, qkv, doc_start, lse, dattn, delta, dqkv);
       e != cudaSuccess) {
     return e;
   }

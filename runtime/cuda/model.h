@@ -7,10 +7,10 @@
 // the host model, which stays the checkpoint's view: CopyToHost / CopyFromHost), same batch
 // layout (runtime/model.h's LayOutBatch).
 //
-// Residual modes on the GPU: vanilla, mhc (4 streams at most), xhc, xhc_flash and xhc_flash4
-// (runtime/cuda/xhc.h, the state in fp32, or in bf16 under model.precision bf16; mhc and the
-// flash schedules never run on a GPU yet). hc is refused by Create with an Unimplemented error
-// naming the mode (device_probe.h's CheckGpuResidualMode).
+// Residual modes on the GPU: vanilla, hc and mhc (8 streams at most), xhc, xhc_flash and
+// xhc_flash4 (runtime/cuda/xhc.h, the state in fp32, or in bf16 under model.precision bf16;
+// none has run on a GPU yet, all on the simulator). A mode the GPU lacks is refused by Create
+// with an Unimplemented error naming it (device_probe.h's CheckGpuResidualMode).
 //
 // Precision (model.precision): every GEMM through MatMul (fp32, TF32 or bf16 inputs with fp32
 // accumulation); parameters, gradients and activations fp32.

@@ -182,7 +182,7 @@ TEST(GpuModelTest, BadBatchesGetTheCpuModelsErrors) {
 TEST(GpuModelTest, ShapesTheGpuLacksAreRefusedNamingTheField) {
   RACKRUN_OPEN_GPU_OR_SKIP(dev);
   ModelConfig config = Config("mhc", false);
-  config.streams = 8;  // the GPU's hc and mhc take 4 at most
+  config.streams = 9;  // the GPU's hc and mhc take 8 at most
   absl::StatusOr<std::unique_ptr<Model<float>>> cpu = Model<float>::Create(config, 5);
   ASSERT_TRUE(cpu.ok()) << cpu.status();
   absl::StatusOr<std::unique_ptr<GpuModel>> gpu =

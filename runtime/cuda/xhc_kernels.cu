@@ -970,11 +970,13 @@ __global__ void SumScalarsKernel(int64_t tokens, int stride, int count, const fl
 
 // ---------------------------------------------------------------- hc and mhc
 
-constexpr int kDenseR = kDenseMaxN + kDenseMaxN * kDenseMaxN;  // the write backward's dots
+// The kernels below hold a token's N streams in arrays of NM (4, or NM), the
+// smallest that holds N (the launchers pick it).
 
 // Thread 0 of DenseRead: the coefficient record from the streams' sums of squares `sq` (hc:
 // each stream's RMS; mhc: their total, the RMS of vec X) and the projections zt (Rows() x P).
-__device__ void DenseMaps(const DenseLayout& l, const MapParams& p, const float (&sq)[kDenseMaxN],
+template <int NM>
+__device__ void DenseMaps(const DenseLayout& l, const MapParams& p, const float (&sq)[NM],
                           const float* zt, float* cf) {
   const int N = l.N, P = l.P();
   if (l.hc) {
@@ -1008,31 +1010,31 @@ __device__ void DenseMaps(const DenseLayout& l, const MapParams& p, const float 
     hp[j] = Sigmoid(a_pre * y[j] + p.b_pre[j]);
     hq[j] = 2.0f * Sigmoid(a_post * y[N + j] + p.b_post[j]);
   }
-  float logits[kDenseMaxN * kDenseMaxN];
+  float logits[NM * NM];
   for (int j = 0; j < N * N; ++j) logits[j] = a_res * y[2 * N + j] + p.b_res[j];
   SinkhornForward(N, l.iters, logits, cf + l.Res(), nullptr);
 }
 
-template <typename S>
+template <typename S, int NM>
 __global__ void __launch_bounds__(kRowThreads)
     DenseReadKernel(DenseLayout l, const S* x, const float* z, MapParams p, float* coef, float* u,
                     S* saved) {
-  __shared__ float red[kDenseMaxN * kWarp];
-  __shared__ float hpre[kDenseMaxN];
+  __shared__ float red[NM * kWarp];
+  __shared__ float hpre[NM];
   const int64_t t = blockIdx.x;
   const int N = l.N, C = l.C;
   const int64_t nc = static_cast<int64_t>(N) * C;
   const S* xt = x + t * nc;
-  float sq[kDenseMaxN] = {};
+  float sq[NM] = {};
   for (int c = threadIdx.x; c < C; c += blockDim.x) {
 #pragma unroll
-    for (int j = 0; j < kDenseMaxN; ++j) {
+    for (int j = 0; j < NM; ++j) {
       if (j >= N) break;
       const float v = ToF(xt[static_cast<int64_t>(j) * C + c]);
       sq[j] += v * v;
     }
   }
-  BlockSum<float, kDenseMaxN>(sq, red);
+  BlockSum<float, NM>(sq, red);
   if (threadIdx.x == 0) {
     float* cf = coef + t * l.CoefStride();
     DenseMaps(l, p, sq, z + t * l.Rows() * l.P(), cf);
@@ -1052,7 +1054,7 @@ __global__ void __launch_bounds__(kRowThreads)
   }
 }
 
-template <typename S>
+template <typename S, int NM>
 __global__ void DenseWriteKernel(DenseLayout l, int64_t tokens, const float* out, const float* coef,
                                  S* x, float* out_saved) {
   const int N = l.N, C = l.C;
@@ -1065,18 +1067,18 @@ __global__ void DenseWriteKernel(DenseLayout l, int64_t tokens, const float* out
     const float* hpost = cf + l.Post();
     const float* hres = cf + l.Res();
     S* xt = x + t * N * C + c;
-    float xv[kDenseMaxN];
+    float xv[NM] = {};
 #pragma unroll
-    for (int j = 0; j < kDenseMaxN; ++j)
+    for (int j = 0; j < NM; ++j)
       if (j < N) xv[j] = ToF(xt[static_cast<int64_t>(j) * C]);
     const float o = out[n];
     out_saved[n] = o;
 #pragma unroll
-    for (int i = 0; i < kDenseMaxN; ++i) {
+    for (int i = 0; i < NM; ++i) {
       if (i >= N) break;
       float y = 0;
 #pragma unroll
-      for (int j = 0; j < kDenseMaxN; ++j)
+      for (int j = 0; j < NM; ++j)
         if (j < N) y += hres[i * l.ResRow() + j * l.ResCol()] * xv[j];
       y += hpost[i] * o;
       xt[static_cast<int64_t>(i) * C] = FromF<S>(y);
@@ -1084,11 +1086,12 @@ __global__ void DenseWriteKernel(DenseLayout l, int64_t tokens, const float* out
   }
 }
 
-template <typename S>
+template <typename S, int NM>
 __global__ void __launch_bounds__(kRowThreads)
     DenseWriteBackwardKernel(DenseLayout l, const S* saved, const float* out_saved,
                              const float* coef, float* dx, float* d_out, float* dcoef) {
-  __shared__ float red[kDenseR * kWarp];
+  constexpr int R = NM + NM * NM;  // the dots
+  __shared__ float red[R * kWarp];
   const int64_t t = blockIdx.x;
   const int N = l.N, C = l.C;
   const int64_t nc = static_cast<int64_t>(N) * C;
@@ -1097,51 +1100,51 @@ __global__ void __launch_bounds__(kRowThreads)
   const float* hres = cf + l.Res();
   const S* xt = saved + t * nc;
   float* dxt = dx + t * nc;
-  float dots[kDenseR] = {};
+  float dots[R] = {};
   for (int c = threadIdx.x; c < C; c += blockDim.x) {
-    float g[kDenseMaxN], xp[kDenseMaxN];
+    float g[NM], xp[NM];
 #pragma unroll
-    for (int j = 0; j < kDenseMaxN; ++j) {
+    for (int j = 0; j < NM; ++j) {
       g[j] = j < N ? dxt[static_cast<int64_t>(j) * C + c] : 0.0f;
       xp[j] = j < N ? ToF(xt[static_cast<int64_t>(j) * C + c]) : 0.0f;
     }
     const float o = out_saved[t * C + c];
     float d = 0;
 #pragma unroll
-    for (int i = 0; i < kDenseMaxN; ++i) {
+    for (int i = 0; i < NM; ++i) {
       if (i >= N) break;
       d += hpost[i] * g[i];
       dots[i] += g[i] * o;
 #pragma unroll
-      for (int j = 0; j < kDenseMaxN; ++j) dots[kDenseMaxN + i * kDenseMaxN + j] += g[i] * xp[j];
+      for (int j = 0; j < NM; ++j) dots[NM + i * NM + j] += g[i] * xp[j];
     }
     d_out[t * C + c] = d;
 #pragma unroll
-    for (int j = 0; j < kDenseMaxN; ++j) {
+    for (int j = 0; j < NM; ++j) {
       if (j >= N) break;
       float v = 0;
 #pragma unroll
-      for (int i = 0; i < kDenseMaxN; ++i)
+      for (int i = 0; i < NM; ++i)
         if (i < N) v += hres[i * l.ResRow() + j * l.ResCol()] * g[i];
       dxt[static_cast<int64_t>(j) * C + c] = v;
     }
   }
-  BlockSum<float, kDenseR>(dots, red);
+  BlockSum<float, R>(dots, red);
   if (threadIdx.x == 0) {
     float* dc = dcoef + t * l.DcoefStride();
     for (int i = 0; i < N; ++i) {
       dc[i] = dots[i];
-      for (int j = 0; j < N; ++j)
-        dc[N + i * l.ResRow() + j * l.ResCol()] = dots[kDenseMaxN + i * kDenseMaxN + j];
+      for (int j = 0; j < N; ++j) dc[N + i * l.ResRow() + j * l.ResCol()] = dots[NM + i * NM + j];
     }
   }
 }
 
 // Thread 0 of DenseReadBackward for hc (HcImpl::ReadBackward's token_grad): per stream the
 // tanh maps' gradients, c (its row) and scal; alpha[s], the factor of x_s in dx_s.
+template <int NM>
 __device__ void HcMapGrads(const DenseLayout& l, const MapParams& p, const float* cf,
-                           const float* dc, const float (&dpre)[kDenseMaxN], float* ct, float* sc,
-                           float (&alpha)[kDenseMaxN]) {
+                           const float* dc, const float (&dpre)[NM], float* ct, float* sc,
+                           float (&alpha)[NM]) {
   const int N = l.N, P = l.P();
   const float s_a = *p.a_pre, s_b = *p.a_post;
   for (int i = 0; i < l.ScalStride(); ++i) sc[i] = 0;
@@ -1178,9 +1181,10 @@ __device__ void HcMapGrads(const DenseLayout& l, const MapParams& p, const float
 // Thread 0 of DenseReadBackward for mhc (MhcImpl::ReadBackward's token_grad): the logit
 // gradients of H_pre, H_post and (through the recomputed Sinkhorn) H_res; c and scal; every
 // alpha[s] the RMS norm's factor.
+template <int NM>
 __device__ void MhcMapGrads(const DenseLayout& l, const MapParams& p, const float* cf,
-                            const float* dc, const float (&dpre)[kDenseMaxN], float* ct, float* sc,
-                            float* tp, float (&alpha)[kDenseMaxN]) {
+                            const float* dc, const float (&dpre)[NM], float* ct, float* sc,
+                            float* tp, float (&alpha)[NM]) {
   const int N = l.N, P = l.P();
   const float r = cf[0];
   const float* y = cf + 1;
@@ -1199,8 +1203,7 @@ __device__ void MhcMapGrads(const DenseLayout& l, const MapParams& p, const floa
     sc[3 + N + j] = dlp;
     ct[N + j] = a_post * dlp;
   }
-  float logits[kDenseMaxN * kDenseMaxN] = {}, hraw[kDenseMaxN * kDenseMaxN] = {},
-                            dz[kDenseMaxN * kDenseMaxN] = {};
+  float logits[NM * NM] = {}, hraw[NM * NM] = {}, dz[NM * NM] = {};
   for (int j = 0; j < N * N; ++j) logits[j] = a_res * y[2 * N + j] + p.b_res[j];
   SinkhornForward(N, l.iters, logits, hraw, tp);
   SinkhornBackward(N, l.iters, logits, tp, dc + N, dz);
@@ -1218,14 +1221,14 @@ __device__ void MhcMapGrads(const DenseLayout& l, const MapParams& p, const floa
   for (int s = 0; s < N; ++s) alpha[s] = a;
 }
 
-template <typename S>
+template <typename S, int NM>
 __global__ void __launch_bounds__(kRowThreads)
     DenseReadBackwardKernel(DenseLayout l, const S* saved, const float* du, const float* coef,
                             const float* dcoef, MapParams p, float* dx, float* c, float* scal,
                             float* tape, int64_t tape_floats) {
-  __shared__ float red[kDenseMaxN * kWarp];
-  __shared__ float hpre[kDenseMaxN];
-  __shared__ float salpha[kDenseMaxN];
+  __shared__ float red[NM * kWarp];
+  __shared__ float hpre[NM];
+  __shared__ float salpha[NM];
   const int64_t t = blockIdx.x;
   const int N = l.N, C = l.C;
   const int64_t nc = static_cast<int64_t>(N) * C;
@@ -1233,10 +1236,10 @@ __global__ void __launch_bounds__(kRowThreads)
   const S* xt = saved + t * nc;
   const float* dut = du + t * C;
   if (static_cast<int>(threadIdx.x) < N) hpre[threadIdx.x] = cf[l.Pre() + threadIdx.x];
-  float dpre[kDenseMaxN];
-  StreamDots<S, kDenseMaxN>(N, C, xt, dut, dpre, red);
+  float dpre[NM];
+  StreamDots<S, NM>(N, C, xt, dut, dpre, red);
   if (threadIdx.x == 0) {
-    float alpha[kDenseMaxN] = {};
+    float alpha[NM] = {};
     const float* dc = dcoef + t * l.DcoefStride();
     float* ct = c + t * l.Rows() * l.P();
     float* sc = scal + t * l.ScalStride();
@@ -1452,8 +1455,13 @@ cudaError_t DenseRead(const DenseLayout& l, int64_t tokens, const S* x, const fl
                       const MapParams& p, float* coef, float* u, S* saved, cudaStream_t stream) {
   if (tokens == 0) return cudaSuccess;
   if (l.N > kDenseMaxN) return cudaErrorInvalidValue;
-  Launch(DenseReadKernel<S>, static_cast<unsigned>(tokens), kRowThreads, 0, stream)(l, x, z, p,
-                                                                                    coef, u, saved);
+  if (l.N <= 4) {
+    Launch(DenseReadKernel<S, 4>, static_cast<unsigned>(tokens), kRowThreads, 0, stream)(
+        l, x, z, p, coef, u, saved);
+  } else {
+    Launch(DenseReadKernel<S, kDenseMaxN>, static_cast<unsigned>(tokens), kRowThreads, 0, stream)(
+        l, x, z, p, coef, u, saved);
+  }
   return cudaGetLastError();
 }
 
@@ -1462,8 +1470,13 @@ cudaError_t DenseWrite(const DenseLayout& l, int64_t tokens, const float* out, c
                        S* x, float* out_saved, cudaStream_t stream) {
   if (tokens == 0) return cudaSuccess;
   if (l.N > kDenseMaxN) return cudaErrorInvalidValue;
-  Launch(DenseWriteKernel<S>, GridFor(tokens * l.C), 256, 0, stream)(l, tokens, out, coef, x,
-                                                                     out_saved);
+  if (l.N <= 4) {
+    Launch(DenseWriteKernel<S, 4>, GridFor(tokens * l.C), 256, 0, stream)(l, tokens, out, coef, x,
+                                                                          out_saved);
+  } else {
+    Launch(DenseWriteKernel<S, kDenseMaxN>, GridFor(tokens * l.C), 256, 0, stream)(
+        l, tokens, out, coef, x, out_saved);
+  }
   return cudaGetLastError();
 }
 
@@ -1473,8 +1486,13 @@ cudaError_t DenseWriteBackward(const DenseLayout& l, int64_t tokens, const S* sa
                                float* dcoef, cudaStream_t stream) {
   if (tokens == 0) return cudaSuccess;
   if (l.N > kDenseMaxN) return cudaErrorInvalidValue;
-  Launch(DenseWriteBackwardKernel<S>, static_cast<unsigned>(tokens), kRowThreads, 0, stream)(
-      l, saved, out_saved, coef, dx, d_out, dcoef);
+  if (l.N <= 4) {
+    Launch(DenseWriteBackwardKernel<S, 4>, static_cast<unsigned>(tokens), kRowThreads, 0, stream)(
+        l, saved, out_saved, coef, dx, d_out, dcoef);
+  } else {
+    Launch(DenseWriteBackwardKernel<S, kDenseMaxN>, static_cast<unsigned>(tokens), kRowThreads, 0,
+           stream)(l, saved, out_saved, coef, dx, d_out, dcoef);
+  }
   return cudaGetLastError();
 }
 
@@ -1484,8 +1502,14 @@ cudaError_t DenseReadBackward(const DenseLayout& l, int64_t tokens, const S* sav
                               float* c, float* scal, float* tape, cudaStream_t stream) {
   if (tokens == 0) return cudaSuccess;
   if (l.N > kDenseMaxN) return cudaErrorInvalidValue;
-  Launch(DenseReadBackwardKernel<S>, static_cast<unsigned>(tokens), kRowThreads, 0, stream)(
-      l, saved, du, coef, dcoef, p, dx, c, scal, tape, SinkhornTapeFloats(l.N, l.iters));
+  const int64_t tape_floats = SinkhornTapeFloats(l.N, l.iters);
+  if (l.N <= 4) {
+    Launch(DenseReadBackwardKernel<S, 4>, static_cast<unsigned>(tokens), kRowThreads, 0, stream)(
+        l, saved, du, coef, dcoef, p, dx, c, scal, tape, tape_floats);
+  } else {
+    Launch(DenseReadBackwardKernel<S, kDenseMaxN>, static_cast<unsigned>(tokens), kRowThreads, 0,
+           stream)(l, saved, du, coef, dcoef, p, dx, c, scal, tape, tape_floats);
+  }
   return cudaGetLastError();
 }
 

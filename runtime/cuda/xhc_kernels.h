@@ -170,8 +170,10 @@ cudaError_t SumScalars(int64_t tokens, int stride, int count, const float* scal,
 
 // ---- hc and mhc (docs/design.md 5.2, 5.3; the CPU's HcImpl and MhcImpl in
 // runtime/residual/hyper_connections.cc): every sublayer reads, mixes and writes the full
-// N x C state, N <= kDenseMaxN. The record layouts are the CPU's (MapLayout).
-inline constexpr int kDenseMaxN = 4;
+// N x C state, N <= kDenseMaxN (mhc's Sinkhorn on N x N takes at most kMaxSinkhornN). The
+// record layouts are the CPU's (MapLayout).
+inline constexpr int kDenseMaxN = 8;
+static_assert(kDenseMaxN <= kMaxSinkhornN);
 struct DenseLayout {
   bool hc = false;  // hc; mhc otherwise
   int N = 0, C = 0, iters = 20;

@@ -221,6 +221,12 @@ TEST(GpuXhcTest, FlashBf16StateMatchesTheCpuWithinBf16Rounding) {
                        {0, 17}, {3e-2, 5e-2});
 }
 
+// Config(...) with N streams.
+ResidualConfig WithStreams(ResidualConfig c, int streams) {
+  c.streams = streams;
+  return c;
+}
+
 TEST(GpuXhcTest, MhcMatchesTheCpu) {
   // N = 4 streams, every sublayer reading, mixing and writing the whole state.
   CompareWithCpu<float>(Config(64, ResidualConfig::Transformer(2), ResidualMode::kMhc), 40, {0, 17},
@@ -229,6 +235,20 @@ TEST(GpuXhcTest, MhcMatchesTheCpu) {
                         {0, 5}, {1e-4, 1e-4});
   CompareWithCpu<bf16>(Config(64, ResidualConfig::Transformer(1), ResidualMode::kMhc), 40, {0},
                        {3e-2, 5e-2});
+}
+
+// Above 4 streams the kernels hold a token's streams in arrays of 8: N = 8 fills them, N = 6
+// leaves two slots unused; Sinkhorn on 8 x 8 (its largest).
+TEST(GpuXhcTest, HcAndMhcUpToEightStreamsMatchTheCpu) {
+  for (ResidualMode mode : {ResidualMode::kHc, ResidualMode::kMhc}) {
+    for (int n : {6, 8}) {
+      SCOPED_TRACE(absl::StrCat(mode == ResidualMode::kHc ? "hc" : "mhc", " N = ", n));
+      CompareWithCpu<float>(WithStreams(Config(64, ResidualConfig::Transformer(1), mode), n), 24,
+                            {0, 11}, {1e-4, 1e-4});
+    }
+    CompareWithCpu<bf16>(WithStreams(Config(64, ResidualConfig::Transformer(1), mode), 8), 24, {0},
+                         {3e-2, 5e-2});
+  }
 }
 
 TEST(GpuXhcTest, HcMatchesTheCpu) {
@@ -314,10 +334,10 @@ TEST(GpuXhcTest, SinkhornMatchesTheCpuProjection) {
 
 // Configuration errors come before any device work, so they are checked without a GPU.
 TEST(GpuXhcTest, UnsupportedConfigurationsAreErrors) {
-  // hc and mhc on the GPU: at most 4 streams (the error names model.streams).
+  // hc and mhc on the GPU: at most 8 streams (the error names model.streams).
   for (ResidualMode mode : {ResidualMode::kHc, ResidualMode::kMhc}) {
     ResidualConfig dense = ResidualConfig::ForMode(mode, 64, ResidualConfig::Transformer(1));
-    dense.streams = 8;
+    dense.streams = 9;
     absl::StatusOr<std::unique_ptr<XhcStreams<float>>> g =
         XhcStreams<float>::Create(nullptr, dense, 1);
     ASSERT_FALSE(g.ok());
