@@ -112,8 +112,14 @@ absl::Status GpuAttention::Forward(const float* u, int batch, int seq, const int
 }
 
 attention::Cores GpuAttention::Cores() const {
-  return matmul_->precision() == GemmPrecision::kBf16 ? attention::Cores::kTensorBf16
-                                                      : attention::Cores::kFp32;
+  switch (matmul_->precision()) {
+    case GemmPrecision::kBf16:
+      return attention::Cores::kTensorBf16;
+    case GemmPrecision::kTf32:
+      return attention::Cores::kTensorTf32;
+    default:
+      return attention::Cores::kFp32;
+  }
 }
 
 absl::Status GpuAttention::Backward(const float* dout, float* du) {

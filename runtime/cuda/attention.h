@@ -3,8 +3,8 @@
 // -> output projection), forward and backward, with the CPU layer's parameters and
 // conventions (same shapes: norm [C], wqkv [C x 3C], wo [C x C]; same packed batch and
 // doc_start rule). The core is attention_kernels.h's flash-style kernels (on tensor cores in
-// bf16 when the job computes in bf16, else fp32 CUDA cores); the projections run through
-// MatMul in the job's precision.
+// bf16 or TF32 when the job computes in them, on CUDA cores in fp32); the projections run
+// through MatMul in the job's precision.
 //
 // The weights live in device memory the caller owns (the GPU model's parameter buffer); the
 // layer keeps its activations for the backward (normed input, q/k/v after rotation, the
@@ -59,8 +59,8 @@ class GpuAttention {
   GpuAttention(Device* device, MatMul* matmul, int width, int heads, int max_seq,
                const std::string& name, AttentionWeights weights);
   absl::Status Check(cudaError_t e, const char* what) const;
-  // Tensor cores in bf16 when the job computes in bf16 (model.precision), else fp32 CUDA
-  // cores (attention_kernels.h).
+  // Tensor cores in bf16 or TF32 when the job computes in them (model.precision), fp32 CUDA
+  // cores for fp32 (attention_kernels.h).
   attention::Cores Cores() const;
 
   Device* device_;

@@ -330,8 +330,9 @@ cudaError_t Forward(int batch, int seq, int heads, int head_dim, float scale, co
                     const int32_t* doc_start, float* attn, float* lse, Cores cores,
                     cudaStream_t stream) {
   if (batch == 0 || seq == 0) return cudaSuccess;
-  if (cores == Cores::kTensorBf16) {
-    return TensorCoreForward(batch, seq, heads, head_dim, scale, qkv, doc_start, attn, lse, stream);
+  if (cores != Cores::kFp32) {
+    return TensorCoreForward(cores, batch, seq, heads, head_dim, scale, qkv, doc_start, attn, lse,
+                             stream);
   }
   const int width = heads * head_dim;
   switch (head_dim) {
@@ -357,10 +358,10 @@ cudaError_t Backward(int batch, int seq, int heads, int head_dim, float scale, c
   const int64_t tokens = static_cast<int64_t>(batch) * seq;
   Launch(DeltaKernel, GridStride(tokens * heads), 256, 0, stream)(tokens, seq, heads, head_dim,
                                                                   width, attn, dattn, delta);
-  if (cores == Cores::kTensorBf16) {
+  if (cores != Cores::kFp32) {
     if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-    return TensorCoreBackward(batch, seq, heads, head_dim, scale, qkv, doc_start, lse, dattn, delta,
-                              dqkv, stream);
+    return TensorCoreBackward(cores, batch, seq, heads, head_dim, scale, qkv, doc_start, lse, dattn,
+                              delta, dqkv, stream);
   }
   switch (head_dim) {
     case 16:

@@ -15,12 +15,13 @@
 // 32. The backward needs no atomics: one kernel owns each query row's dQ, another each key
 // row's dK and dV, so every sum has a fixed order and the result is the same run to run.
 //
-// Tensor cores (Cores::kTensorBf16, attention_tensor_core.cu; sm_80+): the same contract and
-// work split in 64-row tiles (4 warps x 16 rows), each product a run of 16 x 16 x 16 warp
-// matrix operations with bf16 operands and fp32 accumulation: q, k, v, the probabilities,
-// dO and dS are rounded to bf16 before each product; the softmax, lse, delta and its
-// gradient stay fp32 (as PyTorch's bf16 flash attention). Shared memory above 48 KiB (up
-// to 153 KiB at head dim 128) is opted in per kernel.
+// Tensor cores (Cores::kTensorBf16 / kTensorTf32, attention_tensor_core.cu; sm_80+): the
+// same contract and work split in 64-row tiles (4 warps x 16 rows), each product a run of
+// warp matrix operations (16 x 16 x 16 bf16, or 16 x 16 x 8 TF32) with fp32 accumulation:
+// q, k, v, the probabilities, dO and dS are rounded to the operand type before each
+// product; the softmax, lse, delta and its gradient stay fp32 (as PyTorch's flash attention
+// in bf16). Shared memory above 48 KiB (at head dim 128: 134 KiB bf16, 205 KiB TF32) is
+// opted in per kernel.
 //
 // Launches are asynchronous on `stream`; the returned cudaError_t is the launch's.
 #ifndef RACKRUN_RUNTIME_CUDA_ATTENTION_KERNELS_H_
@@ -40,8 +41,9 @@ bool SupportedHeadDim(int head_dim);
 cudaError_t Rope(int64_t tokens, int seq, int width, int heads, const float* cos, const float* sin,
                  bool inverse, float* qkv, cudaStream_t stream);
 
-// Which units compute the products: CUDA cores in fp32, or tensor cores in bf16 (above).
-enum class Cores { kFp32, kTensorBf16 };
+// Which units compute the products: CUDA cores in fp32, or tensor cores in bf16 or TF32
+// (above).
+enum class Cores { kFp32, kTensorBf16, kTensorTf32 };
 
 // attn [tokens x C] = softmax(scale q k^T, masked) v per head, heads concatenated;
 // lse [batch * heads x seq] = the log-sum-exp of each query row's scaled scores.
@@ -58,14 +60,14 @@ cudaError_t Backward(int batch, int seq, int heads, int head_dim, float scale, c
                      cudaStream_t stream);
 
 // The tensor-core kernels (attention_tensor_core.cu), which Forward and Backward call for
-// Cores::kTensorBf16; TensorCoreBackward takes delta computed.
-cudaError_t TensorCoreForward(int batch, int seq, int heads, int head_dim, float scale,
+// the tensor-core `cores`; TensorCoreBackward takes delta computed.
+cudaError_t TensorCoreForward(Cores cores, int batch, int seq, int heads, int head_dim, float scale,
                               const float* qkv, const int32_t* doc_start, float* attn, float* lse,
                               cudaStream_t stream);
-cudaError_t TensorCoreBackward(int batch, int seq, int heads, int head_dim, float scale,
-                               const float* qkv, const int32_t* doc_start, const float* lse,
-                               const float* dattn, const float* delta, float* dqkv,
-                               cudaStream_t stream);
+cudaError_t TensorCoreBackward(Cores cores, int batch, int seq, int heads, int head_dim,
+                               float scale, const float* qkv, const int32_t* doc_start,
+                               const float* lse, const float* dattn, const float* delta,
+                               float* dqkv, cudaStream_t stream);
 
 }  // namespace rackrun::runtime::cuda::attention
 

@@ -101,13 +101,14 @@ TEST(GpuAttentionTest, Fp32MatchesTheCpuLayerForEveryHeadDim) {
 
 TEST(GpuAttentionTest, Tf32AndBf16StayWithinTheirRounding) {
   RACKRUN_OPEN_GPU_OR_SKIP(dev);
-  CheckAgainstCpu(dev.get(), {128, 4, 2, 150, GemmPrecision::kTf32, 1e-2});
-  // bf16: the core on tensor cores, for every head dim.
-  for (const Case& k : {Case{64, 4, 2, 100, GemmPrecision::kBf16, 4e-2},
-                        Case{128, 4, 2, 150, GemmPrecision::kBf16, 4e-2},
-                        Case{128, 2, 3, 100, GemmPrecision::kBf16, 4e-2},
-                        Case{256, 2, 2, 70, GemmPrecision::kBf16, 4e-2}}) {
-    CheckAgainstCpu(dev.get(), k);
+  // The core on tensor cores in the job's precision, for every head dim.
+  for (const auto& [precision, tol] :
+       {std::pair{GemmPrecision::kTf32, 1e-2}, std::pair{GemmPrecision::kBf16, 4e-2}}) {
+    for (const Case& k :
+         {Case{64, 4, 2, 100, precision, tol}, Case{128, 4, 2, 150, precision, tol},
+          Case{128, 2, 3, 100, precision, tol}, Case{256, 2, 2, 70, precision, tol}}) {
+      CheckAgainstCpu(dev.get(), k);
+    }
   }
 }
 
@@ -122,60 +123,86 @@ float RoundBf16(float x) {
   return out;
 }
 
-std::vector<float> RoundedBf16(std::vector<float> v) {
-  for (float& x : v) x = RoundBf16(x);
+// Round to TF32 (10 mantissa bits): to nearest, ties away from zero, as cvt.rna does.
+float RoundTf32(float x) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, sizeof(bits));
+  bits = (bits + 0x1000u) & 0xffffe000u;
+  float out;
+  std::memcpy(&out, &bits, sizeof(out));
+  return out;
+}
+
+std::vector<float> Rounded(std::vector<float> v, float (*round)(float)) {
+  for (float& x : v) x = round(x);
   return v;
 }
 
-// The tensor-core kernels against the fp32 kernels on q, k, v and dO that are bf16 values
-// already: the products' operands are then exact but for P and dS, which the tensor-core
-// kernels round to bf16 (relative 2^-9): attn within 5e-3 of its scale, the log-sum-exp
-// within 1e-5 (fp32 sums in another order), dq, dk, dv within 1e-2. Several query and key
-// tiles (seq 150 with 64-row tiles), documents starting mid-row, every head dim.
+// The tensor-core kernels against the fp32 kernels on q, k, v and dO that are values of the
+// operand type already: the products' operands are then exact but for P and dS, which the
+// tensor-core kernels round (bf16: relative 2^-9; TF32: 2^-11). Tolerances, of each array's
+// scale: bf16 attn 5e-3, dq/dk/dv 1e-2; TF32 5e-4 and 2e-3 (the simulator measured at most
+// 8e-4, 3e-3 and 1.2e-4, 3.6e-4); the log-sum-exp 1e-5 (fp32 sums in another order; 3e-7
+// measured). Several query and
+// key tiles (seq 150 with 64-row tiles), documents starting mid-row, every head dim.
+struct CoresCase {
+  attention::Cores cores;
+  float (*round)(float);
+  double attn_tol, grad_tol;
+};
+
+// The fp32 kernels (run 0) and cc's tensor-core kernels (run 1) on the same inputs.
+void CompareTensorCoreKernels(Device* device, const CoresCase& cc, int head_dim) {
+  const int heads = 2, batch = 2, seq = 150, width = heads * head_dim;
+  const int64_t tokens = int64_t{batch} * seq;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+  DeviceTensor<float> qkv =
+      Upload(device, "qkv", Rounded(RandomVector(tokens * 3 * width, 21, 1.5f), cc.round));
+  DeviceTensor<float> dattn =
+      Upload(device, "dattn", Rounded(RandomVector(tokens * width, 22), cc.round));
+  DeviceTensor<int32_t> ds = Upload(device, "doc_start", DocStarts(batch, seq));
+  std::vector<float> attn[2], lse[2], dqkv[2];
+  for (int v = 0; v < 2; ++v) {
+    const attention::Cores cores = v == 0 ? attention::Cores::kFp32 : cc.cores;
+    DeviceTensor<float> a(device, "attn"), l(device, "lse"), delta(device, "delta"),
+        d(device, "dqkv");
+    ASSERT_TRUE(a.Resize({tokens, width}).ok());
+    ASSERT_TRUE(l.Resize({int64_t{batch} * heads, seq}).ok());
+    ASSERT_TRUE(delta.Resize({int64_t{batch} * heads, seq}).ok());
+    ASSERT_TRUE(d.Resize({tokens, 3 * width}).ok());
+    ASSERT_EQ(attention::Forward(batch, seq, heads, head_dim, scale, qkv.data(), ds.data(),
+                                 a.data(), l.data(), cores, device->stream()),
+              cudaSuccess);
+    ASSERT_EQ(attention::Backward(batch, seq, heads, head_dim, scale, qkv.data(), ds.data(),
+                                  a.data(), l.data(), dattn.data(), delta.data(), d.data(), cores,
+                                  device->stream()),
+              cudaSuccess);
+    attn[v] = Download(a);
+    lse[v] = Download(l);
+    dqkv[v] = Download(d);
+  }
+  RACKRUN_EXPECT_CLOSE(attn[1], attn[0], cc.attn_tol);
+  RACKRUN_EXPECT_CLOSE(lse[1], lse[0], 1e-5);
+  for (int part = 0; part < 3; ++part) {  // dq, dk, dv
+    SCOPED_TRACE(absl::StrCat("part ", part));
+    std::vector<float> got, want;
+    for (int64_t t = 0; t < tokens; ++t) {
+      const size_t at = static_cast<size_t>(t * 3 * width + part * width);
+      got.insert(got.end(), dqkv[1].begin() + at, dqkv[1].begin() + at + width);
+      want.insert(want.end(), dqkv[0].begin() + at, dqkv[0].begin() + at + width);
+    }
+    RACKRUN_EXPECT_CLOSE(got, want, cc.grad_tol);
+  }
+}
+
 TEST(GpuAttentionTest, TensorCoreKernelsFollowTheFp32Kernels) {
   RACKRUN_OPEN_GPU_OR_SKIP(dev);
-  for (int head_dim : {16, 32, 64, 128}) {
-    SCOPED_TRACE(absl::StrCat("head dim ", head_dim));
-    const int heads = 2, batch = 2, seq = 150, width = heads * head_dim;
-    const int64_t tokens = int64_t{batch} * seq;
-    const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
-    DeviceTensor<float> qkv =
-        Upload(dev.get(), "qkv", RoundedBf16(RandomVector(tokens * 3 * width, 21, 1.5f)));
-    DeviceTensor<float> dattn =
-        Upload(dev.get(), "dattn", RoundedBf16(RandomVector(tokens * width, 22)));
-    DeviceTensor<int32_t> ds = Upload(dev.get(), "doc_start", DocStarts(batch, seq));
-    std::vector<float> attn[2], lse[2], dqkv[2];
-    for (int v = 0; v < 2; ++v) {
-      const attention::Cores cores =
-          v == 0 ? attention::Cores::kFp32 : attention::Cores::kTensorBf16;
-      DeviceTensor<float> a(dev.get(), "attn"), l(dev.get(), "lse"), delta(dev.get(), "delta"),
-          d(dev.get(), "dqkv");
-      ASSERT_TRUE(a.Resize({tokens, width}).ok());
-      ASSERT_TRUE(l.Resize({int64_t{batch} * heads, seq}).ok());
-      ASSERT_TRUE(delta.Resize({int64_t{batch} * heads, seq}).ok());
-      ASSERT_TRUE(d.Resize({tokens, 3 * width}).ok());
-      ASSERT_EQ(attention::Forward(batch, seq, heads, head_dim, scale, qkv.data(), ds.data(),
-                                   a.data(), l.data(), cores, dev->stream()),
-                cudaSuccess);
-      ASSERT_EQ(
-          attention::Backward(batch, seq, heads, head_dim, scale, qkv.data(), ds.data(), a.data(),
-                              l.data(), dattn.data(), delta.data(), d.data(), cores, dev->stream()),
-          cudaSuccess);
-      attn[v] = Download(a);
-      lse[v] = Download(l);
-      dqkv[v] = Download(d);
-    }
-    RACKRUN_EXPECT_CLOSE(attn[1], attn[0], 5e-3);
-    RACKRUN_EXPECT_CLOSE(lse[1], lse[0], 1e-5);
-    for (int part = 0; part < 3; ++part) {  // dq, dk, dv
-      SCOPED_TRACE(absl::StrCat("part ", part));
-      std::vector<float> got, want;
-      for (int64_t t = 0; t < tokens; ++t) {
-        const size_t at = static_cast<size_t>(t * 3 * width + part * width);
-        got.insert(got.end(), dqkv[1].begin() + at, dqkv[1].begin() + at + width);
-        want.insert(want.end(), dqkv[0].begin() + at, dqkv[0].begin() + at + width);
-      }
-      RACKRUN_EXPECT_CLOSE(got, want, 1e-2);
+  for (const CoresCase& cc : {CoresCase{attention::Cores::kTensorBf16, RoundBf16, 5e-3, 1e-2},
+                              CoresCase{attention::Cores::kTensorTf32, RoundTf32, 5e-4, 2e-3}}) {
+    for (int head_dim : {16, 32, 64, 128}) {
+      SCOPED_TRACE(absl::StrCat(cc.cores == attention::Cores::kTensorBf16 ? "bf16" : "tf32",
+                                " head dim ", head_dim));
+      CompareTensorCoreKernels(dev.get(), cc, head_dim);
     }
   }
 }
@@ -218,10 +245,11 @@ void ExpectRepeatsBitForBit(Device* device, GemmPrecision precision) {
 }
 
 // Fixed reduction orders, no atomics: two runs give the same bits, on CUDA cores (fp32) and
-// tensor cores (bf16).
+// tensor cores (TF32, bf16).
 TEST(GpuAttentionTest, RepeatsBitForBit) {
   RACKRUN_OPEN_GPU_OR_SKIP(dev);
-  for (GemmPrecision precision : {GemmPrecision::kFp32, GemmPrecision::kBf16}) {
+  for (GemmPrecision precision :
+       {GemmPrecision::kFp32, GemmPrecision::kTf32, GemmPrecision::kBf16}) {
     SCOPED_TRACE(GemmPrecisionName(precision));
     ExpectRepeatsBitForBit(dev.get(), precision);
   }

@@ -300,6 +300,49 @@ TEST(CudaSimDeathTest, AShuffleWithALaneThatReturnedStops) {
   EXPECT_EQ(cudaFree(d), cudaSuccess);
 }
 
+// TF32 (m16n16k8): operands rounded by __float_to_tf32 (to nearest, ties away from zero)
+// multiply exactly; an operand not rounded loses its low 13 mantissa bits, as on the tensor
+// cores.
+__global__ void Tf32Kernel(const float* a, const float* b, float* out) {
+  namespace wmma = nvcuda::wmma;
+  RACKRUN_DYNAMIC_SHARED_ALIGNED(float, smem, 128);
+  for (int x = static_cast<int>(threadIdx.x); x < 128; x += 32) {
+    smem[x] = wmma::__float_to_tf32(a[x]);  // A: 16 x 8
+    smem[128 + x] = b[x];                   // B: 8 x 16, not rounded
+  }
+  __syncwarp();
+  wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, wmma::row_major> fa;
+  wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, wmma::row_major> fb;
+  wmma::fragment<wmma::accumulator, 16, 16, 8, float> acc;
+  wmma::fill_fragment(acc, 0.0f);
+  wmma::load_matrix_sync(fa, smem, 8);
+  wmma::load_matrix_sync(fb, smem + 128, 16);
+  wmma::mma_sync(acc, fa, fb, acc);
+  wmma::store_matrix_sync(out, acc, 16, wmma::mem_row_major);
+}
+
+TEST(CudaSimTest, Tf32OperandsAreRoundedOrTruncated) {
+  EXPECT_EQ(nvcuda::wmma::__float_to_tf32(1.0f + 0x1p-11f), 1.0f + 0x1p-10f);  // a tie: away
+  EXPECT_EQ(nvcuda::wmma::__float_to_tf32(-1.0f - 0x1p-11f), -1.0f - 0x1p-10f);
+  EXPECT_EQ(nvcuda::wmma::__float_to_tf32(1.0f + 0x1p-12f), 1.0f);
+  std::vector<float> a(128, 0.0f), b(128, 0.0f);
+  a[0] = 1.0f + 0x1p-11f;   // row 0, k = 0: rounds up to 1 + 2^-10
+  a[1] = 2.0f;              // row 0, k = 1
+  b[0] = 1.0f;              // k = 0, column 0
+  b[16] = 1.0f + 0x1p-11f;  // k = 1, column 0: truncated to 1 in the product
+  float* d = DeviceAlloc<float>(256);
+  ASSERT_EQ(cudaMemcpy(d, a.data(), 512, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(d + 128, b.data(), 512, cudaMemcpyHostToDevice), cudaSuccess);
+  float* out = DeviceAlloc<float>(256);
+  Launch(Tf32Kernel, 1, 32, 256 * sizeof(float), nullptr)(d, d + 128, out);
+  std::vector<float> got(256);
+  ASSERT_EQ(cudaMemcpy(got.data(), out, 1024, cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(got[0], (1.0f + 0x1p-10f) + 2.0f);
+  EXPECT_EQ(got[1], 0.0f);
+  EXPECT_EQ(cudaFree(d), cudaSuccess);
+  EXPECT_EQ(cudaFree(out), cudaSuccess);
+}
+
 TEST(CudaSimDeathTest, AMisalignedWarpMatrixTileStops) {
   float* d = DeviceAlloc<float>(512);
   EXPECT_DEATH(

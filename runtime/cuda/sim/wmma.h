@@ -4,8 +4,11 @@
 //
 // Contract:
 // - fragment<matrix_a, M, N, K, T, Layout>, fragment<matrix_b, ...>, fragment<accumulator,
-//   M, N, K, float> with M = N = K = 16 and T = __nv_bfloat16 (m16n16k16, as on sm_80+);
-//   fill_fragment, load_matrix_sync, store_matrix_sync, mma_sync with CUDA's signatures.
+//   M, N, K, float>: m16n16k16 with T = __nv_bfloat16 and m16n16k8 with T =
+//   precision::tf32 (elements stored as float), as on sm_80+; fill_fragment,
+//   load_matrix_sync, store_matrix_sync, mma_sync and __float_to_tf32 (round to nearest,
+//   ties away from zero, as cvt.rna) with CUDA's signatures. mma_sync reads a tf32 operand
+//   as the tensor cores do: its low 13 mantissa bits ignored (a kernel rounds first).
 // - CUDA leaves the mapping of a fragment's elements to lanes unspecified; here every lane
 //   holds the whole tile (x[], num_elements = rows x columns), so code may only apply the
 //   same operation to every element, as on a GPU.
@@ -15,7 +18,7 @@
 // - No implicit barrier: a lane loads what is in memory when it gets there, so a kernel
 //   that reads a tile other lanes wrote needs its __syncwarp, as on a GPU. mma_sync
 //   multiplies in float, summing over k in order (a GPU's order and internal precision
-//   differ; the products of bf16 values are exact in float either way).
+//   differ; the products of bf16 or tf32 values are exact in float either way).
 #ifndef RACKRUN_RUNTIME_CUDA_SIM_WMMA_H_
 #define RACKRUN_RUNTIME_CUDA_SIM_WMMA_H_
 
@@ -24,6 +27,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <type_traits>
 
 namespace nvcuda::wmma {
@@ -34,6 +38,19 @@ struct matrix_a {};
 struct matrix_b {};
 struct accumulator {};
 enum layout_t { mem_row_major, mem_col_major };
+namespace precision {
+struct tf32 {};
+}  // namespace precision
+
+// Round to tf32 (10 mantissa bits): to nearest, ties away from zero (cvt.rna.tf32.f32).
+inline float __float_to_tf32(float in) {
+  uint32_t bits;
+  std::memcpy(&bits, &in, sizeof(bits));
+  if ((bits & 0x7f800000u) != 0x7f800000u) bits = (bits + 0x1000u) & 0xffffe000u;
+  float out;
+  std::memcpy(&out, &bits, sizeof(out));
+  return out;
+}
 
 namespace detail {
 
@@ -64,36 +81,61 @@ void CheckAccess(const T* p, unsigned ldm) {
   if ((ldm * sizeof(T)) % 16 != 0) Refuse("a leading dimension that is not a multiple of 16 bytes");
 }
 
-inline float ToFloat(float v) { return v; }
-inline float ToFloat(__nv_bfloat16 v) { return __bfloat162float(v); }
+// What a fragment of element type T stores.
+template <typename T>
+struct Storage {
+  using type = T;
+};
+template <>
+struct Storage<precision::tf32> {
+  using type = float;
+};
+
+// An operand as the tensor cores read it: bf16 exactly, tf32 without its low 13 bits.
+inline float Operand(__nv_bfloat16 v, bool) { return __bfloat162float(v); }
+inline float Operand(float v, bool tf32) {
+  if (!tf32) return v;
+  uint32_t bits;
+  std::memcpy(&bits, &v, sizeof(bits));
+  bits &= 0xffffe000u;
+  float out;
+  std::memcpy(&out, &bits, sizeof(out));
+  return out;
+}
 
 }  // namespace detail
 
 template <typename Use, int M, int N, int K, typename T, typename Layout = void>
 class fragment {
-  static_assert(M == 16 && N == 16 && K == 16, "the simulator has m16n16k16 only");
+  static_assert(M == 16 && N == 16 && (K == 16 || K == 8), "the simulator has m16n16k16/k8 only");
   static_assert(std::is_same_v<Use, accumulator> ? std::is_same_v<T, float>
-                                                 : std::is_same_v<T, __nv_bfloat16>,
-                "the simulator has bf16 operands with float accumulators only");
+                                                 : (K == 16 ? std::is_same_v<T, __nv_bfloat16>
+                                                            : std::is_same_v<T, precision::tf32>),
+                "the simulator has bf16 (k16) and tf32 (k8) operands with float accumulators");
 
  public:
+  using element_type = typename detail::Storage<T>::type;
+  static constexpr bool tf32 = std::is_same_v<T, precision::tf32>;
   static constexpr int rows = detail::Shape<Use, M, N, K>::rows;
   static constexpr int cols = detail::Shape<Use, M, N, K>::cols;
   static constexpr int num_elements = rows * cols;
-  T x[num_elements];  // row-major (the simulator's own mapping; see the header)
+  element_type x[num_elements];  // row-major (the simulator's own mapping; see the header)
 
-  T& at(int r, int c) { return x[r * cols + c]; }
-  const T& at(int r, int c) const { return x[r * cols + c]; }
+  element_type& at(int r, int c) { return x[r * cols + c]; }
+  const element_type& at(int r, int c) const { return x[r * cols + c]; }
 };
 
 template <typename Use, int M, int N, int K, typename T, typename Layout>
-void fill_fragment(fragment<Use, M, N, K, T, Layout>& f, const T& v) {
-  for (T& e : f.x) e = v;
+void fill_fragment(fragment<Use, M, N, K, T, Layout>& f,
+                   const typename fragment<Use, M, N, K, T, Layout>::element_type& v) {
+  for (auto& e : f.x) e = v;
 }
 
 // Operand tiles: the layout is the fragment's.
 template <typename Use, int M, int N, int K, typename T, typename Layout>
-void load_matrix_sync(fragment<Use, M, N, K, T, Layout>& f, const T* p, unsigned ldm) {
+void load_matrix_sync(fragment<Use, M, N, K, T, Layout>& f,
+                      const typename fragment<Use, M, N, K, T, Layout>::element_type* p,
+                      unsigned ldm) {
   static_assert(!std::is_same_v<Use, accumulator>, "an accumulator load names its layout");
   detail::CheckAccess(p, ldm);
   constexpr bool row = std::is_same_v<Layout, row_major>;
@@ -128,7 +170,9 @@ void mma_sync(fragment<accumulator, M, N, K, float>& d, const fragment<matrix_a,
   for (int m = 0; m < M; ++m)
     for (int n = 0; n < N; ++n) {
       float acc = c.at(m, n);
-      for (int k = 0; k < K; ++k) acc += detail::ToFloat(a.at(m, k)) * detail::ToFloat(b.at(k, n));
+      for (int k = 0; k < K; ++k) {
+        acc += detail::Operand(a.at(m, k), a.tf32) * detail::Operand(b.at(k, n), b.tf32);
+      }
       out.at(m, n) = acc;
     }
   d = out;
