@@ -104,31 +104,24 @@ __device__ __forceinline__ void LoadRows(const float* base, int64_t stride, int 
   }
 }
 
-// A warp's 16 rows of a row tile as matrix_a fragments (16 x D).
+// stage [16 x kRows] = rows (16 x D: a warp's rows of a row tile) times tile^T (tile:
+// [kRows x D]): S = Q K^T and the like. The A operand is read from shared memory at each use
+// rather than held in registers (which the accumulators need).
 template <int D, typename Ops>
-__device__ __forceinline__ void LoadWarpRows(const typename Ops::T* tile, int warp,
-                                             typename Ops::FragA (&a)[Shape<D, Ops>::kDK]) {
+__device__ __forceinline__ void TimesTileTransposed(const typename Ops::T* rows,
+                                                    const typename Ops::T* tile, float* stage) {
   using S = Shape<D, Ops>;
-#pragma unroll
-  for (int kk = 0; kk < S::kDK; ++kk) {
-    wmma::load_matrix_sync(a[kk], tile + warp * 16 * S::kLd + kk * Ops::kK, S::kLd);
-  }
-}
-
-// stage [16 x kRows] = A (16 x D) times tile^T (tile: [kRows x D]): S = Q K^T and the like.
-template <int D, typename Ops>
-__device__ __forceinline__ void TimesTileTransposed(
-    const typename Ops::FragA (&a)[Shape<D, Ops>::kDK], const typename Ops::T* tile, float* stage) {
-  using S = Shape<D, Ops>;
-#pragma unroll
+#pragma unroll 1  // one accumulator live at a time (registers: the caller's accumulators)
   for (int n = 0; n < kRows / 16; ++n) {
     typename Ops::FragC acc;
     wmma::fill_fragment(acc, 0.0f);
 #pragma unroll
     for (int kk = 0; kk < S::kDK; ++kk) {
+      typename Ops::FragA a;
       typename Ops::FragBCol b;
+      wmma::load_matrix_sync(a, rows + kk * Ops::kK, S::kLd);
       wmma::load_matrix_sync(b, tile + n * 16 * S::kLd + kk * Ops::kK, S::kLd);
-      wmma::mma_sync(acc, a[kk], b, acc);
+      wmma::mma_sync(acc, a, b, acc);
     }
     wmma::store_matrix_sync(stage + n * 16, acc, S::kLs, wmma::mem_row_major);
   }
@@ -140,7 +133,7 @@ template <int D, typename Ops>
 __device__ __forceinline__ void AddTimesTile(const typename Ops::T* p, const typename Ops::T* tile,
                                              typename Ops::FragC (&acc)[Shape<D, Ops>::kDN]) {
   using S = Shape<D, Ops>;
-#pragma unroll
+#pragma unroll 1
   for (int kk = 0; kk < S::kRK; ++kk) {
     typename Ops::FragA a;
     wmma::load_matrix_sync(a, p + kk * Ops::kK, S::kLp);
@@ -196,8 +189,7 @@ __global__ void __launch_bounds__(kThreads)
   const int last = (i0 + kRows < seq ? i0 + kRows : seq) - 1;
   LoadRows<D, Ops>(head, c3, i0, last, qs);
   __syncthreads();
-  typename Ops::FragA q[S::kDK];
-  LoadWarpRows<D, Ops>(qs, warp, q);
+  const T* q = qs + warp * 16 * S::kLd;  // the warp's query rows
   typename Ops::FragC o[S::kDN];
   ZeroAll<D, Ops>(o);
   const int r = lane / 2, half = lane % 2;  // this lane's row and half of the columns
@@ -291,9 +283,8 @@ __global__ void __launch_bounds__(kThreads)
   LoadRows<D, Ops>(head, c3, i0, last, qs);
   LoadRows<D, Ops>(dattn + row0 * width + h * D, width, i0, last, dos);
   __syncthreads();
-  typename Ops::FragA q[S::kDK], d_o[S::kDK];
-  LoadWarpRows<D, Ops>(qs, warp, q);
-  LoadWarpRows<D, Ops>(dos, warp, d_o);
+  const T* q = qs + warp * 16 * S::kLd;  // the warp's query rows and their dO
+  const T* d_o = dos + warp * 16 * S::kLd;
   typename Ops::FragC dq[S::kDN];
   ZeroAll<D, Ops>(dq);
   const int r = lane / 2, half = lane % 2;
@@ -376,9 +367,8 @@ __global__ void __launch_bounds__(kThreads)
   LoadRows<D, Ops>(head + width, c3, j0, last_key, kown);
   LoadRows<D, Ops>(head + 2 * width, c3, j0, last_key, vown);
   __syncthreads();
-  typename Ops::FragA k[S::kDK], v[S::kDK];
-  LoadWarpRows<D, Ops>(kown, warp, k);
-  LoadWarpRows<D, Ops>(vown, warp, v);
+  const T* k = kown + warp * 16 * S::kLd;  // the warp's key rows and their values
+  const T* v = vown + warp * 16 * S::kLd;
   typename Ops::FragC dk[S::kDN], dv[S::kDN];
   ZeroAll<D, Ops>(dk);
   ZeroAll<D, Ops>(dv);
