@@ -465,7 +465,7 @@ class FakeWorker {
     register_.set_launcher_rank(launcher_rank);
     register_.add_channels("ucx");
     register_.add_channels("gloo");
-    Register();
+    id_ = Register();
     OpenStream();
     beating_ = std::thread([this] {
       while (!stop_) {
@@ -498,7 +498,7 @@ class FakeWorker {
   // What a worker does when told so: register again (its id, no job) and open a new stream.
   void RegisterAgainAndReopen() {
     register_.set_worker_id(id_);
-    Register();
+    EXPECT_EQ(Register(), id_);
     OpenStream();
   }
   // The last heartbeat's answer said the stream is closed at the coordinator.
@@ -519,10 +519,11 @@ class FakeWorker {
   Client& client() { return client_; }
 
  private:
-  void Register() {
+  // The id it is given (id_ is written before the heartbeat thread starts, never after).
+  std::string Register() {
     rackrun::v1::RegisterResponse resp;
     EXPECT_TRUE(client_.rack().Register(client_.Ctx().get(), register_, &resp).ok());
-    id_ = resp.worker_id();
+    return resp.worker_id();
   }
   void OpenStream() {
     stream_ctx_ = client_.Ctx(60s);

@@ -72,9 +72,9 @@ class Workers {
 
   // NotFound when the worker is unknown, LOST or GONE (it must register again). A worker
   // that is not BUSY here and names a job is still stopping an ended attempt: not placeable
-  // (as after Register) until a heartbeat names none. `resp`
-  // (when given) says whether its Assignments stream is closed here (stream_closed: a live
-  // worker whose connection died under it; it opens a new stream).
+  // (as after Register) until a heartbeat names none. `resp` (when given) says whether its
+  // Assignments stream is closed here (stream_closed: a live worker whose connection died
+  // under it; it opens a new stream).
   absl::Status Heartbeat(const rackrun::v1::HeartbeatRequest& req,
                          rackrun::v1::HeartbeatResponse* resp = nullptr);
 
