@@ -20,7 +20,7 @@
 // warp matrix operations (16 x 16 x 16 bf16, or 16 x 16 x 8 TF32) with fp32 accumulation:
 // q, k, v, the probabilities, dO and dS are rounded to the operand type before each
 // product; the softmax, lse, delta and its gradient stay fp32 (as PyTorch's flash attention
-// in bf16). Shared memory above 48 KiB (at head dim 128: 134 KiB bf16, 205 KiB TF32) is
+// in bf16). Shared memory above 48 KiB (at head dim 128: 137 KiB bf16, 205 KiB TF32) is
 // opted in per kernel.
 //
 // Launches are asynchronous on `stream`; the returned cudaError_t is the launch's.

@@ -63,15 +63,13 @@ struct Tf32Ops {
   static __device__ __forceinline__ T From(float v) { return wmma::__float_to_tf32(v); }
 };
 
-// Head dim D with operands Ops: the fragments and the shared-memory layout (operand row
+// Head dim D with operands Ops: the loop counts and the shared-memory layout (operand row
 // tiles [kRows x D]; per warp fp32 staging areas [16 x max(kRows, D)] and operand tiles [16 x
 // kRows]; rows padded against bank conflicts; every array 128-byte aligned, as wmma needs
 // 256-bit aligned tiles).
 template <int D, typename Ops>
 struct Shape {
   using T = typename Ops::T;
-  using FragA = typename Ops::FragA;
-  using FragC = typename Ops::FragC;
   static constexpr int kDK = D / Ops::kK;      // k-steps over the head dim
   static constexpr int kRK = kRows / Ops::kK;  // k-steps over a tile's rows
   static constexpr int kDN = D / 16;           // 16-column blocks of the head dim
