@@ -161,6 +161,31 @@ __device__ __forceinline__ void ZeroAll(typename Ops::FragC (&acc)[Shape<D, Ops>
   for (int n = 0; n < Shape<D, Ops>::kDN; ++n) wmma::fill_fragment(acc[n], 0.0f);
 }
 
+// Where a block works: its warp and lane, its (batch row, head) bh, and that row's
+// offsets: row0 (its first token), c3 (qkv's row stride), ds (its doc starts), head (q of
+// its token 0 for head h; k at + width, v at + 2 width).
+struct Place {
+  int warp, lane, bh, h;
+  int64_t c3, row0;
+  const int32_t* ds;
+  const float* head;
+};
+
+template <int D>
+__device__ __forceinline__ Place PlaceOf(int seq, int heads, int width, const float* qkv,
+                                         const int32_t* doc_start) {
+  Place p;
+  p.warp = static_cast<int>(threadIdx.x) / kWarp;
+  p.lane = static_cast<int>(threadIdx.x) % kWarp;
+  p.bh = blockIdx.y;
+  p.h = p.bh % heads;
+  p.c3 = 3 * static_cast<int64_t>(width);
+  p.row0 = static_cast<int64_t>(p.bh / heads) * seq;
+  p.ds = doc_start + p.row0;
+  p.head = qkv + p.row0 * p.c3 + p.h * D;
+  return p;
+}
+
 // The forward: per key tile S = Q K^T, the online softmax (running max m and sum l per row,
 // two lanes per row), O rescaled and O += P V.
 template <int D, typename Ops>
@@ -171,19 +196,17 @@ __global__ void __launch_bounds__(kThreads)
   using S = Shape<D, Ops>;
   using T = typename Ops::T;
   RACKRUN_DYNAMIC_SHARED_ALIGNED(unsigned char, smem, 128);
-  const int warp = static_cast<int>(threadIdx.x) / kWarp;
-  const int lane = static_cast<int>(threadIdx.x) % kWarp;
+  const Place pl = PlaceOf<D>(seq, heads, width, qkv, doc_start);
+  const int warp = pl.warp, lane = pl.lane, bh = pl.bh, h = pl.h;
+  const int64_t c3 = pl.c3, row0 = pl.row0;
+  const int32_t* ds = pl.ds;
+  const float* head = pl.head;
   T* qs = reinterpret_cast<T*>(smem);
   T* ks = reinterpret_cast<T*>(smem + S::kTile);
   T* vs = reinterpret_cast<T*>(smem + 2 * S::kTile);
   float* stage = reinterpret_cast<float*>(smem + 3 * S::kTile + warp * S::kStage);
   T* ps = reinterpret_cast<T*>(smem + 3 * S::kTile + kWarps * S::kStage + warp * S::kWarpTile);
-  const int bh = blockIdx.y, b = bh / heads, h = bh % heads;
   const int i0 = blockIdx.x * kRows;
-  const int64_t c3 = 3 * static_cast<int64_t>(width);
-  const int64_t row0 = static_cast<int64_t>(b) * seq;
-  const int32_t* ds = doc_start + row0;
-  const float* head = qkv + row0 * c3 + h * D;  // q of row 0; k at + width, v at + 2 width
   const int last = (i0 + kRows < seq ? i0 + kRows : seq) - 1;
   LoadRows<D, Ops>(head, c3, i0, last, qs);
   __syncthreads();
@@ -261,8 +284,11 @@ __global__ void __launch_bounds__(kThreads)
   using S = Shape<D, Ops>;
   using T = typename Ops::T;
   RACKRUN_DYNAMIC_SHARED_ALIGNED(unsigned char, smem, 128);
-  const int warp = static_cast<int>(threadIdx.x) / kWarp;
-  const int lane = static_cast<int>(threadIdx.x) % kWarp;
+  const Place pl = PlaceOf<D>(seq, heads, width, qkv, doc_start);
+  const int warp = pl.warp, lane = pl.lane, bh = pl.bh, h = pl.h;
+  const int64_t c3 = pl.c3, row0 = pl.row0;
+  const int32_t* ds = pl.ds;
+  const float* head = pl.head;
   T* qs = reinterpret_cast<T*>(smem);
   T* dos = reinterpret_cast<T*>(smem + S::kTile);
   T* ks = reinterpret_cast<T*>(smem + 2 * S::kTile);
@@ -271,12 +297,7 @@ __global__ void __launch_bounds__(kThreads)
   float* s_stage = reinterpret_cast<float*>(mine);
   float* dp_stage = reinterpret_cast<float*>(mine + S::kStage);
   T* dss = reinterpret_cast<T*>(mine);  // over s_stage, once read
-  const int bh = blockIdx.y, b = bh / heads, h = bh % heads;
   const int i0 = blockIdx.x * kRows;
-  const int64_t c3 = 3 * static_cast<int64_t>(width);
-  const int64_t row0 = static_cast<int64_t>(b) * seq;
-  const int32_t* ds = doc_start + row0;
-  const float* head = qkv + row0 * c3 + h * D;
   const int last = (i0 + kRows < seq ? i0 + kRows : seq) - 1;
   LoadRows<D, Ops>(head, c3, i0, last, qs);
   LoadRows<D, Ops>(dattn + row0 * width + h * D, width, i0, last, dos);
@@ -340,8 +361,11 @@ __global__ void __launch_bounds__(kThreads)
   using S = Shape<D, Ops>;
   using T = typename Ops::T;
   RACKRUN_DYNAMIC_SHARED_ALIGNED(unsigned char, smem, 128);
-  const int warp = static_cast<int>(threadIdx.x) / kWarp;
-  const int lane = static_cast<int>(threadIdx.x) % kWarp;
+  const Place pl = PlaceOf<D>(seq, heads, width, qkv, doc_start);
+  const int warp = pl.warp, lane = pl.lane, bh = pl.bh, h = pl.h;
+  const int64_t c3 = pl.c3, row0 = pl.row0;
+  const int32_t* ds = pl.ds;
+  const float* head = pl.head;
   T* kown = reinterpret_cast<T*>(smem);
   T* vown = reinterpret_cast<T*>(smem + S::kTile);
   T* qs = reinterpret_cast<T*>(smem + 2 * S::kTile);
@@ -355,12 +379,7 @@ __global__ void __launch_bounds__(kThreads)
   float* dp_stage = reinterpret_cast<float*>(mine + S::kStage);
   T* pts = reinterpret_cast<T*>(mine);               // over s_stage, once read
   T* dsts = reinterpret_cast<T*>(mine + S::kStage);  // over dp_stage, once read
-  const int bh = blockIdx.y, b = bh / heads, h = bh % heads;
   const int j0 = blockIdx.x * kRows;
-  const int64_t c3 = 3 * static_cast<int64_t>(width);
-  const int64_t row0 = static_cast<int64_t>(b) * seq;
-  const int32_t* ds = doc_start + row0;
-  const float* head = qkv + row0 * c3 + h * D;
   const int last_key = (j0 + kRows < seq ? j0 + kRows : seq) - 1;
   LoadRows<D, Ops>(head + width, c3, j0, last_key, kown);
   LoadRows<D, Ops>(head + 2 * width, c3, j0, last_key, vown);
