@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <optional>
@@ -252,7 +253,7 @@ void Worker::StreamLoop() {
     while (reader->Read(&a)) {
       if (a.has_run()) {
         std::lock_guard<std::mutex> lock(mu_);
-        if (!runs_received_.emplace(a.run().job_id(), a.run().attempt()).second) {
+        if (HasRunLocked(a.run())) {
           std::fprintf(stderr, "rackrun-worker: job %s attempt %d was sent again; it is here\n",
                        a.run().job_id().c_str(), a.run().attempt());
           continue;
@@ -383,6 +384,14 @@ void Worker::HeartbeatLoop() {
     connection_->Renew(stub);
     next = start + live.retry_period;
   }
+}
+
+bool Worker::HasRunLocked(const rackrun::v1::RunJob& run) const {
+  const auto same = [&](const rackrun::v1::RunJob& j) {
+    return j.job_id() == run.job_id() && j.attempt() == run.attempt();
+  };
+  return std::any_of(queue_.begin(), queue_.end(), same) ||
+         (running_ != nullptr && same(running_->assignment()));
 }
 
 void Worker::ReopenStream(int64_t epoch) {

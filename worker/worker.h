@@ -36,10 +36,8 @@
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <set>
 #include <string>
 #include <thread>
-#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -124,6 +122,11 @@ class Worker {
   // The coordinator says the stream open when heartbeat `epoch` was sent is closed: cancel
   // it (StreamLoop registers again and opens another).
   void ReopenStream(int64_t epoch);
+  // `run`'s attempt is queued or running here: the coordinator sent it again after a stream
+  // broke (it resends only the attempt a worker is busy with and did not name when it
+  // registered again; one that ended was reported, or named while its report was on the
+  // way). Called with mu_ held.
+  bool HasRunLocked(const rackrun::v1::RunJob& run) const;
   // Ends the stream and heartbeat threads (Serve before it deregisters, the destructor).
   void StopThreads();
   void ReportResult(const rackrun::v1::RunJob& job, const rackrun::v1::AttemptResult& result);
@@ -155,9 +158,6 @@ class Worker {
   grpc::ClientContext* stream_context_ = nullptr;  // guarded by mu_
   int64_t stream_epoch_ = 0;  // guarded by mu_: streams opened (a heartbeat's answer about
                               // the stream applies to the one open when it was sent)
-  // Every (job, attempt) whose run reached this worker: a run sent again (the coordinator
-  // resends it after a stream broke) is not run twice. Guarded by mu_.
-  std::set<std::pair<std::string, int>> runs_received_;
   std::thread stream_thread_, heartbeat_thread_;
   std::chrono::milliseconds start_delay_{0};  // job thread only: options_.start_delay, once
 };
