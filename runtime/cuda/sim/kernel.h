@@ -14,7 +14,8 @@
 //   stops the program with the launch site, the block and the threads' states: on a GPU
 //   that is a hang or undefined behaviour.
 // - __shared__ variables are per host thread (one block runs at a time there); dynamic
-//   shared memory is filled with all-ones bytes (NaN) at each block's start.
+//   shared memory is filled with all-ones bytes (NaN) at each block's start, and a write
+//   outside it (guard bytes around it, checked after each block) stops the program.
 // - No timing, no memory model beyond sequential consistency: what runs here checks a
 //   kernel's arithmetic, indexing and barriers, not its speed or its races between blocks.
 #ifndef RACKRUN_RUNTIME_CUDA_SIM_KERNEL_H_

@@ -59,9 +59,11 @@ namespace rackrun::runtime::cuda::sim {
 namespace {
 
 constexpr int kWarp = 32;
-constexpr size_t kStackBytes = size_t{256} << 10;        // per simulated thread
-constexpr size_t kSharedLimit = size_t{48} << 10;        // dynamic shared memory without opt-in
-constexpr size_t kSharedAlign = 128;                     // dynamic shared memory's alignment
+constexpr size_t kStackBytes = size_t{256} << 10;  // per simulated thread
+constexpr size_t kSharedLimit = size_t{48} << 10;  // dynamic shared memory without opt-in
+constexpr size_t kSharedAlign = 128;               // dynamic shared memory's alignment
+constexpr size_t kSharedGuard = 256;               // guard bytes after it, checked after each block
+constexpr unsigned char kGuardByte = 0xa5;
 constexpr size_t kSharedOptInLimit = size_t{227} << 10;  // sm_90's most, with opt-in
 
 // cudaFuncSetAttribute's cudaFuncAttributeMaxDynamicSharedMemorySize, per kernel.
@@ -124,8 +126,10 @@ struct Block {
   std::vector<Fiber> fibers;
   void* scheduler = nullptr;  // the grid's host stack while fibers run
   int current = 0;
-  std::vector<uint64_t> exchange;     // kWarp values per warp
-  std::vector<unsigned char> shared;  // kSharedAlign more than asked, for the alignment
+  std::vector<uint64_t> exchange;  // kWarp values per warp
+  // The dynamic shared memory asked for, from SharedBegin (aligned), with guard bytes
+  // around it.
+  std::vector<unsigned char> shared;
   // What the barriers wait for: threads not returned, those at __syncthreads; per warp, the
   // lanes not returned, those at a warp operation, the lanes that returned (bits).
   int live = 0, at_block = 0;
@@ -246,6 +250,12 @@ void RunBlock(Block& b) {
   if (b.live > 0) Stop(b, "no thread of the block can go on (a barrier some threads never reach)");
 }
 
+// Where the aligned dynamic shared memory starts in b.shared.
+size_t SharedBegin(const Block& b) {
+  const auto at = reinterpret_cast<uintptr_t>(b.shared.data());
+  return (kSharedAlign - at % kSharedAlign) % kSharedAlign;
+}
+
 }  // namespace
 
 const ThreadPlace& Place() { return running->fibers[static_cast<size_t>(running->current)].place; }
@@ -263,10 +273,7 @@ const uint64_t* WarpExchange(unsigned mask, uint64_t mine) {
 }
 
 // Aligned as a GPU aligns it (wmma needs 256-bit aligned tiles; malloc gives 16 bytes).
-void* DynamicShared() {
-  const auto at = reinterpret_cast<uintptr_t>(running->shared.data());
-  return running->shared.data() + (kSharedAlign - at % kSharedAlign) % kSharedAlign;
-}
+void* DynamicShared() { return running->shared.data() + SharedBegin(*running); }
 
 bool SetMaxDynamicShared(const void* kernel, int bytes) {
   if (kernel == nullptr || bytes < 0 || static_cast<size_t>(bytes) > kSharedOptInLimit) {
@@ -307,7 +314,11 @@ void RunGrid(dim3 grid, dim3 block, size_t shared, const std::source_location& w
   for (unsigned bz = 0; bz < grid.z; ++bz)
     for (unsigned by = 0; by < grid.y; ++by)
       for (unsigned bx = 0; bx < grid.x; ++bx) {
-        b.shared.assign(shared + kSharedAlign, 0xff);
+        b.shared.assign(shared + kSharedAlign + kSharedGuard, 0xff);
+        const size_t begin = SharedBegin(b), end = begin + shared;
+        std::fill(b.shared.begin(), b.shared.begin() + static_cast<std::ptrdiff_t>(begin),
+                  kGuardByte);
+        std::fill(b.shared.begin() + static_cast<std::ptrdiff_t>(end), b.shared.end(), kGuardByte);
         b.live = static_cast<int>(threads);
         b.at_block = 0;
         b.at_warp.assign(b.exchange.size() / kWarp, 0);
@@ -328,6 +339,12 @@ void RunGrid(dim3 grid, dim3 block, size_t shared, const std::source_location& w
           Prepare(f, stacks[t]->top() - (t % 64) * 192);
         }
         RunBlock(b);
+        for (size_t i = 0; i < b.shared.size(); ++i) {
+          if ((i < begin || i >= end) && b.shared[i] != kGuardByte) {
+            Stop(b, i < begin ? "a thread wrote before the launch's dynamic shared memory"
+                              : "a thread wrote past the launch's dynamic shared memory");
+          }
+        }
       }
   running = outer;
 }

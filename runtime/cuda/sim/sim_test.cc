@@ -1,8 +1,8 @@
 // The CUDA simulator itself: barriers and warp shuffles as CUDA defines them, the stream
 // order (work runs when the host waits for it), copies checked against where pointers
 // point, launches refused as the GPU refuses them, and the stops for a barrier that cannot
-// be passed and a shuffle with a lane that returned; shared memory above 48 KiB by opt-in;
-// the warp matrix operations (wmma.h) and their alignment stop.
+// be passed and a shuffle with a lane that returned; shared memory above 48 KiB by opt-in,
+// and a write past it stops; the warp matrix operations (wmma.h) and their alignment stop.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -341,6 +341,23 @@ TEST(CudaSimTest, Tf32OperandsAreRoundedOrTruncated) {
   EXPECT_EQ(got[1], 0.0f);
   EXPECT_EQ(cudaFree(d), cudaSuccess);
   EXPECT_EQ(cudaFree(out), cudaSuccess);
+}
+
+// Thread 0 writes one float past the dynamic shared memory the launch asked for.
+__global__ void SharedOverrunKernel(int n) {
+  RACKRUN_DYNAMIC_SHARED(float, smem);
+  if (threadIdx.x == 0) smem[n] = 1.0f;
+}
+
+TEST(CudaSimDeathTest, AWritePastDynamicSharedMemoryStops) {
+  Launch(SharedOverrunKernel, 2, 32, 64 * sizeof(float), nullptr)(63);  // the last: fine
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_DEATH(
+      {
+        Launch(SharedOverrunKernel, 2, 32, 64 * sizeof(float), nullptr)(64);
+        (void)cudaDeviceSynchronize();
+      },
+      "wrote past the launch's dynamic shared memory");
 }
 
 TEST(CudaSimDeathTest, AMisalignedWarpMatrixTileStops) {
