@@ -970,7 +970,7 @@ __global__ void SumScalarsKernel(int64_t tokens, int stride, int count, const fl
 
 // ---------------------------------------------------------------- hc and mhc
 
-// The kernels below hold a token's N streams in arrays of NM (4, or NM), the
+// The kernels below hold a token's N streams in arrays of NM (4, or kDenseMaxN = 8), the
 // smallest that holds N (the launchers pick it).
 
 // Thread 0 of DenseRead: the coefficient record from the streams' sums of squares `sq` (hc:
