@@ -196,11 +196,8 @@ __global__ void __launch_bounds__(kThreads)
   using S = Shape<D, Ops>;
   using T = typename Ops::T;
   RACKRUN_DYNAMIC_SHARED_ALIGNED(unsigned char, smem, 128);
-  const Place pl = PlaceOf<D>(seq, heads, width, qkv, doc_start);
-  const int warp = pl.warp, lane = pl.lane, bh = pl.bh, h = pl.h;
-  const int64_t c3 = pl.c3, row0 = pl.row0;
-  const int32_t* ds = pl.ds;
-  const float* head = pl.head;
+  const auto [warp, lane, bh, h, c3, row0, ds, head] =
+      PlaceOf<D>(seq, heads, width, qkv, doc_start);
   T* qs = reinterpret_cast<T*>(smem);
   T* ks = reinterpret_cast<T*>(smem + S::kTile);
   T* vs = reinterpret_cast<T*>(smem + 2 * S::kTile);
@@ -284,11 +281,8 @@ __global__ void __launch_bounds__(kThreads)
   using S = Shape<D, Ops>;
   using T = typename Ops::T;
   RACKRUN_DYNAMIC_SHARED_ALIGNED(unsigned char, smem, 128);
-  const Place pl = PlaceOf<D>(seq, heads, width, qkv, doc_start);
-  const int warp = pl.warp, lane = pl.lane, bh = pl.bh, h = pl.h;
-  const int64_t c3 = pl.c3, row0 = pl.row0;
-  const int32_t* ds = pl.ds;
-  const float* head = pl.head;
+  const auto [warp, lane, bh, h, c3, row0, ds, head] =
+      PlaceOf<D>(seq, heads, width, qkv, doc_start);
   T* qs = reinterpret_cast<T*>(smem);
   T* dos = reinterpret_cast<T*>(smem + S::kTile);
   T* ks = reinterpret_cast<T*>(smem + 2 * S::kTile);
@@ -361,11 +355,8 @@ __global__ void __launch_bounds__(kThreads)
   using S = Shape<D, Ops>;
   using T = typename Ops::T;
   RACKRUN_DYNAMIC_SHARED_ALIGNED(unsigned char, smem, 128);
-  const Place pl = PlaceOf<D>(seq, heads, width, qkv, doc_start);
-  const int warp = pl.warp, lane = pl.lane, bh = pl.bh, h = pl.h;
-  const int64_t c3 = pl.c3, row0 = pl.row0;
-  const int32_t* ds = pl.ds;
-  const float* head = pl.head;
+  const auto [warp, lane, bh, h, c3, row0, ds, head] =
+      PlaceOf<D>(seq, heads, width, qkv, doc_start);
   T* kown = reinterpret_cast<T*>(smem);
   T* vown = reinterpret_cast<T*>(smem + S::kTile);
   T* qs = reinterpret_cast<T*>(smem + 2 * S::kTile);
