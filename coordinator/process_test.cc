@@ -17,6 +17,7 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <regex>
 #include <set>
 #include <thread>
@@ -554,22 +555,45 @@ rackrun::v1::Job WaitState(Client& c, const std::string& id, rackrun::v1::JobSta
   return job;
 }
 
-TEST(CoordinatorProcessTest, WorkersRunAJobAndALostWorkerIsNamed) {
+// A coordinator (heartbeats every 50 ms, a silent worker lost after 1 s), a user holding
+// its token, and two fake workers: "hosta" (rank 0 of a 2-rank job: it sorts first) and
+// "hostb". The workers go before the coordinator.
+struct TwoWorkerRack {
   testing::ScratchDir dir;
-  Coordinator c(dir.path(), FreePort(),
-                {"--heartbeat-interval-ms", "50", "--heartbeat-timeout-ms", "1000"});
-  c.Start();
-  Client user(c.Address(), "");
-  ASSERT_EQ(WaitServing(user.channel()).back(), 1);
-  Client good(c.Address(), c.Token());
-  FakeWorker b(c.Address(), c.Token(), "hostb", 0);
-  FakeWorker a(c.Address(), c.Token(), "hosta", 1);
+  Coordinator c{
+      dir.path(), FreePort(), {"--heartbeat-interval-ms", "50", "--heartbeat-timeout-ms", "1000"}};
+  std::optional<Client> good;
+  std::optional<FakeWorker> b, a;
 
-  rackrun::v1::JobSpec spec = ValidSpec();
-  spec.mutable_resources()->set_ranks(2);
-  rackrun::v1::SubmitResponse resp;
-  ASSERT_TRUE(good.Submit(spec, "run-1", &resp).ok());
-  const std::string id = resp.job().id();
+  // Starts the coordinator, then (once it serves) the user and the workers; false if it
+  // never served.
+  bool Start() {
+    c.Start();
+    Client user(c.Address(), "");
+    if (WaitServing(user.channel()).back() != 1) return false;
+    good.emplace(c.Address(), c.Token());
+    b.emplace(c.Address(), c.Token(), "hostb", 0);
+    a.emplace(c.Address(), c.Token(), "hosta", 1);
+    return true;
+  }
+
+  // Submits a valid 2-rank job under `request_id`; its id, empty when refused.
+  std::string SubmitTwoRanks(const std::string& request_id) {
+    rackrun::v1::JobSpec spec = ValidSpec();
+    spec.mutable_resources()->set_ranks(2);
+    rackrun::v1::SubmitResponse resp;
+    return good->Submit(spec, request_id, &resp).ok() ? resp.job().id() : "";
+  }
+};
+
+TEST(CoordinatorProcessTest, WorkersRunAJobAndALostWorkerIsNamed) {
+  TwoWorkerRack rack;
+  ASSERT_TRUE(rack.Start());
+  Client& good = *rack.good;
+  FakeWorker &a = *rack.a, &b = *rack.b;
+
+  const std::string id = rack.SubmitTwoRanks("run-1");
+  ASSERT_FALSE(id.empty());
   rackrun::v1::Assignment ra, rb;
   ASSERT_TRUE(a.Next(&ra));
   ASSERT_TRUE(b.Next(&rb));
@@ -623,8 +647,8 @@ TEST(CoordinatorProcessTest, WorkersRunAJobAndALostWorkerIsNamed) {
   EXPECT_EQ(WaitState(good, id, rackrun::v1::SUCCEEDED).state(), rackrun::v1::SUCCEEDED);
 
   // Second job: worker b (rank 1) dies mid-job -> WORKER_LOST naming rank 1; rank 0 is cancelled.
-  ASSERT_TRUE(good.Submit(spec, "run-2", &resp).ok());
-  const std::string id2 = resp.job().id();
+  const std::string id2 = rack.SubmitTwoRanks("run-2");
+  ASSERT_FALSE(id2.empty());
   ASSERT_TRUE(a.Next(&ra));
   ASSERT_TRUE(b.Next(&rb));
   EXPECT_EQ(rb.run().job_id(), id2);
@@ -646,20 +670,12 @@ TEST(CoordinatorProcessTest, WorkersRunAJobAndALostWorkerIsNamed) {
 // registered again and opened a new stream the same run comes again; the job then runs
 // to its end.
 TEST(CoordinatorProcessTest, ARunLostWithADeadStreamIsSentAgainOnTheNewOne) {
-  testing::ScratchDir dir;
-  Coordinator c(dir.path(), FreePort(),
-                {"--heartbeat-interval-ms", "50", "--heartbeat-timeout-ms", "1000"});
-  c.Start();
-  Client user(c.Address(), "");
-  ASSERT_EQ(WaitServing(user.channel()).back(), 1);
-  Client good(c.Address(), c.Token());
-  FakeWorker b(c.Address(), c.Token(), "hostb", 0);
-  FakeWorker a(c.Address(), c.Token(), "hosta", 1);
-  rackrun::v1::JobSpec spec = ValidSpec();
-  spec.mutable_resources()->set_ranks(2);
-  rackrun::v1::SubmitResponse resp;
-  ASSERT_TRUE(good.Submit(spec, "run-1", &resp).ok());
-  const std::string id = resp.job().id();
+  TwoWorkerRack rack;
+  ASSERT_TRUE(rack.Start());
+  Client& good = *rack.good;
+  FakeWorker &a = *rack.a, &b = *rack.b;
+  const std::string id = rack.SubmitTwoRanks("run-1");
+  ASSERT_FALSE(id.empty());
   rackrun::v1::Assignment ra, rb;
   ASSERT_TRUE(a.Next(&ra));
   ASSERT_TRUE(ra.has_run());
