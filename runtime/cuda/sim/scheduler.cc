@@ -339,11 +339,15 @@ void RunGrid(dim3 grid, dim3 block, size_t shared, const std::source_location& w
           Prepare(f, stacks[t]->top() - (t % 64) * 192);
         }
         RunBlock(b);
-        for (size_t i = 0; i < b.shared.size(); ++i) {
-          if ((i < begin || i >= end) && b.shared[i] != kGuardByte) {
-            Stop(b, i < begin ? "a thread wrote before the launch's dynamic shared memory"
-                              : "a thread wrote past the launch's dynamic shared memory");
-          }
+        const auto intact = [](auto first, auto last) {
+          return std::all_of(first, last, [](unsigned char x) { return x == kGuardByte; });
+        };
+        const auto at = [&](size_t i) { return b.shared.begin() + static_cast<std::ptrdiff_t>(i); };
+        if (!intact(b.shared.begin(), at(begin))) {
+          Stop(b, "a thread wrote before the launch's dynamic shared memory");
+        }
+        if (!intact(at(end), b.shared.end())) {
+          Stop(b, "a thread wrote past the launch's dynamic shared memory");
         }
       }
   running = outer;
