@@ -473,9 +473,11 @@ class FakeWorker {
         rackrun::v1::HeartbeatRequest hb;
         hb.set_worker_id(id_);
         hb.set_phase(phase_);
+        hb.set_assignments_received(received_);
         rackrun::v1::HeartbeatResponse r;
         if (client_.rack().Heartbeat(client_.Ctx().get(), hb, &r).ok()) {
           stream_closed_said_ = r.stream_closed();
+          if (r.stream_stalled()) ++stalls_said_;
         }
         std::this_thread::sleep_for(50ms);
       }
@@ -498,13 +500,21 @@ class FakeWorker {
   }
   // What a worker does when told so: register again (its id, no job) and open a new stream.
   void RegisterAgainAndReopen() {
+    received_ = 0;  // numbered from 1 again after registering (as Worker::Register does)
     register_.set_worker_id(id_);
     EXPECT_EQ(Register(), id_);
     OpenStream();
   }
   // The last heartbeat's answer said the stream is closed at the coordinator.
   bool StreamClosedSaid() const { return stream_closed_said_; }
-  bool Next(rackrun::v1::Assignment* a) { return stream_->Read(a); }
+  // How many heartbeat answers said the stream stalled (an assignment it wrote was not
+  // acknowledged: the heartbeats acknowledge what Next read).
+  int StallsSaid() const { return stalls_said_; }
+  bool Next(rackrun::v1::Assignment* a) {
+    if (!stream_->Read(a)) return false;
+    received_ = std::max<int64_t>(received_, a->sequence());
+    return true;
+  }
   grpc::Status Result(const rackrun::v1::RunJob& run, rackrun::v1::AttemptResult::Outcome o) {
     rackrun::v1::ReportRequest req;
     req.set_worker_id(id_);
@@ -537,6 +547,8 @@ class FakeWorker {
   Client client_;
   rackrun::v1::RegisterRequest register_;
   std::atomic<bool> stream_closed_said_{false};
+  std::atomic<int> stalls_said_{0};
+  std::atomic<int64_t> received_{0};
   std::string id_;
   std::string phase_ = "idle";
   std::unique_ptr<grpc::ClientContext> stream_ctx_;
@@ -702,6 +714,47 @@ TEST(CoordinatorProcessTest, ARunLostWithADeadStreamIsSentAgainOnTheNewOne) {
   ASSERT_TRUE(a.Result(ra.run(), rackrun::v1::AttemptResult::SUCCEEDED).ok());
   ASSERT_TRUE(b.Result(rb.run(), rackrun::v1::AttemptResult::SUCCEEDED).ok());
   job = WaitState(good, id, rackrun::v1::SUCCEEDED);
+  EXPECT_EQ(job.state(), rackrun::v1::SUCCEEDED) << job.DebugString();
+  EXPECT_EQ(job.attempts_size(), 1);
+}
+
+// A run written into a stream whose connection is stuck (retransmitting into a cut link:
+// here the worker just never reads it, so its heartbeats acknowledge nothing) is said to
+// have stalled the stream within StallAfterMs (50 ms interval, 1 s timeout: 0.35 s) while
+// the peer that reads its run never hears it; once the worker registers again and opens a
+// new stream (what the worker daemon does when told), the run is sent again on it and the
+// job succeeds in one attempt.
+TEST(CoordinatorProcessTest, ARunStuckInAStalledStreamIsSentAgainOnANewOne) {
+  TwoWorkerRack rack;
+  ASSERT_TRUE(rack.Start());
+  FakeWorker &a = *rack.a, &b = *rack.b;
+  const std::string id = rack.SubmitTwoRanks("run-1");
+  ASSERT_FALSE(id.empty());
+  rackrun::v1::Assignment ra, rb;
+  ASSERT_TRUE(a.Next(&ra));
+  ASSERT_TRUE(ra.has_run());
+  EXPECT_EQ(ra.sequence(), 1);
+  const auto told_by = std::chrono::steady_clock::now() + 5s;
+  while (b.StallsSaid() == 0 && std::chrono::steady_clock::now() < told_by) {
+    std::this_thread::sleep_for(10ms);
+  }
+  ASSERT_GE(b.StallsSaid(), 1);
+  EXPECT_FALSE(b.StreamClosedSaid());
+  b.RegisterAgainAndReopen();
+  ASSERT_TRUE(b.Next(&rb));
+  ASSERT_TRUE(rb.has_run());
+  EXPECT_EQ(rb.sequence(), 1);
+  EXPECT_EQ(rb.run().job_id(), id);
+  EXPECT_EQ(rb.run().attempt(), 1);
+  EXPECT_EQ(rb.run().rank(), 1);
+  // Acknowledged now: nothing more is said over several stall bounds.
+  const int said = b.StallsSaid();
+  std::this_thread::sleep_for(1500ms);
+  EXPECT_EQ(b.StallsSaid(), said);
+  EXPECT_EQ(a.StallsSaid(), 0);
+  ASSERT_TRUE(a.Result(ra.run(), rackrun::v1::AttemptResult::SUCCEEDED).ok());
+  ASSERT_TRUE(b.Result(rb.run(), rackrun::v1::AttemptResult::SUCCEEDED).ok());
+  const rackrun::v1::Job job = WaitState(*rack.good, id, rackrun::v1::SUCCEEDED);
   EXPECT_EQ(job.state(), rackrun::v1::SUCCEEDED) << job.DebugString();
   EXPECT_EQ(job.attempts_size(), 1);
 }

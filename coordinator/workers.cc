@@ -1,6 +1,7 @@
 #include "coordinator/workers.h"
 
 #include <algorithm>
+#include <chrono>
 #include <iterator>
 #include <utility>
 
@@ -91,8 +92,28 @@ absl::Status Workers::Heartbeat(const rackrun::v1::HeartbeatRequest& req,
   } else {
     w->blocked_n = 0;
   }
-  if (resp != nullptr) resp->set_stream_closed(w->stream_seen && !w->stream_open);
+  // Acknowledgements: a value above what was written is from before a registration.
+  const int64_t received = std::min(req.assignments_received(), w->written);
+  if (received > w->acknowledged) {
+    w->acknowledged = received;
+    w->unacknowledged_since_ms = now;  // the rest is timed from this progress
+  }
+  const bool stalled = w->stream_open && w->acknowledged < w->written &&
+                       now - w->unacknowledged_since_ms > StallAfterMs();
+  if (stalled) w->unacknowledged_since_ms = now;  // said once per wait
+  if (resp != nullptr) {
+    resp->set_stream_closed(w->stream_seen && !w->stream_open);
+    resp->set_stream_stalled(stalled);
+  }
   return absl::OkStatus();
+}
+
+int64_t Workers::StallAfterMs() const {
+  const std::chrono::milliseconds interval(options_.heartbeat_interval_ms);
+  return (rpc::LivenessFor(interval, std::chrono::milliseconds(options_.heartbeat_timeout_ms))
+              .late_after +
+          interval)
+      .count();
 }
 
 absl::Status Workers::Deregister(const std::string& worker_id) {
@@ -135,6 +156,8 @@ absl::StatusOr<std::optional<rackrun::v1::Assignment>> Workers::NextAssignment(
     if (!w->outbox.empty()) {
       rackrun::v1::Assignment a = std::move(w->outbox.front());
       w->outbox.pop_front();
+      if (w->acknowledged >= w->written) w->unacknowledged_since_ms = clock_();
+      w->written = a.sequence();
       return std::optional<rackrun::v1::Assignment>(std::move(a));
     }
     if (WaitUntil(cv_, lock, deadline)) return std::optional<rackrun::v1::Assignment>();
@@ -156,6 +179,7 @@ void Workers::Push(const std::string& worker_id, const rackrun::v1::Assignment& 
   if (w == nullptr || w->w.state() == rackrun::v1::GONE) return;
   if (a.has_run()) w->run = a.run();
   w->outbox.push_back(a);
+  w->outbox.back().set_sequence(++w->pushed);
   cv_.notify_all();
 }
 

@@ -74,7 +74,9 @@ class Workers {
   // that is not BUSY here and names a job is still stopping an ended attempt: not placeable
   // (as after Register) until a heartbeat names none. `resp` (when given) says whether its
   // Assignments stream is closed here (stream_closed: a live worker whose connection died
-  // under it; it opens a new stream).
+  // under it; it opens a new stream) or stalled (stream_stalled: an assignment written into
+  // the open stream is not acknowledged by the heartbeats (assignments_received)
+  // StallAfterMs() after it was written; said once per such wait).
   absl::Status Heartbeat(const rackrun::v1::HeartbeatRequest& req,
                          rackrun::v1::HeartbeatResponse* resp = nullptr);
 
@@ -91,7 +93,8 @@ class Workers {
       const std::string& worker_id, int64_t generation, absl::Duration max_wait);
   void CloseStream(const std::string& worker_id, int64_t generation);
 
-  // Queues an assignment for the worker's stream (dropped for GONE or unknown workers).
+  // Queues an assignment for the worker's stream (dropped for GONE or unknown workers),
+  // numbered (Assignment.sequence) from 1 after each registration.
   void Push(const std::string& worker_id, const rackrun::v1::Assignment& a);
   // The run last pushed to a BUSY worker for the attempt it is busy with; nullopt when it
   // is not busy or none was pushed for that attempt. A worker that registers again without
@@ -126,6 +129,11 @@ class Workers {
   // Ends every stream (NextAssignment returns Cancelled).
   void Shutdown();
 
+  // How long an assignment written into an open stream may go unacknowledged before the
+  // stream counts as stalled: a heartbeat round trip (rpc/liveness.h's late_after: the
+  // interval plus one heartbeat's deadline) plus one interval.
+  int64_t StallAfterMs() const;
+
  private:
   struct Info {
     rackrun::v1::Worker
@@ -145,6 +153,13 @@ class Workers {
     int64_t generation = 0;
     std::deque<rackrun::v1::Assignment> outbox;
     std::optional<rackrun::v1::RunJob> run;  // the last run pushed (see BusyRun)
+    // Assignment sequence numbers since registration: the last pushed, the last handed to
+    // the stream's writer, the last the heartbeats acknowledged, and since when the
+    // stream has had written and unacknowledged ones (or when that was last said).
+    int64_t pushed = 0;
+    int64_t written = 0;
+    int64_t acknowledged = 0;
+    int64_t unacknowledged_since_ms = 0;
     // The job it said it still runs when it registered, until SetBusy re-attaches it or a
     // heartbeat says it runs none: a re-registered worker whose attempt ended meanwhile
     // (a partition, a coordinator restart) is stopping it and must not be placed yet.

@@ -227,6 +227,74 @@ TEST_F(WorkersTest, AStreamClosedUnderAHeartbeatingWorkerIsReportedNotLost) {
   EXPECT_FALSE(resp.stream_closed());
 }
 
+// Assignments are numbered from 1 per registration; one written into an open stream that
+// the heartbeats do not acknowledge (assignments_received) within StallAfterMs is said to
+// have stalled the stream, once per wait; queued ones (not written) and acknowledged ones
+// never are, and a closed stream is said closed, not stalled.
+TEST_F(WorkersTest, AnAssignmentTheHeartbeatsDoNotAcknowledgeStallsTheStream) {
+  auto ids = Start(1);
+  // Interval 100 ms, timeout 500 ms: late after 100 + max(100, 125) ms, plus an interval.
+  ASSERT_EQ(workers_.StallAfterMs(), 325);
+  rackrun::v1::Assignment run, cancel;
+  run.mutable_run()->set_job_id("j-1");
+  run.mutable_run()->set_attempt(1);
+  cancel.mutable_cancel()->set_job_id("j-1");
+  cancel.mutable_cancel()->set_attempt(1);
+  workers_.Push(ids[0], run);
+  workers_.Push(ids[0], cancel);
+  HeartbeatRequest hb;
+  hb.set_worker_id(ids[0]);
+  rackrun::v1::HeartbeatResponse resp;
+  const auto beat = [&](int64_t advance_ms, int64_t received) {
+    clock_.Advance(advance_ms);
+    hb.set_assignments_received(received);
+    EXPECT_TRUE(workers_.Heartbeat(hb, &resp).ok());
+    EXPECT_FALSE(resp.stream_closed());
+    return resp.stream_stalled();
+  };
+  EXPECT_FALSE(beat(1000, 0));  // queued, not written yet: nothing to acknowledge
+  const auto next = [&] {
+    auto a = workers_.NextAssignment(ids[0], gens_[0], absl::ZeroDuration());
+    EXPECT_TRUE(a.ok() && a->has_value());
+    return a.ok() && a->has_value() ? (*a)->sequence() : -1;
+  };
+  EXPECT_EQ(next(), 1);
+  EXPECT_FALSE(beat(300, 0));
+  EXPECT_TRUE(beat(50, 0));    // 350 ms unacknowledged
+  EXPECT_FALSE(beat(50, 0));   // said once per wait
+  EXPECT_FALSE(beat(250, 0));  // 300 ms since it was said ...
+  EXPECT_TRUE(beat(50, 0));    // ... 350: said again
+  EXPECT_EQ(next(), 2);
+  EXPECT_FALSE(beat(300, 1));  // progress: the rest is timed from here
+  EXPECT_FALSE(beat(300, 1));
+  EXPECT_TRUE(beat(50, 1));
+  EXPECT_FALSE(beat(50, 2));  // all acknowledged
+  EXPECT_FALSE(beat(1000, 2));
+  // A new registration numbers from 1 again; a stale larger count acknowledges no more than
+  // what was written.
+  rackrun::v1::RegisterRequest req;
+  req.set_host("host0");
+  req.set_worker_id(ids[0]);
+  ASSERT_TRUE(workers_.Register(req).ok());
+  absl::StatusOr<int64_t> gen = workers_.OpenStream(ids[0]);
+  ASSERT_TRUE(gen.ok());
+  gens_[0] = *gen;
+  workers_.Push(ids[0], run);
+  EXPECT_EQ(next(), 1);
+  EXPECT_FALSE(beat(300, 0));
+  EXPECT_TRUE(beat(50, 0));
+  workers_.Push(ids[0], cancel);
+  EXPECT_EQ(next(), 2);
+  EXPECT_FALSE(beat(400, 1));  // progress
+  // A closed stream is said closed (stream_closed), not stalled.
+  workers_.CloseStream(ids[0], gens_[0]);
+  clock_.Advance(1000);
+  hb.set_assignments_received(1);
+  ASSERT_TRUE(workers_.Heartbeat(hb, &resp).ok());
+  EXPECT_TRUE(resp.stream_closed());
+  EXPECT_FALSE(resp.stream_stalled());
+}
+
 TEST_F(WorkersTest, HungByTheCollectiveRuleNamesTheRankBehind) {
   auto ids = Start(3);
   // Ranks 0 and 2 wait in collective 8; rank 1 is alive but still computing (entered 7).

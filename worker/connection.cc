@@ -54,6 +54,10 @@ std::shared_ptr<Connection::Stub> Connection::NewChannel() {
 
 bool Connection::Renew(const std::shared_ptr<Stub>& stub) {
   std::lock_guard<std::mutex> lock(mu_);
+  if (stub != nullptr && stub == stream_stub_) {
+    stream_stub_.reset();  // the next stream_stub() makes a new one
+    return true;
+  }
   if (stub != stub_) return false;
   stub_ = NewChannel();
   return true;

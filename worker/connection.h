@@ -13,7 +13,8 @@
 // channel alive through the stub they hold: a long-lived stream (Assignments, Plans) stays
 // on its connection, which recovers by itself (its keepalive timeout outlasts the stall of
 // a survivable cut) and is never cut by a renewal, so the coordinator never sees it close.
-// The Assignments stream has a channel of its own (stream_stub). SetLiveness (after
+// The Assignments stream has a channel of its own (stream_stub), renewed only when the
+// coordinator says the stream stalled (HeartbeatResponse.stream_stalled). SetLiveness (after
 // Register) derives the keepalive and backoff from the coordinator's heartbeat interval
 // and timeout.
 //
@@ -61,13 +62,15 @@ class Connection {
   // The current channel's stub. Hold it for as long as a call or stream made on it lives.
   std::shared_ptr<Stub> stub() const;
   // The stub of a channel for the Assignments stream alone (made with the timings of
-  // SetLiveness, never renewed): a connection with nothing of the unary calls in flight
-  // when a link goes down, so no retransmission backoff builds up on it (rpc/liveness.h).
+  // SetLiveness, renewed only by Renew(stream stub)): a connection with nothing of the unary calls
+  // in flight when a link goes down, so no retransmission backoff builds up on it (rpc/liveness.h).
   std::shared_ptr<Stub> stream_stub();
 
   // A call on `stub` found its connection stalled or the coordinator unavailable: later
   // calls go over a new channel (a new TCP connection). Nothing when `stub` is no longer
-  // the current one (another caller renewed it already). True when it renewed.
+  // the current one (another caller renewed it already). True when it renewed. `stub`
+  // may be the stream's (stream_stub): the next stream goes over a new channel (the
+  // coordinator said an assignment written into the stream never arrived).
   bool Renew(const std::shared_ptr<Stub>& stub);
 
   // The coordinator's heartbeat interval and timeout (RegisterResponse): the timings of

@@ -185,6 +185,9 @@ absl::Status Worker::Register(bool again) {
     std::lock_guard<std::mutex> lock(mu_);
     if (again) request.set_worker_id(worker_id_);
     running = running_;
+    // The coordinator numbers assignments from 1 again after this registration; a
+    // heartbeat sent meanwhile acknowledges none rather than some of the new ones.
+    assignments_received_ = 0;
   }
   if (again && running != nullptr) {
     const rackrun::v1::RunJob& job = running->assignment();
@@ -237,20 +240,25 @@ void Worker::StreamLoop() {
     request.set_worker_id(worker_id());
     std::unique_ptr<grpc::ClientContext> context =
         connection_->NewContext(std::chrono::milliseconds(0));
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (stopped_) return;
-      stream_context_ = context.get();
-      ++stream_epoch_;
-    }
     // On a channel (and TCP connection) of its own, which the heartbeats' renewals leave
     // alone (connection.h): nothing of the unary calls is in flight on it when a link goes
     // down, so no retransmission backoff builds up that could get it dropped.
     const std::shared_ptr<Connection::Stub> stub = connection_->stream_stub();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopped_) return;
+      stream_context_ = context.get();
+      stream_stub_ = stub;
+      ++stream_epoch_;
+    }
     std::unique_ptr<grpc::ClientReader<rackrun::v1::Assignment>> reader =
         stub->Assignments(context.get(), request);
     rackrun::v1::Assignment a;
     while (reader->Read(&a)) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        assignments_received_ = std::max(assignments_received_, a.sequence());
+      }
       if (a.has_run()) {
         std::lock_guard<std::mutex> lock(mu_);
         if (HasRunLocked(a.run())) {
@@ -286,6 +294,7 @@ void Worker::StreamLoop() {
     const grpc::Status ended = reader->Finish();
     std::lock_guard<std::mutex> lock(mu_);
     stream_context_ = nullptr;
+    stream_stub_.reset();
     if (!stopped_) {
       // The coordinator reads a closed stream as this process's exit, unless heartbeats
       // say otherwise: say why it ended.
@@ -355,6 +364,7 @@ void Worker::HeartbeatLoop() {
     {
       std::lock_guard<std::mutex> lock(mu_);
       epoch = stream_epoch_;
+      request.set_assignments_received(assignments_received_);
     }
     // A deadline well below the heartbeat timeout (rpc/liveness.h): a heartbeat queued on
     // a connection that retransmits into a cut link misses it, and the next one goes over
@@ -370,7 +380,9 @@ void Worker::HeartbeatLoop() {
         missed = 0;
       }
       if (s.error_code() == grpc::StatusCode::NOT_FOUND) (void)Register(/*again=*/true);
-      if (s.ok() && response.stream_closed()) ReopenStream(epoch);
+      if (s.ok() && (response.stream_closed() || response.stream_stalled())) {
+        ReopenStream(epoch, /*stalled=*/!response.stream_closed());
+      }
       continue;
     }
     if (missed++ == 0) {
@@ -390,18 +402,27 @@ bool Worker::HasRunLocked(const rackrun::v1::RunJob& run) const {
   const auto same = [&](const rackrun::v1::RunJob& j) {
     return j.job_id() == run.job_id() && j.attempt() == run.attempt();
   };
-  return std::any_of(queue_.begin(), queue_.end(), same) ||
+  return std::any_of(queue_.begin(), queue_.end(), same) || (taken_.has_value() && same(*taken_)) ||
          (running_ != nullptr && same(running_->assignment()));
 }
 
-void Worker::ReopenStream(int64_t epoch) {
+void Worker::ReopenStream(int64_t epoch, bool stalled) {
   std::lock_guard<std::mutex> lock(mu_);
   // A newer stream than the one the heartbeat answered about needs nothing.
   if (stopped_ || stream_context_ == nullptr || epoch != stream_epoch_) return;
-  std::fprintf(stderr,
-               "rackrun-worker: the coordinator %s saw the assignment stream close while it "
-               "is open here (its connection died); opening a new one\n",
-               connection_->address().c_str());
+  if (stalled) {
+    std::fprintf(stderr,
+                 "rackrun-worker: the coordinator %s says an assignment it wrote into the "
+                 "assignment stream has not arrived (%lld received); opening a new stream "
+                 "over a new connection\n",
+                 connection_->address().c_str(), static_cast<long long>(assignments_received_));
+    connection_->Renew(stream_stub_);  // its TCP connection is stuck
+  } else {
+    std::fprintf(stderr,
+                 "rackrun-worker: the coordinator %s saw the assignment stream close while it "
+                 "is open here (its connection died); opening a new one\n",
+                 connection_->address().c_str());
+  }
   stream_context_->TryCancel();  // StreamLoop registers again and opens a new stream
 }
 
@@ -524,6 +545,7 @@ std::optional<rackrun::v1::RunJob> Worker::NextJob() {
     }
     rackrun::v1::RunJob job = queue_.front();
     queue_.pop_front();
+    taken_ = job;  // still "here" for a run sent again, until RunJob makes it running_
     return job;
   }
 }
@@ -549,6 +571,7 @@ void Worker::RunJob(const rackrun::v1::RunJob& job) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     running_ = runner;
+    taken_.reset();
     if (draining_) runner->RequestStop(runtime::StopReason::kDrain);
   }
   std::printf("rackrun-worker: %s: job %s attempt %d, rank %d of %d\n", worker_id().c_str(),

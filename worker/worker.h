@@ -119,13 +119,15 @@ class Worker {
   void ReportCancelledUnstarted();
   void StreamLoop();
   void HeartbeatLoop();
-  // The coordinator says the stream open when heartbeat `epoch` was sent is closed: cancel
-  // it (StreamLoop registers again and opens another).
-  void ReopenStream(int64_t epoch);
-  // `run`'s attempt is queued or running here: the coordinator sent it again after a stream
-  // broke (it resends only the attempt a worker is busy with and did not name when it
-  // registered again; one that ended was reported, or named while its report was on the
-  // way). Called with mu_ held.
+  // The coordinator says the stream open when heartbeat `epoch` was sent is closed there, or
+  // (`stalled`) that an assignment it wrote into it never arrived: cancel it (StreamLoop
+  // registers again and opens another; a stalled stream's channel is renewed first, since
+  // its TCP connection is stuck).
+  void ReopenStream(int64_t epoch, bool stalled);
+  // `run`'s attempt is queued, being taken from the queue, or running here: the coordinator
+  // sent it again after a stream broke or stalled (it resends only the attempt a worker is
+  // busy with and did not name when it registered again; one that ended was reported, or
+  // named while its report was on the way). Called with mu_ held.
   bool HasRunLocked(const rackrun::v1::RunJob& run) const;
   // Ends the stream and heartbeat threads (Serve before it deregisters, the destructor).
   void StopThreads();
@@ -151,11 +153,17 @@ class Worker {
   std::deque<rackrun::v1::RunJob> queue_;  // guarded by mu_
   // Cancelled while queued; the job thread reports them CANCELLED. Guarded by mu_.
   std::vector<rackrun::v1::RunJob> cancelled_unstarted_;
+  // Taken from the queue by NextJob, until RunJob makes it running_. Guarded by mu_.
+  std::optional<rackrun::v1::RunJob> taken_;
   std::shared_ptr<JobRunner> running_;   // guarded by mu_
   std::shared_ptr<JobRunner> finished_;  // the last one (job thread only): its metrics stay
   bool draining_ = false;                // guarded by mu_
   bool stopped_ = false;                 // guarded by mu_: threads end
   grpc::ClientContext* stream_context_ = nullptr;  // guarded by mu_
+  std::shared_ptr<Connection::Stub> stream_stub_;  // guarded by mu_: the open stream's
+  // The highest Assignment.sequence received since the last registration (heartbeats
+  // acknowledge it; zeroed before each Register). Guarded by mu_.
+  int64_t assignments_received_ = 0;
   int64_t stream_epoch_ = 0;  // guarded by mu_: streams opened (a heartbeat's answer about
                               // the stream applies to the one open when it was sent)
   std::thread stream_thread_, heartbeat_thread_;

@@ -33,6 +33,7 @@
 #include "tests/support/listening_sockets.h"
 #include "tests/support/process.h"
 #include "tests/support/shell.h"
+#include "tests/support/tcp_relay.h"
 #include "tests/support/time_scale.h"
 
 namespace {
@@ -163,9 +164,13 @@ TEST_F(DaemonsTest, TwoWorkersTrainLikeMpirun) {
     ASSERT_EQ(daemon.size(), 40u) << run;  // loss and val_loss (null or a value) of 20 steps
     EXPECT_EQ(daemon, mpirun) << run;
   }
-  // The workers stay up for the next job.
-  EXPECT_EQ(workers_[0]->Wait(std::chrono::milliseconds(0)), -2);
-  EXPECT_EQ(workers_[1]->Wait(std::chrono::milliseconds(0)), -2);
+  // The workers stay up for the next job, and their heartbeats acknowledged every
+  // assignment (the coordinator never said one had not arrived).
+  for (int w = 0; w < 2; ++w) {
+    EXPECT_EQ(workers_[w]->Wait(std::chrono::milliseconds(0)), -2);
+    EXPECT_THAT(::rackrun::testing::Slurp(dir_ / ("worker" + std::to_string(w) + ".log")),
+                ::testing::Not(HasSubstr("has not arrived")));
+  }
 }
 
 // TLS (--tls=on here; a non-loopback --listen has it by default): the workers and the CLI
@@ -567,6 +572,32 @@ TEST_F(DaemonsTest, CoordinatorDownWhileTheJobEndsLosesNothing) {
   const json job = WaitState(id, "SUCCEEDED", std::chrono::seconds(60));
   EXPECT_EQ(job.value("state", ""), "SUCCEEDED") << job.dump();
   EXPECT_EQ(job["attempts"].size(), 1u) << job.dump();
+}
+
+// A worker's assignment stream on a connection that delivers nothing (a TcpRelay freezes
+// what the coordinator sends on it, as a link that drops data does while TCP retransmits
+// into it; nothing closes it for the keepalive's 20 s): the coordinator finds the run it
+// wrote there unacknowledged by the worker's heartbeats and says the stream stalled; the
+// worker opens a new stream over a new connection and gets the run again, and the job
+// succeeds in its first attempt.
+TEST_F(DaemonsTest, ARunStuckInAFrozenConnectionIsSentAgainOverANewOne) {
+  StartCoordinator();
+  ::rackrun::testing::TcpRelay relay(port_);
+  StartWorker(0);
+  StartWorker(1, {"--coordinator", "127.0.0.1:" + std::to_string(relay.port())});
+  WaitIdle(2);
+  // Worker 1's connections through the relay: its unary calls' (registration, heartbeats)
+  // and then its assignment stream's.
+  ASSERT_EQ(relay.accepted(), 2);
+  relay.FreezeDownstream(1);
+  const std::string id = Submit("--set training.steps=3");
+  const json job = WaitState(id, "SUCCEEDED", std::chrono::seconds(60));
+  EXPECT_EQ(job.value("state", ""), "SUCCEEDED") << job.dump();
+  EXPECT_EQ(job["attempts"].size(), 1u) << job.dump();
+  EXPECT_GE(relay.accepted(), 3);  // the new stream's connection
+  const std::string log = ::rackrun::testing::Slurp(dir_ / "worker1.log");
+  EXPECT_THAT(log, HasSubstr("has not arrived")) << log;
+  EXPECT_THAT(log, HasSubstr("attempt 1: SUCCEEDED")) << log;
 }
 
 // Cancel: every rank stops at the same step boundary; the workers take the next job.
