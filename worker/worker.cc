@@ -284,6 +284,11 @@ void Worker::StreamLoop() {
               break;
             }
           }
+          // Taken from the queue but not running yet: RunJob stops it as it starts.
+          if (taken_.has_value() && taken_->job_id() == a.cancel().job_id() &&
+              taken_->attempt() == a.cancel().attempt()) {
+            taken_cancelled_ = true;
+          }
         }
         if (running != nullptr && running->assignment().job_id() == a.cancel().job_id() &&
             running->assignment().attempt() == a.cancel().attempt()) {
@@ -546,6 +551,7 @@ std::optional<rackrun::v1::RunJob> Worker::NextJob() {
     rackrun::v1::RunJob job = queue_.front();
     queue_.pop_front();
     taken_ = job;  // still "here" for a run sent again, until RunJob makes it running_
+    taken_cancelled_ = false;
     return job;
   }
 }
@@ -572,6 +578,7 @@ void Worker::RunJob(const rackrun::v1::RunJob& job) {
     std::lock_guard<std::mutex> lock(mu_);
     running_ = runner;
     taken_.reset();
+    if (std::exchange(taken_cancelled_, false)) runner->RequestStop(runtime::StopReason::kCancel);
     if (draining_) runner->RequestStop(runtime::StopReason::kDrain);
   }
   std::printf("rackrun-worker: %s: job %s attempt %d, rank %d of %d\n", worker_id().c_str(),

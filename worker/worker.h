@@ -155,6 +155,7 @@ class Worker {
   std::vector<rackrun::v1::RunJob> cancelled_unstarted_;
   // Taken from the queue by NextJob, until RunJob makes it running_. Guarded by mu_.
   std::optional<rackrun::v1::RunJob> taken_;
+  bool taken_cancelled_ = false;         // guarded by mu_: a cancel for taken_ came meanwhile
   std::shared_ptr<JobRunner> running_;   // guarded by mu_
   std::shared_ptr<JobRunner> finished_;  // the last one (job thread only): its metrics stay
   bool draining_ = false;                // guarded by mu_
