@@ -19,6 +19,11 @@
 
 namespace {
 
+void DeclareTlsFlags(rackrun::flags::FlagSet& flags, rackrun::coordinator::ServerOptions& o,
+                     bool* renew_certs);
+void DeclareObservabilityFlags(rackrun::flags::FlagSet& flags,
+                               rackrun::coordinator::ServerOptions& o);
+
 // The flags, bound to `o` (whose values are the defaults the help shows).
 void DeclareFlags(rackrun::flags::FlagSet& flags, rackrun::coordinator::ServerOptions& o,
                   bool* renew_certs) {
@@ -61,6 +66,21 @@ void DeclareFlags(rackrun::flags::FlagSet& flags, rackrun::coordinator::ServerOp
   flags.Int("--serving-delay-ms", &o.serving_delay_ms, "MS", "tests: hold health at NOT_SERVING")
       .Range(0)
       .Hidden();
+  flags.Section("limits (calls that hold a server thread while they wait)");
+  flags
+      .Int("--max-watch-streams", &o.limits.watch_streams, "N",
+           "watch streams (rackrun watch, submit --watch) open at once; more are refused")
+      .Range(1);
+  flags
+      .Int("--max-rack-waits", &o.limits.rack_waits, "N",
+           "workers' rendezvous waits and plan streams open at once; more are refused")
+      .Range(1);
+  DeclareTlsFlags(flags, o, renew_certs);
+  DeclareObservabilityFlags(flags, o);
+}
+
+void DeclareTlsFlags(rackrun::flags::FlagSet& flags, rackrun::coordinator::ServerOptions& o,
+                     bool* renew_certs) {
   flags.Section(
       "TLS (default: on, except on a loopback --listen)",
       "  Without --tls-cert the coordinator makes its own CA and server certificate in\n"
@@ -97,6 +117,10 @@ void DeclareFlags(rackrun::flags::FlagSet& flags, rackrun::coordinator::ServerOp
   flags.String("--tls-key", &o.tls_key, "FILE", "its private key (PEM)");
   flags.String("--tls-client-ca", &o.tls_client_ca, "FILE",
                "require client certificates signed by FILE");
+}
+
+void DeclareObservabilityFlags(rackrun::flags::FlagSet& flags,
+                               rackrun::coordinator::ServerOptions& o) {
   flags.Section("observability");
   flags
       .String("--metrics-listen", &o.observability.metrics_listen, "HOST:PORT",

@@ -571,9 +571,18 @@ rackrun::v1::Job WaitState(Client& c, const std::string& id, rackrun::v1::JobSta
 // its token, and two fake workers: "hosta" (rank 0 of a 2-rank job: it sorts first) and
 // "hostb". The workers go before the coordinator.
 struct TwoWorkerRack {
+  // `extra`: more coordinator flags.
+  explicit TwoWorkerRack(const std::vector<std::string>& extra = {})
+      : c(dir.path(), FreePort(), Flags(extra)) {}
+  static std::vector<std::string> Flags(const std::vector<std::string>& extra) {
+    std::vector<std::string> f = {"--heartbeat-interval-ms", "50", "--heartbeat-timeout-ms",
+                                  "1000"};
+    f.insert(f.end(), extra.begin(), extra.end());
+    return f;
+  }
+
   testing::ScratchDir dir;
-  Coordinator c{
-      dir.path(), FreePort(), {"--heartbeat-interval-ms", "50", "--heartbeat-timeout-ms", "1000"}};
+  Coordinator c;
   std::optional<Client> good;
   std::optional<FakeWorker> b, a;
 
@@ -757,6 +766,96 @@ TEST(CoordinatorProcessTest, ARunStuckInAStalledStreamIsSentAgainOnANewOne) {
   const rackrun::v1::Job job = WaitState(*rack.good, id, rackrun::v1::SUCCEEDED);
   EXPECT_EQ(job.state(), rackrun::v1::SUCCEEDED) << job.DebugString();
   EXPECT_EQ(job.attempts_size(), 1);
+}
+
+// Calls that hold a server thread while they wait are limited (services.h, CallLimits):
+// past --max-watch-streams open watches, or --max-rack-waits rendezvous waits, a call is
+// refused at once with RESOURCE_EXHAUSTED naming the flag, while every other call is still
+// answered; a watch that closes frees its place. (Without the limits, 20,000 open watches
+// left the coordinator with 12,000 threads and every other call missing a 5 s deadline.)
+TEST(CoordinatorProcessTest, WaitingCallsBeyondTheirLimitsAreRefusedAndOthersAnswered) {
+  TwoWorkerRack rack({"--max-watch-streams", "2", "--max-rack-waits", "2"});
+  ASSERT_TRUE(rack.Start());
+  Client& good = *rack.good;
+  FakeWorker &a = *rack.a, &b = *rack.b;
+  const std::string id = rack.SubmitTwoRanks("run-1");
+  ASSERT_FALSE(id.empty());
+  rackrun::v1::Assignment ra, rb;
+  ASSERT_TRUE(a.Next(&ra) && b.Next(&rb));
+
+  // Watches of the running job: each open one has sent its first event.
+  rackrun::v1::WatchJobRequest w;
+  w.set_job_id(id);
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
+  std::vector<std::unique_ptr<grpc::ClientReader<rackrun::v1::JobEvent>>> watches;
+  const auto open_watch = [&] {
+    contexts.push_back(good.Ctx(60s));
+    watches.push_back(good.jobs().Watch(contexts.back().get(), w));
+    rackrun::v1::JobEvent ev;
+    return watches.back()->Read(&ev);
+  };
+  ASSERT_TRUE(open_watch());
+  ASSERT_TRUE(open_watch());
+  ASSERT_FALSE(open_watch());
+  const grpc::Status refused = watches.back()->Finish();
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_NE(refused.error_message().find("--max-watch-streams 2"), std::string::npos)
+      << refused.error_message();
+  rackrun::v1::Job job;
+  ASSERT_TRUE(good.Get(id, &job).ok());
+  // A closed watch frees its place (the handler sees the cancel within its poll).
+  contexts[0]->TryCancel();
+  (void)watches[0]->Finish();
+  bool reopened = false;
+  for (int i = 0; i < 50 && !reopened; ++i) {
+    if (i > 0) std::this_thread::sleep_for(100ms);
+    if (!(reopened = open_watch())) (void)watches.back()->Finish();
+  }
+  EXPECT_TRUE(reopened);
+
+  // Three rendezvous waits for a key no rank sets: two wait out their deadline, one is
+  // refused at once; a lookup without waiting and the heartbeats are answered meanwhile.
+  rackrun::v1::StoreGetRequest get;
+  get.set_job_id(id);
+  get.set_attempt(1);
+  get.add_keys("never");
+  std::vector<grpc::Status> waited(3);
+  std::vector<std::thread> waiters;
+  for (int i = 0; i < 3; ++i) {
+    waiters.emplace_back([&, i] {
+      rackrun::v1::StoreGetResponse r;
+      waited[i] = b.client().rack().StoreGet(b.client().Ctx(2s).get(), get, &r);
+    });
+  }
+  std::this_thread::sleep_for(500ms);
+  rackrun::v1::StoreGetRequest now = get;
+  now.set_no_wait(true);
+  rackrun::v1::StoreGetResponse r;
+  EXPECT_EQ(a.client().rack().StoreGet(a.client().Ctx(1s).get(), now, &r).error_code(),
+            grpc::StatusCode::NOT_FOUND);
+  for (std::thread& t : waiters) t.join();
+  int exhausted = 0, deadline = 0;
+  for (const grpc::Status& s : waited) {
+    if (s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
+      ++exhausted;
+      EXPECT_NE(s.error_message().find("--max-rack-waits 2"), std::string::npos)
+          << s.error_message();
+    }
+    if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) ++deadline;
+  }
+  EXPECT_EQ(exhausted, 1);
+  EXPECT_EQ(deadline, 2);
+  // Both workers' heartbeats went on being answered (a silent one is lost after 1 s).
+  rackrun::v1::ListWorkersResponse listed;
+  ASSERT_TRUE(
+      good.jobs().ListWorkers(good.Ctx().get(), rackrun::v1::ListWorkersRequest(), &listed).ok());
+  ASSERT_EQ(listed.workers_size(), 2);
+  for (const rackrun::v1::Worker& worker : listed.workers()) {
+    EXPECT_EQ(worker.state(), rackrun::v1::BUSY) << worker.DebugString();
+  }
+  ASSERT_TRUE(a.Result(ra.run(), rackrun::v1::AttemptResult::SUCCEEDED).ok());
+  ASSERT_TRUE(b.Result(rb.run(), rackrun::v1::AttemptResult::SUCCEEDED).ok());
+  EXPECT_EQ(WaitState(good, id, rackrun::v1::SUCCEEDED).state(), rackrun::v1::SUCCEEDED);
 }
 
 // Ranks that share a host share its memory: each RunJob says how many of the attempt's

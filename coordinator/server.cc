@@ -227,8 +227,10 @@ absl::Status CoordinatorServer::OpenState() {
   if (!store.ok()) return store.status();
   store_ = *std::move(store);
   rack_ = std::make_unique<Rack>(store_.get(), SystemClock(), options_.rack);
-  job_service_ = std::make_unique<JobServiceImpl>(rack_.get(), auth_.get(), &gate_);
-  rack_control_ = std::make_unique<RackControlImpl>(rack_.get(), auth_.get(), &gate_);
+  job_service_ = std::make_unique<JobServiceImpl>(rack_.get(), auth_.get(), &gate_, kStreamPoll,
+                                                  options_.limits);
+  rack_control_ = std::make_unique<RackControlImpl>(rack_.get(), auth_.get(), &gate_, kStreamPoll,
+                                                    options_.limits);
   ObservabilityOptions observability_options = options_.observability;
   // A dashboard beyond loopback is a read-only view: any role's token opens it.
   const TokenAuth* auth = auth_.get();

@@ -40,6 +40,8 @@ struct ServerOptions {
   // Certificates expiring within this are warned about at start and daily.
   absl::Duration cert_warn_ahead = absl::Hours(24 * 30);
   Rack::Options rack;
+  // Calls that hold a server thread while they wait (services.h).
+  CallLimits limits;
   int64_t tick_ms = 20;
   // Test seam: hold health at NOT_SERVING this long after replaying (0 in production).
   int64_t serving_delay_ms = 0;

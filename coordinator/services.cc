@@ -16,7 +16,24 @@ grpc::Status Unavailable() {
   return grpc::Status(grpc::StatusCode::UNAVAILABLE,
                       "the coordinator is replaying its state or shutting down; retry shortly");
 }
+
+// The refusal of a call beyond its CallCounter's limit.
+grpc::Status TooMany(absl::string_view method, const CallCounter& counter, absl::string_view what,
+                     absl::string_view flag, absl::string_view fix) {
+  return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                      absl::StrCat(method, ": ", counter.max(), " ", what,
+                                   " are open on this coordinator, its limit (", flag, " ",
+                                   counter.max(), "); ", fix));
+}
 }  // namespace
+
+std::optional<CallCounter::Pass> CallCounter::TryEnter() {
+  int n = open_.load();
+  do {
+    if (n >= max_) return std::nullopt;
+  } while (!open_.compare_exchange_weak(n, n + 1));
+  return Pass(&open_);
+}
 
 grpc::Status ToGrpc(const absl::Status& s) {
   if (s.ok()) return grpc::Status::OK;
@@ -107,6 +124,11 @@ grpc::Status JobServiceImpl::Watch(grpc::ServerContext* ctx,
                                    const rackrun::v1::WatchJobRequest* req,
                                    grpc::ServerWriter<rackrun::v1::JobEvent>* writer) {
   if (grpc::Status s = Admit(*ctx, Access::kRead, "JobService.Watch"); !s.ok()) return s;
+  const std::optional<CallCounter::Pass> pass = watches_.TryEnter();
+  if (!pass.has_value()) {
+    return TooMany("JobService.Watch", watches_, "watch streams", "--max-watch-streams",
+                   "close some (rackrun watch, rackrun submit --watch) or raise the limit");
+  }
   int64_t after = std::max<int64_t>(0, req->from_seq());
   while (!ctx->IsCancelled()) {
     if (!gate_->serving()) return Unavailable();
@@ -230,6 +252,11 @@ grpc::Status RackControlImpl::StoreGet(grpc::ServerContext* ctx,
     for (std::string& x : *v) resp->add_values(std::move(x));
     return grpc::Status::OK;
   }
+  const std::optional<CallCounter::Pass> pass = waits_.TryEnter();
+  if (!pass.has_value()) {
+    return TooMany("RackControl.StoreGet", waits_, "rendezvous waits and plan streams",
+                   "--max-rack-waits", "raise the limit for racks of that many ranks");
+  }
   // Bounded by the call's deadline and by the channel timeout.
   absl::Time deadline = absl::Now() + absl::Milliseconds(rack_->options().channel_timeout_ms);
   deadline = std::min(deadline, absl::FromChrono(ctx->deadline()));
@@ -253,6 +280,11 @@ grpc::Status RackControlImpl::Plans(
     grpc::ServerContext* ctx,
     grpc::ServerReaderWriter<rackrun::v1::PlanReply, rackrun::v1::LoadRow>* stream) {
   if (grpc::Status s = Admit(*ctx, Access::kRack, "RackControl.Plans"); !s.ok()) return s;
+  const std::optional<CallCounter::Pass> pass = waits_.TryEnter();
+  if (!pass.has_value()) {
+    return TooMany("RackControl.Plans", waits_, "rendezvous waits and plan streams",
+                   "--max-rack-waits", "raise the limit for racks of that many ranks");
+  }
   rackrun::v1::LoadRow first;
   if (!stream->Read(&first)) return grpc::Status::OK;
   if (first.job_id().empty() || first.attempt() < 1) {

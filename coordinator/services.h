@@ -9,6 +9,8 @@
 #define RACKRUN_COORDINATOR_SERVICES_H_
 
 #include <atomic>
+#include <optional>
+#include <utility>
 
 #include "absl/time/time.h"
 #include "coordinator/auth.h"
@@ -34,6 +36,44 @@ class ServingGate {
   std::atomic<bool> serving_{false};
 };
 
+// How many calls that hold a server thread while they wait may be open at once (the
+// server is synchronous: each such call is a thread). Beyond a limit a call is refused at
+// once with RESOURCE_EXHAUSTED naming the flag, so a client that opens calls without end
+// cannot starve the heartbeats and reports of threads (20,000 open watches made every
+// other call miss a 5 s deadline before the limit).
+struct CallLimits {
+  int watch_streams = 1024;  // JobService.Watch (--max-watch-streams)
+  int rack_waits = 4096;     // RackControl.StoreGet waits and Plans streams (--max-rack-waits)
+};
+
+// A count of open calls of one kind, at most `max`. TryEnter gives a Pass that counts one
+// call until it is destroyed, or nothing when `max` are open.
+class CallCounter {
+ public:
+  explicit CallCounter(int max) : max_(max) {}
+  class Pass {
+   public:
+    explicit Pass(std::atomic<int>* open) : open_(open) {}
+    Pass(Pass&& o) noexcept : open_(std::exchange(o.open_, nullptr)) {}
+    Pass(const Pass&) = delete;
+    Pass& operator=(const Pass&) = delete;
+    Pass& operator=(Pass&&) = delete;
+    ~Pass() {
+      if (open_ != nullptr) open_->fetch_sub(1);
+    }
+
+   private:
+    std::atomic<int>* open_;
+  };
+  std::optional<Pass> TryEnter();
+  int max() const { return max_; }
+  int open() const { return open_.load(); }
+
+ private:
+  const int max_;
+  std::atomic<int> open_{0};
+};
+
 // What both services hold: the rack, the token check, the serving gate and the poll
 // interval of their streams. Admit (token and role, then gate) is the first step of every
 // call; `method` names the call in a PERMISSION_DENIED message.
@@ -52,8 +92,8 @@ class ServiceBase {
 class JobServiceImpl final : public rackrun::v1::JobService::Service, private ServiceBase {
  public:
   JobServiceImpl(Rack* rack, const TokenAuth* auth, const ServingGate* gate,
-                 absl::Duration poll = kStreamPoll)
-      : ServiceBase(rack, auth, gate, poll) {}
+                 absl::Duration poll = kStreamPoll, CallLimits limits = {})
+      : ServiceBase(rack, auth, gate, poll), watches_(limits.watch_streams) {}
 
   grpc::Status Submit(grpc::ServerContext* ctx, const rackrun::v1::SubmitRequest* req,
                       rackrun::v1::SubmitResponse* resp) override;
@@ -67,13 +107,16 @@ class JobServiceImpl final : public rackrun::v1::JobService::Service, private Se
                      grpc::ServerWriter<rackrun::v1::JobEvent>* writer) override;
   grpc::Status ListWorkers(grpc::ServerContext* ctx, const rackrun::v1::ListWorkersRequest* req,
                            rackrun::v1::ListWorkersResponse* resp) override;
+
+ private:
+  CallCounter watches_;
 };
 
 class RackControlImpl final : public rackrun::v1::RackControl::Service, private ServiceBase {
  public:
   RackControlImpl(Rack* rack, const TokenAuth* auth, const ServingGate* gate,
-                  absl::Duration poll = kStreamPoll)
-      : ServiceBase(rack, auth, gate, poll) {}
+                  absl::Duration poll = kStreamPoll, CallLimits limits = {})
+      : ServiceBase(rack, auth, gate, poll), waits_(limits.rack_waits) {}
 
   grpc::Status Register(grpc::ServerContext* ctx, const rackrun::v1::RegisterRequest* req,
                         rackrun::v1::RegisterResponse* resp) override;
@@ -92,6 +135,9 @@ class RackControlImpl final : public rackrun::v1::RackControl::Service, private 
   grpc::Status Plans(
       grpc::ServerContext* ctx,
       grpc::ServerReaderWriter<rackrun::v1::PlanReply, rackrun::v1::LoadRow>* stream) override;
+
+ private:
+  CallCounter waits_;  // StoreGet waits and Plans streams
 };
 
 // Submit's checks of a spec that has been defaulted: ValidateJobSpec, the restart policy,
