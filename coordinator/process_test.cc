@@ -858,6 +858,40 @@ TEST(CoordinatorProcessTest, WaitingCallsBeyondTheirLimitsAreRefusedAndOthersAns
   EXPECT_EQ(WaitState(good, id, rackrun::v1::SUCCEEDED).state(), rackrun::v1::SUCCEEDED);
 }
 
+// A worker that crash-loops registers a new id at each start and is lost each time: the
+// coordinator keeps at most 1024 ended workers (the list a client gets stays bounded), the
+// live ones all.
+TEST(CoordinatorProcessTest, ACrashLoopingWorkerDoesNotGrowTheWorkerListWithoutEnd) {
+  TwoWorkerRack rack;
+  ASSERT_TRUE(rack.Start());
+  Client& good = *rack.good;
+  Client worker(rack.c.Address(), rack.c.Token());
+  constexpr int kStarts = 1100;
+  for (int i = 0; i < kStarts; ++i) {
+    rackrun::v1::RegisterRequest req;
+    req.set_host("crashing");
+    req.set_pid(10000 + i);
+    rackrun::v1::RegisterResponse resp;
+    ASSERT_TRUE(worker.rack().Register(worker.Ctx().get(), req, &resp).ok()) << i;
+  }
+  // Each is lost a heartbeat timeout (1 s) after it registered.
+  rackrun::v1::ListWorkersResponse listed;
+  int lost = 0, live = 0;
+  for (int i = 0; i < 100; ++i) {
+    std::this_thread::sleep_for(100ms);
+    rackrun::v1::ListWorkersRequest req;
+    req.set_include_gone(true);
+    ASSERT_TRUE(good.jobs().ListWorkers(good.Ctx().get(), req, &listed).ok());
+    lost = live = 0;
+    for (const rackrun::v1::Worker& w : listed.workers()) {
+      (w.state() == rackrun::v1::LOST ? lost : live) += 1;
+    }
+    if (lost == 1024 && live == 2) break;
+  }
+  EXPECT_EQ(lost, 1024);
+  EXPECT_EQ(live, 2);  // the rack's two workers, heartbeating
+}
+
 // Ranks that share a host share its memory: each RunJob says how many of the attempt's
 // ranks are on its worker's host, so that the worker checks that many against the machine.
 TEST(CoordinatorProcessTest, RunJobCountsTheRanksOnEachHost) {

@@ -121,10 +121,11 @@ absl::Status Workers::Deregister(const std::string& worker_id) {
   Info* w = Find(worker_id);
   if (w == nullptr)
     return absl::NotFoundError(absl::StrCat("worker '", worker_id, "' is not registered"));
-  w->w.set_state(rackrun::v1::GONE);
+  const int64_t now = clock_();
+  End(*w, rackrun::v1::GONE, now);
   ++w->generation;
   w->stream_open = false;
-  w->stream_closed_ms = clock_();
+  w->stream_closed_ms = now;
   cv_.notify_all();
   return absl::OkStatus();
 }
@@ -306,7 +307,7 @@ std::vector<Finding> Workers::Detect() {
         (stream == StreamState::kDroppedSilent && (s != rackrun::v1::BUSY || named)) ||
         ((s == rackrun::v1::IDLE || s == rackrun::v1::DRAINING) &&
          now - w.last_heartbeat_ms > options_.heartbeat_timeout_ms)) {
-      w.w.set_state(rackrun::v1::LOST);
+      End(w, rackrun::v1::LOST, now);
     }
   }
   // Closed streams first, by worker id, then the other findings by attempt.
@@ -319,7 +320,7 @@ std::vector<Finding> Workers::Detect() {
     reported_[key] = true;
     if (f->rule == DetectionRule::kLostSilence) {
       if (Info* lost = Find(f->failure.worker_id()); lost != nullptr)
-        lost->w.set_state(rackrun::v1::LOST);
+        End(*lost, rackrun::v1::LOST, now);
     }
     (f->rule == DetectionRule::kLostStream ? out : others).push_back(std::move(*f));
   }
@@ -328,7 +329,32 @@ std::vector<Finding> Workers::Detect() {
   });
   out.insert(out.end(), std::make_move_iterator(others.begin()),
              std::make_move_iterator(others.end()));
+  ForgetEnded(now);
   return out;
+}
+
+void Workers::End(Info& w, rackrun::v1::WorkerState state, int64_t now) {
+  w.w.set_state(state);
+  w.ended_ms = now;
+}
+
+void Workers::ForgetEnded(int64_t now) {
+  std::vector<std::pair<int64_t, std::string>> ended;  // (ended_ms, id)
+  for (const auto& [id, w] : workers_) {
+    const auto s = w.w.state();
+    if (s == rackrun::v1::LOST || s == rackrun::v1::GONE) ended.emplace_back(w.ended_ms, id);
+  }
+  const size_t keep = static_cast<size_t>(std::max(0, options_.max_ended));
+  if (ended.size() <= keep && std::none_of(ended.begin(), ended.end(), [&](const auto& e) {
+        return now - e.first > options_.forget_after_ms;
+      })) {
+    return;  // the usual tick: nothing to forget, nothing sorted
+  }
+  std::sort(ended.begin(), ended.end());
+  for (size_t i = 0; i < ended.size(); ++i) {
+    if (ended.size() - i <= keep && now - ended[i].first <= options_.forget_after_ms) break;
+    workers_.erase(ended[i].second);
+  }
 }
 
 RankSnapshot Workers::SnapshotOf(const Info& w) {

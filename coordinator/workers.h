@@ -54,6 +54,12 @@ class Workers {
     // Rule (b) for phase "starting" (before the data channel and training): building the
     // model and reading data take longer on big jobs and loaded machines than a step.
     int64_t start_timeout_ms = 600000;
+    // Workers LOST or GONE this long are forgotten (a worker that comes back registers
+    // anew), and at most this many are kept, the longest ended forgotten first: a
+    // crash-looping worker registers a new id at each start, and the list must not grow
+    // without end.
+    int64_t forget_after_ms = 3600000;
+    int max_ended = 1024;
   };
 
   // `next_number` hands out worker numbers that never repeat (the store's counter).
@@ -121,7 +127,8 @@ class Workers {
   absl::StatusOr<rackrun::v1::RankPlacement> Placement(const std::string& worker_id) const;
 
   // Failures found now by the rules of failure_detector.h (see the header comment), the
-  // closed streams first. Lost workers become LOST; an attempt is reported once.
+  // closed streams first. Lost workers become LOST; an attempt is reported once. Ended
+  // workers past Options::forget_after_ms or beyond Options::max_ended are forgotten.
   std::vector<Finding> Detect();
 
   rackrun::v1::ListWorkersResponse List(bool include_gone) const;
@@ -164,6 +171,7 @@ class Workers {
     // heartbeat says it runs none: a re-registered worker whose attempt ended meanwhile
     // (a partition, a coordinator restart) is stopping it and must not be placed yet.
     std::string stopping_job;
+    int64_t ended_ms = 0;  // when it became LOST or GONE
   };
 
   Info* Find(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -172,6 +180,10 @@ class Workers {
                rackrun::v1::WorkerState to);
   // The worker as the detection rules see it.
   static RankSnapshot SnapshotOf(const Info& w);
+  // LOST or GONE from `now` on.
+  static void End(Info& w, rackrun::v1::WorkerState state, int64_t now);
+  // Detect's last step: forgets ended workers by Options::forget_after_ms and max_ended.
+  void ForgetEnded(int64_t now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Clock clock_;
   const Options options_;

@@ -295,6 +295,56 @@ TEST_F(WorkersTest, AnAssignmentTheHeartbeatsDoNotAcknowledgeStallsTheStream) {
   EXPECT_FALSE(resp.stream_stalled());
 }
 
+// Ended workers (GONE, LOST) are forgotten once more than max_ended are kept (the longest
+// ended first) or once they ended forget_after_ms ago; live ones never; a forgotten worker
+// that comes back registers with its id again.
+TEST_F(WorkersTest, EndedWorkersAreForgottenPastTheirLimits) {
+  int64_t next = 0;
+  Workers w(clock_.clock(), Workers::Options{100, 500, 2000, 2500, 1000, 2},
+            [&next]() -> absl::StatusOr<int64_t> { return ++next; });
+  std::vector<std::string> ids;
+  for (int i = 0; i < 4; ++i) {
+    rackrun::v1::RegisterRequest req;
+    req.set_host("host" + std::to_string(i));
+    absl::StatusOr<std::string> id = w.Register(req);
+    ASSERT_TRUE(id.ok());
+    ids.push_back(*id);
+  }
+  const auto listed = [&] {
+    std::vector<std::string> out;
+    const rackrun::v1::ListWorkersResponse all = w.List(/*include_gone=*/true);
+    for (const rackrun::v1::Worker& x : all.workers()) out.push_back(x.id());
+    return out;
+  };
+  const auto tick = [&](int64_t ms) {
+    clock_.Advance(ms);
+    HeartbeatRequest hb;
+    hb.set_worker_id(ids[3]);  // the live one
+    ASSERT_TRUE(w.Heartbeat(hb).ok());
+    w.Detect();
+  };
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(w.Deregister(ids[i]).ok());
+    tick(100);
+  }
+  // Three ended, two kept: the first to end is forgotten.
+  EXPECT_EQ(listed(), (std::vector<std::string>{ids[1], ids[2], ids[3]}));
+  tick(850);  // ids[1] ended 1050 ms ago, ids[2] 950
+  EXPECT_EQ(listed(), (std::vector<std::string>{ids[2], ids[3]}));
+  tick(100);
+  EXPECT_EQ(listed(), (std::vector<std::string>{ids[3]}));
+  // A forgotten worker's heartbeat is refused (it registers again), and it may keep its id.
+  HeartbeatRequest hb;
+  hb.set_worker_id(ids[0]);
+  EXPECT_EQ(w.Heartbeat(hb).code(), absl::StatusCode::kNotFound);
+  rackrun::v1::RegisterRequest again;
+  again.set_host("host0");
+  again.set_worker_id(ids[0]);
+  ASSERT_EQ(w.Register(again).value_or(""), ids[0]);
+  EXPECT_TRUE(w.Heartbeat(hb).ok());
+  EXPECT_EQ(listed(), (std::vector<std::string>{ids[0], ids[3]}));
+}
+
 TEST_F(WorkersTest, HungByTheCollectiveRuleNamesTheRankBehind) {
   auto ids = Start(3);
   // Ranks 0 and 2 wait in collective 8; rank 1 is alive but still computing (entered 7).
