@@ -32,6 +32,7 @@ class Stmt {
     sqlite3_bind_blob(s_, i, v.data(), static_cast<int>(v.size()), SQLITE_TRANSIENT);
   }
   int Step() { return sqlite3_step(s_); }
+  void Reset() { sqlite3_reset(s_); }
   int64_t ColInt(int i) { return sqlite3_column_int64(s_, i); }
   std::string ColBytes(int i) {
     const void* p = sqlite3_column_blob(s_, i);
@@ -275,6 +276,16 @@ absl::Status JobStore::Commit(const JobMutation& m) {
   if (absl::Status s = Exec("BEGIN IMMEDIATE"); !s.ok()) return s;
   absl::Status s = WriteJob(m.job);
   for (size_t i = 0; s.ok() && i < m.events.size(); ++i) s = WriteEvent(m.events[i]);
+  if (s.ok() && !m.dropped.empty()) {
+    Stmt d(db_, "DELETE FROM events WHERE job_num=? AND seq=?");
+    if (!d.ok()) s = Error("prepare event removal");
+    for (size_t i = 0; s.ok() && i < m.dropped.size(); ++i) {
+      d.Reset();
+      d.Int(1, JobNumber(m.job.id()));
+      d.Int(2, m.dropped[i]);
+      if (d.Step() != SQLITE_DONE) s = Error("remove event");
+    }
+  }
   if (s.ok()) s = Exec("COMMIT");
   if (!s.ok()) (void)Exec("ROLLBACK");
   return s;

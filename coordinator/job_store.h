@@ -36,6 +36,7 @@ struct StoredJob {
 struct JobMutation {
   rackrun::v1::Job job;  // the whole record after the change (attempts included)
   std::vector<rackrun::v1::JobEvent> events;  // appended (seq must continue the job's)
+  std::vector<int64_t> dropped;               // seqs of the job's events removed
 };
 
 class JobStore {

@@ -55,7 +55,7 @@ TEST(JobStoreTest, PersistsAcrossReopen) {
     e.set_job_id(id);
     e.set_seq(2);
     e.set_state(rackrun::v1::RUNNING);
-    ASSERT_TRUE((*store)->Commit({next, {e}}).ok());
+    ASSERT_TRUE((*store)->Commit({next, {e}, {}}).ok());
   }
   auto store = JobStore::Open(path);
   ASSERT_TRUE(store.ok());
@@ -110,7 +110,7 @@ TEST(JobStoreTest, EventSeqIsUnique) {
   dup.set_message("again");
   Job changed = r->job;
   changed.set_message("must not be written");
-  EXPECT_EQ((*store)->Commit({changed, {dup}}).code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ((*store)->Commit({changed, {dup}, {}}).code(), absl::StatusCode::kAlreadyExists);
   auto all = (*store)->LoadAll();
   ASSERT_EQ((*all)[0].events.size(), 1u);
   EXPECT_EQ((*all)[0].job.message(), "");  // the failed transaction wrote nothing

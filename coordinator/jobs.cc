@@ -39,6 +39,34 @@ std::string DescribeFailure(const Failure& f) {
                       f.message().empty() ? "" : ": ", f.message());
 }
 
+namespace {
+
+// The seqs of the oldest progress events of `events` then `added` to drop so that at most
+// `max` remain, never one followed by another kind of event (nor the last): what a restart
+// reads of the checkpoint step (the progress before each checkpoint event) stays.
+std::vector<int64_t> ProgressToDrop(const std::vector<JobEvent>& events,
+                                    const std::vector<JobEvent>& added, int progress, int max) {
+  std::vector<int64_t> out;
+  const size_t n = events.size() + added.size();
+  const auto at = [&](size_t i) -> const JobEvent& {
+    return i < events.size() ? events[i] : added[i - events.size()];
+  };
+  for (size_t i = 0; i + 1 < n && progress > max; ++i) {
+    if (at(i).has_progress() && at(i + 1).has_progress()) {
+      out.push_back(at(i).seq());
+      --progress;
+    }
+  }
+  return out;
+}
+
+int CountProgress(const std::vector<JobEvent>& events) {
+  return static_cast<int>(std::count_if(events.begin(), events.end(),
+                                        [](const JobEvent& ev) { return ev.has_progress(); }));
+}
+
+}  // namespace
+
 Jobs::Jobs(JobStore* store, Clock clock, Options options)
     : store_(store), clock_(std::move(clock)), options_(options) {}
 
@@ -74,6 +102,15 @@ absl::Status Jobs::Initialize(std::vector<StoredJob> stored) {
       if (ev.has_progress()) progress_step = ev.progress().step();
       if (absl::StartsWith(ev.message(), kCheckpointEventPrefix)) e.checkpoint_step = progress_step;
     }
+    // A history kept by an older coordinator (every progress report an event) is
+    // trimmed once here, as Commit keeps it from now on.
+    e.progress_events = CountProgress(e.events);
+    const std::vector<int64_t> drop =
+        ProgressToDrop(e.events, {}, e.progress_events, options_.max_progress_events);
+    if (!drop.empty()) {
+      if (absl::Status st = store_->Commit(JobMutation{e.job, {}, drop}); !st.ok()) return st;
+      DropEvents(e, drop);
+    }
     const int64_t num = JobNumber(e.job.id());
     jobs_.emplace(num, std::move(e));
   }
@@ -82,18 +119,39 @@ absl::Status Jobs::Initialize(std::vector<StoredJob> stored) {
 
 absl::Status Jobs::Commit(Entry& e, Job next, std::vector<JobEvent> events) {
   const int64_t now = clock_();
+  if (e.progress_pending.has_value() &&
+      std::none_of(events.begin(), events.end(),
+                   [](const JobEvent& ev) { return ev.has_progress(); })) {
+    events.insert(events.begin(), *e.progress_pending);
+  }
   int64_t seq = e.events.empty() ? 0 : e.events.back().seq();
   for (JobEvent& ev : events) {
     ev.set_seq(++seq);
     ev.set_job_id(next.id());
     ev.set_time_unix_ms(now);
   }
-  JobMutation m{std::move(next), std::move(events)};
+  const int added_progress = CountProgress(events);
+  JobMutation m{std::move(next), std::move(events), {}};
+  m.dropped = ProgressToDrop(e.events, m.events, e.progress_events + added_progress,
+                             options_.max_progress_events);
   if (absl::Status s = store_->Commit(m); !s.ok()) return s;
   e.job = std::move(m.job);
+  DropEvents(e, m.dropped);
   for (JobEvent& ev : m.events) e.events.push_back(std::move(ev));
+  e.progress_events += added_progress;
+  if (added_progress > 0) {
+    e.progress_pending.reset();
+    e.progress_event_ms = now;
+  }
   cv_.notify_all();
   return absl::OkStatus();
+}
+
+void Jobs::DropEvents(Entry& e, const std::vector<int64_t>& seqs) {
+  if (seqs.empty()) return;
+  const std::set<int64_t> drop(seqs.begin(), seqs.end());
+  std::erase_if(e.events, [&](const JobEvent& ev) { return drop.count(ev.seq()) > 0; });
+  e.progress_events -= static_cast<int>(drop.size());
 }
 
 namespace {
@@ -477,6 +535,12 @@ absl::Status Jobs::Progress(const std::string& job_id, int attempt,
   JobEvent ev;
   ev.set_attempt(attempt);
   *ev.mutable_progress() = p;
+  if (clock_() - e->progress_event_ms < options_.progress_event_interval_ms) {
+    // Kept back: the job shows it at once, an event carries it later (Commit).
+    e->job = std::move(next);
+    e->progress_pending = std::move(ev);
+    return absl::OkStatus();
+  }
   return Commit(*e, std::move(next), {ev});
 }
 

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -58,6 +59,14 @@ class Jobs {
     // this long after the verdict: its report replaces the verdict as the attempt's failure
     // (and the job's first failure), since a slow machine, not a hang, made it late.
     int64_t report_grace_ms = 30000;
+    // Progress reports (rank 0 sends one per step, as fast as they are answered) become job
+    // events at most once per this interval; the newest one kept back is in the job
+    // (last_progress) and becomes an event before the job's next other event. A job keeps
+    // at most max_progress_events of them, the oldest dropped (never the last before
+    // another event, where a restart's checkpoint step is read): a month-long run's
+    // history, its replay at start and a late watcher's catch-up stay bounded.
+    int64_t progress_event_interval_ms = 1000;
+    int max_progress_events = 1000;
   };
 
   Jobs(JobStore* store, Clock clock, Options options);
@@ -152,12 +161,20 @@ class Jobs {
     std::map<int, int> results;  // rank -> AttemptResult::Outcome of the current attempt
     std::set<int> awaiting_reattach;
     int64_t reattach_deadline_ms = 0;
-    int64_t checkpoint_step = 0;  // step of the last checkpoint reported
+    int64_t checkpoint_step = 0;    // step of the last checkpoint reported
+    int progress_events = 0;        // in `events`
+    int64_t progress_event_ms = 0;  // when the last one was committed
+    // A progress report kept back (Progress), with its attempt, not an event yet.
+    std::optional<rackrun::v1::JobEvent> progress_pending;
   };
 
+  // Removes the events with these seqs (progress events) from `e`.
+  static void DropEvents(Entry& e, const std::vector<int64_t>& seqs);
   Entry* Find(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   const Entry* Find(const std::string& job_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Commits `next` and events (seq/job/time filled in here) and then applies them.
+  // Commits `next` and events (seq/job/time filled in here) and then applies them; a
+  // progress report kept back goes first, and the oldest progress events beyond
+  // Options::max_progress_events are dropped.
   absl::Status Commit(Entry& e, rackrun::v1::Job next, std::vector<rackrun::v1::JobEvent> events)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<Ended> FailLocked(Entry& e, int attempt, rackrun::v1::Failure failure)

@@ -368,6 +368,79 @@ TEST_F(JobsTest, ReattachAfterRestartOrLoseWithinGrace) {
   Events(lost);
 }
 
+// The steps of the job's progress events (memory and store agree on them).
+std::vector<int64_t> ProgressSteps(Jobs& jobs, JobStore& store, const std::string& id) {
+  std::vector<JobEvent> ev;
+  bool done = false;
+  EXPECT_TRUE(jobs.WaitEvents(id, 0, absl::ZeroDuration(), &ev, &done).ok());
+  std::vector<int64_t> steps, stored;
+  for (const JobEvent& e : ev)
+    if (e.has_progress()) steps.push_back(e.progress().step());
+  absl::StatusOr<std::vector<StoredJob>> all = store.LoadAll();
+  EXPECT_TRUE(all.ok());
+  if (!all.ok()) return steps;
+  for (const StoredJob& sj : *all) {
+    if (sj.job.id() != id) continue;
+    for (const JobEvent& e : sj.events)
+      if (e.has_progress()) stored.push_back(e.progress().step());
+  }
+  EXPECT_EQ(steps, stored);
+  return steps;
+}
+
+// Progress reports become events at most once per progress_event_interval_ms (the newest
+// kept back is in the job at once, and an event before the job's next other event); a job
+// keeps at most max_progress_events of them, dropping the oldest but never the one before
+// a checkpoint, so a restart after a coordinator restart still resumes there; an older
+// coordinator's longer history is trimmed when it is loaded.
+TEST_F(JobsTest, ProgressEventsAreThinnedAndBounded) {
+  Jobs::Options o{5000};
+  o.progress_event_interval_ms = 1000;
+  o.max_progress_events = 5;
+  jobs_ = std::make_unique<Jobs>(store_.get(), clock_.clock(), o);
+  ASSERT_TRUE(jobs_->Initialize({}).ok());
+  const std::string id = jobs_->Submit(Spec(1, 3), "r")->job.id();
+  ASSERT_TRUE(jobs_->StartAttempt(id, Ranks(1)).ok());
+  rackrun::v1::StepProgress p;
+  int64_t step = 0;
+  const auto report = [&](int64_t advance_ms) {
+    clock_.Advance(advance_ms);
+    p.set_step(++step);
+    ASSERT_TRUE(jobs_->Progress(id, 1, p).ok());
+    EXPECT_EQ(jobs_->Get(id)->last_progress().step(), step);  // the job shows it at once
+  };
+  for (int i = 0; i < 10; ++i) report(i == 0 ? 0 : 100);  // steps 1-10 within 0.9 s
+  report(100);                                            // step 11, 1 s after step 1
+  EXPECT_EQ(ProgressSteps(*jobs_, *store_, id), (std::vector<int64_t>{1, 11}));
+  for (int i = 0; i < 20; ++i) report(1000);  // steps 12-31, each an event
+  EXPECT_EQ(ProgressSteps(*jobs_, *store_, id), (std::vector<int64_t>{27, 28, 29, 30, 31}));
+  report(100);                                                  // step 32, kept back ...
+  ASSERT_TRUE(jobs_->Checkpoint(id, 1, "/ckpt/step-32").ok());  // ... an event before it
+  EXPECT_EQ(ProgressSteps(*jobs_, *store_, id), (std::vector<int64_t>{28, 29, 30, 31, 32}));
+  for (int i = 0; i < 10; ++i) report(1000);  // steps 33-42
+  EXPECT_EQ(ProgressSteps(*jobs_, *store_, id), (std::vector<int64_t>{32, 39, 40, 41, 42}));
+
+  // The coordinator restarts (its rank never re-attaches): the restart resumes at step 32.
+  absl::StatusOr<std::vector<StoredJob>> all = store_->LoadAll();
+  ASSERT_TRUE(all.ok());
+  jobs_ = std::make_unique<Jobs>(store_.get(), clock_.clock(), o);
+  ASSERT_TRUE(jobs_->Initialize(*std::move(all)).ok());
+  clock_.Advance(5001);
+  ASSERT_EQ(jobs_->ExpireReattach().size(), 1u);
+  absl::StatusOr<rackrun::v1::Attempt> a2 = jobs_->StartAttempt(id, Ranks(1));
+  ASSERT_TRUE(a2.ok()) << a2.status();
+  EXPECT_EQ(a2->start_step(), 32);
+
+  // A coordinator that kept 3 loads the history of one that kept 5: trimmed to 3, the one
+  // before the checkpoint kept.
+  o.max_progress_events = 3;
+  all = store_->LoadAll();
+  ASSERT_TRUE(all.ok());
+  jobs_ = std::make_unique<Jobs>(store_.get(), clock_.clock(), o);
+  ASSERT_TRUE(jobs_->Initialize(*std::move(all)).ok());
+  EXPECT_EQ(ProgressSteps(*jobs_, *store_, id), (std::vector<int64_t>{32, 41, 42}));
+}
+
 TEST_F(JobsTest, RestartAfterACoordinatorRestartStartsAtTheLastCheckpoint) {
   const std::string id = jobs_->Submit(Spec(1, 3), "r")->job.id();
   ASSERT_TRUE(jobs_->StartAttempt(id, Ranks(1)).ok());
