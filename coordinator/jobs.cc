@@ -106,7 +106,7 @@ absl::Status Jobs::Initialize(std::vector<StoredJob> stored) {
     // trimmed once here, as Commit keeps it from now on.
     e.progress_events = CountProgress(e.events);
     const std::vector<int64_t> drop =
-        ProgressToDrop(e.events, {}, e.progress_events, options_.max_progress_events);
+        ProgressToDrop(e.events, {}, e.progress_events, MaxProgressEvents(e.job));
     if (!drop.empty()) {
       if (absl::Status st = store_->Commit(JobMutation{e.job, {}, drop}); !st.ok()) return st;
       DropEvents(e, drop);
@@ -133,7 +133,7 @@ absl::Status Jobs::Commit(Entry& e, Job next, std::vector<JobEvent> events) {
   const int added_progress = CountProgress(events);
   JobMutation m{std::move(next), std::move(events), {}};
   m.dropped = ProgressToDrop(e.events, m.events, e.progress_events + added_progress,
-                             options_.max_progress_events);
+                             MaxProgressEvents(m.job));
   if (absl::Status s = store_->Commit(m); !s.ok()) return s;
   e.job = std::move(m.job);
   DropEvents(e, m.dropped);
@@ -145,6 +145,11 @@ absl::Status Jobs::Commit(Entry& e, Job next, std::vector<JobEvent> events) {
   }
   cv_.notify_all();
   return absl::OkStatus();
+}
+
+int Jobs::MaxProgressEvents(const Job& job) const {
+  return IsTerminal(job.state()) ? options_.max_ended_progress_events
+                                 : options_.max_progress_events;
 }
 
 void Jobs::DropEvents(Entry& e, const std::vector<int64_t>& seqs) {

@@ -67,6 +67,9 @@ class Jobs {
     // history, its replay at start and a late watcher's catch-up stay bounded.
     int64_t progress_event_interval_ms = 1000;
     int max_progress_events = 1000;
+    // The same bound once the job has ended (its history is kept for rackrun list,
+    // status and watch; the run's own log has every step).
+    int max_ended_progress_events = 100;
   };
 
   Jobs(JobStore* store, Clock clock, Options options);
@@ -168,6 +171,8 @@ class Jobs {
     std::optional<rackrun::v1::JobEvent> progress_pending;
   };
 
+  // Options::max_progress_events, or max_ended_progress_events once `job` has ended.
+  int MaxProgressEvents(const rackrun::v1::Job& job) const;
   // Removes the events with these seqs (progress events) from `e`.
   static void DropEvents(Entry& e, const std::vector<int64_t>& seqs);
   Entry* Find(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

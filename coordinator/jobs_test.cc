@@ -434,11 +434,17 @@ TEST_F(JobsTest, ProgressEventsAreThinnedAndBounded) {
   // A coordinator that kept 3 loads the history of one that kept 5: trimmed to 3, the one
   // before the checkpoint kept.
   o.max_progress_events = 3;
+  o.max_ended_progress_events = 2;
   all = store_->LoadAll();
   ASSERT_TRUE(all.ok());
   jobs_ = std::make_unique<Jobs>(store_.get(), clock_.clock(), o);
   ASSERT_TRUE(jobs_->Initialize(*std::move(all)).ok());
   EXPECT_EQ(ProgressSteps(*jobs_, *store_, id), (std::vector<int64_t>{32, 41, 42}));
+  // Once the job has ended, at most max_ended_progress_events stay (its end is an event
+  // after the last progress, so that one stays too).
+  ASSERT_TRUE(jobs_->Cancel(id, "done").ok());
+  ASSERT_TRUE(IsTerminal(jobs_->Get(id)->state())) << jobs_->Get(id)->DebugString();
+  EXPECT_EQ(ProgressSteps(*jobs_, *store_, id), (std::vector<int64_t>{32, 42}));
 }
 
 TEST_F(JobsTest, RestartAfterACoordinatorRestartStartsAtTheLastCheckpoint) {
