@@ -134,3 +134,55 @@ write("coordinator", "streams", streams)
 write("coordinator", "plans-bad-rows",
       stream(13, rows('attempt: 1 rank: 0', row, 'job_id: "other" attempt: 1', 'loads: [-1]')))
 write("coordinator", "watch-missing-job", call(11, "WatchJobRequest", 'job_id: "nope" from_seq: -3'))
+
+# dataset_files: a first byte (even: a Megatron dataset, odd: a safetensors file); for the
+# dataset, uint16 lengths of the .idx and the record, then the .idx, the record, the .bin.
+def megatron_idx(dtype, lengths, docs, element):
+    out = b"MMIDIDX\x00\x00" + struct.pack("<QBQQ", 1, dtype, len(lengths), len(docs))
+    out += struct.pack("<%di" % len(lengths), *lengths)
+    offsets, at = [], 0
+    for n in lengths:
+        offsets.append(at)
+        at += n * element
+    out += struct.pack("<%dq" % len(offsets), *offsets)
+    out += struct.pack("<%dq" % len(docs), *docs)
+    return out
+
+
+def dataset(idx, record, binary):
+    return b"\x00" + struct.pack("<HH", len(idx), len(record)) + idx + record + binary
+
+
+tokens = [5, 6, 1, 7, 1, 8, 9, 10, 1]
+record = json.dumps({"format": "rackrun dataset record", "version": 1,
+                     "tokenizer": {"kind": "bytes", "model_type": "", "vocab": 260, "bos": -1,
+                                   "eos": 1, "pad": -1, "model_crc32c": 0, "model": ""},
+                     "end_of_document": 1, "documents": 3, "tokens": 9,
+                     "unigram_entropy": 1.5, "sources": ["a.txt"]}).encode()
+write("dataset_files", "uint16-3-docs",
+      dataset(megatron_idx(8, [3, 2, 4], [0, 1, 2, 3], 2), record,
+              struct.pack("<9H", *tokens)))
+write("dataset_files", "int32-no-record",
+      dataset(megatron_idx(4, [3, 2, 4], [0, 3], 4), b"", struct.pack("<9i", *tokens)))
+write("dataset_files", "bin-too-short",
+      dataset(megatron_idx(8, [3, 2, 4], [0, 1, 2, 3], 2), b"", struct.pack("<5H", *tokens[:5])))
+write("dataset_files", "bad-record",
+      dataset(megatron_idx(8, [1], [0, 1], 2), b'{"tokenizer": 7}', struct.pack("<H", 3)))
+
+
+def safetensors(header, buffer):
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    return b"\x01" + struct.pack("<Q", len(h)) + h + buffer
+
+
+write("dataset_files", "safetensors-two",
+      safetensors({"a": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 16]},
+                   "b": {"dtype": "BF16", "shape": [3], "data_offsets": [16, 22]},
+                   "__metadata__": {"format": "pt"}}, bytes(range(22))))
+write("dataset_files", "safetensors-overlap",
+      safetensors({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+                   "b": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}}, bytes(12)))
+write("dataset_files", "safetensors-huge-shape",
+      safetensors({"a": {"dtype": "F64", "shape": [4294967296, 4294967296],
+                         "data_offsets": [0, 0]}}, b""))
