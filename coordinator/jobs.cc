@@ -41,9 +41,10 @@ std::string DescribeFailure(const Failure& f) {
 
 namespace {
 
-// The seqs of the oldest progress events of `events` then `added` to drop so that at most
-// `max` remain, never one followed by another kind of event (nor the last): what a restart
-// reads of the checkpoint step (the progress before each checkpoint event) stays.
+// The seqs of the oldest progress events of `events` (followed by `added`) to drop so that
+// at most `max` of both remain, never one followed by another kind of event: what a
+// restart reads of the checkpoint step (the progress before each checkpoint event) stays.
+// Nothing of `added` is dropped.
 std::vector<int64_t> ProgressToDrop(const std::vector<JobEvent>& events,
                                     const std::vector<JobEvent>& added, int progress, int max) {
   std::vector<int64_t> out;
@@ -51,7 +52,7 @@ std::vector<int64_t> ProgressToDrop(const std::vector<JobEvent>& events,
   const auto at = [&](size_t i) -> const JobEvent& {
     return i < events.size() ? events[i] : added[i - events.size()];
   };
-  for (size_t i = 0; i + 1 < n && progress > max; ++i) {
+  for (size_t i = 0; i < events.size() && i + 1 < n && progress > max; ++i) {
     if (at(i).has_progress() && at(i + 1).has_progress()) {
       out.push_back(at(i).seq());
       --progress;
