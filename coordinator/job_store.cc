@@ -190,6 +190,15 @@ absl::Status JobStore::WriteEvent(const JobEvent& event) {
   return absl::OkStatus();
 }
 
+absl::Status JobStore::Damaged(int64_t num, absl::string_view what) {
+  const char* file = sqlite3_db_filename(db_, "main");
+  const std::string path = file != nullptr && *file != '\0' ? file : "the job database";
+  return absl::DataLossError(
+      absl::StrCat(path, ": job j-", num, ": ", what,
+                   "; the database is damaged: restore the state folder from a backup, or move ",
+                   path, " aside to start with no jobs (its jobs are then forgotten)"));
+}
+
 absl::StatusOr<Job> JobStore::ReadJob(int64_t num) {
   Stmt s(db_,
          "SELECT num, request_id, name, state, spec, created_ms, started_ms, finished_ms, "
@@ -202,19 +211,24 @@ absl::StatusOr<Job> JobStore::ReadJob(int64_t num) {
   job.set_request_id(s.ColBytes(1));
   job.set_name(s.ColBytes(2));
   job.set_state(static_cast<rackrun::v1::JobState>(s.ColInt(3)));
-  if (!job.mutable_spec()->ParseFromString(s.ColBytes(4))) return absl::DataLossError("bad spec");
+  if (!rackrun::v1::JobState_IsValid(static_cast<int>(s.ColInt(3))) ||
+      s.ColInt(3) == rackrun::v1::JOB_STATE_UNSPECIFIED) {
+    return Damaged(num, absl::StrCat("its state ", s.ColInt(3), " is not a job state"));
+  }
+  if (!job.mutable_spec()->ParseFromString(s.ColBytes(4)))
+    return Damaged(num, "its spec does not parse");
   job.set_created_unix_ms(s.ColInt(5));
   job.set_started_unix_ms(s.ColInt(6));
   job.set_finished_unix_ms(s.ColInt(7));
   job.set_message(s.ColBytes(8));
   if (sqlite3_column_type(s.get(), 9) != SQLITE_NULL &&
       !job.mutable_first_failure()->ParseFromString(s.ColBytes(9))) {
-    return absl::DataLossError("bad failure");
+    return Damaged(num, "its first failure does not parse");
   }
   job.set_restarts(s.ColInt(10));
   if (sqlite3_column_type(s.get(), 11) != SQLITE_NULL &&
       !job.mutable_last_progress()->ParseFromString(s.ColBytes(11))) {
-    return absl::DataLossError("bad progress");
+    return Damaged(num, "its last progress does not parse");
   }
   Stmt a(db_, "SELECT attempt FROM attempts WHERE job_num=? ORDER BY number");
   if (!a.ok()) return Error("prepare attempts");
@@ -222,7 +236,7 @@ absl::StatusOr<Job> JobStore::ReadJob(int64_t num) {
   int rc;
   while ((rc = a.Step()) == SQLITE_ROW) {
     if (!job.add_attempts()->ParseFromString(a.ColBytes(0)))
-      return absl::DataLossError("bad attempt");
+      return Damaged(num, "an attempt record does not parse");
   }
   if (rc != SQLITE_DONE) return Error("read attempts");
   return job;
@@ -310,7 +324,7 @@ absl::StatusOr<std::vector<StoredJob>> JobStore::LoadAll() {
     e.Int(1, num);
     while (e.Step() == SQLITE_ROW) {
       JobEvent ev;
-      if (!ev.ParseFromString(e.ColBytes(0))) return absl::DataLossError("bad event");
+      if (!ev.ParseFromString(e.ColBytes(0))) return Damaged(num, "an event record does not parse");
       sj.events.push_back(std::move(ev));
     }
     jobs.push_back(std::move(sj));

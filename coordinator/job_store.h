@@ -19,6 +19,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "coordinator/sync.h"
 #include "rackrun/v1/job_service.pb.h"
 
@@ -77,6 +78,8 @@ class JobStore {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<rackrun::v1::Job> ReadJob(int64_t num) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Error(const char* what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // DataLoss naming the database file, job `num`, `what` is wrong with it, and what to do.
+  absl::Status Damaged(int64_t num, absl::string_view what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   std::mutex mu_;
   sqlite3* db_ ABSL_GUARDED_BY(mu_);

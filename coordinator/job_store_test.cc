@@ -1,6 +1,7 @@
 #include "coordinator/job_store.h"
 
 #include <gtest/gtest.h>
+#include <sqlite3.h>
 
 #include "coordinator/test_util.h"
 
@@ -114,6 +115,38 @@ TEST(JobStoreTest, EventSeqIsUnique) {
   auto all = (*store)->LoadAll();
   ASSERT_EQ((*all)[0].events.size(), 1u);
   EXPECT_EQ((*all)[0].job.message(), "");  // the failed transaction wrote nothing
+}
+
+// A damaged row (a record that does not parse, a state no job has) stops the load with an
+// error naming the database file, the job, what is wrong and what to do.
+TEST(JobStoreTest, ADamagedRowIsNamedWithTheFileTheJobAndTheWayOut) {
+  testing::ScratchDir dir;
+  int n = 0;
+  for (const auto& [sql, says] : std::vector<std::pair<std::string, std::string>>{
+           {"UPDATE jobs SET spec = X'FFFFFFFFFF'", "its spec does not parse"},
+           {"UPDATE jobs SET state = 99", "its state 99 is not a job state"},
+           {"UPDATE events SET event = X'0A0B0C'", "an event record does not parse"}}) {
+    const std::string path = dir.path() + "/coordinator-" + std::to_string(n++) + ".db";
+    {
+      auto store = JobStore::Open(path);
+      ASSERT_TRUE(store.ok()) << store.status();
+      ASSERT_TRUE((*store)->InsertJob(NewJob("req-1"), First()).ok());
+    }
+    sqlite3* db = nullptr;
+    ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+    EXPECT_EQ(sqlite3_exec(db, sql.c_str(), nullptr, nullptr, nullptr), SQLITE_OK) << sql;
+    sqlite3_close(db);
+    auto store = JobStore::Open(path);
+    ASSERT_TRUE(store.ok()) << store.status();
+    absl::StatusOr<std::vector<StoredJob>> all = (*store)->LoadAll();
+    ASSERT_FALSE(all.ok()) << sql;
+    EXPECT_EQ(all.status().code(), absl::StatusCode::kDataLoss);
+    const std::string m(all.status().message());
+    for (const std::string& part : {path, std::string("job j-1"), says,
+                                    std::string("restore the state folder from a backup")}) {
+      EXPECT_NE(m.find(part), std::string::npos) << part << " in " << m;
+    }
+  }
 }
 
 TEST(JobStoreTest, WorkerNumbersNeverRepeat) {
