@@ -37,7 +37,9 @@ absl::StatusOr<std::string> Workers::Register(const rackrun::v1::RegisterRequest
   if (shutdown_) return absl::UnavailableError("the coordinator is shutting down");
   const int64_t now = clock_();
   Info& w = workers_[id];
-  const int64_t generation = w.generation + 1;  // a stream of the old registration ends
+  // A stream of the old registration ends. Generations never repeat, not even for a
+  // forgotten worker that registers again with its id (ForgetEnded).
+  const int64_t generation = ++generations_;
   w = Info();
   w.generation = generation;
   w.w.set_id(id);
@@ -123,7 +125,7 @@ absl::Status Workers::Deregister(const std::string& worker_id) {
     return absl::NotFoundError(absl::StrCat("worker '", worker_id, "' is not registered"));
   const int64_t now = clock_();
   End(*w, rackrun::v1::GONE, now);
-  ++w->generation;
+  w->generation = ++generations_;
   w->stream_open = false;
   w->stream_closed_ms = now;
   cv_.notify_all();
@@ -137,7 +139,7 @@ absl::StatusOr<int64_t> Workers::OpenStream(const std::string& worker_id) {
     return absl::NotFoundError(
         absl::StrCat("worker '", worker_id, "' is not registered; register first"));
   }
-  ++w->generation;
+  w->generation = ++generations_;
   w->stream_open = true;
   w->stream_seen = true;
   cv_.notify_all();

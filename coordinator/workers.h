@@ -191,6 +191,7 @@ class Workers {
   mutable std::mutex mu_;
   std::condition_variable cv_;  // outbox pushes, stream changes, shutdown
   std::map<std::string, Info> workers_ ABSL_GUARDED_BY(mu_);
+  int64_t generations_ ABSL_GUARDED_BY(mu_) = 0;  // the last stream generation given
   std::map<std::pair<std::string, int>, bool> reported_ ABSL_GUARDED_BY(mu_);  // attempts named
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
 };
