@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -605,7 +606,41 @@ struct TwoWorkerRack {
     rackrun::v1::SubmitResponse resp;
     return good->Submit(spec, request_id, &resp).ok() ? resp.job().id() : "";
   }
+
+  // Submits a 2-rank job and has `a` read rank 0's run (into *ra); its id, empty when
+  // refused or when no run came.
+  std::string SubmitAndTakeRankZero(rackrun::v1::Assignment* ra) {
+    const std::string id = SubmitTwoRanks("run-1");
+    return !id.empty() && a->Next(ra) && ra->has_run() ? id : "";
+  }
+
+  // `b` missed rank 1's run of job `id`: it registers again and opens a new stream, gets
+  // the same run (into *rb), and both ranks succeed; the job ends SUCCEEDED in one attempt.
+  void ResendToBAndFinish(const std::string& id, const rackrun::v1::Assignment& ra,
+                          rackrun::v1::Assignment* rb) {
+    b->RegisterAgainAndReopen();
+    ASSERT_TRUE(b->Next(rb));
+    ASSERT_TRUE(rb->has_run());
+    EXPECT_EQ(rb->run().job_id(), id);
+    EXPECT_EQ(rb->run().attempt(), 1);
+    EXPECT_EQ(rb->run().rank(), 1);
+    EXPECT_EQ(rb->run().ranks(), 2);
+    std::this_thread::sleep_for(200ms);  // a heartbeat about the new stream
+    EXPECT_FALSE(b->StreamClosedSaid());
+    ASSERT_TRUE(a->Result(ra.run(), rackrun::v1::AttemptResult::SUCCEEDED).ok());
+    ASSERT_TRUE(b->Result(rb->run(), rackrun::v1::AttemptResult::SUCCEEDED).ok());
+    const rackrun::v1::Job job = WaitState(*good, id, rackrun::v1::SUCCEEDED);
+    EXPECT_EQ(job.state(), rackrun::v1::SUCCEEDED) << job.DebugString();
+    EXPECT_EQ(job.attempts_size(), 1);
+  }
 };
+
+// Whether `done` became true within `limit` (polled every 10 ms).
+bool WaitFor(const std::function<bool()>& done, std::chrono::milliseconds limit = 5000ms) {
+  const auto end = std::chrono::steady_clock::now() + limit;
+  while (!done() && std::chrono::steady_clock::now() < end) std::this_thread::sleep_for(10ms);
+  return done();
+}
 
 TEST(CoordinatorProcessTest, WorkersRunAJobAndALostWorkerIsNamed) {
   TwoWorkerRack rack;
@@ -693,38 +728,17 @@ TEST(CoordinatorProcessTest, WorkersRunAJobAndALostWorkerIsNamed) {
 TEST(CoordinatorProcessTest, ARunLostWithADeadStreamIsSentAgainOnTheNewOne) {
   TwoWorkerRack rack;
   ASSERT_TRUE(rack.Start());
-  Client& good = *rack.good;
-  FakeWorker &a = *rack.a, &b = *rack.b;
-  const std::string id = rack.SubmitTwoRanks("run-1");
-  ASSERT_FALSE(id.empty());
   rackrun::v1::Assignment ra, rb;
-  ASSERT_TRUE(a.Next(&ra));
-  ASSERT_TRUE(ra.has_run());
-  b.DropStream();  // its run unread
-  const auto told_by = std::chrono::steady_clock::now() + 5s;
-  while (!b.StreamClosedSaid() && std::chrono::steady_clock::now() < told_by) {
-    std::this_thread::sleep_for(10ms);
-  }
-  ASSERT_TRUE(b.StreamClosedSaid());
+  const std::string id = rack.SubmitAndTakeRankZero(&ra);
+  ASSERT_FALSE(id.empty());
+  rack.b->DropStream();  // its run unread
+  ASSERT_TRUE(WaitFor([&] { return rack.b->StreamClosedSaid(); }));
   // Past the heartbeat timeout: a closed stream of a worker that heartbeats is no exit.
   std::this_thread::sleep_for(1500ms);
   rackrun::v1::Job job;
-  ASSERT_TRUE(good.Get(id, &job).ok());
+  ASSERT_TRUE(rack.good->Get(id, &job).ok());
   ASSERT_EQ(job.state(), rackrun::v1::RUNNING) << job.DebugString();
-  b.RegisterAgainAndReopen();
-  ASSERT_TRUE(b.Next(&rb));
-  ASSERT_TRUE(rb.has_run());
-  EXPECT_EQ(rb.run().job_id(), id);
-  EXPECT_EQ(rb.run().attempt(), 1);
-  EXPECT_EQ(rb.run().rank(), 1);
-  EXPECT_EQ(rb.run().ranks(), 2);
-  std::this_thread::sleep_for(200ms);  // a heartbeat about the new stream
-  EXPECT_FALSE(b.StreamClosedSaid());
-  ASSERT_TRUE(a.Result(ra.run(), rackrun::v1::AttemptResult::SUCCEEDED).ok());
-  ASSERT_TRUE(b.Result(rb.run(), rackrun::v1::AttemptResult::SUCCEEDED).ok());
-  job = WaitState(good, id, rackrun::v1::SUCCEEDED);
-  EXPECT_EQ(job.state(), rackrun::v1::SUCCEEDED) << job.DebugString();
-  EXPECT_EQ(job.attempts_size(), 1);
+  rack.ResendToBAndFinish(id, ra, &rb);
 }
 
 // A run written into a stream whose connection is stuck (retransmitting into a cut link:
@@ -737,35 +751,19 @@ TEST(CoordinatorProcessTest, ARunStuckInAStalledStreamIsSentAgainOnANewOne) {
   TwoWorkerRack rack;
   ASSERT_TRUE(rack.Start());
   FakeWorker &a = *rack.a, &b = *rack.b;
-  const std::string id = rack.SubmitTwoRanks("run-1");
-  ASSERT_FALSE(id.empty());
   rackrun::v1::Assignment ra, rb;
-  ASSERT_TRUE(a.Next(&ra));
-  ASSERT_TRUE(ra.has_run());
+  const std::string id = rack.SubmitAndTakeRankZero(&ra);
+  ASSERT_FALSE(id.empty());
   EXPECT_EQ(ra.sequence(), 1);
-  const auto told_by = std::chrono::steady_clock::now() + 5s;
-  while (b.StallsSaid() == 0 && std::chrono::steady_clock::now() < told_by) {
-    std::this_thread::sleep_for(10ms);
-  }
-  ASSERT_GE(b.StallsSaid(), 1);
+  ASSERT_TRUE(WaitFor([&] { return b.StallsSaid() > 0; }));
   EXPECT_FALSE(b.StreamClosedSaid());
-  b.RegisterAgainAndReopen();
-  ASSERT_TRUE(b.Next(&rb));
-  ASSERT_TRUE(rb.has_run());
-  EXPECT_EQ(rb.sequence(), 1);
-  EXPECT_EQ(rb.run().job_id(), id);
-  EXPECT_EQ(rb.run().attempt(), 1);
-  EXPECT_EQ(rb.run().rank(), 1);
+  rack.ResendToBAndFinish(id, ra, &rb);
+  EXPECT_EQ(rb.sequence(), 1);  // numbered anew after the registration
   // Acknowledged now: nothing more is said over several stall bounds.
   const int said = b.StallsSaid();
   std::this_thread::sleep_for(1500ms);
   EXPECT_EQ(b.StallsSaid(), said);
   EXPECT_EQ(a.StallsSaid(), 0);
-  ASSERT_TRUE(a.Result(ra.run(), rackrun::v1::AttemptResult::SUCCEEDED).ok());
-  ASSERT_TRUE(b.Result(rb.run(), rackrun::v1::AttemptResult::SUCCEEDED).ok());
-  const rackrun::v1::Job job = WaitState(*rack.good, id, rackrun::v1::SUCCEEDED);
-  EXPECT_EQ(job.state(), rackrun::v1::SUCCEEDED) << job.DebugString();
-  EXPECT_EQ(job.attempts_size(), 1);
 }
 
 // Calls that hold a server thread while they wait are limited (services.h, CallLimits):
