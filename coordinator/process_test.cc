@@ -614,6 +614,12 @@ struct TwoWorkerRack {
     return !id.empty() && a->Next(ra) && ra->has_run() ? id : "";
   }
 
+  // The same, and `b` reads rank 1's run (into *rb): the attempt runs on both.
+  std::string SubmitAndTakeBothRuns(rackrun::v1::Assignment* ra, rackrun::v1::Assignment* rb) {
+    const std::string id = SubmitAndTakeRankZero(ra);
+    return !id.empty() && b->Next(rb) && rb->has_run() ? id : "";
+  }
+
   // `b` missed rank 1's run of job `id`: it registers again and opens a new stream, gets
   // the same run (into *rb), and both ranks succeed; the job ends SUCCEEDED in one attempt.
   void ResendToBAndFinish(const std::string& id, const rackrun::v1::Assignment& ra,
@@ -648,11 +654,9 @@ TEST(CoordinatorProcessTest, WorkersRunAJobAndALostWorkerIsNamed) {
   Client& good = *rack.good;
   FakeWorker &a = *rack.a, &b = *rack.b;
 
-  const std::string id = rack.SubmitTwoRanks("run-1");
-  ASSERT_FALSE(id.empty());
   rackrun::v1::Assignment ra, rb;
-  ASSERT_TRUE(a.Next(&ra));
-  ASSERT_TRUE(b.Next(&rb));
+  const std::string id = rack.SubmitAndTakeBothRuns(&ra, &rb);
+  ASSERT_FALSE(id.empty());
   ASSERT_TRUE(ra.has_run() && rb.has_run());
   EXPECT_EQ(ra.run().rank(), 0);  // hosta sorts first
   EXPECT_EQ(rb.run().rank(), 1);
@@ -776,10 +780,9 @@ TEST(CoordinatorProcessTest, WaitingCallsBeyondTheirLimitsAreRefusedAndOthersAns
   ASSERT_TRUE(rack.Start());
   Client& good = *rack.good;
   FakeWorker &a = *rack.a, &b = *rack.b;
-  const std::string id = rack.SubmitTwoRanks("run-1");
-  ASSERT_FALSE(id.empty());
   rackrun::v1::Assignment ra, rb;
-  ASSERT_TRUE(a.Next(&ra) && b.Next(&rb));
+  const std::string id = rack.SubmitAndTakeBothRuns(&ra, &rb);
+  ASSERT_FALSE(id.empty());
 
   // Watches of the running job: each open one has sent its first event.
   rackrun::v1::WatchJobRequest w;
