@@ -305,31 +305,77 @@ absl::Status JobStore::Commit(const JobMutation& m) {
   return s;
 }
 
-absl::StatusOr<std::vector<StoredJob>> JobStore::LoadAll() {
+absl::StatusOr<StoredJob> JobStore::ReadStoredJob(int64_t num) {
+  absl::StatusOr<Job> job = ReadJob(num);
+  if (!job.ok()) return job.status();
+  StoredJob sj;
+  sj.job = *std::move(job);
+  Stmt e(db_, "SELECT event FROM events WHERE job_num=? ORDER BY seq");
+  if (!e.ok()) return Error("prepare events");
+  e.Int(1, num);
+  int rc;
+  while ((rc = e.Step()) == SQLITE_ROW) {
+    JobEvent ev;
+    if (!ev.ParseFromString(e.ColBytes(0))) return Damaged(num, "an event record does not parse");
+    sj.events.push_back(std::move(ev));
+  }
+  if (rc != SQLITE_DONE) return Error("read events");
+  return sj;
+}
+
+absl::StatusOr<std::vector<StoredJob>> JobStore::LoadAll(int max_ended) {
   Lock lock(mu_);
-  std::vector<StoredJob> jobs;
   std::vector<int64_t> nums;
   {
-    Stmt s(db_, "SELECT num FROM jobs ORDER BY num");
+    // The jobs that have not ended, and the newest `max_ended` that have (all when < 0).
+    Stmt s(db_,
+           "SELECT num FROM jobs WHERE state NOT IN (?1, ?2, ?3) OR num IN (SELECT num FROM jobs "
+           "WHERE state IN (?1, ?2, ?3) ORDER BY finished_ms DESC, num DESC LIMIT ?4) "
+           "ORDER BY num");
     if (!s.ok()) return Error("prepare list");
-    while (s.Step() == SQLITE_ROW) nums.push_back(s.ColInt(0));
+    s.Int(1, rackrun::v1::SUCCEEDED);
+    s.Int(2, rackrun::v1::FAILED);
+    s.Int(3, rackrun::v1::CANCELLED);
+    s.Int(4, max_ended);
+    int rc;
+    while ((rc = s.Step()) == SQLITE_ROW) nums.push_back(s.ColInt(0));
+    if (rc != SQLITE_DONE) return Error("list jobs");
   }
+  std::vector<StoredJob> jobs;
   for (int64_t num : nums) {
-    absl::StatusOr<Job> job = ReadJob(num);
-    if (!job.ok()) return job.status();
-    StoredJob sj;
-    sj.job = *std::move(job);
-    Stmt e(db_, "SELECT event FROM events WHERE job_num=? ORDER BY seq");
-    if (!e.ok()) return Error("prepare events");
-    e.Int(1, num);
-    while (e.Step() == SQLITE_ROW) {
-      JobEvent ev;
-      if (!ev.ParseFromString(e.ColBytes(0))) return Damaged(num, "an event record does not parse");
-      sj.events.push_back(std::move(ev));
-    }
-    jobs.push_back(std::move(sj));
+    absl::StatusOr<StoredJob> sj = ReadStoredJob(num);
+    if (!sj.ok()) return sj.status();
+    jobs.push_back(*std::move(sj));
   }
   return jobs;
+}
+
+absl::StatusOr<StoredJob> JobStore::LoadJob(int64_t num) {
+  Lock lock(mu_);
+  return ReadStoredJob(num);
+}
+
+absl::StatusOr<std::vector<int64_t>> JobStore::ListJobNumbers(int64_t before,
+                                                              rackrun::v1::JobState state,
+                                                              int limit) {
+  Lock lock(mu_);
+  Stmt s(db_,
+         "SELECT num FROM jobs WHERE num < ?1 AND (?2 = 0 OR state = ?2) ORDER BY num DESC "
+         "LIMIT ?3");
+  if (!s.ok()) return Error("prepare list");
+  s.Int(1, before);
+  s.Int(2, state);
+  s.Int(3, limit);
+  std::vector<int64_t> nums;
+  int rc;
+  while ((rc = s.Step()) == SQLITE_ROW) nums.push_back(s.ColInt(0));
+  if (rc != SQLITE_DONE) return Error("list jobs");
+  return nums;
+}
+
+absl::StatusOr<Job> JobStore::LoadRecord(int64_t num) {
+  Lock lock(mu_);
+  return ReadJob(num);
 }
 
 absl::StatusOr<int64_t> JobStore::NextWorkerNumber() {

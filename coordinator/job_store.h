@@ -63,8 +63,20 @@ class JobStore {
   // AlreadyExists when an event's seq is taken (gaps are the caller's contract).
   absl::Status Commit(const JobMutation& mutation);
 
-  // Every job (in creation order) with its attempts and events.
-  absl::StatusOr<std::vector<StoredJob>> LoadAll();
+  // Every job (in creation order) with its attempts and events; with max_ended >= 0 only
+  // the jobs that have not ended and the max_ended that ended last (the coordinator's
+  // start: older ended jobs are read when asked for, LoadJob).
+  absl::StatusOr<std::vector<StoredJob>> LoadAll(int max_ended = -1);
+
+  // One job with its attempts and events; NotFound when there is none with this number.
+  absl::StatusOr<StoredJob> LoadJob(int64_t num);
+  // One job's record with its attempts, without its events; NotFound as LoadJob.
+  absl::StatusOr<rackrun::v1::Job> LoadRecord(int64_t num);
+
+  // The numbers of the jobs below `before`, newest first, at most `limit`, only those in
+  // `state` unless it is JOB_STATE_UNSPECIFIED (a page of JobService.ListJobs).
+  absl::StatusOr<std::vector<int64_t>> ListJobNumbers(int64_t before, rackrun::v1::JobState state,
+                                                      int limit);
 
   // A number never returned before by this database (worker ids "w-<n>").
   absl::StatusOr<int64_t> NextWorkerNumber();
@@ -77,6 +89,7 @@ class JobStore {
   absl::StatusOr<rackrun::v1::Job> ReadJobByRequest(const std::string& request_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<rackrun::v1::Job> ReadJob(int64_t num) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<StoredJob> ReadStoredJob(int64_t num) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Error(const char* what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // DataLoss naming the database file, job `num`, `what` is wrong with it, and what to do.
   absl::Status Damaged(int64_t num, absl::string_view what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

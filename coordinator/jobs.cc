@@ -72,40 +72,52 @@ Jobs::Jobs(JobStore* store, Clock clock, Options options)
     : store_(store), clock_(std::move(clock)), options_(options) {}
 
 Jobs::Entry* Jobs::Find(const std::string& job_id) {
-  auto it = jobs_.find(JobNumber(job_id));
-  return it == jobs_.end() ? nullptr : &it->second;
+  return const_cast<Entry*>(std::as_const(*this).Find(job_id));
 }
 const Jobs::Entry* Jobs::Find(const std::string& job_id) const {
-  auto it = jobs_.find(JobNumber(job_id));
-  return it == jobs_.end() ? nullptr : &it->second;
+  const int64_t num = JobNumber(job_id);
+  if (auto it = jobs_.find(num); it != jobs_.end()) return &it->second;
+  if (num <= 0) return nullptr;
+  // An ended job forgotten from memory (ForgetEnded) is read back from the store, and
+  // forgotten again later: what callers see of it does not change.
+  absl::StatusOr<StoredJob> stored = store_->LoadJob(num);
+  if (!stored.ok() || !IsTerminal(stored->job.state())) return nullptr;
+  ended_order_.push_back(num);
+  return &jobs_.emplace(num, FromStore(*std::move(stored), clock_())).first->second;
+}
+
+Jobs::Entry Jobs::FromStore(StoredJob s, int64_t now) const {
+  Entry e;
+  e.job = std::move(s.job);
+  e.events = std::move(s.events);
+  e.not_before_ms = now;
+  if (e.job.state() == rackrun::v1::RUNNING && e.job.attempts_size() > 0) {
+    const Attempt& a = e.job.attempts(e.job.attempts_size() - 1);
+    if (a.state() == rackrun::v1::RUNNING) {
+      for (const auto& r : a.ranks()) e.awaiting_reattach.insert(r.rank());
+      e.reattach_deadline_ms = now + options_.reattach_grace_ms;
+    }
+  }
+  // Where a restart resumes: replayed from the events, as Checkpoint set it (the step of
+  // the newest progress before the newest checkpoint event), so a restart after a
+  // coordinator restart resumes at the last checkpoint rather than at step 0.
+  int64_t progress_step = 0;
+  for (const JobEvent& ev : e.events) {
+    if (ev.has_progress()) progress_step = ev.progress().step();
+    if (absl::StartsWith(ev.message(), kCheckpointEventPrefix)) e.checkpoint_step = progress_step;
+  }
+  e.progress_events = CountProgress(e.events);
+  return e;
 }
 
 absl::Status Jobs::Initialize(std::vector<StoredJob> stored) {
   Lock lock(mu_);
   const int64_t now = clock_();
+  std::vector<std::pair<int64_t, int64_t>> ended;  // (finished, number)
   for (StoredJob& s : stored) {
-    Entry e;
-    e.job = std::move(s.job);
-    e.events = std::move(s.events);
-    e.not_before_ms = now;
-    if (e.job.state() == rackrun::v1::RUNNING && e.job.attempts_size() > 0) {
-      const Attempt& a = e.job.attempts(e.job.attempts_size() - 1);
-      if (a.state() == rackrun::v1::RUNNING) {
-        for (const auto& r : a.ranks()) e.awaiting_reattach.insert(r.rank());
-        e.reattach_deadline_ms = now + options_.reattach_grace_ms;
-      }
-    }
-    // Where a restart resumes: replayed from the events, as Checkpoint set it (the step of
-    // the newest progress before the newest checkpoint event), so a restart after a
-    // coordinator restart resumes at the last checkpoint rather than at step 0.
-    int64_t progress_step = 0;
-    for (const JobEvent& ev : e.events) {
-      if (ev.has_progress()) progress_step = ev.progress().step();
-      if (absl::StartsWith(ev.message(), kCheckpointEventPrefix)) e.checkpoint_step = progress_step;
-    }
+    Entry e = FromStore(std::move(s), now);
     // A history kept by an older coordinator (every progress report an event) is
     // trimmed once here, as Commit keeps it from now on.
-    e.progress_events = CountProgress(e.events);
     const std::vector<int64_t> drop =
         ProgressToDrop(e.events, {}, e.progress_events, MaxProgressEvents(e.job));
     if (!drop.empty()) {
@@ -113,9 +125,26 @@ absl::Status Jobs::Initialize(std::vector<StoredJob> stored) {
       DropEvents(e, drop);
     }
     const int64_t num = JobNumber(e.job.id());
+    if (IsTerminal(e.job.state())) ended.emplace_back(e.job.finished_unix_ms(), num);
     jobs_.emplace(num, std::move(e));
   }
+  std::sort(ended.begin(), ended.end());
+  for (const auto& [finished, num] : ended) ended_order_.push_back(num);
   return absl::OkStatus();
+}
+
+void Jobs::ForgetEnded() {
+  Lock lock(mu_);
+  const size_t keep = static_cast<size_t>(std::max(0, options_.max_ended_in_memory));
+  while (ended_order_.size() > keep) {
+    jobs_.erase(ended_order_.front());
+    ended_order_.pop_front();
+  }
+}
+
+int Jobs::JobsInMemory() const {
+  Lock lock(mu_);
+  return static_cast<int>(jobs_.size());
 }
 
 absl::Status Jobs::Commit(Entry& e, Job next, std::vector<JobEvent> events) {
@@ -132,6 +161,7 @@ absl::Status Jobs::Commit(Entry& e, Job next, std::vector<JobEvent> events) {
     ev.set_time_unix_ms(now);
   }
   const int added_progress = CountProgress(events);
+  const bool ends = !IsTerminal(e.job.state()) && IsTerminal(next.state());
   JobMutation m{std::move(next), std::move(events), {}};
   m.dropped = ProgressToDrop(e.events, m.events, e.progress_events + added_progress,
                              MaxProgressEvents(m.job));
@@ -144,6 +174,7 @@ absl::Status Jobs::Commit(Entry& e, Job next, std::vector<JobEvent> events) {
     e.progress_pending.reset();
     e.progress_event_ms = now;
   }
+  if (ends) ended_order_.push_back(JobNumber(e.job.id()));
   cv_.notify_all();
   return absl::OkStatus();
 }
@@ -224,17 +255,24 @@ absl::StatusOr<rackrun::v1::ListJobsResponse> Jobs::List(
         "page_token: not a token returned by List; omit it for the first page");
   }
   Lock lock(mu_);
+  // The page's jobs from the store (it has every job; memory only the live ones and those
+  // that ended last), each from memory where it is there (it may be newer: last_progress).
+  absl::StatusOr<std::vector<int64_t>> nums = store_->ListJobNumbers(before, req.state(), page + 1);
+  if (!nums.ok()) return nums.status();
   rackrun::v1::ListJobsResponse resp;
-  for (auto it = jobs_.rbegin(); it != jobs_.rend(); ++it) {
-    if (it->first >= before) continue;
-    const Job& j = it->second.job;
-    if (req.state() != rackrun::v1::JOB_STATE_UNSPECIFIED && j.state() != req.state()) continue;
+  for (const int64_t num : *nums) {
     if (resp.jobs_size() == page) {
       resp.set_next_page_token(absl::StrCat(JobNumber(resp.jobs(page - 1).id())));
       break;
     }
     Job* out = resp.add_jobs();
-    *out = j;
+    if (auto it = jobs_.find(num); it != jobs_.end()) {
+      *out = it->second.job;
+    } else {
+      absl::StatusOr<Job> stored = store_->LoadRecord(num);
+      if (!stored.ok()) return stored.status();
+      *out = *std::move(stored);
+    }
     out->clear_spec();
     out->clear_attempts();
     // A 64-domain job's per-domain figures and a big model's per-expert sample are tens of
@@ -642,7 +680,12 @@ absl::Status Jobs::WaitEvents(const std::string& job_id, int64_t after_seq, absl
   const absl::Time deadline = absl::Now() + max_wait;
   while (!shutdown_ && (e->events.empty() || e->events.back().seq() <= after_seq) &&
          !IsTerminal(e->job.state())) {
-    if (WaitUntil(cv_, lock, deadline)) break;
+    const bool timed_out = WaitUntil(cv_, lock, deadline);
+    // Looked up again: while the lock was free the job may have ended and been forgotten
+    // from memory (ForgetEnded); Find reads it back.
+    e = Find(job_id);
+    if (e == nullptr) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
+    if (timed_out) break;
   }
   *done = false;
   for (const JobEvent& ev : e->events) {

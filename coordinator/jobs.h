@@ -15,6 +15,7 @@
 #define RACKRUN_COORDINATOR_JOBS_H_
 
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <optional>
@@ -70,13 +71,25 @@ class Jobs {
     // The same bound once the job has ended (its history is kept for rackrun list,
     // status and watch; the run's own log has every step).
     int max_ended_progress_events = 100;
+    // Ended jobs kept in memory, the last to end (or to be asked for) kept: the older ones
+    // stay in the store only, and are read back when asked for (Get, Watch, List, a late
+    // report). A coordinator's memory and its start then do not grow with every job it ever
+    // ran; the store's file does.
+    int max_ended_in_memory = 1000;
   };
 
   Jobs(JobStore* store, Clock clock, Options options);
 
-  // Loads the persisted jobs. Called once, before any other method. Running attempts wait
-  // for their ranks to re-attach (Reattach) until reattach_grace_ms from now.
+  // Loads the persisted jobs (JobStore::LoadAll: those not ended and at least the
+  // max_ended_in_memory that ended last). Called once, before any other method. Running
+  // attempts wait for their ranks to re-attach (Reattach) until reattach_grace_ms from now.
   absl::Status Initialize(std::vector<StoredJob> jobs);
+
+  // Forgets from memory the ended jobs beyond Options::max_ended_in_memory, those that ended
+  // (or were read back) first; they stay in the store. Called on the rack's tick.
+  void ForgetEnded();
+  // Jobs held in memory now (for the tests of that bound).
+  int JobsInMemory() const;
 
   // Accepts a job (spec already defaulted and validated). Idempotent by request_id.
   absl::StatusOr<JobStore::InsertResult> Submit(const rackrun::v1::JobSpec& spec,
@@ -175,8 +188,13 @@ class Jobs {
   int MaxProgressEvents(const rackrun::v1::Job& job) const;
   // Removes the events with these seqs (progress events) from `e`.
   static void DropEvents(Entry& e, const std::vector<int64_t>& seqs);
+  // The job's entry, read back from the store when it ended and was forgotten from memory;
+  // nullptr when there is no such job.
   Entry* Find(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   const Entry* Find(const std::string& job_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A stored job as an entry: the attempt awaiting its ranks when it runs, the checkpoint
+  // step and the progress count replayed from its events.
+  Entry FromStore(StoredJob s, int64_t now) const;
   // Commits `next` and events (seq/job/time filled in here) and then applies them; a
   // progress report kept back goes first, and the oldest progress events beyond
   // Options::max_progress_events are dropped.
@@ -196,7 +214,11 @@ class Jobs {
   const Options options_;
   mutable std::mutex mu_;
   mutable std::condition_variable cv_;  // signalled on every committed event and on Shutdown
-  std::map<int64_t, Entry> jobs_ ABSL_GUARDED_BY(mu_);  // by job number (creation order)
+  // By job number (creation order). Mutable: a const lookup may read an ended job back
+  // from the store (Find); memory is a cache of the store for ended jobs.
+  mutable std::map<int64_t, Entry> jobs_ ABSL_GUARDED_BY(mu_);
+  // The ended jobs in jobs_, the first to end (or to be read back) first (ForgetEnded).
+  mutable std::deque<int64_t> ended_order_ ABSL_GUARDED_BY(mu_);
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
 };
 

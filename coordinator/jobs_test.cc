@@ -447,6 +447,110 @@ TEST_F(JobsTest, ProgressEventsAreThinnedAndBounded) {
   EXPECT_EQ(ProgressSteps(*jobs_, *store_, id), (std::vector<int64_t>{32, 42}));
 }
 
+// Ended jobs beyond max_ended_in_memory leave memory (the first to end first) and stay in
+// the store: Get, the events, List and its pages, Cancel, a late report and a repeated
+// submission see them as before; a coordinator restart loads only the live ones and the
+// last to end; a watcher whose job ends and is forgotten while it waits still gets its end.
+TEST_F(JobsTest, EndedJobsBeyondTheBoundLeaveMemoryAndAreReadBack) {
+  Jobs::Options o{5000};
+  o.max_ended_in_memory = 2;
+  jobs_ = std::make_unique<Jobs>(store_.get(), clock_.clock(), o);
+  ASSERT_TRUE(jobs_->Initialize({}).ok());
+  std::vector<std::string> ids;
+  for (int i = 0; i < 5; ++i) ids.push_back(jobs_->Submit(Spec(1), absl::StrCat("r", i))->job.id());
+  // ids[0] succeeds after two progress reports; ids[1..3] are cancelled; ids[4] stays queued.
+  ASSERT_TRUE(jobs_->StartAttempt(ids[0], Ranks(1)).ok());
+  rackrun::v1::StepProgress p;
+  for (int64_t step : {1, 2}) {
+    clock_.Advance(1000);
+    p.set_step(step);
+    ASSERT_TRUE(jobs_->Progress(ids[0], 1, p).ok());
+  }
+  ASSERT_TRUE(jobs_->RankResult(ids[0], 1, 0, Result(AttemptResult::SUCCEEDED, 2)).ok());
+  for (int i = 1; i <= 3; ++i) {
+    clock_.Advance(10);
+    ASSERT_TRUE(jobs_->Cancel(ids[i], "enough").ok());
+  }
+  const rackrun::v1::Job first = *jobs_->Get(ids[0]);
+  const std::vector<JobEvent> first_events = Events(ids[0]);
+  ASSERT_EQ(first.state(), rackrun::v1::SUCCEEDED);
+  EXPECT_EQ(jobs_->JobsInMemory(), 5);
+  jobs_->ForgetEnded();
+  EXPECT_EQ(jobs_->JobsInMemory(), 3);  // ids[2], ids[3] (the last to end) and ids[4]
+
+  // Read back as it was.
+  absl::StatusOr<rackrun::v1::Job> again = jobs_->Get(ids[0]);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->DebugString(), first.DebugString());
+  const std::vector<JobEvent> events = Events(ids[0]);
+  ASSERT_EQ(events.size(), first_events.size());
+  for (size_t i = 0; i < events.size(); ++i)
+    EXPECT_EQ(events[i].DebugString(), first_events[i].DebugString());
+  jobs_->ForgetEnded();
+  EXPECT_EQ(jobs_->Cancel(ids[1], "again").status().code(), absl::StatusCode::kFailedPrecondition);
+  absl::StatusOr<Jobs::Ended> late =
+      jobs_->RankResult(ids[0], 1, 0, Result(AttemptResult::FAILED, 2));
+  ASSERT_TRUE(late.ok()) << late.status();
+  EXPECT_EQ(late->job.state(), rackrun::v1::SUCCEEDED);
+  EXPECT_EQ(jobs_->Submit(Spec(1), "r1")->job.id(), ids[1]);
+  EXPECT_EQ(jobs_->Get("j-99").status().code(), absl::StatusCode::kNotFound);
+  jobs_->ForgetEnded();
+  EXPECT_EQ(jobs_->JobsInMemory(), 3);
+
+  // List: every job, newest first, pages across forgotten ones, the state filter.
+  const auto list = [&](rackrun::v1::JobState state, int page, const std::string& token) {
+    rackrun::v1::ListJobsRequest req;
+    req.set_state(state);
+    req.set_page_size(page);
+    req.set_page_token(token);
+    absl::StatusOr<rackrun::v1::ListJobsResponse> r = jobs_->List(req);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.value_or(rackrun::v1::ListJobsResponse());
+  };
+  const rackrun::v1::ListJobsResponse all = list(rackrun::v1::JOB_STATE_UNSPECIFIED, 10, "");
+  ASSERT_EQ(all.jobs_size(), 5);
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(all.jobs(i).id(), ids[4 - i]);
+  EXPECT_EQ(all.jobs(4).state(), rackrun::v1::SUCCEEDED);
+  EXPECT_EQ(all.jobs(4).last_progress().step(), 2);
+  EXPECT_TRUE(all.next_page_token().empty());
+  const rackrun::v1::ListJobsResponse page1 = list(rackrun::v1::CANCELLED, 2, "");
+  ASSERT_EQ(page1.jobs_size(), 2);
+  EXPECT_EQ(page1.jobs(0).id(), ids[3]);
+  EXPECT_EQ(page1.jobs(1).id(), ids[2]);
+  const rackrun::v1::ListJobsResponse page2 =
+      list(rackrun::v1::CANCELLED, 2, page1.next_page_token());
+  ASSERT_EQ(page2.jobs_size(), 1);
+  EXPECT_EQ(page2.jobs(0).id(), ids[1]);
+  EXPECT_TRUE(page2.next_page_token().empty());
+
+  // A restart loads the live job and the two that ended last; the others are read back.
+  absl::StatusOr<std::vector<StoredJob>> stored = store_->LoadAll(o.max_ended_in_memory);
+  ASSERT_TRUE(stored.ok());
+  ASSERT_EQ(stored->size(), 3u);
+  jobs_ = std::make_unique<Jobs>(store_.get(), clock_.clock(), o);
+  ASSERT_TRUE(jobs_->Initialize(*std::move(stored)).ok());
+  EXPECT_EQ(jobs_->JobsInMemory(), 3);
+  EXPECT_EQ(jobs_->Get(ids[0])->DebugString(), first.DebugString());
+
+  // A watcher of the queued job: it ends and is forgotten (a bound of none) while it waits.
+  o.max_ended_in_memory = 0;
+  jobs_ = std::make_unique<Jobs>(store_.get(), clock_.clock(), o);
+  ASSERT_TRUE(jobs_->Initialize(*store_->LoadAll(0)).ok());
+  EXPECT_EQ(jobs_->JobsInMemory(), 1);
+  std::vector<JobEvent> seen;
+  bool done = false;
+  const int64_t after = static_cast<int64_t>(Events(ids[4]).size());
+  std::thread watcher(
+      [&] { EXPECT_TRUE(jobs_->WaitEvents(ids[4], after, absl::Seconds(30), &seen, &done).ok()); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  ASSERT_TRUE(jobs_->Cancel(ids[4], "late").ok());
+  jobs_->ForgetEnded();
+  watcher.join();
+  EXPECT_TRUE(done);
+  ASSERT_FALSE(seen.empty());
+  EXPECT_EQ(seen.back().state(), rackrun::v1::CANCELLED);
+}
+
 TEST_F(JobsTest, RestartAfterACoordinatorRestartStartsAtTheLastCheckpoint) {
   const std::string id = jobs_->Submit(Spec(1, 3), "r")->job.id();
   ASSERT_TRUE(jobs_->StartAttempt(id, Ranks(1)).ok());

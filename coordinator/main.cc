@@ -66,7 +66,7 @@ void DeclareFlags(rackrun::flags::FlagSet& flags, rackrun::coordinator::ServerOp
   flags.Int("--serving-delay-ms", &o.serving_delay_ms, "MS", "tests: hold health at NOT_SERVING")
       .Range(0)
       .Hidden();
-  flags.Section("limits (calls that hold a server thread while they wait)");
+  flags.Section("limits (calls that hold a server thread while they wait, workers, memory)");
   flags
       .Int("--max-watch-streams", &o.limits.watch_streams, "N",
            "watch streams (rackrun watch, submit --watch) open at once; more are refused")
@@ -74,6 +74,16 @@ void DeclareFlags(rackrun::flags::FlagSet& flags, rackrun::coordinator::ServerOp
   flags
       .Int("--max-rack-waits", &o.limits.rack_waits, "N",
            "workers' rendezvous waits and plan streams open at once; more are refused")
+      .Range(1);
+  flags
+      .Int("--max-ended-jobs-in-memory", &o.rack.jobs.max_ended_in_memory, "N",
+           "ended jobs kept in memory, the last to end; older ones stay in the database and "
+           "are read from it when asked for")
+      .Range(0);
+  flags
+      .Int("--max-workers", &o.rack.workers.max_live, "N",
+           "live workers registered at once (each holds an assignment stream); more are "
+           "refused")
       .Range(1);
   DeclareTlsFlags(flags, o, renew_certs);
   DeclareObservabilityFlags(flags, o);

@@ -1,6 +1,8 @@
 #include "coordinator/observability.h"
 
 #include <algorithm>
+#include <set>
+#include <string>
 
 #include "coordinator/jobs.h"
 #include "jobspec/restart_policy.h"
@@ -127,6 +129,10 @@ void Observability::Refresh() {
       }
       ObserveJob(*full, t);
     }
+    // A job that left the newest 1000 never comes back to them: its marks go.
+    std::set<std::string> listed;
+    for (const rackrun::v1::Job& j : jobs) listed.insert(j.id());
+    std::erase_if(tracked_, [&listed](const auto& entry) { return !listed.contains(entry.first); });
   }
   metrics_->ObserveWorkers(rack_->workers().List(/*include_gone=*/true));
   baseline_taken_ = true;

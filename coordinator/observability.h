@@ -71,7 +71,7 @@ class Observability {
   std::unique_ptr<metrics::RpcMetrics> rpc_;
   std::unique_ptr<metrics::DashboardSource> source_;
   std::unique_ptr<metrics::Dashboard> dashboard_;
-  std::map<std::string, Tracked> tracked_;  // by job id
+  std::map<std::string, Tracked> tracked_;  // by job id: the newest 1000 listed
   bool baseline_taken_ = false;
   std::chrono::steady_clock::time_point last_refresh_{};
 };

@@ -773,10 +773,11 @@ TEST(CoordinatorProcessTest, ARunStuckInAStalledStreamIsSentAgainOnANewOne) {
 // Calls that hold a server thread while they wait are limited (services.h, CallLimits):
 // past --max-watch-streams open watches, or --max-rack-waits rendezvous waits, a call is
 // refused at once with RESOURCE_EXHAUSTED naming the flag, while every other call is still
-// answered; a watch that closes frees its place. (Without the limits, 20,000 open watches
+// answered; a watch that closes frees its place. So is a registration past --max-workers
+// live workers (workers.h, Options::max_live). (Without the limits, 20,000 open watches
 // left the coordinator with 12,000 threads and every other call missing a 5 s deadline.)
 TEST(CoordinatorProcessTest, WaitingCallsBeyondTheirLimitsAreRefusedAndOthersAnswered) {
-  TwoWorkerRack rack({"--max-watch-streams", "2", "--max-rack-waits", "2"});
+  TwoWorkerRack rack({"--max-watch-streams", "2", "--max-rack-waits", "2", "--max-workers", "2"});
   ASSERT_TRUE(rack.Start());
   Client& good = *rack.good;
   FakeWorker &a = *rack.a, &b = *rack.b;
@@ -854,6 +855,15 @@ TEST(CoordinatorProcessTest, WaitingCallsBeyondTheirLimitsAreRefusedAndOthersAns
   for (const rackrun::v1::Worker& worker : listed.workers()) {
     EXPECT_EQ(worker.state(), rackrun::v1::BUSY) << worker.DebugString();
   }
+  // A third live worker is one more than --max-workers 2 allows (each holds a stream).
+  rackrun::v1::RegisterRequest third;
+  third.set_host("127.0.0.1");
+  rackrun::v1::RegisterResponse registered;
+  const grpc::Status extra =
+      a.client().rack().Register(a.client().Ctx(2s).get(), third, &registered);
+  EXPECT_EQ(extra.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_NE(extra.error_message().find("--max-workers 2"), std::string::npos)
+      << extra.error_message();
   ASSERT_TRUE(a.Result(ra.run(), rackrun::v1::AttemptResult::SUCCEEDED).ok());
   ASSERT_TRUE(b.Result(rb.run(), rackrun::v1::AttemptResult::SUCCEEDED).ok());
   EXPECT_EQ(WaitState(good, id, rackrun::v1::SUCCEEDED).state(), rackrun::v1::SUCCEEDED);

@@ -1,5 +1,6 @@
 #include "coordinator/rack.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <map>
 #include <optional>
@@ -20,7 +21,8 @@ Rack::Rack(JobStore* store, Clock clock, Options options)
       workers_(clock, options.workers, [store] { return store->NextWorkerNumber(); }) {}
 
 absl::Status Rack::Initialize() {
-  absl::StatusOr<std::vector<StoredJob>> stored = store_->LoadAll();
+  absl::StatusOr<std::vector<StoredJob>> stored =
+      store_->LoadAll(std::max(0, options_.jobs.max_ended_in_memory));
   if (!stored.ok()) return stored.status();
   return jobs_.Initialize(*std::move(stored));
 }
@@ -209,6 +211,7 @@ void Rack::Tick() {
     EndAttempt(ended, ended.job.id(), a.number(),
                absl::StrCat("attempt ", a.number(), " failed: ", DescribeFailure(a.failure())));
   }
+  jobs_.ForgetEnded();
   StartJobs();
 }
 

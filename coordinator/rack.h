@@ -39,7 +39,8 @@ class Rack {
 
   Rack(JobStore* store, Clock clock, Options options);
 
-  // Replays the store (the only read of it at start). Call once, before serving.
+  // Replays the store: every job not ended and the Jobs::Options::max_ended_in_memory that
+  // ended last (older ended jobs are read from it when asked for). Call once, before serving.
   absl::Status Initialize();
 
   Jobs& jobs() { return jobs_; }

@@ -35,6 +35,7 @@ absl::StatusOr<std::string> Workers::Register(const rackrun::v1::RegisterRequest
   }
   Lock lock(mu_);
   if (shutdown_) return absl::UnavailableError("the coordinator is shutting down");
+  if (absl::Status s = CheckRoomLocked(id); !s.ok()) return s;
   const int64_t now = clock_();
   Info& w = workers_[id];
   // A stream of the old registration ends. Generations never repeat, not even for a
@@ -60,6 +61,23 @@ absl::StatusOr<std::string> Workers::Register(const rackrun::v1::RegisterRequest
   w.last_heartbeat_ms = now;
   cv_.notify_all();
   return id;
+}
+
+absl::Status Workers::CheckRoomLocked(const std::string& id) const {
+  int live = 0;
+  for (const auto& [other, w] : workers_) {
+    if (w.w.state() == rackrun::v1::LOST || w.w.state() == rackrun::v1::GONE) continue;
+    if (other == id) return absl::OkStatus();  // it registers again: no new one
+    ++live;
+  }
+  if (live < options_.max_live) return absl::OkStatus();
+  return absl::ResourceExhaustedError(
+      absl::StrCat("RackControl.Register: ", live,
+                   " workers are live on this coordinator, its limit "
+                   "(--max-workers ",
+                   options_.max_live,
+                   "); stop workers that should not be running, or "
+                   "start the coordinator with a higher --max-workers"));
 }
 
 absl::Status Workers::Heartbeat(const rackrun::v1::HeartbeatRequest& req,
@@ -272,11 +290,27 @@ absl::StatusOr<rackrun::v1::RankPlacement> Workers::Placement(const std::string&
   return p;
 }
 
+int Workers::AttemptsTracked() const {
+  Lock lock(mu_);
+  return static_cast<int>(reported_.size());
+}
+
 std::vector<Finding> Workers::Detect() {
   Lock lock(mu_);
   const int64_t now = clock_();
   // The busy workers of each running attempt not reported yet, as the rules see them.
   std::map<std::pair<std::string, int>, AttemptSnapshot> attempts;
+  // An attempt no worker is busy with any more is forgotten: its verdict, if any, was
+  // given, and the map would otherwise hold every attempt of the coordinator's life.
+  std::erase_if(reported_, [this](const auto& entry) {
+    for (const auto& [id, w] : workers_) {
+      if (w.w.state() == rackrun::v1::BUSY && w.w.job_id() == entry.first.first &&
+          w.attempt == entry.first.second) {
+        return false;
+      }
+    }
+    return true;
+  });
   for (const auto& [id, w] : workers_) {
     if (w.w.state() != rackrun::v1::BUSY || w.w.job_id().empty()) continue;
     const auto key = std::make_pair(w.w.job_id(), w.attempt);

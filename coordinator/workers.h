@@ -60,6 +60,11 @@ class Workers {
     // without end.
     int64_t forget_after_ms = 3600000;
     int max_ended = 1024;
+    // Live workers (not LOST or GONE) at most: a registration that would add one more is
+    // refused (ResourceExhausted naming --max-workers). Each live worker holds a server
+    // thread with its Assignments stream, so a launcher that starts workers without end
+    // (or a leaked worker token) cannot starve the coordinator's other calls of threads.
+    int max_live = 4096;
   };
 
   // `next_number` hands out worker numbers that never repeat (the store's counter).
@@ -67,7 +72,8 @@ class Workers {
 
   const Options& options() const { return options_; }
 
-  // Registers a worker (InvalidArgument naming `host` or `rack` for a bad one). With
+  // Registers a worker (InvalidArgument naming `host` or `rack` for a bad one;
+  // ResourceExhausted when Options::max_live workers are live and this is not one of them). With
   // req.worker_id set, that id is kept (re-register after a coordinator restart or after
   // being declared lost); otherwise a new one is assigned.
   // The worker starts IDLE; the caller marks it busy when it re-attaches to its job. A
@@ -132,6 +138,9 @@ class Workers {
   std::vector<Finding> Detect();
 
   rackrun::v1::ListWorkersResponse List(bool include_gone) const;
+  // The attempts Detect keeps a verdict mark for: those a worker is busy with (a bound for
+  // the tests: the marks of ended attempts are forgotten).
+  int AttemptsTracked() const;
 
   // Ends every stream (NextAssignment returns Cancelled).
   void Shutdown();
@@ -175,6 +184,8 @@ class Workers {
   };
 
   Info* Find(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ok when `id` is live already or one more live worker fits Options::max_live.
+  absl::Status CheckRoomLocked(const std::string& id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // SetIdle and SetDraining: `to` is IDLE or DRAINING.
   void Release(const std::string& worker_id, const std::string& job_id,
                rackrun::v1::WorkerState to);

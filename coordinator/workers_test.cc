@@ -295,6 +295,33 @@ TEST_F(WorkersTest, AnAssignmentTheHeartbeatsDoNotAcknowledgeStallsTheStream) {
   EXPECT_FALSE(resp.stream_stalled());
 }
 
+// At most max_live workers are live: one more registration is refused naming the flag, a
+// live worker registering again is not one more, and an ended one makes room.
+TEST_F(WorkersTest, RegistrationsBeyondTheLiveLimitAreRefused) {
+  int64_t next = 0;
+  Workers::Options o{100, 500, 2000, 2500};
+  o.max_live = 2;
+  Workers w(clock_.clock(), o, [&next]() -> absl::StatusOr<int64_t> { return ++next; });
+  rackrun::v1::RegisterRequest req;
+  req.set_host("host");
+  const absl::StatusOr<std::string> a = w.Register(req);
+  const absl::StatusOr<std::string> b = w.Register(req);
+  ASSERT_TRUE(a.ok() && b.ok());
+  const absl::StatusOr<std::string> c = w.Register(req);
+  ASSERT_EQ(c.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(c.status().message().find("2 workers are live"), std::string::npos) << c.status();
+  EXPECT_NE(c.status().message().find("--max-workers 2"), std::string::npos) << c.status();
+  EXPECT_EQ(w.List(/*include_gone=*/true).workers_size(), 2);
+  rackrun::v1::RegisterRequest again = req;
+  again.set_worker_id(*a);
+  EXPECT_EQ(w.Register(again).value_or(""), *a);
+  ASSERT_TRUE(w.Deregister(*b).ok());
+  const absl::StatusOr<std::string> d = w.Register(req);
+  ASSERT_TRUE(d.ok()) << d.status();
+  again.set_worker_id(*b);  // ended: registering again is one more live worker
+  EXPECT_EQ(w.Register(again).status().code(), absl::StatusCode::kResourceExhausted);
+}
+
 // Ended workers (GONE, LOST) are forgotten once more than max_ended are kept (the longest
 // ended first) or once they ended forget_after_ms ago; live ones never; a forgotten worker
 // that comes back registers with its id again.
@@ -343,6 +370,27 @@ TEST_F(WorkersTest, EndedWorkersAreForgottenPastTheirLimits) {
   ASSERT_EQ(w.Register(again).value_or(""), ids[0]);
   EXPECT_TRUE(w.Heartbeat(hb).ok());
   EXPECT_EQ(listed(), (std::vector<std::string>{ids[0], ids[3]}));
+}
+
+// Detect's marks of the attempts it named (or looked at) go once no worker is busy with
+// them: a coordinator that runs jobs for months does not keep one per attempt ever run.
+TEST_F(WorkersTest, EndedAttemptsAreNotTrackedAnyLonger) {
+  auto ids = Start(2);
+  for (int attempt = 1; attempt <= 50; ++attempt) {
+    const std::string job = "j-" + std::to_string(attempt);
+    workers_.SetBusy(ids[0], job, 1, 0);
+    workers_.SetBusy(ids[1], job, 1, 1);
+    clock_.Advance(100);
+    Beat(ids[0], 1, "forward", 1, 1);
+    Beat(ids[1], 1, "forward", 1, 1);
+    EXPECT_TRUE(workers_.Detect().empty());
+    EXPECT_EQ(workers_.AttemptsTracked(), 1);
+    workers_.SetIdle(ids[0], job);
+    workers_.SetIdle(ids[1], job);
+  }
+  clock_.Advance(100);
+  EXPECT_TRUE(workers_.Detect().empty());
+  EXPECT_EQ(workers_.AttemptsTracked(), 0);
 }
 
 TEST_F(WorkersTest, HungByTheCollectiveRuleNamesTheRankBehind) {
