@@ -10,21 +10,16 @@
 'use strict';
 const path = require('node:path'); const fs = require('node:fs'); const os = require('node:os');
 const { spawn } = require('node:child_process');
-const repo = path.resolve(__dirname, '..', '..');
-const nm = path.join(repo, 'tests', 'node', 'node_modules') + '/';
-const grpc = require(nm + '@grpc/grpc-js'); const protoLoader = require(nm + '@grpc/proto-loader');
-const pkg = grpc.loadPackageDefinition(protoLoader.loadSync(['rackrun/v1/job_service.proto'],
-  { keepCase: true, longs: String, enums: String, defaults: true, oneofs: true, includeDirs: [path.join(repo, 'proto')] }));
+const { grpc, pkg, coordinatorBin, procStatus } = require('./lib.js');
 const N = parseInt(process.argv[2] || '20000'), CC = parseInt(process.argv[3] || '16');
 const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'probe-'));
 fs.writeFileSync(path.join(dir, 'train.tokens'), Buffer.alloc(4096));
-const bin = process.env.RACKRUN_COORDINATOR_BIN || path.join(repo, 'build', 'coordinator', 'rackrun-coordinator');
-const rss = (pid) => /VmRSS:\s+(\d+)/.exec(fs.readFileSync(`/proc/${pid}/status`, 'utf8'))[1] + ' kB';
+const rss = (pid) => procStatus(pid, 'VmRSS') + ' kB';
 
 // Starts the coordinator; resolves with {child, address, ms} once it listens.
 function start() {
   const t0 = Date.now();
-  const child = spawn(bin, ['--listen', '127.0.0.1:0', '--state-dir', dir, ...(process.env.EXTRA ? process.env.EXTRA.split(' ') : [])], { stdio: ['ignore', 'pipe', 'inherit'] });
+  const child = spawn(coordinatorBin, ['--listen', '127.0.0.1:0', '--state-dir', dir, ...(process.env.EXTRA ? process.env.EXTRA.split(' ') : [])], { stdio: ['ignore', 'pipe', 'inherit'] });
   return new Promise((resolve) => {
     let out = '';
     child.stdout.on('data', (d) => {

@@ -7,17 +7,13 @@
 'use strict';
 const path = require('node:path'); const fs = require('node:fs'); const os = require('node:os');
 const { spawn } = require('node:child_process');
-const repo = path.resolve(__dirname, '..', '..');
-const nm = path.join(repo, 'tests', 'node', 'node_modules') + '/';
-const grpc = require(nm + '@grpc/grpc-js'); const protoLoader = require(nm + '@grpc/proto-loader');
-const pkg = grpc.loadPackageDefinition(protoLoader.loadSync(['rackrun/v1/job_service.proto'],
-  { keepCase: true, longs: String, enums: String, defaults: true, oneofs: true, includeDirs: [path.join(repo, 'proto')] }));
+const { grpc, pkg, coordinatorBin, procStatus } = require('./lib.js');
 const N = parseInt(process.argv[2] || '1000'), CH = parseInt(process.argv[3] || '8');
 const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'probe-'));
 fs.writeFileSync(path.join(dir, 'train.tokens'), Buffer.alloc(4096));
-const child = spawn(process.env.RACKRUN_COORDINATOR_BIN || path.join(repo, 'build', 'coordinator', 'rackrun-coordinator'), ['--listen', '127.0.0.1:0', '--state-dir', dir, ...(process.env.EXTRA ? process.env.EXTRA.split(' ') : [])], { stdio: ['ignore', 'pipe', 'inherit'] });
+const child = spawn(coordinatorBin, ['--listen', '127.0.0.1:0', '--state-dir', dir, ...(process.env.EXTRA ? process.env.EXTRA.split(' ') : [])], { stdio: ['ignore', 'pipe', 'inherit'] });
 let out = '';
-const threads = () => { try { return /Threads:\s+(\d+)/.exec(fs.readFileSync(`/proc/${child.pid}/status`, 'utf8'))[1]; } catch (e) { return 'gone'; } };
+const threads = () => procStatus(child.pid, 'Threads');
 child.stdout.on('data', async (d) => {
   out += d; const m = /listening on ([0-9.]+:[0-9]+)/.exec(out); if (!m || child.started) return; child.started = true;
   const token = fs.readFileSync(path.join(dir, 'token'), 'utf8').trim();
@@ -31,7 +27,7 @@ child.stdout.on('data', async (d) => {
     await new Promise(r => setTimeout(r, 1000));
     const t0 = Date.now();
     const r = await new Promise((res) => clients[0].Get({ job_id: sub.job.id }, md(), { deadline: Date.now() + 5000 }, (e, r) => res(e ? 'ERR ' + e.code + ' ' + e.details : 'ok')));
-    console.log(`t=${t + 1}s threads ${threads()} get ${r} in ${Date.now() - t0} ms errors ${JSON.stringify(errs)} rss ${/VmRSS:\s+(\d+)/.exec(fs.readFileSync(`/proc/${child.pid}/status`, 'utf8'))[1]} kB`);
+    console.log(`t=${t + 1}s threads ${threads()} get ${r} in ${Date.now() - t0} ms errors ${JSON.stringify(errs)} rss ${procStatus(child.pid, 'VmRSS')} kB`);
   }
   child.on('exit', () => { fs.rmSync(dir, { recursive: true, force: true }); process.exit(0); });
   child.kill('SIGTERM');
