@@ -80,9 +80,10 @@ class Jobs {
 
   Jobs(JobStore* store, Clock clock, Options options);
 
-  // Loads the persisted jobs (JobStore::LoadAll: those not ended and at least the
-  // max_ended_in_memory that ended last). Called once, before any other method. Running
-  // attempts wait for their ranks to re-attach (Reattach) until reattach_grace_ms from now.
+  // Loads the persisted jobs: at the coordinator's start JobStore::LoadAll with
+  // max_ended_in_memory (the jobs not ended and the last to end; others are read back when
+  // asked for). Called once, before any other method. Running attempts wait for their
+  // ranks to re-attach (Reattach) until reattach_grace_ms from now.
   absl::Status Initialize(std::vector<StoredJob> jobs);
 
   // Forgets from memory the ended jobs beyond Options::max_ended_in_memory, those that ended
