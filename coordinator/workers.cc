@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <iterator>
+#include <set>
 #include <utility>
 
 #include "absl/strings/numbers.h"
@@ -300,26 +301,20 @@ std::vector<Finding> Workers::Detect() {
   const int64_t now = clock_();
   // The busy workers of each running attempt not reported yet, as the rules see them.
   std::map<std::pair<std::string, int>, AttemptSnapshot> attempts;
-  // An attempt no worker is busy with any more is forgotten: its verdict, if any, was
-  // given, and the map would otherwise hold every attempt of the coordinator's life.
-  std::erase_if(reported_, [this](const auto& entry) {
-    for (const auto& [id, w] : workers_) {
-      if (w.w.state() == rackrun::v1::BUSY && w.w.job_id() == entry.first.first &&
-          w.attempt == entry.first.second) {
-        return false;
-      }
-    }
-    return true;
-  });
+  std::set<std::pair<std::string, int>> busy;  // the attempts some worker is busy with
   for (const auto& [id, w] : workers_) {
     if (w.w.state() != rackrun::v1::BUSY || w.w.job_id().empty()) continue;
     const auto key = std::make_pair(w.w.job_id(), w.attempt);
+    busy.insert(key);
     if (reported_[key]) continue;
     AttemptSnapshot& a = attempts[key];
     a.job_id = w.w.job_id();
     a.attempt = w.attempt;
     a.ranks.push_back(SnapshotOf(w));
   }
+  // An attempt no worker is busy with any more is forgotten: its verdict, if any, was
+  // given, and the map would otherwise hold every attempt of the coordinator's life.
+  std::erase_if(reported_, [&busy](const auto& entry) { return !busy.contains(entry.first); });
   // The exit window keeps its default (failure_detector.h, exit_window_ms); a rank is late
   // after the gap one missed heartbeat explains (rpc/liveness.h).
   DetectionTimeouts timeouts{options_.heartbeat_timeout_ms, options_.hang_timeout_ms,
