@@ -69,9 +69,12 @@ cudaError_t ExpertOffsets(int experts, const int32_t* counts, int64_t* offsets,
                           cudaStream_t stream);
 // Slot rows of the dispatched buffer: a stable counting sort of the slots by expert
 // (experts in order, tokens in order inside an expert), from selected and the exclusive
-// prefix sum of counts (offsets, E + 1 entries: ExpertOffsets).
+// prefix sum of counts (offsets, E + 1 entries: ExpertOffsets). `scratch` holds
+// SlotRowsScratch(tokens, experts, k) values (the slots in chunks, per chunk and expert).
+int64_t SlotRowsScratch(int64_t tokens, int experts, int k);
 cudaError_t SlotRows(int64_t tokens, int experts, int k, const int32_t* selected,
-                     const int64_t* offsets, int64_t* slot_row, cudaStream_t stream);
+                     const int64_t* offsets, int64_t* scratch, int64_t* slot_row,
+                     cudaStream_t stream);
 // dispatched[slot_row[t*k+j]] = x[t] (width C).
 cudaError_t DispatchRows(int64_t tokens, int k, int width, const int64_t* slot_row, const float* x,
                          float* dispatched, cudaStream_t stream);

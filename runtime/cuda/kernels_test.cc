@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -215,11 +216,12 @@ TEST(GpuKernelsTest, RoutingMatchesTheCpuRouter) {
   ASSERT_EQ(kernels::ExpertOffsets(experts, gcounts.data(), goff.data(), dev->stream()),
             cudaSuccess);
   EXPECT_EQ(Download(goff), offsets);
-  DeviceTensor<int64_t> grow(dev.get(), "slot rows");
+  DeviceTensor<int64_t> grow(dev.get(), "slot rows"), gscratch(dev.get(), "slot scratch");
   ASSERT_TRUE(grow.Resize({tokens * k}).ok());
-  ASSERT_EQ(
-      kernels::SlotRows(tokens, experts, k, gsel.data(), goff.data(), grow.data(), dev->stream()),
-      cudaSuccess);
+  ASSERT_TRUE(gscratch.Resize({kernels::SlotRowsScratch(tokens, experts, k)}).ok());
+  ASSERT_EQ(kernels::SlotRows(tokens, experts, k, gsel.data(), goff.data(), gscratch.data(),
+                              grow.data(), dev->stream()),
+            cudaSuccess);
   EXPECT_EQ(Download(grow), row);
   const std::vector<float> x = RandomVector(tokens * c, 25);
   DeviceTensor<float> gx = Upload(dev.get(), "x", x), gd = Zeros(dev.get(), "disp", tokens * k * c);
@@ -256,6 +258,39 @@ TEST(GpuKernelsTest, RoutingMatchesTheCpuRouter) {
   RACKRUN_EXPECT_CLOSE(Download(gout), out, 1e-5);
   RACKRUN_EXPECT_CLOSE(Download(gdeo), deo, 1e-6);
   RACKRUN_EXPECT_CLOSE(Download(gdw2), dw, 1e-5);
+}
+
+// SlotRows counts and numbers the slots in chunks of 512 per expert block of 64: many chunks
+// (the last one partial), more than one expert block, experts without slots, and skewed
+// loads give the host's stable counting sort exactly.
+TEST(GpuKernelsTest, SlotRowsAreAStableSortOverChunksAndExpertBlocks) {
+  RACKRUN_OPEN_GPU_OR_SKIP(dev);
+  for (const auto& [tokens, experts, k] :
+       {std::tuple<int64_t, int, int>{1, 3, 1}, {700, 130, 3}, {2049, 16, 4}, {512, 64, 1}}) {
+    SCOPED_TRACE(absl::StrCat(tokens, " tokens, ", experts, " experts, top-", k));
+    std::vector<int32_t> sel(static_cast<size_t>(tokens * k));
+    for (int64_t i = 0; i < tokens * k; ++i) {
+      // Every third expert left empty; half the slots on expert 1 (skew).
+      const int64_t h = (i * 2654435761LL) >> 7;
+      sel[static_cast<size_t>(i)] =
+          i % 2 == 0 ? 1 % experts : static_cast<int32_t>((h % experts) / 3 * 3 % experts);
+    }
+    std::vector<int64_t> offsets(static_cast<size_t>(experts) + 1, 0);
+    for (int32_t e : sel) ++offsets[static_cast<size_t>(e) + 1];
+    for (int e = 0; e < experts; ++e) offsets[e + 1] += offsets[e];
+    std::vector<int64_t> want(sel.size());
+    std::vector<int64_t> cursor(offsets.begin(), offsets.end() - 1);
+    for (size_t i = 0; i < sel.size(); ++i) want[i] = cursor[static_cast<size_t>(sel[i])]++;
+    DeviceTensor<int32_t> gsel = Upload(dev.get(), "selected", sel);
+    DeviceTensor<int64_t> goff = Upload(dev.get(), "offsets", offsets),
+                          grow(dev.get(), "slot rows"), gscratch(dev.get(), "slot scratch");
+    ASSERT_TRUE(grow.Resize({tokens * k}).ok());
+    ASSERT_TRUE(gscratch.Resize({kernels::SlotRowsScratch(tokens, experts, k)}).ok());
+    ASSERT_EQ(kernels::SlotRows(tokens, experts, k, gsel.data(), goff.data(), gscratch.data(),
+                                grow.data(), dev->stream()),
+              cudaSuccess);
+    EXPECT_EQ(Download(grow), want);
+  }
 }
 
 // LmHead<float> (runtime/layers/lm_head.h): logits GEMM + cross-entropy + its backward.

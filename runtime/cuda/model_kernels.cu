@@ -74,27 +74,14 @@ __global__ void ExpandBackwardKernel(int64_t tokens, int streams, int width,
   }
 }
 
-// partial[chunk][e] = sum over the chunk's tokens of scores[t][e], tokens in order.
-__global__ void ScorePartialKernel(int64_t tokens, int experts, const float* __restrict__ scores,
-                                   double* __restrict__ partial) {
-  const int e = blockIdx.x * blockDim.x + threadIdx.x;
-  const int64_t chunk = blockIdx.y;
-  if (e >= experts) return;
-  const int64_t t0 = chunk * kTokenChunk;
-  const int64_t t1 = t0 + kTokenChunk < tokens ? t0 + kTokenChunk : tokens;
-  double acc = 0;
-  for (int64_t t = t0; t < t1; ++t) acc += static_cast<double>(scores[t * experts + e]);
-  partial[chunk * experts + e] = acc;
-}
-
-__global__ void SumPartialsKernel(int64_t chunks, int experts, const double* __restrict__ partial,
-                                  double* __restrict__ sums) {
-  const int e = blockIdx.x * blockDim.x + threadIdx.x;
-  if (e >= experts) return;
-  double acc = 0;
-  for (int64_t q = 0; q < chunks; ++q) acc += partial[q * experts + e];
-  sums[e] = acc;
-}
+// One token's score of one expert, widened to double.
+struct ScoreTerm {
+  const float* scores;
+  int experts;
+  __device__ double operator()(int64_t t, int e) const {
+    return static_cast<double>(scores[t * experts + e]);
+  }
+};
 
 }  // namespace
 
@@ -142,18 +129,13 @@ cudaError_t ExpandStreamsBackward(int64_t tokens, int streams, int width, const 
 }
 
 int64_t ScoreColumnPartials(int64_t tokens, int experts) {
-  return (tokens + kTokenChunk - 1) / kTokenChunk * experts;
+  return detail::ChunkCount(tokens, kTokenChunk) * experts;
 }
 
 cudaError_t ScoreColumnSums(int64_t tokens, int experts, const float* scores, double* partial,
                             double* sums, cudaStream_t stream) {
-  const int64_t chunks = (tokens + kTokenChunk - 1) / kTokenChunk;
-  const unsigned eb = static_cast<unsigned>((experts + 63) / 64);
-  if (chunks > 0) {
-    Launch(ScorePartialKernel, dim3(eb, static_cast<unsigned>(chunks)), 64, 0, stream)(
-        tokens, experts, scores, partial);
-  }
-  Launch(SumPartialsKernel, eb, 64, 0, stream)(chunks, experts, partial, sums);
+  detail::ColumnSums(tokens, experts, kTokenChunk, ScoreTerm{scores, experts}, partial,
+                     /*add=*/false, sums, stream);
   return cudaGetLastError();
 }
 

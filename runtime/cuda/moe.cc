@@ -42,6 +42,7 @@ GpuMoe::GpuMoe(Device* device, MatMul* matmul, const MoeLayerConfig& config,
       global_counts_d_(device, name + " expert counts over the ranks"),
       offsets_d_(device, name + " expert offsets"),
       slot_row_(device, name + " slot rows"),
+      slot_scratch_(device, name + " slot row chunks"),
       column_partial_(device, name + " score sum partials"),
       column_sums_(device, name + " score sums"),
       shared_h13_(device, name + " shared h13"),
@@ -160,7 +161,7 @@ absl::Status GpuMoe::DispatchOnDevice(int64_t tokens) {
     return s;
   }
   if (absl::Status s = Check(kernels::SlotRows(tokens, ne, k, selected_.data(), offsets_d_.data(),
-                                               slot_row_.data(), st),
+                                               slot_scratch_.data(), slot_row_.data(), st),
                              "slot rows");
       !s.ok()) {
     return s;
@@ -240,6 +241,7 @@ absl::Status GpuMoe::Forward(const float* u, int64_t tokens, float* out) {
        {xn_.Resize({tokens, c}), inv_rms_.Resize({tokens}), scores_.Resize({tokens, ne}),
         weights_.Resize({tokens, k}), selected_.Resize({tokens, k}), counts_d_.Resize({ne}),
         offsets_d_.Resize({ne + 1}), slot_row_.Resize({tokens, k}),
+        slot_scratch_.Resize({std::max<int64_t>(1, kernels::SlotRowsScratch(tokens, ne, k))}),
         dispatched_.Resize({std::max<int64_t>(slots, 1), c}),
         h13_.Resize({std::max<int64_t>(slots, 1), 2 * f}),
         act_.Resize({std::max<int64_t>(slots, 1), f}),

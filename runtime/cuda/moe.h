@@ -176,7 +176,7 @@ class GpuMoe {
   double aux_loss_ = 0;
   DeviceTensor<float> xn_, inv_rms_, scores_, weights_, dispatched_, h13_, act_, expert_out_;
   DeviceTensor<int32_t> selected_, counts_d_, global_counts_d_;
-  DeviceTensor<int64_t> offsets_d_, slot_row_;
+  DeviceTensor<int64_t> offsets_d_, slot_row_, slot_scratch_;
   DeviceTensor<double> column_partial_, column_sums_;
   DeviceTensor<float> shared_h13_, shared_act_;
   // Backward scratch.

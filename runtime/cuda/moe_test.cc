@@ -262,10 +262,11 @@ TEST(GpuMoeTest, DevicePermutationIsThePlansPermutation) {
   for (int e = 0; e < experts; ++e) offsets[e + 1] = offsets[e] + loads.at(0, e);
   DeviceTensor<int32_t> sel_d = Upload(dev.get(), "selected", sel);
   DeviceTensor<int64_t> off_d = Upload(dev.get(), "offsets", offsets);
-  DeviceTensor<int64_t> rows(dev.get(), "slot rows");
+  DeviceTensor<int64_t> rows(dev.get(), "slot rows"), scratch(dev.get(), "slot scratch");
   ASSERT_TRUE(rows.Resize({tokens * top_k}).ok());
-  ASSERT_EQ(kernels::SlotRows(tokens, experts, top_k, sel_d.data(), off_d.data(), rows.data(),
-                              dev->stream()),
+  ASSERT_TRUE(scratch.Resize({kernels::SlotRowsScratch(tokens, experts, top_k)}).ok());
+  ASSERT_EQ(kernels::SlotRows(tokens, experts, top_k, sel_d.data(), off_d.data(), scratch.data(),
+                              rows.data(), dev->stream()),
             cudaSuccess);
   EXPECT_EQ(Download(rows), want->row_of_choice);
 }

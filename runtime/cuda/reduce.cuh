@@ -1,5 +1,6 @@
 // Private to runtime/cuda/*.cu: block-wide sums in a fixed order (the same tree for a
-// given block size, so results are reproducible run to run), and bf16/fp32 loads.
+// given block size, so results are reproducible run to run), column sums over many rows in
+// chunks (a fixed order too), and bf16/fp32 loads.
 #ifndef RACKRUN_RUNTIME_CUDA_REDUCE_CUH_
 #define RACKRUN_RUNTIME_CUDA_REDUCE_CUH_
 
@@ -67,6 +68,56 @@ __device__ __forceinline__ float BlockMax(float v, float* scratch) {
   v = WarpMax(s);
   __syncthreads();
   return v;
+}
+
+// ---- Column sums over many rows, in a fixed order: partial[chunk][c] = the sum of
+// value(r, c) over the chunk's rows r in order (chunks of `chunk_rows` rows), then out[c] =
+// (or +=) the sum of the chunks' partials in chunk order. The same order on every GPU and
+// every run, so results repeat bit for bit, and thousands of threads instead of one per
+// column walking every row: a per-column serial loop over 8192 tokens waits on one load
+// latency per few rows (hundreds of microseconds a call). `Value` is a functor with
+// `__device__ Acc operator()(int64_t row, int col) const`, passed by value.
+template <typename Acc, typename Value>
+__global__ void ChunkColumnPartialsKernel(int64_t rows, int cols, int64_t chunk_rows, Value value,
+                                          Acc* partial) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  const int64_t chunk = blockIdx.y;
+  if (c >= cols) return;
+  const int64_t r0 = chunk * chunk_rows;
+  const int64_t r1 = r0 + chunk_rows < rows ? r0 + chunk_rows : rows;
+  Acc acc = 0;
+  for (int64_t r = r0; r < r1; ++r) acc += value(r, c);
+  partial[chunk * cols + c] = acc;
+}
+
+template <typename Acc, typename Out>
+__global__ void SumChunkPartialsKernel(int64_t chunks, int cols, const Acc* partial, bool add,
+                                       Out* out) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= cols) return;
+  Acc acc = 0;
+  for (int64_t q = 0; q < chunks; ++q) acc += partial[q * cols + c];
+  out[c] = add ? static_cast<Out>(out[c] + acc) : static_cast<Out>(acc);
+}
+
+inline int64_t ChunkCount(int64_t rows, int64_t chunk_rows) {
+  return (rows + chunk_rows - 1) / chunk_rows;
+}
+
+// Launches both passes on `stream`; `partial` holds ChunkCount(rows, chunk_rows) * cols
+// values. With no rows, out is set to 0 (or left as it is when adding).
+template <typename Acc, typename Out, typename Value>
+void ColumnSums(int64_t rows, int cols, int64_t chunk_rows, Value value, Acc* partial, bool add,
+                Out* out, cudaStream_t stream, int threads = 64) {
+  if (cols <= 0) return;
+  const int64_t chunks = ChunkCount(rows, chunk_rows);
+  const unsigned col_blocks = static_cast<unsigned>((cols + threads - 1) / threads);
+  if (chunks > 0) {
+    Launch(ChunkColumnPartialsKernel<Acc, Value>, dim3(col_blocks, static_cast<unsigned>(chunks)),
+           threads, 0, stream)(rows, cols, chunk_rows, value, partial);
+  }
+  Launch(SumChunkPartialsKernel<Acc, Out>, col_blocks, threads, 0, stream)(chunks, cols, partial,
+                                                                           add, out);
 }
 
 __device__ __forceinline__ float ToF(float v) { return v; }

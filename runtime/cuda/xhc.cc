@@ -59,7 +59,7 @@ XhcStreams<S>::XhcStreams(Device* device, const ResidualConfig& config, GemmPrec
       base_(device, "xhc flash read bases"),
       dypre_(device, "xhc pre-mapping logit gradients"),
       tape_(device, "xhc Sinkhorn tape"),
-      partial_(device, "xhc convolution weight partials"),
+      partial_(device, "xhc column-sum partials (convolution weights, scalars, router centring)"),
       corr_(device, "xhc router centring"),
       c_bf16_(device, "xhc bf16 logit gradients") {}
 
@@ -451,6 +451,7 @@ absl::Status XhcStreams<S>::Reserve(int tokens) {
     if (absl::Status st = s.coef.Resize({T, lay.CoefStride()}); !st.ok()) return st;
     if (absl::Status st = s.saved.Resize({T, lay.SavedStride()}); !st.ok()) return st;
   }
+  const int wscal_cols = 2 + k_ * k_ + k_ * KrMax;
   std::vector<int> all_taps(config_.conv_widths.begin(), config_.conv_widths.end());
   xhc::Layout mlp = LayoutOf(0);
   mlp.J = J_;
@@ -458,11 +459,13 @@ absl::Status XhcStreams<S>::Reserve(int tokens) {
   for (absl::Status st :
        {x_.Resize({T, N_, C_}), dx_.Resize({T, N_, C_}), segment_.Resize({T}), z_.Resize({T, P1}),
         q_.Resize({T, P2Max}), da_.Resize({T, kc}), dg_.Resize({T, std::max(J_, 1), C_}),
-        dp_.Resize({T, k_}), c2_.Resize({T, C2Max}), wscal_.Resize({T, 2 + k_ * k_ + k_ * KrMax}),
+        dp_.Resize({T, k_}), c2_.Resize({T, C2Max}), wscal_.Resize({T, wscal_cols}),
         rscal_.Resize({T, 1 + N_}), c1_.Resize({T, P1}), base_.Resize({T, std::max(g - 1, 1), C_}),
         dypre_.Resize({T, g, N_}),
         tape_.Resize({T, xhc::SinkhornTapeFloats(k_, config_.sinkhorn_iters)}),
-        partial_.Resize({std::max<int64_t>(1, xhc::ConvPartialFloats(mlp, T, all_taps.data()))}),
+        partial_.Resize(
+            {std::max({int64_t{1}, xhc::ConvPartialFloats(mlp, T, all_taps.data()),
+                       xhc::ColumnSumPartialFloats(T, std::max({wscal_cols, 1 + N_, N_}))})}),
         c_bf16_.Resize({T, std::max(P1, C2Max)})}) {
     if (!st.ok()) return st;
   }
@@ -810,10 +813,11 @@ absl::Status XhcStreams<S>::WriteOutputBackward(int l, float* d_out) {
   // a_res, b_res, a_post, b_post (adjacent) where the sublayer mixes; a_post, b_post only
   // (their records after the unused 1 + k*k) where it does not.
   const int skip = s.mix ? 0 : 1 + k_ * k_;
-  if (absl::Status e = Check(
-          xhc::SumScalars(T, lay.WriteScalStride(), lay.WriteScalStride() - skip,
-                          wscal_.data() + skip, grads_.data() + (s.mix ? s.a_res : s.a_post), st),
-          "write scalars");
+  if (absl::Status e =
+          Check(xhc::SumScalars(T, lay.WriteScalStride(), lay.WriteScalStride() - skip,
+                                wscal_.data() + skip, grads_.data() + (s.mix ? s.a_res : s.a_post),
+                                partial_.data(), st),
+                "write scalars");
       !e.ok()) {
     return e;
   }
@@ -850,9 +854,10 @@ absl::Status XhcStreams<S>::ReadInputBackward(int l, const float* d_u) {
   }
   Count(s.s == 0 ? "bwd ReadBackward (dense read + norms)" : "bwd ReadBackward (dense read)",
         T * (nc * sz + nc * 4 + C_ * 4), T * nc * 4);
-  if (absl::Status e = Check(xhc::SumScalars(T, lay.ReadScalStride(), lay.ReadScalStride(),
-                                             rscal_.data(), grads_.data() + s.a_pre, st),
-                             "read scalars");
+  if (absl::Status e =
+          Check(xhc::SumScalars(T, lay.ReadScalStride(), lay.ReadScalStride(), rscal_.data(),
+                                grads_.data() + s.a_pre, partial_.data(), st),
+                "read scalars");
       !e.ok()) {
     return e;
   }
@@ -894,9 +899,9 @@ absl::Status XhcStreams<S>::EntryWeightGrads(int l) {
     return e;
   }
   Count("bwd GEMM dW1 += c1^T X", T * nc * sz, 0);
-  return Check(
-      xhc::RouterCentring(lay, T, c1_.data(), s.rec.data(), grads_.data() + s.w1, corr_.data(), st),
-      "router centring");
+  return Check(xhc::RouterCentring(lay, T, c1_.data(), s.rec.data(), grads_.data() + s.w1,
+                                   corr_.data(), partial_.data(), st),
+               "router centring");
 }
 
 template <typename S>
@@ -977,6 +982,7 @@ absl::Status XhcStreams<S>::ReserveDense(int tokens) {
   for (absl::Status st :
        {x_.Resize({T, N_, C_}), dx_.Resize({T, N_, C_}), segment_.Resize({T}), z_.Resize({T, zt}),
         c1_.Resize({T, zt}), c2_.Resize({T, d.DcoefStride()}), rscal_.Resize({T, d.ScalStride()}),
+        partial_.Resize({xhc::ColumnSumPartialFloats(T, d.ScalStride())}),
         tape_.Resize({T, xhc::SinkhornTapeFloats(N_, config_.sinkhorn_iters)}),
         c_bf16_.Resize({T, zt})}) {
     if (!st.ok()) return st;
@@ -1080,16 +1086,18 @@ absl::Status XhcStreams<S>::DenseReadInputBackward(int l, const float* d_u) {
   }
   Count("dense bwd GEMM dW += c^T X", T * nc * sz, 0);
   if (!d.hc)
-    return Check(xhc::SumScalars(T, ss, ss, rscal_.data(), grads_.data() + s.a_pre, st),
-                 "mhc scalars");
+    return Check(
+        xhc::SumScalars(T, ss, ss, rscal_.data(), grads_.data() + s.a_pre, partial_.data(), st),
+        "mhc scalars");
   // hc's records are s_a, s_b, A_m0, B0, A_r0; its parameters s_a, s_b, a_m0, a_r0, b0.
   const int n = N_;
   for (const auto& [rec, param, count] :
        {std::tuple{0, 0, 2 + n}, std::tuple{2 + n, 2 + n + n * n, n},
         std::tuple{2 + 2 * n, 2 + n, n * n}}) {
-    if (absl::Status e = Check(
-            xhc::SumScalars(T, ss, count, rscal_.data() + rec, grads_.data() + s.a_pre + param, st),
-            "hc scalars");
+    if (absl::Status e =
+            Check(xhc::SumScalars(T, ss, count, rscal_.data() + rec,
+                                  grads_.data() + s.a_pre + param, partial_.data(), st),
+                  "hc scalars");
         !e.ok()) {
       return e;
     }

@@ -833,17 +833,6 @@ __global__ void ConvWeightPartialKernel(Layout l, int64_t tokens, const float* d
   partial[(chunk * total_taps + tap_row) * l.C + c] = acc;
 }
 
-// The convolutions' gradients are adjacent, taps in order: tap row r of them all is row r.
-__global__ void ConvWeightSumKernel(Layout l, int64_t chunks, int total_taps, const float* partial,
-                                    float* dconv) {
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  const int tap_row = blockIdx.y;
-  if (c >= l.C) return;
-  float acc = 0;
-  for (int64_t q = 0; q < chunks; ++q) acc += partial[(q * total_taps + tap_row) * l.C + c];
-  dconv[static_cast<int64_t>(tap_row) * l.C + c] += acc;
-}
-
 // ---------------------------------------------------------------- read backward
 
 // dots[i] = <du, x_i> over the block for the N <= R streams of a token's state xt (the dense
@@ -941,15 +930,15 @@ __global__ void __launch_bounds__(kRowThreads)
   }
 }
 
-__global__ void RouterCentringCorrKernel(Layout l, int64_t tokens, const float* c1,
-                                         const float* rec, float* corr) {
-  const int q = threadIdx.x;
-  if (q >= l.N) return;
-  float s = 0;
-  for (int64_t t = 0; t < tokens; ++t)
-    s += c1[t * l.P1() + q] * rec[t * l.RecStride() + Layout::kMu];
-  corr[q] = s;
-}
+// The router centring's term of one token: c1[t][q] mu_t.
+struct CentringTerm {
+  const float* c1;
+  const float* rec;
+  int c1_stride, rec_stride;
+  __device__ float operator()(int64_t t, int q) const {
+    return c1[t * c1_stride + q] * rec[t * rec_stride + Layout::kMu];
+  }
+};
 
 __global__ void RouterCentringApplyKernel(int64_t rows_nc, int64_t nc, const float* corr,
                                           float* dw) {
@@ -959,14 +948,12 @@ __global__ void RouterCentringApplyKernel(int64_t rows_nc, int64_t nc, const flo
   }
 }
 
-__global__ void SumScalarsKernel(int64_t tokens, int stride, int count, const float* scal,
-                                 float* grads) {
-  const int s = blockIdx.x * blockDim.x + threadIdx.x;
-  if (s >= count) return;
-  float acc = 0;
-  for (int64_t t = 0; t < tokens; ++t) acc += scal[t * stride + s];
-  grads[s] += acc;
-}
+// One token's record value s of rows `stride` apart.
+struct StridedColumn {
+  const float* values;
+  int stride;
+  __device__ float operator()(int64_t t, int s) const { return values[t * stride + s]; }
+};
 
 // ---------------------------------------------------------------- hc and mhc
 
@@ -1405,8 +1392,10 @@ cudaError_t ConvolutionsBackward(const Layout& l, int64_t tokens, const float* d
   const dim3 grid((l.C + 127) / 128, total, static_cast<unsigned>(chunks));
   Launch(ConvWeightPartialKernel<S>, grid, 128, 0, stream)(l, tokens, dg, saved, segment, p, total,
                                                            partial);
-  const dim3 grid2((l.C + 127) / 128, total);
-  Launch(ConvWeightSumKernel, grid2, 128, 0, stream)(l, chunks, total, partial, dconv);
+  // The convolutions' gradients are adjacent, taps in order: tap row r of them all is row r,
+  // so the partials' columns are dconv's.
+  Launch(detail::SumChunkPartialsKernel<float, float>, (total * l.C + 127) / 128, 128, 0, stream)(
+      chunks, total * l.C, partial, /*add=*/true, dconv);
   return cudaGetLastError();
 }
 
@@ -1422,17 +1411,24 @@ cudaError_t ReadBackward(const Layout& l, int64_t tokens, const S* x, const floa
 }
 
 cudaError_t RouterCentring(const Layout& l, int64_t tokens, const float* c1, const float* rec,
-                           float* dw_router, float* corr, cudaStream_t stream) {
-  Launch(RouterCentringCorrKernel, 1, kWarp, 0, stream)(l, tokens, c1, rec, corr);
+                           float* dw_router, float* corr, float* partial, cudaStream_t stream) {
+  detail::ColumnSums(tokens, l.N, kTokenChunk, CentringTerm{c1, rec, l.P1(), l.RecStride()},
+                     partial,
+                     /*add=*/false, corr, stream);
   const int64_t nc = static_cast<int64_t>(l.N) * l.C;
   Launch(RouterCentringApplyKernel, GridFor(l.N * nc), 256, 0, stream)(l.N * nc, nc, corr,
                                                                        dw_router);
   return cudaGetLastError();
 }
 
+int64_t ColumnSumPartialFloats(int64_t tokens, int count) {
+  return detail::ChunkCount(tokens, kTokenChunk) * count;
+}
+
 cudaError_t SumScalars(int64_t tokens, int stride, int count, const float* scal, float* grads,
-                       cudaStream_t stream) {
-  Launch(SumScalarsKernel, (count + 63) / 64, 64, 0, stream)(tokens, stride, count, scal, grads);
+                       float* partial, cudaStream_t stream) {
+  detail::ColumnSums(tokens, count, kTokenChunk, StridedColumn{scal, stride}, partial,
+                     /*add=*/true, grads, stream);
   return cudaGetLastError();
 }
 

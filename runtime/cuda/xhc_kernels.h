@@ -158,15 +158,19 @@ cudaError_t ReadBackward(const Layout& l, int64_t tokens, const S* x, const floa
                          const float* dp, const float* colsum, const MapParams& p, const float* rec,
                          const int32_t* idx, float* dx, float* dypre, float* c1, float* rscal,
                          cudaStream_t stream);
+// The two sums over tokens below run in chunks of tokens (reduce.cuh's ColumnSums: a fixed
+// order, so results repeat bit for bit); `partial` holds ColumnSumPartialFloats(tokens,
+// columns) floats (N columns for the centring, `count` for SumScalars).
+int64_t ColumnSumPartialFloats(int64_t tokens, int columns);
 // LayerNorm centring of the router rows' gradient: dW_r[p][e] -= sum_t c1[t][p] mu_t
-// (c1 rows P1 apart).
+// (c1 rows P1 apart; corr: N floats).
 cudaError_t RouterCentring(const Layout& l, int64_t tokens, const float* c1, const float* rec,
-                           float* dw_router, float* corr, cudaStream_t stream);
-// grads[s] += sum over tokens (in order) of scal[t * stride + s], s < count: the scalar
-// parameters of a sublayer are adjacent in the parameter buffer in the order of the
-// per-token records (a_res, b_res, a_post, b_post; a_pre, b_pre).
+                           float* dw_router, float* corr, float* partial, cudaStream_t stream);
+// grads[s] += sum over tokens of scal[t * stride + s], s < count: the scalar parameters of a
+// sublayer are adjacent in the parameter buffer in the order of the per-token records
+// (a_res, b_res, a_post, b_post; a_pre, b_pre).
 cudaError_t SumScalars(int64_t tokens, int stride, int count, const float* scal, float* grads,
-                       cudaStream_t stream);
+                       float* partial, cudaStream_t stream);
 
 // ---- hc and mhc (docs/design.md 5.2, 5.3; the CPU's HcImpl and MhcImpl in
 // runtime/residual/hyper_connections.cc): every sublayer reads, mixes and writes the full
