@@ -6,7 +6,8 @@
 // - A launch (`Launch(kernel, grid, block, shared, stream)(args...)`) is checked as the GPU
 //   checks it (block size, grid size, dynamic shared memory) and queued on the stream
 //   (runtime.h); when it runs, the blocks run one after another and the threads of a block
-//   as fibers on one host thread, each until it reaches a barrier, in thread order.
+//   as fibers on one host thread, each until it reaches a barrier, in thread order (or all
+//   in reverse: ScheduleOrder below).
 // - __syncthreads waits for every thread of the block that has not returned; a warp
 //   operation (__syncwarp, __shfl_*_sync) for every lane of the warp that has not
 //   returned. A lane of the mask that has returned, or a barrier no thread can pass
@@ -43,6 +44,15 @@ struct ThreadPlace {
   dim3 block_dim;
   dim3 grid_dim;
 };
+
+// The order a grid's blocks and a block's threads run in. kForward: blocks by linear index,
+// threads in thread order, each until it reaches a barrier (then the next runnable one).
+// kReverse: both descending. A kernel whose result depends on the order races: on a GPU one
+// block (or thread, between barriers) may read what another wrote, or not yet. The default
+// comes from RACKRUN_CUDASIM_ORDER (forward or reverse; anything else stops the program).
+enum class ScheduleOrder { kForward, kReverse };
+void SetScheduleOrder(ScheduleOrder order);
+ScheduleOrder GetScheduleOrder();
 
 // The running thread's place (valid inside a kernel only).
 const ThreadPlace& Place();

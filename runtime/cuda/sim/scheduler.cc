@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -75,6 +76,30 @@ std::map<const void*, size_t>& OptIns() {
 
 enum class State { kRunnable, kAtBlockBarrier, kAtWarpBarrier, kReturned };
 
+// The order blocks and threads run in: RACKRUN_CUDASIM_ORDER at the first grid, or what
+// SetScheduleOrder set.
+std::atomic<int> order_setting{-1};  // -1: not read yet
+
+ScheduleOrder CurrentOrder() {
+  int o = order_setting.load(std::memory_order_relaxed);
+  if (o < 0) {
+    const char* env = std::getenv("RACKRUN_CUDASIM_ORDER");
+    const std::string v = env == nullptr ? "" : env;
+    if (v.empty() || v == "forward") {
+      o = static_cast<int>(ScheduleOrder::kForward);
+    } else if (v == "reverse") {
+      o = static_cast<int>(ScheduleOrder::kReverse);
+    } else {
+      std::fprintf(stderr, "cuda sim: RACKRUN_CUDASIM_ORDER=%s: use forward or reverse\n",
+                   v.c_str());
+      std::abort();
+    }
+    int expected = -1;
+    if (!order_setting.compare_exchange_strong(expected, o)) o = expected;
+  }
+  return static_cast<ScheduleOrder>(o);
+}
+
 const char* Name(State s) {
   switch (s) {
     case State::kRunnable:
@@ -121,6 +146,7 @@ struct Fiber {
 };
 
 struct Block {
+  bool reverse = false;  // threads in descending order (ScheduleOrder::kReverse)
   const std::function<void()>* body = nullptr;
   const std::source_location* where = nullptr;
   std::vector<Fiber> fibers;
@@ -184,13 +210,14 @@ void Release(Block& b, size_t w) {
 }
 
 // Hands the host thread from the current fiber (which has just stopped running) to the
-// next runnable one in thread order, or back to the grid when none is left.
+// next runnable one in thread order (descending in reverse order), or back to the grid when
+// none is left.
 void Next(Block& b) {
   const size_t n = b.fibers.size();
   const size_t me = static_cast<size_t>(b.current);
   Fiber& f = b.fibers[me];
   for (size_t step = 1; step <= n; ++step) {
-    const size_t i = (me + step) % n;
+    const size_t i = b.reverse ? (me + n - step) % n : (me + step) % n;
     if (b.fibers[i].state != State::kRunnable) continue;
     if (i == me) return;  // released by its own arrival: it goes on
     b.current = static_cast<int>(i);
@@ -242,11 +269,11 @@ void Prepare(Fiber& f, char* top) {
   f.sp = p;
 }
 
-// Runs the block's fibers from thread 0; they hand the host thread to each other and back
-// here when none can run.
+// Runs the block's fibers from thread 0 (the last thread in reverse order); they hand the
+// host thread to each other and back here when none can run.
 void RunBlock(Block& b) {
-  b.current = 0;
-  rackrun_cudasim_switch(&b.scheduler, b.fibers[0].sp);
+  b.current = b.reverse ? static_cast<int>(b.fibers.size()) - 1 : 0;
+  rackrun_cudasim_switch(&b.scheduler, b.fibers[static_cast<size_t>(b.current)].sp);
   if (b.live > 0) Stop(b, "no thread of the block can go on (a barrier some threads never reach)");
 }
 
@@ -259,6 +286,12 @@ size_t SharedBegin(const Block& b) {
 }  // namespace
 
 const ThreadPlace& Place() { return running->fibers[static_cast<size_t>(running->current)].place; }
+
+void SetScheduleOrder(ScheduleOrder order) {
+  order_setting.store(static_cast<int>(order), std::memory_order_relaxed);
+}
+
+ScheduleOrder GetScheduleOrder() { return CurrentOrder(); }
 
 void SyncThreads() { Wait(State::kAtBlockBarrier, 0); }
 
@@ -309,47 +342,50 @@ void RunGrid(dim3 grid, dim3 block, size_t shared, const std::source_location& w
   b.where = &where;
   b.fibers.resize(threads);
   b.exchange.assign((threads + kWarp - 1) / kWarp * kWarp, 0);
+  b.reverse = CurrentOrder() == ScheduleOrder::kReverse;
   Block* outer = running;
   running = &b;
-  for (unsigned bz = 0; bz < grid.z; ++bz)
-    for (unsigned by = 0; by < grid.y; ++by)
-      for (unsigned bx = 0; bx < grid.x; ++bx) {
-        b.shared.assign(shared + kSharedAlign + kSharedGuard, 0xff);
-        const size_t begin = SharedBegin(b), end = begin + shared;
-        std::fill(b.shared.begin(), b.shared.begin() + static_cast<std::ptrdiff_t>(begin),
-                  kGuardByte);
-        std::fill(b.shared.begin() + static_cast<std::ptrdiff_t>(end), b.shared.end(), kGuardByte);
-        b.live = static_cast<int>(threads);
-        b.at_block = 0;
-        b.at_warp.assign(b.exchange.size() / kWarp, 0);
-        b.warp_returned.assign(b.exchange.size() / kWarp, 0);
-        b.warp_live.assign(b.exchange.size() / kWarp, kWarp);
-        if (threads % kWarp != 0) b.warp_live.back() = static_cast<int>(threads % kWarp);
-        for (size_t t = 0; t < threads; ++t) {
-          Fiber& f = b.fibers[t];
-          f.state = State::kRunnable;
-          f.place.thread_idx = uint3{static_cast<unsigned>(t % block.x),
-                                     static_cast<unsigned>(t / block.x % block.y),
-                                     static_cast<unsigned>(t / (size_t{block.x} * block.y))};
-          f.place.block_idx = uint3{bx, by, bz};
-          f.place.block_dim = block;
-          f.place.grid_dim = grid;
-          // Tops staggered by a few cache lines: at equal strides every fiber's live stack
-          // lines would fall into the same cache sets.
-          Prepare(f, stacks[t]->top() - (t % 64) * 192);
-        }
-        RunBlock(b);
-        const auto intact = [](auto first, auto last) {
-          return std::all_of(first, last, [](unsigned char x) { return x == kGuardByte; });
-        };
-        const auto at = [&](size_t i) { return b.shared.begin() + static_cast<std::ptrdiff_t>(i); };
-        if (!intact(b.shared.begin(), at(begin))) {
-          Stop(b, "a thread wrote before the launch's dynamic shared memory");
-        }
-        if (!intact(at(end), b.shared.end())) {
-          Stop(b, "a thread wrote past the launch's dynamic shared memory");
-        }
-      }
+  const uint64_t blocks = uint64_t{grid.x} * grid.y * grid.z;
+  for (uint64_t n = 0; n < blocks; ++n) {
+    const uint64_t linear = b.reverse ? blocks - 1 - n : n;
+    const auto bx = static_cast<unsigned>(linear % grid.x);
+    const auto by = static_cast<unsigned>(linear / grid.x % grid.y);
+    const auto bz = static_cast<unsigned>(linear / (uint64_t{grid.x} * grid.y));
+    b.shared.assign(shared + kSharedAlign + kSharedGuard, 0xff);
+    const size_t begin = SharedBegin(b), end = begin + shared;
+    std::fill(b.shared.begin(), b.shared.begin() + static_cast<std::ptrdiff_t>(begin), kGuardByte);
+    std::fill(b.shared.begin() + static_cast<std::ptrdiff_t>(end), b.shared.end(), kGuardByte);
+    b.live = static_cast<int>(threads);
+    b.at_block = 0;
+    b.at_warp.assign(b.exchange.size() / kWarp, 0);
+    b.warp_returned.assign(b.exchange.size() / kWarp, 0);
+    b.warp_live.assign(b.exchange.size() / kWarp, kWarp);
+    if (threads % kWarp != 0) b.warp_live.back() = static_cast<int>(threads % kWarp);
+    for (size_t t = 0; t < threads; ++t) {
+      Fiber& f = b.fibers[t];
+      f.state = State::kRunnable;
+      f.place.thread_idx =
+          uint3{static_cast<unsigned>(t % block.x), static_cast<unsigned>(t / block.x % block.y),
+                static_cast<unsigned>(t / (size_t{block.x} * block.y))};
+      f.place.block_idx = uint3{bx, by, bz};
+      f.place.block_dim = block;
+      f.place.grid_dim = grid;
+      // Tops staggered by a few cache lines: at equal strides every fiber's live stack
+      // lines would fall into the same cache sets.
+      Prepare(f, stacks[t]->top() - (t % 64) * 192);
+    }
+    RunBlock(b);
+    const auto intact = [](auto first, auto last) {
+      return std::all_of(first, last, [](unsigned char x) { return x == kGuardByte; });
+    };
+    const auto at = [&](size_t i) { return b.shared.begin() + static_cast<std::ptrdiff_t>(i); };
+    if (!intact(b.shared.begin(), at(begin))) {
+      Stop(b, "a thread wrote before the launch's dynamic shared memory");
+    }
+    if (!intact(at(end), b.shared.end())) {
+      Stop(b, "a thread wrote past the launch's dynamic shared memory");
+    }
+  }
   running = outer;
 }
 

@@ -53,6 +53,20 @@ __global__ void ShuffleAfterReturnKernel(float* out) {
   out[threadIdx.x] = __shfl_xor_sync(0xffffffffu, 1.0f, 1);
 }
 
+// Each thread notes when it ran (a counter every thread increments), before and after a
+// barrier.
+__global__ void RunOrderKernel(int* counter, int* first, int* second) {
+  const int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  first[i] = atomicAdd(counter, 1);
+  __syncthreads();
+  second[i] = atomicAdd(counter, 1);
+}
+
+// A race between blocks: every block writes the same element.
+__global__ void LastBlockWinsKernel(int* out) {
+  if (threadIdx.x == 0) out[0] = static_cast<int>(blockIdx.x);
+}
+
 __global__ void FillKernel(int n, float value, float* out) {
   const int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
   if (i < n) out[i] = value;
@@ -84,6 +98,46 @@ TEST(CudaSimTest, BlockBarrierAndSharedMemory) {
     for (int t = 0; t < kThreads; ++t)
       EXPECT_EQ(host[b * kThreads + t], kThreads - 1 - t + b * 1000);
   EXPECT_EQ(cudaFree(out), cudaSuccess);
+}
+
+// Forward: blocks in order, threads in order between barriers; reverse: both descending, so
+// a kernel whose result depends on the order (a race on a GPU) gives another result.
+TEST(CudaSimTest, BlocksAndThreadsRunForwardOrInReverse) {
+  const sim::ScheduleOrder before = sim::GetScheduleOrder();
+  constexpr int kBlocks = 3, kThreads = 4, kAll = kBlocks * kThreads;
+  int* counter = DeviceAlloc<int>(1);
+  int* first = DeviceAlloc<int>(kAll);
+  int* second = DeviceAlloc<int>(kAll);
+  int* winner = DeviceAlloc<int>(1);
+  for (sim::ScheduleOrder order : {sim::ScheduleOrder::kForward, sim::ScheduleOrder::kReverse}) {
+    const bool reverse = order == sim::ScheduleOrder::kReverse;
+    SCOPED_TRACE(reverse ? "reverse" : "forward");
+    sim::SetScheduleOrder(order);
+    ASSERT_EQ(cudaMemset(counter, 0, sizeof(int)), cudaSuccess);
+    Launch(RunOrderKernel, kBlocks, kThreads, 0, nullptr)(counter, first, second);
+    Launch(LastBlockWinsKernel, kBlocks, 32, 0, nullptr)(winner);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    std::vector<int> got_first(kAll), got_second(kAll), want_first(kAll), want_second(kAll);
+    int got_winner = -1;
+    ASSERT_EQ(cudaMemcpy(got_first.data(), first, kAll * sizeof(int), cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(got_second.data(), second, kAll * sizeof(int), cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(&got_winner, winner, sizeof(int), cudaMemcpyDeviceToHost), cudaSuccess);
+    for (int b = 0; b < kBlocks; ++b) {
+      for (int t = 0; t < kThreads; ++t) {
+        // The block's run position, then the thread's inside it, before and after the barrier.
+        const int rb = reverse ? kBlocks - 1 - b : b, rt = reverse ? kThreads - 1 - t : t;
+        want_first[b * kThreads + t] = rb * 2 * kThreads + rt;
+        want_second[b * kThreads + t] = rb * 2 * kThreads + kThreads + rt;
+      }
+    }
+    EXPECT_EQ(got_first, want_first);
+    EXPECT_EQ(got_second, want_second);
+    EXPECT_EQ(got_winner, reverse ? 0 : kBlocks - 1);
+  }
+  sim::SetScheduleOrder(before);
+  for (int* p : {counter, first, second, winner}) EXPECT_EQ(cudaFree(p), cudaSuccess);
 }
 
 TEST(CudaSimTest, WarpShuffles) {
