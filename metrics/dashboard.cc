@@ -120,7 +120,7 @@ absl::StatusOr<std::unique_ptr<Dashboard>> Dashboard::Start(const Options& optio
   }
   Dashboard* self = d.get();
   absl::StatusOr<std::unique_ptr<HttpServer>> server =
-      HttpServer::Start({options.listen, "--dashboard-listen", 4},
+      HttpServer::Start({.listen = options.listen, .flag = "--dashboard-listen"},
                         [self](const std::string& path, const std::string& query) {
                           return self->Handle(path, query);
                         });

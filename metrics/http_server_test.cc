@@ -1,11 +1,22 @@
-// The dashboard's HTTP server on 127.0.0.1 with a fake source: routes, JSON views, and
-// bad requests (garbage, oversized, wrong method, traversal, idle clients) that must get
-// an error or a closed connection, never a crash or a hang.
+// The HTTP server under the dashboard and the metrics endpoint on 127.0.0.1: the request
+// line, and clients that must not hold up others (idle connections by the hundred, one past
+// the connection limit, a request a byte at a time, a client that never reads); then the
+// dashboard with a fake source: routes, JSON views, and bad requests (garbage, oversized,
+// wrong method, traversal, idle clients) that must get an error or a closed connection,
+// never a crash or a hang.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -14,6 +25,135 @@
 
 namespace rackrun::metrics {
 namespace {
+
+// A connection to 127.0.0.1:port that has sent nothing (-1 if it cannot connect).
+int Connect(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// Whether the server closed `fd` within timeout_ms (a read sees the end, after any bytes).
+bool ClosedWithin(int fd, int timeout_ms) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  char buf[4096];
+  while (true) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                          deadline - std::chrono::steady_clock::now())
+                          .count();
+    pollfd p{fd, POLLIN, 0};
+    if (poll(&p, 1, static_cast<int>(left < 0 ? 0 : left)) <= 0) return false;
+    if (recv(fd, buf, sizeof(buf), 0) <= 0) return true;
+  }
+}
+
+absl::StatusOr<std::unique_ptr<HttpServer>> EchoServer(HttpServer::Options options) {
+  options.listen = "127.0.0.1:0";
+  options.flag = "--test-listen";
+  return HttpServer::Start(options, [](const std::string& path, const std::string& query) {
+    if (path == "/big") return HttpResponse{200, "text/plain", std::string(32 << 20, 'b')};
+    return HttpResponse{200, "text/plain", absl::StrCat("path=", path, " query=", query)};
+  });
+}
+
+TEST(HttpServerTest, ReadsTheRequestLine) {
+  absl::StatusOr<std::unique_ptr<HttpServer>> s = EchoServer({});
+  ASSERT_TRUE(s.ok()) << s.status();
+  const int port = (*s)->port();
+  EXPECT_EQ(HttpGet(port, "/a%20b%2Fc?x=%20&y")->body, "path=/a b/c query=x=%20&y");
+  EXPECT_EQ(RawHttp(port, "GET http://127.0.0.1:9/p?q HTTP/1.1\r\n\r\n")->body, "path=/p query=q");
+  EXPECT_EQ(RawHttp(port, "GET /lf HTTP/1.0\n\n")->body, "path=/lf query=");
+  absl::StatusOr<RawHttpResponse> head = RawHttp(port, "HEAD /h HTTP/1.1\r\nHost: x\r\n\r\n");
+  EXPECT_EQ(head->status, 200);
+  EXPECT_TRUE(absl::StrContains(head->headers, "Content-Length: 14")) << head->headers;
+  EXPECT_TRUE(head->body.empty());
+  for (const char* bad : {"GET / HTTP/2.0\r\n\r\n", "GET /\r\n\r\n", "GET * HTTP/1.1\r\n\r\n",
+                          "\r\n\r\n", "GET  HTTP/1.1\r\n\r\n"}) {
+    EXPECT_EQ(RawHttp(port, bad)->status, 400) << bad;
+  }
+  // A body the server never reads still lets the client read the answer.
+  absl::StatusOr<RawHttpResponse> post = RawHttp(
+      port, "POST /p HTTP/1.1\r\nContent-Length: 100000\r\n\r\n" + std::string(100000, 'x'));
+  ASSERT_TRUE(post.ok()) << post.status();
+  EXPECT_EQ(post->status, 405);
+  EXPECT_EQ(HttpServer::PercentDecode("%41%4a%zz%4"), "AJ%zz%4");
+}
+
+// A hundred connections that never send a byte (each would hold a thread of a
+// thread-per-connection server for its whole request timeout) do not delay a request.
+TEST(HttpServerTest, IdleConnectionsDoNotHoldUpOthers) {
+  absl::StatusOr<std::unique_ptr<HttpServer>> s = EchoServer({});  // 10 s to send a request
+  ASSERT_TRUE(s.ok()) << s.status();
+  std::vector<int> idle;
+  for (int i = 0; i < 100; ++i) idle.push_back(Connect((*s)->port()));
+  absl::StatusOr<RawHttpResponse> r = HttpGet((*s)->port(), "/x", 3000);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->status, 200);
+  // The hundred stay open (the answered one closes once its client has read and gone).
+  for (int i = 0; i < 100 && (*s)->open_connections() > 100; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_EQ((*s)->open_connections(), 100);
+  for (int fd : idle) close(fd);
+}
+
+// At the limit one more connection closes the one that has waited longest for its request.
+TEST(HttpServerTest, AtTheConnectionLimitTheLongestWaitingGoes) {
+  HttpServer::Options options;
+  options.max_connections = 4;
+  absl::StatusOr<std::unique_ptr<HttpServer>> s = EchoServer(options);
+  ASSERT_TRUE(s.ok()) << s.status();
+  std::vector<int> idle;
+  for (int i = 0; i < 6; ++i) idle.push_back(Connect((*s)->port()));
+  absl::StatusOr<RawHttpResponse> r = HttpGet((*s)->port(), "/x", 3000);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->status, 200);
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(ClosedWithin(idle[i], 2000)) << "connection " << i;
+  for (int i = 3; i < 6; ++i) EXPECT_FALSE(ClosedWithin(idle[i], 0)) << "connection " << i;
+  for (int fd : idle) close(fd);
+}
+
+// A request a byte at a time is answered; one whose headers do not arrive in time gets 408;
+// a client that never reads a 32 MiB response neither holds up others nor stays open.
+TEST(HttpServerTest, SlowClientsCostOnlyTheirOwnConnection) {
+  HttpServer::Options options;
+  options.request_timeout_ms = 1500;
+  options.response_timeout_ms = 1000;
+  absl::StatusOr<std::unique_ptr<HttpServer>> s = EchoServer(options);
+  ASSERT_TRUE(s.ok()) << s.status();
+  const int port = (*s)->port();
+  const int slow = Connect(port), stalled = Connect(port), greedy = Connect(port);
+  const std::string request = "GET /slow HTTP/1.1\r\n\r\n";
+  for (char c : request) {
+    ASSERT_EQ(send(slow, &c, 1, MSG_NOSIGNAL), 1);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_EQ(send(stalled, "GET / HT", 8, MSG_NOSIGNAL), 8);
+  const std::string big = "GET /big HTTP/1.1\r\n\r\n";
+  ASSERT_EQ(send(greedy, big.data(), big.size(), MSG_NOSIGNAL), static_cast<ssize_t>(big.size()));
+  EXPECT_EQ(HttpGet(port, "/other", 3000)->status, 200);
+  std::string answer;
+  char buf[4096];
+  for (ssize_t n; (n = recv(slow, buf, sizeof(buf), 0)) > 0;)
+    answer.append(buf, static_cast<size_t>(n));
+  EXPECT_TRUE(absl::StartsWith(answer, "HTTP/1.1 200")) << answer;
+  EXPECT_TRUE(absl::EndsWith(answer, "path=/slow query=")) << answer;
+  answer.clear();
+  for (ssize_t n; (n = recv(stalled, buf, sizeof(buf), 0)) > 0;)
+    answer.append(buf, static_cast<size_t>(n));
+  EXPECT_TRUE(absl::StartsWith(answer, "HTTP/1.1 408")) << answer;
+  EXPECT_TRUE(ClosedWithin(greedy, 5000)) << "a response nobody reads is dropped";
+  for (int fd : {slow, stalled, greedy}) close(fd);
+  for (int i = 0; i < 50 && (*s)->open_connections() > 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_EQ((*s)->open_connections(), 0);
+}
 
 class FakeSource : public DashboardSource {
  public:
