@@ -230,8 +230,8 @@ constexpr int64_t kSlotChunk = 512;
 
 __global__ void SlotChunkCountsKernel(int64_t slots, int experts, const int32_t* selected,
                                       int64_t* first) {
-  const int e = blockIdx.x * blockDim.x + threadIdx.x;
-  const int64_t chunk = blockIdx.y;
+  const int e = blockIdx.y * blockDim.x + threadIdx.x;
+  const int64_t chunk = blockIdx.x;
   if (e >= experts) return;
   const int64_t i0 = chunk * kSlotChunk;
   const int64_t i1 = i0 + kSlotChunk < slots ? i0 + kSlotChunk : slots;
@@ -254,8 +254,8 @@ __global__ void SlotChunkFirstKernel(int64_t chunks, int experts, const int64_t*
 
 __global__ void SlotRowsKernel(int64_t slots, int experts, const int32_t* selected,
                                const int64_t* first, int64_t* slot_row) {
-  const int e = blockIdx.x * blockDim.x + threadIdx.x;
-  const int64_t chunk = blockIdx.y;
+  const int e = blockIdx.y * blockDim.x + threadIdx.x;
+  const int64_t chunk = blockIdx.x;
   if (e >= experts) return;
   const int64_t i0 = chunk * kSlotChunk;
   const int64_t i1 = i0 + kSlotChunk < slots ? i0 + kSlotChunk : slots;
@@ -518,7 +518,7 @@ cudaError_t SlotRows(int64_t tokens, int experts, int k, const int32_t* selected
   if (slots == 0 || experts == 0) return cudaSuccess;
   const int64_t chunks = detail::ChunkCount(slots, kSlotChunk);
   const unsigned eb = static_cast<unsigned>((experts + 63) / 64);
-  const dim3 grid(eb, static_cast<unsigned>(chunks));
+  const dim3 grid(static_cast<unsigned>(chunks), eb);  // chunks in x: up to 2^31 - 1
   Launch(SlotChunkCountsKernel, grid, 64, 0, stream)(slots, experts, selected, scratch);
   Launch(SlotChunkFirstKernel, eb, 64, 0, stream)(chunks, experts, offsets, scratch);
   Launch(SlotRowsKernel, grid, 64, 0, stream)(slots, experts, selected, scratch, slot_row);

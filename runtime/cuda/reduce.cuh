@@ -80,8 +80,8 @@ __device__ __forceinline__ float BlockMax(float v, float* scratch) {
 template <typename Acc, typename Value>
 __global__ void ChunkColumnPartialsKernel(int64_t rows, int cols, int64_t chunk_rows, Value value,
                                           Acc* partial) {
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  const int64_t chunk = blockIdx.y;
+  const int c = blockIdx.y * blockDim.x + threadIdx.x;
+  const int64_t chunk = blockIdx.x;  // x: up to 2^31 - 1 chunks (y stops at 65535)
   if (c >= cols) return;
   const int64_t r0 = chunk * chunk_rows;
   const int64_t r1 = r0 + chunk_rows < rows ? r0 + chunk_rows : rows;
@@ -113,7 +113,7 @@ void ColumnSums(int64_t rows, int cols, int64_t chunk_rows, Value value, Acc* pa
   const int64_t chunks = ChunkCount(rows, chunk_rows);
   const unsigned col_blocks = static_cast<unsigned>((cols + threads - 1) / threads);
   if (chunks > 0) {
-    Launch(ChunkColumnPartialsKernel<Acc, Value>, dim3(col_blocks, static_cast<unsigned>(chunks)),
+    Launch(ChunkColumnPartialsKernel<Acc, Value>, dim3(static_cast<unsigned>(chunks), col_blocks),
            threads, 0, stream)(rows, cols, chunk_rows, value, partial);
   }
   Launch(SumChunkPartialsKernel<Acc, Out>, col_blocks, threads, 0, stream)(chunks, cols, partial,
