@@ -4,9 +4,7 @@
 // dashboard with a fake source: routes, JSON views, and bad requests (garbage, oversized,
 // wrong method, traversal, idle clients) that must get an error or a closed connection,
 // never a crash or a hang.
-#include <arpa/inet.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -25,20 +23,6 @@
 
 namespace rackrun::metrics {
 namespace {
-
-// A connection to 127.0.0.1:port that has sent nothing (-1 if it cannot connect).
-int Connect(int port) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    close(fd);
-    return -1;
-  }
-  return fd;
-}
 
 // Whether the server closed `fd` within timeout_ms (a read sees the end, after any bytes).
 bool ClosedWithin(int fd, int timeout_ms) {
@@ -92,7 +76,7 @@ TEST(HttpServerTest, IdleConnectionsDoNotHoldUpOthers) {
   absl::StatusOr<std::unique_ptr<HttpServer>> s = EchoServer({});  // 10 s to send a request
   ASSERT_TRUE(s.ok()) << s.status();
   std::vector<int> idle;
-  for (int i = 0; i < 100; ++i) idle.push_back(Connect((*s)->port()));
+  for (int i = 0; i < 100; ++i) idle.push_back(ConnectLoopback((*s)->port()));
   absl::StatusOr<RawHttpResponse> r = HttpGet((*s)->port(), "/x", 3000);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->status, 200);
@@ -110,7 +94,7 @@ TEST(HttpServerTest, AtTheConnectionLimitTheLongestWaitingGoes) {
   absl::StatusOr<std::unique_ptr<HttpServer>> s = EchoServer(options);
   ASSERT_TRUE(s.ok()) << s.status();
   std::vector<int> idle;
-  for (int i = 0; i < 6; ++i) idle.push_back(Connect((*s)->port()));
+  for (int i = 0; i < 6; ++i) idle.push_back(ConnectLoopback((*s)->port()));
   absl::StatusOr<RawHttpResponse> r = HttpGet((*s)->port(), "/x", 3000);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->status, 200);
@@ -128,7 +112,8 @@ TEST(HttpServerTest, SlowClientsCostOnlyTheirOwnConnection) {
   absl::StatusOr<std::unique_ptr<HttpServer>> s = EchoServer(options);
   ASSERT_TRUE(s.ok()) << s.status();
   const int port = (*s)->port();
-  const int slow = Connect(port), stalled = Connect(port), greedy = Connect(port);
+  const int slow = ConnectLoopback(port), stalled = ConnectLoopback(port),
+            greedy = ConnectLoopback(port);
   const std::string request = "GET /slow HTTP/1.1\r\n\r\n";
   for (char c : request) {
     ASSERT_EQ(send(slow, &c, 1, MSG_NOSIGNAL), 1);

@@ -17,6 +17,8 @@ struct RawHttpResponse {
   std::string body;
 };
 
+// A blocking TCP connection to 127.0.0.1:port that has sent nothing; -1 if it cannot connect.
+int ConnectLoopback(int port);
 // Sends `request` bytes to 127.0.0.1:port and reads until the server closes, within
 // timeout_ms. Unavailable when it cannot connect, DeadlineExceeded on timeout.
 absl::StatusOr<RawHttpResponse> RawHttp(int port, const std::string& request,
