@@ -13,11 +13,15 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "base/process_limits.h"
 #include "base/signals.h"
 #include "coordinator/server.h"
 #include "flags/flags.h"
 
 namespace {
+
+// Below this open-file limit the coordinator warns at start.
+constexpr int64_t kFewOpenFiles = 4096;
 
 void DeclareTlsFlags(rackrun::flags::FlagSet& flags, rackrun::coordinator::ServerOptions& o,
                      bool* renew_certs);
@@ -63,6 +67,9 @@ void DeclareFlags(rackrun::flags::FlagSet& flags, rackrun::coordinator::ServerOp
      "before the missing ranks count as lost");
   ms("--channel-timeout-ms", &o.rack.channel_timeout_ms,
      "bound on a job's data-channel waits and rendezvous");
+  ms("--handshake-timeout-ms", &o.handshake_timeout_ms,
+     "a connection that has not finished its TLS handshake (plaintext: sent its first HTTP/2 "
+     "bytes) this long after connecting is closed");
   flags.Int("--serving-delay-ms", &o.serving_delay_ms, "MS", "tests: hold health at NOT_SERVING")
       .Range(0)
       .Hidden();
@@ -189,6 +196,8 @@ int RenewCertificates(rackrun::coordinator::ServerOptions o) {
 
 int main(int argc, char** argv) {
   rackrun::base::IgnoreSigpipe();
+  // Every worker, client and dashboard connection takes a descriptor.
+  const absl::StatusOr<int64_t> open_files = rackrun::base::RaiseOpenFileLimit();
   using rackrun::coordinator::ServerOptions;
   ServerOptions o;
   const char* home = std::getenv("HOME");
@@ -249,6 +258,14 @@ int main(int argc, char** argv) {
   for (const std::string& w :
        rackrun::coordinator::ExpiryWarnings(tls, absl::Now(), o.cert_warn_ahead)) {
     std::fprintf(stderr, "rackrun-coordinator: warning: %s\n", w.c_str());
+  }
+  if (!open_files.ok() || *open_files < kFewOpenFiles) {
+    std::fprintf(stderr,
+                 "rackrun-coordinator: warning: open-file limit %s: every worker, client and "
+                 "dashboard connection takes one; raise it (systemd: LimitNOFILE=65536; "
+                 "shell: ulimit -n)\n",
+                 open_files.ok() ? absl::StrCat(*open_files).c_str()
+                                 : std::string(open_files.status().message()).c_str());
   }
   std::printf("rackrun-coordinator: listening on %s:%d, state %s, token file %s (%s)\n",
               host.c_str(), (*server)->port(), o.state_dir.c_str(), (*server)->token_file().c_str(),

@@ -2,11 +2,16 @@
 // 127.0.0.1, driven through the generated stubs (a test client plays the workers).
 #include "tests/support/process.h"
 
+#include <arpa/inet.h>
 #include <grpcpp/create_channel.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/support/byte_buffer.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -51,11 +56,16 @@ class Coordinator {
     std::filesystem::remove(output_, ec);
   }
 
+  // A program that runs the coordinator (its command line follows), e.g. prlimit.
+  void WrapWith(std::vector<std::string> launcher) { launcher_ = std::move(launcher); }
   // Starts it and returns at once (Banner waits for the listening line).
   void Start() {
-    std::vector<std::string> args = {RACKRUN_COORDINATOR_BINARY, "--listen",
-                                     "127.0.0.1:" + std::to_string(port_), "--state-dir",
-                                     state_dir_};
+    std::vector<std::string> args = launcher_;
+    for (const std::string& a :
+         {std::string(RACKRUN_COORDINATOR_BINARY), std::string("--listen"),
+          "127.0.0.1:" + std::to_string(port_), std::string("--state-dir"), state_dir_}) {
+      args.push_back(a);
+    }
     for (const auto& e : extra_) args.push_back(e);
     child_ = std::make_unique<::rackrun::testing::Child>(args, output_);
   }
@@ -85,11 +95,12 @@ class Coordinator {
     return t;
   }
   std::string Address() const { return "127.0.0.1:" + std::to_string(port_); }
+  const std::filesystem::path& Output() const { return output_; }
 
  private:
   std::string state_dir_;
   int port_;
-  std::vector<std::string> extra_;
+  std::vector<std::string> extra_, launcher_;
   std::filesystem::path output_;
   std::unique_ptr<::rackrun::testing::Child> child_;
 };
@@ -260,6 +271,70 @@ TEST(CoordinatorProcessTest, PortZeroPrintsTheBoundPort) {
   EXPECT_EQ(client.ListAll().size(), 0u);
   c.Kill(SIGINT);
   EXPECT_EQ(c.Wait(), 0);
+}
+
+// Idle TCP connections to the gRPC port (no TLS handshake, no token) neither take the last
+// file descriptor (the coordinator raises its soft open-file limit to the hard one; under
+// systemd's default soft limit of 1024 a thousand of them locked every new client out) nor
+// stay (--handshake-timeout-ms closes them); a limit too low is warned about at start.
+TEST(CoordinatorProcessTest, IdleConnectionsNeitherExhaustDescriptorsNorStay) {
+  rlimit limit{};
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &limit), 0);
+  if (limit.rlim_max != RLIM_INFINITY && limit.rlim_max < 2048) {
+    GTEST_SKIP() << "the hard open-file limit (" << limit.rlim_max << ") is below 2048";
+  }
+  if (limit.rlim_cur != RLIM_INFINITY && limit.rlim_cur < 1024) {
+    GTEST_SKIP() << "this test needs 1024 descriptors of its own, has " << limit.rlim_cur;
+  }
+  const std::string hard =
+      limit.rlim_max == RLIM_INFINITY ? "unlimited" : std::to_string(limit.rlim_max);
+  testing::ScratchDir dir;
+  const int port = FreePort();
+  Coordinator c(dir.path(), port, {"--handshake-timeout-ms", "1500"});
+  c.WrapWith({"/usr/bin/prlimit", "--nofile=256:" + hard});
+  c.Start();
+  ASSERT_FALSE(c.Banner().empty());
+  std::vector<int> idle;
+  for (int i = 0; i < 600; ++i) {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0) << i;
+    idle.push_back(fd);
+  }
+  std::this_thread::sleep_for(300ms);  // the coordinator accepts them all
+  Client client(c.Address(), c.Token());
+  EXPECT_EQ(Health(client.channel()), 1) << "a new client gets in beside 600 idle connections";
+  // Closed by the server within the handshake timeout: a read sees the end (after the
+  // server's HTTP/2 settings, which a plaintext server sends at once).
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  bool closed = false;
+  while (!closed && std::chrono::steady_clock::now() < deadline) {
+    pollfd p{idle[0], POLLIN, 0};
+    if (poll(&p, 1, 100) != 1) continue;
+    char buf[256];
+    closed = recv(idle[0], buf, sizeof(buf), 0) <= 0;
+  }
+  EXPECT_TRUE(closed) << "an idle connection is still open after 10 s";
+  for (int fd : idle) close(fd);
+  c.Kill(SIGTERM);
+  EXPECT_EQ(c.Wait(), 0);
+
+  // A limit the coordinator cannot raise far enough is named at start.
+  testing::ScratchDir dir2;
+  Coordinator low(dir2.path(), FreePort());
+  low.WrapWith({"/usr/bin/prlimit", "--nofile=300:300"});
+  low.Start();
+  ASSERT_FALSE(low.Banner().empty());
+  std::string text;
+  EXPECT_FALSE(::rackrun::testing::WaitForText(
+                   low.Output(), std::regex("open-file limit 300[^\n]*LimitNOFILE"), &text)
+                   .empty())
+      << text;
+  low.Kill(SIGTERM);
+  EXPECT_EQ(low.Wait(), 0);
 }
 
 TEST(CoordinatorProcessTest, SubmitGetListCancelAndErrors) {

@@ -253,6 +253,9 @@ absl::Status CoordinatorServer::Listen() {
   // and then a second coordinator (another state folder, same user) on the same address
   // started and took a share of the connections instead of being refused.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  builder.AddChannelArgument(
+      GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS,
+      static_cast<int>(std::clamp<int64_t>(options_.handshake_timeout_ms, 1, int64_t{1} << 30)));
   builder.RegisterService(job_service_.get());
   builder.RegisterService(rack_control_.get());
   // Keepalive: pings every 10 s find dead peers on an idle connection (a worker's

@@ -43,6 +43,10 @@ struct ServerOptions {
   // Calls that hold a server thread while they wait (services.h).
   CallLimits limits;
   int64_t tick_ms = 20;
+  // A connection that has not finished its TLS handshake (in plaintext: sent its HTTP/2
+  // preface) this long after connecting is closed, so idle connections cannot hold the
+  // process's file descriptors for gRPC's default two minutes.
+  int64_t handshake_timeout_ms = 10000;
   // Test seam: hold health at NOT_SERVING this long after replaying (0 in production).
   int64_t serving_delay_ms = 0;
   // Prometheus endpoint and built-in dashboard (observability.h); empty addresses = off.

@@ -15,6 +15,7 @@
 
 #include "absl/strings/numbers.h"
 #include "base/paths.h"
+#include "base/process_limits.h"
 #include "base/signals.h"
 #include "flags/flags.h"
 #include "jobspec/path_confinement.h"
@@ -104,6 +105,9 @@ int main(int argc, char** argv) {
   // A write to a closed connection or pipe fails instead of killing the worker (a peer
   // that closes while the worker fetches its CA; a launcher gone with the output pipe).
   rackrun::base::IgnoreSigpipe();
+  // A job's data channel holds a connection per peer (Gloo, UCX), the metrics endpoint its
+  // clients' (base/process_limits.h). Failing to raise it is not fatal: the limit stays.
+  (void)rackrun::base::RaiseOpenFileLimit();
   rackrun::worker::WorkerOptions o;
   rackrun::flags::FlagSet flags("rackrun-worker", "[--coordinator HOST:PORT] [options]");
   DeclareFlags(flags, o);
