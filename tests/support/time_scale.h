@@ -4,9 +4,11 @@
 // something to happen multiplies its quiet-machine figure by TimeScale().
 //
 // TimeScale() = RACKRUN_TEST_TIME_SCALE when set (a number >= 1), otherwise
-//   clamp(load, 1, 4) x (3 under ThreadSanitizer, 2 under AddressSanitizer, else 1),
+//   max(clamp(load, 1, 4) x (3 under ThreadSanitizer, 2 under AddressSanitizer, else 1),
+//       RACKRUN_TEST_TIME_SCALE_MIN (default 1)),
 // where load is the larger of the 1-minute load average and the runnable threads now,
-// per core. Measured once per test process and printed on stderr, so a failing test's
+// per core. The floor is for a test whose own processes load the machine after the
+// measurement (CMake sets it per test). Measured once per test process and printed on stderr, so a failing test's
 // output says which margins it ran with. Header-only.
 #ifndef RACKRUN_TESTS_SUPPORT_TIME_SCALE_H_
 #define RACKRUN_TESTS_SUPPORT_TIME_SCALE_H_
@@ -44,6 +46,15 @@ inline double MeasureTimeScale() {
 #elif defined(__SANITIZE_ADDRESS__)
   scale *= 2;
 #endif
+  if (const char* s = std::getenv("RACKRUN_TEST_TIME_SCALE_MIN"); s != nullptr && *s != '\0') {
+    char* end = nullptr;
+    const double v = std::strtod(s, &end);
+    if (end != s && *end == '\0' && v >= 1) {
+      scale = std::max(scale, v);
+    } else {
+      std::fprintf(stderr, "RACKRUN_TEST_TIME_SCALE_MIN='%s' is not a number >= 1; ignored\n", s);
+    }
+  }
   return scale;
 }
 
