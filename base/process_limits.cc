@@ -13,8 +13,7 @@ namespace rackrun::base {
 absl::StatusOr<int64_t> RaiseOpenFileLimit(int64_t cap) {
   rlimit limit{};
   if (getrlimit(RLIMIT_NOFILE, &limit) != 0) {
-    return absl::InternalError(
-        absl::StrCat("getrlimit(RLIMIT_NOFILE): ", std::strerror(errno)));
+    return absl::InternalError(absl::StrCat("getrlimit(RLIMIT_NOFILE): ", std::strerror(errno)));
   }
   const rlim_t want = limit.rlim_max == RLIM_INFINITY
                           ? static_cast<rlim_t>(cap)
@@ -22,8 +21,8 @@ absl::StatusOr<int64_t> RaiseOpenFileLimit(int64_t cap) {
   if (limit.rlim_cur != RLIM_INFINITY && limit.rlim_cur < want) {
     limit.rlim_cur = want;
     if (setrlimit(RLIMIT_NOFILE, &limit) != 0) {
-      return absl::InternalError(absl::StrCat("setrlimit(RLIMIT_NOFILE, ", want,
-                                              "): ", std::strerror(errno)));
+      return absl::InternalError(
+          absl::StrCat("setrlimit(RLIMIT_NOFILE, ", want, "): ", std::strerror(errno)));
     }
   }
   return limit.rlim_cur == RLIM_INFINITY ? cap : static_cast<int64_t>(limit.rlim_cur);

@@ -30,9 +30,10 @@ TEST(ProcessLimitsTest, TheSoftOpenFileLimitRisesToTheHardOne) {
   // Up to the hard limit (or the default cap).
   got = RaiseOpenFileLimit();
   ASSERT_TRUE(got.ok()) << got.status();
-  const int64_t want = before.rlim_max == RLIM_INFINITY
-                           ? int64_t{1} << 20
-                           : std::min<int64_t>(static_cast<int64_t>(before.rlim_max), int64_t{1} << 20);
+  const int64_t want =
+      before.rlim_max == RLIM_INFINITY
+          ? int64_t{1} << 20
+          : std::min<int64_t>(static_cast<int64_t>(before.rlim_max), int64_t{1} << 20);
   EXPECT_EQ(*got, want);
   // Never lowered: a cap below the soft limit leaves it.
   got = RaiseOpenFileLimit(300);

@@ -23,6 +23,17 @@ namespace {
 // Below this open-file limit the coordinator warns at start.
 constexpr int64_t kFewOpenFiles = 4096;
 
+void WarnIfFewOpenFiles(const absl::StatusOr<int64_t>& open_files) {
+  if (open_files.ok() && *open_files >= kFewOpenFiles) return;
+  const std::string limit =
+      open_files.ok() ? absl::StrCat(*open_files) : std::string(open_files.status().message());
+  std::fprintf(stderr,
+               "rackrun-coordinator: warning: open-file limit %s: every worker, client and "
+               "dashboard connection takes one; raise it (systemd: LimitNOFILE=65536; shell: "
+               "ulimit -n)\n",
+               limit.c_str());
+}
+
 void DeclareTlsFlags(rackrun::flags::FlagSet& flags, rackrun::coordinator::ServerOptions& o,
                      bool* renew_certs);
 void DeclareObservabilityFlags(rackrun::flags::FlagSet& flags,
@@ -259,14 +270,7 @@ int main(int argc, char** argv) {
        rackrun::coordinator::ExpiryWarnings(tls, absl::Now(), o.cert_warn_ahead)) {
     std::fprintf(stderr, "rackrun-coordinator: warning: %s\n", w.c_str());
   }
-  if (!open_files.ok() || *open_files < kFewOpenFiles) {
-    std::fprintf(stderr,
-                 "rackrun-coordinator: warning: open-file limit %s: every worker, client and "
-                 "dashboard connection takes one; raise it (systemd: LimitNOFILE=65536; "
-                 "shell: ulimit -n)\n",
-                 open_files.ok() ? absl::StrCat(*open_files).c_str()
-                                 : std::string(open_files.status().message()).c_str());
-  }
+  WarnIfFewOpenFiles(open_files);
   std::printf("rackrun-coordinator: listening on %s:%d, state %s, token file %s (%s)\n",
               host.c_str(), (*server)->port(), o.state_dir.c_str(), (*server)->token_file().c_str(),
               tls.summary.c_str());

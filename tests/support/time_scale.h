@@ -8,8 +8,8 @@
 //       RACKRUN_TEST_TIME_SCALE_MIN (default 1)),
 // where load is the larger of the 1-minute load average and the runnable threads now,
 // per core. The floor is for a test whose own processes load the machine after the
-// measurement (CMake sets it per test). Measured once per test process and printed on stderr, so a failing test's
-// output says which margins it ran with. Header-only.
+// measurement (CMake sets it per test). Measured once per test process and printed on stderr, so a
+// failing test's output says which margins it ran with. Header-only.
 #ifndef RACKRUN_TESTS_SUPPORT_TIME_SCALE_H_
 #define RACKRUN_TESTS_SUPPORT_TIME_SCALE_H_
 
