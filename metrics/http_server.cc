@@ -32,6 +32,8 @@ constexpr int kLingerMs = 1000;
 // Connections accepted per poll round: a flood of connects still lets the round go on to
 // the connections already open.
 constexpr int kAcceptsPerRound = 64;
+// How long the listener is left alone after accept found no descriptor free.
+constexpr int kAcceptPauseMs = 100;
 
 const char* Reason(int status) {
   switch (status) {
@@ -296,7 +298,15 @@ void HttpServer::ReadSome(Connection& c) {
 void HttpServer::Accept(Clock::time_point now) {
   for (int a = 0; a < kAcceptsPerRound; ++a) {
     const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-    if (fd < 0) return;  // EAGAIN: none left (or a transient error: the next round)
+    if (fd < 0) {
+      // EAGAIN: none left. Out of descriptors (EMFILE, ENFILE): the pending connection stays
+      // queued and the listener stays readable, so stop polling it for a while instead of
+      // spinning; connections that end meanwhile free descriptors.
+      if (errno == EMFILE || errno == ENFILE) {
+        accept_paused_until_ = now + std::chrono::milliseconds(kAcceptPauseMs);
+      }
+      return;
+    }
     if (static_cast<int>(conns_.size()) >= options_.max_connections) {
       // Full: the connection that has waited longest for its request goes.
       auto oldest = conns_.end();
@@ -331,8 +341,10 @@ void HttpServer::Serve() {
     Clock::time_point now = Clock::now();
     Expire(now);
     sweep();
-    fds.assign({{listen_fd_, POLLIN, 0}, {wake_[0], POLLIN, 0}});
-    int timeout = -1;
+    const bool accepting = now >= accept_paused_until_;
+    fds.assign(
+        {{listen_fd_, static_cast<short>(accepting ? POLLIN : 0), 0}, {wake_[0], POLLIN, 0}});
+    int timeout = accepting ? -1 : MsUntil(accept_paused_until_, now);
     for (const std::unique_ptr<Connection>& c : conns_) {
       const bool writing = c->phase == Connection::Phase::kWriting;
       fds.push_back({c->fd, static_cast<short>(writing ? POLLOUT : POLLIN), 0});

@@ -11,7 +11,8 @@
 //   (else 408 or 400, then close); a body is never read;
 // - the response read within `response_timeout_ms` (else the connection is dropped);
 // - at most `max_connections` open: one more closes the connection that has waited longest
-//   for its request to arrive, so a flood of idle connections cannot lock clients out.
+//   for its request to arrive, so a flood of idle connections cannot lock clients out;
+// - out of file descriptors, the listener rests 100 ms between tries instead of spinning.
 // Handlers run on the server thread, one at a time, so a handler must not block for long.
 // Responses carry no-store caching and a same-origin content policy. The thread has the
 // default stack (civetweb's 100 KiB threads, its predecessor here, overflowed in a worker,
@@ -93,6 +94,7 @@ class HttpServer {
   std::atomic<int> open_{0};
   std::vector<std::unique_ptr<Connection>> conns_;
   uint64_t next_seq_ = 0;
+  Clock::time_point accept_paused_until_{};  // out of descriptors: the listener rests
 };
 
 // Splits "HOST:PORT" ("[::1]:PORT" for IPv6). InvalidArgument naming `flag` otherwise.

@@ -5,7 +5,9 @@
 // wrong method, traversal, idle clients) that must get an error or a closed connection,
 // never a crash or a hang.
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -138,6 +140,52 @@ TEST(HttpServerTest, SlowClientsCostOnlyTheirOwnConnection) {
   for (int i = 0; i < 50 && (*s)->open_connections() > 0; ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   EXPECT_EQ((*s)->open_connections(), 0);
+}
+
+// Out of file descriptors, the server leaves its listener alone instead of spinning on it,
+// and answers the waiting client once a descriptor is free.
+TEST(HttpServerTest, OutOfDescriptorsItWaitsWithoutSpinning) {
+  absl::StatusOr<std::unique_ptr<HttpServer>> s = EchoServer({});
+  ASSERT_TRUE(s.ok()) << s.status();
+  rlimit before{};
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &before), 0);
+  const int client = socket(AF_INET, SOCK_STREAM, 0);  // made while descriptors are left
+  ASSERT_GE(client, 0);
+  // The limit caps descriptor numbers: at the lowest free one, none can be made.
+  const int lowest_free = dup(client);
+  ASSERT_GE(lowest_free, 0);
+  close(lowest_free);
+  rlimit full = before;
+  full.rlim_cur = static_cast<rlim_t>(lowest_free);
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &full), 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>((*s)->port()));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  const bool connected = connect(client, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  const std::string request = "GET /full HTTP/1.1\r\n\r\n";
+  if (connected) (void)send(client, request.data(), request.size(), MSG_NOSIGNAL);
+  rusage r0{}, r1{};
+  getrusage(RUSAGE_SELF, &r0);
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  getrusage(RUSAGE_SELF, &r1);
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &before), 0);
+  ASSERT_TRUE(connected);
+  const auto cpu = [](const rusage& r) {
+    return static_cast<double>(r.ru_utime.tv_sec + r.ru_stime.tv_sec) +
+           static_cast<double>(r.ru_utime.tv_usec + r.ru_stime.tv_usec) / 1e6;
+  };
+  EXPECT_LT(cpu(r1) - cpu(r0), 0.3) << "CPU seconds in one second without a free descriptor";
+  std::string answer;
+  char buf[4096];
+  pollfd p{client, POLLIN, 0};
+  while (poll(&p, 1, 3000) == 1) {
+    const ssize_t n = recv(client, buf, sizeof(buf), 0);
+    if (n <= 0) break;
+    answer.append(buf, static_cast<size_t>(n));
+  }
+  EXPECT_TRUE(absl::EndsWith(answer, "path=/full query=")) << answer;
+  close(client);
 }
 
 class FakeSource : public DashboardSource {
