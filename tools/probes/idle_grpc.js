@@ -4,14 +4,14 @@
 // never send a byte (no TLS handshake: no token needed). Prints once a second for T seconds
 // a List call's answer and latency from a new client, the coordinator's open descriptors
 // and how many idle connections it has closed.
-//   node tools/probes/idle_grpc.js [N=1000] [NOFILE=1024:524288] [T=12]
+//   node tools/probes/idle_grpc.js [N=1000] [NOFILE=1024:] [T=12]   (1024: keeps the hard limit)
 // docs/failure-model.md quotes it for the gRPC port's idle connections.
 'use strict';
 const path = require('node:path'); const fs = require('node:fs'); const os = require('node:os');
 const net = require('node:net');
 const { spawn } = require('node:child_process');
 const { grpc, pkg, coordinatorBin, procStatus } = require('./lib.js');
-const N = parseInt(process.argv[2] || '1000'), NOFILE = process.argv[3] || '1024:524288', T = parseInt(process.argv[4] || '12');
+const N = parseInt(process.argv[2] || '1000'), NOFILE = process.argv[3] || '1024:', T = parseInt(process.argv[4] || '12');
 const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'probe-'));
 const child = spawn('prlimit', [`--nofile=${NOFILE}`, coordinatorBin, '--listen', '127.0.0.1:0', '--state-dir', dir, '--tls', 'on'], { stdio: ['ignore', 'pipe', 'inherit'] });
 let out = '';
