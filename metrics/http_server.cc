@@ -101,7 +101,6 @@ struct HttpServer::Connection {
   enum class Phase { kReading, kWriting, kDraining };
   int fd = -1;
   Phase phase = Phase::kReading;
-  uint64_t seq = 0;  // accept order: the lowest reading one is closed first at the limit
   Clock::time_point deadline;
   std::string in, out;
   size_t sent = 0;
@@ -308,14 +307,12 @@ void HttpServer::Accept(Clock::time_point now) {
       return;
     }
     if (static_cast<int>(conns_.size()) >= options_.max_connections) {
-      // Full: the connection that has waited longest for its request goes.
-      auto oldest = conns_.end();
-      for (auto it = conns_.begin(); it != conns_.end(); ++it) {
-        if ((*it)->phase == Connection::Phase::kReading &&
-            (oldest == conns_.end() || (*it)->seq < (*oldest)->seq)) {
-          oldest = it;
-        }
-      }
+      // Full: the connection that has waited longest for its request goes (conns_ keeps
+      // accept order: connections are appended and erased in place).
+      const auto oldest =
+          std::find_if(conns_.begin(), conns_.end(), [](const std::unique_ptr<Connection>& c) {
+            return c->phase == Connection::Phase::kReading;
+          });
       if (oldest == conns_.end()) {  // every slot is answering: refuse this one
         close(fd);
         continue;
@@ -325,7 +322,6 @@ void HttpServer::Accept(Clock::time_point now) {
     }
     auto c = std::make_unique<Connection>();
     c->fd = fd;
-    c->seq = next_seq_++;
     c->deadline = now + std::chrono::milliseconds(options_.request_timeout_ms);
     conns_.push_back(std::move(c));
   }

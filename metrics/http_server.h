@@ -92,9 +92,8 @@ class HttpServer {
   std::thread thread_;
   int port_ = 0;
   std::atomic<int> open_{0};
-  std::vector<std::unique_ptr<Connection>> conns_;
-  uint64_t next_seq_ = 0;
-  Clock::time_point accept_paused_until_{};  // out of descriptors: the listener rests
+  std::vector<std::unique_ptr<Connection>> conns_;  // in accept order
+  Clock::time_point accept_paused_until_{};         // out of descriptors: the listener rests
 };
 
 // Splits "HOST:PORT" ("[::1]:PORT" for IPv6). InvalidArgument naming `flag` otherwise.
