@@ -94,7 +94,15 @@ Jobs::Entry Jobs::FromStore(StoredJob s, int64_t now) const {
   if (e.job.state() == rackrun::v1::RUNNING && e.job.attempts_size() > 0) {
     const Attempt& a = e.job.attempts(e.job.attempts_size() - 1);
     if (a.state() == rackrun::v1::RUNNING) {
-      for (const auto& r : a.ranks()) e.awaiting_reattach.insert(r.rank());
+      // Ranks that finished before the restart keep their result and are not awaited.
+      for (const JobEvent& ev : e.events) {
+        if (ev.has_rank_done() && ev.attempt() == a.number()) {
+          e.results[ev.rank_done().rank()] = AttemptResult::SUCCEEDED;
+        }
+      }
+      for (const auto& r : a.ranks()) {
+        if (e.results.count(r.rank()) == 0) e.awaiting_reattach.insert(r.rank());
+      }
       e.reattach_deadline_ms = now + options_.reattach_grace_ms;
     }
   }
@@ -520,7 +528,11 @@ absl::StatusOr<Jobs::Ended> Jobs::RankResult(const std::string& job_id, int atte
     out.job = e->job;
     return out;
   }
+  const bool repeated = e->results.count(rank) > 0;  // a retry whose answer was lost
   e->results[rank] = result.outcome();
+  // Its result says it lives (and has ended): after a coordinator restart it is not awaited,
+  // whether or not it registered again first.
+  e->awaiting_reattach.erase(rank);
   switch (result.outcome()) {
     case AttemptResult::FAILED:
       return FailLocked(*e, attempt, failure_of(rackrun::v1::ERROR));
@@ -536,15 +548,21 @@ absl::StatusOr<Jobs::Ended> Jobs::RankResult(const std::string& job_id, int atte
       return absl::InvalidArgumentError(
           "result.outcome: set SUCCEEDED, FAILED, CANCELLED or DRAINED");
   }
-  if (static_cast<int>(e->results.size()) < a.ranks_size()) {
+  JobEvent done;
+  done.set_attempt(attempt);
+  done.mutable_rank_done()->set_rank(rank);
+  done.mutable_rank_done()->set_step(result.step());
+  done.mutable_rank_done()->set_worker_id(placement->worker_id());
+  const bool all_succeeded = static_cast<int>(e->results.size()) == a.ranks_size() &&
+                             std::all_of(e->results.begin(), e->results.end(), [](const auto& r) {
+                               return r.second == AttemptResult::SUCCEEDED;
+                             });
+  if (!all_succeeded) {
+    if (!repeated) {
+      if (absl::Status s = Commit(*e, e->job, {std::move(done)}); !s.ok()) return s;
+    }
     out.job = e->job;
     return out;
-  }
-  for (const auto& [r, outcome] : e->results) {
-    if (outcome != AttemptResult::SUCCEEDED) {
-      out.job = e->job;
-      return out;
-    }
   }
   const int64_t now = clock_();
   Job next = e->job;
@@ -557,6 +575,7 @@ absl::StatusOr<Jobs::Ended> Jobs::RankResult(const std::string& job_id, int atte
                        ? absl::StrCat("succeeded at step ", result.step())
                        : absl::StrCat("succeeded at step ", result.step(), ": ", result.message()));
   std::vector<JobEvent> events;
+  events.push_back(std::move(done));
   events.push_back(MessageEvent(next.message(), attempt));
   events.push_back(StateEvent(rackrun::v1::SUCCEEDED, attempt));
   if (absl::Status s = Commit(*e, std::move(next), std::move(events)); !s.ok()) return s;

@@ -126,7 +126,10 @@ class Jobs {
       const std::string& job_id, const std::vector<rackrun::v1::RankPlacement>& ranks,
       const std::string& placement_note = "");
 
-  // One rank's end of an attempt. Succeeded from every rank ends the job SUCCEEDED;
+  // One rank's end of an attempt. Succeeded from every rank ends the job SUCCEEDED; each
+  // rank's first SUCCEEDED is a stored RankDone event, so that after a coordinator restart
+  // that rank is neither awaited (re-attach) nor asked for its result again, and a result
+  // counts as the rank's re-attach (it may come before the rank registers again);
   // FAILED from a rank fails the attempt (kind ERROR naming it), DRAINED or an unasked
   // CANCELLED fails it with WORKER_CANCELLED. Results for an ended attempt change nothing,
   // with one exception: FAILED from the rank that a HANG verdict named, within

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -366,6 +367,52 @@ TEST_F(JobsTest, ReattachAfterRestartOrLoseWithinGrace) {
   ASSERT_EQ(ended[0].to_cancel.size(), 2u);  // both ranks still owe a result
   EXPECT_EQ(jobs_->Get(kept)->state(), rackrun::v1::RUNNING);
   Events(lost);
+}
+
+// A rank's result is its re-attach: after a coordinator restart a rank that reports before
+// it registers again is not awaited (before, the grace ran out naming it WORKER_LOST while
+// the other rank still ran), and a rank that finished before the restart (a stored RankDone)
+// is neither awaited nor asked again. A result sent twice is one event.
+TEST_F(JobsTest, AFinishedRankIsNeitherAwaitedNorForgottenAcrossARestart) {
+  const std::string before = jobs_->Submit(Spec(2), "before")->job.id();
+  const std::string after = jobs_->Submit(Spec(2), "after")->job.id();
+  ASSERT_TRUE(jobs_->StartAttempt(before, Ranks(2)).ok());
+  ASSERT_TRUE(jobs_->StartAttempt(after, Ranks(2)).ok());
+  ASSERT_TRUE(jobs_->RankResult(before, 1, 1, Result(AttemptResult::SUCCEEDED, 12)).ok());
+  ASSERT_TRUE(jobs_->RankResult(before, 1, 1, Result(AttemptResult::SUCCEEDED, 12)).ok());
+  EXPECT_EQ(jobs_->Get(before)->state(), rackrun::v1::RUNNING);
+  // The coordinator restarts: a new Jobs from the same store.
+  auto all = store_->LoadAll();
+  ASSERT_TRUE(all.ok());
+  jobs_ = std::make_unique<Jobs>(store_.get(), clock_.clock(), Jobs::Options{5000});
+  ASSERT_TRUE(jobs_->Initialize(*std::move(all)).ok());
+  ASSERT_TRUE(jobs_->Reattach(before, 1, 0, Ranks(2)[0]).ok());
+  EXPECT_EQ(jobs_->Reattach(before, 1, 1, Ranks(2)[1]).code(),
+            absl::StatusCode::kFailedPrecondition);  // it has finished
+  // `after`: rank 0's result arrives before it registers again; rank 1 re-attaches.
+  ASSERT_TRUE(jobs_->RankResult(after, 1, 0, Result(AttemptResult::SUCCEEDED, 12)).ok());
+  ASSERT_TRUE(jobs_->Reattach(after, 1, 1, Ranks(2)[1]).ok());
+  EXPECT_EQ(jobs_->Reattach(after, 1, 0, Ranks(2)[0]).code(),
+            absl::StatusCode::kFailedPrecondition);
+  clock_.Advance(5001);
+  EXPECT_TRUE(jobs_->ExpireReattach().empty());
+  EXPECT_EQ(jobs_->Get(before)->state(), rackrun::v1::RUNNING);
+  EXPECT_EQ(jobs_->Get(after)->state(), rackrun::v1::RUNNING);
+  ASSERT_TRUE(jobs_->RankResult(before, 1, 0, Result(AttemptResult::SUCCEEDED, 12)).ok());
+  ASSERT_TRUE(jobs_->RankResult(after, 1, 1, Result(AttemptResult::SUCCEEDED, 12)).ok());
+  EXPECT_EQ(jobs_->Get(before)->state(), rackrun::v1::SUCCEEDED);
+  EXPECT_EQ(jobs_->Get(after)->state(), rackrun::v1::SUCCEEDED);
+  for (const std::string& id : {before, after}) {
+    std::vector<int> done;
+    for (const JobEvent& e : Events(id)) {
+      if (!e.has_rank_done()) continue;
+      done.push_back(e.rank_done().rank());
+      EXPECT_EQ(e.rank_done().step(), 12);
+      EXPECT_EQ(e.attempt(), 1);
+    }
+    std::sort(done.begin(), done.end());
+    EXPECT_EQ(done, (std::vector<int>{0, 1})) << id;
+  }
 }
 
 // The steps of the job's progress events (memory and store agree on them).
