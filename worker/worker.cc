@@ -29,6 +29,26 @@ bool Retryable(const grpc::Status& s) {
          s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
 }
 
+// A result is the one report that must not be lost (the coordinator waits for every rank's),
+// and sending it again is harmless (a repeated result changes nothing): it is given up only
+// on an answer that says the coordinator will never take it. A call cut by a coordinator
+// that dies or restarts can end in CANCELLED, UNKNOWN or INTERNAL as well as UNAVAILABLE,
+// and a store error (INTERNAL, ABORTED) or a full server (RESOURCE_EXHAUSTED) passes.
+bool ReportRetryable(const grpc::Status& s) {
+  switch (s.error_code()) {
+    case grpc::StatusCode::INVALID_ARGUMENT:
+    case grpc::StatusCode::FAILED_PRECONDITION:
+    case grpc::StatusCode::OUT_OF_RANGE:
+    case grpc::StatusCode::PERMISSION_DENIED:
+    case grpc::StatusCode::UNAUTHENTICATED:
+    case grpc::StatusCode::UNIMPLEMENTED:
+    case grpc::StatusCode::ALREADY_EXISTS:
+      return false;
+    default:
+      return true;
+  }
+}
+
 // A device error (jobspec/device.h's parser, runtime/cuda/device_probe.h's checks, which
 // speak of the job spec's field) told as the flag's: "--device cuda:0: <cause>".
 absl::Status DeviceFlagError(const absl::Status& s, const std::string& value) {
@@ -452,16 +472,37 @@ void Worker::ReportResult(const rackrun::v1::RunJob& job,
   request.set_attempt(job.attempt());
   request.set_rank(job.rank());
   *request.mutable_result() = result;
-  const auto give_up = std::chrono::steady_clock::now() + options_.patience;
-  while (true) {
+  const auto start = std::chrono::steady_clock::now();
+  const auto give_up = start + options_.patience;
+  for (int tries = 1;; ++tries) {
     rackrun::v1::ReportResponse response;
     std::unique_ptr<grpc::ClientContext> context = connection_->NewContext();
     const grpc::Status s = connection_->stub()->Report(context.get(), request, &response);
-    if (s.ok()) return;
+    if (s.ok()) {
+      if (tries > 1) {
+        std::fprintf(
+            stderr,
+            "rackrun-worker: the result of job %s attempt %d reached the coordinator "
+            "after %d tries (%.1f s)\n",
+            job.job_id().c_str(), job.attempt(), tries,
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+      }
+      return;
+    }
+    if (tries == 1) {
+      std::fprintf(
+          stderr,
+          "rackrun-worker: reporting the result of job %s attempt %d: %s (%s); "
+          "trying again every 300 ms for up to %lld s\n",
+          job.job_id().c_str(), job.attempt(), s.error_message().c_str(),
+          absl::StatusCodeToString(FromGrpc(s).code()).c_str(),
+          static_cast<long long>(
+              std::chrono::duration_cast<std::chrono::seconds>(options_.patience).count()));
+    }
     if (s.error_code() == grpc::StatusCode::NOT_FOUND) {
       (void)Register(/*again=*/true);
       request.set_worker_id(worker_id());
-    } else if (!Retryable(s) || std::chrono::steady_clock::now() > give_up) {
+    } else if (!ReportRetryable(s) || std::chrono::steady_clock::now() > give_up) {
       std::fprintf(stderr, "rackrun-worker: could not report the result of job %s: %s\n",
                    job.job_id().c_str(), s.error_message().c_str());
       return;

@@ -572,6 +572,15 @@ TEST_F(DaemonsTest, CoordinatorDownWhileTheJobEndsLosesNothing) {
   const json job = WaitState(id, "SUCCEEDED", std::chrono::seconds(60));
   EXPECT_EQ(job.value("state", ""), "SUCCEEDED") << job.dump();
   EXPECT_EQ(job["attempts"].size(), 1u) << job.dump();
+  // Each worker's log tells the report's way: refused while the coordinator was down, then
+  // delivered after some tries (what a failure here would need to be understood).
+  for (int w = 0; w < 2; ++w) {
+    const std::string worker_log =
+        ::rackrun::testing::Slurp(dir_ / ("worker" + std::to_string(w) + ".log"));
+    EXPECT_THAT(worker_log, HasSubstr("trying again every 300 ms")) << "worker " << w;
+    EXPECT_THAT(worker_log, ::testing::ContainsRegex("reached the coordinator after [0-9]+ tries"))
+        << "worker " << w;
+  }
 }
 
 // A worker's connections deliver nothing (a TcpRelay freezes what the coordinator sends on
