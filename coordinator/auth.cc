@@ -159,18 +159,28 @@ std::optional<Role> TokenAuth::RoleOf(std::string_view header) const {
   return found;
 }
 
+namespace {
+
+grpc::Status MissingToken() {
+  return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                      "missing the cluster token: send metadata 'authorization: Bearer <token>' "
+                      "(the tokens are in the coordinator's state folder: token-user, "
+                      "token-worker, token-readonly, or the admin token 'token')");
+}
+
+grpc::Status WrongToken() {
+  return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "wrong cluster token");
+}
+
+}  // namespace
+
 grpc::Status TokenAuth::Check(const grpc::ServerContext& context, Access access,
                               std::string_view method) const {
   const auto& md = context.client_metadata();
   auto it = md.find("authorization");
-  if (it == md.end()) {
-    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
-                        "missing the cluster token: send metadata 'authorization: Bearer <token>' "
-                        "(the tokens are in the coordinator's state folder: token-user, "
-                        "token-worker, token-readonly, or the admin token 'token')");
-  }
+  if (it == md.end()) return MissingToken();
   const std::optional<Role> role = RoleOf(std::string_view(it->second.data(), it->second.size()));
-  if (!role) return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "wrong cluster token");
+  if (!role) return WrongToken();
   if (RoleMay(*role, access)) return grpc::Status::OK;
   const char* needed = access == Access::kJobs ? "user" : "worker";
   return grpc::Status(
@@ -178,6 +188,25 @@ grpc::Status TokenAuth::Check(const grpc::ServerContext& context, Access access,
       absl::StrCat(absl::string_view(method.data(), method.size()), " needs the ", needed,
                    " role (the coordinator's token-", needed,
                    " or its admin token); this token has the ", RoleName(*role), " role"));
+}
+
+bool TokenGate::Open(std::string_view path) {
+  return path.starts_with("/grpc.health.v1.Health/") ||
+         path.starts_with("/grpc.reflection.v1alpha.ServerReflection/") ||
+         path.starts_with("/grpc.reflection.v1.ServerReflection/");
+}
+
+grpc::Status TokenGate::Process(const InputMetadata& metadata, grpc::AuthContext* /*context*/,
+                                OutputMetadata* /*consumed*/, OutputMetadata* /*response*/) {
+  const auto path = metadata.find(":path");
+  if (path != metadata.end() && Open(std::string_view(path->second.data(), path->second.size()))) {
+    return grpc::Status::OK;
+  }
+  // Every `authorization` value is looked at, as the handler's check takes the first.
+  const auto [first, last] = metadata.equal_range("authorization");
+  if (first == last) return MissingToken();
+  const std::string_view header(first->second.data(), first->second.size());
+  return auth_.RoleOf(header).has_value() ? grpc::Status::OK : WrongToken();
 }
 
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(

@@ -218,6 +218,7 @@ absl::Status CoordinatorServer::SetUpStateAndCredentials() {
   absl::StatusOr<TlsSetup> tls = SetUpTls(options_, *tokens, /*renew=*/false);
   if (!tls.ok()) return tls.status();
   tls_ = *std::move(tls);
+  if (tls_.tls) tls_.credentials->SetAuthMetadataProcessor(std::make_shared<TokenGate>(*tokens));
   auth_ = std::make_unique<TokenAuth>(*std::move(tokens));
   return absl::OkStatus();
 }

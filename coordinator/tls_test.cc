@@ -2,11 +2,14 @@
 // a real CoordinatorServer with --tls=on reached through a join token: the pinned CA fetch
 // (right and wrong pins) and calls over the verified channel.
 #include <gmock/gmock.h>
+#include <grpcpp/generic/generic_stub.h>
 #include <gtest/gtest.h>
 #include <stdlib.h>
 #include <sys/stat.h>
 
+#include <chrono>
 #include <filesystem>
+#include <utility>
 
 #include "absl/strings/ascii.h"
 #include "base/file.h"
@@ -161,6 +164,63 @@ TEST(TlsServerTest, AJoinTokenPinsTheCaAndAWrongPinIsRefused) {
   ASSERT_FALSE(pinned_wrong.ok());
   EXPECT_THAT(std::string(pinned_wrong.status().message()),
               HasSubstr("join token from RACKRUN_TOKEN"));
+  (*server)->Shutdown();
+}
+
+// A call is refused at its headers when its token is missing or wrong (TokenGate): a peer
+// without a token can no longer hold calls open by never sending their message (each held
+// ~12 KB of the coordinator). A call with a token that sends no message still waits for it
+// (until its deadline); the health service still answers without a token.
+TEST(TlsServerTest, ACallWithoutAValidTokenIsRefusedAtItsHeaders) {
+  testing::ScratchDir dir;
+  ServerOptions o = Options(dir.path() + "/state", "127.0.0.1:0");
+  o.tls = TlsMode::kOn;
+  auto server = CoordinatorServer::Start(o);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::string address = "127.0.0.1:" + std::to_string((*server)->port());
+  const std::string join = std::string(
+      absl::StripAsciiWhitespace(*base::ReadWholeFile(o.state_dir + "/join-token-worker")));
+  setenv("RACKRUN_TOKEN", join.c_str(), 1);
+  auto open = rpc::OpenCoordinatorChannel(address, "", {});
+  unsetenv("RACKRUN_TOKEN");
+  ASSERT_TRUE(open.ok()) << open.status();
+  EXPECT_EQ(rpc::CheckHealth(open->channel, std::chrono::seconds(5)), 1);  // no token needed
+
+  grpc::GenericStub generic(open->channel);
+  // Sends the headers of a Register call (with `header` as its authorization, if any) and
+  // never its message; the status and how long it took to come.
+  const auto headers_only = [&](const std::string& header) {
+    grpc::CompletionQueue cq;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(1500));
+    if (!header.empty()) ctx.AddMetadata("authorization", header);
+    const auto start = std::chrono::steady_clock::now();
+    std::unique_ptr<grpc::GenericClientAsyncReaderWriter> call =
+        generic.PrepareCall(&ctx, "/rackrun.v1.RackControl/Register", &cq);
+    grpc::Status status;
+    call->StartCall(reinterpret_cast<void*>(1));
+    call->Finish(&status, reinterpret_cast<void*>(2));
+    void* tag = nullptr;
+    bool ok = false;
+    while (cq.Next(&tag, &ok) && tag != reinterpret_cast<void*>(2)) {
+    }
+    cq.Shutdown();
+    while (cq.Next(&tag, &ok)) {
+    }
+    return std::make_pair(status, std::chrono::steady_clock::now() - start);
+  };
+  const auto [none, none_took] = headers_only("");
+  EXPECT_EQ(none.error_code(), grpc::StatusCode::UNAUTHENTICATED) << none.error_message();
+  EXPECT_THAT(none.error_message(), HasSubstr("missing the cluster token"));
+  EXPECT_LT(none_took, std::chrono::milliseconds(1000));
+  const auto [wrong, wrong_took] = headers_only("Bearer 0000");
+  EXPECT_EQ(wrong.error_code(), grpc::StatusCode::UNAUTHENTICATED) << wrong.error_message();
+  EXPECT_THAT(wrong.error_message(), HasSubstr("wrong cluster token"));
+  EXPECT_LT(wrong_took, std::chrono::milliseconds(1000));
+  // The right token passes the gate and the call waits for its message.
+  const auto [right, right_took] = headers_only("Bearer " + open->token.token);
+  EXPECT_EQ(right.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << right.error_message();
+  EXPECT_GE(right_took, std::chrono::milliseconds(1000));
   (*server)->Shutdown();
 }
 
