@@ -34,8 +34,13 @@ bool Retryable(const grpc::Status& s) {
 // on an answer that says the coordinator will never take it. A call cut by a coordinator
 // that dies or restarts can end in CANCELLED, UNKNOWN or INTERNAL as well as UNAVAILABLE,
 // and a store error (INTERNAL, ABORTED) or a full server (RESOURCE_EXHAUSTED) passes.
+// NOT_FOUND is final: a serving coordinator has replayed its store, and it does not know
+// the job, attempt or rank (a report needs no registration). Before, it was retried every
+// 300 ms for ever, and a worker whose coordinator came back with its job store replaced
+// never ran another job.
 bool ReportRetryable(const grpc::Status& s) {
   switch (s.error_code()) {
+    case grpc::StatusCode::NOT_FOUND:
     case grpc::StatusCode::INVALID_ARGUMENT:
     case grpc::StatusCode::FAILED_PRECONDITION:
     case grpc::StatusCode::OUT_OF_RANGE:
@@ -489,6 +494,17 @@ void Worker::ReportResult(const rackrun::v1::RunJob& job,
       }
       return;
     }
+    if (!ReportRetryable(s) || std::chrono::steady_clock::now() > give_up) {
+      std::fprintf(stderr,
+                   "rackrun-worker: could not report the result of job %s attempt %d (%s): %s%s\n",
+                   job.job_id().c_str(), job.attempt(),
+                   absl::StatusCodeToString(FromGrpc(s).code()).c_str(), s.error_message().c_str(),
+                   s.error_code() == grpc::StatusCode::NOT_FOUND
+                       ? "; the coordinator does not know that attempt (its job store was "
+                         "replaced?), so the result is dropped"
+                       : "");
+      return;
+    }
     if (tries == 1) {
       std::fprintf(
           stderr,
@@ -498,14 +514,6 @@ void Worker::ReportResult(const rackrun::v1::RunJob& job,
           absl::StatusCodeToString(FromGrpc(s).code()).c_str(),
           static_cast<long long>(
               std::chrono::duration_cast<std::chrono::seconds>(options_.patience).count()));
-    }
-    if (s.error_code() == grpc::StatusCode::NOT_FOUND) {
-      (void)Register(/*again=*/true);
-      request.set_worker_id(worker_id());
-    } else if (!ReportRetryable(s) || std::chrono::steady_clock::now() > give_up) {
-      std::fprintf(stderr, "rackrun-worker: could not report the result of job %s: %s\n",
-                   job.job_id().c_str(), s.error_message().c_str());
-      return;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
   }

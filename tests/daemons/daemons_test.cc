@@ -583,6 +583,35 @@ TEST_F(DaemonsTest, CoordinatorDownWhileTheJobEndsLosesNothing) {
   }
 }
 
+// The coordinator comes back without its job store (its database lost or replaced) while a
+// job runs: the workers, which register again naming the job, are told it does not run
+// there, stop it and report; the coordinator does not know the attempt (NOT_FOUND), which is
+// final, so the result is dropped and the workers run the next job. Before, a worker retried
+// that report every 300 ms for ever (NOT_FOUND made it register again and retry) and never
+// ran another job: the next one stayed QUEUED.
+TEST_F(DaemonsTest, ACoordinatorBackWithoutItsJobStoreFreesItsWorkers) {
+  StartCoordinator();
+  StartWorker(0);
+  StartWorker(1);
+  WaitIdle(2);
+  const std::string id = Submit("--set training.steps=100000", "submit-lost");
+  WaitStep(id, 2);
+  coordinator_->Signal(SIGKILL);
+  coordinator_->Wait(std::chrono::seconds(10));
+  for (const char* file : {"coordinator.db", "coordinator.db-wal", "coordinator.db-shm"}) {
+    std::filesystem::remove(dir_ / "state" / file);
+  }
+  StartCoordinator();
+  const std::string next = Submit("--set training.steps=3", "submit-next");
+  const json job = WaitState(next, "SUCCEEDED", std::chrono::seconds(60));
+  EXPECT_EQ(job.value("state", ""), "SUCCEEDED") << job.dump();
+  for (int w = 0; w < 2; ++w) {
+    EXPECT_THAT(::rackrun::testing::Slurp(dir_ / ("worker" + std::to_string(w) + ".log")),
+                HasSubstr("so the result is dropped"))
+        << "worker " << w;
+  }
+}
+
 // A worker's connections deliver nothing (a TcpRelay freezes what the coordinator sends on
 // them, as a link that drops data does while TCP retransmits into it; nothing closes them
 // for the keepalive's 20 s): its unary calls move to a new connection by themselves, and
