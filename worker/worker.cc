@@ -258,7 +258,13 @@ void Worker::StreamLoop() {
       // The stream broke: the coordinator restarted or the network hiccupped. Register
       // again (re-attaching the in-flight job) once it answers.
       std::this_thread::sleep_for(std::chrono::milliseconds(200));
-      if (absl::Status s = Register(/*again=*/true); !s.ok()) continue;
+      if (absl::Status s = Register(/*again=*/true); !s.ok()) {
+        if (s.code() == absl::StatusCode::kUnauthenticated ||
+            s.code() == absl::StatusCode::kPermissionDenied) {
+          Refused(s);
+        }
+        continue;
+      }
     }
     first = false;
     rackrun::v1::AssignmentsRequest request;
@@ -410,6 +416,10 @@ void Worker::HeartbeatLoop() {
         missed = 0;
       }
       if (s.error_code() == grpc::StatusCode::NOT_FOUND) (void)Register(/*again=*/true);
+      if (s.error_code() == grpc::StatusCode::UNAUTHENTICATED ||
+          s.error_code() == grpc::StatusCode::PERMISSION_DENIED) {
+        Refused(FromGrpc(s));
+      }
       if (s.ok() && (response.stream_closed() || response.stream_stalled())) {
         ReopenStream(epoch, /*stalled=*/!response.stream_closed());
       }
@@ -533,7 +543,33 @@ absl::Status Worker::Serve() {
   start_delay_ = options_.start_delay;
   while (std::optional<rackrun::v1::RunJob> job = NextJob()) RunJob(*job);
   Leave();
-  return absl::OkStatus();
+  std::lock_guard<std::mutex> lock(mu_);
+  return refused_.value_or(absl::OkStatus());
+}
+
+absl::Status Worker::RefusalStatus(const absl::Status& s) const {
+  const std::string from = absl::StrCat(" the token from ", connection_->token_source());
+  const std::string fix =
+      "; use the token file of the coordinator's --state-dir (--token-file) or set "
+      "RACKRUN_TOKEN";
+  if (s.code() == absl::StatusCode::kPermissionDenied) {
+    return absl::PermissionDeniedError(absl::StrCat("the coordinator at ", connection_->address(),
+                                                    " denied", from, " (", s.message(), ")", fix,
+                                                    " (a worker needs the worker role)"));
+  }
+  return absl::UnauthenticatedError(absl::StrCat("the coordinator at ", connection_->address(),
+                                                 " refused", from, " (", s.message(), ")", fix));
+}
+
+void Worker::Refused(const absl::Status& s) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (refused_.has_value()) return;
+    refused_ = RefusalStatus(s);
+    std::fprintf(stderr, "rackrun-worker: %s; shutting down\n",
+                 std::string(refused_->message()).c_str());
+  }
+  Shutdown();
 }
 
 absl::StatusOr<bool> Worker::RegisterAtStart() {
@@ -542,12 +578,9 @@ absl::StatusOr<bool> Worker::RegisterAtStart() {
   while (true) {
     absl::Status s = Register(/*again=*/false);
     if (s.ok()) return true;
-    if (s.code() == absl::StatusCode::kUnauthenticated) {
-      return absl::UnauthenticatedError(absl::StrCat(
-          "the coordinator at ", connection_->address(), " refused the token from ",
-          connection_->token_source(),
-          "; use the token file of the coordinator's --state-dir (--token-file) or set "
-          "RACKRUN_TOKEN"));
+    if (s.code() == absl::StatusCode::kUnauthenticated ||
+        s.code() == absl::StatusCode::kPermissionDenied) {
+      return RefusalStatus(s);
     }
     if (s.code() != absl::StatusCode::kUnavailable &&
         s.code() != absl::StatusCode::kDeadlineExceeded) {
@@ -664,8 +697,13 @@ void Worker::Leave() {
   request.set_reason("shutdown (signal)");
   rackrun::v1::DeregisterResponse response;
   std::unique_ptr<grpc::ClientContext> context = connection_->NewContext();
-  (void)connection_->stub()->Deregister(context.get(), request, &response);
-  std::printf("rackrun-worker: %s: deregistered, exiting\n", worker_id().c_str());
+  const grpc::Status s = connection_->stub()->Deregister(context.get(), request, &response);
+  if (s.ok()) {
+    std::printf("rackrun-worker: %s: deregistered, exiting\n", worker_id().c_str());
+  } else {
+    std::printf("rackrun-worker: %s: could not deregister (%s), exiting\n", worker_id().c_str(),
+                s.error_message().c_str());
+  }
   std::fflush(stdout);
 }
 

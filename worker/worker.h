@@ -91,8 +91,10 @@ class Worker {
   static absl::StatusOr<std::unique_ptr<Worker>> Create(const WorkerOptions& options);
   ~Worker();
 
-  // Registers and serves until Shutdown() has drained the worker (OK) or the coordinator
-  // stayed unreachable for `patience` at start (Unavailable with one actionable line).
+  // Registers and serves until Shutdown() has drained the worker (OK), the coordinator
+  // stayed unreachable for `patience` at start (Unavailable with one actionable line), or it
+  // refused the worker's token or role, at start or later (Unauthenticated or
+  // PermissionDenied naming the token's source; a later refusal drains the worker first).
   absl::Status Serve();
   // Thread-safe; not async-signal-safe (call it from a thread that waits for signals).
   void Shutdown();
@@ -131,6 +133,13 @@ class Worker {
   bool HasRunLocked(const rackrun::v1::RunJob& run) const;
   // Ends the stream and heartbeat threads (Serve before it deregisters, the destructor).
   void StopThreads();
+  // The coordinator refused this registered worker's token (UNAUTHENTICATED) or its role
+  // (PERMISSION_DENIED): its tokens changed (rotated, or a new state folder). Nothing this
+  // worker sends will be taken, so it says so once and shuts down as on SIGTERM, and Serve
+  // returns the refusal. Before, it went on for ever, silent, registered nowhere.
+  void Refused(const absl::Status& s);
+  // One line for a refused token or role: the address, the token's source, the fix.
+  absl::Status RefusalStatus(const absl::Status& s) const;
   void ReportResult(const rackrun::v1::RunJob& job, const rackrun::v1::AttemptResult& result);
   // Reports attempts that never started (cancelled while queued, or queued at shutdown).
   void ReportUnstarted(const std::vector<rackrun::v1::RunJob>& jobs,
@@ -159,6 +168,7 @@ class Worker {
   std::shared_ptr<JobRunner> running_;   // guarded by mu_
   std::shared_ptr<JobRunner> finished_;  // the last one (job thread only): its metrics stay
   bool draining_ = false;                // guarded by mu_
+  std::optional<absl::Status> refused_;  // guarded by mu_: Refused's, Serve's result
   bool stopped_ = false;                 // guarded by mu_: threads end
   grpc::ClientContext* stream_context_ = nullptr;  // guarded by mu_
   std::shared_ptr<Connection::Stub> stream_stub_;  // guarded by mu_: the open stream's

@@ -612,6 +612,29 @@ TEST_F(DaemonsTest, ACoordinatorBackWithoutItsJobStoreFreesItsWorkers) {
   }
 }
 
+// The coordinator comes back with new tokens (the admin token file deleted: it makes a new
+// one at start, as when an operator rotates them) while the workers run a job: their tokens
+// are refused, so each says so naming its token file, drains and exits 1. Before, a worker
+// went on for ever, registered nowhere and silent ("heartbeats resumed", then nothing).
+TEST_F(DaemonsTest, WorkersWhoseTokenTheCoordinatorNoLongerTakesSaySoAndExit) {
+  StartCoordinator();
+  StartWorker(0);
+  StartWorker(1);
+  WaitIdle(2);
+  const std::string id = Submit("--set training.steps=100000", "submit-rotated");
+  WaitStep(id, 2);
+  coordinator_->Signal(SIGKILL);
+  coordinator_->Wait(std::chrono::seconds(10));
+  std::filesystem::remove(dir_ / "state" / "token");
+  StartCoordinator();
+  for (int w = 0; w < 2; ++w) {
+    EXPECT_EQ(workers_[w]->Wait(Scaled(std::chrono::seconds(30))), 1) << "worker " << w;
+    EXPECT_THAT(::rackrun::testing::Slurp(dir_ / ("worker" + std::to_string(w) + ".log")),
+                HasSubstr("refused the token from " + (dir_ / "state" / "token").string()))
+        << "worker " << w;
+  }
+}
+
 // A worker's connections deliver nothing (a TcpRelay freezes what the coordinator sends on
 // them, as a link that drops data does while TCP retransmits into it; nothing closes them
 // for the keepalive's 20 s): its unary calls move to a new connection by themselves, and
