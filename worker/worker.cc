@@ -247,8 +247,38 @@ absl::Status Worker::Register(bool again) {
   return absl::OkStatus();
 }
 
+bool Worker::RegisterAgain(absl::StatusCode* told) {
+  const absl::Status s = Register(/*again=*/true);
+  if (s.ok()) {
+    if (*told != absl::StatusCode::kOk) {
+      std::fprintf(stderr, "rackrun-worker: registered again with %s\n",
+                   connection_->address().c_str());
+      *told = absl::StatusCode::kOk;
+    }
+    return true;
+  }
+  if (s.code() == absl::StatusCode::kUnauthenticated ||
+      s.code() == absl::StatusCode::kPermissionDenied) {
+    Refused(s);
+  } else if (s.code() != *told && s.code() != absl::StatusCode::kUnavailable &&
+             s.code() != absl::StatusCode::kDeadlineExceeded &&
+             s.code() != absl::StatusCode::kCancelled) {
+    // Not the coordinator being away (the heartbeats say that) nor this worker stopping: a
+    // refusal it may lift (its --max-workers, a rack label it now rejects). Said once a
+    // kind; tried every 200 ms.
+    std::fprintf(stderr,
+                 "rackrun-worker: registering again with %s failed (%s): %s; trying again "
+                 "every 200 ms\n",
+                 connection_->address().c_str(), absl::StatusCodeToString(s.code()).c_str(),
+                 std::string(s.message()).c_str());
+    *told = s.code();
+  }
+  return false;
+}
+
 void Worker::StreamLoop() {
   bool first = true;
+  absl::StatusCode told = absl::StatusCode::kOk;  // RegisterAgain's: the failure last said
   while (true) {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -258,13 +288,7 @@ void Worker::StreamLoop() {
       // The stream broke: the coordinator restarted or the network hiccupped. Register
       // again (re-attaching the in-flight job) once it answers.
       std::this_thread::sleep_for(std::chrono::milliseconds(200));
-      if (absl::Status s = Register(/*again=*/true); !s.ok()) {
-        if (s.code() == absl::StatusCode::kUnauthenticated ||
-            s.code() == absl::StatusCode::kPermissionDenied) {
-          Refused(s);
-        }
-        continue;
-      }
+      if (!RegisterAgain(&told)) continue;
     }
     first = false;
     rackrun::v1::AssignmentsRequest request;

@@ -120,6 +120,10 @@ class Worker {
   void Leave();
   void ReportCancelledUnstarted();
   void StreamLoop();
+  // StreamLoop's Register(again): true once registered. A refused token ends the worker
+  // (Refused); another failure that is not the coordinator being away is said once a kind
+  // (`told`: the last said, kOk after a success, which is said too).
+  bool RegisterAgain(absl::StatusCode* told);
   void HeartbeatLoop();
   // The coordinator says the stream open when heartbeat `epoch` was sent is closed there, or
   // (`stalled`) that an assignment it wrote into it never arrived: cancel it (StreamLoop

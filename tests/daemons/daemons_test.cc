@@ -635,6 +635,39 @@ TEST_F(DaemonsTest, WorkersWhoseTokenTheCoordinatorNoLongerTakesSaySoAndExit) {
   }
 }
 
+// The coordinator comes back with a lower --max-workers: the worker it turns away says so
+// once, with the coordinator's words (the limit and what to do), and keeps trying; before,
+// it retried in silence. The other registers again and stays usable.
+TEST_F(DaemonsTest, AWorkerTurnedAwayWhenRegisteringAgainSaysWhy) {
+  StartCoordinator();
+  StartWorker(0);
+  StartWorker(1);
+  WaitIdle(2);
+  coordinator_->Signal(SIGKILL);
+  coordinator_->Wait(std::chrono::seconds(10));
+  StartCoordinator({"--max-workers", "1"});
+  WaitIdle(1);
+  const auto told = [&](int w) {
+    const std::string text =
+        ::rackrun::testing::Slurp(dir_ / ("worker" + std::to_string(w) + ".log"));
+    const std::string line = "registering again with " + address_ + " failed (RESOURCE_EXHAUSTED)";
+    const size_t at = text.find(line);
+    if (at == std::string::npos) return 0;
+    return text.find(line, at + 1) == std::string::npos ? 1 : 2;
+  };
+  const auto by = Clock::now() + Scaled(std::chrono::seconds(20));
+  while (told(0) + told(1) == 0 && Clock::now() < by) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  std::this_thread::sleep_for(std::chrono::seconds(1));  // five more tries: still said once
+  EXPECT_EQ(told(0) + told(1), 1) << "one worker is turned away, and says so once";
+  for (int w = 0; w < 2; ++w) {
+    if (told(w) == 0) continue;
+    EXPECT_THAT(::rackrun::testing::Slurp(dir_ / ("worker" + std::to_string(w) + ".log")),
+                HasSubstr("--max-workers 1"));
+  }
+}
+
 // A worker's connections deliver nothing (a TcpRelay freezes what the coordinator sends on
 // them, as a link that drops data does while TCP retransmits into it; nothing closes them
 // for the keepalive's 20 s): its unary calls move to a new connection by themselves, and
