@@ -555,14 +555,17 @@ TEST_F(DaemonsTest, CoordinatorDownWhileTheJobEndsLosesNothing) {
   WaitIdle(2);
   const fs::path log = dir_ / "ending.jsonl";
   const std::string id =
-      Submit("--set training.steps=12 --set logging.json=" + log.string(), "submit-ending");
+      Submit("--set training.steps=40 --set logging.json=" + log.string(), "submit-ending");
+  // 40 steps: the kill must come before the end. Under TSan the CLI's status call took long
+  // enough for 12 steps to end first (a CI rehearsal of 2026-12-06: the results were
+  // delivered before the kill, so the scenario was not run at all).
   WaitStep(id, 3);
   coordinator_->Signal(SIGKILL);
   coordinator_->Wait(std::chrono::seconds(10));
   std::string text;
   // Generous: under TSan a step of this model takes ~0.6 s.
   ASSERT_FALSE(
-      WaitForText(log, std::regex("\\{\"step\": 12,"), &text, Scaled(std::chrono::seconds(120)))
+      WaitForText(log, std::regex("\\{\"step\": 40,"), &text, Scaled(std::chrono::seconds(120)))
           .empty())
       << "rank 0 did not finish training while the coordinator was down: " << text;
   // Longer than the hang timeout (3 s, scaled) in the reporting phase before the
