@@ -116,30 +116,52 @@ TEST(TlsSetupTest, ExpiryWarningsNameTheRenewalCommand) {
   EXPECT_THAT(w[0], HasSubstr("--renew-certs"));
 }
 
+// A coordinator with TLS on (its automatic CA) on a free loopback port, state in DIR/state.
+struct TlsServer {
+  ServerOptions options;
+  std::unique_ptr<CoordinatorServer> server;
+  std::string address;
+};
+absl::StatusOr<TlsServer> StartTlsServer(const std::string& dir) {
+  TlsServer t;
+  t.options = Options(dir + "/state", "127.0.0.1:0");
+  t.options.tls = TlsMode::kOn;
+  absl::StatusOr<std::unique_ptr<CoordinatorServer>> server = CoordinatorServer::Start(t.options);
+  if (!server.ok()) return server.status();
+  t.server = *std::move(server);
+  t.address = "127.0.0.1:" + std::to_string(t.server->port());
+  return t;
+}
+
+// The CLI's and the worker's path: the join token of `file` (in the state folder) as
+// RACKRUN_TOKEN, nothing else.
+absl::StatusOr<rpc::CoordinatorClientChannel> OpenWithJoinToken(const TlsServer& t,
+                                                                const std::string& file) {
+  const std::string join = std::string(
+      absl::StripAsciiWhitespace(*base::ReadWholeFile(t.options.state_dir + "/" + file)));
+  setenv("RACKRUN_TOKEN", join.c_str(), 1);
+  auto open = rpc::OpenCoordinatorChannel(t.address, "", {});
+  unsetenv("RACKRUN_TOKEN");
+  return open;
+}
+
 TEST(TlsServerTest, AJoinTokenPinsTheCaAndAWrongPinIsRefused) {
   testing::ScratchDir dir;
-  ServerOptions o = Options(dir.path() + "/state", "127.0.0.1:0");
-  o.tls = TlsMode::kOn;
-  auto server = CoordinatorServer::Start(o);
-  ASSERT_TRUE(server.ok()) << server.status();
-  const std::string address = "127.0.0.1:" + std::to_string((*server)->port());
-  const std::string ca = *base::ReadWholeFile(o.state_dir + "/ca.crt");
+  absl::StatusOr<TlsServer> t = StartTlsServer(dir.path());
+  ASSERT_TRUE(t.ok()) << t.status();
+  const std::string& address = t->address;
+  const std::string ca = *base::ReadWholeFile(t->options.state_dir + "/ca.crt");
 
-  auto fetched = rpc::FetchPinnedCa(address, (*server)->tls().ca_sha256, std::chrono::seconds(5));
+  auto fetched = rpc::FetchPinnedCa(address, t->server->tls().ca_sha256, std::chrono::seconds(5));
   ASSERT_TRUE(fetched.ok()) << fetched.status();
-  EXPECT_EQ(*rpc::CertificateSha256(*fetched), (*server)->tls().ca_sha256);
+  EXPECT_EQ(*rpc::CertificateSha256(*fetched), t->server->tls().ca_sha256);
   EXPECT_EQ(*fetched, ca);
   auto wrong = rpc::FetchPinnedCa(address, std::string(64, '0'), std::chrono::seconds(5));
   ASSERT_FALSE(wrong.ok());
   EXPECT_EQ(wrong.status().code(), absl::StatusCode::kPermissionDenied);
   EXPECT_THAT(std::string(wrong.status().message()), HasSubstr("another coordinator"));
 
-  // The CLI's and the worker's path: the join token as RACKRUN_TOKEN, nothing else.
-  const std::string join = std::string(
-      absl::StripAsciiWhitespace(*base::ReadWholeFile(o.state_dir + "/join-token-readonly")));
-  setenv("RACKRUN_TOKEN", join.c_str(), 1);
-  auto open = rpc::OpenCoordinatorChannel(address, "", {});
-  unsetenv("RACKRUN_TOKEN");
+  auto open = OpenWithJoinToken(*t, "join-token-readonly");
   ASSERT_TRUE(open.ok()) << open.status();
   EXPECT_EQ(rpc::CheckHealth(open->channel, std::chrono::seconds(5)), 1);
   auto stub = rackrun::v1::JobService::NewStub(open->channel);
@@ -164,7 +186,7 @@ TEST(TlsServerTest, AJoinTokenPinsTheCaAndAWrongPinIsRefused) {
   ASSERT_FALSE(pinned_wrong.ok());
   EXPECT_THAT(std::string(pinned_wrong.status().message()),
               HasSubstr("join token from RACKRUN_TOKEN"));
-  (*server)->Shutdown();
+  t->server->Shutdown();
 }
 
 // A call is refused at its headers when its token is missing or wrong (TokenGate): a peer
@@ -173,16 +195,9 @@ TEST(TlsServerTest, AJoinTokenPinsTheCaAndAWrongPinIsRefused) {
 // (until its deadline); the health service still answers without a token.
 TEST(TlsServerTest, ACallWithoutAValidTokenIsRefusedAtItsHeaders) {
   testing::ScratchDir dir;
-  ServerOptions o = Options(dir.path() + "/state", "127.0.0.1:0");
-  o.tls = TlsMode::kOn;
-  auto server = CoordinatorServer::Start(o);
-  ASSERT_TRUE(server.ok()) << server.status();
-  const std::string address = "127.0.0.1:" + std::to_string((*server)->port());
-  const std::string join = std::string(
-      absl::StripAsciiWhitespace(*base::ReadWholeFile(o.state_dir + "/join-token-worker")));
-  setenv("RACKRUN_TOKEN", join.c_str(), 1);
-  auto open = rpc::OpenCoordinatorChannel(address, "", {});
-  unsetenv("RACKRUN_TOKEN");
+  absl::StatusOr<TlsServer> t = StartTlsServer(dir.path());
+  ASSERT_TRUE(t.ok()) << t.status();
+  auto open = OpenWithJoinToken(*t, "join-token-worker");
   ASSERT_TRUE(open.ok()) << open.status();
   EXPECT_EQ(rpc::CheckHealth(open->channel, std::chrono::seconds(5)), 1);  // no token needed
 
@@ -221,7 +236,7 @@ TEST(TlsServerTest, ACallWithoutAValidTokenIsRefusedAtItsHeaders) {
   const auto [right, right_took] = headers_only("Bearer " + open->token.token);
   EXPECT_EQ(right.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << right.error_message();
   EXPECT_GE(right_took, std::chrono::milliseconds(1000));
-  (*server)->Shutdown();
+  t->server->Shutdown();
 }
 
 }  // namespace

@@ -56,6 +56,18 @@ class DaemonsTest : public ::rackrun::testing::DaemonFixture {
   // 400 steps: long enough that a drain (a signal, or a launcher's death that the worker
   // notices within 200 ms) lands mid-job on a quiet machine too, where a step takes ~4 ms
   // (60 steps once finished before the worker saw its launcher die).
+  // A coordinator and two workers that run a long job (past its step 2) until the
+  // coordinator is killed (-9); the tests then bring it back changed.
+  void KillTheCoordinatorWhileTwoWorkersRunAJob() {
+    StartCoordinator();
+    StartWorker(0);
+    StartWorker(1);
+    WaitIdle(2);
+    WaitStep(Submit("--set training.steps=100000", "submit-long"), 2);
+    coordinator_->Signal(SIGKILL);
+    coordinator_->Wait(std::chrono::seconds(10));
+  }
+
   std::string SubmitRestartableAndWaitForStep5() {
     const std::string id =
         Submit("--set training.steps=400 --set checkpoint.dir=" + (dir_ / "ckpt").string() +
@@ -593,14 +605,7 @@ TEST_F(DaemonsTest, CoordinatorDownWhileTheJobEndsLosesNothing) {
 // that report every 300 ms for ever (NOT_FOUND made it register again and retry) and never
 // ran another job: the next one stayed QUEUED.
 TEST_F(DaemonsTest, ACoordinatorBackWithoutItsJobStoreFreesItsWorkers) {
-  StartCoordinator();
-  StartWorker(0);
-  StartWorker(1);
-  WaitIdle(2);
-  const std::string id = Submit("--set training.steps=100000", "submit-lost");
-  WaitStep(id, 2);
-  coordinator_->Signal(SIGKILL);
-  coordinator_->Wait(std::chrono::seconds(10));
+  KillTheCoordinatorWhileTwoWorkersRunAJob();
   for (const char* file : {"coordinator.db", "coordinator.db-wal", "coordinator.db-shm"}) {
     std::filesystem::remove(dir_ / "state" / file);
   }
@@ -620,14 +625,7 @@ TEST_F(DaemonsTest, ACoordinatorBackWithoutItsJobStoreFreesItsWorkers) {
 // are refused, so each says so naming its token file, drains and exits 1. Before, a worker
 // went on for ever, registered nowhere and silent ("heartbeats resumed", then nothing).
 TEST_F(DaemonsTest, WorkersWhoseTokenTheCoordinatorNoLongerTakesSaySoAndExit) {
-  StartCoordinator();
-  StartWorker(0);
-  StartWorker(1);
-  WaitIdle(2);
-  const std::string id = Submit("--set training.steps=100000", "submit-rotated");
-  WaitStep(id, 2);
-  coordinator_->Signal(SIGKILL);
-  coordinator_->Wait(std::chrono::seconds(10));
+  KillTheCoordinatorWhileTwoWorkersRunAJob();
   std::filesystem::remove(dir_ / "state" / "token");
   StartCoordinator();
   for (int w = 0; w < 2; ++w) {
