@@ -202,7 +202,7 @@ grpc::Status TokenGate::Process(const InputMetadata& metadata, grpc::AuthContext
   if (path != metadata.end() && Open(std::string_view(path->second.data(), path->second.size()))) {
     return grpc::Status::OK;
   }
-  // Every `authorization` value is looked at, as the handler's check takes the first.
+  // The first `authorization` value decides, as in the handler's check (TokenAuth::Check).
   const auto [first, last] = metadata.equal_range("authorization");
   if (first == last) return MissingToken();
   const std::string_view header(first->second.data(), first->second.size());

@@ -532,7 +532,7 @@ absl::StatusOr<Jobs::Ended> Jobs::RankResult(const std::string& job_id, int atte
   e->results[rank] = result.outcome();
   // Its result says it lives (and has ended): after a coordinator restart it is not awaited,
   // whether or not it registered again first.
-  e->awaiting_reattach.erase(rank);
+  const bool was_awaited = e->awaiting_reattach.erase(rank) > 0;
   switch (result.outcome()) {
     case AttemptResult::FAILED:
       return FailLocked(*e, attempt, failure_of(rackrun::v1::ERROR));
@@ -559,7 +559,12 @@ absl::StatusOr<Jobs::Ended> Jobs::RankResult(const std::string& job_id, int atte
                              });
   if (!all_succeeded) {
     if (!repeated) {
-      if (absl::Status s = Commit(*e, e->job, {std::move(done)}); !s.ok()) return s;
+      if (absl::Status s = Commit(*e, e->job, {std::move(done)}); !s.ok()) {
+        // Not stored: as if it had not come (the worker sends it again).
+        e->results.erase(rank);
+        if (was_awaited) e->awaiting_reattach.insert(rank);
+        return s;
+      }
     }
     out.job = e->job;
     return out;
