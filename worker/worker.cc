@@ -29,6 +29,12 @@ bool Retryable(const grpc::Status& s) {
          s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
 }
 
+// The coordinator refused the worker's token (UNAUTHENTICATED) or its role
+// (PERMISSION_DENIED): at start the worker exits, later it drains first (Worker::Refused).
+bool IsRefusal(absl::StatusCode code) {
+  return code == absl::StatusCode::kUnauthenticated || code == absl::StatusCode::kPermissionDenied;
+}
+
 // A result is the one report that must not be lost (the coordinator waits for every rank's),
 // and sending it again is harmless (a repeated result changes nothing): it is given up only
 // on an answer that says the coordinator will never take it. A call cut by a coordinator
@@ -257,8 +263,7 @@ bool Worker::RegisterAgain(absl::StatusCode* told) {
     }
     return true;
   }
-  if (s.code() == absl::StatusCode::kUnauthenticated ||
-      s.code() == absl::StatusCode::kPermissionDenied) {
+  if (IsRefusal(s.code())) {
     Refused(s);
   } else if (s.code() != *told && s.code() != absl::StatusCode::kUnavailable &&
              s.code() != absl::StatusCode::kDeadlineExceeded &&
@@ -440,10 +445,7 @@ void Worker::HeartbeatLoop() {
         missed = 0;
       }
       if (s.error_code() == grpc::StatusCode::NOT_FOUND) (void)Register(/*again=*/true);
-      if (s.error_code() == grpc::StatusCode::UNAUTHENTICATED ||
-          s.error_code() == grpc::StatusCode::PERMISSION_DENIED) {
-        Refused(FromGrpc(s));
-      }
+      if (const absl::Status refused = FromGrpc(s); IsRefusal(refused.code())) Refused(refused);
       if (s.ok() && (response.stream_closed() || response.stream_stalled())) {
         ReopenStream(epoch, /*stalled=*/!response.stream_closed());
       }
@@ -602,10 +604,7 @@ absl::StatusOr<bool> Worker::RegisterAtStart() {
   while (true) {
     absl::Status s = Register(/*again=*/false);
     if (s.ok()) return true;
-    if (s.code() == absl::StatusCode::kUnauthenticated ||
-        s.code() == absl::StatusCode::kPermissionDenied) {
-      return RefusalStatus(s);
-    }
+    if (IsRefusal(s.code())) return RefusalStatus(s);
     if (s.code() != absl::StatusCode::kUnavailable &&
         s.code() != absl::StatusCode::kDeadlineExceeded) {
       return s;
