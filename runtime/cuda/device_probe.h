@@ -62,7 +62,7 @@ std::string CudaVersionString(int version);
 // Whether the GPU engine runs residual mode `mode` (model.residual): OK for every mode
 // (vanilla, hc, mhc, xhc, xhc_flash, xhc_flash4); an Unimplemented error naming
 // model.residual, the mode and the modes it runs for any other name. The shapes the GPU
-// kernels support (e.g. hc and mhc at most 8 streams) are checked when the model is built.
+// kernels support (e.g. xhc at most 4 active streams) are checked when the model is built.
 // No GPU needed.
 absl::Status CheckGpuResidualMode(absl::string_view mode);
 

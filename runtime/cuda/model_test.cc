@@ -181,15 +181,16 @@ TEST(GpuModelTest, BadBatchesGetTheCpuModelsErrors) {
 
 TEST(GpuModelTest, ShapesTheGpuLacksAreRefusedNamingTheField) {
   RACKRUN_OPEN_GPU_OR_SKIP(dev);
-  ModelConfig config = Config("mhc", false);
-  config.streams = 9;  // the GPU's hc and mhc take 8 at most
+  ModelConfig config = Config("xhc", false);
+  config.streams = 8;
+  config.active = 6;  // the CPU's xhc takes 16, the GPU's 4
   absl::StatusOr<std::unique_ptr<Model<float>>> cpu = Model<float>::Create(config, 5);
   ASSERT_TRUE(cpu.ok()) << cpu.status();
   absl::StatusOr<std::unique_ptr<GpuModel>> gpu =
       GpuModel::Create(dev.get(), **cpu, GemmPrecision::kFp32);
   ASSERT_FALSE(gpu.ok());
   EXPECT_EQ(gpu.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(gpu.status().message().find("model.streams"), std::string::npos) << gpu.status();
+  EXPECT_NE(gpu.status().message().find("model.active"), std::string::npos) << gpu.status();
 }
 
 }  // namespace

@@ -101,9 +101,11 @@ absl::StatusOr<std::unique_ptr<XhcStreams<S>>> XhcStreams<S>::Create(Device* dev
       static_cast<int>(config.conv_widths.size()) > xhc::kMaxJ || config.width > xhc::kMaxWidth ||
       config.active * config.active > xhc::kMaxSinkhornN * xhc::kMaxSinkhornN) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "GPU residual streams support N <= ", xhc::kMaxN, ", k <= ", xhc::kMaxK, ", at most ",
-        xhc::kMaxJ, " convolutions and C <= ", xhc::kMaxWidth, "; got N ", config.streams, ", k ",
-        config.active, ", ", config.conv_widths.size(), " convolutions, C ", config.width));
+        "GPU residual streams: ", std::string(ResidualModeName(config.mode)),
+        " supports model.streams <= ", xhc::kMaxN, ", model.active <= ", xhc::kMaxK,
+        ", model.width <= ", xhc::kMaxWidth, " and at most ", xhc::kMaxJ, " convolutions; got ",
+        config.streams, " streams, ", config.active, " active, width ", config.width, ", ",
+        config.conv_widths.size(), " convolutions (use resources.device: cpu for larger ones)"));
   }
   for (int w : config.conv_widths) {
     if (w > xhc::kMaxTaps) {
@@ -983,8 +985,7 @@ absl::Status XhcStreams<S>::ReserveDense(int tokens) {
        {x_.Resize({T, N_, C_}), dx_.Resize({T, N_, C_}), segment_.Resize({T}), z_.Resize({T, zt}),
         c1_.Resize({T, zt}), c2_.Resize({T, d.DcoefStride()}), rscal_.Resize({T, d.ScalStride()}),
         partial_.Resize({xhc::ColumnSumPartialFloats(T, d.ScalStride())}),
-        tape_.Resize({T, xhc::SinkhornTapeFloats(N_, config_.sinkhorn_iters)}),
-        c_bf16_.Resize({T, zt})}) {
+        tape_.Resize({T, xhc::DenseTapeFloats(d)}), c_bf16_.Resize({T, zt})}) {
     if (!st.ok()) return st;
   }
   capacity_ = tokens;

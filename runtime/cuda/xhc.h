@@ -37,7 +37,7 @@
 // DenseReadBackward (mhc's Sinkhorn recomputed), GEMMs dX += c W, dW += c^T X.
 //
 // Supported: modes xhc, xhc_flash and xhc_flash4 with N <= 32, k <= 4, at most 3
-// convolutions, C <= 4096; hc and mhc with N <= 4, C <= 4096; other shapes are an
+// convolutions, C <= 4096; hc and mhc with N <= 32, C <= 4096; other shapes are an
 // InvalidArgument naming the field.
 // Not run on a GPU yet (hc, mhc, xhc_flash and xhc_flash4 have never run on one): checked
 // against the CPU engine by runtime/cuda/xhc_test.cc, which skips without one.

@@ -6,6 +6,7 @@
 #include <cuda_bf16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "runtime/cuda/launch.cuh"
 #include "runtime/cuda/reduce.cuh"
@@ -109,6 +110,159 @@ __global__ void SinkhornBatchKernel(int count, int n, int iters, const float* z,
   float* tp = tape + i * tape_floats;
   SinkhornForward(n, iters, z + i * nn, h + i * nn, tp);
   if (dh != nullptr) SinkhornBackward(n, iters, z + i * nn, tp, dh + i * nn, dz + i * nn);
+}
+
+// The same projection with a warp per matrix, for n up to kDenseMaxN (the thread-per-matrix form
+// above keeps n x n values in one thread: 64 at n = 8, and its tape holds every iteration's
+// matrix). Lane a < n holds row a in `row` (lanes from n on hold zeros); column sums are
+// warp sums, row sums the lane's own. Every lane of the warp must call.
+template <int NM>
+__device__ __forceinline__ void WarpSinkhornStart(int n, float (&row)[NM]) {
+  const int lane = threadIdx.x % kWarp;
+  float mx = row[0];
+#pragma unroll
+  for (int b = 1; b < NM; ++b)
+    if (b < n) mx = mx < row[b] ? row[b] : mx;
+#pragma unroll
+  for (int b = 0; b < NM; ++b) row[b] = lane < n && b < n ? expf(row[b] - mx) : 0.0f;
+}
+
+// One iteration's column step on `row`; lane b < n stores the column sum at cs[b] when cs is
+// not null.
+template <int NM>
+__device__ __forceinline__ void WarpColumnStep(int n, float (&row)[NM], float* cs) {
+  const int lane = threadIdx.x % kWarp;
+#pragma unroll
+  for (int b = 0; b < NM; ++b) {
+    if (b >= n) break;
+    const float c = detail::WarpSum(row[b]);
+    if (cs != nullptr && lane == b) cs[b] = c;
+    row[b] /= c + kSinkhornEps;
+  }
+}
+
+// The row step; lane a < n stores its row sum at rs[a] when rs is not null.
+template <int NM>
+__device__ __forceinline__ void WarpRowStep(int n, float (&row)[NM], float* rs) {
+  const int lane = threadIdx.x % kWarp;
+  float s = 0;
+#pragma unroll
+  for (int b = 0; b < NM; ++b)
+    if (b < n) s += row[b];
+  if (rs != nullptr && lane < n) rs[lane] = s;
+  if (lane >= n) return;
+#pragma unroll
+  for (int b = 0; b < NM; ++b)
+    if (b < n) row[b] /= s + kSinkhornEps;
+}
+
+// row: the lane's logits in, its row of h = Sinkhorn(z) out.
+template <int NM>
+__device__ void WarpSinkhornForward(int n, int iters, float (&row)[NM]) {
+  WarpSinkhornStart(n, row);
+  for (int it = 0; it < iters; ++it) {
+    WarpColumnStep(n, row, nullptr);
+    WarpRowStep(n, row, nullptr);
+  }
+}
+
+// g: the lane's row of dh in, of dz out; z: its logits. The forward is recomputed, keeping
+// each iteration's column and row sums in `sums` (iters x 2n floats of scratch, each written
+// and read back by the lane that owns it: no warp barrier needed) and the last column step's
+// matrix B; the backward walks the iterations back, recovering the earlier B from the later
+// one and the sums (B_{i-1} = B_i (c_i + eps) (r_{i-1} + eps), exact but for rounding).
+template <int NM>
+__device__ void WarpSinkhornBackward(int n, int iters, const float (&z)[NM], float (&g)[NM],
+                                     float* sums) {
+  const int lane = threadIdx.x % kWarp;
+  float m[NM], b_mat[NM];
+#pragma unroll
+  for (int b = 0; b < NM; ++b) {
+    m[b] = z[b];
+    b_mat[b] = 0;
+  }
+  WarpSinkhornStart(n, m);
+  for (int it = 0; it < iters; ++it) {
+    float* cs = sums + static_cast<int64_t>(it) * 2 * n;
+    WarpColumnStep(n, m, cs);
+    if (it == iters - 1) {
+#pragma unroll
+      for (int b = 0; b < NM; ++b) b_mat[b] = m[b];
+    }
+    WarpRowStep(n, m, cs + n);
+  }
+  for (int it = iters - 1; it >= 0; --it) {
+    const float* cs = sums + static_cast<int64_t>(it) * 2 * n;
+    const float c_own = lane < n ? cs[lane] : 0.0f;
+    // The row step's backward, in the lane.
+    if (lane < n) {
+      const float inv = 1.0f / (cs[n + lane] + kSinkhornEps);
+      float gy = 0;
+#pragma unroll
+      for (int b = 0; b < NM; ++b)
+        if (b < n) gy += g[b] * (b_mat[b] * inv);
+#pragma unroll
+      for (int b = 0; b < NM; ++b)
+        if (b < n) g[b] = (g[b] - gy) * inv;
+    }
+    // The column step's backward: column dots over the warp; then B of the iteration before.
+    const float r_prev = it > 0 && lane < n ? (cs - 2 * n)[n + lane] + kSinkhornEps : 0.0f;
+#pragma unroll
+    for (int b = 0; b < NM; ++b) {
+      if (b >= n) break;
+      const float gy = detail::WarpSum(g[b] * b_mat[b]);
+      const float c = __shfl_sync(0xffffffffu, c_own, b) + kSinkhornEps;
+      const float inv = 1.0f / c;
+      if (lane < n) g[b] = (g[b] - gy) * inv;
+      b_mat[b] = b_mat[b] * c * r_prev;
+    }
+  }
+  // Through M0 = exp(z - max) (recomputed) to the logits.
+#pragma unroll
+  for (int b = 0; b < NM; ++b) m[b] = z[b];
+  WarpSinkhornStart(n, m);
+  int arg = 0;
+  float best = z[0];
+#pragma unroll
+  for (int b = 1; b < NM; ++b) {
+    if (b < n && z[b] > best) {
+      best = z[b];
+      arg = b;
+    }
+  }
+  float total = 0;
+#pragma unroll
+  for (int b = 0; b < NM; ++b) {
+    g[b] = b < n ? g[b] * m[b] : 0.0f;
+    total += g[b];
+  }
+#pragma unroll
+  for (int b = 0; b < NM; ++b)
+    if (b == arg) g[b] -= total;
+}
+
+// SinkhornBatch above 8: a warp per matrix.
+__global__ void WarpSinkhornBatchKernel(int count, int n, int iters, const float* z, float* h,
+                                        const float* dh, float* dz, float* tape,
+                                        int64_t tape_floats) {
+  const int i = blockIdx.x * (blockDim.x / kWarp) + static_cast<int>(threadIdx.x) / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  if (i >= count) return;  // whole warps
+  const int64_t nn = static_cast<int64_t>(n) * n;
+  float row[kDenseMaxN], zr[kDenseMaxN], g[kDenseMaxN];
+#pragma unroll
+  for (int b = 0; b < kDenseMaxN; ++b) {
+    zr[b] = lane < n && b < n ? z[i * nn + lane * n + b] : 0.0f;
+    row[b] = zr[b];
+    g[b] = dh != nullptr && lane < n && b < n ? dh[i * nn + lane * n + b] : 0.0f;
+  }
+  WarpSinkhornForward(n, iters, row);
+  if (lane < n)
+    for (int b = 0; b < n; ++b) h[i * nn + lane * n + b] = row[b];
+  if (dh == nullptr) return;
+  WarpSinkhornBackward(n, iters, zr, g, tape + i * tape_floats);
+  if (lane < n)
+    for (int b = 0; b < n; ++b) dz[i * nn + lane * n + b] = g[b];
 }
 
 // ---------------------------------------------------------------- read
@@ -957,36 +1111,66 @@ struct StridedColumn {
 
 // ---------------------------------------------------------------- hc and mhc
 
-// The kernels below hold a token's N streams in arrays of NM (4, or kDenseMaxN = 8), the
-// smallest that holds N (the launchers pick it).
+// The kernels below hold a token's N streams in arrays of NM, the smallest of 4, 8 and 16
+// that holds N (the launchers pick it). Up to kThreadMapsMaxN streams one thread of the
+// block turns the sums into the maps (N x N values at most 64); above it a warp does, a lane
+// per stream (mhc's Sinkhorn a lane per row), and the write's backward, whose N + N^2 dot
+// products per token no longer fit a thread's registers, goes through shared-memory tiles.
+constexpr int kThreadMapsMaxN = 8;
+static_assert(kThreadMapsMaxN <= kMaxSinkhornN && kDenseMaxN <= kWarp);
 
-// Thread 0 of DenseRead: the coefficient record from the streams' sums of squares `sq` (hc:
-// each stream's RMS; mhc: their total, the RMS of vec X) and the projections zt (Rows() x P).
+// v[i] for a run-time i, without indexing a register array at run time.
+template <int NM>
+__device__ __forceinline__ float Pick(const float (&v)[NM], int i) {
+  float r = 0;
+#pragma unroll
+  for (int j = 0; j < NM; ++j)
+    if (j == i) r = v[j];
+  return r;
+}
+
+// hc's maps of stream s (HcImpl::Read's step per stream) from its sum of squares: its
+// record (r_s, y_s), A_m[s], row s of A_r, B[s]. A_m = s_a tanh(y_m) + A_m0, A_r = s_a
+// tanh(y_r) + A_r0, B = s_b tanh(y_b) + B0.
+__device__ void HcStreamMaps(const DenseLayout& l, const MapParams& p, int s, float sq,
+                             const float* zt, float* cf) {
+  const int N = l.N, P = l.P();
+  const float s_a = *p.a_pre, s_b = *p.a_post;
+  float* am = cf + l.Pre();
+  float* ar = am + N;
+  float* bb = ar + N * N;
+  const float r = sqrtf(sq / static_cast<float>(l.C) + kNormEps);
+  float* rec = cf + s * (1 + P);
+  rec[0] = r;
+  for (int q = 0; q < P; ++q) rec[1 + q] = zt[s * P + q] / r;
+  am[s] = s_a * tanhf(rec[1]) + p.b_pre[s];
+  for (int j = 0; j < N; ++j) ar[s * N + j] = s_a * tanhf(rec[2 + j]) + p.b_res[s * N + j];
+  bb[s] = s_b * tanhf(rec[2 + N]) + p.b_post[s];
+}
+
+// mhc's RMS (of vec X) from the streams' sums of squares, summed in stream order.
+template <int NM>
+__device__ float MhcRms(const DenseLayout& l, const float (&sq)[NM]) {
+  float total = 0;
+#pragma unroll
+  for (int s = 0; s < NM; ++s)
+    if (s < l.N) total += sq[s];
+  return sqrtf(total / static_cast<float>(static_cast<int64_t>(l.N) * l.C) + kNormEps);
+}
+
+// Thread 0 of DenseRead (N <= kThreadMapsMaxN): the coefficient record from the streams'
+// sums of squares `sq` (hc: each stream's RMS; mhc: their total, the RMS of vec X) and the
+// projections zt (Rows() x P).
 template <int NM>
 __device__ void DenseMaps(const DenseLayout& l, const MapParams& p, const float (&sq)[NM],
                           const float* zt, float* cf) {
   const int N = l.N, P = l.P();
   if (l.hc) {
-    // HcImpl::Read: A_m = s_a tanh(y_m) + A_m0, A_r = s_a tanh(y_r) + A_r0, B = s_b tanh(y_b) + B0.
-    const float s_a = *p.a_pre, s_b = *p.a_post;
-    float* am = cf + l.Pre();
-    float* ar = am + N;
-    float* bb = ar + N * N;
-    for (int s = 0; s < N; ++s) {
-      const float r = sqrtf(sq[s] / static_cast<float>(l.C) + kNormEps);
-      float* rec = cf + s * (1 + P);
-      rec[0] = r;
-      for (int q = 0; q < P; ++q) rec[1 + q] = zt[s * P + q] / r;
-      am[s] = s_a * tanhf(rec[1]) + p.b_pre[s];
-      for (int j = 0; j < N; ++j) ar[s * N + j] = s_a * tanhf(rec[2 + j]) + p.b_res[s * N + j];
-      bb[s] = s_b * tanhf(rec[2 + N]) + p.b_post[s];
-    }
+    for (int s = 0; s < N; ++s) HcStreamMaps(l, p, s, sq[s], zt, cf);
     return;
   }
   // MhcImpl::Read.
-  float total = 0;
-  for (int s = 0; s < N; ++s) total += sq[s];
-  const float r = sqrtf(total / static_cast<float>(static_cast<int64_t>(N) * l.C) + kNormEps);
+  const float r = MhcRms(l, sq);
   cf[0] = r;
   float* y = cf + 1;
   for (int q = 0; q < P; ++q) y[q] = zt[q] / r;
@@ -1000,6 +1184,43 @@ __device__ void DenseMaps(const DenseLayout& l, const MapParams& p, const float 
   float logits[NM * NM];
   for (int j = 0; j < N * N; ++j) logits[j] = a_res * y[2 * N + j] + p.b_res[j];
   SinkhornForward(N, l.iters, logits, cf + l.Res(), nullptr);
+}
+
+// Warp 0 of DenseRead above kThreadMapsMaxN streams: DenseMaps with lane s on stream s (mhc's
+// H_res by the warp's Sinkhorn, lane a on row a); each lane stages its H_pre entry in hpre.
+template <int NM>
+__device__ void WarpDenseMaps(const DenseLayout& l, const MapParams& p, const float (&sq)[NM],
+                              const float* zt, float* cf, float* hpre) {
+  const int N = l.N, P = l.P(), lane = threadIdx.x % kWarp;
+  if (l.hc) {
+    if (lane < N) {
+      HcStreamMaps(l, p, lane, Pick(sq, lane), zt, cf);
+      hpre[lane] = cf[l.Pre() + lane];
+    }
+    return;
+  }
+  const float r = MhcRms(l, sq);
+  if (lane == 0) cf[0] = r;
+  for (int q = lane; q < P; q += kWarp) cf[1 + q] = zt[q] / r;
+  const float a_pre = *p.a_pre, a_post = *p.a_post, a_res = *p.a_res;
+  if (lane < N) {
+    const float hp = Sigmoid(a_pre * (zt[lane] / r) + p.b_pre[lane]);
+    cf[l.Pre() + lane] = hp;
+    hpre[lane] = hp;
+    cf[l.Post() + lane] = 2.0f * Sigmoid(a_post * (zt[N + lane] / r) + p.b_post[lane]);
+  }
+  float row[NM];
+#pragma unroll
+  for (int b = 0; b < NM; ++b) {
+    const int e = lane * N + b;
+    row[b] = lane < N && b < N ? a_res * (zt[2 * N + e] / r) + p.b_res[e] : 0.0f;
+  }
+  WarpSinkhornForward(N, l.iters, row);
+  if (lane < N) {
+#pragma unroll
+    for (int b = 0; b < NM; ++b)
+      if (b < N) cf[l.Res() + lane * N + b] = row[b];
+  }
 }
 
 template <typename S, int NM>
@@ -1021,10 +1242,13 @@ __global__ void __launch_bounds__(kRowThreads)
       sq[j] += v * v;
     }
   }
-  BlockSum<float, NM>(sq, red);
-  if (threadIdx.x == 0) {
-    float* cf = coef + t * l.CoefStride();
-    DenseMaps(l, p, sq, z + t * l.Rows() * l.P(), cf);
+  BlockSum<float, NM>(sq, red, N);
+  float* cf = coef + t * l.CoefStride();
+  const float* zt = z + t * l.Rows() * l.P();
+  if constexpr (NM > kThreadMapsMaxN) {
+    if (threadIdx.x < kWarp) WarpDenseMaps(l, p, sq, zt, cf, hpre);
+  } else if (threadIdx.x == 0) {
+    DenseMaps(l, p, sq, zt, cf);
     for (int j = 0; j < N; ++j) hpre[j] = cf[l.Pre() + j];
   }
   __syncthreads();
@@ -1060,15 +1284,24 @@ __global__ void DenseWriteKernel(DenseLayout l, int64_t tokens, const float* out
       if (j < N) xv[j] = ToF(xt[static_cast<int64_t>(j) * C]);
     const float o = out[n];
     out_saved[n] = o;
-#pragma unroll
-    for (int i = 0; i < NM; ++i) {
-      if (i >= N) break;
+    const auto write = [&](int i) {
       float y = 0;
 #pragma unroll
       for (int j = 0; j < NM; ++j)
         if (j < N) y += hres[i * l.ResRow() + j * l.ResCol()] * xv[j];
       y += hpost[i] * o;
       xt[static_cast<int64_t>(i) * C] = FromF<S>(y);
+    };
+    if constexpr (NM > kThreadMapsMaxN) {
+      // Unrolled over both loops, 16 x 16 coefficient loads took 255 registers and spilled.
+#pragma unroll 1
+      for (int i = 0; i < N; ++i) write(i);
+    } else {
+#pragma unroll
+      for (int i = 0; i < NM; ++i) {
+        if (i >= N) break;
+        write(i);
+      }
     }
   }
 }
@@ -1126,43 +1359,125 @@ __global__ void __launch_bounds__(kRowThreads)
   }
 }
 
-// Thread 0 of DenseReadBackward for hc (HcImpl::ReadBackward's token_grad): per stream the
-// tanh maps' gradients, c (its row) and scal; alpha[s], the factor of x_s in dx_s.
+// DenseWriteBackward above kThreadMapsMaxN streams: the token's G and saved X pass through
+// shared memory in tiles of kDenseTile columns; thread q owns dot products q, q + 256, ...
+// (q < N: <G_q, out>; then <G_i, x_j> at N + i N + j), summed over the columns in order; the
+// tile's d_out and dx := H_res^T G are written from the same tile (dx's rows were read into
+// it first, so the in-place write is safe).
+constexpr int kDenseTile = 32;
+template <typename S>
+__global__ void __launch_bounds__(kRowThreads)
+    DenseWriteBackwardTiledKernel(DenseLayout l, const S* saved, const float* out_saved,
+                                  const float* coef, float* dx, float* d_out, float* dcoef) {
+  constexpr int kOwned = (kDenseMaxN + kDenseMaxN * kDenseMaxN + kRowThreads - 1) / kRowThreads;
+  // Rows padded by one column: a warp's dots read column cc of 32 different rows.
+  __shared__ float gs[kDenseMaxN][kDenseTile + 1];
+  __shared__ float xs[kDenseMaxN][kDenseTile + 1];
+  __shared__ float os[kDenseTile];
+  __shared__ float hres[kDenseMaxN * kDenseMaxN];  // hres[i * N + j] = H_res[i][j]
+  __shared__ float hpost[kDenseMaxN];
+  const int64_t t = blockIdx.x;
+  const int N = l.N, C = l.C, dots = N + N * N;
+  const int64_t nc = static_cast<int64_t>(N) * C;
+  const float* cf = coef + t * l.CoefStride();
+  for (int e = threadIdx.x; e < N * N; e += blockDim.x)
+    hres[e] = cf[l.Res() + (e / N) * l.ResRow() + (e % N) * l.ResCol()];
+  if (static_cast<int>(threadIdx.x) < N) hpost[threadIdx.x] = cf[l.Post() + threadIdx.x];
+  const S* xt = saved + t * nc;
+  float* dxt = dx + t * nc;
+  float acc[kOwned] = {};
+  for (int c0 = 0; c0 < C; c0 += kDenseTile) {
+    const int w = C - c0 < kDenseTile ? C - c0 : kDenseTile;
+    __syncthreads();  // the maps are staged; the previous tile's readers are done
+    for (int e = threadIdx.x; e < N * kDenseTile; e += blockDim.x) {
+      const int i = e / kDenseTile, cc = e % kDenseTile;
+      const int64_t at = static_cast<int64_t>(i) * C + c0 + cc;
+      gs[i][cc] = cc < w ? dxt[at] : 0.0f;
+      xs[i][cc] = cc < w ? ToF(xt[at]) : 0.0f;
+    }
+    if (static_cast<int>(threadIdx.x) < kDenseTile)
+      os[threadIdx.x] =
+          static_cast<int>(threadIdx.x) < w ? out_saved[t * C + c0 + threadIdx.x] : 0.0f;
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < kOwned; ++k) {
+      const int q = static_cast<int>(threadIdx.x) + k * kRowThreads;
+      if (q >= dots) continue;
+      const float* a = gs[q < N ? q : (q - N) / N];
+      const float* b = q < N ? os : xs[(q - N) % N];
+      for (int cc = 0; cc < w; ++cc) acc[k] += a[cc] * b[cc];
+    }
+    for (int cc = threadIdx.x; cc < w; cc += blockDim.x) {
+      float d = 0;
+      for (int i = 0; i < N; ++i) d += hpost[i] * gs[i][cc];
+      d_out[t * C + c0 + cc] = d;
+    }
+    for (int e = threadIdx.x; e < N * kDenseTile; e += blockDim.x) {
+      const int j = e / kDenseTile, cc = e % kDenseTile;
+      if (cc >= w) continue;
+      float v = 0;
+      for (int i = 0; i < N; ++i) v += hres[i * N + j] * gs[i][cc];
+      dxt[static_cast<int64_t>(j) * C + c0 + cc] = v;
+    }
+  }
+  float* dc = dcoef + t * l.DcoefStride();
+#pragma unroll
+  for (int k = 0; k < kOwned; ++k) {
+    const int q = static_cast<int>(threadIdx.x) + k * kRowThreads;
+    if (q >= dots) continue;
+    dc[q < N ? q : N + ((q - N) / N) * l.ResRow() + ((q - N) % N) * l.ResCol()] = acc[k];
+  }
+}
+
+// hc's map gradients of stream s (HcImpl::ReadBackward's token_grad, one stream): the tanh
+// maps' gradients, its row of c and its entries of scal; its terms of s_a's and s_b's
+// gradients in sa and sb; returns alpha_s, the factor of x_s in dx_s.
+__device__ float HcStreamGrads(const DenseLayout& l, const MapParams& p, int s, const float* cf,
+                               const float* dc, float dam, float* ct, float* sc, float& sa,
+                               float& sb) {
+  const int N = l.N, P = l.P();
+  const float s_a = *p.a_pre, s_b = *p.a_post;
+  const float* rec = cf + s * (1 + P);
+  const float r = rec[0];
+  float* row = ct + s * P;
+  float th = tanhf(rec[1]);
+  sa = dam * th;
+  sc[2 + s] = dam;
+  row[0] = s_a * dam * (1.0f - th * th);
+  for (int j = 0; j < N; ++j) {
+    const float dar = dc[N + s * N + j];
+    th = tanhf(rec[2 + j]);
+    sa += dar * th;
+    sc[2 + 2 * N + s * N + j] = dar;
+    row[1 + j] = s_a * dar * (1.0f - th * th);
+  }
+  const float db = dc[s];
+  th = tanhf(rec[2 + N]);
+  sb = db * th;
+  sc[2 + N + s] = db;
+  row[1 + N] = s_b * db * (1.0f - th * th);
+  float sum_dy_y = 0;
+  for (int q = 0; q < P; ++q) {
+    sum_dy_y += row[q] * rec[1 + q];
+    row[q] /= r;
+  }
+  return -sum_dy_y / (static_cast<float>(l.C) * r * r);
+}
+
+// Thread 0 of DenseReadBackward for hc (N <= kThreadMapsMaxN): every stream in turn.
 template <int NM>
 __device__ void HcMapGrads(const DenseLayout& l, const MapParams& p, const float* cf,
                            const float* dc, const float (&dpre)[NM], float* ct, float* sc,
                            float (&alpha)[NM]) {
-  const int N = l.N, P = l.P();
-  const float s_a = *p.a_pre, s_b = *p.a_post;
-  for (int i = 0; i < l.ScalStride(); ++i) sc[i] = 0;
-  for (int s = 0; s < N; ++s) {
-    const float dam = dpre[s];
-    const float* rec = cf + s * (1 + P);
-    const float r = rec[0];
-    float* row = ct + s * P;
-    float th = tanhf(rec[1]);
-    sc[0] += dam * th;
-    sc[2 + s] = dam;
-    row[0] = s_a * dam * (1.0f - th * th);
-    for (int j = 0; j < N; ++j) {
-      const float dar = dc[N + s * N + j];
-      th = tanhf(rec[2 + j]);
-      sc[0] += dar * th;
-      sc[2 + 2 * N + s * N + j] = dar;
-      row[1 + j] = s_a * dar * (1.0f - th * th);
-    }
-    const float db = dc[s];
-    th = tanhf(rec[2 + N]);
-    sc[1] += db * th;
-    sc[2 + N + s] = db;
-    row[1 + N] = s_b * db * (1.0f - th * th);
-    float sum_dy_y = 0;
-    for (int q = 0; q < P; ++q) {
-      sum_dy_y += row[q] * rec[1 + q];
-      row[q] /= r;
-    }
-    alpha[s] = -sum_dy_y / (static_cast<float>(l.C) * r * r);
+  float sa_total = 0, sb_total = 0;
+  for (int s = 0; s < l.N; ++s) {
+    float sa = 0, sb = 0;
+    alpha[s] = HcStreamGrads(l, p, s, cf, dc, dpre[s], ct, sc, sa, sb);
+    sa_total += sa;
+    sb_total += sb;
   }
+  sc[0] = sa_total;
+  sc[1] = sb_total;
 }
 
 // Thread 0 of DenseReadBackward for mhc (MhcImpl::ReadBackward's token_grad): the logit
@@ -1208,6 +1523,81 @@ __device__ void MhcMapGrads(const DenseLayout& l, const MapParams& p, const floa
   for (int s = 0; s < N; ++s) alpha[s] = a;
 }
 
+// Warp 0 of DenseReadBackward above kThreadMapsMaxN streams: HcMapGrads or MhcMapGrads with
+// lane s on stream s (mhc's Sinkhorn backward a lane per row, `sums` its scratch, tokens x
+// DenseTapeFloats); each lane stages alpha_s in salpha.
+template <int NM>
+__device__ void WarpMapGrads(const DenseLayout& l, const MapParams& p, const float* cf,
+                             const float* dc, const float (&dpre)[NM], float* ct, float* sc,
+                             float* sums, float* salpha) {
+  const int N = l.N, lane = threadIdx.x % kWarp;
+  if (l.hc) {
+    float sa = 0, sb = 0;
+    if (lane < N)
+      salpha[lane] = HcStreamGrads(l, p, lane, cf, dc, Pick(dpre, lane), ct, sc, sa, sb);
+    sa = detail::WarpSum(sa);
+    sb = detail::WarpSum(sb);
+    if (lane == 0) {
+      sc[0] = sa;
+      sc[1] = sb;
+    }
+    return;
+  }
+  const float r = cf[0];
+  const float* y = cf + 1;
+  const float a_pre = *p.a_pre, a_post = *p.a_post, a_res = *p.a_res;
+  // Partial sums of the three gains' gradients and of sum_q c_q y_q (before the 1/r).
+  float s_pre = 0, s_post = 0, s_res = 0, dyy = 0;
+  if (lane < N) {
+    const float hp = cf[l.Pre() + lane];
+    const float dl = Pick(dpre, lane) * hp * (1.0f - hp);
+    s_pre = dl * y[lane];
+    sc[3 + lane] = dl;
+    const float cp = a_pre * dl;
+    dyy += cp * y[lane];
+    ct[lane] = cp / r;
+    const float h = cf[l.Post() + lane] / 2.0f;
+    const float dlp = dc[lane] * 2.0f * h * (1.0f - h);
+    s_post = dlp * y[N + lane];
+    sc[3 + N + lane] = dlp;
+    const float cq = a_post * dlp;
+    dyy += cq * y[N + lane];
+    ct[N + lane] = cq / r;
+  }
+  float z[NM], g[NM];
+#pragma unroll
+  for (int b = 0; b < NM; ++b) {
+    const int e = lane * N + b;
+    const bool in = lane < N && b < N;
+    z[b] = in ? a_res * y[2 * N + e] + p.b_res[e] : 0.0f;
+    g[b] = in ? dc[N + e] : 0.0f;
+  }
+  WarpSinkhornBackward(N, l.iters, z, g, sums);
+  if (lane < N) {
+#pragma unroll
+    for (int b = 0; b < NM; ++b) {
+      if (b >= N) break;
+      const int e = lane * N + b;
+      s_res += g[b] * y[2 * N + e];
+      sc[3 + 2 * N + e] = g[b];
+      const float cz = a_res * g[b];
+      dyy += cz * y[2 * N + e];
+      ct[2 * N + e] = cz / r;
+    }
+  }
+  s_pre = detail::WarpSum(s_pre);
+  s_post = detail::WarpSum(s_post);
+  s_res = detail::WarpSum(s_res);
+  dyy = detail::WarpSum(dyy);
+  if (lane == 0) {
+    sc[0] = s_pre;
+    sc[1] = s_post;
+    sc[2] = s_res;
+  }
+  const float a = -dyy / (static_cast<float>(static_cast<int64_t>(N) * l.C) * r * r);
+  if (lane < N) salpha[lane] = a;
+}
+
 template <typename S, int NM>
 __global__ void __launch_bounds__(kRowThreads)
     DenseReadBackwardKernel(DenseLayout l, const S* saved, const float* du, const float* coef,
@@ -1225,11 +1615,14 @@ __global__ void __launch_bounds__(kRowThreads)
   if (static_cast<int>(threadIdx.x) < N) hpre[threadIdx.x] = cf[l.Pre() + threadIdx.x];
   float dpre[NM];
   StreamDots<S, NM>(N, C, xt, dut, dpre, red);
-  if (threadIdx.x == 0) {
+  const float* dc = dcoef + t * l.DcoefStride();
+  float* ct = c + t * l.Rows() * l.P();
+  float* sc = scal + t * l.ScalStride();
+  if constexpr (NM > kThreadMapsMaxN) {
+    if (threadIdx.x < kWarp)
+      WarpMapGrads(l, p, cf, dc, dpre, ct, sc, tape + t * tape_floats, salpha);
+  } else if (threadIdx.x == 0) {
     float alpha[NM] = {};
-    const float* dc = dcoef + t * l.DcoefStride();
-    float* ct = c + t * l.Rows() * l.P();
-    float* sc = scal + t * l.ScalStride();
     if (l.hc) {
       HcMapGrads(l, p, cf, dc, dpre, ct, sc, alpha);
     } else {
@@ -1446,18 +1839,37 @@ cudaError_t CollapseBackward(const Layout& l, int64_t tokens, const float* dy, f
   return cudaGetLastError();
 }
 
+int64_t DenseTapeFloats(const DenseLayout& l) {
+  return l.N <= kThreadMapsMaxN ? SinkhornTapeFloats(l.N, l.iters) : int64_t{2} * l.N * l.iters;
+}
+
+namespace {
+
+// Calls launch(std::integral_constant<int, NM>) with NM the smallest of the dense kernels'
+// stream-array sizes (4, 8, 16) that holds n streams (n <= kDenseMaxN).
+template <typename F>
+void ByStreamArray(int n, F&& launch) {
+  if (n <= 4) {
+    launch(std::integral_constant<int, 4>{});
+  } else if (n <= 8) {
+    launch(std::integral_constant<int, 8>{});
+  } else {
+    static_assert(kDenseMaxN == 16);
+    launch(std::integral_constant<int, 16>{});
+  }
+}
+
+}  // namespace
+
 template <typename S>
 cudaError_t DenseRead(const DenseLayout& l, int64_t tokens, const S* x, const float* z,
                       const MapParams& p, float* coef, float* u, S* saved, cudaStream_t stream) {
   if (tokens == 0) return cudaSuccess;
   if (l.N > kDenseMaxN) return cudaErrorInvalidValue;
-  if (l.N <= 4) {
-    Launch(DenseReadKernel<S, 4>, static_cast<unsigned>(tokens), kRowThreads, 0, stream)(
-        l, x, z, p, coef, u, saved);
-  } else {
-    Launch(DenseReadKernel<S, kDenseMaxN>, static_cast<unsigned>(tokens), kRowThreads, 0, stream)(
-        l, x, z, p, coef, u, saved);
-  }
+  ByStreamArray(l.N, [&](auto nm) {
+    Launch(DenseReadKernel<S, decltype(nm)::value>, static_cast<unsigned>(tokens), kRowThreads, 0,
+           stream)(l, x, z, p, coef, u, saved);
+  });
   return cudaGetLastError();
 }
 
@@ -1466,13 +1878,10 @@ cudaError_t DenseWrite(const DenseLayout& l, int64_t tokens, const float* out, c
                        S* x, float* out_saved, cudaStream_t stream) {
   if (tokens == 0) return cudaSuccess;
   if (l.N > kDenseMaxN) return cudaErrorInvalidValue;
-  if (l.N <= 4) {
-    Launch(DenseWriteKernel<S, 4>, GridFor(tokens * l.C), 256, 0, stream)(l, tokens, out, coef, x,
-                                                                          out_saved);
-  } else {
-    Launch(DenseWriteKernel<S, kDenseMaxN>, GridFor(tokens * l.C), 256, 0, stream)(
+  ByStreamArray(l.N, [&](auto nm) {
+    Launch(DenseWriteKernel<S, decltype(nm)::value>, GridFor(tokens * l.C), 256, 0, stream)(
         l, tokens, out, coef, x, out_saved);
-  }
+  });
   return cudaGetLastError();
 }
 
@@ -1482,13 +1891,17 @@ cudaError_t DenseWriteBackward(const DenseLayout& l, int64_t tokens, const S* sa
                                float* dcoef, cudaStream_t stream) {
   if (tokens == 0) return cudaSuccess;
   if (l.N > kDenseMaxN) return cudaErrorInvalidValue;
-  if (l.N <= 4) {
-    Launch(DenseWriteBackwardKernel<S, 4>, static_cast<unsigned>(tokens), kRowThreads, 0, stream)(
+  if (l.N > kThreadMapsMaxN) {
+    Launch(DenseWriteBackwardTiledKernel<S>, static_cast<unsigned>(tokens), kRowThreads, 0, stream)(
         l, saved, out_saved, coef, dx, d_out, dcoef);
-  } else {
-    Launch(DenseWriteBackwardKernel<S, kDenseMaxN>, static_cast<unsigned>(tokens), kRowThreads, 0,
-           stream)(l, saved, out_saved, coef, dx, d_out, dcoef);
+    return cudaGetLastError();
   }
+  ByStreamArray(l.N, [&](auto nm) {
+    if constexpr (decltype(nm)::value <= kThreadMapsMaxN) {
+      Launch(DenseWriteBackwardKernel<S, decltype(nm)::value>, static_cast<unsigned>(tokens),
+             kRowThreads, 0, stream)(l, saved, out_saved, coef, dx, d_out, dcoef);
+    }
+  });
   return cudaGetLastError();
 }
 
@@ -1498,22 +1911,27 @@ cudaError_t DenseReadBackward(const DenseLayout& l, int64_t tokens, const S* sav
                               float* c, float* scal, float* tape, cudaStream_t stream) {
   if (tokens == 0) return cudaSuccess;
   if (l.N > kDenseMaxN) return cudaErrorInvalidValue;
-  const int64_t tape_floats = SinkhornTapeFloats(l.N, l.iters);
-  if (l.N <= 4) {
-    Launch(DenseReadBackwardKernel<S, 4>, static_cast<unsigned>(tokens), kRowThreads, 0, stream)(
-        l, saved, du, coef, dcoef, p, dx, c, scal, tape, tape_floats);
-  } else {
-    Launch(DenseReadBackwardKernel<S, kDenseMaxN>, static_cast<unsigned>(tokens), kRowThreads, 0,
-           stream)(l, saved, du, coef, dcoef, p, dx, c, scal, tape, tape_floats);
-  }
+  const int64_t tape_floats = DenseTapeFloats(l);
+  ByStreamArray(l.N, [&](auto nm) {
+    Launch(DenseReadBackwardKernel<S, decltype(nm)::value>, static_cast<unsigned>(tokens),
+           kRowThreads, 0, stream)(l, saved, du, coef, dcoef, p, dx, c, scal, tape, tape_floats);
+  });
   return cudaGetLastError();
 }
 
 cudaError_t SinkhornBatch(int count, int n, int iters, const float* z, float* h, const float* dh,
                           float* dz, float* tape, cudaStream_t stream) {
   if (count == 0) return cudaSuccess;
-  Launch(SinkhornBatchKernel, (count + 63) / 64, 64, 0, stream)(count, n, iters, z, h, dh, dz, tape,
-                                                                SinkhornTapeFloats(n, iters));
+  if (n > kDenseMaxN) return cudaErrorInvalidValue;
+  if (n <= kMaxSinkhornN) {
+    Launch(SinkhornBatchKernel, (count + 63) / 64, 64, 0, stream)(
+        count, n, iters, z, h, dh, dz, tape, SinkhornTapeFloats(n, iters));
+  } else {
+    constexpr int kWarpsPerBlock = 4;
+    Launch(WarpSinkhornBatchKernel, (count + kWarpsPerBlock - 1) / kWarpsPerBlock,
+           kWarpsPerBlock * kWarp, 0,
+           stream)(count, n, iters, z, h, dh, dz, tape, SinkhornTapeFloats(n, iters));
+  }
   return cudaGetLastError();
 }
 

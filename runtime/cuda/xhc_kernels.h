@@ -174,10 +174,10 @@ cudaError_t SumScalars(int64_t tokens, int stride, int count, const float* scal,
 
 // ---- hc and mhc (docs/design.md 5.2, 5.3; the CPU's HcImpl and MhcImpl in
 // runtime/residual/hyper_connections.cc): every sublayer reads, mixes and writes the full
-// N x C state, N <= kDenseMaxN (mhc's Sinkhorn on N x N takes at most kMaxSinkhornN). The
-// record layouts are the CPU's (MapLayout).
-inline constexpr int kDenseMaxN = 8;
-static_assert(kDenseMaxN <= kMaxSinkhornN);
+// N x C state, N <= kDenseMaxN (above 8 streams the maps are a warp's work, mhc's Sinkhorn a
+// lane per row, and the write's backward goes through shared-memory tiles). The record
+// layouts are the CPU's (MapLayout).
+inline constexpr int kDenseMaxN = 16;  // the CPU's limit for hc and mhc
 struct DenseLayout {
   bool hc = false;  // hc; mhc otherwise
   int N = 0, C = 0, iters = 20;
@@ -222,9 +222,14 @@ template <typename S>
 cudaError_t DenseWriteBackward(const DenseLayout& l, int64_t tokens, const S* saved,
                                const float* out_saved, const float* coef, float* dx, float* d_out,
                                float* dcoef, cudaStream_t stream);
+// Floats of DenseReadBackward's Sinkhorn scratch per token (mhc): up to 8 streams every
+// iteration's matrix (SinkhornTapeFloats), above 8 its column and row sums (2 N per
+// iteration: the warp's backward recovers the matrices from them).
+int64_t DenseTapeFloats(const DenseLayout& l);
+
 // DenseReadBackward per token: dH_pre_j = <du, x_j>; dx_j += H_pre_j du + alpha_j x_j (the
 // norms' terms); the maps' logit gradients (mhc: the Sinkhorn recomputed with `tape`, tokens x
-// SinkhornTapeFloats(N, iters)): c (tokens x Rows() x P, divided by the norms) and scal
+// DenseTapeFloats(l)): c (tokens x Rows() x P, divided by the norms) and scal
 // (tokens x ScalStride()).
 template <typename S>
 cudaError_t DenseReadBackward(const DenseLayout& l, int64_t tokens, const S* saved, const float* du,
@@ -239,7 +244,8 @@ cudaError_t CollapseBackward(const Layout& l, int64_t tokens, const float* dy, f
 
 // Sinkhorn (runtime/residual/sinkhorn.h) on `count` n x n matrices: h = Sinkhorn(z), and
 // when dh is not null dz = its backward. For tests of the device function alone.
-// `tape`: count x SinkhornTapeFloats(n, iters) floats. n <= 8.
+// `tape`: count x SinkhornTapeFloats(n, iters) floats. n <= kDenseMaxN: a thread per matrix up to
+// kMaxSinkhornN, a warp per matrix above (the dense hc/mhc kernels' two forms).
 cudaError_t SinkhornBatch(int count, int n, int iters, const float* z, float* h, const float* dh,
                           float* dz, float* tape, cudaStream_t stream);
 

@@ -238,7 +238,7 @@ TEST(GpuXhcTest, MhcMatchesTheCpu) {
 }
 
 // Above 4 streams the kernels hold a token's streams in arrays of 8: N = 8 fills them, N = 6
-// leaves two slots unused; Sinkhorn on 8 x 8 (its largest).
+// leaves two slots unused; Sinkhorn on 8 x 8 (its largest on one thread).
 TEST(GpuXhcTest, HcAndMhcUpToEightStreamsMatchTheCpu) {
   for (ResidualMode mode : {ResidualMode::kHc, ResidualMode::kMhc}) {
     for (int n : {6, 8}) {
@@ -247,6 +247,22 @@ TEST(GpuXhcTest, HcAndMhcUpToEightStreamsMatchTheCpu) {
                             {0, 11}, {1e-4, 1e-4});
     }
     CompareWithCpu<bf16>(WithStreams(Config(64, ResidualConfig::Transformer(1), mode), 8), 24, {0},
+                         {3e-2, 5e-2});
+  }
+}
+
+// Above 8 streams a warp computes the maps (a lane per stream; mhc's Sinkhorn a lane per row,
+// its backward rebuilding each iteration's matrix from the stored sums) and the write's
+// backward goes through shared-memory tiles of 32 columns: N = 12 leaves lanes and array
+// slots idle and C = 72 ends on a partial tile; N = 16 is xhc's width and the CPU's most.
+TEST(GpuXhcTest, HcAndMhcAboveEightStreamsMatchTheCpu) {
+  for (ResidualMode mode : {ResidualMode::kHc, ResidualMode::kMhc}) {
+    for (int n : {12, 16}) {
+      SCOPED_TRACE(absl::StrCat(mode == ResidualMode::kHc ? "hc" : "mhc", " N = ", n));
+      CompareWithCpu<float>(WithStreams(Config(72, ResidualConfig::Transformer(1), mode), n), 12,
+                            {0, 5}, {1e-4, 1e-4});
+    }
+    CompareWithCpu<bf16>(WithStreams(Config(64, ResidualConfig::Transformer(1), mode), 16), 12, {0},
                          {3e-2, 5e-2});
   }
 }
@@ -308,7 +324,8 @@ TEST(GpuXhcTest, CountsTheBytesOfEachKernel) {
 
 TEST(GpuXhcTest, SinkhornMatchesTheCpuProjection) {
   RACKRUN_OPEN_GPU_OR_SKIP(dev);
-  for (int n : {2, 4, 8}) {
+  // Up to 8 a thread per matrix; above, a warp (12: lanes left idle).
+  for (int n : {2, 4, 8, 12, 16}) {
     const int count = 37, iters = 20;
     const std::vector<float> z = RandomVector(int64_t{count} * n * n, 70 + n, 2.0f);
     const std::vector<float> dh = RandomVector(int64_t{count} * n * n, 80 + n);
@@ -334,15 +351,22 @@ TEST(GpuXhcTest, SinkhornMatchesTheCpuProjection) {
 
 // Configuration errors come before any device work, so they are checked without a GPU.
 TEST(GpuXhcTest, UnsupportedConfigurationsAreErrors) {
-  // hc and mhc on the GPU: at most 8 streams (the error names model.streams).
+  // hc and mhc on the GPU: at most 16 streams, as on the CPU (whose check names the field),
+  // and C <= 4096 (the error names model.width).
   for (ResidualMode mode : {ResidualMode::kHc, ResidualMode::kMhc}) {
     ResidualConfig dense = ResidualConfig::ForMode(mode, 64, ResidualConfig::Transformer(1));
-    dense.streams = 9;
+    dense.streams = 17;
     absl::StatusOr<std::unique_ptr<XhcStreams<float>>> g =
         XhcStreams<float>::Create(nullptr, dense, 1);
     ASSERT_FALSE(g.ok());
     EXPECT_EQ(g.status().code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_NE(g.status().message().find("model.streams"), std::string::npos) << g.status();
+    EXPECT_NE(g.status().message().find("streams = 17"), std::string::npos) << g.status();
+    dense.streams = 16;
+    dense.width = 2 * xhc::kMaxWidth;
+    g = XhcStreams<float>::Create(nullptr, dense, 1);
+    ASSERT_FALSE(g.ok());
+    EXPECT_EQ(g.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(g.status().message().find("model.width"), std::string::npos) << g.status();
   }
   // The vanilla stream is the model's own (GpuModel), not XhcStreams'.
   absl::StatusOr<std::unique_ptr<XhcStreams<float>>> g = XhcStreams<float>::Create(
