@@ -629,6 +629,27 @@ bool Jobs::AttemptRunning(const std::string& job_id, int attempt) const {
   return a.number() == attempt && a.state() == rackrun::v1::RUNNING;
 }
 
+absl::Status Jobs::CheckReporter(const std::string& job_id, int attempt, int rank,
+                                 const std::string& worker_id) const {
+  Lock lock(mu_);
+  const Entry* e = Find(job_id);
+  if (e == nullptr) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
+  if (attempt < 1 || attempt > e->job.attempts_size()) {
+    return absl::NotFoundError(absl::StrCat("job ", job_id, " has no attempt ", attempt));
+  }
+  for (const auto& r : e->job.attempts(attempt - 1).ranks()) {
+    if (r.rank() != rank) continue;
+    if (r.worker_id() == worker_id) return absl::OkStatus();
+    return absl::FailedPreconditionError(absl::StrCat(
+        "rank ", rank, " of attempt ", attempt, " of job ", job_id, " runs on worker ",
+        r.worker_id(), ", not on '", worker_id,
+        "': its report is refused (a job kept from a job store this coordinator no longer "
+        "has, whose number came back as another job's?)"));
+  }
+  return absl::NotFoundError(
+      absl::StrCat("attempt ", attempt, " of job ", job_id, " has no rank ", rank));
+}
+
 absl::Status Jobs::Reattach(const std::string& job_id, int attempt, int rank,
                             const rackrun::v1::RankPlacement& placement) {
   Lock lock(mu_);
@@ -649,8 +670,13 @@ absl::Status Jobs::Reattach(const std::string& job_id, int attempt, int rank,
     return absl::FailedPreconditionError(
         absl::StrCat("rank ", rank, " is not running attempt ", attempt));
   }
-  e->awaiting_reattach.erase(rank);
   const auto& old = a.ranks(index);
+  if (old.worker_id() != placement.worker_id()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("rank ", rank, " of attempt ", attempt, " of job ", job_id, " runs on worker ",
+                     old.worker_id(), ", not on ", placement.worker_id()));
+  }
+  e->awaiting_reattach.erase(rank);
   if (old.worker_id() == placement.worker_id() && old.host() == placement.host() &&
       old.pid() == placement.pid()) {
     return absl::OkStatus();

@@ -155,8 +155,19 @@ class Jobs {
   // True while `attempt` is the job's running attempt.
   bool AttemptRunning(const std::string& job_id, int attempt) const;
 
+  // Whether a report about (job, attempt, rank) may come from `worker_id`: Ok when the rank
+  // was placed on that worker; NotFound for an unknown job, attempt or rank;
+  // FailedPrecondition naming both workers otherwise (a worker that kept its job from a job
+  // store this coordinator no longer has, whose job number and rank came back as another
+  // job's, or one reporting for a rank not its own).
+  absl::Status CheckReporter(const std::string& job_id, int attempt, int rank,
+                             const std::string& worker_id) const;
+
   // A worker that re-registered naming (job, attempt, rank): Ok and the rank's placement
-  // updated when that attempt is still running, FailedPrecondition otherwise.
+  // updated (its host, pid, addresses) when that attempt is still running on that worker
+  // (placement.worker_id), FailedPrecondition otherwise: a rank never moves to another
+  // worker (one that kept its job from a job store this coordinator no longer has, whose
+  // number came back as another job's, must not take that job's rank).
   absl::Status Reattach(const std::string& job_id, int attempt, int rank,
                         const rackrun::v1::RankPlacement& placement);
 

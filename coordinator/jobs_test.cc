@@ -304,8 +304,9 @@ TEST_F(JobsTest, WatchReplaysFromSeqAndFollowsLive) {
   EXPECT_TRUE(saw_progress);
 }
 
-// A placement that mixes rack labels is a message event of the attempt; a rank that
-// re-attaches on another worker keeps its domain and takes the new worker's rack.
+// A placement that mixes rack labels is a message event of the attempt; a rank whose worker
+// re-attaches with another rack label keeps its domain and takes the new label; another
+// worker naming the rank is refused.
 TEST_F(JobsTest, PlacementNoteIsAnEventAndReattachKeepsTheDomain) {
   const std::string id = jobs_->Submit(Spec(4), "r1")->job.id();
   std::vector<RankPlacement> ranks = Ranks(4);
@@ -321,15 +322,22 @@ TEST_F(JobsTest, PlacementNoteIsAnEventAndReattachKeepsTheDomain) {
   EXPECT_EQ(jobs_->Get(id)->attempts(0).ranks(3).domain(), 1);
   RankPlacement moved;
   moved.set_rank(3);
-  moved.set_worker_id("w-9");
+  moved.set_worker_id("w-4");  // rank 3's worker, registered again with another rack label
   moved.set_host("h2");
   moved.set_pid(900);
   moved.set_rack("c");
   ASSERT_TRUE(jobs_->Reattach(id, 1, 3, moved).ok());
-  const RankPlacement now = jobs_->Get(id)->attempts(0).ranks(3);
-  EXPECT_EQ(now.worker_id(), "w-9");
+  RankPlacement now = jobs_->Get(id)->attempts(0).ranks(3);
+  EXPECT_EQ(now.worker_id(), "w-4");
   EXPECT_EQ(now.rack(), "c");
   EXPECT_EQ(now.domain(), 1);
+  // Another worker naming the rank does not take it.
+  moved.set_worker_id("w-9");
+  const absl::Status other = jobs_->Reattach(id, 1, 3, moved);
+  EXPECT_EQ(other.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(other.message().find("runs on worker w-4, not on w-9"), std::string::npos) << other;
+  now = jobs_->Get(id)->attempts(0).ranks(3);
+  EXPECT_EQ(now.worker_id(), "w-4");
   // Without a note there is no such event.
   const std::string plain = jobs_->Submit(Spec(1), "r2")->job.id();
   ASSERT_TRUE(jobs_->StartAttempt(plain, Ranks(1)).ok());

@@ -799,6 +799,48 @@ TEST(CoordinatorProcessTest, WorkersRunAJobAndALostWorkerIsNamed) {
   EXPECT_EQ(ra.cancel().job_id(), id2);
 }
 
+// A report about a rank comes only from the worker it was placed on: another worker's
+// (here b reporting rank 0, a's) is refused FAILED_PRECONDITION naming both, and changes
+// nothing; b registering again naming rank 0 does not take it; the ranks' own results then
+// end the job. (A worker that kept its job from a job
+// store the coordinator lost could otherwise end a new job that got the same number.)
+TEST(CoordinatorProcessTest, AWorkerTheRankIsNotPlacedOnCanNeitherReportForItNorTakeIt) {
+  TwoWorkerRack rack;
+  ASSERT_TRUE(rack.Start());
+  FakeWorker &a = *rack.a, &b = *rack.b;
+  rackrun::v1::Assignment ra, rb;
+  const std::string id = rack.SubmitAndTakeBothRuns(&ra, &rb);
+  ASSERT_FALSE(id.empty());
+  ASSERT_EQ(ra.run().rank(), 0);
+  for (auto outcome : {rackrun::v1::AttemptResult::SUCCEEDED, rackrun::v1::AttemptResult::FAILED}) {
+    const grpc::Status s = b.Result(ra.run(), outcome);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << s.error_message();
+    EXPECT_NE(s.error_message().find("runs on worker " + a.id() + ", not on '" + b.id() + "'"),
+              std::string::npos)
+        << s.error_message();
+  }
+  // Nor does b take rank 0 by registering again naming it: it is not attached.
+  rackrun::v1::RegisterRequest claim;
+  claim.set_host("hostb");
+  claim.set_pid(4000);
+  claim.set_worker_id(b.id());
+  claim.set_job_id(id);
+  claim.set_attempt(1);
+  claim.set_rank(0);
+  rackrun::v1::RegisterResponse claimed;
+  ASSERT_TRUE(b.client().rack().Register(b.client().Ctx().get(), claim, &claimed).ok());
+  EXPECT_FALSE(claimed.job_attached());
+  rackrun::v1::Job job;
+  ASSERT_TRUE(rack.good->Get(id, &job).ok());
+  EXPECT_EQ(job.state(), rackrun::v1::RUNNING) << job.DebugString();
+  EXPECT_EQ(job.attempts(0).ranks(0).worker_id(), a.id()) << job.DebugString();
+  ASSERT_TRUE(a.Result(ra.run(), rackrun::v1::AttemptResult::SUCCEEDED).ok());
+  ASSERT_TRUE(b.Result(rb.run(), rackrun::v1::AttemptResult::SUCCEEDED).ok());
+  job = WaitState(*rack.good, id, rackrun::v1::SUCCEEDED);
+  EXPECT_EQ(job.state(), rackrun::v1::SUCCEEDED) << job.DebugString();
+  EXPECT_EQ(job.attempts_size(), 1);
+}
+
 // A rank's stream dies under a live worker with its run unread (in the daemons: the run was
 // written into a connection that a cut had already doomed). The worker is not named lost
 // (it heartbeats), each heartbeat's answer says its stream is closed, and once it has

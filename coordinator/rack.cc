@@ -98,6 +98,10 @@ absl::StatusOr<rackrun::v1::ReportResponse> Rack::Report(const rackrun::v1::Repo
   Lock lock(mu_);
   if (req.job_id().empty()) return absl::InvalidArgumentError("job_id: required");
   if (req.attempt() < 1) return absl::InvalidArgumentError("attempt: required (1-based)");
+  if (absl::Status s =
+          jobs_.CheckReporter(req.job_id(), req.attempt(), req.rank(), req.worker_id());
+      !s.ok())
+    return s;
   switch (req.report_case()) {
     case rackrun::v1::ReportRequest::kProgress:
       if (req.rank() == 0) {

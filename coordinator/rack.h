@@ -57,7 +57,8 @@ class Rack {
   absl::StatusOr<rackrun::v1::RegisterResponse> Register(const rackrun::v1::RegisterRequest& req);
 
   // Progress (rank 0), checkpoints (rank 0) and results (every rank). A result makes the
-  // worker IDLE. `stop` in the response: the attempt is no longer running.
+  // worker IDLE. `stop` in the response: the attempt is no longer running. A report from a
+  // worker the rank was not placed on is refused (Jobs::CheckReporter).
   absl::StatusOr<rackrun::v1::ReportResponse> Report(const rackrun::v1::ReportRequest& req);
 
   // Detection, re-attach expiry, scheduling.

@@ -28,14 +28,20 @@ absl::StatusOr<std::string> Workers::Register(const rackrun::v1::RegisterRequest
     return absl::InvalidArgumentError(
         absl::StrCat("rack: ", s.message(), "; set the worker's --rack"));
   }
+  const bool fresh = req.worker_id().empty();
   std::string id = req.worker_id();
-  if (id.empty()) {
-    absl::StatusOr<int64_t> n = next_number_();
-    if (!n.ok()) return n.status();
-    id = absl::StrCat("w-", *n);
+  if (fresh) {
+    absl::StatusOr<std::string> minted = NewId();
+    if (!minted.ok()) return minted.status();
+    id = *std::move(minted);
   }
   Lock lock(mu_);
   if (shutdown_) return absl::UnavailableError("the coordinator is shutting down");
+  if (fresh && workers_.contains(id)) {
+    // A worker that kept this id registered again since NewId looked.
+    return absl::UnavailableError(
+        absl::StrCat("worker id ", id, " was just taken; register again"));
+  }
   if (absl::Status s = CheckRoomLocked(id); !s.ok()) return s;
   const int64_t now = clock_();
   Info& w = workers_[id];
@@ -62,6 +68,19 @@ absl::StatusOr<std::string> Workers::Register(const rackrun::v1::RegisterRequest
   w.last_heartbeat_ms = now;
   cv_.notify_all();
   return id;
+}
+
+absl::StatusOr<std::string> Workers::NewId() {
+  // Ids above the store's counter are held only by workers that kept theirs from a job
+  // store this coordinator no longer has; a few hundred tries cover any such rack.
+  for (int tries = 0; tries < 100000; ++tries) {
+    absl::StatusOr<int64_t> n = next_number_();
+    if (!n.ok()) return n.status();
+    std::string id = absl::StrCat("w-", *n);
+    Lock lock(mu_);
+    if (!workers_.contains(id)) return id;
+  }
+  return absl::InternalError("no free worker id after 100000 tries");
 }
 
 absl::Status Workers::CheckRoomLocked(const std::string& id) const {

@@ -75,7 +75,9 @@ class Workers {
   // Registers a worker (InvalidArgument naming `host` or `rack` for a bad one;
   // ResourceExhausted when Options::max_live workers are live and this is not one of them). With
   // req.worker_id set, that id is kept (re-register after a coordinator restart or after
-  // being declared lost); otherwise a new one is assigned.
+  // being declared lost); otherwise a new one is assigned, never one a worker here holds
+  // (after a coordinator came back with a new job store, whose numbers start again, its
+  // old workers keep theirs).
   // The worker starts IDLE; the caller marks it busy when it re-attaches to its job. A
   // worker that registers naming a job (req.job_id) and is not re-attached to it is still
   // stopping that attempt: it is IDLE but not placeable (not in Idle()) until a heartbeat
@@ -151,6 +153,9 @@ class Workers {
   int64_t StallAfterMs() const;
 
  private:
+  // A new id "w-N" from next_number_, skipping ids a worker here holds.
+  absl::StatusOr<std::string> NewId();
+
   struct Info {
     rackrun::v1::Worker
         w;  // id, host, pid, launcher_rank, device, channels, state, job, rank, step, phase

@@ -295,6 +295,23 @@ TEST_F(WorkersTest, AnAssignmentTheHeartbeatsDoNotAcknowledgeStallsTheStream) {
   EXPECT_FALSE(resp.stream_stalled());
 }
 
+// A coordinator back with a new job store numbers workers from w-1 again while the workers
+// of its old store register again keeping their ids: a new worker gets the next id no
+// worker here holds, never a held one (that registration would replace the other worker's).
+TEST_F(WorkersTest, ANewWorkerNeverGetsAnIdThatAWorkerHereKept) {
+  rackrun::v1::RegisterRequest req;
+  req.set_host("old");
+  for (const char* kept : {"w-1", "w-2", "w-4"}) {
+    req.set_worker_id(kept);
+    ASSERT_EQ(workers_.Register(req).value_or(""), kept);
+  }
+  rackrun::v1::RegisterRequest fresh;
+  fresh.set_host("new");
+  EXPECT_EQ(workers_.Register(fresh).value_or(""), "w-3");
+  EXPECT_EQ(workers_.Register(fresh).value_or(""), "w-5");
+  EXPECT_EQ(workers_.List(/*include_gone=*/true).workers_size(), 5);
+}
+
 // At most max_live workers are live: one more registration is refused naming the flag, a
 // live worker registering again is not one more, and an ended one makes room.
 TEST_F(WorkersTest, RegistrationsBeyondTheLiveLimitAreRefused) {
