@@ -114,6 +114,19 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path
       return absl::InternalError(absl::StrCat(path, ": ", s.message()));
     }
   }
+  // SQLite's random() draws from the operating system's randomness; | 1 keeps it nonzero.
+  if (absl::Status s = store->Exec(
+          "INSERT INTO meta (key, value) VALUES ('store_id', random() | 1) ON CONFLICT (key) DO "
+          "NOTHING;");
+      !s.ok()) {
+    return absl::InternalError(absl::StrCat(path, ": ", s.message()));
+  }
+  Stmt id(store->db_, "SELECT value FROM meta WHERE key = 'store_id'");
+  if (!id.ok() || id.Step() != SQLITE_ROW) {
+    return absl::InternalError(
+        absl::StrCat(path, ": ", store->Error("read the store id").message()));
+  }
+  store->store_id_ = static_cast<uint64_t>(id.ColInt(0));
   return store;
 }
 

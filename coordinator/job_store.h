@@ -81,6 +81,11 @@ class JobStore {
   // A number never returned before by this database (worker ids "w-<n>").
   absl::StatusOr<int64_t> NextWorkerNumber();
 
+  // This database's identity: random and nonzero, made with the database and kept in it.
+  // Job and worker numbers start again in another database; the workers send it with
+  // their ids and reports so that a coordinator tells its own from another store's.
+  uint64_t store_id() const { return store_id_; }
+
  private:
   explicit JobStore(sqlite3* db) : db_(db) {}
   absl::Status Exec(const char* sql) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -96,6 +101,7 @@ class JobStore {
 
   std::mutex mu_;
   sqlite3* db_ ABSL_GUARDED_BY(mu_);
+  uint64_t store_id_ = 0;  // set by Open, constant after
 };
 
 // "j-12" -> 12; -1 when `id` is not a job id.

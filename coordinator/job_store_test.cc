@@ -161,5 +161,26 @@ TEST(JobStoreTest, WorkerNumbersNeverRepeat) {
   EXPECT_EQ(*(*store)->NextWorkerNumber(), 3);
 }
 
+// A database keeps its identity across reopening; another database (its numbers start at 1
+// again) has another.
+TEST(JobStoreTest, AStoreKeepsItsIdentityAndAnotherStoreHasAnother) {
+  testing::ScratchDir dir;
+  const std::string path = dir.path() + "/coordinator.db";
+  uint64_t first = 0;
+  {
+    auto store = JobStore::Open(path);
+    ASSERT_TRUE(store.ok()) << store.status();
+    first = (*store)->store_id();
+    EXPECT_NE(first, 0u);
+  }
+  auto again = JobStore::Open(path);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ((*again)->store_id(), first);
+  auto other = JobStore::Open(dir.path() + "/other.db");
+  ASSERT_TRUE(other.ok()) << other.status();
+  EXPECT_NE((*other)->store_id(), 0u);
+  EXPECT_NE((*other)->store_id(), first);
+}
+
 }  // namespace
 }  // namespace rackrun::coordinator

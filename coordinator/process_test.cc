@@ -841,6 +841,70 @@ TEST(CoordinatorProcessTest, AWorkerTheRankIsNotPlacedOnCanNeitherReportForItNor
   EXPECT_EQ(job.attempts_size(), 1);
 }
 
+// A worker whose id and job come from another job store (the coordinator came back with its
+// database lost or replaced, and numbers workers and jobs from 1 again): registering with
+// an id a worker here has, it gets a new one and no job, and the other worker keeps its
+// registration and rank; its heartbeats under the old id and its reports about a run of the
+// other store are NOT_FOUND (the worker registers again, or drops the result); the same
+// calls with this store's identity are taken.
+TEST(CoordinatorProcessTest, AWorkerFromAnotherJobStoreTakesNoOnesIdOrRank) {
+  TwoWorkerRack rack;
+  ASSERT_TRUE(rack.Start());
+  FakeWorker &a = *rack.a, &b = *rack.b;
+  rackrun::v1::Assignment ra, rb;
+  const std::string id = rack.SubmitAndTakeBothRuns(&ra, &rb);
+  ASSERT_FALSE(id.empty());
+  const uint64_t mine = ra.run().store_id(), other = mine ^ 0x5a5a;
+  ASSERT_NE(mine, 0u);
+  EXPECT_EQ(rb.run().store_id(), mine);
+
+  rackrun::v1::RegisterRequest old;
+  old.set_host("hostc");
+  old.set_pid(4100);
+  old.set_worker_id(a.id());
+  old.set_store_id(other);
+  old.set_job_id(id);
+  old.set_attempt(1);
+  old.set_rank(0);
+  rackrun::v1::RegisterResponse given;
+  ASSERT_TRUE(a.client().rack().Register(a.client().Ctx().get(), old, &given).ok());
+  EXPECT_NE(given.worker_id(), a.id());
+  EXPECT_NE(given.worker_id(), b.id());
+  EXPECT_EQ(given.store_id(), mine);
+  EXPECT_FALSE(given.job_attached());
+  rackrun::v1::Job job;
+  ASSERT_TRUE(rack.good->Get(id, &job).ok());
+  EXPECT_EQ(job.attempts(0).ranks(0).worker_id(), a.id()) << job.DebugString();
+  EXPECT_EQ(job.attempts(0).ranks(0).host(), "hosta") << job.DebugString();
+
+  rackrun::v1::HeartbeatRequest hb;
+  hb.set_worker_id(a.id());
+  hb.set_store_id(other);
+  rackrun::v1::HeartbeatResponse hr;
+  grpc::Status s = a.client().rack().Heartbeat(a.client().Ctx().get(), hb, &hr);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_NE(s.error_message().find("another job store"), std::string::npos) << s.error_message();
+  hb.set_store_id(mine);
+  EXPECT_TRUE(a.client().rack().Heartbeat(a.client().Ctx().get(), hb, &hr).ok());
+
+  rackrun::v1::ReportRequest report;
+  report.set_worker_id(a.id());
+  report.set_job_id(id);
+  report.set_attempt(1);
+  report.set_rank(0);
+  report.set_store_id(other);
+  report.mutable_result()->set_outcome(rackrun::v1::AttemptResult::SUCCEEDED);
+  rackrun::v1::ReportResponse rr;
+  s = a.client().rack().Report(a.client().Ctx().get(), report, &rr);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_NE(s.error_message().find("another job store"), std::string::npos) << s.error_message();
+  report.set_store_id(mine);
+  ASSERT_TRUE(a.client().rack().Report(a.client().Ctx().get(), report, &rr).ok());
+  ASSERT_TRUE(b.Result(rb.run(), rackrun::v1::AttemptResult::SUCCEEDED).ok());
+  job = WaitState(*rack.good, id, rackrun::v1::SUCCEEDED);
+  EXPECT_EQ(job.state(), rackrun::v1::SUCCEEDED) << job.DebugString();
+}
+
 // A rank's stream dies under a live worker with its run unread (in the daemons: the run was
 // written into a connection that a cut had already doomed). The worker is not named lost
 // (it heartbeats), each heartbeat's answer says its stream is closed, and once it has

@@ -53,9 +53,29 @@ absl::StatusOr<rackrun::v1::Job> Rack::Cancel(const std::string& job_id,
   return ended->job;
 }
 
+absl::Status Rack::CheckStore(uint64_t store_id, absl::string_view what,
+                              absl::string_view then) const {
+  if (store_id == 0 || store_id == store_->store_id()) return absl::OkStatus();
+  return absl::NotFoundError(
+      absl::StrCat(what,
+                   " is from another job store (this coordinator's was lost or replaced, and it "
+                   "numbers workers and jobs from 1 again); ",
+                   then));
+}
+
 absl::StatusOr<rackrun::v1::RegisterResponse> Rack::Register(
-    const rackrun::v1::RegisterRequest& req) {
+    const rackrun::v1::RegisterRequest& request) {
   Lock lock(mu_);
+  const rackrun::v1::RegisterRequest* in = &request;
+  rackrun::v1::RegisterRequest fresh;
+  if (!CheckStore(request.store_id(), "", "").ok() && !request.worker_id().empty()) {
+    // Its id (and any job it names) is another store's: a new id here, so that it neither
+    // takes the registration of a worker this store numbered alike nor a job's rank.
+    fresh = request;
+    fresh.clear_worker_id();
+    in = &fresh;
+  }
+  const rackrun::v1::RegisterRequest& req = *in;
   // The attempt it was busy with before registering again (see below).
   const std::optional<rackrun::v1::RunJob> had =
       req.worker_id().empty() ? std::nullopt : workers_.BusyRun(req.worker_id());
@@ -63,6 +83,13 @@ absl::StatusOr<rackrun::v1::RegisterResponse> Rack::Register(
   if (!id.ok()) return id.status();
   rackrun::v1::RegisterResponse resp;
   resp.set_worker_id(*id);
+  resp.set_store_id(store_->store_id());
+  if (in != &request) {
+    std::fprintf(stderr,
+                 "rackrun-coordinator: worker %s (host %s) registered with an id from another "
+                 "job store: it is %s here\n",
+                 request.worker_id().c_str(), request.host().c_str(), id->c_str());
+  }
   resp.set_heartbeat_interval_ms(options_.workers.heartbeat_interval_ms);
   resp.set_heartbeat_timeout_ms(options_.workers.heartbeat_timeout_ms);
   if (!req.job_id().empty()) {
@@ -98,6 +125,11 @@ absl::StatusOr<rackrun::v1::ReportResponse> Rack::Report(const rackrun::v1::Repo
   Lock lock(mu_);
   if (req.job_id().empty()) return absl::InvalidArgumentError("job_id: required");
   if (req.attempt() < 1) return absl::InvalidArgumentError("attempt: required (1-based)");
+  if (absl::Status s =
+          CheckStore(req.store_id(), absl::StrCat("job ", req.job_id(), " attempt ", req.attempt()),
+                     "this coordinator does not know it, whatever job has that number here");
+      !s.ok())
+    return s;
   if (absl::Status s =
           jobs_.CheckReporter(req.job_id(), req.attempt(), req.rank(), req.worker_id());
       !s.ok())
@@ -192,6 +224,7 @@ void Rack::StartJobs() {
       *run->mutable_spec() = spec;
       run->set_resume(attempt->number() > 1);
       run->set_ranks_on_host(ranks_on_host[p.ranks[r].host]);
+      run->set_store_id(store_->store_id());
       rackrun::v1::Bootstrap* b = run->mutable_bootstrap();
       b->set_channel(ChannelOf(spec));
       b->set_store_prefix(absl::StrCat("jobs/", p.job_id, "/", attempt->number(), "/"));

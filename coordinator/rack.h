@@ -53,8 +53,16 @@ class Rack {
   absl::StatusOr<rackrun::v1::Job> Cancel(const std::string& job_id, const std::string& reason);
 
   // Registers a worker; when it names an in-flight job that is still running as that
-  // (attempt, rank), re-attaches it (job_attached = true) and it stays BUSY.
+  // (attempt, rank), re-attaches it (job_attached = true) and it stays BUSY. A worker whose
+  // id came from another job store (req.store_id) gets a new id and no job attached.
   absl::StatusOr<rackrun::v1::RegisterResponse> Register(const rackrun::v1::RegisterRequest& req);
+
+  // NotFound when `store_id` (a worker's RegisterRequest.store_id, or a report's
+  // RunJob.store_id) is another job store's: worker ids and job numbers from a store this
+  // coordinator does not have (it came back with its database lost or replaced, and numbers
+  // from 1 again) are not its own, even where they look alike. 0 (unknown) passes.
+  // The message: "<what> is from another job store (...); <then>".
+  absl::Status CheckStore(uint64_t store_id, absl::string_view what, absl::string_view then) const;
 
   // Progress (rank 0), checkpoints (rank 0) and results (every rank). A result makes the
   // worker IDLE. `stop` in the response: the attempt is no longer running. A report from a

@@ -25,6 +25,12 @@ grpc::Status TooMany(absl::string_view method, const CallCounter& counter, absl:
                                    " are open on this coordinator, its limit (", flag, " ",
                                    counter.max(), "); ", fix));
 }
+
+// Rack::CheckStore for a worker's call: NOT_FOUND, on which the worker registers again.
+absl::Status CheckWorkerStore(const Rack& rack, uint64_t store_id, const std::string& id) {
+  return rack.CheckStore(store_id, absl::StrCat("worker id '", id, "'"),
+                         "register again: this coordinator gives it a new id");
+}
 }  // namespace
 
 std::optional<CallCounter::Pass> CallCounter::TryEnter() {
@@ -170,6 +176,8 @@ grpc::Status RackControlImpl::Heartbeat(grpc::ServerContext* ctx,
                                         const rackrun::v1::HeartbeatRequest* req,
                                         rackrun::v1::HeartbeatResponse* resp) {
   if (grpc::Status s = Admit(*ctx, Access::kRack, "RackControl.Heartbeat"); !s.ok()) return s;
+  if (absl::Status s = CheckWorkerStore(*rack_, req->store_id(), req->worker_id()); !s.ok())
+    return ToGrpc(s);
   return ToGrpc(rack_->workers().Heartbeat(*req, resp));
 }
 
@@ -177,6 +185,8 @@ grpc::Status RackControlImpl::Assignments(grpc::ServerContext* ctx,
                                           const rackrun::v1::AssignmentsRequest* req,
                                           grpc::ServerWriter<rackrun::v1::Assignment>* writer) {
   if (grpc::Status s = Admit(*ctx, Access::kRack, "RackControl.Assignments"); !s.ok()) return s;
+  if (absl::Status s = CheckWorkerStore(*rack_, req->store_id(), req->worker_id()); !s.ok())
+    return ToGrpc(s);
   absl::StatusOr<int64_t> gen = rack_->workers().OpenStream(req->worker_id());
   if (!gen.ok()) return ToGrpc(gen.status());
   // Send the initial metadata now, so the worker knows the stream is open.
@@ -214,6 +224,8 @@ grpc::Status RackControlImpl::Deregister(grpc::ServerContext* ctx,
                                          const rackrun::v1::DeregisterRequest* req,
                                          rackrun::v1::DeregisterResponse*) {
   if (grpc::Status s = Admit(*ctx, Access::kRack, "RackControl.Deregister"); !s.ok()) return s;
+  if (absl::Status s = CheckWorkerStore(*rack_, req->store_id(), req->worker_id()); !s.ok())
+    return ToGrpc(s);
   return ToGrpc(rack_->workers().Deregister(req->worker_id()));
 }
 

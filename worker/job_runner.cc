@@ -70,6 +70,7 @@ class JobRunner::Reporter {
            JobRunner* runner)
       : connection_(connection), runner_(runner) {
     base_.set_worker_id(worker_id);
+    base_.set_store_id(job.store_id());
     base_.set_job_id(job.job_id());
     base_.set_attempt(job.attempt());
     base_.set_rank(job.rank());

@@ -195,6 +195,11 @@ std::string Worker::worker_id() const {
   return worker_id_;
 }
 
+Worker::Registered Worker::registered() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return Registered{worker_id_, store_id_};
+}
+
 absl::Status Worker::Register(bool again) {
   std::lock_guard<std::mutex> serial(register_mu_);
   rackrun::v1::RegisterRequest request;
@@ -214,7 +219,10 @@ absl::Status Worker::Register(bool again) {
   std::shared_ptr<JobRunner> running;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (again) request.set_worker_id(worker_id_);
+    if (again) {
+      request.set_worker_id(worker_id_);
+      request.set_store_id(store_id_);
+    }
     running = running_;
     // The coordinator numbers assignments from 1 again after this registration; a
     // heartbeat sent meanwhile acknowledges none rather than some of the new ones.
@@ -233,7 +241,14 @@ absl::Status Worker::Register(bool again) {
   if (!s.ok()) return FromGrpc(s);
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (again && !worker_id_.empty() && response.worker_id() != worker_id_) {
+      std::fprintf(stderr,
+                   "rackrun-worker: the coordinator has another job store (lost or replaced): "
+                   "registered as %s (was %s)\n",
+                   response.worker_id().c_str(), worker_id_.c_str());
+    }
     worker_id_ = response.worker_id();
+    store_id_ = response.store_id();
   }
   // The heartbeat deadline, keepalive and reconnect backoff follow the coordinator's
   // heartbeat interval and timeout (rpc/liveness.h); a coordinator older than the timeout
@@ -297,7 +312,9 @@ void Worker::StreamLoop() {
     }
     first = false;
     rackrun::v1::AssignmentsRequest request;
-    request.set_worker_id(worker_id());
+    const Registered me = registered();
+    request.set_worker_id(me.worker_id);
+    request.set_store_id(me.store_id);
     std::unique_ptr<grpc::ClientContext> context =
         connection_->NewContext(std::chrono::milliseconds(0));
     // On a channel (and TCP connection) of its own, which the heartbeats' renewals leave
@@ -393,7 +410,9 @@ void Worker::HeartbeatLoop() {
     const auto start = Clock::now();
     next = start + live.interval;
     rackrun::v1::HeartbeatRequest request;
-    request.set_worker_id(worker_id());
+    const Registered me = registered();
+    request.set_worker_id(me.worker_id);
+    request.set_store_id(me.store_id);
     rpc::Phase phase = rpc::Phase::kIdle;
     if (running != nullptr) {
       const JobStatus st = running->Status();
@@ -509,6 +528,7 @@ void Worker::ReportResult(const rackrun::v1::RunJob& job,
                           const rackrun::v1::AttemptResult& result) {
   rackrun::v1::ReportRequest request;
   request.set_worker_id(worker_id());
+  request.set_store_id(job.store_id());
   request.set_job_id(job.job_id());
   request.set_attempt(job.attempt());
   request.set_rank(job.rank());
@@ -716,7 +736,9 @@ void Worker::Leave() {
   // answered NOT_FOUND and register the leaving worker again (IDLE until it was lost).
   StopThreads();
   rackrun::v1::DeregisterRequest request;
-  request.set_worker_id(worker_id());
+  const Registered me = registered();
+  request.set_worker_id(me.worker_id);
+  request.set_store_id(me.store_id);
   request.set_reason("shutdown (signal)");
   rackrun::v1::DeregisterResponse response;
   std::unique_ptr<grpc::ClientContext> context = connection_->NewContext();

@@ -103,6 +103,15 @@ class Worker {
   std::string worker_id() const;
 
  private:
+  // The id and the coordinator's job store it came from (RegisterResponse.store_id; 0 from
+  // a coordinator older than the field), read together: every call that names the worker
+  // sends both, so that a coordinator with another store tells them apart.
+  struct Registered {
+    std::string worker_id;
+    uint64_t store_id = 0;
+  };
+  Registered registered() const;
+
   explicit Worker(const WorkerOptions& options) : options_(options) {}
 
   // Register (or register again with the in-flight job). Serialised.
@@ -163,6 +172,7 @@ class Worker {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::string worker_id_;                  // guarded by mu_
+  uint64_t store_id_ = 0;                  // guarded by mu_
   std::deque<rackrun::v1::RunJob> queue_;  // guarded by mu_
   // Cancelled while queued; the job thread reports them CANCELLED. Guarded by mu_.
   std::vector<rackrun::v1::RunJob> cancelled_unstarted_;

@@ -599,9 +599,10 @@ TEST_F(DaemonsTest, CoordinatorDownWhileTheJobEndsLosesNothing) {
 }
 
 // The coordinator comes back without its job store (its database lost or replaced) while a
-// job runs: the workers, which register again naming the job, are told it does not run
-// there, stop it and report; the coordinator does not know the attempt (NOT_FOUND), which is
-// final, so the result is dropped and the workers run the next job. Before, a worker retried
+// job runs: the workers, which register again naming the job and their ids from the old
+// store, get new ids, are told the job does not run there, stop it and report; the
+// coordinator does not know the attempt (NOT_FOUND: another store's), which is final, so
+// the result is dropped and the workers run the next job. Before, a worker retried
 // that report every 300 ms for ever (NOT_FOUND made it register again and retry) and never
 // ran another job: the next one stayed QUEUED.
 TEST_F(DaemonsTest, ACoordinatorBackWithoutItsJobStoreFreesItsWorkers) {
@@ -618,6 +619,13 @@ TEST_F(DaemonsTest, ACoordinatorBackWithoutItsJobStoreFreesItsWorkers) {
                 HasSubstr("so the result is dropped"))
         << "worker " << w;
   }
+  // Their ids were the old store's: the new one gave each an id of its own (whatever its
+  // number), and took none of their reports about the old job.
+  const std::string log = ::rackrun::testing::Slurp(dir_ / "coordinator1.log");
+  for (const char* id : {"w-1", "w-2"}) {
+    EXPECT_THAT(log, HasSubstr(std::string("worker ") + id + " (host "));
+  }
+  EXPECT_THAT(log, HasSubstr("registered with an id from another job store"));
 }
 
 // The coordinator comes back with new tokens (the admin token file deleted: it makes a new
