@@ -458,9 +458,16 @@ void Worker::HeartbeatLoop() {
     const grpc::Status s = stub->Heartbeat(context.get(), request, &response);
     if (s.ok() || !Retryable(s)) {
       if (missed > 0) {
-        std::fprintf(stderr, "rackrun-worker: heartbeats to %s resumed after %.1f s (%d missed)\n",
+        // Answered, but not necessarily taken: say what the answer was.
+        const std::string answer =
+            s.ok() ? std::string()
+                   : absl::StrCat(", answered ", absl::StatusCodeToString(FromGrpc(s).code()), ": ",
+                                  s.error_message());
+        std::fprintf(stderr,
+                     "rackrun-worker: heartbeats to %s reach it again after %.1f s (%d missed)%s\n",
                      connection_->address().c_str(),
-                     std::chrono::duration<double>(Clock::now() - missing_since).count(), missed);
+                     std::chrono::duration<double>(Clock::now() - missing_since).count(), missed,
+                     answer.c_str());
         missed = 0;
       }
       if (s.error_code() == grpc::StatusCode::NOT_FOUND) (void)Register(/*again=*/true);
