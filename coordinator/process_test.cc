@@ -844,9 +844,9 @@ TEST(CoordinatorProcessTest, AWorkerTheRankIsNotPlacedOnCanNeitherReportForItNor
 // A worker whose id and job come from another job store (the coordinator came back with its
 // database lost or replaced, and numbers workers and jobs from 1 again): registering with
 // an id a worker here has, it gets a new one and no job, and the other worker keeps its
-// registration and rank; its heartbeats under the old id and its reports about a run of the
-// other store are NOT_FOUND (the worker registers again, or drops the result); the same
-// calls with this store's identity are taken.
+// registration and rank; its heartbeats under the old id, its rendezvous calls and reports
+// about a run of the other store are NOT_FOUND (the worker registers again, or drops the
+// result); the same calls with this store's identity are taken.
 TEST(CoordinatorProcessTest, AWorkerFromAnotherJobStoreTakesNoOnesIdOrRank) {
   TwoWorkerRack rack;
   ASSERT_TRUE(rack.Start());
@@ -886,6 +886,34 @@ TEST(CoordinatorProcessTest, AWorkerFromAnotherJobStoreTakesNoOnesIdOrRank) {
   EXPECT_NE(s.error_message().find("another job store"), std::string::npos) << s.error_message();
   hb.set_store_id(mine);
   EXPECT_TRUE(a.client().rack().Heartbeat(a.client().Ctx().get(), hb, &hr).ok());
+
+  // Nor does it write into, or read from, the run's rendezvous.
+  rackrun::v1::StoreSetRequest set;
+  set.set_job_id(id);
+  set.set_attempt(1);
+  set.set_key("rank0");
+  set.set_value("from another store");
+  set.set_store_id(other);
+  rackrun::v1::StoreSetResponse sr;
+  s = a.client().rack().StoreSet(a.client().Ctx().get(), set, &sr);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND) << s.error_message();
+  rackrun::v1::StoreGetRequest get;
+  get.set_job_id(id);
+  get.set_attempt(1);
+  get.add_keys("rank0");
+  get.set_no_wait(true);
+  get.set_store_id(other);
+  rackrun::v1::StoreGetResponse gr;
+  s = a.client().rack().StoreGet(a.client().Ctx().get(), get, &gr);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_NE(s.error_message().find("another job store"), std::string::npos) << s.error_message();
+  set.set_store_id(mine);
+  set.set_value("ours");
+  ASSERT_TRUE(a.client().rack().StoreSet(a.client().Ctx().get(), set, &sr).ok());
+  get.set_store_id(mine);
+  ASSERT_TRUE(a.client().rack().StoreGet(a.client().Ctx().get(), get, &gr).ok());
+  ASSERT_EQ(gr.values_size(), 1);
+  EXPECT_EQ(gr.values(0), "ours");
 
   rackrun::v1::ReportRequest report;
   report.set_worker_id(a.id());

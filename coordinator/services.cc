@@ -31,6 +31,13 @@ absl::Status CheckWorkerStore(const Rack& rack, uint64_t store_id, const std::st
   return rack.CheckStore(store_id, absl::StrCat("worker id '", id, "'"),
                          "register again: this coordinator gives it a new id");
 }
+
+// Rack::CheckStore for a call about a run (the rendezvous): NOT_FOUND, the run is not ours.
+absl::Status CheckRunStore(const Rack& rack, uint64_t store_id, const std::string& job_id,
+                           int attempt) {
+  return rack.CheckStore(store_id, absl::StrCat("job ", job_id, " attempt ", attempt),
+                         "this coordinator does not run it, whatever job has that number here");
+}
 }  // namespace
 
 std::optional<CallCounter::Pass> CallCounter::TryEnter() {
@@ -234,6 +241,9 @@ grpc::Status RackControlImpl::StoreSet(grpc::ServerContext* ctx,
                                        rackrun::v1::StoreSetResponse*) {
   if (grpc::Status s = Admit(*ctx, Access::kRack, "RackControl.StoreSet"); !s.ok()) return s;
   if (req->key().empty()) return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "key: required");
+  if (absl::Status s = CheckRunStore(*rack_, req->store_id(), req->job_id(), req->attempt());
+      !s.ok())
+    return ToGrpc(s);
   if (!rack_->jobs().AttemptRunning(req->job_id(), req->attempt())) {
     return grpc::Status(
         grpc::StatusCode::FAILED_PRECONDITION,
@@ -247,6 +257,9 @@ grpc::Status RackControlImpl::StoreGet(grpc::ServerContext* ctx,
                                        const rackrun::v1::StoreGetRequest* req,
                                        rackrun::v1::StoreGetResponse* resp) {
   if (grpc::Status s = Admit(*ctx, Access::kRack, "RackControl.StoreGet"); !s.ok()) return s;
+  if (absl::Status s = CheckRunStore(*rack_, req->store_id(), req->job_id(), req->attempt());
+      !s.ok())
+    return ToGrpc(s);
   if (!rack_->jobs().AttemptRunning(req->job_id(), req->attempt())) {
     return grpc::Status(
         grpc::StatusCode::FAILED_PRECONDITION,

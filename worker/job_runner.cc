@@ -347,7 +347,8 @@ absl::StatusOr<std::unique_ptr<comm::DataChannel>> JobRunner::MakeChannel() {
   setup.label = Who();
   setup.device = std::max(0, options_.cuda_device);
   setup.host_buffers = true;  // the CPU trainer's buffers are host memory
-  RendezvousClient store(connection_, assignment_.job_id(), assignment_.attempt());
+  RendezvousClient store(connection_, assignment_.job_id(), assignment_.attempt(),
+                         assignment_.store_id());
   return comm::CreateChannel(b.channel(), store, setup);
 }
 

@@ -44,6 +44,7 @@ absl::Status RendezvousClient::Set(const std::string& key, const std::string& va
   rackrun::v1::StoreSetRequest request;
   request.set_job_id(job_id_);
   request.set_attempt(attempt_);
+  request.set_store_id(store_id_);
   request.set_key(key);
   request.set_value(value);
   rackrun::v1::StoreSetResponse response;
@@ -62,6 +63,7 @@ absl::StatusOr<std::vector<std::string>> RendezvousClient::Get(const std::vector
   rackrun::v1::StoreGetRequest request;
   request.set_job_id(job_id_);
   request.set_attempt(attempt_);
+  request.set_store_id(store_id_);
   for (const std::string& k : keys) request.add_keys(k);
   // No time to wait: ask whether they are there now (the coordinator answers at once), over
   // a slice or two, so that a loaded machine or a renewed connection's handshake is not

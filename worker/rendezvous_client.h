@@ -24,10 +24,14 @@ namespace rackrun::worker {
 
 class RendezvousClient final : public comm::RendezvousStore {
  public:
-  // Keys are scoped by the coordinator to (job_id, attempt). The connection must outlive
-  // this object.
-  RendezvousClient(Connection& connection, std::string job_id, int attempt)
-      : connection_(connection), job_id_(std::move(job_id)), attempt_(attempt) {}
+  // Keys are scoped by the coordinator to (job_id, attempt) of the job store `store_id`
+  // (RunJob.store_id; a coordinator with another store answers NOT_FOUND). The connection
+  // must outlive this object.
+  RendezvousClient(Connection& connection, std::string job_id, int attempt, uint64_t store_id)
+      : connection_(connection),
+        job_id_(std::move(job_id)),
+        attempt_(attempt),
+        store_id_(store_id) {}
 
   // Unavailable or DeadlineExceeded when the coordinator did not take it within 10 s.
   absl::Status Set(const std::string& key, const std::string& value) override;
@@ -46,6 +50,7 @@ class RendezvousClient final : public comm::RendezvousStore {
   Connection& connection_;
   std::string job_id_;
   int attempt_;
+  uint64_t store_id_;
   std::chrono::milliseconds set_timeout_{10000};
 };
 
