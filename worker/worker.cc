@@ -458,16 +458,7 @@ void Worker::HeartbeatLoop() {
     const grpc::Status s = stub->Heartbeat(context.get(), request, &response);
     if (s.ok() || !Retryable(s)) {
       if (missed > 0) {
-        // Answered, but not necessarily taken: say what the answer was.
-        const std::string answer =
-            s.ok() ? std::string()
-                   : absl::StrCat(", answered ", absl::StatusCodeToString(FromGrpc(s).code()), ": ",
-                                  s.error_message());
-        std::fprintf(stderr,
-                     "rackrun-worker: heartbeats to %s reach it again after %.1f s (%d missed)%s\n",
-                     connection_->address().c_str(),
-                     std::chrono::duration<double>(Clock::now() - missing_since).count(), missed,
-                     answer.c_str());
+        SayHeartbeatsAnswered(s, Clock::now() - missing_since, missed);
         missed = 0;
       }
       if (s.error_code() == grpc::StatusCode::NOT_FOUND) (void)Register(/*again=*/true);
@@ -488,6 +479,19 @@ void Worker::HeartbeatLoop() {
     connection_->Renew(stub);
     next = start + live.retry_period;
   }
+}
+
+void Worker::SayHeartbeatsAnswered(const grpc::Status& s,
+                                   std::chrono::steady_clock::duration missing, int missed) const {
+  // Answered, but not necessarily taken: say what the answer was.
+  const std::string answer =
+      s.ok() ? std::string()
+             : absl::StrCat(", answered ", absl::StatusCodeToString(FromGrpc(s).code()), ": ",
+                            s.error_message());
+  std::fprintf(stderr,
+               "rackrun-worker: heartbeats to %s reach it again after %.1f s (%d missed)%s\n",
+               connection_->address().c_str(), std::chrono::duration<double>(missing).count(),
+               missed, answer.c_str());
 }
 
 bool Worker::HasRunLocked(const rackrun::v1::RunJob& run) const {

@@ -134,6 +134,9 @@ class Worker {
   // (`told`: the last said, kOk after a success, which is said too).
   bool RegisterAgain(absl::StatusCode* told);
   void HeartbeatLoop();
+  // The log line when heartbeats are answered again after `missed` failed for `missing`.
+  void SayHeartbeatsAnswered(const grpc::Status& s, std::chrono::steady_clock::duration missing,
+                             int missed) const;
   // The coordinator says the stream open when heartbeat `epoch` was sent is closed there, or
   // (`stalled`) that an assignment it wrote into it never arrived: cancel it (StreamLoop
   // registers again and opens another; a stalled stream's channel is renewed first, since
