@@ -802,8 +802,8 @@ TEST(CoordinatorProcessTest, WorkersRunAJobAndALostWorkerIsNamed) {
 // A report about a rank comes only from the worker it was placed on: another worker's
 // (here b reporting rank 0, a's) is refused FAILED_PRECONDITION naming both, and changes
 // nothing; b registering again naming rank 0 does not take it; the ranks' own results then
-// end the job. (A worker that kept its job from a job
-// store the coordinator lost could otherwise end a new job that got the same number.)
+// end the job. (A worker that kept its job from a job store the coordinator lost could
+// otherwise take or end a new job that got the same number.)
 TEST(CoordinatorProcessTest, AWorkerTheRankIsNotPlacedOnCanNeitherReportForItNorTakeIt) {
   TwoWorkerRack rack;
   ASSERT_TRUE(rack.Start());
