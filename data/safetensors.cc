@@ -35,6 +35,15 @@ int64_t Elements(const std::vector<int64_t>& shape) {
   return n;
 }
 
+// Bytes of `count` elements of `element` bytes each, or -1 when count is negative or the
+// product overflows (2^62 eight-byte elements wrapped to 0 bytes and matched an empty range).
+int64_t BytesOf(int64_t count, size_t element) {
+  if (count < 0 || element == 0 ||
+      count > std::numeric_limits<int64_t>::max() / static_cast<int64_t>(element))
+    return -1;
+  return count * static_cast<int64_t>(element);
+}
+
 }  // namespace
 
 absl::Status WriteSafetensors(const std::string& path, const std::vector<SafeTensor>& tensors,
@@ -48,7 +57,8 @@ absl::Status WriteSafetensors(const std::string& path, const std::vector<SafeTen
     const int64_t n = Elements(t.shape);
     if (element == 0)
       return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name, "': dtype ", t.dtype));
-    if (n < 0 || static_cast<uint64_t>(n) * element != t.bytes.size()) {
+    const int64_t want = BytesOf(n, element);
+    if (want < 0 || static_cast<uint64_t>(want) != t.bytes.size()) {
       return absl::InvalidArgumentError(
           absl::StrCat("tensor '", t.name, "': ", t.bytes.size(), " bytes do not match its shape"));
     }
@@ -127,8 +137,9 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::Open(const std::string& path) {
     const size_t element = SafetensorsDTypeBytes(t.dtype);
     const int64_t count = Elements(t.shape);
     if (element == 0) return bad(absl::StrCat("tensor '", name, "': unknown dtype ", t.dtype));
-    if (begin > end || end > buffer.size() || count < 0 ||
-        end - begin != static_cast<uint64_t>(count) * element) {
+    const int64_t want = BytesOf(count, element);
+    if (begin > end || end > buffer.size() || want < 0 ||
+        end - begin != static_cast<uint64_t>(want)) {
       return bad(absl::StrCat("tensor '", name, "': offsets [", begin, ", ", end,
                               ") do not fit its shape or the file's ", buffer.size(),
                               " data bytes"));

@@ -70,6 +70,11 @@ TEST(SafetensorsTest, RefusesInconsistentFilesNamingThem) {
   };
   write(R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 4]}})", "12345678");
   expect("offsets [0, 4) do not fit its shape");
+  // 2^62 eight-byte elements: their byte count overflows (it wrapped to 0 and matched the
+  // empty range; the fuzzer found it).
+  write(R"({"a": {"dtype": "F64", "shape": [2147483648, 2147483648], "data_offsets": [0, 0]}})",
+        "");
+  expect("offsets [0, 0) do not fit its shape");
   write(R"({"a": {"dtype": "Q7", "shape": [1], "data_offsets": [0, 4]}})", "1234");
   expect("unknown dtype Q7");
   write(R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}})", "12345678");
@@ -83,6 +88,13 @@ TEST(SafetensorsTest, RefusesInconsistentFilesNamingThem) {
   EXPECT_FALSE(
       WriteSafetensors(path, {{.name = "x", .dtype = "F32", .shape = {3}, .bytes = "1234"}}, {})
           .ok());
+  EXPECT_FALSE(WriteSafetensors(path,
+                                {{.name = "x",
+                                  .dtype = "F64",
+                                  .shape = {int64_t{1} << 31, int64_t{1} << 31},
+                                  .bytes = ""}},
+                                {})
+                   .ok());
 }
 
 }  // namespace
