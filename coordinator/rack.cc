@@ -68,7 +68,8 @@ absl::StatusOr<rackrun::v1::RegisterResponse> Rack::Register(
   Lock lock(mu_);
   const rackrun::v1::RegisterRequest* in = &request;
   rackrun::v1::RegisterRequest fresh;
-  if (!CheckStore(request.store_id(), "", "").ok() && !request.worker_id().empty()) {
+  const uint64_t from = request.store_id();
+  if (from != 0 && from != store_->store_id() && !request.worker_id().empty()) {
     // Its id (and any job it names) is another store's: a new id here, so that it neither
     // takes the registration of a worker this store numbered alike nor a job's rank.
     fresh = request;

@@ -71,8 +71,9 @@ absl::StatusOr<std::string> Workers::Register(const rackrun::v1::RegisterRequest
 }
 
 absl::StatusOr<std::string> Workers::NewId() {
-  // Ids above the store's counter are held only by workers that kept theirs from a job
-  // store this coordinator no longer has; a few hundred tries cover any such rack.
+  // An id the counter has not reached yet is held only by a worker that kept it from a job
+  // store this coordinator no longer has (one older than RegisterRequest.store_id: newer
+  // ones get a new id); each such worker costs at most one number here.
   for (int tries = 0; tries < 100000; ++tries) {
     absl::StatusOr<int64_t> n = next_number_();
     if (!n.ok()) return n.status();

@@ -241,7 +241,7 @@ absl::Status Worker::Register(bool again) {
   if (!s.ok()) return FromGrpc(s);
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (again && !worker_id_.empty() && response.worker_id() != worker_id_) {
+    if (again && store_id_ != 0 && response.store_id() != store_id_) {
       std::fprintf(stderr,
                    "rackrun-worker: the coordinator has another job store (lost or replaced): "
                    "registered as %s (was %s)\n",

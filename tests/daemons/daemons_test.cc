@@ -626,6 +626,12 @@ TEST_F(DaemonsTest, ACoordinatorBackWithoutItsJobStoreFreesItsWorkers) {
     EXPECT_THAT(log, HasSubstr(std::string("worker ") + id + " (host "));
   }
   EXPECT_THAT(log, HasSubstr("registered with an id from another job store"));
+  for (int w = 0; w < 2; ++w) {
+    EXPECT_THAT(
+        ::rackrun::testing::Slurp(dir_ / ("worker" + std::to_string(w) + ".log")),
+        HasSubstr("the coordinator has another job store (lost or replaced): registered as"))
+        << "worker " << w;
+  }
 }
 
 // The coordinator comes back with new tokens (the admin token file deleted: it makes a new
