@@ -491,19 +491,10 @@ absl::StatusOr<Jobs::Ended> Jobs::RankResult(const std::string& job_id, int atte
                                              const AttemptResult& result) {
   Lock lock(mu_);
   Entry* e = Find(job_id);
-  if (e == nullptr) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
-  if (attempt < 1 || attempt > e->job.attempts_size()) {
-    return absl::NotFoundError(absl::StrCat("job ", job_id, " has no attempt ", attempt));
-  }
+  absl::StatusOr<const rackrun::v1::RankPlacement*> found = PlacementOf(e, job_id, attempt, rank);
+  if (!found.ok()) return found.status();
+  const rackrun::v1::RankPlacement* placement = *found;
   const Attempt& a = e->job.attempts(attempt - 1);
-  const rackrun::v1::RankPlacement* placement = nullptr;
-  for (const auto& r : a.ranks()) {
-    if (r.rank() == rank) placement = &r;
-  }
-  if (placement == nullptr) {
-    return absl::NotFoundError(
-        absl::StrCat("attempt ", attempt, " of job ", job_id, " has no rank ", rank));
-  }
   Ended out;
   auto failure_of = [&](rackrun::v1::FailureKind kind) {
     Failure f;
@@ -629,25 +620,32 @@ bool Jobs::AttemptRunning(const std::string& job_id, int attempt) const {
   return a.number() == attempt && a.state() == rackrun::v1::RUNNING;
 }
 
-absl::Status Jobs::CheckReporter(const std::string& job_id, int attempt, int rank,
-                                 const std::string& worker_id) const {
-  Lock lock(mu_);
-  const Entry* e = Find(job_id);
+absl::StatusOr<const rackrun::v1::RankPlacement*> Jobs::PlacementOf(const Entry* e,
+                                                                    const std::string& job_id,
+                                                                    int attempt, int rank) {
   if (e == nullptr) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
   if (attempt < 1 || attempt > e->job.attempts_size()) {
     return absl::NotFoundError(absl::StrCat("job ", job_id, " has no attempt ", attempt));
   }
   for (const auto& r : e->job.attempts(attempt - 1).ranks()) {
-    if (r.rank() != rank) continue;
-    if (r.worker_id() == worker_id) return absl::OkStatus();
-    return absl::FailedPreconditionError(absl::StrCat(
-        "rank ", rank, " of attempt ", attempt, " of job ", job_id, " runs on worker ",
-        r.worker_id(), ", not on '", worker_id,
-        "': its report is refused (a job kept from a job store this coordinator no longer "
-        "has, whose number came back as another job's?)"));
+    if (r.rank() == rank) return &r;
   }
   return absl::NotFoundError(
       absl::StrCat("attempt ", attempt, " of job ", job_id, " has no rank ", rank));
+}
+
+absl::Status Jobs::CheckReporter(const std::string& job_id, int attempt, int rank,
+                                 const std::string& worker_id) const {
+  Lock lock(mu_);
+  absl::StatusOr<const rackrun::v1::RankPlacement*> placement =
+      PlacementOf(Find(job_id), job_id, attempt, rank);
+  if (!placement.ok()) return placement.status();
+  if ((*placement)->worker_id() == worker_id) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "rank ", rank, " of attempt ", attempt, " of job ", job_id, " runs on worker ",
+      (*placement)->worker_id(), ", not on '", worker_id,
+      "': its report is refused (a job kept from a job store this coordinator no longer "
+      "has, whose number came back as another job's?)"));
 }
 
 absl::Status Jobs::Reattach(const std::string& job_id, int attempt, int rank,
@@ -677,8 +675,7 @@ absl::Status Jobs::Reattach(const std::string& job_id, int attempt, int rank,
                      old.worker_id(), ", not on ", placement.worker_id()));
   }
   e->awaiting_reattach.erase(rank);
-  if (old.worker_id() == placement.worker_id() && old.host() == placement.host() &&
-      old.pid() == placement.pid()) {
+  if (old.host() == placement.host() && old.pid() == placement.pid()) {
     return absl::OkStatus();
   }
   Job next = e->job;

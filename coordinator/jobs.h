@@ -207,6 +207,11 @@ class Jobs {
   // nullptr when there is no such job.
   Entry* Find(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   const Entry* Find(const std::string& job_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The placement of `rank` in attempt `attempt` of `e` (job `job_id`, as Find gave it):
+  // NotFound naming the job, the attempt or the rank that is not there.
+  static absl::StatusOr<const rackrun::v1::RankPlacement*> PlacementOf(const Entry* e,
+                                                                       const std::string& job_id,
+                                                                       int attempt, int rank);
   // A stored job as an entry: the attempt awaiting its ranks when it runs, the checkpoint
   // step and the progress count replayed from its events.
   Entry FromStore(StoredJob s, int64_t now) const;

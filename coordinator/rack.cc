@@ -53,14 +53,27 @@ absl::StatusOr<rackrun::v1::Job> Rack::Cancel(const std::string& job_id,
   return ended->job;
 }
 
-absl::Status Rack::CheckStore(uint64_t store_id, absl::string_view what,
-                              absl::string_view then) const {
-  if (store_id == 0 || store_id == store_->store_id()) return absl::OkStatus();
+bool Rack::OtherStore(uint64_t store_id) const {
+  return store_id != 0 && store_id != store_->store_id();
+}
+
+namespace {
+constexpr const char* kOtherStore =
+    " is from another job store (this coordinator's was lost or replaced, and it numbers "
+    "workers and jobs from 1 again); ";
+}  // namespace
+
+absl::Status Rack::CheckWorkerStore(uint64_t store_id, const std::string& id) const {
+  if (!OtherStore(store_id)) return absl::OkStatus();
+  return absl::NotFoundError(absl::StrCat("worker id '", id, "'", kOtherStore,
+                                          "register again: this coordinator gives it a new id"));
+}
+
+absl::Status Rack::CheckRunStore(uint64_t store_id, const std::string& job_id, int attempt) const {
+  if (!OtherStore(store_id)) return absl::OkStatus();
   return absl::NotFoundError(
-      absl::StrCat(what,
-                   " is from another job store (this coordinator's was lost or replaced, and it "
-                   "numbers workers and jobs from 1 again); ",
-                   then));
+      absl::StrCat("job ", job_id, " attempt ", attempt, kOtherStore,
+                   "this coordinator does not run it, whatever job has that number here"));
 }
 
 absl::StatusOr<rackrun::v1::RegisterResponse> Rack::Register(
@@ -68,8 +81,7 @@ absl::StatusOr<rackrun::v1::RegisterResponse> Rack::Register(
   Lock lock(mu_);
   const rackrun::v1::RegisterRequest* in = &request;
   rackrun::v1::RegisterRequest fresh;
-  const uint64_t from = request.store_id();
-  if (from != 0 && from != store_->store_id() && !request.worker_id().empty()) {
+  if (OtherStore(request.store_id()) && !request.worker_id().empty()) {
     // Its id (and any job it names) is another store's: a new id here, so that it neither
     // takes the registration of a worker this store numbered alike nor a job's rank.
     fresh = request;
@@ -126,10 +138,7 @@ absl::StatusOr<rackrun::v1::ReportResponse> Rack::Report(const rackrun::v1::Repo
   Lock lock(mu_);
   if (req.job_id().empty()) return absl::InvalidArgumentError("job_id: required");
   if (req.attempt() < 1) return absl::InvalidArgumentError("attempt: required (1-based)");
-  if (absl::Status s =
-          CheckStore(req.store_id(), absl::StrCat("job ", req.job_id(), " attempt ", req.attempt()),
-                     "this coordinator does not know it, whatever job has that number here");
-      !s.ok())
+  if (absl::Status s = CheckRunStore(req.store_id(), req.job_id(), req.attempt()); !s.ok())
     return s;
   if (absl::Status s =
           jobs_.CheckReporter(req.job_id(), req.attempt(), req.rank(), req.worker_id());

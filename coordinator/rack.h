@@ -57,12 +57,15 @@ class Rack {
   // id came from another job store (req.store_id) gets a new id and no job attached.
   absl::StatusOr<rackrun::v1::RegisterResponse> Register(const rackrun::v1::RegisterRequest& req);
 
-  // NotFound when `store_id` (a worker's RegisterRequest.store_id, or a report's
-  // RunJob.store_id) is another job store's: worker ids and job numbers from a store this
-  // coordinator does not have (it came back with its database lost or replaced, and numbers
-  // from 1 again) are not its own, even where they look alike. 0 (unknown) passes.
-  // The message: "<what> is from another job store (...); <then>".
-  absl::Status CheckStore(uint64_t store_id, absl::string_view what, absl::string_view then) const;
+  // Whether `store_id` (a worker's RegisterRequest.store_id, or a run's RunJob.store_id sent
+  // back) is another job store's: worker ids and job numbers from a store this coordinator
+  // does not have (it came back with its database lost or replaced, and numbers from 1
+  // again) are not its own, even where they look alike. 0 (unknown) is not.
+  bool OtherStore(uint64_t store_id) const;
+  // NotFound when OtherStore(store_id), naming worker `id` (the worker registers again) or
+  // the run (job_id, attempt) that the call is about.
+  absl::Status CheckWorkerStore(uint64_t store_id, const std::string& id) const;
+  absl::Status CheckRunStore(uint64_t store_id, const std::string& job_id, int attempt) const;
 
   // Progress (rank 0), checkpoints (rank 0) and results (every rank). A result makes the
   // worker IDLE. `stop` in the response: the attempt is no longer running. A report from a

@@ -25,19 +25,6 @@ grpc::Status TooMany(absl::string_view method, const CallCounter& counter, absl:
                                    " are open on this coordinator, its limit (", flag, " ",
                                    counter.max(), "); ", fix));
 }
-
-// Rack::CheckStore for a worker's call: NOT_FOUND, on which the worker registers again.
-absl::Status CheckWorkerStore(const Rack& rack, uint64_t store_id, const std::string& id) {
-  return rack.CheckStore(store_id, absl::StrCat("worker id '", id, "'"),
-                         "register again: this coordinator gives it a new id");
-}
-
-// Rack::CheckStore for a call about a run (the rendezvous): NOT_FOUND, the run is not ours.
-absl::Status CheckRunStore(const Rack& rack, uint64_t store_id, const std::string& job_id,
-                           int attempt) {
-  return rack.CheckStore(store_id, absl::StrCat("job ", job_id, " attempt ", attempt),
-                         "this coordinator does not run it, whatever job has that number here");
-}
 }  // namespace
 
 std::optional<CallCounter::Pass> CallCounter::TryEnter() {
@@ -183,7 +170,7 @@ grpc::Status RackControlImpl::Heartbeat(grpc::ServerContext* ctx,
                                         const rackrun::v1::HeartbeatRequest* req,
                                         rackrun::v1::HeartbeatResponse* resp) {
   if (grpc::Status s = Admit(*ctx, Access::kRack, "RackControl.Heartbeat"); !s.ok()) return s;
-  if (absl::Status s = CheckWorkerStore(*rack_, req->store_id(), req->worker_id()); !s.ok())
+  if (absl::Status s = rack_->CheckWorkerStore(req->store_id(), req->worker_id()); !s.ok())
     return ToGrpc(s);
   return ToGrpc(rack_->workers().Heartbeat(*req, resp));
 }
@@ -192,7 +179,7 @@ grpc::Status RackControlImpl::Assignments(grpc::ServerContext* ctx,
                                           const rackrun::v1::AssignmentsRequest* req,
                                           grpc::ServerWriter<rackrun::v1::Assignment>* writer) {
   if (grpc::Status s = Admit(*ctx, Access::kRack, "RackControl.Assignments"); !s.ok()) return s;
-  if (absl::Status s = CheckWorkerStore(*rack_, req->store_id(), req->worker_id()); !s.ok())
+  if (absl::Status s = rack_->CheckWorkerStore(req->store_id(), req->worker_id()); !s.ok())
     return ToGrpc(s);
   absl::StatusOr<int64_t> gen = rack_->workers().OpenStream(req->worker_id());
   if (!gen.ok()) return ToGrpc(gen.status());
@@ -231,7 +218,7 @@ grpc::Status RackControlImpl::Deregister(grpc::ServerContext* ctx,
                                          const rackrun::v1::DeregisterRequest* req,
                                          rackrun::v1::DeregisterResponse*) {
   if (grpc::Status s = Admit(*ctx, Access::kRack, "RackControl.Deregister"); !s.ok()) return s;
-  if (absl::Status s = CheckWorkerStore(*rack_, req->store_id(), req->worker_id()); !s.ok())
+  if (absl::Status s = rack_->CheckWorkerStore(req->store_id(), req->worker_id()); !s.ok())
     return ToGrpc(s);
   return ToGrpc(rack_->workers().Deregister(req->worker_id()));
 }
@@ -241,7 +228,7 @@ grpc::Status RackControlImpl::StoreSet(grpc::ServerContext* ctx,
                                        rackrun::v1::StoreSetResponse*) {
   if (grpc::Status s = Admit(*ctx, Access::kRack, "RackControl.StoreSet"); !s.ok()) return s;
   if (req->key().empty()) return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "key: required");
-  if (absl::Status s = CheckRunStore(*rack_, req->store_id(), req->job_id(), req->attempt());
+  if (absl::Status s = rack_->CheckRunStore(req->store_id(), req->job_id(), req->attempt());
       !s.ok())
     return ToGrpc(s);
   if (!rack_->jobs().AttemptRunning(req->job_id(), req->attempt())) {
@@ -257,7 +244,7 @@ grpc::Status RackControlImpl::StoreGet(grpc::ServerContext* ctx,
                                        const rackrun::v1::StoreGetRequest* req,
                                        rackrun::v1::StoreGetResponse* resp) {
   if (grpc::Status s = Admit(*ctx, Access::kRack, "RackControl.StoreGet"); !s.ok()) return s;
-  if (absl::Status s = CheckRunStore(*rack_, req->store_id(), req->job_id(), req->attempt());
+  if (absl::Status s = rack_->CheckRunStore(req->store_id(), req->job_id(), req->attempt());
       !s.ok())
     return ToGrpc(s);
   if (!rack_->jobs().AttemptRunning(req->job_id(), req->attempt())) {
