@@ -237,18 +237,26 @@ TEST(GpuXhcTest, MhcMatchesTheCpu) {
                        {3e-2, 5e-2});
 }
 
+// hc and mhc with each of `streams` in fp32 (width C, `tokens` tokens, segments starting at
+// `starts`), then the last of them with a bf16 state (width 64, one segment).
+void CompareDenseModesWithCpu(std::vector<int> streams, int width, int tokens,
+                              const std::vector<int32_t>& starts) {
+  for (ResidualMode mode : {ResidualMode::kHc, ResidualMode::kMhc}) {
+    for (int n : streams) {
+      SCOPED_TRACE(absl::StrCat(mode == ResidualMode::kHc ? "hc" : "mhc", " N = ", n));
+      CompareWithCpu<float>(WithStreams(Config(width, ResidualConfig::Transformer(1), mode), n),
+                            tokens, starts, {1e-4, 1e-4});
+    }
+    CompareWithCpu<bf16>(
+        WithStreams(Config(64, ResidualConfig::Transformer(1), mode), streams.back()), tokens, {0},
+        {3e-2, 5e-2});
+  }
+}
+
 // Above 4 streams the kernels hold a token's streams in arrays of 8: N = 8 fills them, N = 6
 // leaves two slots unused; Sinkhorn on 8 x 8 (its largest on one thread).
 TEST(GpuXhcTest, HcAndMhcUpToEightStreamsMatchTheCpu) {
-  for (ResidualMode mode : {ResidualMode::kHc, ResidualMode::kMhc}) {
-    for (int n : {6, 8}) {
-      SCOPED_TRACE(absl::StrCat(mode == ResidualMode::kHc ? "hc" : "mhc", " N = ", n));
-      CompareWithCpu<float>(WithStreams(Config(64, ResidualConfig::Transformer(1), mode), n), 24,
-                            {0, 11}, {1e-4, 1e-4});
-    }
-    CompareWithCpu<bf16>(WithStreams(Config(64, ResidualConfig::Transformer(1), mode), 8), 24, {0},
-                         {3e-2, 5e-2});
-  }
+  CompareDenseModesWithCpu({6, 8}, 64, 24, {0, 11});
 }
 
 // Above 8 streams a warp computes the maps (a lane per stream; mhc's Sinkhorn a lane per row,
@@ -256,15 +264,7 @@ TEST(GpuXhcTest, HcAndMhcUpToEightStreamsMatchTheCpu) {
 // backward goes through shared-memory tiles of 32 columns: N = 12 leaves lanes and array
 // slots idle and C = 72 ends on a partial tile; N = 16 is xhc's width and the CPU's most.
 TEST(GpuXhcTest, HcAndMhcAboveEightStreamsMatchTheCpu) {
-  for (ResidualMode mode : {ResidualMode::kHc, ResidualMode::kMhc}) {
-    for (int n : {12, 16}) {
-      SCOPED_TRACE(absl::StrCat(mode == ResidualMode::kHc ? "hc" : "mhc", " N = ", n));
-      CompareWithCpu<float>(WithStreams(Config(72, ResidualConfig::Transformer(1), mode), n), 12,
-                            {0, 5}, {1e-4, 1e-4});
-    }
-    CompareWithCpu<bf16>(WithStreams(Config(64, ResidualConfig::Transformer(1), mode), 16), 12, {0},
-                         {3e-2, 5e-2});
-  }
+  CompareDenseModesWithCpu({12, 16}, 72, 12, {0, 5});
 }
 
 TEST(GpuXhcTest, HcMatchesTheCpu) {
