@@ -5,9 +5,17 @@
 #include "runtime/cuda/sim/runtime.h"
 
 #include <cuda_runtime_api.h>
+#include <execinfo.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <csignal>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -40,6 +48,54 @@ namespace {
 
 constexpr size_t kDeviceBytes = size_t{16} << 30;  // what the simulated device reports
 constexpr size_t kAlignment = 256;                 // cudaMalloc's
+// Address space reserved for device memory: twice what the device reports, so that
+// fragmentation never refuses what cudaMemGetInfo says is free.
+constexpr size_t kArenaBytes = 2 * kDeviceBytes;
+
+size_t RoundUp(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
+// The arena's range, for the fault handler (set once, before any device memory exists).
+std::atomic<uintptr_t> arena_begin{0};
+std::atomic<uintptr_t> arena_end{0};
+struct sigaction previous_segv;
+
+void WriteAll(const char* text, size_t n) {
+  while (n > 0) {
+    const ssize_t w = write(STDERR_FILENO, text, n);
+    if (w <= 0) return;
+    text += w;
+    n -= static_cast<size_t>(w);
+  }
+}
+
+// A host access to device memory: says so with the stack, then lets the fault take its course
+// (the previous handler, e.g. AddressSanitizer's report, or the default: the program stops).
+void OnSegv(int signal, siginfo_t* info, void* context) {
+  const auto addr = reinterpret_cast<uintptr_t>(info->si_addr);
+  if (addr >= arena_begin.load() && addr < arena_end.load()) {
+    char text[256];
+    const int n = std::snprintf(
+        text, sizeof(text),
+        "CUDA simulator: host code touched device memory at %p (cudaMalloc memory is not "
+        "host-accessible: on a GPU this access faults; copy it with cudaMemcpy or use it in a "
+        "kernel). Stack:\n",
+        info->si_addr);
+    WriteAll(text, static_cast<size_t>(std::max(n, 0)));
+    void* frames[64];
+    backtrace_symbols_fd(frames, backtrace(frames, 64), STDERR_FILENO);
+  }
+  if ((previous_segv.sa_flags & SA_SIGINFO) != 0 && previous_segv.sa_sigaction != nullptr) {
+    previous_segv.sa_sigaction(signal, info, context);
+    return;
+  }
+  if (previous_segv.sa_handler != SIG_DFL && previous_segv.sa_handler != SIG_IGN &&
+      previous_segv.sa_handler != nullptr) {
+    previous_segv.sa_handler(signal);
+    return;
+  }
+  // Default: uninstall and return; the access faults again and the program stops on it.
+  std::signal(SIGSEGV, SIG_DFL);
+}
 
 double NowMs() {
   return std::chrono::duration<double, std::milli>(
@@ -59,6 +115,97 @@ class Simulator {
   std::map<uintptr_t, size_t> pinned;
   size_t device_in_use = 0;
 
+  // Device memory comes from one reserved range of address space that the host cannot touch
+  // (PROT_NONE) except while the device works (queued work runs, cudaMalloc fills fresh
+  // memory): host code that dereferences a device pointer faults here as on a GPU, instead of
+  // reading what a GPU would never let it read. `open` counts the nested openings.
+  char* arena = nullptr;
+  size_t high_water = 0;                 // end of the highest allocation, bytes from arena
+  std::map<size_t, size_t> free_ranges;  // offset -> bytes, coalesced
+  int open = 0;
+
+  Simulator() {
+    void* p =
+        mmap(nullptr, kArenaBytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) {
+      std::fprintf(stderr,
+                   "CUDA simulator: cannot reserve %zu bytes of address space for device "
+                   "memory\n",
+                   kArenaBytes);
+      std::abort();
+    }
+    arena = static_cast<char*>(p);
+    // Huge pages where the kernel allows them: fewer page-table entries for every opening
+    // and closing to change.
+    (void)madvise(p, kArenaBytes, MADV_HUGEPAGE);
+    free_ranges[0] = kArenaBytes;
+    arena_begin = reinterpret_cast<uintptr_t>(arena);
+    arena_end = reinterpret_cast<uintptr_t>(arena) + kArenaBytes;
+    void* warm[1];
+    backtrace(warm, 1);  // loads the unwinder now, not first in the fault handler
+    struct sigaction action = {};
+    action.sa_sigaction = OnSegv;
+    action.sa_flags = SA_SIGINFO | SA_ONSTACK;
+    sigemptyset(&action.sa_mask);
+    sigaction(SIGSEGV, &action, &previous_segv);
+  }
+
+  // The device's memory readable and writable (prot) up to the high-water mark.
+  void Protect(int prot) {
+    const size_t bytes = RoundUp(high_water, static_cast<size_t>(getpagesize()));
+    if (bytes > 0 && mprotect(arena, bytes, prot) != 0) {
+      std::perror("CUDA simulator: mprotect of device memory");
+      std::abort();
+    }
+  }
+  void Open() {
+    if (open++ == 0) Protect(PROT_READ | PROT_WRITE);
+  }
+  void Close() {
+    if (--open == 0) Protect(PROT_NONE);
+  }
+  // Device work runs between them (nested calls allowed).
+  struct Opened {
+    explicit Opened(Simulator& s) : sim(s) { sim.Open(); }
+    ~Opened() { sim.Close(); }
+    Simulator& sim;
+  };
+
+  // First fit in the arena; null when no range is large enough.
+  char* Allocate(size_t rounded) {
+    for (auto it = free_ranges.begin(); it != free_ranges.end(); ++it) {
+      if (it->second < rounded) continue;
+      const size_t offset = it->first;
+      const size_t left = it->second - rounded;
+      free_ranges.erase(it);
+      if (left > 0) free_ranges[offset + rounded] = left;
+      if (offset + rounded > high_water) {
+        high_water = offset + rounded;
+        if (open > 0) Protect(PROT_READ | PROT_WRITE);
+      }
+      return arena + offset;
+    }
+    return nullptr;
+  }
+  void Release(char* p, size_t rounded) {
+    size_t offset = static_cast<size_t>(p - arena);
+    size_t bytes = rounded;
+    auto next = free_ranges.lower_bound(offset);
+    if (next != free_ranges.end() && next->first == offset + bytes) {
+      bytes += next->second;
+      next = free_ranges.erase(next);
+    }
+    if (next != free_ranges.begin()) {
+      auto prev = std::prev(next);
+      if (prev->first + prev->second == offset) {
+        offset = prev->first;
+        bytes += prev->second;
+        free_ranges.erase(prev);
+      }
+    }
+    free_ranges[offset] = bytes;
+  }
+
   CUstream_st* Resolve(cudaStream_t s) {
     if (s == nullptr || s == cudaStreamLegacy || s == cudaStreamPerThread) return &legacy;
     return s;
@@ -66,6 +213,8 @@ class Simulator {
 
   // Runs `s`'s queue until `seq` items have run.
   void RunUntil(CUstream_st* s, uint64_t seq) {
+    if (s->done >= seq || s->queue.empty()) return;
+    Opened device_works(*this);
     while (s->done < seq && !s->queue.empty()) {
       std::function<void()> work = std::move(s->queue.front());
       s->queue.pop_front();
@@ -265,13 +414,15 @@ cudaError_t cudaMalloc(void** ptr, size_t bytes) {
     *ptr = nullptr;
     return Fail(cudaErrorMemoryAllocation);
   }
-  const size_t rounded =
-      (std::max<size_t>(bytes, 1) + sim::kAlignment - 1) / sim::kAlignment * sim::kAlignment;
-  void* p = std::aligned_alloc(sim::kAlignment, rounded);
+  const size_t rounded = sim::RoundUp(std::max<size_t>(bytes, 1), sim::kAlignment);
+  char* p = sim.Allocate(rounded);
   if (p == nullptr) return Fail(cudaErrorMemoryAllocation);
   // Device memory starts as garbage: all-ones bytes (NaN as floats, -1 as integers), so that
   // a kernel reading what nobody wrote shows it.
-  std::memset(p, 0xff, rounded);
+  {
+    Simulator::Opened device_works(sim);
+    std::memset(p, 0xff, rounded);
+  }
   sim.device[reinterpret_cast<uintptr_t>(p)] = bytes;
   sim.device_in_use += bytes;
   *ptr = p;
@@ -286,8 +437,9 @@ cudaError_t cudaFree(void* ptr) {
   if (it == sim.device.end()) return Fail(cudaErrorInvalidValue);
   sim.RunEverything();  // cudaFree synchronizes the device
   sim.device_in_use -= it->second;
+  sim.Release(static_cast<char*>(ptr),
+              sim::RoundUp(std::max<size_t>(it->second, 1), sim::kAlignment));
   sim.device.erase(it);
-  std::free(ptr);
   return cudaSuccess;
 }
 

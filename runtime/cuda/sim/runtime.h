@@ -13,6 +13,8 @@
 // - Copies check their direction against where the pointers came from (cudaMalloc,
 //   cudaHostAlloc, anything else is pageable host memory) and fail with
 //   cudaErrorInvalidValue on a mismatch.
+// - Device memory (cudaMalloc) is not host-accessible: a host read or write through a device
+//   pointer faults (the message names it), as on a GPU; kernels, copies and memsets reach it.
 // - One simulated device (compute capability 9.0); every host thread may use it.
 #ifndef RACKRUN_RUNTIME_CUDA_SIM_RUNTIME_H_
 #define RACKRUN_RUNTIME_CUDA_SIM_RUNTIME_H_

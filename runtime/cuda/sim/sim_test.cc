@@ -1,8 +1,9 @@
 // The CUDA simulator itself: barriers and warp shuffles as CUDA defines them, the stream
 // order (work runs when the host waits for it), copies checked against where pointers
 // point, launches refused as the GPU refuses them, and the stops for a barrier that cannot
-// be passed and a shuffle with a lane that returned; shared memory above 48 KiB by opt-in,
-// and a write past it stops; the warp matrix operations (wmma.h) and their alignment stop.
+// be passed and a shuffle with a lane that returned; host code touching device memory stops; shared
+// memory above 48 KiB by opt-in, and a write past it stops; the warp matrix operations (wmma.h) and
+// their alignment stop.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -352,6 +353,39 @@ TEST(CudaSimDeathTest, AShuffleWithALaneThatReturnedStops) {
       },
       "names a lane that has returned");
   EXPECT_EQ(cudaFree(d), cudaSuccess);
+}
+
+// Device memory is not the host's: a read or a write through a cudaMalloc pointer faults, as
+// on a GPU, before and after the device has worked on it; kernels, copies and memsets reach
+// it, and freed memory comes back as garbage.
+TEST(CudaSimDeathTest, HostCodeTouchingDeviceMemoryStops) {
+  int* d = DeviceAlloc<int>(256);
+  ASSERT_EQ(cudaMemset(d, 0, 256 * sizeof(int)), cudaSuccess);
+  EXPECT_DEATH(
+      {
+        volatile int v = d[3];
+        (void)v;
+      },
+      "host code touched device memory");
+  Launch(MirrorKernel, 1, 256, 0, nullptr)(256, d);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_DEATH(d[200] = 1, "host code touched device memory");
+  std::vector<int> got(256);
+  ASSERT_EQ(cudaMemcpy(got.data(), d, 256 * sizeof(int), cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(got[0], 255);
+  EXPECT_EQ(got[255], 0);
+  ASSERT_EQ(cudaFree(d), cudaSuccess);
+  int* again = DeviceAlloc<int>(256);
+  ASSERT_EQ(cudaMemcpy(got.data(), again, 256 * sizeof(int), cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(got[0], -1);
+  EXPECT_EQ(got[255], -1);
+  // Pinned memory is the host's.
+  int* pinned = nullptr;
+  ASSERT_EQ(cudaHostAlloc(reinterpret_cast<void**>(&pinned), 4 * sizeof(int), 0), cudaSuccess);
+  pinned[2] = 7;
+  EXPECT_EQ(pinned[2], 7);
+  EXPECT_EQ(cudaFreeHost(pinned), cudaSuccess);
+  EXPECT_EQ(cudaFree(again), cudaSuccess);
 }
 
 // TF32 (m16n16k8): operands rounded by __float_to_tf32 (to nearest, ties away from zero)
