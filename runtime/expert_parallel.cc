@@ -52,6 +52,11 @@ class ExpertParallelExecutor final : public ExpertExecutor<float> {
                        float* expert_out) override;
   absl::Status Backward(std::span<const int64_t> offsets, const float* dexpert_out,
                         float* ddispatched) override;
+  // Forward's first half: refetch and replica gradients finished, the plan, the fan-out
+  // posted. Backward's: the layers sharing the gradient buffer finished, the refetch posted,
+  // the replica gradients zeroed.
+  absl::Status PrepareForward(std::span<const int64_t> offsets) override;
+  absl::Status PrepareBackward() override;
   const std::vector<int64_t>* global_counts() const override { return &totals_; }
 
  private:
@@ -123,6 +128,11 @@ class ExpertParallelExecutor final : public ExpertExecutor<float> {
   std::vector<std::unique_ptr<comm::Request>> pending_;
   std::vector<std::pair<int, int>> received_;
   std::vector<float> grad_staging_;
+
+  // A prepared pass not yet run: the rows PrepareForward planned for (-1: none), and
+  // whether PrepareBackward ran.
+  int64_t prepared_rows_ = -1;
+  bool backward_prepared_ = false;
 
   std::optional<comm::TokenDispatch> dispatch_;
   std::vector<ExpertInstances::Batch> batches_;
@@ -369,9 +379,9 @@ void ExpertParallelExecutor::LayOutBatches() {
   }
 }
 
-absl::Status ExpertParallelExecutor::Forward(std::span<const int64_t> offsets,
-                                             const float* dispatched, float* expert_out) {
+absl::Status ExpertParallelExecutor::PrepareForward(std::span<const int64_t> offsets) {
   ExpertParallelStats& st = g_->mutable_stats();
+  prepared_rows_ = -1;
   if (g_->FaultAt(FaultKind::kExit, layer_)) std::_Exit(3);
   if (g_->FaultAt(FaultKind::kStall, layer_)) {
     std::this_thread::sleep_for(
@@ -402,8 +412,23 @@ absl::Status ExpertParallelExecutor::Forward(std::span<const int64_t> offsets,
   // The replica weights travel while the tokens are dispatched and the masters compute.
   PlaceWeights();
   if (absl::Status s = StartFanOut(/*refetch=*/false); !s.ok()) return s;
-  t0 = base::NowSeconds();
-  st.fanout_s += t0 - t1;
+  st.fanout_s += base::NowSeconds() - t1;
+  prepared_rows_ = offsets.back();
+  return absl::OkStatus();
+}
+
+absl::Status ExpertParallelExecutor::Forward(std::span<const int64_t> offsets,
+                                             const float* dispatched, float* expert_out) {
+  ExpertParallelStats& st = g_->mutable_stats();
+  if (prepared_rows_ < 0) {
+    if (absl::Status s = PrepareForward(offsets); !s.ok()) return s;
+  } else if (prepared_rows_ != offsets.back()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("expert-parallel Forward over ", offsets.back(),
+                     " rows after PrepareForward over ", prepared_rows_));
+  }
+  prepared_rows_ = -1;
+  double t0 = base::NowSeconds();
 
   // Rows of the dispatched buffer are this rank's "tokens", one expert each, already
   // grouped by expert by the MoE layer.
@@ -423,7 +448,7 @@ absl::Status ExpertParallelExecutor::Forward(std::span<const int64_t> offsets,
       !s.ok()) {
     return Where(s, "dispatching tokens");
   }
-  t1 = base::NowSeconds();
+  double t1 = base::NowSeconds();
   st.dispatch_s += t1 - t0;
 
   LayOutBatches();
@@ -458,21 +483,13 @@ absl::Status ExpertParallelExecutor::Forward(std::span<const int64_t> offsets,
   return absl::OkStatus();
 }
 
-absl::Status ExpertParallelExecutor::Backward(std::span<const int64_t> offsets,
-                                              const float* dexpert_out, float* ddispatched) {
+absl::Status ExpertParallelExecutor::PrepareBackward() {
   ExpertParallelStats& st = g_->mutable_stats();
+  backward_prepared_ = false;
   if (!dispatch_.has_value()) {
     return absl::FailedPreconditionError("expert-parallel Backward without a Forward");
   }
-  const int c = experts_->width();
-  const int64_t rows = offsets.back();
-  const int64_t er = dispatch_->expert_rows();
-  const int64_t alloc = std::max<int64_t>(er, 1);
-  dy_.Resize({alloc, c});
-  dx_.Resize({alloc, c});
-  double t0 = base::NowSeconds();
-  const bool shared = g_->options().share_slots;
-  if (shared) {
+  if (g_->options().share_slots) {
     // The replica-gradient sends of the layers sharing this gradient buffer read it:
     // complete them. This layer's replica weights come back into the slots if a later
     // layer took them: the layer above posted that refetch when it was done with the slots
@@ -484,11 +501,29 @@ absl::Status ExpertParallelExecutor::Backward(std::span<const int64_t> offsets,
       if (absl::Status s = g_->FinishRefetch(); !s.ok()) return s;
       if (absl::Status s = StartFanOut(/*refetch=*/true); !s.ok()) return s;
     }
-    t0 = base::NowSeconds();
-    st.fanout_s += t0 - r0;
+    st.fanout_s += base::NowSeconds() - r0;
   }
   // Replica gradients of this microbatch start from zero.
   std::fill(grad_buffer().begin(), grad_buffer().begin() + slots_used_ * floats(), 0.0f);
+  backward_prepared_ = true;
+  return absl::OkStatus();
+}
+
+absl::Status ExpertParallelExecutor::Backward(std::span<const int64_t> offsets,
+                                              const float* dexpert_out, float* ddispatched) {
+  ExpertParallelStats& st = g_->mutable_stats();
+  if (!backward_prepared_) {
+    if (absl::Status s = PrepareBackward(); !s.ok()) return s;
+  }
+  backward_prepared_ = false;
+  const int c = experts_->width();
+  const int64_t rows = offsets.back();
+  const int64_t er = dispatch_->expert_rows();
+  const int64_t alloc = std::max<int64_t>(er, 1);
+  dy_.Resize({alloc, c});
+  dx_.Resize({alloc, c});
+  const bool shared = g_->options().share_slots;
+  double t0 = base::NowSeconds();
   if (absl::Status s =
           dispatch_->DispatchChoices(g_->channel(), {dexpert_out, static_cast<size_t>(rows * c)}, c,
                                      {dy_.data(), static_cast<size_t>(er * c)});

@@ -26,6 +26,11 @@
 // contribution first, then replicas by ascending rank): deterministic, no atomics. Which
 // batch runs when changes no value: every batch writes its own rows and gradients.
 //
+// Steps 1-3 need the counts only: a caller whose rows are still on their way (the GPU layer
+// copying them to the host) runs them first, through ExpertExecutor::PrepareForward, so that
+// they overlap that copy; PrepareBackward likewise finishes the layers sharing the gradient
+// buffer and posts the backward refetch. A pass that was not prepared prepares itself.
+//
 // The executor decides and moves bytes (host buffers, the job's channel); where this rank's
 // masters and replica slots live and run is behind ExpertInstances (expert_instances.h): on
 // the host for MoeLayer<float> layers, on a GPU, host-staged, for the GPU engine's layers

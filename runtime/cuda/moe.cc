@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -302,26 +303,53 @@ absl::Status GpuMoe::Forward(const float* u, int64_t tokens, float* out) {
 }
 
 absl::Status GpuMoe::ExpertsForwardOnRanks() {
-  // Host-staged: the dispatched rows (expert order, as the CPU layer hands its executor) to
-  // the host, the executor's all-to-alls and this rank's instances, the outputs back.
-  if (absl::Status s = dispatched_.CopyTo(&host_rows_); !s.ok()) return s;
-  host_out_.assign(static_cast<size_t>(expert_out_.size()), 0.0f);
-  if (absl::Status s = executor_->Forward(offsets_, host_rows_.data(), host_out_.data()); !s.ok()) {
-    return s;
-  }
-  if (absl::Status s = expert_out_.CopyFrom(host_out_); !s.ok()) return s;
-  return device_->Synchronize();
+  return OnRanks(
+      dispatched_, &expert_out_, [this] { return executor_->PrepareForward(offsets_); },
+      [this](const float* rows, float* out) { return executor_->Forward(offsets_, rows, out); });
 }
 
 absl::Status GpuMoe::ExpertsBackwardOnRanks() {
-  if (absl::Status s = dexpert_out_.CopyTo(&host_rows_); !s.ok()) return s;
-  host_out_.assign(static_cast<size_t>(ddispatched_.size()), 0.0f);
-  if (absl::Status s = executor_->Backward(offsets_, host_rows_.data(), host_out_.data());
+  return OnRanks(
+      dexpert_out_, &ddispatched_, [this] { return executor_->PrepareBackward(); },
+      [this](const float* rows, float* out) { return executor_->Backward(offsets_, rows, out); });
+}
+
+absl::Status GpuMoe::OnRanks(const DeviceTensor<float>& from, DeviceTensor<float>* to,
+                             absl::FunctionRef<absl::Status()> prepare,
+                             absl::FunctionRef<absl::Status(const float*, float*)> run) {
+  // Host-staged, in pinned memory: the rows (expert order, as the CPU layer hands its
+  // executor) go down while the executor prepares the pass on the host (forward: the load
+  // exchange, the plan and the weights' fan-out), then its all-to-alls and this rank's
+  // instances run, and the outputs go back up in the stream's order. No wait for that upload:
+  // the next writer of the pinned output is this layer's next pass, after its own wait on a
+  // later point of the stream.
+  cudaStream_t st = device_->stream();
+  for (auto [buffer, floats, what] :
+       {std::tuple{&host_rows_, from.size(), " expert rows (host staging)"},
+        std::tuple{&host_out_, to->size(), " expert outputs (host staging)"}}) {
+    if (buffer->size() >= floats) continue;
+    absl::StatusOr<PinnedBuffer<float>> p = PinnedBuffer<float>::Allocate(floats, name_ + what);
+    if (!p.ok()) return p.status();
+    *buffer = *std::move(p);
+  }
+  if (rows_ready_.get() == nullptr) {
+    absl::StatusOr<Event> e = Event::Create();
+    if (!e.ok()) return e.status();
+    rows_ready_ = *std::move(e);
+  }
+  if (absl::Status s = Check(
+          cudaMemcpyAsync(host_rows_.data(), from.data(), from.bytes(), cudaMemcpyDeviceToHost, st),
+          "expert rows to the host");
       !s.ok()) {
     return s;
   }
-  if (absl::Status s = ddispatched_.CopyFrom(host_out_); !s.ok()) return s;
-  return device_->Synchronize();
+  if (absl::Status s = rows_ready_.Record(st); !s.ok()) return s;
+  if (absl::Status s = prepare(); !s.ok()) return s;
+  if (absl::Status s = rows_ready_.Synchronize(); !s.ok()) return s;
+  if (absl::Status s = run(host_rows_.data(), host_out_.data()); !s.ok()) return s;
+  return Check(
+      cudaMemcpyAsync(to->data(), host_out_.data(), to->bytes(), cudaMemcpyHostToDevice, st),
+      "expert outputs to the device");
 }
 
 absl::Status GpuMoe::ExpertsForward() {

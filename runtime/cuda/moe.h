@@ -47,6 +47,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "planner/planner.h"
@@ -113,9 +114,11 @@ class GpuMoe {
 
   // Expert parallelism, host-staged (runtime/expert_parallel.h): the executor plans over every
   // rank's loads and runs this rank's instances through a DeviceExpertInstances over shard().
-  // Forward then copies the dispatched rows to the host after the counts' wait, hands them to
-  // the executor and copies its outputs back before the combine (Backward mirrors it); the aux
-  // loss and the bias step use the executor's counts over all ranks.
+  // Forward then queues the dispatched rows' copy to pinned host memory after the counts'
+  // wait, lets the executor prepare the pass (its load exchange, plan and fan-out) while they
+  // travel, waits for them, hands them to the executor and queues its outputs' copy back
+  // before the combine (Backward mirrors it); the aux loss and the bias step use the
+  // executor's counts over all ranks.
   void SetExecutor(std::unique_ptr<ExpertExecutor<float>> executor) {
     executor_ = std::move(executor);
   }
@@ -144,6 +147,11 @@ class GpuMoe {
   // Expert parallelism's expert step (host-staged through the executor), forward and backward.
   absl::Status ExpertsForwardOnRanks();
   absl::Status ExpertsBackwardOnRanks();
+  // Their common path: `from` to the host while `prepare` runs, `run` over the host rows, its
+  // output up into `to`.
+  absl::Status OnRanks(const DeviceTensor<float>& from, DeviceTensor<float>* to,
+                       absl::FunctionRef<absl::Status()> prepare,
+                       absl::FunctionRef<absl::Status(const float*, float*)> run);
   // The executor's counts over all ranks, or this layer's own.
   const std::vector<int64_t>& global_counts() const;
   void AuxLossFromSums(int64_t tokens);
@@ -165,7 +173,8 @@ class GpuMoe {
   ExpertGemmPath path_;
   PhaseClock* clock_ = nullptr;
   std::unique_ptr<ExpertExecutor<float>> executor_;  // expert parallelism, or null
-  std::vector<float> host_rows_, host_out_;          // its host staging
+  PinnedBuffer<float> host_rows_, host_out_;         // its host staging
+  Event rows_ready_;                                 // the rows' copy to host_rows_
 
   // State of the last Forward.
   const float* u_ = nullptr;

@@ -115,6 +115,15 @@ class ExpertExecutor {
   // Uses the state of the last Forward (same offsets).
   virtual absl::Status Backward(std::span<const int64_t> offsets, const T* dexpert_out,
                                 T* ddispatched) = 0;
+  // Optional, each right before its pass (Forward with the same offsets; Backward): the part
+  // of the pass that needs no rows (an expert-parallel executor's load exchange, plan and
+  // weight fan-out; forward or backward). A caller whose rows are still on their way (a GPU
+  // copying them to the host) calls it first, so that it runs while they travel; a pass that
+  // was not prepared does it itself.
+  virtual absl::Status PrepareForward(std::span<const int64_t> /*offsets*/) {
+    return absl::OkStatus();
+  }
+  virtual absl::Status PrepareBackward() { return absl::OkStatus(); }
   // Tokens per logical expert over every rank of the last Forward, when the executor
   // spans several ranks (the selection-bias update and load statistics use them); null
   // when the layer's own counts are the whole picture.
