@@ -78,6 +78,10 @@ class ExpertInstances {
                                 float* dx, absl::FunctionRef<void()> between) = 0;
   // A replica's weight gradient g [expert_floats] (host) added to master `local`'s.
   virtual absl::Status AddToMaster(int local, const float* g) = 0;
+  // The masters' weights were just updated (an optimizer step, issued): ReadMaster may read
+  // them without waiting for work issued after this. Whoever writes the masters' weights
+  // after the first call calls it again (ExpertParallelGroup::WeightsChanged does).
+  virtual absl::Status WeightsChanged() { return absl::OkStatus(); }
 };
 
 // On the host, in place over a MoE layer's SwigluExperts (not owned; it must outlive this):

@@ -58,6 +58,7 @@ class ExpertParallelExecutor final : public ExpertExecutor<float> {
   absl::Status PrepareForward(std::span<const int64_t> offsets) override;
   absl::Status PrepareBackward() override;
   const std::vector<int64_t>* global_counts() const override { return &totals_; }
+  absl::Status WeightsChanged() { return experts_->WeightsChanged(); }
 
  private:
   absl::Status SolvePlan(std::span<const int64_t> offsets);
@@ -739,6 +740,14 @@ absl::Status ExpertParallelGroup::FinishMicrobatch() {
 absl::Status ExpertParallelGroup::FinishLayers(int parity) {
   for (size_t layer = static_cast<size_t>(parity); layer < executors_.size(); layer += 2) {
     if (absl::Status s = executors_[layer]->FinishReplicaGradients(); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ExpertParallelGroup::WeightsChanged() {
+  ++weights_version_;
+  for (ExpertParallelExecutor* e : executors_) {
+    if (absl::Status s = e->WeightsChanged(); !s.ok()) return s;
   }
   return absl::OkStatus();
 }

@@ -208,8 +208,9 @@ class ExpertParallelGroup {
   absl::Status FinishMicrobatch();
   // The same for the layers whose index has parity `parity` (they share a gradient buffer).
   absl::Status FinishLayers(int parity);
-  // After every optimizer step: replica weights held in slots are stale.
-  void WeightsChanged() { ++weights_version_; }
+  // After every optimizer step (issued): replica weights held in slots are stale, and every
+  // layer's instances are told (ExpertInstances::WeightsChanged).
+  absl::Status WeightsChanged();
 
   // The planners' state between microbatches (EPLB's history and placement, of training
   // and of evaluation microbatches: PlanSource::SaveState; empty for ultraep and none),

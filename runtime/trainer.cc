@@ -641,7 +641,9 @@ absl::StatusOr<StepRecord> Trainer::Step() {
   } else {
     adam_->Step(r.lr, grad_scale);
   }
-  if (ep_ != nullptr) ep_->WeightsChanged();
+  if (ep_ != nullptr) {
+    if (absl::Status s = ep_->WeightsChanged(); !s.ok()) return s;
+  }
   ++step_;
   steps_done_.store(step_, std::memory_order_relaxed);
   r.step = step_;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <thread>
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -71,13 +72,43 @@ float* DeviceExpertInstances::DW2(const Batch& b) {
 
 absl::Status DeviceExpertInstances::ReadMaster(int local, float* dst) {
   const int64_t n13 = 2 * static_cast<int64_t>(shard_.width) * shard_.hidden;
-  if (absl::Status s = Copy(dst, shard_.w13 + local * n13, n13, cudaMemcpyDeviceToHost,
-                            "master w13 to the host");
-      !s.ok()) {
-    return s;
+  if (weights_final_.get() == nullptr) {
+    if (absl::Status s = Copy(dst, shard_.w13 + local * n13, n13, cudaMemcpyDeviceToHost,
+                              "master w13 to the host");
+        !s.ok()) {
+      return s;
+    }
+    return Wait(Copy(dst + n13, shard_.w2 + local * (n13 / 2), n13 / 2, cudaMemcpyDeviceToHost,
+                     "master w2 to the host"));
   }
-  return Wait(Copy(dst + n13, shard_.w2 + local * (n13 / 2), n13 / 2, cudaMemcpyDeviceToHost,
-                   "master w2 to the host"));
+  if (reads_.get() == nullptr) {
+    absl::StatusOr<Stream> s = Stream::Create();
+    if (!s.ok()) return s.status();
+    reads_ = *std::move(s);
+  }
+  cudaStream_t st = reads_.get();
+  if (absl::Status s = weights_final_.MakeWait(st); !s.ok()) return s;
+  for (auto [to, from, floats, what] :
+       {std::tuple{dst, shard_.w13 + local * n13, n13, "master w13 to the host"},
+        std::tuple{dst + n13, shard_.w2 + local * (n13 / 2), n13 / 2, "master w2 to the host"}}) {
+    if (absl::Status s =
+            Check(cudaMemcpyAsync(to, from, static_cast<size_t>(floats) * sizeof(float),
+                                  cudaMemcpyDeviceToHost, st),
+                  what);
+        !s.ok()) {
+      return s;
+    }
+  }
+  return reads_.Synchronize();
+}
+
+absl::Status DeviceExpertInstances::WeightsChanged() {
+  if (weights_final_.get() == nullptr) {
+    absl::StatusOr<Event> e = Event::Create();
+    if (!e.ok()) return e.status();
+    weights_final_ = *std::move(e);
+  }
+  return weights_final_.Record(device_->stream());
 }
 
 absl::Status DeviceExpertInstances::SlotsArrived(const float* weights, int count) {

@@ -15,7 +15,11 @@
 //   dy, dact, SwiGLU backward, dW13 += x^T dh13, dx;
 //                   dx rows as the forward's outputs; after replica batches, their slot
 //                   gradients device -> host (what the executor sends to the masters)
-//   ReadMaster      a master's weights device -> host (the fan-out's source)
+//   ReadMaster      a master's weights device -> host (the fan-out's source); after the first
+//                   WeightsChanged on a copy stream that waits (on the device) for the last
+//                   optimizer step only, so the host does not wait for the work issued since
+//                   (this microbatch's routing and dispatch, or a backward in flight); before
+//                   it, after everything issued on the compute stream
 //   AddToMaster     a replica gradient host -> device, added to the master's (fp32, in the
 //                   executor's fixed order)
 //
@@ -84,6 +88,8 @@ class DeviceExpertInstances final : public ExpertInstances {
   absl::Status Backward(std::span<const Batch> batches, bool masters, Slots slots, float* dx,
                         absl::FunctionRef<void()> between) override;
   absl::Status AddToMaster(int local, const float* g) override;
+  // Records where the compute stream stands (just after the optimizer step).
+  absl::Status WeightsChanged() override;
 
  private:
   absl::Status Check(cudaError_t e, const char* what) const;
@@ -113,6 +119,8 @@ class DeviceExpertInstances final : public ExpertInstances {
   DeviceTensor<float> in_, h13_, act_, out_, dy_, dh13_, dact_, dx_, grad_;
   PinnedBuffer<float> staging_;  // a pass's output rows (or row gradients) on their way up
   Event pass_done_;
+  Event weights_final_;  // recorded by WeightsChanged (null before)
+  Stream reads_;         // ReadMaster's copies after it
 };
 
 }  // namespace rackrun::runtime::cuda

@@ -7,7 +7,8 @@
 // added), fp32 within 1e-4 of each array's scale; the balancer really replicated and moved work
 // (ultraep, eplb; the check runtime/expert_parallel_test.cc makes on CPU ranks, shared through
 // runtime/expert_parallel_testing.h). The routing margin of these inputs is checked without a GPU,
-// so that a failure here is a GPU bug, not a rounding tie.
+// so that a failure here is a GPU bug, not a rounding tie. A master read for the fan-out waits
+// for the last optimizer step and not for the work issued after it.
 #include "runtime/expert_parallel.h"
 
 #include <omp.h>
@@ -223,6 +224,53 @@ TEST(GpuExpertParallelTest, AShardWithoutAGroupIsRefused) {
   const absl::Status s = (*gpu)->Forward(u.data(), kTokens, out.data());
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
   EXPECT_NE(s.message().find("expert-parallel group"), std::string::npos) << s;
+}
+
+// After WeightsChanged, a master is read as the last optimizer step left it (issued, not waited
+// for by the host) and without waiting for the compute stream's later work: a fan-out does not
+// stall the routing and dispatch issued before it. The second half is checked on the simulator
+// only, where queued work runs only when waited for (on a GPU the later work may have run).
+TEST(GpuExpertParallelTest, ReadMasterWaitsForTheLastStepOnly) {
+  RACKRUN_OPEN_GPU_OR_SKIP(dev);
+  const int64_t n13 = 2 * kWidth * kHidden, n2 = int64_t{kHidden} * kWidth;
+  DeviceTensor<float> w13 = Upload(dev.get(), "w13", std::vector<float>(n13, 1.0f));
+  DeviceTensor<float> w2 = Upload(dev.get(), "w2", std::vector<float>(n2, 2.0f));
+  DeviceTensor<float> dw13 = Upload(dev.get(), "dw13", std::vector<float>(n13, 0.0f));
+  DeviceTensor<float> dw2 = Upload(dev.get(), "dw2", std::vector<float>(n2, 0.0f));
+  MatMul matmul(dev.get(), GemmPrecision::kFp32);
+  DeviceExpertInstances experts(dev.get(), &matmul,
+                                {.first = 0,
+                                 .count = 1,
+                                 .width = kWidth,
+                                 .hidden = kHidden,
+                                 .w13 = w13.data(),
+                                 .w2 = w2.data(),
+                                 .dw13 = dw13.data(),
+                                 .dw2 = dw2.data()},
+                                "m");
+  ASSERT_TRUE(dev->Synchronize().ok());
+  // The "optimizer step": new weights, queued on the compute stream.
+  const std::vector<float> new13 = testing::RandomVector(n13, 5);
+  const std::vector<float> new2 = testing::RandomVector(n2, 6);
+  ASSERT_TRUE(w13.CopyFrom(new13).ok());
+  ASSERT_TRUE(w2.CopyFrom(new2).ok());
+  ASSERT_TRUE(experts.WeightsChanged().ok());
+  // Later work: a marker copied to pinned memory.
+  absl::StatusOr<PinnedBuffer<float>> marker = PinnedBuffer<float>::Allocate(1, "marker");
+  ASSERT_TRUE(marker.ok()) << marker.status();
+  marker->data()[0] = 0.0f;
+  ASSERT_EQ(cudaMemcpyAsync(marker->data(), w2.data(), sizeof(float), cudaMemcpyDeviceToHost,
+                            dev->stream()),
+            cudaSuccess);
+  std::vector<float> read(static_cast<size_t>(n13 + n2));
+  ASSERT_TRUE(experts.ReadMaster(0, read.data()).ok());
+  EXPECT_EQ(std::vector<float>(read.begin(), read.begin() + n13), new13);
+  EXPECT_EQ(std::vector<float>(read.begin() + n13, read.end()), new2);
+#ifdef RACKRUN_CUDA_SIM
+  EXPECT_EQ(marker->data()[0], 0.0f) << "ReadMaster waited for the work issued after the step";
+#endif
+  ASSERT_TRUE(dev->Synchronize().ok());
+  EXPECT_EQ(marker->data()[0], new2[0]);
 }
 
 }  // namespace
