@@ -118,8 +118,8 @@ absl::Status DeviceExpertInstances::SlotsArrived(const float* weights, int count
                          slots_->grads.Resize({std::max(count, 1), n})}) {
     if (!s.ok()) return s;
   }
-  return Wait(Copy(slots_->weights.data(), weights, count * n, cudaMemcpyHostToDevice,
-                   "replica weights to the device"));
+  return Copy(slots_->weights.data(), weights, count * n, cudaMemcpyHostToDevice,
+              "replica weights to the device");
 }
 
 absl::Status DeviceExpertInstances::BeginForward(const float* in, int64_t rows) {
@@ -129,7 +129,7 @@ absl::Status DeviceExpertInstances::BeginForward(const float* in, int64_t rows) 
                          act_.Resize({alloc, f}), out_.Resize({alloc, c})}) {
     if (!s.ok()) return s;
   }
-  return Wait(Copy(in_.data(), in, rows * c, cudaMemcpyHostToDevice, "expert rows to the device"));
+  return Copy(in_.data(), in, rows * c, cudaMemcpyHostToDevice, "expert rows to the device");
 }
 
 absl::Status DeviceExpertInstances::Staging(int64_t floats) {
@@ -209,8 +209,8 @@ absl::Status DeviceExpertInstances::BeginBackward(const float* dy, int64_t rows)
                          dact_.Resize({alloc, f}), dx_.Resize({alloc, c})}) {
     if (!s.ok()) return s;
   }
-  return Wait(Copy(dy_.data(), dy, rows * c, cudaMemcpyHostToDevice,
-                   "expert output gradients to the device"));
+  return Copy(dy_.data(), dy, rows * c, cudaMemcpyHostToDevice,
+              "expert output gradients to the device");
 }
 
 absl::Status DeviceExpertInstances::Backward(std::span<const Batch> batches, bool masters,
@@ -272,8 +272,8 @@ absl::Status DeviceExpertInstances::Backward(std::span<const Batch> batches, boo
 absl::Status DeviceExpertInstances::AddToMaster(int local, const float* g) {
   const int64_t n = expert_floats(), n13 = 2 * static_cast<int64_t>(shard_.width) * shard_.hidden;
   if (absl::Status s = grad_.Resize({n}); !s.ok()) return s;
-  if (absl::Status s = Wait(
-          Copy(grad_.data(), g, n, cudaMemcpyHostToDevice, "a replica gradient to the device"));
+  if (absl::Status s =
+          Copy(grad_.data(), g, n, cudaMemcpyHostToDevice, "a replica gradient to the device");
       !s.ok()) {
     return s;
   }

@@ -23,9 +23,12 @@
 //   AddToMaster     a replica gradient host -> device, added to the master's (fp32, in the
 //                   executor's fixed order)
 //
-// Every call has finished with the executor's buffers when it returns (its copies are done), so
-// the executor may reuse them at once. The numbers: each batch's GEMMs are MatMul's in the
-// job's precision, as GpuMoe's per-expert path computes them.
+// Every call has finished with the executor's buffers when it returns, so the executor may reuse
+// them at once: copies to the host are waited for, and copies from the host read the
+// executor's pageable buffers, which CUDA stages before cudaMemcpyAsync returns (the host does
+// not wait for their transfer: the GEMMs queue behind it, and the host goes on, e.g. to the
+// fan-out's progress; a pinned source would need a wait). The numbers: each batch's GEMMs are
+// MatMul's in the job's precision, as GpuMoe's per-expert path computes them.
 //
 // Memory: the slots' device copies (DeviceSlots) are per layer, or one set for all layers where
 // the executor's host slots are shared (ExpertParallelOptions::share_slots): a layer uploads
