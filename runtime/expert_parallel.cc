@@ -383,6 +383,7 @@ void ExpertParallelExecutor::LayOutBatches() {
 absl::Status ExpertParallelExecutor::PrepareForward(std::span<const int64_t> offsets) {
   ExpertParallelStats& st = g_->mutable_stats();
   prepared_rows_ = -1;
+  backward_prepared_ = false;  // a new forward: a backward prepared before it is void
   if (g_->FaultAt(FaultKind::kExit, layer_)) std::_Exit(3);
   if (g_->FaultAt(FaultKind::kStall, layer_)) {
     std::this_thread::sleep_for(

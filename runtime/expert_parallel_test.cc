@@ -1,6 +1,7 @@
 // Expert-parallel MoE layers on 2 and 4 in-process ranks against one unsharded layer:
 // outputs, input gradients and every parameter gradient agree for every policy, replicas
-// really run, and faults are reported with the rank, layer and microbatch.
+// really run, and faults are reported with the rank, layer and microbatch; a pass prepared
+// before its rows arrive is the same pass.
 #include "runtime/expert_parallel.h"
 
 #include <omp.h>
@@ -15,9 +16,11 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "comm/inprocess_channel.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "runtime/expert_instances.h"
 #include "runtime/expert_parallel_testing.h"
 #include "runtime/layers/moe.h"
 #include "runtime/plan_source.h"
@@ -391,6 +394,70 @@ TEST(ExpertParallelGroupTest, BadSetupsAreNamed) {
     options.policy = "fastest";  // no such policy
     g = ExpertParallelGroup::Create(ch, {&shard}, options);
     EXPECT_THAT(std::string(g.status().message()), HasSubstr("balancer.policy"));
+    return absl::OkStatus();
+  });
+  EXPECT_TRUE(run.ok()) << run;
+}
+
+// A pass prepared first (PrepareForward / PrepareBackward, as the GPU layer does while its
+// rows travel) computes what the same pass preparing itself computes, bit for bit; a Forward
+// over other rows than the prepared ones is refused on every rank, before any exchange.
+TEST(ExpertParallelGroupTest, APreparedPassIsTheSamePass) {
+  comm::ChannelOptions channel_options;
+  channel_options.timeout = absl::Seconds(20);
+  const absl::Status run = comm::RunInProcessRanks(2, channel_options, [](comm::DataChannel& ch) {
+    omp_set_num_threads(1);
+    MoeLayer<float> layer(Config(2, ch.rank()), "m");
+    InitSkewed(layer);
+    std::unique_ptr<ExpertExecutor<float>> executor;
+    std::vector<ExpertParallelGroup::Layer> layers;
+    layers.push_back(
+        {layer.config(), std::make_unique<HostExpertInstances>(&layer.experts()),
+         [&executor](std::unique_ptr<ExpertExecutor<float>> e) { executor = std::move(e); }});
+    ExpertParallelOptions options;
+    options.policy = "ultraep";
+    absl::StatusOr<std::unique_ptr<ExpertParallelGroup>> group =
+        ExpertParallelGroup::Create(ch, std::move(layers), options);
+    if (!group.ok()) return group.status();
+    // Rows grouped by expert, most of them for experts 0 and 1 (rank 0's): replicas run.
+    std::vector<int64_t> offsets = {0};
+    for (int e = 0; e < kExperts; ++e) offsets.push_back(offsets.back() + (e < 2 ? 20 : 3));
+    const size_t n = static_cast<size_t>(offsets.back()) * kWidth;
+    const std::vector<float> rows = Uniform(n, 50 + ch.rank(), 1.0f);
+    const std::vector<float> dout = Uniform(n, 60 + ch.rank(), 1.0f);
+    std::vector<float> out[2], dx[2];
+    for (int pass = 0; pass < 2; ++pass) {
+      (*group)->BeginMicrobatch(pass, /*training=*/true);
+      out[pass].assign(n, 0.0f);
+      dx[pass].assign(n, 0.0f);
+      if (pass == 1) {
+        EXPECT_TRUE(executor->PrepareForward(offsets).ok());
+      }
+      if (absl::Status s = executor->Forward(offsets, rows.data(), out[pass].data()); !s.ok()) {
+        return s;
+      }
+      if (pass == 1) {
+        EXPECT_TRUE(executor->PrepareBackward().ok());
+      }
+      if (absl::Status s = executor->Backward(offsets, dout.data(), dx[pass].data()); !s.ok()) {
+        return s;
+      }
+      if (absl::Status s = (*group)->FinishMicrobatch(); !s.ok()) return s;
+    }
+    EXPECT_EQ(out[0], out[1]) << "rank " << ch.rank();
+    EXPECT_EQ(dx[0], dx[1]) << "rank " << ch.rank();
+    EXPECT_GT((*group)->stats().layers[0].replicas, 0);
+    (*group)->BeginMicrobatch(2, /*training=*/true);
+    EXPECT_TRUE(executor->PrepareForward(offsets).ok());
+    std::vector<int64_t> fewer = offsets;
+    fewer.back() -= 1;
+    const absl::Status s = executor->Forward(fewer, rows.data(), out[0].data());
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+    EXPECT_THAT(std::string(s.message()), HasSubstr(absl::StrCat("over ", offsets.back() - 1,
+                                                                 " rows after PrepareForward "
+                                                                 "over ",
+                                                                 offsets.back())));
+    executor.reset();  // before its group
     return absl::OkStatus();
   });
   EXPECT_TRUE(run.ok()) << run;
