@@ -491,6 +491,25 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
     auto staged = std::make_shared<std::vector<char>>(static_cast<const char*>(src),
                                                       static_cast<const char*>(src) + bytes);
     sim.Push(s, [dst, staged] { std::memcpy(dst, staged->data(), staged->size()); });
+  } else if (sim.Where(src) == Memory::kPinned) {
+    // Pinned source: the copy reads it when it runs, as a GPU's DMA does. The host must not
+    // write it before then (it cannot know when that is without waiting): a copy that finds
+    // its source changed since it was issued stops the program, where a GPU would have sent
+    // either bytes.
+    auto issued = std::make_shared<std::vector<char>>(static_cast<const char*>(src),
+                                                      static_cast<const char*>(src) + bytes);
+    sim.Push(s, [dst, src, bytes, issued] {
+      if (std::memcmp(src, issued->data(), bytes) != 0) {
+        std::fprintf(stderr,
+                     "CUDA simulator: host code wrote the pinned memory at %p (%zu bytes) after "
+                     "a cudaMemcpyAsync from it was issued and before it ran; on a GPU the copy "
+                     "may read either bytes: wait for the copy (an event) before writing its "
+                     "source\n",
+                     src, bytes);
+        std::abort();
+      }
+      std::memmove(dst, src, bytes);
+    });
   } else {
     sim.Push(s, [dst, src, bytes] { std::memmove(dst, src, bytes); });
   }

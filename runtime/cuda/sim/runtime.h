@@ -13,6 +13,8 @@
 // - Copies check their direction against where the pointers came from (cudaMalloc,
 //   cudaHostAlloc, anything else is pageable host memory) and fail with
 //   cudaErrorInvalidValue on a mismatch.
+// - A copy from pinned memory reads it when it runs; if the host wrote it after issuing the copy
+//   and before it ran (a race on a GPU), the program stops, naming it.
 // - Device memory (cudaMalloc) is not host-accessible: a host read or write through a device
 //   pointer faults (the message names it), as on a GPU; kernels, copies and memsets reach it.
 // - One simulated device (compute capability 9.0); every host thread may use it.

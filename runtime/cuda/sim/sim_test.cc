@@ -1,9 +1,9 @@
 // The CUDA simulator itself: barriers and warp shuffles as CUDA defines them, the stream
 // order (work runs when the host waits for it), copies checked against where pointers
 // point, launches refused as the GPU refuses them, and the stops for a barrier that cannot
-// be passed and a shuffle with a lane that returned; host code touching device memory stops; shared
-// memory above 48 KiB by opt-in, and a write past it stops; the warp matrix operations (wmma.h) and
-// their alignment stop.
+// be passed and a shuffle with a lane that returned; host code touching device memory stops, and so
+// does a host write to a pinned copy source before the copy ran; shared memory above 48 KiB by
+// opt-in, and a write past it stops; the warp matrix operations (wmma.h) and their alignment stop.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -386,6 +386,34 @@ TEST(CudaSimDeathTest, HostCodeTouchingDeviceMemoryStops) {
   EXPECT_EQ(pinned[2], 7);
   EXPECT_EQ(cudaFreeHost(pinned), cudaSuccess);
   EXPECT_EQ(cudaFree(again), cudaSuccess);
+}
+
+// A copy from pinned memory reads it when it runs: a host that writes the source before
+// waiting for the copy races the GPU's DMA, and the copy stops the program.
+TEST(CudaSimDeathTest, WritingAPinnedSourceBeforeItsCopyRanStops) {
+  float* d = DeviceAlloc<float>(8);
+  float* pinned = nullptr;
+  ASSERT_EQ(cudaHostAlloc(reinterpret_cast<void**>(&pinned), 8 * sizeof(float), 0), cudaSuccess);
+  for (int i = 0; i < 8; ++i) pinned[i] = static_cast<float>(i);
+  cudaStream_t s = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  // Written after the copy ran: fine.
+  ASSERT_EQ(cudaMemcpyAsync(d, pinned, 8 * sizeof(float), cudaMemcpyHostToDevice, s), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+  pinned[3] = 30.0f;
+  std::vector<float> got(8);
+  ASSERT_EQ(cudaMemcpy(got.data(), d, 8 * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(got[3], 3.0f);
+  EXPECT_DEATH(
+      {
+        (void)cudaMemcpyAsync(d, pinned, 8 * sizeof(float), cudaMemcpyHostToDevice, s);
+        pinned[5] = 50.0f;  // before the copy ran
+        (void)cudaStreamSynchronize(s);
+      },
+      "wrote the pinned memory .* after a cudaMemcpyAsync from it was issued");
+  EXPECT_EQ(cudaStreamDestroy(s), cudaSuccess);
+  EXPECT_EQ(cudaFreeHost(pinned), cudaSuccess);
+  EXPECT_EQ(cudaFree(d), cudaSuccess);
 }
 
 // TF32 (m16n16k8): operands rounded by __float_to_tf32 (to nearest, ties away from zero)
