@@ -17,6 +17,8 @@
 // - __shared__ variables are per host thread (one block runs at a time there); dynamic
 //   shared memory is filled with all-ones bytes (NaN) at each block's start, and a write
 //   outside it (guard bytes around it, checked after each block) stops the program.
+// - A pointer argument must point to device or pinned memory (or be null): a host pointer
+//   stops the program at the launch, naming its site and the argument.
 // - No timing, no memory model beyond sequential consistency: what runs here checks a
 //   kernel's arithmetic, indexing and barriers, not its speed or its races between blocks.
 #ifndef RACKRUN_RUNTIME_CUDA_SIM_KERNEL_H_
@@ -67,6 +69,10 @@ void* DynamicShared();
 // cudaFuncSetAttribute opted it in to); false (and the thread's last error set) if the GPU
 // would refuse it.
 bool CheckLaunch(const void* kernel, dim3 grid, dim3 block, size_t shared);
+// Stops the program, naming the launch site and the argument, when a kernel's pointer
+// argument `p` (argument `index`) points to neither device memory (cudaMalloc's range) nor
+// pinned memory: on a GPU without host memory mapping the kernel faults on it.
+void CheckPointerArgument(const void* p, int index, const std::source_location& where);
 // Runs every block of a grid, each thread calling `body`. `where` names the launch site.
 void RunGrid(dim3 grid, dim3 block, size_t shared, const std::source_location& where,
              const std::function<void()>& body);
@@ -105,6 +111,12 @@ class Launch {
   void operator()(A&&... args) const {
     if (!sim::CheckLaunch(reinterpret_cast<const void*>(kernel_), grid_, block_, shared_)) return;
     std::tuple<std::decay_t<P>...> bound(std::forward<A>(args)...);
+    std::apply(
+        [this](const auto&... a) {
+          int index = 0;
+          (CheckIfPointer(a, index++), ...);
+        },
+        bound);
     sim::Enqueue(stream_, [kernel = kernel_, bound, grid = grid_, block = block_, shared = shared_,
                            where = where_] {
       sim::RunGrid(grid, block, shared, where, [&] { std::apply(kernel, bound); });
@@ -112,6 +124,13 @@ class Launch {
   }
 
  private:
+  template <typename T>
+  void CheckIfPointer(const T& a, int index) const {
+    if constexpr (std::is_pointer_v<T>) {
+      if (a != nullptr) sim::CheckPointerArgument(static_cast<const void*>(a), index, where_);
+    }
+  }
+
   void (*kernel_)(P...);
   dim3 grid_, block_;
   size_t shared_;

@@ -301,6 +301,19 @@ Memory Classify(const void* p) {
   return sim.Where(p);
 }
 
+Memory ClassifyArgument(const void* p) {
+  Simulator& sim = Sim();  // reserves the device memory's range first
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  if (a >= arena_begin.load() && a < arena_end.load()) return Memory::kDevice;
+  std::lock_guard<std::recursive_mutex> lock(sim.mu);
+  if (Simulator::Inside(sim.pinned, p, 1)) return Memory::kPinned;
+  auto it = sim.pinned.upper_bound(a);
+  if (it != sim.pinned.begin() && std::prev(it)->first + std::prev(it)->second == a) {
+    return Memory::kPinned;  // one past its end
+  }
+  return Memory::kPageable;
+}
+
 void SetLastError(cudaError_t error) { last_error = error; }
 
 }  // namespace rackrun::runtime::cuda::sim

@@ -35,6 +35,10 @@ void Enqueue(cudaStream_t stream, std::function<void()> work);
 // Where a pointer points: memory from cudaMalloc, from cudaHostAlloc, or anything else.
 enum class Memory { kDevice, kPinned, kPageable };
 Memory Classify(const void* p);
+// The same for a pointer a kernel gets, which may be one past an allocation's end (an empty
+// range): anywhere in the device memory's reserved range is device memory, the end of a pinned
+// allocation is pinned.
+Memory ClassifyArgument(const void* p);
 
 // Records `error` as the calling thread's last error (cudaGetLastError returns and clears it).
 void SetLastError(cudaError_t error);

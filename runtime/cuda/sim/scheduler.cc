@@ -333,6 +333,17 @@ bool CheckLaunch(const void* kernel, dim3 grid, dim3 block, size_t shared) {
   return true;
 }
 
+void CheckPointerArgument(const void* p, int index, const std::source_location& where) {
+  if (ClassifyArgument(p) != Memory::kPageable) return;
+  std::fprintf(stderr,
+               "CUDA simulator: %s:%u (%s): kernel argument %d is a host pointer (%p), neither "
+               "device memory (cudaMalloc) nor pinned memory (cudaHostAlloc); on a GPU the "
+               "kernel faults on it\n",
+               where.file_name(), static_cast<unsigned>(where.line()), where.function_name(), index,
+               p);
+  std::abort();
+}
+
 void RunGrid(dim3 grid, dim3 block, size_t shared, const std::source_location& where,
              const std::function<void()>& body) {
   const size_t threads = size_t{block.x} * block.y * block.z;

@@ -416,6 +416,25 @@ TEST(CudaSimDeathTest, WritingAPinnedSourceBeforeItsCopyRanStops) {
   EXPECT_EQ(cudaFree(d), cudaSuccess);
 }
 
+// A kernel gets device or pinned pointers (or null, or one past an allocation's end); a host
+// pointer stops the launch, naming its site and the argument.
+TEST(CudaSimDeathTest, AKernelGivenAHostPointerStops) {
+  float* d = DeviceAlloc<float>(32);
+  float* pinned = nullptr;
+  ASSERT_EQ(cudaHostAlloc(reinterpret_cast<void**>(&pinned), 32 * sizeof(float), 0), cudaSuccess);
+  Launch(FillKernel, 1, 32, 0, nullptr)(32, 1.0f, d);
+  Launch(FillKernel, 1, 32, 0, nullptr)(32, 2.0f, pinned);
+  Launch(FillKernel, 1, 32, 0, nullptr)(0, 3.0f, d + 32);
+  Launch(FillKernel, 1, 32, 0, nullptr)(0, 3.0f, pinned + 32);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(pinned[31], 2.0f);
+  std::vector<float> host(32, 0.0f);
+  EXPECT_DEATH(Launch(FillKernel, 1, 32, 0, nullptr)(32, 4.0f, host.data()),
+               "sim_test.cc:[0-9]+ .*kernel argument 2 is a host pointer");
+  EXPECT_EQ(cudaFreeHost(pinned), cudaSuccess);
+  EXPECT_EQ(cudaFree(d), cudaSuccess);
+}
+
 // TF32 (m16n16k8): operands rounded by __float_to_tf32 (to nearest, ties away from zero)
 // multiply exactly; an operand not rounded loses its low 13 mantissa bits, as on the tensor
 // cores.
