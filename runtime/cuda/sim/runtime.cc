@@ -51,6 +51,11 @@ constexpr size_t kAlignment = 256;                 // cudaMalloc's
 // Address space reserved for device memory: twice what the device reports, so that
 // fragmentation never refuses what cudaMemGetInfo says is free.
 constexpr size_t kArenaBytes = 2 * kDeviceBytes;
+// Bytes of a known pattern before every allocation and after its end (from the bytes asked
+// for, through the rounding, then this many more), checked after every kernel: a write
+// outside the allocation there stops the program.
+constexpr size_t kRedzone = kAlignment;
+constexpr unsigned char kRedzoneByte = 0xa5;
 
 size_t RoundUp(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
@@ -219,6 +224,9 @@ class Simulator {
       std::function<void()> work = std::move(s->queue.front());
       s->queue.pop_front();
       work();
+      // Kernels check after their grid, naming their launch; this catches the rest (the
+      // simulated cuBLAS's writes).
+      CheckRedzones("queued work (a cuBLAS call, copy or memset)");
       ++s->done;
     }
   }
@@ -299,6 +307,35 @@ Memory Classify(const void* p) {
   Simulator& sim = Sim();
   std::lock_guard<std::recursive_mutex> lock(sim.mu);
   return sim.Where(p);
+}
+
+void CheckRedzones(const char* after) {
+  Simulator& sim = Sim();
+  std::lock_guard<std::recursive_mutex> lock(sim.mu);
+  Simulator::Opened device_works(sim);
+  for (const auto& [start, bytes] : sim.device) {
+    static const std::vector<unsigned char> pattern(2 * kRedzone, kRedzoneByte);
+    const auto* p = reinterpret_cast<const unsigned char*>(start);
+    const size_t end = RoundUp(std::max<size_t>(bytes, 1), kAlignment) + kRedzone;
+    if (std::memcmp(p - kRedzone, pattern.data(), kRedzone) == 0 &&
+        std::memcmp(p + bytes, pattern.data(), end - bytes) == 0) {
+      continue;
+    }
+    // Before the allocation, then after the bytes asked for.
+    ptrdiff_t bad = -static_cast<ptrdiff_t>(kRedzone);
+    while (bad < 0 && p[bad] == kRedzoneByte) ++bad;
+    if (bad == 0) {
+      bad = static_cast<ptrdiff_t>(bytes);
+      while (p[bad] == kRedzoneByte) ++bad;  // memcmp found a changed byte before `end`
+    }
+    std::fprintf(stderr,
+                 "CUDA simulator: %s wrote outside a cudaMalloc allocation: byte %td of the "
+                 "%zu-byte allocation at %p (%s its %s); on a GPU that write lands in another "
+                 "allocation or faults\n",
+                 after, bad, bytes, static_cast<const void*>(p), bad < 0 ? "before" : "past",
+                 bad < 0 ? "start" : "end");
+    std::abort();
+  }
 }
 
 Memory ClassifyArgument(const void* p) {
@@ -428,13 +465,15 @@ cudaError_t cudaMalloc(void** ptr, size_t bytes) {
     return Fail(cudaErrorMemoryAllocation);
   }
   const size_t rounded = sim::RoundUp(std::max<size_t>(bytes, 1), sim::kAlignment);
-  char* p = sim.Allocate(rounded);
-  if (p == nullptr) return Fail(cudaErrorMemoryAllocation);
+  char* block = sim.Allocate(rounded + 2 * sim::kRedzone);
+  if (block == nullptr) return Fail(cudaErrorMemoryAllocation);
+  char* p = block + sim::kRedzone;
   // Device memory starts as garbage: all-ones bytes (NaN as floats, -1 as integers), so that
-  // a kernel reading what nobody wrote shows it.
+  // a kernel reading what nobody wrote shows it; the redzones around it hold their pattern.
   {
     Simulator::Opened device_works(sim);
-    std::memset(p, 0xff, rounded);
+    std::memset(block, sim::kRedzoneByte, rounded + 2 * sim::kRedzone);
+    std::memset(p, 0xff, bytes);
   }
   sim.device[reinterpret_cast<uintptr_t>(p)] = bytes;
   sim.device_in_use += bytes;
@@ -450,8 +489,8 @@ cudaError_t cudaFree(void* ptr) {
   if (it == sim.device.end()) return Fail(cudaErrorInvalidValue);
   sim.RunEverything();  // cudaFree synchronizes the device
   sim.device_in_use -= it->second;
-  sim.Release(static_cast<char*>(ptr),
-              sim::RoundUp(std::max<size_t>(it->second, 1), sim::kAlignment));
+  sim.Release(static_cast<char*>(ptr) - sim::kRedzone,
+              sim::RoundUp(std::max<size_t>(it->second, 1), sim::kAlignment) + 2 * sim::kRedzone);
   sim.device.erase(it);
   return cudaSuccess;
 }

@@ -40,6 +40,11 @@ Memory Classify(const void* p);
 // allocation is pinned.
 Memory ClassifyArgument(const void* p);
 
+// Stops the program, naming `after` (the kernel's launch site), when a byte just outside a
+// live cudaMalloc allocation (256 bytes before it, or from its end through the next 256-byte
+// boundary and 256 more) has changed since the allocation: a write out of bounds.
+void CheckRedzones(const char* after);
+
 // Records `error` as the calling thread's last error (cudaGetLastError returns and clears it).
 void SetLastError(cudaError_t error);
 // cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), kept

@@ -435,6 +435,28 @@ TEST(CudaSimDeathTest, AKernelGivenAHostPointerStops) {
   EXPECT_EQ(cudaFree(d), cudaSuccess);
 }
 
+// A kernel that writes just past an allocation's end, or just before its start, stops the
+// program after it ran, naming it and the byte.
+TEST(CudaSimDeathTest, AKernelWritingOutsideAnAllocationStops) {
+  float* d = DeviceAlloc<float>(32);
+  Launch(FillKernel, 1, 32, 0, nullptr)(32, 1.0f, d);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_DEATH(
+      {
+        Launch(FillKernel, 1, 64, 0, nullptr)(33, 1.0f, d);
+        (void)cudaDeviceSynchronize();
+      },
+      "sim_test.cc:[0-9]+ .* wrote outside a cudaMalloc allocation: byte 128 of the 128-byte "
+      "allocation .*past its end");
+  EXPECT_DEATH(
+      {
+        Launch(FillKernel, 1, 32, 0, nullptr)(1, 1.0f, d - 1);
+        (void)cudaDeviceSynchronize();
+      },
+      "byte -4 of the 128-byte allocation .*before its start");
+  EXPECT_EQ(cudaFree(d), cudaSuccess);
+}
+
 // TF32 (m16n16k8): operands rounded by __float_to_tf32 (to nearest, ties away from zero)
 // multiply exactly; an operand not rounded loses its low 13 mantissa bits, as on the tensor
 // cores.
