@@ -53,9 +53,11 @@ constexpr size_t kAlignment = 256;                 // cudaMalloc's
 constexpr size_t kArenaBytes = 2 * kDeviceBytes;
 // Bytes of a known pattern before every allocation and after its end (from the bytes asked
 // for, through the rounding, then this many more), checked after every kernel: a write
-// outside the allocation there stops the program.
+// outside the allocation there stops the program. The pattern is fresh memory's garbage
+// (all-ones bytes: NaN as floats, -1 as integers), so a kernel that reads there carries a NaN
+// or a -1 into its results.
 constexpr size_t kRedzone = kAlignment;
-constexpr unsigned char kRedzoneByte = 0xa5;
+constexpr unsigned char kRedzoneByte = 0xff;
 
 size_t RoundUp(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
