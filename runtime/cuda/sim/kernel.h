@@ -35,6 +35,7 @@
 #include <tuple>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "runtime/cuda/sim/runtime.h"
 
@@ -72,7 +73,8 @@ bool CheckLaunch(const void* kernel, dim3 grid, dim3 block, size_t shared);
 // Stops the program, naming the launch site and the argument, when a kernel's pointer
 // argument `p` (argument `index`) points to neither device memory (cudaMalloc's range) nor
 // pinned memory: on a GPU without host memory mapping the kernel faults on it.
-void CheckPointerArgument(const void* p, int index, const std::source_location& where);
+// Returns whether it points to pinned memory (the kernel may write there).
+bool CheckPointerArgument(const void* p, int index, const std::source_location& where);
 // Runs every block of a grid, each thread calling `body`. `where` names the launch site.
 void RunGrid(dim3 grid, dim3 block, size_t shared, const std::source_location& where,
              const std::function<void()>& body);
@@ -111,23 +113,26 @@ class Launch {
   void operator()(A&&... args) const {
     if (!sim::CheckLaunch(reinterpret_cast<const void*>(kernel_), grid_, block_, shared_)) return;
     std::tuple<std::decay_t<P>...> bound(std::forward<A>(args)...);
+    std::vector<const void*> pinned;  // pointer arguments into pinned memory
     std::apply(
-        [this](const auto&... a) {
+        [&](const auto&... a) {
           int index = 0;
-          (CheckIfPointer(a, index++), ...);
+          (CheckIfPointer(a, index++, &pinned), ...);
         },
         bound);
     sim::Enqueue(stream_, [kernel = kernel_, bound, grid = grid_, block = block_, shared = shared_,
-                           where = where_] {
+                           where = where_, pinned] {
       sim::RunGrid(grid, block, shared, where, [&] { std::apply(kernel, bound); });
+      for (const void* p : pinned) sim::DeviceWrotePinned(p);
     });
   }
 
  private:
   template <typename T>
-  void CheckIfPointer(const T& a, int index) const {
+  void CheckIfPointer(const T& a, int index, std::vector<const void*>* pinned) const {
     if constexpr (std::is_pointer_v<T>) {
-      if (a != nullptr) sim::CheckPointerArgument(static_cast<const void*>(a), index, where_);
+      const void* p = static_cast<const void*>(a);
+      if (p != nullptr && sim::CheckPointerArgument(p, index, where_)) pinned->push_back(p);
     }
   }
 

@@ -121,6 +121,23 @@ class Simulator {
   std::map<uintptr_t, size_t> device;  // start -> bytes
   std::map<uintptr_t, size_t> pinned;
   size_t device_in_use = 0;
+  // Queued work items started so far, and per pinned allocation the last one that wrote into
+  // it (a copy to it, a kernel given a pointer into it): a pinned copy source that changed
+  // while such an item ran was changed by the device, not by the host.
+  uint64_t steps = 0;
+  std::map<uintptr_t, uint64_t> pinned_device_writes;
+
+  // The pinned allocation `p` points into (or one past the end of); 0 if none.
+  uintptr_t PinnedStart(const void* p) const {
+    const auto a = reinterpret_cast<uintptr_t>(p);
+    auto it = pinned.upper_bound(a);
+    if (it == pinned.begin()) return 0;
+    --it;
+    return a <= it->first + it->second ? it->first : 0;
+  }
+  void DeviceWrote(const void* p) {
+    if (const uintptr_t start = PinnedStart(p); start != 0) pinned_device_writes[start] = steps;
+  }
 
   // Device memory comes from one reserved range of address space that the host cannot touch
   // (PROT_NONE) except while the device works (queued work runs, cudaMalloc fills fresh
@@ -225,6 +242,7 @@ class Simulator {
     while (s->done < seq && !s->queue.empty()) {
       std::function<void()> work = std::move(s->queue.front());
       s->queue.pop_front();
+      ++steps;
       work();
       // Kernels check after their grid, naming their launch; this catches the rest (the
       // simulated cuBLAS's writes).
@@ -338,6 +356,12 @@ void CheckRedzones(const char* after) {
                  bad < 0 ? "start" : "end");
     std::abort();
   }
+}
+
+void DeviceWrotePinned(const void* p) {
+  Simulator& sim = Sim();
+  std::lock_guard<std::recursive_mutex> lock(sim.mu);
+  sim.DeviceWrote(p);
 }
 
 Memory ClassifyArgument(const void* p) {
@@ -474,8 +498,8 @@ cudaError_t cudaMalloc(void** ptr, size_t bytes) {
   // a kernel reading what nobody wrote shows it; the redzones around it hold their pattern.
   {
     Simulator::Opened device_works(sim);
-    std::memset(block, sim::kRedzoneByte, rounded + 2 * sim::kRedzone);
-    std::memset(p, 0xff, bytes);
+    static_assert(sim::kRedzoneByte == 0xff);  // the garbage and the redzones are one fill
+    std::memset(block, 0xff, rounded + 2 * sim::kRedzone);
   }
   sim.device[reinterpret_cast<uintptr_t>(p)] = bytes;
   sim.device_in_use += bytes;
@@ -544,16 +568,23 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
     // Pageable source: CUDA stages it before returning, so the caller may reuse it at once.
     auto staged = std::make_shared<std::vector<char>>(static_cast<const char*>(src),
                                                       static_cast<const char*>(src) + bytes);
-    sim.Push(s, [dst, staged] { std::memcpy(dst, staged->data(), staged->size()); });
+    sim.Push(s, [&sim, dst, staged] {
+      std::memcpy(dst, staged->data(), staged->size());
+      sim.DeviceWrote(dst);
+    });
   } else if (sim.Where(src) == Memory::kPinned) {
     // Pinned source: the copy reads it when it runs, as a GPU's DMA does. The host must not
     // write it before then (it cannot know when that is without waiting): a copy that finds
-    // its source changed since it was issued stops the program, where a GPU would have sent
-    // either bytes.
+    // its source changed since it was issued, with no device work writing there meanwhile,
+    // stops the program, where a GPU would have sent either bytes.
     auto issued = std::make_shared<std::vector<char>>(static_cast<const char*>(src),
                                                       static_cast<const char*>(src) + bytes);
-    sim.Push(s, [dst, src, bytes, issued] {
-      if (std::memcmp(src, issued->data(), bytes) != 0) {
+    const uint64_t issued_at = sim.steps;
+    sim.Push(s, [&sim, dst, src, bytes, issued, issued_at] {
+      const auto by_device = sim.pinned_device_writes.find(sim.PinnedStart(src));
+      const bool device_wrote =
+          by_device != sim.pinned_device_writes.end() && by_device->second > issued_at;
+      if (!device_wrote && std::memcmp(src, issued->data(), bytes) != 0) {
         std::fprintf(stderr,
                      "CUDA simulator: host code wrote the pinned memory at %p (%zu bytes) after "
                      "a cudaMemcpyAsync from it was issued and before it ran; on a GPU the copy "
@@ -563,9 +594,13 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
         std::abort();
       }
       std::memmove(dst, src, bytes);
+      sim.DeviceWrote(dst);
     });
   } else {
-    sim.Push(s, [dst, src, bytes] { std::memmove(dst, src, bytes); });
+    sim.Push(s, [&sim, dst, src, bytes] {
+      std::memmove(dst, src, bytes);
+      sim.DeviceWrote(dst);
+    });
   }
   // Pageable destination: the call returns once the copy is done.
   if (sim.Where(dst) == Memory::kPageable) sim.RunAll(s);

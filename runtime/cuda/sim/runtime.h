@@ -14,7 +14,8 @@
 //   cudaHostAlloc, anything else is pageable host memory) and fail with
 //   cudaErrorInvalidValue on a mismatch.
 // - A copy from pinned memory reads it when it runs; if the host wrote it after issuing the copy
-//   and before it ran (a race on a GPU), the program stops, naming it.
+//   and before it ran (a race on a GPU; device work that wrote there meanwhile, a copy or a
+//   kernel given a pointer into it, is not the host), the program stops, naming it.
 // - Device memory (cudaMalloc) is not host-accessible: a host read or write through a device
 //   pointer faults (the message names it), as on a GPU; kernels, copies and memsets reach it.
 // - One simulated device (compute capability 9.0); every host thread may use it.
@@ -39,6 +40,10 @@ Memory Classify(const void* p);
 // range): anywhere in the device memory's reserved range is device memory, the end of a pinned
 // allocation is pinned.
 Memory ClassifyArgument(const void* p);
+
+// Queued work (a kernel given a pointer into it) may have written the pinned allocation `p`
+// points into: a copy issued earlier from there may find its source changed.
+void DeviceWrotePinned(const void* p);
 
 // Stops the program, naming `after` (the kernel's launch site), when a byte just outside a
 // live cudaMalloc allocation (256 bytes before it, or from its end through the next 256-byte

@@ -333,8 +333,9 @@ bool CheckLaunch(const void* kernel, dim3 grid, dim3 block, size_t shared) {
   return true;
 }
 
-void CheckPointerArgument(const void* p, int index, const std::source_location& where) {
-  if (ClassifyArgument(p) != Memory::kPageable) return;
+bool CheckPointerArgument(const void* p, int index, const std::source_location& where) {
+  const Memory kind = ClassifyArgument(p);
+  if (kind != Memory::kPageable) return kind == Memory::kPinned;
   std::fprintf(stderr,
                "CUDA simulator: %s:%u (%s): kernel argument %d is a host pointer (%p), neither "
                "device memory (cudaMalloc) nor pinned memory (cudaHostAlloc); on a GPU the "

@@ -411,6 +411,22 @@ TEST(CudaSimDeathTest, WritingAPinnedSourceBeforeItsCopyRanStops) {
         (void)cudaStreamSynchronize(s);
       },
       "wrote the pinned memory .* after a cudaMemcpyAsync from it was issued");
+  // Changed in between by the device (a copy into it queued first; a kernel given a pointer
+  // into it): not the host, the copies run.
+  float* other = DeviceAlloc<float>(8);
+  Launch(FillKernel, 1, 8, 0, s)(8, 9.0f, other);
+  ASSERT_EQ(cudaMemcpyAsync(pinned, other, 8 * sizeof(float), cudaMemcpyDeviceToHost, s),
+            cudaSuccess);
+  ASSERT_EQ(cudaMemcpyAsync(d, pinned, 8 * sizeof(float), cudaMemcpyHostToDevice, s), cudaSuccess);
+  Launch(FillKernel, 1, 8, 0, s)(8, 11.0f, pinned);
+  ASSERT_EQ(cudaMemcpyAsync(other, pinned, 8 * sizeof(float), cudaMemcpyHostToDevice, s),
+            cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(got.data(), d, 8 * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(got[5], 9.0f);
+  ASSERT_EQ(cudaMemcpy(got.data(), other, 8 * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(got[5], 11.0f);
+  EXPECT_EQ(cudaFree(other), cudaSuccess);
   EXPECT_EQ(cudaStreamDestroy(s), cudaSuccess);
   EXPECT_EQ(cudaFreeHost(pinned), cudaSuccess);
   EXPECT_EQ(cudaFree(d), cudaSuccess);
