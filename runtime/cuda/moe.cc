@@ -328,6 +328,8 @@ absl::Status GpuMoe::OnRanks(const DeviceTensor<float>& from, DeviceTensor<float
        {std::tuple{&host_rows_, from.size(), " expert rows (host staging)"},
         std::tuple{&host_out_, to->size(), " expert outputs (host staging)"}}) {
     if (buffer->size() >= floats) continue;
+    // The old buffer may still be an upload's source: the stream finishes with it first.
+    if (absl::Status s = device_->Synchronize(); !s.ok()) return s;
     absl::StatusOr<PinnedBuffer<float>> p = PinnedBuffer<float>::Allocate(floats, name_ + what);
     if (!p.ok()) return p.status();
     *buffer = *std::move(p);
