@@ -87,6 +87,13 @@ T* DeviceAlloc(size_t n) {
   return static_cast<T*>(p);
 }
 
+template <typename T>
+T* PinnedAlloc(size_t n) {
+  void* p = nullptr;
+  EXPECT_EQ(cudaHostAlloc(&p, n * sizeof(T), 0), cudaSuccess);
+  return static_cast<T*>(p);
+}
+
 TEST(CudaSimTest, BlockBarrierAndSharedMemory) {
   constexpr int kThreads = 256, kBlocks = 3;
   int* out = DeviceAlloc<int>(kThreads * kBlocks);
@@ -380,8 +387,7 @@ TEST(CudaSimDeathTest, HostCodeTouchingDeviceMemoryStops) {
   EXPECT_EQ(got[0], -1);
   EXPECT_EQ(got[255], -1);
   // Pinned memory is the host's.
-  int* pinned = nullptr;
-  ASSERT_EQ(cudaHostAlloc(reinterpret_cast<void**>(&pinned), 4 * sizeof(int), 0), cudaSuccess);
+  int* pinned = PinnedAlloc<int>(4);
   pinned[2] = 7;
   EXPECT_EQ(pinned[2], 7);
   EXPECT_EQ(cudaFreeHost(pinned), cudaSuccess);
@@ -392,8 +398,7 @@ TEST(CudaSimDeathTest, HostCodeTouchingDeviceMemoryStops) {
 // waiting for the copy races the GPU's DMA, and the copy stops the program.
 TEST(CudaSimDeathTest, WritingAPinnedSourceBeforeItsCopyRanStops) {
   float* d = DeviceAlloc<float>(8);
-  float* pinned = nullptr;
-  ASSERT_EQ(cudaHostAlloc(reinterpret_cast<void**>(&pinned), 8 * sizeof(float), 0), cudaSuccess);
+  float* pinned = PinnedAlloc<float>(8);
   for (int i = 0; i < 8; ++i) pinned[i] = static_cast<float>(i);
   cudaStream_t s = nullptr;
   ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
@@ -436,8 +441,7 @@ TEST(CudaSimDeathTest, WritingAPinnedSourceBeforeItsCopyRanStops) {
 // pointer stops the launch, naming its site and the argument.
 TEST(CudaSimDeathTest, AKernelGivenAHostPointerStops) {
   float* d = DeviceAlloc<float>(32);
-  float* pinned = nullptr;
-  ASSERT_EQ(cudaHostAlloc(reinterpret_cast<void**>(&pinned), 32 * sizeof(float), 0), cudaSuccess);
+  float* pinned = PinnedAlloc<float>(32);
   Launch(FillKernel, 1, 32, 0, nullptr)(32, 1.0f, d);
   Launch(FillKernel, 1, 32, 0, nullptr)(32, 2.0f, pinned);
   Launch(FillKernel, 1, 32, 0, nullptr)(0, 3.0f, d + 32);
