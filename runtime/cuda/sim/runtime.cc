@@ -126,6 +126,7 @@ class Simulator {
   // while such an item ran was changed by the device, not by the host.
   uint64_t steps = 0;
   std::map<uintptr_t, uint64_t> pinned_device_writes;
+  uint64_t redzones_checked = 0;  // the step whose writes CheckRedzones saw last
 
   // The pinned allocation `p` points into (or one past the end of); 0 if none.
   uintptr_t PinnedStart(const void* p) const {
@@ -244,9 +245,9 @@ class Simulator {
       s->queue.pop_front();
       ++steps;
       work();
-      // Kernels check after their grid, naming their launch; this catches the rest (the
+      // A kernel checked after its grid, naming its launch; this catches the rest (the
       // simulated cuBLAS's writes).
-      CheckRedzones("queued work (a cuBLAS call, copy or memset)");
+      if (redzones_checked != steps) CheckRedzones(nullptr);
       ++s->done;
     }
   }
@@ -329,9 +330,10 @@ Memory Classify(const void* p) {
   return sim.Where(p);
 }
 
-void CheckRedzones(const char* after) {
+void CheckRedzones(const std::source_location* kernel) {
   Simulator& sim = Sim();
   std::lock_guard<std::recursive_mutex> lock(sim.mu);
+  sim.redzones_checked = sim.steps;
   Simulator::Opened device_works(sim);
   for (const auto& [start, bytes] : sim.device) {
     static const std::vector<unsigned char> pattern(2 * kRedzone, kRedzoneByte);
@@ -348,11 +350,16 @@ void CheckRedzones(const char* after) {
       bad = static_cast<ptrdiff_t>(bytes);
       while (p[bad] == kRedzoneByte) ++bad;  // memcmp found a changed byte before `end`
     }
+    if (kernel != nullptr) {
+      std::fprintf(stderr, "CUDA simulator: the kernel launched at %s:%u (%s)", kernel->file_name(),
+                   static_cast<unsigned>(kernel->line()), kernel->function_name());
+    } else {
+      std::fprintf(stderr, "CUDA simulator: queued work (a cuBLAS call, copy or memset)");
+    }
     std::fprintf(stderr,
-                 "CUDA simulator: %s wrote outside a cudaMalloc allocation: byte %td of the "
-                 "%zu-byte allocation at %p (%s its %s); on a GPU that write lands in another "
-                 "allocation or faults\n",
-                 after, bad, bytes, static_cast<const void*>(p), bad < 0 ? "before" : "past",
+                 " wrote outside a cudaMalloc allocation: byte %td of the %zu-byte allocation "
+                 "at %p (%s its %s); on a GPU that write lands in another allocation or faults\n",
+                 bad, bytes, static_cast<const void*>(p), bad < 0 ? "before" : "past",
                  bad < 0 ? "start" : "end");
     std::abort();
   }
@@ -369,12 +376,7 @@ Memory ClassifyArgument(const void* p) {
   const auto a = reinterpret_cast<uintptr_t>(p);
   if (a >= arena_begin.load() && a < arena_end.load()) return Memory::kDevice;
   std::lock_guard<std::recursive_mutex> lock(sim.mu);
-  if (Simulator::Inside(sim.pinned, p, 1)) return Memory::kPinned;
-  auto it = sim.pinned.upper_bound(a);
-  if (it != sim.pinned.begin() && std::prev(it)->first + std::prev(it)->second == a) {
-    return Memory::kPinned;  // one past its end
-  }
-  return Memory::kPageable;
+  return sim.PinnedStart(p) != 0 ? Memory::kPinned : Memory::kPageable;
 }
 
 void SetLastError(cudaError_t error) { last_error = error; }
@@ -564,7 +566,8 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
     return Fail(cudaErrorInvalidValue);
   }
   CUstream_st* s = sim.Resolve(stream);
-  if (sim.Where(src) == Memory::kPageable) {
+  const Memory from = sim.Where(src);
+  if (from == Memory::kPageable) {
     // Pageable source: CUDA stages it before returning, so the caller may reuse it at once.
     auto staged = std::make_shared<std::vector<char>>(static_cast<const char*>(src),
                                                       static_cast<const char*>(src) + bytes);
@@ -572,7 +575,7 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
       std::memcpy(dst, staged->data(), staged->size());
       sim.DeviceWrote(dst);
     });
-  } else if (sim.Where(src) == Memory::kPinned) {
+  } else if (from == Memory::kPinned) {
     // Pinned source: the copy reads it when it runs, as a GPU's DMA does. The host must not
     // write it before then (it cannot know when that is without waiting): a copy that finds
     // its source changed since it was issued, with no device work writing there meanwhile,

@@ -25,6 +25,7 @@
 #include <cuda_runtime_api.h>
 
 #include <functional>
+#include <source_location>
 
 namespace rackrun::runtime::cuda::sim {
 
@@ -45,10 +46,10 @@ Memory ClassifyArgument(const void* p);
 // points into: a copy issued earlier from there may find its source changed.
 void DeviceWrotePinned(const void* p);
 
-// Stops the program, naming `after` (the kernel's launch site), when a byte just outside a
-// live cudaMalloc allocation (256 bytes before it, or from its end through the next 256-byte
-// boundary and 256 more) has changed since the allocation: a write out of bounds.
-void CheckRedzones(const char* after);
+// Stops the program, naming `kernel`'s launch site (null: other queued work), when a byte just
+// outside a live cudaMalloc allocation (256 bytes before it, or from its end through the next
+// 256-byte boundary and 256 more) has changed since the allocation: a write out of bounds.
+void CheckRedzones(const std::source_location* kernel);
 
 // Records `error` as the calling thread's last error (cudaGetLastError returns and clears it).
 void SetLastError(cudaError_t error);

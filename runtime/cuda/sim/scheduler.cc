@@ -399,10 +399,7 @@ void RunGrid(dim3 grid, dim3 block, size_t shared, const std::source_location& w
     }
   }
   running = outer;
-  char site[512];
-  std::snprintf(site, sizeof(site), "the kernel launched at %s:%u (%s)", where.file_name(),
-                static_cast<unsigned>(where.line()), where.function_name());
-  CheckRedzones(site);
+  CheckRedzones(&where);
 }
 
 }  // namespace rackrun::runtime::cuda::sim
