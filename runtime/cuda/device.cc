@@ -163,6 +163,15 @@ absl::StatusOr<PinnedBuffer<T>> PinnedBuffer<T>::Allocate(int64_t size, absl::st
 }
 
 template <typename T>
+absl::Status PinnedBuffer<T>::Reserve(int64_t size, absl::string_view what) {
+  if (size_ >= size) return absl::OkStatus();
+  absl::StatusOr<PinnedBuffer> p = Allocate(size, what);
+  if (!p.ok()) return p.status();
+  *this = *std::move(p);
+  return absl::OkStatus();
+}
+
+template <typename T>
 PinnedBuffer<T>& PinnedBuffer<T>::operator=(PinnedBuffer&& o) noexcept {
   if (this != &o) {
     Free();

@@ -107,6 +107,9 @@ class PinnedBuffer {
  public:
   // `what` names the buffer in the error.
   static absl::StatusOr<PinnedBuffer> Allocate(int64_t size, absl::string_view what);
+  // At least `size` elements: a smaller buffer is replaced (its contents are not kept). The
+  // caller makes sure no queued copy still uses the old one.
+  absl::Status Reserve(int64_t size, absl::string_view what);
   PinnedBuffer() = default;
   PinnedBuffer(PinnedBuffer&& o) noexcept
       : p_(std::exchange(o.p_, nullptr)), size_(std::exchange(o.size_, 0)) {}

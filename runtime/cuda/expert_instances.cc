@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cstring>
 #include <thread>
-#include <tuple>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -35,10 +34,11 @@ absl::Status DeviceExpertInstances::Check(cudaError_t e, const char* what) const
 }
 
 absl::Status DeviceExpertInstances::Copy(float* dst, const float* src, int64_t floats,
-                                         cudaMemcpyKind kind, const char* what) {
+                                         cudaMemcpyKind kind, const char* what,
+                                         cudaStream_t stream) {
   if (floats == 0) return absl::OkStatus();
   return Check(cudaMemcpyAsync(dst, src, static_cast<size_t>(floats) * sizeof(float), kind,
-                               device_->stream()),
+                               stream != nullptr ? stream : device_->stream()),
                what);
 }
 
@@ -72,34 +72,28 @@ float* DeviceExpertInstances::DW2(const Batch& b) {
 
 absl::Status DeviceExpertInstances::ReadMaster(int local, float* dst) {
   const int64_t n13 = 2 * static_cast<int64_t>(shard_.width) * shard_.hidden;
-  if (weights_final_.get() == nullptr) {
-    if (absl::Status s = Copy(dst, shard_.w13 + local * n13, n13, cudaMemcpyDeviceToHost,
-                              "master w13 to the host");
-        !s.ok()) {
-      return s;
+  // Before the first WeightsChanged: after everything on the compute stream.
+  cudaStream_t st = device_->stream();
+  if (weights_final_.get() != nullptr) {
+    if (reads_.get() == nullptr) {
+      absl::StatusOr<Stream> s = Stream::Create();
+      if (!s.ok()) return s.status();
+      reads_ = *std::move(s);
     }
-    return Wait(Copy(dst + n13, shard_.w2 + local * (n13 / 2), n13 / 2, cudaMemcpyDeviceToHost,
-                     "master w2 to the host"));
+    st = reads_.get();
+    if (absl::Status s = weights_final_.MakeWait(st); !s.ok()) return s;
   }
-  if (reads_.get() == nullptr) {
-    absl::StatusOr<Stream> s = Stream::Create();
-    if (!s.ok()) return s.status();
-    reads_ = *std::move(s);
+  if (absl::Status s = Copy(dst, shard_.w13 + local * n13, n13, cudaMemcpyDeviceToHost,
+                            "master w13 to the host", st);
+      !s.ok()) {
+    return s;
   }
-  cudaStream_t st = reads_.get();
-  if (absl::Status s = weights_final_.MakeWait(st); !s.ok()) return s;
-  for (auto [to, from, floats, what] :
-       {std::tuple{dst, shard_.w13 + local * n13, n13, "master w13 to the host"},
-        std::tuple{dst + n13, shard_.w2 + local * (n13 / 2), n13 / 2, "master w2 to the host"}}) {
-    if (absl::Status s =
-            Check(cudaMemcpyAsync(to, from, static_cast<size_t>(floats) * sizeof(float),
-                                  cudaMemcpyDeviceToHost, st),
-                  what);
-        !s.ok()) {
-      return s;
-    }
+  if (absl::Status s = Copy(dst + n13, shard_.w2 + local * (n13 / 2), n13 / 2,
+                            cudaMemcpyDeviceToHost, "master w2 to the host", st);
+      !s.ok()) {
+    return s;
   }
-  return reads_.Synchronize();
+  return Check(cudaStreamSynchronize(st), "waiting for a master's weights");
 }
 
 absl::Status DeviceExpertInstances::WeightsChanged() {
@@ -132,15 +126,6 @@ absl::Status DeviceExpertInstances::BeginForward(const float* in, int64_t rows) 
   return Copy(in_.data(), in, rows * c, cudaMemcpyHostToDevice, "expert rows to the device");
 }
 
-absl::Status DeviceExpertInstances::Staging(int64_t floats) {
-  if (staging_.size() >= floats) return absl::OkStatus();
-  absl::StatusOr<PinnedBuffer<float>> p =
-      PinnedBuffer<float>::Allocate(floats, name_ + " expert rows (host staging)");
-  if (!p.ok()) return p.status();
-  staging_ = *std::move(p);
-  return absl::OkStatus();
-}
-
 absl::Status DeviceExpertInstances::FinishPass(std::span<const Batch> batches, bool masters,
                                                float* host, absl::FunctionRef<void()> between) {
   if (pass_done_.get() == nullptr) {
@@ -170,7 +155,10 @@ absl::Status DeviceExpertInstances::Forward(std::span<const Batch> batches, bool
                                             Slots /*slots*/, float* out,
                                             absl::FunctionRef<void()> between) {
   const int c = shard_.width, f = shard_.hidden;
-  if (absl::Status s = Staging(out_.size()); !s.ok()) return s;
+  if (absl::Status s = staging_.Reserve(out_.size(), name_ + " expert rows (host staging)");
+      !s.ok()) {
+    return s;
+  }
   for (const Batch& b : batches) {
     if ((b.master >= 0) != masters || b.rows == 0) continue;
     const int rows = static_cast<int>(b.rows);
@@ -217,7 +205,10 @@ absl::Status DeviceExpertInstances::Backward(std::span<const Batch> batches, boo
                                              Slots slots, float* dx,
                                              absl::FunctionRef<void()> between) {
   const int c = shard_.width, f = shard_.hidden;
-  if (absl::Status s = Staging(dx_.size()); !s.ok()) return s;
+  if (absl::Status s = staging_.Reserve(dx_.size(), name_ + " expert rows (host staging)");
+      !s.ok()) {
+    return s;
+  }
   // This microbatch's replica gradients start from zero, as the executor's host slots do
   // (zeroed here, after any refetch's SlotsArrived has sized them).
   if (!masters && slot_count_ > 0) {

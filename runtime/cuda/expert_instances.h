@@ -96,13 +96,12 @@ class DeviceExpertInstances final : public ExpertInstances {
 
  private:
   absl::Status Check(cudaError_t e, const char* what) const;
-  // `floats` floats from src to dst in `kind`'s direction, issued on the compute stream.
+  // `floats` floats from src to dst in `kind`'s direction, issued on `stream` (null: the
+  // compute stream).
   absl::Status Copy(float* dst, const float* src, int64_t floats, cudaMemcpyKind kind,
-                    const char* what);
+                    const char* what, cudaStream_t stream = nullptr);
   // The host waits for the compute stream when `issued` is OK; otherwise `issued`.
   absl::Status Wait(const absl::Status& issued);
-  // The pinned staging buffer, at least `floats` long.
-  absl::Status Staging(int64_t floats);
   // Records the pass's end, runs `between` until the GPU has reached it, then copies the chosen
   // batches' rows from the staging buffer into `host`.
   absl::Status FinishPass(std::span<const Batch> batches, bool masters, float* host,

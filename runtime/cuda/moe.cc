@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <tuple>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -324,15 +323,13 @@ absl::Status GpuMoe::OnRanks(const DeviceTensor<float>& from, DeviceTensor<float
   // the next writer of the pinned output is this layer's next pass, after its own wait on a
   // later point of the stream.
   cudaStream_t st = device_->stream();
-  for (auto [buffer, floats, what] :
-       {std::tuple{&host_rows_, from.size(), " expert rows (host staging)"},
-        std::tuple{&host_out_, to->size(), " expert outputs (host staging)"}}) {
-    if (buffer->size() >= floats) continue;
-    // The old buffer may still be an upload's source: the stream finishes with it first.
+  if (host_rows_.size() < from.size() || host_out_.size() < to->size()) {
+    // An old buffer may still be an upload's source: the stream finishes with it first.
     if (absl::Status s = device_->Synchronize(); !s.ok()) return s;
-    absl::StatusOr<PinnedBuffer<float>> p = PinnedBuffer<float>::Allocate(floats, name_ + what);
-    if (!p.ok()) return p.status();
-    *buffer = *std::move(p);
+  }
+  for (absl::Status s : {host_rows_.Reserve(from.size(), name_ + " expert rows (host staging)"),
+                         host_out_.Reserve(to->size(), name_ + " expert outputs (host staging)")}) {
+    if (!s.ok()) return s;
   }
   if (rows_ready_.get() == nullptr) {
     absl::StatusOr<Event> e = Event::Create();
