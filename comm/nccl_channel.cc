@@ -171,6 +171,7 @@ class NcclChannel final : public DataChannel {
   int size() const override { return size_; }
   absl::string_view backend() const override { return "nccl"; }
   bool matches_by_tag() const override { return false; }
+  bool device_all_to_all() const override { return true; }
 
   // The collectives count themselves for progress() around the NCCL calls below.
   absl::Status Allgather(const void* send, void* recv, int64_t count, DataType type) override {
@@ -253,13 +254,21 @@ class NcclChannel final : public DataChannel {
     }
     const auto* in = static_cast<const char*>(send);
     auto* out = static_cast<char*>(recv);
-    if (host_) {
+    // Host-buffer mode stages host buffers only: device buffers (device_all_to_all) go as they
+    // are, as in device-buffer mode.
+    absl::StatusOr<bool> send_on_device = host_ ? OnThisDevice(send) : true;
+    if (!send_on_device.ok()) return send_on_device.status();
+    absl::StatusOr<bool> recv_on_device = host_ ? OnThisDevice(recv) : true;
+    if (!recv_on_device.ok()) return recv_on_device.status();
+    if (!*send_on_device) {
       absl::StatusOr<void*> d_in = send_scratch_.Get(send_extent);
-      absl::StatusOr<void*> d_out = recv_scratch_.Get(recv_extent);
       if (!d_in.ok()) return d_in.status();
-      if (!d_out.ok()) return d_out.status();
       if (absl::Status s = ToDevice(*d_in, send, send_extent); !s.ok()) return s;
       in = static_cast<const char*>(*d_in);
+    }
+    if (!*recv_on_device) {
+      absl::StatusOr<void*> d_out = recv_scratch_.Get(recv_extent);
+      if (!d_out.ok()) return d_out.status();
       out = static_cast<char*>(*d_out);
     }
     ncclResult_t result = ncclGroupStart();
@@ -277,7 +286,7 @@ class NcclChannel final : public DataChannel {
     if (result != ncclSuccess) return NcclError("ncclSend/ncclRecv", result, comm_);
     if (absl::Status s = Enqueue(kOp, deadline, end); !s.ok()) return s;
     if (absl::Status s = WaitStream(kOp, deadline, peers); !s.ok()) return s;
-    return host_ ? ToHost(recv, out, recv_extent) : absl::OkStatus();
+    return *recv_on_device ? absl::OkStatus() : ToHost(recv, out, recv_extent);
   }
 
   absl::Status AllReduceImpl(const void* send, void* recv, int64_t count, DataType type,
@@ -571,6 +580,22 @@ class NcclChannel final : public DataChannel {
       if (absl::Now() >= deadline) return TimedOut(operation, absl::Now() - start, peers);
       backoff.Idle();
     }
+  }
+
+  // True for device memory of this channel's GPU; InvalidArgument for another GPU's.
+  absl::StatusOr<bool> OnThisDevice(const void* p) const {
+    if (p == nullptr) return false;
+    cudaPointerAttributes a{};
+    if (cudaError_t e = cudaPointerGetAttributes(&a, p); e != cudaSuccess) {
+      return CudaError("cudaPointerGetAttributes", e);
+    }
+    if (a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged) return false;
+    if (a.device != device_) {
+      return absl::InvalidArgumentError(absl::StrCat("AllToAllV on rank ", rank_,
+                                                     ": a buffer is in GPU ", a.device,
+                                                     "'s memory; this channel's GPU is ", device_));
+    }
+    return true;
   }
 
   absl::Status ToDevice(void* device, const void* host, int64_t bytes) {

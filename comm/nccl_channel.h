@@ -30,7 +30,9 @@ struct NcclChannelOptions {
   int device = 0;
   // false: every buffer passed to the channel is device memory on `device` (training).
   // true: buffers are host memory, staged through device scratch on every call (the
-  // token-dispatch and fan-out code paths, and the backend-independent tests).
+  // token-dispatch and fan-out code paths, and the backend-independent tests); AllToAllV's
+  // buffers may also be device memory of `device`, used as they are (device_all_to_all: the
+  // token dispatch's rows on the GPU), told apart by cudaPointerGetAttributes.
   bool host_buffers = false;
 };
 

@@ -121,6 +121,58 @@ TEST_F(NcclChannelTest, DeviceBuffers) {
   });
 }
 
+// Host-buffer mode stages host buffers only: AllToAllV also takes device buffers of the rank's GPU
+// as they are (device_all_to_all, what the token dispatch's device rows use), in any mix with
+// host buffers.
+TEST_F(NcclChannelTest, AllToAllVTakesDeviceBuffersInHostBufferMode) {
+  OnAllRanks(true, [](DataChannel& c) {
+    EXPECT_TRUE(c.device_all_to_all());
+    const int n = c.size(), me = c.rank();
+    // Rank s sends 3 + d + s floats to rank d: s * 1000 + d * 100 + i.
+    std::vector<int64_t> send_counts(n), send_displs(n), recv_counts(n), recv_displs(n);
+    int64_t sends = 0, recvs = 0;
+    for (int p = 0; p < n; ++p) {
+      send_counts[p] = 3 + p + me;
+      send_displs[p] = sends;
+      sends += send_counts[p];
+      recv_counts[p] = 3 + me + p;
+      recv_displs[p] = recvs;
+      recvs += recv_counts[p];
+    }
+    std::vector<float> send(sends), want(recvs);
+    for (int p = 0; p < n; ++p) {
+      for (int64_t i = 0; i < send_counts[p]; ++i)
+        send[send_displs[p] + i] = me * 1000 + p * 100 + i;
+      for (int64_t i = 0; i < recv_counts[p]; ++i)
+        want[recv_displs[p] + i] = p * 1000 + me * 100 + i;
+    }
+    void* d_send = nullptr;
+    void* d_recv = nullptr;
+    ASSERT_EQ(cudaMalloc(&d_send, sends * sizeof(float)), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&d_recv, recvs * sizeof(float)), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(d_send, send.data(), sends * sizeof(float), cudaMemcpyHostToDevice),
+              cudaSuccess);
+    for (const bool device_send : {true, false}) {
+      for (const bool device_recv : {true, false}) {
+        ASSERT_EQ(cudaMemset(d_recv, 0, recvs * sizeof(float)), cudaSuccess);
+        std::vector<float> got(recvs, 0.0f);
+        ASSERT_TRUE(c.AllToAllV(device_send ? d_send : send.data(), send_counts, send_displs,
+                                device_recv ? d_recv : got.data(), recv_counts, recv_displs,
+                                DataType::kFloat32)
+                        .ok());
+        if (device_recv) {
+          ASSERT_EQ(cudaMemcpy(got.data(), d_recv, recvs * sizeof(float), cudaMemcpyDeviceToHost),
+                    cudaSuccess);
+        }
+        EXPECT_EQ(got, want) << "send on the " << (device_send ? "device" : "host")
+                             << ", receive on the " << (device_recv ? "device" : "host");
+      }
+    }
+    cudaFree(d_send);
+    cudaFree(d_recv);
+  });
+}
+
 // The worker daemons' path: the unique id travels through a rendezvous store (rank r on
 // device r, one thread each), and progress() counts NCCL's collectives.
 TEST_F(NcclChannelTest, BootstrapFromRendezvousStore) {

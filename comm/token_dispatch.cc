@@ -35,6 +35,33 @@ void CopyRow(const float* src, float* dst, int64_t width) {
   std::memcpy(dst, src, static_cast<size_t>(width) * sizeof(float));
 }
 
+// The host's rows.
+class HostRowMover final : public RowMover {
+ public:
+  absl::Status Gather(const float* src, std::span<const int64_t> index, int64_t divisor,
+                      int64_t width, float* dst) override {
+    for (size_t q = 0; q < index.size(); ++q) {
+      CopyRow(src + index[q] / divisor * width, dst + static_cast<int64_t>(q) * width, width);
+    }
+    return absl::OkStatus();
+  }
+  absl::Status Scatter(const float* src, std::span<const int64_t> index, int64_t width,
+                       float* dst) override {
+    for (size_t q = 0; q < index.size(); ++q) {
+      CopyRow(src + static_cast<int64_t>(q) * width, dst + index[q] * width, width);
+    }
+    return absl::OkStatus();
+  }
+  absl::StatusOr<float*> Buffer(int which, int64_t floats) override {
+    std::vector<float>& b = buffers_[which];
+    if (b.size() < static_cast<size_t>(floats)) b.resize(static_cast<size_t>(floats));
+    return b.data();
+  }
+
+ private:
+  std::vector<float> buffers_[2];
+};
+
 std::vector<int64_t> Scaled(const std::vector<int64_t>& rows, int64_t width) {
   std::vector<int64_t> out(rows.size());
   for (size_t i = 0; i < rows.size(); ++i) out[i] = rows[i] * width;
@@ -219,9 +246,32 @@ absl::Status TokenDispatch::CheckChannel(const DataChannel& channel,
   return absl::OkStatus();
 }
 
+absl::Status TokenDispatch::Exchange(DataChannel& channel, RowMover& mover, const float* src,
+                                     std::span<const int64_t> gather, int64_t divisor,
+                                     const std::vector<int64_t>& send_rows,
+                                     const std::vector<int64_t>& recv_rows,
+                                     std::span<const int64_t> scatter, int64_t width,
+                                     float* dst) const {
+  absl::StatusOr<float*> send = mover.Buffer(0, static_cast<int64_t>(gather.size()) * width);
+  if (!send.ok()) return send.status();
+  absl::StatusOr<float*> recv = mover.Buffer(1, static_cast<int64_t>(scatter.size()) * width);
+  if (!recv.ok()) return recv.status();
+  if (absl::Status s = mover.Gather(src, gather, divisor, width, *send); !s.ok()) return s;
+  if (absl::Status s = mover.BeforeExchange(); !s.ok()) return s;
+  const std::vector<int64_t> send_counts = Scaled(send_rows, width);
+  const std::vector<int64_t> recv_counts = Scaled(recv_rows, width);
+  if (absl::Status s =
+          channel.AllToAllV(*send, send_counts, Displacements(send_counts), *recv, recv_counts,
+                            Displacements(recv_counts), DataType::kFloat32);
+      !s.ok()) {
+    return s;
+  }
+  return mover.Scatter(*recv, scatter, width, dst);
+}
+
 absl::Status TokenDispatch::Dispatch(DataChannel& channel, std::span<const float> rows,
                                      int64_t rows_per_source, bool per_token, int64_t width,
-                                     std::span<float> expert_in) const {
+                                     std::span<float> expert_in, RowMover* mover) const {
   const char* op = per_token ? "DispatchTokens" : "DispatchChoices";
   if (absl::Status s = CheckChannel(channel, op); !s.ok()) return s;
   if (width < 1) return absl::InvalidArgumentError(absl::StrCat(op, ": width must be positive"));
@@ -233,39 +283,27 @@ absl::Status TokenDispatch::Dispatch(DataChannel& channel, std::span<const float
   if (absl::Status s = CheckSpan(op, "expert_in", expert_in.size(), expert_rows_, width); !s.ok()) {
     return s;
   }
-  std::vector<float> send(send_choices_.size() * static_cast<size_t>(width));
-  for (size_t q = 0; q < send_choices_.size(); ++q) {
-    const int64_t row = per_token ? send_choices_[q] / top_k_ : send_choices_[q];
-    CopyRow(rows.data() + row * width, send.data() + static_cast<int64_t>(q) * width, width);
-  }
-  std::vector<float> recv(recv_to_expert_.size() * static_cast<size_t>(width));
-  const std::vector<int64_t> send_counts = Scaled(send_rows_, width);
-  const std::vector<int64_t> recv_counts = Scaled(recv_rows_, width);
-  if (absl::Status s =
-          channel.AllToAllV(send.data(), send_counts, Displacements(send_counts), recv.data(),
-                            recv_counts, Displacements(recv_counts), DataType::kFloat32);
-      !s.ok()) {
-    return s;
-  }
-  for (size_t q = 0; q < recv_to_expert_.size(); ++q) {
-    CopyRow(recv.data() + static_cast<int64_t>(q) * width,
-            expert_in.data() + recv_to_expert_[q] * width, width);
-  }
-  return absl::OkStatus();
+  HostRowMover host;
+  return Exchange(channel, mover != nullptr ? *mover : host, rows.data(), send_choices_,
+                  per_token ? top_k_ : 1, send_rows_, recv_rows_, recv_to_expert_, width,
+                  expert_in.data());
 }
 
 absl::Status TokenDispatch::DispatchTokens(DataChannel& channel, std::span<const float> x,
-                                           int64_t width, std::span<float> expert_in) const {
-  return Dispatch(channel, x, num_tokens_, /*per_token=*/true, width, expert_in);
+                                           int64_t width, std::span<float> expert_in,
+                                           RowMover* rows) const {
+  return Dispatch(channel, x, num_tokens_, /*per_token=*/true, width, expert_in, rows);
 }
 
 absl::Status TokenDispatch::DispatchChoices(DataChannel& channel, std::span<const float> choices,
-                                            int64_t width, std::span<float> expert_in) const {
-  return Dispatch(channel, choices, choice_rows(), /*per_token=*/false, width, expert_in);
+                                            int64_t width, std::span<float> expert_in,
+                                            RowMover* rows) const {
+  return Dispatch(channel, choices, choice_rows(), /*per_token=*/false, width, expert_in, rows);
 }
 
 absl::Status TokenDispatch::Combine(DataChannel& channel, std::span<const float> expert_out,
-                                    int64_t width, std::span<float> choice_out) const {
+                                    int64_t width, std::span<float> choice_out,
+                                    RowMover* rows) const {
   if (absl::Status s = CheckChannel(channel, "Combine"); !s.ok()) return s;
   if (width < 1) return absl::InvalidArgumentError("Combine: width must be positive");
   if (absl::Status s = CheckSpan("Combine", "expert_out", expert_out.size(), expert_rows_, width);
@@ -277,25 +315,9 @@ absl::Status TokenDispatch::Combine(DataChannel& channel, std::span<const float>
     return s;
   }
   // The reverse of Dispatch: rows go back in arrival order, land in send order.
-  std::vector<float> send(recv_to_expert_.size() * static_cast<size_t>(width));
-  for (size_t q = 0; q < recv_to_expert_.size(); ++q) {
-    CopyRow(expert_out.data() + recv_to_expert_[q] * width,
-            send.data() + static_cast<int64_t>(q) * width, width);
-  }
-  std::vector<float> recv(send_choices_.size() * static_cast<size_t>(width));
-  const std::vector<int64_t> send_counts = Scaled(recv_rows_, width);
-  const std::vector<int64_t> recv_counts = Scaled(send_rows_, width);
-  if (absl::Status s =
-          channel.AllToAllV(send.data(), send_counts, Displacements(send_counts), recv.data(),
-                            recv_counts, Displacements(recv_counts), DataType::kFloat32);
-      !s.ok()) {
-    return s;
-  }
-  for (size_t q = 0; q < send_choices_.size(); ++q) {
-    CopyRow(recv.data() + static_cast<int64_t>(q) * width,
-            choice_out.data() + send_choices_[q] * width, width);
-  }
-  return absl::OkStatus();
+  HostRowMover host;
+  return Exchange(channel, rows != nullptr ? *rows : host, expert_out.data(), recv_to_expert_, 1,
+                  recv_rows_, send_rows_, send_choices_, width, choice_out.data());
 }
 
 absl::Status DispatchAndCombine(DataChannel& channel, const TokenDispatch& dispatch,

@@ -3,7 +3,10 @@
 // the plan's per-source split assigns, the experts run, and the results come back in the
 // original (token, choice) order.
 //
-// Works on raw row-major float buffers; knows nothing of the runtime's tensors.
+// Works on raw row-major float buffers; knows nothing of the runtime's tensors. Rows live on the
+// host unless the caller passes a RowMover that keeps them elsewhere (a GPU: the rows are
+// packed, exchanged and unpacked there, through a channel whose AllToAllV takes device
+// buffers, DataChannel::device_all_to_all).
 #ifndef RACKRUN_COMM_TOKEN_DISPATCH_H_
 #define RACKRUN_COMM_TOKEN_DISPATCH_H_
 
@@ -30,6 +33,26 @@ struct TokenRouting {
   // This rank's row of the load matrix: counts[e] = choices routed to expert e.
   // InvalidArgument if `expert` has the wrong size or an id outside [0, experts).
   absl::StatusOr<std::vector<int64_t>> Loads(int experts) const;
+};
+
+// Packs and unpacks a dispatch's rows where they live, and holds its exchange buffers there.
+// The host's (memcpy, std::vector) is TokenDispatch's default; runtime/cuda/device_rows.h keeps
+// them on a GPU. Every pointer below is in the mover's memory; the index lists are host memory.
+class RowMover {
+ public:
+  virtual ~RowMover() = default;
+  // dst row q = src row index[q] / divisor, for q < index.size(); rows of `width` floats.
+  virtual absl::Status Gather(const float* src, std::span<const int64_t> index, int64_t divisor,
+                              int64_t width, float* dst) = 0;
+  // dst row index[q] = src row q, for q < index.size(); the index rows are distinct.
+  virtual absl::Status Scatter(const float* src, std::span<const int64_t> index, int64_t width,
+                               float* dst) = 0;
+  // An exchange buffer of at least `floats` floats: which 0 = the packed send rows, 1 = the
+  // received rows. Valid until the next call with the same `which`.
+  virtual absl::StatusOr<float*> Buffer(int which, int64_t floats) = 0;
+  // Between packing and the channel's AllToAllV: the packed rows are complete when it returns
+  // (a device waits for its stream).
+  virtual absl::Status BeforeExchange() { return absl::OkStatus(); }
 };
 
 // The fixed layout of one dispatch (one microbatch, one MoE layer, one rank). Built once
@@ -81,16 +104,17 @@ class TokenDispatch {
 
   // Forward dispatch: choice s sends token row x[s / top_k] ([num_tokens x width]);
   // expert_in receives [expert_rows x width]. Collective over `channel` (one AllToAllV).
+  // `rows`: where the buffers live (null: the host); the channel must take that memory.
   absl::Status DispatchTokens(DataChannel& channel, std::span<const float> x, int64_t width,
-                              std::span<float> expert_in) const;
+                              std::span<float> expert_in, RowMover* rows = nullptr) const;
   // Like DispatchTokens, but choice s sends its own row choices[s] ([choice_rows x width]), e.g.
   // the gradient of a choice's output in the backward pass.
   absl::Status DispatchChoices(DataChannel& channel, std::span<const float> choices, int64_t width,
-                               std::span<float> expert_in) const;
+                               std::span<float> expert_in, RowMover* rows = nullptr) const;
   // Returns expert rows to their sources: choice_out[s] ([choice_rows x width]) receives the
   // row that choice s's instance produced. Collective (one AllToAllV).
   absl::Status Combine(DataChannel& channel, std::span<const float> expert_out, int64_t width,
-                       std::span<float> choice_out) const;
+                       std::span<float> choice_out, RowMover* rows = nullptr) const;
 
  private:
   TokenDispatch() = default;
@@ -103,7 +127,15 @@ class TokenDispatch {
                                              std::span<const int64_t> expert_first,
                                              const std::vector<int64_t>* by_expert);
   absl::Status Dispatch(DataChannel& channel, std::span<const float> rows, int64_t rows_per_source,
-                        bool per_token, int64_t width, std::span<float> expert_in) const;
+                        bool per_token, int64_t width, std::span<float> expert_in,
+                        RowMover* mover) const;
+  // Packs with `gather`, exchanges (send_rows rows to each rank, recv_rows from each),
+  // unpacks with `scatter`: the one AllToAllV both directions run.
+  absl::Status Exchange(DataChannel& channel, RowMover& mover, const float* src,
+                        std::span<const int64_t> gather, int64_t divisor,
+                        const std::vector<int64_t>& send_rows,
+                        const std::vector<int64_t>& recv_rows, std::span<const int64_t> scatter,
+                        int64_t width, float* dst) const;
   absl::Status CheckChannel(const DataChannel& channel, absl::string_view operation) const;
 
   int rank_ = -1;

@@ -2,6 +2,10 @@
 // equals computing everything at home, for random hand-built plans and ultraep plans.
 #include "comm/token_dispatch.h"
 
+#include <algorithm>
+#include <span>
+#include <vector>
+
 #include "comm/inprocess_channel.h"
 #include "comm/testing/channel_checks.h"
 #include "gmock/gmock.h"
@@ -121,6 +125,85 @@ TEST(TokenDispatch, GroupedRowsLayOutLikeTheirRouting) {
       TokenDispatch::CreateGrouped(plan, loads, 0, std::vector<int64_t>{0, 3});
   ASSERT_FALSE(short_offsets.ok());
   EXPECT_THAT(short_offsets.status().message(), HasSubstr("offsets has 2 entries"));
+}
+
+// A RowMover's own packing, buffers and exchange hook (what runtime/cuda/device_rows.h does on a
+// GPU) carry a dispatch and its combine: the same rows as the host's default, and every row of
+// both directions passes through the mover.
+class RecordingMover final : public RowMover {
+ public:
+  absl::Status Gather(const float* src, std::span<const int64_t> index, int64_t divisor,
+                      int64_t width, float* dst) override {
+    for (size_t q = 0; q < index.size(); ++q) {
+      std::copy_n(src + index[q] / divisor * width, width, dst + static_cast<int64_t>(q) * width);
+    }
+    gathered += static_cast<int64_t>(index.size());
+    return absl::OkStatus();
+  }
+  absl::Status Scatter(const float* src, std::span<const int64_t> index, int64_t width,
+                       float* dst) override {
+    for (size_t q = 0; q < index.size(); ++q) {
+      std::copy_n(src + static_cast<int64_t>(q) * width, width, dst + index[q] * width);
+    }
+    scattered += static_cast<int64_t>(index.size());
+    return absl::OkStatus();
+  }
+  absl::StatusOr<float*> Buffer(int which, int64_t floats) override {
+    buffers[which].assign(static_cast<size_t>(floats), -1.0f);
+    return buffers[which].data();
+  }
+  absl::Status BeforeExchange() override {
+    ++exchanges;
+    return absl::OkStatus();
+  }
+  std::vector<float> buffers[2];
+  int64_t gathered = 0, scattered = 0, exchanges = 0;
+};
+
+TEST(TokenDispatch, ARowMoverCarriesDispatchAndCombine) {
+  planner::Plan plan;
+  plan.ranks = 2;
+  plan.experts = 2;
+  plan.instances = {{0, 0, true}, {0, 1, false}, {1, 1, true}};
+  plan.first = {0, 2, 3};
+  ASSERT_EQ(planner::IndexSplitColumns(&plan), 2);
+  plan.split = {1, 2, 2, 0};
+  plan.quota = {3, 2, 4};
+  planner::LoadMatrix loads(2, 2);
+  loads.at(0, 0) = 3;
+  loads.at(0, 1) = 1;
+  loads.at(1, 0) = 2;
+  loads.at(1, 1) = 3;
+  constexpr int64_t kWidth = 3;
+  const absl::Status s = RunInProcessRanks(2, {}, [&](DataChannel& channel) {
+    const int rank = channel.rank();
+    const std::vector<int64_t> offsets =
+        rank == 0 ? std::vector<int64_t>{0, 3, 4} : std::vector<int64_t>{0, 2, 5};
+    absl::StatusOr<TokenDispatch> d = TokenDispatch::CreateGrouped(plan, loads, rank, offsets);
+    if (!d.ok()) return d.status();
+    std::vector<float> rows(static_cast<size_t>(offsets.back() * kWidth));
+    for (size_t i = 0; i < rows.size(); ++i) rows[i] = static_cast<float>(100 * rank + i);
+    const size_t expert_floats = static_cast<size_t>(d->expert_rows() * kWidth);
+    std::vector<float> in_host(expert_floats), in_mover(expert_floats);
+    RecordingMover mover;
+    for (absl::Status step : {d->DispatchChoices(channel, rows, kWidth, in_host),
+                              d->DispatchChoices(channel, rows, kWidth, in_mover, &mover)}) {
+      if (!step.ok()) return step;
+    }
+    EXPECT_EQ(in_mover, in_host) << "rank " << rank;
+    // The experts: negate; the combine brings each row back to its source.
+    for (float& v : in_mover) v = -v;
+    std::vector<float> back(rows.size(), 0.0f);
+    if (absl::Status step = d->Combine(channel, in_mover, kWidth, back, &mover); !step.ok()) {
+      return step;
+    }
+    for (size_t i = 0; i < rows.size(); ++i) EXPECT_EQ(back[i], -rows[i]) << "rank " << rank;
+    EXPECT_EQ(mover.gathered, offsets.back() + d->expert_rows());
+    EXPECT_EQ(mover.scattered, d->expert_rows() + offsets.back());
+    EXPECT_EQ(mover.exchanges, 2);
+    return absl::OkStatus();
+  });
+  ASSERT_TRUE(s.ok()) << s;
 }
 
 TEST(TokenDispatch, RejectsMalformedInput) {
