@@ -273,6 +273,14 @@ __global__ void DispatchRowsKernel(int64_t slots, int k, int width, const int64_
   for (int c = threadIdx.x; c < width; c += blockDim.x) dst[c] = src[c];
 }
 
+__global__ void GatherRowsKernel(int64_t divisor, int width, const int64_t* index, const float* src,
+                                 float* dst) {
+  const int64_t q = blockIdx.x;
+  const float* s = src + index[q] / divisor * width;
+  float* d = dst + q * width;
+  for (int c = threadIdx.x; c < width; c += blockDim.x) d[c] = s[c];
+}
+
 __global__ void CombineRowsKernel(int k, int width, const int64_t* slot_row, const float* weights,
                                   const float* src, bool add, float* out) {
   const int64_t t = blockIdx.x;
@@ -530,6 +538,14 @@ cudaError_t DispatchRows(int64_t tokens, int k, int width, const int64_t* slot_r
   if (tokens == 0) return cudaSuccess;
   Launch(DispatchRowsKernel, static_cast<unsigned>(tokens * k), kThreads, 0, stream)(
       tokens * k, k, width, slot_row, x, dispatched);
+  return cudaGetLastError();
+}
+
+cudaError_t GatherRows(int64_t rows, int64_t divisor, int width, const int64_t* index,
+                       const float* src, float* dst, cudaStream_t stream) {
+  if (rows == 0) return cudaSuccess;
+  Launch(GatherRowsKernel, static_cast<unsigned>(rows), kThreads, 0, stream)(divisor, width, index,
+                                                                             src, dst);
   return cudaGetLastError();
 }
 

@@ -78,6 +78,10 @@ cudaError_t SlotRows(int64_t tokens, int experts, int k, const int32_t* selected
 // dispatched[slot_row[t*k+j]] = x[t] (width C).
 cudaError_t DispatchRows(int64_t tokens, int k, int width, const int64_t* slot_row, const float* x,
                          float* dispatched, cudaStream_t stream);
+// dst[q] = src[index[q] / divisor] (width C) for q < rows, bytes as they are: the token
+// dispatch's packing of rows on the device (device_rows.h; its unpacking is DispatchRows, k 1).
+cudaError_t GatherRows(int64_t rows, int64_t divisor, int width, const int64_t* index,
+                       const float* src, float* dst, cudaStream_t stream);
 // out[t] (+)= sum_j w[t,j] * src[slot_row[t*k+j]] (w = 1 when weights is null).
 cudaError_t CombineRows(int64_t tokens, int k, int width, const int64_t* slot_row,
                         const float* weights, const float* src, bool add, float* out,

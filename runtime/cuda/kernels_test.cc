@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 #include <tuple>
 #include <vector>
@@ -389,6 +390,44 @@ TEST(GpuKernelsTest, AdamWAndClippingMatchTheCpuOptimizer) {
     RACKRUN_EXPECT_CLOSE(m, cpu.first_moment(i), 1e-6);
     RACKRUN_EXPECT_CLOSE(v, cpu.second_moment(i), 1e-6);
   }
+}
+
+// The token dispatch's packing and unpacking on the device (device_rows.h) against the
+// host's row copies (comm/token_dispatch.cc), bit for bit, negative zeros and NaNs included.
+TEST(GpuKernelsTest, GatherAndScatterRowsMoveBytesAsTheyAre) {
+  RACKRUN_OPEN_GPU_OR_SKIP(dev);
+  constexpr int kWidth = 40, kRows = 30, kDivisor = 3;
+  std::vector<float> x = RandomVector(kRows * kWidth, 61);
+  x[5] = -0.0f;
+  x[77] = std::nanf("");
+  std::vector<int64_t> gather(2 * kRows), scatter(kRows);
+  for (int q = 0; q < 2 * kRows; ++q) gather[q] = (q * 7) % (kRows * kDivisor);
+  std::iota(scatter.begin(), scatter.end(), 0);
+  std::reverse(scatter.begin(), scatter.end());
+  std::swap(scatter[3], scatter[11]);
+  DeviceTensor<float> src = Upload(dev.get(), "src", x);
+  DeviceTensor<float> packed = Zeros(dev.get(), "packed", 2 * kRows * kWidth);
+  DeviceTensor<float> unpacked = Zeros(dev.get(), "unpacked", kRows * kWidth);
+  DeviceTensor<int64_t> g(dev.get(), "gather"), s(dev.get(), "scatter");
+  ASSERT_TRUE(g.Resize({2 * kRows}).ok() && g.CopyFrom(gather).ok());
+  ASSERT_TRUE(s.Resize({kRows}).ok() && s.CopyFrom(scatter).ok());
+  ASSERT_EQ(kernels::GatherRows(2 * kRows, kDivisor, kWidth, g.data(), src.data(), packed.data(),
+                                dev->stream()),
+            cudaSuccess);
+  ASSERT_EQ(
+      kernels::DispatchRows(kRows, 1, kWidth, s.data(), src.data(), unpacked.data(), dev->stream()),
+      cudaSuccess);
+  std::vector<float> want_packed(2 * kRows * kWidth), want_unpacked(kRows * kWidth);
+  for (int q = 0; q < 2 * kRows; ++q) {
+    std::copy_n(x.begin() + gather[q] / kDivisor * kWidth, kWidth,
+                want_packed.begin() + q * kWidth);
+  }
+  for (int q = 0; q < kRows; ++q) {
+    std::copy_n(x.begin() + q * kWidth, kWidth, want_unpacked.begin() + scatter[q] * kWidth);
+  }
+  const std::vector<float> got_packed = Download(packed), got_unpacked = Download(unpacked);
+  EXPECT_EQ(std::memcmp(got_packed.data(), want_packed.data(), want_packed.size() * 4), 0);
+  EXPECT_EQ(std::memcmp(got_unpacked.data(), want_unpacked.data(), want_unpacked.size() * 4), 0);
 }
 
 TEST(GpuKernelsTest, CopyKernelCopies) {

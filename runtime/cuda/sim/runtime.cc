@@ -557,6 +557,29 @@ cudaError_t cudaFreeHost(void* ptr) {
   return cudaSuccess;
 }
 
+cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* attributes, const void* ptr) {
+  if (attributes == nullptr) return Fail(cudaErrorInvalidValue);
+  *attributes = cudaPointerAttributes{};
+  switch (sim::Classify(ptr)) {
+    case Memory::kDevice:
+      attributes->type = cudaMemoryTypeDevice;
+      attributes->devicePointer = const_cast<void*>(ptr);
+      break;
+    case Memory::kPinned:
+      attributes->type = cudaMemoryTypeHost;
+      attributes->hostPointer = const_cast<void*>(ptr);
+      attributes->devicePointer = const_cast<void*>(ptr);
+      break;
+    case Memory::kPageable:
+      attributes->type = cudaMemoryTypeUnregistered;
+      attributes->device = -2;  // no device's memory
+      attributes->hostPointer = const_cast<void*>(ptr);
+      return cudaSuccess;
+  }
+  attributes->device = 0;
+  return cudaSuccess;
+}
+
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
                             cudaStream_t stream) {
   Simulator& sim = Sim();
