@@ -2,14 +2,15 @@
 // compute. The device seam of expert parallelism (docs/design.md section 4.2):
 // ExpertParallelExecutor (expert_parallel.h) decides (the plan, the fan-out, the dispatch
 // layout, which batch runs when, the order replica gradients are added in) and moves every
-// byte between ranks through host buffers and the job's channel; an ExpertInstances holds the
+// byte between ranks through the job's channel, from host buffers (the token rows from device
+// buffers where both sides allow: device rows, below); an ExpertInstances holds the
 // rank's masters (its shard) and the working copies of the replica slots, and runs the SwiGLU
 // batches on them.
 //
 //   HostExpertInstances            the CPU engine: computes in place on the host, replicas from
 //                                  the executor's host slot store, their gradients into it;
-//   cuda::DeviceExpertInstances    a GPU, host-staged: expert rows, replica weights and replica
-//                                  gradients cross through host memory
+//   cuda::DeviceExpertInstances    a GPU: replica weights and replica gradients cross through
+//                                  host memory, expert rows too unless kept on the device
 //                                  (runtime/cuda/expert_instances.h).
 //
 // Call order per microbatch, from one thread: BeginForward; Forward over the masters'
@@ -19,6 +20,14 @@
 //
 // Batches are the rank's expert-row buffer cut by instance, one per instance (dispatch
 // layout, comm/token_dispatch.h): rows [offset, offset + rows) of `in`, `out`, `dy`, `dx`.
+//
+// Device rows (optional): instances computing on a GPU may keep the dispatch's rows there
+// (device_rows() non-null), and the executor does so when its channel's AllToAllV takes device
+// buffers (DataChannel::device_all_to_all). The executor then dispatches into, and combines
+// from, the buffers Rows hands out, packing with device_rows(), and passes those buffers to
+// BeginForward, Forward, BeginBackward and Backward: no row crosses to the host. A pass over
+// the masters may then return before its GPU work is done (the replicas' pass, which follows,
+// waits for both, running `between`); the stream orders the combine after them.
 #ifndef RACKRUN_RUNTIME_EXPERT_INSTANCES_H_
 #define RACKRUN_RUNTIME_EXPERT_INSTANCES_H_
 
@@ -28,6 +37,8 @@
 
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "comm/token_dispatch.h"
 #include "runtime/layers/moe.h"
 #include "runtime/tensor.h"
 
@@ -78,6 +89,17 @@ class ExpertInstances {
                                 float* dx, absl::FunctionRef<void()> between) = 0;
   // A replica's weight gradient g [expert_floats] (host) added to master `local`'s.
   virtual absl::Status AddToMaster(int local, const float* g) = 0;
+  // Device rows (above): the mover, or null when the rows live on the host.
+  virtual comm::RowMover* device_rows() { return nullptr; }
+  // The buffer of `rows` x width() floats for the rows `which` names, in the mover's memory,
+  // valid until the next Rows call for the same rows after the pass (forward: kIn and kOut,
+  // backward: kDy and kDx). Only where device_rows() is non-null.
+  enum class RowsOf { kIn, kOut, kDy, kDx };
+  virtual absl::StatusOr<float*> Rows(RowsOf which, int64_t rows) {
+    (void)which;
+    (void)rows;
+    return absl::UnimplementedError("these expert instances keep their rows on the host");
+  }
   // The masters' weights were just updated (an optimizer step, issued): ReadMaster may read
   // them without waiting for work issued after this. Whoever writes the masters' weights
   // after the first call calls it again (ExpertParallelGroup::WeightsChanged does).

@@ -39,7 +39,10 @@ class ExpertParallelExecutor final : public ExpertExecutor<float> {
       : g_(group),
         layer_(layer),
         experts_(std::move(experts)),
-        relay_(std::make_unique<planner::FanoutScheduler>(group->options().planner.fanout)) {
+        relay_(std::make_unique<planner::FanoutScheduler>(group->options().planner.fanout)),
+        mover_(experts_->device_rows() != nullptr && group->channel().device_all_to_all()
+                   ? experts_->device_rows()
+                   : nullptr) {
     const int e = g_->domain().experts();
     local_loads_.assign(static_cast<size_t>(e), 0);
     loads_ = planner::LoadMatrix(g_->domain().ranks, e);
@@ -58,6 +61,7 @@ class ExpertParallelExecutor final : public ExpertExecutor<float> {
   absl::Status PrepareForward(std::span<const int64_t> offsets) override;
   absl::Status PrepareBackward() override;
   const std::vector<int64_t>* global_counts() const override { return &totals_; }
+  bool device_rows() const override { return mover_ != nullptr; }
   absl::Status WeightsChanged() { return experts_->WeightsChanged(); }
 
  private:
@@ -137,8 +141,12 @@ class ExpertParallelExecutor final : public ExpertExecutor<float> {
 
   std::optional<comm::TokenDispatch> dispatch_;
   std::vector<ExpertInstances::Batch> batches_;
-  // The expert-row buffers the dispatch fills and the combine reads (host).
+  // The expert-row buffers the dispatch fills and the combine reads: on the host, or the
+  // instances' (Rows) when the rows stay on the device (mover_ non-null).
   Tensor<float> in_, out_, dy_, dx_;
+  comm::RowMover* mover_;
+  // This pass's pair of expert-row buffers (forward: in, out; backward: dy, dx) for `rows` rows.
+  absl::Status PassRows(bool forward, int64_t rows, float** a, float** b);
 };
 
 absl::Status ExpertParallelExecutor::Where(const absl::Status& s, absl::string_view phase) const {
@@ -419,6 +427,27 @@ absl::Status ExpertParallelExecutor::PrepareForward(std::span<const int64_t> off
   return absl::OkStatus();
 }
 
+absl::Status ExpertParallelExecutor::PassRows(bool forward, int64_t rows, float** a, float** b) {
+  using RowsOf = ExpertInstances::RowsOf;
+  if (mover_ != nullptr) {
+    absl::StatusOr<float*> first = experts_->Rows(forward ? RowsOf::kIn : RowsOf::kDy, rows);
+    if (!first.ok()) return first.status();
+    absl::StatusOr<float*> second = experts_->Rows(forward ? RowsOf::kOut : RowsOf::kDx, rows);
+    if (!second.ok()) return second.status();
+    *a = *first;
+    *b = *second;
+    return absl::OkStatus();
+  }
+  const int64_t alloc = std::max<int64_t>(rows, 1), c = experts_->width();
+  Tensor<float>& x = forward ? in_ : dy_;
+  Tensor<float>& y = forward ? out_ : dx_;
+  x.Resize({alloc, c});
+  y.Resize({alloc, c});
+  *a = x.data();
+  *b = y.data();
+  return absl::OkStatus();
+}
+
 absl::Status ExpertParallelExecutor::Forward(std::span<const int64_t> offsets,
                                              const float* dispatched, float* expert_out) {
   ExpertParallelStats& st = g_->mutable_stats();
@@ -441,12 +470,13 @@ absl::Status ExpertParallelExecutor::Forward(std::span<const int64_t> offsets,
   dispatch_.emplace(*std::move(dispatch));
   const int c = experts_->width();
   const int64_t er = dispatch_->expert_rows();
-  const int64_t alloc = std::max<int64_t>(er, 1);
-  in_.Resize({alloc, c});
-  out_.Resize({alloc, c});
+  float *in = nullptr, *out = nullptr;
+  if (absl::Status s = PassRows(/*forward=*/true, er, &in, &out); !s.ok()) {
+    return Where(s, "sizing the expert rows");
+  }
   if (absl::Status s =
           dispatch_->DispatchTokens(g_->channel(), {dispatched, static_cast<size_t>(rows * c)}, c,
-                                    {in_.data(), static_cast<size_t>(er * c)});
+                                    {in, static_cast<size_t>(er * c)}, mover_);
       !s.ok()) {
     return Where(s, "dispatching tokens");
   }
@@ -455,11 +485,10 @@ absl::Status ExpertParallelExecutor::Forward(std::span<const int64_t> offsets,
 
   LayOutBatches();
   const auto poll = [this] { PollFanOut(); };
-  if (absl::Status s = experts_->BeginForward(in_.data(), er); !s.ok()) {
+  if (absl::Status s = experts_->BeginForward(in, er); !s.ok()) {
     return Where(s, "running experts");
   }
-  if (absl::Status s =
-          experts_->Forward(batches_, /*masters=*/true, HostSlots(), out_.data(), poll);
+  if (absl::Status s = experts_->Forward(batches_, /*masters=*/true, HostSlots(), out, poll);
       !s.ok()) {
     return Where(s, "running master experts");
   }
@@ -468,16 +497,15 @@ absl::Status ExpertParallelExecutor::Forward(std::span<const int64_t> offsets,
   if (absl::Status s = FinishFanOut(); !s.ok()) return s;
   t1 = base::NowSeconds();
   st.fanout_s += t1 - t0;
-  if (absl::Status s =
-          experts_->Forward(batches_, /*masters=*/false, HostSlots(), out_.data(), [] {});
+  if (absl::Status s = experts_->Forward(batches_, /*masters=*/false, HostSlots(), out, [] {});
       !s.ok()) {
     return Where(s, "running replica experts");
   }
   st.expert_rows += er;
   t0 = base::NowSeconds();
   st.expert_s += t0 - t1;
-  if (absl::Status s = dispatch_->Combine(g_->channel(), {out_.data(), static_cast<size_t>(er * c)},
-                                          c, {expert_out, static_cast<size_t>(rows * c)});
+  if (absl::Status s = dispatch_->Combine(g_->channel(), {out, static_cast<size_t>(er * c)}, c,
+                                          {expert_out, static_cast<size_t>(rows * c)}, mover_);
       !s.ok()) {
     return Where(s, "combining expert outputs");
   }
@@ -521,25 +549,25 @@ absl::Status ExpertParallelExecutor::Backward(std::span<const int64_t> offsets,
   const int c = experts_->width();
   const int64_t rows = offsets.back();
   const int64_t er = dispatch_->expert_rows();
-  const int64_t alloc = std::max<int64_t>(er, 1);
-  dy_.Resize({alloc, c});
-  dx_.Resize({alloc, c});
+  float *dy = nullptr, *dx = nullptr;
+  if (absl::Status s = PassRows(/*forward=*/false, er, &dy, &dx); !s.ok()) {
+    return Where(s, "sizing the expert row gradients");
+  }
   const bool shared = g_->options().share_slots;
   double t0 = base::NowSeconds();
   if (absl::Status s =
           dispatch_->DispatchChoices(g_->channel(), {dexpert_out, static_cast<size_t>(rows * c)}, c,
-                                     {dy_.data(), static_cast<size_t>(er * c)});
+                                     {dy, static_cast<size_t>(er * c)}, mover_);
       !s.ok()) {
     return Where(s, "dispatching output gradients");
   }
   double t1 = base::NowSeconds();
   st.dispatch_s += t1 - t0;
   const auto poll = [this] { PollFanOut(); };
-  if (absl::Status s = experts_->BeginBackward(dy_.data(), er); !s.ok()) {
+  if (absl::Status s = experts_->BeginBackward(dy, er); !s.ok()) {
     return Where(s, "running experts' backward");
   }
-  if (absl::Status s =
-          experts_->Backward(batches_, /*masters=*/true, HostSlots(), dx_.data(), poll);
+  if (absl::Status s = experts_->Backward(batches_, /*masters=*/true, HostSlots(), dx, poll);
       !s.ok()) {
     return Where(s, "running master experts' backward");
   }
@@ -548,8 +576,7 @@ absl::Status ExpertParallelExecutor::Backward(std::span<const int64_t> offsets,
   if (absl::Status s = FinishFanOut(); !s.ok()) return s;
   t1 = base::NowSeconds();
   st.fanout_s += t1 - t0;
-  if (absl::Status s =
-          experts_->Backward(batches_, /*masters=*/false, HostSlots(), dx_.data(), [] {});
+  if (absl::Status s = experts_->Backward(batches_, /*masters=*/false, HostSlots(), dx, [] {});
       !s.ok()) {
     return Where(s, "running replica experts' backward");
   }
@@ -563,8 +590,8 @@ absl::Status ExpertParallelExecutor::Backward(std::span<const int64_t> offsets,
     st.fanout_s += t1 - t0;
     t0 = t1;
   }
-  if (absl::Status s = dispatch_->Combine(g_->channel(), {dx_.data(), static_cast<size_t>(er * c)},
-                                          c, {ddispatched, static_cast<size_t>(rows * c)});
+  if (absl::Status s = dispatch_->Combine(g_->channel(), {dx, static_cast<size_t>(er * c)}, c,
+                                          {ddispatched, static_cast<size_t>(rows * c)}, mover_);
       !s.ok()) {
     return Where(s, "combining input gradients");
   }

@@ -27,7 +27,8 @@ DeviceExpertInstances::DeviceExpertInstances(Device* device, MatMul* matmul,
       dh13_(device, name + " expert h13 gradients"),
       dact_(device, name + " expert activation gradients"),
       dx_(device, name + " expert row gradients"),
-      grad_(device, name + " replica gradient") {}
+      grad_(device, name + " replica gradient"),
+      rows_(device, name) {}
 
 absl::Status DeviceExpertInstances::Check(cudaError_t e, const char* what) const {
   return CudaCheck(e, absl::StrCat(name_, " (GPU experts): ", what));
@@ -116,18 +117,52 @@ absl::Status DeviceExpertInstances::SlotsArrived(const float* weights, int count
               "replica weights to the device");
 }
 
-absl::Status DeviceExpertInstances::BeginForward(const float* in, int64_t rows) {
+absl::Status DeviceExpertInstances::ResizeForward(int64_t rows) {
   const int c = shard_.width, f = shard_.hidden;
   const int64_t alloc = std::max<int64_t>(rows, 1);
   for (absl::Status s : {in_.Resize({alloc, c}), h13_.Resize({alloc, 2 * f}),
                          act_.Resize({alloc, f}), out_.Resize({alloc, c})}) {
     if (!s.ok()) return s;
   }
-  return Copy(in_.data(), in, rows * c, cudaMemcpyHostToDevice, "expert rows to the device");
+  return absl::OkStatus();
+}
+
+absl::Status DeviceExpertInstances::ResizeBackward(int64_t rows) {
+  const int c = shard_.width, f = shard_.hidden;
+  const int64_t alloc = std::max<int64_t>(rows, 1);
+  for (absl::Status s : {dy_.Resize({alloc, c}), dh13_.Resize({alloc, 2 * f}),
+                         dact_.Resize({alloc, f}), dx_.Resize({alloc, c})}) {
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<float*> DeviceExpertInstances::Rows(RowsOf which, int64_t rows) {
+  const bool forward = which == RowsOf::kIn || which == RowsOf::kOut;
+  if (absl::Status s = forward ? ResizeForward(rows) : ResizeBackward(rows); !s.ok()) return s;
+  switch (which) {
+    case RowsOf::kIn:
+      return in_.data();
+    case RowsOf::kOut:
+      return out_.data();
+    case RowsOf::kDy:
+      return dy_.data();
+    case RowsOf::kDx:
+      return dx_.data();
+  }
+  return absl::InvalidArgumentError("unknown row buffer");
+}
+
+absl::Status DeviceExpertInstances::BeginForward(const float* in, int64_t rows) {
+  if (absl::Status s = ResizeForward(rows); !s.ok()) return s;
+  if (in == in_.data()) return absl::OkStatus();  // dispatched on the device (Rows)
+  return Copy(in_.data(), in, rows * shard_.width, cudaMemcpyHostToDevice,
+              "expert rows to the device");
 }
 
 absl::Status DeviceExpertInstances::FinishPass(std::span<const Batch> batches, bool masters,
                                                float* host, absl::FunctionRef<void()> between) {
+  if (host == nullptr && masters) return absl::OkStatus();  // the replicas' pass waits
   if (pass_done_.get() == nullptr) {
     absl::StatusOr<Event> e = Event::Create();
     if (!e.ok()) return e.status();
@@ -142,6 +177,7 @@ absl::Status DeviceExpertInstances::FinishPass(std::span<const Batch> batches, b
     between();
     std::this_thread::yield();
   }
+  if (host == nullptr) return absl::OkStatus();
   const int c = shard_.width;
   for (const Batch& b : batches) {
     if ((b.master >= 0) != masters || b.rows == 0) continue;
@@ -155,7 +191,10 @@ absl::Status DeviceExpertInstances::Forward(std::span<const Batch> batches, bool
                                             Slots /*slots*/, float* out,
                                             absl::FunctionRef<void()> between) {
   const int c = shard_.width, f = shard_.hidden;
-  if (absl::Status s = staging_.Reserve(out_.size(), name_ + " expert rows (host staging)");
+  const bool on_device = out == out_.data();  // combined on the device (Rows)
+  if (absl::Status s = on_device
+                           ? absl::OkStatus()
+                           : staging_.Reserve(out_.size(), name_ + " expert rows (host staging)");
       !s.ok()) {
     return s;
   }
@@ -181,23 +220,20 @@ absl::Status DeviceExpertInstances::Forward(std::span<const Batch> batches, bool
         !s.ok()) {
       return s;
     }
+    if (on_device) continue;
     if (absl::Status s = Copy(staging_.data() + r0 * c, out_.data() + r0 * c, b.rows * c,
                               cudaMemcpyDeviceToHost, "expert outputs to the host");
         !s.ok()) {
       return s;
     }
   }
-  return FinishPass(batches, masters, out, between);
+  return FinishPass(batches, masters, on_device ? nullptr : out, between);
 }
 
 absl::Status DeviceExpertInstances::BeginBackward(const float* dy, int64_t rows) {
-  const int c = shard_.width, f = shard_.hidden;
-  const int64_t alloc = std::max<int64_t>(rows, 1);
-  for (absl::Status s : {dy_.Resize({alloc, c}), dh13_.Resize({alloc, 2 * f}),
-                         dact_.Resize({alloc, f}), dx_.Resize({alloc, c})}) {
-    if (!s.ok()) return s;
-  }
-  return Copy(dy_.data(), dy, rows * c, cudaMemcpyHostToDevice,
+  if (absl::Status s = ResizeBackward(rows); !s.ok()) return s;
+  if (dy == dy_.data()) return absl::OkStatus();  // dispatched on the device (Rows)
+  return Copy(dy_.data(), dy, rows * shard_.width, cudaMemcpyHostToDevice,
               "expert output gradients to the device");
 }
 
@@ -205,7 +241,10 @@ absl::Status DeviceExpertInstances::Backward(std::span<const Batch> batches, boo
                                              Slots slots, float* dx,
                                              absl::FunctionRef<void()> between) {
   const int c = shard_.width, f = shard_.hidden;
-  if (absl::Status s = staging_.Reserve(dx_.size(), name_ + " expert rows (host staging)");
+  const bool on_device = dx == dx_.data();  // combined on the device (Rows)
+  if (absl::Status s = on_device
+                           ? absl::OkStatus()
+                           : staging_.Reserve(dx_.size(), name_ + " expert rows (host staging)");
       !s.ok()) {
     return s;
   }
@@ -239,13 +278,16 @@ absl::Status DeviceExpertInstances::Backward(std::span<const Batch> batches, boo
         !s.ok()) {
       return s;
     }
+    if (on_device) continue;
     if (absl::Status s = Copy(staging_.data() + r0 * c, dx_.data() + r0 * c, b.rows * c,
                               cudaMemcpyDeviceToHost, "expert row gradients to the host");
         !s.ok()) {
       return s;
     }
   }
-  if (absl::Status s = FinishPass(batches, masters, dx, between); !s.ok()) return s;
+  if (absl::Status s = FinishPass(batches, masters, on_device ? nullptr : dx, between); !s.ok()) {
+    return s;
+  }
   if (masters) return absl::OkStatus();
   // The replicas' gradients, for the executor to send to their masters: one wait for all.
   const int64_t n = expert_floats();

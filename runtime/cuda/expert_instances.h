@@ -1,8 +1,9 @@
-// DeviceExpertInstances: runtime/expert_instances.h's seam on a GPU, host-staged. A rank's
-// masters (its shard of a MoE layer's experts: w13 [count x C x 2F], w2 [count x F x C] and
-// their gradients, device memory the caller owns) and device copies of its replica slots;
-// ExpertParallelExecutor moves every byte between ranks through host memory and the job's
-// channel (UCX, MPI, Gloo), so ranks on one GPU or on several, and any channel, work alike:
+// DeviceExpertInstances: runtime/expert_instances.h's seam on a GPU. A rank's masters (its shard
+// of a MoE layer's experts: w13 [count x C x 2F], w2 [count x F x C] and their gradients,
+// device memory the caller owns) and device copies of its replica slots; ExpertParallelExecutor
+// moves every byte between ranks through host memory and the job's channel (UCX, MPI, Gloo),
+// so ranks on one GPU or on several, and any channel, work alike, except the token rows over a
+// channel that takes device buffers (NCCL: device rows, below). Host-staged:
 //
 //   BeginForward    expert rows host -> device (one copy)
 //   Forward         per batch: GEMM x W13 -> SwiGLU -> GEMM x W2 (MatMul, rows_vary), then
@@ -22,6 +23,13 @@
 //                   it, after everything issued on the compute stream
 //   AddToMaster     a replica gradient host -> device, added to the master's (fp32, in the
 //                   executor's fixed order)
+//
+// Device rows (runtime/expert_instances.h): device_rows() is a DeviceRows (device_rows.h), and
+// Rows hands out this layer's own device buffers (in, out, dy, dx above). Passed back, they are
+// used in place: BeginForward and BeginBackward copy nothing, and the passes leave their rows
+// on the device (no staging, and no wait at the end of the masters' pass: the replicas' pass
+// waits for both, running `between`). The replica gradients still go to the host, as the
+// fan-out's weights still come from it.
 //
 // Every call has finished with the executor's buffers when it returns, so the executor may reuse
 // them at once: copies to the host are waited for, and copies from the host read the
@@ -45,6 +53,7 @@
 
 #include "absl/status/status.h"
 #include "runtime/cuda/device.h"
+#include "runtime/cuda/device_rows.h"
 #include "runtime/cuda/matmul.h"
 #include "runtime/expert_instances.h"
 
@@ -91,6 +100,8 @@ class DeviceExpertInstances final : public ExpertInstances {
   absl::Status Backward(std::span<const Batch> batches, bool masters, Slots slots, float* dx,
                         absl::FunctionRef<void()> between) override;
   absl::Status AddToMaster(int local, const float* g) override;
+  comm::RowMover* device_rows() override { return &rows_; }
+  absl::StatusOr<float*> Rows(RowsOf which, int64_t rows) override;
   // Records where the compute stream stands (just after the optimizer step).
   absl::Status WeightsChanged() override;
 
@@ -103,9 +114,13 @@ class DeviceExpertInstances final : public ExpertInstances {
   // The host waits for the compute stream when `issued` is OK; otherwise `issued`.
   absl::Status Wait(const absl::Status& issued);
   // Records the pass's end, runs `between` until the GPU has reached it, then copies the chosen
-  // batches' rows from the staging buffer into `host`.
+  // batches' rows from the staging buffer into `host`; for rows left on the device (`host`
+  // null), only the replicas' pass waits.
   absl::Status FinishPass(std::span<const Batch> batches, bool masters, float* host,
                           absl::FunctionRef<void()> between);
+  // Sizes the forward's (backward's) buffers for `rows` rows.
+  absl::Status ResizeForward(int64_t rows);
+  absl::Status ResizeBackward(int64_t rows);
   // The weights (and gradients) of batch b's instance on the device.
   const float* W13(const Batch& b) const;
   const float* W2(const Batch& b) const;
@@ -119,6 +134,7 @@ class DeviceExpertInstances final : public ExpertInstances {
   int slot_count_ = 0;  // this layer's slots, as its last SlotsArrived said
   std::shared_ptr<DeviceSlots> slots_;
   DeviceTensor<float> in_, h13_, act_, out_, dy_, dh13_, dact_, dx_, grad_;
+  DeviceRows rows_;
   PinnedBuffer<float> staging_;  // a pass's output rows (or row gradients) on their way up
   Event pass_done_;
   Event weights_final_;  // recorded by WeightsChanged (null before)

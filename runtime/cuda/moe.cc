@@ -316,12 +316,19 @@ absl::Status GpuMoe::ExpertsBackwardOnRanks() {
 absl::Status GpuMoe::OnRanks(const DeviceTensor<float>& from, DeviceTensor<float>* to,
                              absl::FunctionRef<absl::Status()> prepare,
                              absl::FunctionRef<absl::Status(const float*, float*)> run) {
-  // Host-staged, in pinned memory: the rows (expert order, as the CPU layer hands its
+  // Otherwise host-staged, in pinned memory: the rows (expert order, as the CPU layer hands its
   // executor) go down while the executor prepares the pass on the host (forward: the load
   // exchange, the plan and the weights' fan-out), then its all-to-alls and this rank's
   // instances run, and the outputs go back up in the stream's order. No wait for that upload:
   // the next writer of the pinned output is this layer's next pass, after its own wait on a
   // later point of the stream.
+  if (executor_->device_rows()) {
+    // The executor keeps the rows on the device (runtime/cuda/device_rows.h): its packing
+    // queues behind the dispatch kernels, and the outputs arrive in `to` in the stream's
+    // order. Preparing first costs nothing: no copy to overlap it with.
+    if (absl::Status s = prepare(); !s.ok()) return s;
+    return run(from.data(), to->data());
+  }
   cudaStream_t st = device_->stream();
   if (host_rows_.size() < from.size() || host_out_.size() < to->size()) {
     // An old buffer may still be an upload's source: the stream finishes with it first.

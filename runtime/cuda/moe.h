@@ -144,11 +144,12 @@ class GpuMoe {
   absl::Status DispatchOnDevice(int64_t tokens);
   absl::Status CountsFromHost();  // the wait on the counts' copy; counts_ and offsets_
   absl::Status PlanFromCounts();  // CountsFromHost, then the one-GPU plan and its batches
-  // Expert parallelism's expert step (host-staged through the executor), forward and backward.
+  // Expert parallelism's expert step through the executor, forward and backward.
   absl::Status ExpertsForwardOnRanks();
   absl::Status ExpertsBackwardOnRanks();
-  // Their common path: `from` to the host while `prepare` runs, `run` over the host rows, its
-  // output up into `to`.
+  // Their common path: `prepare`, then `run` from `from` into `to` where the executor keeps the
+  // rows on the device (ExpertExecutor::device_rows); otherwise `from` to the host while
+  // `prepare` runs, `run` over the host rows, its output up into `to`.
   absl::Status OnRanks(const DeviceTensor<float>& from, DeviceTensor<float>* to,
                        absl::FunctionRef<absl::Status()> prepare,
                        absl::FunctionRef<absl::Status(const float*, float*)> run);

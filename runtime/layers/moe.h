@@ -124,6 +124,10 @@ class ExpertExecutor {
     return absl::OkStatus();
   }
   virtual absl::Status PrepareBackward() { return absl::OkStatus(); }
+  // True when Forward's and Backward's buffers are device memory (a GPU engine's, whose
+  // expert-parallel executor keeps the rows on the device: runtime/expert_instances.h);
+  // false: host memory.
+  virtual bool device_rows() const { return false; }
   // Tokens per logical expert over every rank of the last Forward, when the executor
   // spans several ranks (the selection-bias update and load statistics use them); null
   // when the layer's own counts are the whole picture.
