@@ -134,12 +134,13 @@ class DataChannel {
   // they poll); for wait loops over several requests of the channel.
   virtual const CompletionEvent* completion_event() const { return nullptr; }
 
-  // True when AllToAllV also takes buffers in the memory of this rank's GPU (device pointers
-  // under CUDA's unified addressing), not only host memory: the token dispatch then moves a
-  // GPU engine's expert rows without a trip through host memory (comm/token_dispatch.h's
-  // RowMover). NCCL's, in either buffer mode; every other call of every channel takes host
-  // memory (NCCL's device-buffer mode: device memory) as before.
-  virtual bool device_all_to_all() const { return false; }
+  // True when AllToAllV, Isend and Irecv also take buffers in the memory of this rank's GPU
+  // (device pointers under CUDA's unified addressing), not only host memory: expert
+  // parallelism then moves a GPU engine's token rows and replica weights without a trip
+  // through host memory (comm/token_dispatch.h's RowMover, runtime/expert_instances.h).
+  // NCCL's, in either buffer mode; the other calls of every channel take host memory (NCCL's
+  // device-buffer mode: device memory) as before.
+  virtual bool takes_device_buffers() const { return false; }
 
   absl::Duration timeout() const { return timeout_; }
   void set_timeout(absl::Duration timeout) { timeout_ = timeout; }

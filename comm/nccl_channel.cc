@@ -171,7 +171,7 @@ class NcclChannel final : public DataChannel {
   int size() const override { return size_; }
   absl::string_view backend() const override { return "nccl"; }
   bool matches_by_tag() const override { return false; }
-  bool device_all_to_all() const override { return true; }
+  bool takes_device_buffers() const override { return true; }
 
   // The collectives count themselves for progress() around the NCCL calls below.
   absl::Status Allgather(const void* send, void* recv, int64_t count, DataType type) override {
@@ -254,11 +254,11 @@ class NcclChannel final : public DataChannel {
     }
     const auto* in = static_cast<const char*>(send);
     auto* out = static_cast<char*>(recv);
-    // Host-buffer mode stages host buffers only: device buffers (device_all_to_all) go as they
-    // are, as in device-buffer mode.
-    absl::StatusOr<bool> send_on_device = host_ ? OnThisDevice(send) : true;
+    // Host-buffer mode stages host buffers only: device buffers (takes_device_buffers) go as
+    // they are, as in device-buffer mode.
+    absl::StatusOr<bool> send_on_device = host_ ? OnThisDevice(send, kOp) : true;
     if (!send_on_device.ok()) return send_on_device.status();
-    absl::StatusOr<bool> recv_on_device = host_ ? OnThisDevice(recv) : true;
+    absl::StatusOr<bool> recv_on_device = host_ ? OnThisDevice(recv, kOp) : true;
     if (!recv_on_device.ok()) return recv_on_device.status();
     if (!*send_on_device) {
       absl::StatusOr<void*> d_in = send_scratch_.Get(send_extent);
@@ -582,8 +582,9 @@ class NcclChannel final : public DataChannel {
     }
   }
 
-  // True for device memory of this channel's GPU; InvalidArgument for another GPU's.
-  absl::StatusOr<bool> OnThisDevice(const void* p) const {
+  // True for device memory of this channel's GPU; InvalidArgument, naming `operation`, for
+  // another GPU's.
+  absl::StatusOr<bool> OnThisDevice(const void* p, absl::string_view operation) const {
     if (p == nullptr) return false;
     cudaPointerAttributes a{};
     if (cudaError_t e = cudaPointerGetAttributes(&a, p); e != cudaSuccess) {
@@ -591,7 +592,7 @@ class NcclChannel final : public DataChannel {
     }
     if (a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged) return false;
     if (a.device != device_) {
-      return absl::InvalidArgumentError(absl::StrCat("AllToAllV on rank ", rank_,
+      return absl::InvalidArgumentError(absl::StrCat(operation, " on rank ", rank_,
                                                      ": a buffer is in GPU ", a.device,
                                                      "'s memory; this channel's GPU is ", device_));
     }
@@ -636,7 +637,10 @@ class NcclChannel final : public DataChannel {
                                            std::move(op));
     }
     void* data = buf;
-    if (host_ && op->bytes > 0) {
+    // Host-buffer mode stages host buffers only (takes_device_buffers).
+    absl::StatusOr<bool> on_device = host_ ? OnThisDevice(buf, operation) : true;
+    if (!on_device.ok()) return on_device.status();
+    if (!*on_device) {
       op->host = buf;
       if (cudaError_t e = cudaMalloc(&op->device, static_cast<size_t>(op->bytes));
           e != cudaSuccess) {

@@ -30,9 +30,10 @@ struct NcclChannelOptions {
   int device = 0;
   // false: every buffer passed to the channel is device memory on `device` (training).
   // true: buffers are host memory, staged through device scratch on every call (the
-  // token-dispatch and fan-out code paths, and the backend-independent tests); AllToAllV's
-  // buffers may also be device memory of `device`, used as they are (device_all_to_all: the
-  // token dispatch's rows on the GPU), told apart by cudaPointerGetAttributes.
+  // token-dispatch and fan-out code paths, and the backend-independent tests); AllToAllV's,
+  // Isend's and Irecv's buffers may also be device memory of `device`, used as they are
+  // (takes_device_buffers: expert parallelism's rows and weights on the GPU), told apart by
+  // cudaPointerGetAttributes.
   bool host_buffers = false;
 };
 

@@ -121,12 +121,12 @@ TEST_F(NcclChannelTest, DeviceBuffers) {
   });
 }
 
-// Host-buffer mode stages host buffers only: AllToAllV also takes device buffers of the rank's GPU
-// as they are (device_all_to_all, what the token dispatch's device rows use), in any mix with
-// host buffers.
-TEST_F(NcclChannelTest, AllToAllVTakesDeviceBuffersInHostBufferMode) {
+// Host-buffer mode stages host buffers only: AllToAllV, Isend and Irecv also take device buffers
+// of the rank's GPU as they are (takes_device_buffers, what expert parallelism's device rows and
+// weights use), in any mix with host buffers.
+TEST_F(NcclChannelTest, TakesDeviceBuffersInHostBufferMode) {
   OnAllRanks(true, [](DataChannel& c) {
-    EXPECT_TRUE(c.device_all_to_all());
+    EXPECT_TRUE(c.takes_device_buffers());
     const int n = c.size(), me = c.rank();
     // Rank s sends 3 + d + s floats to rank d: s * 1000 + d * 100 + i.
     std::vector<int64_t> send_counts(n), send_displs(n), recv_counts(n), recv_displs(n);
@@ -166,6 +166,30 @@ TEST_F(NcclChannelTest, AllToAllVTakesDeviceBuffersInHostBufferMode) {
         }
         EXPECT_EQ(got, want) << "send on the " << (device_send ? "device" : "host")
                              << ", receive on the " << (device_recv ? "device" : "host");
+      }
+    }
+    // Point to point around the ring: a device send into a host receive, then a host send
+    // into a device receive.
+    constexpr int64_t n0 = 3;  // the first floats of block 0: rank * 1000 + i
+    for (const bool device_send : {true, false}) {
+      ASSERT_EQ(cudaMemset(d_recv, 0, recvs * sizeof(float)), cudaSuccess);
+      std::vector<float> got(n0, 0.0f);
+      ASSERT_TRUE(c.GroupStart().ok());
+      auto sent =
+          c.Isend(device_send ? d_send : send.data(), n0, DataType::kFloat32, (me + 1) % n, 0);
+      auto received = c.Irecv(device_send ? static_cast<void*>(got.data()) : d_recv, n0,
+                              DataType::kFloat32, (me + n - 1) % n, 0);
+      ASSERT_TRUE(c.GroupEnd().ok());
+      ASSERT_TRUE(sent.ok() && received.ok());
+      ASSERT_TRUE((*sent)->Wait(absl::Seconds(60)).ok());
+      ASSERT_TRUE((*received)->Wait(absl::Seconds(60)).ok());
+      if (!device_send) {
+        ASSERT_EQ(cudaMemcpy(got.data(), d_recv, n0 * sizeof(float), cudaMemcpyDeviceToHost),
+                  cudaSuccess);
+      }
+      for (int64_t i = 0; i < n0; ++i) {
+        EXPECT_EQ(got[i], ((me + n - 1) % n) * 1000 + i)
+            << (device_send ? "device" : "host") << " send, element " << i;
       }
     }
     cudaFree(d_send);

@@ -5,8 +5,8 @@
 //
 // Works on raw row-major float buffers; knows nothing of the runtime's tensors. Rows live on the
 // host unless the caller passes a RowMover that keeps them elsewhere (a GPU: the rows are
-// packed, exchanged and unpacked there, through a channel whose AllToAllV takes device
-// buffers, DataChannel::device_all_to_all).
+// packed, exchanged and unpacked there, through a channel that takes device buffers:
+// DataChannel::takes_device_buffers).
 #ifndef RACKRUN_COMM_TOKEN_DISPATCH_H_
 #define RACKRUN_COMM_TOKEN_DISPATCH_H_
 

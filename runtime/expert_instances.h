@@ -2,15 +2,15 @@
 // compute. The device seam of expert parallelism (docs/design.md section 4.2):
 // ExpertParallelExecutor (expert_parallel.h) decides (the plan, the fan-out, the dispatch
 // layout, which batch runs when, the order replica gradients are added in) and moves every
-// byte between ranks through the job's channel, from host buffers (the token rows from device
-// buffers where both sides allow: device rows, below); an ExpertInstances holds the
+// byte between ranks through the job's channel, from host buffers (from device buffers where both
+// sides allow: device rows, weights and gradients, below); an ExpertInstances holds the
 // rank's masters (its shard) and the working copies of the replica slots, and runs the SwiGLU
 // batches on them.
 //
 //   HostExpertInstances            the CPU engine: computes in place on the host, replicas from
 //                                  the executor's host slot store, their gradients into it;
-//   cuda::DeviceExpertInstances    a GPU: replica weights and replica gradients cross through
-//                                  host memory, expert rows too unless kept on the device
+//   cuda::DeviceExpertInstances    a GPU: expert rows, replica weights and replica gradients
+//                                  cross through host memory unless kept on the device
 //                                  (runtime/cuda/expert_instances.h).
 //
 // Call order per microbatch, from one thread: BeginForward; Forward over the masters'
@@ -22,8 +22,9 @@
 // layout, comm/token_dispatch.h): rows [offset, offset + rows) of `in`, `out`, `dy`, `dx`.
 //
 // Device rows (optional): instances computing on a GPU may keep the dispatch's rows there
-// (device_rows() non-null), and the executor does so when its channel's AllToAllV takes device
-// buffers (DataChannel::device_all_to_all). The executor then dispatches into, and combines
+// (device_rows() non-null), and the executor does so when its channel takes device buffers
+// (DataChannel::takes_device_buffers), with the replica weights and gradients too (device
+// weights and gradients, below). The executor then dispatches into, and combines
 // from, the buffers Rows hands out, packing with device_rows(), and passes those buffers to
 // BeginForward, Forward, BeginBackward and Backward: no row crosses to the host. A pass over
 // the masters may then return before its GPU work is done (the replicas' pass, which follows,
@@ -99,6 +100,38 @@ class ExpertInstances {
     (void)which;
     (void)rows;
     return absl::UnimplementedError("these expert instances keep their rows on the host");
+  }
+  // Device weights (with device rows, over the same channel): the fan-out sends masters'
+  // weights from, and receives replicas' weights into, device memory. FanoutStaging hands out
+  // room for `experts` masters' weights (ReadMaster's `dst` then lies in it and stays on the
+  // device); SlotWeights sizes the slots' device store for `slots` slots and returns it (the
+  // fan-out receives there, and SlotsArrived is then given it and copies nothing). Only where
+  // device_rows() is non-null. A replicas' pass has finished on the device when it returns, so
+  // the slots may be written as soon as it has.
+  virtual absl::StatusOr<float*> FanoutStaging(int experts) {
+    (void)experts;
+    return absl::UnimplementedError(
+        "these expert instances keep their weights' copies on the host");
+  }
+  virtual absl::StatusOr<float*> SlotWeights(int slots) {
+    (void)slots;
+    return absl::UnimplementedError(
+        "these expert instances keep their weights' copies on the host");
+  }
+  // Device gradients (with device weights): the replicas' gradients are sent from, and the
+  // masters' receive them into, device memory. SlotGradients sizes device buffer `buffer` (0
+  // or 1: the executor's gradient buffers, by layer parity where slots are shared) for `slots`
+  // slots and zeroes it in the device's order; given as Slots::grads, Backward fills it on the
+  // device. GradientStaging hands out room for `count` received gradients (AddToMaster's `g`
+  // then lies in it, and the add copies nothing), after the adds from it issued before.
+  virtual absl::StatusOr<float*> SlotGradients(int buffer, int slots) {
+    (void)buffer;
+    (void)slots;
+    return absl::UnimplementedError("these expert instances keep their gradients on the host");
+  }
+  virtual absl::StatusOr<float*> GradientStaging(int count) {
+    (void)count;
+    return absl::UnimplementedError("these expert instances keep their gradients on the host");
   }
   // The masters' weights were just updated (an optimizer step, issued): ReadMaster may read
   // them without waiting for work issued after this. Whoever writes the masters' weights

@@ -40,7 +40,7 @@ class ExpertParallelExecutor final : public ExpertExecutor<float> {
         layer_(layer),
         experts_(std::move(experts)),
         relay_(std::make_unique<planner::FanoutScheduler>(group->options().planner.fanout)),
-        mover_(experts_->device_rows() != nullptr && group->channel().device_all_to_all()
+        mover_(experts_->device_rows() != nullptr && group->channel().takes_device_buffers()
                    ? experts_->device_rows()
                    : nullptr) {
     const int e = g_->domain().experts();
@@ -72,8 +72,12 @@ class ExpertParallelExecutor final : public ExpertExecutor<float> {
   void LayOutBatches();
   // The plan's balance figures into the group's statistics.
   void RecordBalance();
-  // The executor's host slot store of this layer, as the instances take it.
-  ExpertInstances::Slots HostSlots() { return {slots().weights.data(), grad_buffer().data()}; }
+  // This layer's slot store as the instances take it: the executor's host store, or with device
+  // weights the instances' own device buffers (its weights are SlotWeights', its gradients
+  // this backward's SlotGradients buffer).
+  ExpertInstances::Slots PassSlots() {
+    return {slots().weights.data(), mover_ != nullptr ? device_grads_ : grad_buffer().data()};
+  }
   // Posts this microbatch's replica gradients to their masters' ranks (after Backward);
   // FinishReplicaGradients waits for them and adds them to the masters' gradients.
   absl::Status PostReplicaGradients();
@@ -106,7 +110,7 @@ class ExpertParallelExecutor final : public ExpertExecutor<float> {
   std::vector<float>& grad_buffer() {
     return slots().grads[g_->options().share_slots ? layer_ % 2 : 0];
   }
-  float* slot_grads(int slot) { return grad_buffer().data() + slot * floats(); }
+  float* slot_grads(int slot) { return PassSlots().grads + slot * floats(); }
 
   ExpertParallelGroup* g_;
   int layer_;
@@ -133,6 +137,9 @@ class ExpertParallelExecutor final : public ExpertExecutor<float> {
   std::vector<std::unique_ptr<comm::Request>> pending_;
   std::vector<std::pair<int, int>> received_;
   std::vector<float> grad_staging_;
+  float* grad_staging_at_ = nullptr;  // grad_staging_, or the instances' (device gradients)
+  // Sizes the receive buffers for `count` gradients (grad_staging_at_).
+  absl::Status SizeGradientStaging(int count);
 
   // A prepared pass not yet run: the rows PrepareForward planned for (-1: none), and
   // whether PrepareBackward ran.
@@ -145,6 +152,10 @@ class ExpertParallelExecutor final : public ExpertExecutor<float> {
   // instances' (Rows) when the rows stay on the device (mover_ non-null).
   Tensor<float> in_, out_, dy_, dx_;
   comm::RowMover* mover_;
+  // Device weights (with device rows): the slots' device store of the fan-out in flight, and
+  // this backward's replica gradients (SlotGradients).
+  float* device_slots_ = nullptr;
+  float* device_grads_ = nullptr;
   // This pass's pair of expert-row buffers (forward: in, out; backward: dy, dx) for `rows` rows.
   absl::Status PassRows(bool forward, int64_t rows, float** a, float** b);
 };
@@ -268,9 +279,10 @@ void ExpertParallelExecutor::PlaceWeights() {
   // Forward first completes its own previous replica-gradient sends, and the trainer
   // completes every layer's after each microbatch (with shared slots, each Backward also
   // completes those of the layers sharing its gradient buffer).
+  // With device weights the store's weights are the instances' (SlotWeights).
   ReplicaSlotStore& store = slots();
   const size_t need = static_cast<size_t>(std::max(slots_used_, 1) * floats());
-  if (store.weights.size() < need) store.weights.resize(need);
+  if (mover_ == nullptr && store.weights.size() < need) store.weights.resize(need);
   if (grad_buffer().size() < need) grad_buffer().resize(need);
 }
 
@@ -304,20 +316,34 @@ absl::Status ExpertParallelExecutor::StartFanOut(bool refetch) {
   for (int e = 0; e < d.experts(); ++e) {
     if (d.home_rank(e) == rank() && placement_.first[e + 1] - placement_.first[e] > 1) ++origins;
   }
-  if (staging_.size() < static_cast<size_t>(origins * n))
-    staging_.resize(static_cast<size_t>(origins * n));
+  // The masters' packed weights and the slots: host buffers, or the instances' device memory
+  // (device weights).
+  float* staging = nullptr;
+  if (mover_ != nullptr) {
+    absl::StatusOr<float*> on_device = experts_->FanoutStaging(origins);
+    if (!on_device.ok()) return Where(on_device.status(), "sizing the fan-out's staging");
+    staging = *on_device;
+    absl::StatusOr<float*> store_on_device = experts_->SlotWeights(slots_used_);
+    if (!store_on_device.ok()) return Where(store_on_device.status(), "sizing the replica slots");
+    device_slots_ = *store_on_device;
+  } else {
+    if (staging_.size() < static_cast<size_t>(origins * n)) {
+      staging_.resize(static_cast<size_t>(origins * n));
+    }
+    staging = staging_.data();
+  }
   int k = 0;
   for (int e = 0; e < d.experts(); ++e) {
     if (placement_.first[e + 1] - placement_.first[e] <= 1) continue;
     if (d.home_rank(e) == rank()) {
-      float* p = staging_.data() + k++ * n;
+      float* p = staging + k++ * n;
       if (absl::Status s = experts_->ReadMaster(e - experts_->first(), p); !s.ok()) {
         return Where(s, "reading master weights to fan out");
       }
       buffers[e] = std::as_writable_bytes(std::span<float>(p, static_cast<size_t>(n)));
     } else if (const int slot = slot_of_expert_[static_cast<size_t>(e)]; slot >= 0) {
-      buffers[e] =
-          std::as_writable_bytes(std::span<float>(slot_weights(slot), static_cast<size_t>(n)));
+      float* p = mover_ != nullptr ? device_slots_ + slot * n : slot_weights(slot);
+      buffers[e] = std::as_writable_bytes(std::span<float>(p, static_cast<size_t>(n)));
     }
   }
   comm::FanoutExecutorOptions options;
@@ -351,7 +377,9 @@ absl::Status ExpertParallelExecutor::FinishFanOut() {
   store.instances = placement_.instances;
   store.first = placement_.first;
   store.version = g_->weights_version();
-  if (absl::Status s = experts_->SlotsArrived(store.weights.data(), slots_used_); !s.ok()) {
+  if (absl::Status s = experts_->SlotsArrived(
+          mover_ != nullptr ? device_slots_ : store.weights.data(), slots_used_);
+      !s.ok()) {
     return Where(s, "taking the replica weights");
   }
   return absl::OkStatus();
@@ -488,7 +516,7 @@ absl::Status ExpertParallelExecutor::Forward(std::span<const int64_t> offsets,
   if (absl::Status s = experts_->BeginForward(in, er); !s.ok()) {
     return Where(s, "running experts");
   }
-  if (absl::Status s = experts_->Forward(batches_, /*masters=*/true, HostSlots(), out, poll);
+  if (absl::Status s = experts_->Forward(batches_, /*masters=*/true, PassSlots(), out, poll);
       !s.ok()) {
     return Where(s, "running master experts");
   }
@@ -497,7 +525,7 @@ absl::Status ExpertParallelExecutor::Forward(std::span<const int64_t> offsets,
   if (absl::Status s = FinishFanOut(); !s.ok()) return s;
   t1 = base::NowSeconds();
   st.fanout_s += t1 - t0;
-  if (absl::Status s = experts_->Forward(batches_, /*masters=*/false, HostSlots(), out, [] {});
+  if (absl::Status s = experts_->Forward(batches_, /*masters=*/false, PassSlots(), out, [] {});
       !s.ok()) {
     return Where(s, "running replica experts");
   }
@@ -534,7 +562,14 @@ absl::Status ExpertParallelExecutor::PrepareBackward() {
     st.fanout_s += base::NowSeconds() - r0;
   }
   // Replica gradients of this microbatch start from zero.
-  std::fill(grad_buffer().begin(), grad_buffer().begin() + slots_used_ * floats(), 0.0f);
+  if (mover_ != nullptr) {
+    absl::StatusOr<float*> grads =
+        experts_->SlotGradients(g_->options().share_slots ? layer_ % 2 : 0, slots_used_);
+    if (!grads.ok()) return Where(grads.status(), "sizing the replica gradients");
+    device_grads_ = *grads;
+  } else {
+    std::fill(grad_buffer().begin(), grad_buffer().begin() + slots_used_ * floats(), 0.0f);
+  }
   backward_prepared_ = true;
   return absl::OkStatus();
 }
@@ -567,7 +602,7 @@ absl::Status ExpertParallelExecutor::Backward(std::span<const int64_t> offsets,
   if (absl::Status s = experts_->BeginBackward(dy, er); !s.ok()) {
     return Where(s, "running experts' backward");
   }
-  if (absl::Status s = experts_->Backward(batches_, /*masters=*/true, HostSlots(), dx, poll);
+  if (absl::Status s = experts_->Backward(batches_, /*masters=*/true, PassSlots(), dx, poll);
       !s.ok()) {
     return Where(s, "running master experts' backward");
   }
@@ -576,7 +611,7 @@ absl::Status ExpertParallelExecutor::Backward(std::span<const int64_t> offsets,
   if (absl::Status s = FinishFanOut(); !s.ok()) return s;
   t1 = base::NowSeconds();
   st.fanout_s += t1 - t0;
-  if (absl::Status s = experts_->Backward(batches_, /*masters=*/false, HostSlots(), dx, [] {});
+  if (absl::Status s = experts_->Backward(batches_, /*masters=*/false, PassSlots(), dx, [] {});
       !s.ok()) {
     return Where(s, "running replica experts' backward");
   }
@@ -612,8 +647,9 @@ absl::Status ExpertParallelExecutor::PostReplicaGradients() {
   for (int e = 0; e < d.experts(); ++e) {
     if (d.home_rank(e) == rank()) incoming += placement_.first[e + 1] - placement_.first[e] - 1;
   }
-  if (grad_staging_.size() < static_cast<size_t>(incoming * n))
-    grad_staging_.resize(static_cast<size_t>(incoming * n));
+  if (absl::Status s = SizeGradientStaging(incoming); !s.ok()) {
+    return Where(s, "reducing replica gradients");
+  }
   pending_.clear();
   received_.clear();
   // Tags differ per layer so that reductions of several layers can be in flight at once.
@@ -633,7 +669,7 @@ absl::Status ExpertParallelExecutor::PostReplicaGradients() {
                        comm::DataType::kFloat32, home, tag_base + e);
         g_->mutable_stats().reduce_bytes += n * static_cast<int64_t>(sizeof(float));
       } else if (home == rank()) {
-        req = ch.Irecv(grad_staging_.data() + k * n, n, comm::DataType::kFloat32, r, tag_base + e);
+        req = ch.Irecv(grad_staging_at_ + k * n, n, comm::DataType::kFloat32, r, tag_base + e);
         received_.emplace_back(e, k++);
       } else {
         continue;
@@ -643,6 +679,19 @@ absl::Status ExpertParallelExecutor::PostReplicaGradients() {
     }
   }
   if (absl::Status g = ch.GroupEnd(); !g.ok()) return Where(g, "reducing replica gradients");
+  return absl::OkStatus();
+}
+
+absl::Status ExpertParallelExecutor::SizeGradientStaging(int count) {
+  if (mover_ != nullptr) {
+    absl::StatusOr<float*> on_device = experts_->GradientStaging(count);
+    if (!on_device.ok()) return on_device.status();
+    grad_staging_at_ = *on_device;
+    return absl::OkStatus();
+  }
+  const size_t need = static_cast<size_t>(count * floats());
+  if (grad_staging_.size() < need) grad_staging_.resize(need);
+  grad_staging_at_ = grad_staging_.data();
   return absl::OkStatus();
 }
 
@@ -657,7 +706,7 @@ absl::Status ExpertParallelExecutor::FinishReplicaGradients() {
   // Fixed order: the master's own gradient (already accumulated), then replicas by rank.
   const int64_t n = floats();
   for (const auto& [e, idx] : received_) {
-    s = experts_->AddToMaster(e - experts_->first(), grad_staging_.data() + idx * n);
+    s = experts_->AddToMaster(e - experts_->first(), grad_staging_at_ + idx * n);
     if (!s.ok()) break;
   }
   received_.clear();

@@ -34,10 +34,12 @@
 // The executor decides and moves bytes (host buffers, the job's channel); where this rank's
 // masters and replica slots live and run is behind ExpertInstances (expert_instances.h): on
 // the host for MoeLayer<float> layers, on a GPU, host-staged, for the GPU engine's layers
-// (the general Create below). The token rows stay on that GPU when the channel's AllToAllV
-// takes device buffers (DataChannel::device_all_to_all): the executor then dispatches and
-// combines them there (ExpertInstances::device_rows) and its Forward and Backward take device
-// buffers (ExpertExecutor::device_rows).
+// (the general Create below). When the channel takes device buffers
+// (DataChannel::takes_device_buffers: NCCL) and the instances offer device rows, the bytes stay
+// on that GPU: the executor dispatches and combines the rows there (ExpertInstances::
+// device_rows; its Forward and Backward then take device buffers, ExpertExecutor::device_rows),
+// fans replica weights out from and into the instances' device memory and sends replica
+// gradients from and receives them into it (ExpertInstances' device weights and gradients).
 //
 // Weights live at the home rank (rank e / (E/R) for expert e); an instance the plan puts
 // anywhere else receives them by fan-out. For ultraep and none that is exactly the plan's

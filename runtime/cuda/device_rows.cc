@@ -30,20 +30,20 @@ absl::Status DeviceRows::Gather(const float* src, std::span<const int64_t> index
                                 int64_t width, float* dst) {
   if (index.empty()) return absl::OkStatus();
   if (absl::Status s = Upload(index, width, gather_); !s.ok()) return s;
-  return CudaCheck(kernels::GatherRows(static_cast<int64_t>(index.size()), divisor,
-                                       static_cast<int>(width), gather_.data(), src, dst,
-                                       device_->stream()),
-                   absl::StrCat(name_, " (device rows): packing rows"));
+  return CudaCheck(
+      kernels::GatherRows(static_cast<int64_t>(index.size()), divisor, static_cast<int>(width),
+                          gather_.data(), src, dst, device_->stream()),
+      absl::StrCat(name_, " (device rows): packing rows"));
 }
 
 absl::Status DeviceRows::Scatter(const float* src, std::span<const int64_t> index, int64_t width,
                                  float* dst) {
   if (index.empty()) return absl::OkStatus();
   if (absl::Status s = Upload(index, width, scatter_); !s.ok()) return s;
-  return CudaCheck(kernels::DispatchRows(static_cast<int64_t>(index.size()), 1,
-                                         static_cast<int>(width), scatter_.data(), src, dst,
-                                         device_->stream()),
-                   absl::StrCat(name_, " (device rows): unpacking rows"));
+  return CudaCheck(
+      kernels::DispatchRows(static_cast<int64_t>(index.size()), 1, static_cast<int>(width),
+                            scatter_.data(), src, dst, device_->stream()),
+      absl::StrCat(name_, " (device rows): unpacking rows"));
 }
 
 absl::StatusOr<float*> DeviceRows::Buffer(int which, int64_t floats) {

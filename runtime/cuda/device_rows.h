@@ -1,6 +1,6 @@
 // DeviceRows: comm/token_dispatch.h's RowMover on a GPU, so that the expert-parallel token
 // dispatch moves a GPU engine's expert rows without a trip through host memory, over a channel
-// whose AllToAllV takes device buffers (DataChannel::device_all_to_all: NCCL).
+// that takes device buffers (DataChannel::takes_device_buffers: NCCL).
 //
 // - Gather (packing) is kernels::GatherRows and Scatter (unpacking) kernels::DispatchRows with
 //   k 1, both on the device's compute stream: bytes as they are, so a dispatch moves the same

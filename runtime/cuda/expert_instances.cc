@@ -28,7 +28,9 @@ DeviceExpertInstances::DeviceExpertInstances(Device* device, MatMul* matmul,
       dact_(device, name + " expert activation gradients"),
       dx_(device, name + " expert row gradients"),
       grad_(device, name + " replica gradient"),
-      rows_(device, name) {}
+      rows_(device, name),
+      fanout_(device, name + " masters to fan out"),
+      incoming_(device, name + " replica gradients received") {}
 
 absl::Status DeviceExpertInstances::Check(cudaError_t e, const char* what) const {
   return CudaCheck(e, absl::StrCat(name_, " (GPU experts): ", what));
@@ -84,13 +86,15 @@ absl::Status DeviceExpertInstances::ReadMaster(int local, float* dst) {
     st = reads_.get();
     if (absl::Status s = weights_final_.MakeWait(st); !s.ok()) return s;
   }
-  if (absl::Status s = Copy(dst, shard_.w13 + local * n13, n13, cudaMemcpyDeviceToHost,
-                            "master w13 to the host", st);
+  const bool on_device =  // into FanoutStaging's buffer
+      dst >= fanout_.data() && dst < fanout_.data() + fanout_.size();
+  const cudaMemcpyKind kind = on_device ? cudaMemcpyDeviceToDevice : cudaMemcpyDeviceToHost;
+  if (absl::Status s = Copy(dst, shard_.w13 + local * n13, n13, kind, "reading a master's w13", st);
       !s.ok()) {
     return s;
   }
-  if (absl::Status s = Copy(dst + n13, shard_.w2 + local * (n13 / 2), n13 / 2,
-                            cudaMemcpyDeviceToHost, "master w2 to the host", st);
+  if (absl::Status s = Copy(dst + n13, shard_.w2 + local * (n13 / 2), n13 / 2, kind,
+                            "reading a master's w2", st);
       !s.ok()) {
     return s;
   }
@@ -106,14 +110,61 @@ absl::Status DeviceExpertInstances::WeightsChanged() {
   return weights_final_.Record(device_->stream());
 }
 
-absl::Status DeviceExpertInstances::SlotsArrived(const float* weights, int count) {
-  slot_count_ = count;
+// The channel writes these buffers on a stream of its own: a block the caching allocator hands
+// out anew may still be read by work queued on the compute stream (it is stream-ordered there),
+// so the compute stream finishes first whenever one moved.
+absl::StatusOr<float*> DeviceExpertInstances::FanoutStaging(int experts) {
+  const float* before = fanout_.data();
+  if (absl::Status s = fanout_.Resize({std::max(experts, 1), expert_floats()}); !s.ok()) return s;
+  if (fanout_.data() != before) {
+    if (absl::Status s = device_->Synchronize(); !s.ok()) return s;
+  }
+  return fanout_.data();
+}
+
+absl::StatusOr<float*> DeviceExpertInstances::SlotWeights(int slots) {
   const int64_t n = expert_floats();
-  for (absl::Status s : {slots_->weights.Resize({std::max(count, 1), n}),
-                         slots_->grads.Resize({std::max(count, 1), n})}) {
+  const float* before = slots_->weights.data();
+  for (absl::Status s : {slots_->weights.Resize({std::max(slots, 1), n}),
+                         slots_->grads.Resize({std::max(slots, 1), n})}) {
     if (!s.ok()) return s;
   }
-  return Copy(slots_->weights.data(), weights, count * n, cudaMemcpyHostToDevice,
+  if (slots_->weights.data() != before) {
+    if (absl::Status s = device_->Synchronize(); !s.ok()) return s;
+  }
+  return slots_->weights.data();
+}
+
+absl::StatusOr<float*> DeviceExpertInstances::SlotGradients(int buffer, int slots) {
+  DeviceTensor<float>& t = slots_->outgoing[buffer % 2];
+  const float* before = t.data();
+  if (absl::Status s = t.Resize({std::max(slots, 1), expert_floats()}); !s.ok()) return s;
+  if (t.data() != before) {
+    if (absl::Status s = device_->Synchronize(); !s.ok()) return s;
+  }
+  if (absl::Status s = t.Zero(); !s.ok()) return s;
+  return t.data();
+}
+
+absl::StatusOr<float*> DeviceExpertInstances::GradientStaging(int count) {
+  // The channel writes here on its stream: the adds issued from here come first.
+  if (added_.get() != nullptr) {
+    if (absl::Status s = added_.Synchronize(); !s.ok()) return s;
+  }
+  const float* before = incoming_.data();
+  if (absl::Status s = incoming_.Resize({std::max(count, 1), expert_floats()}); !s.ok()) return s;
+  if (incoming_.data() != before) {
+    if (absl::Status s = device_->Synchronize(); !s.ok()) return s;
+  }
+  return incoming_.data();
+}
+
+absl::Status DeviceExpertInstances::SlotsArrived(const float* weights, int count) {
+  slot_count_ = count;
+  absl::StatusOr<float*> store = SlotWeights(count);
+  if (!store.ok()) return store.status();
+  if (weights == *store) return absl::OkStatus();  // fanned out on the device (SlotWeights)
+  return Copy(*store, weights, count * expert_floats(), cudaMemcpyHostToDevice,
               "replica weights to the device");
 }
 
@@ -289,12 +340,16 @@ absl::Status DeviceExpertInstances::Backward(std::span<const Batch> batches, boo
     return s;
   }
   if (masters) return absl::OkStatus();
-  // The replicas' gradients, for the executor to send to their masters: one wait for all.
+  // The replicas' gradients, for the executor to send to their masters (to the host, or into
+  // its device buffer: SlotGradients): one wait for all.
   const int64_t n = expert_floats();
+  const bool device_grads =
+      slots.grads == slots_->outgoing[0].data() || slots.grads == slots_->outgoing[1].data();
   for (const Batch& b : batches) {
     if (b.master >= 0) continue;
     if (absl::Status s = Copy(slots.grads + b.slot * n, slots_->grads.data() + b.slot * n, n,
-                              cudaMemcpyDeviceToHost, "replica gradients to the host");
+                              device_grads ? cudaMemcpyDeviceToDevice : cudaMemcpyDeviceToHost,
+                              "replica gradients for their masters");
         !s.ok()) {
       return s;
     }
@@ -304,20 +359,33 @@ absl::Status DeviceExpertInstances::Backward(std::span<const Batch> batches, boo
 
 absl::Status DeviceExpertInstances::AddToMaster(int local, const float* g) {
   const int64_t n = expert_floats(), n13 = 2 * static_cast<int64_t>(shard_.width) * shard_.hidden;
-  if (absl::Status s = grad_.Resize({n}); !s.ok()) return s;
-  if (absl::Status s =
-          Copy(grad_.data(), g, n, cudaMemcpyHostToDevice, "a replica gradient to the device");
-      !s.ok()) {
-    return s;
+  const float* src = g;  // received on the device (GradientStaging)
+  if (g < incoming_.data() || g >= incoming_.data() + incoming_.size()) {
+    if (absl::Status s = grad_.Resize({n}); !s.ok()) return s;
+    if (absl::Status s =
+            Copy(grad_.data(), g, n, cudaMemcpyHostToDevice, "a replica gradient to the device");
+        !s.ok()) {
+      return s;
+    }
+    src = grad_.data();
   }
   cudaStream_t st = device_->stream();
   if (absl::Status s =
-          Check(kernels::AddInPlace(n13, grad_.data(), shard_.dw13 + local * n13, st), "dW13 add");
+          Check(kernels::AddInPlace(n13, src, shard_.dw13 + local * n13, st), "dW13 add");
       !s.ok()) {
     return s;
   }
-  return Check(kernels::AddInPlace(n - n13, grad_.data() + n13, shard_.dw2 + local * (n13 / 2), st),
-               "dW2 add");
+  if (absl::Status s = Check(
+          kernels::AddInPlace(n - n13, src + n13, shard_.dw2 + local * (n13 / 2), st), "dW2 add");
+      !s.ok()) {
+    return s;
+  }
+  if (added_.get() == nullptr) {
+    absl::StatusOr<Event> e = Event::Create();
+    if (!e.ok()) return e.status();
+    added_ = *std::move(e);
+  }
+  return added_.Record(st);
 }
 
 }  // namespace rackrun::runtime::cuda

@@ -28,8 +28,11 @@
 // Rows hands out this layer's own device buffers (in, out, dy, dx above). Passed back, they are
 // used in place: BeginForward and BeginBackward copy nothing, and the passes leave their rows
 // on the device (no staging, and no wait at the end of the masters' pass: the replicas' pass
-// waits for both, running `between`). The replica gradients still go to the host, as the
-// fan-out's weights still come from it.
+// waits for both, running `between`). Device weights: FanoutStaging and SlotWeights hand out
+// device memory, ReadMaster into the first copies device to device, SlotsArrived given the
+// second copies nothing. Device gradients: SlotGradients and GradientStaging hand out device
+// memory; the replicas' pass copies their gradients into the first device to device, and
+// AddToMaster from the second adds without a copy.
 //
 // Every call has finished with the executor's buffers when it returns, so the executor may reuse
 // them at once: copies to the host are waited for, and copies from the host read the
@@ -76,8 +79,12 @@ struct ExpertShard {
 struct DeviceSlots {
   DeviceSlots(Device* device, const std::string& name)
       : weights(device, name + " replica slot weights"),
-        grads(device, name + " replica slot gradients") {}
+        grads(device, name + " replica slot gradients"),
+        outgoing{{device, name + " replica gradients to send (even layers)"},
+                 {device, name + " replica gradients to send (odd layers)"}} {}
   DeviceTensor<float> weights, grads;
+  // Device gradients: the executor's two gradient buffers (SlotGradients).
+  DeviceTensor<float> outgoing[2];
 };
 
 class DeviceExpertInstances final : public ExpertInstances {
@@ -102,6 +109,10 @@ class DeviceExpertInstances final : public ExpertInstances {
   absl::Status AddToMaster(int local, const float* g) override;
   comm::RowMover* device_rows() override { return &rows_; }
   absl::StatusOr<float*> Rows(RowsOf which, int64_t rows) override;
+  absl::StatusOr<float*> FanoutStaging(int experts) override;
+  absl::StatusOr<float*> SlotWeights(int slots) override;
+  absl::StatusOr<float*> SlotGradients(int buffer, int slots) override;
+  absl::StatusOr<float*> GradientStaging(int count) override;
   // Records where the compute stream stands (just after the optimizer step).
   absl::Status WeightsChanged() override;
 
@@ -135,7 +146,10 @@ class DeviceExpertInstances final : public ExpertInstances {
   std::shared_ptr<DeviceSlots> slots_;
   DeviceTensor<float> in_, h13_, act_, out_, dy_, dh13_, dact_, dx_, grad_;
   DeviceRows rows_;
-  PinnedBuffer<float> staging_;  // a pass's output rows (or row gradients) on their way up
+  DeviceTensor<float> fanout_;    // masters' weights to fan out (device weights)
+  DeviceTensor<float> incoming_;  // replica gradients received (device gradients)
+  Event added_;                   // after the last AddToMaster (null before)
+  PinnedBuffer<float> staging_;   // a pass's output rows (or row gradients) on their way up
   Event pass_done_;
   Event weights_final_;  // recorded by WeightsChanged (null before)
   Stream reads_;         // ReadMaster's copies after it

@@ -8,9 +8,9 @@
 // (ultraep, eplb; the check runtime/expert_parallel_test.cc makes on CPU ranks, shared through
 // runtime/expert_parallel_testing.h). The routing margin of these inputs is checked without a GPU,
 // so that a failure here is a GPU bug, not a rounding tie. A master read for the fan-out waits
-// for the last optimizer step and not for the work issued after it. Over a channel whose
-// AllToAllV takes device buffers, the rows stay on the device (dispatched and combined there)
-// and every result is the host-staged run's, bit for bit.
+// for the last optimizer step and not for the work issued after it. Over a channel that takes
+// device buffers (testing::DeviceBufferChannel, as NCCL's), the token rows, replica weights and
+// replica gradients stay on the device and every result is the host-staged run's, bit for bit.
 #include "runtime/expert_parallel.h"
 
 #include <omp.h>
@@ -93,91 +93,11 @@ Result Reference() {
   return r;
 }
 
-// An in-process rank's channel whose AllToAllV also takes device buffers (device_all_to_all),
-// staging them through host memory: on one GPU, what NCCL is to ranks on separate GPUs (it
-// refuses two ranks on one). Every other call goes to the in-process channel as it is.
-class DeviceAllToAllChannel final : public comm::DataChannel {
- public:
-  explicit DeviceAllToAllChannel(comm::DataChannel& inner)
-      : DataChannel(OptionsOf(inner)), inner_(inner) {}
-
-  int rank() const override { return inner_.rank(); }
-  int size() const override { return inner_.size(); }
-  absl::string_view backend() const override { return inner_.backend(); }
-  bool device_all_to_all() const override { return true; }
-  absl::Status Allgather(const void* send, void* recv, int64_t count,
-                         comm::DataType type) override {
-    return inner_.Allgather(send, recv, count, type);
-  }
-  absl::Status AllToAllV(const void* send, std::span<const int64_t> send_counts,
-                         std::span<const int64_t> send_displs, void* recv,
-                         std::span<const int64_t> recv_counts, std::span<const int64_t> recv_displs,
-                         comm::DataType type) override {
-    const auto elem = static_cast<int64_t>(comm::DataTypeSize(type));
-    int64_t send_bytes = 0, recv_bytes = 0;
-    for (int p = 0; p < size(); ++p) {
-      send_bytes = std::max(send_bytes, (send_displs[p] + send_counts[p]) * elem);
-      recv_bytes = std::max(recv_bytes, (recv_displs[p] + recv_counts[p]) * elem);
-    }
-    std::vector<char> send_host, recv_host;
-    const bool send_dev = OnDevice(send), recv_dev = OnDevice(recv);
-    if (send_dev) {
-      send_host.resize(static_cast<size_t>(send_bytes));
-      if (cudaError_t e =
-              cudaMemcpy(send_host.data(), send, send_host.size(), cudaMemcpyDeviceToHost);
-          e != cudaSuccess) {
-        return CudaCheck(e, "AllToAllV: device rows to the host");
-      }
-    }
-    if (recv_dev) recv_host.resize(static_cast<size_t>(recv_bytes));
-    if (absl::Status s =
-            inner_.AllToAllV(send_dev ? send_host.data() : send, send_counts, send_displs,
-                             recv_dev ? recv_host.data() : recv, recv_counts, recv_displs, type);
-        !s.ok() || !recv_dev) {
-      return s;
-    }
-    return CudaCheck(cudaMemcpy(recv, recv_host.data(), recv_host.size(), cudaMemcpyHostToDevice),
-                     "AllToAllV: received rows to the device");
-  }
-  absl::Status AllReduce(const void* send, void* recv, int64_t count, comm::DataType type,
-                         comm::ReduceOp op) override {
-    return inner_.AllReduce(send, recv, count, type, op);
-  }
-  absl::Status Broadcast(void* buf, int64_t count, comm::DataType type, int root) override {
-    return inner_.Broadcast(buf, count, type, root);
-  }
-  absl::Status Barrier() override { return inner_.Barrier(); }
-  absl::StatusOr<std::unique_ptr<comm::Request>> Isend(const void* buf, int64_t count,
-                                                       comm::DataType type, int peer,
-                                                       int tag) override {
-    return inner_.Isend(buf, count, type, peer, tag);
-  }
-  absl::StatusOr<std::unique_ptr<comm::Request>> Irecv(void* buf, int64_t count,
-                                                       comm::DataType type, int peer,
-                                                       int tag) override {
-    return inner_.Irecv(buf, count, type, peer, tag);
-  }
-
- private:
-  static comm::ChannelOptions OptionsOf(const comm::DataChannel& inner) {
-    comm::ChannelOptions o;
-    o.timeout = inner.timeout();
-    return o;
-  }
-  static bool OnDevice(const void* p) {
-    cudaPointerAttributes a{};
-    return p != nullptr && cudaPointerGetAttributes(&a, p) == cudaSuccess &&
-           a.type == cudaMemoryTypeDevice;
-  }
-
-  comm::DataChannel& inner_;
-};
-
 // One rank: its shard on GPU 0, kPasses microbatches of its rows. With `device_rows`, over a
-// channel whose AllToAllV takes device buffers, so that the rows stay on the device (checked).
+// channel that takes device buffers, so that the rows and weights stay on the device (checked).
 absl::Status RunGpuRankOn(comm::DataChannel& in_process, const ExpertParallelOptions& options,
                           bool device_rows, Result& r) {
-  std::optional<DeviceAllToAllChannel> device_channel;
+  std::optional<testing::DeviceBufferChannel> device_channel;
   if (device_rows) device_channel.emplace(in_process);
   comm::DataChannel& channel = device_rows ? *device_channel : in_process;
   const int ranks = channel.size(), rank = channel.rank();
@@ -242,8 +162,8 @@ absl::Status RunGpuRank(comm::DataChannel& channel, const ExpertParallelOptions&
                         Result& r) {
   return RunGpuRankOn(channel, options, /*device_rows=*/false, r);
 }
-absl::Status RunGpuRankDeviceRows(comm::DataChannel& channel, const ExpertParallelOptions& options,
-                                  Result& r) {
+absl::Status RunGpuRankDeviceBuffers(comm::DataChannel& channel,
+                                     const ExpertParallelOptions& options, Result& r) {
   return RunGpuRankOn(channel, options, /*device_rows=*/true, r);
 }
 
@@ -315,17 +235,18 @@ bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
-// The rows kept on the device (dispatched and combined there, runtime/cuda/device_rows.h)
-// compute what the host-staged rows compute, bit for bit: packing moves bytes as they are, and
-// the batches and their GEMMs are the same. Both runs are checked against the unsharded layer
-// by the test above (the host-staged run) and here through it.
-class GpuDeviceRowsTest : public GpuExpertParallelTest {};
+// Rows, replica weights and replica gradients kept on the device (dispatched and combined there,
+// runtime/cuda/device_rows.h; fanned out and reduced from device memory) compute what the
+// host-staged run computes, bit for bit: every transfer moves bytes as they are, and the batches,
+// their GEMMs and the gradients' order are the same. The host-staged run is checked against the
+// unsharded layer by the test above, so this one is too.
+class GpuDeviceBuffersTest : public GpuExpertParallelTest {};
 
-TEST_P(GpuDeviceRowsTest, RowsKeptOnTheDeviceGiveTheHostStagedBits) {
+TEST_P(GpuDeviceBuffersTest, DeviceBuffersGiveTheHostStagedBits) {
   if (absl::Status avail = GpuAvailable(); !avail.ok()) GTEST_SKIP() << avail.message();
   const auto [ranks, policy, shared_slots] = GetParam();
   const ExpertParallelOptions options = OptionsFor(policy, shared_slots);
-  const std::vector<Result> device = RunRanks(ranks, options, &RunGpuRankDeviceRows);
+  const std::vector<Result> device = RunRanks(ranks, options, &RunGpuRankDeviceBuffers);
   const std::vector<Result> host = RunRanks(ranks, options, &RunGpuRank);
   int64_t replicas = 0;
   for (int r = 0; r < ranks; ++r) {
@@ -346,7 +267,7 @@ TEST_P(GpuDeviceRowsTest, RowsKeptOnTheDeviceGiveTheHostStagedBits) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(RanksAndPolicies, GpuDeviceRowsTest,
+INSTANTIATE_TEST_SUITE_P(RanksAndPolicies, GpuDeviceBuffersTest,
                          ::testing::Values(ep_testing::RanksPolicySlots{2, "none", true},
                                            ep_testing::RanksPolicySlots{2, "ultraep", true},
                                            ep_testing::RanksPolicySlots{4, "ultraep", true},

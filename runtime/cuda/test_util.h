@@ -1,5 +1,6 @@
 // Shared by the gpu tests (runtime/cuda/*_test.cc): the skip without a GPU, device buffers
-// from host vectors, and the comparison with the CPU oracle.
+// from host vectors, the comparison with the CPU oracle, and an in-process channel that takes
+// device buffers (for ranks sharing one GPU, as NCCL's does for ranks on several).
 #ifndef RACKRUN_RUNTIME_CUDA_TEST_UTIL_H_
 #define RACKRUN_RUNTIME_CUDA_TEST_UTIL_H_
 
@@ -12,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/data_channel.h"
 #include "gtest/gtest.h"
 #include "runtime/cuda/device.h"
 #include "runtime/cuda/moe.h"
@@ -19,6 +21,128 @@
 #include "runtime/residual/residual_streams.h"
 
 namespace rackrun::runtime::cuda::testing {
+
+// A receive into device memory through a host buffer: complete once the bytes are on the device.
+class DeviceReceive final : public comm::Request {
+ public:
+  DeviceReceive(std::unique_ptr<comm::Request> inner, std::unique_ptr<std::vector<char>> host,
+                void* device)
+      : Request(inner->info()), inner_(std::move(inner)), host_(std::move(host)), device_(device) {}
+  absl::StatusOr<bool> Test() override {
+    if (copied_) return true;
+    absl::StatusOr<bool> done = inner_->Test();
+    if (!done.ok() || !*done) return done;
+    if (absl::Status s = ::rackrun::runtime::cuda::CudaCheck(
+            cudaMemcpy(device_, host_->data(), host_->size(), cudaMemcpyHostToDevice),
+            "Irecv: received bytes to the device");
+        !s.ok()) {
+      return s;
+    }
+    copied_ = true;
+    return true;
+  }
+
+ private:
+  std::unique_ptr<comm::Request> inner_;
+  std::unique_ptr<std::vector<char>> host_;
+  void* device_;
+  bool copied_ = false;
+};
+
+// An in-process rank's channel whose AllToAllV, Isend and Irecv also take device buffers
+// (takes_device_buffers), staging them through host memory: on one GPU, what NCCL is to ranks
+// on separate GPUs (it refuses two ranks on one). Every other call goes to the in-process
+// channel as it is.
+class DeviceBufferChannel final : public comm::DataChannel {
+ public:
+  explicit DeviceBufferChannel(comm::DataChannel& inner)
+      : DataChannel(OptionsOf(inner)), inner_(inner) {}
+
+  int rank() const override { return inner_.rank(); }
+  int size() const override { return inner_.size(); }
+  absl::string_view backend() const override { return inner_.backend(); }
+  bool takes_device_buffers() const override { return true; }
+  absl::Status Allgather(const void* send, void* recv, int64_t count,
+                         comm::DataType type) override {
+    return inner_.Allgather(send, recv, count, type);
+  }
+  absl::Status AllToAllV(const void* send, std::span<const int64_t> send_counts,
+                         std::span<const int64_t> send_displs, void* recv,
+                         std::span<const int64_t> recv_counts, std::span<const int64_t> recv_displs,
+                         comm::DataType type) override {
+    const auto elem = static_cast<int64_t>(comm::DataTypeSize(type));
+    int64_t send_bytes = 0, recv_bytes = 0;
+    for (int p = 0; p < size(); ++p) {
+      send_bytes = std::max(send_bytes, (send_displs[p] + send_counts[p]) * elem);
+      recv_bytes = std::max(recv_bytes, (recv_displs[p] + recv_counts[p]) * elem);
+    }
+    std::vector<char> send_host, recv_host;
+    const bool send_dev = OnDevice(send), recv_dev = OnDevice(recv);
+    if (send_dev) {
+      send_host.resize(static_cast<size_t>(send_bytes));
+      if (cudaError_t e =
+              cudaMemcpy(send_host.data(), send, send_host.size(), cudaMemcpyDeviceToHost);
+          e != cudaSuccess) {
+        return ::rackrun::runtime::cuda::CudaCheck(e, "AllToAllV: device rows to the host");
+      }
+    }
+    if (recv_dev) recv_host.resize(static_cast<size_t>(recv_bytes));
+    if (absl::Status s =
+            inner_.AllToAllV(send_dev ? send_host.data() : send, send_counts, send_displs,
+                             recv_dev ? recv_host.data() : recv, recv_counts, recv_displs, type);
+        !s.ok() || !recv_dev) {
+      return s;
+    }
+    return ::rackrun::runtime::cuda::CudaCheck(
+        cudaMemcpy(recv, recv_host.data(), recv_host.size(), cudaMemcpyHostToDevice),
+        "AllToAllV: received rows to the device");
+  }
+  absl::Status AllReduce(const void* send, void* recv, int64_t count, comm::DataType type,
+                         comm::ReduceOp op) override {
+    return inner_.AllReduce(send, recv, count, type, op);
+  }
+  absl::Status Broadcast(void* buf, int64_t count, comm::DataType type, int root) override {
+    return inner_.Broadcast(buf, count, type, root);
+  }
+  absl::Status Barrier() override { return inner_.Barrier(); }
+  // The in-process channel copies a send's bytes when it is posted.
+  absl::StatusOr<std::unique_ptr<comm::Request>> Isend(const void* buf, int64_t count,
+                                                       comm::DataType type, int peer,
+                                                       int tag) override {
+    if (!OnDevice(buf)) return inner_.Isend(buf, count, type, peer, tag);
+    std::vector<char> host(static_cast<size_t>(count) * comm::DataTypeSize(type));
+    if (cudaError_t e = cudaMemcpy(host.data(), buf, host.size(), cudaMemcpyDeviceToHost);
+        e != cudaSuccess) {
+      return ::rackrun::runtime::cuda::CudaCheck(e, "Isend: device bytes to the host");
+    }
+    return inner_.Isend(host.data(), count, type, peer, tag);
+  }
+  absl::StatusOr<std::unique_ptr<comm::Request>> Irecv(void* buf, int64_t count,
+                                                       comm::DataType type, int peer,
+                                                       int tag) override {
+    if (!OnDevice(buf)) return inner_.Irecv(buf, count, type, peer, tag);
+    auto host =
+        std::make_unique<std::vector<char>>(static_cast<size_t>(count) * comm::DataTypeSize(type));
+    absl::StatusOr<std::unique_ptr<comm::Request>> inner =
+        inner_.Irecv(host->data(), count, type, peer, tag);
+    if (!inner.ok()) return inner.status();
+    return std::make_unique<DeviceReceive>(*std::move(inner), std::move(host), buf);
+  }
+
+ private:
+  static comm::ChannelOptions OptionsOf(const comm::DataChannel& inner) {
+    comm::ChannelOptions o;
+    o.timeout = inner.timeout();
+    return o;
+  }
+  static bool OnDevice(const void* p) {
+    cudaPointerAttributes a{};
+    return p != nullptr && cudaPointerGetAttributes(&a, p) == cudaSuccess &&
+           a.type == cudaMemoryTypeDevice;
+  }
+
+  comm::DataChannel& inner_;
+};
 
 // Skips the test, naming the cause, when no GPU is usable; otherwise opens GPU 0 into
 // `dev` (a std::unique_ptr<Device>).

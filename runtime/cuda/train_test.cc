@@ -10,6 +10,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <random>
 #include <string>
 #include <utility>
@@ -156,11 +157,17 @@ TEST(GpuTrainTest, LossesFollowTheCpuEngine) {
 // gradients reduced to the masters through host memory). Losses within the fp32 bound of the
 // CPU engine's run with the same ranks and of the one-rank GPU run, and every rank logs the
 // same losses.
-std::vector<double> RankLosses(const rackrun::v1::JobSpec& spec, int ranks) {
+// With `device_buffers`, over a channel that takes device buffers (testing::DeviceBufferChannel):
+// the token rows and replica weights stay on the GPU.
+std::vector<double> RankLosses(const rackrun::v1::JobSpec& spec, int ranks,
+                               bool device_buffers = false) {
   TrainerOptions options;
   options.device_engine = GpuEngineFactory();
   std::vector<std::vector<double>> losses(static_cast<size_t>(ranks));
-  const absl::Status s = comm::RunInProcessRanks(ranks, {}, [&](comm::DataChannel& ch) {
+  const absl::Status s = comm::RunInProcessRanks(ranks, {}, [&](comm::DataChannel& in_process) {
+    std::optional<testing::DeviceBufferChannel> device_channel;
+    if (device_buffers) device_channel.emplace(in_process);
+    comm::DataChannel& ch = device_buffers ? *device_channel : in_process;
     absl::StatusOr<std::unique_ptr<Trainer>> t = Trainer::Create(spec, &ch, options);
     if (!t.ok()) return t.status();
     absl::StatusOr<TrainSummary> summary = (*t)->Run();
@@ -190,6 +197,19 @@ TEST(GpuTrainTest, RanksSharingOneGpuFollowTheCpuEngine) {
     // is 1e-4 from the CPU engine, whose ranks match its one-rank run).
     ExpectClose(got, Losses(Spec(gpu)), 2e-4);
   }
+}
+
+// Over a channel that takes device buffers the token rows and replica weights stay on the GPU
+// (every MoE layer of the model, replica slots shared by the layers and refetched in backward
+// under ultraep): the same losses as the host-staged run, bit for bit.
+TEST(GpuTrainTest, RanksKeepingRowsAndWeightsOnTheGpuTrainAsHostStaged) {
+  if (absl::Status s = GpuAvailable(); !s.ok()) GTEST_SKIP() << s.message();
+  const rackrun::v1::JobSpec spec =
+      Spec({"balancer.policy=ultraep", absl::StrCat("training.steps=", kHalf),
+            "resources.device=cuda:0"});
+  const std::vector<double> host = RankLosses(spec, 2);
+  ASSERT_EQ(host.size(), static_cast<size_t>(kHalf));
+  EXPECT_EQ(RankLosses(spec, 2, /*device_buffers=*/true), host);
 }
 
 TEST(GpuTrainTest, CheckpointsMoveBetweenTheEngines) {
