@@ -79,24 +79,40 @@ TEST(TokenDispatch, AssignsChoicesToInstancesInChoiceOrder) {
 
 // Rows already grouped by expert (as the MoE layer hands them over) give the layout of
 // Create with the equivalent routing, without regrouping.
-TEST(TokenDispatch, GroupedRowsLayOutLikeTheirRouting) {
+// Grouped rows worked by hand: expert 0 (home rank 0) has a replica on rank 1; rank 0's three
+// rows for it split 1 (master) + 2 (replica), rank 1's two go to the master; expert 1 (home
+// rank 1) is not replicated. Rank r's rows by expert: GroupedOffsets(r).
+struct HandPlan {
   planner::Plan plan;
+  planner::LoadMatrix loads{2, 2};
+};
+HandPlan GroupedHandPlan() {
+  HandPlan h;
+  planner::Plan& plan = h.plan;
   plan.ranks = 2;
   plan.experts = 2;
   plan.instances = {{0, 0, true}, {0, 1, false}, {1, 1, true}};
   plan.first = {0, 2, 3};
-  ASSERT_EQ(planner::IndexSplitColumns(&plan), 2);
+  EXPECT_EQ(planner::IndexSplitColumns(&plan), 2);
   plan.split = {1, 2,   // expert 0's master: rank 0 sends 1, rank 1 sends 2
                 2, 0};  // its replica: rank 0 sends 2
   plan.quota = {3, 2, 4};
-  planner::LoadMatrix loads(2, 2);
-  loads.at(0, 0) = 3;
-  loads.at(0, 1) = 1;
-  loads.at(1, 0) = 2;
-  loads.at(1, 1) = 3;
+  h.loads.at(0, 0) = 3;
+  h.loads.at(0, 1) = 1;
+  h.loads.at(1, 0) = 2;
+  h.loads.at(1, 1) = 3;
+  return h;
+}
+std::vector<int64_t> GroupedOffsets(int rank) {
+  return rank == 0 ? std::vector<int64_t>{0, 3, 4} : std::vector<int64_t>{0, 2, 5};
+}
+
+TEST(TokenDispatch, GroupedRowsLayOutLikeTheirRouting) {
+  const HandPlan h = GroupedHandPlan();
+  const planner::Plan& plan = h.plan;
+  const planner::LoadMatrix& loads = h.loads;
   for (int rank = 0; rank < 2; ++rank) {
-    const std::vector<int64_t> offsets =
-        rank == 0 ? std::vector<int64_t>{0, 3, 4} : std::vector<int64_t>{0, 2, 5};
+    const std::vector<int64_t> offsets = GroupedOffsets(rank);
     TokenRouting routing;
     routing.num_tokens = offsets.back();
     routing.top_k = 1;
@@ -161,25 +177,12 @@ class RecordingMover final : public RowMover {
 };
 
 TEST(TokenDispatch, ARowMoverCarriesDispatchAndCombine) {
-  planner::Plan plan;
-  plan.ranks = 2;
-  plan.experts = 2;
-  plan.instances = {{0, 0, true}, {0, 1, false}, {1, 1, true}};
-  plan.first = {0, 2, 3};
-  ASSERT_EQ(planner::IndexSplitColumns(&plan), 2);
-  plan.split = {1, 2, 2, 0};
-  plan.quota = {3, 2, 4};
-  planner::LoadMatrix loads(2, 2);
-  loads.at(0, 0) = 3;
-  loads.at(0, 1) = 1;
-  loads.at(1, 0) = 2;
-  loads.at(1, 1) = 3;
+  const HandPlan h = GroupedHandPlan();
   constexpr int64_t kWidth = 3;
   const absl::Status s = RunInProcessRanks(2, {}, [&](DataChannel& channel) {
     const int rank = channel.rank();
-    const std::vector<int64_t> offsets =
-        rank == 0 ? std::vector<int64_t>{0, 3, 4} : std::vector<int64_t>{0, 2, 5};
-    absl::StatusOr<TokenDispatch> d = TokenDispatch::CreateGrouped(plan, loads, rank, offsets);
+    const std::vector<int64_t> offsets = GroupedOffsets(rank);
+    absl::StatusOr<TokenDispatch> d = TokenDispatch::CreateGrouped(h.plan, h.loads, rank, offsets);
     if (!d.ok()) return d.status();
     std::vector<float> rows(static_cast<size_t>(offsets.back() * kWidth));
     for (size_t i = 0; i < rows.size(); ++i) rows[i] = static_cast<float>(100 * rank + i);

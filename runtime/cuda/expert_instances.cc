@@ -113,35 +113,28 @@ absl::Status DeviceExpertInstances::WeightsChanged() {
 // The channel writes these buffers on a stream of its own: a block the caching allocator hands
 // out anew may still be read by work queued on the compute stream (it is stream-ordered there),
 // so the compute stream finishes first whenever one moved.
+absl::Status DeviceExpertInstances::ResizeForChannel(DeviceTensor<float>& t, int experts) {
+  const float* before = t.data();
+  if (absl::Status s = t.Resize({std::max(experts, 1), expert_floats()}); !s.ok()) return s;
+  return t.data() == before ? absl::OkStatus() : device_->Synchronize();
+}
+
 absl::StatusOr<float*> DeviceExpertInstances::FanoutStaging(int experts) {
-  const float* before = fanout_.data();
-  if (absl::Status s = fanout_.Resize({std::max(experts, 1), expert_floats()}); !s.ok()) return s;
-  if (fanout_.data() != before) {
-    if (absl::Status s = device_->Synchronize(); !s.ok()) return s;
-  }
+  if (absl::Status s = ResizeForChannel(fanout_, experts); !s.ok()) return s;
   return fanout_.data();
 }
 
 absl::StatusOr<float*> DeviceExpertInstances::SlotWeights(int slots) {
-  const int64_t n = expert_floats();
-  const float* before = slots_->weights.data();
-  for (absl::Status s : {slots_->weights.Resize({std::max(slots, 1), n}),
-                         slots_->grads.Resize({std::max(slots, 1), n})}) {
+  for (absl::Status s : {ResizeForChannel(slots_->weights, slots),
+                         slots_->grads.Resize({std::max(slots, 1), expert_floats()})}) {
     if (!s.ok()) return s;
-  }
-  if (slots_->weights.data() != before) {
-    if (absl::Status s = device_->Synchronize(); !s.ok()) return s;
   }
   return slots_->weights.data();
 }
 
 absl::StatusOr<float*> DeviceExpertInstances::SlotGradients(int buffer, int slots) {
   DeviceTensor<float>& t = slots_->outgoing[buffer % 2];
-  const float* before = t.data();
-  if (absl::Status s = t.Resize({std::max(slots, 1), expert_floats()}); !s.ok()) return s;
-  if (t.data() != before) {
-    if (absl::Status s = device_->Synchronize(); !s.ok()) return s;
-  }
+  if (absl::Status s = ResizeForChannel(t, slots); !s.ok()) return s;
   if (absl::Status s = t.Zero(); !s.ok()) return s;
   return t.data();
 }
@@ -151,11 +144,7 @@ absl::StatusOr<float*> DeviceExpertInstances::GradientStaging(int count) {
   if (added_.get() != nullptr) {
     if (absl::Status s = added_.Synchronize(); !s.ok()) return s;
   }
-  const float* before = incoming_.data();
-  if (absl::Status s = incoming_.Resize({std::max(count, 1), expert_floats()}); !s.ok()) return s;
-  if (incoming_.data() != before) {
-    if (absl::Status s = device_->Synchronize(); !s.ok()) return s;
-  }
+  if (absl::Status s = ResizeForChannel(incoming_, count); !s.ok()) return s;
   return incoming_.data();
 }
 

@@ -129,6 +129,8 @@ class DeviceExpertInstances final : public ExpertInstances {
   // null), only the replicas' pass waits.
   absl::Status FinishPass(std::span<const Batch> batches, bool masters, float* host,
                           absl::FunctionRef<void()> between);
+  // `t` sized for `experts` experts' floats, for the channel to write (see the .cc).
+  absl::Status ResizeForChannel(DeviceTensor<float>& t, int experts);
   // Sizes the forward's (backward's) buffers for `rows` rows.
   absl::Status ResizeForward(int64_t rows);
   absl::Status ResizeBackward(int64_t rows);
