@@ -190,6 +190,15 @@ int LauncherWorldSize() {
   return 1;
 }
 
+int LauncherLocalRank() {
+  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "LOCAL_RANK"}) {
+    const char* value = std::getenv(name);
+    int rank = 0;
+    if (value != nullptr && absl::SimpleAtoi(value, &rank) && rank >= 0) return rank;
+  }
+  return 0;
+}
+
 void AbortJob(int code) {
   int initialized = 0, finalized = 0;
   MPI_Initialized(&initialized);

@@ -22,6 +22,10 @@ absl::StatusOr<std::unique_ptr<DataChannel>> CreateMpiChannel(const ChannelOptio
 // decide whether to start MPI at all: OMPI_COMM_WORLD_SIZE (mpirun), SLURM_STEP_NUM_TASKS
 // (srun), PMI_SIZE; 1 when none is set or a value is not a positive integer.
 int LauncherWorldSize();
+// This process's rank on its machine as the launcher announces it: OMPI_COMM_WORLD_LOCAL_RANK
+// (mpirun), SLURM_LOCALID (srun), LOCAL_RANK (torchrun-style launchers); 0 when none is set or
+// a value is not a non-negative integer. `resources.device: cuda` gives local rank i GPU i.
+int LauncherLocalRank();
 
 // Ends every process of the job (MPI_Abort on MPI_COMM_WORLD) after a fatal error on this
 // rank, so that peers blocked in a collective do not wait out their timeouts. Exits with

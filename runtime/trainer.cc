@@ -19,6 +19,7 @@
 #include "absl/strings/str_split.h"
 #include "base/clock.h"
 #include "base/status.h"
+#include "comm/mpi_channel.h"
 #include "jobspec/balancer.h"
 #include "jobspec/device.h"
 #include "runtime/checkpoint.h"
@@ -242,17 +243,6 @@ absl::StatusOr<std::vector<std::string>> GatherStrings(comm::DataChannel& channe
   return out;
 }
 
-// The rank's index on its machine as its launcher sets it (Open MPI, Slurm, torchrun-style
-// LOCAL_RANK), 0 without one: `resources.device: cuda` gives local rank i GPU i.
-int LocalRankFromLauncher() {
-  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "LOCAL_RANK"}) {
-    const char* v = std::getenv(name);
-    int rank = 0;
-    if (v != nullptr && absl::SimpleAtoi(v, &rank) && rank >= 0) return rank;
-  }
-  return 0;
-}
-
 // resources.device, parsed; cuda is refused where this program cannot run it.
 absl::StatusOr<jobspec::DeviceSpec> CheckDevice(const rackrun::v1::JobSpec& spec,
                                                 const TrainerOptions& options) {
@@ -338,7 +328,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const rackrun::v1::JobS
   t->params_ = t->model_->Parameters();
   if (device->is_cuda()) {
     absl::StatusOr<std::unique_ptr<DeviceEngine>> engine = options.device_engine(
-        DeviceEngineSetup{&t->spec_, *device, LocalRankFromLauncher(), t->model_.get(), c.adamw});
+        DeviceEngineSetup{&t->spec_, *device, comm::LauncherLocalRank(), t->model_.get(), c.adamw});
     if (!engine.ok()) return engine.status();
     t->engine_ = *std::move(engine);
   }

@@ -430,6 +430,10 @@ TEST_F(EpTrainTest, SpecsThatCannotRunOnTheseRanksNameTheField) {
        {"parallelism.expert_parallel: 6 experts (model.moe.experts) cannot be split evenly over "
         "4 ranks per domain"}},
       {1, "parallelism.expert_parallel=2", {"do not divide the job's 1 ranks"}},
+      // NCCL connects GPUs (issue 35): a cpu job over it is refused naming both fields.
+      {2,
+       "resources.channel=nccl",
+       {"resources.channel: nccl connects the ranks' GPUs", "set resources.device: cuda"}},
       // Coordinator mode plans each domain (tests/daemons), never under mpirun.
       {4,
        "parallelism.expert_parallel=2 --set balancer.mode=coordinator",

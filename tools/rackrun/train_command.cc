@@ -22,10 +22,15 @@
 #include "base/status.h"
 #include "comm/data_channel.h"
 #include "comm/mpi_channel.h"
+#ifdef RACKRUN_HAVE_NCCL
+#include "comm/nccl_channel.h"
+#endif
 #include "flags/flags.h"
+#include "jobspec/device.h"
 #include "jobspec/job_memory.h"
 #include "jobspec/spec.h"
 #include "runtime/cpu/gemm.h"
+#include "runtime/cuda/device_probe.h"
 #include "runtime/cuda/engine.h"
 #include "runtime/fault_injection.h"
 #include "runtime/job_config.h"
@@ -162,6 +167,42 @@ absl::StatusOr<std::unique_ptr<comm::DataChannel>> OpenLauncherChannel(int launc
     comm::AbortJob(1);
   }
   return channel;
+}
+
+// resources.channel: nccl under a launcher: the ranks' NCCL communicator, bootstrapped over the
+// launcher's MPI channel, on this rank's GPU, in host-buffer mode (the trainer's own buffers
+// are host memory; expert parallelism's device rows, weights and gradients go as they are,
+// comm/nccl_channel.h). Null for any other channel: a launch connects its ranks by MPI (the
+// other names choose the daemons' channels). InvalidArgument naming resources.channel for a
+// cpu job; resources.device's errors where the GPU is not usable; NCCL's otherwise.
+absl::StatusOr<std::unique_ptr<comm::DataChannel>> OpenNcclChannel(const rackrun::v1::JobSpec& spec,
+                                                                   comm::DataChannel* launcher) {
+  if (launcher == nullptr || spec.resources().channel() != "nccl") return nullptr;
+  absl::StatusOr<jobspec::DeviceSpec> device = jobspec::ParseDevice(spec.resources().device());
+  if (!device.ok()) return device.status();
+  if (!device->is_cuda()) {
+    return absl::InvalidArgumentError(
+        "resources.channel: nccl connects the ranks' GPUs and this job computes on the CPU; set "
+        "resources.device: cuda, or leave resources.channel unset to train over MPI");
+  }
+  const int local = comm::LauncherLocalRank();
+  if (absl::StatusOr<rt::cuda::GpuInfo> gpu = rt::cuda::CheckDevice(*device, local, LocalRanks());
+      !gpu.ok()) {
+    return gpu.status();
+  }
+#ifdef RACKRUN_HAVE_NCCL
+  absl::StatusOr<comm::ChannelOptions> options = comm::ChannelOptions::FromEnv();
+  if (!options.ok()) return options.status();
+  comm::NcclChannelOptions nccl;
+  nccl.channel = *options;
+  nccl.device = device->GpuFor(local);
+  nccl.host_buffers = true;
+  return comm::CreateNcclChannel(*launcher, nccl);
+#else
+  return absl::FailedPreconditionError(
+      "resources.channel: nccl: this program was built without NCCL (not found at build "
+      "time); rebuild with NCCL, or leave resources.channel unset to train over MPI");
+#endif
 }
 
 // How a rank reports a failure once its channel exists: "rackrun train: rank R: WHAT..." on
@@ -365,10 +406,12 @@ int RunTrain(const Args& args) {
   absl::StatusOr<jobspec::JobMemoryEstimate> memory = rt::CheckJobFitsThisMachine(
       *spec, launched > 1 ? launched : 1, LocalRanks(), spec->resources().threads());
   if (!memory.ok()) return fail(a.spec_path + ": ", memory.status());
-  absl::StatusOr<std::unique_ptr<rt::TrainingSession>> session =
-      StartSession(*spec, a, channel->get());
+  absl::StatusOr<std::unique_ptr<comm::DataChannel>> nccl = OpenNcclChannel(*spec, channel->get());
+  if (!nccl.ok()) return fail(a.spec_path + ": ", nccl.status());
+  comm::DataChannel* data = *nccl != nullptr ? nccl->get() : channel->get();
+  absl::StatusOr<std::unique_ptr<rt::TrainingSession>> session = StartSession(*spec, a, data);
   if (!session.ok()) return fail("", session.status());
-  if (lead) PrintJob(**session, a, channel->get(), *memory);
+  if (lead) PrintJob(**session, a, data, *memory);
   std::fflush(stdout);
   absl::StatusOr<rt::TrainSummary> summary = Train((*session)->trainer(), lead);
   if (!summary.ok()) return fail("", summary.status());
