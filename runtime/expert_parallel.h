@@ -142,8 +142,12 @@ struct ExpertParallelStats {
                                        // domain), waiting for the other domains included
   double fanout_s = 0;                 // replica weights to their ranks: time spent posting and
                                        // completing the fan-outs (the exposed part)
-  double dispatch_s = 0;        // token all-to-alls (dispatch and combine, forward and backward)
-  double expert_s = 0;          // local expert compute, masters and replicas
+  double dispatch_s = 0;        // token all-to-alls (dispatch and combine, forward and backward);
+                                // with device rows also the wait for the GPU work queued before
+                                // each packing (the routing, the shared expert)
+  double expert_s = 0;          // local expert compute, masters and replicas (with device rows:
+                                // issuing the masters' GEMMs, then waiting for all of them at
+                                // the replicas' pass, after the fan-out's exposed part)
   double reduce_s = 0;          // replica gradients into the masters (posting + completing)
   int64_t fanout_bytes = 0;     // weight bytes this rank sent
   int64_t fanouts = 0;          // fan-outs run (forward, and backward refetches)
