@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <thread>
 #include <utility>
 
@@ -31,6 +32,16 @@ DeviceExpertInstances::DeviceExpertInstances(Device* device, MatMul* matmul,
       rows_(device, name),
       fanout_(device, name + " masters to fan out"),
       incoming_(device, name + " replica gradients received") {}
+
+namespace {
+
+// Whether `p` points into `t` (std::less: a total order over pointers into different arrays).
+bool Inside(const float* p, const DeviceTensor<float>& t) {
+  const std::less<const float*> before;
+  return !before(p, t.data()) && before(p, t.data() + t.size());
+}
+
+}  // namespace
 
 absl::Status DeviceExpertInstances::Check(cudaError_t e, const char* what) const {
   return CudaCheck(e, absl::StrCat(name_, " (GPU experts): ", what));
@@ -86,8 +97,7 @@ absl::Status DeviceExpertInstances::ReadMaster(int local, float* dst) {
     st = reads_.get();
     if (absl::Status s = weights_final_.MakeWait(st); !s.ok()) return s;
   }
-  const bool on_device =  // into FanoutStaging's buffer
-      dst >= fanout_.data() && dst < fanout_.data() + fanout_.size();
+  const bool on_device = Inside(dst, fanout_);  // into FanoutStaging's buffer
   const cudaMemcpyKind kind = on_device ? cudaMemcpyDeviceToDevice : cudaMemcpyDeviceToHost;
   if (absl::Status s = Copy(dst, shard_.w13 + local * n13, n13, kind, "reading a master's w13", st);
       !s.ok()) {
@@ -349,7 +359,7 @@ absl::Status DeviceExpertInstances::Backward(std::span<const Batch> batches, boo
 absl::Status DeviceExpertInstances::AddToMaster(int local, const float* g) {
   const int64_t n = expert_floats(), n13 = 2 * static_cast<int64_t>(shard_.width) * shard_.hidden;
   const float* src = g;  // received on the device (GradientStaging)
-  if (g < incoming_.data() || g >= incoming_.data() + incoming_.size()) {
+  if (!Inside(g, incoming_)) {
     if (absl::Status s = grad_.Resize({n}); !s.ok()) return s;
     if (absl::Status s =
             Copy(grad_.data(), g, n, cudaMemcpyHostToDevice, "a replica gradient to the device");
