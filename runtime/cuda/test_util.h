@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "comm/data_channel.h"
+#include "comm/forwarding_channel.h"
 #include "gtest/gtest.h"
 #include "runtime/cuda/device.h"
 #include "runtime/cuda/moe.h"
@@ -53,19 +54,11 @@ class DeviceReceive final : public comm::Request {
 // (takes_device_buffers), staging them through host memory: on one GPU, what NCCL is to ranks
 // on separate GPUs (it refuses two ranks on one). Every other call goes to the in-process
 // channel as it is.
-class DeviceBufferChannel final : public comm::DataChannel {
+class DeviceBufferChannel final : public comm::ForwardingChannel {
  public:
-  explicit DeviceBufferChannel(comm::DataChannel& inner)
-      : DataChannel(OptionsOf(inner)), inner_(inner) {}
+  explicit DeviceBufferChannel(comm::DataChannel& inner) : ForwardingChannel(inner) {}
 
-  int rank() const override { return inner_.rank(); }
-  int size() const override { return inner_.size(); }
-  absl::string_view backend() const override { return inner_.backend(); }
   bool takes_device_buffers() const override { return true; }
-  absl::Status Allgather(const void* send, void* recv, int64_t count,
-                         comm::DataType type) override {
-    return inner_.Allgather(send, recv, count, type);
-  }
   absl::Status AllToAllV(const void* send, std::span<const int64_t> send_counts,
                          std::span<const int64_t> send_displs, void* recv,
                          std::span<const int64_t> recv_counts, std::span<const int64_t> recv_displs,
@@ -88,8 +81,8 @@ class DeviceBufferChannel final : public comm::DataChannel {
     }
     if (recv_dev) recv_host.resize(static_cast<size_t>(recv_bytes));
     if (absl::Status s =
-            inner_.AllToAllV(send_dev ? send_host.data() : send, send_counts, send_displs,
-                             recv_dev ? recv_host.data() : recv, recv_counts, recv_displs, type);
+            inner().AllToAllV(send_dev ? send_host.data() : send, send_counts, send_displs,
+                              recv_dev ? recv_host.data() : recv, recv_counts, recv_displs, type);
         !s.ok() || !recv_dev) {
       return s;
     }
@@ -97,51 +90,36 @@ class DeviceBufferChannel final : public comm::DataChannel {
         cudaMemcpy(recv, recv_host.data(), recv_host.size(), cudaMemcpyHostToDevice),
         "AllToAllV: received rows to the device");
   }
-  absl::Status AllReduce(const void* send, void* recv, int64_t count, comm::DataType type,
-                         comm::ReduceOp op) override {
-    return inner_.AllReduce(send, recv, count, type, op);
-  }
-  absl::Status Broadcast(void* buf, int64_t count, comm::DataType type, int root) override {
-    return inner_.Broadcast(buf, count, type, root);
-  }
-  absl::Status Barrier() override { return inner_.Barrier(); }
   // The in-process channel copies a send's bytes when it is posted.
   absl::StatusOr<std::unique_ptr<comm::Request>> Isend(const void* buf, int64_t count,
                                                        comm::DataType type, int peer,
                                                        int tag) override {
-    if (!OnDevice(buf)) return inner_.Isend(buf, count, type, peer, tag);
+    if (!OnDevice(buf)) return inner().Isend(buf, count, type, peer, tag);
     std::vector<char> host(static_cast<size_t>(count) * comm::DataTypeSize(type));
     if (cudaError_t e = cudaMemcpy(host.data(), buf, host.size(), cudaMemcpyDeviceToHost);
         e != cudaSuccess) {
       return ::rackrun::runtime::cuda::CudaCheck(e, "Isend: device bytes to the host");
     }
-    return inner_.Isend(host.data(), count, type, peer, tag);
+    return inner().Isend(host.data(), count, type, peer, tag);
   }
   absl::StatusOr<std::unique_ptr<comm::Request>> Irecv(void* buf, int64_t count,
                                                        comm::DataType type, int peer,
                                                        int tag) override {
-    if (!OnDevice(buf)) return inner_.Irecv(buf, count, type, peer, tag);
+    if (!OnDevice(buf)) return inner().Irecv(buf, count, type, peer, tag);
     auto host =
         std::make_unique<std::vector<char>>(static_cast<size_t>(count) * comm::DataTypeSize(type));
-    absl::StatusOr<std::unique_ptr<comm::Request>> inner =
-        inner_.Irecv(host->data(), count, type, peer, tag);
-    if (!inner.ok()) return inner.status();
-    return std::make_unique<DeviceReceive>(*std::move(inner), std::move(host), buf);
+    absl::StatusOr<std::unique_ptr<comm::Request>> posted =
+        inner().Irecv(host->data(), count, type, peer, tag);
+    if (!posted.ok()) return posted.status();
+    return std::make_unique<DeviceReceive>(*std::move(posted), std::move(host), buf);
   }
 
  private:
-  static comm::ChannelOptions OptionsOf(const comm::DataChannel& inner) {
-    comm::ChannelOptions o;
-    o.timeout = inner.timeout();
-    return o;
-  }
   static bool OnDevice(const void* p) {
     cudaPointerAttributes a{};
     return p != nullptr && cudaPointerGetAttributes(&a, p) == cudaSuccess &&
            a.type == cudaMemoryTypeDevice;
   }
-
-  comm::DataChannel& inner_;
 };
 
 // Skips the test, naming the cause, when no GPU is usable; otherwise opens GPU 0 into

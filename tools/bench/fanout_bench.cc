@@ -35,6 +35,7 @@
 #include "base/statistics.h"
 #include "comm/data_channel.h"
 #include "comm/fanout_executor.h"
+#include "comm/forwarding_channel.h"
 #include "comm/mpi_channel.h"
 #include "nlohmann/json.hpp"
 #include "planner/fanout.h"
@@ -51,38 +52,11 @@ using rackrun::planner::FanoutSchedule;
 
 // The DataChannel decorator behind --egress-mbps: point-to-point sends of this rank share
 // one emulated link of `bytes_per_s`; everything else goes straight to `inner`.
-class EgressLimitedChannel final : public DataChannel {
+class EgressLimitedChannel final : public rackrun::comm::ForwardingChannel {
  public:
   EgressLimitedChannel(DataChannel& inner, double bytes_per_s)
-      : DataChannel(rackrun::comm::ChannelOptions{inner.timeout()}),
-        inner_(inner),
-        bytes_per_s_(bytes_per_s) {}
+      : ForwardingChannel(inner), bytes_per_s_(bytes_per_s) {}
 
-  int rank() const override { return inner_.rank(); }
-  int size() const override { return inner_.size(); }
-  absl::string_view backend() const override { return inner_.backend(); }
-  bool matches_by_tag() const override { return inner_.matches_by_tag(); }
-  absl::Status Allgather(const void* send, void* recv, int64_t count, DataType type) override {
-    return inner_.Allgather(send, recv, count, type);
-  }
-  absl::Status AllToAllV(const void* send, std::span<const int64_t> sc, std::span<const int64_t> sd,
-                         void* recv, std::span<const int64_t> rc, std::span<const int64_t> rd,
-                         DataType type) override {
-    return inner_.AllToAllV(send, sc, sd, recv, rc, rd, type);
-  }
-  absl::Status AllReduce(const void* send, void* recv, int64_t count, DataType type,
-                         rackrun::comm::ReduceOp op) override {
-    return inner_.AllReduce(send, recv, count, type, op);
-  }
-  absl::Status Broadcast(void* buf, int64_t count, DataType type, int root) override {
-    return inner_.Broadcast(buf, count, type, root);
-  }
-  absl::Status Barrier() override { return inner_.Barrier(); }
-  absl::StatusOr<std::unique_ptr<rackrun::comm::Request>> Irecv(void* buf, int64_t count,
-                                                                DataType type, int peer,
-                                                                int tag) override {
-    return inner_.Irecv(buf, count, type, peer, tag);
-  }
   absl::StatusOr<std::unique_ptr<rackrun::comm::Request>> Isend(const void* buf, int64_t count,
                                                                 DataType type, int peer,
                                                                 int tag) override {
@@ -91,7 +65,7 @@ class EgressLimitedChannel final : public DataChannel {
     link_free_ = std::max(link_free_, now) + absl::Seconds(bytes / bytes_per_s_);
     return std::make_unique<DeferredSend>(
         rackrun::comm::RequestInfo{true, rank(), size(), peer, tag, static_cast<int64_t>(bytes)},
-        inner_, buf, count, type, link_free_);
+        inner(), buf, count, type, link_free_);
   }
 
  private:
@@ -119,7 +93,6 @@ class EgressLimitedChannel final : public DataChannel {
     std::unique_ptr<rackrun::comm::Request> posted_;
   };
 
-  DataChannel& inner_;
   double bytes_per_s_;
   absl::Time link_free_ = absl::InfinitePast();
 };
