@@ -134,10 +134,11 @@ class DataChannel {
   // they poll); for wait loops over several requests of the channel.
   virtual const CompletionEvent* completion_event() const { return nullptr; }
 
-  // True when AllToAllV, Isend and Irecv also take buffers in the memory of this rank's GPU
-  // (device pointers under CUDA's unified addressing), not only host memory: expert
-  // parallelism then moves a GPU engine's token rows and replica weights without a trip
-  // through host memory (comm/token_dispatch.h's RowMover, runtime/expert_instances.h).
+  // True when AllToAllV, AllReduce, Isend and Irecv also take buffers in the memory of this
+  // rank's GPU (device pointers under CUDA's unified addressing), not only host memory:
+  // expert parallelism then moves a GPU engine's token rows and replica weights without a
+  // trip through host memory (comm/token_dispatch.h's RowMover, runtime/expert_instances.h),
+  // and the trainer reduces the engine's gradients where they are (runtime/device_engine.h).
   // NCCL's, in either buffer mode; the other calls of every channel take host memory (NCCL's
   // device-buffer mode: device memory) as before.
   virtual bool takes_device_buffers() const { return false; }

@@ -6,7 +6,8 @@
 // - completion_event() is not forwarded: a decorator's own requests poll, and a wait loop must
 //   not block on an event they never report.
 // - Split is not forwarded (the inner channel's sub-channel would bypass the decorator): it
-//   answers Unimplemented, DataChannel's default.
+//   answers Unimplemented, DataChannel's default. A decorator that splits wraps the inner
+//   channel's sub-channel in a decorator of its own that owns it (the owning constructor).
 // `inner` must outlive the decorator.
 #ifndef RACKRUN_COMM_FORWARDING_CHANNEL_H_
 #define RACKRUN_COMM_FORWARDING_CHANNEL_H_
@@ -14,6 +15,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -25,6 +27,9 @@ class ForwardingChannel : public DataChannel {
  public:
   explicit ForwardingChannel(DataChannel& inner)
       : DataChannel(ChannelOptions{inner.timeout()}), inner_(inner) {}
+  // Owns `inner` (a sub-channel of the channel a decorator wraps).
+  explicit ForwardingChannel(std::unique_ptr<DataChannel> inner)
+      : DataChannel(ChannelOptions{inner->timeout()}), inner_(*inner), owned_(std::move(inner)) {}
 
   int rank() const override { return inner_.rank(); }
   int size() const override { return inner_.size(); }
@@ -64,6 +69,7 @@ class ForwardingChannel : public DataChannel {
 
  private:
   DataChannel& inner_;
+  std::unique_ptr<DataChannel> owned_;  // null unless this decorator owns inner_
 };
 
 }  // namespace rackrun::comm

@@ -304,12 +304,20 @@ class NcclChannel final : public DataChannel {
     const int64_t bytes = count * static_cast<int64_t>(DataTypeSize(type));
     const void* in = send;
     void* out = recv;
-    if (host_) {
+    // Host-buffer mode stages host buffers only (takes_device_buffers): one scratch buffer
+    // carries a host send and a host receive, reduced in place.
+    absl::StatusOr<bool> send_on_device = host_ ? OnThisDevice(send, kOp) : true;
+    if (!send_on_device.ok()) return send_on_device.status();
+    absl::StatusOr<bool> recv_on_device = host_ ? OnThisDevice(recv, kOp) : true;
+    if (!recv_on_device.ok()) return recv_on_device.status();
+    if (!*send_on_device || !*recv_on_device) {
       absl::StatusOr<void*> d = recv_scratch_.Get(bytes);
       if (!d.ok()) return d.status();
-      if (absl::Status s = ToDevice(*d, send, bytes); !s.ok()) return s;
-      in = *d;
-      out = *d;
+      if (!*send_on_device) {
+        if (absl::Status s = ToDevice(*d, send, bytes); !s.ok()) return s;
+        in = *d;
+      }
+      if (!*recv_on_device) out = *d;
     }
     if (absl::Status s = Enqueue(kOp, deadline,
                                  ncclAllReduce(in, out, static_cast<size_t>(count), NcclType(type),
@@ -318,7 +326,7 @@ class NcclChannel final : public DataChannel {
       return s;
     }
     if (absl::Status s = WaitStream(kOp, deadline, AllPeers()); !s.ok()) return s;
-    return host_ ? ToHost(recv, out, bytes) : absl::OkStatus();
+    return *recv_on_device ? absl::OkStatus() : ToHost(recv, out, bytes);
   }
 
   absl::Status BroadcastImpl(void* buf, int64_t count, DataType type, int root) {

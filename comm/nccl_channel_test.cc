@@ -121,9 +121,9 @@ TEST_F(NcclChannelTest, DeviceBuffers) {
   });
 }
 
-// Host-buffer mode stages host buffers only: AllToAllV, Isend and Irecv also take device buffers
-// of the rank's GPU as they are (takes_device_buffers, what expert parallelism's device rows and
-// weights use), in any mix with host buffers.
+// Host-buffer mode stages host buffers only: AllToAllV, AllReduce, Isend and Irecv also take
+// device buffers of the rank's GPU as they are (takes_device_buffers, what expert parallelism's
+// device rows and weights and the trainer's device gradients use), in any mix with host buffers.
 TEST_F(NcclChannelTest, TakesDeviceBuffersInHostBufferMode) {
   OnAllRanks(true, [](DataChannel& c) {
     EXPECT_TRUE(c.takes_device_buffers());
@@ -167,6 +167,34 @@ TEST_F(NcclChannelTest, TakesDeviceBuffersInHostBufferMode) {
         EXPECT_EQ(got, want) << "send on the " << (device_send ? "device" : "host")
                              << ", receive on the " << (device_recv ? "device" : "host");
       }
+    }
+    // AllReduce: every mix, and in place on the device (the trainer's packed gradients), of
+    // 3n floats (every rank's buffers hold more). Rank r contributes r + i to element i: the
+    // sum is n * i + n * (n - 1) / 2.
+    const int64_t k = 3 * n;
+    std::vector<float> mine(k), sum(k);
+    for (int64_t i = 0; i < k; ++i) {
+      mine[i] = static_cast<float>(me + i);
+      sum[i] = static_cast<float>(n * i + n * (n - 1) / 2);
+    }
+    for (const int mix : {0, 1, 2, 3, 4}) {
+      const bool device_send = mix == 0 || mix == 1 || mix == 4, device_recv = mix == 0 || mix == 2;
+      ASSERT_EQ(cudaMemcpy(d_send, mine.data(), k * sizeof(float), cudaMemcpyHostToDevice),
+                cudaSuccess);
+      ASSERT_EQ(cudaMemset(d_recv, 0, k * sizeof(float)), cudaSuccess);
+      std::vector<float> host_send = mine, got(k, 0.0f);
+      void* out = mix == 4 ? d_send : device_recv ? d_recv : got.data();
+      ASSERT_TRUE(c.AllReduce(device_send ? d_send : host_send.data(), out, k, DataType::kFloat32,
+                              ReduceOp::kSum)
+                      .ok());
+      if (out != got.data()) {
+        ASSERT_EQ(cudaMemcpy(got.data(), out, k * sizeof(float), cudaMemcpyDeviceToHost),
+                  cudaSuccess);
+      }
+      const char* where = mix == 4 ? "in place" : device_recv ? "on the device" : "on the host";
+      EXPECT_EQ(got, sum) << "AllReduce, send on the " << (device_send ? "device" : "host")
+                          << ", receive " << where;
+      EXPECT_EQ(host_send, mine) << "a host send buffer was written";
     }
     // Point to point around the ring: a device send into a host receive, then a host send
     // into a device receive.

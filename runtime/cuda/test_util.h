@@ -50,13 +50,41 @@ class DeviceReceive final : public comm::Request {
   bool copied_ = false;
 };
 
-// An in-process rank's channel whose AllToAllV, Isend and Irecv also take device buffers
-// (takes_device_buffers), staging them through host memory: on one GPU, what NCCL is to ranks
-// on separate GPUs (it refuses two ranks on one). Every other call goes to the in-process
-// channel as it is.
+// An in-process rank's channel whose AllToAllV, AllReduce, Isend and Irecv also take device
+// buffers (takes_device_buffers), staging them through host memory: on one GPU, what NCCL is to
+// ranks on separate GPUs (it refuses two ranks on one). Its sub-channels (Split) take them too.
+// Every other call goes to the in-process channel as it is.
 class DeviceBufferChannel final : public comm::ForwardingChannel {
  public:
   explicit DeviceBufferChannel(comm::DataChannel& inner) : ForwardingChannel(inner) {}
+  explicit DeviceBufferChannel(std::unique_ptr<comm::DataChannel> owned)
+      : ForwardingChannel(std::move(owned)) {}
+
+  absl::StatusOr<std::unique_ptr<comm::DataChannel>> Split(int color, int key) override {
+    absl::StatusOr<std::unique_ptr<comm::DataChannel>> sub = inner().Split(color, key);
+    if (!sub.ok()) return sub.status();
+    return std::make_unique<DeviceBufferChannel>(*std::move(sub));
+  }
+  absl::Status AllReduce(const void* send, void* recv, int64_t count, comm::DataType type,
+                         comm::ReduceOp op) override {
+    const bool send_dev = OnDevice(send), recv_dev = OnDevice(recv);
+    if (!send_dev && !recv_dev) return inner().AllReduce(send, recv, count, type, op);
+    std::vector<char> host(static_cast<size_t>(count) * comm::DataTypeSize(type));
+    if (send_dev) {
+      if (cudaError_t e = cudaMemcpy(host.data(), send, host.size(), cudaMemcpyDeviceToHost);
+          e != cudaSuccess) {
+        return ::rackrun::runtime::cuda::CudaCheck(e, "AllReduce: device values to the host");
+      }
+    }
+    if (absl::Status s = inner().AllReduce(send_dev ? host.data() : send,
+                                           recv_dev ? host.data() : recv, count, type, op);
+        !s.ok() || !recv_dev) {
+      return s;
+    }
+    return ::rackrun::runtime::cuda::CudaCheck(
+        cudaMemcpy(recv, host.data(), host.size(), cudaMemcpyHostToDevice),
+        "AllReduce: the sums to the device");
+  }
 
   bool takes_device_buffers() const override { return true; }
   absl::Status AllToAllV(const void* send, std::span<const int64_t> send_counts,
