@@ -5,9 +5,14 @@
 // always have.
 //
 // Several ranks (expert parallelism): each rank's engine holds its shard; the MoE layers run
-// under the trainer's ExpertParallelGroup (ExpertParallelLayers), and the gradients cross to
-// the host for the reduction over the ranks, the norm and the clipping (StoreGradients,
-// LoadGradients): host-staged, the first step (docs/design.md section 10).
+// under the trainer's ExpertParallelGroup (ExpertParallelLayers). The gradients are reduced
+// over the ranks, measured and clipped where the channels can take them:
+// - over channels that take device buffers (NCCL's; DataChannel::takes_device_buffers) they
+//   stay on the device: packed there for each all-reduce (PackGradients, UnpackGradients),
+//   measured tensor by tensor (GradSquares), scaled by the host's clipping factor in the
+//   update (ScaleGradients);
+// - over the others they cross to the host and back (StoreGradients, LoadGradients).
+// (docs/design.md section 10.)
 //
 // State: the device holds the working copies of the parameters, buffers, gradients and AdamW
 // moments. The trainer's CPU model and AdamW stay the checkpoint's view of them: StoreState
@@ -101,6 +106,30 @@ class DeviceEngine {
   // factor of a GradNorm.
   virtual absl::Status StoreGradients(Model<float>& model) = 0;
   virtual absl::Status LoadGradients(Model<float>& model) = 0;
+
+  // Gradients kept on the device (several ranks over channels that take device buffers);
+  // `tensors` are indices into Model<float>::Parameters() (the host AdamW's order).
+  // True when the engine offers the calls below (the others answer Unimplemented).
+  virtual bool reduces_gradients_on_device() const { return false; }
+  // The gradients of `tensors`, one after another in that order, in one device buffer of
+  // the engine's (valid until the next PackGradients), complete when this returns: a
+  // channel on a stream of its own may read and write it.
+  virtual absl::StatusOr<std::span<float>> PackGradients(std::span<const size_t> /*tensors*/) {
+    return absl::UnimplementedError("this engine keeps no gradients on the device");
+  }
+  // The buffer of the last PackGradients back into the gradients of the same `tensors`.
+  virtual absl::Status UnpackGradients(std::span<const size_t> /*tensors*/) {
+    return absl::UnimplementedError("this engine keeps no gradients on the device");
+  }
+  // Each tensor's sum of squared gradients, in double (one entry per parameter).
+  virtual absl::StatusOr<std::vector<double>> GradSquares() {
+    return absl::UnimplementedError("this engine keeps no gradients on the device");
+  }
+  // The next OptimizerStep scales the gradients by `scale` (the host's clipping factor,
+  // rounded to float as the CPU engine's AdamW rounds it), not by a GradNorm's factor.
+  virtual absl::Status ScaleGradients(double /*scale*/) {
+    return absl::UnimplementedError("this engine keeps no gradients on the device");
+  }
 };
 
 // What a factory gets: the validated spec, the device it names for this rank, the host

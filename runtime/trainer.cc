@@ -8,6 +8,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <span>
+#include <string>
 #include <system_error>
 #include <utility>
 
@@ -346,13 +348,20 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const rackrun::v1::JobS
       dense_floats += static_cast<size_t>(o.size);
     }
   }
-  t->dense_grads_.resize(dense_floats);
-  if (t->shard_channel_ != nullptr) {
-    size_t expert_floats = 0;
-    for (const size_t i : t->experts_) {
-      expert_floats += static_cast<size_t>(t->adam_->tensors()[i].size);
+  // On GPUs over channels that take device buffers the gradients stay on the devices.
+  t->device_gradients_ =
+      t->engine_ != nullptr && t->engine_->reduces_gradients_on_device() &&
+      channel->takes_device_buffers() &&
+      (t->shard_channel_ == nullptr || t->shard_channel_->takes_device_buffers());
+  if (!t->device_gradients_) {
+    t->dense_grads_.resize(dense_floats);
+    if (t->shard_channel_ != nullptr) {
+      size_t expert_floats = 0;
+      for (const size_t i : t->experts_) {
+        expert_floats += static_cast<size_t>(t->adam_->tensors()[i].size);
+      }
+      t->expert_grads_.resize(expert_floats);
     }
-    t->expert_grads_.resize(expert_floats);
   }
   comm::DataChannel& ep_channel = t->domain_channel_ != nullptr ? *t->domain_channel_ : *channel;
   // On a GPU the engine's MoE layers take the executors (host-staged expert parallelism).
@@ -381,6 +390,21 @@ absl::StatusOr<double> Trainer::NextBatch(data::Loader& loader) {
 
 absl::Status Trainer::AllReducePacked(comm::DataChannel& channel, const std::vector<size_t>& which,
                                       std::vector<float>& packed, absl::string_view what) {
+  const auto annotate = [&](const absl::Status& s) {
+    return base::Annotate(s, absl::StrCat("all-reducing ", what, " at step ", step_ + 1));
+  };
+  if (device_gradients_) {
+    absl::StatusOr<std::span<float>> on_device = engine_->PackGradients(which);
+    if (!on_device.ok()) return annotate(on_device.status());
+    if (absl::Status s = channel.AllReduce(on_device->data(), on_device->data(),
+                                           static_cast<int64_t>(on_device->size()),
+                                           comm::DataType::kFloat32, comm::ReduceOp::kSum);
+        !s.ok()) {
+      return annotate(s);
+    }
+    absl::Status s = engine_->UnpackGradients(which);
+    return s.ok() ? s : annotate(s);
+  }
   const std::vector<OptimizedTensor>& tensors = adam_->tensors();
   size_t k = 0;
   for (const size_t i : which) {
@@ -392,7 +416,7 @@ absl::Status Trainer::AllReducePacked(comm::DataChannel& channel, const std::vec
           channel.AllReduce(packed.data(), packed.data(), static_cast<int64_t>(packed.size()),
                             comm::DataType::kFloat32, comm::ReduceOp::kSum);
       !s.ok()) {
-    return base::Annotate(s, absl::StrCat("all-reducing ", what, " at step ", step_ + 1));
+    return annotate(s);
   }
   k = 0;
   for (const size_t i : which) {
@@ -426,9 +450,24 @@ absl::StatusOr<double> Trainer::GradNorm() {
     return GlobalGradNorm(adam_->tensors());
   }
   const std::vector<OptimizedTensor>& tensors = adam_->tensors();
+  // Gradients on the devices: each tensor's sum of squares from its engine.
+  std::vector<double> on_device;
+  if (device_gradients_) {
+    absl::StatusOr<std::vector<double>> got = engine_->GradSquares();
+    if (!got.ok()) return base::Annotate(got.status(), "measuring the gradients on the GPU");
+    if (got->size() != tensors.size()) {
+      return absl::InternalError(
+          absl::StrCat("the GPU engine measured ", got->size(), " gradients of ", tensors.size()));
+    }
+    on_device = *std::move(got);
+  }
   const auto squares = [&](const std::vector<size_t>& which) {
     double sum = 0;
     for (const size_t i : which) {
+      if (device_gradients_) {
+        sum += on_device[i];
+        continue;
+      }
       const OptimizedTensor& t = tensors[i];
       for (int64_t j = 0; j < t.size; ++j) sum += static_cast<double>(t.grad[j]) * t.grad[j];
     }
@@ -584,8 +623,9 @@ absl::StatusOr<StepRecord> Trainer::Step() {
   }
   SetPhase(TrainPhase::kReduce);
   if (channel_ != nullptr) {
-    // Several ranks on GPUs: the gradients are reduced, measured and clipped on the host.
-    if (engine_ != nullptr) {
+    // Several ranks on GPUs: the gradients are reduced, measured and clipped on the host,
+    // unless the channels take them where they are.
+    if (engine_ != nullptr && !device_gradients_) {
       if (absl::Status s = engine_->StoreGradients(*model_); !s.ok()) return s;
     }
     if (absl::Status s = AllReduceGradients(r); !s.ok()) return s;
@@ -615,8 +655,24 @@ absl::StatusOr<StepRecord> Trainer::Step() {
   const double grad_scale = (clip > 0 && r.grad_norm > clip) ? clip / r.grad_norm : 1.0;
   r.lr = config_.schedule.At(step_);
   SetPhase(TrainPhase::kOptimizer);
+  if (absl::Status s = OptimizerStep(r.lr, grad_scale); !s.ok()) return s;
+  ++step_;
+  steps_done_.store(step_, std::memory_order_relaxed);
+  r.step = step_;
+  r.ranks = ranks();
+  RecordBalanceStats(r);
+  const double seconds = step_clock.Seconds();
+  r.tokens_per_s =
+      seconds > 0 ? static_cast<double>(micro) * config_.batch_size * config_.seq_len / seconds : 0;
+  return r;
+}
+
+absl::Status Trainer::OptimizerStep(double lr, double grad_scale) {
   if (engine_ != nullptr) {
-    if (channel_ != nullptr) {
+    if (device_gradients_) {
+      // Reduced on the devices: the host's clipping factor applies there.
+      if (absl::Status s = engine_->ScaleGradients(grad_scale); !s.ok()) return s;
+    } else if (channel_ != nullptr) {
       // The host's reduced gradients, clipped as the CPU engine's AdamW scales them.
       if (grad_scale != 1.0) {
         const float scale = static_cast<float>(grad_scale);
@@ -627,22 +683,11 @@ absl::StatusOr<StepRecord> Trainer::Step() {
       if (absl::Status s = engine_->LoadGradients(*model_); !s.ok()) return s;
     }
     // One rank: the device applies the clipping factor GradNorm kept there.
-    if (absl::Status s = engine_->OptimizerStep(r.lr); !s.ok()) return s;
+    if (absl::Status s = engine_->OptimizerStep(lr); !s.ok()) return s;
   } else {
-    adam_->Step(r.lr, grad_scale);
+    adam_->Step(lr, grad_scale);
   }
-  if (ep_ != nullptr) {
-    if (absl::Status s = ep_->WeightsChanged(); !s.ok()) return s;
-  }
-  ++step_;
-  steps_done_.store(step_, std::memory_order_relaxed);
-  r.step = step_;
-  r.ranks = ranks();
-  RecordBalanceStats(r);
-  const double seconds = step_clock.Seconds();
-  r.tokens_per_s =
-      seconds > 0 ? static_cast<double>(micro) * config_.batch_size * config_.seq_len / seconds : 0;
-  return r;
+  return ep_ != nullptr ? ep_->WeightsChanged() : absl::OkStatus();
 }
 
 absl::StatusOr<double> Trainer::EvaluateValidation() {

@@ -291,6 +291,10 @@ class Trainer {
   // The device engine computing the steps (resources.device: cuda), or null on the CPU.
   DeviceEngine* device_engine() { return engine_.get(); }
   const DeviceEngine* device_engine() const { return engine_.get(); }
+  // Several ranks on GPUs whose channels take device buffers (NCCL's): the gradients are
+  // reduced, measured and clipped on the devices, never copied to the host. Otherwise a
+  // device engine's gradients cross to the host for those (device_engine.h).
+  bool reduces_gradients_on_device() const { return device_gradients_; }
 
  private:
   Trainer() = default;
@@ -300,13 +304,16 @@ class Trainer {
   // Expert-parallel reductions of a step: dense gradients over all ranks, expert gradients
   // over the domains (D > 1); their seconds into r.dense_allreduce_s, r.expert_allreduce_s.
   absl::Status AllReduceGradients(StepRecord& r);
-  // Packs the gradients of adam tensors `which` into `packed`, sums them over `channel`
-  // and unpacks them; the error names `what` and the step.
+  // Packs the gradients of adam tensors `which` into `packed` (on the device: the engine's
+  // buffer), sums them over `channel` and unpacks them; the error names `what` and the step.
   absl::Status AllReducePacked(comm::DataChannel& channel, const std::vector<size_t>& which,
                                std::vector<float>& packed, absl::string_view what);
   // Global gradient norm; expert-parallel: dense part (identical on every rank) plus the
   // expert shards' squares summed over a domain's ranks.
   absl::StatusOr<double> GradNorm();
+  // AdamW with learning rate `lr` on the gradients scaled by `grad_scale` (the clipping
+  // factor), wherever they are; then the expert-parallel group learns the weights changed.
+  absl::Status OptimizerStep(double lr, double grad_scale);
   absl::Status RecordLoads(int64_t microbatch);
   // The last microbatch's expert counts and aux loss, from whichever engine computed it.
   const std::vector<std::vector<int64_t>>& ExpertCounts() const;
@@ -360,8 +367,9 @@ class Trainer {
   std::unique_ptr<ExpertParallelGroup> ep_;    // after model_: destroyed first
   std::vector<size_t> dense_;                  // adam tensors all-reduced across ranks
   std::vector<size_t> experts_;                // adam tensors sharded by expert
-  std::vector<float> dense_grads_;             // packed for one all-reduce
+  std::vector<float> dense_grads_;             // packed for one all-reduce (on the host)
   std::vector<float> expert_grads_;            // packed for one all-reduce across domains
+  bool device_gradients_ = false;              // reduces_gradients_on_device()
   std::optional<planner::TraceWriter> trace_;  // single-process load trace
   std::atomic<int> stop_requested_{0};         // a StopReason
   std::atomic<TrainPhase> phase_{TrainPhase::kIdle};

@@ -5,14 +5,18 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <csignal>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "comm/forwarding_channel.h"
 #include "comm/inprocess_channel.h"
 #include "data/prepare.h"
 #include "data/token_file.h"
@@ -396,8 +400,21 @@ TEST(TrainerTest, ACudaJobIsRefusedWhereThisProgramCannotRunIt) {
 // (expert-parallel layers from the engine, gradients to the host for the reduction, the norm
 // and the clipping, back to the engine with the clipping applied) and must give the CPU
 // engine's losses bit for bit: the same arithmetic in the same order.
+// With `keeps_gradients` it offers the device-gradient calls (PackGradients, GradSquares,
+// ScaleGradients), its own memory standing for the device's: the path of GPU ranks over
+// NCCL, where the gradients never cross to the host.
 class HostCopyEngine final : public DeviceEngine {
  public:
+  static DeviceEngineFactory Factory(bool keeps_gradients) {
+    return [keeps_gradients](const DeviceEngineSetup& setup) {
+      absl::StatusOr<std::unique_ptr<DeviceEngine>> e = Create(setup);
+      if (e.ok()) static_cast<HostCopyEngine&>(**e).keeps_gradients_ = keeps_gradients;
+      return e;
+    };
+  }
+  // StoreGradients and LoadGradients calls, by every engine.
+  static inline std::atomic<int> host_crossings{0};
+
   static absl::StatusOr<std::unique_ptr<DeviceEngine>> Create(const DeviceEngineSetup& setup) {
     absl::StatusOr<std::unique_ptr<Model<float>>> m =
         Model<float>::Create(setup.model->config(), /*seed=*/99);  // values copied below
@@ -458,9 +475,10 @@ class HostCopyEngine final : public DeviceEngine {
     return 0.0;
   }
   absl::Status OptimizerStep(double lr) override {
-    EXPECT_TRUE(loaded_) << "the host's reduced gradients must come back before the step";
+    EXPECT_TRUE(loaded_) << "the reduced gradients must come back before the step";
     loaded_ = false;
-    adam_->Step(lr);
+    adam_->Step(lr, scale_);
+    scale_ = 1.0;
     return absl::OkStatus();
   }
   absl::StatusOr<DeviceStepStats> StepStats() override { return DeviceStepStats{}; }
@@ -476,12 +494,46 @@ class HostCopyEngine final : public DeviceEngine {
     return layers;
   }
   absl::Status StoreGradients(Model<float>& model) override {
+    ++host_crossings;
     Copy(model_->Parameters(), model.Parameters(), /*grads=*/true);
     return absl::OkStatus();
   }
   absl::Status LoadGradients(Model<float>& model) override {
+    ++host_crossings;
     Copy(model.Parameters(), model_->Parameters(), true);
     loaded_ = true;
+    return absl::OkStatus();
+  }
+  bool reduces_gradients_on_device() const override { return keeps_gradients_; }
+  absl::StatusOr<std::span<float>> PackGradients(std::span<const size_t> tensors) override {
+    EXPECT_TRUE(keeps_gradients_);
+    const std::vector<ParamRef<float>> p = model_->Parameters();
+    packed_.clear();
+    for (const size_t i : tensors) packed_.insert(packed_.end(), p[i].grad, p[i].grad + p[i].size);
+    return std::span<float>(packed_);
+  }
+  absl::Status UnpackGradients(std::span<const size_t> tensors) override {
+    const std::vector<ParamRef<float>> p = model_->Parameters();
+    size_t at = 0;
+    for (const size_t i : tensors) {
+      std::copy_n(packed_.data() + at, p[i].size, p[i].grad);
+      at += static_cast<size_t>(p[i].size);
+    }
+    EXPECT_EQ(at, packed_.size());
+    loaded_ = true;
+    return absl::OkStatus();
+  }
+  absl::StatusOr<std::vector<double>> GradSquares() override {
+    std::vector<double> squares;
+    for (const ParamRef<float>& p : model_->Parameters()) {
+      double sum = 0;
+      for (int64_t j = 0; j < p.size; ++j) sum += static_cast<double>(p.grad[j]) * p.grad[j];
+      squares.push_back(sum);
+    }
+    return squares;
+  }
+  absl::Status ScaleGradients(double scale) override {
+    scale_ = scale;
     return absl::OkStatus();
   }
 
@@ -499,27 +551,57 @@ class HostCopyEngine final : public DeviceEngine {
   std::unique_ptr<Model<float>> model_;
   std::unique_ptr<AdamW> adam_;
   bool loaded_ = false;
+  bool keeps_gradients_ = false;
+  std::vector<float> packed_;  // PackGradients' buffer
+  double scale_ = 1.0;         // ScaleGradients'
 };
 
+// The in-process channel, answering takes_device_buffers() (HostCopyEngine's "device" memory
+// is host memory, which the in-process channel takes as it is); its sub-channels too.
+class DeviceClaimingChannel final : public comm::ForwardingChannel {
+ public:
+  using ForwardingChannel::ForwardingChannel;
+  bool takes_device_buffers() const override { return true; }
+  absl::StatusOr<std::unique_ptr<comm::DataChannel>> Split(int color, int key) override {
+    absl::StatusOr<std::unique_ptr<comm::DataChannel>> sub = inner().Split(color, key);
+    if (!sub.ok()) return sub.status();
+    return std::make_unique<DeviceClaimingChannel>(*std::move(sub));
+  }
+};
+
+// Runs `spec` on `ranks` in-process ranks (resumed from `resume` when set), over channels that
+// take device buffers when `claim_device`; rank 0's losses (every rank's must be equal), and
+// whether the trainers reduced the gradients on the device.
+std::pair<std::vector<double>, bool> RunRanks(int ranks, const rackrun::v1::JobSpec& spec,
+                                              const TrainerOptions& options,
+                                              const std::string& resume = "",
+                                              bool claim_device = false) {
+  std::vector<std::vector<double>> losses(static_cast<size_t>(ranks));
+  std::atomic<int> on_device{0};
+  const absl::Status s = comm::RunInProcessRanks(ranks, {}, [&](comm::DataChannel& in_process) {
+    DeviceClaimingChannel claiming(in_process);
+    comm::DataChannel& ch = claim_device ? static_cast<comm::DataChannel&>(claiming) : in_process;
+    absl::StatusOr<std::unique_ptr<Trainer>> t = Trainer::Create(spec, &ch, options);
+    if (!t.ok()) return t.status();
+    if ((*t)->reduces_gradients_on_device()) ++on_device;
+    if (!resume.empty()) {
+      if (absl::Status r = (*t)->Resume(resume); !r.ok()) return r;
+    }
+    absl::StatusOr<TrainSummary> summary = (*t)->Run();
+    if (!summary.ok()) return summary.status();
+    losses[static_cast<size_t>(ch.rank())] = summary->losses;
+    return absl::OkStatus();
+  });
+  EXPECT_TRUE(s.ok()) << s;
+  for (int r = 1; r < ranks; ++r) EXPECT_EQ(losses[static_cast<size_t>(r)], losses[0]);
+  EXPECT_TRUE(on_device == 0 || on_device == ranks) << on_device << " of " << ranks;
+  return {losses[0], on_device == ranks};
+}
+
 TEST(TrainerTest, TwoRanksThroughADeviceEngineGiveTheCpuEnginesLosses) {
-  // Runs `spec` on 2 in-process ranks (resumed from `resume` when set); rank 0's losses.
   const auto run = [](const rackrun::v1::JobSpec& spec, const TrainerOptions& options,
                       const std::string& resume = "") {
-    std::vector<std::vector<double>> losses(2);
-    const absl::Status s = comm::RunInProcessRanks(2, {}, [&](comm::DataChannel& ch) {
-      absl::StatusOr<std::unique_ptr<Trainer>> t = Trainer::Create(spec, &ch, options);
-      if (!t.ok()) return t.status();
-      if (!resume.empty()) {
-        if (absl::Status r = (*t)->Resume(resume); !r.ok()) return r;
-      }
-      absl::StatusOr<TrainSummary> summary = (*t)->Run();
-      if (!summary.ok()) return summary.status();
-      losses[static_cast<size_t>(ch.rank())] = summary->losses;
-      return absl::OkStatus();
-    });
-    EXPECT_TRUE(s.ok()) << s;
-    EXPECT_EQ(losses[0], losses[1]);
-    return losses[0];
+    return RunRanks(2, spec, options, resume).first;
   };
   // Clipping on (a small clip, so that it scales): the host clips what the engine applies.
   const std::vector<std::string> common = {"balancer.policy=ultraep", "training.grad_clip=0.05",
@@ -529,7 +611,7 @@ TEST(TrainerTest, TwoRanksThroughADeviceEngineGiveTheCpuEnginesLosses) {
   cuda.insert(cuda.end(), {"resources.device=cuda:0", "checkpoint.dir=" + dir.string(),
                            "checkpoint.interval=3"});
   TrainerOptions engine;
-  engine.device_engine = &HostCopyEngine::Create;
+  engine.device_engine = HostCopyEngine::Factory(/*keeps_gradients=*/false);
   const std::vector<double> cpu = run(TinySpec(common), TrainerOptions());
   const std::vector<double> device = run(TinySpec(cuda), engine);
   ASSERT_EQ(cpu.size(), 6u);
@@ -541,6 +623,47 @@ TEST(TrainerTest, TwoRanksThroughADeviceEngineGiveTheCpuEnginesLosses) {
   const std::vector<double> rest =
       run(TinySpec(resume), TrainerOptions(), CheckpointPath(dir.string(), 3));
   EXPECT_EQ(rest, std::vector<double>(cpu.begin() + 3, cpu.end()));
+}
+
+// Ranks whose channels take device buffers reduce, measure and clip the gradients where the
+// engine keeps them (PackGradients, GradSquares, ScaleGradients; never StoreGradients): 2 ranks
+// in one domain, and 4 ranks in 2 domains (expert gradients reduced across the domains too).
+// Without clipping the losses are the host-staged path's bit for bit; with it within 1e-6
+// (the norm adds tensor by tensor, not element by element, so the clipping factor may differ
+// in its last bit). An engine that keeps no gradients, or a channel that takes no device
+// buffers, leaves them host-staged.
+TEST(TrainerTest, RanksReduceGradientsWhereTheEngineKeepsThem) {
+  TrainerOptions host, keeps;
+  host.device_engine = HostCopyEngine::Factory(/*keeps_gradients=*/false);
+  keeps.device_engine = HostCopyEngine::Factory(/*keeps_gradients=*/true);
+  for (const int ranks : {2, 4}) {
+    for (const char* clip : {"0", "0.05"}) {
+      SCOPED_TRACE(absl::StrCat(ranks, " ranks, grad_clip ", clip));
+      const rackrun::v1::JobSpec spec =
+          TinySpec({"balancer.policy=ultraep", absl::StrCat("training.grad_clip=", clip),
+                    "data.batch_size=4", "training.steps=4", "resources.device=cuda:0",
+                    "parallelism.expert_parallel=2"});
+      HostCopyEngine::host_crossings = 0;
+      const auto [staged, staged_on_device] = RunRanks(ranks, spec, host, "", true);
+      EXPECT_FALSE(staged_on_device);
+      EXPECT_GT(HostCopyEngine::host_crossings, 0);
+      HostCopyEngine::host_crossings = 0;
+      const auto [kept, kept_on_device] = RunRanks(ranks, spec, keeps, "", true);
+      EXPECT_TRUE(kept_on_device);
+      EXPECT_EQ(HostCopyEngine::host_crossings, 0);
+      ASSERT_EQ(staged.size(), 4u);
+      ASSERT_EQ(kept.size(), 4u);
+      if (std::string(clip) == "0") {
+        EXPECT_EQ(kept, staged);
+      } else {
+        for (size_t i = 0; i < kept.size(); ++i) {
+          EXPECT_NEAR(kept[i], staged[i], 1e-6 * std::fabs(staged[i])) << "step " << i + 1;
+        }
+      }
+      // Over a channel that takes host buffers only, the same engine stages them.
+      EXPECT_FALSE(RunRanks(ranks, spec, keeps).second);
+    }
+  }
 }
 
 TEST(TrainerTest, TokenFilesStillTrain) {

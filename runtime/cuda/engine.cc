@@ -105,6 +105,47 @@ class GpuEngine final : public DeviceEngine {
     return model_->GradientsFromHost(model);
   }
 
+  bool reduces_gradients_on_device() const override { return true; }
+
+  absl::StatusOr<std::span<float>> PackGradients(std::span<const size_t> tensors) override {
+    if (absl::Status s = Current(); !s.ok()) return s;
+    absl::StatusOr<int64_t> floats = PackedFloats(tensors);
+    if (!floats.ok()) return floats.status();
+    if (packed_.size() != *floats) {
+      if (absl::Status s = packed_.Resize({*floats}); !s.ok()) return s;
+    }
+    if (absl::Status s = CopyPacked(tensors, /*pack=*/true); !s.ok()) return s;
+    // The channel reads and writes the buffer on a stream of its own.
+    if (absl::Status s = device_->Synchronize(); !s.ok()) return s;
+    return std::span<float>(packed_.data(), static_cast<size_t>(*floats));
+  }
+
+  absl::Status UnpackGradients(std::span<const size_t> tensors) override {
+    if (absl::Status s = Current(); !s.ok()) return s;
+    absl::StatusOr<int64_t> floats = PackedFloats(tensors);
+    if (!floats.ok()) return floats.status();
+    if (*floats != packed_.size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("unpacking ", *floats, " gradient floats from a packed buffer of ",
+                       packed_.size(), ": not the tensors of the last PackGradients"));
+    }
+    return CopyPacked(tensors, /*pack=*/false);
+  }
+
+  absl::StatusOr<std::vector<double>> GradSquares() override {
+    if (absl::Status s = Current(); !s.ok()) return s;
+    model_->clock().Mark(Phase::kOptimizer);
+    std::vector<double> squares;
+    if (absl::Status s = adam_->TensorSquares(&squares); !s.ok()) return s;
+    return squares;
+  }
+
+  absl::Status ScaleGradients(double scale) override {
+    if (absl::Status s = Current(); !s.ok()) return s;
+    clip_on_device_ = true;
+    return adam_->SetClipFactor(scale);
+  }
+
   absl::StatusOr<DeviceStepStats> StepStats() override {
     DeviceStepStats st;
     st.device = absl::StrCat(device_->info().name, " (cuda:", device_->index(), ")");
@@ -118,7 +159,41 @@ class GpuEngine final : public DeviceEngine {
   }
 
  private:
-  GpuEngine() = default;
+  explicit GpuEngine(std::unique_ptr<Device> device)
+      : device_(std::move(device)), packed_(device_.get(), "packed gradients") {}
+
+  // The floats of `tensors` (indices into params_), or InvalidArgument naming a bad index.
+  absl::StatusOr<int64_t> PackedFloats(std::span<const size_t> tensors) const {
+    int64_t floats = 0;
+    for (const size_t i : tensors) {
+      if (i >= params_.size()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "gradient tensor ", i, " asked of a model of ", params_.size(), " parameters"));
+      }
+      floats += params_[i].size;
+    }
+    return floats;
+  }
+
+  // The gradients of `tensors` into packed_ one after another, or back, on the compute stream.
+  absl::Status CopyPacked(std::span<const size_t> tensors, bool pack) {
+    int64_t at = 0;
+    for (const size_t i : tensors) {
+      const ParamRef<float>& p = params_[i];
+      float* packed = packed_.data() + at;
+      if (absl::Status s = CudaCheck(
+              cudaMemcpyAsync(pack ? packed : p.grad, pack ? p.grad : packed,
+                              static_cast<size_t>(p.size) * sizeof(float), cudaMemcpyDeviceToDevice,
+                              device_->stream()),
+              absl::StrCat(pack ? "packing the gradient of " : "unpacking the gradient of ",
+                           p.name));
+          !s.ok()) {
+        return s;
+      }
+      at += p.size;
+    }
+    return absl::OkStatus();
+  }
   // The engine's GPU is the calling thread's (a worker creates the trainer on one thread
   // and may run it on another).
   absl::Status Current() const {
@@ -128,6 +203,8 @@ class GpuEngine final : public DeviceEngine {
   std::unique_ptr<Device> device_;
   std::unique_ptr<GpuModel> model_;
   std::unique_ptr<DeviceAdamW> adam_;
+  std::vector<ParamRef<float>> params_;  // the device model's, in the host model's order
+  DeviceTensor<float> packed_;           // PackGradients' buffer
   std::string describe_;
   PhaseTimes last_{};
   // OptimizerStep scales by the factor of the last GradNorm (one rank), or applies the
@@ -142,17 +219,17 @@ absl::StatusOr<std::unique_ptr<DeviceEngine>> GpuEngine::Create(const DeviceEngi
   const std::string& name = setup.spec->model().precision();
   absl::StatusOr<GemmPrecision> precision = ParseGemmPrecision(name.empty() ? "fp32" : name);
   if (!precision.ok()) return precision.status();
-  std::unique_ptr<GpuEngine> e(new GpuEngine());
   absl::StatusOr<std::unique_ptr<Device>> device =
       Device::Open(setup.device.GpuFor(setup.local_rank));
   if (!device.ok()) return device.status();
-  e->device_ = *std::move(device);
+  std::unique_ptr<GpuEngine> e(new GpuEngine(*std::move(device)));
   absl::StatusOr<std::unique_ptr<GpuModel>> model =
       GpuModel::Create(e->device_.get(), *setup.model, *precision);
   if (!model.ok()) return model.status();
   e->model_ = *std::move(model);
+  e->params_ = e->model_->Parameters();
   std::vector<DeviceOptimizedTensor> tensors;
-  for (const ParamRef<float>& p : e->model_->Parameters()) {
+  for (const ParamRef<float>& p : e->params_) {
     tensors.push_back({p.name, p.value, p.grad, p.size, DecaysWeight(p.name)});
   }
   absl::StatusOr<std::unique_ptr<DeviceAdamW>> adam =

@@ -599,13 +599,21 @@ cudaError_t AdamWStep(int /*tensors*/, const AdamTensor* table, int64_t chunks,
   return cudaGetLastError();
 }
 
+cudaError_t GradSquares(const AdamTensor* table, int64_t chunks, const int32_t* chunk_tensor,
+                        const int64_t* chunk_start, double* partial, cudaStream_t stream) {
+  if (chunks == 0) return cudaSuccess;
+  Launch(SquaresKernel, Blocks(chunks, 1), kThreads, 0, stream)(table, chunks, chunk_tensor,
+                                                                chunk_start, partial);
+  return cudaGetLastError();
+}
+
 cudaError_t GradNormAndClip(int /*tensors*/, const AdamTensor* table, int64_t chunks,
                             const int32_t* chunk_tensor, const int64_t* chunk_start,
                             double* partial, double clip, double* norm, float* scale,
                             cudaStream_t stream) {
-  if (chunks > 0) {
-    Launch(SquaresKernel, Blocks(chunks, 1), kThreads, 0, stream)(table, chunks, chunk_tensor,
-                                                                  chunk_start, partial);
+  if (cudaError_t e = GradSquares(table, chunks, chunk_tensor, chunk_start, partial, stream);
+      e != cudaSuccess) {
+    return e;
   }
   Launch(NormAndClipKernel, 1, 1024, 0, stream)(chunks, partial, clip, norm, scale);
   return cudaGetLastError();

@@ -121,9 +121,12 @@ cudaError_t AdamWStep(int tensors, const AdamTensor* table, int64_t chunks,
                       const int32_t* chunk_tensor, const int64_t* chunk_start, float beta1,
                       float beta2, float step_size, float inv_sqrt_bias2, float eps,
                       const float* scale, cudaStream_t stream);
-// Sum of squares of every gradient in double, chunk by chunk (partial: `chunks` doubles),
-// then summed in chunk order into norm[0] = sqrt(sum) and scale[0] = clip / norm when
-// clip > 0 and norm > clip, else 1 (the trainer's rule).
+// Sum of squares of every gradient in double, chunk by chunk, into partial[q] (`chunks`
+// doubles; a tensor's chunks are consecutive).
+cudaError_t GradSquares(const AdamTensor* table, int64_t chunks, const int32_t* chunk_tensor,
+                        const int64_t* chunk_start, double* partial, cudaStream_t stream);
+// GradSquares, then the partials summed in chunk order into norm[0] = sqrt(sum) and scale[0]
+// = clip / norm when clip > 0 and norm > clip, else 1 (the trainer's rule).
 cudaError_t GradNormAndClip(int tensors, const AdamTensor* table, int64_t chunks,
                             const int32_t* chunk_tensor, const int64_t* chunk_start,
                             double* partial, double clip, double* norm, float* scale,

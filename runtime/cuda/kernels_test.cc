@@ -344,8 +344,10 @@ TEST(GpuKernelsTest, CrossEntropyMatchesTheCpuLmHead) {
   RACKRUN_EXPECT_CLOSE(Download(gdw), cpu_dw, 1e-4);
 }
 
-// AdamW + GlobalGradNorm + the trainer's clipping rule (runtime/optimizer.h): three steps of
-// several tensors, one above the chunk size, with and without decay.
+// AdamW + GlobalGradNorm + the trainer's clipping rule (runtime/optimizer.h): four steps of
+// several tensors, one above the chunk size, with and without decay. The last step measures
+// each tensor's squares (TensorSquares, against the host's sums in double) and takes the
+// host's clipping factor (SetClipFactor), as several ranks keeping gradients on GPUs do.
 TEST(GpuKernelsTest, AdamWAndClippingMatchTheCpuOptimizer) {
   RACKRUN_OPEN_GPU_OR_SKIP(dev);
   const std::vector<int64_t> sizes = {1, 4095, 4096, 10000, 37};
@@ -372,13 +374,25 @@ TEST(GpuKernelsTest, AdamWAndClippingMatchTheCpuOptimizer) {
   absl::StatusOr<std::unique_ptr<DeviceAdamW>> gpu =
       DeviceAdamW::Create(dev.get(), config, gpu_tensors);
   ASSERT_TRUE(gpu.ok()) << gpu.status();
-  for (int step = 0; step < 3; ++step) {
+  for (int step = 0; step < 4; ++step) {
     const double clip = step == 1 ? 1e9 : 5.0;  // step 1 does not clip
     const double norm = GlobalGradNorm(cpu_tensors);
-    double gpu_norm = 0;
-    ASSERT_TRUE((*gpu)->GradNorm(clip, &gpu_norm).ok());
-    EXPECT_NEAR(gpu_norm, norm, 1e-12 * norm);
     const double scale = (clip > 0 && norm > clip) ? clip / norm : 1.0;
+    if (step < 3) {
+      double gpu_norm = 0;
+      ASSERT_TRUE((*gpu)->GradNorm(clip, &gpu_norm).ok());
+      EXPECT_NEAR(gpu_norm, norm, 1e-12 * norm);
+    } else {
+      std::vector<double> squares;
+      ASSERT_TRUE((*gpu)->TensorSquares(&squares).ok());
+      ASSERT_EQ(squares.size(), sizes.size());
+      for (size_t i = 0; i < sizes.size(); ++i) {
+        double want = 0;
+        for (const float g : grads[i]) want += static_cast<double>(g) * g;
+        EXPECT_NEAR(squares[i], want, 1e-12 * want) << "tensor " << i;
+      }
+      ASSERT_TRUE((*gpu)->SetClipFactor(scale).ok());
+    }
     cpu.Step(1e-2 * (step + 1), scale);
     ASSERT_TRUE((*gpu)->Step(1e-2 * (step + 1), /*use_clip_factor=*/true).ok());
   }

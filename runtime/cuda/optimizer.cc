@@ -41,6 +41,7 @@ absl::Status DeviceAdamW::Init() {
     }
   }
   chunks_ = static_cast<int64_t>(chunk_tensor.size());
+  chunk_tensor_host_ = chunk_tensor;
   const int64_t table_ints =
       static_cast<int64_t>(tensors_.size() * sizeof(kernels::AdamTensor) / sizeof(int32_t)) + 1;
   for (absl::Status s :
@@ -98,6 +99,32 @@ absl::Status DeviceAdamW::GradNorm(double clip, double* norm) {
   if (absl::Status s = norm_.CopyTo(&host); !s.ok()) return s;
   *norm = host[0];
   return absl::OkStatus();
+}
+
+absl::Status DeviceAdamW::TensorSquares(std::vector<double>* squares) {
+  squares->assign(tensors_.size(), 0.0);
+  if (chunks_ == 0) return absl::OkStatus();
+  if (absl::Status s = UploadTable(0); !s.ok()) return s;
+  const auto* table = reinterpret_cast<const kernels::AdamTensor*>(table_.data());
+  if (absl::Status s =
+          CudaCheck(kernels::GradSquares(table, chunks_, chunk_tensor_.data(), chunk_start_.data(),
+                                         partial_.data(), device_->stream()),
+                    "gradient squares");
+      !s.ok()) {
+    return s;
+  }
+  std::vector<double> partial;
+  if (absl::Status s = partial_.CopyTo(&partial); !s.ok()) return s;
+  for (int64_t q = 0; q < chunks_; ++q) {
+    (*squares)[static_cast<size_t>(chunk_tensor_host_[static_cast<size_t>(q)])] +=
+        partial[static_cast<size_t>(q)];
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DeviceAdamW::SetClipFactor(double scale) {
+  const std::vector<float> factor = {static_cast<float>(scale)};
+  return scale_.CopyFrom(factor);
 }
 
 absl::Status DeviceAdamW::Step(double lr, bool use_clip_factor) {

@@ -37,8 +37,15 @@ class DeviceAdamW {
   // norm exceeds it, else 1), on the device. `norm` (nullable) receives the norm on the host
   // (a synchronising copy).
   absl::Status GradNorm(double clip, double* norm);
-  // One update with learning rate `lr`; the gradients are scaled by the factor of the last
-  // GradNorm when `use_clip_factor`, else by 1.
+  // Each tensor's sum of squared gradients, in double: partial sums of kernels::kChunk
+  // elements on the device, added in chunk order on the host (one synchronising copy).
+  // For a norm the caller combines with other ranks' (several ranks, the trainer).
+  absl::Status TensorSquares(std::vector<double>* squares);
+  // Sets the clipping factor the next Step(lr, true) applies to `scale` (rounded to float, as
+  // GradNorm's kernel and the CPU AdamW round it), in place of a GradNorm's.
+  absl::Status SetClipFactor(double scale);
+  // One update with learning rate `lr`; the gradients are scaled by the clipping factor (of
+  // the last GradNorm or SetClipFactor) when `use_clip_factor`, else by 1.
   absl::Status Step(double lr, bool use_clip_factor);
 
   int64_t step() const { return step_; }
@@ -63,6 +70,7 @@ class DeviceAdamW {
   std::vector<kernels::AdamTensor> table_host_;
   DeviceTensor<float> moments_;  // m then v of every tensor, back to back
   std::vector<int64_t> moment_offset_;
+  std::vector<int32_t> chunk_tensor_host_;  // chunk q's tensor
   DeviceTensor<int32_t> chunk_tensor_;
   DeviceTensor<int64_t> chunk_start_;
   DeviceTensor<int32_t> table_;  // AdamTensor records, as bytes

@@ -7,6 +7,7 @@
 // text, tokenized here (the test needs no file of the source tree on the GPU machine).
 #include <unistd.h>
 
+#include <atomic>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -158,18 +159,21 @@ TEST(GpuTrainTest, LossesFollowTheCpuEngine) {
 // CPU engine's run with the same ranks and of the one-rank GPU run, and every rank logs the
 // same losses.
 // With `device_buffers`, over a channel that takes device buffers (testing::DeviceBufferChannel):
-// the token rows and replica weights stay on the GPU.
+// the token rows, replica weights and gradients stay on the GPU (`*on_device`, when set:
+// whether every rank's trainer reduced its gradients there).
 std::vector<double> RankLosses(const rackrun::v1::JobSpec& spec, int ranks,
-                               bool device_buffers = false) {
+                               bool device_buffers = false, bool* on_device = nullptr) {
   TrainerOptions options;
   options.device_engine = GpuEngineFactory();
   std::vector<std::vector<double>> losses(static_cast<size_t>(ranks));
+  std::atomic<int> reduced_on_device{0};
   const absl::Status s = comm::RunInProcessRanks(ranks, {}, [&](comm::DataChannel& in_process) {
     std::optional<testing::DeviceBufferChannel> device_channel;
     if (device_buffers) device_channel.emplace(in_process);
     comm::DataChannel& ch = device_buffers ? *device_channel : in_process;
     absl::StatusOr<std::unique_ptr<Trainer>> t = Trainer::Create(spec, &ch, options);
     if (!t.ok()) return t.status();
+    if ((*t)->reduces_gradients_on_device()) ++reduced_on_device;
     absl::StatusOr<TrainSummary> summary = (*t)->Run();
     if (!summary.ok()) return summary.status();
     losses[static_cast<size_t>(ch.rank())] = summary->losses;
@@ -177,6 +181,7 @@ std::vector<double> RankLosses(const rackrun::v1::JobSpec& spec, int ranks,
   });
   EXPECT_TRUE(s.ok()) << s;
   for (int r = 1; r < ranks; ++r) EXPECT_EQ(losses[static_cast<size_t>(r)], losses[0]);
+  if (on_device != nullptr) *on_device = reduced_on_device == ranks;
   return losses[0];
 }
 
@@ -199,17 +204,33 @@ TEST(GpuTrainTest, RanksSharingOneGpuFollowTheCpuEngine) {
   }
 }
 
-// Over a channel that takes device buffers the token rows and replica weights stay on the GPU
-// (every MoE layer of the model, replica slots shared by the layers and refetched in backward
-// under ultraep): the same losses as the host-staged run, bit for bit.
-TEST(GpuTrainTest, RanksKeepingRowsAndWeightsOnTheGpuTrainAsHostStaged) {
+// Over channels that take device buffers the token rows, replica weights and gradients stay on
+// the GPU (every MoE layer of the model, replica slots shared by the layers and refetched in
+// backward under ultraep; dense gradients reduced over the ranks and expert gradients across
+// the domains in the engine's packed buffer, the norm from its per-tensor squares, the
+// clipping factor applied by its AdamW): without clipping the same losses as the host-staged
+// run, bit for bit; with clipping within 1e-6 (the norm adds tensor by tensor, not element
+// by element, so the factor may differ in its last bit). 2 ranks, and 4 in 2 domains.
+TEST(GpuTrainTest, RanksKeepingRowsWeightsAndGradientsOnTheGpuTrainAsHostStaged) {
   if (absl::Status s = GpuAvailable(); !s.ok()) GTEST_SKIP() << s.message();
-  const rackrun::v1::JobSpec spec =
-      Spec({"balancer.policy=ultraep", absl::StrCat("training.steps=", kHalf),
-            "resources.device=cuda:0"});
-  const std::vector<double> host = RankLosses(spec, 2);
-  ASSERT_EQ(host.size(), static_cast<size_t>(kHalf));
-  EXPECT_EQ(RankLosses(spec, 2, /*device_buffers=*/true), host);
+  for (const auto& [ranks, clip] : {std::pair{2, "0"}, std::pair{2, "1"}, std::pair{4, "0"}}) {
+    SCOPED_TRACE(absl::StrCat(ranks, " ranks, grad_clip ", clip));
+    const rackrun::v1::JobSpec spec =
+        Spec({"balancer.policy=ultraep", absl::StrCat("training.steps=", kHalf),
+              "resources.device=cuda:0", absl::StrCat("training.grad_clip=", clip),
+              "parallelism.expert_parallel=2"});
+    bool staged_on_device = true, kept_on_device = false;
+    const std::vector<double> host = RankLosses(spec, ranks, false, &staged_on_device);
+    ASSERT_EQ(host.size(), static_cast<size_t>(kHalf));
+    const std::vector<double> kept = RankLosses(spec, ranks, true, &kept_on_device);
+    EXPECT_FALSE(staged_on_device);
+    EXPECT_TRUE(kept_on_device);
+    if (std::string(clip) == "0") {
+      EXPECT_EQ(kept, host);
+    } else {
+      ExpectClose(kept, host, 1e-6);
+    }
+  }
 }
 
 TEST(GpuTrainTest, CheckpointsMoveBetweenTheEngines) {
