@@ -6,7 +6,10 @@
 //   k 1, both on the device's compute stream: bytes as they are, so a dispatch moves the same
 //   bits as the host's row copies.
 // - The index lists (host) go up through pageable copies, which CUDA stages before
-//   cudaMemcpyAsync returns: the caller may drop them at once.
+//   cudaMemcpyAsync returns: the caller may drop them at once. The last two lists uploaded
+//   stay on the device, and a list equal to one of them (compared by content, never by
+//   address) is not uploaded again: a dispatch's two lists go up once for its forward
+//   dispatch and serve its combine and the backward pass's dispatch and combine.
 // - The exchange buffers are device memory of the device's caching allocator.
 // - BeforeExchange waits for the compute stream: the channel runs its AllToAllV on a stream of
 //   its own. The channel's AllToAllV returns when the rows have arrived, so the unpacking,
@@ -14,9 +17,11 @@
 #ifndef RACKRUN_RUNTIME_CUDA_DEVICE_ROWS_H_
 #define RACKRUN_RUNTIME_CUDA_DEVICE_ROWS_H_
 
+#include <array>
 #include <cstdint>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -37,16 +42,26 @@ class DeviceRows final : public comm::RowMover {
   absl::StatusOr<float*> Buffer(int which, int64_t floats) override;
   absl::Status BeforeExchange() override { return device_->Synchronize(); }
 
+  // Index lists uploaded so far (for tests: a list already on the device is not counted).
+  int64_t uploads() const { return uploads_; }
+
  private:
-  // `index` into `on_device` (async, pageable source); InvalidArgument for a width CUDA's
+  struct CachedIndex {
+    std::vector<int64_t> host;
+    DeviceTensor<int64_t> device;
+    int64_t last_use = -1;
+  };
+  // `index` on the device: a cached copy equal to it, or the least recently used cache
+  // entry overwritten with it (async, pageable source); InvalidArgument for a width CUDA's
   // launch cannot take.
-  absl::Status Upload(std::span<const int64_t> index, int64_t width,
-                      DeviceTensor<int64_t>& on_device);
+  absl::StatusOr<const int64_t*> OnDevice(std::span<const int64_t> index, int64_t width);
 
   Device* device_;
   std::string name_;
   DeviceTensor<float> send_, recv_;
-  DeviceTensor<int64_t> gather_, scatter_;
+  std::array<CachedIndex, 2> index_;
+  int64_t uses_ = 0;
+  int64_t uploads_ = 0;
 };
 
 }  // namespace rackrun::runtime::cuda

@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "runtime/cuda/device_rows.h"
 #include "runtime/cuda/gemm.h"
 #include "runtime/cuda/optimizer.h"
 #include "runtime/cuda/test_util.h"
@@ -442,6 +443,50 @@ TEST(GpuKernelsTest, GatherAndScatterRowsMoveBytesAsTheyAre) {
   const std::vector<float> got_packed = Download(packed), got_unpacked = Download(unpacked);
   EXPECT_EQ(std::memcmp(got_packed.data(), want_packed.data(), want_packed.size() * 4), 0);
   EXPECT_EQ(std::memcmp(got_unpacked.data(), want_unpacked.data(), want_unpacked.size() * 4), 0);
+}
+
+// DeviceRows (device_rows.h), the dispatch's mover on a GPU: a dispatch and its combine give
+// the host's row copies, and an index list equal to one of the last two uploaded goes up once
+// (a dispatch's two lists serve its combine and the backward pass's dispatch and combine). A
+// list changed in place (a new microbatch's, at the same host address) goes up again.
+TEST(GpuKernelsTest, DeviceRowsUploadEachIndexListOnce) {
+  RACKRUN_OPEN_GPU_OR_SKIP(dev);
+  constexpr int64_t kWidth = 8, kRows = 6;
+  const std::vector<float> x = RandomVector(kRows * kWidth, 62);
+  DeviceTensor<float> src = Upload(dev.get(), "src", x);
+  DeviceTensor<float> expert = Zeros(dev.get(), "expert rows", kRows * kWidth);
+  DeviceTensor<float> back = Zeros(dev.get(), "combined rows", kRows * kWidth);
+  DeviceRows rows(dev.get(), "test");
+  absl::StatusOr<float*> send = rows.Buffer(0, kRows * kWidth);
+  absl::StatusOr<float*> recv = rows.Buffer(1, kRows * kWidth);
+  ASSERT_TRUE(send.ok() && recv.ok());
+  std::vector<int64_t> gather = {5, 3, 1, 0, 2, 4};
+  std::vector<int64_t> scatter = {1, 0, 3, 2, 5, 4};
+  for (int pass = 0; pass < 2; ++pass) {  // forward, backward
+    // Dispatch: pack by `gather`, (no exchange: one rank), unpack by `scatter`; the combine
+    // the other way round.
+    ASSERT_TRUE(rows.Gather(src.data(), gather, 1, kWidth, *send).ok());
+    ASSERT_TRUE(rows.Scatter(*send, scatter, kWidth, expert.data()).ok());
+    ASSERT_TRUE(rows.Gather(expert.data(), scatter, 1, kWidth, *recv).ok());
+    ASSERT_TRUE(rows.Scatter(*recv, gather, kWidth, back.data()).ok());
+    EXPECT_EQ(rows.uploads(), 2) << "pass " << pass;
+    EXPECT_EQ(Download(back), x) << "pass " << pass;  // a permutation and its inverse
+  }
+  std::vector<float> want_expert(x.size());
+  for (int64_t q = 0; q < kRows; ++q) {
+    std::copy_n(x.begin() + gather[q] * kWidth, kWidth, want_expert.begin() + scatter[q] * kWidth);
+  }
+  EXPECT_EQ(Download(expert), want_expert);
+  // The next microbatch's lists, at the same addresses.
+  std::swap(gather[0], gather[5]);
+  std::swap(scatter[1], scatter[2]);
+  ASSERT_TRUE(rows.Gather(src.data(), gather, 1, kWidth, *send).ok());
+  ASSERT_TRUE(rows.Scatter(*send, scatter, kWidth, expert.data()).ok());
+  EXPECT_EQ(rows.uploads(), 4);
+  for (int64_t q = 0; q < kRows; ++q) {
+    std::copy_n(x.begin() + gather[q] * kWidth, kWidth, want_expert.begin() + scatter[q] * kWidth);
+  }
+  EXPECT_EQ(Download(expert), want_expert);
 }
 
 TEST(GpuKernelsTest, CopyKernelCopies) {
