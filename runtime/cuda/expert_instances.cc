@@ -134,11 +134,18 @@ absl::StatusOr<float*> DeviceExpertInstances::FanoutStaging(int experts) {
   return fanout_.data();
 }
 
-absl::StatusOr<float*> DeviceExpertInstances::SlotWeights(int slots) {
-  for (absl::Status s : {ResizeForChannel(slots_->weights, slots),
-                         slots_->grads.Resize({std::max(slots, 1), expert_floats()})}) {
+absl::Status DeviceExpertInstances::SizeSlots(int slots, bool for_channel) {
+  const int64_t rows = std::max(slots, 1);
+  for (absl::Status s : {for_channel ? ResizeForChannel(slots_->weights, slots)
+                                     : slots_->weights.Resize({rows, expert_floats()}),
+                         slots_->grads.Resize({rows, expert_floats()})}) {
     if (!s.ok()) return s;
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<float*> DeviceExpertInstances::SlotWeights(int slots) {
+  if (absl::Status s = SizeSlots(slots, /*for_channel=*/true); !s.ok()) return s;
   return slots_->weights.data();
 }
 
@@ -160,10 +167,12 @@ absl::StatusOr<float*> DeviceExpertInstances::GradientStaging(int count) {
 
 absl::Status DeviceExpertInstances::SlotsArrived(const float* weights, int count) {
   slot_count_ = count;
-  absl::StatusOr<float*> store = SlotWeights(count);
-  if (!store.ok()) return store.status();
-  if (weights == *store) return absl::OkStatus();  // fanned out on the device (SlotWeights)
-  return Copy(*store, weights, count * expert_floats(), cudaMemcpyHostToDevice,
+  // Fanned out on the device: SlotWeights sized the store the channel wrote.
+  if (weights == slots_->weights.data() && slots_->weights.dim(0) >= count) {
+    return absl::OkStatus();
+  }
+  if (absl::Status s = SizeSlots(count, /*for_channel=*/false); !s.ok()) return s;
+  return Copy(slots_->weights.data(), weights, count * expert_floats(), cudaMemcpyHostToDevice,
               "replica weights to the device");
 }
 

@@ -131,6 +131,10 @@ class DeviceExpertInstances final : public ExpertInstances {
                           absl::FunctionRef<void()> between);
   // `t` sized for `experts` experts' floats, for the channel to write (see the .cc).
   absl::Status ResizeForChannel(DeviceTensor<float>& t, int experts);
+  // The slots' weights and gradients for `slots` replicas; when the channel writes the
+  // weights (`for_channel`), as ResizeForChannel. From host memory the copy is queued on the
+  // compute stream behind every use of the old block, so no wait.
+  absl::Status SizeSlots(int slots, bool for_channel);
   // Sizes the forward's (backward's) buffers for `rows` rows.
   absl::Status ResizeForward(int64_t rows);
   absl::Status ResizeBackward(int64_t rows);
