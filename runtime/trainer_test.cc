@@ -28,6 +28,7 @@
 #include "runtime/device_engine.h"
 #include "runtime/expert_instances.h"
 #include "runtime/optimizer.h"
+#include "runtime/test_util.h"
 #include "runtime/training_session.h"
 
 namespace rackrun::runtime {
@@ -570,38 +571,23 @@ class DeviceClaimingChannel final : public comm::ForwardingChannel {
 };
 
 // Runs `spec` on `ranks` in-process ranks (resumed from `resume` when set), over channels that
-// take device buffers when `claim_device`; rank 0's losses (every rank's must be equal), and
-// whether the trainers reduced the gradients on the device.
-std::pair<std::vector<double>, bool> RunRanks(int ranks, const rackrun::v1::JobSpec& spec,
-                                              const TrainerOptions& options,
-                                              const std::string& resume = "",
-                                              bool claim_device = false) {
-  std::vector<std::vector<double>> losses(static_cast<size_t>(ranks));
-  std::atomic<int> on_device{0};
-  const absl::Status s = comm::RunInProcessRanks(ranks, {}, [&](comm::DataChannel& in_process) {
-    DeviceClaimingChannel claiming(in_process);
-    comm::DataChannel& ch = claim_device ? static_cast<comm::DataChannel&>(claiming) : in_process;
-    absl::StatusOr<std::unique_ptr<Trainer>> t = Trainer::Create(spec, &ch, options);
-    if (!t.ok()) return t.status();
-    if ((*t)->reduces_gradients_on_device()) ++on_device;
-    if (!resume.empty()) {
-      if (absl::Status r = (*t)->Resume(resume); !r.ok()) return r;
-    }
-    absl::StatusOr<TrainSummary> summary = (*t)->Run();
-    if (!summary.ok()) return summary.status();
-    losses[static_cast<size_t>(ch.rank())] = summary->losses;
-    return absl::OkStatus();
-  });
-  EXPECT_TRUE(s.ok()) << s;
-  for (int r = 1; r < ranks; ++r) EXPECT_EQ(losses[static_cast<size_t>(r)], losses[0]);
-  EXPECT_TRUE(on_device == 0 || on_device == ranks) << on_device << " of " << ranks;
-  return {losses[0], on_device == ranks};
+// take device buffers when `claim_device`.
+testing::RanksRun RunRanks(int ranks, const rackrun::v1::JobSpec& spec,
+                           const TrainerOptions& options, const std::string& resume = "",
+                           bool claim_device = false) {
+  testing::ChannelWrapper claim;
+  if (claim_device) {
+    claim = [](comm::DataChannel& in_process) {
+      return std::make_unique<DeviceClaimingChannel>(in_process);
+    };
+  }
+  return testing::RunTrainerRanks(ranks, spec, options, claim, resume);
 }
 
 TEST(TrainerTest, TwoRanksThroughADeviceEngineGiveTheCpuEnginesLosses) {
   const auto run = [](const rackrun::v1::JobSpec& spec, const TrainerOptions& options,
                       const std::string& resume = "") {
-    return RunRanks(2, spec, options, resume).first;
+    return RunRanks(2, spec, options, resume).losses;
   };
   // Clipping on (a small clip, so that it scales): the host clips what the engine applies.
   const std::vector<std::string> common = {"balancer.policy=ultraep", "training.grad_clip=0.05",
@@ -661,7 +647,7 @@ TEST(TrainerTest, RanksReduceGradientsWhereTheEngineKeepsThem) {
         }
       }
       // Over a channel that takes host buffers only, the same engine stages them.
-      EXPECT_FALSE(RunRanks(ranks, spec, keeps).second);
+      EXPECT_FALSE(RunRanks(ranks, spec, keeps).gradients_on_device);
     }
   }
 }

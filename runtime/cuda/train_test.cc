@@ -7,11 +7,9 @@
 // text, tokenized here (the test needs no file of the source tree on the GPU machine).
 #include <unistd.h>
 
-#include <atomic>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
-#include <optional>
 #include <random>
 #include <string>
 #include <utility>
@@ -26,6 +24,7 @@
 #include "runtime/checkpoint.h"
 #include "runtime/cuda/engine.h"
 #include "runtime/cuda/test_util.h"
+#include "runtime/test_util.h"
 #include "runtime/trainer.h"
 
 namespace rackrun::runtime::cuda {
@@ -165,24 +164,16 @@ std::vector<double> RankLosses(const rackrun::v1::JobSpec& spec, int ranks,
                                bool device_buffers = false, bool* on_device = nullptr) {
   TrainerOptions options;
   options.device_engine = GpuEngineFactory();
-  std::vector<std::vector<double>> losses(static_cast<size_t>(ranks));
-  std::atomic<int> reduced_on_device{0};
-  const absl::Status s = comm::RunInProcessRanks(ranks, {}, [&](comm::DataChannel& in_process) {
-    std::optional<testing::DeviceBufferChannel> device_channel;
-    if (device_buffers) device_channel.emplace(in_process);
-    comm::DataChannel& ch = device_buffers ? *device_channel : in_process;
-    absl::StatusOr<std::unique_ptr<Trainer>> t = Trainer::Create(spec, &ch, options);
-    if (!t.ok()) return t.status();
-    if ((*t)->reduces_gradients_on_device()) ++reduced_on_device;
-    absl::StatusOr<TrainSummary> summary = (*t)->Run();
-    if (!summary.ok()) return summary.status();
-    losses[static_cast<size_t>(ch.rank())] = summary->losses;
-    return absl::OkStatus();
-  });
-  EXPECT_TRUE(s.ok()) << s;
-  for (int r = 1; r < ranks; ++r) EXPECT_EQ(losses[static_cast<size_t>(r)], losses[0]);
-  if (on_device != nullptr) *on_device = reduced_on_device == ranks;
-  return losses[0];
+  runtime::testing::ChannelWrapper wrap;
+  if (device_buffers) {
+    wrap = [](comm::DataChannel& in_process) {
+      return std::make_unique<testing::DeviceBufferChannel>(in_process);
+    };
+  }
+  const runtime::testing::RanksRun run =
+      runtime::testing::RunTrainerRanks(ranks, spec, options, wrap);
+  if (on_device != nullptr) *on_device = run.gradients_on_device;
+  return run.losses;
 }
 
 TEST(GpuTrainTest, RanksSharingOneGpuFollowTheCpuEngine) {
