@@ -30,8 +30,7 @@ using ChannelWrapper =
 // set. Fails the test when a rank fails, when ranks log different losses or when only some
 // ranks reduce their gradients on the device.
 inline RanksRun RunTrainerRanks(int ranks, const rackrun::v1::JobSpec& spec,
-                                const TrainerOptions& options,
-                                const ChannelWrapper& wrap = nullptr,
+                                const TrainerOptions& options, const ChannelWrapper& wrap = nullptr,
                                 const std::string& resume = "") {
   std::vector<std::vector<double>> losses(static_cast<size_t>(ranks));
   std::atomic<int> on_device{0};
