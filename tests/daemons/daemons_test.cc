@@ -697,14 +697,18 @@ TEST_F(DaemonsTest, ARunStuckInAFrozenConnectionIsSentAgainOverANewOne) {
   StartWorker(1, {"--coordinator", "127.0.0.1:" + std::to_string(relay.port())});
   WaitIdle(2);
   // Both of worker 1's connections (its unary calls', its assignment stream's) are through
-  // the relay: a worker is IDLE once registered, which can come before its stream's
-  // connection does, and a stream on a connection made after the freeze would carry the
-  // run as usual (seen once in a CI rehearsal: the job succeeded without a stall).
+  // the relay and ready (the coordinator's SETTINGS frame has reached the worker): a worker
+  // is IDLE once registered, which can come before its stream's connection does, and a
+  // stream on a connection made after the freeze would carry the run as usual (seen once in
+  // a CI rehearsal: the job succeeded without a stall); a connection frozen before its
+  // SETTINGS fails its handshake instead of stalling (seen once under ASan: the worker
+  // opened a new stream at once).
   const auto by = Clock::now() + std::chrono::seconds(10);
-  while (relay.accepted() < 2 && Clock::now() < by) {
+  while ((relay.accepted() < 2 || relay.answered() < relay.accepted()) && Clock::now() < by) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   ASSERT_GE(relay.accepted(), 2) << "worker 1 never opened its stream's connection";
+  ASSERT_EQ(relay.answered(), relay.accepted()) << "a connection of worker 1 never got ready";
   // Every connection worker 1 has made through the relay so far delivers nothing from now
   // on. The heartbeats and other unary calls move to a new connection when one misses its
   // deadline (connection.h); the stream stays on its own unless the coordinator says it

@@ -61,6 +61,9 @@ class TcpRelay {
   int port() const { return port_; }
   // Connections accepted so far.
   int accepted() const { return accepted_; }
+  // Connections that have carried bytes toward the client (for gRPC: the server's SETTINGS
+  // frame, so the client's connection is ready).
+  int answered() const { return answered_; }
   void FreezeDownstream(int connection) {
     std::lock_guard<std::mutex> lock(mu_);
     frozen_.insert(connection);
@@ -69,6 +72,7 @@ class TcpRelay {
  private:
   struct Pair {
     int index, client, server;
+    bool answered = false;
   };
 
   static sockaddr_in Loopback(int port) {
@@ -107,7 +111,7 @@ class TcpRelay {
       if (server >= 0) ::close(server);
       return;
     }
-    pairs_.push_back(Pair{accepted_++, client, server});
+    pairs_.push_back(Pair{accepted_++, client, server, false});
   }
 
   void Loop() {
@@ -122,12 +126,16 @@ class TcpRelay {
       if (fds[1].revents & POLLIN) Accept();
       std::vector<Pair> open;
       for (size_t i = 0; i < fds.size() - 2 && i / 2 < pairs_.size(); i += 2) {
-        const Pair& p = pairs_[i / 2];
+        Pair& p = pairs_[i / 2];
         const short up = fds[2 + i].revents, down = fds[3 + i].revents;
         bool ok = true;
         if (up & (POLLIN | POLLHUP | POLLERR)) ok = Forward(p.client, p.server);
         if (ok && !Frozen(p.index) && (down & (POLLIN | POLLHUP | POLLERR))) {
           ok = Forward(p.server, p.client);
+          if (ok && !p.answered) {
+            p.answered = true;
+            ++answered_;
+          }
         }
         if (ok) {
           open.push_back(p);
@@ -148,6 +156,7 @@ class TcpRelay {
   int wake_[2] = {-1, -1};
   std::atomic<bool> stop_{false};
   std::atomic<int> accepted_{0};
+  std::atomic<int> answered_{0};
   std::mutex mu_;
   std::set<int> frozen_;
   std::vector<Pair> pairs_;  // the loop's thread only (and the destructor after it)
