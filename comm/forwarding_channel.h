@@ -7,7 +7,8 @@
 //   not block on an event they never report.
 // - Split is not forwarded (the inner channel's sub-channel would bypass the decorator): it
 //   answers Unimplemented, DataChannel's default. A decorator that splits wraps the inner
-//   channel's sub-channel in a decorator of its own that owns it (the owning constructor).
+//   channel's sub-channel in a decorator of its own that owns it (the owning constructor):
+//   `return SplitInto<MyDecorator>(color, key);`.
 // `inner` must outlive the decorator.
 #ifndef RACKRUN_COMM_FORWARDING_CHANNEL_H_
 #define RACKRUN_COMM_FORWARDING_CHANNEL_H_
@@ -66,6 +67,13 @@ class ForwardingChannel : public DataChannel {
 
  protected:
   DataChannel& inner() { return inner_; }
+  // The inner channel's sub-channel in a new D that owns it (D(std::unique_ptr<DataChannel>)).
+  template <typename D>
+  absl::StatusOr<std::unique_ptr<DataChannel>> SplitInto(int color, int key) {
+    absl::StatusOr<std::unique_ptr<DataChannel>> sub = inner_.Split(color, key);
+    if (!sub.ok()) return sub.status();
+    return std::unique_ptr<DataChannel>(std::make_unique<D>(*std::move(sub)));
+  }
 
  private:
   DataChannel& inner_;

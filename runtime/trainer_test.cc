@@ -564,9 +564,7 @@ class DeviceClaimingChannel final : public comm::ForwardingChannel {
   using ForwardingChannel::ForwardingChannel;
   bool takes_device_buffers() const override { return true; }
   absl::StatusOr<std::unique_ptr<comm::DataChannel>> Split(int color, int key) override {
-    absl::StatusOr<std::unique_ptr<comm::DataChannel>> sub = inner().Split(color, key);
-    if (!sub.ok()) return sub.status();
-    return std::make_unique<DeviceClaimingChannel>(*std::move(sub));
+    return SplitInto<DeviceClaimingChannel>(color, key);
   }
 };
 

@@ -61,9 +61,7 @@ class DeviceBufferChannel final : public comm::ForwardingChannel {
       : ForwardingChannel(std::move(owned)) {}
 
   absl::StatusOr<std::unique_ptr<comm::DataChannel>> Split(int color, int key) override {
-    absl::StatusOr<std::unique_ptr<comm::DataChannel>> sub = inner().Split(color, key);
-    if (!sub.ok()) return sub.status();
-    return std::make_unique<DeviceBufferChannel>(*std::move(sub));
+    return SplitInto<DeviceBufferChannel>(color, key);
   }
   absl::Status AllReduce(const void* send, void* recv, int64_t count, comm::DataType type,
                          comm::ReduceOp op) override {
