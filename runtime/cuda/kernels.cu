@@ -368,10 +368,12 @@ __global__ void CrossEntropyBackwardKernel(int vocab, float* p, const int32_t* t
 // Products and sums rounded one at a time (no contraction): the CPU's expression.
 __global__ void AdamWKernel(const AdamTensor* table, int64_t chunks, const int32_t* chunk_tensor,
                             const int64_t* chunk_start, float beta1, float beta2, float step_size,
-                            float inv_sqrt_bias2, float eps, const float* scale_ptr) {
+                            float inv_sqrt_bias2, float eps, float decay_shrink,
+                            const float* scale_ptr) {
   const float scale = scale_ptr != nullptr ? *scale_ptr : 1.0f;
   for (int64_t q = blockIdx.x; q < chunks; q += gridDim.x) {
     const AdamTensor t = table[chunk_tensor[q]];
+    const float shrink = t.decay != 0 ? decay_shrink : 1.0f;
     const int64_t start = chunk_start[q];
     const int64_t end = start + kChunk < t.size ? start + kChunk : t.size;
     for (int64_t i = start + threadIdx.x; i < end; i += blockDim.x) {
@@ -382,7 +384,7 @@ __global__ void AdamWKernel(const AdamTensor* table, int64_t chunks, const int32
       t.v[i] = v;
       const float denom = __fadd_rn(__fmul_rn(sqrtf(v), inv_sqrt_bias2), eps);
       t.value[i] =
-          __fsub_rn(__fmul_rn(t.value[i], t.shrink), __fdiv_rn(__fmul_rn(step_size, m), denom));
+          __fsub_rn(__fmul_rn(t.value[i], shrink), __fdiv_rn(__fmul_rn(step_size, m), denom));
     }
   }
 }
@@ -590,12 +592,12 @@ cudaError_t CrossEntropyBackward(int64_t rows, int vocab, float* probs, const in
 
 cudaError_t AdamWStep(int /*tensors*/, const AdamTensor* table, int64_t chunks,
                       const int32_t* chunk_tensor, const int64_t* chunk_start, float beta1,
-                      float beta2, float step_size, float inv_sqrt_bias2, float eps,
+                      float beta2, float step_size, float inv_sqrt_bias2, float eps, float shrink,
                       const float* scale, cudaStream_t stream) {
   if (chunks == 0) return cudaSuccess;
   Launch(AdamWKernel, Blocks(chunks, 1), kThreads, 0, stream)(table, chunks, chunk_tensor,
                                                               chunk_start, beta1, beta2, step_size,
-                                                              inv_sqrt_bias2, eps, scale);
+                                                              inv_sqrt_bias2, eps, shrink, scale);
   return cudaGetLastError();
 }
 

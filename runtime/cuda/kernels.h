@@ -109,17 +109,18 @@ struct AdamTensor {
   float* m;
   float* v;
   int64_t size;
-  float shrink;  // 1 - lr * weight_decay, or 1 without decay
+  int32_t decay;  // 1: the step shrinks the value by `shrink` (weight decay); 0: not
 };
 // Elements per chunk of the multi-tensor launches (one block each).
 inline constexpr int64_t kChunk = 4096;
 // Chunks of `count` tensors (the table `chunk_tensor`/`chunk_start` the launches take, built
 // on the host once per tensor list: see MultiTensorTable in optimizer.h).
 // One AdamW step over every tensor. `scale` points to the gradient scale on the device (the
-// clipping factor), or is null for 1.
+// clipping factor), or is null for 1. `shrink` is 1 - lr * weight_decay, applied to the
+// tensors that decay (the table stays the same from step to step).
 cudaError_t AdamWStep(int tensors, const AdamTensor* table, int64_t chunks,
                       const int32_t* chunk_tensor, const int64_t* chunk_start, float beta1,
-                      float beta2, float step_size, float inv_sqrt_bias2, float eps,
+                      float beta2, float step_size, float inv_sqrt_bias2, float eps, float shrink,
                       const float* scale, cudaStream_t stream);
 // Sum of squares of every gradient in double, chunk by chunk, into partial[q] (`chunks`
 // doubles; a tensor's chunks are consecutive).

@@ -58,12 +58,12 @@ absl::Status DeviceAdamW::Init() {
   }
   const std::vector<float> one = {1.0f};
   if (absl::Status s = scale_.CopyFrom(one); !s.ok()) return s;
-  if (absl::Status s = UploadTable(0); !s.ok()) return s;
+  if (absl::Status s = UploadTable(); !s.ok()) return s;
   return device_->Synchronize();
 }
 
-absl::Status DeviceAdamW::UploadTable(double lr) {
-  table_host_.clear();
+absl::Status DeviceAdamW::UploadTable() {
+  std::vector<kernels::AdamTensor> table;
   float* m = moments_.data();
   for (size_t i = 0; i < tensors_.size(); ++i) {
     const DeviceOptimizedTensor& t = tensors_[i];
@@ -73,18 +73,17 @@ absl::Status DeviceAdamW::UploadTable(double lr) {
     a.m = m + moment_offset_[i];
     a.v = m + moment_offset_[i] + t.size;
     a.size = t.size;
-    a.shrink = static_cast<float>(t.decay ? 1.0 - lr * config_.weight_decay : 1.0);
-    table_host_.push_back(a);
+    a.decay = t.decay ? 1 : 0;
+    table.push_back(a);
   }
-  // Synchronous for pageable memory: the table is read by the next launch only.
-  return CudaCheck(cudaMemcpyAsync(table_.data(), table_host_.data(),
-                                   table_host_.size() * sizeof(kernels::AdamTensor),
-                                   cudaMemcpyHostToDevice, device_->stream()),
-                   "AdamW table");
+  // Staged by CUDA before the call returns (pageable memory); Init waits for it.
+  return CudaCheck(
+      cudaMemcpyAsync(table_.data(), table.data(), table.size() * sizeof(kernels::AdamTensor),
+                      cudaMemcpyHostToDevice, device_->stream()),
+      "AdamW table");
 }
 
 absl::Status DeviceAdamW::GradNorm(double clip, double* norm) {
-  if (absl::Status s = UploadTable(0); !s.ok()) return s;
   const auto* table = reinterpret_cast<const kernels::AdamTensor*>(table_.data());
   if (absl::Status s = CudaCheck(
           kernels::GradNormAndClip(static_cast<int>(tensors_.size()), table, chunks_,
@@ -104,7 +103,6 @@ absl::Status DeviceAdamW::GradNorm(double clip, double* norm) {
 absl::Status DeviceAdamW::TensorSquares(std::vector<double>* squares) {
   squares->assign(tensors_.size(), 0.0);
   if (chunks_ == 0) return absl::OkStatus();
-  if (absl::Status s = UploadTable(0); !s.ok()) return s;
   const auto* table = reinterpret_cast<const kernels::AdamTensor*>(table_.data());
   if (absl::Status s =
           CudaCheck(kernels::GradSquares(table, chunks_, chunk_tensor_.data(), chunk_start_.data(),
@@ -131,15 +129,15 @@ absl::Status DeviceAdamW::Step(double lr, bool use_clip_factor) {
   ++step_;
   const double bias1 = 1.0 - std::pow(config_.beta1, static_cast<double>(step_));
   const double bias2 = 1.0 - std::pow(config_.beta2, static_cast<double>(step_));
-  if (absl::Status s = UploadTable(lr); !s.ok()) return s;
   const auto* table = reinterpret_cast<const kernels::AdamTensor*>(table_.data());
-  return CudaCheck(kernels::AdamWStep(
-                       static_cast<int>(tensors_.size()), table, chunks_, chunk_tensor_.data(),
-                       chunk_start_.data(), static_cast<float>(config_.beta1),
-                       static_cast<float>(config_.beta2), static_cast<float>(lr / bias1),
-                       static_cast<float>(1.0 / std::sqrt(bias2)), static_cast<float>(config_.eps),
-                       use_clip_factor ? scale_.data() : nullptr, device_->stream()),
-                   "AdamW step");
+  return CudaCheck(
+      kernels::AdamWStep(
+          static_cast<int>(tensors_.size()), table, chunks_, chunk_tensor_.data(),
+          chunk_start_.data(), static_cast<float>(config_.beta1), static_cast<float>(config_.beta2),
+          static_cast<float>(lr / bias1), static_cast<float>(1.0 / std::sqrt(bias2)),
+          static_cast<float>(config_.eps), static_cast<float>(1.0 - lr * config_.weight_decay),
+          use_clip_factor ? scale_.data() : nullptr, device_->stream()),
+      "AdamW step");
 }
 
 absl::Status DeviceAdamW::MomentsToHost(size_t i, std::vector<float>* m, std::vector<float>* v) {

@@ -62,12 +62,12 @@ class DeviceAdamW {
  private:
   DeviceAdamW(Device* device, AdamWConfig config, std::vector<DeviceOptimizedTensor> tensors);
   absl::Status Init();
-  absl::Status UploadTable(double lr);
+  // The tensor table (pointers, sizes, decay flags), once: it never changes.
+  absl::Status UploadTable();
 
   Device* device_;
   AdamWConfig config_;
   std::vector<DeviceOptimizedTensor> tensors_;
-  std::vector<kernels::AdamTensor> table_host_;
   DeviceTensor<float> moments_;  // m then v of every tensor, back to back
   std::vector<int64_t> moment_offset_;
   std::vector<int32_t> chunk_tensor_host_;  // chunk q's tensor
