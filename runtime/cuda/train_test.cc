@@ -4,7 +4,8 @@
 // interchangeable: a CPU checkpoint resumes on the GPU and a GPU checkpoint on the CPU, each
 // continuing the CPU's trajectory within the fp32 bound. Ranks sharing the GPU (expert
 // parallelism, host-staged) follow the CPU engine's run of the same ranks. The data is a generated
-// text, tokenized here (the test needs no file of the source tree on the GPU machine).
+// text, tokenized here (the test needs no file of the source tree on the GPU machine). On the
+// simulator, a warm step's launches, copies and waits are counted as well.
 #include <unistd.h>
 
 #include <cmath>
@@ -23,6 +24,9 @@
 #include "jobspec/spec.h"
 #include "runtime/checkpoint.h"
 #include "runtime/cuda/engine.h"
+#ifdef RACKRUN_CUDA_SIM
+#include "runtime/cuda/sim/runtime.h"
+#endif
 #include "runtime/cuda/test_util.h"
 #include "runtime/test_util.h"
 #include "runtime/trainer.h"
@@ -223,6 +227,55 @@ TEST(GpuTrainTest, RanksKeepingRowsWeightsAndGradientsOnTheGpuTrainAsHostStaged)
     }
   }
 }
+
+#ifdef RACKRUN_CUDA_SIM
+// What a warm step asks of the GPU, counted by the simulator (sim::Census; on a GPU each
+// launch costs host time and each wait empties the device's queue). Once the caching
+// allocator is warm a step allocates and frees nothing, launches the same kernels as the step
+// before, and copies to the host only what the host needs: per MoE layer the expert counts
+// and the router's score sums (the plan and the aux loss; one wait), then the loss and the
+// gradient norm. The waits: the plans, the loss and the norm (each a copy to pageable memory
+// and the stream's synchronize), the phase clock's at the step's end. tools/bench's
+// bench_sim_step_census counts the benchmark shapes.
+TEST(GpuTrainTest, AWarmStepCopiesToTheHostOnlyWhatThePlanAndTheLogNeed) {
+  constexpr int kMoeLayers = 2;  // Spec(): 2 blocks, each with an MoE layer
+  for (const char* mode : {"xhc", "vanilla"}) {
+    SCOPED_TRACE(mode);
+    std::vector<std::string> m = {std::string("model.residual=") + mode, "resources.device=cuda:0"};
+    if (std::string(mode) == "vanilla") {
+      m.insert(m.end(), {"model.streams=1", "model.active=0", "model.fixed=0"});
+    }
+    TrainerOptions options;
+    options.device_engine = GpuEngineFactory();
+    absl::StatusOr<std::unique_ptr<Trainer>> t = Trainer::Create(Spec(m), nullptr, options);
+    ASSERT_TRUE(t.ok()) << t.status();
+    ASSERT_TRUE((*t)->Prepare().ok());
+    std::vector<sim::Census> steps;
+    for (int i = 0; i < 3; ++i) {
+      sim::TakeCensus();
+      ASSERT_TRUE((*t)->Step().ok());
+      steps.push_back(sim::TakeCensus());
+    }
+    EXPECT_GT(steps[0].allocations, 0);  // the first step fills the caching allocator
+    for (int i = 1; i < 3; ++i) {
+      const sim::Census& c = steps[static_cast<size_t>(i)];
+      SCOPED_TRACE(absl::StrCat("step ", i + 1));
+      EXPECT_EQ(c.allocations, 0);
+      EXPECT_EQ(c.frees, 0);
+      EXPECT_EQ(c.kernels, steps[0].kernels);
+      EXPECT_EQ(c.copies_to_host, 2 * kMoeLayers + 2);
+      EXPECT_LE(c.host_waits, kMoeLayers + 2 * 2 + 1);
+      std::printf(
+          "%s step %d: %ld kernels, %ld cuBLAS calls, %ld/%ld/%ld copies (h2d/d2h/d2d), "
+          "%ld memsets, %ld host waits\n",
+          mode, i + 1, static_cast<long>(c.kernels), static_cast<long>(c.blas),
+          static_cast<long>(c.copies_to_device), static_cast<long>(c.copies_to_host),
+          static_cast<long>(c.copies_on_device), static_cast<long>(c.memsets),
+          static_cast<long>(c.host_waits));
+    }
+  }
+}
+#endif
 
 TEST(GpuTrainTest, CheckpointsMoveBetweenTheEngines) {
   if (absl::Status s = GpuAvailable(); !s.ok()) GTEST_SKIP() << s.message();

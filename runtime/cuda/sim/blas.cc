@@ -559,7 +559,7 @@ cublasStatus_t Matmul(cublasLtMatmulDesc_t op, const void* alpha, const void* a,
   // In place needs C's layout to be D's (cuBLASLt: C == D requires Cdesc == Ddesc).
   if (c == d && (w.c.type != w.d_type || w.c.ld != w.ldd)) return CUBLAS_STATUS_INVALID_VALUE;
   if (cublasStatus_t s = CheckPointers(w, algo); s != CUBLAS_STATUS_SUCCESS) return s;
-  Enqueue(stream, [w] { RunGemm(w); });
+  Enqueue(stream, Work::kBlas, [w] { RunGemm(w); });
   return CUBLAS_STATUS_SUCCESS;
 }
 
@@ -685,7 +685,7 @@ cublasStatus_t GroupedGemm(cublasContext* handle, const GroupedArgs& g) {
     std::lock_guard<std::mutex> lock(handle->mu);
     stream = handle->stream;
   }
-  Enqueue(stream, [problems = std::move(problems), a = g.a, b = g.b, c = g.c] {
+  Enqueue(stream, Work::kBlas, [problems = std::move(problems), a = g.a, b = g.b, c = g.c] {
     RunGrouped(problems, a, b, c);
   });
   return CUBLAS_STATUS_SUCCESS;

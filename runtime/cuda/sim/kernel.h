@@ -120,11 +120,12 @@ class Launch {
           (CheckIfPointer(a, index++, &pinned), ...);
         },
         bound);
-    sim::Enqueue(stream_, [kernel = kernel_, bound, grid = grid_, block = block_, shared = shared_,
-                           where = where_, pinned] {
-      sim::RunGrid(grid, block, shared, where, [&] { std::apply(kernel, bound); });
-      for (const void* p : pinned) sim::DeviceWrotePinned(p);
-    });
+    sim::Enqueue(stream_, sim::Work::kKernel,
+                 [kernel = kernel_, bound, grid = grid_, block = block_, shared = shared_,
+                  where = where_, pinned] {
+                   sim::RunGrid(grid, block, shared, where, [&] { std::apply(kernel, bound); });
+                   for (const void* p : pinned) sim::DeviceWrotePinned(p);
+                 });
   }
 
  private:

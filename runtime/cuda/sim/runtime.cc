@@ -127,6 +127,7 @@ class Simulator {
   uint64_t steps = 0;
   std::map<uintptr_t, uint64_t> pinned_device_writes;
   uint64_t redzones_checked = 0;  // the step whose writes CheckRedzones saw last
+  Census census;
 
   // The pinned allocation `p` points into (or one past the end of); 0 if none.
   uintptr_t PinnedStart(const void* p) const {
@@ -318,10 +319,17 @@ bool KindMatches(Simulator& sim, void* dst, const void* src, size_t bytes, cudaM
 
 }  // namespace
 
-void Enqueue(cudaStream_t stream, std::function<void()> work) {
+void Enqueue(cudaStream_t stream, Work what, std::function<void()> work) {
   Simulator& sim = Sim();
   std::lock_guard<std::recursive_mutex> lock(sim.mu);
+  ++(what == Work::kKernel ? sim.census.kernels : sim.census.blas);
   sim.Push(sim.Resolve(stream), std::move(work));
+}
+
+Census TakeCensus() {
+  Simulator& sim = Sim();
+  std::lock_guard<std::recursive_mutex> lock(sim.mu);
+  return std::exchange(sim.census, Census{});
 }
 
 Memory Classify(const void* p) {
@@ -505,6 +513,7 @@ cudaError_t cudaMalloc(void** ptr, size_t bytes) {
   }
   sim.device[reinterpret_cast<uintptr_t>(p)] = bytes;
   sim.device_in_use += bytes;
+  ++sim.census.allocations;
   *ptr = p;
   return cudaSuccess;
 }
@@ -516,6 +525,8 @@ cudaError_t cudaFree(void* ptr) {
   auto it = sim.device.find(reinterpret_cast<uintptr_t>(ptr));
   if (it == sim.device.end()) return Fail(cudaErrorInvalidValue);
   sim.RunEverything();  // cudaFree synchronizes the device
+  ++sim.census.frees;
+  ++sim.census.host_waits;
   sim.device_in_use -= it->second;
   sim.Release(static_cast<char*>(ptr) - sim::kRedzone,
               sim::RoundUp(std::max<size_t>(it->second, 1), sim::kAlignment) + 2 * sim::kRedzone);
@@ -539,6 +550,7 @@ cudaError_t cudaHostAlloc(void** ptr, size_t bytes, unsigned int /*flags*/) {
   void* p = std::malloc(std::max<size_t>(bytes, 1));
   if (p == nullptr) return Fail(cudaErrorMemoryAllocation);
   sim.pinned[reinterpret_cast<uintptr_t>(p)] = bytes;
+  ++sim.census.allocations;
   *ptr = p;
   return cudaSuccess;
 }
@@ -552,6 +564,8 @@ cudaError_t cudaFreeHost(void* ptr) {
   auto it = sim.pinned.find(reinterpret_cast<uintptr_t>(ptr));
   if (it == sim.pinned.end()) return Fail(cudaErrorInvalidValue);
   sim.RunEverything();
+  ++sim.census.frees;
+  ++sim.census.host_waits;
   sim.pinned.erase(it);
   std::free(ptr);
   return cudaSuccess;
@@ -590,6 +604,13 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
   }
   CUstream_st* s = sim.Resolve(stream);
   const Memory from = sim.Where(src);
+  const Memory to = sim.Where(dst);
+  if (to == Memory::kDevice) {
+    ++(from == Memory::kDevice ? sim.census.copies_on_device : sim.census.copies_to_device);
+  } else if (from == Memory::kDevice) {
+    ++sim.census.copies_to_host;
+  }
+  if (from == Memory::kPageable || to == Memory::kPageable) ++sim.census.pageable_copies;
   if (from == Memory::kPageable) {
     // Pageable source: CUDA stages it before returning, so the caller may reuse it at once.
     auto staged = std::make_shared<std::vector<char>>(static_cast<const char*>(src),
@@ -629,7 +650,10 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
     });
   }
   // Pageable destination: the call returns once the copy is done.
-  if (sim.Where(dst) == Memory::kPageable) sim.RunAll(s);
+  if (to == Memory::kPageable) {
+    sim.RunAll(s);
+    ++sim.census.host_waits;
+  }
   return cudaSuccess;
 }
 
@@ -642,6 +666,7 @@ cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind 
   }
   if (cudaError_t e = cudaMemcpyAsync(dst, src, bytes, kind, nullptr); e != cudaSuccess) return e;
   sim.RunAll(&sim.legacy);
+  if (sim.Where(dst) != Memory::kPageable) ++sim.census.host_waits;  // else counted there
   return cudaSuccess;
 }
 
@@ -650,6 +675,7 @@ cudaError_t cudaMemsetAsync(void* ptr, int value, size_t bytes, cudaStream_t str
   std::lock_guard<std::recursive_mutex> lock(sim.mu);
   if (bytes == 0) return cudaSuccess;
   if (!Simulator::Inside(sim.device, ptr, bytes)) return Fail(cudaErrorInvalidValue);
+  ++sim.census.memsets;
   sim.Push(sim.Resolve(stream), [ptr, value, bytes] { std::memset(ptr, value, bytes); });
   return cudaSuccess;
 }
@@ -659,6 +685,7 @@ cudaError_t cudaMemset(void* ptr, int value, size_t bytes) {
   Simulator& sim = Sim();
   std::lock_guard<std::recursive_mutex> lock(sim.mu);
   sim.RunAll(&sim.legacy);
+  ++sim.census.host_waits;
   return cudaSuccess;
 }
 
@@ -695,6 +722,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   Simulator& sim = Sim();
   std::lock_guard<std::recursive_mutex> lock(sim.mu);
   sim.RunAll(sim.Resolve(stream));
+  ++sim.census.host_waits;
   return cudaSuccess;
 }
 
@@ -712,6 +740,7 @@ cudaError_t cudaDeviceSynchronize() {
   Simulator& sim = Sim();
   std::lock_guard<std::recursive_mutex> lock(sim.mu);
   sim.RunEverything();
+  ++sim.census.host_waits;
   return cudaSuccess;
 }
 
@@ -766,6 +795,7 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   std::lock_guard<std::recursive_mutex> lock(sim.mu);
   if (sim.events.count(event) == 0) return Fail(cudaErrorInvalidResourceHandle);
   if (event->stream != nullptr) sim.RunUntil(event->stream, event->seq);
+  ++sim.census.host_waits;
   return cudaSuccess;
 }
 

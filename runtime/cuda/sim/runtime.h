@@ -29,10 +29,32 @@
 
 namespace rackrun::runtime::cuda::sim {
 
+// What queued work is, for the census.
+enum class Work { kKernel, kBlas };
 // Queues `work` on `stream` (nullptr: the legacy default stream). It runs later, in the
 // stream's order, on whichever host thread waits for it; of the runtime it may call Classify
 // only (the simulated cuBLAS checks the grouped GEMM's pointers when it runs).
-void Enqueue(cudaStream_t stream, std::function<void()> work);
+void Enqueue(cudaStream_t stream, Work what, std::function<void()> work);
+
+// What the host asked of the simulated device (every thread's calls), counted since the
+// program started or the last TakeCensus: the launches, copies and waits a step is made of,
+// the same on every machine (a GPU's times are the benchmarks'). On a GPU each launch and
+// copy costs microseconds of host time and each wait drains the device's queue.
+struct Census {
+  int64_t kernels = 0;  // kernel launches
+  int64_t blas = 0;     // cuBLAS(Lt) calls: GEMMs and grouped GEMMs
+  int64_t copies_to_device = 0, copies_to_host = 0, copies_on_device = 0;
+  int64_t pageable_copies = 0;  // of those copies, the ones to or from pageable host memory
+  int64_t memsets = 0;
+  // Calls that block the host until device work is done: stream, event and device
+  // synchronizations, copies to pageable host memory, cudaMemcpy, cudaMemset, cudaFree and
+  // cudaFreeHost.
+  int64_t host_waits = 0;
+  int64_t allocations = 0;  // cudaMalloc, cudaHostAlloc
+  int64_t frees = 0;        // cudaFree, cudaFreeHost
+};
+// The census so far; counting starts again from zero.
+Census TakeCensus();
 
 // Where a pointer points: memory from cudaMalloc, from cudaHostAlloc, or anything else.
 enum class Memory { kDevice, kPinned, kPageable };

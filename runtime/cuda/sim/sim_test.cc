@@ -3,7 +3,8 @@
 // point, launches refused as the GPU refuses them, and the stops for a barrier that cannot
 // be passed and a shuffle with a lane that returned; host code touching device memory stops, and so
 // does a host write to a pinned copy source before the copy ran; shared memory above 48 KiB by
-// opt-in, and a write past it stops; the warp matrix operations (wmma.h) and their alignment stop.
+// opt-in, and a write past it stops; the warp matrix operations (wmma.h) and their alignment stop;
+// the census of launches, copies and waits.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "runtime/cuda/sim/kernel.h"
+#include "runtime/cuda/sim/runtime.h"
 #include "runtime/cuda/sim/wmma.h"
 
 namespace rackrun::runtime::cuda {
@@ -233,6 +235,56 @@ TEST(CudaSimTest, WorkRunsWhenTheHostWaitsForIt) {
   EXPECT_EQ(cudaEventDestroy(e), cudaSuccess);
   EXPECT_EQ(cudaStreamDestroy(s), cudaSuccess);
   EXPECT_EQ(cudaStreamDestroy(t), cudaSuccess);
+}
+
+// The census counts what the host asked, by kind, and starts again when taken.
+TEST(CudaSimTest, TheCensusCountsLaunchesCopiesAndWaits) {
+  cudaStream_t s = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  cudaEvent_t e = nullptr;
+  ASSERT_EQ(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), cudaSuccess);
+  constexpr int kN = 64;
+  sim::TakeCensus();
+  float* d = DeviceAlloc<float>(2 * kN);
+  float* pinned = nullptr;
+  ASSERT_EQ(cudaHostAlloc(reinterpret_cast<void**>(&pinned), sizeof(float) * kN, 0), cudaSuccess);
+  std::vector<float> pageable(kN, 1.0f);
+  Launch(FillKernel, 1, 128, 0, s)(kN, 3.0f, d);
+  Launch(FillKernel, 1, 128, 0, s)(kN, 4.0f, d + kN);
+  ASSERT_EQ(cudaMemcpyAsync(d, pageable.data(), sizeof(float) * kN, cudaMemcpyHostToDevice, s),
+            cudaSuccess);  // pageable source: staged, no wait
+  ASSERT_EQ(cudaMemcpyAsync(d + kN, d, sizeof(float) * kN, cudaMemcpyDeviceToDevice, s),
+            cudaSuccess);
+  ASSERT_EQ(cudaMemsetAsync(d, 0, sizeof(float) * kN, s), cudaSuccess);
+  ASSERT_EQ(cudaMemcpyAsync(pinned, d, sizeof(float) * kN, cudaMemcpyDeviceToHost, s), cudaSuccess);
+  ASSERT_EQ(cudaEventRecord(e, s), cudaSuccess);
+  while (cudaEventQuery(e) == cudaErrorNotReady) {
+  }                                                 // polls, not waits
+  ASSERT_EQ(cudaEventSynchronize(e), cudaSuccess);  // a wait
+  ASSERT_EQ(cudaMemcpyAsync(pageable.data(), d + kN, sizeof(float) * kN, cudaMemcpyDeviceToHost, s),
+            cudaSuccess);  // a wait
+  EXPECT_EQ(pageable[0], 1.0f);
+  ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);  // a wait
+  float one = 0;
+  ASSERT_EQ(cudaMemcpy(&one, d, sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);  // one wait
+  ASSERT_EQ(cudaMemset(d, 0, sizeof(float)), cudaSuccess);                             // a wait
+  EXPECT_EQ(cudaFreeHost(pinned), cudaSuccess);                                        // a wait
+  EXPECT_EQ(cudaFree(d), cudaSuccess);                                                 // a wait
+  const sim::Census c = sim::TakeCensus();
+  EXPECT_EQ(c.kernels, 2);
+  EXPECT_EQ(c.blas, 0);
+  EXPECT_EQ(c.copies_to_device, 1);
+  EXPECT_EQ(c.copies_on_device, 1);
+  EXPECT_EQ(c.copies_to_host, 3);
+  EXPECT_EQ(c.pageable_copies, 3);
+  EXPECT_EQ(c.memsets, 2);
+  EXPECT_EQ(c.host_waits, 7);
+  EXPECT_EQ(c.allocations, 2);
+  EXPECT_EQ(c.frees, 2);
+  // Taken: counting starts again.
+  EXPECT_EQ(sim::TakeCensus().kernels, 0);
+  EXPECT_EQ(cudaEventDestroy(e), cudaSuccess);
+  EXPECT_EQ(cudaStreamDestroy(s), cudaSuccess);
 }
 
 TEST(CudaSimTest, CopiesAndLaunchesAreChecked) {

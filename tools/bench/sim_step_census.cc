@@ -1,0 +1,251 @@
+// What one training step of the GPU engine asks of the GPU, counted on the CUDA simulator
+// (runtime/cuda/sim, sim::Census): kernel launches, cuBLAS(Lt) calls, copies by direction,
+// memsets, calls that make the host wait for the device, and allocations, for the
+// benchmark shapes (tools/bench/train_step.h: demo, c1024) in every residual mode of the GPU
+// engine and both expert-GEMM paths. A step issued from the host costs a few microseconds of
+// host time per launch or copy, and each wait empties the device's queue: the counts say how
+// launch-bound a shape is and what CUDA graphs would have to cover, on any machine, without
+// a GPU. They are counts, not times (bench_gpu_train_step_bench times the step on a GPU).
+//
+//   bench_sim_step_census [--configs demo,c1024] [--residual vanilla,xhc,...]
+//                         [--expert-gemm per_expert,grouped] [--full-width] [--json]
+//
+// The step is the one bench_gpu_train_step_bench times: ZeroGrad, ForwardBackward (one
+// microbatch), GradNorm (clip 1), OptimizerStep; the second of two steps is counted (the first
+// fills the caching allocator). By default the shapes keep their structure (blocks, heads,
+// experts, top-k, the residual mode's N and k) at narrow widths (C = 16 x heads, F = C,
+// seq 64, batch 4) so that the census takes seconds: the launches follow the structure, not
+// the widths, except that the per-expert path skips the GEMMs of an expert that received no
+// rows (the table's expert GEMM counts can differ from a full-width step's by those).
+// --full-width counts the shapes as they are (demo: about 45 s a step here; c1024: hours).
+//
+// JSON: with --json on stdout, and always to $OUT/bench_sim_step_census.json when OUT is set.
+// Built only with the simulator (runtime/cuda/sim: nvcc found, no sanitizer).
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
+#include "rackrun/v1/job_spec.pb.h"
+#include "runtime/cuda/device_probe.h"
+#include "runtime/cuda/engine.h"
+#include "runtime/cuda/grouped_gemm.h"
+#include "runtime/cuda/moe.h"
+#include "runtime/cuda/sim/runtime.h"
+#include "runtime/device_engine.h"
+#include "runtime/model.h"
+#include "tools/bench/startup.h"
+#include "tools/bench/train_step.h"
+
+namespace {
+
+namespace cu = rackrun::runtime::cuda;
+namespace sim = rackrun::runtime::cuda::sim;
+using rackrun::runtime::DeviceEngine;
+using rackrun::runtime::Model;
+
+struct Options {
+  std::vector<std::string> configs = {"demo", "c1024"};
+  std::vector<std::string> residual = {"vanilla", "hc", "mhc", "xhc", "xhc_flash", "xhc_flash4"};
+  std::vector<std::string> expert_gemm = {"per_expert", "grouped"};
+  bool full_width = false;
+};
+
+struct Row {
+  std::string config, residual, expert_gemm;
+  rackrun::bench::TrainStepShape shape;
+  sim::Census census;
+  std::string note;  // why nothing was counted
+};
+
+rackrun::bench::TrainStepShape Narrow(rackrun::bench::TrainStepShape s) {
+  s.width = 16 * s.heads;  // the smallest head dim the attention kernels take
+  s.expert_hidden = s.width;
+  s.seq = 64;
+  s.batch = 4;
+  return s;
+}
+
+// One step of the engine on `host`'s weights; OK or the failing call's error.
+absl::Status OneStep(DeviceEngine& engine, const std::vector<int32_t>& inputs,
+                     const std::vector<int32_t>& targets, int batch) {
+  if (absl::Status s = engine.ZeroGrad(); !s.ok()) return s;
+  absl::StatusOr<double> loss = engine.ForwardBackward(inputs, targets, batch, {}, 1.0f);
+  if (!loss.ok()) return loss.status();
+  absl::StatusOr<double> norm = engine.GradNorm(1.0);
+  if (!norm.ok()) return norm.status();
+  return engine.OptimizerStep(1e-3);
+}
+
+Row Count(const rackrun::bench::TrainStepShape& shape, const std::string& residual,
+          const std::string& expert_gemm) {
+  Row row{shape.name, residual, expert_gemm, shape, {}, ""};
+  if (absl::Status s = cu::CheckGpuResidualMode(residual); !s.ok()) {
+    row.note = "not in the GPU engine";
+    return row;
+  }
+  auto host = Model<float>::Create(rackrun::bench::ModelConfigOf(shape, residual), 1);
+  if (!host.ok()) {
+    row.note = std::string(host.status().message());
+    return row;
+  }
+  cu::SetDefaultExpertGemmPath(*cu::ParseExpertGemmPath(expert_gemm, "--expert-gemm"));
+  rackrun::v1::JobSpec spec;
+  spec.mutable_model()->set_residual(residual);
+  rackrun::runtime::DeviceEngineSetup setup;
+  setup.spec = &spec;
+  setup.device.kind = rackrun::jobspec::DeviceSpec::Kind::kCuda;
+  setup.device.index = 0;
+  setup.model = host->get();
+  absl::StatusOr<std::unique_ptr<DeviceEngine>> engine = cu::GpuEngineFactory()(setup);
+  if (!engine.ok()) {
+    row.note = std::string(engine.status().message());
+    return row;
+  }
+  std::mt19937 rng(1);
+  std::vector<int32_t> data(static_cast<size_t>(shape.tokens()) + 1);
+  for (auto& t : data) t = static_cast<int32_t>(rng() % static_cast<uint32_t>(shape.vocab));
+  const std::vector<int32_t> inputs(data.begin(), data.end() - 1),
+      targets(data.begin() + 1, data.end());
+  for (int step = 0; step < 2; ++step) {
+    sim::TakeCensus();
+    if (absl::Status s = OneStep(**engine, inputs, targets, shape.batch); !s.ok()) {
+      row.note = absl::StrCat("step ", step + 1, ": ", s.message());
+      return row;
+    }
+    row.census = sim::TakeCensus();
+  }
+  return row;
+}
+
+nlohmann::json Json(const Options& o, const std::vector<Row>& rows) {
+  nlohmann::json j;
+  j["bench"] = "sim_step_census";
+  j["widths"] = o.full_width ? "full" : "narrow";
+  j["rows"] = nlohmann::json::array();
+  for (const Row& r : rows) {
+    const sim::Census& c = r.census;
+    j["rows"].push_back({{"config", r.config},
+                         {"shape", r.shape.Describe()},
+                         {"tokens", r.shape.tokens()},
+                         {"residual", r.residual},
+                         {"expert_gemm", r.expert_gemm},
+                         {"note", r.note},
+                         {"kernels", c.kernels},
+                         {"blas", c.blas},
+                         {"copies_to_device", c.copies_to_device},
+                         {"copies_to_host", c.copies_to_host},
+                         {"copies_on_device", c.copies_on_device},
+                         {"pageable_copies", c.pageable_copies},
+                         {"memsets", c.memsets},
+                         {"host_waits", c.host_waits},
+                         {"allocations", c.allocations},
+                         {"frees", c.frees}});
+  }
+  return j;
+}
+
+void PrintTable(const Options& o, const std::vector<Row>& rows) {
+  std::printf(
+      "One training step's calls to the GPU (the second step), counted on the CUDA "
+      "simulator, %s widths\n",
+      o.full_width ? "full" : "narrow");
+  for (const std::string& name : o.configs) {
+    for (const Row& r : rows) {
+      if (r.config != name) continue;
+      std::printf("  %-5s %s, batch %d x seq %d\n", name.c_str(), r.shape.Describe().c_str(),
+                  r.shape.batch, r.shape.seq);
+      break;
+    }
+  }
+  rackrun::bench::Table t({{"config", 6, true},
+                           {"residual", 10, true},
+                           {"expert gemm", 11, true},
+                           {"kernels", 7},
+                           {"blas", 5},
+                           {"h2d", 4},
+                           {"d2h", 4},
+                           {"d2d", 4},
+                           {"memset", 6},
+                           {"calls", 6},
+                           {"waits", 5},
+                           {"allocs", 6},
+                           {"note", 4, true, 2}});
+  for (const Row& r : rows) {
+    const sim::Census& c = r.census;
+    const auto n = [&](int64_t v) { return r.note.empty() ? std::to_string(v) : "-"; };
+    const int64_t calls =
+        c.kernels + c.blas + c.copies_to_device + c.copies_to_host + c.copies_on_device + c.memsets;
+    t.AddRow({r.config, r.residual, r.expert_gemm, n(c.kernels), n(c.blas), n(c.copies_to_device),
+              n(c.copies_to_host), n(c.copies_on_device), n(c.memsets), n(calls), n(c.host_waits),
+              n(c.allocations + c.frees), r.note});
+  }
+  std::printf("%s", t.ToString().c_str());
+  std::printf(
+      "(calls: kernels + blas + copies + memsets, each a host-side launch; waits: calls that "
+      "block the host until the device is done; allocs: cudaMalloc and cudaFree, 0 once the "
+      "caching allocator is warm)\n");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  rackrun::bench::BenchStartup startup(
+      argc, argv,
+      "One training step's launches, copies and host waits on the GPU engine, counted on the\n"
+      "CUDA simulator (this file's header says how).\n");
+  rackrun::flags::FlagSet& flags = startup.flags();
+  flags.List("--configs", &o.configs, "LIST", "model shapes: demo, c1024");
+  flags.List("--residual", &o.residual, "LIST", "residual modes");
+  flags.List("--expert-gemm", &o.expert_gemm, "LIST",
+             "the MoE expert GEMMs' paths, a row each: per_expert, grouped");
+  flags.Switch("--full-width", "count the shapes at their widths (slow on the simulator)",
+               [&o] { o.full_width = true; });
+  if (std::optional<int> exit = startup.Start()) return *exit;
+  std::vector<rackrun::bench::TrainStepShape> shapes;
+  for (const std::string& name : o.configs) {
+    absl::StatusOr<rackrun::bench::TrainStepShape> s =
+        rackrun::bench::ShapeNamed(name, "--configs");
+    if (!s.ok()) return flags.Fail(s.status());
+    shapes.push_back(o.full_width ? *s : Narrow(*s));
+  }
+  for (const std::string& path : o.expert_gemm) {
+    if (absl::Status s = cu::ParseExpertGemmPath(path, "--expert-gemm").status(); !s.ok())
+      return flags.Fail(s);
+  }
+  for (const std::string& mode : o.residual) {
+    if (absl::Status s = rackrun::runtime::ParseResidualMode(mode).status(); !s.ok())
+      return flags.Fail("--residual", std::string(s.message()));
+  }
+  std::vector<Row> rows;
+  for (const rackrun::bench::TrainStepShape& shape : shapes) {
+    for (const std::string& mode : o.residual) {
+      for (const std::string& path : o.expert_gemm) {
+        rows.push_back(Count(shape, mode, path));
+        std::fprintf(stderr, "%s: %s %s %s: %s\n", startup.program().c_str(), shape.name.c_str(),
+                     mode.c_str(), path.c_str(),
+                     rows.back().note.empty()
+                         ? absl::StrCat(rows.back().census.kernels, " kernels").c_str()
+                         : rows.back().note.c_str());
+      }
+    }
+  }
+  const nlohmann::json j = Json(o, rows);
+  if (const char* out = std::getenv("OUT"); out != nullptr && *out != '\0') {
+    std::ofstream f(std::string(out) + "/bench_sim_step_census.json");
+    f << j.dump(2) << "\n";
+  }
+  if (startup.json()) {
+    std::printf("%s\n", j.dump(2).c_str());
+    return 0;
+  }
+  PrintTable(o, rows);
+  return 0;
+}
