@@ -1,5 +1,6 @@
 #include "runtime/cuda/engine.h"
 
+#include <algorithm>
 #include <memory>
 #include <span>
 #include <utility>
@@ -10,6 +11,7 @@
 #include "runtime/cuda/gemm.h"
 #include "runtime/cuda/model.h"
 #include "runtime/cuda/optimizer.h"
+#include "runtime/cuda/span_copy.h"
 
 namespace rackrun::runtime::cuda {
 namespace {
@@ -109,27 +111,25 @@ class GpuEngine final : public DeviceEngine {
 
   absl::StatusOr<std::span<float>> PackGradients(std::span<const size_t> tensors) override {
     if (absl::Status s = Current(); !s.ok()) return s;
-    absl::StatusOr<int64_t> floats = PackedFloats(tensors);
-    if (!floats.ok()) return floats.status();
-    if (packed_.size() != *floats) {
-      if (absl::Status s = packed_.Resize({*floats}); !s.ok()) return s;
-    }
-    if (absl::Status s = CopyPacked(tensors, /*pack=*/true); !s.ok()) return s;
+    absl::StatusOr<Packing*> p = PackingOf(tensors);
+    if (!p.ok()) return p.status();
+    if (absl::Status s = (*p)->pack->Run(); !s.ok()) return s;
     // The channel reads and writes the buffer on a stream of its own.
     if (absl::Status s = device_->Synchronize(); !s.ok()) return s;
-    return std::span<float>(packed_.data(), static_cast<size_t>(*floats));
+    last_packed_ = *p;
+    return std::span<float>((*p)->buffer.data(), static_cast<size_t>((*p)->buffer.size()));
   }
 
   absl::Status UnpackGradients(std::span<const size_t> tensors) override {
     if (absl::Status s = Current(); !s.ok()) return s;
-    absl::StatusOr<int64_t> floats = PackedFloats(tensors);
-    if (!floats.ok()) return floats.status();
-    if (*floats != packed_.size()) {
+    if (last_packed_ == nullptr ||
+        !std::equal(tensors.begin(), tensors.end(), last_packed_->tensors.begin(),
+                    last_packed_->tensors.end())) {
       return absl::InvalidArgumentError(
-          absl::StrCat("unpacking ", *floats, " gradient floats from a packed buffer of ",
-                       packed_.size(), ": not the tensors of the last PackGradients"));
+          absl::StrCat("unpacking the gradients of ", tensors.size(),
+                       " tensors: not the tensors of the last PackGradients"));
     }
-    return CopyPacked(tensors, /*pack=*/false);
+    return last_packed_->unpack->Run();
   }
 
   absl::StatusOr<std::vector<double>> GradSquares() override {
@@ -159,11 +159,30 @@ class GpuEngine final : public DeviceEngine {
   }
 
  private:
-  explicit GpuEngine(std::unique_ptr<Device> device)
-      : device_(std::move(device)), packed_(device_.get(), "packed gradients") {}
+  explicit GpuEngine(std::unique_ptr<Device> device) : device_(std::move(device)) {}
 
-  // The floats of `tensors` (indices into params_), or InvalidArgument naming a bad index.
-  absl::StatusOr<int64_t> PackedFloats(std::span<const size_t> tensors) const {
+  // One list of tensors PackGradients packs (the trainer asks the same one or two lists every
+  // step: the dense tensors, and the experts' across domains): its buffer and the two copies,
+  // each one launch, built at the list's first pack.
+  struct Packing {
+    std::vector<size_t> tensors;
+    DeviceTensor<float> buffer;
+    std::unique_ptr<SpanCopy> pack, unpack;
+  };
+
+  // The packing of `tensors` (indices into params_), built at its first use; InvalidArgument
+  // naming a bad index.
+  absl::StatusOr<Packing*> PackingOf(std::span<const size_t> tensors) {
+    for (const std::unique_ptr<Packing>& p : packings_) {
+      if (std::equal(tensors.begin(), tensors.end(), p->tensors.begin(), p->tensors.end())) {
+        return p.get();
+      }
+    }
+    auto p =
+        std::make_unique<Packing>(Packing{{tensors.begin(), tensors.end()},
+                                          DeviceTensor<float>(device_.get(), "packed gradients"),
+                                          nullptr,
+                                          nullptr});
     int64_t floats = 0;
     for (const size_t i : tensors) {
       if (i >= params_.size()) {
@@ -172,27 +191,25 @@ class GpuEngine final : public DeviceEngine {
       }
       floats += params_[i].size;
     }
-    return floats;
-  }
-
-  // The gradients of `tensors` into packed_ one after another, or back, on the compute stream.
-  absl::Status CopyPacked(std::span<const size_t> tensors, bool pack) {
+    if (absl::Status s = p->buffer.Resize({std::max<int64_t>(floats, 1)}); !s.ok()) return s;
+    std::vector<kernels::CopySpan> pack, unpack;
     int64_t at = 0;
     for (const size_t i : tensors) {
-      const ParamRef<float>& p = params_[i];
-      float* packed = packed_.data() + at;
-      if (absl::Status s = CudaCheck(
-              cudaMemcpyAsync(pack ? packed : p.grad, pack ? p.grad : packed,
-                              static_cast<size_t>(p.size) * sizeof(float), cudaMemcpyDeviceToDevice,
-                              device_->stream()),
-              absl::StrCat(pack ? "packing the gradient of " : "unpacking the gradient of ",
-                           p.name));
-          !s.ok()) {
-        return s;
-      }
-      at += p.size;
+      const ParamRef<float>& t = params_[i];
+      pack.push_back({t.grad, p->buffer.data() + at, t.size});
+      unpack.push_back({p->buffer.data() + at, t.grad, t.size});
+      at += t.size;
     }
-    return absl::OkStatus();
+    absl::StatusOr<std::unique_ptr<SpanCopy>> packer =
+        SpanCopy::Create(device_.get(), "packing gradients", std::move(pack));
+    if (!packer.ok()) return packer.status();
+    absl::StatusOr<std::unique_ptr<SpanCopy>> unpacker =
+        SpanCopy::Create(device_.get(), "unpacking gradients", std::move(unpack));
+    if (!unpacker.ok()) return unpacker.status();
+    p->pack = *std::move(packer);
+    p->unpack = *std::move(unpacker);
+    packings_.push_back(std::move(p));
+    return packings_.back().get();
   }
   // The engine's GPU is the calling thread's (a worker creates the trainer on one thread
   // and may run it on another).
@@ -203,8 +220,9 @@ class GpuEngine final : public DeviceEngine {
   std::unique_ptr<Device> device_;
   std::unique_ptr<GpuModel> model_;
   std::unique_ptr<DeviceAdamW> adam_;
-  std::vector<ParamRef<float>> params_;  // the device model's, in the host model's order
-  DeviceTensor<float> packed_;           // PackGradients' buffer
+  std::vector<ParamRef<float>> params_;             // the device model's, in the host model's order
+  std::vector<std::unique_ptr<Packing>> packings_;  // PackGradients' lists and buffers
+  Packing* last_packed_ = nullptr;
   std::string describe_;
   PhaseTimes last_{};
   // OptimizerStep scales by the factor of the last GradNorm (one rank), or applies the

@@ -389,6 +389,16 @@ __global__ void AdamWKernel(const AdamTensor* table, int64_t chunks, const int32
   }
 }
 
+__global__ void CopySpansKernel(const CopySpan* spans, int64_t chunks, const int32_t* chunk_span,
+                                const int64_t* chunk_start) {
+  for (int64_t q = blockIdx.x; q < chunks; q += gridDim.x) {
+    const CopySpan s = spans[chunk_span[q]];
+    const int64_t start = chunk_start[q];
+    const int64_t end = start + kChunk < s.size ? start + kChunk : s.size;
+    for (int64_t i = start + threadIdx.x; i < end; i += blockDim.x) s.to[i] = s.from[i];
+  }
+}
+
 __global__ void SquaresKernel(const AdamTensor* table, int64_t chunks, const int32_t* chunk_tensor,
                               const int64_t* chunk_start, double* partial) {
   __shared__ double scratch[kWarp];
@@ -598,6 +608,14 @@ cudaError_t AdamWStep(int /*tensors*/, const AdamTensor* table, int64_t chunks,
   Launch(AdamWKernel, Blocks(chunks, 1), kThreads, 0, stream)(table, chunks, chunk_tensor,
                                                               chunk_start, beta1, beta2, step_size,
                                                               inv_sqrt_bias2, eps, shrink, scale);
+  return cudaGetLastError();
+}
+
+cudaError_t CopySpans(const CopySpan* spans, int64_t chunks, const int32_t* chunk_span,
+                      const int64_t* chunk_start, cudaStream_t stream) {
+  if (chunks == 0) return cudaSuccess;
+  Launch(CopySpansKernel, Blocks(chunks, 1), kThreads, 0, stream)(spans, chunks, chunk_span,
+                                                                  chunk_start);
   return cudaGetLastError();
 }
 

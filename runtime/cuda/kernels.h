@@ -122,6 +122,16 @@ cudaError_t AdamWStep(int tensors, const AdamTensor* table, int64_t chunks,
                       const int32_t* chunk_tensor, const int64_t* chunk_start, float beta1,
                       float beta2, float step_size, float inv_sqrt_bias2, float eps, float shrink,
                       const float* scale, cudaStream_t stream);
+// Several copies in one launch: span s's `size` floats from `from` to `to`, over the chunks
+// of the spans (the table `chunk_span`/`chunk_start`, kChunk floats each, as AdamWStep's).
+// Spans must not overlap. The GPU engine packs a job's gradients for the all-reduce with it.
+struct CopySpan {
+  const float* from;
+  float* to;
+  int64_t size;
+};
+cudaError_t CopySpans(const CopySpan* spans, int64_t chunks, const int32_t* chunk_span,
+                      const int64_t* chunk_start, cudaStream_t stream);
 // Sum of squares of every gradient in double, chunk by chunk, into partial[q] (`chunks`
 // doubles; a tensor's chunks are consecutive).
 cudaError_t GradSquares(const AdamTensor* table, int64_t chunks, const int32_t* chunk_tensor,

@@ -17,6 +17,7 @@
 #include "runtime/cuda/device_rows.h"
 #include "runtime/cuda/gemm.h"
 #include "runtime/cuda/optimizer.h"
+#include "runtime/cuda/span_copy.h"
 #include "runtime/cuda/test_util.h"
 #include "runtime/layers/lm_head.h"
 #include "runtime/layers/moe.h"
@@ -443,6 +444,50 @@ TEST(GpuKernelsTest, GatherAndScatterRowsMoveBytesAsTheyAre) {
   const std::vector<float> got_packed = Download(packed), got_unpacked = Download(unpacked);
   EXPECT_EQ(std::memcmp(got_packed.data(), want_packed.data(), want_packed.size() * 4), 0);
   EXPECT_EQ(std::memcmp(got_unpacked.data(), want_unpacked.data(), want_unpacked.size() * 4), 0);
+}
+
+// SpanCopy (span_copy.h; kernels::CopySpans): one launch moves every span's floats as they
+// are (negative zeros and NaNs included), spans below, at and above a chunk, an empty one,
+// and a destination that is a source of another copy run after it (pack, then unpack).
+TEST(GpuKernelsTest, SpanCopyMovesEverySpanInOneLaunch) {
+  RACKRUN_OPEN_GPU_OR_SKIP(dev);
+  const std::vector<int64_t> sizes = {
+      1, kernels::kChunk - 1, 0, kernels::kChunk, 2 * kernels::kChunk + 5, 17};
+  const int64_t total = std::accumulate(sizes.begin(), sizes.end(), int64_t{0});
+  std::vector<float> x = RandomVector(total, 71);
+  x[3] = -0.0f;
+  x[static_cast<size_t>(total - 2)] = std::nanf("");
+  DeviceTensor<float> tensors = Upload(dev.get(), "tensors", x);
+  DeviceTensor<float> packed = Zeros(dev.get(), "packed", total);
+  DeviceTensor<float> back = Zeros(dev.get(), "back", total);
+  // Pack the tensors in reverse order; unpack into `back` at the tensors' own offsets.
+  std::vector<kernels::CopySpan> pack, unpack;
+  std::vector<int64_t> offset(sizes.size());
+  std::exclusive_scan(sizes.begin(), sizes.end(), offset.begin(), int64_t{0});
+  std::vector<float> want(static_cast<size_t>(total));
+  int64_t at = 0;
+  for (size_t i = sizes.size(); i-- > 0;) {
+    pack.push_back({tensors.data() + offset[i], packed.data() + at, sizes[i]});
+    unpack.push_back({packed.data() + at, back.data() + offset[i], sizes[i]});
+    std::copy_n(x.begin() + offset[i], sizes[i], want.begin() + at);
+    at += sizes[i];
+  }
+  absl::StatusOr<std::unique_ptr<SpanCopy>> p = SpanCopy::Create(dev.get(), "pack", pack);
+  absl::StatusOr<std::unique_ptr<SpanCopy>> u = SpanCopy::Create(dev.get(), "unpack", unpack);
+  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_TRUE(u.ok()) << u.status();
+  EXPECT_EQ((*p)->floats(), total);
+  ASSERT_TRUE((*p)->Run().ok());
+  ASSERT_TRUE((*u)->Run().ok());
+  const std::vector<float> got_packed = Download(packed), got_back = Download(back);
+  EXPECT_EQ(std::memcmp(got_packed.data(), want.data(), want.size() * 4), 0);
+  EXPECT_EQ(std::memcmp(got_back.data(), x.data(), x.size() * 4), 0);
+  // A negative size is refused, naming the copies.
+  absl::StatusOr<std::unique_ptr<SpanCopy>> bad =
+      SpanCopy::Create(dev.get(), "packing gradients", {{tensors.data(), packed.data(), -1}});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("packing gradients: span 0"), std::string::npos)
+      << bad.status();
 }
 
 // DeviceRows (device_rows.h), the dispatch's mover on a GPU: a dispatch and its combine give
