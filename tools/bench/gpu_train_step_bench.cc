@@ -55,7 +55,6 @@
 #include <fstream>
 #include <memory>
 #include <optional>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -64,16 +63,14 @@
 #include "base/clock.h"
 #include "base/statistics.h"
 #include "nlohmann/json.hpp"
-#include "rackrun/v1/job_spec.pb.h"
 #include "runtime/cuda/device.h"
 #include "runtime/cuda/device_probe.h"
 #include "runtime/cuda/engine.h"
 #include "runtime/cuda/gemm.h"
-#include "runtime/cuda/grouped_gemm.h"
-#include "runtime/cuda/moe.h"
 #include "runtime/device_engine.h"
 #include "runtime/model.h"
 #include "runtime/optimizer.h"
+#include "tools/bench/gpu_step.h"
 #include "tools/bench/startup.h"
 #include "tools/bench/train_step.h"
 
@@ -126,46 +123,24 @@ Row RunOurs(const Options& o, const bench::TrainStepShape& shape, const std::str
   row.impl = "rackrun";
   row.residual = residual;
   row.expert_gemm = expert_gemm;
-  // The engine builds its MoE layers itself: they take the process default.
-  cu::SetDefaultExpertGemmPath(*cu::ParseExpertGemmPath(expert_gemm, "--expert-gemm"));
   for (const auto& p : host.Parameters()) row.parameters += p.size;
-  rackrun::v1::JobSpec spec;
-  spec.mutable_model()->set_precision(precision);
-  spec.mutable_model()->set_residual(residual);
-  rackrun::runtime::DeviceEngineSetup setup;
-  setup.spec = &spec;
-  setup.device.kind = rackrun::jobspec::DeviceSpec::Kind::kCuda;
-  setup.device.index = 0;
-  setup.model = &host;
-  absl::StatusOr<std::unique_ptr<DeviceEngine>> made = cu::GpuEngineFactory()(setup);
+  absl::StatusOr<std::unique_ptr<DeviceEngine>> made =
+      bench::MakeGpuEngine(host, residual, precision, expert_gemm);
   if (!made.ok()) {
     row.note = std::string(made.status().message());
     return row;
   }
   DeviceEngine& engine = **made;
-  std::mt19937 rng(1);
-  std::vector<int32_t> data(static_cast<size_t>(shape.tokens()) + 1);
-  for (auto& t : data) t = static_cast<int32_t>(rng() % static_cast<uint32_t>(shape.vocab));
-  const std::vector<int32_t> inputs(data.begin(), data.end() - 1),
-      targets(data.begin() + 1, data.end());
+  const bench::StepTokens tokens = bench::RandomStepTokens(shape);
   std::vector<double> step;
   std::array<std::vector<double>, kPhases> phases;
   int64_t peak = 0;
   for (int i = 0; i < o.warmup + o.steps; ++i) {
     const double t0 = rackrun::base::NowSeconds();
-    absl::Status s = engine.ZeroGrad();
-    absl::StatusOr<double> loss =
-        s.ok() ? engine.ForwardBackward(inputs, targets, shape.batch, {}, 1.0f)
-               : absl::StatusOr<double>(s);
-    if (loss.ok()) {
-      absl::StatusOr<double> norm = engine.GradNorm(1.0);
-      s = norm.ok() ? engine.OptimizerStep(1e-3) : norm.status();
-    } else {
-      s = loss.status();
-    }
+    const absl::StatusOr<double> loss = bench::EngineStep(engine, tokens, shape.batch);
     const double t1 = rackrun::base::NowSeconds();
     absl::StatusOr<DeviceStepStats> stats =
-        s.ok() ? engine.StepStats() : absl::StatusOr<DeviceStepStats>(s);
+        loss.ok() ? engine.StepStats() : absl::StatusOr<DeviceStepStats>(loss.status());
     if (!stats.ok()) {
       row.note = absl::StrCat("step ", i + 1, ": ", stats.status().message());
       return row;
@@ -420,14 +395,8 @@ int main(int argc, char** argv) {
                         absl::StrCat("unknown precision '", p, "'; use fp32, tf32 or bf16"));
     }
   }
-  for (const std::string& path : o.expert_gemm) {
-    if (absl::Status s = cu::ParseExpertGemmPath(path, "--expert-gemm").status(); !s.ok())
-      return flags.Fail(s);
-  }
-  for (const std::string& mode : o.residual) {
-    if (absl::Status s = rackrun::runtime::ParseResidualMode(mode).status(); !s.ok())
-      return flags.Fail("--residual", std::string(s.message()));
-  }
+  if (std::optional<int> exit = bench::CheckGpuStepFlags(flags, o.expert_gemm, o.residual))
+    return *exit;
   if (absl::Status s = cu::GpuAvailable(); !s.ok()) {
     std::fprintf(stderr, "%s: %s\n", startup.program().c_str(), std::string(s.message()).c_str());
     return 1;

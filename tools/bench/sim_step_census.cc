@@ -25,21 +25,18 @@
 #include <cstdlib>
 #include <fstream>
 #include <memory>
-#include <random>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
-#include "rackrun/v1/job_spec.pb.h"
 #include "runtime/cuda/device_probe.h"
-#include "runtime/cuda/engine.h"
-#include "runtime/cuda/grouped_gemm.h"
-#include "runtime/cuda/moe.h"
 #include "runtime/cuda/sim/runtime.h"
 #include "runtime/device_engine.h"
 #include "runtime/model.h"
+#include "tools/bench/gpu_step.h"
 #include "tools/bench/startup.h"
 #include "tools/bench/train_step.h"
 
@@ -72,17 +69,6 @@ rackrun::bench::TrainStepShape Narrow(rackrun::bench::TrainStepShape s) {
   return s;
 }
 
-// One step of the engine on `host`'s weights; OK or the failing call's error.
-absl::Status OneStep(DeviceEngine& engine, const std::vector<int32_t>& inputs,
-                     const std::vector<int32_t>& targets, int batch) {
-  if (absl::Status s = engine.ZeroGrad(); !s.ok()) return s;
-  absl::StatusOr<double> loss = engine.ForwardBackward(inputs, targets, batch, {}, 1.0f);
-  if (!loss.ok()) return loss.status();
-  absl::StatusOr<double> norm = engine.GradNorm(1.0);
-  if (!norm.ok()) return norm.status();
-  return engine.OptimizerStep(1e-3);
-}
-
 Row Count(const rackrun::bench::TrainStepShape& shape, const std::string& residual,
           const std::string& expert_gemm) {
   Row row{shape.name, residual, expert_gemm, shape, {}, ""};
@@ -95,28 +81,18 @@ Row Count(const rackrun::bench::TrainStepShape& shape, const std::string& residu
     row.note = std::string(host.status().message());
     return row;
   }
-  cu::SetDefaultExpertGemmPath(*cu::ParseExpertGemmPath(expert_gemm, "--expert-gemm"));
-  rackrun::v1::JobSpec spec;
-  spec.mutable_model()->set_residual(residual);
-  rackrun::runtime::DeviceEngineSetup setup;
-  setup.spec = &spec;
-  setup.device.kind = rackrun::jobspec::DeviceSpec::Kind::kCuda;
-  setup.device.index = 0;
-  setup.model = host->get();
-  absl::StatusOr<std::unique_ptr<DeviceEngine>> engine = cu::GpuEngineFactory()(setup);
+  absl::StatusOr<std::unique_ptr<DeviceEngine>> engine =
+      rackrun::bench::MakeGpuEngine(**host, residual, "", expert_gemm);
   if (!engine.ok()) {
     row.note = std::string(engine.status().message());
     return row;
   }
-  std::mt19937 rng(1);
-  std::vector<int32_t> data(static_cast<size_t>(shape.tokens()) + 1);
-  for (auto& t : data) t = static_cast<int32_t>(rng() % static_cast<uint32_t>(shape.vocab));
-  const std::vector<int32_t> inputs(data.begin(), data.end() - 1),
-      targets(data.begin() + 1, data.end());
+  const rackrun::bench::StepTokens tokens = rackrun::bench::RandomStepTokens(shape);
   for (int step = 0; step < 2; ++step) {
     sim::TakeCensus();
-    if (absl::Status s = OneStep(**engine, inputs, targets, shape.batch); !s.ok()) {
-      row.note = absl::StrCat("step ", step + 1, ": ", s.message());
+    if (absl::StatusOr<double> loss = rackrun::bench::EngineStep(**engine, tokens, shape.batch);
+        !loss.ok()) {
+      row.note = absl::StrCat("step ", step + 1, ": ", loss.status().message());
       return row;
     }
     row.census = sim::TakeCensus();
@@ -216,14 +192,8 @@ int main(int argc, char** argv) {
     if (!s.ok()) return flags.Fail(s.status());
     shapes.push_back(o.full_width ? *s : Narrow(*s));
   }
-  for (const std::string& path : o.expert_gemm) {
-    if (absl::Status s = cu::ParseExpertGemmPath(path, "--expert-gemm").status(); !s.ok())
-      return flags.Fail(s);
-  }
-  for (const std::string& mode : o.residual) {
-    if (absl::Status s = rackrun::runtime::ParseResidualMode(mode).status(); !s.ok())
-      return flags.Fail("--residual", std::string(s.message()));
-  }
+  if (std::optional<int> exit = rackrun::bench::CheckGpuStepFlags(flags, o.expert_gemm, o.residual))
+    return *exit;
   std::vector<Row> rows;
   for (const rackrun::bench::TrainStepShape& shape : shapes) {
     for (const std::string& mode : o.residual) {
