@@ -117,7 +117,7 @@ class GpuEngine final : public DeviceEngine {
     // The channel reads and writes the buffer on a stream of its own.
     if (absl::Status s = device_->Synchronize(); !s.ok()) return s;
     last_packed_ = *p;
-    return std::span<float>((*p)->buffer.data(), static_cast<size_t>((*p)->buffer.size()));
+    return std::span<float>((*p)->buffer.data(), static_cast<size_t>((*p)->pack->floats()));
   }
 
   absl::Status UnpackGradients(std::span<const size_t> tensors) override {

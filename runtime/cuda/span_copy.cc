@@ -1,6 +1,5 @@
 #include "runtime/cuda/span_copy.h"
 
-#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
