@@ -43,6 +43,7 @@ void Enqueue(cudaStream_t stream, Work what, std::function<void()> work);
 struct Census {
   int64_t kernels = 0;  // kernel launches
   int64_t blas = 0;     // cuBLAS(Lt) calls: GEMMs and grouped GEMMs
+  // cudaMemcpy(Async) by direction (host to host: none of them); empty copies are not counted
   int64_t copies_to_device = 0, copies_to_host = 0, copies_on_device = 0;
   int64_t pageable_copies = 0;  // of those copies, the ones to or from pageable host memory
   int64_t memsets = 0;
