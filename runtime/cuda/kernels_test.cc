@@ -18,6 +18,9 @@
 #include "runtime/cuda/gemm.h"
 #include "runtime/cuda/optimizer.h"
 #include "runtime/cuda/span_copy.h"
+#ifdef RACKRUN_CUDA_SIM
+#include "runtime/cuda/sim/runtime.h"
+#endif
 #include "runtime/cuda/test_util.h"
 #include "runtime/layers/lm_head.h"
 #include "runtime/layers/moe.h"
@@ -477,7 +480,15 @@ TEST(GpuKernelsTest, SpanCopyMovesEverySpanInOneLaunch) {
   ASSERT_TRUE(p.ok()) << p.status();
   ASSERT_TRUE(u.ok()) << u.status();
   EXPECT_EQ((*p)->floats(), total);
+#ifdef RACKRUN_CUDA_SIM
+  sim::TakeCensus();
+#endif
   ASSERT_TRUE((*p)->Run().ok());
+#ifdef RACKRUN_CUDA_SIM
+  const sim::Census run = sim::TakeCensus();  // one launch, no copy
+  EXPECT_EQ(run.kernels, 1);
+  EXPECT_EQ(run.copies_on_device + run.copies_to_device + run.copies_to_host, 0);
+#endif
   ASSERT_TRUE((*u)->Run().ok());
   const std::vector<float> got_packed = Download(packed), got_back = Download(back);
   EXPECT_EQ(std::memcmp(got_packed.data(), want.data(), want.size() * 4), 0);
