@@ -27,8 +27,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
-#include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -284,10 +282,7 @@ int main(int argc, char** argv) {
                          {"copy_bytes_per_s", r.copy_bytes_per_s},
                          {"ops", ops}});
   }
-  if (const char* out = std::getenv("OUT"); out != nullptr && *out != '\0') {
-    std::ofstream f(std::string(out) + "/bench_gpu_residual.json");
-    f << j.dump(2) << "\n";
-  }
+  rackrun::bench::WriteToOut("bench_gpu_residual.json", j.dump(2) + "\n");
   if (bench.json()) {
     std::printf("%s\n", j.dump(2).c_str());
     return 0;

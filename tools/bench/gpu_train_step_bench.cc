@@ -51,8 +51,6 @@
 #include <array>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
-#include <fstream>
 #include <memory>
 #include <optional>
 #include <string>
@@ -295,10 +293,7 @@ nlohmann::json Json(const Options& o, const std::string& gpu, const absl::Status
 }
 
 void WriteOut(const nlohmann::json& j) {
-  if (const char* out = std::getenv("OUT"); out != nullptr && *out != '\0') {
-    std::ofstream f(std::string(out) + "/bench_gpu_train_step.json");
-    f << j.dump(2) << "\n";
-  }
+  bench::WriteToOut("bench_gpu_train_step.json", j.dump(2) + "\n");
 }
 
 void PrintTables(const Options& o, const std::vector<Row>& rows) {

@@ -22,8 +22,6 @@
 // JSON: with --json on stdout, and always to $OUT/bench_sim_step_census.json when OUT is set.
 // Built only with the simulator (runtime/cuda/sim: nvcc found, no sanitizer).
 #include <cstdio>
-#include <cstdlib>
-#include <fstream>
 #include <memory>
 #include <optional>
 #include <string>
@@ -55,8 +53,8 @@ struct Options {
 };
 
 struct Row {
-  std::string config, residual, expert_gemm;
-  rackrun::bench::TrainStepShape shape;
+  rackrun::bench::TrainStepShape shape;  // its name is the row's config
+  std::string residual, expert_gemm;
   sim::Census census;
   std::string note;  // why nothing was counted
 };
@@ -71,7 +69,7 @@ rackrun::bench::TrainStepShape Narrow(rackrun::bench::TrainStepShape s) {
 
 Row Count(const rackrun::bench::TrainStepShape& shape, const std::string& residual,
           const std::string& expert_gemm) {
-  Row row{shape.name, residual, expert_gemm, shape, {}, ""};
+  Row row{shape, residual, expert_gemm, {}, ""};
   if (absl::Status s = cu::CheckGpuResidualMode(residual); !s.ok()) {
     row.note = "not in the GPU engine";
     return row;
@@ -107,7 +105,7 @@ nlohmann::json Json(const Options& o, const std::vector<Row>& rows) {
   j["rows"] = nlohmann::json::array();
   for (const Row& r : rows) {
     const sim::Census& c = r.census;
-    j["rows"].push_back({{"config", r.config},
+    j["rows"].push_back({{"config", r.shape.name},
                          {"shape", r.shape.Describe()},
                          {"tokens", r.shape.tokens()},
                          {"residual", r.residual},
@@ -134,7 +132,7 @@ void PrintTable(const Options& o, const std::vector<Row>& rows) {
       o.full_width ? "full" : "narrow");
   for (const std::string& name : o.configs) {
     for (const Row& r : rows) {
-      if (r.config != name) continue;
+      if (r.shape.name != name) continue;
       std::printf("  %-5s %s, batch %d x seq %d\n", name.c_str(), r.shape.Describe().c_str(),
                   r.shape.batch, r.shape.seq);
       break;
@@ -158,9 +156,9 @@ void PrintTable(const Options& o, const std::vector<Row>& rows) {
     const auto n = [&](int64_t v) { return r.note.empty() ? std::to_string(v) : "-"; };
     const int64_t calls =
         c.kernels + c.blas + c.copies_to_device + c.copies_to_host + c.copies_on_device + c.memsets;
-    t.AddRow({r.config, r.residual, r.expert_gemm, n(c.kernels), n(c.blas), n(c.copies_to_device),
-              n(c.copies_to_host), n(c.copies_on_device), n(c.memsets), n(calls), n(c.host_waits),
-              n(c.allocations + c.frees), r.note});
+    t.AddRow({r.shape.name, r.residual, r.expert_gemm, n(c.kernels), n(c.blas),
+              n(c.copies_to_device), n(c.copies_to_host), n(c.copies_on_device), n(c.memsets),
+              n(calls), n(c.host_waits), n(c.allocations + c.frees), r.note});
   }
   std::printf("%s", t.ToString().c_str());
   std::printf(
@@ -208,10 +206,7 @@ int main(int argc, char** argv) {
     }
   }
   const nlohmann::json j = Json(o, rows);
-  if (const char* out = std::getenv("OUT"); out != nullptr && *out != '\0') {
-    std::ofstream f(std::string(out) + "/bench_sim_step_census.json");
-    f << j.dump(2) << "\n";
-  }
+  rackrun::bench::WriteToOut("bench_sim_step_census.json", j.dump(2) + "\n");
   if (startup.json()) {
     std::printf("%s\n", j.dump(2).c_str());
     return 0;

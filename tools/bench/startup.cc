@@ -68,4 +68,11 @@ double LoadAverage() {
   return one;
 }
 
+void WriteToOut(const std::string& file, const std::string& text) {
+  if (const char* out = std::getenv("OUT"); out != nullptr && *out != '\0') {
+    std::ofstream f(std::string(out) + "/" + file);
+    f << text;
+  }
+}
+
 }  // namespace rackrun::bench

@@ -64,6 +64,10 @@ std::string MachineLine();
 // The 1-minute load average (/proc/loadavg); 0 when unreadable.
 double LoadAverage();
 
+// Writes `text` to $OUT/`file` when OUT is set and not empty (the device check collects the
+// benchmarks' JSON from there); does nothing otherwise.
+void WriteToOut(const std::string& file, const std::string& text);
+
 }  // namespace rackrun::bench
 
 #endif  // RACKRUN_TOOLS_BENCH_STARTUP_H_
