@@ -180,7 +180,8 @@ class DeviceTensor {
   // valid until the stream has run it (Device::Synchronize), or be pageable (then CUDA
   // copies it before returning).
   absl::Status CopyFrom(std::span<const T> host);
-  // Device -> host, resizing `host`; synchronises the compute stream.
+  // Device -> host, resizing `host`; returns when the compute stream has run everything
+  // before it (the copy to pageable memory waits for it; an empty tensor synchronises).
   absl::Status CopyTo(std::vector<T>* host) const;
 
   T* data() { return static_cast<T*>(block_.ptr); }
