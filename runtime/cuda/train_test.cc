@@ -236,9 +236,8 @@ TEST(GpuTrainTest, RanksKeepingRowsWeightsAndGradientsOnTheGpuTrainAsHostStaged)
 // and the router's score sums (the plan and the aux loss; one wait), then the loss and the
 // gradient norm; to the device only the batch and what the host computes of it (no optimizer
 // table, nothing per parameter). The waits, exactly: the plans, the loss and the norm (each a
-// copy to pageable memory, which returns when done: no synchronize after it), the phase clock's
-// at the step's end. tools/bench's
-// bench_sim_step_census counts the benchmark shapes.
+// copy to pageable memory, which returns when done: no synchronize after it), the phase
+// clock's at the step's end. tools/bench's bench_sim_step_census counts the benchmark shapes.
 TEST(GpuTrainTest, AWarmStepCopiesToTheHostOnlyWhatThePlanAndTheLogNeed) {
   constexpr int kMoeLayers = 2;  // Spec(): 2 blocks, each with an MoE layer
   for (const char* mode : {"xhc", "vanilla"}) {
