@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <climits>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "runtime/cuda/cublaslt_library.h"
 
 namespace rackrun::runtime::cuda {
@@ -11,6 +13,12 @@ namespace {
 
 int64_t StartOf(const ExpertOperand& o, const ExpertBatch& b) {
   return b.offset * o.row_stride + static_cast<int64_t>(b.expert) * o.expert_stride;
+}
+
+absl::Mutex refusal_mu;
+std::string& Refusal() ABSL_EXCLUSIVE_LOCKS_REQUIRED(refusal_mu) {
+  static std::string refusal;
+  return refusal;
 }
 
 std::string BatchName(const ExpertBatch& b) {
@@ -30,6 +38,16 @@ absl::StatusOr<ExpertGemmPath> ParseExpertGemmPath(absl::string_view name,
 
 absl::string_view ExpertGemmPathName(ExpertGemmPath path) {
   return path == ExpertGemmPath::kGrouped ? "grouped" : "per_expert";
+}
+
+std::string GroupedBf16Refusal() {
+  absl::MutexLock lock(&refusal_mu);
+  return Refusal();
+}
+
+void ForgetGroupedBf16RefusalForTesting() {
+  absl::MutexLock lock(&refusal_mu);
+  Refusal().clear();
 }
 
 GemmShape ExpertShape(const ExpertGemm& g, const ExpertBatch& b) {
@@ -145,9 +163,16 @@ absl::Status GroupedGemm::Run(const GroupedProblems& p, GemmPrecision precision)
       a, ab, p.lda.data(), a + n, ab, p.ldb.data(), p.beta.data(), c, CUDA_R_32F, p.ldc.data(), n,
       p.group_size.data(), compute);
   if (st == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
-  return absl::InternalError(
+  const std::string message =
       absl::StrCat("cublasGemmGroupedBatchedEx (", n, " problems, ", GemmPrecisionName(precision),
-                   ", C fp32): ", lib.GetStatusName(st), ": ", lib.GetStatusString(st)));
+                   ", C fp32): ", lib.GetStatusName(st), ": ", lib.GetStatusString(st));
+  if (precision == GemmPrecision::kBf16 &&
+      (st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE)) {
+    absl::MutexLock lock(&refusal_mu);
+    if (Refusal().empty()) Refusal() = lib.GetStatusName(st);
+    return absl::UnimplementedError(message);
+  }
+  return absl::InternalError(message);
 }
 
 }  // namespace rackrun::runtime::cuda

@@ -15,6 +15,11 @@
 //
 // Types: A and B fp32 (compute CUBLAS_COMPUTE_32F, or CUBLAS_COMPUTE_32F_FAST_TF32 under tf32)
 // or bf16 (CUBLAS_COMPUTE_32F), C fp32; MatMul::RunExperts picks them as MatMul::Run does.
+// bf16 A and B with an fp32 C: hipBLAS's mirror of the call documents the combination, cuBLAS's
+// table has not been checked on a GPU. If cuBLAS refuses it (CUBLAS_STATUS_NOT_SUPPORTED or
+// _INVALID_VALUE: it launches nothing), Run says Unimplemented and the process remembers the
+// status (GroupedBf16Refusal); MatMul then runs its bf16 expert GEMMs per expert, which
+// compute the same outputs from the same bf16 inputs.
 // Not run on a GPU yet: runtime/cuda/moe_test.cc compares the grouped path with MoeLayer<float>
 // and with the per-expert path.
 #ifndef RACKRUN_RUNTIME_CUDA_GROUPED_GEMM_H_
@@ -24,6 +29,7 @@
 
 #include <cstdint>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -89,6 +95,13 @@ struct GroupedProblems {
 absl::StatusOr<GroupedProblems> BuildGroupedProblems(std::span<const ExpertBatch> batches,
                                                      const ExpertGemm& g);
 
+// The status cuBLAS refused grouped bf16 operands with an fp32 C with in this process
+// ("CUBLAS_STATUS_NOT_SUPPORTED"), or empty while it has not (thread-safe). A property of the
+// loaded cuBLAS and the GPU, so it holds for every GroupedGemm from then on.
+std::string GroupedBf16Refusal();
+// Tests only: forgets the refusal (a simulated cuBLAS may accept again).
+void ForgetGroupedBf16RefusalForTesting();
+
 // Runs GroupedProblems on a Device's compute stream (not thread-safe: one per stream owner).
 class GroupedGemm {
  public:
@@ -99,7 +112,8 @@ class GroupedGemm {
 
   // One grouped call (none for zero problems). A and B are bf16 under kBf16, else fp32; C fp32.
   // Errors: cuBLAS's loader's (naming the file), then cuBLAS's status naming the call, the
-  // problem count and the precision.
+  // problem count and the precision: Unimplemented when cuBLAS refuses bf16 operands with an
+  // fp32 C (recorded for GroupedBf16Refusal; nothing ran), Internal otherwise.
   absl::Status Run(const GroupedProblems& p, GemmPrecision precision);
 
  private:

@@ -68,6 +68,10 @@ absl::Status MatMul::LinearBackward(int rows, int in, int out, const float* x, c
 absl::Status MatMul::RunExperts(const ExpertGemm& g, std::span<const ExpertBatch> batches,
                                 ExpertGemmPath path) {
   if (path == ExpertGemmPath::kGrouped) return RunGrouped(g, batches);
+  return RunPerExpert(g, batches);
+}
+
+absl::Status MatMul::RunPerExpert(const ExpertGemm& g, std::span<const ExpertBatch> batches) {
   for (const ExpertBatch& b : batches) {
     if (b.rows == 0) continue;
     if (absl::Status s =
@@ -93,6 +97,8 @@ absl::Status MatMul::RunGrouped(const ExpertGemm& g, std::span<const ExpertBatch
       precision_ == GemmPrecision::kFp32 || aligned ? precision_ : GemmPrecision::kFp32;
   if (grouped_ == nullptr) grouped_ = std::make_unique<GroupedGemm>(device_);
   if (precision != GemmPrecision::kBf16) return grouped_->Run(*p, precision);
+  // cuBLAS refused grouped bf16 before (grouped_gemm.h): per expert, the same computation.
+  if (!GroupedBf16Refusal().empty()) return RunPerExpert(g, batches);
   // bf16: A and B converted once each over what the group reads.
   cudaStream_t stream = device_->stream();
   for (absl::Status st : {a16_.Resize({p->a_extent}), b16_.Resize({p->b_extent})}) {
@@ -115,7 +121,8 @@ absl::Status MatMul::RunGrouped(const ExpertGemm& g, std::span<const ExpertBatch
   h.b = {b16_.data(), g.b.row_stride, g.b.expert_stride, static_cast<int>(sizeof(bf16))};
   absl::StatusOr<GroupedProblems> p16 = BuildGroupedProblems(batches, h);
   if (!p16.ok()) return p16.status();
-  return grouped_->Run(*p16, GemmPrecision::kBf16);
+  absl::Status st = grouped_->Run(*p16, GemmPrecision::kBf16);
+  return absl::IsUnimplemented(st) ? RunPerExpert(g, batches) : st;
 }
 
 absl::Status MatMul::ExpertsLinear(int in, int out, const float* x, const float* w, float* y,

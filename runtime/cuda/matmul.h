@@ -18,9 +18,10 @@
 // batch of the expert-row buffer at once, on one of two paths (grouped_gemm.h): per expert (one
 // Run with rows_vary per batch with rows) or grouped (one cublasGemmGroupedBatchedEx per
 // matrix; the group falls back to fp32 as a whole where an operand is not 16-byte aligned;
-// under bf16, A and B are converted once each over the extent the group reads). Both compute
-// every output from the same inputs in the same precision; the grouped path is not run on a
-// GPU yet.
+// under bf16, A and B are converted once each over the extent the group reads; where cuBLAS
+// refuses bf16 operands with an fp32 C, bf16 expert GEMMs run per expert: GroupedBf16Refusal).
+// Both compute every output from the same inputs in the same precision; the grouped path is not
+// run on a GPU yet.
 //
 // Not thread-safe: one per stream owner (the scratch is reused call to call, ordered by the
 // device's compute stream).
@@ -74,6 +75,7 @@ class MatMul {
 
  private:
   absl::Status RunGrouped(const ExpertGemm& g, std::span<const ExpertBatch> batches);
+  absl::Status RunPerExpert(const ExpertGemm& g, std::span<const ExpertBatch> batches);
   Device* device_;
   GemmPrecision precision_;
   Gemm gemm_;

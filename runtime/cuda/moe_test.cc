@@ -12,6 +12,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -189,9 +192,14 @@ TEST(GpuMoeTest, GroupedFp32MatchesTheCpuLayer) {
   CheckAgainstCpu(dev.get(), /*shared=*/true, GemmPrecision::kFp32, 1e-4, ExpertGemmPath::kGrouped);
 }
 
+// Within tolerance whether cuBLAS ran the grouped bf16 GEMM or refused it (grouped_gemm.h: then
+// per expert); which one it did is printed for tools/gpu-check's summary.
 TEST(GpuMoeTest, GroupedBf16StaysWithinItsRounding) {
   RACKRUN_OPEN_GPU_OR_SKIP(dev);
   CheckAgainstCpu(dev.get(), /*shared=*/true, GemmPrecision::kBf16, 4e-2, ExpertGemmPath::kGrouped);
+  const std::string refused = GroupedBf16Refusal();
+  std::printf("gpu-check: cublasGemmGroupedBatchedEx with bf16 A and B and an fp32 C: %s\n",
+              refused.empty() ? "accepted" : ("refused (" + refused + "); ran per expert").c_str());
 }
 
 // The two paths on the same GPU, with one expert never selected (its bias far below the
@@ -241,6 +249,35 @@ TEST(GpuMoeTest, GroupedMatchesPerExpert) {
 
 // The device's permutation (SlotRows from the counts' prefix sums) is the host's
 // (expert_permutation.h) for the plan the layer solved.
+#ifdef RACKRUN_CUDA_SIM
+// A cuBLAS that refuses bf16 operands with an fp32 C in its grouped GEMM (the simulator's
+// RACKRUN_CUDASIM_GROUPED_TYPES=matching, sim/README.md): the grouped path's bf16 expert GEMMs
+// run per expert instead, giving the per-expert path's results bit for bit, and the refusal is
+// recorded for the process; fp32 operands (C's type) still go grouped and record nothing.
+TEST(GpuMoeTest, GroupedBf16RunsPerExpertWhereCublasRefusesIt) {
+  RACKRUN_OPEN_GPU_OR_SKIP(dev);
+  ForgetGroupedBf16RefusalForTesting();
+  ::rackrun::runtime::cuda::Setup s = MakeSetup(/*shared=*/true, 21, /*lean=*/true);
+  const GpuResult per =
+      RunGpu(dev.get(), s, s.bias, GemmPrecision::kBf16, ExpertGemmPath::kPerExpert);
+  ASSERT_EQ(setenv("RACKRUN_CUDASIM_GROUPED_TYPES", "matching", 1), 0);
+  const GpuResult fp32 =
+      RunGpu(dev.get(), s, s.bias, GemmPrecision::kFp32, ExpertGemmPath::kGrouped);
+  EXPECT_EQ(GroupedBf16Refusal(), "");
+  const GpuResult grouped =
+      RunGpu(dev.get(), s, s.bias, GemmPrecision::kBf16, ExpertGemmPath::kGrouped);
+  ASSERT_EQ(unsetenv("RACKRUN_CUDASIM_GROUPED_TYPES"), 0);
+  EXPECT_EQ(GroupedBf16Refusal(), "CUBLAS_STATUS_NOT_SUPPORTED");
+  ForgetGroupedBf16RefusalForTesting();
+  EXPECT_FALSE(fp32.out.empty());
+  EXPECT_EQ(grouped.counts, per.counts);
+  EXPECT_EQ(grouped.out, per.out);
+  EXPECT_EQ(grouped.du, per.du);
+  EXPECT_EQ(grouped.grads, per.grads);
+  EXPECT_EQ(grouped.bias, per.bias);
+}
+#endif
+
 TEST(GpuMoeTest, DevicePermutationIsThePlansPermutation) {
   RACKRUN_OPEN_GPU_OR_SKIP(dev);
   const int experts = 16, top_k = 4;

@@ -22,6 +22,8 @@
 // (default both: per_expert, one cuBLASLt call per expert and matrix; grouped, one cuBLAS
 // grouped GEMM per matrix), as rows side by side with the path in the "moe gemm" column and
 // the GEMM phase in "gemm"; the targets are computed per path. Nobody has measured which wins.
+// Where cuBLAS refuses the grouped GEMM's bf16 operands with an fp32 C, the grouped bf16 rows
+// run per expert (runtime/cuda/grouped_gemm.h) and their note says so, naming cuBLAS's status.
 //
 // PyTorch: the same shape and precision (tf32: TF32 matmuls; bf16: autocast), as a child
 // process (tools/bench/train_step.h), when the interpreter imports torch and sees a GPU;
@@ -65,6 +67,7 @@
 #include "runtime/cuda/device_probe.h"
 #include "runtime/cuda/engine.h"
 #include "runtime/cuda/gemm.h"
+#include "runtime/cuda/grouped_gemm.h"
 #include "runtime/device_engine.h"
 #include "runtime/model.h"
 #include "runtime/optimizer.h"
@@ -151,6 +154,11 @@ Row RunOurs(const Options& o, const bench::TrainStepShape& shape, const std::str
       phases[static_cast<size_t>(p)].push_back(stats->phase_ms[static_cast<size_t>(p)]);
   }
   row.measured = true;
+  if (expert_gemm == "grouped" && precision == "bf16") {
+    if (const std::string refused = cu::GroupedBf16Refusal(); !refused.empty())
+      row.note = absl::StrCat("cuBLAS's grouped GEMM refused bf16 with an fp32 C (", refused,
+                              "): the expert GEMMs ran per expert");
+  }
   row.step_s = Median(step);
   row.tokens_per_s = shape.tokens() / row.step_s;
   for (int p = 0; p < kPhases; ++p)

@@ -55,6 +55,7 @@
 #include <cstring>
 #include <iterator>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "runtime/cuda/sim/runtime.h"
@@ -648,11 +649,25 @@ bool HostArrays(const GroupedArgs& g) {
   return true;
 }
 
+// RACKRUN_CUDASIM_GROUPED_TYPES=matching: the grouped GEMM refuses operands whose type is not
+// C's (bf16 A and B with an fp32 C), as cuBLAS may (README.md); read at every call, so a test
+// may set it for one call. Unset or `mixed`: accepted, as cuBLASLt's GEMMs accept them.
+bool GroupedTypesMatchingOnly() {
+  const char* env = std::getenv("RACKRUN_CUDASIM_GROUPED_TYPES");
+  const std::string v = env == nullptr ? "" : env;
+  if (v.empty() || v == "mixed") return false;
+  if (v == "matching") return true;
+  std::fprintf(stderr, "cuda sim: RACKRUN_CUDASIM_GROUPED_TYPES=%s: use mixed or matching\n",
+               v.c_str());
+  std::abort();
+}
+
 cublasStatus_t GroupedGemm(cublasContext* handle, const GroupedArgs& g) {
   if (g.group_count < 0) return CUBLAS_STATUS_INVALID_VALUE;
   if (g.group_count == 0) return CUBLAS_STATUS_SUCCESS;
   if (!HostArrays(g)) return CUBLAS_STATUS_INVALID_VALUE;
-  if (!SupportedTypes(g.compute, g.a_type, g.b_type, g.c_type, g.c_type)) {
+  if (!SupportedTypes(g.compute, g.a_type, g.b_type, g.c_type, g.c_type) ||
+      (g.a_type != g.c_type && GroupedTypesMatchingOnly())) {
     return CUBLAS_STATUS_NOT_SUPPORTED;
   }
   std::vector<GemmWork> problems;
