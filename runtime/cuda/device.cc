@@ -3,6 +3,8 @@
 #include <cublasLt.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -194,6 +196,19 @@ template class PinnedBuffer<double>;
 
 // ---- Device
 
+namespace {
+
+absl::StatusOr<bool> PoisonAllocationsFromEnvironment() {
+  const char* env = std::getenv("RACKRUN_CUDA_POISON_ALLOCATIONS");
+  const std::string v = env == nullptr ? "" : env;
+  if (v.empty() || v == "0") return false;
+  if (v == "1") return true;
+  return absl::InvalidArgumentError(absl::StrCat("RACKRUN_CUDA_POISON_ALLOCATIONS=", v,
+                                                 ": use 1 (poison) or 0 (off), or leave it unset"));
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<Device>> Device::Open(int index) {
   jobspec::DeviceSpec spec;
   spec.kind = jobspec::DeviceSpec::Kind::kCuda;
@@ -203,6 +218,9 @@ absl::StatusOr<std::unique_ptr<Device>> Device::Open(int index) {
   // cuBLASLt is opened with the first device, not at program start (cublaslt_library.h).
   if (absl::StatusOr<const CublasLtLibrary*> lt = LoadCublasLt(); !lt.ok()) return lt.status();
   std::unique_ptr<Device> d(new Device());
+  absl::StatusOr<bool> poison = PoisonAllocationsFromEnvironment();
+  if (!poison.ok()) return poison.status();
+  d->poison_ = *poison;
   d->info_ = *info;
   if (absl::Status s = CudaCheck(cudaSetDevice(index), "cudaSetDevice"); !s.ok()) return s;
   absl::StatusOr<Stream> stream = Stream::Create();
@@ -274,12 +292,24 @@ absl::Status DeviceTensor<T>::Resize(std::initializer_list<int64_t> shape) {
     n *= d;
   }
   const size_t bytes = static_cast<size_t>(n) * sizeof(T);
+  // With poisoning: the bytes not kept, [from, to), become all-ones.
+  size_t from = std::min(bytes, this->bytes()), to = std::max(bytes, this->bytes());
   if (block_.ptr == nullptr || bytes > block_.class_bytes) {
     Release();
     absl::StatusOr<CachingAllocator::Block> b =
         device_->allocator().Allocate(bytes, device_->stream(), name_);
     if (!b.ok()) return b.status();
     block_ = *b;
+    from = 0;
+    to = block_.class_bytes;
+  }
+  if (device_->poison_allocations() && to > from) {
+    if (absl::Status s = CudaCheck(cudaMemsetAsync(static_cast<char*>(block_.ptr) + from, 0xff,
+                                                   to - from, device_->stream()),
+                                   absl::StrCat("poisoning ", name_));
+        !s.ok()) {
+      return s;
+    }
   }
   size_ = n;
   rank_ = static_cast<int>(shape.size());

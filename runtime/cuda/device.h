@@ -15,6 +15,15 @@
 //
 // Threads: a Device may be used from several threads only with external ordering; kernels
 // are enqueued on its streams, so calls from one thread at a time is the model.
+//
+// RACKRUN_CUDA_POISON_ALLOCATIONS=1 (a debugging aid, like compute-sanitizer's initcheck; the
+// simulated GPU tests run with it): every byte of a DeviceTensor that its Resize did not keep
+// is set to all-ones (NaN as floats, -1 as integers) on the compute stream: a new block whole,
+// a kept block's bytes between its old and new size. The caching allocator hands back blocks
+// holding another tensor's numbers, and a GPU's fresh memory is usually zeros, so a kernel
+// that reads what nobody wrote would otherwise read plausible values; poisoned, it reads NaN
+// and fails its comparison. Unset or 0: off (no memsets). Another value: Device::Open fails
+// naming the variable.
 #ifndef RACKRUN_RUNTIME_CUDA_DEVICE_H_
 #define RACKRUN_RUNTIME_CUDA_DEVICE_H_
 
@@ -131,7 +140,8 @@ class PinnedBuffer {
 class Device {
  public:
   // Makes `index` the calling thread's device, creates the compute stream and the
-  // allocator. Errors as device_probe.h's CheckDevice, then CUDA's.
+  // allocator. Errors as device_probe.h's CheckDevice, then CUDA's; InvalidArgument for a
+  // RACKRUN_CUDA_POISON_ALLOCATIONS other than 0 or 1.
   static absl::StatusOr<std::unique_ptr<Device>> Open(int index);
   ~Device();
 
@@ -145,9 +155,12 @@ class Device {
   // cublasLtHandle_t, kept opaque here so this header does not need cuBLAS.
   void* blas_handle() const { return blas_; }
   absl::Status Synchronize() const { return compute_.Synchronize(); }
+  // RACKRUN_CUDA_POISON_ALLOCATIONS=1 at Open.
+  bool poison_allocations() const { return poison_; }
 
  private:
   Device() = default;
+  bool poison_ = false;
   GpuInfo info_;
   Stream compute_;
   std::unique_ptr<CachingAllocator> allocator_;

@@ -7,8 +7,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <numeric>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -553,6 +555,50 @@ TEST(GpuKernelsTest, CopyKernelCopies) {
       kernels::CopyBytes(static_cast<int64_t>(x.size()) * 4, a.data(), b.data(), dev->stream()),
       cudaSuccess);
   EXPECT_EQ(Download(b), x);
+}
+
+// RACKRUN_CUDA_POISON_ALLOCATIONS (device.h): without it a block the caching allocator hands
+// back still holds the last tensor's numbers; with it every byte Resize did not keep reads as
+// all-ones (-1 as int32), on a block from the cache and on a kept block grown again after a
+// shrink. Any other value is refused, naming the variable.
+TEST(GpuDeviceTensorTest, PoisoningFillsWhatResizeDidNotKeep) {
+  if (absl::Status avail = GpuAvailable(); !avail.ok()) GTEST_SKIP() << avail.message();
+  const char* before = std::getenv("RACKRUN_CUDA_POISON_ALLOCATIONS");
+  const std::string saved = before == nullptr ? "" : before;
+  std::vector<int32_t> values(64);
+  std::iota(values.begin(), values.end(), 1);
+  for (const bool poison : {false, true}) {
+    SCOPED_TRACE(poison ? "poisoned" : "not poisoned");
+    ASSERT_EQ(setenv("RACKRUN_CUDA_POISON_ALLOCATIONS", poison ? "1" : "0", 1), 0);
+    absl::StatusOr<std::unique_ptr<Device>> dev = Device::Open(0);
+    ASSERT_TRUE(dev.ok()) << dev.status();
+    EXPECT_EQ((*dev)->poison_allocations(), poison);
+    {
+      DeviceTensor<int32_t> a(dev->get(), "a");
+      ASSERT_TRUE(a.Resize({64}).ok());
+      ASSERT_TRUE(a.CopyFrom(values).ok());
+    }  // its block back to the cache
+    DeviceTensor<int32_t> b(dev->get(), "b");
+    ASSERT_TRUE(b.Resize({64}).ok());  // the same block again
+    EXPECT_EQ(Download(b), poison ? std::vector<int32_t>(64, -1) : values);
+    ASSERT_TRUE(b.CopyFrom(values).ok());
+    ASSERT_TRUE(b.Resize({16}).ok());
+    ASSERT_TRUE(b.Resize({48}).ok());  // the block kept: 16 values kept, 32 not
+    std::vector<int32_t> want(values.begin(), values.begin() + 48);
+    if (poison) std::fill(want.begin() + 16, want.end(), -1);
+    EXPECT_EQ(Download(b), want);
+  }
+  ASSERT_EQ(setenv("RACKRUN_CUDA_POISON_ALLOCATIONS", "yes", 1), 0);
+  absl::StatusOr<std::unique_ptr<Device>> refused = Device::Open(0);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("RACKRUN_CUDA_POISON_ALLOCATIONS=yes"),
+            std::string::npos)
+      << refused.status();
+  if (saved.empty()) {
+    ASSERT_EQ(unsetenv("RACKRUN_CUDA_POISON_ALLOCATIONS"), 0);
+  } else {
+    ASSERT_EQ(setenv("RACKRUN_CUDA_POISON_ALLOCATIONS", saved.c_str(), 1), 0);
+  }
 }
 
 }  // namespace
