@@ -49,6 +49,9 @@ struct DeviceStepStats {
   std::string device;  // "NVIDIA H200 (cuda:0)"
   int64_t memory_in_use_bytes = 0;
   int64_t memory_peak_bytes = 0;  // since the engine was created
+  // The peak of the bytes the engine asked for (memory_peak_bytes counts the caching
+  // allocator's size classes, up to 12.5% more per block).
+  int64_t memory_peak_requested_bytes = 0;
   // What the engine's caching allocator holds from the device: in use + cached for reuse.
   int64_t memory_reserved_bytes = 0;
   int64_t memory_total_bytes = 0;  // the device's

@@ -116,6 +116,7 @@ absl::StatusOr<CachingAllocator::Block> CachingAllocator::Allocate(size_t bytes,
   stats_.in_use_bytes += static_cast<int64_t>(cls);
   stats_.requested_bytes += static_cast<int64_t>(bytes);
   stats_.peak_in_use_bytes = std::max(stats_.peak_in_use_bytes, stats_.in_use_bytes);
+  stats_.peak_requested_bytes = std::max(stats_.peak_requested_bytes, stats_.requested_bytes);
   return b;
 }
 
@@ -167,6 +168,7 @@ AllocatorStats CachingAllocator::stats() const {
 void CachingAllocator::ResetPeaks() {
   absl::MutexLock lock(&mu_);
   stats_.peak_in_use_bytes = stats_.in_use_bytes;
+  stats_.peak_requested_bytes = stats_.requested_bytes;
   stats_.peak_reserved_bytes = stats_.reserved_bytes;
   stats_.allocations = stats_.cache_hits = stats_.raw_allocations = stats_.raw_frees = 0;
   stats_.cache_flushes = 0;

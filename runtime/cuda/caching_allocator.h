@@ -84,8 +84,9 @@ struct AllocatorStats {
   int64_t in_use_bytes = 0;     // class bytes of live blocks
   int64_t requested_bytes = 0;  // bytes asked for by live blocks (<= in_use_bytes)
   int64_t peak_in_use_bytes = 0;
-  int64_t cached_bytes = 0;    // freed blocks held for reuse
-  int64_t reserved_bytes = 0;  // in use + cached: what the backend has given
+  int64_t peak_requested_bytes = 0;  // the highest requested_bytes (not the size classes')
+  int64_t cached_bytes = 0;          // freed blocks held for reuse
+  int64_t reserved_bytes = 0;        // in use + cached: what the backend has given
   int64_t peak_reserved_bytes = 0;
   int64_t live_blocks = 0;
   int64_t allocations = 0;      // Allocate calls that succeeded

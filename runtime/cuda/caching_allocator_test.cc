@@ -100,18 +100,20 @@ TEST(CachingAllocatorTest, TracksPeaksAndResetsThem) {
   Fixture f(64 * kMiB);
   std::vector<void*> ptrs;
   for (int i = 0; i < 4; ++i) {
-    absl::StatusOr<CachingAllocator::Block> b = f.alloc->Allocate(kMiB, A(), "x");
+    absl::StatusOr<CachingAllocator::Block> b = f.alloc->Allocate(kMiB - 100, A(), "x");
     ASSERT_TRUE(b.ok());
     ptrs.push_back(b->ptr);
   }
   for (void* p : ptrs) ASSERT_TRUE(f.alloc->Free(p).ok());
   AllocatorStats s = f.alloc->stats();
-  EXPECT_EQ(s.peak_in_use_bytes, static_cast<int64_t>(4 * kMiB));
+  EXPECT_EQ(s.peak_in_use_bytes, static_cast<int64_t>(4 * kMiB));  // the size classes
+  EXPECT_EQ(s.peak_requested_bytes, static_cast<int64_t>(4 * (kMiB - 100)));
   EXPECT_EQ(s.peak_reserved_bytes, static_cast<int64_t>(4 * kMiB));
   EXPECT_EQ(s.in_use_bytes, 0);
   f.alloc->ResetPeaks();
   s = f.alloc->stats();
   EXPECT_EQ(s.peak_in_use_bytes, 0);
+  EXPECT_EQ(s.peak_requested_bytes, 0);
   EXPECT_EQ(s.peak_reserved_bytes, static_cast<int64_t>(4 * kMiB));  // still cached
   EXPECT_EQ(s.allocations, 0);
   // The steady state: the same four allocations again come from the cache.

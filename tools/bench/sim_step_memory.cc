@@ -1,0 +1,293 @@
+// The GPU engine's peak device memory for a benchmark shape, predicted on the CUDA simulator
+// (runtime/cuda/sim) without a GPU: issue 35's target is c1024's xhc at <= 0.5 x PyTorch
+// eager's 37.4 GiB, and the full shape takes hours a step there. What one training step
+// (the step bench_gpu_train_step_bench times, twice, the peak since the engine was made)
+// asks of the caching allocator is measured at reduced shapes and extrapolated:
+//
+//   peak(E, T) = a + b E + c T
+//
+// E experts (parameters, their gradients and AdamW's moments grow with E; the expert-row
+// buffers hold T x top-k rows whatever E is), T = batch x seq tokens (activations; the
+// attention keeps one log-sum-exp per row, nothing of seq x seq). Measured at (E1, T1),
+// (E1, 2 T1), (E1, 4 T1), (E2, T1) and, as a check that seq does not matter at a given T,
+// (E1, 2 T1) as half the batch at twice the seq; the table gives the fit's worst miss over
+// the T points and the seq check's difference, so a term the model lacks shows. The other
+// dimensions are the shape's (C, heads, blocks, F, top-k, vocab, the mode's N and k).
+//
+// Two figures per row: the bytes the engine asked for (requested; what a leaner allocator
+// would hold) and the caching allocator's size classes (in use; what
+// torch.cuda.max_memory_allocated would compare with, up to 12.5% more per block),
+// each fitted alike; the classes are not linear, so that column is the rougher one.
+//
+//   bench_sim_step_memory [--configs c1024,demo] [--residual vanilla,xhc,...]
+//                         [--experts 8,16] [--seq 32] [--batch 1] [--measure-full]
+//
+// --measure-full also runs the shape itself and prints its measured peaks beside the
+// prediction: the check of the method where the simulator can afford it (demo).
+//
+// JSON: with --json on stdout, and always to $OUT/bench_sim_step_memory.json when OUT is set.
+// Built only with the simulator. A prediction: bench_gpu_train_step_bench measures the peak on
+// a GPU.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "nlohmann/json.hpp"
+#include "runtime/cuda/device_probe.h"
+#include "runtime/device_engine.h"
+#include "runtime/model.h"
+#include "tools/bench/gpu_step.h"
+#include "tools/bench/startup.h"
+#include "tools/bench/train_step.h"
+
+namespace {
+
+namespace cu = rackrun::runtime::cuda;
+namespace bench = rackrun::bench;
+using rackrun::runtime::DeviceEngine;
+using rackrun::runtime::Model;
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+struct Options {
+  std::vector<std::string> configs = {"c1024"};
+  std::vector<std::string> residual = {"vanilla", "mhc", "xhc", "xhc_flash"};
+  std::vector<int> experts = {8, 16};
+  int seq = 32;
+  int batch = 1;
+  bool measure_full = false;
+};
+
+struct Peak {
+  double requested = 0, in_use = 0;
+};
+
+// One engine's two steps at `shape`; its peaks.
+absl::StatusOr<Peak> Measure(const bench::TrainStepShape& shape, const std::string& residual) {
+  absl::StatusOr<std::unique_ptr<Model<float>>> host =
+      Model<float>::Create(bench::ModelConfigOf(shape, residual), 1);
+  if (!host.ok()) return host.status();
+  absl::StatusOr<std::unique_ptr<DeviceEngine>> engine =
+      bench::MakeGpuEngine(**host, residual, "", "per_expert");
+  if (!engine.ok()) return engine.status();
+  const bench::StepTokens tokens = bench::RandomStepTokens(shape);
+  for (int step = 0; step < 2; ++step) {
+    if (absl::StatusOr<double> loss = bench::EngineStep(**engine, tokens, shape.batch); !loss.ok())
+      return loss.status();
+  }
+  absl::StatusOr<rackrun::runtime::DeviceStepStats> st = (*engine)->StepStats();
+  if (!st.ok()) return st.status();
+  return Peak{static_cast<double>(st->memory_peak_requested_bytes),
+              static_cast<double>(st->memory_peak_bytes)};
+}
+
+// a + b E + c T fitted to one of the peaks.
+struct Fit {
+  double a = 0, b = 0, c = 0;
+  double worst_miss = 0;  // over the T points, bytes
+  double At(double e, double t) const { return a + b * e + c * t; }
+};
+
+Fit FitPeaks(const std::vector<double>& t, const std::vector<double>& at_e1, double e1, double e2,
+             double at_e2) {
+  Fit f;
+  const double n = static_cast<double>(t.size());
+  double st = 0, sy = 0, stt = 0, sty = 0;
+  for (size_t i = 0; i < t.size(); ++i) {
+    st += t[i];
+    sy += at_e1[i];
+    stt += t[i] * t[i];
+    sty += t[i] * at_e1[i];
+  }
+  f.c = (n * sty - st * sy) / (n * stt - st * st);
+  const double intercept = (sy - f.c * st) / n;  // a + b e1
+  f.b = (at_e2 - (intercept + f.c * t[0])) / (e2 - e1);
+  f.a = intercept - f.b * e1;
+  for (size_t i = 0; i < t.size(); ++i)
+    f.worst_miss = std::max(f.worst_miss, std::fabs(f.At(e1, t[i]) - at_e1[i]));
+  return f;
+}
+
+struct Row {
+  bench::TrainStepShape shape;
+  std::string residual;
+  Fit requested, in_use;
+  double seq_check = 0;      // in-use bytes at (E1, 2 T1, seq x 2) minus at (E1, 2 T1)
+  std::optional<Peak> full;  // --measure-full: the shape itself
+  std::string note;
+};
+
+Row Predict(const Options& o, const bench::TrainStepShape& full, const std::string& residual) {
+  Row row{full, residual, {}, {}, 0, std::nullopt, ""};
+  if (absl::Status s = cu::CheckGpuResidualMode(residual); !s.ok()) {
+    row.note = "not in the GPU engine";
+    return row;
+  }
+  bench::TrainStepShape r = full;
+  r.seq = o.seq;
+  const double e1 = o.experts[0], e2 = o.experts[1];
+  std::vector<double> t, req, use;
+  Peak at_e2, seq2;
+  for (int k : {1, 2, 4, -1, -2}) {  // batch multiples at E1; -1: E2; -2: twice the seq
+    r.experts = static_cast<int>(k == -1 ? e2 : e1);
+    r.batch = o.batch * (k > 0 ? k : 1);
+    r.seq = o.seq * (k == -2 ? 2 : 1);
+    if (k == -2) r.batch = o.batch;  // 2 T1 tokens as (batch, 2 seq)
+    absl::StatusOr<Peak> p = Measure(r, residual);
+    if (!p.ok()) {
+      row.note = absl::StrCat(r.experts, " experts, batch ", r.batch, " x seq ", r.seq, ": ",
+                              p.status().message());
+      return row;
+    }
+    if (k > 0) {
+      t.push_back(r.tokens());
+      req.push_back(p->requested);
+      use.push_back(p->in_use);
+    } else if (k == -1) {
+      at_e2 = *p;
+    } else {
+      seq2 = *p;
+    }
+  }
+  row.requested = FitPeaks(t, req, e1, e2, at_e2.requested);
+  row.in_use = FitPeaks(t, use, e1, e2, at_e2.in_use);
+  row.seq_check = seq2.in_use - use[1];
+  if (o.measure_full) {
+    absl::StatusOr<Peak> p = Measure(full, residual);
+    if (!p.ok()) {
+      row.note = absl::StrCat("the full shape: ", p.status().message());
+      return row;
+    }
+    row.full = *p;
+  }
+  return row;
+}
+
+nlohmann::json Json(const Options& o, const std::vector<Row>& rows) {
+  nlohmann::json j;
+  j["bench"] = "sim_step_memory";
+  j["experts"] = o.experts;
+  j["seq"] = o.seq;
+  j["batch"] = o.batch;
+  j["rows"] = nlohmann::json::array();
+  for (const Row& r : rows) {
+    const double e = r.shape.experts, t = r.shape.tokens();
+    j["rows"].push_back({{"config", r.shape.name},
+                         {"shape", r.shape.Describe()},
+                         {"tokens", r.shape.tokens()},
+                         {"residual", r.residual},
+                         {"note", r.note},
+                         {"requested_bytes", r.requested.At(e, t)},
+                         {"in_use_bytes", r.in_use.At(e, t)},
+                         {"bytes_per_token", r.requested.c},
+                         {"bytes_per_expert", r.requested.b},
+                         {"fit_worst_miss_bytes", r.in_use.worst_miss},
+                         {"measured_requested_bytes", r.full ? r.full->requested : -1},
+                         {"measured_in_use_bytes", r.full ? r.full->in_use : -1},
+                         {"seq_check_bytes", r.seq_check}});
+  }
+  return j;
+}
+
+void PrintTable(const Options& o, const std::vector<Row>& rows) {
+  std::printf(
+      "One training step's peak device memory, predicted from the CUDA simulator's caching "
+      "allocator at %d and %d experts, batch %d-%d x seq %d\n",
+      o.experts[0], o.experts[1], o.batch, 4 * o.batch, o.seq);
+  bench::Table t({{"config", 6, true},
+                  {"residual", 10, true},
+                  {"tokens", 6},
+                  {"requested GiB", 13},
+                  {"in use GiB", 10},
+                  {"KiB/token", 9},
+                  {"MiB/expert", 10},
+                  {"fit miss", 8},
+                  {"seq check", 9},
+                  {"measured GiB", 13},
+                  {"note", 4, true, 2}});
+  for (const Row& r : rows) {
+    const double e = r.shape.experts, tok = r.shape.tokens();
+    const auto f = [&](double v, int digits) {
+      return r.note.empty() ? absl::StrFormat("%.*f", digits, v) : std::string("-");
+    };
+    std::string note = r.note;
+    if (note.empty() && r.shape.name == "c1024" && r.residual == "xhc") {
+      note = absl::StrFormat("target <= %.1f GiB (0.5 x PyTorch eager's %.1f)",
+                             bench::kTargetXhcPeakFraction * bench::kTorchEagerXhcPeakGiB,
+                             bench::kTorchEagerXhcPeakGiB);
+    }
+    t.AddRow({r.shape.name, r.residual, std::to_string(r.shape.tokens()),
+              f(r.requested.At(e, tok) / kGiB, 3), f(r.in_use.At(e, tok) / kGiB, 3),
+              f(r.requested.c / 1024.0, 1), f(r.requested.b / (1024.0 * 1024.0), 1),
+              f(r.in_use.worst_miss / (1024.0 * 1024.0), 1) + (r.note.empty() ? " MiB" : ""),
+              f(r.seq_check / (1024.0 * 1024.0), 1) + (r.note.empty() ? " MiB" : ""),
+              r.full
+                  ? absl::StrFormat("%.3f / %.3f", r.full->requested / kGiB, r.full->in_use / kGiB)
+                  : "-",
+              note});
+  }
+  std::printf("%s", t.ToString().c_str());
+  std::printf(
+      "(requested: the bytes the engine asked for; in use: the caching allocator's size "
+      "classes; fit miss: the worst difference between the fit and a measured in-use peak; "
+      "seq check: in use at twice the seq and half the batch minus at the same tokens; measured: "
+      "requested / in use at the shape itself, with --measure-full)\n");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  bench::BenchStartup startup(
+      argc, argv,
+      "A training step's peak device memory on the GPU engine, predicted from reduced shapes\n"
+      "on the CUDA simulator (this file's header says how).\n");
+  rackrun::flags::FlagSet& flags = startup.flags();
+  flags.List("--configs", &o.configs, "LIST", "model shapes: demo, c1024");
+  flags.List("--residual", &o.residual, "LIST", "residual modes");
+  flags.List("--experts", &o.experts, "E1,E2", "the two expert counts measured");
+  flags.Int("--seq", &o.seq, "N", "the seq of the measured steps");
+  flags.Int("--batch", &o.batch, "N", "the smallest batch measured (then x2, x4)");
+  flags.Switch("--measure-full", &o.measure_full,
+               "also run the shape itself to check the prediction (demo: minutes; c1024: hours)");
+  if (std::optional<int> exit = startup.Start()) return *exit;
+  if (o.experts.size() != 2 || o.experts[0] < 1 || o.experts[1] <= o.experts[0])
+    return flags.Fail(
+        absl::InvalidArgumentError("--experts: two counts, the second larger (e.g. 8,16)"));
+  if (o.seq < 1 || o.batch < 1)
+    return flags.Fail(absl::InvalidArgumentError("--seq and --batch: at least 1"));
+  std::vector<std::string> paths = {"per_expert"};
+  if (std::optional<int> exit = bench::CheckGpuStepFlags(flags, paths, o.residual)) return *exit;
+  std::vector<Row> rows;
+  for (const std::string& name : o.configs) {
+    absl::StatusOr<bench::TrainStepShape> s = bench::ShapeNamed(name, "--configs");
+    if (!s.ok()) return flags.Fail(s.status());
+    if (s->top_k > o.experts[0])
+      return flags.Fail(absl::InvalidArgumentError(
+          absl::StrCat("--experts: at least ", name, "'s top-k (", s->top_k, ")")));
+    for (const std::string& mode : o.residual) {
+      rows.push_back(Predict(o, *s, mode));
+      std::fprintf(stderr, "%s: %s %s: %s\n", startup.program().c_str(), name.c_str(), mode.c_str(),
+                   rows.back().note.empty()
+                       ? absl::StrFormat("%.2f GiB requested",
+                                         rows.back().requested.At(s->experts, s->tokens()) / kGiB)
+                             .c_str()
+                       : rows.back().note.c_str());
+    }
+  }
+  const nlohmann::json j = Json(o, rows);
+  bench::WriteToOut("bench_sim_step_memory.json", j.dump(2) + "\n");
+  if (startup.json()) {
+    std::printf("%s\n", j.dump(2).c_str());
+    return 0;
+  }
+  PrintTable(o, rows);
+  return 0;
+}
