@@ -9,8 +9,14 @@
 
 namespace rackrun::runtime::cuda {
 
+AttentionBackwardScratch::AttentionBackwardScratch(Device* device, const std::string& name)
+    : dattn(device, name + " attention output gradient"),
+      dqkv(device, name + " qkv gradient"),
+      dxn(device, name + " normed input gradient") {}
+
 GpuAttention::GpuAttention(Device* device, MatMul* matmul, int width, int heads, int max_seq,
-                           const std::string& name, AttentionWeights weights)
+                           const std::string& name, AttentionWeights weights,
+                           AttentionBackwardScratch* scratch)
     : device_(device),
       matmul_(matmul),
       width_(width),
@@ -26,24 +32,25 @@ GpuAttention::GpuAttention(Device* device, MatMul* matmul, int width, int heads,
       qkv_(device, name + " qkv"),
       attn_(device, name + " attention output"),
       lse_(device, name + " log-sum-exp"),
-      dattn_(device, name + " attention output gradient"),
-      dqkv_(device, name + " qkv gradient"),
-      dxn_(device, name + " normed input gradient"),
+      own_scratch_(scratch == nullptr ? std::make_unique<AttentionBackwardScratch>(device, name)
+                                      : nullptr),
+      scratch_(scratch == nullptr ? own_scratch_.get() : scratch),
+      dattn_(scratch_->dattn),
+      dqkv_(scratch_->dqkv),
+      dxn_(scratch_->dxn),
       delta_(device, name + " softmax delta"),
       partial_(device, name + " norm gain partials") {}
 
-absl::StatusOr<std::unique_ptr<GpuAttention>> GpuAttention::Create(Device* device, MatMul* matmul,
-                                                                   int width, int heads,
-                                                                   int max_seq, double rope_theta,
-                                                                   const std::string& name,
-                                                                   AttentionWeights weights) {
+absl::StatusOr<std::unique_ptr<GpuAttention>> GpuAttention::Create(
+    Device* device, MatMul* matmul, int width, int heads, int max_seq, double rope_theta,
+    const std::string& name, AttentionWeights weights, AttentionBackwardScratch* scratch) {
   if (heads <= 0 || width % heads != 0 || !attention::SupportedHeadDim(width / heads)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "GPU attention (", name, "): head dim model.width / model.heads = ", width, " / ", heads,
         " is not one the GPU kernels are built for (16, 32, 64 or 128); change model.heads"));
   }
   std::unique_ptr<GpuAttention> a(
-      new GpuAttention(device, matmul, width, heads, max_seq, name, weights));
+      new GpuAttention(device, matmul, width, heads, max_seq, name, weights, scratch));
   // The CPU layer's table, value for value (double angles rounded to float).
   const int half = a->head_dim_ / 2;
   std::vector<float> cs(static_cast<size_t>(max_seq) * half), sn(cs.size());

@@ -38,14 +38,23 @@ struct AttentionWeights {
   float* dwo = nullptr;
 };
 
+// The largest backward scratch (the attention output's, qkv's and the normed input's
+// gradients, [tokens x C], [tokens x 3C], [tokens x C]): written and read within one layer's
+// Backward, so the layers of a model share one (GpuModel does), as they run one after another
+// on the compute stream. Must outlive the layers given it.
+struct AttentionBackwardScratch {
+  AttentionBackwardScratch(Device* device, const std::string& name);
+  DeviceTensor<float> dattn, dqkv, dxn;
+};
+
 class GpuAttention {
  public:
-  // `matmul` must outlive the layer. InvalidArgument for a head dim the kernels lack.
-  static absl::StatusOr<std::unique_ptr<GpuAttention>> Create(Device* device, MatMul* matmul,
-                                                              int width, int heads, int max_seq,
-                                                              double rope_theta,
-                                                              const std::string& name,
-                                                              AttentionWeights weights);
+  // `matmul` (and `scratch`, when given) must outlive the layer. Without `scratch` the layer
+  // has its own. InvalidArgument for a head dim the kernels lack.
+  static absl::StatusOr<std::unique_ptr<GpuAttention>> Create(
+      Device* device, MatMul* matmul, int width, int heads, int max_seq, double rope_theta,
+      const std::string& name, AttentionWeights weights,
+      AttentionBackwardScratch* scratch = nullptr);
 
   // out [tokens x C] = body(u), tokens = batch * seq (device pointers). `u` and `doc_start`
   // (device, [tokens]) must stay valid until Backward.
@@ -57,7 +66,8 @@ class GpuAttention {
 
  private:
   GpuAttention(Device* device, MatMul* matmul, int width, int heads, int max_seq,
-               const std::string& name, AttentionWeights weights);
+               const std::string& name, AttentionWeights weights,
+               AttentionBackwardScratch* scratch);
   absl::Status Check(cudaError_t e, const char* what) const;
   // Tensor cores in bf16 or TF32 when the job computes in them (model.precision), fp32 CUDA
   // cores for fp32 (attention_kernels.h).
@@ -75,8 +85,13 @@ class GpuAttention {
   const int32_t* doc_start_ = nullptr;
   int batch_ = 0, seq_ = 0;
   DeviceTensor<float> xn_, inv_rms_, qkv_, attn_, lse_;
-  // Backward scratch.
-  DeviceTensor<float> dattn_, dqkv_, dxn_, delta_, partial_;
+  // Backward scratch: its own or the model's, then the small ones.
+  std::unique_ptr<AttentionBackwardScratch> own_scratch_;
+  AttentionBackwardScratch* scratch_;
+  DeviceTensor<float>& dattn_;
+  DeviceTensor<float>& dqkv_;
+  DeviceTensor<float>& dxn_;
+  DeviceTensor<float> delta_, partial_;
 };
 
 }  // namespace rackrun::runtime::cuda

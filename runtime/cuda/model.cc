@@ -208,13 +208,15 @@ absl::Status GpuModel::Init(Model<float>& host) {
   }
 
   const MoeLayerConfig mc = MoeLayerConfigOf(config_);
+  attention_scratch_ = std::make_unique<AttentionBackwardScratch>(device_, "blocks.*.attn");
+  moe_scratch_ = std::make_unique<MoeBackwardScratch>(device_, "blocks.*.moe");
   for (int b = 0; b < config_.blocks; ++b) {
     const std::string a = absl::StrCat("blocks.", b, ".attn");
     AttentionWeights aw{Value(a + ".norm"), Value(a + ".wqkv"), Value(a + ".wo"),
                         Grad(a + ".norm"),  Grad(a + ".wqkv"),  Grad(a + ".wo")};
     absl::StatusOr<std::unique_ptr<GpuAttention>> att =
         GpuAttention::Create(device_, &matmul_, config_.width, config_.heads, config_.seq_len,
-                             config_.rope_theta, a, aw);
+                             config_.rope_theta, a, aw, attention_scratch_.get());
     if (!att.ok()) return att.status();
     (*att)->set_clock(&clock_);
     attention_.push_back(*std::move(att));
@@ -235,7 +237,8 @@ absl::Status GpuModel::Init(Model<float>& host) {
       mw.dshared_w2 = Grad(m + ".shared.w2");
     }
     mw.bias = biases_.data() + static_cast<int64_t>(b) * E;
-    absl::StatusOr<std::unique_ptr<GpuMoe>> moe = GpuMoe::Create(device_, &matmul_, mc, m, mw);
+    absl::StatusOr<std::unique_ptr<GpuMoe>> moe =
+        GpuMoe::Create(device_, &matmul_, mc, m, mw, moe_scratch_.get());
     if (!moe.ok()) return moe.status();
     (*moe)->set_clock(&clock_);
     moe_.push_back(*std::move(moe));

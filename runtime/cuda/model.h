@@ -111,6 +111,10 @@ class GpuModel {
   DeviceTensor<float> values_, grads_, biases_;
   std::vector<std::string> bias_names_;
   std::unique_ptr<Residual> residual_;
+  // The layers' largest backward scratch, one of each kind for all blocks (they run one at
+  // a time): attention's and MoE's gradients of their activations.
+  std::unique_ptr<AttentionBackwardScratch> attention_scratch_;
+  std::unique_ptr<MoeBackwardScratch> moe_scratch_;
   std::vector<std::unique_ptr<GpuAttention>> attention_;
   std::vector<std::unique_ptr<GpuMoe>> moe_;
 

@@ -20,7 +20,8 @@ ExpertGemmPath DefaultExpertGemmPath() { return default_path.load(); }
 
 GpuMoe::GpuMoe(Device* device, MatMul* matmul, const MoeLayerConfig& config,
                const std::string& name, MoeWeights weights,
-               std::unique_ptr<planner::Planner> planner, HostCopies host)
+               std::unique_ptr<planner::Planner> planner, HostCopies host,
+               MoeBackwardScratch* scratch)
     : device_(device),
       matmul_(matmul),
       config_(config),
@@ -47,23 +48,33 @@ GpuMoe::GpuMoe(Device* device, MatMul* matmul, const MoeLayerConfig& config,
       column_sums_(device, name + " score sums"),
       shared_h13_(device, name + " shared h13"),
       shared_act_(device, name + " shared activations"),
-      dexpert_out_(device, name + " expert output gradients"),
+      own_scratch_(scratch == nullptr ? std::make_unique<MoeBackwardScratch>(device, name)
+                                      : nullptr),
+      scratch_(scratch == nullptr ? own_scratch_.get() : scratch),
+      dexpert_out_(scratch_->dexpert_out),
+      dh13_(scratch_->dh13),
+      dact_(scratch_->dact),
+      ddispatched_(scratch_->ddispatched),
+      dxn_(scratch_->dxn),
       dweights_(device, name + " gate gradients"),
       dscores_(device, name + " router logit gradients"),
       aux_grad_(device, name + " aux-loss gradient"),
-      dh13_(device, name + " expert h13 gradients"),
-      dact_(device, name + " expert activation gradients"),
-      ddispatched_(device, name + " dispatched row gradients"),
-      dxn_(device, name + " normed input gradient"),
       partial_(device, name + " norm gain partials") {
   counts_.assign(static_cast<size_t>(config.experts), 0);
   offsets_.assign(static_cast<size_t>(config.experts) + 1, 0);
 }
 
+MoeBackwardScratch::MoeBackwardScratch(Device* device, const std::string& name)
+    : dexpert_out(device, name + " expert output gradients"),
+      dh13(device, name + " expert h13 gradients"),
+      dact(device, name + " expert activation gradients"),
+      ddispatched(device, name + " dispatched row gradients"),
+      dxn(device, name + " normed input gradient") {}
+
 absl::StatusOr<std::unique_ptr<GpuMoe>> GpuMoe::Create(Device* device, MatMul* matmul,
                                                        const MoeLayerConfig& config,
-                                                       const std::string& name,
-                                                       MoeWeights weights) {
+                                                       const std::string& name, MoeWeights weights,
+                                                       MoeBackwardScratch* scratch) {
   if (config.local_experts < 0 || config.local_experts > config.experts ||
       config.expert_first < 0 ||
       (config.local_experts > 0 && config.expert_first + config.local_experts > config.experts)) {
@@ -92,7 +103,7 @@ absl::StatusOr<std::unique_ptr<GpuMoe>> GpuMoe::Create(Device* device, MatMul* m
   if (!ready.ok()) return ready.status();
   return std::unique_ptr<GpuMoe>(
       new GpuMoe(device, matmul, config, name, weights, *std::move(planner),
-                 HostCopies{*std::move(counts), *std::move(sums), *std::move(ready)}));
+                 HostCopies{*std::move(counts), *std::move(sums), *std::move(ready)}, scratch));
 }
 
 bool GpuMoe::sharded() const {

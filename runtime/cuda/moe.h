@@ -83,15 +83,26 @@ struct MoeWeights {
 void SetDefaultExpertGemmPath(ExpertGemmPath path);
 ExpertGemmPath DefaultExpertGemmPath();
 
+// The largest backward scratch (the gradients of the expert outputs, h13, the activations,
+// the dispatched rows, [tokens x top-k] rows of C, 2F, F and C, and of the normed input):
+// written and read within one layer's Backward (the expert-parallel exchange included: it runs
+// in the compute stream's order), so the layers of a model share one (GpuModel does), as they
+// run one after another on that stream. Must outlive the layers given it.
+struct MoeBackwardScratch {
+  MoeBackwardScratch(Device* device, const std::string& name);
+  DeviceTensor<float> dexpert_out, dh13, dact, ddispatched, dxn;
+};
+
 class GpuMoe {
  public:
   // The config as MoeLayer's. A layer holding a shard (local_experts in (0, experts); w13, w2
   // and their gradients then hold the shard's experts) runs only under an expert-parallel
-  // executor (SetExecutor). `matmul` must outlive the layer.
+  // executor (SetExecutor). `matmul` (and `scratch`, when given) must outlive the layer;
+  // without `scratch` the layer has its own.
   static absl::StatusOr<std::unique_ptr<GpuMoe>> Create(Device* device, MatMul* matmul,
                                                         const MoeLayerConfig& config,
-                                                        const std::string& name,
-                                                        MoeWeights weights);
+                                                        const std::string& name, MoeWeights weights,
+                                                        MoeBackwardScratch* scratch = nullptr);
 
   // out [tokens x C] = body(u) (device). `u` must stay valid until Backward. The host waits
   // once, on the counts' copy, after issuing the dispatch and the shared expert.
@@ -135,7 +146,8 @@ class GpuMoe {
     Event ready;
   };
   GpuMoe(Device* device, MatMul* matmul, const MoeLayerConfig& config, const std::string& name,
-         MoeWeights weights, std::unique_ptr<planner::Planner> planner, HostCopies host);
+         MoeWeights weights, std::unique_ptr<planner::Planner> planner, HostCopies host,
+         MoeBackwardScratch* scratch);
   absl::Status Check(cudaError_t e, const char* what) const;
   // Forward's steps: the copies to the host (with the score sums when aux_loss_coef > 0) and
   // their event; the device-side permutation (offsets, slot rows, dispatched rows); after the
@@ -189,9 +201,15 @@ class GpuMoe {
   DeviceTensor<int64_t> offsets_d_, slot_row_, slot_scratch_;
   DeviceTensor<double> column_partial_, column_sums_;
   DeviceTensor<float> shared_h13_, shared_act_;
-  // Backward scratch.
-  DeviceTensor<float> dexpert_out_, dweights_, dscores_, aux_grad_, dh13_, dact_, ddispatched_,
-      dxn_, partial_;
+  // Backward scratch: its own or the model's, then the small ones.
+  std::unique_ptr<MoeBackwardScratch> own_scratch_;
+  MoeBackwardScratch* scratch_;
+  DeviceTensor<float>& dexpert_out_;
+  DeviceTensor<float>& dh13_;
+  DeviceTensor<float>& dact_;
+  DeviceTensor<float>& ddispatched_;
+  DeviceTensor<float>& dxn_;
+  DeviceTensor<float> dweights_, dscores_, aux_grad_, partial_;
 };
 
 }  // namespace rackrun::runtime::cuda
