@@ -57,9 +57,9 @@ std::string HostBudgetMemory::Describe() {
 size_t CachingAllocator::SizeClass(size_t bytes) {
   if (bytes <= kSmallLimit)
     return std::max<size_t>(kSmallStep, (bytes + kSmallStep - 1) / kSmallStep * kSmallStep);
-  // bytes in (2^p, 2^(p+1)]: steps of 2^(p-3).
+  // bytes in (2^p, 2^(p+1)]: steps of 2^(p-3); above kHugeLimit, of kHugeStep.
   const int p = std::bit_width(bytes - 1) - 1;
-  const size_t step = size_t{1} << (p - 3);
+  const size_t step = bytes > kHugeLimit ? kHugeStep : size_t{1} << (p - 3);
   return (bytes + step - 1) / step * step;
 }
 

@@ -4,7 +4,10 @@
 // cudaFree (which synchronise the device) never.
 //
 // Size classes: up to 1 MiB, multiples of 512 bytes; above, eight classes per power of two
-// (1.125, 1.25, ... 2 x 2^p), so a block wastes less than 12.5% of its size. A block is
+// (1.125, 1.25, ... 2 x 2^p), so a block wastes less than 12.5% of its size; above 1 GiB,
+// multiples of 2 MiB. Blocks that large are the ones allocated once (a model's parameters,
+// their gradients, the optimizer's moments), where an eighth of a power of two wasted up to
+// 0.5 GiB each and nothing else could reuse the slack (c1024: 0.75 GiB over three). A block is
 // reused only for its own class and its own stream: work queued on one stream that still
 // reads a freed block cannot race with a new owner on another stream (a block used on two
 // streams is freed after they are joined, by the caller).
@@ -103,6 +106,8 @@ class CachingAllocator {
  public:
   static constexpr size_t kSmallLimit = size_t{1} << 20;
   static constexpr size_t kSmallStep = 512;
+  static constexpr size_t kHugeLimit = size_t{1} << 30;
+  static constexpr size_t kHugeStep = size_t{2} << 20;
 
   struct Block {
     void* ptr = nullptr;

@@ -41,14 +41,20 @@ TEST(CachingAllocatorTest, SizeClassesWasteLittle) {
   EXPECT_EQ(CachingAllocator::SizeClass(kMiB + 1), kMiB + kMiB / 8);
   EXPECT_EQ(CachingAllocator::SizeClass(2 * kMiB), 2 * kMiB);
   EXPECT_EQ(CachingAllocator::SizeClass(3 * kMiB), 3 * kMiB);
-  // Every size from 1 byte to 64 MiB (sampled): the class holds it, wastes < 12.5% above
-  // 1 MiB and < 512 bytes below, and classes are monotonic.
+  // Above 1 GiB, 2 MiB steps: c1024's parameters (823M floats) in 3.07 GiB, not 3.25.
+  EXPECT_EQ(CachingAllocator::SizeClass(1024 * kMiB), 1024 * kMiB);
+  EXPECT_EQ(CachingAllocator::SizeClass(1024 * kMiB + 1), 1026 * kMiB);
+  EXPECT_EQ(CachingAllocator::SizeClass(size_t{823} * 1000 * 1000 * 4), 3140 * kMiB);
+  // Every size from 1 byte to 16 GiB (sampled): the class holds it, wastes < 2 MiB above
+  // 1 GiB, < 12.5% above 1 MiB and < 512 bytes below, and classes are monotonic.
   size_t last = 0;
-  for (size_t b = 1; b <= 64 * kMiB; b = b * 9 / 8 + 1) {
+  for (size_t b = 1; b <= 16384 * kMiB; b = b * 9 / 8 + 1) {
     const size_t c = CachingAllocator::SizeClass(b);
     EXPECT_GE(c, b);
     EXPECT_GE(c, last);
-    if (b > kMiB) {
+    if (b > 1024 * kMiB) {
+      EXPECT_LT(c - b, 2 * kMiB) << b;
+    } else if (b > kMiB) {
       EXPECT_LT(static_cast<double>(c - b), 0.125 * static_cast<double>(b)) << b;
     } else {
       EXPECT_LT(c - b, 512u) << b;
