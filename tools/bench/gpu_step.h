@@ -48,6 +48,28 @@ inline absl::StatusOr<std::unique_ptr<runtime::DeviceEngine>> MakeGpuEngine(
   return runtime::cuda::GpuEngineFactory()(setup);
 }
 
+// A model of `shape` in residual mode `residual`, initialised with seed 1, and its GPU engine
+// (MakeGpuEngine's `precision` and `expert_gemm`): what the simulator's step benches run.
+struct GpuStepModel {
+  std::unique_ptr<runtime::Model<float>> host;
+  std::unique_ptr<runtime::DeviceEngine> engine;
+};
+inline absl::StatusOr<GpuStepModel> MakeGpuStepModel(const TrainStepShape& shape,
+                                                     const std::string& residual,
+                                                     const std::string& precision,
+                                                     const std::string& expert_gemm) {
+  GpuStepModel m;
+  absl::StatusOr<std::unique_ptr<runtime::Model<float>>> host =
+      runtime::Model<float>::Create(ModelConfigOf(shape, residual), 1);
+  if (!host.ok()) return host.status();
+  m.host = *std::move(host);
+  absl::StatusOr<std::unique_ptr<runtime::DeviceEngine>> engine =
+      MakeGpuEngine(*m.host, residual, precision, expert_gemm);
+  if (!engine.ok()) return engine.status();
+  m.engine = *std::move(engine);
+  return m;
+}
+
 // A step's tokens: one microbatch of `shape`, uniform over its vocabulary (seed 1).
 struct StepTokens {
   std::vector<int32_t> inputs, targets;

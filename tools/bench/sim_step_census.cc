@@ -33,7 +33,6 @@
 #include "runtime/cuda/device_probe.h"
 #include "runtime/cuda/sim/runtime.h"
 #include "runtime/device_engine.h"
-#include "runtime/model.h"
 #include "tools/bench/gpu_step.h"
 #include "tools/bench/startup.h"
 #include "tools/bench/train_step.h"
@@ -42,8 +41,6 @@ namespace {
 
 namespace cu = rackrun::runtime::cuda;
 namespace sim = rackrun::runtime::cuda::sim;
-using rackrun::runtime::DeviceEngine;
-using rackrun::runtime::Model;
 
 struct Options {
   std::vector<std::string> configs = {"demo", "c1024"};
@@ -74,21 +71,17 @@ Row Count(const rackrun::bench::TrainStepShape& shape, const std::string& residu
     row.note = "not in the GPU engine";
     return row;
   }
-  auto host = Model<float>::Create(rackrun::bench::ModelConfigOf(shape, residual), 1);
-  if (!host.ok()) {
-    row.note = std::string(host.status().message());
-    return row;
-  }
-  absl::StatusOr<std::unique_ptr<DeviceEngine>> engine =
-      rackrun::bench::MakeGpuEngine(**host, residual, "", expert_gemm);
-  if (!engine.ok()) {
-    row.note = std::string(engine.status().message());
+  absl::StatusOr<rackrun::bench::GpuStepModel> model =
+      rackrun::bench::MakeGpuStepModel(shape, residual, "", expert_gemm);
+  if (!model.ok()) {
+    row.note = std::string(model.status().message());
     return row;
   }
   const rackrun::bench::StepTokens tokens = rackrun::bench::RandomStepTokens(shape);
   for (int step = 0; step < 2; ++step) {
     sim::TakeCensus();
-    if (absl::StatusOr<double> loss = rackrun::bench::EngineStep(**engine, tokens, shape.batch);
+    if (absl::StatusOr<double> loss =
+            rackrun::bench::EngineStep(*model->engine, tokens, shape.batch);
         !loss.ok()) {
       row.note = absl::StrCat("step ", step + 1, ": ", loss.status().message());
       return row;

@@ -29,6 +29,7 @@
 // Built only with the simulator. A prediction: bench_gpu_train_step_bench measures the peak on
 // a GPU.
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <memory>
@@ -42,7 +43,6 @@
 #include "nlohmann/json.hpp"
 #include "runtime/cuda/device_probe.h"
 #include "runtime/device_engine.h"
-#include "runtime/model.h"
 #include "tools/bench/gpu_step.h"
 #include "tools/bench/startup.h"
 #include "tools/bench/train_step.h"
@@ -51,8 +51,6 @@ namespace {
 
 namespace cu = rackrun::runtime::cuda;
 namespace bench = rackrun::bench;
-using rackrun::runtime::DeviceEngine;
-using rackrun::runtime::Model;
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
@@ -71,18 +69,16 @@ struct Peak {
 
 // One engine's two steps at `shape`; its peaks.
 absl::StatusOr<Peak> Measure(const bench::TrainStepShape& shape, const std::string& residual) {
-  absl::StatusOr<std::unique_ptr<Model<float>>> host =
-      Model<float>::Create(bench::ModelConfigOf(shape, residual), 1);
-  if (!host.ok()) return host.status();
-  absl::StatusOr<std::unique_ptr<DeviceEngine>> engine =
-      bench::MakeGpuEngine(**host, residual, "", "per_expert");
-  if (!engine.ok()) return engine.status();
+  absl::StatusOr<bench::GpuStepModel> model =
+      bench::MakeGpuStepModel(shape, residual, "", "per_expert");
+  if (!model.ok()) return model.status();
   const bench::StepTokens tokens = bench::RandomStepTokens(shape);
   for (int step = 0; step < 2; ++step) {
-    if (absl::StatusOr<double> loss = bench::EngineStep(**engine, tokens, shape.batch); !loss.ok())
+    if (absl::StatusOr<double> loss = bench::EngineStep(*model->engine, tokens, shape.batch);
+        !loss.ok())
       return loss.status();
   }
-  absl::StatusOr<rackrun::runtime::DeviceStepStats> st = (*engine)->StepStats();
+  absl::StatusOr<rackrun::runtime::DeviceStepStats> st = model->engine->StepStats();
   if (!st.ok()) return st.status();
   return Peak{static_cast<double>(st->memory_peak_requested_bytes),
               static_cast<double>(st->memory_peak_bytes)};
@@ -130,35 +126,34 @@ Row Predict(const Options& o, const bench::TrainStepShape& full, const std::stri
     row.note = "not in the GPU engine";
     return row;
   }
-  bench::TrainStepShape r = full;
-  r.seq = o.seq;
-  const double e1 = o.experts[0], e2 = o.experts[1];
-  std::vector<double> t, req, use;
-  Peak at_e2, seq2;
-  for (int k : {1, 2, 4, -1, -2}) {  // batch multiples at E1; -1: E2; -2: twice the seq
-    r.experts = static_cast<int>(k == -1 ? e2 : e1);
-    r.batch = o.batch * (k > 0 ? k : 1);
-    r.seq = o.seq * (k == -2 ? 2 : 1);
-    if (k == -2) r.batch = o.batch;  // 2 T1 tokens as (batch, 2 seq)
+  const int e1 = o.experts[0], e2 = o.experts[1], b = o.batch, s = o.seq;
+  // (experts, batch, seq): T1, 2 T1 and 4 T1 tokens at E1 (the fit's T points); T1 at E2; and
+  // 2 T1 as twice the seq (the seq check against the second point).
+  const std::array<std::array<int, 3>, 5> points = {
+      {{e1, b, s}, {e1, 2 * b, s}, {e1, 4 * b, s}, {e2, b, s}, {e1, b, 2 * s}}};
+  std::vector<Peak> peaks;
+  for (const auto& [experts, batch, seq] : points) {
+    bench::TrainStepShape r = full;
+    r.experts = experts;
+    r.batch = batch;
+    r.seq = seq;
     absl::StatusOr<Peak> p = Measure(r, residual);
     if (!p.ok()) {
-      row.note = absl::StrCat(r.experts, " experts, batch ", r.batch, " x seq ", r.seq, ": ",
+      row.note = absl::StrCat(experts, " experts, batch ", batch, " x seq ", seq, ": ",
                               p.status().message());
       return row;
     }
-    if (k > 0) {
-      t.push_back(r.tokens());
-      req.push_back(p->requested);
-      use.push_back(p->in_use);
-    } else if (k == -1) {
-      at_e2 = *p;
-    } else {
-      seq2 = *p;
-    }
+    peaks.push_back(*p);
   }
-  row.requested = FitPeaks(t, req, e1, e2, at_e2.requested);
-  row.in_use = FitPeaks(t, use, e1, e2, at_e2.in_use);
-  row.seq_check = seq2.in_use - use[1];
+  std::vector<double> t, req, use;
+  for (int i = 0; i < 3; ++i) {
+    t.push_back(static_cast<double>(points[static_cast<size_t>(i)][1]) * s);
+    req.push_back(peaks[static_cast<size_t>(i)].requested);
+    use.push_back(peaks[static_cast<size_t>(i)].in_use);
+  }
+  row.requested = FitPeaks(t, req, e1, e2, peaks[3].requested);
+  row.in_use = FitPeaks(t, use, e1, e2, peaks[3].in_use);
+  row.seq_check = peaks[4].in_use - peaks[1].in_use;
   if (o.measure_full) {
     absl::StatusOr<Peak> p = Measure(full, residual);
     if (!p.ok()) {
