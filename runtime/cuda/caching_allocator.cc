@@ -13,6 +13,13 @@ namespace {
 // Alignment of host test blocks: that of cudaMalloc (256 bytes).
 constexpr size_t kHostAlignment = 256;
 
+void SortLargestFirst(std::vector<CachingAllocator::NamedBlock>& blocks) {
+  std::sort(blocks.begin(), blocks.end(),
+            [](const CachingAllocator::NamedBlock& x, const CachingAllocator::NamedBlock& y) {
+              return x.bytes != y.bytes ? x.bytes > y.bytes : x.what < y.what;
+            });
+}
+
 }  // namespace
 
 std::string FormatBytes(int64_t bytes) {
@@ -68,7 +75,7 @@ CachingAllocator::CachingAllocator(std::unique_ptr<RawMemory> raw) : raw_(std::m
 CachingAllocator::~CachingAllocator() {
   absl::MutexLock lock(&mu_);
   (void)ReleaseCacheLocked();
-  for (auto& [p, b] : live_) raw_->Free(p);
+  for (auto& [p, l] : live_) raw_->Free(p);
   live_.clear();
 }
 
@@ -97,11 +104,18 @@ absl::StatusOr<CachingAllocator::Block> CachingAllocator::Allocate(size_t bytes,
             absl::StrCat("allocating ", what, " (", FormatBytes(static_cast<int64_t>(bytes)),
                          "): ", p.status().message()));
       }
+      std::string largest;
+      std::vector<NamedBlock> blocks = LiveBlocksLocked();
+      SortLargestFirst(blocks);
+      for (size_t i = 0; i < std::min<size_t>(blocks.size(), 3); ++i) {
+        absl::StrAppend(&largest, i == 0 ? "; the largest: " : ", ", blocks[i].what, " ",
+                        FormatBytes(blocks[i].bytes));
+      }
       return absl::ResourceExhaustedError(absl::StrCat(
           "out of device memory allocating ", what, ": asked ",
           FormatBytes(static_cast<int64_t>(bytes)), " (", bytes, " bytes); this allocator holds ",
-          FormatBytes(stats_.in_use_bytes), " in ", stats_.live_blocks, " live blocks and ",
-          FormatBytes(stats_.cached_bytes), " cached (peak in use ",
+          FormatBytes(stats_.in_use_bytes), " in ", stats_.live_blocks, " live blocks", largest,
+          "; and ", FormatBytes(stats_.cached_bytes), " cached (peak in use ",
           FormatBytes(stats_.peak_in_use_bytes), "); ", raw_->Describe(),
           ". Use a smaller data.batch_size or model, or a GPU with more memory"));
     }
@@ -110,13 +124,16 @@ absl::StatusOr<CachingAllocator::Block> CachingAllocator::Allocate(size_t bytes,
     stats_.reserved_bytes += static_cast<int64_t>(cls);
     stats_.peak_reserved_bytes = std::max(stats_.peak_reserved_bytes, stats_.reserved_bytes);
   }
-  live_[b.ptr] = b;
+  live_[b.ptr] = Live{b, std::string(what)};
   ++stats_.allocations;
   ++stats_.live_blocks;
   stats_.in_use_bytes += static_cast<int64_t>(cls);
   stats_.requested_bytes += static_cast<int64_t>(bytes);
   stats_.peak_in_use_bytes = std::max(stats_.peak_in_use_bytes, stats_.in_use_bytes);
-  stats_.peak_requested_bytes = std::max(stats_.peak_requested_bytes, stats_.requested_bytes);
+  if (stats_.requested_bytes > stats_.peak_requested_bytes) {
+    stats_.peak_requested_bytes = stats_.requested_bytes;
+    peak_blocks_ = LiveBlocksLocked();
+  }
   return b;
 }
 
@@ -129,7 +146,7 @@ absl::Status CachingAllocator::Free(void* ptr) {
                         "another allocator's block)",
                         ptr));
   }
-  const Block b = it->second;
+  const Block b = it->second.block;
   live_.erase(it);
   free_[{b.stream, b.class_bytes}].push_back(b.ptr);
   --stats_.live_blocks;
@@ -172,6 +189,24 @@ void CachingAllocator::ResetPeaks() {
   stats_.peak_reserved_bytes = stats_.reserved_bytes;
   stats_.allocations = stats_.cache_hits = stats_.raw_allocations = stats_.raw_frees = 0;
   stats_.cache_flushes = 0;
+  peak_blocks_ = LiveBlocksLocked();
+}
+
+std::vector<CachingAllocator::NamedBlock> CachingAllocator::PeakBlocks() const {
+  std::vector<NamedBlock> blocks;
+  {
+    absl::MutexLock lock(&mu_);
+    blocks = peak_blocks_;
+  }
+  SortLargestFirst(blocks);
+  return blocks;
+}
+
+std::vector<CachingAllocator::NamedBlock> CachingAllocator::LiveBlocksLocked() const {
+  std::vector<NamedBlock> blocks;
+  blocks.reserve(live_.size());
+  for (const auto& [p, l] : live_) blocks.push_back({l.what, static_cast<int64_t>(l.block.bytes)});
+  return blocks;
 }
 
 }  // namespace rackrun::runtime::cuda

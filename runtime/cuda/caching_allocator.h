@@ -15,7 +15,13 @@
 // Out of memory: the allocator waits for the device (RawMemory::Synchronize), returns every
 // cached block to the backend and tries once more; if that fails too, the error is a
 // ResourceExhausted naming what the memory was for, the bytes asked, the bytes in use and
-// cached, the peak, and the backend's own account (for a GPU: its free and total memory).
+// cached, the peak, the largest live blocks by name, and the backend's own account (for a
+// GPU: its free and total memory).
+//
+// Where the peak went: each live block keeps the name it was allocated for, and the blocks
+// live when the requested bytes last reached a new peak are recorded (PeakBlocks), so a
+// benchmark can say which tensors make up the peak. Recording copies the live list (names
+// and sizes) at each new peak: during a model's first step, then rarely.
 //
 // The bookkeeping is host code without CUDA: tests run it on the CPU over HostBudgetMemory
 // (host memory with a byte budget); the GPU backend is runtime/cuda/device.h's.
@@ -132,21 +138,38 @@ class CachingAllocator {
   absl::Status ReleaseCache();
 
   AllocatorStats stats() const;
-  // Clears the peaks (to the current values) and the counters, e.g. per benchmark phase.
+  // Clears the peaks (to the current values; the peak's blocks to the live ones) and the
+  // counters, e.g. per benchmark phase.
   void ResetPeaks();
+
+  // A block live at the requested peak: the name it was allocated for and the bytes asked.
+  struct NamedBlock {
+    std::string what;
+    int64_t bytes = 0;
+  };
+  // The live blocks when requested_bytes last set its peak, largest first (ties by name).
+  std::vector<NamedBlock> PeakBlocks() const;
   RawMemory& raw() { return *raw_; }
 
   static size_t SizeClass(size_t bytes);
 
  private:
   absl::Status ReleaseCacheLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The live blocks, in no order.
+  std::vector<NamedBlock> LiveBlocksLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  struct Live {
+    Block block;
+    std::string what;
+  };
 
   mutable absl::Mutex mu_;
   std::unique_ptr<RawMemory> raw_ ABSL_GUARDED_BY(mu_);
   // (stream, class bytes) -> free pointers of that class, last freed last.
   std::map<std::pair<StreamKey, size_t>, std::vector<void*>> free_ ABSL_GUARDED_BY(mu_);
-  std::unordered_map<void*, Block> live_ ABSL_GUARDED_BY(mu_);
+  std::unordered_map<void*, Live> live_ ABSL_GUARDED_BY(mu_);
   AllocatorStats stats_ ABSL_GUARDED_BY(mu_);
+  std::vector<NamedBlock> peak_blocks_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace rackrun::runtime::cuda

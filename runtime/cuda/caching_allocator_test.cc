@@ -129,6 +129,39 @@ TEST(CachingAllocatorTest, TracksPeaksAndResetsThem) {
   EXPECT_EQ(s.raw_allocations, 0);
 }
 
+TEST(CachingAllocatorTest, RecordsTheBlocksLiveAtTheRequestedPeak) {
+  Fixture f(64 * kMiB);
+  absl::StatusOr<CachingAllocator::Block> w = f.alloc->Allocate(3 * kMiB, A(), "weights");
+  absl::StatusOr<CachingAllocator::Block> a = f.alloc->Allocate(kMiB, A(), "layer 0 activations");
+  absl::StatusOr<CachingAllocator::Block> g = f.alloc->Allocate(2 * kMiB, A(), "gradient scratch");
+  ASSERT_TRUE(w.ok() && a.ok() && g.ok());
+  // Below the peak (6 MiB): the recorded blocks stay those of the peak.
+  ASSERT_TRUE(f.alloc->Free(g->ptr).ok());
+  absl::StatusOr<CachingAllocator::Block> small = f.alloc->Allocate(512, B(), "small");
+  ASSERT_TRUE(small.ok());
+  std::vector<CachingAllocator::NamedBlock> peak = f.alloc->PeakBlocks();
+  ASSERT_EQ(peak.size(), 3u);
+  EXPECT_EQ(peak[0].what, "weights");
+  EXPECT_EQ(peak[0].bytes, static_cast<int64_t>(3 * kMiB));
+  EXPECT_EQ(peak[1].what, "gradient scratch");
+  EXPECT_EQ(peak[2].what, "layer 0 activations");
+  int64_t sum = 0;
+  for (const CachingAllocator::NamedBlock& b : peak) sum += b.bytes;
+  EXPECT_EQ(sum, f.alloc->stats().peak_requested_bytes);
+  // A new peak replaces them; ResetPeaks starts from the live blocks.
+  absl::StatusOr<CachingAllocator::Block> big = f.alloc->Allocate(4 * kMiB, A(), "logits");
+  ASSERT_TRUE(big.ok());
+  peak = f.alloc->PeakBlocks();
+  ASSERT_EQ(peak.size(), 4u);
+  EXPECT_EQ(peak[0].what, "logits");
+  EXPECT_EQ(peak[3].what, "small");
+  ASSERT_TRUE(f.alloc->Free(big->ptr).ok());
+  f.alloc->ResetPeaks();
+  peak = f.alloc->PeakBlocks();
+  ASSERT_EQ(peak.size(), 3u);
+  EXPECT_EQ(peak[0].what, "weights");
+}
+
 TEST(CachingAllocatorTest, OutOfMemoryFlushesTheCacheThenRetries) {
   Fixture f(10 * kMiB);
   // 8 MiB cached on stream B, then 6 MiB asked on stream A: only room after the flush.
@@ -158,7 +191,8 @@ TEST(CachingAllocatorTest, OutOfMemoryNamesTheTensorAndTheBytes) {
   const std::string m(b.status().message());
   EXPECT_THAT(m, HasSubstr("out of device memory allocating blocks.3.moe.dispatched"));
   EXPECT_THAT(m, HasSubstr("asked 7.00 MiB (7340032 bytes)"));
-  EXPECT_THAT(m, HasSubstr("holds 4.00 MiB in 1 live blocks and 0 B cached"));
+  EXPECT_THAT(m, HasSubstr("holds 4.00 MiB in 1 live blocks; the largest: weights 4.00 MiB; "
+                           "and 0 B cached"));
   EXPECT_THAT(m, HasSubstr("host test memory: 6.00 MiB free of 10.00 MiB"));
   // Nothing changed: the held block is intact and still counted.
   EXPECT_EQ(f.alloc->stats().in_use_bytes, static_cast<int64_t>(4 * kMiB));

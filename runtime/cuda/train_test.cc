@@ -118,6 +118,12 @@ std::vector<double> Losses(const rackrun::v1::JobSpec& spec, const std::string& 
       EXPECT_GE(st->memory_peak_bytes, st->memory_in_use_bytes);
       EXPECT_GT(st->memory_peak_requested_bytes, 0);
       EXPECT_LE(st->memory_peak_requested_bytes, st->memory_peak_bytes);
+      int64_t named = 0;
+      for (const auto& [what, bytes] : st->memory_peak_blocks) {
+        EXPECT_FALSE(what.empty());
+        named += bytes;
+      }
+      EXPECT_EQ(named, st->memory_peak_requested_bytes);
       EXPECT_GT(st->memory_total_bytes, st->memory_peak_bytes);
       for (const char* phase : {"gemm", "attention", "streams", "routing", "optimizer"}) {
         size_t i = 0;

@@ -13,12 +13,12 @@ namespace rackrun::runtime::cuda {
 template <typename S>
 struct XhcStreams<S>::Sublayer {
   explicit Sublayer(Device* d, int l)
-      : rec(d, absl::StrCat("xhc sublayer", l, " records")),
-        idx(d, absl::StrCat("xhc sublayer", l, " active sets")),
-        coef(d, absl::StrCat("xhc sublayer", l, " coefficients")),
-        saved(d, absl::StrCat("xhc sublayer", l, " saved rows")),
-        out(d, absl::StrCat("mhc sublayer", l, " saved body output")),
-        colsum(d, absl::StrCat("xhc sublayer", l, " router row sums")) {}
+      : rec(d, absl::StrCat("xhc sublayer ", l, " records")),
+        idx(d, absl::StrCat("xhc sublayer ", l, " active sets")),
+        coef(d, absl::StrCat("xhc sublayer ", l, " coefficients")),
+        saved(d, absl::StrCat("xhc sublayer ", l, " saved rows")),
+        out(d, absl::StrCat("mhc sublayer ", l, " saved body output")),
+        colsum(d, absl::StrCat("xhc sublayer ", l, " router row sums")) {}
   bool mlp = false;
   int Kr = 1;
   int s = 0;        // position in its group

@@ -25,15 +25,24 @@
 // --measure-full also runs the shape itself and prints its measured peaks beside the
 // prediction: the check of the method where the simulator can afford it (demo).
 //
+// Where the peak goes: the allocator records the blocks live at the requested peak by name
+// (DeviceStepStats::memory_peak_blocks); names are grouped with their numbers replaced by #
+// ("block # moe expert h13": the four layers' together), each group fitted as the total and
+// predicted at the shape. A second table lists, per row, the groups of at least 1% of its
+// peak, largest first, with their bytes per token and per expert.
+//
 // JSON: with --json on stdout, and always to $OUT/bench_sim_step_memory.json when OUT is set.
 // Built only with the simulator. A prediction: bench_gpu_train_step_bench measures the peak on
 // a GPU.
 #include <algorithm>
 #include <array>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -65,7 +74,26 @@ struct Options {
 
 struct Peak {
   double requested = 0, in_use = 0;
+  std::map<std::string, double> groups;  // requested bytes at the peak by grouped name
 };
+
+// "blocks.2.moe expert h13" -> "blocks.#.moe expert h13": numbers that do not end a word.
+std::string GroupOf(const std::string& what) {
+  std::string g;
+  bool in_word = false;  // the digits at i continue a word ("h13")
+  for (size_t i = 0; i < what.size(); ++i) {
+    const unsigned char ch = static_cast<unsigned char>(what[i]);
+    if (std::isdigit(ch) == 0) {
+      g += what[i];
+      in_word = std::isalpha(ch) != 0;
+    } else if (in_word) {
+      g += what[i];
+    } else if (i == 0 || std::isdigit(static_cast<unsigned char>(what[i - 1])) == 0) {
+      g += '#';
+    }
+  }
+  return g;
+}
 
 // One engine's two steps at `shape`; its peaks.
 absl::StatusOr<Peak> Measure(const bench::TrainStepShape& shape, const std::string& residual) {
@@ -80,8 +108,12 @@ absl::StatusOr<Peak> Measure(const bench::TrainStepShape& shape, const std::stri
   }
   absl::StatusOr<rackrun::runtime::DeviceStepStats> st = model->engine->StepStats();
   if (!st.ok()) return st.status();
-  return Peak{static_cast<double>(st->memory_peak_requested_bytes),
-              static_cast<double>(st->memory_peak_bytes)};
+  Peak p{static_cast<double>(st->memory_peak_requested_bytes),
+         static_cast<double>(st->memory_peak_bytes),
+         {}};
+  for (const auto& [what, bytes] : st->memory_peak_blocks)
+    p.groups[GroupOf(what)] += static_cast<double>(bytes);
+  return p;
 }
 
 // a + b E + c T fitted to one of the peaks.
@@ -111,17 +143,44 @@ Fit FitPeaks(const std::vector<double>& t, const std::vector<double>& at_e1, dou
   return f;
 }
 
+// A group of blocks at the peak, fitted like the total.
+struct Group {
+  std::string name;
+  Fit fit;
+};
+
 struct Row {
   bench::TrainStepShape shape;
   std::string residual;
   Fit requested, in_use;
-  double seq_check = 0;      // in-use bytes at (E1, 2 T1, seq x 2) minus at (E1, 2 T1)
-  std::optional<Peak> full;  // --measure-full: the shape itself
+  std::vector<Group> groups;  // largest predicted first
+  double seq_check = 0;       // in-use bytes at (E1, 2 T1, seq x 2) minus at (E1, 2 T1)
+  std::optional<Peak> full;   // --measure-full: the shape itself
   std::string note;
 };
 
+// Every group seen at one of the fit's points (T1, 2 T1, 4 T1 at E1; T1 at E2), fitted over
+// them (a group missing at a point held 0 bytes there).
+std::vector<Group> FitGroups(const std::vector<double>& t, const std::vector<Peak>& peaks, int e1,
+                             int e2) {
+  std::set<std::string> names;
+  for (size_t i = 0; i < 4; ++i) {
+    for (const auto& [name, bytes] : peaks[i].groups) names.insert(name);
+  }
+  const auto at = [&](size_t i, const std::string& name) {
+    auto it = peaks[i].groups.find(name);
+    return it == peaks[i].groups.end() ? 0.0 : it->second;
+  };
+  std::vector<Group> groups;
+  for (const std::string& name : names) {
+    groups.push_back(
+        {name, FitPeaks(t, {at(0, name), at(1, name), at(2, name)}, e1, e2, at(3, name))});
+  }
+  return groups;
+}
+
 Row Predict(const Options& o, const bench::TrainStepShape& full, const std::string& residual) {
-  Row row{full, residual, {}, {}, 0, std::nullopt, ""};
+  Row row{full, residual, {}, {}, {}, 0, std::nullopt, ""};
   if (absl::Status s = cu::CheckGpuResidualMode(residual); !s.ok()) {
     row.note = "not in the GPU engine";
     return row;
@@ -153,6 +212,11 @@ Row Predict(const Options& o, const bench::TrainStepShape& full, const std::stri
   }
   row.requested = FitPeaks(t, req, e1, e2, peaks[3].requested);
   row.in_use = FitPeaks(t, use, e1, e2, peaks[3].in_use);
+  row.groups = FitGroups(t, peaks, e1, e2);
+  const double e = full.experts, tokens = full.tokens();
+  std::sort(row.groups.begin(), row.groups.end(), [&](const Group& x, const Group& y) {
+    return x.fit.At(e, tokens) > y.fit.At(e, tokens);
+  });
   row.seq_check = peaks[4].in_use - peaks[1].in_use;
   if (o.measure_full) {
     absl::StatusOr<Peak> p = Measure(full, residual);
@@ -163,6 +227,18 @@ Row Predict(const Options& o, const bench::TrainStepShape& full, const std::stri
     row.full = *p;
   }
   return row;
+}
+
+nlohmann::json GroupsJson(const Row& r) {
+  nlohmann::json groups = nlohmann::json::array();
+  const double e = r.shape.experts, t = r.shape.tokens();
+  for (const Group& g : r.groups) {
+    groups.push_back({{"name", g.name},
+                      {"requested_bytes", g.fit.At(e, t)},
+                      {"bytes_per_token", g.fit.c},
+                      {"bytes_per_expert", g.fit.b}});
+  }
+  return groups;
 }
 
 nlohmann::json Json(const Options& o, const std::vector<Row>& rows) {
@@ -186,9 +262,44 @@ nlohmann::json Json(const Options& o, const std::vector<Row>& rows) {
                          {"fit_worst_miss_bytes", r.in_use.worst_miss},
                          {"measured_requested_bytes", r.full ? r.full->requested : -1},
                          {"measured_in_use_bytes", r.full ? r.full->in_use : -1},
-                         {"seq_check_bytes", r.seq_check}});
+                         {"seq_check_bytes", r.seq_check},
+                         {"groups", GroupsJson(r)}});
   }
   return j;
+}
+
+// Per row, the groups of blocks that hold at least 1% of its predicted peak.
+void PrintGroups(const std::vector<Row>& rows) {
+  bench::Table t({{"config", 6, true},
+                  {"residual", 10, true},
+                  {"blocks at the peak (numbers as #)", 42, true},
+                  {"GiB", 6},
+                  {"share", 5},
+                  {"KiB/token", 9},
+                  {"MiB/expert", 10}});
+  for (const Row& r : rows) {
+    if (!r.note.empty()) continue;
+    const double e = r.shape.experts, tok = r.shape.tokens();
+    const double total = r.requested.At(e, tok);
+    double rest = 0;
+    for (const Group& g : r.groups) {
+      const double bytes = g.fit.At(e, tok);
+      if (bytes < 0.01 * total) {
+        rest += bytes;
+        continue;
+      }
+      t.AddRow({r.shape.name, r.residual, g.name, absl::StrFormat("%.3f", bytes / kGiB),
+                absl::StrFormat("%.1f%%", 100.0 * bytes / total),
+                absl::StrFormat("%.1f", g.fit.c / 1024.0),
+                absl::StrFormat("%.1f", g.fit.b / (1024.0 * 1024.0))});
+    }
+    t.AddRow({r.shape.name, r.residual, "(the rest)", absl::StrFormat("%.3f", rest / kGiB),
+              absl::StrFormat("%.1f%%", 100.0 * rest / total), "", ""});
+  }
+  std::printf(
+      "\nWhere each row's peak goes (the allocations live at it, grouped and fitted as the "
+      "total)\n%s",
+      t.ToString().c_str());
 }
 
 void PrintTable(const Options& o, const std::vector<Row>& rows) {
@@ -234,6 +345,7 @@ void PrintTable(const Options& o, const std::vector<Row>& rows) {
       "classes; fit miss: the worst difference between the fit and a measured in-use peak; "
       "seq check: in use at twice the seq and half the batch minus at the same tokens; measured: "
       "requested / in use at the shape itself, with --measure-full)\n");
+  PrintGroups(rows);
 }
 
 }  // namespace
