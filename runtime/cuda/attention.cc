@@ -9,14 +9,15 @@
 
 namespace rackrun::runtime::cuda {
 
-AttentionBackwardScratch::AttentionBackwardScratch(Device* device, const std::string& name)
-    : dattn(device, name + " attention output gradient"),
+AttentionScratch::AttentionScratch(Device* device, const std::string& name)
+    : xn(device, name + " normed input"),
+      dattn(device, name + " attention output gradient"),
       dqkv(device, name + " qkv gradient"),
       dxn(device, name + " normed input gradient") {}
 
 GpuAttention::GpuAttention(Device* device, MatMul* matmul, int width, int heads, int max_seq,
                            const std::string& name, AttentionWeights weights,
-                           AttentionBackwardScratch* scratch)
+                           AttentionScratch* scratch)
     : device_(device),
       matmul_(matmul),
       width_(width),
@@ -27,14 +28,13 @@ GpuAttention::GpuAttention(Device* device, MatMul* matmul, int width, int heads,
       w_(weights),
       rope_cos_(device, name + " rotary cos"),
       rope_sin_(device, name + " rotary sin"),
-      xn_(device, name + " normed input"),
       inv_rms_(device, name + " inverse rms"),
       qkv_(device, name + " qkv"),
       attn_(device, name + " attention output"),
       lse_(device, name + " log-sum-exp"),
-      own_scratch_(scratch == nullptr ? std::make_unique<AttentionBackwardScratch>(device, name)
-                                      : nullptr),
+      own_scratch_(scratch == nullptr ? std::make_unique<AttentionScratch>(device, name) : nullptr),
       scratch_(scratch == nullptr ? own_scratch_.get() : scratch),
+      xn_(scratch_->xn),
       dattn_(scratch_->dattn),
       dqkv_(scratch_->dqkv),
       dxn_(scratch_->dxn),
@@ -43,7 +43,7 @@ GpuAttention::GpuAttention(Device* device, MatMul* matmul, int width, int heads,
 
 absl::StatusOr<std::unique_ptr<GpuAttention>> GpuAttention::Create(
     Device* device, MatMul* matmul, int width, int heads, int max_seq, double rope_theta,
-    const std::string& name, AttentionWeights weights, AttentionBackwardScratch* scratch) {
+    const std::string& name, AttentionWeights weights, AttentionScratch* scratch) {
   if (heads <= 0 || width % heads != 0 || !attention::SupportedHeadDim(width / heads)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "GPU attention (", name, "): head dim model.width / model.heads = ", width, " / ", heads,
@@ -165,8 +165,17 @@ absl::Status GpuAttention::Backward(const float* dout, float* du) {
       !s.ok()) {
     return s;
   }
+  MarkPhase(clock_, Phase::kOther);
+  // The normed input again (the forward's kernel: the same numbers); dWqkv += xn^T dqkv;
+  // dxn = dqkv Wqkv^T.
+  if (absl::Status s = xn_.Resize({tokens, c}); !s.ok()) return s;
+  if (absl::Status s =
+          Check(kernels::RmsNormForward(tokens, c, u_, w_.norm, xn_.data(), inv_rms_.data(), st),
+                "norm again");
+      !s.ok()) {
+    return s;
+  }
   MarkPhase(clock_, Phase::kGemm);
-  // dWqkv += xn^T dqkv; dxn = dqkv Wqkv^T.
   if (absl::Status s = matmul_->LinearBackward(t, c, c3, xn_.data(), dqkv_.data(), w_.wqkv,
                                                w_.dwqkv, dxn_.data());
       !s.ok()) {

@@ -38,13 +38,16 @@ struct AttentionWeights {
   float* dwo = nullptr;
 };
 
-// The largest backward scratch (the attention output's, qkv's and the normed input's
-// gradients, [tokens x C], [tokens x 3C], [tokens x C]): written and read within one layer's
-// Backward, so the layers of a model share one (GpuModel does), as they run one after another
-// on the compute stream. Must outlive the layers given it.
-struct AttentionBackwardScratch {
-  AttentionBackwardScratch(Device* device, const std::string& name);
-  DeviceTensor<float> dattn, dqkv, dxn;
+// What a layer writes and reads within one Forward or within one Backward and keeps nowhere
+// between them, so the layers of a model share one (GpuModel does), as they run one after
+// another on the compute stream. Must outlive the layers given it. The normed input
+// [tokens x C] (the forward's; the backward computes it again from u by the same kernel, for
+// the qkv projection's weight gradient) and the gradients of the attention output, qkv and the
+// normed input ([tokens x C], [tokens x 3C], [tokens x C]). A layer keeps between its passes
+// qkv (rotated), the attention output, the log-sum-exps and the inverse rms; u is the caller's.
+struct AttentionScratch {
+  AttentionScratch(Device* device, const std::string& name);
+  DeviceTensor<float> xn, dattn, dqkv, dxn;
 };
 
 class GpuAttention {
@@ -53,8 +56,7 @@ class GpuAttention {
   // has its own. InvalidArgument for a head dim the kernels lack.
   static absl::StatusOr<std::unique_ptr<GpuAttention>> Create(
       Device* device, MatMul* matmul, int width, int heads, int max_seq, double rope_theta,
-      const std::string& name, AttentionWeights weights,
-      AttentionBackwardScratch* scratch = nullptr);
+      const std::string& name, AttentionWeights weights, AttentionScratch* scratch = nullptr);
 
   // out [tokens x C] = body(u), tokens = batch * seq (device pointers). `u` and `doc_start`
   // (device, [tokens]) must stay valid until Backward.
@@ -66,8 +68,7 @@ class GpuAttention {
 
  private:
   GpuAttention(Device* device, MatMul* matmul, int width, int heads, int max_seq,
-               const std::string& name, AttentionWeights weights,
-               AttentionBackwardScratch* scratch);
+               const std::string& name, AttentionWeights weights, AttentionScratch* scratch);
   absl::Status Check(cudaError_t e, const char* what) const;
   // Tensor cores in bf16 or TF32 when the job computes in them (model.precision), fp32 CUDA
   // cores for fp32 (attention_kernels.h).
@@ -84,10 +85,11 @@ class GpuAttention {
   const float* u_ = nullptr;
   const int32_t* doc_start_ = nullptr;
   int batch_ = 0, seq_ = 0;
-  DeviceTensor<float> xn_, inv_rms_, qkv_, attn_, lse_;
-  // Backward scratch: its own or the model's, then the small ones.
-  std::unique_ptr<AttentionBackwardScratch> own_scratch_;
-  AttentionBackwardScratch* scratch_;
+  DeviceTensor<float> inv_rms_, qkv_, attn_, lse_;
+  // Scratch: its own or the model's (AttentionScratch), then the small ones.
+  std::unique_ptr<AttentionScratch> own_scratch_;
+  AttentionScratch* scratch_;
+  DeviceTensor<float>& xn_;
   DeviceTensor<float>& dattn_;
   DeviceTensor<float>& dqkv_;
   DeviceTensor<float>& dxn_;

@@ -140,6 +140,7 @@ GpuModel::GpuModel(Device* device, const ModelConfig& config, GemmPrecision prec
       final_(device, "final norm output"),
       final_inv_rms_(device, "final norm inverse rms"),
       logits_(device, "logits"),
+      body_out_(device, "sublayer body output"),
       row_loss_(device, "row losses"),
       loss_sum_(device, "loss sum"),
       dfinal_(device, "final norm output gradient"),
@@ -208,8 +209,8 @@ absl::Status GpuModel::Init(Model<float>& host) {
   }
 
   const MoeLayerConfig mc = MoeLayerConfigOf(config_);
-  attention_scratch_ = std::make_unique<AttentionBackwardScratch>(device_, "blocks.*.attn");
-  moe_scratch_ = std::make_unique<MoeBackwardScratch>(device_, "blocks.*.moe");
+  attention_scratch_ = std::make_unique<AttentionScratch>(device_, "blocks.*.attn");
+  moe_scratch_ = std::make_unique<MoeScratch>(device_, "blocks.*.moe");
   for (int b = 0; b < config_.blocks; ++b) {
     const std::string a = absl::StrCat("blocks.", b, ".attn");
     AttentionWeights aw{Value(a + ".norm"), Value(a + ".wqkv"), Value(a + ".wo"),
@@ -245,7 +246,6 @@ absl::Status GpuModel::Init(Model<float>& host) {
   }
   for (int l = 0; l < 2 * config_.blocks; ++l) {
     body_in_.emplace_back(device_, absl::StrCat("sublayer ", l, " body input"));
-    body_out_.emplace_back(device_, absl::StrCat("sublayer ", l, " body output"));
   }
   expert_counts_.assign(static_cast<size_t>(config_.blocks),
                         std::vector<int64_t>(static_cast<size_t>(E), 0));
@@ -388,9 +388,7 @@ absl::Status GpuModel::Prepare(std::span<const int32_t> inputs, std::span<const 
   for (DeviceTensor<float>& b : body_in_) {
     if (absl::Status s = b.Resize({tokens, c}); !s.ok()) return s;
   }
-  for (DeviceTensor<float>& b : body_out_) {
-    if (absl::Status s = b.Resize({tokens, c}); !s.ok()) return s;
-  }
+  if (absl::Status s = body_out_.Resize({tokens, c}); !s.ok()) return s;
   return residual_->BeginBatch(static_cast<int>(tokens), layout_.starts);
 }
 
@@ -413,7 +411,7 @@ absl::StatusOr<double> GpuModel::Forward() {
     for (int part = 0; part < 2; ++part) {
       const int l = 2 * b + part;
       DeviceTensor<float>& in = body_in_[static_cast<size_t>(l)];
-      DeviceTensor<float>& out = body_out_[static_cast<size_t>(l)];
+      DeviceTensor<float>& out = body_out_;
       clock_.Mark(Phase::kStreams);
       if (absl::Status s = residual_->ReadInput(l, in.data()); !s.ok()) return s;
       if (part == 0) {

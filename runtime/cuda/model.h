@@ -111,10 +111,11 @@ class GpuModel {
   DeviceTensor<float> values_, grads_, biases_;
   std::vector<std::string> bias_names_;
   std::unique_ptr<Residual> residual_;
-  // The layers' largest backward scratch, one of each kind for all blocks (they run one at
-  // a time): attention's and MoE's gradients of their activations.
-  std::unique_ptr<AttentionBackwardScratch> attention_scratch_;
-  std::unique_ptr<MoeBackwardScratch> moe_scratch_;
+  // The layers' scratch, one of each kind for all blocks (they run one at a time): attention's
+  // gradients of its activations; MoE's too, and what its forward writes and its backward
+  // recomputes (moe.h's MoeScratch).
+  std::unique_ptr<AttentionScratch> attention_scratch_;
+  std::unique_ptr<MoeScratch> moe_scratch_;
   std::vector<std::unique_ptr<GpuAttention>> attention_;
   std::vector<std::unique_ptr<GpuMoe>> moe_;
 
@@ -126,7 +127,11 @@ class GpuModel {
   DeviceTensor<int32_t> inputs_, targets_, doc_start_, embed_ids_d_;
   DeviceTensor<int64_t> embed_first_d_, embed_order_d_;
   DeviceTensor<float> embedded_, collapsed_, final_, final_inv_rms_, logits_;
-  std::vector<DeviceTensor<float>> body_in_, body_out_;
+  // Each sublayer's body input (u: its layer reads it again in the backward) and one body
+  // output for all (the residual streams' WriteOutput consumes it; what their backward needs
+  // of it they keep themselves).
+  std::vector<DeviceTensor<float>> body_in_;
+  DeviceTensor<float> body_out_;
   DeviceTensor<double> row_loss_, loss_sum_;
   DeviceTensor<float> dfinal_, dcollapsed_, dbody_, dbody_out_, dembedded_, partial_;
 

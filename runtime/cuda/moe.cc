@@ -20,8 +20,7 @@ ExpertGemmPath DefaultExpertGemmPath() { return default_path.load(); }
 
 GpuMoe::GpuMoe(Device* device, MatMul* matmul, const MoeLayerConfig& config,
                const std::string& name, MoeWeights weights,
-               std::unique_ptr<planner::Planner> planner, HostCopies host,
-               MoeBackwardScratch* scratch)
+               std::unique_ptr<planner::Planner> planner, HostCopies host, MoeScratch* scratch)
     : device_(device),
       matmul_(matmul),
       config_(config),
@@ -30,14 +29,11 @@ GpuMoe::GpuMoe(Device* device, MatMul* matmul, const MoeLayerConfig& config,
       planner_(std::move(planner)),
       host_(std::move(host)),
       path_(DefaultExpertGemmPath()),
-      xn_(device, name + " normed input"),
       inv_rms_(device, name + " inverse rms"),
       scores_(device, name + " router scores"),
       weights_(device, name + " gates"),
-      dispatched_(device, name + " dispatched rows"),
       h13_(device, name + " expert h13"),
-      act_(device, name + " expert activations"),
-      expert_out_(device, name + " expert outputs"),
+      expert_out_(device, name + " expert outputs (expert parallel)"),
       selected_(device, name + " selected experts"),
       counts_d_(device, name + " expert counts"),
       global_counts_d_(device, name + " expert counts over the ranks"),
@@ -48,9 +44,11 @@ GpuMoe::GpuMoe(Device* device, MatMul* matmul, const MoeLayerConfig& config,
       column_sums_(device, name + " score sums"),
       shared_h13_(device, name + " shared h13"),
       shared_act_(device, name + " shared activations"),
-      own_scratch_(scratch == nullptr ? std::make_unique<MoeBackwardScratch>(device, name)
-                                      : nullptr),
+      own_scratch_(scratch == nullptr ? std::make_unique<MoeScratch>(device, name) : nullptr),
       scratch_(scratch == nullptr ? own_scratch_.get() : scratch),
+      xn_(scratch_->xn),
+      rows_(scratch_->rows),
+      act_(scratch_->act),
       dexpert_out_(scratch_->dexpert_out),
       dh13_(scratch_->dh13),
       dact_(scratch_->dact),
@@ -64,8 +62,11 @@ GpuMoe::GpuMoe(Device* device, MatMul* matmul, const MoeLayerConfig& config,
   offsets_.assign(static_cast<size_t>(config.experts) + 1, 0);
 }
 
-MoeBackwardScratch::MoeBackwardScratch(Device* device, const std::string& name)
-    : dexpert_out(device, name + " expert output gradients"),
+MoeScratch::MoeScratch(Device* device, const std::string& name)
+    : xn(device, name + " normed input"),
+      rows(device, name + " dispatched rows / expert outputs"),
+      act(device, name + " expert activations"),
+      dexpert_out(device, name + " expert output gradients"),
       dh13(device, name + " expert h13 gradients"),
       dact(device, name + " expert activation gradients"),
       ddispatched(device, name + " dispatched row gradients"),
@@ -74,7 +75,7 @@ MoeBackwardScratch::MoeBackwardScratch(Device* device, const std::string& name)
 absl::StatusOr<std::unique_ptr<GpuMoe>> GpuMoe::Create(Device* device, MatMul* matmul,
                                                        const MoeLayerConfig& config,
                                                        const std::string& name, MoeWeights weights,
-                                                       MoeBackwardScratch* scratch) {
+                                                       MoeScratch* scratch) {
   if (config.local_experts < 0 || config.local_experts > config.experts ||
       config.expert_first < 0 ||
       (config.local_experts > 0 && config.expert_first + config.local_experts > config.experts)) {
@@ -177,9 +178,8 @@ absl::Status GpuMoe::DispatchOnDevice(int64_t tokens) {
       !s.ok()) {
     return s;
   }
-  return Check(
-      kernels::DispatchRows(tokens, k, c, slot_row_.data(), xn_.data(), dispatched_.data(), st),
-      "dispatch");
+  return Check(kernels::DispatchRows(tokens, k, c, slot_row_.data(), xn_.data(), rows_.data(), st),
+               "dispatch");
 }
 
 absl::Status GpuMoe::CountsFromHost() {
@@ -246,19 +246,16 @@ absl::Status GpuMoe::Forward(const float* u, int64_t tokens, float* out) {
   u_ = u;
   tokens_ = tokens;
   const int c = config_.width, ne = config_.experts, k = config_.top_k;
-  const int f = config_.expert_hidden;
   const int64_t slots = tokens * k;
   for (absl::Status s :
        {xn_.Resize({tokens, c}), inv_rms_.Resize({tokens}), scores_.Resize({tokens, ne}),
         weights_.Resize({tokens, k}), selected_.Resize({tokens, k}), counts_d_.Resize({ne}),
         offsets_d_.Resize({ne + 1}), slot_row_.Resize({tokens, k}),
         slot_scratch_.Resize({std::max<int64_t>(1, kernels::SlotRowsScratch(tokens, ne, k))}),
-        dispatched_.Resize({std::max<int64_t>(slots, 1), c}),
-        h13_.Resize({std::max<int64_t>(slots, 1), 2 * f}),
-        act_.Resize({std::max<int64_t>(slots, 1), f}),
-        expert_out_.Resize({std::max<int64_t>(slots, 1), c})}) {
+        rows_.Resize({std::max<int64_t>(slots, 1), c})}) {
     if (!s.ok()) return s;
   }
+  if (absl::Status s = ReserveExpertRows(slots); !s.ok()) return s;
   cudaStream_t st = device_->stream();
   if (absl::Status s =
           NormThenLinear(*matmul_, clock_, tokens, c, ne, u, w_.norm, xn_.data(), inv_rms_.data(),
@@ -308,13 +305,13 @@ absl::Status GpuMoe::Forward(const float* u, int64_t tokens, float* out) {
   }
   MarkPhase(clock_, Phase::kRouting);
   return Check(kernels::CombineRows(tokens, k, c, slot_row_.data(), weights_.data(),
-                                    expert_out_.data(), /*add=*/config_.shared_expert, out, st),
+                                    ExpertOutputs(), /*add=*/config_.shared_expert, out, st),
                "combine");
 }
 
 absl::Status GpuMoe::ExpertsForwardOnRanks() {
   return OnRanks(
-      dispatched_, &expert_out_, [this] { return executor_->PrepareForward(offsets_); },
+      rows_, &expert_out_, [this] { return executor_->PrepareForward(offsets_); },
       [this](const float* rows, float* out) { return executor_->Forward(offsets_, rows, out); });
 }
 
@@ -369,13 +366,28 @@ absl::Status GpuMoe::OnRanks(const DeviceTensor<float>& from, DeviceTensor<float
       "expert outputs to the device");
 }
 
+absl::Status GpuMoe::ReserveExpertRows(int64_t slots) {
+  const int64_t rows = std::max<int64_t>(slots, 1);
+  if (executor_ != nullptr) return expert_out_.Resize({rows, config_.width});
+  for (absl::Status s : {h13_.Resize({rows, 2 * config_.expert_hidden}),
+                         act_.Resize({rows, config_.expert_hidden})}) {
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
 absl::Status GpuMoe::ExpertsForward() {
   const int c = config_.width, f = config_.expert_hidden;
-  if (absl::Status s = matmul_->ExpertsLinear(c, 2 * f, dispatched_.data(), w_.w13, h13_.data(),
-                                              batches_, path_);
+  if (absl::Status s =
+          matmul_->ExpertsLinear(c, 2 * f, rows_.data(), w_.w13, h13_.data(), batches_, path_);
       !s.ok()) {
     return s;
   }
+  return ExpertOutputsFromH13();
+}
+
+absl::Status GpuMoe::ExpertOutputsFromH13() {
+  const int c = config_.width, f = config_.expert_hidden;
   const int64_t rows = tokens_ * config_.top_k;
   if (absl::Status s =
           Check(kernels::SwigluActivation(rows, f, h13_.data(), act_.data(), device_->stream()),
@@ -383,7 +395,8 @@ absl::Status GpuMoe::ExpertsForward() {
       !s.ok()) {
     return s;
   }
-  return matmul_->ExpertsLinear(f, c, act_.data(), w_.w2, expert_out_.data(), batches_, path_);
+  // Over the dispatched rows, which the W13 GEMM has read.
+  return matmul_->ExpertsLinear(f, c, act_.data(), w_.w2, rows_.data(), batches_, path_);
 }
 
 absl::Status GpuMoe::SharedForward(float* out) {
@@ -426,14 +439,14 @@ absl::Status GpuMoe::Backward(const float* dout, float grad_scale, float* du) {
         partial_.Resize({kernels::RmsNormPartialFloats(tokens, c)})}) {
     if (!s.ok()) return s;
   }
+  if (absl::Status s = RecomputeForBackward(); !s.ok()) return s;
   cudaStream_t st = device_->stream();
   MarkPhase(clock_, Phase::kRouting);
   // Expert-output gradients in dispatched order and the gate gradients.
-  if (absl::Status s =
-          Check(kernels::CombineRowsBackward(tokens, k, c, slot_row_.data(), weights_.data(),
-                                             expert_out_.data(), dout, dexpert_out_.data(),
-                                             dweights_.data(), st),
-                "combine backward");
+  if (absl::Status s = Check(kernels::CombineRowsBackward(
+                                 tokens, k, c, slot_row_.data(), weights_.data(), ExpertOutputs(),
+                                 dout, dexpert_out_.data(), dweights_.data(), st),
+                             "combine backward");
       !s.ok()) {
     return s;
   }
@@ -502,9 +515,38 @@ absl::Status GpuMoe::ExpertsBackward() {
       !s.ok()) {
     return s;
   }
-  // dW13 += x^T dh13; dx = dh13 W13^T.
-  return matmul_->ExpertsLinearBackward(c, 2 * f, dispatched_.data(), dh13_.data(), w_.w13, w_.dw13,
+  // The dispatched rows again, where the expert outputs were; dW13 += x^T dh13;
+  // dx = dh13 W13^T.
+  MarkPhase(clock_, Phase::kRouting);
+  if (absl::Status s = Check(kernels::DispatchRows(tokens_, config_.top_k, c, slot_row_.data(),
+                                                   xn_.data(), rows_.data(), device_->stream()),
+                             "dispatch again");
+      !s.ok()) {
+    return s;
+  }
+  MarkPhase(clock_, Phase::kGemm);
+  return matmul_->ExpertsLinearBackward(c, 2 * f, rows_.data(), dh13_.data(), w_.w13, w_.dw13,
                                         ddispatched_.data(), batches_, path_);
+}
+
+absl::Status GpuMoe::RecomputeForBackward() {
+  const int c = config_.width;
+  const int64_t slots = tokens_ * config_.top_k;
+  // The same sizes as the forward's (a layer's own h13 keeps its numbers).
+  for (absl::Status s : {xn_.Resize({tokens_, c}), rows_.Resize({std::max<int64_t>(slots, 1), c}),
+                         ReserveExpertRows(slots)}) {
+    if (!s.ok()) return s;
+  }
+  MarkPhase(clock_, Phase::kOther);
+  if (absl::Status s = Check(kernels::RmsNormForward(tokens_, c, u_, w_.norm, xn_.data(),
+                                                     inv_rms_.data(), device_->stream()),
+                             "norm again");
+      !s.ok()) {
+    return s;
+  }
+  if (executor_ != nullptr) return absl::OkStatus();
+  MarkPhase(clock_, Phase::kGemm);
+  return ExpertOutputsFromH13();
 }
 
 absl::Status GpuMoe::SharedBackward(const float* dout) {

@@ -20,6 +20,13 @@
 // host; its one upload (the aux loss's E gradients, from pageable memory) may be made
 // synchronous with the host by CUDA, as pageable copies may (not measured).
 //
+// The backward starts by computing again what the forward wrote into the model's shared
+// scratch (MoeScratch): the normed input, then, for local experts, the activations from the
+// kept h13 and the expert outputs by the same W2 GEMM (the gates' gradients need them), and
+// after the W2 backward the dispatched rows by the same gather. The same kernels on the same
+// inputs: the same numbers. It costs one W2 GEMM more (a ninth of the expert GEMMs' work, fwd +
+// bwd) and two memory-bound passes, and saves 52 KiB a token a layer at c1024.
+//
 // The plan is UltraEP's (planner/): on one GPU the policy is `none` (every expert's tokens to
 // its one instance), and expert_permutation.h turns plan + loads into the batches whose rows
 // each expert GEMM takes. The device dispatches by expert order before the plan exists; after
@@ -83,13 +90,24 @@ struct MoeWeights {
 void SetDefaultExpertGemmPath(ExpertGemmPath path);
 ExpertGemmPath DefaultExpertGemmPath();
 
-// The largest backward scratch (the gradients of the expert outputs, h13, the activations,
-// the dispatched rows, [tokens x top-k] rows of C, 2F, F and C, and of the normed input):
-// written and read within one layer's Backward (the expert-parallel exchange included: it runs
-// in the compute stream's order), so the layers of a model share one (GpuModel does), as they
-// run one after another on that stream. Must outlive the layers given it.
-struct MoeBackwardScratch {
-  MoeBackwardScratch(Device* device, const std::string& name);
+// What a layer writes and reads within one Forward or within one Backward and keeps nowhere
+// between them (the expert-parallel exchange included: it runs in the compute stream's
+// order), so the layers of a model share one (GpuModel does), as they run one after another
+// on that stream. Must outlive the layers given it.
+//
+// Forward: the normed input [tokens x C]; the dispatched rows [tokens x top-k rows of C], then,
+// once the W13 GEMM has read them, the expert outputs in the same rows; the activations
+// [rows of F]. Backward: the same recomputed where they were (the normed input from u by the
+// same kernel, the activations from the kept h13, the expert outputs by the same W2 GEMM, the
+// dispatched rows by the same gather: the forward's numbers), and the gradients of the expert
+// outputs, h13, the activations, the dispatched rows and the normed input. A layer keeps
+// between its passes only h13 (rows of 2F), its input u (the caller's), the router's scores,
+// gates and choices, the slot rows and, under expert parallelism, the expert outputs (computed
+// on other ranks). At c1024 (8192 tokens, top-4, C = F = 1024) a layer keeps 32 KiB a token
+// where it kept 84 KiB.
+struct MoeScratch {
+  MoeScratch(Device* device, const std::string& name);
+  DeviceTensor<float> xn, rows, act;
   DeviceTensor<float> dexpert_out, dh13, dact, ddispatched, dxn;
 };
 
@@ -102,7 +120,7 @@ class GpuMoe {
   static absl::StatusOr<std::unique_ptr<GpuMoe>> Create(Device* device, MatMul* matmul,
                                                         const MoeLayerConfig& config,
                                                         const std::string& name, MoeWeights weights,
-                                                        MoeBackwardScratch* scratch = nullptr);
+                                                        MoeScratch* scratch = nullptr);
 
   // out [tokens x C] = body(u) (device). `u` must stay valid until Backward. The host waits
   // once, on the counts' copy, after issuing the dispatch and the shared expert.
@@ -147,7 +165,7 @@ class GpuMoe {
   };
   GpuMoe(Device* device, MatMul* matmul, const MoeLayerConfig& config, const std::string& name,
          MoeWeights weights, std::unique_ptr<planner::Planner> planner, HostCopies host,
-         MoeBackwardScratch* scratch);
+         MoeScratch* scratch);
   absl::Status Check(cudaError_t e, const char* what) const;
   // Forward's steps: the copies to the host (with the score sums when aux_loss_coef > 0) and
   // their event; the device-side permutation (offsets, slot rows, dispatched rows); after the
@@ -168,9 +186,21 @@ class GpuMoe {
   // The executor's counts over all ranks, or this layer's own.
   const std::vector<int64_t>& global_counts() const;
   void AuxLossFromSums(int64_t tokens);
-  // The expert FFN over the rows of every batch (h13, act kept for the backward).
+  // The expert FFN over the rows of every batch: the dispatched rows in rows_, the expert
+  // outputs out in rows_ (h13 kept for the backward).
   absl::Status ExpertsForward();
+  // h13 and the activations (local experts) or the expert outputs (expert parallelism) for
+  // `slots` rows.
+  absl::Status ReserveExpertRows(int64_t slots);
+  // SwiGLU and the W2 GEMM: the activations and the expert outputs (into rows_) from h13; in
+  // the forward, and again in the backward.
+  absl::Status ExpertOutputsFromH13();
   absl::Status ExpertsBackward();
+  // The backward's start: the normed input again (from u, the forward's kernel) and, for local
+  // experts, the activations and the expert outputs.
+  absl::Status RecomputeForBackward();
+  // Where the expert outputs are: rows_ (local experts), expert_out_ (expert parallelism).
+  float* ExpertOutputs() { return executor_ != nullptr ? expert_out_.data() : rows_.data(); }
   // The shared expert on every token: forward into out (overwritten), backward into dxn
   // (overwritten).
   absl::Status SharedForward(float* out);
@@ -196,14 +226,17 @@ class GpuMoe {
   std::vector<ExpertBatch> batches_;
   std::vector<double> slot_fraction_;
   double aux_loss_ = 0;
-  DeviceTensor<float> xn_, inv_rms_, scores_, weights_, dispatched_, h13_, act_, expert_out_;
+  DeviceTensor<float> inv_rms_, scores_, weights_, h13_, expert_out_;
   DeviceTensor<int32_t> selected_, counts_d_, global_counts_d_;
   DeviceTensor<int64_t> offsets_d_, slot_row_, slot_scratch_;
   DeviceTensor<double> column_partial_, column_sums_;
   DeviceTensor<float> shared_h13_, shared_act_;
-  // Backward scratch: its own or the model's, then the small ones.
-  std::unique_ptr<MoeBackwardScratch> own_scratch_;
-  MoeBackwardScratch* scratch_;
+  // Scratch: its own or the model's (MoeScratch), then the small ones.
+  std::unique_ptr<MoeScratch> own_scratch_;
+  MoeScratch* scratch_;
+  DeviceTensor<float>& xn_;
+  DeviceTensor<float>& rows_;
+  DeviceTensor<float>& act_;
   DeviceTensor<float>& dexpert_out_;
   DeviceTensor<float>& dh13_;
   DeviceTensor<float>& dact_;
