@@ -692,11 +692,10 @@ absl::Status XhcStreams<S>::WriteOutput(int l, const float* out) {
       !e.ok()) {
     return e;
   }
-  // out, the active rows in and out, the basis saved.
+  // out, the active rows in and out, out saved (the basis is computed again in the backward).
   Count(lay.mix ? "fwd Write (convolutions + Gram-Schmidt + mix + scatter)"
                 : "fwd Write (convolutions + Gram-Schmidt + write-back)",
-        T * (C_ * 4 + kc * sz + (lay.CoefStride() + lay.RecStride()) * 4),
-        T * (kc * sz + lay.Kr * C_ * sz));
+        T * (C_ * 4 + kc * sz + (lay.CoefStride() + lay.RecStride()) * 4), T * (kc * sz + C_ * sz));
   forward_pos_ = 2 * l + 2;
   return absl::OkStatus();
 }
@@ -764,8 +763,9 @@ absl::Status XhcStreams<S>::WriteOutputBackward(int l, float* d_out) {
       !e.ok()) {
     return e;
   }
-  // G rows, A and O (and, MLP, the earlier v1 rows from L2); dA, d_out, dg.
-  Count("bwd WriteBackward", T * (kc * 4 + (k_ + lay.Kr) * C_ * sz),
+  // G rows, A and out (and, MLP, the earlier out rows from L2, for the basis and its
+  // levels); dA, d_out, dg.
+  Count("bwd WriteBackward", T * (kc * 4 + (k_ + 1) * C_ * sz),
         T * (kc * 4 + C_ * 4 + static_cast<int64_t>(lay.J) * C_ * 4 + lay.C2Stride() * 4));
   // dA += c2 W2 (fp32).
   const GemmShape dashape{.m = T,

@@ -490,11 +490,13 @@ __device__ __forceinline__ void StageWriteMaps(const Layout& l, const float* r, 
 }
 
 // FusedWriteBack's MLP basis in registers: rows 1..J of o become the raw convolutions of
-// out_t, each orthogonalized against the rows before it (one block-wide sum per pass).
-template <int EPT>
+// out_t (earlier tokens' rows `ld` elements apart), each orthogonalized against the rows before
+// it (one block-wide sum per pass); row 0 holds out_t already. The forward's Write runs it on
+// the body output, the backward on the saved out rows: for an fp32 state the same numbers.
+template <typename X, int EPT>
 __device__ __forceinline__ void MlpBasis(const Layout& l, const MapParams& p,
-                                         const int32_t* segment, int64_t t, const float* out_t,
-                                         float (&o)[kMaxKr][EPT], float* red) {
+                                         const int32_t* segment, int64_t t, const X* out_t,
+                                         int64_t ld, float (&o)[kMaxKr][EPT], float* red) {
   const int C = l.C, J = l.J;
   const int B = blockDim.x;
   const int32_t seg = segment[t];
@@ -507,7 +509,7 @@ __device__ __forceinline__ void MlpBasis(const Layout& l, const MapParams& p,
 #pragma unroll
     for (int e = 0; e < EPT; ++e) {
       const int c = threadIdx.x + e * B;
-      o[m][e] = c < C ? ConvElement(w, C, c, taps, out_t, C) : 0.0f;
+      o[m][e] = c < C ? ConvElement(w, C, c, taps, out_t, ld) : 0.0f;
     }
   }
   float cc[kMaxKr][kMaxKr] = {};
@@ -578,17 +580,15 @@ __global__ void __launch_bounds__(512)
     const int c = threadIdx.x + e * B;
     o[0][e] = c < C ? out_t[c] : 0.0f;
   }
-  if (J > 0) MlpBasis<EPT>(l, p, segment, t, out_t, o, red);
-  // Save O after A, then the write-back of the k stream rows in place.
+  if (J > 0) MlpBasis<float, EPT>(l, p, segment, t, out_t, C, o, red);
+  // Save out (O's first row) after A, then the write-back of the k stream rows in place.
   S* st = saved + t * l.SavedStride();
   S* xt = x + t * static_cast<int64_t>(l.N) * C;
 #pragma unroll
   for (int e = 0; e < EPT; ++e) {
     const int c = threadIdx.x + e * B;
     if (c >= C) continue;
-#pragma unroll
-    for (int r = 0; r < kMaxKr; ++r)
-      if (r < Kr) st[static_cast<int64_t>(k + r) * C + c] = FromF<S>(o[r][e]);
+    st[static_cast<int64_t>(k) * C + c] = FromF<S>(o[0][e]);
     float xv[kMaxK] = {};
 #pragma unroll
     for (int i = 0; i < kMaxK; ++i)
@@ -614,14 +614,15 @@ __global__ void __launch_bounds__(512)
 
 // ---------------------------------------------------------------- write backward
 
-// FusedWriteBackBackward on this thread's elements: the rows A and O from the saved rows,
+// FusedWriteBackBackward on this thread's elements: the rows A from the saved rows (O given),
 // dA_i = sum_j H_res[j][i] G_j, dO_r = sum_j post[j][r] G_j and this thread's terms of the
 // dots <G_j, A_i>, <G_j, O_r>.
 template <typename S, int EPT>
 __device__ __forceinline__ void WriteBackGrads(const Layout& l, const float* dxt, const S* st,
                                                const int* sidx, const float* smix,
                                                const float* spost, float (&a)[kMaxK][EPT],
-                                               float (&dA)[kMaxK][EPT], float (&o)[kMaxKr][EPT],
+                                               float (&dA)[kMaxK][EPT],
+                                               const float (&o)[kMaxKr][EPT],
                                                float (&dO)[kMaxKr][EPT], float (&dots)[kMaxR]) {
   const int C = l.C, k = l.k, Kr = l.Kr;
   const int B = blockDim.x;
@@ -636,9 +637,6 @@ __device__ __forceinline__ void WriteBackGrads(const Layout& l, const float* dxt
 #pragma unroll
     for (int i = 0; i < kMaxK; ++i)
       a[i][e] = (in && i < k) ? ToF(st[static_cast<int64_t>(i) * C + c]) : 0.0f;
-#pragma unroll
-    for (int q = 0; q < kMaxKr; ++q)
-      o[q][e] = (in && q < Kr) ? ToF(st[static_cast<int64_t>(k + q) * C + c]) : 0.0f;
 #pragma unroll
     for (int i = 0; i < kMaxK; ++i) {
       float d = 0;
@@ -884,8 +882,16 @@ __global__ void __launch_bounds__(512)
   __syncthreads();
   const S* st = saved + t * l.SavedStride();
   const float* dxt = dx + t * static_cast<int64_t>(N) * C;
-  float a[kMaxK][EPT], dA[kMaxK][EPT], o[kMaxKr][EPT], dO[kMaxKr][EPT];
+  float a[kMaxK][EPT], dA[kMaxK][EPT], o[kMaxKr][EPT] = {}, dO[kMaxKr][EPT];
   float dots[kMaxR] = {};
+  // O: out from the saved rows, the MLP basis computed again from them as the forward did.
+  const S* v1_t = st + static_cast<int64_t>(k) * C;
+#pragma unroll
+  for (int e = 0; e < EPT; ++e) {
+    const int c = threadIdx.x + e * B;
+    o[0][e] = c < C ? ToF(v1_t[c]) : 0.0f;
+  }
+  if (J > 0) MlpBasis<S, EPT>(l, p, segment, t, v1_t, l.SavedStride(), o, red);
   WriteBackGrads<S, EPT>(l, dxt, st, sidx, smix, spost, a, dA, o, dO, dots);
   BlockSum<float, kMaxR>(dots, red);
 

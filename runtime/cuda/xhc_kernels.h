@@ -67,8 +67,10 @@ struct Layout {
   static constexpr int kRa = 0, kQ = 1;
   RACKRUN_HOST_DEVICE int HresOff() const { return 1 + P2(); }
   RACKRUN_HOST_DEVICE int HpostOff() const { return 1 + P2() + k * k; }
-  // Saved rows per token: A (k rows) then O (Kr rows), C each, in S.
-  RACKRUN_HOST_DEVICE int64_t SavedStride() const { return static_cast<int64_t>(k + Kr) * C; }
+  // Saved rows per token: A (k rows) then out (O's first row), C each, in S. An MLP
+  // sublayer's other basis rows (its convolutions after Gram-Schmidt) are computed again from
+  // the saved out rows in the backward, so they are not kept (Kr - 1 rows a token).
+  RACKRUN_HOST_DEVICE int64_t SavedStride() const { return static_cast<int64_t>(k + 1) * C; }
   // Per-token scalar-parameter gradients of the write (a_res, b_res[kk], a_post,
   // b_post[k*Kr]; the first 1 + k*k stay 0 without mixing) and of the read (a_pre, b_pre[N]).
   RACKRUN_HOST_DEVICE int WriteScalStride() const { return 2 + k * k + k * Kr; }
@@ -115,9 +117,9 @@ cudaError_t ReadBase(const Layout& l, int64_t tokens, const S* x, const float* b
 // row clamp; only when l.mix), H_post.
 cudaError_t ActiveMaps(const Layout& l, int64_t tokens, const float* q, const MapParams& p,
                        float* coef, cudaStream_t stream);
-// Write (FusedWriteBack): the basis O (MLP: causal convolutions + modified Gram-Schmidt)
-// saved after A, then the k active rows of x mixed (l.mix; otherwise kept) and written back
-// in place.
+// Write (FusedWriteBack): the basis O (MLP: causal convolutions + modified Gram-Schmidt), its
+// first row (out) saved after A, then the k active rows of x mixed (l.mix; otherwise kept)
+// and written back in place.
 // segment: per token, the first token of its segment.
 template <typename S>
 cudaError_t Write(const Layout& l, int64_t tokens, const float* out, const int32_t* segment,
