@@ -14,10 +14,12 @@
 // the T points and the seq check's difference, so a term the model lacks shows. The other
 // dimensions are the shape's (C, heads, blocks, F, top-k, vocab, the mode's N and k).
 //
-// Two figures per row: the bytes the engine asked for (requested; what a leaner allocator
-// would hold) and the caching allocator's size classes (in use; what
-// torch.cuda.max_memory_allocated would compare with, up to 12.5% more per block),
-// each fitted alike; the classes are not linear, so that column is the rougher one.
+// Two figures per row: the bytes the engine asked for (requested; what
+// torch.cuda.max_memory_allocated counts of PyTorch's, up to its 512-byte rounding) and the
+// caching allocator's size classes (in use: the memory the blocks hold, up to 12.5% more per
+// block; what bench_gpu_train_step_bench compares with PyTorch's peak). Requested is fitted as
+// a whole; in use is predicted block by block: each block live at the peak (by its name) is
+// fitted alike and its size class taken at the shape, since the classes are not linear.
 //
 //   bench_sim_step_memory [--configs c1024,demo] [--residual vanilla,xhc,...]
 //                         [--experts 8,16] [--seq 32] [--batch 1] [--measure-full]
@@ -50,6 +52,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "nlohmann/json.hpp"
+#include "runtime/cuda/caching_allocator.h"
 #include "runtime/cuda/device_probe.h"
 #include "runtime/device_engine.h"
 #include "tools/bench/gpu_step.h"
@@ -75,6 +78,8 @@ struct Options {
 struct Peak {
   double requested = 0, in_use = 0;
   std::map<std::string, double> groups;  // requested bytes at the peak by grouped name
+  std::map<std::string, double> blocks;  // ... by name
+  std::map<std::string, int> counts;     // blocks of that name
 };
 
 // "blocks.2.moe expert h13" -> "blocks.#.moe expert h13": numbers that do not end a word.
@@ -108,11 +113,14 @@ absl::StatusOr<Peak> Measure(const bench::TrainStepShape& shape, const std::stri
   }
   absl::StatusOr<rackrun::runtime::DeviceStepStats> st = model->engine->StepStats();
   if (!st.ok()) return st.status();
-  Peak p{static_cast<double>(st->memory_peak_requested_bytes),
-         static_cast<double>(st->memory_peak_bytes),
-         {}};
-  for (const auto& [what, bytes] : st->memory_peak_blocks)
+  Peak p;
+  p.requested = static_cast<double>(st->memory_peak_requested_bytes);
+  p.in_use = static_cast<double>(st->memory_peak_bytes);
+  for (const auto& [what, bytes] : st->memory_peak_blocks) {
     p.groups[GroupOf(what)] += static_cast<double>(bytes);
+    p.blocks[what] += static_cast<double>(bytes);
+    ++p.counts[what];
+  }
   return p;
 }
 
@@ -152,24 +160,25 @@ struct Group {
 struct Row {
   bench::TrainStepShape shape;
   std::string residual;
-  Fit requested, in_use;
+  Fit requested;
+  double in_use = 0;          // predicted at the shape, block by block
   std::vector<Group> groups;  // largest predicted first
   double seq_check = 0;       // in-use bytes at (E1, 2 T1, seq x 2) minus at (E1, 2 T1)
   std::optional<Peak> full;   // --measure-full: the shape itself
   std::string note;
 };
 
-// Every group seen at one of the fit's points (T1, 2 T1, 4 T1 at E1; T1 at E2), fitted over
-// them (a group missing at a point held 0 bytes there).
-std::vector<Group> FitGroups(const std::vector<double>& t, const std::vector<Peak>& peaks, int e1,
-                             int e2) {
+// Every name in `Peak::*by` seen at one of the fit's points (T1, 2 T1, 4 T1 at E1; T1 at E2),
+// fitted over them (a name missing at a point held 0 bytes there).
+std::vector<Group> FitNames(const std::vector<double>& t, const std::vector<Peak>& peaks, int e1,
+                            int e2, std::map<std::string, double> Peak::*by) {
   std::set<std::string> names;
   for (size_t i = 0; i < 4; ++i) {
-    for (const auto& [name, bytes] : peaks[i].groups) names.insert(name);
+    for (const auto& [name, bytes] : peaks[i].*by) names.insert(name);
   }
   const auto at = [&](size_t i, const std::string& name) {
-    auto it = peaks[i].groups.find(name);
-    return it == peaks[i].groups.end() ? 0.0 : it->second;
+    auto it = (peaks[i].*by).find(name);
+    return it == (peaks[i].*by).end() ? 0.0 : it->second;
   };
   std::vector<Group> groups;
   for (const std::string& name : names) {
@@ -179,8 +188,21 @@ std::vector<Group> FitGroups(const std::vector<double>& t, const std::vector<Pea
   return groups;
 }
 
+// The size classes of the blocks fitted by name, at (e, tokens): a name held by n blocks is n
+// blocks of an n-th of its bytes each (n as at the first point).
+double InUseAt(const std::vector<Group>& blocks, const Peak& first, double e, double tokens) {
+  double bytes = 0;
+  for (const Group& b : blocks) {
+    auto it = first.counts.find(b.name);
+    const int n = it == first.counts.end() ? 1 : it->second;
+    const double each = std::max(0.0, std::ceil(b.fit.At(e, tokens) / n));
+    bytes += n * static_cast<double>(cu::CachingAllocator::SizeClass(static_cast<size_t>(each)));
+  }
+  return bytes;
+}
+
 Row Predict(const Options& o, const bench::TrainStepShape& full, const std::string& residual) {
-  Row row{full, residual, {}, {}, {}, 0, std::nullopt, ""};
+  Row row{full, residual, {}, 0, {}, 0, std::nullopt, ""};
   if (absl::Status s = cu::CheckGpuResidualMode(residual); !s.ok()) {
     row.note = "not in the GPU engine";
     return row;
@@ -204,16 +226,15 @@ Row Predict(const Options& o, const bench::TrainStepShape& full, const std::stri
     }
     peaks.push_back(*p);
   }
-  std::vector<double> t, req, use;
+  std::vector<double> t, req;
   for (int i = 0; i < 3; ++i) {
     t.push_back(static_cast<double>(points[static_cast<size_t>(i)][1]) * s);
     req.push_back(peaks[static_cast<size_t>(i)].requested);
-    use.push_back(peaks[static_cast<size_t>(i)].in_use);
   }
   row.requested = FitPeaks(t, req, e1, e2, peaks[3].requested);
-  row.in_use = FitPeaks(t, use, e1, e2, peaks[3].in_use);
-  row.groups = FitGroups(t, peaks, e1, e2);
+  row.groups = FitNames(t, peaks, e1, e2, &Peak::groups);
   const double e = full.experts, tokens = full.tokens();
+  row.in_use = InUseAt(FitNames(t, peaks, e1, e2, &Peak::blocks), peaks[0], e, tokens);
   std::sort(row.groups.begin(), row.groups.end(), [&](const Group& x, const Group& y) {
     return x.fit.At(e, tokens) > y.fit.At(e, tokens);
   });
@@ -256,10 +277,10 @@ nlohmann::json Json(const Options& o, const std::vector<Row>& rows) {
                          {"residual", r.residual},
                          {"note", r.note},
                          {"requested_bytes", r.requested.At(e, t)},
-                         {"in_use_bytes", r.in_use.At(e, t)},
+                         {"in_use_bytes", r.in_use},
                          {"bytes_per_token", r.requested.c},
                          {"bytes_per_expert", r.requested.b},
-                         {"fit_worst_miss_bytes", r.in_use.worst_miss},
+                         {"fit_worst_miss_bytes", r.requested.worst_miss},
                          {"measured_requested_bytes", r.full ? r.full->requested : -1},
                          {"measured_in_use_bytes", r.full ? r.full->in_use : -1},
                          {"seq_check_bytes", r.seq_check},
@@ -330,9 +351,9 @@ void PrintTable(const Options& o, const std::vector<Row>& rows) {
                              bench::kTorchEagerXhcPeakGiB);
     }
     t.AddRow({r.shape.name, r.residual, std::to_string(r.shape.tokens()),
-              f(r.requested.At(e, tok) / kGiB, 3), f(r.in_use.At(e, tok) / kGiB, 3),
+              f(r.requested.At(e, tok) / kGiB, 3), f(r.in_use / kGiB, 3),
               f(r.requested.c / 1024.0, 1), f(r.requested.b / (1024.0 * 1024.0), 1),
-              f(r.in_use.worst_miss / (1024.0 * 1024.0), 1) + (r.note.empty() ? " MiB" : ""),
+              f(r.requested.worst_miss / (1024.0 * 1024.0), 1) + (r.note.empty() ? " MiB" : ""),
               f(r.seq_check / (1024.0 * 1024.0), 1) + (r.note.empty() ? " MiB" : ""),
               r.full
                   ? absl::StrFormat("%.3f / %.3f", r.full->requested / kGiB, r.full->in_use / kGiB)
@@ -342,7 +363,8 @@ void PrintTable(const Options& o, const std::vector<Row>& rows) {
   std::printf("%s", t.ToString().c_str());
   std::printf(
       "(requested: the bytes the engine asked for; in use: the caching allocator's size "
-      "classes; fit miss: the worst difference between the fit and a measured in-use peak; "
+      "classes of the blocks at the peak, each fitted; fit miss: the worst difference between "
+      "the requested fit and a measured requested peak; "
       "seq check: in use at twice the seq and half the batch minus at the same tokens; measured: "
       "requested / in use at the shape itself, with --measure-full)\n");
   PrintGroups(rows);
