@@ -61,7 +61,8 @@ XhcStreams<S>::XhcStreams(Device* device, const ResidualConfig& config, GemmPrec
       tape_(device, "xhc Sinkhorn tape"),
       partial_(device, "xhc column-sum partials (convolution weights, scalars, router centring)"),
       corr_(device, "xhc router centring"),
-      c_bf16_(device, "xhc bf16 logit gradients") {}
+      c_bf16_(device, "xhc bf16 logit gradients"),
+      basis_(device, "xhc rebuilt basis rows") {}
 
 template <typename S>
 XhcStreams<S>::~XhcStreams() = default;
@@ -754,18 +755,29 @@ absl::Status XhcStreams<S>::WriteOutputBackward(int l, float* d_out) {
       return e;
     }
   }
-  if (absl::Status e =
-          Check(xhc::WriteBackward<S>(lay, T, dx_.data(), s.saved.data(), segment_.data(), p,
-                                      entry.rec.data(), entry.idx.data(), s.coef.data(), da_.data(),
-                                      d_out, dg_.data(), dp_.data(), c2_.data(), wscal_.data(),
-                                      tape_.data(), st),
-                "WriteBackward");
+  if (lay.J > 0) {
+    if (absl::Status e = basis_.Resize({T, lay.J, C_}); !e.ok()) return e;
+    if (absl::Status e = Check(
+            xhc::RebuildBasis<S>(lay, T, s.saved.data(), segment_.data(), p, basis_.data(), st),
+            "RebuildBasis");
+        !e.ok()) {
+      return e;
+    }
+    // out (the earlier tokens' from L2); the basis rows.
+    Count("bwd RebuildBasis (convolutions + Gram-Schmidt)", T * C_ * sz,
+          T * static_cast<int64_t>(lay.J) * C_ * sz);
+  }
+  if (absl::Status e = Check(
+          xhc::WriteBackward<S>(
+              lay, T, dx_.data(), s.saved.data(), lay.J > 0 ? basis_.data() : nullptr,
+              segment_.data(), p, entry.rec.data(), entry.idx.data(), s.coef.data(), da_.data(),
+              d_out, dg_.data(), dp_.data(), c2_.data(), wscal_.data(), tape_.data(), st),
+          "WriteBackward");
       !e.ok()) {
     return e;
   }
-  // G rows, A and out (and, MLP, the earlier out rows from L2, for the basis and its
-  // levels); dA, d_out, dg.
-  Count("bwd WriteBackward", T * (kc * 4 + (k_ + 1) * C_ * sz),
+  // G rows, A, out and the basis (and, MLP, the earlier out rows from L2); dA, d_out, dg.
+  Count("bwd WriteBackward", T * (kc * 4 + (k_ + lay.Kr) * C_ * sz),
         T * (kc * 4 + C_ * 4 + static_cast<int64_t>(lay.J) * C_ * 4 + lay.C2Stride() * 4));
   // dA += c2 W2 (fp32).
   const GemmShape dashape{.m = T,

@@ -23,7 +23,9 @@
 // active rows); in a later sublayer of a flash group ReadBase (u from its base and the
 // current active rows, the gather); then GEMM q = A W2^T + ActiveMaps. WriteOutput = Write
 // (convolutions, Gram-Schmidt, mixing in a group's last sublayer only, write-back and
-// scatter, in place). The backward mirrors them: the gate gradients accumulate over a group,
+// scatter, in place; of the basis only its first row, out, is saved). The backward mirrors
+// them (an MLP sublayer's basis rebuilt from the saved out rows first, RebuildBasis, into
+// scratch the sublayers share): the gate gradients accumulate over a group,
 // and the entry's ReadInputBackward takes the router's and every pre-mapping's logit
 // gradients through the norms and the GEMMs dX += c1 W1, dW1 += c1^T X. traffic() counts the
 // bytes each kernel moves to or from device memory (arrays read again from L1/L2 within a
@@ -181,6 +183,8 @@ class XhcStreams {
   DeviceTensor<float> z_, q_, da_, dg_, dp_, c2_, wscal_, rscal_, c1_, base_, dypre_, tape_,
       partial_, corr_;
   DeviceTensor<bf16> c_bf16_;
+  // An MLP sublayer's basis rows, rebuilt in its backward from its saved out rows.
+  DeviceTensor<S> basis_;
   int forward_pos_ = -1, backward_pos_ = -1;
   std::vector<KernelTraffic> traffic_;
 };

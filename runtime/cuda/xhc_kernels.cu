@@ -612,17 +612,46 @@ __global__ void __launch_bounds__(512)
   }
 }
 
+// RebuildBasis: token t's basis rows 1..J from the saved out rows, as WriteKernel computed
+// them from the body output (MlpBasis; the same numbers for an fp32 state), into basis
+// (tokens x J x C, S).
+template <typename S, int EPT>
+__global__ void __launch_bounds__(512)
+    RebuildBasisKernel(Layout l, const S* saved, const int32_t* segment, MapParams p, S* basis) {
+  __shared__ float red[kMaxKr * kWarp];
+  const int64_t t = blockIdx.x;
+  const int C = l.C, J = l.J;
+  const int B = blockDim.x;
+  const S* v1_t = saved + t * l.SavedStride() + static_cast<int64_t>(l.k) * C;
+  float o[kMaxKr][EPT] = {};
+#pragma unroll
+  for (int e = 0; e < EPT; ++e) {
+    const int c = threadIdx.x + e * B;
+    o[0][e] = c < C ? ToF(v1_t[c]) : 0.0f;
+  }
+  MlpBasis<S, EPT>(l, p, segment, t, v1_t, l.SavedStride(), o, red);
+  S* bt = basis + t * static_cast<int64_t>(J) * C;
+#pragma unroll
+  for (int e = 0; e < EPT; ++e) {
+    const int c = threadIdx.x + e * B;
+    if (c >= C) continue;
+#pragma unroll
+    for (int r = 1; r <= kMaxJ; ++r)
+      if (r <= J) bt[static_cast<int64_t>(r - 1) * C + c] = FromF<S>(o[r][e]);
+  }
+}
+
 // ---------------------------------------------------------------- write backward
 
-// FusedWriteBackBackward on this thread's elements: the rows A from the saved rows (O given),
+// FusedWriteBackBackward on this thread's elements: the rows A and out (O's first row) from
+// the saved rows, O's others from `bt` (the token's rebuilt basis rows, RebuildBasis),
 // dA_i = sum_j H_res[j][i] G_j, dO_r = sum_j post[j][r] G_j and this thread's terms of the
 // dots <G_j, A_i>, <G_j, O_r>.
 template <typename S, int EPT>
 __device__ __forceinline__ void WriteBackGrads(const Layout& l, const float* dxt, const S* st,
-                                               const int* sidx, const float* smix,
+                                               const S* bt, const int* sidx, const float* smix,
                                                const float* spost, float (&a)[kMaxK][EPT],
-                                               float (&dA)[kMaxK][EPT],
-                                               const float (&o)[kMaxKr][EPT],
+                                               float (&dA)[kMaxK][EPT], float (&o)[kMaxKr][EPT],
                                                float (&dO)[kMaxKr][EPT], float (&dots)[kMaxR]) {
   const int C = l.C, k = l.k, Kr = l.Kr;
   const int B = blockDim.x;
@@ -637,6 +666,10 @@ __device__ __forceinline__ void WriteBackGrads(const Layout& l, const float* dxt
 #pragma unroll
     for (int i = 0; i < kMaxK; ++i)
       a[i][e] = (in && i < k) ? ToF(st[static_cast<int64_t>(i) * C + c]) : 0.0f;
+    o[0][e] = in ? ToF(st[static_cast<int64_t>(k) * C + c]) : 0.0f;
+#pragma unroll
+    for (int q = 1; q < kMaxKr; ++q)
+      o[q][e] = (in && q < Kr) ? ToF(bt[static_cast<int64_t>(q - 1) * C + c]) : 0.0f;
 #pragma unroll
     for (int i = 0; i < kMaxK; ++i) {
       float d = 0;
@@ -864,10 +897,11 @@ __device__ __forceinline__ float MappingGrads(const Layout& l, const MapParams& 
 
 template <typename S, int EPT>
 __global__ void __launch_bounds__(512)
-    WriteBackwardKernel(Layout l, const float* dx, const S* saved, const int32_t* segment,
-                        MapParams p, const float* rec, const int32_t* idx, const float* coef,
-                        float* da_out, float* d_out, float* dg_out, float* dp_out, float* c2_out,
-                        float* wscal, float* tape, int64_t tape_floats) {
+    WriteBackwardKernel(Layout l, const float* dx, const S* saved, const S* basis,
+                        const int32_t* segment, MapParams p, const float* rec, const int32_t* idx,
+                        const float* coef, float* da_out, float* d_out, float* dg_out,
+                        float* dp_out, float* c2_out, float* wscal, float* tape,
+                        int64_t tape_floats) {
   __shared__ float red[kMaxR * kWarp];
   __shared__ int sidx[kMaxK];
   __shared__ float smix[kMaxK * kMaxK];
@@ -882,17 +916,10 @@ __global__ void __launch_bounds__(512)
   __syncthreads();
   const S* st = saved + t * l.SavedStride();
   const float* dxt = dx + t * static_cast<int64_t>(N) * C;
-  float a[kMaxK][EPT], dA[kMaxK][EPT], o[kMaxKr][EPT] = {}, dO[kMaxKr][EPT];
+  float a[kMaxK][EPT], dA[kMaxK][EPT], o[kMaxKr][EPT], dO[kMaxKr][EPT];
   float dots[kMaxR] = {};
-  // O: out from the saved rows, the MLP basis computed again from them as the forward did.
-  const S* v1_t = st + static_cast<int64_t>(k) * C;
-#pragma unroll
-  for (int e = 0; e < EPT; ++e) {
-    const int c = threadIdx.x + e * B;
-    o[0][e] = c < C ? ToF(v1_t[c]) : 0.0f;
-  }
-  if (J > 0) MlpBasis<S, EPT>(l, p, segment, t, v1_t, l.SavedStride(), o, red);
-  WriteBackGrads<S, EPT>(l, dxt, st, sidx, smix, spost, a, dA, o, dO, dots);
+  const S* bt = basis == nullptr ? nullptr : basis + t * static_cast<int64_t>(J) * C;
+  WriteBackGrads<S, EPT>(l, dxt, st, bt, sidx, smix, spost, a, dA, o, dO, dots);
   BlockSum<float, kMaxR>(dots, red);
 
   // Gram-Schmidt backward (MLP): dO -> d_out (= dv1) and dg (the raw convolutions').
@@ -1745,19 +1772,35 @@ cudaError_t Write(const Layout& l, int64_t tokens, const float* out, const int32
 }
 
 template <typename S>
+cudaError_t RebuildBasis(const Layout& l, int64_t tokens, const S* saved, const int32_t* segment,
+                         const MapParams& p, S* basis, cudaStream_t stream) {
+  if (tokens == 0 || l.J == 0) return cudaSuccess;
+  const unsigned blocks = static_cast<unsigned>(tokens);
+  if (l.C <= 1024) {
+    Launch(RebuildBasisKernel<S, 4>, blocks, ThreadsFor(l.C, 4), 0, stream)(l, saved, segment, p,
+                                                                            basis);
+  } else {
+    Launch(RebuildBasisKernel<S, 8>, blocks, ThreadsFor(l.C, 8), 0, stream)(l, saved, segment, p,
+                                                                            basis);
+  }
+  return cudaGetLastError();
+}
+
+template <typename S>
 cudaError_t WriteBackward(const Layout& l, int64_t tokens, const float* dx, const S* saved,
-                          const int32_t* segment, const MapParams& p, const float* rec,
-                          const int32_t* idx, const float* coef, float* da, float* d_out, float* dg,
-                          float* dp, float* c2, float* wscal, float* tape, cudaStream_t stream) {
+                          const S* basis, const int32_t* segment, const MapParams& p,
+                          const float* rec, const int32_t* idx, const float* coef, float* da,
+                          float* d_out, float* dg, float* dp, float* c2, float* wscal, float* tape,
+                          cudaStream_t stream) {
   if (tokens == 0) return cudaSuccess;
   const unsigned blocks = static_cast<unsigned>(tokens);
   const int64_t tf = SinkhornTapeFloats(l.k, l.iters);
   if (l.C <= 1024) {
     Launch(WriteBackwardKernel<S, 4>, blocks, ThreadsFor(l.C, 4), 0, stream)(
-        l, dx, saved, segment, p, rec, idx, coef, da, d_out, dg, dp, c2, wscal, tape, tf);
+        l, dx, saved, basis, segment, p, rec, idx, coef, da, d_out, dg, dp, c2, wscal, tape, tf);
   } else {
     Launch(WriteBackwardKernel<S, 8>, blocks, ThreadsFor(l.C, 8), 0, stream)(
-        l, dx, saved, segment, p, rec, idx, coef, da, d_out, dg, dp, c2, wscal, tape, tf);
+        l, dx, saved, basis, segment, p, rec, idx, coef, da, d_out, dg, dp, c2, wscal, tape, tf);
   }
   return cudaGetLastError();
 }
@@ -1950,7 +1993,9 @@ cudaError_t SinkhornBatch(int count, int n, int iters, const float* z, float* h,
   template cudaError_t Write<S>(const Layout&, int64_t, const float*, const int32_t*,              \
                                 const MapParams&, const float*, const int32_t*, const float*, S*,  \
                                 S*, cudaStream_t);                                                 \
-  template cudaError_t WriteBackward<S>(const Layout&, int64_t, const float*, const S*,            \
+  template cudaError_t RebuildBasis<S>(const Layout&, int64_t, const S*, const int32_t*,           \
+                                       const MapParams&, S*, cudaStream_t);                        \
+  template cudaError_t WriteBackward<S>(const Layout&, int64_t, const float*, const S*, const S*,  \
                                         const int32_t*, const MapParams&, const float*,            \
                                         const int32_t*, const float*, float*, float*, float*,      \
                                         float*, float*, float*, float*, cudaStream_t);             \

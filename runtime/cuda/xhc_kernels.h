@@ -68,8 +68,9 @@ struct Layout {
   RACKRUN_HOST_DEVICE int HresOff() const { return 1 + P2(); }
   RACKRUN_HOST_DEVICE int HpostOff() const { return 1 + P2() + k * k; }
   // Saved rows per token: A (k rows) then out (O's first row), C each, in S. An MLP
-  // sublayer's other basis rows (its convolutions after Gram-Schmidt) are computed again from
-  // the saved out rows in the backward, so they are not kept (Kr - 1 rows a token).
+  // sublayer's other basis rows (its convolutions after Gram-Schmidt) are not kept: the
+  // backward computes them again from the saved out rows (RebuildBasis) into scratch that the
+  // sublayers share, Kr - 1 rows a token fewer per MLP sublayer.
   RACKRUN_HOST_DEVICE int64_t SavedStride() const { return static_cast<int64_t>(k + 1) * C; }
   // Per-token scalar-parameter gradients of the write (a_res, b_res[kk], a_post,
   // b_post[k*Kr]; the first 1 + k*k stay 0 without mixing) and of the read (a_pre, b_pre[N]).
@@ -133,12 +134,20 @@ cudaError_t Write(const Layout& l, int64_t tokens, const float* out, const int32
 // gradients to dp (tokens x k: a flash group's sublayers accumulate into it; the caller zeroes
 // it before the group's last sublayer).
 // `tape`: tokens x SinkhornTapeFloats(l) floats of scratch (the recomputed Sinkhorn).
+// `basis`: MLP (l.J > 0), RebuildBasis's rows; otherwise unused (may be null).
 int64_t SinkhornTapeFloats(int n, int iters);
 template <typename S>
 cudaError_t WriteBackward(const Layout& l, int64_t tokens, const float* dx, const S* saved,
-                          const int32_t* segment, const MapParams& p, const float* rec,
-                          const int32_t* idx, const float* coef, float* da, float* d_out, float* dg,
-                          float* dp, float* c2, float* wscal, float* tape, cudaStream_t stream);
+                          const S* basis, const int32_t* segment, const MapParams& p,
+                          const float* rec, const int32_t* idx, const float* coef, float* da,
+                          float* d_out, float* dg, float* dp, float* c2, float* wscal, float* tape,
+                          cudaStream_t stream);
+// RebuildBasis (MLP, l.J > 0; nothing otherwise): an MLP sublayer's basis rows 1..J
+// (tokens x J x C, in S) from its saved out rows, as Write computed them from the body output
+// (the same code: the same numbers for an fp32 state), for WriteBackward.
+template <typename S>
+cudaError_t RebuildBasis(const Layout& l, int64_t tokens, const S* saved, const int32_t* segment,
+                         const MapParams& p, S* basis, cudaStream_t stream);
 // ScatterActiveGrad: dX rows I = dA; x rows I = A (the state walked back).
 template <typename S>
 cudaError_t ScatterActive(const Layout& l, int64_t tokens, const float* da, const S* saved,
