@@ -43,7 +43,6 @@ GpuMoe::GpuMoe(Device* device, MatMul* matmul, const MoeLayerConfig& config,
       column_partial_(device, name + " score sum partials"),
       column_sums_(device, name + " score sums"),
       shared_h13_(device, name + " shared h13"),
-      shared_act_(device, name + " shared activations"),
       own_scratch_(scratch == nullptr ? std::make_unique<MoeScratch>(device, name) : nullptr),
       scratch_(scratch == nullptr ? own_scratch_.get() : scratch),
       xn_(scratch_->xn),
@@ -369,11 +368,7 @@ absl::Status GpuMoe::OnRanks(const DeviceTensor<float>& from, DeviceTensor<float
 absl::Status GpuMoe::ReserveExpertRows(int64_t slots) {
   const int64_t rows = std::max<int64_t>(slots, 1);
   if (executor_ != nullptr) return expert_out_.Resize({rows, config_.width});
-  for (absl::Status s : {h13_.Resize({rows, 2 * config_.expert_hidden}),
-                         act_.Resize({rows, config_.expert_hidden})}) {
-    if (!s.ok()) return s;
-  }
-  return absl::OkStatus();
+  return h13_.Resize({rows, 2 * config_.expert_hidden});
 }
 
 absl::Status GpuMoe::ExpertsForward() {
@@ -389,6 +384,8 @@ absl::Status GpuMoe::ExpertsForward() {
 absl::Status GpuMoe::ExpertOutputsFromH13() {
   const int c = config_.width, f = config_.expert_hidden;
   const int64_t rows = tokens_ * config_.top_k;
+  // The shared expert's activations may have had the buffer since ReserveExpertRows.
+  if (absl::Status s = act_.Resize({std::max<int64_t>(rows, 1), f}); !s.ok()) return s;
   if (absl::Status s =
           Check(kernels::SwigluActivation(rows, f, h13_.data(), act_.data(), device_->stream()),
                 "SwiGLU");
@@ -402,24 +399,26 @@ absl::Status GpuMoe::ExpertOutputsFromH13() {
 absl::Status GpuMoe::SharedForward(float* out) {
   const int c = config_.width, fs = config_.shared_hidden;
   const int t = static_cast<int>(tokens_);
-  for (absl::Status s :
-       {shared_h13_.Resize({tokens_, 2 * fs}), shared_act_.Resize({tokens_, fs})}) {
-    if (!s.ok()) return s;
-  }
+  if (absl::Status s = shared_h13_.Resize({tokens_, 2 * fs}); !s.ok()) return s;
   if (absl::Status s =
           matmul_->Run({.m = t, .n = 2 * fs, .k = c, .lda = c, .ldb = 2 * fs, .ldc = 2 * fs}, 1.0f,
                        xn_.data(), w_.shared_w13, 0.0f, shared_h13_.data());
       !s.ok()) {
     return s;
   }
-  if (absl::Status s = Check(kernels::SwigluActivation(tokens_, fs, shared_h13_.data(),
-                                                       shared_act_.data(), device_->stream()),
-                             "shared SwiGLU");
-      !s.ok()) {
-    return s;
-  }
-  return matmul_->Run({.m = t, .n = c, .k = fs, .lda = fs, .ldb = c, .ldc = c}, 1.0f,
-                      shared_act_.data(), w_.shared_w2, 0.0f, out);
+  if (absl::Status s = SharedActivations(); !s.ok()) return s;
+  return matmul_->Run({.m = t, .n = c, .k = fs, .lda = fs, .ldb = c, .ldc = c}, 1.0f, act_.data(),
+                      w_.shared_w2, 0.0f, out);
+}
+
+absl::Status GpuMoe::SharedActivations() {
+  // In the scratch's activations: the routed experts write theirs after the shared expert's
+  // forward has read these, and the backward computes them again after the routed experts'.
+  const int fs = config_.shared_hidden;
+  if (absl::Status s = act_.Resize({tokens_, fs}); !s.ok()) return s;
+  return Check(
+      kernels::SwigluActivation(tokens_, fs, shared_h13_.data(), act_.data(), device_->stream()),
+      "shared SwiGLU");
 }
 
 absl::Status GpuMoe::Backward(const float* dout, float grad_scale, float* du) {
@@ -552,8 +551,10 @@ absl::Status GpuMoe::RecomputeForBackward() {
 absl::Status GpuMoe::SharedBackward(const float* dout) {
   const int c = config_.width, fs = config_.shared_hidden;
   const int t = static_cast<int>(tokens_);
-  // The routed experts' backward is done with dh13_ / dact_ (sized for both): reuse them.
-  if (absl::Status s = matmul_->LinearBackward(t, fs, c, shared_act_.data(), dout, w_.shared_w2,
+  // The routed experts' backward is done with dh13_ / dact_ (sized for both) and act_:
+  // reuse them.
+  if (absl::Status s = SharedActivations(); !s.ok()) return s;
+  if (absl::Status s = matmul_->LinearBackward(t, fs, c, act_.data(), dout, w_.shared_w2,
                                                w_.dshared_w2, dact_.data());
       !s.ok()) {
     return s;

@@ -97,13 +97,14 @@ ExpertGemmPath DefaultExpertGemmPath();
 //
 // Forward: the normed input [tokens x C]; the dispatched rows [tokens x top-k rows of C], then,
 // once the W13 GEMM has read them, the expert outputs in the same rows; the activations
-// [rows of F]. Backward: the same recomputed where they were (the normed input from u by the
-// same kernel, the activations from the kept h13, the expert outputs by the same W2 GEMM, the
-// dispatched rows by the same gather: the forward's numbers), and the gradients of the expert
-// outputs, h13, the activations, the dispatched rows and the normed input. A layer keeps
-// between its passes only h13 (rows of 2F), its input u (the caller's), the router's scores,
-// gates and choices, the slot rows and, under expert parallelism, the expert outputs (computed
-// on other ranks). At c1024 (8192 tokens, top-4, C = F = 1024) a layer keeps 32 KiB a token
+// [rows of F] (the shared expert's [tokens x Fs] first). Backward: the same recomputed where
+// they were (the normed input from u by the same kernel, the activations from the kept h13,
+// the expert outputs by the same W2 GEMM, the dispatched rows by the same gather: the
+// forward's numbers), and the gradients of the expert outputs, h13, the activations, the
+// dispatched rows and the normed input. A layer keeps between its passes only h13 (rows of
+// 2F; the shared expert's too), its input u (the caller's), the router's scores, gates and
+// choices, the slot rows and, under expert parallelism, the expert outputs (computed on other
+// ranks). At c1024 (8192 tokens, top-4, C = F = 1024) a layer keeps 32 KiB a token
 // where it kept 84 KiB.
 struct MoeScratch {
   MoeScratch(Device* device, const std::string& name);
@@ -189,8 +190,7 @@ class GpuMoe {
   // The expert FFN over the rows of every batch: the dispatched rows in rows_, the expert
   // outputs out in rows_ (h13 kept for the backward).
   absl::Status ExpertsForward();
-  // h13 and the activations (local experts) or the expert outputs (expert parallelism) for
-  // `slots` rows.
+  // h13 (local experts) or the expert outputs (expert parallelism) for `slots` rows.
   absl::Status ReserveExpertRows(int64_t slots);
   // SwiGLU and the W2 GEMM: the activations and the expert outputs (into rows_) from h13; in
   // the forward, and again in the backward.
@@ -205,6 +205,8 @@ class GpuMoe {
   // (overwritten).
   absl::Status SharedForward(float* out);
   absl::Status SharedBackward(const float* dout);
+  // The shared expert's activations from its h13, into act_ (the scratch's).
+  absl::Status SharedActivations();
 
   Device* device_;
   MatMul* matmul_;
@@ -230,7 +232,7 @@ class GpuMoe {
   DeviceTensor<int32_t> selected_, counts_d_, global_counts_d_;
   DeviceTensor<int64_t> offsets_d_, slot_row_, slot_scratch_;
   DeviceTensor<double> column_partial_, column_sums_;
-  DeviceTensor<float> shared_h13_, shared_act_;
+  DeviceTensor<float> shared_h13_;
   // Scratch: its own or the model's (MoeScratch), then the small ones.
   std::unique_ptr<MoeScratch> own_scratch_;
   MoeScratch* scratch_;
