@@ -727,6 +727,25 @@ absl::Status XhcStreams<S>::CollapseBackward(const float* dy) {
 }
 
 template <typename S>
+absl::StatusOr<const S*> XhcStreams<S>::RebuiltBasis(int l) {
+  const xhc::Layout lay = LayoutOf(l);
+  if (lay.J == 0) return nullptr;
+  const int T = tokens_;
+  if (absl::Status e = basis_.Resize({T, lay.J, C_}); !e.ok()) return e;
+  if (absl::Status e =
+          Check(xhc::RebuildBasis<S>(lay, T, sub_[static_cast<size_t>(l)]->saved.data(),
+                                     segment_.data(), MapsOf(l), basis_.data(), device_->stream()),
+                "RebuildBasis");
+      !e.ok()) {
+    return e;
+  }
+  // out (the earlier tokens' from L2); the basis rows.
+  Count("bwd RebuildBasis (convolutions + Gram-Schmidt)", int64_t{T} * C_ * sizeof(S),
+        int64_t{T} * lay.J * C_ * static_cast<int64_t>(sizeof(S)));
+  return basis_.data();
+}
+
+template <typename S>
 absl::Status XhcStreams<S>::WriteOutputBackward(int l, float* d_out) {
   if (absl::Status s =
           Order(l >= 0 && l < L_ && backward_pos_ == 2 * l + 2, "WriteOutputBackward", l);
@@ -748,31 +767,20 @@ absl::Status XhcStreams<S>::WriteOutputBackward(int l, float* d_out) {
   cudaStream_t st = device_->stream();
   // The gate gradients accumulate over a group's sublayers, from its last (the first in the
   // backward) to its entry's ReadInputBackward.
-  if (s.mix) {
-    if (absl::Status e = Check(cudaMemsetAsync(dp_.data(), 0, sizeof(float) * T * k_, st),
-                               "zeroing the gate gradients");
-        !e.ok()) {
-      return e;
-    }
+  if (absl::Status e = s.mix ? Check(cudaMemsetAsync(dp_.data(), 0, sizeof(float) * T * k_, st),
+                                     "zeroing the gate gradients")
+                             : absl::OkStatus();
+      !e.ok()) {
+    return e;
   }
-  if (lay.J > 0) {
-    if (absl::Status e = basis_.Resize({T, lay.J, C_}); !e.ok()) return e;
-    if (absl::Status e = Check(
-            xhc::RebuildBasis<S>(lay, T, s.saved.data(), segment_.data(), p, basis_.data(), st),
-            "RebuildBasis");
-        !e.ok()) {
-      return e;
-    }
-    // out (the earlier tokens' from L2); the basis rows.
-    Count("bwd RebuildBasis (convolutions + Gram-Schmidt)", T * C_ * sz,
-          T * static_cast<int64_t>(lay.J) * C_ * sz);
-  }
-  if (absl::Status e = Check(
-          xhc::WriteBackward<S>(
-              lay, T, dx_.data(), s.saved.data(), lay.J > 0 ? basis_.data() : nullptr,
-              segment_.data(), p, entry.rec.data(), entry.idx.data(), s.coef.data(), da_.data(),
-              d_out, dg_.data(), dp_.data(), c2_.data(), wscal_.data(), tape_.data(), st),
-          "WriteBackward");
+  absl::StatusOr<const S*> basis = RebuiltBasis(l);
+  if (!basis.ok()) return basis.status();
+  if (absl::Status e =
+          Check(xhc::WriteBackward<S>(lay, T, dx_.data(), s.saved.data(), *basis, segment_.data(),
+                                      p, entry.rec.data(), entry.idx.data(), s.coef.data(),
+                                      da_.data(), d_out, dg_.data(), dp_.data(), c2_.data(),
+                                      wscal_.data(), tape_.data(), st),
+                "WriteBackward");
       !e.ok()) {
     return e;
   }

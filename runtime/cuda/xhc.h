@@ -131,6 +131,9 @@ class XhcStreams {
   Sublayer& EntryOf(int sublayer);
   // ReadInput at a group's entry: the projections of the full state and ReadEntry.
   absl::Status ReadGroupEntry(int sublayer, float* u);
+  // An MLP sublayer's basis rows (RebuildBasis, from its saved out rows) in basis_; null for an
+  // attention sublayer, which has none beyond out.
+  absl::StatusOr<const S*> RebuiltBasis(int sublayer);
   // ReadInputBackward at a group's entry: dX += c1 W1, dW1 += c1^T X, the router centring.
   absl::Status EntryWeightGrads(int sublayer);
   // Modes hc and mhc ("dense": every sublayer updates the full state): their layout, buffers,
