@@ -53,7 +53,7 @@ struct DeviceStepStats {
   // The peak of the bytes the engine asked for (memory_peak_bytes counts the caching
   // allocator's size classes, up to 12.5% more per block).
   int64_t memory_peak_requested_bytes = 0;
-  // The allocations live at that peak: what each is for ("block 2 moe expert h13") and the
+  // The allocations live at that peak: what each is for ("blocks.2.moe expert h13") and the
   // bytes asked, largest first; they sum to memory_peak_requested_bytes.
   std::vector<std::pair<std::string, int64_t>> memory_peak_blocks;
   // What the engine's caching allocator holds from the device: in use + cached for reuse.

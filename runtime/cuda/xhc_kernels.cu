@@ -492,7 +492,7 @@ __device__ __forceinline__ void StageWriteMaps(const Layout& l, const float* r, 
 // FusedWriteBack's MLP basis in registers: rows 1..J of o become the raw convolutions of
 // out_t (earlier tokens' rows `ld` elements apart), each orthogonalized against the rows before
 // it (one block-wide sum per pass); row 0 holds out_t already. The forward's Write runs it on
-// the body output, the backward on the saved out rows: for an fp32 state the same numbers.
+// the body output, the backward on the saved out rows (the same values for an fp32 state).
 template <typename X, int EPT>
 __device__ __forceinline__ void MlpBasis(const Layout& l, const MapParams& p,
                                          const int32_t* segment, int64_t t, const X* out_t,
@@ -613,7 +613,7 @@ __global__ void __launch_bounds__(512)
 }
 
 // RebuildBasis: token t's basis rows 1..J from the saved out rows, as WriteKernel computed
-// them from the body output (MlpBasis; the same numbers for an fp32 state), into basis
+// them from the body output (MlpBasis, on the same values for an fp32 state), into basis
 // (tokens x J x C, S).
 template <typename S, int EPT>
 __global__ void __launch_bounds__(512)

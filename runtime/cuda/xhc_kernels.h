@@ -144,7 +144,7 @@ cudaError_t WriteBackward(const Layout& l, int64_t tokens, const float* dx, cons
                           cudaStream_t stream);
 // RebuildBasis (MLP, l.J > 0; nothing otherwise): an MLP sublayer's basis rows 1..J
 // (tokens x J x C, in S) from its saved out rows, as Write computed them from the body output
-// (the same code: the same numbers for an fp32 state), for WriteBackward.
+// (the same code, on the same values for an fp32 state), for WriteBackward.
 template <typename S>
 cudaError_t RebuildBasis(const Layout& l, int64_t tokens, const S* saved, const int32_t* segment,
                          const MapParams& p, S* basis, cudaStream_t stream);

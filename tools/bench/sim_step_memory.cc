@@ -29,7 +29,7 @@
 //
 // Where the peak goes: the allocator records the blocks live at the requested peak by name
 // (DeviceStepStats::memory_peak_blocks); names are grouped with their numbers replaced by #
-// ("block # moe expert h13": the four layers' together), each group fitted as the total and
+// ("blocks.#.moe expert h13": the four layers' together), each group fitted as the total and
 // predicted at the shape. A second table lists, per row, the groups of at least 1% of its
 // peak, largest first, with their bytes per token and per expert.
 //
