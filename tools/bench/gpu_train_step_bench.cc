@@ -13,7 +13,9 @@
 // of --steps steps after --warmup (each step ends synchronised: OptimizerStep waits for the
 // step's last event), tokens/s, the step's device time by phase (PhaseClock: gemm, attention,
 // streams, routing, optimizer, other; medians), and the peak of the engine's caching
-// allocator (bytes in use, since the engine was created, warm-up included). Modes the GPU
+// allocator (bytes in use, since the engine was created, warm-up included; the JSON adds the
+// bytes asked for at their peak and the 12 largest blocks live then, by name: where it went,
+// as bench_sim_step_memory predicts it). Modes the GPU
 // engine lacks (CheckGpuResidualMode) are rows saying "not in the GPU engine", not skipped.
 // Precision: --precision applies to every config; without it demo runs fp32 and c1024 tf32
 // (the PyTorch table).
@@ -56,6 +58,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -105,6 +108,9 @@ struct Row {
   double tokens_per_s = 0, step_s = 0;
   std::array<double, kPhases> phase_ms{};  // rackrun only
   int64_t peak_bytes = 0;
+  // rackrun: the bytes asked for at the requested peak and the largest blocks live at it.
+  int64_t peak_requested_bytes = 0;
+  std::vector<std::pair<std::string, int64_t>> peak_blocks;
   double first_loss = 0;
   int64_t parameters = 0;
   std::string note;
@@ -135,7 +141,7 @@ Row RunOurs(const Options& o, const bench::TrainStepShape& shape, const std::str
   const bench::StepTokens tokens = bench::RandomStepTokens(shape);
   std::vector<double> step;
   std::array<std::vector<double>, kPhases> phases;
-  int64_t peak = 0;
+  DeviceStepStats last;
   for (int i = 0; i < o.warmup + o.steps; ++i) {
     const double t0 = rackrun::base::NowSeconds();
     const absl::StatusOr<double> loss = bench::EngineStep(engine, tokens, shape.batch);
@@ -147,11 +153,11 @@ Row RunOurs(const Options& o, const bench::TrainStepShape& shape, const std::str
       return row;
     }
     if (i == 0) row.first_loss = *loss;
-    peak = stats->memory_peak_bytes;
+    last = *std::move(stats);
     if (i < o.warmup) continue;
     step.push_back(t1 - t0);
     for (int p = 0; p < kPhases; ++p)
-      phases[static_cast<size_t>(p)].push_back(stats->phase_ms[static_cast<size_t>(p)]);
+      phases[static_cast<size_t>(p)].push_back(last.phase_ms[static_cast<size_t>(p)]);
   }
   row.measured = true;
   if (expert_gemm == "grouped" && precision == "bf16") {
@@ -163,7 +169,11 @@ Row RunOurs(const Options& o, const bench::TrainStepShape& shape, const std::str
   row.tokens_per_s = shape.tokens() / row.step_s;
   for (int p = 0; p < kPhases; ++p)
     row.phase_ms[static_cast<size_t>(p)] = Median(phases[static_cast<size_t>(p)]);
-  row.peak_bytes = peak;
+  row.peak_bytes = last.memory_peak_bytes;
+  row.peak_requested_bytes = last.memory_peak_requested_bytes;
+  constexpr size_t kBlocks = 12;
+  last.memory_peak_blocks.resize(std::min(last.memory_peak_blocks.size(), kBlocks));
+  row.peak_blocks = std::move(last.memory_peak_blocks);
   return row;
 }
 
@@ -255,6 +265,14 @@ std::vector<TargetRow> Targets(const Options& o, const std::vector<Row>& rows) {
   return out;
 }
 
+// rackrun's largest blocks at its requested peak (name, bytes), largest first.
+nlohmann::json PeakBlocksJson(const Row& r) {
+  nlohmann::json blocks = nlohmann::json::array();
+  for (const auto& [name, bytes] : r.peak_blocks)
+    blocks.push_back({{"name", name}, {"bytes", bytes}});
+  return blocks;
+}
+
 nlohmann::json Json(const Options& o, const std::string& gpu, const absl::Status& torch,
                     const std::vector<Row>& rows) {
   nlohmann::json j;
@@ -281,6 +299,8 @@ nlohmann::json Json(const Options& o, const std::string& gpu, const absl::Status
                          {"step_s", r.step_s},
                          {"phase_ms", phases},
                          {"peak_memory_bytes", r.peak_bytes},
+                         {"peak_requested_bytes", r.peak_requested_bytes},
+                         {"peak_blocks", PeakBlocksJson(r)},
                          {"first_loss", r.first_loss},
                          {"parameters", r.parameters},
                          {"vs_torch", vs.has_value() ? nlohmann::json(*vs) : nlohmann::json()},
