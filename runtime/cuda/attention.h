@@ -7,8 +7,9 @@
 // through MatMul in the job's precision.
 //
 // The weights live in device memory the caller owns (the GPU model's parameter buffer); the
-// layer keeps its activations for the backward (normed input, q/k/v after rotation, the
-// attention output, one log-sum-exp per query row and head).
+// layer keeps its activations for the backward (q/k/v after rotation, the attention output,
+// one log-sum-exp per query row and head, the inverse rms; the normed input is computed again
+// from u, which the caller keeps: AttentionScratch).
 //
 // Supported head dims: 16, 32, 64, 128 (Create says which, naming model.width / model.heads).
 // Not run on a GPU yet: checked against the CPU layer by runtime/cuda/attention_test.cc.
