@@ -133,6 +133,7 @@ absl::StatusOr<CachingAllocator::Block> CachingAllocator::Allocate(size_t bytes,
   if (stats_.requested_bytes > stats_.peak_requested_bytes) {
     stats_.peak_requested_bytes = stats_.requested_bytes;
     peak_blocks_ = LiveBlocksLocked();
+    peak_blocks_sorted_ = false;
   }
   return b;
 }
@@ -190,16 +191,16 @@ void CachingAllocator::ResetPeaks() {
   stats_.allocations = stats_.cache_hits = stats_.raw_allocations = stats_.raw_frees = 0;
   stats_.cache_flushes = 0;
   peak_blocks_ = LiveBlocksLocked();
+  peak_blocks_sorted_ = false;
 }
 
 std::vector<CachingAllocator::NamedBlock> CachingAllocator::PeakBlocks() const {
-  std::vector<NamedBlock> blocks;
-  {
-    absl::MutexLock lock(&mu_);
-    blocks = peak_blocks_;
+  absl::MutexLock lock(&mu_);
+  if (!peak_blocks_sorted_) {
+    SortLargestFirst(peak_blocks_);
+    peak_blocks_sorted_ = true;
   }
-  SortLargestFirst(blocks);
-  return blocks;
+  return peak_blocks_;
 }
 
 std::vector<CachingAllocator::NamedBlock> CachingAllocator::LiveBlocksLocked() const {

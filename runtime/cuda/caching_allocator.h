@@ -169,7 +169,10 @@ class CachingAllocator {
   std::map<std::pair<StreamKey, size_t>, std::vector<void*>> free_ ABSL_GUARDED_BY(mu_);
   std::unordered_map<void*, Live> live_ ABSL_GUARDED_BY(mu_);
   AllocatorStats stats_ ABSL_GUARDED_BY(mu_);
-  std::vector<NamedBlock> peak_blocks_ ABSL_GUARDED_BY(mu_);
+  // Recorded unsorted at each new peak (during a model's first step, often); sorted once, by
+  // the first PeakBlocks after it (the engine's StepStats asks every step).
+  mutable std::vector<NamedBlock> peak_blocks_ ABSL_GUARDED_BY(mu_);
+  mutable bool peak_blocks_sorted_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace rackrun::runtime::cuda

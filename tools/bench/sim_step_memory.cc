@@ -77,8 +77,7 @@ struct Options {
 
 struct Peak {
   double requested = 0, in_use = 0;
-  std::map<std::string, double> groups;  // requested bytes at the peak by grouped name
-  std::map<std::string, double> blocks;  // ... by name
+  std::map<std::string, double> blocks;  // requested bytes at the peak by name
   std::map<std::string, int> counts;     // blocks of that name
 };
 
@@ -117,7 +116,6 @@ absl::StatusOr<Peak> Measure(const bench::TrainStepShape& shape, const std::stri
   p.requested = static_cast<double>(st->memory_peak_requested_bytes);
   p.in_use = static_cast<double>(st->memory_peak_bytes);
   for (const auto& [what, bytes] : st->memory_peak_blocks) {
-    p.groups[GroupOf(what)] += static_cast<double>(bytes);
     p.blocks[what] += static_cast<double>(bytes);
     ++p.counts[what];
   }
@@ -168,25 +166,32 @@ struct Row {
   std::string note;
 };
 
-// Every name in `Peak::*by` seen at one of the fit's points (T1, 2 T1, 4 T1 at E1; T1 at E2),
-// fitted over them (a name missing at a point held 0 bytes there).
+// The blocks at the fit's points (T1, 2 T1, 4 T1 at E1; T1 at E2) summed by key(name), each
+// key fitted over them (a key missing at a point held 0 bytes there).
 std::vector<Group> FitNames(const std::vector<double>& t, const std::vector<Peak>& peaks, int e1,
-                            int e2, std::map<std::string, double> Peak::*by) {
+                            int e2, std::string (*key)(const std::string&)) {
+  std::array<std::map<std::string, double>, 4> at;
   std::set<std::string> names;
-  for (size_t i = 0; i < 4; ++i) {
-    for (const auto& [name, bytes] : peaks[i].*by) names.insert(name);
+  for (size_t i = 0; i < at.size(); ++i) {
+    for (const auto& [name, bytes] : peaks[i].blocks) {
+      const std::string k = key(name);
+      at[i][k] += bytes;
+      names.insert(k);
+    }
   }
-  const auto at = [&](size_t i, const std::string& name) {
-    auto it = (peaks[i].*by).find(name);
-    return it == (peaks[i].*by).end() ? 0.0 : it->second;
+  const auto bytes = [&](size_t i, const std::string& name) {
+    auto it = at[i].find(name);
+    return it == at[i].end() ? 0.0 : it->second;
   };
   std::vector<Group> groups;
   for (const std::string& name : names) {
-    groups.push_back(
-        {name, FitPeaks(t, {at(0, name), at(1, name), at(2, name)}, e1, e2, at(3, name))});
+    groups.push_back({name, FitPeaks(t, {bytes(0, name), bytes(1, name), bytes(2, name)}, e1, e2,
+                                     bytes(3, name))});
   }
   return groups;
 }
+
+std::string SameName(const std::string& name) { return name; }
 
 // The size classes of the blocks fitted by name, at (e, tokens): a name held by n blocks is n
 // blocks of an n-th of its bytes each (n as at the first point).
@@ -232,9 +237,9 @@ Row Predict(const Options& o, const bench::TrainStepShape& full, const std::stri
     req.push_back(peaks[static_cast<size_t>(i)].requested);
   }
   row.requested = FitPeaks(t, req, e1, e2, peaks[3].requested);
-  row.groups = FitNames(t, peaks, e1, e2, &Peak::groups);
+  row.groups = FitNames(t, peaks, e1, e2, &GroupOf);
   const double e = full.experts, tokens = full.tokens();
-  row.in_use = InUseAt(FitNames(t, peaks, e1, e2, &Peak::blocks), peaks[0], e, tokens);
+  row.in_use = InUseAt(FitNames(t, peaks, e1, e2, &SameName), peaks[0], e, tokens);
   std::sort(row.groups.begin(), row.groups.end(), [&](const Group& x, const Group& y) {
     return x.fit.At(e, tokens) > y.fit.At(e, tokens);
   });
