@@ -53,9 +53,6 @@ struct DeviceStepStats {
   // The peak of the bytes the engine asked for (memory_peak_bytes counts the caching
   // allocator's size classes, up to 12.5% more per block).
   int64_t memory_peak_requested_bytes = 0;
-  // The allocations live at that peak: what each is for ("blocks.2.moe expert h13") and the
-  // bytes asked, largest first; they sum to memory_peak_requested_bytes.
-  std::vector<std::pair<std::string, int64_t>> memory_peak_blocks;
   // What the engine's caching allocator holds from the device: in use + cached for reuse.
   int64_t memory_reserved_bytes = 0;
   int64_t memory_total_bytes = 0;  // the device's
@@ -99,6 +96,11 @@ class DeviceEngine {
 
   // The last step's device figures (after OptimizerStep).
   virtual absl::StatusOr<DeviceStepStats> StepStats() = 0;
+  // The allocations live when DeviceStepStats::memory_peak_requested_bytes was reached: what
+  // each is for ("blocks.2.moe expert h13") and the bytes asked, largest first; they sum to
+  // that peak. Apart from StepStats, which the worker asks every step: these are a few hundred
+  // names to copy, for the benchmarks and a look at where the memory went.
+  virtual std::vector<std::pair<std::string, int64_t>> MemoryPeakBlocks() { return {}; }
 
   // Expert parallelism (a job of several ranks), host-staged: the trainer reduces gradients
   // and computes the global norm on the host, as the CPU engine does.

@@ -153,12 +153,17 @@ class GpuEngine final : public DeviceEngine {
     st.memory_in_use_bytes = a.in_use_bytes;
     st.memory_peak_bytes = a.peak_in_use_bytes;
     st.memory_peak_requested_bytes = a.peak_requested_bytes;
-    for (CachingAllocator::NamedBlock& b : device_->allocator().PeakBlocks())
-      st.memory_peak_blocks.emplace_back(std::move(b.what), b.bytes);
     st.memory_reserved_bytes = a.reserved_bytes;
     st.memory_total_bytes = device_->info().total_bytes;
     for (int p = 0; p < kPhases; ++p) st.phase_ms[static_cast<size_t>(p)] = last_[p];
     return st;
+  }
+
+  std::vector<std::pair<std::string, int64_t>> MemoryPeakBlocks() override {
+    std::vector<std::pair<std::string, int64_t>> blocks;
+    for (CachingAllocator::NamedBlock& b : device_->allocator().PeakBlocks())
+      blocks.emplace_back(std::move(b.what), b.bytes);
+    return blocks;
   }
 
  private:

@@ -119,7 +119,7 @@ std::vector<double> Losses(const rackrun::v1::JobSpec& spec, const std::string& 
       EXPECT_GT(st->memory_peak_requested_bytes, 0);
       EXPECT_LE(st->memory_peak_requested_bytes, st->memory_peak_bytes);
       int64_t named = 0;
-      for (const auto& [what, bytes] : st->memory_peak_blocks) {
+      for (const auto& [what, bytes] : e->MemoryPeakBlocks()) {
         EXPECT_FALSE(what.empty());
         named += bytes;
       }

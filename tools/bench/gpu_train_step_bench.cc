@@ -172,8 +172,8 @@ Row RunOurs(const Options& o, const bench::TrainStepShape& shape, const std::str
   row.peak_bytes = last.memory_peak_bytes;
   row.peak_requested_bytes = last.memory_peak_requested_bytes;
   constexpr size_t kBlocks = 12;
-  last.memory_peak_blocks.resize(std::min(last.memory_peak_blocks.size(), kBlocks));
-  row.peak_blocks = std::move(last.memory_peak_blocks);
+  row.peak_blocks = engine.MemoryPeakBlocks();
+  row.peak_blocks.resize(std::min(row.peak_blocks.size(), kBlocks));
   return row;
 }
 

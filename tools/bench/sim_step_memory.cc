@@ -28,7 +28,7 @@
 // prediction: the check of the method where the simulator can afford it (demo).
 //
 // Where the peak goes: the allocator records the blocks live at the requested peak by name
-// (DeviceStepStats::memory_peak_blocks); names are grouped with their numbers replaced by #
+// (DeviceEngine::MemoryPeakBlocks); names are grouped with their numbers replaced by #
 // ("blocks.#.moe expert h13": the four layers' together), each group fitted as the total and
 // predicted at the shape. A second table lists, per row, the groups of at least 1% of its
 // peak, largest first, with their bytes per token and per expert.
@@ -115,7 +115,7 @@ absl::StatusOr<Peak> Measure(const bench::TrainStepShape& shape, const std::stri
   Peak p;
   p.requested = static_cast<double>(st->memory_peak_requested_bytes);
   p.in_use = static_cast<double>(st->memory_peak_bytes);
-  for (const auto& [what, bytes] : st->memory_peak_blocks) {
+  for (const auto& [what, bytes] : model->engine->MemoryPeakBlocks()) {
     p.blocks[what] += static_cast<double>(bytes);
     ++p.counts[what];
   }
