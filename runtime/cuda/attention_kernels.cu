@@ -37,6 +37,41 @@ __device__ __forceinline__ void LoadTile(const float* base, int64_t stride, int 
   }
 }
 
+// Where a thread of the kernels below works: its block's (batch, head) from blockIdx.y, its
+// row (a query row, or a key row in the dK/dV kernel: kRows per block from blockIdx.x, one
+// per group of G threads) and its part of the head's D = kE * G columns (e * G + part).
+template <int G>
+struct RowPlace {
+  int bh, h;  // blockIdx.y = batch * heads + head
+  int part;   // threadIdx.x % G
+  int first;  // the block's first row
+  int row;    // this thread's; valid when below seq
+  bool valid;
+  int row_read;       // row, or seq - 1 for the threads past the end (they read, never write)
+  int64_t c3;         // the qkv rows' stride, 3 x width
+  int64_t row0;       // the batch's first token
+  const int32_t* ds;  // the batch's doc_start
+  const float* head;  // q of the batch's row 0 and head h; k at + width, v at + 2 width
+};
+
+template <int G>
+__device__ __forceinline__ RowPlace<G> PlaceRow(int seq, int heads, int width, const float* qkv,
+                                                const int32_t* doc_start) {
+  RowPlace<G> p;
+  p.bh = blockIdx.y;
+  p.h = p.bh % heads;
+  p.part = threadIdx.x % G;
+  p.first = blockIdx.x * kRows;
+  p.row = p.first + static_cast<int>(threadIdx.x) / G;
+  p.valid = p.row < seq;
+  p.row_read = p.valid ? p.row : seq - 1;
+  p.c3 = 3 * static_cast<int64_t>(width);
+  p.row0 = static_cast<int64_t>(p.bh / heads) * seq;
+  p.ds = doc_start + p.row0;
+  p.head = qkv + p.row0 * p.c3 + p.h * kE * G;
+  return p;
+}
+
 // One query row per group of G threads; keys stream through shared memory. Online softmax
 // (running max m and sum l, the output rescaled when the max grows).
 template <int G>
@@ -47,16 +82,8 @@ __global__ void __launch_bounds__(kRows* G)
   constexpr int D = kE * G;
   __shared__ float ks[kTile][D];
   __shared__ float vs[kTile][D];
-  const int bh = blockIdx.y, b = bh / heads, h = bh % heads;
-  const int part = threadIdx.x % G;
-  const int i0 = blockIdx.x * kRows;
-  const int i = i0 + static_cast<int>(threadIdx.x) / G;
-  const bool valid = i < seq;
-  const int ii = valid ? i : seq - 1;
-  const int64_t c3 = 3 * static_cast<int64_t>(width);
-  const int64_t row0 = static_cast<int64_t>(b) * seq;
-  const int32_t* ds = doc_start + row0;
-  const float* head = qkv + row0 * c3 + h * D;  // q of row 0; k at + width, v at + 2 width
+  const auto [bh, h, part, i0, i, valid, ii, c3, row0, ds, head] =
+      PlaceRow<G>(seq, heads, width, qkv, doc_start);
   float q[kE], o[kE];
 #pragma unroll
   for (int e = 0; e < kE; ++e) {
@@ -136,16 +163,8 @@ __global__ void __launch_bounds__(kRows* G)
   constexpr int D = kE * G;
   __shared__ float ks[kTile][D];
   __shared__ float vs[kTile][D];
-  const int bh = blockIdx.y, b = bh / heads, h = bh % heads;
-  const int part = threadIdx.x % G;
-  const int i0 = blockIdx.x * kRows;
-  const int i = i0 + static_cast<int>(threadIdx.x) / G;
-  const bool valid = i < seq;
-  const int ii = valid ? i : seq - 1;
-  const int64_t c3 = 3 * static_cast<int64_t>(width);
-  const int64_t row0 = static_cast<int64_t>(b) * seq;
-  const int32_t* ds = doc_start + row0;
-  const float* head = qkv + row0 * c3 + h * D;
+  const auto [bh, h, part, i0, i, valid, ii, c3, row0, ds, head] =
+      PlaceRow<G>(seq, heads, width, qkv, doc_start);
   const float* dout = dattn + (row0 + ii) * width + h * D;
   float q[kE], d_o[kE], dq[kE];
 #pragma unroll
@@ -199,16 +218,8 @@ __global__ void __launch_bounds__(kRows* G)
   __shared__ float dos[kTile][D];
   __shared__ float lse_s[kTile], delta_s[kTile];
   __shared__ int32_t ds_s[kTile];
-  const int bh = blockIdx.y, b = bh / heads, h = bh % heads;
-  const int part = threadIdx.x % G;
-  const int j0 = blockIdx.x * kRows;
-  const int j = j0 + static_cast<int>(threadIdx.x) / G;
-  const bool valid = j < seq;
-  const int jj_row = valid ? j : seq - 1;
-  const int64_t c3 = 3 * static_cast<int64_t>(width);
-  const int64_t row0 = static_cast<int64_t>(b) * seq;
-  const int32_t* ds = doc_start + row0;
-  const float* head = qkv + row0 * c3 + h * D;
+  const auto [bh, h, part, j0, j, valid, jj_row, c3, row0, ds, head] =
+      PlaceRow<G>(seq, heads, width, qkv, doc_start);
   float k[kE], v[kE], dk[kE], dv[kE];
 #pragma unroll
   for (int e = 0; e < kE; ++e) {
