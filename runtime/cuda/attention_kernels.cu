@@ -37,12 +37,20 @@ __device__ __forceinline__ void LoadTile(const float* base, int64_t stride, int 
   }
 }
 
-// Where a thread of the kernels below works: its block's (batch, head) from blockIdx.y, its
-// row (a query row, or a key row in the dK/dV kernel: kRows per block from blockIdx.x, one
-// per group of G threads) and its part of the head's D = kE * G columns (e * G + part).
+// The grid: x = batch * heads (no 65535 limit on x), y = tiles of kRows rows. Blocks start
+// in x-fastest order, so a tile's blocks of every head start together; the query kernels
+// take their tiles from the last (the most keys under the causal mask) to the first, the
+// dK/dV kernel in order (the first key tile has the most queries): the lightest tiles are
+// left for the last wave.
+__device__ __forceinline__ int QueryTile() { return static_cast<int>(gridDim.y - 1 - blockIdx.y); }
+__device__ __forceinline__ int KeyTile() { return static_cast<int>(blockIdx.y); }
+
+// Where a thread of the kernels below works: its block's (batch, head), its row (a query
+// row, or a key row in the dK/dV kernel: kRows per tile, one per group of G threads) and its
+// part of the head's D = kE * G columns (e * G + part).
 template <int G>
 struct RowPlace {
-  int bh, h;  // blockIdx.y = batch * heads + head
+  int bh, h;  // blockIdx.x = batch * heads + head
   int part;   // threadIdx.x % G
   int first;  // the block's first row
   int row;    // this thread's; valid when below seq
@@ -56,12 +64,12 @@ struct RowPlace {
 
 template <int G>
 __device__ __forceinline__ RowPlace<G> PlaceRow(int seq, int heads, int width, const float* qkv,
-                                                const int32_t* doc_start) {
+                                                const int32_t* doc_start, int tile) {
   RowPlace<G> p;
-  p.bh = blockIdx.y;
+  p.bh = blockIdx.x;
   p.h = p.bh % heads;
   p.part = threadIdx.x % G;
-  p.first = blockIdx.x * kRows;
+  p.first = tile * kRows;
   p.row = p.first + static_cast<int>(threadIdx.x) / G;
   p.valid = p.row < seq;
   p.row_read = p.valid ? p.row : seq - 1;
@@ -83,7 +91,7 @@ __global__ void __launch_bounds__(kRows* G)
   __shared__ float ks[kTile][D];
   __shared__ float vs[kTile][D];
   const auto [bh, h, part, i0, i, valid, ii, c3, row0, ds, head] =
-      PlaceRow<G>(seq, heads, width, qkv, doc_start);
+      PlaceRow<G>(seq, heads, width, qkv, doc_start, QueryTile());
   float q[kE], o[kE];
 #pragma unroll
   for (int e = 0; e < kE; ++e) {
@@ -164,7 +172,7 @@ __global__ void __launch_bounds__(kRows* G)
   __shared__ float ks[kTile][D];
   __shared__ float vs[kTile][D];
   const auto [bh, h, part, i0, i, valid, ii, c3, row0, ds, head] =
-      PlaceRow<G>(seq, heads, width, qkv, doc_start);
+      PlaceRow<G>(seq, heads, width, qkv, doc_start, QueryTile());
   const float* dout = dattn + (row0 + ii) * width + h * D;
   float q[kE], d_o[kE], dq[kE];
 #pragma unroll
@@ -219,7 +227,7 @@ __global__ void __launch_bounds__(kRows* G)
   __shared__ float lse_s[kTile], delta_s[kTile];
   __shared__ int32_t ds_s[kTile];
   const auto [bh, h, part, j0, j, valid, jj_row, c3, row0, ds, head] =
-      PlaceRow<G>(seq, heads, width, qkv, doc_start);
+      PlaceRow<G>(seq, heads, width, qkv, doc_start, KeyTile());
   float k[kE], v[kE], dk[kE], dv[kE];
 #pragma unroll
   for (int e = 0; e < kE; ++e) {
@@ -304,7 +312,7 @@ int GridStride(int64_t n) {
 template <int G>
 cudaError_t LaunchForward(int batch, int seq, int heads, int width, float scale, const float* qkv,
                           const int32_t* doc_start, float* attn, float* lse, cudaStream_t stream) {
-  const dim3 grid((seq + kRows - 1) / kRows, static_cast<unsigned>(batch * heads));
+  const dim3 grid(static_cast<unsigned>(batch * heads), (seq + kRows - 1) / kRows);
   Launch(ForwardKernel<G>, grid, kRows * G, 0, stream)(seq, heads, width, scale, qkv, doc_start,
                                                        attn, lse);
   return cudaGetLastError();
@@ -314,7 +322,7 @@ template <int G>
 cudaError_t LaunchBackward(int batch, int seq, int heads, int width, float scale, const float* qkv,
                            const int32_t* doc_start, const float* lse, const float* dattn,
                            const float* delta, float* dqkv, cudaStream_t stream) {
-  const dim3 grid((seq + kRows - 1) / kRows, static_cast<unsigned>(batch * heads));
+  const dim3 grid(static_cast<unsigned>(batch * heads), (seq + kRows - 1) / kRows);
   Launch(QueryGradKernel<G>, grid, kRows * G, 0, stream)(seq, heads, width, scale, qkv, doc_start,
                                                          lse, dattn, delta, dqkv);
   Launch(KeyValueGradKernel<G>, grid, kRows * G, 0, stream)(seq, heads, width, scale, qkv,

@@ -161,7 +161,14 @@ __device__ __forceinline__ void ZeroAll(typename Ops::FragC (&acc)[Shape<D, Ops>
   for (int n = 0; n < Shape<D, Ops>::kDN; ++n) wmma::fill_fragment(acc[n], 0.0f);
 }
 
-// Where a block works: its warp and lane, its (batch row, head) bh, and that row's
+// The grid: x = batch * heads (no 65535 limit on x), y = tiles of kRows rows, started in
+// x-fastest order; the query kernels take their tiles from the last (the most keys under the
+// causal mask) to the first, the dK/dV kernel in order (the first key tile has the most
+// queries), so the last wave holds the lightest tiles.
+__device__ __forceinline__ int QueryTile() { return static_cast<int>(gridDim.y - 1 - blockIdx.y); }
+__device__ __forceinline__ int KeyTile() { return static_cast<int>(blockIdx.y); }
+
+// Where a block works: its warp and lane, its (batch row, head) bh (blockIdx.x), and that row's
 // offsets: row0 (its first token), c3 (qkv's row stride), ds (its doc starts), head (q of
 // its token 0 for head h; k at + width, v at + 2 width).
 struct Place {
@@ -177,7 +184,7 @@ __device__ __forceinline__ Place PlaceOf(int seq, int heads, int width, const fl
   Place p;
   p.warp = static_cast<int>(threadIdx.x) / kWarp;
   p.lane = static_cast<int>(threadIdx.x) % kWarp;
-  p.bh = blockIdx.y;
+  p.bh = blockIdx.x;
   p.h = p.bh % heads;
   p.c3 = 3 * static_cast<int64_t>(width);
   p.row0 = static_cast<int64_t>(p.bh / heads) * seq;
@@ -203,7 +210,7 @@ __global__ void __launch_bounds__(kThreads)
   T* vs = reinterpret_cast<T*>(smem + 2 * S::kTile);
   float* stage = reinterpret_cast<float*>(smem + 3 * S::kTile + warp * S::kStage);
   T* ps = reinterpret_cast<T*>(smem + 3 * S::kTile + kWarps * S::kStage + warp * S::kWarpTile);
-  const int i0 = blockIdx.x * kRows;
+  const int i0 = QueryTile() * kRows;
   const int last = (i0 + kRows < seq ? i0 + kRows : seq) - 1;
   LoadRows<D, Ops>(head, c3, i0, last, qs);
   __syncthreads();
@@ -291,7 +298,7 @@ __global__ void __launch_bounds__(kThreads)
   float* s_stage = reinterpret_cast<float*>(mine);
   float* dp_stage = reinterpret_cast<float*>(mine + S::kStage);
   T* dss = reinterpret_cast<T*>(mine);  // over s_stage, once read
-  const int i0 = blockIdx.x * kRows;
+  const int i0 = QueryTile() * kRows;
   const int last = (i0 + kRows < seq ? i0 + kRows : seq) - 1;
   LoadRows<D, Ops>(head, c3, i0, last, qs);
   LoadRows<D, Ops>(dattn + row0 * width + h * D, width, i0, last, dos);
@@ -370,7 +377,7 @@ __global__ void __launch_bounds__(kThreads)
   float* dp_stage = reinterpret_cast<float*>(mine + S::kStage);
   T* pts = reinterpret_cast<T*>(mine);               // over s_stage, once read
   T* dsts = reinterpret_cast<T*>(mine + S::kStage);  // over dp_stage, once read
-  const int j0 = blockIdx.x * kRows;
+  const int j0 = KeyTile() * kRows;
   const int last_key = (j0 + kRows < seq ? j0 + kRows : seq) - 1;
   LoadRows<D, Ops>(head + width, c3, j0, last_key, kown);
   LoadRows<D, Ops>(head + 2 * width, c3, j0, last_key, vown);
@@ -446,7 +453,7 @@ cudaError_t LaunchTensorCore(void (*kernel)(P...), size_t bytes, int batch, int 
       e != cudaSuccess) {
     return e;
   }
-  const dim3 grid((seq + kRows - 1) / kRows, static_cast<unsigned>(batch * heads));
+  const dim3 grid(static_cast<unsigned>(batch * heads), (seq + kRows - 1) / kRows);
   Launch(kernel, grid, kThreads, bytes, stream)(std::forward<A>(args)...);
   return cudaGetLastError();
 }

@@ -264,6 +264,51 @@ TEST(GpuAttentionTest, RepeatsBitForBit) {
   }
 }
 
+// More (sequence, head) pairs than a grid's y dimension takes (65535): the kernels put them
+// on x. Every pair's outputs equal those of the same kernels run on the last three
+// sequences alone (a grid of three pairs; the other tests check those against the CPU),
+// bit for bit: the same arithmetic, found where the pair's index says. Short rows (seq 2,
+// head dim 16, one head) keep it to 65537 blocks of 64 threads. The fp32 kernels only: the
+// tensor-core kernels take the same grid (LaunchTensorCore) and cost the simulator 17 times
+// as long (70 s).
+TEST(GpuAttentionTest, MoreSequencesAndHeadsThanAGridsYDimension) {
+  RACKRUN_OPEN_GPU_OR_SKIP(dev);
+  const int batch = 65537, seq = 2, heads = 1, head_dim = 16, width = heads * head_dim, tail = 3;
+  const int64_t tokens = int64_t{batch} * seq;
+  const float scale = 0.25f;
+  DeviceTensor<float> qkv = Upload(dev.get(), "qkv", RandomVector(tokens * 3 * width, 31));
+  DeviceTensor<float> dattn = Upload(dev.get(), "dattn", RandomVector(tokens * width, 32));
+  DeviceTensor<int32_t> ds = Upload(dev.get(), "doc_start", DocStarts(batch, seq));
+  std::vector<float> attn[2], lse[2], dqkv[2];
+  for (int run = 0; run < 2; ++run) {  // all sequences, then the last `tail` alone
+    const int b = run == 0 ? batch : tail;
+    const int64_t skip = run == 0 ? 0 : int64_t{batch - tail} * seq;  // tokens
+    DeviceTensor<float> a(dev.get(), "attn"), l(dev.get(), "lse"), delta(dev.get(), "delta"),
+        d(dev.get(), "dqkv");
+    ASSERT_TRUE(a.Resize({int64_t{b} * seq, width}).ok());
+    ASSERT_TRUE(l.Resize({int64_t{b} * heads, seq}).ok());
+    ASSERT_TRUE(delta.Resize({int64_t{b} * heads, seq}).ok());
+    ASSERT_TRUE(d.Resize({int64_t{b} * seq, 3 * width}).ok());
+    ASSERT_EQ(attention::Forward(b, seq, heads, head_dim, scale, qkv.data() + skip * 3 * width,
+                                 ds.data() + skip, a.data(), l.data(), attention::Cores::kFp32,
+                                 dev->stream()),
+              cudaSuccess);
+    ASSERT_EQ(attention::Backward(b, seq, heads, head_dim, scale, qkv.data() + skip * 3 * width,
+                                  ds.data() + skip, a.data(), l.data(), dattn.data() + skip * width,
+                                  delta.data(), d.data(), attention::Cores::kFp32, dev->stream()),
+              cudaSuccess);
+    attn[run] = Download(a);
+    lse[run] = Download(l);
+    dqkv[run] = Download(d);
+  }
+  for (const std::vector<float>* pair : {attn, lse, dqkv}) {
+    const std::vector<float>& all = pair[0];
+    const std::vector<float>& last = pair[1];
+    ASSERT_GE(all.size(), last.size());
+    EXPECT_EQ(std::vector<float>(all.end() - static_cast<int64_t>(last.size()), all.end()), last);
+  }
+}
+
 // Runs without a GPU: the head-dim check comes before any device work.
 TEST(GpuAttentionTest, UnsupportedHeadDimIsAnErrorNamingTheFields) {
   absl::StatusOr<std::unique_ptr<GpuAttention>> a =
