@@ -304,11 +304,6 @@ __global__ void RopeKernel(int64_t tokens, int seq, int width, int heads, int ha
   }
 }
 
-int GridStride(int64_t n) {
-  const int64_t b = (n + 255) / 256;
-  return static_cast<int>(b < 1 ? 1 : (b > 65535 * 8 ? 65535 * 8 : b));
-}
-
 template <int G>
 cudaError_t LaunchForward(int batch, int seq, int heads, int width, float scale, const float* qkv,
                           const int32_t* doc_start, float* attn, float* lse, cudaStream_t stream) {
@@ -340,7 +335,7 @@ cudaError_t Rope(int64_t tokens, int seq, int width, int heads, const float* cos
                  bool inverse, float* qkv, cudaStream_t stream) {
   if (tokens == 0) return cudaSuccess;
   const int half = width / heads / 2;
-  Launch(RopeKernel, GridStride(tokens * 2 * heads * half), 256, 0, stream)(
+  Launch(RopeKernel, GridStrideBlocks(tokens * 2 * heads * half, 256), 256, 0, stream)(
       tokens, seq, width, heads, half, cos, sin, inverse ? -1.0f : 1.0f, qkv);
   return cudaGetLastError();
 }
@@ -375,8 +370,8 @@ cudaError_t Backward(int batch, int seq, int heads, int head_dim, float scale, c
   if (batch == 0 || seq == 0) return cudaSuccess;
   const int width = heads * head_dim;
   const int64_t tokens = static_cast<int64_t>(batch) * seq;
-  Launch(DeltaKernel, GridStride(tokens * heads), 256, 0, stream)(tokens, seq, heads, head_dim,
-                                                                  width, attn, dattn, delta);
+  Launch(DeltaKernel, GridStrideBlocks(tokens * heads, 256), 256, 0, stream)(
+      tokens, seq, heads, head_dim, width, attn, dattn, delta);
   if (cores != Cores::kFp32) {
     if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
     return TensorCoreBackward(cores, batch, seq, heads, head_dim, scale, qkv, doc_start, lse, dattn,

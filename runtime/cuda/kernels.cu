@@ -24,11 +24,6 @@ constexpr float kRmsEps = 1e-6f;
 // Rows per chunk of a column reduction's first pass.
 constexpr int64_t kRowChunk = 64;
 
-int Blocks(int64_t n, int per = kThreads) {
-  const int64_t b = (n + per - 1) / per;
-  return static_cast<int>(b < 1 ? 1 : (b > 65535 * 16 ? 65535 * 16 : b));
-}
-
 // ---------------------------------------------------------------- element-wise
 
 __global__ void F32ToBf16Kernel(int64_t n, const float* in, __nv_bfloat16* out) {
@@ -435,19 +430,19 @@ __global__ void NormAndClipKernel(int64_t chunks, const double* partial, double 
 }  // namespace
 
 cudaError_t F32ToBf16(int64_t n, const float* in, __nv_bfloat16* out, cudaStream_t stream) {
-  Launch(F32ToBf16Kernel, Blocks(n), kThreads, 0, stream)(n, in, out);
+  Launch(F32ToBf16Kernel, GridStrideBlocks(n, kThreads), kThreads, 0, stream)(n, in, out);
   return cudaGetLastError();
 }
 
 cudaError_t Bf16ToF32(int64_t n, const __nv_bfloat16* in, float* out, cudaStream_t stream) {
-  Launch(Bf16ToF32Kernel, Blocks(n), kThreads, 0, stream)(n, in, out);
+  Launch(Bf16ToF32Kernel, GridStrideBlocks(n, kThreads), kThreads, 0, stream)(n, in, out);
   return cudaGetLastError();
 }
 
 cudaError_t CopyBytes(int64_t bytes, const void* src, void* dst, cudaStream_t stream) {
   const int64_t n16 = bytes / 16;
   // About 4 blocks per multiprocessor stream the whole array (grid-stride).
-  Launch(CopyKernel, Blocks(n16, kThreads * 8), kThreads, 0, stream)(
+  Launch(CopyKernel, GridStrideBlocks(n16, kThreads * 8), kThreads, 0, stream)(
       n16, static_cast<const uint4*>(src), static_cast<uint4*>(dst));
   return cudaGetLastError();
 }
@@ -478,23 +473,24 @@ cudaError_t RmsNormBackward(int64_t rows, int width, const float* x, const float
 cudaError_t SwigluActivation(int64_t rows, int hidden, const float* h13, float* act,
                              cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
-  Launch(SwigluKernel, Blocks(rows * hidden), kThreads, 0, stream)(rows, hidden, h13, act);
+  Launch(SwigluKernel, GridStrideBlocks(rows * hidden, kThreads), kThreads, 0, stream)(rows, hidden,
+                                                                                       h13, act);
   return cudaGetLastError();
 }
 
 cudaError_t SwigluActivationBackward(int64_t rows, int hidden, const float* h13, const float* dact,
                                      float* dh13, cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
-  Launch(SwigluBackwardKernel, Blocks(rows * hidden), kThreads, 0, stream)(rows, hidden, h13, dact,
-                                                                           dh13);
+  Launch(SwigluBackwardKernel, GridStrideBlocks(rows * hidden, kThreads), kThreads, 0, stream)(
+      rows, hidden, h13, dact, dh13);
   return cudaGetLastError();
 }
 
 cudaError_t RouterForward(int64_t tokens, int experts, int k, float* scores, const float* bias,
                           int32_t* selected, float* weights, cudaStream_t stream) {
   if (tokens == 0) return cudaSuccess;
-  Launch(RouterForwardKernel, Blocks(tokens, 128), 128, 0, stream)(tokens, experts, k, scores, bias,
-                                                                   selected, weights);
+  Launch(RouterForwardKernel, BlocksFor(tokens, 128), 128, 0, stream)(tokens, experts, k, scores,
+                                                                      bias, selected, weights);
   return cudaGetLastError();
 }
 
@@ -502,7 +498,8 @@ cudaError_t ExpertCounts(int64_t slots, int experts, const int32_t* selected, in
                          cudaStream_t stream) {
   Launch(ZeroIntsKernel, (experts + kThreads - 1) / kThreads, kThreads, 0, stream)(experts, counts);
   if (slots > 0)
-    Launch(ExpertCountsKernel, Blocks(slots), kThreads, 0, stream)(slots, selected, counts);
+    Launch(ExpertCountsKernel, GridStrideBlocks(slots, kThreads), kThreads, 0, stream)(
+        slots, selected, counts);
   return cudaGetLastError();
 }
 
@@ -522,7 +519,7 @@ cudaError_t RouterBackward(int64_t tokens, int experts, int k, const float* scor
                            const int32_t* selected, const float* weights, const float* dweights,
                            const float* aux, float* dlogits, cudaStream_t stream) {
   if (tokens == 0) return cudaSuccess;
-  Launch(RouterBackwardKernel, Blocks(tokens, 128), 128, 0, stream)(
+  Launch(RouterBackwardKernel, BlocksFor(tokens, 128), 128, 0, stream)(
       tokens, experts, k, scores, selected, weights, dweights, aux, dlogits);
   return cudaGetLastError();
 }
@@ -605,25 +602,25 @@ cudaError_t AdamWStep(int /*tensors*/, const AdamTensor* table, int64_t chunks,
                       float beta2, float step_size, float inv_sqrt_bias2, float eps, float shrink,
                       const float* scale, cudaStream_t stream) {
   if (chunks == 0) return cudaSuccess;
-  Launch(AdamWKernel, Blocks(chunks, 1), kThreads, 0, stream)(table, chunks, chunk_tensor,
-                                                              chunk_start, beta1, beta2, step_size,
-                                                              inv_sqrt_bias2, eps, shrink, scale);
+  Launch(AdamWKernel, GridStrideBlocks(chunks, 1), kThreads, 0, stream)(
+      table, chunks, chunk_tensor, chunk_start, beta1, beta2, step_size, inv_sqrt_bias2, eps,
+      shrink, scale);
   return cudaGetLastError();
 }
 
 cudaError_t CopySpans(const CopySpan* spans, int64_t chunks, const int32_t* chunk_span,
                       const int64_t* chunk_start, cudaStream_t stream) {
   if (chunks == 0) return cudaSuccess;
-  Launch(CopySpansKernel, Blocks(chunks, 1), kThreads, 0, stream)(spans, chunks, chunk_span,
-                                                                  chunk_start);
+  Launch(CopySpansKernel, GridStrideBlocks(chunks, 1), kThreads, 0, stream)(
+      spans, chunks, chunk_span, chunk_start);
   return cudaGetLastError();
 }
 
 cudaError_t GradSquares(const AdamTensor* table, int64_t chunks, const int32_t* chunk_tensor,
                         const int64_t* chunk_start, double* partial, cudaStream_t stream) {
   if (chunks == 0) return cudaSuccess;
-  Launch(SquaresKernel, Blocks(chunks, 1), kThreads, 0, stream)(table, chunks, chunk_tensor,
-                                                                chunk_start, partial);
+  Launch(SquaresKernel, GridStrideBlocks(chunks, 1), kThreads, 0, stream)(
+      table, chunks, chunk_tensor, chunk_start, partial);
   return cudaGetLastError();
 }
 

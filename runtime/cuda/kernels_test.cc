@@ -18,6 +18,7 @@
 #include "gtest/gtest.h"
 #include "runtime/cuda/device_rows.h"
 #include "runtime/cuda/gemm.h"
+#include "runtime/cuda/grid.h"
 #include "runtime/cuda/optimizer.h"
 #include "runtime/cuda/span_copy.h"
 #ifdef RACKRUN_CUDA_SIM
@@ -44,6 +45,23 @@ DeviceTensor<float> Zeros(Device* dev, const char* name, int64_t n) {
 }
 
 // RmsNorm<float> (runtime/layers/rmsnorm.h): forward, dx, and the gain gradient over rows.
+// Runs without a GPU. The launches' grid sizes (grid.h): one thread an item covers every
+// item however many there are (the router's and the xhc maps' kernels; they were given the
+// grid-stride count, capped at 65535 x 8 or x 16 blocks, and would have left the tokens past
+// 33.5M or 134M out); a grid-stride loop's count stops at its cap.
+TEST(GpuKernelsTest, GridSizesCoverEveryItem) {
+  for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{255}, int64_t{256}, int64_t{257},
+                    int64_t{65535} * 8 * 64 + 1, int64_t{1} << 36}) {
+    for (int threads : {64, 128, 256}) {
+      SCOPED_TRACE(absl::StrCat(n, " items, ", threads, " threads"));
+      const int64_t blocks = BlocksFor(n, threads);
+      EXPECT_GE(blocks * threads, n);
+      EXPECT_LT((blocks - 1) * threads, std::max<int64_t>(n, 1));
+      EXPECT_EQ(int64_t{GridStrideBlocks(n, threads)}, std::min(blocks, kGridStrideBlocks));
+    }
+  }
+}
+
 TEST(GpuKernelsTest, RmsNormMatchesTheCpuLayer) {
   RACKRUN_OPEN_GPU_OR_SKIP(dev);
   for (int width : {64, 1000, 4096}) {

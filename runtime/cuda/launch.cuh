@@ -10,6 +10,8 @@
 
 #include <cuda_runtime.h>
 
+#include "runtime/cuda/grid.h"
+
 #ifdef RACKRUN_CUDA_SIM
 #include "runtime/cuda/sim/kernel.h"
 #else

@@ -16,11 +16,6 @@ using detail::FromF;
 constexpr int kThreads = 256;
 constexpr int64_t kTokenChunk = 256;
 
-int Blocks(int64_t n) {
-  const int64_t b = (n + kThreads - 1) / kThreads;
-  return static_cast<int>(b < 1 ? 1 : (b > 65535 * 16 ? 65535 * 16 : b));
-}
-
 __global__ void EmbeddingForwardKernel(int width, const int32_t* __restrict__ tokens,
                                        const float* __restrict__ table, float* __restrict__ out) {
   const int64_t t = blockIdx.x;
@@ -104,7 +99,7 @@ cudaError_t EmbeddingBackward(int64_t distinct, int width, const int32_t* ids, c
 
 cudaError_t AddInPlace(int64_t n, const float* x, float* y, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  Launch(AddKernel, Blocks(n), kThreads, 0, stream)(n, x, y);
+  Launch(AddKernel, GridStrideBlocks(n, kThreads), kThreads, 0, stream)(n, x, y);
   return cudaGetLastError();
 }
 
@@ -112,8 +107,8 @@ template <typename S>
 cudaError_t ExpandStreams(int64_t tokens, int streams, int width, const float* e, S* x,
                           cudaStream_t stream) {
   if (tokens == 0) return cudaSuccess;
-  Launch(ExpandKernel<S>, Blocks(tokens * streams * width), kThreads, 0, stream)(tokens, streams,
-                                                                                 width, e, x);
+  Launch(ExpandKernel<S>, GridStrideBlocks(tokens * streams * width, kThreads), kThreads, 0,
+         stream)(tokens, streams, width, e, x);
   return cudaGetLastError();
 }
 template cudaError_t ExpandStreams<float>(int64_t, int, int, const float*, float*, cudaStream_t);
@@ -123,8 +118,8 @@ template cudaError_t ExpandStreams<__nv_bfloat16>(int64_t, int, int, const float
 cudaError_t ExpandStreamsBackward(int64_t tokens, int streams, int width, const float* dx,
                                   float* de, cudaStream_t stream) {
   if (tokens == 0) return cudaSuccess;
-  Launch(ExpandBackwardKernel, Blocks(tokens * width), kThreads, 0, stream)(tokens, streams, width,
-                                                                            dx, de);
+  Launch(ExpandBackwardKernel, GridStrideBlocks(tokens * width, kThreads), kThreads, 0, stream)(
+      tokens, streams, width, dx, de);
   return cudaGetLastError();
 }
 

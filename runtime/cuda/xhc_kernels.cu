@@ -1702,10 +1702,6 @@ __global__ void CollapseBackwardKernel(Layout l, int64_t tokens, const float* dy
 // Per-token kernels: 4 elements per thread up to C = 1024 (at most 256 threads), 8 above (at
 // most 512 threads up to C = 4096). Sixteen per thread compiled to 255 registers and spilled
 // in the write's backward, and took three times as long to compile.
-int GridFor(int64_t n, int threads = 256) {
-  const int64_t b = (n + threads - 1) / threads;
-  return static_cast<int>(b < 1 ? 1 : (b > 65535 * 8 ? 65535 * 8 : b));
-}
 
 // Threads per block for a per-token kernel with EPT elements per thread.
 int ThreadsFor(int C, int ept) {
@@ -1751,7 +1747,7 @@ cudaError_t ReadBase(const Layout& l, int64_t tokens, const S* x, const float* b
 cudaError_t ActiveMaps(const Layout& l, int64_t tokens, const float* q, const MapParams& p,
                        float* coef, cudaStream_t stream) {
   if (tokens == 0) return cudaSuccess;
-  Launch(ActiveMapsKernel, GridFor(tokens, 64), 64, 0, stream)(l, tokens, q, p, coef);
+  Launch(ActiveMapsKernel, BlocksFor(tokens, 64), 64, 0, stream)(l, tokens, q, p, coef);
   return cudaGetLastError();
 }
 
@@ -1809,8 +1805,8 @@ template <typename S>
 cudaError_t ScatterActive(const Layout& l, int64_t tokens, const float* da, const S* saved,
                           const int32_t* idx, float* dx, S* x, cudaStream_t stream) {
   if (tokens == 0) return cudaSuccess;
-  Launch(ScatterActiveKernel<S>, GridFor(tokens * l.k * l.C), 256, 0, stream)(l, tokens, da, saved,
-                                                                              idx, dx, x);
+  Launch(ScatterActiveKernel<S>, GridStrideBlocks(tokens * l.k * l.C, 256), 256, 0, stream)(
+      l, tokens, da, saved, idx, dx, x);
   return cudaGetLastError();
 }
 
@@ -1826,8 +1822,8 @@ cudaError_t ConvolutionsBackward(const Layout& l, int64_t tokens, const float* d
                                  const int32_t* segment, const MapParams& p, float* d_out,
                                  float* dconv, float* partial, cudaStream_t stream) {
   if (tokens == 0 || l.J == 0) return cudaSuccess;
-  Launch(ConvInputGradKernel, GridFor(tokens * l.C), 256, 0, stream)(l, tokens, dg, segment, p,
-                                                                     d_out);
+  Launch(ConvInputGradKernel, GridStrideBlocks(tokens * l.C, 256), 256, 0, stream)(
+      l, tokens, dg, segment, p, d_out);
   int total = 0;
   for (int j = 0; j < l.J; ++j) total += p.conv_taps[j];
   const int64_t chunks = (tokens + kTokenChunk - 1) / kTokenChunk;
@@ -1858,8 +1854,8 @@ cudaError_t RouterCentring(const Layout& l, int64_t tokens, const float* c1, con
                      partial,
                      /*add=*/false, corr, stream);
   const int64_t nc = static_cast<int64_t>(l.N) * l.C;
-  Launch(RouterCentringApplyKernel, GridFor(l.N * nc), 256, 0, stream)(l.N * nc, nc, corr,
-                                                                       dw_router);
+  Launch(RouterCentringApplyKernel, GridStrideBlocks(l.N * nc, 256), 256, 0, stream)(
+      l.N * nc, nc, corr, dw_router);
   return cudaGetLastError();
 }
 
@@ -1877,14 +1873,15 @@ cudaError_t SumScalars(int64_t tokens, int stride, int count, const float* scal,
 template <typename S>
 cudaError_t Collapse(const Layout& l, int64_t tokens, const S* x, float* y, cudaStream_t stream) {
   if (tokens == 0) return cudaSuccess;
-  Launch(CollapseKernel<S>, GridFor(tokens * l.C), 256, 0, stream)(l, tokens, x, y);
+  Launch(CollapseKernel<S>, GridStrideBlocks(tokens * l.C, 256), 256, 0, stream)(l, tokens, x, y);
   return cudaGetLastError();
 }
 
 cudaError_t CollapseBackward(const Layout& l, int64_t tokens, const float* dy, float* dx,
                              cudaStream_t stream) {
   if (tokens == 0) return cudaSuccess;
-  Launch(CollapseBackwardKernel, GridFor(tokens * l.N * l.C), 256, 0, stream)(l, tokens, dy, dx);
+  Launch(CollapseBackwardKernel, GridStrideBlocks(tokens * l.N * l.C, 256), 256, 0, stream)(
+      l, tokens, dy, dx);
   return cudaGetLastError();
 }
 
@@ -1928,8 +1925,8 @@ cudaError_t DenseWrite(const DenseLayout& l, int64_t tokens, const float* out, c
   if (tokens == 0) return cudaSuccess;
   if (l.N > kDenseMaxN) return cudaErrorInvalidValue;
   ByStreamArray(l.N, [&](auto nm) {
-    Launch(DenseWriteKernel<S, decltype(nm)::value>, GridFor(tokens * l.C), 256, 0, stream)(
-        l, tokens, out, coef, x, out_saved);
+    Launch(DenseWriteKernel<S, decltype(nm)::value>, GridStrideBlocks(tokens * l.C, 256), 256, 0,
+           stream)(l, tokens, out, coef, x, out_saved);
   });
   return cudaGetLastError();
 }
