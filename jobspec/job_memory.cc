@@ -12,6 +12,7 @@
 #include "absl/strings/strip.h"
 #include "base/file.h"
 #include "base/string_view.h"
+#include "jobspec/device.h"
 #include "jobspec/field_checks.h"
 
 namespace rackrun::jobspec {
@@ -267,7 +268,8 @@ std::string JobMemoryEstimate::Describe() const {
   std::string s = absl::StrCat(FormatBytes(total), ranks > 1 ? " per rank" : "", " (parameters ",
                                FormatBytes(parameters), ", gradients ", FormatBytes(gradients),
                                ", AdamW state ", FormatBytes(optimizer), ", activations ",
-                               FormatBytes(activations), ", batch ", FormatBytes(batch));
+                               activations_on_gpu ? "on the GPU" : FormatBytes(activations),
+                               ", batch ", FormatBytes(batch));
   if (expert_slots > 0) absl::StrAppend(&s, ", replica slots ", FormatBytes(expert_slots));
   if (data > 0) absl::StrAppend(&s, ", token files ", FormatBytes(data));
   absl::StrAppend(&s, ", process ", FormatBytes(overhead), ")");
@@ -281,7 +283,12 @@ absl::StatusOr<JobMemoryEstimate> EstimateJobMemory(const rackrun::v1::JobSpec& 
   JobMemoryEstimate e;
   e.ranks = static_cast<int>(sizes->ranks);
   AddParameterTerms(spec.model(), *sizes, e);
-  AddActivationTerms(spec.model(), *sizes, e);
+  // A cuda job's host model never runs a step (the GPU engine does; the host copy serves the
+  // checkpoints), so its activations, allocated by the first forward, are never allocated
+  // on the host; the GPU's are CheckDeviceMemory's question.
+  absl::StatusOr<DeviceSpec> device = ParseDevice(spec.resources().device());
+  e.activations_on_gpu = device.ok() && device->is_cuda();
+  if (!e.activations_on_gpu) AddActivationTerms(spec.model(), *sizes, e);
   AddBatchTerms(spec, in, *sizes, e);
   e.overhead = kProcessOverhead;
   for (int64_t part : {e.parameters, e.gradients, e.optimizer, e.activations, e.batch,
@@ -400,6 +407,40 @@ absl::Status CheckJobMemory(const JobMemoryEstimate& estimate, int ranks_here,
           ? ", or spread the experts over more ranks on more machines (mpirun -np R)"
           : "",
       "."));
+}
+
+int64_t DeviceStateBytes(const JobMemoryEstimate& estimate) {
+  return Add(Add(estimate.parameters, estimate.gradients),
+             Mul(estimate.parameter_count, 2 * kFloat));
+}
+
+absl::Status CheckDeviceMemory(const JobMemoryEstimate& estimate, int ranks_on_gpu,
+                               int64_t gpu_total_bytes, std::string_view gpu) {
+  if (gpu_total_bytes <= 0) return absl::OkStatus();
+  const int64_t per_rank = DeviceStateBytes(estimate);
+  const int64_t need = Mul(per_rank, std::max(1, ranks_on_gpu));
+  if (need <= gpu_total_bytes) return absl::OkStatus();
+  // The largest weight term (terms are sorted largest first) names the fields to lower.
+  const MemoryTerm* largest = nullptr;
+  for (const MemoryTerm& t : estimate.terms) {
+    if (absl::StrContains(t.what, "(weights, gradients, AdamW moments)")) {
+      largest = &t;
+      break;
+    }
+  }
+  const std::string field = largest != nullptr ? largest->fields : std::string("model");
+  return absl::ResourceExhaustedError(absl::StrCat(
+      field, ": the parameters, their gradients and AdamW's moments alone need ",
+      FormatBytes(per_rank), " on the GPU per rank (", estimate.parameter_count,
+      " parameters x 16 bytes, fp32",
+      ranks_on_gpu > 1
+          ? absl::StrCat("; x ", ranks_on_gpu, " ranks sharing it = ", FormatBytes(need))
+          : "",
+      "), more than ", base::AsAbsl(gpu), "'s ", FormatBytes(gpu_total_bytes),
+      " before any activation. Largest: ",
+      largest != nullptr ? absl::StrCat(largest->what, " ", FormatBytes(largest->bytes)) : "-",
+      ". Lower those sizes, or spread the experts over more ranks, each with a GPU of its own "
+      "(resources.device: cuda)."));
 }
 
 }  // namespace rackrun::jobspec

@@ -46,19 +46,21 @@ struct MemoryTerm {
 // from the shapes they are allocated with (runtime/model.h and its layers): parameters
 // and their gradients, AdamW's two moments, one microbatch's activations and backward
 // scratch (attention probabilities, MoE dispatch buffers and expert hidden states with
-// a balanced expert load, the residual streams' saved state, the LM-head logits), the
-// token ids of a batch, replica slots of an expert-parallel run, the token files, and a
-// fixed process overhead (code, libraries, thread stacks).
+// a balanced expert load, the residual streams' saved state, the LM-head logits; none for
+// a cuda job, whose host model never runs a step), the token ids of a batch, replica slots of an
+// expert-parallel run, the token files, and a fixed process overhead (code, libraries, thread
+// stacks).
 struct JobMemoryEstimate {
   int ranks = 1;
   int64_t parameters = 0;  // trainable weights and buffers of this rank
   int64_t gradients = 0;
-  int64_t optimizer = 0;     // AdamW moments (+ the packed dense-gradient buffer, ranks > 1)
-  int64_t activations = 0;   // one microbatch: saved forward state + backward scratch
-  int64_t batch = 0;         // token ids (inputs, targets, segment starts)
-  int64_t expert_slots = 0;  // replica slots (ranks > 1)
-  int64_t data = 0;          // token files in memory
-  int64_t overhead = 0;      // process: code, libraries, thread stacks
+  int64_t optimizer = 0;            // AdamW moments (+ the packed dense-gradient buffer, ranks > 1)
+  int64_t activations = 0;          // one microbatch: saved forward state + backward scratch
+  bool activations_on_gpu = false;  // a cuda job: none on the host (activations stays 0)
+  int64_t batch = 0;                // token ids (inputs, targets, segment starts)
+  int64_t expert_slots = 0;         // replica slots (ranks > 1)
+  int64_t data = 0;                 // token files in memory
+  int64_t overhead = 0;             // process: code, libraries, thread stacks
   int64_t total = 0;
   int64_t parameter_count = 0;    // trainable parameters of this rank
   std::vector<MemoryTerm> terms;  // the largest contributors, largest first
@@ -93,6 +95,20 @@ MachineMemory ParseMachineMemory(std::string_view meminfo, std::string_view cgro
 // largest terms, the machine's memory, and what to lower. Unknown machine memory: OK.
 absl::Status CheckJobMemory(const JobMemoryEstimate& estimate, int ranks_here,
                             const MachineMemory& machine);
+
+// What a rank of a cuda job keeps on its GPU for the whole run, whatever a step's shapes:
+// the parameters (and buffers), their gradients and AdamW's two moments, all fp32 (the GPU
+// engine's activations, scratch and cuBLAS workspace come on top: runtime/cuda/README.md).
+// A lower bound of the device memory the rank needs, counted like the host estimate's.
+int64_t DeviceStateBytes(const JobMemoryEstimate& estimate);
+
+// OK when `ranks_on_gpu` ranks' DeviceStateBytes fit the GPU's `gpu_total_bytes` (0 =
+// unknown: OK); otherwise ResourceExhausted starting with the fields of the largest weight
+// term, with the bytes, the GPU (`gpu`, e.g. "cuda:0 (NVIDIA H200)") and what to lower. Not
+// its free memory: another process may be about to release it, and a bound that cannot be
+// met at all is what this check is for.
+absl::Status CheckDeviceMemory(const JobMemoryEstimate& estimate, int ranks_on_gpu,
+                               int64_t gpu_total_bytes, std::string_view gpu);
 
 // "1.5 GiB", "12.0 MiB", "640 B".
 std::string FormatBytes(int64_t bytes);

@@ -2,6 +2,7 @@
 
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "jobspec/spec.h"
@@ -65,6 +66,49 @@ TEST(JobMemoryTest, TooLargeForTheMachineNamesFieldEstimateAndMachine) {
   machine.available = 1ll << 40;
   EXPECT_TRUE(CheckJobMemory(e, 1, machine).ok());
   EXPECT_FALSE(CheckJobMemory(e, 100, machine).ok());  // 100 ranks on one machine
+}
+
+// A cuda job's parameters, gradients and AdamW moments (fp32: 16 bytes a parameter) against
+// its GPU's memory: refused when they alone exceed it, naming the fields that size the
+// largest weights, the bytes, the GPU and the ranks sharing it.
+TEST(JobMemoryTest, DeviceStateAgainstTheGpu) {
+  absl::StatusOr<rackrun::v1::JobSpec> spec =
+      ParseJobSpec(kYaml, {"model.moe.experts=64", "model.moe.expert_hidden=1024"});
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  const JobMemoryEstimate e = EstimateOf(*spec);
+  const int64_t state = DeviceStateBytes(e);
+  EXPECT_EQ(state, e.parameters + e.gradients + 8 * e.parameter_count);
+  EXPECT_GE(state, 16 * e.parameter_count);
+  EXPECT_TRUE(CheckDeviceMemory(e, 1, state, "cuda:0 (test GPU)").ok());
+  EXPECT_TRUE(CheckDeviceMemory(e, 1, 0, "cuda:0 (unknown)").ok());
+  const absl::Status s = CheckDeviceMemory(e, 1, state - 1, "cuda:0 (test GPU)");
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  const std::string message(s.message());
+  EXPECT_THAT(message, StartsWith("model.moe.experts"));
+  EXPECT_THAT(message, HasSubstr(absl::StrCat(e.parameter_count, " parameters x 16 bytes")));
+  EXPECT_THAT(message, HasSubstr("more than cuda:0 (test GPU)'s"));
+  // Two ranks sharing one GPU need twice as much.
+  EXPECT_TRUE(CheckDeviceMemory(e, 1, state + state / 2, "cuda:1 (test GPU)").ok());
+  const absl::Status two = CheckDeviceMemory(e, 2, state + state / 2, "cuda:1 (test GPU)");
+  EXPECT_EQ(two.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(two.message()), HasSubstr("x 2 ranks sharing it"));
+}
+
+// A cuda job's host model never runs a step: its host estimate leaves the activations out
+// (the CPU layout's; the GPU engine's are on the GPU), everything else as for cpu.
+TEST(JobMemoryTest, ACudaJobsActivationsAreNotCountedOnTheHost) {
+  absl::StatusOr<rackrun::v1::JobSpec> cpu = ParseJobSpec(kYaml, {});
+  absl::StatusOr<rackrun::v1::JobSpec> gpu = ParseJobSpec(kYaml, {"resources.device=cuda"});
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  const JobMemoryEstimate on_cpu = EstimateOf(*cpu), on_gpu = EstimateOf(*gpu);
+  EXPECT_FALSE(on_cpu.activations_on_gpu);
+  EXPECT_TRUE(on_gpu.activations_on_gpu);
+  EXPECT_GT(on_cpu.activations, 0);
+  EXPECT_EQ(on_gpu.activations, 0);
+  EXPECT_EQ(on_gpu.total, on_cpu.total - on_cpu.activations);
+  EXPECT_EQ(DeviceStateBytes(on_gpu), DeviceStateBytes(on_cpu));
+  EXPECT_THAT(on_gpu.Describe(), HasSubstr("activations on the GPU"));
 }
 
 TEST(JobMemoryTest, ExpertParallelEstimateIsPerRank) {

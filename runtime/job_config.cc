@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "data/token_source.h"
@@ -99,21 +100,38 @@ int UsableCores() {
   return 1;
 }
 
-absl::Status CheckJobDevice(const JobSpec& spec, int ranks_here) {
+namespace {
+
+// A cuda job's GPU on this machine, once it passed CheckJobDevice's checks.
+struct JobGpu {
+  jobspec::DeviceSpec device;
+  cuda::GpuInfo gpu;  // local rank 0's, standing for this machine's ranks
+};
+
+// CheckJobDevice's checks; the GPU when the job runs on one, nullopt for cpu.
+absl::StatusOr<std::optional<JobGpu>> ProbeJobDevice(const JobSpec& spec, int ranks_here) {
   absl::StatusOr<jobspec::DeviceSpec> device = jobspec::ParseDevice(spec.resources().device());
   if (!device.ok()) return device.status();
-  if (!device->is_cuda()) return absl::OkStatus();
+  if (!device->is_cuda()) return std::nullopt;
   // Local rank 0 stands for this machine's ranks: plain "cuda" needs one GPU per local rank
   // (checked against ranks_here), "cuda:N" needs GPU N.
   absl::StatusOr<cuda::GpuInfo> gpu = cuda::CheckDevice(*device, 0, std::max(1, ranks_here));
   if (!gpu.ok()) return gpu.status();
   // The GPU engine runs some residual modes; the others are refused here, naming the mode.
-  return cuda::CheckGpuResidualMode(spec.model().residual());
+  if (absl::Status s = cuda::CheckGpuResidualMode(spec.model().residual()); !s.ok()) return s;
+  return JobGpu{*device, *std::move(gpu)};
+}
+
+}  // namespace
+
+absl::Status CheckJobDevice(const JobSpec& spec, int ranks_here) {
+  return ProbeJobDevice(spec, ranks_here).status();
 }
 
 absl::StatusOr<jobspec::JobMemoryEstimate> CheckJobFitsThisMachine(const JobSpec& spec, int ranks,
                                                                    int ranks_here, int threads) {
-  if (absl::Status s = CheckJobDevice(spec, ranks_here); !s.ok()) return s;
+  absl::StatusOr<std::optional<JobGpu>> gpu = ProbeJobDevice(spec, ranks_here);
+  if (!gpu.ok()) return gpu.status();
   const int cores = UsableCores();
   if (threads > cores) {
     return absl::InvalidArgumentError(
@@ -135,6 +153,17 @@ absl::StatusOr<jobspec::JobMemoryEstimate> CheckJobFitsThisMachine(const JobSpec
   if (absl::Status s = jobspec::CheckJobMemory(*estimate, ranks_here, jobspec::ReadMachineMemory());
       !s.ok()) {
     return s;
+  }
+  if (gpu->has_value()) {
+    // The ranks of "cuda:N" share GPU N; plain "cuda" gives each its own.
+    const JobGpu& g = **gpu;
+    const int ranks_on_gpu = g.device.index >= 0 ? std::max(1, ranks_here) : 1;
+    if (absl::Status s =
+            jobspec::CheckDeviceMemory(*estimate, ranks_on_gpu, g.gpu.total_bytes,
+                                       absl::StrCat("cuda:", g.gpu.index, " (", g.gpu.name, ")"));
+        !s.ok()) {
+      return s;
+    }
   }
   return estimate;
 }

@@ -21,6 +21,7 @@
 #include "data/prepare.h"
 #include "data/tokenizer.h"
 #include "gtest/gtest.h"
+#include "jobspec/job_memory.h"
 #include "jobspec/spec.h"
 #include "runtime/checkpoint.h"
 #include "runtime/cuda/engine.h"
@@ -125,6 +126,15 @@ std::vector<double> Losses(const rackrun::v1::JobSpec& spec, const std::string& 
       }
       EXPECT_EQ(named, st->memory_peak_requested_bytes);
       EXPECT_GT(st->memory_total_bytes, st->memory_peak_bytes);
+      // What the job check counts before a cuda job starts (jobspec::CheckDeviceMemory) is a
+      // lower bound of what the engine asked for.
+      absl::StatusOr<jobspec::JobMemoryEstimate> estimate = jobspec::EstimateJobMemory(
+          spec, {.ranks = 1, .threads = 1, .vocab = (*t)->model().config().vocab});
+      EXPECT_TRUE(estimate.ok()) << estimate.status();
+      if (estimate.ok()) {
+        EXPECT_EQ(estimate->parameter_count, (*t)->model().ParameterCount());
+        EXPECT_GE(st->memory_peak_requested_bytes, jobspec::DeviceStateBytes(*estimate));
+      }
       for (const char* phase : {"gemm", "attention", "streams", "routing", "optimizer"}) {
         size_t i = 0;
         while (std::string(DeviceStepStats::phase_names[i]) != phase) ++i;
