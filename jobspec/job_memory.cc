@@ -414,12 +414,11 @@ int64_t DeviceStateBytes(const JobMemoryEstimate& estimate) {
              Mul(estimate.parameter_count, 2 * kFloat));
 }
 
-absl::Status CheckDeviceMemory(const JobMemoryEstimate& estimate, int ranks_on_gpu,
-                               int64_t gpu_total_bytes, std::string_view gpu) {
+absl::Status CheckDeviceMemory(const JobMemoryEstimate& estimate, int64_t gpu_total_bytes,
+                               std::string_view gpu) {
   if (gpu_total_bytes <= 0) return absl::OkStatus();
   const int64_t per_rank = DeviceStateBytes(estimate);
-  const int64_t need = Mul(per_rank, std::max(1, ranks_on_gpu));
-  if (need <= gpu_total_bytes) return absl::OkStatus();
+  if (per_rank <= gpu_total_bytes) return absl::OkStatus();
   // The largest weight term (terms are sorted largest first) names the fields to lower.
   const MemoryTerm* largest = nullptr;
   for (const MemoryTerm& t : estimate.terms) {
@@ -432,12 +431,8 @@ absl::Status CheckDeviceMemory(const JobMemoryEstimate& estimate, int ranks_on_g
   return absl::ResourceExhaustedError(absl::StrCat(
       field, ": the parameters, their gradients and AdamW's moments alone need ",
       FormatBytes(per_rank), " on the GPU per rank (", estimate.parameter_count,
-      " parameters x 16 bytes, fp32",
-      ranks_on_gpu > 1
-          ? absl::StrCat("; x ", ranks_on_gpu, " ranks sharing it = ", FormatBytes(need))
-          : "",
-      "), more than ", base::AsAbsl(gpu), "'s ", FormatBytes(gpu_total_bytes),
-      " before any activation. Largest: ",
+      " parameters x 16 bytes, fp32), more than ", base::AsAbsl(gpu), "'s ",
+      FormatBytes(gpu_total_bytes), " before any activation. Largest: ",
       largest != nullptr ? absl::StrCat(largest->what, " ", FormatBytes(largest->bytes)) : "-",
       ". Lower those sizes, or spread the experts over more ranks, each with a GPU of its own "
       "(resources.device: cuda)."));

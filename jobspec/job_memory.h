@@ -102,13 +102,15 @@ absl::Status CheckJobMemory(const JobMemoryEstimate& estimate, int ranks_here,
 // A lower bound of the device memory the rank needs, counted like the host estimate's.
 int64_t DeviceStateBytes(const JobMemoryEstimate& estimate);
 
-// OK when `ranks_on_gpu` ranks' DeviceStateBytes fit the GPU's `gpu_total_bytes` (0 =
-// unknown: OK); otherwise ResourceExhausted starting with the fields of the largest weight
-// term, with the bytes, the GPU (`gpu`, e.g. "cuda:0 (NVIDIA H200)") and what to lower. Not
-// its free memory: another process may be about to release it, and a bound that cannot be
-// met at all is what this check is for.
-absl::Status CheckDeviceMemory(const JobMemoryEstimate& estimate, int ranks_on_gpu,
-                               int64_t gpu_total_bytes, std::string_view gpu);
+// OK when one rank's DeviceStateBytes fit the GPU's `gpu_total_bytes` (0 = unknown: OK);
+// otherwise ResourceExhausted starting with the fields of the largest weight term, with the
+// bytes, the GPU (`gpu`, e.g. "cuda:0 (NVIDIA H200)") and what to lower. One rank: a worker
+// does not know which of its host's ranks share its GPU, and a bound that cannot be met at
+// all is what this check is for (not the GPU's free memory either: another process may be
+// about to release it). Ranks sharing a GPU that together do not fit meet the allocator's
+// error, which names the tensor and the bytes.
+absl::Status CheckDeviceMemory(const JobMemoryEstimate& estimate, int64_t gpu_total_bytes,
+                               std::string_view gpu);
 
 // "1.5 GiB", "12.0 MiB", "640 B".
 std::string FormatBytes(int64_t bytes);

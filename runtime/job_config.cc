@@ -102,14 +102,9 @@ int UsableCores() {
 
 namespace {
 
-// A cuda job's GPU on this machine, once it passed CheckJobDevice's checks.
-struct JobGpu {
-  jobspec::DeviceSpec device;
-  cuda::GpuInfo gpu;  // local rank 0's, standing for this machine's ranks
-};
-
-// CheckJobDevice's checks; the GPU when the job runs on one, nullopt for cpu.
-absl::StatusOr<std::optional<JobGpu>> ProbeJobDevice(const JobSpec& spec, int ranks_here) {
+// CheckJobDevice's checks; the GPU when the job runs on one (local rank 0's, standing for
+// this machine's ranks), nullopt for cpu.
+absl::StatusOr<std::optional<cuda::GpuInfo>> ProbeJobDevice(const JobSpec& spec, int ranks_here) {
   absl::StatusOr<jobspec::DeviceSpec> device = jobspec::ParseDevice(spec.resources().device());
   if (!device.ok()) return device.status();
   if (!device->is_cuda()) return std::nullopt;
@@ -119,7 +114,7 @@ absl::StatusOr<std::optional<JobGpu>> ProbeJobDevice(const JobSpec& spec, int ra
   if (!gpu.ok()) return gpu.status();
   // The GPU engine runs some residual modes; the others are refused here, naming the mode.
   if (absl::Status s = cuda::CheckGpuResidualMode(spec.model().residual()); !s.ok()) return s;
-  return JobGpu{*device, *std::move(gpu)};
+  return *std::move(gpu);
 }
 
 }  // namespace
@@ -130,7 +125,7 @@ absl::Status CheckJobDevice(const JobSpec& spec, int ranks_here) {
 
 absl::StatusOr<jobspec::JobMemoryEstimate> CheckJobFitsThisMachine(const JobSpec& spec, int ranks,
                                                                    int ranks_here, int threads) {
-  absl::StatusOr<std::optional<JobGpu>> gpu = ProbeJobDevice(spec, ranks_here);
+  absl::StatusOr<std::optional<cuda::GpuInfo>> gpu = ProbeJobDevice(spec, ranks_here);
   if (!gpu.ok()) return gpu.status();
   const int cores = UsableCores();
   if (threads > cores) {
@@ -155,12 +150,9 @@ absl::StatusOr<jobspec::JobMemoryEstimate> CheckJobFitsThisMachine(const JobSpec
     return s;
   }
   if (gpu->has_value()) {
-    // The ranks of "cuda:N" share GPU N; plain "cuda" gives each its own.
-    const JobGpu& g = **gpu;
-    const int ranks_on_gpu = g.device.index >= 0 ? std::max(1, ranks_here) : 1;
-    if (absl::Status s =
-            jobspec::CheckDeviceMemory(*estimate, ranks_on_gpu, g.gpu.total_bytes,
-                                       absl::StrCat("cuda:", g.gpu.index, " (", g.gpu.name, ")"));
+    const cuda::GpuInfo& g = **gpu;
+    if (absl::Status s = jobspec::CheckDeviceMemory(
+            *estimate, g.total_bytes, absl::StrCat("cuda:", g.index, " (", g.name, ")"));
         !s.ok()) {
       return s;
     }

@@ -58,8 +58,8 @@ ModelConfig ModelConfigFromSpec(const rackrun::v1::JobSpec& spec);
 //   InvalidArgument naming resources.threads (oversubscribed OpenMP teams run many
 //   times slower than the cores allow).
 // - device: CheckJobDevice below, first; for a cuda job, after the host's memory, the GPU's:
-//   jobspec::CheckDeviceMemory (the parameters, gradients and AdamW moments of the ranks on
-//   one GPU against its total memory), ResourceExhausted naming the fields.
+//   jobspec::CheckDeviceMemory (a rank's parameters, gradients and AdamW moments against the
+//   GPU's total memory), ResourceExhausted naming the fields.
 // Returns the estimate when the job fits.
 absl::StatusOr<jobspec::JobMemoryEstimate> CheckJobFitsThisMachine(const rackrun::v1::JobSpec& spec,
                                                                    int ranks, int ranks_here,
