@@ -288,7 +288,11 @@ void PrintJob(const rt::TrainingSession& session, const TrainArgs& a,
               jobspec::ReadMachineMemory().Describe().c_str());
   std::printf("kernels: %s\n", rt::cpu::GemmDescription(omp_get_max_threads()).c_str());
   if (t.device_engine() != nullptr) {
-    std::printf("device: %s\n", t.device_engine()->Describe().c_str());
+    // What the GPU holds from the start (jobspec::CheckDeviceMemory's bound); a step's
+    // activations come on top (the log's device memory figures after each step).
+    std::printf("device: %s; parameters, gradients and AdamW moments %s\n",
+                t.device_engine()->Describe().c_str(),
+                jobspec::FormatBytes(jobspec::DeviceStateBytes(memory)).c_str());
   }
 }
 
