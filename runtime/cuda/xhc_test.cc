@@ -277,49 +277,83 @@ TEST(GpuXhcTest, HcMatchesTheCpu) {
                        {3e-2, 5e-2});
 }
 
-// The forward's bytes per token per sublayer, in units of C fp32 elements, after the
-// sublayers of `blocks` transformer blocks in `mode`.
-double ForwardTraffic(Device* dev, ResidualMode mode, int blocks) {
+// The bytes per token per sublayer, in units of C fp32 elements (4 C bytes), of the forward
+// and of the backward over the sublayers of `blocks` transformer blocks in `mode`, the state
+// in S; each kernel's share printed.
+struct Traffic {
+  double forward = 0, backward = 0;
+};
+
+template <typename S>
+Traffic StreamTraffic(Device* dev, ResidualMode mode, int blocks) {
   const int C = 256, T = 64;
   const ResidualConfig config = Config(C, ResidualConfig::Transformer(blocks), mode);
   const int L = 2 * blocks;
-  absl::StatusOr<std::unique_ptr<XhcStreams<float>>> g = XhcStreams<float>::Create(dev, config, 3);
+  absl::StatusOr<std::unique_ptr<XhcStreams<S>>> g = XhcStreams<S>::Create(dev, config, 3);
   EXPECT_TRUE(g.ok()) << g.status();
-  if (!g.ok()) return 0;
-  DeviceTensor<float> u(dev, "u");
-  EXPECT_TRUE(u.Resize({T, C}).ok());
-  EXPECT_TRUE(u.Zero().ok());
+  if (!g.ok()) return {};
+  DeviceTensor<float> u(dev, "u"), y(dev, "y");
+  for (DeviceTensor<float>* t : {&u, &y}) {
+    EXPECT_TRUE(t->Resize({T, C}).ok());
+    EXPECT_TRUE(t->Zero().ok());
+  }
   const std::vector<int32_t> starts = {0};
   EXPECT_TRUE((*g)->BeginBatch(T, starts).ok());
   EXPECT_TRUE((*g)->SetState(RandomVector(int64_t{T} * 16 * C, 1)).ok());
+  const double unit = 4.0 * C * T * L;
+  const std::string name(ResidualModeName(mode));
+  const char* state = sizeof(S) == 4 ? "fp32" : "bf16";
+  // Prints the kernels counted since the last call; their bytes per token and sublayer.
+  auto take = [&](const char* pass) {
+    for (const KernelTraffic& k : (*g)->traffic())
+      std::printf("%-55s read %8.2f C  written %8.2f C\n", k.name.c_str(),
+                  static_cast<double>(k.read) / unit, static_cast<double>(k.written) / unit);
+    const double per = static_cast<double>((*g)->TrafficBytes()) / unit;
+    std::printf("%s %s state, %s traffic: %.2f C per token per sublayer\n", name.c_str(), state,
+                pass, per);
+    (*g)->ResetTraffic();
+    return per;
+  };
+  Traffic t;
   for (int l = 0; l < L; ++l) {
     EXPECT_TRUE((*g)->ReadInput(l, u.data()).ok());
     EXPECT_TRUE((*g)->WriteOutput(l, u.data()).ok());
   }
-  const double unit = 4.0 * C * T * L;
-  for (const KernelTraffic& k : (*g)->traffic())
-    std::printf("%-55s read %8.2f C  written %8.2f C\n", k.name.c_str(),
-                static_cast<double>(k.read) / unit, static_cast<double>(k.written) / unit);
-  const double per = static_cast<double>((*g)->TrafficBytes()) / unit;
-  std::printf("%s forward traffic: %.2f C per token per sublayer\n",
-              std::string(ResidualModeName(mode)).c_str(), per);
-  return per;
+  t.forward = take("forward");
+  EXPECT_TRUE((*g)->Collapse(y.data()).ok());
+  EXPECT_TRUE((*g)->CollapseBackward(y.data()).ok());
+  (*g)->ResetTraffic();  // once a step, not per sublayer (and not counted)
+  for (int l = L - 1; l >= 0; --l) {
+    EXPECT_TRUE((*g)->WriteOutputBackward(l, u.data()).ok());
+    EXPECT_TRUE((*g)->ReadInputBackward(l, u.data()).ok());
+  }
+  t.backward = take("backward");
+  return t;
 }
 
 TEST(GpuXhcTest, CountsTheBytesOfEachKernel) {
   RACKRUN_OPEN_GPU_OR_SKIP(dev);
   // The paper's accounting (docs/design.md section 5.8): 73.5 C for xhc, 52.5 C and 42 C for
   // our flash schedules; the fused kernels must move less, and at least the state's two full
-  // reads per group (mapping generation, dense read) and the active rows' round trip.
-  double per = ForwardTraffic(dev.get(), ResidualMode::kXhc, 1);
-  EXPECT_LT(per, 73.5);
-  EXPECT_GT(per, 2 * 16 + 2 * 4);
-  per = ForwardTraffic(dev.get(), ResidualMode::kXhcFlash, 1);
-  EXPECT_LT(per, 52.5);
-  EXPECT_GT(per, 2 * 16 / 2.0 + 2 * 4);
-  per = ForwardTraffic(dev.get(), ResidualMode::kXhcFlash4, 2);
-  EXPECT_LT(per, 42.0);
-  EXPECT_GT(per, 2 * 16 / 4.0 + 2 * 4);
+  // reads per group (mapping generation, dense read) and the active rows' round trip. The
+  // backward reads the state at least twice per group too (the dense read's backward and
+  // the GEMM dX += c1 W1) and writes its gradient once.
+  Traffic t = StreamTraffic<float>(dev.get(), ResidualMode::kXhc, 1);
+  EXPECT_LT(t.forward, 73.5);
+  EXPECT_GT(t.forward, 2 * 16 + 2 * 4);
+  EXPECT_GT(t.backward, 3 * 16);
+  t = StreamTraffic<float>(dev.get(), ResidualMode::kXhcFlash, 1);
+  EXPECT_LT(t.forward, 52.5);
+  EXPECT_GT(t.forward, 2 * 16 / 2.0 + 2 * 4);
+  EXPECT_GT(t.backward, 3 * 16 / 2.0);
+  t = StreamTraffic<float>(dev.get(), ResidualMode::kXhcFlash4, 2);
+  EXPECT_LT(t.forward, 42.0);
+  EXPECT_GT(t.forward, 2 * 16 / 4.0 + 2 * 4);
+  EXPECT_GT(t.backward, 3 * 16 / 4.0);
+  // A bf16 state halves the state's share.
+  const Traffic half = StreamTraffic<bf16>(dev.get(), ResidualMode::kXhc, 1);
+  EXPECT_LT(half.forward, StreamTraffic<float>(dev.get(), ResidualMode::kXhc, 1).forward);
+  EXPECT_GT(half.backward, 0);
 }
 
 TEST(GpuXhcTest, SinkhornMatchesTheCpuProjection) {
