@@ -9,6 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "comm/channel_names.h"
 #include "jobspec/device.h"
+#include "jobspec/job_memory.h"
 #include "jobspec/spec.h"
 
 namespace rackrun::coordinator {
@@ -31,16 +32,27 @@ bool NeedsGpu(const rackrun::v1::JobSpec& spec) {
   return device.ok() && device->is_cuda();
 }
 
+int64_t GpuStateBytes(const rackrun::v1::JobSpec& spec) {
+  absl::StatusOr<jobspec::JobMemoryEstimate> e =
+      jobspec::EstimateJobMemory(spec, {.ranks = RanksOf(spec)});
+  return e.ok() ? jobspec::DeviceStateBytes(*e) : 0;
+}
+
 namespace {
 
 // Why a GPU job waits: `need` workers with a GPU offering `channel`; `idle` idle workers
-// offer the channel, `gpus` of them with a GPU; `busy` GPU workers run other jobs.
+// offer the channel, `gpus` of them with a GPU that holds `state` bytes, `small` with one
+// that does not; `busy` GPU workers run other jobs.
 std::string NoGpuReason(const rackrun::v1::JobSpec& spec, int need, const std::string& channel,
-                        int idle, int gpus, int busy) {
+                        int idle, int gpus, int small, int64_t state, int busy) {
   return absl::StrCat(
       "not placed: resources.device: ", spec.resources().device(), " needs ", need, " idle worker",
       need == 1 ? "" : "s", " with a GPU offering channel ", channel, "; idle now: ", idle,
       " worker", idle == 1 ? "" : "s", ", ", gpus == 0 ? "none" : absl::StrCat(gpus), " with a GPU",
+      small == 0 ? ""
+                 : absl::StrCat(" of at least ", jobspec::FormatBytes(state),
+                                " (a rank's parameters, gradients and AdamW moments), ", small,
+                                " with a smaller one"),
       busy == 0 ? " ("
                 : absl::StrCat("; busy now: ", busy,
                                " with a GPU (it starts when enough of them are idle, or "),
@@ -129,12 +141,18 @@ std::vector<Placement> Schedule(const std::vector<QueuedJob>& queue, std::vector
     const int need = RanksOf(job.spec);
     const int g = ExpertParallelOf(job.spec);
     const bool gpu = NeedsGpu(job.spec);
+    const int64_t state = gpu ? GpuStateBytes(job.spec) : 0;
     Groups groups;
     int offering = 0;  // idle workers offering the channel, GPU or not
+    int small = 0;     // of them, with a GPU that cannot hold `state`
     for (size_t i = 0; i < idle.size(); ++i) {
       const auto& c = idle[i].channels;
       if (std::find(c.begin(), c.end(), channel) == c.end()) continue;
       ++offering;
+      if (gpu && idle[i].gpu && idle[i].gpu_bytes > 0 && idle[i].gpu_bytes < state) {
+        ++small;
+        continue;
+      }
       if (!gpu || idle[i].gpu) groups[idle[i].rack].push_back(i);
     }
     int candidates = 0;
@@ -143,8 +161,8 @@ std::vector<Placement> Schedule(const std::vector<QueuedJob>& queue, std::vector
     std::vector<size_t> taken;
     if (!PlaceDomains(std::move(groups), need / g, static_cast<size_t>(g), &taken, &p.note)) {
       if (gpu && unplaced != nullptr) {
-        *unplaced = {job.job_id,
-                     NoGpuReason(job.spec, need, channel, offering, candidates, busy_gpu_workers)};
+        *unplaced = {job.job_id, NoGpuReason(job.spec, need, channel, offering, candidates, small,
+                                             state, busy_gpu_workers)};
       }
       break;
     }

@@ -20,8 +20,11 @@
 //
 // Devices: a job with resources.device cuda (or cuda:N) is placed only on workers that
 // registered a GPU (IdleWorker::gpu; the worker's --device decides which of its GPUs runs
-// it); a cpu job may run on any worker, GPU workers included. When the oldest job cannot be
-// placed for want of GPU workers, Unplaced says so (the job's message and events show it).
+// it) whose memory holds a rank's parameters, gradients and AdamW moments (GpuStateBytes;
+// a GPU that reported no size counts as large enough): on a smaller one the worker's own
+// check would refuse the attempt. A cpu job may run on any worker, GPU workers included.
+// When the oldest job cannot be placed for want of GPU workers, Unplaced says so (the
+// job's message and events show it).
 //
 // Pure function of its inputs; thread-compatible.
 #ifndef RACKRUN_COORDINATOR_SCHEDULER_H_
@@ -56,6 +59,10 @@ int ExpertParallelOf(const rackrun::v1::JobSpec& spec);
 // Whether the job runs on a GPU (resources.device cuda or cuda:N; a spec whose device does
 // not parse, refused at Submit, counts as cpu).
 bool NeedsGpu(const rackrun::v1::JobSpec& spec);
+// What one of its ranks keeps on its GPU from the start: parameters, gradients and AdamW
+// moments (jobspec::DeviceStateBytes, the vocabulary counted when the spec names it); 0 when
+// the spec gives no estimate.
+int64_t GpuStateBytes(const rackrun::v1::JobSpec& spec);
 
 // The job that holds the queue for a reason its submitter can act on: today a
 // resources.device: cuda job without enough idle workers with a GPU. `reason` is one line

@@ -126,6 +126,64 @@ TEST(SchedulerTest, ACudaJobWithoutGpuWorkersIsNotPlacedAndSaysWhy) {
   EXPECT_TRUE(unplaced.job_id.empty()) << unplaced.reason;
 }
 
+// A cuda job of issue 35's c1024 shape (823M parameters: 12.3 GiB of parameters, gradients
+// and AdamW moments at one rank) and GPU workers that reported their memory.
+QueuedJob C1024(const std::string& id, int ranks) {
+  QueuedJob q = OnDevice(id, ranks, "cuda");
+  rackrun::v1::ModelSpec* m = q.spec.mutable_model();
+  m->set_vocab(256);
+  m->set_width(1024);
+  m->set_blocks(4);
+  m->set_heads(16);
+  m->set_seq_len(1024);
+  m->mutable_moe()->set_experts(64);
+  m->mutable_moe()->set_top_k(4);
+  m->mutable_moe()->set_expert_hidden(1024);
+  q.spec.mutable_data()->set_batch_size(8);
+  return q;
+}
+
+IdleWorker GpuOf(const std::string& id, int launcher_rank, int64_t gib) {
+  IdleWorker w = Gpu(id, "a", launcher_rank);
+  w.gpu_bytes = gib << 30;
+  return w;
+}
+
+TEST(SchedulerTest, ACudaJobGoesToAGpuThatHoldsItsParametersAndOptimizerState) {
+  const int64_t one = GpuStateBytes(C1024("j", 1).spec), two = GpuStateBytes(C1024("j", 2).spec);
+  EXPECT_GT(one, int64_t{12} << 30);
+  EXPECT_LT(one, int64_t{13} << 30);
+  // Two ranks shard the experts: about half a rank.
+  EXPECT_GT(two, int64_t{6} << 30);
+  EXPECT_LT(two, int64_t{7} << 30);
+  // w-1 comes first in rank order but its 4 GiB holds neither; w-3 reported no size (an
+  // older worker): it may take any.
+  const std::vector<IdleWorker> idle = {GpuOf("w-1", 0, 4), GpuOf("w-2", 1, 80),
+                                        GpuOf("w-3", 2, 0)};
+  Unplaced unplaced;
+  std::vector<Placement> p = Schedule({C1024("j-1", 1)}, idle, 0, &unplaced);
+  ASSERT_EQ(p.size(), 1u);
+  EXPECT_EQ(p[0].ranks[0].worker_id, "w-2");
+  p = Schedule({C1024("j-2", 2)}, idle, 0, &unplaced);
+  ASSERT_EQ(p.size(), 1u);
+  EXPECT_EQ(p[0].ranks[0].worker_id, "w-2");
+  EXPECT_EQ(p[0].ranks[1].worker_id, "w-3");
+  // Without w-3 only one GPU can: not placed, and the reason says why with the bytes.
+  EXPECT_TRUE(Schedule({C1024("j-3", 2)}, {idle[0], idle[1]}, 0, &unplaced).empty());
+  EXPECT_EQ(unplaced.job_id, "j-3");
+  EXPECT_NE(unplaced.reason.find("idle now: 2 workers, 1 with a GPU of at least 6.3 GiB (a rank's "
+                                 "parameters, gradients and AdamW moments), 1 with a smaller one "
+                                 "(start rackrun-worker"),
+            std::string::npos)
+      << unplaced.reason;
+  // A cpu job of the same shape may run anywhere.
+  QueuedJob cpu = C1024("j-4", 2);
+  cpu.spec.mutable_resources()->set_device("cpu");
+  p = Schedule({cpu}, {idle[0], idle[1]}, 0);
+  ASSERT_EQ(p.size(), 1u);
+  EXPECT_EQ(p[0].ranks[0].worker_id, "w-1");
+}
+
 // A job of `ranks` ranks in domains of `g` (parallelism.expert_parallel), 8 experts.
 QueuedJob Domains(const std::string& id, int ranks, int g) {
   QueuedJob q = Job(id, ranks);

@@ -285,6 +285,7 @@ std::vector<IdleWorker> Workers::Idle() const {
     IdleWorker i{id, w.w.host(), w.w.pid(), w.w.launcher_rank(), w.data_address, {}, w.w.rack()};
     i.channels.assign(w.w.channels().begin(), w.w.channels().end());
     i.gpu = w.w.has_gpu();
+    i.gpu_bytes = w.w.gpu().total_bytes();
     out.push_back(std::move(i));
   }
   return out;

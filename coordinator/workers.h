@@ -41,8 +41,9 @@ struct IdleWorker {
   int launcher_rank = -1;
   std::string data_address;  // empty: host
   std::vector<std::string> channels;
-  std::string rack;  // its rack label (RegisterRequest.rack); empty = none
-  bool gpu = false;  // it registered a GPU (RegisterRequest.gpu): it may run cuda jobs
+  std::string rack;       // its rack label (RegisterRequest.rack); empty = none
+  bool gpu = false;       // it registered a GPU (RegisterRequest.gpu): it may run cuda jobs
+  int64_t gpu_bytes = 0;  // that GPU's memory (Gpu.total_bytes; 0 = not reported)
 };
 
 class Workers {

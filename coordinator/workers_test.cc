@@ -683,10 +683,16 @@ TEST_F(WorkersTest, BusyGpuWorkersCountsOnlyGpuWorkersRunningAJob) {
     req.set_host("h" + std::to_string(i));
     req.add_channels("ucx");
     if (i != 3) req.mutable_gpu()->set_name("NVIDIA H200");
+    if (i == 0) req.mutable_gpu()->set_total_bytes(int64_t{141} << 30);
     ids.push_back(*workers_.Register(req));
     ASSERT_TRUE(workers_.OpenStream(ids.back()).ok());
   }
   EXPECT_EQ(workers_.BusyGpuWorkers(), 0);  // all idle
+  // The scheduler sees each GPU and its memory (0 where the worker reported none).
+  for (const IdleWorker& w : workers_.Idle()) {
+    EXPECT_EQ(w.gpu, w.host != "h3") << w.host;
+    EXPECT_EQ(w.gpu_bytes, w.host == "h0" ? int64_t{141} << 30 : 0) << w.host;
+  }
   workers_.SetBusy(ids[0], "j-1", 1, 0);
   workers_.SetBusy(ids[1], "j-1", 1, 1);
   workers_.SetBusy(ids[3], "j-1", 1, 2);  // no GPU
