@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "runtime/cuda/attention_grid.cuh"
 #include "runtime/cuda/attention_kernels.h"
 #include "runtime/cuda/launch.cuh"
 
@@ -37,16 +38,9 @@ __device__ __forceinline__ void LoadTile(const float* base, int64_t stride, int 
   }
 }
 
-// The grid: x = batch * heads (no 65535 limit on x), y = tiles of kRows rows. Blocks start
-// in x-fastest order, so a tile's blocks of every head start together; the query kernels
-// take their tiles from the last (the most keys under the causal mask) to the first, the
-// dK/dV kernel in order (the first key tile has the most queries): the lightest tiles are
-// left for the last wave.
-__device__ __forceinline__ int QueryTile() { return static_cast<int>(gridDim.y - 1 - blockIdx.y); }
-__device__ __forceinline__ int KeyTile() { return static_cast<int>(blockIdx.y); }
-
 // Where a thread of the kernels below works: its block's (batch, head), its row (a query
-// row, or a key row in the dK/dV kernel: kRows per tile, one per group of G threads) and its
+// row, or a key row in the dK/dV kernel: kRows per tile of the grid (attention_grid.cuh),
+// one per group of G threads) and its
 // part of the head's D = kE * G columns (e * G + part).
 template <int G>
 struct RowPlace {
@@ -307,7 +301,7 @@ __global__ void RopeKernel(int64_t tokens, int seq, int width, int heads, int ha
 template <int G>
 cudaError_t LaunchForward(int batch, int seq, int heads, int width, float scale, const float* qkv,
                           const int32_t* doc_start, float* attn, float* lse, cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>(batch * heads), (seq + kRows - 1) / kRows);
+  const dim3 grid = AttentionGrid(batch, heads, seq, kRows);
   Launch(ForwardKernel<G>, grid, kRows * G, 0, stream)(seq, heads, width, scale, qkv, doc_start,
                                                        attn, lse);
   return cudaGetLastError();
@@ -317,7 +311,7 @@ template <int G>
 cudaError_t LaunchBackward(int batch, int seq, int heads, int width, float scale, const float* qkv,
                            const int32_t* doc_start, const float* lse, const float* dattn,
                            const float* delta, float* dqkv, cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>(batch * heads), (seq + kRows - 1) / kRows);
+  const dim3 grid = AttentionGrid(batch, heads, seq, kRows);
   Launch(QueryGradKernel<G>, grid, kRows * G, 0, stream)(seq, heads, width, scale, qkv, doc_start,
                                                          lse, dattn, delta, dqkv);
   Launch(KeyValueGradKernel<G>, grid, kRows * G, 0, stream)(seq, heads, width, scale, qkv,

@@ -25,6 +25,7 @@
 #include <mma.h>
 #endif
 
+#include "runtime/cuda/attention_grid.cuh"
 #include "runtime/cuda/attention_kernels.h"
 #include "runtime/cuda/launch.cuh"
 
@@ -160,13 +161,6 @@ __device__ __forceinline__ void ZeroAll(typename Ops::FragC (&acc)[Shape<D, Ops>
 #pragma unroll
   for (int n = 0; n < Shape<D, Ops>::kDN; ++n) wmma::fill_fragment(acc[n], 0.0f);
 }
-
-// The grid: x = batch * heads (no 65535 limit on x), y = tiles of kRows rows, started in
-// x-fastest order; the query kernels take their tiles from the last (the most keys under the
-// causal mask) to the first, the dK/dV kernel in order (the first key tile has the most
-// queries), so the last wave holds the lightest tiles.
-__device__ __forceinline__ int QueryTile() { return static_cast<int>(gridDim.y - 1 - blockIdx.y); }
-__device__ __forceinline__ int KeyTile() { return static_cast<int>(blockIdx.y); }
 
 // Where a block works: its warp and lane, its (batch row, head) bh (blockIdx.x), and that row's
 // offsets: row0 (its first token), c3 (qkv's row stride), ds (its doc starts), head (q of
@@ -443,7 +437,7 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // Opts the kernel in to `bytes` of dynamic shared memory (above 48 KiB needs it) and
-// launches it over (seq / 64, batch * heads) blocks.
+// launches it over AttentionGrid (batch * heads, seq / 64 blocks).
 template <typename... P, typename... A>
 cudaError_t LaunchTensorCore(void (*kernel)(P...), size_t bytes, int batch, int seq, int heads,
                              cudaStream_t stream, A&&... args) {
@@ -453,8 +447,8 @@ cudaError_t LaunchTensorCore(void (*kernel)(P...), size_t bytes, int batch, int 
       e != cudaSuccess) {
     return e;
   }
-  const dim3 grid(static_cast<unsigned>(batch * heads), (seq + kRows - 1) / kRows);
-  Launch(kernel, grid, kThreads, bytes, stream)(std::forward<A>(args)...);
+  Launch(kernel, AttentionGrid(batch, heads, seq, kRows), kThreads, bytes,
+         stream)(std::forward<A>(args)...);
   return cudaGetLastError();
 }
 
