@@ -1,5 +1,6 @@
 #include "jobspec/job_memory.h"
 
+#include <cstdio>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -104,6 +105,22 @@ TEST(JobMemoryTest, ACudaJobsActivationsAreNotCountedOnTheHost) {
   EXPECT_EQ(on_gpu.total, on_cpu.total - on_cpu.activations);
   EXPECT_EQ(DeviceStateBytes(on_gpu), DeviceStateBytes(on_cpu));
   EXPECT_THAT(on_gpu.Describe(), HasSubstr("activations on the GPU"));
+  // Issue 35's c1024 shape (docs/failure-model.md quotes the printed figures): the host
+  // estimate drops gigabytes of CPU activations the host never allocates.
+  const char* c1024 =
+      "model: {vocab: 256, width: 1024, blocks: 4, heads: 16, seq_len: 1024, residual: xhc,\n"
+      "        moe: {experts: 64, top_k: 4, expert_hidden: 1024}}\n"
+      "data: {train: train.tokens, batch_size: 8}\ntraining: {steps: 10}\n";
+  cpu = ParseJobSpec(c1024, {});
+  gpu = ParseJobSpec(c1024, {"resources.device=cuda"});
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  const JobMemoryEstimate big_cpu = EstimateOf(*cpu, 1, 16), big_gpu = EstimateOf(*gpu, 1, 16);
+  std::printf("c1024 on cpu: %s\nc1024 on cuda: %s; on the GPU at least %s\n",
+              big_cpu.Describe().c_str(), big_gpu.Describe().c_str(),
+              FormatBytes(DeviceStateBytes(big_gpu)).c_str());
+  EXPECT_GT(big_cpu.activations, int64_t{12} << 30);
+  EXPECT_EQ(big_gpu.total, big_cpu.total - big_cpu.activations);
 }
 
 TEST(JobMemoryTest, ExpertParallelEstimateIsPerRank) {
